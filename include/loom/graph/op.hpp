@@ -1,0 +1,79 @@
+#pragma once
+// What every op kind is at run time: a name, a dimension signature and a backward rule.
+// An op kind is written once as a struct (see ops/linear.hpp for the pattern):
+//
+//   struct Gelu {
+//       static constexpr std::string_view name = "gelu";
+//       static constexpr signature sig = parse_signature("... -> ...");
+//       static gradients backward(backward_context&);   // optional: absent = not differentiable
+//   };
+//
+// and `op_def_of<Gelu>()` is its one run-time description, which nodes point to. Kernels
+// are not part of an op: each backend maps the op kind to its own (runtime/host/kernels/).
+#include <array>
+#include <optional>
+#include <span>
+#include <string_view>
+#include <vector>
+
+#include <loom/core/signature.hpp>
+#include <loom/graph/graph.hpp>
+
+namespace loom {
+
+struct backward_context;
+struct tensor;
+using gradients = std::vector<std::optional<tensor>>;
+
+struct op_def {
+    std::string_view name;
+    signature sig;
+    gradients (*backward)(backward_context&) = nullptr;
+    // Floating-point operations of one node, for the cost model.
+    double (*flops)(const graph&, const node&) = nullptr;
+
+    bool differentiable() const { return backward != nullptr; }
+};
+
+template <class Op>
+concept op_kind = requires {
+    { Op::name } -> std::convertible_to<std::string_view>;
+    { Op::sig } -> std::convertible_to<signature>;
+};
+
+namespace detail {
+
+template <class Op>
+double default_flops(const graph& g, const node& n) {
+    // One operation per output element: right for elementwise ops; GEMM-like ops override.
+    double total = 0;
+    for (tensor_id t : n.outputs) total += static_cast<double>(g.tensor(t).dims.numel());
+    return total;
+}
+
+template <op_kind Op>
+op_def make_op_def() {
+    op_def d{Op::name, Op::sig};
+    if constexpr (requires(backward_context & c) { Op::backward(c); }) d.backward = &Op::backward;
+    if constexpr (requires(const graph& g, const node& n) { Op::flops(g, n); })
+        d.flops = &Op::flops;
+    else
+        d.flops = &default_flops<Op>;
+    return d;
+}
+
+}  // namespace detail
+
+// The single run-time description of op kind `Op`; nodes compare op kinds by this address.
+template <op_kind Op>
+const op_def& op_def_of() {
+    static const op_def def = detail::make_op_def<Op>();
+    return def;
+}
+
+template <op_kind Op>
+bool is_op(const node& n) {
+    return n.op == &op_def_of<Op>();
+}
+
+}  // namespace loom

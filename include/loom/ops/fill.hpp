@@ -1,0 +1,18 @@
+#pragma once
+// fill_like: a tensor of the shape of `like`, every element `value`. Seeds the backward
+// pass (d loss / d loss = 1) and gives unused parameters a zero gradient. `like` is read
+// only for its shape, so partitioning slices the output exactly as it slices `like`.
+#include <loom/graph/builder.hpp>
+
+namespace loom::ops {
+
+struct FillLike {
+    static constexpr std::string_view name = "fill_like";
+    static constexpr signature sig = parse_signature("... -> ...");
+};
+
+inline tensor fill_like(tensor like, double value) {
+    return like.builder->apply1<FillLike>({like}, {{"value", value}});
+}
+
+}  // namespace loom::ops

@@ -1,0 +1,93 @@
+#pragma once
+// Turns one device's graph into a program: the nodes that the wanted tensors depend on,
+// in graph order, with every intermediate placed in a shared arena by liveness.
+#include <algorithm>
+#include <string>
+#include <vector>
+
+#include <loom/core/error.hpp>
+#include <loom/runtime/memory_planner.hpp>
+#include <loom/runtime/program.hpp>
+
+namespace loom {
+
+struct compile_options {
+    precision prec = precision::f32;
+    bool include_backward = true;       // false: the forward pass only (evaluation)
+    std::vector<tensor_id> outputs;     // extra tensors the caller wants to read after a run
+};
+
+inline program compile_program(const graph& g, const compile_options& options = {}) {
+    program p;
+    p.source = &g;
+    p.prec = options.prec;
+    p.buffers.resize(g.tensors.size());
+
+    // Wanted tensors: the loss, parameter gradients (when training) and explicit outputs.
+    std::vector<bool> wanted(g.tensors.size(), false);
+    auto want = [&](tensor_id t) {
+        if (t < 0 || static_cast<std::size_t>(t) >= g.tensors.size())
+            throw usage_error("compile_program: output tensor id " + std::to_string(t) + " is not in the graph");
+        wanted[static_cast<std::size_t>(t)] = true;
+    };
+    if (g.loss != no_id) want(g.loss);
+    if (options.include_backward)
+        for (auto [param, grad] : g.gradients) want(grad);
+    for (tensor_id t : options.outputs) want(t);
+
+    // Keep the nodes some wanted tensor depends on (reverse sweep over a topological order).
+    std::vector<bool> needed = wanted;
+    std::vector<bool> keep(g.nodes.size(), false);
+    for (std::size_t i = g.nodes.size(); i-- > 0;) {
+        const node& n = g.nodes[i];
+        if (n.backward && !options.include_backward) continue;
+        bool any = std::any_of(n.outputs.begin(), n.outputs.end(),
+                               [&](tensor_id t) { return needed[static_cast<std::size_t>(t)]; });
+        if (!any) continue;
+        keep[i] = true;
+        for (tensor_id t : n.inputs) needed[static_cast<std::size_t>(t)] = true;
+    }
+    for (std::size_t i = 0; i < g.nodes.size(); ++i)
+        if (keep[i]) p.steps.push_back({instruction::kind::compute, static_cast<node_id>(i)});
+
+    // Bound: everything that outlives a step or is fed from outside.
+    for (std::size_t t = 0; t < g.tensors.size(); ++t) {
+        const tensor_desc& d = g.tensors[t];
+        if (!needed[t]) continue;
+        bool external = d.role != tensor_role::activation || wanted[t];
+        p.buffers[t].bytes = tensor_bytes(d, p.prec);
+        if (external) {
+            p.buffers[t].where = buffer::place::bound;
+            p.bound.push_back(static_cast<tensor_id>(t));
+        } else if (d.producer == no_id) {
+            throw usage_error("compile_program: tensor '" + d.name + "' is read but nothing produces it");
+        }
+    }
+
+    // Lifetimes of arena tensors in step indices.
+    std::vector<std::int64_t> first(g.tensors.size(), -1), last(g.tensors.size(), -1);
+    for (std::size_t s = 0; s < p.steps.size(); ++s) {
+        const node& n = g.at(p.steps[s].node);
+        for (tensor_id t : n.outputs) {
+            first[static_cast<std::size_t>(t)] = static_cast<std::int64_t>(s);
+            last[static_cast<std::size_t>(t)] = std::max<std::int64_t>(last[static_cast<std::size_t>(t)], static_cast<std::int64_t>(s));
+        }
+        for (tensor_id t : n.inputs) last[static_cast<std::size_t>(t)] = static_cast<std::int64_t>(s);
+    }
+    std::vector<buffer_lifetime> requests;
+    std::vector<tensor_id> owners;
+    for (std::size_t t = 0; t < g.tensors.size(); ++t) {
+        if (p.buffers[t].where == buffer::place::bound || first[t] < 0) continue;
+        p.buffers[t].where = buffer::place::arena;
+        p.buffers[t].bytes = tensor_bytes(g.tensors[t], p.prec);
+        requests.push_back({p.buffers[t].bytes, first[t], std::max(first[t], last[t])});
+        owners.push_back(static_cast<tensor_id>(t));
+    }
+    memory_plan plan = plan_memory(requests);
+    for (std::size_t i = 0; i < owners.size(); ++i) p.buffers[static_cast<std::size_t>(owners[i])].offset = plan.offsets[i];
+    p.arena_bytes = plan.peak;
+    p.unplanned_bytes = plan.unplanned;
+    return p;
+}
+
+}  // namespace loom

@@ -1,0 +1,77 @@
+#pragma once
+// Runs a program on the host: one arena for intermediates, caller-bound storage for
+// inputs, parameters, gradients and outputs, and one kernel call per instruction.
+#include <cstddef>
+#include <cstdint>
+#include <memory>
+#include <string>
+#include <type_traits>
+#include <vector>
+
+#include <loom/core/error.hpp>
+#include <loom/runtime/host/kernel_table.hpp>
+#include <loom/runtime/program.hpp>
+
+namespace loom::host {
+
+template <class T>
+class executor {
+    static_assert(std::is_same_v<T, float> || std::is_same_v<T, double>, "executor: T must be float or double");
+
+public:
+    explicit executor(const program& p) : program_(p) {
+        constexpr precision mine = std::is_same_v<T, float> ? precision::f32 : precision::f64;
+        if (p.prec != mine)
+            throw usage_error(std::string("executor: the program was compiled for ") + std::string(to_string(p.prec)) +
+                              " but this executor computes in " + std::string(to_string(mine)) +
+                              "; compile with the matching precision");
+        arena_.reset(static_cast<std::byte*>(::operator new[](static_cast<std::size_t>(std::max<std::int64_t>(p.arena_bytes, 64)), std::align_val_t{64})));
+        pointers_.assign(p.buffers.size(), nullptr);
+        for (std::size_t t = 0; t < p.buffers.size(); ++t)
+            if (p.buffers[t].where == buffer::place::arena) pointers_[t] = arena_.get() + p.buffers[t].offset;
+        kernels_.reserve(p.steps.size());
+        for (const auto& step : p.steps) kernels_.push_back(kernel_for<T>(*p.source->at(step.node).op));
+    }
+
+    // Binds caller storage (at least the tensor's bytes) to a bound tensor.
+    void bind(tensor_id t, void* data) {
+        const auto& b = program_.buffers.at(static_cast<std::size_t>(t));
+        if (b.where != buffer::place::bound)
+            throw usage_error("executor::bind: tensor '" + program_.source->tensor(t).name +
+                              "' is not bound by this program (it is an intermediate or unused)");
+        pointers_[static_cast<std::size_t>(t)] = data;
+    }
+
+    void run(std::uint64_t step_number = 0) {
+        for (tensor_id t : program_.bound)
+            if (!pointers_[static_cast<std::size_t>(t)])
+                throw usage_error("executor::run: tensor '" + program_.source->tensor(t).name +
+                                  "' has no storage; bind it first");
+        const graph& g = *program_.source;
+        std::vector<void*> ins, outs;
+        for (std::size_t s = 0; s < program_.steps.size(); ++s) {
+            const node& n = g.at(program_.steps[s].node);
+            ins.clear();
+            outs.clear();
+            for (tensor_id t : n.inputs) ins.push_back(pointers_[static_cast<std::size_t>(t)]);
+            for (tensor_id t : n.outputs) outs.push_back(pointers_[static_cast<std::size_t>(t)]);
+            kernel_call<T> call{g, n, ins, outs, step_number};
+            kernels_[s](call);
+        }
+    }
+
+    // Storage of any tensor (valid for intermediates only while the tensor is live).
+    void* data(tensor_id t) const { return pointers_.at(static_cast<std::size_t>(t)); }
+    const program& source() const { return program_; }
+
+private:
+    struct aligned_delete {
+        void operator()(std::byte* p) const { ::operator delete[](p, std::align_val_t{64}); }
+    };
+    const program& program_;
+    std::unique_ptr<std::byte[], aligned_delete> arena_;
+    std::vector<void*> pointers_;
+    std::vector<kernel_fn<T>> kernels_;
+};
+
+}  // namespace loom::host

@@ -1,0 +1,78 @@
+#pragma once
+// From op kind to host kernel. Built-in ops are registered from ops::all_ops the first time
+// the table is used; a user's own op registers with `register_host_kernel<MyOp>()`.
+#include <mutex>
+#include <string>
+#include <unordered_map>
+
+#include <boost/mp11/algorithm.hpp>
+
+#include <loom/core/error.hpp>
+#include <loom/ops/all.hpp>
+#include <loom/runtime/host/kernel_call.hpp>
+#include <loom/runtime/host/kernels/all.hpp>
+
+namespace loom::host {
+
+template <class T>
+using kernel_fn = void (*)(const kernel_call<T>&);
+
+template <class Op>
+concept has_host_kernel = requires(const kernel_call<float>& f, const kernel_call<double>& d) {
+    host_kernel<Op>::template run<float>(f);
+    host_kernel<Op>::template run<double>(d);
+};
+
+class kernel_table {
+public:
+    static kernel_table& instance() {
+        static kernel_table table;
+        return table;
+    }
+
+    template <op_kind Op>
+    void add() {
+        static_assert(has_host_kernel<Op>,
+                      "register_host_kernel: the op has no host kernel; specialise loom::host::host_kernel<Op> with "
+                      "template <class T> static void run(const kernel_call<T>&)");
+        std::lock_guard lock(mutex_);
+        entries_[&op_def_of<Op>()] = {&host_kernel<Op>::template run<float>, &host_kernel<Op>::template run<double>};
+    }
+
+    template <class T>
+    kernel_fn<T> find(const op_def& op) {
+        std::lock_guard lock(mutex_);
+        auto it = entries_.find(&op);
+        if (it == entries_.end())
+            throw usage_error("host backend: no kernel for op '" + std::string(op.name) +
+                              "'; include its kernel header and call loom::host::register_host_kernel<Op>()");
+        if constexpr (std::is_same_v<T, float>)
+            return it->second.f32;
+        else
+            return it->second.f64;
+    }
+
+private:
+    kernel_table() {
+        boost::mp11::mp_for_each<boost::mp11::mp_transform<boost::mp11::mp_identity, ops::all_ops>>(
+            [this](auto op) { add<typename decltype(op)::type>(); });
+    }
+    struct entry {
+        kernel_fn<float> f32;
+        kernel_fn<double> f64;
+    };
+    std::mutex mutex_;
+    std::unordered_map<const op_def*, entry> entries_;
+};
+
+template <op_kind Op>
+void register_host_kernel() {
+    kernel_table::instance().add<Op>();
+}
+
+template <class T>
+kernel_fn<T> kernel_for(const op_def& op) {
+    return kernel_table::instance().find<T>(op);
+}
+
+}  // namespace loom::host

@@ -1,0 +1,133 @@
+#pragma once
+// Kernels of the structural ops: fill_like, identity, add, mul, scale and the reductions.
+#include <algorithm>
+#include <cstring>
+#include <vector>
+
+#include <loom/ops/add.hpp>
+#include <loom/ops/fill.hpp>
+#include <loom/ops/identity.hpp>
+#include <loom/ops/mul.hpp>
+#include <loom/ops/reduce.hpp>
+#include <loom/ops/scale.hpp>
+#include <loom/runtime/host/kernel_call.hpp>
+#include <loom/runtime/host/kernels/elementwise.hpp>
+
+namespace loom::host {
+
+template <>
+struct host_kernel<ops::FillLike> {
+    template <class T>
+    static void run(const kernel_call<T>& c) {
+        const T value = static_cast<T>(c.attrs().template get<double>("value"));
+        T* y = c.output(0);
+        for_each_index(c.output_numel(0), [&](std::int64_t i) { y[i] = value; });
+    }
+};
+
+template <>
+struct host_kernel<ops::Identity> {
+    template <class T>
+    static void run(const kernel_call<T>& c) {
+        const T* x = c.input(0);
+        T* y = c.output(0);
+        if (x != y) std::memcpy(y, x, static_cast<std::size_t>(c.output_numel(0)) * sizeof(T));
+    }
+};
+
+template <>
+struct host_kernel<ops::Add> {
+    template <class T>
+    static void run(const kernel_call<T>& c) {
+        const T *a = c.input(0), *b = c.input(1);
+        T* y = c.output(0);
+        for_each_index(c.output_numel(0), [&](std::int64_t i) { y[i] = a[i] + b[i]; });
+    }
+};
+
+template <>
+struct host_kernel<ops::Mul> {
+    template <class T>
+    static void run(const kernel_call<T>& c) {
+        const T *a = c.input(0), *b = c.input(1);
+        T* y = c.output(0);
+        for_each_index(c.output_numel(0), [&](std::int64_t i) { y[i] = a[i] * b[i]; });
+    }
+};
+
+template <>
+struct host_kernel<ops::Scale> {
+    template <class T>
+    static void run(const kernel_call<T>& c) {
+        const T s = static_cast<T>(c.attrs().template get<double>("factor"));
+        const T* x = c.input(0);
+        T* y = c.output(0);
+        for_each_index(c.output_numel(0), [&](std::int64_t i) { y[i] = s * x[i]; });
+    }
+};
+
+namespace detail {
+// A deterministic parallel sum: fixed-size chunks summed in order, then the partials in
+// order, so the result does not depend on how many threads ran.
+template <class T>
+T deterministic_sum(const T* x, std::int64_t n) {
+    constexpr std::int64_t chunk = 1 << 12;
+    const std::int64_t chunks = (n + chunk - 1) / chunk;
+    std::vector<T> partial(static_cast<std::size_t>(std::max<std::int64_t>(chunks, 1)), T(0));
+    parallel_for(0, chunks, 4, [&](std::int64_t lo, std::int64_t hi) {
+        for (std::int64_t b = lo; b < hi; ++b) {
+            T s = 0;
+            const std::int64_t end = std::min(n, (b + 1) * chunk);
+            for (std::int64_t i = b * chunk; i < end; ++i) s += x[i];
+            partial[static_cast<std::size_t>(b)] = s;
+        }
+    });
+    T total = 0;
+    for (T p : partial) total += p;
+    return total;
+}
+}  // namespace detail
+
+template <>
+struct host_kernel<ops::Sum> {
+    template <class T>
+    static void run(const kernel_call<T>& c) { *c.output(0) = detail::deterministic_sum(c.input(0), c.input_numel(0)); }
+};
+
+template <>
+struct host_kernel<ops::Mean> {
+    template <class T>
+    static void run(const kernel_call<T>& c) {
+        const double count = c.attrs().template get<double>("count");
+        *c.output(0) = static_cast<T>(detail::deterministic_sum(c.input(0), c.input_numel(0)) / count);
+    }
+};
+
+template <>
+struct host_kernel<ops::BroadcastScalar> {
+    template <class T>
+    static void run(const kernel_call<T>& c) {
+        const T value = *c.input(1) * static_cast<T>(c.attrs().template get<double>("scale"));
+        T* y = c.output(0);
+        for_each_index(c.output_numel(0), [&](std::int64_t i) { y[i] = value; });
+    }
+};
+
+// db[j] = sum_r dy[r, j]; columns split across threads, rows summed in order.
+template <>
+struct host_kernel<ops::SumLeading> {
+    template <class T>
+    static void run(const kernel_call<T>& c) {
+        const std::int64_t n = c.extent("n");
+        const std::int64_t rows = c.input_numel(0) / n;
+        const T* x = c.input(0);
+        T* y = c.output(0);
+        parallel_for(0, n, 16, [&](std::int64_t lo, std::int64_t hi) {
+            for (std::int64_t j = lo; j < hi; ++j) y[j] = 0;
+            for (std::int64_t r = 0; r < rows; ++r)
+                for (std::int64_t j = lo; j < hi; ++j) y[j] += x[r * n + j];
+        });
+    }
+};
+
+}  // namespace loom::host
