@@ -1,0 +1,881 @@
+#pragma once
+// Row-major GEMM for the host backend.
+//
+//   C = alpha * op(A) * op(B) + beta * C,   op(A): m x k,  op(B): k x n,  C: m x n
+//
+// Every matrix is row-major with a leading dimension (the distance between rows as stored):
+// A is stored m x k (lda >= k) for transpose::no and k x m (lda >= m) for transpose::yes,
+// likewise B is k x n (ldb >= n) or n x k (ldb >= k), and C is m x n (ldc >= n). As in BLAS,
+// beta == 0 overwrites C without reading it (NaN in C does not propagate), and alpha == 0 or
+// k == 0 gives C = beta * C without reading A or B.
+//
+// gemm() calls OpenBLAS when the build has it (see cblas_gate.hpp) and gemm_fallback()
+// otherwise; inside a parallel_for range it always runs gemm_fallback() on the calling
+// thread, so OpenBLAS's threads never pile onto the pool's.
+//
+// gemm_fallback() is the portable path: op(B) packed once and shared, A packed per panel,
+// cache-blocked (an mr x kc panel of A in L1 sweeps a kc x nc block of B in L2), register-
+// tiled micro-kernels, and C cut into tiles that the threads of thread_pool::global() take
+// first come first served. The AVX-512F or AVX2+FMA micro-kernels are chosen at run time
+// (the header needs no -march flag); a plain C++ micro-kernel runs everywhere else. They
+// use GCC/Clang target attributes and <immintrin.h>, so this header is for x86-64.
+#include <immintrin.h>
+
+#include <algorithm>
+#include <atomic>
+#include <climits>
+#include <cstddef>
+#include <cstdint>
+#include <cstring>
+#include <new>
+#include <string>
+#include <type_traits>
+
+#include "loom/core/error.hpp"
+#include "loom/runtime/host/cblas_gate.hpp"
+#include "loom/runtime/host/thread_pool.hpp"
+
+namespace loom::host {
+
+enum class transpose : bool { no, yes };
+
+// The instruction sets gemm_fallback has micro-kernels for.
+enum class gemm_isa { portable, avx2_fma, avx512f };
+
+inline const char* to_string(gemm_isa isa) noexcept {
+    switch (isa) {
+        case gemm_isa::portable: return "portable";
+        case gemm_isa::avx2_fma: return "avx2_fma";
+        case gemm_isa::avx512f: return "avx512f";
+    }
+    return "unknown";
+}
+
+// Whether this CPU (and OS) can run the micro-kernel for `isa`.
+inline bool gemm_isa_supported(gemm_isa isa) noexcept {
+    // Needed before main (static initializers); cheap and idempotent after.
+    __builtin_cpu_init();
+    switch (isa) {
+        case gemm_isa::portable: return true;
+        case gemm_isa::avx2_fma: return __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma");
+        case gemm_isa::avx512f: return __builtin_cpu_supports("avx512f");
+    }
+    return false;
+}
+
+// The fastest supported micro-kernel, decided once per process.
+inline gemm_isa gemm_best_isa() noexcept {
+    static const gemm_isa best = gemm_isa_supported(gemm_isa::avx512f)    ? gemm_isa::avx512f
+                                 : gemm_isa_supported(gemm_isa::avx2_fma) ? gemm_isa::avx2_fma
+                                                                          : gemm_isa::portable;
+    return best;
+}
+
+// True when gemm() calls CBLAS (OpenBLAS) rather than gemm_fallback() (outside parallel regions).
+inline bool gemm_uses_cblas() noexcept { return has_cblas; }
+
+namespace detail::gemm {
+
+// ---------------------------------------------------------------------------------------
+// Micro-kernels. Each computes one MR x NR tile of C from packed panels:
+//   C[i][j] = alpha * sum_p a[p*MR + i] * b[p*NR + j] + beta * C[i][j]   (0 <= i < MR, 0 <= j < NR)
+// and does not read C when beta == 0.
+
+template <class T, int MR, int NR>
+void micro_kernel_portable(std::int64_t kc, const T* __restrict a, const T* __restrict b, T* __restrict c,
+                           std::int64_t ldc, T alpha, T beta) {
+    T acc[MR][NR] = {};
+    for (std::int64_t p = 0; p < kc; ++p) {
+        for (int i = 0; i < MR; ++i) {
+            const T ai = a[i];
+            for (int j = 0; j < NR; ++j) acc[i][j] += ai * b[j];
+        }
+        a += MR;
+        b += NR;
+    }
+    for (int i = 0; i < MR; ++i) {
+        T* row = c + i * ldc;
+        if (beta == T(0)) {
+            for (int j = 0; j < NR; ++j) row[j] = alpha * acc[i][j];
+        } else {
+            for (int j = 0; j < NR; ++j) row[j] = alpha * acc[i][j] + beta * row[j];
+        }
+    }
+}
+
+// Thin overloads over the intrinsics so one kernel body serves float and double.
+struct avx2_ops {
+    [[gnu::always_inline, gnu::target("avx2,fma")]] static inline __m256 zero(float) { return _mm256_setzero_ps(); }
+    [[gnu::always_inline, gnu::target("avx2,fma")]] static inline __m256d zero(double) { return _mm256_setzero_pd(); }
+    [[gnu::always_inline, gnu::target("avx2,fma")]] static inline __m256 load(const float* p) {
+        return _mm256_loadu_ps(p);
+    }
+    [[gnu::always_inline, gnu::target("avx2,fma")]] static inline __m256d load(const double* p) {
+        return _mm256_loadu_pd(p);
+    }
+    [[gnu::always_inline, gnu::target("avx2,fma")]] static inline void store(float* p, __m256 v) {
+        _mm256_storeu_ps(p, v);
+    }
+    [[gnu::always_inline, gnu::target("avx2,fma")]] static inline void store(double* p, __m256d v) {
+        _mm256_storeu_pd(p, v);
+    }
+    [[gnu::always_inline, gnu::target("avx2,fma")]] static inline __m256 broadcast(float x) {
+        return _mm256_set1_ps(x);
+    }
+    [[gnu::always_inline, gnu::target("avx2,fma")]] static inline __m256d broadcast(double x) {
+        return _mm256_set1_pd(x);
+    }
+    [[gnu::always_inline, gnu::target("avx2,fma")]] static inline __m256 mul(__m256 x, __m256 y) {
+        return _mm256_mul_ps(x, y);
+    }
+    [[gnu::always_inline, gnu::target("avx2,fma")]] static inline __m256d mul(__m256d x, __m256d y) {
+        return _mm256_mul_pd(x, y);
+    }
+    // x * y + z with one rounding.
+    [[gnu::always_inline, gnu::target("avx2,fma")]] static inline __m256 fma(__m256 x, __m256 y, __m256 z) {
+        return _mm256_fmadd_ps(x, y, z);
+    }
+    [[gnu::always_inline, gnu::target("avx2,fma")]] static inline __m256d fma(__m256d x, __m256d y, __m256d z) {
+        return _mm256_fmadd_pd(x, y, z);
+    }
+};
+
+struct avx512_ops {
+    [[gnu::always_inline, gnu::target("avx512f")]] static inline __m512 zero(float) { return _mm512_setzero_ps(); }
+    [[gnu::always_inline, gnu::target("avx512f")]] static inline __m512d zero(double) { return _mm512_setzero_pd(); }
+    [[gnu::always_inline, gnu::target("avx512f")]] static inline __m512 load(const float* p) {
+        return _mm512_loadu_ps(p);
+    }
+    [[gnu::always_inline, gnu::target("avx512f")]] static inline __m512d load(const double* p) {
+        return _mm512_loadu_pd(p);
+    }
+    [[gnu::always_inline, gnu::target("avx512f")]] static inline void store(float* p, __m512 v) {
+        _mm512_storeu_ps(p, v);
+    }
+    [[gnu::always_inline, gnu::target("avx512f")]] static inline void store(double* p, __m512d v) {
+        _mm512_storeu_pd(p, v);
+    }
+    [[gnu::always_inline, gnu::target("avx512f")]] static inline __m512 broadcast(float x) { return _mm512_set1_ps(x); }
+    [[gnu::always_inline, gnu::target("avx512f")]] static inline __m512d broadcast(double x) {
+        return _mm512_set1_pd(x);
+    }
+    [[gnu::always_inline, gnu::target("avx512f")]] static inline __m512 mul(__m512 x, __m512 y) {
+        return _mm512_mul_ps(x, y);
+    }
+    [[gnu::always_inline, gnu::target("avx512f")]] static inline __m512d mul(__m512d x, __m512d y) {
+        return _mm512_mul_pd(x, y);
+    }
+    [[gnu::always_inline, gnu::target("avx512f")]] static inline __m512 fma(__m512 x, __m512 y, __m512 z) {
+        return _mm512_fmadd_ps(x, y, z);
+    }
+    [[gnu::always_inline, gnu::target("avx512f")]] static inline __m512d fma(__m512d x, __m512d y, __m512d z) {
+        return _mm512_fmadd_pd(x, y, z);
+    }
+};
+
+// The SIMD kernel bodies are identical up to the ops type; the target attribute cannot be a
+// template argument, so there is one body per instruction set. NV vectors span NR columns.
+template <class T, int MR, int NV>
+[[gnu::target("avx2,fma")]] void micro_kernel_avx2(std::int64_t kc, const T* __restrict a, const T* __restrict b,
+                                                   T* __restrict c, std::int64_t ldc, T alpha, T beta) {
+    using ops = avx2_ops;
+    using vec = decltype(ops::zero(T{}));
+    constexpr int width = static_cast<int>(sizeof(vec) / sizeof(T));
+    vec acc[MR][NV];
+#pragma GCC unroll 16
+    for (int i = 0; i < MR; ++i)
+#pragma GCC unroll 4
+        for (int v = 0; v < NV; ++v) acc[i][v] = ops::zero(T{});
+    for (std::int64_t p = 0; p < kc; ++p) {
+        vec bv[NV];
+#pragma GCC unroll 4
+        for (int v = 0; v < NV; ++v) bv[v] = ops::load(b + v * width);
+#pragma GCC unroll 16
+        for (int i = 0; i < MR; ++i) {
+            const vec ai = ops::broadcast(a[i]);
+#pragma GCC unroll 4
+            for (int v = 0; v < NV; ++v) acc[i][v] = ops::fma(ai, bv[v], acc[i][v]);
+        }
+        a += MR;
+        b += NV * width;
+    }
+    const vec alpha_v = ops::broadcast(alpha);
+    const vec beta_v = ops::broadcast(beta);
+#pragma GCC unroll 16
+    for (int i = 0; i < MR; ++i) {
+        T* row = c + i * ldc;
+#pragma GCC unroll 4
+        for (int v = 0; v < NV; ++v) {
+            const vec scaled = ops::mul(alpha_v, acc[i][v]);
+            ops::store(row + v * width, beta == T(0) ? scaled : ops::fma(beta_v, ops::load(row + v * width), scaled));
+        }
+    }
+}
+
+template <class T, int MR, int NV>
+[[gnu::target("avx512f")]] void micro_kernel_avx512(std::int64_t kc, const T* __restrict a, const T* __restrict b,
+                                                    T* __restrict c, std::int64_t ldc, T alpha, T beta) {
+    using ops = avx512_ops;
+    using vec = decltype(ops::zero(T{}));
+    constexpr int width = static_cast<int>(sizeof(vec) / sizeof(T));
+    vec acc[MR][NV];
+#pragma GCC unroll 16
+    for (int i = 0; i < MR; ++i)
+#pragma GCC unroll 4
+        for (int v = 0; v < NV; ++v) acc[i][v] = ops::zero(T{});
+    for (std::int64_t p = 0; p < kc; ++p) {
+        vec bv[NV];
+#pragma GCC unroll 4
+        for (int v = 0; v < NV; ++v) bv[v] = ops::load(b + v * width);
+#pragma GCC unroll 16
+        for (int i = 0; i < MR; ++i) {
+            const vec ai = ops::broadcast(a[i]);
+#pragma GCC unroll 4
+            for (int v = 0; v < NV; ++v) acc[i][v] = ops::fma(ai, bv[v], acc[i][v]);
+        }
+        a += MR;
+        b += NV * width;
+    }
+    const vec alpha_v = ops::broadcast(alpha);
+    const vec beta_v = ops::broadcast(beta);
+#pragma GCC unroll 16
+    for (int i = 0; i < MR; ++i) {
+        T* row = c + i * ldc;
+#pragma GCC unroll 4
+        for (int v = 0; v < NV; ++v) {
+            const vec scaled = ops::mul(alpha_v, acc[i][v]);
+            ops::store(row + v * width, beta == T(0) ? scaled : ops::fma(beta_v, ops::load(row + v * width), scaled));
+        }
+    }
+}
+
+// Copies `panels` runs of NV vectors from src (contiguous) to dst + q * panel_stride: one row
+// of B dealt out to its packed panels. Written with the ISA's vectors because a plain copy
+// loop becomes a memmove call per run.
+template <class T, int NV>
+[[gnu::target("avx2,fma")]] void deal_row_avx2(const T* __restrict src, T* __restrict dst, std::int64_t panels,
+                                               std::int64_t panel_stride) {
+    using ops = avx2_ops;
+    constexpr int width = static_cast<int>(sizeof(decltype(ops::zero(T{}))) / sizeof(T));
+    for (std::int64_t q = 0; q < panels; ++q) {
+#pragma GCC unroll 4
+        for (int v = 0; v < NV; ++v)
+            ops::store(dst + q * panel_stride + v * width, ops::load(src + (q * NV + v) * width));
+    }
+}
+
+template <class T, int NV>
+[[gnu::target("avx512f")]] void deal_row_avx512(const T* __restrict src, T* __restrict dst, std::int64_t panels,
+                                                std::int64_t panel_stride) {
+    using ops = avx512_ops;
+    constexpr int width = static_cast<int>(sizeof(decltype(ops::zero(T{}))) / sizeof(T));
+    for (std::int64_t q = 0; q < panels; ++q) {
+#pragma GCC unroll 4
+        for (int v = 0; v < NV; ++v)
+            ops::store(dst + q * panel_stride + v * width, ops::load(src + (q * NV + v) * width));
+    }
+}
+
+template <class T, int NR>
+void deal_row_portable(const T* __restrict src, T* __restrict dst, std::int64_t panels, std::int64_t panel_stride) {
+    for (std::int64_t q = 0; q < panels; ++q) {
+        for (int j = 0; j < NR; ++j) dst[q * panel_stride + j] = src[q * NR + j];
+    }
+}
+
+// Packs rows [i0, i0 + rows) x columns [p0, p0 + depth) of a row-major A into an MR-wide
+// panel (out[p*MR + i], zero past `rows`): a transpose. The rows are read a cache line at a
+// time in step, so their misses overlap, and lines ahead are prefetched: A is often read
+// from memory exactly once (when n <= nc).
+template <int MR, class T>
+void pack_a_rows_scalar(const T* a, std::int64_t lda, std::int64_t i0, std::int64_t rows, std::int64_t p0,
+                        std::int64_t depth, T* __restrict out) {
+    constexpr std::int64_t line = 64 / sizeof(T);
+    for (std::int64_t pl = 0; pl < depth; pl += line) {
+        const std::int64_t pe = std::min(depth, pl + line);
+        for (std::int64_t i = 0; i < rows; ++i) {
+            const T* src = a + (i0 + i) * lda + p0;
+            __builtin_prefetch(src + pl + 4 * line);
+            for (std::int64_t p = pl; p < pe; ++p) out[p * MR + i] = src[p];
+        }
+        for (std::int64_t i = rows; i < MR; ++i) {
+            for (std::int64_t p = pl; p < pe; ++p) out[p * MR + i] = T(0);
+        }
+    }
+}
+
+// The same with one AVX-512 gather per column of the panel (two for double): about twice
+// the scalar rate, which stores one element per instruction.
+template <int MR, class T>
+[[gnu::target("avx512f")]] void pack_a_rows_avx512(const T* a, std::int64_t lda, std::int64_t i0, std::int64_t rows,
+                                                   std::int64_t p0, std::int64_t depth, T* __restrict out) {
+    static_assert(MR <= 16, "pack_a_rows_avx512: one 16-lane index vector covers at most 16 rows");
+    // Gather offsets are 32-bit.
+    if ((MR - 1) * lda > INT32_MAX) {
+        pack_a_rows_scalar<MR>(a, lda, i0, rows, p0, depth, out);
+        return;
+    }
+    alignas(64) std::int32_t offsets[16] = {};
+    for (int i = 0; i < MR; ++i) offsets[i] = static_cast<std::int32_t>(i * lda);
+    const T* base = a + i0 * lda + p0;
+    if constexpr (std::is_same_v<T, float>) {
+        const __m512i index = _mm512_load_si512(offsets);
+        const __mmask16 present = static_cast<__mmask16>((1u << rows) - 1);
+        const __mmask16 panel = static_cast<__mmask16>((1u << MR) - 1);
+        for (std::int64_t p = 0; p < depth; ++p) {
+            const __m512 column = _mm512_mask_i32gather_ps(_mm512_setzero_ps(), present, index, base + p, 4);
+            _mm512_mask_storeu_ps(out + p * MR, panel, column);
+        }
+    } else {
+        const __m256i index_low = _mm256_load_si256(reinterpret_cast<const __m256i*>(offsets));
+        const __m256i index_high = _mm256_load_si256(reinterpret_cast<const __m256i*>(offsets + 8));
+        const unsigned present = (1u << rows) - 1;
+        const __mmask8 present_low = static_cast<__mmask8>(present & 0xff);
+        const __mmask8 present_high = static_cast<__mmask8>(present >> 8);
+        const __mmask8 panel_low = static_cast<__mmask8>(((1u << MR) - 1) & 0xff);
+        const __mmask8 panel_high = static_cast<__mmask8>(((1u << MR) - 1) >> 8);
+        for (std::int64_t p = 0; p < depth; ++p) {
+            const __m512d low = _mm512_mask_i32gather_pd(_mm512_setzero_pd(), present_low, index_low, base + p, 8);
+            _mm512_mask_storeu_pd(out + p * MR, panel_low, low);
+            if constexpr (MR > 8) {
+                const __m512d high =
+                    _mm512_mask_i32gather_pd(_mm512_setzero_pd(), present_high, index_high, base + p, 8);
+                _mm512_mask_storeu_pd(out + p * MR + 8, panel_high, high);
+            }
+        }
+    }
+}
+
+// ---------------------------------------------------------------------------------------
+// Kernel descriptions: tile shape, cache blocking and the kernel itself.
+//   mr x nr: the register tile. kc: depth of one packed block, so an mr x kc panel of A
+//   stays in L1 while it sweeps the packed kc x nc block of B, which stays in L2.
+
+template <class T, gemm_isa Isa>
+struct kernel_config;
+
+template <class T>
+struct kernel_config<T, gemm_isa::portable> {
+    static constexpr int mr = 4;
+    static constexpr int nr = 32 / static_cast<int>(sizeof(T));
+    static constexpr std::int64_t kc = 256;
+    static constexpr std::int64_t nc = 1024;
+    static void run(std::int64_t k, const T* a, const T* b, T* c, std::int64_t ldc, T alpha, T beta) {
+        micro_kernel_portable<T, mr, nr>(k, a, b, c, ldc, alpha, beta);
+    }
+    static void deal_row(const T* src, T* dst, std::int64_t panels, std::int64_t panel_stride) {
+        deal_row_portable<T, nr>(src, dst, panels, panel_stride);
+    }
+    static void pack_a_rows(const T* a, std::int64_t lda, std::int64_t i0, std::int64_t rows, std::int64_t p0,
+                            std::int64_t depth, T* out) {
+        pack_a_rows_scalar<mr>(a, lda, i0, rows, p0, depth, out);
+    }
+};
+
+template <class T>
+struct kernel_config<T, gemm_isa::avx2_fma> {
+    // 6 x 2 vectors: 12 accumulators + 2 B vectors + 1 broadcast of the 16 ymm registers.
+    static constexpr int mr = 6;
+    static constexpr int nr = 2 * 32 / static_cast<int>(sizeof(T));
+    static constexpr std::int64_t kc = 256;
+    static constexpr std::int64_t nc = 1024;
+    static void run(std::int64_t k, const T* a, const T* b, T* c, std::int64_t ldc, T alpha, T beta) {
+        micro_kernel_avx2<T, mr, 2>(k, a, b, c, ldc, alpha, beta);
+    }
+    static void deal_row(const T* src, T* dst, std::int64_t panels, std::int64_t panel_stride) {
+        deal_row_avx2<T, 2>(src, dst, panels, panel_stride);
+    }
+    static void pack_a_rows(const T* a, std::int64_t lda, std::int64_t i0, std::int64_t rows, std::int64_t p0,
+                            std::int64_t depth, T* out) {
+        pack_a_rows_scalar<mr>(a, lda, i0, rows, p0, depth, out);
+    }
+};
+
+template <class T>
+struct kernel_config<T, gemm_isa::avx512f> {
+    // 12 x 2 vectors: 24 accumulators + 2 B vectors + 1 broadcast of the 32 zmm registers.
+    static constexpr int mr = 12;
+    static constexpr int nr = 2 * 64 / static_cast<int>(sizeof(T));
+    static constexpr std::int64_t kc = 256;
+    static constexpr std::int64_t nc = 1024;
+    static void run(std::int64_t k, const T* a, const T* b, T* c, std::int64_t ldc, T alpha, T beta) {
+        micro_kernel_avx512<T, mr, 2>(k, a, b, c, ldc, alpha, beta);
+    }
+    static void deal_row(const T* src, T* dst, std::int64_t panels, std::int64_t panel_stride) {
+        deal_row_avx512<T, 2>(src, dst, panels, panel_stride);
+    }
+    static void pack_a_rows(const T* a, std::int64_t lda, std::int64_t i0, std::int64_t rows, std::int64_t p0,
+                            std::int64_t depth, T* out) {
+        pack_a_rows_avx512<mr>(a, lda, i0, rows, p0, depth, out);
+    }
+};
+
+// ---------------------------------------------------------------------------------------
+// Packing. A packed A panel holds op(A)[i0 + i][p0 + p] at a[p*MR + i]. A packed slice of B
+// (depth rows of op(B) starting at p0) is a row of NR-wide panels, panel q holding
+// op(B)[p0 + p][q*NR + j] at q*NR*depth + p*NR + j. Rows and columns past the matrix edge
+// are zero, so edge tiles run the full kernel. Full-width runs use fixed trip counts so the
+// compiler vectorizes them at any -march.
+
+template <class Config, class T>
+void pack_a(transpose ta, const T* a, std::int64_t lda, std::int64_t i0, std::int64_t rows, std::int64_t p0,
+            std::int64_t depth, T* __restrict out) {
+    constexpr int MR = Config::mr;
+    if (ta == transpose::no) {
+        Config::pack_a_rows(a, lda, i0, rows, p0, depth, out);
+    } else {
+        // op(A)[i][p] = a[p*lda + i]: each column of the panel is contiguous in A.
+        for (std::int64_t p = 0; p < depth; ++p) {
+            const T* src = a + (p0 + p) * lda + i0;
+            T* dst = out + p * MR;
+            if (rows == MR) {
+                // A constant-size memcpy is expanded inline; the equivalent loop would
+                // become a memmove call.
+                std::memcpy(dst, src, MR * sizeof(T));
+            } else {
+                for (std::int64_t i = 0; i < MR; ++i) dst[i] = i < rows ? src[i] : T(0);
+            }
+        }
+    }
+}
+
+// Packs the panels of columns [j0, j0 + cols) of a slice; j0 is a multiple of NR.
+template <class Config, class T>
+void pack_b(transpose tb, const T* b, std::int64_t ldb, std::int64_t p0, std::int64_t depth, std::int64_t j0,
+            std::int64_t cols, T* __restrict out) {
+    constexpr int NR = Config::nr;
+    const std::int64_t full_panels = cols / NR;
+    const std::int64_t tail = cols - full_panels * NR;
+    if (tb == transpose::no) {
+        // op(B)[p][j] = b[p*ldb + j]: read B row by row (sequential, so prefetched) and deal
+        // each row out to the panels.
+        for (std::int64_t p = 0; p < depth; ++p) {
+            const T* src = b + (p0 + p) * ldb + j0;
+            T* dst = out + p * NR;
+            Config::deal_row(src, dst, full_panels, NR * depth);
+            if (tail > 0) {
+                T* last = dst + full_panels * NR * depth;
+                for (std::int64_t j = 0; j < NR; ++j) last[j] = j < tail ? src[full_panels * NR + j] : T(0);
+            }
+        }
+        return;
+    }
+    // op(B)[p][j] = b[j*ldb + p]: columns of a panel are contiguous in B; a cache line of
+    // depth at a time keeps the writes within a few lines.
+    constexpr std::int64_t step = 64 / sizeof(T);
+    for (std::int64_t q = 0; q * NR < cols; ++q) {
+        const std::int64_t width = q < full_panels ? NR : tail;
+        T* panel = out + q * NR * depth;
+        for (std::int64_t pl = 0; pl < depth; pl += step) {
+            const std::int64_t pe = std::min(depth, pl + step);
+            for (std::int64_t j = 0; j < width; ++j) {
+                const T* src = b + (j0 + q * NR + j) * ldb + p0;
+                for (std::int64_t p = pl; p < pe; ++p) panel[p * NR + j] = src[p];
+            }
+            for (std::int64_t j = width; j < NR; ++j) {
+                for (std::int64_t p = pl; p < pe; ++p) panel[p * NR + j] = T(0);
+            }
+        }
+    }
+}
+
+// Packing storage kept between calls, so steady-state GEMMs neither allocate nor fault in
+// fresh pages. Grows to the largest request seen; 64-byte aligned.
+class pack_storage {
+   public:
+    pack_storage() = default;
+    pack_storage(const pack_storage&) = delete;
+    pack_storage& operator=(const pack_storage&) = delete;
+    ~pack_storage() { release(); }
+
+    void* get(std::size_t bytes) {
+        if (bytes > capacity_) {
+            release();
+            data_ = ::operator new (bytes, std::align_val_t{64});
+            capacity_ = bytes;
+        }
+        return data_;
+    }
+
+   private:
+    void release() noexcept {
+        if (data_ != nullptr) ::operator delete (data_, std::align_val_t{64});
+        data_ = nullptr;
+        capacity_ = 0;
+    }
+    void* data_ = nullptr;
+    std::size_t capacity_ = 0;
+};
+
+// One A panel per thread.
+inline pack_storage& a_panel_storage() {
+    thread_local pack_storage storage;
+    return storage;
+}
+// One B slice per thread, for single-tile products.
+inline pack_storage& b_slice_storage() {
+    thread_local pack_storage storage;
+    return storage;
+}
+// All of op(B), packed by the calling thread's team and shared by its tiles. Kept only up
+// to shared_b_keep_bytes; a larger packed B (an LM head's vocabulary projection) is
+// allocated for the one call, so the cache never pins that much memory.
+inline constexpr std::size_t shared_b_keep_bytes = std::size_t{32} << 20;
+inline pack_storage& b_shared_storage() {
+    thread_local pack_storage storage;
+    return storage;
+}
+
+struct problem {
+    transpose ta, tb;
+    std::int64_t m, n, k;
+    std::int64_t lda, ldb, ldc;
+};
+
+// Where a tile finds packed B: either all of op(B) packed up front (slice pc at
+// shared + pc * padded_n, so column j's panel sits at shared + pc * padded_n + j * depth),
+// or nothing, and the tile packs each slice it needs into its own buffer.
+template <class T>
+struct packed_b_source {
+    const T* shared = nullptr;
+    std::int64_t padded_n = 0;
+};
+
+// C[i0..i1, j0..j1] on the calling thread; i0 and j0 are multiples of the register tile.
+// Needs alpha != 0 and k > 0.
+template <class T, gemm_isa Isa>
+void multiply_tile(const problem& s, T alpha, const T* a, const T* b, T beta, T* c, std::int64_t i0, std::int64_t i1,
+                   std::int64_t j0, std::int64_t j1, packed_b_source<T> source) {
+    using config = kernel_config<T, Isa>;
+    constexpr int mr = config::mr;
+    constexpr int nr = config::nr;
+    const std::int64_t block_depth = std::min<std::int64_t>(config::kc, s.k);
+    T* packed_a = static_cast<T*>(a_panel_storage().get(sizeof(T) * static_cast<std::size_t>(mr * block_depth)));
+    T* local_b = nullptr;
+    if (source.shared == nullptr) {
+        const std::int64_t block_cols = std::min<std::int64_t>(config::nc, (j1 - j0 + nr - 1) / nr * nr);
+        local_b =
+            static_cast<T*>(b_slice_storage().get(sizeof(T) * static_cast<std::size_t>(block_cols * block_depth)));
+    }
+    alignas(64) T edge[mr * nr];
+
+    for (std::int64_t jc = j0; jc < j1; jc += config::nc) {
+        const std::int64_t cols = std::min<std::int64_t>(config::nc, j1 - jc);
+        for (std::int64_t pc = 0; pc < s.k; pc += config::kc) {
+            const std::int64_t depth = std::min<std::int64_t>(config::kc, s.k - pc);
+            // Later depth blocks accumulate onto what the first one wrote.
+            const T beta_block = pc == 0 ? beta : T(1);
+            const T* slice = nullptr;
+            if (source.shared != nullptr) {
+                slice = source.shared + pc * source.padded_n + jc * depth;
+            } else {
+                pack_b<config>(s.tb, b, s.ldb, pc, depth, jc, cols, local_b);
+                slice = local_b;
+            }
+            for (std::int64_t ic = i0; ic < i1; ic += mr) {
+                const std::int64_t rows = std::min<std::int64_t>(mr, i1 - ic);
+                pack_a<config>(s.ta, a, s.lda, ic, rows, pc, depth, packed_a);
+                for (std::int64_t jr = 0; jr < cols; jr += nr) {
+                    const std::int64_t width = std::min<std::int64_t>(nr, cols - jr);
+                    T* c_tile = c + ic * s.ldc + jc + jr;
+                    const T* b_panel = slice + jr * depth;
+                    if (rows == mr && width == nr) {
+                        config::run(depth, packed_a, b_panel, c_tile, s.ldc, alpha, beta_block);
+                        continue;
+                    }
+                    config::run(depth, packed_a, b_panel, edge, nr, T(1), T(0));
+                    for (std::int64_t i = 0; i < rows; ++i) {
+                        T* row = c_tile + i * s.ldc;
+                        const T* sum = edge + i * nr;
+                        if (beta_block == T(0)) {
+                            for (std::int64_t j = 0; j < width; ++j) row[j] = alpha * sum[j];
+                        } else {
+                            for (std::int64_t j = 0; j < width; ++j) row[j] = alpha * sum[j] + beta_block * row[j];
+                        }
+                    }
+                }
+            }
+        }
+    }
+}
+
+// C = beta * C over m x n, not reading C when beta == 0.
+template <class T>
+void scale_c(std::int64_t m, std::int64_t n, T beta, T* c, std::int64_t ldc) {
+    if (beta == T(1)) return;
+    for (std::int64_t i = 0; i < m; ++i) {
+        T* row = c + i * ldc;
+        if (beta == T(0)) {
+            std::fill(row, row + n, T(0));
+        } else {
+            for (std::int64_t j = 0; j < n; ++j) row[j] *= beta;
+        }
+    }
+}
+
+// How C is cut into tiles: row_parts x col_parts tiles of whole register tiles, handed out
+// one at a time to the threads that are free, so a slow or busy core takes fewer of them.
+struct tile_plan {
+    std::int64_t row_parts = 1;
+    std::int64_t col_parts = 1;
+    std::int64_t tiles() const { return row_parts * col_parts; }
+};
+
+// Picks the plan with the least estimated time, counted in flops of kernel work:
+//   one tile:   the tile, packing its own B
+//   many tiles: packing op(B) once, shared by the threads, + the work of all tiles / threads
+//               + the largest tile * (threads - 1) / threads (the expected tail of the join)
+// where a tile costs its (padded) multiply-adds, packing its A panels once per nc-wide block
+// of its columns, reading its packed B, and a fixed start-up.
+inline tile_plan plan_tiles(std::int64_t m, std::int64_t n, std::int64_t k, int mr, int nr, std::int64_t nc,
+                            unsigned threads) {
+    constexpr double pack_cost = 30;        // flops per packed element
+    constexpr double stream_cost = 12;      // flops per element of packed B read back from L3
+    constexpr double tile_cost = 2e4;       // flops to start a tile
+    constexpr double fork_join_cost = 4e5;  // flops per fork-join of the pool (twice: pack, multiply)
+    const std::int64_t row_units = (m + mr - 1) / mr;
+    const std::int64_t col_units = (n + nr - 1) / nr;
+    const double depth = static_cast<double>(k);
+    const auto cost_of_tile = [&](std::int64_t rows, std::int64_t cols, bool packs_b) {
+        const double column_blocks = static_cast<double>((cols + nc - 1) / nc);
+        return 2.0 * rows * cols * depth + pack_cost * depth * rows * column_blocks +
+               (packs_b ? pack_cost : stream_cost) * depth * cols + tile_cost;
+    };
+    tile_plan best;
+    double best_cost = cost_of_tile(row_units * mr, col_units * nr, true);
+    if (threads <= 1) return best;
+    const double team = threads;
+    const double shared_pack = pack_cost * depth * col_units * nr / team + 2 * fork_join_cost;
+    const std::int64_t most = 8 * static_cast<std::int64_t>(threads);
+    for (std::int64_t row_parts = 1; row_parts <= std::min(row_units, most); ++row_parts) {
+        for (std::int64_t col_parts = 1; col_parts <= std::min(col_units, most); ++col_parts) {
+            if (row_parts * col_parts == 1) continue;
+            const std::int64_t rows = (row_units + row_parts - 1) / row_parts * mr;
+            const std::int64_t cols = (col_units + col_parts - 1) / col_parts * nr;
+            const double one = cost_of_tile(rows, cols, false);
+            const double cost = shared_pack + row_parts * col_parts * one / team + one * (team - 1) / team;
+            if (cost < best_cost) {
+                best = {row_parts, col_parts};
+                best_cost = cost;
+            }
+        }
+    }
+    return best;
+}
+
+template <class T, gemm_isa Isa>
+void multiply(thread_pool& pool, const problem& s, T alpha, const T* a, const T* b, T beta, T* c) {
+    using config = kernel_config<T, Isa>;
+    constexpr int mr = config::mr;
+    constexpr int nr = config::nr;
+    // A gemm inside a parallel region runs on its own thread (parallel_for would be serial).
+    const unsigned threads = host::detail::inside_parallel_region() ? 1u : pool.size();
+    const tile_plan plan = plan_tiles(s.m, s.n, s.k, mr, nr, config::nc, threads);
+    if (plan.tiles() == 1) {
+        multiply_tile<T, Isa>(s, alpha, a, b, beta, c, 0, s.m, 0, s.n, {});
+        return;
+    }
+
+    // Phase 1: pack all of op(B), one (slice, nc-wide column block) per job.
+    const std::int64_t col_units = (s.n + nr - 1) / nr;
+    const std::int64_t padded_n = col_units * nr;
+    const std::size_t shared_bytes = sizeof(T) * static_cast<std::size_t>(padded_n * s.k);
+    pack_storage one_call;
+    pack_storage& storage = shared_bytes <= shared_b_keep_bytes ? b_shared_storage() : one_call;
+    T* shared = static_cast<T*>(storage.get(shared_bytes));
+    const std::int64_t slices = (s.k + config::kc - 1) / config::kc;
+    const std::int64_t column_blocks = (s.n + config::nc - 1) / config::nc;
+    pool.parallel_for(0, slices * column_blocks, 1, [&](std::int64_t lo, std::int64_t hi) {
+        for (std::int64_t job = lo; job < hi; ++job) {
+            const std::int64_t pc = job / column_blocks * config::kc;
+            const std::int64_t jc = job % column_blocks * config::nc;
+            const std::int64_t depth = std::min<std::int64_t>(config::kc, s.k - pc);
+            const std::int64_t cols = std::min<std::int64_t>(config::nc, s.n - jc);
+            pack_b<config>(s.tb, b, s.ldb, pc, depth, jc, cols, shared + pc * padded_n + jc * depth);
+        }
+    });
+
+    // Phase 2: the tiles, column block by column block so the threads share B in cache.
+    const std::int64_t row_units = (s.m + mr - 1) / mr;
+    const std::int64_t tiles = plan.tiles();
+    std::atomic<std::int64_t> next_tile{0};
+    const packed_b_source<T> source{shared, padded_n};
+    pool.parallel_for(0, std::min<std::int64_t>(threads, tiles), 1, [&](std::int64_t, std::int64_t) {
+        for (std::int64_t tile = next_tile.fetch_add(1); tile < tiles; tile = next_tile.fetch_add(1)) {
+            const std::int64_t q = tile / plan.row_parts;
+            const std::int64_t r = tile % plan.row_parts;
+            const std::int64_t i0 = row_units * r / plan.row_parts * mr;
+            const std::int64_t i1 = std::min(s.m, row_units * (r + 1) / plan.row_parts * mr);
+            const std::int64_t j0 = col_units * q / plan.col_parts * nr;
+            const std::int64_t j1 = std::min(s.n, col_units * (q + 1) / plan.col_parts * nr);
+            if (i0 < i1 && j0 < j1) multiply_tile<T, Isa>(s, alpha, a, b, beta, c, i0, i1, j0, j1, source);
+        }
+    });
+}
+
+// Throws usage_error naming the first argument that BLAS would reject.
+inline void check_arguments(const char* op, transpose ta, transpose tb, std::int64_t m, std::int64_t n, std::int64_t k,
+                            const void* a, std::int64_t lda, const void* b, std::int64_t ldb, const void* c,
+                            std::int64_t ldc) {
+    const auto fail = [op](const std::string& what) { throw usage_error(std::string(op) + ": " + what); };
+    const auto check_size = [&](const char* name, std::int64_t value) {
+        if (value < 0) fail(std::string(name) + " = " + std::to_string(value) + " is negative; pass " + name + " >= 0");
+    };
+    check_size("m", m);
+    check_size("n", n);
+    check_size("k", k);
+    const auto check_leading = [&](const char* name, std::int64_t value, std::int64_t row_length,
+                                   const std::string& layout) {
+        const std::int64_t least = std::max<std::int64_t>(1, row_length);
+        if (value < least) {
+            fail(std::string(name) + " = " + std::to_string(value) + " is smaller than the row length " +
+                 std::to_string(row_length) + " of " + layout + "; pass " + name + " >= " + std::to_string(least));
+        }
+    };
+    const std::string ms = std::to_string(m), ns = std::to_string(n), ks = std::to_string(k);
+    if (ta == transpose::no) {
+        check_leading("lda", lda, k, "A stored m x k = " + ms + " x " + ks + " (transpose::no)");
+    } else {
+        check_leading("lda", lda, m, "A stored k x m = " + ks + " x " + ms + " (transpose::yes)");
+    }
+    if (tb == transpose::no) {
+        check_leading("ldb", ldb, n, "B stored k x n = " + ks + " x " + ns + " (transpose::no)");
+    } else {
+        check_leading("ldb", ldb, k, "B stored n x k = " + ns + " x " + ks + " (transpose::yes)");
+    }
+    check_leading("ldc", ldc, n, "C (m x n = " + ms + " x " + ns + ")");
+    const auto check_pointer = [&](const char* name, const void* pointer, std::int64_t rows, std::int64_t cols,
+                                   const char* matrix) {
+        if (pointer == nullptr && rows > 0 && cols > 0) {
+            fail(std::string(name) + " is null but " + matrix + " is " + std::to_string(rows) + " x " +
+                 std::to_string(cols) + "; pass its data");
+        }
+    };
+    check_pointer("a", a, m, k, "op(A)");
+    check_pointer("b", b, k, n, "op(B)");
+    check_pointer("c", c, m, n, "C");
+}
+
+template <class T>
+inline constexpr bool is_gemm_element_v = std::is_same_v<T, float> || std::is_same_v<T, double>;
+
+// The fallback after validation, on `pool` (tests pass pools of other sizes).
+template <class T>
+void fallback_unchecked(gemm_isa isa, thread_pool& pool, transpose ta, transpose tb, std::int64_t m, std::int64_t n,
+                        std::int64_t k, T alpha, const T* a, std::int64_t lda, const T* b, std::int64_t ldb, T beta,
+                        T* c, std::int64_t ldc) {
+    if (m == 0 || n == 0) return;
+    if (k == 0 || alpha == T(0)) {
+        scale_c(m, n, beta, c, ldc);
+        return;
+    }
+    const problem s{ta, tb, m, n, k, lda, ldb, ldc};
+    switch (isa) {
+        case gemm_isa::avx512f: multiply<T, gemm_isa::avx512f>(pool, s, alpha, a, b, beta, c); return;
+        case gemm_isa::avx2_fma: multiply<T, gemm_isa::avx2_fma>(pool, s, alpha, a, b, beta, c); return;
+        case gemm_isa::portable: multiply<T, gemm_isa::portable>(pool, s, alpha, a, b, beta, c); return;
+    }
+}
+
+inline bool fits_in_int(std::int64_t value) { return value <= INT_MAX; }
+
+template <class T>
+void gemm_unchecked(transpose ta, transpose tb, std::int64_t m, std::int64_t n, std::int64_t k, T alpha, const T* a,
+                    std::int64_t lda, const T* b, std::int64_t ldb, T beta, T* c, std::int64_t ldc) {
+    if constexpr (has_cblas) {
+        // CBLAS takes int sizes; larger problems take the fallback rather than overflow.
+        // Inside a parallel region every core is already busy with this job, and OpenBLAS
+        // would add its own threads on top: the fallback runs on this thread instead.
+        if (!host::detail::inside_parallel_region() && fits_in_int(m) && fits_in_int(n) && fits_in_int(k) &&
+            fits_in_int(lda) && fits_in_int(ldb) && fits_in_int(ldc)) {
+            if (m == 0 || n == 0) return;
+            const bool trans_a = ta == transpose::yes;
+            const bool trans_b = tb == transpose::yes;
+            if constexpr (std::is_same_v<T, float>) {
+                cblas::sgemm(trans_a, trans_b, int(m), int(n), int(k), alpha, a, int(lda), b, int(ldb), beta, c,
+                             int(ldc));
+            } else {
+                cblas::dgemm(trans_a, trans_b, int(m), int(n), int(k), alpha, a, int(lda), b, int(ldb), beta, c,
+                             int(ldc));
+            }
+            return;
+        }
+    }
+    fallback_unchecked(gemm_best_isa(), thread_pool::global(), ta, tb, m, n, k, alpha, a, lda, b, ldb, beta, c, ldc);
+}
+
+}  // namespace detail::gemm
+
+// C = alpha * op(A) * op(B) + beta * C, through OpenBLAS when built with it (gemm_uses_cblas()),
+// otherwise (and inside a parallel_for range) through gemm_fallback. T is float or double.
+template <class T>
+void gemm(transpose ta, transpose tb, std::int64_t m, std::int64_t n, std::int64_t k, T alpha, const T* a,
+          std::int64_t lda, const T* b, std::int64_t ldb, T beta, T* c, std::int64_t ldc) {
+    static_assert(detail::gemm::is_gemm_element_v<T>, "loom::host::gemm: T must be float or double");
+    detail::gemm::check_arguments("gemm", ta, tb, m, n, k, a, lda, b, ldb, c, ldc);
+    detail::gemm::gemm_unchecked(ta, tb, m, n, k, alpha, a, lda, b, ldb, beta, c, ldc);
+}
+
+// The portable path with an explicit micro-kernel (tests and benchmarks pin one this way).
+// Throws usage_error when this CPU cannot run `isa`.
+template <class T>
+void gemm_fallback(gemm_isa isa, transpose ta, transpose tb, std::int64_t m, std::int64_t n, std::int64_t k, T alpha,
+                   const T* a, std::int64_t lda, const T* b, std::int64_t ldb, T beta, T* c, std::int64_t ldc) {
+    static_assert(detail::gemm::is_gemm_element_v<T>, "loom::host::gemm_fallback: T must be float or double");
+    detail::gemm::check_arguments("gemm_fallback", ta, tb, m, n, k, a, lda, b, ldb, c, ldc);
+    if (!gemm_isa_supported(isa)) {
+        throw usage_error(std::string("gemm_fallback: this CPU cannot run the ") + to_string(isa) +
+                          " micro-kernel; pass gemm_best_isa() or check gemm_isa_supported() first");
+    }
+    detail::gemm::fallback_unchecked(isa, thread_pool::global(), ta, tb, m, n, k, alpha, a, lda, b, ldb, beta, c, ldc);
+}
+
+// The portable path with the best micro-kernel for this CPU; always available.
+template <class T>
+void gemm_fallback(transpose ta, transpose tb, std::int64_t m, std::int64_t n, std::int64_t k, T alpha, const T* a,
+                   std::int64_t lda, const T* b, std::int64_t ldb, T beta, T* c, std::int64_t ldc) {
+    gemm_fallback(gemm_best_isa(), ta, tb, m, n, k, alpha, a, lda, b, ldb, beta, c, ldc);
+}
+
+// For every g in [0, batch): gemm on a + g*stride_a, b + g*stride_b, c + g*stride_c.
+// A stride of 0 for A or B reuses one matrix for the whole batch; the C matrices must not
+// overlap (stride_c >= (m - 1) * ldc + n when batch > 1).
+template <class T>
+void gemm_batched(transpose ta, transpose tb, std::int64_t batch, std::int64_t m, std::int64_t n, std::int64_t k,
+                  T alpha, const T* a, std::int64_t lda, std::int64_t stride_a, const T* b, std::int64_t ldb,
+                  std::int64_t stride_b, T beta, T* c, std::int64_t ldc, std::int64_t stride_c) {
+    static_assert(detail::gemm::is_gemm_element_v<T>, "loom::host::gemm_batched: T must be float or double");
+    const auto fail = [](const std::string& what) { throw usage_error("gemm_batched: " + what); };
+    if (batch < 0) fail("batch = " + std::to_string(batch) + " is negative; pass batch >= 0");
+    detail::gemm::check_arguments("gemm_batched", ta, tb, m, n, k, a, lda, b, ldb, c, ldc);
+    if (stride_a < 0 || stride_b < 0 || stride_c < 0) {
+        fail("strides (" + std::to_string(stride_a) + ", " + std::to_string(stride_b) + ", " +
+             std::to_string(stride_c) + ") must not be negative; pass the distance between consecutive matrices");
+    }
+    if (batch > 1 && m > 0 && n > 0 && stride_c < (m - 1) * ldc + n) {
+        fail("stride_c = " + std::to_string(stride_c) + " makes the " + std::to_string(m) + " x " + std::to_string(n) +
+             " outputs (ldc = " + std::to_string(ldc) +
+             ") overlap; pass stride_c >= " + std::to_string((m - 1) * ldc + n));
+    }
+    if (batch == 0 || m == 0 || n == 0) return;
+    const auto one = [&](std::int64_t g) {
+        // A and B may be null when k == 0; no offset is applied to a null pointer.
+        const T* a_g = a == nullptr ? a : a + g * stride_a;
+        const T* b_g = b == nullptr ? b : b + g * stride_b;
+        detail::gemm::gemm_unchecked(ta, tb, m, n, k, alpha, a_g, lda, b_g, ldb, beta, c + g * stride_c, ldc);
+    };
+    // Small matrices (attention heads) go one per thread, each multiplied serially by the
+    // fallback (a gemm nested in parallel_for runs on its own thread); large ones use every
+    // thread (or OpenBLAS) each.
+    const double flops = 2.0 * static_cast<double>(m) * static_cast<double>(n) * static_cast<double>(k);
+    const thread_pool& pool = thread_pool::global();
+    if (batch >= pool.size() && flops <= 2.0 * 192 * 192 * 192) {
+        parallel_for(0, batch, 1, [&](std::int64_t lo, std::int64_t hi) {
+            for (std::int64_t g = lo; g < hi; ++g) one(g);
+        });
+        return;
+    }
+    for (std::int64_t g = 0; g < batch; ++g) one(g);
+}
+
+}  // namespace loom::host
