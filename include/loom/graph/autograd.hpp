@@ -58,7 +58,8 @@ inline void build_backward(graph_builder& b) {
 
     grad[static_cast<std::size_t>(g.loss)] = ops::fill_like(b.handle(g.loss), 1.0);
     for (std::size_t i = forward_nodes; i-- > 0;) {
-        const node& n = b.view().nodes[i];
+        // A copy: the backward rule appends nodes, which may move the node vector.
+        const node n = b.view().nodes[i];
         if (!n.op->differentiable()) continue;
         bool any_grad = false;
         for (tensor_id t : n.outputs) any_grad = any_grad || grad[static_cast<std::size_t>(t)].has_value();
@@ -82,16 +83,13 @@ inline void build_backward(graph_builder& b) {
             // An output no one differentiates still needs a gradient if a sibling has one.
             ctx.grad_outputs.push_back(gt ? gt : std::optional<tensor>(ops::fill_like(b.handle(t), 0.0)));
         }
-        const op_def* op = n.op;
-        gradients result = op->backward(ctx);
-        const node& fwd = b.view().nodes[i];
-        if (result.size() != fwd.inputs.size())
-            throw error("build_backward: the backward rule of " + std::string(op->name) + " returned " +
-                        std::to_string(result.size()) + " gradients for " + std::to_string(fwd.inputs.size()) +
+        gradients result = n.op->backward(ctx);
+        if (result.size() != n.inputs.size())
+            throw error("build_backward: the backward rule of " + std::string(n.op->name) + " returned " +
+                        std::to_string(result.size()) + " gradients for " + std::to_string(n.inputs.size()) +
                         " inputs");
-        std::vector<tensor_id> inputs = fwd.inputs;
-        for (std::size_t k = 0; k < inputs.size(); ++k)
-            if (needs[k] && result[k]) accumulate(inputs[k], *result[k], b.view().nodes[i]);
+        for (std::size_t k = 0; k < n.inputs.size(); ++k)
+            if (needs[k] && result[k]) accumulate(n.inputs[k], *result[k], n);
     }
 
     graph& mg = b.mutable_graph();

@@ -12,18 +12,34 @@
 #include <loom/ops/reduce.hpp>
 #include <loom/ops/scale.hpp>
 // ops-includes: elementwise
+#include <loom/ops/dropout.hpp>
+#include <loom/ops/gelu.hpp>
+#include <loom/ops/relu.hpp>
+#include <loom/ops/silu.hpp>
+#include <loom/ops/softmax.hpp>
 // ops-includes: normalization
+#include <loom/ops/layer_norm.hpp>
+#include <loom/ops/rms_norm.hpp>
 // ops-includes: attention and shapes
+#include <loom/ops/attention.hpp>
+#include <loom/ops/heads.hpp>
+#include <loom/ops/matmul.hpp>
+#include <loom/ops/reshape.hpp>
+#include <loom/ops/transpose.hpp>
 // ops-includes: embedding and loss
+#include <loom/ops/cross_entropy.hpp>
+#include <loom/ops/embedding.hpp>
 
 namespace loom::ops {
 
 using core_ops = boost::mp11::mp_list<FillLike, Identity, Add, Mul, Scale, Sum, Mean, SumLeading, BroadcastScalar, Linear,
                                       LinearBias, LinearGradInput, LinearGradWeight>;
-using elementwise_ops = boost::mp11::mp_list<>;
-using normalization_ops = boost::mp11::mp_list<>;
-using attention_ops = boost::mp11::mp_list<>;
-using embedding_loss_ops = boost::mp11::mp_list<>;
+using elementwise_ops = boost::mp11::mp_list<Gelu, GeluGrad, Relu, ReluGrad, Silu, SiluGrad, Softmax, SoftmaxGrad, Dropout,
+                                              DropoutGrad>;
+using normalization_ops = boost::mp11::mp_list<LayerNorm, LayerNormGrad, RmsNorm, RmsNormGrad>;
+using attention_ops = boost::mp11::mp_list<Matmul, MatmulNT, MatmulTN, Reshape, Transpose, SplitHeads, MergeHeads,
+                                           Attention, AttentionGrad>;
+using embedding_loss_ops = boost::mp11::mp_list<Embedding, EmbeddingGrad, CrossEntropy, CrossEntropyGrad>;
 
 using all_ops = boost::mp11::mp_append<core_ops, elementwise_ops, normalization_ops, attention_ops, embedding_loss_ops>;
 

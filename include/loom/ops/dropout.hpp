@@ -1,0 +1,64 @@
+#pragma once
+// dropout: y = x * mask / (1 - p), seeded and deterministic.
+//   dropout       "... -> ..."   attributes p (probability of dropping, 0 <= p < 1) and seed
+//   dropout_grad  "... -> ..."   input dy: dx = dy * mask / (1 - p), the same mask
+// Element i at training step s is kept iff u(seed, s, i) >= p, u a counter-based hash mapped
+// to [0, 1) (the law is in runtime/host/kernels/dropout.hpp), so the mask is a pure function
+// of (seed, step, element index): it is never stored, and the backward recomputes it. p == 0
+// is an exact identity.
+//
+// The index is the flat row-major index of the element in the tensor the kernel sees. A
+// partitioned run, where a kernel sees a slice, must pass each element's index in the whole
+// tensor, or the slices draw different masks than the unpartitioned graph.
+#include <cmath>
+#include <cstdint>
+#include <span>
+#include <sstream>
+#include <string>
+
+#include <loom/graph/builder.hpp>
+
+namespace loom::ops {
+
+namespace detail {
+inline void check_dropout_probability(std::string_view op, const attributes& a, const std::string& node_name) {
+    const double p = a.get<double>("p");
+    if (!(p >= 0.0 && p < 1.0)) {
+        std::ostringstream msg;
+        msg << op << " '" << node_name << "': p = " << p
+            << " is not a drop probability; pass 0 <= p < 1 (p = 0 keeps every element)";
+        throw usage_error(msg.str());
+    }
+    (void)a.get<std::int64_t>("seed");
+}
+}  // namespace detail
+
+struct DropoutGrad {
+    static constexpr std::string_view name = "dropout_grad";
+    static constexpr signature sig = parse_signature("... -> ...");
+    static void check(const bound_signature&, const attributes& a, std::span<const shape>, const std::string& node) {
+        detail::check_dropout_probability(name, a, node);
+    }
+};
+
+inline tensor dropout_grad(tensor dy, double p, std::int64_t seed) {
+    return dy.builder->apply1<DropoutGrad>({dy}, {{"p", p}, {"seed", seed}});
+}
+
+struct Dropout {
+    static constexpr std::string_view name = "dropout";
+    static constexpr signature sig = parse_signature("... -> ...");
+    static void check(const bound_signature&, const attributes& a, std::span<const shape>, const std::string& node) {
+        detail::check_dropout_probability(name, a, node);
+    }
+    static gradients backward(backward_context& c) {
+        return {dropout_grad(*c.grad_outputs[0], c.attrs().get<double>("p"), c.attrs().get<std::int64_t>("seed"))};
+    }
+};
+
+// Drops each element of x with probability p and scales the kept ones by 1 / (1 - p).
+inline tensor dropout(tensor x, double p, std::int64_t seed) {
+    return x.builder->apply1<Dropout>({x}, {{"p", p}, {"seed", seed}});
+}
+
+}  // namespace loom::ops

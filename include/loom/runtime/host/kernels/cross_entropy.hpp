@@ -1,0 +1,110 @@
+#pragma once
+// Host kernels of cross_entropy and cross_entropy_grad. Rows are independent; each row's
+// log-sum-exp is taken around the row max, so no exp overflows (and lane_exp, whose float
+// version vectorises, only sees x - max <= 0). The loss sums rows per fixed block of rows
+// (rowwise.hpp), in double, then the blocks in order: the same for any thread count.
+#include <algorithm>
+#include <cmath>
+#include <cstdint>
+#include <string>
+
+#include <loom/core/error.hpp>
+#include <loom/ops/cross_entropy.hpp>
+#include <loom/runtime/host/kernel_call.hpp>
+#include <loom/runtime/host/kernels/elementwise.hpp>
+#include <loom/runtime/host/kernels/rowwise.hpp>
+
+namespace loom::host {
+
+namespace detail {
+
+// Throws usage_error for the first target outside [0, v) that is not ignore_index.
+template <class T>
+void check_targets(const kernel_call<T>& c, std::size_t which, std::int64_t v, std::int64_t ignore_index) {
+    const std::int32_t* targets = c.index_input(which);
+    const std::int64_t n = c.input_numel(which);
+    for (std::int64_t p = 0; p < n; ++p) {
+        if ((targets[p] >= 0 && targets[p] < v) || targets[p] == ignore_index) continue;
+        throw usage_error(std::string(c.n.op->name) + " '" + c.n.name + "': target " + std::to_string(targets[p]) +
+                          " at " + describe_position(p, c.input_shape(which), c.g.tensor(c.n.inputs[which]).name) +
+                          " is outside [0, " + std::to_string(v) + ") (v = " + std::to_string(v) +
+                          " classes) and is not ignore_index " + std::to_string(ignore_index) +
+                          "; every target must be a class of the logits or ignore_index");
+    }
+}
+
+// max + log(sum(exp(x - max))) of one row of v >= 1 logits.
+template <class T>
+T log_sum_exp(const T* __restrict x, std::int64_t v) {
+    const T m = lane_max(x, v);
+    const T s = lane_sum<T>(v, [=](std::int64_t i) { return lane_exp(x[i] - m); });
+    return m + std::log(s);
+}
+
+// dlogits = scale * (softmax(x) - onehot(target)) for one row.
+template <class T>
+void cross_entropy_grad_row(const T* __restrict x, T* __restrict out, std::int64_t v, std::int32_t target, T scale) {
+    const T m = lane_max(x, v);
+    const T sum = lane_sum<T>(v, [=](std::int64_t i) { return out[i] = lane_exp(x[i] - m); });
+    const T k = scale / sum;
+    for_lanes(v, [=](std::int64_t i) { out[i] *= k; });
+    out[target] -= scale;
+}
+
+}  // namespace detail
+
+template <>
+struct host_kernel<ops::CrossEntropy> {
+    template <class T>
+    static void run(const kernel_call<T>& c) {
+        const std::int64_t v = c.extent("v");
+        const std::int64_t rows = c.input_numel(1);
+        const auto ignore = c.attrs().template get<std::int64_t>("ignore_index");
+        const double normalizer = c.attrs().template get<double>("normalizer");
+        detail::check_targets(c, 1, v, ignore);
+        const T* logits = c.input(0);
+        const std::int32_t* targets = c.index_input(1);
+        const std::int64_t blocks = detail::row_blocks(rows);
+        double* partial = detail::scratch<double>(static_cast<std::size_t>(std::max<std::int64_t>(blocks, 1)));
+        const std::int64_t grain = std::max<std::int64_t>(1, elementwise_grain / (detail::block_rows * v));
+        parallel_for(0, blocks, grain, [&](std::int64_t lo, std::int64_t hi) {
+            for (std::int64_t b = lo; b < hi; ++b) {
+                double s = 0;
+                const std::int64_t end = std::min(rows, (b + 1) * detail::block_rows);
+                for (std::int64_t r = b * detail::block_rows; r < end; ++r) {
+                    if (targets[r] == ignore) continue;
+                    const T* x = logits + r * v;
+                    s += static_cast<double>(detail::log_sum_exp(x, v) - x[targets[r]]);
+                }
+                partial[b] = s;
+            }
+        });
+        double total = 0;
+        for (std::int64_t b = 0; b < blocks; ++b) total += partial[b];
+        *c.output(0) = static_cast<T>(total / normalizer);
+    }
+};
+
+template <>
+struct host_kernel<ops::CrossEntropyGrad> {
+    template <class T>
+    static void run(const kernel_call<T>& c) {
+        const std::int64_t v = c.extent("v");
+        const std::int64_t rows = c.input_numel(2);
+        const auto ignore = c.attrs().template get<std::int64_t>("ignore_index");
+        const T scale = static_cast<T>(static_cast<double>(*c.input(0)) / c.attrs().template get<double>("normalizer"));
+        detail::check_targets(c, 2, v, ignore);
+        const T* logits = c.input(1);
+        const std::int32_t* targets = c.index_input(2);
+        T* dlogits = c.output(0);
+        for_each_row(rows, v, [&](std::int64_t r) {
+            T* out = dlogits + r * v;
+            if (targets[r] == ignore)
+                std::fill(out, out + v, T(0));
+            else
+                detail::cross_entropy_grad_row(logits + r * v, out, v, targets[r], scale);
+        });
+    }
+};
+
+}  // namespace loom::host

@@ -1,0 +1,43 @@
+#pragma once
+// Kernels of split_heads and merge_heads: each moves rows of head_dim contiguous elements
+// between [batch, seq, heads, head_dim] and [batch, heads, seq, head_dim] order.
+#include <cstring>
+
+#include <loom/ops/heads.hpp>
+#include <loom/runtime/host/kernel_call.hpp>
+#include <loom/runtime/host/kernels/elementwise.hpp>
+
+namespace loom::host {
+
+namespace detail {
+// Row (b, h, s) of the head-major tensor <-> row (b, s, h) of the sequence-major one.
+template <class T>
+void move_head_rows(const kernel_call<T>& c, bool to_head_major) {
+    const std::int64_t batch = c.extent("b"), seq = c.extent("s"), heads = c.extent("h"), dim = c.extent("d");
+    const T* x = c.input(0);
+    T* y = c.output(0);
+    const auto bytes = static_cast<std::size_t>(dim) * sizeof(T);
+    for_each_row(batch * heads * seq, dim, [&](std::int64_t r) {
+        const std::int64_t s = r % seq, h = r / seq % heads, b = r / (seq * heads);
+        const std::int64_t sequence_major = ((b * seq + s) * heads + h) * dim;
+        if (to_head_major)
+            std::memcpy(y + r * dim, x + sequence_major, bytes);
+        else
+            std::memcpy(y + sequence_major, x + r * dim, bytes);
+    });
+}
+}  // namespace detail
+
+template <>
+struct host_kernel<ops::SplitHeads> {
+    template <class T>
+    static void run(const kernel_call<T>& c) { detail::move_head_rows<T>(c, true); }
+};
+
+template <>
+struct host_kernel<ops::MergeHeads> {
+    template <class T>
+    static void run(const kernel_call<T>& c) { detail::move_head_rows<T>(c, false); }
+};
+
+}  // namespace loom::host
