@@ -1,0 +1,50 @@
+#pragma once
+// Entry header: includes the whole public API and nothing else.
+
+// core
+#include <loom/core/dim.hpp>
+#include <loom/core/error.hpp>
+#include <loom/core/fixed_string.hpp>
+#include <loom/core/shape.hpp>
+#include <loom/core/signature.hpp>
+
+// graph
+#include <loom/graph/attributes.hpp>
+#include <loom/graph/autograd.hpp>
+#include <loom/graph/builder.hpp>
+#include <loom/graph/graph.hpp>
+#include <loom/graph/op.hpp>
+#include <loom/graph/parameter_init.hpp>
+
+// ops
+#include <loom/ops/all.hpp>
+
+// runtime
+#include <loom/runtime/compile.hpp>
+#include <loom/runtime/explain.hpp>
+#include <loom/runtime/memory_planner.hpp>
+#include <loom/runtime/program.hpp>
+#include <loom/runtime/host/bound_storage.hpp>
+#include <loom/runtime/host/executor.hpp>
+#include <loom/runtime/host/gemm.hpp>
+#include <loom/runtime/host/kernel_table.hpp>
+#include <loom/runtime/host/thread_pool.hpp>
+
+// io
+#include <loom/io/safetensors.hpp>
+
+// train
+#include <loom/train/adamw.hpp>
+#include <loom/train/corpus.hpp>
+#include <loom/train/data_loader.hpp>
+#include <loom/train/grad_clip.hpp>
+#include <loom/train/init.hpp>
+#include <loom/train/lr_schedule.hpp>
+#include <loom/train/parameter_slot.hpp>
+#include <loom/train/sgd.hpp>
+#include <loom/train/token_file.hpp>
+#include <loom/train/tokenizer.hpp>
+#include <loom/train/trainer.hpp>
+
+// models
+#include <loom/models/gpt.hpp>

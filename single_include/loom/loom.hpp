@@ -1,0 +1,8461 @@
+// loom: header-only C++20 library for deep-learning training at scale.
+// SPDX-License-Identifier: Apache-2.0
+//
+// GENERATED FILE, do not edit. It is include/loom/loom.hpp with every loom header inlined.
+// Regenerate with: python3 tools/amalgamate.py
+#pragma once
+// ---- begin loom/loom.hpp ----
+// Entry header: includes the whole public API and nothing else.
+
+// core
+// ---- begin loom/core/dim.hpp ----
+// Named dimensions. A dimension is known to the type system as a tag type
+// (`Dim::Batch`, or a user's `named_dim<"Expert">`) and to run-time code as a `dim_id`,
+// which is just its name. The two meet in `dim_id_of<Tag>`:
+//   dim_id_of<Dim::Hidden> == dim_id{"Hidden"}
+#include <deque>
+#include <mutex>
+#include <ostream>
+#include <string>
+#include <string_view>
+
+// ---- begin loom/core/fixed_string.hpp ----
+// A string literal usable as a template argument: `named_dim<"Batch">`, `scope<"block">`.
+#include <algorithm>
+#include <cstddef>
+#include <string_view>
+
+namespace loom {
+
+template <std::size_t N>
+struct fixed_string {
+    char data[N]{};
+
+    constexpr fixed_string(const char (&text)[N]) { std::copy_n(text, N, data); }
+
+    constexpr std::string_view view() const { return {data, N - 1}; }
+    constexpr std::size_t size() const { return N - 1; }
+};
+
+}  // namespace loom
+// ---- end loom/core/fixed_string.hpp ----
+
+namespace loom {
+
+// The run-time name of a dimension. Cheap to copy and compare; the characters live in
+// static storage (a tag's template argument) or in the intern table.
+class dim_id {
+public:
+    constexpr dim_id() = default;
+
+    // `name` must outlive every copy; use `dim_id::intern` for names built at run time.
+    explicit constexpr dim_id(std::string_view name) : name_(name) {}
+
+    // A dim whose name was read at run time (a plan file, a command line).
+    static dim_id intern(std::string_view name) {
+        static std::mutex mutex;
+        static std::deque<std::string> table;  // deque: references stay valid as it grows
+        std::lock_guard lock(mutex);
+        for (const auto& known : table)
+            if (known == name) return dim_id{known};
+        return dim_id{table.emplace_back(name)};
+    }
+
+    constexpr std::string_view name() const { return name_; }
+    constexpr bool empty() const { return name_.empty(); }
+
+    friend constexpr bool operator==(dim_id a, dim_id b) { return a.name_ == b.name_; }
+    friend constexpr auto operator<=>(dim_id a, dim_id b) { return a.name_ <=> b.name_; }
+    friend std::ostream& operator<<(std::ostream& os, dim_id d) { return os << d.name_; }
+
+private:
+    std::string_view name_;
+};
+
+// The tag type of a dimension. Users define their own the same way:
+//   using Expert = loom::named_dim<"Expert">;
+template <fixed_string Name>
+struct named_dim {
+    static constexpr std::string_view name = Name.view();
+    static constexpr dim_id id{Name.view()};
+};
+
+template <class T>
+concept dim_tag = requires {
+    { T::name } -> std::convertible_to<std::string_view>;
+    { T::id } -> std::convertible_to<dim_id>;
+};
+
+template <dim_tag Tag>
+inline constexpr dim_id dim_id_of = Tag::id;
+
+// The dimensions loom's own ops and models speak of.
+namespace Dim {
+using Batch = named_dim<"Batch">;
+using Seq = named_dim<"Seq">;
+using Hidden = named_dim<"Hidden">;
+using Head = named_dim<"Head">;
+using HeadDim = named_dim<"HeadDim">;
+using FFN = named_dim<"FFN">;
+using Vocab = named_dim<"Vocab">;
+using Channel = named_dim<"Channel">;
+using Height = named_dim<"Height">;
+using Width = named_dim<"Width">;
+using Expert = named_dim<"Expert">;
+using Scalar = named_dim<"Scalar">;  // never an axis; names the absence of one in messages
+}  // namespace Dim
+
+}  // namespace loom
+// ---- end loom/core/dim.hpp ----
+// ---- begin loom/core/error.hpp ----
+// The error types loom throws. Every message names the thing that is wrong, the value
+// that was seen and how to fix it, e.g.
+//   "linear: input 'x' has inner extent 64 (dim Hidden) but weight 'w' expects 128; ..."
+#include <stdexcept>
+#include <string>
+
+namespace loom {
+
+// Base of every loom error, so callers can catch one type.
+struct error : std::runtime_error {
+    using std::runtime_error::runtime_error;
+};
+
+// A graph that cannot be built: extents that disagree, a dim an op does not have.
+struct shape_error : error {
+    using error::error;
+};
+
+// A plan or schedule that cannot be resolved against a graph.
+struct plan_error : error {
+    using error::error;
+};
+
+// A data or checkpoint file that is missing, truncated or of the wrong format.
+struct data_error : error {
+    using error::error;
+};
+
+// Misuse of a run-time object (executor, optimizer, communicator) by the caller.
+struct usage_error : error {
+    using error::error;
+};
+
+// A collective or point-to-point transfer that failed or timed out.
+struct comm_error : error {
+    using error::error;
+};
+
+}  // namespace loom
+// ---- end loom/core/error.hpp ----
+// ---- begin loom/core/shape.hpp ----
+// A shape is a list of named axes: [Batch=8, Seq=64, Hidden=128]. Rank 0 is a scalar.
+#include <cstdint>
+#include <initializer_list>
+#include <optional>
+#include <string>
+#include <vector>
+
+
+namespace loom {
+
+struct axis {
+    dim_id dim;
+    std::int64_t extent = 0;
+
+    friend bool operator==(const axis&, const axis&) = default;
+};
+
+class shape {
+public:
+    shape() = default;
+    shape(std::initializer_list<axis> axes) : axes_(axes) {}
+    explicit shape(std::vector<axis> axes) : axes_(std::move(axes)) {}
+
+    std::size_t rank() const { return axes_.size(); }
+    const axis& operator[](std::size_t i) const { return axes_[i]; }
+    axis& operator[](std::size_t i) { return axes_[i]; }
+    std::int64_t extent(std::size_t i) const { return axes_[i].extent; }
+    dim_id dim(std::size_t i) const { return axes_[i].dim; }
+    const std::vector<axis>& axes() const { return axes_; }
+    auto begin() const { return axes_.begin(); }
+    auto end() const { return axes_.end(); }
+
+    std::int64_t numel() const {
+        std::int64_t n = 1;
+        for (const auto& a : axes_) n *= a.extent;
+        return n;
+    }
+
+    // Position of the first axis named `d`, if any.
+    std::optional<std::size_t> find(dim_id d) const {
+        for (std::size_t i = 0; i < axes_.size(); ++i)
+            if (axes_[i].dim == d) return i;
+        return std::nullopt;
+    }
+
+    // Product of the extents of axes [first, last).
+    std::int64_t span_numel(std::size_t first, std::size_t last) const {
+        std::int64_t n = 1;
+        for (std::size_t i = first; i < last; ++i) n *= axes_[i].extent;
+        return n;
+    }
+
+    void push_back(axis a) { axes_.push_back(a); }
+
+    std::string to_string() const {
+        std::string s = "[";
+        for (std::size_t i = 0; i < axes_.size(); ++i) {
+            if (i) s += ", ";
+            s += std::string(axes_[i].dim.name()) + "=" + std::to_string(axes_[i].extent);
+        }
+        return s + "]";
+    }
+
+    friend bool operator==(const shape&, const shape&) = default;
+
+private:
+    std::vector<axis> axes_;
+};
+
+// The same extents, ignoring names.
+inline bool same_extents(const shape& a, const shape& b) {
+    if (a.rank() != b.rank()) return false;
+    for (std::size_t i = 0; i < a.rank(); ++i)
+        if (a.extent(i) != b.extent(i)) return false;
+    return true;
+}
+
+}  // namespace loom
+// ---- end loom/core/shape.hpp ----
+// ---- begin loom/core/signature.hpp ----
+// Dimension signatures: an einsum-like statement of what an op does to each dim.
+//
+//   linear:      "... k, n k -> ... n"
+//   layer_norm:  "... h^, h^, h^ -> ... h^"
+//   split_heads: "b s (h d) -> b h s d"
+//   cross_ent.:  "... v^, ... -> "
+//
+// Grammar: operands separated by ',', inputs and outputs by '->'. An operand is a list of
+// axes; an axis is a dim variable (`k`), or a group `(h d)` whose extent is the product of
+// its variables, outermost first. `...` (first in an operand only) stands for any number
+// of leading dims, the same in every operand that has it. `^` after a variable freezes it.
+//
+// The laws a signature states, which partitioning relies on:
+//   * a variable in an output is spatial: splitting it into n slices every operand that
+//     has it and replicates every input that lacks it;
+//   * an output that lacks a variable some input has is a SUM over that variable, so
+//     splitting the variable leaves that output as n partial sums (the variable is
+//     "contracted" with respect to that output);
+//   * a frozen variable, and a variable that is not outermost in a group, cannot be split.
+// Ops whose semantics break these laws for some variable must freeze it.
+#include <array>
+#include <cstdint>
+#include <optional>
+#include <span>
+#include <stdexcept>
+#include <string>
+#include <string_view>
+#include <vector>
+
+
+namespace loom {
+
+enum class dim_role : std::uint8_t { spatial, contracted, frozen };
+
+inline std::string_view to_string(dim_role r) {
+    switch (r) {
+        case dim_role::spatial: return "spatial";
+        case dim_role::contracted: return "contracted";
+        case dim_role::frozen: return "frozen";
+    }
+    return "?";
+}
+
+struct signature {
+    static constexpr int max_vars = 16;
+    static constexpr int max_operands = 6;
+    static constexpr int max_axes = 8;
+    static constexpr int max_group = 4;
+    static constexpr int max_name = 8;
+
+    struct variable {
+        std::array<char, max_name> name{};
+        std::uint8_t length = 0;
+        bool frozen = false;
+        bool in_input = false;
+        bool in_output = false;
+        bool inner_of_group = false;  // not outermost in some group: splitting it is not contiguous
+
+        constexpr std::string_view view() const { return {name.data(), length}; }
+    };
+    struct axis_term {
+        std::array<std::uint8_t, max_group> vars{};
+        std::uint8_t count = 0;
+    };
+    struct operand {
+        std::array<axis_term, max_axes> axes{};
+        std::uint8_t rank = 0;  // explicit axes, not counting the ellipsis
+        bool ellipsis = false;  // leading `...`
+    };
+
+    std::array<variable, max_vars> vars{};
+    std::uint8_t var_count = 0;
+    std::array<operand, max_operands> inputs{};
+    std::uint8_t input_count = 0;
+    std::array<operand, max_operands> outputs{};
+    std::uint8_t output_count = 0;
+
+    constexpr std::optional<int> find(std::string_view name) const {
+        for (int i = 0; i < var_count; ++i)
+            if (vars[i].view() == name) return i;
+        return std::nullopt;
+    }
+
+    constexpr bool ellipsis_in_inputs() const {
+        for (int i = 0; i < input_count; ++i)
+            if (inputs[i].ellipsis) return true;
+        return false;
+    }
+    constexpr bool ellipsis_in_outputs() const {
+        for (int i = 0; i < output_count; ++i)
+            if (outputs[i].ellipsis) return true;
+        return false;
+    }
+
+    constexpr dim_role role(int v) const {
+        const auto& var = vars[v];
+        if (var.frozen) return dim_role::frozen;
+        return var.in_output ? dim_role::spatial : dim_role::contracted;
+    }
+    constexpr bool splittable(int v) const { return !vars[v].frozen && !vars[v].inner_of_group; }
+
+    constexpr dim_role ellipsis_role() const {
+        return ellipsis_in_outputs() ? dim_role::spatial : dim_role::contracted;
+    }
+};
+
+namespace detail {
+
+struct signature_parser {
+    std::string_view text;
+    std::size_t pos = 0;
+    signature sig{};
+
+    // Throwing in a constant expression is a compile error that shows this call.
+    [[noreturn]] static void fail(const char* why) { throw std::invalid_argument(why); }
+
+    constexpr void skip_space() {
+        while (pos < text.size() && text[pos] == ' ') ++pos;
+    }
+    constexpr bool at(char c) {
+        skip_space();
+        return pos < text.size() && text[pos] == c;
+    }
+    static constexpr bool is_name_char(char c) {
+        return (c >= 'a' && c <= 'z') || (c >= 'A' && c <= 'Z') || (c >= '0' && c <= '9') || c == '_';
+    }
+
+    constexpr std::uint8_t variable(bool is_output) {
+        skip_space();
+        std::size_t start = pos;
+        while (pos < text.size() && is_name_char(text[pos])) ++pos;
+        if (pos == start) fail("signature: expected a dim variable name");
+        std::string_view name = text.substr(start, pos - start);
+        if (name.size() > signature::max_name) fail("signature: dim variable name longer than 8 characters");
+        bool frozen = pos < text.size() && text[pos] == '^';
+        if (frozen) ++pos;
+        int index = -1;
+        for (int i = 0; i < sig.var_count; ++i)
+            if (sig.vars[i].view() == name) index = i;
+        if (index < 0) {
+            if (sig.var_count == signature::max_vars) fail("signature: more than 16 dim variables");
+            index = sig.var_count++;
+            for (std::size_t i = 0; i < name.size(); ++i) sig.vars[index].name[i] = name[i];
+            sig.vars[index].length = static_cast<std::uint8_t>(name.size());
+        }
+        auto& var = sig.vars[index];
+        var.frozen = var.frozen || frozen;
+        (is_output ? var.in_output : var.in_input) = true;
+        return static_cast<std::uint8_t>(index);
+    }
+
+    constexpr signature::operand operand(bool is_output) {
+        signature::operand op{};
+        skip_space();
+        if (text.substr(pos, 3) == "...") {
+            op.ellipsis = true;
+            pos += 3;
+        }
+        while (true) {
+            skip_space();
+            if (pos >= text.size() || text[pos] == ',' || text[pos] == '-') break;
+            if (op.rank == signature::max_axes) fail("signature: more than 8 axes in one operand");
+            auto& term = op.axes[op.rank++];
+            if (text[pos] == '(') {
+                ++pos;
+                while (!at(')')) {
+                    if (pos >= text.size() || !is_name_char(text[pos])) fail("signature: unclosed '('");
+                    if (term.count == signature::max_group) fail("signature: more than 4 variables in a group");
+                    term.vars[term.count++] = variable(is_output);
+                }
+                ++pos;
+                if (term.count < 2) fail("signature: a group needs at least two variables");
+                for (int i = 1; i < term.count; ++i) sig.vars[term.vars[i]].inner_of_group = true;
+            } else if (text[pos] == '.') {
+                fail("signature: '...' may only open an operand");
+            } else if (!is_name_char(text[pos])) {
+                fail("signature: unexpected character");
+            } else {
+                term.vars[0] = variable(is_output);
+                term.count = 1;
+            }
+        }
+        return op;
+    }
+
+    constexpr signature parse() {
+        bool is_output = false;
+        while (true) {
+            auto op = operand(is_output);
+            if (is_output) {
+                if (sig.output_count == signature::max_operands) fail("signature: more than 6 outputs");
+                sig.outputs[sig.output_count++] = op;
+            } else {
+                if (sig.input_count == signature::max_operands) fail("signature: more than 6 inputs");
+                sig.inputs[sig.input_count++] = op;
+            }
+            skip_space();
+            if (pos >= text.size()) break;
+            if (text[pos] == ',') {
+                ++pos;
+                continue;
+            }
+            if (text.substr(pos, 2) == "->") {
+                if (is_output) fail("signature: '->' appears twice");
+                is_output = true;
+                pos += 2;
+                continue;
+            }
+            fail("signature: unexpected character");
+        }
+        if (!is_output) fail("signature: missing '->'");
+        // An empty operand is a scalar (a loss, or the gradient flowing into one).
+        return sig;
+    }
+};
+
+}  // namespace detail
+
+// Parses at compile time when used in a constant expression:
+//   static constexpr signature sig = parse_signature("... k, n k -> ... n");
+constexpr signature parse_signature(std::string_view text) {
+    if (text.size() == 1 && text[0] == '\0') detail::signature_parser::fail("signature: empty");
+    detail::signature_parser parser{text};
+    return parser.parse();
+}
+
+// ---------------------------------------------------------------------------------------
+// A signature bound to the shapes of one node: every variable gets a dim and an extent.
+
+struct bound_variable {
+    std::string label;  // "k", or "...0" for the first leading dim
+    dim_id dim;
+    std::int64_t extent = 0;
+    bool frozen = false;
+    bool splittable = true;
+    bool in_input = false;
+    bool in_output = false;
+};
+
+// What splitting one variable into n parts does to one operand.
+enum class split_effect : std::uint8_t {
+    sliced,      // the operand is cut along `axis`
+    replicated,  // the operand lacks the variable: every part sees all of it
+    partial,     // an output that lacks the variable: every part holds a partial sum
+};
+
+struct operand_effect {
+    split_effect effect = split_effect::replicated;
+    int axis = -1;  // for `sliced`
+};
+
+struct split_option {
+    int variable = -1;
+    std::string label;
+    dim_id dim;
+    std::int64_t extent = 0;
+    dim_role role = dim_role::spatial;  // contracted when some output becomes partial
+    std::vector<operand_effect> inputs;
+    std::vector<operand_effect> outputs;
+};
+
+struct bound_signature {
+    std::vector<bound_variable> vars;
+    // Per operand, per axis: the variables of that axis, outermost first.
+    std::vector<std::vector<std::vector<int>>> input_axes;
+    std::vector<std::vector<std::vector<int>>> output_axes;
+
+    std::optional<int> find(std::string_view label) const {
+        for (std::size_t i = 0; i < vars.size(); ++i)
+            if (vars[i].label == label) return static_cast<int>(i);
+        return std::nullopt;
+    }
+    std::optional<int> find(dim_id dim) const {
+        for (std::size_t i = 0; i < vars.size(); ++i)
+            if (vars[i].dim == dim) return static_cast<int>(i);
+        return std::nullopt;
+    }
+
+    // The effect on every operand of splitting variable `v`. An output axis is sliced only
+    // when the variable is the outermost of that axis.
+    split_option effect_of_split(int v) const {
+        split_option opt;
+        opt.variable = v;
+        opt.label = vars[v].label;
+        opt.dim = vars[v].dim;
+        opt.extent = vars[v].extent;
+        auto effect_on = [&](const std::vector<std::vector<int>>& axes, bool is_output) {
+            for (std::size_t a = 0; a < axes.size(); ++a)
+                for (int member : axes[a])
+                    if (member == v) return operand_effect{split_effect::sliced, static_cast<int>(a)};
+            if (is_output && vars[v].in_input) return operand_effect{split_effect::partial, -1};
+            return operand_effect{split_effect::replicated, -1};
+        };
+        for (const auto& in : input_axes) opt.inputs.push_back(effect_on(in, false));
+        for (const auto& out : output_axes) opt.outputs.push_back(effect_on(out, true));
+        opt.role = dim_role::spatial;
+        for (const auto& o : opt.outputs)
+            if (o.effect == split_effect::partial) opt.role = dim_role::contracted;
+        if (vars[v].frozen) opt.role = dim_role::frozen;
+        return opt;
+    }
+
+    // Every split this node admits (frozen and inner-of-group variables excluded).
+    std::vector<split_option> legal_splits() const {
+        std::vector<split_option> out;
+        for (std::size_t v = 0; v < vars.size(); ++v)
+            if (vars[v].splittable && !vars[v].frozen) out.push_back(effect_of_split(static_cast<int>(v)));
+        return out;
+    }
+};
+
+// What a node's builder knows of variables that no input determines (a group's inner
+// extent, an output-only dim): label -> dim and extent.
+struct preset_variable {
+    std::string_view label;
+    dim_id dim;
+    std::int64_t extent = 0;
+};
+
+namespace detail {
+
+inline std::string describe_operand(std::span<const std::string> names, std::size_t i) {
+    std::string s = "input " + std::to_string(i);
+    if (i < names.size() && !names[i].empty()) s += " '" + names[i] + "'";
+    return s;
+}
+
+}  // namespace detail
+
+// Binds `sig` to the input shapes of a node of op `op_name`, checking every extent.
+// Errors name the op, the input, its shape and the variable, e.g.
+//   "linear 'block.0.mlp.fc': input 1 'w' axis 1 (Hidden=64) must equal variable k = 128 ..."
+inline bound_signature bind_signature(const signature& sig, std::string_view op_name, std::string_view node_name,
+                                      std::span<const shape> inputs, std::span<const std::string> input_names,
+                                      std::span<const preset_variable> presets = {}) {
+    auto where = [&] {
+        std::string s(op_name);
+        if (!node_name.empty()) s += " '" + std::string(node_name) + "'";
+        return s;
+    };
+    if (inputs.size() != sig.input_count)
+        throw shape_error(where() + ": expects " + std::to_string(sig.input_count) + " inputs, got " +
+                          std::to_string(inputs.size()));
+
+    bound_signature b;
+    // Named variables first, in declaration order; ellipsis dims are appended as found.
+    for (int v = 0; v < sig.var_count; ++v) {
+        bound_variable bv;
+        bv.label = std::string(sig.vars[v].view());
+        bv.frozen = sig.vars[v].frozen;
+        bv.splittable = sig.splittable(v);
+        bv.in_input = sig.vars[v].in_input;
+        bv.in_output = sig.vars[v].in_output;
+        b.vars.push_back(bv);
+    }
+    for (const auto& p : presets) {
+        auto v = sig.find(p.label);
+        if (!v) throw shape_error(where() + ": preset for unknown dim variable '" + std::string(p.label) + "'");
+        b.vars[*v].dim = p.dim;
+        b.vars[*v].extent = p.extent;
+    }
+
+    std::optional<std::size_t> ellipsis_rank;
+    int ellipsis_first_var = static_cast<int>(b.vars.size());
+    for (std::size_t i = 0; i < inputs.size(); ++i) {
+        const auto& op = sig.inputs[i];
+        const shape& s = inputs[i];
+        std::size_t lead = 0;
+        if (op.ellipsis) {
+            if (s.rank() < op.rank)
+                throw shape_error(where() + ": " + detail::describe_operand(input_names, i) + " has shape " +
+                                  s.to_string() + " but needs at least " + std::to_string(op.rank) + " axes");
+            lead = s.rank() - op.rank;
+            if (!ellipsis_rank) {
+                ellipsis_rank = lead;
+                for (std::size_t a = 0; a < lead; ++a) {
+                    bound_variable bv;
+                    bv.label = "..." + std::to_string(a);
+                    bv.dim = s.dim(a);
+                    bv.extent = s.extent(a);
+                    bv.in_input = true;
+                    bv.in_output = sig.ellipsis_in_outputs();
+                    b.vars.push_back(bv);
+                }
+            } else if (*ellipsis_rank != lead) {
+                throw shape_error(where() + ": " + detail::describe_operand(input_names, i) + " has shape " +
+                                  s.to_string() + " with " + std::to_string(lead) + " leading axes where input 0 has " +
+                                  std::to_string(*ellipsis_rank) + "; leading (batch-like) axes must match");
+            }
+        } else if (s.rank() != op.rank) {
+            throw shape_error(where() + ": " + detail::describe_operand(input_names, i) + " has shape " +
+                              s.to_string() + " (rank " + std::to_string(s.rank()) + ") but the op expects rank " +
+                              std::to_string(op.rank));
+        }
+        std::vector<std::vector<int>> axes;
+        for (std::size_t a = 0; a < lead; ++a) {
+            int v = ellipsis_first_var + static_cast<int>(a);
+            if (b.vars[v].extent != s.extent(a))
+                throw shape_error(where() + ": " + detail::describe_operand(input_names, i) + " has shape " +
+                                  s.to_string() + "; leading axis " + std::to_string(a) + " is " +
+                                  std::to_string(s.extent(a)) + " but input 0 has " + std::to_string(b.vars[v].extent));
+            axes.push_back({v});
+        }
+        for (std::size_t a = 0; a < op.rank; ++a) {
+            const auto& term = op.axes[a];
+            const axis& ax = s[lead + a];
+            std::vector<int> members(term.vars.begin(), term.vars.begin() + term.count);
+            if (term.count == 1) {
+                auto& var = b.vars[members[0]];
+                if (var.extent == 0) {
+                    var.extent = ax.extent;
+                    var.dim = ax.dim;
+                } else if (var.extent != ax.extent) {
+                    throw shape_error(where() + ": " + detail::describe_operand(input_names, i) +
+                                      " has shape " + s.to_string() + "; its axis " + std::to_string(lead + a) + " (" +
+                                      std::string(ax.dim.name()) + "=" + std::to_string(ax.extent) +
+                                      ") must equal dim variable '" + var.label + "' = " + std::to_string(var.extent) +
+                                      " (" + std::string(var.dim.name()) + ") as fixed by an earlier operand");
+                } else if (var.dim.empty()) {
+                    var.dim = ax.dim;
+                }
+            } else {
+                // A group: at most one member may be unknown; it is deduced by division.
+                std::int64_t known = 1;
+                int unknown = -1;
+                for (int m : members) {
+                    if (b.vars[m].extent == 0) {
+                        if (unknown >= 0)
+                            throw shape_error(where() + ": cannot deduce two dims of a group from axis " +
+                                              std::to_string(lead + a) + " of " +
+                                              detail::describe_operand(input_names, i));
+                        unknown = m;
+                    } else {
+                        known *= b.vars[m].extent;
+                    }
+                }
+                if (unknown >= 0) {
+                    if (known == 0 || ax.extent % known != 0)
+                        throw shape_error(where() + ": axis " + std::string(ax.dim.name()) + "=" +
+                                          std::to_string(ax.extent) + " of " +
+                                          detail::describe_operand(input_names, i) +
+                                          " is not divisible by " + std::to_string(known) + "; choose extents that divide");
+                    b.vars[unknown].extent = ax.extent / known;
+                    if (b.vars[unknown].dim.empty()) b.vars[unknown].dim = ax.dim;
+                } else if (known != ax.extent) {
+                    throw shape_error(where() + ": axis " + std::string(ax.dim.name()) + "=" +
+                                      std::to_string(ax.extent) + " of " +
+                                      detail::describe_operand(input_names, i) + " must equal " +
+                                      std::to_string(known));
+                }
+            }
+            axes.push_back(std::move(members));
+        }
+        b.input_axes.push_back(std::move(axes));
+    }
+
+    // Output axes (shapes are inferred later from these and the variables' extents).
+    for (int o = 0; o < sig.output_count; ++o) {
+        const auto& op = sig.outputs[o];
+        std::vector<std::vector<int>> axes;
+        if (op.ellipsis) {
+            if (!ellipsis_rank)
+                throw shape_error(where() + ": output uses '...' but no input does");
+            for (std::size_t a = 0; a < *ellipsis_rank; ++a) axes.push_back({ellipsis_first_var + static_cast<int>(a)});
+        }
+        for (std::size_t a = 0; a < op.rank; ++a) {
+            const auto& term = op.axes[a];
+            axes.emplace_back(term.vars.begin(), term.vars.begin() + term.count);
+        }
+        b.output_axes.push_back(std::move(axes));
+    }
+    for (const auto& var : b.vars)
+        if (var.extent == 0 && var.in_output)
+            throw shape_error(where() + ": the extent of output dim variable '" + var.label +
+                              "' is not determined by any input; the op must preset it");
+    return b;
+}
+
+// The shape of output `o` from a bound signature. A group axis needs a name: `group_dim`.
+inline shape output_shape(const bound_signature& b, std::size_t o, dim_id group_dim = {}) {
+    shape s;
+    for (const auto& members : b.output_axes[o]) {
+        std::int64_t extent = 1;
+        for (int m : members) extent *= b.vars[m].extent;
+        dim_id d = members.size() == 1 ? b.vars[members[0]].dim : group_dim;
+        s.push_back({d, extent});
+    }
+    return s;
+}
+
+}  // namespace loom
+// ---- end loom/core/signature.hpp ----
+
+// graph
+// ---- begin loom/graph/attributes.hpp ----
+// Per-node attributes: the few scalars an op needs beyond its inputs (a scale factor, an
+// epsilon, a dropout seed, a head count). Kept as named values so that plans, traces and
+// plan files can print and store them without knowing every op.
+#include <cstdint>
+#include <string>
+#include <string_view>
+#include <utility>
+#include <variant>
+#include <vector>
+
+
+namespace loom {
+
+using attribute_value = std::variant<std::int64_t, double, std::string, std::vector<std::int64_t>>;
+
+class attributes {
+public:
+    attributes() = default;
+    attributes(std::initializer_list<std::pair<std::string, attribute_value>> items) : items_(items) {}
+
+    attributes& set(std::string_view key, attribute_value value) {
+        for (auto& [k, v] : items_)
+            if (k == key) {
+                v = std::move(value);
+                return *this;
+            }
+        items_.emplace_back(std::string(key), std::move(value));
+        return *this;
+    }
+
+    bool has(std::string_view key) const { return find(key) != nullptr; }
+
+    template <class T>
+    T get(std::string_view key) const {
+        const attribute_value* v = find(key);
+        if (!v) throw usage_error("attributes: no attribute '" + std::string(key) + "'; the op's builder must set it");
+        if constexpr (std::is_same_v<T, double>) {
+            if (auto* i = std::get_if<std::int64_t>(v)) return static_cast<double>(*i);
+        }
+        if (auto* t = std::get_if<T>(v)) return *t;
+        throw usage_error("attributes: attribute '" + std::string(key) + "' has another type than requested");
+    }
+
+    template <class T>
+    T get_or(std::string_view key, T fallback) const {
+        return has(key) ? get<T>(key) : fallback;
+    }
+
+    const std::vector<std::pair<std::string, attribute_value>>& items() const { return items_; }
+
+    friend bool operator==(const attributes&, const attributes&) = default;
+
+private:
+    const attribute_value* find(std::string_view key) const {
+        for (const auto& [k, v] : items_)
+            if (k == key) return &v;
+        return nullptr;
+    }
+    std::vector<std::pair<std::string, attribute_value>> items_;
+};
+
+}  // namespace loom
+// ---- end loom/graph/attributes.hpp ----
+// ---- begin loom/graph/autograd.hpp ----
+// Reverse-mode differentiation as a graph transformation: the backward pass is appended
+// to the same graph as ordinary nodes (marked `backward`, pointing at the forward node
+// they differentiate), so plans partition it and programs run it like the forward pass.
+//
+// For every parameter p the graph afterwards holds a tensor "grad/<p>" with role
+// `gradient`, listed in graph::gradients. A tensor read by several ops accumulates its
+// gradient with `add`; a parameter that does not reach the loss gets a zero gradient.
+#include <optional>
+#include <string>
+#include <vector>
+
+// ---- begin loom/graph/builder.hpp ----
+// The expression builder: models are ordinary C++ that call op functions on `tensor`
+// handles; each call checks shapes against the op's signature and appends one node.
+//
+//   graph_builder b;
+//   auto x = b.input("x", {{Dim::Batch, 4}, {Dim::Hidden, 8}});
+//   auto w = b.parameter("w", {{Dim::FFN, 16}, {Dim::Hidden, 8}}, parameter_init::normal(0.02));
+//   auto y = ops::gelu(ops::linear(x, w));          // node "linear", node "gelu"
+//
+// Scopes name layers: inside `auto s = b.scope("mlp");` the parameter above is "mlp.w" and
+// the node is "mlp/linear". `b.repeat("blocks", 12, body)` records a repeated block.
+#include <map>
+#include <optional>
+#include <span>
+#include <string>
+#include <utility>
+#include <vector>
+
+// ---- begin loom/graph/graph.hpp ----
+// The IR: tensors, ops (nodes) and named layer scopes. A graph is built by graph_builder
+// (graph/builder.hpp) in topological order, so the node vector is already a valid
+// execution order; autograd appends the backward nodes after the forward ones.
+#include <cstdint>
+#include <sstream>
+#include <string>
+#include <vector>
+
+// ---- begin loom/graph/parameter_init.hpp ----
+// How a parameter is initialised. The values themselves are drawn by train/init.hpp from a
+// counter-based generator keyed by (seed, parameter name, element index), so any slice of
+// a parameter can be initialised on its own and equals the same slice of the whole.
+#include <cstdint>
+#include <string>
+
+namespace loom {
+
+struct parameter_init {
+    enum class kind : std::uint8_t { normal, uniform, constant };
+    kind distribution = kind::normal;
+    double a = 0.0;  // normal: mean; uniform: low; constant: value
+    double b = 0.02; // normal: standard deviation; uniform: high
+
+    static parameter_init normal(double stddev, double mean = 0.0) { return {kind::normal, mean, stddev}; }
+    static parameter_init uniform(double low, double high) { return {kind::uniform, low, high}; }
+    static parameter_init constant(double value) { return {kind::constant, value, 0.0}; }
+    static parameter_init zeros() { return constant(0.0); }
+    static parameter_init ones() { return constant(1.0); }
+
+    std::string to_string() const {
+        switch (distribution) {
+            case kind::normal: return "normal(" + std::to_string(a) + ", " + std::to_string(b) + ")";
+            case kind::uniform: return "uniform(" + std::to_string(a) + ", " + std::to_string(b) + ")";
+            case kind::constant: return "constant(" + std::to_string(a) + ")";
+        }
+        return "?";
+    }
+};
+
+}  // namespace loom
+// ---- end loom/graph/parameter_init.hpp ----
+
+namespace loom {
+
+struct op_def;
+
+using tensor_id = std::int32_t;
+using node_id = std::int32_t;
+inline constexpr std::int32_t no_id = -1;
+
+// What a tensor's elements are. Real tensors take the program's precision (float or
+// double); index tensors (token ids, targets) are always int32.
+enum class value_kind : std::uint8_t { real, index };
+
+enum class tensor_role : std::uint8_t {
+    input,       // fed by the caller every step (tokens, targets)
+    parameter,   // trained weights
+    activation,  // produced and consumed inside a step
+    gradient,    // the gradient of a parameter, read by the optimizer
+};
+
+inline std::string_view to_string(tensor_role r) {
+    switch (r) {
+        case tensor_role::input: return "input";
+        case tensor_role::parameter: return "parameter";
+        case tensor_role::activation: return "activation";
+        case tensor_role::gradient: return "gradient";
+    }
+    return "?";
+}
+
+struct tensor_desc {
+    std::string name;
+    shape dims;
+    value_kind kind = value_kind::real;
+    tensor_role role = tensor_role::activation;
+    node_id producer = no_id;
+    std::int32_t scope = no_id;
+    parameter_init init{};        // parameters only
+    tensor_id gradient_of = no_id;  // gradients only: the parameter
+};
+
+struct node {
+    const op_def* op = nullptr;
+    std::string name;  // "blocks.3.attn/linear.1"
+    std::vector<tensor_id> inputs;
+    std::vector<tensor_id> outputs;
+    attributes attrs;
+    bound_signature sig;
+    std::int32_t scope = no_id;
+    bool backward = false;       // generated by autograd
+    node_id forward_of = no_id;  // for backward nodes: the forward node they differentiate
+};
+
+// A named layer scope: "blocks.3.attn" is scope "attn" inside scope "blocks" index 3.
+struct scope_desc {
+    std::string name;
+    std::int64_t index = -1;  // position within a repeat, or -1
+    std::int32_t parent = no_id;
+    std::string path;
+    std::int32_t repeat = no_id;  // the repeat this scope is one instance of
+};
+
+// A block recorded `count` times in a row ("blocks.0" ... "blocks.11"). The searcher folds
+// these: it decides a plan for one instance and applies it to all.
+struct repeat_desc {
+    std::string name;
+    std::int32_t parent = no_id;
+    std::vector<std::int32_t> scopes;
+};
+
+class graph {
+public:
+    std::vector<tensor_desc> tensors;
+    std::vector<node> nodes;
+    std::vector<scope_desc> scopes;
+    std::vector<repeat_desc> repeats;
+    std::vector<tensor_id> inputs;
+    std::vector<tensor_id> parameters;
+    std::vector<std::pair<tensor_id, tensor_id>> gradients;  // (parameter, its gradient)
+    tensor_id loss = no_id;
+
+    const tensor_desc& tensor(tensor_id t) const { return tensors.at(static_cast<std::size_t>(t)); }
+    tensor_desc& tensor(tensor_id t) { return tensors.at(static_cast<std::size_t>(t)); }
+    const node& at(node_id n) const { return nodes.at(static_cast<std::size_t>(n)); }
+
+    std::string scope_path(std::int32_t scope) const {
+        return scope == no_id ? std::string{} : scopes.at(static_cast<std::size_t>(scope)).path;
+    }
+
+    // Nodes that read each tensor, in execution order.
+    std::vector<std::vector<node_id>> consumers() const {
+        std::vector<std::vector<node_id>> out(tensors.size());
+        for (std::size_t n = 0; n < nodes.size(); ++n)
+            for (tensor_id t : nodes[n].inputs) out[static_cast<std::size_t>(t)].push_back(static_cast<node_id>(n));
+        return out;
+    }
+
+    std::optional<tensor_id> find_tensor(std::string_view name) const {
+        for (std::size_t t = 0; t < tensors.size(); ++t)
+            if (tensors[t].name == name) return static_cast<tensor_id>(t);
+        return std::nullopt;
+    }
+
+    std::int64_t parameter_count() const {
+        std::int64_t n = 0;
+        for (tensor_id p : parameters) n += tensor(p).dims.numel();
+        return n;
+    }
+
+    std::size_t forward_node_count() const {
+        std::size_t n = 0;
+        for (const auto& nd : nodes) n += nd.backward ? 0 : 1;
+        return n;
+    }
+};
+
+}  // namespace loom
+// ---- end loom/graph/graph.hpp ----
+// ---- begin loom/graph/op.hpp ----
+// What every op kind is at run time: a name, a dimension signature and a backward rule.
+// An op kind is written once as a struct (see ops/linear.hpp for the pattern):
+//
+//   struct Gelu {
+//       static constexpr std::string_view name = "gelu";
+//       static constexpr signature sig = parse_signature("... -> ...");
+//       static gradients backward(backward_context&);   // optional: absent = not differentiable
+//   };
+//
+// and `op_def_of<Gelu>()` is its one run-time description, which nodes point to. Kernels
+// are not part of an op: each backend maps the op kind to its own (runtime/host/kernels/).
+#include <array>
+#include <optional>
+#include <span>
+#include <string_view>
+#include <vector>
+
+
+namespace loom {
+
+struct backward_context;
+struct tensor;
+using gradients = std::vector<std::optional<tensor>>;
+
+struct op_def {
+    std::string_view name;
+    signature sig;
+    gradients (*backward)(backward_context&) = nullptr;
+    // Floating-point operations of one node, for the cost model.
+    double (*flops)(const graph&, const node&) = nullptr;
+
+    bool differentiable() const { return backward != nullptr; }
+};
+
+template <class Op>
+concept op_kind = requires {
+    { Op::name } -> std::convertible_to<std::string_view>;
+    { Op::sig } -> std::convertible_to<signature>;
+};
+
+namespace detail {
+
+template <class Op>
+double default_flops(const graph& g, const node& n) {
+    // One operation per output element: right for elementwise ops; GEMM-like ops override.
+    double total = 0;
+    for (tensor_id t : n.outputs) total += static_cast<double>(g.tensor(t).dims.numel());
+    return total;
+}
+
+template <op_kind Op>
+op_def make_op_def() {
+    op_def d{Op::name, Op::sig};
+    if constexpr (requires(backward_context & c) { Op::backward(c); }) d.backward = &Op::backward;
+    if constexpr (requires(const graph& g, const node& n) { Op::flops(g, n); })
+        d.flops = &Op::flops;
+    else
+        d.flops = &default_flops<Op>;
+    return d;
+}
+
+}  // namespace detail
+
+// The single run-time description of op kind `Op`; nodes compare op kinds by this address.
+template <op_kind Op>
+const op_def& op_def_of() {
+    static const op_def def = detail::make_op_def<Op>();
+    return def;
+}
+
+template <op_kind Op>
+bool is_op(const node& n) {
+    return n.op == &op_def_of<Op>();
+}
+
+}  // namespace loom
+// ---- end loom/graph/op.hpp ----
+
+namespace loom {
+
+class graph_builder;
+
+// A handle to a tensor of the graph being built.
+struct tensor {
+    graph_builder* builder = nullptr;
+    tensor_id id = no_id;
+
+    const tensor_desc& desc() const;
+    const shape& dims() const { return desc().dims; }
+    const std::string& name() const { return desc().name; }
+    value_kind kind() const { return desc().kind; }
+    std::size_t rank() const { return dims().rank(); }
+    std::int64_t extent(std::size_t axis) const { return dims().extent(axis); }
+};
+
+// Everything a backward rule sees: the forward node, handles to its inputs and outputs,
+// and the gradients flowing into its outputs (absent where no gradient flows).
+struct backward_context {
+    graph_builder& builder;
+    node_id forward;
+    std::vector<tensor> inputs;
+    std::vector<tensor> outputs;
+    std::vector<std::optional<tensor>> grad_outputs;
+    std::vector<bool> needs_grad;  // per input: does anything upstream want its gradient?
+
+    const attributes& attrs() const;
+    const node& forward_node() const;
+};
+
+class graph_builder {
+public:
+    class scope_guard {
+    public:
+        scope_guard(graph_builder& b, std::int32_t previous) : builder_(&b), previous_(previous) {}
+        scope_guard(const scope_guard&) = delete;
+        scope_guard& operator=(const scope_guard&) = delete;
+        scope_guard(scope_guard&& o) noexcept : builder_(std::exchange(o.builder_, nullptr)), previous_(o.previous_) {}
+        ~scope_guard() {
+            if (builder_) builder_->current_scope_ = previous_;
+        }
+
+    private:
+        graph_builder* builder_;
+        std::int32_t previous_;
+    };
+
+    tensor input(std::string name, shape dims, value_kind kind = value_kind::real) {
+        check_new_name(name, "input");
+        tensor_id t = add_tensor(qualified(name), std::move(dims), kind, tensor_role::input);
+        graph_.inputs.push_back(t);
+        return {this, t};
+    }
+
+    tensor parameter(std::string name, shape dims, parameter_init init) {
+        tensor_id t = add_tensor(qualified(name), std::move(dims), value_kind::real, tensor_role::parameter);
+        check_new_name(graph_.tensor(t).name, "parameter", t);
+        graph_.tensor(t).init = init;
+        graph_.parameters.push_back(t);
+        return {this, t};
+    }
+
+    [[nodiscard]] scope_guard scope(std::string name, std::int64_t index = -1) {
+        return scope_guard(*this, std::exchange(current_scope_, add_scope(std::move(name), index, no_id)));
+    }
+
+    // Records `count` instances of one block: body(i) builds instance i inside scope
+    // "<name>.<i>". Every instance must build the same structure; the searcher relies on it.
+    template <class Body>
+    void repeat(std::string name, std::int64_t count, Body&& body) {
+        auto r = static_cast<std::int32_t>(graph_.repeats.size());
+        graph_.repeats.push_back({name, current_scope_, {}});
+        for (std::int64_t i = 0; i < count; ++i) {
+            std::int32_t s = add_scope(name, i, r);
+            graph_.repeats[static_cast<std::size_t>(r)].scopes.push_back(s);
+            scope_guard guard(*this, std::exchange(current_scope_, s));
+            body(i);
+        }
+    }
+
+    // Appends one node of kind `Op`; checks and binds its signature, infers its outputs.
+    template <op_kind Op>
+    std::vector<tensor> apply(std::span<const tensor> ins, attributes attrs = {}) {
+        const op_def& def = op_def_of<Op>();
+        node n;
+        n.op = &def;
+        n.name = node_name(def.name);
+        n.scope = current_scope_;
+        n.backward = backward_of_ != no_id;
+        n.forward_of = backward_of_;
+        std::vector<shape> shapes;
+        std::vector<std::string> names;
+        for (const tensor& t : ins) {
+            if (t.builder != this)
+                throw usage_error(std::string(def.name) + " '" + n.name +
+                                  "': an input tensor belongs to another graph_builder (or is empty)");
+            n.inputs.push_back(t.id);
+            shapes.push_back(t.dims());
+            names.push_back(t.name());
+        }
+        if constexpr (requires { Op::input_kinds; }) {
+            for (std::size_t i = 0; i < ins.size() && i < Op::input_kinds.size(); ++i)
+                if (ins[i].kind() != Op::input_kinds[i])
+                    throw shape_error(std::string(def.name) + " '" + n.name + "': input " + std::to_string(i) + " '" +
+                                      names[i] + "' must be " +
+                                      (Op::input_kinds[i] == value_kind::index ? "an index (int32) tensor"
+                                                                               : "a real tensor") +
+                                      "; pass the tensor of the right kind");
+        } else {
+            for (std::size_t i = 0; i < ins.size(); ++i)
+                if (ins[i].kind() != value_kind::real)
+                    throw shape_error(std::string(def.name) + " '" + n.name + "': input " + std::to_string(i) + " '" +
+                                      names[i] + "' is an index tensor; this op needs real values");
+        }
+        std::vector<preset_variable> presets;
+        if constexpr (requires { Op::presets(attrs, std::span<const shape>(shapes)); })
+            presets = Op::presets(attrs, std::span<const shape>(shapes));
+        n.sig = bind_signature(def.sig, def.name, n.name, shapes, names, presets);
+        if constexpr (requires { Op::check(n.sig, attrs, std::span<const shape>(shapes), n.name); })
+            Op::check(n.sig, attrs, std::span<const shape>(shapes), n.name);
+        std::vector<shape> out_shapes;
+        if constexpr (requires { Op::infer(n.sig, attrs, std::span<const shape>(shapes)); }) {
+            out_shapes = Op::infer(n.sig, attrs, std::span<const shape>(shapes));
+        } else {
+            for (std::size_t o = 0; o < n.sig.output_axes.size(); ++o) out_shapes.push_back(output_shape(n.sig, o));
+        }
+        n.attrs = std::move(attrs);
+        auto id = static_cast<node_id>(graph_.nodes.size());
+        std::vector<tensor> outs;
+        for (std::size_t o = 0; o < out_shapes.size(); ++o) {
+            std::string tname = out_shapes.size() == 1 ? n.name : n.name + ":" + std::to_string(o);
+            value_kind kind = value_kind::real;
+            if constexpr (requires { Op::output_kinds; }) kind = Op::output_kinds[o];
+            tensor_id t = add_tensor(std::move(tname), std::move(out_shapes[o]), kind, tensor_role::activation);
+            graph_.tensor(t).producer = id;
+            n.outputs.push_back(t);
+            outs.push_back({this, t});
+        }
+        ++name_counts_[name_base(def.name)];
+        graph_.nodes.push_back(std::move(n));
+        return outs;
+    }
+
+    template <op_kind Op>
+    tensor apply1(std::initializer_list<tensor> ins, attributes attrs = {}) {
+        auto outs = apply<Op>(std::span<const tensor>(ins.begin(), ins.size()), std::move(attrs));
+        return outs.at(0);
+    }
+
+    void set_loss(tensor loss) {
+        if (loss.rank() != 0)
+            throw shape_error("set_loss: the loss '" + loss.name() + "' has shape " + loss.dims().to_string() +
+                              "; reduce it to a scalar (mean or sum) first");
+        graph_.loss = loss.id;
+    }
+
+    tensor handle(tensor_id t) { return {this, t}; }
+
+    const graph& view() const { return graph_; }
+    graph& mutable_graph() { return graph_; }
+
+    // Marks the nodes appended while the guard lives as the backward of node `forward`.
+    class backward_guard {
+    public:
+        backward_guard(graph_builder& b, node_id forward)
+            : builder_(b), previous_(std::exchange(b.backward_of_, forward)),
+              previous_scope_(std::exchange(b.current_scope_, b.graph_.at(forward).scope)) {}
+        ~backward_guard() {
+            builder_.backward_of_ = previous_;
+            builder_.current_scope_ = previous_scope_;
+        }
+        backward_guard(const backward_guard&) = delete;
+        backward_guard& operator=(const backward_guard&) = delete;
+
+    private:
+        graph_builder& builder_;
+        node_id previous_;
+        std::int32_t previous_scope_;
+    };
+
+    // Renames a tensor (autograd names parameter gradients "grad/<param>").
+    void rename(tensor_id t, std::string name) { graph_.tensor(t).name = std::move(name); }
+
+    graph take() && { return std::move(graph_); }
+
+private:
+    std::string qualified(const std::string& name) const {
+        std::string path = graph_.scope_path(current_scope_);
+        return path.empty() ? name : path + "." + name;
+    }
+
+    void check_new_name(const std::string& full, std::string_view what, tensor_id except = no_id) const {
+        for (std::size_t t = 0; t < graph_.tensors.size(); ++t)
+            if (static_cast<tensor_id>(t) != except && graph_.tensors[t].name == full)
+                throw usage_error(std::string(what) + " '" + full +
+                                  "': a tensor of this name already exists; give it another name or scope");
+    }
+
+    tensor_id add_tensor(std::string name, shape dims, value_kind kind, tensor_role role) {
+        for (const auto& a : dims)
+            if (a.extent <= 0)
+                throw shape_error("tensor '" + name + "': extent of dim " + std::string(a.dim.name()) + " is " +
+                                  std::to_string(a.extent) + "; every extent must be positive");
+        tensor_desc d;
+        d.name = std::move(name);
+        d.dims = std::move(dims);
+        d.kind = kind;
+        d.role = role;
+        d.scope = current_scope_;
+        graph_.tensors.push_back(std::move(d));
+        return static_cast<tensor_id>(graph_.tensors.size() - 1);
+    }
+
+    std::int32_t add_scope(std::string name, std::int64_t index, std::int32_t repeat) {
+        scope_desc s;
+        s.parent = current_scope_;
+        std::string parent_path = graph_.scope_path(current_scope_);
+        s.path = (parent_path.empty() ? "" : parent_path + ".") + name + (index >= 0 ? "." + std::to_string(index) : "");
+        s.name = std::move(name);
+        s.index = index;
+        s.repeat = repeat;
+        for (std::size_t i = 0; i < graph_.scopes.size(); ++i)
+            if (graph_.scopes[i].path == s.path) return static_cast<std::int32_t>(i);  // re-entering a scope
+        graph_.scopes.push_back(std::move(s));
+        return static_cast<std::int32_t>(graph_.scopes.size() - 1);
+    }
+
+    std::string name_base(std::string_view op) const {
+        std::string base = graph_.scope_path(current_scope_);
+        return (base.empty() ? "" : base + "/") + (backward_of_ != no_id ? "grad." : "") + std::string(op);
+    }
+
+    // "<scope>/<op>", then "<scope>/<op>.1", ... (counted only once a node is added).
+    std::string node_name(std::string_view op) const {
+        std::string base = name_base(op);
+        auto it = name_counts_.find(base);
+        return it == name_counts_.end() || it->second == 0 ? base : base + "." + std::to_string(it->second);
+    }
+
+    graph graph_;
+    std::int32_t current_scope_ = no_id;
+    node_id backward_of_ = no_id;
+    std::map<std::string, int> name_counts_;
+};
+
+inline const tensor_desc& tensor::desc() const {
+    if (!builder) throw usage_error("tensor: this handle is empty; build it with a graph_builder");
+    return builder->view().tensor(id);
+}
+
+inline const attributes& backward_context::attrs() const { return builder.view().at(forward).attrs; }
+inline const node& backward_context::forward_node() const { return builder.view().at(forward); }
+
+}  // namespace loom
+// ---- end loom/graph/builder.hpp ----
+// ---- begin loom/ops/add.hpp ----
+// add: y = a + b, same shapes ("..., ... -> ..."). Also what autograd uses to accumulate
+// the gradient of a tensor read by several ops.
+
+namespace loom::ops {
+
+struct Add {
+    static constexpr std::string_view name = "add";
+    static constexpr signature sig = parse_signature("..., ... -> ...");
+    static gradients backward(backward_context& c) {
+        gradients g(2);
+        if (c.needs_grad[0]) g[0] = *c.grad_outputs[0];
+        if (c.needs_grad[1]) g[1] = *c.grad_outputs[0];
+        return g;
+    }
+};
+
+inline tensor add(tensor a, tensor b) { return a.builder->apply1<Add>({a, b}); }
+
+}  // namespace loom::ops
+
+namespace loom {
+// Found by argument-dependent lookup on loom::tensor.
+inline tensor operator+(tensor a, tensor b) { return ops::add(a, b); }
+}  // namespace loom
+// ---- end loom/ops/add.hpp ----
+// ---- begin loom/ops/fill.hpp ----
+// fill_like: a tensor of the shape of `like`, every element `value`. Seeds the backward
+// pass (d loss / d loss = 1) and gives unused parameters a zero gradient. `like` is read
+// only for its shape, so partitioning slices the output exactly as it slices `like`.
+
+namespace loom::ops {
+
+struct FillLike {
+    static constexpr std::string_view name = "fill_like";
+    static constexpr signature sig = parse_signature("... -> ...");
+};
+
+inline tensor fill_like(tensor like, double value) {
+    return like.builder->apply1<FillLike>({like}, {{"value", value}});
+}
+
+}  // namespace loom::ops
+// ---- end loom/ops/fill.hpp ----
+// ---- begin loom/ops/identity.hpp ----
+// identity: y = x. Does nothing to values; exists so that a plan can transform a point in
+// the graph on its own (ZeRO partitions parameters by splitting an identity placed after
+// them) and so that one tensor can be given two roles (a gradient shared by two parameters).
+
+namespace loom::ops {
+
+struct Identity {
+    static constexpr std::string_view name = "identity";
+    static constexpr signature sig = parse_signature("... -> ...");
+    static gradients backward(backward_context& c);
+};
+
+inline tensor identity(tensor x) { return x.builder->apply1<Identity>({x}); }
+
+inline gradients Identity::backward(backward_context& c) { return {identity(*c.grad_outputs[0])}; }
+
+}  // namespace loom::ops
+// ---- end loom/ops/identity.hpp ----
+
+namespace loom {
+
+inline void build_backward(graph_builder& b) {
+    const graph& g = b.view();
+    if (g.loss == no_id) throw usage_error("build_backward: the graph has no loss; call graph_builder::set_loss first");
+    if (!g.gradients.empty()) throw usage_error("build_backward: the graph already has a backward pass");
+
+    const std::size_t forward_nodes = g.nodes.size();
+    // Which tensors depend on a parameter (forward sweep) ...
+    std::vector<bool> depends(g.tensors.size(), false);
+    for (tensor_id p : g.parameters) depends[static_cast<std::size_t>(p)] = true;
+    for (std::size_t i = 0; i < forward_nodes; ++i) {
+        const node& n = g.nodes[i];
+        if (!n.op->differentiable()) continue;
+        bool any = false;
+        for (tensor_id t : n.inputs) any = any || depends[static_cast<std::size_t>(t)];
+        for (tensor_id t : n.outputs) depends[static_cast<std::size_t>(t)] = any;
+    }
+    // ... and which the loss depends on (backward sweep).
+    std::vector<bool> reaches_loss(g.tensors.size(), false);
+    reaches_loss[static_cast<std::size_t>(g.loss)] = true;
+    for (std::size_t i = forward_nodes; i-- > 0;) {
+        const node& n = g.nodes[i];
+        bool any = false;
+        for (tensor_id t : n.outputs) any = any || reaches_loss[static_cast<std::size_t>(t)];
+        if (any)
+            for (tensor_id t : n.inputs) reaches_loss[static_cast<std::size_t>(t)] = true;
+    }
+
+    std::vector<std::optional<tensor>> grad(g.tensors.size());
+    auto accumulate = [&](tensor_id t, tensor contribution, const node& from) {
+        const shape& want = b.view().tensor(t).dims;
+        if (!same_extents(contribution.dims(), want))
+            throw error("build_backward: the backward rule of " + std::string(from.op->name) + " '" + from.name +
+                        "' produced a gradient of shape " + contribution.dims().to_string() + " for '" +
+                        b.view().tensor(t).name + "' of shape " + want.to_string() + "; the op's backward is wrong");
+        auto& slot = grad[static_cast<std::size_t>(t)];
+        slot = slot ? ops::add(*slot, contribution) : contribution;
+    };
+
+    grad[static_cast<std::size_t>(g.loss)] = ops::fill_like(b.handle(g.loss), 1.0);
+    for (std::size_t i = forward_nodes; i-- > 0;) {
+        // A copy: the backward rule appends nodes, which may move the node vector.
+        const node n = b.view().nodes[i];
+        if (!n.op->differentiable()) continue;
+        bool any_grad = false;
+        for (tensor_id t : n.outputs) any_grad = any_grad || grad[static_cast<std::size_t>(t)].has_value();
+        if (!any_grad) continue;
+        std::vector<bool> needs;
+        bool any_need = false;
+        for (tensor_id t : n.inputs) {
+            bool need = depends[static_cast<std::size_t>(t)] && reaches_loss[static_cast<std::size_t>(t)];
+            needs.push_back(need);
+            any_need = any_need || need;
+        }
+        if (!any_need) continue;
+
+        auto forward = static_cast<node_id>(i);
+        graph_builder::backward_guard guard(b, forward);
+        backward_context ctx{b, forward, {}, {}, {}, needs};
+        for (tensor_id t : n.inputs) ctx.inputs.push_back(b.handle(t));
+        for (tensor_id t : n.outputs) {
+            ctx.outputs.push_back(b.handle(t));
+            const auto& gt = grad[static_cast<std::size_t>(t)];
+            // An output no one differentiates still needs a gradient if a sibling has one.
+            ctx.grad_outputs.push_back(gt ? gt : std::optional<tensor>(ops::fill_like(b.handle(t), 0.0)));
+        }
+        gradients result = n.op->backward(ctx);
+        if (result.size() != n.inputs.size())
+            throw error("build_backward: the backward rule of " + std::string(n.op->name) + " returned " +
+                        std::to_string(result.size()) + " gradients for " + std::to_string(n.inputs.size()) +
+                        " inputs");
+        for (std::size_t k = 0; k < n.inputs.size(); ++k)
+            if (needs[k] && result[k]) accumulate(n.inputs[k], *result[k], n);
+    }
+
+    graph& mg = b.mutable_graph();
+    std::vector<bool> claimed(mg.tensors.size(), false);
+    std::vector<tensor_id> params = mg.parameters;
+    for (tensor_id p : params) {
+        tensor gt = grad[static_cast<std::size_t>(p)] ? *grad[static_cast<std::size_t>(p)] : tensor{};
+        // A parameter that does not reach the loss has a zero gradient.
+        if (!gt.builder) gt = ops::fill_like(b.handle(p), 0.0);
+        claimed.resize(b.view().tensors.size(), false);
+        const tensor_desc& d = b.view().tensor(gt.id);
+        // A gradient tensor must be owned by one parameter only and be an intermediate.
+        if (claimed[static_cast<std::size_t>(gt.id)] || d.role != tensor_role::activation) {
+            gt = ops::identity(gt);
+            claimed.resize(b.view().tensors.size(), false);
+        }
+        claimed[static_cast<std::size_t>(gt.id)] = true;
+        graph& g2 = b.mutable_graph();
+        g2.tensor(gt.id).role = tensor_role::gradient;
+        g2.tensor(gt.id).gradient_of = p;
+        g2.tensor(gt.id).name = "grad/" + g2.tensor(p).name;
+        g2.gradients.emplace_back(p, gt.id);
+    }
+}
+
+}  // namespace loom
+// ---- end loom/graph/autograd.hpp ----
+
+// ops
+// ---- begin loom/ops/all.hpp ----
+// Every op kind loom ships, as one type list. Backends build their kernel tables from it,
+// and plan files look op kinds up in it by name.
+#include <boost/mp11/algorithm.hpp>
+#include <boost/mp11/list.hpp>
+
+// ---- begin loom/ops/linear.hpp ----
+// linear: y = x W^T (+ b), W stored [out, in] as in most frameworks.
+//   linear       "... k, n k -> ... n"        k contracted: a split leaves partial sums
+//   linear_bias  "... k, n k, n -> ... n"     k frozen: the bias would be added n times
+// and the two GEMMs of its backward, whose signatures say how gradients partition:
+//   linear_grad_input   "... n, n k -> ... k"   dx = dy W
+//   linear_grad_weight  "... n, ... k -> n k"   dW = dy^T x, a sum over the leading dims,
+//                                               so a batch split leaves partial sums (DP's all-reduce)
+// ---- begin loom/ops/reduce.hpp ----
+// Reductions to a scalar and over leading dims.
+//   sum          "... -> "        every dim contracted: a split leaves partial sums
+//   mean         "... -> "        the same, divided by the full element count (an attribute,
+//                                 so a piece of a split still divides by the whole count)
+//   sum_leading  "... n -> n"     the bias gradient: sum over every leading dim
+//   broadcast_scalar "..., -> ..." d(sum)/dx: the scalar gradient copied to x's shape
+
+namespace loom::ops {
+
+struct SumLeading {
+    static constexpr std::string_view name = "sum_leading";
+    static constexpr signature sig = parse_signature("... n -> n");
+};
+
+struct BroadcastScalar {
+    static constexpr std::string_view name = "broadcast_scalar";
+    // Input 0 is read only for its shape; input 1 is the scalar; out = scale * scalar.
+    static constexpr signature sig = parse_signature("..., -> ...");
+};
+
+inline tensor sum_leading(tensor x) { return x.builder->apply1<SumLeading>({x}); }
+inline tensor broadcast_scalar(tensor like, tensor scalar, double scale) {
+    return like.builder->apply1<BroadcastScalar>({like, scalar}, {{"scale", scale}});
+}
+
+struct Sum {
+    static constexpr std::string_view name = "sum";
+    static constexpr signature sig = parse_signature("... -> ");
+    static gradients backward(backward_context& c) {
+        return {broadcast_scalar(c.inputs[0], *c.grad_outputs[0], 1.0)};
+    }
+};
+
+struct Mean {
+    static constexpr std::string_view name = "mean";
+    static constexpr signature sig = parse_signature("... -> ");
+    static gradients backward(backward_context& c) {
+        double count = c.attrs().get<double>("count");
+        return {broadcast_scalar(c.inputs[0], *c.grad_outputs[0], 1.0 / count)};
+    }
+};
+
+inline tensor sum(tensor x) { return x.builder->apply1<Sum>({x}); }
+inline tensor mean(tensor x) {
+    return x.builder->apply1<Mean>({x}, {{"count", static_cast<double>(x.dims().numel())}});
+}
+
+}  // namespace loom::ops
+// ---- end loom/ops/reduce.hpp ----
+
+namespace loom::ops {
+
+namespace detail {
+// 2 * (elements of the output) * (extent of the contracted variable)
+inline double gemm_flops(const graph& g, const node& n, std::string_view contracted) {
+    double out = static_cast<double>(g.tensor(n.outputs[0]).dims.numel());
+    auto k = n.sig.find(contracted);
+    return 2.0 * out * static_cast<double>(k ? n.sig.vars[static_cast<std::size_t>(*k)].extent : 1);
+}
+}  // namespace detail
+
+struct LinearGradInput {
+    static constexpr std::string_view name = "linear_grad_input";
+    static constexpr signature sig = parse_signature("... n, n k -> ... k");
+    static double flops(const graph& g, const node& n) { return detail::gemm_flops(g, n, "n"); }
+};
+
+struct LinearGradWeight {
+    static constexpr std::string_view name = "linear_grad_weight";
+    static constexpr signature sig = parse_signature("... n, ... k -> n k");
+    static double flops(const graph& g, const node& n) {
+        double lead = static_cast<double>(g.tensor(n.inputs[0]).dims.numel()) /
+                      static_cast<double>(n.sig.vars[static_cast<std::size_t>(*n.sig.find("n"))].extent);
+        return 2.0 * static_cast<double>(g.tensor(n.outputs[0]).dims.numel()) * lead;
+    }
+};
+
+inline tensor linear_grad_input(tensor dy, tensor w) { return dy.builder->apply1<LinearGradInput>({dy, w}); }
+inline tensor linear_grad_weight(tensor dy, tensor x) { return dy.builder->apply1<LinearGradWeight>({dy, x}); }
+
+struct Linear {
+    static constexpr std::string_view name = "linear";
+    static constexpr signature sig = parse_signature("... k, n k -> ... n");
+    static double flops(const graph& g, const node& n) { return detail::gemm_flops(g, n, "k"); }
+
+    static gradients backward(backward_context& c) {
+        const tensor& dy = *c.grad_outputs[0];
+        gradients g(2);
+        if (c.needs_grad[0]) g[0] = linear_grad_input(dy, c.inputs[1]);
+        if (c.needs_grad[1]) g[1] = linear_grad_weight(dy, c.inputs[0]);
+        return g;
+    }
+};
+
+struct LinearBias {
+    static constexpr std::string_view name = "linear_bias";
+    static constexpr signature sig = parse_signature("... k^, n k^, n -> ... n");
+    static double flops(const graph& g, const node& n) { return detail::gemm_flops(g, n, "k"); }
+
+    static gradients backward(backward_context& c) {
+        const tensor& dy = *c.grad_outputs[0];
+        gradients g(3);
+        if (c.needs_grad[0]) g[0] = linear_grad_input(dy, c.inputs[1]);
+        if (c.needs_grad[1]) g[1] = linear_grad_weight(dy, c.inputs[0]);
+        if (c.needs_grad[2]) g[2] = sum_leading(dy);
+        return g;
+    }
+};
+
+// y = x W^T
+inline tensor linear(tensor x, tensor w) { return x.builder->apply1<Linear>({x, w}); }
+// y = x W^T + b
+inline tensor linear(tensor x, tensor w, tensor b) { return x.builder->apply1<LinearBias>({x, w, b}); }
+
+}  // namespace loom::ops
+// ---- end loom/ops/linear.hpp ----
+// ---- begin loom/ops/mul.hpp ----
+// mul: y = a * b elementwise, same shapes.
+
+namespace loom::ops {
+
+struct Mul {
+    static constexpr std::string_view name = "mul";
+    static constexpr signature sig = parse_signature("..., ... -> ...");
+    static gradients backward(backward_context& c);
+};
+
+inline tensor mul(tensor a, tensor b) { return a.builder->apply1<Mul>({a, b}); }
+
+inline gradients Mul::backward(backward_context& c) {
+    const tensor& dy = *c.grad_outputs[0];
+    gradients g(2);
+    if (c.needs_grad[0]) g[0] = mul(dy, c.inputs[1]);
+    if (c.needs_grad[1]) g[1] = mul(dy, c.inputs[0]);
+    return g;
+}
+
+}  // namespace loom::ops
+
+namespace loom {
+// Found by argument-dependent lookup on loom::tensor.
+inline tensor operator*(tensor a, tensor b) { return ops::mul(a, b); }
+}  // namespace loom
+// ---- end loom/ops/mul.hpp ----
+// ---- begin loom/ops/scale.hpp ----
+// scale: y = s * x for a constant s (an attribute, not a tensor).
+
+namespace loom::ops {
+
+struct Scale {
+    static constexpr std::string_view name = "scale";
+    static constexpr signature sig = parse_signature("... -> ...");
+    static gradients backward(backward_context& c);
+};
+
+inline tensor scale(tensor x, double s) { return x.builder->apply1<Scale>({x}, {{"factor", s}}); }
+
+inline gradients Scale::backward(backward_context& c) {
+    return {scale(*c.grad_outputs[0], c.attrs().get<double>("factor"))};
+}
+
+}  // namespace loom::ops
+// ---- end loom/ops/scale.hpp ----
+// ops-includes: elementwise
+// ---- begin loom/ops/dropout.hpp ----
+// dropout: y = x * mask / (1 - p), seeded and deterministic.
+//   dropout       "... -> ..."   attributes p (probability of dropping, 0 <= p < 1) and seed
+//   dropout_grad  "... -> ..."   input dy: dx = dy * mask / (1 - p), the same mask
+// Element i at training step s is kept iff u(seed, s, i) >= p, u a counter-based hash mapped
+// to [0, 1) (the law is in runtime/host/kernels/dropout.hpp), so the mask is a pure function
+// of (seed, step, element index): it is never stored, and the backward recomputes it. p == 0
+// is an exact identity.
+//
+// The index is the flat row-major index of the element in the tensor the kernel sees. A
+// partitioned run, where a kernel sees a slice, must pass each element's index in the whole
+// tensor, or the slices draw different masks than the unpartitioned graph.
+#include <cmath>
+#include <cstdint>
+#include <span>
+#include <sstream>
+#include <string>
+
+
+namespace loom::ops {
+
+namespace detail {
+inline void check_dropout_probability(std::string_view op, const attributes& a, const std::string& node_name) {
+    const double p = a.get<double>("p");
+    if (!(p >= 0.0 && p < 1.0)) {
+        std::ostringstream msg;
+        msg << op << " '" << node_name << "': p = " << p
+            << " is not a drop probability; pass 0 <= p < 1 (p = 0 keeps every element)";
+        throw usage_error(msg.str());
+    }
+    (void)a.get<std::int64_t>("seed");
+}
+}  // namespace detail
+
+struct DropoutGrad {
+    static constexpr std::string_view name = "dropout_grad";
+    static constexpr signature sig = parse_signature("... -> ...");
+    static void check(const bound_signature&, const attributes& a, std::span<const shape>, const std::string& node) {
+        detail::check_dropout_probability(name, a, node);
+    }
+};
+
+inline tensor dropout_grad(tensor dy, double p, std::int64_t seed) {
+    return dy.builder->apply1<DropoutGrad>({dy}, {{"p", p}, {"seed", seed}});
+}
+
+struct Dropout {
+    static constexpr std::string_view name = "dropout";
+    static constexpr signature sig = parse_signature("... -> ...");
+    static void check(const bound_signature&, const attributes& a, std::span<const shape>, const std::string& node) {
+        detail::check_dropout_probability(name, a, node);
+    }
+    static gradients backward(backward_context& c) {
+        return {dropout_grad(*c.grad_outputs[0], c.attrs().get<double>("p"), c.attrs().get<std::int64_t>("seed"))};
+    }
+};
+
+// Drops each element of x with probability p and scales the kept ones by 1 / (1 - p).
+inline tensor dropout(tensor x, double p, std::int64_t seed) {
+    return x.builder->apply1<Dropout>({x}, {{"p", p}, {"seed", seed}});
+}
+
+}  // namespace loom::ops
+// ---- end loom/ops/dropout.hpp ----
+// ---- begin loom/ops/gelu.hpp ----
+// gelu: GELU, tanh approximation, as PyTorch's F.gelu(x, approximate='tanh'):
+//   y = 0.5 x (1 + tanh(u)),  u = sqrt(2/pi) (x + 0.044715 x^3)
+//   gelu       "... -> ..."
+//   gelu_grad  "..., ... -> ..."   inputs (dy, x): dx = dy * gelu'(x); elementwise in both, so
+//                                  a split slices dy and x alike
+
+namespace loom::ops {
+
+struct GeluGrad {
+    static constexpr std::string_view name = "gelu_grad";
+    static constexpr signature sig = parse_signature("..., ... -> ...");
+};
+
+inline tensor gelu_grad(tensor dy, tensor x) { return dy.builder->apply1<GeluGrad>({dy, x}); }
+
+struct Gelu {
+    static constexpr std::string_view name = "gelu";
+    static constexpr signature sig = parse_signature("... -> ...");
+    static gradients backward(backward_context& c) { return {gelu_grad(*c.grad_outputs[0], c.inputs[0])}; }
+};
+
+inline tensor gelu(tensor x) { return x.builder->apply1<Gelu>({x}); }
+
+}  // namespace loom::ops
+// ---- end loom/ops/gelu.hpp ----
+// ---- begin loom/ops/relu.hpp ----
+// relu: y = max(x, 0), as PyTorch's F.relu.
+//   relu       "... -> ..."
+//   relu_grad  "..., ... -> ..."   inputs (dy, x): dx = dy where x > 0, else 0 (0 at x == 0,
+//                                  as PyTorch; a NaN x passes dy, as PyTorch's threshold_backward)
+
+namespace loom::ops {
+
+struct ReluGrad {
+    static constexpr std::string_view name = "relu_grad";
+    static constexpr signature sig = parse_signature("..., ... -> ...");
+};
+
+inline tensor relu_grad(tensor dy, tensor x) { return dy.builder->apply1<ReluGrad>({dy, x}); }
+
+struct Relu {
+    static constexpr std::string_view name = "relu";
+    static constexpr signature sig = parse_signature("... -> ...");
+    static gradients backward(backward_context& c) { return {relu_grad(*c.grad_outputs[0], c.inputs[0])}; }
+};
+
+inline tensor relu(tensor x) { return x.builder->apply1<Relu>({x}); }
+
+}  // namespace loom::ops
+// ---- end loom/ops/relu.hpp ----
+// ---- begin loom/ops/silu.hpp ----
+// silu: y = x sigmoid(x), as PyTorch's F.silu.
+//   silu       "... -> ..."
+//   silu_grad  "..., ... -> ..."   inputs (dy, x): dx = dy s (1 + x (1 - s)), s = sigmoid(x)
+
+namespace loom::ops {
+
+struct SiluGrad {
+    static constexpr std::string_view name = "silu_grad";
+    static constexpr signature sig = parse_signature("..., ... -> ...");
+};
+
+inline tensor silu_grad(tensor dy, tensor x) { return dy.builder->apply1<SiluGrad>({dy, x}); }
+
+struct Silu {
+    static constexpr std::string_view name = "silu";
+    static constexpr signature sig = parse_signature("... -> ...");
+    static gradients backward(backward_context& c) { return {silu_grad(*c.grad_outputs[0], c.inputs[0])}; }
+};
+
+inline tensor silu(tensor x) { return x.builder->apply1<Silu>({x}); }
+
+}  // namespace loom::ops
+// ---- end loom/ops/silu.hpp ----
+// ---- begin loom/ops/softmax.hpp ----
+// softmax over the last dim, as PyTorch's F.softmax(x, dim=-1):
+//   y[..., j] = exp(x[..., j] - m) / sum_k exp(x[..., k] - m),  m = max_k x[..., k]
+//   softmax       "... n^ -> ... n^"               n frozen: every output element depends on
+//                                                  the whole row, so a slice of n is no softmax
+//   softmax_grad  "... n^, ... n^ -> ... n^"       inputs (dy, y): dx = y (dy - sum_k dy[k] y[k])
+
+namespace loom::ops {
+
+struct SoftmaxGrad {
+    static constexpr std::string_view name = "softmax_grad";
+    static constexpr signature sig = parse_signature("... n^, ... n^ -> ... n^");
+};
+
+inline tensor softmax_grad(tensor dy, tensor y) { return dy.builder->apply1<SoftmaxGrad>({dy, y}); }
+
+struct Softmax {
+    static constexpr std::string_view name = "softmax";
+    static constexpr signature sig = parse_signature("... n^ -> ... n^");
+    // The gradient reads the output, not the input: y is what the forward keeps alive anyway.
+    static gradients backward(backward_context& c) { return {softmax_grad(*c.grad_outputs[0], c.outputs[0])}; }
+};
+
+inline tensor softmax(tensor x) { return x.builder->apply1<Softmax>({x}); }
+
+}  // namespace loom::ops
+// ---- end loom/ops/softmax.hpp ----
+// ops-includes: normalization
+// ---- begin loom/ops/layer_norm.hpp ----
+// layer_norm: y = (x - mean) / sqrt(var + eps) * gamma + beta over the last dim, with the
+// biased variance, exactly as PyTorch's F.layer_norm(x, (h,), gamma, beta, eps).
+//   layer_norm       "... h^, h^, h^ -> ... h^"
+//   layer_norm_grad  "... h^, ... h^, h^ -> ... h^, h^, h^"   (dy, x, gamma) -> (dx, dgamma, dbeta)
+// h is frozen: mean and variance need the whole row. The backward is one fused op that
+// recomputes mean and rstd from x (nothing is stashed); dgamma and dbeta lack the leading
+// dims, so a batch split leaves them as partial sums, which is what data parallelism sums.
+#include <array>
+
+
+namespace loom::ops {
+
+struct LayerNormGrad {
+    static constexpr std::string_view name = "layer_norm_grad";
+    static constexpr signature sig = parse_signature("... h^, ... h^, h^ -> ... h^, h^, h^");
+    // About 11 operations per element of x (statistics, dx, dgamma, dbeta).
+    static double flops(const graph& g, const node& n) {
+        return 11.0 * static_cast<double>(g.tensor(n.inputs[1]).dims.numel());
+    }
+};
+
+struct layer_norm_grads {
+    tensor dx, dgamma, dbeta;
+};
+
+// One node computes all three gradients; a caller takes the ones it needs.
+inline layer_norm_grads layer_norm_grad(tensor dy, tensor x, tensor gamma, double eps) {
+    std::array<tensor, 3> ins{dy, x, gamma};
+    auto outs = dy.builder->apply<LayerNormGrad>(ins, {{"eps", eps}});
+    return {outs[0], outs[1], outs[2]};
+}
+
+struct LayerNorm {
+    static constexpr std::string_view name = "layer_norm";
+    static constexpr signature sig = parse_signature("... h^, h^, h^ -> ... h^");
+    // About 8 operations per element (two statistics passes, normalize, scale, shift).
+    static double flops(const graph& g, const node& n) {
+        return 8.0 * static_cast<double>(g.tensor(n.inputs[0]).dims.numel());
+    }
+
+    static gradients backward(backward_context& c) {
+        gradients g(3);
+        if (!c.needs_grad[0] && !c.needs_grad[1] && !c.needs_grad[2]) return g;
+        auto d = layer_norm_grad(*c.grad_outputs[0], c.inputs[0], c.inputs[1], c.attrs().get<double>("eps"));
+        if (c.needs_grad[0]) g[0] = d.dx;
+        if (c.needs_grad[1]) g[1] = d.dgamma;
+        if (c.needs_grad[2]) g[2] = d.dbeta;
+        return g;
+    }
+};
+
+// PyTorch's default eps is 1e-5 as here.
+inline tensor layer_norm(tensor x, tensor gamma, tensor beta, double eps = 1e-5) {
+    if (!(eps >= 0))
+        throw usage_error("layer_norm: eps = " + std::to_string(eps) + " for input '" + x.name() +
+                          "'; pass a non-negative epsilon (PyTorch's default is 1e-5)");
+    return x.builder->apply1<LayerNorm>({x, gamma, beta}, {{"eps", eps}});
+}
+
+}  // namespace loom::ops
+// ---- end loom/ops/layer_norm.hpp ----
+// ---- begin loom/ops/rms_norm.hpp ----
+// rms_norm: y = x * rsqrt(mean(x^2) + eps) * gamma over the last dim, as PyTorch's
+// torch.nn.functional.rms_norm(x, (h,), gamma, eps).
+//   rms_norm       "... h^, h^ -> ... h^"
+//   rms_norm_grad  "... h^, ... h^, h^ -> ... h^, h^"   (dy, x, gamma) -> (dx, dgamma)
+// h is frozen: the statistic needs the whole row. The backward recomputes rstd from x; dgamma
+// lacks the leading dims, so a batch split leaves it as partial sums.
+//
+// eps is always explicit here (default 1e-6). PyTorch's default eps=None means
+// torch.finfo(x.dtype).eps (1.19e-7 in float32, 2.22e-16 in float64), which depends on the
+// precision; to match a PyTorch model, pass the eps it uses.
+#include <array>
+
+
+namespace loom::ops {
+
+struct RmsNormGrad {
+    static constexpr std::string_view name = "rms_norm_grad";
+    static constexpr signature sig = parse_signature("... h^, ... h^, h^ -> ... h^, h^");
+    // About 8 operations per element of x (statistics, dx, dgamma).
+    static double flops(const graph& g, const node& n) {
+        return 8.0 * static_cast<double>(g.tensor(n.inputs[1]).dims.numel());
+    }
+};
+
+struct rms_norm_grads {
+    tensor dx, dgamma;
+};
+
+// One node computes both gradients; a caller takes the ones it needs.
+inline rms_norm_grads rms_norm_grad(tensor dy, tensor x, tensor gamma, double eps) {
+    std::array<tensor, 3> ins{dy, x, gamma};
+    auto outs = dy.builder->apply<RmsNormGrad>(ins, {{"eps", eps}});
+    return {outs[0], outs[1]};
+}
+
+struct RmsNorm {
+    static constexpr std::string_view name = "rms_norm";
+    static constexpr signature sig = parse_signature("... h^, h^ -> ... h^");
+    // About 5 operations per element (sum of squares, normalize, scale).
+    static double flops(const graph& g, const node& n) {
+        return 5.0 * static_cast<double>(g.tensor(n.inputs[0]).dims.numel());
+    }
+
+    static gradients backward(backward_context& c) {
+        gradients g(2);
+        if (!c.needs_grad[0] && !c.needs_grad[1]) return g;
+        auto d = rms_norm_grad(*c.grad_outputs[0], c.inputs[0], c.inputs[1], c.attrs().get<double>("eps"));
+        if (c.needs_grad[0]) g[0] = d.dx;
+        if (c.needs_grad[1]) g[1] = d.dgamma;
+        return g;
+    }
+};
+
+inline tensor rms_norm(tensor x, tensor gamma, double eps = 1e-6) {
+    if (!(eps >= 0))
+        throw usage_error("rms_norm: eps = " + std::to_string(eps) + " for input '" + x.name() +
+                          "'; pass a non-negative epsilon (e.g. 1e-6, or the eps of the model being matched)");
+    return x.builder->apply1<RmsNorm>({x, gamma}, {{"eps", eps}});
+}
+
+}  // namespace loom::ops
+// ---- end loom/ops/rms_norm.hpp ----
+// ops-includes: attention and shapes
+// ---- begin loom/ops/attention.hpp ----
+// Scaled dot-product self-attention, as PyTorch's
+// F.scaled_dot_product_attention(q, k, v, is_causal=causal, scale=scale):
+//   out[i] = sum_j P_ij v_j,   P_ij = exp(S_ij - lse_i),   S_ij = scale * q_i . k_j,
+//   lse_i = log sum_j exp(S_ij), the sums over j <= i when causal and over every key otherwise.
+//
+//   attention       "b h s^ d^, b h t^ d^, b h t^ e^ -> b h s^ e^, b h s^"
+//   attention_grad  "b h s^ e^, b h s^ d^, b h t^ d^, b h t^ e^, b h s^ e^, b h s^
+//                      -> b h s^ d^, b h t^ d^, b h t^ e^"
+// Batch and heads split cleanly. The sequence and head dims are frozen: a softmax row needs
+// every key, and a split of d or e would need the scores (and lse) reduced across parts.
+//
+// lse is kept for the backward, which recomputes P from q, k and lse (flash-attention
+// style), so no s x t matrix outlives a kernel. With D_i = sum_e dout_ie out_ie:
+//   dv = P^T dout,   dP = dout v^T,   dS = P * (dP - D),   dq = scale dS k,   dk = scale dS^T q.
+// The backward propagates the gradient of `out` only; lse is an output for the backward's
+// sake, and a graph that differentiates through it is refused.
+#include <array>
+#include <cmath>
+#include <cstdint>
+#include <optional>
+#include <string>
+#include <vector>
+
+
+namespace loom::ops {
+
+namespace detail {
+
+inline double attention_extent(const node& n, std::string_view var) {
+    auto v = n.sig.find(var);
+    return v ? static_cast<double>(n.sig.vars[static_cast<std::size_t>(*v)].extent) : 0.0;
+}
+
+// Query-key pairs that carry a score: the lower triangle when causal.
+inline double attention_scored_pairs(const node& n) {
+    const double s = attention_extent(n, "s"), t = attention_extent(n, "t");
+    const bool causal = n.attrs.get_or<std::int64_t>("causal", 1) != 0;
+    return attention_extent(n, "b") * attention_extent(n, "h") * (causal ? s * (s + 1) / 2 : s * t);
+}
+
+}  // namespace detail
+
+struct AttentionGrad {
+    static constexpr std::string_view name = "attention_grad";
+    static constexpr signature sig = parse_signature(
+        "b h s^ e^, b h s^ d^, b h t^ d^, b h t^ e^, b h s^ e^, b h s^ -> b h s^ d^, b h t^ d^, b h t^ e^");
+    // Recomputing S, then dv, dP, dq and dk: 2 (3d + 2e) per scored pair.
+    static double flops(const graph&, const node& n) {
+        const double d = detail::attention_extent(n, "d"), e = detail::attention_extent(n, "e");
+        return 2.0 * (3.0 * d + 2.0 * e) * detail::attention_scored_pairs(n);
+    }
+};
+
+struct Attention {
+    static constexpr std::string_view name = "attention";
+    static constexpr signature sig = parse_signature("b h s^ d^, b h t^ d^, b h t^ e^ -> b h s^ e^, b h s^");
+
+    static void check(const bound_signature& b, const attributes& a, std::span<const shape> in,
+                      const std::string& node_name) {
+        const bool causal = a.get_or<std::int64_t>("causal", 1) != 0;
+        const std::int64_t s = b.vars[static_cast<std::size_t>(*b.find("s"))].extent;
+        const std::int64_t t = b.vars[static_cast<std::size_t>(*b.find("t"))].extent;
+        if (causal && s != t)
+            throw shape_error("attention '" + node_name +
+                              "': causal self-attention needs as many keys as queries, but q " + in[0].to_string() +
+                              " has " + std::to_string(s) + " positions and k " + in[1].to_string() + " has " +
+                              std::to_string(t) + "; pass k and v with " + std::to_string(s) +
+                              " positions, or use ops::attention (not causal)");
+        if (a.has("scale") && !(a.get<double>("scale") > 0.0))
+            throw shape_error("attention '" + node_name + "': scale = " + std::to_string(a.get<double>("scale")) +
+                              "; pass a positive scale (the default is 1/sqrt(" +
+                              std::to_string(in[0].extent(3)) + "))");
+    }
+
+    // Both matrix products: 2 (d + e) per scored pair.
+    static double flops(const graph&, const node& n) {
+        const double d = detail::attention_extent(n, "d"), e = detail::attention_extent(n, "e");
+        return 2.0 * (d + e) * detail::attention_scored_pairs(n);
+    }
+
+    static gradients backward(backward_context& c);
+};
+
+namespace detail {
+
+inline tensor attention_out(tensor q, tensor k, tensor v, bool causal, std::optional<double> scale) {
+    const double s = scale ? *scale : 1.0 / std::sqrt(static_cast<double>(q.rank() == 4 ? q.extent(3) : 1));
+    std::array<tensor, 3> ins{q, k, v};
+    return q.builder->apply<Attention>(ins, {{"causal", std::int64_t{causal ? 1 : 0}}, {"scale", s}}).at(0);
+}
+
+// The backward differentiates `out` only: any gradient reaching lse other than the zeros
+// autograd fills in for an unused output would be dropped.
+inline void require_no_lse_gradient(const backward_context& c) {
+    const graph& g = c.builder.view();
+    const tensor_desc& dlse = g.tensor(c.grad_outputs[1]->id);
+    if (dlse.producer != no_id) {
+        const node& p = g.at(dlse.producer);
+        if (is_op<FillLike>(p) && p.attrs.get<double>("value") == 0.0) return;
+    }
+    const node& fwd = c.forward_node();
+    throw usage_error("attention '" + fwd.name + "': its log-sum-exp output '" + c.outputs[1].name() +
+                      "' reaches the loss, but attention's backward propagates the gradient of '" +
+                      c.outputs[0].name() + "' only; use the lse output outside differentiated computations");
+}
+
+}  // namespace detail
+
+// Causal self-attention, as F.scaled_dot_product_attention(q, k, v, is_causal=True):
+// q [b, h, s, d], k [b, h, s, d], v [b, h, s, e] -> [b, h, s, e]. scale defaults to 1/sqrt(d).
+inline tensor causal_attention(tensor q, tensor k, tensor v, std::optional<double> scale = std::nullopt) {
+    return detail::attention_out(q, k, v, true, scale);
+}
+
+// Attention over every key: q [b, h, s, d], k [b, h, t, d], v [b, h, t, e] -> [b, h, s, e].
+inline tensor attention(tensor q, tensor k, tensor v, std::optional<double> scale = std::nullopt) {
+    return detail::attention_out(q, k, v, false, scale);
+}
+
+inline gradients Attention::backward(backward_context& c) {
+    detail::require_no_lse_gradient(c);
+    std::array<tensor, 6> ins{*c.grad_outputs[0], c.inputs[0], c.inputs[1], c.inputs[2], c.outputs[0], c.outputs[1]};
+    std::vector<tensor> d = c.builder.apply<AttentionGrad>(ins, c.attrs());
+    gradients g(3);
+    for (std::size_t i = 0; i < 3; ++i)
+        if (c.needs_grad[i]) g[i] = d[i];
+    return g;
+}
+
+}  // namespace loom::ops
+// ---- end loom/ops/attention.hpp ----
+// ---- begin loom/ops/heads.hpp ----
+// Attention heads as an axis of their own:
+//   split_heads  "b s (h d) -> b h s d"   x[b, s, h*D + d] = y[b, h, s, d]; h = attribute heads
+//   merge_heads  "b h s d -> b s (h d)"   the inverse; the merged axis is named Hidden
+// Heads are the outermost variable of the group, so a split into head slices is contiguous
+// in the hidden axis (tensor parallelism by heads); d is inner and cannot be split.
+#include <cstdint>
+#include <string>
+#include <vector>
+
+
+namespace loom::ops {
+
+struct SplitHeads {
+    static constexpr std::string_view name = "split_heads";
+    static constexpr signature sig = parse_signature("b s (h d) -> b h s d");
+
+    static std::vector<preset_variable> presets(const attributes& a, std::span<const shape> in) {
+        const std::int64_t heads = a.get<std::int64_t>("heads");
+        if (heads <= 0)
+            throw shape_error("split_heads: heads = " + std::to_string(heads) + "; pass a positive head count");
+        if (in.size() == 1 && in[0].rank() == 3 && in[0].extent(2) % heads != 0) {
+            const std::int64_t hidden = in[0].extent(2);
+            throw shape_error("split_heads: the hidden extent " + std::to_string(hidden) + " (dim " +
+                              std::string(in[0].dim(2).name()) + ") of input " + in[0].to_string() +
+                              " is not divisible by heads = " + std::to_string(heads) +
+                              "; choose a head count that divides " + std::to_string(hidden) +
+                              " or a hidden size that is a multiple of " + std::to_string(heads));
+        }
+        // d's extent is deduced from the group; only its name is preset.
+        return {{"h", Dim::Head::id, heads}, {"d", Dim::HeadDim::id, 0}};
+    }
+
+    static gradients backward(backward_context& c);
+};
+
+struct MergeHeads {
+    static constexpr std::string_view name = "merge_heads";
+    static constexpr signature sig = parse_signature("b h s d -> b s (h d)");
+
+    static std::vector<shape> infer(const bound_signature& b, const attributes&, std::span<const shape>) {
+        return {output_shape(b, 0, Dim::Hidden::id)};
+    }
+
+    static gradients backward(backward_context& c);
+};
+
+// [b, s, heads * d] -> [b, heads, s, d]
+inline tensor split_heads(tensor x, std::int64_t heads) {
+    return x.builder->apply1<SplitHeads>({x}, {{"heads", heads}});
+}
+// [b, h, s, d] -> [b, s, h * d]
+inline tensor merge_heads(tensor x) { return x.builder->apply1<MergeHeads>({x}); }
+
+inline gradients SplitHeads::backward(backward_context& c) { return {merge_heads(*c.grad_outputs[0])}; }
+
+inline gradients MergeHeads::backward(backward_context& c) {
+    return {split_heads(*c.grad_outputs[0], c.inputs[0].extent(1))};
+}
+
+}  // namespace loom::ops
+// ---- end loom/ops/heads.hpp ----
+// ---- begin loom/ops/matmul.hpp ----
+// Batched matrix products over shared leading dims, in the three layouts whose gradients
+// are again products of these layouts (a closed set under differentiation):
+//   matmul     "... m k, ... k n -> ... m n"   C = A B     dA = dC B^T (nt),   dB = A^T dC (tn)
+//   matmul_nt  "... m k, ... n k -> ... m n"   C = A B^T   dA = dC B (nn),     dB = dC^T A (tn)
+//   matmul_tn  "... k m, ... k n -> ... m n"   C = A^T B   dA = B dC^T (nt),   dB = A dC (nn)
+// k is contracted (a split leaves partial sums); m, n and the leading dims are spatial.
+
+namespace loom::ops {
+
+struct Matmul {
+    static constexpr std::string_view name = "matmul";
+    static constexpr signature sig = parse_signature("... m k, ... k n -> ... m n");
+    static double flops(const graph& g, const node& n) { return detail::gemm_flops(g, n, "k"); }
+    static gradients backward(backward_context& c);
+};
+
+struct MatmulNT {
+    static constexpr std::string_view name = "matmul_nt";
+    static constexpr signature sig = parse_signature("... m k, ... n k -> ... m n");
+    static double flops(const graph& g, const node& n) { return detail::gemm_flops(g, n, "k"); }
+    static gradients backward(backward_context& c);
+};
+
+struct MatmulTN {
+    static constexpr std::string_view name = "matmul_tn";
+    static constexpr signature sig = parse_signature("... k m, ... k n -> ... m n");
+    static double flops(const graph& g, const node& n) { return detail::gemm_flops(g, n, "k"); }
+    static gradients backward(backward_context& c);
+};
+
+// C = A B
+inline tensor matmul(tensor a, tensor b) { return a.builder->apply1<Matmul>({a, b}); }
+// C = A B^T
+inline tensor matmul_nt(tensor a, tensor b) { return a.builder->apply1<MatmulNT>({a, b}); }
+// C = A^T B
+inline tensor matmul_tn(tensor a, tensor b) { return a.builder->apply1<MatmulTN>({a, b}); }
+
+inline gradients Matmul::backward(backward_context& c) {
+    const tensor& dc = *c.grad_outputs[0];
+    gradients g(2);
+    if (c.needs_grad[0]) g[0] = matmul_nt(dc, c.inputs[1]);
+    if (c.needs_grad[1]) g[1] = matmul_tn(c.inputs[0], dc);
+    return g;
+}
+
+inline gradients MatmulNT::backward(backward_context& c) {
+    const tensor& dc = *c.grad_outputs[0];
+    gradients g(2);
+    if (c.needs_grad[0]) g[0] = matmul(dc, c.inputs[1]);
+    if (c.needs_grad[1]) g[1] = matmul_tn(dc, c.inputs[0]);
+    return g;
+}
+
+inline gradients MatmulTN::backward(backward_context& c) {
+    const tensor& dc = *c.grad_outputs[0];
+    gradients g(2);
+    if (c.needs_grad[0]) g[0] = matmul_nt(c.inputs[1], dc);
+    if (c.needs_grad[1]) g[1] = matmul(c.inputs[0], dc);
+    return g;
+}
+
+}  // namespace loom::ops
+// ---- end loom/ops/matmul.hpp ----
+// ---- begin loom/ops/reshape.hpp ----
+// reshape: the same elements in row-major order under another shape (named dims included).
+//
+// A reshape moves elements between axes, so no dim of it can be split without changing which
+// elements a slice holds: it declares no splittable dims. Its signature "... -> " only lets
+// it bind to any rank; the target shape comes from `infer`, and `opaque_layout` tells plans
+// to refuse every split of a reshape node (the signature's laws do not describe it).
+//
+// The target is kept in the attributes, so plan files and traces can print it:
+//   "extents" = {8, 64, 4, 32}, "dims" = "Batch,Seq,Head,HeadDim"
+#include <cstdint>
+#include <string>
+#include <vector>
+
+
+namespace loom::ops {
+
+namespace detail {
+
+inline attributes reshape_attributes(const shape& target) {
+    std::vector<std::int64_t> extents;
+    std::string dims;
+    for (std::size_t i = 0; i < target.rank(); ++i) {
+        const std::string_view name = target.dim(i).name();
+        if (name.find(',') != std::string_view::npos)
+            throw usage_error("reshape: dim name '" + std::string(name) + "' of the target " + target.to_string() +
+                              " contains ','; name dims without commas");
+        if (i) dims += ',';
+        dims += name;
+        extents.push_back(target.extent(i));
+    }
+    return {{"extents", std::move(extents)}, {"dims", std::move(dims)}};
+}
+
+inline shape reshape_target(const attributes& a) {
+    const auto extents = a.get<std::vector<std::int64_t>>("extents");
+    const auto dims = a.get<std::string>("dims");
+    shape s;
+    std::size_t start = 0;
+    for (std::size_t i = 0; i < extents.size(); ++i) {
+        std::size_t end = dims.find(',', start);
+        if (end == std::string::npos) end = dims.size();
+        s.push_back({dim_id::intern(std::string_view(dims).substr(start, end - start)), extents[i]});
+        start = end + 1;
+    }
+    return s;
+}
+
+}  // namespace detail
+
+struct Reshape {
+    static constexpr std::string_view name = "reshape";
+    static constexpr signature sig = parse_signature("... -> ");
+    // Plans read this and split no dim of a reshape (see the header comment).
+    static constexpr bool opaque_layout = true;
+
+    static std::vector<shape> infer(const bound_signature&, const attributes& a, std::span<const shape>) {
+        return {detail::reshape_target(a)};
+    }
+
+    static void check(const bound_signature&, const attributes& a, std::span<const shape> in,
+                      const std::string& node_name) {
+        const shape target = detail::reshape_target(a);
+        if (target.numel() != in[0].numel())
+            throw shape_error("reshape '" + node_name + "': the input has shape " + in[0].to_string() + " (" +
+                              std::to_string(in[0].numel()) + " elements) but the target shape " +
+                              target.to_string() + " has " + std::to_string(target.numel()) +
+                              " elements; choose a target with " + std::to_string(in[0].numel()) + " elements");
+    }
+
+    static gradients backward(backward_context& c);
+};
+
+// The elements of x, in row-major order, under shape `target` (same element count).
+inline tensor reshape(tensor x, const shape& target) {
+    return x.builder->apply1<Reshape>({x}, detail::reshape_attributes(target));
+}
+
+inline gradients Reshape::backward(backward_context& c) { return {reshape(*c.grad_outputs[0], c.inputs[0].dims())}; }
+
+}  // namespace loom::ops
+// ---- end loom/ops/reshape.hpp ----
+// ---- begin loom/ops/transpose.hpp ----
+// transpose: swaps the last two axes, "... a b -> ... b a"; y[..., j, i] = x[..., i, j].
+// Every variable is spatial: a slice of a or b (or a leading dim) of x is the same slice of y.
+
+namespace loom::ops {
+
+struct Transpose {
+    static constexpr std::string_view name = "transpose";
+    static constexpr signature sig = parse_signature("... a b -> ... b a");
+    static gradients backward(backward_context& c);
+};
+
+inline tensor transpose(tensor x) { return x.builder->apply1<Transpose>({x}); }
+
+inline gradients Transpose::backward(backward_context& c) { return {transpose(*c.grad_outputs[0])}; }
+
+}  // namespace loom::ops
+// ---- end loom/ops/transpose.hpp ----
+// ops-includes: embedding and loss
+// ---- begin loom/ops/cross_entropy.hpp ----
+// cross_entropy: the summed negative log-likelihood of the targets under softmax(logits),
+// divided by a fixed normalizer:
+//   loss = sum over kept positions p of (logsumexp(logits[p, :]) - logits[p, targets[p]]) / normalizer
+// where a position is kept unless targets[p] == ignore_index.
+//   cross_entropy       "... v^, ... -> "          (logits [... v], targets [...] index) -> scalar
+//   cross_entropy_grad  ", ... v^, ... -> ... v^"  (dloss, logits, targets) -> dlogits
+//      dlogits[p, :] = dloss * (softmax(logits[p, :]) - onehot(targets[p])) / normalizer,
+//      zero rows at ignored positions.
+//
+// The normalizer is the attribute `normalizer`, by default the number of positions (numel
+// of targets) of the whole batch, fixed when the graph is built. So with no ignored target
+// the loss equals PyTorch's F.cross_entropy(logits.view(-1, v), targets.view(-1)) (mean
+// reduction); with ignored targets PyTorch divides by the number of kept positions, which
+// depends on the data, and loom still divides by the normalizer (pass the kept count as the
+// normalizer to reproduce PyTorch for a given batch). Because the normalizer is fixed, the
+// leading dims can be contracted: a batch split leaves partial sums of the same mean.
+// v is frozen: the softmax needs the whole row.
+//
+// A target outside [0, v) that is not ignore_index is a data error: the kernel throws
+// loom::usage_error naming the node, the position, the target and v.
+#include <array>
+#include <cmath>
+#include <cstdint>
+#include <optional>
+#include <string>
+
+
+namespace loom::ops {
+
+struct CrossEntropyGrad {
+    static constexpr std::string_view name = "cross_entropy_grad";
+    static constexpr signature sig = parse_signature(", ... v^, ... -> ... v^");
+    static constexpr std::array<value_kind, 3> input_kinds{value_kind::real, value_kind::real, value_kind::index};
+    // About 4 operations per logit (max, exp, sum, scale).
+    static double flops(const graph& g, const node& n) {
+        return 4.0 * static_cast<double>(g.tensor(n.inputs[1]).dims.numel());
+    }
+};
+
+inline tensor cross_entropy_grad(tensor dloss, tensor logits, tensor targets, std::int64_t ignore_index,
+                                 double normalizer) {
+    return dloss.builder->apply1<CrossEntropyGrad>({dloss, logits, targets},
+                                                   {{"ignore_index", ignore_index}, {"normalizer", normalizer}});
+}
+
+struct CrossEntropy {
+    static constexpr std::string_view name = "cross_entropy";
+    static constexpr signature sig = parse_signature("... v^, ... -> ");
+    static constexpr std::array<value_kind, 2> input_kinds{value_kind::real, value_kind::index};
+    // About 4 operations per logit (max, exp, sum, the target's term).
+    static double flops(const graph& g, const node& n) {
+        return 4.0 * static_cast<double>(g.tensor(n.inputs[0]).dims.numel());
+    }
+
+    static gradients backward(backward_context& c) {
+        gradients g(2);
+        if (c.needs_grad[0])
+            g[0] = cross_entropy_grad(*c.grad_outputs[0], c.inputs[0], c.inputs[1],
+                                      c.attrs().get<std::int64_t>("ignore_index"),
+                                      c.attrs().get<double>("normalizer"));
+        return g;
+    }
+};
+
+// Mean cross-entropy of `targets` under `logits` (see above for ignore_index and the
+// normalizer, which defaults to the number of positions).
+inline tensor cross_entropy(tensor logits, tensor targets, std::int64_t ignore_index = -100,
+                            std::optional<double> normalizer = std::nullopt) {
+    const double n = normalizer ? *normalizer : static_cast<double>(targets.dims().numel());
+    if (!(n > 0) || !std::isfinite(n))
+        throw usage_error("cross_entropy: normalizer = " + std::to_string(n) + " for logits '" + logits.name() +
+                          "'; pass a positive finite normalizer (the number of positions the mean is over)");
+    return logits.builder->apply1<CrossEntropy>({logits, targets},
+                                                {{"ignore_index", ignore_index}, {"normalizer", n}});
+}
+
+}  // namespace loom::ops
+// ---- end loom/ops/cross_entropy.hpp ----
+// ---- begin loom/ops/embedding.hpp ----
+// embedding: out[p, :] = table[ids[p], :], as PyTorch's F.embedding(ids, table).
+//   embedding       "..., v h -> ... h"     (ids [...] index, table [v h]) -> [... h]
+//   embedding_grad  "... h, ... -> v h"     (dy [... h], ids [...]) -> dtable [v h]
+//
+// Attributes: `vocab`, the full vocabulary size, and `row_offset`, the first vocabulary row
+// the table holds (0 unless split). The table holds rows [row_offset, row_offset + v): an
+// id in that range reads row id - row_offset, any other id gives a zero row. v is
+// contracted, so a vocabulary split leaves the output as partial sums whose sum is the full
+// lookup: that is vocabulary-parallel embedding, each piece with its own row_offset.
+// An id outside [0, vocab) is a data error: the kernel throws loom::usage_error naming the
+// node, the position and the id.
+//
+// embedding_grad sums dy over the positions of each id (repeated ids accumulate). v is an
+// output-only variable: its extent and dim come from the attributes `rows` and `row_dim`
+// (the table's), and `vocab` / `row_offset` say which ids land in it, as in the forward.
+// The leading dims are contracted: a batch split leaves dtable as partial sums.
+#include <array>
+#include <cstdint>
+#include <string>
+#include <vector>
+
+
+namespace loom::ops {
+
+namespace detail {
+inline void check_vocabulary_range(std::string_view op, const attributes& a, std::int64_t rows,
+                                   const std::string& node_name) {
+    const auto vocab = a.get<std::int64_t>("vocab");
+    const auto offset = a.get_or<std::int64_t>("row_offset", 0);
+    if (offset < 0 || offset + rows > vocab)
+        throw shape_error(std::string(op) + " '" + node_name + "': the table rows [" + std::to_string(offset) + ", " +
+                          std::to_string(offset + rows) + ") are not inside the vocabulary [0, " +
+                          std::to_string(vocab) + "); set row_offset and vocab so the table is a slice of it");
+}
+}  // namespace detail
+
+struct EmbeddingGrad {
+    static constexpr std::string_view name = "embedding_grad";
+    static constexpr signature sig = parse_signature("... h, ... -> v h");
+    static constexpr std::array<value_kind, 2> input_kinds{value_kind::real, value_kind::index};
+
+    static std::vector<preset_variable> presets(const attributes& a, std::span<const shape>) {
+        return {{"v", dim_id::intern(a.get<std::string>("row_dim")), a.get<std::int64_t>("rows")}};
+    }
+    static void check(const bound_signature&, const attributes& a, std::span<const shape>,
+                      const std::string& node_name) {
+        detail::check_vocabulary_range(name, a, a.get<std::int64_t>("rows"), node_name);
+    }
+    // One add per element of dy, plus zeroing the rows no id reaches.
+    static double flops(const graph& g, const node& n) {
+        return static_cast<double>(g.tensor(n.inputs[0]).dims.numel() + g.tensor(n.outputs[0]).dims.numel());
+    }
+};
+
+// dtable [rows h] for a table of `rows` rows along `row_dim` starting at vocabulary row
+// `row_offset` of a vocabulary of `vocab` ids.
+inline tensor embedding_grad(tensor dy, tensor ids, std::int64_t rows, dim_id row_dim, std::int64_t vocab,
+                             std::int64_t row_offset = 0) {
+    return dy.builder->apply1<EmbeddingGrad>({dy, ids}, {{"vocab", vocab},
+                                                         {"row_offset", row_offset},
+                                                         {"rows", rows},
+                                                         {"row_dim", std::string(row_dim.name())}});
+}
+
+struct Embedding {
+    static constexpr std::string_view name = "embedding";
+    static constexpr signature sig = parse_signature("..., v h -> ... h");
+    static constexpr std::array<value_kind, 2> input_kinds{value_kind::index, value_kind::real};
+
+    static void check(const bound_signature&, const attributes& a, std::span<const shape> in,
+                      const std::string& node_name) {
+        detail::check_vocabulary_range(name, a, in[1].extent(0), node_name);
+    }
+
+    static gradients backward(backward_context& c) {
+        gradients g(2);
+        if (c.needs_grad[1]) {
+            const shape& table = c.inputs[1].dims();
+            g[1] = embedding_grad(*c.grad_outputs[0], c.inputs[0], table.extent(0), table.dim(0),
+                                  c.attrs().get<std::int64_t>("vocab"),
+                                  c.attrs().get_or<std::int64_t>("row_offset", 0));
+        }
+        return g;
+    }
+};
+
+// out [... h] = table[ids]; the table [v h] holds the whole vocabulary of v ids.
+inline tensor embedding(tensor ids, tensor table) {
+    const std::int64_t vocab = table.rank() == 2 ? table.extent(0) : 0;
+    return ids.builder->apply1<Embedding>({ids, table}, {{"vocab", vocab}, {"row_offset", std::int64_t{0}}});
+}
+
+}  // namespace loom::ops
+// ---- end loom/ops/embedding.hpp ----
+
+namespace loom::ops {
+
+using core_ops = boost::mp11::mp_list<FillLike, Identity, Add, Mul, Scale, Sum, Mean, SumLeading, BroadcastScalar, Linear,
+                                      LinearBias, LinearGradInput, LinearGradWeight>;
+using elementwise_ops = boost::mp11::mp_list<Gelu, GeluGrad, Relu, ReluGrad, Silu, SiluGrad, Softmax, SoftmaxGrad, Dropout,
+                                              DropoutGrad>;
+using normalization_ops = boost::mp11::mp_list<LayerNorm, LayerNormGrad, RmsNorm, RmsNormGrad>;
+using attention_ops = boost::mp11::mp_list<Matmul, MatmulNT, MatmulTN, Reshape, Transpose, SplitHeads, MergeHeads,
+                                           Attention, AttentionGrad>;
+using embedding_loss_ops = boost::mp11::mp_list<Embedding, EmbeddingGrad, CrossEntropy, CrossEntropyGrad>;
+
+using all_ops = boost::mp11::mp_append<core_ops, elementwise_ops, normalization_ops, attention_ops, embedding_loss_ops>;
+
+}  // namespace loom::ops
+// ---- end loom/ops/all.hpp ----
+
+// runtime
+// ---- begin loom/runtime/compile.hpp ----
+// Turns one device's graph into a program: the nodes that the wanted tensors depend on,
+// in graph order, with every intermediate placed in a shared arena by liveness.
+#include <algorithm>
+#include <string>
+#include <vector>
+
+// ---- begin loom/runtime/memory_planner.hpp ----
+// Liveness-based buffer reuse. Each buffer lives from the step that writes it to the last
+// step that reads it; buffers whose lifetimes do not overlap may share bytes. Offsets are
+// chosen best-fit from a free list, largest buffers placed first in each step so that the
+// peak stays close to the true lower bound max_t(sum of live sizes).
+#include <algorithm>
+#include <cstdint>
+#include <iterator>
+#include <map>
+#include <vector>
+
+namespace loom {
+
+struct buffer_lifetime {
+    std::int64_t bytes = 0;
+    std::int64_t first = 0;  // step that writes it
+    std::int64_t last = 0;   // last step that reads it (>= first)
+};
+
+struct memory_plan {
+    std::vector<std::int64_t> offsets;  // per request
+    std::int64_t peak = 0;              // arena size
+    std::int64_t lower_bound = 0;       // max over steps of live bytes: no plan can do better
+    std::int64_t unplanned = 0;         // sum of all sizes
+};
+
+inline memory_plan plan_memory(const std::vector<buffer_lifetime>& requests, std::int64_t alignment = 64) {
+    memory_plan plan;
+    plan.offsets.assign(requests.size(), 0);
+    auto align = [&](std::int64_t b) { return (b + alignment - 1) / alignment * alignment; };
+
+    std::int64_t steps = 0;
+    for (const auto& r : requests) {
+        steps = std::max(steps, r.last + 1);
+        plan.unplanned += align(r.bytes);
+    }
+    std::vector<std::vector<std::size_t>> born(static_cast<std::size_t>(steps)), dying(static_cast<std::size_t>(steps));
+    for (std::size_t i = 0; i < requests.size(); ++i) {
+        born[static_cast<std::size_t>(requests[i].first)].push_back(i);
+        dying[static_cast<std::size_t>(requests[i].last)].push_back(i);
+    }
+
+    std::map<std::int64_t, std::int64_t> free_blocks;  // offset -> size, coalesced
+    std::int64_t top = 0, live = 0;
+    auto release = [&](std::int64_t offset, std::int64_t size) {
+        auto [it, _] = free_blocks.emplace(offset, size);
+        if (auto next = std::next(it); next != free_blocks.end() && it->first + it->second == next->first) {
+            it->second += next->second;
+            free_blocks.erase(next);
+        }
+        if (it != free_blocks.begin()) {
+            auto prev = std::prev(it);
+            if (prev->first + prev->second == it->first) {
+                prev->second += it->second;
+                free_blocks.erase(it);
+                it = prev;
+            }
+        }
+        if (it->first + it->second == top) {  // give the tail back to the top
+            top = it->first;
+            free_blocks.erase(it);
+        }
+    };
+    for (std::int64_t s = 0; s < steps; ++s) {
+        auto& now = born[static_cast<std::size_t>(s)];
+        std::sort(now.begin(), now.end(), [&](auto a, auto b) { return requests[a].bytes > requests[b].bytes; });
+        for (std::size_t i : now) {
+            std::int64_t size = align(requests[i].bytes);
+            live += size;
+            auto best = free_blocks.end();
+            for (auto it = free_blocks.begin(); it != free_blocks.end(); ++it)
+                if (it->second >= size && (best == free_blocks.end() || it->second < best->second)) best = it;
+            if (best != free_blocks.end()) {
+                plan.offsets[i] = best->first;
+                std::int64_t rest = best->second - size, at = best->first + size;
+                free_blocks.erase(best);
+                if (rest > 0) free_blocks.emplace(at, rest);
+            } else {
+                plan.offsets[i] = top;
+                top += size;
+            }
+            plan.peak = std::max(plan.peak, top);
+        }
+        plan.lower_bound = std::max(plan.lower_bound, live);
+        // Outputs of a step and its inputs coexist during the step; release after it.
+        for (std::size_t i : dying[static_cast<std::size_t>(s)]) {
+            live -= align(requests[i].bytes);
+            release(plan.offsets[i], align(requests[i].bytes));
+        }
+    }
+    return plan;
+}
+
+}  // namespace loom
+// ---- end loom/runtime/memory_planner.hpp ----
+// ---- begin loom/runtime/program.hpp ----
+// A per-device instruction program: the form every plan compiles to, and the only thing
+// an executor reads. On one device it is the graph's nodes in order; plans (partition/)
+// add communication instructions between them.
+#include <cstdint>
+#include <string>
+#include <vector>
+
+
+namespace loom {
+
+enum class precision : std::uint8_t { f32, f64 };
+
+inline std::size_t real_bytes(precision p) { return p == precision::f32 ? 4 : 8; }
+inline std::string_view to_string(precision p) { return p == precision::f32 ? "f32" : "f64"; }
+
+// Where a tensor's bytes live while the program runs.
+struct buffer {
+    enum class place : std::uint8_t {
+        none,   // never materialised by this program
+        arena,  // inside the program's arena, at `offset`, reused once dead
+        bound,  // caller-owned storage bound before running (inputs, parameters, gradients, outputs)
+    };
+    place where = place::none;
+    std::int64_t offset = 0;
+    std::int64_t bytes = 0;
+};
+
+struct instruction {
+    enum class kind : std::uint8_t { compute };
+    kind what = kind::compute;
+    node_id node = no_id;
+};
+
+struct program {
+    const graph* source = nullptr;
+    precision prec = precision::f32;
+    std::vector<instruction> steps;
+    std::vector<buffer> buffers;       // indexed by tensor_id
+    std::vector<tensor_id> bound;      // tensors the caller must bind
+    std::int64_t arena_bytes = 0;      // peak of the liveness plan
+    std::int64_t unplanned_bytes = 0;  // what one buffer per tensor would take
+
+    std::int64_t bytes_of(tensor_id t) const { return buffers.at(static_cast<std::size_t>(t)).bytes; }
+};
+
+inline std::int64_t tensor_bytes(const tensor_desc& t, precision p) {
+    return t.dims.numel() * static_cast<std::int64_t>(t.kind == value_kind::index ? 4 : real_bytes(p));
+}
+
+}  // namespace loom
+// ---- end loom/runtime/program.hpp ----
+
+namespace loom {
+
+struct compile_options {
+    precision prec = precision::f32;
+    bool include_backward = true;       // false: the forward pass only (evaluation)
+    std::vector<tensor_id> outputs;     // extra tensors the caller wants to read after a run
+};
+
+inline program compile_program(const graph& g, const compile_options& options = {}) {
+    program p;
+    p.source = &g;
+    p.prec = options.prec;
+    p.buffers.resize(g.tensors.size());
+
+    // Wanted tensors: the loss, parameter gradients (when training) and explicit outputs.
+    std::vector<bool> wanted(g.tensors.size(), false);
+    auto want = [&](tensor_id t) {
+        if (t < 0 || static_cast<std::size_t>(t) >= g.tensors.size())
+            throw usage_error("compile_program: output tensor id " + std::to_string(t) + " is not in the graph");
+        wanted[static_cast<std::size_t>(t)] = true;
+    };
+    if (g.loss != no_id) want(g.loss);
+    if (options.include_backward)
+        for (auto [param, grad] : g.gradients) want(grad);
+    for (tensor_id t : options.outputs) want(t);
+
+    // Keep the nodes some wanted tensor depends on (reverse sweep over a topological order).
+    std::vector<bool> needed = wanted;
+    std::vector<bool> keep(g.nodes.size(), false);
+    for (std::size_t i = g.nodes.size(); i-- > 0;) {
+        const node& n = g.nodes[i];
+        if (n.backward && !options.include_backward) continue;
+        bool any = std::any_of(n.outputs.begin(), n.outputs.end(),
+                               [&](tensor_id t) { return needed[static_cast<std::size_t>(t)]; });
+        if (!any) continue;
+        keep[i] = true;
+        for (tensor_id t : n.inputs) needed[static_cast<std::size_t>(t)] = true;
+    }
+    for (std::size_t i = 0; i < g.nodes.size(); ++i)
+        if (keep[i]) p.steps.push_back({instruction::kind::compute, static_cast<node_id>(i)});
+
+    // Bound: everything that outlives a step or is fed from outside.
+    for (std::size_t t = 0; t < g.tensors.size(); ++t) {
+        const tensor_desc& d = g.tensors[t];
+        if (!needed[t]) continue;
+        bool external = d.role != tensor_role::activation || wanted[t];
+        p.buffers[t].bytes = tensor_bytes(d, p.prec);
+        if (external) {
+            p.buffers[t].where = buffer::place::bound;
+            p.bound.push_back(static_cast<tensor_id>(t));
+        } else if (d.producer == no_id) {
+            throw usage_error("compile_program: tensor '" + d.name + "' is read but nothing produces it");
+        }
+    }
+
+    // Lifetimes of arena tensors in step indices.
+    std::vector<std::int64_t> first(g.tensors.size(), -1), last(g.tensors.size(), -1);
+    for (std::size_t s = 0; s < p.steps.size(); ++s) {
+        const node& n = g.at(p.steps[s].node);
+        for (tensor_id t : n.outputs) {
+            first[static_cast<std::size_t>(t)] = static_cast<std::int64_t>(s);
+            last[static_cast<std::size_t>(t)] = std::max<std::int64_t>(last[static_cast<std::size_t>(t)], static_cast<std::int64_t>(s));
+        }
+        for (tensor_id t : n.inputs) last[static_cast<std::size_t>(t)] = static_cast<std::int64_t>(s);
+    }
+    std::vector<buffer_lifetime> requests;
+    std::vector<tensor_id> owners;
+    for (std::size_t t = 0; t < g.tensors.size(); ++t) {
+        if (p.buffers[t].where == buffer::place::bound || first[t] < 0) continue;
+        p.buffers[t].where = buffer::place::arena;
+        p.buffers[t].bytes = tensor_bytes(g.tensors[t], p.prec);
+        requests.push_back({p.buffers[t].bytes, first[t], std::max(first[t], last[t])});
+        owners.push_back(static_cast<tensor_id>(t));
+    }
+    memory_plan plan = plan_memory(requests);
+    for (std::size_t i = 0; i < owners.size(); ++i) p.buffers[static_cast<std::size_t>(owners[i])].offset = plan.offsets[i];
+    p.arena_bytes = plan.peak;
+    p.unplanned_bytes = plan.unplanned;
+    return p;
+}
+
+}  // namespace loom
+// ---- end loom/runtime/compile.hpp ----
+// ---- begin loom/runtime/explain.hpp ----
+// A program described for a person: what runs, how much memory it takes and how much
+// arithmetic one run does.
+#include <cstdio>
+#include <map>
+#include <string>
+
+
+namespace loom {
+
+inline std::string human_bytes(double bytes) {
+    const char* units[] = {"B", "KiB", "MiB", "GiB", "TiB"};
+    int u = 0;
+    while (bytes >= 1024 && u < 4) {
+        bytes /= 1024;
+        ++u;
+    }
+    char buf[32];
+    std::snprintf(buf, sizeof buf, u == 0 ? "%.0f %s" : "%.2f %s", bytes, units[u]);
+    return buf;
+}
+
+inline double program_flops(const program& p) {
+    double total = 0;
+    for (const auto& s : p.steps) {
+        const node& n = p.source->at(s.node);
+        total += n.op->flops(*p.source, n);
+    }
+    return total;
+}
+
+inline std::string explain(const program& p) {
+    const graph& g = *p.source;
+    std::size_t forward = 0, backward = 0;
+    std::map<std::string, int> kinds;
+    for (const auto& s : p.steps) {
+        const node& n = g.at(s.node);
+        (n.backward ? backward : forward) += 1;
+        kinds[std::string(n.op->name)] += 1;
+    }
+    double param_bytes = 0, bound_bytes = 0;
+    for (tensor_id t : p.bound) {
+        bound_bytes += static_cast<double>(p.bytes_of(t));
+        if (g.tensor(t).role == tensor_role::parameter) param_bytes += static_cast<double>(p.bytes_of(t));
+    }
+    std::string out;
+    out += "program: " + std::to_string(p.steps.size()) + " instructions (" + std::to_string(forward) + " forward, " +
+           std::to_string(backward) + " backward), precision " + std::string(to_string(p.prec)) + "\n";
+    out += "  parameters: " + std::to_string(g.parameter_count()) + " (" + human_bytes(param_bytes) + ")\n";
+    out += "  memory: " + human_bytes(static_cast<double>(p.arena_bytes)) + " activation arena (liveness plan; " +
+           human_bytes(static_cast<double>(p.unplanned_bytes)) + " without reuse) + " + human_bytes(bound_bytes) +
+           " bound (inputs, parameters, gradients)\n";
+    char flops[64];
+    std::snprintf(flops, sizeof flops, "%.3f GFLOP", program_flops(p) / 1e9);
+    out += "  work per run: " + std::string(flops) + "\n  ops:";
+    for (const auto& [name, count] : kinds) out += " " + name + " x" + std::to_string(count);
+    out += "\n";
+    return out;
+}
+
+}  // namespace loom
+// ---- end loom/runtime/explain.hpp ----
+// ---- begin loom/runtime/host/bound_storage.hpp ----
+// Owned storage for every tensor a program binds (inputs, parameters, gradients, outputs),
+// zero-initialised and bound to an executor in one call. What tests and the single-device
+// trainer use; plans give each device its own.
+#include <cstdint>
+#include <span>
+#include <string>
+#include <unordered_map>
+#include <vector>
+
+// ---- begin loom/runtime/host/executor.hpp ----
+// Runs a program on the host: one arena for intermediates, caller-bound storage for
+// inputs, parameters, gradients and outputs, and one kernel call per instruction.
+#include <cstddef>
+#include <cstdint>
+#include <memory>
+#include <string>
+#include <type_traits>
+#include <vector>
+
+// ---- begin loom/runtime/host/kernel_table.hpp ----
+// From op kind to host kernel. Built-in ops are registered from ops::all_ops the first time
+// the table is used; a user's own op registers with `register_host_kernel<MyOp>()`.
+#include <mutex>
+#include <string>
+#include <unordered_map>
+
+#include <boost/mp11/algorithm.hpp>
+
+// ---- begin loom/runtime/host/kernel_call.hpp ----
+// What a host kernel receives: the node, typed views of its input and output buffers, and
+// the step number (dropout masks are a pure function of seed, step and element index).
+// Every tensor is dense row-major. Kernels overwrite their outputs completely.
+#include <cstdint>
+#include <span>
+
+
+namespace loom::host {
+
+template <class T>
+struct kernel_call {
+    const graph& g;
+    const node& n;
+    std::span<void* const> in;
+    std::span<void* const> out;
+    std::uint64_t step = 0;
+
+    const T* input(std::size_t i) const { return static_cast<const T*>(in[i]); }
+    const std::int32_t* index_input(std::size_t i) const { return static_cast<const std::int32_t*>(in[i]); }
+    T* output(std::size_t i) const { return static_cast<T*>(out[i]); }
+    const shape& input_shape(std::size_t i) const { return g.tensor(n.inputs[i]).dims; }
+    const shape& output_shape(std::size_t i) const { return g.tensor(n.outputs[i]).dims; }
+    std::int64_t input_numel(std::size_t i) const { return input_shape(i).numel(); }
+    std::int64_t output_numel(std::size_t i) const { return output_shape(i).numel(); }
+    const attributes& attrs() const { return n.attrs; }
+    // Extent of a bound signature variable ("k", "n", "...0").
+    std::int64_t extent(std::string_view label) const {
+        auto v = n.sig.find(label);
+        return v ? n.sig.vars[static_cast<std::size_t>(*v)].extent : 0;
+    }
+    // Product of the extents of the leading dims that `...` stood for.
+    std::int64_t leading_numel(std::size_t input = 0) const {
+        const shape& s = input_shape(input);
+        std::size_t explicit_rank = n.op->sig.inputs[input].rank;
+        return s.span_numel(0, s.rank() - explicit_rank);
+    }
+};
+
+// Specialised once per op kind in runtime/host/kernels/<op>.hpp:
+//   template <> struct host_kernel<ops::Gelu> { template <class T> static void run(const kernel_call<T>&); };
+template <class Op>
+struct host_kernel;
+
+}  // namespace loom::host
+// ---- end loom/runtime/host/kernel_call.hpp ----
+// ---- begin loom/runtime/host/kernels/all.hpp ----
+// Every host kernel loom ships (one specialisation of host_kernel per op kind).
+// ---- begin loom/runtime/host/kernels/basic.hpp ----
+// Kernels of the structural ops: fill_like, identity, add, mul, scale and the reductions.
+#include <algorithm>
+#include <cstring>
+#include <vector>
+
+// ---- begin loom/runtime/host/kernels/elementwise.hpp ----
+// Shared helpers for elementwise host kernels: a parallel loop over elements with a grain
+// large enough that the pool pays for itself.
+#include <cstdint>
+
+// ---- begin loom/runtime/host/thread_pool.hpp ----
+// A fork-join thread pool for the host backend: persistent workers, one parallel_for.
+//
+//   loom::host::parallel_for(0, rows, 64, [&](std::int64_t lo, std::int64_t hi) { ... });
+//
+// Law: f is called on disjoint ranges [lo, hi) whose union is [begin, end); every range is at
+// least `grain` long except when the whole range is shorter than `grain`. The call returns
+// after every range is done, and the calling thread works on ranges too.
+//
+// Threading contract:
+//  - Nested calls (from inside f, on a worker or on the calling thread, into this pool or
+//    any other loom pool) run f(begin, end) serially on the thread that makes them, so a
+//    parallel kernel may call another parallel kernel without deadlock or oversubscription.
+//  - A range shorter than two grains runs inline as f(begin, end), without touching the
+//    pool (which stays free for whatever f calls).
+//  - Calls from several user threads at once are serialized: one job owns the pool at a
+//    time and the other callers block until it finishes. A job never waits for another
+//    caller's job, so concurrent callers cannot deadlock (unless f itself blocks on one).
+//  - The first exception thrown by f is rethrown on the caller once every range has ended;
+//    ranges not yet started when it was thrown are skipped.
+//  - The destructor joins the workers. thread_pool::global() lives until static
+//    destruction, so do not call parallel_for from other static destructors.
+#include <algorithm>
+#include <atomic>
+#include <condition_variable>
+#include <cstdint>
+#include <cstdlib>
+#include <exception>
+#include <memory>
+#include <mutex>
+#include <string>
+#include <thread>
+#include <type_traits>
+#include <utility>
+#include <vector>
+
+
+namespace loom::host {
+
+namespace detail {
+
+// True while this thread runs a range of some pool's job (or is a pool worker), so nested
+// parallel_for calls run inline instead of waiting on a pool that is busy with their parent.
+inline bool& inside_parallel_region() noexcept {
+    thread_local bool inside = false;
+    return inside;
+}
+
+class region_guard {
+   public:
+    region_guard() noexcept : previous_(inside_parallel_region()) { inside_parallel_region() = true; }
+    ~region_guard() { inside_parallel_region() = previous_; }
+    region_guard(const region_guard&) = delete;
+    region_guard& operator=(const region_guard&) = delete;
+
+   private:
+    bool previous_;
+};
+
+// Parses LOOM_NUM_THREADS; 0 when unset or empty.
+inline unsigned thread_count_from_environment() {
+    const char* text = std::getenv("LOOM_NUM_THREADS");
+    if (text == nullptr || *text == '\0') return 0;
+    char* end = nullptr;
+    const long value = std::strtol(text, &end, 10);
+    if (*end != '\0' || value < 1 || value > 4096) {
+        throw usage_error(std::string("thread_pool: LOOM_NUM_THREADS='") + text +
+                          "' is not a thread count; set it to an integer in [1, 4096] or unset it");
+    }
+    return static_cast<unsigned>(value);
+}
+
+}  // namespace detail
+
+// LOOM_NUM_THREADS when set, otherwise the number of hardware threads (at least 1).
+inline unsigned default_thread_count() {
+    if (const unsigned from_environment = detail::thread_count_from_environment()) {
+        return from_environment;
+    }
+    const unsigned hardware = std::thread::hardware_concurrency();
+    return hardware == 0 ? 1u : hardware;
+}
+
+class thread_pool {
+   public:
+    // `threads` counts the calling thread, so thread_pool(1) starts no worker at all.
+    explicit thread_pool(unsigned threads = default_thread_count()) : size_(threads) {
+        if (threads == 0) {
+            throw usage_error("thread_pool: threads = 0; pass at least 1 (the calling thread)");
+        }
+        workers_.reserve(threads - 1);
+        try {
+            for (unsigned i = 1; i < threads; ++i) {
+                workers_.emplace_back([this] { worker_loop(); });
+            }
+        } catch (...) {
+            shut_down();
+            throw;
+        }
+    }
+
+    ~thread_pool() { shut_down(); }
+
+    thread_pool(const thread_pool&) = delete;
+    thread_pool& operator=(const thread_pool&) = delete;
+
+    unsigned size() const noexcept { return size_; }
+
+    template <class F>
+    void parallel_for(std::int64_t begin, std::int64_t end, std::int64_t grain, F&& f) {
+        if (end <= begin) return;
+        if (grain < 1) grain = 1;
+        const std::int64_t length = end - begin;
+        // Below two grains there is only one legal range (length / 2 < grain is
+        // length < 2 * grain without overflow); nested calls must not wait on a pool whose
+        // workers may be busy with their parent job. An inline call does not mark the thread
+        // as inside a region: f may still use the (idle) pool.
+        if (length / 2 < grain || size_ == 1 || detail::inside_parallel_region()) {
+            f(begin, end);
+            return;
+        }
+        // A few ranges per thread, handed out first come first served, so a thread that
+        // starts late or runs on a busy core takes fewer of them.
+        const std::int64_t most_ranges = length / grain;
+        const std::int64_t ranges = std::min<std::int64_t>(most_ranges, ranges_per_thread * std::int64_t{size_});
+
+        using functor = std::remove_reference_t<F>;
+        job_description description;
+        description.invoke = [](void* context, std::int64_t lo, std::int64_t hi) {
+            (*static_cast<functor*>(context))(lo, hi);
+        };
+        description.context = const_cast<void*>(static_cast<const void*>(std::addressof(f)));
+        description.begin = begin;
+        description.length = length;
+        description.ranges = ranges;
+        run(description);
+    }
+
+    // The process-wide pool, created on first use with default_thread_count() threads.
+    static thread_pool& global() {
+        static thread_pool pool;
+        return pool;
+    }
+
+   private:
+    struct job_description {
+        void (*invoke)(void*, std::int64_t, std::int64_t) = nullptr;
+        void* context = nullptr;
+        std::int64_t begin = 0;
+        std::int64_t length = 0;
+        std::int64_t ranges = 0;
+    };
+
+    // Spins this many polls before blocking: a worker woken for back-to-back jobs (the
+    // layers of one step) skips the futex round trip, and gives its core back soon after.
+    static constexpr int spin_polls = 1 << 14;
+    static constexpr std::int64_t ranges_per_thread = 4;
+
+    void run(const job_description& description) {
+        std::lock_guard<std::mutex> one_job_at_a_time(submit_mutex_);
+        {
+            std::unique_lock<std::mutex> lock(mutex_);
+            // Workers that took part in the previous job may still be leaving it.
+            idle_cv_.wait(lock, [this] { return busy_workers_ == 0; });
+            job_ = description;
+            next_range_.store(0, std::memory_order_relaxed);
+            unfinished_ranges_.store(description.ranges, std::memory_order_relaxed);
+            failed_.store(false, std::memory_order_relaxed);
+            failure_ = nullptr;
+            generation_.store(generation_.load(std::memory_order_relaxed) + 1, std::memory_order_release);
+        }
+        work_cv_.notify_all();
+
+        {
+            detail::region_guard guard;
+            work_on(description);
+        }
+
+        for (int poll = 0; poll < spin_polls; ++poll) {
+            if (unfinished_ranges_.load(std::memory_order_acquire) == 0) break;
+        }
+        std::unique_lock<std::mutex> lock(mutex_);
+        done_cv_.wait(lock, [this] { return unfinished_ranges_.load(std::memory_order_acquire) == 0; });
+        if (failure_) {
+            std::exception_ptr failure = std::move(failure_);
+            failure_ = nullptr;
+            std::rethrow_exception(failure);
+        }
+    }
+
+    // Takes ranges until none is left. Range r is [begin + r*length/ranges, begin + (r+1)*length/ranges),
+    // so every range has floor or ceil of length/ranges >= grain elements.
+    void work_on(const job_description& description) {
+        for (;;) {
+            const std::int64_t r = next_range_.fetch_add(1, std::memory_order_relaxed);
+            if (r >= description.ranges) return;
+            if (!failed_.load(std::memory_order_relaxed)) {
+                const std::int64_t lo = description.begin + r * description.length / description.ranges;
+                const std::int64_t hi = description.begin + (r + 1) * description.length / description.ranges;
+                try {
+                    description.invoke(description.context, lo, hi);
+                } catch (...) {
+                    std::lock_guard<std::mutex> lock(mutex_);
+                    if (!failure_) failure_ = std::current_exception();
+                    failed_.store(true, std::memory_order_relaxed);
+                }
+            }
+            if (unfinished_ranges_.fetch_sub(1, std::memory_order_acq_rel) == 1) {
+                // Taking the mutex orders this notify after the caller's predicate check.
+                std::lock_guard<std::mutex> lock(mutex_);
+                done_cv_.notify_all();
+            }
+        }
+    }
+
+    void worker_loop() {
+        detail::inside_parallel_region() = true;
+        std::uint64_t seen = 0;
+        for (;;) {
+            for (int poll = 0; poll < spin_polls; ++poll) {
+                if (generation_.load(std::memory_order_acquire) != seen) break;
+            }
+            job_description description;
+            {
+                std::unique_lock<std::mutex> lock(mutex_);
+                work_cv_.wait(lock, [&] { return stopping_ || generation_.load(std::memory_order_relaxed) != seen; });
+                if (stopping_) return;
+                seen = generation_.load(std::memory_order_relaxed);
+                description = job_;
+                ++busy_workers_;
+            }
+            work_on(description);
+            {
+                std::lock_guard<std::mutex> lock(mutex_);
+                --busy_workers_;
+                if (busy_workers_ == 0) idle_cv_.notify_all();
+            }
+        }
+    }
+
+    void shut_down() noexcept {
+        {
+            std::lock_guard<std::mutex> lock(mutex_);
+            stopping_ = true;
+        }
+        work_cv_.notify_all();
+        for (std::thread& worker : workers_) {
+            if (worker.joinable()) worker.join();
+        }
+        workers_.clear();
+    }
+
+    unsigned size_;
+    std::vector<std::thread> workers_;
+
+    std::mutex submit_mutex_;
+    std::mutex mutex_;
+    std::condition_variable work_cv_;
+    std::condition_variable done_cv_;
+    std::condition_variable idle_cv_;
+
+    // Guarded by mutex_ (generation_ is also polled without it while spinning).
+    job_description job_;
+    std::atomic<std::uint64_t> generation_{0};
+    unsigned busy_workers_ = 0;
+    bool stopping_ = false;
+    std::exception_ptr failure_;
+
+    std::atomic<std::int64_t> next_range_{0};
+    std::atomic<std::int64_t> unfinished_ranges_{0};
+    std::atomic<bool> failed_{false};
+};
+
+// parallel_for on thread_pool::global().
+template <class F>
+void parallel_for(std::int64_t begin, std::int64_t end, std::int64_t grain, F&& f) {
+    thread_pool::global().parallel_for(begin, end, grain, std::forward<F>(f));
+}
+
+}  // namespace loom::host
+// ---- end loom/runtime/host/thread_pool.hpp ----
+
+namespace loom::host {
+
+inline constexpr std::int64_t elementwise_grain = 1 << 14;
+
+// f(i) for every i in [0, n), in parallel chunks.
+template <class F>
+void for_each_index(std::int64_t n, F&& f) {
+    parallel_for(0, n, elementwise_grain, [&](std::int64_t lo, std::int64_t hi) {
+        for (std::int64_t i = lo; i < hi; ++i) f(i);
+    });
+}
+
+// f(row) for every row in [0, rows); `row_cost` elements of work per row sets the grain.
+template <class F>
+void for_each_row(std::int64_t rows, std::int64_t row_cost, F&& f) {
+    std::int64_t grain = row_cost >= elementwise_grain ? 1 : elementwise_grain / (row_cost > 0 ? row_cost : 1);
+    parallel_for(0, rows, grain, [&](std::int64_t lo, std::int64_t hi) {
+        for (std::int64_t r = lo; r < hi; ++r) f(r);
+    });
+}
+
+}  // namespace loom::host
+// ---- end loom/runtime/host/kernels/elementwise.hpp ----
+
+namespace loom::host {
+
+template <>
+struct host_kernel<ops::FillLike> {
+    template <class T>
+    static void run(const kernel_call<T>& c) {
+        const T value = static_cast<T>(c.attrs().template get<double>("value"));
+        T* y = c.output(0);
+        for_each_index(c.output_numel(0), [&](std::int64_t i) { y[i] = value; });
+    }
+};
+
+template <>
+struct host_kernel<ops::Identity> {
+    template <class T>
+    static void run(const kernel_call<T>& c) {
+        const T* x = c.input(0);
+        T* y = c.output(0);
+        if (x != y) std::memcpy(y, x, static_cast<std::size_t>(c.output_numel(0)) * sizeof(T));
+    }
+};
+
+template <>
+struct host_kernel<ops::Add> {
+    template <class T>
+    static void run(const kernel_call<T>& c) {
+        const T *a = c.input(0), *b = c.input(1);
+        T* y = c.output(0);
+        for_each_index(c.output_numel(0), [&](std::int64_t i) { y[i] = a[i] + b[i]; });
+    }
+};
+
+template <>
+struct host_kernel<ops::Mul> {
+    template <class T>
+    static void run(const kernel_call<T>& c) {
+        const T *a = c.input(0), *b = c.input(1);
+        T* y = c.output(0);
+        for_each_index(c.output_numel(0), [&](std::int64_t i) { y[i] = a[i] * b[i]; });
+    }
+};
+
+template <>
+struct host_kernel<ops::Scale> {
+    template <class T>
+    static void run(const kernel_call<T>& c) {
+        const T s = static_cast<T>(c.attrs().template get<double>("factor"));
+        const T* x = c.input(0);
+        T* y = c.output(0);
+        for_each_index(c.output_numel(0), [&](std::int64_t i) { y[i] = s * x[i]; });
+    }
+};
+
+namespace detail {
+// A deterministic parallel sum: fixed-size chunks summed in order, then the partials in
+// order, so the result does not depend on how many threads ran.
+template <class T>
+T deterministic_sum(const T* x, std::int64_t n) {
+    constexpr std::int64_t chunk = 1 << 12;
+    const std::int64_t chunks = (n + chunk - 1) / chunk;
+    std::vector<T> partial(static_cast<std::size_t>(std::max<std::int64_t>(chunks, 1)), T(0));
+    parallel_for(0, chunks, 4, [&](std::int64_t lo, std::int64_t hi) {
+        for (std::int64_t b = lo; b < hi; ++b) {
+            T s = 0;
+            const std::int64_t end = std::min(n, (b + 1) * chunk);
+            for (std::int64_t i = b * chunk; i < end; ++i) s += x[i];
+            partial[static_cast<std::size_t>(b)] = s;
+        }
+    });
+    T total = 0;
+    for (T p : partial) total += p;
+    return total;
+}
+}  // namespace detail
+
+template <>
+struct host_kernel<ops::Sum> {
+    template <class T>
+    static void run(const kernel_call<T>& c) { *c.output(0) = detail::deterministic_sum(c.input(0), c.input_numel(0)); }
+};
+
+template <>
+struct host_kernel<ops::Mean> {
+    template <class T>
+    static void run(const kernel_call<T>& c) {
+        const double count = c.attrs().template get<double>("count");
+        *c.output(0) = static_cast<T>(detail::deterministic_sum(c.input(0), c.input_numel(0)) / count);
+    }
+};
+
+template <>
+struct host_kernel<ops::BroadcastScalar> {
+    template <class T>
+    static void run(const kernel_call<T>& c) {
+        const T value = *c.input(1) * static_cast<T>(c.attrs().template get<double>("scale"));
+        T* y = c.output(0);
+        for_each_index(c.output_numel(0), [&](std::int64_t i) { y[i] = value; });
+    }
+};
+
+// db[j] = sum_r dy[r, j]; columns split across threads, rows summed in order.
+template <>
+struct host_kernel<ops::SumLeading> {
+    template <class T>
+    static void run(const kernel_call<T>& c) {
+        const std::int64_t n = c.extent("n");
+        const std::int64_t rows = c.input_numel(0) / n;
+        const T* x = c.input(0);
+        T* y = c.output(0);
+        parallel_for(0, n, 16, [&](std::int64_t lo, std::int64_t hi) {
+            for (std::int64_t j = lo; j < hi; ++j) y[j] = 0;
+            for (std::int64_t r = 0; r < rows; ++r)
+                for (std::int64_t j = lo; j < hi; ++j) y[j] += x[r * n + j];
+        });
+    }
+};
+
+}  // namespace loom::host
+// ---- end loom/runtime/host/kernels/basic.hpp ----
+// ---- begin loom/runtime/host/kernels/linear.hpp ----
+// ---- begin loom/runtime/host/gemm.hpp ----
+// Row-major GEMM for the host backend.
+//
+//   C = alpha * op(A) * op(B) + beta * C,   op(A): m x k,  op(B): k x n,  C: m x n
+//
+// Every matrix is row-major with a leading dimension (the distance between rows as stored):
+// A is stored m x k (lda >= k) for transpose::no and k x m (lda >= m) for transpose::yes,
+// likewise B is k x n (ldb >= n) or n x k (ldb >= k), and C is m x n (ldc >= n). As in BLAS,
+// beta == 0 overwrites C without reading it (NaN in C does not propagate), and alpha == 0 or
+// k == 0 gives C = beta * C without reading A or B.
+//
+// gemm() calls OpenBLAS when the build has it (see cblas_gate.hpp) and gemm_fallback()
+// otherwise; inside a parallel_for range it always runs gemm_fallback() on the calling
+// thread, so OpenBLAS's threads never pile onto the pool's.
+//
+// gemm_fallback() is the portable path: op(B) packed once and shared, A packed per panel,
+// cache-blocked (an mr x kc panel of A in L1 sweeps a kc x nc block of B in L2), register-
+// tiled micro-kernels, and C cut into tiles that the threads of thread_pool::global() take
+// first come first served. The AVX-512F or AVX2+FMA micro-kernels are chosen at run time
+// (the header needs no -march flag); a plain C++ micro-kernel runs everywhere else. They
+// use GCC/Clang target attributes and <immintrin.h>, so this header is for x86-64.
+#include <immintrin.h>
+
+#include <algorithm>
+#include <atomic>
+#include <climits>
+#include <cstddef>
+#include <cstdint>
+#include <cstring>
+#include <new>
+#include <string>
+#include <type_traits>
+
+// ---- begin loom/runtime/host/cblas_gate.hpp ----
+// The one place that looks at LOOM_HAS_CBLAS. The build defines it (to 1) when it links
+// OpenBLAS and puts OpenBLAS's cblas.h on the include path; everything else in loom asks
+// `has_cblas` and branches with `if constexpr`, so both configurations compile the same code
+// and the wrappers in loom::host::cblas exist (and throw) even without CBLAS.
+#include <string>
+
+
+#if defined(LOOM_HAS_CBLAS) && LOOM_HAS_CBLAS
+#include <cblas.h>
+#endif
+
+namespace loom::host {
+
+#if defined(LOOM_HAS_CBLAS) && LOOM_HAS_CBLAS
+inline constexpr bool has_cblas = true;
+#else
+inline constexpr bool has_cblas = false;
+#endif
+
+namespace cblas {
+
+// Row-major GEMM through CBLAS: C = alpha * op(A) * op(B) + beta * C. Sizes are the CBLAS
+// `int`; callers check that their 64-bit sizes fit before calling.
+#if defined(LOOM_HAS_CBLAS) && LOOM_HAS_CBLAS
+
+inline void sgemm(bool trans_a, bool trans_b, int m, int n, int k, float alpha, const float* a, int lda, const float* b,
+                  int ldb, float beta, float* c, int ldc) {
+    cblas_sgemm(CblasRowMajor, trans_a ? CblasTrans : CblasNoTrans, trans_b ? CblasTrans : CblasNoTrans, m, n, k, alpha,
+                a, lda, b, ldb, beta, c, ldc);
+}
+
+inline void dgemm(bool trans_a, bool trans_b, int m, int n, int k, double alpha, const double* a, int lda,
+                  const double* b, int ldb, double beta, double* c, int ldc) {
+    cblas_dgemm(CblasRowMajor, trans_a ? CblasTrans : CblasNoTrans, trans_b ? CblasTrans : CblasNoTrans, m, n, k, alpha,
+                a, lda, b, ldb, beta, c, ldc);
+}
+
+// OpenBLAS keeps its own worker threads; these let callers see and bound them.
+inline int library_threads() { return openblas_get_num_threads(); }
+inline void set_library_threads(int threads) { openblas_set_num_threads(threads); }
+
+// e.g. "OpenBLAS 0.3.21 DYNAMIC_ARCH ... Haswell MAX_THREADS=64" plus the core it picked.
+inline std::string library_description() {
+    return std::string(openblas_get_config()) + " core=" + openblas_get_corename();
+}
+
+#else
+
+[[noreturn]] inline void missing(const char* what) {
+    throw usage_error(std::string("cblas::") + what +
+                      ": loom was built without CBLAS; build with LOOM_HAS_CBLAS=1 and OpenBLAS's cblas.h, "
+                      "or check loom::host::has_cblas first");
+}
+
+inline void sgemm(bool, bool, int, int, int, float, const float*, int, const float*, int, float, float*, int) {
+    missing("sgemm");
+}
+inline void dgemm(bool, bool, int, int, int, double, const double*, int, const double*, int, double, double*, int) {
+    missing("dgemm");
+}
+inline int library_threads() { return 0; }
+inline void set_library_threads(int) {}
+inline std::string library_description() { return "none"; }
+
+#endif
+
+}  // namespace cblas
+}  // namespace loom::host
+// ---- end loom/runtime/host/cblas_gate.hpp ----
+
+namespace loom::host {
+
+enum class transpose : bool { no, yes };
+
+// The instruction sets gemm_fallback has micro-kernels for.
+enum class gemm_isa { portable, avx2_fma, avx512f };
+
+inline const char* to_string(gemm_isa isa) noexcept {
+    switch (isa) {
+        case gemm_isa::portable: return "portable";
+        case gemm_isa::avx2_fma: return "avx2_fma";
+        case gemm_isa::avx512f: return "avx512f";
+    }
+    return "unknown";
+}
+
+// Whether this CPU (and OS) can run the micro-kernel for `isa`.
+inline bool gemm_isa_supported(gemm_isa isa) noexcept {
+    // Needed before main (static initializers); cheap and idempotent after.
+    __builtin_cpu_init();
+    switch (isa) {
+        case gemm_isa::portable: return true;
+        case gemm_isa::avx2_fma: return __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma");
+        case gemm_isa::avx512f: return __builtin_cpu_supports("avx512f");
+    }
+    return false;
+}
+
+// The fastest supported micro-kernel, decided once per process.
+inline gemm_isa gemm_best_isa() noexcept {
+    static const gemm_isa best = gemm_isa_supported(gemm_isa::avx512f)    ? gemm_isa::avx512f
+                                 : gemm_isa_supported(gemm_isa::avx2_fma) ? gemm_isa::avx2_fma
+                                                                          : gemm_isa::portable;
+    return best;
+}
+
+// True when gemm() calls CBLAS (OpenBLAS) rather than gemm_fallback() (outside parallel regions).
+inline bool gemm_uses_cblas() noexcept { return has_cblas; }
+
+namespace detail::gemm {
+
+// ---------------------------------------------------------------------------------------
+// Micro-kernels. Each computes one MR x NR tile of C from packed panels:
+//   C[i][j] = alpha * sum_p a[p*MR + i] * b[p*NR + j] + beta * C[i][j]   (0 <= i < MR, 0 <= j < NR)
+// and does not read C when beta == 0.
+
+template <class T, int MR, int NR>
+void micro_kernel_portable(std::int64_t kc, const T* __restrict a, const T* __restrict b, T* __restrict c,
+                           std::int64_t ldc, T alpha, T beta) {
+    T acc[MR][NR] = {};
+    for (std::int64_t p = 0; p < kc; ++p) {
+        for (int i = 0; i < MR; ++i) {
+            const T ai = a[i];
+            for (int j = 0; j < NR; ++j) acc[i][j] += ai * b[j];
+        }
+        a += MR;
+        b += NR;
+    }
+    for (int i = 0; i < MR; ++i) {
+        T* row = c + i * ldc;
+        if (beta == T(0)) {
+            for (int j = 0; j < NR; ++j) row[j] = alpha * acc[i][j];
+        } else {
+            for (int j = 0; j < NR; ++j) row[j] = alpha * acc[i][j] + beta * row[j];
+        }
+    }
+}
+
+// Thin overloads over the intrinsics so one kernel body serves float and double.
+struct avx2_ops {
+    [[gnu::always_inline, gnu::target("avx2,fma")]] static inline __m256 zero(float) { return _mm256_setzero_ps(); }
+    [[gnu::always_inline, gnu::target("avx2,fma")]] static inline __m256d zero(double) { return _mm256_setzero_pd(); }
+    [[gnu::always_inline, gnu::target("avx2,fma")]] static inline __m256 load(const float* p) {
+        return _mm256_loadu_ps(p);
+    }
+    [[gnu::always_inline, gnu::target("avx2,fma")]] static inline __m256d load(const double* p) {
+        return _mm256_loadu_pd(p);
+    }
+    [[gnu::always_inline, gnu::target("avx2,fma")]] static inline void store(float* p, __m256 v) {
+        _mm256_storeu_ps(p, v);
+    }
+    [[gnu::always_inline, gnu::target("avx2,fma")]] static inline void store(double* p, __m256d v) {
+        _mm256_storeu_pd(p, v);
+    }
+    [[gnu::always_inline, gnu::target("avx2,fma")]] static inline __m256 broadcast(float x) {
+        return _mm256_set1_ps(x);
+    }
+    [[gnu::always_inline, gnu::target("avx2,fma")]] static inline __m256d broadcast(double x) {
+        return _mm256_set1_pd(x);
+    }
+    [[gnu::always_inline, gnu::target("avx2,fma")]] static inline __m256 mul(__m256 x, __m256 y) {
+        return _mm256_mul_ps(x, y);
+    }
+    [[gnu::always_inline, gnu::target("avx2,fma")]] static inline __m256d mul(__m256d x, __m256d y) {
+        return _mm256_mul_pd(x, y);
+    }
+    // x * y + z with one rounding.
+    [[gnu::always_inline, gnu::target("avx2,fma")]] static inline __m256 fma(__m256 x, __m256 y, __m256 z) {
+        return _mm256_fmadd_ps(x, y, z);
+    }
+    [[gnu::always_inline, gnu::target("avx2,fma")]] static inline __m256d fma(__m256d x, __m256d y, __m256d z) {
+        return _mm256_fmadd_pd(x, y, z);
+    }
+};
+
+struct avx512_ops {
+    [[gnu::always_inline, gnu::target("avx512f")]] static inline __m512 zero(float) { return _mm512_setzero_ps(); }
+    [[gnu::always_inline, gnu::target("avx512f")]] static inline __m512d zero(double) { return _mm512_setzero_pd(); }
+    [[gnu::always_inline, gnu::target("avx512f")]] static inline __m512 load(const float* p) {
+        return _mm512_loadu_ps(p);
+    }
+    [[gnu::always_inline, gnu::target("avx512f")]] static inline __m512d load(const double* p) {
+        return _mm512_loadu_pd(p);
+    }
+    [[gnu::always_inline, gnu::target("avx512f")]] static inline void store(float* p, __m512 v) {
+        _mm512_storeu_ps(p, v);
+    }
+    [[gnu::always_inline, gnu::target("avx512f")]] static inline void store(double* p, __m512d v) {
+        _mm512_storeu_pd(p, v);
+    }
+    [[gnu::always_inline, gnu::target("avx512f")]] static inline __m512 broadcast(float x) { return _mm512_set1_ps(x); }
+    [[gnu::always_inline, gnu::target("avx512f")]] static inline __m512d broadcast(double x) {
+        return _mm512_set1_pd(x);
+    }
+    [[gnu::always_inline, gnu::target("avx512f")]] static inline __m512 mul(__m512 x, __m512 y) {
+        return _mm512_mul_ps(x, y);
+    }
+    [[gnu::always_inline, gnu::target("avx512f")]] static inline __m512d mul(__m512d x, __m512d y) {
+        return _mm512_mul_pd(x, y);
+    }
+    [[gnu::always_inline, gnu::target("avx512f")]] static inline __m512 fma(__m512 x, __m512 y, __m512 z) {
+        return _mm512_fmadd_ps(x, y, z);
+    }
+    [[gnu::always_inline, gnu::target("avx512f")]] static inline __m512d fma(__m512d x, __m512d y, __m512d z) {
+        return _mm512_fmadd_pd(x, y, z);
+    }
+};
+
+// The SIMD kernel bodies are identical up to the ops type; the target attribute cannot be a
+// template argument, so there is one body per instruction set. NV vectors span NR columns.
+template <class T, int MR, int NV>
+[[gnu::target("avx2,fma")]] void micro_kernel_avx2(std::int64_t kc, const T* __restrict a, const T* __restrict b,
+                                                   T* __restrict c, std::int64_t ldc, T alpha, T beta) {
+    using ops = avx2_ops;
+    using vec = decltype(ops::zero(T{}));
+    constexpr int width = static_cast<int>(sizeof(vec) / sizeof(T));
+    vec acc[MR][NV];
+#pragma GCC unroll 16
+    for (int i = 0; i < MR; ++i)
+#pragma GCC unroll 4
+        for (int v = 0; v < NV; ++v) acc[i][v] = ops::zero(T{});
+    for (std::int64_t p = 0; p < kc; ++p) {
+        vec bv[NV];
+#pragma GCC unroll 4
+        for (int v = 0; v < NV; ++v) bv[v] = ops::load(b + v * width);
+#pragma GCC unroll 16
+        for (int i = 0; i < MR; ++i) {
+            const vec ai = ops::broadcast(a[i]);
+#pragma GCC unroll 4
+            for (int v = 0; v < NV; ++v) acc[i][v] = ops::fma(ai, bv[v], acc[i][v]);
+        }
+        a += MR;
+        b += NV * width;
+    }
+    const vec alpha_v = ops::broadcast(alpha);
+    const vec beta_v = ops::broadcast(beta);
+#pragma GCC unroll 16
+    for (int i = 0; i < MR; ++i) {
+        T* row = c + i * ldc;
+#pragma GCC unroll 4
+        for (int v = 0; v < NV; ++v) {
+            const vec scaled = ops::mul(alpha_v, acc[i][v]);
+            ops::store(row + v * width, beta == T(0) ? scaled : ops::fma(beta_v, ops::load(row + v * width), scaled));
+        }
+    }
+}
+
+template <class T, int MR, int NV>
+[[gnu::target("avx512f")]] void micro_kernel_avx512(std::int64_t kc, const T* __restrict a, const T* __restrict b,
+                                                    T* __restrict c, std::int64_t ldc, T alpha, T beta) {
+    using ops = avx512_ops;
+    using vec = decltype(ops::zero(T{}));
+    constexpr int width = static_cast<int>(sizeof(vec) / sizeof(T));
+    vec acc[MR][NV];
+#pragma GCC unroll 16
+    for (int i = 0; i < MR; ++i)
+#pragma GCC unroll 4
+        for (int v = 0; v < NV; ++v) acc[i][v] = ops::zero(T{});
+    for (std::int64_t p = 0; p < kc; ++p) {
+        vec bv[NV];
+#pragma GCC unroll 4
+        for (int v = 0; v < NV; ++v) bv[v] = ops::load(b + v * width);
+#pragma GCC unroll 16
+        for (int i = 0; i < MR; ++i) {
+            const vec ai = ops::broadcast(a[i]);
+#pragma GCC unroll 4
+            for (int v = 0; v < NV; ++v) acc[i][v] = ops::fma(ai, bv[v], acc[i][v]);
+        }
+        a += MR;
+        b += NV * width;
+    }
+    const vec alpha_v = ops::broadcast(alpha);
+    const vec beta_v = ops::broadcast(beta);
+#pragma GCC unroll 16
+    for (int i = 0; i < MR; ++i) {
+        T* row = c + i * ldc;
+#pragma GCC unroll 4
+        for (int v = 0; v < NV; ++v) {
+            const vec scaled = ops::mul(alpha_v, acc[i][v]);
+            ops::store(row + v * width, beta == T(0) ? scaled : ops::fma(beta_v, ops::load(row + v * width), scaled));
+        }
+    }
+}
+
+// Copies `panels` runs of NV vectors from src (contiguous) to dst + q * panel_stride: one row
+// of B dealt out to its packed panels. Written with the ISA's vectors because a plain copy
+// loop becomes a memmove call per run.
+template <class T, int NV>
+[[gnu::target("avx2,fma")]] void deal_row_avx2(const T* __restrict src, T* __restrict dst, std::int64_t panels,
+                                               std::int64_t panel_stride) {
+    using ops = avx2_ops;
+    constexpr int width = static_cast<int>(sizeof(decltype(ops::zero(T{}))) / sizeof(T));
+    for (std::int64_t q = 0; q < panels; ++q) {
+#pragma GCC unroll 4
+        for (int v = 0; v < NV; ++v)
+            ops::store(dst + q * panel_stride + v * width, ops::load(src + (q * NV + v) * width));
+    }
+}
+
+template <class T, int NV>
+[[gnu::target("avx512f")]] void deal_row_avx512(const T* __restrict src, T* __restrict dst, std::int64_t panels,
+                                                std::int64_t panel_stride) {
+    using ops = avx512_ops;
+    constexpr int width = static_cast<int>(sizeof(decltype(ops::zero(T{}))) / sizeof(T));
+    for (std::int64_t q = 0; q < panels; ++q) {
+#pragma GCC unroll 4
+        for (int v = 0; v < NV; ++v)
+            ops::store(dst + q * panel_stride + v * width, ops::load(src + (q * NV + v) * width));
+    }
+}
+
+template <class T, int NR>
+void deal_row_portable(const T* __restrict src, T* __restrict dst, std::int64_t panels, std::int64_t panel_stride) {
+    for (std::int64_t q = 0; q < panels; ++q) {
+        for (int j = 0; j < NR; ++j) dst[q * panel_stride + j] = src[q * NR + j];
+    }
+}
+
+// Packs rows [i0, i0 + rows) x columns [p0, p0 + depth) of a row-major A into an MR-wide
+// panel (out[p*MR + i], zero past `rows`): a transpose. The rows are read a cache line at a
+// time in step, so their misses overlap, and lines ahead are prefetched: A is often read
+// from memory exactly once (when n <= nc).
+template <int MR, class T>
+void pack_a_rows_scalar(const T* a, std::int64_t lda, std::int64_t i0, std::int64_t rows, std::int64_t p0,
+                        std::int64_t depth, T* __restrict out) {
+    constexpr std::int64_t line = 64 / sizeof(T);
+    for (std::int64_t pl = 0; pl < depth; pl += line) {
+        const std::int64_t pe = std::min(depth, pl + line);
+        for (std::int64_t i = 0; i < rows; ++i) {
+            const T* src = a + (i0 + i) * lda + p0;
+            __builtin_prefetch(src + pl + 4 * line);
+            for (std::int64_t p = pl; p < pe; ++p) out[p * MR + i] = src[p];
+        }
+        for (std::int64_t i = rows; i < MR; ++i) {
+            for (std::int64_t p = pl; p < pe; ++p) out[p * MR + i] = T(0);
+        }
+    }
+}
+
+// The same with one AVX-512 gather per column of the panel (two for double): about twice
+// the scalar rate, which stores one element per instruction.
+template <int MR, class T>
+[[gnu::target("avx512f")]] void pack_a_rows_avx512(const T* a, std::int64_t lda, std::int64_t i0, std::int64_t rows,
+                                                   std::int64_t p0, std::int64_t depth, T* __restrict out) {
+    static_assert(MR <= 16, "pack_a_rows_avx512: one 16-lane index vector covers at most 16 rows");
+    // Gather offsets are 32-bit.
+    if ((MR - 1) * lda > INT32_MAX) {
+        pack_a_rows_scalar<MR>(a, lda, i0, rows, p0, depth, out);
+        return;
+    }
+    alignas(64) std::int32_t offsets[16] = {};
+    for (int i = 0; i < MR; ++i) offsets[i] = static_cast<std::int32_t>(i * lda);
+    const T* base = a + i0 * lda + p0;
+    if constexpr (std::is_same_v<T, float>) {
+        const __m512i index = _mm512_load_si512(offsets);
+        const __mmask16 present = static_cast<__mmask16>((1u << rows) - 1);
+        const __mmask16 panel = static_cast<__mmask16>((1u << MR) - 1);
+        for (std::int64_t p = 0; p < depth; ++p) {
+            const __m512 column = _mm512_mask_i32gather_ps(_mm512_setzero_ps(), present, index, base + p, 4);
+            _mm512_mask_storeu_ps(out + p * MR, panel, column);
+        }
+    } else {
+        const __m256i index_low = _mm256_load_si256(reinterpret_cast<const __m256i*>(offsets));
+        const __m256i index_high = _mm256_load_si256(reinterpret_cast<const __m256i*>(offsets + 8));
+        const unsigned present = (1u << rows) - 1;
+        const __mmask8 present_low = static_cast<__mmask8>(present & 0xff);
+        const __mmask8 present_high = static_cast<__mmask8>(present >> 8);
+        const __mmask8 panel_low = static_cast<__mmask8>(((1u << MR) - 1) & 0xff);
+        const __mmask8 panel_high = static_cast<__mmask8>(((1u << MR) - 1) >> 8);
+        for (std::int64_t p = 0; p < depth; ++p) {
+            const __m512d low = _mm512_mask_i32gather_pd(_mm512_setzero_pd(), present_low, index_low, base + p, 8);
+            _mm512_mask_storeu_pd(out + p * MR, panel_low, low);
+            if constexpr (MR > 8) {
+                const __m512d high =
+                    _mm512_mask_i32gather_pd(_mm512_setzero_pd(), present_high, index_high, base + p, 8);
+                _mm512_mask_storeu_pd(out + p * MR + 8, panel_high, high);
+            }
+        }
+    }
+}
+
+// ---------------------------------------------------------------------------------------
+// Kernel descriptions: tile shape, cache blocking and the kernel itself.
+//   mr x nr: the register tile. kc: depth of one packed block, so an mr x kc panel of A
+//   stays in L1 while it sweeps the packed kc x nc block of B, which stays in L2.
+
+template <class T, gemm_isa Isa>
+struct kernel_config;
+
+template <class T>
+struct kernel_config<T, gemm_isa::portable> {
+    static constexpr int mr = 4;
+    static constexpr int nr = 32 / static_cast<int>(sizeof(T));
+    static constexpr std::int64_t kc = 256;
+    static constexpr std::int64_t nc = 1024;
+    static void run(std::int64_t k, const T* a, const T* b, T* c, std::int64_t ldc, T alpha, T beta) {
+        micro_kernel_portable<T, mr, nr>(k, a, b, c, ldc, alpha, beta);
+    }
+    static void deal_row(const T* src, T* dst, std::int64_t panels, std::int64_t panel_stride) {
+        deal_row_portable<T, nr>(src, dst, panels, panel_stride);
+    }
+    static void pack_a_rows(const T* a, std::int64_t lda, std::int64_t i0, std::int64_t rows, std::int64_t p0,
+                            std::int64_t depth, T* out) {
+        pack_a_rows_scalar<mr>(a, lda, i0, rows, p0, depth, out);
+    }
+};
+
+template <class T>
+struct kernel_config<T, gemm_isa::avx2_fma> {
+    // 6 x 2 vectors: 12 accumulators + 2 B vectors + 1 broadcast of the 16 ymm registers.
+    static constexpr int mr = 6;
+    static constexpr int nr = 2 * 32 / static_cast<int>(sizeof(T));
+    static constexpr std::int64_t kc = 256;
+    static constexpr std::int64_t nc = 1024;
+    static void run(std::int64_t k, const T* a, const T* b, T* c, std::int64_t ldc, T alpha, T beta) {
+        micro_kernel_avx2<T, mr, 2>(k, a, b, c, ldc, alpha, beta);
+    }
+    static void deal_row(const T* src, T* dst, std::int64_t panels, std::int64_t panel_stride) {
+        deal_row_avx2<T, 2>(src, dst, panels, panel_stride);
+    }
+    static void pack_a_rows(const T* a, std::int64_t lda, std::int64_t i0, std::int64_t rows, std::int64_t p0,
+                            std::int64_t depth, T* out) {
+        pack_a_rows_scalar<mr>(a, lda, i0, rows, p0, depth, out);
+    }
+};
+
+template <class T>
+struct kernel_config<T, gemm_isa::avx512f> {
+    // 12 x 2 vectors: 24 accumulators + 2 B vectors + 1 broadcast of the 32 zmm registers.
+    static constexpr int mr = 12;
+    static constexpr int nr = 2 * 64 / static_cast<int>(sizeof(T));
+    static constexpr std::int64_t kc = 256;
+    static constexpr std::int64_t nc = 1024;
+    static void run(std::int64_t k, const T* a, const T* b, T* c, std::int64_t ldc, T alpha, T beta) {
+        micro_kernel_avx512<T, mr, 2>(k, a, b, c, ldc, alpha, beta);
+    }
+    static void deal_row(const T* src, T* dst, std::int64_t panels, std::int64_t panel_stride) {
+        deal_row_avx512<T, 2>(src, dst, panels, panel_stride);
+    }
+    static void pack_a_rows(const T* a, std::int64_t lda, std::int64_t i0, std::int64_t rows, std::int64_t p0,
+                            std::int64_t depth, T* out) {
+        pack_a_rows_avx512<mr>(a, lda, i0, rows, p0, depth, out);
+    }
+};
+
+// ---------------------------------------------------------------------------------------
+// Packing. A packed A panel holds op(A)[i0 + i][p0 + p] at a[p*MR + i]. A packed slice of B
+// (depth rows of op(B) starting at p0) is a row of NR-wide panels, panel q holding
+// op(B)[p0 + p][q*NR + j] at q*NR*depth + p*NR + j. Rows and columns past the matrix edge
+// are zero, so edge tiles run the full kernel. Full-width runs use fixed trip counts so the
+// compiler vectorizes them at any -march.
+
+template <class Config, class T>
+void pack_a(transpose ta, const T* a, std::int64_t lda, std::int64_t i0, std::int64_t rows, std::int64_t p0,
+            std::int64_t depth, T* __restrict out) {
+    constexpr int MR = Config::mr;
+    if (ta == transpose::no) {
+        Config::pack_a_rows(a, lda, i0, rows, p0, depth, out);
+    } else {
+        // op(A)[i][p] = a[p*lda + i]: each column of the panel is contiguous in A.
+        for (std::int64_t p = 0; p < depth; ++p) {
+            const T* src = a + (p0 + p) * lda + i0;
+            T* dst = out + p * MR;
+            if (rows == MR) {
+                // A constant-size memcpy is expanded inline; the equivalent loop would
+                // become a memmove call.
+                std::memcpy(dst, src, MR * sizeof(T));
+            } else {
+                for (std::int64_t i = 0; i < MR; ++i) dst[i] = i < rows ? src[i] : T(0);
+            }
+        }
+    }
+}
+
+// Packs the panels of columns [j0, j0 + cols) of a slice; j0 is a multiple of NR.
+template <class Config, class T>
+void pack_b(transpose tb, const T* b, std::int64_t ldb, std::int64_t p0, std::int64_t depth, std::int64_t j0,
+            std::int64_t cols, T* __restrict out) {
+    constexpr int NR = Config::nr;
+    const std::int64_t full_panels = cols / NR;
+    const std::int64_t tail = cols - full_panels * NR;
+    if (tb == transpose::no) {
+        // op(B)[p][j] = b[p*ldb + j]: read B row by row (sequential, so prefetched) and deal
+        // each row out to the panels.
+        for (std::int64_t p = 0; p < depth; ++p) {
+            const T* src = b + (p0 + p) * ldb + j0;
+            T* dst = out + p * NR;
+            Config::deal_row(src, dst, full_panels, NR * depth);
+            if (tail > 0) {
+                T* last = dst + full_panels * NR * depth;
+                for (std::int64_t j = 0; j < NR; ++j) last[j] = j < tail ? src[full_panels * NR + j] : T(0);
+            }
+        }
+        return;
+    }
+    // op(B)[p][j] = b[j*ldb + p]: columns of a panel are contiguous in B; a cache line of
+    // depth at a time keeps the writes within a few lines.
+    constexpr std::int64_t step = 64 / sizeof(T);
+    for (std::int64_t q = 0; q * NR < cols; ++q) {
+        const std::int64_t width = q < full_panels ? NR : tail;
+        T* panel = out + q * NR * depth;
+        for (std::int64_t pl = 0; pl < depth; pl += step) {
+            const std::int64_t pe = std::min(depth, pl + step);
+            for (std::int64_t j = 0; j < width; ++j) {
+                const T* src = b + (j0 + q * NR + j) * ldb + p0;
+                for (std::int64_t p = pl; p < pe; ++p) panel[p * NR + j] = src[p];
+            }
+            for (std::int64_t j = width; j < NR; ++j) {
+                for (std::int64_t p = pl; p < pe; ++p) panel[p * NR + j] = T(0);
+            }
+        }
+    }
+}
+
+// Packing storage kept between calls, so steady-state GEMMs neither allocate nor fault in
+// fresh pages. Grows to the largest request seen; 64-byte aligned.
+class pack_storage {
+   public:
+    pack_storage() = default;
+    pack_storage(const pack_storage&) = delete;
+    pack_storage& operator=(const pack_storage&) = delete;
+    ~pack_storage() { release(); }
+
+    void* get(std::size_t bytes) {
+        if (bytes > capacity_) {
+            release();
+            data_ = ::operator new (bytes, std::align_val_t{64});
+            capacity_ = bytes;
+        }
+        return data_;
+    }
+
+   private:
+    void release() noexcept {
+        if (data_ != nullptr) ::operator delete (data_, std::align_val_t{64});
+        data_ = nullptr;
+        capacity_ = 0;
+    }
+    void* data_ = nullptr;
+    std::size_t capacity_ = 0;
+};
+
+// One A panel per thread.
+inline pack_storage& a_panel_storage() {
+    thread_local pack_storage storage;
+    return storage;
+}
+// One B slice per thread, for single-tile products.
+inline pack_storage& b_slice_storage() {
+    thread_local pack_storage storage;
+    return storage;
+}
+// All of op(B), packed by the calling thread's team and shared by its tiles. Kept only up
+// to shared_b_keep_bytes; a larger packed B (an LM head's vocabulary projection) is
+// allocated for the one call, so the cache never pins that much memory.
+inline constexpr std::size_t shared_b_keep_bytes = std::size_t{32} << 20;
+inline pack_storage& b_shared_storage() {
+    thread_local pack_storage storage;
+    return storage;
+}
+
+struct problem {
+    transpose ta, tb;
+    std::int64_t m, n, k;
+    std::int64_t lda, ldb, ldc;
+};
+
+// Where a tile finds packed B: either all of op(B) packed up front (slice pc at
+// shared + pc * padded_n, so column j's panel sits at shared + pc * padded_n + j * depth),
+// or nothing, and the tile packs each slice it needs into its own buffer.
+template <class T>
+struct packed_b_source {
+    const T* shared = nullptr;
+    std::int64_t padded_n = 0;
+};
+
+// C[i0..i1, j0..j1] on the calling thread; i0 and j0 are multiples of the register tile.
+// Needs alpha != 0 and k > 0.
+template <class T, gemm_isa Isa>
+void multiply_tile(const problem& s, T alpha, const T* a, const T* b, T beta, T* c, std::int64_t i0, std::int64_t i1,
+                   std::int64_t j0, std::int64_t j1, packed_b_source<T> source) {
+    using config = kernel_config<T, Isa>;
+    constexpr int mr = config::mr;
+    constexpr int nr = config::nr;
+    const std::int64_t block_depth = std::min<std::int64_t>(config::kc, s.k);
+    T* packed_a = static_cast<T*>(a_panel_storage().get(sizeof(T) * static_cast<std::size_t>(mr * block_depth)));
+    T* local_b = nullptr;
+    if (source.shared == nullptr) {
+        const std::int64_t block_cols = std::min<std::int64_t>(config::nc, (j1 - j0 + nr - 1) / nr * nr);
+        local_b =
+            static_cast<T*>(b_slice_storage().get(sizeof(T) * static_cast<std::size_t>(block_cols * block_depth)));
+    }
+    alignas(64) T edge[mr * nr];
+
+    for (std::int64_t jc = j0; jc < j1; jc += config::nc) {
+        const std::int64_t cols = std::min<std::int64_t>(config::nc, j1 - jc);
+        for (std::int64_t pc = 0; pc < s.k; pc += config::kc) {
+            const std::int64_t depth = std::min<std::int64_t>(config::kc, s.k - pc);
+            // Later depth blocks accumulate onto what the first one wrote.
+            const T beta_block = pc == 0 ? beta : T(1);
+            const T* slice = nullptr;
+            if (source.shared != nullptr) {
+                slice = source.shared + pc * source.padded_n + jc * depth;
+            } else {
+                pack_b<config>(s.tb, b, s.ldb, pc, depth, jc, cols, local_b);
+                slice = local_b;
+            }
+            for (std::int64_t ic = i0; ic < i1; ic += mr) {
+                const std::int64_t rows = std::min<std::int64_t>(mr, i1 - ic);
+                pack_a<config>(s.ta, a, s.lda, ic, rows, pc, depth, packed_a);
+                for (std::int64_t jr = 0; jr < cols; jr += nr) {
+                    const std::int64_t width = std::min<std::int64_t>(nr, cols - jr);
+                    T* c_tile = c + ic * s.ldc + jc + jr;
+                    const T* b_panel = slice + jr * depth;
+                    if (rows == mr && width == nr) {
+                        config::run(depth, packed_a, b_panel, c_tile, s.ldc, alpha, beta_block);
+                        continue;
+                    }
+                    config::run(depth, packed_a, b_panel, edge, nr, T(1), T(0));
+                    for (std::int64_t i = 0; i < rows; ++i) {
+                        T* row = c_tile + i * s.ldc;
+                        const T* sum = edge + i * nr;
+                        if (beta_block == T(0)) {
+                            for (std::int64_t j = 0; j < width; ++j) row[j] = alpha * sum[j];
+                        } else {
+                            for (std::int64_t j = 0; j < width; ++j) row[j] = alpha * sum[j] + beta_block * row[j];
+                        }
+                    }
+                }
+            }
+        }
+    }
+}
+
+// C = beta * C over m x n, not reading C when beta == 0.
+template <class T>
+void scale_c(std::int64_t m, std::int64_t n, T beta, T* c, std::int64_t ldc) {
+    if (beta == T(1)) return;
+    for (std::int64_t i = 0; i < m; ++i) {
+        T* row = c + i * ldc;
+        if (beta == T(0)) {
+            std::fill(row, row + n, T(0));
+        } else {
+            for (std::int64_t j = 0; j < n; ++j) row[j] *= beta;
+        }
+    }
+}
+
+// How C is cut into tiles: row_parts x col_parts tiles of whole register tiles, handed out
+// one at a time to the threads that are free, so a slow or busy core takes fewer of them.
+struct tile_plan {
+    std::int64_t row_parts = 1;
+    std::int64_t col_parts = 1;
+    std::int64_t tiles() const { return row_parts * col_parts; }
+};
+
+// Picks the plan with the least estimated time, counted in flops of kernel work:
+//   one tile:   the tile, packing its own B
+//   many tiles: packing op(B) once, shared by the threads, + the work of all tiles / threads
+//               + the largest tile * (threads - 1) / threads (the expected tail of the join)
+// where a tile costs its (padded) multiply-adds, packing its A panels once per nc-wide block
+// of its columns, reading its packed B, and a fixed start-up.
+inline tile_plan plan_tiles(std::int64_t m, std::int64_t n, std::int64_t k, int mr, int nr, std::int64_t nc,
+                            unsigned threads) {
+    constexpr double pack_cost = 30;        // flops per packed element
+    constexpr double stream_cost = 12;      // flops per element of packed B read back from L3
+    constexpr double tile_cost = 2e4;       // flops to start a tile
+    constexpr double fork_join_cost = 4e5;  // flops per fork-join of the pool (twice: pack, multiply)
+    const std::int64_t row_units = (m + mr - 1) / mr;
+    const std::int64_t col_units = (n + nr - 1) / nr;
+    const double depth = static_cast<double>(k);
+    const auto cost_of_tile = [&](std::int64_t rows, std::int64_t cols, bool packs_b) {
+        const double column_blocks = static_cast<double>((cols + nc - 1) / nc);
+        return 2.0 * rows * cols * depth + pack_cost * depth * rows * column_blocks +
+               (packs_b ? pack_cost : stream_cost) * depth * cols + tile_cost;
+    };
+    tile_plan best;
+    double best_cost = cost_of_tile(row_units * mr, col_units * nr, true);
+    if (threads <= 1) return best;
+    const double team = threads;
+    const double shared_pack = pack_cost * depth * col_units * nr / team + 2 * fork_join_cost;
+    const std::int64_t most = 8 * static_cast<std::int64_t>(threads);
+    for (std::int64_t row_parts = 1; row_parts <= std::min(row_units, most); ++row_parts) {
+        for (std::int64_t col_parts = 1; col_parts <= std::min(col_units, most); ++col_parts) {
+            if (row_parts * col_parts == 1) continue;
+            const std::int64_t rows = (row_units + row_parts - 1) / row_parts * mr;
+            const std::int64_t cols = (col_units + col_parts - 1) / col_parts * nr;
+            const double one = cost_of_tile(rows, cols, false);
+            const double cost = shared_pack + row_parts * col_parts * one / team + one * (team - 1) / team;
+            if (cost < best_cost) {
+                best = {row_parts, col_parts};
+                best_cost = cost;
+            }
+        }
+    }
+    return best;
+}
+
+template <class T, gemm_isa Isa>
+void multiply(thread_pool& pool, const problem& s, T alpha, const T* a, const T* b, T beta, T* c) {
+    using config = kernel_config<T, Isa>;
+    constexpr int mr = config::mr;
+    constexpr int nr = config::nr;
+    // A gemm inside a parallel region runs on its own thread (parallel_for would be serial).
+    const unsigned threads = host::detail::inside_parallel_region() ? 1u : pool.size();
+    const tile_plan plan = plan_tiles(s.m, s.n, s.k, mr, nr, config::nc, threads);
+    if (plan.tiles() == 1) {
+        multiply_tile<T, Isa>(s, alpha, a, b, beta, c, 0, s.m, 0, s.n, {});
+        return;
+    }
+
+    // Phase 1: pack all of op(B), one (slice, nc-wide column block) per job.
+    const std::int64_t col_units = (s.n + nr - 1) / nr;
+    const std::int64_t padded_n = col_units * nr;
+    const std::size_t shared_bytes = sizeof(T) * static_cast<std::size_t>(padded_n * s.k);
+    pack_storage one_call;
+    pack_storage& storage = shared_bytes <= shared_b_keep_bytes ? b_shared_storage() : one_call;
+    T* shared = static_cast<T*>(storage.get(shared_bytes));
+    const std::int64_t slices = (s.k + config::kc - 1) / config::kc;
+    const std::int64_t column_blocks = (s.n + config::nc - 1) / config::nc;
+    pool.parallel_for(0, slices * column_blocks, 1, [&](std::int64_t lo, std::int64_t hi) {
+        for (std::int64_t job = lo; job < hi; ++job) {
+            const std::int64_t pc = job / column_blocks * config::kc;
+            const std::int64_t jc = job % column_blocks * config::nc;
+            const std::int64_t depth = std::min<std::int64_t>(config::kc, s.k - pc);
+            const std::int64_t cols = std::min<std::int64_t>(config::nc, s.n - jc);
+            pack_b<config>(s.tb, b, s.ldb, pc, depth, jc, cols, shared + pc * padded_n + jc * depth);
+        }
+    });
+
+    // Phase 2: the tiles, column block by column block so the threads share B in cache.
+    const std::int64_t row_units = (s.m + mr - 1) / mr;
+    const std::int64_t tiles = plan.tiles();
+    std::atomic<std::int64_t> next_tile{0};
+    const packed_b_source<T> source{shared, padded_n};
+    pool.parallel_for(0, std::min<std::int64_t>(threads, tiles), 1, [&](std::int64_t, std::int64_t) {
+        for (std::int64_t tile = next_tile.fetch_add(1); tile < tiles; tile = next_tile.fetch_add(1)) {
+            const std::int64_t q = tile / plan.row_parts;
+            const std::int64_t r = tile % plan.row_parts;
+            const std::int64_t i0 = row_units * r / plan.row_parts * mr;
+            const std::int64_t i1 = std::min(s.m, row_units * (r + 1) / plan.row_parts * mr);
+            const std::int64_t j0 = col_units * q / plan.col_parts * nr;
+            const std::int64_t j1 = std::min(s.n, col_units * (q + 1) / plan.col_parts * nr);
+            if (i0 < i1 && j0 < j1) multiply_tile<T, Isa>(s, alpha, a, b, beta, c, i0, i1, j0, j1, source);
+        }
+    });
+}
+
+// Throws usage_error naming the first argument that BLAS would reject.
+inline void check_arguments(const char* op, transpose ta, transpose tb, std::int64_t m, std::int64_t n, std::int64_t k,
+                            const void* a, std::int64_t lda, const void* b, std::int64_t ldb, const void* c,
+                            std::int64_t ldc) {
+    const auto fail = [op](const std::string& what) { throw usage_error(std::string(op) + ": " + what); };
+    const auto check_size = [&](const char* name, std::int64_t value) {
+        if (value < 0) fail(std::string(name) + " = " + std::to_string(value) + " is negative; pass " + name + " >= 0");
+    };
+    check_size("m", m);
+    check_size("n", n);
+    check_size("k", k);
+    const auto check_leading = [&](const char* name, std::int64_t value, std::int64_t row_length,
+                                   const std::string& layout) {
+        const std::int64_t least = std::max<std::int64_t>(1, row_length);
+        if (value < least) {
+            fail(std::string(name) + " = " + std::to_string(value) + " is smaller than the row length " +
+                 std::to_string(row_length) + " of " + layout + "; pass " + name + " >= " + std::to_string(least));
+        }
+    };
+    const std::string ms = std::to_string(m), ns = std::to_string(n), ks = std::to_string(k);
+    if (ta == transpose::no) {
+        check_leading("lda", lda, k, "A stored m x k = " + ms + " x " + ks + " (transpose::no)");
+    } else {
+        check_leading("lda", lda, m, "A stored k x m = " + ks + " x " + ms + " (transpose::yes)");
+    }
+    if (tb == transpose::no) {
+        check_leading("ldb", ldb, n, "B stored k x n = " + ks + " x " + ns + " (transpose::no)");
+    } else {
+        check_leading("ldb", ldb, k, "B stored n x k = " + ns + " x " + ks + " (transpose::yes)");
+    }
+    check_leading("ldc", ldc, n, "C (m x n = " + ms + " x " + ns + ")");
+    const auto check_pointer = [&](const char* name, const void* pointer, std::int64_t rows, std::int64_t cols,
+                                   const char* matrix) {
+        if (pointer == nullptr && rows > 0 && cols > 0) {
+            fail(std::string(name) + " is null but " + matrix + " is " + std::to_string(rows) + " x " +
+                 std::to_string(cols) + "; pass its data");
+        }
+    };
+    check_pointer("a", a, m, k, "op(A)");
+    check_pointer("b", b, k, n, "op(B)");
+    check_pointer("c", c, m, n, "C");
+}
+
+template <class T>
+inline constexpr bool is_gemm_element_v = std::is_same_v<T, float> || std::is_same_v<T, double>;
+
+// The fallback after validation, on `pool` (tests pass pools of other sizes).
+template <class T>
+void fallback_unchecked(gemm_isa isa, thread_pool& pool, transpose ta, transpose tb, std::int64_t m, std::int64_t n,
+                        std::int64_t k, T alpha, const T* a, std::int64_t lda, const T* b, std::int64_t ldb, T beta,
+                        T* c, std::int64_t ldc) {
+    if (m == 0 || n == 0) return;
+    if (k == 0 || alpha == T(0)) {
+        scale_c(m, n, beta, c, ldc);
+        return;
+    }
+    const problem s{ta, tb, m, n, k, lda, ldb, ldc};
+    switch (isa) {
+        case gemm_isa::avx512f: multiply<T, gemm_isa::avx512f>(pool, s, alpha, a, b, beta, c); return;
+        case gemm_isa::avx2_fma: multiply<T, gemm_isa::avx2_fma>(pool, s, alpha, a, b, beta, c); return;
+        case gemm_isa::portable: multiply<T, gemm_isa::portable>(pool, s, alpha, a, b, beta, c); return;
+    }
+}
+
+inline bool fits_in_int(std::int64_t value) { return value <= INT_MAX; }
+
+template <class T>
+void gemm_unchecked(transpose ta, transpose tb, std::int64_t m, std::int64_t n, std::int64_t k, T alpha, const T* a,
+                    std::int64_t lda, const T* b, std::int64_t ldb, T beta, T* c, std::int64_t ldc) {
+    if constexpr (has_cblas) {
+        // CBLAS takes int sizes; larger problems take the fallback rather than overflow.
+        // Inside a parallel region every core is already busy with this job, and OpenBLAS
+        // would add its own threads on top: the fallback runs on this thread instead.
+        if (!host::detail::inside_parallel_region() && fits_in_int(m) && fits_in_int(n) && fits_in_int(k) &&
+            fits_in_int(lda) && fits_in_int(ldb) && fits_in_int(ldc)) {
+            if (m == 0 || n == 0) return;
+            const bool trans_a = ta == transpose::yes;
+            const bool trans_b = tb == transpose::yes;
+            if constexpr (std::is_same_v<T, float>) {
+                cblas::sgemm(trans_a, trans_b, int(m), int(n), int(k), alpha, a, int(lda), b, int(ldb), beta, c,
+                             int(ldc));
+            } else {
+                cblas::dgemm(trans_a, trans_b, int(m), int(n), int(k), alpha, a, int(lda), b, int(ldb), beta, c,
+                             int(ldc));
+            }
+            return;
+        }
+    }
+    fallback_unchecked(gemm_best_isa(), thread_pool::global(), ta, tb, m, n, k, alpha, a, lda, b, ldb, beta, c, ldc);
+}
+
+}  // namespace detail::gemm
+
+// C = alpha * op(A) * op(B) + beta * C, through OpenBLAS when built with it (gemm_uses_cblas()),
+// otherwise (and inside a parallel_for range) through gemm_fallback. T is float or double.
+template <class T>
+void gemm(transpose ta, transpose tb, std::int64_t m, std::int64_t n, std::int64_t k, T alpha, const T* a,
+          std::int64_t lda, const T* b, std::int64_t ldb, T beta, T* c, std::int64_t ldc) {
+    static_assert(detail::gemm::is_gemm_element_v<T>, "loom::host::gemm: T must be float or double");
+    detail::gemm::check_arguments("gemm", ta, tb, m, n, k, a, lda, b, ldb, c, ldc);
+    detail::gemm::gemm_unchecked(ta, tb, m, n, k, alpha, a, lda, b, ldb, beta, c, ldc);
+}
+
+// The portable path with an explicit micro-kernel (tests and benchmarks pin one this way).
+// Throws usage_error when this CPU cannot run `isa`.
+template <class T>
+void gemm_fallback(gemm_isa isa, transpose ta, transpose tb, std::int64_t m, std::int64_t n, std::int64_t k, T alpha,
+                   const T* a, std::int64_t lda, const T* b, std::int64_t ldb, T beta, T* c, std::int64_t ldc) {
+    static_assert(detail::gemm::is_gemm_element_v<T>, "loom::host::gemm_fallback: T must be float or double");
+    detail::gemm::check_arguments("gemm_fallback", ta, tb, m, n, k, a, lda, b, ldb, c, ldc);
+    if (!gemm_isa_supported(isa)) {
+        throw usage_error(std::string("gemm_fallback: this CPU cannot run the ") + to_string(isa) +
+                          " micro-kernel; pass gemm_best_isa() or check gemm_isa_supported() first");
+    }
+    detail::gemm::fallback_unchecked(isa, thread_pool::global(), ta, tb, m, n, k, alpha, a, lda, b, ldb, beta, c, ldc);
+}
+
+// The portable path with the best micro-kernel for this CPU; always available.
+template <class T>
+void gemm_fallback(transpose ta, transpose tb, std::int64_t m, std::int64_t n, std::int64_t k, T alpha, const T* a,
+                   std::int64_t lda, const T* b, std::int64_t ldb, T beta, T* c, std::int64_t ldc) {
+    gemm_fallback(gemm_best_isa(), ta, tb, m, n, k, alpha, a, lda, b, ldb, beta, c, ldc);
+}
+
+// For every g in [0, batch): gemm on a + g*stride_a, b + g*stride_b, c + g*stride_c.
+// A stride of 0 for A or B reuses one matrix for the whole batch; the C matrices must not
+// overlap (stride_c >= (m - 1) * ldc + n when batch > 1).
+template <class T>
+void gemm_batched(transpose ta, transpose tb, std::int64_t batch, std::int64_t m, std::int64_t n, std::int64_t k,
+                  T alpha, const T* a, std::int64_t lda, std::int64_t stride_a, const T* b, std::int64_t ldb,
+                  std::int64_t stride_b, T beta, T* c, std::int64_t ldc, std::int64_t stride_c) {
+    static_assert(detail::gemm::is_gemm_element_v<T>, "loom::host::gemm_batched: T must be float or double");
+    const auto fail = [](const std::string& what) { throw usage_error("gemm_batched: " + what); };
+    if (batch < 0) fail("batch = " + std::to_string(batch) + " is negative; pass batch >= 0");
+    detail::gemm::check_arguments("gemm_batched", ta, tb, m, n, k, a, lda, b, ldb, c, ldc);
+    if (stride_a < 0 || stride_b < 0 || stride_c < 0) {
+        fail("strides (" + std::to_string(stride_a) + ", " + std::to_string(stride_b) + ", " +
+             std::to_string(stride_c) + ") must not be negative; pass the distance between consecutive matrices");
+    }
+    if (batch > 1 && m > 0 && n > 0 && stride_c < (m - 1) * ldc + n) {
+        fail("stride_c = " + std::to_string(stride_c) + " makes the " + std::to_string(m) + " x " + std::to_string(n) +
+             " outputs (ldc = " + std::to_string(ldc) +
+             ") overlap; pass stride_c >= " + std::to_string((m - 1) * ldc + n));
+    }
+    if (batch == 0 || m == 0 || n == 0) return;
+    const auto one = [&](std::int64_t g) {
+        // A and B may be null when k == 0; no offset is applied to a null pointer.
+        const T* a_g = a == nullptr ? a : a + g * stride_a;
+        const T* b_g = b == nullptr ? b : b + g * stride_b;
+        detail::gemm::gemm_unchecked(ta, tb, m, n, k, alpha, a_g, lda, b_g, ldb, beta, c + g * stride_c, ldc);
+    };
+    // Small matrices (attention heads) go one per thread, each multiplied serially by the
+    // fallback (a gemm nested in parallel_for runs on its own thread); large ones use every
+    // thread (or OpenBLAS) each.
+    const double flops = 2.0 * static_cast<double>(m) * static_cast<double>(n) * static_cast<double>(k);
+    const thread_pool& pool = thread_pool::global();
+    if (batch >= pool.size() && flops <= 2.0 * 192 * 192 * 192) {
+        parallel_for(0, batch, 1, [&](std::int64_t lo, std::int64_t hi) {
+            for (std::int64_t g = lo; g < hi; ++g) one(g);
+        });
+        return;
+    }
+    for (std::int64_t g = 0; g < batch; ++g) one(g);
+}
+
+}  // namespace loom::host
+// ---- end loom/runtime/host/gemm.hpp ----
+
+namespace loom::host {
+
+namespace detail {
+// x [m, k] · w[n, k]^T -> y [m, n]
+template <class T>
+void linear_forward(const kernel_call<T>& c, const T* bias) {
+    const std::int64_t k = c.extent("k"), n = c.extent("n");
+    const std::int64_t m = c.input_numel(0) / k;
+    T* y = c.output(0);
+    if (bias) {
+        for_each_row(m, n, [&](std::int64_t r) {
+            for (std::int64_t j = 0; j < n; ++j) y[r * n + j] = bias[j];
+        });
+    }
+    host::gemm<T>(transpose::no, transpose::yes, m, n, k, T(1), c.input(0), k, c.input(1), k, bias ? T(1) : T(0), y, n);
+}
+}  // namespace detail
+
+template <>
+struct host_kernel<ops::Linear> {
+    template <class T>
+    static void run(const kernel_call<T>& c) { detail::linear_forward<T>(c, nullptr); }
+};
+
+template <>
+struct host_kernel<ops::LinearBias> {
+    template <class T>
+    static void run(const kernel_call<T>& c) { detail::linear_forward<T>(c, c.input(2)); }
+};
+
+// dx [m, k] = dy [m, n] · w [n, k]
+template <>
+struct host_kernel<ops::LinearGradInput> {
+    template <class T>
+    static void run(const kernel_call<T>& c) {
+        const std::int64_t k = c.extent("k"), n = c.extent("n");
+        const std::int64_t m = c.input_numel(0) / n;
+        gemm<T>(transpose::no, transpose::no, m, k, n, T(1), c.input(0), n, c.input(1), k, T(0), c.output(0), k);
+    }
+};
+
+// dW [n, k] = dy [m, n]^T · x [m, k]
+template <>
+struct host_kernel<ops::LinearGradWeight> {
+    template <class T>
+    static void run(const kernel_call<T>& c) {
+        const std::int64_t k = c.extent("k"), n = c.extent("n");
+        const std::int64_t m = c.input_numel(0) / n;
+        gemm<T>(transpose::yes, transpose::no, n, k, m, T(1), c.input(0), n, c.input(1), k, T(0), c.output(0), k);
+    }
+};
+
+}  // namespace loom::host
+// ---- end loom/runtime/host/kernels/linear.hpp ----
+// kernels-includes: elementwise
+// ---- begin loom/runtime/host/kernels/dropout.hpp ----
+// Host kernels of dropout and dropout_grad: y = x * (keep ? 1 / (1 - p) : 0), the scale
+// rounded to T as PyTorch's noise.div_(1 - p), and a dropped element multiplied by 0 as
+// PyTorch's input * noise (so a NaN stays NaN).
+//
+// The mask law: element i at step s is kept iff b_i >= t, t = min(ceil(p 2^32), 2^32 - 1), with
+//   key = mix64(mix64(seed) ^ mix64(s + golden)),  h_j = mix64(key + (j + 1) golden),
+//   b_i = the low 32 bits of h_(i/2) for even i, the high 32 bits for odd i,
+// mix64 the splitmix64 finalizer and golden = 2^64 / phi: h_j is the j-th output of the
+// splitmix64 stream that starts at `key`, so b_i / 2^32 is uniform on [0, 1) and an element
+// is kept with probability 1 - p (to 2^-32). One hash serves two elements. i is the flat index
+// in the tensor this kernel sees; a partitioned run must hand each slice its global indices
+// (ops/dropout.hpp).
+#include <cmath>
+#include <cstdint>
+#include <cstring>
+
+// ---- begin loom/runtime/host/kernels/vector_math.hpp ----
+// Float math for host kernels, written so that g++ -O2 vectorizes the loops that call it,
+// for whatever instruction set the build targets (SSE2 by default, AVX2/AVX-512 under -march):
+//  * inner loops have a compile-time trip count: -O2's "very cheap" cost model vectorizes
+//    only loops that need no scalar epilogue;
+//  * no branches and no conditionally executed floating-point operation: under the default
+//    -ftrapping-math g++ refuses to if-convert `c ? a * b : d`, so choices are bit selects
+//    between values computed on every lane;
+//  * no calls, tables or float-to-int conversions of unbounded values.
+#include <array>
+#include <bit>
+#include <cmath>
+#include <cstddef>
+#include <cstdint>
+#include <type_traits>
+#include <utility>
+
+
+namespace loom::host {
+
+// Elements per fixed-trip-count block of map_blocks (and lanes of the row reductions).
+inline constexpr std::int64_t simd_block = 32;
+
+// c ? a : b on the bits of both values, both always computed.
+inline float select_bits(bool c, float a, float b) {
+    const std::uint32_t m = 0u - static_cast<std::uint32_t>(c);
+    return std::bit_cast<float>((std::bit_cast<std::uint32_t>(a) & m) | (std::bit_cast<std::uint32_t>(b) & ~m));
+}
+inline double select_bits(bool c, double a, double b) {
+    const std::uint64_t m = 0u - static_cast<std::uint64_t>(c);
+    return std::bit_cast<double>((std::bit_cast<std::uint64_t>(a) & m) | (std::bit_cast<std::uint64_t>(b) & ~m));
+}
+
+// exp(x) for x <= 0 (and NaN), to relative error 1e-7 (measured 8.3e-8); 0 below
+// ln(2^-126) ~ -87.34, where the true value is subnormal (< 1.2e-38).
+// Law: exp(x) = 2^n exp(r), n = round(x / ln 2), r = x - n ln 2 in [-ln2/2, ln2/2] (ln 2 split
+// in two so that n * ln2_hi is exact), exp(r) by the degree-7 polynomial of Cephes' expf.
+inline float exp_nonpositive(float x) {
+    constexpr float lowest = -87.33654f;
+    const float xc = select_bits(x >= lowest, x, lowest);  // NaN -> lowest: the conversion below stays defined
+    const auto n = static_cast<std::int32_t>(xc * 1.44269504088896341f - 0.5f);  // round(xc / ln 2), xc <= 0
+    const auto nf = static_cast<float>(n);
+    float r = xc - nf * 0.693359375f;
+    r = r - nf * -2.12194440e-4f;
+    float p = 1.9875691500e-4f;
+    p = p * r + 1.3981999507e-3f;
+    p = p * r + 8.3334519073e-3f;
+    p = p * r + 4.1665795894e-2f;
+    p = p * r + 1.6666665459e-1f;
+    p = p * r + 5.0000001201e-1f;
+    p = p * r * r + r + 1.0f;
+    const float two_to_n = std::bit_cast<float>(static_cast<std::uint32_t>(n + 127) << 23);  // n in [-126, 0]
+    return select_bits(x >= lowest, p * two_to_n, select_bits(x < lowest, 0.0f, x));
+}
+
+// sigmoid(z) and 1 - sigmoid(z) from e = exp(-|z|) <= 1, so nothing overflows or cancels:
+//   z >= 0: s = 1 / (1 + e), 1 - s = e / (1 + e);   z < 0: the two swap.
+struct sigmoid_parts {
+    float s;
+    float one_minus_s;
+};
+inline sigmoid_parts sigmoid_float(float z) {
+    const float e = exp_nonpositive(-std::fabs(z));
+    const float d = 1.0f / (1.0f + e);
+    const float ed = e * d;
+    const bool positive = z >= 0.0f;
+    return {select_bits(positive, d, ed), select_bits(positive, ed, d)};
+}
+
+namespace detail {
+template <class T, class Block, std::size_t... I>
+void map_tail(const Block& block, T* out, std::int64_t count, const std::array<const T*, sizeof...(I)>& in,
+              std::index_sequence<I...>) {
+    // Padded copies: the tail runs the very code of a full block, so an element's value never
+    // depends on where a thread's range ends.
+    T pad_in[sizeof...(I) > 0 ? sizeof...(I) : 1][simd_block] = {};
+    T pad_out[simd_block];
+    for (std::size_t k = 0; k < sizeof...(I); ++k)
+        for (std::int64_t j = 0; j < count; ++j) pad_in[k][j] = in[k][j];
+    block(pad_out, static_cast<const T*>(pad_in[I])...);
+    for (std::int64_t j = 0; j < count; ++j) out[j] = pad_out[j];
+}
+}  // namespace detail
+
+// out[i] = f(in0[i], in1[i], ...) for i in [0, n), in parallel. `block(out, in...)` maps exactly
+// simd_block elements (declare its pointers __restrict and loop j < simd_block); ranges are
+// cut into such blocks, the last one padded with zeros.
+template <class T, class Block, class... In>
+void map_blocks(std::int64_t n, const Block& block, T* out, const In*... in) {
+    static_assert((std::is_same_v<T, In> && ...), "map_blocks: every input must have the output's element type");
+    parallel_for(0, n, elementwise_grain, [&](std::int64_t lo, std::int64_t hi) {
+        std::int64_t i = lo;
+        for (; i + simd_block <= hi; i += simd_block) block(out + i, (in + i)...);
+        if (i < hi)
+            detail::map_tail<T>(block, out + i, hi - i, std::array<const T*, sizeof...(In)>{(in + i)...},
+                                std::index_sequence_for<In...>{});
+    });
+}
+
+}  // namespace loom::host
+// ---- end loom/runtime/host/kernels/vector_math.hpp ----
+
+namespace loom::host {
+
+// The keep-or-drop decision of every element for one (seed, step, p).
+class dropout_mask {
+public:
+    static constexpr std::uint64_t golden = 0x9e3779b97f4a7c15ull;
+
+    static constexpr std::uint64_t mix64(std::uint64_t z) {
+        z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ull;
+        z = (z ^ (z >> 27)) * 0x94d049bb133111ebull;
+        return z ^ (z >> 31);
+    }
+
+    dropout_mask(std::int64_t seed, std::uint64_t step, double p)
+        : key_(mix64(mix64(static_cast<std::uint64_t>(seed)) ^ mix64(step + golden))), threshold_(threshold_of(p)) {}
+
+    // h_pair: the hash shared by elements 2 pair and 2 pair + 1.
+    std::uint64_t pair_hash(std::uint64_t pair) const { return mix64(key_ + (pair + 1) * golden); }
+    std::uint32_t bits(std::uint64_t index) const {
+        return static_cast<std::uint32_t>(pair_hash(index >> 1) >> (32 * (index & 1)));
+    }
+    bool keeps(std::uint64_t index) const { return bits(index) >= threshold_; }
+    std::uint32_t threshold() const { return threshold_; }
+
+private:
+    // p 2^32 is exact in a double, so its ceil is exact too.
+    static std::uint32_t threshold_of(double p) {
+        const double t = std::ceil(p * 0x1.0p32);
+        return t >= 0x1.0p32 - 1 ? 0xffffffffu : static_cast<std::uint32_t>(t);
+    }
+
+    std::uint64_t key_;
+    std::uint32_t threshold_;
+};
+
+namespace detail {
+template <class T>
+void apply_dropout(const kernel_call<T>& c) {
+    const double p = c.attrs().template get<double>("p");
+    const T* x = c.input(0);
+    T* y = c.output(0);
+    const std::int64_t n = c.output_numel(0);
+    if (p == 0.0) {
+        if (x != y) std::memcpy(y, x, static_cast<std::size_t>(n) * sizeof(T));
+        return;
+    }
+    const dropout_mask mask(c.attrs().template get<std::int64_t>("seed"), c.step, p);
+    const T scale = T(1) / static_cast<T>(1.0 - p);
+    // Unsigned b >= t as signed (b ^ 2^31) >= (t ^ 2^31): SSE2 compares only signed lanes.
+    constexpr std::uint32_t sign = 0x80000000u;
+    const auto threshold = static_cast<std::int32_t>(mask.threshold() ^ sign);
+    auto one = [&](std::int64_t i) { y[i] = x[i] * (mask.keeps(static_cast<std::uint64_t>(i)) ? scale : T(0)); };
+    parallel_for(0, n, elementwise_grain, [&](std::int64_t lo, std::int64_t hi) {
+        std::int64_t i = lo;
+        for (; i < hi && i % simd_block != 0; ++i) one(i);
+        // Whole blocks start at an even index: simd_block / 2 hashes give their bits.
+        for (; i + simd_block <= hi; i += simd_block) {
+            std::int32_t biased[simd_block];
+            const auto first_pair = static_cast<std::uint64_t>(i) / 2;
+            for (std::int64_t j = 0; j < simd_block / 2; ++j) {
+                const std::uint64_t h = mask.pair_hash(first_pair + static_cast<std::uint64_t>(j));
+                biased[2 * j] = static_cast<std::int32_t>(static_cast<std::uint32_t>(h) ^ sign);
+                biased[2 * j + 1] = static_cast<std::int32_t>(static_cast<std::uint32_t>(h >> 32) ^ sign);
+            }
+            const T* __restrict xb = x + i;
+            T* __restrict yb = y + i;
+            // A branch here would mispredict on a random mask; a select vectorizes.
+            for (std::int64_t j = 0; j < simd_block; ++j) yb[j] = xb[j] * select_bits(biased[j] >= threshold, scale, T(0));
+        }
+        for (; i < hi; ++i) one(i);
+    });
+}
+}  // namespace detail
+
+template <>
+struct host_kernel<ops::Dropout> {
+    template <class T>
+    static void run(const kernel_call<T>& c) { detail::apply_dropout(c); }
+};
+
+template <>
+struct host_kernel<ops::DropoutGrad> {
+    template <class T>
+    static void run(const kernel_call<T>& c) { detail::apply_dropout(c); }
+};
+
+}  // namespace loom::host
+// ---- end loom/runtime/host/kernels/dropout.hpp ----
+// ---- begin loom/runtime/host/kernels/gelu.hpp ----
+// Host kernels of gelu and gelu_grad.
+//
+// double follows PyTorch's formula operation for operation (std::tanh), so float64 models
+// match it to a few ulp. float, the hot path of a GPT MLP, uses
+//   0.5 (1 + tanh(u)) = sigmoid(2u) = 1 / (1 + exp(-2u)),
+// one exp and one division per element, vectorized. It is more accurate than evaluating
+// 1 + tanh(u) in float, which cancels for x < 0 (at x = -5 the float formula loses every digit):
+// within 2e-7 relative for x >= 0, and for x < 0 within the effect of rounding u to float
+// (tests/test_ops_elementwise.cpp states the bound).
+#include <cmath>
+
+
+namespace loom::host {
+
+namespace detail {
+
+inline constexpr double gelu_beta = 0.7978845608028654;  // sqrt(2/pi), PyTorch's M_SQRT2 * M_2_SQRTPI * 0.5
+inline constexpr double gelu_kappa = 0.044715;
+
+// x sigmoid(z) = x / (1 + e) for z >= 0 and x e / (1 + e) for z < 0, e = exp(-|z|): one
+// rounding fewer than x * sigmoid(z).
+inline float gelu_value(float x) {
+    const float z = static_cast<float>(2 * gelu_beta) * (x + static_cast<float>(gelu_kappa) * (x * x * x));
+    const float e = exp_nonpositive(-std::fabs(z));
+    return (x * select_bits(z >= 0.0f, 1.0f, e)) / (1.0f + e);
+}
+
+// gelu'(x) = s + x s (1 - s) z'(x),  z = 2u, s = sigmoid(z)
+inline float gelu_derivative(float x) {
+    const float x2 = x * x;
+    const float z = static_cast<float>(2 * gelu_beta) * (x + static_cast<float>(gelu_kappa) * (x2 * x));
+    const float dz = static_cast<float>(2 * gelu_beta) * (1.0f + static_cast<float>(3 * gelu_kappa) * x2);
+    const sigmoid_parts g = sigmoid_float(z);
+    return g.s + x * (g.s * g.one_minus_s) * dz;
+}
+
+inline double gelu_value(double x) {
+    const double x_cube = x * x * x;
+    const double inner = gelu_beta * (x + gelu_kappa * x_cube);
+    return 0.5 * x * (1.0 + std::tanh(inner));
+}
+
+inline double gelu_derivative(double x) {
+    const double x_sq = x * x;
+    const double x_cube = x_sq * x;
+    const double inner = gelu_beta * (x + gelu_kappa * x_cube);
+    const double tanh_inner = std::tanh(inner);
+    const double left = 0.5 * x;
+    const double right = 1.0 + tanh_inner;
+    const double left_derivative = 0.5 * right;
+    const double tanh_derivative = 1.0 - tanh_inner * tanh_inner;
+    const double inner_derivative = gelu_beta * (1.0 + 3.0 * gelu_kappa * x_sq);
+    const double right_derivative = left * tanh_derivative * inner_derivative;
+    return left_derivative + right_derivative;
+}
+
+}  // namespace detail
+
+template <>
+struct host_kernel<ops::Gelu> {
+    template <class T>
+    static void run(const kernel_call<T>& c) {
+        map_blocks(
+            c.output_numel(0),
+            [](T* __restrict y, const T* __restrict x) {
+                for (std::int64_t j = 0; j < simd_block; ++j) y[j] = detail::gelu_value(x[j]);
+            },
+            c.output(0), c.input(0));
+    }
+};
+
+template <>
+struct host_kernel<ops::GeluGrad> {
+    template <class T>
+    static void run(const kernel_call<T>& c) {
+        map_blocks(
+            c.output_numel(0),
+            [](T* __restrict dx, const T* __restrict dy, const T* __restrict x) {
+                for (std::int64_t j = 0; j < simd_block; ++j) dx[j] = dy[j] * detail::gelu_derivative(x[j]);
+            },
+            c.output(0), c.input(0), c.input(1));
+    }
+};
+
+}  // namespace loom::host
+// ---- end loom/runtime/host/kernels/gelu.hpp ----
+// ---- begin loom/runtime/host/kernels/relu.hpp ----
+// Host kernels of relu and relu_grad.
+
+namespace loom::host {
+
+template <>
+struct host_kernel<ops::Relu> {
+    template <class T>
+    static void run(const kernel_call<T>& c) {
+        map_blocks(
+            c.output_numel(0),
+            [](T* __restrict y, const T* __restrict x) {
+                // NaN stays NaN, as in PyTorch.
+                for (std::int64_t j = 0; j < simd_block; ++j) y[j] = x[j] < T(0) ? T(0) : x[j];
+            },
+            c.output(0), c.input(0));
+    }
+};
+
+template <>
+struct host_kernel<ops::ReluGrad> {
+    template <class T>
+    static void run(const kernel_call<T>& c) {
+        map_blocks(
+            c.output_numel(0),
+            [](T* __restrict dx, const T* __restrict dy, const T* __restrict x) {
+                for (std::int64_t j = 0; j < simd_block; ++j) {
+                    const T g = dy[j];  // read on every lane: g++ does not if-convert a conditional load
+                    dx[j] = x[j] <= T(0) ? T(0) : g;
+                }
+            },
+            c.output(0), c.input(0), c.input(1));
+    }
+};
+
+}  // namespace loom::host
+// ---- end loom/runtime/host/kernels/relu.hpp ----
+// ---- begin loom/runtime/host/kernels/silu.hpp ----
+// Host kernels of silu and silu_grad. The sigmoid and 1 - sigmoid come from e = exp(-|x|) <= 1
+// (see sigmoid_float), so no exp overflows and neither tail loses digits. double uses
+// std::exp (PyTorch's x / (1 + exp(-x)) to a few ulp); float the vectorized exp_nonpositive.
+#include <cmath>
+
+
+namespace loom::host {
+
+namespace detail {
+
+inline float silu_value(float x) { return x * sigmoid_float(x).s; }
+
+// d/dx x s(x) = s (1 + x (1 - s))
+inline float silu_derivative(float x) {
+    const sigmoid_parts g = sigmoid_float(x);
+    return g.s * (1.0f + x * g.one_minus_s);
+}
+
+inline double silu_value(double x) {
+    const double e = std::exp(-std::fabs(x));
+    return x >= 0.0 ? x / (1.0 + e) : x * e / (1.0 + e);
+}
+
+inline double silu_derivative(double x) {
+    const double e = std::exp(-std::fabs(x));
+    const double d = 1.0 / (1.0 + e);
+    const double s = x >= 0.0 ? d : e * d;
+    const double one_minus_s = x >= 0.0 ? e * d : d;
+    return s * (1.0 + x * one_minus_s);
+}
+
+}  // namespace detail
+
+template <>
+struct host_kernel<ops::Silu> {
+    template <class T>
+    static void run(const kernel_call<T>& c) {
+        map_blocks(
+            c.output_numel(0),
+            [](T* __restrict y, const T* __restrict x) {
+                for (std::int64_t j = 0; j < simd_block; ++j) y[j] = detail::silu_value(x[j]);
+            },
+            c.output(0), c.input(0));
+    }
+};
+
+template <>
+struct host_kernel<ops::SiluGrad> {
+    template <class T>
+    static void run(const kernel_call<T>& c) {
+        map_blocks(
+            c.output_numel(0),
+            [](T* __restrict dx, const T* __restrict dy, const T* __restrict x) {
+                for (std::int64_t j = 0; j < simd_block; ++j) dx[j] = dy[j] * detail::silu_derivative(x[j]);
+            },
+            c.output(0), c.input(0), c.input(1));
+    }
+};
+
+}  // namespace loom::host
+// ---- end loom/runtime/host/kernels/silu.hpp ----
+// ---- begin loom/runtime/host/kernels/softmax.hpp ----
+// Host kernels of softmax and softmax_grad over the last dim, one row per task. As PyTorch:
+//   y = exp(x - max) * (1 / sum exp(x - max)),   dx = (dy - sum(dy * y)) * y.
+// Row sums run in simd_block lanes combined in a fixed order, so a row's result never depends
+// on the thread count. double uses std::exp, float the vectorized exp_nonpositive.
+#include <cmath>
+
+
+namespace loom::host {
+
+namespace detail {
+
+inline float softmax_exp_shifted(float x_minus_max) { return exp_nonpositive(x_minus_max); }
+inline double softmax_exp_shifted(double x_minus_max) { return std::exp(x_minus_max); }
+
+template <class T>
+T softmax_row_max(const T* __restrict x, std::int64_t n) {
+    T m = x[0];
+    std::int64_t i = 0;
+    if (n >= simd_block) {
+        T lane[simd_block];
+        for (std::int64_t j = 0; j < simd_block; ++j) lane[j] = x[j];
+        for (i = simd_block; i + simd_block <= n; i += simd_block)
+            for (std::int64_t j = 0; j < simd_block; ++j) lane[j] = x[i + j] > lane[j] ? x[i + j] : lane[j];
+        for (std::int64_t j = 0; j < simd_block; ++j) m = lane[j] > m ? lane[j] : m;
+    }
+    for (; i < n; ++i) m = x[i] > m ? x[i] : m;
+    return m;
+}
+
+// y = exp(x - m); returns sum(y).
+template <class T>
+T softmax_exp_row(const T* __restrict x, T m, T* __restrict y, std::int64_t n) {
+    T lane[simd_block] = {};
+    std::int64_t i = 0;
+    for (; i + simd_block <= n; i += simd_block)
+        for (std::int64_t j = 0; j < simd_block; ++j) {
+            const T e = softmax_exp_shifted(x[i + j] - m);
+            y[i + j] = e;
+            lane[j] += e;
+        }
+    T sum = 0;
+    for (std::int64_t j = 0; j < simd_block; ++j) sum += lane[j];
+    for (; i < n; ++i) {
+        y[i] = softmax_exp_shifted(x[i] - m);
+        sum += y[i];
+    }
+    return sum;
+}
+
+template <class T>
+T softmax_dot_row(const T* __restrict a, const T* __restrict b, std::int64_t n) {
+    T lane[simd_block] = {};
+    std::int64_t i = 0;
+    for (; i + simd_block <= n; i += simd_block)
+        for (std::int64_t j = 0; j < simd_block; ++j) lane[j] += a[i + j] * b[i + j];
+    T sum = 0;
+    for (std::int64_t j = 0; j < simd_block; ++j) sum += lane[j];
+    for (; i < n; ++i) sum += a[i] * b[i];
+    return sum;
+}
+
+template <class T>
+void softmax_scale_row(T* __restrict y, T factor, std::int64_t n) {
+    std::int64_t i = 0;
+    for (; i + simd_block <= n; i += simd_block)
+        for (std::int64_t j = 0; j < simd_block; ++j) y[i + j] *= factor;
+    for (; i < n; ++i) y[i] *= factor;
+}
+
+// dx = (dy - dot) * y
+template <class T>
+void softmax_grad_row(const T* __restrict dy, const T* __restrict y, T dot, T* __restrict dx, std::int64_t n) {
+    std::int64_t i = 0;
+    for (; i + simd_block <= n; i += simd_block)
+        for (std::int64_t j = 0; j < simd_block; ++j) dx[i + j] = (dy[i + j] - dot) * y[i + j];
+    for (; i < n; ++i) dx[i] = (dy[i] - dot) * y[i];
+}
+
+}  // namespace detail
+
+template <>
+struct host_kernel<ops::Softmax> {
+    template <class T>
+    static void run(const kernel_call<T>& c) {
+        const std::int64_t n = c.extent("n");
+        const std::int64_t rows = c.leading_numel(0);
+        const T* x = c.input(0);
+        T* y = c.output(0);
+        for_each_row(rows, n, [&](std::int64_t r) {
+            const T* xr = x + r * n;
+            T* yr = y + r * n;
+            const T sum = detail::softmax_exp_row(xr, detail::softmax_row_max(xr, n), yr, n);
+            detail::softmax_scale_row(yr, T(1) / sum, n);
+        });
+    }
+};
+
+template <>
+struct host_kernel<ops::SoftmaxGrad> {
+    template <class T>
+    static void run(const kernel_call<T>& c) {
+        const std::int64_t n = c.extent("n");
+        const std::int64_t rows = c.leading_numel(0);
+        const T* dy = c.input(0);
+        const T* y = c.input(1);
+        T* dx = c.output(0);
+        for_each_row(rows, n, [&](std::int64_t r) {
+            const T* dyr = dy + r * n;
+            const T* yr = y + r * n;
+            detail::softmax_grad_row(dyr, yr, detail::softmax_dot_row(dyr, yr, n), dx + r * n, n);
+        });
+    }
+};
+
+}  // namespace loom::host
+// ---- end loom/runtime/host/kernels/softmax.hpp ----
+// kernels-includes: normalization
+// ---- begin loom/runtime/host/kernels/layer_norm.hpp ----
+// Host kernels of layer_norm and layer_norm_grad. Rows are independent for y and dx; dgamma
+// and dbeta sum over rows per fixed block of rows (rowwise.hpp), then over blocks in order,
+// so every result is the same for any thread count.
+#include <algorithm>
+#include <cmath>
+#include <cstdint>
+
+// ---- begin loom/runtime/host/kernels/rowwise.hpp ----
+// Building blocks of row-wise host kernels (normalizations, embedding, cross-entropy):
+// loops over a row that g++ -O2 vectorises, reductions in a fixed order, exp in either
+// precision, sums over rows that do not depend on the thread count, reusable scratch, and
+// positions for error messages.
+//
+// Why fixed 8-wide blocks: at -O2, g++'s very-cheap cost model vectorises only loops with
+// no scalar epilogue, so `for (i < n)` stays scalar, while the fully unrolled 8-iteration
+// body of `for_lanes` is vectorised. Call them from functions whose pointer parameters are
+// `__restrict`, with lambdas that capture by value ([=]): restrict on a local variable, or a
+// by-reference capture, does not reach the vectoriser, which then assumes aliasing.
+#include <algorithm>
+#include <cmath>
+#include <cstdint>
+#include <string>
+#include <vector>
+
+
+namespace loom::host::detail {
+
+inline constexpr int row_lanes = 8;
+
+// f(i) for i in [0, n).
+template <class F>
+[[gnu::always_inline]] inline void for_lanes(std::int64_t n, F f) {
+    std::int64_t i = 0;
+    for (; i + row_lanes <= n; i += row_lanes)
+        for (int j = 0; j < row_lanes; ++j) f(i + j);
+    for (; i < n; ++i) f(i);
+}
+
+// sum of f(i) over [0, n): element i goes to accumulator i % 8 (in order), then the eight
+// are combined as ((a0+a4)+(a1+a5))+((a2+a6)+(a3+a7)). A fixed order: deterministic.
+template <class T, class F>
+[[gnu::always_inline]] inline T lane_sum(std::int64_t n, F f) {
+    T acc[row_lanes] = {};
+    std::int64_t i = 0;
+    for (; i + row_lanes <= n; i += row_lanes)
+        for (int j = 0; j < row_lanes; ++j) acc[j] += f(i + j);
+    for (int j = 0; i < n; ++i, ++j) acc[j] += f(i);
+    return ((acc[0] + acc[4]) + (acc[1] + acc[5])) + ((acc[2] + acc[6]) + (acc[3] + acc[7]));
+}
+
+// max of x[0, n), n >= 1 (a NaN in x may or may not propagate).
+template <class T>
+[[gnu::always_inline]] inline T lane_max(const T* __restrict x, std::int64_t n) {
+    T acc[row_lanes];
+    for (int j = 0; j < row_lanes; ++j) acc[j] = x[0];
+    std::int64_t i = 0;
+    for (; i + row_lanes <= n; i += row_lanes)
+        for (int j = 0; j < row_lanes; ++j) acc[j] = acc[j] > x[i + j] ? acc[j] : x[i + j];
+    for (int j = 0; i < n; ++i, ++j) acc[j] = acc[j] > x[i] ? acc[j] : x[i];
+    T m = acc[0];
+    for (int j = 1; j < row_lanes; ++j) m = m > acc[j] ? m : acc[j];
+    return m;
+}
+
+// exp(x) for x <= 0 (x - row max) in the kernel's precision: float takes the vectorisable
+// exp_nonpositive (vector_math.hpp; 0 below -87.3, NaN stays NaN, -inf gives 0), double
+// keeps the library's exp, since the double path is what is cross-checked against PyTorch.
+[[gnu::always_inline]] inline float lane_exp(float x) { return exp_nonpositive(x); }
+[[gnu::always_inline]] inline double lane_exp(double x) { return std::exp(x); }
+
+// Sums over rows are taken per block of this many rows, then block by block in order: the
+// result depends on the row count only, never on how many threads ran the blocks.
+inline constexpr std::int64_t block_rows = 64;
+
+inline std::int64_t row_blocks(std::int64_t rows) { return (rows + block_rows - 1) / block_rows; }
+
+// A per-thread buffer of at least n elements, reused across calls so kernels in a training
+// loop stop allocating after the first step. `slot` separates buffers used at once. The
+// contents are unspecified; the pointer is valid until the next call with the same slot on
+// this thread.
+template <class T, int slot = 0>
+T* scratch(std::size_t n) {
+    thread_local std::vector<T> buffer;
+    if (buffer.size() < n) buffer.resize(n);
+    return buffer.data();
+}
+
+// out[i] += in[i] for i in [0, n). A function, not a lambda, so the __restrict on its
+// parameters reaches the vectoriser.
+template <class T>
+void add_row(T* __restrict out, const T* __restrict in, std::int64_t n) {
+    for_lanes(n, [=](std::int64_t i) { out[i] += in[i]; });
+}
+
+// out[j] = sum over b in [0, blocks) of partial[b * stride + j], for j in [0, width), with b
+// ascending. Columns are split across threads; each column's order is fixed.
+template <class T>
+void sum_blocks(const T* partial, std::int64_t blocks, std::int64_t stride, std::int64_t width, T* out) {
+    const std::int64_t grain = std::max<std::int64_t>(row_lanes, (std::int64_t{1} << 14) / std::max<std::int64_t>(blocks, 1));
+    parallel_for(0, width, grain, [=](std::int64_t lo, std::int64_t hi) {
+        std::copy(partial + lo, partial + hi, out + lo);
+        for (std::int64_t b = 1; b < blocks; ++b) add_row(out + lo, partial + b * stride + lo, hi - lo);
+    });
+}
+
+// "position 13 (Batch 1, Seq 5) of 'tokens' [Batch=2, Seq=8]": a flat row-major position
+// with its index along each axis.
+inline std::string describe_position(std::int64_t flat, const shape& s, const std::string& tensor_name) {
+    std::string index;
+    std::int64_t rest = flat;
+    for (std::size_t a = s.rank(); a-- > 0;) {
+        const std::int64_t e = s.extent(a);
+        std::string part = std::string(s.dim(a).name()) + " " + std::to_string(e > 0 ? rest % e : 0);
+        index = index.empty() ? part : part + ", " + index;
+        rest = e > 0 ? rest / e : 0;
+    }
+    std::string out = "position " + std::to_string(flat);
+    if (!index.empty()) out += " (" + index + ")";
+    return out + " of '" + tensor_name + "' " + s.to_string();
+}
+
+}  // namespace loom::host::detail
+// ---- end loom/runtime/host/kernels/rowwise.hpp ----
+
+namespace loom::host {
+
+namespace detail {
+
+template <class T>
+struct row_moments {
+    T mean;
+    T rstd;
+};
+
+// Two-pass mean and biased variance of one row.
+template <class T>
+[[gnu::always_inline]] inline row_moments<T> layer_norm_moments(const T* __restrict x, std::int64_t h, T eps) {
+    const T mean = lane_sum<T>(h, [=](std::int64_t i) { return x[i]; }) / static_cast<T>(h);
+    const T var = lane_sum<T>(h, [=](std::int64_t i) {
+                      const T d = x[i] - mean;
+                      return d * d;
+                  }) /
+                  static_cast<T>(h);
+    return {mean, T(1) / std::sqrt(var + eps)};
+}
+
+template <class T>
+void layer_norm_row(const T* __restrict x, const T* __restrict gamma, const T* __restrict beta, T* __restrict y,
+                    std::int64_t h, T eps) {
+    const auto [mean, rstd] = layer_norm_moments(x, h, eps);
+    for_lanes(h, [=](std::int64_t i) { y[i] = (x[i] - mean) * rstd * gamma[i] + beta[i]; });
+}
+
+// With xhat = (x - mean) rstd and g = dy gamma:
+//   dx = rstd (g - mean(g) - xhat mean(g xhat)),  dgamma += dy xhat,  dbeta += dy.
+template <class T>
+void layer_norm_grad_row(const T* __restrict dy, const T* __restrict x, const T* __restrict gamma, T* __restrict dx,
+                         T* __restrict dgamma, T* __restrict dbeta, std::int64_t h, T eps) {
+    const auto [mean, rstd] = layer_norm_moments(x, h, eps);
+    const T mean_g = lane_sum<T>(h, [=](std::int64_t i) { return dy[i] * gamma[i]; }) / static_cast<T>(h);
+    const T mean_gx = lane_sum<T>(h, [=](std::int64_t i) { return dy[i] * gamma[i] * ((x[i] - mean) * rstd); }) /
+                      static_cast<T>(h);
+    for_lanes(h, [=](std::int64_t i) {
+        const T xhat = (x[i] - mean) * rstd;
+        dx[i] = rstd * (dy[i] * gamma[i] - mean_g - xhat * mean_gx);
+        dgamma[i] += dy[i] * xhat;
+        dbeta[i] += dy[i];
+    });
+}
+
+}  // namespace detail
+
+template <>
+struct host_kernel<ops::LayerNorm> {
+    template <class T>
+    static void run(const kernel_call<T>& c) {
+        const std::int64_t h = c.extent("h");
+        const std::int64_t rows = c.input_numel(0) / h;
+        const T eps = static_cast<T>(c.attrs().template get<double>("eps"));
+        const T *x = c.input(0), *gamma = c.input(1), *beta = c.input(2);
+        T* y = c.output(0);
+        for_each_row(rows, h, [&](std::int64_t r) { detail::layer_norm_row(x + r * h, gamma, beta, y + r * h, h, eps); });
+    }
+};
+
+template <>
+struct host_kernel<ops::LayerNormGrad> {
+    template <class T>
+    static void run(const kernel_call<T>& c) {
+        const std::int64_t h = c.extent("h");
+        const std::int64_t rows = c.input_numel(1) / h;
+        const T eps = static_cast<T>(c.attrs().template get<double>("eps"));
+        const T *dy = c.input(0), *x = c.input(1), *gamma = c.input(2);
+        T *dx = c.output(0), *dgamma = c.output(1), *dbeta = c.output(2);
+        const std::int64_t blocks = detail::row_blocks(rows);
+        // Block b's partial dgamma at partial[b * 2h], its partial dbeta right after.
+        T* partial = detail::scratch<T>(static_cast<std::size_t>(blocks * 2 * h));
+        const std::int64_t grain = std::max<std::int64_t>(1, elementwise_grain / (detail::block_rows * h));
+        parallel_for(0, blocks, grain, [&](std::int64_t lo, std::int64_t hi) {
+            for (std::int64_t b = lo; b < hi; ++b) {
+                T* pg = partial + b * 2 * h;
+                T* pb = pg + h;
+                std::fill(pg, pg + 2 * h, T(0));
+                const std::int64_t end = std::min(rows, (b + 1) * detail::block_rows);
+                for (std::int64_t r = b * detail::block_rows; r < end; ++r)
+                    detail::layer_norm_grad_row(dy + r * h, x + r * h, gamma, dx + r * h, pg, pb, h, eps);
+            }
+        });
+        detail::sum_blocks(partial, blocks, 2 * h, h, dgamma);
+        detail::sum_blocks(partial + h, blocks, 2 * h, h, dbeta);
+    }
+};
+
+}  // namespace loom::host
+// ---- end loom/runtime/host/kernels/layer_norm.hpp ----
+// ---- begin loom/runtime/host/kernels/rms_norm.hpp ----
+// Host kernels of rms_norm and rms_norm_grad. Rows are independent for y and dx; dgamma sums
+// over rows per fixed block of rows (rowwise.hpp), then over blocks in order, so every
+// result is the same for any thread count.
+#include <algorithm>
+#include <cmath>
+#include <cstdint>
+
+
+namespace loom::host {
+
+namespace detail {
+
+// 1 / sqrt(mean(x^2) + eps) of one row.
+template <class T>
+[[gnu::always_inline]] inline T rms_norm_rstd(const T* __restrict x, std::int64_t h, T eps) {
+    const T mean_sq = lane_sum<T>(h, [=](std::int64_t i) { return x[i] * x[i]; }) / static_cast<T>(h);
+    return T(1) / std::sqrt(mean_sq + eps);
+}
+
+template <class T>
+void rms_norm_row(const T* __restrict x, const T* __restrict gamma, T* __restrict y, std::int64_t h, T eps) {
+    const T rstd = rms_norm_rstd(x, h, eps);
+    for_lanes(h, [=](std::int64_t i) { y[i] = x[i] * rstd * gamma[i]; });
+}
+
+// With g = dy gamma:  dx = rstd (g - x rstd^2 mean(g x)),  dgamma += dy x rstd.
+template <class T>
+void rms_norm_grad_row(const T* __restrict dy, const T* __restrict x, const T* __restrict gamma, T* __restrict dx,
+                       T* __restrict dgamma, std::int64_t h, T eps) {
+    const T rstd = rms_norm_rstd(x, h, eps);
+    const T mean_gx = lane_sum<T>(h, [=](std::int64_t i) { return dy[i] * gamma[i] * x[i]; }) / static_cast<T>(h);
+    const T c = rstd * rstd * mean_gx;
+    for_lanes(h, [=](std::int64_t i) {
+        dx[i] = rstd * (dy[i] * gamma[i] - x[i] * c);
+        dgamma[i] += dy[i] * (x[i] * rstd);
+    });
+}
+
+}  // namespace detail
+
+template <>
+struct host_kernel<ops::RmsNorm> {
+    template <class T>
+    static void run(const kernel_call<T>& c) {
+        const std::int64_t h = c.extent("h");
+        const std::int64_t rows = c.input_numel(0) / h;
+        const T eps = static_cast<T>(c.attrs().template get<double>("eps"));
+        const T *x = c.input(0), *gamma = c.input(1);
+        T* y = c.output(0);
+        for_each_row(rows, h, [&](std::int64_t r) { detail::rms_norm_row(x + r * h, gamma, y + r * h, h, eps); });
+    }
+};
+
+template <>
+struct host_kernel<ops::RmsNormGrad> {
+    template <class T>
+    static void run(const kernel_call<T>& c) {
+        const std::int64_t h = c.extent("h");
+        const std::int64_t rows = c.input_numel(1) / h;
+        const T eps = static_cast<T>(c.attrs().template get<double>("eps"));
+        const T *dy = c.input(0), *x = c.input(1), *gamma = c.input(2);
+        T *dx = c.output(0), *dgamma = c.output(1);
+        const std::int64_t blocks = detail::row_blocks(rows);
+        // Block b's partial dgamma at partial[b * h].
+        T* partial = detail::scratch<T>(static_cast<std::size_t>(blocks * h));
+        const std::int64_t grain = std::max<std::int64_t>(1, elementwise_grain / (detail::block_rows * h));
+        parallel_for(0, blocks, grain, [&](std::int64_t lo, std::int64_t hi) {
+            for (std::int64_t b = lo; b < hi; ++b) {
+                T* pg = partial + b * h;
+                std::fill(pg, pg + h, T(0));
+                const std::int64_t end = std::min(rows, (b + 1) * detail::block_rows);
+                for (std::int64_t r = b * detail::block_rows; r < end; ++r)
+                    detail::rms_norm_grad_row(dy + r * h, x + r * h, gamma, dx + r * h, pg, h, eps);
+            }
+        });
+        detail::sum_blocks(partial, blocks, h, h, dgamma);
+    }
+};
+
+}  // namespace loom::host
+// ---- end loom/runtime/host/kernels/rms_norm.hpp ----
+// kernels-includes: attention and shapes
+// ---- begin loom/runtime/host/kernels/attention.hpp ----
+// Kernels of attention and attention_grad, flash-attention style: queries are taken in tiles
+// of 32, the scores of a tile live only in a per-thread scratch of keys x 32, and under the
+// causal mask no key after a tile's last query is computed.
+//
+// The scratch is key-major: row j holds the scores of key j against the tile's queries, so
+// the softmax of each query (a column) is elementwise work over rows, with no reduction
+// across vector lanes. Per (batch, head) and tile of queries [i0, i1), keys j < kn
+// (kn = i1 when causal, t otherwise):
+//   forward   S^T = scale K Q^T,  P^T = exp(S^T - max) column by column (causal: j <= i),
+//             O = P V / sum,  lse = max + log(sum)
+//   backward  P^T = exp(scale K Q^T - lse),  D = rowsum(dO * O),
+//             dV += P^T dO,  dP^T = V dO^T,  dS^T = P^T * (dP^T - D),
+//             dQ = scale dS K,  dK += scale dS^T Q
+// Only the tile's Q (and dO) are transposed, into d x 32 (e x 32) scratch.
+//
+// Determinism: forward tiles are independent, a (batch, head)'s backward runs on one thread
+// with its tiles in order, and every sum has a fixed order: results do not depend on the
+// thread count.
+//
+// Vector code is written with GCC vector extensions (also understood by Clang), compiled for
+// AVX-512, AVX2 and baseline x86-64 and chosen at run time as gemm chooses its micro-kernel.
+// exp is a Cephes polynomial: within 1 ulp (float) and 2 ulp (double) of the correctly
+// rounded value; inputs below about -88 (float) or -709 (double) flush to 0.
+#include <algorithm>
+#include <cmath>
+#include <cstdint>
+#include <cstring>
+#include <limits>
+#include <string>
+#include <vector>
+
+
+namespace loom::host {
+
+namespace detail::attention {
+
+// Queries per tile: the row length of the key-major scratch.
+inline constexpr std::int64_t query_tile = 32;
+// Elements per block of the column passes.
+inline constexpr std::int64_t lanes = 16;
+inline constexpr std::int64_t blocks_per_row = query_tile / lanes;
+
+template <class T>
+struct simd;
+template <>
+struct simd<float> {
+    using real = float __attribute__((vector_size(64)));
+    using integer = std::int32_t __attribute__((vector_size(64)));
+};
+template <>
+struct simd<double> {
+    using real = double __attribute__((vector_size(128)));
+    using integer = std::int64_t __attribute__((vector_size(128)));
+    using narrow = std::int32_t __attribute__((vector_size(64)));
+};
+template <class T>
+using block = typename simd<T>::real;
+
+// Blocks pass by reference: a vector passed by value would change the ABI between the
+// instruction sets this code is compiled for.
+template <class T>
+[[gnu::always_inline]] inline void load(block<T>& v, const T* p) {
+    std::memcpy(&v, p, sizeof v);
+}
+template <class T>
+[[gnu::always_inline]] inline void store(T* p, const block<T>& v) {
+    std::memcpy(p, &v, sizeof v);
+}
+
+// x = exp(x) lane by lane: x = n ln2 + r with |r| <= ln2 / 2, exp(r) by a polynomial, 2^n
+// built in the exponent bits. Inputs below the range flush to +0 (n reaches the zero
+// exponent); NaN stays NaN.
+[[gnu::always_inline]] inline void exp_block(simd<float>::real& x) {
+    using V = simd<float>::real;
+    using I = simd<float>::integer;
+    const V zero = {};
+    x = x > 88.0f ? zero + 88.0f : x;
+    x = x < -88.0f ? zero - 88.0f : x;
+    // n = floor(x log2(e) + 1/2): the offset keeps the truncated value non-negative.
+    const I n = __builtin_convertvector(x * 1.44269504088896341f + 127.5f, I) - 127;
+    const V fn = __builtin_convertvector(n, V);
+    V r = x - fn * 0.693359375f;
+    r = r - fn * -2.12194440e-4f;
+    V p = r * 1.9875691500e-4f + 1.3981999507e-3f;
+    p = p * r + 8.3334519073e-3f;
+    p = p * r + 4.1665795894e-2f;
+    p = p * r + 1.6666665459e-1f;
+    p = p * r + 5.0000001201e-1f;
+    p = p * r * r + r + 1.0f;
+    x = p * __builtin_bit_cast(V, (n + 127) << 23);
+}
+
+[[gnu::always_inline]] inline void exp_block(simd<double>::real& x) {
+    using V = simd<double>::real;
+    using I = simd<double>::integer;
+    using N = simd<double>::narrow;
+    const V zero = {};
+    x = x > 709.0 ? zero + 709.0 : x;
+    x = x < -709.0 ? zero - 709.0 : x;
+    const N n = __builtin_convertvector(x * 1.4426950408889634074 + 1023.5, N) - 1023;
+    const V fn = __builtin_convertvector(n, V);
+    V r = x - fn * 6.93145751953125e-1;
+    r = r - fn * 1.42860682030941723212e-6;
+    // exp(r) = 1 + 2 r P(r^2) / (Q(r^2) - r P(r^2))
+    const V rr = r * r;
+    const V pr = r * ((rr * 1.26177193074810590878e-4 + 3.02994407707441961300e-2) * rr + 9.99999999999999999910e-1);
+    const V q = ((rr * 3.00198505138664455042e-6 + 2.52448340349684104192e-3) * rr + 2.27265548208155028766e-1) * rr +
+                2.00000000000000000009e0;
+    const V e = pr / (q - pr) * 2.0 + 1.0;
+    const I bits = (__builtin_convertvector(n, I) + 1023) << 52;
+    x = e * __builtin_bit_cast(V, bits);
+}
+
+template <class T>
+[[gnu::always_inline]] inline void fill(block<T>& v, T value) {
+    v = block<T>{} + value;
+}
+
+// The lane numbers of the blocks of a scratch row: 0, 1, ..., query_tile - 1.
+template <class T>
+struct lane_numbers {
+    block<T> of[blocks_per_row];
+    lane_numbers() {
+        for (std::int64_t b = 0; b < blocks_per_row; ++b)
+            for (std::int64_t l = 0; l < lanes; ++l) of[b][l] = static_cast<T>(b * lanes + l);
+    }
+};
+
+// Under the causal mask, query i0 + i sees key j only when j <= i0 + i: in key row j, the
+// lanes i < j - i0 are masked (set to `masked`). Keys j <= i0 mask nothing.
+template <class T>
+[[gnu::always_inline]] inline void mask_future(block<T>& x, const block<T>& lane, std::int64_t first_seen, T masked) {
+    x = lane < static_cast<T>(first_seen) ? block<T>{} + masked : x;
+}
+
+// Forward: st (kn rows of query_tile) becomes exp(S^T - max) column by column; top and sum
+// receive each column's max and sum of exponentials.
+template <class T>
+[[gnu::always_inline]] inline void softmax_columns(T* __restrict st, std::int64_t kn, std::int64_t i0, bool causal,
+                                                   T* __restrict top, T* __restrict sum) {
+    const T minus_inf = -std::numeric_limits<T>::infinity();
+    const std::int64_t unmasked = causal ? std::min(kn, i0 + 1) : kn;
+    const lane_numbers<T> lane;
+    block<T> m[blocks_per_row], x;
+    for (auto& v : m) fill<T>(v, minus_inf);
+    for (std::int64_t j = 0; j < unmasked; ++j)
+        for (std::int64_t b = 0; b < blocks_per_row; ++b) {
+            load(x, st + j * query_tile + b * lanes);
+            m[b] = x > m[b] ? x : m[b];
+        }
+    for (std::int64_t j = unmasked; j < kn; ++j)
+        for (std::int64_t b = 0; b < blocks_per_row; ++b) {
+            T* at = st + j * query_tile + b * lanes;
+            load(x, at);
+            mask_future<T>(x, lane.of[b], j - i0, minus_inf);
+            store(at, x);
+            m[b] = x > m[b] ? x : m[b];
+        }
+    block<T> total[blocks_per_row];
+    for (auto& v : total) v = block<T>{};
+    for (std::int64_t j = 0; j < kn; ++j)
+        for (std::int64_t b = 0; b < blocks_per_row; ++b) {
+            T* at = st + j * query_tile + b * lanes;
+            load(x, at);
+            x -= m[b];
+            exp_block(x);
+            total[b] += x;
+            store(at, x);
+        }
+    for (std::int64_t b = 0; b < blocks_per_row; ++b) {
+        store(top + b * lanes, m[b]);
+        store(sum + b * lanes, total[b]);
+    }
+}
+
+// Backward: st = exp(S^T - lse) column by column, 0 where masked.
+template <class T>
+[[gnu::always_inline]] inline void probabilities_columns(T* __restrict st, std::int64_t kn, std::int64_t i0,
+                                                         bool causal, const T* __restrict lse) {
+    const std::int64_t unmasked = causal ? std::min(kn, i0 + 1) : kn;
+    const lane_numbers<T> lane;
+    block<T> shift[blocks_per_row], x;
+    for (std::int64_t b = 0; b < blocks_per_row; ++b) load(shift[b], lse + b * lanes);
+    for (std::int64_t j = 0; j < kn; ++j)
+        for (std::int64_t b = 0; b < blocks_per_row; ++b) {
+            T* at = st + j * query_tile + b * lanes;
+            load(x, at);
+            x -= shift[b];
+            exp_block(x);
+            if (j >= unmasked) mask_future<T>(x, lane.of[b], j - i0, T(0));
+            store(at, x);
+        }
+}
+
+// Backward: dst = pt * (dst - D) column by column; masked entries of pt are 0, so dS is too.
+template <class T>
+[[gnu::always_inline]] inline void score_grad_columns(const T* __restrict pt, T* __restrict dst, std::int64_t kn,
+                                                      const T* __restrict delta) {
+    block<T> d[blocks_per_row], x, y;
+    for (std::int64_t b = 0; b < blocks_per_row; ++b) load(d[b], delta + b * lanes);
+    for (std::int64_t j = 0; j < kn; ++j)
+        for (std::int64_t b = 0; b < blocks_per_row; ++b) {
+            const std::int64_t at = j * query_tile + b * lanes;
+            load(x, pt + at);
+            load(y, dst + at);
+            y = x * (y - d[b]);
+            store(dst + at, y);
+        }
+}
+
+// sum_c x[c] y[c]: blocks of lanes, then the lanes pairwise, then the remainder in order.
+template <class T>
+[[gnu::always_inline]] inline T dot(const T* __restrict x, const T* __restrict y, std::int64_t n) {
+    block<T> acc = {}, a, b;
+    std::int64_t c = 0;
+    for (; c + lanes <= n; c += lanes) {
+        load(a, x + c);
+        load(b, y + c);
+        acc += a * b;
+    }
+    T partial[lanes];
+    std::memcpy(partial, &acc, sizeof acc);
+    for (std::int64_t width = lanes / 2; width > 0; width /= 2)
+        for (std::int64_t l = 0; l < width; ++l) partial[l] += partial[l + width];
+    T sum = partial[0];
+    for (; c < n; ++c) sum += x[c] * y[c];
+    return sum;
+}
+
+// ---- products of a tile ----------------------------------------------------------------
+// The operands are small (a tile of 32 queries, head dims of 32..128), so the products run
+// on them in place, without gemm's packing: B's rows are contiguous and A is read one
+// element at a time through two strides, which also reads S^T as S.
+
+template <class T, int W>
+struct native {
+    typedef T type __attribute__((vector_size(W * sizeof(T))));
+};
+
+// A(i, p) = data[i * row + p * col]
+template <class T>
+struct strided {
+    const T* data;
+    std::int64_t row, col;
+};
+
+// C[0, R) x [0, CV W) = alpha A B (+ C when accumulate), B's rows ldb apart. With
+// row_scale, row r is scaled by alpha row_scale[r] instead.
+template <class T, int W, int R, int CV>
+[[gnu::always_inline]] inline void product_block(std::int64_t k, const T* __restrict a, std::int64_t a_row,
+                                                 std::int64_t a_col, const T* __restrict b, std::int64_t ldb,
+                                                 T* __restrict c, std::int64_t ldc, T alpha, const T* row_scale,
+                                                 bool accumulate) {
+    using V = typename native<T, W>::type;
+    V acc[R][CV];
+#pragma GCC unroll 16
+    for (int r = 0; r < R; ++r)
+#pragma GCC unroll 4
+        for (int v = 0; v < CV; ++v) acc[r][v] = V{};
+    for (std::int64_t p = 0; p < k; ++p) {
+        V bv[CV];
+#pragma GCC unroll 4
+        for (int v = 0; v < CV; ++v) std::memcpy(&bv[v], b + p * ldb + v * W, sizeof(V));
+#pragma GCC unroll 16
+        for (int r = 0; r < R; ++r) {
+            const T av = a[r * a_row + p * a_col];
+#pragma GCC unroll 4
+            for (int v = 0; v < CV; ++v) acc[r][v] += av * bv[v];
+        }
+    }
+#pragma GCC unroll 16
+    for (int r = 0; r < R; ++r) {
+        const T factor = row_scale ? alpha * row_scale[r] : alpha;
+#pragma GCC unroll 4
+        for (int v = 0; v < CV; ++v) {
+            V result = acc[r][v] * factor;
+            T* out = c + r * ldc + v * W;
+            if (accumulate) {
+                V old;
+                std::memcpy(&old, out, sizeof(V));
+                result += old;
+            }
+            std::memcpy(out, &result, sizeof(V));
+        }
+    }
+}
+
+// Columns [j, j + CV W) of product(): R rows at a time, then the remaining rows one by one.
+// (A helper function rather than a lambda: a lambda would not take its caller's target.)
+template <class T, int W, int R, int CV>
+[[gnu::always_inline]] inline void product_columns(std::int64_t j, std::int64_t m, std::int64_t k, strided<T> a,
+                                                   const T* b, std::int64_t ldb, T* c, std::int64_t ldc, T alpha,
+                                                   bool accumulate, const T* row_scale) {
+    std::int64_t i = 0;
+    for (; i + R <= m; i += R)
+        product_block<T, W, R, CV>(k, a.data + i * a.row, a.row, a.col, b + j, ldb, c + i * ldc + j, ldc, alpha,
+                                   row_scale ? row_scale + i : nullptr, accumulate);
+    for (; i < m; ++i)
+        product_block<T, W, 1, CV>(k, a.data + i * a.row, a.row, a.col, b + j, ldb, c + i * ldc + j, ldc, alpha,
+                                   row_scale ? row_scale + i : nullptr, accumulate);
+}
+
+// C (m x n, rows ldc apart) = alpha A B (+ C when accumulate); A is m x k, B is k x n.
+// With row_scale, row i of the product is scaled by alpha row_scale[i]. Register tiles of
+// R rows by 2 W columns, then W columns, then the last n mod W columns one by one; every
+// element sums over p in order.
+template <class T, int W, int R>
+[[gnu::always_inline]] inline void product(std::int64_t m, std::int64_t n, std::int64_t k, strided<T> a,
+                                           const T* b, std::int64_t ldb, T* c, std::int64_t ldc, T alpha,
+                                           bool accumulate, const T* row_scale = nullptr) {
+    std::int64_t j = 0;
+    for (; j + 2 * W <= n; j += 2 * W)
+        product_columns<T, W, R, 2>(j, m, k, a, b, ldb, c, ldc, alpha, accumulate, row_scale);
+    for (; j + W <= n; j += W) product_columns<T, W, R, 1>(j, m, k, a, b, ldb, c, ldc, alpha, accumulate, row_scale);
+    for (std::int64_t i = 0; i < m && j < n; ++i) {
+        const T factor = row_scale ? alpha * row_scale[i] : alpha;
+        for (std::int64_t jj = j; jj < n; ++jj) {
+            T sum = 0;
+            for (std::int64_t p = 0; p < k; ++p) sum += a.data[i * a.row + p * a.col] * b[p * ldb + jj];
+            c[i * ldc + jj] = accumulate ? c[i * ldc + jj] + factor * sum : factor * sum;
+        }
+    }
+}
+
+// ---- the kernels ---------------------------------------------------------------------------
+
+// The extents of one node: `pairs` (batch, head) pairs of s queries and t keys.
+struct problem {
+    std::int64_t pairs, s, t, d, e;
+    bool causal;
+    double scale;
+
+    std::int64_t tiles() const { return (s + query_tile - 1) / query_tile; }
+    // Keys seen by the tile whose queries end at i1.
+    std::int64_t keys(std::int64_t i1) const { return causal ? i1 : t; }
+};
+
+template <class T>
+problem problem_of(const kernel_call<T>& c) {
+    problem p;
+    p.pairs = c.extent("b") * c.extent("h");
+    p.s = c.extent("s");
+    p.t = c.extent("t");
+    p.d = c.extent("d");
+    p.e = c.extent("e");
+    p.causal = c.attrs().template get_or<std::int64_t>("causal", 1) != 0;
+    p.scale = c.attrs().template get_or<double>("scale", 1.0 / std::sqrt(static_cast<double>(p.d)));
+    return p;
+}
+
+// Per-thread scratch. Lanes of a partial tile past its last query hold zeros (or finite
+// leftovers) and are never read back.
+template <class T>
+struct workspace {
+    std::vector<T> scores, score_grads, queries_t, grads_t, lanes_a, lanes_b;
+    workspace(const problem& p, bool backward)
+        : scores(static_cast<std::size_t>(p.t * query_tile)),
+          score_grads(backward ? scores.size() : 0),
+          queries_t(static_cast<std::size_t>(p.d * query_tile)),
+          grads_t(backward ? static_cast<std::size_t>(p.e * query_tile) : 0),
+          lanes_a(static_cast<std::size_t>(query_tile)),
+          lanes_b(static_cast<std::size_t>(query_tile)) {}
+};
+
+// xt[p, i] = x[i, p] for the `rows` rows of x (cols wide); rows of xt are query_tile long,
+// and lanes past `rows` are zero.
+template <class T>
+[[gnu::always_inline]] inline void transpose_tile(const T* __restrict x, std::int64_t rows, std::int64_t cols,
+                                                  T* __restrict xt) {
+    for (std::int64_t p = 0; p < cols; ++p) {
+        T* __restrict row = xt + p * query_tile;
+        for (std::int64_t i = 0; i < rows; ++i) row[i] = x[i * cols + p];
+        for (std::int64_t i = rows; i < query_tile; ++i) row[i] = T(0);
+    }
+}
+
+template <class T>
+struct tensors {
+    const T *q, *k, *v, *out, *lse, *dout;
+    T *out_w, *lse_w, *dq, *dk, *dv;
+};
+
+// Forward tiles [lo, hi), numbered pair * tiles + tile. W: lanes of a vector register,
+// R: rows of a register tile.
+template <class T, int W, int R>
+[[gnu::always_inline]] inline void forward_tiles(const problem& p, const tensors<T>& x, std::int64_t lo,
+                                                 std::int64_t hi, workspace<T>& ws) {
+    const std::int64_t tiles = p.tiles();
+    const T scale = static_cast<T>(p.scale);
+    T* st = ws.scores.data();
+    T* top = ws.lanes_a.data();
+    T* sum = ws.lanes_b.data();
+    for (std::int64_t item = lo; item < hi; ++item) {
+        const std::int64_t pair = item / tiles;
+        const std::int64_t i0 = item % tiles * query_tile;
+        const std::int64_t rows = std::min(query_tile, p.s - i0);
+        const std::int64_t kn = p.keys(i0 + rows);
+        transpose_tile(x.q + (pair * p.s + i0) * p.d, rows, p.d, ws.queries_t.data());
+        product<T, W, R>(kn, query_tile, p.d, {x.k + pair * p.t * p.d, p.d, 1}, ws.queries_t.data(), query_tile, st,
+                         query_tile, scale, false);
+        softmax_columns(st, kn, i0, p.causal, top, sum);
+        T* lse = x.lse_w + pair * p.s + i0;
+        for (std::int64_t i = 0; i < rows; ++i) {
+            lse[i] = top[i] + std::log(sum[i]);
+            sum[i] = T(1) / sum[i];
+        }
+        // O = P V / sum
+        product<T, W, R>(rows, p.e, kn, {st, 1, query_tile}, x.v + pair * p.t * p.e, p.e,
+                         x.out_w + (pair * p.s + i0) * p.e, p.e, T(1), false, sum);
+    }
+}
+
+// The backward of pairs [lo, hi), the tiles of a pair in order.
+template <class T, int W, int R>
+[[gnu::always_inline]] inline void backward_pairs(const problem& p, const tensors<T>& x, std::int64_t lo,
+                                                  std::int64_t hi, workspace<T>& ws) {
+    const std::int64_t tiles = p.tiles();
+    const T scale = static_cast<T>(p.scale);
+    T* st = ws.scores.data();
+    T* dst = ws.score_grads.data();
+    T* lse = ws.lanes_a.data();
+    T* delta = ws.lanes_b.data();
+    for (std::int64_t pair = lo; pair < hi; ++pair) {
+        const T* k = x.k + pair * p.t * p.d;
+        const T* v = x.v + pair * p.t * p.e;
+        T* dk = x.dk + pair * p.t * p.d;
+        T* dv = x.dv + pair * p.t * p.e;
+        std::fill(dk, dk + p.t * p.d, T(0));
+        std::fill(dv, dv + p.t * p.e, T(0));
+        for (std::int64_t tile = 0; tile < tiles; ++tile) {
+            const std::int64_t i0 = tile * query_tile;
+            const std::int64_t rows = std::min(query_tile, p.s - i0);
+            const std::int64_t kn = p.keys(i0 + rows);
+            const T* q = x.q + (pair * p.s + i0) * p.d;
+            const T* dout = x.dout + (pair * p.s + i0) * p.e;
+            const T* out = x.out + (pair * p.s + i0) * p.e;
+            for (std::int64_t i = 0; i < query_tile; ++i) {
+                delta[i] = i < rows ? dot(dout + i * p.e, out + i * p.e, p.e) : T(0);
+                lse[i] = i < rows ? x.lse[pair * p.s + i0 + i] : T(0);
+            }
+            transpose_tile(q, rows, p.d, ws.queries_t.data());
+            transpose_tile(dout, rows, p.e, ws.grads_t.data());
+            // P^T = exp(scale K Q^T - lse)
+            product<T, W, R>(kn, query_tile, p.d, {k, p.d, 1}, ws.queries_t.data(), query_tile, st, query_tile, scale,
+                             false);
+            probabilities_columns(st, kn, i0, p.causal, lse);
+            // dV += P^T dO
+            product<T, W, R>(kn, p.e, rows, {st, query_tile, 1}, dout, p.e, dv, p.e, T(1), true);
+            // dS^T = P^T * (V dO^T - D)
+            product<T, W, R>(kn, query_tile, p.e, {v, p.e, 1}, ws.grads_t.data(), query_tile, dst, query_tile, T(1),
+                             false);
+            score_grad_columns(st, dst, kn, delta);
+            // dQ = scale dS K,  dK += scale dS^T Q
+            product<T, W, R>(rows, p.d, kn, {dst, 1, query_tile}, k, p.d, x.dq + (pair * p.s + i0) * p.d, p.d, scale,
+                             false);
+            product<T, W, R>(kn, p.d, rows, {dst, query_tile, 1}, q, p.d, dk, p.d, scale, true);
+        }
+    }
+}
+
+// One entry per instruction set, chosen at run time as gemm chooses its micro-kernel:
+// W fills one vector register, R rows keep the 2 R accumulators in registers.
+template <class T>
+[[gnu::target("avx512f")]] void forward_avx512(const problem& p, const tensors<T>& x, std::int64_t lo,
+                                               std::int64_t hi, workspace<T>& ws) {
+    forward_tiles<T, 64 / sizeof(T), 8>(p, x, lo, hi, ws);
+}
+template <class T>
+[[gnu::target("avx2,fma")]] void forward_avx2(const problem& p, const tensors<T>& x, std::int64_t lo,
+                                              std::int64_t hi, workspace<T>& ws) {
+    forward_tiles<T, 32 / sizeof(T), 4>(p, x, lo, hi, ws);
+}
+template <class T>
+void forward_portable(const problem& p, const tensors<T>& x, std::int64_t lo, std::int64_t hi, workspace<T>& ws) {
+    forward_tiles<T, 16 / sizeof(T), 4>(p, x, lo, hi, ws);
+}
+template <class T>
+[[gnu::target("avx512f")]] void backward_avx512(const problem& p, const tensors<T>& x, std::int64_t lo,
+                                                std::int64_t hi, workspace<T>& ws) {
+    backward_pairs<T, 64 / sizeof(T), 8>(p, x, lo, hi, ws);
+}
+template <class T>
+[[gnu::target("avx2,fma")]] void backward_avx2(const problem& p, const tensors<T>& x, std::int64_t lo,
+                                               std::int64_t hi, workspace<T>& ws) {
+    backward_pairs<T, 32 / sizeof(T), 4>(p, x, lo, hi, ws);
+}
+template <class T>
+void backward_portable(const problem& p, const tensors<T>& x, std::int64_t lo, std::int64_t hi, workspace<T>& ws) {
+    backward_pairs<T, 16 / sizeof(T), 4>(p, x, lo, hi, ws);
+}
+
+// The kernels; `isa` must be supported by this CPU (tests pin each one this way).
+inline void require_supported(gemm_isa isa) {
+    if (!gemm_isa_supported(isa))
+        throw usage_error(std::string("attention kernels: this CPU cannot run the ") + to_string(isa) +
+                          " variant; pass gemm_best_isa() or check gemm_isa_supported() first");
+}
+
+template <class T>
+void forward(const kernel_call<T>& c, gemm_isa isa = gemm_best_isa()) {
+    require_supported(isa);
+    const problem p = problem_of(c);
+    tensors<T> x{};
+    x.q = c.input(0);
+    x.k = c.input(1);
+    x.v = c.input(2);
+    x.out_w = c.output(0);
+    x.lse_w = c.output(1);
+    parallel_for(0, p.pairs * p.tiles(), 1, [&](std::int64_t lo, std::int64_t hi) {
+        workspace<T> ws(p, false);
+        switch (isa) {
+            case gemm_isa::avx512f: forward_avx512<T>(p, x, lo, hi, ws); return;
+            case gemm_isa::avx2_fma: forward_avx2<T>(p, x, lo, hi, ws); return;
+            case gemm_isa::portable: forward_portable<T>(p, x, lo, hi, ws); return;
+        }
+    });
+}
+
+template <class T>
+void backward(const kernel_call<T>& c, gemm_isa isa = gemm_best_isa()) {
+    require_supported(isa);
+    const problem p = problem_of(c);
+    tensors<T> x{};
+    x.dout = c.input(0);
+    x.q = c.input(1);
+    x.k = c.input(2);
+    x.v = c.input(3);
+    x.out = c.input(4);
+    x.lse = c.input(5);
+    x.dq = c.output(0);
+    x.dk = c.output(1);
+    x.dv = c.output(2);
+    parallel_for(0, p.pairs, 1, [&](std::int64_t lo, std::int64_t hi) {
+        workspace<T> ws(p, true);
+        switch (isa) {
+            case gemm_isa::avx512f: backward_avx512<T>(p, x, lo, hi, ws); return;
+            case gemm_isa::avx2_fma: backward_avx2<T>(p, x, lo, hi, ws); return;
+            case gemm_isa::portable: backward_portable<T>(p, x, lo, hi, ws); return;
+        }
+    });
+}
+
+}  // namespace detail::attention
+
+template <>
+struct host_kernel<ops::Attention> {
+    template <class T>
+    static void run(const kernel_call<T>& c) { detail::attention::forward<T>(c); }
+};
+
+template <>
+struct host_kernel<ops::AttentionGrad> {
+    template <class T>
+    static void run(const kernel_call<T>& c) { detail::attention::backward<T>(c); }
+};
+
+}  // namespace loom::host
+// ---- end loom/runtime/host/kernels/attention.hpp ----
+// ---- begin loom/runtime/host/kernels/heads.hpp ----
+// Kernels of split_heads and merge_heads: each moves rows of head_dim contiguous elements
+// between [batch, seq, heads, head_dim] and [batch, heads, seq, head_dim] order.
+#include <cstring>
+
+
+namespace loom::host {
+
+namespace detail {
+// Row (b, h, s) of the head-major tensor <-> row (b, s, h) of the sequence-major one.
+template <class T>
+void move_head_rows(const kernel_call<T>& c, bool to_head_major) {
+    const std::int64_t batch = c.extent("b"), seq = c.extent("s"), heads = c.extent("h"), dim = c.extent("d");
+    const T* x = c.input(0);
+    T* y = c.output(0);
+    const auto bytes = static_cast<std::size_t>(dim) * sizeof(T);
+    for_each_row(batch * heads * seq, dim, [&](std::int64_t r) {
+        const std::int64_t s = r % seq, h = r / seq % heads, b = r / (seq * heads);
+        const std::int64_t sequence_major = ((b * seq + s) * heads + h) * dim;
+        if (to_head_major)
+            std::memcpy(y + r * dim, x + sequence_major, bytes);
+        else
+            std::memcpy(y + sequence_major, x + r * dim, bytes);
+    });
+}
+}  // namespace detail
+
+template <>
+struct host_kernel<ops::SplitHeads> {
+    template <class T>
+    static void run(const kernel_call<T>& c) { detail::move_head_rows<T>(c, true); }
+};
+
+template <>
+struct host_kernel<ops::MergeHeads> {
+    template <class T>
+    static void run(const kernel_call<T>& c) { detail::move_head_rows<T>(c, false); }
+};
+
+}  // namespace loom::host
+// ---- end loom/runtime/host/kernels/heads.hpp ----
+// ---- begin loom/runtime/host/kernels/matmul.hpp ----
+// Kernels of matmul, matmul_nt and matmul_tn: one GEMM per leading index, row-major.
+
+namespace loom::host {
+
+namespace detail {
+// C[g] = op(A[g]) op(B[g]) for every leading index g; A is m x k (or k x m when ta), B is
+// k x n (or n x k when tb), so the leading dimensions are the stored row lengths.
+template <class T>
+void batched_product(const kernel_call<T>& c, transpose ta, transpose tb) {
+    const std::int64_t m = c.extent("m"), n = c.extent("n"), k = c.extent("k");
+    const std::int64_t batch = c.leading_numel(0);
+    const std::int64_t lda = ta == transpose::no ? k : m;
+    const std::int64_t ldb = tb == transpose::no ? n : k;
+    if (batch == 1) {
+        host::gemm<T>(ta, tb, m, n, k, T(1), c.input(0), lda, c.input(1), ldb, T(0), c.output(0), n);
+        return;
+    }
+    host::gemm_batched<T>(ta, tb, batch, m, n, k, T(1), c.input(0), lda, m * k, c.input(1), ldb, k * n, T(0),
+                          c.output(0), n, m * n);
+}
+}  // namespace detail
+
+template <>
+struct host_kernel<ops::Matmul> {
+    template <class T>
+    static void run(const kernel_call<T>& c) { detail::batched_product<T>(c, transpose::no, transpose::no); }
+};
+
+template <>
+struct host_kernel<ops::MatmulNT> {
+    template <class T>
+    static void run(const kernel_call<T>& c) { detail::batched_product<T>(c, transpose::no, transpose::yes); }
+};
+
+template <>
+struct host_kernel<ops::MatmulTN> {
+    template <class T>
+    static void run(const kernel_call<T>& c) { detail::batched_product<T>(c, transpose::yes, transpose::no); }
+};
+
+}  // namespace loom::host
+// ---- end loom/runtime/host/kernels/matmul.hpp ----
+// ---- begin loom/runtime/host/kernels/reshape.hpp ----
+// Kernel of reshape: a row-major reshape keeps every element where it is, so it is a copy.
+#include <algorithm>
+#include <cstring>
+
+
+namespace loom::host {
+
+template <>
+struct host_kernel<ops::Reshape> {
+    template <class T>
+    static void run(const kernel_call<T>& c) {
+        const T* x = c.input(0);
+        T* y = c.output(0);
+        if (x == y) return;
+        const std::int64_t n = c.output_numel(0);
+        parallel_for(0, n, elementwise_grain, [&](std::int64_t lo, std::int64_t hi) {
+            std::memcpy(y + lo, x + lo, static_cast<std::size_t>(hi - lo) * sizeof(T));
+        });
+    }
+};
+
+}  // namespace loom::host
+// ---- end loom/runtime/host/kernels/reshape.hpp ----
+// ---- begin loom/runtime/host/kernels/transpose.hpp ----
+// Kernel of transpose: y[g, j, i] = x[g, i, j], in square blocks so that both the rows read
+// and the rows written stay in cache.
+#include <algorithm>
+
+
+namespace loom::host {
+
+template <>
+struct host_kernel<ops::Transpose> {
+    template <class T>
+    static void run(const kernel_call<T>& c) {
+        constexpr std::int64_t block = 32;
+        const std::int64_t rows = c.extent("a"), cols = c.extent("b");
+        const std::int64_t batch = c.leading_numel(0);
+        const std::int64_t row_blocks = (rows + block - 1) / block;
+        const T* x = c.input(0);
+        T* y = c.output(0);
+        for_each_row(batch * row_blocks, block * cols, [&](std::int64_t item) {
+            const std::int64_t g = item / row_blocks;
+            const std::int64_t i0 = item % row_blocks * block, i1 = std::min(rows, i0 + block);
+            const T* __restrict xg = x + g * rows * cols;
+            T* __restrict yg = y + g * rows * cols;
+            for (std::int64_t j0 = 0; j0 < cols; j0 += block) {
+                const std::int64_t j1 = std::min(cols, j0 + block);
+                for (std::int64_t j = j0; j < j1; ++j)
+                    for (std::int64_t i = i0; i < i1; ++i) yg[j * rows + i] = xg[i * cols + j];
+            }
+        });
+    }
+};
+
+}  // namespace loom::host
+// ---- end loom/runtime/host/kernels/transpose.hpp ----
+// kernels-includes: embedding and loss
+// ---- begin loom/runtime/host/kernels/cross_entropy.hpp ----
+// Host kernels of cross_entropy and cross_entropy_grad. Rows are independent; each row's
+// log-sum-exp is taken around the row max, so no exp overflows (and lane_exp, whose float
+// version vectorises, only sees x - max <= 0). The loss sums rows per fixed block of rows
+// (rowwise.hpp), in double, then the blocks in order: the same for any thread count.
+#include <algorithm>
+#include <cmath>
+#include <cstdint>
+#include <string>
+
+
+namespace loom::host {
+
+namespace detail {
+
+// Throws usage_error for the first target outside [0, v) that is not ignore_index.
+template <class T>
+void check_targets(const kernel_call<T>& c, std::size_t which, std::int64_t v, std::int64_t ignore_index) {
+    const std::int32_t* targets = c.index_input(which);
+    const std::int64_t n = c.input_numel(which);
+    for (std::int64_t p = 0; p < n; ++p) {
+        if ((targets[p] >= 0 && targets[p] < v) || targets[p] == ignore_index) continue;
+        throw usage_error(std::string(c.n.op->name) + " '" + c.n.name + "': target " + std::to_string(targets[p]) +
+                          " at " + describe_position(p, c.input_shape(which), c.g.tensor(c.n.inputs[which]).name) +
+                          " is outside [0, " + std::to_string(v) + ") (v = " + std::to_string(v) +
+                          " classes) and is not ignore_index " + std::to_string(ignore_index) +
+                          "; every target must be a class of the logits or ignore_index");
+    }
+}
+
+// max + log(sum(exp(x - max))) of one row of v >= 1 logits.
+template <class T>
+T log_sum_exp(const T* __restrict x, std::int64_t v) {
+    const T m = lane_max(x, v);
+    const T s = lane_sum<T>(v, [=](std::int64_t i) { return lane_exp(x[i] - m); });
+    return m + std::log(s);
+}
+
+// dlogits = scale * (softmax(x) - onehot(target)) for one row.
+template <class T>
+void cross_entropy_grad_row(const T* __restrict x, T* __restrict out, std::int64_t v, std::int32_t target, T scale) {
+    const T m = lane_max(x, v);
+    const T sum = lane_sum<T>(v, [=](std::int64_t i) { return out[i] = lane_exp(x[i] - m); });
+    const T k = scale / sum;
+    for_lanes(v, [=](std::int64_t i) { out[i] *= k; });
+    out[target] -= scale;
+}
+
+}  // namespace detail
+
+template <>
+struct host_kernel<ops::CrossEntropy> {
+    template <class T>
+    static void run(const kernel_call<T>& c) {
+        const std::int64_t v = c.extent("v");
+        const std::int64_t rows = c.input_numel(1);
+        const auto ignore = c.attrs().template get<std::int64_t>("ignore_index");
+        const double normalizer = c.attrs().template get<double>("normalizer");
+        detail::check_targets(c, 1, v, ignore);
+        const T* logits = c.input(0);
+        const std::int32_t* targets = c.index_input(1);
+        const std::int64_t blocks = detail::row_blocks(rows);
+        double* partial = detail::scratch<double>(static_cast<std::size_t>(std::max<std::int64_t>(blocks, 1)));
+        const std::int64_t grain = std::max<std::int64_t>(1, elementwise_grain / (detail::block_rows * v));
+        parallel_for(0, blocks, grain, [&](std::int64_t lo, std::int64_t hi) {
+            for (std::int64_t b = lo; b < hi; ++b) {
+                double s = 0;
+                const std::int64_t end = std::min(rows, (b + 1) * detail::block_rows);
+                for (std::int64_t r = b * detail::block_rows; r < end; ++r) {
+                    if (targets[r] == ignore) continue;
+                    const T* x = logits + r * v;
+                    s += static_cast<double>(detail::log_sum_exp(x, v) - x[targets[r]]);
+                }
+                partial[b] = s;
+            }
+        });
+        double total = 0;
+        for (std::int64_t b = 0; b < blocks; ++b) total += partial[b];
+        *c.output(0) = static_cast<T>(total / normalizer);
+    }
+};
+
+template <>
+struct host_kernel<ops::CrossEntropyGrad> {
+    template <class T>
+    static void run(const kernel_call<T>& c) {
+        const std::int64_t v = c.extent("v");
+        const std::int64_t rows = c.input_numel(2);
+        const auto ignore = c.attrs().template get<std::int64_t>("ignore_index");
+        const T scale = static_cast<T>(static_cast<double>(*c.input(0)) / c.attrs().template get<double>("normalizer"));
+        detail::check_targets(c, 2, v, ignore);
+        const T* logits = c.input(1);
+        const std::int32_t* targets = c.index_input(2);
+        T* dlogits = c.output(0);
+        for_each_row(rows, v, [&](std::int64_t r) {
+            T* out = dlogits + r * v;
+            if (targets[r] == ignore)
+                std::fill(out, out + v, T(0));
+            else
+                detail::cross_entropy_grad_row(logits + r * v, out, v, targets[r], scale);
+        });
+    }
+};
+
+}  // namespace loom::host
+// ---- end loom/runtime/host/kernels/cross_entropy.hpp ----
+// ---- begin loom/runtime/host/kernels/embedding.hpp ----
+// Host kernels of embedding and embedding_grad. The gradient is deterministic without
+// atomics: positions are bucketed by id (a stable counting sort), then each table row is
+// owned by one thread and sums its positions in increasing order.
+#include <algorithm>
+#include <cstdint>
+#include <cstring>
+#include <string>
+
+
+namespace loom::host {
+
+namespace detail {
+
+// Throws usage_error for the first id outside [0, vocab), input `which` of the node.
+template <class T>
+void check_ids(const kernel_call<T>& c, std::size_t which, std::int64_t vocab) {
+    const std::int32_t* ids = c.index_input(which);
+    const std::int64_t n = c.input_numel(which);
+    for (std::int64_t p = 0; p < n; ++p) {
+        if (ids[p] >= 0 && ids[p] < vocab) continue;
+        throw usage_error(std::string(c.n.op->name) + " '" + c.n.name + "': id " + std::to_string(ids[p]) + " at " +
+                          describe_position(p, c.input_shape(which), c.g.tensor(c.n.inputs[which]).name) +
+                          " is outside the vocabulary [0, " + std::to_string(vocab) +
+                          "); every id must be a row of the embedding table (check the data's vocabulary size "
+                          "against the table's rows)");
+    }
+}
+
+}  // namespace detail
+
+template <>
+struct host_kernel<ops::Embedding> {
+    template <class T>
+    static void run(const kernel_call<T>& c) {
+        const std::int64_t h = c.extent("h"), rows = c.extent("v");
+        const auto vocab = c.attrs().template get<std::int64_t>("vocab");
+        const auto offset = c.attrs().template get_or<std::int64_t>("row_offset", 0);
+        detail::check_ids(c, 0, vocab);
+        const std::int32_t* ids = c.index_input(0);
+        const T* table = c.input(1);
+        T* out = c.output(0);
+        for_each_row(c.input_numel(0), h, [&](std::int64_t p) {
+            const std::int64_t row = ids[p] - offset;
+            if (row >= 0 && row < rows)
+                std::memcpy(out + p * h, table + row * h, static_cast<std::size_t>(h) * sizeof(T));
+            else
+                std::fill(out + p * h, out + (p + 1) * h, T(0));
+        });
+    }
+};
+
+template <>
+struct host_kernel<ops::EmbeddingGrad> {
+    template <class T>
+    static void run(const kernel_call<T>& c) {
+        const std::int64_t h = c.extent("h"), rows = c.extent("v");
+        const auto vocab = c.attrs().template get<std::int64_t>("vocab");
+        const auto offset = c.attrs().template get_or<std::int64_t>("row_offset", 0);
+        detail::check_ids(c, 1, vocab);
+        const T* dy = c.input(0);
+        const std::int32_t* ids = c.index_input(1);
+        const std::int64_t n = c.input_numel(1);
+        T* dtable = c.output(0);
+
+        // Stable counting sort of the positions whose id is a row of this table. Afterwards
+        // row r's positions are order[bucket_end[r - 1] .. bucket_end[r]) (from 0 for r = 0).
+        std::int64_t* bucket_end = detail::scratch<std::int64_t, 0>(static_cast<std::size_t>(rows + 1));
+        std::int64_t* order = detail::scratch<std::int64_t, 1>(static_cast<std::size_t>(std::max<std::int64_t>(n, 1)));
+        std::fill(bucket_end, bucket_end + rows + 1, std::int64_t{0});
+        for (std::int64_t p = 0; p < n; ++p) {
+            const std::int64_t row = ids[p] - offset;
+            if (row >= 0 && row < rows) ++bucket_end[row + 1];
+        }
+        for (std::int64_t r = 1; r <= rows; ++r) bucket_end[r] += bucket_end[r - 1];
+        for (std::int64_t p = 0; p < n; ++p) {
+            const std::int64_t row = ids[p] - offset;
+            if (row >= 0 && row < rows) order[bucket_end[row]++] = p;
+        }
+
+        for_each_row(rows, h, [&](std::int64_t r) {
+            T* out = dtable + r * h;
+            const std::int64_t first = r == 0 ? 0 : bucket_end[r - 1], last = bucket_end[r];
+            if (first == last) {
+                std::fill(out, out + h, T(0));
+                return;
+            }
+            std::memcpy(out, dy + order[first] * h, static_cast<std::size_t>(h) * sizeof(T));
+            for (std::int64_t k = first + 1; k < last; ++k) detail::add_row(out, dy + order[k] * h, h);
+        });
+    }
+};
+
+}  // namespace loom::host
+// ---- end loom/runtime/host/kernels/embedding.hpp ----
+// ---- end loom/runtime/host/kernels/all.hpp ----
+
+namespace loom::host {
+
+template <class T>
+using kernel_fn = void (*)(const kernel_call<T>&);
+
+template <class Op>
+concept has_host_kernel = requires(const kernel_call<float>& f, const kernel_call<double>& d) {
+    host_kernel<Op>::template run<float>(f);
+    host_kernel<Op>::template run<double>(d);
+};
+
+class kernel_table {
+public:
+    static kernel_table& instance() {
+        static kernel_table table;
+        return table;
+    }
+
+    template <op_kind Op>
+    void add() {
+        static_assert(has_host_kernel<Op>,
+                      "register_host_kernel: the op has no host kernel; specialise loom::host::host_kernel<Op> with "
+                      "template <class T> static void run(const kernel_call<T>&)");
+        std::lock_guard lock(mutex_);
+        entries_[&op_def_of<Op>()] = {&host_kernel<Op>::template run<float>, &host_kernel<Op>::template run<double>};
+    }
+
+    template <class T>
+    kernel_fn<T> find(const op_def& op) {
+        std::lock_guard lock(mutex_);
+        auto it = entries_.find(&op);
+        if (it == entries_.end())
+            throw usage_error("host backend: no kernel for op '" + std::string(op.name) +
+                              "'; include its kernel header and call loom::host::register_host_kernel<Op>()");
+        if constexpr (std::is_same_v<T, float>)
+            return it->second.f32;
+        else
+            return it->second.f64;
+    }
+
+private:
+    kernel_table() {
+        boost::mp11::mp_for_each<boost::mp11::mp_transform<boost::mp11::mp_identity, ops::all_ops>>(
+            [this](auto op) { add<typename decltype(op)::type>(); });
+    }
+    struct entry {
+        kernel_fn<float> f32;
+        kernel_fn<double> f64;
+    };
+    std::mutex mutex_;
+    std::unordered_map<const op_def*, entry> entries_;
+};
+
+template <op_kind Op>
+void register_host_kernel() {
+    kernel_table::instance().add<Op>();
+}
+
+template <class T>
+kernel_fn<T> kernel_for(const op_def& op) {
+    return kernel_table::instance().find<T>(op);
+}
+
+}  // namespace loom::host
+// ---- end loom/runtime/host/kernel_table.hpp ----
+
+namespace loom::host {
+
+template <class T>
+class executor {
+    static_assert(std::is_same_v<T, float> || std::is_same_v<T, double>, "executor: T must be float or double");
+
+public:
+    explicit executor(const program& p) : program_(p) {
+        constexpr precision mine = std::is_same_v<T, float> ? precision::f32 : precision::f64;
+        if (p.prec != mine)
+            throw usage_error(std::string("executor: the program was compiled for ") + std::string(to_string(p.prec)) +
+                              " but this executor computes in " + std::string(to_string(mine)) +
+                              "; compile with the matching precision");
+        arena_.reset(static_cast<std::byte*>(::operator new[](static_cast<std::size_t>(std::max<std::int64_t>(p.arena_bytes, 64)), std::align_val_t{64})));
+        pointers_.assign(p.buffers.size(), nullptr);
+        for (std::size_t t = 0; t < p.buffers.size(); ++t)
+            if (p.buffers[t].where == buffer::place::arena) pointers_[t] = arena_.get() + p.buffers[t].offset;
+        kernels_.reserve(p.steps.size());
+        for (const auto& step : p.steps) kernels_.push_back(kernel_for<T>(*p.source->at(step.node).op));
+    }
+
+    // Binds caller storage (at least the tensor's bytes) to a bound tensor.
+    void bind(tensor_id t, void* data) {
+        const auto& b = program_.buffers.at(static_cast<std::size_t>(t));
+        if (b.where != buffer::place::bound)
+            throw usage_error("executor::bind: tensor '" + program_.source->tensor(t).name +
+                              "' is not bound by this program (it is an intermediate or unused)");
+        pointers_[static_cast<std::size_t>(t)] = data;
+    }
+
+    void run(std::uint64_t step_number = 0) {
+        for (tensor_id t : program_.bound)
+            if (!pointers_[static_cast<std::size_t>(t)])
+                throw usage_error("executor::run: tensor '" + program_.source->tensor(t).name +
+                                  "' has no storage; bind it first");
+        const graph& g = *program_.source;
+        std::vector<void*> ins, outs;
+        for (std::size_t s = 0; s < program_.steps.size(); ++s) {
+            const node& n = g.at(program_.steps[s].node);
+            ins.clear();
+            outs.clear();
+            for (tensor_id t : n.inputs) ins.push_back(pointers_[static_cast<std::size_t>(t)]);
+            for (tensor_id t : n.outputs) outs.push_back(pointers_[static_cast<std::size_t>(t)]);
+            kernel_call<T> call{g, n, ins, outs, step_number};
+            kernels_[s](call);
+        }
+    }
+
+    // Storage of any tensor (valid for intermediates only while the tensor is live).
+    void* data(tensor_id t) const { return pointers_.at(static_cast<std::size_t>(t)); }
+    const program& source() const { return program_; }
+
+private:
+    struct aligned_delete {
+        void operator()(std::byte* p) const { ::operator delete[](p, std::align_val_t{64}); }
+    };
+    const program& program_;
+    std::unique_ptr<std::byte[], aligned_delete> arena_;
+    std::vector<void*> pointers_;
+    std::vector<kernel_fn<T>> kernels_;
+};
+
+}  // namespace loom::host
+// ---- end loom/runtime/host/executor.hpp ----
+
+namespace loom::host {
+
+template <class T>
+class bound_storage {
+public:
+    explicit bound_storage(const program& p) : program_(&p) {
+        const graph& g = *p.source;
+        for (tensor_id t : p.bound) {
+            const tensor_desc& d = g.tensor(t);
+            auto n = static_cast<std::size_t>(d.dims.numel());
+            if (d.kind == value_kind::index)
+                index_[t].assign(n, 0);
+            else
+                real_[t].assign(n, T(0));
+        }
+    }
+
+    std::span<T> real(tensor_id t) {
+        auto it = real_.find(t);
+        if (it == real_.end()) throw usage_error("bound_storage: '" + name(t) + "' is not a bound real tensor");
+        return it->second;
+    }
+    std::span<std::int32_t> index(tensor_id t) {
+        auto it = index_.find(t);
+        if (it == index_.end()) throw usage_error("bound_storage: '" + name(t) + "' is not a bound index tensor");
+        return it->second;
+    }
+    std::span<T> real(std::string_view tensor_name) { return real(find(tensor_name)); }
+    std::span<std::int32_t> index(std::string_view tensor_name) { return index(find(tensor_name)); }
+    bool has(tensor_id t) const { return real_.count(t) || index_.count(t); }
+
+    void bind_to(executor<T>& e) {
+        for (auto& [t, v] : real_) e.bind(t, v.data());
+        for (auto& [t, v] : index_) e.bind(t, v.data());
+    }
+
+private:
+    std::string name(tensor_id t) const { return program_->source->tensor(t).name; }
+    tensor_id find(std::string_view tensor_name) const {
+        if (auto t = program_->source->find_tensor(tensor_name)) return *t;
+        throw usage_error("bound_storage: no tensor named '" + std::string(tensor_name) + "'");
+    }
+    const program* program_;
+    std::unordered_map<tensor_id, std::vector<T>> real_;
+    std::unordered_map<tensor_id, std::vector<std::int32_t>> index_;
+};
+
+}  // namespace loom::host
+// ---- end loom/runtime/host/bound_storage.hpp ----
+
+// io
+// ---- begin loom/io/safetensors.hpp ----
+// safetensors: the tensor file format of the Hugging Face ecosystem, read and written
+// without the Python or Rust package.
+//
+// Layout:
+//   u64 little-endian  N, the header length in bytes
+//   N bytes            a JSON object, padded with spaces so that N % 8 == 0:
+//                        {"__metadata__": {"k": "v", ...},            (optional, strings only)
+//                         "<name>": {"dtype": "F32", "shape": [2, 3], "data_offsets": [begin, end]}, ...}
+//   the data section   every tensor's bytes, little-endian, row-major; [begin, end) is
+//                      relative to the start of this section
+// The data section has no holes and no overlaps: sorted by begin, each tensor starts where
+// the previous one ended, the first at 0 and the last ends at the end of the file.
+//
+// safetensors_writer lays tensors out as the reference writer does, by descending dtype
+// (8-byte types, then 4, 2 and 1) and then by name, and writes each header entry as
+// {"dtype", "shape", "data_offsets"}. Because the header is padded to a multiple of 8 and
+// larger dtypes come first, every tensor starts at an address aligned to its element size
+// when the file is mapped, and the same tensors always give the same bytes.
+//
+// Example:
+//   loom::io::safetensors_writer w;
+//   w.add("wte", loom::io::dtype::f32, {256, 64}, weights);   // std::vector<float>
+//   w.metadata("format", "pt");
+//   w.write("model.safetensors");
+//   loom::io::safetensors_file f("model.safetensors");
+//   std::vector<float> back = f.read<float>("wte");
+#include <algorithm>
+#include <array>
+#include <bit>
+#include <cstddef>
+#include <cstdint>
+#include <cstring>
+#include <filesystem>
+#include <fstream>
+#include <functional>
+#include <limits>
+#include <map>
+#include <optional>
+#include <ranges>
+#include <span>
+#include <string>
+#include <string_view>
+#include <system_error>
+#include <type_traits>
+#include <utility>
+#include <vector>
+
+#include <nlohmann/json.hpp>
+
+
+namespace loom::io {
+
+// Declared in the reference format's order of increasing alignment; the writer sorts on it.
+enum class dtype { u8, f16, bf16, i32, f32, f64, i64 };
+
+inline constexpr std::array<dtype, 7> all_dtypes{dtype::u8,  dtype::f16, dtype::bf16, dtype::i32,
+                                                 dtype::f32, dtype::f64, dtype::i64};
+
+// The name the format uses: dtype::bf16 -> "BF16".
+constexpr std::string_view dtype_name(dtype type) noexcept {
+    switch (type) {
+        case dtype::u8: return "U8";
+        case dtype::f16: return "F16";
+        case dtype::bf16: return "BF16";
+        case dtype::i32: return "I32";
+        case dtype::f32: return "F32";
+        case dtype::f64: return "F64";
+        case dtype::i64: return "I64";
+    }
+    return "?";
+}
+
+constexpr std::size_t dtype_size(dtype type) noexcept {
+    switch (type) {
+        case dtype::u8: return 1;
+        case dtype::f16:
+        case dtype::bf16: return 2;
+        case dtype::i32:
+        case dtype::f32: return 4;
+        case dtype::f64:
+        case dtype::i64: return 8;
+    }
+    return 0;
+}
+
+constexpr std::optional<dtype> dtype_from_name(std::string_view name) noexcept {
+    for (dtype type : all_dtypes) {
+        if (dtype_name(type) == name) return type;
+    }
+    return std::nullopt;
+}
+
+// Which C++ element types may be read from / written as which dtypes. F16 and BF16 travel
+// as their 16-bit patterns in std::uint16_t; a half-precision type elsewhere in loom can be
+// added by specializing this template with `name` and `accepts`.
+template <class T>
+struct dtype_traits;
+
+template <>
+struct dtype_traits<float> {
+    static constexpr std::string_view name = "float";
+    static constexpr bool accepts(dtype t) noexcept { return t == dtype::f32; }
+};
+template <>
+struct dtype_traits<double> {
+    static constexpr std::string_view name = "double";
+    static constexpr bool accepts(dtype t) noexcept { return t == dtype::f64; }
+};
+template <>
+struct dtype_traits<std::int32_t> {
+    static constexpr std::string_view name = "std::int32_t";
+    static constexpr bool accepts(dtype t) noexcept { return t == dtype::i32; }
+};
+template <>
+struct dtype_traits<std::int64_t> {
+    static constexpr std::string_view name = "std::int64_t";
+    static constexpr bool accepts(dtype t) noexcept { return t == dtype::i64; }
+};
+template <>
+struct dtype_traits<std::uint8_t> {
+    static constexpr std::string_view name = "std::uint8_t";
+    static constexpr bool accepts(dtype t) noexcept { return t == dtype::u8; }
+};
+template <>
+struct dtype_traits<std::uint16_t> {
+    static constexpr std::string_view name = "std::uint16_t (F16 or BF16 bits)";
+    static constexpr bool accepts(dtype t) noexcept { return t == dtype::f16 || t == dtype::bf16; }
+};
+
+template <class T>
+concept safetensors_element = std::is_trivially_copyable_v<T> && requires(dtype t) {
+    { dtype_traits<T>::accepts(t) } -> std::same_as<bool>;
+    { dtype_traits<T>::name } -> std::convertible_to<std::string_view>;
+};
+
+// One tensor's entry in the header. begin and end are byte offsets into the data section.
+struct tensor_info {
+    io::dtype dtype = io::dtype::u8;
+    std::vector<std::int64_t> shape;
+    std::uint64_t begin = 0;
+    std::uint64_t end = 0;
+
+    // The product of the shape; 1 for a scalar (shape []).
+    std::uint64_t element_count() const noexcept {
+        std::uint64_t n = 1;
+        for (std::int64_t d : shape) n *= static_cast<std::uint64_t>(d);
+        return n;
+    }
+    std::uint64_t byte_size() const noexcept { return end - begin; }
+};
+
+namespace detail {
+
+// The reference reader refuses headers above this size; so do we, so that a corrupt
+// length cannot make us allocate gigabytes.
+inline constexpr std::uint64_t safetensors_max_header_bytes = 100'000'000;
+
+inline std::string safetensors_quote(const std::filesystem::path& path) { return "'" + path.string() + "'"; }
+
+inline std::string safetensors_shape_text(const std::vector<std::int64_t>& shape) {
+    std::string text = "[";
+    for (std::size_t i = 0; i < shape.size(); ++i) text += (i ? ", " : "") + std::to_string(shape[i]);
+    return text + "]";
+}
+
+// Copies elements to or from little-endian bytes; a plain copy on little-endian hosts.
+template <class T>
+void safetensors_copy_le(const void* from, void* to, std::size_t count) noexcept {
+    if (count == 0) return;  // an empty vector's data() may be null, which memcpy forbids
+    std::memcpy(to, from, count * sizeof(T));
+    if constexpr (std::endian::native == std::endian::big && sizeof(T) > 1) {
+        auto* bytes = static_cast<unsigned char*>(to);
+        for (std::size_t i = 0; i < count; ++i) std::reverse(bytes + i * sizeof(T), bytes + (i + 1) * sizeof(T));
+    }
+}
+
+inline constexpr std::string_view safetensors_rewrite =
+    "write it again with loom::io::safetensors_writer or safetensors.torch.save_file";
+inline constexpr std::string_view safetensors_fix =
+    "the file is corrupt or was not written by a safetensors writer; write it again with "
+    "loom::io::safetensors_writer or safetensors.torch.save_file";
+
+}  // namespace detail
+
+class safetensors_writer {
+public:
+    // Adds a tensor from raw little-endian bytes. Throws loom::usage_error for an empty,
+    // reserved or repeated name, a negative extent, or a byte count that is not
+    // product(shape) * dtype_size(type).
+    void add(std::string name, dtype type, std::vector<std::int64_t> shape, std::span<const std::byte> bytes) {
+        check_name(name);
+        std::uint64_t elements = 1;
+        for (std::int64_t d : shape) {
+            if (d < 0) {
+                throw usage_error("safetensors_writer::add: tensor '" + name + "' has negative extent " + std::to_string(d) +
+                                  " in shape " + detail::safetensors_shape_text(shape) + "; extents must be >= 0");
+            }
+            elements *= static_cast<std::uint64_t>(d);
+        }
+        if (elements * dtype_size(type) != bytes.size()) {
+            throw usage_error("safetensors_writer::add: tensor '" + name + "' of dtype " + std::string(dtype_name(type)) +
+                              " and shape " + detail::safetensors_shape_text(shape) + " needs " +
+                              std::to_string(elements * dtype_size(type)) + " bytes but " + std::to_string(bytes.size()) +
+                              " were given; pass data of exactly product(shape) elements");
+        }
+        entries_.emplace(std::move(name), entry{type, std::move(shape), std::vector<std::byte>(bytes.begin(), bytes.end())});
+    }
+
+    // Adds a tensor from typed values, e.g. a std::vector<float> as dtype::f32. The element
+    // type must match the dtype (dtype_traits<T>::accepts).
+    template <std::ranges::contiguous_range R>
+        requires safetensors_element<std::ranges::range_value_t<R>>
+    void add(std::string name, dtype type, std::vector<std::int64_t> shape, const R& values) {
+        using T = std::ranges::range_value_t<R>;
+        if (!dtype_traits<T>::accepts(type)) {
+            throw usage_error("safetensors_writer::add: tensor '" + name + "' is declared " + std::string(dtype_name(type)) +
+                              " but its elements are " + std::string(dtype_traits<T>::name) +
+                              "; pass elements of the matching type (F32 float, F64 double, I32 std::int32_t, "
+                              "I64 std::int64_t, U8 std::uint8_t, F16/BF16 std::uint16_t)");
+        }
+        const std::size_t count = static_cast<std::size_t>(std::ranges::size(values));
+        std::vector<std::byte> bytes(count * sizeof(T));
+        detail::safetensors_copy_le<T>(std::ranges::data(values), bytes.data(), count);
+        add(std::move(name), type, std::move(shape), std::span<const std::byte>(bytes));
+    }
+
+    // Sets a "__metadata__" entry; a later call with the same key replaces the value.
+    void metadata(std::string key, std::string value) { metadata_[std::move(key)] = std::move(value); }
+
+    std::size_t size() const noexcept { return entries_.size(); }
+
+    // The whole file, as write() stores it.
+    std::vector<std::byte> serialize() const {
+        std::vector<std::pair<const std::string*, const entry*>> order;
+        order.reserve(entries_.size());
+        for (const auto& [name, e] : entries_) order.emplace_back(&name, &e);
+        std::stable_sort(order.begin(), order.end(), [](const auto& a, const auto& b) {
+            return static_cast<int>(a.second->type) > static_cast<int>(b.second->type);
+        });  // entries_ is already sorted by name, so ties stay in name order
+
+        nlohmann::ordered_json header = nlohmann::ordered_json::object();
+        if (!metadata_.empty()) header["__metadata__"] = metadata_;
+        std::uint64_t offset = 0;
+        for (const auto& [name, e] : order) {
+            nlohmann::ordered_json info = nlohmann::ordered_json::object();
+            info["dtype"] = dtype_name(e->type);
+            info["shape"] = e->shape;
+            info["data_offsets"] = {offset, offset + e->bytes.size()};
+            header[*name] = std::move(info);
+            offset += e->bytes.size();
+        }
+        std::string text;
+        try {
+            text = header.dump();
+        } catch (const nlohmann::json::exception& ex) {
+            throw usage_error(std::string("safetensors_writer: a tensor name or metadata string is not valid UTF-8 (") +
+                              ex.what() + "); use UTF-8 names and values");
+        }
+        text.append((8 - text.size() % 8) % 8, ' ');
+
+        std::vector<std::byte> file(8 + text.size() + offset);
+        const std::uint64_t n = text.size();
+        for (int i = 0; i < 8; ++i) file[static_cast<std::size_t>(i)] = static_cast<std::byte>((n >> (8 * i)) & 0xFF);
+        std::memcpy(file.data() + 8, text.data(), text.size());
+        std::size_t at = 8 + text.size();
+        for (const auto& [name, e] : order) {
+            if (!e->bytes.empty()) std::memcpy(file.data() + at, e->bytes.data(), e->bytes.size());
+            at += e->bytes.size();
+        }
+        return file;
+    }
+
+    // Writes beside `path` and renames into place, so a reader never sees half a file.
+    // Throws loom::data_error when the file cannot be written.
+    void write(const std::filesystem::path& path) const {
+        const std::vector<std::byte> file = serialize();
+        std::filesystem::path partial = path;
+        partial += ".partial";
+        {
+            std::ofstream out(partial, std::ios::binary | std::ios::trunc);
+            if (!out) {
+                throw data_error("safetensors_writer::write: cannot create " + detail::safetensors_quote(partial) +
+                                 "; check that the directory exists and is writable");
+            }
+            out.write(reinterpret_cast<const char*>(file.data()), static_cast<std::streamsize>(file.size()));
+            out.close();
+            if (!out) {
+                throw data_error("safetensors_writer::write: writing " + std::to_string(file.size()) + " bytes to " +
+                                 detail::safetensors_quote(partial) + " failed; check free disk space");
+            }
+        }
+        std::error_code ec;
+        std::filesystem::rename(partial, path, ec);
+        if (ec) {
+            throw data_error("safetensors_writer::write: cannot rename " + detail::safetensors_quote(partial) + " to " +
+                             detail::safetensors_quote(path) + ": " + ec.message() + "; check that the target is writable");
+        }
+    }
+
+private:
+    struct entry {
+        dtype type;
+        std::vector<std::int64_t> shape;
+        std::vector<std::byte> bytes;
+    };
+
+    void check_name(const std::string& name) const {
+        if (name.empty()) throw usage_error("safetensors_writer::add: a tensor name is empty; give every tensor a name");
+        if (name == "__metadata__") {
+            throw usage_error("safetensors_writer::add: '__metadata__' is reserved for the metadata map; rename the "
+                              "tensor and use safetensors_writer::metadata for string entries");
+        }
+        if (entries_.contains(name)) {
+            throw usage_error("safetensors_writer::add: tensor '" + name + "' was already added; tensor names must be unique");
+        }
+    }
+
+    std::map<std::string, entry, std::less<>> entries_;
+    std::map<std::string, std::string> metadata_;
+};
+
+// A safetensors file whose header is read and fully validated on construction; tensor
+// data is read on demand. Every error is a loom::data_error naming the file, the tensor
+// where there is one, what is wrong and how to get a good file.
+class safetensors_file {
+public:
+    explicit safetensors_file(std::filesystem::path path) : path_(std::move(path)) { load(); }
+
+    const std::filesystem::path& path() const noexcept { return path_; }
+
+    // Tensor names in sorted order.
+    std::vector<std::string> names() const {
+        std::vector<std::string> out;
+        out.reserve(tensors_.size());
+        for (const auto& [name, info] : tensors_) out.push_back(name);
+        return out;
+    }
+
+    std::size_t size() const noexcept { return tensors_.size(); }
+    bool contains(std::string_view name) const { return tensors_.find(name) != tensors_.end(); }
+
+    const tensor_info& info(std::string_view name) const {
+        const auto it = tensors_.find(name);
+        if (it == tensors_.end()) {
+            std::string known;
+            std::size_t shown = 0;
+            for (const auto& [n, i] : tensors_) {
+                if (shown++ == 8) {
+                    known += ", ...";
+                    break;
+                }
+                known += (known.empty() ? "" : ", ") + n;
+            }
+            fail("has no tensor '" + std::string(name) + "'; it holds " + std::to_string(tensors_.size()) + " tensors" +
+                 (known.empty() ? std::string() : ": " + known) + "; check the name");
+        }
+        return it->second;
+    }
+
+    const std::map<std::string, std::string>& metadata() const noexcept { return metadata_; }
+
+    // The tensor's bytes as stored (little-endian, row-major).
+    std::vector<std::byte> read_bytes(std::string_view name) const {
+        const tensor_info& t = info(name);
+        std::vector<std::byte> bytes(static_cast<std::size_t>(t.byte_size()));
+        if (bytes.empty()) return bytes;
+        std::ifstream in(path_, std::ios::binary);
+        if (!in) fail("cannot be opened to read tensor '" + std::string(name) + "'; check that it still exists");
+        in.seekg(static_cast<std::streamoff>(data_start_ + t.begin));
+        in.read(reinterpret_cast<char*>(bytes.data()), static_cast<std::streamsize>(bytes.size()));
+        if (static_cast<std::size_t>(in.gcount()) != bytes.size()) {
+            fail("ended while reading tensor '" + std::string(name) + "' (bytes " + std::to_string(data_start_ + t.begin) +
+                 " to " + std::to_string(data_start_ + t.end) + "); it was truncated after it was opened, " +
+                 std::string(detail::safetensors_fix));
+        }
+        return bytes;
+    }
+
+    // The tensor's elements; T must match its dtype (see dtype_traits).
+    template <safetensors_element T>
+    std::vector<T> read(std::string_view name) const {
+        const tensor_info& t = info(name);
+        if (!dtype_traits<T>::accepts(t.dtype)) {
+            fail("stores tensor '" + std::string(name) + "' as " + std::string(dtype_name(t.dtype)) + " but it was read as " +
+                 std::string(dtype_traits<T>::name) + "; read it with the element type of its dtype (F32 float, F64 double, "
+                 "I32 std::int32_t, I64 std::int64_t, U8 std::uint8_t, F16/BF16 std::uint16_t)");
+        }
+        const std::vector<std::byte> bytes = read_bytes(name);
+        std::vector<T> values(bytes.size() / sizeof(T));
+        detail::safetensors_copy_le<T>(bytes.data(), values.data(), values.size());
+        return values;
+    }
+
+private:
+    [[noreturn]] void fail(const std::string& what) const {
+        throw data_error("safetensors_file: " + detail::safetensors_quote(path_) + " " + what);
+    }
+
+    [[noreturn]] void fail_tensor(const std::string& name, const std::string& what) const {
+        fail("tensor '" + name + "' " + what + "; " + std::string(detail::safetensors_fix));
+    }
+
+    void load() {
+        std::error_code ec;
+        const auto status = std::filesystem::status(path_, ec);
+        if (!std::filesystem::exists(status)) {
+            fail("does not exist; check the path or write it with loom::io::safetensors_writer");
+        }
+        if (!std::filesystem::is_regular_file(status)) fail("is not a regular file; pass the path of a .safetensors file");
+        const std::uint64_t file_bytes = std::filesystem::file_size(path_, ec);
+        if (ec) fail("cannot be sized: " + ec.message());
+        if (file_bytes < 8) {
+            fail("is " + std::to_string(file_bytes) + " bytes long, too short for the 8-byte header length; " +
+                 std::string(detail::safetensors_fix));
+        }
+        std::ifstream in(path_, std::ios::binary);
+        if (!in) fail("cannot be opened for reading; check its permissions");
+        unsigned char length_bytes[8] = {};
+        in.read(reinterpret_cast<char*>(length_bytes), 8);
+        std::uint64_t header_bytes = 0;
+        for (int i = 0; i < 8; ++i) header_bytes |= static_cast<std::uint64_t>(length_bytes[i]) << (8 * i);
+        if (header_bytes > file_bytes - 8) {
+            fail("declares a header of " + std::to_string(header_bytes) + " bytes, but only " +
+                 std::to_string(file_bytes - 8) + " bytes follow the length field, so the file is truncated or is not "
+                 "a safetensors file; " + std::string(detail::safetensors_rewrite));
+        }
+        if (header_bytes > detail::safetensors_max_header_bytes) {
+            fail("declares a header of " + std::to_string(header_bytes) + " bytes, above the " +
+                 std::to_string(detail::safetensors_max_header_bytes) + "-byte limit that safetensors readers enforce; " +
+                 std::string(detail::safetensors_fix));
+        }
+        std::string text(static_cast<std::size_t>(header_bytes), '\0');
+        in.read(text.data(), static_cast<std::streamsize>(text.size()));
+        if (static_cast<std::size_t>(in.gcount()) != text.size()) fail("could not be read; check the disk");
+        data_start_ = 8 + header_bytes;
+
+        nlohmann::json header;
+        try {
+            header = nlohmann::json::parse(text);
+        } catch (const nlohmann::json::parse_error& ex) {
+            fail("has a header that is not valid JSON (" + std::string(ex.what()) + "); " +
+                 std::string(detail::safetensors_fix));
+        }
+        if (!header.is_object()) {
+            fail("has a JSON header that is a " + std::string(header.type_name()) + ", not an object; " +
+                 std::string(detail::safetensors_fix));
+        }
+
+        std::vector<std::pair<std::string, const tensor_info*>> by_offset;
+        for (const auto& [name, value] : header.items()) {
+            if (name == "__metadata__") {
+                read_metadata(value);
+                continue;
+            }
+            const auto [it, inserted] = tensors_.emplace(name, parse_entry(name, value));
+            by_offset.emplace_back(name, &it->second);
+        }
+        std::sort(by_offset.begin(), by_offset.end(), [](const auto& a, const auto& b) {
+            return std::pair(a.second->begin, a.second->end) < std::pair(b.second->begin, b.second->end);
+        });
+
+        const std::uint64_t data_bytes = file_bytes - data_start_;
+        std::uint64_t expected_begin = 0;
+        std::string previous;
+        for (const auto& [name, t] : by_offset) {
+            if (t->end > data_bytes) {
+                fail_tensor(name, "has data_offsets [" + std::to_string(t->begin) + ", " + std::to_string(t->end) +
+                                      ") beyond the data section of " + std::to_string(data_bytes) + " bytes");
+            }
+            if (t->begin < expected_begin) {
+                fail_tensor(name, "has data_offsets [" + std::to_string(t->begin) + ", " + std::to_string(t->end) +
+                                      ") that overlap tensor '" + previous + "', which ends at " +
+                                      std::to_string(expected_begin));
+            }
+            if (t->begin > expected_begin) {
+                fail_tensor(name, "starts at data offset " + std::to_string(t->begin) + ", leaving a hole after " +
+                                      (previous.empty() ? std::string("the start of the data section")
+                                                        : "tensor '" + previous + "'") +
+                                      " at " + std::to_string(expected_begin) + "; the data section must have no gaps");
+            }
+            expected_begin = t->end;
+            previous = name;
+        }
+        if (expected_begin != data_bytes) {
+            fail("has " + std::to_string(data_bytes - expected_begin) + " bytes after the last tensor" +
+                 (previous.empty() ? std::string() : " '" + previous + "'") + " (data section of " +
+                 std::to_string(data_bytes) + " bytes, tensors cover " + std::to_string(expected_begin) + "); " +
+                 std::string(detail::safetensors_fix));
+        }
+    }
+
+    void read_metadata(const nlohmann::json& value) {
+        if (!value.is_object()) {
+            fail("has a \"__metadata__\" entry that is a " + std::string(value.type_name()) +
+                 ", not an object of strings; " + std::string(detail::safetensors_fix));
+        }
+        for (const auto& [key, v] : value.items()) {
+            if (!v.is_string()) {
+                fail("has metadata \"" + key + "\" that is a " + std::string(v.type_name()) +
+                     ", but metadata values must be strings; " + std::string(detail::safetensors_fix));
+            }
+            metadata_[key] = v.get<std::string>();
+        }
+    }
+
+    tensor_info parse_entry(const std::string& name, const nlohmann::json& value) const {
+        if (!value.is_object()) fail_tensor(name, "is a " + std::string(value.type_name()) + ", not an object");
+        tensor_info t;
+
+        const auto dtype_it = value.find("dtype");
+        if (dtype_it == value.end() || !dtype_it->is_string()) fail_tensor(name, "has no string \"dtype\"");
+        const std::string type_name = dtype_it->get<std::string>();
+        const std::optional<dtype> type = dtype_from_name(type_name);
+        if (!type) {
+            fail("tensor '" + name + "' has dtype \"" + type_name +
+                 "\", which loom does not read (it reads F32, F64, I32, I64, BF16, F16, U8); convert the tensor to one of "
+                 "these before saving");
+        }
+        t.dtype = *type;
+
+        const auto shape_it = value.find("shape");
+        if (shape_it == value.end() || !shape_it->is_array()) fail_tensor(name, "has no array \"shape\"");
+        std::uint64_t elements = 1;
+        bool overflow = false;
+        for (const auto& d : *shape_it) {
+            if (!d.is_number_unsigned() || d.get<std::uint64_t>() > static_cast<std::uint64_t>(std::numeric_limits<std::int64_t>::max())) {
+                fail_tensor(name, "has shape " + shape_it->dump() + " with an extent that is not a non-negative integer");
+            }
+            const std::uint64_t extent = d.get<std::uint64_t>();
+            if (extent != 0 && elements > std::numeric_limits<std::uint64_t>::max() / extent) overflow = true;
+            elements *= extent;
+            t.shape.push_back(static_cast<std::int64_t>(extent));
+        }
+        const std::size_t width = dtype_size(t.dtype);
+        if (overflow || elements > std::numeric_limits<std::uint64_t>::max() / width) {
+            fail_tensor(name, "has shape " + shape_it->dump() + ", whose byte size overflows 64 bits");
+        }
+
+        const auto offsets_it = value.find("data_offsets");
+        if (offsets_it == value.end() || !offsets_it->is_array() || offsets_it->size() != 2 ||
+            !(*offsets_it)[0].is_number_unsigned() || !(*offsets_it)[1].is_number_unsigned()) {
+            fail_tensor(name, "has no \"data_offsets\" of two non-negative integers [begin, end)");
+        }
+        t.begin = (*offsets_it)[0].get<std::uint64_t>();
+        t.end = (*offsets_it)[1].get<std::uint64_t>();
+        if (t.end < t.begin) {
+            fail_tensor(name, "has data_offsets [" + std::to_string(t.begin) + ", " + std::to_string(t.end) +
+                                  ") that end before they begin");
+        }
+        if (t.end - t.begin != elements * width) {
+            fail_tensor(name, "has " + std::to_string(t.end - t.begin) + " bytes (data_offsets [" + std::to_string(t.begin) +
+                                  ", " + std::to_string(t.end) + ")) but dtype " + type_name + " and shape " +
+                                  detail::safetensors_shape_text(t.shape) + " need " + std::to_string(elements) + " x " +
+                                  std::to_string(width) + " = " + std::to_string(elements * width) + " bytes");
+        }
+        return t;
+    }
+
+    std::filesystem::path path_;
+    std::map<std::string, tensor_info, std::less<>> tensors_;
+    std::map<std::string, std::string> metadata_;
+    std::uint64_t data_start_ = 0;
+};
+
+}  // namespace loom::io
+// ---- end loom/io/safetensors.hpp ----
+
+// train
+// ---- begin loom/train/adamw.hpp ----
+// AdamW with PyTorch's torch.optim.AdamW semantics (decoupled weight decay):
+//   p <- p * (1 - lr * wd)
+//   m <- b1 m + (1 - b1) g;  v <- b2 v + (1 - b2) g^2
+//   p <- p - lr * (m / (1 - b1^t)) / (sqrt(v / (1 - b2^t)) + eps)
+#include <cmath>
+#include <cstdint>
+#include <vector>
+
+// ---- begin loom/train/parameter_slot.hpp ----
+// What an optimizer updates: one parameter's values and its gradient, by name.
+#include <span>
+#include <string>
+
+namespace loom::train {
+
+template <class T>
+struct parameter_slot {
+    std::string name;
+    std::span<T> value;
+    std::span<const T> grad;
+    bool weight_decay = true;  // GPT-2 practice: decay matrices, not biases, norms or gains
+};
+
+}  // namespace loom::train
+// ---- end loom/train/parameter_slot.hpp ----
+
+namespace loom::train {
+
+struct adamw_options {
+    double lr = 1e-3;
+    double beta1 = 0.9;
+    double beta2 = 0.999;
+    double eps = 1e-8;
+    double weight_decay = 0.01;
+};
+
+template <class T>
+class adamw {
+public:
+    explicit adamw(adamw_options options) : options_(options) {
+        if (!(options.beta1 >= 0 && options.beta1 < 1 && options.beta2 >= 0 && options.beta2 < 1))
+            throw usage_error("adamw: betas must lie in [0, 1); got beta1=" + std::to_string(options.beta1) +
+                              ", beta2=" + std::to_string(options.beta2));
+        if (options.lr < 0 || options.eps <= 0 || options.weight_decay < 0)
+            throw usage_error("adamw: lr and weight_decay must be >= 0 and eps > 0");
+    }
+
+    void add(parameter_slot<T> slot) {
+        m_.emplace_back(slot.value.size(), T(0));
+        v_.emplace_back(slot.value.size(), T(0));
+        slots_.push_back(std::move(slot));
+    }
+
+    void step(double lr) {
+        ++steps_;
+        const double t = static_cast<double>(steps_);
+        const T b1 = static_cast<T>(options_.beta1), b2 = static_cast<T>(options_.beta2);
+        const T step_size = static_cast<T>(lr / (1 - std::pow(options_.beta1, t)));
+        const T bias2_sqrt = static_cast<T>(std::sqrt(1 - std::pow(options_.beta2, t)));
+        const T eps = static_cast<T>(options_.eps);
+        for (std::size_t s = 0; s < slots_.size(); ++s) {
+            auto& slot = slots_[s];
+            T* __restrict m = m_[s].data();
+            T* __restrict v = v_[s].data();
+            T* __restrict p = slot.value.data();
+            const T* __restrict g = slot.grad.data();
+            const T decay = slot.weight_decay ? static_cast<T>(1 - lr * options_.weight_decay) : T(1);
+            host::parallel_for(0, static_cast<std::int64_t>(slot.value.size()), 1 << 14,
+                               [&](std::int64_t lo, std::int64_t hi) {
+                                   for (std::int64_t i = lo; i < hi; ++i) {
+                                       p[i] *= decay;
+                                       m[i] = b1 * m[i] + (1 - b1) * g[i];
+                                       v[i] = b2 * v[i] + (1 - b2) * g[i] * g[i];
+                                       p[i] -= step_size * m[i] / (std::sqrt(v[i]) / bias2_sqrt + eps);
+                                   }
+                               });
+        }
+    }
+    void step() { step(options_.lr); }
+
+    std::int64_t steps() const { return steps_; }
+    void set_steps(std::int64_t steps) { steps_ = steps; }
+    const adamw_options& options() const { return options_; }
+    std::vector<T>& first_moment(std::size_t s) { return m_.at(s); }
+    std::vector<T>& second_moment(std::size_t s) { return v_.at(s); }
+    const std::vector<parameter_slot<T>>& slots() const { return slots_; }
+
+private:
+    adamw_options options_;
+    std::vector<parameter_slot<T>> slots_;
+    std::vector<std::vector<T>> m_, v_;
+    std::int64_t steps_ = 0;
+};
+
+}  // namespace loom::train
+// ---- end loom/train/adamw.hpp ----
+// ---- begin loom/train/corpus.hpp ----
+// make_corpus: a deterministic English-like training text that loom writes itself, so
+// examples and tests train on real-looking language without downloads or copied text.
+//
+// The text is drawn from hand-written templates with a splitmix64 generator implemented
+// here: only 64-bit integer arithmetic, no std::*_distribution (whose output differs between
+// standard libraries), so a given (bytes, seed) yields the same string on every platform.
+// It has structure a small model can learn quickly:
+//   - fixed facts that recur ("A spider has eight legs.", "The baker works at the bakery."),
+//   - arithmetic that is always right ("Three plus four is seven.", "12 + 7 = 19."),
+//   - short stories whose counts add up ("... bought five red apples. ... so now she has
+//     seven apples."), dialogue with quotes, and paragraphs separated by a blank line.
+// Laws: make_corpus(n, s).size() == n; make_corpus(n, s) is a prefix of make_corpus(m, s)
+// for n <= m (the text is generated in order, then cut to length).
+#include <array>
+#include <cstddef>
+#include <cstdint>
+#include <string>
+#include <string_view>
+
+namespace loom::train {
+
+namespace detail {
+
+// splitmix64: a 64-bit counter passed through a bijective mixer. Small, fast and fully
+// specified, which is what cross-platform determinism needs.
+class corpus_rng {
+public:
+    explicit constexpr corpus_rng(std::uint64_t seed) noexcept : state_(seed) {}
+
+    constexpr std::uint64_t next() noexcept {
+        std::uint64_t z = (state_ += 0x9e3779b97f4a7c15ULL);
+        z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ULL;
+        z = (z ^ (z >> 27)) * 0x94d049bb133111ebULL;
+        return z ^ (z >> 31);
+    }
+
+    // Uniform on [0, n) up to a bias below n / 2^64, invisible for the small n used here.
+    constexpr std::size_t below(std::size_t n) noexcept { return static_cast<std::size_t>(next() % n); }
+
+    // Uniform on [lo, hi].
+    constexpr int between(int lo, int hi) noexcept { return lo + static_cast<int>(below(static_cast<std::size_t>(hi - lo + 1))); }
+
+    constexpr bool percent(int p) noexcept { return below(100) < static_cast<std::size_t>(p); }
+
+    template <class T, std::size_t N>
+    constexpr const T& pick(const std::array<T, N>& items) noexcept {
+        return items[below(N)];
+    }
+
+private:
+    std::uint64_t state_;
+};
+
+struct corpus_person {
+    std::string_view name, subject, object, possessive;
+};
+
+struct corpus_animal {
+    std::string_view singular, plural;
+    int legs;
+    std::string_view sound;  // empty: the animal makes no sound worth a sentence
+    std::string_view home, food;
+};
+
+struct corpus_job {
+    std::string_view title, workplace, duty;
+};
+
+struct corpus_pair {
+    std::string_view first, second;
+};
+
+inline constexpr std::array<corpus_person, 30> corpus_people{{
+    {"Anna", "she", "her", "her"},   {"Ben", "he", "him", "his"},     {"Clara", "she", "her", "her"},
+    {"David", "he", "him", "his"},   {"Emma", "she", "her", "her"},   {"Felix", "he", "him", "his"},
+    {"Grace", "she", "her", "her"},  {"Hugo", "he", "him", "his"},    {"Iris", "she", "her", "her"},
+    {"Jack", "he", "him", "his"},    {"Kate", "she", "her", "her"},   {"Leo", "he", "him", "his"},
+    {"Maya", "she", "her", "her"},   {"Noah", "he", "him", "his"},    {"Olga", "she", "her", "her"},
+    {"Peter", "he", "him", "his"},   {"Rosa", "she", "her", "her"},   {"Sam", "he", "him", "his"},
+    {"Tara", "she", "her", "her"},   {"Omar", "he", "him", "his"},    {"Vera", "she", "her", "her"},
+    {"Will", "he", "him", "his"},    {"Yara", "she", "her", "her"},   {"Zeno", "he", "him", "his"},
+    {"Lucy", "she", "her", "her"},   {"Mark", "he", "him", "his"},    {"Nina", "she", "her", "her"},
+    {"Paul", "he", "him", "his"},    {"Ruth", "she", "her", "her"},   {"Tom", "he", "him", "his"},
+}};
+
+inline constexpr std::array<std::string_view, 8> corpus_towns{
+    "Ashby", "Brindle", "Carrow", "Dunmore", "Elmstead", "Fernley", "Glenmoor", "Hollins"};
+
+inline constexpr std::array<std::string_view, 12> corpus_colours{
+    "red", "blue", "green", "yellow", "white", "black", "brown", "orange", "purple", "pink", "grey", "silver"};
+
+// Small things; plurals follow corpus_plural's rules.
+inline constexpr std::array<std::string_view, 40> corpus_objects{
+    "ball",   "cup",    "book",   "box",    "hat",     "key",     "lamp",   "pen",    "spoon",  "bowl",
+    "bottle", "bag",    "coat",   "shoe",   "clock",   "plate",   "basket", "candle", "kite",   "drum",
+    "bell",   "brush",  "ring",   "mirror", "pillow",  "blanket", "map",    "letter", "jar",    "bucket",
+    "ladder", "rope",   "coin",   "stone",  "shell",   "feather", "ribbon", "button", "glass",  "sock"};
+
+inline constexpr std::array<std::string_view, 12> corpus_surfaces{
+    "table", "shelf", "desk", "bed", "sofa", "chair", "bench", "stool", "cupboard", "counter", "windowsill", "floor"};
+
+inline constexpr std::array<std::string_view, 7> corpus_prepositions{
+    "on", "under", "next to", "behind", "in front of", "near", "beside"};
+
+inline constexpr std::array<std::string_view, 28> corpus_places{
+    "kitchen", "garden",  "park",   "market", "school",   "library", "station",  "harbour", "forest", "village",
+    "river",   "hill",    "beach",  "farm",   "bakery",   "museum",  "bridge",   "square",  "field",  "lake",
+    "castle",  "tower",   "shop",   "cafe",   "hospital", "zoo",     "workshop", "island"};
+
+inline constexpr std::array<std::string_view, 20> corpus_fruit_and_snacks{
+    "apple", "pear",  "plum",  "bun",  "cake", "egg",   "carrot",  "onion", "lemon",  "grape",
+    "melon", "cherry", "nut",  "bean", "pie",  "peach", "biscuit", "fig",   "cookie", "sandwich"};
+
+inline constexpr std::array<std::string_view, 12> corpus_meals{
+    "bread", "cheese", "soup", "rice", "honey", "milk", "tea", "butter", "jam", "porridge", "juice", "water"};
+
+inline constexpr std::array<corpus_animal, 22> corpus_animals{{
+    {"cat", "cats", 4, "meow", "house", "fish"},
+    {"dog", "dogs", 4, "woof", "house", "bones"},
+    {"cow", "cows", 4, "moo", "field", "grass"},
+    {"sheep", "sheep", 4, "baa", "meadow", "grass"},
+    {"horse", "horses", 4, "neigh", "stable", "hay"},
+    {"pig", "pigs", 4, "oink", "sty", "turnips"},
+    {"duck", "ducks", 2, "quack", "pond", "seeds"},
+    {"hen", "hens", 2, "cluck", "coop", "corn"},
+    {"owl", "owls", 2, "hoot", "forest", "mice"},
+    {"frog", "frogs", 4, "croak", "pond", "flies"},
+    {"bee", "bees", 6, "buzz", "hive", "nectar"},
+    {"lion", "lions", 4, "roar", "savanna", "meat"},
+    {"mouse", "mice", 4, "squeak", "barn", "cheese"},
+    {"goat", "goats", 4, "bleat", "mountain", "leaves"},
+    {"fox", "foxes", 4, "yip", "den", "berries"},
+    {"bear", "bears", 4, "growl", "cave", "honey"},
+    {"spider", "spiders", 8, "", "web", "flies"},
+    {"ant", "ants", 6, "", "nest", "crumbs"},
+    {"crow", "crows", 2, "caw", "tree", "worms"},
+    {"snake", "snakes", 0, "hiss", "desert", "eggs"},
+    {"wolf", "wolves", 4, "howl", "forest", "meat"},
+    {"goose", "geese", 2, "honk", "lake", "grass"},
+}};
+
+inline constexpr std::array<corpus_job, 18> corpus_jobs{{
+    {"baker", "bakery", "bakes bread"},
+    {"farmer", "farm", "grows wheat"},
+    {"teacher", "school", "teaches children"},
+    {"doctor", "hospital", "helps sick people"},
+    {"sailor", "harbour", "sails a boat"},
+    {"painter", "workshop", "paints pictures"},
+    {"builder", "building site", "builds houses"},
+    {"driver", "bus station", "drives the bus"},
+    {"librarian", "library", "lends books"},
+    {"gardener", "park", "waters the flowers"},
+    {"fisher", "lake", "catches fish"},
+    {"cook", "cafe", "makes soup"},
+    {"nurse", "hospital", "cares for patients"},
+    {"pilot", "airport", "flies the plane"},
+    {"shopkeeper", "shop", "sells sweets"},
+    {"guard", "castle", "watches the gate"},
+    {"miller", "mill", "grinds flour"},
+    {"postman", "post office", "carries letters"},
+}};
+
+// (thing, its colour): facts that never change, so they are learnable.
+inline constexpr std::array<corpus_pair, 20> corpus_colour_facts{{
+    {"the sky", "blue"},          {"grass", "green"},        {"snow", "white"},      {"coal", "black"},
+    {"the sun", "yellow"},        {"a ripe banana", "yellow"}, {"a ripe tomato", "red"}, {"a carrot", "orange"},
+    {"milk", "white"},            {"the sea", "blue"},       {"a lemon", "yellow"},  {"a cherry", "red"},
+    {"chocolate", "brown"},       {"an elephant", "grey"},   {"a frog", "green"},    {"a plum", "purple"},
+    {"a flamingo", "pink"},       {"the night sky", "black"}, {"a leaf in summer", "green"},
+    {"a leaf in autumn", "brown"},
+}};
+
+inline constexpr std::array<corpus_pair, 20> corpus_opposites{{
+    {"hot", "cold"},   {"big", "small"},  {"tall", "short"}, {"old", "young"}, {"happy", "sad"},
+    {"fast", "slow"},  {"open", "closed"}, {"full", "empty"}, {"light", "dark"}, {"up", "down"},
+    {"left", "right"}, {"early", "late"}, {"wet", "dry"},    {"loud", "quiet"}, {"soft", "hard"},
+    {"clean", "dirty"}, {"near", "far"},  {"strong", "weak"}, {"first", "last"}, {"day", "night"},
+}};
+
+inline constexpr std::array<std::string_view, 7> corpus_days{
+    "Monday", "Tuesday", "Wednesday", "Thursday", "Friday", "Saturday", "Sunday"};
+
+inline constexpr std::array<std::string_view, 12> corpus_months{
+    "January", "February", "March",     "April",   "May",      "June",
+    "July",    "August",   "September", "October", "November", "December"};
+
+// Season of each month, in month order (northern hemisphere).
+inline constexpr std::array<std::string_view, 12> corpus_month_seasons{
+    "winter", "winter", "spring", "spring", "spring", "summer",
+    "summer", "summer", "autumn", "autumn", "autumn", "winter"};
+
+inline constexpr std::array<std::string_view, 4> corpus_seasons{"spring", "summer", "autumn", "winter"};
+inline constexpr std::array<std::string_view, 4> corpus_times{"morning", "afternoon", "evening", "night"};
+inline constexpr std::array<std::string_view, 6> corpus_weather{"sunny", "rainy", "windy", "cloudy", "foggy", "snowy"};
+inline constexpr std::array<std::string_view, 7> corpus_movements{
+    "walked", "ran", "cycled", "drove", "went", "hurried", "wandered"};
+inline constexpr std::array<std::string_view, 14> corpus_actions{
+    "found", "bought", "counted", "collected", "picked", "carried", "washed",
+    "painted", "wrapped", "sorted", "gathered", "packed", "saw", "kept"};
+inline constexpr std::array<std::string_view, 14> corpus_adjectives{
+    "big", "small", "old", "new", "heavy", "soft", "round", "shiny", "tiny", "long", "wooden", "broken", "clean", "pretty"};
+inline constexpr std::array<std::string_view, 8> corpus_feelings{
+    "happy", "tired", "sleepy", "hungry", "proud", "calm", "glad", "busy"};
+
+inline constexpr std::array<std::string_view, 20> corpus_small_numbers{
+    "zero",    "one",     "two",       "three",    "four",     "five",    "six",
+    "seven",   "eight",   "nine",      "ten",      "eleven",   "twelve",  "thirteen",
+    "fourteen", "fifteen", "sixteen",  "seventeen", "eighteen", "nineteen"};
+inline constexpr std::array<std::string_view, 10> corpus_tens{
+    "", "", "twenty", "thirty", "forty", "fifty", "sixty", "seventy", "eighty", "ninety"};
+
+// 0..100 in words: 42 -> "forty-two", 100 -> "one hundred".
+inline std::string corpus_number(int n) {
+    if (n >= 100) return "one hundred";
+    if (n < 20) return std::string(corpus_small_numbers[static_cast<std::size_t>(n)]);
+    std::string words(corpus_tens[static_cast<std::size_t>(n / 10)]);
+    if (n % 10 != 0) {
+        words += '-';
+        words += corpus_small_numbers[static_cast<std::size_t>(n % 10)];
+    }
+    return words;
+}
+
+// box -> boxes, brush -> brushes, cherry -> cherries, cup -> cups.
+inline std::string corpus_plural(std::string_view noun) {
+    std::string word(noun);
+    const auto ends_with = [&](std::string_view tail) { return noun.ends_with(tail); };
+    if (ends_with("s") || ends_with("x") || ends_with("ch") || ends_with("sh")) return word + "es";
+    if (ends_with("y") && noun.size() > 1 && std::string_view("aeiou").find(noun[noun.size() - 2]) == std::string_view::npos) {
+        word.pop_back();
+        return word + "ies";
+    }
+    return word + "s";
+}
+
+// "<count> <noun>" with agreement: 1 -> "one apple", 3 -> "three apples".
+inline std::string corpus_count(int count, std::string_view noun) {
+    return corpus_number(count) + " " + (count == 1 ? std::string(noun) : corpus_plural(noun));
+}
+
+inline std::string corpus_article(std::string_view word) {
+    return (std::string_view("aeiou").find(word.front()) != std::string_view::npos ? "an " : "a ") + std::string(word);
+}
+
+inline std::string corpus_capitalized(std::string text) {
+    for (char& c : text) {
+        if (c >= 'a' && c <= 'z') {
+            c = static_cast<char>(c - 'a' + 'A');
+            break;
+        }
+        if (c >= 'A' && c <= 'Z') break;
+    }
+    return text;
+}
+
+class corpus_writer {
+public:
+    explicit corpus_writer(std::uint64_t seed) : rng_(seed) {}
+
+    // Appends one paragraph followed by a blank line.
+    void paragraph(std::string& out) {
+        sentences_ = 0;
+        const std::size_t kind = rng_.below(100);
+        if (kind < 36) {
+            story();
+        } else if (kind < 66) {
+            facts();
+        } else if (kind < 86) {
+            arithmetic();
+        } else {
+            scene();
+        }
+        out += text_;
+        out += "\n\n";
+        text_.clear();
+    }
+
+private:
+    void say(std::string sentence) {
+        if (sentences_++ != 0) text_ += ' ';
+        text_ += corpus_capitalized(std::move(sentence));
+    }
+
+    // Every draw goes into a named local before it is used: the operands of `+` are
+    // unsequenced, so `a + rng_.pick(x) + rng_.pick(y)` could draw in a different order on
+    // another compiler and change the text.
+
+    // A person, a place and a count that the later sentences keep consistent.
+    void story() {
+        const corpus_person& hero = rng_.pick(corpus_people);
+        const corpus_person* other = &rng_.pick(corpus_people);
+        while (other->name == hero.name) other = &rng_.pick(corpus_people);
+        const corpus_job& job = rng_.pick(corpus_jobs);
+        const std::string name(hero.name), subject(hero.subject), friend_name(other->name);
+
+        const std::string town(rng_.pick(corpus_towns));
+        if (rng_.percent(50)) {
+            say(name + " is " + corpus_article(job.title) + " who lives in " + town + ".");
+        } else {
+            say(name + " lives in " + town + " and works at the " + std::string(job.workplace) + ".");
+        }
+        if (rng_.percent(40)) say("Every day " + subject + " " + std::string(job.duty) + ".");
+        if (rng_.percent(40)) {
+            const std::string weather(rng_.pick(corpus_weather));
+            const std::string time(rng_.pick(corpus_times));
+            say("It was a " + weather + " " + time + ", so " + subject + " took " + std::string(hero.possessive) +
+                (weather == "sunny" ? " hat." : " coat."));
+        }
+        const std::string day(rng_.pick(corpus_days));
+        const std::string movement(rng_.pick(corpus_movements));
+        const std::string place(rng_.pick(corpus_places));
+        say("On " + day + " " + subject + " " + movement + " to the " + place + ".");
+
+        const bool food = rng_.percent(50);
+        const std::string_view item = food ? rng_.pick(corpus_fruit_and_snacks) : rng_.pick(corpus_objects);
+        const std::string colour = food ? std::string() : std::string(rng_.pick(corpus_colours)) + " ";
+        const std::string action(rng_.pick(corpus_actions));
+        int count = rng_.between(2, 12);
+        say("There " + subject + " " + action + " " + corpus_number(count) + " " + colour + corpus_plural(item) + ".");
+        if (rng_.percent(50)) {
+            const int more = rng_.between(1, 9);
+            say(friend_name + " gave " + std::string(hero.object) + " " + corpus_number(more) + " more, so now " + subject +
+                " has " + corpus_count(count + more, item) + ".");
+            count += more;
+        } else {
+            const int given = rng_.between(1, count - 1);
+            say(name + " gave " + corpus_number(given) + " to " + friend_name + ", so " + subject + " has " +
+                corpus_count(count - given, item) + " left.");
+            count -= given;
+        }
+        if (rng_.percent(35)) {
+            say("How many " + corpus_plural(item) + " does " + name + " have? " + corpus_capitalized(subject) + " has " +
+                corpus_number(count) + ".");
+        }
+        if (rng_.percent(45)) {
+            const std::string object(rng_.pick(corpus_objects));
+            const std::string preposition(rng_.pick(corpus_prepositions));
+            const std::string surface(rng_.pick(corpus_surfaces));
+            say("\"Where is my " + object + "?\" asked " + name + ". \"It is " + preposition + " the " + surface +
+                ",\" said " + friend_name + ".");
+        }
+        if (rng_.percent(50)) {
+            const std::string meal(rng_.pick(corpus_meals));
+            say("In the evening " + subject + " went home and had some " + meal + ".");
+        }
+        const std::string feeling(rng_.pick(corpus_feelings));
+        say(subject + " was " + feeling + ".");
+    }
+
+    void facts() {
+        const int n = rng_.between(3, 6);
+        const std::size_t topic = rng_.below(5);
+        for (int i = 0; i < n; ++i) {
+            switch (topic) {
+                case 0: animal_fact(); break;
+                case 1: colour_fact(); break;
+                case 2: opposite_fact(); break;
+                case 3: job_fact(); break;
+                default: calendar_fact(); break;
+            }
+        }
+    }
+
+    void animal_fact() {
+        const corpus_animal& a = rng_.pick(corpus_animals);
+        const std::string one(a.singular), many(a.plural);
+        switch (rng_.below(5)) {
+            case 0:
+                say(corpus_article(one) + " has " + (a.legs == 0 ? std::string("no") : corpus_number(a.legs)) + " legs.");
+                break;
+            case 1:
+                if (!a.sound.empty()) {
+                    say("The " + one + " says " + std::string(a.sound) + ".");
+                } else {
+                    say(corpus_article(one) + " makes no sound.");
+                }
+                break;
+            case 2: say(corpus_article(one) + " lives in " + corpus_article(a.home) + "."); break;
+            case 3: say(many + " like to eat " + std::string(a.food) + "."); break;
+            default: {
+                const int count = rng_.between(2, 5);
+                say(corpus_number(count) + " " + many + " have " +
+                    (a.legs == 0 ? std::string("no") : corpus_number(count * a.legs)) + " legs.");
+                break;
+            }
+        }
+    }
+
+    void colour_fact() {
+        const corpus_pair& fact = rng_.pick(corpus_colour_facts);
+        const std::string thing(fact.first), colour(fact.second);
+        if (rng_.percent(50)) {
+            say("What colour is " + thing + "? " + corpus_capitalized(thing) + " is " + colour + ".");
+        } else {
+            say(thing + " is " + colour + ".");
+        }
+    }
+
+    void opposite_fact() {
+        const corpus_pair& pair = rng_.pick(corpus_opposites);
+        const bool forward = rng_.percent(50);
+        const std::string from(forward ? pair.first : pair.second), to(forward ? pair.second : pair.first);
+        say("The opposite of " + from + " is " + to + ".");
+    }
+
+    void job_fact() {
+        const corpus_job& job = rng_.pick(corpus_jobs);
+        const std::string title(job.title), workplace(job.workplace);
+        switch (rng_.below(3)) {
+            case 0: say("The " + title + " works at the " + workplace + "."); break;
+            case 1: say("The " + title + " " + std::string(job.duty) + "."); break;
+            default: {
+                const corpus_person& person = rng_.pick(corpus_people);
+                say(std::string(person.name) + " is " + corpus_article(title) + ", so " + std::string(person.subject) +
+                    " works at the " + workplace + ".");
+                break;
+            }
+        }
+    }
+
+    void calendar_fact() {
+        switch (rng_.below(4)) {
+            case 0: {
+                const std::size_t d = rng_.below(7);
+                say("The day after " + std::string(corpus_days[d]) + " is " + std::string(corpus_days[(d + 1) % 7]) + ".");
+                break;
+            }
+            case 1: {
+                const std::size_t m = rng_.below(12);
+                say("The month after " + std::string(corpus_months[m]) + " is " +
+                    std::string(corpus_months[(m + 1) % 12]) + ".");
+                break;
+            }
+            case 2: {
+                const std::size_t m = rng_.below(12);
+                say(std::string(corpus_months[m]) + " is in " + std::string(corpus_month_seasons[m]) + ".");
+                break;
+            }
+            default: {
+                const std::size_t s = rng_.below(4);
+                say(std::string(corpus_seasons[(s + 1) % 4]) + " comes after " + std::string(corpus_seasons[s]) + ".");
+                break;
+            }
+        }
+    }
+
+    void arithmetic() {
+        const int n = rng_.between(3, 6);
+        for (int i = 0; i < n; ++i) {
+            switch (rng_.below(8)) {
+                case 0: {
+                    const int a = rng_.between(0, 10);
+                    const int b = rng_.between(0, 10);
+                    say(corpus_number(a) + " plus " + corpus_number(b) + " is " + corpus_number(a + b) + ".");
+                    break;
+                }
+                case 1: {
+                    const int a = rng_.between(1, 20);
+                    const int b = rng_.between(0, a);
+                    say(corpus_number(a) + " minus " + corpus_number(b) + " is " + corpus_number(a - b) + ".");
+                    break;
+                }
+                case 2: {
+                    const int a = rng_.between(1, 10);
+                    const int b = rng_.between(1, 10);
+                    say(corpus_number(a) + " times " + corpus_number(b) + " is " + corpus_number(a * b) + ".");
+                    break;
+                }
+                case 3: {
+                    const int a = rng_.between(0, 50);
+                    const int b = rng_.between(0, 49);
+                    say(std::to_string(a) + " + " + std::to_string(b) + " = " + std::to_string(a + b) + ".");
+                    break;
+                }
+                case 4: {
+                    const int a = rng_.between(1, 20);
+                    const int b = rng_.between(0, a - 1);
+                    if (rng_.percent(50)) {
+                        say(corpus_number(a) + " is more than " + corpus_number(b) + ".");
+                    } else {
+                        say(corpus_number(b) + " is less than " + corpus_number(a) + ".");
+                    }
+                    break;
+                }
+                case 5: {
+                    const int a = rng_.between(1, 10);
+                    say("Half of " + corpus_number(2 * a) + " is " + corpus_number(a) + ".");
+                    break;
+                }
+                case 6: {
+                    const int from = rng_.between(1, 15);
+                    const int length = rng_.between(3, 6);
+                    std::string line = "Count from " + corpus_number(from) + " to " + corpus_number(from + length - 1) + ":";
+                    for (int k = 0; k < length; ++k) line += (k == 0 ? " " : ", ") + corpus_number(from + k);
+                    say(line + ".");
+                    break;
+                }
+                default: {
+                    const std::string_view item = rng_.pick(corpus_fruit_and_snacks);
+                    const int have = rng_.between(2, 12);
+                    const int eaten = rng_.between(1, have - 1);
+                    say("If you have " + corpus_count(have, item) + " and eat " + corpus_number(eaten) + ", you have " +
+                        corpus_count(have - eaten, item) + " left.");
+                    break;
+                }
+            }
+        }
+    }
+
+    // A room or place described object by object.
+    void scene() {
+        const std::string place(rng_.pick(corpus_places));
+        const std::string adjective(rng_.pick(corpus_adjectives));
+        const std::string colour(rng_.pick(corpus_colours));
+        const std::string object(rng_.pick(corpus_objects));
+        say("In the " + place + " there is " + corpus_article(adjective) + " " + colour + " " + object + ".");
+        const std::string preposition(rng_.pick(corpus_prepositions));
+        const std::string surface(rng_.pick(corpus_surfaces));
+        say("The " + object + " is " + preposition + " the " + surface + ".");
+        const std::string_view other = rng_.pick(corpus_objects);
+        const int count = rng_.between(1, 9);
+        say("Next to it " + std::string(count == 1 ? "there is " : "there are ") + corpus_count(count, other) + ".");
+        if (rng_.percent(50)) {
+            const std::string other_colour(rng_.pick(corpus_colours));
+            say(std::string(count == 1 ? "It is " : "They are ") + other_colour + ".");
+        }
+        if (rng_.percent(50)) {
+            const corpus_person& visitor = rng_.pick(corpus_people);
+            const std::string action(rng_.pick(corpus_actions));
+            say(std::string(visitor.name) + " " + action + " the " + object + " and put it in " +
+                std::string(visitor.possessive) + " bag.");
+        }
+    }
+
+    corpus_rng rng_;
+    std::string text_;
+    int sentences_ = 0;
+};
+
+}  // namespace detail
+
+// Returns exactly `bytes` characters of generated text (ASCII only: letters, digits,
+// spaces, newlines and . , : ? " + =). The same (bytes, seed) gives the same text
+// everywhere; a different seed gives a different text.
+inline std::string make_corpus(std::size_t bytes = 200'000, std::uint64_t seed = 1) {
+    detail::corpus_writer writer(seed);
+    std::string text;
+    text.reserve(bytes + 1024);
+    while (text.size() < bytes) writer.paragraph(text);
+    text.resize(bytes);
+    return text;
+}
+
+}  // namespace loom::train
+// ---- end loom/train/corpus.hpp ----
+// ---- begin loom/train/data_loader.hpp ----
+// data_loader: next-token-prediction batches from one token sequence.
+//
+// A window is seq + 1 consecutive tokens starting at any position w in
+// [0, tokens - seq): its first seq tokens are the inputs, its last seq the targets, so
+//   targets[b * seq + i] == inputs[b * seq + i + 1]   for i + 1 < seq
+//   targets[b * seq + seq - 1] == tokens[w + seq].
+// An epoch visits every window start exactly once: in order 0, 1, 2, ... when shuffle is
+// off, in a seeded pseudo-random order that is a different permutation each epoch when it
+// is on. Batches run on across epoch boundaries, so no window is dropped.
+//
+// The order is a keyed Feistel permutation of the window index (own implementation, only
+// 64-bit integer arithmetic), so it needs no memory per window and the same (tokens,
+// options) give the same batches on every platform. The whole position in the stream is
+// data_loader_state, five integers: save state() in a checkpoint and restore() it to
+// continue with exactly the batches the first run would have drawn next.
+#include <cstddef>
+#include <cstdint>
+#include <memory>
+#include <span>
+#include <string>
+#include <vector>
+
+// ---- begin loom/train/token_file.hpp ----
+// A binary token file: a pre-tokenized corpus that training reads without re-tokenizing.
+//
+// Layout (all integers little-endian), 32-byte header then the tokens:
+//   offset  0  8 bytes  magic "LOOMTOKS"
+//   offset  8  u32      format version, 1
+//   offset 12  u32      bytes per token, 2 (vocab_size <= 65536) or 4
+//   offset 16  u32      vocab_size; every token is in [0, vocab_size)
+//   offset 20  u32      reserved, 0
+//   offset 24  u64      token count N
+//   offset 32  N * bytes_per_token bytes of tokens
+// So a file of N tokens is exactly 32 + N * bytes_per_token bytes long; anything else is
+// truncated or has trailing bytes, and is rejected.
+//
+// Make one with write_token_file(path, tokens, vocab_size), e.g. from
+// byte_tokenizer{}.encode(make_corpus()) with vocab_size 256.
+#include <algorithm>
+#include <array>
+#include <cstddef>
+#include <cstdint>
+#include <filesystem>
+#include <fstream>
+#include <limits>
+#include <memory>
+#include <span>
+#include <string>
+#include <string_view>
+#include <system_error>
+#include <vector>
+
+
+namespace loom::train {
+
+inline constexpr std::string_view token_file_magic = "LOOMTOKS";
+inline constexpr std::uint32_t token_file_version = 1;
+inline constexpr std::size_t token_file_header_bytes = 32;
+
+namespace detail {
+
+inline void token_file_put(std::string& out, std::uint64_t value, int bytes) {
+    for (int i = 0; i < bytes; ++i) out.push_back(static_cast<char>((value >> (8 * i)) & 0xFF));
+}
+
+inline std::uint64_t token_file_get(const unsigned char* in, int bytes) {
+    std::uint64_t value = 0;
+    for (int i = 0; i < bytes; ++i) value |= static_cast<std::uint64_t>(in[i]) << (8 * i);
+    return value;
+}
+
+inline std::string token_file_quote(const std::filesystem::path& path) { return "'" + path.string() + "'"; }
+
+// Shows bytes as text where printable: "PK\x03\x04" for a zip file.
+inline std::string token_file_printable(std::span<const unsigned char> bytes) {
+    static constexpr char hex[] = "0123456789abcdef";
+    std::string text = "\"";
+    for (unsigned char b : bytes) {
+        if (b >= 0x20 && b < 0x7f && b != '"' && b != '\\') {
+            text.push_back(static_cast<char>(b));
+        } else {
+            text += "\\x";
+            text.push_back(hex[b >> 4]);
+            text.push_back(hex[b & 0xF]);
+        }
+    }
+    return text + "\"";
+}
+
+inline constexpr std::string_view token_file_fix =
+    "write it with loom::train::write_token_file(path, tokens, vocab_size)";
+
+}  // namespace detail
+
+// Writes `tokens` in the format above: 2 bytes per token when vocab_size <= 65536, else 4.
+// Throws loom::usage_error for a vocab_size of 0 or above 2^31 (ids are int32) and for a
+// token outside [0, vocab_size); loom::data_error when the file cannot be written.
+// The file is written beside `path` and renamed into place, so a reader never sees half of it.
+inline void write_token_file(const std::filesystem::path& path, std::span<const std::int32_t> tokens,
+                             std::uint32_t vocab_size) {
+    if (vocab_size == 0 || vocab_size > (std::uint32_t{1} << 31)) {
+        throw usage_error("write_token_file: vocab_size " + std::to_string(vocab_size) + " for " +
+                          detail::token_file_quote(path) + " is outside [1, 2^31]; pass the tokenizer's vocab_size "
+                          "(256 for byte_tokenizer)");
+    }
+    for (std::size_t i = 0; i < tokens.size(); ++i) {
+        if (tokens[i] < 0 || static_cast<std::uint32_t>(tokens[i]) >= vocab_size) {
+            throw usage_error("write_token_file: token " + std::to_string(tokens[i]) + " at position " + std::to_string(i) +
+                              " is outside [0, " + std::to_string(vocab_size) + ") for " +
+                              detail::token_file_quote(path) + "; pass the vocab_size of the tokenizer that produced "
+                              "the tokens");
+        }
+    }
+    const int width = vocab_size <= 65536 ? 2 : 4;
+
+    std::string bytes;
+    bytes.reserve(token_file_header_bytes + tokens.size() * static_cast<std::size_t>(width));
+    bytes += token_file_magic;
+    detail::token_file_put(bytes, token_file_version, 4);
+    detail::token_file_put(bytes, static_cast<std::uint64_t>(width), 4);
+    detail::token_file_put(bytes, vocab_size, 4);
+    detail::token_file_put(bytes, 0, 4);
+    detail::token_file_put(bytes, tokens.size(), 8);
+    for (std::int32_t t : tokens) detail::token_file_put(bytes, static_cast<std::uint32_t>(t), width);
+
+    std::filesystem::path partial = path;
+    partial += ".partial";
+    {
+        std::ofstream out(partial, std::ios::binary | std::ios::trunc);
+        if (!out) {
+            throw data_error("write_token_file: cannot create " + detail::token_file_quote(partial) +
+                             "; check that the directory exists and is writable");
+        }
+        out.write(bytes.data(), static_cast<std::streamsize>(bytes.size()));
+        out.close();
+        if (!out) {
+            throw data_error("write_token_file: writing " + std::to_string(bytes.size()) + " bytes to " +
+                             detail::token_file_quote(partial) + " failed; check free disk space");
+        }
+    }
+    std::error_code ec;
+    std::filesystem::rename(partial, path, ec);
+    if (ec) {
+        throw data_error("write_token_file: cannot rename " + detail::token_file_quote(partial) + " to " +
+                         detail::token_file_quote(path) + ": " + ec.message() + "; check that the target is writable");
+    }
+}
+
+// A token file read into memory and validated: every error names the path, what is wrong
+// and how to make a good file. The tokens are shared, not copied, with data_loaders built
+// from this file, so they stay alive as long as any of them.
+class token_file {
+public:
+    explicit token_file(std::filesystem::path path) : path_(std::move(path)) { load(); }
+
+    const std::filesystem::path& path() const noexcept { return path_; }
+    std::size_t size() const noexcept { return tokens_->size(); }
+    bool empty() const noexcept { return tokens_->empty(); }
+    std::uint32_t vocab_size() const noexcept { return vocab_size_; }
+    std::uint32_t bytes_per_token() const noexcept { return bytes_per_token_; }
+
+    std::int32_t operator[](std::size_t i) const noexcept { return (*tokens_)[i]; }
+    std::span<const std::int32_t> tokens() const noexcept { return *tokens_; }
+    const std::shared_ptr<const std::vector<std::int32_t>>& shared_tokens() const noexcept { return tokens_; }
+
+private:
+    [[noreturn]] void fail(const std::string& what) const {
+        throw data_error("token_file: " + detail::token_file_quote(path_) + " " + what);
+    }
+
+    void load() {
+        std::error_code ec;
+        const auto status = std::filesystem::status(path_, ec);
+        if (!std::filesystem::exists(status)) fail("does not exist; " + std::string(detail::token_file_fix));
+        if (!std::filesystem::is_regular_file(status)) fail("is not a regular file; pass the path of a token file");
+        const std::uintmax_t file_bytes = std::filesystem::file_size(path_, ec);
+        if (ec) fail("cannot be sized: " + ec.message());
+        if (file_bytes == 0) fail("is empty (0 bytes), not a loom token file; " + std::string(detail::token_file_fix));
+
+        std::ifstream in(path_, std::ios::binary);
+        if (!in) fail("cannot be opened for reading; check its permissions");
+        std::array<unsigned char, token_file_header_bytes> header{};
+        const std::size_t header_read = static_cast<std::size_t>(std::min<std::uintmax_t>(file_bytes, header.size()));
+        in.read(reinterpret_cast<char*>(header.data()), static_cast<std::streamsize>(header_read));
+        if (static_cast<std::size_t>(in.gcount()) != header_read) fail("could not be read; check the disk");
+
+        const std::size_t magic_read = std::min(header_read, token_file_magic.size());
+        if (!std::equal(header.begin(), header.begin() + static_cast<std::ptrdiff_t>(magic_read), token_file_magic.begin())) {
+            fail("starts with " + detail::token_file_printable({header.data(), magic_read}) + " instead of the magic \"" +
+                 std::string(token_file_magic) + "\", so it is not a loom token file; " +
+                 std::string(detail::token_file_fix));
+        }
+        if (header_read < token_file_header_bytes) {
+            fail("is truncated: " + std::to_string(file_bytes) + " bytes, shorter than the " +
+                 std::to_string(token_file_header_bytes) + "-byte header; " + std::string(detail::token_file_fix));
+        }
+
+        const auto version = static_cast<std::uint32_t>(detail::token_file_get(&header[8], 4));
+        const auto width = static_cast<std::uint32_t>(detail::token_file_get(&header[12], 4));
+        vocab_size_ = static_cast<std::uint32_t>(detail::token_file_get(&header[16], 4));
+        const auto reserved = static_cast<std::uint32_t>(detail::token_file_get(&header[20], 4));
+        const std::uint64_t count = detail::token_file_get(&header[24], 8);
+
+        if (version != token_file_version) {
+            fail("has format version " + std::to_string(version) + ", but this build reads only version " +
+                 std::to_string(token_file_version) + "; rewrite it with this build's loom::train::write_token_file");
+        }
+        if (width != 2 && width != 4) {
+            fail("declares " + std::to_string(width) + " bytes per token, but only 2 and 4 are valid; the header is "
+                 "corrupt, " + std::string(detail::token_file_fix));
+        }
+        if (reserved != 0) {
+            fail("has reserved header field " + std::to_string(reserved) + " instead of 0; the header is corrupt, " +
+                 std::string(detail::token_file_fix));
+        }
+        if (vocab_size_ == 0 || vocab_size_ > (std::uint32_t{1} << 31)) {
+            fail("declares vocab_size " + std::to_string(vocab_size_) + ", outside [1, 2^31]; the header is corrupt, " +
+                 std::string(detail::token_file_fix));
+        }
+        bytes_per_token_ = width;
+
+        const std::uintmax_t payload = file_bytes - token_file_header_bytes;
+        const bool fits = count <= payload / width;  // count * width <= payload, without overflow
+        if (!fits || payload != count * width) {
+            const bool overflows = count > (std::numeric_limits<std::uint64_t>::max() - token_file_header_bytes) / width;
+            const std::string expected =
+                overflows ? std::string("more bytes than any file can hold")
+                          : std::to_string(token_file_header_bytes + count * width) + " bytes";
+            fail(std::string(fits ? "has trailing bytes" : "is truncated") + ": the header says " + std::to_string(count) +
+                 " tokens of " + std::to_string(width) + " bytes, so expected " + expected + ", found " +
+                 std::to_string(file_bytes) + " bytes; the file was " + (fits ? "appended to" : "cut short") + ", " +
+                 std::string(detail::token_file_fix));
+        }
+
+        std::vector<unsigned char> raw(static_cast<std::size_t>(payload));
+        in.read(reinterpret_cast<char*>(raw.data()), static_cast<std::streamsize>(raw.size()));
+        if (static_cast<std::size_t>(in.gcount()) != raw.size()) {
+            fail("could not be read past byte " + std::to_string(token_file_header_bytes + in.gcount()) +
+                 " of " + std::to_string(file_bytes) + "; check the disk");
+        }
+        auto tokens = std::make_shared<std::vector<std::int32_t>>(static_cast<std::size_t>(count));
+        const int w = static_cast<int>(width);
+        for (std::size_t i = 0; i < tokens->size(); ++i) {
+            const std::uint64_t id = detail::token_file_get(&raw[i * width], w);
+            if (id >= vocab_size_) {
+                fail("has token " + std::to_string(id) + " at position " + std::to_string(i) + ", not below its vocab_size " +
+                     std::to_string(vocab_size_) + "; the tokens are corrupt or the vocab_size is wrong, " +
+                     std::string(detail::token_file_fix));
+            }
+            (*tokens)[i] = static_cast<std::int32_t>(id);
+        }
+        tokens_ = std::move(tokens);
+    }
+
+    std::filesystem::path path_;
+    std::shared_ptr<const std::vector<std::int32_t>> tokens_ = std::make_shared<const std::vector<std::int32_t>>();
+    std::uint32_t vocab_size_ = 0;
+    std::uint32_t bytes_per_token_ = 0;
+};
+
+}  // namespace loom::train
+// ---- end loom/train/token_file.hpp ----
+
+namespace loom::train {
+
+struct data_loader_options {
+    std::int64_t batch = 1;
+    std::int64_t seq = 1;
+    std::uint64_t seed = 0;
+    bool shuffle = true;
+};
+
+// Row-major [batch, seq] token ids.
+struct batch {
+    std::vector<std::int32_t> inputs;
+    std::vector<std::int32_t> targets;
+    std::int64_t batch = 0;
+    std::int64_t seq = 0;
+};
+
+// Where a data_loader is in its stream; all fields are plain integers so a checkpoint can
+// store them anywhere. window_count and shuffle identify the stream and are checked on
+// restore; seed, epoch and cursor are adopted.
+struct data_loader_state {
+    std::uint64_t seed = 0;
+    std::uint64_t epoch = 0;         // completed epochs
+    std::uint64_t cursor = 0;        // windows already drawn in the current epoch
+    std::uint64_t window_count = 0;  // windows per epoch: tokens - seq
+    std::uint64_t shuffle = 0;       // 1 when windows are shuffled, else 0
+
+    friend bool operator==(const data_loader_state&, const data_loader_state&) = default;
+};
+
+namespace detail {
+
+// splitmix64's finalizer: a bijective 64-bit mixer, used as the Feistel round function.
+constexpr std::uint64_t loader_mix(std::uint64_t z) noexcept {
+    z += 0x9e3779b97f4a7c15ULL;
+    z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ULL;
+    z = (z ^ (z >> 27)) * 0x94d049bb133111ebULL;
+    return z ^ (z >> 31);
+}
+
+// A permutation of [0, n) chosen by `key`. A balanced Feistel network permutes
+// [0, 2^bits) with 2^bits < 4n; values that land at or above n are sent through again
+// ("cycle walking"), which stays inside the cycle of the start value and so ends at a
+// value below n, after fewer than 4 rounds on average.
+class feistel_permutation {
+public:
+    constexpr feistel_permutation(std::uint64_t n, std::uint64_t key) noexcept : n_(n), key_(key) {
+        while (half_bits_ < 32 && (std::uint64_t{1} << (2 * half_bits_)) < n_) ++half_bits_;
+        mask_ = (std::uint64_t{1} << half_bits_) - 1;
+    }
+
+    constexpr std::uint64_t operator()(std::uint64_t index) const noexcept {
+        if (n_ <= 1) return 0;
+        std::uint64_t x = index;
+        do {
+            x = encrypt(x);
+        } while (x >= n_);
+        return x;
+    }
+
+private:
+    static constexpr int rounds = 6;
+
+    constexpr std::uint64_t encrypt(std::uint64_t x) const noexcept {
+        std::uint64_t left = x >> half_bits_, right = x & mask_;
+        for (int r = 0; r < rounds; ++r) {
+            const std::uint64_t next = left ^ (loader_mix(key_ ^ loader_mix(right + 0x100000001b3ULL * static_cast<std::uint64_t>(r))) & mask_);
+            left = right;
+            right = next;
+        }
+        return (left << half_bits_) | right;
+    }
+
+    std::uint64_t n_;
+    std::uint64_t key_;
+    int half_bits_ = 1;
+    std::uint64_t mask_ = 1;
+};
+
+}  // namespace detail
+
+class data_loader {
+public:
+    // Copies the tokens.
+    data_loader(std::span<const std::int32_t> tokens, data_loader_options options)
+        : data_loader(std::make_shared<const std::vector<std::int32_t>>(tokens.begin(), tokens.end()), options) {}
+
+    data_loader(std::vector<std::int32_t> tokens, data_loader_options options)
+        : data_loader(std::make_shared<const std::vector<std::int32_t>>(std::move(tokens)), options) {}
+
+    // Shares the file's tokens; no copy.
+    data_loader(const token_file& file, data_loader_options options) : data_loader(file.shared_tokens(), options) {}
+
+    data_loader(std::shared_ptr<const std::vector<std::int32_t>> tokens, data_loader_options options)
+        : tokens_(std::move(tokens)), options_(options) {
+        if (!tokens_) throw usage_error("data_loader: the token pointer is null; pass a token sequence");
+        if (options_.batch < 1 || options_.seq < 1) {
+            throw usage_error("data_loader: batch " + std::to_string(options_.batch) + " and seq " +
+                              std::to_string(options_.seq) + " must both be at least 1");
+        }
+        const auto needed = static_cast<std::uint64_t>(options_.seq) + 1;
+        if (tokens_->size() < needed) {
+            throw data_error("data_loader: " + std::to_string(tokens_->size()) + " tokens are too few for one window of seq " +
+                             std::to_string(options_.seq) + ", which needs " + std::to_string(needed) +
+                             " tokens (seq inputs plus one target); use more data or a shorter seq");
+        }
+        window_count_ = tokens_->size() - static_cast<std::uint64_t>(options_.seq);
+    }
+
+    const data_loader_options& options() const noexcept { return options_; }
+    std::uint64_t windows_per_epoch() const noexcept { return window_count_; }
+    std::uint64_t epoch() const noexcept { return epoch_; }
+    std::span<const std::int32_t> tokens() const noexcept { return *tokens_; }
+
+    // The start position of the index-th window of an epoch.
+    std::uint64_t window_start(std::uint64_t epoch, std::uint64_t index) const noexcept {
+        if (!options_.shuffle) return index;
+        return detail::feistel_permutation(window_count_, detail::loader_mix(options_.seed ^ detail::loader_mix(epoch)))(index);
+    }
+
+    batch next() {
+        const auto rows = static_cast<std::size_t>(options_.batch);
+        const auto seq = static_cast<std::size_t>(options_.seq);
+        batch out{std::vector<std::int32_t>(rows * seq), std::vector<std::int32_t>(rows * seq), options_.batch, options_.seq};
+        const std::int32_t* data = tokens_->data();
+        for (std::size_t b = 0; b < rows; ++b) {
+            const std::uint64_t start = window_start(epoch_, cursor_);
+            for (std::size_t i = 0; i < seq; ++i) {
+                out.inputs[b * seq + i] = data[start + i];
+                out.targets[b * seq + i] = data[start + i + 1];
+            }
+            if (++cursor_ == window_count_) {
+                cursor_ = 0;
+                ++epoch_;
+            }
+        }
+        return out;
+    }
+
+    data_loader_state state() const noexcept {
+        return {options_.seed, epoch_, cursor_, window_count_, options_.shuffle ? 1U : 0U};
+    }
+
+    // Continues the stream `saved` came from. Throws loom::usage_error when it belongs to a
+    // different stream (other token count or seq, other shuffle setting) or is corrupt.
+    void restore(const data_loader_state& saved) {
+        if (saved.window_count != window_count_) {
+            throw usage_error("data_loader::restore: the saved state has " + std::to_string(saved.window_count) +
+                              " windows per epoch but this loader has " + std::to_string(window_count_) +
+                              " (tokens - seq); restore with the same token sequence and seq that produced the state");
+        }
+        if (saved.shuffle != (options_.shuffle ? 1U : 0U)) {
+            throw usage_error("data_loader::restore: the saved state has shuffle " + std::to_string(saved.shuffle) +
+                              " but this loader has shuffle " + std::string(options_.shuffle ? "1" : "0") +
+                              "; construct the loader with the shuffle setting of the run that saved the state");
+        }
+        if (saved.cursor >= window_count_) {
+            throw usage_error("data_loader::restore: the saved cursor " + std::to_string(saved.cursor) +
+                              " is not below the " + std::to_string(window_count_) +
+                              " windows per epoch; the saved state is corrupt");
+        }
+        options_.seed = saved.seed;
+        epoch_ = saved.epoch;
+        cursor_ = saved.cursor;
+    }
+
+private:
+    std::shared_ptr<const std::vector<std::int32_t>> tokens_;
+    data_loader_options options_;
+    std::uint64_t window_count_ = 0;
+    std::uint64_t epoch_ = 0;
+    std::uint64_t cursor_ = 0;
+};
+
+}  // namespace loom::train
+// ---- end loom/train/data_loader.hpp ----
+// ---- begin loom/train/grad_clip.hpp ----
+// Global-norm gradient clipping with torch.nn.utils.clip_grad_norm_ semantics:
+//   total = sqrt(sum over every gradient element of g^2)
+//   if max_norm / (total + 1e-6) < 1, every gradient is scaled by that factor.
+// The norm is accumulated in double in a fixed order, so it is the same whatever the
+// thread count.
+#include <cmath>
+#include <span>
+#include <vector>
+
+namespace loom::train {
+
+template <class T>
+double global_norm(const std::vector<std::span<T>>& grads) {
+    double sum = 0;
+    for (const auto& g : grads) {
+        double part = 0;
+        for (T x : g) part += static_cast<double>(x) * static_cast<double>(x);
+        sum += part;
+    }
+    return std::sqrt(sum);
+}
+
+// Returns the norm before clipping.
+template <class T>
+double clip_global_norm(const std::vector<std::span<T>>& grads, double max_norm) {
+    const double total = global_norm(grads);
+    const double coefficient = max_norm / (total + 1e-6);
+    if (coefficient < 1)
+        for (const auto& g : grads)
+            for (T& x : g) x = static_cast<T>(x * coefficient);
+    return total;
+}
+
+}  // namespace loom::train
+// ---- end loom/train/grad_clip.hpp ----
+// ---- begin loom/train/init.hpp ----
+// Seeded parameter initialisation. Element i of parameter "p" is a pure function of
+// (seed, "p", i): a counter-based generator, so any slice of a parameter, initialised on
+// whatever device holds it, equals the same slice of the whole parameter.
+#include <cmath>
+#include <cstdint>
+#include <numbers>
+#include <span>
+#include <string_view>
+
+
+namespace loom::train {
+
+namespace detail {
+inline constexpr std::uint64_t mix64(std::uint64_t z) {
+    z += 0x9e3779b97f4a7c15ull;
+    z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ull;
+    z = (z ^ (z >> 27)) * 0x94d049bb133111ebull;
+    return z ^ (z >> 31);
+}
+inline constexpr std::uint64_t hash_name(std::string_view s) {
+    std::uint64_t h = 0xcbf29ce484222325ull;  // FNV-1a
+    for (char c : s) h = (h ^ static_cast<unsigned char>(c)) * 0x100000001b3ull;
+    return h;
+}
+// Uniform in (0, 1), never 0 (Box-Muller takes a log).
+inline double unit_uniform(std::uint64_t bits) { return (static_cast<double>(bits >> 11) + 0.5) * 0x1.0p-53; }
+}  // namespace detail
+
+// One value of the stream of parameter `name`: the i-th element.
+inline double init_value(const parameter_init& init, std::uint64_t seed, std::string_view name, std::uint64_t i) {
+    const std::uint64_t key = detail::mix64(seed ^ detail::mix64(detail::hash_name(name)));
+    switch (init.distribution) {
+        case parameter_init::kind::constant: return init.a;
+        case parameter_init::kind::uniform: {
+            double u = detail::unit_uniform(detail::mix64(key + 2 * i));
+            return init.a + (init.b - init.a) * u;
+        }
+        case parameter_init::kind::normal: {
+            double u1 = detail::unit_uniform(detail::mix64(key + 2 * i));
+            double u2 = detail::unit_uniform(detail::mix64(key + 2 * i + 1));
+            double z = std::sqrt(-2.0 * std::log(u1)) * std::cos(2.0 * std::numbers::pi * u2);
+            return init.a + init.b * z;
+        }
+    }
+    return 0.0;
+}
+
+// Fills `out` with elements [first, first + out.size()) of parameter `name`.
+template <class T>
+void initialize(std::span<T> out, const parameter_init& init, std::uint64_t seed, std::string_view name,
+                std::uint64_t first = 0) {
+    for (std::size_t j = 0; j < out.size(); ++j) out[j] = static_cast<T>(init_value(init, seed, name, first + j));
+}
+
+}  // namespace loom::train
+// ---- end loom/train/init.hpp ----
+// ---- begin loom/train/lr_schedule.hpp ----
+// Learning-rate schedule: linear warm-up, then cosine decay to `min_lr` at `total_steps`
+// (constant after). With total_steps == 0 the rate is constant after warm-up.
+#include <cmath>
+#include <cstdint>
+#include <numbers>
+
+namespace loom::train {
+
+struct lr_schedule {
+    double peak = 1e-3;
+    double min_lr = 0.0;
+    std::int64_t warmup_steps = 0;
+    std::int64_t total_steps = 0;
+
+    // Rate for step `step`, counted from 0.
+    double at(std::int64_t step) const {
+        if (step < warmup_steps) return peak * static_cast<double>(step + 1) / static_cast<double>(warmup_steps);
+        if (total_steps <= warmup_steps) return peak;
+        if (step >= total_steps) return min_lr;
+        const double progress =
+            static_cast<double>(step - warmup_steps) / static_cast<double>(total_steps - warmup_steps);
+        return min_lr + 0.5 * (peak - min_lr) * (1 + std::cos(std::numbers::pi * progress));
+    }
+};
+
+}  // namespace loom::train
+// ---- end loom/train/lr_schedule.hpp ----
+// ---- begin loom/train/sgd.hpp ----
+// SGD with momentum, with PyTorch's torch.optim.SGD semantics:
+//   g <- g + wd * p
+//   buf <- g                                 on the first step
+//   buf <- momentum * buf + (1 - dampening) * g   afterwards
+//   p <- p - lr * (nesterov ? g + momentum * buf : buf)
+#include <cstdint>
+#include <string>
+#include <vector>
+
+
+namespace loom::train {
+
+struct sgd_options {
+    double lr = 0.1;
+    double momentum = 0.9;
+    double dampening = 0.0;
+    double weight_decay = 0.0;
+    bool nesterov = false;
+};
+
+template <class T>
+class sgd {
+public:
+    explicit sgd(sgd_options options) : options_(options) {
+        if (options.momentum < 0 || options.lr < 0 || options.weight_decay < 0)
+            throw usage_error("sgd: lr, momentum and weight_decay must be >= 0");
+        if (options.nesterov && (options.momentum <= 0 || options.dampening != 0))
+            throw usage_error("sgd: nesterov momentum needs momentum > 0 and dampening == 0");
+    }
+
+    void add(parameter_slot<T> slot) {
+        momentum_.emplace_back(slot.value.size(), T(0));
+        slots_.push_back(std::move(slot));
+    }
+
+    // One update of every parameter; `lr` overrides the configured rate (for schedules).
+    void step(double lr) {
+        const T mu = static_cast<T>(options_.momentum), damp = static_cast<T>(1 - options_.dampening);
+        for (std::size_t s = 0; s < slots_.size(); ++s) {
+            auto& slot = slots_[s];
+            auto& buf = momentum_[s];
+            const T wd = slot.weight_decay ? static_cast<T>(options_.weight_decay) : T(0);
+            for (std::size_t i = 0; i < slot.value.size(); ++i) {
+                T g = slot.grad[i] + wd * slot.value[i];
+                T update = g;
+                if (options_.momentum != 0) {
+                    buf[i] = steps_ == 0 ? g : mu * buf[i] + damp * g;
+                    update = options_.nesterov ? g + mu * buf[i] : buf[i];
+                }
+                slot.value[i] -= static_cast<T>(lr) * update;
+            }
+        }
+        ++steps_;
+    }
+    void step() { step(options_.lr); }
+
+    std::int64_t steps() const { return steps_; }
+    const sgd_options& options() const { return options_; }
+    // Checkpointing: the momentum buffer of slot s.
+    std::vector<T>& momentum(std::size_t s) { return momentum_.at(s); }
+    const std::vector<parameter_slot<T>>& slots() const { return slots_; }
+    void set_steps(std::int64_t steps) { steps_ = steps; }
+
+private:
+    sgd_options options_;
+    std::vector<parameter_slot<T>> slots_;
+    std::vector<std::vector<T>> momentum_;
+    std::int64_t steps_ = 0;
+};
+
+}  // namespace loom::train
+// ---- end loom/train/sgd.hpp ----
+// ---- begin loom/train/tokenizer.hpp ----
+// byte_tokenizer: one token per byte, so any text round-trips and the vocabulary is
+// fixed at 256 without a trained merge table.
+//   encode("Hi") -> {72, 105};  decode({72, 105}) -> "Hi";  decode(encode(s)) == s
+#include <cstddef>
+#include <cstdint>
+#include <span>
+#include <string>
+#include <string_view>
+#include <vector>
+
+
+namespace loom::train {
+
+class byte_tokenizer {
+public:
+    static constexpr std::int32_t vocab_size() noexcept { return 256; }
+
+    // Bytes are read as unsigned, so UTF-8 continuation bytes map to 128..255.
+    std::vector<std::int32_t> encode(std::string_view text) const {
+        std::vector<std::int32_t> ids;
+        ids.reserve(text.size());
+        for (char c : text) ids.push_back(static_cast<std::int32_t>(static_cast<unsigned char>(c)));
+        return ids;
+    }
+
+    // Throws loom::usage_error on an id outside [0, 256): such an id comes from a model or
+    // token file with a larger vocabulary, not from this tokenizer.
+    std::string decode(std::span<const std::int32_t> ids) const {
+        std::string text;
+        text.reserve(ids.size());
+        for (std::size_t i = 0; i < ids.size(); ++i) {
+            const std::int32_t id = ids[i];
+            if (id < 0 || id >= vocab_size()) {
+                throw usage_error("byte_tokenizer::decode: id " + std::to_string(id) + " at position " +
+                                  std::to_string(i) + " is outside the byte vocabulary [0, 256); decode only ids "
+                                  "produced by byte_tokenizer::encode or a model whose vocab_size is 256");
+            }
+            text.push_back(static_cast<char>(static_cast<unsigned char>(id)));
+        }
+        return text;
+    }
+};
+
+}  // namespace loom::train
+// ---- end loom/train/tokenizer.hpp ----
+// ---- begin loom/train/trainer.hpp ----
+// Single-device training on the host backend: one compiled program (forward + backward),
+// parameters initialised from their seeded streams, an optimizer, optional global-norm
+// clipping and a learning-rate schedule. Inputs are fed by tensor name every step.
+#include <chrono>
+#include <cstdint>
+#include <map>
+#include <memory>
+#include <span>
+#include <string>
+#include <type_traits>
+#include <variant>
+#include <vector>
+
+
+namespace loom::train {
+
+struct trainer_options {
+    std::variant<adamw_options, sgd_options> optimizer = adamw_options{};
+    lr_schedule schedule{};         // schedule.peak is the learning rate
+    double clip_norm = 1.0;         // <= 0: no clipping
+    std::uint64_t init_seed = 1234;
+};
+
+// Inputs for one step, by tensor name.
+struct input_feed {
+    std::map<std::string, std::span<const std::int32_t>> index;
+    std::map<std::string, std::span<const double>> real;
+};
+
+struct step_result {
+    double loss = 0;
+    double grad_norm = 0;  // before clipping
+    double lr = 0;
+    double seconds = 0;
+};
+
+template <class T>
+class trainer {
+public:
+    static constexpr precision prec = std::is_same_v<T, float> ? precision::f32 : precision::f64;
+
+    trainer(graph g, trainer_options options) : graph_(std::make_unique<graph>(std::move(g))), options_(options) {
+        if (graph_->loss == no_id) throw usage_error("trainer: the graph has no loss; call graph_builder::set_loss");
+        if (graph_->gradients.empty())
+            throw usage_error("trainer: the graph has no backward pass; call build_backward before training");
+        program_ = compile_program(*graph_, {.prec = prec});
+        executor_ = std::make_unique<host::executor<T>>(program_);
+        storage_ = std::make_unique<host::bound_storage<T>>(program_);
+        storage_->bind_to(*executor_);
+        for (tensor_id p : graph_->parameters) {
+            const tensor_desc& d = graph_->tensor(p);
+            initialize(storage_->real(p), d.init, options_.init_seed, d.name);
+        }
+        std::visit([&](const auto& o) { make_optimizer(o); }, options_.optimizer);
+        for (auto [param, grad] : graph_->gradients) grads_.push_back(storage_->real(grad));
+    }
+
+    // The executor keeps references into this object.
+    trainer(const trainer&) = delete;
+    trainer& operator=(const trainer&) = delete;
+
+    step_result step(const input_feed& feed) {
+        auto start = std::chrono::steady_clock::now();
+        set_inputs(feed);
+        executor_->run(static_cast<std::uint64_t>(steps_));
+        step_result r;
+        r.loss = static_cast<double>(storage_->real(graph_->loss)[0]);
+        r.grad_norm = options_.clip_norm > 0 ? clip_global_norm(grads_, options_.clip_norm) : global_norm(grads_);
+        r.lr = options_.schedule.at(steps_);
+        std::visit([&](auto& opt) { opt.step(r.lr); }, *optimizer_);
+        ++steps_;
+        r.seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+        return r;
+    }
+
+    // The loss of a forward + backward pass without updating anything.
+    double evaluate(const input_feed& feed) {
+        set_inputs(feed);
+        executor_->run(static_cast<std::uint64_t>(steps_));
+        return static_cast<double>(storage_->real(graph_->loss)[0]);
+    }
+
+    std::span<T> parameter(std::string_view name) { return storage_->real(find(name, tensor_role::parameter)); }
+    std::span<T> gradient(std::string_view name) {
+        tensor_id p = find(name, tensor_role::parameter);
+        for (auto [param, grad] : graph_->gradients)
+            if (param == p) return storage_->real(grad);
+        throw usage_error("trainer: parameter '" + std::string(name) + "' has no gradient");
+    }
+
+    const graph& ir() const { return *graph_; }
+    const program& compiled() const { return program_; }
+    std::int64_t steps() const { return steps_; }
+    void set_steps(std::int64_t s) { steps_ = s; }
+    auto& optimizer() { return *optimizer_; }
+
+private:
+    template <class Options>
+    void make_optimizer(const Options& o) {
+        using opt_t = std::conditional_t<std::is_same_v<Options, adamw_options>, adamw<T>, sgd<T>>;
+        Options with_lr = o;
+        with_lr.lr = options_.schedule.peak;
+        optimizer_ = std::make_unique<std::variant<adamw<T>, sgd<T>>>(std::in_place_type<opt_t>, with_lr);
+        for (auto [param, grad] : graph_->gradients) {
+            const tensor_desc& d = graph_->tensor(param);
+            std::visit(
+                [&](auto& opt) {
+                    opt.add({d.name, storage_->real(param), storage_->real(grad), d.dims.rank() >= 2});
+                },
+                *optimizer_);
+        }
+    }
+
+    void set_inputs(const input_feed& feed) {
+        for (tensor_id t : graph_->inputs) {
+            const tensor_desc& d = graph_->tensor(t);
+            if (!storage_->has(t)) continue;  // an input the loss does not depend on
+            if (d.kind == value_kind::index) {
+                auto it = feed.index.find(d.name);
+                if (it == feed.index.end())
+                    throw usage_error("trainer: no data fed for input '" + d.name + "'; add it to input_feed::index");
+                copy_checked(d, it->second, storage_->index(t));
+            } else {
+                auto it = feed.real.find(d.name);
+                if (it == feed.real.end())
+                    throw usage_error("trainer: no data fed for input '" + d.name + "'; add it to input_feed::real");
+                auto dst = storage_->real(t);
+                if (it->second.size() != dst.size()) throw size_mismatch(d, it->second.size());
+                for (std::size_t i = 0; i < dst.size(); ++i) dst[i] = static_cast<T>(it->second[i]);
+            }
+        }
+    }
+    static usage_error size_mismatch(const tensor_desc& d, std::size_t got) {
+        return usage_error("trainer: input '" + d.name + "' has shape " + d.dims.to_string() + " (" +
+                           std::to_string(d.dims.numel()) + " elements) but " + std::to_string(got) +
+                           " were fed; feed one value per element");
+    }
+    static void copy_checked(const tensor_desc& d, std::span<const std::int32_t> src, std::span<std::int32_t> dst) {
+        if (src.size() != dst.size()) throw size_mismatch(d, src.size());
+        std::copy(src.begin(), src.end(), dst.begin());
+    }
+    tensor_id find(std::string_view name, tensor_role role) const {
+        for (tensor_id t : graph_->parameters)
+            if (graph_->tensor(t).name == name && graph_->tensor(t).role == role) return t;
+        throw usage_error("trainer: no parameter named '" + std::string(name) + "'");
+    }
+
+    std::unique_ptr<graph> graph_;
+    trainer_options options_;
+    program program_;
+    std::unique_ptr<host::executor<T>> executor_;
+    std::unique_ptr<host::bound_storage<T>> storage_;
+    std::unique_ptr<std::variant<adamw<T>, sgd<T>>> optimizer_;
+    std::vector<std::span<T>> grads_;
+    std::int64_t steps_ = 0;
+};
+
+}  // namespace loom::train
+// ---- end loom/train/trainer.hpp ----
+
+// models
+// ---- begin loom/models/gpt.hpp ----
+// GPT-2 style decoder-only transformer, built with the public op API only.
+//
+//   x = wte[tokens] + wpe[positions]
+//   blocks.i:  x = x + attn(ln_1(x));  x = x + mlp(ln_2(x))       (pre-norm)
+//   attn:      causal multi-head self-attention with q, k, v and output projections
+//   mlp:       proj(gelu(fc(x))), fc: hidden -> ffn (4 * hidden by default)
+//   logits = ln_f(x) wte^T   (tied embeddings; or a separate lm_head)
+//   loss = mean cross-entropy(logits, targets)
+//
+// Initialisation follows GPT-2: N(0, 0.02) weights, output projections scaled by
+// 1/sqrt(2 * layers), zero biases, unit norm gains.
+#include <cmath>
+#include <cstdint>
+#include <memory>
+#include <string>
+#include <vector>
+
+
+namespace loom::models {
+
+struct gpt_config {
+    std::int64_t layers = 4;
+    std::int64_t hidden = 128;
+    std::int64_t heads = 4;
+    std::int64_t vocab = 256;
+    std::int64_t seq = 64;
+    std::int64_t batch = 8;
+    std::int64_t ffn = 0;  // 0: 4 * hidden
+    double dropout = 0.0;
+    bool tie_embeddings = true;
+    double init_std = 0.02;
+    double layer_norm_eps = 1e-5;
+    std::uint64_t dropout_seed = 1;
+
+    std::int64_t ffn_size() const { return ffn > 0 ? ffn : 4 * hidden; }
+
+    void validate() const {
+        auto positive = [](std::int64_t v, const char* what) {
+            if (v <= 0) throw usage_error(std::string("gpt_config: ") + what + " is " + std::to_string(v) + "; it must be positive");
+        };
+        positive(layers, "layers");
+        positive(hidden, "hidden");
+        positive(heads, "heads");
+        positive(vocab, "vocab");
+        positive(seq, "seq");
+        positive(batch, "batch");
+        if (hidden % heads != 0)
+            throw usage_error("gpt_config: hidden " + std::to_string(hidden) + " is not divisible by heads " +
+                              std::to_string(heads) + "; choose heads that divide hidden");
+        if (dropout < 0 || dropout >= 1)
+            throw usage_error("gpt_config: dropout " + std::to_string(dropout) + " must lie in [0, 1)");
+    }
+
+    // Weights and biases, counted from the architecture (tests compare with the graph).
+    std::int64_t parameter_count() const {
+        const std::int64_t h = hidden, f = ffn_size();
+        std::int64_t per_block = 2 * 2 * h            // two layer norms
+                                 + 4 * (h * h + h)    // q, k, v, proj
+                                 + (f * h + f) + (h * f + h);
+        return vocab * h + seq * h + layers * per_block + 2 * h + (tie_embeddings ? 0 : vocab * h);
+    }
+
+    // Floating-point operations of one forward pass over one batch (GEMMs and attention).
+    double forward_flops() const {
+        const double tokens = static_cast<double>(batch * seq), h = static_cast<double>(hidden),
+                     f = static_cast<double>(ffn_size()), s = static_cast<double>(seq);
+        const double per_layer = 2 * tokens * (4 * h * h + 2 * h * f) + 2 * tokens * s * h;  // causal: half of 4*T*S*H
+        return static_cast<double>(layers) * per_layer + 2 * tokens * h * static_cast<double>(vocab);
+    }
+};
+
+// A built GPT: the graph builder and the ids of the tensors a trainer feeds and reads.
+struct gpt_model {
+    std::unique_ptr<graph_builder> builder;
+    gpt_config config;
+    tensor_id tokens = no_id, positions = no_id, targets = no_id, logits = no_id, loss = no_id;
+
+    const graph& ir() const { return builder->view(); }
+
+    // Appends the backward pass and hands the finished graph over.
+    graph training_graph() && {
+        build_backward(*builder);
+        return std::move(*builder).take();
+    }
+};
+
+namespace detail {
+
+inline tensor layer_norm_block(graph_builder& b, const std::string& scope, tensor x, const gpt_config& c) {
+    auto s = b.scope(scope);
+    auto gamma = b.parameter("weight", {{Dim::Hidden::id, c.hidden}}, parameter_init::ones());
+    auto beta = b.parameter("bias", {{Dim::Hidden::id, c.hidden}}, parameter_init::zeros());
+    return ops::layer_norm(x, gamma, beta, c.layer_norm_eps);
+}
+
+inline tensor dense(graph_builder& b, const std::string& scope, tensor x, dim_id out_dim, std::int64_t out, dim_id in_dim,
+                    std::int64_t in, double std) {
+    auto s = b.scope(scope);
+    auto w = b.parameter("weight", {{out_dim, out}, {in_dim, in}}, parameter_init::normal(std));
+    auto bias = b.parameter("bias", {{out_dim, out}}, parameter_init::zeros());
+    return ops::linear(x, w, bias);
+}
+
+inline tensor maybe_dropout(tensor x, const gpt_config& c, std::uint64_t& site) {
+    ++site;
+    if (c.dropout == 0) return x;
+    return ops::dropout(x, c.dropout, static_cast<std::int64_t>(c.dropout_seed * 1000003 + site));
+}
+
+}  // namespace detail
+
+inline gpt_model gpt(const gpt_config& c) {
+    c.validate();
+    gpt_model m;
+    m.config = c;
+    m.builder = std::make_unique<graph_builder>();
+    graph_builder& b = *m.builder;
+    const dim_id H = Dim::Hidden::id, F = Dim::FFN::id;
+    const double proj_std = c.init_std / std::sqrt(2.0 * static_cast<double>(c.layers));
+    std::uint64_t dropout_site = 0;
+
+    tensor tokens = b.input("tokens", {{Dim::Batch::id, c.batch}, {Dim::Seq::id, c.seq}}, value_kind::index);
+    tensor positions = b.input("positions", {{Dim::Batch::id, c.batch}, {Dim::Seq::id, c.seq}}, value_kind::index);
+    tensor targets = b.input("targets", {{Dim::Batch::id, c.batch}, {Dim::Seq::id, c.seq}}, value_kind::index);
+    tensor wte = b.parameter("wte", {{Dim::Vocab::id, c.vocab}, {H, c.hidden}}, parameter_init::normal(c.init_std));
+    tensor wpe = b.parameter("wpe", {{Dim::Seq::id, c.seq}, {H, c.hidden}}, parameter_init::normal(c.init_std));
+
+    tensor x = ops::embedding(tokens, wte) + ops::embedding(positions, wpe);
+    x = detail::maybe_dropout(x, c, dropout_site);
+
+    b.repeat("blocks", c.layers, [&](std::int64_t) {
+        {
+            tensor h = detail::layer_norm_block(b, "ln_1", x, c);
+            auto attn = b.scope("attn");
+            tensor q = ops::split_heads(detail::dense(b, "q", h, H, c.hidden, H, c.hidden, c.init_std), c.heads);
+            tensor k = ops::split_heads(detail::dense(b, "k", h, H, c.hidden, H, c.hidden, c.init_std), c.heads);
+            tensor v = ops::split_heads(detail::dense(b, "v", h, H, c.hidden, H, c.hidden, c.init_std), c.heads);
+            tensor a = ops::merge_heads(ops::causal_attention(q, k, v));
+            tensor o = detail::dense(b, "proj", a, H, c.hidden, H, c.hidden, proj_std);
+            x = x + detail::maybe_dropout(o, c, dropout_site);
+        }
+        {
+            tensor h = detail::layer_norm_block(b, "ln_2", x, c);
+            auto mlp = b.scope("mlp");
+            tensor f = ops::gelu(detail::dense(b, "fc", h, F, c.ffn_size(), H, c.hidden, c.init_std));
+            tensor o = detail::dense(b, "proj", f, H, c.hidden, F, c.ffn_size(), proj_std);
+            x = x + detail::maybe_dropout(o, c, dropout_site);
+        }
+    });
+
+    x = detail::layer_norm_block(b, "ln_f", x, c);
+    tensor head = wte;
+    if (!c.tie_embeddings)
+        head = b.parameter("lm_head", {{Dim::Vocab::id, c.vocab}, {H, c.hidden}}, parameter_init::normal(c.init_std));
+    tensor logits = ops::linear(x, head);
+    tensor loss = ops::cross_entropy(logits, targets);
+    b.set_loss(loss);
+
+    m.tokens = tokens.id;
+    m.positions = positions.id;
+    m.targets = targets.id;
+    m.logits = logits.id;
+    m.loss = loss.id;
+    return m;
+}
+
+// Position ids for one batch: row-major [batch, seq], each row 0, 1, ..., seq - 1.
+inline std::vector<std::int32_t> gpt_positions(const gpt_config& c) {
+    std::vector<std::int32_t> ids(static_cast<std::size_t>(c.batch * c.seq));
+    for (std::size_t i = 0; i < ids.size(); ++i) ids[i] = static_cast<std::int32_t>(static_cast<std::int64_t>(i) % c.seq);
+    return ids;
+}
+
+}  // namespace loom::models
+// ---- end loom/models/gpt.hpp ----
+// ---- end loom/loom.hpp ----

@@ -1,0 +1,196 @@
+// Optimizers, clipping and the schedule against their defining formulas; the trainer on a
+// small GPT: gradients against central differences, determinism, loss that falls, and
+// clear errors for bad feeds.
+#include <catch2/catch.hpp>
+
+#include <cmath>
+#include <map>
+
+#include <loom/models/gpt.hpp>
+#include <loom/train/trainer.hpp>
+
+#include "support/gradcheck.hpp"
+
+using namespace loom;
+
+TEST_CASE("sgd follows torch.optim.SGD's update", "[optim]") {
+    for (bool nesterov : {false, true}) {
+        std::vector<double> p{1.0, -2.0}, g{0.5, 0.25};
+        train::sgd<double> opt({.lr = 0.1, .momentum = 0.9, .weight_decay = 0.01, .nesterov = nesterov});
+        opt.add({"p", p, g, true});
+        // Reference, written out: d = g + wd p; buf = d (first), mu buf + d; step = nesterov ? d + mu buf : buf
+        std::vector<double> rp{1.0, -2.0}, buf{0, 0};
+        for (int t = 0; t < 4; ++t) {
+            g = {0.5 - 0.1 * t, 0.25 + 0.2 * t};
+            opt.step();
+            for (int i = 0; i < 2; ++i) {
+                double d = g[static_cast<std::size_t>(i)] + 0.01 * rp[static_cast<std::size_t>(i)];
+                buf[static_cast<std::size_t>(i)] = t == 0 ? d : 0.9 * buf[static_cast<std::size_t>(i)] + d;
+                rp[static_cast<std::size_t>(i)] -= 0.1 * (nesterov ? d + 0.9 * buf[static_cast<std::size_t>(i)] : buf[static_cast<std::size_t>(i)]);
+                CHECK(p[static_cast<std::size_t>(i)] == Approx(rp[static_cast<std::size_t>(i)]).epsilon(1e-14));
+            }
+        }
+    }
+    CHECK_THROWS_WITH(train::sgd<double>({.momentum = 0, .nesterov = true}), Catch::Contains("nesterov"));
+}
+
+TEST_CASE("adamw follows torch.optim.AdamW's update", "[optim]") {
+    std::vector<double> p{0.3, -0.7, 1.1}, g(3);
+    std::vector<double> bias{0.2}, gb{0.0};
+    train::adamw<double> opt({.lr = 0.01, .beta1 = 0.8, .beta2 = 0.95, .eps = 1e-6, .weight_decay = 0.1});
+    opt.add({"w", p, g, true});
+    opt.add({"b", bias, gb, false});
+    std::vector<double> rp = p, m(3, 0), v(3, 0);
+    for (int t = 1; t <= 5; ++t) {
+        for (int i = 0; i < 3; ++i) g[static_cast<std::size_t>(i)] = std::sin(t + i);
+        gb[0] = 0.5;
+        opt.step();
+        for (std::size_t i = 0; i < 3; ++i) {
+            rp[i] *= 1 - 0.01 * 0.1;
+            m[i] = 0.8 * m[i] + 0.2 * g[i];
+            v[i] = 0.95 * v[i] + 0.05 * g[i] * g[i];
+            double mhat = m[i] / (1 - std::pow(0.8, t)), vhat = v[i] / (1 - std::pow(0.95, t));
+            rp[i] -= 0.01 * mhat / (std::sqrt(vhat) + 1e-6);
+            CHECK(p[i] == Approx(rp[i]).epsilon(1e-12));
+        }
+    }
+    // No decay on the bias: a constant gradient moves it by lr per step exactly (|mhat/sqrt(vhat)| = 1).
+    CHECK(bias[0] == Approx(0.2 - 5 * 0.01 * 0.5 / (0.5 + 1e-6)).epsilon(1e-9));
+    CHECK_THROWS_WITH(train::adamw<double>({.beta1 = 1.0}), Catch::Contains("betas"));
+}
+
+TEST_CASE("global-norm clipping scales every gradient by max_norm / norm", "[optim]") {
+    std::vector<float> a{3, 0}, b{0, 4};
+    std::vector<std::span<float>> grads{a, b};
+    CHECK(train::global_norm(grads) == Approx(5.0));
+    double before = train::clip_global_norm(grads, 1.0);
+    CHECK(before == Approx(5.0));
+    CHECK(a[0] == Approx(3.0 / (5.0 + 1e-6)));
+    CHECK(b[1] == Approx(4.0 / (5.0 + 1e-6)));
+    CHECK(train::clip_global_norm(grads, 10.0) == Approx(1.0).epsilon(1e-5));
+    CHECK(a[0] == Approx(3.0 / (5.0 + 1e-6)));  // under the limit: untouched
+}
+
+TEST_CASE("the learning-rate schedule warms up linearly and decays by a cosine", "[optim]") {
+    train::lr_schedule s{.peak = 1.0, .min_lr = 0.1, .warmup_steps = 10, .total_steps = 110};
+    CHECK(s.at(0) == Approx(0.1));
+    CHECK(s.at(9) == Approx(1.0));
+    CHECK(s.at(10) == Approx(1.0));
+    CHECK(s.at(60) == Approx(0.55));
+    CHECK(s.at(110) == Approx(0.1));
+    CHECK(s.at(1000) == Approx(0.1));
+}
+
+namespace {
+models::gpt_config tiny() {
+    return {.layers = 2, .hidden = 16, .heads = 2, .vocab = 11, .seq = 6, .batch = 2};
+}
+
+train::input_feed feed_for(const models::gpt_config& c, std::vector<std::int32_t>& tokens,
+                           std::vector<std::int32_t>& targets, std::vector<std::int32_t>& positions) {
+    tokens.resize(static_cast<std::size_t>(c.batch * c.seq));
+    targets.resize(tokens.size());
+    for (std::size_t i = 0; i < tokens.size(); ++i) {
+        tokens[i] = static_cast<std::int32_t>((i * 7 + 3) % static_cast<std::size_t>(c.vocab));
+        targets[i] = static_cast<std::int32_t>((i * 7 + 10) % static_cast<std::size_t>(c.vocab));  // next token
+    }
+    positions = models::gpt_positions(c);
+    train::input_feed f;
+    f.index["tokens"] = tokens;
+    f.index["targets"] = targets;
+    f.index["positions"] = positions;
+    return f;
+}
+}  // namespace
+
+TEST_CASE("the GPT graph has the parameters its config describes", "[gpt]") {
+    for (bool tie : {true, false}) {
+        auto c = tiny();
+        c.tie_embeddings = tie;
+        auto m = models::gpt(c);
+        CHECK(m.ir().parameter_count() == c.parameter_count());
+        REQUIRE(m.ir().repeats.size() == 1);
+        CHECK(m.ir().repeats[0].scopes.size() == 2);
+        CHECK(m.ir().find_tensor("blocks.1.mlp.fc.weight").has_value());
+    }
+    CHECK_THROWS_WITH(models::gpt({.hidden = 30, .heads = 4}), Catch::Contains("not divisible by heads"));
+}
+
+TEST_CASE("gradcheck: a whole GPT in float64", "[gpt][grad]") {
+    for (bool tie : {true, false}) {
+        auto c = tiny();
+        c.tie_embeddings = tie;
+        c.init_std = 0.3;  // larger than GPT-2's so every path carries a visible gradient
+        std::vector<std::int32_t> tokens, targets, positions;
+        auto feed = feed_for(c, tokens, targets, positions);
+        train::trainer<double> t(models::gpt(c).training_graph(), {});
+        t.evaluate(feed);
+        std::vector<std::string> names;
+        for (tensor_id p : t.ir().parameters) names.push_back(t.ir().tensor(p).name);
+        std::map<std::string, std::vector<double>> analytic;
+        for (const auto& n : names) analytic[n].assign(t.gradient(n).begin(), t.gradient(n).end());
+        const double h = 1e-6;
+        int checked = 0;
+        for (const auto& n : names) {
+            auto x = t.parameter(n);
+            for (std::size_t j = 0; j < x.size(); j += 1 + x.size() / 12) {
+                const double saved = x[j];
+                x[j] = saved + h;
+                const double up = t.evaluate(feed);
+                x[j] = saved - h;
+                const double down = t.evaluate(feed);
+                x[j] = saved;
+                const double numeric = (up - down) / (2 * h);
+                INFO("parameter " << n << " element " << j << (tie ? " (tied)" : " (untied)"));
+                CHECK(analytic[n][j] == Approx(numeric).epsilon(1e-6).margin(1e-9));
+                ++checked;
+            }
+        }
+        CHECK(checked > 150);
+    }
+}
+
+TEST_CASE("training a GPT is deterministic and the loss falls", "[gpt][train]") {
+    auto c = tiny();
+    std::vector<std::int32_t> tokens, targets, positions;
+    auto feed = feed_for(c, tokens, targets, positions);
+    auto run = [&](std::uint64_t seed) {
+        train::trainer_options o;
+        o.schedule.peak = 1e-2;
+        o.init_seed = seed;
+        train::trainer<float> t(models::gpt(c).training_graph(), o);
+        std::vector<double> losses;
+        for (int s = 0; s < 40; ++s) losses.push_back(t.step(feed).loss);
+        return losses;
+    };
+    auto a = run(3), b = run(3), other = run(4);
+    CHECK(a == b);  // bit-identical
+    CHECK(a != other);
+    CHECK(a.front() == Approx(std::log(11.0)).epsilon(0.1));
+    // A fixed batch whose targets are a function of the tokens: it must be learned.
+    CHECK(a.back() < 0.2 * a.front());
+}
+
+TEST_CASE("the trainer rejects bad feeds with the tensor named", "[train]") {
+    auto c = tiny();
+    train::trainer<float> t(models::gpt(c).training_graph(), {});
+    std::vector<std::int32_t> tokens, targets, positions;
+    auto feed = feed_for(c, tokens, targets, positions);
+    auto missing = feed;
+    missing.index.erase("targets");
+    CHECK_THROWS_WITH(t.step(missing), Catch::Contains("no data fed for input 'targets'"));
+    std::vector<std::int32_t> short_tokens(3, 0);
+    auto wrong = feed;
+    wrong.index["tokens"] = short_tokens;
+    CHECK_THROWS_WITH(t.step(wrong), Catch::Contains("'tokens'") && Catch::Contains("12 elements") &&
+                                         Catch::Contains("3 were fed"));
+    std::vector<std::int32_t> bad_ids = tokens;
+    bad_ids[5] = 99;
+    auto out_of_range = feed;
+    out_of_range.index["tokens"] = bad_ids;
+    CHECK_THROWS_WITH(t.step(out_of_range), Catch::Contains("99"));
+    graph_builder b;
+    auto x = b.parameter("x", {{Dim::Hidden::id, 3}}, parameter_init::ones());
+    b.set_loss(ops::sum(x));
+    CHECK_THROWS_WITH(train::trainer<float>(std::move(b).take(), {}), Catch::Contains("build_backward"));
+}
