@@ -3,6 +3,7 @@
 #include <catch2/catch.hpp>
 
 #include <loom/core/signature.hpp>
+#include <loom/core/typed_signature.hpp>
 
 using namespace loom;
 
@@ -32,7 +33,7 @@ TEST_CASE("signatures reject malformed text", "[signature]") {
     CHECK_THROWS_WITH(parse_signature("a ... -> a"), Catch::Contains("'...' may only open an operand"));
     CHECK_THROWS_WITH(parse_signature("a -> b -> c"), Catch::Contains("'->' appears twice"));
     CHECK_THROWS_WITH(parse_signature("a $ -> a"), Catch::Contains("unexpected character"));
-    CHECK_THROWS_WITH(parse_signature("verylongname -> verylongname"), Catch::Contains("longer than 8"));
+    CHECK_THROWS_WITH(parse_signature("averyverylongname -> averyverylongname"), Catch::Contains("longer than 16"));
 }
 
 TEST_CASE("binding checks extents and names the operand", "[signature]") {
@@ -104,4 +105,28 @@ TEST_CASE("dims are tag types and run-time ids at once", "[dim]") {
     static_assert(dim_tag<Dim::Batch>);
     CHECK(dim_id::intern(std::string("Ex") + "pert") == dim_id_of<Expert>);
     CHECK(dim_id::intern("Expert").name().data() == dim_id::intern("Expert").name().data());
+}
+
+
+namespace {
+using Dim::Batch, Dim::Hidden, Dim::FFN, Dim::Seq;
+constexpr signature typed = signature_from<inputs<dims<Batch, Seq, Hidden>, dims<FFN, Hidden>>, outputs<dims<Batch, Seq, FFN>>>();
+static_assert(typed.input_count == 2 && typed.output_count == 1);
+static_assert(typed.role(*typed.find("Hidden")) == dim_role::contracted);
+static_assert(typed.role(*typed.find("FFN")) == dim_role::spatial);
+constexpr signature typed_norm = signature_from<inputs<dims<Batch, frozen<Hidden>>>, outputs<dims<Batch, frozen<Hidden>>>>();
+static_assert(typed_norm.role(*typed_norm.find("Hidden")) == dim_role::frozen);
+static_assert(typed_norm.role(*typed_norm.find("Batch")) == dim_role::spatial);
+}  // namespace
+
+TEST_CASE("signatures built from dim types equal the parsed text", "[signature]") {
+    constexpr signature text = parse_signature("Batch Seq Hidden, FFN Hidden -> Batch Seq FFN");
+    REQUIRE(typed.var_count == text.var_count);
+    for (int v = 0; v < text.var_count; ++v) {
+        CHECK(typed.vars[static_cast<std::size_t>(v)].view() == text.vars[static_cast<std::size_t>(v)].view());
+        CHECK(typed.role(v) == text.role(v));
+    }
+    std::vector<shape> in{{{Batch::id, 2}, {Seq::id, 3}, {Hidden::id, 4}}, {{FFN::id, 5}, {Hidden::id, 4}}};
+    auto b = bind_signature(typed, "typed", "", in, {});
+    CHECK(output_shape(b, 0) == shape{{Batch::id, 2}, {Seq::id, 3}, {FFN::id, 5}});
 }

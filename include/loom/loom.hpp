@@ -7,6 +7,7 @@
 #include <loom/core/fixed_string.hpp>
 #include <loom/core/shape.hpp>
 #include <loom/core/signature.hpp>
+#include <loom/core/typed_signature.hpp>
 
 // graph
 #include <loom/graph/attributes.hpp>

@@ -49,7 +49,7 @@ struct signature {
     static constexpr int max_operands = 6;
     static constexpr int max_axes = 8;
     static constexpr int max_group = 4;
-    static constexpr int max_name = 8;
+    static constexpr int max_name = 16;
 
     struct variable {
         std::array<char, max_name> name{};
@@ -134,7 +134,7 @@ struct signature_parser {
         while (pos < text.size() && is_name_char(text[pos])) ++pos;
         if (pos == start) fail("signature: expected a dim variable name");
         std::string_view name = text.substr(start, pos - start);
-        if (name.size() > signature::max_name) fail("signature: dim variable name longer than 8 characters");
+        if (name.size() > signature::max_name) fail("signature: dim variable name longer than 16 characters");
         bool frozen = pos < text.size() && text[pos] == '^';
         if (frozen) ++pos;
         int index = -1;
