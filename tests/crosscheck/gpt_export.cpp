@@ -26,8 +26,8 @@ void export_step(const models::gpt_config& config, std::uint64_t seed, const std
     const auto n = static_cast<std::size_t>(config.batch * config.seq);
     std::vector<std::int32_t> tokens(n), targets(n);
     for (std::size_t i = 0; i < n; ++i) {
-        tokens[i] = static_cast<std::int32_t>(train::detail::mix64(seed * 7 + i) % static_cast<std::uint64_t>(config.vocab));
-        targets[i] = static_cast<std::int32_t>(train::detail::mix64(seed * 13 + i) % static_cast<std::uint64_t>(config.vocab));
+        tokens[i] = static_cast<std::int32_t>(splitmix64(seed * 7 + i) % static_cast<std::uint64_t>(config.vocab));
+        targets[i] = static_cast<std::int32_t>(splitmix64(seed * 13 + i) % static_cast<std::uint64_t>(config.vocab));
     }
     const auto positions = models::gpt_positions(config);
     train::input_feed feed;

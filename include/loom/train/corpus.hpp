@@ -18,6 +18,8 @@
 #include <string>
 #include <string_view>
 
+#include <loom/core/random.hpp>
+
 namespace loom::train {
 
 namespace detail {
@@ -29,10 +31,7 @@ public:
     explicit constexpr corpus_rng(std::uint64_t seed) noexcept : state_(seed) {}
 
     constexpr std::uint64_t next() noexcept {
-        std::uint64_t z = (state_ += 0x9e3779b97f4a7c15ULL);
-        z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ULL;
-        z = (z ^ (z >> 27)) * 0x94d049bb133111ebULL;
-        return z ^ (z >> 31);
+        return finalize_mix(state_ += golden_gamma);
     }
 
     // Uniform on [0, n) up to a bias below n / 2^64, invisible for the small n used here.

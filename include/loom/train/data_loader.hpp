@@ -21,6 +21,7 @@
 #include <string>
 #include <vector>
 
+#include <loom/core/random.hpp>
 #include <loom/core/error.hpp>
 #include <loom/train/token_file.hpp>
 
@@ -56,14 +57,6 @@ struct data_loader_state {
 
 namespace detail {
 
-// splitmix64's finalizer: a bijective 64-bit mixer, used as the Feistel round function.
-constexpr std::uint64_t loader_mix(std::uint64_t z) noexcept {
-    z += 0x9e3779b97f4a7c15ULL;
-    z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ULL;
-    z = (z ^ (z >> 27)) * 0x94d049bb133111ebULL;
-    return z ^ (z >> 31);
-}
-
 // A permutation of [0, n) chosen by `key`. A balanced Feistel network permutes
 // [0, 2^bits) with 2^bits < 4n; values that land at or above n are sent through again
 // ("cycle walking"), which stays inside the cycle of the start value and so ends at a
@@ -90,7 +83,7 @@ private:
     constexpr std::uint64_t encrypt(std::uint64_t x) const noexcept {
         std::uint64_t left = x >> half_bits_, right = x & mask_;
         for (int r = 0; r < rounds; ++r) {
-            const std::uint64_t next = left ^ (loader_mix(key_ ^ loader_mix(right + 0x100000001b3ULL * static_cast<std::uint64_t>(r))) & mask_);
+            const std::uint64_t next = left ^ (splitmix64(key_ ^ splitmix64(right + 0x100000001b3ULL * static_cast<std::uint64_t>(r))) & mask_);
             left = right;
             right = next;
         }
@@ -141,7 +134,7 @@ public:
     // The start position of the index-th window of an epoch.
     std::uint64_t window_start(std::uint64_t epoch, std::uint64_t index) const noexcept {
         if (!options_.shuffle) return index;
-        return detail::feistel_permutation(window_count_, detail::loader_mix(options_.seed ^ detail::loader_mix(epoch)))(index);
+        return detail::feistel_permutation(window_count_, splitmix64(options_.seed ^ splitmix64(epoch)))(index);
     }
 
     batch next() {

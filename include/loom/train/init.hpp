@@ -8,17 +8,12 @@
 #include <span>
 #include <string_view>
 
+#include <loom/core/random.hpp>
 #include <loom/graph/parameter_init.hpp>
 
 namespace loom::train {
 
 namespace detail {
-inline constexpr std::uint64_t mix64(std::uint64_t z) {
-    z += 0x9e3779b97f4a7c15ull;
-    z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ull;
-    z = (z ^ (z >> 27)) * 0x94d049bb133111ebull;
-    return z ^ (z >> 31);
-}
 inline constexpr std::uint64_t hash_name(std::string_view s) {
     std::uint64_t h = 0xcbf29ce484222325ull;  // FNV-1a
     for (char c : s) h = (h ^ static_cast<unsigned char>(c)) * 0x100000001b3ull;
@@ -30,16 +25,16 @@ inline double unit_uniform(std::uint64_t bits) { return (static_cast<double>(bit
 
 // One value of the stream of parameter `name`: the i-th element.
 inline double init_value(const parameter_init& init, std::uint64_t seed, std::string_view name, std::uint64_t i) {
-    const std::uint64_t key = detail::mix64(seed ^ detail::mix64(detail::hash_name(name)));
+    const std::uint64_t key = splitmix64(seed ^ splitmix64(detail::hash_name(name)));
     switch (init.distribution) {
         case parameter_init::kind::constant: return init.a;
         case parameter_init::kind::uniform: {
-            double u = detail::unit_uniform(detail::mix64(key + 2 * i));
+            double u = detail::unit_uniform(splitmix64(key + 2 * i));
             return init.a + (init.b - init.a) * u;
         }
         case parameter_init::kind::normal: {
-            double u1 = detail::unit_uniform(detail::mix64(key + 2 * i));
-            double u2 = detail::unit_uniform(detail::mix64(key + 2 * i + 1));
+            double u1 = detail::unit_uniform(splitmix64(key + 2 * i));
+            double u2 = detail::unit_uniform(splitmix64(key + 2 * i + 1));
             double z = std::sqrt(-2.0 * std::log(u1)) * std::cos(2.0 * std::numbers::pi * u2);
             return init.a + init.b * z;
         }

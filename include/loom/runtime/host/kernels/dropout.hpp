@@ -15,6 +15,7 @@
 #include <cstdint>
 #include <cstring>
 
+#include <loom/core/random.hpp>
 #include <loom/ops/dropout.hpp>
 #include <loom/runtime/host/kernel_call.hpp>
 #include <loom/runtime/host/kernels/elementwise.hpp>
@@ -26,13 +27,8 @@ namespace loom::host {
 // The keep-or-drop decision of every element for one (seed, step, p).
 class dropout_mask {
 public:
-    static constexpr std::uint64_t golden = 0x9e3779b97f4a7c15ull;
-
-    static constexpr std::uint64_t mix64(std::uint64_t z) {
-        z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ull;
-        z = (z ^ (z >> 27)) * 0x94d049bb133111ebull;
-        return z ^ (z >> 31);
-    }
+    static constexpr std::uint64_t golden = golden_gamma;
+    static constexpr std::uint64_t mix64(std::uint64_t z) { return finalize_mix(z); }
 
     dropout_mask(std::int64_t seed, std::uint64_t step, double p)
         : key_(mix64(mix64(static_cast<std::uint64_t>(seed)) ^ mix64(step + golden))), threshold_(threshold_of(p)) {}
