@@ -466,13 +466,15 @@ template <class T, int W, int R>
 
 // One entry per instruction set, chosen at run time as gemm chooses its micro-kernel:
 // W fills one vector register, R rows keep the 2 R accumulators in registers.
+// optimize("O2"): at -O0, g++ 12 cannot lower these wide generic vectors ("unrecognizable
+// insn", an internal compiler error), so a user's debug build would not compile.
 template <class T>
-[[gnu::target("avx512f")]] void forward_avx512(const problem& p, const tensors<T>& x, std::int64_t lo,
+[[gnu::target("avx512f"), gnu::optimize("O2")]] void forward_avx512(const problem& p, const tensors<T>& x, std::int64_t lo,
                                                std::int64_t hi, workspace<T>& ws) {
     forward_tiles<T, 64 / sizeof(T), 8>(p, x, lo, hi, ws);
 }
 template <class T>
-[[gnu::target("avx2,fma")]] void forward_avx2(const problem& p, const tensors<T>& x, std::int64_t lo,
+[[gnu::target("avx2,fma"), gnu::optimize("O2")]] void forward_avx2(const problem& p, const tensors<T>& x, std::int64_t lo,
                                               std::int64_t hi, workspace<T>& ws) {
     forward_tiles<T, 32 / sizeof(T), 4>(p, x, lo, hi, ws);
 }
@@ -481,12 +483,12 @@ void forward_portable(const problem& p, const tensors<T>& x, std::int64_t lo, st
     forward_tiles<T, 16 / sizeof(T), 4>(p, x, lo, hi, ws);
 }
 template <class T>
-[[gnu::target("avx512f")]] void backward_avx512(const problem& p, const tensors<T>& x, std::int64_t lo,
+[[gnu::target("avx512f"), gnu::optimize("O2")]] void backward_avx512(const problem& p, const tensors<T>& x, std::int64_t lo,
                                                 std::int64_t hi, workspace<T>& ws) {
     backward_pairs<T, 64 / sizeof(T), 8>(p, x, lo, hi, ws);
 }
 template <class T>
-[[gnu::target("avx2,fma")]] void backward_avx2(const problem& p, const tensors<T>& x, std::int64_t lo,
+[[gnu::target("avx2,fma"), gnu::optimize("O2")]] void backward_avx2(const problem& p, const tensors<T>& x, std::int64_t lo,
                                                std::int64_t hi, workspace<T>& ws) {
     backward_pairs<T, 32 / sizeof(T), 4>(p, x, lo, hi, ws);
 }
