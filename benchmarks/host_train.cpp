@@ -96,7 +96,7 @@ int main(int argc, char** argv) {
     record["date"] = date;
     record["cpu"] = cpu_model();
     record["threads"] = threads;
-    record["gemm"] = host::gemm_uses_cblas() ? "OpenBLAS" : "loom fallback";
+    record["gemm"] = host::gemm_uses_cblas() ? "OpenBLAS" : "loom kernels";
     std::string commit = command_output("git rev-parse --short HEAD 2>/dev/null");
     if (!commit.empty() && commit.back() == '\n') commit.pop_back();
     record["commit"] = commit;

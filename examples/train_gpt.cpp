@@ -24,7 +24,7 @@ int run(const models::gpt_config& config, train::trainer_options options, std::i
                 static_cast<long long>(config.heads), static_cast<long long>(config.seq),
                 static_cast<long long>(config.batch), static_cast<long long>(config.vocab));
     std::printf("plan: one device, host backend, %u threads, GEMM: %s\n", host::thread_pool::global().size(),
-                host::gemm_uses_cblas() ? "OpenBLAS" : "loom blocked fallback");
+                host::gemm_uses_cblas() ? "OpenBLAS" : "loom kernels");
     std::printf("%s", explain(trainer.compiled()).c_str());
     std::printf("data: %zu tokens, initial loss expected near ln(%lld) = %.3f\n", data.size(),
                 static_cast<long long>(config.vocab), std::log(static_cast<double>(config.vocab)));

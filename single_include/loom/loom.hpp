@@ -3436,9 +3436,11 @@ struct host_kernel<ops::SumLeading> {
 #include <climits>
 #include <cstddef>
 #include <cstdint>
+#include <cstdlib>
 #include <cstring>
 #include <new>
 #include <string>
+#include <string_view>
 #include <type_traits>
 
 // ---- begin loom/runtime/host/cblas_gate.hpp ----
@@ -3548,8 +3550,35 @@ inline gemm_isa gemm_best_isa() noexcept {
     return best;
 }
 
+// Which implementation gemm() uses outside parallel regions.
+//   LOOM_GEMM=cblas | loom   chooses explicitly (cblas needs a build with OpenBLAS);
+//   otherwise                loom's kernels on CPUs with AVX-512, where they measured faster
+//                            than OpenBLAS 0.3.21's default kernels and do not keep spinning
+//                            threads that compete with loom's pool (benchmarks/RESULTS.md),
+//                            else CBLAS when built with it, else loom's kernels.
+enum class gemm_backend { cblas, loom };
+
+inline gemm_backend selected_gemm_backend() {
+    static const gemm_backend chosen = [] {
+        if (const char* env = std::getenv("LOOM_GEMM"); env && *env) {
+            const std::string_view v(env);
+            if (v == "loom") return gemm_backend::loom;
+            if (v == "cblas") {
+                if (!has_cblas)
+                    throw usage_error("LOOM_GEMM=cblas: this build has no CBLAS; install libopenblas-dev and "
+                                      "configure with LOOM_USE_CBLAS=ON, or unset LOOM_GEMM");
+                return gemm_backend::cblas;
+            }
+            throw usage_error("LOOM_GEMM=" + std::string(v) + ": expected 'cblas' or 'loom'");
+        }
+        if (!has_cblas || gemm_best_isa() == gemm_isa::avx512f) return gemm_backend::loom;
+        return gemm_backend::cblas;
+    }();
+    return chosen;
+}
+
 // True when gemm() calls CBLAS (OpenBLAS) rather than gemm_fallback() (outside parallel regions).
-inline bool gemm_uses_cblas() noexcept { return has_cblas; }
+inline bool gemm_uses_cblas() { return selected_gemm_backend() == gemm_backend::cblas; }
 
 namespace detail::gemm {
 
@@ -4263,7 +4292,7 @@ void gemm_unchecked(transpose ta, transpose tb, std::int64_t m, std::int64_t n, 
         // CBLAS takes int sizes; larger problems take the fallback rather than overflow.
         // Inside a parallel region every core is already busy with this job, and OpenBLAS
         // would add its own threads on top: the fallback runs on this thread instead.
-        if (!host::detail::inside_parallel_region() && fits_in_int(m) && fits_in_int(n) && fits_in_int(k) &&
+        if (gemm_uses_cblas() && !host::detail::inside_parallel_region() && fits_in_int(m) && fits_in_int(n) && fits_in_int(k) &&
             fits_in_int(lda) && fits_in_int(ldb) && fits_in_int(ldc)) {
             if (m == 0 || n == 0) return;
             const bool trans_a = ta == transpose::yes;
@@ -4283,7 +4312,7 @@ void gemm_unchecked(transpose ta, transpose tb, std::int64_t m, std::int64_t n, 
 
 }  // namespace detail::gemm
 
-// C = alpha * op(A) * op(B) + beta * C, through OpenBLAS when built with it (gemm_uses_cblas()),
+// C = alpha * op(A) * op(B) + beta * C, through OpenBLAS when selected (gemm_uses_cblas()),
 // otherwise (and inside a parallel_for range) through gemm_fallback. T is float or double.
 template <class T>
 void gemm(transpose ta, transpose tb, std::int64_t m, std::int64_t n, std::int64_t k, T alpha, const T* a,
@@ -4430,6 +4459,29 @@ struct host_kernel<ops::LinearGradWeight> {
 #include <cstdint>
 #include <cstring>
 
+// ---- begin loom/core/random.hpp ----
+// The one integer mixer behind every seeded stream in loom (parameter init, dropout masks,
+// the corpus, the data loader's permutations): splitmix64. Fully specified, so every
+// platform draws the same numbers, and counter-based, so element i of a stream can be
+// computed without computing elements 0..i-1.
+#include <cstdint>
+
+namespace loom {
+
+inline constexpr std::uint64_t golden_gamma = 0x9e3779b97f4a7c15ull;
+
+// splitmix64's finalizer: a bijection on 64-bit integers with strong avalanche.
+constexpr std::uint64_t finalize_mix(std::uint64_t z) noexcept {
+    z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ull;
+    z = (z ^ (z >> 27)) * 0x94d049bb133111ebull;
+    return z ^ (z >> 31);
+}
+
+// splitmix64(z): the finalizer of z + gamma; the output for counter value z.
+constexpr std::uint64_t splitmix64(std::uint64_t z) noexcept { return finalize_mix(z + golden_gamma); }
+
+}  // namespace loom
+// ---- end loom/core/random.hpp ----
 // ---- begin loom/runtime/host/kernels/vector_math.hpp ----
 // Float math for host kernels, written so that g++ -O2 vectorizes the loops that call it,
 // for whatever instruction set the build targets (SSE2 by default, AVX2/AVX-512 under -march):
@@ -4537,13 +4589,8 @@ namespace loom::host {
 // The keep-or-drop decision of every element for one (seed, step, p).
 class dropout_mask {
 public:
-    static constexpr std::uint64_t golden = 0x9e3779b97f4a7c15ull;
-
-    static constexpr std::uint64_t mix64(std::uint64_t z) {
-        z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ull;
-        z = (z ^ (z >> 27)) * 0x94d049bb133111ebull;
-        return z ^ (z >> 31);
-    }
+    static constexpr std::uint64_t golden = golden_gamma;
+    static constexpr std::uint64_t mix64(std::uint64_t z) { return finalize_mix(z); }
 
     dropout_mask(std::int64_t seed, std::uint64_t step, double p)
         : key_(mix64(mix64(static_cast<std::uint64_t>(seed)) ^ mix64(step + golden))), threshold_(threshold_of(p)) {}
@@ -5686,13 +5733,15 @@ template <class T, int W, int R>
 
 // One entry per instruction set, chosen at run time as gemm chooses its micro-kernel:
 // W fills one vector register, R rows keep the 2 R accumulators in registers.
+// optimize("O2"): at -O0, g++ 12 cannot lower these wide generic vectors ("unrecognizable
+// insn", an internal compiler error), so a user's debug build would not compile.
 template <class T>
-[[gnu::target("avx512f")]] void forward_avx512(const problem& p, const tensors<T>& x, std::int64_t lo,
+[[gnu::target("avx512f"), gnu::optimize("O2")]] void forward_avx512(const problem& p, const tensors<T>& x, std::int64_t lo,
                                                std::int64_t hi, workspace<T>& ws) {
     forward_tiles<T, 64 / sizeof(T), 8>(p, x, lo, hi, ws);
 }
 template <class T>
-[[gnu::target("avx2,fma")]] void forward_avx2(const problem& p, const tensors<T>& x, std::int64_t lo,
+[[gnu::target("avx2,fma"), gnu::optimize("O2")]] void forward_avx2(const problem& p, const tensors<T>& x, std::int64_t lo,
                                               std::int64_t hi, workspace<T>& ws) {
     forward_tiles<T, 32 / sizeof(T), 4>(p, x, lo, hi, ws);
 }
@@ -5701,12 +5750,12 @@ void forward_portable(const problem& p, const tensors<T>& x, std::int64_t lo, st
     forward_tiles<T, 16 / sizeof(T), 4>(p, x, lo, hi, ws);
 }
 template <class T>
-[[gnu::target("avx512f")]] void backward_avx512(const problem& p, const tensors<T>& x, std::int64_t lo,
+[[gnu::target("avx512f"), gnu::optimize("O2")]] void backward_avx512(const problem& p, const tensors<T>& x, std::int64_t lo,
                                                 std::int64_t hi, workspace<T>& ws) {
     backward_pairs<T, 64 / sizeof(T), 8>(p, x, lo, hi, ws);
 }
 template <class T>
-[[gnu::target("avx2,fma")]] void backward_avx2(const problem& p, const tensors<T>& x, std::int64_t lo,
+[[gnu::target("avx2,fma"), gnu::optimize("O2")]] void backward_avx2(const problem& p, const tensors<T>& x, std::int64_t lo,
                                                std::int64_t hi, workspace<T>& ws) {
     backward_pairs<T, 32 / sizeof(T), 4>(p, x, lo, hi, ws);
 }
@@ -6996,6 +7045,7 @@ private:
 #include <string>
 #include <string_view>
 
+
 namespace loom::train {
 
 namespace detail {
@@ -7007,10 +7057,7 @@ public:
     explicit constexpr corpus_rng(std::uint64_t seed) noexcept : state_(seed) {}
 
     constexpr std::uint64_t next() noexcept {
-        std::uint64_t z = (state_ += 0x9e3779b97f4a7c15ULL);
-        z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ULL;
-        z = (z ^ (z >> 27)) * 0x94d049bb133111ebULL;
-        return z ^ (z >> 31);
+        return finalize_mix(state_ += golden_gamma);
     }
 
     // Uniform on [0, n) up to a bias below n / 2^64, invisible for the small n used here.
@@ -7828,14 +7875,6 @@ struct data_loader_state {
 
 namespace detail {
 
-// splitmix64's finalizer: a bijective 64-bit mixer, used as the Feistel round function.
-constexpr std::uint64_t loader_mix(std::uint64_t z) noexcept {
-    z += 0x9e3779b97f4a7c15ULL;
-    z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ULL;
-    z = (z ^ (z >> 27)) * 0x94d049bb133111ebULL;
-    return z ^ (z >> 31);
-}
-
 // A permutation of [0, n) chosen by `key`. A balanced Feistel network permutes
 // [0, 2^bits) with 2^bits < 4n; values that land at or above n are sent through again
 // ("cycle walking"), which stays inside the cycle of the start value and so ends at a
@@ -7862,7 +7901,7 @@ private:
     constexpr std::uint64_t encrypt(std::uint64_t x) const noexcept {
         std::uint64_t left = x >> half_bits_, right = x & mask_;
         for (int r = 0; r < rounds; ++r) {
-            const std::uint64_t next = left ^ (loader_mix(key_ ^ loader_mix(right + 0x100000001b3ULL * static_cast<std::uint64_t>(r))) & mask_);
+            const std::uint64_t next = left ^ (splitmix64(key_ ^ splitmix64(right + 0x100000001b3ULL * static_cast<std::uint64_t>(r))) & mask_);
             left = right;
             right = next;
         }
@@ -7913,7 +7952,7 @@ public:
     // The start position of the index-th window of an epoch.
     std::uint64_t window_start(std::uint64_t epoch, std::uint64_t index) const noexcept {
         if (!options_.shuffle) return index;
-        return detail::feistel_permutation(window_count_, detail::loader_mix(options_.seed ^ detail::loader_mix(epoch)))(index);
+        return detail::feistel_permutation(window_count_, splitmix64(options_.seed ^ splitmix64(epoch)))(index);
     }
 
     batch next() {
@@ -8022,12 +8061,6 @@ double clip_global_norm(const std::vector<std::span<T>>& grads, double max_norm)
 namespace loom::train {
 
 namespace detail {
-inline constexpr std::uint64_t mix64(std::uint64_t z) {
-    z += 0x9e3779b97f4a7c15ull;
-    z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ull;
-    z = (z ^ (z >> 27)) * 0x94d049bb133111ebull;
-    return z ^ (z >> 31);
-}
 inline constexpr std::uint64_t hash_name(std::string_view s) {
     std::uint64_t h = 0xcbf29ce484222325ull;  // FNV-1a
     for (char c : s) h = (h ^ static_cast<unsigned char>(c)) * 0x100000001b3ull;
@@ -8039,16 +8072,16 @@ inline double unit_uniform(std::uint64_t bits) { return (static_cast<double>(bit
 
 // One value of the stream of parameter `name`: the i-th element.
 inline double init_value(const parameter_init& init, std::uint64_t seed, std::string_view name, std::uint64_t i) {
-    const std::uint64_t key = detail::mix64(seed ^ detail::mix64(detail::hash_name(name)));
+    const std::uint64_t key = splitmix64(seed ^ splitmix64(detail::hash_name(name)));
     switch (init.distribution) {
         case parameter_init::kind::constant: return init.a;
         case parameter_init::kind::uniform: {
-            double u = detail::unit_uniform(detail::mix64(key + 2 * i));
+            double u = detail::unit_uniform(splitmix64(key + 2 * i));
             return init.a + (init.b - init.a) * u;
         }
         case parameter_init::kind::normal: {
-            double u1 = detail::unit_uniform(detail::mix64(key + 2 * i));
-            double u2 = detail::unit_uniform(detail::mix64(key + 2 * i + 1));
+            double u1 = detail::unit_uniform(splitmix64(key + 2 * i));
+            double u2 = detail::unit_uniform(splitmix64(key + 2 * i + 1));
             double z = std::sqrt(-2.0 * std::log(u1)) * std::cos(2.0 * std::numbers::pi * u2);
             return init.a + init.b * z;
         }

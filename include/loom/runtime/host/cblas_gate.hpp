@@ -5,7 +5,7 @@
 // and the wrappers in loom::host::cblas exist (and throw) even without CBLAS.
 #include <string>
 
-#include "loom/core/error.hpp"
+#include <loom/core/error.hpp>
 
 #if defined(LOOM_HAS_CBLAS) && LOOM_HAS_CBLAS
 #include <cblas.h>

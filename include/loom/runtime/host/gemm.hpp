@@ -26,14 +26,16 @@
 #include <climits>
 #include <cstddef>
 #include <cstdint>
+#include <cstdlib>
 #include <cstring>
 #include <new>
 #include <string>
+#include <string_view>
 #include <type_traits>
 
-#include "loom/core/error.hpp"
-#include "loom/runtime/host/cblas_gate.hpp"
-#include "loom/runtime/host/thread_pool.hpp"
+#include <loom/core/error.hpp>
+#include <loom/runtime/host/cblas_gate.hpp>
+#include <loom/runtime/host/thread_pool.hpp>
 
 namespace loom::host {
 
@@ -71,8 +73,35 @@ inline gemm_isa gemm_best_isa() noexcept {
     return best;
 }
 
+// Which implementation gemm() uses outside parallel regions.
+//   LOOM_GEMM=cblas | loom   chooses explicitly (cblas needs a build with OpenBLAS);
+//   otherwise                loom's kernels on CPUs with AVX-512, where they measured faster
+//                            than OpenBLAS 0.3.21's default kernels and do not keep spinning
+//                            threads that compete with loom's pool (benchmarks/RESULTS.md),
+//                            else CBLAS when built with it, else loom's kernels.
+enum class gemm_backend { cblas, loom };
+
+inline gemm_backend selected_gemm_backend() {
+    static const gemm_backend chosen = [] {
+        if (const char* env = std::getenv("LOOM_GEMM"); env && *env) {
+            const std::string_view v(env);
+            if (v == "loom") return gemm_backend::loom;
+            if (v == "cblas") {
+                if (!has_cblas)
+                    throw usage_error("LOOM_GEMM=cblas: this build has no CBLAS; install libopenblas-dev and "
+                                      "configure with LOOM_USE_CBLAS=ON, or unset LOOM_GEMM");
+                return gemm_backend::cblas;
+            }
+            throw usage_error("LOOM_GEMM=" + std::string(v) + ": expected 'cblas' or 'loom'");
+        }
+        if (!has_cblas || gemm_best_isa() == gemm_isa::avx512f) return gemm_backend::loom;
+        return gemm_backend::cblas;
+    }();
+    return chosen;
+}
+
 // True when gemm() calls CBLAS (OpenBLAS) rather than gemm_fallback() (outside parallel regions).
-inline bool gemm_uses_cblas() noexcept { return has_cblas; }
+inline bool gemm_uses_cblas() { return selected_gemm_backend() == gemm_backend::cblas; }
 
 namespace detail::gemm {
 
@@ -786,7 +815,7 @@ void gemm_unchecked(transpose ta, transpose tb, std::int64_t m, std::int64_t n, 
         // CBLAS takes int sizes; larger problems take the fallback rather than overflow.
         // Inside a parallel region every core is already busy with this job, and OpenBLAS
         // would add its own threads on top: the fallback runs on this thread instead.
-        if (!host::detail::inside_parallel_region() && fits_in_int(m) && fits_in_int(n) && fits_in_int(k) &&
+        if (gemm_uses_cblas() && !host::detail::inside_parallel_region() && fits_in_int(m) && fits_in_int(n) && fits_in_int(k) &&
             fits_in_int(lda) && fits_in_int(ldb) && fits_in_int(ldc)) {
             if (m == 0 || n == 0) return;
             const bool trans_a = ta == transpose::yes;
@@ -806,7 +835,7 @@ void gemm_unchecked(transpose ta, transpose tb, std::int64_t m, std::int64_t n, 
 
 }  // namespace detail::gemm
 
-// C = alpha * op(A) * op(B) + beta * C, through OpenBLAS when built with it (gemm_uses_cblas()),
+// C = alpha * op(A) * op(B) + beta * C, through OpenBLAS when selected (gemm_uses_cblas()),
 // otherwise (and inside a parallel_for range) through gemm_fallback. T is float or double.
 template <class T>
 void gemm(transpose ta, transpose tb, std::int64_t m, std::int64_t n, std::int64_t k, T alpha, const T* a,

@@ -34,7 +34,7 @@
 #include <utility>
 #include <vector>
 
-#include "loom/core/error.hpp"
+#include <loom/core/error.hpp>
 
 namespace loom::host {
 
