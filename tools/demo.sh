@@ -6,8 +6,8 @@ set -euo pipefail
 cd "$(dirname "${BASH_SOURCE[0]}")/.."
 bash tools/install_deps.sh
 
-if [[ ! -f examples/train_gpt.cpp ]]; then
-  echo "demo.sh: examples/train_gpt.cpp does not exist yet" >&2
+if [[ ! -d examples/train_gpt ]]; then
+  echo "demo.sh: examples/train_gpt/ does not exist" >&2
   exit 1
 fi
 

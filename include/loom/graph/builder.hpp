@@ -102,9 +102,39 @@ public:
     }
 
     // Appends one node of kind `Op`; checks and binds its signature, infers its outputs.
+    // Only the op's optional hooks are gathered here; the work is in append_node, which is
+    // compiled once rather than once per op kind.
     template <op_kind Op>
     std::vector<tensor> apply(std::span<const tensor> ins, attributes attrs = {}) {
-        const op_def& def = op_def_of<Op>();
+        op_hooks hooks;
+        if constexpr (requires { Op::input_kinds; }) hooks.input_kinds = Op::input_kinds;
+        if constexpr (requires { Op::output_kinds; }) hooks.output_kinds = Op::output_kinds;
+        if constexpr (requires(const attributes& a, std::span<const shape> s) { Op::presets(a, s); })
+            hooks.presets = [](const attributes& a, std::span<const shape> s) { return Op::presets(a, s); };
+        if constexpr (requires(const bound_signature& b, const attributes& a, std::span<const shape> s,
+                               const std::string& name) { Op::check(b, a, s, name); })
+            hooks.check = [](const bound_signature& b, const attributes& a, std::span<const shape> s,
+                             const std::string& name) { Op::check(b, a, s, name); };
+        if constexpr (requires(const bound_signature& b, const attributes& a, std::span<const shape> s) {
+                          Op::infer(b, a, s);
+                      })
+            hooks.infer = [](const bound_signature& b, const attributes& a, std::span<const shape> s) {
+                return Op::infer(b, a, s);
+            };
+        return append_node(op_def_of<Op>(), hooks, ins, std::move(attrs));
+    }
+
+    // The optional parts of an op kind, as plain data for append_node.
+    struct op_hooks {
+        std::span<const value_kind> input_kinds;  // empty: every input is real
+        std::span<const value_kind> output_kinds; // empty: every output is real
+        std::vector<preset_variable> (*presets)(const attributes&, std::span<const shape>) = nullptr;
+        void (*check)(const bound_signature&, const attributes&, std::span<const shape>, const std::string&) = nullptr;
+        std::vector<shape> (*infer)(const bound_signature&, const attributes&, std::span<const shape>) = nullptr;
+    };
+
+    std::vector<tensor> append_node(const op_def& def, const op_hooks& hooks, std::span<const tensor> ins,
+                                    attributes attrs) {
         node n;
         n.op = &def;
         n.name = node_name(def.name);
@@ -121,29 +151,21 @@ public:
             shapes.push_back(t.dims());
             names.push_back(t.name());
         }
-        if constexpr (requires { Op::input_kinds; }) {
-            for (std::size_t i = 0; i < ins.size() && i < Op::input_kinds.size(); ++i)
-                if (ins[i].kind() != Op::input_kinds[i])
-                    throw shape_error(std::string(def.name) + " '" + n.name + "': input " + std::to_string(i) + " '" +
-                                      names[i] + "' must be " +
-                                      (Op::input_kinds[i] == value_kind::index ? "an index (int32) tensor"
-                                                                               : "a real tensor") +
-                                      "; pass the tensor of the right kind");
-        } else {
-            for (std::size_t i = 0; i < ins.size(); ++i)
-                if (ins[i].kind() != value_kind::real)
-                    throw shape_error(std::string(def.name) + " '" + n.name + "': input " + std::to_string(i) + " '" +
-                                      names[i] + "' is an index tensor; this op needs real values");
+        for (std::size_t i = 0; i < ins.size(); ++i) {
+            const value_kind want = i < hooks.input_kinds.size() ? hooks.input_kinds[i] : value_kind::real;
+            if (ins[i].kind() == want) continue;
+            auto kind_name = [](value_kind k) { return k == value_kind::index ? "an index tensor (int32)" : "a real tensor"; };
+            throw shape_error(std::string(def.name) + " '" + n.name + "': input " + std::to_string(i) + " '" +
+                              names[i] + "' is " + kind_name(ins[i].kind()) + " but must be " + kind_name(want) +
+                              "; pass the tensor of the right kind");
         }
         std::vector<preset_variable> presets;
-        if constexpr (requires { Op::presets(attrs, std::span<const shape>(shapes)); })
-            presets = Op::presets(attrs, std::span<const shape>(shapes));
+        if (hooks.presets) presets = hooks.presets(attrs, shapes);
         n.sig = bind_signature(def.sig, def.name, n.name, shapes, names, presets);
-        if constexpr (requires { Op::check(n.sig, attrs, std::span<const shape>(shapes), n.name); })
-            Op::check(n.sig, attrs, std::span<const shape>(shapes), n.name);
+        if (hooks.check) hooks.check(n.sig, attrs, shapes, n.name);
         std::vector<shape> out_shapes;
-        if constexpr (requires { Op::infer(n.sig, attrs, std::span<const shape>(shapes)); }) {
-            out_shapes = Op::infer(n.sig, attrs, std::span<const shape>(shapes));
+        if (hooks.infer) {
+            out_shapes = hooks.infer(n.sig, attrs, shapes);
         } else {
             for (std::size_t o = 0; o < n.sig.output_axes.size(); ++o) out_shapes.push_back(output_shape(n.sig, o));
         }
@@ -152,8 +174,7 @@ public:
         std::vector<tensor> outs;
         for (std::size_t o = 0; o < out_shapes.size(); ++o) {
             std::string tname = out_shapes.size() == 1 ? n.name : n.name + ":" + std::to_string(o);
-            value_kind kind = value_kind::real;
-            if constexpr (requires { Op::output_kinds; }) kind = Op::output_kinds[o];
+            const value_kind kind = o < hooks.output_kinds.size() ? hooks.output_kinds[o] : value_kind::real;
             tensor_id t = add_tensor(std::move(tname), std::move(out_shapes[o]), kind, tensor_role::activation);
             graph_.tensor(t).producer = id;
             n.outputs.push_back(t);

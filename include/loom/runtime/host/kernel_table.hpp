@@ -23,6 +23,9 @@ concept has_host_kernel = requires(const kernel_call<float>& f, const kernel_cal
     host_kernel<Op>::template run<double>(d);
 };
 
+// One table per precision, so that a program computing only in float never instantiates
+// (or compiles) the double kernels.
+template <class T>
 class kernel_table {
 public:
     static kernel_table& instance() {
@@ -36,20 +39,16 @@ public:
                       "register_host_kernel: the op has no host kernel; specialise loom::host::host_kernel<Op> with "
                       "template <class T> static void run(const kernel_call<T>&)");
         std::lock_guard lock(mutex_);
-        entries_[&op_def_of<Op>()] = {&host_kernel<Op>::template run<float>, &host_kernel<Op>::template run<double>};
+        entries_[&op_def_of<Op>()] = &host_kernel<Op>::template run<T>;
     }
 
-    template <class T>
     kernel_fn<T> find(const op_def& op) {
         std::lock_guard lock(mutex_);
         auto it = entries_.find(&op);
         if (it == entries_.end())
             throw usage_error("host backend: no kernel for op '" + std::string(op.name) +
                               "'; include its kernel header and call loom::host::register_host_kernel<Op>()");
-        if constexpr (std::is_same_v<T, float>)
-            return it->second.f32;
-        else
-            return it->second.f64;
+        return it->second;
     }
 
 private:
@@ -57,22 +56,19 @@ private:
         boost::mp11::mp_for_each<boost::mp11::mp_transform<boost::mp11::mp_identity, ops::all_ops>>(
             [this](auto op) { add<typename decltype(op)::type>(); });
     }
-    struct entry {
-        kernel_fn<float> f32;
-        kernel_fn<double> f64;
-    };
     std::mutex mutex_;
-    std::unordered_map<const op_def*, entry> entries_;
+    std::unordered_map<const op_def*, kernel_fn<T>> entries_;
 };
 
 template <op_kind Op>
 void register_host_kernel() {
-    kernel_table::instance().add<Op>();
+    kernel_table<float>::instance().template add<Op>();
+    kernel_table<double>::instance().template add<Op>();
 }
 
 template <class T>
 kernel_fn<T> kernel_for(const op_def& op) {
-    return kernel_table::instance().find<T>(op);
+    return kernel_table<T>::instance().find(op);
 }
 
 }  // namespace loom::host

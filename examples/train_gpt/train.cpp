@@ -1,24 +1,22 @@
-// Trains a small GPT on loom's own text corpus on one device (host backend) and prints a
-// progress line per step. The corpus is written to a token file first and read back, the
-// way a real run reads its data.
-//
-//   train_gpt [--steps 300] [--layers 4] [--hidden 128] [--heads 4] [--seq 64] [--batch 16]
-//             [--lr 3e-3] [--f64] [--data corpus.tok]
-#include <CLI/CLI.hpp>
-
+// The training half of the train_gpt example: builds the GPT, writes the corpus to a token
+// file and reads it back (the way a real run reads its data), trains in float32 and prints
+// the plan and one progress line per step.
 #include <cmath>
 #include <cstdio>
 #include <filesystem>
 
 #include <loom/loom.hpp>
 
+#include "options.hpp"
+
 using namespace loom;
 
-template <class T>
-int run(const models::gpt_config& config, train::trainer_options options, std::int64_t steps,
-        const train::token_file& data, std::uint64_t data_seed, std::int64_t print_every) {
+namespace {
+
+int train_model(const models::gpt_config& config, train::trainer_options options, std::int64_t steps,
+          const train::token_file& data, std::uint64_t data_seed, std::int64_t print_every) {
     auto model = models::gpt(config);
-    train::trainer<T> trainer(std::move(model).training_graph(), options);
+    train::trainer<float> trainer(std::move(model).training_graph(), options);
     std::printf("model: GPT, %lld layers, hidden %lld, %lld heads, seq %lld, batch %lld, vocab %lld\n",
                 static_cast<long long>(config.layers), static_cast<long long>(config.hidden),
                 static_cast<long long>(config.heads), static_cast<long long>(config.seq),
@@ -56,29 +54,11 @@ int run(const models::gpt_config& config, train::trainer_options options, std::i
     return 0;
 }
 
-int main(int argc, char** argv) {
-    CLI::App app{"Train a small GPT on loom's corpus on the host backend"};
-    models::gpt_config config{.layers = 4, .hidden = 128, .heads = 4, .vocab = 256, .seq = 64, .batch = 16};
-    std::int64_t steps = 300, print_every = 1;
-    double lr = 3e-3, clip = 1.0;
-    bool f64 = false;
-    std::uint64_t seed = 1234;
-    std::string data_path;
-    app.add_option("--steps", steps, "training steps")->check(CLI::PositiveNumber);
-    app.add_option("--layers", config.layers, "transformer blocks")->check(CLI::PositiveNumber);
-    app.add_option("--hidden", config.hidden, "hidden size")->check(CLI::PositiveNumber);
-    app.add_option("--heads", config.heads, "attention heads")->check(CLI::PositiveNumber);
-    app.add_option("--seq", config.seq, "sequence length")->check(CLI::PositiveNumber);
-    app.add_option("--batch", config.batch, "sequences per step")->check(CLI::PositiveNumber);
-    app.add_option("--lr", lr, "peak learning rate (AdamW, warm-up then cosine decay)");
-    app.add_option("--clip", clip, "global gradient-norm clip (0: off)");
-    app.add_option("--seed", seed, "initialisation and data seed");
-    app.add_option("--print-every", print_every, "print one progress line every N steps")->check(CLI::PositiveNumber);
-    app.add_flag("--f64", f64, "compute in float64 instead of float32");
-    app.add_option("--data", data_path, "token file to train on (default: loom's corpus, written to a temp file)");
-    CLI11_PARSE(app, argc, argv);
+}  // namespace
 
+int run_training(const train_gpt_options& o) {
     try {
+        std::string data_path = o.data;
         if (data_path.empty()) {
             auto path = std::filesystem::temp_directory_path() / "loom_corpus.tok";
             auto tokens = train::byte_tokenizer{}.encode(train::make_corpus());
@@ -86,15 +66,15 @@ int main(int argc, char** argv) {
             data_path = path.string();
         }
         train::token_file data(data_path);
-        config.vocab = data.vocab_size();
+        models::gpt_config config{.layers = o.layers, .hidden = o.hidden, .heads = o.heads,
+                                  .vocab = static_cast<std::int64_t>(data.vocab_size()), .seq = o.seq, .batch = o.batch};
         train::trainer_options options;
         options.optimizer = train::adamw_options{.weight_decay = 0.1};
-        options.schedule = {.peak = lr, .min_lr = lr / 10, .warmup_steps = std::min<std::int64_t>(20, steps / 10 + 1),
-                            .total_steps = steps};
-        options.clip_norm = clip;
-        options.init_seed = seed;
-        return f64 ? run<double>(config, options, steps, data, seed, print_every)
-                   : run<float>(config, options, steps, data, seed, print_every);
+        options.schedule = {.peak = o.lr, .min_lr = o.lr / 10, .warmup_steps = std::min<std::int64_t>(20, o.steps / 10 + 1),
+                            .total_steps = o.steps};
+        options.clip_norm = o.clip;
+        options.init_seed = o.seed;
+        return train_model(config, options, o.steps, data, o.seed, o.print_every);
     } catch (const loom::error& e) {
         std::fprintf(stderr, "error: %s\n", e.what());
         return 2;

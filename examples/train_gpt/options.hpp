@@ -1,0 +1,23 @@
+#pragma once
+// What the train_gpt example is asked to do. The command line is parsed in main.cpp and
+// the training runs in train.cpp, so the two heavy headers (CLI11 and loom) are compiled
+// in separate translation units, in parallel.
+#include <cstdint>
+#include <string>
+
+struct train_gpt_options {
+    std::int64_t steps = 300;
+    std::int64_t layers = 4;
+    std::int64_t hidden = 128;
+    std::int64_t heads = 4;
+    std::int64_t seq = 64;
+    std::int64_t batch = 16;
+    double lr = 3e-3;
+    double clip = 1.0;
+    std::uint64_t seed = 1234;
+    std::int64_t print_every = 1;
+    std::string data;  // empty: loom's corpus, written to a temporary token file
+};
+
+// Trains and prints progress; returns the process exit code.
+int run_training(const train_gpt_options& options);
