@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # The full check CI runs: single header up to date, optimized build with assertions and
 # every ctest test (unit, header, consumers, examples), then the unit tests again under
-# AddressSanitizer + UndefinedBehaviorSanitizer. Exits non-zero if any step fails.
+# AddressSanitizer + UndefinedBehaviorSanitizer, then the multi-threaded tests under
+# ThreadSanitizer. Exits non-zero if any step fails.
 set -uo pipefail
 
 cd "$(dirname "${BASH_SOURCE[0]}")/.."
@@ -57,6 +58,22 @@ if step "configure build/asan" cmake -S . -B build/asan -G Ninja \
     ctest --test-dir build/asan --output-on-failure -j "$jobs" -L unit
 else
   skip "build and ctest build/asan"
+fi
+
+# The tests whose code runs on several threads, under ThreadSanitizer (which cannot be
+# combined with ASan, hence a build of its own). Only these targets are built.
+tsan_targets=(test_comm)
+tsan_regex="^($(IFS='|'; echo "${tsan_targets[*]}"))\$"
+if step "configure build/tsan" cmake -S . -B build/tsan -G Ninja \
+     -DCMAKE_BUILD_TYPE=RelWithDebInfo -DCMAKE_CXX_FLAGS_RELWITHDEBINFO="-O1 -g1" \
+     -DLOOM_SANITIZE=thread -DLOOM_BUILD_EXAMPLES=OFF \
+     -DLOOM_BUILD_BENCHMARKS=OFF -DLOOM_HEADER_TEST=OFF; then
+  step "build build/tsan" cmake --build build/tsan --parallel "$jobs" \
+    --target "${tsan_targets[@]}" -- -k 0
+  step "ctest build/tsan (${tsan_targets[*]}, TSan)" \
+    ctest --test-dir build/tsan --output-on-failure -j "$jobs" -R "$tsan_regex"
+else
+  skip "build and ctest build/tsan"
 fi
 
 echo
