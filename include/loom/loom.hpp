@@ -20,11 +20,30 @@
 // ops
 #include <loom/ops/all.hpp>
 
+// plans: combinators' run-time form, presets, custom transformations
+#include <loom/plan/op_partition.hpp>
+#include <loom/plan/presets.hpp>
+#include <loom/plan/rules.hpp>
+#include <loom/plan/transformation.hpp>
+
+// partitioning: vTensors, applying plans, communication
+#include <loom/partition/apply.hpp>
+#include <loom/partition/logical_graph.hpp>
+#include <loom/partition/materialize.hpp>
+#include <loom/partition/partitioned_graph.hpp>
+#include <loom/partition/piece_layout.hpp>
+#include <loom/partition/region_copy.hpp>
+#include <loom/partition/transfer.hpp>
+#include <loom/partition/vtensor.hpp>
+
 // runtime
+#include <loom/runtime/comm/communicator.hpp>
+#include <loom/runtime/comm/in_process.hpp>
 #include <loom/runtime/compile.hpp>
 #include <loom/runtime/explain.hpp>
 #include <loom/runtime/memory_planner.hpp>
 #include <loom/runtime/program.hpp>
+#include <loom/runtime/transfer_runner.hpp>
 #include <loom/runtime/host/bound_storage.hpp>
 #include <loom/runtime/host/executor.hpp>
 #include <loom/runtime/host/gemm.hpp>
@@ -38,6 +57,7 @@
 #include <loom/train/adamw.hpp>
 #include <loom/train/corpus.hpp>
 #include <loom/train/data_loader.hpp>
+#include <loom/train/distributed_trainer.hpp>
 #include <loom/train/grad_clip.hpp>
 #include <loom/train/init.hpp>
 #include <loom/train/lr_schedule.hpp>

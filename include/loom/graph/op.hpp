@@ -23,7 +23,20 @@ namespace loom {
 
 struct backward_context;
 struct tensor;
+class graph_builder;
+class attributes;
 using gradients = std::vector<std::optional<tensor>>;
+
+// Where one piece of a partitioned node sits inside the node it was cut from: for every
+// variable of the node's bound signature, the half-open range [begin, end) of its extent.
+struct piece_ranges {
+    std::vector<std::int64_t> begin;
+    std::vector<std::int64_t> end;
+};
+
+// Appends a node of kind Op to a builder: defined in graph/builder.hpp (needs the builder).
+template <class Op>
+std::vector<tensor> apply_op_erased(graph_builder& b, std::span<const tensor> inputs, attributes attrs);
 
 struct op_def {
     std::string_view name;
@@ -31,6 +44,15 @@ struct op_def {
     gradients (*backward)(backward_context&) = nullptr;
     // Floating-point operations of one node, for the cost model.
     double (*flops)(const graph&, const node&) = nullptr;
+    // Appends a node of this kind with new inputs (partitioning rebuilds nodes on pieces).
+    std::vector<tensor> (*apply)(graph_builder&, std::span<const tensor>, attributes) = nullptr;
+    // The attributes of one piece of a node cut by a plan, for ops whose attributes depend
+    // on the extents they see (a head count, a vocabulary offset). Absent: unchanged.
+    attributes (*piece_attributes)(const node&, const piece_ranges&) = nullptr;
+    // Executed by a communicator, not by a kernel (runtime/host/distributed_runner.hpp).
+    bool communication = false;
+    // The op reinterprets its input's layout (reshape): no split of it is meaningful.
+    bool opaque_layout = false;
 
     bool differentiable() const { return backward != nullptr; }
 };
@@ -54,6 +76,11 @@ double default_flops(const graph& g, const node& n) {
 template <op_kind Op>
 op_def make_op_def() {
     op_def d{Op::name, Op::sig};
+    d.apply = &apply_op_erased<Op>;
+    if constexpr (requires { Op::communication; }) d.communication = Op::communication;
+    if constexpr (requires { Op::opaque_layout; }) d.opaque_layout = Op::opaque_layout;
+    if constexpr (requires(const node& n, const piece_ranges& r) { Op::piece_attributes(n, r); })
+        d.piece_attributes = &Op::piece_attributes;
     if constexpr (requires(backward_context & c) { Op::backward(c); }) d.backward = &Op::backward;
     if constexpr (requires(const graph& g, const node& n) { Op::flops(g, n); })
         d.flops = &Op::flops;

@@ -5,6 +5,7 @@
 #include <boost/mp11/list.hpp>
 
 #include <loom/ops/add.hpp>
+#include <loom/ops/assemble.hpp>
 #include <loom/ops/fill.hpp>
 #include <loom/ops/identity.hpp>
 #include <loom/ops/linear.hpp>
@@ -41,6 +42,10 @@ using attention_ops = boost::mp11::mp_list<Matmul, MatmulNT, MatmulTN, Reshape, 
                                            Attention, AttentionGrad>;
 using embedding_loss_ops = boost::mp11::mp_list<Embedding, EmbeddingGrad, CrossEntropy, CrossEntropyGrad>;
 
-using all_ops = boost::mp11::mp_append<core_ops, elementwise_ops, normalization_ops, attention_ops, embedding_loss_ops>;
+// What plans insert between the pieces of partitioned ops.
+using partition_ops = boost::mp11::mp_list<Assemble, Transfer>;
+
+using all_ops = boost::mp11::mp_append<core_ops, elementwise_ops, normalization_ops, attention_ops, embedding_loss_ops,
+                                       partition_ops>;
 
 }  // namespace loom::ops

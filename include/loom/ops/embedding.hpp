@@ -49,6 +49,14 @@ struct EmbeddingGrad {
                       const std::string& node_name) {
         detail::check_vocabulary_range(name, a, a.get<std::int64_t>("rows"), node_name);
     }
+    // A piece split along the rows accumulates only its rows of the vocabulary.
+    static attributes piece_attributes(const node& n, const piece_ranges& r) {
+        attributes a = n.attrs;
+        auto v = static_cast<std::size_t>(*n.sig.find("v"));
+        a.set("rows", r.end[v] - r.begin[v]);
+        a.set("row_offset", a.get_or<std::int64_t>("row_offset", 0) + r.begin[v]);
+        return a;
+    }
     // One add per element of dy, plus zeroing the rows no id reaches.
     static double flops(const graph& g, const node& n) {
         return static_cast<double>(g.tensor(n.inputs[0]).dims.numel() + g.tensor(n.outputs[0]).dims.numel());
@@ -73,6 +81,14 @@ struct Embedding {
     static void check(const bound_signature&, const attributes& a, std::span<const shape> in,
                       const std::string& node_name) {
         detail::check_vocabulary_range(name, a, in[1].extent(0), node_name);
+    }
+    // A piece split along the vocabulary holds rows [begin, end) of the table: ids outside
+    // them give zero rows, and the pieces' outputs are partial sums (vocabulary parallel).
+    static attributes piece_attributes(const node& n, const piece_ranges& r) {
+        attributes a = n.attrs;
+        auto v = static_cast<std::size_t>(*n.sig.find("v"));
+        a.set("row_offset", a.get_or<std::int64_t>("row_offset", 0) + r.begin[v]);
+        return a;
     }
 
     static gradients backward(backward_context& c) {

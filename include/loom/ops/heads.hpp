@@ -33,6 +33,14 @@ struct SplitHeads {
         return {{"h", Dim::Head::id, heads}, {"d", Dim::HeadDim::id, 0}};
     }
 
+    // A piece split along heads holds fewer of them.
+    static attributes piece_attributes(const node& n, const piece_ranges& r) {
+        attributes a = n.attrs;
+        auto h = static_cast<std::size_t>(*n.sig.find("h"));
+        a.set("heads", r.end[h] - r.begin[h]);
+        return a;
+    }
+
     static gradients backward(backward_context& c);
 };
 

@@ -15,6 +15,9 @@ struct compile_options {
     precision prec = precision::f32;
     bool include_backward = true;       // false: the forward pass only (evaluation)
     std::vector<tensor_id> outputs;     // extra tensors the caller wants to read after a run
+    // Keep every node even if no wanted tensor depends on it: a device's part of a
+    // partitioned graph sends pieces other devices need.
+    bool keep_every_node = false;
 };
 
 inline program compile_program(const graph& g, const compile_options& options = {}) {
@@ -41,7 +44,7 @@ inline program compile_program(const graph& g, const compile_options& options = 
     for (std::size_t i = g.nodes.size(); i-- > 0;) {
         const node& n = g.nodes[i];
         if (n.backward && !options.include_backward) continue;
-        bool any = std::any_of(n.outputs.begin(), n.outputs.end(),
+        bool any = options.keep_every_node || std::any_of(n.outputs.begin(), n.outputs.end(),
                                [&](tensor_id t) { return needed[static_cast<std::size_t>(t)]; });
         if (!any) continue;
         keep[i] = true;

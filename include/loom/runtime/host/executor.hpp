@@ -3,7 +3,9 @@
 // inputs, parameters, gradients and outputs, and one kernel call per instruction.
 #include <cstddef>
 #include <cstdint>
+#include <functional>
 #include <memory>
+#include <span>
 #include <string>
 #include <type_traits>
 #include <vector>
@@ -13,6 +15,9 @@
 #include <loom/runtime/program.hpp>
 
 namespace loom::host {
+
+// Runs one communication node (ops::Transfer): the node and its input and output storage.
+using communication_handler = std::function<void(const node&, std::span<void* const>, std::span<void* const>)>;
 
 template <class T>
 class executor {
@@ -30,7 +35,10 @@ public:
         for (std::size_t t = 0; t < p.buffers.size(); ++t)
             if (p.buffers[t].where == buffer::place::arena) pointers_[t] = arena_.get() + p.buffers[t].offset;
         kernels_.reserve(p.steps.size());
-        for (const auto& step : p.steps) kernels_.push_back(kernel_for<T>(*p.source->at(step.node).op));
+        for (const auto& step : p.steps) {
+            const op_def& op = *p.source->at(step.node).op;
+            kernels_.push_back(op.communication ? nullptr : kernel_for<T>(op));
+        }
     }
 
     // Binds caller storage (at least the tensor's bytes) to a bound tensor.
@@ -41,6 +49,9 @@ public:
                               "' is not bound by this program (it is an intermediate or unused)");
         pointers_[static_cast<std::size_t>(t)] = data;
     }
+
+    // Who runs communication nodes; a program that has some cannot run without one.
+    void set_communication(communication_handler handler) { communicate_ = std::move(handler); }
 
     void run(std::uint64_t step_number = 0) {
         for (tensor_id t : program_.bound)
@@ -55,6 +66,14 @@ public:
             outs.clear();
             for (tensor_id t : n.inputs) ins.push_back(pointers_[static_cast<std::size_t>(t)]);
             for (tensor_id t : n.outputs) outs.push_back(pointers_[static_cast<std::size_t>(t)]);
+            if (!kernels_[s]) {
+                if (!communicate_)
+                    throw usage_error("executor::run: node '" + n.name +
+                                      "' is a transfer between devices; set a communication handler "
+                                      "(a distributed runner does) before running a partitioned program");
+                communicate_(n, ins, outs);
+                continue;
+            }
             kernel_call<T> call{g, n, ins, outs, step_number};
             kernels_[s](call);
         }
@@ -72,6 +91,7 @@ private:
     std::unique_ptr<std::byte[], aligned_delete> arena_;
     std::vector<void*> pointers_;
     std::vector<kernel_fn<T>> kernels_;
+    communication_handler communicate_;
 };
 
 }  // namespace loom::host

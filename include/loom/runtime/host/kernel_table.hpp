@@ -54,7 +54,11 @@ public:
 private:
     kernel_table() {
         boost::mp11::mp_for_each<boost::mp11::mp_transform<boost::mp11::mp_identity, ops::all_ops>>(
-            [this](auto op) { add<typename decltype(op)::type>(); });
+            [this](auto op) {
+                using Op = typename decltype(op)::type;
+                // Communication ops run on a communicator, not on a kernel.
+                if constexpr (!requires { Op::communication; }) add<Op>();
+            });
     }
     std::mutex mutex_;
     std::unordered_map<const op_def*, kernel_fn<T>> entries_;

@@ -31,7 +31,10 @@ struct host_kernel<ops::Linear> {
 template <>
 struct host_kernel<ops::LinearBias> {
     template <class T>
-    static void run(const kernel_call<T>& c) { detail::linear_forward<T>(c, c.input(2)); }
+    // Attribute bias = 0: a piece of a row-parallel split that leaves the bias to piece 0.
+    static void run(const kernel_call<T>& c) {
+        detail::linear_forward<T>(c, c.attrs().template get_or<std::int64_t>("bias", 1) != 0 ? c.input(2) : nullptr);
+    }
 };
 
 // dx [m, k] = dy [m, n] · w [n, k]

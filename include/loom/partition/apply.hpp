@@ -1,0 +1,117 @@
+#pragma once
+// Applying a resolved plan: one logical training graph becomes one graph per device over
+// vTensors, with the communication between them materialized.
+//
+//   1. The logical graph is built (partition/logical_graph.hpp): rewrites, then autograd.
+//   2. Every node gets a partition: forward nodes from the plan, backward nodes mirror the
+//      forward op they differentiate (the same splits, matched by dim; a split along a
+//      dim the backward op lacks or freezes becomes replication, so piece i of the
+//      backward runs where piece i of the forward ran).
+//   3. Each piece's variables get index ranges; from them the box every input piece needs
+//      and the vTensor every output piece produces (partial where a contracted dim is cut).
+//   4. Parameters and inputs are stored per device as the smallest box holding what that
+//      device's pieces read, so leaves never move.
+//   5. Nodes are emitted in graph order; before a node, each input is materialized on the
+//      devices of its pieces (partition/materialize.hpp): local chunk/concat/sum where the
+//      device holds the data, else the cheapest collective or send/recv. Every device sees
+//      the collectives in the same global order, so the programs cannot deadlock by
+//      construction; partition/deadlock.hpp checks any reordering.
+//   6. Parameter gradients are materialized on the boxes their parameters are stored in
+//      (or on the optimizer's shards under ZeRO-2), and the loss on every device.
+#include <algorithm>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include <loom/core/error.hpp>
+#include <loom/partition/logical_graph.hpp>
+#include <loom/partition/materialize.hpp>
+#include <loom/partition/piece_layout.hpp>
+#include <loom/plan/op_partition.hpp>
+
+namespace loom::partition {
+
+struct apply_options {
+    transfer_cost_model cost{};
+};
+
+inline partitioned_graph apply_plan(const graph& model, const plan::resolved_plan& plan, const apply_options& options = {}) {
+    if (plan.devices < 1) throw plan_error("plan: the device count is " + std::to_string(plan.devices) + "; it must be at least 1");
+    std::size_t forward = 0;
+    while (forward < model.nodes.size() && !model.nodes[forward].backward) ++forward;
+    if (!model.gradients.empty())
+        while (forward > 0 && !model.nodes[forward - 1].inputs.empty() &&
+               model.nodes[forward - 1].inputs[0] == model.loss && model.nodes[forward - 1].outputs[0] != model.loss)
+            --forward;
+    if (plan.forward.size() > forward)
+        throw plan_error("plan: it covers " + std::to_string(plan.forward.size()) + " forward nodes but the graph has " +
+                         std::to_string(forward) + "; resolve the plan against this graph");
+
+    logical_graph_options lo;
+    lo.zero3_identities = plan.zero == plan::zero_stage::parameters;
+    lo.zero2_identities = plan.zero == plan::zero_stage::gradients;
+    lo.recompute.assign(forward, false);
+    for (std::size_t i = 0; i < forward; ++i)
+        if (const auto* p = plan.at(static_cast<node_id>(i))) lo.recompute[i] = p->recompute;
+
+    partitioned_graph out;
+    out.world = plan.devices;
+    out.zero = plan.zero;
+    out.plan_name = plan.name;
+    out.logical = std::make_unique<logical_graph>(build_logical_graph(model, lo));
+    const graph& g = out.logical->g;
+
+    // 2. Partitions of every node.
+    plan::op_partition everywhere;
+    everywhere.replicas = plan.devices;
+    std::vector<plan::op_partition> parts(g.nodes.size());
+    std::vector<bool> assigned(g.nodes.size(), false);
+    for (std::size_t i = 0; i < forward; ++i) {
+        node_id n = out.logical->forward_node[i];
+        const plan::op_partition* p = plan.at(static_cast<node_id>(i));
+        parts[static_cast<std::size_t>(n)] = resolve_partition(g, g.at(n), p ? *p : everywhere, plan.devices, true, out.notes);
+        assigned[static_cast<std::size_t>(n)] = true;
+    }
+    // ZeRO identities: split the parameter's first dim over every device.
+    auto shard = [&](node_id n) {
+        const node& nd = g.at(n);
+        const tensor_desc& t = g.tensor(nd.inputs[0]);
+        plan::op_partition p;
+        if (t.dims.rank() == 0 || t.dims.extent(0) % plan.devices != 0) {
+            p.replicas = plan.devices;
+            out.notes.push_back("ZeRO: '" + t.name + "' (" + t.dims.to_string() + ") is not divisible into " +
+                                std::to_string(plan.devices) + " shards along its first dim; it stays replicated");
+        } else {
+            p.splits.push_back({t.dims.dim(0), "...0", plan.devices});
+        }
+        parts[static_cast<std::size_t>(n)] = resolve_partition(g, nd, p, plan.devices, true, out.notes);
+        assigned[static_cast<std::size_t>(n)] = true;
+    };
+    for (auto [param, n] : out.logical->zero3_identity) shard(n);
+    for (auto [param, n] : out.logical->zero2_identity) shard(n);
+    for (std::size_t i = 0; i < g.nodes.size(); ++i) {
+        if (assigned[i]) continue;
+        const node& n = g.nodes[i];
+        // Mirror the forward op (backward nodes), or the producer of the first input (the
+        // seed of the backward pass, zero gradients of unused parameters).
+        node_id like = n.forward_of;
+        if (like == no_id && !n.inputs.empty()) like = g.tensor(n.inputs[0]).producer;
+        const plan::op_partition& source = like != no_id ? parts[static_cast<std::size_t>(like)] : everywhere;
+        parts[i] = resolve_partition(g, n, mirror_partition(g, source, like == no_id ? nullptr : &g.at(like)),
+                                     plan.devices, false, out.notes);
+    }
+
+    // 3. Pieces.
+    out.layouts.resize(g.nodes.size());
+    for (std::size_t i = 0; i < g.nodes.size(); ++i)
+        out.layouts[i] = layout_pieces(g, g.nodes[i], std::move(parts[i]));
+
+    // 4-6. Devices, leaves, materialization.
+    materializer m(out, options.cost);
+    m.store_leaves();
+    for (std::size_t i = 0; i < g.nodes.size(); ++i) m.emit_node(static_cast<node_id>(i));
+    m.finish();
+    return out;
+}
+
+}  // namespace loom::partition

@@ -1,0 +1,258 @@
+#pragma once
+// The logical training graph a plan partitions: the model's forward graph, rewritten as
+// the plan asks, then differentiated.
+//
+//   * ZeRO-3 inserts an identity after every parameter ("zero3/<param>"), so the plan can
+//     split that identity over the data-parallel devices: each device then stores a shard
+//     of the parameter and the pieces that need all of it gather it (nnScaler decouples
+//     a tensor's partitioning from its consumer's this way).
+//   * ZeRO-2 inserts an identity on every parameter gradient ("zero2/<param>"), split the
+//     same way, so each device keeps only its shard of the gradient.
+//   * Recompute: backward nodes read recomputed copies of the outputs of ops marked for
+//     recompute, so the forward copies die early. The copies are appended right before
+//     their first backward reader and marked as backward nodes of the op they copy.
+//
+// Every rewrite rebuilds the graph node by node (nodes stay in a topological order) and
+// reports where each original forward node went.
+#include <functional>
+#include <map>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include <loom/core/error.hpp>
+#include <loom/graph/autograd.hpp>
+#include <loom/graph/builder.hpp>
+#include <loom/ops/identity.hpp>
+
+namespace loom::partition {
+
+struct logical_graph_options {
+    bool zero3_identities = false;
+    bool zero2_identities = false;
+    std::vector<bool> recompute;  // per forward node of the input graph
+};
+
+struct logical_graph {
+    graph g;
+    std::vector<node_id> forward_node;         // input forward node -> node of g
+    std::vector<node_id> source_of;            // node of g -> input forward node (or no_id)
+    std::map<tensor_id, node_id> zero3_identity;  // parameter of g -> its inserted identity
+    std::map<tensor_id, node_id> zero2_identity;  // parameter of g -> identity on its gradient
+};
+
+namespace detail {
+
+inline std::vector<tensor> map_inputs(graph_builder& b, const node& n, const std::vector<tensor_id>& tmap) {
+    std::vector<tensor> ins;
+    for (tensor_id t : n.inputs) {
+        tensor_id m = tmap.at(static_cast<std::size_t>(t));
+        if (m == no_id) throw error("partition: node '" + n.name + "' reads a tensor that was not rebuilt");
+        ins.push_back(b.handle(m));
+    }
+    return ins;
+}
+
+inline node_id replay(graph_builder& b, const node& n, std::span<const tensor> ins, std::vector<tensor_id>& tmap,
+                      bool map_outputs = true) {
+    auto scope = b.enter_scope(n.scope);
+    std::vector<tensor> outs = n.op->apply(b, ins, n.attrs);
+    graph& g = b.mutable_graph();
+    auto id = static_cast<node_id>(g.nodes.size() - 1);
+    g.nodes.back().name = n.name;
+    if (map_outputs)
+        for (std::size_t o = 0; o < outs.size(); ++o) {
+            tmap.at(static_cast<std::size_t>(n.outputs[o])) = outs[o].id;
+            g.tensor(outs[o].id).name = n.name + (outs.size() == 1 ? "" : ":" + std::to_string(o));
+        }
+    return id;
+}
+
+}  // namespace detail
+
+// Builds the logical training graph from a model graph (with or without a backward pass:
+// an existing backward pass is dropped and rebuilt after the rewrites).
+inline logical_graph build_logical_graph(const graph& model, const logical_graph_options& options) {
+    if (model.loss == no_id) throw usage_error("partition: the graph has no loss; call graph_builder::set_loss");
+    // Forward nodes: everything before the first node autograd appended.
+    std::size_t forward = 0;
+    if (model.gradients.empty()) {
+        forward = model.nodes.size();
+    } else {
+        while (forward < model.nodes.size() && !model.nodes[forward].backward) ++forward;
+        // The seed of the backward pass (d loss / d loss = 1) is appended outside any backward op.
+        while (forward > 0 && !model.nodes[forward - 1].inputs.empty() &&
+               model.nodes[forward - 1].inputs[0] == model.loss && model.nodes[forward - 1].outputs[0] != model.loss)
+            --forward;
+    }
+    if (!options.recompute.empty() && options.recompute.size() != forward)
+        throw usage_error("partition: the recompute flags cover " + std::to_string(options.recompute.size()) +
+                          " nodes but the graph has " + std::to_string(forward) + " forward nodes");
+
+    logical_graph out;
+    graph_builder b;
+    b.adopt_scopes(model);
+    std::vector<tensor_id> tmap(model.tensors.size(), no_id);
+    for (tensor_id t : model.inputs) {
+        const tensor_desc& d = model.tensor(t);
+        auto scope = b.enter_scope(d.scope);
+        tmap[static_cast<std::size_t>(t)] = b.add_leaf(d.name, d.dims, d.kind, tensor_role::input).id;
+    }
+    for (tensor_id t : model.parameters) {
+        const tensor_desc& d = model.tensor(t);
+        auto scope = b.enter_scope(d.scope);
+        tensor p = b.add_leaf(d.name, d.dims, d.kind, tensor_role::parameter);
+        b.mutable_graph().tensor(p.id).init = d.init;
+        tmap[static_cast<std::size_t>(t)] = p.id;
+    }
+    // ZeRO-3: one identity per parameter, placed before the parameter's first reader.
+    std::vector<tensor_id> staged(model.tensors.size(), no_id);
+    auto stage = [&](tensor_id param) {
+        if (staged[static_cast<std::size_t>(param)] != no_id) return;
+        const tensor_desc& d = model.tensor(param);
+        auto scope = b.enter_scope(d.scope);
+        tensor y = ops::identity(b.handle(tmap[static_cast<std::size_t>(param)]));
+        graph& g = b.mutable_graph();
+        g.nodes.back().name = "zero3/" + d.name;
+        g.tensor(y.id).name = "zero3/" + d.name;
+        out.zero3_identity[tmap[static_cast<std::size_t>(param)]] = static_cast<node_id>(g.nodes.size() - 1);
+        staged[static_cast<std::size_t>(param)] = y.id;
+    };
+
+    out.forward_node.assign(forward, no_id);
+    for (std::size_t i = 0; i < forward; ++i) {
+        const node& n = model.nodes[i];
+        std::vector<tensor> ins;
+        for (tensor_id t : n.inputs) {
+            if (options.zero3_identities && model.tensor(t).role == tensor_role::parameter) {
+                stage(t);
+                ins.push_back(b.handle(staged[static_cast<std::size_t>(t)]));
+            } else {
+                tensor_id m = tmap[static_cast<std::size_t>(t)];
+                if (m == no_id) throw error("partition: node '" + n.name + "' reads a tensor produced after it");
+                ins.push_back(b.handle(m));
+            }
+        }
+        out.forward_node[i] = detail::replay(b, n, ins, tmap);
+    }
+    b.set_loss(b.handle(tmap.at(static_cast<std::size_t>(model.loss))));
+    build_backward(b);
+
+    // ZeRO-2: the gradient each optimizer shard reads goes through an identity the plan splits.
+    if (options.zero2_identities) {
+        graph& g0 = b.mutable_graph();
+        auto grads = g0.gradients;
+        for (auto& [param, grad] : grads) {
+            const std::string pname = g0.tensor(param).name;
+            graph_builder::backward_guard guard(b, g0.tensor(grad).producer == no_id ? 0 : g0.tensor(grad).producer);
+            auto scope = b.enter_scope(g0.tensor(param).scope);
+            tensor y = ops::identity(b.handle(grad));
+            graph& g = b.mutable_graph();
+            g.nodes.back().name = "zero2/" + pname;
+            g.nodes.back().forward_of = no_id;
+            g.tensor(grad).role = tensor_role::activation;
+            g.tensor(grad).gradient_of = no_id;
+            g.tensor(grad).name = "grad/" + pname + ".sum";
+            g.tensor(y.id).role = tensor_role::gradient;
+            g.tensor(y.id).gradient_of = param;
+            g.tensor(y.id).name = "grad/" + pname;
+            out.zero2_identity[param] = static_cast<node_id>(g.nodes.size() - 1);
+        }
+        for (auto& [param, grad] : b.mutable_graph().gradients) {
+            node_id id = out.zero2_identity.at(param);
+            grad = b.view().at(id).outputs[0];
+        }
+    }
+
+    graph g = std::move(b).take();
+    bool any_recompute = false;
+    for (bool r : options.recompute) any_recompute = any_recompute || r;
+    if (!any_recompute) {
+        out.g = std::move(g);
+    } else {
+        // Rebuild once more, giving backward readers of recomputed outputs fresh copies.
+        std::vector<bool> recompute(g.nodes.size(), false);
+        for (std::size_t i = 0; i < forward; ++i)
+            if (options.recompute[i]) recompute[static_cast<std::size_t>(out.forward_node[i])] = true;
+        graph_builder r;
+        r.adopt_scopes(g);
+        std::vector<tensor_id> map(g.tensors.size(), no_id), copy(g.tensors.size(), no_id);
+        for (tensor_id t : g.inputs) {
+            const tensor_desc& d = g.tensor(t);
+            auto scope = r.enter_scope(d.scope);
+            map[static_cast<std::size_t>(t)] = r.add_leaf(d.name, d.dims, d.kind, tensor_role::input).id;
+        }
+        for (tensor_id t : g.parameters) {
+            const tensor_desc& d = g.tensor(t);
+            auto scope = r.enter_scope(d.scope);
+            tensor p = r.add_leaf(d.name, d.dims, d.kind, tensor_role::parameter);
+            r.mutable_graph().tensor(p.id).init = d.init;
+            map[static_cast<std::size_t>(t)] = p.id;
+        }
+        std::vector<node_id> new_id(g.nodes.size(), no_id);
+        // A recomputed copy of tensor t (t produced by a recompute node), made on demand.
+        std::function<tensor_id(tensor_id)> recomputed = [&](tensor_id t) -> tensor_id {
+            auto ti = static_cast<std::size_t>(t);
+            if (copy[ti] != no_id) return copy[ti];
+            const node& n = g.at(g.tensor(t).producer);
+            std::vector<tensor> ins;
+            for (tensor_id in : n.inputs) {
+                node_id p = g.tensor(in).producer;
+                bool again = p != no_id && recompute[static_cast<std::size_t>(p)];
+                ins.push_back(r.handle(again ? recomputed(in) : map[static_cast<std::size_t>(in)]));
+            }
+            auto forward_of = new_id[static_cast<std::size_t>(g.tensor(t).producer)];
+            graph_builder::backward_guard guard(r, forward_of);
+            std::vector<tensor_id> scratch(g.tensors.size(), no_id);
+            detail::replay(r, n, ins, scratch);
+            graph& rg = r.mutable_graph();
+            rg.nodes.back().name = n.name + "/recompute";
+            for (std::size_t o = 0; o < n.outputs.size(); ++o) {
+                copy[static_cast<std::size_t>(n.outputs[o])] = rg.nodes.back().outputs[o];
+                rg.tensor(rg.nodes.back().outputs[o]).name = g.tensor(n.outputs[o]).name + "/recompute";
+            }
+            return copy[ti];
+        };
+        for (std::size_t i = 0; i < g.nodes.size(); ++i) {
+            const node& n = g.nodes[i];
+            std::vector<tensor> ins;
+            for (tensor_id in : n.inputs) {
+                node_id p = g.tensor(in).producer;
+                bool use_copy = n.backward && p != no_id && recompute[static_cast<std::size_t>(p)] &&
+                                !recompute[i];
+                ins.push_back(r.handle(use_copy ? recomputed(in) : map[static_cast<std::size_t>(in)]));
+            }
+            node_id forward_of = n.forward_of == no_id ? no_id : new_id[static_cast<std::size_t>(n.forward_of)];
+            std::optional<graph_builder::backward_guard> guard;
+            if (n.backward) guard.emplace(r, forward_of);
+            new_id[i] = detail::replay(r, n, ins, map);
+            graph& rg = r.mutable_graph();
+            rg.nodes.back().backward = n.backward;
+            rg.nodes.back().forward_of = forward_of;
+            for (tensor_id o : n.outputs) {
+                const tensor_desc& d = g.tensor(o);
+                tensor_desc& nd = rg.tensor(map[static_cast<std::size_t>(o)]);
+                nd.name = d.name;
+                nd.role = d.role;
+                nd.gradient_of = d.gradient_of == no_id ? no_id : map[static_cast<std::size_t>(d.gradient_of)];
+            }
+        }
+        graph& rg = r.mutable_graph();
+        rg.loss = map[static_cast<std::size_t>(g.loss)];
+        for (auto [param, grad] : g.gradients)
+            rg.gradients.emplace_back(map[static_cast<std::size_t>(param)], map[static_cast<std::size_t>(grad)]);
+        std::map<tensor_id, node_id> z3, z2;
+        for (auto [p, n] : out.zero3_identity) z3[map[static_cast<std::size_t>(p)]] = new_id[static_cast<std::size_t>(n)];
+        for (auto [p, n] : out.zero2_identity) z2[map[static_cast<std::size_t>(p)]] = new_id[static_cast<std::size_t>(n)];
+        out.zero3_identity = std::move(z3);
+        out.zero2_identity = std::move(z2);
+        for (auto& f : out.forward_node) f = new_id[static_cast<std::size_t>(f)];
+        out.g = std::move(r).take();
+    }
+    out.source_of.assign(out.g.nodes.size(), no_id);
+    for (std::size_t i = 0; i < out.forward_node.size(); ++i)
+        out.source_of[static_cast<std::size_t>(out.forward_node[i])] = static_cast<node_id>(i);
+    return out;
+}
+
+}  // namespace loom::partition

@@ -1,0 +1,573 @@
+#pragma once
+// Communication materialization: given the pieces of a logical tensor that devices hold
+// and the boxes that consumer pieces need (full values), emit the cheapest correct way to
+// get every needed box onto its device.
+//
+// Tried in order, each on the requests still open:
+//   local      the device already holds a full-valued piece containing the box: use it,
+//              or cut it out (assemble as chunk);
+//   partial    the producer left partial sums of one box S on devices P, one chunk each,
+//              and every device of P needs part of S: all_reduce (each needs S),
+//              reduce_scatter (their boxes tile S), or all_reduce followed by local chunks,
+//              whichever the cost model rates cheapest;
+//   tiles      devices D need box R and hold full tiles of R along one axis: all_gather;
+//              devices hold tiles of S along one axis and need tiles along another:
+//              all_to_all;
+//   broadcast  several devices need box R that one device holds;
+//   generic    send each needed part of every intersecting piece to the device
+//              (send_recv), then concat and sum there (assemble). Always correct: the
+//              pieces one node produced cover every element once per value chunk.
+// A request served by a collective often leaves other requests local (a chunk of what
+// just arrived), so the steps repeat until nothing changes.
+#include <algorithm>
+#include <map>
+#include <optional>
+#include <set>
+#include <string>
+#include <vector>
+
+#include <loom/core/error.hpp>
+#include <loom/graph/builder.hpp>
+#include <loom/ops/assemble.hpp>
+#include <loom/partition/partitioned_graph.hpp>
+#include <loom/partition/region_copy.hpp>
+
+namespace loom::partition {
+
+namespace detail {
+
+// If `parts` tile `whole` along one axis in equal slices (disjoint, covering, every other
+// axis whole), that axis.
+inline std::optional<std::size_t> tiling_axis(const std::vector<box>& parts, const box& whole) {
+    if (parts.size() < 2 || whole.rank() == 0) return std::nullopt;
+    for (std::size_t a = 0; a < whole.rank(); ++a) {
+        bool others_whole = true;
+        for (const auto& p : parts)
+            for (std::size_t b = 0; b < whole.rank(); ++b)
+                if (b != a && !(p.ranges[b] == whole.ranges[b])) others_whole = false;
+        if (!others_whole) continue;
+        std::vector<index_range> r;
+        for (const auto& p : parts) r.push_back(p.ranges[a]);
+        std::sort(r.begin(), r.end());
+        bool ok = r.front().begin == whole.ranges[a].begin && r.back().end == whole.ranges[a].end;
+        for (std::size_t i = 0; ok && i < r.size(); ++i) {
+            ok = r[i].size() == r[0].size() && r[i].size() > 0;
+            if (i > 0) ok = ok && r[i].begin == r[i - 1].end;
+        }
+        if (ok) return a;
+    }
+    return std::nullopt;
+}
+
+inline box bounding(const std::vector<box>& parts) {
+    box b = parts.at(0);
+    for (const auto& p : parts)
+        for (std::size_t a = 0; a < b.rank(); ++a) {
+            b.ranges[a].begin = std::min(b.ranges[a].begin, p.ranges[a].begin);
+            b.ranges[a].end = std::max(b.ranges[a].end, p.ranges[a].end);
+        }
+    return b;
+}
+
+}  // namespace detail
+
+class materializer {
+public:
+    materializer(partitioned_graph& out, transfer_cost_model cost) : out_(out), g_(out.logical->g), cost_(cost) {
+        out_.devices.resize(static_cast<std::size_t>(out_.world));
+        held_.resize(g_.tensors.size());
+    }
+
+    // Parameters and inputs: each device stores the bounding box of what its pieces read.
+    void store_leaves() {
+        std::vector<std::vector<std::optional<box>>> need(g_.tensors.size());
+        for (std::size_t n = 0; n < g_.nodes.size(); ++n) {
+            const node& nd = g_.nodes[n];
+            for (const auto& piece : out_.layouts[n].pieces)
+                for (std::size_t k = 0; k < nd.inputs.size(); ++k) {
+                    const tensor_desc& t = g_.tensor(nd.inputs[k]);
+                    if (t.role != tensor_role::input && t.role != tensor_role::parameter) continue;
+                    auto& slot = need[static_cast<std::size_t>(nd.inputs[k])];
+                    slot.resize(static_cast<std::size_t>(out_.world));
+                    auto& b = slot[static_cast<std::size_t>(piece.device)];
+                    b = b ? detail::bounding({*b, piece.inputs[k]}) : piece.inputs[k];
+                }
+        }
+        auto store = [&](tensor_id t) {
+            const tensor_desc& d = g_.tensor(t);
+            const auto& slot = need[static_cast<std::size_t>(t)];
+            for (std::size_t dev = 0; dev < slot.size(); ++dev) {
+                if (!slot[dev]) continue;
+                device_part& part = out_.devices[dev];
+                tensor local = part.builder->add_leaf(d.name + suffix(*slot[dev], d.dims), slot[dev]->shape_of(d.dims),
+                                                      d.kind, d.role);
+                if (d.role == tensor_role::parameter) part.builder->mutable_graph().tensor(local.id).init = d.init;
+                (d.role == tensor_role::parameter ? part.parameters : part.inputs).push_back({t, local.id, *slot[dev]});
+                hold(t, {t, *slot[dev], {}}, static_cast<int>(dev), local.id, true);
+            }
+        };
+        for (tensor_id t : g_.inputs) store(t);
+        for (tensor_id t : g_.parameters) store(t);
+    }
+
+    void emit_node(node_id id) {
+        const node& n = g_.at(id);
+        const node_layout& layout = out_.layouts[static_cast<std::size_t>(id)];
+        const bool backward = n.backward || n.forward_of != no_id;
+        std::vector<std::vector<tensor_id>> locals(n.inputs.size());
+        for (std::size_t k = 0; k < n.inputs.size(); ++k) {
+            std::vector<request> reqs;
+            for (const auto& piece : layout.pieces) reqs.push_back({piece.device, piece.inputs[k]});
+            locals[k] = materialize(n.inputs[k], reqs, id, backward);
+        }
+        for (std::size_t p = 0; p < layout.pieces.size(); ++p) {
+            const piece_geometry& piece = layout.pieces[p];
+            graph_builder& b = *out_.devices[static_cast<std::size_t>(piece.device)].builder;
+            std::vector<tensor> ins;
+            for (std::size_t k = 0; k < n.inputs.size(); ++k) ins.push_back(b.handle(locals[k][p]));
+            attributes attrs = n.op->piece_attributes ? n.op->piece_attributes(n, piece.vars) : n.attrs;
+            for (const auto& s : layout.partition.splits) {
+                if (s.replicate) continue;
+                if (const auto* custom = plan::transformation_registry::instance().find(*n.op, s.label)) {
+                    node adjusted = n;
+                    adjusted.attrs = attrs;
+                    attrs = custom->piece_attributes(adjusted, piece.vars);
+                }
+            }
+            std::vector<tensor> outs;
+            try {
+                outs = n.op->apply(b, ins, attrs);
+            } catch (const error& e) {
+                throw plan_error("plan: piece " + std::to_string(p) + " of " + std::string(n.op->name) + " '" + n.name +
+                                 "' (" + layout.partition.describe() + ") cannot be built: " + e.what());
+            }
+            graph& dg = b.mutable_graph();
+            dg.nodes.back().name = n.name + "#" + std::to_string(p);
+            dg.nodes.back().backward = backward;
+            for (std::size_t o = 0; o < outs.size(); ++o) {
+                const vtensor& v = piece.outputs[o];
+                const tensor_desc& logical = g_.tensor(n.outputs[o]);
+                if (!same_extents(dg.tensor(outs[o].id).dims, v.region.shape_of(logical.dims)))
+                    throw plan_error("plan: piece " + std::to_string(p) + " of " + std::string(n.op->name) + " '" +
+                                     n.name + "' produced shape " + dg.tensor(outs[o].id).dims.to_string() +
+                                     " where its box " + v.region.to_string() +
+                                     " was expected; the op's shape rule does not follow its signature under this split");
+                dg.tensor(outs[o].id).name = logical.name + suffix(v.region, logical.dims) + chunk_suffix(v.value);
+                hold(n.outputs[o], v, piece.device, outs[o].id, true);
+            }
+        }
+    }
+
+    // Gradients onto the parameters' storage (or the optimizer's shards), the loss everywhere.
+    void finish() {
+        for (auto [param, grad] : g_.gradients) {
+            std::vector<request> reqs;
+            std::vector<tensor_id> params;
+            if (out_.logical->zero2_identity.count(param)) {
+                // ZeRO-2: the gradient identity's pieces are the optimizer's shards.
+                for (const auto& piece : out_.layouts[static_cast<std::size_t>(g_.tensor(grad).producer)].pieces)
+                    reqs.push_back({piece.device, piece.outputs[0].region});
+            } else {
+                for (int d = 0; d < out_.world; ++d)
+                    for (const auto& s : out_.devices[static_cast<std::size_t>(d)].parameters)
+                        if (s.logical == param) reqs.push_back({d, s.region});
+            }
+            std::vector<tensor_id> locals = materialize(grad, reqs, no_id, true);
+            for (std::size_t i = 0; i < reqs.size(); ++i) {
+                device_part& part = out_.devices[static_cast<std::size_t>(reqs[i].device)];
+                graph& dg = part.builder->mutable_graph();
+                tensor_id local = locals[i];
+                bool fresh = dg.tensor(local).role == tensor_role::activation &&
+                             std::none_of(part.gradients.begin(), part.gradients.end(),
+                                          [&](const stored_piece& s) { return s.local == local; });
+                if (!fresh) local = assemble(reqs[i].device, grad, reqs[i].region, {{local, reqs[i].region, {}}}, false);
+                graph& dg2 = part.builder->mutable_graph();
+                tensor_id param_local = no_id;
+                for (const auto& s : part.parameters)
+                    if (s.logical == param && s.region.contains(reqs[i].region)) param_local = s.local;
+                dg2.tensor(local).role = tensor_role::gradient;
+                dg2.tensor(local).gradient_of = param_local;
+                dg2.tensor(local).name = "grad/" + g_.tensor(param).name + suffix(reqs[i].region, g_.tensor(param).dims);
+                if (param_local != no_id) dg2.gradients.emplace_back(param_local, local);
+                part.gradients.push_back({param, local, reqs[i].region});
+            }
+        }
+        std::vector<request> reqs;
+        for (int d = 0; d < out_.world; ++d) reqs.push_back({d, box{}});
+        std::vector<tensor_id> losses = materialize(g_.loss, reqs, no_id, false);
+        for (int d = 0; d < out_.world; ++d) {
+            device_part& part = out_.devices[static_cast<std::size_t>(d)];
+            part.loss = losses[static_cast<std::size_t>(d)];
+            part.builder->mutable_graph().loss = part.loss;
+        }
+    }
+
+private:
+    struct request {
+        int device;
+        box region;
+    };
+    struct held_piece {
+        vtensor v;
+        int device;
+        tensor_id local;
+        bool base;  // one of the pieces its producer wrote (or a stored leaf)
+    };
+
+    static std::string suffix(const box& b, const shape& logical) {
+        return b == box::whole(logical) ? std::string{} : b.to_string();
+    }
+    static std::string chunk_suffix(const value_chunk& c) {
+        return c.full() ? std::string{} : "{" + std::to_string(c.index) + "/" + std::to_string(c.count) + "}";
+    }
+
+    void hold(tensor_id t, vtensor v, int device, tensor_id local, bool base) {
+        v.logical = t;
+        held_[static_cast<std::size_t>(t)].push_back({std::move(v), device, local, base});
+    }
+
+    std::int64_t bytes_of(tensor_id t, std::int64_t elements) const {
+        return elements * (g_.tensor(t).kind == value_kind::index ? 4 : 4);
+    }
+
+    // A full-valued piece on `device` holding `region`, cut out if needed.
+    std::optional<tensor_id> local(tensor_id t, int device, const box& region) {
+        const held_piece* best = nullptr;
+        for (const auto& h : held_[static_cast<std::size_t>(t)]) {
+            if (h.device != device || !h.v.value.full() || !h.v.region.contains(region)) continue;
+            if (h.v.region == region) return h.local;
+            if (!best || best->v.region.numel() > h.v.region.numel()) best = &h;
+        }
+        if (!best) return std::nullopt;
+        held_piece source = *best;
+        tensor_id cut = assemble(device, t, region, {{source.local, source.v.region, {}}}, false);
+        hold(t, {t, region, {}}, device, cut, false);
+        return cut;
+    }
+
+    struct assemble_input {
+        tensor_id local;
+        box region;
+        value_chunk value;
+    };
+
+    tensor_id assemble(int device, tensor_id t, const box& region, const std::vector<assemble_input>& inputs, bool accumulate) {
+        graph_builder& b = *out_.devices[static_cast<std::size_t>(device)].builder;
+        const tensor_desc& logical = g_.tensor(t);
+        std::vector<tensor> ins;
+        std::vector<std::int64_t> in_boxes;
+        std::int64_t covered = 0;
+        for (const auto& in : inputs) {
+            ins.push_back(b.handle(in.local));
+            auto e = encode_box(in.region);
+            in_boxes.insert(in_boxes.end(), e.begin(), e.end());
+            covered += intersect(in.region, region).numel();
+        }
+        const bool zero = accumulate || covered < region.numel();
+        attributes attrs{{"out_box", encode_box(region)},
+                         {"in_boxes", in_boxes},
+                         {"accumulate", std::int64_t{accumulate ? 1 : 0}},
+                         {"zero", std::int64_t{zero ? 1 : 0}}};
+        auto outs = b.append_unchecked(op_def_of<ops::Assemble>(), ins, {region.shape_of(logical.dims)}, std::move(attrs),
+                                       logical.name + suffix(region, logical.dims) + "/assemble", logical.kind);
+        b.mutable_graph().nodes.back().backward = emitting_backward_;
+        return outs[0].id;
+    }
+
+    // Emits one transfer: a node on every member device. Returns each member's output.
+    std::vector<tensor_id> emit(transfer tr, const std::vector<tensor_id>& member_inputs) {
+        tr.backward = emitting_backward_;
+        tr.consumer = emitting_consumer_;
+        tr.values = g_.tensor(tr.logical).kind;
+        const auto id = static_cast<std::int64_t>(out_.transfers.size());
+        std::vector<tensor_id> outs(tr.group.size(), no_id);
+        const tensor_desc& logical = g_.tensor(tr.logical);
+        for (std::size_t m = 0; m < tr.group.size(); ++m) {
+            graph_builder& b = *out_.devices[static_cast<std::size_t>(tr.group[m])].builder;
+            std::vector<tensor> ins;
+            if (tr.has_input[m]) ins.push_back(b.handle(member_inputs.at(m)));
+            std::vector<shape> shapes;
+            if (tr.has_output[m]) shapes.push_back(tr.outputs[m].shape_of(logical.dims));
+            auto o = b.append_unchecked(op_def_of<ops::Transfer>(), ins, std::move(shapes), {{"transfer", id}},
+                                        "transfer/" + std::to_string(id) + "/" + std::string(to_string(tr.kind)) + "/" +
+                                            logical.name,
+                                        logical.kind);
+            b.mutable_graph().nodes.back().backward = emitting_backward_;
+            if (tr.has_output[m]) {
+                outs[m] = o[0].id;
+                hold(tr.logical, {tr.logical, tr.outputs[m], {}}, tr.group[m], outs[m], false);
+            }
+        }
+        out_.transfers.push_back(std::move(tr));
+        return outs;
+    }
+
+    double cost_of(const transfer& tr) const {
+        std::int64_t worst = 0;
+        for (std::size_t m = 0; m < tr.group.size(); ++m) worst = std::max(worst, tr.elements_sent_by(m));
+        return cost_.cost(bytes_of(tr.logical, worst), tr.steps());
+    }
+    double generic_cost(tensor_id t, const std::vector<request>& reqs) const {
+        std::int64_t elements = 0, steps = 0;
+        for (const auto& r : reqs) {
+            elements += r.region.numel() * 2;  // a conservative guess: each box arrives in pieces from two holders
+            ++steps;
+        }
+        return cost_.cost(bytes_of(t, elements), steps);
+    }
+
+    // ---- strategies ------------------------------------------------------------------
+
+    // Partial sums of one box on distinct devices, each of which needs part of it.
+    bool try_partial(tensor_id t, std::vector<std::size_t>& open, const std::vector<request>& reqs,
+                     std::vector<tensor_id>& result) {
+        std::map<box, std::vector<const held_piece*>> clusters;
+        for (const auto& h : held_[static_cast<std::size_t>(t)])
+            if (h.base && !h.v.value.full()) clusters[h.v.region].push_back(&h);
+        for (auto& [S, pieces] : clusters) {
+            const std::int32_t k = pieces[0]->v.value.count;
+            std::vector<const held_piece*> by_chunk(static_cast<std::size_t>(k), nullptr);
+            for (const held_piece* h : pieces)
+                if (h->v.value.count == k && !by_chunk[static_cast<std::size_t>(h->v.value.index)])
+                    by_chunk[static_cast<std::size_t>(h->v.value.index)] = h;
+            if (std::any_of(by_chunk.begin(), by_chunk.end(), [](auto* h) { return h == nullptr; })) continue;
+            std::vector<int> devices;
+            for (auto* h : by_chunk) devices.push_back(h->device);
+            std::vector<int> sorted = devices;
+            std::sort(sorted.begin(), sorted.end());
+            if (std::adjacent_find(sorted.begin(), sorted.end()) != sorted.end()) continue;
+            // One open request per member device, inside S.
+            std::map<int, std::size_t> mine;
+            bool usable = true;
+            for (std::size_t i : open) {
+                const request& r = reqs[i];
+                if (!std::binary_search(sorted.begin(), sorted.end(), r.device) || !S.contains(r.region)) continue;
+                auto [it, inserted] = mine.try_emplace(r.device, i);
+                if (!inserted && !(reqs[it->second].region == r.region)) usable = false;
+            }
+            if (!usable || mine.size() != sorted.size()) continue;
+            std::vector<box> wanted;
+            bool all_whole = true;
+            for (int d : sorted) {
+                wanted.push_back(reqs[mine[d]].region);
+                all_whole = all_whole && wanted.back() == S;
+            }
+            std::vector<tensor_id> ins;
+            for (int d : sorted)
+                for (auto* h : by_chunk)
+                    if (h->device == d) ins.push_back(h->local);
+            transfer reduce;
+            reduce.logical = t;
+            reduce.group = sorted;
+            reduce.has_input.assign(sorted.size(), true);
+            reduce.has_output.assign(sorted.size(), true);
+            reduce.inputs.assign(sorted.size(), S);
+            reduce.kind = transfer_kind::all_reduce;
+            reduce.outputs.assign(sorted.size(), S);
+            if (!all_whole && detail::tiling_axis(wanted, S)) {
+                transfer scatter = reduce;
+                scatter.kind = transfer_kind::reduce_scatter;
+                scatter.outputs = wanted;
+                if (cost_of(scatter) <= cost_of(reduce)) {
+                    emit(std::move(scatter), ins);
+                    return true;
+                }
+            }
+            if (!all_whole) {
+                std::vector<request> sub;
+                for (int d : sorted) sub.push_back(reqs[mine[d]]);
+                if (generic_cost(t, sub) < cost_of(reduce)) continue;
+            }
+            emit(std::move(reduce), ins);
+            return true;
+        }
+        return false;
+    }
+
+    // Full-valued tiles: all_gather into one box, or all_to_all between two tilings.
+    bool try_tiles(tensor_id t, std::vector<std::size_t>& open, const std::vector<request>& reqs) {
+        // All-gather: devices D all need R and each holds one tile of R.
+        std::map<box, std::vector<std::size_t>> by_region;
+        for (std::size_t i : open) by_region[reqs[i].region].push_back(i);
+        for (auto& [R, idx] : by_region) {
+            std::vector<int> devices;
+            for (std::size_t i : idx) devices.push_back(reqs[i].device);
+            std::sort(devices.begin(), devices.end());
+            devices.erase(std::unique(devices.begin(), devices.end()), devices.end());
+            if (devices.size() < 2) continue;
+            std::vector<box> tiles;
+            std::vector<tensor_id> ins;
+            for (int d : devices) {
+                const held_piece* tile = nullptr;
+                for (const auto& h : held_[static_cast<std::size_t>(t)])
+                    if (h.device == d && h.v.value.full() && R.contains(h.v.region) && !(h.v.region == R) &&
+                        (!tile || tile->v.region.numel() < h.v.region.numel()))
+                        tile = &h;
+                if (!tile) break;
+                tiles.push_back(tile->v.region);
+                ins.push_back(tile->local);
+            }
+            if (tiles.size() != devices.size() || !detail::tiling_axis(tiles, R)) continue;
+            transfer gather;
+            gather.kind = transfer_kind::all_gather;
+            gather.logical = t;
+            gather.group = devices;
+            gather.inputs = tiles;
+            gather.outputs.assign(devices.size(), R);
+            gather.has_input.assign(devices.size(), true);
+            gather.has_output.assign(devices.size(), true);
+            emit(std::move(gather), ins);
+            return true;
+        }
+        // All-to-all: each device of P needs a different tile of S along one axis and
+        // holds a tile of S along another.
+        std::map<int, std::size_t> one;
+        for (std::size_t i : open) one.try_emplace(reqs[i].device, i);
+        if (one.size() < 2 || one.size() != open.size()) return false;
+        std::vector<int> devices;
+        std::vector<box> wanted, tiles;
+        std::vector<tensor_id> ins;
+        for (auto [d, i] : one) {
+            devices.push_back(d);
+            wanted.push_back(reqs[i].region);
+            const held_piece* tile = nullptr;
+            for (const auto& h : held_[static_cast<std::size_t>(t)])
+                if (h.device == d && h.base && h.v.value.full()) tile = &h;
+            if (!tile) return false;
+            tiles.push_back(tile->v.region);
+            ins.push_back(tile->local);
+        }
+        const box S = detail::bounding(wanted);
+        auto a = detail::tiling_axis(tiles, S), b = detail::tiling_axis(wanted, S);
+        if (!a || !b || *a == *b) return false;
+        transfer exchange;
+        exchange.kind = transfer_kind::all_to_all;
+        exchange.logical = t;
+        exchange.group = devices;
+        exchange.inputs = tiles;
+        exchange.outputs = wanted;
+        exchange.has_input.assign(devices.size(), true);
+        exchange.has_output.assign(devices.size(), true);
+        emit(std::move(exchange), ins);
+        return true;
+    }
+
+    // Several devices need one box that a single device holds whole.
+    bool try_broadcast(tensor_id t, std::vector<std::size_t>& open, const std::vector<request>& reqs) {
+        std::map<box, std::vector<int>> by_region;
+        for (std::size_t i : open) by_region[reqs[i].region].push_back(reqs[i].device);
+        for (auto& [R, devices] : by_region) {
+            std::sort(devices.begin(), devices.end());
+            devices.erase(std::unique(devices.begin(), devices.end()), devices.end());
+            if (devices.size() < 2) continue;
+            const held_piece* source = nullptr;
+            for (const auto& h : held_[static_cast<std::size_t>(t)])
+                if (h.v.value.full() && h.v.region.contains(R) && (!source || h.device < source->device)) source = &h;
+            if (!source) continue;
+            const int root = source->device;
+            tensor_id data = *local(t, root, R);
+            transfer cast;
+            cast.kind = transfer_kind::broadcast;
+            cast.logical = t;
+            cast.root = root;
+            cast.group = devices;
+            cast.group.push_back(root);
+            std::sort(cast.group.begin(), cast.group.end());
+            std::vector<tensor_id> ins(cast.group.size(), no_id);
+            for (std::size_t m = 0; m < cast.group.size(); ++m) {
+                const bool is_root = cast.group[m] == root;
+                cast.has_input.push_back(is_root);
+                cast.has_output.push_back(!is_root);
+                cast.inputs.push_back(is_root ? R : box{});
+                cast.outputs.push_back(R);
+                if (is_root) ins[m] = data;
+            }
+            emit(std::move(cast), ins);
+            return true;
+        }
+        return false;
+    }
+
+    // Point to point from every intersecting piece, then concat and sum on the device.
+    tensor_id generic(tensor_id t, const request& r) {
+        // Copies: emitting below appends to held_, which may move its elements.
+        std::map<vtensor, std::vector<held_piece>> distinct;
+        for (const auto& h : held_[static_cast<std::size_t>(t)])
+            if (h.base && (r.region.rank() == 0 || !intersect(h.v.region, r.region).empty()))
+                distinct[h.v].push_back(h);
+        if (distinct.empty())
+            throw error("partition: no device holds any part of '" + g_.tensor(t).name + "' " + r.region.to_string() +
+                        " needed on device " + std::to_string(r.device));
+        std::vector<assemble_input> parts;
+        bool accumulate = false;
+        for (auto& [v, holders] : distinct) {
+            const held_piece* h = &holders[0];
+            for (const auto& c : holders)
+                if (c.device == r.device) h = &c;
+            const box region = r.region.rank() == 0 ? box{} : intersect(v.region, r.region);
+            accumulate = accumulate || !v.value.full();
+            if (h->device == r.device) {
+                parts.push_back({h->local, v.region, v.value});
+                continue;
+            }
+            tensor_id source = h->local;
+            if (!(region == v.region)) source = assemble(h->device, t, region, {{h->local, v.region, v.value}}, false);
+            transfer p2p;
+            p2p.kind = transfer_kind::send_recv;
+            p2p.logical = t;
+            p2p.group = {h->device, r.device};
+            p2p.inputs = {region, box{}};
+            p2p.outputs = {box{}, region};
+            p2p.has_input = {true, false};
+            p2p.has_output = {false, true};
+            auto outs = emit(std::move(p2p), {source, no_id});
+            held_[static_cast<std::size_t>(t)].back().v.value = v.value;  // what arrived is still partial
+            parts.push_back({outs[1], region, v.value});
+        }
+        if (parts.size() == 1 && parts[0].region == r.region && parts[0].value.full()) return parts[0].local;
+        tensor_id whole = assemble(r.device, t, r.region, parts, accumulate);
+        hold(t, {t, r.region, {}}, r.device, whole, false);
+        return whole;
+    }
+
+    std::vector<tensor_id> materialize(tensor_id t, const std::vector<request>& reqs, node_id consumer, bool backward) {
+        emitting_backward_ = backward;
+        emitting_consumer_ = consumer;
+        std::vector<tensor_id> result(reqs.size(), no_id);
+        std::vector<std::size_t> open;
+        auto resolve_locally = [&] {
+            std::vector<std::size_t> still;
+            for (std::size_t i : open) {
+                if (auto l = local(t, reqs[i].device, reqs[i].region))
+                    result[i] = *l;
+                else
+                    still.push_back(i);
+            }
+            open = std::move(still);
+        };
+        for (std::size_t i = 0; i < reqs.size(); ++i) open.push_back(i);
+        resolve_locally();
+        while (!open.empty()) {
+            bool progressed = try_partial(t, open, reqs, result) || try_tiles(t, open, reqs) || try_broadcast(t, open, reqs);
+            if (!progressed) break;
+            resolve_locally();
+        }
+        for (std::size_t i : open) {
+            if (auto l = local(t, reqs[i].device, reqs[i].region)) {
+                result[i] = *l;
+                continue;
+            }
+            result[i] = generic(t, reqs[i]);
+        }
+        return result;
+    }
+
+    partitioned_graph& out_;
+    const graph& g_;
+    transfer_cost_model cost_;
+    std::vector<std::vector<held_piece>> held_;
+    bool emitting_backward_ = false;
+    node_id emitting_consumer_ = no_id;
+};
+
+}  // namespace loom::partition

@@ -1,0 +1,205 @@
+#pragma once
+// From an op's partition to its pieces: which variable each split cuts, the index range of
+// every variable in every piece, the box each piece reads from each input and the vTensor
+// it writes to each output. Also the checks a plan must pass against a node (the run-time
+// twin of the combinators' static_asserts) and the mirroring of a forward op's partition
+// onto the ops that differentiate it.
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include <loom/core/error.hpp>
+#include <loom/graph/graph.hpp>
+#include <loom/graph/op.hpp>
+#include <loom/partition/vtensor.hpp>
+#include <loom/plan/op_partition.hpp>
+#include <loom/plan/transformation.hpp>
+
+namespace loom::partition {
+
+struct piece_geometry {
+    int device = 0;
+    piece_ranges vars;            // per bound variable of the node
+    std::vector<box> inputs;      // what the piece reads of each input (full values)
+    std::vector<vtensor> outputs; // what it writes to each output
+};
+
+struct node_layout {
+    plan::op_partition partition;  // with every split resolved to a variable label
+    std::vector<piece_geometry> pieces;
+};
+
+namespace detail {
+
+inline std::string node_where(const node& n) { return std::string(n.op->name) + " '" + n.name + "'"; }
+
+inline std::string dims_of(const node& n) {
+    std::string s;
+    for (const auto& v : n.sig.vars)
+        s += (s.empty() ? "" : ", ") + std::string(v.dim.name()) + (v.frozen ? " (frozen)" : "") + "=" +
+             std::to_string(v.extent);
+    return s.empty() ? "none" : s;
+}
+
+// The variable a split names: by label if given, else the unique splittable variable with
+// that dim (or the first, if several carry it).
+inline std::optional<int> variable_of(const node& n, const plan::split_axis& s) {
+    if (!s.label.empty()) return n.sig.find(s.label);
+    std::optional<int> found;
+    for (std::size_t v = 0; v < n.sig.vars.size(); ++v)
+        if (n.sig.vars[v].dim == s.dim) {
+            if (!found || (!n.sig.vars[static_cast<std::size_t>(*found)].splittable && n.sig.vars[v].splittable))
+                found = static_cast<int>(v);
+        }
+    return found;
+}
+
+}  // namespace detail
+
+// Checks `p` against node `n` and resolves every split to a variable label. `strict`: a
+// plan the user wrote, whose mistakes are errors; otherwise (a mirrored backward op) a
+// split that does not apply becomes replication, noted in `notes`.
+inline plan::op_partition resolve_partition(const graph& g, const node& n, plan::op_partition p, int devices, bool strict,
+                                            std::vector<std::string>& notes) {
+    (void)g;
+    const std::string where = detail::node_where(n);
+    if (p.replicas < 1)
+        throw plan_error("plan: " + where + " has " + std::to_string(p.replicas) + " replicas; use at least 1");
+    std::vector<std::int64_t> cut(n.sig.vars.size(), 1);
+    for (auto& s : p.splits) {
+        if (s.degree < 1)
+            throw plan_error("plan: trans<Split<" + (s.label.empty() ? std::string(s.dim.name()) : s.label) + ">, " +
+                             std::to_string(s.degree) + "> on " + where + ": the degree must be at least 1");
+        if (s.replicate) continue;
+        auto fail_or_replicate = [&](const std::string& why) {
+            if (strict) throw plan_error("plan: trans<Split<" + s.describe() + ">> on " + where + ": " + why);
+            notes.push_back(where + ": the mirrored split " + s.describe() + " " + why + "; the op runs replicated instead");
+            s.replicate = true;
+        };
+        if (n.op->opaque_layout && n.sig.vars.size() > 0) {
+            fail_or_replicate("cannot be split: the op reinterprets its input's layout; replicate it or split the ops around it");
+            continue;
+        }
+        auto v = detail::variable_of(n, s);
+        if (!v) {
+            fail_or_replicate("the op has no dim " + (s.label.empty() ? std::string(s.dim.name()) : "'" + s.label + "'") +
+                              " (its dims: " + detail::dims_of(n) + "); split one of those or select other ops");
+            continue;
+        }
+        const bound_variable& var = n.sig.vars[static_cast<std::size_t>(*v)];
+        const bool custom = plan::transformation_registry::instance().find(*n.op, var.label) != nullptr;
+        if ((var.frozen && !custom) || (!var.frozen && !var.splittable)) {
+            fail_or_replicate("dim " + std::string(var.dim.name()) + " ('" + var.label + "') is " +
+                              (var.frozen ? "frozen in this op (splitting it would change the result)"
+                                          : "an inner part of a grouped axis (its slices are not contiguous)") +
+                              "; split another dim, or register a custom transformation for this op");
+            continue;
+        }
+        const std::int64_t extent = var.extent / cut[static_cast<std::size_t>(*v)];
+        if (extent % s.degree != 0) {
+            fail_or_replicate("dim " + std::string(var.dim.name()) + " has extent " + std::to_string(var.extent) +
+                              (cut[static_cast<std::size_t>(*v)] > 1 ? " (" + std::to_string(extent) + " per piece)" : "") +
+                              ", which degree " + std::to_string(s.degree) + " does not divide; choose a divisor of " +
+                              std::to_string(extent));
+            continue;
+        }
+        cut[static_cast<std::size_t>(*v)] *= s.degree;
+        s.label = var.label;
+        s.dim = var.dim;
+    }
+    const std::int64_t pieces = p.pieces();
+    if (!p.devices.empty() && static_cast<std::int64_t>(p.devices.size()) != pieces)
+        throw plan_error("plan: op-assign on " + where + " lists " + std::to_string(p.devices.size()) +
+                         " devices for " + std::to_string(pieces) + " pieces (" + p.describe() +
+                         "); give one device per piece");
+    if (p.devices.empty() && pieces > devices)
+        throw plan_error("plan: " + where + " is cut into " + std::to_string(pieces) + " pieces (" + p.describe() +
+                         ") but there are only " + std::to_string(devices) +
+                         " devices; lower the degrees or colocate pieces (op-assign)");
+    for (std::int64_t i = 0; i < pieces; ++i) {
+        int d = p.device_of(i);
+        if (d < 0 || d >= devices)
+            throw plan_error("plan: op-assign on " + where + " puts piece " + std::to_string(i) + " on device " +
+                             std::to_string(d) + ", outside 0.." + std::to_string(devices - 1));
+    }
+    return p;
+}
+
+// The partition of an op that differentiates (or follows) `forward`: the same piece grid,
+// splits named by dim so that they find the matching variables of the new op.
+inline plan::op_partition mirror_partition(const graph& g, const plan::op_partition& p, const node* forward) {
+    (void)g;
+    plan::op_partition m = p;
+    m.recompute = false;
+    for (auto& s : m.splits) {
+        if (s.replicate || !forward) continue;
+        if (auto v = forward->sig.find(s.label)) s.dim = forward->sig.vars[static_cast<std::size_t>(*v)].dim;
+        s.label.clear();
+    }
+    return m;
+}
+
+// Index ranges and boxes of every piece of node `n` under the resolved partition `p`.
+inline node_layout layout_pieces(const graph& g, const node& n, plan::op_partition p) {
+    node_layout layout;
+    const auto& vars = n.sig.vars;
+    std::vector<int> split_var(p.splits.size(), -1);
+    std::vector<split_option> effects(p.splits.size());
+    for (std::size_t s = 0; s < p.splits.size(); ++s) {
+        if (p.splits[s].replicate) continue;
+        split_var[s] = *n.sig.find(p.splits[s].label);
+        effects[s] = n.sig.effect_of_split(split_var[s]);
+    }
+    const std::int64_t pieces = p.pieces();
+    for (std::int64_t i = 0; i < pieces; ++i) {
+        piece_geometry piece;
+        piece.device = p.device_of(i);
+        const auto coord = p.coordinates(i);
+        for (const auto& v : vars) {
+            piece.vars.begin.push_back(0);
+            piece.vars.end.push_back(v.extent);
+        }
+        std::vector<value_chunk> chunks(n.outputs.size());
+        for (std::size_t s = 0; s < p.splits.size(); ++s) {
+            if (split_var[s] < 0) continue;
+            auto v = static_cast<std::size_t>(split_var[s]);
+            const std::int64_t size = (piece.vars.end[v] - piece.vars.begin[v]) / p.splits[s].degree;
+            piece.vars.begin[v] += coord[s] * size;
+            piece.vars.end[v] = piece.vars.begin[v] + size;
+            for (std::size_t o = 0; o < n.outputs.size(); ++o)
+                if (effects[s].outputs[o].effect == split_effect::partial) {
+                    chunks[o].index = chunks[o].index * static_cast<std::int32_t>(p.splits[s].degree) + static_cast<std::int32_t>(coord[s]);
+                    chunks[o].count *= static_cast<std::int32_t>(p.splits[s].degree);
+                }
+        }
+        auto operand_box = [&](const std::vector<std::vector<int>>& axes, const shape& dims) {
+            box b;
+            for (std::size_t a = 0; a < axes.size(); ++a) {
+                const auto& group = axes[a];
+                if (group.empty()) {
+                    b.ranges.push_back({0, dims.extent(a)});
+                    continue;
+                }
+                std::int64_t inner = 1;
+                for (std::size_t k = 1; k < group.size(); ++k) inner *= vars[static_cast<std::size_t>(group[k])].extent;
+                auto outer = static_cast<std::size_t>(group[0]);
+                b.ranges.push_back({piece.vars.begin[outer] * inner, piece.vars.end[outer] * inner});
+            }
+            return b;
+        };
+        for (std::size_t k = 0; k < n.inputs.size(); ++k) {
+            const shape& dims = g.tensor(n.inputs[k]).dims;
+            piece.inputs.push_back(k < n.sig.input_axes.size() ? operand_box(n.sig.input_axes[k], dims) : box::whole(dims));
+        }
+        for (std::size_t o = 0; o < n.outputs.size(); ++o) {
+            const shape& dims = g.tensor(n.outputs[o]).dims;
+            box b = o < n.sig.output_axes.size() ? operand_box(n.sig.output_axes[o], dims) : box::whole(dims);
+            piece.outputs.push_back({n.outputs[o], std::move(b), chunks[o]});
+        }
+        layout.pieces.push_back(std::move(piece));
+    }
+    layout.partition = std::move(p);
+    return layout;
+}
+
+}  // namespace loom::partition

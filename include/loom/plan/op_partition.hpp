@@ -1,0 +1,92 @@
+#pragma once
+// A resolved plan for one op (op-trans + op-assign) and for a whole graph: what plan
+// combinators and presets resolve to, what the searcher fills in, and what partitioning
+// (partition/apply.hpp) reads. Nothing here is a template: plans of any shape meet here.
+//
+// An op is cut into pieces by nested splits (outermost first) and then copied `replicas`
+// times. Pieces are numbered row-major over (split_0, ..., split_k, replica), and piece i
+// runs on devices[i]. Several pieces may share a device: they run one after another
+// (colocation, Coshard).
+#include <cstdint>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include <loom/core/dim.hpp>
+#include <loom/core/error.hpp>
+#include <loom/graph/graph.hpp>
+
+namespace loom::plan {
+
+struct split_axis {
+    dim_id dim;         // the dim to split (matched against the node's bound variables)
+    std::string label;  // or a signature variable by name ("n", "...0"); wins when set
+    std::int64_t degree = 1;
+    // Copies instead of cuts: the op runs whole `degree` times along this axis of the piece
+    // grid (the backward of an op split along a dim that its gradient op lacks).
+    bool replicate = false;
+
+    std::string describe() const {
+        if (replicate) return "replicate x" + std::to_string(degree);
+        return (label.empty() ? std::string(dim.name()) : label) + "x" + std::to_string(degree);
+    }
+    friend bool operator==(const split_axis&, const split_axis&) = default;
+};
+
+struct op_partition {
+    std::vector<split_axis> splits;
+    std::int64_t replicas = 1;
+    std::vector<int> devices;  // one per piece; empty: pieces 0..n-1 on devices 0..n-1
+    bool recompute = false;    // recompute the op's outputs in the backward pass
+
+    std::int64_t pieces() const {
+        std::int64_t n = replicas;
+        for (const auto& s : splits) n *= s.degree;
+        return n;
+    }
+    int device_of(std::int64_t piece) const {
+        return devices.empty() ? static_cast<int>(piece) : devices.at(static_cast<std::size_t>(piece));
+    }
+    // Coordinates of piece i: one per split, then the replica index.
+    std::vector<std::int64_t> coordinates(std::int64_t piece) const {
+        std::vector<std::int64_t> c(splits.size() + 1);
+        c.back() = piece % replicas;
+        piece /= replicas;
+        for (std::size_t s = splits.size(); s-- > 0;) {
+            c[s] = piece % splits[s].degree;
+            piece /= splits[s].degree;
+        }
+        return c;
+    }
+    std::string describe() const {
+        std::string s;
+        for (const auto& a : splits) s += (s.empty() ? "split " : ", ") + a.describe();
+        if (replicas > 1) s += (s.empty() ? "" : ", ") + std::string("replicate x") + std::to_string(replicas);
+        if (s.empty()) s = "whole";
+        s += " on {";
+        for (std::int64_t p = 0; p < pieces(); ++p) s += (p ? "," : "") + std::to_string(device_of(p));
+        s += "}";
+        if (recompute) s += ", recompute";
+        return s;
+    }
+    friend bool operator==(const op_partition&, const op_partition&) = default;
+};
+
+// How optimizer state, gradients and parameters are sharded over data-parallel replicas.
+enum class zero_stage : std::uint8_t { none = 0, optimizer = 1, gradients = 2, parameters = 3 };
+
+// A plan resolved against one graph: a partition for every forward node (by node id of the
+// forward graph), plus the settings that are not per op.
+struct resolved_plan {
+    int devices = 1;
+    std::vector<std::optional<op_partition>> forward;  // empty entry: the op runs whole on every device
+    zero_stage zero = zero_stage::none;
+    std::string name;  // for explanations: "data parallel x4", ...
+
+    const op_partition* at(node_id n) const {
+        auto i = static_cast<std::size_t>(n);
+        return i < forward.size() && forward[i] ? &*forward[i] : nullptr;
+    }
+};
+
+}  // namespace loom::plan

@@ -1,0 +1,155 @@
+#pragma once
+// The well-known plans, each written only with the primitives: rules that split
+// (op-trans), place (op-assign) and recompute selected ops, plus the ZeRO rewrites (an
+// identity after each parameter or on each gradient, split over the data-parallel
+// devices). Nothing here is a special code path: a user can write any of them by hand.
+//
+// Layer names follow loom's transformer models (models/gpt.hpp): "<repeat>.<i>.attn.{q,k,v,
+// proj}", "<repeat>.<i>.mlp.{fc,proj}", layer norms "ln_*". Models that name their layers
+// otherwise pass their own transformer_names.
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include <loom/ops/all.hpp>
+#include <loom/plan/rules.hpp>
+
+namespace loom::plan::presets {
+
+// Where the parts of a transformer block are, as scope globs.
+struct transformer_names {
+    std::vector<std::string> column = {"*.attn.q", "*.attn.k", "*.attn.v", "*.mlp.fc"};  // split outputs
+    std::vector<std::string> row = {"*.attn.proj", "*.mlp.proj"};                        // split inputs
+    std::string attention = "*.attn";  // split_heads, attention, merge_heads: split heads
+    std::string mlp = "*.mlp";         // the activation between fc and proj: split FFN
+};
+
+namespace detail {
+
+inline split_spec split_dim(dim_id d, std::int64_t n) { return {d, "", {n, "", {}}, false}; }
+inline split_spec split_var(std::string label, std::int64_t n) { return {{}, std::move(label), {n, "", {}}, false}; }
+inline split_spec replicate(std::int64_t n) { return {{}, "", {n, "", {}}, true}; }
+
+inline selector kinds(std::vector<const op_def*> k, std::string scope = {}) {
+    selector s;
+    s.kinds = std::move(k);
+    s.scope = std::move(scope);
+    return s;
+}
+inline selector in_scope(std::string scope) {
+    selector s;
+    s.scope = std::move(scope);
+    return s;
+}
+
+// trans rule: the data-parallel split (if any) first, then `inner`.
+inline rule trans(selector on, std::int64_t dp, std::vector<split_spec> inner, std::string origin) {
+    std::vector<split_spec> splits;
+    if (dp > 1) splits.push_back(split_dim(Dim::Batch::id, dp));
+    for (auto& s : inner) splits.push_back(std::move(s));
+    return {std::move(on), std::move(splits), std::nullopt, std::nullopt, std::move(origin)};
+}
+
+}  // namespace detail
+
+// Every op split along the batch over n devices; weights replicated, gradients all-reduced.
+inline plan_spec data_parallel(int n) {
+    plan_spec p;
+    p.devices = n;
+    p.name = "data parallel x" + std::to_string(n);
+    p.add(detail::trans({}, n, {}, "data_parallel"));
+    return p;
+}
+
+// Megatron tensor parallelism over tp devices (times dp data-parallel replicas on a
+// dp x tp mesh, device = d * tp + t): column-parallel q, k, v and fc, heads and FFN split
+// in between, row-parallel output projections (partial sums, all-reduced), a
+// vocabulary-parallel embedding, and the LM head split along the vocabulary. Everything
+// else (layer norms, residual adds, the loss) is replicated within the tensor-parallel group.
+inline plan_spec megatron(int tp, int dp = 1, const transformer_names& names = {}) {
+    using namespace detail;
+    plan_spec p;
+    p.devices = tp * dp;
+    p.name = "megatron tensor parallel x" + std::to_string(tp) + (dp > 1 ? " x data parallel x" + std::to_string(dp) : "");
+    const std::string origin = "megatron";
+    p.add(trans({}, dp, {replicate(tp)}, origin));
+    for (const auto& c : names.column) p.add(trans(in_scope(c), dp, {split_var("n", tp)}, origin));
+    for (const auto& r : names.row) p.add(trans(in_scope(r), dp, {split_var("k", tp)}, origin));
+    p.add(trans(kinds({&op_def_of<ops::SplitHeads>(), &op_def_of<ops::Attention>(), &op_def_of<ops::MergeHeads>()},
+                      names.attention),
+                dp, {split_dim(Dim::Head::id, tp)}, origin));
+    p.add(trans(kinds({&op_def_of<ops::Gelu>(), &op_def_of<ops::Relu>(), &op_def_of<ops::Silu>(), &op_def_of<ops::Mul>()},
+                      names.mlp),
+                dp, {split_dim(Dim::FFN::id, tp)}, origin));
+    // Vocabulary-parallel embeddings: each device holds rows of the table; partial sums.
+    p.add(trans(kinds({&op_def_of<ops::Embedding>()}), dp, {split_var("v", tp)}, origin));
+    // The LM head (a linear outside any layer) split along the vocabulary.
+    selector head = kinds({&op_def_of<ops::Linear>()});
+    head.name = "linear*";
+    p.add(trans(head, dp, {split_var("n", tp)}, origin));
+    return p;
+}
+
+// Megatron's sequence parallelism: as megatron(), and the ops that Megatron replicates
+// (layer norms, residual adds, dropout) are split along the sequence instead. The
+// all-reduces around the blocks become reduce-scatters and all-gathers.
+inline plan_spec sequence_parallel(int tp, int dp = 1, const transformer_names& names = {}) {
+    using namespace detail;
+    plan_spec p = megatron(tp, dp, names);
+    p.name = "sequence parallel x" + std::to_string(tp) + (dp > 1 ? " x data parallel x" + std::to_string(dp) : "");
+    p.add(trans(kinds({&op_def_of<ops::LayerNorm>(), &op_def_of<ops::RmsNorm>(), &op_def_of<ops::Add>(),
+                       &op_def_of<ops::Dropout>()}),
+                dp, {split_dim(Dim::Seq::id, tp)}, "sequence_parallel"));
+    return p;
+}
+
+// ZeRO over n data-parallel devices: stage 1 shards optimizer state, 2 also gradients,
+// 3 also parameters (each device stores 1/n of every weight and gathers it when used).
+inline plan_spec zero(int stage, int n) {
+    if (stage < 1 || stage > 3)
+        throw plan_error("plan: zero<" + std::to_string(stage) + ">: ZeRO has stages 1, 2 and 3");
+    plan_spec p = data_parallel(n);
+    p.zero = static_cast<zero_stage>(stage);
+    p.name = "ZeRO-" + std::to_string(stage) + " x" + std::to_string(n);
+    return p;
+}
+
+// Recompute the selected ops' outputs in the backward pass instead of keeping them.
+inline plan_spec recompute(selector on) {
+    plan_spec p;
+    p.add({std::move(on), std::nullopt, std::nullopt, true, "recompute"});
+    return p;
+}
+
+// Coshard: the attention and MLP of the selected layers split into tp * c pieces, c of
+// them colocated on each of tp devices and run one after another, with recompute, so that
+// a device holds the activations of one piece at a time. Other ops replicate over the tp
+// devices (as in megatron()).
+inline plan_spec coshard(int tp, int c, const transformer_names& names = {}) {
+    using namespace detail;
+    plan_spec p;
+    p.devices = tp;
+    p.colocation_requires_recompute = true;
+    p.name = "coshard " + std::to_string(c) + " per device x" + std::to_string(tp);
+    const std::string origin = "coshard";
+    const std::int64_t pieces = static_cast<std::int64_t>(tp) * c;
+    assign_spec together{{}, c, 0};
+    auto split = [&](selector on, split_spec s) {
+        rule r = trans(std::move(on), 1, {std::move(s)}, origin);
+        r.assign = together;
+        r.recompute = true;
+        p.add(std::move(r));
+    };
+    p.add(trans({}, 1, {replicate(tp)}, origin));
+    for (const auto& col : names.column) split(in_scope(col), split_var("n", pieces));
+    for (const auto& row : names.row) split(in_scope(row), split_var("k", pieces));
+    split(kinds({&op_def_of<ops::SplitHeads>(), &op_def_of<ops::Attention>(), &op_def_of<ops::MergeHeads>()},
+                names.attention),
+          split_dim(Dim::Head::id, pieces));
+    split(kinds({&op_def_of<ops::Gelu>(), &op_def_of<ops::Relu>(), &op_def_of<ops::Silu>(), &op_def_of<ops::Mul>()},
+                names.mlp),
+          split_dim(Dim::FFN::id, pieces));
+    return p;
+}
+
+}  // namespace loom::plan::presets

@@ -1,0 +1,302 @@
+#pragma once
+// Training one rank of a partitioned graph: this device's program, its pieces of the
+// parameters (initialised from the same counter-based streams as on one device, so any
+// plan starts from the same weights), the communicator for transfers, and the optimizer
+// over the parameter pieces this rank updates.
+//
+// Every rank constructs one and calls step() with the same full batch; each copies the
+// boxes of the inputs it stores. The loss and the gradient norm come back identical on
+// every rank. Replicated parameter pieces receive identical gradients and make identical
+// updates, so they stay equal without communication; under ZeRO-1 and ZeRO-2 a rank
+// updates its shard only and the shards are all-gathered after the update.
+#include <algorithm>
+#include <chrono>
+#include <cmath>
+#include <cstdint>
+#include <memory>
+#include <string>
+#include <type_traits>
+#include <variant>
+#include <vector>
+
+#include <loom/core/error.hpp>
+#include <loom/partition/partitioned_graph.hpp>
+#include <loom/partition/region_copy.hpp>
+#include <loom/runtime/comm/communicator.hpp>
+#include <loom/runtime/compile.hpp>
+#include <loom/runtime/host/bound_storage.hpp>
+#include <loom/runtime/host/executor.hpp>
+#include <loom/runtime/transfer_runner.hpp>
+#include <loom/train/adamw.hpp>
+#include <loom/train/init.hpp>
+#include <loom/train/sgd.hpp>
+#include <loom/train/trainer.hpp>
+
+namespace loom::train {
+
+template <class T>
+class distributed_trainer {
+public:
+    static constexpr precision prec = std::is_same_v<T, float> ? precision::f32 : precision::f64;
+
+    distributed_trainer(const partition::partitioned_graph& plan, comm::communicator& c, trainer_options options)
+        : plan_(plan), comm_(c), options_(options) {
+        if (c.size() != plan.world)
+            throw usage_error("distributed_trainer: the plan is for " + std::to_string(plan.world) +
+                              " devices but the communicator has " + std::to_string(c.size()) +
+                              " ranks; launch as many ranks as the plan has devices");
+        rank_ = c.rank();
+        part_ = &plan.devices.at(static_cast<std::size_t>(rank_));
+        const graph& g = part_->ir();
+        program_ = compile_program(g, {.prec = prec, .outputs = {part_->loss}, .keep_every_node = true});
+        executor_ = std::make_unique<host::executor<T>>(program_);
+        storage_ = std::make_unique<host::bound_storage<T>>(program_);
+        storage_->bind_to(*executor_);
+        executor_->set_communication([this](const node& n, std::span<void* const> in, std::span<void* const> out) {
+            const auto id = n.attrs.get<std::int64_t>("transfer");
+            run_transfer<T>(plan_.transfers.at(static_cast<std::size_t>(id)), id, comm_, in.empty() ? nullptr : in[0],
+                            out.empty() ? nullptr : out[0], scratch_);
+        });
+        const graph& logical = plan.ir();
+        for (const auto& s : part_->parameters) {
+            const tensor_desc& d = logical.tensor(s.logical);
+            auto values = storage_->real(s.local);
+            partition::for_each_region_row(s.region, partition::box::whole(d.dims), s.region,
+                                           [&](std::int64_t global, std::int64_t at, std::int64_t n) {
+                                               initialize(values.subspan(static_cast<std::size_t>(at), static_cast<std::size_t>(n)),
+                                                          d.init, options_.init_seed, d.name, static_cast<std::uint64_t>(global));
+                                           });
+        }
+        plan_optimizer();
+    }
+
+    distributed_trainer(const distributed_trainer&) = delete;
+    distributed_trainer& operator=(const distributed_trainer&) = delete;
+
+    step_result step(const input_feed& feed) {
+        auto start = std::chrono::steady_clock::now();
+        set_inputs(feed);
+        executor_->run(static_cast<std::uint64_t>(steps_));
+        step_result r;
+        r.loss = static_cast<double>(storage_->real(part_->loss)[0]);
+        r.grad_norm = global_gradient_norm();
+        if (options_.clip_norm > 0 && r.grad_norm > options_.clip_norm) {
+            const T factor = static_cast<T>(options_.clip_norm / (r.grad_norm + 1e-6));
+            for (const auto& s : part_->gradients)
+                for (T& x : storage_->real(s.local)) x *= factor;
+        }
+        r.lr = options_.schedule.at(steps_);
+        std::visit([&](auto& opt) { opt.step(r.lr); }, *optimizer_);
+        synchronize_shards();
+        ++steps_;
+        r.seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+        return r;
+    }
+
+    // The whole of a parameter, assembled from every rank's pieces. Collective: every rank
+    // must call it, in the same order.
+    std::vector<T> gather_parameter(std::string_view name) {
+        const graph& logical = plan_.ir();
+        tensor_id p = no_id;
+        for (tensor_id t : logical.parameters)
+            if (logical.tensor(t).name == name) p = t;
+        if (p == no_id) throw usage_error("distributed_trainer: no parameter named '" + std::string(name) + "'");
+        const partition::box whole = partition::box::whole(logical.tensor(p).dims);
+        std::vector<T> full(static_cast<std::size_t>(whole.numel()), T(0));
+        for (const auto& s : part_->parameters) {
+            if (s.logical != p) continue;
+            const auto owned = owned_rows(p, s.region, /*gradients=*/false);
+            auto values = storage_->real(s.local);
+            for (const auto& region : owned)
+                partition::copy_region(values.data(), s.region, full.data(), whole, region);
+        }
+        comm_.all_reduce_sum(full.data(), full.size(), comm::dtype_of<T>(), comm::group::world(plan_.world));
+        return full;
+    }
+
+    const program& compiled() const { return program_; }
+    const graph& ir() const { return part_->ir(); }
+    int rank() const { return rank_; }
+    std::int64_t steps() const { return steps_; }
+
+private:
+    // Parts of `region` (a piece of parameter p, or of its gradient) that this rank counts
+    // as its own: the parts no lower rank holds. Pieces are equal or disjoint in every
+    // plan loom builds; a partial overlap is cut along the boxes.
+    std::vector<partition::box> owned_rows(tensor_id p, const partition::box& region, bool gradients) const {
+        std::vector<partition::box> mine{region};
+        for (int r = 0; r < rank_; ++r) {
+            const auto& other = gradients ? plan_.devices[static_cast<std::size_t>(r)].gradients
+                                          : plan_.devices[static_cast<std::size_t>(r)].parameters;
+            for (const auto& s : other) {
+                if (s.logical != p) continue;
+                std::vector<partition::box> next;
+                for (const auto& b : mine) subtract(b, s.region, next);
+                mine = std::move(next);
+            }
+        }
+        return mine;
+    }
+
+    // b minus c, as disjoint boxes appended to out.
+    static void subtract(const partition::box& b, const partition::box& c, std::vector<partition::box>& out) {
+        const partition::box common = partition::intersect(b, c);
+        if (b.rank() == 0) {
+            return;  // a scalar held by a lower rank is theirs
+        }
+        if (common.empty()) {
+            out.push_back(b);
+            return;
+        }
+        partition::box rest = b;
+        for (std::size_t a = 0; a < b.rank(); ++a) {
+            if (rest.ranges[a].begin < common.ranges[a].begin) {
+                partition::box below = rest;
+                below.ranges[a].end = common.ranges[a].begin;
+                out.push_back(below);
+            }
+            if (common.ranges[a].end < rest.ranges[a].end) {
+                partition::box above = rest;
+                above.ranges[a].begin = common.ranges[a].end;
+                out.push_back(above);
+            }
+            rest.ranges[a] = common.ranges[a];
+        }
+    }
+
+    double global_gradient_norm() {
+        double sum = 0;
+        for (const auto& s : part_->gradients) {
+            auto values = storage_->real(s.local);
+            for (const auto& region : owned_rows(s.logical, s.region, true))
+                partition::for_each_region_row(region, s.region, s.region, [&](std::int64_t at, std::int64_t, std::int64_t n) {
+                    for (std::int64_t i = 0; i < n; ++i) {
+                        const double x = static_cast<double>(values[static_cast<std::size_t>(at + i)]);
+                        sum += x * x;
+                    }
+                });
+        }
+        comm_.all_reduce_sum(&sum, 1, comm::dtype::f64, comm::group::world(plan_.world));
+        return std::sqrt(sum);
+    }
+
+    // The optimizer updates, per gradient piece, the matching part of the parameter piece;
+    // under ZeRO-1 only this rank's shard of it (the first dim cut over all ranks).
+    void plan_optimizer() {
+        const graph& logical = plan_.ir();
+        auto make = [&](const auto& o) {
+            using opt_t = std::conditional_t<std::is_same_v<std::decay_t<decltype(o)>, adamw_options>, adamw<T>, sgd<T>>;
+            auto with_lr = o;
+            with_lr.lr = options_.schedule.peak;
+            optimizer_ = std::make_unique<std::variant<adamw<T>, sgd<T>>>(std::in_place_type<opt_t>, with_lr);
+        };
+        std::visit(make, options_.optimizer);
+        for (const auto& gp : part_->gradients) {
+            const partition::stored_piece* pp = nullptr;
+            for (const auto& s : part_->parameters)
+                if (s.logical == gp.logical && s.region.contains(gp.region)) pp = &s;
+            if (!pp) throw error("distributed_trainer: gradient piece " + gp.region.to_string() + " of '" +
+                                 logical.tensor(gp.logical).name + "' has no parameter piece on rank " + std::to_string(rank_));
+            partition::box update = gp.region;
+            if (plan_.zero == plan::zero_stage::optimizer) update = zero1_shard(gp.region);
+            if (!(update == pp->region)) shards_.push_back({pp, update});
+            if (update.numel() == 0) continue;
+            auto value = storage_->real(pp->local);
+            auto grad = storage_->real(gp.local);
+            const auto offset = static_cast<std::size_t>(offset_in(update, pp->region));
+            const auto goffset = static_cast<std::size_t>(offset_in(update, gp.region));
+            const auto count = static_cast<std::size_t>(update.numel());
+            const tensor_desc& d = logical.tensor(gp.logical);
+            std::visit(
+                [&](auto& opt) {
+                    opt.add({d.name + update.to_string(), value.subspan(offset, count), grad.subspan(goffset, count),
+                             d.dims.rank() >= 2});
+                },
+                *optimizer_);
+        }
+    }
+
+    // Rows of the first dim that rank r updates under ZeRO-1.
+    partition::box zero1_shard(const partition::box& region) const {
+        partition::box b = region;
+        if (b.rank() == 0 || b.ranges[0].size() % plan_.world != 0) return b;
+        const std::int64_t rows = b.ranges[0].size() / plan_.world;
+        b.ranges[0].begin += rows * rank_;
+        b.ranges[0].end = b.ranges[0].begin + rows;
+        return b;
+    }
+
+    // Offset of the first element of `inner` in a piece with box `outer`, for an `inner`
+    // that is whole on every axis but the first (so that it is contiguous there).
+    static std::int64_t offset_in(const partition::box& inner, const partition::box& outer) {
+        if (inner.rank() == 0) return 0;
+        for (std::size_t a = 1; a < inner.rank(); ++a)
+            if (!(inner.ranges[a] == outer.ranges[a]))
+                throw error("distributed_trainer: the updated part " + inner.to_string() + " of piece " +
+                            outer.to_string() + " is not contiguous; shard parameters along their first dim");
+        std::int64_t row = 1;
+        for (std::size_t a = 1; a < outer.rank(); ++a) row *= outer.ranges[a].size();
+        return (inner.ranges[0].begin - outer.ranges[0].begin) * row;
+    }
+
+    // ZeRO-1/2: every rank updated its shard; gather the shards into every full copy.
+    void synchronize_shards() {
+        for (const auto& [piece, shard] : shards_) {
+            auto values = storage_->real(piece->local);
+            const auto count = static_cast<std::size_t>(shard.numel());
+            gathered_.resize(count * static_cast<std::size_t>(plan_.world));
+            const auto offset = static_cast<std::size_t>(offset_in(shard, piece->region));
+            comm_.all_gather(values.data() + offset, gathered_.data(), count, comm::dtype_of<T>(),
+                             comm::group::world(plan_.world));
+            std::copy(gathered_.begin(), gathered_.end(), values.begin());
+        }
+    }
+
+    void set_inputs(const input_feed& feed) {
+        const graph& logical = plan_.ir();
+        for (const auto& s : part_->inputs) {
+            const tensor_desc& d = logical.tensor(s.logical);
+            if (!storage_->has(s.local)) continue;
+            const partition::box whole = partition::box::whole(d.dims);
+            if (d.kind == value_kind::index) {
+                auto it = feed.index.find(d.name);
+                if (it == feed.index.end())
+                    throw usage_error("distributed_trainer: no data fed for input '" + d.name + "'; add it to input_feed::index");
+                check_size(d, it->second.size());
+                partition::copy_region(it->second.data(), whole, storage_->index(s.local).data(), s.region, s.region);
+            } else {
+                auto it = feed.real.find(d.name);
+                if (it == feed.real.end())
+                    throw usage_error("distributed_trainer: no data fed for input '" + d.name + "'; add it to input_feed::real");
+                check_size(d, it->second.size());
+                auto dst = storage_->real(s.local);
+                partition::for_each_region_row(s.region, whole, s.region, [&](std::int64_t from, std::int64_t to, std::int64_t n) {
+                    for (std::int64_t i = 0; i < n; ++i)
+                        dst[static_cast<std::size_t>(to + i)] = static_cast<T>(it->second[static_cast<std::size_t>(from + i)]);
+                });
+            }
+        }
+    }
+    static void check_size(const tensor_desc& d, std::size_t got) {
+        if (static_cast<std::int64_t>(got) != d.dims.numel())
+            throw usage_error("distributed_trainer: input '" + d.name + "' has shape " + d.dims.to_string() + " (" +
+                              std::to_string(d.dims.numel()) + " elements) but " + std::to_string(got) +
+                              " were fed; feed the whole batch to every rank");
+    }
+
+    const partition::partitioned_graph& plan_;
+    comm::communicator& comm_;
+    trainer_options options_;
+    int rank_ = 0;
+    const partition::device_part* part_ = nullptr;
+    program program_;
+    std::unique_ptr<host::executor<T>> executor_;
+    std::unique_ptr<host::bound_storage<T>> storage_;
+    std::unique_ptr<std::variant<adamw<T>, sgd<T>>> optimizer_;
+    transfer_scratch<T> scratch_;
+    std::vector<std::pair<const partition::stored_piece*, partition::box>> shards_;
+    std::vector<T> gathered_;
+    std::int64_t steps_ = 0;
+};
+
+}  // namespace loom::train
