@@ -28,6 +28,8 @@
 
 // partitioning: vTensors, applying plans, communication
 #include <loom/partition/apply.hpp>
+#include <loom/partition/deadlock.hpp>
+#include <loom/partition/explain.hpp>
 #include <loom/partition/logical_graph.hpp>
 #include <loom/partition/materialize.hpp>
 #include <loom/partition/partitioned_graph.hpp>

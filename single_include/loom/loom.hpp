@@ -1898,6 +1898,7 @@ inline gradients Scale::backward(backward_context& c) {
 #include <span>
 #include <sstream>
 #include <string>
+#include <vector>
 
 
 namespace loom::ops {
@@ -1913,6 +1914,20 @@ inline void check_dropout_probability(std::string_view op, const attributes& a, 
     }
     (void)a.get<std::int64_t>("seed");
 }
+
+// A piece of a partitioned dropout must draw the mask of its elements' places in the whole
+// tensor: it records where its box starts ("origin") and the whole tensor's extents.
+inline attributes dropout_piece_attributes(const node& n, const piece_ranges& r) {
+    attributes a = n.attrs;
+    std::vector<std::int64_t> origin, whole;
+    for (std::size_t v = 0; v < n.sig.vars.size(); ++v) {
+        origin.push_back(r.begin[v]);
+        whole.push_back(n.sig.vars[v].extent);
+    }
+    a.set("origin", origin);
+    a.set("whole", whole);
+    return a;
+}
 }  // namespace detail
 
 struct DropoutGrad {
@@ -1920,6 +1935,9 @@ struct DropoutGrad {
     static constexpr signature sig = parse_signature("... -> ...");
     static void check(const bound_signature&, const attributes& a, std::span<const shape>, const std::string& node) {
         detail::check_dropout_probability(name, a, node);
+    }
+    static attributes piece_attributes(const node& n, const piece_ranges& r) {
+        return detail::dropout_piece_attributes(n, r);
     }
 };
 
@@ -1932,6 +1950,9 @@ struct Dropout {
     static constexpr signature sig = parse_signature("... -> ...");
     static void check(const bound_signature&, const attributes& a, std::span<const shape>, const std::string& node) {
         detail::check_dropout_probability(name, a, node);
+    }
+    static attributes piece_attributes(const node& n, const piece_ranges& r) {
+        return detail::dropout_piece_attributes(n, r);
     }
     static gradients backward(backward_context& c) {
         return {dropout_grad(*c.grad_outputs[0], c.attrs().get<double>("p"), c.attrs().get<std::int64_t>("seed"))};
@@ -2196,6 +2217,7 @@ inline tensor rms_norm(tensor x, tensor gamma, double eps = 1e-6) {
 #include <cstdint>
 #include <optional>
 #include <string>
+#include <utility>
 #include <vector>
 
 
@@ -2221,6 +2243,10 @@ struct AttentionGrad {
     static constexpr std::string_view name = "attention_grad";
     static constexpr signature sig = parse_signature(
         "b h s^ e^, b h s^ d^, b h t^ d^, b h t^ e^, b h s^ e^, b h s^ -> b h s^ d^, b h t^ d^, b h t^ e^");
+    // The dim each variable always carries, for the plan combinators' compile-time checks.
+    static constexpr std::pair<std::string_view, dim_id> variable_dims[] = {
+        {"b", Dim::Batch::id}, {"h", Dim::Head::id},    {"s", Dim::Seq::id},
+        {"t", Dim::Seq::id},   {"d", Dim::HeadDim::id}, {"e", Dim::HeadDim::id}};
     // Recomputing S, then dv, dP, dq and dk: 2 (3d + 2e) per scored pair.
     static double flops(const graph&, const node& n) {
         const double d = detail::attention_extent(n, "d"), e = detail::attention_extent(n, "e");
@@ -2231,6 +2257,10 @@ struct AttentionGrad {
 struct Attention {
     static constexpr std::string_view name = "attention";
     static constexpr signature sig = parse_signature("b h s^ d^, b h t^ d^, b h t^ e^ -> b h s^ e^, b h s^");
+    // The dim each variable always carries, for the plan combinators' compile-time checks.
+    static constexpr std::pair<std::string_view, dim_id> variable_dims[] = {
+        {"b", Dim::Batch::id}, {"h", Dim::Head::id},    {"s", Dim::Seq::id},
+        {"t", Dim::Seq::id},   {"d", Dim::HeadDim::id}, {"e", Dim::HeadDim::id}};
 
     static void check(const bound_signature& b, const attributes& a, std::span<const shape> in,
                       const std::string& node_name) {
@@ -2314,6 +2344,7 @@ inline gradients Attention::backward(backward_context& c) {
 // in the hidden axis (tensor parallelism by heads); d is inner and cannot be split.
 #include <cstdint>
 #include <string>
+#include <utility>
 #include <vector>
 
 
@@ -2322,6 +2353,10 @@ namespace loom::ops {
 struct SplitHeads {
     static constexpr std::string_view name = "split_heads";
     static constexpr signature sig = parse_signature("b s (h d) -> b h s d");
+    // The dim each variable always carries, for the plan combinators' compile-time checks;
+    // the grouped input axis (h d) is Hidden.
+    static constexpr std::pair<std::string_view, dim_id> variable_dims[] = {
+        {"b", Dim::Batch::id}, {"s", Dim::Seq::id}, {"h", Dim::Head::id}, {"d", Dim::HeadDim::id}, {"(h d)", Dim::Hidden::id}};
 
     static std::vector<preset_variable> presets(const attributes& a, std::span<const shape> in) {
         const std::int64_t heads = a.get<std::int64_t>("heads");
@@ -2353,6 +2388,10 @@ struct SplitHeads {
 struct MergeHeads {
     static constexpr std::string_view name = "merge_heads";
     static constexpr signature sig = parse_signature("b h s d -> b s (h d)");
+    // The dim each variable always carries, for the plan combinators' compile-time checks;
+    // the grouped output axis (h d) is Hidden.
+    static constexpr std::pair<std::string_view, dim_id> variable_dims[] = {
+        {"b", Dim::Batch::id}, {"h", Dim::Head::id}, {"s", Dim::Seq::id}, {"d", Dim::HeadDim::id}, {"(h d)", Dim::Hidden::id}};
 
     static std::vector<shape> infer(const bound_signature& b, const attributes&, std::span<const shape>) {
         return {output_shape(b, 0, Dim::Hidden::id)};
@@ -3528,7 +3567,7 @@ inline logical_graph build_logical_graph(const graph& model, const logical_graph
             }
             node_id forward_of = n.forward_of == no_id ? no_id : new_id[static_cast<std::size_t>(n.forward_of)];
             std::optional<graph_builder::backward_guard> guard;
-            if (n.backward) guard.emplace(r, forward_of);
+            if (n.backward && forward_of != no_id) guard.emplace(r, forward_of);
             new_id[i] = detail::replay(r, n, ins, map);
             graph& rg = r.mutable_graph();
             rg.nodes.back().backward = n.backward;
@@ -4283,7 +4322,19 @@ public:
             std::vector<request> reqs;
             std::vector<tensor_id> params;
             if (out_.logical->zero2_identity.count(param)) {
-                // ZeRO-2: the gradient identity's pieces are the optimizer's shards.
+                // ZeRO-2: the gradient identity's pieces are the optimizer's shards, which
+                // assumes every device stores the whole parameter (data-parallel replicas).
+                const box whole = box::whole(g_.tensor(param).dims);
+                for (int d = 0; d < out_.world; ++d) {
+                    bool stored = false;
+                    for (const auto& s : out_.devices[static_cast<std::size_t>(d)].parameters)
+                        stored = stored || (s.logical == param && s.region == whole);
+                    if (!stored)
+                        throw plan_error("plan: ZeRO-2 shards the gradient of '" + g_.tensor(param).name +
+                                         "' over data-parallel replicas, but device " + std::to_string(d) +
+                                         " does not store the whole parameter; use ZeRO-3 (which shards parameters "
+                                         "too) or replicate the ops that read it");
+                }
                 for (const auto& piece : out_.layouts[static_cast<std::size_t>(g_.tensor(grad).producer)].pieces)
                     reqs.push_back({piece.device, piece.outputs[0].region});
             } else {
@@ -4438,23 +4489,45 @@ private:
     // ---- strategies ------------------------------------------------------------------
 
     // Partial sums of one box on distinct devices, each of which needs part of it.
-    bool try_partial(tensor_id t, std::vector<std::size_t>& open, const std::vector<request>& reqs,
-                     std::vector<tensor_id>& result) {
-        std::map<box, std::vector<const held_piece*>> clusters;
+    bool try_partial(tensor_id t, std::vector<std::size_t>& open, const std::vector<request>& reqs) {
+        // Copies: emitting appends to held_, which may move its elements.
+        std::map<box, std::vector<held_piece>> clusters;
         for (const auto& h : held_[static_cast<std::size_t>(t)])
-            if (h.base && !h.v.value.full()) clusters[h.v.region].push_back(&h);
+            if (h.base && !h.v.value.full()) clusters[h.v.region].push_back(h);
+        bool emitted = false;
         for (auto& [S, pieces] : clusters) {
-            const std::int32_t k = pieces[0]->v.value.count;
-            std::vector<const held_piece*> by_chunk(static_cast<std::size_t>(k), nullptr);
-            for (const held_piece* h : pieces)
-                if (h->v.value.count == k && !by_chunk[static_cast<std::size_t>(h->v.value.index)])
-                    by_chunk[static_cast<std::size_t>(h->v.value.index)] = h;
-            if (std::any_of(by_chunk.begin(), by_chunk.end(), [](auto* h) { return h == nullptr; })) continue;
+            const std::int32_t k = pieces[0].v.value.count;
+            // Holders of each chunk, by device. Replicated chunks (a replicated op's partial
+            // gradient) give several groups: the r-th holders of every chunk reduce together.
+            std::vector<std::vector<const held_piece*>> holders(static_cast<std::size_t>(k));
+            for (const held_piece& h : pieces)
+                if (h.v.value.count == k) holders[static_cast<std::size_t>(h.v.value.index)].push_back(&h);
+            std::size_t replicas = holders[0].size();
+            bool regular = replicas > 0;
+            for (auto& hs : holders) {
+                std::sort(hs.begin(), hs.end(), [](auto* x, auto* y) { return x->device < y->device; });
+                regular = regular && hs.size() == replicas;
+            }
+            if (!regular) continue;
+            for (std::size_t r = 0; r < replicas; ++r) {
+                std::vector<const held_piece*> by_chunk;
+                for (auto& hs : holders) by_chunk.push_back(hs[r]);
+                emitted = reduce_group(t, S, by_chunk, open, reqs) || emitted;
+            }
+            if (emitted) return true;
+        }
+        return false;
+    }
+
+    // One reduction over the holders of chunks 0..k-1 of box S (one chunk each).
+    bool reduce_group(tensor_id t, const box& S, const std::vector<const held_piece*>& by_chunk,
+                      const std::vector<std::size_t>& open, const std::vector<request>& reqs) {
+        {
             std::vector<int> devices;
             for (auto* h : by_chunk) devices.push_back(h->device);
             std::vector<int> sorted = devices;
             std::sort(sorted.begin(), sorted.end());
-            if (std::adjacent_find(sorted.begin(), sorted.end()) != sorted.end()) continue;
+            if (std::adjacent_find(sorted.begin(), sorted.end()) != sorted.end()) return false;
             // One open request per member device, inside S.
             std::map<int, std::size_t> mine;
             bool usable = true;
@@ -4464,7 +4537,7 @@ private:
                 auto [it, inserted] = mine.try_emplace(r.device, i);
                 if (!inserted && !(reqs[it->second].region == r.region)) usable = false;
             }
-            if (!usable || mine.size() != sorted.size()) continue;
+            if (!usable || mine.size() != sorted.size()) return false;
             std::vector<box> wanted;
             bool all_whole = true;
             for (int d : sorted) {
@@ -4495,7 +4568,7 @@ private:
             if (!all_whole) {
                 std::vector<request> sub;
                 for (int d : sorted) sub.push_back(reqs[mine[d]]);
-                if (generic_cost(t, sub) < cost_of(reduce)) continue;
+                if (generic_cost(t, sub) < cost_of(reduce)) return false;
             }
             emit(std::move(reduce), ins);
             return true;
@@ -4667,7 +4740,7 @@ private:
         for (std::size_t i = 0; i < reqs.size(); ++i) open.push_back(i);
         resolve_locally();
         while (!open.empty()) {
-            bool progressed = try_partial(t, open, reqs, result) || try_tiles(t, open, reqs) || try_broadcast(t, open, reqs);
+            bool progressed = try_partial(t, open, reqs) || try_tiles(t, open, reqs) || try_broadcast(t, open, reqs);
             if (!progressed) break;
             resolve_locally();
         }
@@ -4779,6 +4852,937 @@ inline partitioned_graph apply_plan(const graph& model, const plan::resolved_pla
 
 }  // namespace loom::partition
 // ---- end loom/partition/apply.hpp ----
+// ---- begin loom/partition/deadlock.hpp ----
+// Deadlock check for the device programs of a partitioned graph: do the programs, each
+// run in its own order, always make progress?
+//
+// A transfer completes only when every member device reaches it (a collective waits for
+// all of its members; a send/recv is one rendezvous, since the receiver waits for the
+// sender). So the programs form one cross-device dependency graph:
+//
+//   vertices  one per transfer, shared by all of its member devices, and one per local op
+//             (piece, assemble) of each device;
+//   edges     program order (consecutive steps of each device) and data (the step that
+//             produces a local tensor -> each step of the same device that reads it).
+//
+// An edge u -> v says "v waits for u". The programs deadlock exactly when this graph has a
+// cycle (reading a send as blocking until its recv is posted: the conservative model), e.g. device 0 runs all_reduce A before all_reduce B while device 1 runs B before
+// A. apply_plan emits every transfer in one global order, so its programs pass by
+// construction; the check guards reorderings (overlap schedules, pipelines, hand edits).
+//
+//   check_deadlock_free(pg)               the device graphs' own node order
+//   check_deadlock_free(pg, order)        order[d]: the node ids of device d, as it runs them
+//   check_deadlock_free(programs, groups) the same over plain step sequences (tests reorder
+//                                         these; see device_programs and transfer_groups)
+// A cycle is reported as a plan_error that starts with "deadlock:" and names, with their
+// devices, the ops on one cycle: the shortest through the first back edge the depth-first
+// search meets (local ops between two transfers are listed, elided past five).
+#include <algorithm>
+#include <cstdint>
+#include <deque>
+#include <string>
+#include <vector>
+
+#include <boost/graph/adjacency_list.hpp>
+#include <boost/graph/depth_first_search.hpp>
+
+
+namespace loom::partition {
+
+// One step of one device's program.
+struct program_step {
+    std::int64_t id = 0;             // unique within the device (the node id in its graph); >= 0
+    std::string name;                // shown in messages
+    std::int64_t transfer = -1;      // the shared transfer this step takes part in; -1: a local op
+    std::vector<std::int64_t> reads; // ids of the steps of the same device whose outputs it reads
+};
+
+// A device's steps in the order it runs them.
+using device_program = std::vector<program_step>;
+
+// The devices that must reach each transfer (pg.transfers[t].group).
+inline std::vector<std::vector<int>> transfer_groups(const partitioned_graph& pg) {
+    std::vector<std::vector<int>> groups;
+    groups.reserve(pg.transfers.size());
+    for (const auto& t : pg.transfers) groups.push_back(t.group);
+    return groups;
+}
+
+namespace detail {
+
+inline std::int64_t transfer_index_of(const node& n, std::size_t transfers, int device) {
+    if (n.op == nullptr || !n.attrs.has("transfer")) return -1;
+    const auto t = n.attrs.get<std::int64_t>("transfer");
+    if (t < 0 || static_cast<std::size_t>(t) >= transfers)
+        throw plan_error("check_deadlock_free: node '" + n.name + "' on device " + std::to_string(device) +
+                         " names transfer " + std::to_string(t) + " but the plan has " + std::to_string(transfers) +
+                         " transfers; the device graph and the transfer list come from different plans");
+    return t;
+}
+
+}  // namespace detail
+
+// The program of every device: its graph's nodes in `order[d]` (empty `order`: graph order).
+inline std::vector<device_program> device_programs(const partitioned_graph& pg,
+                                                   const std::vector<std::vector<node_id>>& order = {}) {
+    if (!order.empty() && order.size() != pg.devices.size())
+        throw usage_error("check_deadlock_free: the order covers " + std::to_string(order.size()) +
+                          " devices but the plan has " + std::to_string(pg.devices.size()) +
+                          "; give one node order per device (or none)");
+    std::vector<device_program> programs(pg.devices.size());
+    for (std::size_t d = 0; d < pg.devices.size(); ++d) {
+        const graph& g = pg.devices[d].ir();
+        std::vector<node_id> ids;
+        if (order.empty()) {
+            ids.resize(g.nodes.size());
+            for (std::size_t i = 0; i < ids.size(); ++i) ids[i] = static_cast<node_id>(i);
+        } else {
+            ids = order[d];
+            std::vector<bool> seen(g.nodes.size(), false);
+            for (node_id n : ids) {
+                if (n < 0 || static_cast<std::size_t>(n) >= g.nodes.size() || seen[static_cast<std::size_t>(n)])
+                    throw usage_error("check_deadlock_free: the order for device " + std::to_string(d) + " lists node " +
+                                      std::to_string(n) + (n >= 0 && static_cast<std::size_t>(n) < g.nodes.size()
+                                                               ? " twice"
+                                                               : ", which its graph does not have") +
+                                      "; list each of its " + std::to_string(g.nodes.size()) + " nodes once");
+                seen[static_cast<std::size_t>(n)] = true;
+            }
+            if (ids.size() != g.nodes.size())
+                throw usage_error("check_deadlock_free: the order for device " + std::to_string(d) + " lists " +
+                                  std::to_string(ids.size()) + " of its " + std::to_string(g.nodes.size()) +
+                                  " nodes; list each node once");
+        }
+        device_program& program = programs[d];
+        program.reserve(ids.size());
+        for (node_id n : ids) {
+            const node& nd = g.at(n);
+            program_step step;
+            step.id = n;
+            step.name = nd.name;
+            step.transfer = detail::transfer_index_of(nd, pg.transfers.size(), static_cast<int>(d));
+            for (tensor_id t : nd.inputs)
+                if (node_id p = g.tensor(t).producer; p != no_id) step.reads.push_back(p);
+            program.push_back(std::move(step));
+        }
+    }
+    return programs;
+}
+
+namespace detail {
+
+// Why one vertex waits for another.
+struct wait_edge {
+    int device = 0;
+    bool data = false;  // reads the other's output; otherwise runs after it in program order
+};
+
+using wait_graph = boost::adjacency_list<boost::vecS, boost::vecS, boost::directedS, boost::no_property, wait_edge>;
+using wait_vertex = boost::graph_traits<wait_graph>::vertex_descriptor;
+using wait_edge_handle = boost::graph_traits<wait_graph>::edge_descriptor;
+
+struct cycle_found {
+    wait_edge_handle back_edge;
+};
+
+struct back_edge_finder : boost::default_dfs_visitor {
+    void back_edge(wait_edge_handle e, const wait_graph&) const { throw cycle_found{e}; }
+};
+
+// The shortest cycle through edge `closing` (source -> target): a BFS path from its target
+// back to its source, then the edge itself. Returns the edges in order.
+inline std::vector<wait_edge_handle> shortest_cycle_through(const wait_graph& g, wait_edge_handle closing) {
+    const wait_vertex from = boost::target(closing, g), to = boost::source(closing, g);
+    std::vector<wait_edge_handle> arrived_by(boost::num_vertices(g));
+    std::vector<bool> reached(boost::num_vertices(g), false);
+    std::deque<wait_vertex> queue{from};
+    reached[from] = true;
+    while (!queue.empty() && !reached[to]) {
+        const wait_vertex u = queue.front();
+        queue.pop_front();
+        for (auto [e, end] = boost::out_edges(u, g); e != end; ++e) {
+            const wait_vertex v = boost::target(*e, g);
+            if (reached[v]) continue;
+            reached[v] = true;
+            arrived_by[v] = *e;
+            queue.push_back(v);
+        }
+    }
+    std::vector<wait_edge_handle> cycle;
+    for (wait_vertex v = to; v != from; v = boost::source(arrived_by[v], g)) cycle.push_back(arrived_by[v]);
+    std::reverse(cycle.begin(), cycle.end());
+    cycle.push_back(closing);
+    return cycle;
+}
+
+}  // namespace detail
+
+// Throws plan_error("deadlock: ...") when the programs can wait on each other forever:
+// a cycle of waits, or a transfer that one of its member devices never reaches.
+inline void check_deadlock_free(const std::vector<device_program>& programs, const std::vector<std::vector<int>>& groups) {
+    const std::size_t transfers = groups.size();
+    // Vertices: transfers first, then every local step of device 0, 1, ...
+    std::vector<std::size_t> first_local(programs.size() + 1, transfers);
+    for (std::size_t d = 0; d < programs.size(); ++d) first_local[d + 1] = first_local[d] + programs[d].size();
+    const std::size_t vertices = first_local.back();
+
+    // Where each transfer appears, to check membership and to name it.
+    std::vector<std::vector<int>> reached_by(transfers);
+    std::vector<std::string> transfer_name(transfers);
+    for (std::size_t d = 0; d < programs.size(); ++d)
+        for (const auto& step : programs[d]) {
+            if (step.transfer < 0) continue;
+            if (static_cast<std::size_t>(step.transfer) >= transfers)
+                throw usage_error("check_deadlock_free: step '" + step.name + "' on device " + std::to_string(d) +
+                                  " takes part in transfer " + std::to_string(step.transfer) + " but only " +
+                                  std::to_string(transfers) + " transfer groups were given");
+            auto& devices = reached_by[static_cast<std::size_t>(step.transfer)];
+            if (std::find(devices.begin(), devices.end(), static_cast<int>(d)) != devices.end())
+                throw plan_error("deadlock: device " + std::to_string(d) + " reaches '" + step.name +
+                                 "' twice; each member takes part in a transfer exactly once");
+            devices.push_back(static_cast<int>(d));
+            if (transfer_name[static_cast<std::size_t>(step.transfer)].empty())
+                transfer_name[static_cast<std::size_t>(step.transfer)] = step.name;
+        }
+    for (std::size_t t = 0; t < transfers; ++t) {
+        const std::string name = transfer_name[t].empty() ? "transfer " + std::to_string(t) : "'" + transfer_name[t] + "'";
+        for (int member : groups[t])
+            if (std::find(reached_by[t].begin(), reached_by[t].end(), member) == reached_by[t].end())
+                throw plan_error("deadlock: " + name + " waits for device " + std::to_string(member) +
+                                 ", a member whose program never reaches it; add the transfer to that device's "
+                                 "program or drop the device from the group");
+        for (int d : reached_by[t])
+            if (std::find(groups[t].begin(), groups[t].end(), d) == groups[t].end())
+                throw plan_error("deadlock: device " + std::to_string(d) + " reaches " + name +
+                                 ", whose group does not include it, so the members never wait for it; "
+                                 "remove the step or add the device to the group");
+    }
+
+    std::vector<std::string> vertex_name(vertices);
+    for (std::size_t t = 0; t < transfers; ++t) vertex_name[t] = transfer_name[t];
+
+    detail::wait_graph g(vertices);
+    for (std::size_t d = 0; d < programs.size(); ++d) {
+        const device_program& program = programs[d];
+        std::int64_t largest_id = -1;
+        for (const auto& step : program) {
+            if (step.id < 0)
+                throw usage_error("check_deadlock_free: step '" + step.name + "' on device " + std::to_string(d) +
+                                  " has id " + std::to_string(step.id) + "; ids must be non-negative");
+            largest_id = std::max(largest_id, step.id);
+        }
+        constexpr std::size_t absent = static_cast<std::size_t>(-1);
+        std::vector<std::size_t> vertex_of_id(static_cast<std::size_t>(largest_id + 1), absent);
+        for (std::size_t s = 0; s < program.size(); ++s) {
+            const program_step& step = program[s];
+            std::size_t v = step.transfer >= 0 ? static_cast<std::size_t>(step.transfer) : first_local[d] + s;
+            if (vertex_of_id[static_cast<std::size_t>(step.id)] != absent)
+                throw usage_error("check_deadlock_free: device " + std::to_string(d) + " has two steps with id " +
+                                  std::to_string(step.id) + "; give each step of a device its own id");
+            vertex_of_id[static_cast<std::size_t>(step.id)] = v;
+            if (step.transfer < 0) vertex_name[v] = step.name;
+        }
+        for (std::size_t s = 0; s < program.size(); ++s) {
+            const program_step& step = program[s];
+            const std::size_t v = vertex_of_id[static_cast<std::size_t>(step.id)];
+            if (s > 0) boost::add_edge(vertex_of_id[static_cast<std::size_t>(program[s - 1].id)], v,
+                                       detail::wait_edge{static_cast<int>(d), false}, g);
+            for (std::int64_t r : step.reads) {
+                if (r < 0 || r > largest_id || vertex_of_id[static_cast<std::size_t>(r)] == absent)
+                    throw usage_error("check_deadlock_free: step '" + step.name + "' on device " + std::to_string(d) +
+                                      " reads step " + std::to_string(r) + ", which that device's program lacks");
+                boost::add_edge(vertex_of_id[static_cast<std::size_t>(r)], v, detail::wait_edge{static_cast<int>(d), true}, g);
+            }
+        }
+    }
+
+    std::vector<boost::default_color_type> colors(vertices);
+    try {
+        boost::depth_first_search(
+            g, boost::visitor(detail::back_edge_finder{})
+                   .color_map(boost::make_iterator_property_map(colors.begin(), boost::get(boost::vertex_index, g))));
+        return;
+    } catch (const detail::cycle_found& found) {
+        std::vector<detail::wait_edge_handle> cycle = detail::shortest_cycle_through(g, found.back_edge);
+        // Start the story at a transfer where there is one: cycles across devices pass through
+        // transfers, and the local ops between two of them run on one device.
+        auto starts_at_transfer = [&](const detail::wait_edge_handle& e) { return boost::source(e, g) < transfers; };
+        if (auto it = std::find_if(cycle.begin(), cycle.end(), starts_at_transfer); it != cycle.end())
+            std::rotate(cycle.begin(), it, cycle.end());
+
+        auto quoted = [&](std::size_t v) { return "'" + vertex_name[v] + "'"; };
+        bool crosses_devices = false;
+        for (const auto& e : cycle) crosses_devices = crosses_devices || boost::source(e, g) < transfers;
+        std::vector<std::string> lines;
+        if (!crosses_devices) {
+            for (const auto& e : cycle)
+                lines.push_back("device " + std::to_string(g[e].device) + ": " + quoted(boost::target(e, g)) +
+                                (g[e].data ? " reads the output of " : " runs after ") + quoted(boost::source(e, g)));
+        } else {
+            // One line per stretch between two transfers: "device d: 'B' waits for 'A' (...)";
+            // the local ops of a stretch all run on one device.
+            std::size_t i = 0;
+            while (i < cycle.size()) {
+                const std::size_t begin = boost::source(cycle[i], g);
+                const int device = g[cycle[i]].device;
+                bool through_data = g[cycle[i]].data;
+                std::size_t end = boost::target(cycle[i], g);
+                std::vector<std::size_t> between;
+                for (++i; end >= transfers && i < cycle.size(); ++i) {
+                    between.push_back(end);
+                    through_data = through_data || g[cycle[i]].data;
+                    end = boost::target(cycle[i], g);
+                }
+                std::string line = "device " + std::to_string(device) + ": " + quoted(end) + " waits for " + quoted(begin);
+                if (between.empty()) {
+                    line += through_data ? " (reads its output)" : " (runs after it)";
+                } else {
+                    line += " (runs after it, through " + std::to_string(between.size()) + " local op" +
+                            (between.size() == 1 ? "" : "s") + ": ";
+                    const std::size_t shown = between.size() <= 5 ? between.size() : 4;
+                    for (std::size_t k = 0; k < shown; ++k) line += (k ? ", " : "") + quoted(between[k]);
+                    if (shown < between.size()) line += ", ..., " + quoted(between.back());
+                    line += ")";
+                }
+                lines.push_back(std::move(line));
+            }
+        }
+        // Read against the edges: each line's subject is the previous line's object.
+        std::reverse(lines.begin(), lines.end());
+        std::string message = "deadlock: the device programs wait on each other in a cycle:";
+        for (const auto& line : lines) message += "\n  " + line;
+        message += crosses_devices
+                       ? "\na transfer completes only when all of its member devices reach it, so none of these can run. "
+                         "Fix: reorder the device programs so that every device reaches the transfers it shares in the "
+                         "same relative order (apply_plan emits one global order), or change the placement so that "
+                         "these ops do not share devices"
+                       : "\na device runs an op before an op whose output it reads. Fix: reorder that device's program "
+                         "so that producers run before their readers";
+        throw plan_error(message);
+    }
+}
+
+// The device programs of a partitioned graph, each in `order[d]` (empty: graph order).
+inline void check_deadlock_free(const partitioned_graph& pg, const std::vector<std::vector<node_id>>& order) {
+    check_deadlock_free(device_programs(pg, order), transfer_groups(pg));
+}
+
+inline void check_deadlock_free(const partitioned_graph& pg) { check_deadlock_free(pg, {}); }
+
+}  // namespace loom::partition
+// ---- end loom/partition/deadlock.hpp ----
+// ---- begin loom/partition/explain.hpp ----
+// A partitioned graph described for a person: how each group of ops is split and where it
+// runs, what every device stores and sends, and which transfers each op needs in the
+// forward and the backward pass. Repeated layers are folded ("blocks.*.attn.q"), so a
+// 48-layer model reads as one layer.
+//
+//   explain(pg)             the text
+//   device_footprints(pg)   the per-device numbers behind its "devices" table
+//
+// Bytes sent follow transfer::elements_sent_by (ring and tree algorithms); activation memory
+// is the arena peak of compile_program over the device's graph (every node kept, the loss
+// as output), so it counts what the liveness plan overlaps only once.
+#include <algorithm>
+#include <cstdint>
+#include <map>
+#include <string>
+#include <tuple>
+#include <vector>
+
+// ---- begin loom/runtime/compile.hpp ----
+// Turns one device's graph into a program: the nodes that the wanted tensors depend on,
+// in graph order, with every intermediate placed in a shared arena by liveness.
+#include <algorithm>
+#include <string>
+#include <vector>
+
+// ---- begin loom/runtime/memory_planner.hpp ----
+// Liveness-based buffer reuse. Each buffer lives from the step that writes it to the last
+// step that reads it; buffers whose lifetimes do not overlap may share bytes. Offsets are
+// chosen best-fit from a free list, largest buffers placed first in each step so that the
+// peak stays close to the true lower bound max_t(sum of live sizes).
+#include <algorithm>
+#include <cstdint>
+#include <iterator>
+#include <map>
+#include <vector>
+
+namespace loom {
+
+struct buffer_lifetime {
+    std::int64_t bytes = 0;
+    std::int64_t first = 0;  // step that writes it
+    std::int64_t last = 0;   // last step that reads it (>= first)
+};
+
+struct memory_plan {
+    std::vector<std::int64_t> offsets;  // per request
+    std::int64_t peak = 0;              // arena size
+    std::int64_t lower_bound = 0;       // max over steps of live bytes: no plan can do better
+    std::int64_t unplanned = 0;         // sum of all sizes
+};
+
+inline memory_plan plan_memory(const std::vector<buffer_lifetime>& requests, std::int64_t alignment = 64) {
+    memory_plan plan;
+    plan.offsets.assign(requests.size(), 0);
+    auto align = [&](std::int64_t b) { return (b + alignment - 1) / alignment * alignment; };
+
+    std::int64_t steps = 0;
+    for (const auto& r : requests) {
+        steps = std::max(steps, r.last + 1);
+        plan.unplanned += align(r.bytes);
+    }
+    std::vector<std::vector<std::size_t>> born(static_cast<std::size_t>(steps)), dying(static_cast<std::size_t>(steps));
+    for (std::size_t i = 0; i < requests.size(); ++i) {
+        born[static_cast<std::size_t>(requests[i].first)].push_back(i);
+        dying[static_cast<std::size_t>(requests[i].last)].push_back(i);
+    }
+
+    std::map<std::int64_t, std::int64_t> free_blocks;  // offset -> size, coalesced
+    std::int64_t top = 0, live = 0;
+    auto release = [&](std::int64_t offset, std::int64_t size) {
+        auto [it, _] = free_blocks.emplace(offset, size);
+        if (auto next = std::next(it); next != free_blocks.end() && it->first + it->second == next->first) {
+            it->second += next->second;
+            free_blocks.erase(next);
+        }
+        if (it != free_blocks.begin()) {
+            auto prev = std::prev(it);
+            if (prev->first + prev->second == it->first) {
+                prev->second += it->second;
+                free_blocks.erase(it);
+                it = prev;
+            }
+        }
+        if (it->first + it->second == top) {  // give the tail back to the top
+            top = it->first;
+            free_blocks.erase(it);
+        }
+    };
+    for (std::int64_t s = 0; s < steps; ++s) {
+        auto& now = born[static_cast<std::size_t>(s)];
+        std::sort(now.begin(), now.end(), [&](auto a, auto b) { return requests[a].bytes > requests[b].bytes; });
+        for (std::size_t i : now) {
+            std::int64_t size = align(requests[i].bytes);
+            live += size;
+            auto best = free_blocks.end();
+            for (auto it = free_blocks.begin(); it != free_blocks.end(); ++it)
+                if (it->second >= size && (best == free_blocks.end() || it->second < best->second)) best = it;
+            if (best != free_blocks.end()) {
+                plan.offsets[i] = best->first;
+                std::int64_t rest = best->second - size, at = best->first + size;
+                free_blocks.erase(best);
+                if (rest > 0) free_blocks.emplace(at, rest);
+            } else {
+                plan.offsets[i] = top;
+                top += size;
+            }
+            plan.peak = std::max(plan.peak, top);
+        }
+        plan.lower_bound = std::max(plan.lower_bound, live);
+        // Outputs of a step and its inputs coexist during the step; release after it.
+        for (std::size_t i : dying[static_cast<std::size_t>(s)]) {
+            live -= align(requests[i].bytes);
+            release(plan.offsets[i], align(requests[i].bytes));
+        }
+    }
+    return plan;
+}
+
+}  // namespace loom
+// ---- end loom/runtime/memory_planner.hpp ----
+// ---- begin loom/runtime/program.hpp ----
+// A per-device instruction program: the form every plan compiles to, and the only thing
+// an executor reads. On one device it is the graph's nodes in order; plans (partition/)
+// add communication instructions between them.
+#include <cstdint>
+#include <string>
+#include <vector>
+
+
+namespace loom {
+
+enum class precision : std::uint8_t { f32, f64 };
+
+inline std::size_t real_bytes(precision p) { return p == precision::f32 ? 4 : 8; }
+inline std::string_view to_string(precision p) { return p == precision::f32 ? "f32" : "f64"; }
+
+// Where a tensor's bytes live while the program runs.
+struct buffer {
+    enum class place : std::uint8_t {
+        none,   // never materialised by this program
+        arena,  // inside the program's arena, at `offset`, reused once dead
+        bound,  // caller-owned storage bound before running (inputs, parameters, gradients, outputs)
+    };
+    place where = place::none;
+    std::int64_t offset = 0;
+    std::int64_t bytes = 0;
+};
+
+struct instruction {
+    enum class kind : std::uint8_t { compute };
+    kind what = kind::compute;
+    node_id node = no_id;
+};
+
+struct program {
+    const graph* source = nullptr;
+    precision prec = precision::f32;
+    std::vector<instruction> steps;
+    std::vector<buffer> buffers;       // indexed by tensor_id
+    std::vector<tensor_id> bound;      // tensors the caller must bind
+    std::int64_t arena_bytes = 0;      // peak of the liveness plan
+    std::int64_t unplanned_bytes = 0;  // what one buffer per tensor would take
+
+    std::int64_t bytes_of(tensor_id t) const { return buffers.at(static_cast<std::size_t>(t)).bytes; }
+};
+
+inline std::int64_t tensor_bytes(const tensor_desc& t, precision p) {
+    return t.dims.numel() * static_cast<std::int64_t>(t.kind == value_kind::index ? 4 : real_bytes(p));
+}
+
+}  // namespace loom
+// ---- end loom/runtime/program.hpp ----
+
+namespace loom {
+
+struct compile_options {
+    precision prec = precision::f32;
+    bool include_backward = true;       // false: the forward pass only (evaluation)
+    std::vector<tensor_id> outputs;     // extra tensors the caller wants to read after a run
+    // Keep every node even if no wanted tensor depends on it: a device's part of a
+    // partitioned graph sends pieces other devices need.
+    bool keep_every_node = false;
+};
+
+inline program compile_program(const graph& g, const compile_options& options = {}) {
+    program p;
+    p.source = &g;
+    p.prec = options.prec;
+    p.buffers.resize(g.tensors.size());
+
+    // Wanted tensors: the loss, parameter gradients (when training) and explicit outputs.
+    std::vector<bool> wanted(g.tensors.size(), false);
+    auto want = [&](tensor_id t) {
+        if (t < 0 || static_cast<std::size_t>(t) >= g.tensors.size())
+            throw usage_error("compile_program: output tensor id " + std::to_string(t) + " is not in the graph");
+        wanted[static_cast<std::size_t>(t)] = true;
+    };
+    if (g.loss != no_id) want(g.loss);
+    if (options.include_backward)
+        for (auto [param, grad] : g.gradients) want(grad);
+    for (tensor_id t : options.outputs) want(t);
+
+    // Keep the nodes some wanted tensor depends on (reverse sweep over a topological order).
+    std::vector<bool> needed = wanted;
+    std::vector<bool> keep(g.nodes.size(), false);
+    for (std::size_t i = g.nodes.size(); i-- > 0;) {
+        const node& n = g.nodes[i];
+        if (n.backward && !options.include_backward) continue;
+        bool any = options.keep_every_node || std::any_of(n.outputs.begin(), n.outputs.end(),
+                               [&](tensor_id t) { return needed[static_cast<std::size_t>(t)]; });
+        if (!any) continue;
+        keep[i] = true;
+        for (tensor_id t : n.inputs) needed[static_cast<std::size_t>(t)] = true;
+    }
+    for (std::size_t i = 0; i < g.nodes.size(); ++i)
+        if (keep[i]) p.steps.push_back({instruction::kind::compute, static_cast<node_id>(i)});
+
+    // Bound: everything that outlives a step or is fed from outside.
+    for (std::size_t t = 0; t < g.tensors.size(); ++t) {
+        const tensor_desc& d = g.tensors[t];
+        if (!needed[t]) continue;
+        bool external = d.role != tensor_role::activation || wanted[t];
+        p.buffers[t].bytes = tensor_bytes(d, p.prec);
+        if (external) {
+            p.buffers[t].where = buffer::place::bound;
+            p.bound.push_back(static_cast<tensor_id>(t));
+        } else if (d.producer == no_id) {
+            throw usage_error("compile_program: tensor '" + d.name + "' is read but nothing produces it");
+        }
+    }
+
+    // Lifetimes of arena tensors in step indices.
+    std::vector<std::int64_t> first(g.tensors.size(), -1), last(g.tensors.size(), -1);
+    for (std::size_t s = 0; s < p.steps.size(); ++s) {
+        const node& n = g.at(p.steps[s].node);
+        for (tensor_id t : n.outputs) {
+            first[static_cast<std::size_t>(t)] = static_cast<std::int64_t>(s);
+            last[static_cast<std::size_t>(t)] = std::max<std::int64_t>(last[static_cast<std::size_t>(t)], static_cast<std::int64_t>(s));
+        }
+        for (tensor_id t : n.inputs) last[static_cast<std::size_t>(t)] = static_cast<std::int64_t>(s);
+    }
+    std::vector<buffer_lifetime> requests;
+    std::vector<tensor_id> owners;
+    for (std::size_t t = 0; t < g.tensors.size(); ++t) {
+        if (p.buffers[t].where == buffer::place::bound || first[t] < 0) continue;
+        p.buffers[t].where = buffer::place::arena;
+        p.buffers[t].bytes = tensor_bytes(g.tensors[t], p.prec);
+        requests.push_back({p.buffers[t].bytes, first[t], std::max(first[t], last[t])});
+        owners.push_back(static_cast<tensor_id>(t));
+    }
+    memory_plan plan = plan_memory(requests);
+    for (std::size_t i = 0; i < owners.size(); ++i) p.buffers[static_cast<std::size_t>(owners[i])].offset = plan.offsets[i];
+    p.arena_bytes = plan.peak;
+    p.unplanned_bytes = plan.unplanned;
+    return p;
+}
+
+}  // namespace loom
+// ---- end loom/runtime/compile.hpp ----
+// ---- begin loom/runtime/explain.hpp ----
+// A program described for a person: what runs, how much memory it takes and how much
+// arithmetic one run does.
+#include <cstdio>
+#include <map>
+#include <string>
+
+
+namespace loom {
+
+inline std::string human_bytes(double bytes) {
+    const char* units[] = {"B", "KiB", "MiB", "GiB", "TiB"};
+    int u = 0;
+    while (bytes >= 1024 && u < 4) {
+        bytes /= 1024;
+        ++u;
+    }
+    char buf[32];
+    std::snprintf(buf, sizeof buf, u == 0 ? "%.0f %s" : "%.2f %s", bytes, units[u]);
+    return buf;
+}
+
+inline double program_flops(const program& p) {
+    double total = 0;
+    for (const auto& s : p.steps) {
+        const node& n = p.source->at(s.node);
+        total += n.op->flops(*p.source, n);
+    }
+    return total;
+}
+
+inline std::string explain(const program& p) {
+    const graph& g = *p.source;
+    std::size_t forward = 0, backward = 0;
+    std::map<std::string, int> kinds;
+    for (const auto& s : p.steps) {
+        const node& n = g.at(s.node);
+        (n.backward ? backward : forward) += 1;
+        kinds[std::string(n.op->name)] += 1;
+    }
+    double param_bytes = 0, bound_bytes = 0;
+    for (tensor_id t : p.bound) {
+        bound_bytes += static_cast<double>(p.bytes_of(t));
+        if (g.tensor(t).role == tensor_role::parameter) param_bytes += static_cast<double>(p.bytes_of(t));
+    }
+    std::string out;
+    out += "program: " + std::to_string(p.steps.size()) + " instructions (" + std::to_string(forward) + " forward, " +
+           std::to_string(backward) + " backward), precision " + std::string(to_string(p.prec)) + "\n";
+    out += "  parameters: " + std::to_string(g.parameter_count()) + " (" + human_bytes(param_bytes) + ")\n";
+    out += "  memory: " + human_bytes(static_cast<double>(p.arena_bytes)) + " activation arena (liveness plan; " +
+           human_bytes(static_cast<double>(p.unplanned_bytes)) + " without reuse) + " + human_bytes(bound_bytes) +
+           " bound (inputs, parameters, gradients)\n";
+    char flops[64];
+    std::snprintf(flops, sizeof flops, "%.3f GFLOP", program_flops(p) / 1e9);
+    out += "  work per run: " + std::string(flops) + "\n  ops:";
+    for (const auto& [name, count] : kinds) out += " " + name + " x" + std::to_string(count);
+    out += "\n";
+    return out;
+}
+
+}  // namespace loom
+// ---- end loom/runtime/explain.hpp ----
+
+namespace loom::partition {
+
+// What one device stores, holds while running and sends during one training step.
+struct device_footprint {
+    int device = 0;
+    std::size_t nodes = 0;              // in its graph: pieces, assembles and transfers
+    std::int64_t parameter_bytes = 0;   // stored parameter pieces
+    std::int64_t gradient_bytes = 0;    // their gradients
+    std::int64_t activation_bytes = 0;  // peak of the activation arena
+    std::int64_t bytes_sent = 0;        // over all transfers it is a member of
+    std::map<transfer_kind, int> transfers;  // how many of each kind it takes part in
+};
+
+inline std::int64_t element_bytes(value_kind kind, precision prec) {
+    return kind == value_kind::index ? 4 : static_cast<std::int64_t>(real_bytes(prec));
+}
+
+// Bytes member `m` of `t` sends.
+inline std::int64_t bytes_sent_by(const transfer& t, std::size_t m, precision prec) {
+    return t.elements_sent_by(m) * element_bytes(t.values, prec);
+}
+
+// Bytes all members of `t` send together.
+inline std::int64_t bytes_sent(const transfer& t, precision prec) {
+    std::int64_t total = 0;
+    for (std::size_t m = 0; m < t.group.size(); ++m) total += bytes_sent_by(t, m, prec);
+    return total;
+}
+
+inline std::vector<device_footprint> device_footprints(const partitioned_graph& pg, precision prec = precision::f32) {
+    const graph& logical = pg.ir();
+    std::vector<device_footprint> out(pg.devices.size());
+    for (std::size_t d = 0; d < pg.devices.size(); ++d) {
+        const device_part& part = pg.devices[d];
+        device_footprint& f = out[d];
+        f.device = static_cast<int>(d);
+        f.nodes = part.ir().nodes.size();
+        for (const auto& s : part.parameters)
+            f.parameter_bytes += s.region.numel() * element_bytes(logical.tensor(s.logical).kind, prec);
+        for (const auto& s : part.gradients)
+            f.gradient_bytes += s.region.numel() * element_bytes(logical.tensor(s.logical).kind, prec);
+        compile_options options;
+        options.prec = prec;
+        options.keep_every_node = true;
+        if (part.loss != no_id) options.outputs = {part.loss};
+        f.activation_bytes = compile_program(part.ir(), options).arena_bytes;
+    }
+    for (const auto& t : pg.transfers)
+        for (std::size_t m = 0; m < t.group.size(); ++m) {
+            device_footprint& f = out.at(static_cast<std::size_t>(t.group[m]));
+            f.bytes_sent += bytes_sent_by(t, m, prec);
+            f.transfers[t.kind] += 1;
+        }
+    return out;
+}
+
+namespace detail {
+
+// The scope path with the index of every repeat instance replaced by '*':
+// "blocks.3.attn.q" -> "blocks.*.attn.q".
+inline std::string folded_scope_path(const graph& g, std::int32_t scope) {
+    std::vector<std::string> parts;
+    for (std::int32_t s = scope; s != no_id; s = g.scopes.at(static_cast<std::size_t>(s)).parent) {
+        const scope_desc& d = g.scopes.at(static_cast<std::size_t>(s));
+        parts.push_back(d.index >= 0 ? d.name + ".*" : d.name);
+    }
+    std::string path;
+    for (auto it = parts.rbegin(); it != parts.rend(); ++it) path += (path.empty() ? "" : ".") + *it;
+    return path.empty() ? "(top)" : path;
+}
+
+// "{0,1,2,3,5}" -> "{0..3,5}": device lists of wide plans stay one short line.
+inline std::string fold_device_lists(const std::string& text) {
+    std::string out;
+    std::size_t i = 0;
+    while (i < text.size()) {
+        if (text[i] != '{') {
+            out += text[i++];
+            continue;
+        }
+        const std::size_t close = text.find('}', i);
+        if (close == std::string::npos) {
+            out += text.substr(i);
+            break;
+        }
+        std::vector<long> numbers;
+        bool all_numbers = close > i + 1;
+        std::size_t p = i + 1;
+        while (all_numbers && p < close) {
+            std::size_t q = text.find(',', p);
+            if (q == std::string::npos || q > close) q = close;
+            const std::string item = text.substr(p, q - p);
+            all_numbers = !item.empty() && item.find_first_not_of("0123456789") == std::string::npos;
+            if (all_numbers) numbers.push_back(std::stol(item));
+            p = q + 1;
+        }
+        if (!all_numbers) {
+            out += text.substr(i, close - i + 1);
+            i = close + 1;
+            continue;
+        }
+        std::string folded;
+        for (std::size_t a = 0; a < numbers.size();) {
+            std::size_t b = a;
+            while (b + 1 < numbers.size() && numbers[b + 1] == numbers[b] + 1) ++b;
+            folded += folded.empty() ? "" : ",";
+            if (b >= a + 2)
+                folded += std::to_string(numbers[a]) + ".." + std::to_string(numbers[b]);
+            else
+                for (std::size_t k = a; k <= b; ++k) folded += (k > a ? "," : "") + std::to_string(numbers[k]);
+            a = b + 1;
+        }
+        out += "{" + folded + "}";
+        i = close + 1;
+    }
+    return out;
+}
+
+// Rows of cells printed in aligned columns; `right[c]` right-aligns column c (numbers).
+inline std::string render_table(const std::vector<std::vector<std::string>>& rows, const std::vector<bool>& right,
+                                const std::string& indent = "  ") {
+    std::vector<std::size_t> width;
+    for (const auto& row : rows)
+        for (std::size_t c = 0; c < row.size(); ++c) {
+            if (width.size() <= c) width.push_back(0);
+            width[c] = std::max(width[c], row[c].size());
+        }
+    std::string out;
+    for (const auto& row : rows) {
+        std::string line = indent;
+        for (std::size_t c = 0; c < row.size(); ++c) {
+            const std::string pad(width[c] - row[c].size(), ' ');
+            const bool last = c + 1 == row.size();
+            if (c < right.size() && right[c])
+                line += pad + row[c];
+            else
+                line += row[c] + (last ? "" : pad);
+            if (!last) line += "  ";
+        }
+        while (!line.empty() && line.back() == ' ') line.pop_back();
+        out += line + "\n";
+    }
+    return out;
+}
+
+inline std::string zero_stage_name(plan::zero_stage z) {
+    switch (z) {
+        case plan::zero_stage::none: return "none";
+        case plan::zero_stage::optimizer: return "ZeRO-1 (optimizer state sharded)";
+        case plan::zero_stage::gradients: return "ZeRO-2 (gradients sharded)";
+        case plan::zero_stage::parameters: return "ZeRO-3 (parameters sharded)";
+    }
+    return "?";
+}
+
+// "all_reduce x2 (4.00 KiB)": transfers of each kind and the bytes all their members send.
+struct transfer_tally {
+    std::map<transfer_kind, std::pair<int, std::int64_t>> by_kind;
+
+    void add(const transfer& t, precision prec) {
+        auto& [count, bytes] = by_kind[t.kind];
+        count += 1;
+        bytes += bytes_sent(t, prec);
+    }
+    std::string describe() const {
+        std::string s;
+        for (const auto& [kind, tally] : by_kind)
+            s += (s.empty() ? "" : ", ") + std::string(to_string(kind)) + " x" + std::to_string(tally.first) + " (" +
+                 human_bytes(static_cast<double>(tally.second)) + ")";
+        return s.empty() ? "-" : s;
+    }
+};
+
+}  // namespace detail
+
+inline std::string explain(const partitioned_graph& pg, precision prec = precision::f32) {
+    const graph& g = pg.ir();
+    std::string out;
+
+    // Header.
+    std::size_t forward_nodes = 0, device_nodes = 0;
+    for (const auto& n : g.nodes) forward_nodes += n.backward ? 0 : 1;
+    for (const auto& part : pg.devices) device_nodes += part.ir().nodes.size();
+    detail::transfer_tally all;
+    for (const auto& t : pg.transfers) all.add(t, prec);
+    out += "plan" + (pg.plan_name.empty() ? std::string{} : " '" + pg.plan_name + "'") + ": " + std::to_string(pg.world) +
+           " device" + (pg.world == 1 ? "" : "s") + ", ZeRO " + detail::zero_stage_name(pg.zero) + ", precision " +
+           std::string(to_string(prec)) + "\n";
+    out += "logical graph: " + std::to_string(g.nodes.size()) + " nodes (" + std::to_string(forward_nodes) + " forward, " +
+           std::to_string(g.nodes.size() - forward_nodes) + " backward); device graphs: " + std::to_string(device_nodes) +
+           " nodes; " + std::to_string(pg.transfers.size()) + " transfers: " + all.describe() + "\n";
+    if (!pg.notes.empty()) {
+        out += "notes (" + std::to_string(pg.notes.size()) + "):\n";
+        const std::size_t shown = std::min<std::size_t>(pg.notes.size(), 8);
+        for (std::size_t i = 0; i < shown; ++i) out += "  " + pg.notes[i] + "\n";
+        if (shown < pg.notes.size()) out += "  ... and " + std::to_string(pg.notes.size() - shown) + " more\n";
+    }
+
+    // Op groups: (folded scope, op kind, pass), in order of first appearance.
+    struct op_group {
+        std::string scope, op;
+        bool backward = false;
+        int nodes = 0;
+        std::vector<std::pair<std::string, int>> partitions;  // distinct descriptions, with counts
+    };
+    auto group_key = [&](const node& n) { return std::tuple(detail::folded_scope_path(g, n.scope), std::string(n.op->name), n.backward); };
+    std::vector<op_group> groups;
+    std::map<std::tuple<std::string, std::string, bool>, std::size_t> group_of;
+    for (std::size_t i = 0; i < g.nodes.size(); ++i) {
+        const node& n = g.nodes[i];
+        auto key = group_key(n);
+        auto [it, fresh] = group_of.try_emplace(key, groups.size());
+        if (fresh) groups.push_back({std::get<0>(key), std::get<1>(key), n.backward, 0, {}});
+        op_group& grp = groups[it->second];
+        grp.nodes += 1;
+        const std::string how = detail::fold_device_lists(pg.layouts.at(i).partition.describe());
+        auto p = std::find_if(grp.partitions.begin(), grp.partitions.end(), [&](const auto& e) { return e.first == how; });
+        if (p == grp.partitions.end())
+            grp.partitions.emplace_back(how, 1);
+        else
+            p->second += 1;
+    }
+    out += "\nops ('*': every layer of a repeat):\n";
+    std::vector<std::vector<std::string>> rows{{"pass", "scope", "op", "nodes", "split and placement"}};
+    for (const auto& grp : groups) {
+        std::string how;
+        for (const auto& [text, count] : grp.partitions)
+            how += (how.empty() ? "" : "; ") + text + (grp.partitions.size() > 1 ? " (" + std::to_string(count) + " nodes)" : "");
+        rows.push_back({grp.backward ? "bwd" : "fwd", grp.scope, grp.op, std::to_string(grp.nodes), how});
+    }
+    out += detail::render_table(rows, {false, false, false, true, false});
+
+    // Devices.
+    out += "\ndevices (activations: arena peak of the device program; sent: bytes this device sends per step):\n";
+    rows = {{"device", "nodes", "parameters", "gradients", "activations", "sent", "transfers"}};
+    for (const auto& f : device_footprints(pg, prec)) {
+        std::string kinds;
+        for (const auto& [kind, count] : f.transfers)
+            kinds += (kinds.empty() ? "" : ", ") + std::string(to_string(kind)) + " x" + std::to_string(count);
+        rows.push_back({"device " + std::to_string(f.device), std::to_string(f.nodes),
+                        human_bytes(static_cast<double>(f.parameter_bytes)), human_bytes(static_cast<double>(f.gradient_bytes)),
+                        human_bytes(static_cast<double>(f.activation_bytes)), human_bytes(static_cast<double>(f.bytes_sent)),
+                        kinds.empty() ? "-" : kinds});
+    }
+    out += detail::render_table(rows, {false, true, true, true, true, true, false});
+
+    // Transfers by the forward op they serve: the backward twins sit beside the forward ones.
+    struct transfer_row {
+        std::string label;
+        std::size_t first = 0;  // the earliest op it serves, for the order
+        detail::transfer_tally forward, backward;
+    };
+    std::vector<transfer_row> transfer_rows;
+    std::map<std::string, std::size_t> row_of;
+    auto row_for = [&](const std::string& label, std::size_t first) -> transfer_row& {
+        auto [it, fresh] = row_of.try_emplace(label, transfer_rows.size());
+        if (fresh) transfer_rows.push_back({label, first, {}, {}});
+        transfer_row& row = transfer_rows[it->second];
+        row.first = std::min(row.first, first);
+        return row;
+    };
+    for (const auto& t : pg.transfers) {
+        if (t.consumer == no_id) {
+            // Gradients onto their parameters' storage (backward), the loss onto every device.
+            transfer_row& row = row_for(t.backward ? "gradients" : "loss", g.nodes.size());
+            (t.backward ? row.backward : row.forward).add(t, prec);
+            continue;
+        }
+        node_id served = t.consumer;
+        const node& consumer = g.at(t.consumer);
+        if ((consumer.backward || t.backward) && consumer.forward_of != no_id) served = consumer.forward_of;
+        const node& op = g.at(served);
+        const auto key = group_key(op);
+        const std::string label = std::get<0>(key) + " " + std::get<1>(key) + (op.backward ? " (backward)" : "");
+        transfer_row& row = row_for(label, static_cast<std::size_t>(served));
+        (t.backward ? row.backward : row.forward).add(t, prec);
+    }
+    std::stable_sort(transfer_rows.begin(), transfer_rows.end(),
+                     [](const transfer_row& a, const transfer_row& b) { return a.first < b.first; });
+    out += "\ntransfers by the forward op they serve (bytes: all members together):\n";
+    rows = {{"op", "forward", "backward"}};
+    for (const auto& row : transfer_rows) rows.push_back({row.label, row.forward.describe(), row.backward.describe()});
+    if (transfer_rows.empty()) rows.push_back({"(none)", "-", "-"});
+    out += detail::render_table(rows, {false, false, false});
+    return out;
+}
+
+}  // namespace loom::partition
+// ---- end loom/partition/explain.hpp ----
 
 // runtime
 // ---- begin loom/runtime/comm/communicator.hpp ----
@@ -5787,309 +6791,6 @@ void run_ranks(int n, F f, comm_options options = {}) {
 
 }  // namespace loom::comm
 // ---- end loom/runtime/comm/in_process.hpp ----
-// ---- begin loom/runtime/compile.hpp ----
-// Turns one device's graph into a program: the nodes that the wanted tensors depend on,
-// in graph order, with every intermediate placed in a shared arena by liveness.
-#include <algorithm>
-#include <string>
-#include <vector>
-
-// ---- begin loom/runtime/memory_planner.hpp ----
-// Liveness-based buffer reuse. Each buffer lives from the step that writes it to the last
-// step that reads it; buffers whose lifetimes do not overlap may share bytes. Offsets are
-// chosen best-fit from a free list, largest buffers placed first in each step so that the
-// peak stays close to the true lower bound max_t(sum of live sizes).
-#include <algorithm>
-#include <cstdint>
-#include <iterator>
-#include <map>
-#include <vector>
-
-namespace loom {
-
-struct buffer_lifetime {
-    std::int64_t bytes = 0;
-    std::int64_t first = 0;  // step that writes it
-    std::int64_t last = 0;   // last step that reads it (>= first)
-};
-
-struct memory_plan {
-    std::vector<std::int64_t> offsets;  // per request
-    std::int64_t peak = 0;              // arena size
-    std::int64_t lower_bound = 0;       // max over steps of live bytes: no plan can do better
-    std::int64_t unplanned = 0;         // sum of all sizes
-};
-
-inline memory_plan plan_memory(const std::vector<buffer_lifetime>& requests, std::int64_t alignment = 64) {
-    memory_plan plan;
-    plan.offsets.assign(requests.size(), 0);
-    auto align = [&](std::int64_t b) { return (b + alignment - 1) / alignment * alignment; };
-
-    std::int64_t steps = 0;
-    for (const auto& r : requests) {
-        steps = std::max(steps, r.last + 1);
-        plan.unplanned += align(r.bytes);
-    }
-    std::vector<std::vector<std::size_t>> born(static_cast<std::size_t>(steps)), dying(static_cast<std::size_t>(steps));
-    for (std::size_t i = 0; i < requests.size(); ++i) {
-        born[static_cast<std::size_t>(requests[i].first)].push_back(i);
-        dying[static_cast<std::size_t>(requests[i].last)].push_back(i);
-    }
-
-    std::map<std::int64_t, std::int64_t> free_blocks;  // offset -> size, coalesced
-    std::int64_t top = 0, live = 0;
-    auto release = [&](std::int64_t offset, std::int64_t size) {
-        auto [it, _] = free_blocks.emplace(offset, size);
-        if (auto next = std::next(it); next != free_blocks.end() && it->first + it->second == next->first) {
-            it->second += next->second;
-            free_blocks.erase(next);
-        }
-        if (it != free_blocks.begin()) {
-            auto prev = std::prev(it);
-            if (prev->first + prev->second == it->first) {
-                prev->second += it->second;
-                free_blocks.erase(it);
-                it = prev;
-            }
-        }
-        if (it->first + it->second == top) {  // give the tail back to the top
-            top = it->first;
-            free_blocks.erase(it);
-        }
-    };
-    for (std::int64_t s = 0; s < steps; ++s) {
-        auto& now = born[static_cast<std::size_t>(s)];
-        std::sort(now.begin(), now.end(), [&](auto a, auto b) { return requests[a].bytes > requests[b].bytes; });
-        for (std::size_t i : now) {
-            std::int64_t size = align(requests[i].bytes);
-            live += size;
-            auto best = free_blocks.end();
-            for (auto it = free_blocks.begin(); it != free_blocks.end(); ++it)
-                if (it->second >= size && (best == free_blocks.end() || it->second < best->second)) best = it;
-            if (best != free_blocks.end()) {
-                plan.offsets[i] = best->first;
-                std::int64_t rest = best->second - size, at = best->first + size;
-                free_blocks.erase(best);
-                if (rest > 0) free_blocks.emplace(at, rest);
-            } else {
-                plan.offsets[i] = top;
-                top += size;
-            }
-            plan.peak = std::max(plan.peak, top);
-        }
-        plan.lower_bound = std::max(plan.lower_bound, live);
-        // Outputs of a step and its inputs coexist during the step; release after it.
-        for (std::size_t i : dying[static_cast<std::size_t>(s)]) {
-            live -= align(requests[i].bytes);
-            release(plan.offsets[i], align(requests[i].bytes));
-        }
-    }
-    return plan;
-}
-
-}  // namespace loom
-// ---- end loom/runtime/memory_planner.hpp ----
-// ---- begin loom/runtime/program.hpp ----
-// A per-device instruction program: the form every plan compiles to, and the only thing
-// an executor reads. On one device it is the graph's nodes in order; plans (partition/)
-// add communication instructions between them.
-#include <cstdint>
-#include <string>
-#include <vector>
-
-
-namespace loom {
-
-enum class precision : std::uint8_t { f32, f64 };
-
-inline std::size_t real_bytes(precision p) { return p == precision::f32 ? 4 : 8; }
-inline std::string_view to_string(precision p) { return p == precision::f32 ? "f32" : "f64"; }
-
-// Where a tensor's bytes live while the program runs.
-struct buffer {
-    enum class place : std::uint8_t {
-        none,   // never materialised by this program
-        arena,  // inside the program's arena, at `offset`, reused once dead
-        bound,  // caller-owned storage bound before running (inputs, parameters, gradients, outputs)
-    };
-    place where = place::none;
-    std::int64_t offset = 0;
-    std::int64_t bytes = 0;
-};
-
-struct instruction {
-    enum class kind : std::uint8_t { compute };
-    kind what = kind::compute;
-    node_id node = no_id;
-};
-
-struct program {
-    const graph* source = nullptr;
-    precision prec = precision::f32;
-    std::vector<instruction> steps;
-    std::vector<buffer> buffers;       // indexed by tensor_id
-    std::vector<tensor_id> bound;      // tensors the caller must bind
-    std::int64_t arena_bytes = 0;      // peak of the liveness plan
-    std::int64_t unplanned_bytes = 0;  // what one buffer per tensor would take
-
-    std::int64_t bytes_of(tensor_id t) const { return buffers.at(static_cast<std::size_t>(t)).bytes; }
-};
-
-inline std::int64_t tensor_bytes(const tensor_desc& t, precision p) {
-    return t.dims.numel() * static_cast<std::int64_t>(t.kind == value_kind::index ? 4 : real_bytes(p));
-}
-
-}  // namespace loom
-// ---- end loom/runtime/program.hpp ----
-
-namespace loom {
-
-struct compile_options {
-    precision prec = precision::f32;
-    bool include_backward = true;       // false: the forward pass only (evaluation)
-    std::vector<tensor_id> outputs;     // extra tensors the caller wants to read after a run
-    // Keep every node even if no wanted tensor depends on it: a device's part of a
-    // partitioned graph sends pieces other devices need.
-    bool keep_every_node = false;
-};
-
-inline program compile_program(const graph& g, const compile_options& options = {}) {
-    program p;
-    p.source = &g;
-    p.prec = options.prec;
-    p.buffers.resize(g.tensors.size());
-
-    // Wanted tensors: the loss, parameter gradients (when training) and explicit outputs.
-    std::vector<bool> wanted(g.tensors.size(), false);
-    auto want = [&](tensor_id t) {
-        if (t < 0 || static_cast<std::size_t>(t) >= g.tensors.size())
-            throw usage_error("compile_program: output tensor id " + std::to_string(t) + " is not in the graph");
-        wanted[static_cast<std::size_t>(t)] = true;
-    };
-    if (g.loss != no_id) want(g.loss);
-    if (options.include_backward)
-        for (auto [param, grad] : g.gradients) want(grad);
-    for (tensor_id t : options.outputs) want(t);
-
-    // Keep the nodes some wanted tensor depends on (reverse sweep over a topological order).
-    std::vector<bool> needed = wanted;
-    std::vector<bool> keep(g.nodes.size(), false);
-    for (std::size_t i = g.nodes.size(); i-- > 0;) {
-        const node& n = g.nodes[i];
-        if (n.backward && !options.include_backward) continue;
-        bool any = options.keep_every_node || std::any_of(n.outputs.begin(), n.outputs.end(),
-                               [&](tensor_id t) { return needed[static_cast<std::size_t>(t)]; });
-        if (!any) continue;
-        keep[i] = true;
-        for (tensor_id t : n.inputs) needed[static_cast<std::size_t>(t)] = true;
-    }
-    for (std::size_t i = 0; i < g.nodes.size(); ++i)
-        if (keep[i]) p.steps.push_back({instruction::kind::compute, static_cast<node_id>(i)});
-
-    // Bound: everything that outlives a step or is fed from outside.
-    for (std::size_t t = 0; t < g.tensors.size(); ++t) {
-        const tensor_desc& d = g.tensors[t];
-        if (!needed[t]) continue;
-        bool external = d.role != tensor_role::activation || wanted[t];
-        p.buffers[t].bytes = tensor_bytes(d, p.prec);
-        if (external) {
-            p.buffers[t].where = buffer::place::bound;
-            p.bound.push_back(static_cast<tensor_id>(t));
-        } else if (d.producer == no_id) {
-            throw usage_error("compile_program: tensor '" + d.name + "' is read but nothing produces it");
-        }
-    }
-
-    // Lifetimes of arena tensors in step indices.
-    std::vector<std::int64_t> first(g.tensors.size(), -1), last(g.tensors.size(), -1);
-    for (std::size_t s = 0; s < p.steps.size(); ++s) {
-        const node& n = g.at(p.steps[s].node);
-        for (tensor_id t : n.outputs) {
-            first[static_cast<std::size_t>(t)] = static_cast<std::int64_t>(s);
-            last[static_cast<std::size_t>(t)] = std::max<std::int64_t>(last[static_cast<std::size_t>(t)], static_cast<std::int64_t>(s));
-        }
-        for (tensor_id t : n.inputs) last[static_cast<std::size_t>(t)] = static_cast<std::int64_t>(s);
-    }
-    std::vector<buffer_lifetime> requests;
-    std::vector<tensor_id> owners;
-    for (std::size_t t = 0; t < g.tensors.size(); ++t) {
-        if (p.buffers[t].where == buffer::place::bound || first[t] < 0) continue;
-        p.buffers[t].where = buffer::place::arena;
-        p.buffers[t].bytes = tensor_bytes(g.tensors[t], p.prec);
-        requests.push_back({p.buffers[t].bytes, first[t], std::max(first[t], last[t])});
-        owners.push_back(static_cast<tensor_id>(t));
-    }
-    memory_plan plan = plan_memory(requests);
-    for (std::size_t i = 0; i < owners.size(); ++i) p.buffers[static_cast<std::size_t>(owners[i])].offset = plan.offsets[i];
-    p.arena_bytes = plan.peak;
-    p.unplanned_bytes = plan.unplanned;
-    return p;
-}
-
-}  // namespace loom
-// ---- end loom/runtime/compile.hpp ----
-// ---- begin loom/runtime/explain.hpp ----
-// A program described for a person: what runs, how much memory it takes and how much
-// arithmetic one run does.
-#include <cstdio>
-#include <map>
-#include <string>
-
-
-namespace loom {
-
-inline std::string human_bytes(double bytes) {
-    const char* units[] = {"B", "KiB", "MiB", "GiB", "TiB"};
-    int u = 0;
-    while (bytes >= 1024 && u < 4) {
-        bytes /= 1024;
-        ++u;
-    }
-    char buf[32];
-    std::snprintf(buf, sizeof buf, u == 0 ? "%.0f %s" : "%.2f %s", bytes, units[u]);
-    return buf;
-}
-
-inline double program_flops(const program& p) {
-    double total = 0;
-    for (const auto& s : p.steps) {
-        const node& n = p.source->at(s.node);
-        total += n.op->flops(*p.source, n);
-    }
-    return total;
-}
-
-inline std::string explain(const program& p) {
-    const graph& g = *p.source;
-    std::size_t forward = 0, backward = 0;
-    std::map<std::string, int> kinds;
-    for (const auto& s : p.steps) {
-        const node& n = g.at(s.node);
-        (n.backward ? backward : forward) += 1;
-        kinds[std::string(n.op->name)] += 1;
-    }
-    double param_bytes = 0, bound_bytes = 0;
-    for (tensor_id t : p.bound) {
-        bound_bytes += static_cast<double>(p.bytes_of(t));
-        if (g.tensor(t).role == tensor_role::parameter) param_bytes += static_cast<double>(p.bytes_of(t));
-    }
-    std::string out;
-    out += "program: " + std::to_string(p.steps.size()) + " instructions (" + std::to_string(forward) + " forward, " +
-           std::to_string(backward) + " backward), precision " + std::string(to_string(p.prec)) + "\n";
-    out += "  parameters: " + std::to_string(g.parameter_count()) + " (" + human_bytes(param_bytes) + ")\n";
-    out += "  memory: " + human_bytes(static_cast<double>(p.arena_bytes)) + " activation arena (liveness plan; " +
-           human_bytes(static_cast<double>(p.unplanned_bytes)) + " without reuse) + " + human_bytes(bound_bytes) +
-           " bound (inputs, parameters, gradients)\n";
-    char flops[64];
-    std::snprintf(flops, sizeof flops, "%.3f GFLOP", program_flops(p) / 1e9);
-    out += "  work per run: " + std::string(flops) + "\n  ops:";
-    for (const auto& [name, count] : kinds) out += " " + name + " x" + std::to_string(count);
-    out += "\n";
-    return out;
-}
-
-}  // namespace loom
-// ---- end loom/runtime/explain.hpp ----
 // ---- begin loom/runtime/transfer_runner.hpp ----
 // Runs one device's part of a transfer (partition/transfer.hpp) on a communicator: packs
 // the boxes a collective moves into contiguous buffers, calls the collective, and unpacks
@@ -6291,24 +6992,34 @@ namespace loom::host {
 
 template <>
 struct host_kernel<ops::Assemble> {
+    // Index tensors (token ids) are assembled too: the element type follows the tensor.
     template <class T>
     static void run(const kernel_call<T>& c) {
+        if (c.g.tensor(c.n.outputs[0]).kind == value_kind::index)
+            assemble<std::int32_t>(c);
+        else
+            assemble<T>(c);
+    }
+
+    template <class E, class T>
+    static void assemble(const kernel_call<T>& c) {
         const auto& out_flat = c.attrs().template get<std::vector<std::int64_t>>("out_box");
         const auto& in_flat = c.attrs().template get<std::vector<std::int64_t>>("in_boxes");
         const bool accumulate = c.attrs().template get<std::int64_t>("accumulate") != 0;
         const bool zero = accumulate || c.attrs().template get<std::int64_t>("zero") != 0;
         const std::size_t rank = out_flat.size() / 2;
         const partition::box out = partition::decode_box(out_flat, 0, rank);
-        T* y = c.output(0);
-        if (zero) std::fill(y, y + c.output_numel(0), T(0));
+        E* y = static_cast<E*>(c.out[0]);
+        if (zero) std::fill(y, y + c.output_numel(0), E(0));
         for (std::size_t i = 0; i < c.in.size(); ++i) {
             const partition::box in = partition::decode_box(in_flat, 2 * rank * i, rank);
             const partition::box region = partition::intersect(in, out);
             if (rank > 0 && region.empty()) continue;
+            const E* x = static_cast<const E*>(c.in[i]);
             if (accumulate)
-                partition::add_region(c.input(i), in, y, out, region);
+                partition::add_region(x, in, y, out, region);
             else
-                partition::copy_region(c.input(i), in, y, out, region);
+                partition::copy_region(x, in, y, out, region);
         }
     }
 };
@@ -7802,6 +8513,7 @@ struct host_kernel<ops::LinearGradWeight> {
 // is kept with probability 1 - p (to 2^-32). One hash serves two elements. i is the flat index
 // in the tensor this kernel sees; a partitioned run must hand each slice its global indices
 // (ops/dropout.hpp).
+#include <algorithm>
 #include <cmath>
 #include <cstdint>
 #include <cstring>
@@ -7974,6 +8686,32 @@ void apply_dropout(const kernel_call<T>& c) {
     }
     const dropout_mask mask(c.attrs().template get<std::int64_t>("seed"), c.step, p);
     const T scale = T(1) / static_cast<T>(1.0 - p);
+    if (c.attrs().has("origin")) {
+        // A piece of a partitioned tensor: element i's index in the whole tensor decides.
+        const auto& origin = c.attrs().template get<std::vector<std::int64_t>>("origin");
+        const auto& whole = c.attrs().template get<std::vector<std::int64_t>>("whole");
+        const shape& local = c.output_shape(0);
+        const std::size_t rank = local.rank();
+        const std::int64_t row = rank ? local.extent(rank - 1) : 1;
+        parallel_for(0, n / std::max<std::int64_t>(row, 1), std::max<std::int64_t>(1, elementwise_grain / std::max<std::int64_t>(row, 1)),
+                     [&](std::int64_t lo, std::int64_t hi) {
+                         for (std::int64_t r = lo; r < hi; ++r) {
+                             // Global flat index of the row's first element.
+                             std::int64_t rest = r, global = 0, stride = 1;
+                             for (std::size_t a = rank; a-- > 0;) {
+                                 const std::int64_t at = a + 1 == rank ? 0 : rest % local.extent(a);
+                                 if (a + 1 != rank) rest /= local.extent(a);
+                                 global += (at + origin[a]) * stride;
+                                 stride *= whole[a];
+                             }
+                             for (std::int64_t j = 0; j < row; ++j) {
+                                 const std::int64_t i = r * row + j;
+                                 y[i] = x[i] * (mask.keeps(static_cast<std::uint64_t>(global + j)) ? scale : T(0));
+                             }
+                         }
+                     });
+        return;
+    }
     // Unsigned b >= t as signed (b ^ 2^31) >= (t ^ 2^31): SSE2 compares only signed lanes.
     constexpr std::uint32_t sign = 0x80000000u;
     const auto threshold = static_cast<std::int32_t>(mask.threshold() ^ sign);
@@ -11912,7 +12650,8 @@ private:
             if (!pp) throw error("distributed_trainer: gradient piece " + gp.region.to_string() + " of '" +
                                  logical.tensor(gp.logical).name + "' has no parameter piece on rank " + std::to_string(rank_));
             partition::box update = gp.region;
-            if (plan_.zero == plan::zero_stage::optimizer) update = zero1_shard(gp.region);
+            if (plan_.zero == plan::zero_stage::optimizer && stored_whole_everywhere(gp.logical))
+                update = zero1_shard(gp.region);
             if (!(update == pp->region)) shards_.push_back({pp, update});
             if (update.numel() == 0) continue;
             auto value = storage_->real(pp->local);
@@ -11928,6 +12667,18 @@ private:
                 },
                 *optimizer_);
         }
+    }
+
+    // ZeRO-1 shards the optimizer over data-parallel replicas: ranks that all store the
+    // whole parameter. Other parameters are updated wherever they are stored.
+    bool stored_whole_everywhere(tensor_id p) const {
+        const partition::box whole = partition::box::whole(plan_.ir().tensor(p).dims);
+        for (const auto& device : plan_.devices) {
+            bool stored = false;
+            for (const auto& s : device.parameters) stored = stored || (s.logical == p && s.region == whole);
+            if (!stored) return false;
+        }
+        return true;
     }
 
     // Rows of the first dim that rank r updates under ZeRO-1.

@@ -15,6 +15,7 @@
 #include <span>
 #include <sstream>
 #include <string>
+#include <vector>
 
 #include <loom/graph/builder.hpp>
 
@@ -31,6 +32,20 @@ inline void check_dropout_probability(std::string_view op, const attributes& a, 
     }
     (void)a.get<std::int64_t>("seed");
 }
+
+// A piece of a partitioned dropout must draw the mask of its elements' places in the whole
+// tensor: it records where its box starts ("origin") and the whole tensor's extents.
+inline attributes dropout_piece_attributes(const node& n, const piece_ranges& r) {
+    attributes a = n.attrs;
+    std::vector<std::int64_t> origin, whole;
+    for (std::size_t v = 0; v < n.sig.vars.size(); ++v) {
+        origin.push_back(r.begin[v]);
+        whole.push_back(n.sig.vars[v].extent);
+    }
+    a.set("origin", origin);
+    a.set("whole", whole);
+    return a;
+}
 }  // namespace detail
 
 struct DropoutGrad {
@@ -38,6 +53,9 @@ struct DropoutGrad {
     static constexpr signature sig = parse_signature("... -> ...");
     static void check(const bound_signature&, const attributes& a, std::span<const shape>, const std::string& node) {
         detail::check_dropout_probability(name, a, node);
+    }
+    static attributes piece_attributes(const node& n, const piece_ranges& r) {
+        return detail::dropout_piece_attributes(n, r);
     }
 };
 
@@ -50,6 +68,9 @@ struct Dropout {
     static constexpr signature sig = parse_signature("... -> ...");
     static void check(const bound_signature&, const attributes& a, std::span<const shape>, const std::string& node) {
         detail::check_dropout_probability(name, a, node);
+    }
+    static attributes piece_attributes(const node& n, const piece_ranges& r) {
+        return detail::dropout_piece_attributes(n, r);
     }
     static gradients backward(backward_context& c) {
         return {dropout_grad(*c.grad_outputs[0], c.attrs().get<double>("p"), c.attrs().get<std::int64_t>("seed"))};

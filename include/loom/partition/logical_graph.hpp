@@ -224,7 +224,7 @@ inline logical_graph build_logical_graph(const graph& model, const logical_graph
             }
             node_id forward_of = n.forward_of == no_id ? no_id : new_id[static_cast<std::size_t>(n.forward_of)];
             std::optional<graph_builder::backward_guard> guard;
-            if (n.backward) guard.emplace(r, forward_of);
+            if (n.backward && forward_of != no_id) guard.emplace(r, forward_of);
             new_id[i] = detail::replay(r, n, ins, map);
             graph& rg = r.mutable_graph();
             rg.nodes.back().backward = n.backward;

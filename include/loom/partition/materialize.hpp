@@ -164,7 +164,19 @@ public:
             std::vector<request> reqs;
             std::vector<tensor_id> params;
             if (out_.logical->zero2_identity.count(param)) {
-                // ZeRO-2: the gradient identity's pieces are the optimizer's shards.
+                // ZeRO-2: the gradient identity's pieces are the optimizer's shards, which
+                // assumes every device stores the whole parameter (data-parallel replicas).
+                const box whole = box::whole(g_.tensor(param).dims);
+                for (int d = 0; d < out_.world; ++d) {
+                    bool stored = false;
+                    for (const auto& s : out_.devices[static_cast<std::size_t>(d)].parameters)
+                        stored = stored || (s.logical == param && s.region == whole);
+                    if (!stored)
+                        throw plan_error("plan: ZeRO-2 shards the gradient of '" + g_.tensor(param).name +
+                                         "' over data-parallel replicas, but device " + std::to_string(d) +
+                                         " does not store the whole parameter; use ZeRO-3 (which shards parameters "
+                                         "too) or replicate the ops that read it");
+                }
                 for (const auto& piece : out_.layouts[static_cast<std::size_t>(g_.tensor(grad).producer)].pieces)
                     reqs.push_back({piece.device, piece.outputs[0].region});
             } else {
@@ -319,23 +331,45 @@ private:
     // ---- strategies ------------------------------------------------------------------
 
     // Partial sums of one box on distinct devices, each of which needs part of it.
-    bool try_partial(tensor_id t, std::vector<std::size_t>& open, const std::vector<request>& reqs,
-                     std::vector<tensor_id>& result) {
-        std::map<box, std::vector<const held_piece*>> clusters;
+    bool try_partial(tensor_id t, std::vector<std::size_t>& open, const std::vector<request>& reqs) {
+        // Copies: emitting appends to held_, which may move its elements.
+        std::map<box, std::vector<held_piece>> clusters;
         for (const auto& h : held_[static_cast<std::size_t>(t)])
-            if (h.base && !h.v.value.full()) clusters[h.v.region].push_back(&h);
+            if (h.base && !h.v.value.full()) clusters[h.v.region].push_back(h);
+        bool emitted = false;
         for (auto& [S, pieces] : clusters) {
-            const std::int32_t k = pieces[0]->v.value.count;
-            std::vector<const held_piece*> by_chunk(static_cast<std::size_t>(k), nullptr);
-            for (const held_piece* h : pieces)
-                if (h->v.value.count == k && !by_chunk[static_cast<std::size_t>(h->v.value.index)])
-                    by_chunk[static_cast<std::size_t>(h->v.value.index)] = h;
-            if (std::any_of(by_chunk.begin(), by_chunk.end(), [](auto* h) { return h == nullptr; })) continue;
+            const std::int32_t k = pieces[0].v.value.count;
+            // Holders of each chunk, by device. Replicated chunks (a replicated op's partial
+            // gradient) give several groups: the r-th holders of every chunk reduce together.
+            std::vector<std::vector<const held_piece*>> holders(static_cast<std::size_t>(k));
+            for (const held_piece& h : pieces)
+                if (h.v.value.count == k) holders[static_cast<std::size_t>(h.v.value.index)].push_back(&h);
+            std::size_t replicas = holders[0].size();
+            bool regular = replicas > 0;
+            for (auto& hs : holders) {
+                std::sort(hs.begin(), hs.end(), [](auto* x, auto* y) { return x->device < y->device; });
+                regular = regular && hs.size() == replicas;
+            }
+            if (!regular) continue;
+            for (std::size_t r = 0; r < replicas; ++r) {
+                std::vector<const held_piece*> by_chunk;
+                for (auto& hs : holders) by_chunk.push_back(hs[r]);
+                emitted = reduce_group(t, S, by_chunk, open, reqs) || emitted;
+            }
+            if (emitted) return true;
+        }
+        return false;
+    }
+
+    // One reduction over the holders of chunks 0..k-1 of box S (one chunk each).
+    bool reduce_group(tensor_id t, const box& S, const std::vector<const held_piece*>& by_chunk,
+                      const std::vector<std::size_t>& open, const std::vector<request>& reqs) {
+        {
             std::vector<int> devices;
             for (auto* h : by_chunk) devices.push_back(h->device);
             std::vector<int> sorted = devices;
             std::sort(sorted.begin(), sorted.end());
-            if (std::adjacent_find(sorted.begin(), sorted.end()) != sorted.end()) continue;
+            if (std::adjacent_find(sorted.begin(), sorted.end()) != sorted.end()) return false;
             // One open request per member device, inside S.
             std::map<int, std::size_t> mine;
             bool usable = true;
@@ -345,7 +379,7 @@ private:
                 auto [it, inserted] = mine.try_emplace(r.device, i);
                 if (!inserted && !(reqs[it->second].region == r.region)) usable = false;
             }
-            if (!usable || mine.size() != sorted.size()) continue;
+            if (!usable || mine.size() != sorted.size()) return false;
             std::vector<box> wanted;
             bool all_whole = true;
             for (int d : sorted) {
@@ -376,7 +410,7 @@ private:
             if (!all_whole) {
                 std::vector<request> sub;
                 for (int d : sorted) sub.push_back(reqs[mine[d]]);
-                if (generic_cost(t, sub) < cost_of(reduce)) continue;
+                if (generic_cost(t, sub) < cost_of(reduce)) return false;
             }
             emit(std::move(reduce), ins);
             return true;
@@ -548,7 +582,7 @@ private:
         for (std::size_t i = 0; i < reqs.size(); ++i) open.push_back(i);
         resolve_locally();
         while (!open.empty()) {
-            bool progressed = try_partial(t, open, reqs, result) || try_tiles(t, open, reqs) || try_broadcast(t, open, reqs);
+            bool progressed = try_partial(t, open, reqs) || try_tiles(t, open, reqs) || try_broadcast(t, open, reqs);
             if (!progressed) break;
             resolve_locally();
         }

@@ -198,7 +198,8 @@ private:
             if (!pp) throw error("distributed_trainer: gradient piece " + gp.region.to_string() + " of '" +
                                  logical.tensor(gp.logical).name + "' has no parameter piece on rank " + std::to_string(rank_));
             partition::box update = gp.region;
-            if (plan_.zero == plan::zero_stage::optimizer) update = zero1_shard(gp.region);
+            if (plan_.zero == plan::zero_stage::optimizer && stored_whole_everywhere(gp.logical))
+                update = zero1_shard(gp.region);
             if (!(update == pp->region)) shards_.push_back({pp, update});
             if (update.numel() == 0) continue;
             auto value = storage_->real(pp->local);
@@ -214,6 +215,18 @@ private:
                 },
                 *optimizer_);
         }
+    }
+
+    // ZeRO-1 shards the optimizer over data-parallel replicas: ranks that all store the
+    // whole parameter. Other parameters are updated wherever they are stored.
+    bool stored_whole_everywhere(tensor_id p) const {
+        const partition::box whole = partition::box::whole(plan_.ir().tensor(p).dims);
+        for (const auto& device : plan_.devices) {
+            bool stored = false;
+            for (const auto& s : device.parameters) stored = stored || (s.logical == p && s.region == whole);
+            if (!stored) return false;
+        }
+        return true;
     }
 
     // Rows of the first dim that rank r updates under ZeRO-1.

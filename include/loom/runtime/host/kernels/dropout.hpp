@@ -11,6 +11,7 @@
 // is kept with probability 1 - p (to 2^-32). One hash serves two elements. i is the flat index
 // in the tensor this kernel sees; a partitioned run must hand each slice its global indices
 // (ops/dropout.hpp).
+#include <algorithm>
 #include <cmath>
 #include <cstdint>
 #include <cstring>
@@ -65,6 +66,32 @@ void apply_dropout(const kernel_call<T>& c) {
     }
     const dropout_mask mask(c.attrs().template get<std::int64_t>("seed"), c.step, p);
     const T scale = T(1) / static_cast<T>(1.0 - p);
+    if (c.attrs().has("origin")) {
+        // A piece of a partitioned tensor: element i's index in the whole tensor decides.
+        const auto& origin = c.attrs().template get<std::vector<std::int64_t>>("origin");
+        const auto& whole = c.attrs().template get<std::vector<std::int64_t>>("whole");
+        const shape& local = c.output_shape(0);
+        const std::size_t rank = local.rank();
+        const std::int64_t row = rank ? local.extent(rank - 1) : 1;
+        parallel_for(0, n / std::max<std::int64_t>(row, 1), std::max<std::int64_t>(1, elementwise_grain / std::max<std::int64_t>(row, 1)),
+                     [&](std::int64_t lo, std::int64_t hi) {
+                         for (std::int64_t r = lo; r < hi; ++r) {
+                             // Global flat index of the row's first element.
+                             std::int64_t rest = r, global = 0, stride = 1;
+                             for (std::size_t a = rank; a-- > 0;) {
+                                 const std::int64_t at = a + 1 == rank ? 0 : rest % local.extent(a);
+                                 if (a + 1 != rank) rest /= local.extent(a);
+                                 global += (at + origin[a]) * stride;
+                                 stride *= whole[a];
+                             }
+                             for (std::int64_t j = 0; j < row; ++j) {
+                                 const std::int64_t i = r * row + j;
+                                 y[i] = x[i] * (mask.keeps(static_cast<std::uint64_t>(global + j)) ? scale : T(0));
+                             }
+                         }
+                     });
+        return;
+    }
     // Unsigned b >= t as signed (b ^ 2^31) >= (t ^ 2^31): SSE2 compares only signed lanes.
     constexpr std::uint32_t sign = 0x80000000u;
     const auto threshold = static_cast<std::int32_t>(mask.threshold() ^ sign);

@@ -1,0 +1,321 @@
+#pragma once
+// Deadlock check for the device programs of a partitioned graph: do the programs, each
+// run in its own order, always make progress?
+//
+// A transfer completes only when every member device reaches it (a collective waits for
+// all of its members; a send/recv is one rendezvous, since the receiver waits for the
+// sender). So the programs form one cross-device dependency graph:
+//
+//   vertices  one per transfer, shared by all of its member devices, and one per local op
+//             (piece, assemble) of each device;
+//   edges     program order (consecutive steps of each device) and data (the step that
+//             produces a local tensor -> each step of the same device that reads it).
+//
+// An edge u -> v says "v waits for u". The programs deadlock exactly when this graph has a
+// cycle (reading a send as blocking until its recv is posted: the conservative model), e.g. device 0 runs all_reduce A before all_reduce B while device 1 runs B before
+// A. apply_plan emits every transfer in one global order, so its programs pass by
+// construction; the check guards reorderings (overlap schedules, pipelines, hand edits).
+//
+//   check_deadlock_free(pg)               the device graphs' own node order
+//   check_deadlock_free(pg, order)        order[d]: the node ids of device d, as it runs them
+//   check_deadlock_free(programs, groups) the same over plain step sequences (tests reorder
+//                                         these; see device_programs and transfer_groups)
+// A cycle is reported as a plan_error that starts with "deadlock:" and names, with their
+// devices, the ops on one cycle: the shortest through the first back edge the depth-first
+// search meets (local ops between two transfers are listed, elided past five).
+#include <algorithm>
+#include <cstdint>
+#include <deque>
+#include <string>
+#include <vector>
+
+#include <boost/graph/adjacency_list.hpp>
+#include <boost/graph/depth_first_search.hpp>
+
+#include <loom/core/error.hpp>
+#include <loom/graph/graph.hpp>
+#include <loom/partition/partitioned_graph.hpp>
+
+namespace loom::partition {
+
+// One step of one device's program.
+struct program_step {
+    std::int64_t id = 0;             // unique within the device (the node id in its graph); >= 0
+    std::string name;                // shown in messages
+    std::int64_t transfer = -1;      // the shared transfer this step takes part in; -1: a local op
+    std::vector<std::int64_t> reads; // ids of the steps of the same device whose outputs it reads
+};
+
+// A device's steps in the order it runs them.
+using device_program = std::vector<program_step>;
+
+// The devices that must reach each transfer (pg.transfers[t].group).
+inline std::vector<std::vector<int>> transfer_groups(const partitioned_graph& pg) {
+    std::vector<std::vector<int>> groups;
+    groups.reserve(pg.transfers.size());
+    for (const auto& t : pg.transfers) groups.push_back(t.group);
+    return groups;
+}
+
+namespace detail {
+
+inline std::int64_t transfer_index_of(const node& n, std::size_t transfers, int device) {
+    if (n.op == nullptr || !n.attrs.has("transfer")) return -1;
+    const auto t = n.attrs.get<std::int64_t>("transfer");
+    if (t < 0 || static_cast<std::size_t>(t) >= transfers)
+        throw plan_error("check_deadlock_free: node '" + n.name + "' on device " + std::to_string(device) +
+                         " names transfer " + std::to_string(t) + " but the plan has " + std::to_string(transfers) +
+                         " transfers; the device graph and the transfer list come from different plans");
+    return t;
+}
+
+}  // namespace detail
+
+// The program of every device: its graph's nodes in `order[d]` (empty `order`: graph order).
+inline std::vector<device_program> device_programs(const partitioned_graph& pg,
+                                                   const std::vector<std::vector<node_id>>& order = {}) {
+    if (!order.empty() && order.size() != pg.devices.size())
+        throw usage_error("check_deadlock_free: the order covers " + std::to_string(order.size()) +
+                          " devices but the plan has " + std::to_string(pg.devices.size()) +
+                          "; give one node order per device (or none)");
+    std::vector<device_program> programs(pg.devices.size());
+    for (std::size_t d = 0; d < pg.devices.size(); ++d) {
+        const graph& g = pg.devices[d].ir();
+        std::vector<node_id> ids;
+        if (order.empty()) {
+            ids.resize(g.nodes.size());
+            for (std::size_t i = 0; i < ids.size(); ++i) ids[i] = static_cast<node_id>(i);
+        } else {
+            ids = order[d];
+            std::vector<bool> seen(g.nodes.size(), false);
+            for (node_id n : ids) {
+                if (n < 0 || static_cast<std::size_t>(n) >= g.nodes.size() || seen[static_cast<std::size_t>(n)])
+                    throw usage_error("check_deadlock_free: the order for device " + std::to_string(d) + " lists node " +
+                                      std::to_string(n) + (n >= 0 && static_cast<std::size_t>(n) < g.nodes.size()
+                                                               ? " twice"
+                                                               : ", which its graph does not have") +
+                                      "; list each of its " + std::to_string(g.nodes.size()) + " nodes once");
+                seen[static_cast<std::size_t>(n)] = true;
+            }
+            if (ids.size() != g.nodes.size())
+                throw usage_error("check_deadlock_free: the order for device " + std::to_string(d) + " lists " +
+                                  std::to_string(ids.size()) + " of its " + std::to_string(g.nodes.size()) +
+                                  " nodes; list each node once");
+        }
+        device_program& program = programs[d];
+        program.reserve(ids.size());
+        for (node_id n : ids) {
+            const node& nd = g.at(n);
+            program_step step;
+            step.id = n;
+            step.name = nd.name;
+            step.transfer = detail::transfer_index_of(nd, pg.transfers.size(), static_cast<int>(d));
+            for (tensor_id t : nd.inputs)
+                if (node_id p = g.tensor(t).producer; p != no_id) step.reads.push_back(p);
+            program.push_back(std::move(step));
+        }
+    }
+    return programs;
+}
+
+namespace detail {
+
+// Why one vertex waits for another.
+struct wait_edge {
+    int device = 0;
+    bool data = false;  // reads the other's output; otherwise runs after it in program order
+};
+
+using wait_graph = boost::adjacency_list<boost::vecS, boost::vecS, boost::directedS, boost::no_property, wait_edge>;
+using wait_vertex = boost::graph_traits<wait_graph>::vertex_descriptor;
+using wait_edge_handle = boost::graph_traits<wait_graph>::edge_descriptor;
+
+struct cycle_found {
+    wait_edge_handle back_edge;
+};
+
+struct back_edge_finder : boost::default_dfs_visitor {
+    void back_edge(wait_edge_handle e, const wait_graph&) const { throw cycle_found{e}; }
+};
+
+// The shortest cycle through edge `closing` (source -> target): a BFS path from its target
+// back to its source, then the edge itself. Returns the edges in order.
+inline std::vector<wait_edge_handle> shortest_cycle_through(const wait_graph& g, wait_edge_handle closing) {
+    const wait_vertex from = boost::target(closing, g), to = boost::source(closing, g);
+    std::vector<wait_edge_handle> arrived_by(boost::num_vertices(g));
+    std::vector<bool> reached(boost::num_vertices(g), false);
+    std::deque<wait_vertex> queue{from};
+    reached[from] = true;
+    while (!queue.empty() && !reached[to]) {
+        const wait_vertex u = queue.front();
+        queue.pop_front();
+        for (auto [e, end] = boost::out_edges(u, g); e != end; ++e) {
+            const wait_vertex v = boost::target(*e, g);
+            if (reached[v]) continue;
+            reached[v] = true;
+            arrived_by[v] = *e;
+            queue.push_back(v);
+        }
+    }
+    std::vector<wait_edge_handle> cycle;
+    for (wait_vertex v = to; v != from; v = boost::source(arrived_by[v], g)) cycle.push_back(arrived_by[v]);
+    std::reverse(cycle.begin(), cycle.end());
+    cycle.push_back(closing);
+    return cycle;
+}
+
+}  // namespace detail
+
+// Throws plan_error("deadlock: ...") when the programs can wait on each other forever:
+// a cycle of waits, or a transfer that one of its member devices never reaches.
+inline void check_deadlock_free(const std::vector<device_program>& programs, const std::vector<std::vector<int>>& groups) {
+    const std::size_t transfers = groups.size();
+    // Vertices: transfers first, then every local step of device 0, 1, ...
+    std::vector<std::size_t> first_local(programs.size() + 1, transfers);
+    for (std::size_t d = 0; d < programs.size(); ++d) first_local[d + 1] = first_local[d] + programs[d].size();
+    const std::size_t vertices = first_local.back();
+
+    // Where each transfer appears, to check membership and to name it.
+    std::vector<std::vector<int>> reached_by(transfers);
+    std::vector<std::string> transfer_name(transfers);
+    for (std::size_t d = 0; d < programs.size(); ++d)
+        for (const auto& step : programs[d]) {
+            if (step.transfer < 0) continue;
+            if (static_cast<std::size_t>(step.transfer) >= transfers)
+                throw usage_error("check_deadlock_free: step '" + step.name + "' on device " + std::to_string(d) +
+                                  " takes part in transfer " + std::to_string(step.transfer) + " but only " +
+                                  std::to_string(transfers) + " transfer groups were given");
+            auto& devices = reached_by[static_cast<std::size_t>(step.transfer)];
+            if (std::find(devices.begin(), devices.end(), static_cast<int>(d)) != devices.end())
+                throw plan_error("deadlock: device " + std::to_string(d) + " reaches '" + step.name +
+                                 "' twice; each member takes part in a transfer exactly once");
+            devices.push_back(static_cast<int>(d));
+            if (transfer_name[static_cast<std::size_t>(step.transfer)].empty())
+                transfer_name[static_cast<std::size_t>(step.transfer)] = step.name;
+        }
+    for (std::size_t t = 0; t < transfers; ++t) {
+        const std::string name = transfer_name[t].empty() ? "transfer " + std::to_string(t) : "'" + transfer_name[t] + "'";
+        for (int member : groups[t])
+            if (std::find(reached_by[t].begin(), reached_by[t].end(), member) == reached_by[t].end())
+                throw plan_error("deadlock: " + name + " waits for device " + std::to_string(member) +
+                                 ", a member whose program never reaches it; add the transfer to that device's "
+                                 "program or drop the device from the group");
+        for (int d : reached_by[t])
+            if (std::find(groups[t].begin(), groups[t].end(), d) == groups[t].end())
+                throw plan_error("deadlock: device " + std::to_string(d) + " reaches " + name +
+                                 ", whose group does not include it, so the members never wait for it; "
+                                 "remove the step or add the device to the group");
+    }
+
+    std::vector<std::string> vertex_name(vertices);
+    for (std::size_t t = 0; t < transfers; ++t) vertex_name[t] = transfer_name[t];
+
+    detail::wait_graph g(vertices);
+    for (std::size_t d = 0; d < programs.size(); ++d) {
+        const device_program& program = programs[d];
+        std::int64_t largest_id = -1;
+        for (const auto& step : program) {
+            if (step.id < 0)
+                throw usage_error("check_deadlock_free: step '" + step.name + "' on device " + std::to_string(d) +
+                                  " has id " + std::to_string(step.id) + "; ids must be non-negative");
+            largest_id = std::max(largest_id, step.id);
+        }
+        constexpr std::size_t absent = static_cast<std::size_t>(-1);
+        std::vector<std::size_t> vertex_of_id(static_cast<std::size_t>(largest_id + 1), absent);
+        for (std::size_t s = 0; s < program.size(); ++s) {
+            const program_step& step = program[s];
+            std::size_t v = step.transfer >= 0 ? static_cast<std::size_t>(step.transfer) : first_local[d] + s;
+            if (vertex_of_id[static_cast<std::size_t>(step.id)] != absent)
+                throw usage_error("check_deadlock_free: device " + std::to_string(d) + " has two steps with id " +
+                                  std::to_string(step.id) + "; give each step of a device its own id");
+            vertex_of_id[static_cast<std::size_t>(step.id)] = v;
+            if (step.transfer < 0) vertex_name[v] = step.name;
+        }
+        for (std::size_t s = 0; s < program.size(); ++s) {
+            const program_step& step = program[s];
+            const std::size_t v = vertex_of_id[static_cast<std::size_t>(step.id)];
+            if (s > 0) boost::add_edge(vertex_of_id[static_cast<std::size_t>(program[s - 1].id)], v,
+                                       detail::wait_edge{static_cast<int>(d), false}, g);
+            for (std::int64_t r : step.reads) {
+                if (r < 0 || r > largest_id || vertex_of_id[static_cast<std::size_t>(r)] == absent)
+                    throw usage_error("check_deadlock_free: step '" + step.name + "' on device " + std::to_string(d) +
+                                      " reads step " + std::to_string(r) + ", which that device's program lacks");
+                boost::add_edge(vertex_of_id[static_cast<std::size_t>(r)], v, detail::wait_edge{static_cast<int>(d), true}, g);
+            }
+        }
+    }
+
+    std::vector<boost::default_color_type> colors(vertices);
+    try {
+        boost::depth_first_search(
+            g, boost::visitor(detail::back_edge_finder{})
+                   .color_map(boost::make_iterator_property_map(colors.begin(), boost::get(boost::vertex_index, g))));
+        return;
+    } catch (const detail::cycle_found& found) {
+        std::vector<detail::wait_edge_handle> cycle = detail::shortest_cycle_through(g, found.back_edge);
+        // Start the story at a transfer where there is one: cycles across devices pass through
+        // transfers, and the local ops between two of them run on one device.
+        auto starts_at_transfer = [&](const detail::wait_edge_handle& e) { return boost::source(e, g) < transfers; };
+        if (auto it = std::find_if(cycle.begin(), cycle.end(), starts_at_transfer); it != cycle.end())
+            std::rotate(cycle.begin(), it, cycle.end());
+
+        auto quoted = [&](std::size_t v) { return "'" + vertex_name[v] + "'"; };
+        bool crosses_devices = false;
+        for (const auto& e : cycle) crosses_devices = crosses_devices || boost::source(e, g) < transfers;
+        std::vector<std::string> lines;
+        if (!crosses_devices) {
+            for (const auto& e : cycle)
+                lines.push_back("device " + std::to_string(g[e].device) + ": " + quoted(boost::target(e, g)) +
+                                (g[e].data ? " reads the output of " : " runs after ") + quoted(boost::source(e, g)));
+        } else {
+            // One line per stretch between two transfers: "device d: 'B' waits for 'A' (...)";
+            // the local ops of a stretch all run on one device.
+            std::size_t i = 0;
+            while (i < cycle.size()) {
+                const std::size_t begin = boost::source(cycle[i], g);
+                const int device = g[cycle[i]].device;
+                bool through_data = g[cycle[i]].data;
+                std::size_t end = boost::target(cycle[i], g);
+                std::vector<std::size_t> between;
+                for (++i; end >= transfers && i < cycle.size(); ++i) {
+                    between.push_back(end);
+                    through_data = through_data || g[cycle[i]].data;
+                    end = boost::target(cycle[i], g);
+                }
+                std::string line = "device " + std::to_string(device) + ": " + quoted(end) + " waits for " + quoted(begin);
+                if (between.empty()) {
+                    line += through_data ? " (reads its output)" : " (runs after it)";
+                } else {
+                    line += " (runs after it, through " + std::to_string(between.size()) + " local op" +
+                            (between.size() == 1 ? "" : "s") + ": ";
+                    const std::size_t shown = between.size() <= 5 ? between.size() : 4;
+                    for (std::size_t k = 0; k < shown; ++k) line += (k ? ", " : "") + quoted(between[k]);
+                    if (shown < between.size()) line += ", ..., " + quoted(between.back());
+                    line += ")";
+                }
+                lines.push_back(std::move(line));
+            }
+        }
+        // Read against the edges: each line's subject is the previous line's object.
+        std::reverse(lines.begin(), lines.end());
+        std::string message = "deadlock: the device programs wait on each other in a cycle:";
+        for (const auto& line : lines) message += "\n  " + line;
+        message += crosses_devices
+                       ? "\na transfer completes only when all of its member devices reach it, so none of these can run. "
+                         "Fix: reorder the device programs so that every device reaches the transfers it shares in the "
+                         "same relative order (apply_plan emits one global order), or change the placement so that "
+                         "these ops do not share devices"
+                       : "\na device runs an op before an op whose output it reads. Fix: reorder that device's program "
+                         "so that producers run before their readers";
+        throw plan_error(message);
+    }
+}
+
+// The device programs of a partitioned graph, each in `order[d]` (empty: graph order).
+inline void check_deadlock_free(const partitioned_graph& pg, const std::vector<std::vector<node_id>>& order) {
+    check_deadlock_free(device_programs(pg, order), transfer_groups(pg));
+}
+
+inline void check_deadlock_free(const partitioned_graph& pg) { check_deadlock_free(pg, {}); }
+
+}  // namespace loom::partition
