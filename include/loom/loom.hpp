@@ -21,6 +21,7 @@
 #include <loom/ops/all.hpp>
 
 // plans: combinators' run-time form, presets, custom transformations
+#include <loom/plan/combinators.hpp>
 #include <loom/plan/op_partition.hpp>
 #include <loom/plan/presets.hpp>
 #include <loom/plan/rules.hpp>

@@ -2792,6 +2792,1097 @@ using all_ops = boost::mp11::mp_append<core_ops, elementwise_ops, normalization_
 // ---- end loom/ops/all.hpp ----
 
 // plans: combinators' run-time form, presets, custom transformations
+// ---- begin loom/plan/combinators.hpp ----
+// Typed plan combinators: a parallelization plan written as C++ values whose types carry
+// it, checked while it compiles and lowered to the run-time plan_spec (plan/rules.hpp).
+//
+//   using namespace loom;
+//   constexpr auto plan = plan::compose(
+//       plan::devices<4>,
+//       plan::extent<Dim::Head, 12>,
+//       plan::on_all(plan::trans<Split<Dim::Batch>, 2>{}),
+//       plan::on<ops::Attention>(plan::trans<Split<Dim::Batch>, 2, Split<Dim::Head>, 2>{}),
+//       plan::on_layers<"blocks", 0, 3>(plan::recompute));
+//   resolved_plan resolved = plan.resolve(model.ir());
+//
+// The vocabulary, one header each:
+//   plan/degree.hpp       degrees: a number, open<Range[, "name"]>, runtime, all_devices
+//   plan/trans.hpp        op-trans: trans<Split<Dim::D> | Split<Var<"v">> | Replicate, degree, ...>
+//   plan/assign.hpp       op-assign: assign<devices...>, colocate<C>; recompute
+//   plan/selectors.hpp    on<Ops...>, on_name<"glob">, on_scope<"glob">, on_layers<"repeat", a, b>, on_all
+//   plan/constraints.hpp  devices<N>, extent<D, E>, forbid<Split<D>>, colocation_requires_recompute, zero<S>
+//   plan/compose.hpp      compose(...), .spec(), .resolve(graph), .choose(name, v), well_formed<...>
+//   plan/checks.hpp       the checks, shared by compile time and run time
+// ---- begin loom/plan/assign.hpp ----
+// op-assign and recompute: where the pieces of a rule's ops run, and whether their outputs
+// are kept for the backward pass.
+//
+//   assign<0, 1, 2, 3>    piece i on the i-th listed device (one device per piece)
+//   colocate<2>           pieces 2i and 2i+1 on device i, run one after another (Coshard)
+//   recompute             recompute the outputs in the backward pass instead of keeping them
+//
+// Each is a value: on<ops::Attention>(trans<Split<Dim::Head>, 8>{}, colocate<2>, recompute).
+#include <array>
+#include <cstdint>
+
+// ---- begin loom/plan/static_text.hpp ----
+// Text built in constant expressions: the spellings of plan combinators
+// ("plan::trans<Split<Batch>, 4>") and the messages of the plan checks.
+//
+// `text` is a fixed-capacity string with no allocation. It works in every constant
+// expression and on every compiler (a constexpr std::string does not: GCC 12 rejects some
+// uses of short strings, and Clang 14 with libstdc++ 12 rejects all), and the same
+// functions build messages at run time. What must persist is copied into:
+//   * static_text: a spelling that views (plan/checks.hpp) point into;
+//   * message: an error found at compile time, carried as a template argument of
+//     plan::ill_formed_plan, which is how a computed message reaches the compiler's output
+//     (static_assert accepts only a literal before C++26). GCC prints
+//       In instantiation of 'struct loom::plan::ill_formed_plan<loom::plan::detail::message{"plan::trans<...>: ..."}>'
+#include <concepts>
+#include <cstddef>
+#include <cstdint>
+#include <span>
+#include <string>
+#include <string_view>
+
+namespace loom::plan::detail {
+
+// A string of at most `capacity` characters; a longer one keeps its start and ends in "...".
+class text {
+public:
+    static constexpr std::size_t capacity = 768;
+
+    constexpr text() = default;
+    constexpr text(std::string_view s) { append(s); }
+    constexpr text(const char* s) { append(std::string_view(s)); }
+
+    constexpr void push_back(char c) {
+        if (size_ < capacity) {
+            data_[size_++] = c;
+        } else if (data_[capacity - 1] != '.') {
+            data_[capacity - 3] = data_[capacity - 2] = data_[capacity - 1] = '.';
+        }
+    }
+    constexpr void append(std::string_view s) {
+        for (char c : s) push_back(c);
+    }
+
+    constexpr bool empty() const { return size_ == 0; }
+    constexpr std::size_t size() const { return size_; }
+    constexpr std::string_view view() const { return {data_, size_}; }
+    constexpr operator std::string_view() const { return view(); }
+    std::string str() const { return std::string(view()); }
+
+private:
+    char data_[capacity]{};
+    std::size_t size_ = 0;
+};
+
+constexpr text decimal(std::int64_t value) {
+    char reversed[24]{};
+    int n = 0;
+    const bool negative = value < 0;
+    do {
+        const std::int64_t digit = value % 10;
+        reversed[n++] = static_cast<char>('0' + (digit < 0 ? -digit : digit));
+        value /= 10;
+    } while (value != 0);
+    text digits;
+    if (negative) digits.push_back('-');
+    while (n > 0) digits.push_back(reversed[--n]);
+    return digits;
+}
+
+constexpr void append(text& out, std::string_view s) { out.append(s); }
+constexpr void append(text& out, const text& s) { out.append(s.view()); }
+constexpr void append(text& out, const char* s) { out.append(std::string_view(s)); }
+template <std::integral T>
+    requires(!std::same_as<T, char> && !std::same_as<T, bool>)
+constexpr void append(text& out, T value) {
+    out.append(decimal(static_cast<std::int64_t>(value)).view());
+}
+
+// concat("degree ", 4, " of ", name) -> "degree 4 of Batch"
+template <class... Parts>
+constexpr text concat(const Parts&... parts) {
+    text out;
+    (append(out, parts), ...);
+    return out;
+}
+
+// join({1, 2, 4}) -> "1, 2, 4"
+constexpr text join(std::span<const std::int64_t> values) {
+    text out;
+    for (std::size_t i = 0; i < values.size(); ++i) {
+        if (i) append(out, ", ");
+        append(out, values[i]);
+    }
+    return out;
+}
+
+// divisors_text(12) -> "1, 2, 3, 4, 6, 12"
+constexpr text divisors_text(std::int64_t n) {
+    text out;
+    std::int64_t d = 1;
+    for (; d <= n / d; ++d)
+        if (n % d == 0) append(out, concat(out.empty() ? "" : ", ", d));
+    for (--d; d >= 1; --d)
+        if (n % d == 0 && d != n / d) append(out, concat(", ", n / d));
+    return out;
+}
+
+// A fixed-capacity copy of a text, for spellings that live in static storage.
+template <std::size_t Capacity>
+struct fixed_text {
+    char data[Capacity]{};
+    std::size_t size = 0;
+
+    constexpr fixed_text() = default;
+    constexpr fixed_text(std::string_view s) {
+        size = s.size() < Capacity ? s.size() : Capacity;
+        for (std::size_t i = 0; i < size; ++i) data[i] = s[i];
+    }
+    constexpr fixed_text(const text& t) : fixed_text(t.view()) {}
+    constexpr fixed_text(const char* s) : fixed_text(std::string_view(s)) {}
+
+    constexpr std::string_view view() const { return {data, size}; }
+    constexpr bool empty() const { return size == 0; }
+};
+
+using static_text = fixed_text<256>;
+
+// An error message as a structural value (one array, so GCC prints it as a string).
+struct message {
+    char chars[text::capacity + 1]{};
+
+    constexpr message() = default;
+    constexpr message(std::string_view s) {
+        for (std::size_t i = 0; i < s.size() && i < text::capacity; ++i) chars[i] = s[i];
+    }
+    constexpr message(const text& t) : message(t.view()) {}
+    constexpr bool empty() const { return chars[0] == '\0'; }
+    constexpr std::string_view view() const { return std::string_view(chars); }
+};
+
+}  // namespace loom::plan::detail
+// ---- end loom/plan/static_text.hpp ----
+// ---- begin loom/plan/trans.hpp ----
+// op-trans: how a rule cuts the ops it selects.
+//
+//   trans<Split<Dim::Batch>, 4>                    4 pieces along the batch
+//   trans<Split<Var<"n">>, 2>                      along the signature variable n ("... k, n k -> ... n")
+//   trans<Replicate, 4>                            4 whole copies
+//   trans<Split<Dim::Batch>, 2, Split<Dim::Head>, 2>   nested, outermost first: 4 pieces,
+//                                                  piece (i, j) = batch slice i, head slice j
+//
+// Each degree is a number, open<Range[, "name"]>, runtime (a constructor argument, in the
+// order of the runtime slots) or all_devices; see plan/degree.hpp. Up to four pairs.
+// Mistakes of the trans alone (a degree below 1, an empty open range, a dim split twice)
+// stop the compilation where the trans is written; those that depend on the ops or on the
+// plan's constraints are checked by on<...>(...) and compose(...).
+#include <array>
+#include <concepts>
+#include <cstddef>
+#include <cstdint>
+#include <type_traits>
+
+// ---- begin loom/plan/checks.hpp ----
+// The checks of a typed plan, written once and run at two moments.
+//
+// Every combinator describes itself as plain constexpr data (a "view": its splits and
+// degrees, the op kinds its selector names, its constraints). The predicates below read
+// views and return the first mistake as a message, or "" when there is none:
+//
+//   first_trans_error(rule)  a trans on its own: degree < 1, an empty open range, a dim split twice
+//   first_rule_error(rule)   a rule on its own: selector, pieces, assign/colocate against the
+//                            pieces, splits against the signatures of the op kinds it names
+//   first_plan_error(plan)   the plan's constraints: devices, extents, forbidden splits,
+//                            colocation with recompute, open parameters shared by name
+//   first_error(plan)        all of the above, in that order
+//
+// At compile time the combinators report a non-empty message through ill_formed_plan
+// (a static_assert) and plan::well_formed reads the same predicate as a bool. At run time
+// (compose(...).spec()) the views are refilled with what only then is known (degrees given
+// to constructors, chosen open parameters, the device count of spec(n)) and the same
+// predicates throw loom::plan_error. Checks against one graph's extents stay where the graph
+// is known: plan::resolve (rules.hpp) and partition::resolve_partition (piece_layout.hpp).
+//
+// Messages start with the combinator and say how to fix the plan:
+//   "plan::trans<Split<Seq>, 2> on attention: Seq is frozen in this op ('s', 't'; splitting
+//    it would change the result); split Batch or Head instead"
+#include <cstdint>
+#include <optional>
+#include <span>
+#include <string>
+#include <string_view>
+#include <utility>
+
+// ---- begin loom/plan/degree.hpp ----
+// The degree slot of plan::trans: one `auto` template parameter that holds a number fixed
+// by the plan, an open parameter that the searcher (or the user, through choose()) fills
+// from a range, a value known only at run time, or the plan's device count:
+//
+//   trans<Split<Dim::Batch>, 4>                          fixed
+//   trans<Split<Dim::Batch>, open<Pow2<1, 16>>>          open, named "trans#0.degree" by default
+//   trans<Split<Dim::Batch>, open<Pow2<1, 16>, "dp">>    open, named "dp"; every slot that says
+//                                                        "dp" takes the same value
+//   trans<Split<Dim::Batch>, runtime>{world_size}        given to the constructor
+//   trans<Split<Dim::Batch>, all_devices>                the plan's device count
+//
+// Ranges of open parameters:
+//   Pow2<1, 16>      -> 1, 2, 4, 8, 16 (the powers of two in [1, 16])
+//   OneOf<1, 2, 3, 6> -> 1, 2, 3, 6
+//   DivisorsOf<12>   -> 1, 2, 3, 4, 6, 12
+//   AnyPositive      -> any degree >= 1 (the default: open<>)
+// The same degree_view describes all of them to the checks (plan/checks.hpp), so one
+// predicate judges a fixed degree at compile time and a run-time one when it is known.
+#include <array>
+#include <cstddef>
+#include <cstdint>
+#include <span>
+#include <string_view>
+#include <type_traits>
+
+
+namespace loom::plan {
+
+namespace detail {
+
+enum class degree_kind : std::uint8_t { fixed, open, runtime, all_devices, missing };
+
+struct degree_view {
+    degree_kind kind = degree_kind::fixed;
+    std::int64_t value = 0;
+    bool known = false;             // value holds the degree (fixed; runtime and open once given)
+    std::string_view name;          // open: the user's name; empty: derived from the rule
+    std::string_view range;         // open: the range as written, "Pow2<1, 16>"
+    std::span<const std::int64_t> allowed;  // open: the range's values
+    bool any_positive = false;      // open<> / open<AnyPositive>: no range
+};
+
+constexpr std::size_t count_powers_of_two(std::int64_t lo, std::int64_t hi) {
+    std::size_t n = 0;
+    for (std::int64_t v = 1; v <= hi; v *= 2) {
+        if (v >= lo) ++n;
+        if (v > hi / 2) break;
+    }
+    return n;
+}
+
+template <std::int64_t Lo, std::int64_t Hi>
+constexpr auto powers_of_two() {
+    std::array<std::int64_t, count_powers_of_two(Lo, Hi)> values{};
+    std::size_t n = 0;
+    for (std::int64_t v = 1; v <= Hi; v *= 2) {
+        if (v >= Lo) values[n++] = v;
+        if (v > Hi / 2) break;
+    }
+    return values;
+}
+
+constexpr std::size_t count_divisors(std::int64_t n) {
+    std::size_t count = 0;
+    for (std::int64_t d = 1; d <= n; ++d)
+        if (n % d == 0) ++count;
+    return count;
+}
+
+template <std::int64_t N>
+constexpr auto divisors() {
+    std::array<std::int64_t, count_divisors(N)> values{};
+    std::size_t n = 0;
+    for (std::int64_t d = 1; d <= N; ++d)
+        if (N % d == 0) values[n++] = d;
+    return values;
+}
+
+}  // namespace detail
+
+// ---- ranges ------------------------------------------------------------------------------
+
+struct AnyPositive {
+    static constexpr bool any_positive = true;
+    static constexpr std::array<std::int64_t, 0> values{};
+    static constexpr detail::static_text spelling{"AnyPositive"};
+};
+
+template <std::int64_t Lo, std::int64_t Hi>
+struct Pow2 {
+    static constexpr bool any_positive = false;
+    static constexpr auto values = detail::powers_of_two<Lo, Hi>();
+    static constexpr detail::static_text spelling{detail::concat("Pow2<", Lo, ", ", Hi, ">")};
+};
+
+template <std::int64_t... Values>
+struct OneOf {
+    static constexpr bool any_positive = false;
+    static constexpr std::array<std::int64_t, sizeof...(Values)> values{Values...};
+    static constexpr detail::static_text spelling{
+        detail::concat("OneOf<", detail::join(std::array<std::int64_t, sizeof...(Values)>{Values...}), ">")};
+};
+
+// Divisors by trial up to N: meant for extents and device counts, not for huge numbers.
+template <std::int64_t N>
+struct DivisorsOf {
+    static constexpr bool any_positive = false;
+    static constexpr auto values = detail::divisors<N>();
+    static constexpr detail::static_text spelling{detail::concat("DivisorsOf<", N, ">")};
+};
+
+// ---- the degree values ---------------------------------------------------------------------
+
+template <class Range, fixed_string Name>
+struct open_degree {
+    using range = Range;
+    static constexpr std::string_view name = Name.view();
+};
+
+// An open parameter: the searcher or choose() fills it from Range.
+template <class Range = AnyPositive, fixed_string Name = "">
+inline constexpr open_degree<Range, Name> open{};
+
+// A degree known at run time, passed to the constructor: trans<Split<Dim::Batch>, runtime>{n}.
+struct runtime_degree {};
+inline constexpr runtime_degree runtime{};
+
+// The plan's device count (devices<N>, or spec(n)).
+struct all_devices_degree {};
+inline constexpr all_devices_degree all_devices{};
+
+namespace detail {
+
+// The "nothing here" of trans' optional split pairs.
+struct no_degree {};
+
+template <class T>
+struct is_open_degree : std::false_type {};
+template <class Range, fixed_string Name>
+struct is_open_degree<open_degree<Range, Name>> : std::true_type {};
+
+// What a degree slot holds, as seen by the checks, and how it is written.
+template <auto Degree>
+constexpr degree_view degree_view_of() {
+    using D = std::remove_cv_t<decltype(Degree)>;
+    if constexpr (std::is_integral_v<D> && !std::is_same_v<D, bool>) {
+        return {degree_kind::fixed, static_cast<std::int64_t>(Degree), true, {}, {}, {}, false};
+    } else if constexpr (is_open_degree<D>::value) {
+        using R = typename D::range;
+        return {degree_kind::open, 0, false, D::name, R::spelling.view(), R::values, R::any_positive};
+    } else if constexpr (std::is_same_v<D, runtime_degree>) {
+        return {degree_kind::runtime, 0, false, {}, {}, {}, false};
+    } else if constexpr (std::is_same_v<D, all_devices_degree>) {
+        return {degree_kind::all_devices, 0, false, {}, {}, {}, false};
+    } else {
+        return {degree_kind::missing, 0, false, {}, {}, {}, false};
+    }
+}
+
+template <auto Degree>
+constexpr text degree_spelling() {
+    using D = std::remove_cv_t<decltype(Degree)>;
+    if constexpr (std::is_integral_v<D> && !std::is_same_v<D, bool>) {
+        return decimal(static_cast<std::int64_t>(Degree));
+    } else if constexpr (is_open_degree<D>::value) {
+        using R = typename D::range;
+        text s = "open<";
+        if (!std::is_same_v<R, AnyPositive> || !D::name.empty()) append(s, R::spelling.view());
+        if (!D::name.empty()) append(s, concat(", \"", D::name, "\""));
+        append(s, ">");
+        return s;
+    } else if constexpr (std::is_same_v<D, runtime_degree>) {
+        return "runtime";
+    } else if constexpr (std::is_same_v<D, all_devices_degree>) {
+        return "all_devices";
+    } else {
+        return "?";
+    }
+}
+
+}  // namespace detail
+
+}  // namespace loom::plan
+
+namespace loom {
+// The ranges read as vocabulary next to the dims: open<Pow2<1, 16>>.
+using plan::AnyPositive;
+using plan::DivisorsOf;
+using plan::OneOf;
+using plan::Pow2;
+}  // namespace loom
+// ---- end loom/plan/degree.hpp ----
+
+namespace loom::plan {
+
+// A plan mistake found at compile time. The reason is this template's argument; compilers
+// print it in the instantiation context and in the note on the failed assertion.
+template <detail::message Reason>
+struct ill_formed_plan {
+    static_assert(Reason.empty(),
+                  "plan: the plan is ill-formed; the reason is the message{...} of ill_formed_plan printed with this error");
+};
+
+namespace detail {
+
+// ---- views ---------------------------------------------------------------------------------
+
+enum class split_kind : std::uint8_t { dim, variable, replicate };
+
+struct split_view {
+    split_kind kind = split_kind::dim;
+    std::string_view target;  // the dim's name (Split<Dim::Batch>) or the variable's label (Split<Var<"n">>)
+    degree_view degree;
+};
+
+// What the checks know of an op kind: its signature and, for ops whose dims never change,
+// the dim of each variable ("b" -> Batch, ...; a group "(h d)" names its axis' dim).
+struct op_view {
+    std::string_view name;
+    const signature* sig = nullptr;
+    std::span<const std::pair<std::string_view, dim_id>> variable_dims;  // empty: not fixed
+    std::span<const std::string_view> transformable;  // frozen variables a custom transformation cuts
+};
+
+struct rule_view {
+    // the selector
+    std::string_view selector;  // how it is written: on_scope<"*.attn">(on<attention>(...))
+    std::span<const op_view> kinds;
+    int kind_filters = 0, name_filters = 0, scope_filters = 0, layer_filters = 0;
+    bool empty_pattern = false;
+    std::string_view repeat;
+    std::int64_t first_layer = 0, last_layer = -1;
+    // the pieces
+    int trans_count = 0;
+    std::string_view trans;  // "plan::trans<Split<Batch>, 4>"
+    std::span<const split_view> splits;
+    int assign_count = 0;
+    std::string_view assign;  // "plan::assign<0, 1>", "plan::colocate<2>"
+    bool explicit_devices = false;
+    std::span<const std::int64_t> devices;
+    std::int64_t colocate = 1;
+    int recompute_count = 0;
+};
+
+enum class fact_kind : std::uint8_t { devices, extent, forbid, colocation_requires_recompute, zero };
+
+struct fact_view {
+    fact_kind kind = fact_kind::devices;
+    std::int64_t value = 0;        // devices<N>, extent<D, E>'s E, zero<S>
+    std::string_view dim;          // extent<D, E>'s D
+    split_kind target_kind = split_kind::dim;  // forbid<Split<X>>
+    std::string_view target;
+    std::string_view spelling;     // "plan::extent<Head, 12>"
+};
+
+struct plan_view {
+    std::span<const rule_view> rules;
+    std::span<const fact_view> facts;
+    std::int64_t devices = 0;  // the device count given at run time (spec(n)); 0: devices<N> or unknown
+};
+
+// ---- small helpers -------------------------------------------------------------------------
+
+// Split<Batch>, Split<Var<"n">>, Replicate
+constexpr text target_spelling(split_kind kind, std::string_view target) {
+    if (kind == split_kind::dim) return concat("Split<", target, ">");
+    if (kind == split_kind::variable) return concat("Split<Var<\"", target, "\">>");
+    return "Replicate";
+}
+
+constexpr text split_spelling(const split_view& s) { return target_spelling(s.kind, s.target); }
+
+// The degree's value if it is known now (all_devices once the device count is).
+constexpr std::optional<std::int64_t> known_degree(const degree_view& d, std::int64_t devices) {
+    if (d.kind == degree_kind::all_devices) return devices > 0 ? std::optional<std::int64_t>(devices) : std::nullopt;
+    if (d.known) return d.value;
+    return std::nullopt;
+}
+
+// Pieces of a rule's trans, when every degree is known.
+constexpr std::optional<std::int64_t> known_pieces(const rule_view& r, std::int64_t devices) {
+    std::int64_t pieces = 1;
+    for (const auto& s : r.splits) {
+        auto d = known_degree(s.degree, devices);
+        if (!d || *d < 1) return std::nullopt;
+        pieces *= *d;
+    }
+    return pieces;
+}
+
+constexpr bool range_holds_divisor_of(const degree_view& d, std::int64_t n) {
+    if (d.any_positive) return true;
+    for (std::int64_t v : d.allowed)
+        if (v >= 1 && n % v == 0) return true;
+    return false;
+}
+
+constexpr std::int64_t declared_devices(const plan_view& p) {
+    if (p.devices > 0) return p.devices;
+    for (const auto& f : p.facts)
+        if (f.kind == fact_kind::devices) return f.value;
+    return 0;
+}
+
+// "k, n" (+ "and the leading dims '...'")
+constexpr text variables_text(const signature& sig) {
+    text out;
+    for (int v = 0; v < sig.var_count; ++v) append(out, concat(v ? ", " : "", sig.vars[v].view()));
+    if (sig.ellipsis_in_inputs()) append(out, out.empty() ? "the leading dims '...'" : " and the leading dims '...'");
+    if (out.empty()) append(out, "none");
+    return out;
+}
+
+// What else a plan may split in this op: "'n'" / "'n' or a leading dim ('...')".
+constexpr text splittable_variables_text(const op_view& op) {
+    const signature& sig = *op.sig;
+    text out;
+    for (int v = 0; v < sig.var_count; ++v)
+        if (sig.splittable(v)) append(out, concat(out.empty() ? "" : ", ", "'", sig.vars[v].view(), "'"));
+    if (sig.ellipsis_in_inputs()) append(out, out.empty() ? "a leading dim ('...')" : " or a leading dim ('...')");
+    if (out.empty()) append(out, "nothing else: replicate it");
+    return out;
+}
+
+constexpr bool is_group_label(std::string_view label) { return !label.empty() && label.front() == '('; }
+
+// Dims of an op with fixed dims that a plan can split: "Batch or Head".
+constexpr text splittable_dims_text(const op_view& op) {
+    std::string_view found[16];
+    int count = 0;
+    for (const auto& [label, dim] : op.variable_dims) {
+        if (is_group_label(label)) continue;
+        auto v = op.sig->find(label);
+        if (!v || !op.sig->splittable(*v)) continue;
+        bool seen = false;
+        for (int i = 0; i < count; ++i) seen = seen || found[i] == dim.name();
+        if (!seen && count < 16) found[count++] = dim.name();
+    }
+    text out;
+    for (int i = 0; i < count; ++i) append(out, concat(i == 0 ? "" : i + 1 == count ? " or " : ", ", found[i]));
+    if (out.empty()) append(out, "nothing (replicate it)");
+    return out;
+}
+
+// "b: Batch, h: Head, s: Seq (frozen), ..."
+constexpr text dims_text(const op_view& op) {
+    text out;
+    for (const auto& [label, dim] : op.variable_dims) {
+        if (is_group_label(label)) continue;
+        auto v = op.sig->find(label);
+        const bool frozen = v && op.sig->vars[*v].frozen;
+        append(out, concat(out.empty() ? "" : ", ", label, ": ", dim.name(), frozen ? " (frozen)" : ""));
+    }
+    return out;
+}
+
+// ---- a split against one op kind -----------------------------------------------------------
+
+constexpr text variable_split_error(const op_view& op, std::string_view label, std::string_view trans) {
+    const signature& sig = *op.sig;
+    if (label.starts_with("...")) {
+        if (sig.ellipsis_in_inputs()) return {};
+        return concat(trans, " on ", op.name, ": '", label, "' names a leading dim, but the op has no '...' (its variables: ",
+                      variables_text(sig), "); split one of those");
+    }
+    auto v = sig.find(label);
+    if (!v)
+        return concat(trans, " on ", op.name, ": the op has no variable '", label, "' (its variables: ",
+                      variables_text(sig), "); split one of those");
+    bool transformable = false;
+    for (auto t : op.transformable) transformable = transformable || t == label;
+    if (sig.vars[*v].frozen && !transformable)
+        return concat(trans, " on ", op.name, ": '", label,
+                      "' is frozen in this op (splitting it would change the result); split ",
+                      splittable_variables_text(op), " instead, or register a custom transformation for ", op.name,
+                      " (plan/transformation.hpp) and list '", label, "' in plan::transformable_variables");
+    if (sig.vars[*v].inner_of_group)
+        return concat(trans, " on ", op.name, ": '", label,
+                      "' is an inner part of a grouped axis (its slices are not contiguous); split ",
+                      splittable_variables_text(op), " instead");
+    return {};
+}
+
+constexpr text dim_split_error(const op_view& op, std::string_view dim, std::string_view trans) {
+    if (op.variable_dims.empty()) return {};  // the op's dims depend on its inputs: checked at run time
+    const signature& sig = *op.sig;
+    text labels;
+    bool matched = false, frozen = false;
+    std::string_view group;
+    for (const auto& [label, d] : op.variable_dims) {
+        if (d.name() != dim) continue;
+        if (is_group_label(label)) {
+            group = label;
+            continue;
+        }
+        auto v = sig.find(label);
+        if (!v) continue;
+        if (sig.splittable(*v)) return {};
+        matched = true;
+        frozen = frozen || sig.vars[*v].frozen;
+        append(labels, concat(labels.empty() ? "" : ", ", "'", label, "'"));
+    }
+    if (!matched && !group.empty()) {
+        // "(h d)": the outermost variable is the one that cuts the axis into contiguous slices.
+        std::string_view outer = group.substr(1, group.find(' ') - 1);
+        std::string_view outer_dim = "?";
+        for (const auto& [label, d] : op.variable_dims)
+            if (label == outer) outer_dim = d.name();
+        return concat(trans, " on ", op.name, ": ", dim, " is the grouped axis ", group,
+                      " of this op, not one of its variables; split ", outer_dim, " (its outermost variable '", outer,
+                      "') instead");
+    }
+    if (!matched)
+        return concat(trans, " on ", op.name, ": the op has no dim ", dim, " (its dims: ", dims_text(op), "); split ",
+                      splittable_dims_text(op), " instead");
+    return concat(trans, " on ", op.name, ": ", dim, " is ",
+                  frozen ? "frozen in this op (" : "an inner part of a grouped axis in this op (", labels,
+                  frozen ? "; splitting it would change the result" : "; its slices are not contiguous", "); split ",
+                  splittable_dims_text(op), " instead");
+}
+
+// ---- the predicates ------------------------------------------------------------------------
+
+constexpr text first_trans_error(const rule_view& r, std::int64_t devices = 0) {
+    for (std::size_t i = 0; i < r.splits.size(); ++i) {
+        const split_view& s = r.splits[i];
+        const degree_view& d = s.degree;
+        if (d.kind == degree_kind::missing)
+            return concat(r.trans, ": ", split_spelling(s), " has no degree; write pairs: trans<Split<A>, 2, Split<B>, 4>");
+        if (auto value = known_degree(d, devices); value && *value < 1)
+            return concat(r.trans, ": the degree of ", split_spelling(s), " is ", *value,
+                          "; a degree must be at least 1 (1 leaves the op whole)");
+        if (d.kind == degree_kind::open && !d.known) {
+            if (!d.any_positive && d.allowed.empty())
+                return concat(r.trans, ": the range ", d.range,
+                              " of the open degree is empty; give a range with at least one value, e.g. Pow2<1, 8>");
+            for (std::int64_t v : d.allowed)
+                if (v < 1)
+                    return concat(r.trans, ": the range ", d.range, " holds ", v, "; a degree must be at least 1");
+        }
+        for (std::size_t j = 0; j < i; ++j) {
+            const split_view& earlier = r.splits[j];
+            if (earlier.kind != s.kind || earlier.target != s.target) continue;
+            if (s.kind == split_kind::replicate)
+                return concat(r.trans, ": Replicate appears twice; replicate once, by the product of the degrees");
+            return concat(r.trans, ": ", split_spelling(s),
+                          " appears twice (the same dim split twice); split it once, by the product of the degrees");
+        }
+    }
+    return {};
+}
+
+constexpr text first_rule_error(const rule_view& r, std::int64_t devices = 0) {
+    const text selector = concat("plan::", r.selector);
+    // the selector
+    if (r.kind_filters > 0 && r.kinds.empty())
+        return concat(selector, ": name at least one op kind, e.g. on<ops::Linear>(...)");
+    if (r.kind_filters > 1)
+        return concat(selector, ": two on<...> in one rule; list every op kind in one on<...>");
+    if (r.name_filters > 1)
+        return concat(selector, ": two name patterns in one rule; give one glob ('*' and '?' match any text)");
+    if (r.scope_filters > 1)
+        return concat(selector, ": two scope patterns in one rule; give one glob ('*' and '?' match any text)");
+    if (r.layer_filters > 1) return concat(selector, ": two layer ranges in one rule; give one");
+    if (r.empty_pattern)
+        return concat(selector, ": an empty pattern matches nothing; use on_all(...) to select every op");
+    if (r.layer_filters > 0 && r.repeat.empty())
+        return concat(selector, ": name the repeat whose layers to select, e.g. on_layers<\"blocks\", 0, 3>");
+    if (r.layer_filters > 0 && r.first_layer < 0)
+        return concat(selector, ": layers are numbered from 0; the first layer is ", r.first_layer);
+    if (r.layer_filters > 0 && r.last_layer >= 0 && r.first_layer > r.last_layer)
+        return concat(selector, ": the first layer ", r.first_layer, " comes after the last ", r.last_layer,
+                      "; write on_layers<\"", r.repeat, "\", ", r.last_layer, ", ", r.first_layer, ">");
+    // the pieces
+    if (r.trans_count + r.assign_count + r.recompute_count == 0)
+        return concat(selector,
+                      ": the rule does nothing; give it a plan::trans, plan::assign, plan::colocate or plan::recompute");
+    if (r.trans_count > 1)
+        return concat(selector, ": two plan::trans in one rule; put every split in one: trans<Split<A>, 2, Split<B>, 2>");
+    if (r.assign_count > 1)
+        return concat(selector, ": two op-assigns (plan::assign, plan::colocate) in one rule; give one");
+    if (r.recompute_count > 1) return concat(selector, ": plan::recompute appears twice; once is enough");
+    if (r.assign_count == 1) {
+        if (r.explicit_devices && r.devices.empty())
+            return concat(r.assign, ": list one device per piece, e.g. plan::assign<0, 1>");
+        for (std::int64_t d : r.devices)
+            if (d < 0) return concat(r.assign, ": device ", d, " is negative; devices are numbered from 0");
+        if (!r.explicit_devices && r.colocate < 1)
+            return concat(r.assign,
+                          ": at least one piece per device; colocate<1> (or no colocate) runs one piece per device");
+        if (r.trans_count == 1) {
+            if (auto pieces = known_pieces(r, devices)) {
+                if (r.explicit_devices && static_cast<std::int64_t>(r.devices.size()) != *pieces)
+                    return concat(r.assign, ": ", r.devices.size(), " devices for the ", *pieces, " pieces of ", r.trans,
+                                  "; give one device per piece");
+                if (!r.explicit_devices && *pieces % r.colocate != 0)
+                    return concat(r.assign, ": the ", *pieces, " pieces of ", r.trans, " cannot be grouped ", r.colocate,
+                                  " per device; choose a colocation that divides ", *pieces, " (",
+                                  divisors_text(*pieces), ")");
+            }
+        }
+    }
+    // the splits against the op kinds the selector names
+    for (const auto& op : r.kinds)
+        for (const auto& s : r.splits) {
+            text e;
+            if (s.kind == split_kind::variable) e = variable_split_error(op, s.target, r.trans);
+            if (s.kind == split_kind::dim) e = dim_split_error(op, s.target, r.trans);
+            if (!e.empty()) return e;
+        }
+    return {};
+}
+
+constexpr text first_plan_error(const plan_view& p) {
+    // the constraints themselves
+    // Indices, not pointers: compilers with sanitizers cannot compare pointers to static
+    // objects in a constant expression.
+    std::optional<std::size_t> devices_fact, zero_fact;
+    for (std::size_t i = 0; i < p.facts.size(); ++i) {
+        const fact_view& f = p.facts[i];
+        switch (f.kind) {
+            case fact_kind::devices:
+                if (f.value < 1) return concat(f.spelling, ": a plan needs at least one device");
+                if (devices_fact && p.facts[*devices_fact].value != f.value)
+                    return concat(f.spelling, ": the plan already says ", p.facts[*devices_fact].spelling,
+                                  "; give the device count once");
+                devices_fact = i;
+                break;
+            case fact_kind::extent:
+                if (f.value < 1) return concat(f.spelling, ": an extent is at least 1");
+                for (std::size_t j = 0; j < i; ++j)
+                    if (p.facts[j].kind == fact_kind::extent && p.facts[j].dim == f.dim && p.facts[j].value != f.value)
+                        return concat(f.spelling, ": the plan already says ", p.facts[j].spelling,
+                                      "; give each dim's extent once");
+                break;
+            case fact_kind::zero:
+                if (f.value < 1 || f.value > 3) return concat(f.spelling, ": ZeRO has stages 1, 2 and 3");
+                if (zero_fact && p.facts[*zero_fact].value != f.value)
+                    return concat(f.spelling, ": the plan already says ", p.facts[*zero_fact].spelling,
+                                  "; choose one stage");
+                zero_fact = i;
+                break;
+            case fact_kind::forbid:
+            case fact_kind::colocation_requires_recompute: break;
+        }
+    }
+    if (p.devices > 0 && devices_fact && p.facts[*devices_fact].value != p.devices)
+        return concat(p.facts[*devices_fact].spelling, ": the plan is given ", p.devices,
+                      " devices at run time; pass the same count, or leave it out");
+    const std::int64_t devices = declared_devices(p);
+    const text devices_text = concat("devices<", devices, ">");
+    bool requires_recompute = false;
+    for (const auto& f : p.facts) requires_recompute = requires_recompute || f.kind == fact_kind::colocation_requires_recompute;
+
+    for (std::size_t ri = 0; ri < p.rules.size(); ++ri) {
+        const rule_view& r = p.rules[ri];
+        const text where = concat(r.trans, " in ", r.selector);
+        for (const auto& s : r.splits) {
+            // forbidden splits
+            for (const auto& f : p.facts)
+                if (f.kind == fact_kind::forbid && s.kind == f.target_kind && s.target == f.target)
+                    return concat(f.spelling, ": ", where, " splits ", s.target,
+                                  ", which the plan forbids; remove that split or the constraint");
+            // extents the plan knows
+            if (s.kind == split_kind::dim)
+                for (const auto& f : p.facts) {
+                    if (f.kind != fact_kind::extent || f.dim != s.target || f.value < 1) continue;
+                    if (auto d = known_degree(s.degree, devices); d && *d >= 1 && f.value % *d != 0)
+                        return concat(r.trans, ": ", f.spelling, " is not divisible by the degree ", *d, " of ",
+                                      split_spelling(s), "; choose a divisor of ", f.value, " (", divisors_text(f.value), ")");
+                    if (s.degree.kind == degree_kind::open && !s.degree.known && !range_holds_divisor_of(s.degree, f.value))
+                        return concat(r.trans, ": no value of ", s.degree.range, " divides ", f.spelling,
+                                      "; give a range that holds a divisor of ", f.value, " (", divisors_text(f.value), ")");
+                }
+        }
+        if (devices > 0) {
+            for (std::int64_t d : r.devices)
+                if (d >= devices)
+                    return concat(r.assign, " in ", r.selector, ": device ", d, " is outside ", devices_text, " (0..",
+                                  devices - 1, "); use a device below ", devices, " or raise the device count");
+            if (r.trans_count == 1 && !r.explicit_devices) {
+                const auto pieces = known_pieces(r, devices);
+                if (r.colocate == 1) {
+                    for (const auto& s : r.splits) {
+                        if (auto d = known_degree(s.degree, devices); d && *d >= 1 && devices % *d != 0)
+                            return concat(r.trans, ": the degree ", *d, " of ", split_spelling(s), " does not divide ",
+                                          devices_text, "; choose a divisor of ", devices, " (", divisors_text(devices),
+                                          "), or colocate pieces (plan::colocate)");
+                        if (s.degree.kind == degree_kind::open && !s.degree.known &&
+                            !range_holds_divisor_of(s.degree, devices))
+                            return concat(r.trans, ": no value of ", s.degree.range, " divides ", devices_text,
+                                          "; give a range that holds a divisor of ", devices, " (", divisors_text(devices),
+                                          ")");
+                    }
+                    if (pieces && *pieces > devices)
+                        return concat(r.trans, ": ", *pieces, " pieces but ", devices_text,
+                                      "; lower the degrees so that their product is at most ", devices,
+                                      ", or colocate pieces (plan::colocate<", (*pieces + devices - 1) / devices, ">)");
+                } else if (pieces && r.colocate >= 1 && *pieces % r.colocate == 0 && *pieces / r.colocate > devices) {
+                    return concat(r.assign, ": the ", *pieces, " pieces of ", r.trans, " make ", *pieces / r.colocate,
+                                  " groups of ", r.colocate, " but the plan has ", devices_text,
+                                  "; colocate more pieces per device or lower the degrees");
+                }
+            }
+        }
+        // Coshard's rule: colocated pieces recompute (in this rule, or in another with the same selector).
+        if (requires_recompute && !r.explicit_devices && r.colocate > 1 && r.recompute_count == 0) {
+            bool recomputed = false;
+            for (const auto& q : p.rules) recomputed = recomputed || (q.selector == r.selector && q.recompute_count > 0);
+            if (!recomputed)
+                return concat(r.assign, " in ", r.selector,
+                              ": the plan requires colocated ops to recompute (plan::colocation_requires_recompute); "
+                              "add plan::recompute to the same rule");
+        }
+        // one name, one range
+        for (std::size_t si = 0; si < r.splits.size(); ++si) {
+            const split_view& s = r.splits[si];
+            if (s.degree.kind != degree_kind::open || s.degree.name.empty()) continue;
+            for (std::size_t qi = 0; qi <= ri; ++qi)
+                for (std::size_t ti = 0; ti < p.rules[qi].splits.size() && (qi < ri || ti < si); ++ti) {
+                    const split_view& t = p.rules[qi].splits[ti];
+                    if (t.degree.kind == degree_kind::open && t.degree.name == s.degree.name &&
+                        t.degree.range != s.degree.range)
+                        return concat(r.trans, ": the open parameter '", s.degree.name, "' is already declared with ",
+                                      t.degree.range, " in ", p.rules[qi].trans, "; give one range per name");
+                }
+        }
+    }
+    return {};
+}
+
+constexpr text first_error(const plan_view& p) {
+    const std::int64_t devices = declared_devices(p);
+    for (const auto& r : p.rules) {
+        if (text e = first_trans_error(r, devices); !e.empty()) return e;
+        if (text e = first_rule_error(r, devices); !e.empty()) return e;
+    }
+    return first_plan_error(p);
+}
+
+}  // namespace detail
+
+}  // namespace loom::plan
+// ---- end loom/plan/checks.hpp ----
+
+namespace loom::plan {
+
+// A signature variable by its label: Split<Var<"n">>.
+template <fixed_string Label>
+struct Var {
+    static constexpr std::string_view label = Label.view();
+};
+
+// What a trans cuts along: a dim tag (Split<Dim::Batch>) or a variable (Split<Var<"n">>).
+template <class Target>
+struct Split;
+
+template <dim_tag D>
+struct Split<D> {
+    static constexpr detail::split_kind kind = detail::split_kind::dim;
+    static constexpr std::string_view target = D::name;
+};
+
+template <fixed_string Label>
+struct Split<Var<Label>> {
+    static constexpr detail::split_kind kind = detail::split_kind::variable;
+    static constexpr std::string_view target = Var<Label>::label;
+};
+
+// Whole copies instead of cuts.
+struct Replicate {
+    static constexpr detail::split_kind kind = detail::split_kind::replicate;
+    static constexpr std::string_view target = "";
+};
+
+// What a trans pair starts with: Split<Dim::D>, Split<Var<"v">> or Replicate.
+template <class T>
+concept split_target = requires {
+    { T::kind } -> std::convertible_to<detail::split_kind>;
+    { T::target } -> std::convertible_to<std::string_view>;
+};
+
+namespace detail {
+
+enum class piece_kind : std::uint8_t { trans, assign, colocate, recompute };
+
+// The "nothing here" of trans' optional split pairs.
+struct no_split {};
+
+template <class Target, auto Degree>
+constexpr split_view split_view_of() {
+    return {Target::kind, Target::target, degree_view_of<Degree>()};
+}
+
+// Appends ", Split<Head>, 2" (nothing for an absent pair; no degree for a missing one).
+template <class Target, auto Degree>
+constexpr void append_split_pair(text& out) {
+    if constexpr (!std::is_same_v<Target, no_split>) {
+        append(out, concat(", ", target_spelling(Target::kind, Target::target)));
+        if constexpr (!std::is_same_v<std::remove_cv_t<decltype(Degree)>, no_degree>)
+            append(out, concat(", ", degree_spelling<Degree>()));
+    }
+}
+
+template <std::size_t Given, std::size_t Needed>
+concept pass_one_value_per_runtime_degree = Given == Needed;
+
+template <class... Targets>
+inline constexpr std::size_t split_count_v =
+    (std::size_t{0} + ... + (std::is_same_v<Targets, no_split> ? 0 : 1));
+
+template <class T>
+concept split_target_or_none = split_target<T> || std::is_same_v<T, no_split>;
+
+}  // namespace detail
+
+template <split_target T0, auto D0, detail::split_target_or_none T1 = detail::no_split, auto D1 = detail::no_degree{},
+          detail::split_target_or_none T2 = detail::no_split, auto D2 = detail::no_degree{},
+          detail::split_target_or_none T3 = detail::no_split, auto D3 = detail::no_degree{}>
+class trans {
+public:
+    static constexpr detail::piece_kind piece = detail::piece_kind::trans;
+
+    static constexpr std::size_t split_count = detail::split_count_v<T0, T1, T2, T3>;
+
+    // The splits as the checks see them; runtime degrees are unknown here.
+    static constexpr std::array<detail::split_view, split_count> splits = [] {
+        std::array<detail::split_view, split_count> out{};
+        std::size_t n = 0;
+        out[n++] = detail::split_view_of<T0, D0>();
+        if constexpr (!std::is_same_v<T1, detail::no_split>) out[n++] = detail::split_view_of<T1, D1>();
+        if constexpr (!std::is_same_v<T2, detail::no_split>) out[n++] = detail::split_view_of<T2, D2>();
+        if constexpr (!std::is_same_v<T3, detail::no_split>) out[n++] = detail::split_view_of<T3, D3>();
+        return out;
+    }();
+
+    static constexpr std::size_t runtime_count = [] {
+        std::size_t n = 0;
+        for (const auto& s : splits) n += s.degree.kind == detail::degree_kind::runtime ? 1 : 0;
+        return n;
+    }();
+
+    // "plan::trans<Split<Batch>, 2, Split<Head>, open<Pow2<1, 8>>>"
+    static constexpr detail::static_text spelling{[] {
+        detail::text s;
+        detail::append_split_pair<T0, D0>(s);
+        detail::append_split_pair<T1, D1>(s);
+        detail::append_split_pair<T2, D2>(s);
+        detail::append_split_pair<T3, D3>(s);
+        return detail::concat("plan::trans<", s.view().substr(2), ">");
+    }()};
+
+    // The degrees of the runtime slots, in order.
+    std::array<std::int64_t, runtime_count> runtime_degrees{};
+
+    // One value per runtime slot, in order; a count that differs names the constraint
+    // pass_one_value_per_runtime_degree<given, needed> in the compiler's message.
+    template <std::convertible_to<std::int64_t>... Values>
+        requires detail::pass_one_value_per_runtime_degree<sizeof...(Values), runtime_count>
+    constexpr trans(Values... values) : runtime_degrees{static_cast<std::int64_t>(values)...} {
+        constexpr detail::message error{detail::first_trans_error(alone())};
+        if constexpr (!error.empty()) (void)ill_formed_plan<error>{};
+    }
+
+    // The trans as a rule of its own, for the checks of the trans alone.
+    static constexpr detail::rule_view alone() {
+        detail::rule_view r;
+        r.selector = "on_all";
+        r.trans_count = 1;
+        r.trans = spelling.view();
+        r.splits = splits;
+        return r;
+    }
+};
+
+}  // namespace loom::plan
+
+namespace loom {
+// The split targets read as vocabulary next to the dims: trans<Split<Dim::Batch>, 4>.
+using plan::Replicate;
+using plan::Split;
+using plan::Var;
+}  // namespace loom
+// ---- end loom/plan/trans.hpp ----
+
+namespace loom::plan {
+
+template <int... Devices>
+struct assign_t {
+    static constexpr detail::piece_kind piece = detail::piece_kind::assign;
+    static constexpr std::array<std::int64_t, sizeof...(Devices)> devices{Devices...};
+    static constexpr detail::static_text spelling{detail::concat("plan::assign<", detail::join(devices), ">")};
+};
+
+template <int... Devices>
+inline constexpr assign_t<Devices...> assign{};
+
+template <std::int64_t PiecesPerDevice>
+struct colocate_t {
+    static constexpr detail::piece_kind piece = detail::piece_kind::colocate;
+    static constexpr std::int64_t pieces_per_device = PiecesPerDevice;
+    static constexpr detail::static_text spelling{detail::concat("plan::colocate<", PiecesPerDevice, ">")};
+};
+
+template <std::int64_t PiecesPerDevice>
+inline constexpr colocate_t<PiecesPerDevice> colocate{};
+
+struct recompute_t {
+    static constexpr detail::piece_kind piece = detail::piece_kind::recompute;
+};
+
+inline constexpr recompute_t recompute{};
+
+}  // namespace loom::plan
+// ---- end loom/plan/assign.hpp ----
+// ---- begin loom/plan/compose.hpp ----
+// compose(parts...): a plan from rules and constraints, checked whole, and its lowering to
+// the run-time plan_spec (plan/rules.hpp).
+//
+//   constexpr auto space = plan::compose(
+//       plan::devices<8>,
+//       plan::on_all(plan::trans<Split<Dim::Batch>, plan::open<Pow2<1, 8>, "dp">>{}),
+//       plan::on<ops::Attention>(plan::trans<Split<Dim::Batch>, plan::open<Pow2<1, 8>, "dp">,
+//                                            Split<Dim::Head>, 2>{}));
+//   static_assert(plan::well_formed<decltype(space)>);
+//   plan_spec spec = space.choose("dp", 4).spec();     // open parameters filled
+//   resolved_plan plan = space.choose("dp", 4).resolve(graph);
+//
+// The composed type carries its parts; its checks ran when compose(...) was compiled.
+// spec() lowers every rule in order (later rules override what they set, as in plan_spec),
+// fills what only the run time knows (runtime degrees, all_devices, chosen open
+// parameters) and runs the same checks again on those values, throwing plan_error.
+//
+// Open parameters are named by the user (open<Range, "tp">; one name, one value) or after
+// their trans: the k-th trans of the plan (from 0) names its open degrees "trans#k.degree"
+// when it has one split, else "trans#k.degree0", "trans#k.degree1", ... by position.
+#include <algorithm>
+#include <array>
+#include <cstddef>
+#include <cstdint>
+#include <deque>
+#include <map>
+#include <span>
+#include <string>
+#include <tuple>
+#include <type_traits>
+#include <utility>
+#include <vector>
+
+#include <boost/mp11/algorithm.hpp>
+#include <boost/mp11/list.hpp>
+
+// ---- begin loom/plan/constraints.hpp ----
+// Constraints and facts a plan states beside its rules:
+//
+//   devices<8>                      the device count
+//   extent<Dim::Head, 12>           an extent known of the model: degrees along Head must divide 12
+//   forbid<Split<Dim::Seq>>         no rule may split Seq (or forbid<Split<Var<"k">>>: no rule splits k)
+//   colocation_requires_recompute   colocated pieces (colocate<C>, C > 1) must recompute
+//   zero<2>                         ZeRO stage 1, 2 or 3 over the data-parallel devices
+//
+// Each is a value passed to compose(...). The checks (plan/checks.hpp) hold every rule to
+// them; a constraint that contradicts another or a rule stops the compilation in compose.
+#include <cstdint>
+
 // ---- begin loom/plan/op_partition.hpp ----
 // A resolved plan for one op (op-trans + op-assign) and for a whole graph: what plan
 // combinators and presets resolve to, what the searcher fills in, and what partitioning
@@ -2882,19 +3973,6 @@ struct resolved_plan {
 
 }  // namespace loom::plan
 // ---- end loom/plan/op_partition.hpp ----
-// ---- begin loom/plan/presets.hpp ----
-// The well-known plans, each written only with the primitives: rules that split
-// (op-trans), place (op-assign) and recompute selected ops, plus the ZeRO rewrites (an
-// identity after each parameter or on each gradient, split over the data-parallel
-// devices). Nothing here is a special code path: a user can write any of them by hand.
-//
-// Layer names follow loom's transformer models (models/gpt.hpp): "<repeat>.<i>.attn.{q,k,v,
-// proj}", "<repeat>.<i>.mlp.{fc,proj}", layer norms "ln_*". Models that name their layers
-// otherwise pass their own transformer_names.
-#include <cstdint>
-#include <string>
-#include <vector>
-
 // ---- begin loom/plan/rules.hpp ----
 // A plan as data: an ordered list of rules, each a selector (which ops) and what to do to
 // them (op-trans: split / replicate; op-assign: devices, colocation; recompute). The
@@ -3109,6 +4187,742 @@ inline resolved_plan resolve(const plan_spec& p, const graph& g) {
 
 }  // namespace loom::plan
 // ---- end loom/plan/rules.hpp ----
+
+namespace loom::plan {
+
+template <std::int64_t N>
+struct devices_t {
+    static constexpr detail::static_text spelling{detail::concat("plan::devices<", N, ">")};
+    static constexpr detail::fact_view fact{detail::fact_kind::devices, N, {}, {}, {}, spelling.view()};
+    static void lower(plan_spec&) {}  // the device count is set by compose(...).spec()
+};
+
+template <std::int64_t N>
+inline constexpr devices_t<N> devices{};
+
+template <dim_tag D, std::int64_t Extent>
+struct extent_t {
+    static constexpr detail::static_text spelling{detail::concat("plan::extent<", D::name, ", ", Extent, ">")};
+    static constexpr detail::fact_view fact{detail::fact_kind::extent, Extent, D::name, {}, {}, spelling.view()};
+    static void lower(plan_spec&) {}  // compose(...).resolve(graph) checks it against the graph
+};
+
+template <dim_tag D, std::int64_t Extent>
+inline constexpr extent_t<D, Extent> extent{};
+
+template <split_target Target>
+struct forbid_t {
+    static constexpr detail::static_text spelling{
+        detail::concat("plan::forbid<", detail::target_spelling(Target::kind, Target::target), ">")};
+    static constexpr detail::fact_view fact{
+        detail::fact_kind::forbid, 0, {}, Target::kind, Target::target, spelling.view()};
+    static void lower(plan_spec&) {}  // every rule of the plan was checked against it
+};
+
+template <split_target Target>
+inline constexpr forbid_t<Target> forbid{};
+
+struct colocation_requires_recompute_t {
+    static constexpr detail::static_text spelling{"plan::colocation_requires_recompute"};
+    static constexpr detail::fact_view fact{
+        detail::fact_kind::colocation_requires_recompute, 0, {}, {}, {}, spelling.view()};
+    static void lower(plan_spec& p) { p.colocation_requires_recompute = true; }
+};
+
+inline constexpr colocation_requires_recompute_t colocation_requires_recompute{};
+
+template <std::int64_t Stage>
+struct zero_t {
+    static constexpr detail::static_text spelling{detail::concat("plan::zero<", Stage, ">")};
+    static constexpr detail::fact_view fact{detail::fact_kind::zero, Stage, {}, {}, {}, spelling.view()};
+    static void lower(plan_spec& p) { p.zero = static_cast<zero_stage>(Stage); }
+};
+
+template <std::int64_t Stage>
+inline constexpr zero_t<Stage> zero{};
+
+namespace detail {
+
+template <class T>
+concept plan_fact = requires {
+    { T::fact } -> std::convertible_to<fact_view>;
+};
+
+}  // namespace detail
+
+}  // namespace loom::plan
+// ---- end loom/plan/constraints.hpp ----
+// ---- begin loom/plan/selectors.hpp ----
+// Selectors: which ops a rule applies to, and the rule they make with their pieces.
+//
+//   on<ops::Linear, ops::LinearBias>(pieces...)   op kinds
+//   on_name<"blocks.*.mlp*">(pieces...)           a glob over node names ('*' any text, '?' one character)
+//   on_scope<"*.attn">(pieces...)                 a glob over layer scope paths
+//   on_layers<"blocks", 0, 3>(pieces...)          layers 0..3 (inclusive) of the repeat "blocks";
+//                                                 on_layers<"blocks", 4>: from layer 4 to the end
+//   on_all(pieces...)                             every op
+//
+// Pieces are a trans, an assign or colocate, and recompute (at most one of each). A
+// selector may wrap one rule to narrow it: on_scope<"*.attn">(on<ops::Attention>(...))
+// selects attention ops inside attention scopes.
+//
+// on<...> names op kinds, so its rule's splits are checked against their signatures here:
+// a variable the op lacks or freezes, and, for ops that bind their variables to fixed dims
+// (a static `variable_dims` table, e.g. ops::Attention), a dim the op lacks or freezes.
+// A frozen variable that a custom transformation cuts (plan/transformation.hpp) is allowed
+// when it is listed in plan::transformable_variables<Op>.
+#include <array>
+#include <cstdint>
+#include <span>
+#include <string_view>
+#include <tuple>
+#include <type_traits>
+#include <utility>
+
+#include <boost/mp11/algorithm.hpp>
+#include <boost/mp11/list.hpp>
+
+
+namespace loom::ops {
+struct LinearBias;
+}
+
+namespace loom::plan {
+
+// Labels for plan::transformable_variables: variable_labels<"k">::values.
+template <fixed_string... Labels>
+struct variable_labels {
+    static constexpr std::array<std::string_view, sizeof...(Labels)> values{Labels.view()...};
+};
+
+// The frozen variables of Op that a registered custom transformation cuts, so that the
+// compile-time checks let a plan split them. Specialize next to the registration:
+//   template <> inline constexpr std::span<const std::string_view>
+//       plan::transformable_variables<MyOp> = plan::variable_labels<"k">::values;
+template <class Op>
+inline constexpr std::span<const std::string_view> transformable_variables{};
+
+// Built in (plan/transformation.hpp): Megatron's row-parallel linear with bias.
+template <>
+inline constexpr std::span<const std::string_view> transformable_variables<ops::LinearBias> =
+    variable_labels<"k">::values;
+
+namespace detail {
+
+template <op_kind Op>
+constexpr op_view op_view_of() {
+    std::span<const std::pair<std::string_view, dim_id>> dims;
+    if constexpr (requires { Op::variable_dims; }) dims = Op::variable_dims;
+    return {Op::name, &Op::sig, dims, transformable_variables<Op>};
+}
+
+// ---- filters: the conditions a selector ANDs ------------------------------------------------
+
+struct all_filter {
+    static constexpr static_text spelling{"on_all"};
+    static constexpr void describe(rule_view&) {}
+    static void lower(selector&) {}
+};
+
+template <op_kind... Ops>
+struct kinds_filter {
+    static constexpr std::array<op_view, sizeof...(Ops)> ops{op_view_of<Ops>()...};
+    static constexpr static_text spelling{[] {
+        text s = "on<";
+        for (std::size_t i = 0; i < ops.size(); ++i) append(s, concat(i ? ", " : "", ops[i].name));
+        append(s, ">");
+        return s;
+    }()};
+    static constexpr void describe(rule_view& r) {
+        ++r.kind_filters;
+        r.kinds = ops;
+    }
+    static void lower(selector& s) { s.kinds = {&op_def_of<Ops>()...}; }
+};
+
+template <fixed_string Pattern>
+struct name_filter {
+    static constexpr static_text spelling{concat("on_name<\"", Pattern.view(), "\">")};
+    static constexpr void describe(rule_view& r) {
+        ++r.name_filters;
+        r.empty_pattern = r.empty_pattern || Pattern.size() == 0;
+    }
+    static void lower(selector& s) { s.name = std::string(Pattern.view()); }
+};
+
+template <fixed_string Pattern>
+struct scope_filter {
+    static constexpr static_text spelling{concat("on_scope<\"", Pattern.view(), "\">")};
+    static constexpr void describe(rule_view& r) {
+        ++r.scope_filters;
+        r.empty_pattern = r.empty_pattern || Pattern.size() == 0;
+    }
+    static void lower(selector& s) { s.scope = std::string(Pattern.view()); }
+};
+
+template <fixed_string Repeat, std::int64_t First, std::int64_t Last>
+struct layer_filter {
+    static constexpr static_text spelling{[] {
+        text s = concat("on_layers<\"", Repeat.view(), "\", ", First);
+        if (Last >= 0) append(s, concat(", ", Last));
+        append(s, ">");
+        return s;
+    }()};
+    static constexpr void describe(rule_view& r) {
+        ++r.layer_filters;
+        r.repeat = Repeat.view();
+        r.first_layer = First;
+        r.last_layer = Last;
+    }
+    static void lower(selector& s) {
+        s.repeat = std::string(Repeat.view());
+        s.first_layer = First;
+        s.last_layer = Last;
+    }
+};
+
+// The filters of a rule, outermost first.
+template <class... Filters>
+struct selector_t {
+    // on_scope<"*.attn">(on<attention>(...))
+    static constexpr static_text spelling{[] {
+        text s;
+        std::size_t depth = 0;
+        (append(s, concat(depth++ ? "(" : "", Filters::spelling.view())), ...);
+        if (depth > 1) append(s, "(...)");
+        for (std::size_t i = 1; i < depth; ++i) append(s, ")");
+        return s;
+    }()};
+    static constexpr void describe(rule_view& r) {
+        r.selector = spelling.view();
+        (Filters::describe(r), ...);
+    }
+    static selector lower() {
+        selector s;
+        (Filters::lower(s), ...);
+        return s;
+    }
+};
+
+template <class T>
+concept plan_piece = requires {
+    { T::piece } -> std::convertible_to<piece_kind>;
+};
+
+template <class Piece>
+constexpr void describe_piece(rule_view& r) {
+    if constexpr (Piece::piece == piece_kind::trans) {
+        if (r.trans_count++ == 0) {
+            r.trans = Piece::spelling.view();
+            r.splits = Piece::splits;
+        }
+    } else if constexpr (Piece::piece == piece_kind::assign) {
+        if (r.assign_count++ == 0) {
+            r.assign = Piece::spelling.view();
+            r.explicit_devices = true;
+            r.devices = Piece::devices;
+        }
+    } else if constexpr (Piece::piece == piece_kind::colocate) {
+        if (r.assign_count++ == 0) {
+            r.assign = Piece::spelling.view();
+            r.colocate = Piece::pieces_per_device;
+        }
+    } else {
+        ++r.recompute_count;
+    }
+}
+
+}  // namespace detail
+
+// A rule: a selector and its pieces (a trans, an op-assign, recompute). Made by on(...) and
+// the other selectors; `view` is what the checks read.
+template <class Selector, class Pieces>
+struct rule_t;
+
+template <class Selector, class... Pieces>
+struct rule_t<Selector, std::tuple<Pieces...>> {
+    using selector_type = Selector;
+    std::tuple<Pieces...> pieces;
+
+    static constexpr detail::rule_view view = [] {
+        detail::rule_view r;
+        Selector::describe(r);
+        (detail::describe_piece<Pieces>(r), ...);
+        return r;
+    }();
+};
+
+namespace detail {
+
+template <class T>
+struct is_rule : std::false_type {};
+template <class S, class P>
+struct is_rule<rule_t<S, P>> : std::true_type {};
+
+template <class T>
+concept rule_argument = plan_piece<T> || is_rule<T>::value;
+
+template <class T>
+struct selector_of {
+    using type = selector_t<>;
+};
+template <class S, class P>
+struct selector_of<rule_t<S, P>> {
+    using type = S;
+};
+
+template <class T>
+struct pieces_of {
+    using type = std::tuple<T>;
+};
+template <class S, class P>
+struct pieces_of<rule_t<S, P>> {
+    using type = P;
+};
+
+template <class Filter, class... Args>
+using rule_from_t = rule_t<boost::mp11::mp_append<selector_t<Filter>, typename selector_of<Args>::type...>,
+                           boost::mp11::mp_append<std::tuple<>, typename pieces_of<Args>::type...>>;
+
+template <class... Args>
+inline constexpr std::size_t nested_rules_v = (std::size_t{0} + ... + (is_rule<Args>::value ? 1 : 0));
+
+template <class T>
+constexpr auto as_pieces(const T& piece) {
+    if constexpr (is_rule<T>::value)
+        return piece.pieces;
+    else
+        return std::tuple<T>(piece);
+}
+
+// The rule's own mistakes stop the compilation here (a bad trans already stopped it where
+// it was written, so its rules are not reported again).
+template <class Rule>
+constexpr void report_rule_errors() {
+    constexpr message error{[] {
+        text e;
+        if (first_trans_error(Rule::view).empty()) e = first_rule_error(Rule::view);
+        return e;
+    }()};
+    if constexpr (!error.empty()) (void)ill_formed_plan<error>{};
+}
+
+template <class Filter, class... Args>
+constexpr rule_from_t<Filter, Args...> make_rule(const Args&... args) {
+    using rule_type = rule_from_t<Filter, Args...>;
+    report_rule_errors<rule_type>();
+    return rule_type{std::tuple_cat(as_pieces(args)...)};
+}
+
+}  // namespace detail
+
+template <op_kind... Ops, detail::rule_argument... Args>
+    requires(detail::nested_rules_v<Args...> <= 1)
+constexpr detail::rule_from_t<detail::kinds_filter<Ops...>, Args...> on(Args... args) {
+    return detail::make_rule<detail::kinds_filter<Ops...>>(args...);
+}
+
+template <fixed_string Pattern, detail::rule_argument... Args>
+    requires(detail::nested_rules_v<Args...> <= 1)
+constexpr detail::rule_from_t<detail::name_filter<Pattern>, Args...> on_name(Args... args) {
+    return detail::make_rule<detail::name_filter<Pattern>>(args...);
+}
+
+template <fixed_string Pattern, detail::rule_argument... Args>
+    requires(detail::nested_rules_v<Args...> <= 1)
+constexpr detail::rule_from_t<detail::scope_filter<Pattern>, Args...> on_scope(Args... args) {
+    return detail::make_rule<detail::scope_filter<Pattern>>(args...);
+}
+
+template <fixed_string Repeat, std::int64_t First, std::int64_t Last = -1, detail::rule_argument... Args>
+    requires(detail::nested_rules_v<Args...> <= 1)
+constexpr detail::rule_from_t<detail::layer_filter<Repeat, First, Last>, Args...> on_layers(Args... args) {
+    return detail::make_rule<detail::layer_filter<Repeat, First, Last>>(args...);
+}
+
+template <detail::rule_argument... Args>
+    requires(detail::nested_rules_v<Args...> <= 1)
+constexpr detail::rule_from_t<detail::all_filter, Args...> on_all(Args... args) {
+    return detail::make_rule<detail::all_filter>(args...);
+}
+
+}  // namespace loom::plan
+// ---- end loom/plan/selectors.hpp ----
+
+namespace loom::plan {
+
+template <class... Parts>
+class configured_plan;
+
+namespace detail {
+
+template <class T>
+struct is_fact : std::bool_constant<plan_fact<T>> {};
+
+template <class T>
+struct is_plan_part : std::bool_constant<is_rule<T>::value || plan_fact<T>> {};
+
+template <class... Rules>
+constexpr std::array<rule_view, sizeof...(Rules)> rule_views_of(boost::mp11::mp_list<Rules...>) {
+    return {Rules::view...};
+}
+template <class... Facts>
+constexpr std::array<fact_view, sizeof...(Facts)> fact_views_of(boost::mp11::mp_list<Facts...>) {
+    return {Facts::fact...};
+}
+
+// What the checks see of a plan made of Parts (parts that are neither rules nor
+// constraints are left out and reported by first_part_error).
+template <class... Parts>
+struct plan_description {
+    using rules = boost::mp11::mp_copy_if<boost::mp11::mp_list<Parts...>, is_rule>;
+    using facts = boost::mp11::mp_copy_if<boost::mp11::mp_list<Parts...>, is_fact>;
+    static constexpr auto rule_views = rule_views_of(rules{});
+    static constexpr auto fact_views = fact_views_of(facts{});
+    static constexpr plan_view view{rule_views, fact_views, 0};
+};
+
+template <class... Parts>
+constexpr text first_part_error() {
+    constexpr bool is_piece[] = {plan_piece<Parts>..., false};
+    constexpr bool is_part[] = {is_plan_part<Parts>::value..., true};
+    for (std::size_t i = 0; i < sizeof...(Parts); ++i) {
+        if (is_part[i]) continue;
+        if (is_piece[i])
+            return concat("plan::compose: argument ", i + 1,
+                          " is a trans, assign, colocate or recompute without a selector; wrap it in one: "
+                          "on_all(...), on<Op>(...), on_name<\"glob\">(...)");
+        return concat("plan::compose: argument ", i + 1,
+                      " is not a plan part; pass rules (on..., on_all) and constraints (devices, extent, forbid, zero, "
+                      "colocation_requires_recompute)");
+    }
+    return {};
+}
+
+template <class... Parts>
+constexpr text first_composed_error() {
+    if (text e = first_part_error<Parts...>(); !e.empty()) return e;
+    return first_error(plan_description<Parts...>::view);
+}
+
+// The plan-level mistakes stop the compilation in compose(...); those of a trans or a rule
+// alone already stopped it where they were written.
+template <class... Parts>
+constexpr void report_plan_errors() {
+    constexpr message error{[] {
+        if (text e = first_part_error<Parts...>(); !e.empty()) return e;
+        const auto& view = plan_description<Parts...>::view;
+        for (const auto& r : view.rules)
+            if (!first_trans_error(r).empty() || !first_rule_error(r).empty()) return text();
+        return first_plan_error(view);
+    }()};
+    if constexpr (!error.empty()) (void)ill_formed_plan<error>{};
+}
+
+template <class... Parts>
+constexpr std::int64_t declared_devices_of() {
+    return declared_devices(plan_description<Parts...>::view);
+}
+
+inline std::string open_parameter_name(std::size_t trans_index, std::size_t split, std::size_t splits,
+                                       std::string_view user_name) {
+    if (!user_name.empty()) return std::string(user_name);
+    std::string name = "trans#" + std::to_string(trans_index) + ".degree";
+    return splits == 1 ? name : name + std::to_string(split);
+}
+
+// The open parameters of a plan, in order of first appearance, each once.
+template <class... Parts>
+std::vector<std::string> open_parameters_of() {
+    std::vector<std::string> names;
+    std::size_t trans_index = 0;
+    for (const rule_view& r : plan_description<Parts...>::view.rules) {
+        if (r.trans_count == 0) continue;
+        for (std::size_t j = 0; j < r.splits.size(); ++j) {
+            if (r.splits[j].degree.kind != degree_kind::open) continue;
+            std::string name = open_parameter_name(trans_index, j, r.splits.size(), r.splits[j].degree.name);
+            if (std::find(names.begin(), names.end(), name) == names.end()) names.push_back(std::move(name));
+        }
+        ++trans_index;
+    }
+    return names;
+}
+
+inline degree_spec lower_degree(const degree_view& d, const std::string& open_name) {
+    if (d.kind == degree_kind::open) return {1, open_name, std::vector<std::int64_t>(d.allowed.begin(), d.allowed.end())};
+    return {d.value, "", {}};
+}
+
+inline split_spec lower_split(const split_view& s, degree_spec degree) {
+    switch (s.kind) {
+        case split_kind::dim: return {dim_id(s.target), "", std::move(degree), false};
+        case split_kind::variable: return {{}, std::string(s.target), std::move(degree), false};
+        case split_kind::replicate: return {{}, "", std::move(degree), true};
+    }
+    return {};
+}
+
+// Everything spec() builds: the plan_spec and the views of what it knows at run time.
+struct lowering {
+    plan_spec spec;
+    std::int64_t devices = 0;
+    std::deque<std::vector<split_view>> splits;  // per trans; a deque keeps the views' spans valid
+    std::vector<rule_view> rules;
+    std::vector<fact_view> facts;
+    std::size_t trans_index = 0;
+};
+
+template <class Trans>
+void lower_trans(const Trans& t, lowering& out, rule_view& view, rule& r) {
+    std::vector<split_view>& splits = out.splits.emplace_back(Trans::splits.begin(), Trans::splits.end());
+    std::vector<split_spec> specs;
+    std::size_t runtime_slot = 0;
+    const std::string where = std::string(Trans::spelling.view()) + " in " + std::string(view.selector);
+    for (std::size_t j = 0; j < splits.size(); ++j) {
+        degree_view& d = splits[j].degree;
+        std::string open_name;
+        if (d.kind == degree_kind::runtime) {
+            d.value = t.runtime_degrees[runtime_slot++];
+            d.known = true;
+        } else if (d.kind == degree_kind::all_devices) {
+            d.value = out.devices;
+            d.known = true;
+        } else if (d.kind == degree_kind::open) {
+            open_name = open_parameter_name(out.trans_index, j, splits.size(), d.name);
+            if (out.spec.choices.count(open_name)) {
+                // Outside its range: the same message as plan::resolve gives.
+                d.value = resolve_degree(lower_degree(d, open_name), out.spec, where);
+                d.known = true;
+            }
+        }
+        specs.push_back(lower_split(splits[j], lower_degree(d, open_name)));
+    }
+    view.splits = splits;
+    r.trans = std::move(specs);
+    r.origin = std::string(Trans::spelling.view());
+    ++out.trans_index;
+}
+
+template <class Rule>
+void lower_rule(const Rule& part, lowering& out) {
+    rule_view view = Rule::view;
+    rule r;
+    r.on = Rule::selector_type::lower();
+    std::apply(
+        [&](const auto&... pieces) {
+            auto lower_piece = [&]<class Piece>(const Piece& piece) {
+                if constexpr (Piece::piece == piece_kind::trans) {
+                    lower_trans(piece, out, view, r);
+                } else if constexpr (Piece::piece == piece_kind::assign) {
+                    r.assign = assign_spec{std::vector<int>(Piece::devices.begin(), Piece::devices.end()), 1, 0};
+                    if (r.origin.empty()) r.origin = std::string(Piece::spelling.view());
+                } else if constexpr (Piece::piece == piece_kind::colocate) {
+                    r.assign = assign_spec{{}, Piece::pieces_per_device, 0};
+                    if (r.origin.empty()) r.origin = std::string(Piece::spelling.view());
+                } else {
+                    r.recompute = true;
+                    if (r.origin.empty()) r.origin = "plan::recompute";
+                }
+            };
+            (lower_piece(pieces), ...);
+        },
+        part.pieces);
+    out.rules.push_back(view);
+    out.spec.add(std::move(r));
+}
+
+template <class... Parts>
+plan_spec lower(const std::tuple<Parts...>& parts, const std::map<std::string, std::int64_t>& choices,
+                std::int64_t devices) {
+    constexpr std::int64_t declared = declared_devices_of<Parts...>();
+    if (devices > 0 && declared > 0 && devices != declared)
+        throw plan_error("plan::compose(...).spec(" + std::to_string(devices) + "): the plan says devices<" +
+                         std::to_string(declared) + ">; pass " + std::to_string(declared) + " or leave the count out");
+    if (devices <= 0) devices = declared;
+    if (devices <= 0)
+        throw plan_error("plan::compose(...).spec(): the device count is unknown; add plan::devices<N> to the plan or "
+                         "pass it: spec(n)");
+    lowering out;
+    out.devices = devices;
+    out.spec.devices = static_cast<int>(devices);
+    out.spec.choices = choices;
+    std::apply(
+        [&](const auto&... part) {
+            auto lower_part = [&]<class Part>(const Part& p) {
+                if constexpr (is_rule<Part>::value) {
+                    lower_rule(p, out);
+                } else {
+                    out.facts.push_back(Part::fact);
+                    Part::lower(out.spec);
+                }
+            };
+            (lower_part(part), ...);
+        },
+        parts);
+    const text error = first_error(plan_view{out.rules, out.facts, devices});
+    if (!error.empty()) throw plan_error(error.str());
+    return std::move(out.spec);
+}
+
+// The extents a plan states (extent<D, E>), against the graph it is resolved on: the
+// compile-time checks relied on them.
+inline void check_extents(std::span<const fact_view> facts, const graph& g) {
+    for (const fact_view& f : facts) {
+        if (f.kind != fact_kind::extent) continue;
+        for (const node& n : g.nodes)
+            for (const bound_variable& v : n.sig.vars)
+                if (v.dim.name() == f.dim && v.extent != f.value)
+                    throw plan_error(concat(f.spelling, ": the graph's ", f.dim, " is ", v.extent, " in ", n.op->name,
+                                            " '", n.name, "'; state the model's extent, or leave the fact out")
+                                         .str());
+    }
+}
+
+template <class... Parts>
+resolved_plan resolve_checked(const plan_spec& spec, const graph& g) {
+    check_extents(plan_description<Parts...>::fact_views, g);
+    return plan::resolve(spec, g);
+}
+
+inline void require_open_parameter(const std::vector<std::string>& names, const std::string& name, std::int64_t value) {
+    if (std::find(names.begin(), names.end(), name) != names.end()) return;
+    std::string known;
+    for (const auto& n : names) known += (known.empty() ? "" : ", ") + n;
+    throw plan_error("plan::compose(...).choose(\"" + name + "\", " + std::to_string(value) +
+                     "): the plan has no open parameter '" + name + "'; " +
+                     (known.empty() ? std::string("it has none") : "its open parameters: " + known));
+}
+
+}  // namespace detail
+
+// A composed plan: its parts, and what can be done with them at run time.
+template <class... Parts>
+class composed_plan {
+public:
+    std::tuple<Parts...> parts;
+
+    // The plan_spec of this plan. Needs plan::devices<N> in the plan.
+    plan_spec spec() const {
+        static_assert(detail::declared_devices_of<Parts...>() > 0,
+                      "plan::compose(...).spec(): the plan has no plan::devices<N>; add one, or pass the device count: "
+                      "spec(n)");
+        return detail::lower(parts, {}, 0);
+    }
+    // ... with the device count known only at run time (or the same as devices<N>).
+    plan_spec spec(std::int64_t devices) const { return detail::lower(parts, {}, devices); }
+
+    // The resolved plan on `g`; also checks the plan's extent<D, E> facts against g.
+    resolved_plan resolve(const graph& g) const { return detail::resolve_checked<Parts...>(spec(), g); }
+    resolved_plan resolve(const graph& g, std::int64_t devices) const {
+        return detail::resolve_checked<Parts...>(spec(devices), g);
+    }
+
+    // Names of the open parameters, in order of first appearance.
+    static std::vector<std::string> open_parameters() { return detail::open_parameters_of<Parts...>(); }
+
+    // This plan with an open parameter filled; throws plan_error for a name the plan lacks.
+    configured_plan<Parts...> choose(const std::string& name, std::int64_t value) const;
+};
+
+// A composed plan with values for some of its open parameters.
+template <class... Parts>
+class configured_plan {
+public:
+    composed_plan<Parts...> composed;
+    std::map<std::string, std::int64_t> choices;
+
+    plan_spec spec() const {
+        static_assert(detail::declared_devices_of<Parts...>() > 0,
+                      "plan::compose(...).spec(): the plan has no plan::devices<N>; add one, or pass the device count: "
+                      "spec(n)");
+        return detail::lower(composed.parts, choices, 0);
+    }
+    plan_spec spec(std::int64_t devices) const { return detail::lower(composed.parts, choices, devices); }
+
+    // The resolved plan on `g`; also checks the plan's extent<D, E> facts against g.
+    resolved_plan resolve(const graph& g) const { return detail::resolve_checked<Parts...>(spec(), g); }
+    resolved_plan resolve(const graph& g, std::int64_t devices) const {
+        return detail::resolve_checked<Parts...>(spec(devices), g);
+    }
+
+    static std::vector<std::string> open_parameters() { return detail::open_parameters_of<Parts...>(); }
+
+    configured_plan choose(const std::string& name, std::int64_t value) const {
+        detail::require_open_parameter(open_parameters(), name, value);
+        configured_plan more = *this;
+        more.choices[name] = value;
+        return more;
+    }
+};
+
+template <class... Parts>
+configured_plan<Parts...> composed_plan<Parts...>::choose(const std::string& name, std::int64_t value) const {
+    return configured_plan<Parts...>{*this, {}}.choose(name, value);
+}
+
+template <class... Parts>
+constexpr composed_plan<Parts...> compose(Parts... parts) {
+    detail::report_plan_errors<Parts...>();
+    return composed_plan<Parts...>{std::tuple<Parts...>(parts...)};
+}
+
+namespace detail {
+
+// well_formed's view of its arguments: a composed plan stands for its parts, a bare piece
+// for on_all(piece).
+template <class T>
+struct as_parts {
+    using type = boost::mp11::mp_list<T>;
+};
+template <class... Parts>
+struct as_parts<composed_plan<Parts...>> {
+    using type = boost::mp11::mp_list<Parts...>;
+};
+template <class T>
+    requires plan_piece<T>
+struct as_parts<T> {
+    using type = boost::mp11::mp_list<rule_t<selector_t<all_filter>, std::tuple<T>>>;
+};
+
+template <class List>
+struct well_formed_list;
+template <class... Parts>
+struct well_formed_list<boost::mp11::mp_list<Parts...>> {
+    static constexpr message error{first_composed_error<Parts...>()};
+    static constexpr bool value = error.empty();
+};
+
+}  // namespace detail
+
+// True when a plan made of these parts (or this composed plan, or this rule or trans alone)
+// passes every check that compose(...) would make. Never a hard error:
+//   static_assert(!plan::well_formed<decltype(plan::on<ops::LayerNorm>(plan::trans<Split<Var<"h">>, 2>{}))>);
+template <class... Parts>
+inline constexpr bool well_formed = detail::well_formed_list<
+    boost::mp11::mp_append<boost::mp11::mp_list<>, typename detail::as_parts<std::remove_cvref_t<Parts>>::type...>>::value;
+
+// The first mistake such a plan has, as the checks word it ("" when well-formed), for tests
+// and tools: plan::error_message<...>.view().
+template <class... Parts>
+inline constexpr detail::message error_message = detail::well_formed_list<
+    boost::mp11::mp_append<boost::mp11::mp_list<>, typename detail::as_parts<std::remove_cvref_t<Parts>>::type...>>::error;
+
+}  // namespace loom::plan
+// ---- end loom/plan/compose.hpp ----
+// ---- end loom/plan/combinators.hpp ----
+// ---- begin loom/plan/presets.hpp ----
+// The well-known plans, each written only with the primitives: rules that split
+// (op-trans), place (op-assign) and recompute selected ops, plus the ZeRO rewrites (an
+// identity after each parameter or on each gradient, split over the data-parallel
+// devices). Nothing here is a special code path: a user can write any of them by hand.
+//
+// Layer names follow loom's transformer models (models/gpt.hpp): "<repeat>.<i>.attn.{q,k,v,
+// proj}", "<repeat>.<i>.mlp.{fc,proj}", layer norms "ln_*". Models that name their layers
+// otherwise pass their own transformer_names.
+#include <cstdint>
+#include <string>
+#include <vector>
+
 
 namespace loom::plan::presets {
 

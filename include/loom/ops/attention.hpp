@@ -20,6 +20,7 @@
 #include <cstdint>
 #include <optional>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include <loom/core/error.hpp>
@@ -48,6 +49,10 @@ struct AttentionGrad {
     static constexpr std::string_view name = "attention_grad";
     static constexpr signature sig = parse_signature(
         "b h s^ e^, b h s^ d^, b h t^ d^, b h t^ e^, b h s^ e^, b h s^ -> b h s^ d^, b h t^ d^, b h t^ e^");
+    // The dim each variable always carries, for the plan combinators' compile-time checks.
+    static constexpr std::pair<std::string_view, dim_id> variable_dims[] = {
+        {"b", Dim::Batch::id}, {"h", Dim::Head::id},    {"s", Dim::Seq::id},
+        {"t", Dim::Seq::id},   {"d", Dim::HeadDim::id}, {"e", Dim::HeadDim::id}};
     // Recomputing S, then dv, dP, dq and dk: 2 (3d + 2e) per scored pair.
     static double flops(const graph&, const node& n) {
         const double d = detail::attention_extent(n, "d"), e = detail::attention_extent(n, "e");
@@ -58,6 +63,10 @@ struct AttentionGrad {
 struct Attention {
     static constexpr std::string_view name = "attention";
     static constexpr signature sig = parse_signature("b h s^ d^, b h t^ d^, b h t^ e^ -> b h s^ e^, b h s^");
+    // The dim each variable always carries, for the plan combinators' compile-time checks.
+    static constexpr std::pair<std::string_view, dim_id> variable_dims[] = {
+        {"b", Dim::Batch::id}, {"h", Dim::Head::id},    {"s", Dim::Seq::id},
+        {"t", Dim::Seq::id},   {"d", Dim::HeadDim::id}, {"e", Dim::HeadDim::id}};
 
     static void check(const bound_signature& b, const attributes& a, std::span<const shape> in,
                       const std::string& node_name) {

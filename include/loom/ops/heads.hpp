@@ -6,6 +6,7 @@
 // in the hidden axis (tensor parallelism by heads); d is inner and cannot be split.
 #include <cstdint>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include <loom/core/error.hpp>
@@ -16,6 +17,10 @@ namespace loom::ops {
 struct SplitHeads {
     static constexpr std::string_view name = "split_heads";
     static constexpr signature sig = parse_signature("b s (h d) -> b h s d");
+    // The dim each variable always carries, for the plan combinators' compile-time checks;
+    // the grouped input axis (h d) is Hidden.
+    static constexpr std::pair<std::string_view, dim_id> variable_dims[] = {
+        {"b", Dim::Batch::id}, {"s", Dim::Seq::id}, {"h", Dim::Head::id}, {"d", Dim::HeadDim::id}, {"(h d)", Dim::Hidden::id}};
 
     static std::vector<preset_variable> presets(const attributes& a, std::span<const shape> in) {
         const std::int64_t heads = a.get<std::int64_t>("heads");
@@ -47,6 +52,10 @@ struct SplitHeads {
 struct MergeHeads {
     static constexpr std::string_view name = "merge_heads";
     static constexpr signature sig = parse_signature("b h s d -> b s (h d)");
+    // The dim each variable always carries, for the plan combinators' compile-time checks;
+    // the grouped output axis (h d) is Hidden.
+    static constexpr std::pair<std::string_view, dim_id> variable_dims[] = {
+        {"b", Dim::Batch::id}, {"h", Dim::Head::id}, {"s", Dim::Seq::id}, {"d", Dim::HeadDim::id}, {"(h d)", Dim::Hidden::id}};
 
     static std::vector<shape> infer(const bound_signature& b, const attributes&, std::span<const shape>) {
         return {output_shape(b, 0, Dim::Hidden::id)};

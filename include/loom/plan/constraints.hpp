@@ -1,0 +1,83 @@
+#pragma once
+// Constraints and facts a plan states beside its rules:
+//
+//   devices<8>                      the device count
+//   extent<Dim::Head, 12>           an extent known of the model: degrees along Head must divide 12
+//   forbid<Split<Dim::Seq>>         no rule may split Seq (or forbid<Split<Var<"k">>>: no rule splits k)
+//   colocation_requires_recompute   colocated pieces (colocate<C>, C > 1) must recompute
+//   zero<2>                         ZeRO stage 1, 2 or 3 over the data-parallel devices
+//
+// Each is a value passed to compose(...). The checks (plan/checks.hpp) hold every rule to
+// them; a constraint that contradicts another or a rule stops the compilation in compose.
+#include <cstdint>
+
+#include <loom/core/dim.hpp>
+#include <loom/plan/checks.hpp>
+#include <loom/plan/op_partition.hpp>
+#include <loom/plan/rules.hpp>
+#include <loom/plan/static_text.hpp>
+#include <loom/plan/trans.hpp>
+
+namespace loom::plan {
+
+template <std::int64_t N>
+struct devices_t {
+    static constexpr detail::static_text spelling{detail::concat("plan::devices<", N, ">")};
+    static constexpr detail::fact_view fact{detail::fact_kind::devices, N, {}, {}, {}, spelling.view()};
+    static void lower(plan_spec&) {}  // the device count is set by compose(...).spec()
+};
+
+template <std::int64_t N>
+inline constexpr devices_t<N> devices{};
+
+template <dim_tag D, std::int64_t Extent>
+struct extent_t {
+    static constexpr detail::static_text spelling{detail::concat("plan::extent<", D::name, ", ", Extent, ">")};
+    static constexpr detail::fact_view fact{detail::fact_kind::extent, Extent, D::name, {}, {}, spelling.view()};
+    static void lower(plan_spec&) {}  // compose(...).resolve(graph) checks it against the graph
+};
+
+template <dim_tag D, std::int64_t Extent>
+inline constexpr extent_t<D, Extent> extent{};
+
+template <split_target Target>
+struct forbid_t {
+    static constexpr detail::static_text spelling{
+        detail::concat("plan::forbid<", detail::target_spelling(Target::kind, Target::target), ">")};
+    static constexpr detail::fact_view fact{
+        detail::fact_kind::forbid, 0, {}, Target::kind, Target::target, spelling.view()};
+    static void lower(plan_spec&) {}  // every rule of the plan was checked against it
+};
+
+template <split_target Target>
+inline constexpr forbid_t<Target> forbid{};
+
+struct colocation_requires_recompute_t {
+    static constexpr detail::static_text spelling{"plan::colocation_requires_recompute"};
+    static constexpr detail::fact_view fact{
+        detail::fact_kind::colocation_requires_recompute, 0, {}, {}, {}, spelling.view()};
+    static void lower(plan_spec& p) { p.colocation_requires_recompute = true; }
+};
+
+inline constexpr colocation_requires_recompute_t colocation_requires_recompute{};
+
+template <std::int64_t Stage>
+struct zero_t {
+    static constexpr detail::static_text spelling{detail::concat("plan::zero<", Stage, ">")};
+    static constexpr detail::fact_view fact{detail::fact_kind::zero, Stage, {}, {}, {}, spelling.view()};
+    static void lower(plan_spec& p) { p.zero = static_cast<zero_stage>(Stage); }
+};
+
+template <std::int64_t Stage>
+inline constexpr zero_t<Stage> zero{};
+
+namespace detail {
+
+template <class T>
+concept plan_fact = requires {
+    { T::fact } -> std::convertible_to<fact_view>;
+};
+
+}  // namespace detail
+
+}  // namespace loom::plan
