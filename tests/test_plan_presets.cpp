@@ -75,3 +75,17 @@ TEST_CASE("presets on 8 ranks equal one device", "[plan][presets]") {
     check_all<double>(8);
     check_all<float>(8);
 }
+
+TEST_CASE("a plan resolves and applies the same to a graph with its backward pass", "[plan]") {
+    const auto config = model_for(2);
+    auto model = models::gpt(config);
+    const auto spec = presets::megatron(2);
+    const auto on_forward = plan::resolve(spec, model.ir());
+    const auto forward_only = partition::apply_plan(model.ir(), on_forward);
+    const graph training = std::move(model).training_graph();
+    const auto on_training = plan::resolve(spec, training);
+    CHECK(on_training.forward.size() == on_forward.forward.size());
+    const auto from_training = partition::apply_plan(training, on_training);
+    CHECK(from_training.transfers.size() == forward_only.transfers.size());
+    CHECK(from_training.ir().nodes.size() == forward_only.ir().nodes.size());
+}

@@ -29,8 +29,7 @@ plan::resolved_plan random_plan(const graph& g, int world, std::mt19937_64& rng)
     p.devices = world;
     // ZeRO-2 needs every device to store whole parameters, which random plans rarely do.
     p.zero = pick(6) == 0 ? (pick(2) ? plan::zero_stage::optimizer : plan::zero_stage::parameters) : plan::zero_stage::none;
-    std::size_t forward = 0;
-    while (forward < g.nodes.size() && !g.nodes[forward].backward) ++forward;
+    const std::size_t forward = g.forward_node_count();
     p.forward.resize(forward);
     for (std::size_t i = 0; i < forward; ++i) {
         const node& n = g.nodes[i];

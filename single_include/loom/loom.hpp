@@ -1031,6 +1031,7 @@ public:
     std::vector<tensor_id> parameters;
     std::vector<std::pair<tensor_id, tensor_id>> gradients;  // (parameter, its gradient)
     tensor_id loss = no_id;
+    std::size_t forward_nodes = 0;  // set by build_backward: how many nodes the forward pass has
 
     const tensor_desc& tensor(tensor_id t) const { return tensors.at(static_cast<std::size_t>(t)); }
     tensor_desc& tensor(tensor_id t) { return tensors.at(static_cast<std::size_t>(t)); }
@@ -1060,11 +1061,9 @@ public:
         return n;
     }
 
-    std::size_t forward_node_count() const {
-        std::size_t n = 0;
-        for (const auto& nd : nodes) n += nd.backward ? 0 : 1;
-        return n;
-    }
+    // Nodes of the forward pass: the first ones, before autograd appended the backward pass
+    // (whose seed, d loss / d loss = 1, is not marked backward, so flags cannot tell).
+    std::size_t forward_node_count() const { return gradients.empty() ? nodes.size() : forward_nodes; }
 };
 
 }  // namespace loom
@@ -1574,6 +1573,7 @@ inline void build_backward(graph_builder& b) {
     if (!g.gradients.empty()) throw usage_error("build_backward: the graph already has a backward pass");
 
     const std::size_t forward_nodes = g.nodes.size();
+    b.mutable_graph().forward_nodes = forward_nodes;
     // Which tensors depend on a parameter (forward sweep) ...
     std::vector<bool> depends(g.tensors.size(), false);
     for (tensor_id p : g.parameters) depends[static_cast<std::size_t>(p)] = true;
@@ -4133,8 +4133,7 @@ inline std::int64_t resolve_degree(const degree_spec& d, const plan_spec& p, con
 // The plan for every forward node of `g` (nodes no rule selects run whole on every device).
 inline resolved_plan resolve(const plan_spec& p, const graph& g) {
     if (p.devices < 1) throw plan_error("plan: devices = " + std::to_string(p.devices) + "; use at least one device");
-    std::size_t forward = 0;
-    while (forward < g.nodes.size() && !g.nodes[forward].backward) ++forward;
+    const std::size_t forward = g.forward_node_count();
     resolved_plan out;
     out.devices = p.devices;
     out.zero = p.zero;
@@ -5200,14 +5199,21 @@ struct logical_graph {
 
 namespace detail {
 
-inline std::vector<tensor> map_inputs(graph_builder& b, const node& n, const std::vector<tensor_id>& tmap) {
-    std::vector<tensor> ins;
-    for (tensor_id t : n.inputs) {
-        tensor_id m = tmap.at(static_cast<std::size_t>(t));
-        if (m == no_id) throw error("partition: node '" + n.name + "' reads a tensor that was not rebuilt");
-        ins.push_back(b.handle(m));
+// Adds `from`'s inputs and parameters to `b` (same names, scopes, initialisers) and
+// records where each went in `map`.
+inline void copy_leaves(graph_builder& b, const graph& from, std::vector<tensor_id>& map) {
+    for (tensor_id t : from.inputs) {
+        const tensor_desc& d = from.tensor(t);
+        auto scope = b.enter_scope(d.scope);
+        map[static_cast<std::size_t>(t)] = b.add_leaf(d.name, d.dims, d.kind, tensor_role::input).id;
     }
-    return ins;
+    for (tensor_id t : from.parameters) {
+        const tensor_desc& d = from.tensor(t);
+        auto scope = b.enter_scope(d.scope);
+        tensor p = b.add_leaf(d.name, d.dims, d.kind, tensor_role::parameter);
+        b.mutable_graph().tensor(p.id).init = d.init;
+        map[static_cast<std::size_t>(t)] = p.id;
+    }
 }
 
 inline node_id replay(graph_builder& b, const node& n, std::span<const tensor> ins, std::vector<tensor_id>& tmap,
@@ -5231,17 +5237,7 @@ inline node_id replay(graph_builder& b, const node& n, std::span<const tensor> i
 // an existing backward pass is dropped and rebuilt after the rewrites).
 inline logical_graph build_logical_graph(const graph& model, const logical_graph_options& options) {
     if (model.loss == no_id) throw usage_error("partition: the graph has no loss; call graph_builder::set_loss");
-    // Forward nodes: everything before the first node autograd appended.
-    std::size_t forward = 0;
-    if (model.gradients.empty()) {
-        forward = model.nodes.size();
-    } else {
-        while (forward < model.nodes.size() && !model.nodes[forward].backward) ++forward;
-        // The seed of the backward pass (d loss / d loss = 1) is appended outside any backward op.
-        while (forward > 0 && !model.nodes[forward - 1].inputs.empty() &&
-               model.nodes[forward - 1].inputs[0] == model.loss && model.nodes[forward - 1].outputs[0] != model.loss)
-            --forward;
-    }
+    const std::size_t forward = model.forward_node_count();
     if (!options.recompute.empty() && options.recompute.size() != forward)
         throw usage_error("partition: the recompute flags cover " + std::to_string(options.recompute.size()) +
                           " nodes but the graph has " + std::to_string(forward) + " forward nodes");
@@ -5250,18 +5246,7 @@ inline logical_graph build_logical_graph(const graph& model, const logical_graph
     graph_builder b;
     b.adopt_scopes(model);
     std::vector<tensor_id> tmap(model.tensors.size(), no_id);
-    for (tensor_id t : model.inputs) {
-        const tensor_desc& d = model.tensor(t);
-        auto scope = b.enter_scope(d.scope);
-        tmap[static_cast<std::size_t>(t)] = b.add_leaf(d.name, d.dims, d.kind, tensor_role::input).id;
-    }
-    for (tensor_id t : model.parameters) {
-        const tensor_desc& d = model.tensor(t);
-        auto scope = b.enter_scope(d.scope);
-        tensor p = b.add_leaf(d.name, d.dims, d.kind, tensor_role::parameter);
-        b.mutable_graph().tensor(p.id).init = d.init;
-        tmap[static_cast<std::size_t>(t)] = p.id;
-    }
+    detail::copy_leaves(b, model, tmap);
     // ZeRO-3: one identity per parameter, placed before the parameter's first reader.
     std::vector<tensor_id> staged(model.tensors.size(), no_id);
     auto stage = [&](tensor_id param) {
@@ -5334,18 +5319,7 @@ inline logical_graph build_logical_graph(const graph& model, const logical_graph
         graph_builder r;
         r.adopt_scopes(g);
         std::vector<tensor_id> map(g.tensors.size(), no_id), copy(g.tensors.size(), no_id);
-        for (tensor_id t : g.inputs) {
-            const tensor_desc& d = g.tensor(t);
-            auto scope = r.enter_scope(d.scope);
-            map[static_cast<std::size_t>(t)] = r.add_leaf(d.name, d.dims, d.kind, tensor_role::input).id;
-        }
-        for (tensor_id t : g.parameters) {
-            const tensor_desc& d = g.tensor(t);
-            auto scope = r.enter_scope(d.scope);
-            tensor p = r.add_leaf(d.name, d.dims, d.kind, tensor_role::parameter);
-            r.mutable_graph().tensor(p.id).init = d.init;
-            map[static_cast<std::size_t>(t)] = p.id;
-        }
+        detail::copy_leaves(r, g, map);
         std::vector<node_id> new_id(g.nodes.size(), no_id);
         // A recomputed copy of tensor t (t produced by a recompute node), made on demand.
         std::function<tensor_id(tensor_id)> recomputed = [&](tensor_id t) -> tensor_id {
@@ -5396,6 +5370,7 @@ inline logical_graph build_logical_graph(const graph& model, const logical_graph
         }
         graph& rg = r.mutable_graph();
         rg.loss = map[static_cast<std::size_t>(g.loss)];
+        rg.forward_nodes = g.forward_nodes;  // the replay keeps the node order
         for (auto [param, grad] : g.gradients)
             rg.gradients.emplace_back(map[static_cast<std::size_t>(param)], map[static_cast<std::size_t>(grad)]);
         std::map<tensor_id, node_id> z3, z2;
@@ -5630,9 +5605,8 @@ inline std::optional<int> variable_of(const node& n, const plan::split_axis& s) 
 // Checks `p` against node `n` and resolves every split to a variable label. `strict`: a
 // plan the user wrote, whose mistakes are errors; otherwise (a mirrored backward op) a
 // split that does not apply becomes replication, noted in `notes`.
-inline plan::op_partition resolve_partition(const graph& g, const node& n, plan::op_partition p, int devices, bool strict,
+inline plan::op_partition resolve_partition(const node& n, plan::op_partition p, int devices, bool strict,
                                             std::vector<std::string>& notes) {
-    (void)g;
     const std::string where = detail::node_where(n);
     if (p.replicas < 1)
         throw plan_error("plan: " + where + " has " + std::to_string(p.replicas) + " replicas; use at least 1");
@@ -5698,8 +5672,7 @@ inline plan::op_partition resolve_partition(const graph& g, const node& n, plan:
 
 // The partition of an op that differentiates (or follows) `forward`: the same piece grid,
 // splits named by dim so that they find the matching variables of the new op.
-inline plan::op_partition mirror_partition(const graph& g, const plan::op_partition& p, const node* forward) {
-    (void)g;
+inline plan::op_partition mirror_partition(const plan::op_partition& p, const node* forward) {
     plan::op_partition m = p;
     m.recompute = false;
     for (auto& s : m.splits) {
@@ -6210,9 +6183,9 @@ private:
         held_[static_cast<std::size_t>(t)].push_back({std::move(v), device, local, base});
     }
 
-    std::int64_t bytes_of(tensor_id t, std::int64_t elements) const {
-        return elements * (g_.tensor(t).kind == value_kind::index ? 4 : 4);
-    }
+    // Plans are built before the precision is chosen; costs count 4-byte elements (float32
+    // values and int32 ids alike), which ranks alternatives the same way as any fixed size.
+    static std::int64_t bytes_of(std::int64_t elements) { return elements * 4; }
 
     // A full-valued piece on `device` holding `region`, cut out if needed.
     std::optional<tensor_id> local(tensor_id t, int device, const box& region) {
@@ -6289,15 +6262,15 @@ private:
     double cost_of(const transfer& tr) const {
         std::int64_t worst = 0;
         for (std::size_t m = 0; m < tr.group.size(); ++m) worst = std::max(worst, tr.elements_sent_by(m));
-        return cost_.cost(bytes_of(tr.logical, worst), tr.steps());
+        return cost_.cost(bytes_of(worst), tr.steps());
     }
-    double generic_cost(tensor_id t, const std::vector<request>& reqs) const {
+    double generic_cost(const std::vector<request>& reqs) const {
         std::int64_t elements = 0, steps = 0;
         for (const auto& r : reqs) {
             elements += r.region.numel() * 2;  // a conservative guess: each box arrives in pieces from two holders
             ++steps;
         }
-        return cost_.cost(bytes_of(t, elements), steps);
+        return cost_.cost(bytes_of(elements), steps);
     }
 
     // ---- strategies ------------------------------------------------------------------
@@ -6382,7 +6355,7 @@ private:
             if (!all_whole) {
                 std::vector<request> sub;
                 for (int d : sorted) sub.push_back(reqs[mine[d]]);
-                if (generic_cost(t, sub) < cost_of(reduce)) return false;
+                if (generic_cost(sub) < cost_of(reduce)) return false;
             }
             emit(std::move(reduce), ins);
             return true;
@@ -6587,12 +6560,7 @@ struct apply_options {
 
 inline partitioned_graph apply_plan(const graph& model, const plan::resolved_plan& plan, const apply_options& options = {}) {
     if (plan.devices < 1) throw plan_error("plan: the device count is " + std::to_string(plan.devices) + "; it must be at least 1");
-    std::size_t forward = 0;
-    while (forward < model.nodes.size() && !model.nodes[forward].backward) ++forward;
-    if (!model.gradients.empty())
-        while (forward > 0 && !model.nodes[forward - 1].inputs.empty() &&
-               model.nodes[forward - 1].inputs[0] == model.loss && model.nodes[forward - 1].outputs[0] != model.loss)
-            --forward;
+    const std::size_t forward = model.forward_node_count();
     if (plan.forward.size() > forward)
         throw plan_error("plan: it covers " + std::to_string(plan.forward.size()) + " forward nodes but the graph has " +
                          std::to_string(forward) + "; resolve the plan against this graph");
@@ -6619,7 +6587,7 @@ inline partitioned_graph apply_plan(const graph& model, const plan::resolved_pla
     for (std::size_t i = 0; i < forward; ++i) {
         node_id n = out.logical->forward_node[i];
         const plan::op_partition* p = plan.at(static_cast<node_id>(i));
-        parts[static_cast<std::size_t>(n)] = resolve_partition(g, g.at(n), p ? *p : everywhere, plan.devices, true, out.notes);
+        parts[static_cast<std::size_t>(n)] = resolve_partition(g.at(n), p ? *p : everywhere, plan.devices, true, out.notes);
         assigned[static_cast<std::size_t>(n)] = true;
     }
     // ZeRO identities: split the parameter's first dim over every device.
@@ -6634,7 +6602,7 @@ inline partitioned_graph apply_plan(const graph& model, const plan::resolved_pla
         } else {
             p.splits.push_back({t.dims.dim(0), "...0", plan.devices});
         }
-        parts[static_cast<std::size_t>(n)] = resolve_partition(g, nd, p, plan.devices, true, out.notes);
+        parts[static_cast<std::size_t>(n)] = resolve_partition(nd, p, plan.devices, true, out.notes);
         assigned[static_cast<std::size_t>(n)] = true;
     };
     for (auto [param, n] : out.logical->zero3_identity) shard(n);
@@ -6647,7 +6615,7 @@ inline partitioned_graph apply_plan(const graph& model, const plan::resolved_pla
         node_id like = n.forward_of;
         if (like == no_id && !n.inputs.empty()) like = g.tensor(n.inputs[0]).producer;
         const plan::op_partition& source = like != no_id ? parts[static_cast<std::size_t>(like)] : everywhere;
-        parts[i] = resolve_partition(g, n, mirror_partition(g, source, like == no_id ? nullptr : &g.at(like)),
+        parts[i] = resolve_partition(n, mirror_partition(source, like == no_id ? nullptr : &g.at(like)),
                                      plan.devices, false, out.notes);
     }
 

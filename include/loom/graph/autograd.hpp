@@ -24,6 +24,7 @@ inline void build_backward(graph_builder& b) {
     if (!g.gradients.empty()) throw usage_error("build_backward: the graph already has a backward pass");
 
     const std::size_t forward_nodes = g.nodes.size();
+    b.mutable_graph().forward_nodes = forward_nodes;
     // Which tensors depend on a parameter (forward sweep) ...
     std::vector<bool> depends(g.tensors.size(), false);
     for (tensor_id p : g.parameters) depends[static_cast<std::size_t>(p)] = true;

@@ -91,6 +91,7 @@ public:
     std::vector<tensor_id> parameters;
     std::vector<std::pair<tensor_id, tensor_id>> gradients;  // (parameter, its gradient)
     tensor_id loss = no_id;
+    std::size_t forward_nodes = 0;  // set by build_backward: how many nodes the forward pass has
 
     const tensor_desc& tensor(tensor_id t) const { return tensors.at(static_cast<std::size_t>(t)); }
     tensor_desc& tensor(tensor_id t) { return tensors.at(static_cast<std::size_t>(t)); }
@@ -120,11 +121,9 @@ public:
         return n;
     }
 
-    std::size_t forward_node_count() const {
-        std::size_t n = 0;
-        for (const auto& nd : nodes) n += nd.backward ? 0 : 1;
-        return n;
-    }
+    // Nodes of the forward pass: the first ones, before autograd appended the backward pass
+    // (whose seed, d loss / d loss = 1, is not marked backward, so flags cannot tell).
+    std::size_t forward_node_count() const { return gradients.empty() ? nodes.size() : forward_nodes; }
 };
 
 }  // namespace loom

@@ -37,12 +37,7 @@ struct apply_options {
 
 inline partitioned_graph apply_plan(const graph& model, const plan::resolved_plan& plan, const apply_options& options = {}) {
     if (plan.devices < 1) throw plan_error("plan: the device count is " + std::to_string(plan.devices) + "; it must be at least 1");
-    std::size_t forward = 0;
-    while (forward < model.nodes.size() && !model.nodes[forward].backward) ++forward;
-    if (!model.gradients.empty())
-        while (forward > 0 && !model.nodes[forward - 1].inputs.empty() &&
-               model.nodes[forward - 1].inputs[0] == model.loss && model.nodes[forward - 1].outputs[0] != model.loss)
-            --forward;
+    const std::size_t forward = model.forward_node_count();
     if (plan.forward.size() > forward)
         throw plan_error("plan: it covers " + std::to_string(plan.forward.size()) + " forward nodes but the graph has " +
                          std::to_string(forward) + "; resolve the plan against this graph");
@@ -69,7 +64,7 @@ inline partitioned_graph apply_plan(const graph& model, const plan::resolved_pla
     for (std::size_t i = 0; i < forward; ++i) {
         node_id n = out.logical->forward_node[i];
         const plan::op_partition* p = plan.at(static_cast<node_id>(i));
-        parts[static_cast<std::size_t>(n)] = resolve_partition(g, g.at(n), p ? *p : everywhere, plan.devices, true, out.notes);
+        parts[static_cast<std::size_t>(n)] = resolve_partition(g.at(n), p ? *p : everywhere, plan.devices, true, out.notes);
         assigned[static_cast<std::size_t>(n)] = true;
     }
     // ZeRO identities: split the parameter's first dim over every device.
@@ -84,7 +79,7 @@ inline partitioned_graph apply_plan(const graph& model, const plan::resolved_pla
         } else {
             p.splits.push_back({t.dims.dim(0), "...0", plan.devices});
         }
-        parts[static_cast<std::size_t>(n)] = resolve_partition(g, nd, p, plan.devices, true, out.notes);
+        parts[static_cast<std::size_t>(n)] = resolve_partition(nd, p, plan.devices, true, out.notes);
         assigned[static_cast<std::size_t>(n)] = true;
     };
     for (auto [param, n] : out.logical->zero3_identity) shard(n);
@@ -97,7 +92,7 @@ inline partitioned_graph apply_plan(const graph& model, const plan::resolved_pla
         node_id like = n.forward_of;
         if (like == no_id && !n.inputs.empty()) like = g.tensor(n.inputs[0]).producer;
         const plan::op_partition& source = like != no_id ? parts[static_cast<std::size_t>(like)] : everywhere;
-        parts[i] = resolve_partition(g, n, mirror_partition(g, source, like == no_id ? nullptr : &g.at(like)),
+        parts[i] = resolve_partition(n, mirror_partition(source, like == no_id ? nullptr : &g.at(like)),
                                      plan.devices, false, out.notes);
     }
 

@@ -43,14 +43,21 @@ struct logical_graph {
 
 namespace detail {
 
-inline std::vector<tensor> map_inputs(graph_builder& b, const node& n, const std::vector<tensor_id>& tmap) {
-    std::vector<tensor> ins;
-    for (tensor_id t : n.inputs) {
-        tensor_id m = tmap.at(static_cast<std::size_t>(t));
-        if (m == no_id) throw error("partition: node '" + n.name + "' reads a tensor that was not rebuilt");
-        ins.push_back(b.handle(m));
+// Adds `from`'s inputs and parameters to `b` (same names, scopes, initialisers) and
+// records where each went in `map`.
+inline void copy_leaves(graph_builder& b, const graph& from, std::vector<tensor_id>& map) {
+    for (tensor_id t : from.inputs) {
+        const tensor_desc& d = from.tensor(t);
+        auto scope = b.enter_scope(d.scope);
+        map[static_cast<std::size_t>(t)] = b.add_leaf(d.name, d.dims, d.kind, tensor_role::input).id;
     }
-    return ins;
+    for (tensor_id t : from.parameters) {
+        const tensor_desc& d = from.tensor(t);
+        auto scope = b.enter_scope(d.scope);
+        tensor p = b.add_leaf(d.name, d.dims, d.kind, tensor_role::parameter);
+        b.mutable_graph().tensor(p.id).init = d.init;
+        map[static_cast<std::size_t>(t)] = p.id;
+    }
 }
 
 inline node_id replay(graph_builder& b, const node& n, std::span<const tensor> ins, std::vector<tensor_id>& tmap,
@@ -74,17 +81,7 @@ inline node_id replay(graph_builder& b, const node& n, std::span<const tensor> i
 // an existing backward pass is dropped and rebuilt after the rewrites).
 inline logical_graph build_logical_graph(const graph& model, const logical_graph_options& options) {
     if (model.loss == no_id) throw usage_error("partition: the graph has no loss; call graph_builder::set_loss");
-    // Forward nodes: everything before the first node autograd appended.
-    std::size_t forward = 0;
-    if (model.gradients.empty()) {
-        forward = model.nodes.size();
-    } else {
-        while (forward < model.nodes.size() && !model.nodes[forward].backward) ++forward;
-        // The seed of the backward pass (d loss / d loss = 1) is appended outside any backward op.
-        while (forward > 0 && !model.nodes[forward - 1].inputs.empty() &&
-               model.nodes[forward - 1].inputs[0] == model.loss && model.nodes[forward - 1].outputs[0] != model.loss)
-            --forward;
-    }
+    const std::size_t forward = model.forward_node_count();
     if (!options.recompute.empty() && options.recompute.size() != forward)
         throw usage_error("partition: the recompute flags cover " + std::to_string(options.recompute.size()) +
                           " nodes but the graph has " + std::to_string(forward) + " forward nodes");
@@ -93,18 +90,7 @@ inline logical_graph build_logical_graph(const graph& model, const logical_graph
     graph_builder b;
     b.adopt_scopes(model);
     std::vector<tensor_id> tmap(model.tensors.size(), no_id);
-    for (tensor_id t : model.inputs) {
-        const tensor_desc& d = model.tensor(t);
-        auto scope = b.enter_scope(d.scope);
-        tmap[static_cast<std::size_t>(t)] = b.add_leaf(d.name, d.dims, d.kind, tensor_role::input).id;
-    }
-    for (tensor_id t : model.parameters) {
-        const tensor_desc& d = model.tensor(t);
-        auto scope = b.enter_scope(d.scope);
-        tensor p = b.add_leaf(d.name, d.dims, d.kind, tensor_role::parameter);
-        b.mutable_graph().tensor(p.id).init = d.init;
-        tmap[static_cast<std::size_t>(t)] = p.id;
-    }
+    detail::copy_leaves(b, model, tmap);
     // ZeRO-3: one identity per parameter, placed before the parameter's first reader.
     std::vector<tensor_id> staged(model.tensors.size(), no_id);
     auto stage = [&](tensor_id param) {
@@ -177,18 +163,7 @@ inline logical_graph build_logical_graph(const graph& model, const logical_graph
         graph_builder r;
         r.adopt_scopes(g);
         std::vector<tensor_id> map(g.tensors.size(), no_id), copy(g.tensors.size(), no_id);
-        for (tensor_id t : g.inputs) {
-            const tensor_desc& d = g.tensor(t);
-            auto scope = r.enter_scope(d.scope);
-            map[static_cast<std::size_t>(t)] = r.add_leaf(d.name, d.dims, d.kind, tensor_role::input).id;
-        }
-        for (tensor_id t : g.parameters) {
-            const tensor_desc& d = g.tensor(t);
-            auto scope = r.enter_scope(d.scope);
-            tensor p = r.add_leaf(d.name, d.dims, d.kind, tensor_role::parameter);
-            r.mutable_graph().tensor(p.id).init = d.init;
-            map[static_cast<std::size_t>(t)] = p.id;
-        }
+        detail::copy_leaves(r, g, map);
         std::vector<node_id> new_id(g.nodes.size(), no_id);
         // A recomputed copy of tensor t (t produced by a recompute node), made on demand.
         std::function<tensor_id(tensor_id)> recomputed = [&](tensor_id t) -> tensor_id {
@@ -239,6 +214,7 @@ inline logical_graph build_logical_graph(const graph& model, const logical_graph
         }
         graph& rg = r.mutable_graph();
         rg.loss = map[static_cast<std::size_t>(g.loss)];
+        rg.forward_nodes = g.forward_nodes;  // the replay keeps the node order
         for (auto [param, grad] : g.gradients)
             rg.gradients.emplace_back(map[static_cast<std::size_t>(param)], map[static_cast<std::size_t>(grad)]);
         std::map<tensor_id, node_id> z3, z2;

@@ -238,9 +238,9 @@ private:
         held_[static_cast<std::size_t>(t)].push_back({std::move(v), device, local, base});
     }
 
-    std::int64_t bytes_of(tensor_id t, std::int64_t elements) const {
-        return elements * (g_.tensor(t).kind == value_kind::index ? 4 : 4);
-    }
+    // Plans are built before the precision is chosen; costs count 4-byte elements (float32
+    // values and int32 ids alike), which ranks alternatives the same way as any fixed size.
+    static std::int64_t bytes_of(std::int64_t elements) { return elements * 4; }
 
     // A full-valued piece on `device` holding `region`, cut out if needed.
     std::optional<tensor_id> local(tensor_id t, int device, const box& region) {
@@ -317,15 +317,15 @@ private:
     double cost_of(const transfer& tr) const {
         std::int64_t worst = 0;
         for (std::size_t m = 0; m < tr.group.size(); ++m) worst = std::max(worst, tr.elements_sent_by(m));
-        return cost_.cost(bytes_of(tr.logical, worst), tr.steps());
+        return cost_.cost(bytes_of(worst), tr.steps());
     }
-    double generic_cost(tensor_id t, const std::vector<request>& reqs) const {
+    double generic_cost(const std::vector<request>& reqs) const {
         std::int64_t elements = 0, steps = 0;
         for (const auto& r : reqs) {
             elements += r.region.numel() * 2;  // a conservative guess: each box arrives in pieces from two holders
             ++steps;
         }
-        return cost_.cost(bytes_of(t, elements), steps);
+        return cost_.cost(bytes_of(elements), steps);
     }
 
     // ---- strategies ------------------------------------------------------------------
@@ -410,7 +410,7 @@ private:
             if (!all_whole) {
                 std::vector<request> sub;
                 for (int d : sorted) sub.push_back(reqs[mine[d]]);
-                if (generic_cost(t, sub) < cost_of(reduce)) return false;
+                if (generic_cost(sub) < cost_of(reduce)) return false;
             }
             emit(std::move(reduce), ins);
             return true;

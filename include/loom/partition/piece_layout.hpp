@@ -59,9 +59,8 @@ inline std::optional<int> variable_of(const node& n, const plan::split_axis& s) 
 // Checks `p` against node `n` and resolves every split to a variable label. `strict`: a
 // plan the user wrote, whose mistakes are errors; otherwise (a mirrored backward op) a
 // split that does not apply becomes replication, noted in `notes`.
-inline plan::op_partition resolve_partition(const graph& g, const node& n, plan::op_partition p, int devices, bool strict,
+inline plan::op_partition resolve_partition(const node& n, plan::op_partition p, int devices, bool strict,
                                             std::vector<std::string>& notes) {
-    (void)g;
     const std::string where = detail::node_where(n);
     if (p.replicas < 1)
         throw plan_error("plan: " + where + " has " + std::to_string(p.replicas) + " replicas; use at least 1");
@@ -127,8 +126,7 @@ inline plan::op_partition resolve_partition(const graph& g, const node& n, plan:
 
 // The partition of an op that differentiates (or follows) `forward`: the same piece grid,
 // splits named by dim so that they find the matching variables of the new op.
-inline plan::op_partition mirror_partition(const graph& g, const plan::op_partition& p, const node* forward) {
-    (void)g;
+inline plan::op_partition mirror_partition(const plan::op_partition& p, const node* forward) {
     plan::op_partition m = p;
     m.recompute = false;
     for (auto& s : m.splits) {

@@ -162,8 +162,7 @@ inline std::int64_t resolve_degree(const degree_spec& d, const plan_spec& p, con
 // The plan for every forward node of `g` (nodes no rule selects run whole on every device).
 inline resolved_plan resolve(const plan_spec& p, const graph& g) {
     if (p.devices < 1) throw plan_error("plan: devices = " + std::to_string(p.devices) + "; use at least one device");
-    std::size_t forward = 0;
-    while (forward < g.nodes.size() && !g.nodes[forward].backward) ++forward;
+    const std::size_t forward = g.forward_node_count();
     resolved_plan out;
     out.devices = p.devices;
     out.zero = p.zero;
