@@ -168,3 +168,32 @@ TEST_CASE("gradcheck: embedding, norms and cross_entropy chained as in a languag
             if (name == "targets") ids[3] = -100;
         });
 }
+
+TEST_CASE("gradcheck: vocab_parallel_cross_entropy and its parts", "[grad][loss][vocab_parallel]") {
+    struct config {
+        std::vector<std::int64_t> lead;
+        std::int64_t v, chunks, ignore;
+    };
+    for (const auto& cfg : std::vector<config>{{{2, 5}, 6, 3, -100}, {{3}, 4, 4, -100}, {{4, 3}, 6, 2, 1}, {{7}, 5, 1, -100}}) {
+        INFO("targets " << leading_shape(cfg.lead).to_string() << " v " << cfg.v << " chunks " << cfg.chunks);
+        check_gradients(
+            [&](graph_builder& b) {
+                std::vector<std::int64_t> ext = cfg.lead;
+                ext.push_back(cfg.v);
+                auto logits = b.parameter("logits", make_shape(ext, Dim::Vocab::id), parameter_init::normal(2.0));
+                auto targets = b.input("targets", leading_shape(cfg.lead), value_kind::index);
+                auto lse = ops::chunk_logsumexp(logits, cfg.chunks);
+                auto z = ops::pick_target(logits, targets, cfg.ignore);
+                return std::vector{ops::vocab_parallel_cross_entropy(logits, targets, cfg.chunks, cfg.ignore),
+                                   ops::vocab_parallel_cross_entropy(logits, targets, cfg.chunks, cfg.ignore, 3.0),
+                                   ops::mul(lse, lse), ops::mul(z, z)};
+            },
+            [&](const std::string& name, std::span<std::int32_t> targets) {
+                REQUIRE(name == "targets");
+                for (std::size_t p = 0; p < targets.size(); ++p)
+                    targets[p] = p % 4 == 2 ? static_cast<std::int32_t>(cfg.ignore)
+                                            : static_cast<std::int32_t>((p * 5 + 2) % static_cast<std::size_t>(cfg.v));
+            },
+            options);
+    }
+}

@@ -650,3 +650,94 @@ TEMPLATE_TEST_CASE("cross_entropy: -inf logits contribute nothing, NaN logits ma
     r.run();
     CHECK(std::isnan(r.real(loss.id)[0]));
 }
+
+// ---- vocabulary-parallel cross-entropy ------------------------------------------------------
+
+TEMPLATE_TEST_CASE("vocab_parallel_cross_entropy equals cross_entropy, forward and backward, for any chunk count",
+                   "[loss][vocab_parallel]", float, double) {
+    using T = TestType;
+    struct config {
+        std::vector<std::int64_t> lead;
+        std::int64_t v, chunks;
+        double scale;
+        std::int64_t ignore;
+    };
+    const std::vector<config> configs{{{3, 7}, 12, 1, 3.0, -100}, {{3, 7}, 12, 4, 3.0, -100}, {{2, 5}, 12, 12, 2.0, 3},
+                                      {{5}, 6, 3, 300.0, -100},   {{70}, 10, 2, 3.0, -100}};
+    for (const auto& cfg : configs) {
+        INFO("v " << cfg.v << " chunks " << cfg.chunks << " scale " << cfg.scale << " ignore " << cfg.ignore);
+        graph_builder b;
+        std::vector<std::int64_t> ext = cfg.lead;
+        ext.push_back(cfg.v);
+        auto logits = b.parameter("logits", make_shape(ext, Dim::Vocab::id), parameter_init::zeros());
+        auto targets = b.input("targets", leading_shape(cfg.lead), value_kind::index);
+        auto loss = ops::vocab_parallel_cross_entropy(logits, targets, cfg.chunks, cfg.ignore);
+        CHECK(loss.rank() == 0);
+        b.set_loss(ops::scale(loss, 1.75));
+        build_backward(b);
+        runner<T> r(std::move(b), {loss.id}, true);
+        fill(r.real("logits"), 71, cfg.scale);
+        value_stream v{72};
+        auto ts = r.index("targets");
+        for (std::size_t p = 0; p < ts.size(); ++p)
+            ts[p] = p % 5 == 1 ? static_cast<std::int32_t>(cfg.ignore) : v.index(static_cast<std::int32_t>(cfg.v));
+        r.run();
+        auto ls = copy(r.real("logits"));
+        std::vector<std::int32_t> tv(ts.begin(), ts.end());
+        const ld n = static_cast<ld>(ts.size());
+        require_close<T>(r.real(loss.id), {cross_entropy_ref<T>(ls, tv, cfg.ignore, n)}, "loss");
+        require_close<T>(r.grad("logits"), cross_entropy_grad_ref<T>(ls, tv, cfg.ignore, 1.75L, n), "dlogits");
+    }
+}
+
+TEMPLATE_TEST_CASE("pick_target pieces with row_offset sum to the whole pick; chunk_logsumexp per chunk",
+                   "[loss][vocab_parallel]", float, double) {
+    using T = TestType;
+    const std::int64_t rows = 6, v = 8, half = v / 2;
+    graph_builder b;
+    auto logits = b.input("logits", make_shape({rows, v}, Dim::Vocab::id));
+    auto low = b.input("low", make_shape({rows, half}, Dim::Vocab::id));
+    auto high = b.input("high", make_shape({rows, half}, Dim::Vocab::id));
+    auto targets = b.input("targets", leading_shape({rows}), value_kind::index);
+    auto whole = ops::pick_target(logits, targets);
+    auto a = b.apply1<ops::PickTarget>({low, targets}, {{"vocab", v}, {"row_offset", std::int64_t{0}}, {"ignore_index", std::int64_t{-100}}});
+    auto c = b.apply1<ops::PickTarget>({high, targets}, {{"vocab", v}, {"row_offset", half}, {"ignore_index", std::int64_t{-100}}});
+    auto lse = ops::chunk_logsumexp(logits, 2);
+    CHECK(lse.dims().to_string() == shape({{Dim::Batch::id, rows}, {Dim::Vocab::id, 2}}).to_string());
+    runner<T> r(std::move(b), {whole.id, a.id, c.id, lse.id});
+    fill(r.real("logits"), 81, 2.0);
+    auto ls = copy(r.real("logits"));
+    for (std::int64_t p = 0; p < rows; ++p)
+        for (std::int64_t i = 0; i < half; ++i) {
+            r.real("low")[static_cast<std::size_t>(p * half + i)] = ls[static_cast<std::size_t>(p * v + i)];
+            r.real("high")[static_cast<std::size_t>(p * half + i)] = ls[static_cast<std::size_t>(p * v + half + i)];
+        }
+    auto ts = r.index("targets");
+    for (std::size_t p = 0; p < ts.size(); ++p) ts[p] = p == 2 ? -100 : static_cast<std::int32_t>(p * 3 % v);
+    r.run();
+    for (std::int64_t p = 0; p < rows; ++p) {
+        const auto pi = static_cast<std::size_t>(p);
+        const T expected = ts[pi] == -100 ? T(0) : ls[static_cast<std::size_t>(p * v + ts[pi])];
+        CHECK(r.real(whole.id)[pi] == expected);
+        CHECK(r.real(a.id)[pi] + r.real(c.id)[pi] == expected);
+        CHECK((r.real(a.id)[pi] == T(0) || r.real(c.id)[pi] == T(0)));
+        for (std::int64_t k = 0; k < 2; ++k) {
+            ld m = -1e300L, s = 0;
+            for (std::int64_t i = 0; i < half; ++i) m = std::max<ld>(m, ls[static_cast<std::size_t>(p * v + k * half + i)]);
+            for (std::int64_t i = 0; i < half; ++i) s += std::exp(ls[static_cast<std::size_t>(p * v + k * half + i)] - m);
+            require_close<T>(r.real(lse.id).subspan(static_cast<std::size_t>(p * 2 + k), 1), {m + std::log(s)}, "lse");
+        }
+    }
+    ts[4] = static_cast<std::int32_t>(v);
+    CHECK_THROWS_WITH(r.run(), Catch::Contains("pick_target") && Catch::Contains("target 8 ") && Catch::Contains("[0, 8)"));
+}
+
+TEST_CASE("vocab_parallel_cross_entropy errors: chunks that do not divide, bad normalizer", "[loss][errors][vocab_parallel]") {
+    graph_builder b;
+    auto logits = b.input("logits", make_shape({2, 3, 10}, Dim::Vocab::id));
+    auto targets = b.input("targets", leading_shape({2, 3}), value_kind::index);
+    CHECK_THROWS_WITH(ops::vocab_parallel_cross_entropy(logits, targets, 3),
+                      Catch::Contains("chunk_logsumexp") && Catch::Contains("10") && Catch::Contains("3 chunks"));
+    CHECK_THROWS_WITH(ops::vocab_parallel_cross_entropy(logits, targets, 0), Catch::Contains("chunks = 0"));
+    CHECK_THROWS_WITH(ops::vocab_parallel_cross_entropy(logits, targets, 2, -100, -1.0), Catch::Contains("normalizer"));
+}

@@ -78,12 +78,15 @@ static_assert(plan::well_formed<plan::devices_t<2>, plan::colocation_requires_re
                                 decltype(plan::on<ops::Attention>(plan::trans<Split<Dim::Head>, 4>{}, plan::colocate<2>,
                                                                   plan::recompute))>);
 
+// A frozen variable that a registered transformation cuts (vocabulary-parallel loss).
+static_assert(plan::well_formed<decltype(plan::on<ops::CrossEntropy>(plan::trans<Split<Var<"v">>, 2>{}))>);
+
 // Ill-formed ones: the trait says so without a hard error.
 static_assert(!plan::well_formed<plan::trans<Split<Dim::Batch>, 0>>);
 static_assert(!plan::well_formed<decltype(plan::trans<Split<Dim::Batch>, 0>{})>);
 static_assert(!plan::well_formed<decltype(plan::on<ops::Linear>(plan::trans<Split<Var<"x">>, 2>{}))>);
 static_assert(!plan::well_formed<decltype(plan::on<ops::LayerNorm>(plan::trans<Split<Var<"h">>, 2>{}))>);
-static_assert(!plan::well_formed<decltype(plan::on<ops::CrossEntropy>(plan::trans<Split<Var<"v">>, 2>{}))>);
+static_assert(!plan::well_formed<decltype(plan::on<ops::Softmax>(plan::trans<Split<Var<"n">>, 2>{}))>);
 static_assert(!plan::well_formed<decltype(plan::on<ops::Attention>(plan::trans<Split<Dim::Seq>, 2>{}))>);
 static_assert(!plan::well_formed<decltype(plan::on<ops::Attention>(plan::trans<Split<Dim::Hidden>, 2>{}))>);
 static_assert(!plan::well_formed<decltype(plan::on<ops::SplitHeads>(plan::trans<Split<Dim::Hidden>, 2>{}))>);
@@ -176,11 +179,12 @@ TEST_CASE("plan combinators: Megatron written with selectors resolves as the pre
             plan::trans<Split<Dim::Head>, 2>{})),
         plan::on_scope<"*.mlp">(plan::on<ops::Gelu, ops::Relu, ops::Silu, ops::Mul>(plan::trans<Split<Dim::FFN>, 2>{})),
         plan::on<ops::Embedding>(plan::trans<Split<Var<"v">>, 2>{}),
-        plan::on_name<"linear*">(plan::on<ops::Linear>(tp2_n{})));
+        plan::on_name<"linear*">(plan::on<ops::Linear>(tp2_n{})),
+        plan::on<ops::CrossEntropy>(plan::trans<Split<Var<"v">>, 2>{}));
     static_assert(plan::well_formed<decltype(megatron)>);
     const auto resolved = megatron.resolve(model.ir());
     require_same_partitions(resolved, plan::resolve(plan::presets::megatron(2), model.ir()));
-    // LinearBias' k passes the run-time checks too (a custom transformation cuts it).
+    // LinearBias' k and cross_entropy's v pass the run-time checks too (custom transformations cut them).
     CHECK_NOTHROW(partition::apply_plan(model.ir(), resolved));
 }
 

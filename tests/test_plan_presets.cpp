@@ -89,3 +89,29 @@ TEST_CASE("a plan resolves and applies the same to a graph with its backward pas
     CHECK(from_training.transfers.size() == forward_only.transfers.size());
     CHECK(from_training.ir().nodes.size() == forward_only.ir().nodes.size());
 }
+
+TEST_CASE("megatron's cross-entropy is vocabulary-parallel: no device gathers the logits", "[plan][presets]") {
+    const auto config = model_for(4);
+    for (auto spec : {presets::megatron(4), presets::megatron(2, 2), presets::sequence_parallel(4)}) {
+        INFO(spec.name);
+        auto model = models::gpt(config);
+        const auto pg = partition::apply_plan(model.ir(), plan::resolve(spec, model.ir()));
+        const graph& g = pg.ir();
+        // The loss is rebuilt from per-chunk log-sum-exps and target picks.
+        int chunk_ops = 0, whole_losses = 0;
+        for (const auto& n : g.nodes) {
+            chunk_ops += n.op == &op_def_of<ops::ChunkLogsumexp>();
+            whole_losses += n.op == &op_def_of<ops::CrossEntropy>();
+        }
+        CHECK(chunk_ops == 1);
+        CHECK(whole_losses == 0);
+        // Nothing of [batch, seq, vocab] size crosses devices, forward or backward: what
+        // moves is [batch, seq, chunks] log-sum-exps and [batch, seq] partial picks.
+        const std::int64_t logits = config.batch * config.seq * config.vocab;
+        for (const auto& t : pg.transfers) {
+            const tensor_desc& d = g.tensor(t.logical);
+            INFO(t.describe() << " of '" << d.name << "' " << d.dims.to_string());
+            CHECK(d.dims.numel() < logits);
+        }
+    }
+}

@@ -1,6 +1,6 @@
 // Property test: random legal plans for small random GPTs train exactly like one device.
-// Each plan draws, per forward op, up to two nested splits among the op's legal ones
-// (degrees dividing the extents), sometimes a replication factor, a random device for
+// Each plan draws, per forward op, up to two nested splits among the op's legal ones and
+// those a registered transformation makes (degrees dividing the extents), sometimes a replication factor, a random device for
 // every piece (so pieces collide, scatter over non-contiguous devices, or leave devices
 // idle), sometimes recompute; sometimes ZeRO. Two training steps in float64 must match
 // one device's losses, gradient norms and parameters to 1e-9. ZeRO-1 and ZeRO-3 are drawn
@@ -23,7 +23,7 @@ std::vector<std::int64_t> divisors_above_one(std::int64_t n, std::int64_t limit)
     return d;
 }
 
-plan::resolved_plan random_plan(const graph& g, int world, std::mt19937_64& rng) {
+plan::resolved_plan random_plan(const graph& g, int world, std::mt19937_64& rng, int& decomposed) {
     auto pick = [&](std::size_t n) { return static_cast<std::size_t>(rng() % n); };
     plan::resolved_plan p;
     p.devices = world;
@@ -38,7 +38,11 @@ plan::resolved_plan random_plan(const graph& g, int world, std::mt19937_64& rng)
         const std::size_t nested = n.op->opaque_layout ? 0 : pick(3);
         for (std::size_t k = 0; k < nested; ++k) {
             auto options = n.sig.legal_splits();
-            if (is_op<ops::LinearBias>(n)) options.push_back(n.sig.effect_of_split(*n.sig.find("k")));
+            // Frozen variables that a registered transformation cuts (row-parallel linear_bias,
+            // vocabulary-parallel cross_entropy) are legal too.
+            for (std::size_t v = 0; v < n.sig.vars.size(); ++v)
+                if (n.sig.vars[v].frozen && plan::transformation_registry::instance().find(*n.op, n.sig.vars[v].label))
+                    options.push_back(n.sig.effect_of_split(static_cast<int>(v)));
             if (options.empty()) break;
             const auto& s = options[pick(options.size())];
             const auto v = static_cast<std::size_t>(s.variable);
@@ -47,6 +51,7 @@ plan::resolved_plan random_plan(const graph& g, int world, std::mt19937_64& rng)
             const std::int64_t d = degrees[pick(degrees.size())];
             cut[v] *= d;
             op.splits.push_back({s.dim, s.label, d});
+            if (is_op<ops::CrossEntropy>(n) && s.label == "v") ++decomposed;
         }
         if (pick(4) == 0) op.replicas = 2;
         for (std::int64_t piece = 0; piece < op.pieces(); ++piece) op.devices.push_back(static_cast<int>(pick(static_cast<std::size_t>(world))));
@@ -61,7 +66,7 @@ plan::resolved_plan random_plan(const graph& g, int world, std::mt19937_64& rng)
 TEST_CASE("random legal plans equal one-device training", "[plan][property]") {
     std::mt19937_64 rng(20261122);
     const int trials = 220;
-    int tried = 0, transfers = 0;
+    int tried = 0, transfers = 0, vocab_parallel = 0;
     for (int t = 0; t < trials; ++t) {
         auto pick = [&](std::size_t n) { return static_cast<std::size_t>(rng() % n); };
         models::gpt_config c;
@@ -75,7 +80,7 @@ TEST_CASE("random legal plans equal one-device training", "[plan][property]") {
         c.tie_embeddings = pick(2) == 0;
         const int world = 1 + static_cast<int>(pick(4));
         auto model = models::gpt(c);
-        const auto plan = random_plan(model.ir(), world, rng);
+        const auto plan = random_plan(model.ir(), world, rng, vocab_parallel);
         testing::equivalence e;
         try {
             e = testing::compare_with_single_device<double>(c, plan, 2);
@@ -92,6 +97,8 @@ TEST_CASE("random legal plans equal one-device training", "[plan][property]") {
         ++tried;
         transfers += static_cast<int>(e.transfers);
     }
-    std::printf("random plans: %d tried and equal to one device (%d transfers materialized)\n", tried, transfers);
+    std::printf("random plans: %d tried and equal to one device (%d transfers materialized, %d vocabulary cuts of the loss)\n",
+                tried, transfers, vocab_parallel);
     CHECK(tried >= 200);
+    CHECK(vocab_parallel >= 10);
 }

@@ -1880,6 +1880,26 @@ inline gradients Scale::backward(backward_context& c) {
 
 }  // namespace loom::ops
 // ---- end loom/ops/scale.hpp ----
+// ---- begin loom/ops/stop_gradient.hpp ----
+// stop_gradient: y = x in the forward pass, and no gradient flows back through it, as
+// jax.lax.stop_gradient or torch's x.detach(). AlphaFold's recycling feeds each round's
+// outputs into the next round through it, so only the last round is differentiated.
+//
+// The op has no backward rule on purpose: autograd treats it as not differentiable, so its
+// output depends on no parameter and nothing upstream of it is differentiated through it
+// (not even to compute a gradient that would then be dropped).
+
+namespace loom::ops {
+
+struct StopGradient {
+    static constexpr std::string_view name = "stop_gradient";
+    static constexpr signature sig = parse_signature("... -> ...");
+};
+
+inline tensor stop_gradient(tensor x) { return x.builder->apply1<StopGradient>({x}); }
+
+}  // namespace loom::ops
+// ---- end loom/ops/stop_gradient.hpp ----
 // ops-includes: elementwise
 // ---- begin loom/ops/dropout.hpp ----
 // dropout: y = x * mask / (1 - p), seeded and deterministic.
@@ -2770,17 +2790,265 @@ inline tensor embedding(tensor ids, tensor table) {
 
 }  // namespace loom::ops
 // ---- end loom/ops/embedding.hpp ----
+// ---- begin loom/ops/vocab_parallel_cross_entropy.hpp ----
+// Vocabulary-parallel cross-entropy: cross_entropy rebuilt from ops whose vocabulary dim can
+// be split, so that logits split along the vocabulary (Megatron's LM head) never need to be
+// gathered. With the vocabulary cut into `chunks` contiguous chunks:
+//
+//   chunk_logsumexp          "... (c v) -> ... c"        lse[p, c] = logsumexp(logits[p, chunk c])
+//   pick_target              "... v, ... -> ..."         z[p] = logits[p, targets[p]] (0 if not held)
+//   cross_entropy_from_chunks "... c^, ..., ... -> "     loss = sum_p kept_p (logsumexp_c lse[p, :] - z[p]) / normalizer
+//
+// and their backward ops
+//
+//   chunk_logsumexp_grad            "... c, ... (c v), ... c -> ... (c v)"   dlogits = dlse[c] * exp(logits - lse[c])
+//   pick_target_grad                "..., ... -> ... v"                      dlogits = onehot(target) * dz
+//   cross_entropy_from_chunks_grad  ", ... c^, ... -> ... c^, ..."           (dlse, dz)
+//
+// Split along the chunks (c of chunk_logsumexp, v of pick_target), every piece reads only its
+// slice of the logits: it reduces its chunk to one log-sum-exp per position and picks the
+// target's logit if its slice holds the target (v is contracted, so the picks are partial
+// sums with one non-zero term). What crosses devices is [positions, chunks] log-sum-exps and
+// [positions] partial sums, not [positions, vocabulary] logits. The backward of a piece is
+// local the same way: softmax of its chunk rescaled by exp(lse[c] - logsumexp), minus the
+// one-hot of the target where the piece holds it.
+//
+// The result equals cross_entropy (same normalizer and ignore_index rules) up to rounding:
+// logsumexp over chunks of per-chunk log-sum-exps is the log-sum-exp of the row. A plan that
+// splits cross_entropy's frozen v gets this decomposition from the transformation registered
+// in plan/transformation.hpp; models may also call vocab_parallel_cross_entropy directly.
+//
+// pick_target and pick_target_grad hold the vocabulary rows [row_offset, row_offset + v) of
+// `vocab` (like embedding); a target outside [0, vocab) that is not ignore_index throws
+// loom::usage_error naming the node, the position and the target.
+#include <array>
+#include <cmath>
+#include <cstdint>
+#include <optional>
+#include <string>
+#include <vector>
+
 
 namespace loom::ops {
 
-using core_ops = boost::mp11::mp_list<FillLike, Identity, Add, Mul, Scale, Sum, Mean, SumLeading, BroadcastScalar, Linear,
-                                      LinearBias, LinearGradInput, LinearGradWeight>;
+namespace detail {
+
+// The chunk axis keeps the vocabulary's dim (it is the vocabulary, `chunks` entries long),
+// so that a split of the logits along Vocab finds it when a plan mirrors partitions by dim.
+inline std::vector<preset_variable> chunk_presets(const attributes& a, std::string_view op) {
+    const auto chunks = a.get<std::int64_t>("chunks");
+    if (chunks <= 0)
+        throw shape_error(std::string(op) + ": chunks = " + std::to_string(chunks) +
+                          "; pass a positive number of vocabulary chunks");
+    return {{"c", Dim::Vocab::id, chunks}};
+}
+
+inline attributes chunk_piece_attributes(const node& n, const piece_ranges& r) {
+    attributes a = n.attrs;
+    auto c = static_cast<std::size_t>(*n.sig.find("c"));
+    a.set("chunks", r.end[c] - r.begin[c]);
+    return a;
+}
+
+inline attributes row_offset_piece_attributes(const node& n, const piece_ranges& r) {
+    attributes a = n.attrs;
+    auto v = static_cast<std::size_t>(*n.sig.find("v"));
+    a.set("row_offset", a.get_or<std::int64_t>("row_offset", 0) + r.begin[v]);
+    if (a.has("rows")) a.set("rows", r.end[v] - r.begin[v]);
+    return a;
+}
+
+}  // namespace detail
+
+struct ChunkLogsumexpGrad {
+    static constexpr std::string_view name = "chunk_logsumexp_grad";
+    static constexpr signature sig = parse_signature("... c, ... (c v), ... c -> ... (c v)");
+    static std::vector<preset_variable> presets(const attributes& a, std::span<const shape>) {
+        return detail::chunk_presets(a, name);
+    }
+    static std::vector<shape> infer(const bound_signature&, const attributes&, std::span<const shape> in) {
+        return {in[1]};
+    }
+    static attributes piece_attributes(const node& n, const piece_ranges& r) {
+        return detail::chunk_piece_attributes(n, r);
+    }
+    // An exp, a subtraction and a product per logit.
+    static double flops(const graph& g, const node& n) {
+        return 3.0 * static_cast<double>(g.tensor(n.inputs[1]).dims.numel());
+    }
+};
+
+// dlogits = dlse[c] * exp(logits - lse[c]) within each chunk c.
+inline tensor chunk_logsumexp_grad(tensor dlse, tensor logits, tensor lse, std::int64_t chunks) {
+    return dlse.builder->apply1<ChunkLogsumexpGrad>({dlse, logits, lse}, {{"chunks", chunks}});
+}
+
+struct ChunkLogsumexp {
+    static constexpr std::string_view name = "chunk_logsumexp";
+    static constexpr signature sig = parse_signature("... (c v) -> ... c");
+    static std::vector<preset_variable> presets(const attributes& a, std::span<const shape> in) {
+        const auto chunks = a.get<std::int64_t>("chunks");
+        if (chunks > 0 && in.size() == 1 && in[0].rank() >= 1 && in[0].extent(in[0].rank() - 1) % chunks != 0)
+            throw shape_error("chunk_logsumexp: the vocabulary extent " + std::to_string(in[0].extent(in[0].rank() - 1)) +
+                              " of " + in[0].to_string() + " is not divisible into " + std::to_string(chunks) +
+                              " chunks; choose a chunk count that divides it");
+        return detail::chunk_presets(a, name);
+    }
+    static attributes piece_attributes(const node& n, const piece_ranges& r) {
+        return detail::chunk_piece_attributes(n, r);
+    }
+    // About 4 operations per logit (max, exp, sum).
+    static double flops(const graph& g, const node& n) {
+        return 4.0 * static_cast<double>(g.tensor(n.inputs[0]).dims.numel());
+    }
+    static gradients backward(backward_context& c) {
+        gradients g(1);
+        if (c.needs_grad[0])
+            g[0] = chunk_logsumexp_grad(*c.grad_outputs[0], c.inputs[0], c.outputs[0],
+                                        c.attrs().get<std::int64_t>("chunks"));
+        return g;
+    }
+};
+
+// lse [... chunks]: the log-sum-exp of each of `chunks` equal, contiguous slices of the last
+// axis of `logits`.
+inline tensor chunk_logsumexp(tensor logits, std::int64_t chunks) {
+    return logits.builder->apply1<ChunkLogsumexp>({logits}, {{"chunks", chunks}});
+}
+
+struct PickTargetGrad {
+    static constexpr std::string_view name = "pick_target_grad";
+    static constexpr signature sig = parse_signature("..., ... -> ... v");
+    static constexpr std::array<value_kind, 2> input_kinds{value_kind::real, value_kind::index};
+    static std::vector<preset_variable> presets(const attributes& a, std::span<const shape>) {
+        return {{"v", Dim::Vocab::id, a.get<std::int64_t>("rows")}};
+    }
+    static attributes piece_attributes(const node& n, const piece_ranges& r) {
+        return detail::row_offset_piece_attributes(n, r);
+    }
+    // Zeroing the rows, one write per position.
+    static double flops(const graph& g, const node& n) {
+        return static_cast<double>(g.tensor(n.outputs[0]).dims.numel());
+    }
+};
+
+// dlogits [... rows]: dz[p] at the target's column (when rows [row_offset, row_offset + rows)
+// hold it), zero elsewhere.
+inline tensor pick_target_grad(tensor dz, tensor targets, std::int64_t rows, std::int64_t vocab,
+                               std::int64_t row_offset, std::int64_t ignore_index) {
+    return dz.builder->apply1<PickTargetGrad>(
+        {dz, targets},
+        {{"rows", rows}, {"vocab", vocab}, {"row_offset", row_offset}, {"ignore_index", ignore_index}});
+}
+
+struct PickTarget {
+    static constexpr std::string_view name = "pick_target";
+    static constexpr signature sig = parse_signature("... v, ... -> ...");
+    static constexpr std::array<value_kind, 2> input_kinds{value_kind::real, value_kind::index};
+    static attributes piece_attributes(const node& n, const piece_ranges& r) {
+        return detail::row_offset_piece_attributes(n, r);
+    }
+    // One read per position.
+    static double flops(const graph& g, const node& n) {
+        return static_cast<double>(g.tensor(n.inputs[1]).dims.numel());
+    }
+    static gradients backward(backward_context& c) {
+        gradients g(2);
+        if (c.needs_grad[0]) {
+            const shape& logits = c.inputs[0].dims();
+            g[0] = pick_target_grad(*c.grad_outputs[0], c.inputs[1], logits.extent(logits.rank() - 1),
+                                    c.attrs().get<std::int64_t>("vocab"), c.attrs().get_or<std::int64_t>("row_offset", 0),
+                                    c.attrs().get<std::int64_t>("ignore_index"));
+        }
+        return g;
+    }
+};
+
+// z [...] = logits[p, targets[p]], 0 at ignored positions.
+inline tensor pick_target(tensor logits, tensor targets, std::int64_t ignore_index = -100) {
+    const std::int64_t vocab = logits.rank() >= 1 ? logits.extent(logits.rank() - 1) : 0;
+    return logits.builder->apply1<PickTarget>(
+        {logits, targets}, {{"vocab", vocab}, {"row_offset", std::int64_t{0}}, {"ignore_index", ignore_index}});
+}
+
+struct CrossEntropyFromChunksGrad {
+    static constexpr std::string_view name = "cross_entropy_from_chunks_grad";
+    static constexpr signature sig = parse_signature(", ... c^, ... -> ... c^, ...");
+    static constexpr std::array<value_kind, 3> input_kinds{value_kind::real, value_kind::real, value_kind::index};
+    // A softmax over the chunks per position.
+    static double flops(const graph& g, const node& n) {
+        return 4.0 * static_cast<double>(g.tensor(n.inputs[1]).dims.numel());
+    }
+};
+
+struct cross_entropy_from_chunks_grads {
+    tensor dlse, dz;
+};
+
+inline cross_entropy_from_chunks_grads cross_entropy_from_chunks_grad(tensor dloss, tensor lse, tensor targets,
+                                                                      std::int64_t ignore_index, double normalizer) {
+    std::array<tensor, 3> ins{dloss, lse, targets};
+    auto outs = dloss.builder->apply<CrossEntropyFromChunksGrad>(
+        ins, {{"ignore_index", ignore_index}, {"normalizer", normalizer}});
+    return {outs[0], outs[1]};
+}
+
+struct CrossEntropyFromChunks {
+    static constexpr std::string_view name = "cross_entropy_from_chunks";
+    static constexpr signature sig = parse_signature("... c^, ..., ... -> ");
+    static constexpr std::array<value_kind, 3> input_kinds{value_kind::real, value_kind::real, value_kind::index};
+    // A log-sum-exp over the chunks per position.
+    static double flops(const graph& g, const node& n) {
+        return 4.0 * static_cast<double>(g.tensor(n.inputs[0]).dims.numel());
+    }
+    static gradients backward(backward_context& c) {
+        gradients g(3);
+        if (!c.needs_grad[0] && !c.needs_grad[1]) return g;
+        auto d = cross_entropy_from_chunks_grad(*c.grad_outputs[0], c.inputs[0], c.inputs[2],
+                                                c.attrs().get<std::int64_t>("ignore_index"),
+                                                c.attrs().get<double>("normalizer"));
+        if (c.needs_grad[0]) g[0] = d.dlse;
+        if (c.needs_grad[1]) g[1] = d.dz;
+        return g;
+    }
+};
+
+// The mean cross-entropy from per-chunk log-sum-exps and the targets' logits.
+inline tensor cross_entropy_from_chunks(tensor lse, tensor target_logits, tensor targets, std::int64_t ignore_index,
+                                        double normalizer) {
+    return lse.builder->apply1<CrossEntropyFromChunks>({lse, target_logits, targets},
+                                                       {{"ignore_index", ignore_index}, {"normalizer", normalizer}});
+}
+
+// cross_entropy(logits, targets, ignore_index, normalizer) computed through `chunks`
+// vocabulary chunks (see the top of this file); a plan splits the chunks.
+inline tensor vocab_parallel_cross_entropy(tensor logits, tensor targets, std::int64_t chunks,
+                                           std::int64_t ignore_index = -100,
+                                           std::optional<double> normalizer = std::nullopt) {
+    const double n = normalizer ? *normalizer : static_cast<double>(targets.dims().numel());
+    if (!(n > 0) || !std::isfinite(n))
+        throw usage_error("vocab_parallel_cross_entropy: normalizer = " + std::to_string(n) + " for logits '" +
+                          logits.name() + "'; pass a positive finite normalizer (the number of positions the mean is over)");
+    tensor lse = chunk_logsumexp(logits, chunks);
+    tensor z = pick_target(logits, targets, ignore_index);
+    return cross_entropy_from_chunks(lse, z, targets, ignore_index, n);
+}
+
+}  // namespace loom::ops
+// ---- end loom/ops/vocab_parallel_cross_entropy.hpp ----
+
+namespace loom::ops {
+
+using core_ops = boost::mp11::mp_list<FillLike, Identity, StopGradient, Add, Mul, Scale, Sum, Mean, SumLeading,
+                                      BroadcastScalar, Linear, LinearBias, LinearGradInput, LinearGradWeight>;
 using elementwise_ops = boost::mp11::mp_list<Gelu, GeluGrad, Relu, ReluGrad, Silu, SiluGrad, Softmax, SoftmaxGrad, Dropout,
                                               DropoutGrad>;
 using normalization_ops = boost::mp11::mp_list<LayerNorm, LayerNormGrad, RmsNorm, RmsNormGrad>;
 using attention_ops = boost::mp11::mp_list<Matmul, MatmulNT, MatmulTN, Reshape, Transpose, SplitHeads, MergeHeads,
                                            Attention, AttentionGrad>;
-using embedding_loss_ops = boost::mp11::mp_list<Embedding, EmbeddingGrad, CrossEntropy, CrossEntropyGrad>;
+using embedding_loss_ops = boost::mp11::mp_list<Embedding, EmbeddingGrad, CrossEntropy, CrossEntropyGrad, ChunkLogsumexp,
+                                                 ChunkLogsumexpGrad, PickTarget, PickTargetGrad, CrossEntropyFromChunks,
+                                                 CrossEntropyFromChunksGrad>;
 
 // What plans insert between the pieces of partitioned ops.
 using partition_ops = boost::mp11::mp_list<Assemble, Transfer>;
@@ -4284,6 +4552,7 @@ concept plan_fact = requires {
 
 namespace loom::ops {
 struct LinearBias;
+struct CrossEntropy;
 }
 
 namespace loom::plan {
@@ -4305,6 +4574,10 @@ inline constexpr std::span<const std::string_view> transformable_variables{};
 template <>
 inline constexpr std::span<const std::string_view> transformable_variables<ops::LinearBias> =
     variable_labels<"k">::values;
+// And vocabulary-parallel cross-entropy.
+template <>
+inline constexpr std::span<const std::string_view> transformable_variables<ops::CrossEntropy> =
+    variable_labels<"v">::values;
 
 namespace detail {
 
@@ -4973,8 +5246,9 @@ inline plan_spec data_parallel(int n) {
 // Megatron tensor parallelism over tp devices (times dp data-parallel replicas on a
 // dp x tp mesh, device = d * tp + t): column-parallel q, k, v and fc, heads and FFN split
 // in between, row-parallel output projections (partial sums, all-reduced), a
-// vocabulary-parallel embedding, and the LM head split along the vocabulary. Everything
-// else (layer norms, residual adds, the loss) is replicated within the tensor-parallel group.
+// vocabulary-parallel embedding, the LM head split along the vocabulary and a
+// vocabulary-parallel cross-entropy over its logits. Everything else (layer norms, residual
+// adds) is replicated within the tensor-parallel group.
 inline plan_spec megatron(int tp, int dp = 1, const transformer_names& names = {}) {
     using namespace detail;
     plan_spec p;
@@ -4996,6 +5270,9 @@ inline plan_spec megatron(int tp, int dp = 1, const transformer_names& names = {
     selector head = kinds({&op_def_of<ops::Linear>()});
     head.name = "linear*";
     p.add(trans(head, dp, {split_var("n", tp)}, origin));
+    // Vocabulary-parallel cross-entropy (rebuilt by the transformation registered for its v):
+    // each device reduces its slice of the logits; no device gathers them.
+    p.add(trans(kinds({&op_def_of<ops::CrossEntropy>()}), dp, {split_var("v", tp)}, origin));
     return p;
 }
 
@@ -5075,17 +5352,38 @@ inline plan_spec coshard(int tp, int c, const transformer_names& names = {}) {
 // With one registered, a plan may split that variable: the signature's laws still say what
 // each operand becomes (here: x and w sliced along k, the output a partial sum), and the
 // function adjusts each piece (here: only the piece holding k = 0 adds the bias).
+//
+// Where no piece-local change suffices, a transformation may instead decompose the op:
+// rebuild it from several ops that can be split, and give each of them its partition.
+//
+//   plan::register_decomposition<ops::CrossEntropy>("v", "vocabulary-parallel",
+//       [](graph_builder& b, const node& n, std::span<const tensor> inputs,
+//          const plan::op_partition& p, std::vector<plan::op_partition>& partitions) {
+//           ... build the replacement with b, push one partition per node appended ...
+//           return outputs;  // one per output of n
+//       });
+//
+// Applying a plan rebuilds such a node this way (partition/logical_graph.hpp); `p` arrives
+// with every split resolved to a variable label of `n`. Built in: cross_entropy split along
+// its vocabulary becomes ops/vocab_parallel_cross_entropy.hpp (Megatron's vocabulary-parallel
+// loss: no device gathers the logits).
 #include <map>
 #include <mutex>
+#include <span>
 #include <string>
 #include <utility>
+#include <vector>
 
 
 namespace loom::plan {
 
+using decompose_fn = std::vector<tensor> (*)(graph_builder&, const node&, std::span<const tensor>, const op_partition&,
+                                             std::vector<op_partition>&);
+
 struct transformation {
     std::string description;
-    attributes (*piece_attributes)(const node&, const piece_ranges&) = nullptr;
+    attributes (*piece_attributes)(const node&, const piece_ranges&) = nullptr;  // adjust each piece, or
+    decompose_fn decompose = nullptr;                                             // rebuild the op
 };
 
 class transformation_registry {
@@ -5116,6 +5414,41 @@ void register_transformation(std::string label, std::string description,
     transformation_registry::instance().add(op_def_of<Op>(), std::move(label), {std::move(description), piece_attributes});
 }
 
+template <op_kind Op>
+void register_decomposition(std::string label, std::string description, decompose_fn decompose) {
+    transformation t;
+    t.description = std::move(description);
+    t.decompose = decompose;
+    transformation_registry::instance().add(op_def_of<Op>(), std::move(label), std::move(t));
+}
+
+namespace detail {
+
+// cross_entropy cut along v into chunks: the chunk log-sum-exps and the target picks split as
+// the logits are (the picks become partial sums), the small combining op replicated over the
+// vocabulary pieces.
+inline std::vector<tensor> vocab_parallel_loss(graph_builder&, const node& n, std::span<const tensor> in,
+                                               const op_partition& p, std::vector<op_partition>& partitions) {
+    std::int64_t chunks = 1;
+    op_partition by_chunk = p, combine = p;
+    for (std::size_t s = 0; s < p.splits.size(); ++s) {
+        if (p.splits[s].replicate || p.splits[s].label != "v") continue;
+        chunks *= p.splits[s].degree;
+        by_chunk.splits[s].label = "c";
+        combine.splits[s] = {{}, "", p.splits[s].degree, true};
+    }
+    const auto ignore = n.attrs.get<std::int64_t>("ignore_index");
+    tensor lse = ops::chunk_logsumexp(in[0], chunks);
+    partitions.push_back(by_chunk);
+    tensor picked = ops::pick_target(in[0], in[1], ignore);
+    partitions.push_back(p);
+    tensor loss = ops::cross_entropy_from_chunks(lse, picked, in[1], ignore, n.attrs.get<double>("normalizer"));
+    partitions.push_back(combine);
+    return {loss};
+}
+
+}  // namespace detail
+
 // Built in: a linear layer with bias split along its input features (Megatron's
 // row-parallel layer): every piece multiplies its slice, and only the first adds the bias.
 inline transformation_registry::transformation_registry() {
@@ -5127,6 +5460,9 @@ inline transformation_registry::transformation_registry() {
             a.set("bias", std::int64_t{r.begin[k] == 0 ? 1 : 0});
             return a;
         }};
+    entries_[{&op_def_of<ops::CrossEntropy>(), "v"}] = {
+        "vocabulary-parallel: per-chunk log-sum-exps and target picks, combined by a small replicated op",
+        nullptr, &detail::vocab_parallel_loss};
 }
 
 }  // namespace loom::plan
@@ -5168,6 +5504,10 @@ inline transformation_registry::transformation_registry() {
 //     a tensor's partitioning from its consumer's this way).
 //   * ZeRO-2 inserts an identity on every parameter gradient ("zero2/<param>"), split the
 //     same way, so each device keeps only its shard of the gradient.
+//   * Decomposition: a node whose plan cuts a variable that a registered transformation
+//     handles by rebuilding the op (plan/transformation.hpp; cross_entropy along its
+//     vocabulary) is replaced by the ops the transformation builds, each with its own
+//     partition.
 //   * Recompute: backward nodes read recomputed copies of the outputs of ops marked for
 //     recompute, so the forward copies die early. The copies are appended right before
 //     their first backward reader and marked as backward nodes of the op they copy.
@@ -5187,6 +5527,9 @@ struct logical_graph_options {
     bool zero3_identities = false;
     bool zero2_identities = false;
     std::vector<bool> recompute;  // per forward node of the input graph
+    // Per forward node of the input graph: the partition (splits resolved to labels) of a
+    // node to rebuild by the decomposition registered for one of its split variables.
+    std::vector<std::optional<plan::op_partition>> decompose;
 };
 
 struct logical_graph {
@@ -5195,7 +5538,19 @@ struct logical_graph {
     std::vector<node_id> source_of;            // node of g -> input forward node (or no_id)
     std::map<tensor_id, node_id> zero3_identity;  // parameter of g -> its inserted identity
     std::map<tensor_id, node_id> zero2_identity;  // parameter of g -> identity on its gradient
+    std::map<node_id, plan::op_partition> decomposed;  // node of g built by a decomposition -> its partition
 };
+
+// The decomposition a partition asks for on node `n`: that of the first cut variable whose
+// registered transformation rebuilds the op. `p`'s splits must be resolved to labels.
+inline const plan::transformation* decomposition_for(const node& n, const plan::op_partition& p) {
+    for (const auto& s : p.splits) {
+        if (s.replicate) continue;
+        const auto* t = plan::transformation_registry::instance().find(*n.op, s.label);
+        if (t && t->decompose) return t;
+    }
+    return nullptr;
+}
 
 namespace detail {
 
@@ -5275,6 +5630,32 @@ inline logical_graph build_logical_graph(const graph& model, const logical_graph
                 ins.push_back(b.handle(m));
             }
         }
+        if (i < options.decompose.size() && options.decompose[i]) {
+            const plan::op_partition& p = *options.decompose[i];
+            const plan::transformation* t = decomposition_for(n, p);
+            if (!t) throw error("partition: node '" + n.name + "' has no decomposition for " + p.describe());
+            auto scope = b.enter_scope(n.scope);
+            const std::size_t first = b.view().nodes.size();
+            std::vector<plan::op_partition> parts;
+            std::vector<tensor> outs = t->decompose(b, n, ins, p, parts);
+            graph& g = b.mutable_graph();
+            const std::size_t built = g.nodes.size() - first;
+            if (outs.size() != n.outputs.size() || parts.size() != built || built == 0)
+                throw error("partition: the decomposition of " + std::string(n.op->name) + " '" + n.name + "' (" +
+                            t->description + ") built " + std::to_string(built) + " nodes with " +
+                            std::to_string(parts.size()) + " partitions and " + std::to_string(outs.size()) +
+                            " outputs; it must give one partition per node it appends and one output per output of the op");
+            for (std::size_t k = 0; k < built; ++k) {
+                g.nodes[first + k].name = n.name + "/" + std::string(g.nodes[first + k].op->name);
+                out.decomposed[static_cast<node_id>(first + k)] = std::move(parts[k]);
+            }
+            for (std::size_t o = 0; o < outs.size(); ++o) {
+                tmap.at(static_cast<std::size_t>(n.outputs[o])) = outs[o].id;
+                g.tensor(outs[o].id).name = n.name + (outs.size() == 1 ? "" : ":" + std::to_string(o));
+            }
+            out.forward_node[i] = g.tensor(outs[0].id).producer;
+            continue;
+        }
         out.forward_node[i] = detail::replay(b, n, ins, tmap);
     }
     b.set_loss(b.handle(tmap.at(static_cast<std::size_t>(model.loss))));
@@ -5309,13 +5690,16 @@ inline logical_graph build_logical_graph(const graph& model, const logical_graph
     graph g = std::move(b).take();
     bool any_recompute = false;
     for (bool r : options.recompute) any_recompute = any_recompute || r;
+    for (const auto& [n, p] : out.decomposed) any_recompute = any_recompute || p.recompute;
     if (!any_recompute) {
         out.g = std::move(g);
     } else {
         // Rebuild once more, giving backward readers of recomputed outputs fresh copies.
         std::vector<bool> recompute(g.nodes.size(), false);
-        for (std::size_t i = 0; i < forward; ++i)
+        for (std::size_t i = 0; i < options.recompute.size(); ++i)
             if (options.recompute[i]) recompute[static_cast<std::size_t>(out.forward_node[i])] = true;
+        for (const auto& [n, p] : out.decomposed)
+            if (p.recompute) recompute[static_cast<std::size_t>(n)] = true;
         graph_builder r;
         r.adopt_scopes(g);
         std::vector<tensor_id> map(g.tensors.size(), no_id), copy(g.tensors.size(), no_id);
@@ -5376,6 +5760,9 @@ inline logical_graph build_logical_graph(const graph& model, const logical_graph
         std::map<tensor_id, node_id> z3, z2;
         for (auto [p, n] : out.zero3_identity) z3[map[static_cast<std::size_t>(p)]] = new_id[static_cast<std::size_t>(n)];
         for (auto [p, n] : out.zero2_identity) z2[map[static_cast<std::size_t>(p)]] = new_id[static_cast<std::size_t>(n)];
+        std::map<node_id, plan::op_partition> decomposed;
+        for (auto& [n, p] : out.decomposed) decomposed[new_id[static_cast<std::size_t>(n)]] = std::move(p);
+        out.decomposed = std::move(decomposed);
         out.zero3_identity = std::move(z3);
         out.zero2_identity = std::move(z2);
         for (auto& f : out.forward_node) f = new_id[static_cast<std::size_t>(f)];
@@ -6073,7 +6460,8 @@ public:
             attributes attrs = n.op->piece_attributes ? n.op->piece_attributes(n, piece.vars) : n.attrs;
             for (const auto& s : layout.partition.splits) {
                 if (s.replicate) continue;
-                if (const auto* custom = plan::transformation_registry::instance().find(*n.op, s.label)) {
+                const auto* custom = plan::transformation_registry::instance().find(*n.op, s.label);
+                if (custom && custom->piece_attributes) {
                     node adjusted = n;
                     adjusted.attrs = attrs;
                     attrs = custom->piece_attributes(adjusted, piece.vars);
@@ -6569,14 +6957,31 @@ inline partitioned_graph apply_plan(const graph& model, const plan::resolved_pla
     lo.zero3_identities = plan.zero == plan::zero_stage::parameters;
     lo.zero2_identities = plan.zero == plan::zero_stage::gradients;
     lo.recompute.assign(forward, false);
-    for (std::size_t i = 0; i < forward; ++i)
-        if (const auto* p = plan.at(static_cast<node_id>(i))) lo.recompute[i] = p->recompute;
+    lo.decompose.resize(forward);
+    std::vector<std::string> notes;
+    for (std::size_t i = 0; i < forward; ++i) {
+        const auto* p = plan.at(static_cast<node_id>(i));
+        if (!p) continue;
+        lo.recompute[i] = p->recompute;
+        // A cut that a registered transformation makes by rebuilding the op (cross_entropy
+        // along its vocabulary): checked against the op as written, then rebuilt.
+        const node& n = model.nodes[i];
+        bool rebuilds = false;
+        for (const auto& s : p->splits)
+            if (!s.replicate)
+                if (auto v = detail::variable_of(n, s)) {
+                    const auto* t = plan::transformation_registry::instance().find(*n.op, n.sig.vars[static_cast<std::size_t>(*v)].label);
+                    rebuilds = rebuilds || (t && t->decompose);
+                }
+        if (rebuilds) lo.decompose[i] = resolve_partition(n, *p, plan.devices, true, notes);
+    }
 
     partitioned_graph out;
     out.world = plan.devices;
     out.zero = plan.zero;
     out.plan_name = plan.name;
     out.logical = std::make_unique<logical_graph>(build_logical_graph(model, lo));
+    out.notes = std::move(notes);
     const graph& g = out.logical->g;
 
     // 2. Partitions of every node.
@@ -6584,8 +6989,13 @@ inline partitioned_graph apply_plan(const graph& model, const plan::resolved_pla
     everywhere.replicas = plan.devices;
     std::vector<plan::op_partition> parts(g.nodes.size());
     std::vector<bool> assigned(g.nodes.size(), false);
+    for (const auto& [n, p] : out.logical->decomposed) {
+        parts[static_cast<std::size_t>(n)] = resolve_partition(g.at(n), p, plan.devices, true, out.notes);
+        assigned[static_cast<std::size_t>(n)] = true;
+    }
     for (std::size_t i = 0; i < forward; ++i) {
         node_id n = out.logical->forward_node[i];
+        if (assigned[static_cast<std::size_t>(n)]) continue;
         const plan::op_partition* p = plan.at(static_cast<node_id>(i));
         parts[static_cast<std::size_t>(n)] = resolve_partition(g.at(n), p ? *p : everywhere, plan.devices, true, out.notes);
         assigned[static_cast<std::size_t>(n)] = true;
@@ -10281,6 +10691,29 @@ struct host_kernel<ops::LinearGradWeight> {
 
 }  // namespace loom::host
 // ---- end loom/runtime/host/kernels/linear.hpp ----
+// ---- begin loom/runtime/host/kernels/stop_gradient.hpp ----
+// Kernel of stop_gradient: in the forward pass it is the identity, a copy.
+#include <cstring>
+
+
+namespace loom::host {
+
+template <>
+struct host_kernel<ops::StopGradient> {
+    template <class T>
+    static void run(const kernel_call<T>& c) {
+        const T* x = c.input(0);
+        T* y = c.output(0);
+        if (x == y) return;
+        const std::int64_t n = c.output_numel(0);
+        parallel_for(0, n, elementwise_grain, [&](std::int64_t lo, std::int64_t hi) {
+            std::memcpy(y + lo, x + lo, static_cast<std::size_t>(hi - lo) * sizeof(T));
+        });
+    }
+};
+
+}  // namespace loom::host
+// ---- end loom/runtime/host/kernels/stop_gradient.hpp ----
 // kernels-includes: elementwise
 // ---- begin loom/runtime/host/kernels/dropout.hpp ----
 // Host kernels of dropout and dropout_grad: y = x * (keep ? 1 / (1 - p) : 0), the scale
@@ -12042,6 +12475,154 @@ struct host_kernel<ops::EmbeddingGrad> {
 
 }  // namespace loom::host
 // ---- end loom/runtime/host/kernels/embedding.hpp ----
+// ---- begin loom/runtime/host/kernels/vocab_parallel_cross_entropy.hpp ----
+// Host kernels of the vocabulary-parallel cross-entropy ops (ops/vocab_parallel_cross_entropy.hpp).
+// Each chunk's log-sum-exp is taken around the chunk's max, and the loss around the max of
+// the chunks' log-sum-exps, so no exp overflows. The loss sums rows per fixed block of rows,
+// in double, then the blocks in order: the same for any thread count.
+#include <algorithm>
+#include <cmath>
+#include <cstdint>
+
+
+namespace loom::host {
+
+template <>
+struct host_kernel<ops::ChunkLogsumexp> {
+    template <class T>
+    static void run(const kernel_call<T>& c) {
+        const std::int64_t chunks = c.extent("c"), v = c.extent("v");
+        const std::int64_t rows = c.output_numel(0) / std::max<std::int64_t>(chunks, 1);
+        const T* logits = c.input(0);
+        T* lse = c.output(0);
+        for_each_row(rows, chunks * v, [&](std::int64_t r) {
+            for (std::int64_t k = 0; k < chunks; ++k) lse[r * chunks + k] = detail::log_sum_exp(logits + (r * chunks + k) * v, v);
+        });
+    }
+};
+
+template <>
+struct host_kernel<ops::ChunkLogsumexpGrad> {
+    template <class T>
+    static void run(const kernel_call<T>& c) {
+        const std::int64_t chunks = c.extent("c"), v = c.extent("v");
+        const std::int64_t rows = c.input_numel(0) / std::max<std::int64_t>(chunks, 1);
+        const T* dlse = c.input(0);
+        const T* logits = c.input(1);
+        const T* lse = c.input(2);
+        T* dlogits = c.output(0);
+        for_each_row(rows, chunks * v, [&](std::int64_t r) {
+            for (std::int64_t k = 0; k < chunks; ++k) {
+                const std::int64_t at = r * chunks + k;
+                const T* x = logits + at * v;
+                T* out = dlogits + at * v;
+                const T m = lse[at], scale = dlse[at];
+                detail::for_lanes(v, [=](std::int64_t i) { out[i] = scale * detail::lane_exp(x[i] - m); });
+            }
+        });
+    }
+};
+
+template <>
+struct host_kernel<ops::PickTarget> {
+    template <class T>
+    static void run(const kernel_call<T>& c) {
+        const std::int64_t v = c.extent("v");
+        const auto vocab = c.attrs().template get<std::int64_t>("vocab");
+        const auto offset = c.attrs().template get_or<std::int64_t>("row_offset", 0);
+        const auto ignore = c.attrs().template get<std::int64_t>("ignore_index");
+        detail::check_targets(c, 1, vocab, ignore);
+        const T* logits = c.input(0);
+        const std::int32_t* targets = c.index_input(1);
+        T* z = c.output(0);
+        const std::int64_t rows = c.input_numel(1);
+        for (std::int64_t r = 0; r < rows; ++r) {
+            const std::int64_t col = targets[r] == ignore ? -1 : targets[r] - offset;
+            z[r] = col >= 0 && col < v ? logits[r * v + col] : T(0);
+        }
+    }
+};
+
+template <>
+struct host_kernel<ops::PickTargetGrad> {
+    template <class T>
+    static void run(const kernel_call<T>& c) {
+        const std::int64_t v = c.extent("v");
+        const auto vocab = c.attrs().template get<std::int64_t>("vocab");
+        const auto offset = c.attrs().template get_or<std::int64_t>("row_offset", 0);
+        const auto ignore = c.attrs().template get<std::int64_t>("ignore_index");
+        detail::check_targets(c, 1, vocab, ignore);
+        const T* dz = c.input(0);
+        const std::int32_t* targets = c.index_input(1);
+        T* dlogits = c.output(0);
+        for_each_row(c.input_numel(1), v, [&](std::int64_t r) {
+            T* out = dlogits + r * v;
+            std::fill(out, out + v, T(0));
+            const std::int64_t col = targets[r] == ignore ? -1 : targets[r] - offset;
+            if (col >= 0 && col < v) out[col] = dz[r];
+        });
+    }
+};
+
+template <>
+struct host_kernel<ops::CrossEntropyFromChunks> {
+    template <class T>
+    static void run(const kernel_call<T>& c) {
+        const std::int64_t chunks = c.extent("c");
+        const std::int64_t rows = c.input_numel(2);
+        const auto ignore = c.attrs().template get<std::int64_t>("ignore_index");
+        const double normalizer = c.attrs().template get<double>("normalizer");
+        const T* lse = c.input(0);
+        const T* z = c.input(1);
+        const std::int32_t* targets = c.index_input(2);
+        const std::int64_t blocks = detail::row_blocks(rows);
+        double* partial = detail::scratch<double>(static_cast<std::size_t>(std::max<std::int64_t>(blocks, 1)));
+        parallel_for(0, blocks, 1, [&](std::int64_t lo, std::int64_t hi) {
+            for (std::int64_t b = lo; b < hi; ++b) {
+                double s = 0;
+                const std::int64_t end = std::min(rows, (b + 1) * detail::block_rows);
+                for (std::int64_t r = b * detail::block_rows; r < end; ++r) {
+                    if (targets[r] == ignore) continue;
+                    s += static_cast<double>(detail::log_sum_exp(lse + r * chunks, chunks) - z[r]);
+                }
+                partial[b] = s;
+            }
+        });
+        double total = 0;
+        for (std::int64_t b = 0; b < blocks; ++b) total += partial[b];
+        *c.output(0) = static_cast<T>(total / normalizer);
+    }
+};
+
+template <>
+struct host_kernel<ops::CrossEntropyFromChunksGrad> {
+    template <class T>
+    static void run(const kernel_call<T>& c) {
+        const std::int64_t chunks = c.extent("c");
+        const std::int64_t rows = c.input_numel(2);
+        const auto ignore = c.attrs().template get<std::int64_t>("ignore_index");
+        const T scale = static_cast<T>(static_cast<double>(*c.input(0)) / c.attrs().template get<double>("normalizer"));
+        const T* lse = c.input(1);
+        const std::int32_t* targets = c.index_input(2);
+        T* dlse = c.output(0);
+        T* dz = c.output(1);
+        for_each_row(rows, chunks, [&](std::int64_t r) {
+            T* out = dlse + r * chunks;
+            if (targets[r] == ignore) {
+                std::fill(out, out + chunks, T(0));
+                dz[r] = T(0);
+                return;
+            }
+            // d/dlse_k of logsumexp_k lse_k is softmax_k(lse).
+            const T total = detail::log_sum_exp(lse + r * chunks, chunks);
+            for (std::int64_t k = 0; k < chunks; ++k) out[k] = scale * std::exp(lse[r * chunks + k] - total);
+            dz[r] = -scale;
+        });
+    }
+};
+
+}  // namespace loom::host
+// ---- end loom/runtime/host/kernels/vocab_parallel_cross_entropy.hpp ----
 // ---- end loom/runtime/host/kernels/all.hpp ----
 
 namespace loom::host {

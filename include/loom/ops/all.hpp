@@ -12,6 +12,7 @@
 #include <loom/ops/mul.hpp>
 #include <loom/ops/reduce.hpp>
 #include <loom/ops/scale.hpp>
+#include <loom/ops/stop_gradient.hpp>
 // ops-includes: elementwise
 #include <loom/ops/dropout.hpp>
 #include <loom/ops/gelu.hpp>
@@ -30,17 +31,20 @@
 // ops-includes: embedding and loss
 #include <loom/ops/cross_entropy.hpp>
 #include <loom/ops/embedding.hpp>
+#include <loom/ops/vocab_parallel_cross_entropy.hpp>
 
 namespace loom::ops {
 
-using core_ops = boost::mp11::mp_list<FillLike, Identity, Add, Mul, Scale, Sum, Mean, SumLeading, BroadcastScalar, Linear,
-                                      LinearBias, LinearGradInput, LinearGradWeight>;
+using core_ops = boost::mp11::mp_list<FillLike, Identity, StopGradient, Add, Mul, Scale, Sum, Mean, SumLeading,
+                                      BroadcastScalar, Linear, LinearBias, LinearGradInput, LinearGradWeight>;
 using elementwise_ops = boost::mp11::mp_list<Gelu, GeluGrad, Relu, ReluGrad, Silu, SiluGrad, Softmax, SoftmaxGrad, Dropout,
                                               DropoutGrad>;
 using normalization_ops = boost::mp11::mp_list<LayerNorm, LayerNormGrad, RmsNorm, RmsNormGrad>;
 using attention_ops = boost::mp11::mp_list<Matmul, MatmulNT, MatmulTN, Reshape, Transpose, SplitHeads, MergeHeads,
                                            Attention, AttentionGrad>;
-using embedding_loss_ops = boost::mp11::mp_list<Embedding, EmbeddingGrad, CrossEntropy, CrossEntropyGrad>;
+using embedding_loss_ops = boost::mp11::mp_list<Embedding, EmbeddingGrad, CrossEntropy, CrossEntropyGrad, ChunkLogsumexp,
+                                                 ChunkLogsumexpGrad, PickTarget, PickTargetGrad, CrossEntropyFromChunks,
+                                                 CrossEntropyFromChunksGrad>;
 
 // What plans insert between the pieces of partitioned ops.
 using partition_ops = boost::mp11::mp_list<Assemble, Transfer>;

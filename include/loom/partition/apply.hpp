@@ -46,14 +46,31 @@ inline partitioned_graph apply_plan(const graph& model, const plan::resolved_pla
     lo.zero3_identities = plan.zero == plan::zero_stage::parameters;
     lo.zero2_identities = plan.zero == plan::zero_stage::gradients;
     lo.recompute.assign(forward, false);
-    for (std::size_t i = 0; i < forward; ++i)
-        if (const auto* p = plan.at(static_cast<node_id>(i))) lo.recompute[i] = p->recompute;
+    lo.decompose.resize(forward);
+    std::vector<std::string> notes;
+    for (std::size_t i = 0; i < forward; ++i) {
+        const auto* p = plan.at(static_cast<node_id>(i));
+        if (!p) continue;
+        lo.recompute[i] = p->recompute;
+        // A cut that a registered transformation makes by rebuilding the op (cross_entropy
+        // along its vocabulary): checked against the op as written, then rebuilt.
+        const node& n = model.nodes[i];
+        bool rebuilds = false;
+        for (const auto& s : p->splits)
+            if (!s.replicate)
+                if (auto v = detail::variable_of(n, s)) {
+                    const auto* t = plan::transformation_registry::instance().find(*n.op, n.sig.vars[static_cast<std::size_t>(*v)].label);
+                    rebuilds = rebuilds || (t && t->decompose);
+                }
+        if (rebuilds) lo.decompose[i] = resolve_partition(n, *p, plan.devices, true, notes);
+    }
 
     partitioned_graph out;
     out.world = plan.devices;
     out.zero = plan.zero;
     out.plan_name = plan.name;
     out.logical = std::make_unique<logical_graph>(build_logical_graph(model, lo));
+    out.notes = std::move(notes);
     const graph& g = out.logical->g;
 
     // 2. Partitions of every node.
@@ -61,8 +78,13 @@ inline partitioned_graph apply_plan(const graph& model, const plan::resolved_pla
     everywhere.replicas = plan.devices;
     std::vector<plan::op_partition> parts(g.nodes.size());
     std::vector<bool> assigned(g.nodes.size(), false);
+    for (const auto& [n, p] : out.logical->decomposed) {
+        parts[static_cast<std::size_t>(n)] = resolve_partition(g.at(n), p, plan.devices, true, out.notes);
+        assigned[static_cast<std::size_t>(n)] = true;
+    }
     for (std::size_t i = 0; i < forward; ++i) {
         node_id n = out.logical->forward_node[i];
+        if (assigned[static_cast<std::size_t>(n)]) continue;
         const plan::op_partition* p = plan.at(static_cast<node_id>(i));
         parts[static_cast<std::size_t>(n)] = resolve_partition(g.at(n), p ? *p : everywhere, plan.devices, true, out.notes);
         assigned[static_cast<std::size_t>(n)] = true;

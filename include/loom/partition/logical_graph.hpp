@@ -8,6 +8,10 @@
 //     a tensor's partitioning from its consumer's this way).
 //   * ZeRO-2 inserts an identity on every parameter gradient ("zero2/<param>"), split the
 //     same way, so each device keeps only its shard of the gradient.
+//   * Decomposition: a node whose plan cuts a variable that a registered transformation
+//     handles by rebuilding the op (plan/transformation.hpp; cross_entropy along its
+//     vocabulary) is replaced by the ops the transformation builds, each with its own
+//     partition.
 //   * Recompute: backward nodes read recomputed copies of the outputs of ops marked for
 //     recompute, so the forward copies die early. The copies are appended right before
 //     their first backward reader and marked as backward nodes of the op they copy.
@@ -24,6 +28,8 @@
 #include <loom/graph/autograd.hpp>
 #include <loom/graph/builder.hpp>
 #include <loom/ops/identity.hpp>
+#include <loom/plan/op_partition.hpp>
+#include <loom/plan/transformation.hpp>
 
 namespace loom::partition {
 
@@ -31,6 +37,9 @@ struct logical_graph_options {
     bool zero3_identities = false;
     bool zero2_identities = false;
     std::vector<bool> recompute;  // per forward node of the input graph
+    // Per forward node of the input graph: the partition (splits resolved to labels) of a
+    // node to rebuild by the decomposition registered for one of its split variables.
+    std::vector<std::optional<plan::op_partition>> decompose;
 };
 
 struct logical_graph {
@@ -39,7 +48,19 @@ struct logical_graph {
     std::vector<node_id> source_of;            // node of g -> input forward node (or no_id)
     std::map<tensor_id, node_id> zero3_identity;  // parameter of g -> its inserted identity
     std::map<tensor_id, node_id> zero2_identity;  // parameter of g -> identity on its gradient
+    std::map<node_id, plan::op_partition> decomposed;  // node of g built by a decomposition -> its partition
 };
+
+// The decomposition a partition asks for on node `n`: that of the first cut variable whose
+// registered transformation rebuilds the op. `p`'s splits must be resolved to labels.
+inline const plan::transformation* decomposition_for(const node& n, const plan::op_partition& p) {
+    for (const auto& s : p.splits) {
+        if (s.replicate) continue;
+        const auto* t = plan::transformation_registry::instance().find(*n.op, s.label);
+        if (t && t->decompose) return t;
+    }
+    return nullptr;
+}
 
 namespace detail {
 
@@ -119,6 +140,32 @@ inline logical_graph build_logical_graph(const graph& model, const logical_graph
                 ins.push_back(b.handle(m));
             }
         }
+        if (i < options.decompose.size() && options.decompose[i]) {
+            const plan::op_partition& p = *options.decompose[i];
+            const plan::transformation* t = decomposition_for(n, p);
+            if (!t) throw error("partition: node '" + n.name + "' has no decomposition for " + p.describe());
+            auto scope = b.enter_scope(n.scope);
+            const std::size_t first = b.view().nodes.size();
+            std::vector<plan::op_partition> parts;
+            std::vector<tensor> outs = t->decompose(b, n, ins, p, parts);
+            graph& g = b.mutable_graph();
+            const std::size_t built = g.nodes.size() - first;
+            if (outs.size() != n.outputs.size() || parts.size() != built || built == 0)
+                throw error("partition: the decomposition of " + std::string(n.op->name) + " '" + n.name + "' (" +
+                            t->description + ") built " + std::to_string(built) + " nodes with " +
+                            std::to_string(parts.size()) + " partitions and " + std::to_string(outs.size()) +
+                            " outputs; it must give one partition per node it appends and one output per output of the op");
+            for (std::size_t k = 0; k < built; ++k) {
+                g.nodes[first + k].name = n.name + "/" + std::string(g.nodes[first + k].op->name);
+                out.decomposed[static_cast<node_id>(first + k)] = std::move(parts[k]);
+            }
+            for (std::size_t o = 0; o < outs.size(); ++o) {
+                tmap.at(static_cast<std::size_t>(n.outputs[o])) = outs[o].id;
+                g.tensor(outs[o].id).name = n.name + (outs.size() == 1 ? "" : ":" + std::to_string(o));
+            }
+            out.forward_node[i] = g.tensor(outs[0].id).producer;
+            continue;
+        }
         out.forward_node[i] = detail::replay(b, n, ins, tmap);
     }
     b.set_loss(b.handle(tmap.at(static_cast<std::size_t>(model.loss))));
@@ -153,13 +200,16 @@ inline logical_graph build_logical_graph(const graph& model, const logical_graph
     graph g = std::move(b).take();
     bool any_recompute = false;
     for (bool r : options.recompute) any_recompute = any_recompute || r;
+    for (const auto& [n, p] : out.decomposed) any_recompute = any_recompute || p.recompute;
     if (!any_recompute) {
         out.g = std::move(g);
     } else {
         // Rebuild once more, giving backward readers of recomputed outputs fresh copies.
         std::vector<bool> recompute(g.nodes.size(), false);
-        for (std::size_t i = 0; i < forward; ++i)
+        for (std::size_t i = 0; i < options.recompute.size(); ++i)
             if (options.recompute[i]) recompute[static_cast<std::size_t>(out.forward_node[i])] = true;
+        for (const auto& [n, p] : out.decomposed)
+            if (p.recompute) recompute[static_cast<std::size_t>(n)] = true;
         graph_builder r;
         r.adopt_scopes(g);
         std::vector<tensor_id> map(g.tensors.size(), no_id), copy(g.tensors.size(), no_id);
@@ -220,6 +270,9 @@ inline logical_graph build_logical_graph(const graph& model, const logical_graph
         std::map<tensor_id, node_id> z3, z2;
         for (auto [p, n] : out.zero3_identity) z3[map[static_cast<std::size_t>(p)]] = new_id[static_cast<std::size_t>(n)];
         for (auto [p, n] : out.zero2_identity) z2[map[static_cast<std::size_t>(p)]] = new_id[static_cast<std::size_t>(n)];
+        std::map<node_id, plan::op_partition> decomposed;
+        for (auto& [n, p] : out.decomposed) decomposed[new_id[static_cast<std::size_t>(n)]] = std::move(p);
+        out.decomposed = std::move(decomposed);
         out.zero3_identity = std::move(z3);
         out.zero2_identity = std::move(z2);
         for (auto& f : out.forward_node) f = new_id[static_cast<std::size_t>(f)];

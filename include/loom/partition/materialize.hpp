@@ -128,7 +128,8 @@ public:
             attributes attrs = n.op->piece_attributes ? n.op->piece_attributes(n, piece.vars) : n.attrs;
             for (const auto& s : layout.partition.splits) {
                 if (s.replicate) continue;
-                if (const auto* custom = plan::transformation_registry::instance().find(*n.op, s.label)) {
+                const auto* custom = plan::transformation_registry::instance().find(*n.op, s.label);
+                if (custom && custom->piece_attributes) {
                     node adjusted = n;
                     adjusted.attrs = attrs;
                     attrs = custom->piece_attributes(adjusted, piece.vars);

@@ -64,8 +64,9 @@ inline plan_spec data_parallel(int n) {
 // Megatron tensor parallelism over tp devices (times dp data-parallel replicas on a
 // dp x tp mesh, device = d * tp + t): column-parallel q, k, v and fc, heads and FFN split
 // in between, row-parallel output projections (partial sums, all-reduced), a
-// vocabulary-parallel embedding, and the LM head split along the vocabulary. Everything
-// else (layer norms, residual adds, the loss) is replicated within the tensor-parallel group.
+// vocabulary-parallel embedding, the LM head split along the vocabulary and a
+// vocabulary-parallel cross-entropy over its logits. Everything else (layer norms, residual
+// adds) is replicated within the tensor-parallel group.
 inline plan_spec megatron(int tp, int dp = 1, const transformer_names& names = {}) {
     using namespace detail;
     plan_spec p;
@@ -87,6 +88,9 @@ inline plan_spec megatron(int tp, int dp = 1, const transformer_names& names = {
     selector head = kinds({&op_def_of<ops::Linear>()});
     head.name = "linear*";
     p.add(trans(head, dp, {split_var("n", tp)}, origin));
+    // Vocabulary-parallel cross-entropy (rebuilt by the transformation registered for its v):
+    // each device reduces its slice of the logits; no device gathers them.
+    p.add(trans(kinds({&op_def_of<ops::CrossEntropy>()}), dp, {split_var("v", tp)}, origin));
     return p;
 }
 

@@ -38,6 +38,7 @@
 
 namespace loom::ops {
 struct LinearBias;
+struct CrossEntropy;
 }
 
 namespace loom::plan {
@@ -59,6 +60,10 @@ inline constexpr std::span<const std::string_view> transformable_variables{};
 template <>
 inline constexpr std::span<const std::string_view> transformable_variables<ops::LinearBias> =
     variable_labels<"k">::values;
+// And vocabulary-parallel cross-entropy.
+template <>
+inline constexpr std::span<const std::string_view> transformable_variables<ops::CrossEntropy> =
+    variable_labels<"v">::values;
 
 namespace detail {
 

@@ -10,19 +10,44 @@
 // With one registered, a plan may split that variable: the signature's laws still say what
 // each operand becomes (here: x and w sliced along k, the output a partial sum), and the
 // function adjusts each piece (here: only the piece holding k = 0 adds the bias).
+//
+// Where no piece-local change suffices, a transformation may instead decompose the op:
+// rebuild it from several ops that can be split, and give each of them its partition.
+//
+//   plan::register_decomposition<ops::CrossEntropy>("v", "vocabulary-parallel",
+//       [](graph_builder& b, const node& n, std::span<const tensor> inputs,
+//          const plan::op_partition& p, std::vector<plan::op_partition>& partitions) {
+//           ... build the replacement with b, push one partition per node appended ...
+//           return outputs;  // one per output of n
+//       });
+//
+// Applying a plan rebuilds such a node this way (partition/logical_graph.hpp); `p` arrives
+// with every split resolved to a variable label of `n`. Built in: cross_entropy split along
+// its vocabulary becomes ops/vocab_parallel_cross_entropy.hpp (Megatron's vocabulary-parallel
+// loss: no device gathers the logits).
 #include <map>
 #include <mutex>
+#include <span>
 #include <string>
 #include <utility>
+#include <vector>
 
+#include <loom/graph/builder.hpp>
 #include <loom/graph/op.hpp>
+#include <loom/ops/cross_entropy.hpp>
 #include <loom/ops/linear.hpp>
+#include <loom/ops/vocab_parallel_cross_entropy.hpp>
+#include <loom/plan/op_partition.hpp>
 
 namespace loom::plan {
 
+using decompose_fn = std::vector<tensor> (*)(graph_builder&, const node&, std::span<const tensor>, const op_partition&,
+                                             std::vector<op_partition>&);
+
 struct transformation {
     std::string description;
-    attributes (*piece_attributes)(const node&, const piece_ranges&) = nullptr;
+    attributes (*piece_attributes)(const node&, const piece_ranges&) = nullptr;  // adjust each piece, or
+    decompose_fn decompose = nullptr;                                             // rebuild the op
 };
 
 class transformation_registry {
@@ -53,6 +78,41 @@ void register_transformation(std::string label, std::string description,
     transformation_registry::instance().add(op_def_of<Op>(), std::move(label), {std::move(description), piece_attributes});
 }
 
+template <op_kind Op>
+void register_decomposition(std::string label, std::string description, decompose_fn decompose) {
+    transformation t;
+    t.description = std::move(description);
+    t.decompose = decompose;
+    transformation_registry::instance().add(op_def_of<Op>(), std::move(label), std::move(t));
+}
+
+namespace detail {
+
+// cross_entropy cut along v into chunks: the chunk log-sum-exps and the target picks split as
+// the logits are (the picks become partial sums), the small combining op replicated over the
+// vocabulary pieces.
+inline std::vector<tensor> vocab_parallel_loss(graph_builder&, const node& n, std::span<const tensor> in,
+                                               const op_partition& p, std::vector<op_partition>& partitions) {
+    std::int64_t chunks = 1;
+    op_partition by_chunk = p, combine = p;
+    for (std::size_t s = 0; s < p.splits.size(); ++s) {
+        if (p.splits[s].replicate || p.splits[s].label != "v") continue;
+        chunks *= p.splits[s].degree;
+        by_chunk.splits[s].label = "c";
+        combine.splits[s] = {{}, "", p.splits[s].degree, true};
+    }
+    const auto ignore = n.attrs.get<std::int64_t>("ignore_index");
+    tensor lse = ops::chunk_logsumexp(in[0], chunks);
+    partitions.push_back(by_chunk);
+    tensor picked = ops::pick_target(in[0], in[1], ignore);
+    partitions.push_back(p);
+    tensor loss = ops::cross_entropy_from_chunks(lse, picked, in[1], ignore, n.attrs.get<double>("normalizer"));
+    partitions.push_back(combine);
+    return {loss};
+}
+
+}  // namespace detail
+
 // Built in: a linear layer with bias split along its input features (Megatron's
 // row-parallel layer): every piece multiplies its slice, and only the first adds the bias.
 inline transformation_registry::transformation_registry() {
@@ -64,6 +124,9 @@ inline transformation_registry::transformation_registry() {
             a.set("bias", std::int64_t{r.begin[k] == 0 ? 1 : 0});
             return a;
         }};
+    entries_[{&op_def_of<ops::CrossEntropy>(), "v"}] = {
+        "vocabulary-parallel: per-chunk log-sum-exps and target picks, combined by a small replicated op",
+        nullptr, &detail::vocab_parallel_loss};
 }
 
 }  // namespace loom::plan

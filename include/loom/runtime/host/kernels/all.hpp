@@ -3,6 +3,7 @@
 #include <loom/runtime/host/kernels/assemble.hpp>
 #include <loom/runtime/host/kernels/basic.hpp>
 #include <loom/runtime/host/kernels/linear.hpp>
+#include <loom/runtime/host/kernels/stop_gradient.hpp>
 // kernels-includes: elementwise
 #include <loom/runtime/host/kernels/dropout.hpp>
 #include <loom/runtime/host/kernels/gelu.hpp>
@@ -21,3 +22,4 @@
 // kernels-includes: embedding and loss
 #include <loom/runtime/host/kernels/cross_entropy.hpp>
 #include <loom/runtime/host/kernels/embedding.hpp>
+#include <loom/runtime/host/kernels/vocab_parallel_cross_entropy.hpp>

@@ -1,0 +1,247 @@
+#pragma once
+// Vocabulary-parallel cross-entropy: cross_entropy rebuilt from ops whose vocabulary dim can
+// be split, so that logits split along the vocabulary (Megatron's LM head) never need to be
+// gathered. With the vocabulary cut into `chunks` contiguous chunks:
+//
+//   chunk_logsumexp          "... (c v) -> ... c"        lse[p, c] = logsumexp(logits[p, chunk c])
+//   pick_target              "... v, ... -> ..."         z[p] = logits[p, targets[p]] (0 if not held)
+//   cross_entropy_from_chunks "... c^, ..., ... -> "     loss = sum_p kept_p (logsumexp_c lse[p, :] - z[p]) / normalizer
+//
+// and their backward ops
+//
+//   chunk_logsumexp_grad            "... c, ... (c v), ... c -> ... (c v)"   dlogits = dlse[c] * exp(logits - lse[c])
+//   pick_target_grad                "..., ... -> ... v"                      dlogits = onehot(target) * dz
+//   cross_entropy_from_chunks_grad  ", ... c^, ... -> ... c^, ..."           (dlse, dz)
+//
+// Split along the chunks (c of chunk_logsumexp, v of pick_target), every piece reads only its
+// slice of the logits: it reduces its chunk to one log-sum-exp per position and picks the
+// target's logit if its slice holds the target (v is contracted, so the picks are partial
+// sums with one non-zero term). What crosses devices is [positions, chunks] log-sum-exps and
+// [positions] partial sums, not [positions, vocabulary] logits. The backward of a piece is
+// local the same way: softmax of its chunk rescaled by exp(lse[c] - logsumexp), minus the
+// one-hot of the target where the piece holds it.
+//
+// The result equals cross_entropy (same normalizer and ignore_index rules) up to rounding:
+// logsumexp over chunks of per-chunk log-sum-exps is the log-sum-exp of the row. A plan that
+// splits cross_entropy's frozen v gets this decomposition from the transformation registered
+// in plan/transformation.hpp; models may also call vocab_parallel_cross_entropy directly.
+//
+// pick_target and pick_target_grad hold the vocabulary rows [row_offset, row_offset + v) of
+// `vocab` (like embedding); a target outside [0, vocab) that is not ignore_index throws
+// loom::usage_error naming the node, the position and the target.
+#include <array>
+#include <cmath>
+#include <cstdint>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include <loom/core/error.hpp>
+#include <loom/graph/builder.hpp>
+
+namespace loom::ops {
+
+namespace detail {
+
+// The chunk axis keeps the vocabulary's dim (it is the vocabulary, `chunks` entries long),
+// so that a split of the logits along Vocab finds it when a plan mirrors partitions by dim.
+inline std::vector<preset_variable> chunk_presets(const attributes& a, std::string_view op) {
+    const auto chunks = a.get<std::int64_t>("chunks");
+    if (chunks <= 0)
+        throw shape_error(std::string(op) + ": chunks = " + std::to_string(chunks) +
+                          "; pass a positive number of vocabulary chunks");
+    return {{"c", Dim::Vocab::id, chunks}};
+}
+
+inline attributes chunk_piece_attributes(const node& n, const piece_ranges& r) {
+    attributes a = n.attrs;
+    auto c = static_cast<std::size_t>(*n.sig.find("c"));
+    a.set("chunks", r.end[c] - r.begin[c]);
+    return a;
+}
+
+inline attributes row_offset_piece_attributes(const node& n, const piece_ranges& r) {
+    attributes a = n.attrs;
+    auto v = static_cast<std::size_t>(*n.sig.find("v"));
+    a.set("row_offset", a.get_or<std::int64_t>("row_offset", 0) + r.begin[v]);
+    if (a.has("rows")) a.set("rows", r.end[v] - r.begin[v]);
+    return a;
+}
+
+}  // namespace detail
+
+struct ChunkLogsumexpGrad {
+    static constexpr std::string_view name = "chunk_logsumexp_grad";
+    static constexpr signature sig = parse_signature("... c, ... (c v), ... c -> ... (c v)");
+    static std::vector<preset_variable> presets(const attributes& a, std::span<const shape>) {
+        return detail::chunk_presets(a, name);
+    }
+    static std::vector<shape> infer(const bound_signature&, const attributes&, std::span<const shape> in) {
+        return {in[1]};
+    }
+    static attributes piece_attributes(const node& n, const piece_ranges& r) {
+        return detail::chunk_piece_attributes(n, r);
+    }
+    // An exp, a subtraction and a product per logit.
+    static double flops(const graph& g, const node& n) {
+        return 3.0 * static_cast<double>(g.tensor(n.inputs[1]).dims.numel());
+    }
+};
+
+// dlogits = dlse[c] * exp(logits - lse[c]) within each chunk c.
+inline tensor chunk_logsumexp_grad(tensor dlse, tensor logits, tensor lse, std::int64_t chunks) {
+    return dlse.builder->apply1<ChunkLogsumexpGrad>({dlse, logits, lse}, {{"chunks", chunks}});
+}
+
+struct ChunkLogsumexp {
+    static constexpr std::string_view name = "chunk_logsumexp";
+    static constexpr signature sig = parse_signature("... (c v) -> ... c");
+    static std::vector<preset_variable> presets(const attributes& a, std::span<const shape> in) {
+        const auto chunks = a.get<std::int64_t>("chunks");
+        if (chunks > 0 && in.size() == 1 && in[0].rank() >= 1 && in[0].extent(in[0].rank() - 1) % chunks != 0)
+            throw shape_error("chunk_logsumexp: the vocabulary extent " + std::to_string(in[0].extent(in[0].rank() - 1)) +
+                              " of " + in[0].to_string() + " is not divisible into " + std::to_string(chunks) +
+                              " chunks; choose a chunk count that divides it");
+        return detail::chunk_presets(a, name);
+    }
+    static attributes piece_attributes(const node& n, const piece_ranges& r) {
+        return detail::chunk_piece_attributes(n, r);
+    }
+    // About 4 operations per logit (max, exp, sum).
+    static double flops(const graph& g, const node& n) {
+        return 4.0 * static_cast<double>(g.tensor(n.inputs[0]).dims.numel());
+    }
+    static gradients backward(backward_context& c) {
+        gradients g(1);
+        if (c.needs_grad[0])
+            g[0] = chunk_logsumexp_grad(*c.grad_outputs[0], c.inputs[0], c.outputs[0],
+                                        c.attrs().get<std::int64_t>("chunks"));
+        return g;
+    }
+};
+
+// lse [... chunks]: the log-sum-exp of each of `chunks` equal, contiguous slices of the last
+// axis of `logits`.
+inline tensor chunk_logsumexp(tensor logits, std::int64_t chunks) {
+    return logits.builder->apply1<ChunkLogsumexp>({logits}, {{"chunks", chunks}});
+}
+
+struct PickTargetGrad {
+    static constexpr std::string_view name = "pick_target_grad";
+    static constexpr signature sig = parse_signature("..., ... -> ... v");
+    static constexpr std::array<value_kind, 2> input_kinds{value_kind::real, value_kind::index};
+    static std::vector<preset_variable> presets(const attributes& a, std::span<const shape>) {
+        return {{"v", Dim::Vocab::id, a.get<std::int64_t>("rows")}};
+    }
+    static attributes piece_attributes(const node& n, const piece_ranges& r) {
+        return detail::row_offset_piece_attributes(n, r);
+    }
+    // Zeroing the rows, one write per position.
+    static double flops(const graph& g, const node& n) {
+        return static_cast<double>(g.tensor(n.outputs[0]).dims.numel());
+    }
+};
+
+// dlogits [... rows]: dz[p] at the target's column (when rows [row_offset, row_offset + rows)
+// hold it), zero elsewhere.
+inline tensor pick_target_grad(tensor dz, tensor targets, std::int64_t rows, std::int64_t vocab,
+                               std::int64_t row_offset, std::int64_t ignore_index) {
+    return dz.builder->apply1<PickTargetGrad>(
+        {dz, targets},
+        {{"rows", rows}, {"vocab", vocab}, {"row_offset", row_offset}, {"ignore_index", ignore_index}});
+}
+
+struct PickTarget {
+    static constexpr std::string_view name = "pick_target";
+    static constexpr signature sig = parse_signature("... v, ... -> ...");
+    static constexpr std::array<value_kind, 2> input_kinds{value_kind::real, value_kind::index};
+    static attributes piece_attributes(const node& n, const piece_ranges& r) {
+        return detail::row_offset_piece_attributes(n, r);
+    }
+    // One read per position.
+    static double flops(const graph& g, const node& n) {
+        return static_cast<double>(g.tensor(n.inputs[1]).dims.numel());
+    }
+    static gradients backward(backward_context& c) {
+        gradients g(2);
+        if (c.needs_grad[0]) {
+            const shape& logits = c.inputs[0].dims();
+            g[0] = pick_target_grad(*c.grad_outputs[0], c.inputs[1], logits.extent(logits.rank() - 1),
+                                    c.attrs().get<std::int64_t>("vocab"), c.attrs().get_or<std::int64_t>("row_offset", 0),
+                                    c.attrs().get<std::int64_t>("ignore_index"));
+        }
+        return g;
+    }
+};
+
+// z [...] = logits[p, targets[p]], 0 at ignored positions.
+inline tensor pick_target(tensor logits, tensor targets, std::int64_t ignore_index = -100) {
+    const std::int64_t vocab = logits.rank() >= 1 ? logits.extent(logits.rank() - 1) : 0;
+    return logits.builder->apply1<PickTarget>(
+        {logits, targets}, {{"vocab", vocab}, {"row_offset", std::int64_t{0}}, {"ignore_index", ignore_index}});
+}
+
+struct CrossEntropyFromChunksGrad {
+    static constexpr std::string_view name = "cross_entropy_from_chunks_grad";
+    static constexpr signature sig = parse_signature(", ... c^, ... -> ... c^, ...");
+    static constexpr std::array<value_kind, 3> input_kinds{value_kind::real, value_kind::real, value_kind::index};
+    // A softmax over the chunks per position.
+    static double flops(const graph& g, const node& n) {
+        return 4.0 * static_cast<double>(g.tensor(n.inputs[1]).dims.numel());
+    }
+};
+
+struct cross_entropy_from_chunks_grads {
+    tensor dlse, dz;
+};
+
+inline cross_entropy_from_chunks_grads cross_entropy_from_chunks_grad(tensor dloss, tensor lse, tensor targets,
+                                                                      std::int64_t ignore_index, double normalizer) {
+    std::array<tensor, 3> ins{dloss, lse, targets};
+    auto outs = dloss.builder->apply<CrossEntropyFromChunksGrad>(
+        ins, {{"ignore_index", ignore_index}, {"normalizer", normalizer}});
+    return {outs[0], outs[1]};
+}
+
+struct CrossEntropyFromChunks {
+    static constexpr std::string_view name = "cross_entropy_from_chunks";
+    static constexpr signature sig = parse_signature("... c^, ..., ... -> ");
+    static constexpr std::array<value_kind, 3> input_kinds{value_kind::real, value_kind::real, value_kind::index};
+    // A log-sum-exp over the chunks per position.
+    static double flops(const graph& g, const node& n) {
+        return 4.0 * static_cast<double>(g.tensor(n.inputs[0]).dims.numel());
+    }
+    static gradients backward(backward_context& c) {
+        gradients g(3);
+        if (!c.needs_grad[0] && !c.needs_grad[1]) return g;
+        auto d = cross_entropy_from_chunks_grad(*c.grad_outputs[0], c.inputs[0], c.inputs[2],
+                                                c.attrs().get<std::int64_t>("ignore_index"),
+                                                c.attrs().get<double>("normalizer"));
+        if (c.needs_grad[0]) g[0] = d.dlse;
+        if (c.needs_grad[1]) g[1] = d.dz;
+        return g;
+    }
+};
+
+// The mean cross-entropy from per-chunk log-sum-exps and the targets' logits.
+inline tensor cross_entropy_from_chunks(tensor lse, tensor target_logits, tensor targets, std::int64_t ignore_index,
+                                        double normalizer) {
+    return lse.builder->apply1<CrossEntropyFromChunks>({lse, target_logits, targets},
+                                                       {{"ignore_index", ignore_index}, {"normalizer", normalizer}});
+}
+
+// cross_entropy(logits, targets, ignore_index, normalizer) computed through `chunks`
+// vocabulary chunks (see the top of this file); a plan splits the chunks.
+inline tensor vocab_parallel_cross_entropy(tensor logits, tensor targets, std::int64_t chunks,
+                                           std::int64_t ignore_index = -100,
+                                           std::optional<double> normalizer = std::nullopt) {
+    const double n = normalizer ? *normalizer : static_cast<double>(targets.dims().numel());
+    if (!(n > 0) || !std::isfinite(n))
+        throw usage_error("vocab_parallel_cross_entropy: normalizer = " + std::to_string(n) + " for logits '" +
+                          logits.name() + "'; pass a positive finite normalizer (the number of positions the mean is over)");
+    tensor lse = chunk_logsumexp(logits, chunks);
+    tensor z = pick_target(logits, targets, ignore_index);
+    return cross_entropy_from_chunks(lse, z, targets, ignore_index, n);
+}
+
+}  // namespace loom::ops

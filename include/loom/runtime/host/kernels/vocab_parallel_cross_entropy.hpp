@@ -1,0 +1,152 @@
+#pragma once
+// Host kernels of the vocabulary-parallel cross-entropy ops (ops/vocab_parallel_cross_entropy.hpp).
+// Each chunk's log-sum-exp is taken around the chunk's max, and the loss around the max of
+// the chunks' log-sum-exps, so no exp overflows. The loss sums rows per fixed block of rows,
+// in double, then the blocks in order: the same for any thread count.
+#include <algorithm>
+#include <cmath>
+#include <cstdint>
+
+#include <loom/ops/vocab_parallel_cross_entropy.hpp>
+#include <loom/runtime/host/kernel_call.hpp>
+#include <loom/runtime/host/kernels/cross_entropy.hpp>
+#include <loom/runtime/host/kernels/elementwise.hpp>
+#include <loom/runtime/host/kernels/rowwise.hpp>
+
+namespace loom::host {
+
+template <>
+struct host_kernel<ops::ChunkLogsumexp> {
+    template <class T>
+    static void run(const kernel_call<T>& c) {
+        const std::int64_t chunks = c.extent("c"), v = c.extent("v");
+        const std::int64_t rows = c.output_numel(0) / std::max<std::int64_t>(chunks, 1);
+        const T* logits = c.input(0);
+        T* lse = c.output(0);
+        for_each_row(rows, chunks * v, [&](std::int64_t r) {
+            for (std::int64_t k = 0; k < chunks; ++k) lse[r * chunks + k] = detail::log_sum_exp(logits + (r * chunks + k) * v, v);
+        });
+    }
+};
+
+template <>
+struct host_kernel<ops::ChunkLogsumexpGrad> {
+    template <class T>
+    static void run(const kernel_call<T>& c) {
+        const std::int64_t chunks = c.extent("c"), v = c.extent("v");
+        const std::int64_t rows = c.input_numel(0) / std::max<std::int64_t>(chunks, 1);
+        const T* dlse = c.input(0);
+        const T* logits = c.input(1);
+        const T* lse = c.input(2);
+        T* dlogits = c.output(0);
+        for_each_row(rows, chunks * v, [&](std::int64_t r) {
+            for (std::int64_t k = 0; k < chunks; ++k) {
+                const std::int64_t at = r * chunks + k;
+                const T* x = logits + at * v;
+                T* out = dlogits + at * v;
+                const T m = lse[at], scale = dlse[at];
+                detail::for_lanes(v, [=](std::int64_t i) { out[i] = scale * detail::lane_exp(x[i] - m); });
+            }
+        });
+    }
+};
+
+template <>
+struct host_kernel<ops::PickTarget> {
+    template <class T>
+    static void run(const kernel_call<T>& c) {
+        const std::int64_t v = c.extent("v");
+        const auto vocab = c.attrs().template get<std::int64_t>("vocab");
+        const auto offset = c.attrs().template get_or<std::int64_t>("row_offset", 0);
+        const auto ignore = c.attrs().template get<std::int64_t>("ignore_index");
+        detail::check_targets(c, 1, vocab, ignore);
+        const T* logits = c.input(0);
+        const std::int32_t* targets = c.index_input(1);
+        T* z = c.output(0);
+        const std::int64_t rows = c.input_numel(1);
+        for (std::int64_t r = 0; r < rows; ++r) {
+            const std::int64_t col = targets[r] == ignore ? -1 : targets[r] - offset;
+            z[r] = col >= 0 && col < v ? logits[r * v + col] : T(0);
+        }
+    }
+};
+
+template <>
+struct host_kernel<ops::PickTargetGrad> {
+    template <class T>
+    static void run(const kernel_call<T>& c) {
+        const std::int64_t v = c.extent("v");
+        const auto vocab = c.attrs().template get<std::int64_t>("vocab");
+        const auto offset = c.attrs().template get_or<std::int64_t>("row_offset", 0);
+        const auto ignore = c.attrs().template get<std::int64_t>("ignore_index");
+        detail::check_targets(c, 1, vocab, ignore);
+        const T* dz = c.input(0);
+        const std::int32_t* targets = c.index_input(1);
+        T* dlogits = c.output(0);
+        for_each_row(c.input_numel(1), v, [&](std::int64_t r) {
+            T* out = dlogits + r * v;
+            std::fill(out, out + v, T(0));
+            const std::int64_t col = targets[r] == ignore ? -1 : targets[r] - offset;
+            if (col >= 0 && col < v) out[col] = dz[r];
+        });
+    }
+};
+
+template <>
+struct host_kernel<ops::CrossEntropyFromChunks> {
+    template <class T>
+    static void run(const kernel_call<T>& c) {
+        const std::int64_t chunks = c.extent("c");
+        const std::int64_t rows = c.input_numel(2);
+        const auto ignore = c.attrs().template get<std::int64_t>("ignore_index");
+        const double normalizer = c.attrs().template get<double>("normalizer");
+        const T* lse = c.input(0);
+        const T* z = c.input(1);
+        const std::int32_t* targets = c.index_input(2);
+        const std::int64_t blocks = detail::row_blocks(rows);
+        double* partial = detail::scratch<double>(static_cast<std::size_t>(std::max<std::int64_t>(blocks, 1)));
+        parallel_for(0, blocks, 1, [&](std::int64_t lo, std::int64_t hi) {
+            for (std::int64_t b = lo; b < hi; ++b) {
+                double s = 0;
+                const std::int64_t end = std::min(rows, (b + 1) * detail::block_rows);
+                for (std::int64_t r = b * detail::block_rows; r < end; ++r) {
+                    if (targets[r] == ignore) continue;
+                    s += static_cast<double>(detail::log_sum_exp(lse + r * chunks, chunks) - z[r]);
+                }
+                partial[b] = s;
+            }
+        });
+        double total = 0;
+        for (std::int64_t b = 0; b < blocks; ++b) total += partial[b];
+        *c.output(0) = static_cast<T>(total / normalizer);
+    }
+};
+
+template <>
+struct host_kernel<ops::CrossEntropyFromChunksGrad> {
+    template <class T>
+    static void run(const kernel_call<T>& c) {
+        const std::int64_t chunks = c.extent("c");
+        const std::int64_t rows = c.input_numel(2);
+        const auto ignore = c.attrs().template get<std::int64_t>("ignore_index");
+        const T scale = static_cast<T>(static_cast<double>(*c.input(0)) / c.attrs().template get<double>("normalizer"));
+        const T* lse = c.input(1);
+        const std::int32_t* targets = c.index_input(2);
+        T* dlse = c.output(0);
+        T* dz = c.output(1);
+        for_each_row(rows, chunks, [&](std::int64_t r) {
+            T* out = dlse + r * chunks;
+            if (targets[r] == ignore) {
+                std::fill(out, out + chunks, T(0));
+                dz[r] = T(0);
+                return;
+            }
+            // d/dlse_k of logsumexp_k lse_k is softmax_k(lse).
+            const T total = detail::log_sum_exp(lse + r * chunks, chunks);
+            for (std::int64_t k = 0; k < chunks; ++k) out[k] = scale * std::exp(lse[r * chunks + k] - total);
+            dz[r] = -scale;
+        });
+    }
+};
+
+}  // namespace loom::host
