@@ -71,4 +71,5 @@
 #include <loom/train/trainer.hpp>
 
 // models
+#include <loom/models/evoformer.hpp>
 #include <loom/models/gpt.hpp>
