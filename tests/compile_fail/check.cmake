@@ -9,6 +9,7 @@
 # print template arguments with quotes escaped (\" and \'), so <text> should hold none.
 # With -DEXPECT_SUCCESS=1 the source must compile instead: a control that proves the
 # include path and flags work, so that a broken setup cannot make every check "pass".
+# <text> must not hold a semicolon either: CMake would read it as a list separator.
 # INCLUDE and FLAGS take several values separated by '|' (a ';' list works from scripts).
 cmake_minimum_required(VERSION 3.20)
 
