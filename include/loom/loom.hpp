@@ -23,6 +23,7 @@
 // plans: combinators' run-time form, presets, custom transformations
 #include <loom/plan/combinators.hpp>
 #include <loom/plan/op_partition.hpp>
+#include <loom/plan/pipeline.hpp>
 #include <loom/plan/presets.hpp>
 #include <loom/plan/rules.hpp>
 #include <loom/plan/transformation.hpp>
@@ -35,9 +36,13 @@
 #include <loom/partition/materialize.hpp>
 #include <loom/partition/partitioned_graph.hpp>
 #include <loom/partition/piece_layout.hpp>
+#include <loom/partition/pipeline_order.hpp>
 #include <loom/partition/region_copy.hpp>
 #include <loom/partition/transfer.hpp>
 #include <loom/partition/vtensor.hpp>
+
+// op-order: pipeline schedules, their checks, simulation and pictures
+#include <loom/schedule/all.hpp>
 
 // runtime
 #include <loom/runtime/comm/communicator.hpp>

@@ -1121,6 +1121,9 @@ struct op_def {
     bool communication = false;
     // The op reinterprets its input's layout (reshape): no split of it is meaningful.
     bool opaque_layout = false;
+    // The op reads its inputs only for their shapes (fill_like): partitioning gives each
+    // piece its output shape and moves no data to it.
+    bool shape_only_inputs = false;
 
     bool differentiable() const { return backward != nullptr; }
 };
@@ -1147,6 +1150,7 @@ op_def make_op_def() {
     d.apply = &apply_op_erased<Op>;
     if constexpr (requires { Op::communication; }) d.communication = Op::communication;
     if constexpr (requires { Op::opaque_layout; }) d.opaque_layout = Op::opaque_layout;
+    if constexpr (requires { Op::shape_only_inputs; }) d.shape_only_inputs = Op::shape_only_inputs;
     if constexpr (requires(const node& n, const piece_ranges& r) { Op::piece_attributes(n, r); })
         d.piece_attributes = &Op::piece_attributes;
     if constexpr (requires(backward_context & c) { Op::backward(c); }) d.backward = &Op::backward;
@@ -1537,6 +1541,9 @@ namespace loom::ops {
 struct FillLike {
     static constexpr std::string_view name = "fill_like";
     static constexpr signature sig = parse_signature("... -> ...");
+    // A partitioned fill_like needs no data: the seed of the backward pass does not wait
+    // for the loss to be summed (pipelines start backward passes before the last forward).
+    static constexpr bool shape_only_inputs = true;
 };
 
 inline tensor fill_like(tensor like, double value) {
@@ -5182,6 +5189,264 @@ inline constexpr detail::message error_message = detail::well_formed_list<
 }  // namespace loom::plan
 // ---- end loom/plan/compose.hpp ----
 // ---- end loom/plan/combinators.hpp ----
+// ---- begin loom/plan/pipeline.hpp ----
+// Pipeline plans: stages and micro-batches written with the primitives (nnScaler §4).
+//
+//   * op-trans: every op is cut along the batch into `micro_batches` pieces, outermost;
+//     within a stage, the stage's own plan (data parallel, Megatron, ...) cuts each
+//     micro-batch further.
+//   * op-assign: the pieces of the ops of stage s (a range of the repeated layers; ops
+//     before the first layer go to the head stage, ops after the last to the tail stage)
+//     are placed on the stage's device group, all micro-batches on the same devices.
+//   * op-order: a pipeline schedule (schedule/) orders the (stage, micro-batch, pass)
+//     blocks on every device; partition/pipeline_order.hpp turns it into each device's
+//     program order.
+//
+// Because micro-batches are pieces of one logical op, gradient accumulation is the
+// ordinary sum of partial gradients that any batch split produces: a pipelined step equals
+// the full-batch step. The loss keeps the full batch's normalizer.
+//
+//   auto spec = plan::even_pipeline(model.ir(), {.stages = 4, .micro_batches = 8});
+//   auto pipe = plan::resolve_pipeline(spec, model.ir());          // pipe.plan: a resolved_plan
+//   auto pg = partition::apply_plan(model.ir(), pipe.plan);
+//   partition::order_by_schedule(pg, pipe, schedule::one_f_one_b(...));
+#include <cstdint>
+#include <map>
+#include <optional>
+#include <string>
+#include <vector>
+
+
+namespace loom::plan {
+
+struct pipeline_stage {
+    std::int64_t first_layer = 0, last_layer = -1;  // inclusive range of the repeat's layers (last < 0: none)
+    std::vector<int> devices;                       // the stage's device group
+    std::optional<plan_spec> inner;                 // how the stage uses its group (default: the spec's)
+};
+
+struct pipeline_spec {
+    std::string repeat = "blocks";  // the repeated layers that stages divide
+    std::vector<pipeline_stage> stages;
+    int micro_batches = 1;
+    plan_spec inner;      // a plan for one group (devices = group size); none: every op whole on each device
+    int head_stage = 0;   // where the ops before the first layer run (embeddings)
+    int tail_stage = -1;  // where the ops after the last layer run (-1: the last stage)
+    // Forward rounds (3F1B): a node under scope "<rounds_scope>.<r>" belongs to round r;
+    // others to the next round after them, else the last. Empty: one round.
+    std::string rounds_scope;
+    int rounds = 1;
+    std::string name;
+};
+
+// A pipeline plan resolved against one graph: the partitions (with op-assign to the stage
+// groups) plus, per forward node, its stage, round, and whether its first split is the
+// micro-batch split.
+struct pipeline_plan {
+    resolved_plan plan;
+    std::vector<int> stage_of;
+    std::vector<int> round_of;
+    std::vector<bool> micro_split;
+    int stages = 1;
+    int micro_batches = 1;
+    int rounds = 1;
+};
+
+namespace detail {
+
+// The layer index of node n in the named repeat, or -1 outside it.
+inline std::int64_t layer_of(const graph& g, const node& n, const std::string& repeat) {
+    for (std::int32_t s = n.scope; s != no_id;) {
+        const scope_desc& sd = g.scopes.at(static_cast<std::size_t>(s));
+        if (sd.repeat != no_id && g.repeats.at(static_cast<std::size_t>(sd.repeat)).name == repeat) return sd.index;
+        s = sd.parent;
+    }
+    return -1;
+}
+
+// r for a node under scope "<name>.<r>" (an instance of a repeat called name, or a scope
+// named so), or -1.
+inline int round_of(const graph& g, const node& n, const std::string& name) {
+    if (name.empty()) return -1;
+    for (std::int32_t s = n.scope; s != no_id;) {
+        const scope_desc& sd = g.scopes.at(static_cast<std::size_t>(s));
+        if (sd.name == name && sd.index >= 0) return static_cast<int>(sd.index);
+        const std::string prefix = name + ".";
+        if (sd.name.size() > prefix.size() && sd.name.compare(0, prefix.size(), prefix) == 0 &&
+            sd.name.find_first_not_of("0123456789", prefix.size()) == std::string::npos)
+            return std::stoi(sd.name.substr(prefix.size()));
+        s = sd.parent;
+    }
+    return -1;
+}
+
+inline bool has_dim(const node& n, dim_id d) {
+    for (const auto& v : n.sig.vars)
+        if (v.dim == d) return true;
+    return false;
+}
+
+}  // namespace detail
+
+inline pipeline_plan resolve_pipeline(const pipeline_spec& spec, const graph& g) {
+    const auto stages = static_cast<int>(spec.stages.size());
+    if (stages < 1) throw plan_error("pipeline: no stages; give at least one stage (a layer range and its devices)");
+    if (spec.micro_batches < 1)
+        throw plan_error("pipeline: micro_batches = " + std::to_string(spec.micro_batches) + "; use at least 1");
+    if (spec.rounds < 1) throw plan_error("pipeline: rounds = " + std::to_string(spec.rounds) + "; use at least 1");
+    const int tail = spec.tail_stage < 0 ? stages - 1 : spec.tail_stage;
+    if (spec.head_stage < 0 || spec.head_stage >= stages || tail >= stages)
+        throw plan_error("pipeline: the head stage " + std::to_string(spec.head_stage) + " or tail stage " +
+                         std::to_string(tail) + " is not one of the " + std::to_string(stages) + " stages");
+    int world = 0;
+    for (int s = 0; s < stages; ++s) {
+        const auto& st = spec.stages[static_cast<std::size_t>(s)];
+        if (st.devices.empty())
+            throw plan_error("pipeline: stage " + std::to_string(s) + " has no devices; give it a device group");
+        for (int d : st.devices) {
+            if (d < 0) throw plan_error("pipeline: stage " + std::to_string(s) + " lists device " + std::to_string(d));
+            world = std::max(world, d + 1);
+        }
+    }
+
+    // Each stage's inner plan, resolved for its group (once per distinct group size and spec).
+    std::vector<resolved_plan> inner(static_cast<std::size_t>(stages));
+    for (int s = 0; s < stages; ++s) {
+        const auto& st = spec.stages[static_cast<std::size_t>(s)];
+        plan_spec p = st.inner ? *st.inner : spec.inner;
+        const auto group = static_cast<int>(st.devices.size());
+        if (p.devices == 0) p.devices = group;
+        if (p.devices != group)
+            throw plan_error("pipeline: stage " + std::to_string(s) + " has " + std::to_string(group) +
+                             " devices but its plan '" + p.name + "' is for " + std::to_string(p.devices) +
+                             "; give the stage a plan for its group size");
+        if (p.zero != zero_stage::none)
+            throw plan_error("pipeline: stage " + std::to_string(s) + "'s plan uses ZeRO, which pipelines do not combine with yet; "
+                             "use a plan without zero<> inside stages");
+        inner[static_cast<std::size_t>(s)] = resolve(p, g);
+    }
+
+    pipeline_plan out;
+    out.stages = stages;
+    out.micro_batches = spec.micro_batches;
+    out.rounds = spec.rounds;
+    out.plan.devices = world;
+    out.plan.name = spec.name.empty() ? "pipeline x" + std::to_string(stages) + ", " +
+                                            std::to_string(spec.micro_batches) + " micro-batches"
+                                      : spec.name;
+    const std::size_t forward = g.forward_node_count();
+    out.plan.forward.resize(forward);
+    out.stage_of.assign(forward, 0);
+    out.round_of.assign(forward, spec.rounds - 1);
+    out.micro_split.assign(forward, false);
+
+    // Ops outside the layers run on the head stage when layers follow them (embeddings, and
+    // the inputs of each recycling round), else on the tail stage (the head and the loss).
+    std::vector<std::int64_t> layer(forward);
+    std::vector<bool> layers_after(forward + 1, false);
+    for (std::size_t i = 0; i < forward; ++i) layer[i] = detail::layer_of(g, g.nodes[i], spec.repeat);
+    for (std::size_t i = forward; i-- > 0;) layers_after[i] = layers_after[i + 1] || layer[i] >= 0;
+    // Ops outside the rounds join the next round (embeddings: round 0), else the last.
+    std::vector<int> round(forward + 1, spec.rounds - 1);
+    for (std::size_t i = forward; i-- > 0;) {
+        const int r = detail::round_of(g, g.nodes[i], spec.rounds_scope);
+        if (r >= spec.rounds)
+            throw plan_error("pipeline: node '" + g.nodes[i].name + "' is in round " + std::to_string(r) +
+                             " but the plan has " + std::to_string(spec.rounds) + " rounds");
+        round[i] = r >= 0 ? r : round[i + 1];
+    }
+    for (std::size_t i = 0; i < forward; ++i) {
+        const node& n = g.nodes[i];
+        int stage = -1;
+        if (layer[i] >= 0) {
+            for (int s = 0; s < stages && stage < 0; ++s) {
+                const auto& st = spec.stages[static_cast<std::size_t>(s)];
+                if (layer[i] >= st.first_layer && st.last_layer >= 0 && layer[i] <= st.last_layer) stage = s;
+            }
+            if (stage < 0)
+                throw plan_error("pipeline: layer " + std::to_string(layer[i]) + " of '" + spec.repeat + "' (node '" + n.name +
+                                 "') is in no stage's layer range; cover every layer");
+        } else {
+            stage = layers_after[i + 1] ? spec.head_stage : tail;
+        }
+        out.round_of[i] = round[i];
+        out.stage_of[i] = stage;
+
+        const auto& group = spec.stages[static_cast<std::size_t>(stage)].devices;
+        op_partition within;
+        within.replicas = static_cast<std::int64_t>(group.size());
+        if (const op_partition* p = inner[static_cast<std::size_t>(stage)].at(static_cast<node_id>(i))) within = *p;
+        op_partition placed;
+        placed.recompute = within.recompute;
+        placed.replicas = within.replicas;
+        const bool micro = spec.micro_batches > 1 && detail::has_dim(n, Dim::Batch::id);
+        if (micro) placed.splits.push_back({Dim::Batch::id, "", spec.micro_batches, false});
+        for (const auto& s : within.splits) placed.splits.push_back(s);
+        const std::int64_t per_micro = within.pieces();
+        for (int m = 0; m < (micro ? spec.micro_batches : 1); ++m)
+            for (std::int64_t q = 0; q < per_micro; ++q) {
+                const int local = within.device_of(q);
+                if (local < 0 || local >= static_cast<int>(group.size()))
+                    throw plan_error("pipeline: the plan of stage " + std::to_string(stage) + " puts a piece of '" + n.name +
+                                     "' on device " + std::to_string(local) + " of a group of " +
+                                     std::to_string(group.size()));
+                placed.devices.push_back(group[static_cast<std::size_t>(local)]);
+            }
+        out.micro_split[i] = micro;
+        out.plan.forward[i] = std::move(placed);
+    }
+    return out;
+}
+
+struct even_pipeline_options {
+    int stages = 2;                // pipeline stages (with virtual > 1: device groups)
+    int micro_batches = 4;
+    int devices_per_stage = 1;     // group size: the inner plan's device count
+    int virtual_stages = 1;        // interleaved 1F1B: stages * virtual_stages model chunks, chunk k on group k % stages
+    std::string repeat = "blocks";
+    std::optional<plan_spec> inner;  // per group (default: whole ops on each device of the group)
+    std::string rounds_scope;        // forward rounds (3F1B): "recycle" for scopes "recycle.<r>"
+    int rounds = 1;
+};
+
+// The layers split evenly (the first stages take one more when they do not divide) over
+// stages * virtual_stages chunks; group k on devices [k * devices_per_stage, (k + 1) * devices_per_stage).
+inline pipeline_spec even_pipeline(const graph& g, const even_pipeline_options& o) {
+    std::int64_t layers = 0;
+    for (const auto& r : g.repeats)
+        if (r.name == o.repeat) layers = std::max<std::int64_t>(layers, static_cast<std::int64_t>(r.scopes.size()));
+    const int chunks = o.stages * o.virtual_stages;
+    // (Models that repeat the layers per round, like recycling, hold the same count in each.)
+    if (o.stages < 1 || o.virtual_stages < 1 || o.devices_per_stage < 1)
+        throw plan_error("even_pipeline: stages, virtual_stages and devices_per_stage must be at least 1");
+    if (layers < chunks)
+        throw plan_error("even_pipeline: " + std::to_string(layers) + " layers of '" + o.repeat + "' cannot fill " +
+                         std::to_string(chunks) + " stages; use fewer stages or a deeper model");
+    pipeline_spec spec;
+    spec.repeat = o.repeat;
+    spec.micro_batches = o.micro_batches;
+    spec.rounds_scope = o.rounds_scope;
+    spec.rounds = o.rounds;
+    if (o.inner) spec.inner = *o.inner;
+    std::int64_t next = 0;
+    for (int k = 0; k < chunks; ++k) {
+        const std::int64_t size = layers / chunks + (k < layers % chunks ? 1 : 0);
+        pipeline_stage st;
+        st.first_layer = next;
+        st.last_layer = next + size - 1;
+        next += size;
+        const int group = k % o.stages;
+        for (int d = 0; d < o.devices_per_stage; ++d) st.devices.push_back(group * o.devices_per_stage + d);
+        spec.stages.push_back(std::move(st));
+    }
+    spec.name = "pipeline x" + std::to_string(o.stages) + (o.virtual_stages > 1 ? " (x" + std::to_string(o.virtual_stages) + " virtual)" : "") +
+                (o.devices_per_stage > 1 ? " of " + std::to_string(o.devices_per_stage) + " devices" : "") + ", " +
+                std::to_string(o.micro_batches) + " micro-batches";
+    return spec;
+}
+
+}  // namespace loom::plan
+// ---- end loom/plan/pipeline.hpp ----
 // ---- begin loom/plan/presets.hpp ----
 // The well-known plans, each written only with the primitives: rules that split
 // (op-trans), place (op-assign) and recompute selected ops, plus the ZeRO rewrites (an
@@ -5539,6 +5804,7 @@ struct logical_graph {
     std::map<tensor_id, node_id> zero3_identity;  // parameter of g -> its inserted identity
     std::map<tensor_id, node_id> zero2_identity;  // parameter of g -> identity on its gradient
     std::map<node_id, plan::op_partition> decomposed;  // node of g built by a decomposition -> its partition
+    std::map<node_id, node_id> decomposed_from;         // node of g built by a decomposition -> input forward node
 };
 
 // The decomposition a partition asks for on node `n`: that of the first cut variable whose
@@ -5648,6 +5914,7 @@ inline logical_graph build_logical_graph(const graph& model, const logical_graph
             for (std::size_t k = 0; k < built; ++k) {
                 g.nodes[first + k].name = n.name + "/" + std::string(g.nodes[first + k].op->name);
                 out.decomposed[static_cast<node_id>(first + k)] = std::move(parts[k]);
+                out.decomposed_from[static_cast<node_id>(first + k)] = static_cast<node_id>(i);
             }
             for (std::size_t o = 0; o < outs.size(); ++o) {
                 tmap.at(static_cast<std::size_t>(n.outputs[o])) = outs[o].id;
@@ -5763,6 +6030,9 @@ inline logical_graph build_logical_graph(const graph& model, const logical_graph
         std::map<node_id, plan::op_partition> decomposed;
         for (auto& [n, p] : out.decomposed) decomposed[new_id[static_cast<std::size_t>(n)]] = std::move(p);
         out.decomposed = std::move(decomposed);
+        std::map<node_id, node_id> decomposed_from;
+        for (auto [n, i] : out.decomposed_from) decomposed_from[new_id[static_cast<std::size_t>(n)]] = i;
+        out.decomposed_from = std::move(decomposed_from);
         out.zero3_identity = std::move(z3);
         out.zero2_identity = std::move(z2);
         for (auto& f : out.forward_node) f = new_id[static_cast<std::size_t>(f)];
@@ -5771,6 +6041,7 @@ inline logical_graph build_logical_graph(const graph& model, const logical_graph
     out.source_of.assign(out.g.nodes.size(), no_id);
     for (std::size_t i = 0; i < out.forward_node.size(); ++i)
         out.source_of[static_cast<std::size_t>(out.forward_node[i])] = static_cast<node_id>(i);
+    for (auto [n, i] : out.decomposed_from) out.source_of[static_cast<std::size_t>(n)] = i;
     return out;
 }
 
@@ -5819,6 +6090,7 @@ inline logical_graph build_logical_graph(const graph& model, const logical_graph
 // twin of the combinators' static_asserts) and the mirroring of a forward op's partition
 // onto the ops that differentiate it.
 #include <cstdint>
+#include <map>
 #include <string>
 #include <vector>
 
@@ -5998,6 +6270,7 @@ inline plan::op_partition resolve_partition(const node& n, plan::op_partition p,
     if (p.replicas < 1)
         throw plan_error("plan: " + where + " has " + std::to_string(p.replicas) + " replicas; use at least 1");
     std::vector<std::int64_t> cut(n.sig.vars.size(), 1);
+    std::vector<std::size_t> copied;  // splits that became replication here
     for (auto& s : p.splits) {
         if (s.degree < 1)
             throw plan_error("plan: trans<Split<" + (s.label.empty() ? std::string(s.dim.name()) : s.label) + ">, " +
@@ -6007,6 +6280,7 @@ inline plan::op_partition resolve_partition(const node& n, plan::op_partition p,
             if (strict) throw plan_error("plan: trans<Split<" + s.describe() + ">> on " + where + ": " + why);
             notes.push_back(where + ": the mirrored split " + s.describe() + " " + why + "; the op runs replicated instead");
             s.replicate = true;
+            copied.push_back(static_cast<std::size_t>(&s - p.splits.data()));
         };
         if (n.op->opaque_layout && n.sig.vars.size() > 0) {
             fail_or_replicate("cannot be split: the op reinterprets its input's layout; replicate it or split the ops around it");
@@ -6038,6 +6312,27 @@ inline plan::op_partition resolve_partition(const node& n, plan::op_partition p,
         cut[static_cast<std::size_t>(*v)] *= s.degree;
         s.label = var.label;
         s.dim = var.dim;
+    }
+    // A copy along an axis whose pieces all share their devices (a pipeline's micro-batches
+    // of an op without a batch dim, such as a weight's gradient sum) computes the same thing
+    // twice on one device: keep one.
+    for (auto it = copied.rbegin(); it != copied.rend() && !p.devices.empty(); ++it) {
+        const std::size_t axis = *it;
+        if (static_cast<std::int64_t>(p.devices.size()) != p.pieces()) break;
+        std::vector<int> kept;
+        std::map<std::vector<std::int64_t>, int> device_at;
+        bool shared = true;
+        for (std::int64_t i = 0; i < p.pieces() && shared; ++i) {
+            auto c = p.coordinates(i);
+            const bool first = c[axis] == 0;
+            c[axis] = 0;
+            auto [at, inserted] = device_at.try_emplace(c, p.device_of(i));
+            shared = at->second == p.device_of(i);
+            if (first) kept.push_back(p.device_of(i));
+        }
+        if (!shared) continue;
+        p.splits.erase(p.splits.begin() + static_cast<std::ptrdiff_t>(axis));
+        p.devices = std::move(kept);
     }
     const std::int64_t pieces = p.pieces();
     if (!p.devices.empty() && static_cast<std::int64_t>(p.devices.size()) != pieces)
@@ -6250,12 +6545,25 @@ struct stored_piece {
     box region;
 };
 
+// Which piece of which logical node a device node computes (no_id for the transfers and
+// assembles that plans insert).
+struct piece_source {
+    node_id logical = no_id;
+    std::int32_t piece = -1;
+};
+
 struct device_part {
     std::unique_ptr<graph_builder> builder = std::make_unique<graph_builder>();
     std::vector<stored_piece> parameters;  // the boxes of each parameter this device stores
     std::vector<stored_piece> inputs;      // the boxes of each input it is fed
     std::vector<stored_piece> gradients;   // per parameter piece: its gradient (same order)
     tensor_id loss = no_id;                // the full loss, on every device
+    std::vector<piece_source> sources;     // per node of the device graph (shorter: the rest inserted)
+
+    piece_source source_of(node_id n) const {
+        auto i = static_cast<std::size_t>(n);
+        return i < sources.size() ? sources[i] : piece_source{};
+    }
 
     const graph& ir() const { return builder->view(); }
 };
@@ -6269,6 +6577,9 @@ struct partitioned_graph {
     std::vector<device_part> devices;
     std::vector<transfer> transfers;
     std::vector<std::string> notes;    // where a mirrored split fell back to replication, ...
+    // op-order: the node ids of each device's graph in the order it runs them (empty: graph
+    // order, which apply_plan makes deadlock-free by construction). Pipeline schedules set it.
+    std::vector<std::vector<node_id>> order;
 
     const graph& ir() const { return logical->g; }
 };
@@ -6410,6 +6721,12 @@ public:
         held_.resize(g_.tensors.size());
     }
 
+    // Pipelines: the stage of every logical node (-1: none). A tensor passed from one stage
+    // to another moves point to point only: stages run their blocks in different orders,
+    // so a collective spanning two stages could be reached in different orders by its
+    // members, while buffered sends cannot wait on each other.
+    void set_stages(std::vector<int> stage_of_node) { stage_of_node_ = std::move(stage_of_node); }
+
     // Parameters and inputs: each device stores the bounding box of what its pieces read.
     void store_leaves() {
         std::vector<std::vector<std::optional<box>>> need(g_.tensors.size());
@@ -6447,7 +6764,7 @@ public:
         const node_layout& layout = out_.layouts[static_cast<std::size_t>(id)];
         const bool backward = n.backward || n.forward_of != no_id;
         std::vector<std::vector<tensor_id>> locals(n.inputs.size());
-        for (std::size_t k = 0; k < n.inputs.size(); ++k) {
+        for (std::size_t k = 0; k < n.inputs.size() && !n.op->shape_only_inputs; ++k) {
             std::vector<request> reqs;
             for (const auto& piece : layout.pieces) reqs.push_back({piece.device, piece.inputs[k]});
             locals[k] = materialize(n.inputs[k], reqs, id, backward);
@@ -6456,7 +6773,7 @@ public:
             const piece_geometry& piece = layout.pieces[p];
             graph_builder& b = *out_.devices[static_cast<std::size_t>(piece.device)].builder;
             std::vector<tensor> ins;
-            for (std::size_t k = 0; k < n.inputs.size(); ++k) ins.push_back(b.handle(locals[k][p]));
+            for (std::size_t k = 0; k < n.inputs.size() && !n.op->shape_only_inputs; ++k) ins.push_back(b.handle(locals[k][p]));
             attributes attrs = n.op->piece_attributes ? n.op->piece_attributes(n, piece.vars) : n.attrs;
             for (const auto& s : layout.partition.splits) {
                 if (s.replicate) continue;
@@ -6469,7 +6786,14 @@ public:
             }
             std::vector<tensor> outs;
             try {
-                outs = n.op->apply(b, ins, attrs);
+                if (n.op->shape_only_inputs) {
+                    std::vector<shape> shapes;
+                    for (std::size_t o = 0; o < n.outputs.size(); ++o)
+                        shapes.push_back(piece.outputs[o].region.shape_of(g_.tensor(n.outputs[o]).dims));
+                    outs = b.append_unchecked(*n.op, {}, std::move(shapes), attrs, n.name);
+                } else {
+                    outs = n.op->apply(b, ins, attrs);
+                }
             } catch (const error& e) {
                 throw plan_error("plan: piece " + std::to_string(p) + " of " + std::string(n.op->name) + " '" + n.name +
                                  "' (" + layout.partition.describe() + ") cannot be built: " + e.what());
@@ -6477,6 +6801,9 @@ public:
             graph& dg = b.mutable_graph();
             dg.nodes.back().name = n.name + "#" + std::to_string(p);
             dg.nodes.back().backward = backward;
+            auto& sources = out_.devices[static_cast<std::size_t>(piece.device)].sources;
+            sources.resize(dg.nodes.size());
+            sources.back() = {id, static_cast<std::int32_t>(p)};
             for (std::size_t o = 0; o < outs.size(); ++o) {
                 const vtensor& v = piece.outputs[o];
                 const tensor_desc& logical = g_.tensor(n.outputs[o]);
@@ -6892,7 +7219,18 @@ private:
             parts.push_back({outs[1], region, v.value});
         }
         if (parts.size() == 1 && parts[0].region == r.region && parts[0].value.full()) return parts[0].local;
-        tensor_id whole = assemble(r.device, t, r.region, parts, accumulate);
+        const bool one_box = std::all_of(parts.begin(), parts.end(), [&](const assemble_input& p) { return p.region == r.region; });
+        tensor_id whole = no_id;
+        if (accumulate && one_box && parts.size() > 2) {
+            // Partial sums of one box (a weight's gradient over a pipeline's micro-batches):
+            // added one at a time, in the same order as one sum, so that each partial dies
+            // as soon as it is added instead of living until the last one is made.
+            whole = assemble(r.device, t, r.region, {parts[0], parts[1]}, true);
+            for (std::size_t k = 2; k < parts.size(); ++k)
+                whole = assemble(r.device, t, r.region, {{whole, r.region, {}}, parts[k]}, true);
+        } else {
+            whole = assemble(r.device, t, r.region, parts, accumulate);
+        }
         hold(t, {t, r.region, {}}, r.device, whole, false);
         return whole;
     }
@@ -6914,7 +7252,7 @@ private:
         };
         for (std::size_t i = 0; i < reqs.size(); ++i) open.push_back(i);
         resolve_locally();
-        while (!open.empty()) {
+        while (!open.empty() && collectives_allowed(t, consumer)) {
             bool progressed = try_partial(t, open, reqs) || try_tiles(t, open, reqs) || try_broadcast(t, open, reqs);
             if (!progressed) break;
             resolve_locally();
@@ -6929,9 +7267,19 @@ private:
         return result;
     }
 
+    bool collectives_allowed(tensor_id t, node_id consumer) const {
+        if (stage_of_node_.empty() || consumer == no_id) return true;
+        const node_id producer = g_.tensor(t).producer;
+        if (producer == no_id) return true;
+        const int from = stage_of_node_.at(static_cast<std::size_t>(producer));
+        const int to = stage_of_node_.at(static_cast<std::size_t>(consumer));
+        return from < 0 || to < 0 || from == to;
+    }
+
     partitioned_graph& out_;
     const graph& g_;
     transfer_cost_model cost_;
+    std::vector<int> stage_of_node_;
     std::vector<std::vector<held_piece>> held_;
     bool emitting_backward_ = false;
     node_id emitting_consumer_ = no_id;
@@ -6944,6 +7292,9 @@ namespace loom::partition {
 
 struct apply_options {
     transfer_cost_model cost{};
+    // Pipelines: the stage of each forward node of the model (plan::pipeline_plan::stage_of).
+    // Tensors that cross stages then move point to point only (see materializer::set_stages).
+    std::vector<int> stage_of_forward;
 };
 
 inline partitioned_graph apply_plan(const graph& model, const plan::resolved_plan& plan, const apply_options& options = {}) {
@@ -7036,6 +7387,18 @@ inline partitioned_graph apply_plan(const graph& model, const plan::resolved_pla
 
     // 4-6. Devices, leaves, materialization.
     materializer m(out, options.cost);
+    if (!options.stage_of_forward.empty()) {
+        const logical_graph& lg = *out.logical;
+        std::vector<int> stage(g.nodes.size(), -1);
+        for (std::size_t i = 0; i < g.nodes.size(); ++i) {
+            const node& n = g.nodes[i];
+            const node_id forward = n.forward_of != no_id ? n.forward_of : static_cast<node_id>(i);
+            const node_id source = lg.source_of[static_cast<std::size_t>(forward)];
+            if (source != no_id && static_cast<std::size_t>(source) < options.stage_of_forward.size())
+                stage[i] = options.stage_of_forward[static_cast<std::size_t>(source)];
+        }
+        m.set_stages(std::move(stage));
+    }
     m.store_leaves();
     for (std::size_t i = 0; i < g.nodes.size(); ++i) m.emit_node(static_cast<node_id>(i));
     m.finish();
@@ -7058,11 +7421,14 @@ inline partitioned_graph apply_plan(const graph& model, const plan::resolved_pla
 //             produces a local tensor -> each step of the same device that reads it).
 //
 // An edge u -> v says "v waits for u". The programs deadlock exactly when this graph has a
-// cycle (reading a send as blocking until its recv is posted: the conservative model), e.g. device 0 runs all_reduce A before all_reduce B while device 1 runs B before
-// A. apply_plan emits every transfer in one global order, so its programs pass by
+// cycle, e.g. device 0 runs all_reduce A before all_reduce B while device 1 runs B before
+// A. A send of a point-to-point transfer returns once its data is copied (both
+// communicators buffer sends), so when the caller says which transfers are point to point,
+// the sender's step is a local op of the sender that the receive waits for; otherwise a send
+// waits for its receive too (the conservative model). apply_plan emits every transfer in one global order, so its programs pass by
 // construction; the check guards reorderings (overlap schedules, pipelines, hand edits).
 //
-//   check_deadlock_free(pg)               the device graphs' own node order
+//   check_deadlock_free(pg)               the plan's op-order (pg.order, else graph order)
 //   check_deadlock_free(pg, order)        order[d]: the node ids of device d, as it runs them
 //   check_deadlock_free(programs, groups) the same over plain step sequences (tests reorder
 //                                         these; see device_programs and transfer_groups)
@@ -7211,8 +7577,17 @@ inline std::vector<wait_edge_handle> shortest_cycle_through(const wait_graph& g,
 
 // Throws plan_error("deadlock: ...") when the programs can wait on each other forever:
 // a cycle of waits, or a transfer that one of its member devices never reaches.
-inline void check_deadlock_free(const std::vector<device_program>& programs, const std::vector<std::vector<int>>& groups) {
+// point_to_point[t]: transfer t is a buffered send from groups[t][0] to groups[t][1].
+inline void check_deadlock_free(const std::vector<device_program>& programs, const std::vector<std::vector<int>>& groups,
+                                const std::vector<bool>& point_to_point = {}) {
     const std::size_t transfers = groups.size();
+    auto buffered_sender = [&](std::int64_t t) {
+        return t >= 0 && static_cast<std::size_t>(t) < point_to_point.size() && point_to_point[static_cast<std::size_t>(t)] &&
+                       groups[static_cast<std::size_t>(t)].size() == 2
+                   ? groups[static_cast<std::size_t>(t)][0]
+                   : -1;
+    };
+    std::vector<std::size_t> send_vertex(transfers, static_cast<std::size_t>(-1));
     // Vertices: transfers first, then every local step of device 0, 1, ...
     std::vector<std::size_t> first_local(programs.size() + 1, transfers);
     for (std::size_t d = 0; d < programs.size(); ++d) first_local[d + 1] = first_local[d] + programs[d].size();
@@ -7267,12 +7642,14 @@ inline void check_deadlock_free(const std::vector<device_program>& programs, con
         std::vector<std::size_t> vertex_of_id(static_cast<std::size_t>(largest_id + 1), absent);
         for (std::size_t s = 0; s < program.size(); ++s) {
             const program_step& step = program[s];
-            std::size_t v = step.transfer >= 0 ? static_cast<std::size_t>(step.transfer) : first_local[d] + s;
+            const bool sends = step.transfer >= 0 && buffered_sender(step.transfer) == static_cast<int>(d);
+            std::size_t v = step.transfer >= 0 && !sends ? static_cast<std::size_t>(step.transfer) : first_local[d] + s;
+            if (sends) send_vertex[static_cast<std::size_t>(step.transfer)] = v;
             if (vertex_of_id[static_cast<std::size_t>(step.id)] != absent)
                 throw usage_error("check_deadlock_free: device " + std::to_string(d) + " has two steps with id " +
                                   std::to_string(step.id) + "; give each step of a device its own id");
             vertex_of_id[static_cast<std::size_t>(step.id)] = v;
-            if (step.transfer < 0) vertex_name[v] = step.name;
+            if (v >= transfers) vertex_name[v] = step.name;
         }
         for (std::size_t s = 0; s < program.size(); ++s) {
             const program_step& step = program[s];
@@ -7287,6 +7664,11 @@ inline void check_deadlock_free(const std::vector<device_program>& programs, con
             }
         }
     }
+
+    // A receive waits for its buffered send.
+    for (std::size_t t = 0; t < transfers; ++t)
+        if (send_vertex[t] != static_cast<std::size_t>(-1))
+            boost::add_edge(send_vertex[t], t, detail::wait_edge{buffered_sender(static_cast<std::int64_t>(t)), true}, g);
 
     std::vector<boost::default_color_type> colors(vertices);
     try {
@@ -7356,10 +7738,13 @@ inline void check_deadlock_free(const std::vector<device_program>& programs, con
 
 // The device programs of a partitioned graph, each in `order[d]` (empty: graph order).
 inline void check_deadlock_free(const partitioned_graph& pg, const std::vector<std::vector<node_id>>& order) {
-    check_deadlock_free(device_programs(pg, order), transfer_groups(pg));
+    std::vector<bool> point_to_point;
+    for (const auto& t : pg.transfers) point_to_point.push_back(t.kind == transfer_kind::send_recv);
+    check_deadlock_free(device_programs(pg, order), transfer_groups(pg), point_to_point);
 }
 
-inline void check_deadlock_free(const partitioned_graph& pg) { check_deadlock_free(pg, {}); }
+// In the plan's own op-order (pg.order; graph order where it is empty).
+inline void check_deadlock_free(const partitioned_graph& pg) { check_deadlock_free(pg, pg.order); }
 
 }  // namespace loom::partition
 // ---- end loom/partition/deadlock.hpp ----
@@ -7384,7 +7769,7 @@ inline void check_deadlock_free(const partitioned_graph& pg) { check_deadlock_fr
 
 // ---- begin loom/runtime/compile.hpp ----
 // Turns one device's graph into a program: the nodes that the wanted tensors depend on,
-// in graph order, with every intermediate placed in a shared arena by liveness.
+// in graph order (or a given op-order), with every intermediate placed in a shared arena by liveness.
 #include <algorithm>
 #include <string>
 #include <vector>
@@ -7546,6 +7931,9 @@ struct compile_options {
     // Keep every node even if no wanted tensor depends on it: a device's part of a
     // partitioned graph sends pieces other devices need.
     bool keep_every_node = false;
+    // The order to run the nodes in (op-order: a pipeline schedule's); empty: graph order.
+    // Must list every node once and run each after the producers of its inputs.
+    std::vector<node_id> order;
 };
 
 inline program compile_program(const graph& g, const compile_options& options = {}) {
@@ -7578,8 +7966,31 @@ inline program compile_program(const graph& g, const compile_options& options = 
         keep[i] = true;
         for (tensor_id t : n.inputs) needed[static_cast<std::size_t>(t)] = true;
     }
-    for (std::size_t i = 0; i < g.nodes.size(); ++i)
-        if (keep[i]) p.steps.push_back({instruction::kind::compute, static_cast<node_id>(i)});
+    if (options.order.empty()) {
+        for (std::size_t i = 0; i < g.nodes.size(); ++i)
+            if (keep[i]) p.steps.push_back({instruction::kind::compute, static_cast<node_id>(i)});
+    } else {
+        if (options.order.size() != g.nodes.size())
+            throw usage_error("compile_program: the node order lists " + std::to_string(options.order.size()) +
+                              " nodes but the graph has " + std::to_string(g.nodes.size()) + "; list every node once");
+        std::vector<bool> done(g.nodes.size(), false);
+        for (node_id id : options.order) {
+            if (id < 0 || static_cast<std::size_t>(id) >= g.nodes.size() || done[static_cast<std::size_t>(id)])
+                throw usage_error("compile_program: the node order lists node " + std::to_string(id) +
+                                  (id >= 0 && static_cast<std::size_t>(id) < g.nodes.size() ? " twice" : ", which is not in the graph") +
+                                  "; list every node once");
+            const node& n = g.at(id);
+            for (tensor_id t : n.inputs) {
+                node_id producer = g.tensor(t).producer;
+                if (producer != no_id && !done[static_cast<std::size_t>(producer)])
+                    throw usage_error("compile_program: the node order runs '" + n.name + "' before '" +
+                                      g.at(producer).name + "', which produces its input '" + g.tensor(t).name +
+                                      "'; order every node after the producers of its inputs");
+            }
+            done[static_cast<std::size_t>(id)] = true;
+            if (keep[static_cast<std::size_t>(id)]) p.steps.push_back({instruction::kind::compute, id});
+        }
+    }
 
     // Bound: everything that outlives a step or is fed from outside.
     for (std::size_t t = 0; t < g.tensors.size(); ++t) {
@@ -7975,6 +8386,2566 @@ inline std::string explain(const partitioned_graph& pg, precision prec = precisi
 
 }  // namespace loom::partition
 // ---- end loom/partition/explain.hpp ----
+// ---- begin loom/partition/pipeline_order.hpp ----
+// op-order for pipelines: a schedule (schedule/) orders the (stage, micro-batch, pass)
+// blocks of every device; this turns it into the order each device runs its program in.
+//
+// Every piece a plan put on a device belongs to one block: its op's stage and round
+// (plan/pipeline.hpp), its micro-batch (the piece's coordinate along the outermost,
+// micro-batch split) and its pass (a backward op runs in the backward block of the op it
+// differentiates). The transfers and assembles the plan inserted between pieces have no
+// op of their own; each joins the earliest block on its device that reads what it makes (a
+// receive runs where its data is needed, a ZeRO gather before its first reader), else the
+// latest block whose output it reads (a send runs right after its data is made, gradient
+// sums after the last micro-batch), else the end of the step (the loss gathered to every
+// device). Within a block, nodes keep their plan order, so the collectives of a device group
+// stay in one order on all its members.
+//
+// The result is checked: every node runs after the producers of its inputs (else the
+// schedule contradicts the program's data flow, and the error names both blocks), and the
+// programs together cannot deadlock (partition/deadlock.hpp).
+#include <algorithm>
+#include <cstdint>
+#include <limits>
+#include <map>
+#include <optional>
+#include <string>
+#include <vector>
+
+// ---- begin loom/schedule/schedule.hpp ----
+// A pipeline schedule: the order in which every device runs its blocks.
+//
+//   schedule s = one_f_one_b(2, 4);    // templates.hpp, or written by hand:
+//   schedule t{pipeline_shape::linear(2, 4),
+//              {{F(s0,m0), F(s0,m1), B(s0,m0), ...}, {F(s1,m0), B(s1,m0), ...}}, "mine"};
+//   validate(t);                       // validate.hpp: every block once, dependencies, messages,
+//                                      // deadlock, memory
+//
+// device_order[d] lists what device d runs, first to last; a block of a stage on several
+// devices appears in the order of each of them (see shape.hpp).
+#include <cstddef>
+#include <ostream>
+#include <string>
+#include <vector>
+
+// ---- begin loom/schedule/block.hpp ----
+// One unit of pipeline work: a stage's forward or backward pass on one micro-batch, and the
+// error every schedule check throws.
+//
+//   block{pass_kind::forward, 1, 3}      F(s1,m3)    stage 1, micro-batch 3
+//   block{pass_kind::forward, 1, 3, 2}   F2(s1,m3)   the third forward round (3F1B recycling)
+//   block{pass_kind::backward, 1, 3}     B(s1,m3)    a backward has no round: it follows the last
+//
+// Blocks compare member-wise and order by (pass, stage, micro, round), so they can key maps.
+// In a pipeline with several forward rounds, to_string(b, rounds) spells round 0 as F0 too.
+#include <compare>
+#include <cstdint>
+#include <ostream>
+#include <string>
+
+
+namespace loom::schedule {
+
+// A pipeline schedule that cannot be built, validated or run as written. A plan_error, so
+// callers that catch plan mistakes catch these too.
+struct schedule_error : plan_error {
+    using plan_error::plan_error;
+};
+
+enum class pass_kind : std::uint8_t { forward, backward };
+
+struct block {
+    pass_kind pass = pass_kind::forward;
+    int stage = 0;
+    int micro = 0;
+    int round = 0;  // forward: 0 .. rounds-1; backward: 0 (it needs the activations of the last round)
+
+    friend constexpr bool operator==(const block&, const block&) = default;
+    friend constexpr auto operator<=>(const block&, const block&) = default;
+};
+
+constexpr block forward_block(int stage, int micro, int round = 0) { return {pass_kind::forward, stage, micro, round}; }
+constexpr block backward_block(int stage, int micro) { return {pass_kind::backward, stage, micro, 0}; }
+
+constexpr bool is_forward(const block& b) { return b.pass == pass_kind::forward; }
+constexpr bool is_backward(const block& b) { return b.pass == pass_kind::backward; }
+
+// "F(s1,m3)", "F2(s1,m3)", "B(s1,m3)". With rounds > 1 every forward names its round ("F0(s1,m3)").
+inline std::string to_string(const block& b, int rounds = 1) {
+    std::string out = is_forward(b) ? "F" : "B";
+    if (b.round != 0 || (is_forward(b) && rounds > 1)) out += std::to_string(b.round);
+    out += "(s" + std::to_string(b.stage) + ",m" + std::to_string(b.micro) + ")";
+    return out;
+}
+
+inline std::ostream& operator<<(std::ostream& os, const block& b) { return os << to_string(b); }
+
+inline std::string to_string(pass_kind p) { return p == pass_kind::forward ? "forward" : "backward"; }
+
+}  // namespace loom::schedule
+// ---- end loom/schedule/block.hpp ----
+// ---- begin loom/schedule/shape.hpp ----
+// The shape of a pipeline: how many stages, micro-batches and forward rounds, which devices
+// run each stage, and the data dependencies between blocks that follow from it.
+//
+//   pipeline_shape::linear(4, 8)           stage s on device s (GPipe, 1F1B)
+//   pipeline_shape::linear(4, 8, 3)        three forward rounds per micro-batch (3F1B recycling)
+//   pipeline_shape::interleaved(4, 2, 8)   8 virtual stages, stage s on device s % 4
+//   pipeline_shape::interlaced(4, 8)       6 stages: the embedding (stage 0) on all 4 devices,
+//                                          stages 1..4 on devices 0..3, the LM head (stage 5,
+//                                          the same embedding table) on all 4 devices again
+//
+// A stage on several devices is one SPMD block per micro-batch: it appears in the order of
+// each of those devices and starts when all of them reach it (its own collectives, e.g. the
+// all-reduce of a tensor-parallel embedding, are inside the block; its output is complete on
+// each of its devices when it ends).
+//
+// Data dependencies, for S stages, R rounds, micro-batch m (every other pair is independent):
+//   activation        F(r, s-1, m)  -> F(r, s, m)         s > 0
+//   recycle           F(r-1, S-1, m) -> F(r, 0, m)        r > 0 (the output of the last stage
+//                                                         feeds the next round's first stage)
+//   loss              F(R-1, S-1, m) -> B(S-1, m)
+//   gradient          B(s+1, m)     -> B(s, m)           s < S-1
+//   saved_activation  F(R-1, s, m)  -> B(s, m)           s < S-1 (the activations it differentiates)
+// The interlaced pipeline is a plain chain too: its embedding and LM head are stages 0 and S-1
+// that happen to run on the same devices. Tying their weights adds no dependency within a
+// batch (both gradients accumulate into one buffer, read after the schedule ends).
+#include <algorithm>
+#include <cstddef>
+#include <cstdint>
+#include <string>
+#include <vector>
+
+
+namespace loom::schedule {
+
+struct pipeline_shape {
+    int stages = 1;
+    int micro_batches = 1;
+    int rounds = 1;
+    std::vector<std::vector<int>> stage_devices;  // stage s runs on stage_devices[s]
+    int devices = 1;
+
+    // Stage s on device s.
+    static pipeline_shape linear(int stages, int micro_batches, int rounds = 1) {
+        pipeline_shape p{stages, micro_batches, rounds, {}, stages};
+        for (int s = 0; s < stages; ++s) p.stage_devices.push_back({s});
+        return p;
+    }
+    // devices * chunks virtual stages; stage s on device s % devices (interleaved 1F1B).
+    static pipeline_shape interleaved(int devices, int chunks, int micro_batches) {
+        pipeline_shape p{devices * chunks, micro_batches, 1, {}, devices};
+        for (int s = 0; s < devices * chunks; ++s) p.stage_devices.push_back({devices > 0 ? s % devices : 0});
+        return p;
+    }
+    // The interlaced pipeline (nnScaler, Figure 6): pipeline_stages stages of devices_per_stage
+    // devices each, between an embedding stage and an LM head stage on every device.
+    static pipeline_shape interlaced(int pipeline_stages, int micro_batches, int devices_per_stage = 1) {
+        const int devices = pipeline_stages * devices_per_stage;
+        pipeline_shape p{pipeline_stages + 2, micro_batches, 1, {}, devices};
+        std::vector<int> all;
+        for (int d = 0; d < devices; ++d) all.push_back(d);
+        p.stage_devices.push_back(all);
+        for (int s = 0; s < pipeline_stages; ++s) {
+            std::vector<int> group;
+            for (int k = 0; k < devices_per_stage; ++k) group.push_back(s * devices_per_stage + k);
+            p.stage_devices.push_back(group);
+        }
+        p.stage_devices.push_back(all);
+        return p;
+    }
+
+    const std::vector<int>& devices_of(int stage) const { return stage_devices.at(static_cast<std::size_t>(stage)); }
+    bool runs_on(int stage, int device) const {
+        const auto& g = devices_of(stage);
+        return std::find(g.begin(), g.end(), device) != g.end();
+    }
+    // Stages per device when every device runs the same number (interleaved: its chunks).
+    int chunks() const { return devices > 0 ? stages / devices : 0; }
+};
+
+// Throws schedule_error naming the first field that makes no pipeline.
+inline void check_shape(const pipeline_shape& p, const std::string& where = "pipeline_shape") {
+    auto fail = [&](const std::string& why) { throw schedule_error(where + ": " + why); };
+    if (p.stages < 1) fail(std::to_string(p.stages) + " stages; a pipeline needs at least one stage");
+    if (p.micro_batches < 1)
+        fail(std::to_string(p.micro_batches) + " micro-batches; a pipeline needs at least one micro-batch");
+    if (p.rounds < 1)
+        fail(std::to_string(p.rounds) + " forward rounds; every micro-batch runs at least one forward (rounds = 1)");
+    if (p.devices < 1) fail(std::to_string(p.devices) + " devices; a pipeline runs on at least one device");
+    if (p.stage_devices.size() != static_cast<std::size_t>(p.stages))
+        fail("stage_devices lists " + std::to_string(p.stage_devices.size()) + " stages but stages = " +
+             std::to_string(p.stages) + "; give one device list per stage");
+    std::vector<bool> used(static_cast<std::size_t>(p.devices), false);
+    for (int s = 0; s < p.stages; ++s) {
+        const auto& g = p.devices_of(s);
+        if (g.empty())
+            fail("stage " + std::to_string(s) + " runs on no device; list at least one in stage_devices[" +
+                 std::to_string(s) + "]");
+        for (std::size_t i = 0; i < g.size(); ++i) {
+            if (g[i] < 0 || g[i] >= p.devices)
+                fail("stage " + std::to_string(s) + " lists device " + std::to_string(g[i]) + ", outside 0.." +
+                     std::to_string(p.devices - 1) + "; use a device below " + std::to_string(p.devices) +
+                     " or raise devices");
+            const auto end = g.begin() + static_cast<std::ptrdiff_t>(i);
+            if (std::find(g.begin(), end, g[i]) != end)
+                fail("stage " + std::to_string(s) + " lists device " + std::to_string(g[i]) +
+                     " twice; list each device of a stage once");
+            used[static_cast<std::size_t>(g[i])] = true;
+        }
+    }
+    for (int d = 0; d < p.devices; ++d)
+        if (!used[static_cast<std::size_t>(d)])
+            fail("device " + std::to_string(d) + " runs no stage; give it a stage or lower devices to " +
+                 std::to_string(p.devices - 1));
+}
+
+// ---- blocks of a shape -----------------------------------------------------------------------
+
+// Is b one of the shape's blocks (stage, micro-batch and round in range; a backward has round 0)?
+inline bool contains(const pipeline_shape& p, const block& b) {
+    if (b.stage < 0 || b.stage >= p.stages || b.micro < 0 || b.micro >= p.micro_batches) return false;
+    return is_forward(b) ? b.round >= 0 && b.round < p.rounds : b.round == 0;
+}
+
+// Why b is not one of the shape's blocks, or "" when it is.
+inline std::string why_not_contained(const pipeline_shape& p, const block& b) {
+    const std::string name = to_string(b, p.rounds);
+    if (b.stage < 0 || b.stage >= p.stages)
+        return name + ": stage " + std::to_string(b.stage) + " is outside 0.." + std::to_string(p.stages - 1);
+    if (b.micro < 0 || b.micro >= p.micro_batches)
+        return name + ": micro-batch " + std::to_string(b.micro) + " is outside 0.." + std::to_string(p.micro_batches - 1);
+    if (is_backward(b) && b.round != 0)
+        return name + ": a backward has no round (it follows the last forward round); write round 0";
+    if (is_forward(b) && (b.round < 0 || b.round >= p.rounds))
+        return name + ": forward round " + std::to_string(b.round) + " is outside 0.." + std::to_string(p.rounds - 1);
+    return {};
+}
+
+// Dense numbering of the shape's blocks: forwards by (round, stage, micro), then backwards.
+inline int block_count(const pipeline_shape& p) { return (p.rounds + 1) * p.stages * p.micro_batches; }
+
+inline int block_index(const pipeline_shape& p, const block& b) {
+    const int r = is_forward(b) ? b.round : p.rounds;
+    return (r * p.stages + b.stage) * p.micro_batches + b.micro;
+}
+
+inline block block_at(const pipeline_shape& p, int index) {
+    const int micro = index % p.micro_batches;
+    const int stage = (index / p.micro_batches) % p.stages;
+    const int r = index / (p.micro_batches * p.stages);
+    return r == p.rounds ? backward_block(stage, micro) : forward_block(stage, micro, r);
+}
+
+// Every block, in block_index order.
+inline std::vector<block> all_blocks(const pipeline_shape& p) {
+    std::vector<block> out;
+    out.reserve(static_cast<std::size_t>(block_count(p)));
+    for (int i = 0; i < block_count(p); ++i) out.push_back(block_at(p, i));
+    return out;
+}
+
+// The blocks device d runs, in block_index order.
+inline std::vector<block> blocks_on(const pipeline_shape& p, int device) {
+    std::vector<block> out;
+    for (const block& b : all_blocks(p))
+        if (p.runs_on(b.stage, device)) out.push_back(b);
+    return out;
+}
+
+// ---- data dependencies -----------------------------------------------------------------------
+
+enum class dependency_kind : std::uint8_t { activation, recycle, loss, gradient, saved_activation };
+
+inline std::string to_string(dependency_kind k) {
+    switch (k) {
+        case dependency_kind::activation: return "activation";
+        case dependency_kind::recycle: return "recycled output";
+        case dependency_kind::loss: return "loss";
+        case dependency_kind::gradient: return "gradient";
+        case dependency_kind::saved_activation: return "saved activations";
+    }
+    return "?";
+}
+
+struct dependency {
+    block producer;
+    block consumer;
+    dependency_kind kind = dependency_kind::activation;
+
+    friend bool operator==(const dependency&, const dependency&) = default;
+};
+
+// What b reads (b must be one of the shape's blocks).
+inline std::vector<dependency> inputs_of(const pipeline_shape& p, const block& b) {
+    std::vector<dependency> in;
+    const int last_stage = p.stages - 1, last_round = p.rounds - 1;
+    if (is_forward(b)) {
+        if (b.stage > 0)
+            in.push_back({forward_block(b.stage - 1, b.micro, b.round), b, dependency_kind::activation});
+        else if (b.round > 0)
+            in.push_back({forward_block(last_stage, b.micro, b.round - 1), b, dependency_kind::recycle});
+    } else if (b.stage == last_stage) {
+        in.push_back({forward_block(last_stage, b.micro, last_round), b, dependency_kind::loss});
+    } else {
+        in.push_back({backward_block(b.stage + 1, b.micro), b, dependency_kind::gradient});
+        in.push_back({forward_block(b.stage, b.micro, last_round), b, dependency_kind::saved_activation});
+    }
+    return in;
+}
+
+// Every dependency of the shape, by consumer in block_index order.
+inline std::vector<dependency> dependencies(const pipeline_shape& p) {
+    std::vector<dependency> out;
+    for (const block& b : all_blocks(p))
+        for (const dependency& d : inputs_of(p, b)) out.push_back(d);
+    return out;
+}
+
+// Does this block hold activations until its backward (a forward of the last round)?
+inline bool holds_activations(const pipeline_shape& p, const block& b) { return is_forward(b) && b.round == p.rounds - 1; }
+
+}  // namespace loom::schedule
+// ---- end loom/schedule/shape.hpp ----
+
+namespace loom::schedule {
+
+struct schedule {
+    pipeline_shape shape;
+    std::vector<std::vector<block>> device_order;
+    std::string name;
+};
+
+// "1F1B: 2 stages, 4 micro-batches, 2 devices
+//    device 0: F(s0,m0) F(s0,m1) B(s0,m0) F(s0,m2) B(s0,m1) F(s0,m3) B(s0,m2) B(s0,m3)
+//    device 1: ..."
+inline std::string to_string(const schedule& s) {
+    std::string out = (s.name.empty() ? std::string("schedule") : s.name) + ": " + std::to_string(s.shape.stages) +
+                      " stages, " + std::to_string(s.shape.micro_batches) + " micro-batches, ";
+    if (s.shape.rounds > 1) out += std::to_string(s.shape.rounds) + " forward rounds, ";
+    out += std::to_string(s.shape.devices) + " devices";
+    for (std::size_t d = 0; d < s.device_order.size(); ++d) {
+        out += "\n  device " + std::to_string(d) + ":";
+        for (const block& b : s.device_order[d]) out += " " + to_string(b, s.shape.rounds);
+    }
+    return out;
+}
+
+inline std::ostream& operator<<(std::ostream& os, const schedule& s) { return os << to_string(s); }
+
+// position[d][block_index(shape, b)]: where device d runs b, or -1 when it does not. Blocks
+// outside the shape are left out (validate reports them).
+inline std::vector<std::vector<int>> order_positions(const schedule& s) {
+    std::vector<std::vector<int>> position(s.device_order.size(),
+                                           std::vector<int>(static_cast<std::size_t>(block_count(s.shape)), -1));
+    for (std::size_t d = 0; d < s.device_order.size(); ++d)
+        for (std::size_t i = 0; i < s.device_order[d].size(); ++i) {
+            const block& b = s.device_order[d][i];
+            if (!contains(s.shape, b)) continue;
+            int& slot = position[d][static_cast<std::size_t>(block_index(s.shape, b))];
+            if (slot < 0) slot = static_cast<int>(i);
+        }
+    return position;
+}
+
+}  // namespace loom::schedule
+// ---- end loom/schedule/schedule.hpp ----
+// ---- begin loom/schedule/validate.hpp ----
+// Is a schedule runnable? validate(s, options) throws schedule_error with the first problem,
+// naming the blocks and how to fix it; validation_error(s, options) returns the same message
+// ("" when the schedule is valid). The checks, in order:
+//
+//   1. the shape makes a pipeline (check_shape) and there is one order per device;
+//   2. every entry is one of the shape's blocks, on a device that runs its stage, at most once;
+//   3. every block is on each device of its stage (an SPMD block on all of them);
+//   4. no device runs a block before a block it depends on (same device);
+//   5. no deadlock: the graph of "v waits for u" edges (consecutive blocks of one device, and
+//      every data dependency) has no cycle; a cycle is reported block by block;
+//   6. messages do not cross: on each channel (device a -> device b) the receiving blocks run
+//      on b in the order their producers run on a (transfers.hpp), else a receive would take
+//      another block's message;
+//   7. memory: the activations a device holds (in_flight.hpp) stay within
+//        max_in_flight_per_stage   micro-batches per stage, and/or
+//        memory_cap_bytes          bytes per device, with activation_bytes[s] the bytes one
+//                                  micro-batch of stage s keeps on each of its devices.
+// Sends are buffered (they never wait) and receives wait, as in loom's communicators, so a
+// send/receive pair adds no wait of the sender on the receiver.
+#include <algorithm>
+#include <cstddef>
+#include <cstdint>
+#include <map>
+#include <string>
+#include <utility>
+#include <vector>
+
+// ---- begin loom/schedule/cycle.hpp ----
+// A cycle in a directed graph of labelled edges, for the checks that name the blocks of a
+// deadlock (validate) or of constraints that cannot all hold (from_constraints).
+//
+//   out[u] = {{v, label}, ...}: an edge u -> v ("v waits for u"), labelled by its reason.
+//   find_cycle(out) -> the edges of one cycle in order (u0 -> u1, u1 -> u2, ..., uk -> u0),
+//                      empty when the graph is acyclic.
+// Deterministic: a depth-first search from vertex 0 up, out-edges in the order given; the
+// cycle is the one closed by the first back edge met.
+#include <cstddef>
+#include <vector>
+
+namespace loom::schedule::detail {
+
+struct labelled_edge {
+    int to = 0;
+    int label = 0;
+};
+
+struct cycle_edge {
+    int from = 0;
+    int to = 0;
+    int label = 0;
+};
+
+inline std::vector<cycle_edge> find_cycle(const std::vector<std::vector<labelled_edge>>& out) {
+    enum class colour : unsigned char { white, grey, black };
+    const std::size_t n = out.size();
+    std::vector<colour> state(n, colour::white);
+    struct frame {
+        int vertex;
+        std::size_t next_edge;
+        int arrived_label;  // the label of the edge from the previous frame's vertex
+    };
+    std::vector<frame> stack;
+    for (std::size_t root = 0; root < n; ++root) {
+        if (state[root] != colour::white) continue;
+        stack.push_back({static_cast<int>(root), 0, -1});
+        state[root] = colour::grey;
+        while (!stack.empty()) {
+            frame& top = stack.back();
+            const auto& edges = out[static_cast<std::size_t>(top.vertex)];
+            if (top.next_edge == edges.size()) {
+                state[static_cast<std::size_t>(top.vertex)] = colour::black;
+                stack.pop_back();
+                continue;
+            }
+            const labelled_edge e = edges[top.next_edge++];
+            const auto to = static_cast<std::size_t>(e.to);
+            if (state[to] == colour::white) {
+                state[to] = colour::grey;
+                stack.push_back({e.to, 0, e.label});
+            } else if (state[to] == colour::grey) {
+                std::size_t first = stack.size() - 1;
+                while (stack[first].vertex != e.to) --first;
+                std::vector<cycle_edge> cycle;
+                for (std::size_t i = first + 1; i < stack.size(); ++i)
+                    cycle.push_back({stack[i - 1].vertex, stack[i].vertex, stack[i].arrived_label});
+                cycle.push_back({stack.back().vertex, e.to, e.label});
+                return cycle;
+            }
+        }
+    }
+    return {};
+}
+
+}  // namespace loom::schedule::detail
+// ---- end loom/schedule/cycle.hpp ----
+// ---- begin loom/schedule/in_flight.hpp ----
+// Activations in flight: a forward of the last round keeps its activations from its start
+// until its backward ends, so walking a device's order counts what it holds at each block.
+// Earlier forward rounds (3F1B recycling) keep nothing past their end.
+//
+//   GPipe      every stage holds all m micro-batches before its first backward
+//   1F1B       stage s holds p - s (at most m)
+//   interleaved device d holds 2(p - d - 1) + (v - 1)p + 1 chunks' activations (at most v m)
+#include <algorithm>
+#include <cstddef>
+#include <functional>
+#include <vector>
+
+
+namespace loom::schedule {
+
+struct in_flight_peaks {
+    std::vector<int> per_stage;   // most micro-batches whose activations one device of stage s holds at once
+    std::vector<int> per_device;  // most (stage, micro-batch) activations device d holds at once
+};
+
+namespace detail {
+
+// Calls visit(device, position, block, held_per_stage) after each block of each device's
+// order, with held_per_stage[s] the micro-batches of stage s that device holds just then
+// (a forward counts from its start, so this is the high-water mark of the block).
+inline void walk_in_flight(const schedule& s,
+                           const std::function<void(int, std::size_t, const block&, const std::vector<int>&)>& visit) {
+    for (std::size_t d = 0; d < s.device_order.size(); ++d) {
+        std::vector<int> held(static_cast<std::size_t>(std::max(s.shape.stages, 0)), 0);
+        for (std::size_t i = 0; i < s.device_order[d].size(); ++i) {
+            const block& b = s.device_order[d][i];
+            if (b.stage < 0 || b.stage >= s.shape.stages) continue;
+            auto& h = held[static_cast<std::size_t>(b.stage)];
+            if (holds_activations(s.shape, b)) ++h;
+            visit(static_cast<int>(d), i, b, held);
+            if (is_backward(b)) h = std::max(h - 1, 0);
+        }
+    }
+}
+
+}  // namespace detail
+
+inline in_flight_peaks peak_in_flight(const schedule& s) {
+    in_flight_peaks peaks{std::vector<int>(static_cast<std::size_t>(std::max(s.shape.stages, 0)), 0),
+                          std::vector<int>(s.device_order.size(), 0)};
+    detail::walk_in_flight(s, [&](int d, std::size_t, const block& b, const std::vector<int>& held) {
+        auto& stage_peak = peaks.per_stage[static_cast<std::size_t>(b.stage)];
+        stage_peak = std::max(stage_peak, held[static_cast<std::size_t>(b.stage)]);
+        int total = 0;
+        for (int h : held) total += h;
+        auto& device_peak = peaks.per_device[static_cast<std::size_t>(d)];
+        device_peak = std::max(device_peak, total);
+    });
+    return peaks;
+}
+
+}  // namespace loom::schedule
+// ---- end loom/schedule/in_flight.hpp ----
+// ---- begin loom/schedule/transfers.hpp ----
+// The messages a pipeline sends: one per dependency and consumer device that does not run the
+// producer.
+//
+// Devices talk over FIFO channels, one per ordered pair (from -> to); a send is buffered and
+// never waits (as loom's communicators do), a receive waits for its message. Where a message
+// goes in the device programs (program.hpp):
+//   send     on `from`, right after the producer (several: by destination, then by the
+//            position of the consumer on it);
+//   receive  on `to`, right before the consumer (several: by source, then by the position of
+//            the producer on it).
+// So a channel delivers the messages of its producers in their order on `from`, and `to` must
+// run their consumers in that same order; validate() rejects a schedule whose channel would
+// deliver a message to the wrong receive ("crossed messages").
+//
+// Which device sends: the consumer device c receives from the producer's device at c's
+// position in the consumer's device list, modulo the producer's list length. A consumer device
+// that also runs the producer reads the output locally (an SPMD block's output is complete on
+// each of its devices).
+//   F(s0,m) on {0} -> F(s1,m) on {1}          one message 0 -> 1
+//   F(s4,m) on {3} -> F(s5,m) on {0,1,2,3}    messages 3 -> 0, 3 -> 1, 3 -> 2; device 3 is local
+//   F(s0,m) on {0,1,2,3} -> F(s1,m) on {0}    local
+#include <cstddef>
+#include <string>
+#include <vector>
+
+
+namespace loom::schedule {
+
+struct transfer {
+    block producer;
+    block consumer;
+    int from = 0;
+    int to = 0;
+    dependency_kind kind = dependency_kind::activation;
+
+    friend bool operator==(const transfer&, const transfer&) = default;
+};
+
+// "F(s0,m2) -> F(s1,m2) (activation, device 0 -> device 1)"
+inline std::string to_string(const transfer& t, int rounds = 1) {
+    return to_string(t.producer, rounds) + " -> " + to_string(t.consumer, rounds) + " (" + to_string(t.kind) +
+           ", device " + std::to_string(t.from) + " -> device " + std::to_string(t.to) + ")";
+}
+
+// The messages one dependency needs (none when every consumer device runs the producer).
+inline std::vector<transfer> transfers_of(const pipeline_shape& p, const dependency& dep) {
+    std::vector<transfer> out;
+    const auto& from = p.devices_of(dep.producer.stage);
+    const auto& to = p.devices_of(dep.consumer.stage);
+    for (std::size_t i = 0; i < to.size(); ++i) {
+        if (p.runs_on(dep.producer.stage, to[i])) continue;
+        out.push_back({dep.producer, dep.consumer, from[i % from.size()], to[i], dep.kind});
+    }
+    return out;
+}
+
+// Every message of the shape, by consumer in block_index order.
+inline std::vector<transfer> all_transfers(const pipeline_shape& p) {
+    std::vector<transfer> out;
+    for (const dependency& d : dependencies(p))
+        for (const transfer& t : transfers_of(p, d)) out.push_back(t);
+    return out;
+}
+
+}  // namespace loom::schedule
+// ---- end loom/schedule/transfers.hpp ----
+
+namespace loom::schedule {
+
+struct validation_options {
+    int max_in_flight_per_stage = 0;          // 0: no cap
+    std::int64_t memory_cap_bytes = 0;        // 0: no cap
+    std::vector<std::int64_t> activation_bytes;  // per stage, with memory_cap_bytes
+};
+
+namespace detail {
+
+inline std::string devices_text(const std::vector<int>& devices) {
+    std::string out = devices.size() == 1 ? "device " : "devices {";
+    for (std::size_t i = 0; i < devices.size(); ++i) out += (i ? ", " : "") + std::to_string(devices[i]);
+    return devices.size() == 1 ? out : out + "}";
+}
+
+inline std::string reads_text(dependency_kind k) {
+    switch (k) {
+        case dependency_kind::activation: return "its input activation";
+        case dependency_kind::recycle: return "the previous round's output (recycling)";
+        case dependency_kind::loss: return "the loss of its forward";
+        case dependency_kind::gradient: return "its output gradient";
+        case dependency_kind::saved_activation: return "its saved activations";
+    }
+    return "?";
+}
+
+class validator {
+public:
+    validator(const schedule& s, const validation_options& o)
+        : s_(s), o_(o), rounds_(s.shape.rounds),
+          where_("validate(" + (s.name.empty() ? std::string("schedule") : "'" + s.name + "'") + ")") {}
+
+    void run() {
+        check_shape(s_.shape, where_ + ": shape");
+        check_entries();
+        check_complete();
+        position_ = order_positions(s_);
+        check_local_dependencies();
+        check_deadlock();
+        check_channels();
+        check_memory();
+    }
+
+private:
+    const schedule& s_;
+    const validation_options& o_;
+    int rounds_;
+    std::string where_;
+    std::vector<std::vector<int>> position_;
+
+    std::string name(const block& b) const { return to_string(b, rounds_); }
+    [[noreturn]] void fail(const std::string& why) const { throw schedule_error(where_ + ": " + why); }
+    int pos(int device, const block& b) const {
+        return position_[static_cast<std::size_t>(device)][static_cast<std::size_t>(block_index(s_.shape, b))];
+    }
+
+    void check_entries() const {
+        const auto& p = s_.shape;
+        if (s_.device_order.size() != static_cast<std::size_t>(p.devices))
+            fail("device_order has " + std::to_string(s_.device_order.size()) + " device orders but the shape has " +
+                 std::to_string(p.devices) + " devices; give one order per device");
+        for (int d = 0; d < p.devices; ++d) {
+            const auto& order = s_.device_order[static_cast<std::size_t>(d)];
+            std::vector<int> first_at(static_cast<std::size_t>(block_count(p)), -1);
+            for (std::size_t i = 0; i < order.size(); ++i) {
+                const block& b = order[i];
+                if (auto why = why_not_contained(p, b); !why.empty())
+                    fail("device " + std::to_string(d) + " runs " + why + "; remove it or fix the block");
+                if (!p.runs_on(b.stage, d))
+                    fail("device " + std::to_string(d) + " runs " + name(b) + ", but stage " + std::to_string(b.stage) +
+                         " runs on " + devices_text(p.devices_of(b.stage)) + "; move " + name(b) +
+                         " into the order of " + devices_text(p.devices_of(b.stage)));
+                int& first = first_at[static_cast<std::size_t>(block_index(p, b))];
+                if (first >= 0)
+                    fail("device " + std::to_string(d) + " runs " + name(b) + " twice (positions " + std::to_string(first) +
+                         " and " + std::to_string(i) + "); run each block once on each of its devices");
+                first = static_cast<int>(i);
+            }
+        }
+    }
+
+    void check_complete() const {
+        const auto& p = s_.shape;
+        const auto position = order_positions(s_);
+        std::string first;
+        int missing = 0;
+        for (const block& b : all_blocks(p))
+            for (int d : p.devices_of(b.stage))
+                if (position[static_cast<std::size_t>(d)][static_cast<std::size_t>(block_index(p, b))] < 0) {
+                    if (missing++ == 0)
+                        first = "device " + std::to_string(d) + " never runs " + name(b) + " (stage " +
+                                std::to_string(b.stage) + " runs on " + devices_text(p.devices_of(b.stage)) +
+                                "); add it to device " + std::to_string(d) + "'s order";
+                }
+        if (missing == 1) fail(first);
+        if (missing > 1) fail(first + " (" + std::to_string(missing) + " blocks are missing in all; this is the first)");
+    }
+
+    void check_local_dependencies() const {
+        const auto& p = s_.shape;
+        for (const dependency& dep : dependencies(p))
+            for (int d : p.devices_of(dep.consumer.stage)) {
+                if (!p.runs_on(dep.producer.stage, d)) continue;
+                const int pc = pos(d, dep.consumer), pp = pos(d, dep.producer);
+                if (pc < pp)
+                    fail("device " + std::to_string(d) + " runs " + name(dep.consumer) + " (position " +
+                         std::to_string(pc) + ") before " + name(dep.producer) + " (position " + std::to_string(pp) +
+                         "), but " + name(dep.consumer) + " needs " + reads_text(dep.kind) + " from " +
+                         name(dep.producer) + "; move " + name(dep.producer) + " before " + name(dep.consumer));
+            }
+    }
+
+    // Labels of wait edges: >= 0 a dependency kind, < 0 "runs after it on device -label-1".
+    void check_deadlock() const {
+        const auto& p = s_.shape;
+        std::vector<std::vector<labelled_edge>> out(static_cast<std::size_t>(block_count(p)));
+        for (int d = 0; d < p.devices; ++d) {
+            const auto& order = s_.device_order[static_cast<std::size_t>(d)];
+            for (std::size_t i = 1; i < order.size(); ++i)
+                out[static_cast<std::size_t>(block_index(p, order[i - 1]))].push_back({block_index(p, order[i]), -d - 1});
+        }
+        for (const dependency& dep : dependencies(p))
+            out[static_cast<std::size_t>(block_index(p, dep.producer))].push_back(
+                {block_index(p, dep.consumer), static_cast<int>(dep.kind)});
+        const auto cycle = find_cycle(out);
+        if (cycle.empty()) return;
+        std::string text;
+        std::string fix;
+        for (const auto& e : cycle) {
+            const block u = block_at(p, e.from), v = block_at(p, e.to);
+            if (!text.empty()) text += "; ";
+            if (e.label < 0) {
+                const int d = -e.label - 1;
+                text += name(v) + " waits for " + name(u) + " (device " + std::to_string(d) + " runs it first)";
+                if (fix.empty())
+                    fix = "e.g. run " + name(v) + " before " + name(u) + " on device " + std::to_string(d);
+            } else {
+                text += name(v) + " waits for " + name(u) + " (" + reads_text(static_cast<dependency_kind>(e.label)) + ")";
+            }
+        }
+        fail("deadlock: these blocks wait for each other in a cycle: " + text +
+             "; reorder a device so that no block runs before one it waits for (" + fix + ")");
+    }
+
+    void check_channels() const {
+        const auto& p = s_.shape;
+        std::map<std::pair<int, int>, std::vector<transfer>> channels;
+        for (const transfer& t : all_transfers(p)) channels[{t.from, t.to}].push_back(t);
+        for (auto& [ends, messages] : channels) {
+            const auto [from, to] = ends;
+            auto send_key = [&, from = from, to = to](const transfer& t) {
+                return std::pair{pos(from, t.producer), pos(to, t.consumer)};
+            };
+            std::sort(messages.begin(), messages.end(),
+                      [&](const transfer& a, const transfer& b) { return send_key(a) < send_key(b); });
+            for (std::size_t i = 1; i < messages.size(); ++i) {
+                const transfer& a = messages[i - 1];
+                const transfer& b = messages[i];
+                if (pos(to, a.consumer) <= pos(to, b.consumer)) continue;
+                fail("crossed messages on channel device " + std::to_string(from) + " -> device " + std::to_string(to) +
+                     ": device " + std::to_string(from) + " sends " + name(a.producer) + " -> " + name(a.consumer) +
+                     " (" + to_string(a.kind) + ") before " + name(b.producer) + " -> " + name(b.consumer) + " (" +
+                     to_string(b.kind) + "), but device " + std::to_string(to) + " runs " + name(b.consumer) +
+                     " before " + name(a.consumer) + ", so " + name(b.consumer) + " would receive the message meant for " +
+                     name(a.consumer) + "; on device " + std::to_string(to) + " run " + name(a.consumer) + " before " +
+                     name(b.consumer) + ", or on device " + std::to_string(from) + " run " + name(b.producer) +
+                     " before " + name(a.producer));
+            }
+        }
+    }
+
+    void check_memory() const {
+        const auto& p = s_.shape;
+        const bool bytes = o_.memory_cap_bytes > 0;
+        if (bytes && o_.activation_bytes.size() != static_cast<std::size_t>(p.stages))
+            throw usage_error(where_ + ": memory_cap_bytes needs activation_bytes for each of the " +
+                              std::to_string(p.stages) + " stages; it has " + std::to_string(o_.activation_bytes.size()));
+        if (o_.max_in_flight_per_stage <= 0 && !bytes) return;
+        // What a device holds at a block, for messages: "stage 1: m0, m1, m2".
+        auto held_list = [&](int d, std::size_t upto, int stage) {
+            std::vector<int> held;
+            const auto& order = s_.device_order[static_cast<std::size_t>(d)];
+            for (std::size_t i = 0; i <= upto; ++i) {
+                const block& b = order[i];
+                if (b.stage != stage) continue;
+                if (holds_activations(p, b)) held.push_back(b.micro);
+                if (is_backward(b) && i < upto) std::erase(held, b.micro);
+            }
+            return held;
+        };
+        auto earliest_backward = [&](int d, std::size_t at, int stage) {
+            const auto held = held_list(d, at, stage);
+            return held.empty() ? std::string("a backward") : name(backward_block(stage, held.front()));
+        };
+        detail::walk_in_flight(s_, [&](int d, std::size_t i, const block& b, const std::vector<int>& held) {
+            if (!holds_activations(p, b)) return;
+            const int count = held[static_cast<std::size_t>(b.stage)];
+            if (o_.max_in_flight_per_stage > 0 && count > o_.max_in_flight_per_stage) {
+                std::string micros;
+                for (int m : held_list(d, i, b.stage)) micros += (micros.empty() ? "m" : ", m") + std::to_string(m);
+                fail("device " + std::to_string(d) + " holds the activations of " + std::to_string(count) +
+                     " micro-batches of stage " + std::to_string(b.stage) + " at " + name(b) + " (" + micros +
+                     "), over the cap of " + std::to_string(o_.max_in_flight_per_stage) +
+                     " (max_in_flight_per_stage); run " + earliest_backward(d, i, b.stage) + " before " + name(b) +
+                     ", or raise the cap");
+            }
+            if (!bytes) return;
+            std::int64_t total = 0;
+            std::string parts;
+            for (int s = 0; s < p.stages; ++s) {
+                const int h = held[static_cast<std::size_t>(s)];
+                if (h == 0) continue;
+                total += h * o_.activation_bytes[static_cast<std::size_t>(s)];
+                parts += (parts.empty() ? "" : ", ") + std::string("stage ") + std::to_string(s) + ": " +
+                         std::to_string(h) + " x " + std::to_string(o_.activation_bytes[static_cast<std::size_t>(s)]);
+            }
+            if (total > o_.memory_cap_bytes)
+                fail("device " + std::to_string(d) + " holds " + std::to_string(total) + " bytes of activations at " +
+                     name(b) + " (" + parts + "), over the cap of " + std::to_string(o_.memory_cap_bytes) +
+                     " bytes (memory_cap_bytes); run " + earliest_backward(d, i, b.stage) + " before " + name(b) +
+                     ", or raise the cap");
+        });
+    }
+};
+
+}  // namespace detail
+
+inline void validate(const schedule& s, const validation_options& options = {}) {
+    detail::validator(s, options).run();
+}
+
+// validate's message, or "" when the schedule is valid.
+inline std::string validation_error(const schedule& s, const validation_options& options = {}) {
+    try {
+        validate(s, options);
+    } catch (const schedule_error& e) {
+        return e.what();
+    }
+    return {};
+}
+
+}  // namespace loom::schedule
+// ---- end loom/schedule/validate.hpp ----
+
+namespace loom::partition {
+
+// How to apply a pipeline plan: tensors crossing stages move point to point.
+//   auto pg = partition::apply_plan(model, pp.plan, partition::pipeline_apply_options(pp));
+inline apply_options pipeline_apply_options(const plan::pipeline_plan& pp) {
+    apply_options o;
+    o.stage_of_forward = pp.stage_of;
+    return o;
+}
+
+// The block of a piece of logical node `n`, or none for nodes no forward op accounts for.
+inline std::optional<schedule::block> pipeline_block(const partitioned_graph& pg, const plan::pipeline_plan& pp,
+                                                     node_id n, std::int32_t piece) {
+    const logical_graph& lg = *pg.logical;
+    const node& nd = lg.g.at(n);
+    const bool backward = nd.backward || nd.forward_of != no_id;
+    const node_id forward = nd.forward_of != no_id ? nd.forward_of : n;
+    const node_id source = lg.source_of.at(static_cast<std::size_t>(forward));
+    if (source == no_id || static_cast<std::size_t>(source) >= pp.stage_of.size()) return std::nullopt;
+    const auto src = static_cast<std::size_t>(source);
+    schedule::block b;
+    b.pass = backward ? schedule::pass_kind::backward : schedule::pass_kind::forward;
+    b.stage = pp.stage_of[src];
+    b.round = backward ? 0 : pp.round_of[src];
+    if (pp.micro_split[src]) {
+        // The micro-batch is the outermost coordinate, unless the op lacks the batch (a
+        // weight's gradient sum): then its copies per micro-batch were merged into one
+        // piece, which runs where its data flow puts it.
+        const auto& mine = pg.layouts.at(static_cast<std::size_t>(n)).partition;
+        const auto& of_forward = pg.layouts.at(static_cast<std::size_t>(forward)).partition;
+        if (mine.pieces() != of_forward.pieces()) return std::nullopt;
+        b.micro = static_cast<int>(mine.coordinates(piece).at(0));
+    }
+    return b;
+}
+
+// Orders every device's program by the schedule (pg.order). The schedule must be for the
+// plan's stages, micro-batches and rounds, on the plan's devices.
+inline void order_by_schedule(partitioned_graph& pg, const plan::pipeline_plan& pp, const schedule::schedule& s) {
+    const std::string what = "pipeline order (" + (s.name.empty() ? std::string("schedule") : s.name) + ")";
+    if (s.shape.stages != pp.stages || s.shape.micro_batches != pp.micro_batches || s.shape.rounds != pp.rounds)
+        throw schedule::schedule_error(what + ": the schedule has " + std::to_string(s.shape.stages) + " stages, " +
+                                       std::to_string(s.shape.micro_batches) + " micro-batches and " +
+                                       std::to_string(s.shape.rounds) + " rounds, the plan " + std::to_string(pp.stages) +
+                                       ", " + std::to_string(pp.micro_batches) + " and " + std::to_string(pp.rounds) +
+                                       "; build both for the same pipeline");
+    if (static_cast<int>(s.device_order.size()) != pg.world)
+        throw schedule::schedule_error(what + ": the schedule orders " + std::to_string(s.device_order.size()) +
+                                       " devices but the plan has " + std::to_string(pg.world) +
+                                       "; give the schedule's stages the plan's device groups");
+    schedule::validate(s);
+
+    constexpr long unset = std::numeric_limits<long>::min();
+    pg.order.assign(static_cast<std::size_t>(pg.world), {});
+    for (int d = 0; d < pg.world; ++d) {
+        const device_part& part = pg.devices[static_cast<std::size_t>(d)];
+        const graph& dg = part.ir();
+        const std::size_t count = dg.nodes.size();
+        std::map<schedule::block, long> position;
+        const auto& blocks = s.device_order[static_cast<std::size_t>(d)];
+        for (std::size_t k = 0; k < blocks.size(); ++k) position[blocks[k]] = static_cast<long>(k);
+        const long end = static_cast<long>(blocks.size());
+
+        std::vector<long> pos(count, unset);
+        std::vector<std::optional<schedule::block>> tag(count);
+        for (std::size_t i = 0; i < count; ++i) {
+            const piece_source src = part.source_of(static_cast<node_id>(i));
+            if (src.logical == no_id) continue;
+            tag[i] = pipeline_block(pg, pp, src.logical, src.piece);
+            if (!tag[i]) continue;
+            auto it = position.find(*tag[i]);
+            if (it == position.end())
+                throw schedule::schedule_error(
+                    what + ": the plan puts '" + dg.nodes[i].name + "' (block " + schedule::to_string(*tag[i], pp.rounds) +
+                    ") on device " + std::to_string(d) + ", but the schedule does not run that block there; place the stage on the "
+                    "devices the schedule gives it");
+            pos[i] = it->second;
+        }
+        // Inserted nodes: the earliest block that reads them, ...
+        std::vector<std::vector<std::size_t>> consumers(count);
+        for (std::size_t i = 0; i < count; ++i)
+            for (tensor_id t : dg.nodes[i].inputs)
+                if (node_id p = dg.tensor(t).producer; p != no_id) consumers[static_cast<std::size_t>(p)].push_back(i);
+        std::vector<long> by_consumer(pos);
+        for (std::size_t i = count; i-- > 0;) {
+            if (by_consumer[i] != unset) continue;
+            for (std::size_t c : consumers[i])
+                if (by_consumer[c] != unset) by_consumer[i] = by_consumer[i] == unset ? by_consumer[c] : std::min(by_consumer[i], by_consumer[c]);
+        }
+        // ... else the latest block they read from, else the end of the step.
+        std::vector<long> placed(count, unset);
+        for (std::size_t i = 0; i < count; ++i) {
+            if (by_consumer[i] != unset) {
+                placed[i] = by_consumer[i];
+                continue;
+            }
+            for (tensor_id t : dg.nodes[i].inputs)
+                if (node_id p = dg.tensor(t).producer; p != no_id)
+                    placed[i] = std::max(placed[i], placed[static_cast<std::size_t>(p)]);
+            if (placed[i] == unset) placed[i] = end;
+        }
+        // Data flow within the device must agree with the block order.
+        auto block_text = [&](std::size_t i) {
+            if (tag[i]) return schedule::to_string(*tag[i], pp.rounds);
+            return placed[i] == end ? std::string("the end of the step")
+                                   : "block " + schedule::to_string(blocks[static_cast<std::size_t>(placed[i])], pp.rounds);
+        };
+        for (std::size_t i = 0; i < count; ++i)
+            for (tensor_id t : dg.nodes[i].inputs) {
+                const node_id p = dg.tensor(t).producer;
+                if (p == no_id || placed[static_cast<std::size_t>(p)] <= placed[i]) continue;
+                throw schedule::schedule_error(what + ": on device " + std::to_string(d) + ", '" + dg.nodes[i].name + "' in " +
+                                               block_text(i) + " reads '" + dg.tensor(t).name + "', made by '" +
+                                               dg.nodes[static_cast<std::size_t>(p)].name + "' in " +
+                                               block_text(static_cast<std::size_t>(p)) +
+                                               ", which the schedule runs later; order the blocks so that data flows forward");
+            }
+        std::vector<node_id> order(count);
+        for (std::size_t i = 0; i < count; ++i) order[i] = static_cast<node_id>(i);
+        std::stable_sort(order.begin(), order.end(),
+                         [&](node_id a, node_id b) { return placed[static_cast<std::size_t>(a)] < placed[static_cast<std::size_t>(b)]; });
+        pg.order[static_cast<std::size_t>(d)] = std::move(order);
+    }
+    check_deadlock_free(pg);
+}
+
+// A schedule for stages of one device each, spread over groups of `devices_per_stage`:
+// stage s runs on devices [g * k, (g + 1) * k) of its device g, every member in the same
+// block order (SPMD within the group).
+inline schedule::schedule spread_over_groups(const schedule::schedule& s, int devices_per_stage) {
+    if (devices_per_stage == 1) return s;
+    schedule::schedule out = s;
+    out.shape.devices = s.shape.devices * devices_per_stage;
+    out.device_order.clear();
+    for (int d = 0; d < s.shape.devices; ++d)
+        for (int k = 0; k < devices_per_stage; ++k) out.device_order.push_back(s.device_order.at(static_cast<std::size_t>(d)));
+    for (auto& group : out.shape.stage_devices) {
+        std::vector<int> spread;
+        for (int d : group)
+            for (int k = 0; k < devices_per_stage; ++k) spread.push_back(d * devices_per_stage + k);
+        group = std::move(spread);
+    }
+    return out;
+}
+
+}  // namespace loom::partition
+// ---- end loom/partition/pipeline_order.hpp ----
+
+// op-order: pipeline schedules, their checks, simulation and pictures
+// ---- begin loom/schedule/all.hpp ----
+// Pipeline schedules (op-order): blocks and shapes, order constraints, the list scheduler,
+// the templates (GPipe, 1F1B, interleaved 1F1B, 3F1B, interlaced) and their typed front end,
+// validation, device programs, simulation and export. One concept per header:
+//
+//   block.hpp             block{pass, stage, micro, round}, schedule_error
+//   shape.hpp             pipeline_shape, data dependencies
+//   schedule.hpp          schedule{shape, device_order, name}
+//   transfers.hpp         the messages between devices (FIFO channels)
+//   constraints.hpp       before{pattern, pattern}: op-order families with offsets
+//   from_constraints.hpp  the list scheduler; schedule_spec
+//   checks.hpp            the checks of a template, at compile time and at run time
+//   templates.hpp         gpipe, one_f_one_b, interleaved_one_f_one_b, three_f_one_b, interlaced
+//   order.hpp             order<OneFOneB<4>>::make(8), well_formed<...>
+//   validate.hpp          validate(schedule, validation_options)
+//   program.hpp           device_programs(schedule): compute / send / receive steps
+//   in_flight.hpp         activations held per stage and device
+//   costs.hpp             cost_model
+//   simulate.hpp          simulate(schedule, cost_model): timeline, bubble, peaks
+//   chrome_trace.hpp      chrome_trace_json(simulation)
+//   svg_timeline.hpp      svg_timeline(simulation)
+// ---- begin loom/schedule/checks.hpp ----
+// The checks of a pipeline template, written once and run at two moments: at compile time by
+// the typed front end (order<OneFOneB<4>>, order.hpp: a mistake is a static_assert through
+// ill_formed_schedule, and schedule::well_formed reads the same predicate as a bool), and at
+// run time by the functions of templates.hpp (one_f_one_b(0, 4) throws schedule_error).
+//
+//   first_policy_error(view) -> the first mistake, or "" when there is none:
+//     a stage count below 1; Virtual < 1 (interleaved); micro-batches below 1, or, for
+//     interleaved 1F1B, not a multiple of the pipeline stages (when the count is known);
+//     rounds below 1; a constraint that names a round the pipeline does not have, or is
+//     ill-formed on its own (constraints.hpp).
+//
+// Messages start with the template as written and say how to fix it:
+//   "order<Interleaved<4, 2>>::make<6>: 6 micro-batches is not a multiple of the 4 pipeline
+//    stages; interleaved 1F1B moves micro-batches through each virtual stage in groups of 4;
+//    use 4 or 8 micro-batches"
+#include <cstddef>
+#include <cstdint>
+#include <span>
+#include <string_view>
+
+// ---- begin loom/schedule/constraints.hpp ----
+// Order constraints as values: nnScaler's op-order(op1, op2) ("op1 runs before op2 on the
+// device that runs both"), written once for a whole family of block pairs.
+//
+//   using namespace loom::schedule::var;
+//   before{forward(micro + stages - stage - 1), backward(micro)}
+//       for every stage s and micro-batch m: F(s, m + S - s - 1) runs before B(s, m)
+//       (Table 4's constraint (3) for 1F1B: stage s runs S - s - 1 forwards ahead)
+//   before{forward(micro + 2, 0), forward(micro + 1, 1)}
+//       Table 7's constraint (1) for 3F1B: F0(s, m+2) before F1(s, m+1)
+//   before{forward(micro), forward(micro + 1).on_stage(stage + 1)}
+//       a pair from two stages (they must share a device)
+//   before{forward(position + 1), backward(position), each_device, {}, unit_order::by_micro_group}
+//       per device: its (position+1)-th forward before its position-th backward, where a
+//       device's forwards are listed in the given unit order (interleaved 1F1B)
+//
+// A family ranges over
+//   each_stage   every stage s and every integer `micro`;
+//   each_device  every device d and every integer `position`,
+// and keeps the pairs whose two blocks both exist (an index below 0 or past the end drops the
+// pair; .or_last() makes an index past the end mean the last one instead). `when` keeps only
+// the members where low <= value <= high. A family whose blocks share no device is an error.
+//
+// Index expressions are affine in the variables of namespace var: micro / position (the
+// family's running index), stage, device (each_stage: the first device of the stage), and the
+// shape's stages, micro_batches, devices and chunks (stages per device). Every part is a
+// literal type, so constraints are constexpr values and template arguments
+// (order<FromConstraints<4, 3, before{...}>>, order.hpp).
+//
+// first_constraint_error(c, rounds) is the one check of a constraint on its own, run at
+// compile time by the typed front end and at run time by from_constraints.
+#include <algorithm>
+#include <cstddef>
+#include <cstdint>
+#include <set>
+#include <string>
+#include <utility>
+#include <string_view>
+#include <vector>
+
+
+namespace loom::schedule {
+
+// ---- index expressions -----------------------------------------------------------------------
+
+struct affine {
+    constexpr affine() = default;
+    constexpr affine(int k) : constant(k) {}  // a constant: forward(0), within(stage, 1, 1)
+
+    int constant = 0;
+    int index = 0;  // micro (each_stage) or position (each_device)
+    int stage = 0;
+    int device = 0;
+    int stages = 0;
+    int micro_batches = 0;
+    int devices = 0;
+    int chunks = 0;
+
+    friend constexpr bool operator==(const affine&, const affine&) = default;
+};
+
+constexpr affine operator+(affine a, const affine& b) {
+    a.constant += b.constant, a.index += b.index, a.stage += b.stage, a.device += b.device;
+    a.stages += b.stages, a.micro_batches += b.micro_batches, a.devices += b.devices, a.chunks += b.chunks;
+    return a;
+}
+constexpr affine operator*(int k, affine a) {
+    a.constant *= k, a.index *= k, a.stage *= k, a.device *= k;
+    a.stages *= k, a.micro_batches *= k, a.devices *= k, a.chunks *= k;
+    return a;
+}
+constexpr affine operator-(const affine& a) { return -1 * a; }
+constexpr affine operator-(const affine& a, const affine& b) { return a + -b; }
+constexpr affine operator+(const affine& a, int k) { return a + affine(k); }
+constexpr affine operator+(int k, const affine& a) { return a + k; }
+constexpr affine operator-(const affine& a, int k) { return a + -k; }
+constexpr affine operator-(int k, const affine& a) { return -a + k; }
+
+namespace detail {
+constexpr affine unit(int affine::*variable) {
+    affine a;
+    a.*variable = 1;
+    return a;
+}
+}  // namespace detail
+
+namespace var {
+inline constexpr affine micro = detail::unit(&affine::index);
+inline constexpr affine position = detail::unit(&affine::index);
+inline constexpr affine stage = detail::unit(&affine::stage);
+inline constexpr affine device = detail::unit(&affine::device);
+inline constexpr affine stages = detail::unit(&affine::stages);
+inline constexpr affine micro_batches = detail::unit(&affine::micro_batches);
+inline constexpr affine devices = detail::unit(&affine::devices);
+inline constexpr affine chunks = detail::unit(&affine::chunks);
+}  // namespace var
+
+struct affine_values {
+    int index = 0, stage = 0, device = 0, stages = 0, micro_batches = 0, devices = 0, chunks = 0;
+};
+
+constexpr long long evaluate(const affine& a, const affine_values& v) {
+    return static_cast<long long>(a.constant) + static_cast<long long>(a.index) * v.index +
+           static_cast<long long>(a.stage) * v.stage + static_cast<long long>(a.device) * v.device +
+           static_cast<long long>(a.stages) * v.stages + static_cast<long long>(a.micro_batches) * v.micro_batches +
+           static_cast<long long>(a.devices) * v.devices + static_cast<long long>(a.chunks) * v.chunks;
+}
+
+// ---- block patterns and families -------------------------------------------------------------
+
+struct block_pattern {
+    pass_kind pass = pass_kind::forward;
+    int round = 0;
+    affine index = var::micro;  // the micro-batch (each_stage) or the position on the device (each_device)
+    affine stage = var::stage;  // each_stage: the block's stage
+    bool or_last_index = false;  // an index past the end means the last block
+
+    constexpr block_pattern on_stage(const affine& s) const {
+        block_pattern p = *this;
+        p.stage = s;
+        return p;
+    }
+    constexpr block_pattern or_last() const {
+        block_pattern p = *this;
+        p.or_last_index = true;
+        return p;
+    }
+    friend constexpr bool operator==(const block_pattern&, const block_pattern&) = default;
+};
+
+// forward(micro + 1) / forward(micro, 2): the forward of round `round` (0 .. rounds-1).
+constexpr block_pattern forward(const affine& index, int round = 0) { return {pass_kind::forward, round, index}; }
+// backward(micro): the backward (it has no round).
+constexpr block_pattern backward(const affine& index) { return {pass_kind::backward, 0, index}; }
+
+enum class family_scope : std::uint8_t { each_stage, each_device };
+inline constexpr family_scope each_stage = family_scope::each_stage;
+inline constexpr family_scope each_device = family_scope::each_device;
+
+// How an each_device family lists a device's blocks of one pass and round:
+//   by_micro        by micro-batch, then stage (forward: ascending; backward: descending)
+//   by_micro_group  by (micro / devices, stage as above, micro % devices): Megatron's
+//                   interleaved order, `devices` micro-batches through one chunk at a time
+enum class unit_order : std::uint8_t { by_micro, by_micro_group };
+
+// A member of a family is kept when low <= value <= high (always, when inactive).
+struct condition {
+    affine value{};
+    affine low{};
+    affine high{};
+    bool active = false;
+    friend constexpr bool operator==(const condition&, const condition&) = default;
+};
+constexpr condition within(const affine& value, const affine& low, const affine& high) {
+    return {value, low, high, true};
+}
+
+// op-order for a family: every `first` block runs before its `then` block.
+struct before {
+    block_pattern first;
+    block_pattern then;
+    family_scope over = family_scope::each_stage;
+    condition when{};
+    unit_order order = unit_order::by_micro;
+
+    friend constexpr bool operator==(const before&, const before&) = default;
+};
+
+// ---- spelling (constexpr, shared by compile-time and run-time messages) --------------------
+
+namespace detail {
+
+using plan::detail::text;
+using plan::detail::concat;
+
+constexpr void append_term(text& out, int coefficient, std::string_view name) {
+    if (coefficient == 0) return;
+    const bool first = out.empty();
+    const int magnitude = coefficient < 0 ? -coefficient : coefficient;
+    if (first)
+        out.append(coefficient < 0 ? "-" : "");
+    else
+        out.append(coefficient < 0 ? " - " : " + ");
+    if (name.empty()) {
+        out.append(plan::detail::decimal(magnitude).view());
+        return;
+    }
+    if (magnitude != 1) out.append(concat(magnitude, "*").view());
+    out.append(name);
+}
+
+// "micro + stages - stage - 1"
+constexpr text spell(const affine& a, family_scope over = family_scope::each_stage) {
+    text out;
+    append_term(out, a.index, over == family_scope::each_stage ? "micro" : "position");
+    append_term(out, a.stages, "stages");
+    append_term(out, a.micro_batches, "micro_batches");
+    append_term(out, a.devices, "devices");
+    append_term(out, a.chunks, "chunks");
+    append_term(out, a.stage, "stage");
+    append_term(out, a.device, "device");
+    append_term(out, a.constant, "");
+    if (out.empty()) out.append("0");
+    return out;
+}
+
+// "forward(micro + 2, 1)", "backward(micro).on_stage(stage + 1)", "forward(micro + 3).or_last()"
+constexpr text spell(const block_pattern& p, family_scope over = family_scope::each_stage) {
+    text out = concat(p.pass == pass_kind::forward ? "forward(" : "backward(", spell(p.index, over));
+    if (p.pass == pass_kind::forward && p.round != 0) out.append(concat(", ", p.round).view());
+    if (p.pass == pass_kind::backward && p.round != 0) out.append(concat(", round ", p.round).view());
+    out.append(")");
+    if (!(p.stage == var::stage)) out.append(concat(".on_stage(", spell(p.stage, over), ")").view());
+    if (p.or_last_index) out.append(".or_last()");
+    return out;
+}
+
+constexpr text spell(const before& c) {
+    text out = concat("before{", spell(c.first, c.over), ", ", spell(c.then, c.over));
+    if (c.over == family_scope::each_device || c.when.active || c.order != unit_order::by_micro)
+        out.append(c.over == family_scope::each_stage ? ", each_stage" : ", each_device");
+    if (c.when.active)
+        out.append(concat(", within(", spell(c.when.value, c.over), ", ", spell(c.when.low, c.over), ", ",
+                          spell(c.when.high, c.over), ")")
+                       .view());
+    else if (c.order != unit_order::by_micro)
+        out.append(", {}");
+    if (c.order == unit_order::by_micro_group) out.append(", by_micro_group");
+    out.append("}");
+    return out;
+}
+
+constexpr bool uses_stage(const affine& a) { return a.stage != 0; }
+
+constexpr text pattern_error(const block_pattern& p, int rounds, const text& where) {
+    if (p.pass == pass_kind::backward && p.round != 0)
+        return concat(where, " names backward round ", p.round,
+                      "; a backward has no round (it follows the last forward); write backward(index)");
+    if (p.round < 0) return concat(where, " names forward round ", p.round, "; rounds count from 0");
+    if (rounds > 0 && p.round >= rounds)
+        return concat(where, " names forward round ", p.round, ", but the pipeline has ", rounds,
+                      rounds == 1 ? " forward round (0)" : " forward rounds (0..",
+                      rounds == 1 ? text() : concat(rounds - 1, ")"),
+                      "; use a round below ", rounds, " or give the pipeline more rounds");
+    return {};
+}
+
+}  // namespace detail
+
+// The first mistake of constraint c on its own (rounds: the pipeline's forward rounds, 0 when
+// not known yet), or "" when there is none. `where` starts the message.
+constexpr plan::detail::text first_constraint_error(const before& c, int rounds, std::string_view where) {
+    using detail::concat;
+    const detail::text at = concat(where, where.empty() ? "" : ": ", detail::spell(c));
+    if (auto e = detail::pattern_error(c.first, rounds, at); !e.empty()) return e;
+    if (auto e = detail::pattern_error(c.then, rounds, at); !e.empty()) return e;
+    if (c.over == family_scope::each_device) {
+        if (!(c.first.stage == var::stage) || !(c.then.stage == var::stage))
+            return concat(at, ": on_stage means nothing in an each_device family (it names blocks by their position on",
+                          " the device); drop on_stage, or make the family each_stage");
+        if (detail::uses_stage(c.first.index) || detail::uses_stage(c.then.index) ||
+            detail::uses_stage(c.when.value) || detail::uses_stage(c.when.low) || detail::uses_stage(c.when.high))
+            return concat(at, ": uses `stage`, which an each_device family does not define; use `device`, or make",
+                          " the family each_stage");
+    }
+    if (c.first == c.then)
+        return concat(at, ": orders every block before itself, which no schedule can do; give the two blocks",
+                      " different passes, rounds, stages or micro-batch offsets");
+    return {};
+}
+
+inline std::string to_string(const before& c) { return detail::spell(c).str(); }
+inline std::string to_string(const block_pattern& p) { return detail::spell(p).str(); }
+inline std::string to_string(const affine& a) { return detail::spell(a).str(); }
+
+// ---- expansion: a family -> the block pairs it orders on one shape -------------------------
+
+struct ordered_pair {
+    block first;
+    block then;
+};
+
+namespace detail {
+
+inline affine_values shape_values(const pipeline_shape& p) {
+    return {0, 0, 0, p.stages, p.micro_batches, p.devices, p.chunks()};
+}
+
+// The blocks of (pass, round) that device d runs, in unit order `order`.
+inline std::vector<block> device_sequence(const pipeline_shape& p, int d, pass_kind pass, int round, unit_order order) {
+    std::vector<block> seq;
+    for (int s = 0; s < p.stages; ++s) {
+        if (!p.runs_on(s, d)) continue;
+        for (int m = 0; m < p.micro_batches; ++m)
+            seq.push_back(pass == pass_kind::forward ? forward_block(s, m, round) : backward_block(s, m));
+    }
+    const int group = p.devices > 0 ? p.devices : 1;
+    auto key = [&](const block& b) {
+        const int chunk = pass == pass_kind::forward ? b.stage : -b.stage;
+        struct k3 {
+            int a, b, c;
+            bool operator<(const k3& o) const { return a != o.a ? a < o.a : b != o.b ? b < o.b : c < o.c; }
+        };
+        if (order == unit_order::by_micro) return k3{b.micro, chunk, 0};
+        return k3{b.micro / group, chunk, b.micro % group};
+    };
+    std::stable_sort(seq.begin(), seq.end(), [&](const block& a, const block& b) { return key(a) < key(b); });
+    return seq;
+}
+
+// The largest |index expression| at index 0. With any non-zero coefficient, an index i with
+// |i| > reach + extent puts that expression outside [0, extent), so the window
+// [-(reach + extent), reach + extent] holds every member (or_last folds the rest onto it).
+inline long long index_reach(const before& c, const affine_values& at0) {
+    long long reach = 0;
+    for (const affine* a : {&c.first.index, &c.then.index}) {
+        const long long v = evaluate(*a, at0);
+        reach = std::max(reach, v < 0 ? -v : v);
+    }
+    return reach;
+}
+
+}  // namespace detail
+
+// The block pairs family c orders on shape p, in (stage or device, index) order. Throws
+// schedule_error when the constraint is ill-formed for p or a pair shares no device.
+inline std::vector<ordered_pair> expand(const before& c, const pipeline_shape& p, std::string_view where = "") {
+    if (auto e = first_constraint_error(c, p.rounds, where); !e.empty()) throw schedule_error(e.str());
+    std::vector<ordered_pair> pairs;
+    const affine_values base = detail::shape_values(p);
+    auto keep = [&](const affine_values& v) {
+        if (!c.when.active) return true;
+        const long long x = evaluate(c.when.value, v);
+        return evaluate(c.when.low, v) <= x && x <= evaluate(c.when.high, v);
+    };
+    auto clamp_index = [](long long index, long long size, bool or_last) -> long long {
+        if (index < 0) return -1;
+        if (index >= size) return or_last ? size - 1 : -1;
+        return index;
+    };
+    auto concat_where = [](std::string_view w) { return w.empty() ? std::string() : std::string(w) + ": "; };
+    std::set<std::pair<int, int>> seen;
+    auto add = [&](const block& a, const block& b, bool saturated) {
+        if (a == b) {
+            if (saturated) return;  // .or_last() folded the pair onto one block
+            throw schedule_error(concat_where(where) + to_string(c) + " orders " + to_string(a, p.rounds) +
+                                 " before itself; change the offsets so the two blocks differ");
+        }
+        bool shared = false;
+        for (int d : p.devices_of(a.stage)) shared = shared || p.runs_on(b.stage, d);
+        if (!shared)
+            throw schedule_error(concat_where(where) + to_string(c) + " orders " + to_string(a, p.rounds) + " before " +
+                                 to_string(b, p.rounds) + ", but they share no device (stage " + std::to_string(a.stage) +
+                                 " and stage " + std::to_string(b.stage) +
+                                 "); op-order orders blocks of one device: fix the stage offsets");
+        if (seen.insert({block_index(p, a), block_index(p, b)}).second) pairs.push_back({a, b});
+    };
+    if (c.over == family_scope::each_stage) {
+        for (int s = 0; s < p.stages; ++s) {
+            affine_values v = base;
+            v.stage = s;
+            v.device = p.devices_of(s).front();
+            const long long reach = detail::index_reach(c, v) + p.micro_batches;
+            for (long long i = -reach; i <= reach; ++i) {
+                v.index = static_cast<int>(i);
+                if (!keep(v)) continue;
+                const long long sa = evaluate(c.first.stage, v), sb = evaluate(c.then.stage, v);
+                if (sa < 0 || sa >= p.stages || sb < 0 || sb >= p.stages) continue;
+                const long long ia = evaluate(c.first.index, v), ib = evaluate(c.then.index, v);
+                const long long ma = clamp_index(ia, p.micro_batches, c.first.or_last_index);
+                const long long mb = clamp_index(ib, p.micro_batches, c.then.or_last_index);
+                if (ma < 0 || mb < 0) continue;
+                const block a{c.first.pass, static_cast<int>(sa), static_cast<int>(ma), c.first.round};
+                const block b{c.then.pass, static_cast<int>(sb), static_cast<int>(mb), c.then.round};
+                add(a, b, ma != ia || mb != ib);
+            }
+        }
+    } else {
+        for (int d = 0; d < p.devices; ++d) {
+            const auto seq_a = detail::device_sequence(p, d, c.first.pass, c.first.round, c.order);
+            const auto seq_b = detail::device_sequence(p, d, c.then.pass, c.then.round, c.order);
+            affine_values v = base;
+            v.device = d;
+            const long long reach = detail::index_reach(c, v) + static_cast<long long>(seq_a.size() + seq_b.size());
+            for (long long i = -reach; i <= reach; ++i) {
+                v.index = static_cast<int>(i);
+                if (!keep(v)) continue;
+                const long long ia = evaluate(c.first.index, v), ib = evaluate(c.then.index, v);
+                const long long pa = clamp_index(ia, static_cast<long long>(seq_a.size()), c.first.or_last_index);
+                const long long pb = clamp_index(ib, static_cast<long long>(seq_b.size()), c.then.or_last_index);
+                if (pa < 0 || pb < 0) continue;
+                add(seq_a[static_cast<std::size_t>(pa)], seq_b[static_cast<std::size_t>(pb)], pa != ia || pb != ib);
+            }
+        }
+    }
+    return pairs;
+}
+
+}  // namespace loom::schedule
+// ---- end loom/schedule/constraints.hpp ----
+
+namespace loom::schedule {
+
+// A schedule mistake found at compile time. The reason is this template's argument; compilers
+// print it in the instantiation context and in the note on the failed assertion.
+template <plan::detail::message Reason>
+struct ill_formed_schedule {
+    static_assert(Reason.empty(),
+                  "schedule: the pipeline schedule is ill-formed; the reason is the message{...} of ill_formed_schedule "
+                  "printed with this error");
+};
+
+namespace detail {
+
+enum class policy_kind : std::uint8_t { gpipe, one_f_one_b, interleaved, three_f_one_b, interlaced, from_constraints };
+
+struct policy_view {
+    policy_kind kind = policy_kind::one_f_one_b;
+    std::string_view spelling;  // how the user wrote it: "order<OneFOneB<4>>", "one_f_one_b(4, 8)"
+    int stages = 1;             // pipeline stages (interleaved: devices; interlaced: without embedding and head)
+    int chunks = 1;             // interleaved: virtual stages per device
+    int rounds = 1;
+    bool micro_batches_known = false;
+    int micro_batches = 0;
+    std::span<const before> constraints{};
+};
+
+constexpr text first_policy_error(const policy_view& v) {
+    if (v.stages < 1)
+        return concat(v.spelling, ": ", v.stages, " pipeline stages; a pipeline needs at least one stage; use 1 or more");
+    if (v.kind == policy_kind::interleaved && v.chunks < 1)
+        return concat(v.spelling, ": ", v.chunks,
+                      " virtual stages per device; each device needs at least one; use 1 or more (1 is plain 1F1B)");
+    if (v.rounds < 1)
+        return concat(v.spelling, ": ", v.rounds, " forward rounds; every micro-batch runs at least one forward; use 1 or more");
+    if (v.micro_batches_known && v.micro_batches < 1)
+        return concat(v.spelling, ": ", v.micro_batches, " micro-batches; a pipeline needs at least one micro-batch");
+    if (v.kind == policy_kind::interleaved && v.micro_batches_known && v.micro_batches % v.stages != 0) {
+        const int below = v.micro_batches / v.stages * v.stages, above = below + v.stages;
+        return concat(v.spelling, ": ", v.micro_batches, " micro-batches is not a multiple of the ", v.stages,
+                      " pipeline stages; interleaved 1F1B moves micro-batches through each virtual stage in groups of ",
+                      v.stages, "; use ", below > 0 ? concat(below, " or ") : text(), above, " micro-batches");
+    }
+    for (std::size_t i = 0; i < v.constraints.size(); ++i) {
+        const text where = concat(v.spelling, ": constraint #", static_cast<int>(i));
+        if (text e = first_constraint_error(v.constraints[i], v.rounds, where.view()); !e.empty()) return e;
+    }
+    return {};
+}
+
+}  // namespace detail
+
+}  // namespace loom::schedule
+// ---- end loom/schedule/checks.hpp ----
+// ---- begin loom/schedule/chrome_trace.hpp ----
+// A simulated schedule as a Chrome trace (chrome://tracing, ui.perfetto.dev): the
+// "traceEvents" format, one complete event (ph "X") per block and device, one thread per
+// device (pid 0, tid = device, named "device d"), times scaled from model units to
+// microseconds.
+//
+//   std::ofstream("1f1b.json") << chrome_trace_json(simulate(one_f_one_b(4, 8)));
+//
+//   {"traceEvents": [
+//      {"name": "process_name", "ph": "M", "pid": 0, "tid": 0, "args": {"name": "1F1B"}},
+//      {"name": "thread_name", "ph": "M", "pid": 0, "tid": 0, "args": {"name": "device 0"}}, ...
+//      {"name": "F(s0,m0)", "cat": "forward", "ph": "X", "ts": 0, "dur": 1000, "pid": 0, "tid": 0,
+//       "args": {"stage": 0, "micro": 0, "round": 0}}, ...],
+//    "displayTimeUnit": "ms"}
+// Block events are listed by device, then start time.
+#include <algorithm>
+#include <cstddef>
+#include <string>
+#include <tuple>
+#include <vector>
+
+#include <nlohmann/json.hpp>
+
+// ---- begin loom/schedule/simulate.hpp ----
+// An event-driven run of a schedule under a cost model: each device runs its order in
+// sequence; a block starts when all of its devices have finished what comes before it and
+// its inputs have arrived (the producer's end, plus the model's latency when the dependency
+// crosses devices).
+//
+//   simulation r = simulate(one_f_one_b(4, 8), cost_model{.forward = 1, .backward = 2});
+//   r.makespan, r.bubble_fraction, r.at(backward_block(0, 7)).end, r.peak_in_flight_per_stage
+//
+// Quantities, with busy_d the time device d computes and idle_d = makespan - busy_d:
+//   bubble_fraction  sum idle_d / (devices * makespan): the share of device time that is
+//                    bubble. GPipe and 1F1B with uniform costs: (p - 1) / (m + p - 1).
+//   bubble_overhead  sum idle_d / sum busy_d: bubble time per unit of work, Megatron's
+//                    "bubble time fraction". 1F1B: (p - 1) / m; interleaved with v chunks
+//                    per device (each 1/v of a stage): (p - 1) / (v m).
+//   peak in flight   in_flight.hpp, from the orders (the same as from the timeline, since a
+//                    device holds activations from a forward's start to its backward's end).
+#include <algorithm>
+#include <cstddef>
+#include <string>
+#include <vector>
+
+// ---- begin loom/schedule/costs.hpp ----
+// How long blocks take, for the simulator and the list scheduler.
+//
+//   cost_model{}                                  every block 1, no latency
+//   cost_model{.forward = 1, .backward = 2}       a backward costs two forwards
+//   cost_model{.forward_per_stage = {1, 1, 2}}    per-stage times (the stage count must match)
+//   cost_model{.latency = 0.5}                    every message adds 0.5 between its blocks
+//   cost_model{.duration = [](const block& b) { ... }}   anything else
+// Times are in arbitrary units (the Chrome trace scales them; chrome_trace.hpp).
+#include <functional>
+#include <string>
+#include <vector>
+
+
+namespace loom::schedule {
+
+struct cost_model {
+    double forward = 1.0;
+    double backward = 1.0;
+    std::vector<double> forward_per_stage;   // when not empty: the forward time of each stage
+    std::vector<double> backward_per_stage;  // when not empty: the backward time of each stage
+    double latency = 0.0;                    // added to every dependency that crosses devices
+    std::function<double(const block&)> duration;  // when set: the time of every block
+
+    double of(const block& b) const {
+        if (duration) return duration(b);
+        const auto& per_stage = is_forward(b) ? forward_per_stage : backward_per_stage;
+        if (!per_stage.empty()) {
+            if (b.stage < 0 || static_cast<std::size_t>(b.stage) >= per_stage.size())
+                throw schedule_error("cost_model: " + std::string(is_forward(b) ? "forward" : "backward") +
+                                     "_per_stage has " + std::to_string(per_stage.size()) + " entries but " +
+                                     to_string(b) + " is on stage " + std::to_string(b.stage) +
+                                     "; give one time per stage");
+            return per_stage[static_cast<std::size_t>(b.stage)];
+        }
+        return is_forward(b) ? forward : backward;
+    }
+};
+
+}  // namespace loom::schedule
+// ---- end loom/schedule/costs.hpp ----
+
+namespace loom::schedule {
+
+struct timed_block {
+    block what;
+    std::vector<int> devices;
+    double start = 0.0;
+    double end = 0.0;
+};
+
+struct simulation {
+    schedule source;
+    std::vector<timed_block> blocks;  // in block_index order
+    std::vector<double> busy;         // per device
+    std::vector<double> idle;         // per device, over [0, makespan]
+    double makespan = 0.0;
+    double bubble_fraction = 0.0;
+    double bubble_overhead = 0.0;
+    std::vector<int> peak_in_flight_per_stage;
+    std::vector<int> peak_in_flight_per_device;
+
+    const timed_block& at(const block& b) const {
+        if (!contains(source.shape, b))
+            throw usage_error("simulation::at: " + why_not_contained(source.shape, b));
+        return blocks[static_cast<std::size_t>(block_index(source.shape, b))];
+    }
+    double total_idle() const {
+        double sum = 0.0;
+        for (double x : idle) sum += x;
+        return sum;
+    }
+    double total_busy() const {
+        double sum = 0.0;
+        for (double x : busy) sum += x;
+        return sum;
+    }
+};
+
+// Validates the schedule first (throws schedule_error), then plays it.
+inline simulation simulate(const schedule& s, const cost_model& costs = {}) {
+    validate(s);
+    const auto& p = s.shape;
+    simulation r;
+    r.source = s;
+    r.blocks.resize(static_cast<std::size_t>(block_count(p)));
+    std::vector<bool> done(r.blocks.size(), false);
+    std::vector<std::size_t> next(static_cast<std::size_t>(p.devices), 0);
+    std::vector<double> free(static_cast<std::size_t>(p.devices), 0.0);
+    r.busy.assign(static_cast<std::size_t>(p.devices), 0.0);
+    auto at_head = [&](const block& b) {
+        for (int g : p.devices_of(b.stage)) {
+            const auto& order = s.device_order[static_cast<std::size_t>(g)];
+            const std::size_t i = next[static_cast<std::size_t>(g)];
+            if (i >= order.size() || !(order[i] == b)) return false;
+        }
+        return true;
+    };
+    for (std::size_t placed = 0; placed < r.blocks.size();) {
+        bool progress = false;
+        for (int d = 0; d < p.devices; ++d) {
+            const auto& order = s.device_order[static_cast<std::size_t>(d)];
+            if (next[static_cast<std::size_t>(d)] >= order.size()) continue;
+            const block b = order[next[static_cast<std::size_t>(d)]];
+            if (!at_head(b)) continue;
+            const auto inputs = inputs_of(p, b);
+            bool ready = true;
+            for (const dependency& dep : inputs)
+                ready = ready && done[static_cast<std::size_t>(block_index(p, dep.producer))];
+            if (!ready) continue;
+            double start = 0.0;
+            for (int g : p.devices_of(b.stage)) {
+                start = std::max(start, free[static_cast<std::size_t>(g)]);
+                for (const dependency& dep : inputs) {
+                    const double latency = p.runs_on(dep.producer.stage, g) ? 0.0 : costs.latency;
+                    start = std::max(start, r.blocks[static_cast<std::size_t>(block_index(p, dep.producer))].end + latency);
+                }
+            }
+            const double duration = costs.of(b);
+            if (!(duration >= 0.0))
+                throw usage_error("simulate: the cost model gives " + to_string(b) + " the time " +
+                                  std::to_string(duration) + "; times must be zero or more");
+            const auto index = static_cast<std::size_t>(block_index(p, b));
+            r.blocks[index] = {b, p.devices_of(b.stage), start, start + duration};
+            done[index] = true;
+            for (int g : p.devices_of(b.stage)) {
+                free[static_cast<std::size_t>(g)] = start + duration;
+                r.busy[static_cast<std::size_t>(g)] += duration;
+                ++next[static_cast<std::size_t>(g)];
+            }
+            ++placed;
+            progress = true;
+        }
+        if (!progress)
+            throw schedule_error("simulate('" + s.name + "'): no device can run its next block; validate() should have "
+                                 "reported a deadlock (this is a bug)");
+    }
+    for (const timed_block& t : r.blocks) r.makespan = std::max(r.makespan, t.end);
+    r.idle.resize(r.busy.size());
+    for (std::size_t d = 0; d < r.busy.size(); ++d) r.idle[d] = r.makespan - r.busy[d];
+    if (r.makespan > 0.0) r.bubble_fraction = r.total_idle() / (p.devices * r.makespan);
+    if (r.total_busy() > 0.0) r.bubble_overhead = r.total_idle() / r.total_busy();
+    const auto peaks = peak_in_flight(s);
+    r.peak_in_flight_per_stage = peaks.per_stage;
+    r.peak_in_flight_per_device = peaks.per_device;
+    return r;
+}
+
+}  // namespace loom::schedule
+// ---- end loom/schedule/simulate.hpp ----
+
+namespace loom::schedule {
+
+inline std::string chrome_trace_json(const simulation& r, double microseconds_per_unit = 1000.0) {
+    using json = nlohmann::ordered_json;
+    const auto& p = r.source.shape;
+    json events = json::array();
+    events.push_back({{"name", "process_name"}, {"ph", "M"}, {"pid", 0}, {"tid", 0},
+                      {"args", {{"name", r.source.name.empty() ? std::string("schedule") : r.source.name}}}});
+    for (int d = 0; d < p.devices; ++d)
+        events.push_back({{"name", "thread_name"}, {"ph", "M"}, {"pid", 0}, {"tid", d},
+                          {"args", {{"name", "device " + std::to_string(d)}}}});
+    for (int d = 0; d < p.devices; ++d) {
+        std::vector<const timed_block*> row;
+        for (const block& b : r.source.device_order[static_cast<std::size_t>(d)]) row.push_back(&r.at(b));
+        std::stable_sort(row.begin(), row.end(),
+                         [](const timed_block* a, const timed_block* b) { return a->start < b->start; });
+        for (const timed_block* t : row)
+            events.push_back({{"name", to_string(t->what, p.rounds)},
+                              {"cat", to_string(t->what.pass)},
+                              {"ph", "X"},
+                              {"ts", t->start * microseconds_per_unit},
+                              {"dur", (t->end - t->start) * microseconds_per_unit},
+                              {"pid", 0},
+                              {"tid", d},
+                              {"args", {{"stage", t->what.stage}, {"micro", t->what.micro}, {"round", t->what.round}}}});
+    }
+    json trace = {{"traceEvents", events}, {"displayTimeUnit", "ms"}};
+    return trace.dump();
+}
+
+}  // namespace loom::schedule
+// ---- end loom/schedule/chrome_trace.hpp ----
+// ---- begin loom/schedule/from_constraints.hpp ----
+// A schedule from order constraints alone: a deterministic list scheduler.
+//
+//   schedule s = from_constraints(pipeline_shape::linear(4, 8), {
+//       before{forward(micro), forward(micro + 1)},
+//       before{backward(micro), backward(micro + 1)},
+//       before{forward(micro + stages - stage - 1).or_last(), backward(micro)},
+//       before{backward(micro), forward(micro + stages - stage)}}, "my 1F1B");
+//
+// The scheduler plays the pipeline forward in time under a cost model (uniform by default):
+// among the blocks whose data dependencies and constrained predecessors are all placed, it
+// places the one that can start earliest on all of its devices; ties go to the block on more
+// devices (an SPMD block takes the moment every device is free), then the oldest micro-batch,
+// then backward before forward, then the later forward round, then the lower stage.
+//
+// Messages on one channel (device a -> device b) arrive in the order a sends them, so once a
+// has sent for X' and then for X, X' must run before X on b. Before placing a block, the
+// scheduler follows what its messages would force down the pipeline and skips the block when
+// that contradicts an order already forced; what it returns passes validate() (which it runs).
+//
+// Constraints that fix each device's order (GPipe, 1F1B, interleaved 1F1B) give exactly that
+// order whatever the costs; where they leave freedom (3F1B's warm-up, the interlaced
+// pipeline's embedding and head), the costs decide, standing in for nnScaler's temporal-order
+// search. The scheduler is greedy: it can report crossed messages for constraints that some
+// other order would satisfy.
+//
+// Throws schedule_error when a constraint is ill-formed, when the constraints and the data
+// dependencies order blocks in a cycle (the blocks and the constraints are named), or when
+// they leave no way to avoid crossed messages.
+#include <algorithm>
+#include <cstddef>
+#include <map>
+#include <set>
+#include <string>
+#include <tuple>
+#include <utility>
+#include <vector>
+
+
+namespace loom::schedule {
+
+// A named shape with its constraints: what the templates (templates.hpp) produce.
+struct schedule_spec {
+    std::string name;
+    pipeline_shape shape;
+    std::vector<before> constraints;
+};
+
+namespace detail {
+
+class list_scheduler {
+public:
+    list_scheduler(const pipeline_shape& p, const std::vector<before>& constraints, std::string name,
+                   const cost_model& costs)
+        : p_(p), constraints_(constraints), name_(std::move(name)), costs_(costs),
+          where_(name_.empty() ? std::string("from_constraints") : "from_constraints('" + name_ + "')"),
+          n_(static_cast<std::size_t>(block_count(p))), preds_(n_), deps_(n_) {}
+
+    schedule run() {
+        check_shape(p_, where_ + ": shape");
+        collect_edges();
+        check_acyclic();
+        std::map<std::pair<int, int>, std::size_t> channel_ids;
+        for (const transfer& t : all_transfers(p_)) {
+            const auto [it, added] = channel_ids.try_emplace({t.from, t.to}, channels_.size());
+            if (added) channels_.emplace_back();
+            channels_[it->second].push_back(messages_.size());
+            channel_of_.push_back(it->second);
+            messages_.push_back(t);
+        }
+        place_all();
+        schedule s{p_, order_, name_};
+        validate(s);
+        return s;
+    }
+
+private:
+    const pipeline_shape& p_;
+    const std::vector<before>& constraints_;
+    std::string name_;
+    const cost_model& costs_;
+    std::string where_;
+    std::size_t n_;
+    std::vector<std::vector<std::pair<std::size_t, int>>> preds_;  // (block, constraint #) placed before
+    std::vector<std::vector<dependency>> deps_;
+    std::vector<transfer> messages_;
+    std::vector<std::size_t> channel_of_;                // message id -> channel id
+    std::vector<std::vector<std::size_t>> channels_;     // channel id -> its message ids
+    std::vector<std::vector<block>> order_;
+    std::vector<bool> placed_;
+    std::vector<std::vector<std::size_t>> fifo_preds_;  // blocks that must run first because of message order
+    std::vector<std::vector<std::size_t>> sent_;        // channel id -> message ids sent so far, in order
+    std::vector<std::vector<std::size_t>> out_of_;      // message ids each block sends
+
+    std::size_t index(const block& b) const { return static_cast<std::size_t>(block_index(p_, b)); }
+    std::string name(const block& b) const { return to_string(b, p_.rounds); }
+
+    void collect_edges() {
+        for (std::size_t c = 0; c < constraints_.size(); ++c) {
+            const std::string at = where_ + ": constraint #" + std::to_string(c);
+            for (const ordered_pair& q : expand(constraints_[c], p_, at))
+                preds_[index(q.then)].push_back({index(q.first), static_cast<int>(c)});
+        }
+        for (const dependency& d : dependencies(p_)) deps_[index(d.consumer)].push_back(d);
+    }
+
+    // Edge labels: >= 0 a dependency kind, < 0 constraint #(-label - 1).
+    void check_acyclic() const {
+        std::vector<std::vector<labelled_edge>> out(n_);
+        for (std::size_t v = 0; v < n_; ++v) {
+            for (const auto& [u, c] : preds_[v]) out[u].push_back({static_cast<int>(v), -c - 1});
+            for (const dependency& d : deps_[v])
+                out[index(d.producer)].push_back({static_cast<int>(v), static_cast<int>(d.kind)});
+        }
+        const auto cycle = find_cycle(out);
+        if (cycle.empty()) return;
+        std::string text;
+        for (const auto& e : cycle) {
+            const block u = block_at(p_, e.from), v = block_at(p_, e.to);
+            if (!text.empty()) text += "; ";
+            if (e.label < 0) {
+                const auto c = static_cast<std::size_t>(-e.label - 1);
+                text += name(u) + " before " + name(v) + " by constraint #" + std::to_string(c) + " " +
+                        to_string(constraints_[c]);
+            } else {
+                text += name(v) + " needs " + name(u) + " (" + reads_text(static_cast<dependency_kind>(e.label)) + ")";
+            }
+        }
+        throw schedule_error(where_ + ": the constraints cannot all hold; with the data dependencies they order "
+                                      "these blocks in a cycle: " + text + "; drop or change one of the constraints named");
+    }
+
+    // Placing blocks in time order. Messages add order too: once P' has sent to X' on a
+    // channel, a later message to X on it makes X' a predecessor of X (fifo_preds_). A block
+    // is placed only if that cannot contradict what is already forced: a producer P sending
+    // to X goes first only if no consumer X'' of a producer still to come on the channel
+    // must run before X (fifo_conflict).
+    void place_all() {
+        const int devices = p_.devices;
+        order_.assign(static_cast<std::size_t>(devices), {});
+        std::vector<double> free(static_cast<std::size_t>(devices), 0.0), finish(n_, 0.0);
+        placed_.assign(n_, false);
+        fifo_preds_.assign(n_, {});
+        sent_.assign(channels_.size(), {});
+        out_of_.assign(n_, {});
+        for (std::size_t id = 0; id < messages_.size(); ++id) out_of_[index(messages_[id].producer)].push_back(id);
+        const auto blocks = all_blocks(p_);
+        using key = std::tuple<double, int, int, int, int, int, std::size_t>;
+        for (std::size_t count = 0; count < n_; ++count) {
+            std::vector<key> candidates;
+            for (std::size_t x = 0; x < n_; ++x) {
+                if (placed_[x] || !predecessors_placed(x)) continue;
+                const block& b = blocks[x];
+                double start = 0.0;
+                for (int g : p_.devices_of(b.stage)) {
+                    start = std::max(start, free[static_cast<std::size_t>(g)]);
+                    for (const dependency& d : deps_[x]) {
+                        const double latency = p_.runs_on(d.producer.stage, g) ? 0.0 : costs_.latency;
+                        start = std::max(start, finish[index(d.producer)] + latency);
+                    }
+                }
+                const int spmd_first = -static_cast<int>(p_.devices_of(b.stage).size());
+                candidates.push_back({start, spmd_first, b.micro, is_backward(b) ? 0 : 1, -b.round, b.stage, x});
+            }
+            std::sort(candidates.begin(), candidates.end());
+            std::size_t best = n_;
+            double start = 0.0;
+            std::size_t first_blocked = n_;
+            std::pair<std::size_t, std::size_t> first_conflict{n_, n_};
+            for (const key& k : candidates) {
+                const std::size_t x = std::get<6>(k);
+                if (auto conflict = fifo_conflict(x); conflict.first < n_) {
+                    if (first_blocked == n_) first_blocked = x, first_conflict = conflict;
+                    continue;
+                }
+                best = x;
+                start = std::get<0>(k);
+                break;
+            }
+            if (best == n_) stall(first_blocked, first_conflict);
+            place(best, blocks[best], start, finish, free);
+        }
+    }
+
+    bool predecessors_placed(std::size_t x) const {
+        for (const auto& [u, c] : preds_[x])
+            if (!placed_[u]) return false;
+        for (const dependency& d : deps_[x])
+            if (!placed_[index(d.producer)]) return false;
+        for (std::size_t u : fifo_preds_[x])
+            if (!placed_[u]) return false;
+        return true;
+    }
+
+    // The unplaced blocks that must run before x (constraints, dependencies, FIFO order), x included.
+    std::vector<bool> forced_before(std::size_t x) const {
+        std::vector<bool> seen(n_, false);
+        std::vector<std::size_t> stack{x};
+        seen[x] = true;
+        auto visit = [&](std::size_t u) {
+            if (placed_[u] || seen[u]) return;
+            seen[u] = true;
+            stack.push_back(u);
+        };
+        while (!stack.empty()) {
+            const std::size_t v = stack.back();
+            stack.pop_back();
+            for (const auto& [u, c] : preds_[v]) visit(u);
+            for (const dependency& d : deps_[v]) visit(index(d.producer));
+            for (std::size_t u : fifo_preds_[v]) visit(u);
+        }
+        return seen;
+    }
+
+    // Placing producer x now sends its messages before those of every producer still to come
+    // on the same channels, so their consumers must run in that order too, and so must the
+    // consumers of those consumers' messages, down the pipeline. Returns the first implied
+    // pair (must-run-first, must-run-second) that contradicts an order already forced, or
+    // (n_, n_) when there is none.
+    std::pair<std::size_t, std::size_t> fifo_conflict(std::size_t x) const {
+        std::vector<std::pair<std::size_t, std::size_t>> implied;
+        for (std::size_t mine : out_of_[x]) {
+            const std::size_t consumer = index(messages_[mine].consumer);
+            for (std::size_t theirs : channels_[channel_of_[mine]]) {
+                const transfer& t = messages_[theirs];
+                if (placed_[index(t.producer)] || index(t.producer) == x || index(t.consumer) == consumer) continue;
+                implied.push_back({consumer, index(t.consumer)});
+            }
+        }
+        std::set<std::pair<std::size_t, std::size_t>> seen(implied.begin(), implied.end());
+        std::map<std::size_t, std::vector<bool>> forced;  // block -> the unplaced blocks forced before it
+        for (std::size_t i = 0; i < implied.size(); ++i) {
+            const auto [first, second] = implied[i];
+            auto it = forced.find(first);
+            if (it == forced.end()) it = forced.emplace(first, forced_before(first)).first;
+            if (it->second[second]) return {first, second};
+            for (std::size_t a : out_of_[first])
+                for (std::size_t z : out_of_[second]) {
+                    if (channel_of_[a] != channel_of_[z]) continue;
+                    const std::pair next{index(messages_[a].consumer), index(messages_[z].consumer)};
+                    if (next.first != next.second && seen.insert(next).second) implied.push_back(next);
+                }
+        }
+        return {n_, n_};
+    }
+
+    void place(std::size_t x, const block& b, double start, std::vector<double>& finish, std::vector<double>& free) {
+        finish[x] = start + costs_.of(b);
+        placed_[x] = true;
+        for (int g : p_.devices_of(b.stage)) {
+            order_[static_cast<std::size_t>(g)].push_back(b);
+            free[static_cast<std::size_t>(g)] = finish[x];
+        }
+        for (std::size_t mine : out_of_[x]) {
+            const std::size_t consumer = index(messages_[mine].consumer);
+            auto& sent = sent_[channel_of_[mine]];
+            for (std::size_t earlier : sent) {
+                const std::size_t their_consumer = index(messages_[earlier].consumer);
+                if (!placed_[their_consumer] && their_consumer != consumer) fifo_preds_[consumer].push_back(their_consumer);
+            }
+            sent.push_back(mine);
+        }
+    }
+
+    [[noreturn]] void stall(std::size_t blocked, std::pair<std::size_t, std::size_t> conflict) const {
+        if (blocked >= n_)
+            throw schedule_error(where_ + ": no block can run next; the constraints leave no order (this is a bug if "
+                                          "no cycle was reported)");
+        const block x = block_at(p_, static_cast<int>(blocked));
+        const block first = block_at(p_, static_cast<int>(conflict.first));
+        const block second = block_at(p_, static_cast<int>(conflict.second));
+        throw schedule_error(where_ + ": the constraints force crossed messages: every block that can run next, such as " +
+                             name(x) + ", sends a message that would make " + name(first) + " run before " +
+                             name(second) + " (messages on one channel arrive in the order they are sent), but " +
+                             name(second) + " must run before " + name(first) +
+                             "; loosen the constraints that order these blocks");
+    }
+
+    static std::string reads_text(dependency_kind k) { return detail::reads_text(k); }
+};
+
+}  // namespace detail
+
+inline schedule from_constraints(const pipeline_shape& shape, const std::vector<before>& constraints,
+                                 std::string name = "", const cost_model& costs = {}) {
+    return detail::list_scheduler(shape, constraints, std::move(name), costs).run();
+}
+
+inline schedule from_constraints(const schedule_spec& spec, const cost_model& costs = {}) {
+    return from_constraints(spec.shape, spec.constraints, spec.name, costs);
+}
+
+}  // namespace loom::schedule
+// ---- end loom/schedule/from_constraints.hpp ----
+// ---- begin loom/schedule/order.hpp ----
+// The typed front end: a pipeline template as a type, checked when it is compiled.
+//
+//   schedule a = order<OneFOneB<4>>::make(8);            // micro-batches known at run time
+//   schedule b = order<Interleaved<4, 2>>::make<8>();    // ... or at compile time
+//   schedule c = order<ThreeFOneB<4>>::make(8);
+//   schedule d = order<Interlaced<4>>::make(8);           // 4 pipeline stages + embedding and head
+//   schedule e = order<GPipe<2>>::make(4, cost_model{.forward = 1, .backward = 2});
+//
+//   using namespace loom::schedule::var;
+//   constexpr before f0_first{forward(micro + 1, 0), forward(micro, 1)};
+//   schedule g = order<FromConstraints<4, 2, f0_first>>::make(8);   // 4 stages, 2 rounds
+//
+// Every mistake decidable at compile time is a static_assert whose message names the
+// template and the fix (checks.hpp, e.g. "order<OneFOneB<0>>: 0 pipeline stages; a pipeline
+// needs at least one stage; use 1 or more"); make(m) runs the same predicate on m and throws
+// schedule_error. schedule::well_formed<Policy[, MicroBatches]> answers the same question as a
+// bool, without a hard error (MicroBatches = 0: the count is not given).
+#include <array>
+#include <optional>
+#include <string>
+#include <span>
+#include <string_view>
+
+// ---- begin loom/schedule/templates.hpp ----
+// The classic pipeline schedules, each written as order constraints (nnScaler's op-order with
+// offsets) and built by the list scheduler (from_constraints.hpp). With S stages, stage s,
+// m micro-batches, p devices, v virtual stages per device, w the warm-up forwards of a stage
+// or device:
+//
+//   gpipe(S, m)        every forward before any backward, both in micro-batch order
+//   one_f_one_b(S, m)  Table 4: forwards and backwards in micro-batch order, and
+//                        F(s, i + w) before B(s, i), B(s, i) before F(s, i + w + 1), w = S - s - 1
+//                      (the paper's ofst = |D| - i with stages counted from 1)
+//   interleaved_one_f_one_b(p, v, m)
+//                      the same four constraints per device over its blocks in Megatron's
+//                      order (p micro-batches through one chunk at a time, chunks ascending for
+//                      forwards and descending for backwards), w = 2(p - d - 1) + (v - 1) p
+//                      (w = p - d - 1 when v = 1: plain 1F1B); m must be a multiple of p
+//   three_f_one_b(S, m)
+//                      Table 7 (AlphaFold2's recycling: three forward rounds, one backward):
+//                        F0(s, i+2) before F1(s, i+1), F1(s, i+1) before F2(s, i) (for every
+//                        i >= 0; the paper writes i > 0 for the second, i = 0 changes nothing),
+//                        F2(s, i + w) before B(s, i), w = S - s - 1,
+//                      plus each round's forwards and the backwards in micro-batch order and
+//                        B(s, i) before F0(s, i + w + 3)
+//                      which closes the steady state (F0, F1, F2, B of four micro-batches);
+//                      the warm-up and cool-down are left to the scheduler, as in the paper.
+//                      The rounds of one micro-batch start 4f + b apart on a stage (one cycle
+//                      and a forward), so the steady state has no bubble while the recycling
+//                      trip through all stages fits: S f <= 4f + b (S <= 5 when b = f, S <= 6
+//                      when b = 2f); deeper pipelines idle in every cycle
+//   interlaced(p, m)   Figure 6: the embedding (stage 0) and the LM head (stage p + 1) on
+//                      every device, the p stages between as 1F1B (w = p - k for stage k);
+//                      the embedding forward of micro-batch i + 1 waits for the first stage's
+//                      forward of i, and the rest of the time sharing is the scheduler's
+//                      (ties go to the SPMD blocks, so with f = b they run when every device
+//                      is free and the steady state has no bubble; with b != f the greedy
+//                      leaves some per micro-batch, which a search could remove)
+//
+// Each has a *_constraints() (the family, independent of sizes), a *_spec(...) (shape and
+// constraints: what the executor needs to rebuild it) and a builder returning the schedule.
+// The builders check their arguments with the predicates of checks.hpp, as the typed front
+// end (order.hpp) does at compile time.
+#include <initializer_list>
+#include <string>
+#include <vector>
+
+
+namespace loom::schedule {
+
+// Per stage: each round's forwards in micro-batch order, and the backwards too (Table 4 (1), (2)).
+inline std::vector<before> micro_order_constraints(int rounds = 1) {
+    using namespace var;
+    std::vector<before> c;
+    for (int r = 0; r < rounds; ++r) c.push_back(before{forward(micro, r), forward(micro + 1, r)});
+    c.push_back(before{backward(micro), backward(micro + 1)});
+    return c;
+}
+
+inline std::vector<before> gpipe_constraints() {
+    using namespace var;
+    auto c = micro_order_constraints();
+    // the last forward before the first backward
+    c.push_back(before{forward(micro + micro_batches - 1), backward(micro)});
+    return c;
+}
+
+inline std::vector<before> one_f_one_b_constraints() {
+    using namespace var;
+    auto c = micro_order_constraints();
+    c.push_back(before{forward(micro + stages - stage - 1).or_last(), backward(micro)});  // (3), ofst = S - s - 1
+    c.push_back(before{backward(micro), forward(micro + stages - stage)});                // (4), ofst + 1
+    return c;
+}
+
+// Per device d over its blocks in by_micro_group order; `chunks` is v.
+inline std::vector<before> interleaved_constraints(int chunks) {
+    using namespace var;
+    // w = 2(p - d - 1) + (v - 1) p = stages + devices - 2 device - 2 (v > 1); p - d - 1 (v = 1)
+    const affine warmup = chunks > 1 ? stages + devices - 2 * device - 2 : devices - device - 1;
+    constexpr condition always{};
+    constexpr auto grouped = unit_order::by_micro_group;
+    return {
+        before{forward(position), forward(position + 1), each_device, always, grouped},
+        before{backward(position), backward(position + 1), each_device, always, grouped},
+        before{forward(position + warmup).or_last(), backward(position), each_device, always, grouped},
+        before{backward(position), forward(position + warmup + 1), each_device, always, grouped},
+    };
+}
+
+// Table 7, for `rounds` forward rounds (3F1B: 3).
+inline std::vector<before> recycling_constraints(int rounds = 3) {
+    using namespace var;
+    auto c = micro_order_constraints(rounds);
+    for (int r = 0; r + 1 < rounds; ++r) c.push_back(before{forward(micro + 1, r), forward(micro, r + 1)});  // (1), (2)
+    c.push_back(before{forward(micro + stages - stage - 1, rounds - 1).or_last(), backward(micro)});        // (3)
+    c.push_back(before{backward(micro), forward(micro + stages - stage + rounds - 1, 0)});                  // next cycle
+    return c;
+}
+
+// Stages 0 (embedding) and S-1 (LM head) on every device; stages 1..S-2 a 1F1B pipeline.
+inline std::vector<before> interlaced_constraints() {
+    using namespace var;
+    auto c = micro_order_constraints();
+    const condition pipeline_stages = within(stage, 1, stages - 2);
+    // stage k of the p = S - 2 pipeline stages runs w = p - k forwards ahead
+    c.push_back(before{forward(micro + stages - stage - 2).or_last(), backward(micro), each_stage, pipeline_stages});
+    c.push_back(before{backward(micro), forward(micro + stages - stage - 1), each_stage, pipeline_stages});
+    // the embedding runs one micro-batch ahead of the first pipeline stage
+    c.push_back(before{forward(micro).on_stage(1), forward(micro + 1), each_stage, within(stage, 0, 0)});
+    return c;
+}
+
+// ---- specs and builders ----------------------------------------------------------------------
+
+namespace detail {
+
+inline void check_policy(policy_kind kind, const std::string& spelling, int stages, int chunks, int micro_batches,
+                         int rounds = 1) {
+    const policy_view v{kind, spelling, stages, chunks, rounds, true, micro_batches, {}};
+    if (text e = first_policy_error(v); !e.empty()) throw schedule_error(e.str());
+}
+
+inline std::string call_text(const char* function, std::initializer_list<int> args) {
+    std::string out = std::string(function) + "(";
+    bool first = true;
+    for (int a : args) out += (first ? "" : ", ") + std::to_string(a), first = false;
+    return out + ")";
+}
+
+}  // namespace detail
+
+inline schedule_spec gpipe_spec(int stages, int micro_batches) {
+    detail::check_policy(detail::policy_kind::gpipe, detail::call_text("gpipe", {stages, micro_batches}), stages, 1,
+                         micro_batches);
+    return {"GPipe", pipeline_shape::linear(stages, micro_batches), gpipe_constraints()};
+}
+
+inline schedule_spec one_f_one_b_spec(int stages, int micro_batches) {
+    detail::check_policy(detail::policy_kind::one_f_one_b, detail::call_text("one_f_one_b", {stages, micro_batches}),
+                         stages, 1, micro_batches);
+    return {"1F1B", pipeline_shape::linear(stages, micro_batches), one_f_one_b_constraints()};
+}
+
+inline schedule_spec interleaved_spec(int devices, int chunks, int micro_batches) {
+    detail::check_policy(detail::policy_kind::interleaved,
+                         detail::call_text("interleaved_one_f_one_b", {devices, chunks, micro_batches}), devices, chunks,
+                         micro_batches);
+    return {"interleaved 1F1B (" + std::to_string(chunks) + " virtual stages per device)",
+            pipeline_shape::interleaved(devices, chunks, micro_batches), interleaved_constraints(chunks)};
+}
+
+inline schedule_spec three_f_one_b_spec(int stages, int micro_batches) {
+    detail::check_policy(detail::policy_kind::three_f_one_b, detail::call_text("three_f_one_b", {stages, micro_batches}),
+                         stages, 1, micro_batches, 3);
+    return {"3F1B", pipeline_shape::linear(stages, micro_batches, 3), recycling_constraints(3)};
+}
+
+inline schedule_spec interlaced_spec(int pipeline_stages, int micro_batches, int devices_per_stage = 1) {
+    const std::string call = detail::call_text("interlaced", {pipeline_stages, micro_batches, devices_per_stage});
+    detail::check_policy(detail::policy_kind::interlaced, call, pipeline_stages, 1, micro_batches);
+    if (devices_per_stage < 1)
+        throw schedule_error(call + ": " + std::to_string(devices_per_stage) +
+                             " devices per stage; each pipeline stage needs at least one device");
+    return {"interlaced", pipeline_shape::interlaced(pipeline_stages, micro_batches, devices_per_stage),
+            interlaced_constraints()};
+}
+
+inline schedule gpipe(int stages, int micro_batches, const cost_model& costs = {}) {
+    return from_constraints(gpipe_spec(stages, micro_batches), costs);
+}
+inline schedule one_f_one_b(int stages, int micro_batches, const cost_model& costs = {}) {
+    return from_constraints(one_f_one_b_spec(stages, micro_batches), costs);
+}
+inline schedule interleaved_one_f_one_b(int devices, int chunks, int micro_batches, const cost_model& costs = {}) {
+    return from_constraints(interleaved_spec(devices, chunks, micro_batches), costs);
+}
+inline schedule three_f_one_b(int stages, int micro_batches, const cost_model& costs = {}) {
+    return from_constraints(three_f_one_b_spec(stages, micro_batches), costs);
+}
+inline schedule interlaced(int pipeline_stages, int micro_batches, int devices_per_stage = 1,
+                           const cost_model& costs = {}) {
+    return from_constraints(interlaced_spec(pipeline_stages, micro_batches, devices_per_stage), costs);
+}
+
+}  // namespace loom::schedule
+// ---- end loom/schedule/templates.hpp ----
+
+namespace loom::schedule {
+
+namespace detail {
+
+using plan::detail::static_text;
+
+// What every policy type provides: kind, stages, chunks, rounds, its spelling, its
+// constraints (user ones; templates keep theirs in templates.hpp) and spec(micro_batches).
+template <class Policy>
+constexpr policy_view policy_view_of(std::string_view spelling, std::optional<int> micro_batches = std::nullopt) {
+    return {Policy::kind,
+            spelling,
+            Policy::stages,
+            Policy::chunks,
+            Policy::rounds,
+            micro_batches.has_value(),
+            micro_batches.value_or(0),
+            std::span<const before>(Policy::constraints)};
+}
+
+inline constexpr std::array<before, 0> no_constraints{};
+
+}  // namespace detail
+
+template <int Stages>
+struct GPipe {
+    static constexpr detail::policy_kind kind = detail::policy_kind::gpipe;
+    static constexpr int stages = Stages, chunks = 1, rounds = 1;
+    static constexpr detail::static_text spelling{detail::concat("GPipe<", Stages, ">")};
+    static constexpr const auto& constraints = detail::no_constraints;
+    static schedule_spec spec(int micro_batches) { return gpipe_spec(Stages, micro_batches); }
+};
+
+template <int Stages>
+struct OneFOneB {
+    static constexpr detail::policy_kind kind = detail::policy_kind::one_f_one_b;
+    static constexpr int stages = Stages, chunks = 1, rounds = 1;
+    static constexpr detail::static_text spelling{detail::concat("OneFOneB<", Stages, ">")};
+    static constexpr const auto& constraints = detail::no_constraints;
+    static schedule_spec spec(int micro_batches) { return one_f_one_b_spec(Stages, micro_batches); }
+};
+
+// Stages pipeline stages (devices), Virtual chunks per device.
+template <int Stages, int Virtual>
+struct Interleaved {
+    static constexpr detail::policy_kind kind = detail::policy_kind::interleaved;
+    static constexpr int stages = Stages, chunks = Virtual, rounds = 1;
+    static constexpr detail::static_text spelling{detail::concat("Interleaved<", Stages, ", ", Virtual, ">")};
+    static constexpr const auto& constraints = detail::no_constraints;
+    static schedule_spec spec(int micro_batches) { return interleaved_spec(Stages, Virtual, micro_batches); }
+};
+
+template <int Stages>
+struct ThreeFOneB {
+    static constexpr detail::policy_kind kind = detail::policy_kind::three_f_one_b;
+    static constexpr int stages = Stages, chunks = 1, rounds = 3;
+    static constexpr detail::static_text spelling{detail::concat("ThreeFOneB<", Stages, ">")};
+    static constexpr const auto& constraints = detail::no_constraints;
+    static schedule_spec spec(int micro_batches) { return three_f_one_b_spec(Stages, micro_batches); }
+};
+
+// Stages pipeline stages, one device each, between an embedding and an LM head on all devices.
+template <int Stages>
+struct Interlaced {
+    static constexpr detail::policy_kind kind = detail::policy_kind::interlaced;
+    static constexpr int stages = Stages, chunks = 1, rounds = 1;
+    static constexpr detail::static_text spelling{detail::concat("Interlaced<", Stages, ">")};
+    static constexpr const auto& constraints = detail::no_constraints;
+    static schedule_spec spec(int micro_batches) { return interlaced_spec(Stages, micro_batches); }
+};
+
+// Stages stages on one device each, Rounds forward rounds, ordered by Constraints alone.
+template <int Stages, int Rounds, before... Constraints>
+struct FromConstraints {
+    static constexpr detail::policy_kind kind = detail::policy_kind::from_constraints;
+    static constexpr int stages = Stages, chunks = 1, rounds = Rounds;
+    static constexpr detail::static_text spelling{
+        detail::concat("FromConstraints<", Stages, ", ", Rounds, sizeof...(Constraints) ? ", ...>" : ">")};
+    static constexpr std::array<before, sizeof...(Constraints)> constraints{Constraints...};
+    static schedule_spec spec(int micro_batches) {
+        return {"FromConstraints", pipeline_shape::linear(Stages, micro_batches, Rounds),
+                std::vector<before>(constraints.begin(), constraints.end())};
+    }
+};
+
+namespace detail {
+
+template <class Policy>
+inline constexpr static_text order_spelling{concat("order<", Policy::spelling.view(), ">")};
+
+template <class Policy>
+inline constexpr plan::detail::message policy_error{
+    first_policy_error(policy_view_of<Policy>(order_spelling<Policy>.view()))};
+
+// A base of order<Policy>: instantiating order<Policy> checks Policy.
+template <class Policy>
+struct checked_policy : ill_formed_schedule<policy_error<Policy>> {};
+
+}  // namespace detail
+
+template <class Policy>
+struct order : detail::checked_policy<Policy> {
+    static constexpr std::string_view name() { return detail::order_spelling<Policy>.view(); }
+
+    // The shape and constraints for this many micro-batches (throws schedule_error when m
+    // does not fit the template, with the same message as a compile-time count).
+    static schedule_spec spec(int micro_batches) {
+        const std::string spelling = std::string(name()) + "::make(" + std::to_string(micro_batches) + ")";
+        const auto view = detail::policy_view_of<Policy>(spelling, micro_batches);
+        if (auto e = detail::first_policy_error(view); !e.empty()) throw schedule_error(e.str());
+        return Policy::spec(micro_batches);
+    }
+
+    static schedule make(int micro_batches, const cost_model& costs = {}) {
+        return from_constraints(spec(micro_batches), costs);
+    }
+
+    template <int MicroBatches>
+    static schedule make(const cost_model& costs = {}) {
+        static constexpr detail::static_text spelling{detail::concat(name(), "::make<", MicroBatches, ">")};
+        constexpr plan::detail::message error{
+            detail::first_policy_error(detail::policy_view_of<Policy>(spelling.view(), MicroBatches))};
+        if constexpr (!error.empty()) (void)ill_formed_schedule<error>{};
+        return make(MicroBatches, costs);
+    }
+};
+
+namespace detail {
+template <class Policy, int MicroBatches>
+constexpr text well_formed_error() {
+    return first_policy_error(policy_view_of<Policy>(
+        order_spelling<Policy>.view(), MicroBatches == 0 ? std::nullopt : std::optional<int>(MicroBatches)));
+}
+}  // namespace detail
+
+// Does order<Policy> (and make<MicroBatches>, when given) pass every compile-time check?
+// MicroBatches = 0: the count is not given.
+template <class Policy, int MicroBatches = 0>
+inline constexpr bool well_formed = detail::well_formed_error<Policy, MicroBatches>().empty();
+
+// The first mistake, as the checks word it ("" when well-formed): error_message<...>.view().
+template <class Policy, int MicroBatches = 0>
+inline constexpr plan::detail::message error_message{detail::well_formed_error<Policy, MicroBatches>()};
+
+}  // namespace loom::schedule
+// ---- end loom/schedule/order.hpp ----
+// ---- begin loom/schedule/program.hpp ----
+// A validated schedule lowered to what each device does, messages included:
+//
+//   auto programs = device_programs(one_f_one_b(2, 4));
+//   programs[0]: compute F(s0,m0), send F(s0,m0) -> F(s1,m0) to 1, compute F(s0,m1), ...,
+//                receive B(s1,m0) -> B(s0,m0) from 1, compute B(s0,m0), ...
+//
+// Sends follow their producer, receives precede their consumer (transfers.hpp gives the
+// order among several); an executor runs each program front to back with buffered sends and
+// one FIFO channel per (from, to) pair, and validate() has shown that this cannot deadlock or
+// hand a message to the wrong receive.
+#include <algorithm>
+#include <cstddef>
+#include <cstdint>
+#include <string>
+#include <tuple>
+#include <vector>
+
+
+namespace loom::schedule {
+
+enum class step_kind : std::uint8_t { compute, send, receive };
+
+struct step {
+    step_kind kind = step_kind::compute;
+    block target;        // compute: the block; send: the producer; receive: the consumer
+    transfer message{};  // send / receive: the message (unused for compute)
+
+    friend bool operator==(const step&, const step&) = default;
+};
+
+// "compute F(s0,m0)", "send F(s0,m0) -> F(s1,m0) to device 1", "receive ... from device 1"
+inline std::string to_string(const step& s, int rounds = 1) {
+    switch (s.kind) {
+        case step_kind::compute: return "compute " + to_string(s.target, rounds);
+        case step_kind::send:
+            return "send " + to_string(s.message.producer, rounds) + " -> " + to_string(s.message.consumer, rounds) +
+                   " to device " + std::to_string(s.message.to);
+        case step_kind::receive:
+            return "receive " + to_string(s.message.producer, rounds) + " -> " + to_string(s.message.consumer, rounds) +
+                   " from device " + std::to_string(s.message.from);
+    }
+    return "?";
+}
+
+// One program per device; validates the schedule first (throws schedule_error).
+inline std::vector<std::vector<step>> device_programs(const schedule& s) {
+    validate(s);
+    const auto& p = s.shape;
+    const auto position = order_positions(s);
+    auto pos = [&](int d, const block& b) {
+        return position[static_cast<std::size_t>(d)][static_cast<std::size_t>(block_index(p, b))];
+    };
+    std::vector<std::vector<transfer>> into(static_cast<std::size_t>(block_count(p)));
+    std::vector<std::vector<transfer>> out_of(static_cast<std::size_t>(block_count(p)));
+    for (const transfer& t : all_transfers(p)) {
+        into[static_cast<std::size_t>(block_index(p, t.consumer))].push_back(t);
+        out_of[static_cast<std::size_t>(block_index(p, t.producer))].push_back(t);
+    }
+    std::vector<std::vector<step>> programs(static_cast<std::size_t>(p.devices));
+    for (int d = 0; d < p.devices; ++d) {
+        auto& program = programs[static_cast<std::size_t>(d)];
+        for (const block& b : s.device_order[static_cast<std::size_t>(d)]) {
+            std::vector<transfer> receives, sends;
+            for (const transfer& t : into[static_cast<std::size_t>(block_index(p, b))])
+                if (t.to == d) receives.push_back(t);
+            for (const transfer& t : out_of[static_cast<std::size_t>(block_index(p, b))])
+                if (t.from == d) sends.push_back(t);
+            std::sort(receives.begin(), receives.end(), [&](const transfer& x, const transfer& y) {
+                return std::tuple{x.from, pos(x.from, x.producer)} < std::tuple{y.from, pos(y.from, y.producer)};
+            });
+            std::sort(sends.begin(), sends.end(), [&](const transfer& x, const transfer& y) {
+                return std::tuple{x.to, pos(x.to, x.consumer)} < std::tuple{y.to, pos(y.to, y.consumer)};
+            });
+            for (const transfer& t : receives) program.push_back({step_kind::receive, b, t});
+            program.push_back({step_kind::compute, b, {}});
+            for (const transfer& t : sends) program.push_back({step_kind::send, b, t});
+        }
+    }
+    return programs;
+}
+
+}  // namespace loom::schedule
+// ---- end loom/schedule/program.hpp ----
+// ---- begin loom/schedule/svg_timeline.hpp ----
+// A simulated schedule as an SVG timeline, like Figure 2 of the nnScaler paper: one row per
+// device, one rectangle per block (forward rounds in shades of blue, backwards in orange),
+// labelled with its micro-batch, and a time axis underneath.
+//
+//   std::ofstream("1f1b.svg") << svg_timeline(simulate(one_f_one_b(4, 8)));
+//
+// Geometry (svg_options, pixels): a block that runs [start, end) on device d is
+//   <rect class="block" data-block="F(s1,m3)" data-device="d"
+//         x="left + start * pixels_per_unit" y="top + d * (row_height + row_gap)"
+//         width="(end - start) * pixels_per_unit" height="row_height" .../>
+// Numbers are written with at most three decimals ("40", "12.5").
+#include <cstddef>
+#include <cstdio>
+#include <string>
+#include <string_view>
+
+
+namespace loom::schedule {
+
+struct svg_options {
+    double pixels_per_unit = 40.0;
+    double row_height = 28.0;
+    double row_gap = 6.0;
+    double left = 80.0;    // room for the device labels
+    double top = 30.0;     // room for the title
+    double right = 20.0;
+    double bottom = 40.0;  // room for the time axis
+};
+
+namespace detail {
+
+// 40 -> "40", 12.5 -> "12.5", 1/3 -> "0.333"
+inline std::string svg_number(double x) {
+    char buffer[64];
+    std::snprintf(buffer, sizeof buffer, "%.3f", x);
+    std::string s = buffer;
+    while (!s.empty() && s.back() == '0') s.pop_back();
+    if (!s.empty() && s.back() == '.') s.pop_back();
+    return s == "-0" ? "0" : s;
+}
+
+inline std::string xml_escape(std::string_view text) {
+    std::string out;
+    for (char c : text) {
+        switch (c) {
+            case '&': out += "&amp;"; break;
+            case '<': out += "&lt;"; break;
+            case '>': out += "&gt;"; break;
+            case '"': out += "&quot;"; break;
+            default: out += c;
+        }
+    }
+    return out;
+}
+
+inline std::string block_colour(const block& b) {
+    static constexpr const char* forward_rounds[] = {"#4e79a7", "#76a5d6", "#a8c8ea", "#2f4b6e"};
+    if (is_backward(b)) return "#f28e2b";
+    return forward_rounds[static_cast<std::size_t>(b.round) % 4];
+}
+
+// A tick step of 1, 2, 5, 10, 20, 50, ... units that gives at most 20 ticks.
+inline double tick_step(double makespan) {
+    double step = 1.0;
+    for (int i = 0; makespan / step > 20.0; ++i) step *= (i % 3 == 1) ? 2.5 : 2.0;
+    return step;
+}
+
+}  // namespace detail
+
+inline std::string svg_timeline(const simulation& r, const svg_options& o = {}) {
+    using detail::svg_number;
+    const auto& p = r.source.shape;
+    const double plot_width = r.makespan * o.pixels_per_unit;
+    const double rows = p.devices * (o.row_height + o.row_gap);
+    const double width = o.left + plot_width + o.right, height = o.top + rows + o.bottom;
+    std::string svg = "<svg xmlns=\"http://www.w3.org/2000/svg\" width=\"" + svg_number(width) + "\" height=\"" +
+                      svg_number(height) + "\" viewBox=\"0 0 " + svg_number(width) + " " + svg_number(height) +
+                      "\" font-family=\"sans-serif\" font-size=\"12\">\n";
+    svg += "<text x=\"" + svg_number(o.left) + "\" y=\"" + svg_number(o.top - 10) + "\" font-size=\"14\">" +
+           detail::xml_escape(r.source.name.empty() ? "schedule" : r.source.name) + " (makespan " +
+           svg_number(r.makespan) + ", bubble " + svg_number(100.0 * r.bubble_fraction) + "%)</text>\n";
+    for (int d = 0; d < p.devices; ++d) {
+        const double y = o.top + d * (o.row_height + o.row_gap);
+        svg += "<text x=\"" + svg_number(o.left - 8) + "\" y=\"" + svg_number(y + o.row_height / 2 + 4) +
+               "\" text-anchor=\"end\">device " + std::to_string(d) + "</text>\n";
+        for (const block& b : r.source.device_order[static_cast<std::size_t>(d)]) {
+            const timed_block& t = r.at(b);
+            const double x = o.left + t.start * o.pixels_per_unit, w = (t.end - t.start) * o.pixels_per_unit;
+            const std::string name = to_string(b, p.rounds);
+            svg += "<rect class=\"block\" data-block=\"" + name + "\" data-device=\"" + std::to_string(d) + "\" x=\"" +
+                   svg_number(x) + "\" y=\"" + svg_number(y) + "\" width=\"" + svg_number(w) + "\" height=\"" +
+                   svg_number(o.row_height) + "\" fill=\"" + detail::block_colour(b) +
+                   "\" stroke=\"white\"><title>" + name + " [" + svg_number(t.start) + ", " + svg_number(t.end) +
+                   ")</title></rect>\n";
+            svg += "<text x=\"" + svg_number(x + w / 2) + "\" y=\"" + svg_number(y + o.row_height / 2 + 4) +
+                   "\" text-anchor=\"middle\" fill=\"" + (is_backward(b) ? "black" : "white") + "\">" +
+                   std::to_string(b.micro) + "</text>\n";
+        }
+    }
+    // the time axis
+    const double axis_y = o.top + rows;
+    svg += "<line class=\"axis\" x1=\"" + svg_number(o.left) + "\" y1=\"" + svg_number(axis_y) + "\" x2=\"" +
+           svg_number(o.left + plot_width) + "\" y2=\"" + svg_number(axis_y) + "\" stroke=\"black\"/>\n";
+    const double step = detail::tick_step(r.makespan);
+    for (int k = 0; k * step <= r.makespan + 1e-9; ++k) {
+        const double x = o.left + k * step * o.pixels_per_unit;
+        svg += "<line class=\"tick\" x1=\"" + svg_number(x) + "\" y1=\"" + svg_number(axis_y) + "\" x2=\"" +
+               svg_number(x) + "\" y2=\"" + svg_number(axis_y + 5) + "\" stroke=\"black\"/>\n";
+        svg += "<text x=\"" + svg_number(x) + "\" y=\"" + svg_number(axis_y + 18) + "\" text-anchor=\"middle\">" +
+               svg_number(k * step) + "</text>\n";
+    }
+    svg += "<text x=\"" + svg_number(o.left + plot_width / 2) + "\" y=\"" + svg_number(axis_y + 34) +
+           "\" text-anchor=\"middle\">time</text>\n";
+    svg += "</svg>\n";
+    return svg;
+}
+
+}  // namespace loom::schedule
+// ---- end loom/schedule/svg_timeline.hpp ----
+// ---- end loom/schedule/all.hpp ----
 
 // runtime
 // ---- begin loom/runtime/comm/communicator.hpp ----
@@ -14863,7 +17834,9 @@ public:
         rank_ = c.rank();
         part_ = &plan.devices.at(static_cast<std::size_t>(rank_));
         const graph& g = part_->ir();
-        program_ = compile_program(g, {.prec = prec, .outputs = {part_->loss}, .keep_every_node = true});
+        compile_options compile{.prec = prec, .outputs = {part_->loss}, .keep_every_node = true};
+        if (!plan.order.empty()) compile.order = plan.order.at(static_cast<std::size_t>(rank_));
+        program_ = compile_program(g, compile);
         executor_ = std::make_unique<host::executor<T>>(program_);
         storage_ = std::make_unique<host::bound_storage<T>>(program_);
         storage_->bind_to(*executor_);
@@ -15177,6 +18150,617 @@ public:
 // ---- end loom/train/tokenizer.hpp ----
 
 // models
+// ---- begin loom/models/evoformer.hpp ----
+// A small Evoformer (AlphaFold 2's trunk) with recycling, built with the public op API only.
+//
+//   m = msa_embedding[msa]                                       [batch, s, r, cm]
+//   z = left[msa row 0]_i + right[msa row 0]_j + relpos[j - i]   [batch, r, r, cz]
+//   round 0 .. recycles-1, every round through the SAME blocks:
+//     m = m + LN(stop_gradient(previous m));  z = z + LN(stop_gradient(previous z))
+//     blocks.i (pre-norm residual branches, each x = x + f(LN(x))):
+//       msa_row         attention along residues, for every MSA sequence
+//       msa_pair_avg    pair-weighted averaging of the MSA along residues (AlphaFold 3):
+//                       the pair's only way into the MSA, as the attention op takes no bias
+//       msa_col         attention along sequences, for every residue
+//       msa_transition  MLP (relu)
+//       outer_product   the pair += a low-rank outer-product mean of the MSA
+//       pair_row        attention along j, for every i
+//       pair_col        attention along i, for every j
+//       pair_transition MLP (relu)
+//   logits = linear(LN(z of the last round)) over `bins` distance classes
+//   loss = mean cross-entropy(logits, distogram targets [batch, r, r])
+//
+// Round 0 recycles zeros (or the inputs "prev_msa" and "prev_pair", see recycle_inputs).
+// Rounds 0 .. recycles-2 carry no gradient: AlphaFold's stop-gradient, so only the last
+// round is differentiated, and the forward of the earlier rounds runs without keeping
+// anything for a backward pass (nnScaler's 3F1B pipelines these forward-only rounds).
+//
+// Left out of AlphaFold: triangle multiplications and triangle-attention biases, gating,
+// the MSA row attention's pair bias (replaced by pair-weighted averaging), the recycled
+// distances and the distogram's symmetrisation. The whole MSA is recycled rather than its
+// first row: the MSA is not resampled between rounds here.
+//
+// Scopes, for plans that select "round r, layers a..b":
+//   parameters "embed.*", "recycled_msa_norm.*", "recycled_pair_norm.*", "blocks.<i>.*",
+//   "distogram.*", created once and shared by every round; nodes "embed/...",
+//   "recycle.<r>.input/...", "recycle.<r>.blocks.<i>.<branch>[.head.<h>]/...",
+//   "distogram/...". Rounds are the repeat "recycle" and each round's blocks a repeat
+//   "blocks", so on_scope<"recycle.2.*"> with on_layers<"blocks", 0, 1> selects layers
+//   0..1 of round 2. Every round builds the same structure (the searcher's contract).
+//
+// What a plan can split: Batch, in every forward op. Every tensor keeps it as its leading
+// dim and no reshape (which no plan can split) is used; the tests train data-parallel
+// against one device. Heads are separate nodes, one per head, so tensor parallelism by
+// heads places nodes rather than splitting one. The inner axes keep their names (Msa,
+// Residue, ResidueJ) in the row-wise ops only: merge_heads and split_heads, which swap
+// axes and fold sequences into channels here, name their axes Hidden, Head and HeadDim.
+#include <algorithm>
+#include <cmath>
+#include <cstdint>
+#include <memory>
+#include <optional>
+#include <span>
+#include <string>
+#include <vector>
+
+
+namespace loom::models {
+
+// The dims the Evoformer adds to loom's own.
+namespace EvoDim {
+using Msa = named_dim<"Msa">;            // MSA sequences (s)
+using Residue = named_dim<"Residue">;    // residues (r); the pair's first axis (i)
+using ResidueJ = named_dim<"ResidueJ">;  // the pair's second axis (j)
+using RelPos = named_dim<"RelPos">;      // clipped relative positions j - i
+using Bins = named_dim<"Bins">;          // distogram classes
+}  // namespace EvoDim
+
+struct evoformer_config {
+    std::int64_t batch = 2;
+    std::int64_t msa_seqs = 8;           // s
+    std::int64_t residues = 16;          // r
+    std::int64_t msa_channels = 32;      // cm
+    std::int64_t pair_channels = 16;     // cz
+    std::int64_t heads = 4;              // of every attention; divides cm and cz
+    std::int64_t blocks = 2;             // Evoformer blocks, shared by every round
+    std::int64_t recycles = 3;           // forward rounds; the last one is differentiated
+    std::int64_t bins = 16;              // distogram classes
+    std::int64_t vocab = 23;             // MSA tokens (AlphaFold: 20 amino acids, unknown, gap, mask)
+    std::int64_t relpos_clip = 8;        // relative positions j - i clipped to [-clip, clip]
+    std::int64_t outer_groups = 4;       // rank of the outer-product mean: one pair feature per group
+    std::int64_t outer_channels = 8;     // MSA channels each group projects to
+    std::int64_t transition_factor = 4;  // MLP hidden = factor * channels
+    double init_std = 0.02;
+    double layer_norm_eps = 1e-5;
+    // false: round 0 recycles zeros (AlphaFold). true: the real inputs "prev_msa" [batch, s,
+    // r, cm] and "prev_pair" [batch, r, r, cz] are recycled into round 0, so that rounds
+    // can run as separate graphs (and tests can feed recycled values as constants).
+    bool recycle_inputs = false;
+
+    std::int64_t msa_head_dim() const { return msa_channels / heads; }
+    std::int64_t pair_head_dim() const { return pair_channels / heads; }
+    std::int64_t relpos_ids() const { return 2 * relpos_clip + 1; }
+
+    void validate() const {
+        auto positive = [](std::int64_t v, const char* what) {
+            if (v <= 0)
+                throw usage_error(std::string("evoformer_config: ") + what + " is " + std::to_string(v) +
+                                  "; it must be positive");
+        };
+        positive(batch, "batch");
+        positive(msa_seqs, "msa_seqs");
+        positive(residues, "residues");
+        positive(msa_channels, "msa_channels");
+        positive(pair_channels, "pair_channels");
+        positive(heads, "heads");
+        positive(blocks, "blocks");
+        positive(recycles, "recycles");
+        positive(outer_groups, "outer_groups");
+        positive(outer_channels, "outer_channels");
+        positive(transition_factor, "transition_factor");
+        auto divisible = [&](std::int64_t channels, const char* what) {
+            if (channels % heads != 0)
+                throw usage_error(std::string("evoformer_config: ") + what + " " + std::to_string(channels) +
+                                  " is not divisible by heads " + std::to_string(heads) +
+                                  "; choose heads that divide both msa_channels and pair_channels");
+        };
+        divisible(msa_channels, "msa_channels");
+        divisible(pair_channels, "pair_channels");
+        if (bins < 2)
+            throw usage_error("evoformer_config: bins is " + std::to_string(bins) +
+                              "; a distogram needs at least 2 classes");
+        if (vocab < 2)
+            throw usage_error("evoformer_config: vocab is " + std::to_string(vocab) +
+                              "; it needs at least one residue kind and the gap token");
+        if (relpos_clip < 0)
+            throw usage_error("evoformer_config: relpos_clip is " + std::to_string(relpos_clip) +
+                              "; it must be 0 or more");
+        if (!(init_std >= 0))
+            throw usage_error("evoformer_config: init_std is " + std::to_string(init_std) + "; it must be 0 or more");
+        if (!(layer_norm_eps >= 0))
+            throw usage_error("evoformer_config: layer_norm_eps is " + std::to_string(layer_norm_eps) +
+                              "; it must be 0 or more");
+    }
+
+    // Weights and biases, counted from the architecture (tests compare with the graph).
+    std::int64_t parameter_count() const {
+        const std::int64_t cm = msa_channels, cz = pair_channels, f = transition_factor;
+        auto norm = [](std::int64_t c) { return 2 * c; };
+        // q, k, v and the output projection of every head (no biases but the output's).
+        auto attention = [&](std::int64_t c) { return norm(c) + 4 * c * c + c; };
+        auto transition = [&](std::int64_t c) { return norm(c) + (f * c * c + f * c) + (c * f * c + c); };
+        const std::int64_t pair_avg = norm(cm) + norm(cz) + heads * cz + 2 * cm * cm + cm;
+        const std::int64_t outer =
+            norm(cm) + outer_groups * 2 * (outer_channels * cm + outer_channels) + outer_groups * cz + cz;
+        const std::int64_t per_block = attention(cm) + pair_avg + attention(cm) + transition(cm) + outer +
+                                       attention(cz) + attention(cz) + transition(cz);
+        const std::int64_t embed = vocab * cm + 2 * vocab * cz + relpos_ids() * cz;
+        return embed + norm(cm) + norm(cz) + blocks * per_block + norm(cz) + bins * cz + bins;
+    }
+};
+
+// A built Evoformer: the graph builder and the ids of the tensors a trainer feeds and reads.
+struct evoformer_model {
+    std::unique_ptr<graph_builder> builder;
+    evoformer_config config;
+    // Index inputs: "msa" [batch, s, r] tokens; "pair_left" / "pair_right" [batch, r, r] the
+    // token of residue i / j of MSA row 0; "relpos" [batch, r, r] clip(j - i) + clip;
+    // "targets" [batch, r, r] distogram classes. See evoformer_pair_ids.
+    tensor_id msa = no_id, pair_left = no_id, pair_right = no_id, relpos = no_id, targets = no_id;
+    tensor_id prev_msa = no_id, prev_pair = no_id;  // real inputs, with recycle_inputs only
+    std::vector<tensor_id> round_msa, round_pair;   // each round's outputs, [round]
+    tensor_id logits = no_id, loss = no_id;
+
+    const graph& ir() const { return builder->view(); }
+
+    // Appends the backward pass and hands the finished graph over.
+    graph training_graph() && {
+        build_backward(*builder);
+        return std::move(*builder).take();
+    }
+};
+
+namespace detail::evo {
+
+// [b, x, y, c] -> [b, y, x, c] with shape ops that keep b leading and splittable: loom has
+// no permutation op, and a reshape could not be split. Ten copies, each a law of its op:
+//   transpose "... a b -> ... b a", merge_heads "b h s d -> b s (h d)",
+//   split_heads "b s (h d) -> b h s d" (a head count of 1 or of the whole group is allowed).
+inline tensor swap_middle_axes(tensor t) {
+    const std::int64_t x = t.extent(1), y = t.extent(2);
+    t = ops::transpose(t);           // b x c y
+    t = ops::merge_heads(t);         // b c (x y)
+    t = ops::split_heads(t, x * y);  // b (x y) c 1
+    t = ops::transpose(t);           // b (x y) 1 c
+    t = ops::merge_heads(t);         // b 1 (x y c)
+    t = ops::split_heads(t, x);      // b x 1 (y c)
+    t = ops::transpose(t);           // b x (y c) 1
+    t = ops::merge_heads(t);         // b (y c) x
+    t = ops::transpose(t);           // b x (y c)
+    return ops::split_heads(t, y);   // b y x c
+}
+
+struct norm {
+    tensor gamma, beta;
+};
+
+struct dense {
+    tensor weight;
+    std::optional<tensor> bias;
+};
+
+// Per-head projections: heads are separate nodes (see the header comment).
+struct attention_params {
+    norm ln;
+    std::vector<tensor> q, k, v, out;  // q, k, v [head_dim, c]; out [c, head_dim]
+    tensor out_bias;
+};
+
+struct pair_average_params {
+    norm ln_msa, ln_pair;
+    std::vector<tensor> weights, v, out;  // weights [1, cz]; v [head_dim, cm]; out [cm, head_dim]
+    tensor out_bias;
+};
+
+struct outer_params {
+    norm ln;
+    std::vector<dense> a, b;  // [outer_channels, cm]
+    std::vector<tensor> out;  // [cz, 1]
+    tensor out_bias;
+};
+
+struct transition_params {
+    norm ln;
+    dense fc, proj;
+};
+
+struct block_params {
+    attention_params msa_row;
+    pair_average_params msa_pair_avg;
+    attention_params msa_col;
+    transition_params msa_transition;
+    outer_params outer_product;
+    attention_params pair_row, pair_col;
+    transition_params pair_transition;
+};
+
+struct parameter_maker {
+    graph_builder& b;
+    const evoformer_config& c;
+    double proj_std;  // output projections, scaled down by the number of residual branches
+
+    norm make_norm(const std::string& scope, dim_id d, std::int64_t n) const {
+        auto s = b.scope(scope);
+        return {b.parameter("weight", {{d, n}}, parameter_init::ones()),
+                b.parameter("bias", {{d, n}}, parameter_init::zeros())};
+    }
+    tensor weight(const std::string& scope, dim_id out_dim, std::int64_t out, dim_id in_dim, std::int64_t in,
+                  double std) const {
+        auto s = b.scope(scope);
+        return b.parameter("weight", {{out_dim, out}, {in_dim, in}}, parameter_init::normal(std));
+    }
+    dense make_dense(const std::string& scope, dim_id out_dim, std::int64_t out, dim_id in_dim, std::int64_t in,
+                     double std) const {
+        auto s = b.scope(scope);
+        return {b.parameter("weight", {{out_dim, out}, {in_dim, in}}, parameter_init::normal(std)),
+                b.parameter("bias", {{out_dim, out}}, parameter_init::zeros())};
+    }
+    tensor bias(const std::string& name, dim_id d, std::int64_t n) const {
+        return b.parameter(name, {{d, n}}, parameter_init::zeros());
+    }
+
+    attention_params make_attention(const std::string& scope, dim_id cd, std::int64_t ch) const {
+        auto s = b.scope(scope);
+        const dim_id hd = Dim::HeadDim::id;
+        const std::int64_t d = ch / c.heads;
+        attention_params p;
+        p.ln = make_norm("norm", cd, ch);
+        for (std::int64_t h = 0; h < c.heads; ++h) {
+            auto head = b.scope("head", h);
+            p.q.push_back(weight("q", hd, d, cd, ch, c.init_std));
+            p.k.push_back(weight("k", hd, d, cd, ch, c.init_std));
+            p.v.push_back(weight("v", hd, d, cd, ch, c.init_std));
+            p.out.push_back(weight("out", cd, ch, hd, d, proj_std));
+        }
+        p.out_bias = bias("out_bias", cd, ch);
+        return p;
+    }
+
+    pair_average_params make_pair_average(const std::string& scope) const {
+        auto s = b.scope(scope);
+        const dim_id cm = Dim::Hidden::id, cz = Dim::Channel::id, hd = Dim::HeadDim::id;
+        const std::int64_t d = c.msa_head_dim();
+        pair_average_params p;
+        p.ln_msa = make_norm("msa_norm", cm, c.msa_channels);
+        p.ln_pair = make_norm("pair_norm", cz, c.pair_channels);
+        for (std::int64_t h = 0; h < c.heads; ++h) {
+            auto head = b.scope("head", h);
+            p.weights.push_back(weight("weights", Dim::Head::id, 1, cz, c.pair_channels, c.init_std));
+            p.v.push_back(weight("v", hd, d, cm, c.msa_channels, c.init_std));
+            p.out.push_back(weight("out", cm, c.msa_channels, hd, d, proj_std));
+        }
+        p.out_bias = bias("out_bias", cm, c.msa_channels);
+        return p;
+    }
+
+    outer_params make_outer(const std::string& scope) const {
+        auto s = b.scope(scope);
+        const dim_id cm = Dim::Hidden::id, cz = Dim::Channel::id, hd = Dim::HeadDim::id;
+        outer_params p;
+        p.ln = make_norm("norm", cm, c.msa_channels);
+        for (std::int64_t g = 0; g < c.outer_groups; ++g) {
+            auto group = b.scope("group", g);
+            p.a.push_back(make_dense("a", hd, c.outer_channels, cm, c.msa_channels, c.init_std));
+            p.b.push_back(make_dense("b", hd, c.outer_channels, cm, c.msa_channels, c.init_std));
+            p.out.push_back(weight("out", cz, c.pair_channels, hd, 1, proj_std));
+        }
+        p.out_bias = bias("out_bias", cz, c.pair_channels);
+        return p;
+    }
+
+    transition_params make_transition(const std::string& scope, dim_id cd, std::int64_t ch) const {
+        auto s = b.scope(scope);
+        const std::int64_t f = c.transition_factor * ch;
+        return {make_norm("norm", cd, ch), make_dense("fc", Dim::FFN::id, f, cd, ch, c.init_std),
+                make_dense("proj", cd, ch, Dim::FFN::id, f, proj_std)};
+    }
+
+    block_params make_block() const {
+        const dim_id cm = Dim::Hidden::id, cz = Dim::Channel::id;
+        block_params p;
+        p.msa_row = make_attention("msa_row", cm, c.msa_channels);
+        p.msa_pair_avg = make_pair_average("msa_pair_avg");
+        p.msa_col = make_attention("msa_col", cm, c.msa_channels);
+        p.msa_transition = make_transition("msa_transition", cm, c.msa_channels);
+        p.outer_product = make_outer("outer_product");
+        p.pair_row = make_attention("pair_row", cz, c.pair_channels);
+        p.pair_col = make_attention("pair_col", cz, c.pair_channels);
+        p.pair_transition = make_transition("pair_transition", cz, c.pair_channels);
+        return p;
+    }
+};
+
+inline tensor layer_norm(tensor x, const norm& n, const evoformer_config& c) {
+    return ops::layer_norm(x, n.gamma, n.beta, c.layer_norm_eps);
+}
+
+inline tensor linear(tensor x, const dense& d) {
+    return d.bias ? ops::linear(x, d.weight, *d.bias) : ops::linear(x, d.weight);
+}
+
+// Multi-head attention of x [b, a, n, c] along n, for every (b, a): q, k, v [b, a, n, d]
+// bind attention's "b h s d" with a in the place of heads. The heads' outputs are projected
+// separately and summed, which is the usual concatenation followed by one projection.
+inline tensor axial_attention(graph_builder& b, tensor x, const attention_params& p) {
+    std::optional<tensor> sum;
+    for (std::size_t h = 0; h < p.q.size(); ++h) {
+        auto head = b.scope("head", static_cast<std::int64_t>(h));
+        tensor o = ops::attention(ops::linear(x, p.q[h]), ops::linear(x, p.k[h]), ops::linear(x, p.v[h]));
+        tensor projected = h == 0 ? ops::linear(o, p.out[h], p.out_bias) : ops::linear(o, p.out[h]);
+        sum = sum ? *sum + projected : projected;
+    }
+    return *sum;
+}
+
+// x + attention along axis 2 of x [b, ., ., c] (rows), or along axis 1 (columns: the two
+// middle axes swapped there and back).
+inline tensor attention_branch(graph_builder& b, const std::string& scope, tensor x, const attention_params& p,
+                               bool along_columns, const evoformer_config& c) {
+    auto s = b.scope(scope);
+    tensor h = layer_norm(x, p.ln, c);
+    if (!along_columns) return x + axial_attention(b, h, p);
+    return x + swap_middle_axes(axial_attention(b, swap_middle_axes(h), p));
+}
+
+// Pair-weighted averaging (AlphaFold 3's MSA module), per head h:
+//   w[b, i, j] = softmax_j(LN(z)[b, i, j, :] . weights_h),  out[b, s, i] = sum_j w[b, i, j] v_h[b, s, j]
+// as one matmul over the MSA with sequences folded into the columns:
+//   merge_heads(v) [b, j, (s d)],  w @ it = [b, i, (s d)],  split_heads(., s) = [b, s, i, d].
+inline tensor pair_average_branch(graph_builder& b, tensor m, tensor z, const pair_average_params& p,
+                                  const evoformer_config& c) {
+    auto s = b.scope("msa_pair_avg");
+    tensor hm = layer_norm(m, p.ln_msa, c), hz = layer_norm(z, p.ln_pair, c);
+    std::optional<tensor> sum;
+    for (std::size_t h = 0; h < p.v.size(); ++h) {
+        auto head = b.scope("head", static_cast<std::int64_t>(h));
+        // [b, i, j, 1] -> merge_heads [b, j, i] -> transpose [b, i, j]
+        tensor w = ops::softmax(ops::transpose(ops::merge_heads(ops::linear(hz, p.weights[h]))));
+        tensor v = ops::merge_heads(ops::linear(hm, p.v[h]));
+        tensor o = ops::split_heads(ops::matmul(w, v), c.msa_seqs);
+        tensor projected = h == 0 ? ops::linear(o, p.out[h], p.out_bias) : ops::linear(o, p.out[h]);
+        sum = sum ? *sum + projected : projected;
+    }
+    return m + *sum;
+}
+
+// A rank-`outer_groups` outer-product mean: group g contributes the pair feature
+//   o_g[b, i, j] = 1/s sum_{s, k} a_g[b, s, i, k] b_g[b, s, j, k]
+// projected to cz. (AlphaFold's projects all c^2 products of vec(a (x) b); this keeps one
+// contraction per group.) With sequences folded into the channels, o_g is one matmul:
+//   matmul_nt(merge_heads(b_g) [b, j, (s k)], merge_heads(a_g) [b, i, (s k)]) = [b, j, i],
+// and split_heads(., r) turns [b, j, (i 1)] into [b, i, j, 1].
+inline tensor outer_product_branch(graph_builder& b, tensor m, tensor z, const outer_params& p,
+                                   const evoformer_config& c) {
+    auto s = b.scope("outer_product");
+    tensor h = layer_norm(m, p.ln, c);
+    std::optional<tensor> sum;
+    for (std::size_t g = 0; g < p.a.size(); ++g) {
+        auto group = b.scope("group", static_cast<std::int64_t>(g));
+        tensor a = ops::merge_heads(linear(h, p.a[g])), bb = ops::merge_heads(linear(h, p.b[g]));
+        tensor o =
+            ops::split_heads(ops::scale(ops::matmul_nt(bb, a), 1.0 / static_cast<double>(c.msa_seqs)), c.residues);
+        tensor projected = g == 0 ? ops::linear(o, p.out[g], p.out_bias) : ops::linear(o, p.out[g]);
+        sum = sum ? *sum + projected : projected;
+    }
+    return z + *sum;
+}
+
+inline tensor transition_branch(graph_builder& b, const std::string& scope, tensor x, const transition_params& p,
+                                const evoformer_config& c) {
+    auto s = b.scope(scope);
+    return x + linear(ops::relu(linear(layer_norm(x, p.ln, c), p.fc)), p.proj);
+}
+
+inline void evoformer_block(graph_builder& b, tensor& m, tensor& z, const block_params& p, const evoformer_config& c) {
+    m = attention_branch(b, "msa_row", m, p.msa_row, false, c);
+    m = pair_average_branch(b, m, z, p.msa_pair_avg, c);
+    m = attention_branch(b, "msa_col", m, p.msa_col, true, c);
+    m = transition_branch(b, "msa_transition", m, p.msa_transition, c);
+    z = outer_product_branch(b, m, z, p.outer_product, c);
+    z = attention_branch(b, "pair_row", z, p.pair_row, false, c);
+    z = attention_branch(b, "pair_col", z, p.pair_col, true, c);
+    z = transition_branch(b, "pair_transition", z, p.pair_transition, c);
+}
+
+}  // namespace detail::evo
+
+inline evoformer_model evoformer(const evoformer_config& c) {
+    c.validate();
+    evoformer_model model;
+    model.config = c;
+    model.builder = std::make_unique<graph_builder>();
+    graph_builder& b = *model.builder;
+    const dim_id B = Dim::Batch::id, S = EvoDim::Msa::id, R = EvoDim::Residue::id, RJ = EvoDim::ResidueJ::id;
+    const dim_id CM = Dim::Hidden::id, CZ = Dim::Channel::id;
+    // Output projections N(0, init_std / sqrt(branches)): eight residual branches per block.
+    const double proj_std = c.init_std / std::sqrt(8.0 * static_cast<double>(c.blocks));
+
+    const shape pair_ids{{B, c.batch}, {R, c.residues}, {RJ, c.residues}};
+    tensor msa = b.input("msa", {{B, c.batch}, {S, c.msa_seqs}, {R, c.residues}}, value_kind::index);
+    tensor left = b.input("pair_left", pair_ids, value_kind::index);
+    tensor right = b.input("pair_right", pair_ids, value_kind::index);
+    tensor relpos = b.input("relpos", pair_ids, value_kind::index);
+    tensor targets = b.input("targets", pair_ids, value_kind::index);
+    std::optional<tensor> prev_m, prev_z;
+    if (c.recycle_inputs) {
+        prev_m = b.input("prev_msa", {{B, c.batch}, {S, c.msa_seqs}, {R, c.residues}, {CM, c.msa_channels}});
+        prev_z = b.input("prev_pair", {{B, c.batch}, {R, c.residues}, {RJ, c.residues}, {CZ, c.pair_channels}});
+    }
+
+    // Parameters, created once: every round's nodes use these.
+    detail::evo::parameter_maker make{b, c, proj_std};
+    tensor msa_table, left_table, right_table, relpos_table;
+    {
+        auto s = b.scope("embed");
+        msa_table =
+            b.parameter("msa", {{Dim::Vocab::id, c.vocab}, {CM, c.msa_channels}}, parameter_init::normal(c.init_std));
+        left_table = b.parameter("pair_left", {{Dim::Vocab::id, c.vocab}, {CZ, c.pair_channels}},
+                                 parameter_init::normal(c.init_std));
+        right_table = b.parameter("pair_right", {{Dim::Vocab::id, c.vocab}, {CZ, c.pair_channels}},
+                                  parameter_init::normal(c.init_std));
+        relpos_table = b.parameter("relpos", {{EvoDim::RelPos::id, c.relpos_ids()}, {CZ, c.pair_channels}},
+                                   parameter_init::normal(c.init_std));
+    }
+    const detail::evo::norm recycled_msa_norm = make.make_norm("recycled_msa_norm", CM, c.msa_channels);
+    const detail::evo::norm recycled_pair_norm = make.make_norm("recycled_pair_norm", CZ, c.pair_channels);
+    std::vector<detail::evo::block_params> blocks;
+    for (std::int64_t i = 0; i < c.blocks; ++i) {
+        auto s = b.scope("blocks", i);
+        blocks.push_back(make.make_block());
+    }
+    detail::evo::norm head_norm;
+    detail::evo::dense head;
+    {
+        auto s = b.scope("distogram");
+        head_norm = make.make_norm("norm", CZ, c.pair_channels);
+        head = make.make_dense("logits", EvoDim::Bins::id, c.bins, CZ, c.pair_channels, c.init_std);
+    }
+
+    tensor m0, z0;
+    {
+        auto s = b.scope("embed");
+        m0 = ops::embedding(msa, msa_table);
+        z0 = ops::embedding(left, left_table) + ops::embedding(right, right_table) +
+             ops::embedding(relpos, relpos_table);
+        if (!prev_m) {
+            prev_m = ops::fill_like(m0, 0.0);
+            prev_z = ops::fill_like(z0, 0.0);
+        }
+    }
+
+    tensor m = *prev_m, z = *prev_z;
+    b.repeat("recycle", c.recycles, [&](std::int64_t) {
+        {
+            auto s = b.scope("input");
+            m = m0 + detail::evo::layer_norm(ops::stop_gradient(m), recycled_msa_norm, c);
+            z = z0 + detail::evo::layer_norm(ops::stop_gradient(z), recycled_pair_norm, c);
+        }
+        b.repeat("blocks", c.blocks, [&](std::int64_t i) {
+            detail::evo::evoformer_block(b, m, z, blocks[static_cast<std::size_t>(i)], c);
+        });
+        model.round_msa.push_back(m.id);
+        model.round_pair.push_back(z.id);
+    });
+
+    tensor logits, loss;
+    {
+        auto s = b.scope("distogram");
+        logits = detail::evo::linear(detail::evo::layer_norm(z, head_norm, c), head);
+        loss = ops::cross_entropy(logits, targets);
+    }
+    b.set_loss(loss);
+
+    model.msa = msa.id;
+    model.pair_left = left.id;
+    model.pair_right = right.id;
+    model.relpos = relpos.id;
+    model.targets = targets.id;
+    if (c.recycle_inputs) {
+        model.prev_msa = prev_m->id;
+        model.prev_pair = prev_z->id;
+    }
+    model.logits = logits.id;
+    model.loss = loss.id;
+    return model;
+}
+
+// The pair inputs of one batch from its MSA tokens [batch, s, r] (row-major): the tokens of
+// residues i and j of row 0 (the target sequence) and clip(j - i) + clip, each [batch, r, r].
+struct evoformer_pair_inputs {
+    std::vector<std::int32_t> left, right, relpos;
+};
+
+inline evoformer_pair_inputs evoformer_pair_ids(const evoformer_config& c, std::span<const std::int32_t> msa) {
+    const auto need = static_cast<std::size_t>(c.batch * c.msa_seqs * c.residues);
+    if (msa.size() != need)
+        throw usage_error("evoformer_pair_ids: the MSA has " + std::to_string(msa.size()) +
+                          " tokens but batch x msa_seqs x residues is " + std::to_string(need) +
+                          "; pass one token per position");
+    const std::int64_t r = c.residues;
+    evoformer_pair_inputs out;
+    for (std::int64_t b = 0; b < c.batch; ++b) {
+        const std::int32_t* row0 = msa.data() + b * c.msa_seqs * r;
+        for (std::int64_t i = 0; i < r; ++i)
+            for (std::int64_t j = 0; j < r; ++j) {
+                out.left.push_back(row0[i]);
+                out.right.push_back(row0[j]);
+                const std::int64_t d = std::clamp<std::int64_t>(j - i, -c.relpos_clip, c.relpos_clip);
+                out.relpos.push_back(static_cast<std::int32_t>(d + c.relpos_clip));
+            }
+    }
+    return out;
+}
+
+// A deterministic synthetic batch from `seed`, for tests and demos (no downloads). Each
+// item is a chain of residues 3.8 apart in random directions; its distogram classes split
+// distances [2, 22) into bins - 2 equal classes plus one below and one above. MSA row 0 is
+// a random sequence; the other rows mutate each residue with probability 1/4 (a gap, the
+// last token, with probability 1/20).
+struct evoformer_batch {
+    std::vector<std::int32_t> msa, pair_left, pair_right, relpos, targets;
+};
+
+inline evoformer_batch evoformer_synthetic_batch(const evoformer_config& c, std::uint64_t seed) {
+    c.validate();
+    std::uint64_t counter = 0;
+    auto uniform = [&] {
+        return static_cast<double>(splitmix64(seed * 0x9e3779b97f4a7c15ull + counter++) >> 11) * 0x1.0p-53;
+    };
+    auto below = [&](std::int64_t n) { return static_cast<std::int32_t>(std::min<double>(uniform() * n, n - 1)); };
+    const std::int64_t r = c.residues, s = c.msa_seqs;
+    const std::int32_t gap = static_cast<std::int32_t>(c.vocab - 1);
+    const std::int64_t kinds = std::max<std::int64_t>(1, std::min<std::int64_t>(20, c.vocab - 1));
+    evoformer_batch out;
+    for (std::int64_t b = 0; b < c.batch; ++b) {
+        std::vector<std::int32_t> target(static_cast<std::size_t>(r));
+        for (auto& t : target) t = below(kinds);
+        for (std::int64_t q = 0; q < s; ++q)
+            for (std::int64_t i = 0; i < r; ++i) {
+                std::int32_t t = target[static_cast<std::size_t>(i)];
+                if (q > 0 && uniform() < 0.25) t = uniform() < 0.2 ? gap : below(kinds);
+                out.msa.push_back(t);
+            }
+        std::vector<double> x(static_cast<std::size_t>(3 * r), 0.0);
+        for (std::int64_t i = 1; i < r; ++i) {
+            const double cos_theta = 2 * uniform() - 1, phi = 6.283185307179586 * uniform();
+            const double sin_theta = std::sqrt(1 - cos_theta * cos_theta);
+            const double step[3] = {sin_theta * std::cos(phi), sin_theta * std::sin(phi), cos_theta};
+            for (int k = 0; k < 3; ++k)
+                x[static_cast<std::size_t>(3 * i + k)] = x[static_cast<std::size_t>(3 * (i - 1) + k)] + 3.8 * step[k];
+        }
+        const double lo = 2.0, hi = 22.0,
+                     width = (hi - lo) / static_cast<double>(std::max<std::int64_t>(1, c.bins - 2));
+        for (std::int64_t i = 0; i < r; ++i)
+            for (std::int64_t j = 0; j < r; ++j) {
+                double d2 = 0;
+                for (int k = 0; k < 3; ++k) {
+                    const double e = x[static_cast<std::size_t>(3 * i + k)] - x[static_cast<std::size_t>(3 * j + k)];
+                    d2 += e * e;
+                }
+                const double d = std::sqrt(d2);
+                std::int64_t bin = d < lo ? 0 : 1 + static_cast<std::int64_t>((d - lo) / width);
+                out.targets.push_back(static_cast<std::int32_t>(std::min<std::int64_t>(bin, c.bins - 1)));
+            }
+    }
+    auto pair = evoformer_pair_ids(c, out.msa);
+    out.pair_left = std::move(pair.left);
+    out.pair_right = std::move(pair.right);
+    out.relpos = std::move(pair.relpos);
+    return out;
+}
+
+}  // namespace loom::models
+// ---- end loom/models/evoformer.hpp ----
 // ---- begin loom/models/gpt.hpp ----
 // GPT-2 style decoder-only transformer, built with the public op API only.
 //

@@ -3,6 +3,7 @@
 // reports how far apart they are: loss and gradient norm at every step, on every rank, and
 // every parameter after training (gathered from the ranks' pieces).
 #include <algorithm>
+#include <functional>
 #include <cmath>
 #include <cstdint>
 #include <string>
@@ -51,11 +52,15 @@ inline train::input_feed gpt_batch(const models::gpt_config& c, int s, std::vect
     return f;
 }
 
+// `prepare` may set the plan's op-order (a pipeline schedule) before the ranks run it.
 template <class T>
 equivalence compare_with_single_device(const models::gpt_config& c, const plan::resolved_plan& resolved, int steps,
-                                       train::trainer_options options = {}) {
+                                       train::trainer_options options = {},
+                                       const std::function<void(partition::partitioned_graph&)>& prepare = {},
+                                       const partition::apply_options& apply = {}) {
     auto model = models::gpt(c);
-    const partition::partitioned_graph pg = partition::apply_plan(model.ir(), resolved);
+    partition::partitioned_graph pg = partition::apply_plan(model.ir(), resolved, apply);
+    if (prepare) prepare(pg);
     train::trainer<T> single(std::move(model).training_graph(), options);
     std::vector<std::vector<std::int32_t>> data;
     std::vector<train::input_feed> feeds;

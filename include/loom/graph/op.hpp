@@ -53,6 +53,9 @@ struct op_def {
     bool communication = false;
     // The op reinterprets its input's layout (reshape): no split of it is meaningful.
     bool opaque_layout = false;
+    // The op reads its inputs only for their shapes (fill_like): partitioning gives each
+    // piece its output shape and moves no data to it.
+    bool shape_only_inputs = false;
 
     bool differentiable() const { return backward != nullptr; }
 };
@@ -79,6 +82,7 @@ op_def make_op_def() {
     d.apply = &apply_op_erased<Op>;
     if constexpr (requires { Op::communication; }) d.communication = Op::communication;
     if constexpr (requires { Op::opaque_layout; }) d.opaque_layout = Op::opaque_layout;
+    if constexpr (requires { Op::shape_only_inputs; }) d.shape_only_inputs = Op::shape_only_inputs;
     if constexpr (requires(const node& n, const piece_ranges& r) { Op::piece_attributes(n, r); })
         d.piece_attributes = &Op::piece_attributes;
     if constexpr (requires(backward_context & c) { Op::backward(c); }) d.backward = &Op::backward;

@@ -9,6 +9,9 @@ namespace loom::ops {
 struct FillLike {
     static constexpr std::string_view name = "fill_like";
     static constexpr signature sig = parse_signature("... -> ...");
+    // A partitioned fill_like needs no data: the seed of the backward pass does not wait
+    // for the loss to be summed (pipelines start backward passes before the last forward).
+    static constexpr bool shape_only_inputs = true;
 };
 
 inline tensor fill_like(tensor like, double value) {

@@ -33,6 +33,9 @@ namespace loom::partition {
 
 struct apply_options {
     transfer_cost_model cost{};
+    // Pipelines: the stage of each forward node of the model (plan::pipeline_plan::stage_of).
+    // Tensors that cross stages then move point to point only (see materializer::set_stages).
+    std::vector<int> stage_of_forward;
 };
 
 inline partitioned_graph apply_plan(const graph& model, const plan::resolved_plan& plan, const apply_options& options = {}) {
@@ -125,6 +128,18 @@ inline partitioned_graph apply_plan(const graph& model, const plan::resolved_pla
 
     // 4-6. Devices, leaves, materialization.
     materializer m(out, options.cost);
+    if (!options.stage_of_forward.empty()) {
+        const logical_graph& lg = *out.logical;
+        std::vector<int> stage(g.nodes.size(), -1);
+        for (std::size_t i = 0; i < g.nodes.size(); ++i) {
+            const node& n = g.nodes[i];
+            const node_id forward = n.forward_of != no_id ? n.forward_of : static_cast<node_id>(i);
+            const node_id source = lg.source_of[static_cast<std::size_t>(forward)];
+            if (source != no_id && static_cast<std::size_t>(source) < options.stage_of_forward.size())
+                stage[i] = options.stage_of_forward[static_cast<std::size_t>(source)];
+        }
+        m.set_stages(std::move(stage));
+    }
     m.store_leaves();
     for (std::size_t i = 0; i < g.nodes.size(); ++i) m.emit_node(static_cast<node_id>(i));
     m.finish();

@@ -12,11 +12,14 @@
 //             produces a local tensor -> each step of the same device that reads it).
 //
 // An edge u -> v says "v waits for u". The programs deadlock exactly when this graph has a
-// cycle (reading a send as blocking until its recv is posted: the conservative model), e.g. device 0 runs all_reduce A before all_reduce B while device 1 runs B before
-// A. apply_plan emits every transfer in one global order, so its programs pass by
+// cycle, e.g. device 0 runs all_reduce A before all_reduce B while device 1 runs B before
+// A. A send of a point-to-point transfer returns once its data is copied (both
+// communicators buffer sends), so when the caller says which transfers are point to point,
+// the sender's step is a local op of the sender that the receive waits for; otherwise a send
+// waits for its receive too (the conservative model). apply_plan emits every transfer in one global order, so its programs pass by
 // construction; the check guards reorderings (overlap schedules, pipelines, hand edits).
 //
-//   check_deadlock_free(pg)               the device graphs' own node order
+//   check_deadlock_free(pg)               the plan's op-order (pg.order, else graph order)
 //   check_deadlock_free(pg, order)        order[d]: the node ids of device d, as it runs them
 //   check_deadlock_free(programs, groups) the same over plain step sequences (tests reorder
 //                                         these; see device_programs and transfer_groups)
@@ -168,8 +171,17 @@ inline std::vector<wait_edge_handle> shortest_cycle_through(const wait_graph& g,
 
 // Throws plan_error("deadlock: ...") when the programs can wait on each other forever:
 // a cycle of waits, or a transfer that one of its member devices never reaches.
-inline void check_deadlock_free(const std::vector<device_program>& programs, const std::vector<std::vector<int>>& groups) {
+// point_to_point[t]: transfer t is a buffered send from groups[t][0] to groups[t][1].
+inline void check_deadlock_free(const std::vector<device_program>& programs, const std::vector<std::vector<int>>& groups,
+                                const std::vector<bool>& point_to_point = {}) {
     const std::size_t transfers = groups.size();
+    auto buffered_sender = [&](std::int64_t t) {
+        return t >= 0 && static_cast<std::size_t>(t) < point_to_point.size() && point_to_point[static_cast<std::size_t>(t)] &&
+                       groups[static_cast<std::size_t>(t)].size() == 2
+                   ? groups[static_cast<std::size_t>(t)][0]
+                   : -1;
+    };
+    std::vector<std::size_t> send_vertex(transfers, static_cast<std::size_t>(-1));
     // Vertices: transfers first, then every local step of device 0, 1, ...
     std::vector<std::size_t> first_local(programs.size() + 1, transfers);
     for (std::size_t d = 0; d < programs.size(); ++d) first_local[d + 1] = first_local[d] + programs[d].size();
@@ -224,12 +236,14 @@ inline void check_deadlock_free(const std::vector<device_program>& programs, con
         std::vector<std::size_t> vertex_of_id(static_cast<std::size_t>(largest_id + 1), absent);
         for (std::size_t s = 0; s < program.size(); ++s) {
             const program_step& step = program[s];
-            std::size_t v = step.transfer >= 0 ? static_cast<std::size_t>(step.transfer) : first_local[d] + s;
+            const bool sends = step.transfer >= 0 && buffered_sender(step.transfer) == static_cast<int>(d);
+            std::size_t v = step.transfer >= 0 && !sends ? static_cast<std::size_t>(step.transfer) : first_local[d] + s;
+            if (sends) send_vertex[static_cast<std::size_t>(step.transfer)] = v;
             if (vertex_of_id[static_cast<std::size_t>(step.id)] != absent)
                 throw usage_error("check_deadlock_free: device " + std::to_string(d) + " has two steps with id " +
                                   std::to_string(step.id) + "; give each step of a device its own id");
             vertex_of_id[static_cast<std::size_t>(step.id)] = v;
-            if (step.transfer < 0) vertex_name[v] = step.name;
+            if (v >= transfers) vertex_name[v] = step.name;
         }
         for (std::size_t s = 0; s < program.size(); ++s) {
             const program_step& step = program[s];
@@ -244,6 +258,11 @@ inline void check_deadlock_free(const std::vector<device_program>& programs, con
             }
         }
     }
+
+    // A receive waits for its buffered send.
+    for (std::size_t t = 0; t < transfers; ++t)
+        if (send_vertex[t] != static_cast<std::size_t>(-1))
+            boost::add_edge(send_vertex[t], t, detail::wait_edge{buffered_sender(static_cast<std::int64_t>(t)), true}, g);
 
     std::vector<boost::default_color_type> colors(vertices);
     try {
@@ -313,9 +332,12 @@ inline void check_deadlock_free(const std::vector<device_program>& programs, con
 
 // The device programs of a partitioned graph, each in `order[d]` (empty: graph order).
 inline void check_deadlock_free(const partitioned_graph& pg, const std::vector<std::vector<node_id>>& order) {
-    check_deadlock_free(device_programs(pg, order), transfer_groups(pg));
+    std::vector<bool> point_to_point;
+    for (const auto& t : pg.transfers) point_to_point.push_back(t.kind == transfer_kind::send_recv);
+    check_deadlock_free(device_programs(pg, order), transfer_groups(pg), point_to_point);
 }
 
-inline void check_deadlock_free(const partitioned_graph& pg) { check_deadlock_free(pg, {}); }
+// In the plan's own op-order (pg.order; graph order where it is empty).
+inline void check_deadlock_free(const partitioned_graph& pg) { check_deadlock_free(pg, pg.order); }
 
 }  // namespace loom::partition

@@ -49,6 +49,7 @@ struct logical_graph {
     std::map<tensor_id, node_id> zero3_identity;  // parameter of g -> its inserted identity
     std::map<tensor_id, node_id> zero2_identity;  // parameter of g -> identity on its gradient
     std::map<node_id, plan::op_partition> decomposed;  // node of g built by a decomposition -> its partition
+    std::map<node_id, node_id> decomposed_from;         // node of g built by a decomposition -> input forward node
 };
 
 // The decomposition a partition asks for on node `n`: that of the first cut variable whose
@@ -158,6 +159,7 @@ inline logical_graph build_logical_graph(const graph& model, const logical_graph
             for (std::size_t k = 0; k < built; ++k) {
                 g.nodes[first + k].name = n.name + "/" + std::string(g.nodes[first + k].op->name);
                 out.decomposed[static_cast<node_id>(first + k)] = std::move(parts[k]);
+                out.decomposed_from[static_cast<node_id>(first + k)] = static_cast<node_id>(i);
             }
             for (std::size_t o = 0; o < outs.size(); ++o) {
                 tmap.at(static_cast<std::size_t>(n.outputs[o])) = outs[o].id;
@@ -273,6 +275,9 @@ inline logical_graph build_logical_graph(const graph& model, const logical_graph
         std::map<node_id, plan::op_partition> decomposed;
         for (auto& [n, p] : out.decomposed) decomposed[new_id[static_cast<std::size_t>(n)]] = std::move(p);
         out.decomposed = std::move(decomposed);
+        std::map<node_id, node_id> decomposed_from;
+        for (auto [n, i] : out.decomposed_from) decomposed_from[new_id[static_cast<std::size_t>(n)]] = i;
+        out.decomposed_from = std::move(decomposed_from);
         out.zero3_identity = std::move(z3);
         out.zero2_identity = std::move(z2);
         for (auto& f : out.forward_node) f = new_id[static_cast<std::size_t>(f)];
@@ -281,6 +286,7 @@ inline logical_graph build_logical_graph(const graph& model, const logical_graph
     out.source_of.assign(out.g.nodes.size(), no_id);
     for (std::size_t i = 0; i < out.forward_node.size(); ++i)
         out.source_of[static_cast<std::size_t>(out.forward_node[i])] = static_cast<node_id>(i);
+    for (auto [n, i] : out.decomposed_from) out.source_of[static_cast<std::size_t>(n)] = i;
     return out;
 }
 

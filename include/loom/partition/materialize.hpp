@@ -78,6 +78,12 @@ public:
         held_.resize(g_.tensors.size());
     }
 
+    // Pipelines: the stage of every logical node (-1: none). A tensor passed from one stage
+    // to another moves point to point only: stages run their blocks in different orders,
+    // so a collective spanning two stages could be reached in different orders by its
+    // members, while buffered sends cannot wait on each other.
+    void set_stages(std::vector<int> stage_of_node) { stage_of_node_ = std::move(stage_of_node); }
+
     // Parameters and inputs: each device stores the bounding box of what its pieces read.
     void store_leaves() {
         std::vector<std::vector<std::optional<box>>> need(g_.tensors.size());
@@ -115,7 +121,7 @@ public:
         const node_layout& layout = out_.layouts[static_cast<std::size_t>(id)];
         const bool backward = n.backward || n.forward_of != no_id;
         std::vector<std::vector<tensor_id>> locals(n.inputs.size());
-        for (std::size_t k = 0; k < n.inputs.size(); ++k) {
+        for (std::size_t k = 0; k < n.inputs.size() && !n.op->shape_only_inputs; ++k) {
             std::vector<request> reqs;
             for (const auto& piece : layout.pieces) reqs.push_back({piece.device, piece.inputs[k]});
             locals[k] = materialize(n.inputs[k], reqs, id, backward);
@@ -124,7 +130,7 @@ public:
             const piece_geometry& piece = layout.pieces[p];
             graph_builder& b = *out_.devices[static_cast<std::size_t>(piece.device)].builder;
             std::vector<tensor> ins;
-            for (std::size_t k = 0; k < n.inputs.size(); ++k) ins.push_back(b.handle(locals[k][p]));
+            for (std::size_t k = 0; k < n.inputs.size() && !n.op->shape_only_inputs; ++k) ins.push_back(b.handle(locals[k][p]));
             attributes attrs = n.op->piece_attributes ? n.op->piece_attributes(n, piece.vars) : n.attrs;
             for (const auto& s : layout.partition.splits) {
                 if (s.replicate) continue;
@@ -137,7 +143,14 @@ public:
             }
             std::vector<tensor> outs;
             try {
-                outs = n.op->apply(b, ins, attrs);
+                if (n.op->shape_only_inputs) {
+                    std::vector<shape> shapes;
+                    for (std::size_t o = 0; o < n.outputs.size(); ++o)
+                        shapes.push_back(piece.outputs[o].region.shape_of(g_.tensor(n.outputs[o]).dims));
+                    outs = b.append_unchecked(*n.op, {}, std::move(shapes), attrs, n.name);
+                } else {
+                    outs = n.op->apply(b, ins, attrs);
+                }
             } catch (const error& e) {
                 throw plan_error("plan: piece " + std::to_string(p) + " of " + std::string(n.op->name) + " '" + n.name +
                                  "' (" + layout.partition.describe() + ") cannot be built: " + e.what());
@@ -145,6 +158,9 @@ public:
             graph& dg = b.mutable_graph();
             dg.nodes.back().name = n.name + "#" + std::to_string(p);
             dg.nodes.back().backward = backward;
+            auto& sources = out_.devices[static_cast<std::size_t>(piece.device)].sources;
+            sources.resize(dg.nodes.size());
+            sources.back() = {id, static_cast<std::int32_t>(p)};
             for (std::size_t o = 0; o < outs.size(); ++o) {
                 const vtensor& v = piece.outputs[o];
                 const tensor_desc& logical = g_.tensor(n.outputs[o]);
@@ -560,7 +576,18 @@ private:
             parts.push_back({outs[1], region, v.value});
         }
         if (parts.size() == 1 && parts[0].region == r.region && parts[0].value.full()) return parts[0].local;
-        tensor_id whole = assemble(r.device, t, r.region, parts, accumulate);
+        const bool one_box = std::all_of(parts.begin(), parts.end(), [&](const assemble_input& p) { return p.region == r.region; });
+        tensor_id whole = no_id;
+        if (accumulate && one_box && parts.size() > 2) {
+            // Partial sums of one box (a weight's gradient over a pipeline's micro-batches):
+            // added one at a time, in the same order as one sum, so that each partial dies
+            // as soon as it is added instead of living until the last one is made.
+            whole = assemble(r.device, t, r.region, {parts[0], parts[1]}, true);
+            for (std::size_t k = 2; k < parts.size(); ++k)
+                whole = assemble(r.device, t, r.region, {{whole, r.region, {}}, parts[k]}, true);
+        } else {
+            whole = assemble(r.device, t, r.region, parts, accumulate);
+        }
         hold(t, {t, r.region, {}}, r.device, whole, false);
         return whole;
     }
@@ -582,7 +609,7 @@ private:
         };
         for (std::size_t i = 0; i < reqs.size(); ++i) open.push_back(i);
         resolve_locally();
-        while (!open.empty()) {
+        while (!open.empty() && collectives_allowed(t, consumer)) {
             bool progressed = try_partial(t, open, reqs) || try_tiles(t, open, reqs) || try_broadcast(t, open, reqs);
             if (!progressed) break;
             resolve_locally();
@@ -597,9 +624,19 @@ private:
         return result;
     }
 
+    bool collectives_allowed(tensor_id t, node_id consumer) const {
+        if (stage_of_node_.empty() || consumer == no_id) return true;
+        const node_id producer = g_.tensor(t).producer;
+        if (producer == no_id) return true;
+        const int from = stage_of_node_.at(static_cast<std::size_t>(producer));
+        const int to = stage_of_node_.at(static_cast<std::size_t>(consumer));
+        return from < 0 || to < 0 || from == to;
+    }
+
     partitioned_graph& out_;
     const graph& g_;
     transfer_cost_model cost_;
+    std::vector<int> stage_of_node_;
     std::vector<std::vector<held_piece>> held_;
     bool emitting_backward_ = false;
     node_id emitting_consumer_ = no_id;

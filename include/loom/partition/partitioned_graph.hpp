@@ -21,12 +21,25 @@ struct stored_piece {
     box region;
 };
 
+// Which piece of which logical node a device node computes (no_id for the transfers and
+// assembles that plans insert).
+struct piece_source {
+    node_id logical = no_id;
+    std::int32_t piece = -1;
+};
+
 struct device_part {
     std::unique_ptr<graph_builder> builder = std::make_unique<graph_builder>();
     std::vector<stored_piece> parameters;  // the boxes of each parameter this device stores
     std::vector<stored_piece> inputs;      // the boxes of each input it is fed
     std::vector<stored_piece> gradients;   // per parameter piece: its gradient (same order)
     tensor_id loss = no_id;                // the full loss, on every device
+    std::vector<piece_source> sources;     // per node of the device graph (shorter: the rest inserted)
+
+    piece_source source_of(node_id n) const {
+        auto i = static_cast<std::size_t>(n);
+        return i < sources.size() ? sources[i] : piece_source{};
+    }
 
     const graph& ir() const { return builder->view(); }
 };
@@ -40,6 +53,9 @@ struct partitioned_graph {
     std::vector<device_part> devices;
     std::vector<transfer> transfers;
     std::vector<std::string> notes;    // where a mirrored split fell back to replication, ...
+    // op-order: the node ids of each device's graph in the order it runs them (empty: graph
+    // order, which apply_plan makes deadlock-free by construction). Pipeline schedules set it.
+    std::vector<std::vector<node_id>> order;
 
     const graph& ir() const { return logical->g; }
 };

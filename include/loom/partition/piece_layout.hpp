@@ -5,6 +5,7 @@
 // twin of the combinators' static_asserts) and the mirroring of a forward op's partition
 // onto the ops that differentiate it.
 #include <cstdint>
+#include <map>
 #include <string>
 #include <vector>
 
@@ -65,6 +66,7 @@ inline plan::op_partition resolve_partition(const node& n, plan::op_partition p,
     if (p.replicas < 1)
         throw plan_error("plan: " + where + " has " + std::to_string(p.replicas) + " replicas; use at least 1");
     std::vector<std::int64_t> cut(n.sig.vars.size(), 1);
+    std::vector<std::size_t> copied;  // splits that became replication here
     for (auto& s : p.splits) {
         if (s.degree < 1)
             throw plan_error("plan: trans<Split<" + (s.label.empty() ? std::string(s.dim.name()) : s.label) + ">, " +
@@ -74,6 +76,7 @@ inline plan::op_partition resolve_partition(const node& n, plan::op_partition p,
             if (strict) throw plan_error("plan: trans<Split<" + s.describe() + ">> on " + where + ": " + why);
             notes.push_back(where + ": the mirrored split " + s.describe() + " " + why + "; the op runs replicated instead");
             s.replicate = true;
+            copied.push_back(static_cast<std::size_t>(&s - p.splits.data()));
         };
         if (n.op->opaque_layout && n.sig.vars.size() > 0) {
             fail_or_replicate("cannot be split: the op reinterprets its input's layout; replicate it or split the ops around it");
@@ -105,6 +108,27 @@ inline plan::op_partition resolve_partition(const node& n, plan::op_partition p,
         cut[static_cast<std::size_t>(*v)] *= s.degree;
         s.label = var.label;
         s.dim = var.dim;
+    }
+    // A copy along an axis whose pieces all share their devices (a pipeline's micro-batches
+    // of an op without a batch dim, such as a weight's gradient sum) computes the same thing
+    // twice on one device: keep one.
+    for (auto it = copied.rbegin(); it != copied.rend() && !p.devices.empty(); ++it) {
+        const std::size_t axis = *it;
+        if (static_cast<std::int64_t>(p.devices.size()) != p.pieces()) break;
+        std::vector<int> kept;
+        std::map<std::vector<std::int64_t>, int> device_at;
+        bool shared = true;
+        for (std::int64_t i = 0; i < p.pieces() && shared; ++i) {
+            auto c = p.coordinates(i);
+            const bool first = c[axis] == 0;
+            c[axis] = 0;
+            auto [at, inserted] = device_at.try_emplace(c, p.device_of(i));
+            shared = at->second == p.device_of(i);
+            if (first) kept.push_back(p.device_of(i));
+        }
+        if (!shared) continue;
+        p.splits.erase(p.splits.begin() + static_cast<std::ptrdiff_t>(axis));
+        p.devices = std::move(kept);
     }
     const std::int64_t pieces = p.pieces();
     if (!p.devices.empty() && static_cast<std::int64_t>(p.devices.size()) != pieces)

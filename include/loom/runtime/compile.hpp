@@ -1,6 +1,6 @@
 #pragma once
 // Turns one device's graph into a program: the nodes that the wanted tensors depend on,
-// in graph order, with every intermediate placed in a shared arena by liveness.
+// in graph order (or a given op-order), with every intermediate placed in a shared arena by liveness.
 #include <algorithm>
 #include <string>
 #include <vector>
@@ -18,6 +18,9 @@ struct compile_options {
     // Keep every node even if no wanted tensor depends on it: a device's part of a
     // partitioned graph sends pieces other devices need.
     bool keep_every_node = false;
+    // The order to run the nodes in (op-order: a pipeline schedule's); empty: graph order.
+    // Must list every node once and run each after the producers of its inputs.
+    std::vector<node_id> order;
 };
 
 inline program compile_program(const graph& g, const compile_options& options = {}) {
@@ -50,8 +53,31 @@ inline program compile_program(const graph& g, const compile_options& options = 
         keep[i] = true;
         for (tensor_id t : n.inputs) needed[static_cast<std::size_t>(t)] = true;
     }
-    for (std::size_t i = 0; i < g.nodes.size(); ++i)
-        if (keep[i]) p.steps.push_back({instruction::kind::compute, static_cast<node_id>(i)});
+    if (options.order.empty()) {
+        for (std::size_t i = 0; i < g.nodes.size(); ++i)
+            if (keep[i]) p.steps.push_back({instruction::kind::compute, static_cast<node_id>(i)});
+    } else {
+        if (options.order.size() != g.nodes.size())
+            throw usage_error("compile_program: the node order lists " + std::to_string(options.order.size()) +
+                              " nodes but the graph has " + std::to_string(g.nodes.size()) + "; list every node once");
+        std::vector<bool> done(g.nodes.size(), false);
+        for (node_id id : options.order) {
+            if (id < 0 || static_cast<std::size_t>(id) >= g.nodes.size() || done[static_cast<std::size_t>(id)])
+                throw usage_error("compile_program: the node order lists node " + std::to_string(id) +
+                                  (id >= 0 && static_cast<std::size_t>(id) < g.nodes.size() ? " twice" : ", which is not in the graph") +
+                                  "; list every node once");
+            const node& n = g.at(id);
+            for (tensor_id t : n.inputs) {
+                node_id producer = g.tensor(t).producer;
+                if (producer != no_id && !done[static_cast<std::size_t>(producer)])
+                    throw usage_error("compile_program: the node order runs '" + n.name + "' before '" +
+                                      g.at(producer).name + "', which produces its input '" + g.tensor(t).name +
+                                      "'; order every node after the producers of its inputs");
+            }
+            done[static_cast<std::size_t>(id)] = true;
+            if (keep[static_cast<std::size_t>(id)]) p.steps.push_back({instruction::kind::compute, id});
+        }
+    }
 
     // Bound: everything that outlives a step or is fed from outside.
     for (std::size_t t = 0; t < g.tensors.size(); ++t) {

@@ -48,7 +48,9 @@ public:
         rank_ = c.rank();
         part_ = &plan.devices.at(static_cast<std::size_t>(rank_));
         const graph& g = part_->ir();
-        program_ = compile_program(g, {.prec = prec, .outputs = {part_->loss}, .keep_every_node = true});
+        compile_options compile{.prec = prec, .outputs = {part_->loss}, .keep_every_node = true};
+        if (!plan.order.empty()) compile.order = plan.order.at(static_cast<std::size_t>(rank_));
+        program_ = compile_program(g, compile);
         executor_ = std::make_unique<host::executor<T>>(program_);
         storage_ = std::make_unique<host::bound_storage<T>>(program_);
         storage_->bind_to(*executor_);

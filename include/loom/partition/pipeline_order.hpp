@@ -1,0 +1,180 @@
+#pragma once
+// op-order for pipelines: a schedule (schedule/) orders the (stage, micro-batch, pass)
+// blocks of every device; this turns it into the order each device runs its program in.
+//
+// Every piece a plan put on a device belongs to one block: its op's stage and round
+// (plan/pipeline.hpp), its micro-batch (the piece's coordinate along the outermost,
+// micro-batch split) and its pass (a backward op runs in the backward block of the op it
+// differentiates). The transfers and assembles the plan inserted between pieces have no
+// op of their own; each joins the earliest block on its device that reads what it makes (a
+// receive runs where its data is needed, a ZeRO gather before its first reader), else the
+// latest block whose output it reads (a send runs right after its data is made, gradient
+// sums after the last micro-batch), else the end of the step (the loss gathered to every
+// device). Within a block, nodes keep their plan order, so the collectives of a device group
+// stay in one order on all its members.
+//
+// The result is checked: every node runs after the producers of its inputs (else the
+// schedule contradicts the program's data flow, and the error names both blocks), and the
+// programs together cannot deadlock (partition/deadlock.hpp).
+#include <algorithm>
+#include <cstdint>
+#include <limits>
+#include <map>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include <loom/core/error.hpp>
+#include <loom/partition/apply.hpp>
+#include <loom/partition/deadlock.hpp>
+#include <loom/partition/partitioned_graph.hpp>
+#include <loom/plan/pipeline.hpp>
+#include <loom/schedule/schedule.hpp>
+#include <loom/schedule/validate.hpp>
+
+namespace loom::partition {
+
+// How to apply a pipeline plan: tensors crossing stages move point to point.
+//   auto pg = partition::apply_plan(model, pp.plan, partition::pipeline_apply_options(pp));
+inline apply_options pipeline_apply_options(const plan::pipeline_plan& pp) {
+    apply_options o;
+    o.stage_of_forward = pp.stage_of;
+    return o;
+}
+
+// The block of a piece of logical node `n`, or none for nodes no forward op accounts for.
+inline std::optional<schedule::block> pipeline_block(const partitioned_graph& pg, const plan::pipeline_plan& pp,
+                                                     node_id n, std::int32_t piece) {
+    const logical_graph& lg = *pg.logical;
+    const node& nd = lg.g.at(n);
+    const bool backward = nd.backward || nd.forward_of != no_id;
+    const node_id forward = nd.forward_of != no_id ? nd.forward_of : n;
+    const node_id source = lg.source_of.at(static_cast<std::size_t>(forward));
+    if (source == no_id || static_cast<std::size_t>(source) >= pp.stage_of.size()) return std::nullopt;
+    const auto src = static_cast<std::size_t>(source);
+    schedule::block b;
+    b.pass = backward ? schedule::pass_kind::backward : schedule::pass_kind::forward;
+    b.stage = pp.stage_of[src];
+    b.round = backward ? 0 : pp.round_of[src];
+    if (pp.micro_split[src]) {
+        // The micro-batch is the outermost coordinate, unless the op lacks the batch (a
+        // weight's gradient sum): then its copies per micro-batch were merged into one
+        // piece, which runs where its data flow puts it.
+        const auto& mine = pg.layouts.at(static_cast<std::size_t>(n)).partition;
+        const auto& of_forward = pg.layouts.at(static_cast<std::size_t>(forward)).partition;
+        if (mine.pieces() != of_forward.pieces()) return std::nullopt;
+        b.micro = static_cast<int>(mine.coordinates(piece).at(0));
+    }
+    return b;
+}
+
+// Orders every device's program by the schedule (pg.order). The schedule must be for the
+// plan's stages, micro-batches and rounds, on the plan's devices.
+inline void order_by_schedule(partitioned_graph& pg, const plan::pipeline_plan& pp, const schedule::schedule& s) {
+    const std::string what = "pipeline order (" + (s.name.empty() ? std::string("schedule") : s.name) + ")";
+    if (s.shape.stages != pp.stages || s.shape.micro_batches != pp.micro_batches || s.shape.rounds != pp.rounds)
+        throw schedule::schedule_error(what + ": the schedule has " + std::to_string(s.shape.stages) + " stages, " +
+                                       std::to_string(s.shape.micro_batches) + " micro-batches and " +
+                                       std::to_string(s.shape.rounds) + " rounds, the plan " + std::to_string(pp.stages) +
+                                       ", " + std::to_string(pp.micro_batches) + " and " + std::to_string(pp.rounds) +
+                                       "; build both for the same pipeline");
+    if (static_cast<int>(s.device_order.size()) != pg.world)
+        throw schedule::schedule_error(what + ": the schedule orders " + std::to_string(s.device_order.size()) +
+                                       " devices but the plan has " + std::to_string(pg.world) +
+                                       "; give the schedule's stages the plan's device groups");
+    schedule::validate(s);
+
+    constexpr long unset = std::numeric_limits<long>::min();
+    pg.order.assign(static_cast<std::size_t>(pg.world), {});
+    for (int d = 0; d < pg.world; ++d) {
+        const device_part& part = pg.devices[static_cast<std::size_t>(d)];
+        const graph& dg = part.ir();
+        const std::size_t count = dg.nodes.size();
+        std::map<schedule::block, long> position;
+        const auto& blocks = s.device_order[static_cast<std::size_t>(d)];
+        for (std::size_t k = 0; k < blocks.size(); ++k) position[blocks[k]] = static_cast<long>(k);
+        const long end = static_cast<long>(blocks.size());
+
+        std::vector<long> pos(count, unset);
+        std::vector<std::optional<schedule::block>> tag(count);
+        for (std::size_t i = 0; i < count; ++i) {
+            const piece_source src = part.source_of(static_cast<node_id>(i));
+            if (src.logical == no_id) continue;
+            tag[i] = pipeline_block(pg, pp, src.logical, src.piece);
+            if (!tag[i]) continue;
+            auto it = position.find(*tag[i]);
+            if (it == position.end())
+                throw schedule::schedule_error(
+                    what + ": the plan puts '" + dg.nodes[i].name + "' (block " + schedule::to_string(*tag[i], pp.rounds) +
+                    ") on device " + std::to_string(d) + ", but the schedule does not run that block there; place the stage on the "
+                    "devices the schedule gives it");
+            pos[i] = it->second;
+        }
+        // Inserted nodes: the earliest block that reads them, ...
+        std::vector<std::vector<std::size_t>> consumers(count);
+        for (std::size_t i = 0; i < count; ++i)
+            for (tensor_id t : dg.nodes[i].inputs)
+                if (node_id p = dg.tensor(t).producer; p != no_id) consumers[static_cast<std::size_t>(p)].push_back(i);
+        std::vector<long> by_consumer(pos);
+        for (std::size_t i = count; i-- > 0;) {
+            if (by_consumer[i] != unset) continue;
+            for (std::size_t c : consumers[i])
+                if (by_consumer[c] != unset) by_consumer[i] = by_consumer[i] == unset ? by_consumer[c] : std::min(by_consumer[i], by_consumer[c]);
+        }
+        // ... else the latest block they read from, else the end of the step.
+        std::vector<long> placed(count, unset);
+        for (std::size_t i = 0; i < count; ++i) {
+            if (by_consumer[i] != unset) {
+                placed[i] = by_consumer[i];
+                continue;
+            }
+            for (tensor_id t : dg.nodes[i].inputs)
+                if (node_id p = dg.tensor(t).producer; p != no_id)
+                    placed[i] = std::max(placed[i], placed[static_cast<std::size_t>(p)]);
+            if (placed[i] == unset) placed[i] = end;
+        }
+        // Data flow within the device must agree with the block order.
+        auto block_text = [&](std::size_t i) {
+            if (tag[i]) return schedule::to_string(*tag[i], pp.rounds);
+            return placed[i] == end ? std::string("the end of the step")
+                                   : "block " + schedule::to_string(blocks[static_cast<std::size_t>(placed[i])], pp.rounds);
+        };
+        for (std::size_t i = 0; i < count; ++i)
+            for (tensor_id t : dg.nodes[i].inputs) {
+                const node_id p = dg.tensor(t).producer;
+                if (p == no_id || placed[static_cast<std::size_t>(p)] <= placed[i]) continue;
+                throw schedule::schedule_error(what + ": on device " + std::to_string(d) + ", '" + dg.nodes[i].name + "' in " +
+                                               block_text(i) + " reads '" + dg.tensor(t).name + "', made by '" +
+                                               dg.nodes[static_cast<std::size_t>(p)].name + "' in " +
+                                               block_text(static_cast<std::size_t>(p)) +
+                                               ", which the schedule runs later; order the blocks so that data flows forward");
+            }
+        std::vector<node_id> order(count);
+        for (std::size_t i = 0; i < count; ++i) order[i] = static_cast<node_id>(i);
+        std::stable_sort(order.begin(), order.end(),
+                         [&](node_id a, node_id b) { return placed[static_cast<std::size_t>(a)] < placed[static_cast<std::size_t>(b)]; });
+        pg.order[static_cast<std::size_t>(d)] = std::move(order);
+    }
+    check_deadlock_free(pg);
+}
+
+// A schedule for stages of one device each, spread over groups of `devices_per_stage`:
+// stage s runs on devices [g * k, (g + 1) * k) of its device g, every member in the same
+// block order (SPMD within the group).
+inline schedule::schedule spread_over_groups(const schedule::schedule& s, int devices_per_stage) {
+    if (devices_per_stage == 1) return s;
+    schedule::schedule out = s;
+    out.shape.devices = s.shape.devices * devices_per_stage;
+    out.device_order.clear();
+    for (int d = 0; d < s.shape.devices; ++d)
+        for (int k = 0; k < devices_per_stage; ++k) out.device_order.push_back(s.device_order.at(static_cast<std::size_t>(d)));
+    for (auto& group : out.shape.stage_devices) {
+        std::vector<int> spread;
+        for (int d : group)
+            for (int k = 0; k < devices_per_stage; ++k) spread.push_back(d * devices_per_stage + k);
+        group = std::move(spread);
+    }
+    return out;
+}
+
+}  // namespace loom::partition
