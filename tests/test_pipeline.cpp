@@ -161,3 +161,28 @@ TEST_CASE("3F1B: three forward rounds and one backward per micro-batch train the
             }
     }
 }
+
+TEST_CASE("the interlaced pipeline: a vocabulary-parallel embedding and head on every device around a 1F1B pipeline",
+          "[pipeline]") {
+    // Stage 0 (embeddings) and the last stage (ln_f, the tied LM head, the loss) run on all
+    // devices, split by vocabulary (Megatron's rules); the layers form a pipeline of one
+    // device per stage between them, time-shared on the same devices.
+    const auto c = model();
+    for (int p : {2, 4}) {
+        const int micro = 4;
+        auto m = models::gpt(c);
+        plan::pipeline_spec spec;
+        std::vector<int> all;
+        for (int d = 0; d < p; ++d) all.push_back(d);
+        spec.stages.push_back({0, -1, all, plan::presets::megatron(p)});
+        const std::int64_t per = c.layers / p;
+        for (int s = 0; s < p; ++s) spec.stages.push_back({s * per, (s + 1) * per - 1, {s}, std::nullopt});
+        spec.stages.push_back({0, -1, all, plan::presets::megatron(p)});
+        spec.micro_batches = micro;
+        spec.head_stage = 0;
+        spec.tail_stage = p + 1;
+        spec.name = "interlaced x" + std::to_string(p);
+        const auto pp = plan::resolve_pipeline(spec, m.ir());
+        check_equal(c, pp, schedule::interlaced(p, micro), spec.name);
+    }
+}
