@@ -4297,6 +4297,17 @@ inline bool glob_match(std::string_view pattern, std::string_view text) {
 
 }  // namespace detail
 
+// The index of the layer of `repeat` that node n is in (its innermost enclosing scope that
+// is an instance of that repeat), or -1 outside it.
+inline std::int64_t layer_index(const graph& g, const node& n, std::string_view repeat) {
+    for (std::int32_t s = n.scope; s != no_id;) {
+        const scope_desc& sd = g.scopes.at(static_cast<std::size_t>(s));
+        if (sd.repeat != no_id && g.repeats.at(static_cast<std::size_t>(sd.repeat)).name == repeat) return sd.index;
+        s = sd.parent;
+    }
+    return -1;
+}
+
 // Which ops a rule applies to. Every condition that is set must hold.
 struct selector {
     std::vector<const op_def*> kinds;  // op kinds (empty: any)
@@ -4310,16 +4321,8 @@ struct selector {
         if (!name.empty() && !detail::glob_match(name, n.name)) return false;
         if (!scope.empty() && !detail::glob_match(scope, g.scope_path(n.scope))) return false;
         if (!repeat.empty()) {
-            // The innermost enclosing scope that is an instance of the named repeat.
-            std::int32_t s = n.scope;
-            while (s != no_id) {
-                const scope_desc& sd = g.scopes.at(static_cast<std::size_t>(s));
-                if (sd.repeat != no_id && g.repeats.at(static_cast<std::size_t>(sd.repeat)).name == repeat) break;
-                s = sd.parent;
-            }
-            if (s == no_id) return false;
-            const std::int64_t layer = g.scopes.at(static_cast<std::size_t>(s)).index;
-            if (layer < first_layer || (last_layer >= 0 && layer > last_layer)) return false;
+            const std::int64_t layer = layer_index(g, n, repeat);
+            if (layer < 0 || layer < first_layer || (last_layer >= 0 && layer > last_layer)) return false;
         }
         return true;
     }
@@ -5254,16 +5257,6 @@ struct pipeline_plan {
 
 namespace detail {
 
-// The layer index of node n in the named repeat, or -1 outside it.
-inline std::int64_t layer_of(const graph& g, const node& n, const std::string& repeat) {
-    for (std::int32_t s = n.scope; s != no_id;) {
-        const scope_desc& sd = g.scopes.at(static_cast<std::size_t>(s));
-        if (sd.repeat != no_id && g.repeats.at(static_cast<std::size_t>(sd.repeat)).name == repeat) return sd.index;
-        s = sd.parent;
-    }
-    return -1;
-}
-
 // r for a node under scope "<name>.<r>" (an instance of a repeat called name, or a scope
 // named so), or -1.
 inline int round_of(const graph& g, const node& n, const std::string& name) {
@@ -5344,7 +5337,7 @@ inline pipeline_plan resolve_pipeline(const pipeline_spec& spec, const graph& g)
     // the inputs of each recycling round), else on the tail stage (the head and the loss).
     std::vector<std::int64_t> layer(forward);
     std::vector<bool> layers_after(forward + 1, false);
-    for (std::size_t i = 0; i < forward; ++i) layer[i] = detail::layer_of(g, g.nodes[i], spec.repeat);
+    for (std::size_t i = 0; i < forward; ++i) layer[i] = layer_index(g, g.nodes[i], spec.repeat);
     for (std::size_t i = forward; i-- > 0;) layers_after[i] = layers_after[i + 1] || layer[i] >= 0;
     // Ops outside the rounds join the next round (embeddings: round 0), else the last.
     std::vector<int> round(forward + 1, spec.rounds - 1);
@@ -7317,14 +7310,8 @@ inline partitioned_graph apply_plan(const graph& model, const plan::resolved_pla
         // A cut that a registered transformation makes by rebuilding the op (cross_entropy
         // along its vocabulary): checked against the op as written, then rebuilt.
         const node& n = model.nodes[i];
-        bool rebuilds = false;
-        for (const auto& s : p->splits)
-            if (!s.replicate)
-                if (auto v = detail::variable_of(n, s)) {
-                    const auto* t = plan::transformation_registry::instance().find(*n.op, n.sig.vars[static_cast<std::size_t>(*v)].label);
-                    rebuilds = rebuilds || (t && t->decompose);
-                }
-        if (rebuilds) lo.decompose[i] = resolve_partition(n, *p, plan.devices, true, notes);
+        plan::op_partition resolved = resolve_partition(n, *p, plan.devices, true, notes);
+        if (decomposition_for(n, resolved)) lo.decompose[i] = std::move(resolved);
     }
 
     partitioned_graph out;
@@ -12199,6 +12186,7 @@ struct host_kernel<ops::Assemble> {
 // Shared helpers for elementwise host kernels: a parallel loop over elements with a grain
 // large enough that the pool pays for itself.
 #include <cstdint>
+#include <cstring>
 
 // ---- begin loom/runtime/host/thread_pool.hpp ----
 // A fork-join thread pool for the host backend: persistent workers, one parallel_for.
@@ -12491,6 +12479,16 @@ template <class F>
 void for_each_index(std::int64_t n, F&& f) {
     parallel_for(0, n, elementwise_grain, [&](std::int64_t lo, std::int64_t hi) {
         for (std::int64_t i = lo; i < hi; ++i) f(i);
+    });
+}
+
+// y = x over n elements, in parallel chunks; nothing when they share storage (a copy op whose
+// output the planner placed on its input).
+template <class T>
+void copy_elements(const T* x, T* y, std::int64_t n) {
+    if (x == y) return;
+    parallel_for(0, n, elementwise_grain, [&](std::int64_t lo, std::int64_t hi) {
+        std::memcpy(y + lo, x + lo, static_cast<std::size_t>(hi - lo) * sizeof(T));
     });
 }
 
@@ -13664,8 +13662,6 @@ struct host_kernel<ops::LinearGradWeight> {
 // ---- end loom/runtime/host/kernels/linear.hpp ----
 // ---- begin loom/runtime/host/kernels/stop_gradient.hpp ----
 // Kernel of stop_gradient: in the forward pass it is the identity, a copy.
-#include <cstring>
-
 
 namespace loom::host {
 
@@ -13673,13 +13669,7 @@ template <>
 struct host_kernel<ops::StopGradient> {
     template <class T>
     static void run(const kernel_call<T>& c) {
-        const T* x = c.input(0);
-        T* y = c.output(0);
-        if (x == y) return;
-        const std::int64_t n = c.output_numel(0);
-        parallel_for(0, n, elementwise_grain, [&](std::int64_t lo, std::int64_t hi) {
-            std::memcpy(y + lo, x + lo, static_cast<std::size_t>(hi - lo) * sizeof(T));
-        });
+        copy_elements(c.input(0), c.output(0), c.output_numel(0));
     }
 };
 
@@ -14328,6 +14318,27 @@ T* scratch(std::size_t n) {
     thread_local std::vector<T> buffer;
     if (buffer.size() < n) buffer.resize(n);
     return buffer.data();
+}
+
+// The sum of row_value(r) over rows [0, rows), in double, per block of block_rows rows and
+// then block by block in order (the same for any thread count); `row_cost` elements of work
+// per row sets the grain.
+template <class F>
+double sum_over_rows(std::int64_t rows, std::int64_t row_cost, F&& row_value) {
+    const std::int64_t blocks = row_blocks(rows);
+    double* partial = scratch<double>(static_cast<std::size_t>(std::max<std::int64_t>(blocks, 1)));
+    const std::int64_t grain = std::max<std::int64_t>(1, elementwise_grain / (block_rows * std::max<std::int64_t>(row_cost, 1)));
+    parallel_for(0, blocks, grain, [&](std::int64_t lo, std::int64_t hi) {
+        for (std::int64_t b = lo; b < hi; ++b) {
+            double s = 0;
+            const std::int64_t end = std::min(rows, (b + 1) * block_rows);
+            for (std::int64_t r = b * block_rows; r < end; ++r) s += row_value(r);
+            partial[b] = s;
+        }
+    });
+    double total = 0;
+    for (std::int64_t b = 0; b < blocks; ++b) total += partial[b];
+    return total;
 }
 
 // out[i] += in[i] for i in [0, n). A function, not a lambda, so the __restrict on its
@@ -15188,9 +15199,6 @@ struct host_kernel<ops::MatmulTN> {
 // ---- end loom/runtime/host/kernels/matmul.hpp ----
 // ---- begin loom/runtime/host/kernels/reshape.hpp ----
 // Kernel of reshape: a row-major reshape keeps every element where it is, so it is a copy.
-#include <algorithm>
-#include <cstring>
-
 
 namespace loom::host {
 
@@ -15198,13 +15206,7 @@ template <>
 struct host_kernel<ops::Reshape> {
     template <class T>
     static void run(const kernel_call<T>& c) {
-        const T* x = c.input(0);
-        T* y = c.output(0);
-        if (x == y) return;
-        const std::int64_t n = c.output_numel(0);
-        parallel_for(0, n, elementwise_grain, [&](std::int64_t lo, std::int64_t hi) {
-            std::memcpy(y + lo, x + lo, static_cast<std::size_t>(hi - lo) * sizeof(T));
-        });
+        copy_elements(c.input(0), c.output(0), c.output_numel(0));
     }
 };
 
@@ -15306,23 +15308,11 @@ struct host_kernel<ops::CrossEntropy> {
         detail::check_targets(c, 1, v, ignore);
         const T* logits = c.input(0);
         const std::int32_t* targets = c.index_input(1);
-        const std::int64_t blocks = detail::row_blocks(rows);
-        double* partial = detail::scratch<double>(static_cast<std::size_t>(std::max<std::int64_t>(blocks, 1)));
-        const std::int64_t grain = std::max<std::int64_t>(1, elementwise_grain / (detail::block_rows * v));
-        parallel_for(0, blocks, grain, [&](std::int64_t lo, std::int64_t hi) {
-            for (std::int64_t b = lo; b < hi; ++b) {
-                double s = 0;
-                const std::int64_t end = std::min(rows, (b + 1) * detail::block_rows);
-                for (std::int64_t r = b * detail::block_rows; r < end; ++r) {
-                    if (targets[r] == ignore) continue;
-                    const T* x = logits + r * v;
-                    s += static_cast<double>(detail::log_sum_exp(x, v) - x[targets[r]]);
-                }
-                partial[b] = s;
-            }
+        const double total = detail::sum_over_rows(rows, v, [&](std::int64_t r) {
+            if (targets[r] == ignore) return 0.0;
+            const T* x = logits + r * v;
+            return static_cast<double>(detail::log_sum_exp(x, v) - x[targets[r]]);
         });
-        double total = 0;
-        for (std::int64_t b = 0; b < blocks; ++b) total += partial[b];
         *c.output(0) = static_cast<T>(total / normalizer);
     }
 };
@@ -15449,14 +15439,34 @@ struct host_kernel<ops::EmbeddingGrad> {
 // ---- begin loom/runtime/host/kernels/vocab_parallel_cross_entropy.hpp ----
 // Host kernels of the vocabulary-parallel cross-entropy ops (ops/vocab_parallel_cross_entropy.hpp).
 // Each chunk's log-sum-exp is taken around the chunk's max, and the loss around the max of
-// the chunks' log-sum-exps, so no exp overflows. The loss sums rows per fixed block of rows,
-// in double, then the blocks in order: the same for any thread count.
+// the chunks' log-sum-exps, so no exp overflows. The loss sums rows with sum_over_rows:
+// the same for any thread count.
 #include <algorithm>
 #include <cmath>
 #include <cstdint>
 
 
 namespace loom::host {
+
+namespace detail {
+
+// For pick_target and its gradient: checks the targets (input 1) against the whole
+// vocabulary, then maps a position to its target's column among this piece's rows
+// [row_offset, row_offset + v), or -1 where the piece does not hold it or it is ignored.
+template <class T>
+auto target_columns(const kernel_call<T>& c) {
+    const std::int64_t v = c.extent("v");
+    const auto offset = c.attrs().template get_or<std::int64_t>("row_offset", 0);
+    const auto ignore = c.attrs().template get<std::int64_t>("ignore_index");
+    check_targets(c, 1, c.attrs().template get<std::int64_t>("vocab"), ignore);
+    const std::int32_t* targets = c.index_input(1);
+    return [=](std::int64_t r) -> std::int64_t {
+        const std::int64_t col = targets[r] == ignore ? -1 : targets[r] - offset;
+        return col >= 0 && col < v ? col : -1;
+    };
+}
+
+}  // namespace detail
 
 template <>
 struct host_kernel<ops::ChunkLogsumexp> {
@@ -15499,17 +15509,12 @@ struct host_kernel<ops::PickTarget> {
     template <class T>
     static void run(const kernel_call<T>& c) {
         const std::int64_t v = c.extent("v");
-        const auto vocab = c.attrs().template get<std::int64_t>("vocab");
-        const auto offset = c.attrs().template get_or<std::int64_t>("row_offset", 0);
-        const auto ignore = c.attrs().template get<std::int64_t>("ignore_index");
-        detail::check_targets(c, 1, vocab, ignore);
+        const auto column = detail::target_columns(c);
         const T* logits = c.input(0);
-        const std::int32_t* targets = c.index_input(1);
         T* z = c.output(0);
-        const std::int64_t rows = c.input_numel(1);
-        for (std::int64_t r = 0; r < rows; ++r) {
-            const std::int64_t col = targets[r] == ignore ? -1 : targets[r] - offset;
-            z[r] = col >= 0 && col < v ? logits[r * v + col] : T(0);
+        for (std::int64_t r = 0, rows = c.input_numel(1); r < rows; ++r) {
+            const std::int64_t col = column(r);
+            z[r] = col >= 0 ? logits[r * v + col] : T(0);
         }
     }
 };
@@ -15519,18 +15524,13 @@ struct host_kernel<ops::PickTargetGrad> {
     template <class T>
     static void run(const kernel_call<T>& c) {
         const std::int64_t v = c.extent("v");
-        const auto vocab = c.attrs().template get<std::int64_t>("vocab");
-        const auto offset = c.attrs().template get_or<std::int64_t>("row_offset", 0);
-        const auto ignore = c.attrs().template get<std::int64_t>("ignore_index");
-        detail::check_targets(c, 1, vocab, ignore);
+        const auto column = detail::target_columns(c);
         const T* dz = c.input(0);
-        const std::int32_t* targets = c.index_input(1);
         T* dlogits = c.output(0);
         for_each_row(c.input_numel(1), v, [&](std::int64_t r) {
             T* out = dlogits + r * v;
             std::fill(out, out + v, T(0));
-            const std::int64_t col = targets[r] == ignore ? -1 : targets[r] - offset;
-            if (col >= 0 && col < v) out[col] = dz[r];
+            if (const std::int64_t col = column(r); col >= 0) out[col] = dz[r];
         });
     }
 };
@@ -15546,21 +15546,10 @@ struct host_kernel<ops::CrossEntropyFromChunks> {
         const T* lse = c.input(0);
         const T* z = c.input(1);
         const std::int32_t* targets = c.index_input(2);
-        const std::int64_t blocks = detail::row_blocks(rows);
-        double* partial = detail::scratch<double>(static_cast<std::size_t>(std::max<std::int64_t>(blocks, 1)));
-        parallel_for(0, blocks, 1, [&](std::int64_t lo, std::int64_t hi) {
-            for (std::int64_t b = lo; b < hi; ++b) {
-                double s = 0;
-                const std::int64_t end = std::min(rows, (b + 1) * detail::block_rows);
-                for (std::int64_t r = b * detail::block_rows; r < end; ++r) {
-                    if (targets[r] == ignore) continue;
-                    s += static_cast<double>(detail::log_sum_exp(lse + r * chunks, chunks) - z[r]);
-                }
-                partial[b] = s;
-            }
+        const double total = detail::sum_over_rows(rows, chunks, [&](std::int64_t r) {
+            if (targets[r] == ignore) return 0.0;
+            return static_cast<double>(detail::log_sum_exp(lse + r * chunks, chunks) - z[r]);
         });
-        double total = 0;
-        for (std::int64_t b = 0; b < blocks; ++b) total += partial[b];
         *c.output(0) = static_cast<T>(total / normalizer);
     }
 };

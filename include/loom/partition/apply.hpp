@@ -58,14 +58,8 @@ inline partitioned_graph apply_plan(const graph& model, const plan::resolved_pla
         // A cut that a registered transformation makes by rebuilding the op (cross_entropy
         // along its vocabulary): checked against the op as written, then rebuilt.
         const node& n = model.nodes[i];
-        bool rebuilds = false;
-        for (const auto& s : p->splits)
-            if (!s.replicate)
-                if (auto v = detail::variable_of(n, s)) {
-                    const auto* t = plan::transformation_registry::instance().find(*n.op, n.sig.vars[static_cast<std::size_t>(*v)].label);
-                    rebuilds = rebuilds || (t && t->decompose);
-                }
-        if (rebuilds) lo.decompose[i] = resolve_partition(n, *p, plan.devices, true, notes);
+        plan::op_partition resolved = resolve_partition(n, *p, plan.devices, true, notes);
+        if (decomposition_for(n, resolved)) lo.decompose[i] = std::move(resolved);
     }
 
     partitioned_graph out;

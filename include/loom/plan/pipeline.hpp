@@ -67,16 +67,6 @@ struct pipeline_plan {
 
 namespace detail {
 
-// The layer index of node n in the named repeat, or -1 outside it.
-inline std::int64_t layer_of(const graph& g, const node& n, const std::string& repeat) {
-    for (std::int32_t s = n.scope; s != no_id;) {
-        const scope_desc& sd = g.scopes.at(static_cast<std::size_t>(s));
-        if (sd.repeat != no_id && g.repeats.at(static_cast<std::size_t>(sd.repeat)).name == repeat) return sd.index;
-        s = sd.parent;
-    }
-    return -1;
-}
-
 // r for a node under scope "<name>.<r>" (an instance of a repeat called name, or a scope
 // named so), or -1.
 inline int round_of(const graph& g, const node& n, const std::string& name) {
@@ -157,7 +147,7 @@ inline pipeline_plan resolve_pipeline(const pipeline_spec& spec, const graph& g)
     // the inputs of each recycling round), else on the tail stage (the head and the loss).
     std::vector<std::int64_t> layer(forward);
     std::vector<bool> layers_after(forward + 1, false);
-    for (std::size_t i = 0; i < forward; ++i) layer[i] = detail::layer_of(g, g.nodes[i], spec.repeat);
+    for (std::size_t i = 0; i < forward; ++i) layer[i] = layer_index(g, g.nodes[i], spec.repeat);
     for (std::size_t i = forward; i-- > 0;) layers_after[i] = layers_after[i + 1] || layer[i] >= 0;
     // Ops outside the rounds join the next round (embeddings: round 0), else the last.
     std::vector<int> round(forward + 1, spec.rounds - 1);

@@ -51,6 +51,17 @@ inline bool glob_match(std::string_view pattern, std::string_view text) {
 
 }  // namespace detail
 
+// The index of the layer of `repeat` that node n is in (its innermost enclosing scope that
+// is an instance of that repeat), or -1 outside it.
+inline std::int64_t layer_index(const graph& g, const node& n, std::string_view repeat) {
+    for (std::int32_t s = n.scope; s != no_id;) {
+        const scope_desc& sd = g.scopes.at(static_cast<std::size_t>(s));
+        if (sd.repeat != no_id && g.repeats.at(static_cast<std::size_t>(sd.repeat)).name == repeat) return sd.index;
+        s = sd.parent;
+    }
+    return -1;
+}
+
 // Which ops a rule applies to. Every condition that is set must hold.
 struct selector {
     std::vector<const op_def*> kinds;  // op kinds (empty: any)
@@ -64,16 +75,8 @@ struct selector {
         if (!name.empty() && !detail::glob_match(name, n.name)) return false;
         if (!scope.empty() && !detail::glob_match(scope, g.scope_path(n.scope))) return false;
         if (!repeat.empty()) {
-            // The innermost enclosing scope that is an instance of the named repeat.
-            std::int32_t s = n.scope;
-            while (s != no_id) {
-                const scope_desc& sd = g.scopes.at(static_cast<std::size_t>(s));
-                if (sd.repeat != no_id && g.repeats.at(static_cast<std::size_t>(sd.repeat)).name == repeat) break;
-                s = sd.parent;
-            }
-            if (s == no_id) return false;
-            const std::int64_t layer = g.scopes.at(static_cast<std::size_t>(s)).index;
-            if (layer < first_layer || (last_layer >= 0 && layer > last_layer)) return false;
+            const std::int64_t layer = layer_index(g, n, repeat);
+            if (layer < 0 || layer < first_layer || (last_layer >= 0 && layer > last_layer)) return false;
         }
         return true;
     }

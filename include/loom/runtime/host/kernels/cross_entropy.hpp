@@ -64,23 +64,11 @@ struct host_kernel<ops::CrossEntropy> {
         detail::check_targets(c, 1, v, ignore);
         const T* logits = c.input(0);
         const std::int32_t* targets = c.index_input(1);
-        const std::int64_t blocks = detail::row_blocks(rows);
-        double* partial = detail::scratch<double>(static_cast<std::size_t>(std::max<std::int64_t>(blocks, 1)));
-        const std::int64_t grain = std::max<std::int64_t>(1, elementwise_grain / (detail::block_rows * v));
-        parallel_for(0, blocks, grain, [&](std::int64_t lo, std::int64_t hi) {
-            for (std::int64_t b = lo; b < hi; ++b) {
-                double s = 0;
-                const std::int64_t end = std::min(rows, (b + 1) * detail::block_rows);
-                for (std::int64_t r = b * detail::block_rows; r < end; ++r) {
-                    if (targets[r] == ignore) continue;
-                    const T* x = logits + r * v;
-                    s += static_cast<double>(detail::log_sum_exp(x, v) - x[targets[r]]);
-                }
-                partial[b] = s;
-            }
+        const double total = detail::sum_over_rows(rows, v, [&](std::int64_t r) {
+            if (targets[r] == ignore) return 0.0;
+            const T* x = logits + r * v;
+            return static_cast<double>(detail::log_sum_exp(x, v) - x[targets[r]]);
         });
-        double total = 0;
-        for (std::int64_t b = 0; b < blocks; ++b) total += partial[b];
         *c.output(0) = static_cast<T>(total / normalizer);
     }
 };

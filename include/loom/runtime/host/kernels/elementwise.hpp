@@ -2,6 +2,7 @@
 // Shared helpers for elementwise host kernels: a parallel loop over elements with a grain
 // large enough that the pool pays for itself.
 #include <cstdint>
+#include <cstring>
 
 #include <loom/runtime/host/thread_pool.hpp>
 
@@ -14,6 +15,16 @@ template <class F>
 void for_each_index(std::int64_t n, F&& f) {
     parallel_for(0, n, elementwise_grain, [&](std::int64_t lo, std::int64_t hi) {
         for (std::int64_t i = lo; i < hi; ++i) f(i);
+    });
+}
+
+// y = x over n elements, in parallel chunks; nothing when they share storage (a copy op whose
+// output the planner placed on its input).
+template <class T>
+void copy_elements(const T* x, T* y, std::int64_t n) {
+    if (x == y) return;
+    parallel_for(0, n, elementwise_grain, [&](std::int64_t lo, std::int64_t hi) {
+        std::memcpy(y + lo, x + lo, static_cast<std::size_t>(hi - lo) * sizeof(T));
     });
 }
 

@@ -16,6 +16,7 @@
 #include <vector>
 
 #include <loom/core/shape.hpp>
+#include <loom/runtime/host/kernels/elementwise.hpp>
 #include <loom/runtime/host/kernels/vector_math.hpp>
 #include <loom/runtime/host/thread_pool.hpp>
 
@@ -79,6 +80,27 @@ T* scratch(std::size_t n) {
     thread_local std::vector<T> buffer;
     if (buffer.size() < n) buffer.resize(n);
     return buffer.data();
+}
+
+// The sum of row_value(r) over rows [0, rows), in double, per block of block_rows rows and
+// then block by block in order (the same for any thread count); `row_cost` elements of work
+// per row sets the grain.
+template <class F>
+double sum_over_rows(std::int64_t rows, std::int64_t row_cost, F&& row_value) {
+    const std::int64_t blocks = row_blocks(rows);
+    double* partial = scratch<double>(static_cast<std::size_t>(std::max<std::int64_t>(blocks, 1)));
+    const std::int64_t grain = std::max<std::int64_t>(1, elementwise_grain / (block_rows * std::max<std::int64_t>(row_cost, 1)));
+    parallel_for(0, blocks, grain, [&](std::int64_t lo, std::int64_t hi) {
+        for (std::int64_t b = lo; b < hi; ++b) {
+            double s = 0;
+            const std::int64_t end = std::min(rows, (b + 1) * block_rows);
+            for (std::int64_t r = b * block_rows; r < end; ++r) s += row_value(r);
+            partial[b] = s;
+        }
+    });
+    double total = 0;
+    for (std::int64_t b = 0; b < blocks; ++b) total += partial[b];
+    return total;
 }
 
 // out[i] += in[i] for i in [0, n). A function, not a lambda, so the __restrict on its

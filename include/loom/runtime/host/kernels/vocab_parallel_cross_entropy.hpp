@@ -1,8 +1,8 @@
 #pragma once
 // Host kernels of the vocabulary-parallel cross-entropy ops (ops/vocab_parallel_cross_entropy.hpp).
 // Each chunk's log-sum-exp is taken around the chunk's max, and the loss around the max of
-// the chunks' log-sum-exps, so no exp overflows. The loss sums rows per fixed block of rows,
-// in double, then the blocks in order: the same for any thread count.
+// the chunks' log-sum-exps, so no exp overflows. The loss sums rows with sum_over_rows:
+// the same for any thread count.
 #include <algorithm>
 #include <cmath>
 #include <cstdint>
@@ -14,6 +14,26 @@
 #include <loom/runtime/host/kernels/rowwise.hpp>
 
 namespace loom::host {
+
+namespace detail {
+
+// For pick_target and its gradient: checks the targets (input 1) against the whole
+// vocabulary, then maps a position to its target's column among this piece's rows
+// [row_offset, row_offset + v), or -1 where the piece does not hold it or it is ignored.
+template <class T>
+auto target_columns(const kernel_call<T>& c) {
+    const std::int64_t v = c.extent("v");
+    const auto offset = c.attrs().template get_or<std::int64_t>("row_offset", 0);
+    const auto ignore = c.attrs().template get<std::int64_t>("ignore_index");
+    check_targets(c, 1, c.attrs().template get<std::int64_t>("vocab"), ignore);
+    const std::int32_t* targets = c.index_input(1);
+    return [=](std::int64_t r) -> std::int64_t {
+        const std::int64_t col = targets[r] == ignore ? -1 : targets[r] - offset;
+        return col >= 0 && col < v ? col : -1;
+    };
+}
+
+}  // namespace detail
 
 template <>
 struct host_kernel<ops::ChunkLogsumexp> {
@@ -56,17 +76,12 @@ struct host_kernel<ops::PickTarget> {
     template <class T>
     static void run(const kernel_call<T>& c) {
         const std::int64_t v = c.extent("v");
-        const auto vocab = c.attrs().template get<std::int64_t>("vocab");
-        const auto offset = c.attrs().template get_or<std::int64_t>("row_offset", 0);
-        const auto ignore = c.attrs().template get<std::int64_t>("ignore_index");
-        detail::check_targets(c, 1, vocab, ignore);
+        const auto column = detail::target_columns(c);
         const T* logits = c.input(0);
-        const std::int32_t* targets = c.index_input(1);
         T* z = c.output(0);
-        const std::int64_t rows = c.input_numel(1);
-        for (std::int64_t r = 0; r < rows; ++r) {
-            const std::int64_t col = targets[r] == ignore ? -1 : targets[r] - offset;
-            z[r] = col >= 0 && col < v ? logits[r * v + col] : T(0);
+        for (std::int64_t r = 0, rows = c.input_numel(1); r < rows; ++r) {
+            const std::int64_t col = column(r);
+            z[r] = col >= 0 ? logits[r * v + col] : T(0);
         }
     }
 };
@@ -76,18 +91,13 @@ struct host_kernel<ops::PickTargetGrad> {
     template <class T>
     static void run(const kernel_call<T>& c) {
         const std::int64_t v = c.extent("v");
-        const auto vocab = c.attrs().template get<std::int64_t>("vocab");
-        const auto offset = c.attrs().template get_or<std::int64_t>("row_offset", 0);
-        const auto ignore = c.attrs().template get<std::int64_t>("ignore_index");
-        detail::check_targets(c, 1, vocab, ignore);
+        const auto column = detail::target_columns(c);
         const T* dz = c.input(0);
-        const std::int32_t* targets = c.index_input(1);
         T* dlogits = c.output(0);
         for_each_row(c.input_numel(1), v, [&](std::int64_t r) {
             T* out = dlogits + r * v;
             std::fill(out, out + v, T(0));
-            const std::int64_t col = targets[r] == ignore ? -1 : targets[r] - offset;
-            if (col >= 0 && col < v) out[col] = dz[r];
+            if (const std::int64_t col = column(r); col >= 0) out[col] = dz[r];
         });
     }
 };
@@ -103,21 +113,10 @@ struct host_kernel<ops::CrossEntropyFromChunks> {
         const T* lse = c.input(0);
         const T* z = c.input(1);
         const std::int32_t* targets = c.index_input(2);
-        const std::int64_t blocks = detail::row_blocks(rows);
-        double* partial = detail::scratch<double>(static_cast<std::size_t>(std::max<std::int64_t>(blocks, 1)));
-        parallel_for(0, blocks, 1, [&](std::int64_t lo, std::int64_t hi) {
-            for (std::int64_t b = lo; b < hi; ++b) {
-                double s = 0;
-                const std::int64_t end = std::min(rows, (b + 1) * detail::block_rows);
-                for (std::int64_t r = b * detail::block_rows; r < end; ++r) {
-                    if (targets[r] == ignore) continue;
-                    s += static_cast<double>(detail::log_sum_exp(lse + r * chunks, chunks) - z[r]);
-                }
-                partial[b] = s;
-            }
+        const double total = detail::sum_over_rows(rows, chunks, [&](std::int64_t r) {
+            if (targets[r] == ignore) return 0.0;
+            return static_cast<double>(detail::log_sum_exp(lse + r * chunks, chunks) - z[r]);
         });
-        double total = 0;
-        for (std::int64_t b = 0; b < blocks; ++b) total += partial[b];
         *c.output(0) = static_cast<T>(total / normalizer);
     }
 };
