@@ -15625,17 +15625,30 @@ public:
     }
 
 private:
-    kernel_table() {
-        boost::mp11::mp_for_each<boost::mp11::mp_transform<boost::mp11::mp_identity, ops::all_ops>>(
-            [this](auto op) {
-                using Op = typename decltype(op)::type;
-                // Communication ops run on a communicator, not on a kernel.
-                if constexpr (!requires { Op::communication; }) add<Op>();
-            });
-    }
+    kernel_table();
     std::mutex mutex_;
     std::unordered_map<const op_def*, kernel_fn<T>> entries_;
 };
+
+// Out of the class body, so that an explicit instantiation declaration (below) keeps it,
+// and with it every built-in kernel, out of the translation unit.
+template <class T>
+kernel_table<T>::kernel_table() {
+    boost::mp11::mp_for_each<boost::mp11::mp_transform<boost::mp11::mp_identity, ops::all_ops>>([this](auto op) {
+        using Op = typename decltype(op)::type;
+        // Communication ops run on a communicator, not on a kernel.
+        if constexpr (!requires { Op::communication; }) add<Op>();
+    });
+}
+
+// Compiled kernels: a program linking loom::host_kernels (src/host_kernels.cpp, which
+// defines LOOM_HOST_KERNELS_COMPILED for its users) compiles the built-in kernels of both
+// precisions once, there, instead of in every translation unit that runs a program. Without
+// it loom stays header-only and each translation unit instantiates what it uses.
+#if defined(LOOM_HOST_KERNELS_COMPILED)
+extern template class kernel_table<float>;
+extern template class kernel_table<double>;
+#endif
 
 template <op_kind Op>
 void register_host_kernel() {
