@@ -1,15 +1,19 @@
 // Pipeline schedules on real processes: every rank of an MPI job (ctest runs 4) runs its
 // stage's blocks in the schedule's order, sending activations and gradients between stages
-// over MPI, and checks against one-device training that it computes itself: losses and
-// gradient norms at every step to 1e-9 (float64). Exit code 0 only if every check passed.
+// over MPI (GPipe, 1F1B, interleaved, 1F1B of Megatron pairs, the interlaced pipeline, and
+// 3F1B on the Evoformer), and checks against one-device training that it computes itself:
+// losses and gradient norms at every step to 1e-9 (float64). Exit code 0 only if every
+// check passed.
 #include <cstdio>
 #include <exception>
 #include <string>
 #include <vector>
 
 #include <loom/loom.hpp>
+#include <loom/models/evoformer.hpp>
 #include <loom/partition/pipeline_order.hpp>
 #include <loom/plan/pipeline.hpp>
+#include <loom/plan/presets.hpp>
 #include <loom/runtime/comm/mpi.hpp>
 #include <loom/schedule/templates.hpp>
 
@@ -19,10 +23,16 @@ using namespace loom;
 
 namespace {
 
-int check(comm::communicator& comm, const models::gpt_config& c, const plan::even_pipeline_options& o,
+int report(comm::communicator& comm, const std::string& what, double worst_loss, double worst_norm) {
+    const bool ok = worst_loss <= 1e-9 && worst_norm <= 1e-9;
+    std::printf("rank %d: %-48s loss %.2e  grad norm %.2e  %s\n", comm.rank(), what.c_str(), worst_loss, worst_norm,
+                ok ? "ok" : "FAILED");
+    return ok ? 0 : 1;
+}
+
+int check_plan(comm::communicator& comm, const models::gpt_config& c, const plan::pipeline_plan& pp,
           const schedule::schedule& s) {
     auto model = models::gpt(c);
-    const auto pp = plan::resolve_pipeline(plan::even_pipeline(model.ir(), o), model.ir());
     auto pg = partition::apply_plan(model.ir(), pp.plan, partition::pipeline_apply_options(pp));
     partition::order_by_schedule(pg, pp, s);
     train::trainer<double> single(std::move(model).training_graph(), {});
@@ -36,10 +46,63 @@ int check(comm::communicator& comm, const models::gpt_config& c, const plan::eve
         worst_loss = std::max(worst_loss, testing::relative(got.loss, want.loss));
         worst_norm = std::max(worst_norm, testing::relative(got.grad_norm, want.grad_norm));
     }
-    const bool ok = worst_loss <= 1e-9 && worst_norm <= 1e-9;
-    std::printf("rank %d: %-48s loss %.2e  grad norm %.2e  %s\n", comm.rank(), (s.name + ", " + pp.plan.name).c_str(),
-                worst_loss, worst_norm, ok ? "ok" : "FAILED");
-    return ok ? 0 : 1;
+    return report(comm, s.name + ", " + pp.plan.name, worst_loss, worst_norm);
+}
+
+int check(comm::communicator& comm, const models::gpt_config& c, const plan::even_pipeline_options& o,
+          const schedule::schedule& s) {
+    auto model = models::gpt(c);
+    return check_plan(comm, c, plan::resolve_pipeline(plan::even_pipeline(model.ir(), o), model.ir()), s);
+}
+
+// The interlaced pipeline: embedding and LM head split by vocabulary over every rank, the
+// layers one stage per rank between them.
+plan::pipeline_plan interlaced_plan(const models::gpt_config& c, int ranks, int micro_batches) {
+    auto model = models::gpt(c);
+    plan::pipeline_spec spec;
+    std::vector<int> all;
+    for (int d = 0; d < ranks; ++d) all.push_back(d);
+    spec.stages.push_back({0, -1, all, plan::presets::megatron(ranks)});
+    const std::int64_t per = c.layers / ranks;
+    for (int s = 0; s < ranks; ++s) spec.stages.push_back({s * per, (s + 1) * per - 1, {s}, std::nullopt});
+    spec.stages.push_back({0, -1, all, plan::presets::megatron(ranks)});
+    spec.micro_batches = micro_batches;
+    spec.head_stage = 0;
+    spec.tail_stage = ranks + 1;
+    spec.name = "interlaced x" + std::to_string(ranks);
+    return plan::resolve_pipeline(spec, model.ir());
+}
+
+// 3F1B: the Evoformer's three recycling rounds forward, then one backward, per micro-batch.
+int check_three_f_one_b(comm::communicator& comm, int stages, int micro_batches) {
+    const models::evoformer_config c{.batch = 4, .msa_seqs = 3, .residues = 4, .msa_channels = 8, .pair_channels = 4,
+                                     .heads = 2, .blocks = stages, .recycles = 3, .bins = 5, .vocab = 6,
+                                     .relpos_clip = 2, .outer_groups = 2, .outer_channels = 2, .transition_factor = 2};
+    const auto data = models::evoformer_synthetic_batch(c, 7);
+    train::input_feed feed;
+    feed.index["msa"] = data.msa;
+    feed.index["pair_left"] = data.pair_left;
+    feed.index["pair_right"] = data.pair_right;
+    feed.index["relpos"] = data.relpos;
+    feed.index["targets"] = data.targets;
+    auto model = models::evoformer(c);
+    const auto pp = plan::resolve_pipeline(
+        plan::even_pipeline(model.ir(), {.stages = stages, .micro_batches = micro_batches, .rounds_scope = "recycle",
+                                         .rounds = 3}),
+        model.ir());
+    auto pg = partition::apply_plan(model.ir(), pp.plan, partition::pipeline_apply_options(pp));
+    const auto s = schedule::three_f_one_b(stages, micro_batches);
+    partition::order_by_schedule(pg, pp, s);
+    train::trainer<double> single(std::move(model).training_graph(), {});
+    train::distributed_trainer<double> mine(pg, comm, {});
+    double worst_loss = 0, worst_norm = 0;
+    for (int step = 0; step < 3; ++step) {
+        const auto want = single.step(feed);
+        const auto got = mine.step(feed);
+        worst_loss = std::max(worst_loss, testing::relative(got.loss, want.loss));
+        worst_norm = std::max(worst_norm, testing::relative(got.grad_norm, want.grad_norm));
+    }
+    return report(comm, s.name + " on the Evoformer, " + pp.plan.name, worst_loss, worst_norm);
 }
 
 }  // namespace
@@ -59,6 +122,8 @@ int main(int argc, char** argv) {
             failures += check(comm, c,
                               {.stages = n / 2, .micro_batches = 4, .devices_per_stage = 2, .inner = plan::presets::megatron(2)},
                               partition::spread_over_groups(schedule::one_f_one_b(n / 2, 4), 2));
+        failures += check_plan(comm, c, interlaced_plan(c, n, 4), schedule::interlaced(n, 4));
+        failures += check_three_f_one_b(comm, n, 4);
     } catch (const std::exception& e) {
         std::fprintf(stderr, "rank %d: %s\n", comm.rank(), e.what());
         return 1;
