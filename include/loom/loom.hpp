@@ -43,6 +43,8 @@
 
 // op-order: pipeline schedules, their checks, simulation and pictures
 #include <loom/schedule/all.hpp>
+// the plan searcher: hardware profiles, cost model, folding, branch-and-bound
+#include <loom/search/all.hpp>
 
 // runtime
 #include <loom/runtime/comm/communicator.hpp>

@@ -10933,6 +10933,2322 @@ inline std::string svg_timeline(const simulation& r, const svg_options& o = {}) 
 }  // namespace loom::schedule
 // ---- end loom/schedule/svg_timeline.hpp ----
 // ---- end loom/schedule/all.hpp ----
+// the plan searcher: hardware profiles, cost model, folding, branch-and-bound
+// ---- begin loom/search/all.hpp ----
+// The plan searcher: hardware, cost model, folding, branch-and-bound. One concept per
+// header:
+//
+//   hardware.hpp          device_profile, topology, cluster; DGX presets; JSON profiles
+//   communication.hpp     alpha-beta costs per collective, ring and hierarchical; overlap factors
+//   memory.hpp            model states by dtype and ZeRO stage, Megatron's bytes per parameter,
+//                         activations under recompute
+//   folding.hpp           layers from scopes or from structure, classes of identical layers
+//   model_profile.hpp     per-layer work, parameters, saved activations of a training graph
+//   plan_space.hpp        configuration (TP, PP, DP, micro-batches, ZeRO, schedule, ...) and
+//                         search_space
+//   schedule_orders.hpp   GPipe, 1F1B and interleaved block orders in linear time
+//   evaluate.hpp          cost_context, evaluate(configuration): step time and memory
+//   branch_and_bound.hpp  branch_and_bound, enumerate_all, search_result::explain
+// ---- begin loom/search/branch_and_bound.hpp ----
+// Branch-and-bound over a search space (plan_space.hpp) with the cost model of
+// evaluate.hpp, and the exhaustive enumeration it must agree with.
+//
+//   cost_context ctx(profile_model(g), dgx2_v100(2), {.memory_per_device = 32e9});
+//   search_result r = branch_and_bound(ctx, search_space{});
+//   r.best, r.cost.step_time, r.stats.nodes, r.stats.pruned_by_bound, r.explain()
+//
+// The tree fixes, in order: TP degree, pipeline stages (DP is what is left), ZeRO stage,
+// micro-batches, schedule, stage boundaries; then the recompute choices, which no longer
+// interact: the makespan only grows when a block grows, gradient sync does not depend on
+// them, and memory is per device, so each pipeline device independently takes the choices
+// that fit its memory with the least extra backward time (an exact small knapsack).
+//
+// Pruning, each bound valid for every completion of the node:
+//   work        no device finishes before its share of all forward and backward work
+//               (total / devices) plus the exposed communication that is already fixed;
+//   pipeline    a device with stages S runs m micro-batches of each: m * sum_S (f + b),
+//               and in a linear pipeline stage s also waits for one micro-batch to cross
+//               the stages before it, forward and back;
+//   memory      model states plus the activations left when every layer recomputes as
+//               much as the space allows must fit, or the whole subtree is infeasible.
+// A node whose bound reaches the best step time found so far is cut.
+//
+// Folding (search_options::fold): layers of one class (folding.hpp) on one chunk are
+// interchangeable, so the knapsack decides how many of them take each choice instead of
+// deciding layer by layer: polynomial in the layers per device instead of exponential.
+// The answer is the same (tests check it against the unfolded search and against
+// enumerate_all on small spaces).
+//
+// Deterministic: candidates are visited in a fixed order and ties keep the first found.
+// With a time budget the search stops where it is and reports the best configuration so far
+// and its proven gap: (best - the least lower bound of the parts not searched) / best.
+#include <algorithm>
+#include <chrono>
+#include <cmath>
+#include <functional>
+#include <limits>
+#include <sstream>
+#include <string>
+#include <vector>
+
+// ---- begin loom/search/evaluate.hpp ----
+// The cost of one configuration (plan_space.hpp) of a profiled model (model_profile.hpp)
+// on a cluster (hardware.hpp): step time and memory per device. The searcher minimises
+// the step time of the slowest device (nnScaler eq. 1) among the configurations that fit.
+//
+// Per micro-batch and pipeline chunk c (its layers L_c, a share 1/(dp m) of the batch):
+//   forward_c  = sum_{l in L_c} T(fwd_l) / (tp dp m) + joins_c * AR_tp(residual / (dp m))
+//   backward_c = sum_{l in L_c} (T(bwd_l) + T(recompute_l)) / (tp dp m) + the same all-reduces
+// where T is the roofline time of a layer's nodes (GEMM-like nodes at gemm_efficiency of
+// the precision's peak, memory-bound nodes at elementwise_efficiency, each no faster than
+// the memory bandwidth allows), and AR_tp the all-reduce over the TP group, discounted by
+// the overlap factor epsilon. Sequence parallelism is assumed: every op is 1/tp per device.
+//
+//   pipeline  = the schedule's makespan (schedule/ orders, timed here with those chunk
+//               times; every message between stages costs a point-to-point transfer of the
+//               boundary activation, scattered over the TP group)
+//   step      = pipeline + max over devices (exposed gradient sync + ZeRO-3 gathers
+//               + optimizer update)
+//   gradient sync: all-reduce over the DP group of the device's gradients, latency in full
+//               and transmission times gamma * epsilon (TAPAS eq. 3: it overlaps the
+//               backward); ZeRO 1/2 move the same bytes (reduce-scatter + all-gather);
+//               ZeRO-3 also all-gathers the parameters in every micro-batch's forward and
+//               backward.
+//   memory    = model states (memory.hpp: by dtype, ZeRO stage and DP degree) of the
+//               device's parameters / tp, + for each chunk its peak in-flight micro-batches
+//               (from the schedule's orders) times the activations its layers keep under
+//               their recompute choice / tp, + ZeRO-3's gather buffer (two layers).
+#include <algorithm>
+#include <cmath>
+#include <limits>
+#include <map>
+#include <memory>
+#include <string>
+#include <tuple>
+#include <vector>
+
+// ---- begin loom/search/communication.hpp ----
+// Alpha-beta costs of collectives on a cluster, split into latency and transmission so that
+// overlap factors (TAPAS, section 4.6) discount only the transmission.
+//
+//   collective_time(dgx_a100(1), collective::all_reduce, 1e9, {.size = 8})
+//     == 2*7/8 * 1e9 / 300e9 + 2*7 * 5e-6                      ring inside one node
+//   collective_time(dgx1_v100(2), collective::all_reduce, 1e9, {.size = 16}, algorithm::hierarchical)
+//     == reduce_scatter in each node + all_reduce of 1/8 across nodes + all_gather in each node
+//
+// `bytes` is the size of the whole buffer on one device: the output of an all_gather, the
+// input of a reduce_scatter, the buffer of an all_reduce, broadcast or send_recv, the input
+// (= output) of an all_to_all. With this convention ring all_gather + ring reduce_scatter
+// cost exactly a ring all_reduce.
+//
+// Ranks are numbered node-major: rank r lives on node r / devices_per_node.
+#include <algorithm>
+#include <array>
+#include <cmath>
+#include <cstddef>
+#include <string>
+#include <string_view>
+
+// ---- begin loom/search/hardware.hpp ----
+// Hardware profiles for the plan searcher's cost model: what one device computes and holds,
+// and how devices, nodes and NICs are wired.
+//
+//   cluster c = dgx_a100(4);                      32 A100s, 8 per node, 8 HDR NICs per node
+//   c.device.peak_flops(precision::bf16)          312e12
+//   c.topo.inter_node_bandwidth_per_device()      8 * 25e9 / 8 = 25e9 bytes/s
+//   save_cluster(c, "a100x4.json");               edit the file after calibrating, then
+//   cluster d = load_cluster("a100x4.json");      load it back (a round trip is exact)
+//
+// Units are SI throughout: bytes, seconds, FLOP/s, bytes/s; a bandwidth is one direction
+// of one device's (or one NIC's) link. The JSON keys carry the unit in their names.
+#include <cmath>
+#include <fstream>
+#include <initializer_list>
+#include <iterator>
+#include <sstream>
+#include <string>
+#include <string_view>
+
+#include <nlohmann/json.hpp>
+
+
+namespace loom::search {
+
+// A hardware profile that is incomplete or impossible: a missing or negative field, a
+// precision the device lacks, a profile file that is not JSON.
+struct profile_error : error {
+    using error::error;
+};
+
+enum class precision { fp32, fp16, bf16 };
+
+inline std::string_view to_string(precision p) {
+    switch (p) {
+        case precision::fp32: return "fp32";
+        case precision::fp16: return "fp16";
+        case precision::bf16: return "bf16";
+    }
+    return "?";
+}
+
+namespace detail {
+
+// Numbers in messages: "1.25e+10", not std::to_string's "12500000000.000000".
+inline std::string number_text(double x) {
+    std::ostringstream s;
+    s << x;
+    return s.str();
+}
+
+}  // namespace detail
+
+struct device_profile {
+    std::string name;
+    double peak_flops_fp32 = 0;  // FLOP/s without tensor cores
+    double peak_flops_fp16 = 0;  // FLOP/s on tensor cores, fp16 and bf16 alike; 0: the device has none
+    double memory_bytes = 0;
+    double memory_bandwidth = 0;  // bytes/s
+    // Fractions of peak that real kernels reach; guesses until calibration overwrites them.
+    double gemm_efficiency = 0.6;
+    double elementwise_efficiency = 0.7;
+
+    // bf16 shares the fp16 figure because the tensor cores of A100 and H100 run both at one
+    // rate. V100 has no bf16 tensor cores, so for V100 this figure is optimistic for bf16.
+    double peak_flops(precision p) const {
+        const double peak = p == precision::fp32 ? peak_flops_fp32 : peak_flops_fp16;
+        if (!(peak > 0))
+            throw profile_error("device_profile::peak_flops: device '" + name + "' has no " +
+                                std::string(to_string(p)) + " peak (" +
+                                (p == precision::fp32 ? "peak_flops_fp32" : "peak_flops_fp16") + " = " +
+                                detail::number_text(peak) + "); set it in the profile or plan in another precision");
+        return peak;
+    }
+
+    friend bool operator==(const device_profile&, const device_profile&) = default;
+};
+
+struct link {
+    double bandwidth = 0;  // bytes/s, one direction, per device (per NIC for inter_node_per_nic)
+    double latency = 0;    // s, per message
+
+    friend bool operator==(const link&, const link&) = default;
+};
+
+struct topology {
+    int devices_per_node = 1;
+    int nodes = 1;
+    link intra_node;
+    link inter_node_per_nic;
+    int nics_per_node = 1;
+
+    int devices() const { return devices_per_node * nodes; }
+    // The share of the node's NICs each device gets when every device of the node sends at once.
+    double inter_node_bandwidth_per_device() const {
+        return nics_per_node * inter_node_per_nic.bandwidth / devices_per_node;
+    }
+
+    friend bool operator==(const topology&, const topology&) = default;
+};
+
+struct cluster {
+    std::string name;
+    device_profile device;
+    topology topo;
+
+    int devices() const { return topo.devices(); }
+
+    friend bool operator==(const cluster&, const cluster&) = default;
+};
+
+// ---- presets -------------------------------------------------------------------------
+// Figures from the vendors' public datasheets. Tensor-core peaks are dense (no 2:4
+// sparsity). Memory sizes are the binary sizes of the HBM stacks (32 GB = 32 GiB).
+// A bandwidth is per direction: NVIDIA quotes NVLink as the bidirectional total over all of
+// a GPU's links, so 300 GB/s becomes 150e9 bytes/s. InfiniBand is quoted per direction in
+// bits: EDR 100 Gb/s = 12.5e9, HDR 200 Gb/s = 25e9, NDR 400 Gb/s = 50e9 bytes/s.
+// The latencies are assumptions, not datasheet figures: about what one NCCL ring step costs
+// within a node (5 us) and across InfiniBand (10 us). Calibration should overwrite them.
+namespace detail {
+
+inline constexpr double gib = 1024.0 * 1024.0 * 1024.0;
+inline constexpr double intra_node_latency = 5e-6;
+inline constexpr double inter_node_latency = 10e-6;
+
+inline void check_preset(std::string_view preset, int nodes, int nics_per_node) {
+    if (nodes < 1)
+        throw profile_error(std::string(preset) + ": nodes is " + std::to_string(nodes) + "; give at least 1 node");
+    if (nics_per_node < 1)
+        throw profile_error(std::string(preset) + ": nics_per_node is " + std::to_string(nics_per_node) +
+                            "; give at least 1 NIC per node");
+}
+
+inline std::string preset_name(std::string_view machine, int nodes) {
+    return std::string(machine) + " x" + std::to_string(nodes);
+}
+
+inline device_profile v100_sxm2_32gb() {
+    // V100 SXM2 datasheet: 15.7 TFLOP/s fp32, 125 TFLOP/s tensor (fp16), 900 GB/s HBM2.
+    return {.name = "V100-SXM2-32GB",
+            .peak_flops_fp32 = 15.7e12,
+            .peak_flops_fp16 = 125e12,
+            .memory_bytes = 32 * gib,
+            .memory_bandwidth = 900e9};
+}
+
+}  // namespace detail
+
+// DGX-1 with V100: 8 GPUs per node. Each V100 has 6 NVLink2 links of 25 GB/s per direction
+// (150e9 bytes/s, the datasheet's "300 GB/s"); in the hybrid cube-mesh not every pair is
+// linked, so rings reach somewhat less, which calibration corrects. The machine has 4 EDR
+// NICs; the NIC count is a parameter so that 1 and 8 NICs per node can be studied.
+inline cluster dgx1_v100(int nodes, int nics_per_node = 1) {
+    detail::check_preset("dgx1_v100", nodes, nics_per_node);
+    return {.name = detail::preset_name("DGX-1 V100", nodes) + ", " + std::to_string(nics_per_node) +
+                    (nics_per_node == 1 ? " NIC" : " NICs") + " per node",
+            .device = detail::v100_sxm2_32gb(),
+            .topo = {.devices_per_node = 8,
+                     .nodes = nodes,
+                     .intra_node = {150e9, detail::intra_node_latency},
+                     .inter_node_per_nic = {12.5e9, detail::inter_node_latency},
+                     .nics_per_node = nics_per_node}};
+}
+
+// DGX-2: 16 V100 32GB behind NVSwitch, 300 GB/s bidirectional per GPU to any other GPU
+// (150e9 per direction), and 8 EDR InfiniBand NICs per node.
+inline cluster dgx2_v100(int nodes) {
+    detail::check_preset("dgx2_v100", nodes, 8);
+    return {.name = detail::preset_name("DGX-2 V100", nodes),
+            .device = detail::v100_sxm2_32gb(),
+            .topo = {.devices_per_node = 16,
+                     .nodes = nodes,
+                     .intra_node = {150e9, detail::intra_node_latency},
+                     .inter_node_per_nic = {12.5e9, detail::inter_node_latency},
+                     .nics_per_node = 8}};
+}
+
+// DGX A100 80GB: A100 SXM datasheet 19.5 TFLOP/s fp32, 312 TFLOP/s bf16/fp16 tensor,
+// 2039 GB/s HBM2e; NVLink3 600 GB/s bidirectional (300e9 per direction) through NVSwitch;
+// 8 HDR 200 Gb/s NICs for the compute fabric.
+inline cluster dgx_a100(int nodes) {
+    detail::check_preset("dgx_a100", nodes, 8);
+    return {.name = detail::preset_name("DGX A100", nodes),
+            .device = {.name = "A100-SXM4-80GB",
+                       .peak_flops_fp32 = 19.5e12,
+                       .peak_flops_fp16 = 312e12,
+                       .memory_bytes = 80 * detail::gib,
+                       .memory_bandwidth = 2039e9},
+            .topo = {.devices_per_node = 8,
+                     .nodes = nodes,
+                     .intra_node = {300e9, detail::intra_node_latency},
+                     .inter_node_per_nic = {25e9, detail::inter_node_latency},
+                     .nics_per_node = 8}};
+}
+
+// DGX H100: H100 SXM5 datasheet 67 TFLOP/s fp32, 989 TFLOP/s bf16/fp16 tensor (dense),
+// 3.35 TB/s HBM3; NVLink4 900 GB/s bidirectional (450e9 per direction) through NVSwitch;
+// 8 ConnectX-7 NDR 400 Gb/s NICs for the compute fabric.
+inline cluster dgx_h100(int nodes) {
+    detail::check_preset("dgx_h100", nodes, 8);
+    return {.name = detail::preset_name("DGX H100", nodes),
+            .device = {.name = "H100-SXM5-80GB",
+                       .peak_flops_fp32 = 67e12,
+                       .peak_flops_fp16 = 989e12,
+                       .memory_bytes = 80 * detail::gib,
+                       .memory_bandwidth = 3.35e12},
+            .topo = {.devices_per_node = 8,
+                     .nodes = nodes,
+                     .intra_node = {450e9, detail::intra_node_latency},
+                     .inter_node_per_nic = {50e9, detail::inter_node_latency},
+                     .nics_per_node = 8}};
+}
+
+// ---- JSON ----------------------------------------------------------------------------
+// {
+//   "name": "DGX A100 x2",
+//   "device": {"name": "A100-SXM4-80GB", "peak_flops_fp32_per_s": 1.95e13,
+//              "peak_flops_fp16_per_s": 3.12e14, "memory_bytes": 85899345920,
+//              "memory_bandwidth_bytes_per_s": 2.039e12,
+//              "gemm_efficiency": 0.6, "elementwise_efficiency": 0.7},     (both optional)
+//   "topology": {"devices_per_node": 8, "nodes": 2, "nics_per_node": 8,
+//                "intra_node": {"bandwidth_bytes_per_s": 3e11, "latency_s": 5e-06},
+//                "inter_node_per_nic": {"bandwidth_bytes_per_s": 2.5e10, "latency_s": 1e-05}}
+// }
+// Every field is required except the two efficiencies. Peaks and latencies may be 0 (a
+// device without tensor cores, an idealised link); every other number must be positive.
+// Unknown keys are rejected so that a misspelt optional key does not go unnoticed.
+
+inline nlohmann::json to_json(const link& l) {
+    return {{"bandwidth_bytes_per_s", l.bandwidth}, {"latency_s", l.latency}};
+}
+
+inline nlohmann::json to_json(const cluster& c) {
+    const device_profile& d = c.device;
+    const topology& t = c.topo;
+    return {{"name", c.name},
+            {"device",
+             {{"name", d.name},
+              {"peak_flops_fp32_per_s", d.peak_flops_fp32},
+              {"peak_flops_fp16_per_s", d.peak_flops_fp16},
+              {"memory_bytes", d.memory_bytes},
+              {"memory_bandwidth_bytes_per_s", d.memory_bandwidth},
+              {"gemm_efficiency", d.gemm_efficiency},
+              {"elementwise_efficiency", d.elementwise_efficiency}}},
+            {"topology",
+             {{"devices_per_node", t.devices_per_node},
+              {"nodes", t.nodes},
+              {"nics_per_node", t.nics_per_node},
+              {"intra_node", to_json(t.intra_node)},
+              {"inter_node_per_nic", to_json(t.inter_node_per_nic)}}}};
+}
+
+namespace detail {
+
+// Reads one JSON object and names every problem by its path from the root, e.g.
+// "load_cluster: a100.json: topology.inter_node_per_nic.bandwidth_bytes_per_s is -1; ...".
+class profile_reader {
+public:
+    profile_reader(const nlohmann::json& object, std::string where, std::string path)
+        : object_(object), where_(std::move(where)), path_(std::move(path)) {
+        if (!object_.is_object())
+            fail(path_.empty() ? "the profile" : path_, "is not a JSON object", "write it as {...}");
+    }
+
+    profile_reader child(const std::string& key) const { return {required(key), where_, full(key)}; }
+
+    std::string text(const std::string& key) const {
+        const nlohmann::json& v = required(key);
+        if (!v.is_string()) fail(full(key), "is " + v.dump() + ", not a string", "write it in double quotes");
+        return v.get<std::string>();
+    }
+
+    // `unit` says what the number measures, for the fix: "bytes per second (per direction)".
+    double number(const std::string& key, const std::string& unit, bool zero_allowed = false) const {
+        return checked_number(key, required(key), unit, zero_allowed);
+    }
+
+    double number_or(const std::string& key, double fallback, const std::string& unit) const {
+        const auto it = object_.find(key);
+        return it == object_.end() ? fallback : checked_number(key, *it, unit, false);
+    }
+
+    int count(const std::string& key, const std::string& what) const {
+        const nlohmann::json& v = required(key);
+        if (!v.is_number_integer() || v.get<long long>() < 1 || v.get<long long>() > 1'000'000)
+            fail(full(key), "is " + v.dump(), "give the number of " + what + " as a whole number of at least 1");
+        return v.get<int>();
+    }
+
+    void only(std::initializer_list<std::string_view> keys) const {
+        for (const auto& [key, value] : object_.items()) {
+            bool known = false;
+            for (std::string_view k : keys) known = known || k == key;
+            if (known) continue;
+            std::string expected;
+            for (std::string_view k : keys) expected += (expected.empty() ? "" : ", ") + std::string(k);
+            fail(full(key), "is not a known field",
+                 "remove it or correct its spelling; the fields here are " + expected);
+        }
+    }
+
+private:
+    const nlohmann::json& object_;
+    std::string where_;
+    std::string path_;
+
+    std::string full(const std::string& key) const { return path_.empty() ? key : path_ + "." + key; }
+
+    [[noreturn]] void fail(const std::string& field, const std::string& problem, const std::string& fix) const {
+        throw profile_error(where_ + ": " + field + " " + problem + "; " + fix);
+    }
+
+    const nlohmann::json& required(const std::string& key) const {
+        const auto it = object_.find(key);
+        if (it == object_.end()) fail(full(key), "is missing", "add it (see loom/search/hardware.hpp for the format)");
+        return *it;
+    }
+
+    double checked_number(const std::string& key, const nlohmann::json& v, const std::string& unit,
+                          bool zero_allowed) const {
+        const std::string fix =
+            "give a " + std::string(zero_allowed ? "non-negative" : "positive") + " number of " + unit;
+        if (!v.is_number()) fail(full(key), "is " + v.dump() + ", not a number", fix);
+        const double x = v.get<double>();
+        if (!std::isfinite(x) || x < 0 || (x == 0 && !zero_allowed)) fail(full(key), "is " + number_text(x), fix);
+        return x;
+    }
+};
+
+inline link link_from_json(const profile_reader& r) {
+    r.only({"bandwidth_bytes_per_s", "latency_s"});
+    return {.bandwidth = r.number("bandwidth_bytes_per_s", "bytes per second, one direction"),
+            .latency = r.number("latency_s", "seconds", true)};
+}
+
+inline cluster cluster_from_json(const nlohmann::json& j, const std::string& where) {
+    const profile_reader root(j, where, "");
+    root.only({"name", "device", "topology"});
+    const profile_reader d = root.child("device");
+    d.only({"name", "peak_flops_fp32_per_s", "peak_flops_fp16_per_s", "memory_bytes", "memory_bandwidth_bytes_per_s",
+            "gemm_efficiency", "elementwise_efficiency"});
+    const profile_reader t = root.child("topology");
+    t.only({"devices_per_node", "nodes", "nics_per_node", "intra_node", "inter_node_per_nic"});
+    cluster c{.name = root.text("name"),
+              .device = {.name = d.text("name"),
+                         .peak_flops_fp32 = d.number("peak_flops_fp32_per_s", "FLOP/s", true),
+                         .peak_flops_fp16 = d.number("peak_flops_fp16_per_s", "FLOP/s (0 if none)", true),
+                         .memory_bytes = d.number("memory_bytes", "bytes"),
+                         .memory_bandwidth = d.number("memory_bandwidth_bytes_per_s", "bytes per second"),
+                         .gemm_efficiency = d.number_or("gemm_efficiency", device_profile{}.gemm_efficiency,
+                                                        "the fraction of peak reached, e.g. 0.6"),
+                         .elementwise_efficiency =
+                             d.number_or("elementwise_efficiency", device_profile{}.elementwise_efficiency,
+                                         "the fraction of peak reached, e.g. 0.7")},
+              .topo = {.devices_per_node = t.count("devices_per_node", "devices in a node"),
+                       .nodes = t.count("nodes", "nodes"),
+                       .intra_node = link_from_json(t.child("intra_node")),
+                       .inter_node_per_nic = link_from_json(t.child("inter_node_per_nic")),
+                       .nics_per_node = t.count("nics_per_node", "NICs in a node")}};
+    return c;
+}
+
+}  // namespace detail
+
+inline cluster cluster_from_json(const nlohmann::json& j) { return detail::cluster_from_json(j, "cluster_from_json"); }
+
+inline cluster load_cluster(const std::string& path) {
+    std::ifstream file(path);
+    if (!file)
+        throw profile_error("load_cluster: cannot open '" + path +
+                            "'; check the path (save_cluster writes such files)");
+    const std::string where = "load_cluster: " + path;
+    nlohmann::json j;
+    try {
+        j = nlohmann::json::parse(std::string(std::istreambuf_iterator<char>(file), {}));
+    } catch (const nlohmann::json::parse_error& e) {
+        throw profile_error(where + " is not valid JSON (" + e.what() +
+                            "); write a cluster profile as save_cluster does (format in loom/search/hardware.hpp)");
+    }
+    return detail::cluster_from_json(j, where);
+}
+
+inline void save_cluster(const cluster& c, const std::string& path) {
+    std::ofstream file(path);
+    file << to_json(c).dump(2) << '\n';
+    file.close();
+    if (!file)
+        throw profile_error("save_cluster: cannot write '" + path + "'; check that its folder exists and is writable");
+}
+
+}  // namespace loom::search
+// ---- end loom/search/hardware.hpp ----
+
+namespace loom::search {
+
+enum class collective { all_reduce, all_gather, reduce_scatter, all_to_all, broadcast, send_recv };
+
+inline std::string_view to_string(collective c) {
+    switch (c) {
+        case collective::all_reduce: return "all_reduce";
+        case collective::all_gather: return "all_gather";
+        case collective::reduce_scatter: return "reduce_scatter";
+        case collective::all_to_all: return "all_to_all";
+        case collective::broadcast: return "broadcast";
+        case collective::send_recv: return "send_recv";
+    }
+    return "?";
+}
+
+// ring: one ring over all members, every step as slow as its slowest hop.
+// hierarchical: inside each node, then across nodes on 1/k of the data (k members per
+//   node), then inside each node again; defined for all_reduce, all_gather and
+//   reduce_scatter, the other collectives have only the ring (or direct) form.
+// automatic: the faster of the two.
+enum class algorithm { ring, hierarchical, automatic };
+
+// The ranks {first + i*stride : 0 <= i < size}. {.size = 8} is a node of a DGX; on DGX-1,
+// {.size = 4, .stride = 8} puts one member on each of 4 nodes.
+struct device_group {
+    int size = 1;
+    int stride = 1;
+    int first = 0;
+};
+
+// How a group lies over nodes. Members per node can differ at the group's ends (first = 4,
+// size = 8 on 8-device nodes: 4 and 4) or when the stride does not divide the node.
+struct group_placement {
+    int nodes = 1;         // nodes holding at least one member
+    int min_per_node = 1;  // members on the emptiest of those nodes
+    int max_per_node = 1;  // members on the fullest
+    bool uniform() const { return min_per_node == max_per_node; }
+};
+
+inline group_placement placement(const topology& t, device_group g) {
+    if (t.devices_per_node < 1)
+        throw profile_error("placement: topology has devices_per_node = " + std::to_string(t.devices_per_node) +
+                            "; give at least 1");
+    if (g.size < 1)
+        throw usage_error("placement: device group of size " + std::to_string(g.size) +
+                          "; a group has at least 1 member");
+    if (g.stride < 1 || g.first < 0)
+        throw usage_error("placement: device group with stride " + std::to_string(g.stride) + " and first rank " +
+                          std::to_string(g.first) + "; the stride must be at least 1 and the first rank at least 0");
+    const long long last = g.first + static_cast<long long>(g.size - 1) * g.stride;
+    if (last >= t.devices())
+        throw usage_error("placement: device group of size " + std::to_string(g.size) + ", stride " +
+                          std::to_string(g.stride) + " from rank " + std::to_string(g.first) + " reaches rank " +
+                          std::to_string(last) + " but the topology has " + std::to_string(t.devices()) +
+                          " devices; shrink the group or its stride, or add nodes");
+    // Ranks grow with i, so the members of one node are consecutive in i.
+    group_placement p{.nodes = 0, .min_per_node = g.size, .max_per_node = 0};
+    long long node = -1;
+    int run = 0;
+    for (int i = 0; i <= g.size; ++i) {
+        const long long n = i < g.size ? (g.first + static_cast<long long>(i) * g.stride) / t.devices_per_node : -2;
+        if (n == node) {
+            ++run;
+            continue;
+        }
+        if (run > 0) {
+            ++p.nodes;
+            p.min_per_node = std::min(p.min_per_node, run);
+            p.max_per_node = std::max(p.max_per_node, run);
+        }
+        node = n;
+        run = 1;
+    }
+    return p;
+}
+
+inline int nodes_spanned(const topology& t, device_group g) { return placement(t, g).nodes; }
+
+// Members on the fullest node; for uniform groups, the members of every node it spans.
+inline int members_per_node(const topology& t, device_group g) { return placement(t, g).max_per_node; }
+
+// Inter-node bandwidth of one member when `members` members of a node send across nodes at
+// once: they share the node's NICs, and one member drives at most one NIC (on DGX machines
+// each GPU is paired with one NIC on its PCIe switch), so a lone member gets one NIC, not all.
+inline double inter_node_bandwidth_per_member(const topology& t, int members) {
+    const double nic = t.inter_node_per_nic.bandwidth;
+    return std::min(nic, t.nics_per_node * nic / members);
+}
+
+struct comm_time {
+    double latency = 0;       // s: per-message latencies, not hidden by overlap
+    double transmission = 0;  // s: bytes over bandwidth, which overlap can hide
+    double total() const { return latency + transmission; }
+};
+
+inline comm_time operator+(comm_time a, comm_time b) {
+    return {a.latency + b.latency, a.transmission + b.transmission};
+}
+
+namespace detail {
+
+inline void check_link(const cluster& c, const link& l, std::string_view field) {
+    if (!(l.bandwidth > 0) || !std::isfinite(l.bandwidth) || !(l.latency >= 0) || !std::isfinite(l.latency))
+        throw profile_error("collective_cost: cluster '" + c.name + "' has " + std::string(field) + " bandwidth " +
+                            number_text(l.bandwidth) + " bytes/s and latency " + number_text(l.latency) +
+                            " s; give a positive bandwidth and a non-negative latency");
+}
+
+// One level of ring: n members, each step over a link of bandwidth bw and latency lat.
+// all_to_all is here the direct exchange (each member sends (n-1)/n of its buffer); its
+// n-1 rounds are charged one latency each.
+inline comm_time ring(collective c, double bytes, int n, double bw, double lat) {
+    if (n <= 1) return {};
+    const double steps = n - 1;
+    const double share = steps / n;
+    switch (c) {
+        case collective::all_reduce: return {2 * steps * lat, 2 * share * bytes / bw};
+        case collective::all_gather:
+        case collective::reduce_scatter:
+        case collective::all_to_all: return {steps * lat, share * bytes / bw};
+        case collective::broadcast: return {steps * lat, bytes / bw};  // pipelined in small chunks
+        case collective::send_recv: return {lat, bytes / bw};
+    }
+    return {};
+}
+
+inline comm_time ring_cost(const cluster& c, collective k, double bytes, int n, const group_placement& p) {
+    const topology& t = c.topo;
+    if (p.nodes == 1) return ring(k, bytes, n, t.intra_node.bandwidth, t.intra_node.latency);
+    const link& nic = t.inter_node_per_nic;
+    if (k == collective::send_recv) return ring(k, bytes, n, inter_node_bandwidth_per_member(t, 1), nic.latency);
+    if (k == collective::all_to_all) {
+        // Each member sends (n-m)/n of its buffer off its node (sharing the node's NICs with
+        // the node's m members) and (m-1)/n to its node's members, both at once. Evaluated at
+        // the emptiest and the fullest node, the worse of the two.
+        auto transmission = [&](int m) {
+            const double off_node = (n - m) * bytes / n / inter_node_bandwidth_per_member(t, m);
+            const double on_node = (m - 1) * bytes / n / t.intra_node.bandwidth;
+            return std::max(off_node, on_node);
+        };
+        return {(n - 1) * nic.latency, std::max(transmission(p.min_per_node), transmission(p.max_per_node))};
+    }
+    // A ring crosses each node boundary once per step, so a node sends as much across nodes
+    // as one member sends in total. NCCL runs several rings that cross at different members,
+    // so the crossing uses min(members, NICs) NICs of the emptiest node. Every step waits for
+    // its slowest hop: the crossing, or an NVLink hop when the crossing is faster.
+    const int m = p.min_per_node;
+    double bw = m * inter_node_bandwidth_per_member(t, m);
+    if (p.max_per_node > 1) bw = std::min(bw, t.intra_node.bandwidth);
+    return ring(k, bytes, n, bw, nic.latency);
+}
+
+inline bool has_hierarchical_form(collective k) {
+    return k == collective::all_reduce || k == collective::all_gather || k == collective::reduce_scatter;
+}
+
+// k members on each of N nodes. Inside a node the k members reduce-scatter (or gather) the
+// whole buffer; across nodes, the k members with the same local index each run a ring over
+// the N nodes on their 1/k of the buffer, all k rings at once, sharing the node's NICs.
+// all_gather + reduce_scatter == all_reduce holds here as for the ring.
+inline comm_time hierarchical_cost(const cluster& c, collective kind, double bytes, const group_placement& p) {
+    const topology& t = c.topo;
+    const int k = p.max_per_node;
+    const int nodes = p.nodes;
+    const double intra_bw = t.intra_node.bandwidth, intra_lat = t.intra_node.latency;
+    const double inter_bw = inter_node_bandwidth_per_member(t, k), inter_lat = t.inter_node_per_nic.latency;
+    const double shard = bytes / k;
+    switch (kind) {
+        case collective::all_reduce:
+            return ring(collective::reduce_scatter, bytes, k, intra_bw, intra_lat) +
+                   ring(collective::all_reduce, shard, nodes, inter_bw, inter_lat) +
+                   ring(collective::all_gather, bytes, k, intra_bw, intra_lat);
+        case collective::all_gather:
+            return ring(collective::all_gather, shard, nodes, inter_bw, inter_lat) +
+                   ring(collective::all_gather, bytes, k, intra_bw, intra_lat);
+        case collective::reduce_scatter:
+            return ring(collective::reduce_scatter, bytes, k, intra_bw, intra_lat) +
+                   ring(collective::reduce_scatter, shard, nodes, inter_bw, inter_lat);
+        default: return {};
+    }
+}
+
+}  // namespace detail
+
+// Latency and transmission of one collective over group g. Size-1 groups cost 0.
+// algorithm::hierarchical on a group whose nodes hold different numbers of members throws;
+// algorithm::automatic then uses the ring. For all_to_all, broadcast and send_recv the
+// hierarchical form is the ring form.
+inline comm_time collective_cost(const cluster& c, collective kind, double bytes, device_group g,
+                                 algorithm a = algorithm::automatic) {
+    if (!(bytes >= 0) || !std::isfinite(bytes))
+        throw usage_error("collective_cost: " + std::string(to_string(kind)) + " of " + detail::number_text(bytes) +
+                          " bytes; give a finite, non-negative size in bytes");
+    const group_placement p = placement(c.topo, g);
+    if (kind == collective::send_recv && g.size > 2)
+        throw usage_error("collective_cost: send_recv over a group of " + std::to_string(g.size) +
+                          " devices; a send_recv is between 2 devices, give {.size = 2, .stride = <distance>}");
+    if (g.size == 1) return {};
+    detail::check_link(c, c.topo.intra_node, "topology.intra_node");
+    if (p.nodes > 1) {
+        detail::check_link(c, c.topo.inter_node_per_nic, "topology.inter_node_per_nic");
+        if (c.topo.nics_per_node < 1)
+            throw profile_error("collective_cost: cluster '" + c.name + "' has " +
+                                std::to_string(c.topo.nics_per_node) +
+                                " NICs per node but the group spans nodes; give at least 1 NIC per node");
+    }
+    const comm_time ring = detail::ring_cost(c, kind, bytes, g.size, p);
+    if (a == algorithm::ring || !detail::has_hierarchical_form(kind)) return ring;
+    if (!p.uniform()) {
+        if (a == algorithm::automatic) return ring;
+        throw usage_error("collective_cost: hierarchical " + std::string(to_string(kind)) +
+                          " needs the same number of members on every node, but the group has " +
+                          std::to_string(p.min_per_node) + " to " + std::to_string(p.max_per_node) +
+                          "; use algorithm::ring or align the group to nodes");
+    }
+    const comm_time hierarchical = detail::hierarchical_cost(c, kind, bytes, p);
+    if (a == algorithm::hierarchical) return hierarchical;
+    return hierarchical.total() < ring.total() ? hierarchical : ring;
+}
+
+inline double collective_time(const cluster& c, collective kind, double bytes, device_group g,
+                              algorithm a = algorithm::automatic) {
+    return collective_cost(c, kind, bytes, g, a).total();
+}
+
+// ---- overlap (TAPAS, section 4.6, eqs. 1-4) --------------------------------------------
+//   T_latency = alpha' * W                                    not discounted
+//   T_trans   = beta * (N_fwd + gamma * N_bwd) * epsilon        gamma, epsilon in (0, 1]
+// gamma: the fraction of backward (gradient) transmission left exposed by overlapping it
+// with the rest of the backward pass. epsilon: per collective, the fraction left by
+// overlapping reduction and transfer inside the collective; found by profiling. An epsilon
+// above 1 is accepted, for a collective measured slower than its alpha-beta estimate.
+struct overlap_factors {
+    double gamma = 1.0;
+    std::array<double, 6> epsilon{1, 1, 1, 1, 1, 1};  // indexed by collective
+
+    double epsilon_of(collective c) const { return epsilon[static_cast<std::size_t>(c)]; }
+};
+
+// Transmission times only: (forward + gamma * backward) * epsilon(c).
+inline double exposed_time(double forward_transmission, double backward_transmission, collective c,
+                           const overlap_factors& f) {
+    if (!(f.gamma >= 0 && f.gamma <= 1))
+        throw usage_error("exposed_time: gamma is " + detail::number_text(f.gamma) +
+                          "; give the exposed fraction of backward transmission, between 0 and 1");
+    const double epsilon = f.epsilon_of(c);
+    if (!(epsilon > 0) || !std::isfinite(epsilon))
+        throw usage_error("exposed_time: epsilon of " + std::string(to_string(c)) + " is " +
+                          detail::number_text(epsilon) + "; give a positive factor (1: no overlap)");
+    return (forward_transmission + f.gamma * backward_transmission) * epsilon;
+}
+
+// Whole costs: both latencies in full, the transmissions discounted as above.
+inline double exposed_time(const comm_time& forward, const comm_time& backward, collective c,
+                           const overlap_factors& f) {
+    return forward.latency + backward.latency + exposed_time(forward.transmission, backward.transmission, c, f);
+}
+
+}  // namespace loom::search
+// ---- end loom/search/communication.hpp ----
+// ---- begin loom/search/memory.hpp ----
+// Memory per device: model states (parameters, gradients, optimizer states) under ZeRO or
+// Megatron's distributed optimizer, activations under recomputation, and buffers.
+//
+// ZeRO (Rajbhandari et al., 2020, section 5) with Psi parameters, N_d-way data parallelism
+// and K optimizer bytes per parameter (mixed-precision Adam: 2 + 2 + 12 bytes):
+//   none                      (2 + 2 + K) * Psi
+//   zero_stage::optimizer     2 Psi + 2 Psi + K Psi / N_d
+//   zero_stage::gradients     2 Psi + (2 + K) Psi / N_d
+//   zero_stage::parameters    (2 + 2 + K) Psi / N_d
+// The paper's example, Psi = 7.5e9, N_d = 64, K = 12: 120 GB, 31.4 GB, 16.6 GB, 1.9 GB.
+// Sizes are in bytes; GB here means 1e9 bytes, as in the paper.
+#include <cmath>
+#include <sstream>
+#include <string>
+#include <string_view>
+#include <utility>
+
+
+namespace loom::search {
+
+enum class zero_stage { none = 0, optimizer = 1, gradients = 2, parameters = 3 };
+
+// Bytes per parameter of each model state. `optimizer` is ZeRO's K: everything the
+// optimizer step keeps besides the model's own parameter and gradient.
+struct state_bytes {
+    double parameter = 0;
+    double gradient = 0;
+    double optimizer = 0;
+    double total() const { return parameter + gradient + optimizer; }
+
+    friend bool operator==(const state_bytes&, const state_bytes&) = default;
+};
+
+// fp16 parameters and gradients; fp32 master parameters, momentum and variance (4+4+4).
+inline constexpr state_bytes mixed_precision_adam() { return {2, 2, 12}; }
+// fp32 parameters and gradients; fp32 momentum and variance (4+4).
+inline constexpr state_bytes fp32_adam() { return {4, 4, 8}; }
+
+namespace detail {
+
+inline std::string memory_number_text(double x) {
+    std::ostringstream s;
+    s << x;
+    return s.str();
+}
+
+inline void check_non_negative(std::string_view where, std::string_view what, double x, std::string_view fix) {
+    if (!(x >= 0) || !std::isfinite(x))
+        throw usage_error(std::string(where) + ": " + std::string(what) + " is " + memory_number_text(x) + "; " +
+                          std::string(fix));
+}
+
+inline void check_data_parallel(std::string_view where, int data_parallel) {
+    if (data_parallel < 1)
+        throw usage_error(std::string(where) + ": data_parallel is " + std::to_string(data_parallel) +
+                          "; give the data-parallel degree, at least 1");
+}
+
+inline void check_state_bytes(std::string_view where, const state_bytes& s) {
+    const char* fix = "give bytes per parameter, e.g. mixed_precision_adam()";
+    check_non_negative(where, "state_bytes.parameter", s.parameter, fix);
+    check_non_negative(where, "state_bytes.gradient", s.gradient, fix);
+    check_non_negative(where, "state_bytes.optimizer", s.optimizer, fix);
+}
+
+// Model-state bytes (not per parameter) on one device; each state is divided by N_d from the
+// stage that shards it.
+inline state_bytes model_state_split(double parameters, state_bytes s, zero_stage zero, int data_parallel) {
+    constexpr std::string_view where = "model_state_bytes";
+    detail::check_non_negative(where, "parameters", parameters, "give the number of parameters on this device");
+    detail::check_state_bytes(where, s);
+    detail::check_data_parallel(where, data_parallel);
+    const double d = data_parallel;
+    const int stage = static_cast<int>(zero);
+    return {.parameter = s.parameter * parameters / (stage >= 3 ? d : 1),
+            .gradient = s.gradient * parameters / (stage >= 2 ? d : 1),
+            .optimizer = s.optimizer * parameters / (stage >= 1 ? d : 1)};
+}
+
+}  // namespace detail
+
+inline double model_state_bytes(double parameters, state_bytes s, zero_stage zero, int data_parallel) {
+    return detail::model_state_split(parameters, s, zero, data_parallel).total();
+}
+
+// ---- Megatron-LM's distributed optimizer ---------------------------------------------
+// Megatron-LM docs, "Distributed Optimizer": bytes per parameter
+//                                  non-distributed   distributed (d-way data parallel)
+//   fp16 params, fp16 grads              20              4 + 16/d
+//   bf16 params, fp32 grads              18              6 + 12/d
+//   fp32 params, fp32 grads              16              8 +  8/d
+// They arise from the components below. Megatron keeps fp32 main gradients: a separate
+// 4-byte copy when the model's gradients are fp16; bf16 and fp32 gradients are accumulated
+// in fp32 directly and are themselves the main gradients. Likewise an fp32 main copy of the
+// parameters exists only when the model's parameters are not fp32. Adam adds m and v (4+4).
+//   fp16/fp16: param 2 + grad 2 | main grad 4 + main param 4 + m 4 + v 4 = 4 + 16 = 20
+//   bf16/fp32: param 2 + grad 4 | main param 4 + m 4 + v 4              = 6 + 12 = 18
+//   fp32/fp32: param 4 + grad 4 | m 4 + v 4                             = 8 +  8 = 16
+// The distributed optimizer shards what is right of the bar over the d data-parallel ranks:
+// ZeRO stage 1 with K = that part.
+enum class megatron_precision { fp16_params_fp16_grads, bf16_params_fp32_grads, fp32_params_fp32_grads };
+
+inline constexpr state_bytes megatron_state_bytes(megatron_precision p) {
+    const double param = p == megatron_precision::fp32_params_fp32_grads ? 4 : 2;
+    const double grad = p == megatron_precision::fp16_params_fp16_grads ? 2 : 4;
+    const double main_grad = grad == 4 ? 0 : 4;
+    const double main_param = param == 4 ? 0 : 4;
+    const double adam_moments = 4 + 4;
+    return {param, grad, main_grad + main_param + adam_moments};
+}
+
+inline double megatron_bytes_per_parameter(megatron_precision p, bool distributed_optimizer, int data_parallel) {
+    return model_state_bytes(1, megatron_state_bytes(p),
+                             distributed_optimizer ? zero_stage::optimizer : zero_stage::none, data_parallel);
+}
+
+// ---- activations -----------------------------------------------------------------------
+// What the backward pass keeps of one micro-batch on this device, under recomputation
+// (Korthikanti et al., 2022, "Reducing Activation Recomputation in Large Transformer Models"):
+//   recompute::none       everything the forward saves
+//   recompute::selective  all but the attention scores (softmax, its dropout mask, QK^T),
+//                         which are recomputed; the 5as/h term of that paper
+//   recompute::full       only each layer's input; the layer is rerun in the backward
+// The profile's figures come from the model (all layers of this device's stage together).
+// Under full recomputation one layer's activations are rebuilt during its backward; that
+// transient is not included here; count it in the buffers.
+enum class recompute { none, selective, full };
+
+struct activation_profile {
+    double saved_bytes_per_micro_batch = 0;             // without recomputation
+    double layer_input_bytes_per_micro_batch = 0;       // kept under full recomputation
+    double attention_scores_bytes_per_micro_batch = 0;  // dropped under selective recomputation
+};
+
+inline double activation_bytes(const activation_profile& a, int in_flight, recompute r) {
+    constexpr std::string_view where = "activation_bytes";
+    const char* fix = "give bytes per micro-batch, at least 0";
+    detail::check_non_negative(where, "saved_bytes_per_micro_batch", a.saved_bytes_per_micro_batch, fix);
+    detail::check_non_negative(where, "layer_input_bytes_per_micro_batch", a.layer_input_bytes_per_micro_batch, fix);
+    detail::check_non_negative(where, "attention_scores_bytes_per_micro_batch",
+                               a.attention_scores_bytes_per_micro_batch, fix);
+    for (const auto& [name, part] :
+         {std::pair{"attention_scores_bytes_per_micro_batch", a.attention_scores_bytes_per_micro_batch},
+          std::pair{"layer_input_bytes_per_micro_batch", a.layer_input_bytes_per_micro_batch}})
+        if (part > a.saved_bytes_per_micro_batch)
+            throw usage_error(std::string("activation_bytes: ") + name + " (" + detail::memory_number_text(part) +
+                              ") exceeds saved_bytes_per_micro_batch (" +
+                              detail::memory_number_text(a.saved_bytes_per_micro_batch) +
+                              "), of which it is a part; check the activation profile");
+    if (in_flight < 0)
+        throw usage_error("activation_bytes: in_flight is " + std::to_string(in_flight) +
+                          "; give the number of micro-batches whose activations are held at once, at least 0");
+    double per_micro_batch = a.saved_bytes_per_micro_batch;
+    switch (r) {
+        case recompute::none: break;
+        case recompute::selective: per_micro_batch -= a.attention_scores_bytes_per_micro_batch; break;
+        case recompute::full: per_micro_batch = a.layer_input_bytes_per_micro_batch; break;
+    }
+    return per_micro_batch * in_flight;
+}
+
+// ---- the whole device ------------------------------------------------------------------
+struct memory_breakdown {
+    double parameters = 0;
+    double gradients = 0;
+    double optimizer = 0;
+    double activations = 0;
+    double buffers = 0;  // communication buffers, workspaces, transients
+    double total() const { return parameters + gradients + optimizer + activations + buffers; }
+};
+
+// `parameters` is the count held by this device before ZeRO sharding (after tensor and
+// pipeline partitioning); `in_flight` the micro-batches whose activations it holds at once
+// (1F1B: up to the number of pipeline stages on the first stage).
+inline memory_breakdown memory_per_device(double parameters, state_bytes s, zero_stage zero, int data_parallel,
+                                          const activation_profile& activations, int in_flight, recompute r,
+                                          double buffer_bytes) {
+    detail::check_non_negative("memory_per_device", "buffer_bytes", buffer_bytes, "give the buffer size in bytes");
+    const state_bytes states = detail::model_state_split(parameters, s, zero, data_parallel);
+    return {.parameters = states.parameter,
+            .gradients = states.gradient,
+            .optimizer = states.optimizer,
+            .activations = activation_bytes(activations, in_flight, r),
+            .buffers = buffer_bytes};
+}
+
+}  // namespace loom::search
+// ---- end loom/search/memory.hpp ----
+// ---- begin loom/search/model_profile.hpp ----
+// What the searcher knows about a model: per layer (folding.hpp), the work of its forward
+// and backward ops, its parameters, the activations its backward keeps, the residual
+// stream it reads, and how finely tensor parallelism can cut it. Everything is read off a
+// training graph (forward + backward, graph/autograd.hpp) at the graph's batch; the
+// searcher scales it to micro-batches and shards.
+//
+//   auto g = models::gpt(cfg).training_graph();
+//   model_profile m = profile_model(g);          // layers found by find_layers(g)
+//   m.layers[1].forward.flops, m.layers[1].saved_elements, m.classes()
+//
+// Rules (each is a modelling choice, stated once here):
+// - A node's work is its op's FLOPs (op_def::flops) and the elements it reads and writes.
+//   An op is "GEMM-like" when it does at least 16 FLOPs per element it writes; the others
+//   are memory-bound (norms, activations, adds, softmax).
+// - Saved activations: forward outputs that a backward node reads. Selective recompute
+//   drops those made by memory-bound ops and recomputes them (their forward work again);
+//   full recompute keeps only the layer's input and reruns its whole forward.
+// - Tensor parallelism (Megatron's rules) costs one all-reduce of the residual stream per
+//   residual join (an `add` whose output has the residual stream's shape) in the forward,
+//   and one per join in the backward. The degree must divide every parameter extent and
+//   every attention head count of the model (`tp_granularity`).
+// - Backward nodes belong to the layer of the forward node they differentiate; the other
+//   backward nodes (the loss seed, gradient sums) to the epilogue.
+#include <algorithm>
+#include <cstdint>
+#include <numeric>
+#include <string>
+#include <vector>
+
+// ---- begin loom/search/folding.hpp ----
+// Folding: which parts of a model are layers, and which layers are the same. The searcher
+// decides once per class of identical layers and applies the decision to every repeat
+// (TAPAS §4.3), so its work grows with the number of distinct layers, not the depth.
+//
+// Two ways to find the layers of a graph's forward pass:
+//   layers_from_scopes(g)     the instances of the graph's largest recorded repeat
+//                             ("blocks.0" ... "blocks.95"); everything before the first
+//                             instance is the prologue, everything after the epilogue.
+//   layers_from_structure(g)  no scopes needed: cut the forward pass where a single
+//                             activation is live (the residual stream between blocks),
+//                             hash each segment by its ops, shapes and wiring, and find the
+//                             longest run of a repeated segment sequence; each repetition
+//                             is a layer.
+//   find_layers(g)            scopes when the graph recorded a repeat, structure otherwise.
+//
+// Either way, layers with equal structural hashes get the same class id, so a prologue that
+// happens to equal a block would join its class.
+#include <algorithm>
+#include <cstdint>
+#include <functional>
+#include <map>
+#include <string>
+#include <string_view>
+#include <vector>
+
+
+namespace loom::search {
+
+enum class layer_role { prologue, repeated, epilogue };
+
+struct layer_span {
+    std::string name;                  // "blocks.3", "prologue", "epilogue"
+    layer_role role = layer_role::repeated;
+    std::vector<node_id> nodes;        // forward nodes, in graph order
+    std::uint64_t hash = 0;            // structure: op kinds, shapes, wiring
+    int class_id = 0;                  // equal hashes, equal classes
+};
+
+struct layer_partition {
+    std::vector<layer_span> layers;    // prologue (if any), repeated layers, epilogue (if any)
+    int classes = 0;
+    std::string found_by;              // "scopes" or "structure"
+
+    // Indices (into layers) of the repeated layers, in order.
+    std::vector<int> repeated() const {
+        std::vector<int> out;
+        for (std::size_t i = 0; i < layers.size(); ++i)
+            if (layers[i].role == layer_role::repeated) out.push_back(static_cast<int>(i));
+        return out;
+    }
+};
+
+namespace detail {
+
+inline std::uint64_t mix(std::uint64_t h, std::uint64_t v) {
+    // splitmix64 finaliser over the running hash: order-sensitive and well spread.
+    h ^= v + 0x9e3779b97f4a7c15ULL + (h << 6) + (h >> 2);
+    h ^= h >> 30;
+    h *= 0xbf58476d1ce4e5b9ULL;
+    h ^= h >> 27;
+    return h;
+}
+
+inline std::uint64_t hash_text(std::string_view s) { return std::hash<std::string_view>{}(s); }
+
+inline std::size_t forward_count(const graph& g) { return g.forward_nodes ? g.forward_nodes : g.nodes.size(); }
+
+// The hash of a run of forward nodes [first, last): each node's op and output shapes, and
+// for each input whether it is a parameter (with its shape), a graph input, an activation
+// made inside the run (by its offset back from the consumer) or one from before the run.
+inline std::uint64_t hash_nodes(const graph& g, const std::vector<node_id>& nodes) {
+    std::map<tensor_id, std::int64_t> made_at;  // tensor -> position in the run
+    std::uint64_t h = 0x1234567;
+    for (std::size_t i = 0; i < nodes.size(); ++i) {
+        const node& n = g.at(nodes[i]);
+        h = mix(h, hash_text(n.op->name));
+        for (tensor_id t : n.inputs) {
+            const tensor_desc& td = g.tensor(t);
+            if (td.role == tensor_role::parameter) {
+                h = mix(h, 1);
+                for (const auto& a : td.dims) h = mix(h, static_cast<std::uint64_t>(a.extent));
+            } else if (td.role == tensor_role::input) {
+                h = mix(h, 2);
+            } else if (auto it = made_at.find(t); it != made_at.end()) {
+                h = mix(h, 3 + static_cast<std::uint64_t>(static_cast<std::int64_t>(i) - it->second));
+            } else {
+                h = mix(h, 0xabcdef);
+                for (const auto& a : td.dims) h = mix(h, static_cast<std::uint64_t>(a.extent));
+            }
+        }
+        for (tensor_id t : n.outputs) {
+            made_at[t] = static_cast<std::int64_t>(i);
+            for (const auto& a : g.tensor(t).dims) h = mix(h, static_cast<std::uint64_t>(a.extent));
+        }
+    }
+    return h;
+}
+
+inline void assign_classes(const graph& g, layer_partition& p) {
+    std::map<std::uint64_t, int> class_of;
+    for (layer_span& l : p.layers) {
+        l.hash = hash_nodes(g, l.nodes);
+        auto [it, fresh] = class_of.try_emplace(l.hash, static_cast<int>(class_of.size()));
+        l.class_id = it->second;
+    }
+    p.classes = static_cast<int>(class_of.size());
+}
+
+// Splits forward nodes into prologue / repeated layers / epilogue given each node's layer
+// index (-1 outside the repeat).
+inline layer_partition partition_by_layer(const graph& g, const std::vector<std::int64_t>& layer_of,
+                                          std::string_view layer_prefix) {
+    layer_partition p;
+    std::int64_t layers = 0;
+    for (std::int64_t l : layer_of) layers = std::max(layers, l + 1);
+    layer_span prologue{"prologue", layer_role::prologue, {}, 0, 0};
+    layer_span epilogue{"epilogue", layer_role::epilogue, {}, 0, 0};
+    std::vector<layer_span> repeated(static_cast<std::size_t>(layers));
+    for (std::int64_t l = 0; l < layers; ++l)
+        repeated[static_cast<std::size_t>(l)].name = std::string(layer_prefix) + "." + std::to_string(l);
+    bool seen_layer = false;
+    for (std::size_t i = 0; i < layer_of.size(); ++i) {
+        const node_id n = static_cast<node_id>(i);
+        if (layer_of[i] >= 0) {
+            seen_layer = true;
+            repeated[static_cast<std::size_t>(layer_of[i])].nodes.push_back(n);
+        } else {
+            (seen_layer ? epilogue : prologue).nodes.push_back(n);
+        }
+    }
+    if (!prologue.nodes.empty()) p.layers.push_back(std::move(prologue));
+    for (auto& l : repeated) p.layers.push_back(std::move(l));
+    if (!epilogue.nodes.empty()) p.layers.push_back(std::move(epilogue));
+    assign_classes(g, p);
+    return p;
+}
+
+}  // namespace detail
+
+// Layers from the graph's largest recorded repeat (most instances; ties: the first).
+inline layer_partition layers_from_scopes(const graph& g) {
+    std::int32_t best = no_id;
+    for (std::size_t r = 0; r < g.repeats.size(); ++r)
+        if (best == no_id || g.repeats[r].scopes.size() > g.repeats[static_cast<std::size_t>(best)].scopes.size())
+            best = static_cast<std::int32_t>(r);
+    if (best == no_id)
+        throw usage_error("layers_from_scopes: the graph recorded no repeated scope; build the layers inside "
+                          "graph_builder::repeat (or use layers_from_structure)");
+    const std::size_t forward = detail::forward_count(g);
+    std::vector<std::int64_t> layer_of(forward, -1);
+    for (std::size_t i = 0; i < forward; ++i) {
+        for (std::int32_t s = g.nodes[i].scope; s != no_id;) {
+            const scope_desc& sd = g.scopes.at(static_cast<std::size_t>(s));
+            if (sd.repeat == best) {
+                layer_of[i] = sd.index;
+                break;
+            }
+            s = sd.parent;
+        }
+    }
+    auto p = detail::partition_by_layer(g, layer_of, g.repeats[static_cast<std::size_t>(best)].name);
+    p.found_by = "scopes";
+    return p;
+}
+
+// Layers from structure alone (scopes ignored).
+inline layer_partition layers_from_structure(const graph& g) {
+    const std::size_t forward = detail::forward_count(g);
+    // live[i]: activations made before node i and read at or after it (forward reads only).
+    std::vector<int> delta(forward + 1, 0);
+    std::vector<std::int64_t> last_read(g.tensors.size(), -1);
+    for (std::size_t i = 0; i < forward; ++i)
+        for (tensor_id t : g.nodes[i].inputs) last_read[static_cast<std::size_t>(t)] = static_cast<std::int64_t>(i);
+    for (std::size_t t = 0; t < g.tensors.size(); ++t) {
+        const tensor_desc& td = g.tensors[t];
+        if (td.role != tensor_role::activation || td.producer == no_id) continue;
+        const auto made = static_cast<std::int64_t>(td.producer);
+        if (made >= static_cast<std::int64_t>(forward) || last_read[t] <= made) continue;
+        ++delta[static_cast<std::size_t>(made + 1)];
+        --delta[static_cast<std::size_t>(last_read[t] + 1)];
+    }
+    // Segments start at 0 and at every node before which exactly one activation is live.
+    std::vector<std::size_t> starts{0};
+    int live = 0;
+    for (std::size_t i = 1; i < forward; ++i) {
+        live += delta[i];
+        if (live == 1) starts.push_back(i);
+    }
+    starts.push_back(forward);
+    std::vector<std::vector<node_id>> segments;
+    std::vector<std::uint64_t> segment_hash;
+    for (std::size_t s = 0; s + 1 < starts.size(); ++s) {
+        std::vector<node_id> nodes;
+        for (std::size_t i = starts[s]; i < starts[s + 1]; ++i) nodes.push_back(static_cast<node_id>(i));
+        segment_hash.push_back(detail::hash_nodes(g, nodes));
+        segments.push_back(std::move(nodes));
+    }
+    // The longest run of a repeated unit of `period` segments (ties: the shortest period,
+    // then the earliest start).
+    const std::size_t k = segments.size();
+    std::size_t best_start = 0, best_period = 0, best_count = 0;
+    for (std::size_t period = 1; period * 2 <= k; ++period) {
+        for (std::size_t start = 0; start + 2 * period <= k; ++start) {
+            std::size_t count = 1;
+            while (start + (count + 1) * period <= k) {
+                bool same = true;
+                for (std::size_t j = 0; j < period && same; ++j)
+                    same = segment_hash[start + j] == segment_hash[start + count * period + j];
+                if (!same) break;
+                ++count;
+            }
+            if (count >= 2 && count * period > best_count * best_period) {
+                best_start = start;
+                best_period = period;
+                best_count = count;
+            }
+        }
+    }
+    std::vector<std::int64_t> layer_of(forward, -1);
+    for (std::size_t c = 0; c < best_count; ++c)
+        for (std::size_t j = 0; j < best_period; ++j)
+            for (node_id n : segments[best_start + c * best_period + j])
+                layer_of[static_cast<std::size_t>(n)] = static_cast<std::int64_t>(c);
+    auto p = detail::partition_by_layer(g, layer_of, "layer");
+    p.found_by = "structure";
+    return p;
+}
+
+inline layer_partition find_layers(const graph& g) {
+    return g.repeats.empty() ? layers_from_structure(g) : layers_from_scopes(g);
+}
+
+}  // namespace loom::search
+// ---- end loom/search/folding.hpp ----
+
+namespace loom::search {
+
+// Work of a set of nodes, split by kind.
+struct work {
+    double flops = 0;                 // all FLOPs
+    double gemm_flops = 0;            // of GEMM-like nodes
+    double gemm_elements = 0;         // elements GEMM-like nodes read and write
+    double memory_bound_flops = 0;
+    double memory_bound_elements = 0;  // elements memory-bound nodes read and write
+
+    work& operator+=(const work& o) {
+        flops += o.flops;
+        gemm_flops += o.gemm_flops;
+        gemm_elements += o.gemm_elements;
+        memory_bound_flops += o.memory_bound_flops;
+        memory_bound_elements += o.memory_bound_elements;
+        return *this;
+    }
+};
+
+struct layer_profile {
+    std::string name;
+    layer_role role = layer_role::repeated;
+    int class_id = 0;
+    work forward;                    // at the graph's batch
+    work backward;
+    work memory_bound_forward;       // the part of `forward` selective recompute reruns
+    double parameters = 0;           // elements of the parameters this layer reads first
+    double shared_parameters = 0;    // elements of parameters an earlier layer owns (tied weights)
+    int shared_from = -1;            // that layer
+    double saved_elements = 0;       // activations the backward reads
+    double cheap_saved_elements = 0;  // ... of them made by memory-bound ops
+    double input_elements = 0;       // activations entering the layer
+    double output_elements = 0;      // activations leaving it for later layers
+    int residual_joins = 0;
+};
+
+struct model_profile {
+    layer_partition partition;
+    std::vector<layer_profile> layers;  // parallel to partition.layers
+    std::int64_t batch = 1;             // samples in the graph's batch
+    double residual_elements = 0;       // one residual-stream tensor at the graph's batch
+    std::int64_t tp_granularity = 1;    // a TP degree must divide it
+    double parameters = 0;
+
+    int classes() const { return partition.classes; }
+    bool allows_tp(std::int64_t degree) const { return degree >= 1 && tp_granularity % degree == 0; }
+};
+
+namespace detail {
+
+inline double numel(const graph& g, tensor_id t) { return static_cast<double>(g.tensor(t).dims.numel()); }
+
+inline bool gemm_like(double flops, double written) { return written > 0 && flops >= 16.0 * written; }
+
+inline void add_node_work(const graph& g, const node& n, work& w, work* memory_bound_part = nullptr) {
+    const double flops = n.op->flops ? n.op->flops(g, n) : 0.0;
+    double written = 0, read = 0;
+    for (tensor_id t : n.outputs) written += numel(g, t);
+    for (tensor_id t : n.inputs) read += numel(g, t);
+    w.flops += flops;
+    if (gemm_like(flops, written)) {
+        w.gemm_flops += flops;
+        w.gemm_elements += read + written;
+    } else {
+        w.memory_bound_flops += flops;
+        w.memory_bound_elements += read + written;
+        if (memory_bound_part) {
+            memory_bound_part->flops += flops;
+            memory_bound_part->memory_bound_flops += flops;
+            memory_bound_part->memory_bound_elements += read + written;
+        }
+    }
+}
+
+}  // namespace detail
+
+inline model_profile profile_model(const graph& g, layer_partition partition) {
+    if (g.forward_nodes == 0)
+        throw usage_error("profile_model: the graph has no backward pass; pass the training graph "
+                          "(model.training_graph()), whose backward the profile measures");
+    model_profile m;
+    m.partition = std::move(partition);
+    const std::size_t forward = g.forward_nodes;
+    std::vector<int> layer_of_node(g.nodes.size(), -1);
+    for (std::size_t l = 0; l < m.partition.layers.size(); ++l)
+        for (node_id n : m.partition.layers[l].nodes) layer_of_node[static_cast<std::size_t>(n)] = static_cast<int>(l);
+    const int last = static_cast<int>(m.partition.layers.size()) - 1;
+    for (std::size_t i = forward; i < g.nodes.size(); ++i) {
+        const node_id f = g.nodes[i].forward_of;
+        layer_of_node[i] = f != no_id && layer_of_node[static_cast<std::size_t>(f)] >= 0
+                               ? layer_of_node[static_cast<std::size_t>(f)]
+                               : last;
+    }
+
+    m.layers.resize(m.partition.layers.size());
+    for (std::size_t l = 0; l < m.layers.size(); ++l) {
+        m.layers[l].name = m.partition.layers[l].name;
+        m.layers[l].role = m.partition.layers[l].role;
+        m.layers[l].class_id = m.partition.layers[l].class_id;
+    }
+    // Which tensors the backward reads, and which later layers read.
+    std::vector<bool> read_by_backward(g.tensors.size(), false);
+    std::vector<int> last_reader_layer(g.tensors.size(), -1);
+    for (std::size_t i = 0; i < g.nodes.size(); ++i)
+        for (tensor_id t : g.nodes[i].inputs) {
+            if (i >= forward) read_by_backward[static_cast<std::size_t>(t)] = true;
+            else last_reader_layer[static_cast<std::size_t>(t)] =
+                std::max(last_reader_layer[static_cast<std::size_t>(t)], layer_of_node[i]);
+        }
+
+    std::int64_t granularity = 0;
+    std::vector<bool> entered(g.tensors.size(), false);
+    int entered_layer = -1;
+    for (std::size_t i = 0; i < g.nodes.size(); ++i) {
+        const node& n = g.nodes[i];
+        const int l = layer_of_node[i];
+        if (l < 0) continue;
+        layer_profile& lp = m.layers[static_cast<std::size_t>(l)];
+        if (i >= forward) {
+            detail::add_node_work(g, n, lp.backward);
+            continue;
+        }
+        if (l != entered_layer) {
+            std::fill(entered.begin(), entered.end(), false);
+            entered_layer = l;
+        }
+        detail::add_node_work(g, n, lp.forward, &lp.memory_bound_forward);
+        double written = 0;
+        for (tensor_id t : n.outputs) written += detail::numel(g, t);
+        const bool cheap = !detail::gemm_like(n.op->flops ? n.op->flops(g, n) : 0.0, written);
+        for (tensor_id t : n.outputs) {
+            if (read_by_backward[static_cast<std::size_t>(t)]) {
+                lp.saved_elements += detail::numel(g, t);
+                if (cheap) lp.cheap_saved_elements += detail::numel(g, t);
+            }
+            if (last_reader_layer[static_cast<std::size_t>(t)] > l) lp.output_elements += detail::numel(g, t);
+        }
+        for (tensor_id t : n.inputs) {
+            const tensor_desc& td = g.tensor(t);
+            if (td.role == tensor_role::activation && td.producer != no_id &&
+                layer_of_node[static_cast<std::size_t>(td.producer)] != l && !entered[static_cast<std::size_t>(t)]) {
+                entered[static_cast<std::size_t>(t)] = true;  // counted once per layer: layers read it in order
+                lp.input_elements += detail::numel(g, t);
+            }
+        }
+        if (n.op->name == "attention")
+            if (auto h = n.sig.find("h")) granularity = std::gcd(granularity, n.sig.vars[static_cast<std::size_t>(*h)].extent);
+    }
+    for (tensor_id p : g.parameters) {
+        m.parameters += detail::numel(g, p);
+        for (const auto& a : g.tensor(p).dims) granularity = std::gcd(granularity, a.extent);
+    }
+    // A parameter belongs to the first layer that reads it; a later layer that reads it too
+    // (the LM head of a tied embedding) holds a copy when it sits on another stage.
+    std::vector<int> owner(g.tensors.size(), -1), counted_in(g.tensors.size(), -1);
+    for (std::size_t i = 0; i < forward; ++i) {
+        const int l = layer_of_node[i];
+        if (l < 0) continue;
+        for (tensor_id t : g.nodes[i].inputs) {
+            if (g.tensor(t).role != tensor_role::parameter) continue;
+            if (counted_in[static_cast<std::size_t>(t)] == l) continue;
+            counted_in[static_cast<std::size_t>(t)] = l;
+            int& o = owner[static_cast<std::size_t>(t)];
+            layer_profile& lp = m.layers[static_cast<std::size_t>(l)];
+            if (o < 0) {
+                o = l;
+                lp.parameters += detail::numel(g, t);
+            } else {
+                lp.shared_from = o;
+                lp.shared_parameters += detail::numel(g, t);
+            }
+        }
+    }
+    m.tp_granularity = granularity > 0 ? granularity : 1;
+
+    // The residual stream: the activation entering the first repeated layer.
+    const auto repeated = m.partition.repeated();
+    if (!repeated.empty()) {
+        const layer_profile& first = m.layers[static_cast<std::size_t>(repeated.front())];
+        m.residual_elements = first.input_elements;
+    }
+    // Residual joins: adds whose output is as large as the residual stream.
+    for (std::size_t i = 0; i < forward; ++i) {
+        const node& n = g.nodes[i];
+        if (layer_of_node[i] < 0 || n.op->name != "add" || m.residual_elements <= 0) continue;
+        if (detail::numel(g, n.outputs[0]) == m.residual_elements) ++m.layers[static_cast<std::size_t>(layer_of_node[i])].residual_joins;
+    }
+    // The batch: the leading extent of the first graph input (tokens [batch, seq]).
+    if (!g.inputs.empty() && g.tensor(g.inputs.front()).dims.rank() > 0)
+        m.batch = g.tensor(g.inputs.front()).dims.extent(0);
+    return m;
+}
+
+inline model_profile profile_model(const graph& g) { return profile_model(g, find_layers(g)); }
+
+}  // namespace loom::search
+// ---- end loom/search/model_profile.hpp ----
+// ---- begin loom/search/plan_space.hpp ----
+// The parameters a plan may leave open, and one point of that space.
+//
+//   configuration: tensor-parallel degree (innermost, within a node), pipeline stages,
+//   data-parallel degree (the rest of the devices), micro-batches, ZeRO stage, schedule
+//   (GPipe, 1F1B, interleaved 1F1B with v chunks per device), how many repeated layers
+//   each pipeline chunk holds, and a recompute choice per repeated layer.
+//
+//   search_space: the candidates for each parameter; an empty list means "every value
+//   that fits" (TP: powers of two up to a node that divide the model's tp_granularity;
+//   stages: powers of two up to the number of repeated layers; micro-batches: powers of
+//   two dividing the batch of one replica).
+//
+// Devices are numbered node-major and the degrees nest TP, then DP, then PP (Megatron's
+// order): the TP group of a device is contiguous, its DP group has stride tp, and
+// consecutive pipeline stages are tp * dp devices apart.
+#include <string>
+#include <vector>
+
+
+namespace loom::search {
+
+enum class schedule_kind { gpipe, one_f_one_b, interleaved };
+
+inline std::string to_string(schedule_kind s) {
+    switch (s) {
+        case schedule_kind::gpipe: return "GPipe";
+        case schedule_kind::one_f_one_b: return "1F1B";
+        case schedule_kind::interleaved: return "interleaved 1F1B";
+    }
+    return "?";
+}
+
+inline std::string to_string(recompute r) {
+    switch (r) {
+        case recompute::none: return "none";
+        case recompute::selective: return "selective";
+        case recompute::full: return "full";
+    }
+    return "?";
+}
+
+struct configuration {
+    int tp = 1;
+    int pp = 1;
+    int dp = 1;
+    int micro_batches = 1;
+    int chunks = 1;  // pipeline chunks per device: 1, or v for the interleaved schedule
+    zero_stage zero = zero_stage::none;
+    schedule_kind schedule = schedule_kind::one_f_one_b;
+    std::vector<int> layers_per_chunk;  // repeated layers in each of the pp * chunks chunks
+    std::vector<recompute> recompute_of;  // per repeated layer
+
+    int devices() const { return tp * pp * dp; }
+    // The pipeline device (0..pp-1) chunk c runs on.
+    int device_of_chunk(int c) const { return c % pp; }
+};
+
+struct search_space {
+    std::vector<int> tp;
+    std::vector<int> pp;
+    std::vector<int> micro_batches;
+    std::vector<zero_stage> zero{zero_stage::none, zero_stage::optimizer, zero_stage::gradients,
+                                 zero_stage::parameters};
+    std::vector<schedule_kind> schedules{schedule_kind::gpipe, schedule_kind::one_f_one_b,
+                                         schedule_kind::interleaved};
+    std::vector<recompute> recompute_choices{recompute::none, recompute::selective, recompute::full};
+    int interleave_chunks = 2;            // v of the interleaved schedule
+    bool search_stage_boundaries = false;  // false: layers split evenly over chunks
+    int max_tp = 0;                        // 0: the devices of one node
+};
+
+}  // namespace loom::search
+// ---- end loom/search/plan_space.hpp ----
+// ---- begin loom/search/schedule_orders.hpp ----
+// Block orders of the three schedule families the searcher times, written out directly.
+// The templates in schedule/templates.hpp derive the same schedules from order constraints
+// with a list scheduler, which is general but grows quickly with stages x micro-batches
+// (1F1B with 16 stages and 1024 micro-batches takes tens of seconds); the searcher visits
+// hundreds of such shapes, so it generates them in linear time here.
+//
+//   gpipe_orders(p, m)        device s: F(s,0..m-1), then B(s,0..m-1)
+//   one_f_one_b_orders(p, m)  device s: w = min(p - s, m) forwards, then B(i) followed by
+//                             F(w + i) while forwards remain, then the last backwards
+//                             (equal to schedule::one_f_one_b, which a test checks)
+//   interleaved_orders(p, v, m)  Megatron's interleaved 1F1B (m a multiple of p): device
+//                             r runs chunks r, r + p, ..., forward k is micro-batch
+//                             (k / (p v)) p + k % p of chunk (k / p) % v, backward k the same
+//                             micro-batch of chunk v - 1 - (k / p) % v; it warms up with
+//                             min((p - r - 1) 2 + (v - 1) p, m v) forwards, then alternates,
+//                             then drains. The ordering differs from the constraint
+//                             template's greedy one; tests validate it (schedule::validate).
+#include <algorithm>
+#include <string>
+#include <vector>
+
+
+namespace loom::search {
+
+inline schedule::schedule gpipe_orders(int p, int m) {
+    schedule::schedule s{schedule::pipeline_shape::linear(p, m), {}, "GPipe"};
+    s.device_order.resize(static_cast<std::size_t>(p));
+    for (int d = 0; d < p; ++d) {
+        auto& order = s.device_order[static_cast<std::size_t>(d)];
+        for (int i = 0; i < m; ++i) order.push_back(schedule::forward_block(d, i));
+        for (int i = 0; i < m; ++i) order.push_back(schedule::backward_block(d, i));
+    }
+    return s;
+}
+
+inline schedule::schedule one_f_one_b_orders(int p, int m) {
+    schedule::schedule s{schedule::pipeline_shape::linear(p, m), {}, "1F1B"};
+    s.device_order.resize(static_cast<std::size_t>(p));
+    for (int d = 0; d < p; ++d) {
+        auto& order = s.device_order[static_cast<std::size_t>(d)];
+        const int warmup = std::min(p - d, m);
+        for (int i = 0; i < warmup; ++i) order.push_back(schedule::forward_block(d, i));
+        for (int i = 0; i < m; ++i) {
+            order.push_back(schedule::backward_block(d, i));
+            if (warmup + i < m) order.push_back(schedule::forward_block(d, warmup + i));
+        }
+    }
+    return s;
+}
+
+inline schedule::schedule interleaved_orders(int p, int v, int m) {
+    if (p < 1 || v < 1 || m < 1 || m % p != 0)
+        throw usage_error("interleaved_orders: " + std::to_string(m) + " micro-batches over " + std::to_string(p) +
+                          " devices; the interleaved schedule needs a positive multiple of the device count");
+    schedule::schedule s{schedule::pipeline_shape::interleaved(p, v, m), {}, "interleaved 1F1B"};
+    s.device_order.resize(static_cast<std::size_t>(p));
+    const int total = m * v;
+    const auto micro = [&](int k) { return (k / (p * v)) * p + k % p; };
+    for (int r = 0; r < p; ++r) {
+        auto& order = s.device_order[static_cast<std::size_t>(r)];
+        const auto forward = [&](int k) { return schedule::forward_block(((k / p) % v) * p + r, micro(k)); };
+        const auto backward = [&](int k) { return schedule::backward_block((v - 1 - (k / p) % v) * p + r, micro(k)); };
+        const int warmup = std::min((p - r - 1) * 2 + (v - 1) * p, total);
+        int f = 0, b = 0;
+        for (; f < warmup; ++f) order.push_back(forward(f));
+        while (f < total) {
+            order.push_back(forward(f++));
+            order.push_back(backward(b++));
+        }
+        while (b < total) order.push_back(backward(b++));
+    }
+    return s;
+}
+
+}  // namespace loom::search
+// ---- end loom/search/schedule_orders.hpp ----
+
+namespace loom::search {
+
+struct search_options {
+    double memory_per_device = 0;  // bytes; 0: the device's memory
+    precision compute = precision::bf16;
+    double activation_bytes = 2;   // per element of activations and messages
+    state_bytes states = mixed_precision_adam();
+    overlap_factors overlap;
+    bool fold = true;              // decide once per class of identical layers
+    double time_budget_seconds = 0;  // 0: search to the end
+};
+
+struct device_cost {
+    double parameters = 0;  // elements of the layers on this device, before TP sharding
+    memory_breakdown memory;
+    double exposed_communication = 0;  // s per step: gradient sync, ZeRO-3 gathers
+    double optimizer = 0;              // s per step
+};
+
+struct evaluation {
+    bool feasible = false;
+    std::string why_infeasible;
+    double step_time = std::numeric_limits<double>::infinity();
+    double pipeline_time = 0;
+    std::vector<double> chunk_forward, chunk_backward;  // s per micro-batch
+    std::vector<device_cost> devices;                  // per pipeline device
+    double peak_memory() const {
+        double m = 0;
+        for (const auto& d : devices) m = std::max(m, d.memory.total());
+        return m;
+    }
+};
+
+// Per-layer times and the schedules' orders, computed once for a model and cluster.
+class cost_context {
+public:
+    cost_context(const model_profile& model, const cluster& hw, const search_options& options)
+        : model_(&model), hw_(hw), options_(options) {
+        memory_cap_ = options.memory_per_device > 0 ? options.memory_per_device : hw.device.memory_bytes;
+        const double peak = hw.device.peak_flops(options.compute);
+        const auto time_of = [&](const work& w) {
+            const double bytes = options.activation_bytes;
+            return std::max(w.gemm_flops / (peak * hw.device.gemm_efficiency),
+                            w.gemm_elements * bytes / hw.device.memory_bandwidth) +
+                   std::max(w.memory_bound_flops / (peak * hw.device.elementwise_efficiency),
+                            w.memory_bound_elements * bytes / (hw.device.memory_bandwidth * hw.device.elementwise_efficiency));
+        };
+        for (const layer_profile& l : model.layers) {
+            times_.push_back({time_of(l.forward), time_of(l.backward), time_of(l.memory_bound_forward)});
+        }
+        for (std::size_t i = 0; i < model.layers.size(); ++i)
+            if (model.layers[i].role == layer_role::repeated) repeated_.push_back(static_cast<int>(i));
+            else if (model.layers[i].role == layer_role::prologue) prologue_ = static_cast<int>(i);
+            else epilogue_ = static_cast<int>(i);
+    }
+
+    struct layer_times {
+        double forward = 0, backward = 0, memory_bound_forward = 0;  // s at the graph's batch, one device
+    };
+
+    const model_profile& model() const { return *model_; }
+    const cluster& hardware() const { return hw_; }
+    const search_options& options() const { return options_; }
+    double memory_cap() const { return memory_cap_; }
+    const std::vector<int>& repeated() const { return repeated_; }
+    int prologue() const { return prologue_; }
+    int epilogue() const { return epilogue_; }
+    const layer_times& times(int layer) const { return times_[static_cast<std::size_t>(layer)]; }
+
+    // Extra backward time (at the graph's batch, one device) and activations kept (elements
+    // at the graph's batch) of a layer under a recompute choice.
+    double recompute_time(int layer, recompute r) const {
+        return r == recompute::full ? times(layer).forward
+               : r == recompute::selective ? times(layer).memory_bound_forward
+                                           : 0.0;
+    }
+    double kept_elements(int layer, recompute r) const {
+        const layer_profile& l = model_->layers[static_cast<std::size_t>(layer)];
+        return r == recompute::full ? l.input_elements
+               : r == recompute::selective ? l.saved_elements - l.cheap_saved_elements
+                                           : l.saved_elements;
+    }
+
+    // The block orders of a schedule and its peak in-flight micro-batches per chunk.
+    struct orders {
+        schedule::schedule order;
+        std::vector<int> in_flight;  // per chunk
+    };
+    const orders& schedule_orders(schedule_kind kind, int pp, int chunks, int micro_batches) {
+        const auto key = std::make_tuple(static_cast<int>(kind), pp, chunks, micro_batches);
+        auto it = orders_.find(key);
+        if (it != orders_.end()) return *it->second;
+        auto o = std::make_unique<orders>();
+        o->order = kind == schedule_kind::gpipe         ? gpipe_orders(pp, micro_batches)
+                   : kind == schedule_kind::one_f_one_b ? one_f_one_b_orders(pp, micro_batches)
+                                                        : interleaved_orders(pp, chunks, micro_batches);
+        o->in_flight = schedule::peak_in_flight(o->order).per_stage;
+        ++schedules_built_;
+        return *orders_.emplace(key, std::move(o)).first->second;
+    }
+    int schedules_built() const { return schedules_built_; }
+
+private:
+    const model_profile* model_;
+    cluster hw_;
+    search_options options_;
+    double memory_cap_ = 0;
+    std::vector<layer_times> times_;
+    std::vector<int> repeated_;
+    int prologue_ = -1, epilogue_ = -1;
+    std::map<std::tuple<int, int, int, int>, std::unique_ptr<orders>> orders_;
+    int schedules_built_ = 0;
+};
+
+// The makespan of fixed per-device block orders with per-chunk block times: each block
+// starts when its device is free and its inputs have arrived (a message between devices
+// adds `message`). The orders were validated when they were built, so this is a plain
+// event sweep.
+inline double pipeline_makespan(const schedule::schedule& s, const std::vector<double>& forward,
+                                const std::vector<double>& backward, double message) {
+    const int stages = s.shape.stages, micro = s.shape.micro_batches;
+    const auto index = [&](int stage, int m) { return static_cast<std::size_t>(stage) * static_cast<std::size_t>(micro) + static_cast<std::size_t>(m); };
+    const double never = -1.0;
+    std::vector<double> forward_end(static_cast<std::size_t>(stages * micro), never);
+    std::vector<double> backward_end(forward_end.size(), never);
+    const auto device_of = [&](int stage) { return s.shape.stage_devices[static_cast<std::size_t>(stage)].front(); };
+    std::vector<std::size_t> next(s.device_order.size(), 0);
+    std::vector<double> free(s.device_order.size(), 0.0);
+    std::size_t remaining = 0;
+    for (const auto& o : s.device_order) remaining += o.size();
+    double makespan = 0;
+    while (remaining > 0) {
+        bool progressed = false;
+        for (std::size_t d = 0; d < s.device_order.size(); ++d) {
+            while (next[d] < s.device_order[d].size()) {
+                const schedule::block& b = s.device_order[d][next[d]];
+                double ready = free[d];
+                const auto arrive = [&](double end, int from_stage) {
+                    return end + (device_of(from_stage) == static_cast<int>(d) ? 0.0 : message);
+                };
+                if (schedule::is_forward(b)) {
+                    if (b.stage > 0) {
+                        const double e = forward_end[index(b.stage - 1, b.micro)];
+                        if (e == never) break;
+                        ready = std::max(ready, arrive(e, b.stage - 1));
+                    }
+                } else {
+                    const double own = forward_end[index(b.stage, b.micro)];
+                    if (own == never) break;
+                    ready = std::max(ready, own);
+                    if (b.stage + 1 < stages) {
+                        const double e = backward_end[index(b.stage + 1, b.micro)];
+                        if (e == never) break;
+                        ready = std::max(ready, arrive(e, b.stage + 1));
+                    }
+                }
+                const bool fwd = schedule::is_forward(b);
+                const double end = ready + (fwd ? forward : backward)[static_cast<std::size_t>(b.stage)];
+                (fwd ? forward_end : backward_end)[index(b.stage, b.micro)] = end;
+                free[d] = end;
+                makespan = std::max(makespan, end);
+                ++next[d];
+                --remaining;
+                progressed = true;
+            }
+        }
+        if (!progressed)
+            throw usage_error("pipeline_makespan: the block orders deadlock; build them with the schedule templates "
+                              "(schedule::validate rejects such orders)");
+    }
+    return makespan;
+}
+
+// Which layers each chunk holds: the prologue on chunk 0, the epilogue on the last chunk,
+// the repeated layers in order, layers_per_chunk[c] of them on chunk c.
+inline std::vector<std::vector<int>> layers_of_chunks(const cost_context& ctx, const configuration& c) {
+    const int chunks = c.pp * c.chunks;
+    std::vector<std::vector<int>> out(static_cast<std::size_t>(chunks));
+    if (ctx.prologue() >= 0) out.front().push_back(ctx.prologue());
+    std::size_t next = 0;
+    for (int k = 0; k < chunks; ++k)
+        for (int i = 0; i < c.layers_per_chunk[static_cast<std::size_t>(k)]; ++i)
+            out[static_cast<std::size_t>(k)].push_back(ctx.repeated()[next++]);
+    if (ctx.epilogue() >= 0) out.back().push_back(ctx.epilogue());
+    return out;
+}
+
+// The recompute choice of layer index `layer` (prologue and epilogue keep everything).
+inline recompute recompute_of_layer(const cost_context& ctx, const configuration& c, int layer) {
+    const auto& r = ctx.repeated();
+    const auto it = std::find(r.begin(), r.end(), layer);
+    if (it == r.end() || c.recompute_of.empty()) return recompute::none;
+    return c.recompute_of[static_cast<std::size_t>(it - r.begin())];
+}
+
+// Everything but the pipeline makespan: per-chunk times and per-device memory and comm.
+// Split out so that the searcher can bound before it times the schedule.
+inline evaluation evaluate_without_pipeline(cost_context& ctx, const configuration& c) {
+    const model_profile& m = ctx.model();
+    const cluster& hw = ctx.hardware();
+    const search_options& o = ctx.options();
+    const int chunks = c.pp * c.chunks;
+    evaluation e;
+    e.chunk_forward.assign(static_cast<std::size_t>(chunks), 0.0);
+    e.chunk_backward.assign(static_cast<std::size_t>(chunks), 0.0);
+    e.devices.assign(static_cast<std::size_t>(c.pp), {});
+    const double share = 1.0 / (static_cast<double>(c.dp) * c.micro_batches);  // of the graph's batch
+    const double residual_bytes = m.residual_elements * share * o.activation_bytes;
+    const double tp_all_reduce =
+        c.tp > 1 ? exposed_time(collective_cost(hw, collective::all_reduce, residual_bytes, {c.tp, 1}), {}, collective::all_reduce,
+                                {1.0, o.overlap.epsilon})
+                 : 0.0;
+    const auto layers = layers_of_chunks(ctx, c);
+    const auto& sched = ctx.schedule_orders(c.schedule, c.pp, c.chunks, c.micro_batches);
+    std::vector<std::vector<bool>> on_device(static_cast<std::size_t>(c.pp), std::vector<bool>(m.layers.size(), false));
+    for (int k = 0; k < chunks; ++k)
+        for (int l : layers[static_cast<std::size_t>(k)]) on_device[static_cast<std::size_t>(c.device_of_chunk(k))][static_cast<std::size_t>(l)] = true;
+    std::vector<double> activations(static_cast<std::size_t>(c.pp), 0.0), largest_layer(static_cast<std::size_t>(c.pp), 0.0);
+    for (int k = 0; k < chunks; ++k) {
+        const int d = c.device_of_chunk(k);
+        double f = 0, b = 0, kept = 0;
+        int joins = 0;
+        for (int l : layers[static_cast<std::size_t>(k)]) {
+            const recompute r = recompute_of_layer(ctx, c, l);
+            f += ctx.times(l).forward;
+            b += ctx.times(l).backward + ctx.recompute_time(l, r);
+            kept += ctx.kept_elements(l, r);
+            joins += m.layers[static_cast<std::size_t>(l)].residual_joins;
+            const layer_profile& lp = m.layers[static_cast<std::size_t>(l)];
+            device_cost& dc = e.devices[static_cast<std::size_t>(d)];
+            dc.parameters += lp.parameters;
+            if (lp.shared_from >= 0 && !on_device[static_cast<std::size_t>(d)][static_cast<std::size_t>(lp.shared_from)])
+                dc.parameters += lp.shared_parameters;
+            largest_layer[static_cast<std::size_t>(d)] = std::max(largest_layer[static_cast<std::size_t>(d)], lp.parameters + lp.shared_parameters);
+        }
+        e.chunk_forward[static_cast<std::size_t>(k)] = f * share / c.tp + joins * tp_all_reduce;
+        e.chunk_backward[static_cast<std::size_t>(k)] = b * share / c.tp + joins * tp_all_reduce;
+        activations[static_cast<std::size_t>(d)] +=
+            sched.in_flight[static_cast<std::size_t>(k)] * kept * share * o.activation_bytes / c.tp;
+    }
+    e.feasible = true;
+    for (int d = 0; d < c.pp; ++d) {
+        device_cost& dc = e.devices[static_cast<std::size_t>(d)];
+        const double local = dc.parameters / c.tp;
+        const state_bytes s = o.states;
+        const double buffers = c.zero == zero_stage::parameters ? 2.0 * largest_layer[static_cast<std::size_t>(d)] / c.tp * s.parameter : 0.0;
+        dc.memory = memory_per_device(local, s, c.zero, c.dp, activation_profile{}, 0, recompute::none, buffers);
+        dc.memory.activations = activations[static_cast<std::size_t>(d)];
+        if (c.dp > 1) {
+            const comm_time sync = collective_cost(hw, collective::all_reduce, local * s.gradient, {c.dp, c.tp});
+            dc.exposed_communication = exposed_time({}, sync, collective::all_reduce, o.overlap);
+            if (c.zero == zero_stage::parameters) {
+                const comm_time gather = collective_cost(hw, collective::all_gather, local * s.parameter, {c.dp, c.tp});
+                dc.exposed_communication +=
+                    c.micro_batches * exposed_time(gather, gather, collective::all_gather, {1.0, o.overlap.epsilon});
+            }
+        }
+        const double updated = c.zero == zero_stage::none ? local : local / c.dp;
+        dc.optimizer = 2.0 * updated * (s.parameter + s.gradient + s.optimizer) / hw.device.memory_bandwidth;
+        // A relative slack, so that the knapsack's sums and these agree on the boundary.
+        if (dc.memory.total() > ctx.memory_cap() * (1 + 1e-12) && e.feasible) {
+            e.feasible = false;
+            e.why_infeasible = "pipeline device " + std::to_string(d) + " needs " +
+                               std::to_string(dc.memory.total() / 1e9) + " GB, more than the " +
+                               std::to_string(ctx.memory_cap() / 1e9) + " GB allowed";
+        }
+    }
+    return e;
+}
+
+// The time of one message between consecutive stages: the boundary activation of one
+// micro-batch, scattered over the TP group (each of its devices sends 1/tp).
+inline double stage_message_time(const cost_context& ctx, const configuration& c) {
+    if (c.pp == 1) return 0.0;
+    const double bytes = ctx.model().residual_elements / (static_cast<double>(c.dp) * c.micro_batches) *
+                         ctx.options().activation_bytes / c.tp;
+    return collective_time(ctx.hardware(), collective::send_recv, bytes, {2, c.tp * c.dp});
+}
+
+inline double step_time_of(const evaluation& e, double pipeline) {
+    double slowest = 0;
+    for (const auto& d : e.devices) slowest = std::max(slowest, d.exposed_communication + d.optimizer);
+    return pipeline + slowest;
+}
+
+inline evaluation evaluate(cost_context& ctx, const configuration& c) {
+    evaluation e = evaluate_without_pipeline(ctx, c);
+    const auto& sched = ctx.schedule_orders(c.schedule, c.pp, c.chunks, c.micro_batches);
+    e.pipeline_time = pipeline_makespan(sched.order, e.chunk_forward, e.chunk_backward, stage_message_time(ctx, c));
+    e.step_time = step_time_of(e, e.pipeline_time);
+    if (!e.feasible) e.step_time = std::numeric_limits<double>::infinity();
+    return e;
+}
+
+}  // namespace loom::search
+// ---- end loom/search/evaluate.hpp ----
+
+namespace loom::search {
+
+struct search_statistics {
+    long nodes = 0;              // tree nodes visited
+    long pruned_by_bound = 0;    // cut because their lower bound reached the best time
+    long pruned_by_memory = 0;   // cut because nothing below them fits in memory
+    long leaves = 0;             // complete configurations timed
+    long knapsack_nodes = 0;     // nodes of the recompute subproblems
+    int schedules_built = 0;
+    double seconds = 0;
+    bool complete = true;        // false: the time budget ran out
+    double gap = 0;              // proven relative gap of the answer (0 when complete)
+};
+
+struct search_result {
+    bool found = false;
+    configuration best;
+    evaluation cost;
+    search_statistics stats;
+    std::string model_summary;
+    std::string cluster_name;
+
+    std::string explain() const;
+};
+
+namespace detail {
+
+inline std::vector<int> powers_of_two_up_to(int limit) {
+    std::vector<int> out;
+    for (int v = 1; v <= limit; v *= 2) out.push_back(v);
+    return out;
+}
+
+// The candidates of each level, in visiting order.
+struct candidates {
+    const cost_context& ctx;
+    const search_space& space;
+
+    std::vector<int> tp() const {
+        const int devices = ctx.hardware().devices();
+        const int limit = space.max_tp > 0 ? space.max_tp : ctx.hardware().topo.devices_per_node;
+        std::vector<int> out;
+        for (int t : space.tp.empty() ? powers_of_two_up_to(limit) : space.tp)
+            if (t >= 1 && devices % t == 0 && ctx.model().allows_tp(t)) out.push_back(t);
+        return out;
+    }
+    std::vector<int> pp(int tp) const {
+        const int devices = ctx.hardware().devices();
+        const int layers = static_cast<int>(ctx.repeated().size());
+        std::vector<int> out;
+        for (int p : space.pp.empty() ? powers_of_two_up_to(std::max(layers, 1)) : space.pp) {
+            if (p < 1 || devices % (tp * p) != 0) continue;
+            if (p > std::max(layers, 1)) continue;
+            if (ctx.model().batch % (devices / (tp * p)) != 0) continue;  // DP splits the batch
+            out.push_back(p);
+        }
+        return out;
+    }
+    std::vector<zero_stage> zero(int dp) const {
+        std::vector<zero_stage> out;
+        for (zero_stage z : space.zero)
+            if (dp > 1 || z == zero_stage::none) out.push_back(z);  // without DP every stage is "none"
+        if (out.empty() && dp == 1) out.push_back(zero_stage::none);
+        return out;
+    }
+    std::vector<int> micro_batches(int dp) const {
+        const std::int64_t per_replica = ctx.model().batch / dp;
+        std::vector<int> out;
+        for (int m : space.micro_batches.empty() ? powers_of_two_up_to(static_cast<int>(per_replica)) : space.micro_batches)
+            if (m >= 1 && per_replica % m == 0) out.push_back(m);
+        return out;
+    }
+    // (schedule, chunks per device) pairs.
+    std::vector<std::pair<schedule_kind, int>> schedules(int pp, int m) const {
+        std::vector<std::pair<schedule_kind, int>> out;
+        const int layers = static_cast<int>(ctx.repeated().size());
+        for (schedule_kind s : space.schedules) {
+            if (pp == 1) {  // one stage: every schedule is the same sequence of micro-batches
+                if (out.empty()) out.push_back({schedule_kind::one_f_one_b, 1});
+                continue;
+            }
+            if (s == schedule_kind::interleaved) {
+                const int v = space.interleave_chunks;
+                if (v < 2 || m % pp != 0 || layers < pp * v) continue;
+                if (!space.search_stage_boundaries && layers % (pp * v) != 0) continue;
+                out.push_back({s, v});
+            } else {
+                if (!space.search_stage_boundaries && layers % pp != 0) continue;
+                out.push_back({s, 1});
+            }
+        }
+        return out;
+    }
+};
+
+// Every split of `layers` into `parts` positive counts (the even split first).
+inline void for_each_split(int layers, int parts, bool all, const std::function<bool(const std::vector<int>&)>& visit) {
+    if (!all) {
+        visit(std::vector<int>(static_cast<std::size_t>(parts), layers / parts));
+        return;
+    }
+    std::vector<int> split(static_cast<std::size_t>(parts), 0);
+    if (layers % parts == 0 && !visit(std::vector<int>(static_cast<std::size_t>(parts), layers / parts))) return;
+    std::function<bool(int, int)> go = [&](int k, int left) {
+        if (k == parts - 1) {
+            split[static_cast<std::size_t>(k)] = left;
+            if (layers % parts == 0 && std::all_of(split.begin(), split.end(), [&](int x) { return x == layers / parts; }))
+                return true;  // visited first
+            return visit(split);
+        }
+        for (int n = 1; n <= left - (parts - 1 - k); ++n) {
+            split[static_cast<std::size_t>(k)] = n;
+            if (!go(k + 1, left - n)) return false;
+        }
+        return true;
+    };
+    go(0, layers);
+}
+
+// A group of interchangeable layers on one device: same class, same chunk.
+struct recompute_group {
+    std::vector<int> layers;    // repeated-layer positions (into ctx.repeated())
+    double weight = 0;          // bytes per kept element (in-flight * share * bytes / tp)
+    double time_scale = 0;      // seconds per unit of layer time (share / tp)
+};
+
+// The least extra backward time over groups, with memory <= budget. Choices per group:
+// counts of each recompute option (folded) or per layer (groups of one).
+struct recompute_solver {
+    const cost_context& ctx;
+    const std::vector<recompute>& choices;
+    std::vector<recompute_group> groups;
+    double budget = 0;
+    long* nodes = nullptr;
+    std::function<bool()> out_of_time;  // checked every 4096 nodes; true: give up
+    bool gave_up = false;
+
+    std::vector<std::vector<int>> best_counts, counts;  // per group: count per choice
+    double best_time = std::numeric_limits<double>::infinity();
+    std::vector<double> least_memory_after;  // least memory of groups i.. (all max-saving)
+
+    // Representative numbers of a group (its layers are identical in folded mode; in
+    // unfolded mode groups hold one layer).
+    double memory_of(const recompute_group& g, recompute r) const {
+        return g.weight * ctx.kept_elements(ctx.repeated()[static_cast<std::size_t>(g.layers.front())], r);
+    }
+    double time_of(const recompute_group& g, recompute r) const {
+        return g.time_scale * ctx.recompute_time(ctx.repeated()[static_cast<std::size_t>(g.layers.front())], r);
+    }
+
+    bool solve() {
+        least_memory_after.assign(groups.size() + 1, 0.0);
+        for (std::size_t i = groups.size(); i-- > 0;) {
+            double least = std::numeric_limits<double>::infinity();
+            for (recompute r : choices) least = std::min(least, memory_of(groups[i], r));
+            least_memory_after[i] = least_memory_after[i + 1] + least * static_cast<double>(groups[i].layers.size());
+        }
+        if (least_memory_after[0] > budget) return false;
+        counts.assign(groups.size(), std::vector<int>(choices.size(), 0));
+        go(0, 0.0, 0.0);
+        return best_time < std::numeric_limits<double>::infinity();
+    }
+
+    void go(std::size_t i, double memory, double time) {
+        if (gave_up) return;
+        if (nodes && (++*nodes & 4095) == 0 && out_of_time && out_of_time()) {
+            gave_up = true;
+            return;
+        }
+        if (time >= best_time) return;
+        if (memory + least_memory_after[i] > budget) return;
+        if (i == groups.size()) {
+            best_time = time;
+            best_counts = counts;
+            return;
+        }
+        const int n = static_cast<int>(groups[i].layers.size());
+        // Counts per choice summing to n, choices earlier in the list first and in larger numbers.
+        std::function<void(std::size_t, int, double, double)> split = [&](std::size_t k, int left, double mem, double t) {
+            if (k + 1 == choices.size()) {
+                counts[i][k] = left;
+                go(i + 1, mem + left * memory_of(groups[i], choices[k]), t + left * time_of(groups[i], choices[k]));
+                return;
+            }
+            for (int c = left; c >= 0; --c) {
+                counts[i][k] = c;
+                split(k + 1, left - c, mem + c * memory_of(groups[i], choices[k]), t + c * time_of(groups[i], choices[k]));
+            }
+        };
+        split(0, n, memory, time);
+    }
+};
+
+}  // namespace detail
+
+class branch_and_bound_search {
+public:
+    branch_and_bound_search(cost_context& ctx, const search_space& space) : ctx_(ctx), space_(space) {}
+
+    search_result run() {
+        const auto start = std::chrono::steady_clock::now();
+        start_ = start;
+        detail::candidates cand{ctx_, space_};
+        const int devices = ctx_.hardware().devices();
+        double total_work = 0;
+        for (std::size_t l = 0; l < ctx_.model().layers.size(); ++l)
+            total_work += ctx_.times(static_cast<int>(l)).forward + ctx_.times(static_cast<int>(l)).backward;
+        for (int tp : cand.tp()) {
+            for (int pp : cand.pp(tp)) {
+                ++stats_.nodes;
+                const int dp = devices / (tp * pp);
+                const double work_bound = total_work / devices;
+                if (cut(work_bound)) continue;
+                for (zero_stage z : cand.zero(dp))
+                    for (int m : cand.micro_batches(dp))
+                        for (auto [kind, chunks] : cand.schedules(pp, m)) {
+                            configuration c;
+                            c.tp = tp;
+                            c.pp = pp;
+                            c.dp = dp;
+                            c.zero = z;
+                            c.micro_batches = m;
+                            c.schedule = kind;
+                            c.chunks = chunks;
+                            const int layers = static_cast<int>(ctx_.repeated().size());
+                            detail::for_each_split(layers, pp * chunks, space_.search_stage_boundaries,
+                                                   [&](const std::vector<int>& split) {
+                                                       c.layers_per_chunk = split;
+                                                       visit(c, work_bound);
+                                                       return true;
+                                                   });
+                        }
+            }
+        }
+        result_.stats = stats_;
+        result_.stats.schedules_built = ctx_.schedules_built();
+        result_.stats.seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+        if (!result_.stats.complete && result_.found)
+            result_.stats.gap = std::max(0.0, (result_.cost.step_time - open_bound_) / result_.cost.step_time);
+        result_.cluster_name = ctx_.hardware().name;
+        return result_;
+    }
+
+private:
+    bool out_of_time() {
+        if (ctx_.options().time_budget_seconds <= 0) return false;
+        if (!stats_.complete) return true;
+        const double elapsed = std::chrono::duration<double>(std::chrono::steady_clock::now() - start_).count();
+        if (elapsed > ctx_.options().time_budget_seconds) stats_.complete = false;
+        return !stats_.complete;
+    }
+
+    // True when a node with this lower bound cannot beat the best (or time is up).
+    bool cut(double bound) {
+        if (out_of_time()) {
+            open_bound_ = std::min(open_bound_, bound);
+            return true;
+        }
+        if (result_.found && bound >= result_.cost.step_time) {
+            ++stats_.pruned_by_bound;
+            return true;
+        }
+        return false;
+    }
+
+    void visit(configuration& c, double work_bound) {
+        ++stats_.nodes;
+        // Costs with no recompute: the least time any completion can have.
+        c.recompute_of.assign(ctx_.repeated().size(), recompute::none);
+        evaluation base = evaluate_without_pipeline(ctx_, c);
+        double fixed = 0;  // exposed communication and optimizer: the same for every completion
+        for (const auto& d : base.devices) fixed = std::max(fixed, d.exposed_communication + d.optimizer);
+        if (cut(std::max(work_bound, pipeline_bound(c, base)) + fixed)) return;
+
+        // Recompute: per device, the least extra time that fits.
+        const auto layers = layers_of_chunks(ctx_, c);
+        const auto& sched = ctx_.schedule_orders(c.schedule, c.pp, c.chunks, c.micro_batches);
+        const double share = 1.0 / (static_cast<double>(c.dp) * c.micro_batches);
+        std::vector<int> position(ctx_.model().layers.size(), -1);
+        for (std::size_t i = 0; i < ctx_.repeated().size(); ++i) position[static_cast<std::size_t>(ctx_.repeated()[i])] = static_cast<int>(i);
+        for (int d = 0; d < c.pp; ++d) {
+            const device_cost& dc = base.devices[static_cast<std::size_t>(d)];
+            double fixed_memory = dc.memory.total() - dc.memory.activations;
+            detail::recompute_solver solver{ctx_, space_.recompute_choices, {}, 0.0, &stats_.knapsack_nodes,
+                                            [this] { return out_of_time(); }};
+            for (int k = d; k < c.pp * c.chunks; k += c.pp) {
+                const double weight = sched.in_flight[static_cast<std::size_t>(k)] * share * ctx_.options().activation_bytes / c.tp;
+                std::vector<detail::recompute_group> chunk_groups;
+                std::vector<int> group_class;
+                for (int l : layers[static_cast<std::size_t>(k)]) {
+                    const int pos = position[static_cast<std::size_t>(l)];
+                    if (pos < 0) {  // prologue, epilogue: keep everything
+                        fixed_memory += weight * ctx_.kept_elements(l, recompute::none);
+                        continue;
+                    }
+                    const int cls = ctx_.model().layers[static_cast<std::size_t>(l)].class_id;
+                    auto it = std::find(group_class.begin(), group_class.end(), cls);
+                    if (ctx_.options().fold && it != group_class.end()) {
+                        chunk_groups[static_cast<std::size_t>(it - group_class.begin())].layers.push_back(pos);
+                    } else {
+                        group_class.push_back(cls);
+                        chunk_groups.push_back({{pos}, weight, share / c.tp});
+                    }
+                }
+                for (auto& g : chunk_groups) solver.groups.push_back(std::move(g));
+            }
+            solver.budget = ctx_.memory_cap() - fixed_memory;
+            const bool solved = solver.solve();
+            if (solver.gave_up) {  // the budget ran out inside: this node stays open
+                open_bound_ = std::min(open_bound_, std::max(work_bound, pipeline_bound(c, base)) + fixed);
+                return;
+            }
+            if (!solved) {
+                ++stats_.pruned_by_memory;
+                return;
+            }
+            for (std::size_t gi = 0; gi < solver.groups.size(); ++gi) {
+                std::size_t next = 0;
+                for (std::size_t k = 0; k < space_.recompute_choices.size(); ++k)
+                    for (int n = 0; n < solver.best_counts[gi][k]; ++n)
+                        c.recompute_of[static_cast<std::size_t>(solver.groups[gi].layers[next++])] = space_.recompute_choices[k];
+            }
+        }
+        ++stats_.leaves;
+        evaluation e = evaluate(ctx_, c);
+        if (e.feasible && (!result_.found || e.step_time < result_.cost.step_time)) {
+            result_.found = true;
+            result_.best = c;
+            result_.cost = std::move(e);
+        }
+    }
+
+    // Lower bound of the pipeline makespan from per-chunk times without recompute.
+    static double pipeline_bound(const configuration& c, const evaluation& base) {
+        const int chunks = c.pp * c.chunks;
+        double bound = 0;
+        for (int d = 0; d < c.pp; ++d) {
+            double work = 0;
+            for (int k = d; k < chunks; k += c.pp)
+                work += base.chunk_forward[static_cast<std::size_t>(k)] + base.chunk_backward[static_cast<std::size_t>(k)];
+            bound = std::max(bound, c.micro_batches * work);
+        }
+        if (c.chunks == 1) {
+            double before = 0;
+            for (int s = 0; s < c.pp; ++s) {
+                const double own = base.chunk_forward[static_cast<std::size_t>(s)] + base.chunk_backward[static_cast<std::size_t>(s)];
+                bound = std::max(bound, before + c.micro_batches * own);
+                before += own;
+            }
+        }
+        return bound;
+    }
+
+    cost_context& ctx_;
+    const search_space& space_;
+    search_statistics stats_;
+    search_result result_;
+    double open_bound_ = std::numeric_limits<double>::infinity();
+    std::chrono::steady_clock::time_point start_;
+};
+
+inline search_result branch_and_bound(cost_context& ctx, const search_space& space) {
+    return branch_and_bound_search(ctx, space).run();
+}
+
+// Every configuration of the space, each layer's recompute choice on its own: the answer
+// branch_and_bound must reproduce. Exponential in the layers; for small spaces only.
+inline search_result enumerate_all(cost_context& ctx, const search_space& space) {
+    const auto start = std::chrono::steady_clock::now();
+    search_result best;
+    detail::candidates cand{ctx, space};
+    const int devices = ctx.hardware().devices();
+    const int layers = static_cast<int>(ctx.repeated().size());
+    for (int tp : cand.tp())
+        for (int pp : cand.pp(tp)) {
+            const int dp = devices / (tp * pp);
+            for (zero_stage z : cand.zero(dp))
+                for (int m : cand.micro_batches(dp))
+                    for (auto [kind, chunks] : cand.schedules(pp, m)) {
+                        configuration c{tp, pp, dp, m, chunks, z, kind, {}, {}};
+                        detail::for_each_split(layers, pp * chunks, space.search_stage_boundaries, [&](const std::vector<int>& split) {
+                            c.layers_per_chunk = split;
+                            c.recompute_of.assign(static_cast<std::size_t>(layers), space.recompute_choices.front());
+                            std::vector<std::size_t> choice(static_cast<std::size_t>(layers), 0);
+                            while (true) {
+                                ++best.stats.leaves;
+                                for (int l = 0; l < layers; ++l)
+                                    c.recompute_of[static_cast<std::size_t>(l)] = space.recompute_choices[choice[static_cast<std::size_t>(l)]];
+                                evaluation e = evaluate(ctx, c);
+                                if (e.feasible && (!best.found || e.step_time < best.cost.step_time)) {
+                                    best.found = true;
+                                    best.best = c;
+                                    best.cost = std::move(e);
+                                }
+                                int l = 0;
+                                while (l < layers && ++choice[static_cast<std::size_t>(l)] == space.recompute_choices.size())
+                                    choice[static_cast<std::size_t>(l++)] = 0;
+                                if (l == layers) break;
+                            }
+                            return true;
+                        });
+                    }
+        }
+    best.stats.nodes = best.stats.leaves;
+    best.stats.schedules_built = ctx.schedules_built();
+    best.stats.seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+    best.cluster_name = ctx.hardware().name;
+    return best;
+}
+
+inline std::string search_result::explain() const {
+    std::ostringstream out;
+    if (!found) {
+        out << "no configuration of the space fits in memory on " << cluster_name
+            << "; allow more recompute, ZeRO stages or devices\n";
+        return out.str();
+    }
+    const configuration& c = best;
+    out << "plan for " << cluster_name << ": TP " << c.tp << " x PP " << c.pp << " x DP " << c.dp << ", "
+        << c.micro_batches << " micro-batches, " << to_string(c.schedule);
+    if (c.chunks > 1) out << " (" << c.chunks << " chunks per device)";
+    out << ", ZeRO " << static_cast<int>(c.zero) << "\n  layers per chunk:";
+    for (int n : c.layers_per_chunk) out << ' ' << n;
+    int counts[3] = {0, 0, 0};
+    for (recompute r : c.recompute_of) ++counts[static_cast<int>(r)];
+    out << "\n  recompute: " << counts[0] << " layers none, " << counts[1] << " selective, " << counts[2] << " full\n";
+    out << "  predicted step " << cost.step_time * 1e3 << " ms (pipeline " << cost.pipeline_time * 1e3 << " ms)";
+    out << ", peak memory " << cost.peak_memory() / 1e9 << " GB\n";
+    for (std::size_t d = 0; d < cost.devices.size(); ++d) {
+        const auto& dc = cost.devices[d];
+        out << "  stage " << d << ": memory " << dc.memory.total() / 1e9 << " GB (states "
+            << (dc.memory.parameters + dc.memory.gradients + dc.memory.optimizer) / 1e9 << ", activations "
+            << dc.memory.activations / 1e9 << "), exposed comm " << dc.exposed_communication * 1e3 << " ms\n";
+    }
+    out << "  search: " << stats.nodes << " nodes, " << stats.pruned_by_bound << " cut by bound, " << stats.pruned_by_memory
+        << " by memory, " << stats.leaves << " timed, " << stats.seconds * 1e3 << " ms";
+    if (!stats.complete) out << ", stopped by the time budget with a proven gap of " << stats.gap * 100 << "%";
+    out << "\n";
+    return out.str();
+}
+
+}  // namespace loom::search
+// ---- end loom/search/branch_and_bound.hpp ----
+// ---- end loom/search/all.hpp ----
 
 // runtime
 // ---- begin loom/runtime/comm/communicator.hpp ----

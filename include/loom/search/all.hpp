@@ -1,0 +1,24 @@
+#pragma once
+// The plan searcher: hardware, cost model, folding, branch-and-bound. One concept per
+// header:
+//
+//   hardware.hpp          device_profile, topology, cluster; DGX presets; JSON profiles
+//   communication.hpp     alpha-beta costs per collective, ring and hierarchical; overlap factors
+//   memory.hpp            model states by dtype and ZeRO stage, Megatron's bytes per parameter,
+//                         activations under recompute
+//   folding.hpp           layers from scopes or from structure, classes of identical layers
+//   model_profile.hpp     per-layer work, parameters, saved activations of a training graph
+//   plan_space.hpp        configuration (TP, PP, DP, micro-batches, ZeRO, schedule, ...) and
+//                         search_space
+//   schedule_orders.hpp   GPipe, 1F1B and interleaved block orders in linear time
+//   evaluate.hpp          cost_context, evaluate(configuration): step time and memory
+//   branch_and_bound.hpp  branch_and_bound, enumerate_all, search_result::explain
+#include <loom/search/branch_and_bound.hpp>
+#include <loom/search/communication.hpp>
+#include <loom/search/evaluate.hpp>
+#include <loom/search/folding.hpp>
+#include <loom/search/hardware.hpp>
+#include <loom/search/memory.hpp>
+#include <loom/search/model_profile.hpp>
+#include <loom/search/plan_space.hpp>
+#include <loom/search/schedule_orders.hpp>

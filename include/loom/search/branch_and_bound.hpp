@@ -1,0 +1,486 @@
+#pragma once
+// Branch-and-bound over a search space (plan_space.hpp) with the cost model of
+// evaluate.hpp, and the exhaustive enumeration it must agree with.
+//
+//   cost_context ctx(profile_model(g), dgx2_v100(2), {.memory_per_device = 32e9});
+//   search_result r = branch_and_bound(ctx, search_space{});
+//   r.best, r.cost.step_time, r.stats.nodes, r.stats.pruned_by_bound, r.explain()
+//
+// The tree fixes, in order: TP degree, pipeline stages (DP is what is left), ZeRO stage,
+// micro-batches, schedule, stage boundaries; then the recompute choices, which no longer
+// interact: the makespan only grows when a block grows, gradient sync does not depend on
+// them, and memory is per device, so each pipeline device independently takes the choices
+// that fit its memory with the least extra backward time (an exact small knapsack).
+//
+// Pruning, each bound valid for every completion of the node:
+//   work        no device finishes before its share of all forward and backward work
+//               (total / devices) plus the exposed communication that is already fixed;
+//   pipeline    a device with stages S runs m micro-batches of each: m * sum_S (f + b),
+//               and in a linear pipeline stage s also waits for one micro-batch to cross
+//               the stages before it, forward and back;
+//   memory      model states plus the activations left when every layer recomputes as
+//               much as the space allows must fit, or the whole subtree is infeasible.
+// A node whose bound reaches the best step time found so far is cut.
+//
+// Folding (search_options::fold): layers of one class (folding.hpp) on one chunk are
+// interchangeable, so the knapsack decides how many of them take each choice instead of
+// deciding layer by layer: polynomial in the layers per device instead of exponential.
+// The answer is the same (tests check it against the unfolded search and against
+// enumerate_all on small spaces).
+//
+// Deterministic: candidates are visited in a fixed order and ties keep the first found.
+// With a time budget the search stops where it is and reports the best configuration so far
+// and its proven gap: (best - the least lower bound of the parts not searched) / best.
+#include <algorithm>
+#include <chrono>
+#include <cmath>
+#include <functional>
+#include <limits>
+#include <sstream>
+#include <string>
+#include <vector>
+
+#include <loom/search/evaluate.hpp>
+
+namespace loom::search {
+
+struct search_statistics {
+    long nodes = 0;              // tree nodes visited
+    long pruned_by_bound = 0;    // cut because their lower bound reached the best time
+    long pruned_by_memory = 0;   // cut because nothing below them fits in memory
+    long leaves = 0;             // complete configurations timed
+    long knapsack_nodes = 0;     // nodes of the recompute subproblems
+    int schedules_built = 0;
+    double seconds = 0;
+    bool complete = true;        // false: the time budget ran out
+    double gap = 0;              // proven relative gap of the answer (0 when complete)
+};
+
+struct search_result {
+    bool found = false;
+    configuration best;
+    evaluation cost;
+    search_statistics stats;
+    std::string model_summary;
+    std::string cluster_name;
+
+    std::string explain() const;
+};
+
+namespace detail {
+
+inline std::vector<int> powers_of_two_up_to(int limit) {
+    std::vector<int> out;
+    for (int v = 1; v <= limit; v *= 2) out.push_back(v);
+    return out;
+}
+
+// The candidates of each level, in visiting order.
+struct candidates {
+    const cost_context& ctx;
+    const search_space& space;
+
+    std::vector<int> tp() const {
+        const int devices = ctx.hardware().devices();
+        const int limit = space.max_tp > 0 ? space.max_tp : ctx.hardware().topo.devices_per_node;
+        std::vector<int> out;
+        for (int t : space.tp.empty() ? powers_of_two_up_to(limit) : space.tp)
+            if (t >= 1 && devices % t == 0 && ctx.model().allows_tp(t)) out.push_back(t);
+        return out;
+    }
+    std::vector<int> pp(int tp) const {
+        const int devices = ctx.hardware().devices();
+        const int layers = static_cast<int>(ctx.repeated().size());
+        std::vector<int> out;
+        for (int p : space.pp.empty() ? powers_of_two_up_to(std::max(layers, 1)) : space.pp) {
+            if (p < 1 || devices % (tp * p) != 0) continue;
+            if (p > std::max(layers, 1)) continue;
+            if (ctx.model().batch % (devices / (tp * p)) != 0) continue;  // DP splits the batch
+            out.push_back(p);
+        }
+        return out;
+    }
+    std::vector<zero_stage> zero(int dp) const {
+        std::vector<zero_stage> out;
+        for (zero_stage z : space.zero)
+            if (dp > 1 || z == zero_stage::none) out.push_back(z);  // without DP every stage is "none"
+        if (out.empty() && dp == 1) out.push_back(zero_stage::none);
+        return out;
+    }
+    std::vector<int> micro_batches(int dp) const {
+        const std::int64_t per_replica = ctx.model().batch / dp;
+        std::vector<int> out;
+        for (int m : space.micro_batches.empty() ? powers_of_two_up_to(static_cast<int>(per_replica)) : space.micro_batches)
+            if (m >= 1 && per_replica % m == 0) out.push_back(m);
+        return out;
+    }
+    // (schedule, chunks per device) pairs.
+    std::vector<std::pair<schedule_kind, int>> schedules(int pp, int m) const {
+        std::vector<std::pair<schedule_kind, int>> out;
+        const int layers = static_cast<int>(ctx.repeated().size());
+        for (schedule_kind s : space.schedules) {
+            if (pp == 1) {  // one stage: every schedule is the same sequence of micro-batches
+                if (out.empty()) out.push_back({schedule_kind::one_f_one_b, 1});
+                continue;
+            }
+            if (s == schedule_kind::interleaved) {
+                const int v = space.interleave_chunks;
+                if (v < 2 || m % pp != 0 || layers < pp * v) continue;
+                if (!space.search_stage_boundaries && layers % (pp * v) != 0) continue;
+                out.push_back({s, v});
+            } else {
+                if (!space.search_stage_boundaries && layers % pp != 0) continue;
+                out.push_back({s, 1});
+            }
+        }
+        return out;
+    }
+};
+
+// Every split of `layers` into `parts` positive counts (the even split first).
+inline void for_each_split(int layers, int parts, bool all, const std::function<bool(const std::vector<int>&)>& visit) {
+    if (!all) {
+        visit(std::vector<int>(static_cast<std::size_t>(parts), layers / parts));
+        return;
+    }
+    std::vector<int> split(static_cast<std::size_t>(parts), 0);
+    if (layers % parts == 0 && !visit(std::vector<int>(static_cast<std::size_t>(parts), layers / parts))) return;
+    std::function<bool(int, int)> go = [&](int k, int left) {
+        if (k == parts - 1) {
+            split[static_cast<std::size_t>(k)] = left;
+            if (layers % parts == 0 && std::all_of(split.begin(), split.end(), [&](int x) { return x == layers / parts; }))
+                return true;  // visited first
+            return visit(split);
+        }
+        for (int n = 1; n <= left - (parts - 1 - k); ++n) {
+            split[static_cast<std::size_t>(k)] = n;
+            if (!go(k + 1, left - n)) return false;
+        }
+        return true;
+    };
+    go(0, layers);
+}
+
+// A group of interchangeable layers on one device: same class, same chunk.
+struct recompute_group {
+    std::vector<int> layers;    // repeated-layer positions (into ctx.repeated())
+    double weight = 0;          // bytes per kept element (in-flight * share * bytes / tp)
+    double time_scale = 0;      // seconds per unit of layer time (share / tp)
+};
+
+// The least extra backward time over groups, with memory <= budget. Choices per group:
+// counts of each recompute option (folded) or per layer (groups of one).
+struct recompute_solver {
+    const cost_context& ctx;
+    const std::vector<recompute>& choices;
+    std::vector<recompute_group> groups;
+    double budget = 0;
+    long* nodes = nullptr;
+    std::function<bool()> out_of_time;  // checked every 4096 nodes; true: give up
+    bool gave_up = false;
+
+    std::vector<std::vector<int>> best_counts, counts;  // per group: count per choice
+    double best_time = std::numeric_limits<double>::infinity();
+    std::vector<double> least_memory_after;  // least memory of groups i.. (all max-saving)
+
+    // Representative numbers of a group (its layers are identical in folded mode; in
+    // unfolded mode groups hold one layer).
+    double memory_of(const recompute_group& g, recompute r) const {
+        return g.weight * ctx.kept_elements(ctx.repeated()[static_cast<std::size_t>(g.layers.front())], r);
+    }
+    double time_of(const recompute_group& g, recompute r) const {
+        return g.time_scale * ctx.recompute_time(ctx.repeated()[static_cast<std::size_t>(g.layers.front())], r);
+    }
+
+    bool solve() {
+        least_memory_after.assign(groups.size() + 1, 0.0);
+        for (std::size_t i = groups.size(); i-- > 0;) {
+            double least = std::numeric_limits<double>::infinity();
+            for (recompute r : choices) least = std::min(least, memory_of(groups[i], r));
+            least_memory_after[i] = least_memory_after[i + 1] + least * static_cast<double>(groups[i].layers.size());
+        }
+        if (least_memory_after[0] > budget) return false;
+        counts.assign(groups.size(), std::vector<int>(choices.size(), 0));
+        go(0, 0.0, 0.0);
+        return best_time < std::numeric_limits<double>::infinity();
+    }
+
+    void go(std::size_t i, double memory, double time) {
+        if (gave_up) return;
+        if (nodes && (++*nodes & 4095) == 0 && out_of_time && out_of_time()) {
+            gave_up = true;
+            return;
+        }
+        if (time >= best_time) return;
+        if (memory + least_memory_after[i] > budget) return;
+        if (i == groups.size()) {
+            best_time = time;
+            best_counts = counts;
+            return;
+        }
+        const int n = static_cast<int>(groups[i].layers.size());
+        // Counts per choice summing to n, choices earlier in the list first and in larger numbers.
+        std::function<void(std::size_t, int, double, double)> split = [&](std::size_t k, int left, double mem, double t) {
+            if (k + 1 == choices.size()) {
+                counts[i][k] = left;
+                go(i + 1, mem + left * memory_of(groups[i], choices[k]), t + left * time_of(groups[i], choices[k]));
+                return;
+            }
+            for (int c = left; c >= 0; --c) {
+                counts[i][k] = c;
+                split(k + 1, left - c, mem + c * memory_of(groups[i], choices[k]), t + c * time_of(groups[i], choices[k]));
+            }
+        };
+        split(0, n, memory, time);
+    }
+};
+
+}  // namespace detail
+
+class branch_and_bound_search {
+public:
+    branch_and_bound_search(cost_context& ctx, const search_space& space) : ctx_(ctx), space_(space) {}
+
+    search_result run() {
+        const auto start = std::chrono::steady_clock::now();
+        start_ = start;
+        detail::candidates cand{ctx_, space_};
+        const int devices = ctx_.hardware().devices();
+        double total_work = 0;
+        for (std::size_t l = 0; l < ctx_.model().layers.size(); ++l)
+            total_work += ctx_.times(static_cast<int>(l)).forward + ctx_.times(static_cast<int>(l)).backward;
+        for (int tp : cand.tp()) {
+            for (int pp : cand.pp(tp)) {
+                ++stats_.nodes;
+                const int dp = devices / (tp * pp);
+                const double work_bound = total_work / devices;
+                if (cut(work_bound)) continue;
+                for (zero_stage z : cand.zero(dp))
+                    for (int m : cand.micro_batches(dp))
+                        for (auto [kind, chunks] : cand.schedules(pp, m)) {
+                            configuration c;
+                            c.tp = tp;
+                            c.pp = pp;
+                            c.dp = dp;
+                            c.zero = z;
+                            c.micro_batches = m;
+                            c.schedule = kind;
+                            c.chunks = chunks;
+                            const int layers = static_cast<int>(ctx_.repeated().size());
+                            detail::for_each_split(layers, pp * chunks, space_.search_stage_boundaries,
+                                                   [&](const std::vector<int>& split) {
+                                                       c.layers_per_chunk = split;
+                                                       visit(c, work_bound);
+                                                       return true;
+                                                   });
+                        }
+            }
+        }
+        result_.stats = stats_;
+        result_.stats.schedules_built = ctx_.schedules_built();
+        result_.stats.seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+        if (!result_.stats.complete && result_.found)
+            result_.stats.gap = std::max(0.0, (result_.cost.step_time - open_bound_) / result_.cost.step_time);
+        result_.cluster_name = ctx_.hardware().name;
+        return result_;
+    }
+
+private:
+    bool out_of_time() {
+        if (ctx_.options().time_budget_seconds <= 0) return false;
+        if (!stats_.complete) return true;
+        const double elapsed = std::chrono::duration<double>(std::chrono::steady_clock::now() - start_).count();
+        if (elapsed > ctx_.options().time_budget_seconds) stats_.complete = false;
+        return !stats_.complete;
+    }
+
+    // True when a node with this lower bound cannot beat the best (or time is up).
+    bool cut(double bound) {
+        if (out_of_time()) {
+            open_bound_ = std::min(open_bound_, bound);
+            return true;
+        }
+        if (result_.found && bound >= result_.cost.step_time) {
+            ++stats_.pruned_by_bound;
+            return true;
+        }
+        return false;
+    }
+
+    void visit(configuration& c, double work_bound) {
+        ++stats_.nodes;
+        // Costs with no recompute: the least time any completion can have.
+        c.recompute_of.assign(ctx_.repeated().size(), recompute::none);
+        evaluation base = evaluate_without_pipeline(ctx_, c);
+        double fixed = 0;  // exposed communication and optimizer: the same for every completion
+        for (const auto& d : base.devices) fixed = std::max(fixed, d.exposed_communication + d.optimizer);
+        if (cut(std::max(work_bound, pipeline_bound(c, base)) + fixed)) return;
+
+        // Recompute: per device, the least extra time that fits.
+        const auto layers = layers_of_chunks(ctx_, c);
+        const auto& sched = ctx_.schedule_orders(c.schedule, c.pp, c.chunks, c.micro_batches);
+        const double share = 1.0 / (static_cast<double>(c.dp) * c.micro_batches);
+        std::vector<int> position(ctx_.model().layers.size(), -1);
+        for (std::size_t i = 0; i < ctx_.repeated().size(); ++i) position[static_cast<std::size_t>(ctx_.repeated()[i])] = static_cast<int>(i);
+        for (int d = 0; d < c.pp; ++d) {
+            const device_cost& dc = base.devices[static_cast<std::size_t>(d)];
+            double fixed_memory = dc.memory.total() - dc.memory.activations;
+            detail::recompute_solver solver{ctx_, space_.recompute_choices, {}, 0.0, &stats_.knapsack_nodes,
+                                            [this] { return out_of_time(); }};
+            for (int k = d; k < c.pp * c.chunks; k += c.pp) {
+                const double weight = sched.in_flight[static_cast<std::size_t>(k)] * share * ctx_.options().activation_bytes / c.tp;
+                std::vector<detail::recompute_group> chunk_groups;
+                std::vector<int> group_class;
+                for (int l : layers[static_cast<std::size_t>(k)]) {
+                    const int pos = position[static_cast<std::size_t>(l)];
+                    if (pos < 0) {  // prologue, epilogue: keep everything
+                        fixed_memory += weight * ctx_.kept_elements(l, recompute::none);
+                        continue;
+                    }
+                    const int cls = ctx_.model().layers[static_cast<std::size_t>(l)].class_id;
+                    auto it = std::find(group_class.begin(), group_class.end(), cls);
+                    if (ctx_.options().fold && it != group_class.end()) {
+                        chunk_groups[static_cast<std::size_t>(it - group_class.begin())].layers.push_back(pos);
+                    } else {
+                        group_class.push_back(cls);
+                        chunk_groups.push_back({{pos}, weight, share / c.tp});
+                    }
+                }
+                for (auto& g : chunk_groups) solver.groups.push_back(std::move(g));
+            }
+            solver.budget = ctx_.memory_cap() - fixed_memory;
+            const bool solved = solver.solve();
+            if (solver.gave_up) {  // the budget ran out inside: this node stays open
+                open_bound_ = std::min(open_bound_, std::max(work_bound, pipeline_bound(c, base)) + fixed);
+                return;
+            }
+            if (!solved) {
+                ++stats_.pruned_by_memory;
+                return;
+            }
+            for (std::size_t gi = 0; gi < solver.groups.size(); ++gi) {
+                std::size_t next = 0;
+                for (std::size_t k = 0; k < space_.recompute_choices.size(); ++k)
+                    for (int n = 0; n < solver.best_counts[gi][k]; ++n)
+                        c.recompute_of[static_cast<std::size_t>(solver.groups[gi].layers[next++])] = space_.recompute_choices[k];
+            }
+        }
+        ++stats_.leaves;
+        evaluation e = evaluate(ctx_, c);
+        if (e.feasible && (!result_.found || e.step_time < result_.cost.step_time)) {
+            result_.found = true;
+            result_.best = c;
+            result_.cost = std::move(e);
+        }
+    }
+
+    // Lower bound of the pipeline makespan from per-chunk times without recompute.
+    static double pipeline_bound(const configuration& c, const evaluation& base) {
+        const int chunks = c.pp * c.chunks;
+        double bound = 0;
+        for (int d = 0; d < c.pp; ++d) {
+            double work = 0;
+            for (int k = d; k < chunks; k += c.pp)
+                work += base.chunk_forward[static_cast<std::size_t>(k)] + base.chunk_backward[static_cast<std::size_t>(k)];
+            bound = std::max(bound, c.micro_batches * work);
+        }
+        if (c.chunks == 1) {
+            double before = 0;
+            for (int s = 0; s < c.pp; ++s) {
+                const double own = base.chunk_forward[static_cast<std::size_t>(s)] + base.chunk_backward[static_cast<std::size_t>(s)];
+                bound = std::max(bound, before + c.micro_batches * own);
+                before += own;
+            }
+        }
+        return bound;
+    }
+
+    cost_context& ctx_;
+    const search_space& space_;
+    search_statistics stats_;
+    search_result result_;
+    double open_bound_ = std::numeric_limits<double>::infinity();
+    std::chrono::steady_clock::time_point start_;
+};
+
+inline search_result branch_and_bound(cost_context& ctx, const search_space& space) {
+    return branch_and_bound_search(ctx, space).run();
+}
+
+// Every configuration of the space, each layer's recompute choice on its own: the answer
+// branch_and_bound must reproduce. Exponential in the layers; for small spaces only.
+inline search_result enumerate_all(cost_context& ctx, const search_space& space) {
+    const auto start = std::chrono::steady_clock::now();
+    search_result best;
+    detail::candidates cand{ctx, space};
+    const int devices = ctx.hardware().devices();
+    const int layers = static_cast<int>(ctx.repeated().size());
+    for (int tp : cand.tp())
+        for (int pp : cand.pp(tp)) {
+            const int dp = devices / (tp * pp);
+            for (zero_stage z : cand.zero(dp))
+                for (int m : cand.micro_batches(dp))
+                    for (auto [kind, chunks] : cand.schedules(pp, m)) {
+                        configuration c{tp, pp, dp, m, chunks, z, kind, {}, {}};
+                        detail::for_each_split(layers, pp * chunks, space.search_stage_boundaries, [&](const std::vector<int>& split) {
+                            c.layers_per_chunk = split;
+                            c.recompute_of.assign(static_cast<std::size_t>(layers), space.recompute_choices.front());
+                            std::vector<std::size_t> choice(static_cast<std::size_t>(layers), 0);
+                            while (true) {
+                                ++best.stats.leaves;
+                                for (int l = 0; l < layers; ++l)
+                                    c.recompute_of[static_cast<std::size_t>(l)] = space.recompute_choices[choice[static_cast<std::size_t>(l)]];
+                                evaluation e = evaluate(ctx, c);
+                                if (e.feasible && (!best.found || e.step_time < best.cost.step_time)) {
+                                    best.found = true;
+                                    best.best = c;
+                                    best.cost = std::move(e);
+                                }
+                                int l = 0;
+                                while (l < layers && ++choice[static_cast<std::size_t>(l)] == space.recompute_choices.size())
+                                    choice[static_cast<std::size_t>(l++)] = 0;
+                                if (l == layers) break;
+                            }
+                            return true;
+                        });
+                    }
+        }
+    best.stats.nodes = best.stats.leaves;
+    best.stats.schedules_built = ctx.schedules_built();
+    best.stats.seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+    best.cluster_name = ctx.hardware().name;
+    return best;
+}
+
+inline std::string search_result::explain() const {
+    std::ostringstream out;
+    if (!found) {
+        out << "no configuration of the space fits in memory on " << cluster_name
+            << "; allow more recompute, ZeRO stages or devices\n";
+        return out.str();
+    }
+    const configuration& c = best;
+    out << "plan for " << cluster_name << ": TP " << c.tp << " x PP " << c.pp << " x DP " << c.dp << ", "
+        << c.micro_batches << " micro-batches, " << to_string(c.schedule);
+    if (c.chunks > 1) out << " (" << c.chunks << " chunks per device)";
+    out << ", ZeRO " << static_cast<int>(c.zero) << "\n  layers per chunk:";
+    for (int n : c.layers_per_chunk) out << ' ' << n;
+    int counts[3] = {0, 0, 0};
+    for (recompute r : c.recompute_of) ++counts[static_cast<int>(r)];
+    out << "\n  recompute: " << counts[0] << " layers none, " << counts[1] << " selective, " << counts[2] << " full\n";
+    out << "  predicted step " << cost.step_time * 1e3 << " ms (pipeline " << cost.pipeline_time * 1e3 << " ms)";
+    out << ", peak memory " << cost.peak_memory() / 1e9 << " GB\n";
+    for (std::size_t d = 0; d < cost.devices.size(); ++d) {
+        const auto& dc = cost.devices[d];
+        out << "  stage " << d << ": memory " << dc.memory.total() / 1e9 << " GB (states "
+            << (dc.memory.parameters + dc.memory.gradients + dc.memory.optimizer) / 1e9 << ", activations "
+            << dc.memory.activations / 1e9 << "), exposed comm " << dc.exposed_communication * 1e3 << " ms\n";
+    }
+    out << "  search: " << stats.nodes << " nodes, " << stats.pruned_by_bound << " cut by bound, " << stats.pruned_by_memory
+        << " by memory, " << stats.leaves << " timed, " << stats.seconds * 1e3 << " ms";
+    if (!stats.complete) out << ", stopped by the time budget with a proven gap of " << stats.gap * 100 << "%";
+    out << "\n";
+    return out.str();
+}
+
+}  // namespace loom::search

@@ -1,0 +1,339 @@
+#pragma once
+// The cost of one configuration (plan_space.hpp) of a profiled model (model_profile.hpp)
+// on a cluster (hardware.hpp): step time and memory per device. The searcher minimises
+// the step time of the slowest device (nnScaler eq. 1) among the configurations that fit.
+//
+// Per micro-batch and pipeline chunk c (its layers L_c, a share 1/(dp m) of the batch):
+//   forward_c  = sum_{l in L_c} T(fwd_l) / (tp dp m) + joins_c * AR_tp(residual / (dp m))
+//   backward_c = sum_{l in L_c} (T(bwd_l) + T(recompute_l)) / (tp dp m) + the same all-reduces
+// where T is the roofline time of a layer's nodes (GEMM-like nodes at gemm_efficiency of
+// the precision's peak, memory-bound nodes at elementwise_efficiency, each no faster than
+// the memory bandwidth allows), and AR_tp the all-reduce over the TP group, discounted by
+// the overlap factor epsilon. Sequence parallelism is assumed: every op is 1/tp per device.
+//
+//   pipeline  = the schedule's makespan (schedule/ orders, timed here with those chunk
+//               times; every message between stages costs a point-to-point transfer of the
+//               boundary activation, scattered over the TP group)
+//   step      = pipeline + max over devices (exposed gradient sync + ZeRO-3 gathers
+//               + optimizer update)
+//   gradient sync: all-reduce over the DP group of the device's gradients, latency in full
+//               and transmission times gamma * epsilon (TAPAS eq. 3: it overlaps the
+//               backward); ZeRO 1/2 move the same bytes (reduce-scatter + all-gather);
+//               ZeRO-3 also all-gathers the parameters in every micro-batch's forward and
+//               backward.
+//   memory    = model states (memory.hpp: by dtype, ZeRO stage and DP degree) of the
+//               device's parameters / tp, + for each chunk its peak in-flight micro-batches
+//               (from the schedule's orders) times the activations its layers keep under
+//               their recompute choice / tp, + ZeRO-3's gather buffer (two layers).
+#include <algorithm>
+#include <cmath>
+#include <limits>
+#include <map>
+#include <memory>
+#include <string>
+#include <tuple>
+#include <vector>
+
+#include <loom/schedule/in_flight.hpp>
+#include <loom/search/communication.hpp>
+#include <loom/search/hardware.hpp>
+#include <loom/search/memory.hpp>
+#include <loom/search/model_profile.hpp>
+#include <loom/search/plan_space.hpp>
+#include <loom/search/schedule_orders.hpp>
+
+namespace loom::search {
+
+struct search_options {
+    double memory_per_device = 0;  // bytes; 0: the device's memory
+    precision compute = precision::bf16;
+    double activation_bytes = 2;   // per element of activations and messages
+    state_bytes states = mixed_precision_adam();
+    overlap_factors overlap;
+    bool fold = true;              // decide once per class of identical layers
+    double time_budget_seconds = 0;  // 0: search to the end
+};
+
+struct device_cost {
+    double parameters = 0;  // elements of the layers on this device, before TP sharding
+    memory_breakdown memory;
+    double exposed_communication = 0;  // s per step: gradient sync, ZeRO-3 gathers
+    double optimizer = 0;              // s per step
+};
+
+struct evaluation {
+    bool feasible = false;
+    std::string why_infeasible;
+    double step_time = std::numeric_limits<double>::infinity();
+    double pipeline_time = 0;
+    std::vector<double> chunk_forward, chunk_backward;  // s per micro-batch
+    std::vector<device_cost> devices;                  // per pipeline device
+    double peak_memory() const {
+        double m = 0;
+        for (const auto& d : devices) m = std::max(m, d.memory.total());
+        return m;
+    }
+};
+
+// Per-layer times and the schedules' orders, computed once for a model and cluster.
+class cost_context {
+public:
+    cost_context(const model_profile& model, const cluster& hw, const search_options& options)
+        : model_(&model), hw_(hw), options_(options) {
+        memory_cap_ = options.memory_per_device > 0 ? options.memory_per_device : hw.device.memory_bytes;
+        const double peak = hw.device.peak_flops(options.compute);
+        const auto time_of = [&](const work& w) {
+            const double bytes = options.activation_bytes;
+            return std::max(w.gemm_flops / (peak * hw.device.gemm_efficiency),
+                            w.gemm_elements * bytes / hw.device.memory_bandwidth) +
+                   std::max(w.memory_bound_flops / (peak * hw.device.elementwise_efficiency),
+                            w.memory_bound_elements * bytes / (hw.device.memory_bandwidth * hw.device.elementwise_efficiency));
+        };
+        for (const layer_profile& l : model.layers) {
+            times_.push_back({time_of(l.forward), time_of(l.backward), time_of(l.memory_bound_forward)});
+        }
+        for (std::size_t i = 0; i < model.layers.size(); ++i)
+            if (model.layers[i].role == layer_role::repeated) repeated_.push_back(static_cast<int>(i));
+            else if (model.layers[i].role == layer_role::prologue) prologue_ = static_cast<int>(i);
+            else epilogue_ = static_cast<int>(i);
+    }
+
+    struct layer_times {
+        double forward = 0, backward = 0, memory_bound_forward = 0;  // s at the graph's batch, one device
+    };
+
+    const model_profile& model() const { return *model_; }
+    const cluster& hardware() const { return hw_; }
+    const search_options& options() const { return options_; }
+    double memory_cap() const { return memory_cap_; }
+    const std::vector<int>& repeated() const { return repeated_; }
+    int prologue() const { return prologue_; }
+    int epilogue() const { return epilogue_; }
+    const layer_times& times(int layer) const { return times_[static_cast<std::size_t>(layer)]; }
+
+    // Extra backward time (at the graph's batch, one device) and activations kept (elements
+    // at the graph's batch) of a layer under a recompute choice.
+    double recompute_time(int layer, recompute r) const {
+        return r == recompute::full ? times(layer).forward
+               : r == recompute::selective ? times(layer).memory_bound_forward
+                                           : 0.0;
+    }
+    double kept_elements(int layer, recompute r) const {
+        const layer_profile& l = model_->layers[static_cast<std::size_t>(layer)];
+        return r == recompute::full ? l.input_elements
+               : r == recompute::selective ? l.saved_elements - l.cheap_saved_elements
+                                           : l.saved_elements;
+    }
+
+    // The block orders of a schedule and its peak in-flight micro-batches per chunk.
+    struct orders {
+        schedule::schedule order;
+        std::vector<int> in_flight;  // per chunk
+    };
+    const orders& schedule_orders(schedule_kind kind, int pp, int chunks, int micro_batches) {
+        const auto key = std::make_tuple(static_cast<int>(kind), pp, chunks, micro_batches);
+        auto it = orders_.find(key);
+        if (it != orders_.end()) return *it->second;
+        auto o = std::make_unique<orders>();
+        o->order = kind == schedule_kind::gpipe         ? gpipe_orders(pp, micro_batches)
+                   : kind == schedule_kind::one_f_one_b ? one_f_one_b_orders(pp, micro_batches)
+                                                        : interleaved_orders(pp, chunks, micro_batches);
+        o->in_flight = schedule::peak_in_flight(o->order).per_stage;
+        ++schedules_built_;
+        return *orders_.emplace(key, std::move(o)).first->second;
+    }
+    int schedules_built() const { return schedules_built_; }
+
+private:
+    const model_profile* model_;
+    cluster hw_;
+    search_options options_;
+    double memory_cap_ = 0;
+    std::vector<layer_times> times_;
+    std::vector<int> repeated_;
+    int prologue_ = -1, epilogue_ = -1;
+    std::map<std::tuple<int, int, int, int>, std::unique_ptr<orders>> orders_;
+    int schedules_built_ = 0;
+};
+
+// The makespan of fixed per-device block orders with per-chunk block times: each block
+// starts when its device is free and its inputs have arrived (a message between devices
+// adds `message`). The orders were validated when they were built, so this is a plain
+// event sweep.
+inline double pipeline_makespan(const schedule::schedule& s, const std::vector<double>& forward,
+                                const std::vector<double>& backward, double message) {
+    const int stages = s.shape.stages, micro = s.shape.micro_batches;
+    const auto index = [&](int stage, int m) { return static_cast<std::size_t>(stage) * static_cast<std::size_t>(micro) + static_cast<std::size_t>(m); };
+    const double never = -1.0;
+    std::vector<double> forward_end(static_cast<std::size_t>(stages * micro), never);
+    std::vector<double> backward_end(forward_end.size(), never);
+    const auto device_of = [&](int stage) { return s.shape.stage_devices[static_cast<std::size_t>(stage)].front(); };
+    std::vector<std::size_t> next(s.device_order.size(), 0);
+    std::vector<double> free(s.device_order.size(), 0.0);
+    std::size_t remaining = 0;
+    for (const auto& o : s.device_order) remaining += o.size();
+    double makespan = 0;
+    while (remaining > 0) {
+        bool progressed = false;
+        for (std::size_t d = 0; d < s.device_order.size(); ++d) {
+            while (next[d] < s.device_order[d].size()) {
+                const schedule::block& b = s.device_order[d][next[d]];
+                double ready = free[d];
+                const auto arrive = [&](double end, int from_stage) {
+                    return end + (device_of(from_stage) == static_cast<int>(d) ? 0.0 : message);
+                };
+                if (schedule::is_forward(b)) {
+                    if (b.stage > 0) {
+                        const double e = forward_end[index(b.stage - 1, b.micro)];
+                        if (e == never) break;
+                        ready = std::max(ready, arrive(e, b.stage - 1));
+                    }
+                } else {
+                    const double own = forward_end[index(b.stage, b.micro)];
+                    if (own == never) break;
+                    ready = std::max(ready, own);
+                    if (b.stage + 1 < stages) {
+                        const double e = backward_end[index(b.stage + 1, b.micro)];
+                        if (e == never) break;
+                        ready = std::max(ready, arrive(e, b.stage + 1));
+                    }
+                }
+                const bool fwd = schedule::is_forward(b);
+                const double end = ready + (fwd ? forward : backward)[static_cast<std::size_t>(b.stage)];
+                (fwd ? forward_end : backward_end)[index(b.stage, b.micro)] = end;
+                free[d] = end;
+                makespan = std::max(makespan, end);
+                ++next[d];
+                --remaining;
+                progressed = true;
+            }
+        }
+        if (!progressed)
+            throw usage_error("pipeline_makespan: the block orders deadlock; build them with the schedule templates "
+                              "(schedule::validate rejects such orders)");
+    }
+    return makespan;
+}
+
+// Which layers each chunk holds: the prologue on chunk 0, the epilogue on the last chunk,
+// the repeated layers in order, layers_per_chunk[c] of them on chunk c.
+inline std::vector<std::vector<int>> layers_of_chunks(const cost_context& ctx, const configuration& c) {
+    const int chunks = c.pp * c.chunks;
+    std::vector<std::vector<int>> out(static_cast<std::size_t>(chunks));
+    if (ctx.prologue() >= 0) out.front().push_back(ctx.prologue());
+    std::size_t next = 0;
+    for (int k = 0; k < chunks; ++k)
+        for (int i = 0; i < c.layers_per_chunk[static_cast<std::size_t>(k)]; ++i)
+            out[static_cast<std::size_t>(k)].push_back(ctx.repeated()[next++]);
+    if (ctx.epilogue() >= 0) out.back().push_back(ctx.epilogue());
+    return out;
+}
+
+// The recompute choice of layer index `layer` (prologue and epilogue keep everything).
+inline recompute recompute_of_layer(const cost_context& ctx, const configuration& c, int layer) {
+    const auto& r = ctx.repeated();
+    const auto it = std::find(r.begin(), r.end(), layer);
+    if (it == r.end() || c.recompute_of.empty()) return recompute::none;
+    return c.recompute_of[static_cast<std::size_t>(it - r.begin())];
+}
+
+// Everything but the pipeline makespan: per-chunk times and per-device memory and comm.
+// Split out so that the searcher can bound before it times the schedule.
+inline evaluation evaluate_without_pipeline(cost_context& ctx, const configuration& c) {
+    const model_profile& m = ctx.model();
+    const cluster& hw = ctx.hardware();
+    const search_options& o = ctx.options();
+    const int chunks = c.pp * c.chunks;
+    evaluation e;
+    e.chunk_forward.assign(static_cast<std::size_t>(chunks), 0.0);
+    e.chunk_backward.assign(static_cast<std::size_t>(chunks), 0.0);
+    e.devices.assign(static_cast<std::size_t>(c.pp), {});
+    const double share = 1.0 / (static_cast<double>(c.dp) * c.micro_batches);  // of the graph's batch
+    const double residual_bytes = m.residual_elements * share * o.activation_bytes;
+    const double tp_all_reduce =
+        c.tp > 1 ? exposed_time(collective_cost(hw, collective::all_reduce, residual_bytes, {c.tp, 1}), {}, collective::all_reduce,
+                                {1.0, o.overlap.epsilon})
+                 : 0.0;
+    const auto layers = layers_of_chunks(ctx, c);
+    const auto& sched = ctx.schedule_orders(c.schedule, c.pp, c.chunks, c.micro_batches);
+    std::vector<std::vector<bool>> on_device(static_cast<std::size_t>(c.pp), std::vector<bool>(m.layers.size(), false));
+    for (int k = 0; k < chunks; ++k)
+        for (int l : layers[static_cast<std::size_t>(k)]) on_device[static_cast<std::size_t>(c.device_of_chunk(k))][static_cast<std::size_t>(l)] = true;
+    std::vector<double> activations(static_cast<std::size_t>(c.pp), 0.0), largest_layer(static_cast<std::size_t>(c.pp), 0.0);
+    for (int k = 0; k < chunks; ++k) {
+        const int d = c.device_of_chunk(k);
+        double f = 0, b = 0, kept = 0;
+        int joins = 0;
+        for (int l : layers[static_cast<std::size_t>(k)]) {
+            const recompute r = recompute_of_layer(ctx, c, l);
+            f += ctx.times(l).forward;
+            b += ctx.times(l).backward + ctx.recompute_time(l, r);
+            kept += ctx.kept_elements(l, r);
+            joins += m.layers[static_cast<std::size_t>(l)].residual_joins;
+            const layer_profile& lp = m.layers[static_cast<std::size_t>(l)];
+            device_cost& dc = e.devices[static_cast<std::size_t>(d)];
+            dc.parameters += lp.parameters;
+            if (lp.shared_from >= 0 && !on_device[static_cast<std::size_t>(d)][static_cast<std::size_t>(lp.shared_from)])
+                dc.parameters += lp.shared_parameters;
+            largest_layer[static_cast<std::size_t>(d)] = std::max(largest_layer[static_cast<std::size_t>(d)], lp.parameters + lp.shared_parameters);
+        }
+        e.chunk_forward[static_cast<std::size_t>(k)] = f * share / c.tp + joins * tp_all_reduce;
+        e.chunk_backward[static_cast<std::size_t>(k)] = b * share / c.tp + joins * tp_all_reduce;
+        activations[static_cast<std::size_t>(d)] +=
+            sched.in_flight[static_cast<std::size_t>(k)] * kept * share * o.activation_bytes / c.tp;
+    }
+    e.feasible = true;
+    for (int d = 0; d < c.pp; ++d) {
+        device_cost& dc = e.devices[static_cast<std::size_t>(d)];
+        const double local = dc.parameters / c.tp;
+        const state_bytes s = o.states;
+        const double buffers = c.zero == zero_stage::parameters ? 2.0 * largest_layer[static_cast<std::size_t>(d)] / c.tp * s.parameter : 0.0;
+        dc.memory = memory_per_device(local, s, c.zero, c.dp, activation_profile{}, 0, recompute::none, buffers);
+        dc.memory.activations = activations[static_cast<std::size_t>(d)];
+        if (c.dp > 1) {
+            const comm_time sync = collective_cost(hw, collective::all_reduce, local * s.gradient, {c.dp, c.tp});
+            dc.exposed_communication = exposed_time({}, sync, collective::all_reduce, o.overlap);
+            if (c.zero == zero_stage::parameters) {
+                const comm_time gather = collective_cost(hw, collective::all_gather, local * s.parameter, {c.dp, c.tp});
+                dc.exposed_communication +=
+                    c.micro_batches * exposed_time(gather, gather, collective::all_gather, {1.0, o.overlap.epsilon});
+            }
+        }
+        const double updated = c.zero == zero_stage::none ? local : local / c.dp;
+        dc.optimizer = 2.0 * updated * (s.parameter + s.gradient + s.optimizer) / hw.device.memory_bandwidth;
+        // A relative slack, so that the knapsack's sums and these agree on the boundary.
+        if (dc.memory.total() > ctx.memory_cap() * (1 + 1e-12) && e.feasible) {
+            e.feasible = false;
+            e.why_infeasible = "pipeline device " + std::to_string(d) + " needs " +
+                               std::to_string(dc.memory.total() / 1e9) + " GB, more than the " +
+                               std::to_string(ctx.memory_cap() / 1e9) + " GB allowed";
+        }
+    }
+    return e;
+}
+
+// The time of one message between consecutive stages: the boundary activation of one
+// micro-batch, scattered over the TP group (each of its devices sends 1/tp).
+inline double stage_message_time(const cost_context& ctx, const configuration& c) {
+    if (c.pp == 1) return 0.0;
+    const double bytes = ctx.model().residual_elements / (static_cast<double>(c.dp) * c.micro_batches) *
+                         ctx.options().activation_bytes / c.tp;
+    return collective_time(ctx.hardware(), collective::send_recv, bytes, {2, c.tp * c.dp});
+}
+
+inline double step_time_of(const evaluation& e, double pipeline) {
+    double slowest = 0;
+    for (const auto& d : e.devices) slowest = std::max(slowest, d.exposed_communication + d.optimizer);
+    return pipeline + slowest;
+}
+
+inline evaluation evaluate(cost_context& ctx, const configuration& c) {
+    evaluation e = evaluate_without_pipeline(ctx, c);
+    const auto& sched = ctx.schedule_orders(c.schedule, c.pp, c.chunks, c.micro_batches);
+    e.pipeline_time = pipeline_makespan(sched.order, e.chunk_forward, e.chunk_backward, stage_message_time(ctx, c));
+    e.step_time = step_time_of(e, e.pipeline_time);
+    if (!e.feasible) e.step_time = std::numeric_limits<double>::infinity();
+    return e;
+}
+
+}  // namespace loom::search

@@ -1,0 +1,74 @@
+#pragma once
+// The parameters a plan may leave open, and one point of that space.
+//
+//   configuration: tensor-parallel degree (innermost, within a node), pipeline stages,
+//   data-parallel degree (the rest of the devices), micro-batches, ZeRO stage, schedule
+//   (GPipe, 1F1B, interleaved 1F1B with v chunks per device), how many repeated layers
+//   each pipeline chunk holds, and a recompute choice per repeated layer.
+//
+//   search_space: the candidates for each parameter; an empty list means "every value
+//   that fits" (TP: powers of two up to a node that divide the model's tp_granularity;
+//   stages: powers of two up to the number of repeated layers; micro-batches: powers of
+//   two dividing the batch of one replica).
+//
+// Devices are numbered node-major and the degrees nest TP, then DP, then PP (Megatron's
+// order): the TP group of a device is contiguous, its DP group has stride tp, and
+// consecutive pipeline stages are tp * dp devices apart.
+#include <string>
+#include <vector>
+
+#include <loom/search/memory.hpp>
+
+namespace loom::search {
+
+enum class schedule_kind { gpipe, one_f_one_b, interleaved };
+
+inline std::string to_string(schedule_kind s) {
+    switch (s) {
+        case schedule_kind::gpipe: return "GPipe";
+        case schedule_kind::one_f_one_b: return "1F1B";
+        case schedule_kind::interleaved: return "interleaved 1F1B";
+    }
+    return "?";
+}
+
+inline std::string to_string(recompute r) {
+    switch (r) {
+        case recompute::none: return "none";
+        case recompute::selective: return "selective";
+        case recompute::full: return "full";
+    }
+    return "?";
+}
+
+struct configuration {
+    int tp = 1;
+    int pp = 1;
+    int dp = 1;
+    int micro_batches = 1;
+    int chunks = 1;  // pipeline chunks per device: 1, or v for the interleaved schedule
+    zero_stage zero = zero_stage::none;
+    schedule_kind schedule = schedule_kind::one_f_one_b;
+    std::vector<int> layers_per_chunk;  // repeated layers in each of the pp * chunks chunks
+    std::vector<recompute> recompute_of;  // per repeated layer
+
+    int devices() const { return tp * pp * dp; }
+    // The pipeline device (0..pp-1) chunk c runs on.
+    int device_of_chunk(int c) const { return c % pp; }
+};
+
+struct search_space {
+    std::vector<int> tp;
+    std::vector<int> pp;
+    std::vector<int> micro_batches;
+    std::vector<zero_stage> zero{zero_stage::none, zero_stage::optimizer, zero_stage::gradients,
+                                 zero_stage::parameters};
+    std::vector<schedule_kind> schedules{schedule_kind::gpipe, schedule_kind::one_f_one_b,
+                                         schedule_kind::interleaved};
+    std::vector<recompute> recompute_choices{recompute::none, recompute::selective, recompute::full};
+    int interleave_chunks = 2;            // v of the interleaved schedule
+    bool search_stage_boundaries = false;  // false: layers split evenly over chunks
+    int max_tp = 0;                        // 0: the devices of one node
+};
+
+}  // namespace loom::search

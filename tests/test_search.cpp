@@ -1,0 +1,236 @@
+// The plan searcher: layers found by scopes and by structure agree, the model profile adds
+// up, the searcher's block orders equal the schedule templates and time like the
+// simulator, and branch-and-bound finds the optimum of exhaustive enumeration, folded or
+// not, on small spaces.
+#include <catch2/catch.hpp>
+
+#include <cmath>
+#include <random>
+#include <string>
+#include <vector>
+
+#include <loom/models/gpt.hpp>
+#include <loom/schedule/simulate.hpp>
+#include <loom/schedule/templates.hpp>
+#include <loom/search/branch_and_bound.hpp>
+
+using namespace loom;
+
+namespace {
+
+graph small_gpt(std::int64_t layers, std::int64_t hidden = 64, std::int64_t batch = 8) {
+    return models::gpt({.layers = layers, .hidden = hidden, .heads = 4, .vocab = 128, .seq = 16, .batch = batch})
+        .training_graph();
+}
+
+}  // namespace
+
+TEST_CASE("layers from scopes and from structure alone are the same", "[search][folding]") {
+    for (std::int64_t layers : {2, 3, 6}) {
+        graph g = small_gpt(layers);
+        const auto by_scopes = search::layers_from_scopes(g);
+        // Forget every scope: the structure must still show the blocks.
+        for (auto& n : g.nodes) n.scope = no_id;
+        g.repeats.clear();
+        g.scopes.clear();
+        const auto by_structure = search::find_layers(g);
+        CHECK(by_structure.found_by == "structure");
+        REQUIRE(by_scopes.layers.size() == static_cast<std::size_t>(layers + 2));
+        REQUIRE(by_structure.layers.size() == by_scopes.layers.size());
+        for (std::size_t i = 0; i < by_scopes.layers.size(); ++i) {
+            INFO(layers << " layers, layer " << i << ": " << by_scopes.layers[i].name);
+            CHECK(by_structure.layers[i].nodes == by_scopes.layers[i].nodes);
+            CHECK(by_structure.layers[i].class_id == by_scopes.layers[i].class_id);
+        }
+        CHECK(by_scopes.classes == 3);  // prologue, the block, epilogue
+        CHECK(by_scopes.repeated().size() == static_cast<std::size_t>(layers));
+    }
+}
+
+TEST_CASE("the model profile adds up", "[search][profile]") {
+    const std::int64_t b = 8, s = 16, h = 64, layers = 3;
+    const graph g = small_gpt(layers, h, b);
+    const auto m = search::profile_model(g);
+    REQUIRE(m.layers.size() == static_cast<std::size_t>(layers + 2));
+    double parameters = 0;
+    for (tensor_id p : g.parameters) parameters += static_cast<double>(g.tensor(p).dims.numel());
+    double owned = 0;
+    for (const auto& l : m.layers) owned += l.parameters;
+    CHECK(m.parameters == parameters);
+    CHECK(owned == parameters);
+    CHECK(m.batch == b);
+    CHECK(m.residual_elements == static_cast<double>(b * s * h));
+    CHECK(m.tp_granularity == 4);  // the heads
+    const auto& block = m.layers[1];
+    CHECK(block.residual_joins == 2);
+    CHECK(block.input_elements == static_cast<double>(b * s * h));
+    // A block's GEMMs: 2 FLOPs per multiply-add of every weight with every token, plus the
+    // attention's; the backward does about twice the forward.
+    const double weights = 12.0 * h * h;
+    CHECK(block.forward.gemm_flops >= 2.0 * b * s * weights);
+    CHECK(block.forward.gemm_flops <= 2.0 * b * s * weights * 1.2);
+    CHECK(block.backward.flops == Approx(2.0 * block.forward.flops).epsilon(0.15));
+    CHECK(block.saved_elements > block.saved_elements - block.cheap_saved_elements);
+    CHECK(block.cheap_saved_elements > 0);
+    // The tied LM head reads the embedding, which the prologue owns.
+    CHECK(m.layers.back().shared_from == 0);
+    CHECK(m.layers.back().shared_parameters == 128.0 * h);
+}
+
+TEST_CASE("the searcher's block orders are the templates' and time like the simulator", "[search][schedule]") {
+    std::mt19937 rng(3);
+    std::uniform_real_distribution<double> cost(0.5, 2.0);
+    for (int p = 1; p <= 5; ++p)
+        for (int m = 1; m <= 9; ++m) {
+            INFO("p " << p << ", m " << m);
+            const auto gpipe = search::gpipe_orders(p, m), one = search::one_f_one_b_orders(p, m);
+            CHECK(gpipe.device_order == schedule::gpipe(p, m).device_order);
+            CHECK(one.device_order == schedule::one_f_one_b(p, m).device_order);
+            std::vector<double> f(static_cast<std::size_t>(p)), b(static_cast<std::size_t>(p));
+            for (int s = 0; s < p; ++s) f[static_cast<std::size_t>(s)] = cost(rng), b[static_cast<std::size_t>(s)] = cost(rng);
+            schedule::cost_model model;
+            model.forward_per_stage = f;
+            model.backward_per_stage = b;
+            model.latency = 0.25;
+            CHECK(search::pipeline_makespan(one, f, b, 0.25) == Approx(schedule::simulate(one, model).makespan).epsilon(1e-12));
+            CHECK(search::pipeline_makespan(gpipe, f, b, 0.25) == Approx(schedule::simulate(gpipe, model).makespan).epsilon(1e-12));
+            if (m % p == 0 && p > 1) {
+                const auto inter = search::interleaved_orders(p, 2, m);
+                CHECK_NOTHROW(schedule::validate(inter));
+                std::vector<double> fi(static_cast<std::size_t>(2 * p), 1.0), bi(static_cast<std::size_t>(2 * p), 2.0);
+                schedule::cost_model uniform;
+                uniform.backward = 2.0;
+                const auto sim = schedule::simulate(inter, uniform);
+                CHECK(search::pipeline_makespan(inter, fi, bi, 0.0) == Approx(sim.makespan).epsilon(1e-12));
+                // Megatron's bubble: (p - 1) / (v m) of the work.
+                CHECK(sim.bubble_overhead == Approx(static_cast<double>(p - 1) / (2.0 * m)).epsilon(1e-9));
+            }
+        }
+    CHECK(search::interleaved_orders(2, 2, 4).device_order == schedule::interleaved_one_f_one_b(2, 2, 4).device_order);
+    CHECK_THROWS_WITH(search::interleaved_orders(4, 2, 6), Catch::Contains("multiple of the device count"));
+}
+
+namespace {
+
+struct small_space {
+    std::string name;
+    std::int64_t layers;
+    double memory_fraction;  // of the unconstrained optimum's peak memory; 0: no cap
+    search::search_space space;
+};
+
+// Small spaces where exhaustive enumeration (every layer's recompute choice on its own)
+// stays cheap: 2 or 4 layers, 8 GPUs of one DGX-1, a GPT large enough for compute to matter.
+std::vector<small_space> small_spaces() {
+    std::vector<small_space> out;
+    const std::vector<double> caps = {0.0, 0.8, 0.5, 0.02};
+    for (std::int64_t layers : {2, 4})
+        for (double cap : caps)
+            for (int variant = 0; variant < 3; ++variant) {
+                search::search_space s;
+                s.micro_batches = {1, 2, 4, 8};
+                if (variant == 0) {  // everything, stage boundaries fixed
+                    s.zero = {search::zero_stage::none, search::zero_stage::optimizer, search::zero_stage::parameters};
+                } else if (variant == 1) {  // stage boundaries searched, no ZeRO-3
+                    s.search_stage_boundaries = true;
+                    s.zero = {search::zero_stage::none, search::zero_stage::gradients};
+                    s.schedules = {search::schedule_kind::gpipe, search::schedule_kind::one_f_one_b};
+                } else {  // recompute only full or nothing, TP 1 or 2
+                    s.tp = {1, 2};
+                    s.recompute_choices = {search::recompute::none, search::recompute::full};
+                }
+                out.push_back({std::to_string(layers) + " layers, memory cap " + std::to_string(cap) + " of the free optimum's, variant " +
+                                   std::to_string(variant),
+                               layers, cap, s});
+            }
+    return out;
+}
+
+}  // namespace
+
+TEST_CASE("branch-and-bound finds exhaustive enumeration's optimum, folded and unfolded", "[search][bnb]") {
+    int spaces = 0, binding = 0, infeasible = 0;
+    for (const auto& sp : small_spaces()) {
+        INFO(sp.name);
+        const graph g = models::gpt({.layers = sp.layers, .hidden = 512, .heads = 8, .vocab = 1024, .seq = 256, .batch = 16})
+                            .training_graph();
+        const auto profile = search::profile_model(g);
+        search::cost_context free_ctx(profile, search::dgx1_v100(1), {});
+        const double free_peak = search::branch_and_bound(free_ctx, sp.space).cost.peak_memory();
+        search::search_options folded;
+        folded.memory_per_device = sp.memory_fraction * free_peak;
+        search::search_options unfolded = folded;
+        unfolded.fold = false;
+        search::cost_context all_ctx(profile, search::dgx1_v100(1), folded), folded_ctx(profile, search::dgx1_v100(1), folded),
+            unfolded_ctx(profile, search::dgx1_v100(1), unfolded);
+        const auto all = search::enumerate_all(all_ctx, sp.space);
+        const auto bb = search::branch_and_bound(folded_ctx, sp.space);
+        const auto bb_unfolded = search::branch_and_bound(unfolded_ctx, sp.space);
+        ++spaces;
+        REQUIRE(bb.found == all.found);
+        REQUIRE(bb_unfolded.found == all.found);
+        if (!all.found) {
+            ++infeasible;
+            CHECK(bb.explain().find("no configuration") != std::string::npos);
+            continue;
+        }
+        INFO("exhaustive:\n" << all.explain() << "branch-and-bound:\n" << bb.explain());
+        CHECK(bb.cost.step_time == Approx(all.cost.step_time).epsilon(1e-12));
+        CHECK(bb_unfolded.cost.step_time == Approx(all.cost.step_time).epsilon(1e-12));
+        // The answer is a real point of the space: evaluating it again gives its cost.
+        CHECK(search::evaluate(folded_ctx, bb.best).step_time == bb.cost.step_time);
+        CHECK(bb.stats.leaves < all.stats.leaves);
+        CHECK(bb.stats.complete);
+        bool recomputes = false;
+        for (auto r : all.best.recompute_of) recomputes |= r != search::recompute::none;
+        binding += recomputes;
+    }
+    CHECK(spaces >= 20);
+    // The memory caps must matter: some optima recompute, and some spaces fit nothing.
+    CHECK(binding >= 4);
+    CHECK(infeasible >= 1);
+    CHECK(infeasible < spaces / 2);
+}
+
+TEST_CASE("a time budget returns the best plan so far with a proven gap", "[search][bnb]") {
+    const graph g = models::gpt({.layers = 8, .hidden = 1024, .heads = 16, .vocab = 1024, .seq = 512, .batch = 64})
+                        .training_graph();
+    const auto profile = search::profile_model(g);
+    search::search_options unbounded, rushed;
+    rushed.fold = false;
+    rushed.time_budget_seconds = 1e-4;
+    search::cost_context full_ctx(profile, search::dgx2_v100(2), unbounded), rushed_ctx(profile, search::dgx2_v100(2), rushed);
+    const auto full = search::branch_and_bound(full_ctx, search::search_space{});
+    const auto quick = search::branch_and_bound(rushed_ctx, search::search_space{});
+    REQUIRE(full.found);
+    CHECK(full.stats.complete);
+    CHECK(full.stats.gap == 0);
+    CHECK_FALSE(quick.stats.complete);
+    if (quick.found) {
+        CHECK(quick.cost.step_time >= full.cost.step_time * (1 - 1e-12));
+        // The proven gap bounds the distance to the true optimum.
+        CHECK(quick.stats.gap >= 0);
+        CHECK((quick.cost.step_time - full.cost.step_time) / quick.cost.step_time <= quick.stats.gap + 1e-12);
+        CHECK(quick.explain().find("time budget") != std::string::npos);
+    }
+}
+
+TEST_CASE("the search is deterministic and explains its answer", "[search][bnb]") {
+    const graph g = models::gpt({.layers = 8, .hidden = 1024, .heads = 16, .vocab = 1024, .seq = 512, .batch = 64})
+                        .training_graph();
+    const auto profile = search::profile_model(g);
+    search::cost_context a(profile, search::dgx_a100(2), {}), b(profile, search::dgx_a100(2), {});
+    const auto first = search::branch_and_bound(a, {}), second = search::branch_and_bound(b, {});
+    REQUIRE(first.found);
+    CHECK(first.best.tp == second.best.tp);
+    CHECK(first.best.pp == second.best.pp);
+    CHECK(first.best.micro_batches == second.best.micro_batches);
+    CHECK(first.best.recompute_of == second.best.recompute_of);
+    CHECK(first.cost.step_time == second.cost.step_time);
+    CHECK(first.stats.nodes == second.stats.nodes);
+    const std::string text = first.explain();
+    CHECK(text.find("TP ") != std::string::npos);
+    CHECK(text.find("predicted step") != std::string::npos);
+    CHECK(text.find("cut by bound") != std::string::npos);
+    CHECK(first.stats.pruned_by_bound > 0);
+}
