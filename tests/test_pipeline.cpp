@@ -13,6 +13,8 @@
 #include <loom/plan/pipeline.hpp>
 #include <loom/plan/presets.hpp>
 #include <loom/schedule/templates.hpp>
+#include <loom/search/apply_configuration.hpp>
+#include <loom/search/branch_and_bound.hpp>
 
 #include "support/plan_equivalence.hpp"
 
@@ -185,4 +187,55 @@ TEST_CASE("the interlaced pipeline: a vocabulary-parallel embedding and head on 
         const auto pp = plan::resolve_pipeline(spec, m.ir());
         check_equal(c, pp, schedule::interlaced(p, micro), spec.name);
     }
+}
+
+TEST_CASE("searched configurations run and train like one device", "[pipeline][search]") {
+    const auto c = model();
+    auto m = models::gpt(c);
+    const graph forward = m.ir();
+    const graph training = std::move(m).training_graph();
+    // A 4-device node: what the searcher picks for it must run, and so must the other shapes.
+    search::cluster node = search::dgx1_v100(1);
+    node.topo.devices_per_node = 4;
+    search::cost_context ctx(search::profile_model(training), node, {});
+    const auto found = search::branch_and_bound(ctx, search::executable_space());
+    REQUIRE(found.found);
+    std::vector<search::configuration> configurations{found.best};
+    const auto make = [](int tp, int pp, int dp, int micro, search::schedule_kind kind, int chunks) {
+        search::configuration k;
+        k.tp = tp, k.pp = pp, k.dp = dp, k.micro_batches = micro, k.schedule = kind, k.chunks = chunks;
+        k.layers_per_chunk.assign(static_cast<std::size_t>(pp * chunks), 4 / (pp * chunks));
+        return k;
+    };
+    configurations.push_back(make(2, 2, 1, 4, search::schedule_kind::one_f_one_b, 1));
+    configurations.push_back(make(1, 2, 2, 2, search::schedule_kind::gpipe, 1));
+    configurations.push_back(make(2, 1, 2, 1, search::schedule_kind::one_f_one_b, 1));
+    configurations.push_back(make(1, 2, 1, 4, search::schedule_kind::interleaved, 2));
+    configurations.push_back(make(1, 1, 1, 4, search::schedule_kind::one_f_one_b, 1));
+    train::trainer<double> single(training, {});
+    std::vector<std::vector<std::int32_t>> data;
+    std::vector<train::input_feed> feeds;
+    std::vector<train::step_result> reference;
+    for (int step = 0; step < 2; ++step) {
+        feeds.push_back(testing::gpt_batch(c, step, data));
+        reference.push_back(single.step(feeds.back()));
+    }
+    for (const auto& k : configurations) {
+        INFO("TP " << k.tp << " PP " << k.pp << " DP " << k.dp << " m " << k.micro_batches << " " << search::to_string(k.schedule));
+        const auto pg = search::apply_configuration(forward, k);
+        REQUIRE(pg.world == k.devices());
+        std::vector<std::vector<train::step_result>> results(static_cast<std::size_t>(pg.world));
+        comm::run_ranks(pg.world, [&](comm::communicator& comm) {
+            train::distributed_trainer<double> rank(pg, comm, {});
+            for (const auto& feed : feeds) results[static_cast<std::size_t>(comm.rank())].push_back(rank.step(feed));
+        });
+        for (const auto& per_rank : results)
+            for (std::size_t step = 0; step < reference.size(); ++step) {
+                CHECK(testing::relative(per_rank.at(step).loss, reference[step].loss) <= 1e-9);
+                CHECK(testing::relative(per_rank.at(step).grad_norm, reference[step].grad_norm) <= 1e-9);
+            }
+    }
+    search::configuration zero = found.best;
+    zero.zero = search::zero_stage::optimizer;
+    CHECK_THROWS_WITH(search::apply_configuration(forward, zero), Catch::Contains("executable_space"));
 }

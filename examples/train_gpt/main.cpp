@@ -1,14 +1,15 @@
-// Trains a small GPT on loom's own text corpus on one device (host backend) and prints a
-// progress line per step.
+// Trains a small GPT on loom's own text corpus on the host backend: calibrates the host,
+// searches the plan for --devices in-process ranks, shows it, and prints a progress line
+// per step (--devices 1: one device, no search).
 //
-//   train_gpt [--steps 300] [--layers 4] [--hidden 128] [--heads 4] [--seq 64] [--batch 16]
+//   train_gpt [--devices 4] [--steps 300] [--layers 4] [--hidden 128] [--heads 4] [--seq 64] [--batch 16]
 //             [--lr 3e-3] [--clip 1] [--seed 1234] [--print-every 1] [--data corpus.tok]
 #include <CLI/CLI.hpp>
 
 #include "options.hpp"
 
 int main(int argc, char** argv) {
-    CLI::App app{"Train a small GPT on loom's corpus on the host backend"};
+    CLI::App app{"Search a plan for a small GPT, then train it on loom's corpus on the host backend"};
     train_gpt_options o;
     app.add_option("--steps", o.steps, "training steps")->check(CLI::PositiveNumber);
     app.add_option("--layers", o.layers, "transformer blocks")->check(CLI::PositiveNumber);
@@ -20,6 +21,8 @@ int main(int argc, char** argv) {
     app.add_option("--clip", o.clip, "global gradient-norm clip (0: off)");
     app.add_option("--seed", o.seed, "initialisation and data seed");
     app.add_option("--print-every", o.print_every, "print one progress line every N steps")->check(CLI::PositiveNumber);
+    app.add_option("--devices", o.devices, "in-process ranks to search a plan for and train on (1: one device)")
+        ->check(CLI::PositiveNumber);
     app.add_option("--data", o.data, "token file to train on (default: loom's corpus, written to a temp file)");
     CLI11_PARSE(app, argc, argv);
     return run_training(o);

@@ -10949,6 +10949,410 @@ inline std::string svg_timeline(const simulation& r, const svg_options& o = {}) 
 //   schedule_orders.hpp   GPipe, 1F1B and interleaved block orders in linear time
 //   evaluate.hpp          cost_context, evaluate(configuration): step time and memory
 //   branch_and_bound.hpp  branch_and_bound, enumerate_all, search_result::explain
+//   apply_configuration.hpp  a configuration as per-device programs; executable_space()
+//   calibrate_host.hpp    the host backend measured as a cluster of in-process ranks
+// ---- begin loom/search/apply_configuration.hpp ----
+// From a searched configuration to per-device programs that run: the plan presets and the
+// pipeline machinery of plan/ and partition/, ordered by the configuration's schedule.
+//
+//   auto found = search::branch_and_bound(ctx, search::executable_space());
+//   partition::partitioned_graph pg = search::apply_configuration(model.ir(), found.best);
+//   comm::run_ranks(pg.world, [&](comm::communicator& c) { train::distributed_trainer<float> t(pg, c, {}); ... });
+//
+// Inside a pipeline stage (tp * dp devices) the plan is Megatron's tensor parallelism with
+// data parallelism around it (plan::presets::megatron(tp, dp)), or plain data parallelism
+// when tp is 1. Several micro-batches without pipeline stages are a one-stage pipeline
+// (gradient accumulation). The executor does not yet run ZeRO or recomputation inside a
+// pipeline, so executable_space() leaves them out and apply_configuration refuses them.
+#include <string>
+
+// ---- begin loom/search/plan_space.hpp ----
+// The parameters a plan may leave open, and one point of that space.
+//
+//   configuration: tensor-parallel degree (innermost, within a node), pipeline stages,
+//   data-parallel degree (the rest of the devices), micro-batches, ZeRO stage, schedule
+//   (GPipe, 1F1B, interleaved 1F1B with v chunks per device), how many repeated layers
+//   each pipeline chunk holds, and a recompute choice per repeated layer.
+//
+//   search_space: the candidates for each parameter; an empty list means "every value
+//   that fits" (TP: powers of two up to a node that divide the model's tp_granularity;
+//   stages: powers of two up to the number of repeated layers; micro-batches: powers of
+//   two dividing the batch of one replica).
+//
+// Devices are numbered node-major and the degrees nest TP, then DP, then PP (Megatron's
+// order): the TP group of a device is contiguous, its DP group has stride tp, and
+// consecutive pipeline stages are tp * dp devices apart.
+#include <string>
+#include <vector>
+
+// ---- begin loom/search/memory.hpp ----
+// Memory per device: model states (parameters, gradients, optimizer states) under ZeRO or
+// Megatron's distributed optimizer, activations under recomputation, and buffers.
+//
+// ZeRO (Rajbhandari et al., 2020, section 5) with Psi parameters, N_d-way data parallelism
+// and K optimizer bytes per parameter (mixed-precision Adam: 2 + 2 + 12 bytes):
+//   none                      (2 + 2 + K) * Psi
+//   zero_stage::optimizer     2 Psi + 2 Psi + K Psi / N_d
+//   zero_stage::gradients     2 Psi + (2 + K) Psi / N_d
+//   zero_stage::parameters    (2 + 2 + K) Psi / N_d
+// The paper's example, Psi = 7.5e9, N_d = 64, K = 12: 120 GB, 31.4 GB, 16.6 GB, 1.9 GB.
+// Sizes are in bytes; GB here means 1e9 bytes, as in the paper.
+#include <cmath>
+#include <sstream>
+#include <string>
+#include <string_view>
+#include <utility>
+
+
+namespace loom::search {
+
+enum class zero_stage { none = 0, optimizer = 1, gradients = 2, parameters = 3 };
+
+// Bytes per parameter of each model state. `optimizer` is ZeRO's K: everything the
+// optimizer step keeps besides the model's own parameter and gradient.
+struct state_bytes {
+    double parameter = 0;
+    double gradient = 0;
+    double optimizer = 0;
+    double total() const { return parameter + gradient + optimizer; }
+
+    friend bool operator==(const state_bytes&, const state_bytes&) = default;
+};
+
+// fp16 parameters and gradients; fp32 master parameters, momentum and variance (4+4+4).
+inline constexpr state_bytes mixed_precision_adam() { return {2, 2, 12}; }
+// fp32 parameters and gradients; fp32 momentum and variance (4+4).
+inline constexpr state_bytes fp32_adam() { return {4, 4, 8}; }
+
+namespace detail {
+
+inline std::string memory_number_text(double x) {
+    std::ostringstream s;
+    s << x;
+    return s.str();
+}
+
+inline void check_non_negative(std::string_view where, std::string_view what, double x, std::string_view fix) {
+    if (!(x >= 0) || !std::isfinite(x))
+        throw usage_error(std::string(where) + ": " + std::string(what) + " is " + memory_number_text(x) + "; " +
+                          std::string(fix));
+}
+
+inline void check_data_parallel(std::string_view where, int data_parallel) {
+    if (data_parallel < 1)
+        throw usage_error(std::string(where) + ": data_parallel is " + std::to_string(data_parallel) +
+                          "; give the data-parallel degree, at least 1");
+}
+
+inline void check_state_bytes(std::string_view where, const state_bytes& s) {
+    const char* fix = "give bytes per parameter, e.g. mixed_precision_adam()";
+    check_non_negative(where, "state_bytes.parameter", s.parameter, fix);
+    check_non_negative(where, "state_bytes.gradient", s.gradient, fix);
+    check_non_negative(where, "state_bytes.optimizer", s.optimizer, fix);
+}
+
+// Model-state bytes (not per parameter) on one device; each state is divided by N_d from the
+// stage that shards it.
+inline state_bytes model_state_split(double parameters, state_bytes s, zero_stage zero, int data_parallel) {
+    constexpr std::string_view where = "model_state_bytes";
+    detail::check_non_negative(where, "parameters", parameters, "give the number of parameters on this device");
+    detail::check_state_bytes(where, s);
+    detail::check_data_parallel(where, data_parallel);
+    const double d = data_parallel;
+    const int stage = static_cast<int>(zero);
+    return {.parameter = s.parameter * parameters / (stage >= 3 ? d : 1),
+            .gradient = s.gradient * parameters / (stage >= 2 ? d : 1),
+            .optimizer = s.optimizer * parameters / (stage >= 1 ? d : 1)};
+}
+
+}  // namespace detail
+
+inline double model_state_bytes(double parameters, state_bytes s, zero_stage zero, int data_parallel) {
+    return detail::model_state_split(parameters, s, zero, data_parallel).total();
+}
+
+// ---- Megatron-LM's distributed optimizer ---------------------------------------------
+// Megatron-LM docs, "Distributed Optimizer": bytes per parameter
+//                                  non-distributed   distributed (d-way data parallel)
+//   fp16 params, fp16 grads              20              4 + 16/d
+//   bf16 params, fp32 grads              18              6 + 12/d
+//   fp32 params, fp32 grads              16              8 +  8/d
+// They arise from the components below. Megatron keeps fp32 main gradients: a separate
+// 4-byte copy when the model's gradients are fp16; bf16 and fp32 gradients are accumulated
+// in fp32 directly and are themselves the main gradients. Likewise an fp32 main copy of the
+// parameters exists only when the model's parameters are not fp32. Adam adds m and v (4+4).
+//   fp16/fp16: param 2 + grad 2 | main grad 4 + main param 4 + m 4 + v 4 = 4 + 16 = 20
+//   bf16/fp32: param 2 + grad 4 | main param 4 + m 4 + v 4              = 6 + 12 = 18
+//   fp32/fp32: param 4 + grad 4 | m 4 + v 4                             = 8 +  8 = 16
+// The distributed optimizer shards what is right of the bar over the d data-parallel ranks:
+// ZeRO stage 1 with K = that part.
+enum class megatron_precision { fp16_params_fp16_grads, bf16_params_fp32_grads, fp32_params_fp32_grads };
+
+inline constexpr state_bytes megatron_state_bytes(megatron_precision p) {
+    const double param = p == megatron_precision::fp32_params_fp32_grads ? 4 : 2;
+    const double grad = p == megatron_precision::fp16_params_fp16_grads ? 2 : 4;
+    const double main_grad = grad == 4 ? 0 : 4;
+    const double main_param = param == 4 ? 0 : 4;
+    const double adam_moments = 4 + 4;
+    return {param, grad, main_grad + main_param + adam_moments};
+}
+
+inline double megatron_bytes_per_parameter(megatron_precision p, bool distributed_optimizer, int data_parallel) {
+    return model_state_bytes(1, megatron_state_bytes(p),
+                             distributed_optimizer ? zero_stage::optimizer : zero_stage::none, data_parallel);
+}
+
+// ---- activations -----------------------------------------------------------------------
+// What the backward pass keeps of one micro-batch on this device, under recomputation
+// (Korthikanti et al., 2022, "Reducing Activation Recomputation in Large Transformer Models"):
+//   recompute::none       everything the forward saves
+//   recompute::selective  all but the attention scores (softmax, its dropout mask, QK^T),
+//                         which are recomputed; the 5as/h term of that paper
+//   recompute::full       only each layer's input; the layer is rerun in the backward
+// The profile's figures come from the model (all layers of this device's stage together).
+// Under full recomputation one layer's activations are rebuilt during its backward; that
+// transient is not included here; count it in the buffers.
+enum class recompute { none, selective, full };
+
+struct activation_profile {
+    double saved_bytes_per_micro_batch = 0;             // without recomputation
+    double layer_input_bytes_per_micro_batch = 0;       // kept under full recomputation
+    double attention_scores_bytes_per_micro_batch = 0;  // dropped under selective recomputation
+};
+
+inline double activation_bytes(const activation_profile& a, int in_flight, recompute r) {
+    constexpr std::string_view where = "activation_bytes";
+    const char* fix = "give bytes per micro-batch, at least 0";
+    detail::check_non_negative(where, "saved_bytes_per_micro_batch", a.saved_bytes_per_micro_batch, fix);
+    detail::check_non_negative(where, "layer_input_bytes_per_micro_batch", a.layer_input_bytes_per_micro_batch, fix);
+    detail::check_non_negative(where, "attention_scores_bytes_per_micro_batch",
+                               a.attention_scores_bytes_per_micro_batch, fix);
+    for (const auto& [name, part] :
+         {std::pair{"attention_scores_bytes_per_micro_batch", a.attention_scores_bytes_per_micro_batch},
+          std::pair{"layer_input_bytes_per_micro_batch", a.layer_input_bytes_per_micro_batch}})
+        if (part > a.saved_bytes_per_micro_batch)
+            throw usage_error(std::string("activation_bytes: ") + name + " (" + detail::memory_number_text(part) +
+                              ") exceeds saved_bytes_per_micro_batch (" +
+                              detail::memory_number_text(a.saved_bytes_per_micro_batch) +
+                              "), of which it is a part; check the activation profile");
+    if (in_flight < 0)
+        throw usage_error("activation_bytes: in_flight is " + std::to_string(in_flight) +
+                          "; give the number of micro-batches whose activations are held at once, at least 0");
+    double per_micro_batch = a.saved_bytes_per_micro_batch;
+    switch (r) {
+        case recompute::none: break;
+        case recompute::selective: per_micro_batch -= a.attention_scores_bytes_per_micro_batch; break;
+        case recompute::full: per_micro_batch = a.layer_input_bytes_per_micro_batch; break;
+    }
+    return per_micro_batch * in_flight;
+}
+
+// ---- the whole device ------------------------------------------------------------------
+struct memory_breakdown {
+    double parameters = 0;
+    double gradients = 0;
+    double optimizer = 0;
+    double activations = 0;
+    double buffers = 0;  // communication buffers, workspaces, transients
+    double total() const { return parameters + gradients + optimizer + activations + buffers; }
+};
+
+// `parameters` is the count held by this device before ZeRO sharding (after tensor and
+// pipeline partitioning); `in_flight` the micro-batches whose activations it holds at once
+// (1F1B: up to the number of pipeline stages on the first stage).
+inline memory_breakdown memory_per_device(double parameters, state_bytes s, zero_stage zero, int data_parallel,
+                                          const activation_profile& activations, int in_flight, recompute r,
+                                          double buffer_bytes) {
+    detail::check_non_negative("memory_per_device", "buffer_bytes", buffer_bytes, "give the buffer size in bytes");
+    const state_bytes states = detail::model_state_split(parameters, s, zero, data_parallel);
+    return {.parameters = states.parameter,
+            .gradients = states.gradient,
+            .optimizer = states.optimizer,
+            .activations = activation_bytes(activations, in_flight, r),
+            .buffers = buffer_bytes};
+}
+
+}  // namespace loom::search
+// ---- end loom/search/memory.hpp ----
+
+namespace loom::search {
+
+enum class schedule_kind { gpipe, one_f_one_b, interleaved };
+
+inline std::string to_string(schedule_kind s) {
+    switch (s) {
+        case schedule_kind::gpipe: return "GPipe";
+        case schedule_kind::one_f_one_b: return "1F1B";
+        case schedule_kind::interleaved: return "interleaved 1F1B";
+    }
+    return "?";
+}
+
+inline std::string to_string(recompute r) {
+    switch (r) {
+        case recompute::none: return "none";
+        case recompute::selective: return "selective";
+        case recompute::full: return "full";
+    }
+    return "?";
+}
+
+struct configuration {
+    int tp = 1;
+    int pp = 1;
+    int dp = 1;
+    int micro_batches = 1;
+    int chunks = 1;  // pipeline chunks per device: 1, or v for the interleaved schedule
+    zero_stage zero = zero_stage::none;
+    schedule_kind schedule = schedule_kind::one_f_one_b;
+    std::vector<int> layers_per_chunk;  // repeated layers in each of the pp * chunks chunks
+    std::vector<recompute> recompute_of;  // per repeated layer
+
+    int devices() const { return tp * pp * dp; }
+    // The pipeline device (0..pp-1) chunk c runs on.
+    int device_of_chunk(int c) const { return c % pp; }
+};
+
+struct search_space {
+    std::vector<int> tp;
+    std::vector<int> pp;
+    std::vector<int> micro_batches;
+    std::vector<zero_stage> zero{zero_stage::none, zero_stage::optimizer, zero_stage::gradients,
+                                 zero_stage::parameters};
+    std::vector<schedule_kind> schedules{schedule_kind::gpipe, schedule_kind::one_f_one_b,
+                                         schedule_kind::interleaved};
+    std::vector<recompute> recompute_choices{recompute::none, recompute::selective, recompute::full};
+    int interleave_chunks = 2;            // v of the interleaved schedule
+    bool search_stage_boundaries = false;  // false: layers split evenly over chunks
+    int max_tp = 0;                        // 0: the devices of one node
+};
+
+}  // namespace loom::search
+// ---- end loom/search/plan_space.hpp ----
+// ---- begin loom/search/schedule_orders.hpp ----
+// Block orders of the three schedule families the searcher times, written out directly.
+// The templates in schedule/templates.hpp derive the same schedules from order constraints
+// with a list scheduler, which is general but grows quickly with stages x micro-batches
+// (1F1B with 16 stages and 1024 micro-batches takes tens of seconds); the searcher visits
+// hundreds of such shapes, so it generates them in linear time here.
+//
+//   gpipe_orders(p, m)        device s: F(s,0..m-1), then B(s,0..m-1)
+//   one_f_one_b_orders(p, m)  device s: w = min(p - s, m) forwards, then B(i) followed by
+//                             F(w + i) while forwards remain, then the last backwards
+//                             (equal to schedule::one_f_one_b, which a test checks)
+//   interleaved_orders(p, v, m)  Megatron's interleaved 1F1B (m a multiple of p): device
+//                             r runs chunks r, r + p, ..., forward k is micro-batch
+//                             (k / (p v)) p + k % p of chunk (k / p) % v, backward k the same
+//                             micro-batch of chunk v - 1 - (k / p) % v; it warms up with
+//                             min((p - r - 1) 2 + (v - 1) p, m v) forwards, then alternates,
+//                             then drains. The ordering differs from the constraint
+//                             template's greedy one; tests validate it (schedule::validate).
+#include <algorithm>
+#include <string>
+#include <vector>
+
+
+namespace loom::search {
+
+inline schedule::schedule gpipe_orders(int p, int m) {
+    schedule::schedule s{schedule::pipeline_shape::linear(p, m), {}, "GPipe"};
+    s.device_order.resize(static_cast<std::size_t>(p));
+    for (int d = 0; d < p; ++d) {
+        auto& order = s.device_order[static_cast<std::size_t>(d)];
+        for (int i = 0; i < m; ++i) order.push_back(schedule::forward_block(d, i));
+        for (int i = 0; i < m; ++i) order.push_back(schedule::backward_block(d, i));
+    }
+    return s;
+}
+
+inline schedule::schedule one_f_one_b_orders(int p, int m) {
+    schedule::schedule s{schedule::pipeline_shape::linear(p, m), {}, "1F1B"};
+    s.device_order.resize(static_cast<std::size_t>(p));
+    for (int d = 0; d < p; ++d) {
+        auto& order = s.device_order[static_cast<std::size_t>(d)];
+        const int warmup = std::min(p - d, m);
+        for (int i = 0; i < warmup; ++i) order.push_back(schedule::forward_block(d, i));
+        for (int i = 0; i < m; ++i) {
+            order.push_back(schedule::backward_block(d, i));
+            if (warmup + i < m) order.push_back(schedule::forward_block(d, warmup + i));
+        }
+    }
+    return s;
+}
+
+inline schedule::schedule interleaved_orders(int p, int v, int m) {
+    if (p < 1 || v < 1 || m < 1 || m % p != 0)
+        throw usage_error("interleaved_orders: " + std::to_string(m) + " micro-batches over " + std::to_string(p) +
+                          " devices; the interleaved schedule needs a positive multiple of the device count");
+    schedule::schedule s{schedule::pipeline_shape::interleaved(p, v, m), {}, "interleaved 1F1B"};
+    s.device_order.resize(static_cast<std::size_t>(p));
+    const int total = m * v;
+    const auto micro = [&](int k) { return (k / (p * v)) * p + k % p; };
+    for (int r = 0; r < p; ++r) {
+        auto& order = s.device_order[static_cast<std::size_t>(r)];
+        const auto forward = [&](int k) { return schedule::forward_block(((k / p) % v) * p + r, micro(k)); };
+        const auto backward = [&](int k) { return schedule::backward_block((v - 1 - (k / p) % v) * p + r, micro(k)); };
+        const int warmup = std::min((p - r - 1) * 2 + (v - 1) * p, total);
+        int f = 0, b = 0;
+        for (; f < warmup; ++f) order.push_back(forward(f));
+        while (f < total) {
+            order.push_back(forward(f++));
+            order.push_back(backward(b++));
+        }
+        while (b < total) order.push_back(backward(b++));
+    }
+    return s;
+}
+
+}  // namespace loom::search
+// ---- end loom/search/schedule_orders.hpp ----
+
+namespace loom::search {
+
+// The parameters the executor runs today: TP, PP, DP, micro-batches and the three
+// schedules, layers split evenly.
+inline search_space executable_space() {
+    search_space s;
+    s.zero = {zero_stage::none};
+    s.recompute_choices = {recompute::none};
+    s.search_stage_boundaries = false;
+    return s;
+}
+
+inline partition::partitioned_graph apply_configuration(const graph& forward, const configuration& c) {
+    if (c.zero != zero_stage::none)
+        throw plan_error("apply_configuration: the configuration uses ZeRO stage " + std::to_string(static_cast<int>(c.zero)) +
+                         ", which the executor does not run with this plan yet; search executable_space()");
+    for (recompute r : c.recompute_of)
+        if (r != recompute::none)
+            throw plan_error("apply_configuration: the configuration recomputes layers (" + to_string(r) +
+                             "), which the executor does not run with this plan yet; search executable_space()");
+    for (int n : c.layers_per_chunk)
+        if (n != c.layers_per_chunk.front())
+            throw plan_error("apply_configuration: the configuration splits the layers unevenly over the pipeline "
+                             "chunks; the executor's pipelines split them evenly, search with search_stage_boundaries off");
+    const plan::plan_spec inner = c.tp > 1 ? plan::presets::megatron(c.tp, c.dp) : plan::presets::data_parallel(c.dp);
+    if (c.pp == 1 && c.micro_batches == 1) return partition::apply_plan(forward, plan::resolve(inner, forward));
+
+    const int group = c.tp * c.dp;
+    plan::even_pipeline_options stages;
+    stages.stages = c.pp;
+    stages.micro_batches = c.micro_batches;
+    stages.devices_per_stage = group;
+    stages.virtual_stages = c.chunks;
+    stages.inner = inner;
+    const auto pp = plan::resolve_pipeline(plan::even_pipeline(forward, stages), forward);
+    auto pg = partition::apply_plan(forward, pp.plan, partition::pipeline_apply_options(pp));
+    schedule::schedule order = c.schedule == schedule_kind::gpipe         ? gpipe_orders(c.pp, c.micro_batches)
+                               : c.schedule == schedule_kind::one_f_one_b ? one_f_one_b_orders(c.pp, c.micro_batches)
+                                                                          : interleaved_orders(c.pp, c.chunks, c.micro_batches);
+    if (group > 1) order = partition::spread_over_groups(order, group);
+    partition::order_by_schedule(pg, pp, order);
+    return pg;
+}
+
+}  // namespace loom::search
+// ---- end loom/search/apply_configuration.hpp ----
 // ---- begin loom/search/branch_and_bound.hpp ----
 // Branch-and-bound over a search space (plan_space.hpp) with the cost model of
 // evaluate.hpp, and the exhaustive enumeration it must agree with.
@@ -11703,195 +12107,6 @@ inline double exposed_time(const comm_time& forward, const comm_time& backward, 
 
 }  // namespace loom::search
 // ---- end loom/search/communication.hpp ----
-// ---- begin loom/search/memory.hpp ----
-// Memory per device: model states (parameters, gradients, optimizer states) under ZeRO or
-// Megatron's distributed optimizer, activations under recomputation, and buffers.
-//
-// ZeRO (Rajbhandari et al., 2020, section 5) with Psi parameters, N_d-way data parallelism
-// and K optimizer bytes per parameter (mixed-precision Adam: 2 + 2 + 12 bytes):
-//   none                      (2 + 2 + K) * Psi
-//   zero_stage::optimizer     2 Psi + 2 Psi + K Psi / N_d
-//   zero_stage::gradients     2 Psi + (2 + K) Psi / N_d
-//   zero_stage::parameters    (2 + 2 + K) Psi / N_d
-// The paper's example, Psi = 7.5e9, N_d = 64, K = 12: 120 GB, 31.4 GB, 16.6 GB, 1.9 GB.
-// Sizes are in bytes; GB here means 1e9 bytes, as in the paper.
-#include <cmath>
-#include <sstream>
-#include <string>
-#include <string_view>
-#include <utility>
-
-
-namespace loom::search {
-
-enum class zero_stage { none = 0, optimizer = 1, gradients = 2, parameters = 3 };
-
-// Bytes per parameter of each model state. `optimizer` is ZeRO's K: everything the
-// optimizer step keeps besides the model's own parameter and gradient.
-struct state_bytes {
-    double parameter = 0;
-    double gradient = 0;
-    double optimizer = 0;
-    double total() const { return parameter + gradient + optimizer; }
-
-    friend bool operator==(const state_bytes&, const state_bytes&) = default;
-};
-
-// fp16 parameters and gradients; fp32 master parameters, momentum and variance (4+4+4).
-inline constexpr state_bytes mixed_precision_adam() { return {2, 2, 12}; }
-// fp32 parameters and gradients; fp32 momentum and variance (4+4).
-inline constexpr state_bytes fp32_adam() { return {4, 4, 8}; }
-
-namespace detail {
-
-inline std::string memory_number_text(double x) {
-    std::ostringstream s;
-    s << x;
-    return s.str();
-}
-
-inline void check_non_negative(std::string_view where, std::string_view what, double x, std::string_view fix) {
-    if (!(x >= 0) || !std::isfinite(x))
-        throw usage_error(std::string(where) + ": " + std::string(what) + " is " + memory_number_text(x) + "; " +
-                          std::string(fix));
-}
-
-inline void check_data_parallel(std::string_view where, int data_parallel) {
-    if (data_parallel < 1)
-        throw usage_error(std::string(where) + ": data_parallel is " + std::to_string(data_parallel) +
-                          "; give the data-parallel degree, at least 1");
-}
-
-inline void check_state_bytes(std::string_view where, const state_bytes& s) {
-    const char* fix = "give bytes per parameter, e.g. mixed_precision_adam()";
-    check_non_negative(where, "state_bytes.parameter", s.parameter, fix);
-    check_non_negative(where, "state_bytes.gradient", s.gradient, fix);
-    check_non_negative(where, "state_bytes.optimizer", s.optimizer, fix);
-}
-
-// Model-state bytes (not per parameter) on one device; each state is divided by N_d from the
-// stage that shards it.
-inline state_bytes model_state_split(double parameters, state_bytes s, zero_stage zero, int data_parallel) {
-    constexpr std::string_view where = "model_state_bytes";
-    detail::check_non_negative(where, "parameters", parameters, "give the number of parameters on this device");
-    detail::check_state_bytes(where, s);
-    detail::check_data_parallel(where, data_parallel);
-    const double d = data_parallel;
-    const int stage = static_cast<int>(zero);
-    return {.parameter = s.parameter * parameters / (stage >= 3 ? d : 1),
-            .gradient = s.gradient * parameters / (stage >= 2 ? d : 1),
-            .optimizer = s.optimizer * parameters / (stage >= 1 ? d : 1)};
-}
-
-}  // namespace detail
-
-inline double model_state_bytes(double parameters, state_bytes s, zero_stage zero, int data_parallel) {
-    return detail::model_state_split(parameters, s, zero, data_parallel).total();
-}
-
-// ---- Megatron-LM's distributed optimizer ---------------------------------------------
-// Megatron-LM docs, "Distributed Optimizer": bytes per parameter
-//                                  non-distributed   distributed (d-way data parallel)
-//   fp16 params, fp16 grads              20              4 + 16/d
-//   bf16 params, fp32 grads              18              6 + 12/d
-//   fp32 params, fp32 grads              16              8 +  8/d
-// They arise from the components below. Megatron keeps fp32 main gradients: a separate
-// 4-byte copy when the model's gradients are fp16; bf16 and fp32 gradients are accumulated
-// in fp32 directly and are themselves the main gradients. Likewise an fp32 main copy of the
-// parameters exists only when the model's parameters are not fp32. Adam adds m and v (4+4).
-//   fp16/fp16: param 2 + grad 2 | main grad 4 + main param 4 + m 4 + v 4 = 4 + 16 = 20
-//   bf16/fp32: param 2 + grad 4 | main param 4 + m 4 + v 4              = 6 + 12 = 18
-//   fp32/fp32: param 4 + grad 4 | m 4 + v 4                             = 8 +  8 = 16
-// The distributed optimizer shards what is right of the bar over the d data-parallel ranks:
-// ZeRO stage 1 with K = that part.
-enum class megatron_precision { fp16_params_fp16_grads, bf16_params_fp32_grads, fp32_params_fp32_grads };
-
-inline constexpr state_bytes megatron_state_bytes(megatron_precision p) {
-    const double param = p == megatron_precision::fp32_params_fp32_grads ? 4 : 2;
-    const double grad = p == megatron_precision::fp16_params_fp16_grads ? 2 : 4;
-    const double main_grad = grad == 4 ? 0 : 4;
-    const double main_param = param == 4 ? 0 : 4;
-    const double adam_moments = 4 + 4;
-    return {param, grad, main_grad + main_param + adam_moments};
-}
-
-inline double megatron_bytes_per_parameter(megatron_precision p, bool distributed_optimizer, int data_parallel) {
-    return model_state_bytes(1, megatron_state_bytes(p),
-                             distributed_optimizer ? zero_stage::optimizer : zero_stage::none, data_parallel);
-}
-
-// ---- activations -----------------------------------------------------------------------
-// What the backward pass keeps of one micro-batch on this device, under recomputation
-// (Korthikanti et al., 2022, "Reducing Activation Recomputation in Large Transformer Models"):
-//   recompute::none       everything the forward saves
-//   recompute::selective  all but the attention scores (softmax, its dropout mask, QK^T),
-//                         which are recomputed; the 5as/h term of that paper
-//   recompute::full       only each layer's input; the layer is rerun in the backward
-// The profile's figures come from the model (all layers of this device's stage together).
-// Under full recomputation one layer's activations are rebuilt during its backward; that
-// transient is not included here; count it in the buffers.
-enum class recompute { none, selective, full };
-
-struct activation_profile {
-    double saved_bytes_per_micro_batch = 0;             // without recomputation
-    double layer_input_bytes_per_micro_batch = 0;       // kept under full recomputation
-    double attention_scores_bytes_per_micro_batch = 0;  // dropped under selective recomputation
-};
-
-inline double activation_bytes(const activation_profile& a, int in_flight, recompute r) {
-    constexpr std::string_view where = "activation_bytes";
-    const char* fix = "give bytes per micro-batch, at least 0";
-    detail::check_non_negative(where, "saved_bytes_per_micro_batch", a.saved_bytes_per_micro_batch, fix);
-    detail::check_non_negative(where, "layer_input_bytes_per_micro_batch", a.layer_input_bytes_per_micro_batch, fix);
-    detail::check_non_negative(where, "attention_scores_bytes_per_micro_batch",
-                               a.attention_scores_bytes_per_micro_batch, fix);
-    for (const auto& [name, part] :
-         {std::pair{"attention_scores_bytes_per_micro_batch", a.attention_scores_bytes_per_micro_batch},
-          std::pair{"layer_input_bytes_per_micro_batch", a.layer_input_bytes_per_micro_batch}})
-        if (part > a.saved_bytes_per_micro_batch)
-            throw usage_error(std::string("activation_bytes: ") + name + " (" + detail::memory_number_text(part) +
-                              ") exceeds saved_bytes_per_micro_batch (" +
-                              detail::memory_number_text(a.saved_bytes_per_micro_batch) +
-                              "), of which it is a part; check the activation profile");
-    if (in_flight < 0)
-        throw usage_error("activation_bytes: in_flight is " + std::to_string(in_flight) +
-                          "; give the number of micro-batches whose activations are held at once, at least 0");
-    double per_micro_batch = a.saved_bytes_per_micro_batch;
-    switch (r) {
-        case recompute::none: break;
-        case recompute::selective: per_micro_batch -= a.attention_scores_bytes_per_micro_batch; break;
-        case recompute::full: per_micro_batch = a.layer_input_bytes_per_micro_batch; break;
-    }
-    return per_micro_batch * in_flight;
-}
-
-// ---- the whole device ------------------------------------------------------------------
-struct memory_breakdown {
-    double parameters = 0;
-    double gradients = 0;
-    double optimizer = 0;
-    double activations = 0;
-    double buffers = 0;  // communication buffers, workspaces, transients
-    double total() const { return parameters + gradients + optimizer + activations + buffers; }
-};
-
-// `parameters` is the count held by this device before ZeRO sharding (after tensor and
-// pipeline partitioning); `in_flight` the micro-batches whose activations it holds at once
-// (1F1B: up to the number of pipeline stages on the first stage).
-inline memory_breakdown memory_per_device(double parameters, state_bytes s, zero_stage zero, int data_parallel,
-                                          const activation_profile& activations, int in_flight, recompute r,
-                                          double buffer_bytes) {
-    detail::check_non_negative("memory_per_device", "buffer_bytes", buffer_bytes, "give the buffer size in bytes");
-    const state_bytes states = detail::model_state_split(parameters, s, zero, data_parallel);
-    return {.parameters = states.parameter,
-            .gradients = states.gradient,
-            .optimizer = states.optimizer,
-            .activations = activation_bytes(activations, in_flight, r),
-            .buffers = buffer_bytes};
-}
-
-}  // namespace loom::search
-// ---- end loom/search/memory.hpp ----
 // ---- begin loom/search/model_profile.hpp ----
 // What the searcher knows about a model: per layer (folding.hpp), the work of its forward
 // and backward ops, its parameters, the activations its backward keeps, the residual
@@ -12356,157 +12571,6 @@ inline model_profile profile_model(const graph& g) { return profile_model(g, fin
 
 }  // namespace loom::search
 // ---- end loom/search/model_profile.hpp ----
-// ---- begin loom/search/plan_space.hpp ----
-// The parameters a plan may leave open, and one point of that space.
-//
-//   configuration: tensor-parallel degree (innermost, within a node), pipeline stages,
-//   data-parallel degree (the rest of the devices), micro-batches, ZeRO stage, schedule
-//   (GPipe, 1F1B, interleaved 1F1B with v chunks per device), how many repeated layers
-//   each pipeline chunk holds, and a recompute choice per repeated layer.
-//
-//   search_space: the candidates for each parameter; an empty list means "every value
-//   that fits" (TP: powers of two up to a node that divide the model's tp_granularity;
-//   stages: powers of two up to the number of repeated layers; micro-batches: powers of
-//   two dividing the batch of one replica).
-//
-// Devices are numbered node-major and the degrees nest TP, then DP, then PP (Megatron's
-// order): the TP group of a device is contiguous, its DP group has stride tp, and
-// consecutive pipeline stages are tp * dp devices apart.
-#include <string>
-#include <vector>
-
-
-namespace loom::search {
-
-enum class schedule_kind { gpipe, one_f_one_b, interleaved };
-
-inline std::string to_string(schedule_kind s) {
-    switch (s) {
-        case schedule_kind::gpipe: return "GPipe";
-        case schedule_kind::one_f_one_b: return "1F1B";
-        case schedule_kind::interleaved: return "interleaved 1F1B";
-    }
-    return "?";
-}
-
-inline std::string to_string(recompute r) {
-    switch (r) {
-        case recompute::none: return "none";
-        case recompute::selective: return "selective";
-        case recompute::full: return "full";
-    }
-    return "?";
-}
-
-struct configuration {
-    int tp = 1;
-    int pp = 1;
-    int dp = 1;
-    int micro_batches = 1;
-    int chunks = 1;  // pipeline chunks per device: 1, or v for the interleaved schedule
-    zero_stage zero = zero_stage::none;
-    schedule_kind schedule = schedule_kind::one_f_one_b;
-    std::vector<int> layers_per_chunk;  // repeated layers in each of the pp * chunks chunks
-    std::vector<recompute> recompute_of;  // per repeated layer
-
-    int devices() const { return tp * pp * dp; }
-    // The pipeline device (0..pp-1) chunk c runs on.
-    int device_of_chunk(int c) const { return c % pp; }
-};
-
-struct search_space {
-    std::vector<int> tp;
-    std::vector<int> pp;
-    std::vector<int> micro_batches;
-    std::vector<zero_stage> zero{zero_stage::none, zero_stage::optimizer, zero_stage::gradients,
-                                 zero_stage::parameters};
-    std::vector<schedule_kind> schedules{schedule_kind::gpipe, schedule_kind::one_f_one_b,
-                                         schedule_kind::interleaved};
-    std::vector<recompute> recompute_choices{recompute::none, recompute::selective, recompute::full};
-    int interleave_chunks = 2;            // v of the interleaved schedule
-    bool search_stage_boundaries = false;  // false: layers split evenly over chunks
-    int max_tp = 0;                        // 0: the devices of one node
-};
-
-}  // namespace loom::search
-// ---- end loom/search/plan_space.hpp ----
-// ---- begin loom/search/schedule_orders.hpp ----
-// Block orders of the three schedule families the searcher times, written out directly.
-// The templates in schedule/templates.hpp derive the same schedules from order constraints
-// with a list scheduler, which is general but grows quickly with stages x micro-batches
-// (1F1B with 16 stages and 1024 micro-batches takes tens of seconds); the searcher visits
-// hundreds of such shapes, so it generates them in linear time here.
-//
-//   gpipe_orders(p, m)        device s: F(s,0..m-1), then B(s,0..m-1)
-//   one_f_one_b_orders(p, m)  device s: w = min(p - s, m) forwards, then B(i) followed by
-//                             F(w + i) while forwards remain, then the last backwards
-//                             (equal to schedule::one_f_one_b, which a test checks)
-//   interleaved_orders(p, v, m)  Megatron's interleaved 1F1B (m a multiple of p): device
-//                             r runs chunks r, r + p, ..., forward k is micro-batch
-//                             (k / (p v)) p + k % p of chunk (k / p) % v, backward k the same
-//                             micro-batch of chunk v - 1 - (k / p) % v; it warms up with
-//                             min((p - r - 1) 2 + (v - 1) p, m v) forwards, then alternates,
-//                             then drains. The ordering differs from the constraint
-//                             template's greedy one; tests validate it (schedule::validate).
-#include <algorithm>
-#include <string>
-#include <vector>
-
-
-namespace loom::search {
-
-inline schedule::schedule gpipe_orders(int p, int m) {
-    schedule::schedule s{schedule::pipeline_shape::linear(p, m), {}, "GPipe"};
-    s.device_order.resize(static_cast<std::size_t>(p));
-    for (int d = 0; d < p; ++d) {
-        auto& order = s.device_order[static_cast<std::size_t>(d)];
-        for (int i = 0; i < m; ++i) order.push_back(schedule::forward_block(d, i));
-        for (int i = 0; i < m; ++i) order.push_back(schedule::backward_block(d, i));
-    }
-    return s;
-}
-
-inline schedule::schedule one_f_one_b_orders(int p, int m) {
-    schedule::schedule s{schedule::pipeline_shape::linear(p, m), {}, "1F1B"};
-    s.device_order.resize(static_cast<std::size_t>(p));
-    for (int d = 0; d < p; ++d) {
-        auto& order = s.device_order[static_cast<std::size_t>(d)];
-        const int warmup = std::min(p - d, m);
-        for (int i = 0; i < warmup; ++i) order.push_back(schedule::forward_block(d, i));
-        for (int i = 0; i < m; ++i) {
-            order.push_back(schedule::backward_block(d, i));
-            if (warmup + i < m) order.push_back(schedule::forward_block(d, warmup + i));
-        }
-    }
-    return s;
-}
-
-inline schedule::schedule interleaved_orders(int p, int v, int m) {
-    if (p < 1 || v < 1 || m < 1 || m % p != 0)
-        throw usage_error("interleaved_orders: " + std::to_string(m) + " micro-batches over " + std::to_string(p) +
-                          " devices; the interleaved schedule needs a positive multiple of the device count");
-    schedule::schedule s{schedule::pipeline_shape::interleaved(p, v, m), {}, "interleaved 1F1B"};
-    s.device_order.resize(static_cast<std::size_t>(p));
-    const int total = m * v;
-    const auto micro = [&](int k) { return (k / (p * v)) * p + k % p; };
-    for (int r = 0; r < p; ++r) {
-        auto& order = s.device_order[static_cast<std::size_t>(r)];
-        const auto forward = [&](int k) { return schedule::forward_block(((k / p) % v) * p + r, micro(k)); };
-        const auto backward = [&](int k) { return schedule::backward_block((v - 1 - (k / p) % v) * p + r, micro(k)); };
-        const int warmup = std::min((p - r - 1) * 2 + (v - 1) * p, total);
-        int f = 0, b = 0;
-        for (; f < warmup; ++f) order.push_back(forward(f));
-        while (f < total) {
-            order.push_back(forward(f++));
-            order.push_back(backward(b++));
-        }
-        while (b < total) order.push_back(backward(b++));
-    }
-    return s;
-}
-
-}  // namespace loom::search
-// ---- end loom/search/schedule_orders.hpp ----
 
 namespace loom::search {
 
@@ -12544,8 +12608,9 @@ struct evaluation {
 // Per-layer times and the schedules' orders, computed once for a model and cluster.
 class cost_context {
 public:
-    cost_context(const model_profile& model, const cluster& hw, const search_options& options)
-        : model_(&model), hw_(hw), options_(options) {
+    // Keeps its own copy of the profile, so a temporary may be passed.
+    cost_context(model_profile model, const cluster& hw, const search_options& options)
+        : model_(std::move(model)), hw_(hw), options_(options) {
         memory_cap_ = options.memory_per_device > 0 ? options.memory_per_device : hw.device.memory_bytes;
         const double peak = hw.device.peak_flops(options.compute);
         const auto time_of = [&](const work& w) {
@@ -12555,12 +12620,12 @@ public:
                    std::max(w.memory_bound_flops / (peak * hw.device.elementwise_efficiency),
                             w.memory_bound_elements * bytes / (hw.device.memory_bandwidth * hw.device.elementwise_efficiency));
         };
-        for (const layer_profile& l : model.layers) {
+        for (const layer_profile& l : model_.layers) {
             times_.push_back({time_of(l.forward), time_of(l.backward), time_of(l.memory_bound_forward)});
         }
-        for (std::size_t i = 0; i < model.layers.size(); ++i)
-            if (model.layers[i].role == layer_role::repeated) repeated_.push_back(static_cast<int>(i));
-            else if (model.layers[i].role == layer_role::prologue) prologue_ = static_cast<int>(i);
+        for (std::size_t i = 0; i < model_.layers.size(); ++i)
+            if (model_.layers[i].role == layer_role::repeated) repeated_.push_back(static_cast<int>(i));
+            else if (model_.layers[i].role == layer_role::prologue) prologue_ = static_cast<int>(i);
             else epilogue_ = static_cast<int>(i);
     }
 
@@ -12568,7 +12633,7 @@ public:
         double forward = 0, backward = 0, memory_bound_forward = 0;  // s at the graph's batch, one device
     };
 
-    const model_profile& model() const { return *model_; }
+    const model_profile& model() const { return model_; }
     const cluster& hardware() const { return hw_; }
     const search_options& options() const { return options_; }
     double memory_cap() const { return memory_cap_; }
@@ -12585,7 +12650,7 @@ public:
                                            : 0.0;
     }
     double kept_elements(int layer, recompute r) const {
-        const layer_profile& l = model_->layers[static_cast<std::size_t>(layer)];
+        const layer_profile& l = model_.layers[static_cast<std::size_t>(layer)];
         return r == recompute::full ? l.input_elements
                : r == recompute::selective ? l.saved_elements - l.cheap_saved_elements
                                            : l.saved_elements;
@@ -12611,7 +12676,7 @@ public:
     int schedules_built() const { return schedules_built_; }
 
 private:
-    const model_profile* model_;
+    model_profile model_;
     cluster hw_;
     search_options options_;
     double memory_cap_ = 0;
@@ -12934,6 +12999,8 @@ struct recompute_group {
 // The least extra backward time over groups, with memory <= budget. Choices per group:
 // counts of each recompute option (folded) or per layer (groups of one).
 struct recompute_solver {
+    recompute_solver(const cost_context& c, const std::vector<recompute>& r) : ctx(c), choices(r) {}
+
     const cost_context& ctx;
     const std::vector<recompute>& choices;
     std::vector<recompute_group> groups;
@@ -13088,8 +13155,9 @@ private:
         for (int d = 0; d < c.pp; ++d) {
             const device_cost& dc = base.devices[static_cast<std::size_t>(d)];
             double fixed_memory = dc.memory.total() - dc.memory.activations;
-            detail::recompute_solver solver{ctx_, space_.recompute_choices, {}, 0.0, &stats_.knapsack_nodes,
-                                            [this] { return out_of_time(); }};
+            detail::recompute_solver solver(ctx_, space_.recompute_choices);
+            solver.nodes = &stats_.knapsack_nodes;
+            solver.out_of_time = [this] { return out_of_time(); };
             for (int k = d; k < c.pp * c.chunks; k += c.pp) {
                 const double weight = sched.in_flight[static_cast<std::size_t>(k)] * share * ctx_.options().activation_bytes / c.tp;
                 std::vector<detail::recompute_group> chunk_groups;
@@ -13248,6 +13316,1357 @@ inline std::string search_result::explain() const {
 
 }  // namespace loom::search
 // ---- end loom/search/branch_and_bound.hpp ----
+// ---- begin loom/search/calibrate_host.hpp ----
+// Calibration of the host backend as a cluster the searcher can plan for: n in-process
+// ranks on this machine. The only search header that runs kernels: it times loom's host
+// GEMM and a streaming copy, and writes what it measured into a profile.
+//
+//   search::cluster hw = search::calibrate_host(4);   // about 0.3 s
+//   search::save_cluster(hw, "host.json");            // or plan with it directly
+//
+// What is measured and what is assumed:
+// - peak_flops_fp32: float GEMMs of 512^3 on the whole thread pool, best of three, divided
+//   by the ranks (in-process ranks share the cores); gemm_efficiency 1 since this is what
+//   loom's kernels reach. No fp16: plan in precision::fp32.
+// - memory_bandwidth: a 64 MiB copy (read + write), best of three, divided by the ranks;
+//   elementwise_efficiency 1.
+// - memory_bytes: the machine's available memory divided by the ranks.
+// - the "intra-node link" is the copy bandwidth of one rank (in-process messages are
+//   memory copies) with a 20 us latency per message (a thread hand-off: assumed, not
+//   measured). One node, no NICs used.
+#include <algorithm>
+#include <chrono>
+#include <cstdint>
+#include <cstring>
+#include <fstream>
+#include <string>
+#include <vector>
+
+// ---- begin loom/runtime/host/gemm.hpp ----
+// Row-major GEMM for the host backend.
+//
+//   C = alpha * op(A) * op(B) + beta * C,   op(A): m x k,  op(B): k x n,  C: m x n
+//
+// Every matrix is row-major with a leading dimension (the distance between rows as stored):
+// A is stored m x k (lda >= k) for transpose::no and k x m (lda >= m) for transpose::yes,
+// likewise B is k x n (ldb >= n) or n x k (ldb >= k), and C is m x n (ldc >= n). As in BLAS,
+// beta == 0 overwrites C without reading it (NaN in C does not propagate), and alpha == 0 or
+// k == 0 gives C = beta * C without reading A or B.
+//
+// gemm() calls OpenBLAS when the build has it (see cblas_gate.hpp) and gemm_fallback()
+// otherwise; inside a parallel_for range it always runs gemm_fallback() on the calling
+// thread, so OpenBLAS's threads never pile onto the pool's.
+//
+// gemm_fallback() is the portable path: op(B) packed once and shared, A packed per panel,
+// cache-blocked (an mr x kc panel of A in L1 sweeps a kc x nc block of B in L2), register-
+// tiled micro-kernels, and C cut into tiles that the threads of thread_pool::global() take
+// first come first served. The AVX-512F or AVX2+FMA micro-kernels are chosen at run time
+// (the header needs no -march flag); a plain C++ micro-kernel runs everywhere else. They
+// use GCC/Clang target attributes and <immintrin.h>, so this header is for x86-64.
+#include <immintrin.h>
+
+#include <algorithm>
+#include <atomic>
+#include <climits>
+#include <cstddef>
+#include <cstdint>
+#include <cstdlib>
+#include <cstring>
+#include <new>
+#include <string>
+#include <string_view>
+#include <type_traits>
+
+// ---- begin loom/runtime/host/cblas_gate.hpp ----
+// The one place that looks at LOOM_HAS_CBLAS. The build defines it (to 1) when it links
+// OpenBLAS and puts OpenBLAS's cblas.h on the include path; everything else in loom asks
+// `has_cblas` and branches with `if constexpr`, so both configurations compile the same code
+// and the wrappers in loom::host::cblas exist (and throw) even without CBLAS.
+#include <string>
+
+
+#if defined(LOOM_HAS_CBLAS) && LOOM_HAS_CBLAS
+#include <cblas.h>
+#endif
+
+namespace loom::host {
+
+#if defined(LOOM_HAS_CBLAS) && LOOM_HAS_CBLAS
+inline constexpr bool has_cblas = true;
+#else
+inline constexpr bool has_cblas = false;
+#endif
+
+namespace cblas {
+
+// Row-major GEMM through CBLAS: C = alpha * op(A) * op(B) + beta * C. Sizes are the CBLAS
+// `int`; callers check that their 64-bit sizes fit before calling.
+#if defined(LOOM_HAS_CBLAS) && LOOM_HAS_CBLAS
+
+inline void sgemm(bool trans_a, bool trans_b, int m, int n, int k, float alpha, const float* a, int lda, const float* b,
+                  int ldb, float beta, float* c, int ldc) {
+    cblas_sgemm(CblasRowMajor, trans_a ? CblasTrans : CblasNoTrans, trans_b ? CblasTrans : CblasNoTrans, m, n, k, alpha,
+                a, lda, b, ldb, beta, c, ldc);
+}
+
+inline void dgemm(bool trans_a, bool trans_b, int m, int n, int k, double alpha, const double* a, int lda,
+                  const double* b, int ldb, double beta, double* c, int ldc) {
+    cblas_dgemm(CblasRowMajor, trans_a ? CblasTrans : CblasNoTrans, trans_b ? CblasTrans : CblasNoTrans, m, n, k, alpha,
+                a, lda, b, ldb, beta, c, ldc);
+}
+
+// OpenBLAS keeps its own worker threads; these let callers see and bound them.
+inline int library_threads() { return openblas_get_num_threads(); }
+inline void set_library_threads(int threads) { openblas_set_num_threads(threads); }
+
+// e.g. "OpenBLAS 0.3.21 DYNAMIC_ARCH ... Haswell MAX_THREADS=64" plus the core it picked.
+inline std::string library_description() {
+    return std::string(openblas_get_config()) + " core=" + openblas_get_corename();
+}
+
+#else
+
+[[noreturn]] inline void missing(const char* what) {
+    throw usage_error(std::string("cblas::") + what +
+                      ": loom was built without CBLAS; build with LOOM_HAS_CBLAS=1 and OpenBLAS's cblas.h, "
+                      "or check loom::host::has_cblas first");
+}
+
+inline void sgemm(bool, bool, int, int, int, float, const float*, int, const float*, int, float, float*, int) {
+    missing("sgemm");
+}
+inline void dgemm(bool, bool, int, int, int, double, const double*, int, const double*, int, double, double*, int) {
+    missing("dgemm");
+}
+inline int library_threads() { return 0; }
+inline void set_library_threads(int) {}
+inline std::string library_description() { return "none"; }
+
+#endif
+
+}  // namespace cblas
+}  // namespace loom::host
+// ---- end loom/runtime/host/cblas_gate.hpp ----
+// ---- begin loom/runtime/host/thread_pool.hpp ----
+// A fork-join thread pool for the host backend: persistent workers, one parallel_for.
+//
+//   loom::host::parallel_for(0, rows, 64, [&](std::int64_t lo, std::int64_t hi) { ... });
+//
+// Law: f is called on disjoint ranges [lo, hi) whose union is [begin, end); every range is at
+// least `grain` long except when the whole range is shorter than `grain`. The call returns
+// after every range is done, and the calling thread works on ranges too.
+//
+// Threading contract:
+//  - Nested calls (from inside f, on a worker or on the calling thread, into this pool or
+//    any other loom pool) run f(begin, end) serially on the thread that makes them, so a
+//    parallel kernel may call another parallel kernel without deadlock or oversubscription.
+//  - A range shorter than two grains runs inline as f(begin, end), without touching the
+//    pool (which stays free for whatever f calls).
+//  - Calls from several user threads at once are serialized: one job owns the pool at a
+//    time and the other callers block until it finishes. A job never waits for another
+//    caller's job, so concurrent callers cannot deadlock (unless f itself blocks on one).
+//  - The first exception thrown by f is rethrown on the caller once every range has ended;
+//    ranges not yet started when it was thrown are skipped.
+//  - The destructor joins the workers. thread_pool::global() lives until static
+//    destruction, so do not call parallel_for from other static destructors.
+#include <algorithm>
+#include <atomic>
+#include <condition_variable>
+#include <cstdint>
+#include <cstdlib>
+#include <exception>
+#include <memory>
+#include <mutex>
+#include <string>
+#include <thread>
+#include <type_traits>
+#include <utility>
+#include <vector>
+
+
+namespace loom::host {
+
+namespace detail {
+
+// True while this thread runs a range of some pool's job (or is a pool worker), so nested
+// parallel_for calls run inline instead of waiting on a pool that is busy with their parent.
+inline bool& inside_parallel_region() noexcept {
+    thread_local bool inside = false;
+    return inside;
+}
+
+class region_guard {
+   public:
+    region_guard() noexcept : previous_(inside_parallel_region()) { inside_parallel_region() = true; }
+    ~region_guard() { inside_parallel_region() = previous_; }
+    region_guard(const region_guard&) = delete;
+    region_guard& operator=(const region_guard&) = delete;
+
+   private:
+    bool previous_;
+};
+
+// Parses LOOM_NUM_THREADS; 0 when unset or empty.
+inline unsigned thread_count_from_environment() {
+    const char* text = std::getenv("LOOM_NUM_THREADS");
+    if (text == nullptr || *text == '\0') return 0;
+    char* end = nullptr;
+    const long value = std::strtol(text, &end, 10);
+    if (*end != '\0' || value < 1 || value > 4096) {
+        throw usage_error(std::string("thread_pool: LOOM_NUM_THREADS='") + text +
+                          "' is not a thread count; set it to an integer in [1, 4096] or unset it");
+    }
+    return static_cast<unsigned>(value);
+}
+
+}  // namespace detail
+
+// LOOM_NUM_THREADS when set, otherwise the number of hardware threads (at least 1).
+inline unsigned default_thread_count() {
+    if (const unsigned from_environment = detail::thread_count_from_environment()) {
+        return from_environment;
+    }
+    const unsigned hardware = std::thread::hardware_concurrency();
+    return hardware == 0 ? 1u : hardware;
+}
+
+class thread_pool {
+   public:
+    // `threads` counts the calling thread, so thread_pool(1) starts no worker at all.
+    explicit thread_pool(unsigned threads = default_thread_count()) : size_(threads) {
+        if (threads == 0) {
+            throw usage_error("thread_pool: threads = 0; pass at least 1 (the calling thread)");
+        }
+        workers_.reserve(threads - 1);
+        try {
+            for (unsigned i = 1; i < threads; ++i) {
+                workers_.emplace_back([this] { worker_loop(); });
+            }
+        } catch (...) {
+            shut_down();
+            throw;
+        }
+    }
+
+    ~thread_pool() { shut_down(); }
+
+    thread_pool(const thread_pool&) = delete;
+    thread_pool& operator=(const thread_pool&) = delete;
+
+    unsigned size() const noexcept { return size_; }
+
+    template <class F>
+    void parallel_for(std::int64_t begin, std::int64_t end, std::int64_t grain, F&& f) {
+        if (end <= begin) return;
+        if (grain < 1) grain = 1;
+        const std::int64_t length = end - begin;
+        // Below two grains there is only one legal range (length / 2 < grain is
+        // length < 2 * grain without overflow); nested calls must not wait on a pool whose
+        // workers may be busy with their parent job. An inline call does not mark the thread
+        // as inside a region: f may still use the (idle) pool.
+        if (length / 2 < grain || size_ == 1 || detail::inside_parallel_region()) {
+            f(begin, end);
+            return;
+        }
+        // A few ranges per thread, handed out first come first served, so a thread that
+        // starts late or runs on a busy core takes fewer of them.
+        const std::int64_t most_ranges = length / grain;
+        const std::int64_t ranges = std::min<std::int64_t>(most_ranges, ranges_per_thread * std::int64_t{size_});
+
+        using functor = std::remove_reference_t<F>;
+        job_description description;
+        description.invoke = [](void* context, std::int64_t lo, std::int64_t hi) {
+            (*static_cast<functor*>(context))(lo, hi);
+        };
+        description.context = const_cast<void*>(static_cast<const void*>(std::addressof(f)));
+        description.begin = begin;
+        description.length = length;
+        description.ranges = ranges;
+        run(description);
+    }
+
+    // The process-wide pool, created on first use with default_thread_count() threads.
+    static thread_pool& global() {
+        static thread_pool pool;
+        return pool;
+    }
+
+   private:
+    struct job_description {
+        void (*invoke)(void*, std::int64_t, std::int64_t) = nullptr;
+        void* context = nullptr;
+        std::int64_t begin = 0;
+        std::int64_t length = 0;
+        std::int64_t ranges = 0;
+    };
+
+    // Spins this many polls before blocking: a worker woken for back-to-back jobs (the
+    // layers of one step) skips the futex round trip, and gives its core back soon after.
+    static constexpr int spin_polls = 1 << 14;
+    static constexpr std::int64_t ranges_per_thread = 4;
+
+    void run(const job_description& description) {
+        std::lock_guard<std::mutex> one_job_at_a_time(submit_mutex_);
+        {
+            std::unique_lock<std::mutex> lock(mutex_);
+            // Workers that took part in the previous job may still be leaving it.
+            idle_cv_.wait(lock, [this] { return busy_workers_ == 0; });
+            job_ = description;
+            next_range_.store(0, std::memory_order_relaxed);
+            unfinished_ranges_.store(description.ranges, std::memory_order_relaxed);
+            failed_.store(false, std::memory_order_relaxed);
+            failure_ = nullptr;
+            generation_.store(generation_.load(std::memory_order_relaxed) + 1, std::memory_order_release);
+        }
+        work_cv_.notify_all();
+
+        {
+            detail::region_guard guard;
+            work_on(description);
+        }
+
+        for (int poll = 0; poll < spin_polls; ++poll) {
+            if (unfinished_ranges_.load(std::memory_order_acquire) == 0) break;
+        }
+        std::unique_lock<std::mutex> lock(mutex_);
+        done_cv_.wait(lock, [this] { return unfinished_ranges_.load(std::memory_order_acquire) == 0; });
+        if (failure_) {
+            std::exception_ptr failure = std::move(failure_);
+            failure_ = nullptr;
+            std::rethrow_exception(failure);
+        }
+    }
+
+    // Takes ranges until none is left. Range r is [begin + r*length/ranges, begin + (r+1)*length/ranges),
+    // so every range has floor or ceil of length/ranges >= grain elements.
+    void work_on(const job_description& description) {
+        for (;;) {
+            const std::int64_t r = next_range_.fetch_add(1, std::memory_order_relaxed);
+            if (r >= description.ranges) return;
+            if (!failed_.load(std::memory_order_relaxed)) {
+                const std::int64_t lo = description.begin + r * description.length / description.ranges;
+                const std::int64_t hi = description.begin + (r + 1) * description.length / description.ranges;
+                try {
+                    description.invoke(description.context, lo, hi);
+                } catch (...) {
+                    std::lock_guard<std::mutex> lock(mutex_);
+                    if (!failure_) failure_ = std::current_exception();
+                    failed_.store(true, std::memory_order_relaxed);
+                }
+            }
+            if (unfinished_ranges_.fetch_sub(1, std::memory_order_acq_rel) == 1) {
+                // Taking the mutex orders this notify after the caller's predicate check.
+                std::lock_guard<std::mutex> lock(mutex_);
+                done_cv_.notify_all();
+            }
+        }
+    }
+
+    void worker_loop() {
+        detail::inside_parallel_region() = true;
+        std::uint64_t seen = 0;
+        for (;;) {
+            for (int poll = 0; poll < spin_polls; ++poll) {
+                if (generation_.load(std::memory_order_acquire) != seen) break;
+            }
+            job_description description;
+            {
+                std::unique_lock<std::mutex> lock(mutex_);
+                work_cv_.wait(lock, [&] { return stopping_ || generation_.load(std::memory_order_relaxed) != seen; });
+                if (stopping_) return;
+                seen = generation_.load(std::memory_order_relaxed);
+                description = job_;
+                ++busy_workers_;
+            }
+            work_on(description);
+            {
+                std::lock_guard<std::mutex> lock(mutex_);
+                --busy_workers_;
+                if (busy_workers_ == 0) idle_cv_.notify_all();
+            }
+        }
+    }
+
+    void shut_down() noexcept {
+        {
+            std::lock_guard<std::mutex> lock(mutex_);
+            stopping_ = true;
+        }
+        work_cv_.notify_all();
+        for (std::thread& worker : workers_) {
+            if (worker.joinable()) worker.join();
+        }
+        workers_.clear();
+    }
+
+    unsigned size_;
+    std::vector<std::thread> workers_;
+
+    std::mutex submit_mutex_;
+    std::mutex mutex_;
+    std::condition_variable work_cv_;
+    std::condition_variable done_cv_;
+    std::condition_variable idle_cv_;
+
+    // Guarded by mutex_ (generation_ is also polled without it while spinning).
+    job_description job_;
+    std::atomic<std::uint64_t> generation_{0};
+    unsigned busy_workers_ = 0;
+    bool stopping_ = false;
+    std::exception_ptr failure_;
+
+    std::atomic<std::int64_t> next_range_{0};
+    std::atomic<std::int64_t> unfinished_ranges_{0};
+    std::atomic<bool> failed_{false};
+};
+
+// parallel_for on thread_pool::global().
+template <class F>
+void parallel_for(std::int64_t begin, std::int64_t end, std::int64_t grain, F&& f) {
+    thread_pool::global().parallel_for(begin, end, grain, std::forward<F>(f));
+}
+
+}  // namespace loom::host
+// ---- end loom/runtime/host/thread_pool.hpp ----
+
+namespace loom::host {
+
+enum class transpose : bool { no, yes };
+
+// The instruction sets gemm_fallback has micro-kernels for.
+enum class gemm_isa { portable, avx2_fma, avx512f };
+
+inline const char* to_string(gemm_isa isa) noexcept {
+    switch (isa) {
+        case gemm_isa::portable: return "portable";
+        case gemm_isa::avx2_fma: return "avx2_fma";
+        case gemm_isa::avx512f: return "avx512f";
+    }
+    return "unknown";
+}
+
+// Whether this CPU (and OS) can run the micro-kernel for `isa`.
+inline bool gemm_isa_supported(gemm_isa isa) noexcept {
+    // Needed before main (static initializers); cheap and idempotent after.
+    __builtin_cpu_init();
+    switch (isa) {
+        case gemm_isa::portable: return true;
+        case gemm_isa::avx2_fma: return __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma");
+        case gemm_isa::avx512f: return __builtin_cpu_supports("avx512f");
+    }
+    return false;
+}
+
+// The fastest supported micro-kernel, decided once per process.
+inline gemm_isa gemm_best_isa() noexcept {
+    static const gemm_isa best = gemm_isa_supported(gemm_isa::avx512f)    ? gemm_isa::avx512f
+                                 : gemm_isa_supported(gemm_isa::avx2_fma) ? gemm_isa::avx2_fma
+                                                                          : gemm_isa::portable;
+    return best;
+}
+
+// Which implementation gemm() uses outside parallel regions.
+//   LOOM_GEMM=cblas | loom   chooses explicitly (cblas needs a build with OpenBLAS);
+//   otherwise                loom's kernels on CPUs with AVX-512, where they measured faster
+//                            than OpenBLAS 0.3.21's default kernels and do not keep spinning
+//                            threads that compete with loom's pool (benchmarks/RESULTS.md),
+//                            else CBLAS when built with it, else loom's kernels.
+enum class gemm_backend { cblas, loom };
+
+inline gemm_backend selected_gemm_backend() {
+    static const gemm_backend chosen = [] {
+        if (const char* env = std::getenv("LOOM_GEMM"); env && *env) {
+            const std::string_view v(env);
+            if (v == "loom") return gemm_backend::loom;
+            if (v == "cblas") {
+                if (!has_cblas)
+                    throw usage_error("LOOM_GEMM=cblas: this build has no CBLAS; install libopenblas-dev and "
+                                      "configure with LOOM_USE_CBLAS=ON, or unset LOOM_GEMM");
+                return gemm_backend::cblas;
+            }
+            throw usage_error("LOOM_GEMM=" + std::string(v) + ": expected 'cblas' or 'loom'");
+        }
+        if (!has_cblas || gemm_best_isa() == gemm_isa::avx512f) return gemm_backend::loom;
+        return gemm_backend::cblas;
+    }();
+    return chosen;
+}
+
+// True when gemm() calls CBLAS (OpenBLAS) rather than gemm_fallback() (outside parallel regions).
+inline bool gemm_uses_cblas() { return selected_gemm_backend() == gemm_backend::cblas; }
+
+namespace detail::gemm {
+
+// ---------------------------------------------------------------------------------------
+// Micro-kernels. Each computes one MR x NR tile of C from packed panels:
+//   C[i][j] = alpha * sum_p a[p*MR + i] * b[p*NR + j] + beta * C[i][j]   (0 <= i < MR, 0 <= j < NR)
+// and does not read C when beta == 0.
+
+template <class T, int MR, int NR>
+void micro_kernel_portable(std::int64_t kc, const T* __restrict a, const T* __restrict b, T* __restrict c,
+                           std::int64_t ldc, T alpha, T beta) {
+    T acc[MR][NR] = {};
+    for (std::int64_t p = 0; p < kc; ++p) {
+        for (int i = 0; i < MR; ++i) {
+            const T ai = a[i];
+            for (int j = 0; j < NR; ++j) acc[i][j] += ai * b[j];
+        }
+        a += MR;
+        b += NR;
+    }
+    for (int i = 0; i < MR; ++i) {
+        T* row = c + i * ldc;
+        if (beta == T(0)) {
+            for (int j = 0; j < NR; ++j) row[j] = alpha * acc[i][j];
+        } else {
+            for (int j = 0; j < NR; ++j) row[j] = alpha * acc[i][j] + beta * row[j];
+        }
+    }
+}
+
+// Thin overloads over the intrinsics so one kernel body serves float and double.
+struct avx2_ops {
+    [[gnu::always_inline, gnu::target("avx2,fma")]] static inline __m256 zero(float) { return _mm256_setzero_ps(); }
+    [[gnu::always_inline, gnu::target("avx2,fma")]] static inline __m256d zero(double) { return _mm256_setzero_pd(); }
+    [[gnu::always_inline, gnu::target("avx2,fma")]] static inline __m256 load(const float* p) {
+        return _mm256_loadu_ps(p);
+    }
+    [[gnu::always_inline, gnu::target("avx2,fma")]] static inline __m256d load(const double* p) {
+        return _mm256_loadu_pd(p);
+    }
+    [[gnu::always_inline, gnu::target("avx2,fma")]] static inline void store(float* p, __m256 v) {
+        _mm256_storeu_ps(p, v);
+    }
+    [[gnu::always_inline, gnu::target("avx2,fma")]] static inline void store(double* p, __m256d v) {
+        _mm256_storeu_pd(p, v);
+    }
+    [[gnu::always_inline, gnu::target("avx2,fma")]] static inline __m256 broadcast(float x) {
+        return _mm256_set1_ps(x);
+    }
+    [[gnu::always_inline, gnu::target("avx2,fma")]] static inline __m256d broadcast(double x) {
+        return _mm256_set1_pd(x);
+    }
+    [[gnu::always_inline, gnu::target("avx2,fma")]] static inline __m256 mul(__m256 x, __m256 y) {
+        return _mm256_mul_ps(x, y);
+    }
+    [[gnu::always_inline, gnu::target("avx2,fma")]] static inline __m256d mul(__m256d x, __m256d y) {
+        return _mm256_mul_pd(x, y);
+    }
+    // x * y + z with one rounding.
+    [[gnu::always_inline, gnu::target("avx2,fma")]] static inline __m256 fma(__m256 x, __m256 y, __m256 z) {
+        return _mm256_fmadd_ps(x, y, z);
+    }
+    [[gnu::always_inline, gnu::target("avx2,fma")]] static inline __m256d fma(__m256d x, __m256d y, __m256d z) {
+        return _mm256_fmadd_pd(x, y, z);
+    }
+};
+
+struct avx512_ops {
+    [[gnu::always_inline, gnu::target("avx512f")]] static inline __m512 zero(float) { return _mm512_setzero_ps(); }
+    [[gnu::always_inline, gnu::target("avx512f")]] static inline __m512d zero(double) { return _mm512_setzero_pd(); }
+    [[gnu::always_inline, gnu::target("avx512f")]] static inline __m512 load(const float* p) {
+        return _mm512_loadu_ps(p);
+    }
+    [[gnu::always_inline, gnu::target("avx512f")]] static inline __m512d load(const double* p) {
+        return _mm512_loadu_pd(p);
+    }
+    [[gnu::always_inline, gnu::target("avx512f")]] static inline void store(float* p, __m512 v) {
+        _mm512_storeu_ps(p, v);
+    }
+    [[gnu::always_inline, gnu::target("avx512f")]] static inline void store(double* p, __m512d v) {
+        _mm512_storeu_pd(p, v);
+    }
+    [[gnu::always_inline, gnu::target("avx512f")]] static inline __m512 broadcast(float x) { return _mm512_set1_ps(x); }
+    [[gnu::always_inline, gnu::target("avx512f")]] static inline __m512d broadcast(double x) {
+        return _mm512_set1_pd(x);
+    }
+    [[gnu::always_inline, gnu::target("avx512f")]] static inline __m512 mul(__m512 x, __m512 y) {
+        return _mm512_mul_ps(x, y);
+    }
+    [[gnu::always_inline, gnu::target("avx512f")]] static inline __m512d mul(__m512d x, __m512d y) {
+        return _mm512_mul_pd(x, y);
+    }
+    [[gnu::always_inline, gnu::target("avx512f")]] static inline __m512 fma(__m512 x, __m512 y, __m512 z) {
+        return _mm512_fmadd_ps(x, y, z);
+    }
+    [[gnu::always_inline, gnu::target("avx512f")]] static inline __m512d fma(__m512d x, __m512d y, __m512d z) {
+        return _mm512_fmadd_pd(x, y, z);
+    }
+};
+
+// The SIMD kernel bodies are identical up to the ops type; the target attribute cannot be a
+// template argument, so there is one body per instruction set. NV vectors span NR columns.
+template <class T, int MR, int NV>
+[[gnu::target("avx2,fma")]] void micro_kernel_avx2(std::int64_t kc, const T* __restrict a, const T* __restrict b,
+                                                   T* __restrict c, std::int64_t ldc, T alpha, T beta) {
+    using ops = avx2_ops;
+    using vec = decltype(ops::zero(T{}));
+    constexpr int width = static_cast<int>(sizeof(vec) / sizeof(T));
+    vec acc[MR][NV];
+#pragma GCC unroll 16
+    for (int i = 0; i < MR; ++i)
+#pragma GCC unroll 4
+        for (int v = 0; v < NV; ++v) acc[i][v] = ops::zero(T{});
+    for (std::int64_t p = 0; p < kc; ++p) {
+        vec bv[NV];
+#pragma GCC unroll 4
+        for (int v = 0; v < NV; ++v) bv[v] = ops::load(b + v * width);
+#pragma GCC unroll 16
+        for (int i = 0; i < MR; ++i) {
+            const vec ai = ops::broadcast(a[i]);
+#pragma GCC unroll 4
+            for (int v = 0; v < NV; ++v) acc[i][v] = ops::fma(ai, bv[v], acc[i][v]);
+        }
+        a += MR;
+        b += NV * width;
+    }
+    const vec alpha_v = ops::broadcast(alpha);
+    const vec beta_v = ops::broadcast(beta);
+#pragma GCC unroll 16
+    for (int i = 0; i < MR; ++i) {
+        T* row = c + i * ldc;
+#pragma GCC unroll 4
+        for (int v = 0; v < NV; ++v) {
+            const vec scaled = ops::mul(alpha_v, acc[i][v]);
+            ops::store(row + v * width, beta == T(0) ? scaled : ops::fma(beta_v, ops::load(row + v * width), scaled));
+        }
+    }
+}
+
+template <class T, int MR, int NV>
+[[gnu::target("avx512f")]] void micro_kernel_avx512(std::int64_t kc, const T* __restrict a, const T* __restrict b,
+                                                    T* __restrict c, std::int64_t ldc, T alpha, T beta) {
+    using ops = avx512_ops;
+    using vec = decltype(ops::zero(T{}));
+    constexpr int width = static_cast<int>(sizeof(vec) / sizeof(T));
+    vec acc[MR][NV];
+#pragma GCC unroll 16
+    for (int i = 0; i < MR; ++i)
+#pragma GCC unroll 4
+        for (int v = 0; v < NV; ++v) acc[i][v] = ops::zero(T{});
+    for (std::int64_t p = 0; p < kc; ++p) {
+        vec bv[NV];
+#pragma GCC unroll 4
+        for (int v = 0; v < NV; ++v) bv[v] = ops::load(b + v * width);
+#pragma GCC unroll 16
+        for (int i = 0; i < MR; ++i) {
+            const vec ai = ops::broadcast(a[i]);
+#pragma GCC unroll 4
+            for (int v = 0; v < NV; ++v) acc[i][v] = ops::fma(ai, bv[v], acc[i][v]);
+        }
+        a += MR;
+        b += NV * width;
+    }
+    const vec alpha_v = ops::broadcast(alpha);
+    const vec beta_v = ops::broadcast(beta);
+#pragma GCC unroll 16
+    for (int i = 0; i < MR; ++i) {
+        T* row = c + i * ldc;
+#pragma GCC unroll 4
+        for (int v = 0; v < NV; ++v) {
+            const vec scaled = ops::mul(alpha_v, acc[i][v]);
+            ops::store(row + v * width, beta == T(0) ? scaled : ops::fma(beta_v, ops::load(row + v * width), scaled));
+        }
+    }
+}
+
+// Copies `panels` runs of NV vectors from src (contiguous) to dst + q * panel_stride: one row
+// of B dealt out to its packed panels. Written with the ISA's vectors because a plain copy
+// loop becomes a memmove call per run.
+template <class T, int NV>
+[[gnu::target("avx2,fma")]] void deal_row_avx2(const T* __restrict src, T* __restrict dst, std::int64_t panels,
+                                               std::int64_t panel_stride) {
+    using ops = avx2_ops;
+    constexpr int width = static_cast<int>(sizeof(decltype(ops::zero(T{}))) / sizeof(T));
+    for (std::int64_t q = 0; q < panels; ++q) {
+#pragma GCC unroll 4
+        for (int v = 0; v < NV; ++v)
+            ops::store(dst + q * panel_stride + v * width, ops::load(src + (q * NV + v) * width));
+    }
+}
+
+template <class T, int NV>
+[[gnu::target("avx512f")]] void deal_row_avx512(const T* __restrict src, T* __restrict dst, std::int64_t panels,
+                                                std::int64_t panel_stride) {
+    using ops = avx512_ops;
+    constexpr int width = static_cast<int>(sizeof(decltype(ops::zero(T{}))) / sizeof(T));
+    for (std::int64_t q = 0; q < panels; ++q) {
+#pragma GCC unroll 4
+        for (int v = 0; v < NV; ++v)
+            ops::store(dst + q * panel_stride + v * width, ops::load(src + (q * NV + v) * width));
+    }
+}
+
+template <class T, int NR>
+void deal_row_portable(const T* __restrict src, T* __restrict dst, std::int64_t panels, std::int64_t panel_stride) {
+    for (std::int64_t q = 0; q < panels; ++q) {
+        for (int j = 0; j < NR; ++j) dst[q * panel_stride + j] = src[q * NR + j];
+    }
+}
+
+// Packs rows [i0, i0 + rows) x columns [p0, p0 + depth) of a row-major A into an MR-wide
+// panel (out[p*MR + i], zero past `rows`): a transpose. The rows are read a cache line at a
+// time in step, so their misses overlap, and lines ahead are prefetched: A is often read
+// from memory exactly once (when n <= nc).
+template <int MR, class T>
+void pack_a_rows_scalar(const T* a, std::int64_t lda, std::int64_t i0, std::int64_t rows, std::int64_t p0,
+                        std::int64_t depth, T* __restrict out) {
+    constexpr std::int64_t line = 64 / sizeof(T);
+    for (std::int64_t pl = 0; pl < depth; pl += line) {
+        const std::int64_t pe = std::min(depth, pl + line);
+        for (std::int64_t i = 0; i < rows; ++i) {
+            const T* src = a + (i0 + i) * lda + p0;
+            __builtin_prefetch(src + pl + 4 * line);
+            for (std::int64_t p = pl; p < pe; ++p) out[p * MR + i] = src[p];
+        }
+        for (std::int64_t i = rows; i < MR; ++i) {
+            for (std::int64_t p = pl; p < pe; ++p) out[p * MR + i] = T(0);
+        }
+    }
+}
+
+// The same with one AVX-512 gather per column of the panel (two for double): about twice
+// the scalar rate, which stores one element per instruction.
+template <int MR, class T>
+[[gnu::target("avx512f")]] void pack_a_rows_avx512(const T* a, std::int64_t lda, std::int64_t i0, std::int64_t rows,
+                                                   std::int64_t p0, std::int64_t depth, T* __restrict out) {
+    static_assert(MR <= 16, "pack_a_rows_avx512: one 16-lane index vector covers at most 16 rows");
+    // Gather offsets are 32-bit.
+    if ((MR - 1) * lda > INT32_MAX) {
+        pack_a_rows_scalar<MR>(a, lda, i0, rows, p0, depth, out);
+        return;
+    }
+    alignas(64) std::int32_t offsets[16] = {};
+    for (int i = 0; i < MR; ++i) offsets[i] = static_cast<std::int32_t>(i * lda);
+    const T* base = a + i0 * lda + p0;
+    if constexpr (std::is_same_v<T, float>) {
+        const __m512i index = _mm512_load_si512(offsets);
+        const __mmask16 present = static_cast<__mmask16>((1u << rows) - 1);
+        const __mmask16 panel = static_cast<__mmask16>((1u << MR) - 1);
+        for (std::int64_t p = 0; p < depth; ++p) {
+            const __m512 column = _mm512_mask_i32gather_ps(_mm512_setzero_ps(), present, index, base + p, 4);
+            _mm512_mask_storeu_ps(out + p * MR, panel, column);
+        }
+    } else {
+        const __m256i index_low = _mm256_load_si256(reinterpret_cast<const __m256i*>(offsets));
+        const __m256i index_high = _mm256_load_si256(reinterpret_cast<const __m256i*>(offsets + 8));
+        const unsigned present = (1u << rows) - 1;
+        const __mmask8 present_low = static_cast<__mmask8>(present & 0xff);
+        const __mmask8 present_high = static_cast<__mmask8>(present >> 8);
+        const __mmask8 panel_low = static_cast<__mmask8>(((1u << MR) - 1) & 0xff);
+        const __mmask8 panel_high = static_cast<__mmask8>(((1u << MR) - 1) >> 8);
+        for (std::int64_t p = 0; p < depth; ++p) {
+            const __m512d low = _mm512_mask_i32gather_pd(_mm512_setzero_pd(), present_low, index_low, base + p, 8);
+            _mm512_mask_storeu_pd(out + p * MR, panel_low, low);
+            if constexpr (MR > 8) {
+                const __m512d high =
+                    _mm512_mask_i32gather_pd(_mm512_setzero_pd(), present_high, index_high, base + p, 8);
+                _mm512_mask_storeu_pd(out + p * MR + 8, panel_high, high);
+            }
+        }
+    }
+}
+
+// ---------------------------------------------------------------------------------------
+// Kernel descriptions: tile shape, cache blocking and the kernel itself.
+//   mr x nr: the register tile. kc: depth of one packed block, so an mr x kc panel of A
+//   stays in L1 while it sweeps the packed kc x nc block of B, which stays in L2.
+
+template <class T, gemm_isa Isa>
+struct kernel_config;
+
+template <class T>
+struct kernel_config<T, gemm_isa::portable> {
+    static constexpr int mr = 4;
+    static constexpr int nr = 32 / static_cast<int>(sizeof(T));
+    static constexpr std::int64_t kc = 256;
+    static constexpr std::int64_t nc = 1024;
+    static void run(std::int64_t k, const T* a, const T* b, T* c, std::int64_t ldc, T alpha, T beta) {
+        micro_kernel_portable<T, mr, nr>(k, a, b, c, ldc, alpha, beta);
+    }
+    static void deal_row(const T* src, T* dst, std::int64_t panels, std::int64_t panel_stride) {
+        deal_row_portable<T, nr>(src, dst, panels, panel_stride);
+    }
+    static void pack_a_rows(const T* a, std::int64_t lda, std::int64_t i0, std::int64_t rows, std::int64_t p0,
+                            std::int64_t depth, T* out) {
+        pack_a_rows_scalar<mr>(a, lda, i0, rows, p0, depth, out);
+    }
+};
+
+template <class T>
+struct kernel_config<T, gemm_isa::avx2_fma> {
+    // 6 x 2 vectors: 12 accumulators + 2 B vectors + 1 broadcast of the 16 ymm registers.
+    static constexpr int mr = 6;
+    static constexpr int nr = 2 * 32 / static_cast<int>(sizeof(T));
+    static constexpr std::int64_t kc = 256;
+    static constexpr std::int64_t nc = 1024;
+    static void run(std::int64_t k, const T* a, const T* b, T* c, std::int64_t ldc, T alpha, T beta) {
+        micro_kernel_avx2<T, mr, 2>(k, a, b, c, ldc, alpha, beta);
+    }
+    static void deal_row(const T* src, T* dst, std::int64_t panels, std::int64_t panel_stride) {
+        deal_row_avx2<T, 2>(src, dst, panels, panel_stride);
+    }
+    static void pack_a_rows(const T* a, std::int64_t lda, std::int64_t i0, std::int64_t rows, std::int64_t p0,
+                            std::int64_t depth, T* out) {
+        pack_a_rows_scalar<mr>(a, lda, i0, rows, p0, depth, out);
+    }
+};
+
+template <class T>
+struct kernel_config<T, gemm_isa::avx512f> {
+    // 12 x 2 vectors: 24 accumulators + 2 B vectors + 1 broadcast of the 32 zmm registers.
+    static constexpr int mr = 12;
+    static constexpr int nr = 2 * 64 / static_cast<int>(sizeof(T));
+    static constexpr std::int64_t kc = 256;
+    static constexpr std::int64_t nc = 1024;
+    static void run(std::int64_t k, const T* a, const T* b, T* c, std::int64_t ldc, T alpha, T beta) {
+        micro_kernel_avx512<T, mr, 2>(k, a, b, c, ldc, alpha, beta);
+    }
+    static void deal_row(const T* src, T* dst, std::int64_t panels, std::int64_t panel_stride) {
+        deal_row_avx512<T, 2>(src, dst, panels, panel_stride);
+    }
+    static void pack_a_rows(const T* a, std::int64_t lda, std::int64_t i0, std::int64_t rows, std::int64_t p0,
+                            std::int64_t depth, T* out) {
+        pack_a_rows_avx512<mr>(a, lda, i0, rows, p0, depth, out);
+    }
+};
+
+// ---------------------------------------------------------------------------------------
+// Packing. A packed A panel holds op(A)[i0 + i][p0 + p] at a[p*MR + i]. A packed slice of B
+// (depth rows of op(B) starting at p0) is a row of NR-wide panels, panel q holding
+// op(B)[p0 + p][q*NR + j] at q*NR*depth + p*NR + j. Rows and columns past the matrix edge
+// are zero, so edge tiles run the full kernel. Full-width runs use fixed trip counts so the
+// compiler vectorizes them at any -march.
+
+template <class Config, class T>
+void pack_a(transpose ta, const T* a, std::int64_t lda, std::int64_t i0, std::int64_t rows, std::int64_t p0,
+            std::int64_t depth, T* __restrict out) {
+    constexpr int MR = Config::mr;
+    if (ta == transpose::no) {
+        Config::pack_a_rows(a, lda, i0, rows, p0, depth, out);
+    } else {
+        // op(A)[i][p] = a[p*lda + i]: each column of the panel is contiguous in A.
+        for (std::int64_t p = 0; p < depth; ++p) {
+            const T* src = a + (p0 + p) * lda + i0;
+            T* dst = out + p * MR;
+            if (rows == MR) {
+                // A constant-size memcpy is expanded inline; the equivalent loop would
+                // become a memmove call.
+                std::memcpy(dst, src, MR * sizeof(T));
+            } else {
+                for (std::int64_t i = 0; i < MR; ++i) dst[i] = i < rows ? src[i] : T(0);
+            }
+        }
+    }
+}
+
+// Packs the panels of columns [j0, j0 + cols) of a slice; j0 is a multiple of NR.
+template <class Config, class T>
+void pack_b(transpose tb, const T* b, std::int64_t ldb, std::int64_t p0, std::int64_t depth, std::int64_t j0,
+            std::int64_t cols, T* __restrict out) {
+    constexpr int NR = Config::nr;
+    const std::int64_t full_panels = cols / NR;
+    const std::int64_t tail = cols - full_panels * NR;
+    if (tb == transpose::no) {
+        // op(B)[p][j] = b[p*ldb + j]: read B row by row (sequential, so prefetched) and deal
+        // each row out to the panels.
+        for (std::int64_t p = 0; p < depth; ++p) {
+            const T* src = b + (p0 + p) * ldb + j0;
+            T* dst = out + p * NR;
+            Config::deal_row(src, dst, full_panels, NR * depth);
+            if (tail > 0) {
+                T* last = dst + full_panels * NR * depth;
+                for (std::int64_t j = 0; j < NR; ++j) last[j] = j < tail ? src[full_panels * NR + j] : T(0);
+            }
+        }
+        return;
+    }
+    // op(B)[p][j] = b[j*ldb + p]: columns of a panel are contiguous in B; a cache line of
+    // depth at a time keeps the writes within a few lines.
+    constexpr std::int64_t step = 64 / sizeof(T);
+    for (std::int64_t q = 0; q * NR < cols; ++q) {
+        const std::int64_t width = q < full_panels ? NR : tail;
+        T* panel = out + q * NR * depth;
+        for (std::int64_t pl = 0; pl < depth; pl += step) {
+            const std::int64_t pe = std::min(depth, pl + step);
+            for (std::int64_t j = 0; j < width; ++j) {
+                const T* src = b + (j0 + q * NR + j) * ldb + p0;
+                for (std::int64_t p = pl; p < pe; ++p) panel[p * NR + j] = src[p];
+            }
+            for (std::int64_t j = width; j < NR; ++j) {
+                for (std::int64_t p = pl; p < pe; ++p) panel[p * NR + j] = T(0);
+            }
+        }
+    }
+}
+
+// Packing storage kept between calls, so steady-state GEMMs neither allocate nor fault in
+// fresh pages. Grows to the largest request seen; 64-byte aligned.
+class pack_storage {
+   public:
+    pack_storage() = default;
+    pack_storage(const pack_storage&) = delete;
+    pack_storage& operator=(const pack_storage&) = delete;
+    ~pack_storage() { release(); }
+
+    void* get(std::size_t bytes) {
+        if (bytes > capacity_) {
+            release();
+            data_ = ::operator new (bytes, std::align_val_t{64});
+            capacity_ = bytes;
+        }
+        return data_;
+    }
+
+   private:
+    void release() noexcept {
+        if (data_ != nullptr) ::operator delete (data_, std::align_val_t{64});
+        data_ = nullptr;
+        capacity_ = 0;
+    }
+    void* data_ = nullptr;
+    std::size_t capacity_ = 0;
+};
+
+// One A panel per thread.
+inline pack_storage& a_panel_storage() {
+    thread_local pack_storage storage;
+    return storage;
+}
+// One B slice per thread, for single-tile products.
+inline pack_storage& b_slice_storage() {
+    thread_local pack_storage storage;
+    return storage;
+}
+// All of op(B), packed by the calling thread's team and shared by its tiles. Kept only up
+// to shared_b_keep_bytes; a larger packed B (an LM head's vocabulary projection) is
+// allocated for the one call, so the cache never pins that much memory.
+inline constexpr std::size_t shared_b_keep_bytes = std::size_t{32} << 20;
+inline pack_storage& b_shared_storage() {
+    thread_local pack_storage storage;
+    return storage;
+}
+
+struct problem {
+    transpose ta, tb;
+    std::int64_t m, n, k;
+    std::int64_t lda, ldb, ldc;
+};
+
+// Where a tile finds packed B: either all of op(B) packed up front (slice pc at
+// shared + pc * padded_n, so column j's panel sits at shared + pc * padded_n + j * depth),
+// or nothing, and the tile packs each slice it needs into its own buffer.
+template <class T>
+struct packed_b_source {
+    const T* shared = nullptr;
+    std::int64_t padded_n = 0;
+};
+
+// C[i0..i1, j0..j1] on the calling thread; i0 and j0 are multiples of the register tile.
+// Needs alpha != 0 and k > 0.
+template <class T, gemm_isa Isa>
+void multiply_tile(const problem& s, T alpha, const T* a, const T* b, T beta, T* c, std::int64_t i0, std::int64_t i1,
+                   std::int64_t j0, std::int64_t j1, packed_b_source<T> source) {
+    using config = kernel_config<T, Isa>;
+    constexpr int mr = config::mr;
+    constexpr int nr = config::nr;
+    const std::int64_t block_depth = std::min<std::int64_t>(config::kc, s.k);
+    T* packed_a = static_cast<T*>(a_panel_storage().get(sizeof(T) * static_cast<std::size_t>(mr * block_depth)));
+    T* local_b = nullptr;
+    if (source.shared == nullptr) {
+        const std::int64_t block_cols = std::min<std::int64_t>(config::nc, (j1 - j0 + nr - 1) / nr * nr);
+        local_b =
+            static_cast<T*>(b_slice_storage().get(sizeof(T) * static_cast<std::size_t>(block_cols * block_depth)));
+    }
+    alignas(64) T edge[mr * nr];
+
+    for (std::int64_t jc = j0; jc < j1; jc += config::nc) {
+        const std::int64_t cols = std::min<std::int64_t>(config::nc, j1 - jc);
+        for (std::int64_t pc = 0; pc < s.k; pc += config::kc) {
+            const std::int64_t depth = std::min<std::int64_t>(config::kc, s.k - pc);
+            // Later depth blocks accumulate onto what the first one wrote.
+            const T beta_block = pc == 0 ? beta : T(1);
+            const T* slice = nullptr;
+            if (source.shared != nullptr) {
+                slice = source.shared + pc * source.padded_n + jc * depth;
+            } else {
+                pack_b<config>(s.tb, b, s.ldb, pc, depth, jc, cols, local_b);
+                slice = local_b;
+            }
+            for (std::int64_t ic = i0; ic < i1; ic += mr) {
+                const std::int64_t rows = std::min<std::int64_t>(mr, i1 - ic);
+                pack_a<config>(s.ta, a, s.lda, ic, rows, pc, depth, packed_a);
+                for (std::int64_t jr = 0; jr < cols; jr += nr) {
+                    const std::int64_t width = std::min<std::int64_t>(nr, cols - jr);
+                    T* c_tile = c + ic * s.ldc + jc + jr;
+                    const T* b_panel = slice + jr * depth;
+                    if (rows == mr && width == nr) {
+                        config::run(depth, packed_a, b_panel, c_tile, s.ldc, alpha, beta_block);
+                        continue;
+                    }
+                    config::run(depth, packed_a, b_panel, edge, nr, T(1), T(0));
+                    for (std::int64_t i = 0; i < rows; ++i) {
+                        T* row = c_tile + i * s.ldc;
+                        const T* sum = edge + i * nr;
+                        if (beta_block == T(0)) {
+                            for (std::int64_t j = 0; j < width; ++j) row[j] = alpha * sum[j];
+                        } else {
+                            for (std::int64_t j = 0; j < width; ++j) row[j] = alpha * sum[j] + beta_block * row[j];
+                        }
+                    }
+                }
+            }
+        }
+    }
+}
+
+// C = beta * C over m x n, not reading C when beta == 0.
+template <class T>
+void scale_c(std::int64_t m, std::int64_t n, T beta, T* c, std::int64_t ldc) {
+    if (beta == T(1)) return;
+    for (std::int64_t i = 0; i < m; ++i) {
+        T* row = c + i * ldc;
+        if (beta == T(0)) {
+            std::fill(row, row + n, T(0));
+        } else {
+            for (std::int64_t j = 0; j < n; ++j) row[j] *= beta;
+        }
+    }
+}
+
+// How C is cut into tiles: row_parts x col_parts tiles of whole register tiles, handed out
+// one at a time to the threads that are free, so a slow or busy core takes fewer of them.
+struct tile_plan {
+    std::int64_t row_parts = 1;
+    std::int64_t col_parts = 1;
+    std::int64_t tiles() const { return row_parts * col_parts; }
+};
+
+// Picks the plan with the least estimated time, counted in flops of kernel work:
+//   one tile:   the tile, packing its own B
+//   many tiles: packing op(B) once, shared by the threads, + the work of all tiles / threads
+//               + the largest tile * (threads - 1) / threads (the expected tail of the join)
+// where a tile costs its (padded) multiply-adds, packing its A panels once per nc-wide block
+// of its columns, reading its packed B, and a fixed start-up.
+inline tile_plan plan_tiles(std::int64_t m, std::int64_t n, std::int64_t k, int mr, int nr, std::int64_t nc,
+                            unsigned threads) {
+    constexpr double pack_cost = 30;        // flops per packed element
+    constexpr double stream_cost = 12;      // flops per element of packed B read back from L3
+    constexpr double tile_cost = 2e4;       // flops to start a tile
+    constexpr double fork_join_cost = 4e5;  // flops per fork-join of the pool (twice: pack, multiply)
+    const std::int64_t row_units = (m + mr - 1) / mr;
+    const std::int64_t col_units = (n + nr - 1) / nr;
+    const double depth = static_cast<double>(k);
+    const auto cost_of_tile = [&](std::int64_t rows, std::int64_t cols, bool packs_b) {
+        const double column_blocks = static_cast<double>((cols + nc - 1) / nc);
+        return 2.0 * rows * cols * depth + pack_cost * depth * rows * column_blocks +
+               (packs_b ? pack_cost : stream_cost) * depth * cols + tile_cost;
+    };
+    tile_plan best;
+    double best_cost = cost_of_tile(row_units * mr, col_units * nr, true);
+    if (threads <= 1) return best;
+    const double team = threads;
+    const double shared_pack = pack_cost * depth * col_units * nr / team + 2 * fork_join_cost;
+    const std::int64_t most = 8 * static_cast<std::int64_t>(threads);
+    for (std::int64_t row_parts = 1; row_parts <= std::min(row_units, most); ++row_parts) {
+        for (std::int64_t col_parts = 1; col_parts <= std::min(col_units, most); ++col_parts) {
+            if (row_parts * col_parts == 1) continue;
+            const std::int64_t rows = (row_units + row_parts - 1) / row_parts * mr;
+            const std::int64_t cols = (col_units + col_parts - 1) / col_parts * nr;
+            const double one = cost_of_tile(rows, cols, false);
+            const double cost = shared_pack + row_parts * col_parts * one / team + one * (team - 1) / team;
+            if (cost < best_cost) {
+                best = {row_parts, col_parts};
+                best_cost = cost;
+            }
+        }
+    }
+    return best;
+}
+
+template <class T, gemm_isa Isa>
+void multiply(thread_pool& pool, const problem& s, T alpha, const T* a, const T* b, T beta, T* c) {
+    using config = kernel_config<T, Isa>;
+    constexpr int mr = config::mr;
+    constexpr int nr = config::nr;
+    // A gemm inside a parallel region runs on its own thread (parallel_for would be serial).
+    const unsigned threads = host::detail::inside_parallel_region() ? 1u : pool.size();
+    const tile_plan plan = plan_tiles(s.m, s.n, s.k, mr, nr, config::nc, threads);
+    if (plan.tiles() == 1) {
+        multiply_tile<T, Isa>(s, alpha, a, b, beta, c, 0, s.m, 0, s.n, {});
+        return;
+    }
+
+    // Phase 1: pack all of op(B), one (slice, nc-wide column block) per job.
+    const std::int64_t col_units = (s.n + nr - 1) / nr;
+    const std::int64_t padded_n = col_units * nr;
+    const std::size_t shared_bytes = sizeof(T) * static_cast<std::size_t>(padded_n * s.k);
+    pack_storage one_call;
+    pack_storage& storage = shared_bytes <= shared_b_keep_bytes ? b_shared_storage() : one_call;
+    T* shared = static_cast<T*>(storage.get(shared_bytes));
+    const std::int64_t slices = (s.k + config::kc - 1) / config::kc;
+    const std::int64_t column_blocks = (s.n + config::nc - 1) / config::nc;
+    pool.parallel_for(0, slices * column_blocks, 1, [&](std::int64_t lo, std::int64_t hi) {
+        for (std::int64_t job = lo; job < hi; ++job) {
+            const std::int64_t pc = job / column_blocks * config::kc;
+            const std::int64_t jc = job % column_blocks * config::nc;
+            const std::int64_t depth = std::min<std::int64_t>(config::kc, s.k - pc);
+            const std::int64_t cols = std::min<std::int64_t>(config::nc, s.n - jc);
+            pack_b<config>(s.tb, b, s.ldb, pc, depth, jc, cols, shared + pc * padded_n + jc * depth);
+        }
+    });
+
+    // Phase 2: the tiles, column block by column block so the threads share B in cache.
+    const std::int64_t row_units = (s.m + mr - 1) / mr;
+    const std::int64_t tiles = plan.tiles();
+    std::atomic<std::int64_t> next_tile{0};
+    const packed_b_source<T> source{shared, padded_n};
+    pool.parallel_for(0, std::min<std::int64_t>(threads, tiles), 1, [&](std::int64_t, std::int64_t) {
+        for (std::int64_t tile = next_tile.fetch_add(1); tile < tiles; tile = next_tile.fetch_add(1)) {
+            const std::int64_t q = tile / plan.row_parts;
+            const std::int64_t r = tile % plan.row_parts;
+            const std::int64_t i0 = row_units * r / plan.row_parts * mr;
+            const std::int64_t i1 = std::min(s.m, row_units * (r + 1) / plan.row_parts * mr);
+            const std::int64_t j0 = col_units * q / plan.col_parts * nr;
+            const std::int64_t j1 = std::min(s.n, col_units * (q + 1) / plan.col_parts * nr);
+            if (i0 < i1 && j0 < j1) multiply_tile<T, Isa>(s, alpha, a, b, beta, c, i0, i1, j0, j1, source);
+        }
+    });
+}
+
+// Throws usage_error naming the first argument that BLAS would reject.
+inline void check_arguments(const char* op, transpose ta, transpose tb, std::int64_t m, std::int64_t n, std::int64_t k,
+                            const void* a, std::int64_t lda, const void* b, std::int64_t ldb, const void* c,
+                            std::int64_t ldc) {
+    const auto fail = [op](const std::string& what) { throw usage_error(std::string(op) + ": " + what); };
+    const auto check_size = [&](const char* name, std::int64_t value) {
+        if (value < 0) fail(std::string(name) + " = " + std::to_string(value) + " is negative; pass " + name + " >= 0");
+    };
+    check_size("m", m);
+    check_size("n", n);
+    check_size("k", k);
+    const auto check_leading = [&](const char* name, std::int64_t value, std::int64_t row_length,
+                                   const std::string& layout) {
+        const std::int64_t least = std::max<std::int64_t>(1, row_length);
+        if (value < least) {
+            fail(std::string(name) + " = " + std::to_string(value) + " is smaller than the row length " +
+                 std::to_string(row_length) + " of " + layout + "; pass " + name + " >= " + std::to_string(least));
+        }
+    };
+    const std::string ms = std::to_string(m), ns = std::to_string(n), ks = std::to_string(k);
+    if (ta == transpose::no) {
+        check_leading("lda", lda, k, "A stored m x k = " + ms + " x " + ks + " (transpose::no)");
+    } else {
+        check_leading("lda", lda, m, "A stored k x m = " + ks + " x " + ms + " (transpose::yes)");
+    }
+    if (tb == transpose::no) {
+        check_leading("ldb", ldb, n, "B stored k x n = " + ks + " x " + ns + " (transpose::no)");
+    } else {
+        check_leading("ldb", ldb, k, "B stored n x k = " + ns + " x " + ks + " (transpose::yes)");
+    }
+    check_leading("ldc", ldc, n, "C (m x n = " + ms + " x " + ns + ")");
+    const auto check_pointer = [&](const char* name, const void* pointer, std::int64_t rows, std::int64_t cols,
+                                   const char* matrix) {
+        if (pointer == nullptr && rows > 0 && cols > 0) {
+            fail(std::string(name) + " is null but " + matrix + " is " + std::to_string(rows) + " x " +
+                 std::to_string(cols) + "; pass its data");
+        }
+    };
+    check_pointer("a", a, m, k, "op(A)");
+    check_pointer("b", b, k, n, "op(B)");
+    check_pointer("c", c, m, n, "C");
+}
+
+template <class T>
+inline constexpr bool is_gemm_element_v = std::is_same_v<T, float> || std::is_same_v<T, double>;
+
+// The fallback after validation, on `pool` (tests pass pools of other sizes).
+template <class T>
+void fallback_unchecked(gemm_isa isa, thread_pool& pool, transpose ta, transpose tb, std::int64_t m, std::int64_t n,
+                        std::int64_t k, T alpha, const T* a, std::int64_t lda, const T* b, std::int64_t ldb, T beta,
+                        T* c, std::int64_t ldc) {
+    if (m == 0 || n == 0) return;
+    if (k == 0 || alpha == T(0)) {
+        scale_c(m, n, beta, c, ldc);
+        return;
+    }
+    const problem s{ta, tb, m, n, k, lda, ldb, ldc};
+    switch (isa) {
+        case gemm_isa::avx512f: multiply<T, gemm_isa::avx512f>(pool, s, alpha, a, b, beta, c); return;
+        case gemm_isa::avx2_fma: multiply<T, gemm_isa::avx2_fma>(pool, s, alpha, a, b, beta, c); return;
+        case gemm_isa::portable: multiply<T, gemm_isa::portable>(pool, s, alpha, a, b, beta, c); return;
+    }
+}
+
+inline bool fits_in_int(std::int64_t value) { return value <= INT_MAX; }
+
+template <class T>
+void gemm_unchecked(transpose ta, transpose tb, std::int64_t m, std::int64_t n, std::int64_t k, T alpha, const T* a,
+                    std::int64_t lda, const T* b, std::int64_t ldb, T beta, T* c, std::int64_t ldc) {
+    if constexpr (has_cblas) {
+        // CBLAS takes int sizes; larger problems take the fallback rather than overflow.
+        // Inside a parallel region every core is already busy with this job, and OpenBLAS
+        // would add its own threads on top: the fallback runs on this thread instead.
+        if (gemm_uses_cblas() && !host::detail::inside_parallel_region() && fits_in_int(m) && fits_in_int(n) && fits_in_int(k) &&
+            fits_in_int(lda) && fits_in_int(ldb) && fits_in_int(ldc)) {
+            if (m == 0 || n == 0) return;
+            const bool trans_a = ta == transpose::yes;
+            const bool trans_b = tb == transpose::yes;
+            if constexpr (std::is_same_v<T, float>) {
+                cblas::sgemm(trans_a, trans_b, int(m), int(n), int(k), alpha, a, int(lda), b, int(ldb), beta, c,
+                             int(ldc));
+            } else {
+                cblas::dgemm(trans_a, trans_b, int(m), int(n), int(k), alpha, a, int(lda), b, int(ldb), beta, c,
+                             int(ldc));
+            }
+            return;
+        }
+    }
+    fallback_unchecked(gemm_best_isa(), thread_pool::global(), ta, tb, m, n, k, alpha, a, lda, b, ldb, beta, c, ldc);
+}
+
+}  // namespace detail::gemm
+
+// C = alpha * op(A) * op(B) + beta * C, through OpenBLAS when selected (gemm_uses_cblas()),
+// otherwise (and inside a parallel_for range) through gemm_fallback. T is float or double.
+template <class T>
+void gemm(transpose ta, transpose tb, std::int64_t m, std::int64_t n, std::int64_t k, T alpha, const T* a,
+          std::int64_t lda, const T* b, std::int64_t ldb, T beta, T* c, std::int64_t ldc) {
+    static_assert(detail::gemm::is_gemm_element_v<T>, "loom::host::gemm: T must be float or double");
+    detail::gemm::check_arguments("gemm", ta, tb, m, n, k, a, lda, b, ldb, c, ldc);
+    detail::gemm::gemm_unchecked(ta, tb, m, n, k, alpha, a, lda, b, ldb, beta, c, ldc);
+}
+
+// The portable path with an explicit micro-kernel (tests and benchmarks pin one this way).
+// Throws usage_error when this CPU cannot run `isa`.
+template <class T>
+void gemm_fallback(gemm_isa isa, transpose ta, transpose tb, std::int64_t m, std::int64_t n, std::int64_t k, T alpha,
+                   const T* a, std::int64_t lda, const T* b, std::int64_t ldb, T beta, T* c, std::int64_t ldc) {
+    static_assert(detail::gemm::is_gemm_element_v<T>, "loom::host::gemm_fallback: T must be float or double");
+    detail::gemm::check_arguments("gemm_fallback", ta, tb, m, n, k, a, lda, b, ldb, c, ldc);
+    if (!gemm_isa_supported(isa)) {
+        throw usage_error(std::string("gemm_fallback: this CPU cannot run the ") + to_string(isa) +
+                          " micro-kernel; pass gemm_best_isa() or check gemm_isa_supported() first");
+    }
+    detail::gemm::fallback_unchecked(isa, thread_pool::global(), ta, tb, m, n, k, alpha, a, lda, b, ldb, beta, c, ldc);
+}
+
+// The portable path with the best micro-kernel for this CPU; always available.
+template <class T>
+void gemm_fallback(transpose ta, transpose tb, std::int64_t m, std::int64_t n, std::int64_t k, T alpha, const T* a,
+                   std::int64_t lda, const T* b, std::int64_t ldb, T beta, T* c, std::int64_t ldc) {
+    gemm_fallback(gemm_best_isa(), ta, tb, m, n, k, alpha, a, lda, b, ldb, beta, c, ldc);
+}
+
+// For every g in [0, batch): gemm on a + g*stride_a, b + g*stride_b, c + g*stride_c.
+// A stride of 0 for A or B reuses one matrix for the whole batch; the C matrices must not
+// overlap (stride_c >= (m - 1) * ldc + n when batch > 1).
+template <class T>
+void gemm_batched(transpose ta, transpose tb, std::int64_t batch, std::int64_t m, std::int64_t n, std::int64_t k,
+                  T alpha, const T* a, std::int64_t lda, std::int64_t stride_a, const T* b, std::int64_t ldb,
+                  std::int64_t stride_b, T beta, T* c, std::int64_t ldc, std::int64_t stride_c) {
+    static_assert(detail::gemm::is_gemm_element_v<T>, "loom::host::gemm_batched: T must be float or double");
+    const auto fail = [](const std::string& what) { throw usage_error("gemm_batched: " + what); };
+    if (batch < 0) fail("batch = " + std::to_string(batch) + " is negative; pass batch >= 0");
+    detail::gemm::check_arguments("gemm_batched", ta, tb, m, n, k, a, lda, b, ldb, c, ldc);
+    if (stride_a < 0 || stride_b < 0 || stride_c < 0) {
+        fail("strides (" + std::to_string(stride_a) + ", " + std::to_string(stride_b) + ", " +
+             std::to_string(stride_c) + ") must not be negative; pass the distance between consecutive matrices");
+    }
+    if (batch > 1 && m > 0 && n > 0 && stride_c < (m - 1) * ldc + n) {
+        fail("stride_c = " + std::to_string(stride_c) + " makes the " + std::to_string(m) + " x " + std::to_string(n) +
+             " outputs (ldc = " + std::to_string(ldc) +
+             ") overlap; pass stride_c >= " + std::to_string((m - 1) * ldc + n));
+    }
+    if (batch == 0 || m == 0 || n == 0) return;
+    const auto one = [&](std::int64_t g) {
+        // A and B may be null when k == 0; no offset is applied to a null pointer.
+        const T* a_g = a == nullptr ? a : a + g * stride_a;
+        const T* b_g = b == nullptr ? b : b + g * stride_b;
+        detail::gemm::gemm_unchecked(ta, tb, m, n, k, alpha, a_g, lda, b_g, ldb, beta, c + g * stride_c, ldc);
+    };
+    // Small matrices (attention heads) go one per thread, each multiplied serially by the
+    // fallback (a gemm nested in parallel_for runs on its own thread); large ones use every
+    // thread (or OpenBLAS) each.
+    const double flops = 2.0 * static_cast<double>(m) * static_cast<double>(n) * static_cast<double>(k);
+    const thread_pool& pool = thread_pool::global();
+    if (batch >= pool.size() && flops <= 2.0 * 192 * 192 * 192) {
+        parallel_for(0, batch, 1, [&](std::int64_t lo, std::int64_t hi) {
+            for (std::int64_t g = lo; g < hi; ++g) one(g);
+        });
+        return;
+    }
+    for (std::int64_t g = 0; g < batch; ++g) one(g);
+}
+
+}  // namespace loom::host
+// ---- end loom/runtime/host/gemm.hpp ----
+
+namespace loom::search {
+
+namespace detail {
+
+template <class F>
+double best_seconds(int repeats, F&& f) {
+    double best = 1e300;
+    for (int r = 0; r < repeats; ++r) {
+        const auto start = std::chrono::steady_clock::now();
+        f();
+        best = std::min(best, std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count());
+    }
+    return best;
+}
+
+// MemAvailable from /proc/meminfo, in bytes (0 when unknown).
+inline double available_memory_bytes() {
+    std::ifstream in("/proc/meminfo");
+    std::string key;
+    double kib = 0;
+    std::string unit;
+    while (in >> key >> kib >> unit)
+        if (key == "MemAvailable:") return kib * 1024.0;
+    return 0;
+}
+
+}  // namespace detail
+
+inline cluster calibrate_host(int ranks) {
+    if (ranks < 1)
+        throw usage_error("calibrate_host: " + std::to_string(ranks) + " ranks; give the number of in-process ranks, at least 1");
+    const std::int64_t n = 512;
+    std::vector<float> a(static_cast<std::size_t>(n * n), 1.0f), b(a.size(), 0.5f), c(a.size(), 0.0f);
+    const auto run_gemm = [&] {
+        host::gemm<float>(host::transpose::no, host::transpose::no, n, n, n, 1.0f, a.data(), n, b.data(), n, 0.0f, c.data(), n);
+    };
+    run_gemm();  // warm up: pack buffers, thread pool
+    const double gemm_seconds = detail::best_seconds(3, run_gemm);
+    const double flops = 2.0 * static_cast<double>(n) * n * n / gemm_seconds;
+
+    const std::size_t bytes = 64u << 20;
+    std::vector<char> from(bytes, 1), to(bytes, 0);
+    const double copy_seconds = detail::best_seconds(3, [&] { std::memcpy(to.data(), from.data(), bytes); });
+    const double bandwidth = 2.0 * static_cast<double>(bytes) / copy_seconds;
+
+    cluster hw;
+    hw.name = "host x" + std::to_string(ranks) + " (calibrated)";
+    hw.device.name = "host rank";
+    hw.device.peak_flops_fp32 = flops / ranks;
+    hw.device.peak_flops_fp16 = 0;
+    hw.device.memory_bandwidth = bandwidth / ranks;
+    const double memory = detail::available_memory_bytes();
+    hw.device.memory_bytes = (memory > 0 ? memory : 8.0 * (1ull << 30)) / ranks;
+    hw.device.gemm_efficiency = 1.0;
+    hw.device.elementwise_efficiency = 1.0;
+    hw.topo.devices_per_node = ranks;
+    hw.topo.nodes = 1;
+    hw.topo.intra_node = {bandwidth / 2.0 / ranks, 20e-6};
+    hw.topo.inter_node_per_nic = {bandwidth / 2.0 / ranks, 20e-6};
+    hw.topo.nics_per_node = 1;
+    return hw;
+}
+
+}  // namespace loom::search
+// ---- end loom/search/calibrate_host.hpp ----
 // ---- end loom/search/all.hpp ----
 
 // runtime
@@ -14504,287 +15923,6 @@ struct host_kernel<ops::Assemble> {
 #include <cstdint>
 #include <cstring>
 
-// ---- begin loom/runtime/host/thread_pool.hpp ----
-// A fork-join thread pool for the host backend: persistent workers, one parallel_for.
-//
-//   loom::host::parallel_for(0, rows, 64, [&](std::int64_t lo, std::int64_t hi) { ... });
-//
-// Law: f is called on disjoint ranges [lo, hi) whose union is [begin, end); every range is at
-// least `grain` long except when the whole range is shorter than `grain`. The call returns
-// after every range is done, and the calling thread works on ranges too.
-//
-// Threading contract:
-//  - Nested calls (from inside f, on a worker or on the calling thread, into this pool or
-//    any other loom pool) run f(begin, end) serially on the thread that makes them, so a
-//    parallel kernel may call another parallel kernel without deadlock or oversubscription.
-//  - A range shorter than two grains runs inline as f(begin, end), without touching the
-//    pool (which stays free for whatever f calls).
-//  - Calls from several user threads at once are serialized: one job owns the pool at a
-//    time and the other callers block until it finishes. A job never waits for another
-//    caller's job, so concurrent callers cannot deadlock (unless f itself blocks on one).
-//  - The first exception thrown by f is rethrown on the caller once every range has ended;
-//    ranges not yet started when it was thrown are skipped.
-//  - The destructor joins the workers. thread_pool::global() lives until static
-//    destruction, so do not call parallel_for from other static destructors.
-#include <algorithm>
-#include <atomic>
-#include <condition_variable>
-#include <cstdint>
-#include <cstdlib>
-#include <exception>
-#include <memory>
-#include <mutex>
-#include <string>
-#include <thread>
-#include <type_traits>
-#include <utility>
-#include <vector>
-
-
-namespace loom::host {
-
-namespace detail {
-
-// True while this thread runs a range of some pool's job (or is a pool worker), so nested
-// parallel_for calls run inline instead of waiting on a pool that is busy with their parent.
-inline bool& inside_parallel_region() noexcept {
-    thread_local bool inside = false;
-    return inside;
-}
-
-class region_guard {
-   public:
-    region_guard() noexcept : previous_(inside_parallel_region()) { inside_parallel_region() = true; }
-    ~region_guard() { inside_parallel_region() = previous_; }
-    region_guard(const region_guard&) = delete;
-    region_guard& operator=(const region_guard&) = delete;
-
-   private:
-    bool previous_;
-};
-
-// Parses LOOM_NUM_THREADS; 0 when unset or empty.
-inline unsigned thread_count_from_environment() {
-    const char* text = std::getenv("LOOM_NUM_THREADS");
-    if (text == nullptr || *text == '\0') return 0;
-    char* end = nullptr;
-    const long value = std::strtol(text, &end, 10);
-    if (*end != '\0' || value < 1 || value > 4096) {
-        throw usage_error(std::string("thread_pool: LOOM_NUM_THREADS='") + text +
-                          "' is not a thread count; set it to an integer in [1, 4096] or unset it");
-    }
-    return static_cast<unsigned>(value);
-}
-
-}  // namespace detail
-
-// LOOM_NUM_THREADS when set, otherwise the number of hardware threads (at least 1).
-inline unsigned default_thread_count() {
-    if (const unsigned from_environment = detail::thread_count_from_environment()) {
-        return from_environment;
-    }
-    const unsigned hardware = std::thread::hardware_concurrency();
-    return hardware == 0 ? 1u : hardware;
-}
-
-class thread_pool {
-   public:
-    // `threads` counts the calling thread, so thread_pool(1) starts no worker at all.
-    explicit thread_pool(unsigned threads = default_thread_count()) : size_(threads) {
-        if (threads == 0) {
-            throw usage_error("thread_pool: threads = 0; pass at least 1 (the calling thread)");
-        }
-        workers_.reserve(threads - 1);
-        try {
-            for (unsigned i = 1; i < threads; ++i) {
-                workers_.emplace_back([this] { worker_loop(); });
-            }
-        } catch (...) {
-            shut_down();
-            throw;
-        }
-    }
-
-    ~thread_pool() { shut_down(); }
-
-    thread_pool(const thread_pool&) = delete;
-    thread_pool& operator=(const thread_pool&) = delete;
-
-    unsigned size() const noexcept { return size_; }
-
-    template <class F>
-    void parallel_for(std::int64_t begin, std::int64_t end, std::int64_t grain, F&& f) {
-        if (end <= begin) return;
-        if (grain < 1) grain = 1;
-        const std::int64_t length = end - begin;
-        // Below two grains there is only one legal range (length / 2 < grain is
-        // length < 2 * grain without overflow); nested calls must not wait on a pool whose
-        // workers may be busy with their parent job. An inline call does not mark the thread
-        // as inside a region: f may still use the (idle) pool.
-        if (length / 2 < grain || size_ == 1 || detail::inside_parallel_region()) {
-            f(begin, end);
-            return;
-        }
-        // A few ranges per thread, handed out first come first served, so a thread that
-        // starts late or runs on a busy core takes fewer of them.
-        const std::int64_t most_ranges = length / grain;
-        const std::int64_t ranges = std::min<std::int64_t>(most_ranges, ranges_per_thread * std::int64_t{size_});
-
-        using functor = std::remove_reference_t<F>;
-        job_description description;
-        description.invoke = [](void* context, std::int64_t lo, std::int64_t hi) {
-            (*static_cast<functor*>(context))(lo, hi);
-        };
-        description.context = const_cast<void*>(static_cast<const void*>(std::addressof(f)));
-        description.begin = begin;
-        description.length = length;
-        description.ranges = ranges;
-        run(description);
-    }
-
-    // The process-wide pool, created on first use with default_thread_count() threads.
-    static thread_pool& global() {
-        static thread_pool pool;
-        return pool;
-    }
-
-   private:
-    struct job_description {
-        void (*invoke)(void*, std::int64_t, std::int64_t) = nullptr;
-        void* context = nullptr;
-        std::int64_t begin = 0;
-        std::int64_t length = 0;
-        std::int64_t ranges = 0;
-    };
-
-    // Spins this many polls before blocking: a worker woken for back-to-back jobs (the
-    // layers of one step) skips the futex round trip, and gives its core back soon after.
-    static constexpr int spin_polls = 1 << 14;
-    static constexpr std::int64_t ranges_per_thread = 4;
-
-    void run(const job_description& description) {
-        std::lock_guard<std::mutex> one_job_at_a_time(submit_mutex_);
-        {
-            std::unique_lock<std::mutex> lock(mutex_);
-            // Workers that took part in the previous job may still be leaving it.
-            idle_cv_.wait(lock, [this] { return busy_workers_ == 0; });
-            job_ = description;
-            next_range_.store(0, std::memory_order_relaxed);
-            unfinished_ranges_.store(description.ranges, std::memory_order_relaxed);
-            failed_.store(false, std::memory_order_relaxed);
-            failure_ = nullptr;
-            generation_.store(generation_.load(std::memory_order_relaxed) + 1, std::memory_order_release);
-        }
-        work_cv_.notify_all();
-
-        {
-            detail::region_guard guard;
-            work_on(description);
-        }
-
-        for (int poll = 0; poll < spin_polls; ++poll) {
-            if (unfinished_ranges_.load(std::memory_order_acquire) == 0) break;
-        }
-        std::unique_lock<std::mutex> lock(mutex_);
-        done_cv_.wait(lock, [this] { return unfinished_ranges_.load(std::memory_order_acquire) == 0; });
-        if (failure_) {
-            std::exception_ptr failure = std::move(failure_);
-            failure_ = nullptr;
-            std::rethrow_exception(failure);
-        }
-    }
-
-    // Takes ranges until none is left. Range r is [begin + r*length/ranges, begin + (r+1)*length/ranges),
-    // so every range has floor or ceil of length/ranges >= grain elements.
-    void work_on(const job_description& description) {
-        for (;;) {
-            const std::int64_t r = next_range_.fetch_add(1, std::memory_order_relaxed);
-            if (r >= description.ranges) return;
-            if (!failed_.load(std::memory_order_relaxed)) {
-                const std::int64_t lo = description.begin + r * description.length / description.ranges;
-                const std::int64_t hi = description.begin + (r + 1) * description.length / description.ranges;
-                try {
-                    description.invoke(description.context, lo, hi);
-                } catch (...) {
-                    std::lock_guard<std::mutex> lock(mutex_);
-                    if (!failure_) failure_ = std::current_exception();
-                    failed_.store(true, std::memory_order_relaxed);
-                }
-            }
-            if (unfinished_ranges_.fetch_sub(1, std::memory_order_acq_rel) == 1) {
-                // Taking the mutex orders this notify after the caller's predicate check.
-                std::lock_guard<std::mutex> lock(mutex_);
-                done_cv_.notify_all();
-            }
-        }
-    }
-
-    void worker_loop() {
-        detail::inside_parallel_region() = true;
-        std::uint64_t seen = 0;
-        for (;;) {
-            for (int poll = 0; poll < spin_polls; ++poll) {
-                if (generation_.load(std::memory_order_acquire) != seen) break;
-            }
-            job_description description;
-            {
-                std::unique_lock<std::mutex> lock(mutex_);
-                work_cv_.wait(lock, [&] { return stopping_ || generation_.load(std::memory_order_relaxed) != seen; });
-                if (stopping_) return;
-                seen = generation_.load(std::memory_order_relaxed);
-                description = job_;
-                ++busy_workers_;
-            }
-            work_on(description);
-            {
-                std::lock_guard<std::mutex> lock(mutex_);
-                --busy_workers_;
-                if (busy_workers_ == 0) idle_cv_.notify_all();
-            }
-        }
-    }
-
-    void shut_down() noexcept {
-        {
-            std::lock_guard<std::mutex> lock(mutex_);
-            stopping_ = true;
-        }
-        work_cv_.notify_all();
-        for (std::thread& worker : workers_) {
-            if (worker.joinable()) worker.join();
-        }
-        workers_.clear();
-    }
-
-    unsigned size_;
-    std::vector<std::thread> workers_;
-
-    std::mutex submit_mutex_;
-    std::mutex mutex_;
-    std::condition_variable work_cv_;
-    std::condition_variable done_cv_;
-    std::condition_variable idle_cv_;
-
-    // Guarded by mutex_ (generation_ is also polled without it while spinning).
-    job_description job_;
-    std::atomic<std::uint64_t> generation_{0};
-    unsigned busy_workers_ = 0;
-    bool stopping_ = false;
-    std::exception_ptr failure_;
-
-    std::atomic<std::int64_t> next_range_{0};
-    std::atomic<std::int64_t> unfinished_ranges_{0};
-    std::atomic<bool> failed_{false};
-};
-
-// parallel_for on thread_pool::global().
-template <class F>
-void parallel_for(std::int64_t begin, std::int64_t end, std::int64_t grain, F&& f) {
-    thread_pool::global().parallel_for(begin, end, grain, std::forward<F>(f));
-}
-
-}  // namespace loom::host
-// ---- end loom/runtime/host/thread_pool.hpp ----
 
 namespace loom::host {
 
@@ -14940,984 +16078,6 @@ struct host_kernel<ops::SumLeading> {
 }  // namespace loom::host
 // ---- end loom/runtime/host/kernels/basic.hpp ----
 // ---- begin loom/runtime/host/kernels/linear.hpp ----
-// ---- begin loom/runtime/host/gemm.hpp ----
-// Row-major GEMM for the host backend.
-//
-//   C = alpha * op(A) * op(B) + beta * C,   op(A): m x k,  op(B): k x n,  C: m x n
-//
-// Every matrix is row-major with a leading dimension (the distance between rows as stored):
-// A is stored m x k (lda >= k) for transpose::no and k x m (lda >= m) for transpose::yes,
-// likewise B is k x n (ldb >= n) or n x k (ldb >= k), and C is m x n (ldc >= n). As in BLAS,
-// beta == 0 overwrites C without reading it (NaN in C does not propagate), and alpha == 0 or
-// k == 0 gives C = beta * C without reading A or B.
-//
-// gemm() calls OpenBLAS when the build has it (see cblas_gate.hpp) and gemm_fallback()
-// otherwise; inside a parallel_for range it always runs gemm_fallback() on the calling
-// thread, so OpenBLAS's threads never pile onto the pool's.
-//
-// gemm_fallback() is the portable path: op(B) packed once and shared, A packed per panel,
-// cache-blocked (an mr x kc panel of A in L1 sweeps a kc x nc block of B in L2), register-
-// tiled micro-kernels, and C cut into tiles that the threads of thread_pool::global() take
-// first come first served. The AVX-512F or AVX2+FMA micro-kernels are chosen at run time
-// (the header needs no -march flag); a plain C++ micro-kernel runs everywhere else. They
-// use GCC/Clang target attributes and <immintrin.h>, so this header is for x86-64.
-#include <immintrin.h>
-
-#include <algorithm>
-#include <atomic>
-#include <climits>
-#include <cstddef>
-#include <cstdint>
-#include <cstdlib>
-#include <cstring>
-#include <new>
-#include <string>
-#include <string_view>
-#include <type_traits>
-
-// ---- begin loom/runtime/host/cblas_gate.hpp ----
-// The one place that looks at LOOM_HAS_CBLAS. The build defines it (to 1) when it links
-// OpenBLAS and puts OpenBLAS's cblas.h on the include path; everything else in loom asks
-// `has_cblas` and branches with `if constexpr`, so both configurations compile the same code
-// and the wrappers in loom::host::cblas exist (and throw) even without CBLAS.
-#include <string>
-
-
-#if defined(LOOM_HAS_CBLAS) && LOOM_HAS_CBLAS
-#include <cblas.h>
-#endif
-
-namespace loom::host {
-
-#if defined(LOOM_HAS_CBLAS) && LOOM_HAS_CBLAS
-inline constexpr bool has_cblas = true;
-#else
-inline constexpr bool has_cblas = false;
-#endif
-
-namespace cblas {
-
-// Row-major GEMM through CBLAS: C = alpha * op(A) * op(B) + beta * C. Sizes are the CBLAS
-// `int`; callers check that their 64-bit sizes fit before calling.
-#if defined(LOOM_HAS_CBLAS) && LOOM_HAS_CBLAS
-
-inline void sgemm(bool trans_a, bool trans_b, int m, int n, int k, float alpha, const float* a, int lda, const float* b,
-                  int ldb, float beta, float* c, int ldc) {
-    cblas_sgemm(CblasRowMajor, trans_a ? CblasTrans : CblasNoTrans, trans_b ? CblasTrans : CblasNoTrans, m, n, k, alpha,
-                a, lda, b, ldb, beta, c, ldc);
-}
-
-inline void dgemm(bool trans_a, bool trans_b, int m, int n, int k, double alpha, const double* a, int lda,
-                  const double* b, int ldb, double beta, double* c, int ldc) {
-    cblas_dgemm(CblasRowMajor, trans_a ? CblasTrans : CblasNoTrans, trans_b ? CblasTrans : CblasNoTrans, m, n, k, alpha,
-                a, lda, b, ldb, beta, c, ldc);
-}
-
-// OpenBLAS keeps its own worker threads; these let callers see and bound them.
-inline int library_threads() { return openblas_get_num_threads(); }
-inline void set_library_threads(int threads) { openblas_set_num_threads(threads); }
-
-// e.g. "OpenBLAS 0.3.21 DYNAMIC_ARCH ... Haswell MAX_THREADS=64" plus the core it picked.
-inline std::string library_description() {
-    return std::string(openblas_get_config()) + " core=" + openblas_get_corename();
-}
-
-#else
-
-[[noreturn]] inline void missing(const char* what) {
-    throw usage_error(std::string("cblas::") + what +
-                      ": loom was built without CBLAS; build with LOOM_HAS_CBLAS=1 and OpenBLAS's cblas.h, "
-                      "or check loom::host::has_cblas first");
-}
-
-inline void sgemm(bool, bool, int, int, int, float, const float*, int, const float*, int, float, float*, int) {
-    missing("sgemm");
-}
-inline void dgemm(bool, bool, int, int, int, double, const double*, int, const double*, int, double, double*, int) {
-    missing("dgemm");
-}
-inline int library_threads() { return 0; }
-inline void set_library_threads(int) {}
-inline std::string library_description() { return "none"; }
-
-#endif
-
-}  // namespace cblas
-}  // namespace loom::host
-// ---- end loom/runtime/host/cblas_gate.hpp ----
-
-namespace loom::host {
-
-enum class transpose : bool { no, yes };
-
-// The instruction sets gemm_fallback has micro-kernels for.
-enum class gemm_isa { portable, avx2_fma, avx512f };
-
-inline const char* to_string(gemm_isa isa) noexcept {
-    switch (isa) {
-        case gemm_isa::portable: return "portable";
-        case gemm_isa::avx2_fma: return "avx2_fma";
-        case gemm_isa::avx512f: return "avx512f";
-    }
-    return "unknown";
-}
-
-// Whether this CPU (and OS) can run the micro-kernel for `isa`.
-inline bool gemm_isa_supported(gemm_isa isa) noexcept {
-    // Needed before main (static initializers); cheap and idempotent after.
-    __builtin_cpu_init();
-    switch (isa) {
-        case gemm_isa::portable: return true;
-        case gemm_isa::avx2_fma: return __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma");
-        case gemm_isa::avx512f: return __builtin_cpu_supports("avx512f");
-    }
-    return false;
-}
-
-// The fastest supported micro-kernel, decided once per process.
-inline gemm_isa gemm_best_isa() noexcept {
-    static const gemm_isa best = gemm_isa_supported(gemm_isa::avx512f)    ? gemm_isa::avx512f
-                                 : gemm_isa_supported(gemm_isa::avx2_fma) ? gemm_isa::avx2_fma
-                                                                          : gemm_isa::portable;
-    return best;
-}
-
-// Which implementation gemm() uses outside parallel regions.
-//   LOOM_GEMM=cblas | loom   chooses explicitly (cblas needs a build with OpenBLAS);
-//   otherwise                loom's kernels on CPUs with AVX-512, where they measured faster
-//                            than OpenBLAS 0.3.21's default kernels and do not keep spinning
-//                            threads that compete with loom's pool (benchmarks/RESULTS.md),
-//                            else CBLAS when built with it, else loom's kernels.
-enum class gemm_backend { cblas, loom };
-
-inline gemm_backend selected_gemm_backend() {
-    static const gemm_backend chosen = [] {
-        if (const char* env = std::getenv("LOOM_GEMM"); env && *env) {
-            const std::string_view v(env);
-            if (v == "loom") return gemm_backend::loom;
-            if (v == "cblas") {
-                if (!has_cblas)
-                    throw usage_error("LOOM_GEMM=cblas: this build has no CBLAS; install libopenblas-dev and "
-                                      "configure with LOOM_USE_CBLAS=ON, or unset LOOM_GEMM");
-                return gemm_backend::cblas;
-            }
-            throw usage_error("LOOM_GEMM=" + std::string(v) + ": expected 'cblas' or 'loom'");
-        }
-        if (!has_cblas || gemm_best_isa() == gemm_isa::avx512f) return gemm_backend::loom;
-        return gemm_backend::cblas;
-    }();
-    return chosen;
-}
-
-// True when gemm() calls CBLAS (OpenBLAS) rather than gemm_fallback() (outside parallel regions).
-inline bool gemm_uses_cblas() { return selected_gemm_backend() == gemm_backend::cblas; }
-
-namespace detail::gemm {
-
-// ---------------------------------------------------------------------------------------
-// Micro-kernels. Each computes one MR x NR tile of C from packed panels:
-//   C[i][j] = alpha * sum_p a[p*MR + i] * b[p*NR + j] + beta * C[i][j]   (0 <= i < MR, 0 <= j < NR)
-// and does not read C when beta == 0.
-
-template <class T, int MR, int NR>
-void micro_kernel_portable(std::int64_t kc, const T* __restrict a, const T* __restrict b, T* __restrict c,
-                           std::int64_t ldc, T alpha, T beta) {
-    T acc[MR][NR] = {};
-    for (std::int64_t p = 0; p < kc; ++p) {
-        for (int i = 0; i < MR; ++i) {
-            const T ai = a[i];
-            for (int j = 0; j < NR; ++j) acc[i][j] += ai * b[j];
-        }
-        a += MR;
-        b += NR;
-    }
-    for (int i = 0; i < MR; ++i) {
-        T* row = c + i * ldc;
-        if (beta == T(0)) {
-            for (int j = 0; j < NR; ++j) row[j] = alpha * acc[i][j];
-        } else {
-            for (int j = 0; j < NR; ++j) row[j] = alpha * acc[i][j] + beta * row[j];
-        }
-    }
-}
-
-// Thin overloads over the intrinsics so one kernel body serves float and double.
-struct avx2_ops {
-    [[gnu::always_inline, gnu::target("avx2,fma")]] static inline __m256 zero(float) { return _mm256_setzero_ps(); }
-    [[gnu::always_inline, gnu::target("avx2,fma")]] static inline __m256d zero(double) { return _mm256_setzero_pd(); }
-    [[gnu::always_inline, gnu::target("avx2,fma")]] static inline __m256 load(const float* p) {
-        return _mm256_loadu_ps(p);
-    }
-    [[gnu::always_inline, gnu::target("avx2,fma")]] static inline __m256d load(const double* p) {
-        return _mm256_loadu_pd(p);
-    }
-    [[gnu::always_inline, gnu::target("avx2,fma")]] static inline void store(float* p, __m256 v) {
-        _mm256_storeu_ps(p, v);
-    }
-    [[gnu::always_inline, gnu::target("avx2,fma")]] static inline void store(double* p, __m256d v) {
-        _mm256_storeu_pd(p, v);
-    }
-    [[gnu::always_inline, gnu::target("avx2,fma")]] static inline __m256 broadcast(float x) {
-        return _mm256_set1_ps(x);
-    }
-    [[gnu::always_inline, gnu::target("avx2,fma")]] static inline __m256d broadcast(double x) {
-        return _mm256_set1_pd(x);
-    }
-    [[gnu::always_inline, gnu::target("avx2,fma")]] static inline __m256 mul(__m256 x, __m256 y) {
-        return _mm256_mul_ps(x, y);
-    }
-    [[gnu::always_inline, gnu::target("avx2,fma")]] static inline __m256d mul(__m256d x, __m256d y) {
-        return _mm256_mul_pd(x, y);
-    }
-    // x * y + z with one rounding.
-    [[gnu::always_inline, gnu::target("avx2,fma")]] static inline __m256 fma(__m256 x, __m256 y, __m256 z) {
-        return _mm256_fmadd_ps(x, y, z);
-    }
-    [[gnu::always_inline, gnu::target("avx2,fma")]] static inline __m256d fma(__m256d x, __m256d y, __m256d z) {
-        return _mm256_fmadd_pd(x, y, z);
-    }
-};
-
-struct avx512_ops {
-    [[gnu::always_inline, gnu::target("avx512f")]] static inline __m512 zero(float) { return _mm512_setzero_ps(); }
-    [[gnu::always_inline, gnu::target("avx512f")]] static inline __m512d zero(double) { return _mm512_setzero_pd(); }
-    [[gnu::always_inline, gnu::target("avx512f")]] static inline __m512 load(const float* p) {
-        return _mm512_loadu_ps(p);
-    }
-    [[gnu::always_inline, gnu::target("avx512f")]] static inline __m512d load(const double* p) {
-        return _mm512_loadu_pd(p);
-    }
-    [[gnu::always_inline, gnu::target("avx512f")]] static inline void store(float* p, __m512 v) {
-        _mm512_storeu_ps(p, v);
-    }
-    [[gnu::always_inline, gnu::target("avx512f")]] static inline void store(double* p, __m512d v) {
-        _mm512_storeu_pd(p, v);
-    }
-    [[gnu::always_inline, gnu::target("avx512f")]] static inline __m512 broadcast(float x) { return _mm512_set1_ps(x); }
-    [[gnu::always_inline, gnu::target("avx512f")]] static inline __m512d broadcast(double x) {
-        return _mm512_set1_pd(x);
-    }
-    [[gnu::always_inline, gnu::target("avx512f")]] static inline __m512 mul(__m512 x, __m512 y) {
-        return _mm512_mul_ps(x, y);
-    }
-    [[gnu::always_inline, gnu::target("avx512f")]] static inline __m512d mul(__m512d x, __m512d y) {
-        return _mm512_mul_pd(x, y);
-    }
-    [[gnu::always_inline, gnu::target("avx512f")]] static inline __m512 fma(__m512 x, __m512 y, __m512 z) {
-        return _mm512_fmadd_ps(x, y, z);
-    }
-    [[gnu::always_inline, gnu::target("avx512f")]] static inline __m512d fma(__m512d x, __m512d y, __m512d z) {
-        return _mm512_fmadd_pd(x, y, z);
-    }
-};
-
-// The SIMD kernel bodies are identical up to the ops type; the target attribute cannot be a
-// template argument, so there is one body per instruction set. NV vectors span NR columns.
-template <class T, int MR, int NV>
-[[gnu::target("avx2,fma")]] void micro_kernel_avx2(std::int64_t kc, const T* __restrict a, const T* __restrict b,
-                                                   T* __restrict c, std::int64_t ldc, T alpha, T beta) {
-    using ops = avx2_ops;
-    using vec = decltype(ops::zero(T{}));
-    constexpr int width = static_cast<int>(sizeof(vec) / sizeof(T));
-    vec acc[MR][NV];
-#pragma GCC unroll 16
-    for (int i = 0; i < MR; ++i)
-#pragma GCC unroll 4
-        for (int v = 0; v < NV; ++v) acc[i][v] = ops::zero(T{});
-    for (std::int64_t p = 0; p < kc; ++p) {
-        vec bv[NV];
-#pragma GCC unroll 4
-        for (int v = 0; v < NV; ++v) bv[v] = ops::load(b + v * width);
-#pragma GCC unroll 16
-        for (int i = 0; i < MR; ++i) {
-            const vec ai = ops::broadcast(a[i]);
-#pragma GCC unroll 4
-            for (int v = 0; v < NV; ++v) acc[i][v] = ops::fma(ai, bv[v], acc[i][v]);
-        }
-        a += MR;
-        b += NV * width;
-    }
-    const vec alpha_v = ops::broadcast(alpha);
-    const vec beta_v = ops::broadcast(beta);
-#pragma GCC unroll 16
-    for (int i = 0; i < MR; ++i) {
-        T* row = c + i * ldc;
-#pragma GCC unroll 4
-        for (int v = 0; v < NV; ++v) {
-            const vec scaled = ops::mul(alpha_v, acc[i][v]);
-            ops::store(row + v * width, beta == T(0) ? scaled : ops::fma(beta_v, ops::load(row + v * width), scaled));
-        }
-    }
-}
-
-template <class T, int MR, int NV>
-[[gnu::target("avx512f")]] void micro_kernel_avx512(std::int64_t kc, const T* __restrict a, const T* __restrict b,
-                                                    T* __restrict c, std::int64_t ldc, T alpha, T beta) {
-    using ops = avx512_ops;
-    using vec = decltype(ops::zero(T{}));
-    constexpr int width = static_cast<int>(sizeof(vec) / sizeof(T));
-    vec acc[MR][NV];
-#pragma GCC unroll 16
-    for (int i = 0; i < MR; ++i)
-#pragma GCC unroll 4
-        for (int v = 0; v < NV; ++v) acc[i][v] = ops::zero(T{});
-    for (std::int64_t p = 0; p < kc; ++p) {
-        vec bv[NV];
-#pragma GCC unroll 4
-        for (int v = 0; v < NV; ++v) bv[v] = ops::load(b + v * width);
-#pragma GCC unroll 16
-        for (int i = 0; i < MR; ++i) {
-            const vec ai = ops::broadcast(a[i]);
-#pragma GCC unroll 4
-            for (int v = 0; v < NV; ++v) acc[i][v] = ops::fma(ai, bv[v], acc[i][v]);
-        }
-        a += MR;
-        b += NV * width;
-    }
-    const vec alpha_v = ops::broadcast(alpha);
-    const vec beta_v = ops::broadcast(beta);
-#pragma GCC unroll 16
-    for (int i = 0; i < MR; ++i) {
-        T* row = c + i * ldc;
-#pragma GCC unroll 4
-        for (int v = 0; v < NV; ++v) {
-            const vec scaled = ops::mul(alpha_v, acc[i][v]);
-            ops::store(row + v * width, beta == T(0) ? scaled : ops::fma(beta_v, ops::load(row + v * width), scaled));
-        }
-    }
-}
-
-// Copies `panels` runs of NV vectors from src (contiguous) to dst + q * panel_stride: one row
-// of B dealt out to its packed panels. Written with the ISA's vectors because a plain copy
-// loop becomes a memmove call per run.
-template <class T, int NV>
-[[gnu::target("avx2,fma")]] void deal_row_avx2(const T* __restrict src, T* __restrict dst, std::int64_t panels,
-                                               std::int64_t panel_stride) {
-    using ops = avx2_ops;
-    constexpr int width = static_cast<int>(sizeof(decltype(ops::zero(T{}))) / sizeof(T));
-    for (std::int64_t q = 0; q < panels; ++q) {
-#pragma GCC unroll 4
-        for (int v = 0; v < NV; ++v)
-            ops::store(dst + q * panel_stride + v * width, ops::load(src + (q * NV + v) * width));
-    }
-}
-
-template <class T, int NV>
-[[gnu::target("avx512f")]] void deal_row_avx512(const T* __restrict src, T* __restrict dst, std::int64_t panels,
-                                                std::int64_t panel_stride) {
-    using ops = avx512_ops;
-    constexpr int width = static_cast<int>(sizeof(decltype(ops::zero(T{}))) / sizeof(T));
-    for (std::int64_t q = 0; q < panels; ++q) {
-#pragma GCC unroll 4
-        for (int v = 0; v < NV; ++v)
-            ops::store(dst + q * panel_stride + v * width, ops::load(src + (q * NV + v) * width));
-    }
-}
-
-template <class T, int NR>
-void deal_row_portable(const T* __restrict src, T* __restrict dst, std::int64_t panels, std::int64_t panel_stride) {
-    for (std::int64_t q = 0; q < panels; ++q) {
-        for (int j = 0; j < NR; ++j) dst[q * panel_stride + j] = src[q * NR + j];
-    }
-}
-
-// Packs rows [i0, i0 + rows) x columns [p0, p0 + depth) of a row-major A into an MR-wide
-// panel (out[p*MR + i], zero past `rows`): a transpose. The rows are read a cache line at a
-// time in step, so their misses overlap, and lines ahead are prefetched: A is often read
-// from memory exactly once (when n <= nc).
-template <int MR, class T>
-void pack_a_rows_scalar(const T* a, std::int64_t lda, std::int64_t i0, std::int64_t rows, std::int64_t p0,
-                        std::int64_t depth, T* __restrict out) {
-    constexpr std::int64_t line = 64 / sizeof(T);
-    for (std::int64_t pl = 0; pl < depth; pl += line) {
-        const std::int64_t pe = std::min(depth, pl + line);
-        for (std::int64_t i = 0; i < rows; ++i) {
-            const T* src = a + (i0 + i) * lda + p0;
-            __builtin_prefetch(src + pl + 4 * line);
-            for (std::int64_t p = pl; p < pe; ++p) out[p * MR + i] = src[p];
-        }
-        for (std::int64_t i = rows; i < MR; ++i) {
-            for (std::int64_t p = pl; p < pe; ++p) out[p * MR + i] = T(0);
-        }
-    }
-}
-
-// The same with one AVX-512 gather per column of the panel (two for double): about twice
-// the scalar rate, which stores one element per instruction.
-template <int MR, class T>
-[[gnu::target("avx512f")]] void pack_a_rows_avx512(const T* a, std::int64_t lda, std::int64_t i0, std::int64_t rows,
-                                                   std::int64_t p0, std::int64_t depth, T* __restrict out) {
-    static_assert(MR <= 16, "pack_a_rows_avx512: one 16-lane index vector covers at most 16 rows");
-    // Gather offsets are 32-bit.
-    if ((MR - 1) * lda > INT32_MAX) {
-        pack_a_rows_scalar<MR>(a, lda, i0, rows, p0, depth, out);
-        return;
-    }
-    alignas(64) std::int32_t offsets[16] = {};
-    for (int i = 0; i < MR; ++i) offsets[i] = static_cast<std::int32_t>(i * lda);
-    const T* base = a + i0 * lda + p0;
-    if constexpr (std::is_same_v<T, float>) {
-        const __m512i index = _mm512_load_si512(offsets);
-        const __mmask16 present = static_cast<__mmask16>((1u << rows) - 1);
-        const __mmask16 panel = static_cast<__mmask16>((1u << MR) - 1);
-        for (std::int64_t p = 0; p < depth; ++p) {
-            const __m512 column = _mm512_mask_i32gather_ps(_mm512_setzero_ps(), present, index, base + p, 4);
-            _mm512_mask_storeu_ps(out + p * MR, panel, column);
-        }
-    } else {
-        const __m256i index_low = _mm256_load_si256(reinterpret_cast<const __m256i*>(offsets));
-        const __m256i index_high = _mm256_load_si256(reinterpret_cast<const __m256i*>(offsets + 8));
-        const unsigned present = (1u << rows) - 1;
-        const __mmask8 present_low = static_cast<__mmask8>(present & 0xff);
-        const __mmask8 present_high = static_cast<__mmask8>(present >> 8);
-        const __mmask8 panel_low = static_cast<__mmask8>(((1u << MR) - 1) & 0xff);
-        const __mmask8 panel_high = static_cast<__mmask8>(((1u << MR) - 1) >> 8);
-        for (std::int64_t p = 0; p < depth; ++p) {
-            const __m512d low = _mm512_mask_i32gather_pd(_mm512_setzero_pd(), present_low, index_low, base + p, 8);
-            _mm512_mask_storeu_pd(out + p * MR, panel_low, low);
-            if constexpr (MR > 8) {
-                const __m512d high =
-                    _mm512_mask_i32gather_pd(_mm512_setzero_pd(), present_high, index_high, base + p, 8);
-                _mm512_mask_storeu_pd(out + p * MR + 8, panel_high, high);
-            }
-        }
-    }
-}
-
-// ---------------------------------------------------------------------------------------
-// Kernel descriptions: tile shape, cache blocking and the kernel itself.
-//   mr x nr: the register tile. kc: depth of one packed block, so an mr x kc panel of A
-//   stays in L1 while it sweeps the packed kc x nc block of B, which stays in L2.
-
-template <class T, gemm_isa Isa>
-struct kernel_config;
-
-template <class T>
-struct kernel_config<T, gemm_isa::portable> {
-    static constexpr int mr = 4;
-    static constexpr int nr = 32 / static_cast<int>(sizeof(T));
-    static constexpr std::int64_t kc = 256;
-    static constexpr std::int64_t nc = 1024;
-    static void run(std::int64_t k, const T* a, const T* b, T* c, std::int64_t ldc, T alpha, T beta) {
-        micro_kernel_portable<T, mr, nr>(k, a, b, c, ldc, alpha, beta);
-    }
-    static void deal_row(const T* src, T* dst, std::int64_t panels, std::int64_t panel_stride) {
-        deal_row_portable<T, nr>(src, dst, panels, panel_stride);
-    }
-    static void pack_a_rows(const T* a, std::int64_t lda, std::int64_t i0, std::int64_t rows, std::int64_t p0,
-                            std::int64_t depth, T* out) {
-        pack_a_rows_scalar<mr>(a, lda, i0, rows, p0, depth, out);
-    }
-};
-
-template <class T>
-struct kernel_config<T, gemm_isa::avx2_fma> {
-    // 6 x 2 vectors: 12 accumulators + 2 B vectors + 1 broadcast of the 16 ymm registers.
-    static constexpr int mr = 6;
-    static constexpr int nr = 2 * 32 / static_cast<int>(sizeof(T));
-    static constexpr std::int64_t kc = 256;
-    static constexpr std::int64_t nc = 1024;
-    static void run(std::int64_t k, const T* a, const T* b, T* c, std::int64_t ldc, T alpha, T beta) {
-        micro_kernel_avx2<T, mr, 2>(k, a, b, c, ldc, alpha, beta);
-    }
-    static void deal_row(const T* src, T* dst, std::int64_t panels, std::int64_t panel_stride) {
-        deal_row_avx2<T, 2>(src, dst, panels, panel_stride);
-    }
-    static void pack_a_rows(const T* a, std::int64_t lda, std::int64_t i0, std::int64_t rows, std::int64_t p0,
-                            std::int64_t depth, T* out) {
-        pack_a_rows_scalar<mr>(a, lda, i0, rows, p0, depth, out);
-    }
-};
-
-template <class T>
-struct kernel_config<T, gemm_isa::avx512f> {
-    // 12 x 2 vectors: 24 accumulators + 2 B vectors + 1 broadcast of the 32 zmm registers.
-    static constexpr int mr = 12;
-    static constexpr int nr = 2 * 64 / static_cast<int>(sizeof(T));
-    static constexpr std::int64_t kc = 256;
-    static constexpr std::int64_t nc = 1024;
-    static void run(std::int64_t k, const T* a, const T* b, T* c, std::int64_t ldc, T alpha, T beta) {
-        micro_kernel_avx512<T, mr, 2>(k, a, b, c, ldc, alpha, beta);
-    }
-    static void deal_row(const T* src, T* dst, std::int64_t panels, std::int64_t panel_stride) {
-        deal_row_avx512<T, 2>(src, dst, panels, panel_stride);
-    }
-    static void pack_a_rows(const T* a, std::int64_t lda, std::int64_t i0, std::int64_t rows, std::int64_t p0,
-                            std::int64_t depth, T* out) {
-        pack_a_rows_avx512<mr>(a, lda, i0, rows, p0, depth, out);
-    }
-};
-
-// ---------------------------------------------------------------------------------------
-// Packing. A packed A panel holds op(A)[i0 + i][p0 + p] at a[p*MR + i]. A packed slice of B
-// (depth rows of op(B) starting at p0) is a row of NR-wide panels, panel q holding
-// op(B)[p0 + p][q*NR + j] at q*NR*depth + p*NR + j. Rows and columns past the matrix edge
-// are zero, so edge tiles run the full kernel. Full-width runs use fixed trip counts so the
-// compiler vectorizes them at any -march.
-
-template <class Config, class T>
-void pack_a(transpose ta, const T* a, std::int64_t lda, std::int64_t i0, std::int64_t rows, std::int64_t p0,
-            std::int64_t depth, T* __restrict out) {
-    constexpr int MR = Config::mr;
-    if (ta == transpose::no) {
-        Config::pack_a_rows(a, lda, i0, rows, p0, depth, out);
-    } else {
-        // op(A)[i][p] = a[p*lda + i]: each column of the panel is contiguous in A.
-        for (std::int64_t p = 0; p < depth; ++p) {
-            const T* src = a + (p0 + p) * lda + i0;
-            T* dst = out + p * MR;
-            if (rows == MR) {
-                // A constant-size memcpy is expanded inline; the equivalent loop would
-                // become a memmove call.
-                std::memcpy(dst, src, MR * sizeof(T));
-            } else {
-                for (std::int64_t i = 0; i < MR; ++i) dst[i] = i < rows ? src[i] : T(0);
-            }
-        }
-    }
-}
-
-// Packs the panels of columns [j0, j0 + cols) of a slice; j0 is a multiple of NR.
-template <class Config, class T>
-void pack_b(transpose tb, const T* b, std::int64_t ldb, std::int64_t p0, std::int64_t depth, std::int64_t j0,
-            std::int64_t cols, T* __restrict out) {
-    constexpr int NR = Config::nr;
-    const std::int64_t full_panels = cols / NR;
-    const std::int64_t tail = cols - full_panels * NR;
-    if (tb == transpose::no) {
-        // op(B)[p][j] = b[p*ldb + j]: read B row by row (sequential, so prefetched) and deal
-        // each row out to the panels.
-        for (std::int64_t p = 0; p < depth; ++p) {
-            const T* src = b + (p0 + p) * ldb + j0;
-            T* dst = out + p * NR;
-            Config::deal_row(src, dst, full_panels, NR * depth);
-            if (tail > 0) {
-                T* last = dst + full_panels * NR * depth;
-                for (std::int64_t j = 0; j < NR; ++j) last[j] = j < tail ? src[full_panels * NR + j] : T(0);
-            }
-        }
-        return;
-    }
-    // op(B)[p][j] = b[j*ldb + p]: columns of a panel are contiguous in B; a cache line of
-    // depth at a time keeps the writes within a few lines.
-    constexpr std::int64_t step = 64 / sizeof(T);
-    for (std::int64_t q = 0; q * NR < cols; ++q) {
-        const std::int64_t width = q < full_panels ? NR : tail;
-        T* panel = out + q * NR * depth;
-        for (std::int64_t pl = 0; pl < depth; pl += step) {
-            const std::int64_t pe = std::min(depth, pl + step);
-            for (std::int64_t j = 0; j < width; ++j) {
-                const T* src = b + (j0 + q * NR + j) * ldb + p0;
-                for (std::int64_t p = pl; p < pe; ++p) panel[p * NR + j] = src[p];
-            }
-            for (std::int64_t j = width; j < NR; ++j) {
-                for (std::int64_t p = pl; p < pe; ++p) panel[p * NR + j] = T(0);
-            }
-        }
-    }
-}
-
-// Packing storage kept between calls, so steady-state GEMMs neither allocate nor fault in
-// fresh pages. Grows to the largest request seen; 64-byte aligned.
-class pack_storage {
-   public:
-    pack_storage() = default;
-    pack_storage(const pack_storage&) = delete;
-    pack_storage& operator=(const pack_storage&) = delete;
-    ~pack_storage() { release(); }
-
-    void* get(std::size_t bytes) {
-        if (bytes > capacity_) {
-            release();
-            data_ = ::operator new (bytes, std::align_val_t{64});
-            capacity_ = bytes;
-        }
-        return data_;
-    }
-
-   private:
-    void release() noexcept {
-        if (data_ != nullptr) ::operator delete (data_, std::align_val_t{64});
-        data_ = nullptr;
-        capacity_ = 0;
-    }
-    void* data_ = nullptr;
-    std::size_t capacity_ = 0;
-};
-
-// One A panel per thread.
-inline pack_storage& a_panel_storage() {
-    thread_local pack_storage storage;
-    return storage;
-}
-// One B slice per thread, for single-tile products.
-inline pack_storage& b_slice_storage() {
-    thread_local pack_storage storage;
-    return storage;
-}
-// All of op(B), packed by the calling thread's team and shared by its tiles. Kept only up
-// to shared_b_keep_bytes; a larger packed B (an LM head's vocabulary projection) is
-// allocated for the one call, so the cache never pins that much memory.
-inline constexpr std::size_t shared_b_keep_bytes = std::size_t{32} << 20;
-inline pack_storage& b_shared_storage() {
-    thread_local pack_storage storage;
-    return storage;
-}
-
-struct problem {
-    transpose ta, tb;
-    std::int64_t m, n, k;
-    std::int64_t lda, ldb, ldc;
-};
-
-// Where a tile finds packed B: either all of op(B) packed up front (slice pc at
-// shared + pc * padded_n, so column j's panel sits at shared + pc * padded_n + j * depth),
-// or nothing, and the tile packs each slice it needs into its own buffer.
-template <class T>
-struct packed_b_source {
-    const T* shared = nullptr;
-    std::int64_t padded_n = 0;
-};
-
-// C[i0..i1, j0..j1] on the calling thread; i0 and j0 are multiples of the register tile.
-// Needs alpha != 0 and k > 0.
-template <class T, gemm_isa Isa>
-void multiply_tile(const problem& s, T alpha, const T* a, const T* b, T beta, T* c, std::int64_t i0, std::int64_t i1,
-                   std::int64_t j0, std::int64_t j1, packed_b_source<T> source) {
-    using config = kernel_config<T, Isa>;
-    constexpr int mr = config::mr;
-    constexpr int nr = config::nr;
-    const std::int64_t block_depth = std::min<std::int64_t>(config::kc, s.k);
-    T* packed_a = static_cast<T*>(a_panel_storage().get(sizeof(T) * static_cast<std::size_t>(mr * block_depth)));
-    T* local_b = nullptr;
-    if (source.shared == nullptr) {
-        const std::int64_t block_cols = std::min<std::int64_t>(config::nc, (j1 - j0 + nr - 1) / nr * nr);
-        local_b =
-            static_cast<T*>(b_slice_storage().get(sizeof(T) * static_cast<std::size_t>(block_cols * block_depth)));
-    }
-    alignas(64) T edge[mr * nr];
-
-    for (std::int64_t jc = j0; jc < j1; jc += config::nc) {
-        const std::int64_t cols = std::min<std::int64_t>(config::nc, j1 - jc);
-        for (std::int64_t pc = 0; pc < s.k; pc += config::kc) {
-            const std::int64_t depth = std::min<std::int64_t>(config::kc, s.k - pc);
-            // Later depth blocks accumulate onto what the first one wrote.
-            const T beta_block = pc == 0 ? beta : T(1);
-            const T* slice = nullptr;
-            if (source.shared != nullptr) {
-                slice = source.shared + pc * source.padded_n + jc * depth;
-            } else {
-                pack_b<config>(s.tb, b, s.ldb, pc, depth, jc, cols, local_b);
-                slice = local_b;
-            }
-            for (std::int64_t ic = i0; ic < i1; ic += mr) {
-                const std::int64_t rows = std::min<std::int64_t>(mr, i1 - ic);
-                pack_a<config>(s.ta, a, s.lda, ic, rows, pc, depth, packed_a);
-                for (std::int64_t jr = 0; jr < cols; jr += nr) {
-                    const std::int64_t width = std::min<std::int64_t>(nr, cols - jr);
-                    T* c_tile = c + ic * s.ldc + jc + jr;
-                    const T* b_panel = slice + jr * depth;
-                    if (rows == mr && width == nr) {
-                        config::run(depth, packed_a, b_panel, c_tile, s.ldc, alpha, beta_block);
-                        continue;
-                    }
-                    config::run(depth, packed_a, b_panel, edge, nr, T(1), T(0));
-                    for (std::int64_t i = 0; i < rows; ++i) {
-                        T* row = c_tile + i * s.ldc;
-                        const T* sum = edge + i * nr;
-                        if (beta_block == T(0)) {
-                            for (std::int64_t j = 0; j < width; ++j) row[j] = alpha * sum[j];
-                        } else {
-                            for (std::int64_t j = 0; j < width; ++j) row[j] = alpha * sum[j] + beta_block * row[j];
-                        }
-                    }
-                }
-            }
-        }
-    }
-}
-
-// C = beta * C over m x n, not reading C when beta == 0.
-template <class T>
-void scale_c(std::int64_t m, std::int64_t n, T beta, T* c, std::int64_t ldc) {
-    if (beta == T(1)) return;
-    for (std::int64_t i = 0; i < m; ++i) {
-        T* row = c + i * ldc;
-        if (beta == T(0)) {
-            std::fill(row, row + n, T(0));
-        } else {
-            for (std::int64_t j = 0; j < n; ++j) row[j] *= beta;
-        }
-    }
-}
-
-// How C is cut into tiles: row_parts x col_parts tiles of whole register tiles, handed out
-// one at a time to the threads that are free, so a slow or busy core takes fewer of them.
-struct tile_plan {
-    std::int64_t row_parts = 1;
-    std::int64_t col_parts = 1;
-    std::int64_t tiles() const { return row_parts * col_parts; }
-};
-
-// Picks the plan with the least estimated time, counted in flops of kernel work:
-//   one tile:   the tile, packing its own B
-//   many tiles: packing op(B) once, shared by the threads, + the work of all tiles / threads
-//               + the largest tile * (threads - 1) / threads (the expected tail of the join)
-// where a tile costs its (padded) multiply-adds, packing its A panels once per nc-wide block
-// of its columns, reading its packed B, and a fixed start-up.
-inline tile_plan plan_tiles(std::int64_t m, std::int64_t n, std::int64_t k, int mr, int nr, std::int64_t nc,
-                            unsigned threads) {
-    constexpr double pack_cost = 30;        // flops per packed element
-    constexpr double stream_cost = 12;      // flops per element of packed B read back from L3
-    constexpr double tile_cost = 2e4;       // flops to start a tile
-    constexpr double fork_join_cost = 4e5;  // flops per fork-join of the pool (twice: pack, multiply)
-    const std::int64_t row_units = (m + mr - 1) / mr;
-    const std::int64_t col_units = (n + nr - 1) / nr;
-    const double depth = static_cast<double>(k);
-    const auto cost_of_tile = [&](std::int64_t rows, std::int64_t cols, bool packs_b) {
-        const double column_blocks = static_cast<double>((cols + nc - 1) / nc);
-        return 2.0 * rows * cols * depth + pack_cost * depth * rows * column_blocks +
-               (packs_b ? pack_cost : stream_cost) * depth * cols + tile_cost;
-    };
-    tile_plan best;
-    double best_cost = cost_of_tile(row_units * mr, col_units * nr, true);
-    if (threads <= 1) return best;
-    const double team = threads;
-    const double shared_pack = pack_cost * depth * col_units * nr / team + 2 * fork_join_cost;
-    const std::int64_t most = 8 * static_cast<std::int64_t>(threads);
-    for (std::int64_t row_parts = 1; row_parts <= std::min(row_units, most); ++row_parts) {
-        for (std::int64_t col_parts = 1; col_parts <= std::min(col_units, most); ++col_parts) {
-            if (row_parts * col_parts == 1) continue;
-            const std::int64_t rows = (row_units + row_parts - 1) / row_parts * mr;
-            const std::int64_t cols = (col_units + col_parts - 1) / col_parts * nr;
-            const double one = cost_of_tile(rows, cols, false);
-            const double cost = shared_pack + row_parts * col_parts * one / team + one * (team - 1) / team;
-            if (cost < best_cost) {
-                best = {row_parts, col_parts};
-                best_cost = cost;
-            }
-        }
-    }
-    return best;
-}
-
-template <class T, gemm_isa Isa>
-void multiply(thread_pool& pool, const problem& s, T alpha, const T* a, const T* b, T beta, T* c) {
-    using config = kernel_config<T, Isa>;
-    constexpr int mr = config::mr;
-    constexpr int nr = config::nr;
-    // A gemm inside a parallel region runs on its own thread (parallel_for would be serial).
-    const unsigned threads = host::detail::inside_parallel_region() ? 1u : pool.size();
-    const tile_plan plan = plan_tiles(s.m, s.n, s.k, mr, nr, config::nc, threads);
-    if (plan.tiles() == 1) {
-        multiply_tile<T, Isa>(s, alpha, a, b, beta, c, 0, s.m, 0, s.n, {});
-        return;
-    }
-
-    // Phase 1: pack all of op(B), one (slice, nc-wide column block) per job.
-    const std::int64_t col_units = (s.n + nr - 1) / nr;
-    const std::int64_t padded_n = col_units * nr;
-    const std::size_t shared_bytes = sizeof(T) * static_cast<std::size_t>(padded_n * s.k);
-    pack_storage one_call;
-    pack_storage& storage = shared_bytes <= shared_b_keep_bytes ? b_shared_storage() : one_call;
-    T* shared = static_cast<T*>(storage.get(shared_bytes));
-    const std::int64_t slices = (s.k + config::kc - 1) / config::kc;
-    const std::int64_t column_blocks = (s.n + config::nc - 1) / config::nc;
-    pool.parallel_for(0, slices * column_blocks, 1, [&](std::int64_t lo, std::int64_t hi) {
-        for (std::int64_t job = lo; job < hi; ++job) {
-            const std::int64_t pc = job / column_blocks * config::kc;
-            const std::int64_t jc = job % column_blocks * config::nc;
-            const std::int64_t depth = std::min<std::int64_t>(config::kc, s.k - pc);
-            const std::int64_t cols = std::min<std::int64_t>(config::nc, s.n - jc);
-            pack_b<config>(s.tb, b, s.ldb, pc, depth, jc, cols, shared + pc * padded_n + jc * depth);
-        }
-    });
-
-    // Phase 2: the tiles, column block by column block so the threads share B in cache.
-    const std::int64_t row_units = (s.m + mr - 1) / mr;
-    const std::int64_t tiles = plan.tiles();
-    std::atomic<std::int64_t> next_tile{0};
-    const packed_b_source<T> source{shared, padded_n};
-    pool.parallel_for(0, std::min<std::int64_t>(threads, tiles), 1, [&](std::int64_t, std::int64_t) {
-        for (std::int64_t tile = next_tile.fetch_add(1); tile < tiles; tile = next_tile.fetch_add(1)) {
-            const std::int64_t q = tile / plan.row_parts;
-            const std::int64_t r = tile % plan.row_parts;
-            const std::int64_t i0 = row_units * r / plan.row_parts * mr;
-            const std::int64_t i1 = std::min(s.m, row_units * (r + 1) / plan.row_parts * mr);
-            const std::int64_t j0 = col_units * q / plan.col_parts * nr;
-            const std::int64_t j1 = std::min(s.n, col_units * (q + 1) / plan.col_parts * nr);
-            if (i0 < i1 && j0 < j1) multiply_tile<T, Isa>(s, alpha, a, b, beta, c, i0, i1, j0, j1, source);
-        }
-    });
-}
-
-// Throws usage_error naming the first argument that BLAS would reject.
-inline void check_arguments(const char* op, transpose ta, transpose tb, std::int64_t m, std::int64_t n, std::int64_t k,
-                            const void* a, std::int64_t lda, const void* b, std::int64_t ldb, const void* c,
-                            std::int64_t ldc) {
-    const auto fail = [op](const std::string& what) { throw usage_error(std::string(op) + ": " + what); };
-    const auto check_size = [&](const char* name, std::int64_t value) {
-        if (value < 0) fail(std::string(name) + " = " + std::to_string(value) + " is negative; pass " + name + " >= 0");
-    };
-    check_size("m", m);
-    check_size("n", n);
-    check_size("k", k);
-    const auto check_leading = [&](const char* name, std::int64_t value, std::int64_t row_length,
-                                   const std::string& layout) {
-        const std::int64_t least = std::max<std::int64_t>(1, row_length);
-        if (value < least) {
-            fail(std::string(name) + " = " + std::to_string(value) + " is smaller than the row length " +
-                 std::to_string(row_length) + " of " + layout + "; pass " + name + " >= " + std::to_string(least));
-        }
-    };
-    const std::string ms = std::to_string(m), ns = std::to_string(n), ks = std::to_string(k);
-    if (ta == transpose::no) {
-        check_leading("lda", lda, k, "A stored m x k = " + ms + " x " + ks + " (transpose::no)");
-    } else {
-        check_leading("lda", lda, m, "A stored k x m = " + ks + " x " + ms + " (transpose::yes)");
-    }
-    if (tb == transpose::no) {
-        check_leading("ldb", ldb, n, "B stored k x n = " + ks + " x " + ns + " (transpose::no)");
-    } else {
-        check_leading("ldb", ldb, k, "B stored n x k = " + ns + " x " + ks + " (transpose::yes)");
-    }
-    check_leading("ldc", ldc, n, "C (m x n = " + ms + " x " + ns + ")");
-    const auto check_pointer = [&](const char* name, const void* pointer, std::int64_t rows, std::int64_t cols,
-                                   const char* matrix) {
-        if (pointer == nullptr && rows > 0 && cols > 0) {
-            fail(std::string(name) + " is null but " + matrix + " is " + std::to_string(rows) + " x " +
-                 std::to_string(cols) + "; pass its data");
-        }
-    };
-    check_pointer("a", a, m, k, "op(A)");
-    check_pointer("b", b, k, n, "op(B)");
-    check_pointer("c", c, m, n, "C");
-}
-
-template <class T>
-inline constexpr bool is_gemm_element_v = std::is_same_v<T, float> || std::is_same_v<T, double>;
-
-// The fallback after validation, on `pool` (tests pass pools of other sizes).
-template <class T>
-void fallback_unchecked(gemm_isa isa, thread_pool& pool, transpose ta, transpose tb, std::int64_t m, std::int64_t n,
-                        std::int64_t k, T alpha, const T* a, std::int64_t lda, const T* b, std::int64_t ldb, T beta,
-                        T* c, std::int64_t ldc) {
-    if (m == 0 || n == 0) return;
-    if (k == 0 || alpha == T(0)) {
-        scale_c(m, n, beta, c, ldc);
-        return;
-    }
-    const problem s{ta, tb, m, n, k, lda, ldb, ldc};
-    switch (isa) {
-        case gemm_isa::avx512f: multiply<T, gemm_isa::avx512f>(pool, s, alpha, a, b, beta, c); return;
-        case gemm_isa::avx2_fma: multiply<T, gemm_isa::avx2_fma>(pool, s, alpha, a, b, beta, c); return;
-        case gemm_isa::portable: multiply<T, gemm_isa::portable>(pool, s, alpha, a, b, beta, c); return;
-    }
-}
-
-inline bool fits_in_int(std::int64_t value) { return value <= INT_MAX; }
-
-template <class T>
-void gemm_unchecked(transpose ta, transpose tb, std::int64_t m, std::int64_t n, std::int64_t k, T alpha, const T* a,
-                    std::int64_t lda, const T* b, std::int64_t ldb, T beta, T* c, std::int64_t ldc) {
-    if constexpr (has_cblas) {
-        // CBLAS takes int sizes; larger problems take the fallback rather than overflow.
-        // Inside a parallel region every core is already busy with this job, and OpenBLAS
-        // would add its own threads on top: the fallback runs on this thread instead.
-        if (gemm_uses_cblas() && !host::detail::inside_parallel_region() && fits_in_int(m) && fits_in_int(n) && fits_in_int(k) &&
-            fits_in_int(lda) && fits_in_int(ldb) && fits_in_int(ldc)) {
-            if (m == 0 || n == 0) return;
-            const bool trans_a = ta == transpose::yes;
-            const bool trans_b = tb == transpose::yes;
-            if constexpr (std::is_same_v<T, float>) {
-                cblas::sgemm(trans_a, trans_b, int(m), int(n), int(k), alpha, a, int(lda), b, int(ldb), beta, c,
-                             int(ldc));
-            } else {
-                cblas::dgemm(trans_a, trans_b, int(m), int(n), int(k), alpha, a, int(lda), b, int(ldb), beta, c,
-                             int(ldc));
-            }
-            return;
-        }
-    }
-    fallback_unchecked(gemm_best_isa(), thread_pool::global(), ta, tb, m, n, k, alpha, a, lda, b, ldb, beta, c, ldc);
-}
-
-}  // namespace detail::gemm
-
-// C = alpha * op(A) * op(B) + beta * C, through OpenBLAS when selected (gemm_uses_cblas()),
-// otherwise (and inside a parallel_for range) through gemm_fallback. T is float or double.
-template <class T>
-void gemm(transpose ta, transpose tb, std::int64_t m, std::int64_t n, std::int64_t k, T alpha, const T* a,
-          std::int64_t lda, const T* b, std::int64_t ldb, T beta, T* c, std::int64_t ldc) {
-    static_assert(detail::gemm::is_gemm_element_v<T>, "loom::host::gemm: T must be float or double");
-    detail::gemm::check_arguments("gemm", ta, tb, m, n, k, a, lda, b, ldb, c, ldc);
-    detail::gemm::gemm_unchecked(ta, tb, m, n, k, alpha, a, lda, b, ldb, beta, c, ldc);
-}
-
-// The portable path with an explicit micro-kernel (tests and benchmarks pin one this way).
-// Throws usage_error when this CPU cannot run `isa`.
-template <class T>
-void gemm_fallback(gemm_isa isa, transpose ta, transpose tb, std::int64_t m, std::int64_t n, std::int64_t k, T alpha,
-                   const T* a, std::int64_t lda, const T* b, std::int64_t ldb, T beta, T* c, std::int64_t ldc) {
-    static_assert(detail::gemm::is_gemm_element_v<T>, "loom::host::gemm_fallback: T must be float or double");
-    detail::gemm::check_arguments("gemm_fallback", ta, tb, m, n, k, a, lda, b, ldb, c, ldc);
-    if (!gemm_isa_supported(isa)) {
-        throw usage_error(std::string("gemm_fallback: this CPU cannot run the ") + to_string(isa) +
-                          " micro-kernel; pass gemm_best_isa() or check gemm_isa_supported() first");
-    }
-    detail::gemm::fallback_unchecked(isa, thread_pool::global(), ta, tb, m, n, k, alpha, a, lda, b, ldb, beta, c, ldc);
-}
-
-// The portable path with the best micro-kernel for this CPU; always available.
-template <class T>
-void gemm_fallback(transpose ta, transpose tb, std::int64_t m, std::int64_t n, std::int64_t k, T alpha, const T* a,
-                   std::int64_t lda, const T* b, std::int64_t ldb, T beta, T* c, std::int64_t ldc) {
-    gemm_fallback(gemm_best_isa(), ta, tb, m, n, k, alpha, a, lda, b, ldb, beta, c, ldc);
-}
-
-// For every g in [0, batch): gemm on a + g*stride_a, b + g*stride_b, c + g*stride_c.
-// A stride of 0 for A or B reuses one matrix for the whole batch; the C matrices must not
-// overlap (stride_c >= (m - 1) * ldc + n when batch > 1).
-template <class T>
-void gemm_batched(transpose ta, transpose tb, std::int64_t batch, std::int64_t m, std::int64_t n, std::int64_t k,
-                  T alpha, const T* a, std::int64_t lda, std::int64_t stride_a, const T* b, std::int64_t ldb,
-                  std::int64_t stride_b, T beta, T* c, std::int64_t ldc, std::int64_t stride_c) {
-    static_assert(detail::gemm::is_gemm_element_v<T>, "loom::host::gemm_batched: T must be float or double");
-    const auto fail = [](const std::string& what) { throw usage_error("gemm_batched: " + what); };
-    if (batch < 0) fail("batch = " + std::to_string(batch) + " is negative; pass batch >= 0");
-    detail::gemm::check_arguments("gemm_batched", ta, tb, m, n, k, a, lda, b, ldb, c, ldc);
-    if (stride_a < 0 || stride_b < 0 || stride_c < 0) {
-        fail("strides (" + std::to_string(stride_a) + ", " + std::to_string(stride_b) + ", " +
-             std::to_string(stride_c) + ") must not be negative; pass the distance between consecutive matrices");
-    }
-    if (batch > 1 && m > 0 && n > 0 && stride_c < (m - 1) * ldc + n) {
-        fail("stride_c = " + std::to_string(stride_c) + " makes the " + std::to_string(m) + " x " + std::to_string(n) +
-             " outputs (ldc = " + std::to_string(ldc) +
-             ") overlap; pass stride_c >= " + std::to_string((m - 1) * ldc + n));
-    }
-    if (batch == 0 || m == 0 || n == 0) return;
-    const auto one = [&](std::int64_t g) {
-        // A and B may be null when k == 0; no offset is applied to a null pointer.
-        const T* a_g = a == nullptr ? a : a + g * stride_a;
-        const T* b_g = b == nullptr ? b : b + g * stride_b;
-        detail::gemm::gemm_unchecked(ta, tb, m, n, k, alpha, a_g, lda, b_g, ldb, beta, c + g * stride_c, ldc);
-    };
-    // Small matrices (attention heads) go one per thread, each multiplied serially by the
-    // fallback (a gemm nested in parallel_for runs on its own thread); large ones use every
-    // thread (or OpenBLAS) each.
-    const double flops = 2.0 * static_cast<double>(m) * static_cast<double>(n) * static_cast<double>(k);
-    const thread_pool& pool = thread_pool::global();
-    if (batch >= pool.size() && flops <= 2.0 * 192 * 192 * 192) {
-        parallel_for(0, batch, 1, [&](std::int64_t lo, std::int64_t hi) {
-            for (std::int64_t g = lo; g < hi; ++g) one(g);
-        });
-        return;
-    }
-    for (std::int64_t g = 0; g < batch; ++g) one(g);
-}
-
-}  // namespace loom::host
-// ---- end loom/runtime/host/gemm.hpp ----
 
 namespace loom::host {
 

@@ -13,7 +13,11 @@
 //   schedule_orders.hpp   GPipe, 1F1B and interleaved block orders in linear time
 //   evaluate.hpp          cost_context, evaluate(configuration): step time and memory
 //   branch_and_bound.hpp  branch_and_bound, enumerate_all, search_result::explain
+//   apply_configuration.hpp  a configuration as per-device programs; executable_space()
+//   calibrate_host.hpp    the host backend measured as a cluster of in-process ranks
+#include <loom/search/apply_configuration.hpp>
 #include <loom/search/branch_and_bound.hpp>
+#include <loom/search/calibrate_host.hpp>
 #include <loom/search/communication.hpp>
 #include <loom/search/evaluate.hpp>
 #include <loom/search/folding.hpp>

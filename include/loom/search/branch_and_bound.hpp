@@ -171,6 +171,8 @@ struct recompute_group {
 // The least extra backward time over groups, with memory <= budget. Choices per group:
 // counts of each recompute option (folded) or per layer (groups of one).
 struct recompute_solver {
+    recompute_solver(const cost_context& c, const std::vector<recompute>& r) : ctx(c), choices(r) {}
+
     const cost_context& ctx;
     const std::vector<recompute>& choices;
     std::vector<recompute_group> groups;
@@ -325,8 +327,9 @@ private:
         for (int d = 0; d < c.pp; ++d) {
             const device_cost& dc = base.devices[static_cast<std::size_t>(d)];
             double fixed_memory = dc.memory.total() - dc.memory.activations;
-            detail::recompute_solver solver{ctx_, space_.recompute_choices, {}, 0.0, &stats_.knapsack_nodes,
-                                            [this] { return out_of_time(); }};
+            detail::recompute_solver solver(ctx_, space_.recompute_choices);
+            solver.nodes = &stats_.knapsack_nodes;
+            solver.out_of_time = [this] { return out_of_time(); };
             for (int k = d; k < c.pp * c.chunks; k += c.pp) {
                 const double weight = sched.in_flight[static_cast<std::size_t>(k)] * share * ctx_.options().activation_bytes / c.tp;
                 std::vector<detail::recompute_group> chunk_groups;

@@ -78,8 +78,9 @@ struct evaluation {
 // Per-layer times and the schedules' orders, computed once for a model and cluster.
 class cost_context {
 public:
-    cost_context(const model_profile& model, const cluster& hw, const search_options& options)
-        : model_(&model), hw_(hw), options_(options) {
+    // Keeps its own copy of the profile, so a temporary may be passed.
+    cost_context(model_profile model, const cluster& hw, const search_options& options)
+        : model_(std::move(model)), hw_(hw), options_(options) {
         memory_cap_ = options.memory_per_device > 0 ? options.memory_per_device : hw.device.memory_bytes;
         const double peak = hw.device.peak_flops(options.compute);
         const auto time_of = [&](const work& w) {
@@ -89,12 +90,12 @@ public:
                    std::max(w.memory_bound_flops / (peak * hw.device.elementwise_efficiency),
                             w.memory_bound_elements * bytes / (hw.device.memory_bandwidth * hw.device.elementwise_efficiency));
         };
-        for (const layer_profile& l : model.layers) {
+        for (const layer_profile& l : model_.layers) {
             times_.push_back({time_of(l.forward), time_of(l.backward), time_of(l.memory_bound_forward)});
         }
-        for (std::size_t i = 0; i < model.layers.size(); ++i)
-            if (model.layers[i].role == layer_role::repeated) repeated_.push_back(static_cast<int>(i));
-            else if (model.layers[i].role == layer_role::prologue) prologue_ = static_cast<int>(i);
+        for (std::size_t i = 0; i < model_.layers.size(); ++i)
+            if (model_.layers[i].role == layer_role::repeated) repeated_.push_back(static_cast<int>(i));
+            else if (model_.layers[i].role == layer_role::prologue) prologue_ = static_cast<int>(i);
             else epilogue_ = static_cast<int>(i);
     }
 
@@ -102,7 +103,7 @@ public:
         double forward = 0, backward = 0, memory_bound_forward = 0;  // s at the graph's batch, one device
     };
 
-    const model_profile& model() const { return *model_; }
+    const model_profile& model() const { return model_; }
     const cluster& hardware() const { return hw_; }
     const search_options& options() const { return options_; }
     double memory_cap() const { return memory_cap_; }
@@ -119,7 +120,7 @@ public:
                                            : 0.0;
     }
     double kept_elements(int layer, recompute r) const {
-        const layer_profile& l = model_->layers[static_cast<std::size_t>(layer)];
+        const layer_profile& l = model_.layers[static_cast<std::size_t>(layer)];
         return r == recompute::full ? l.input_elements
                : r == recompute::selective ? l.saved_elements - l.cheap_saved_elements
                                            : l.saved_elements;
@@ -145,7 +146,7 @@ public:
     int schedules_built() const { return schedules_built_; }
 
 private:
-    const model_profile* model_;
+    model_profile model_;
     cluster hw_;
     search_options options_;
     double memory_cap_ = 0;

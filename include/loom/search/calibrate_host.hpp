@@ -1,0 +1,94 @@
+#pragma once
+// Calibration of the host backend as a cluster the searcher can plan for: n in-process
+// ranks on this machine. The only search header that runs kernels: it times loom's host
+// GEMM and a streaming copy, and writes what it measured into a profile.
+//
+//   search::cluster hw = search::calibrate_host(4);   // about 0.3 s
+//   search::save_cluster(hw, "host.json");            // or plan with it directly
+//
+// What is measured and what is assumed:
+// - peak_flops_fp32: float GEMMs of 512^3 on the whole thread pool, best of three, divided
+//   by the ranks (in-process ranks share the cores); gemm_efficiency 1 since this is what
+//   loom's kernels reach. No fp16: plan in precision::fp32.
+// - memory_bandwidth: a 64 MiB copy (read + write), best of three, divided by the ranks;
+//   elementwise_efficiency 1.
+// - memory_bytes: the machine's available memory divided by the ranks.
+// - the "intra-node link" is the copy bandwidth of one rank (in-process messages are
+//   memory copies) with a 20 us latency per message (a thread hand-off: assumed, not
+//   measured). One node, no NICs used.
+#include <algorithm>
+#include <chrono>
+#include <cstdint>
+#include <cstring>
+#include <fstream>
+#include <string>
+#include <vector>
+
+#include <loom/core/error.hpp>
+#include <loom/runtime/host/gemm.hpp>
+#include <loom/search/hardware.hpp>
+
+namespace loom::search {
+
+namespace detail {
+
+template <class F>
+double best_seconds(int repeats, F&& f) {
+    double best = 1e300;
+    for (int r = 0; r < repeats; ++r) {
+        const auto start = std::chrono::steady_clock::now();
+        f();
+        best = std::min(best, std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count());
+    }
+    return best;
+}
+
+// MemAvailable from /proc/meminfo, in bytes (0 when unknown).
+inline double available_memory_bytes() {
+    std::ifstream in("/proc/meminfo");
+    std::string key;
+    double kib = 0;
+    std::string unit;
+    while (in >> key >> kib >> unit)
+        if (key == "MemAvailable:") return kib * 1024.0;
+    return 0;
+}
+
+}  // namespace detail
+
+inline cluster calibrate_host(int ranks) {
+    if (ranks < 1)
+        throw usage_error("calibrate_host: " + std::to_string(ranks) + " ranks; give the number of in-process ranks, at least 1");
+    const std::int64_t n = 512;
+    std::vector<float> a(static_cast<std::size_t>(n * n), 1.0f), b(a.size(), 0.5f), c(a.size(), 0.0f);
+    const auto run_gemm = [&] {
+        host::gemm<float>(host::transpose::no, host::transpose::no, n, n, n, 1.0f, a.data(), n, b.data(), n, 0.0f, c.data(), n);
+    };
+    run_gemm();  // warm up: pack buffers, thread pool
+    const double gemm_seconds = detail::best_seconds(3, run_gemm);
+    const double flops = 2.0 * static_cast<double>(n) * n * n / gemm_seconds;
+
+    const std::size_t bytes = 64u << 20;
+    std::vector<char> from(bytes, 1), to(bytes, 0);
+    const double copy_seconds = detail::best_seconds(3, [&] { std::memcpy(to.data(), from.data(), bytes); });
+    const double bandwidth = 2.0 * static_cast<double>(bytes) / copy_seconds;
+
+    cluster hw;
+    hw.name = "host x" + std::to_string(ranks) + " (calibrated)";
+    hw.device.name = "host rank";
+    hw.device.peak_flops_fp32 = flops / ranks;
+    hw.device.peak_flops_fp16 = 0;
+    hw.device.memory_bandwidth = bandwidth / ranks;
+    const double memory = detail::available_memory_bytes();
+    hw.device.memory_bytes = (memory > 0 ? memory : 8.0 * (1ull << 30)) / ranks;
+    hw.device.gemm_efficiency = 1.0;
+    hw.device.elementwise_efficiency = 1.0;
+    hw.topo.devices_per_node = ranks;
+    hw.topo.nodes = 1;
+    hw.topo.intra_node = {bandwidth / 2.0 / ranks, 20e-6};
+    hw.topo.inter_node_per_nic = {bandwidth / 2.0 / ranks, 20e-6};
+    hw.topo.nics_per_node = 1;
+    return hw;
+}
+
+}  // namespace loom::search
