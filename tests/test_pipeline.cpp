@@ -6,6 +6,7 @@
 // keeps fewer micro-batches' activations than GPipe, as its arena shows.
 #include <catch2/catch.hpp>
 
+#include <filesystem>
 #include <string>
 
 #include <loom/models/evoformer.hpp>
@@ -15,6 +16,7 @@
 #include <loom/schedule/templates.hpp>
 #include <loom/search/apply_configuration.hpp>
 #include <loom/search/branch_and_bound.hpp>
+#include <loom/search/plan_json.hpp>
 
 #include "support/plan_equivalence.hpp"
 
@@ -234,6 +236,23 @@ TEST_CASE("searched configurations run and train like one device", "[pipeline][s
                 CHECK(testing::relative(per_rank.at(step).loss, reference[step].loss) <= 1e-9);
                 CHECK(testing::relative(per_rank.at(step).grad_norm, reference[step].grad_norm) <= 1e-9);
             }
+    }
+    // Saved and loaded back, the plan gives the same programs: nodes, in the same order.
+    const std::string path = (std::filesystem::temp_directory_path() / "loom_test_searched_plan.json").string();
+    search::save_configuration(found.best, path);
+    const auto original = search::apply_configuration(forward, found.best);
+    const auto loaded = search::apply_configuration(forward, search::load_configuration(path));
+    std::filesystem::remove(path);
+    REQUIRE(loaded.world == original.world);
+    CHECK(loaded.order == original.order);
+    for (int d = 0; d < original.world; ++d) {
+        const graph& a = original.devices[static_cast<std::size_t>(d)].ir();
+        const graph& b = loaded.devices[static_cast<std::size_t>(d)].ir();
+        REQUIRE(a.nodes.size() == b.nodes.size());
+        for (std::size_t i = 0; i < a.nodes.size(); ++i) {
+            CHECK(a.nodes[i].name == b.nodes[i].name);
+            CHECK(a.nodes[i].op == b.nodes[i].op);
+        }
     }
     search::configuration zero = found.best;
     zero.zero = search::zero_stage::optimizer;

@@ -5,6 +5,8 @@
 #include <catch2/catch.hpp>
 
 #include <cmath>
+#include <filesystem>
+#include <fstream>
 #include <random>
 #include <string>
 #include <vector>
@@ -13,6 +15,7 @@
 #include <loom/schedule/simulate.hpp>
 #include <loom/schedule/templates.hpp>
 #include <loom/search/branch_and_bound.hpp>
+#include <loom/search/plan_json.hpp>
 
 using namespace loom;
 
@@ -233,4 +236,37 @@ TEST_CASE("the search is deterministic and explains its answer", "[search][bnb]"
     CHECK(text.find("predicted step") != std::string::npos);
     CHECK(text.find("cut by bound") != std::string::npos);
     CHECK(first.stats.pruned_by_bound > 0);
+}
+
+TEST_CASE("a configuration saved as JSON loads back identical; bad files say what to fix", "[search][json]") {
+    const graph g = models::gpt({.layers = 8, .hidden = 1024, .heads = 16, .vocab = 1024, .seq = 512, .batch = 64})
+                        .training_graph();
+    search::search_options o;
+    o.memory_per_device = 2e9;
+    search::cost_context ctx(search::profile_model(g), search::dgx2_v100(1), o);
+    const auto found = search::branch_and_bound(ctx, {});
+    REQUIRE(found.found);
+    const std::string path = (std::filesystem::temp_directory_path() / "loom_test_configuration.json").string();
+    search::save_configuration(found.best, path);
+    const search::configuration back = search::load_configuration(path);
+    CHECK(search::to_json(back) == search::to_json(found.best));
+    CHECK(back.recompute_of == found.best.recompute_of);
+    CHECK(search::evaluate(ctx, back).step_time == found.cost.step_time);
+
+    auto broken = search::to_json(found.best);
+    broken["schedule"] = "2F2B";
+    CHECK_THROWS_WITH(search::configuration_from_json(broken, "plan.json"),
+                      Catch::Contains("plan.json") && Catch::Contains("schedule") && Catch::Contains("1F1B"));
+    broken = search::to_json(found.best);
+    broken["recompute"].push_back("none");
+    CHECK_THROWS_WITH(search::configuration_from_json(broken, "plan.json"), Catch::Contains("one recompute choice per layer"));
+    broken = search::to_json(found.best);
+    broken["tp"] = 0;
+    CHECK_THROWS_WITH(search::configuration_from_json(broken, "plan.json"), Catch::Contains("\"tp\" must be a positive integer"));
+    broken = search::to_json(found.best);
+    broken["version"] = 7;
+    CHECK_THROWS_WITH(search::configuration_from_json(broken, "plan.json"), Catch::Contains("version 7"));
+    std::ofstream(path) << "{ not json";
+    CHECK_THROWS_WITH(search::load_configuration(path), Catch::Contains(path) && Catch::Contains("not JSON"));
+    std::filesystem::remove(path);
 }

@@ -15,6 +15,9 @@
 //   branch_and_bound.hpp  branch_and_bound, enumerate_all, search_result::explain
 //   apply_configuration.hpp  a configuration as per-device programs; executable_space()
 //   calibrate_host.hpp    the host backend measured as a cluster of in-process ranks
+//   plan_json.hpp         a configuration as JSON and back (loom_plan --out)
+//   order_search.hpp      temporal-order search: per-device block orders under constraints
+//                         and a memory cap, minimising the makespan
 #include <loom/search/apply_configuration.hpp>
 #include <loom/search/branch_and_bound.hpp>
 #include <loom/search/calibrate_host.hpp>
@@ -24,5 +27,7 @@
 #include <loom/search/hardware.hpp>
 #include <loom/search/memory.hpp>
 #include <loom/search/model_profile.hpp>
+#include <loom/search/order_search.hpp>
+#include <loom/search/plan_json.hpp>
 #include <loom/search/plan_space.hpp>
 #include <loom/search/schedule_orders.hpp>

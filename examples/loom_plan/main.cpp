@@ -1,0 +1,60 @@
+// loom_plan: model, cluster and constraints in; the best plan out, with an explanation,
+// a plan file that loads back (--out) and the predicted timeline as a Chrome trace (--trace).
+//
+//   loom_plan --layers 48 --hidden 4096 --heads 32 --cluster dgx2_v100:2 --memory 32e9
+//             --out plan.json --trace timeline.json
+//   loom_plan --request request.json              the same options as a JSON object
+//   loom_plan --load plan.json --cluster ...      the predicted cost of a saved plan
+#include <cstdio>
+
+#include <CLI/CLI.hpp>
+
+#include "options.hpp"
+
+int main(int argc, char** argv) {
+    CLI::App app{"Search the best training plan for a GPT on a cluster with loom's branch-and-bound"};
+    loom_plan_options o;
+    std::string request;
+    app.add_option("--request", request, "JSON file with any of these options (names without dashes)");
+    app.add_option("--layers", o.layers, "transformer blocks")->check(CLI::PositiveNumber);
+    app.add_option("--hidden", o.hidden, "hidden size")->check(CLI::PositiveNumber);
+    app.add_option("--heads", o.heads, "attention heads")->check(CLI::PositiveNumber);
+    app.add_option("--seq", o.seq, "sequence length")->check(CLI::PositiveNumber);
+    app.add_option("--vocab", o.vocab, "vocabulary size")->check(CLI::PositiveNumber);
+    app.add_option("--batch", o.batch, "global batch, in sequences")->check(CLI::PositiveNumber);
+    app.add_option("--cluster", o.cluster,
+                   "preset:nodes, preset one of dgx1_v100, dgx1_v100_8nic, dgx2_v100, dgx_a100, dgx_h100");
+    app.add_option("--cluster-json", o.cluster_json, "a cluster profile (search::save_cluster) instead of a preset");
+    app.add_option("--memory", o.memory, "bytes per device the plan may use (default: the device's memory)");
+    app.add_option("--precision", o.precision, "bf16 or fp16 (mixed-precision Adam), or fp32")
+        ->check(CLI::IsMember({"bf16", "fp16", "fp32"}));
+    app.add_option("--tp", o.tp, "tensor-parallel degrees to consider");
+    app.add_option("--pp", o.pp, "pipeline stage counts to consider");
+    app.add_option("--micro-batches", o.micro_batches, "micro-batch counts to consider");
+    app.add_option("--zero", o.zero, "ZeRO stages to consider (0-3)");
+    app.add_option("--schedules", o.schedules, "gpipe, 1f1b, interleaved");
+    app.add_option("--recompute", o.recompute, "none, selective, full");
+    app.add_flag("--boundaries", o.boundaries, "search the pipeline stage boundaries (default: even split)");
+    app.add_flag("--executable", o.executable, "only what loom's executor runs today (no ZeRO, no recompute)");
+    app.add_flag("--unfolded", o.unfolded, "decide per layer instead of once per class of identical layers");
+    app.add_option("--budget", o.budget, "search time budget in seconds (then: the best so far and its proven gap)");
+    app.add_option("--out", o.out, "write the plan (configuration JSON) here");
+    app.add_option("--trace", o.trace, "write the predicted timeline here (Chrome trace JSON, open in Perfetto)");
+    app.add_option("--save-cluster", o.save_cluster, "write the cluster profile used here (JSON)");
+    app.add_option("--load", o.load, "evaluate this saved plan instead of searching");
+    CLI11_PARSE(app, argc, argv);
+    if (!request.empty()) {
+        loom_plan_options from_file;
+        try {
+            apply_request_file(request, from_file);
+        } catch (const std::exception& e) {
+            std::fprintf(stderr, "error: %s\n", e.what());
+            return 2;
+        }
+        // Parse again over the request's values, so the command line wins.
+        o = from_file;
+        app.clear();
+        CLI11_PARSE(app, argc, argv);
+    }
+    return run_loom_plan(o);
+}

@@ -1,0 +1,33 @@
+#pragma once
+// What loom_plan is asked to do. The command line (or a JSON request) is read in main.cpp
+// and the search runs in plan.cpp, so CLI11 and loom compile in separate translation units.
+#include <cstdint>
+#include <string>
+#include <vector>
+
+struct loom_plan_options {
+    // the model (GPT)
+    std::int64_t layers = 24, hidden = 2048, heads = 16, seq = 2048, vocab = 50304, batch = 512;
+    // the cluster: a preset "name:nodes" or a JSON profile
+    std::string cluster = "dgx_a100:4";
+    std::string cluster_json;
+    double memory = 0;  // bytes per device; 0: the device's memory
+    std::string precision = "bf16";  // bf16 / fp16 (mixed precision, Adam) or fp32
+    // the space: empty lists mean every value that fits
+    std::vector<int> tp, pp, micro_batches, zero;
+    std::vector<std::string> schedules, recompute;
+    bool boundaries = false;  // search stage boundaries
+    bool executable = false;  // only what the executor runs today (no ZeRO, no recompute)
+    bool unfolded = false;    // decide per layer instead of per class of identical layers
+    double budget = 0;        // seconds; 0: search to the end
+    // outputs
+    std::string out, trace, save_cluster;
+    std::string load;  // evaluate this saved configuration instead of searching
+};
+
+// Reads a JSON request ({"layers": 24, "cluster": "dgx2_v100:2", "tp": [1, 2], ...}, the
+// option names without dashes, '-' as '_') over the defaults; throws with the key on error.
+void apply_request_file(const std::string& path, loom_plan_options& o);
+
+// Searches (or evaluates o.load) and prints; returns the exit code.
+int run_loom_plan(const loom_plan_options& o);

@@ -1,0 +1,181 @@
+// The loom half of loom_plan: builds and profiles the model, loads or picks the cluster,
+// searches (or evaluates a saved plan), and writes the plan, the cluster and the trace.
+#include <cstdio>
+#include <fstream>
+#include <stdexcept>
+#include <string>
+
+#include <nlohmann/json.hpp>
+
+#include <loom/loom.hpp>
+
+#include "options.hpp"
+
+using namespace loom;
+
+namespace {
+
+search::cluster cluster_of(const loom_plan_options& o) {
+    if (!o.cluster_json.empty()) return search::load_cluster(o.cluster_json);
+    const auto colon = o.cluster.find(':');
+    const std::string name = o.cluster.substr(0, colon);
+    const int nodes = colon == std::string::npos ? 1 : std::stoi(o.cluster.substr(colon + 1));
+    if (name == "dgx1_v100") return search::dgx1_v100(nodes, 1);
+    if (name == "dgx1_v100_8nic") return search::dgx1_v100(nodes, 8);
+    if (name == "dgx2_v100") return search::dgx2_v100(nodes);
+    if (name == "dgx_a100") return search::dgx_a100(nodes);
+    if (name == "dgx_h100") return search::dgx_h100(nodes);
+    throw usage_error("loom_plan: unknown cluster preset '" + name +
+                      "'; give dgx1_v100, dgx1_v100_8nic, dgx2_v100, dgx_a100 or dgx_h100, as name:nodes");
+}
+
+search::schedule_kind schedule_of(const std::string& s) {
+    if (s == "gpipe") return search::schedule_kind::gpipe;
+    if (s == "1f1b") return search::schedule_kind::one_f_one_b;
+    if (s == "interleaved") return search::schedule_kind::interleaved;
+    throw usage_error("loom_plan: unknown schedule '" + s + "'; give gpipe, 1f1b or interleaved");
+}
+
+search::recompute recompute_of(const std::string& s) {
+    if (s == "none") return search::recompute::none;
+    if (s == "selective") return search::recompute::selective;
+    if (s == "full") return search::recompute::full;
+    throw usage_error("loom_plan: unknown recompute choice '" + s + "'; give none, selective or full");
+}
+
+search::search_space space_of(const loom_plan_options& o) {
+    search::search_space s = o.executable ? search::executable_space() : search::search_space{};
+    s.tp = o.tp;
+    s.pp = o.pp;
+    s.micro_batches = o.micro_batches;
+    if (!o.zero.empty()) {
+        s.zero.clear();
+        for (int z : o.zero) {
+            if (z < 0 || z > 3) throw usage_error("loom_plan: --zero " + std::to_string(z) + "; ZeRO stages are 0 to 3");
+            s.zero.push_back(static_cast<search::zero_stage>(z));
+        }
+    }
+    if (!o.schedules.empty()) {
+        s.schedules.clear();
+        for (const auto& name : o.schedules) s.schedules.push_back(schedule_of(name));
+    }
+    if (!o.recompute.empty()) {
+        s.recompute_choices.clear();
+        for (const auto& name : o.recompute) s.recompute_choices.push_back(recompute_of(name));
+    }
+    s.search_stage_boundaries = o.boundaries;
+    return s;
+}
+
+// The predicted timeline of a configuration: its block orders timed with its chunk costs.
+std::string trace_of(search::cost_context& ctx, const search::configuration& c, const search::evaluation& e) {
+    const auto& orders = ctx.schedule_orders(c.schedule, c.pp, c.chunks, c.micro_batches);
+    schedule::cost_model costs;
+    costs.forward_per_stage = e.chunk_forward;
+    costs.backward_per_stage = e.chunk_backward;
+    costs.latency = search::stage_message_time(ctx, c);
+    return schedule::chrome_trace_json(schedule::simulate(orders.order, costs), 1e6);  // seconds -> us
+}
+
+}  // namespace
+
+void apply_request_file(const std::string& path, loom_plan_options& o) {
+    std::ifstream in(path);
+    if (!in) throw std::runtime_error("loom_plan: cannot read the request " + path);
+    nlohmann::json j;
+    try {
+        in >> j;
+    } catch (const nlohmann::json::exception& e) {
+        throw std::runtime_error("loom_plan: the request " + path + " is not JSON: " + e.what());
+    }
+    if (!j.is_object()) throw std::runtime_error("loom_plan: the request " + path + " must be a JSON object of options");
+    for (const auto& [key, value] : j.items()) {
+        try {
+            if (key == "layers") o.layers = value.get<std::int64_t>();
+            else if (key == "hidden") o.hidden = value.get<std::int64_t>();
+            else if (key == "heads") o.heads = value.get<std::int64_t>();
+            else if (key == "seq") o.seq = value.get<std::int64_t>();
+            else if (key == "vocab") o.vocab = value.get<std::int64_t>();
+            else if (key == "batch") o.batch = value.get<std::int64_t>();
+            else if (key == "cluster") o.cluster = value.get<std::string>();
+            else if (key == "cluster_json") o.cluster_json = value.get<std::string>();
+            else if (key == "memory") o.memory = value.get<double>();
+            else if (key == "precision") o.precision = value.get<std::string>();
+            else if (key == "tp") o.tp = value.get<std::vector<int>>();
+            else if (key == "pp") o.pp = value.get<std::vector<int>>();
+            else if (key == "micro_batches") o.micro_batches = value.get<std::vector<int>>();
+            else if (key == "zero") o.zero = value.get<std::vector<int>>();
+            else if (key == "schedules") o.schedules = value.get<std::vector<std::string>>();
+            else if (key == "recompute") o.recompute = value.get<std::vector<std::string>>();
+            else if (key == "boundaries") o.boundaries = value.get<bool>();
+            else if (key == "executable") o.executable = value.get<bool>();
+            else if (key == "unfolded") o.unfolded = value.get<bool>();
+            else if (key == "budget") o.budget = value.get<double>();
+            else if (key == "out") o.out = value.get<std::string>();
+            else if (key == "trace") o.trace = value.get<std::string>();
+            else if (key == "save_cluster") o.save_cluster = value.get<std::string>();
+            else if (key == "load") o.load = value.get<std::string>();
+            else throw std::runtime_error("unknown option; see loom_plan --help (names without dashes, '_' for '-')");
+        } catch (const std::exception& e) {
+            throw std::runtime_error("loom_plan: the request " + path + ", key \"" + key + "\": " + e.what());
+        }
+    }
+}
+
+int run_loom_plan(const loom_plan_options& o) {
+    try {
+        const models::gpt_config config{.layers = o.layers, .hidden = o.hidden, .heads = o.heads, .vocab = o.vocab,
+                                        .seq = o.seq, .batch = o.batch};
+        const search::cluster hw = cluster_of(o);
+        if (!o.save_cluster.empty()) search::save_cluster(hw, o.save_cluster);
+        search::search_options options;
+        options.memory_per_device = o.memory;
+        if (o.precision == "fp32") {
+            options.compute = search::precision::fp32;
+            options.activation_bytes = 4;
+            options.states = search::fp32_adam();
+        } else if (o.precision == "fp16") {
+            options.compute = search::precision::fp16;
+        } else if (o.precision != "bf16") {
+            throw usage_error("loom_plan: precision '" + o.precision + "'; give bf16, fp16 or fp32");
+        }
+        options.fold = !o.unfolded;
+        options.time_budget_seconds = o.budget;
+        search::cost_context ctx(search::profile_model(models::gpt(config).training_graph()), hw, options);
+        std::printf("model: GPT, %lld layers, hidden %lld, %lld heads, seq %lld, vocab %lld, batch %lld (%.2fB parameters)\n",
+                    static_cast<long long>(o.layers), static_cast<long long>(o.hidden), static_cast<long long>(o.heads),
+                    static_cast<long long>(o.seq), static_cast<long long>(o.vocab), static_cast<long long>(o.batch),
+                    ctx.model().parameters / 1e9);
+        std::printf("cluster: %s, %d devices of %.0f GB\n", hw.name.c_str(), hw.devices(), hw.device.memory_bytes / 1e9);
+
+        search::search_result result;
+        if (!o.load.empty()) {
+            result.best = search::load_configuration(o.load);
+            if (result.best.devices() != hw.devices())
+                throw usage_error("loom_plan: " + o.load + " is a plan for " + std::to_string(result.best.devices()) +
+                                  " devices but the cluster has " + std::to_string(hw.devices()) + "; give the cluster it was made for");
+            result.cost = search::evaluate(ctx, result.best);
+            result.found = result.cost.feasible;
+            result.cluster_name = hw.name;
+            if (!result.found) std::printf("the saved plan does not fit: %s\n", result.cost.why_infeasible.c_str());
+        } else {
+            result = search::branch_and_bound(ctx, space_of(o));
+        }
+        std::printf("%s", result.explain().c_str());
+        if (!result.found) return 1;
+        std::printf("throughput: %.1f sequences/s, %.0f tokens/s\n", static_cast<double>(o.batch) / result.cost.step_time,
+                    static_cast<double>(o.batch * o.seq) / result.cost.step_time);
+        if (!o.out.empty()) {
+            search::save_configuration(result.best, o.out);
+            std::printf("plan written to %s\n", o.out.c_str());
+        }
+        if (!o.trace.empty()) {
+            std::ofstream(o.trace) << trace_of(ctx, result.best, result.cost);
+            std::printf("predicted timeline written to %s (open it in Perfetto)\n", o.trace.c_str());
+        }
+        return 0;
+    } catch (const loom::error& e) {
+        std::fprintf(stderr, "error: %s\n", e.what());
+        return 2;
+    }
+}
