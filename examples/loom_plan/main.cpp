@@ -35,6 +35,8 @@ int main(int argc, char** argv) {
     app.add_option("--schedules", o.schedules, "gpipe, 1f1b, interleaved");
     app.add_option("--recompute", o.recompute, "none, selective, full");
     app.add_flag("--boundaries", o.boundaries, "search the pipeline stage boundaries (default: even split)");
+    app.add_option("--boundary-slack", o.boundary_slack,
+                   "with --boundaries: each stage within this many layers of the even split (0: any)");
     app.add_flag("--executable", o.executable, "only what loom's executor runs today (no ZeRO, no recompute)");
     app.add_flag("--unfolded", o.unfolded, "decide per layer instead of once per class of identical layers");
     app.add_option("--budget", o.budget, "search time budget in seconds (then: the best so far and its proven gap)");

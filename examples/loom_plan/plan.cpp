@@ -64,6 +64,7 @@ search::search_space space_of(const loom_plan_options& o) {
         for (const auto& name : o.recompute) s.recompute_choices.push_back(recompute_of(name));
     }
     s.search_stage_boundaries = o.boundaries;
+    s.boundary_slack = o.boundary_slack;
     return s;
 }
 
@@ -108,6 +109,7 @@ void apply_request_file(const std::string& path, loom_plan_options& o) {
             else if (key == "schedules") o.schedules = value.get<std::vector<std::string>>();
             else if (key == "recompute") o.recompute = value.get<std::vector<std::string>>();
             else if (key == "boundaries") o.boundaries = value.get<bool>();
+            else if (key == "boundary_slack") o.boundary_slack = value.get<int>();
             else if (key == "executable") o.executable = value.get<bool>();
             else if (key == "unfolded") o.unfolded = value.get<bool>();
             else if (key == "budget") o.budget = value.get<double>();

@@ -80,3 +80,5 @@
 // models
 #include <loom/models/evoformer.hpp>
 #include <loom/models/gpt.hpp>
+#include <loom/models/swin.hpp>
+#include <loom/models/t5.hpp>

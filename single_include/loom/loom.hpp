@@ -11227,6 +11227,9 @@ struct search_space {
     std::vector<recompute> recompute_choices{recompute::none, recompute::selective, recompute::full};
     int interleave_chunks = 2;            // v of the interleaved schedule
     bool search_stage_boundaries = false;  // false: layers split evenly over chunks
+    int boundary_slack = 0;  // with boundaries searched: each chunk within this many layers of
+                             // the even share (0: any positive count; the count of splits grows
+                             // as C(layers - 1, chunks - 1))
     int max_tp = 0;                        // 0: the devices of one node
 };
 
@@ -12968,23 +12971,34 @@ struct candidates {
     }
 };
 
-// Every split of `layers` into `parts` positive counts (the even split first).
-inline void for_each_split(int layers, int parts, bool all, const std::function<bool(const std::vector<int>&)>& visit) {
+// Every split of `layers` into `parts` positive counts (the even split first). With a
+// slack, each count stays within `slack` of the even share (floor or ceiling).
+// `cut(k, split)` (optional) is asked after counts 0..k are chosen (k < parts - 1) and may
+// cut every split that starts so.
+inline void for_each_split(int layers, int parts, bool all, int slack,
+                           const std::function<bool(const std::vector<int>&)>& visit,
+                           const std::function<bool(int, const std::vector<int>&)>& cut = {}) {
     if (!all) {
         visit(std::vector<int>(static_cast<std::size_t>(parts), layers / parts));
         return;
     }
+    const int low = slack > 0 ? std::max(1, layers / parts - slack) : 1;
+    const int high = slack > 0 ? (layers + parts - 1) / parts + slack : layers;
     std::vector<int> split(static_cast<std::size_t>(parts), 0);
     if (layers % parts == 0 && !visit(std::vector<int>(static_cast<std::size_t>(parts), layers / parts))) return;
     std::function<bool(int, int)> go = [&](int k, int left) {
         if (k == parts - 1) {
+            if (left < low || left > high) return true;
             split[static_cast<std::size_t>(k)] = left;
             if (layers % parts == 0 && std::all_of(split.begin(), split.end(), [&](int x) { return x == layers / parts; }))
                 return true;  // visited first
             return visit(split);
         }
-        for (int n = 1; n <= left - (parts - 1 - k); ++n) {
+        const int rest = parts - 1 - k;
+        for (int n = low; n <= std::min(high, left - rest * low); ++n) {
+            if (left - n > rest * high) continue;
             split[static_cast<std::size_t>(k)] = n;
+            if (cut && cut(k, split)) continue;
             if (!go(k + 1, left - n)) return false;
         }
         return true;
@@ -13100,12 +13114,15 @@ public:
                             c.schedule = kind;
                             c.chunks = chunks;
                             const int layers = static_cast<int>(ctx_.repeated().size());
-                            detail::for_each_split(layers, pp * chunks, space_.search_stage_boundaries,
-                                                   [&](const std::vector<int>& split) {
-                                                       c.layers_per_chunk = split;
-                                                       visit(c, work_bound);
-                                                       return true;
-                                                   });
+                            const auto chunk_bound = boundary_bound(c);
+                            detail::for_each_split(
+                                layers, pp * chunks, space_.search_stage_boundaries, space_.boundary_slack,
+                                [&](const std::vector<int>& split) {
+                                    c.layers_per_chunk = split;
+                                    visit(c, work_bound);
+                                    return true;
+                                },
+                                [&](int k, const std::vector<int>& split) { return cut(chunk_bound(k, split)); });
                         }
             }
         }
@@ -13208,6 +13225,39 @@ private:
         }
     }
 
+    // For stage-boundary search: a lower bound of every split that starts with counts
+    // 0..k. Each chosen chunk runs all m micro-batches on its device, forward and backward,
+    // without recompute: m * (its layers' time per micro-batch + its TP all-reduces).
+    std::function<double(int, const std::vector<int>&)> boundary_bound(const configuration& c) {
+        const model_profile& m = ctx_.model();
+        const double share = 1.0 / (static_cast<double>(c.dp) * c.micro_batches);
+        const double residual_bytes = m.residual_elements * share * ctx_.options().activation_bytes;
+        const double all_reduce =
+            c.tp > 1 ? exposed_time(collective_cost(ctx_.hardware(), collective::all_reduce, residual_bytes, {c.tp, 1}), {},
+                                    collective::all_reduce, {1.0, ctx_.options().overlap.epsilon})
+                     : 0.0;
+        const auto time_of = [&, share, all_reduce](int layer) {
+            return (ctx_.times(layer).forward + ctx_.times(layer).backward) * share / c.tp +
+                   2.0 * m.layers[static_cast<std::size_t>(layer)].residual_joins * all_reduce;
+        };
+        std::vector<double> prefix{0.0};
+        for (int l : ctx_.repeated()) prefix.push_back(prefix.back() + time_of(l));
+        const double head = ctx_.prologue() >= 0 ? time_of(ctx_.prologue()) : 0.0;
+        const int micro = c.micro_batches;
+        return [prefix, head, micro](int k, const std::vector<int>& split) {
+            double bound = 0;
+            int start = 0;
+            for (int i = 0; i <= k; ++i) {
+                const int n = split[static_cast<std::size_t>(i)];
+                double work = prefix[static_cast<std::size_t>(start + n)] - prefix[static_cast<std::size_t>(start)];
+                if (i == 0) work += head;
+                bound = std::max(bound, micro * work);
+                start += n;
+            }
+            return bound;
+        };
+    }
+
     // Lower bound of the pipeline makespan from per-chunk times without recompute.
     static double pipeline_bound(const configuration& c, const evaluation& base) {
         const int chunks = c.pp * c.chunks;
@@ -13256,7 +13306,7 @@ inline search_result enumerate_all(cost_context& ctx, const search_space& space)
                 for (int m : cand.micro_batches(dp))
                     for (auto [kind, chunks] : cand.schedules(pp, m)) {
                         configuration c{tp, pp, dp, m, chunks, z, kind, {}, {}};
-                        detail::for_each_split(layers, pp * chunks, space.search_stage_boundaries, [&](const std::vector<int>& split) {
+                        detail::for_each_split(layers, pp * chunks, space.search_stage_boundaries, space.boundary_slack, [&](const std::vector<int>& split) {
                             c.layers_per_chunk = split;
                             c.recompute_of.assign(static_cast<std::size_t>(layers), space.recompute_choices.front());
                             std::vector<std::size_t> choice(static_cast<std::size_t>(layers), 0);
@@ -22104,4 +22154,778 @@ inline std::vector<std::int32_t> gpt_positions(const gpt_config& c) {
 
 }  // namespace loom::models
 // ---- end loom/models/gpt.hpp ----
+// ---- begin loom/models/swin.hpp ----
+// A Swin-Transformer-style hierarchical vision transformer, built with the public op API only:
+// nnScaler's vision workload (Table 9; §4.2 "Constraints for Swin-Transformer"), whose
+// high-resolution images make the activations of the first stages large.
+//
+//   patches [batch, side * side, patch_dim]      already-patched features, row-major over the
+//                                                side x side grid (no convolution: the patch
+//                                                embedding is a linear over each patch's features)
+//   x = patch_embed.norm(patch_embed.proj(windows(patches)))      [batch, windows, tokens, C]
+//   stages.s (C_s = embed * 2^s channels, side_s = side / 2^s tokens per side), blocks j:
+//     x = x + attn(ln_1(x))     multi-head attention within each window x window window
+//     x = x + mlp(ln_2(x))      proj(gelu(fc(h))), fc: C_s -> mlp_ratio * C_s
+//   patch_merge, at the end of the last block of every stage but the last: the 2 x 2
+//     neighbours' channels concatenated (side halves, 4 C_s channels), norm, then a linear
+//     reduction to 2 C_s; the window stays window x window tokens
+//   logits = head(mean over tokens of norm(x));  loss = mean cross-entropy(logits, labels)
+//
+// Linear layers have biases (all but the reduction), layer norms are LayerNorm, initialisation
+// N(0, init_std) for weights, zero biases, unit gains.
+//
+// Left out of Swin: the shifted windows of every other block (a cyclic shift of the grid is
+// not a permutation of its axes' factors, and loom has no roll, slice or concatenation; so
+// tokens never meet across windows within a stage, only through patch merging), the relative
+// position bias (loom's attention takes no bias; there is no position information at all),
+// dropout and stochastic depth.
+//
+// Layout. Within a stage the tokens stay grouped by window, x [b, (hb wb), (wr hr), c]: hb, wb
+// the window's row and column, hr, wr the token's row and column inside it. Layer norms, linear
+// layers and the residual adds work on any leading axes, so the tokens are partitioned once (the
+// input patches, in the prologue) and regrouped only by patch merging, which maps the windows of
+// one stage to those of the next; attention reaches its [b, (windows heads), tokens, head_dim]
+// layout with two copies per tensor. Shape changes use only transpose, split_heads and
+// merge_heads, each a permutation that keeps Batch the leading, splittable dim (no reshape: a
+// reshape cannot be split), so data-parallel plans split every op; the laws of to_windows and
+// merge_neighbours are below and tested. Those ops name the window axis Head and the token axis
+// HeadDim. The mean over tokens is matmul_tn of a constant column [b, tokens, 1] of 1/tokens with
+// the tokens [b, tokens, c]: loom has no per-sample reduction, and fill_like makes the column
+// from a tensor of its shape, chunk_logsumexp(x, 1) (read for its shape only). Only a reshape
+// would drop the unit axis of the pooled [b, 1, c], so the logits are [b, 1, classes] and the
+// labels [b, 1].
+//
+// Layers. Every block is a layer of ONE repeat, "blocks", in model order (stage 0's blocks
+// first), while scope paths keep "stages.<s>.blocks.<j>". Per-stage repeats would hide all but
+// the deepest stage from search::layers_from_scopes, which folds the largest recorded repeat
+// only: the first stages, those with the largest activations, would be prologue. Blocks of one
+// stage share a class, except that a stage's last block also merges patches.
+#include <algorithm>
+#include <cmath>
+#include <cstdint>
+#include <memory>
+#include <string>
+#include <vector>
+
+
+namespace loom::models {
+
+namespace SwinDim {
+using Classes = named_dim<"Classes">;
+}  // namespace SwinDim
+
+struct swin_config {
+    std::int64_t side = 8;        // tokens (patches) per side of the image at stage 0
+    std::int64_t patch_dim = 12;  // features per patch (Swin's 4 x 4 RGB patches: 48)
+    std::int64_t window = 2;      // attention windows are window x window tokens at every stage
+    std::int64_t embed = 16;      // channels at stage 0; stage s has embed * 2^s
+    std::vector<std::int64_t> depths = {2, 2};  // blocks per stage
+    std::vector<std::int64_t> heads = {2, 4};   // attention heads per stage
+    std::int64_t mlp_ratio = 4;
+    std::int64_t classes = 4;
+    std::int64_t batch = 2;
+    double init_std = 0.02;
+    double layer_norm_eps = 1e-5;
+
+    std::int64_t stages() const { return static_cast<std::int64_t>(depths.size()); }
+    std::int64_t channels(std::int64_t stage) const { return embed << stage; }
+    std::int64_t side_at(std::int64_t stage) const { return side >> stage; }
+    std::int64_t blocks() const {
+        std::int64_t n = 0;
+        for (auto d : depths) n += d;
+        return n;
+    }
+
+    void validate() const {
+        auto positive = [](std::int64_t v, const std::string& what) {
+            if (v <= 0)
+                throw usage_error("swin_config: " + what + " is " + std::to_string(v) + "; it must be positive");
+        };
+        positive(side, "side");
+        positive(patch_dim, "patch_dim");
+        positive(window, "window");
+        positive(embed, "embed");
+        positive(mlp_ratio, "mlp_ratio");
+        positive(batch, "batch");
+        if (depths.empty()) throw usage_error("swin_config: depths is empty; give the blocks of at least one stage");
+        if (heads.size() != depths.size())
+            throw usage_error("swin_config: depths has " + std::to_string(depths.size()) + " stages but heads has " +
+                              std::to_string(heads.size()) + "; give one head count per stage");
+        if (stages() > 16)
+            throw usage_error("swin_config: " + std::to_string(stages()) + " stages; use at most 16");
+        for (std::size_t s = 0; s < depths.size(); ++s) {
+            positive(depths[s], "depths[" + std::to_string(s) + "]");
+            positive(heads[s], "heads[" + std::to_string(s) + "]");
+        }
+        if (classes < 2)
+            throw usage_error("swin_config: classes is " + std::to_string(classes) + "; a classifier needs at least 2");
+        const std::int64_t halvings = std::int64_t{1} << (stages() - 1);
+        if (side % halvings != 0)
+            throw usage_error("swin_config: side " + std::to_string(side) + " is not divisible by " +
+                              std::to_string(halvings) + " = 2^(stages - 1), which patch merging needs (it halves " +
+                              "the side between stages); choose a side that is a multiple of " +
+                              std::to_string(halvings));
+        std::string sides;
+        for (std::int64_t s = 0; s < stages(); ++s) sides += (s ? ", " : "") + std::to_string(side_at(s));
+        for (std::int64_t s = 0; s < stages(); ++s)
+            if (side_at(s) % window != 0)
+                throw usage_error("swin_config: stage " + std::to_string(s) + " has " + std::to_string(side_at(s)) +
+                                  " tokens per side, which window " + std::to_string(window) +
+                                  " does not divide; choose a window that divides every stage's side (" + sides +
+                                  ")");
+        for (std::int64_t s = 0; s < stages(); ++s)
+            if (channels(s) % heads[static_cast<std::size_t>(s)] != 0)
+                throw usage_error("swin_config: stage " + std::to_string(s) + " has " + std::to_string(channels(s)) +
+                                  " channels (embed * 2^" + std::to_string(s) + "), which heads[" + std::to_string(s) +
+                                  "] = " + std::to_string(heads[static_cast<std::size_t>(s)]) +
+                                  " does not divide; choose heads that divide it");
+        if (!(init_std > 0))
+            throw usage_error("swin_config: init_std is " + std::to_string(init_std) + "; it must be positive");
+        if (!(layer_norm_eps > 0))
+            throw usage_error("swin_config: layer_norm_eps is " + std::to_string(layer_norm_eps) +
+                              "; it must be positive");
+    }
+
+    // Weights, biases and gains, counted from the architecture (tests compare with the graph).
+    std::int64_t parameter_count() const {
+        const std::int64_t c0 = embed, cf = channels(stages() - 1), r = mlp_ratio;
+        std::int64_t n = patch_dim * c0 + c0 + 2 * c0;  // patch_embed: proj, norm
+        for (std::int64_t s = 0; s < stages(); ++s) {
+            const std::int64_t c = channels(s);
+            const std::int64_t block = 2 * 2 * c + 4 * (c * c + c) + (r * c * c + r * c) + (r * c * c + c);
+            n += depths[static_cast<std::size_t>(s)] * block;
+            if (s + 1 < stages()) n += 2 * 4 * c + 4 * c * 2 * c;  // patch_merge: norm, reduction
+        }
+        return n + 2 * cf + classes * cf + classes;  // norm, head
+    }
+};
+
+// A built Swin: the graph builder and the ids of the tensors a trainer feeds and reads.
+struct swin_model {
+    std::unique_ptr<graph_builder> builder;
+    swin_config config;
+    // "patches" [batch, side * side, patch_dim] real; "labels" [batch, 1] index.
+    tensor_id patches = no_id, labels = no_id, logits = no_id, loss = no_id;
+
+    const graph& ir() const { return builder->view(); }
+
+    // Appends the backward pass and hands the finished graph over.
+    graph training_graph() && {
+        build_backward(*builder);
+        return std::move(*builder).take();
+    }
+};
+
+namespace detail::swin {
+
+// Patches to windows. t [b, side * side, p], row-major over the grid, to [b, m * m, w * w, p]
+// with m = side / w:
+//   out[b, hb m + wb, wr w + hr, k] = t[b, (hb w + hr) side + wb w + wr, k]
+// (hb, wb: the window's row and column; hr, wr: the token's inside it). Fifteen copies.
+inline tensor to_windows(tensor t, std::int64_t side, std::int64_t w) {
+    const std::int64_t m = side / w;
+    t = ops::transpose(t);                   // [b, p, (hb hr wb wr)]
+    t = ops::split_heads(t, m * w);          // [b, (hb hr), p, (wb wr)]
+    t = ops::transpose(t);                   // [b, (hb hr), (wb wr), p]
+    t = ops::merge_heads(t);                 // [b, (wb wr), (hb hr p)]
+    t = ops::split_heads(t, m);              // [b, hb, (wb wr), (hr p)]
+    t = ops::transpose(t);                   // [b, hb, (hr p), (wb wr)]
+    t = ops::merge_heads(t);                 // [b, (hr p), (hb wb wr)]
+    t = ops::split_heads(t, m * m * w);      // [b, (hb wb wr), (hr p), 1]
+    t = ops::transpose(t);                   // [b, (hb wb wr), 1, (hr p)]
+    t = ops::merge_heads(t);                 // [b, 1, (hb wb wr hr p)]
+    t = ops::split_heads(t, m * m * w * w);  // [b, (hb wb wr hr), 1, p]
+    t = ops::transpose(t);                   // [b, (hb wb wr hr), p, 1]
+    t = ops::merge_heads(t);                 // [b, p, (hb wb wr hr)]
+    t = ops::split_heads(t, m * m);          // [b, (hb wb), p, (wr hr)]
+    return ops::transpose(t);                // [b, (hb wb), (wr hr), p]
+}
+
+// Patch merging's regrouping. t [b, m * m, w * w, c] in the layout of to_windows at side
+// m * w, to the same layout at side m * w / 2 with the 2 x 2 neighbours' channels concatenated,
+// [b, (m/2)^2, w * w, 4 c]: with row i = hb w + hr = (hb' w + hr') 2 + dh and column
+// j = wb w + wr = (wb' w + wr') 2 + dw (m' = m / 2),
+//   out[b, hb' m' + wb', wr' w + hr', (dh 2 + dw) c + k] = t[b, hb m + wb, wr w + hr, k]
+// Twenty-two copies; the middle step reads the row (hb hr) as (hb' hr' dh), which is free as
+// both are the row-major digits of i.
+inline tensor merge_neighbours(tensor t, std::int64_t side, std::int64_t w) {
+    const std::int64_t m = side / w, n = m / 2;
+    t = ops::transpose(t);                       // [b, (hb wb), c, (wr hr)]
+    t = ops::merge_heads(t);                     // [b, c, (hb wb wr hr)]
+    t = ops::split_heads(t, m * m * w);          // [b, (hb wb wr), c, hr]
+    t = ops::transpose(t);                       // [b, (hb wb wr), hr, c]
+    t = ops::merge_heads(t);                     // [b, hr, (hb wb wr c)]
+    t = ops::split_heads(t, m);                  // [b, hb, hr, (wb wr c)]
+    t = ops::transpose(t);                       // [b, hb, (wb wr c), hr]
+    t = ops::merge_heads(t);                     // [b, (wb wr c), (hb hr)] = [b, (wb' wr' dw c), (hb' hr' dh)]
+    t = ops::split_heads(t, n);                  // [b, hb', (wb' wr' dw c), (hr' dh)]
+    t = ops::transpose(t);                       // [b, hb', (hr' dh), (wb' wr' dw c)]
+    t = ops::merge_heads(t);                     // [b, (hr' dh), (hb' wb' wr' dw c)]
+    t = ops::split_heads(t, n * n * w);          // [b, (hb' wb' wr'), (hr' dh), (dw c)]
+    t = ops::transpose(t);                       // [b, (hb' wb' wr'), (dw c), (hr' dh)]
+    t = ops::merge_heads(t);                     // [b, (dw c), (hb' wb' wr' hr' dh)]
+    t = ops::split_heads(t, n * n * w * w * 2);  // [b, (hb' wb' wr' hr' dh), (dw c), 1]
+    t = ops::transpose(t);                       // [b, (hb' wb' wr' hr' dh), 1, (dw c)]
+    t = ops::merge_heads(t);                     // [b, 1, (hb' wb' wr' hr' dh dw c)]
+    t = ops::split_heads(t, n * n * w * w);      // [b, (hb' wb' wr' hr'), 1, (dh dw c)]
+    t = ops::transpose(t);                       // [b, (hb' wb' wr' hr'), (dh dw c), 1]
+    t = ops::merge_heads(t);                     // [b, (dh dw c), (hb' wb' wr' hr')]
+    t = ops::split_heads(t, n * n);              // [b, (hb' wb'), (dh dw c), (wr' hr')]
+    return ops::transpose(t);                    // [b, (hb' wb'), (wr' hr'), (dh dw c)]
+}
+
+// [b, windows, tokens, (heads e)] -> [b, (windows heads), tokens, e], attention's layout.
+inline tensor split_window_heads(tensor t, std::int64_t heads) {
+    const std::int64_t windows = t.extent(1);
+    return ops::split_heads(ops::merge_heads(t), windows * heads);  // via [b, tokens, (windows heads e)]
+}
+
+// The inverse: [b, (windows heads), tokens, e] -> [b, windows, tokens, (heads e)].
+inline tensor merge_window_heads(tensor t, std::int64_t windows) {
+    return ops::split_heads(ops::merge_heads(t), windows);  // via [b, tokens, (windows heads e)]
+}
+
+// [b, windows, tokens, c] -> [b, (windows tokens), c].
+inline tensor flatten_windows(tensor t) {
+    t = ops::transpose(t);             // [b, windows, c, tokens]
+    t = ops::merge_heads(t);           // [b, c, (windows tokens)]
+    return ops::transpose(t);          // [b, (windows tokens), c]
+}
+
+// The mean over the tokens of t [b, tokens, c], as [b, 1, c] (see "Layout" above).
+inline tensor mean_over_tokens(tensor t) {
+    const double tokens = static_cast<double>(t.extent(1));
+    tensor column = ops::fill_like(ops::chunk_logsumexp(t, 1), 1.0 / tokens);  // [b, tokens, 1]
+    return ops::matmul_tn(column, t);
+}
+
+inline std::int32_t scope_id(const graph& g, const std::string& path) {
+    for (std::size_t i = 0; i < g.scopes.size(); ++i)
+        if (g.scopes[i].path == path) return static_cast<std::int32_t>(i);
+    throw error("swin: no scope '" + path + "' was built");
+}
+
+// Records the scopes at `paths`, in order, as the instances of one repeat `name`: the scope
+// at paths[k] becomes layer k (see "Layers" at the top of this file).
+inline void record_layers(graph_builder& b, const std::string& name, const std::vector<std::string>& paths) {
+    graph& g = b.mutable_graph();
+    const auto r = static_cast<std::int32_t>(g.repeats.size());
+    repeat_desc rd{name, no_id, {}};
+    for (std::size_t k = 0; k < paths.size(); ++k) {
+        const std::int32_t s = scope_id(g, paths[k]);
+        g.scopes[static_cast<std::size_t>(s)].repeat = r;
+        g.scopes[static_cast<std::size_t>(s)].index = static_cast<std::int64_t>(k);
+        rd.scopes.push_back(s);
+    }
+    g.repeats.push_back(std::move(rd));
+}
+
+struct builder_context {
+    graph_builder& b;
+    const swin_config& c;
+
+    tensor layer_norm(const std::string& scope, tensor x, std::int64_t n) const {
+        auto s = b.scope(scope);
+        tensor gamma = b.parameter("weight", {{Dim::Hidden::id, n}}, parameter_init::ones());
+        tensor beta = b.parameter("bias", {{Dim::Hidden::id, n}}, parameter_init::zeros());
+        return ops::layer_norm(x, gamma, beta, c.layer_norm_eps);
+    }
+
+    tensor dense(const std::string& scope, tensor x, dim_id out_dim, std::int64_t out, dim_id in_dim, std::int64_t in,
+                 bool bias = true) const {
+        auto s = b.scope(scope);
+        tensor w = b.parameter("weight", {{out_dim, out}, {in_dim, in}}, parameter_init::normal(c.init_std));
+        if (!bias) return ops::linear(x, w);
+        return ops::linear(x, w, b.parameter("bias", {{out_dim, out}}, parameter_init::zeros()));
+    }
+
+    // One block on x [b, windows, tokens, c] of stage `stage`.
+    tensor block(tensor x, std::int64_t stage) const {
+        const dim_id H = Dim::Hidden::id, F = Dim::FFN::id;
+        const std::int64_t ch = c.channels(stage), heads = c.heads[static_cast<std::size_t>(stage)];
+        const std::int64_t windows = x.extent(1);
+        {
+            tensor h = layer_norm("ln_1", x, ch);
+            auto s = b.scope("attn");
+            tensor q = split_window_heads(dense("q", h, H, ch, H, ch), heads);
+            tensor k = split_window_heads(dense("k", h, H, ch, H, ch), heads);
+            tensor v = split_window_heads(dense("v", h, H, ch, H, ch), heads);
+            tensor a = merge_window_heads(ops::attention(q, k, v), windows);
+            x = x + dense("proj", a, H, ch, H, ch);
+        }
+        {
+            tensor h = layer_norm("ln_2", x, ch);
+            auto s = b.scope("mlp");
+            const std::int64_t f = c.mlp_ratio * ch;
+            x = x + dense("proj", ops::gelu(dense("fc", h, F, f, H, ch)), H, ch, F, f);
+        }
+        return x;
+    }
+
+    // Halves the side of x [b, windows, tokens, c] of stage `stage` and doubles its channels.
+    tensor patch_merge(tensor x, std::int64_t stage) const {
+        auto s = b.scope("patch_merge");
+        const std::int64_t ch = c.channels(stage);
+        tensor t = layer_norm("norm", merge_neighbours(x, c.side_at(stage), c.window), 4 * ch);
+        return dense("reduction", t, Dim::Hidden::id, 2 * ch, Dim::Channel::id, 4 * ch, false);
+    }
+};
+
+}  // namespace detail::swin
+
+inline swin_model swin(const swin_config& c) {
+    c.validate();
+    swin_model m;
+    m.config = c;
+    m.builder = std::make_unique<graph_builder>();
+    graph_builder& b = *m.builder;
+    const detail::swin::builder_context ctx{b, c};
+    const dim_id B = Dim::Batch::id, H = Dim::Hidden::id;
+
+    tensor patches =
+        b.input("patches", {{B, c.batch}, {Dim::Seq::id, c.side * c.side}, {Dim::Channel::id, c.patch_dim}});
+    tensor labels = b.input("labels", {{B, c.batch}, {Dim::Seq::id, 1}}, value_kind::index);
+
+    tensor x;
+    {
+        auto s = b.scope("patch_embed");
+        x = ctx.dense("proj", detail::swin::to_windows(patches, c.side, c.window), H, c.embed, Dim::Channel::id,
+                      c.patch_dim);
+        x = ctx.layer_norm("norm", x, c.embed);
+    }
+
+    std::vector<std::string> layers;
+    for (std::int64_t st = 0; st < c.stages(); ++st) {
+        auto stage = b.scope("stages", st);
+        const std::int64_t depth = c.depths[static_cast<std::size_t>(st)];
+        for (std::int64_t j = 0; j < depth; ++j) {
+            auto block = b.scope("blocks", j);
+            x = ctx.block(x, st);
+            if (j + 1 == depth && st + 1 < c.stages()) x = ctx.patch_merge(x, st);
+            layers.push_back("stages." + std::to_string(st) + ".blocks." + std::to_string(j));
+        }
+    }
+    detail::swin::record_layers(b, "blocks", layers);
+
+    const std::int64_t cf = c.channels(c.stages() - 1);
+    tensor pooled = detail::swin::mean_over_tokens(detail::swin::flatten_windows(ctx.layer_norm("norm", x, cf)));
+    tensor logits = ctx.dense("head", pooled, SwinDim::Classes::id, c.classes, H, cf);
+    tensor loss = ops::cross_entropy(logits, labels);
+    b.set_loss(loss);
+
+    m.patches = patches.id;
+    m.labels = labels.id;
+    m.logits = logits.id;
+    m.loss = loss.id;
+    return m;
+}
+
+// A deterministic synthetic batch from `seed`, for tests and demos (no downloads): labels
+// uniform over the classes, and every patch of an image its class's prototype (N(0, 1) per
+// feature, the same for every seed) plus N(0, 1) noise. Row-major: patches
+// [batch, side * side, patch_dim], labels [batch, 1].
+struct swin_batch {
+    std::vector<double> patches;
+    std::vector<std::int32_t> labels;
+};
+
+inline swin_batch swin_synthetic_batch(const swin_config& c, std::uint64_t seed) {
+    c.validate();
+    auto uniform = [](std::uint64_t key, std::uint64_t i) {
+        return static_cast<double>(splitmix64(key * 0x9e3779b97f4a7c15ull + i) >> 11) * 0x1.0p-53;
+    };
+    auto normal = [&](std::uint64_t key, std::uint64_t i) {
+        const double u1 = uniform(key, 2 * i) + 0x1.0p-54, u2 = uniform(key, 2 * i + 1);
+        return std::sqrt(-2 * std::log(u1)) * std::cos(6.283185307179586 * u2);
+    };
+    const std::uint64_t prototype_key = 0x5317, sample_key = seed + 1;
+    const auto p = static_cast<std::uint64_t>(c.patch_dim);
+    const auto tokens = static_cast<std::uint64_t>(c.side * c.side);
+    swin_batch out;
+    std::uint64_t noise = 0;
+    for (std::int64_t i = 0; i < c.batch; ++i) {
+        const double u = uniform(sample_key, static_cast<std::uint64_t>(i));
+        const auto label = static_cast<std::int32_t>(
+            std::min<std::int64_t>(static_cast<std::int64_t>(u * static_cast<double>(c.classes)), c.classes - 1));
+        out.labels.push_back(label);
+        for (std::uint64_t t = 0; t < tokens; ++t)
+            for (std::uint64_t k = 0; k < p; ++k)
+                out.patches.push_back(normal(prototype_key, static_cast<std::uint64_t>(label) * p + k) +
+                                      normal(sample_key * 0x100000001b3ull, noise++));
+    }
+    return out;
+}
+
+// The four Swin configurations of nnScaler's Table 9 (index 0 .. 3: 1.8B, 5.0B, 10B and 27B
+// parameters; 32, 40, 48, 56 layers; hidden 512, 768, 1K, 1.5K; 16, 24, 32, 32 heads), at
+// batch 1. Table 9 gives only those; read here as Swin's stage-0 width and heads, both doubling
+// per stage, with the depth in the third stage, {2, 2, layers - 6, 2} (Swin's shape), MLP ratio
+// 4, 1536 x 1536 images in 4 x 4 RGB patches (side 384, patch_dim 48), windows of 24 x 24
+// (which divides every stage's side: 384, 192, 96, 48) and 1000 classes. The counts then come
+// to 1.79B, 4.93B, 10.4B and 27.0B (tests check them against the paper's).
+inline swin_config swin_table9(int index) {
+    struct row {
+        std::int64_t layers, embed, heads;
+    };
+    static constexpr row rows[] = {{32, 512, 16}, {40, 768, 24}, {48, 1024, 32}, {56, 1536, 32}};
+    if (index < 0 || index >= 4)
+        throw usage_error("swin_table9: index " + std::to_string(index) +
+                          " is out of range; Table 9 lists configurations 0 to 3");
+    const row& r = rows[index];
+    swin_config c;
+    c.side = 384;
+    c.patch_dim = 48;
+    c.window = 24;
+    c.embed = r.embed;
+    c.depths = {2, 2, r.layers - 6, 2};
+    c.heads = {r.heads, 2 * r.heads, 4 * r.heads, 8 * r.heads};
+    c.mlp_ratio = 4;
+    c.classes = 1000;
+    c.batch = 1;
+    return c;
+}
+
+// Table 9's label of configuration `index`, its parameter count as the paper prints it.
+inline const char* swin_table9_name(int index) {
+    static constexpr const char* names[] = {"1.8B", "5.0B", "10B", "27B"};
+    if (index < 0 || index >= 4)
+        throw usage_error("swin_table9_name: index " + std::to_string(index) +
+                          " is out of range; Table 9 lists configurations 0 to 3");
+    return names[index];
+}
+
+}  // namespace loom::models
+// ---- end loom/models/swin.hpp ----
+// ---- begin loom/models/t5.hpp ----
+// T5, the encoder-decoder transformer, with one embedding table shared by the encoder input,
+// the decoder input and the LM head; built with the public op API only. nnScaler's language
+// workload (Table 9; §4.2 "Constraints for T5"): the multilingual vocabulary makes the shared
+// table large, and the interlaced pipeline splits it over every device while the layers are
+// staged.
+//
+//   src = shared[source] + encoder_positions[source_positions]       [batch, source_seq, hidden]
+//   tgt = shared[target_in] + decoder_positions[target_positions]    [batch, target_seq, hidden]
+//   encoder.i:  x = x + attn(ln_1(x))                                full self-attention
+//               x = x + mlp(ln_2(x))
+//   decoder.j:  y = y + attn(ln_1(y))                                causal self-attention
+//               y = y + cross_attn(ln_cross(y), memory_norm(x))      queries from y, keys and values
+//               y = y + mlp(ln_2(y))                                 from the encoder output x
+//   mlp:        proj(gelu(fc(h)) * gate(h))                          mT5's gated GELU, fc and gate ffn wide
+//   logits = (final_norm(y) / sqrt(hidden)) shared^T                 T5's rescaling of a tied head
+//   loss = mean cross-entropy(logits, targets)
+//
+// As in T5: pre-norm residual blocks, RMS norms with a gain and no bias, linear layers without
+// biases, a tied head. Left out of T5: the relative position biases (loom's attention takes no
+// bias; learned absolute positions, as GPT's, stand in for them, so "source_positions" and
+// "target_positions" are inputs) and dropout. Initialisation: N(0, init_std) weights, output
+// projections N(0, init_std / sqrt(2 * layers)), unit norm gains.
+//
+// Layers. The blocks form ONE repeat, "blocks": encoder.0 .. encoder.{E-1} are its layers
+// 0 .. E-1 and decoder.0 .. decoder.{D-1} its layers E .. E+D-1 (scope paths keep the stack
+// and the index within it; the repeat's index is the position in the whole model). Why one:
+// search::layers_from_scopes folds the largest recorded repeat only, so with two repeats
+// ("encoder", "decoder") it would take one stack as the layers and leave the other stack in
+// the prologue or the epilogue, one opaque layer the searcher can neither fold nor cut. With
+// one repeat it finds E + D layers in two classes (encoder block, decoder block), and plans
+// that select "blocks" (even_pipeline's default, on_layers<"blocks", a, b>) stage both stacks.
+// For the same reason nothing sits between the stacks: T5 normalises the encoder output once
+// (its encoder's final norm); here each decoder layer does (cross_attn.memory_norm), which
+// keeps the decoder layers identical and adds hidden parameters per decoder layer. A node
+// outside every layer but after the first would land in the epilogue.
+//
+// Every forward op keeps Batch as its leading, splittable dim (no reshape), so data-parallel
+// plans split every op. The source and target sequences are both Dim::Seq.
+#include <algorithm>
+#include <cmath>
+#include <cstdint>
+#include <memory>
+#include <string>
+#include <vector>
+
+
+namespace loom::models {
+
+struct t5_config {
+    std::int64_t encoder_layers = 2;
+    std::int64_t decoder_layers = 2;
+    std::int64_t hidden = 64;
+    std::int64_t heads = 4;
+    std::int64_t ffn = 0;  // width of fc and gate; 0: 4 * hidden
+    std::int64_t vocab = 256;
+    std::int64_t source_seq = 32;
+    std::int64_t target_seq = 32;
+    std::int64_t batch = 4;
+    double init_std = 0.02;
+    double norm_eps = 1e-6;
+
+    std::int64_t ffn_size() const { return ffn > 0 ? ffn : 4 * hidden; }
+    std::int64_t layers() const { return encoder_layers + decoder_layers; }
+
+    void validate() const {
+        auto positive = [](std::int64_t v, const char* what) {
+            if (v <= 0)
+                throw usage_error(std::string("t5_config: ") + what + " is " + std::to_string(v) +
+                                  "; it must be positive");
+        };
+        positive(encoder_layers, "encoder_layers");
+        positive(decoder_layers, "decoder_layers");
+        positive(hidden, "hidden");
+        positive(heads, "heads");
+        positive(source_seq, "source_seq");
+        positive(target_seq, "target_seq");
+        positive(batch, "batch");
+        if (ffn < 0)
+            throw usage_error("t5_config: ffn is " + std::to_string(ffn) +
+                              "; pass a positive width, or 0 for 4 * hidden");
+        if (hidden % heads != 0)
+            throw usage_error("t5_config: hidden " + std::to_string(hidden) + " is not divisible by heads " +
+                              std::to_string(heads) + "; choose heads that divide hidden");
+        if (vocab < 2)
+            throw usage_error("t5_config: vocab is " + std::to_string(vocab) +
+                              "; it needs the start token 0 and at least one other token");
+        if (!(init_std > 0))
+            throw usage_error("t5_config: init_std is " + std::to_string(init_std) + "; it must be positive");
+        if (!(norm_eps > 0))
+            throw usage_error("t5_config: norm_eps is " + std::to_string(norm_eps) + "; it must be positive");
+    }
+
+    // Weights and gains, counted from the architecture (tests compare with the graph).
+    std::int64_t parameter_count() const {
+        const std::int64_t h = hidden, f = ffn_size();
+        const std::int64_t attention = 4 * h * h, mlp = 3 * h * f;
+        const std::int64_t encoder_block = 2 * h + attention + mlp;      // ln_1, ln_2
+        const std::int64_t decoder_block = 4 * h + 2 * attention + mlp;  // ln_1, ln_cross, memory_norm, ln_2
+        return vocab * h + (source_seq + target_seq) * h + encoder_layers * encoder_block +
+               decoder_layers * decoder_block + h;
+    }
+};
+
+// A built T5: the graph builder and the ids of the tensors a trainer feeds and reads.
+struct t5_model {
+    std::unique_ptr<graph_builder> builder;
+    t5_config config;
+    // Index inputs: "source" [batch, source_seq] and "target_in" [batch, target_seq] tokens
+    // (target_in is the targets shifted right behind the start token 0), "targets"
+    // [batch, target_seq], "source_positions" and "target_positions" (0, 1, ... per row).
+    tensor_id source = no_id, target_in = no_id, targets = no_id;
+    tensor_id source_positions = no_id, target_positions = no_id;
+    tensor_id encoder_output = no_id, logits = no_id, loss = no_id;
+
+    const graph& ir() const { return builder->view(); }
+
+    // Appends the backward pass and hands the finished graph over.
+    graph training_graph() && {
+        build_backward(*builder);
+        return std::move(*builder).take();
+    }
+};
+
+namespace detail::t5 {
+
+inline std::int32_t scope_id(const graph& g, const std::string& path) {
+    for (std::size_t i = 0; i < g.scopes.size(); ++i)
+        if (g.scopes[i].path == path) return static_cast<std::int32_t>(i);
+    throw error("t5: no scope '" + path + "' was built");
+}
+
+// Records the scopes at `paths`, in order, as the instances of one repeat `name`: the scope
+// at paths[k] becomes layer k (see "Layers" at the top of this file).
+inline void record_layers(graph_builder& b, const std::string& name, const std::vector<std::string>& paths) {
+    graph& g = b.mutable_graph();
+    const auto r = static_cast<std::int32_t>(g.repeats.size());
+    repeat_desc rd{name, no_id, {}};
+    for (std::size_t k = 0; k < paths.size(); ++k) {
+        const std::int32_t s = scope_id(g, paths[k]);
+        g.scopes[static_cast<std::size_t>(s)].repeat = r;
+        g.scopes[static_cast<std::size_t>(s)].index = static_cast<std::int64_t>(k);
+        rd.scopes.push_back(s);
+    }
+    g.repeats.push_back(std::move(rd));
+}
+
+struct builder_context {
+    graph_builder& b;
+    const t5_config& c;
+    double proj_std;
+
+    tensor rms_norm(const std::string& scope, tensor x) const {
+        auto s = b.scope(scope);
+        tensor gain = b.parameter("weight", {{Dim::Hidden::id, c.hidden}}, parameter_init::ones());
+        return ops::rms_norm(x, gain, c.norm_eps);
+    }
+
+    tensor dense(const std::string& scope, tensor x, dim_id out_dim, std::int64_t out, dim_id in_dim, std::int64_t in,
+                 double std) const {
+        auto s = b.scope(scope);
+        return ops::linear(x, b.parameter("weight", {{out_dim, out}, {in_dim, in}}, parameter_init::normal(std)));
+    }
+
+    // Multi-head attention of queries from `h` over keys and values from `memory`.
+    tensor attention(const std::string& scope, tensor h, tensor memory, bool causal) const {
+        auto s = b.scope(scope);
+        const dim_id H = Dim::Hidden::id;
+        tensor q = ops::split_heads(dense("q", h, H, c.hidden, H, c.hidden, c.init_std), c.heads);
+        tensor k = ops::split_heads(dense("k", memory, H, c.hidden, H, c.hidden, c.init_std), c.heads);
+        tensor v = ops::split_heads(dense("v", memory, H, c.hidden, H, c.hidden, c.init_std), c.heads);
+        tensor a = ops::merge_heads(causal ? ops::causal_attention(q, k, v) : ops::attention(q, k, v));
+        return dense("proj", a, H, c.hidden, H, c.hidden, proj_std);
+    }
+
+    tensor mlp(tensor h) const {
+        auto s = b.scope("mlp");
+        const dim_id H = Dim::Hidden::id, F = Dim::FFN::id;
+        const std::int64_t f = c.ffn_size();
+        tensor gated =
+            ops::gelu(dense("fc", h, F, f, H, c.hidden, c.init_std)) * dense("gate", h, F, f, H, c.hidden, c.init_std);
+        return dense("proj", gated, H, c.hidden, F, f, proj_std);
+    }
+
+    tensor encoder_block(tensor x) const {
+        tensor h = rms_norm("ln_1", x);
+        x = x + attention("attn", h, h, false);
+        return x + mlp(rms_norm("ln_2", x));
+    }
+
+    tensor decoder_block(tensor y, tensor encoder_output) const {
+        tensor h = rms_norm("ln_1", y);
+        y = y + attention("attn", h, h, true);
+        tensor memory;
+        {
+            auto s = b.scope("cross_attn");
+            memory = rms_norm("memory_norm", encoder_output);
+        }
+        y = y + attention("cross_attn", rms_norm("ln_cross", y), memory, false);
+        return y + mlp(rms_norm("ln_2", y));
+    }
+};
+
+}  // namespace detail::t5
+
+inline t5_model t5(const t5_config& c) {
+    c.validate();
+    t5_model m;
+    m.config = c;
+    m.builder = std::make_unique<graph_builder>();
+    graph_builder& b = *m.builder;
+    const dim_id B = Dim::Batch::id, S = Dim::Seq::id, H = Dim::Hidden::id;
+    const detail::t5::builder_context ctx{b, c, c.init_std / std::sqrt(2.0 * static_cast<double>(c.layers()))};
+
+    tensor source = b.input("source", {{B, c.batch}, {S, c.source_seq}}, value_kind::index);
+    tensor target_in = b.input("target_in", {{B, c.batch}, {S, c.target_seq}}, value_kind::index);
+    tensor targets = b.input("targets", {{B, c.batch}, {S, c.target_seq}}, value_kind::index);
+    tensor source_positions = b.input("source_positions", {{B, c.batch}, {S, c.source_seq}}, value_kind::index);
+    tensor target_positions = b.input("target_positions", {{B, c.batch}, {S, c.target_seq}}, value_kind::index);
+    tensor shared =
+        b.parameter("shared", {{Dim::Vocab::id, c.vocab}, {H, c.hidden}}, parameter_init::normal(c.init_std));
+    tensor encoder_positions =
+        b.parameter("encoder_positions", {{S, c.source_seq}, {H, c.hidden}}, parameter_init::normal(c.init_std));
+    tensor decoder_positions =
+        b.parameter("decoder_positions", {{S, c.target_seq}, {H, c.hidden}}, parameter_init::normal(c.init_std));
+
+    // Both lookups come before the first layer: the prologue holds every use of the table
+    // but the head's.
+    tensor x = ops::embedding(source, shared) + ops::embedding(source_positions, encoder_positions);
+    tensor y = ops::embedding(target_in, shared) + ops::embedding(target_positions, decoder_positions);
+
+    std::vector<std::string> layers;
+    for (std::int64_t i = 0; i < c.encoder_layers; ++i) {
+        auto s = b.scope("encoder", i);
+        x = ctx.encoder_block(x);
+        layers.push_back("encoder." + std::to_string(i));
+    }
+    for (std::int64_t j = 0; j < c.decoder_layers; ++j) {
+        auto s = b.scope("decoder", j);
+        y = ctx.decoder_block(y, x);
+        layers.push_back("decoder." + std::to_string(j));
+    }
+    detail::t5::record_layers(b, "blocks", layers);
+
+    y = ops::scale(ctx.rms_norm("final_norm", y), 1.0 / std::sqrt(static_cast<double>(c.hidden)));
+    tensor logits = ops::linear(y, shared);
+    tensor loss = ops::cross_entropy(logits, targets);
+    b.set_loss(loss);
+
+    m.source = source.id;
+    m.target_in = target_in.id;
+    m.targets = targets.id;
+    m.source_positions = source_positions.id;
+    m.target_positions = target_positions.id;
+    m.encoder_output = x.id;
+    m.logits = logits.id;
+    m.loss = loss.id;
+    return m;
+}
+
+// A deterministic synthetic batch from `seed`, for tests and demos (no downloads): source
+// tokens uniform in [1, vocab), the targets the source reversed (position t of the target
+// is position source_seq - 1 - t of the source, cyclically when target_seq > source_seq),
+// target_in the targets shifted right behind the start token 0, and positions 0, 1, ... .
+// All row-major [batch, seq].
+struct t5_batch {
+    std::vector<std::int32_t> source, target_in, targets, source_positions, target_positions;
+};
+
+inline t5_batch t5_synthetic_batch(const t5_config& c, std::uint64_t seed) {
+    c.validate();
+    std::uint64_t counter = 0;
+    auto token = [&] {  // uniform in [1, vocab)
+        const auto u = static_cast<double>(splitmix64(seed * 0x9e3779b97f4a7c15ull + counter++) >> 11) * 0x1.0p-53;
+        const auto k = static_cast<std::int64_t>(u * static_cast<double>(c.vocab - 1));
+        return static_cast<std::int32_t>(1 + std::min<std::int64_t>(k, c.vocab - 2));
+    };
+    t5_batch out;
+    for (std::int64_t r = 0; r < c.batch; ++r) {
+        std::vector<std::int32_t> row(static_cast<std::size_t>(c.source_seq));
+        for (auto& t : row) t = token();
+        out.source.insert(out.source.end(), row.begin(), row.end());
+        for (std::int64_t i = 0; i < c.source_seq; ++i) out.source_positions.push_back(static_cast<std::int32_t>(i));
+        for (std::int64_t t = 0; t < c.target_seq; ++t) {
+            const std::int64_t from = ((c.source_seq - 1 - t) % c.source_seq + c.source_seq) % c.source_seq;
+            out.target_in.push_back(t == 0 ? 0 : out.targets.back());
+            out.targets.push_back(row[static_cast<std::size_t>(from)]);
+            out.target_positions.push_back(static_cast<std::int32_t>(t));
+        }
+    }
+    return out;
+}
+
+// The four T5 configurations of nnScaler's Table 9 (index 0 .. 3: 3.9B, 11B, 21B and 47B
+// parameters; 48, 64, 64, 64 layers; hidden 2K, 3K, 4K, 6K; 32, 48, 64, 96 heads), at batch 1.
+// Table 9 gives only those; the rest is chosen here: mT5's vocabulary (250112 tokens, the
+// table the interlaced pipeline splits), the layers split evenly between encoder and decoder,
+// ffn = 4 * hidden in the gated GELU (three hidden x ffn matrices, as mT5's), sequences of 1024.
+// The counts then come to 4.14B, 11.6B, 20.4B and 45.0B (tests check them against the paper's).
+inline t5_config t5_table9(int index) {
+    struct row {
+        std::int64_t layers, hidden, heads;
+    };
+    static constexpr row rows[] = {{48, 2048, 32}, {64, 3072, 48}, {64, 4096, 64}, {64, 6144, 96}};
+    if (index < 0 || index >= 4)
+        throw usage_error("t5_table9: index " + std::to_string(index) +
+                          " is out of range; Table 9 lists configurations 0 to 3");
+    const row& r = rows[index];
+    t5_config c;
+    c.encoder_layers = r.layers / 2;
+    c.decoder_layers = r.layers / 2;
+    c.hidden = r.hidden;
+    c.heads = r.heads;
+    c.ffn = 4 * r.hidden;
+    c.vocab = 250112;
+    c.source_seq = 1024;
+    c.target_seq = 1024;
+    c.batch = 1;
+    return c;
+}
+
+// Table 9's label of configuration `index`, its parameter count as the paper prints it.
+inline const char* t5_table9_name(int index) {
+    static constexpr const char* names[] = {"3.9B", "11B", "21B", "47B"};
+    if (index < 0 || index >= 4)
+        throw usage_error("t5_table9_name: index " + std::to_string(index) +
+                          " is out of range; Table 9 lists configurations 0 to 3");
+    return names[index];
+}
+
+}  // namespace loom::models
+// ---- end loom/models/t5.hpp ----
 // ---- end loom/loom.hpp ----

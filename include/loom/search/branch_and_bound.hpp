@@ -137,23 +137,34 @@ struct candidates {
     }
 };
 
-// Every split of `layers` into `parts` positive counts (the even split first).
-inline void for_each_split(int layers, int parts, bool all, const std::function<bool(const std::vector<int>&)>& visit) {
+// Every split of `layers` into `parts` positive counts (the even split first). With a
+// slack, each count stays within `slack` of the even share (floor or ceiling).
+// `cut(k, split)` (optional) is asked after counts 0..k are chosen (k < parts - 1) and may
+// cut every split that starts so.
+inline void for_each_split(int layers, int parts, bool all, int slack,
+                           const std::function<bool(const std::vector<int>&)>& visit,
+                           const std::function<bool(int, const std::vector<int>&)>& cut = {}) {
     if (!all) {
         visit(std::vector<int>(static_cast<std::size_t>(parts), layers / parts));
         return;
     }
+    const int low = slack > 0 ? std::max(1, layers / parts - slack) : 1;
+    const int high = slack > 0 ? (layers + parts - 1) / parts + slack : layers;
     std::vector<int> split(static_cast<std::size_t>(parts), 0);
     if (layers % parts == 0 && !visit(std::vector<int>(static_cast<std::size_t>(parts), layers / parts))) return;
     std::function<bool(int, int)> go = [&](int k, int left) {
         if (k == parts - 1) {
+            if (left < low || left > high) return true;
             split[static_cast<std::size_t>(k)] = left;
             if (layers % parts == 0 && std::all_of(split.begin(), split.end(), [&](int x) { return x == layers / parts; }))
                 return true;  // visited first
             return visit(split);
         }
-        for (int n = 1; n <= left - (parts - 1 - k); ++n) {
+        const int rest = parts - 1 - k;
+        for (int n = low; n <= std::min(high, left - rest * low); ++n) {
+            if (left - n > rest * high) continue;
             split[static_cast<std::size_t>(k)] = n;
+            if (cut && cut(k, split)) continue;
             if (!go(k + 1, left - n)) return false;
         }
         return true;
@@ -269,12 +280,15 @@ public:
                             c.schedule = kind;
                             c.chunks = chunks;
                             const int layers = static_cast<int>(ctx_.repeated().size());
-                            detail::for_each_split(layers, pp * chunks, space_.search_stage_boundaries,
-                                                   [&](const std::vector<int>& split) {
-                                                       c.layers_per_chunk = split;
-                                                       visit(c, work_bound);
-                                                       return true;
-                                                   });
+                            const auto chunk_bound = boundary_bound(c);
+                            detail::for_each_split(
+                                layers, pp * chunks, space_.search_stage_boundaries, space_.boundary_slack,
+                                [&](const std::vector<int>& split) {
+                                    c.layers_per_chunk = split;
+                                    visit(c, work_bound);
+                                    return true;
+                                },
+                                [&](int k, const std::vector<int>& split) { return cut(chunk_bound(k, split)); });
                         }
             }
         }
@@ -377,6 +391,39 @@ private:
         }
     }
 
+    // For stage-boundary search: a lower bound of every split that starts with counts
+    // 0..k. Each chosen chunk runs all m micro-batches on its device, forward and backward,
+    // without recompute: m * (its layers' time per micro-batch + its TP all-reduces).
+    std::function<double(int, const std::vector<int>&)> boundary_bound(const configuration& c) {
+        const model_profile& m = ctx_.model();
+        const double share = 1.0 / (static_cast<double>(c.dp) * c.micro_batches);
+        const double residual_bytes = m.residual_elements * share * ctx_.options().activation_bytes;
+        const double all_reduce =
+            c.tp > 1 ? exposed_time(collective_cost(ctx_.hardware(), collective::all_reduce, residual_bytes, {c.tp, 1}), {},
+                                    collective::all_reduce, {1.0, ctx_.options().overlap.epsilon})
+                     : 0.0;
+        const auto time_of = [&, share, all_reduce](int layer) {
+            return (ctx_.times(layer).forward + ctx_.times(layer).backward) * share / c.tp +
+                   2.0 * m.layers[static_cast<std::size_t>(layer)].residual_joins * all_reduce;
+        };
+        std::vector<double> prefix{0.0};
+        for (int l : ctx_.repeated()) prefix.push_back(prefix.back() + time_of(l));
+        const double head = ctx_.prologue() >= 0 ? time_of(ctx_.prologue()) : 0.0;
+        const int micro = c.micro_batches;
+        return [prefix, head, micro](int k, const std::vector<int>& split) {
+            double bound = 0;
+            int start = 0;
+            for (int i = 0; i <= k; ++i) {
+                const int n = split[static_cast<std::size_t>(i)];
+                double work = prefix[static_cast<std::size_t>(start + n)] - prefix[static_cast<std::size_t>(start)];
+                if (i == 0) work += head;
+                bound = std::max(bound, micro * work);
+                start += n;
+            }
+            return bound;
+        };
+    }
+
     // Lower bound of the pipeline makespan from per-chunk times without recompute.
     static double pipeline_bound(const configuration& c, const evaluation& base) {
         const int chunks = c.pp * c.chunks;
@@ -425,7 +472,7 @@ inline search_result enumerate_all(cost_context& ctx, const search_space& space)
                 for (int m : cand.micro_batches(dp))
                     for (auto [kind, chunks] : cand.schedules(pp, m)) {
                         configuration c{tp, pp, dp, m, chunks, z, kind, {}, {}};
-                        detail::for_each_split(layers, pp * chunks, space.search_stage_boundaries, [&](const std::vector<int>& split) {
+                        detail::for_each_split(layers, pp * chunks, space.search_stage_boundaries, space.boundary_slack, [&](const std::vector<int>& split) {
                             c.layers_per_chunk = split;
                             c.recompute_of.assign(static_cast<std::size_t>(layers), space.recompute_choices.front());
                             std::vector<std::size_t> choice(static_cast<std::size_t>(layers), 0);

@@ -68,6 +68,9 @@ struct search_space {
     std::vector<recompute> recompute_choices{recompute::none, recompute::selective, recompute::full};
     int interleave_chunks = 2;            // v of the interleaved schedule
     bool search_stage_boundaries = false;  // false: layers split evenly over chunks
+    int boundary_slack = 0;  // with boundaries searched: each chunk within this many layers of
+                             // the even share (0: any positive count; the count of splits grows
+                             // as C(layers - 1, chunks - 1))
     int max_tp = 0;                        // 0: the devices of one node
 };
 
