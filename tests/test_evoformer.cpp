@@ -16,6 +16,7 @@
 #include <loom/train/distributed_trainer.hpp>
 #include <loom/train/trainer.hpp>
 
+#include "support/evoformer.hpp"
 #include "support/gradcheck.hpp"
 
 using namespace loom;
@@ -37,16 +38,6 @@ models::evoformer_config tiny() {
             .outer_groups = 2,
             .outer_channels = 2,
             .transition_factor = 2};
-}
-
-train::input_feed feed_of(const models::evoformer_batch& d) {
-    train::input_feed f;
-    f.index["msa"] = d.msa;
-    f.index["pair_left"] = d.pair_left;
-    f.index["pair_right"] = d.pair_right;
-    f.index["relpos"] = d.relpos;
-    f.index["targets"] = d.targets;
-    return f;
 }
 
 std::vector<double> normal_values(std::size_t n, std::uint64_t seed) {
@@ -274,7 +265,7 @@ TEST_CASE("gradcheck: a whole Evoformer round in float64", "[evoformer][grad]") 
     c.recycle_inputs = true;
     c.init_std = 0.3;  // larger than usual so every path carries a visible gradient
     auto data = models::evoformer_synthetic_batch(c, 1);
-    auto feed = feed_of(data);
+    auto feed = testing::evoformer_feed(data);
     const auto prev_msa =
         normal_values(static_cast<std::size_t>(c.batch * c.msa_seqs * c.residues * c.msa_channels), 21);
     const auto prev_pair =
@@ -291,7 +282,7 @@ TEST_CASE("with three rounds, the gradient is the last round's with the recycled
     c.init_std = 0.3;
     const std::uint64_t seed = 1234;
     auto data = models::evoformer_synthetic_batch(c, 2);
-    auto feed = feed_of(data);
+    auto feed = testing::evoformer_feed(data);
 
     // The three-round model, reading round 1's outputs (what round 2 recycles).
     auto full = models::evoformer(c);
@@ -360,7 +351,7 @@ TEST_CASE("with three rounds, the gradient is the last round's with the recycled
 TEST_CASE("training an Evoformer is deterministic and the loss falls", "[evoformer][train]") {
     auto c = tiny();
     auto data = models::evoformer_synthetic_batch(c, 3);
-    auto feed = feed_of(data);
+    auto feed = testing::evoformer_feed(data);
     auto run = [&](std::uint64_t seed) {
         train::trainer_options o;
         o.schedule.peak = 1e-2;
@@ -412,7 +403,7 @@ TEST_CASE("a data-parallel plan splits the batch through every op of the Evoform
     }
     const auto pg = partition::apply_plan(model.ir(), plan::resolve(plan::presets::data_parallel(2), model.ir()));
     auto data = models::evoformer_synthetic_batch(c, 4);
-    auto feed = feed_of(data);
+    auto feed = testing::evoformer_feed(data);
     train::trainer<double> single(std::move(model).training_graph(), {});
     std::vector<double> reference;
     for (int s = 0; s < 2; ++s) reference.push_back(single.step(feed).loss);

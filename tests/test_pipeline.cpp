@@ -18,6 +18,7 @@
 #include <loom/search/branch_and_bound.hpp>
 #include <loom/search/plan_json.hpp>
 
+#include "support/evoformer.hpp"
 #include "support/plan_equivalence.hpp"
 
 using namespace loom;
@@ -124,16 +125,9 @@ TEST_CASE("a schedule that does not fit the plan is rejected naming the blocks",
 
 TEST_CASE("3F1B: three forward rounds and one backward per micro-batch train the Evoformer like one device",
           "[pipeline][evoformer]") {
-    models::evoformer_config c{.batch = 4, .msa_seqs = 3, .residues = 4, .msa_channels = 8, .pair_channels = 4,
-                               .heads = 2, .blocks = 4, .recycles = 3, .bins = 5, .vocab = 6, .relpos_clip = 2,
-                               .outer_groups = 2, .outer_channels = 2, .transition_factor = 2};
+    const models::evoformer_config c = testing::pipeline_evoformer(4);
     const auto data = models::evoformer_synthetic_batch(c, 7);
-    train::input_feed feed;
-    feed.index["msa"] = data.msa;
-    feed.index["pair_left"] = data.pair_left;
-    feed.index["pair_right"] = data.pair_right;
-    feed.index["relpos"] = data.relpos;
-    feed.index["targets"] = data.targets;
+    const train::input_feed feed = testing::evoformer_feed(data);
     for (int stages : {2, 4}) {
         const int micro = 4;
         auto model = models::evoformer(c);
@@ -175,17 +169,7 @@ TEST_CASE("the interlaced pipeline: a vocabulary-parallel embedding and head on 
     for (int p : {2, 4}) {
         const int micro = 4;
         auto m = models::gpt(c);
-        plan::pipeline_spec spec;
-        std::vector<int> all;
-        for (int d = 0; d < p; ++d) all.push_back(d);
-        spec.stages.push_back({0, -1, all, plan::presets::megatron(p)});
-        const std::int64_t per = c.layers / p;
-        for (int s = 0; s < p; ++s) spec.stages.push_back({s * per, (s + 1) * per - 1, {s}, std::nullopt});
-        spec.stages.push_back({0, -1, all, plan::presets::megatron(p)});
-        spec.micro_batches = micro;
-        spec.head_stage = 0;
-        spec.tail_stage = p + 1;
-        spec.name = "interlaced x" + std::to_string(p);
+        const auto spec = plan::interlaced_pipeline(m.ir(), p, micro, plan::presets::megatron(p));
         const auto pp = plan::resolve_pipeline(spec, m.ir());
         check_equal(c, pp, schedule::interlaced(p, micro), spec.name);
     }
@@ -214,6 +198,8 @@ TEST_CASE("searched configurations run and train like one device", "[pipeline][s
     configurations.push_back(make(2, 1, 2, 1, search::schedule_kind::one_f_one_b, 1));
     configurations.push_back(make(1, 2, 1, 4, search::schedule_kind::interleaved, 2));
     configurations.push_back(make(1, 1, 1, 4, search::schedule_kind::one_f_one_b, 1));
+    configurations.push_back(make(1, 4, 1, 4, search::schedule_kind::one_f_one_b, 1));
+    configurations.back().interlaced = true;
     train::trainer<double> single(training, {});
     std::vector<std::vector<std::int32_t>> data;
     std::vector<train::input_feed> feeds;
@@ -223,7 +209,8 @@ TEST_CASE("searched configurations run and train like one device", "[pipeline][s
         reference.push_back(single.step(feeds.back()));
     }
     for (const auto& k : configurations) {
-        INFO("TP " << k.tp << " PP " << k.pp << " DP " << k.dp << " m " << k.micro_batches << " " << search::to_string(k.schedule));
+        INFO("TP " << k.tp << " PP " << k.pp << " DP " << k.dp << " m " << k.micro_batches << " " << search::to_string(k.schedule)
+                   << (k.interlaced ? ", interlaced" : ""));
         const auto pg = search::apply_configuration(forward, k);
         REQUIRE(pg.world == k.devices());
         std::vector<std::vector<train::step_result>> results(static_cast<std::size_t>(pg.world));

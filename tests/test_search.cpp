@@ -132,8 +132,9 @@ std::vector<small_space> small_spaces() {
             for (int variant = 0; variant < 3; ++variant) {
                 search::search_space s;
                 s.micro_batches = {1, 2, 4, 8};
-                if (variant == 0) {  // everything, stage boundaries fixed
+                if (variant == 0) {  // everything, stage boundaries fixed, interlaced or not
                     s.zero = {search::zero_stage::none, search::zero_stage::optimizer, search::zero_stage::parameters};
+                    s.interlaced = {false, true};
                 } else if (variant == 1) {  // stage boundaries searched, no ZeRO-3
                     s.search_stage_boundaries = true;
                     s.zero = {search::zero_stage::none, search::zero_stage::gradients};

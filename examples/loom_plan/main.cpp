@@ -37,6 +37,8 @@ int main(int argc, char** argv) {
     app.add_flag("--boundaries", o.boundaries, "search the pipeline stage boundaries (default: even split)");
     app.add_option("--boundary-slack", o.boundary_slack,
                    "with --boundaries: each stage within this many layers of the even split (0: any)");
+    app.add_flag("--interlaced", o.interlaced,
+                 "also consider the interlaced pipeline (embedding and head on all devices, nnScaler Figure 6)");
     app.add_flag("--executable", o.executable, "only what loom's executor runs today (no ZeRO, no recompute)");
     app.add_flag("--unfolded", o.unfolded, "decide per layer instead of once per class of identical layers");
     app.add_option("--budget", o.budget, "search time budget in seconds (then: the best so far and its proven gap)");

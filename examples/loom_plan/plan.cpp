@@ -63,6 +63,7 @@ search::search_space space_of(const loom_plan_options& o) {
         s.recompute_choices.clear();
         for (const auto& name : o.recompute) s.recompute_choices.push_back(recompute_of(name));
     }
+    if (o.interlaced) s.interlaced = {false, true};
     s.search_stage_boundaries = o.boundaries;
     s.boundary_slack = o.boundary_slack;
     return s;
@@ -111,6 +112,7 @@ void apply_request_file(const std::string& path, loom_plan_options& o) {
             else if (key == "boundaries") o.boundaries = value.get<bool>();
             else if (key == "boundary_slack") o.boundary_slack = value.get<int>();
             else if (key == "executable") o.executable = value.get<bool>();
+            else if (key == "interlaced") o.interlaced = value.get<bool>();
             else if (key == "unfolded") o.unfolded = value.get<bool>();
             else if (key == "budget") o.budget = value.get<double>();
             else if (key == "out") o.out = value.get<std::string>();

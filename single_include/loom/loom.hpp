@@ -5438,6 +5438,33 @@ inline pipeline_spec even_pipeline(const graph& g, const even_pipeline_options& 
     return spec;
 }
 
+// The interlaced pipeline (nnScaler Figure 6): the ops before the first layer (embeddings)
+// and after the last (the LM head and loss) run on all `stages` devices under `spmd` (for
+// example presets::megatron(stages): vocabulary-parallel), time-shared with a pipeline of
+// the layers, split evenly, one device per stage. Order it with schedule::interlaced.
+inline pipeline_spec interlaced_pipeline(const graph& g, int stages, int micro_batches, const plan_spec& spmd,
+                                         const std::string& repeat = "blocks") {
+    std::int64_t layers = 0;
+    for (const auto& r : g.repeats)
+        if (r.name == repeat) layers = std::max<std::int64_t>(layers, static_cast<std::int64_t>(r.scopes.size()));
+    if (stages < 1 || layers % stages != 0)
+        throw plan_error("interlaced_pipeline: " + std::to_string(layers) + " layers of '" + repeat + "' over " +
+                         std::to_string(stages) + " stages; give a stage count that divides the layers");
+    pipeline_spec spec;
+    spec.repeat = repeat;
+    std::vector<int> all;
+    for (int d = 0; d < stages; ++d) all.push_back(d);
+    spec.stages.push_back({0, -1, all, spmd});
+    const std::int64_t per = layers / stages;
+    for (int s = 0; s < stages; ++s) spec.stages.push_back({s * per, (s + 1) * per - 1, {s}, std::nullopt});
+    spec.stages.push_back({0, -1, all, spmd});
+    spec.micro_batches = micro_batches;
+    spec.head_stage = 0;
+    spec.tail_stage = stages + 1;
+    spec.name = "interlaced x" + std::to_string(stages);
+    return spec;
+}
+
 }  // namespace loom::plan
 // ---- end loom/plan/pipeline.hpp ----
 // ---- begin loom/plan/presets.hpp ----
@@ -10965,8 +10992,10 @@ inline std::string svg_timeline(const simulation& r, const svg_options& o = {}) 
 // Inside a pipeline stage (tp * dp devices) the plan is Megatron's tensor parallelism with
 // data parallelism around it (plan::presets::megatron(tp, dp)), or plain data parallelism
 // when tp is 1. Several micro-batches without pipeline stages are a one-stage pipeline
-// (gradient accumulation). The executor does not yet run ZeRO or recomputation inside a
-// pipeline, so executable_space() leaves them out and apply_configuration refuses them.
+// (gradient accumulation). An interlaced configuration becomes plan::interlaced_pipeline
+// ordered by schedule::interlaced (one device per stage). The executor does not yet run
+// ZeRO or recomputation inside a pipeline, so executable_space() leaves them out and
+// apply_configuration refuses them.
 #include <string>
 
 // ---- begin loom/search/plan_space.hpp ----
@@ -10975,7 +11004,8 @@ inline std::string svg_timeline(const simulation& r, const svg_options& o = {}) 
 //   configuration: tensor-parallel degree (innermost, within a node), pipeline stages,
 //   data-parallel degree (the rest of the devices), micro-batches, ZeRO stage, schedule
 //   (GPipe, 1F1B, interleaved 1F1B with v chunks per device), how many repeated layers
-//   each pipeline chunk holds, and a recompute choice per repeated layer.
+//   each pipeline chunk holds, a recompute choice per repeated layer, and whether the
+//   embedding and head are interlaced (on all devices) or on the end stages.
 //
 //   search_space: the candidates for each parameter; an empty list means "every value
 //   that fits" (TP: powers of two up to a node that divide the model's tp_granularity;
@@ -11210,6 +11240,10 @@ struct configuration {
     schedule_kind schedule = schedule_kind::one_f_one_b;
     std::vector<int> layers_per_chunk;  // repeated layers in each of the pp * chunks chunks
     std::vector<recompute> recompute_of;  // per repeated layer
+    // The interlaced pipeline (nnScaler Figure 6): the ops before the first layer and after
+    // the last (embedding, LM head, loss) run on all devices, split by vocabulary, time-shared
+    // with the pipeline of the layers, instead of on the first and last stage.
+    bool interlaced = false;
 
     int devices() const { return tp * pp * dp; }
     // The pipeline device (0..pp-1) chunk c runs on.
@@ -11225,6 +11259,7 @@ struct search_space {
     std::vector<schedule_kind> schedules{schedule_kind::gpipe, schedule_kind::one_f_one_b,
                                          schedule_kind::interleaved};
     std::vector<recompute> recompute_choices{recompute::none, recompute::selective, recompute::full};
+    std::vector<bool> interlaced{false};  // add true to consider the interlaced pipeline
     int interleave_chunks = 2;            // v of the interleaved schedule
     bool search_stage_boundaries = false;  // false: layers split evenly over chunks
     int boundary_slack = 0;  // with boundaries searched: each chunk within this many layers of
@@ -11337,6 +11372,17 @@ inline partition::partitioned_graph apply_configuration(const graph& forward, co
         if (n != c.layers_per_chunk.front())
             throw plan_error("apply_configuration: the configuration splits the layers unevenly over the pipeline "
                              "chunks; the executor's pipelines split them evenly, search with search_stage_boundaries off");
+    if (c.interlaced) {
+        if (c.tp != 1 || c.dp != 1 || c.chunks != 1)
+            throw plan_error("apply_configuration: the executor runs the interlaced pipeline with one device per stage "
+                             "(TP 1, DP 1, no virtual stages); this configuration has TP " + std::to_string(c.tp) + ", DP " +
+                             std::to_string(c.dp) + "; search without interlacing, or with --tp 1 and --pp equal to the devices");
+        const auto pp = plan::resolve_pipeline(
+            plan::interlaced_pipeline(forward, c.pp, c.micro_batches, plan::presets::megatron(c.pp)), forward);
+        auto pg = partition::apply_plan(forward, pp.plan, partition::pipeline_apply_options(pp));
+        partition::order_by_schedule(pg, pp, schedule::interlaced(c.pp, c.micro_batches));
+        return pg;
+    }
     const plan::plan_spec inner = c.tp > 1 ? plan::presets::megatron(c.tp, c.dp) : plan::presets::data_parallel(c.dp);
     if (c.pp == 1 && c.micro_batches == 1) return partition::apply_plan(forward, plan::resolve(inner, forward));
 
@@ -12604,6 +12650,7 @@ struct evaluation {
     double pipeline_time = 0;
     std::vector<double> chunk_forward, chunk_backward;  // s per micro-batch
     std::vector<device_cost> devices;                  // per pipeline device
+    double interlaced_per_micro_batch = 0;             // s on every device (interlaced only)
     double peak_memory() const {
         double m = 0;
         for (const auto& d : devices) m = std::max(m, d.memory.total());
@@ -12752,17 +12799,18 @@ inline double pipeline_makespan(const schedule::schedule& s, const std::vector<d
     return makespan;
 }
 
-// Which layers each chunk holds: the prologue on chunk 0, the epilogue on the last chunk,
-// the repeated layers in order, layers_per_chunk[c] of them on chunk c.
+// Which layers each chunk holds: the prologue on chunk 0, the epilogue on the last chunk
+// (unless interlaced: then on no chunk), the repeated layers in order, layers_per_chunk[c]
+// of them on chunk c.
 inline std::vector<std::vector<int>> layers_of_chunks(const cost_context& ctx, const configuration& c) {
     const int chunks = c.pp * c.chunks;
     std::vector<std::vector<int>> out(static_cast<std::size_t>(chunks));
-    if (ctx.prologue() >= 0) out.front().push_back(ctx.prologue());
+    if (ctx.prologue() >= 0 && !c.interlaced) out.front().push_back(ctx.prologue());
     std::size_t next = 0;
     for (int k = 0; k < chunks; ++k)
         for (int i = 0; i < c.layers_per_chunk[static_cast<std::size_t>(k)]; ++i)
             out[static_cast<std::size_t>(k)].push_back(ctx.repeated()[next++]);
-    if (ctx.epilogue() >= 0) out.back().push_back(ctx.epilogue());
+    if (ctx.epilogue() >= 0 && !c.interlaced) out.back().push_back(ctx.epilogue());
     return out;
 }
 
@@ -12819,6 +12867,33 @@ inline evaluation evaluate_without_pipeline(cost_context& ctx, const configurati
         activations[static_cast<std::size_t>(d)] +=
             sched.in_flight[static_cast<std::size_t>(k)] * kept * share * o.activation_bytes / c.tp;
     }
+    // Interlaced: the embedding and head of every micro-batch (all replicas' samples) run on
+    // all N devices, split by vocabulary: 1/N of their work, an all-reduce of the residual
+    // stream over all devices forward (embedding) and backward (the head's input gradient);
+    // each device keeps 1/N of their parameters (no gradient sync: nothing is replicated)
+    // and activations: the embedding's for the micro-batches in flight on stage 0, the
+    // head's for one.
+    double interlaced_memory = 0;
+    if (c.interlaced) {
+        const int all = c.devices();
+        const double micro_share = 1.0 / c.micro_batches;
+        double work = 0, parameters = 0, kept = 0;
+        for (int l : {ctx.prologue(), ctx.epilogue()}) {
+            if (l < 0) continue;
+            const layer_profile& lp = m.layers[static_cast<std::size_t>(l)];
+            work += ctx.times(l).forward + ctx.times(l).backward;
+            parameters += lp.parameters + (lp.shared_from == ctx.prologue() ? 0.0 : lp.shared_parameters);
+            kept += lp.saved_elements * (l == ctx.prologue() ? sched.in_flight.front() : 1);
+        }
+        const double all_reduce =
+            all > 1 ? exposed_time(collective_cost(hw, collective::all_reduce,
+                                                   m.residual_elements * micro_share * o.activation_bytes, {all, 1}),
+                                   {}, collective::all_reduce, {1.0, o.overlap.epsilon})
+                    : 0.0;
+        e.interlaced_per_micro_batch = work * micro_share / all + 2.0 * all_reduce;
+        interlaced_memory = model_state_bytes(parameters / all, o.states, zero_stage::none, 1) +
+                            kept * micro_share * o.activation_bytes / all;
+    }
     e.feasible = true;
     for (int d = 0; d < c.pp; ++d) {
         device_cost& dc = e.devices[static_cast<std::size_t>(d)];
@@ -12827,6 +12902,7 @@ inline evaluation evaluate_without_pipeline(cost_context& ctx, const configurati
         const double buffers = c.zero == zero_stage::parameters ? 2.0 * largest_layer[static_cast<std::size_t>(d)] / c.tp * s.parameter : 0.0;
         dc.memory = memory_per_device(local, s, c.zero, c.dp, activation_profile{}, 0, recompute::none, buffers);
         dc.memory.activations = activations[static_cast<std::size_t>(d)];
+        dc.memory.buffers += interlaced_memory;
         if (c.dp > 1) {
             const comm_time sync = collective_cost(hw, collective::all_reduce, local * s.gradient, {c.dp, c.tp});
             dc.exposed_communication = exposed_time({}, sync, collective::all_reduce, o.overlap);
@@ -12867,7 +12943,9 @@ inline double step_time_of(const evaluation& e, double pipeline) {
 inline evaluation evaluate(cost_context& ctx, const configuration& c) {
     evaluation e = evaluate_without_pipeline(ctx, c);
     const auto& sched = ctx.schedule_orders(c.schedule, c.pp, c.chunks, c.micro_batches);
-    e.pipeline_time = pipeline_makespan(sched.order, e.chunk_forward, e.chunk_backward, stage_message_time(ctx, c));
+    // Interlaced blocks hold every device, so they add their time to every timeline.
+    e.pipeline_time = pipeline_makespan(sched.order, e.chunk_forward, e.chunk_backward, stage_message_time(ctx, c)) +
+                      c.micro_batches * e.interlaced_per_micro_batch;
     e.step_time = step_time_of(e, e.pipeline_time);
     if (!e.feasible) e.step_time = std::numeric_limits<double>::infinity();
     return e;
@@ -12948,6 +13026,15 @@ struct candidates {
             if (m >= 1 && per_replica % m == 0) out.push_back(m);
         return out;
     }
+    // Interlacing needs an embedding or head to spread, and a pipeline to interlace with.
+    std::vector<bool> interlaced(int pp) const {
+        std::vector<bool> out;
+        for (bool i : space.interlaced)
+            if (!i || (pp > 1 && (ctx.prologue() >= 0 || ctx.epilogue() >= 0))) out.push_back(i);
+        if (out.empty()) out.push_back(false);
+        return out;
+    }
+
     // (schedule, chunks per device) pairs.
     std::vector<std::pair<schedule_kind, int>> schedules(int pp, int m) const {
         std::vector<std::pair<schedule_kind, int>> out;
@@ -13104,8 +13191,10 @@ public:
                 if (cut(work_bound)) continue;
                 for (zero_stage z : cand.zero(dp))
                     for (int m : cand.micro_batches(dp))
-                        for (auto [kind, chunks] : cand.schedules(pp, m)) {
+                        for (auto [kind, chunks] : cand.schedules(pp, m))
+                        for (bool interlaced : cand.interlaced(pp)) {
                             configuration c;
+                            c.interlaced = interlaced;
                             c.tp = tp;
                             c.pp = pp;
                             c.dp = dp;
@@ -13164,7 +13253,7 @@ private:
         evaluation base = evaluate_without_pipeline(ctx_, c);
         double fixed = 0;  // exposed communication and optimizer: the same for every completion
         for (const auto& d : base.devices) fixed = std::max(fixed, d.exposed_communication + d.optimizer);
-        if (cut(std::max(work_bound, pipeline_bound(c, base)) + fixed)) return;
+        if (cut(std::max(work_bound, pipeline_bound(c, base) + c.micro_batches * base.interlaced_per_micro_batch) + fixed)) return;
 
         // Recompute: per device, the least extra time that fits.
         const auto layers = layers_of_chunks(ctx_, c);
@@ -13202,7 +13291,8 @@ private:
             solver.budget = ctx_.memory_cap() - fixed_memory;
             const bool solved = solver.solve();
             if (solver.gave_up) {  // the budget ran out inside: this node stays open
-                open_bound_ = std::min(open_bound_, std::max(work_bound, pipeline_bound(c, base)) + fixed);
+                open_bound_ = std::min(open_bound_, std::max(work_bound, pipeline_bound(c, base) +
+                                                                             c.micro_batches * base.interlaced_per_micro_batch) + fixed);
                 return;
             }
             if (!solved) {
@@ -13242,7 +13332,7 @@ private:
         };
         std::vector<double> prefix{0.0};
         for (int l : ctx_.repeated()) prefix.push_back(prefix.back() + time_of(l));
-        const double head = ctx_.prologue() >= 0 ? time_of(ctx_.prologue()) : 0.0;
+        const double head = ctx_.prologue() >= 0 && !c.interlaced ? time_of(ctx_.prologue()) : 0.0;
         const int micro = c.micro_batches;
         return [prefix, head, micro](int k, const std::vector<int>& split) {
             double bound = 0;
@@ -13304,8 +13394,9 @@ inline search_result enumerate_all(cost_context& ctx, const search_space& space)
             const int dp = devices / (tp * pp);
             for (zero_stage z : cand.zero(dp))
                 for (int m : cand.micro_batches(dp))
-                    for (auto [kind, chunks] : cand.schedules(pp, m)) {
-                        configuration c{tp, pp, dp, m, chunks, z, kind, {}, {}};
+                    for (auto [kind, chunks] : cand.schedules(pp, m))
+                    for (bool interlaced : cand.interlaced(pp)) {
+                        configuration c{tp, pp, dp, m, chunks, z, kind, {}, {}, interlaced};
                         detail::for_each_split(layers, pp * chunks, space.search_stage_boundaries, space.boundary_slack, [&](const std::vector<int>& split) {
                             c.layers_per_chunk = split;
                             c.recompute_of.assign(static_cast<std::size_t>(layers), space.recompute_choices.front());
@@ -13347,7 +13438,9 @@ inline std::string search_result::explain() const {
     out << "plan for " << cluster_name << ": TP " << c.tp << " x PP " << c.pp << " x DP " << c.dp << ", "
         << c.micro_batches << " micro-batches, " << to_string(c.schedule);
     if (c.chunks > 1) out << " (" << c.chunks << " chunks per device)";
-    out << ", ZeRO " << static_cast<int>(c.zero) << "\n  layers per chunk:";
+    out << ", ZeRO " << static_cast<int>(c.zero);
+    if (c.interlaced) out << ", interlaced (embedding and head on all " << c.devices() << " devices)";
+    out << "\n  layers per chunk:";
     for (int n : c.layers_per_chunk) out << ' ' << n;
     int counts[3] = {0, 0, 0};
     for (recompute r : c.recompute_of) ++counts[static_cast<int>(r)];
@@ -15294,7 +15387,7 @@ inline order_search_result order_search(const schedule::pipeline_shape& shape, c
 //   {"format": "loom.configuration", "version": 1,
 //    "tp": 2, "pp": 4, "dp": 8, "micro_batches": 16, "chunks": 1,
 //    "zero": 1, "schedule": "1F1B",
-//    "layers_per_chunk": [6, 6, 6, 6],
+//    "layers_per_chunk": [6, 6, 6, 6], "interlaced": false,
 //    "recompute": ["none", "selective", ...]}          one entry per repeated layer
 //
 // Every field is checked; an error names the file (when loading one), the field and the fix.
@@ -15323,6 +15416,7 @@ inline nlohmann::json to_json(const configuration& c) {
             {"zero", static_cast<int>(c.zero)},
             {"schedule", to_string(c.schedule)},
             {"layers_per_chunk", c.layers_per_chunk},
+            {"interlaced", c.interlaced},
             {"recompute", recompute}};
 }
 
@@ -15359,6 +15453,11 @@ inline configuration configuration_from_json(const nlohmann::json& j, const std:
     else if (schedule == to_string(schedule_kind::interleaved)) c.schedule = schedule_kind::interleaved;
     else
         throw usage_error(where + ": \"schedule\" is \"" + schedule + "\"; give \"GPipe\", \"1F1B\" or \"interleaved 1F1B\"");
+    if (j.contains("interlaced")) {
+        if (!j.at("interlaced").is_boolean())
+            throw usage_error(where + ": \"interlaced\" must be true or false");
+        c.interlaced = j.at("interlaced").get<bool>();
+    }
     if (!j.contains("layers_per_chunk") || !j.at("layers_per_chunk").is_array())
         throw usage_error(where + ": \"layers_per_chunk\" must be an array of layer counts, one per pipeline chunk");
     for (const auto& n : j.at("layers_per_chunk")) {
@@ -22207,6 +22306,43 @@ inline std::vector<std::int32_t> gpt_positions(const gpt_config& c) {
 #include <string>
 #include <vector>
 
+// ---- begin loom/models/record_layers.hpp ----
+// Records scopes that were built one after another as the instances of one repeat, so that
+// the searcher's folding (search/folding.hpp, which folds a graph's largest repeat) sees
+// every block of a model as a layer, even blocks built under different scope names:
+//
+//   record_layers(b, "blocks", {"encoder.0", "encoder.1", "decoder.0", "decoder.1"});
+//   // scope "decoder.0" is now instance 2 of repeat "blocks"
+//
+// Models whose blocks are not one `graph_builder` repeat (T5's encoder and decoder, Swin's
+// stages) call it once, after building.
+#include <cstdint>
+#include <string>
+#include <utility>
+#include <vector>
+
+
+namespace loom::models {
+
+inline void record_layers(graph_builder& b, const std::string& name, const std::vector<std::string>& paths) {
+    graph& g = b.mutable_graph();
+    const auto r = static_cast<std::int32_t>(g.repeats.size());
+    repeat_desc rd{name, no_id, {}};
+    for (std::size_t k = 0; k < paths.size(); ++k) {
+        std::int32_t s = no_id;
+        for (std::size_t i = 0; i < g.scopes.size() && s == no_id; ++i)
+            if (g.scopes[i].path == paths[k]) s = static_cast<std::int32_t>(i);
+        if (s == no_id)
+            throw usage_error("record_layers: no scope '" + paths[k] + "' was built; record the scopes after building them");
+        g.scopes[static_cast<std::size_t>(s)].repeat = r;
+        g.scopes[static_cast<std::size_t>(s)].index = static_cast<std::int64_t>(k);
+        rd.scopes.push_back(s);
+    }
+    g.repeats.push_back(std::move(rd));
+}
+
+}  // namespace loom::models
+// ---- end loom/models/record_layers.hpp ----
 
 namespace loom::models {
 
@@ -22399,27 +22535,6 @@ inline tensor mean_over_tokens(tensor t) {
     return ops::matmul_tn(column, t);
 }
 
-inline std::int32_t scope_id(const graph& g, const std::string& path) {
-    for (std::size_t i = 0; i < g.scopes.size(); ++i)
-        if (g.scopes[i].path == path) return static_cast<std::int32_t>(i);
-    throw error("swin: no scope '" + path + "' was built");
-}
-
-// Records the scopes at `paths`, in order, as the instances of one repeat `name`: the scope
-// at paths[k] becomes layer k (see "Layers" at the top of this file).
-inline void record_layers(graph_builder& b, const std::string& name, const std::vector<std::string>& paths) {
-    graph& g = b.mutable_graph();
-    const auto r = static_cast<std::int32_t>(g.repeats.size());
-    repeat_desc rd{name, no_id, {}};
-    for (std::size_t k = 0; k < paths.size(); ++k) {
-        const std::int32_t s = scope_id(g, paths[k]);
-        g.scopes[static_cast<std::size_t>(s)].repeat = r;
-        g.scopes[static_cast<std::size_t>(s)].index = static_cast<std::int64_t>(k);
-        rd.scopes.push_back(s);
-    }
-    g.repeats.push_back(std::move(rd));
-}
-
 struct builder_context {
     graph_builder& b;
     const swin_config& c;
@@ -22505,7 +22620,7 @@ inline swin_model swin(const swin_config& c) {
             layers.push_back("stages." + std::to_string(st) + ".blocks." + std::to_string(j));
         }
     }
-    detail::swin::record_layers(b, "blocks", layers);
+    record_layers(b, "blocks", layers);
 
     const std::int64_t cf = c.channels(c.stages() - 1);
     tensor pooled = detail::swin::mean_over_tokens(detail::swin::flatten_windows(ctx.layer_norm("norm", x, cf)));
@@ -22722,27 +22837,6 @@ struct t5_model {
 
 namespace detail::t5 {
 
-inline std::int32_t scope_id(const graph& g, const std::string& path) {
-    for (std::size_t i = 0; i < g.scopes.size(); ++i)
-        if (g.scopes[i].path == path) return static_cast<std::int32_t>(i);
-    throw error("t5: no scope '" + path + "' was built");
-}
-
-// Records the scopes at `paths`, in order, as the instances of one repeat `name`: the scope
-// at paths[k] becomes layer k (see "Layers" at the top of this file).
-inline void record_layers(graph_builder& b, const std::string& name, const std::vector<std::string>& paths) {
-    graph& g = b.mutable_graph();
-    const auto r = static_cast<std::int32_t>(g.repeats.size());
-    repeat_desc rd{name, no_id, {}};
-    for (std::size_t k = 0; k < paths.size(); ++k) {
-        const std::int32_t s = scope_id(g, paths[k]);
-        g.scopes[static_cast<std::size_t>(s)].repeat = r;
-        g.scopes[static_cast<std::size_t>(s)].index = static_cast<std::int64_t>(k);
-        rd.scopes.push_back(s);
-    }
-    g.repeats.push_back(std::move(rd));
-}
-
 struct builder_context {
     graph_builder& b;
     const t5_config& c;
@@ -22838,7 +22932,7 @@ inline t5_model t5(const t5_config& c) {
         y = ctx.decoder_block(y, x);
         layers.push_back("decoder." + std::to_string(j));
     }
-    detail::t5::record_layers(b, "blocks", layers);
+    record_layers(b, "blocks", layers);
 
     y = ops::scale(ctx.rms_norm("final_norm", y), 1.0 / std::sqrt(static_cast<double>(c.hidden)));
     tensor logits = ops::linear(y, shared);

@@ -17,6 +17,7 @@
 #include <loom/runtime/comm/mpi.hpp>
 #include <loom/schedule/templates.hpp>
 
+#include "support/evoformer.hpp"
 #include "support/plan_equivalence.hpp"
 
 using namespace loom;
@@ -59,32 +60,15 @@ int check(comm::communicator& comm, const models::gpt_config& c, const plan::eve
 // layers one stage per rank between them.
 plan::pipeline_plan interlaced_plan(const models::gpt_config& c, int ranks, int micro_batches) {
     auto model = models::gpt(c);
-    plan::pipeline_spec spec;
-    std::vector<int> all;
-    for (int d = 0; d < ranks; ++d) all.push_back(d);
-    spec.stages.push_back({0, -1, all, plan::presets::megatron(ranks)});
-    const std::int64_t per = c.layers / ranks;
-    for (int s = 0; s < ranks; ++s) spec.stages.push_back({s * per, (s + 1) * per - 1, {s}, std::nullopt});
-    spec.stages.push_back({0, -1, all, plan::presets::megatron(ranks)});
-    spec.micro_batches = micro_batches;
-    spec.head_stage = 0;
-    spec.tail_stage = ranks + 1;
-    spec.name = "interlaced x" + std::to_string(ranks);
-    return plan::resolve_pipeline(spec, model.ir());
+    return plan::resolve_pipeline(plan::interlaced_pipeline(model.ir(), ranks, micro_batches, plan::presets::megatron(ranks)),
+                                  model.ir());
 }
 
 // 3F1B: the Evoformer's three recycling rounds forward, then one backward, per micro-batch.
 int check_three_f_one_b(comm::communicator& comm, int stages, int micro_batches) {
-    const models::evoformer_config c{.batch = 4, .msa_seqs = 3, .residues = 4, .msa_channels = 8, .pair_channels = 4,
-                                     .heads = 2, .blocks = stages, .recycles = 3, .bins = 5, .vocab = 6,
-                                     .relpos_clip = 2, .outer_groups = 2, .outer_channels = 2, .transition_factor = 2};
+    const models::evoformer_config c = testing::pipeline_evoformer(stages);
     const auto data = models::evoformer_synthetic_batch(c, 7);
-    train::input_feed feed;
-    feed.index["msa"] = data.msa;
-    feed.index["pair_left"] = data.pair_left;
-    feed.index["pair_right"] = data.pair_right;
-    feed.index["relpos"] = data.relpos;
-    feed.index["targets"] = data.targets;
+    const train::input_feed feed = testing::evoformer_feed(data);
     auto model = models::evoformer(c);
     const auto pp = plan::resolve_pipeline(
         plan::even_pipeline(model.ir(), {.stages = stages, .micro_batches = micro_batches, .rounds_scope = "recycle",

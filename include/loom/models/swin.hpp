@@ -55,6 +55,7 @@
 #include <loom/core/random.hpp>
 #include <loom/graph/autograd.hpp>
 #include <loom/graph/builder.hpp>
+#include <loom/models/record_layers.hpp>
 #include <loom/ops/all.hpp>
 
 namespace loom::models {
@@ -248,27 +249,6 @@ inline tensor mean_over_tokens(tensor t) {
     return ops::matmul_tn(column, t);
 }
 
-inline std::int32_t scope_id(const graph& g, const std::string& path) {
-    for (std::size_t i = 0; i < g.scopes.size(); ++i)
-        if (g.scopes[i].path == path) return static_cast<std::int32_t>(i);
-    throw error("swin: no scope '" + path + "' was built");
-}
-
-// Records the scopes at `paths`, in order, as the instances of one repeat `name`: the scope
-// at paths[k] becomes layer k (see "Layers" at the top of this file).
-inline void record_layers(graph_builder& b, const std::string& name, const std::vector<std::string>& paths) {
-    graph& g = b.mutable_graph();
-    const auto r = static_cast<std::int32_t>(g.repeats.size());
-    repeat_desc rd{name, no_id, {}};
-    for (std::size_t k = 0; k < paths.size(); ++k) {
-        const std::int32_t s = scope_id(g, paths[k]);
-        g.scopes[static_cast<std::size_t>(s)].repeat = r;
-        g.scopes[static_cast<std::size_t>(s)].index = static_cast<std::int64_t>(k);
-        rd.scopes.push_back(s);
-    }
-    g.repeats.push_back(std::move(rd));
-}
-
 struct builder_context {
     graph_builder& b;
     const swin_config& c;
@@ -354,7 +334,7 @@ inline swin_model swin(const swin_config& c) {
             layers.push_back("stages." + std::to_string(st) + ".blocks." + std::to_string(j));
         }
     }
-    detail::swin::record_layers(b, "blocks", layers);
+    record_layers(b, "blocks", layers);
 
     const std::int64_t cf = c.channels(c.stages() - 1);
     tensor pooled = detail::swin::mean_over_tokens(detail::swin::flatten_windows(ctx.layer_norm("norm", x, cf)));

@@ -48,6 +48,7 @@
 #include <loom/core/random.hpp>
 #include <loom/graph/autograd.hpp>
 #include <loom/graph/builder.hpp>
+#include <loom/models/record_layers.hpp>
 #include <loom/ops/all.hpp>
 
 namespace loom::models {
@@ -128,27 +129,6 @@ struct t5_model {
 };
 
 namespace detail::t5 {
-
-inline std::int32_t scope_id(const graph& g, const std::string& path) {
-    for (std::size_t i = 0; i < g.scopes.size(); ++i)
-        if (g.scopes[i].path == path) return static_cast<std::int32_t>(i);
-    throw error("t5: no scope '" + path + "' was built");
-}
-
-// Records the scopes at `paths`, in order, as the instances of one repeat `name`: the scope
-// at paths[k] becomes layer k (see "Layers" at the top of this file).
-inline void record_layers(graph_builder& b, const std::string& name, const std::vector<std::string>& paths) {
-    graph& g = b.mutable_graph();
-    const auto r = static_cast<std::int32_t>(g.repeats.size());
-    repeat_desc rd{name, no_id, {}};
-    for (std::size_t k = 0; k < paths.size(); ++k) {
-        const std::int32_t s = scope_id(g, paths[k]);
-        g.scopes[static_cast<std::size_t>(s)].repeat = r;
-        g.scopes[static_cast<std::size_t>(s)].index = static_cast<std::int64_t>(k);
-        rd.scopes.push_back(s);
-    }
-    g.repeats.push_back(std::move(rd));
-}
 
 struct builder_context {
     graph_builder& b;
@@ -245,7 +225,7 @@ inline t5_model t5(const t5_config& c) {
         y = ctx.decoder_block(y, x);
         layers.push_back("decoder." + std::to_string(j));
     }
-    detail::t5::record_layers(b, "blocks", layers);
+    record_layers(b, "blocks", layers);
 
     y = ops::scale(ctx.rms_norm("final_norm", y), 1.0 / std::sqrt(static_cast<double>(c.hidden)));
     tensor logits = ops::linear(y, shared);

@@ -248,4 +248,31 @@ inline pipeline_spec even_pipeline(const graph& g, const even_pipeline_options& 
     return spec;
 }
 
+// The interlaced pipeline (nnScaler Figure 6): the ops before the first layer (embeddings)
+// and after the last (the LM head and loss) run on all `stages` devices under `spmd` (for
+// example presets::megatron(stages): vocabulary-parallel), time-shared with a pipeline of
+// the layers, split evenly, one device per stage. Order it with schedule::interlaced.
+inline pipeline_spec interlaced_pipeline(const graph& g, int stages, int micro_batches, const plan_spec& spmd,
+                                         const std::string& repeat = "blocks") {
+    std::int64_t layers = 0;
+    for (const auto& r : g.repeats)
+        if (r.name == repeat) layers = std::max<std::int64_t>(layers, static_cast<std::int64_t>(r.scopes.size()));
+    if (stages < 1 || layers % stages != 0)
+        throw plan_error("interlaced_pipeline: " + std::to_string(layers) + " layers of '" + repeat + "' over " +
+                         std::to_string(stages) + " stages; give a stage count that divides the layers");
+    pipeline_spec spec;
+    spec.repeat = repeat;
+    std::vector<int> all;
+    for (int d = 0; d < stages; ++d) all.push_back(d);
+    spec.stages.push_back({0, -1, all, spmd});
+    const std::int64_t per = layers / stages;
+    for (int s = 0; s < stages; ++s) spec.stages.push_back({s * per, (s + 1) * per - 1, {s}, std::nullopt});
+    spec.stages.push_back({0, -1, all, spmd});
+    spec.micro_batches = micro_batches;
+    spec.head_stage = 0;
+    spec.tail_stage = stages + 1;
+    spec.name = "interlaced x" + std::to_string(stages);
+    return spec;
+}
+
 }  // namespace loom::plan

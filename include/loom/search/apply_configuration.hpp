@@ -9,14 +9,17 @@
 // Inside a pipeline stage (tp * dp devices) the plan is Megatron's tensor parallelism with
 // data parallelism around it (plan::presets::megatron(tp, dp)), or plain data parallelism
 // when tp is 1. Several micro-batches without pipeline stages are a one-stage pipeline
-// (gradient accumulation). The executor does not yet run ZeRO or recomputation inside a
-// pipeline, so executable_space() leaves them out and apply_configuration refuses them.
+// (gradient accumulation). An interlaced configuration becomes plan::interlaced_pipeline
+// ordered by schedule::interlaced (one device per stage). The executor does not yet run
+// ZeRO or recomputation inside a pipeline, so executable_space() leaves them out and
+// apply_configuration refuses them.
 #include <string>
 
 #include <loom/partition/apply.hpp>
 #include <loom/partition/pipeline_order.hpp>
 #include <loom/plan/pipeline.hpp>
 #include <loom/plan/presets.hpp>
+#include <loom/schedule/templates.hpp>
 #include <loom/search/plan_space.hpp>
 #include <loom/search/schedule_orders.hpp>
 
@@ -44,6 +47,17 @@ inline partition::partitioned_graph apply_configuration(const graph& forward, co
         if (n != c.layers_per_chunk.front())
             throw plan_error("apply_configuration: the configuration splits the layers unevenly over the pipeline "
                              "chunks; the executor's pipelines split them evenly, search with search_stage_boundaries off");
+    if (c.interlaced) {
+        if (c.tp != 1 || c.dp != 1 || c.chunks != 1)
+            throw plan_error("apply_configuration: the executor runs the interlaced pipeline with one device per stage "
+                             "(TP 1, DP 1, no virtual stages); this configuration has TP " + std::to_string(c.tp) + ", DP " +
+                             std::to_string(c.dp) + "; search without interlacing, or with --tp 1 and --pp equal to the devices");
+        const auto pp = plan::resolve_pipeline(
+            plan::interlaced_pipeline(forward, c.pp, c.micro_batches, plan::presets::megatron(c.pp)), forward);
+        auto pg = partition::apply_plan(forward, pp.plan, partition::pipeline_apply_options(pp));
+        partition::order_by_schedule(pg, pp, schedule::interlaced(c.pp, c.micro_batches));
+        return pg;
+    }
     const plan::plan_spec inner = c.tp > 1 ? plan::presets::megatron(c.tp, c.dp) : plan::presets::data_parallel(c.dp);
     if (c.pp == 1 && c.micro_batches == 1) return partition::apply_plan(forward, plan::resolve(inner, forward));
 

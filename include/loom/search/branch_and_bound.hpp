@@ -114,6 +114,15 @@ struct candidates {
             if (m >= 1 && per_replica % m == 0) out.push_back(m);
         return out;
     }
+    // Interlacing needs an embedding or head to spread, and a pipeline to interlace with.
+    std::vector<bool> interlaced(int pp) const {
+        std::vector<bool> out;
+        for (bool i : space.interlaced)
+            if (!i || (pp > 1 && (ctx.prologue() >= 0 || ctx.epilogue() >= 0))) out.push_back(i);
+        if (out.empty()) out.push_back(false);
+        return out;
+    }
+
     // (schedule, chunks per device) pairs.
     std::vector<std::pair<schedule_kind, int>> schedules(int pp, int m) const {
         std::vector<std::pair<schedule_kind, int>> out;
@@ -270,8 +279,10 @@ public:
                 if (cut(work_bound)) continue;
                 for (zero_stage z : cand.zero(dp))
                     for (int m : cand.micro_batches(dp))
-                        for (auto [kind, chunks] : cand.schedules(pp, m)) {
+                        for (auto [kind, chunks] : cand.schedules(pp, m))
+                        for (bool interlaced : cand.interlaced(pp)) {
                             configuration c;
+                            c.interlaced = interlaced;
                             c.tp = tp;
                             c.pp = pp;
                             c.dp = dp;
@@ -330,7 +341,7 @@ private:
         evaluation base = evaluate_without_pipeline(ctx_, c);
         double fixed = 0;  // exposed communication and optimizer: the same for every completion
         for (const auto& d : base.devices) fixed = std::max(fixed, d.exposed_communication + d.optimizer);
-        if (cut(std::max(work_bound, pipeline_bound(c, base)) + fixed)) return;
+        if (cut(std::max(work_bound, pipeline_bound(c, base) + c.micro_batches * base.interlaced_per_micro_batch) + fixed)) return;
 
         // Recompute: per device, the least extra time that fits.
         const auto layers = layers_of_chunks(ctx_, c);
@@ -368,7 +379,8 @@ private:
             solver.budget = ctx_.memory_cap() - fixed_memory;
             const bool solved = solver.solve();
             if (solver.gave_up) {  // the budget ran out inside: this node stays open
-                open_bound_ = std::min(open_bound_, std::max(work_bound, pipeline_bound(c, base)) + fixed);
+                open_bound_ = std::min(open_bound_, std::max(work_bound, pipeline_bound(c, base) +
+                                                                             c.micro_batches * base.interlaced_per_micro_batch) + fixed);
                 return;
             }
             if (!solved) {
@@ -408,7 +420,7 @@ private:
         };
         std::vector<double> prefix{0.0};
         for (int l : ctx_.repeated()) prefix.push_back(prefix.back() + time_of(l));
-        const double head = ctx_.prologue() >= 0 ? time_of(ctx_.prologue()) : 0.0;
+        const double head = ctx_.prologue() >= 0 && !c.interlaced ? time_of(ctx_.prologue()) : 0.0;
         const int micro = c.micro_batches;
         return [prefix, head, micro](int k, const std::vector<int>& split) {
             double bound = 0;
@@ -470,8 +482,9 @@ inline search_result enumerate_all(cost_context& ctx, const search_space& space)
             const int dp = devices / (tp * pp);
             for (zero_stage z : cand.zero(dp))
                 for (int m : cand.micro_batches(dp))
-                    for (auto [kind, chunks] : cand.schedules(pp, m)) {
-                        configuration c{tp, pp, dp, m, chunks, z, kind, {}, {}};
+                    for (auto [kind, chunks] : cand.schedules(pp, m))
+                    for (bool interlaced : cand.interlaced(pp)) {
+                        configuration c{tp, pp, dp, m, chunks, z, kind, {}, {}, interlaced};
                         detail::for_each_split(layers, pp * chunks, space.search_stage_boundaries, space.boundary_slack, [&](const std::vector<int>& split) {
                             c.layers_per_chunk = split;
                             c.recompute_of.assign(static_cast<std::size_t>(layers), space.recompute_choices.front());
@@ -513,7 +526,9 @@ inline std::string search_result::explain() const {
     out << "plan for " << cluster_name << ": TP " << c.tp << " x PP " << c.pp << " x DP " << c.dp << ", "
         << c.micro_batches << " micro-batches, " << to_string(c.schedule);
     if (c.chunks > 1) out << " (" << c.chunks << " chunks per device)";
-    out << ", ZeRO " << static_cast<int>(c.zero) << "\n  layers per chunk:";
+    out << ", ZeRO " << static_cast<int>(c.zero);
+    if (c.interlaced) out << ", interlaced (embedding and head on all " << c.devices() << " devices)";
+    out << "\n  layers per chunk:";
     for (int n : c.layers_per_chunk) out << ' ' << n;
     int counts[3] = {0, 0, 0};
     for (recompute r : c.recompute_of) ++counts[static_cast<int>(r)];

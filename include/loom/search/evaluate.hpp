@@ -68,6 +68,7 @@ struct evaluation {
     double pipeline_time = 0;
     std::vector<double> chunk_forward, chunk_backward;  // s per micro-batch
     std::vector<device_cost> devices;                  // per pipeline device
+    double interlaced_per_micro_batch = 0;             // s on every device (interlaced only)
     double peak_memory() const {
         double m = 0;
         for (const auto& d : devices) m = std::max(m, d.memory.total());
@@ -216,17 +217,18 @@ inline double pipeline_makespan(const schedule::schedule& s, const std::vector<d
     return makespan;
 }
 
-// Which layers each chunk holds: the prologue on chunk 0, the epilogue on the last chunk,
-// the repeated layers in order, layers_per_chunk[c] of them on chunk c.
+// Which layers each chunk holds: the prologue on chunk 0, the epilogue on the last chunk
+// (unless interlaced: then on no chunk), the repeated layers in order, layers_per_chunk[c]
+// of them on chunk c.
 inline std::vector<std::vector<int>> layers_of_chunks(const cost_context& ctx, const configuration& c) {
     const int chunks = c.pp * c.chunks;
     std::vector<std::vector<int>> out(static_cast<std::size_t>(chunks));
-    if (ctx.prologue() >= 0) out.front().push_back(ctx.prologue());
+    if (ctx.prologue() >= 0 && !c.interlaced) out.front().push_back(ctx.prologue());
     std::size_t next = 0;
     for (int k = 0; k < chunks; ++k)
         for (int i = 0; i < c.layers_per_chunk[static_cast<std::size_t>(k)]; ++i)
             out[static_cast<std::size_t>(k)].push_back(ctx.repeated()[next++]);
-    if (ctx.epilogue() >= 0) out.back().push_back(ctx.epilogue());
+    if (ctx.epilogue() >= 0 && !c.interlaced) out.back().push_back(ctx.epilogue());
     return out;
 }
 
@@ -283,6 +285,33 @@ inline evaluation evaluate_without_pipeline(cost_context& ctx, const configurati
         activations[static_cast<std::size_t>(d)] +=
             sched.in_flight[static_cast<std::size_t>(k)] * kept * share * o.activation_bytes / c.tp;
     }
+    // Interlaced: the embedding and head of every micro-batch (all replicas' samples) run on
+    // all N devices, split by vocabulary: 1/N of their work, an all-reduce of the residual
+    // stream over all devices forward (embedding) and backward (the head's input gradient);
+    // each device keeps 1/N of their parameters (no gradient sync: nothing is replicated)
+    // and activations: the embedding's for the micro-batches in flight on stage 0, the
+    // head's for one.
+    double interlaced_memory = 0;
+    if (c.interlaced) {
+        const int all = c.devices();
+        const double micro_share = 1.0 / c.micro_batches;
+        double work = 0, parameters = 0, kept = 0;
+        for (int l : {ctx.prologue(), ctx.epilogue()}) {
+            if (l < 0) continue;
+            const layer_profile& lp = m.layers[static_cast<std::size_t>(l)];
+            work += ctx.times(l).forward + ctx.times(l).backward;
+            parameters += lp.parameters + (lp.shared_from == ctx.prologue() ? 0.0 : lp.shared_parameters);
+            kept += lp.saved_elements * (l == ctx.prologue() ? sched.in_flight.front() : 1);
+        }
+        const double all_reduce =
+            all > 1 ? exposed_time(collective_cost(hw, collective::all_reduce,
+                                                   m.residual_elements * micro_share * o.activation_bytes, {all, 1}),
+                                   {}, collective::all_reduce, {1.0, o.overlap.epsilon})
+                    : 0.0;
+        e.interlaced_per_micro_batch = work * micro_share / all + 2.0 * all_reduce;
+        interlaced_memory = model_state_bytes(parameters / all, o.states, zero_stage::none, 1) +
+                            kept * micro_share * o.activation_bytes / all;
+    }
     e.feasible = true;
     for (int d = 0; d < c.pp; ++d) {
         device_cost& dc = e.devices[static_cast<std::size_t>(d)];
@@ -291,6 +320,7 @@ inline evaluation evaluate_without_pipeline(cost_context& ctx, const configurati
         const double buffers = c.zero == zero_stage::parameters ? 2.0 * largest_layer[static_cast<std::size_t>(d)] / c.tp * s.parameter : 0.0;
         dc.memory = memory_per_device(local, s, c.zero, c.dp, activation_profile{}, 0, recompute::none, buffers);
         dc.memory.activations = activations[static_cast<std::size_t>(d)];
+        dc.memory.buffers += interlaced_memory;
         if (c.dp > 1) {
             const comm_time sync = collective_cost(hw, collective::all_reduce, local * s.gradient, {c.dp, c.tp});
             dc.exposed_communication = exposed_time({}, sync, collective::all_reduce, o.overlap);
@@ -331,7 +361,9 @@ inline double step_time_of(const evaluation& e, double pipeline) {
 inline evaluation evaluate(cost_context& ctx, const configuration& c) {
     evaluation e = evaluate_without_pipeline(ctx, c);
     const auto& sched = ctx.schedule_orders(c.schedule, c.pp, c.chunks, c.micro_batches);
-    e.pipeline_time = pipeline_makespan(sched.order, e.chunk_forward, e.chunk_backward, stage_message_time(ctx, c));
+    // Interlaced blocks hold every device, so they add their time to every timeline.
+    e.pipeline_time = pipeline_makespan(sched.order, e.chunk_forward, e.chunk_backward, stage_message_time(ctx, c)) +
+                      c.micro_batches * e.interlaced_per_micro_batch;
     e.step_time = step_time_of(e, e.pipeline_time);
     if (!e.feasible) e.step_time = std::numeric_limits<double>::infinity();
     return e;

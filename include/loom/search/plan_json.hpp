@@ -6,7 +6,7 @@
 //   {"format": "loom.configuration", "version": 1,
 //    "tp": 2, "pp": 4, "dp": 8, "micro_batches": 16, "chunks": 1,
 //    "zero": 1, "schedule": "1F1B",
-//    "layers_per_chunk": [6, 6, 6, 6],
+//    "layers_per_chunk": [6, 6, 6, 6], "interlaced": false,
 //    "recompute": ["none", "selective", ...]}          one entry per repeated layer
 //
 // Every field is checked; an error names the file (when loading one), the field and the fix.
@@ -37,6 +37,7 @@ inline nlohmann::json to_json(const configuration& c) {
             {"zero", static_cast<int>(c.zero)},
             {"schedule", to_string(c.schedule)},
             {"layers_per_chunk", c.layers_per_chunk},
+            {"interlaced", c.interlaced},
             {"recompute", recompute}};
 }
 
@@ -73,6 +74,11 @@ inline configuration configuration_from_json(const nlohmann::json& j, const std:
     else if (schedule == to_string(schedule_kind::interleaved)) c.schedule = schedule_kind::interleaved;
     else
         throw usage_error(where + ": \"schedule\" is \"" + schedule + "\"; give \"GPipe\", \"1F1B\" or \"interleaved 1F1B\"");
+    if (j.contains("interlaced")) {
+        if (!j.at("interlaced").is_boolean())
+            throw usage_error(where + ": \"interlaced\" must be true or false");
+        c.interlaced = j.at("interlaced").get<bool>();
+    }
     if (!j.contains("layers_per_chunk") || !j.at("layers_per_chunk").is_array())
         throw usage_error(where + ": \"layers_per_chunk\" must be an array of layer counts, one per pipeline chunk");
     for (const auto& n : j.at("layers_per_chunk")) {

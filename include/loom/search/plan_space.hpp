@@ -4,7 +4,8 @@
 //   configuration: tensor-parallel degree (innermost, within a node), pipeline stages,
 //   data-parallel degree (the rest of the devices), micro-batches, ZeRO stage, schedule
 //   (GPipe, 1F1B, interleaved 1F1B with v chunks per device), how many repeated layers
-//   each pipeline chunk holds, and a recompute choice per repeated layer.
+//   each pipeline chunk holds, a recompute choice per repeated layer, and whether the
+//   embedding and head are interlaced (on all devices) or on the end stages.
 //
 //   search_space: the candidates for each parameter; an empty list means "every value
 //   that fits" (TP: powers of two up to a node that divide the model's tp_granularity;
@@ -51,6 +52,10 @@ struct configuration {
     schedule_kind schedule = schedule_kind::one_f_one_b;
     std::vector<int> layers_per_chunk;  // repeated layers in each of the pp * chunks chunks
     std::vector<recompute> recompute_of;  // per repeated layer
+    // The interlaced pipeline (nnScaler Figure 6): the ops before the first layer and after
+    // the last (embedding, LM head, loss) run on all devices, split by vocabulary, time-shared
+    // with the pipeline of the layers, instead of on the first and last stage.
+    bool interlaced = false;
 
     int devices() const { return tp * pp * dp; }
     // The pipeline device (0..pp-1) chunk c runs on.
@@ -66,6 +71,7 @@ struct search_space {
     std::vector<schedule_kind> schedules{schedule_kind::gpipe, schedule_kind::one_f_one_b,
                                          schedule_kind::interleaved};
     std::vector<recompute> recompute_choices{recompute::none, recompute::selective, recompute::full};
+    std::vector<bool> interlaced{false};  // add true to consider the interlaced pipeline
     int interleave_chunks = 2;            // v of the interleaved schedule
     bool search_stage_boundaries = false;  // false: layers split evenly over chunks
     int boundary_slack = 0;  // with boundaries searched: each chunk within this many layers of
