@@ -34,12 +34,14 @@ step "install dependencies" bash tools/install_deps.sh || exit 1
 
 step "single header up to date" python3 tools/amalgamate.py --check
 
-# Optimized, assertions kept: RelWithDebInfo without NDEBUG and without debug info.
+# Optimized, assertions kept: RelWithDebInfo without NDEBUG and without debug info, at -O1:
+# it compiles a quarter faster than -O2 (test_pipeline: 51 s instead of 68 s), which keeps
+# CI within its time on 2 cores, and the tests time nothing.
 # A failed compile does not stop the build (-k 0) or the tests that did build, so one run
 # reports every failure.
 # Benchmarks are not built: no test runs them (build them with -DLOOM_BUILD_BENCHMARKS=ON).
 if step "configure build/ci" cmake -S . -B build/ci -G Ninja \
-     -DCMAKE_BUILD_TYPE=RelWithDebInfo -DCMAKE_CXX_FLAGS_RELWITHDEBINFO="-O2 -g0" \
+     -DCMAKE_BUILD_TYPE=RelWithDebInfo -DCMAKE_CXX_FLAGS_RELWITHDEBINFO="-O1 -g0" \
      -DLOOM_BUILD_BENCHMARKS=OFF; then
   step "build build/ci" cmake --build build/ci --parallel "$jobs" -- -k 0
   step "ctest build/ci (all)" ctest --test-dir build/ci --output-on-failure -j "$jobs"
