@@ -18,6 +18,7 @@
 
 #include "support/evoformer.hpp"
 #include "support/gradcheck.hpp"
+#include "support/model_gradcheck.hpp"
 
 using namespace loom;
 
@@ -225,37 +226,6 @@ TEST_CASE("swap_middle_axes moves [b, x, y, c] to [b, y, x, c], and its gradient
     });
 }
 
-namespace {
-
-// Central differences of the trainer's loss against its analytic gradients, for elements
-// spread over every parameter.
-int check_model_gradients(train::trainer<double>& t, const train::input_feed& feed) {
-    t.evaluate(feed);
-    std::vector<std::string> names;
-    for (tensor_id p : t.ir().parameters) names.push_back(t.ir().tensor(p).name);
-    std::map<std::string, std::vector<double>> analytic;
-    for (const auto& n : names) analytic[n].assign(t.gradient(n).begin(), t.gradient(n).end());
-    const double h = 1e-6;
-    int checked = 0;
-    for (const auto& n : names) {
-        auto x = t.parameter(n);
-        for (std::size_t j = 0; j < x.size(); j += 1 + x.size() / 5) {
-            const double saved = x[j];
-            x[j] = saved + h;
-            const double up = t.evaluate(feed);
-            x[j] = saved - h;
-            const double down = t.evaluate(feed);
-            x[j] = saved;
-            const double numeric = (up - down) / (2 * h);
-            INFO("parameter " << n << " element " << j);
-            CHECK(analytic[n][j] == Approx(numeric).epsilon(1e-6).margin(1e-9));
-            ++checked;
-        }
-    }
-    return checked;
-}
-
-}  // namespace
 
 TEST_CASE("gradcheck: a whole Evoformer round in float64", "[evoformer][grad]") {
     // One round, with the recycled values fed as inputs: no stop_gradient reaches a
@@ -273,7 +243,7 @@ TEST_CASE("gradcheck: a whole Evoformer round in float64", "[evoformer][grad]") 
     feed.real["prev_msa"] = prev_msa;
     feed.real["prev_pair"] = prev_pair;
     train::trainer<double> t(models::evoformer(c).training_graph(), {});
-    CHECK(check_model_gradients(t, feed) > 600);
+    CHECK(testing::check_model_gradients(t, feed) > 600);
 }
 
 TEST_CASE("with three rounds, the gradient is the last round's with the recycled values held constant",
@@ -326,7 +296,7 @@ TEST_CASE("with three rounds, the gradient is the last round's with the recycled
         }
     }
     // ... whose analytic gradient is right (central differences, nothing stopped in it) ...
-    CHECK(check_model_gradients(last, fed) > 600);
+    CHECK(testing::check_model_gradients(last, fed) > 600);
 
     // ... and differs from the derivative of the full three-round loss, which also moves
     // the recycled values: the test would not notice a stop_gradient that let gradients by.

@@ -4,12 +4,12 @@
 #include <catch2/catch.hpp>
 
 #include <cmath>
-#include <map>
 
 #include <loom/models/gpt.hpp>
 #include <loom/train/trainer.hpp>
 
 #include "support/gradcheck.hpp"
+#include "support/model_gradcheck.hpp"
 
 using namespace loom;
 
@@ -124,28 +124,8 @@ TEST_CASE("gradcheck: a whole GPT in float64", "[gpt][grad]") {
         std::vector<std::int32_t> tokens, targets, positions;
         auto feed = feed_for(c, tokens, targets, positions);
         train::trainer<double> t(models::gpt(c).training_graph(), {});
-        t.evaluate(feed);
-        std::vector<std::string> names;
-        for (tensor_id p : t.ir().parameters) names.push_back(t.ir().tensor(p).name);
-        std::map<std::string, std::vector<double>> analytic;
-        for (const auto& n : names) analytic[n].assign(t.gradient(n).begin(), t.gradient(n).end());
-        const double h = 1e-6;
-        int checked = 0;
-        for (const auto& n : names) {
-            auto x = t.parameter(n);
-            for (std::size_t j = 0; j < x.size(); j += 1 + x.size() / 12) {
-                const double saved = x[j];
-                x[j] = saved + h;
-                const double up = t.evaluate(feed);
-                x[j] = saved - h;
-                const double down = t.evaluate(feed);
-                x[j] = saved;
-                const double numeric = (up - down) / (2 * h);
-                INFO("parameter " << n << " element " << j << (tie ? " (tied)" : " (untied)"));
-                CHECK(analytic[n][j] == Approx(numeric).epsilon(1e-6).margin(1e-9));
-                ++checked;
-            }
-        }
+        INFO((tie ? "tied" : "untied"));
+        const int checked = testing::check_model_gradients(t, feed, 12);
         CHECK(checked > 150);
     }
 }

@@ -22,6 +22,7 @@
 #include <loom/train/trainer.hpp>
 
 #include "support/gradcheck.hpp"
+#include "support/model_gradcheck.hpp"
 
 using namespace loom;
 
@@ -129,33 +130,6 @@ const node& node_named(const graph& g, std::string_view name) {
     return g.nodes.front();
 }
 
-// Central differences of the trainer's loss against its analytic gradients, for elements
-// spread over every parameter (as test_evoformer.cpp).
-int check_model_gradients(train::trainer<double>& t, const train::input_feed& feed) {
-    t.evaluate(feed);
-    std::vector<std::string> names;
-    for (tensor_id p : t.ir().parameters) names.push_back(t.ir().tensor(p).name);
-    std::map<std::string, std::vector<double>> analytic;
-    for (const auto& n : names) analytic[n].assign(t.gradient(n).begin(), t.gradient(n).end());
-    const double h = 1e-6;
-    int checked = 0;
-    for (const auto& n : names) {
-        auto x = t.parameter(n);
-        for (std::size_t j = 0; j < x.size(); j += 1 + x.size() / 5) {
-            const double saved = x[j];
-            x[j] = saved + h;
-            const double up = t.evaluate(feed);
-            x[j] = saved - h;
-            const double down = t.evaluate(feed);
-            x[j] = saved;
-            const double numeric = (up - down) / (2 * h);
-            INFO("parameter " << n << " element " << j);
-            CHECK(analytic[n][j] == Approx(numeric).epsilon(1e-6).margin(1e-9));
-            ++checked;
-        }
-    }
-    return checked;
-}
 
 // Runs `build` forward in float64 on input "x"; returns the values of its output.
 template <class Build>
@@ -272,7 +246,7 @@ TEST_CASE("gradcheck: a whole T5 in float64", "[t5][grad]") {
     c.init_std = 0.3;  // larger than usual so every path carries a visible gradient
     auto data = models::t5_synthetic_batch(c, 1);
     train::trainer<double> t(models::t5(c).training_graph(), {});
-    CHECK(check_model_gradients(t, feed_of(data)) > 150);
+    CHECK(testing::check_model_gradients(t, feed_of(data)) > 150);
 }
 
 TEST_CASE("training T5 is deterministic and the loss falls", "[t5][train]") {
@@ -485,7 +459,7 @@ TEST_CASE("gradcheck: a whole Swin in float64", "[swin][grad]") {
     c.init_std = 0.3;
     auto data = models::swin_synthetic_batch(c, 1);
     train::trainer<double> t(models::swin(c).training_graph(), {});
-    CHECK(check_model_gradients(t, feed_of(data)) > 150);
+    CHECK(testing::check_model_gradients(t, feed_of(data)) > 150);
 }
 
 TEST_CASE("training Swin is deterministic and the loss falls", "[swin][train]") {
