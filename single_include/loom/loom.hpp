@@ -12822,6 +12822,16 @@ inline recompute recompute_of_layer(const cost_context& ctx, const configuration
     return c.recompute_of[static_cast<std::size_t>(it - r.begin())];
 }
 
+// One all-reduce of the residual stream of a micro-batch over the TP group (a residual
+// join's cost per pass), its transmission discounted by epsilon.
+inline double tensor_parallel_all_reduce_time(const cost_context& ctx, const configuration& c) {
+    if (c.tp == 1) return 0.0;
+    const double bytes = ctx.model().residual_elements / (static_cast<double>(c.dp) * c.micro_batches) *
+                         ctx.options().activation_bytes;
+    return exposed_time(collective_cost(ctx.hardware(), collective::all_reduce, bytes, {c.tp, 1}), {},
+                        collective::all_reduce, {1.0, ctx.options().overlap.epsilon});
+}
+
 // Everything but the pipeline makespan: per-chunk times and per-device memory and comm.
 // Split out so that the searcher can bound before it times the schedule.
 inline evaluation evaluate_without_pipeline(cost_context& ctx, const configuration& c) {
@@ -12834,11 +12844,7 @@ inline evaluation evaluate_without_pipeline(cost_context& ctx, const configurati
     e.chunk_backward.assign(static_cast<std::size_t>(chunks), 0.0);
     e.devices.assign(static_cast<std::size_t>(c.pp), {});
     const double share = 1.0 / (static_cast<double>(c.dp) * c.micro_batches);  // of the graph's batch
-    const double residual_bytes = m.residual_elements * share * o.activation_bytes;
-    const double tp_all_reduce =
-        c.tp > 1 ? exposed_time(collective_cost(hw, collective::all_reduce, residual_bytes, {c.tp, 1}), {}, collective::all_reduce,
-                                {1.0, o.overlap.epsilon})
-                 : 0.0;
+    const double tp_all_reduce = tensor_parallel_all_reduce_time(ctx, c);
     const auto layers = layers_of_chunks(ctx, c);
     const auto& sched = ctx.schedule_orders(c.schedule, c.pp, c.chunks, c.micro_batches);
     std::vector<std::vector<bool>> on_device(static_cast<std::size_t>(c.pp), std::vector<bool>(m.layers.size(), false));
@@ -13321,11 +13327,7 @@ private:
     std::function<double(int, const std::vector<int>&)> boundary_bound(const configuration& c) {
         const model_profile& m = ctx_.model();
         const double share = 1.0 / (static_cast<double>(c.dp) * c.micro_batches);
-        const double residual_bytes = m.residual_elements * share * ctx_.options().activation_bytes;
-        const double all_reduce =
-            c.tp > 1 ? exposed_time(collective_cost(ctx_.hardware(), collective::all_reduce, residual_bytes, {c.tp, 1}), {},
-                                    collective::all_reduce, {1.0, ctx_.options().overlap.epsilon})
-                     : 0.0;
+        const double all_reduce = tensor_parallel_all_reduce_time(ctx_, c);
         const auto time_of = [&, share, all_reduce](int layer) {
             return (ctx_.times(layer).forward + ctx_.times(layer).backward) * share / c.tp +
                    2.0 * m.layers[static_cast<std::size_t>(layer)].residual_joins * all_reduce;

@@ -409,11 +409,7 @@ private:
     std::function<double(int, const std::vector<int>&)> boundary_bound(const configuration& c) {
         const model_profile& m = ctx_.model();
         const double share = 1.0 / (static_cast<double>(c.dp) * c.micro_batches);
-        const double residual_bytes = m.residual_elements * share * ctx_.options().activation_bytes;
-        const double all_reduce =
-            c.tp > 1 ? exposed_time(collective_cost(ctx_.hardware(), collective::all_reduce, residual_bytes, {c.tp, 1}), {},
-                                    collective::all_reduce, {1.0, ctx_.options().overlap.epsilon})
-                     : 0.0;
+        const double all_reduce = tensor_parallel_all_reduce_time(ctx_, c);
         const auto time_of = [&, share, all_reduce](int layer) {
             return (ctx_.times(layer).forward + ctx_.times(layer).backward) * share / c.tp +
                    2.0 * m.layers[static_cast<std::size_t>(layer)].residual_joins * all_reduce;
