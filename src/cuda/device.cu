@@ -62,7 +62,8 @@ event::~event() {
 }
 void event::record(const stream& on) const { record(on.get()); }
 void event::record(stream_handle on) const { LOOM_CUDA_CHECK(cudaEventRecord(handle_, on)); }
-void event::wait_in(const stream& waiter) const { LOOM_CUDA_CHECK(cudaStreamWaitEvent(waiter.get(), handle_, 0)); }
+void event::wait_in(const stream& waiter) const { wait_in(waiter.get()); }
+void event::wait_in(stream_handle waiter) const { LOOM_CUDA_CHECK(cudaStreamWaitEvent(waiter, handle_, 0)); }
 void event::synchronize() const { LOOM_CUDA_CHECK(cudaEventSynchronize(handle_)); }
 float event::elapsed_ms(const event& start, const event& stop) {
     float ms = 0;

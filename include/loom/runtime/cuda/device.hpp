@@ -78,6 +78,7 @@ public:
     void record(stream_handle on) const;
     // Work queued on `waiter` after this call starts only once the recorded work is done.
     void wait_in(const stream& waiter) const;
+    void wait_in(stream_handle waiter) const;
     void synchronize() const;
     // Milliseconds between two recorded timing events.
     static float elapsed_ms(const event& start, const event& stop);
