@@ -98,6 +98,13 @@ device_buffer& device_buffer::operator=(device_buffer&& other) noexcept {
     return *this;
 }
 
+pinned_buffer::pinned_buffer(std::size_t bytes) : bytes_(bytes) {
+    if (bytes) LOOM_CUDA_CHECK(cudaMallocHost(&data_, bytes));
+}
+pinned_buffer::~pinned_buffer() {
+    if (data_) (void)cudaFreeHost(data_);
+}
+
 void copy_to_device(void* device, const void* host, std::size_t bytes, stream_handle on) {
     if (bytes) LOOM_CUDA_CHECK(cudaMemcpyAsync(device, host, bytes, cudaMemcpyHostToDevice, on));
 }

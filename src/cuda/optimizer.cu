@@ -48,7 +48,7 @@ __global__ void adamw_kernel(const device_tensor* __restrict__ tensors, const ch
                              step_constants c, const float* __restrict__ grad_scale) {
     const chunk work = chunks[blockIdx.x];
     const device_tensor t = tensors[work.tensor];
-    const float scale = grad_scale ? grad_scale[1] : 1.0f;
+    const float scale = grad_scale ? *grad_scale : 1.0f;
     const float decay = t.weight_decay ? 1.0f - c.lr * c.weight_decay : 1.0f;
     const std::int64_t end = min(work.first + multi_tensor_chunk, t.numel);
     for (std::int64_t i = work.first + threadIdx.x; i < end; i += blockDim.x) {

@@ -67,7 +67,7 @@ void check_adamw(float max_norm) {
         }
         const double want_norm = train::clip_global_norm(host_grad_spans, max_norm);
         norm.compute(max_norm, norm_result.get(), nullptr);
-        device.step(norm_result.get(), nullptr);
+        device.step(norm_result.get() + 1, nullptr);  // the coefficient
         host.step();
         const auto got_norm = norm_result.download();
         INFO("step " << step);

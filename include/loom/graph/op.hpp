@@ -11,6 +11,7 @@
 // and `op_def_of<Gelu>()` is its one run-time description, which nodes point to. Kernels
 // are not part of an op: each backend maps the op kind to its own (runtime/host/kernels/).
 #include <array>
+#include <cstdint>
 #include <optional>
 #include <span>
 #include <string_view>
@@ -56,6 +57,10 @@ struct op_def {
     // The op reads its inputs only for their shapes (fill_like): partitioning gives each
     // piece its output shape and moves no data to it.
     bool shape_only_inputs = false;
+    // Outputs (bit i: output i) kept in float when a program stores its tensors in a
+    // narrower type (precision::bf16): statistics that later kernels exponentiate or
+    // subtract (attention's logsumexp) and losses, which a bf16 would round to 3 digits.
+    std::uint32_t float_outputs = 0;
 
     bool differentiable() const { return backward != nullptr; }
 };
@@ -83,6 +88,7 @@ op_def make_op_def() {
     if constexpr (requires { Op::communication; }) d.communication = Op::communication;
     if constexpr (requires { Op::opaque_layout; }) d.opaque_layout = Op::opaque_layout;
     if constexpr (requires { Op::shape_only_inputs; }) d.shape_only_inputs = Op::shape_only_inputs;
+    if constexpr (requires { Op::float_outputs; }) d.float_outputs = Op::float_outputs;
     if constexpr (requires(const node& n, const piece_ranges& r) { Op::piece_attributes(n, r); })
         d.piece_attributes = &Op::piece_attributes;
     if constexpr (requires(backward_context & c) { Op::backward(c); }) d.backward = &Op::backward;

@@ -63,6 +63,8 @@ struct AttentionGrad {
 struct Attention {
     static constexpr std::string_view name = "attention";
     static constexpr signature sig = parse_signature("b h s^ d^, b h t^ d^, b h t^ e^ -> b h s^ e^, b h s^");
+    // lse stays float in bf16 programs: the backward exponentiates S - lse.
+    static constexpr std::uint32_t float_outputs = 0b10;
     // The dim each variable always carries, for the plan combinators' compile-time checks.
     static constexpr std::pair<std::string_view, dim_id> variable_dims[] = {
         {"b", Dim::Batch::id}, {"h", Dim::Head::id},    {"s", Dim::Seq::id},

@@ -49,6 +49,7 @@ inline tensor cross_entropy_grad(tensor dloss, tensor logits, tensor targets, st
 struct CrossEntropy {
     static constexpr std::string_view name = "cross_entropy";
     static constexpr signature sig = parse_signature("... v^, ... -> ");
+    static constexpr std::uint32_t float_outputs = 0b1;  // the loss, in float in bf16 programs
     static constexpr std::array<value_kind, 2> input_kinds{value_kind::real, value_kind::index};
     // About 4 operations per logit (max, exp, sum, the target's term).
     static double flops(const graph& g, const node& n) {

@@ -84,7 +84,7 @@ inline program compile_program(const graph& g, const compile_options& options = 
         const tensor_desc& d = g.tensors[t];
         if (!needed[t]) continue;
         bool external = d.role != tensor_role::activation || wanted[t];
-        p.buffers[t].bytes = tensor_bytes(d, p.prec);
+        p.buffers[t].bytes = tensor_bytes(g, static_cast<tensor_id>(t), p.prec);
         if (external) {
             p.buffers[t].where = buffer::place::bound;
             p.bound.push_back(static_cast<tensor_id>(t));
@@ -108,7 +108,7 @@ inline program compile_program(const graph& g, const compile_options& options = 
     for (std::size_t t = 0; t < g.tensors.size(); ++t) {
         if (p.buffers[t].where == buffer::place::bound || first[t] < 0) continue;
         p.buffers[t].where = buffer::place::arena;
-        p.buffers[t].bytes = tensor_bytes(g.tensors[t], p.prec);
+        p.buffers[t].bytes = tensor_bytes(g, static_cast<tensor_id>(t), p.prec);
         requests.push_back({p.buffers[t].bytes, first[t], std::max(first[t], last[t])});
         owners.push_back(static_cast<tensor_id>(t));
     }

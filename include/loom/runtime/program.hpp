@@ -7,13 +7,30 @@
 #include <vector>
 
 #include <loom/graph/graph.hpp>
+#include <loom/graph/op.hpp>
 
 namespace loom {
 
-enum class precision : std::uint8_t { f32, f64 };
+// How a program stores its real tensors. bf16 is the GPU's mixed precision: tensors in
+// bfloat16, arithmetic in float, and the outputs ops mark as float_outputs kept in float.
+enum class precision : std::uint8_t { f32, f64, bf16 };
 
-inline std::size_t real_bytes(precision p) { return p == precision::f32 ? 4 : 8; }
-inline std::string_view to_string(precision p) { return p == precision::f32 ? "f32" : "f64"; }
+inline std::size_t real_bytes(precision p) {
+    switch (p) {
+        case precision::f32: return 4;
+        case precision::f64: return 8;
+        case precision::bf16: return 2;
+    }
+    return 4;
+}
+inline std::string_view to_string(precision p) {
+    switch (p) {
+        case precision::f32: return "f32";
+        case precision::f64: return "f64";
+        case precision::bf16: return "bf16";
+    }
+    return "unknown precision";
+}
 
 // Where a tensor's bytes live while the program runs.
 struct buffer {
@@ -47,6 +64,22 @@ struct program {
 
 inline std::int64_t tensor_bytes(const tensor_desc& t, precision p) {
     return t.dims.numel() * static_cast<std::int64_t>(t.kind == value_kind::index ? 4 : real_bytes(p));
+}
+
+// The precision tensor `t` is stored in by a program of precision `p`: float for the outputs
+// its producer keeps in float (op_def::float_outputs) when p is narrower than float.
+inline precision storage_precision(const graph& g, tensor_id t, precision p) {
+    if (p != precision::bf16) return p;
+    const tensor_desc& d = g.tensor(t);
+    if (d.producer == no_id) return p;
+    const node& n = g.at(d.producer);
+    for (std::size_t i = 0; i < n.outputs.size() && i < 32; ++i)
+        if (n.outputs[i] == t && (n.op->float_outputs >> i & 1u)) return precision::f32;
+    return p;
+}
+
+inline std::int64_t tensor_bytes(const graph& g, tensor_id t, precision p) {
+    return tensor_bytes(g.tensor(t), storage_precision(g, t, p));
 }
 
 }  // namespace loom

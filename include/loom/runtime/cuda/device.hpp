@@ -113,6 +113,32 @@ private:
     std::size_t bytes_ = 0;
 };
 
+// Page-locked host memory: copies from and to it are truly asynchronous, so feeding a
+// step's inputs and reading its loss do not stall the stream.
+class pinned_buffer {
+public:
+    pinned_buffer() = default;
+    explicit pinned_buffer(std::size_t bytes);
+    ~pinned_buffer();
+    pinned_buffer(const pinned_buffer&) = delete;
+    pinned_buffer& operator=(const pinned_buffer&) = delete;
+    pinned_buffer(pinned_buffer&& other) noexcept : data_(other.data_), bytes_(other.bytes_) {
+        other.data_ = nullptr;
+        other.bytes_ = 0;
+    }
+
+    void* get() const { return data_; }
+    template <class T>
+    T* as() const {
+        return static_cast<T*>(data_);
+    }
+    std::size_t bytes() const { return bytes_; }
+
+private:
+    void* data_ = nullptr;
+    std::size_t bytes_ = 0;
+};
+
 // Asynchronous on `on` (a null handle means the legacy default stream); host memory that is
 // not pinned makes them synchronous, as in CUDA.
 void copy_to_device(void* device, const void* host, std::size_t bytes, stream_handle on = nullptr);

@@ -44,8 +44,8 @@ public:
     fused_adamw(std::vector<adamw_tensor> tensors, grad_type grads, adamw_hyperparameters hyper);
 
     // One step, t = steps() + 1. `grad_scale`, when not null, is a device float that multiplies
-    // every gradient (the clipping coefficient global_norm wrote), read on the device so that
-    // clipping needs no host round trip.
+    // every gradient (the clipping coefficient global_norm wrote: its result + 1), read on the
+    // device so that clipping needs no host round trip.
     void step(float lr, const float* grad_scale, stream_handle s);
     void step(const float* grad_scale, stream_handle s) { step(hyper_.lr, grad_scale, s); }
 

@@ -1,0 +1,139 @@
+// Head permutations, deterministic column sums and fills.
+#include <algorithm>
+
+#include <loom/runtime/cuda/layout.hpp>
+
+#include "check.cuh"
+#include "types.cuh"
+
+namespace loom::cuda {
+namespace {
+
+using detail::from_float;
+using detail::to_float;
+
+constexpr unsigned threads = 256;
+constexpr std::int64_t rows_per_slab = 256;
+
+// One thread per element of y; consecutive threads write consecutive d (coalesced writes,
+// reads strided by heads * d only across rows).
+template <class D>
+__global__ void split_heads_kernel(const D* __restrict__ x, D* __restrict__ y, std::int64_t batch, std::int64_t seq,
+                                   std::int64_t heads, std::int64_t head_dim) {
+    const std::int64_t n = batch * seq * heads * head_dim;
+    for (std::int64_t i = blockIdx.x * static_cast<std::int64_t>(blockDim.x) + threadIdx.x; i < n;
+         i += static_cast<std::int64_t>(gridDim.x) * blockDim.x) {
+        const std::int64_t d = i % head_dim;
+        const std::int64_t s = (i / head_dim) % seq;
+        const std::int64_t h = (i / (head_dim * seq)) % heads;
+        const std::int64_t b = i / (head_dim * seq * heads);
+        y[i] = x[((b * seq + s) * heads + h) * head_dim + d];
+    }
+}
+
+template <class D>
+__global__ void merge_heads_kernel(const D* __restrict__ x, D* __restrict__ y, std::int64_t batch, std::int64_t seq,
+                                   std::int64_t heads, std::int64_t head_dim) {
+    const std::int64_t n = batch * seq * heads * head_dim;
+    for (std::int64_t i = blockIdx.x * static_cast<std::int64_t>(blockDim.x) + threadIdx.x; i < n;
+         i += static_cast<std::int64_t>(gridDim.x) * blockDim.x) {
+        const std::int64_t d = i % head_dim;
+        const std::int64_t h = (i / head_dim) % heads;
+        const std::int64_t s = (i / (head_dim * heads)) % seq;
+        const std::int64_t b = i / (head_dim * heads * seq);
+        y[i] = x[((b * heads + h) * seq + s) * head_dim + d];
+    }
+}
+
+// Pass 1: partial[slab, c] = sum of x[r, c] over the slab's rows, in row order.
+template <class D>
+__global__ void column_partials_kernel(const D* __restrict__ x, float* __restrict__ partial, std::int64_t rows,
+                                       std::int64_t cols) {
+    const std::int64_t c = blockIdx.x * static_cast<std::int64_t>(blockDim.x) + threadIdx.x;
+    const std::int64_t slab = blockIdx.y;
+    if (c >= cols) return;
+    const std::int64_t first = slab * rows_per_slab, last = min(first + rows_per_slab, rows);
+    float sum = 0;
+    for (std::int64_t r = first; r < last; ++r) sum += to_float(x[r * cols + c]);
+    partial[slab * cols + c] = sum;
+}
+
+// Pass 2: y[c] = sum of the partials in slab order.
+template <class D>
+__global__ void column_finish_kernel(const float* __restrict__ partial, D* __restrict__ y, std::int64_t slabs,
+                                     std::int64_t cols) {
+    const std::int64_t c = blockIdx.x * static_cast<std::int64_t>(blockDim.x) + threadIdx.x;
+    if (c >= cols) return;
+    float sum = 0;
+    for (std::int64_t k = 0; k < slabs; ++k) sum += partial[k * cols + c];
+    y[c] = from_float<D>(sum);
+}
+
+template <class D>
+__global__ void fill_kernel(D* y, float value, std::int64_t n) {
+    for (std::int64_t i = blockIdx.x * static_cast<std::int64_t>(blockDim.x) + threadIdx.x; i < n;
+         i += static_cast<std::int64_t>(gridDim.x) * blockDim.x)
+        y[i] = from_float<D>(value);
+}
+
+std::int64_t slabs_of(std::int64_t rows) { return std::max<std::int64_t>(1, (rows + rows_per_slab - 1) / rows_per_slab); }
+
+}  // namespace
+
+template <class T>
+void split_heads(const T* x, T* y, std::int64_t batch, std::int64_t seq, std::int64_t heads, std::int64_t head_dim,
+                 stream_handle s) {
+    const std::int64_t n = batch * seq * heads * head_dim;
+    if (n <= 0) return;
+    split_heads_kernel<<<detail::blocks_for(n, threads), threads, 0, s>>>(detail::device_ptr(x), detail::device_ptr(y),
+                                                                           batch, seq, heads, head_dim);
+    LOOM_CUDA_CHECK_LAUNCH("split_heads");
+}
+
+template <class T>
+void merge_heads(const T* x, T* y, std::int64_t batch, std::int64_t seq, std::int64_t heads, std::int64_t head_dim,
+                 stream_handle s) {
+    const std::int64_t n = batch * seq * heads * head_dim;
+    if (n <= 0) return;
+    merge_heads_kernel<<<detail::blocks_for(n, threads), threads, 0, s>>>(detail::device_ptr(x), detail::device_ptr(y),
+                                                                           batch, seq, heads, head_dim);
+    LOOM_CUDA_CHECK_LAUNCH("merge_heads");
+}
+
+std::size_t sum_rows_workspace_bytes(std::int64_t rows, std::int64_t cols) {
+    return static_cast<std::size_t>(slabs_of(rows) * std::max<std::int64_t>(cols, 1)) * sizeof(float);
+}
+
+template <class T>
+void sum_rows(const T* x, T* y, std::int64_t rows, std::int64_t cols, void* workspace, stream_handle s) {
+    if (cols <= 0) return;
+    const std::int64_t slabs = slabs_of(rows);
+    if (slabs > 65535)
+        throw usage_error("cuda::sum_rows: " + std::to_string(rows) + " rows need " + std::to_string(slabs) +
+                          " slabs, more than a grid's y extent (65535); sum in several calls");
+    auto* partial = static_cast<float*>(workspace);
+    const dim3 grid(static_cast<unsigned>((cols + threads - 1) / threads), static_cast<unsigned>(slabs));
+    column_partials_kernel<<<grid, threads, 0, s>>>(detail::device_ptr(x), partial, rows, cols);
+    LOOM_CUDA_CHECK_LAUNCH("sum_rows (partials)");
+    column_finish_kernel<<<static_cast<unsigned>((cols + threads - 1) / threads), threads, 0, s>>>(
+        partial, detail::device_ptr(y), slabs, cols);
+    LOOM_CUDA_CHECK_LAUNCH("sum_rows (finish)");
+}
+
+template <class T>
+void fill(T* y, float value, std::int64_t n, stream_handle s) {
+    if (n <= 0) return;
+    fill_kernel<<<detail::blocks_for(n, threads), threads, 0, s>>>(detail::device_ptr(y), value, n);
+    LOOM_CUDA_CHECK_LAUNCH("fill");
+}
+
+#define LOOM_INSTANTIATE(T)                                                                                       \
+    template void split_heads<T>(const T*, T*, std::int64_t, std::int64_t, std::int64_t, std::int64_t, stream_handle); \
+    template void merge_heads<T>(const T*, T*, std::int64_t, std::int64_t, std::int64_t, std::int64_t, stream_handle); \
+    template void sum_rows<T>(const T*, T*, std::int64_t, std::int64_t, void*, stream_handle);                    \
+    template void fill<T>(T*, float, std::int64_t, stream_handle);
+LOOM_INSTANTIATE(float)
+LOOM_INSTANTIATE(bfloat16)
+#undef LOOM_INSTANTIATE
+
+}  // namespace loom::cuda
