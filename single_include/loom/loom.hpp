@@ -1081,6 +1081,7 @@ public:
 // and `op_def_of<Gelu>()` is its one run-time description, which nodes point to. Kernels
 // are not part of an op: each backend maps the op kind to its own (runtime/host/kernels/).
 #include <array>
+#include <cstdint>
 #include <optional>
 #include <span>
 #include <string_view>
@@ -1124,6 +1125,10 @@ struct op_def {
     // The op reads its inputs only for their shapes (fill_like): partitioning gives each
     // piece its output shape and moves no data to it.
     bool shape_only_inputs = false;
+    // Outputs (bit i: output i) kept in float when a program stores its tensors in a
+    // narrower type (precision::bf16): statistics that later kernels exponentiate or
+    // subtract (attention's logsumexp) and losses, which a bf16 would round to 3 digits.
+    std::uint32_t float_outputs = 0;
 
     bool differentiable() const { return backward != nullptr; }
 };
@@ -1151,6 +1156,7 @@ op_def make_op_def() {
     if constexpr (requires { Op::communication; }) d.communication = Op::communication;
     if constexpr (requires { Op::opaque_layout; }) d.opaque_layout = Op::opaque_layout;
     if constexpr (requires { Op::shape_only_inputs; }) d.shape_only_inputs = Op::shape_only_inputs;
+    if constexpr (requires { Op::float_outputs; }) d.float_outputs = Op::float_outputs;
     if constexpr (requires(const node& n, const piece_ranges& r) { Op::piece_attributes(n, r); })
         d.piece_attributes = &Op::piece_attributes;
     if constexpr (requires(backward_context & c) { Op::backward(c); }) d.backward = &Op::backward;
@@ -2284,6 +2290,8 @@ struct AttentionGrad {
 struct Attention {
     static constexpr std::string_view name = "attention";
     static constexpr signature sig = parse_signature("b h s^ d^, b h t^ d^, b h t^ e^ -> b h s^ e^, b h s^");
+    // lse stays float in bf16 programs: the backward exponentiates S - lse.
+    static constexpr std::uint32_t float_outputs = 0b10;
     // The dim each variable always carries, for the plan combinators' compile-time checks.
     static constexpr std::pair<std::string_view, dim_id> variable_dims[] = {
         {"b", Dim::Batch::id}, {"h", Dim::Head::id},    {"s", Dim::Seq::id},
@@ -2656,6 +2664,7 @@ inline tensor cross_entropy_grad(tensor dloss, tensor logits, tensor targets, st
 struct CrossEntropy {
     static constexpr std::string_view name = "cross_entropy";
     static constexpr signature sig = parse_signature("... v^, ... -> ");
+    static constexpr std::uint32_t float_outputs = 0b1;  // the loss, in float in bf16 programs
     static constexpr std::array<value_kind, 2> input_kinds{value_kind::real, value_kind::index};
     // About 4 operations per logit (max, exp, sum, the target's term).
     static double flops(const graph& g, const node& n) {
@@ -7894,10 +7903,26 @@ inline memory_plan plan_memory(const std::vector<buffer_lifetime>& requests, std
 
 namespace loom {
 
-enum class precision : std::uint8_t { f32, f64 };
+// How a program stores its real tensors. bf16 is the GPU's mixed precision: tensors in
+// bfloat16, arithmetic in float, and the outputs ops mark as float_outputs kept in float.
+enum class precision : std::uint8_t { f32, f64, bf16 };
 
-inline std::size_t real_bytes(precision p) { return p == precision::f32 ? 4 : 8; }
-inline std::string_view to_string(precision p) { return p == precision::f32 ? "f32" : "f64"; }
+inline std::size_t real_bytes(precision p) {
+    switch (p) {
+        case precision::f32: return 4;
+        case precision::f64: return 8;
+        case precision::bf16: return 2;
+    }
+    return 4;
+}
+inline std::string_view to_string(precision p) {
+    switch (p) {
+        case precision::f32: return "f32";
+        case precision::f64: return "f64";
+        case precision::bf16: return "bf16";
+    }
+    return "unknown precision";
+}
 
 // Where a tensor's bytes live while the program runs.
 struct buffer {
@@ -7931,6 +7956,22 @@ struct program {
 
 inline std::int64_t tensor_bytes(const tensor_desc& t, precision p) {
     return t.dims.numel() * static_cast<std::int64_t>(t.kind == value_kind::index ? 4 : real_bytes(p));
+}
+
+// The precision tensor `t` is stored in by a program of precision `p`: float for the outputs
+// its producer keeps in float (op_def::float_outputs) when p is narrower than float.
+inline precision storage_precision(const graph& g, tensor_id t, precision p) {
+    if (p != precision::bf16) return p;
+    const tensor_desc& d = g.tensor(t);
+    if (d.producer == no_id) return p;
+    const node& n = g.at(d.producer);
+    for (std::size_t i = 0; i < n.outputs.size() && i < 32; ++i)
+        if (n.outputs[i] == t && (n.op->float_outputs >> i & 1u)) return precision::f32;
+    return p;
+}
+
+inline std::int64_t tensor_bytes(const graph& g, tensor_id t, precision p) {
+    return tensor_bytes(g.tensor(t), storage_precision(g, t, p));
 }
 
 }  // namespace loom
@@ -8011,7 +8052,7 @@ inline program compile_program(const graph& g, const compile_options& options = 
         const tensor_desc& d = g.tensors[t];
         if (!needed[t]) continue;
         bool external = d.role != tensor_role::activation || wanted[t];
-        p.buffers[t].bytes = tensor_bytes(d, p.prec);
+        p.buffers[t].bytes = tensor_bytes(g, static_cast<tensor_id>(t), p.prec);
         if (external) {
             p.buffers[t].where = buffer::place::bound;
             p.bound.push_back(static_cast<tensor_id>(t));
@@ -8035,7 +8076,7 @@ inline program compile_program(const graph& g, const compile_options& options = 
     for (std::size_t t = 0; t < g.tensors.size(); ++t) {
         if (p.buffers[t].where == buffer::place::bound || first[t] < 0) continue;
         p.buffers[t].where = buffer::place::arena;
-        p.buffers[t].bytes = tensor_bytes(g.tensors[t], p.prec);
+        p.buffers[t].bytes = tensor_bytes(g, static_cast<tensor_id>(t), p.prec);
         requests.push_back({p.buffers[t].bytes, first[t], std::max(first[t], last[t])});
         owners.push_back(static_cast<tensor_id>(t));
     }

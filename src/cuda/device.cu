@@ -104,6 +104,16 @@ pinned_buffer::pinned_buffer(std::size_t bytes) : bytes_(bytes) {
 pinned_buffer::~pinned_buffer() {
     if (data_) (void)cudaFreeHost(data_);
 }
+pinned_buffer& pinned_buffer::operator=(pinned_buffer&& other) noexcept {
+    if (this != &other) {
+        if (data_) (void)cudaFreeHost(data_);
+        data_ = other.data_;
+        bytes_ = other.bytes_;
+        other.data_ = nullptr;
+        other.bytes_ = 0;
+    }
+    return *this;
+}
 
 void copy_to_device(void* device, const void* host, std::size_t bytes, stream_handle on) {
     if (bytes) LOOM_CUDA_CHECK(cudaMemcpyAsync(device, host, bytes, cudaMemcpyHostToDevice, on));

@@ -126,6 +126,7 @@ public:
         other.data_ = nullptr;
         other.bytes_ = 0;
     }
+    pinned_buffer& operator=(pinned_buffer&& other) noexcept;
 
     void* get() const { return data_; }
     template <class T>

@@ -6,6 +6,7 @@
 #include <span>
 
 #include <loom/graph/graph.hpp>
+#include <loom/graph/op.hpp>
 
 namespace loom::host {
 

@@ -1,0 +1,125 @@
+#!/usr/bin/env python3
+"""The PyTorch side of benchmarks/cuda/gpu_train: the same GPT-2 (pre-norm, tied embeddings,
+tanh GELU, causal attention, separate q/k/v projections as loom's model has them), the same
+AdamW step with global-norm clipping, on the same GPU, in PyTorch eager and torch.compile.
+bf16 autocast with float master weights, fused AdamW: the configuration a careful PyTorch
+user trains GPT-2 with. Timed as loom's side is: median step time over the timed steps after
+warm-up, synchronised. Also times F.scaled_dot_product_attention forward + backward at the
+benchmark's shape, the peer of loom's attention kernel. Prints one JSON object per mode."""
+import argparse
+import json
+import statistics
+import sys
+import time
+
+import torch
+import torch.nn as nn
+import torch.nn.functional as F
+
+
+class Block(nn.Module):
+    def __init__(self, h, heads, ffn):
+        super().__init__()
+        self.heads = heads
+        self.ln_1 = nn.LayerNorm(h)
+        self.q, self.k, self.v, self.proj = (nn.Linear(h, h) for _ in range(4))
+        self.ln_2 = nn.LayerNorm(h)
+        self.fc = nn.Linear(h, ffn)
+        self.mlp_proj = nn.Linear(ffn, h)
+
+    def forward(self, x):
+        B, S, H = x.shape
+        hd = H // self.heads
+        y = self.ln_1(x)
+        q, k, v = (m(y).view(B, S, self.heads, hd).transpose(1, 2) for m in (self.q, self.k, self.v))
+        a = F.scaled_dot_product_attention(q, k, v, is_causal=True)
+        x = x + self.proj(a.transpose(1, 2).reshape(B, S, H))
+        return x + self.mlp_proj(F.gelu(self.fc(self.ln_2(x)), approximate="tanh"))
+
+
+class GPT(nn.Module):
+    def __init__(self, layers, h, heads, vocab, seq):
+        super().__init__()
+        self.wte = nn.Embedding(vocab, h)
+        self.wpe = nn.Embedding(seq, h)
+        self.blocks = nn.ModuleList(Block(h, heads, 4 * h) for _ in range(layers))
+        self.ln_f = nn.LayerNorm(h)
+
+    def forward(self, tokens, positions, targets):
+        x = self.wte(tokens) + self.wpe(positions)
+        for b in self.blocks:
+            x = b(x)
+        logits = F.linear(self.ln_f(x), self.wte.weight)
+        return F.cross_entropy(logits.view(-1, logits.size(-1)).float(), targets.view(-1))
+
+
+def train_mode(a, compiled):
+    torch.manual_seed(0)
+    model = GPT(a.layers, a.hidden, a.heads, a.vocab, a.seq).cuda()
+    opt = torch.optim.AdamW(model.parameters(), lr=6e-4, weight_decay=0.1, fused=True)
+    step_fn = torch.compile(model) if compiled else model
+    tokens = torch.randint(0, a.vocab, (a.batch, a.seq), device="cuda")
+    targets = torch.randint(0, a.vocab, (a.batch, a.seq), device="cuda")
+    positions = torch.arange(a.seq, device="cuda").expand(a.batch, a.seq)
+    times = []
+    for step in range(a.warmup + a.steps):
+        torch.cuda.synchronize()
+        start = time.perf_counter()
+        opt.zero_grad(set_to_none=True)
+        with torch.autocast("cuda", dtype=torch.bfloat16):
+            loss = step_fn(tokens, positions, targets)
+        loss.backward()
+        torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
+        opt.step()
+        torch.cuda.synchronize()
+        if step >= a.warmup:
+            times.append(time.perf_counter() - start)
+    median = statistics.median(times)
+    tokens_per_step = a.batch * a.seq
+    params = sum(p.numel() for p in model.parameters())
+    # 6 N per token for the GEMMs plus causal attention (6 * layers * seq * hidden per token).
+    flops_per_token = 6 * params + 6 * a.layers * a.seq * a.hidden
+    return {"peer": "torch.compile" if compiled else "torch eager", "torch_version": torch.__version__,
+            "device": torch.cuda.get_device_name(), "median_step_seconds": median,
+            "tokens_per_second": tokens_per_step / median,
+            "model_tflops_per_second": flops_per_token * tokens_per_step / median / 1e12,
+            "parameters": params, "final_loss": float(loss)}
+
+
+def attention_mode(a):
+    hd = a.hidden // a.heads
+    q, k, v = (torch.randn(a.batch, a.heads, a.seq, hd, device="cuda", dtype=torch.bfloat16, requires_grad=True)
+               for _ in range(3))
+    dout = torch.randn_like(q)
+    times = []
+    for step in range(a.warmup + 20):
+        torch.cuda.synchronize()
+        start = time.perf_counter()
+        out = F.scaled_dot_product_attention(q, k, v, is_causal=True)
+        out.backward(dout)
+        torch.cuda.synchronize()
+        if step >= a.warmup:
+            times.append(time.perf_counter() - start)
+    median = statistics.median(times)
+    # Causal: half of the 4 * b * h * s^2 * d forward FLOPs; backward 2.5x forward.
+    flops = 3.5 * 2 * a.batch * a.heads * a.seq * a.seq * hd
+    return {"peer": "F.scaled_dot_product_attention (fwd+bwd, bf16)", "median_seconds": median,
+            "tflops_per_second": flops / median / 1e12}
+
+
+def main():
+    p = argparse.ArgumentParser()
+    for name, default in [("layers", 12), ("hidden", 768), ("heads", 12), ("vocab", 50304), ("seq", 1024),
+                          ("batch", 16), ("warmup", 5), ("steps", 20)]:
+        p.add_argument("--" + name, type=int, default=default)
+    p.add_argument("--mode", choices=["eager", "compile", "attention", "all"], default="all")
+    a = p.parse_args()
+    torch.backends.cuda.matmul.allow_tf32 = True
+    modes = ["eager", "compile", "attention"] if a.mode == "all" else [a.mode]
+    for m in modes:
+        result = attention_mode(a) if m == "attention" else train_mode(a, m == "compile")
+        print(json.dumps(result), flush=True)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

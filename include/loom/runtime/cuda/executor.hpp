@@ -1,0 +1,129 @@
+#pragma once
+// Runs a program on one GPU: the same programs the host executor runs (runtime/program.hpp),
+// with one device arena for every intermediate (sized by the program's liveness plan), one
+// workspace sized once for the kernels that need scratch, caller-bound device storage for
+// inputs, parameters, gradients and outputs, and one kernel launch (or a few) per
+// instruction on one compute stream. Nothing is allocated while a step runs.
+//
+// T is the element type of the real tensors: float for programs compiled with precision::f32,
+// loom::bfloat16 for precision::bf16 (whose float_outputs stay float; the kernels know
+// which). Which op runs which kernel is the table in op_kernels.hpp;
+// an op without a CUDA kernel is refused when the executor is built, not midway through a
+// step.
+#include <algorithm>
+#include <cstddef>
+#include <cstdint>
+#include <functional>
+#include <span>
+#include <string>
+#include <type_traits>
+#include <vector>
+
+#include <loom/core/bfloat16.hpp>
+#include <loom/core/error.hpp>
+#include <loom/runtime/cuda/device.hpp>
+#include <loom/runtime/cuda/gemm.hpp>
+#include <loom/runtime/cuda/op_kernels.hpp>
+#include <loom/runtime/program.hpp>
+
+namespace loom::cuda {
+
+// Runs one communication node: the node, its input and output device storage, and the
+// compute stream its work must be ordered with.
+using communication_handler =
+    std::function<void(const node&, std::span<void* const>, std::span<void* const>, stream_handle)>;
+
+template <class T>
+class executor {
+    static_assert(std::is_same_v<T, float> || std::is_same_v<T, bfloat16>,
+                  "cuda::executor: T must be float (precision::f32) or loom::bfloat16 (precision::bf16)");
+    static constexpr precision mine = std::is_same_v<T, float> ? precision::f32 : precision::bf16;
+
+public:
+    executor(const program& p, stream_handle compute, gemm_engine& gemm) : program_(p), compute_(compute), gemm_(gemm) {
+        if (p.prec != mine)
+            throw usage_error(std::string("cuda::executor: the program was compiled for ") +
+                              std::string(to_string(p.prec)) + " but this executor runs " +
+                              std::string(to_string(mine)) + "; compile with the matching precision (the GPU runs "
+                              "f32 and bf16 programs)");
+        const graph& g = *p.source;
+        std::size_t workspace = 0;
+        kernels_.reserve(p.steps.size());
+        std::vector<void*> none;
+        for (const auto& step : p.steps) {
+            const node& n = g.at(step.node);
+            if (n.op->communication) {
+                kernels_.push_back(nullptr);
+                continue;
+            }
+            const op_kernel<T>* k = find_op_kernel<T>(n.op->name);
+            if (!k)
+                throw usage_error("cuda::executor: op '" + std::string(n.op->name) + "' (node '" + n.name +
+                                  "') has no CUDA kernel; run this program on the host backend, or add the op to "
+                                  "loom/runtime/cuda/op_kernels.hpp");
+            kernels_.push_back(k);
+            const host::kernel_call<T> call{g, n, none, none, 0};
+            if (k->workspace_bytes) workspace = std::max(workspace, k->workspace_bytes(call));
+        }
+        arena_ = device_buffer(static_cast<std::size_t>(std::max<std::int64_t>(p.arena_bytes, 256)));
+        workspace_ = device_buffer(std::max<std::size_t>(workspace, 256));
+        pointers_.assign(p.buffers.size(), nullptr);
+        for (std::size_t t = 0; t < p.buffers.size(); ++t)
+            if (p.buffers[t].where == buffer::place::arena) pointers_[t] = arena_.as<std::byte>() + p.buffers[t].offset;
+    }
+
+    executor(const executor&) = delete;
+    executor& operator=(const executor&) = delete;
+
+    // Binds device storage (at least the tensor's bytes) to a bound tensor.
+    void bind(tensor_id t, void* device_data) {
+        const auto& b = program_.buffers.at(static_cast<std::size_t>(t));
+        if (b.where != buffer::place::bound)
+            throw usage_error("cuda::executor::bind: tensor '" + program_.source->tensor(t).name +
+                              "' is not bound by this program (it is an intermediate or unused)");
+        pointers_[static_cast<std::size_t>(t)] = device_data;
+    }
+
+    void set_communication(communication_handler handler) { communicate_ = std::move(handler); }
+
+    // Queues every instruction on the compute stream; returns without waiting for the GPU.
+    void run(std::uint64_t step_number = 0) {
+        for (tensor_id t : program_.bound)
+            if (!pointers_[static_cast<std::size_t>(t)])
+                throw usage_error("cuda::executor::run: tensor '" + program_.source->tensor(t).name +
+                                  "' has no device storage; bind it first");
+        const graph& g = *program_.source;
+        const launch_context context{compute_, &gemm_, workspace_.get(), workspace_.bytes()};
+        for (std::size_t s = 0; s < program_.steps.size(); ++s) {
+            const node& n = g.at(program_.steps[s].node);
+            ins_.clear();
+            outs_.clear();
+            for (tensor_id t : n.inputs) ins_.push_back(pointers_[static_cast<std::size_t>(t)]);
+            for (tensor_id t : n.outputs) outs_.push_back(pointers_[static_cast<std::size_t>(t)]);
+            if (!kernels_[s]) {
+                if (!communicate_)
+                    throw usage_error("cuda::executor::run: node '" + n.name +
+                                      "' is a transfer between devices; set a communication handler first");
+                communicate_(n, ins_, outs_, compute_);
+                continue;
+            }
+            kernels_[s]->launch(host::kernel_call<T>{g, n, ins_, outs_, step_number}, context);
+        }
+    }
+
+    void* data(tensor_id t) const { return pointers_.at(static_cast<std::size_t>(t)); }
+    const program& source() const { return program_; }
+    std::size_t device_bytes() const { return arena_.bytes() + workspace_.bytes(); }
+
+private:
+    const program& program_;
+    stream_handle compute_;
+    gemm_engine& gemm_;
+    device_buffer arena_, workspace_;
+    std::vector<void*> pointers_;
+    std::vector<const op_kernel<T>*> kernels_;
+    std::vector<void*> ins_, outs_;
+    communication_handler communicate_;
+};
+
+}  // namespace loom::cuda

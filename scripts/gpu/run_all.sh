@@ -1,0 +1,149 @@
+#!/usr/bin/env bash
+# Everything GPU-side in one call: build the CUDA tests and benchmarks, run the tests (every
+# kernel against its host twin, GPU training against the host loss curve), run them again
+# under compute-sanitizer memcheck, then run the benchmarks beside their PyTorch peers on the
+# same GPU, and write the results down.
+#
+#   bash scripts/gpu/run_all.sh            # build here if the toolchain and loom's
+#                                          # dependencies are installed, else use the bundle;
+#                                          # run if a GPU is present
+#   bash scripts/gpu/run_all.sh build      # build and bundle only (on a machine without a GPU)
+#   bash scripts/gpu/run_all.sh run        # run only, from the bundle
+#
+# The bundle (build/gpu-bundle: stripped binaries, the benchmark scripts, and the shared
+# libraries a bare CUDA machine may lack, such as OpenBLAS) lets a GPU machine that has the
+# CUDA runtime and PyTorch but not loom's build dependencies run everything: build it where
+# the dependencies are, carry the folder, run there.
+#
+# Results: $RESULTS_DIR (default: $OUT when set, else benchmarks/results/gpu) gets
+# gpu_results.md (the table and every test's verdict) and the raw logs.
+set -uo pipefail
+
+cd "$(dirname "${BASH_SOURCE[0]}")/../.."
+root=$(pwd)
+mode=${1:-all}
+build_dir=${BUILD_DIR:-build/gpu}
+bundle=${BUNDLE_DIR:-build/gpu-bundle}
+results=${RESULTS_DIR:-${OUT:-benchmarks/results/gpu}}
+mkdir -p "$results"
+report="$results/gpu_results.md"
+
+tests=(cuda_test_elementwise cuda_test_layout cuda_test_optimizer cuda_test_norms cuda_test_softmax
+       cuda_test_cross_entropy cuda_test_embedding cuda_test_gemm cuda_test_attention cuda_test_train)
+benchmarks=(gpu_train gpu_attention)
+
+can_build() {
+  command -v nvcc >/dev/null && command -v cmake >/dev/null && command -v g++ >/dev/null &&
+    [[ -d /usr/include/boost && -f /usr/include/catch2/catch.hpp ]]
+}
+
+build() {
+  echo "==> building the CUDA tests and benchmarks in $build_dir"
+  cmake -S . -B "$build_dir" -G Ninja -DCMAKE_BUILD_TYPE=Release -DLOOM_BUILD_BENCHMARKS=ON \
+    -DLOOM_HEADER_TEST=OFF -DLOOM_BUILD_EXAMPLES=OFF || return 1
+  local targets=()
+  for t in "${tests[@]}" "${benchmarks[@]}"; do targets+=("$t"); done
+  cmake --build "$build_dir" --parallel "$(nproc)" --target "${targets[@]}" || return 1
+  [[ -f "$build_dir/tests/cuda_nccl_test" ]] || cmake --build "$build_dir" --target cuda_nccl_test 2>/dev/null || true
+
+  echo "==> bundling into $bundle"
+  rm -rf "$bundle" && mkdir -p "$bundle/bin" "$bundle/lib" "$bundle/scripts"
+  for t in "${tests[@]}" cuda_nccl_test; do
+    [[ -f "$build_dir/tests/$t" ]] && cp "$build_dir/tests/$t" "$bundle/bin/"
+  done
+  for b in "${benchmarks[@]}"; do cp "$build_dir/benchmarks/$b" "$bundle/bin/"; done
+  strip "$bundle"/bin/* 2>/dev/null || true
+  cp benchmarks/cuda/*.py "$bundle/scripts/"
+  # Shared libraries outside the C runtime and the CUDA toolkit (which the GPU machine has).
+  for f in "$bundle"/bin/*; do
+    ldd "$f" | awk '/=> \// {print $3}'
+  done | sort -u | while read -r lib; do
+    case "$lib" in
+      */libc.so*|*/libm.so*|*/libpthread.so*|*/libdl.so*|*/librt.so*|*/ld-linux*|*/libstdc++*|*/libgcc_s*) ;;
+      */cuda*|*/libcud*|*/libcublas*|*/libnccl*|*/libnvidia*) ;;
+      *) cp -L "$lib" "$bundle/lib/" ;;
+    esac
+  done
+  git rev-parse --short HEAD >"$bundle/COMMIT" 2>/dev/null || true
+  du -sh "$bundle"
+}
+
+run() {
+  local bin=$bundle/bin
+  if can_build && [[ -d "$build_dir/tests" ]]; then bin=""; fi
+  export LD_LIBRARY_PATH="$root/$bundle/lib:/usr/local/cuda/lib64:${LD_LIBRARY_PATH:-}"
+  local nvidia_libs
+  nvidia_libs=$(python3 -c 'import glob, os, nvidia; print(":".join(glob.glob(os.path.join(list(nvidia.__path__)[0], "*", "lib"))))' 2>/dev/null || true)
+  [[ -n "$nvidia_libs" ]] && export LD_LIBRARY_PATH="$LD_LIBRARY_PATH:$nvidia_libs"
+  path_of() { if [[ -z "$bin" ]]; then
+      if [[ -f "$build_dir/tests/$1" ]]; then echo "$build_dir/tests/$1"; else echo "$build_dir/benchmarks/$1"; fi
+    else echo "$bin/$1"; fi; }
+
+  local gpu
+  gpu=$(nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader 2>/dev/null | head -1)
+  if [[ -z "$gpu" ]]; then
+    echo "no GPU here: nothing to run (the bundle is in $bundle; carry it to a GPU machine)"
+    return 0
+  fi
+  {
+    echo "# GPU results"
+    echo
+    echo "- GPU: $gpu"
+    echo "- date: $(date -u +%Y-%m-%d)"
+    echo "- commit: $(git rev-parse --short HEAD 2>/dev/null || cat "$bundle/COMMIT" 2>/dev/null || echo unknown)"
+    echo
+    echo "## Tests (kernels against host twins; training against the host loss curve)"
+    echo
+    echo "| test | result | memcheck |"
+    echo "|---|---|---|"
+  } >"$report"
+  local failed=0
+  for t in "${tests[@]}"; do
+    local exe; exe=$(path_of "$t")
+    local verdict memcheck="not run"
+    if [[ ! -x "$exe" ]]; then verdict="missing"; failed=1
+    else
+      "$exe" >"$results/$t.log" 2>&1
+      case $? in 0) verdict="passed" ;; 77) verdict="SKIPPED (no GPU seen)"; failed=1 ;; *) verdict="FAILED"; failed=1 ;; esac
+      if command -v compute-sanitizer >/dev/null && [[ "$t" != cuda_test_train ]]; then
+        if compute-sanitizer --tool memcheck --error-exitcode 9 "$exe" >"$results/$t.memcheck.log" 2>&1; then
+          memcheck="clean"
+        else memcheck="ERRORS"; failed=1; fi
+      fi
+    fi
+    echo "| $t | $verdict | $memcheck |" >>"$report"
+    echo "$t: $verdict (memcheck: $memcheck)"
+  done
+  if command -v mpiexec >/dev/null && [[ -x "$(path_of cuda_nccl_test)" ]]; then
+    if mpiexec --allow-run-as-root -np 1 "$(path_of cuda_nccl_test)" >"$results/nccl.log" 2>&1; then
+      echo "| cuda_nccl_test (1 rank) | passed | |" >>"$report"
+    else echo "| cuda_nccl_test (1 rank) | FAILED | |" >>"$report"; failed=1; fi
+  else
+    echo "| cuda_nccl_test | not run: no mpiexec on this machine | |" >>"$report"
+  fi
+
+  {
+    echo
+    echo "## GPT-2 124M training (seq 1024, vocab 50304), same GPU, same script"
+    echo
+    echo '```'
+  } >>"$report"
+  "$(path_of gpu_train)" --precision bf16 2>&1 | tee -a "$report" "$results/gpu_train.log"
+  "$(path_of gpu_train)" --precision f32 --batch 8 2>&1 | tee -a "$report" "$results/gpu_train.log"
+  local torch_script=benchmarks/cuda/gpu_train_torch.py
+  [[ -f "$torch_script" ]] || torch_script=$bundle/scripts/gpu_train_torch.py
+  PYTHONUNBUFFERED=1 python3 "$torch_script" --mode all 2>&1 | tee -a "$report" "$results/torch.log"
+  "$(path_of gpu_attention)" 2>&1 | tee -a "$report" "$results/gpu_attention.log"
+  echo '```' >>"$report"
+  echo "results: $report"
+  return $failed
+}
+
+case "$mode" in
+  build) build ;;
+  run) run ;;
+  all)
+    if can_build; then build || exit 1; fi
+    run ;;
+  *) echo "usage: $0 [all|build|run]"; exit 2 ;;
+esac
