@@ -11,9 +11,13 @@
 #   bash scripts/gpu/run_all.sh run        # run only, from the bundle
 #
 # The bundle (build/gpu-bundle: stripped binaries, the benchmark scripts, and the shared
-# libraries a bare CUDA machine may lack, such as OpenBLAS) lets a GPU machine that has the
+# libraries a bare CUDA machine may lack, such as MPI's) lets a GPU machine that has the
 # CUDA runtime and PyTorch but not loom's build dependencies run everything: build it where
-# the dependencies are, carry the folder, run there.
+# the dependencies are, carry the folder, run there. It is built with loom's portable host
+# GEMM instead of OpenBLAS (whose 36 MB library would not fit a 64 MiB transfer); the host
+# twins only check. With the device tool of a development session:
+#   bash scripts/gpu/run_all.sh build                                   # here, ~5 min
+#   run(command="bash scripts/gpu/run_all.sh run", carry=["build/gpu-bundle"])
 #
 # Results: $RESULTS_DIR (default: $OUT when set, else benchmarks/results/gpu) gets
 # gpu_results.md (the table and every test's verdict) and the raw logs.
@@ -31,6 +35,7 @@ report="$results/gpu_results.md"
 tests=(cuda_test_elementwise cuda_test_layout cuda_test_optimizer cuda_test_norms cuda_test_softmax
        cuda_test_cross_entropy cuda_test_embedding cuda_test_gemm cuda_test_attention cuda_test_train)
 benchmarks=(gpu_train gpu_attention)
+programs=(calibrate_gpu)
 
 can_build() {
   command -v nvcc >/dev/null && command -v cmake >/dev/null && command -v g++ >/dev/null &&
@@ -40,9 +45,9 @@ can_build() {
 build() {
   echo "==> building the CUDA tests and benchmarks in $build_dir"
   cmake -S . -B "$build_dir" -G Ninja -DCMAKE_BUILD_TYPE=Release -DLOOM_BUILD_BENCHMARKS=ON \
-    -DLOOM_HEADER_TEST=OFF -DLOOM_BUILD_EXAMPLES=OFF || return 1
+    -DLOOM_HEADER_TEST=OFF -DLOOM_BUILD_EXAMPLES=ON -DLOOM_USE_CBLAS=OFF || return 1
   local targets=()
-  for t in "${tests[@]}" "${benchmarks[@]}"; do targets+=("$t"); done
+  for t in "${tests[@]}" "${benchmarks[@]}" "${programs[@]}"; do targets+=("$t"); done
   cmake --build "$build_dir" --parallel "$(nproc)" --target "${targets[@]}" || return 1
   [[ -f "$build_dir/tests/cuda_nccl_test" ]] || cmake --build "$build_dir" --target cuda_nccl_test 2>/dev/null || true
 
@@ -52,6 +57,7 @@ build() {
     [[ -f "$build_dir/tests/$t" ]] && cp "$build_dir/tests/$t" "$bundle/bin/"
   done
   for b in "${benchmarks[@]}"; do cp "$build_dir/benchmarks/$b" "$bundle/bin/"; done
+  for p in "${programs[@]}"; do cp "$build_dir/examples/$p" "$bundle/bin/"; done
   strip "$bundle"/bin/* 2>/dev/null || true
   cp benchmarks/cuda/*.py "$bundle/scripts/"
   # Shared libraries outside the C runtime and the CUDA toolkit (which the GPU machine has).
@@ -76,7 +82,9 @@ run() {
   nvidia_libs=$(python3 -c 'import glob, os, nvidia; print(":".join(glob.glob(os.path.join(list(nvidia.__path__)[0], "*", "lib"))))' 2>/dev/null || true)
   [[ -n "$nvidia_libs" ]] && export LD_LIBRARY_PATH="$LD_LIBRARY_PATH:$nvidia_libs"
   path_of() { if [[ -z "$bin" ]]; then
-      if [[ -f "$build_dir/tests/$1" ]]; then echo "$build_dir/tests/$1"; else echo "$build_dir/benchmarks/$1"; fi
+      local d; for d in tests benchmarks examples; do
+        [[ -f "$build_dir/$d/$1" ]] && { echo "$build_dir/$d/$1"; return; }
+      done; echo "$build_dir/tests/$1"
     else echo "$bin/$1"; fi; }
 
   local gpu
@@ -122,6 +130,14 @@ run() {
     echo "| cuda_nccl_test | not run: no mpiexec on this machine | |" >>"$report"
   fi
 
+  {
+    echo
+    echo "## Calibration (the profile the searcher reads: $results/gpu_profile.json)"
+    echo
+    echo '```'
+  } >>"$report"
+  "$(path_of calibrate_gpu)" --out "$results/gpu_profile.json" 2>&1 | tee -a "$report" || failed=1
+  echo '```' >>"$report"
   {
     echo
     echo "## GPT-2 124M training (seq 1024, vocab 50304), same GPU, same script"

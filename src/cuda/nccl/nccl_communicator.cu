@@ -177,6 +177,8 @@ struct nccl_communicator::state {
             if (world) (void)ncclCommGetAsyncError(world, &async);
             for (auto& [ranks, c] : groups)
                 if (async == ncclSuccess) (void)ncclCommGetAsyncError(c, &async);
+            for (auto& [pair, ch] : channels)
+                if (async == ncclSuccess && ch.comm) (void)ncclCommGetAsyncError(ch.comm, &async);
             if (async != ncclSuccess) {
                 abort_all();
                 fail_nccl(async, what);

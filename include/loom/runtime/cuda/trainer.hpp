@@ -70,7 +70,10 @@ public:
         std::size_t staging = 0;
         for (tensor_id t : graph_->inputs)
             if (offsets_.count(t)) staging += static_cast<std::size_t>(program_.bytes_of(t));
-        staging_ = pinned_buffer(staging + 2 * sizeof(float) + sizeof(float));
+        // The read-back floats (loss, norm, coefficient) follow the inputs at a 4-byte boundary:
+        // bf16 inputs of odd size would leave them misaligned.
+        staging = (staging + sizeof(float) - 1) / sizeof(float) * sizeof(float);
+        staging_ = pinned_buffer(staging + 3 * sizeof(float));
 
         // Float master weights: the bound parameters themselves in f32, beside them in bf16.
         const bool mixed = storage == precision::bf16;
@@ -174,6 +177,9 @@ private:
     }
 
     void set_inputs(const train::input_feed& feed) {
+        // A step that threw (a missing feed, a refused kernel) may have left copies from the
+        // staging area queued; wait for them before overwriting it (a no-op otherwise).
+        stream_->synchronize();
         std::size_t at = 0;
         for (tensor_id t : graph_->inputs) {
             if (!offsets_.count(t)) continue;  // an input the loss does not depend on
