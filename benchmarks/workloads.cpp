@@ -8,12 +8,13 @@
 //   Alpa-style      staged SPMD: up to 4 pipeline stages with searched boundaries (within one
 //                   layer of the even split), TP x DP inside, full recompute
 //   loom, full recompute  the whole space (ZeRO 0-3, GPipe / 1F1B / interleaved, the
-//                   interlaced pipeline, boundaries even) with the paper's layer-wise
-//                   recompute, like the others
+//                   interlaced pipeline, Coshard 1-8, boundaries even) with the paper's
+//                   layer-wise recompute, like the others
 //   loom            the same with none / selective / full recompute chosen per layer
 //
-// Every number is a prediction of loom's cost model (search/evaluate.hpp); nnScaler's own
-// spaces Coshard and 3F1B are not in that cost model yet; the interlaced pipeline is.
+// Every number is a prediction of loom's cost model (search/evaluate.hpp), which counts the
+// transient of recomputation (what a recomputed layer brings back) that Coshard divides;
+// nnScaler's 3F1B is not in that cost model yet.
 //
 //   workloads [--out benchmarks/results/workloads.md] [--models gpt,t5,swin]
 #include <algorithm>
@@ -71,9 +72,11 @@ std::vector<system_space> systems() {
     search::search_space loom_full;
     loom_full.recompute_choices = {search::recompute::full};
     loom_full.interlaced = {false, true};
+    loom_full.coshard = {1, 2, 4, 8};
     out.push_back({"loom, full recompute", loom_full});
     search::search_space loom;
     loom.interlaced = {false, true};
+    loom.coshard = {1, 2, 4, 8};
     out.push_back({"loom", loom});
     return out;
 }
@@ -133,6 +136,7 @@ std::string plan_text(const search::search_result& r) {
     s << "TP" << c.tp << " PP" << c.pp << " DP" << c.dp << " m" << c.micro_batches;
     if (c.pp > 1) s << " " << search::to_string(c.schedule);
     if (c.interlaced) s << " interlaced";
+    if (c.coshard > 1) s << " coshard" << c.coshard;
     if (c.zero != search::zero_stage::none) s << " ZeRO" << static_cast<int>(c.zero);
     int recomputed = 0;
     for (auto x : c.recompute_of) recomputed += x != search::recompute::none;

@@ -135,12 +135,14 @@ std::vector<small_space> small_spaces() {
                 if (variant == 0) {  // everything, stage boundaries fixed, interlaced or not
                     s.zero = {search::zero_stage::none, search::zero_stage::optimizer, search::zero_stage::parameters};
                     s.interlaced = {false, true};
-                } else if (variant == 1) {  // stage boundaries searched, no ZeRO-3
+                } else if (variant == 1) {  // stage boundaries searched, no ZeRO-3, Coshard
                     s.search_stage_boundaries = true;
+                    s.coshard = {1, 4};
                     s.zero = {search::zero_stage::none, search::zero_stage::gradients};
                     s.schedules = {search::schedule_kind::gpipe, search::schedule_kind::one_f_one_b};
-                } else {  // recompute only full or nothing, TP 1 or 2
+                } else {  // recompute only full or nothing, TP 1 or 2, Coshard
                     s.tp = {1, 2};
+                    s.coshard = {1, 2, 8};
                     s.recompute_choices = {search::recompute::none, search::recompute::full};
                 }
                 out.push_back({std::to_string(layers) + " layers, memory cap " + std::to_string(cap) + " of the free optimum's, variant " +
@@ -270,4 +272,77 @@ TEST_CASE("a configuration saved as JSON loads back identical; bad files say wha
     std::ofstream(path) << "{ not json";
     CHECK_THROWS_WITH(search::load_configuration(path), Catch::Contains(path) && Catch::Contains("not JSON"));
     std::filesystem::remove(path);
+}
+
+TEST_CASE("recomputation's transient is in the memory, and Coshard divides it", "[search][coshard]") {
+    const graph g = models::gpt({.layers = 4, .hidden = 512, .heads = 8, .vocab = 1024, .seq = 256, .batch = 16})
+                        .training_graph();
+    const auto profile = search::profile_model(g);
+    search::cost_context ctx(profile, search::dgx1_v100(1), {});
+    search::configuration c;
+    c.tp = 2;
+    c.pp = 2;
+    c.dp = 2;
+    c.micro_batches = 4;
+    c.layers_per_chunk = {2, 2};
+    c.recompute_of = {search::recompute::none, search::recompute::full, search::recompute::selective,
+                      search::recompute::none};
+    const int layer_full = ctx.repeated()[1], layer_selective = ctx.repeated()[2];
+    const double share = 1.0 / (c.dp * c.micro_batches), bytes = ctx.options().activation_bytes;
+    for (int coshard : {1, 4}) {
+        c.coshard = coshard;
+        const auto e = search::evaluate(ctx, c);
+        INFO("coshard " << coshard);
+        // Device 0 recomputes layer 1 fully: what it saved minus its input comes back.
+        const double full = (profile.layers[static_cast<std::size_t>(layer_full)].saved_elements -
+                             profile.layers[static_cast<std::size_t>(layer_full)].input_elements) *
+                            share * bytes / (c.tp * coshard);
+        CHECK(e.devices[0].transient == Approx(full).epsilon(1e-12));
+        // Device 1 recomputes layer 2 selectively: its cheap saved activations come back.
+        const double selective = profile.layers[static_cast<std::size_t>(layer_selective)].cheap_saved_elements * share *
+                                 bytes / (c.tp * coshard);
+        CHECK(e.devices[1].transient == Approx(selective).epsilon(1e-12));
+        CHECK(e.devices[0].memory.buffers >= e.devices[0].transient);
+    }
+    c.recompute_of.assign(4, search::recompute::none);
+    CHECK(search::evaluate(ctx, c).devices[0].transient == 0.0);
+}
+
+TEST_CASE("Coshard lets full recomputation fit where one piece at a time does not", "[search][coshard]") {
+    // Long sequences: a layer's saved activations dwarf its input, so recomputing it brings
+    // back far more than it keeps.
+    const graph g = models::gpt({.layers = 4, .hidden = 256, .heads = 4, .vocab = 512, .seq = 2048, .batch = 8})
+                        .training_graph();
+    const auto profile = search::profile_model(g);
+    search::search_space only_full;
+    only_full.tp = {1};
+    only_full.pp = {1};
+    only_full.micro_batches = {1};
+    only_full.zero = {search::zero_stage::none};
+    only_full.recompute_choices = {search::recompute::full};
+    // A cap between "keep inputs + the whole transient" and "keep inputs + 1/8 of it".
+    search::cost_context probe(profile, search::dgx1_v100(1), {});
+    search::configuration c{1, 1, 8, 1, 1, search::zero_stage::none, search::schedule_kind::one_f_one_b, {4},
+                            std::vector<search::recompute>(4, search::recompute::full), false, 1};
+    const auto one = search::evaluate(probe, c);
+    c.coshard = 8;
+    const auto eight = search::evaluate(probe, c);
+    REQUIRE(one.devices[0].transient > 4 * eight.devices[0].transient);
+    const double cap = (one.peak_memory() + eight.peak_memory()) / 2;
+
+    search::search_options capped;
+    capped.memory_per_device = cap;
+    search::cost_context ctx(profile, search::dgx1_v100(1), capped);
+    const auto without = search::branch_and_bound(ctx, only_full);
+    CHECK_FALSE(without.found);
+    only_full.coshard = {1, 2, 8};
+    const auto with = search::branch_and_bound(ctx, only_full);
+    REQUIRE(with.found);
+    CHECK(with.best.coshard >= 2);
+    CHECK(with.cost.peak_memory() <= cap);
+    CHECK(with.explain().find("Coshard") != std::string::npos);
+    const auto all = search::enumerate_all(ctx, only_full);
+    CHECK(all.cost.step_time == Approx(with.cost.step_time).epsilon(1e-12));
+    // It round-trips through the plan file.
+    CHECK(search::configuration_from_json(search::to_json(with.best)).coshard == with.best.coshard);
 }

@@ -37,6 +37,11 @@ int main(int argc, char** argv) {
     app.add_flag("--boundaries", o.boundaries, "search the pipeline stage boundaries (default: even split)");
     app.add_option("--boundary-slack", o.boundary_slack,
                    "with --boundaries: each stage within this many layers of the even split (0: any)");
+    app.add_option("--coshard", o.coshard,
+                   "Coshard factors to consider, e.g. 1,2,4,8 (recomputed layers run in that many colocated pieces, "
+                   "nnScaler Figure 5)")
+        ->delimiter(',')
+        ->check(CLI::PositiveNumber);
     app.add_flag("--interlaced", o.interlaced,
                  "also consider the interlaced pipeline (embedding and head on all devices, nnScaler Figure 6)");
     app.add_flag("--executable", o.executable, "only what loom's executor runs today (no ZeRO, no recompute)");

@@ -19,6 +19,7 @@ struct loom_plan_options {
     bool boundaries = false;  // search stage boundaries
     int boundary_slack = 0;   // ... each within this many layers of the even split (0: any)
     bool interlaced = false;  // also consider the interlaced pipeline
+    std::vector<int> coshard{1};  // Coshard factors to consider
     bool executable = false;  // only what the executor runs today (no ZeRO, no recompute)
     bool unfolded = false;    // decide per layer instead of per class of identical layers
     double budget = 0;        // seconds; 0: search to the end

@@ -64,6 +64,7 @@ search::search_space space_of(const loom_plan_options& o) {
         for (const auto& name : o.recompute) s.recompute_choices.push_back(recompute_of(name));
     }
     if (o.interlaced) s.interlaced = {false, true};
+    s.coshard = o.coshard;
     s.search_stage_boundaries = o.boundaries;
     s.boundary_slack = o.boundary_slack;
     return s;
@@ -113,6 +114,7 @@ void apply_request_file(const std::string& path, loom_plan_options& o) {
             else if (key == "boundary_slack") o.boundary_slack = value.get<int>();
             else if (key == "executable") o.executable = value.get<bool>();
             else if (key == "interlaced") o.interlaced = value.get<bool>();
+            else if (key == "coshard") o.coshard = value.get<std::vector<int>>();
             else if (key == "unfolded") o.unfolded = value.get<bool>();
             else if (key == "budget") o.budget = value.get<double>();
             else if (key == "out") o.out = value.get<std::string>();

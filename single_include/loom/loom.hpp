@@ -11285,6 +11285,12 @@ struct configuration {
     // the last (embedding, LM head, loss) run on all devices, split by vocabulary, time-shared
     // with the pipeline of the layers, instead of on the first and last stage.
     bool interlaced = false;
+    // Coshard (nnScaler Figure 5): every recomputed layer's ops split into this many more
+    // pieces, colocated on each device and run one after another, so that recomputing a layer
+    // holds 1/coshard of its intermediates at a time. It changes no communication (the
+    // colocated pieces share a device) and, in this model, no time: recomputation already
+    // pays the second forward.
+    int coshard = 1;
 
     int devices() const { return tp * pp * dp; }
     // The pipeline device (0..pp-1) chunk c runs on.
@@ -11301,6 +11307,7 @@ struct search_space {
                                          schedule_kind::interleaved};
     std::vector<recompute> recompute_choices{recompute::none, recompute::selective, recompute::full};
     std::vector<bool> interlaced{false};  // add true to consider the interlaced pipeline
+    std::vector<int> coshard{1};          // Coshard factors to consider, e.g. {1, 2, 4, 8}
     int interleave_chunks = 2;            // v of the interleaved schedule
     bool search_stage_boundaries = false;  // false: layers split evenly over chunks
     int boundary_slack = 0;  // with boundaries searched: each chunk within this many layers of
@@ -11398,6 +11405,7 @@ inline search_space executable_space() {
     s.zero = {zero_stage::none};
     s.recompute_choices = {recompute::none};
     s.search_stage_boundaries = false;
+    s.coshard = {1};
     return s;
 }
 
@@ -11409,6 +11417,9 @@ inline partition::partitioned_graph apply_configuration(const graph& forward, co
         if (r != recompute::none)
             throw plan_error("apply_configuration: the configuration recomputes layers (" + to_string(r) +
                              "), which the executor does not run with this plan yet; search executable_space()");
+    if (c.coshard > 1)
+        throw plan_error("apply_configuration: the configuration uses Coshard " + std::to_string(c.coshard) +
+                         ", which needs recomputation the executor does not run with this plan yet; search executable_space()");
     for (int n : c.layers_per_chunk)
         if (n != c.layers_per_chunk.front())
             throw plan_error("apply_configuration: the configuration splits the layers unevenly over the pipeline "
@@ -11455,10 +11466,14 @@ inline partition::partitioned_graph apply_configuration(const graph& forward, co
 //   r.best, r.cost.step_time, r.stats.nodes, r.stats.pruned_by_bound, r.explain()
 //
 // The tree fixes, in order: TP degree, pipeline stages (DP is what is left), ZeRO stage,
-// micro-batches, schedule, stage boundaries; then the recompute choices, which no longer
-// interact: the makespan only grows when a block grows, gradient sync does not depend on
-// them, and memory is per device, so each pipeline device independently takes the choices
-// that fit its memory with the least extra backward time (an exact small knapsack).
+// micro-batches, schedule, interlacing, Coshard factor, stage boundaries; then the recompute
+// choices, which no longer interact: the makespan only grows when a block grows, gradient
+// sync does not depend on them, and memory is per device, so each pipeline device
+// independently takes the choices that fit its memory with the least extra backward time
+// (an exact small knapsack). Recomputation's transient (the largest set one recomputed layer
+// brings back) is a maximum, not a sum: the knapsack is solved once per candidate maximum t,
+// allowing only choices whose transient is at most t within the memory left after t, and the
+// least time wins. The optimum's own maximum is one of the candidates, so this is exact.
 //
 // Pruning, each bound valid for every completion of the node:
 //   work        no device finishes before its share of all forward and backward work
@@ -11514,7 +11529,11 @@ inline partition::partitioned_graph apply_configuration(const graph& forward, co
 //   memory    = model states (memory.hpp: by dtype, ZeRO stage and DP degree) of the
 //               device's parameters / tp, + for each chunk its peak in-flight micro-batches
 //               (from the schedule's orders) times the activations its layers keep under
-//               their recompute choice / tp, + ZeRO-3's gather buffer (two layers).
+//               their recompute choice / tp, + ZeRO-3's gather buffer (two layers),
+//               + the transient of recomputation: while one layer of one micro-batch is
+//               recomputed, the activations it did not keep are live again; the largest
+//               such set on the device / tp / coshard (Coshard recomputes a layer in
+//               coshard pieces, one after another).
 #include <algorithm>
 #include <cmath>
 #include <limits>
@@ -12682,6 +12701,7 @@ struct device_cost {
     memory_breakdown memory;
     double exposed_communication = 0;  // s per step: gradient sync, ZeRO-3 gathers
     double optimizer = 0;              // s per step
+    double transient = 0;              // bytes of recomputation's transient (part of memory.buffers)
 };
 
 struct evaluation {
@@ -12742,6 +12762,12 @@ public:
         return r == recompute::full ? times(layer).forward
                : r == recompute::selective ? times(layer).memory_bound_forward
                                            : 0.0;
+    }
+    // Elements a layer's recomputation brings back to life for its backward (at the graph's
+    // batch): what it saved minus what it kept.
+    double transient_elements(int layer, recompute r) const {
+        const layer_profile& l = model_.layers[static_cast<std::size_t>(layer)];
+        return std::max(0.0, l.saved_elements - kept_elements(layer, r));
     }
     double kept_elements(int layer, recompute r) const {
         const layer_profile& l = model_.layers[static_cast<std::size_t>(layer)];
@@ -12891,7 +12917,9 @@ inline evaluation evaluate_without_pipeline(cost_context& ctx, const configurati
     std::vector<std::vector<bool>> on_device(static_cast<std::size_t>(c.pp), std::vector<bool>(m.layers.size(), false));
     for (int k = 0; k < chunks; ++k)
         for (int l : layers[static_cast<std::size_t>(k)]) on_device[static_cast<std::size_t>(c.device_of_chunk(k))][static_cast<std::size_t>(l)] = true;
-    std::vector<double> activations(static_cast<std::size_t>(c.pp), 0.0), largest_layer(static_cast<std::size_t>(c.pp), 0.0);
+    std::vector<double> activations(static_cast<std::size_t>(c.pp), 0.0), largest_layer(static_cast<std::size_t>(c.pp), 0.0),
+        transient(static_cast<std::size_t>(c.pp), 0.0);
+    const double transient_scale = share * o.activation_bytes / (static_cast<double>(c.tp) * std::max(c.coshard, 1));
     for (int k = 0; k < chunks; ++k) {
         const int d = c.device_of_chunk(k);
         double f = 0, b = 0, kept = 0;
@@ -12901,6 +12929,8 @@ inline evaluation evaluate_without_pipeline(cost_context& ctx, const configurati
             f += ctx.times(l).forward;
             b += ctx.times(l).backward + ctx.recompute_time(l, r);
             kept += ctx.kept_elements(l, r);
+            transient[static_cast<std::size_t>(d)] =
+                std::max(transient[static_cast<std::size_t>(d)], ctx.transient_elements(l, r) * transient_scale);
             joins += m.layers[static_cast<std::size_t>(l)].residual_joins;
             const layer_profile& lp = m.layers[static_cast<std::size_t>(l)];
             device_cost& dc = e.devices[static_cast<std::size_t>(d)];
@@ -12949,7 +12979,8 @@ inline evaluation evaluate_without_pipeline(cost_context& ctx, const configurati
         const double buffers = c.zero == zero_stage::parameters ? 2.0 * largest_layer[static_cast<std::size_t>(d)] / c.tp * s.parameter : 0.0;
         dc.memory = memory_per_device(local, s, c.zero, c.dp, activation_profile{}, 0, recompute::none, buffers);
         dc.memory.activations = activations[static_cast<std::size_t>(d)];
-        dc.memory.buffers += interlaced_memory;
+        dc.memory.buffers += interlaced_memory + transient[static_cast<std::size_t>(d)];
+        dc.transient = transient[static_cast<std::size_t>(d)];
         if (c.dp > 1) {
             const comm_time sync = collective_cost(hw, collective::all_reduce, local * s.gradient, {c.dp, c.tp});
             dc.exposed_communication = exposed_time({}, sync, collective::all_reduce, o.overlap);
@@ -13074,6 +13105,13 @@ struct candidates {
         return out;
     }
     // Interlacing needs an embedding or head to spread, and a pipeline to interlace with.
+    std::vector<int> coshard() const {
+        std::vector<int> out;
+        for (int c : space.coshard)
+            if (c >= 1 && std::find(out.begin(), out.end(), c) == out.end()) out.push_back(c);
+        if (out.empty()) out.push_back(1);
+        return out;
+    }
     std::vector<bool> interlaced(int pp) const {
         std::vector<bool> out;
         for (bool i : space.interlaced)
@@ -13145,6 +13183,7 @@ struct recompute_group {
     std::vector<int> layers;    // repeated-layer positions (into ctx.repeated())
     double weight = 0;          // bytes per kept element (in-flight * share * bytes / tp)
     double time_scale = 0;      // seconds per unit of layer time (share / tp)
+    double transient_scale = 0;  // bytes per transient element (share * bytes / (tp coshard))
 };
 
 // The least extra backward time over groups, with memory <= budget. Choices per group:
@@ -13156,6 +13195,7 @@ struct recompute_solver {
     const std::vector<recompute>& choices;
     std::vector<recompute_group> groups;
     double budget = 0;
+    double max_transient = std::numeric_limits<double>::infinity();  // choices above it are not allowed
     long* nodes = nullptr;
     std::function<bool()> out_of_time;  // checked every 4096 nodes; true: give up
     bool gave_up = false;
@@ -13167,13 +13207,19 @@ struct recompute_solver {
     // Representative numbers of a group (its layers are identical in folded mode; in
     // unfolded mode groups hold one layer).
     double memory_of(const recompute_group& g, recompute r) const {
+        if (transient_of(g, r) > max_transient) return std::numeric_limits<double>::infinity();
         return g.weight * ctx.kept_elements(ctx.repeated()[static_cast<std::size_t>(g.layers.front())], r);
+    }
+    double transient_of(const recompute_group& g, recompute r) const {
+        return g.transient_scale * ctx.transient_elements(ctx.repeated()[static_cast<std::size_t>(g.layers.front())], r);
     }
     double time_of(const recompute_group& g, recompute r) const {
         return g.time_scale * ctx.recompute_time(ctx.repeated()[static_cast<std::size_t>(g.layers.front())], r);
     }
 
     bool solve() {
+        best_time = std::numeric_limits<double>::infinity();
+        best_counts.clear();
         least_memory_after.assign(groups.size() + 1, 0.0);
         for (std::size_t i = groups.size(); i-- > 0;) {
             double least = std::numeric_limits<double>::infinity();
@@ -13201,15 +13247,18 @@ struct recompute_solver {
         }
         const int n = static_cast<int>(groups[i].layers.size());
         // Counts per choice summing to n, choices earlier in the list first and in larger numbers.
+        // n layers taking choice r: their memory (0 when none do, even for a choice above the
+        // transient limit, whose memory is infinite).
+        const auto memory_of_n = [&](int n, recompute r) { return n == 0 ? 0.0 : n * memory_of(groups[i], r); };
         std::function<void(std::size_t, int, double, double)> split = [&](std::size_t k, int left, double mem, double t) {
             if (k + 1 == choices.size()) {
                 counts[i][k] = left;
-                go(i + 1, mem + left * memory_of(groups[i], choices[k]), t + left * time_of(groups[i], choices[k]));
+                go(i + 1, mem + memory_of_n(left, choices[k]), t + left * time_of(groups[i], choices[k]));
                 return;
             }
             for (int c = left; c >= 0; --c) {
                 counts[i][k] = c;
-                split(k + 1, left - c, mem + c * memory_of(groups[i], choices[k]), t + c * time_of(groups[i], choices[k]));
+                split(k + 1, left - c, mem + memory_of_n(c, choices[k]), t + c * time_of(groups[i], choices[k]));
             }
         };
         split(0, n, memory, time);
@@ -13239,9 +13288,11 @@ public:
                 for (zero_stage z : cand.zero(dp))
                     for (int m : cand.micro_batches(dp))
                         for (auto [kind, chunks] : cand.schedules(pp, m))
-                        for (bool interlaced : cand.interlaced(pp)) {
+                        for (bool interlaced : cand.interlaced(pp))
+                        for (int coshard : cand.coshard()) {
                             configuration c;
                             c.interlaced = interlaced;
+                            c.coshard = coshard;
                             c.tp = tp;
                             c.pp = pp;
                             c.dp = dp;
@@ -13330,13 +13381,33 @@ private:
                         chunk_groups[static_cast<std::size_t>(it - group_class.begin())].layers.push_back(pos);
                     } else {
                         group_class.push_back(cls);
-                        chunk_groups.push_back({{pos}, weight, share / c.tp});
+                        chunk_groups.push_back({{pos}, weight, share / c.tp,
+                                                share * ctx_.options().activation_bytes / (static_cast<double>(c.tp) * c.coshard)});
                     }
                 }
                 for (auto& g : chunk_groups) solver.groups.push_back(std::move(g));
             }
-            solver.budget = ctx_.memory_cap() - fixed_memory;
-            const bool solved = solver.solve();
+            // One knapsack per candidate largest transient, least time first found.
+            std::vector<double> thresholds{0.0};
+            for (const auto& g : solver.groups)
+                for (recompute r : space_.recompute_choices) thresholds.push_back(solver.transient_of(g, r));
+            std::sort(thresholds.begin(), thresholds.end());
+            thresholds.erase(std::unique(thresholds.begin(), thresholds.end()), thresholds.end());
+            bool solved = false;
+            double best_time = std::numeric_limits<double>::infinity();
+            std::vector<std::vector<int>> best_counts;
+            for (double t : thresholds) {
+                if (fixed_memory + t > ctx_.memory_cap()) break;
+                solver.max_transient = t;
+                solver.budget = ctx_.memory_cap() - fixed_memory - t;
+                if (solver.solve() && solver.best_time < best_time) {
+                    solved = true;
+                    best_time = solver.best_time;
+                    best_counts = solver.best_counts;
+                }
+                if (solver.gave_up) break;
+            }
+            solver.best_counts = best_counts;
             if (solver.gave_up) {  // the budget ran out inside: this node stays open
                 open_bound_ = std::min(open_bound_, std::max(work_bound, pipeline_bound(c, base) +
                                                                              c.micro_batches * base.interlaced_per_micro_batch) + fixed);
@@ -13438,8 +13509,9 @@ inline search_result enumerate_all(cost_context& ctx, const search_space& space)
             for (zero_stage z : cand.zero(dp))
                 for (int m : cand.micro_batches(dp))
                     for (auto [kind, chunks] : cand.schedules(pp, m))
-                    for (bool interlaced : cand.interlaced(pp)) {
-                        configuration c{tp, pp, dp, m, chunks, z, kind, {}, {}, interlaced};
+                    for (bool interlaced : cand.interlaced(pp))
+                    for (int coshard : cand.coshard()) {
+                        configuration c{tp, pp, dp, m, chunks, z, kind, {}, {}, interlaced, coshard};
                         detail::for_each_split(layers, pp * chunks, space.search_stage_boundaries, space.boundary_slack, [&](const std::vector<int>& split) {
                             c.layers_per_chunk = split;
                             c.recompute_of.assign(static_cast<std::size_t>(layers), space.recompute_choices.front());
@@ -13483,6 +13555,7 @@ inline std::string search_result::explain() const {
     if (c.chunks > 1) out << " (" << c.chunks << " chunks per device)";
     out << ", ZeRO " << static_cast<int>(c.zero);
     if (c.interlaced) out << ", interlaced (embedding and head on all " << c.devices() << " devices)";
+    if (c.coshard > 1) out << ", Coshard " << c.coshard << " (recomputed layers run in " << c.coshard << " colocated pieces)";
     out << "\n  layers per chunk:";
     for (int n : c.layers_per_chunk) out << ' ' << n;
     int counts[3] = {0, 0, 0};
@@ -13494,7 +13567,7 @@ inline std::string search_result::explain() const {
         const auto& dc = cost.devices[d];
         out << "  stage " << d << ": memory " << dc.memory.total() / 1e9 << " GB (states "
             << (dc.memory.parameters + dc.memory.gradients + dc.memory.optimizer) / 1e9 << ", activations "
-            << dc.memory.activations / 1e9 << "), exposed comm " << dc.exposed_communication * 1e3 << " ms\n";
+            << dc.memory.activations / 1e9 << ", recompute transient " << dc.transient / 1e9 << "), exposed comm " << dc.exposed_communication * 1e3 << " ms\n";
     }
     out << "  search: " << stats.nodes << " nodes, " << stats.pruned_by_bound << " cut by bound, " << stats.pruned_by_memory
         << " by memory, " << stats.leaves << " timed, " << stats.seconds * 1e3 << " ms";
@@ -15460,6 +15533,7 @@ inline nlohmann::json to_json(const configuration& c) {
             {"schedule", to_string(c.schedule)},
             {"layers_per_chunk", c.layers_per_chunk},
             {"interlaced", c.interlaced},
+            {"coshard", c.coshard},
             {"recompute", recompute}};
 }
 
@@ -15501,6 +15575,7 @@ inline configuration configuration_from_json(const nlohmann::json& j, const std:
             throw usage_error(where + ": \"interlaced\" must be true or false");
         c.interlaced = j.at("interlaced").get<bool>();
     }
+    if (j.contains("coshard")) c.coshard = detail::positive_int(j, "coshard", where);  // absent in files before Coshard: 1
     if (!j.contains("layers_per_chunk") || !j.at("layers_per_chunk").is_array())
         throw usage_error(where + ": \"layers_per_chunk\" must be an array of layer counts, one per pipeline chunk");
     for (const auto& n : j.at("layers_per_chunk")) {

@@ -32,6 +32,7 @@ inline search_space executable_space() {
     s.zero = {zero_stage::none};
     s.recompute_choices = {recompute::none};
     s.search_stage_boundaries = false;
+    s.coshard = {1};
     return s;
 }
 
@@ -43,6 +44,9 @@ inline partition::partitioned_graph apply_configuration(const graph& forward, co
         if (r != recompute::none)
             throw plan_error("apply_configuration: the configuration recomputes layers (" + to_string(r) +
                              "), which the executor does not run with this plan yet; search executable_space()");
+    if (c.coshard > 1)
+        throw plan_error("apply_configuration: the configuration uses Coshard " + std::to_string(c.coshard) +
+                         ", which needs recomputation the executor does not run with this plan yet; search executable_space()");
     for (int n : c.layers_per_chunk)
         if (n != c.layers_per_chunk.front())
             throw plan_error("apply_configuration: the configuration splits the layers unevenly over the pipeline "

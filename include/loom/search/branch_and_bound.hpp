@@ -7,10 +7,14 @@
 //   r.best, r.cost.step_time, r.stats.nodes, r.stats.pruned_by_bound, r.explain()
 //
 // The tree fixes, in order: TP degree, pipeline stages (DP is what is left), ZeRO stage,
-// micro-batches, schedule, stage boundaries; then the recompute choices, which no longer
-// interact: the makespan only grows when a block grows, gradient sync does not depend on
-// them, and memory is per device, so each pipeline device independently takes the choices
-// that fit its memory with the least extra backward time (an exact small knapsack).
+// micro-batches, schedule, interlacing, Coshard factor, stage boundaries; then the recompute
+// choices, which no longer interact: the makespan only grows when a block grows, gradient
+// sync does not depend on them, and memory is per device, so each pipeline device
+// independently takes the choices that fit its memory with the least extra backward time
+// (an exact small knapsack). Recomputation's transient (the largest set one recomputed layer
+// brings back) is a maximum, not a sum: the knapsack is solved once per candidate maximum t,
+// allowing only choices whose transient is at most t within the memory left after t, and the
+// least time wins. The optimum's own maximum is one of the candidates, so this is exact.
 //
 // Pruning, each bound valid for every completion of the node:
 //   work        no device finishes before its share of all forward and backward work
@@ -115,6 +119,13 @@ struct candidates {
         return out;
     }
     // Interlacing needs an embedding or head to spread, and a pipeline to interlace with.
+    std::vector<int> coshard() const {
+        std::vector<int> out;
+        for (int c : space.coshard)
+            if (c >= 1 && std::find(out.begin(), out.end(), c) == out.end()) out.push_back(c);
+        if (out.empty()) out.push_back(1);
+        return out;
+    }
     std::vector<bool> interlaced(int pp) const {
         std::vector<bool> out;
         for (bool i : space.interlaced)
@@ -186,6 +197,7 @@ struct recompute_group {
     std::vector<int> layers;    // repeated-layer positions (into ctx.repeated())
     double weight = 0;          // bytes per kept element (in-flight * share * bytes / tp)
     double time_scale = 0;      // seconds per unit of layer time (share / tp)
+    double transient_scale = 0;  // bytes per transient element (share * bytes / (tp coshard))
 };
 
 // The least extra backward time over groups, with memory <= budget. Choices per group:
@@ -197,6 +209,7 @@ struct recompute_solver {
     const std::vector<recompute>& choices;
     std::vector<recompute_group> groups;
     double budget = 0;
+    double max_transient = std::numeric_limits<double>::infinity();  // choices above it are not allowed
     long* nodes = nullptr;
     std::function<bool()> out_of_time;  // checked every 4096 nodes; true: give up
     bool gave_up = false;
@@ -208,13 +221,19 @@ struct recompute_solver {
     // Representative numbers of a group (its layers are identical in folded mode; in
     // unfolded mode groups hold one layer).
     double memory_of(const recompute_group& g, recompute r) const {
+        if (transient_of(g, r) > max_transient) return std::numeric_limits<double>::infinity();
         return g.weight * ctx.kept_elements(ctx.repeated()[static_cast<std::size_t>(g.layers.front())], r);
+    }
+    double transient_of(const recompute_group& g, recompute r) const {
+        return g.transient_scale * ctx.transient_elements(ctx.repeated()[static_cast<std::size_t>(g.layers.front())], r);
     }
     double time_of(const recompute_group& g, recompute r) const {
         return g.time_scale * ctx.recompute_time(ctx.repeated()[static_cast<std::size_t>(g.layers.front())], r);
     }
 
     bool solve() {
+        best_time = std::numeric_limits<double>::infinity();
+        best_counts.clear();
         least_memory_after.assign(groups.size() + 1, 0.0);
         for (std::size_t i = groups.size(); i-- > 0;) {
             double least = std::numeric_limits<double>::infinity();
@@ -242,15 +261,18 @@ struct recompute_solver {
         }
         const int n = static_cast<int>(groups[i].layers.size());
         // Counts per choice summing to n, choices earlier in the list first and in larger numbers.
+        // n layers taking choice r: their memory (0 when none do, even for a choice above the
+        // transient limit, whose memory is infinite).
+        const auto memory_of_n = [&](int n, recompute r) { return n == 0 ? 0.0 : n * memory_of(groups[i], r); };
         std::function<void(std::size_t, int, double, double)> split = [&](std::size_t k, int left, double mem, double t) {
             if (k + 1 == choices.size()) {
                 counts[i][k] = left;
-                go(i + 1, mem + left * memory_of(groups[i], choices[k]), t + left * time_of(groups[i], choices[k]));
+                go(i + 1, mem + memory_of_n(left, choices[k]), t + left * time_of(groups[i], choices[k]));
                 return;
             }
             for (int c = left; c >= 0; --c) {
                 counts[i][k] = c;
-                split(k + 1, left - c, mem + c * memory_of(groups[i], choices[k]), t + c * time_of(groups[i], choices[k]));
+                split(k + 1, left - c, mem + memory_of_n(c, choices[k]), t + c * time_of(groups[i], choices[k]));
             }
         };
         split(0, n, memory, time);
@@ -280,9 +302,11 @@ public:
                 for (zero_stage z : cand.zero(dp))
                     for (int m : cand.micro_batches(dp))
                         for (auto [kind, chunks] : cand.schedules(pp, m))
-                        for (bool interlaced : cand.interlaced(pp)) {
+                        for (bool interlaced : cand.interlaced(pp))
+                        for (int coshard : cand.coshard()) {
                             configuration c;
                             c.interlaced = interlaced;
+                            c.coshard = coshard;
                             c.tp = tp;
                             c.pp = pp;
                             c.dp = dp;
@@ -371,13 +395,33 @@ private:
                         chunk_groups[static_cast<std::size_t>(it - group_class.begin())].layers.push_back(pos);
                     } else {
                         group_class.push_back(cls);
-                        chunk_groups.push_back({{pos}, weight, share / c.tp});
+                        chunk_groups.push_back({{pos}, weight, share / c.tp,
+                                                share * ctx_.options().activation_bytes / (static_cast<double>(c.tp) * c.coshard)});
                     }
                 }
                 for (auto& g : chunk_groups) solver.groups.push_back(std::move(g));
             }
-            solver.budget = ctx_.memory_cap() - fixed_memory;
-            const bool solved = solver.solve();
+            // One knapsack per candidate largest transient, least time first found.
+            std::vector<double> thresholds{0.0};
+            for (const auto& g : solver.groups)
+                for (recompute r : space_.recompute_choices) thresholds.push_back(solver.transient_of(g, r));
+            std::sort(thresholds.begin(), thresholds.end());
+            thresholds.erase(std::unique(thresholds.begin(), thresholds.end()), thresholds.end());
+            bool solved = false;
+            double best_time = std::numeric_limits<double>::infinity();
+            std::vector<std::vector<int>> best_counts;
+            for (double t : thresholds) {
+                if (fixed_memory + t > ctx_.memory_cap()) break;
+                solver.max_transient = t;
+                solver.budget = ctx_.memory_cap() - fixed_memory - t;
+                if (solver.solve() && solver.best_time < best_time) {
+                    solved = true;
+                    best_time = solver.best_time;
+                    best_counts = solver.best_counts;
+                }
+                if (solver.gave_up) break;
+            }
+            solver.best_counts = best_counts;
             if (solver.gave_up) {  // the budget ran out inside: this node stays open
                 open_bound_ = std::min(open_bound_, std::max(work_bound, pipeline_bound(c, base) +
                                                                              c.micro_batches * base.interlaced_per_micro_batch) + fixed);
@@ -479,8 +523,9 @@ inline search_result enumerate_all(cost_context& ctx, const search_space& space)
             for (zero_stage z : cand.zero(dp))
                 for (int m : cand.micro_batches(dp))
                     for (auto [kind, chunks] : cand.schedules(pp, m))
-                    for (bool interlaced : cand.interlaced(pp)) {
-                        configuration c{tp, pp, dp, m, chunks, z, kind, {}, {}, interlaced};
+                    for (bool interlaced : cand.interlaced(pp))
+                    for (int coshard : cand.coshard()) {
+                        configuration c{tp, pp, dp, m, chunks, z, kind, {}, {}, interlaced, coshard};
                         detail::for_each_split(layers, pp * chunks, space.search_stage_boundaries, space.boundary_slack, [&](const std::vector<int>& split) {
                             c.layers_per_chunk = split;
                             c.recompute_of.assign(static_cast<std::size_t>(layers), space.recompute_choices.front());
@@ -524,6 +569,7 @@ inline std::string search_result::explain() const {
     if (c.chunks > 1) out << " (" << c.chunks << " chunks per device)";
     out << ", ZeRO " << static_cast<int>(c.zero);
     if (c.interlaced) out << ", interlaced (embedding and head on all " << c.devices() << " devices)";
+    if (c.coshard > 1) out << ", Coshard " << c.coshard << " (recomputed layers run in " << c.coshard << " colocated pieces)";
     out << "\n  layers per chunk:";
     for (int n : c.layers_per_chunk) out << ' ' << n;
     int counts[3] = {0, 0, 0};
@@ -535,7 +581,7 @@ inline std::string search_result::explain() const {
         const auto& dc = cost.devices[d];
         out << "  stage " << d << ": memory " << dc.memory.total() / 1e9 << " GB (states "
             << (dc.memory.parameters + dc.memory.gradients + dc.memory.optimizer) / 1e9 << ", activations "
-            << dc.memory.activations / 1e9 << "), exposed comm " << dc.exposed_communication * 1e3 << " ms\n";
+            << dc.memory.activations / 1e9 << ", recompute transient " << dc.transient / 1e9 << "), exposed comm " << dc.exposed_communication * 1e3 << " ms\n";
     }
     out << "  search: " << stats.nodes << " nodes, " << stats.pruned_by_bound << " cut by bound, " << stats.pruned_by_memory
         << " by memory, " << stats.leaves << " timed, " << stats.seconds * 1e3 << " ms";

@@ -24,7 +24,11 @@
 //   memory    = model states (memory.hpp: by dtype, ZeRO stage and DP degree) of the
 //               device's parameters / tp, + for each chunk its peak in-flight micro-batches
 //               (from the schedule's orders) times the activations its layers keep under
-//               their recompute choice / tp, + ZeRO-3's gather buffer (two layers).
+//               their recompute choice / tp, + ZeRO-3's gather buffer (two layers),
+//               + the transient of recomputation: while one layer of one micro-batch is
+//               recomputed, the activations it did not keep are live again; the largest
+//               such set on the device / tp / coshard (Coshard recomputes a layer in
+//               coshard pieces, one after another).
 #include <algorithm>
 #include <cmath>
 #include <limits>
@@ -59,6 +63,7 @@ struct device_cost {
     memory_breakdown memory;
     double exposed_communication = 0;  // s per step: gradient sync, ZeRO-3 gathers
     double optimizer = 0;              // s per step
+    double transient = 0;              // bytes of recomputation's transient (part of memory.buffers)
 };
 
 struct evaluation {
@@ -119,6 +124,12 @@ public:
         return r == recompute::full ? times(layer).forward
                : r == recompute::selective ? times(layer).memory_bound_forward
                                            : 0.0;
+    }
+    // Elements a layer's recomputation brings back to life for its backward (at the graph's
+    // batch): what it saved minus what it kept.
+    double transient_elements(int layer, recompute r) const {
+        const layer_profile& l = model_.layers[static_cast<std::size_t>(layer)];
+        return std::max(0.0, l.saved_elements - kept_elements(layer, r));
     }
     double kept_elements(int layer, recompute r) const {
         const layer_profile& l = model_.layers[static_cast<std::size_t>(layer)];
@@ -268,7 +279,9 @@ inline evaluation evaluate_without_pipeline(cost_context& ctx, const configurati
     std::vector<std::vector<bool>> on_device(static_cast<std::size_t>(c.pp), std::vector<bool>(m.layers.size(), false));
     for (int k = 0; k < chunks; ++k)
         for (int l : layers[static_cast<std::size_t>(k)]) on_device[static_cast<std::size_t>(c.device_of_chunk(k))][static_cast<std::size_t>(l)] = true;
-    std::vector<double> activations(static_cast<std::size_t>(c.pp), 0.0), largest_layer(static_cast<std::size_t>(c.pp), 0.0);
+    std::vector<double> activations(static_cast<std::size_t>(c.pp), 0.0), largest_layer(static_cast<std::size_t>(c.pp), 0.0),
+        transient(static_cast<std::size_t>(c.pp), 0.0);
+    const double transient_scale = share * o.activation_bytes / (static_cast<double>(c.tp) * std::max(c.coshard, 1));
     for (int k = 0; k < chunks; ++k) {
         const int d = c.device_of_chunk(k);
         double f = 0, b = 0, kept = 0;
@@ -278,6 +291,8 @@ inline evaluation evaluate_without_pipeline(cost_context& ctx, const configurati
             f += ctx.times(l).forward;
             b += ctx.times(l).backward + ctx.recompute_time(l, r);
             kept += ctx.kept_elements(l, r);
+            transient[static_cast<std::size_t>(d)] =
+                std::max(transient[static_cast<std::size_t>(d)], ctx.transient_elements(l, r) * transient_scale);
             joins += m.layers[static_cast<std::size_t>(l)].residual_joins;
             const layer_profile& lp = m.layers[static_cast<std::size_t>(l)];
             device_cost& dc = e.devices[static_cast<std::size_t>(d)];
@@ -326,7 +341,8 @@ inline evaluation evaluate_without_pipeline(cost_context& ctx, const configurati
         const double buffers = c.zero == zero_stage::parameters ? 2.0 * largest_layer[static_cast<std::size_t>(d)] / c.tp * s.parameter : 0.0;
         dc.memory = memory_per_device(local, s, c.zero, c.dp, activation_profile{}, 0, recompute::none, buffers);
         dc.memory.activations = activations[static_cast<std::size_t>(d)];
-        dc.memory.buffers += interlaced_memory;
+        dc.memory.buffers += interlaced_memory + transient[static_cast<std::size_t>(d)];
+        dc.transient = transient[static_cast<std::size_t>(d)];
         if (c.dp > 1) {
             const comm_time sync = collective_cost(hw, collective::all_reduce, local * s.gradient, {c.dp, c.tp});
             dc.exposed_communication = exposed_time({}, sync, collective::all_reduce, o.overlap);

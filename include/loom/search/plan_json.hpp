@@ -38,6 +38,7 @@ inline nlohmann::json to_json(const configuration& c) {
             {"schedule", to_string(c.schedule)},
             {"layers_per_chunk", c.layers_per_chunk},
             {"interlaced", c.interlaced},
+            {"coshard", c.coshard},
             {"recompute", recompute}};
 }
 
@@ -79,6 +80,7 @@ inline configuration configuration_from_json(const nlohmann::json& j, const std:
             throw usage_error(where + ": \"interlaced\" must be true or false");
         c.interlaced = j.at("interlaced").get<bool>();
     }
+    if (j.contains("coshard")) c.coshard = detail::positive_int(j, "coshard", where);  // absent in files before Coshard: 1
     if (!j.contains("layers_per_chunk") || !j.at("layers_per_chunk").is_array())
         throw usage_error(where + ": \"layers_per_chunk\" must be an array of layer counts, one per pipeline chunk");
     for (const auto& n : j.at("layers_per_chunk")) {

@@ -56,6 +56,12 @@ struct configuration {
     // the last (embedding, LM head, loss) run on all devices, split by vocabulary, time-shared
     // with the pipeline of the layers, instead of on the first and last stage.
     bool interlaced = false;
+    // Coshard (nnScaler Figure 5): every recomputed layer's ops split into this many more
+    // pieces, colocated on each device and run one after another, so that recomputing a layer
+    // holds 1/coshard of its intermediates at a time. It changes no communication (the
+    // colocated pieces share a device) and, in this model, no time: recomputation already
+    // pays the second forward.
+    int coshard = 1;
 
     int devices() const { return tp * pp * dp; }
     // The pipeline device (0..pp-1) chunk c runs on.
@@ -72,6 +78,7 @@ struct search_space {
                                          schedule_kind::interleaved};
     std::vector<recompute> recompute_choices{recompute::none, recompute::selective, recompute::full};
     std::vector<bool> interlaced{false};  // add true to consider the interlaced pipeline
+    std::vector<int> coshard{1};          // Coshard factors to consider, e.g. {1, 2, 4, 8}
     int interleave_chunks = 2;            // v of the interleaved schedule
     bool search_stage_boundaries = false;  // false: layers split evenly over chunks
     int boundary_slack = 0;  // with boundaries searched: each chunk within this many layers of
