@@ -11,6 +11,7 @@
 #include <string>
 #include <vector>
 
+#include <loom/models/evoformer.hpp>
 #include <loom/models/gpt.hpp>
 #include <loom/schedule/simulate.hpp>
 #include <loom/schedule/templates.hpp>
@@ -345,4 +346,112 @@ TEST_CASE("Coshard lets full recomputation fit where one piece at a time does no
     CHECK(all.cost.step_time == Approx(with.cost.step_time).epsilon(1e-12));
     // It round-trips through the plan file.
     CHECK(search::configuration_from_json(search::to_json(with.best)).coshard == with.best.coshard);
+}
+
+namespace {
+
+// An Evoformer big enough for compute to matter, with 3 recycling rounds over its blocks.
+graph evoformer_graph(std::int64_t blocks, std::int64_t batch) {
+    models::evoformer_config c;
+    c.blocks = blocks;
+    c.batch = batch;
+    c.msa_seqs = 32;
+    c.residues = 64;
+    c.msa_channels = 64;
+    c.pair_channels = 32;
+    return models::evoformer(c).training_graph();
+}
+
+}  // namespace
+
+TEST_CASE("forward rounds are found from the scopes: the layers are one round's blocks", "[search][rounds]") {
+    for (std::int64_t blocks : {2, 5}) {  // fewer and more blocks than rounds
+        INFO(blocks << " blocks");
+        const graph g = evoformer_graph(blocks, 2);
+        const auto p = search::profile_model(g);
+        CHECK(p.forward_rounds == 3);
+        CHECK(p.partition.rounds == 3);
+        CHECK(p.partition.repeated().size() == static_cast<std::size_t>(blocks));
+        for (int l : p.partition.repeated()) {
+            const auto& layer = p.layers[static_cast<std::size_t>(l)];
+            CHECK(layer.name.rfind("blocks.", 0) == 0);
+            CHECK(layer.backward.gemm_flops > 0);  // every layer is differentiated (in the last round)
+            CHECK(layer.saved_elements > 0);
+        }
+        // The blocks after the first are alike (the first also normalises the recycled inputs).
+        CHECK(p.layers[static_cast<std::size_t>(p.partition.repeated().back())].class_id ==
+              p.layers[static_cast<std::size_t>(p.partition.repeated()[1])].class_id);
+    }
+    const graph gpt = models::gpt({.layers = 2, .hidden = 64, .heads = 2, .vocab = 64, .seq = 16, .batch = 2}).training_graph();
+    CHECK(search::profile_model(gpt).forward_rounds == 1);
+}
+
+TEST_CASE("3F1B's orders time like the schedule simulator", "[search][rounds]") {
+    for (int p : {2, 4})
+        for (int m : {4, 6}) {
+            INFO(p << " stages, " << m << " micro-batches");
+            const auto order = schedule::three_f_one_b(p, m);
+            std::vector<double> f(static_cast<std::size_t>(p), 1.0), b(static_cast<std::size_t>(p), 2.0);
+            schedule::cost_model costs;
+            costs.backward = 2.0;
+            costs.latency = 0.25;
+            CHECK(search::pipeline_makespan(order, f, b, 0.25) == Approx(schedule::simulate(order, costs).makespan).epsilon(1e-12));
+        }
+}
+
+TEST_CASE("branch-and-bound finds the optimum of a recycling model, 3F1B included", "[search][rounds][bnb]") {
+    const graph g = evoformer_graph(4, 8);
+    const auto profile = search::profile_model(g);
+    search::search_space space;
+    space.micro_batches = {1, 2, 4, 8};
+    space.zero = {search::zero_stage::none, search::zero_stage::optimizer};
+    space.coshard = {1, 2};
+    search::search_space piped_space = space;  // pipelines only: 3F1B must be chosen
+    piped_space.pp = {2, 4};
+    int pipelined = 0, recomputing = 0;
+    for (const auto* sp : {&space, &piped_space})
+    for (double fraction : {0.0, 0.6, 0.3, 0.15}) {
+        search::cost_context free_ctx(profile, search::dgx1_v100(1), {});
+        const double free_peak = search::branch_and_bound(free_ctx, *sp).cost.peak_memory();
+        const search::search_space& current = *sp;
+        INFO((sp == &space ? "every PP" : "PP 2 or 4") << ", memory cap " << fraction << " of the free optimum's");
+        search::search_options o;
+        o.memory_per_device = fraction * free_peak;
+        search::search_options unfolded = o;
+        unfolded.fold = false;
+        search::cost_context all_ctx(profile, search::dgx1_v100(1), o), ctx(profile, search::dgx1_v100(1), o),
+            unfolded_ctx(profile, search::dgx1_v100(1), unfolded);
+        const auto all = search::enumerate_all(all_ctx, current);
+        const auto bb = search::branch_and_bound(ctx, current);
+        const auto bb_unfolded = search::branch_and_bound(unfolded_ctx, current);
+        REQUIRE(bb.found == all.found);
+        REQUIRE(bb_unfolded.found == all.found);
+        if (!all.found) continue;
+        INFO("exhaustive:\n" << all.explain() << "branch-and-bound:\n" << bb.explain());
+        CHECK(bb.cost.step_time == Approx(all.cost.step_time).epsilon(1e-12));
+        CHECK(bb_unfolded.cost.step_time == Approx(all.cost.step_time).epsilon(1e-12));
+        CHECK(search::evaluate(ctx, bb.best).step_time == bb.cost.step_time);
+        if (bb.best.pp > 1) CHECK(bb.best.schedule == search::schedule_kind::three_f_one_b);
+        if (sp == &piped_space) ++pipelined;
+        for (auto r : bb.best.recompute_of) recomputing += r != search::recompute::none;
+    }
+    CHECK(pipelined >= 2);  // 3F1B optima found and checked
+    CHECK(recomputing >= 1);
+
+    // 3F1B's rounds: three forward blocks per micro-batch and stage, the work of the
+    // one-stage plan in total.
+    search::cost_context ctx(profile, search::dgx1_v100(1), {});
+    search::configuration one{1, 1, 8, 2, 1, search::zero_stage::none, search::schedule_kind::one_f_one_b, {4},
+                              std::vector<search::recompute>(4, search::recompute::none), false, 1};
+    search::configuration piped = one;
+    piped.pp = 2;
+    piped.dp = 4;
+    piped.schedule = search::schedule_kind::three_f_one_b;
+    piped.layers_per_chunk = {2, 2};
+    const auto a = search::evaluate(ctx, one), b = search::evaluate(ctx, piped);
+    CHECK(a.forward_blocks == 1);
+    CHECK(b.forward_blocks == 3);
+    CHECK(3 * (b.chunk_forward[0] + b.chunk_forward[1]) == Approx(a.chunk_forward[0] * 2.0).epsilon(1e-9));
+    // A plan file keeps the schedule.
+    CHECK(search::configuration_from_json(search::to_json(piped)).schedule == search::schedule_kind::three_f_one_b);
 }

@@ -32,7 +32,7 @@ int main(int argc, char** argv) {
     app.add_option("--pp", o.pp, "pipeline stage counts to consider");
     app.add_option("--micro-batches", o.micro_batches, "micro-batch counts to consider");
     app.add_option("--zero", o.zero, "ZeRO stages to consider (0-3)");
-    app.add_option("--schedules", o.schedules, "gpipe, 1f1b, interleaved");
+    app.add_option("--schedules", o.schedules, "gpipe, 1f1b, interleaved, 3f1b (3f1b: models with three forward rounds only)");
     app.add_option("--recompute", o.recompute, "none, selective, full");
     app.add_flag("--boundaries", o.boundaries, "search the pipeline stage boundaries (default: even split)");
     app.add_option("--boundary-slack", o.boundary_slack,

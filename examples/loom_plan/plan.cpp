@@ -33,7 +33,8 @@ search::schedule_kind schedule_of(const std::string& s) {
     if (s == "gpipe") return search::schedule_kind::gpipe;
     if (s == "1f1b") return search::schedule_kind::one_f_one_b;
     if (s == "interleaved") return search::schedule_kind::interleaved;
-    throw usage_error("loom_plan: unknown schedule '" + s + "'; give gpipe, 1f1b or interleaved");
+    if (s == "3f1b") return search::schedule_kind::three_f_one_b;
+    throw usage_error("loom_plan: unknown schedule '" + s + "'; give gpipe, 1f1b, interleaved or 3f1b");
 }
 
 search::recompute recompute_of(const std::string& s) {

@@ -11251,13 +11251,16 @@ inline memory_breakdown memory_per_device(double parameters, state_bytes s, zero
 
 namespace loom::search {
 
-enum class schedule_kind { gpipe, one_f_one_b, interleaved };
+// three_f_one_b: nnScaler's 3F1B for models with three forward rounds (recycling); the
+// searcher offers it only for such models, and only it when they are pipelined.
+enum class schedule_kind { gpipe, one_f_one_b, interleaved, three_f_one_b };
 
 inline std::string to_string(schedule_kind s) {
     switch (s) {
         case schedule_kind::gpipe: return "GPipe";
         case schedule_kind::one_f_one_b: return "1F1B";
         case schedule_kind::interleaved: return "interleaved 1F1B";
+        case schedule_kind::three_f_one_b: return "3F1B";
     }
     return "?";
 }
@@ -11304,7 +11307,7 @@ struct search_space {
     std::vector<zero_stage> zero{zero_stage::none, zero_stage::optimizer, zero_stage::gradients,
                                  zero_stage::parameters};
     std::vector<schedule_kind> schedules{schedule_kind::gpipe, schedule_kind::one_f_one_b,
-                                         schedule_kind::interleaved};
+                                         schedule_kind::interleaved, schedule_kind::three_f_one_b};
     std::vector<recompute> recompute_choices{recompute::none, recompute::selective, recompute::full};
     std::vector<bool> interlaced{false};  // add true to consider the interlaced pipeline
     std::vector<int> coshard{1};          // Coshard factors to consider, e.g. {1, 2, 4, 8}
@@ -11417,6 +11420,10 @@ inline partition::partitioned_graph apply_configuration(const graph& forward, co
         if (r != recompute::none)
             throw plan_error("apply_configuration: the configuration recomputes layers (" + to_string(r) +
                              "), which the executor does not run with this plan yet; search executable_space()");
+    if (c.schedule == schedule_kind::three_f_one_b && c.pp > 1)
+        throw plan_error("apply_configuration: the configuration pipelines forward rounds with 3F1B; build the "
+                         "recycling model's plan with plan/pipeline.hpp and schedule::three_f_one_b instead "
+                         "(apply_configuration builds Megatron-style layer stacks)");
     if (c.coshard > 1)
         throw plan_error("apply_configuration: the configuration uses Coshard " + std::to_string(c.coshard) +
                          ", which needs recomputation the executor does not run with this plan yet; search executable_space()");
@@ -11518,7 +11525,10 @@ inline partition::partitioned_graph apply_configuration(const graph& forward, co
 //
 //   pipeline  = the schedule's makespan (schedule/ orders, timed here with those chunk
 //               times; every message between stages costs a point-to-point transfer of the
-//               boundary activation, scattered over the TP group)
+//               boundary activation, scattered over the TP group). A model with R forward
+//               rounds (model_profile::forward_rounds) runs R forward blocks per micro-batch
+//               and stage under 3F1B, each round's output feeding the next round's first
+//               stage; on one stage the rounds simply add up in its forward block.
 //   step      = pipeline + max over devices (exposed gradient sync + ZeRO-3 gathers
 //               + optimizer update)
 //   gradient sync: all-reduce over the DP group of the device's gradients, latency in full
@@ -12265,6 +12275,13 @@ inline double exposed_time(const comm_time& forward, const comm_time& backward, 
 //                             is a layer.
 //   find_layers(g)            scopes when the graph recorded a repeat, structure otherwise.
 //
+// Forward rounds (AlphaFold's recycling, nnScaler's 3F1B): when the largest repeat lies
+// inside the instances of an outer repeat, each instance holding the same inner repeat, and
+// only the last outer instance is differentiated, the outer instances are rounds over the
+// same layers. The layers are then the inner instances, each holding its nodes of every
+// round (a round's nodes outside the inner repeat join its first layer), and
+// layer_partition::rounds says how many rounds run them.
+//
 // Either way, layers with equal structural hashes get the same class id, so a prologue that
 // happens to equal a block would join its class.
 #include <algorithm>
@@ -12292,6 +12309,8 @@ struct layer_partition {
     std::vector<layer_span> layers;    // prologue (if any), repeated layers, epilogue (if any)
     int classes = 0;
     std::string found_by;              // "scopes" or "structure"
+    int rounds = 1;                    // forward rounds over the repeated layers (only the last differentiated)
+    std::vector<int> round_of;         // with rounds > 1: each forward node's round, -1 outside them
 
     // Indices (into layers) of the repeated layers, in order.
     std::vector<int> repeated() const {
@@ -12389,6 +12408,62 @@ inline layer_partition partition_by_layer(const graph& g, const std::vector<std:
 
 }  // namespace detail
 
+namespace detail {
+
+// The instance index of repeat `r` that scope `s` lies in, or -1.
+inline std::int64_t instance_of(const graph& g, std::int32_t s, std::int32_t r) {
+    for (; s != no_id; s = g.scopes.at(static_cast<std::size_t>(s)).parent)
+        if (g.scopes.at(static_cast<std::size_t>(s)).repeat == r) return g.scopes.at(static_cast<std::size_t>(s)).index;
+    return -1;
+}
+
+// Forward rounds: the outer repeat around `inner`, when every outer instance holds a repeat
+// named like `inner` with as many instances and only the last round is differentiated.
+inline layer_partition rounds_partition(const graph& g, std::int32_t inner) {
+    const repeat_desc& in = g.repeats[static_cast<std::size_t>(inner)];
+    std::int32_t outer = no_id;
+    for (std::int32_t s = in.parent; s != no_id; s = g.scopes.at(static_cast<std::size_t>(s)).parent)
+        if (g.scopes.at(static_cast<std::size_t>(s)).repeat != no_id) {
+            outer = g.scopes.at(static_cast<std::size_t>(s)).repeat;
+            break;
+        }
+    if (outer == no_id) return {};
+    const auto rounds = static_cast<std::int64_t>(g.repeats[static_cast<std::size_t>(outer)].scopes.size());
+    if (rounds < 2) return {};
+    // One inner repeat per round, alike.
+    std::vector<std::int32_t> inner_of_round(static_cast<std::size_t>(rounds), no_id);
+    for (std::size_t r = 0; r < g.repeats.size(); ++r) {
+        const repeat_desc& d = g.repeats[r];
+        if (d.name != in.name || d.scopes.size() != in.scopes.size()) continue;
+        const std::int64_t round = instance_of(g, d.parent, outer);
+        if (round >= 0) inner_of_round[static_cast<std::size_t>(round)] = static_cast<std::int32_t>(r);
+    }
+    if (std::find(inner_of_round.begin(), inner_of_round.end(), no_id) != inner_of_round.end()) return {};
+    const std::size_t forward = forward_count(g);
+    std::vector<std::int64_t> layer_of(forward, -1);
+    std::vector<int> round_of(forward, -1);
+    for (std::size_t i = 0; i < forward; ++i) {
+        const std::int64_t round = instance_of(g, g.nodes[i].scope, outer);
+        if (round < 0) continue;
+        round_of[i] = static_cast<int>(round);
+        const std::int64_t layer = instance_of(g, g.nodes[i].scope, inner_of_round[static_cast<std::size_t>(round)]);
+        layer_of[i] = layer >= 0 ? layer : 0;
+    }
+    // Only the last round may be differentiated: earlier rounds are forward-only.
+    for (std::size_t i = forward; i < g.nodes.size(); ++i) {
+        const node_id f = g.nodes[i].forward_of;
+        if (f != no_id && static_cast<std::size_t>(f) < forward && round_of[static_cast<std::size_t>(f)] >= 0 &&
+            round_of[static_cast<std::size_t>(f)] != rounds - 1)
+            return {};
+    }
+    auto p = partition_by_layer(g, layer_of, in.name);
+    p.rounds = static_cast<int>(rounds);
+    p.round_of = std::move(round_of);
+    return p;
+}
+
+}  // namespace detail
+
 // Layers from the graph's largest recorded repeat (most instances; ties: the first).
 inline layer_partition layers_from_scopes(const graph& g) {
     std::int32_t best = no_id;
@@ -12398,6 +12473,16 @@ inline layer_partition layers_from_scopes(const graph& g) {
     if (best == no_id)
         throw usage_error("layers_from_scopes: the graph recorded no repeated scope; build the layers inside "
                           "graph_builder::repeat (or use layers_from_structure)");
+    // A repeat of rounds around it (or it is the rounds, around a smaller repeat of layers).
+    for (std::size_t r = 0; r < g.repeats.size(); ++r) {
+        const bool inside_best = detail::instance_of(g, g.repeats[r].parent, best) >= 0;
+        if (static_cast<std::int32_t>(r) != best && !inside_best) continue;
+        layer_partition rounds = detail::rounds_partition(g, static_cast<std::int32_t>(r));
+        if (rounds.rounds > 1) {
+            rounds.found_by = "scopes";
+            return rounds;
+        }
+    }
     const std::size_t forward = detail::forward_count(g);
     std::vector<std::int64_t> layer_of(forward, -1);
     for (std::size_t i = 0; i < forward; ++i) {
@@ -12529,6 +12614,9 @@ struct model_profile {
     double residual_elements = 0;       // one residual-stream tensor at the graph's batch
     std::int64_t tp_granularity = 1;    // a TP degree must divide it
     double parameters = 0;
+    // Forward rounds over the repeated layers (recycling, 3F1B); a layer's `forward` is one
+    // round's work, and only the last round saves activations and is differentiated.
+    int forward_rounds = 1;
 
     int classes() const { return partition.classes; }
     bool allows_tp(std::int64_t degree) const { return degree >= 1 && tp_granularity % degree == 0; }
@@ -12573,6 +12661,13 @@ inline model_profile profile_model(const graph& g, layer_partition partition) {
     for (std::size_t l = 0; l < m.partition.layers.size(); ++l)
         for (node_id n : m.partition.layers[l].nodes) layer_of_node[static_cast<std::size_t>(n)] = static_cast<int>(l);
     const int last = static_cast<int>(m.partition.layers.size()) - 1;
+    m.forward_rounds = m.partition.rounds;
+    // With rounds, the earlier rounds repeat the last one's forward work without keeping
+    // anything: the profile measures the last round, and the cost model multiplies.
+    const auto earlier_round = [&](std::size_t i) {
+        return m.partition.rounds > 1 && i < m.partition.round_of.size() && m.partition.round_of[i] >= 0 &&
+               m.partition.round_of[i] < m.partition.rounds - 1;
+    };
     for (std::size_t i = forward; i < g.nodes.size(); ++i) {
         const node_id f = g.nodes[i].forward_of;
         layer_of_node[i] = f != no_id && layer_of_node[static_cast<std::size_t>(f)] >= 0
@@ -12602,7 +12697,7 @@ inline model_profile profile_model(const graph& g, layer_partition partition) {
     for (std::size_t i = 0; i < g.nodes.size(); ++i) {
         const node& n = g.nodes[i];
         const int l = layer_of_node[i];
-        if (l < 0) continue;
+        if (l < 0 || earlier_round(i)) continue;
         layer_profile& lp = m.layers[static_cast<std::size_t>(l)];
         if (i >= forward) {
             detail::add_node_work(g, n, lp.backward);
@@ -12670,7 +12765,7 @@ inline model_profile profile_model(const graph& g, layer_partition partition) {
     // Residual joins: adds whose output is as large as the residual stream.
     for (std::size_t i = 0; i < forward; ++i) {
         const node& n = g.nodes[i];
-        if (layer_of_node[i] < 0 || n.op->name != "add" || m.residual_elements <= 0) continue;
+        if (layer_of_node[i] < 0 || earlier_round(i) || n.op->name != "add" || m.residual_elements <= 0) continue;
         if (detail::numel(g, n.outputs[0]) == m.residual_elements) ++m.layers[static_cast<std::size_t>(layer_of_node[i])].residual_joins;
     }
     // The batch: the leading extent of the first graph input (tokens [batch, seq]).
@@ -12709,7 +12804,8 @@ struct evaluation {
     std::string why_infeasible;
     double step_time = std::numeric_limits<double>::infinity();
     double pipeline_time = 0;
-    std::vector<double> chunk_forward, chunk_backward;  // s per micro-batch
+    std::vector<double> chunk_forward, chunk_backward;  // s per micro-batch (forward: per block)
+    int forward_blocks = 1;  // forward blocks per micro-batch and chunk: the rounds under 3F1B, else 1
     std::vector<device_cost> devices;                  // per pipeline device
     double interlaced_per_micro_batch = 0;             // s on every device (interlaced only)
     double peak_memory() const {
@@ -12752,6 +12848,7 @@ public:
     const search_options& options() const { return options_; }
     double memory_cap() const { return memory_cap_; }
     const std::vector<int>& repeated() const { return repeated_; }
+    int rounds() const { return std::max(model_.forward_rounds, 1); }
     int prologue() const { return prologue_; }
     int epilogue() const { return epilogue_; }
     const layer_times& times(int layer) const { return times_[static_cast<std::size_t>(layer)]; }
@@ -12786,9 +12883,10 @@ public:
         auto it = orders_.find(key);
         if (it != orders_.end()) return *it->second;
         auto o = std::make_unique<orders>();
-        o->order = kind == schedule_kind::gpipe         ? gpipe_orders(pp, micro_batches)
-                   : kind == schedule_kind::one_f_one_b ? one_f_one_b_orders(pp, micro_batches)
-                                                        : interleaved_orders(pp, chunks, micro_batches);
+        o->order = kind == schedule_kind::gpipe           ? gpipe_orders(pp, micro_batches)
+                   : kind == schedule_kind::one_f_one_b   ? one_f_one_b_orders(pp, micro_batches)
+                   : kind == schedule_kind::three_f_one_b ? schedule::three_f_one_b(pp, micro_batches)
+                                                          : interleaved_orders(pp, chunks, micro_batches);
         o->in_flight = schedule::peak_in_flight(o->order).per_stage;
         ++schedules_built_;
         return *orders_.emplace(key, std::move(o)).first->second;
@@ -12813,11 +12911,14 @@ private:
 // event sweep.
 inline double pipeline_makespan(const schedule::schedule& s, const std::vector<double>& forward,
                                 const std::vector<double>& backward, double message) {
-    const int stages = s.shape.stages, micro = s.shape.micro_batches;
+    const int stages = s.shape.stages, micro = s.shape.micro_batches, rounds = std::max(s.shape.rounds, 1);
     const auto index = [&](int stage, int m) { return static_cast<std::size_t>(stage) * static_cast<std::size_t>(micro) + static_cast<std::size_t>(m); };
+    const auto round_index = [&](int stage, int m, int r) {
+        return static_cast<std::size_t>(r) * static_cast<std::size_t>(stages * micro) + index(stage, m);
+    };
     const double never = -1.0;
-    std::vector<double> forward_end(static_cast<std::size_t>(stages * micro), never);
-    std::vector<double> backward_end(forward_end.size(), never);
+    std::vector<double> forward_end(static_cast<std::size_t>(stages * micro * rounds), never);
+    std::vector<double> backward_end(static_cast<std::size_t>(stages * micro), never);
     const auto device_of = [&](int stage) { return s.shape.stage_devices[static_cast<std::size_t>(stage)].front(); };
     std::vector<std::size_t> next(s.device_order.size(), 0);
     std::vector<double> free(s.device_order.size(), 0.0);
@@ -12835,12 +12936,16 @@ inline double pipeline_makespan(const schedule::schedule& s, const std::vector<d
                 };
                 if (schedule::is_forward(b)) {
                     if (b.stage > 0) {
-                        const double e = forward_end[index(b.stage - 1, b.micro)];
+                        const double e = forward_end[round_index(b.stage - 1, b.micro, b.round)];
                         if (e == never) break;
                         ready = std::max(ready, arrive(e, b.stage - 1));
+                    } else if (b.round > 0) {  // the last stage's output of the previous round
+                        const double e = forward_end[round_index(stages - 1, b.micro, b.round - 1)];
+                        if (e == never) break;
+                        ready = std::max(ready, arrive(e, stages - 1));
                     }
                 } else {
-                    const double own = forward_end[index(b.stage, b.micro)];
+                    const double own = forward_end[round_index(b.stage, b.micro, rounds - 1)];
                     if (own == never) break;
                     ready = std::max(ready, own);
                     if (b.stage + 1 < stages) {
@@ -12851,7 +12956,8 @@ inline double pipeline_makespan(const schedule::schedule& s, const std::vector<d
                 }
                 const bool fwd = schedule::is_forward(b);
                 const double end = ready + (fwd ? forward : backward)[static_cast<std::size_t>(b.stage)];
-                (fwd ? forward_end : backward_end)[index(b.stage, b.micro)] = end;
+                if (fwd) forward_end[round_index(b.stage, b.micro, b.round)] = end;
+                else backward_end[index(b.stage, b.micro)] = end;
                 free[d] = end;
                 makespan = std::max(makespan, end);
                 ++next[d];
@@ -12914,6 +13020,8 @@ inline evaluation evaluate_without_pipeline(cost_context& ctx, const configurati
     const double tp_all_reduce = tensor_parallel_all_reduce_time(ctx, c);
     const auto layers = layers_of_chunks(ctx, c);
     const auto& sched = ctx.schedule_orders(c.schedule, c.pp, c.chunks, c.micro_batches);
+    e.forward_blocks = c.schedule == schedule_kind::three_f_one_b ? ctx.rounds() : 1;
+    const double rounds_per_block = c.schedule == schedule_kind::three_f_one_b ? 1.0 : static_cast<double>(ctx.rounds());
     std::vector<std::vector<bool>> on_device(static_cast<std::size_t>(c.pp), std::vector<bool>(m.layers.size(), false));
     for (int k = 0; k < chunks; ++k)
         for (int l : layers[static_cast<std::size_t>(k)]) on_device[static_cast<std::size_t>(c.device_of_chunk(k))][static_cast<std::size_t>(l)] = true;
@@ -12922,11 +13030,11 @@ inline evaluation evaluate_without_pipeline(cost_context& ctx, const configurati
     const double transient_scale = share * o.activation_bytes / (static_cast<double>(c.tp) * std::max(c.coshard, 1));
     for (int k = 0; k < chunks; ++k) {
         const int d = c.device_of_chunk(k);
-        double f = 0, b = 0, kept = 0;
+        double f = 0, f_once = 0, b = 0, kept = 0;  // f_once: the prologue and epilogue, once per micro-batch
         int joins = 0;
         for (int l : layers[static_cast<std::size_t>(k)]) {
             const recompute r = recompute_of_layer(ctx, c, l);
-            f += ctx.times(l).forward;
+            (l == ctx.prologue() || l == ctx.epilogue() ? f_once : f) += ctx.times(l).forward;
             b += ctx.times(l).backward + ctx.recompute_time(l, r);
             kept += ctx.kept_elements(l, r);
             transient[static_cast<std::size_t>(d)] =
@@ -12939,7 +13047,11 @@ inline evaluation evaluate_without_pipeline(cost_context& ctx, const configurati
                 dc.parameters += lp.shared_parameters;
             largest_layer[static_cast<std::size_t>(d)] = std::max(largest_layer[static_cast<std::size_t>(d)], lp.parameters + lp.shared_parameters);
         }
-        e.chunk_forward[static_cast<std::size_t>(k)] = f * share / c.tp + joins * tp_all_reduce;
+        // The repeated layers run once per round, the prologue and epilogue once. Under 3F1B
+        // each round is a block of its own (the prologue and epilogue spread over them, so
+        // the blocks sum to the work); otherwise the rounds share one block.
+        e.chunk_forward[static_cast<std::size_t>(k)] =
+            (f * share / c.tp + joins * tp_all_reduce) * rounds_per_block + f_once * share / c.tp / e.forward_blocks;
         e.chunk_backward[static_cast<std::size_t>(k)] = b * share / c.tp + joins * tp_all_reduce;
         activations[static_cast<std::size_t>(d)] +=
             sched.in_flight[static_cast<std::size_t>(k)] * kept * share * o.activation_bytes / c.tp;
@@ -13114,6 +13226,7 @@ struct candidates {
     }
     std::vector<bool> interlaced(int pp) const {
         std::vector<bool> out;
+        if (ctx.rounds() > 1) return {false};  // not combined with forward rounds
         for (bool i : space.interlaced)
             if (!i || (pp > 1 && (ctx.prologue() >= 0 || ctx.epilogue() >= 0))) out.push_back(i);
         if (out.empty()) out.push_back(false);
@@ -13129,6 +13242,10 @@ struct candidates {
                 if (out.empty()) out.push_back({schedule_kind::one_f_one_b, 1});
                 continue;
             }
+            // A model with forward rounds pipelines only with 3F1B (its three rounds), and 3F1B
+            // only such a model: the other orders have one forward block per micro-batch.
+            if ((s == schedule_kind::three_f_one_b) != (ctx.rounds() > 1)) continue;
+            if (s == schedule_kind::three_f_one_b && ctx.rounds() != 3) continue;
             if (s == schedule_kind::interleaved) {
                 const int v = space.interleave_chunks;
                 if (v < 2 || m % pp != 0 || layers < pp * v) continue;
@@ -13278,7 +13395,8 @@ public:
         const int devices = ctx_.hardware().devices();
         double total_work = 0;
         for (std::size_t l = 0; l < ctx_.model().layers.size(); ++l)
-            total_work += ctx_.times(static_cast<int>(l)).forward + ctx_.times(static_cast<int>(l)).backward;
+            total_work += ctx_.times(static_cast<int>(l)).forward * rounds_of(static_cast<int>(l)) +
+                          ctx_.times(static_cast<int>(l)).backward;
         for (int tp : cand.tp()) {
             for (int pp : cand.pp(tp)) {
                 ++stats_.nodes;
@@ -13323,6 +13441,11 @@ public:
     }
 
 private:
+    // Forward passes a layer makes per micro-batch: the model's rounds for repeated layers.
+    int rounds_of(int layer) const {
+        return ctx_.model().layers[static_cast<std::size_t>(layer)].role == layer_role::repeated ? ctx_.rounds() : 1;
+    }
+
     bool out_of_time() {
         if (ctx_.options().time_budget_seconds <= 0) return false;
         if (!stats_.complete) return true;
@@ -13441,8 +13564,9 @@ private:
         const double share = 1.0 / (static_cast<double>(c.dp) * c.micro_batches);
         const double all_reduce = tensor_parallel_all_reduce_time(ctx_, c);
         const auto time_of = [&, share, all_reduce](int layer) {
-            return (ctx_.times(layer).forward + ctx_.times(layer).backward) * share / c.tp +
-                   2.0 * m.layers[static_cast<std::size_t>(layer)].residual_joins * all_reduce;
+            const int rounds = rounds_of(layer);
+            return (ctx_.times(layer).forward * rounds + ctx_.times(layer).backward) * share / c.tp +
+                   (rounds + 1.0) * m.layers[static_cast<std::size_t>(layer)].residual_joins * all_reduce;
         };
         std::vector<double> prefix{0.0};
         for (int l : ctx_.repeated()) prefix.push_back(prefix.back() + time_of(l));
@@ -13469,15 +13593,19 @@ private:
         for (int d = 0; d < c.pp; ++d) {
             double work = 0;
             for (int k = d; k < chunks; k += c.pp)
-                work += base.chunk_forward[static_cast<std::size_t>(k)] + base.chunk_backward[static_cast<std::size_t>(k)];
+                work += base.forward_blocks * base.chunk_forward[static_cast<std::size_t>(k)] +
+                        base.chunk_backward[static_cast<std::size_t>(k)];
             bound = std::max(bound, c.micro_batches * work);
         }
         if (c.chunks == 1) {
+            // Stage s waits for one forward block of every stage before it, and after its last
+            // backward the gradient still crosses them.
             double before = 0;
             for (int s = 0; s < c.pp; ++s) {
-                const double own = base.chunk_forward[static_cast<std::size_t>(s)] + base.chunk_backward[static_cast<std::size_t>(s)];
+                const double own = base.forward_blocks * base.chunk_forward[static_cast<std::size_t>(s)] +
+                                   base.chunk_backward[static_cast<std::size_t>(s)];
                 bound = std::max(bound, before + c.micro_batches * own);
-                before += own;
+                before += base.chunk_forward[static_cast<std::size_t>(s)] + base.chunk_backward[static_cast<std::size_t>(s)];
             }
         }
         return bound;
@@ -15568,8 +15696,9 @@ inline configuration configuration_from_json(const nlohmann::json& j, const std:
     if (schedule == to_string(schedule_kind::gpipe)) c.schedule = schedule_kind::gpipe;
     else if (schedule == to_string(schedule_kind::one_f_one_b)) c.schedule = schedule_kind::one_f_one_b;
     else if (schedule == to_string(schedule_kind::interleaved)) c.schedule = schedule_kind::interleaved;
+    else if (schedule == to_string(schedule_kind::three_f_one_b)) c.schedule = schedule_kind::three_f_one_b;
     else
-        throw usage_error(where + ": \"schedule\" is \"" + schedule + "\"; give \"GPipe\", \"1F1B\" or \"interleaved 1F1B\"");
+        throw usage_error(where + ": \"schedule\" is \"" + schedule + "\"; give \"GPipe\", \"1F1B\", \"interleaved 1F1B\" or \"3F1B\"");
     if (j.contains("interlaced")) {
         if (!j.at("interlaced").is_boolean())
             throw usage_error(where + ": \"interlaced\" must be true or false");

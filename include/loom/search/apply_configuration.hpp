@@ -44,6 +44,10 @@ inline partition::partitioned_graph apply_configuration(const graph& forward, co
         if (r != recompute::none)
             throw plan_error("apply_configuration: the configuration recomputes layers (" + to_string(r) +
                              "), which the executor does not run with this plan yet; search executable_space()");
+    if (c.schedule == schedule_kind::three_f_one_b && c.pp > 1)
+        throw plan_error("apply_configuration: the configuration pipelines forward rounds with 3F1B; build the "
+                         "recycling model's plan with plan/pipeline.hpp and schedule::three_f_one_b instead "
+                         "(apply_configuration builds Megatron-style layer stacks)");
     if (c.coshard > 1)
         throw plan_error("apply_configuration: the configuration uses Coshard " + std::to_string(c.coshard) +
                          ", which needs recomputation the executor does not run with this plan yet; search executable_space()");

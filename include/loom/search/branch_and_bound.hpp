@@ -128,6 +128,7 @@ struct candidates {
     }
     std::vector<bool> interlaced(int pp) const {
         std::vector<bool> out;
+        if (ctx.rounds() > 1) return {false};  // not combined with forward rounds
         for (bool i : space.interlaced)
             if (!i || (pp > 1 && (ctx.prologue() >= 0 || ctx.epilogue() >= 0))) out.push_back(i);
         if (out.empty()) out.push_back(false);
@@ -143,6 +144,10 @@ struct candidates {
                 if (out.empty()) out.push_back({schedule_kind::one_f_one_b, 1});
                 continue;
             }
+            // A model with forward rounds pipelines only with 3F1B (its three rounds), and 3F1B
+            // only such a model: the other orders have one forward block per micro-batch.
+            if ((s == schedule_kind::three_f_one_b) != (ctx.rounds() > 1)) continue;
+            if (s == schedule_kind::three_f_one_b && ctx.rounds() != 3) continue;
             if (s == schedule_kind::interleaved) {
                 const int v = space.interleave_chunks;
                 if (v < 2 || m % pp != 0 || layers < pp * v) continue;
@@ -292,7 +297,8 @@ public:
         const int devices = ctx_.hardware().devices();
         double total_work = 0;
         for (std::size_t l = 0; l < ctx_.model().layers.size(); ++l)
-            total_work += ctx_.times(static_cast<int>(l)).forward + ctx_.times(static_cast<int>(l)).backward;
+            total_work += ctx_.times(static_cast<int>(l)).forward * rounds_of(static_cast<int>(l)) +
+                          ctx_.times(static_cast<int>(l)).backward;
         for (int tp : cand.tp()) {
             for (int pp : cand.pp(tp)) {
                 ++stats_.nodes;
@@ -337,6 +343,11 @@ public:
     }
 
 private:
+    // Forward passes a layer makes per micro-batch: the model's rounds for repeated layers.
+    int rounds_of(int layer) const {
+        return ctx_.model().layers[static_cast<std::size_t>(layer)].role == layer_role::repeated ? ctx_.rounds() : 1;
+    }
+
     bool out_of_time() {
         if (ctx_.options().time_budget_seconds <= 0) return false;
         if (!stats_.complete) return true;
@@ -455,8 +466,9 @@ private:
         const double share = 1.0 / (static_cast<double>(c.dp) * c.micro_batches);
         const double all_reduce = tensor_parallel_all_reduce_time(ctx_, c);
         const auto time_of = [&, share, all_reduce](int layer) {
-            return (ctx_.times(layer).forward + ctx_.times(layer).backward) * share / c.tp +
-                   2.0 * m.layers[static_cast<std::size_t>(layer)].residual_joins * all_reduce;
+            const int rounds = rounds_of(layer);
+            return (ctx_.times(layer).forward * rounds + ctx_.times(layer).backward) * share / c.tp +
+                   (rounds + 1.0) * m.layers[static_cast<std::size_t>(layer)].residual_joins * all_reduce;
         };
         std::vector<double> prefix{0.0};
         for (int l : ctx_.repeated()) prefix.push_back(prefix.back() + time_of(l));
@@ -483,15 +495,19 @@ private:
         for (int d = 0; d < c.pp; ++d) {
             double work = 0;
             for (int k = d; k < chunks; k += c.pp)
-                work += base.chunk_forward[static_cast<std::size_t>(k)] + base.chunk_backward[static_cast<std::size_t>(k)];
+                work += base.forward_blocks * base.chunk_forward[static_cast<std::size_t>(k)] +
+                        base.chunk_backward[static_cast<std::size_t>(k)];
             bound = std::max(bound, c.micro_batches * work);
         }
         if (c.chunks == 1) {
+            // Stage s waits for one forward block of every stage before it, and after its last
+            // backward the gradient still crosses them.
             double before = 0;
             for (int s = 0; s < c.pp; ++s) {
-                const double own = base.chunk_forward[static_cast<std::size_t>(s)] + base.chunk_backward[static_cast<std::size_t>(s)];
+                const double own = base.forward_blocks * base.chunk_forward[static_cast<std::size_t>(s)] +
+                                   base.chunk_backward[static_cast<std::size_t>(s)];
                 bound = std::max(bound, before + c.micro_batches * own);
-                before += own;
+                before += base.chunk_forward[static_cast<std::size_t>(s)] + base.chunk_backward[static_cast<std::size_t>(s)];
             }
         }
         return bound;

@@ -13,7 +13,10 @@
 //
 //   pipeline  = the schedule's makespan (schedule/ orders, timed here with those chunk
 //               times; every message between stages costs a point-to-point transfer of the
-//               boundary activation, scattered over the TP group)
+//               boundary activation, scattered over the TP group). A model with R forward
+//               rounds (model_profile::forward_rounds) runs R forward blocks per micro-batch
+//               and stage under 3F1B, each round's output feeding the next round's first
+//               stage; on one stage the rounds simply add up in its forward block.
 //   step      = pipeline + max over devices (exposed gradient sync + ZeRO-3 gathers
 //               + optimizer update)
 //   gradient sync: all-reduce over the DP group of the device's gradients, latency in full
@@ -39,6 +42,7 @@
 #include <vector>
 
 #include <loom/schedule/in_flight.hpp>
+#include <loom/schedule/templates.hpp>
 #include <loom/search/communication.hpp>
 #include <loom/search/hardware.hpp>
 #include <loom/search/memory.hpp>
@@ -71,7 +75,8 @@ struct evaluation {
     std::string why_infeasible;
     double step_time = std::numeric_limits<double>::infinity();
     double pipeline_time = 0;
-    std::vector<double> chunk_forward, chunk_backward;  // s per micro-batch
+    std::vector<double> chunk_forward, chunk_backward;  // s per micro-batch (forward: per block)
+    int forward_blocks = 1;  // forward blocks per micro-batch and chunk: the rounds under 3F1B, else 1
     std::vector<device_cost> devices;                  // per pipeline device
     double interlaced_per_micro_batch = 0;             // s on every device (interlaced only)
     double peak_memory() const {
@@ -114,6 +119,7 @@ public:
     const search_options& options() const { return options_; }
     double memory_cap() const { return memory_cap_; }
     const std::vector<int>& repeated() const { return repeated_; }
+    int rounds() const { return std::max(model_.forward_rounds, 1); }
     int prologue() const { return prologue_; }
     int epilogue() const { return epilogue_; }
     const layer_times& times(int layer) const { return times_[static_cast<std::size_t>(layer)]; }
@@ -148,9 +154,10 @@ public:
         auto it = orders_.find(key);
         if (it != orders_.end()) return *it->second;
         auto o = std::make_unique<orders>();
-        o->order = kind == schedule_kind::gpipe         ? gpipe_orders(pp, micro_batches)
-                   : kind == schedule_kind::one_f_one_b ? one_f_one_b_orders(pp, micro_batches)
-                                                        : interleaved_orders(pp, chunks, micro_batches);
+        o->order = kind == schedule_kind::gpipe           ? gpipe_orders(pp, micro_batches)
+                   : kind == schedule_kind::one_f_one_b   ? one_f_one_b_orders(pp, micro_batches)
+                   : kind == schedule_kind::three_f_one_b ? schedule::three_f_one_b(pp, micro_batches)
+                                                          : interleaved_orders(pp, chunks, micro_batches);
         o->in_flight = schedule::peak_in_flight(o->order).per_stage;
         ++schedules_built_;
         return *orders_.emplace(key, std::move(o)).first->second;
@@ -175,11 +182,14 @@ private:
 // event sweep.
 inline double pipeline_makespan(const schedule::schedule& s, const std::vector<double>& forward,
                                 const std::vector<double>& backward, double message) {
-    const int stages = s.shape.stages, micro = s.shape.micro_batches;
+    const int stages = s.shape.stages, micro = s.shape.micro_batches, rounds = std::max(s.shape.rounds, 1);
     const auto index = [&](int stage, int m) { return static_cast<std::size_t>(stage) * static_cast<std::size_t>(micro) + static_cast<std::size_t>(m); };
+    const auto round_index = [&](int stage, int m, int r) {
+        return static_cast<std::size_t>(r) * static_cast<std::size_t>(stages * micro) + index(stage, m);
+    };
     const double never = -1.0;
-    std::vector<double> forward_end(static_cast<std::size_t>(stages * micro), never);
-    std::vector<double> backward_end(forward_end.size(), never);
+    std::vector<double> forward_end(static_cast<std::size_t>(stages * micro * rounds), never);
+    std::vector<double> backward_end(static_cast<std::size_t>(stages * micro), never);
     const auto device_of = [&](int stage) { return s.shape.stage_devices[static_cast<std::size_t>(stage)].front(); };
     std::vector<std::size_t> next(s.device_order.size(), 0);
     std::vector<double> free(s.device_order.size(), 0.0);
@@ -197,12 +207,16 @@ inline double pipeline_makespan(const schedule::schedule& s, const std::vector<d
                 };
                 if (schedule::is_forward(b)) {
                     if (b.stage > 0) {
-                        const double e = forward_end[index(b.stage - 1, b.micro)];
+                        const double e = forward_end[round_index(b.stage - 1, b.micro, b.round)];
                         if (e == never) break;
                         ready = std::max(ready, arrive(e, b.stage - 1));
+                    } else if (b.round > 0) {  // the last stage's output of the previous round
+                        const double e = forward_end[round_index(stages - 1, b.micro, b.round - 1)];
+                        if (e == never) break;
+                        ready = std::max(ready, arrive(e, stages - 1));
                     }
                 } else {
-                    const double own = forward_end[index(b.stage, b.micro)];
+                    const double own = forward_end[round_index(b.stage, b.micro, rounds - 1)];
                     if (own == never) break;
                     ready = std::max(ready, own);
                     if (b.stage + 1 < stages) {
@@ -213,7 +227,8 @@ inline double pipeline_makespan(const schedule::schedule& s, const std::vector<d
                 }
                 const bool fwd = schedule::is_forward(b);
                 const double end = ready + (fwd ? forward : backward)[static_cast<std::size_t>(b.stage)];
-                (fwd ? forward_end : backward_end)[index(b.stage, b.micro)] = end;
+                if (fwd) forward_end[round_index(b.stage, b.micro, b.round)] = end;
+                else backward_end[index(b.stage, b.micro)] = end;
                 free[d] = end;
                 makespan = std::max(makespan, end);
                 ++next[d];
@@ -276,6 +291,8 @@ inline evaluation evaluate_without_pipeline(cost_context& ctx, const configurati
     const double tp_all_reduce = tensor_parallel_all_reduce_time(ctx, c);
     const auto layers = layers_of_chunks(ctx, c);
     const auto& sched = ctx.schedule_orders(c.schedule, c.pp, c.chunks, c.micro_batches);
+    e.forward_blocks = c.schedule == schedule_kind::three_f_one_b ? ctx.rounds() : 1;
+    const double rounds_per_block = c.schedule == schedule_kind::three_f_one_b ? 1.0 : static_cast<double>(ctx.rounds());
     std::vector<std::vector<bool>> on_device(static_cast<std::size_t>(c.pp), std::vector<bool>(m.layers.size(), false));
     for (int k = 0; k < chunks; ++k)
         for (int l : layers[static_cast<std::size_t>(k)]) on_device[static_cast<std::size_t>(c.device_of_chunk(k))][static_cast<std::size_t>(l)] = true;
@@ -284,11 +301,11 @@ inline evaluation evaluate_without_pipeline(cost_context& ctx, const configurati
     const double transient_scale = share * o.activation_bytes / (static_cast<double>(c.tp) * std::max(c.coshard, 1));
     for (int k = 0; k < chunks; ++k) {
         const int d = c.device_of_chunk(k);
-        double f = 0, b = 0, kept = 0;
+        double f = 0, f_once = 0, b = 0, kept = 0;  // f_once: the prologue and epilogue, once per micro-batch
         int joins = 0;
         for (int l : layers[static_cast<std::size_t>(k)]) {
             const recompute r = recompute_of_layer(ctx, c, l);
-            f += ctx.times(l).forward;
+            (l == ctx.prologue() || l == ctx.epilogue() ? f_once : f) += ctx.times(l).forward;
             b += ctx.times(l).backward + ctx.recompute_time(l, r);
             kept += ctx.kept_elements(l, r);
             transient[static_cast<std::size_t>(d)] =
@@ -301,7 +318,11 @@ inline evaluation evaluate_without_pipeline(cost_context& ctx, const configurati
                 dc.parameters += lp.shared_parameters;
             largest_layer[static_cast<std::size_t>(d)] = std::max(largest_layer[static_cast<std::size_t>(d)], lp.parameters + lp.shared_parameters);
         }
-        e.chunk_forward[static_cast<std::size_t>(k)] = f * share / c.tp + joins * tp_all_reduce;
+        // The repeated layers run once per round, the prologue and epilogue once. Under 3F1B
+        // each round is a block of its own (the prologue and epilogue spread over them, so
+        // the blocks sum to the work); otherwise the rounds share one block.
+        e.chunk_forward[static_cast<std::size_t>(k)] =
+            (f * share / c.tp + joins * tp_all_reduce) * rounds_per_block + f_once * share / c.tp / e.forward_blocks;
         e.chunk_backward[static_cast<std::size_t>(k)] = b * share / c.tp + joins * tp_all_reduce;
         activations[static_cast<std::size_t>(d)] +=
             sched.in_flight[static_cast<std::size_t>(k)] * kept * share * o.activation_bytes / c.tp;

@@ -14,6 +14,13 @@
 //                             is a layer.
 //   find_layers(g)            scopes when the graph recorded a repeat, structure otherwise.
 //
+// Forward rounds (AlphaFold's recycling, nnScaler's 3F1B): when the largest repeat lies
+// inside the instances of an outer repeat, each instance holding the same inner repeat, and
+// only the last outer instance is differentiated, the outer instances are rounds over the
+// same layers. The layers are then the inner instances, each holding its nodes of every
+// round (a round's nodes outside the inner repeat join its first layer), and
+// layer_partition::rounds says how many rounds run them.
+//
 // Either way, layers with equal structural hashes get the same class id, so a prologue that
 // happens to equal a block would join its class.
 #include <algorithm>
@@ -44,6 +51,8 @@ struct layer_partition {
     std::vector<layer_span> layers;    // prologue (if any), repeated layers, epilogue (if any)
     int classes = 0;
     std::string found_by;              // "scopes" or "structure"
+    int rounds = 1;                    // forward rounds over the repeated layers (only the last differentiated)
+    std::vector<int> round_of;         // with rounds > 1: each forward node's round, -1 outside them
 
     // Indices (into layers) of the repeated layers, in order.
     std::vector<int> repeated() const {
@@ -141,6 +150,62 @@ inline layer_partition partition_by_layer(const graph& g, const std::vector<std:
 
 }  // namespace detail
 
+namespace detail {
+
+// The instance index of repeat `r` that scope `s` lies in, or -1.
+inline std::int64_t instance_of(const graph& g, std::int32_t s, std::int32_t r) {
+    for (; s != no_id; s = g.scopes.at(static_cast<std::size_t>(s)).parent)
+        if (g.scopes.at(static_cast<std::size_t>(s)).repeat == r) return g.scopes.at(static_cast<std::size_t>(s)).index;
+    return -1;
+}
+
+// Forward rounds: the outer repeat around `inner`, when every outer instance holds a repeat
+// named like `inner` with as many instances and only the last round is differentiated.
+inline layer_partition rounds_partition(const graph& g, std::int32_t inner) {
+    const repeat_desc& in = g.repeats[static_cast<std::size_t>(inner)];
+    std::int32_t outer = no_id;
+    for (std::int32_t s = in.parent; s != no_id; s = g.scopes.at(static_cast<std::size_t>(s)).parent)
+        if (g.scopes.at(static_cast<std::size_t>(s)).repeat != no_id) {
+            outer = g.scopes.at(static_cast<std::size_t>(s)).repeat;
+            break;
+        }
+    if (outer == no_id) return {};
+    const auto rounds = static_cast<std::int64_t>(g.repeats[static_cast<std::size_t>(outer)].scopes.size());
+    if (rounds < 2) return {};
+    // One inner repeat per round, alike.
+    std::vector<std::int32_t> inner_of_round(static_cast<std::size_t>(rounds), no_id);
+    for (std::size_t r = 0; r < g.repeats.size(); ++r) {
+        const repeat_desc& d = g.repeats[r];
+        if (d.name != in.name || d.scopes.size() != in.scopes.size()) continue;
+        const std::int64_t round = instance_of(g, d.parent, outer);
+        if (round >= 0) inner_of_round[static_cast<std::size_t>(round)] = static_cast<std::int32_t>(r);
+    }
+    if (std::find(inner_of_round.begin(), inner_of_round.end(), no_id) != inner_of_round.end()) return {};
+    const std::size_t forward = forward_count(g);
+    std::vector<std::int64_t> layer_of(forward, -1);
+    std::vector<int> round_of(forward, -1);
+    for (std::size_t i = 0; i < forward; ++i) {
+        const std::int64_t round = instance_of(g, g.nodes[i].scope, outer);
+        if (round < 0) continue;
+        round_of[i] = static_cast<int>(round);
+        const std::int64_t layer = instance_of(g, g.nodes[i].scope, inner_of_round[static_cast<std::size_t>(round)]);
+        layer_of[i] = layer >= 0 ? layer : 0;
+    }
+    // Only the last round may be differentiated: earlier rounds are forward-only.
+    for (std::size_t i = forward; i < g.nodes.size(); ++i) {
+        const node_id f = g.nodes[i].forward_of;
+        if (f != no_id && static_cast<std::size_t>(f) < forward && round_of[static_cast<std::size_t>(f)] >= 0 &&
+            round_of[static_cast<std::size_t>(f)] != rounds - 1)
+            return {};
+    }
+    auto p = partition_by_layer(g, layer_of, in.name);
+    p.rounds = static_cast<int>(rounds);
+    p.round_of = std::move(round_of);
+    return p;
+}
+
+}  // namespace detail
+
 // Layers from the graph's largest recorded repeat (most instances; ties: the first).
 inline layer_partition layers_from_scopes(const graph& g) {
     std::int32_t best = no_id;
@@ -150,6 +215,16 @@ inline layer_partition layers_from_scopes(const graph& g) {
     if (best == no_id)
         throw usage_error("layers_from_scopes: the graph recorded no repeated scope; build the layers inside "
                           "graph_builder::repeat (or use layers_from_structure)");
+    // A repeat of rounds around it (or it is the rounds, around a smaller repeat of layers).
+    for (std::size_t r = 0; r < g.repeats.size(); ++r) {
+        const bool inside_best = detail::instance_of(g, g.repeats[r].parent, best) >= 0;
+        if (static_cast<std::int32_t>(r) != best && !inside_best) continue;
+        layer_partition rounds = detail::rounds_partition(g, static_cast<std::int32_t>(r));
+        if (rounds.rounds > 1) {
+            rounds.found_by = "scopes";
+            return rounds;
+        }
+    }
     const std::size_t forward = detail::forward_count(g);
     std::vector<std::int64_t> layer_of(forward, -1);
     for (std::size_t i = 0; i < forward; ++i) {

@@ -77,6 +77,9 @@ struct model_profile {
     double residual_elements = 0;       // one residual-stream tensor at the graph's batch
     std::int64_t tp_granularity = 1;    // a TP degree must divide it
     double parameters = 0;
+    // Forward rounds over the repeated layers (recycling, 3F1B); a layer's `forward` is one
+    // round's work, and only the last round saves activations and is differentiated.
+    int forward_rounds = 1;
 
     int classes() const { return partition.classes; }
     bool allows_tp(std::int64_t degree) const { return degree >= 1 && tp_granularity % degree == 0; }
@@ -121,6 +124,13 @@ inline model_profile profile_model(const graph& g, layer_partition partition) {
     for (std::size_t l = 0; l < m.partition.layers.size(); ++l)
         for (node_id n : m.partition.layers[l].nodes) layer_of_node[static_cast<std::size_t>(n)] = static_cast<int>(l);
     const int last = static_cast<int>(m.partition.layers.size()) - 1;
+    m.forward_rounds = m.partition.rounds;
+    // With rounds, the earlier rounds repeat the last one's forward work without keeping
+    // anything: the profile measures the last round, and the cost model multiplies.
+    const auto earlier_round = [&](std::size_t i) {
+        return m.partition.rounds > 1 && i < m.partition.round_of.size() && m.partition.round_of[i] >= 0 &&
+               m.partition.round_of[i] < m.partition.rounds - 1;
+    };
     for (std::size_t i = forward; i < g.nodes.size(); ++i) {
         const node_id f = g.nodes[i].forward_of;
         layer_of_node[i] = f != no_id && layer_of_node[static_cast<std::size_t>(f)] >= 0
@@ -150,7 +160,7 @@ inline model_profile profile_model(const graph& g, layer_partition partition) {
     for (std::size_t i = 0; i < g.nodes.size(); ++i) {
         const node& n = g.nodes[i];
         const int l = layer_of_node[i];
-        if (l < 0) continue;
+        if (l < 0 || earlier_round(i)) continue;
         layer_profile& lp = m.layers[static_cast<std::size_t>(l)];
         if (i >= forward) {
             detail::add_node_work(g, n, lp.backward);
@@ -218,7 +228,7 @@ inline model_profile profile_model(const graph& g, layer_partition partition) {
     // Residual joins: adds whose output is as large as the residual stream.
     for (std::size_t i = 0; i < forward; ++i) {
         const node& n = g.nodes[i];
-        if (layer_of_node[i] < 0 || n.op->name != "add" || m.residual_elements <= 0) continue;
+        if (layer_of_node[i] < 0 || earlier_round(i) || n.op->name != "add" || m.residual_elements <= 0) continue;
         if (detail::numel(g, n.outputs[0]) == m.residual_elements) ++m.layers[static_cast<std::size_t>(layer_of_node[i])].residual_joins;
     }
     // The batch: the leading extent of the first graph input (tokens [batch, seq]).

@@ -73,8 +73,9 @@ inline configuration configuration_from_json(const nlohmann::json& j, const std:
     if (schedule == to_string(schedule_kind::gpipe)) c.schedule = schedule_kind::gpipe;
     else if (schedule == to_string(schedule_kind::one_f_one_b)) c.schedule = schedule_kind::one_f_one_b;
     else if (schedule == to_string(schedule_kind::interleaved)) c.schedule = schedule_kind::interleaved;
+    else if (schedule == to_string(schedule_kind::three_f_one_b)) c.schedule = schedule_kind::three_f_one_b;
     else
-        throw usage_error(where + ": \"schedule\" is \"" + schedule + "\"; give \"GPipe\", \"1F1B\" or \"interleaved 1F1B\"");
+        throw usage_error(where + ": \"schedule\" is \"" + schedule + "\"; give \"GPipe\", \"1F1B\", \"interleaved 1F1B\" or \"3F1B\"");
     if (j.contains("interlaced")) {
         if (!j.at("interlaced").is_boolean())
             throw usage_error(where + ": \"interlaced\" must be true or false");

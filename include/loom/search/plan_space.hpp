@@ -22,13 +22,16 @@
 
 namespace loom::search {
 
-enum class schedule_kind { gpipe, one_f_one_b, interleaved };
+// three_f_one_b: nnScaler's 3F1B for models with three forward rounds (recycling); the
+// searcher offers it only for such models, and only it when they are pipelined.
+enum class schedule_kind { gpipe, one_f_one_b, interleaved, three_f_one_b };
 
 inline std::string to_string(schedule_kind s) {
     switch (s) {
         case schedule_kind::gpipe: return "GPipe";
         case schedule_kind::one_f_one_b: return "1F1B";
         case schedule_kind::interleaved: return "interleaved 1F1B";
+        case schedule_kind::three_f_one_b: return "3F1B";
     }
     return "?";
 }
@@ -75,7 +78,7 @@ struct search_space {
     std::vector<zero_stage> zero{zero_stage::none, zero_stage::optimizer, zero_stage::gradients,
                                  zero_stage::parameters};
     std::vector<schedule_kind> schedules{schedule_kind::gpipe, schedule_kind::one_f_one_b,
-                                         schedule_kind::interleaved};
+                                         schedule_kind::interleaved, schedule_kind::three_f_one_b};
     std::vector<recompute> recompute_choices{recompute::none, recompute::selective, recompute::full};
     std::vector<bool> interlaced{false};  // add true to consider the interlaced pipeline
     std::vector<int> coshard{1};          // Coshard factors to consider, e.g. {1, 2, 4, 8}
