@@ -1,6 +1,7 @@
 #!/usr/bin/env python3
-"""The PyTorch side of benchmarks/cuda/gpu_train: the same GPT-2 (pre-norm, tied embeddings,
-tanh GELU, causal attention, separate q/k/v projections as loom's model has them), the same
+"""The PyTorch side of benchmarks/cuda/gpu_train: the same GPT-2 (host_train_torch.py's model:
+pre-norm, tied embeddings, tanh GELU, causal attention, separate q/k/v projections as loom's
+model has them; autocast computes its cross-entropy in float), the same
 AdamW step with global-norm clipping, on the same GPU, in PyTorch eager and torch.compile.
 bf16 autocast with float master weights, fused AdamW: the configuration a careful PyTorch
 user trains GPT-2 with. Timed as loom's side is: median step time over the timed steps after
@@ -12,45 +13,15 @@ import statistics
 import sys
 import time
 
+import os
+
 import torch
-import torch.nn as nn
 import torch.nn.functional as F
 
-
-class Block(nn.Module):
-    def __init__(self, h, heads, ffn):
-        super().__init__()
-        self.heads = heads
-        self.ln_1 = nn.LayerNorm(h)
-        self.q, self.k, self.v, self.proj = (nn.Linear(h, h) for _ in range(4))
-        self.ln_2 = nn.LayerNorm(h)
-        self.fc = nn.Linear(h, ffn)
-        self.mlp_proj = nn.Linear(ffn, h)
-
-    def forward(self, x):
-        B, S, H = x.shape
-        hd = H // self.heads
-        y = self.ln_1(x)
-        q, k, v = (m(y).view(B, S, self.heads, hd).transpose(1, 2) for m in (self.q, self.k, self.v))
-        a = F.scaled_dot_product_attention(q, k, v, is_causal=True)
-        x = x + self.proj(a.transpose(1, 2).reshape(B, S, H))
-        return x + self.mlp_proj(F.gelu(self.fc(self.ln_2(x)), approximate="tanh"))
-
-
-class GPT(nn.Module):
-    def __init__(self, layers, h, heads, vocab, seq):
-        super().__init__()
-        self.wte = nn.Embedding(vocab, h)
-        self.wpe = nn.Embedding(seq, h)
-        self.blocks = nn.ModuleList(Block(h, heads, 4 * h) for _ in range(layers))
-        self.ln_f = nn.LayerNorm(h)
-
-    def forward(self, tokens, positions, targets):
-        x = self.wte(tokens) + self.wpe(positions)
-        for b in self.blocks:
-            x = b(x)
-        logits = F.linear(self.ln_f(x), self.wte.weight)
-        return F.cross_entropy(logits.view(-1, logits.size(-1)).float(), targets.view(-1))
+# The model is the host benchmark's (benchmarks/host_train_torch.py, beside this folder or,
+# in the GPU bundle, beside this file): one definition for both peers.
+sys.path[:0] = [os.path.dirname(os.path.abspath(__file__)), os.path.join(os.path.dirname(os.path.abspath(__file__)), "..")]
+from host_train_torch import GPT  # noqa: E402
 
 
 def train_mode(a, compiled):

@@ -59,7 +59,7 @@ build() {
   for b in "${benchmarks[@]}"; do cp "$build_dir/benchmarks/$b" "$bundle/bin/"; done
   for p in "${programs[@]}"; do cp "$build_dir/examples/$p" "$bundle/bin/"; done
   strip "$bundle"/bin/* 2>/dev/null || true
-  cp benchmarks/cuda/*.py "$bundle/scripts/"
+  cp benchmarks/cuda/*.py benchmarks/host_train_torch.py "$bundle/scripts/"
   # Shared libraries outside the C runtime and the CUDA toolkit (which the GPU machine has).
   for f in "$bundle"/bin/*; do
     ldd "$f" | awk '/=> \// {print $3}'

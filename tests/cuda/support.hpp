@@ -77,6 +77,18 @@ void require_close(const std::vector<T>& got, const std::vector<float>& want, do
     CHECK(worst == 0.0);
 }
 
+// What storing a float result in T leaves of it: the twins round where the kernels store.
+template <class T>
+float stored(float value) {
+    if constexpr (std::is_same_v<T, loom::bfloat16>) return round_to_bfloat16(value);
+    else return value;
+}
+template <class T>
+std::vector<float> stored(std::vector<float> v) {
+    for (auto& x : v) x = stored<T>(x);
+    return v;
+}
+
 // One bf16 rounding step relative to the value: the tolerance of a result rounded once.
 inline constexpr double bf16_ulp = 1.0 / 128;
 

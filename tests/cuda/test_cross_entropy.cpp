@@ -17,12 +17,6 @@ using namespace loom::cuda_test;
 
 namespace {
 
-template <class T>
-float stored(float value) {
-    if constexpr (std::is_same_v<T, bfloat16>) return round_to_bfloat16(value);
-    else return value;
-}
-
 // The kernel's log-sum-exp (online max and sum, expf, logf) against the host's (two passes,
 // a polynomial exp): sums of up to 50304 terms in different orders, a few 1e-7 relative, so
 // about 1e-6 absolute on values near 10. It is float for both types (only the inputs are

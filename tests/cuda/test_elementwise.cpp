@@ -12,14 +12,6 @@ using namespace loom::cuda_test;
 
 namespace {
 
-// The twin computes in float from the same (rounded) inputs and rounds once on the store,
-// as the kernel does; what remains is the kernel's float rounding (expf vs the host's exp).
-template <class T>
-float stored(float value) {
-    if constexpr (std::is_same_v<T, bfloat16>) return round_to_bfloat16(value);
-    else return value;
-}
-
 template <class T>
 double tolerance() {
     return std::is_same_v<T, bfloat16> ? bf16_ulp : 2e-6;

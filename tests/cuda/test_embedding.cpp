@@ -18,13 +18,6 @@ using namespace loom::cuda_test;
 
 namespace {
 
-template <class T>
-std::vector<float> stored(std::vector<float> v) {
-    if constexpr (std::is_same_v<T, loom::bfloat16>)
-        for (auto& x : v) x = round_to_bfloat16(x);
-    return v;
-}
-
 // Ids in [lo, hi) of the vocabulary: 40% one hot id, 20% ten common ones, the rest uniform.
 std::vector<std::int32_t> skewed_ids(std::int64_t n, std::int64_t lo, std::int64_t hi, std::uint64_t seed) {
     std::mt19937_64 rng(seed);

@@ -18,18 +18,6 @@ using namespace loom::cuda_test;
 
 namespace {
 
-template <class T>
-float stored(float value) {
-    if constexpr (std::is_same_v<T, bfloat16>) return round_to_bfloat16(value);
-    else return value;
-}
-
-template <class T>
-std::vector<float> stored(std::vector<float> v) {
-    for (auto& x : v) x = stored<T>(x);
-    return v;
-}
-
 // Kernel and twin differ only in the order of float sums over a row (8 host lanes against
 // up to 512 threads and a tree) and in FMA contraction: a few float ulps of O(1) values,
 // well under 1e-5; bf16 results can round to the neighbouring bf16 value on top of that.

@@ -16,12 +16,6 @@ using namespace loom::cuda_test;
 
 namespace {
 
-template <class T>
-float stored(float value) {
-    if constexpr (std::is_same_v<T, bfloat16>) return round_to_bfloat16(value);
-    else return value;
-}
-
 // y: the kernel's exp (expf, within 2 ulps) against the host's polynomial (1e-7), and sums of
 // up to 50257 terms in different orders: a few 1e-7 relative. bf16 adds one rounding step.
 template <class T>
