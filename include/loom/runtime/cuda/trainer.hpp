@@ -144,7 +144,9 @@ public:
         if (found == masters_of_.end()) return download(p);
         return download_floats(found->second, graph_->tensor(p).dims.numel());
     }
-    // The gradient of the last step, widened to float.
+    // The gradient of the last step, widened to float, before clipping: the GPU applies the
+    // clip coefficient as the optimizer reads the gradient, where the host trainer scales its
+    // gradients in place. The parameters come out the same.
     std::vector<float> gradient(std::string_view name) {
         const tensor_id p = find_parameter(name);
         for (auto [param, grad] : graph_->gradients)
