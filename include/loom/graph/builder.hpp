@@ -10,6 +10,7 @@
 // Scopes name layers: inside `auto s = b.scope("mlp");` the parameter above is "mlp.w" and
 // the node is "mlp/linear". `b.repeat("blocks", 12, body)` records a repeated block.
 #include <map>
+#include <unordered_map>
 #include <optional>
 #include <span>
 #include <string>
@@ -93,6 +94,8 @@ public:
     void adopt_scopes(const graph& from) {
         graph_.scopes = from.scopes;
         graph_.repeats = from.repeats;
+        scope_by_path_.clear();
+        scopes_indexed_ = 0;
     }
 
     [[nodiscard]] scope_guard scope(std::string name, std::int64_t index = -1) {
@@ -246,7 +249,12 @@ public:
     tensor handle(tensor_id t) { return {this, t}; }
 
     const graph& view() const { return graph_; }
-    graph& mutable_graph() { return graph_; }
+    // Edits made through it (renaming tensors) are seen by the builder's duplicate-name checks
+    // from the next call of mutable_graph() on: take it afresh for each edit.
+    graph& mutable_graph() {
+        names_stale_ = true;
+        return graph_;
+    }
 
     // Marks the nodes appended while the guard lives as the backward of node `forward`.
     class backward_guard {
@@ -268,7 +276,10 @@ public:
     };
 
     // Renames a tensor (autograd names parameter gradients "grad/<param>").
-    void rename(tensor_id t, std::string name) { graph_.tensor(t).name = std::move(name); }
+    void rename(tensor_id t, std::string name) {
+        graph_.tensor(t).name = std::move(name);
+        names_stale_ = true;
+    }
 
     graph take() && { return std::move(graph_); }
 
@@ -278,9 +289,21 @@ private:
         return path.empty() ? name : path + "." + name;
     }
 
+    // Tensors by name, indexed as they are added (a scan per new input or parameter made
+    // building a large model quadratic); rebuilt after a rename or an edit through
+    // mutable_graph(). A hit is checked against the tensor's current name.
     void check_new_name(const std::string& full, std::string_view what, tensor_id except = no_id) const {
-        for (std::size_t t = 0; t < graph_.tensors.size(); ++t)
-            if (static_cast<tensor_id>(t) != except && graph_.tensors[t].name == full)
+        if (names_stale_) {
+            tensors_by_name_.clear();
+            tensors_indexed_ = 0;
+            names_stale_ = false;
+        }
+        for (; tensors_indexed_ < graph_.tensors.size(); ++tensors_indexed_)
+            tensors_by_name_[graph_.tensors[tensors_indexed_].name].push_back(static_cast<tensor_id>(tensors_indexed_));
+        auto found = tensors_by_name_.find(full);
+        if (found == tensors_by_name_.end()) return;
+        for (tensor_id t : found->second)
+            if (t != except && graph_.tensor(t).name == full)
                 throw usage_error(std::string(what) + " '" + full +
                                   "': a tensor of this name already exists; give it another name or scope");
     }
@@ -308,8 +331,10 @@ private:
         s.name = std::move(name);
         s.index = index;
         s.repeat = repeat;
-        for (std::size_t i = 0; i < graph_.scopes.size(); ++i)
-            if (graph_.scopes[i].path == s.path) return static_cast<std::int32_t>(i);  // re-entering a scope
+        // Scopes by path, indexed as they are added: re-entering a scope finds the first one.
+        for (; scopes_indexed_ < graph_.scopes.size(); ++scopes_indexed_)
+            scope_by_path_.emplace(graph_.scopes[scopes_indexed_].path, static_cast<std::int32_t>(scopes_indexed_));
+        if (auto found = scope_by_path_.find(s.path); found != scope_by_path_.end()) return found->second;
         graph_.scopes.push_back(std::move(s));
         return static_cast<std::int32_t>(graph_.scopes.size() - 1);
     }
@@ -330,6 +355,11 @@ private:
     std::int32_t current_scope_ = no_id;
     node_id backward_of_ = no_id;
     std::map<std::string, int> name_counts_;
+    std::unordered_map<std::string, std::int32_t> scope_by_path_;
+    std::size_t scopes_indexed_ = 0;
+    mutable std::unordered_map<std::string, std::vector<tensor_id>> tensors_by_name_;
+    mutable std::size_t tensors_indexed_ = 0;
+    mutable bool names_stale_ = false;
 };
 
 inline const tensor_desc& tensor::desc() const {
