@@ -53,6 +53,24 @@ struct device_vector {
     }
 };
 
+// A device copy of `host` starting `offset` elements into its buffer (offset 1 makes every
+// row pointer misaligned for 16-byte vectors, which the kernels must handle).
+template <class T>
+struct placed {
+    device_vector<T> storage;
+    std::size_t offset, size;
+    placed(const std::vector<T>& host, std::size_t offset_)
+        : storage(host.size() + offset_), offset(offset_), size(host.size()) {
+        cuda::copy_to_device(storage.get() + offset, host.data(), host.size() * sizeof(T));
+    }
+    placed(std::size_t n, std::size_t offset_) : storage(n + offset_), offset(offset_), size(n) {}
+    T* get() const { return storage.get() + offset; }
+    std::vector<T> download() const {
+        const auto all = storage.download();
+        return {all.begin() + static_cast<std::ptrdiff_t>(offset), all.end()};
+    }
+};
+
 // |got - want| <= abs_tol + rel_tol * |want| for every element; reports the worst one.
 template <class T>
 void require_close(const std::vector<T>& got, const std::vector<float>& want, double rel_tol, double abs_tol,

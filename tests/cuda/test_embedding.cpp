@@ -31,21 +31,6 @@ std::vector<std::int32_t> skewed_ids(std::int64_t n, std::int64_t lo, std::int64
     return ids;
 }
 
-template <class T>
-struct placed {
-    device_vector<T> storage;
-    std::size_t offset;
-    placed(const std::vector<T>& host, std::size_t offset_) : storage(host.size() + offset_), offset(offset_) {
-        cuda::copy_to_device(storage.get() + offset, host.data(), host.size() * sizeof(T));
-    }
-    placed(std::size_t n, std::size_t offset_) : storage(n + offset_), offset(offset_) {}
-    T* get() const { return storage.get() + offset; }
-    std::vector<T> download() const {
-        const auto all = storage.download();
-        return {all.begin() + static_cast<std::ptrdiff_t>(offset), all.end()};
-    }
-};
-
 struct embedding_case {
     embedding_shape shape;
     std::int64_t id_lo, id_hi;  // ids drawn from this range of the vocabulary

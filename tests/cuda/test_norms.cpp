@@ -31,24 +31,6 @@ constexpr double row_abs_tolerance = 2e-5;
 // row missed or counted twice (an O(1) error) still breaks.
 double parameter_abs_tolerance(std::int64_t rows) { return 1e-6 * static_cast<double>(rows); }
 
-// A device copy of `host` starting `offset` elements into its buffer (offset 1 makes every
-// row pointer misaligned for 16-byte vectors).
-template <class T>
-struct placed {
-    device_vector<T> storage;
-    std::size_t offset, size;
-    placed(const std::vector<T>& host, std::size_t offset_)
-        : storage(host.size() + offset_), offset(offset_), size(host.size()) {
-        cuda::copy_to_device(storage.get() + offset, host.data(), host.size() * sizeof(T));
-    }
-    placed(std::size_t n, std::size_t offset_) : storage(n + offset_), offset(offset_), size(n) {}
-    T* get() const { return storage.get() + offset; }
-    std::vector<T> download() const {
-        const auto all = storage.download();
-        return {all.begin() + static_cast<std::ptrdiff_t>(offset), all.end()};
-    }
-};
-
 struct norm_case {
     std::int64_t rows, cols;
     std::size_t offset;  // elements, applied to every row tensor

@@ -41,21 +41,6 @@ void require_close_each(const std::vector<T>& got, const std::vector<float>& wan
     CHECK(bad == 0);
 }
 
-template <class T>
-struct placed {
-    device_vector<T> storage;
-    std::size_t offset;
-    placed(const std::vector<T>& host, std::size_t offset_) : storage(host.size() + offset_), offset(offset_) {
-        cuda::copy_to_device(storage.get() + offset, host.data(), host.size() * sizeof(T));
-    }
-    placed(std::size_t n, std::size_t offset_) : storage(n + offset_), offset(offset_) {}
-    T* get() const { return storage.get() + offset; }
-    std::vector<T> download() const {
-        const auto all = storage.download();
-        return {all.begin() + static_cast<std::ptrdiff_t>(offset), all.end()};
-    }
-};
-
 struct softmax_case {
     std::int64_t rows, cols;
     std::size_t offset;
