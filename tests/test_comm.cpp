@@ -131,6 +131,37 @@ TEST_CASE("dtype helpers name and size every element type", "[comm]") {
     CHECK(loom::comm::size_of(dtype::i64) == 8);
     CHECK(loom::comm::to_string(dtype::f32) == "f32");
     CHECK(loom::comm::to_string(dtype::i64) == "i64");
+    STATIC_REQUIRE(loom::comm::dtype_of<loom::bfloat16>() == dtype::bf16);
+    CHECK(loom::comm::size_of(dtype::bf16) == 2);
+    CHECK(loom::comm::to_string(dtype::bf16) == "bf16");
+}
+
+TEST_CASE("bf16 sums round after each addition, in rank order, bitwise on every rank", "[comm]") {
+    using loom::bfloat16;
+    constexpr int ranks = 3;
+    constexpr std::size_t count = 3 * 41;
+    const auto results = per_rank<std::vector<bfloat16>>(ranks, [](communicator& c) {
+        std::vector<bfloat16> data(count);
+        for (std::size_t i = 0; i < count; ++i) data[i] = bfloat16(scrambled_value(c.rank(), i));
+        c.all_reduce_sum(std::span(data), c.world());
+        std::vector<bfloat16> chunk(count / ranks);
+        std::vector<bfloat16> again(count);
+        for (std::size_t i = 0; i < count; ++i) again[i] = bfloat16(scrambled_value(c.rank(), i));
+        c.reduce_scatter_sum(std::span<const bfloat16>(again), std::span(chunk), c.world());
+        data.insert(data.end(), chunk.begin(), chunk.end());
+        return data;
+    });
+    for (int r = 0; r < ranks; ++r) {
+        const auto& got = results[static_cast<std::size_t>(r)];
+        for (std::size_t i = 0; i < count; ++i) {
+            bfloat16 expected(scrambled_value(0, i));
+            for (int from = 1; from < ranks; ++from)
+                expected = bfloat16(static_cast<float>(expected) + static_cast<float>(bfloat16(scrambled_value(from, i))));
+            CHECK(got[i].bits == expected.bits);
+            if (i / (count / ranks) == static_cast<std::size_t>(r))
+                CHECK(got[count + i % (count / ranks)].bits == expected.bits);
+        }
+    }
 }
 
 TEST_CASE("group: world, index_of, to_string, equality", "[comm]") {

@@ -243,6 +243,29 @@ void check_determinism(mpi_communicator& c, checker& check) {
                  "all_reduce_sum is bitwise the sum in rank order");
 }
 
+// bf16 moves as bits and is summed by loom, rounding to bf16 after each addition in rank
+// order, so the sum is bitwise that of one loop over the ranks; a reduce-scatter gives each
+// rank its chunk of the same sum.
+void check_bf16(mpi_communicator& c, checker& check) {
+    using loom::bfloat16;
+    const std::size_t per_rank = 37, count = per_rank * static_cast<std::size_t>(c.size());
+    std::vector<bfloat16> data(count), in_order(count);
+    for (std::size_t i = 0; i < count; ++i) {
+        data[i] = bfloat16(scrambled_value(c.rank(), i));
+        in_order[i] = bfloat16(scrambled_value(0, i));
+        for (int r = 1; r < c.size(); ++r)
+            in_order[i] = bfloat16(static_cast<float>(in_order[i]) + static_cast<float>(bfloat16(scrambled_value(r, i))));
+    }
+    std::vector<bfloat16> mine(per_rank);
+    c.reduce_scatter_sum(std::span<const bfloat16>(data), std::span(mine), c.world());
+    c.all_reduce_sum(std::span(data), c.world());
+    check.expect(std::memcmp(data.data(), in_order.data(), count * sizeof(bfloat16)) == 0,
+                 "bf16 all_reduce_sum is bitwise the bf16 sum in rank order");
+    check.expect(std::memcmp(mine.data(), in_order.data() + per_rank * static_cast<std::size_t>(c.rank()),
+                             per_rank * sizeof(bfloat16)) == 0,
+                 "bf16 reduce_scatter_sum gives each rank its chunk of the same sum");
+}
+
 void check_errors(checker& check, mpi_communicator& c) {
     const int n = c.size();
     const int me = c.rank();
@@ -304,6 +327,7 @@ int main(int argc, char** argv) {
         check_point_to_point(c, check);
         check_sub_groups(c, check);
         check_determinism(c, check);
+        check_bf16(c, check);
         c.barrier(c.world());
         check_errors(check, c);
         c.barrier(c.world());

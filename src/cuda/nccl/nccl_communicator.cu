@@ -30,6 +30,7 @@ ncclDataType_t nccl_type(comm::dtype type) {
         case comm::dtype::f64: return ncclFloat64;
         case comm::dtype::i32: return ncclInt32;
         case comm::dtype::i64: return ncclInt64;
+        case comm::dtype::bf16: return ncclBfloat16;
     }
     return ncclFloat32;
 }

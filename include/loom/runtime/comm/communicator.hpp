@@ -43,24 +43,29 @@
 #include <type_traits>
 #include <vector>
 
+#include <loom/core/bfloat16.hpp>
 #include <loom/core/error.hpp>
 
 namespace loom::comm {
 
 // ---- element types ----------------------------------------------------------------------
 
-enum class dtype : std::uint8_t { f32, f64, i32, i64 };
+// bf16 carries mixed-precision gradients and weights between GPUs; its sums are rounded to
+// bf16 after each addition (in float), as NCCL's are.
+enum class dtype : std::uint8_t { f32, f64, i32, i64, bf16 };
 
 // The element types a communicator moves; dtype_of<T>() names them at run time.
 template <class T>
 concept comm_element = std::same_as<T, float> || std::same_as<T, double> ||
-                       std::same_as<T, std::int32_t> || std::same_as<T, std::int64_t>;
+                       std::same_as<T, std::int32_t> || std::same_as<T, std::int64_t> ||
+                       std::same_as<T, bfloat16>;
 
 template <comm_element T>
 constexpr dtype dtype_of() noexcept {
     if constexpr (std::same_as<T, float>) return dtype::f32;
     else if constexpr (std::same_as<T, double>) return dtype::f64;
     else if constexpr (std::same_as<T, std::int32_t>) return dtype::i32;
+    else if constexpr (std::same_as<T, bfloat16>) return dtype::bf16;
     else return dtype::i64;
 }
 
@@ -70,6 +75,7 @@ constexpr std::size_t size_of(dtype type) noexcept {
         case dtype::f64: return 8;
         case dtype::i32: return 4;
         case dtype::i64: return 8;
+        case dtype::bf16: return 2;
     }
     return 0;
 }
@@ -80,6 +86,7 @@ constexpr std::string_view to_string(dtype type) noexcept {
         case dtype::f64: return "f64";
         case dtype::i32: return "i32";
         case dtype::i64: return "i64";
+        case dtype::bf16: return "bf16";
     }
     return "unknown dtype";
 }
@@ -276,6 +283,8 @@ void add_into(T* sum, const T* term, std::size_t count) noexcept {
         for (std::size_t k = 0; k < count; ++k) {
             sum[k] = static_cast<T>(static_cast<U>(sum[k]) + static_cast<U>(term[k]));
         }
+    } else if constexpr (std::same_as<T, bfloat16>) {
+        for (std::size_t k = 0; k < count; ++k) sum[k] = bfloat16(static_cast<float>(sum[k]) + static_cast<float>(term[k]));
     } else {
         for (std::size_t k = 0; k < count; ++k) sum[k] += term[k];
     }
@@ -298,6 +307,9 @@ inline void add_into(dtype type, void* sum, const void* term, std::size_t count)
         case dtype::i64:
             add_into(static_cast<std::int64_t*>(sum), static_cast<const std::int64_t*>(term),
                      count);
+            break;
+        case dtype::bf16:
+            add_into(static_cast<bfloat16*>(sum), static_cast<const bfloat16*>(term), count);
             break;
     }
 }

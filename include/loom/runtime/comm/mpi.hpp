@@ -64,6 +64,7 @@ inline MPI_Datatype mpi_datatype(dtype type) {
         case dtype::f64: return MPI_DOUBLE;
         case dtype::i32: return MPI_INT32_T;
         case dtype::i64: return MPI_INT64_T;
+        case dtype::bf16: return MPI_UINT16_T;  // moved as bits; loom sums them itself (add_into)
     }
     return MPI_DATATYPE_NULL;
 }
