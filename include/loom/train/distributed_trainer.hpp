@@ -29,6 +29,7 @@
 #include <loom/runtime/transfer_runner.hpp>
 #include <loom/train/adamw.hpp>
 #include <loom/train/init.hpp>
+#include <loom/train/ownership.hpp>
 #include <loom/train/sgd.hpp>
 #include <loom/train/trainer.hpp>
 
@@ -122,48 +123,8 @@ public:
     std::int64_t steps() const { return steps_; }
 
 private:
-    // Parts of `region` (a piece of parameter p, or of its gradient) that this rank counts
-    // as its own: the parts no lower rank holds. Pieces are equal or disjoint in every
-    // plan loom builds; a partial overlap is cut along the boxes.
     std::vector<partition::box> owned_rows(tensor_id p, const partition::box& region, bool gradients) const {
-        std::vector<partition::box> mine{region};
-        for (int r = 0; r < rank_; ++r) {
-            const auto& other = gradients ? plan_.devices[static_cast<std::size_t>(r)].gradients
-                                          : plan_.devices[static_cast<std::size_t>(r)].parameters;
-            for (const auto& s : other) {
-                if (s.logical != p) continue;
-                std::vector<partition::box> next;
-                for (const auto& b : mine) subtract(b, s.region, next);
-                mine = std::move(next);
-            }
-        }
-        return mine;
-    }
-
-    // b minus c, as disjoint boxes appended to out.
-    static void subtract(const partition::box& b, const partition::box& c, std::vector<partition::box>& out) {
-        const partition::box common = partition::intersect(b, c);
-        if (b.rank() == 0) {
-            return;  // a scalar held by a lower rank is theirs
-        }
-        if (common.empty()) {
-            out.push_back(b);
-            return;
-        }
-        partition::box rest = b;
-        for (std::size_t a = 0; a < b.rank(); ++a) {
-            if (rest.ranges[a].begin < common.ranges[a].begin) {
-                partition::box below = rest;
-                below.ranges[a].end = common.ranges[a].begin;
-                out.push_back(below);
-            }
-            if (common.ranges[a].end < rest.ranges[a].end) {
-                partition::box above = rest;
-                above.ranges[a].begin = common.ranges[a].end;
-                out.push_back(above);
-            }
-            rest.ranges[a] = common.ranges[a];
-        }
+        return owned_regions(plan_, rank_, p, region, gradients);
     }
 
     double global_gradient_norm() {
@@ -199,9 +160,7 @@ private:
                 if (s.logical == gp.logical && s.region.contains(gp.region)) pp = &s;
             if (!pp) throw error("distributed_trainer: gradient piece " + gp.region.to_string() + " of '" +
                                  logical.tensor(gp.logical).name + "' has no parameter piece on rank " + std::to_string(rank_));
-            partition::box update = gp.region;
-            if (plan_.zero == plan::zero_stage::optimizer && stored_whole_everywhere(gp.logical))
-                update = zero1_shard(gp.region);
+            const partition::box update = update_region(plan_, rank_, gp.logical, gp.region);
             if (!(update == pp->region)) shards_.push_back({pp, update});
             if (update.numel() == 0) continue;
             auto value = storage_->real(pp->local);
@@ -217,41 +176,6 @@ private:
                 },
                 *optimizer_);
         }
-    }
-
-    // ZeRO-1 shards the optimizer over data-parallel replicas: ranks that all store the
-    // whole parameter. Other parameters are updated wherever they are stored.
-    bool stored_whole_everywhere(tensor_id p) const {
-        const partition::box whole = partition::box::whole(plan_.ir().tensor(p).dims);
-        for (const auto& device : plan_.devices) {
-            bool stored = false;
-            for (const auto& s : device.parameters) stored = stored || (s.logical == p && s.region == whole);
-            if (!stored) return false;
-        }
-        return true;
-    }
-
-    // Rows of the first dim that rank r updates under ZeRO-1.
-    partition::box zero1_shard(const partition::box& region) const {
-        partition::box b = region;
-        if (b.rank() == 0 || b.ranges[0].size() % plan_.world != 0) return b;
-        const std::int64_t rows = b.ranges[0].size() / plan_.world;
-        b.ranges[0].begin += rows * rank_;
-        b.ranges[0].end = b.ranges[0].begin + rows;
-        return b;
-    }
-
-    // Offset of the first element of `inner` in a piece with box `outer`, for an `inner`
-    // that is whole on every axis but the first (so that it is contiguous there).
-    static std::int64_t offset_in(const partition::box& inner, const partition::box& outer) {
-        if (inner.rank() == 0) return 0;
-        for (std::size_t a = 1; a < inner.rank(); ++a)
-            if (!(inner.ranges[a] == outer.ranges[a]))
-                throw error("distributed_trainer: the updated part " + inner.to_string() + " of piece " +
-                            outer.to_string() + " is not contiguous; shard parameters along their first dim");
-        std::int64_t row = 1;
-        for (std::size_t a = 1; a < outer.rank(); ++a) row *= outer.ranges[a].size();
-        return (inner.ranges[0].begin - outer.ranges[0].begin) * row;
     }
 
     // ZeRO-1/2: every rank updated its shard; gather the shards into every full copy.

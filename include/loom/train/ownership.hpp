@@ -1,0 +1,104 @@
+#pragma once
+// Who owns what in a partitioned plan: which parts of a replicated parameter (or gradient)
+// a rank counts as its own, and which rows a rank updates under ZeRO-1/2. Every backend's
+// distributed trainer asks the same questions (the gradient norm counts each element once,
+// a gathered parameter takes each element from one rank, the optimizer shards replicas),
+// so the answers live here, computed from the plan alone: any rank can work out any other
+// rank's share.
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include <loom/core/error.hpp>
+#include <loom/partition/partitioned_graph.hpp>
+
+namespace loom::train {
+
+// b minus c, as disjoint boxes appended to out.
+inline void subtract_box(const partition::box& b, const partition::box& c, std::vector<partition::box>& out) {
+    const partition::box common = partition::intersect(b, c);
+    if (b.rank() == 0) return;  // a scalar held by a lower rank is theirs
+    if (common.empty()) {
+        out.push_back(b);
+        return;
+    }
+    partition::box rest = b;
+    for (std::size_t a = 0; a < b.rank(); ++a) {
+        if (rest.ranges[a].begin < common.ranges[a].begin) {
+            partition::box below = rest;
+            below.ranges[a].end = common.ranges[a].begin;
+            out.push_back(below);
+        }
+        if (common.ranges[a].end < rest.ranges[a].end) {
+            partition::box above = rest;
+            above.ranges[a].begin = common.ranges[a].end;
+            out.push_back(above);
+        }
+        rest.ranges[a] = common.ranges[a];
+    }
+}
+
+// Parts of `region` (a piece of parameter p, or of its gradient) that `rank` counts as its
+// own: the parts no lower rank holds. Pieces are equal or disjoint in every plan loom
+// builds; a partial overlap is cut along the boxes.
+inline std::vector<partition::box> owned_regions(const partition::partitioned_graph& plan, int rank, tensor_id p,
+                                                 const partition::box& region, bool gradients) {
+    std::vector<partition::box> mine{region};
+    for (int r = 0; r < rank; ++r) {
+        const auto& other = gradients ? plan.devices[static_cast<std::size_t>(r)].gradients
+                                      : plan.devices[static_cast<std::size_t>(r)].parameters;
+        for (const auto& s : other) {
+            if (s.logical != p) continue;
+            std::vector<partition::box> next;
+            for (const auto& b : mine) subtract_box(b, s.region, next);
+            mine = std::move(next);
+        }
+    }
+    return mine;
+}
+
+// ZeRO-1 shards the optimizer over data-parallel replicas: ranks that all store the whole
+// parameter. Other parameters are updated wherever they are stored.
+inline bool stored_whole_everywhere(const partition::partitioned_graph& plan, tensor_id p) {
+    const partition::box whole = partition::box::whole(plan.ir().tensor(p).dims);
+    for (const auto& device : plan.devices) {
+        bool stored = false;
+        for (const auto& s : device.parameters) stored = stored || (s.logical == p && s.region == whole);
+        if (!stored) return false;
+    }
+    return true;
+}
+
+// Rows of the first dim that `rank` updates under ZeRO-1 (the whole region when the rows do
+// not divide evenly over the ranks).
+inline partition::box zero1_shard(const partition::box& region, int rank, int world) {
+    partition::box b = region;
+    if (b.rank() == 0 || b.ranges[0].size() % world != 0) return b;
+    const std::int64_t rows = b.ranges[0].size() / world;
+    b.ranges[0].begin += rows * rank;
+    b.ranges[0].end = b.ranges[0].begin + rows;
+    return b;
+}
+
+// The part of gradient piece `gradient` (of logical parameter p) that `rank` updates.
+inline partition::box update_region(const partition::partitioned_graph& plan, int rank, tensor_id p,
+                                    const partition::box& gradient) {
+    if (plan.zero == plan::zero_stage::optimizer && stored_whole_everywhere(plan, p))
+        return zero1_shard(gradient, rank, plan.world);
+    return gradient;
+}
+
+// Offset of the first element of `inner` in a piece with box `outer`, for an `inner` that is
+// whole on every axis but the first (so that it is contiguous there).
+inline std::int64_t offset_in(const partition::box& inner, const partition::box& outer) {
+    if (inner.rank() == 0) return 0;
+    for (std::size_t a = 1; a < inner.rank(); ++a)
+        if (!(inner.ranges[a] == outer.ranges[a]))
+            throw error("distributed training: the updated part " + inner.to_string() + " of piece " +
+                        outer.to_string() + " is not contiguous; shard parameters along their first dim");
+    std::int64_t row = 1;
+    for (std::size_t a = 1; a < outer.rank(); ++a) row *= outer.ranges[a].size();
+    return (inner.ranges[0].begin - outer.ranges[0].begin) * row;
+}
+
+}  // namespace loom::train
