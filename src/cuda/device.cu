@@ -54,6 +54,8 @@ stream::~stream() {
 }
 void stream::synchronize() const { LOOM_CUDA_CHECK(cudaStreamSynchronize(handle_)); }
 
+void synchronize_stream(stream_handle on) { LOOM_CUDA_CHECK(cudaStreamSynchronize(on)); }
+
 event::event(bool timing) {
     LOOM_CUDA_CHECK(cudaEventCreateWithFlags(&handle_, timing ? cudaEventDefault : cudaEventDisableTiming));
 }

@@ -92,8 +92,10 @@ __global__ void square_sum_kernel(const norm_tensor* __restrict__ tensors, const
 }
 
 // One block sums the partials: each thread a strided subset in order, then a fixed tree.
+// With `sum_only`, writes the sum of squares (for a norm over gradients spread across ranks,
+// which sums it over the ranks first) instead of the norm and the coefficient.
 __global__ void finish_norm_kernel(const double* __restrict__ partials, int count, float max_norm,
-                                   float* __restrict__ result) {
+                                   float* __restrict__ result, double* __restrict__ sum_only) {
     double sum = 0;
     for (int i = static_cast<int>(threadIdx.x); i < count; i += static_cast<int>(blockDim.x)) sum += partials[i];
     __shared__ double shared[threads];
@@ -103,7 +105,9 @@ __global__ void finish_norm_kernel(const double* __restrict__ partials, int coun
         if (threadIdx.x < half) shared[threadIdx.x] += shared[threadIdx.x + half];
         __syncthreads();
     }
-    if (threadIdx.x == 0) {
+    if (threadIdx.x == 0 && sum_only) {
+        *sum_only = shared[0];
+    } else if (threadIdx.x == 0) {
         const double norm = sqrt(shared[0]);
         result[0] = static_cast<float>(norm);
         const double coefficient = max_norm > 0 ? max_norm / (norm + 1e-6) : 1.0;
@@ -201,6 +205,23 @@ global_norm::global_norm(std::vector<const void*> grads, std::vector<std::int64_
 }
 
 void global_norm::compute(float max_norm, float* result, stream_handle s) const {
+    square_partials(s);
+    finish_norm_kernel<<<1, threads, 0, s>>>(partials_.as<double>(), blocks_, max_norm, result, nullptr);
+    LOOM_CUDA_CHECK_LAUNCH("global_norm (finish)");
+}
+
+void global_norm::sum_of_squares(double* result, stream_handle s) const {
+    square_partials(s);
+    finish_norm_kernel<<<1, threads, 0, s>>>(partials_.as<double>(), blocks_, 0.0f, nullptr, result);
+    LOOM_CUDA_CHECK_LAUNCH("global_norm (sum of squares)");
+}
+
+void global_norm::finish(const double* sum_of_squares, float max_norm, float* result, stream_handle s) {
+    finish_norm_kernel<<<1, threads, 0, s>>>(sum_of_squares, 1, max_norm, result, nullptr);
+    LOOM_CUDA_CHECK_LAUNCH("global_norm (finish)");
+}
+
+void global_norm::square_partials(stream_handle s) const {
     if (blocks_ > 0) {
         if (type_ == grad_type::f32)
             square_sum_kernel<float>
@@ -210,8 +231,6 @@ void global_norm::compute(float max_norm, float* result, stream_handle s) const 
                 <<<blocks_, threads, 0, s>>>(table_.as<norm_tensor>(), chunks_.as<chunk>(), partials_.as<double>());
         LOOM_CUDA_CHECK_LAUNCH("global_norm (squares)");
     }
-    finish_norm_kernel<<<1, threads, 0, s>>>(partials_.as<double>(), blocks_, max_norm, result);
-    LOOM_CUDA_CHECK_LAUNCH("global_norm (finish)");
 }
 
 }  // namespace loom::cuda

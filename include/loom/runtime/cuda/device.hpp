@@ -49,6 +49,8 @@ void set_device(int ordinal);
 int current_device();
 // Waits for all work on the current device; throws the first asynchronous error.
 void synchronize_device();
+// Waits for the work queued on one stream (a null handle: the legacy default stream).
+void synchronize_stream(stream_handle on);
 
 class stream {
 public:

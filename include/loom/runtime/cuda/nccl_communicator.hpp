@@ -37,10 +37,11 @@
 
 #include <loom/runtime/comm/communicator.hpp>
 #include <loom/runtime/cuda/device.hpp>
+#include <loom/runtime/cuda/device_communicator.hpp>
 
 namespace loom::cuda {
 
-class nccl_communicator final : public comm::communicator {
+class nccl_communicator final : public device_communicator {
 public:
     // device < 0: the rank within its node (MPI_COMM_TYPE_SHARED), modulo the GPUs visible.
     explicit nccl_communicator(comm::comm_options options = {}, int device = -1);
@@ -62,7 +63,7 @@ public:
 
     // The stream whose work produces the inputs and consumes the outputs (default: the
     // legacy default stream).
-    void set_stream(stream_handle compute);
+    void set_stream(stream_handle compute) override;
 
     void all_reduce_sum(void* data, std::size_t count, comm::dtype type, const comm::group& g) override;
     void all_gather(const void* in, void* out, std::size_t count_per_rank, comm::dtype type,
@@ -79,22 +80,19 @@ public:
     void abort(std::string reason) override;
 
     // Overlapped collectives: queued now, waited for by the compute stream at wait().
-    struct ticket {
-        std::size_t slot = 0;
-    };
-    ticket begin_all_reduce_sum(void* data, std::size_t count, comm::dtype type, const comm::group& g);
+    ticket begin_all_reduce_sum(void* data, std::size_t count, comm::dtype type, const comm::group& g) override;
     ticket begin_reduce_scatter_sum(const void* in, void* out, std::size_t count_per_rank, comm::dtype type,
-                                    const comm::group& g);
+                                    const comm::group& g) override;
     ticket begin_all_gather(const void* in, void* out, std::size_t count_per_rank, comm::dtype type,
-                            const comm::group& g);
-    void wait(ticket t);
+                            const comm::group& g) override;
+    void wait(ticket t) override;
 
     // Creates the communicators of every directed pair among the world's ranks, in one global
     // order (so no two ranks wait for each other); collective over the world.
     void connect_pairs();
     // Waits (up to the timeout) until all queued communication has finished; throws
     // comm_error naming the rank and the pending work if it does not.
-    void synchronize();
+    void synchronize() override;
 
 private:
     struct state;

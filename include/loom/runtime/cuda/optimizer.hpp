@@ -79,8 +79,14 @@ public:
     global_norm(std::vector<const void*> grads, std::vector<std::int64_t> numels, grad_type type);
     // result: two device floats.
     void compute(float max_norm, float* result, stream_handle s) const;
+    // The sum of squares alone (one device double), for a norm over gradients spread across
+    // ranks: sum it over the ranks, then finish() it into the norm and the coefficient.
+    void sum_of_squares(double* result, stream_handle s) const;
+    static void finish(const double* sum_of_squares, float max_norm, float* result, stream_handle s);
 
 private:
+    void square_partials(stream_handle s) const;
+
     grad_type type_;
     device_buffer table_, chunks_, partials_;
     int blocks_ = 0;
