@@ -96,6 +96,9 @@ inline tensor chunk_logsumexp_grad(tensor dlse, tensor logits, tensor lse, std::
 struct ChunkLogsumexp {
     static constexpr std::string_view name = "chunk_logsumexp";
     static constexpr signature sig = parse_signature("... (c v) -> ... c");
+    // The log-sum-exps, in float in bf16 programs: the loss is rebuilt from those of every
+    // rank, and a bf16 one would carry its 3 digits into it (as attention's lse).
+    static constexpr std::uint32_t float_outputs = 0b1;
     static std::vector<preset_variable> presets(const attributes& a, std::span<const shape> in) {
         const auto chunks = a.get<std::int64_t>("chunks");
         if (chunks > 0 && in.size() == 1 && in[0].rank() >= 1 && in[0].extent(in[0].rank() - 1) % chunks != 0)
@@ -206,6 +209,7 @@ inline cross_entropy_from_chunks_grads cross_entropy_from_chunks_grad(tensor dlo
 struct CrossEntropyFromChunks {
     static constexpr std::string_view name = "cross_entropy_from_chunks";
     static constexpr signature sig = parse_signature("... c^, ..., ... -> ");
+    static constexpr std::uint32_t float_outputs = 0b1;  // the loss, in float in bf16 programs
     static constexpr std::array<value_kind, 3> input_kinds{value_kind::real, value_kind::real, value_kind::index};
     // A log-sum-exp over the chunks per position.
     static double flops(const graph& g, const node& n) {

@@ -274,6 +274,19 @@ private:
         return cut;
     }
 
+    // Whether programs narrower than float keep logical tensor t in float (its producer's
+    // op_def::float_outputs: a loss, attention's log-sum-exp). Copies of its pieces are
+    // marked "keeps_float" so that every device stores them as float too
+    // (runtime/program.hpp, storage_precision), even where the copy has no input to look at.
+    bool kept_in_float(tensor_id t) const {
+        const tensor_desc& d = g_.tensor(t);
+        if (d.producer == no_id) return false;
+        const node& n = g_.at(d.producer);
+        for (std::size_t i = 0; i < n.outputs.size() && i < 32; ++i)
+            if (n.outputs[i] == t) return (n.op->float_outputs >> i & 1u) != 0;
+        return false;
+    }
+
     struct assemble_input {
         tensor_id local;
         box region;
@@ -297,6 +310,7 @@ private:
                          {"in_boxes", in_boxes},
                          {"accumulate", std::int64_t{accumulate ? 1 : 0}},
                          {"zero", std::int64_t{zero ? 1 : 0}}};
+        if (kept_in_float(t)) attrs.set("keeps_float", std::int64_t{1});
         auto outs = b.append_unchecked(op_def_of<ops::Assemble>(), ins, {region.shape_of(logical.dims)}, std::move(attrs),
                                        logical.name + suffix(region, logical.dims) + "/assemble", logical.kind);
         b.mutable_graph().nodes.back().backward = emitting_backward_;
@@ -317,7 +331,9 @@ private:
             if (tr.has_input[m]) ins.push_back(b.handle(member_inputs.at(m)));
             std::vector<shape> shapes;
             if (tr.has_output[m]) shapes.push_back(tr.outputs[m].shape_of(logical.dims));
-            auto o = b.append_unchecked(op_def_of<ops::Transfer>(), ins, std::move(shapes), {{"transfer", id}},
+            attributes attrs{{"transfer", id}};
+            if (kept_in_float(tr.logical)) attrs.set("keeps_float", std::int64_t{1});
+            auto o = b.append_unchecked(op_def_of<ops::Transfer>(), ins, std::move(shapes), std::move(attrs),
                                         "transfer/" + std::to_string(id) + "/" + std::string(to_string(tr.kind)) + "/" +
                                             logical.name,
                                         logical.kind);

@@ -67,12 +67,14 @@ inline std::int64_t tensor_bytes(const tensor_desc& t, precision p) {
 }
 
 // The precision tensor `t` is stored in by a program of precision `p`: float for the outputs
-// its producer keeps in float (op_def::float_outputs) when p is narrower than float.
+// its producer keeps in float (op_def::float_outputs) when p is narrower than float, and for
+// the partitioner's copies of such tensors (transfers and assembles marked "keeps_float").
 inline precision storage_precision(const graph& g, tensor_id t, precision p) {
     if (p != precision::bf16) return p;
     const tensor_desc& d = g.tensor(t);
     if (d.producer == no_id) return p;
     const node& n = g.at(d.producer);
+    if (n.attrs.get_or<std::int64_t>("keeps_float", 0) != 0) return precision::f32;
     for (std::size_t i = 0; i < n.outputs.size() && i < 32; ++i)
         if (n.outputs[i] == t && (n.op->float_outputs >> i & 1u)) return precision::f32;
     return p;
