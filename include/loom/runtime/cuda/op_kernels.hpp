@@ -20,6 +20,7 @@
 #include <loom/runtime/cuda/gemm.hpp>
 #include <loom/runtime/cuda/layout.hpp>
 #include <loom/runtime/cuda/norms.hpp>
+#include <loom/runtime/cuda/op_kernels_partition.hpp>
 #include <loom/runtime/host/kernel_call.hpp>
 
 namespace loom::cuda {
@@ -279,6 +280,18 @@ const op_kernel<T>* find_op_kernel(std::string_view op_name) {
         {"linear_grad_weight", {&op_kernels::linear_grad_weight<T>}},
         {"attention", {&op_kernels::attention<T>, &op_kernels::attention_check<T>}},
         {"attention_grad", {&op_kernels::attention_grad<T>, &op_kernels::attention_grad_workspace<T>}},
+        // The ops of partitioned plans' device programs (op_kernels_partition.hpp); their
+        // checks refuse, when the executor is built, a tensor stored otherwise than read.
+        {"assemble", {&op_kernels::assemble<T>, &op_kernels::assemble_workspace<T>}},
+        {"identity", {&op_kernels::identity<T>, &op_kernels::identity_check<T>}},
+        {"chunk_logsumexp", {&op_kernels::chunk_logsumexp<T>, &op_kernels::chunk_logsumexp_check<T>}},
+        {"chunk_logsumexp_grad", {&op_kernels::chunk_logsumexp_grad<T>, &op_kernels::chunk_logsumexp_grad_check<T>}},
+        {"pick_target", {&op_kernels::pick_target<T>, &op_kernels::pick_target_check<T>}},
+        {"pick_target_grad", {&op_kernels::pick_target_grad<T>, &op_kernels::pick_target_grad_check<T>}},
+        {"cross_entropy_from_chunks",
+         {&op_kernels::cross_entropy_from_chunks<T>, &op_kernels::cross_entropy_from_chunks_check<T>}},
+        {"cross_entropy_from_chunks_grad",
+         {&op_kernels::cross_entropy_from_chunks_grad<T>, &op_kernels::cross_entropy_from_chunks_grad_check<T>}},
     };
     auto found = table.find(op_name);
     return found == table.end() ? nullptr : &found->second;
