@@ -33,7 +33,8 @@ mkdir -p "$results"
 report="$results/gpu_results.md"
 
 tests=(cuda_test_elementwise cuda_test_layout cuda_test_optimizer cuda_test_norms cuda_test_softmax
-       cuda_test_cross_entropy cuda_test_embedding cuda_test_gemm cuda_test_attention cuda_test_train)
+       cuda_test_cross_entropy cuda_test_embedding cuda_test_gemm cuda_test_attention cuda_test_region_copy
+       cuda_test_partition_ops cuda_test_fusion cuda_test_train cuda_test_distributed_train)
 benchmarks=(gpu_train gpu_attention)
 programs=(calibrate_gpu)
 
