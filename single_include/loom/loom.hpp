@@ -2932,6 +2932,9 @@ inline tensor chunk_logsumexp_grad(tensor dlse, tensor logits, tensor lse, std::
 struct ChunkLogsumexp {
     static constexpr std::string_view name = "chunk_logsumexp";
     static constexpr signature sig = parse_signature("... (c v) -> ... c");
+    // The log-sum-exps, in float in bf16 programs: the loss is rebuilt from those of every
+    // rank, and a bf16 one would carry its 3 digits into it (as attention's lse).
+    static constexpr std::uint32_t float_outputs = 0b1;
     static std::vector<preset_variable> presets(const attributes& a, std::span<const shape> in) {
         const auto chunks = a.get<std::int64_t>("chunks");
         if (chunks > 0 && in.size() == 1 && in[0].rank() >= 1 && in[0].extent(in[0].rank() - 1) % chunks != 0)
@@ -3042,6 +3045,7 @@ inline cross_entropy_from_chunks_grads cross_entropy_from_chunks_grad(tensor dlo
 struct CrossEntropyFromChunks {
     static constexpr std::string_view name = "cross_entropy_from_chunks";
     static constexpr signature sig = parse_signature("... c^, ..., ... -> ");
+    static constexpr std::uint32_t float_outputs = 0b1;  // the loss, in float in bf16 programs
     static constexpr std::array<value_kind, 3> input_kinds{value_kind::real, value_kind::real, value_kind::index};
     // A log-sum-exp over the chunks per position.
     static double flops(const graph& g, const node& n) {
@@ -6976,6 +6980,19 @@ private:
         return cut;
     }
 
+    // Whether programs narrower than float keep logical tensor t in float (its producer's
+    // op_def::float_outputs: a loss, attention's log-sum-exp). Copies of its pieces are
+    // marked "keeps_float" so that every device stores them as float too
+    // (runtime/program.hpp, storage_precision), even where the copy has no input to look at.
+    bool kept_in_float(tensor_id t) const {
+        const tensor_desc& d = g_.tensor(t);
+        if (d.producer == no_id) return false;
+        const node& n = g_.at(d.producer);
+        for (std::size_t i = 0; i < n.outputs.size() && i < 32; ++i)
+            if (n.outputs[i] == t) return (n.op->float_outputs >> i & 1u) != 0;
+        return false;
+    }
+
     struct assemble_input {
         tensor_id local;
         box region;
@@ -6999,6 +7016,7 @@ private:
                          {"in_boxes", in_boxes},
                          {"accumulate", std::int64_t{accumulate ? 1 : 0}},
                          {"zero", std::int64_t{zero ? 1 : 0}}};
+        if (kept_in_float(t)) attrs.set("keeps_float", std::int64_t{1});
         auto outs = b.append_unchecked(op_def_of<ops::Assemble>(), ins, {region.shape_of(logical.dims)}, std::move(attrs),
                                        logical.name + suffix(region, logical.dims) + "/assemble", logical.kind);
         b.mutable_graph().nodes.back().backward = emitting_backward_;
@@ -7019,7 +7037,9 @@ private:
             if (tr.has_input[m]) ins.push_back(b.handle(member_inputs.at(m)));
             std::vector<shape> shapes;
             if (tr.has_output[m]) shapes.push_back(tr.outputs[m].shape_of(logical.dims));
-            auto o = b.append_unchecked(op_def_of<ops::Transfer>(), ins, std::move(shapes), {{"transfer", id}},
+            attributes attrs{{"transfer", id}};
+            if (kept_in_float(tr.logical)) attrs.set("keeps_float", std::int64_t{1});
+            auto o = b.append_unchecked(op_def_of<ops::Transfer>(), ins, std::move(shapes), std::move(attrs),
                                         "transfer/" + std::to_string(id) + "/" + std::string(to_string(tr.kind)) + "/" +
                                             logical.name,
                                         logical.kind);
@@ -7989,12 +8009,14 @@ inline std::int64_t tensor_bytes(const tensor_desc& t, precision p) {
 }
 
 // The precision tensor `t` is stored in by a program of precision `p`: float for the outputs
-// its producer keeps in float (op_def::float_outputs) when p is narrower than float.
+// its producer keeps in float (op_def::float_outputs) when p is narrower than float, and for
+// the partitioner's copies of such tensors (transfers and assembles marked "keeps_float").
 inline precision storage_precision(const graph& g, tensor_id t, precision p) {
     if (p != precision::bf16) return p;
     const tensor_desc& d = g.tensor(t);
     if (d.producer == no_id) return p;
     const node& n = g.at(d.producer);
+    if (n.attrs.get_or<std::int64_t>("keeps_float", 0) != 0) return precision::f32;
     for (std::size_t i = 0; i < n.outputs.size() && i < 32; ++i)
         if (n.outputs[i] == t && (n.op->float_outputs >> i & 1u)) return precision::f32;
     return p;
@@ -15830,23 +15852,74 @@ inline configuration load_configuration(const std::string& path) {
 #include <type_traits>
 #include <vector>
 
+// ---- begin loom/core/bfloat16.hpp ----
+// bfloat16 on the host: the top 16 bits of an IEEE float (8 exponent bits, 7 mantissa
+// bits). Its layout is that of CUDA's __nv_bfloat16, so buffers pass between the host
+// twins of the CUDA kernels and the device unchanged. Conversion from float rounds to
+// nearest, ties to even, as __float2bfloat16 does; NaN stays NaN.
+#include <bit>
+#include <cmath>
+#include <cstdint>
+
+namespace loom {
+
+struct bfloat16 {
+    std::uint16_t bits = 0;
+
+    constexpr bfloat16() = default;
+    constexpr explicit bfloat16(float value) : bits(round(value)) {}
+
+    static constexpr bfloat16 from_bits(std::uint16_t raw) {
+        bfloat16 b;
+        b.bits = raw;
+        return b;
+    }
+
+    constexpr explicit operator float() const { return std::bit_cast<float>(static_cast<std::uint32_t>(bits) << 16); }
+
+    friend constexpr bool operator==(bfloat16 a, bfloat16 b) { return a.bits == b.bits; }
+
+private:
+    static constexpr std::uint16_t round(float value) {
+        const std::uint32_t u = std::bit_cast<std::uint32_t>(value);
+        if ((u & 0x7f800000u) == 0x7f800000u && (u & 0x007fffffu) != 0)
+            return static_cast<std::uint16_t>((u >> 16) | 0x0040u);  // quiet NaN, sign kept
+        const std::uint32_t lsb = (u >> 16) & 1u;
+        return static_cast<std::uint16_t>((u + 0x7fffu + lsb) >> 16);
+    }
+};
+
+static_assert(sizeof(bfloat16) == 2);
+static_assert(static_cast<float>(bfloat16(1.0f)) == 1.0f);
+static_assert(bfloat16(1.00390625f).bits == 0x3f80);  // a tie rounds to even (down)
+static_assert(bfloat16(1.01171875f).bits == 0x3f82);  // a tie rounds to even (up)
+
+// Rounds a float to the nearest bfloat16 and back: what storing it in bf16 does.
+constexpr float round_to_bfloat16(float value) { return static_cast<float>(bfloat16(value)); }
+
+}  // namespace loom
+// ---- end loom/core/bfloat16.hpp ----
 
 namespace loom::comm {
 
 // ---- element types ----------------------------------------------------------------------
 
-enum class dtype : std::uint8_t { f32, f64, i32, i64 };
+// bf16 carries mixed-precision gradients and weights between GPUs; its sums are rounded to
+// bf16 after each addition (in float), as NCCL's are.
+enum class dtype : std::uint8_t { f32, f64, i32, i64, bf16 };
 
 // The element types a communicator moves; dtype_of<T>() names them at run time.
 template <class T>
 concept comm_element = std::same_as<T, float> || std::same_as<T, double> ||
-                       std::same_as<T, std::int32_t> || std::same_as<T, std::int64_t>;
+                       std::same_as<T, std::int32_t> || std::same_as<T, std::int64_t> ||
+                       std::same_as<T, bfloat16>;
 
 template <comm_element T>
 constexpr dtype dtype_of() noexcept {
     if constexpr (std::same_as<T, float>) return dtype::f32;
     else if constexpr (std::same_as<T, double>) return dtype::f64;
     else if constexpr (std::same_as<T, std::int32_t>) return dtype::i32;
+    else if constexpr (std::same_as<T, bfloat16>) return dtype::bf16;
     else return dtype::i64;
 }
 
@@ -15856,6 +15929,7 @@ constexpr std::size_t size_of(dtype type) noexcept {
         case dtype::f64: return 8;
         case dtype::i32: return 4;
         case dtype::i64: return 8;
+        case dtype::bf16: return 2;
     }
     return 0;
 }
@@ -15866,6 +15940,7 @@ constexpr std::string_view to_string(dtype type) noexcept {
         case dtype::f64: return "f64";
         case dtype::i32: return "i32";
         case dtype::i64: return "i64";
+        case dtype::bf16: return "bf16";
     }
     return "unknown dtype";
 }
@@ -16062,6 +16137,8 @@ void add_into(T* sum, const T* term, std::size_t count) noexcept {
         for (std::size_t k = 0; k < count; ++k) {
             sum[k] = static_cast<T>(static_cast<U>(sum[k]) + static_cast<U>(term[k]));
         }
+    } else if constexpr (std::same_as<T, bfloat16>) {
+        for (std::size_t k = 0; k < count; ++k) sum[k] = bfloat16(static_cast<float>(sum[k]) + static_cast<float>(term[k]));
     } else {
         for (std::size_t k = 0; k < count; ++k) sum[k] += term[k];
     }
@@ -16084,6 +16161,9 @@ inline void add_into(dtype type, void* sum, const void* term, std::size_t count)
         case dtype::i64:
             add_into(static_cast<std::int64_t*>(sum), static_cast<const std::int64_t*>(term),
                      count);
+            break;
+        case dtype::bf16:
+            add_into(static_cast<bfloat16*>(sum), static_cast<const bfloat16*>(term), count);
             break;
     }
 }
@@ -21113,6 +21193,109 @@ void initialize(std::span<T> out, const parameter_init& init, std::uint64_t seed
 
 }  // namespace loom::train
 // ---- end loom/train/init.hpp ----
+// ---- begin loom/train/ownership.hpp ----
+// Who owns what in a partitioned plan: which parts of a replicated parameter (or gradient)
+// a rank counts as its own, and which rows a rank updates under ZeRO-1/2. Every backend's
+// distributed trainer asks the same questions (the gradient norm counts each element once,
+// a gathered parameter takes each element from one rank, the optimizer shards replicas),
+// so the answers live here, computed from the plan alone: any rank can work out any other
+// rank's share.
+#include <cstdint>
+#include <string>
+#include <vector>
+
+
+namespace loom::train {
+
+// b minus c, as disjoint boxes appended to out.
+inline void subtract_box(const partition::box& b, const partition::box& c, std::vector<partition::box>& out) {
+    const partition::box common = partition::intersect(b, c);
+    if (b.rank() == 0) return;  // a scalar held by a lower rank is theirs
+    if (common.empty()) {
+        out.push_back(b);
+        return;
+    }
+    partition::box rest = b;
+    for (std::size_t a = 0; a < b.rank(); ++a) {
+        if (rest.ranges[a].begin < common.ranges[a].begin) {
+            partition::box below = rest;
+            below.ranges[a].end = common.ranges[a].begin;
+            out.push_back(below);
+        }
+        if (common.ranges[a].end < rest.ranges[a].end) {
+            partition::box above = rest;
+            above.ranges[a].begin = common.ranges[a].end;
+            out.push_back(above);
+        }
+        rest.ranges[a] = common.ranges[a];
+    }
+}
+
+// Parts of `region` (a piece of parameter p, or of its gradient) that `rank` counts as its
+// own: the parts no lower rank holds. Pieces are equal or disjoint in every plan loom
+// builds; a partial overlap is cut along the boxes.
+inline std::vector<partition::box> owned_regions(const partition::partitioned_graph& plan, int rank, tensor_id p,
+                                                 const partition::box& region, bool gradients) {
+    std::vector<partition::box> mine{region};
+    for (int r = 0; r < rank; ++r) {
+        const auto& other = gradients ? plan.devices[static_cast<std::size_t>(r)].gradients
+                                      : plan.devices[static_cast<std::size_t>(r)].parameters;
+        for (const auto& s : other) {
+            if (s.logical != p) continue;
+            std::vector<partition::box> next;
+            for (const auto& b : mine) subtract_box(b, s.region, next);
+            mine = std::move(next);
+        }
+    }
+    return mine;
+}
+
+// ZeRO-1 shards the optimizer over data-parallel replicas: ranks that all store the whole
+// parameter. Other parameters are updated wherever they are stored.
+inline bool stored_whole_everywhere(const partition::partitioned_graph& plan, tensor_id p) {
+    const partition::box whole = partition::box::whole(plan.ir().tensor(p).dims);
+    for (const auto& device : plan.devices) {
+        bool stored = false;
+        for (const auto& s : device.parameters) stored = stored || (s.logical == p && s.region == whole);
+        if (!stored) return false;
+    }
+    return true;
+}
+
+// Rows of the first dim that `rank` updates under ZeRO-1 (the whole region when the rows do
+// not divide evenly over the ranks).
+inline partition::box zero1_shard(const partition::box& region, int rank, int world) {
+    partition::box b = region;
+    if (b.rank() == 0 || b.ranges[0].size() % world != 0) return b;
+    const std::int64_t rows = b.ranges[0].size() / world;
+    b.ranges[0].begin += rows * rank;
+    b.ranges[0].end = b.ranges[0].begin + rows;
+    return b;
+}
+
+// The part of gradient piece `gradient` (of logical parameter p) that `rank` updates.
+inline partition::box update_region(const partition::partitioned_graph& plan, int rank, tensor_id p,
+                                    const partition::box& gradient) {
+    if (plan.zero == plan::zero_stage::optimizer && stored_whole_everywhere(plan, p))
+        return zero1_shard(gradient, rank, plan.world);
+    return gradient;
+}
+
+// Offset of the first element of `inner` in a piece with box `outer`, for an `inner` that is
+// whole on every axis but the first (so that it is contiguous there).
+inline std::int64_t offset_in(const partition::box& inner, const partition::box& outer) {
+    if (inner.rank() == 0) return 0;
+    for (std::size_t a = 1; a < inner.rank(); ++a)
+        if (!(inner.ranges[a] == outer.ranges[a]))
+            throw error("distributed training: the updated part " + inner.to_string() + " of piece " +
+                        outer.to_string() + " is not contiguous; shard parameters along their first dim");
+    std::int64_t row = 1;
+    for (std::size_t a = 1; a < outer.rank(); ++a) row *= outer.ranges[a].size();
+    return (inner.ranges[0].begin - outer.ranges[0].begin) * row;
+}
+
+}  // namespace loom::train
+// ---- end loom/train/ownership.hpp ----
 // ---- begin loom/train/sgd.hpp ----
 // SGD with momentum, with PyTorch's torch.optim.SGD semantics:
 //   g <- g + wd * p
@@ -21501,48 +21684,8 @@ public:
     std::int64_t steps() const { return steps_; }
 
 private:
-    // Parts of `region` (a piece of parameter p, or of its gradient) that this rank counts
-    // as its own: the parts no lower rank holds. Pieces are equal or disjoint in every
-    // plan loom builds; a partial overlap is cut along the boxes.
     std::vector<partition::box> owned_rows(tensor_id p, const partition::box& region, bool gradients) const {
-        std::vector<partition::box> mine{region};
-        for (int r = 0; r < rank_; ++r) {
-            const auto& other = gradients ? plan_.devices[static_cast<std::size_t>(r)].gradients
-                                          : plan_.devices[static_cast<std::size_t>(r)].parameters;
-            for (const auto& s : other) {
-                if (s.logical != p) continue;
-                std::vector<partition::box> next;
-                for (const auto& b : mine) subtract(b, s.region, next);
-                mine = std::move(next);
-            }
-        }
-        return mine;
-    }
-
-    // b minus c, as disjoint boxes appended to out.
-    static void subtract(const partition::box& b, const partition::box& c, std::vector<partition::box>& out) {
-        const partition::box common = partition::intersect(b, c);
-        if (b.rank() == 0) {
-            return;  // a scalar held by a lower rank is theirs
-        }
-        if (common.empty()) {
-            out.push_back(b);
-            return;
-        }
-        partition::box rest = b;
-        for (std::size_t a = 0; a < b.rank(); ++a) {
-            if (rest.ranges[a].begin < common.ranges[a].begin) {
-                partition::box below = rest;
-                below.ranges[a].end = common.ranges[a].begin;
-                out.push_back(below);
-            }
-            if (common.ranges[a].end < rest.ranges[a].end) {
-                partition::box above = rest;
-                above.ranges[a].begin = common.ranges[a].end;
-                out.push_back(above);
-            }
-            rest.ranges[a] = common.ranges[a];
-        }
+        return owned_regions(plan_, rank_, p, region, gradients);
     }
 
     double global_gradient_norm() {
@@ -21578,9 +21721,7 @@ private:
                 if (s.logical == gp.logical && s.region.contains(gp.region)) pp = &s;
             if (!pp) throw error("distributed_trainer: gradient piece " + gp.region.to_string() + " of '" +
                                  logical.tensor(gp.logical).name + "' has no parameter piece on rank " + std::to_string(rank_));
-            partition::box update = gp.region;
-            if (plan_.zero == plan::zero_stage::optimizer && stored_whole_everywhere(gp.logical))
-                update = zero1_shard(gp.region);
+            const partition::box update = update_region(plan_, rank_, gp.logical, gp.region);
             if (!(update == pp->region)) shards_.push_back({pp, update});
             if (update.numel() == 0) continue;
             auto value = storage_->real(pp->local);
@@ -21596,41 +21737,6 @@ private:
                 },
                 *optimizer_);
         }
-    }
-
-    // ZeRO-1 shards the optimizer over data-parallel replicas: ranks that all store the
-    // whole parameter. Other parameters are updated wherever they are stored.
-    bool stored_whole_everywhere(tensor_id p) const {
-        const partition::box whole = partition::box::whole(plan_.ir().tensor(p).dims);
-        for (const auto& device : plan_.devices) {
-            bool stored = false;
-            for (const auto& s : device.parameters) stored = stored || (s.logical == p && s.region == whole);
-            if (!stored) return false;
-        }
-        return true;
-    }
-
-    // Rows of the first dim that rank r updates under ZeRO-1.
-    partition::box zero1_shard(const partition::box& region) const {
-        partition::box b = region;
-        if (b.rank() == 0 || b.ranges[0].size() % plan_.world != 0) return b;
-        const std::int64_t rows = b.ranges[0].size() / plan_.world;
-        b.ranges[0].begin += rows * rank_;
-        b.ranges[0].end = b.ranges[0].begin + rows;
-        return b;
-    }
-
-    // Offset of the first element of `inner` in a piece with box `outer`, for an `inner`
-    // that is whole on every axis but the first (so that it is contiguous there).
-    static std::int64_t offset_in(const partition::box& inner, const partition::box& outer) {
-        if (inner.rank() == 0) return 0;
-        for (std::size_t a = 1; a < inner.rank(); ++a)
-            if (!(inner.ranges[a] == outer.ranges[a]))
-                throw error("distributed_trainer: the updated part " + inner.to_string() + " of piece " +
-                            outer.to_string() + " is not contiguous; shard parameters along their first dim");
-        std::int64_t row = 1;
-        for (std::size_t a = 1; a < outer.rank(); ++a) row *= outer.ranges[a].size();
-        return (inner.ranges[0].begin - outer.ranges[0].begin) * row;
     }
 
     // ZeRO-1/2: every rank updated its shard; gather the shards into every full copy.
