@@ -16,6 +16,7 @@
 #include <loom/runtime/cuda/distributed_trainer.hpp>
 #include <loom/runtime/cuda/trainer.hpp>
 
+#include "../support/gpt_batch.hpp"
 #include "support.hpp"
 
 using namespace loom;
@@ -25,23 +26,6 @@ namespace {
 
 // Head dim 64; the batch divides by 4 ranks.
 models::gpt_config small_gpt() { return {.layers = 2, .hidden = 128, .heads = 2, .vocab = 96, .seq = 64, .batch = 4}; }
-
-train::input_feed make_feed(const models::gpt_config& c, int step, std::vector<std::vector<std::int32_t>>& keep) {
-    const auto n = static_cast<std::size_t>(c.batch * c.seq);
-    std::vector<std::int32_t> tokens(n), targets(n);
-    for (std::size_t i = 0; i < n; ++i) {
-        tokens[i] = static_cast<std::int32_t>((i * 7 + 3 + static_cast<std::size_t>(step) * 5) % 96);
-        targets[i] = static_cast<std::int32_t>((i * 11 + 10 + static_cast<std::size_t>(step) * 3) % 96);
-    }
-    keep.push_back(std::move(tokens));
-    keep.push_back(std::move(targets));
-    keep.push_back(models::gpt_positions(c));
-    train::input_feed f;
-    f.index["tokens"] = keep[keep.size() - 3];
-    f.index["targets"] = keep[keep.size() - 2];
-    f.index["positions"] = keep[keep.size() - 1];
-    return f;
-}
 
 train::trainer_options options() {
     train::trainer_options o;
@@ -63,7 +47,7 @@ outcome run_plan(const plan::plan_spec& spec, int steps, std::int64_t bucket_byt
     const auto pg = partition::apply_plan(training, plan::resolve(spec, training));
     std::vector<std::vector<std::int32_t>> keep;
     std::vector<train::input_feed> feeds;
-    for (int s = 0; s < steps; ++s) feeds.push_back(make_feed(c, s, keep));
+    for (int s = 0; s < steps; ++s) feeds.push_back(testing::gpt_batch(c, s, keep));
     outcome o;
     o.per_rank.resize(static_cast<std::size_t>(pg.world));
     o.parameters.resize(pg.ir().parameters.size());
@@ -90,7 +74,7 @@ void check_against_one_gpu(const plan::plan_spec& spec, std::int64_t bucket_byte
     cuda::trainer one(models::gpt(c).training_graph(), options(), std::is_same_v<T, float> ? precision::f32 : precision::bf16);
     std::vector<std::vector<std::int32_t>> keep;
     std::vector<train::step_result> reference;
-    for (int s = 0; s < steps; ++s) reference.push_back(one.step(make_feed(c, s, keep)));
+    for (int s = 0; s < steps; ++s) reference.push_back(one.step(testing::gpt_batch(c, s, keep)));
 
     const outcome got = run_plan<T>(spec, steps, bucket_bytes);
     INFO(spec.name << ", buckets of " << bucket_bytes << " bytes");

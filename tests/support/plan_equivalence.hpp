@@ -16,6 +16,8 @@
 #include <loom/train/distributed_trainer.hpp>
 #include <loom/train/trainer.hpp>
 
+#include "gpt_batch.hpp"
+
 namespace loom::testing {
 
 struct equivalence {
@@ -31,26 +33,6 @@ struct equivalence {
 };
 
 inline double relative(double a, double b) { return std::abs(a - b) / std::max({std::abs(a), std::abs(b), 1e-300}); }
-
-// A deterministic batch for step s: tokens and shifted targets from a seeded stream.
-inline train::input_feed gpt_batch(const models::gpt_config& c, int s, std::vector<std::vector<std::int32_t>>& keep) {
-    const auto n = static_cast<std::size_t>(c.batch * c.seq);
-    std::vector<std::int32_t> tokens(n), targets(n);
-    for (std::size_t i = 0; i < n; ++i) {
-        tokens[i] = static_cast<std::int32_t>(finalize_mix(0x5eedULL + static_cast<std::uint64_t>(s) * 1000003ULL + i) %
-                                              static_cast<std::uint64_t>(c.vocab));
-        targets[i] = static_cast<std::int32_t>(finalize_mix(0x7a46ULL + static_cast<std::uint64_t>(s) * 7919ULL + i) %
-                                               static_cast<std::uint64_t>(c.vocab));
-    }
-    keep.push_back(std::move(tokens));
-    keep.push_back(std::move(targets));
-    keep.push_back(models::gpt_positions(c));
-    train::input_feed f;
-    f.index["tokens"] = keep[keep.size() - 3];
-    f.index["targets"] = keep[keep.size() - 2];
-    f.index["positions"] = keep[keep.size() - 1];
-    return f;
-}
 
 // `prepare` may set the plan's op-order (a pipeline schedule) before the ranks run it.
 template <class T>

@@ -18,6 +18,8 @@
 #include <loom/runtime/cuda/trainer.hpp>
 #include <loom/runtime/cuda_gate.hpp>
 
+#include "../../support/gpt_batch.hpp"
+
 namespace {
 
 using namespace loom;
@@ -31,23 +33,6 @@ void expect(bool ok, const std::string& what, int rank) {
     }
 }
 
-train::input_feed make_feed(const models::gpt_config& c, int step, std::vector<std::vector<std::int32_t>>& keep) {
-    const auto n = static_cast<std::size_t>(c.batch * c.seq);
-    std::vector<std::int32_t> tokens(n), targets(n);
-    for (std::size_t i = 0; i < n; ++i) {
-        tokens[i] = static_cast<std::int32_t>((i * 7 + 3 + static_cast<std::size_t>(step) * 5) % 96);
-        targets[i] = static_cast<std::int32_t>((i * 11 + 10 + static_cast<std::size_t>(step) * 3) % 96);
-    }
-    keep.push_back(std::move(tokens));
-    keep.push_back(std::move(targets));
-    keep.push_back(models::gpt_positions(c));
-    train::input_feed f;
-    f.index["tokens"] = keep[keep.size() - 3];
-    f.index["targets"] = keep[keep.size() - 2];
-    f.index["positions"] = keep[keep.size() - 1];
-    return f;
-}
-
 void check_plan(cuda::nccl_communicator& c, const plan::plan_spec& spec, const models::gpt_config& config) {
     constexpr int steps = 5;
     train::trainer_options options;
@@ -56,7 +41,7 @@ void check_plan(cuda::nccl_communicator& c, const plan::plan_spec& spec, const m
     options.init_seed = 5;
     std::vector<std::vector<std::int32_t>> keep;
     std::vector<train::input_feed> feeds;
-    for (int s = 0; s < steps; ++s) feeds.push_back(make_feed(config, s, keep));
+    for (int s = 0; s < steps; ++s) feeds.push_back(testing::gpt_batch(config, s, keep));
 
     std::vector<train::step_result> reference;
     {
