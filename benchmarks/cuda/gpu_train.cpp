@@ -43,6 +43,8 @@ int main(int argc, char** argv) {
     app.add_option("--steps", steps);
     app.add_option("--precision", precision_name)->check(CLI::IsMember({"f32", "bf16"}));
     app.add_option("--peak-tflops", peak, "the GPU's dense bf16 peak (default: from its name)");
+    bool no_fuse = false;
+    app.add_flag("--no-fuse", no_fuse, "one kernel per op: no GEMM epilogue fusion (to measure what it gains)");
     CLI11_PARSE(app, argc, argv);
 
     const auto info = cuda::describe(0);
@@ -51,7 +53,7 @@ int main(int argc, char** argv) {
     options.schedule.peak = 6e-4;
     options.clip_norm = 1.0;
     const precision p = precision_name == "bf16" ? precision::bf16 : precision::f32;
-    cuda::trainer t(models::gpt(c).training_graph(), options, p);
+    cuda::trainer t(models::gpt(c).training_graph(), options, p, 0, {.fuse = !no_fuse});
 
     std::mt19937 rng(0);
     std::uniform_int_distribution<std::int32_t> token(0, static_cast<std::int32_t>(c.vocab - 1));
@@ -81,9 +83,10 @@ int main(int argc, char** argv) {
     std::printf(
         "{\"system\": \"loom\", \"device\": \"%s\", \"precision\": \"%s\", \"batch\": %lld, \"seq\": %lld, "
         "\"parameters\": %lld, \"median_step_seconds\": %.6f, \"tokens_per_second\": %.1f, "
-        "\"model_tflops_per_second\": %.2f, \"mfu\": %.4f, \"device_bytes\": %zu, \"final_loss\": %.4f}\n",
+        "\"model_tflops_per_second\": %.2f, \"mfu\": %.4f, \"device_bytes\": %zu, \"final_loss\": %.4f, "
+        "\"fusion\": \"%s\"}\n",
         info.name.c_str(), precision_name.c_str(), static_cast<long long>(c.batch), static_cast<long long>(c.seq),
         static_cast<long long>(c.parameter_count()), median, tokens_per_step / median, tflops,
-        peak > 0 ? tflops / peak : 0.0, t.device_bytes(), loss);
+        peak > 0 ? tflops / peak : 0.0, t.device_bytes(), loss, t.fusion().description().c_str());
     return 0;
 }

@@ -32,7 +32,8 @@ namespace loom::cuda {
 
 class trainer {
 public:
-    trainer(graph g, train::trainer_options options, precision storage = precision::f32, int device = 0)
+    trainer(graph g, train::trainer_options options, precision storage = precision::f32, int device = 0,
+            executor_options execution = {})
         : graph_(std::make_unique<graph>(std::move(g))), options_(options), storage_(storage) {
         if (graph_->loss == no_id) throw usage_error("cuda::trainer: the graph has no loss; call graph_builder::set_loss");
         if (graph_->gradients.empty())
@@ -49,9 +50,9 @@ public:
         gemm_ = std::make_unique<gemm_engine>();
         program_ = compile_program(*graph_, {.prec = storage});
         if (storage == precision::f32)
-            executor_f32_ = std::make_unique<executor<float>>(program_, stream_->get(), *gemm_);
+            executor_f32_ = std::make_unique<executor<float>>(program_, stream_->get(), *gemm_, execution);
         else
-            executor_bf16_ = std::make_unique<executor<bfloat16>>(program_, stream_->get(), *gemm_);
+            executor_bf16_ = std::make_unique<executor<bfloat16>>(program_, stream_->get(), *gemm_, execution);
 
         // Bound tensors, each at a 256-byte boundary of one allocation.
         std::size_t total = 0;
@@ -164,6 +165,8 @@ public:
                2 * sizeof(float) * static_cast<std::size_t>(optimizer_->parameter_count());
     }
     stream_handle compute_stream() const { return stream_->get(); }
+    // What the executor fused (cuda/fusion.hpp), e.g. for a benchmark's record.
+    const fusion_plan& fusion() const { return executor_f32_ ? executor_f32_->fusion() : executor_bf16_->fusion(); }
 
 private:
     void run_program() {
