@@ -13,7 +13,6 @@
 //    the distributed GPU path is tested on a single GPU; it is not a fast path.
 #include <algorithm>
 #include <cstddef>
-#include <cstring>
 #include <string>
 #include <vector>
 
@@ -67,48 +66,55 @@ public:
 
     void all_reduce_sum(void* data, std::size_t count, comm::dtype type, const comm::group& g) override {
         const std::size_t bytes = count * comm::size_of(type);
-        std::byte* h = down(data, bytes, 0);
+        std::byte* h = space(bytes);
+        down(h, data, bytes);
         host_.all_reduce_sum(h, count, type, g);
         up(data, h, bytes);
     }
     void all_gather(const void* in, void* out, std::size_t count_per_rank, comm::dtype type,
                     const comm::group& g) override {
+        // `in` may lie inside `out` (in place): it is copied down before anything comes back.
         const std::size_t bytes = count_per_rank * comm::size_of(type);
-        std::byte* h_in = down(in, bytes, 0);
-        std::byte* h_out = reserve(bytes, bytes * static_cast<std::size_t>(g.size()));
-        host_.all_gather(h_in, h_out, count_per_rank, type, g);
-        up(out, h_out, bytes * static_cast<std::size_t>(g.size()));
+        const std::size_t all = bytes * static_cast<std::size_t>(g.size());
+        std::byte* h = space(bytes + all);
+        down(h, in, bytes);
+        host_.all_gather(h, h + bytes, count_per_rank, type, g);
+        up(out, h + bytes, all);
     }
     void reduce_scatter_sum(const void* in, void* out, std::size_t count_per_rank, comm::dtype type,
                             const comm::group& g) override {
         const std::size_t bytes = count_per_rank * comm::size_of(type);
         const std::size_t all = bytes * static_cast<std::size_t>(g.size());
-        std::byte* h_in = down(in, all, 0);
-        std::byte* h_out = reserve(all, bytes);
-        host_.reduce_scatter_sum(h_in, h_out, count_per_rank, type, g);
-        up(out, h_out, bytes);
+        std::byte* h = space(all + bytes);
+        down(h, in, all);
+        host_.reduce_scatter_sum(h, h + all, count_per_rank, type, g);
+        up(out, h + all, bytes);
     }
     void all_to_all(const void* in, void* out, std::size_t count_per_rank, comm::dtype type,
                     const comm::group& g) override {
         const std::size_t all = count_per_rank * comm::size_of(type) * static_cast<std::size_t>(g.size());
-        std::byte* h_in = down(in, all, 0);
-        std::byte* h_out = reserve(all, all);
-        host_.all_to_all(h_in, h_out, count_per_rank, type, g);
-        up(out, h_out, all);
+        std::byte* h = space(2 * all);
+        down(h, in, all);
+        host_.all_to_all(h, h + all, count_per_rank, type, g);
+        up(out, h + all, all);
     }
     void broadcast(void* data, std::size_t count, comm::dtype type, int root_global_rank,
                    const comm::group& g) override {
         const std::size_t bytes = count * comm::size_of(type);
-        std::byte* h = down(data, bytes, 0);
+        std::byte* h = space(bytes);
+        down(h, data, bytes);
         host_.broadcast(h, count, type, root_global_rank, g);
         up(data, h, bytes);
     }
     void send(const void* data, std::size_t count, comm::dtype type, int dst_global_rank, int tag) override {
-        host_.send(down(data, count * comm::size_of(type), 0), count, type, dst_global_rank, tag);
+        const std::size_t bytes = count * comm::size_of(type);
+        std::byte* h = space(bytes);
+        down(h, data, bytes);
+        host_.send(h, count, type, dst_global_rank, tag);  // copies the data before it returns
     }
     void recv(void* data, std::size_t count, comm::dtype type, int src_global_rank, int tag) override {
         const std::size_t bytes = count * comm::size_of(type);
-        std::byte* h = reserve(0, bytes);
+        std::byte* h = space(bytes);
         host_.recv(h, count, type, src_global_rank, tag);
         up(data, h, bytes);
     }
@@ -138,22 +144,17 @@ private:
         else synchronize_device();
     }
 
-    // Pinned host space: `keep` bytes at the front are preserved, `bytes` more follow them.
-    std::byte* reserve(std::size_t keep, std::size_t bytes) {
-        if (keep + bytes > staging_.bytes()) {
-            pinned_buffer bigger(std::max<std::size_t>(2 * staging_.bytes(), keep + bytes));
-            if (keep > 0) std::memcpy(bigger.get(), staging_.get(), keep);
-            staging_ = std::move(bigger);
-        }
-        return staging_.as<std::byte>() + keep;
+    // Pinned host space for one call (what it held before is not kept): every call asks once,
+    // for its input and output together, so no pointer into it outlives a reallocation.
+    std::byte* space(std::size_t bytes) {
+        if (bytes > staging_.bytes()) staging_ = pinned_buffer(std::max<std::size_t>(2 * staging_.bytes(), bytes));
+        return staging_.as<std::byte>();
     }
 
-    // The compute stream's work so far, then the device bytes into staging at `at`.
-    std::byte* down(const void* device, std::size_t bytes, std::size_t at) {
-        std::byte* h = reserve(at, bytes);
+    // The compute stream's work so far, then the device bytes down into `h`.
+    void down(std::byte* h, const void* device, std::size_t bytes) {
         if (bytes > 0) copy_to_host(h, device, bytes, compute_);
         wait_for_compute();
-        return h;
     }
 
     // Back to the device; waits, so the staging can be reused by the next call.

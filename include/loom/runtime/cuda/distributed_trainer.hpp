@@ -24,6 +24,7 @@
 // threads sharing a GPU; how the tests check plans against one device).
 #include <algorithm>
 #include <chrono>
+#include <cstdio>
 #include <cstdint>
 #include <cstring>
 #include <map>
@@ -82,7 +83,6 @@ public:
         part_ = &plan.devices.at(static_cast<std::size_t>(rank_));
         set_device(placement.device);
         stream_ = std::make_unique<stream>();
-        comm_.set_stream(stream_->get());
         gemm_ = std::make_unique<gemm_engine>();
 
         const graph& g = part_->ir();
@@ -108,17 +108,22 @@ public:
             if (offsets_.count(s.local)) staging += static_cast<std::size_t>(program_.bytes_of(s.local));
         staging = (staging + sizeof(float) - 1) / sizeof(float) * sizeof(float);
         staging_ = pinned_buffer(staging + 2 * sizeof(float));
+        // Last: a constructor that throws leaves the communicator without a stream that dies.
+        comm_.set_stream(stream_->get());
     }
 
     distributed_trainer(const distributed_trainer&) = delete;
     distributed_trainer& operator=(const distributed_trainer&) = delete;
 
     ~distributed_trainer() {
-        // Queued gathers and buckets write into memory this object frees.
+        // Queued gathers and buckets write into memory this object frees, and the
+        // communicator outlives the stream it was given.
         try {
             comm_.synchronize();
-        } catch (...) {
+        } catch (const std::exception& e) {
+            std::fprintf(stderr, "cuda::distributed_trainer: rank %d: %s\n", rank_, e.what());
         }
+        comm_.set_stream(nullptr);
     }
 
     train::step_result step(const train::input_feed& feed) {
