@@ -3,7 +3,7 @@
 // talking through a staged in-process communicator) follow cuda::trainer's losses and
 // gradient norms and end with the same parameters. Data parallelism with one bucket per
 // gradient and with everything in one bucket, ZeRO-1 to 3, Megatron and sequence
-// parallelism (vocabulary-parallel cross-entropy), and bf16 mixed precision.
+// parallelism (vocabulary-parallel cross-entropy), pipelines, and bf16 mixed precision.
 #include <algorithm>
 #include <cmath>
 #include <string>
@@ -15,6 +15,7 @@
 #include <loom/runtime/comm/in_process.hpp>
 #include <loom/runtime/cuda/distributed_trainer.hpp>
 #include <loom/runtime/cuda/trainer.hpp>
+#include <loom/search/apply_configuration.hpp>
 
 #include "../support/gpt_batch.hpp"
 #include "support.hpp"
@@ -41,10 +42,8 @@ struct outcome {
 };
 
 template <class T>
-outcome run_plan(const plan::plan_spec& spec, int steps, std::int64_t bucket_bytes) {
+outcome run_plan(const partition::partitioned_graph& pg, int steps, std::int64_t bucket_bytes) {
     const auto c = small_gpt();
-    const graph training = models::gpt(c).training_graph();
-    const auto pg = partition::apply_plan(training, plan::resolve(spec, training));
     std::vector<std::vector<std::int32_t>> keep;
     std::vector<train::input_feed> feeds;
     for (int s = 0; s < steps; ++s) feeds.push_back(testing::gpt_batch(c, s, keep));
@@ -68,7 +67,8 @@ outcome run_plan(const plan::plan_spec& spec, int steps, std::int64_t bucket_byt
 // gradient that is zero in exact arithmetic, the key bias's, is rounding noise that AdamW
 // turns into steps of up to lr each), so they are held to `steps` x lr plus the tolerance.
 template <class T>
-void check_against_one_gpu(const plan::plan_spec& spec, std::int64_t bucket_bytes, double tolerance) {
+void check_against_one_gpu(const partition::partitioned_graph& pg, const std::string& name, std::int64_t bucket_bytes,
+                           double tolerance) {
     constexpr int steps = 6;
     const auto c = small_gpt();
     cuda::trainer one(models::gpt(c).training_graph(), options(), std::is_same_v<T, float> ? precision::f32 : precision::bf16);
@@ -76,8 +76,8 @@ void check_against_one_gpu(const plan::plan_spec& spec, std::int64_t bucket_byte
     std::vector<train::step_result> reference;
     for (int s = 0; s < steps; ++s) reference.push_back(one.step(testing::gpt_batch(c, s, keep)));
 
-    const outcome got = run_plan<T>(spec, steps, bucket_bytes);
-    INFO(spec.name << ", buckets of " << bucket_bytes << " bytes");
+    const outcome got = run_plan<T>(pg, steps, bucket_bytes);
+    INFO(name << ", buckets of " << bucket_bytes << " bytes");
     for (const auto& rank : got.per_rank) {
         REQUIRE(rank.size() == reference.size());
         for (int s = 0; s < steps; ++s) {
@@ -103,6 +103,13 @@ void check_against_one_gpu(const plan::plan_spec& spec, std::int64_t bucket_byte
     }
 }
 
+template <class T>
+void check_against_one_gpu(const plan::plan_spec& spec, std::int64_t bucket_bytes, double tolerance) {
+    const graph training = models::gpt(small_gpt()).training_graph();
+    check_against_one_gpu<T>(partition::apply_plan(training, plan::resolve(spec, training)), spec.name, bucket_bytes,
+                             tolerance);
+}
+
 }  // namespace
 
 TEST_CASE("data parallelism on 2 and 4 GPU ranks equals one GPU, whatever the bucket size", "[cuda][distributed]") {
@@ -120,6 +127,24 @@ TEST_CASE("tensor and sequence parallelism, alone and with data parallelism, equ
     check_against_one_gpu<float>(presets::megatron(2), std::int64_t{64} << 10, 1e-4);
     check_against_one_gpu<float>(presets::sequence_parallel(2), std::int64_t{64} << 10, 1e-4);
     check_against_one_gpu<float>(presets::megatron(2, 2), std::int64_t{64} << 10, 1e-4);
+}
+
+TEST_CASE("pipelines (1F1B, GPipe, with tensor and data parallelism) equal one GPU", "[cuda][distributed][pipeline]") {
+    // The searcher's configurations, applied as the pipeline tests on the host apply them:
+    // device programs ordered by the schedule, activations sent between stages.
+    const graph forward = models::gpt(small_gpt()).ir();
+    const auto make = [](int tp, int pp, int dp, int micro, search::schedule_kind kind) {
+        search::configuration k;
+        k.tp = tp, k.pp = pp, k.dp = dp, k.micro_batches = micro, k.schedule = kind, k.chunks = 1;
+        k.layers_per_chunk.assign(static_cast<std::size_t>(pp), 2 / pp);
+        return k;
+    };
+    for (const auto& k : {make(1, 2, 1, 4, search::schedule_kind::one_f_one_b), make(1, 2, 2, 2, search::schedule_kind::gpipe),
+                          make(2, 2, 1, 2, search::schedule_kind::one_f_one_b)}) {
+        const std::string name = "TP " + std::to_string(k.tp) + " PP " + std::to_string(k.pp) + " DP " +
+                                 std::to_string(k.dp) + " " + std::string(search::to_string(k.schedule));
+        check_against_one_gpu<float>(search::apply_configuration(forward, k), name, std::int64_t{64} << 10, 1e-4);
+    }
 }
 
 TEST_CASE("ZeRO-2 and ZeRO-3 on 2 GPU ranks equal one GPU", "[cuda][distributed][zero]") {
