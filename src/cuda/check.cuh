@@ -20,6 +20,11 @@ namespace loom::cuda::detail {
                      "; run under compute-sanitizer to find the faulting kernel, and check the driver with nvidia-smi");
 }
 
+// Launch wrappers refuse a null device pointer before queuing anything, naming the argument.
+inline void check_pointer(const char* fn, const char* what, const void* p) {
+    if (!p) throw usage_error(std::string(fn) + ": " + what + " is null; pass device memory for it");
+}
+
 }  // namespace loom::cuda::detail
 
 #define LOOM_CUDA_CHECK(call)                                                                            \

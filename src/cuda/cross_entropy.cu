@@ -124,9 +124,7 @@ void check_args(const char* fn, std::int64_t rows, std::int64_t vocab, double no
                           "; pass the op's positive finite normalizer (by default the number of positions)");
 }
 
-void check_pointer(const char* fn, const char* what, const void* p) {
-    if (!p) throw usage_error(std::string(fn) + ": " + what + " is null; pass device memory for it");
-}
+using detail::check_pointer;
 
 }  // namespace
 

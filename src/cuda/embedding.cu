@@ -158,9 +158,7 @@ void check_table(const char* fn, std::int64_t positions, std::int64_t rows, std:
                           std::to_string(vocab) + "); set row_offset and vocab so the table is a slice of it");
 }
 
-void check_pointer(const char* fn, const char* what, const void* p) {
-    if (!p) throw usage_error(std::string(fn) + ": " + what + " is null; pass device memory for it");
-}
+using detail::check_pointer;
 
 template <class W>
 void launch_gather(const std::int32_t* ids, const void* table, void* out, std::int64_t positions, std::int64_t rows,

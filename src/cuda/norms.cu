@@ -369,9 +369,7 @@ void check_shape(const char* fn, std::int64_t rows, std::int64_t cols, float eps
                           "; pass a non-negative epsilon (layer_norm's default is 1e-5, rms_norm's 1e-6)");
 }
 
-void check_pointer(const char* fn, const char* what, const void* p) {
-    if (!p) throw usage_error(std::string(fn) + ": " + what + " is null; pass device memory for it");
-}
+using detail::check_pointer;
 
 template <bool centered, class T>
 void norm_forward(const char* fn, const T* x, const T* gamma, const T* beta, T* y, float* mean, float* rstd,

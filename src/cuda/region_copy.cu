@@ -24,19 +24,28 @@ struct region_layout {
     std::int64_t src_base = 0, dst_base = 0, total = 0;
 };
 
+// Where element i of the region (row-major over its extents) lies in the source and the
+// destination piece.
+__device__ __forceinline__ void offsets_of(std::int64_t i, const region_layout& layout, std::int64_t& from,
+                                           std::int64_t& to) {
+    from = layout.src_base;
+    to = layout.dst_base;
+    for (int a = layout.rank - 1; a >= 0; --a) {
+        const std::int64_t at = i % layout.extent[a];
+        i /= layout.extent[a];
+        from += at * layout.src_stride[a];
+        to += at * layout.dst_stride[a];
+    }
+}
+
 // One thread per element of the region; consecutive threads take consecutive elements of
 // the innermost axis, which is contiguous in both pieces (coalesced on both sides).
 template <class E>
 __global__ void copy_region_kernel(const E* __restrict__ src, E* __restrict__ dst, region_layout layout) {
     for (std::int64_t i = blockIdx.x * static_cast<std::int64_t>(blockDim.x) + threadIdx.x; i < layout.total;
          i += static_cast<std::int64_t>(gridDim.x) * blockDim.x) {
-        std::int64_t rest = i, from = layout.src_base, to = layout.dst_base;
-        for (int a = layout.rank - 1; a >= 0; --a) {
-            const std::int64_t at = rest % layout.extent[a];
-            rest /= layout.extent[a];
-            from += at * layout.src_stride[a];
-            to += at * layout.dst_stride[a];
-        }
+        std::int64_t from, to;
+        offsets_of(i, layout, from, to);
         dst[to] = src[from];
     }
 }
@@ -46,13 +55,8 @@ template <class E, class A>
 __global__ void add_region_kernel(const E* __restrict__ src, A* __restrict__ dst, region_layout layout) {
     for (std::int64_t i = blockIdx.x * static_cast<std::int64_t>(blockDim.x) + threadIdx.x; i < layout.total;
          i += static_cast<std::int64_t>(gridDim.x) * blockDim.x) {
-        std::int64_t rest = i, from = layout.src_base, to = layout.dst_base;
-        for (int a = layout.rank - 1; a >= 0; --a) {
-            const std::int64_t at = rest % layout.extent[a];
-            rest /= layout.extent[a];
-            from += at * layout.src_stride[a];
-            to += at * layout.dst_stride[a];
-        }
+        std::int64_t from, to;
+        offsets_of(i, layout, from, to);
         if constexpr (std::is_same_v<A, std::int32_t>)
             dst[to] += src[from];
         else

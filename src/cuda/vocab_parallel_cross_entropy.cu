@@ -177,9 +177,7 @@ void check_normalizer(const char* fn, double normalizer) {
                           "; pass the op's positive finite normalizer (by default the number of positions)");
 }
 
-void check_pointer(const char* fn, const char* what, const void* p) {
-    if (!p) throw usage_error(std::string(fn) + ": " + what + " is null; pass device memory for it");
-}
+using detail::check_pointer;
 
 }  // namespace
 
