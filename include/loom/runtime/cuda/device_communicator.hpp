@@ -66,57 +66,42 @@ public:
 
     void all_reduce_sum(void* data, std::size_t count, comm::dtype type, const comm::group& g) override {
         const std::size_t bytes = count * comm::size_of(type);
-        std::byte* h = space(bytes);
-        down(h, data, bytes);
-        host_.all_reduce_sum(h, count, type, g);
-        up(data, h, bytes);
+        staged(data, bytes, data, bytes, [&](std::byte* h, std::byte*) { host_.all_reduce_sum(h, count, type, g); });
     }
     void all_gather(const void* in, void* out, std::size_t count_per_rank, comm::dtype type,
                     const comm::group& g) override {
-        // `in` may lie inside `out` (in place): it is copied down before anything comes back.
+        // `in` may lie inside `out` (in place): it comes down before anything goes back.
         const std::size_t bytes = count_per_rank * comm::size_of(type);
-        const std::size_t all = bytes * static_cast<std::size_t>(g.size());
-        std::byte* h = space(bytes + all);
-        down(h, in, bytes);
-        host_.all_gather(h, h + bytes, count_per_rank, type, g);
-        up(out, h + bytes, all);
+        staged(in, bytes, out, bytes * static_cast<std::size_t>(g.size()),
+               [&](std::byte* h_in, std::byte* h_out) { host_.all_gather(h_in, h_out, count_per_rank, type, g); });
     }
     void reduce_scatter_sum(const void* in, void* out, std::size_t count_per_rank, comm::dtype type,
                             const comm::group& g) override {
         const std::size_t bytes = count_per_rank * comm::size_of(type);
-        const std::size_t all = bytes * static_cast<std::size_t>(g.size());
-        std::byte* h = space(all + bytes);
-        down(h, in, all);
-        host_.reduce_scatter_sum(h, h + all, count_per_rank, type, g);
-        up(out, h + all, bytes);
+        staged(in, bytes * static_cast<std::size_t>(g.size()), out, bytes, [&](std::byte* h_in, std::byte* h_out) {
+            host_.reduce_scatter_sum(h_in, h_out, count_per_rank, type, g);
+        });
     }
     void all_to_all(const void* in, void* out, std::size_t count_per_rank, comm::dtype type,
                     const comm::group& g) override {
         const std::size_t all = count_per_rank * comm::size_of(type) * static_cast<std::size_t>(g.size());
-        std::byte* h = space(2 * all);
-        down(h, in, all);
-        host_.all_to_all(h, h + all, count_per_rank, type, g);
-        up(out, h + all, all);
+        staged(in, all, out, all,
+               [&](std::byte* h_in, std::byte* h_out) { host_.all_to_all(h_in, h_out, count_per_rank, type, g); });
     }
     void broadcast(void* data, std::size_t count, comm::dtype type, int root_global_rank,
                    const comm::group& g) override {
         const std::size_t bytes = count * comm::size_of(type);
-        std::byte* h = space(bytes);
-        down(h, data, bytes);
-        host_.broadcast(h, count, type, root_global_rank, g);
-        up(data, h, bytes);
+        staged(data, bytes, data, bytes,
+               [&](std::byte* h, std::byte*) { host_.broadcast(h, count, type, root_global_rank, g); });
     }
     void send(const void* data, std::size_t count, comm::dtype type, int dst_global_rank, int tag) override {
-        const std::size_t bytes = count * comm::size_of(type);
-        std::byte* h = space(bytes);
-        down(h, data, bytes);
-        host_.send(h, count, type, dst_global_rank, tag);  // copies the data before it returns
+        // The host send copies the data before it returns.
+        staged(data, count * comm::size_of(type), nullptr, 0,
+               [&](std::byte* h, std::byte*) { host_.send(h, count, type, dst_global_rank, tag); });
     }
     void recv(void* data, std::size_t count, comm::dtype type, int src_global_rank, int tag) override {
-        const std::size_t bytes = count * comm::size_of(type);
-        std::byte* h = space(bytes);
-        host_.recv(h, count, type, src_global_rank, tag);
-        up(data, h, bytes);
+        staged(nullptr, 0, data, count * comm::size_of(type),
+               [&](std::byte*, std::byte* h) { host_.recv(h, count, type, src_global_rank, tag); });
     }
     void barrier(const comm::group& g) override { host_.barrier(g); }
     void abort(std::string reason) override { host_.abort(std::move(reason)); }
@@ -144,22 +129,22 @@ private:
         else synchronize_device();
     }
 
-    // Pinned host space for one call (what it held before is not kept): every call asks once,
-    // for its input and output together, so no pointer into it outlives a reallocation.
-    std::byte* space(std::size_t bytes) {
+    // Runs `call(host_in, host_out)` on pinned copies: `in_bytes` of `in` come down after the
+    // compute stream's work so far, and `out_bytes` go back to `out` before the call returns
+    // (so the staging is free for the next call). An in-place call gets one buffer for both.
+    // Every call reserves once, for input and output together, so no pointer into the staging
+    // outlives a reallocation.
+    template <class F>
+    void staged(const void* in, std::size_t in_bytes, void* out, std::size_t out_bytes, F&& call) {
+        const bool in_place = in == out && in_bytes == out_bytes;
+        const std::size_t bytes = in_place ? in_bytes : in_bytes + out_bytes;
         if (bytes > staging_.bytes()) staging_ = pinned_buffer(std::max<std::size_t>(2 * staging_.bytes(), bytes));
-        return staging_.as<std::byte>();
-    }
-
-    // The compute stream's work so far, then the device bytes down into `h`.
-    void down(std::byte* h, const void* device, std::size_t bytes) {
-        if (bytes > 0) copy_to_host(h, device, bytes, compute_);
+        std::byte* h_in = staging_.as<std::byte>();
+        std::byte* h_out = in_place ? h_in : h_in + in_bytes;
+        if (in_bytes > 0) copy_to_host(h_in, in, in_bytes, compute_);
         wait_for_compute();
-    }
-
-    // Back to the device; waits, so the staging can be reused by the next call.
-    void up(void* device, const std::byte* h, std::size_t bytes) {
-        if (bytes > 0) copy_to_device(device, h, bytes, compute_);
+        call(h_in, h_out);
+        if (out_bytes > 0) copy_to_device(out, h_out, out_bytes, compute_);
         wait_for_compute();
     }
 
