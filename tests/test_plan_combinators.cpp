@@ -373,3 +373,15 @@ TEST_CASE("plan combinators: extent facts are checked against the graph they res
     CHECK_THROWS_WITH(wrong.resolve(model.ir()),
                       Catch::StartsWith("plan::extent<Head, 12>: the graph's Head is 4 in split_heads"));
 }
+
+TEST_CASE("a rule whose selector matches no op of the model is refused; a preset's parts may be absent",
+          "[plan][errors]") {
+    auto model = models::gpt({.layers = 2, .hidden = 16, .heads = 4, .vocab = 32, .seq = 8, .batch = 8});
+    const auto typo = plan::compose(plan::devices<2>, plan::on_scope<"blocks.*.atn">(plan::trans<Split<Dim::Batch>, 2>{}));
+    CHECK_THROWS_WITH(partition::apply_plan(model.ir(), typo),
+                      Catch::Contains("matches no op") && Catch::Contains("blocks.*.atn"));
+    const auto beyond = plan::compose(plan::devices<2>, plan::on_layers<"blocks", 5, 7>(plan::recompute));
+    CHECK_THROWS_WITH(partition::apply_plan(model.ir(), beyond), Catch::Contains("matches no op"));
+    // megatron() also has rules for SiLU and gated MLPs, which this GPT lacks.
+    CHECK_NOTHROW(partition::apply_plan(model.ir(), plan::presets::megatron(2)));
+}

@@ -372,67 +372,6 @@ TEST_CASE("constraints spell themselves as written", "[schedule]") {
     CHECK(pairs.front().then == backward_block(0, 0));
 }
 
-// ---- the typed front end ----------------------------------------------------------------------
-
-namespace {
-using namespace var;
-constexpr before f0_ahead{forward(micro + 1, 0), forward(micro, 1)};
-constexpr before round_three{forward(micro, 3), backward(micro)};
-constexpr before backward_round{block_pattern{pass_kind::backward, 1, micro}, forward(micro + 1)};
-constexpr before itself{forward(micro), forward(micro)};
-constexpr before stage_per_device{forward(position + stage), backward(position), each_device};
-}  // namespace
-
-static_assert(well_formed<GPipe<2>>);
-static_assert(well_formed<OneFOneB<4>>);
-static_assert(well_formed<Interleaved<4, 2>>);
-static_assert(well_formed<Interleaved<4, 2>, 8>);
-static_assert(well_formed<ThreeFOneB<4>>);
-static_assert(well_formed<Interlaced<4>>);
-static_assert(well_formed<FromConstraints<4, 2, f0_ahead>>);
-static_assert(!well_formed<OneFOneB<0>>);
-static_assert(!well_formed<GPipe<-1>>);
-static_assert(!well_formed<Interleaved<4, 0>>);
-static_assert(!well_formed<Interleaved<4, 2>, 6>);
-static_assert(!well_formed<ThreeFOneB<0>>);
-static_assert(!well_formed<Interlaced<0>>);
-static_assert(!well_formed<OneFOneB<4>, -2>);
-static_assert(!well_formed<FromConstraints<4, 0>>);
-static_assert(!well_formed<FromConstraints<4, 3, round_three>>);
-static_assert(well_formed<FromConstraints<4, 4, round_three>>);
-static_assert(!well_formed<FromConstraints<4, 3, backward_round>>);
-static_assert(!well_formed<FromConstraints<4, 1, itself>>);
-static_assert(!well_formed<FromConstraints<4, 1, stage_per_device>>);
-
-TEST_CASE("the typed front end: the same schedules, the same checks", "[schedule]") {
-    CHECK(order<GPipe<2>>::make(4).device_order == gpipe(2, 4).device_order);
-    CHECK(order<OneFOneB<4>>::make(8).device_order == one_f_one_b(4, 8).device_order);
-    CHECK(order<Interleaved<4, 2>>::make<8>().device_order == interleaved_one_f_one_b(4, 2, 8).device_order);
-    CHECK(order<ThreeFOneB<2>>::make(5).device_order == three_f_one_b(2, 5).device_order);
-    CHECK(order<Interlaced<2>>::make(4).device_order == interlaced(2, 4).device_order);
-    CHECK(order<FromConstraints<4, 2, f0_ahead>>::make(6).shape.rounds == 2);
-    CHECK(order<OneFOneB<4>>::name() == "order<OneFOneB<4>>");
-
-    CHECK(error_message<OneFOneB<0>>.view() ==
-          "order<OneFOneB<0>>: 0 pipeline stages; a pipeline needs at least one stage; use 1 or more");
-    CHECK(std::string(error_message<Interleaved<4, 2>, 6>.view()).find("use 4 or 8 micro-batches") != std::string::npos);
-    CHECK(std::string(error_message<FromConstraints<4, 3, round_three>>.view()) ==
-          "order<FromConstraints<4, 3, ...>>: constraint #0: before{forward(micro, 3), backward(micro)} names forward "
-          "round 3, but the pipeline has 3 forward rounds (0..2); use a round below 3 or give the pipeline more rounds");
-    CHECK(std::string(error_message<FromConstraints<4, 1, stage_per_device>>.view()).find("uses `stage`") !=
-          std::string::npos);
-    CHECK(error_message<Interlaced<4>>.view().empty());
-
-    // micro-batch counts known only at run time: the same predicate throws
-    using interleaved_4x2 = order<Interleaved<4, 2>>;
-    CHECK_THROWS_AS(interleaved_4x2::make(6), schedule_error);
-    CHECK_THROWS_WITH(interleaved_4x2::make(6),
-                      Catch::Contains("order<Interleaved<4, 2>>::make(6): 6 micro-batches is not a multiple of the 4 "
-                                      "pipeline stages") &&
-                          Catch::Contains("use 4 or 8 micro-batches"));
-    CHECK_THROWS_WITH(order<OneFOneB<4>>::make(0), Catch::Contains("0 micro-batches; a pipeline needs at least one"));
-}
-
 // ---- device programs ----------------------------------------------------------------------------
 
 TEST_CASE("device programs put each send after its producer and each receive before its consumer", "[schedule]") {

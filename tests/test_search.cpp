@@ -5,6 +5,7 @@
 #include <catch2/catch.hpp>
 
 #include <cmath>
+#include <cstdio>
 #include <filesystem>
 #include <fstream>
 #include <random>
@@ -16,7 +17,8 @@
 #include <loom/schedule/simulate.hpp>
 #include <loom/schedule/templates.hpp>
 #include <loom/search/branch_and_bound.hpp>
-#include <loom/search/plan_json.hpp>
+#include <loom/io/plan_file.hpp>
+#include <loom/search/to_plan.hpp>
 
 using namespace loom;
 
@@ -242,37 +244,31 @@ TEST_CASE("the search is deterministic and explains its answer", "[search][bnb]"
     CHECK(first.stats.pruned_by_bound > 0);
 }
 
-TEST_CASE("a configuration saved as JSON loads back identical; bad files say what to fix", "[search][json]") {
-    const graph g = models::gpt({.layers = 8, .hidden = 1024, .heads = 16, .vocab = 1024, .seq = 512, .batch = 64})
-                        .training_graph();
+TEST_CASE("the README's search snippet finds a plan and returns it as a plan value", "[search]") {
+    const models::gpt_config cfg{.layers = 24, .hidden = 2048, .heads = 16, .vocab = 50304, .seq = 2048, .batch = 512};
+    auto profile = search::profile_model(models::gpt(cfg).training_graph());  // layers folded by class
+    search::cost_context ctx(profile, search::dgx_a100(/*nodes=*/16), {.memory_per_device = 80e9});
+    search::search_result found = search::branch_and_bound(ctx, search::search_space{});
+    std::printf("%s", found.explain().c_str());  // plan, predicted step time, memory per stage, nodes cut
+    const plan::plan_spec plan = search::to_plan(found.best);                 // the one plan value
+    REQUIRE(found.found);
+    CHECK(plan.devices == 128);
+    CHECK(plan.devices == found.best.devices());
+}
+
+TEST_CASE("a searched plan is the one plan value: saved as a plan file, it loads back identical", "[search][json]") {
+    const models::gpt_config config{.layers = 8, .hidden = 1024, .heads = 16, .vocab = 1024, .seq = 512, .batch = 64};
+    const graph g = models::gpt(config).training_graph();
     search::search_options o;
     o.memory_per_device = 2e9;
     search::cost_context ctx(search::profile_model(g), search::dgx2_v100(1), o);
     const auto found = search::branch_and_bound(ctx, {});
     REQUIRE(found.found);
-    const std::string path = (std::filesystem::temp_directory_path() / "loom_test_configuration.json").string();
-    search::save_configuration(found.best, path);
-    const search::configuration back = search::load_configuration(path);
-    CHECK(search::to_json(back) == search::to_json(found.best));
-    CHECK(back.recompute_of == found.best.recompute_of);
-    CHECK(search::evaluate(ctx, back).step_time == found.cost.step_time);
-
-    auto broken = search::to_json(found.best);
-    broken["schedule"] = "2F2B";
-    CHECK_THROWS_WITH(search::configuration_from_json(broken, "plan.json"),
-                      Catch::Contains("plan.json") && Catch::Contains("schedule") && Catch::Contains("1F1B"));
-    broken = search::to_json(found.best);
-    broken["recompute"].push_back("none");
-    CHECK_THROWS_WITH(search::configuration_from_json(broken, "plan.json"), Catch::Contains("one recompute choice per layer"));
-    broken = search::to_json(found.best);
-    broken["tp"] = 0;
-    CHECK_THROWS_WITH(search::configuration_from_json(broken, "plan.json"), Catch::Contains("\"tp\" must be a positive integer"));
-    broken = search::to_json(found.best);
-    broken["version"] = 7;
-    CHECK_THROWS_WITH(search::configuration_from_json(broken, "plan.json"), Catch::Contains("version 7"));
-    std::ofstream(path) << "{ not json";
-    CHECK_THROWS_WITH(search::load_configuration(path), Catch::Contains(path) && Catch::Contains("not JSON"));
-    std::filesystem::remove(path);
+    const plan::plan_spec p = search::to_plan(found.best);
+    CHECK(p.devices == found.best.devices());
+    const graph forward = models::gpt(config).ir();
+    const auto back = io::plan_from_json(io::to_json(p, &forward), "plan.json", &forward);
+    CHECK(io::to_json(back) == io::to_json(p));
 }
 
 TEST_CASE("recomputation's transient is in the memory, and Coshard divides it", "[search][coshard]") {
@@ -344,8 +340,12 @@ TEST_CASE("Coshard lets full recomputation fit where one piece at a time does no
     CHECK(with.explain().find("Coshard") != std::string::npos);
     const auto all = search::enumerate_all(ctx, only_full);
     CHECK(all.cost.step_time == Approx(with.cost.step_time).epsilon(1e-12));
-    // It round-trips through the plan file.
-    CHECK(search::configuration_from_json(search::to_json(with.best)).coshard == with.best.coshard);
+    // As a plan, its recomputed layers' pieces are colocated coshard to a device.
+    const plan::plan_spec p = search::to_plan(with.best);
+    bool colocated = false;
+    for (const plan::rule& r : p.rules) colocated = colocated || (r.assign && r.assign->colocate == with.best.coshard);
+    CHECK(colocated);
+    CHECK(p.colocation_requires_recompute);
 }
 
 namespace {
@@ -452,6 +452,8 @@ TEST_CASE("branch-and-bound finds the optimum of a recycling model, 3F1B include
     CHECK(a.forward_blocks == 1);
     CHECK(b.forward_blocks == 3);
     CHECK(3 * (b.chunk_forward[0] + b.chunk_forward[1]) == Approx(a.chunk_forward[0] * 2.0).epsilon(1e-9));
-    // A plan file keeps the schedule.
-    CHECK(search::configuration_from_json(search::to_json(piped)).schedule == search::schedule_kind::three_f_one_b);
+    // As a plan (and a plan file), it is ordered by 3F1B.
+    const plan::plan_spec p = io::plan_from_json(io::to_json(search::to_plan(piped)), "plan.json");
+    REQUIRE(p.order.alternatives.size() == 1);
+    CHECK(p.order.alternatives.front().kind == plan::schedule_kind::three_f_one_b);
 }

@@ -4,7 +4,7 @@
 //   loom_plan --layers 48 --hidden 4096 --heads 32 --cluster dgx2_v100:2 --memory 32e9
 //             --out plan.json --trace timeline.json
 //   loom_plan --request request.json              the same options as a JSON object
-//   loom_plan --load plan.json --cluster ...      the predicted cost of a saved plan
+//   loom_plan --load plan.json --cluster ...      the programs of a saved plan, explained
 #include <cstdio>
 
 #include <CLI/CLI.hpp>
@@ -44,13 +44,12 @@ int main(int argc, char** argv) {
         ->check(CLI::PositiveNumber);
     app.add_flag("--interlaced", o.interlaced,
                  "also consider the interlaced pipeline (embedding and head on all devices, nnScaler Figure 6)");
-    app.add_flag("--executable", o.executable, "only what loom's executor runs today (no ZeRO, no recompute)");
     app.add_flag("--unfolded", o.unfolded, "decide per layer instead of once per class of identical layers");
     app.add_option("--budget", o.budget, "search time budget in seconds (then: the best so far and its proven gap)");
-    app.add_option("--out", o.out, "write the plan (configuration JSON) here");
+    app.add_option("--out", o.out, "write the plan file (io::save_plan JSON) here");
     app.add_option("--trace", o.trace, "write the predicted timeline here (Chrome trace JSON, open in Perfetto)");
     app.add_option("--save-cluster", o.save_cluster, "write the cluster profile used here (JSON)");
-    app.add_option("--load", o.load, "evaluate this saved plan instead of searching");
+    app.add_option("--load", o.load, "apply this plan file to the model and explain its programs instead of searching");
     CLI11_PARSE(app, argc, argv);
     if (!request.empty()) {
         loom_plan_options from_file;

@@ -20,12 +20,11 @@ struct loom_plan_options {
     int boundary_slack = 0;   // ... each within this many layers of the even split (0: any)
     bool interlaced = false;  // also consider the interlaced pipeline
     std::vector<int> coshard{1};  // Coshard factors to consider
-    bool executable = false;  // only what the executor runs today (no ZeRO, no recompute)
     bool unfolded = false;    // decide per layer instead of per class of identical layers
     double budget = 0;        // seconds; 0: search to the end
     // outputs
     std::string out, trace, save_cluster;
-    std::string load;  // evaluate this saved configuration instead of searching
+    std::string load;  // a plan file to apply to the model instead of searching
 };
 
 // Reads a JSON request ({"layers": 24, "cluster": "dgx2_v100:2", "tp": [1, 2], ...}, the

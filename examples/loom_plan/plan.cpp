@@ -1,5 +1,5 @@
 // The loom half of loom_plan: builds and profiles the model, loads or picks the cluster,
-// searches (or evaluates a saved plan), and writes the plan, the cluster and the trace.
+// searches (or applies a saved plan file), and writes the plan file, the cluster and the trace.
 #include <cstdio>
 #include <fstream>
 #include <stdexcept>
@@ -45,7 +45,7 @@ search::recompute recompute_of(const std::string& s) {
 }
 
 search::search_space space_of(const loom_plan_options& o) {
-    search::search_space s = o.executable ? search::executable_space() : search::search_space{};
+    search::search_space s;
     s.tp = o.tp;
     s.pp = o.pp;
     s.micro_batches = o.micro_batches;
@@ -113,7 +113,6 @@ void apply_request_file(const std::string& path, loom_plan_options& o) {
             else if (key == "recompute") o.recompute = value.get<std::vector<std::string>>();
             else if (key == "boundaries") o.boundaries = value.get<bool>();
             else if (key == "boundary_slack") o.boundary_slack = value.get<int>();
-            else if (key == "executable") o.executable = value.get<bool>();
             else if (key == "interlaced") o.interlaced = value.get<bool>();
             else if (key == "coshard") o.coshard = value.get<std::vector<int>>();
             else if (key == "unfolded") o.unfolded = value.get<bool>();
@@ -155,25 +154,26 @@ int run_loom_plan(const loom_plan_options& o) {
                     ctx.model().parameters / 1e9);
         std::printf("cluster: %s, %d devices of %.0f GB\n", hw.name.c_str(), hw.devices(), hw.device.memory_bytes / 1e9);
 
-        search::search_result result;
         if (!o.load.empty()) {
-            result.best = search::load_configuration(o.load);
-            if (result.best.devices() != hw.devices())
-                throw usage_error("loom_plan: " + o.load + " is a plan for " + std::to_string(result.best.devices()) +
-                                  " devices but the cluster has " + std::to_string(hw.devices()) + "; give the cluster it was made for");
-            result.cost = search::evaluate(ctx, result.best);
-            result.found = result.cost.feasible;
-            result.cluster_name = hw.name;
-            if (!result.found) std::printf("the saved plan does not fit: %s\n", result.cost.why_infeasible.c_str());
-        } else {
-            result = search::branch_and_bound(ctx, space_of(o));
+            // A saved plan: loaded against this model (a plan for another model is refused) and
+            // applied; its programs are what training would run.
+            const graph forward = models::gpt(config).ir();
+            const plan::plan_spec plan = io::load_plan(o.load, forward);
+            if (plan.devices != hw.devices())
+                throw usage_error("loom_plan: " + o.load + " is a plan for " + std::to_string(plan.devices) +
+                                  " devices but the cluster has " + std::to_string(hw.devices()) +
+                                  "; give the cluster it was made for");
+            const partition::partitioned_graph programs = partition::apply_plan(forward, plan);
+            std::printf("plan: %s\n%s", plan.name.c_str(), partition::explain(programs).c_str());
+            return 0;
         }
+        const search::search_result result = search::branch_and_bound(ctx, space_of(o));
         std::printf("%s", result.explain().c_str());
         if (!result.found) return 1;
         std::printf("throughput: %.1f sequences/s, %.0f tokens/s\n", static_cast<double>(o.batch) / result.cost.step_time,
                     static_cast<double>(o.batch * o.seq) / result.cost.step_time);
         if (!o.out.empty()) {
-            search::save_configuration(result.best, o.out);
+            io::save_plan(search::to_plan(result.best), o.out, models::gpt(config).ir());
             std::printf("plan written to %s\n", o.out.c_str());
         }
         if (!o.trace.empty()) {

@@ -1,9 +1,9 @@
 // Trains a small GPT on loom's own text corpus on the host backend: calibrates the host,
 // searches the plan for --devices in-process ranks, shows it, and prints a progress line
-// per step (--devices 1: one device, no search).
+// per step (--devices 1: one device, no search; --plan FILE: the plan stored in FILE).
 //
 //   train_gpt [--devices 4] [--steps 300] [--layers 4] [--hidden 128] [--heads 4] [--seq 64] [--batch 16]
-//             [--lr 3e-3] [--clip 1] [--seed 1234] [--print-every 1] [--data corpus.tok]
+//             [--lr 3e-3] [--clip 1] [--seed 1234] [--print-every 1] [--data corpus.tok] [--plan plan.json]
 #include <CLI/CLI.hpp>
 
 #include "options.hpp"
@@ -24,6 +24,8 @@ int main(int argc, char** argv) {
     app.add_option("--devices", o.devices, "in-process ranks to search a plan for and train on (1: one device)")
         ->check(CLI::PositiveNumber);
     app.add_option("--data", o.data, "token file to train on (default: loom's corpus, written to a temp file)");
+    app.add_option("--plan", o.plan, "a plan file (loom_plan --out) to train on its devices instead of searching")
+        ->check(CLI::ExistingFile);
     CLI11_PARSE(app, argc, argv);
     return run_training(o);
 }

@@ -80,8 +80,31 @@ int train_one_device(const models::gpt_config& config, train::trainer_options op
     return 0;
 }
 
+// Trains `plan` on its devices as in-process ranks.
+int train_plan(const models::gpt_config& config, const graph& forward, const plan::plan_spec& plan,
+               train::trainer_options options, std::int64_t steps, const train::token_file& data, std::uint64_t data_seed,
+               std::int64_t print_every) {
+    const partition::partitioned_graph programs = partition::apply_plan(forward, plan);
+    train::data_loader loader(data, {.batch = config.batch, .seq = config.seq, .seed = data_seed});
+    const auto positions = models::gpt_positions(config);
+    progress p(config, steps, print_every);
+    int status = 0;
+    // Every rank reads the same batch (each takes its own part of it); rank 0 reports.
+    std::vector<train::batch> batches(static_cast<std::size_t>(steps));
+    for (auto& b : batches) b = loader.next();
+    comm::run_ranks(programs.world, [&](comm::communicator& comm) {
+        train::distributed_trainer<float> rank(programs, comm, options);
+        for (std::int64_t s = 0; s < steps; ++s) {
+            const train::step_result r = rank.step(feed_of(batches[static_cast<std::size_t>(s)], positions));
+            if (comm.rank() == 0 && status == 0 && !p.record(s, r)) status = 1;
+        }
+    });
+    if (status == 0) p.summary();
+    return status;
+}
+
 // Calibrates the host as `devices` in-process ranks, searches the plan (TP, PP, DP,
-// micro-batches, schedule) that the executor runs, and trains with it.
+// micro-batches, schedule, recompute, Coshard) for them, and trains with it.
 int train_searched(const models::gpt_config& config, train::trainer_options options, std::int64_t steps,
                    const train::token_file& data, std::uint64_t data_seed, std::int64_t print_every, int devices) {
     auto model = models::gpt(config);
@@ -96,27 +119,23 @@ int train_searched(const models::gpt_config& config, train::trainer_options opti
     search_options.activation_bytes = 4;
     search_options.states = search::fp32_adam();
     search::cost_context ctx(search::profile_model(training), host_profile, search_options);
-    const search::search_result found = search::branch_and_bound(ctx, search::executable_space());
+    search::search_space space;
+    space.zero = {plan::zero_stage::none};  // ZeRO inside pipeline stages is refused (plan/pipeline.hpp)
+    const search::search_result found = search::branch_and_bound(ctx, space);
     std::printf("%s", found.explain().c_str());
     if (!found.found) return 1;
-    const partition::partitioned_graph plan = search::apply_configuration(forward, found.best);
+    return train_plan(config, forward, search::to_plan(found.best), options, steps, data, data_seed, print_every);
+}
 
-    train::data_loader loader(data, {.batch = config.batch, .seq = config.seq, .seed = data_seed});
-    const auto positions = models::gpt_positions(config);
-    progress p(config, steps, print_every);
-    int status = 0;
-    // Every rank reads the same batch (each takes its own part of it); rank 0 reports.
-    std::vector<train::batch> batches(static_cast<std::size_t>(steps));
-    for (auto& b : batches) b = loader.next();
-    comm::run_ranks(plan.world, [&](comm::communicator& comm) {
-        train::distributed_trainer<float> rank(plan, comm, options);
-        for (std::int64_t s = 0; s < steps; ++s) {
-            const train::step_result r = rank.step(feed_of(batches[static_cast<std::size_t>(s)], positions));
-            if (comm.rank() == 0 && status == 0 && !p.record(s, r)) status = 1;
-        }
-    });
-    if (status == 0) p.summary();
-    return status;
+// Trains the plan stored in a plan file.
+int train_plan_file(const models::gpt_config& config, train::trainer_options options, std::int64_t steps,
+                    const train::token_file& data, std::uint64_t data_seed, std::int64_t print_every,
+                    const std::string& path) {
+    const graph forward = models::gpt(config).ir();
+    print_model(config, data);
+    const plan::plan_spec plan = io::load_plan(path, forward);
+    std::printf("plan: %s, %d devices (from %s)\n", plan.name.c_str(), plan.devices, path.c_str());
+    return train_plan(config, forward, plan, options, steps, data, data_seed, print_every);
 }
 
 }  // namespace
@@ -139,6 +158,7 @@ int run_training(const train_gpt_options& o) {
                             .total_steps = o.steps};
         options.clip_norm = o.clip;
         options.init_seed = o.seed;
+        if (!o.plan.empty()) return train_plan_file(config, options, o.steps, data, o.seed, o.print_every, o.plan);
         if (o.devices <= 1) return train_one_device(config, options, o.steps, data, o.seed, o.print_every);
         return train_searched(config, options, o.steps, data, o.seed, o.print_every, o.devices);
     } catch (const loom::error& e) {

@@ -22,9 +22,11 @@
 
 // plans: combinators' run-time form, presets, custom transformations
 #include <loom/plan/combinators.hpp>
+#include <loom/plan/op_order.hpp>
 #include <loom/plan/op_partition.hpp>
-#include <loom/plan/pipeline.hpp>
+#include <loom/plan/pipeline_parts.hpp>
 #include <loom/plan/presets.hpp>
+#include <loom/plan/resolve.hpp>
 #include <loom/plan/rules.hpp>
 #include <loom/plan/transformation.hpp>
 
@@ -36,7 +38,6 @@
 #include <loom/partition/materialize.hpp>
 #include <loom/partition/partitioned_graph.hpp>
 #include <loom/partition/piece_layout.hpp>
-#include <loom/partition/pipeline_order.hpp>
 #include <loom/partition/region_copy.hpp>
 #include <loom/partition/transfer.hpp>
 #include <loom/partition/vtensor.hpp>
@@ -61,6 +62,7 @@
 #include <loom/runtime/host/thread_pool.hpp>
 
 // io
+#include <loom/io/plan_file.hpp>
 #include <loom/io/safetensors.hpp>
 
 // train

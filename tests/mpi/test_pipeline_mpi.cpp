@@ -11,11 +11,8 @@
 
 #include <loom/loom.hpp>
 #include <loom/models/evoformer.hpp>
-#include <loom/partition/pipeline_order.hpp>
-#include <loom/plan/pipeline.hpp>
 #include <loom/plan/presets.hpp>
 #include <loom/runtime/comm/mpi.hpp>
-#include <loom/schedule/templates.hpp>
 
 #include "support/evoformer.hpp"
 #include "support/plan_equivalence.hpp"
@@ -31,11 +28,9 @@ int report(comm::communicator& comm, const std::string& what, double worst_loss,
     return ok ? 0 : 1;
 }
 
-int check_plan(comm::communicator& comm, const models::gpt_config& c, const plan::pipeline_plan& pp,
-          const schedule::schedule& s) {
+int check(comm::communicator& comm, const models::gpt_config& c, const plan::plan_spec& p) {
     auto model = models::gpt(c);
-    auto pg = partition::apply_plan(model.ir(), pp.plan, partition::pipeline_apply_options(pp));
-    partition::order_by_schedule(pg, pp, s);
+    auto pg = partition::apply_plan(model.ir(), p);
     train::trainer<double> single(std::move(model).training_graph(), {});
     train::distributed_trainer<double> mine(pg, comm, {});
     std::vector<std::vector<std::int32_t>> data;
@@ -47,21 +42,15 @@ int check_plan(comm::communicator& comm, const models::gpt_config& c, const plan
         worst_loss = std::max(worst_loss, testing::relative(got.loss, want.loss));
         worst_norm = std::max(worst_norm, testing::relative(got.grad_norm, want.grad_norm));
     }
-    return report(comm, s.name + ", " + pp.plan.name, worst_loss, worst_norm);
-}
-
-int check(comm::communicator& comm, const models::gpt_config& c, const plan::even_pipeline_options& o,
-          const schedule::schedule& s) {
-    auto model = models::gpt(c);
-    return check_plan(comm, c, plan::resolve_pipeline(plan::even_pipeline(model.ir(), o), model.ir()), s);
+    return report(comm, p.name, worst_loss, worst_norm);
 }
 
 // The interlaced pipeline: embedding and LM head split by vocabulary over every rank, the
 // layers one stage per rank between them.
-plan::pipeline_plan interlaced_plan(const models::gpt_config& c, int ranks, int micro_batches) {
-    auto model = models::gpt(c);
-    return plan::resolve_pipeline(plan::interlaced_pipeline(model.ir(), ranks, micro_batches, plan::presets::megatron(ranks)),
-                                  model.ir());
+plan::plan_spec interlaced_plan(int ranks, int micro_batches) {
+    plan::plan_spec p = plan::presets::pipeline(ranks, micro_batches, {plan::schedule_kind::interlaced});
+    p.then(plan::presets::vocabulary_parallel(ranks));
+    return p;
 }
 
 // 3F1B: the Evoformer's three recycling rounds forward, then one backward, per micro-batch.
@@ -70,13 +59,8 @@ int check_three_f_one_b(comm::communicator& comm, int stages, int micro_batches)
     const auto data = models::evoformer_synthetic_batch(c, 7);
     const train::input_feed feed = testing::evoformer_feed(data);
     auto model = models::evoformer(c);
-    const auto pp = plan::resolve_pipeline(
-        plan::even_pipeline(model.ir(), {.stages = stages, .micro_batches = micro_batches, .rounds_scope = "recycle",
-                                         .rounds = 3}),
-        model.ir());
-    auto pg = partition::apply_plan(model.ir(), pp.plan, partition::pipeline_apply_options(pp));
-    const auto s = schedule::three_f_one_b(stages, micro_batches);
-    partition::order_by_schedule(pg, pp, s);
+    const plan::plan_spec p = plan::presets::pipeline(stages, micro_batches, {plan::schedule_kind::three_f_one_b});
+    auto pg = partition::apply_plan(model.ir(), p);
     train::trainer<double> single(std::move(model).training_graph(), {});
     train::distributed_trainer<double> mine(pg, comm, {});
     double worst_loss = 0, worst_norm = 0;
@@ -86,7 +70,7 @@ int check_three_f_one_b(comm::communicator& comm, int stages, int micro_batches)
         worst_loss = std::max(worst_loss, testing::relative(got.loss, want.loss));
         worst_norm = std::max(worst_norm, testing::relative(got.grad_norm, want.grad_norm));
     }
-    return report(comm, s.name + " on the Evoformer, " + pp.plan.name, worst_loss, worst_norm);
+    return report(comm, p.name + " on the Evoformer", worst_loss, worst_norm);
 }
 
 }  // namespace
@@ -98,15 +82,13 @@ int main(int argc, char** argv) {
     int failures = 0;
     try {
         const models::gpt_config c{.layers = 2 * n, .hidden = 16, .heads = 4, .vocab = 32, .seq = 8, .batch = 8};
-        failures += check(comm, c, {.stages = n, .micro_batches = 8}, schedule::one_f_one_b(n, 8));
-        failures += check(comm, c, {.stages = n, .micro_batches = 4}, schedule::gpipe(n, 4));
-        failures += check(comm, c, {.stages = n, .micro_batches = 4, .virtual_stages = 2},
-                          schedule::interleaved_one_f_one_b(n, 2, 4));
+        using plan::presets::pipeline;
+        failures += check(comm, c, pipeline(n, 8, {plan::schedule_kind::one_f_one_b}));
+        failures += check(comm, c, pipeline(n, 4, {plan::schedule_kind::gpipe}));
+        failures += check(comm, c, pipeline(n, 4, {plan::schedule_kind::interleaved, 2}));
         if (n % 2 == 0)
-            failures += check(comm, c,
-                              {.stages = n / 2, .micro_batches = 4, .devices_per_stage = 2, .inner = plan::presets::megatron(2)},
-                              partition::spread_over_groups(schedule::one_f_one_b(n / 2, 4), 2));
-        failures += check_plan(comm, c, interlaced_plan(c, n, 4), schedule::interlaced(n, 4));
+            failures += check(comm, c, pipeline(n / 2, 4, {plan::schedule_kind::one_f_one_b}, plan::presets::megatron(2)));
+        failures += check(comm, c, interlaced_plan(n, 4));
         failures += check_three_f_one_b(comm, n, 4);
     } catch (const std::exception& e) {
         std::fprintf(stderr, "rank %d: %s\n", comm.rank(), e.what());

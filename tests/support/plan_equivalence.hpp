@@ -34,19 +34,14 @@ struct equivalence {
 
 inline double relative(double a, double b) { return std::abs(a - b) / std::max({std::abs(a), std::abs(b), 1e-300}); }
 
-// `prepare` may set the plan's op-order (a pipeline schedule) before the ranks run it.
-template <class T>
-equivalence compare_with_single_device(const models::gpt_config& c, const plan::resolved_plan& resolved, int steps,
-                                       train::trainer_options options = {},
-                                       const std::function<void(partition::partitioned_graph&)>& prepare = {},
-                                       const partition::apply_options& apply = {}) {
-    auto model = models::gpt(c);
-    partition::partitioned_graph pg = partition::apply_plan(model.ir(), resolved, apply);
-    if (prepare) prepare(pg);
-    train::trainer<T> single(std::move(model).training_graph(), options);
-    std::vector<std::vector<std::int32_t>> data;
-    std::vector<train::input_feed> feeds;
-    for (int s = 0; s < steps; ++s) feeds.push_back(gpt_batch(c, s, data));
+// `plan`: anything partition::apply_plan takes (a plan value, a composed plan, a resolved
+// plan), applied to `forward`; `training` is the same model's training graph, trained on one
+// device with the same feeds.
+template <class T, class Plan>
+equivalence compare_on_model(const graph& forward, graph training, const std::vector<train::input_feed>& feeds,
+                             const Plan& plan, train::trainer_options options = {}) {
+    partition::partitioned_graph pg = partition::apply_plan(forward, plan);
+    train::trainer<T> single(std::move(training), options);
     std::vector<train::step_result> reference;
     for (const auto& f : feeds) reference.push_back(single.step(f));
 
@@ -83,6 +78,17 @@ equivalence compare_with_single_device(const models::gpt_config& c, const plan::
         }
     }
     return e;
+}
+
+template <class T, class Plan>
+equivalence compare_with_single_device(const models::gpt_config& c, const Plan& plan, int steps,
+                                       train::trainer_options options = {}) {
+    auto model = models::gpt(c);
+    const graph forward = model.ir();
+    std::vector<std::vector<std::int32_t>> data;
+    std::vector<train::input_feed> feeds;
+    for (int s = 0; s < steps; ++s) feeds.push_back(gpt_batch(c, s, data));
+    return compare_on_model<T>(forward, std::move(model).training_graph(), feeds, plan, options);
 }
 
 }  // namespace loom::testing

@@ -29,7 +29,7 @@
 // ("encoder", "decoder") it would take one stack as the layers and leave the other stack in
 // the prologue or the epilogue, one opaque layer the searcher can neither fold nor cut. With
 // one repeat it finds E + D layers in two classes (encoder block, decoder block), and plans
-// that select "blocks" (even_pipeline's default, on_layers<"blocks", a, b>) stage both stacks.
+// that select "blocks" (plan::stages' default, on_layers<"blocks", a, b>) stage both stacks.
 // For the same reason nothing sits between the stacks: T5 normalises the encoder output once
 // (its encoder's final norm); here each decoder layer does (cross_attn.memory_norm), which
 // keeps the decoder layers identical and adds hidden parameters per decoder layer. A node

@@ -1,6 +1,6 @@
 #pragma once
-// Applying a resolved plan: one logical training graph becomes one graph per device over
-// vTensors, with the communication between them materialized.
+// Applying a plan: one logical training graph becomes one ordered program per device over
+// vTensors, with the communication between them materialized and the plan's op-order applied.
 //
 //   1. The logical graph is built (partition/logical_graph.hpp): rewrites, then autograd.
 //   2. Every node gets a partition: forward nodes from the plan, backward nodes mirror the
@@ -24,20 +24,22 @@
 #include <vector>
 
 #include <loom/core/error.hpp>
+#include <loom/partition/deadlock.hpp>
 #include <loom/partition/logical_graph.hpp>
 #include <loom/partition/materialize.hpp>
 #include <loom/partition/piece_layout.hpp>
+#include <loom/partition/pipeline_order.hpp>
 #include <loom/plan/op_partition.hpp>
+#include <loom/plan/resolve.hpp>
+#include <loom/plan/rules.hpp>
 
 namespace loom::partition {
 
 struct apply_options {
     transfer_cost_model cost{};
-    // Pipelines: the stage of each forward node of the model (plan::pipeline_plan::stage_of).
-    // Tensors that cross stages then move point to point only (see materializer::set_stages).
-    std::vector<int> stage_of_forward;
 };
 
+// The ordered per-device programs of a plan resolved against `model` (plan::resolve).
 inline partitioned_graph apply_plan(const graph& model, const plan::resolved_plan& plan, const apply_options& options = {}) {
     if (plan.devices < 1) throw plan_error("plan: the device count is " + std::to_string(plan.devices) + "; it must be at least 1");
     const std::size_t forward = model.forward_node_count();
@@ -122,22 +124,41 @@ inline partitioned_graph apply_plan(const graph& model, const plan::resolved_pla
 
     // 4-6. Devices, leaves, materialization.
     materializer m(out, options.cost);
-    if (!options.stage_of_forward.empty()) {
+    // Pipelines: tensors that cross stages move point to point only (materializer::set_stages).
+    if (plan.pipelined()) {
         const logical_graph& lg = *out.logical;
         std::vector<int> stage(g.nodes.size(), -1);
         for (std::size_t i = 0; i < g.nodes.size(); ++i) {
             const node& n = g.nodes[i];
             const node_id forward = n.forward_of != no_id ? n.forward_of : static_cast<node_id>(i);
             const node_id source = lg.source_of[static_cast<std::size_t>(forward)];
-            if (source != no_id && static_cast<std::size_t>(source) < options.stage_of_forward.size())
-                stage[i] = options.stage_of_forward[static_cast<std::size_t>(source)];
+            if (source != no_id && static_cast<std::size_t>(source) < plan.stage_of.size())
+                stage[i] = plan.stage_of[static_cast<std::size_t>(source)];
         }
         m.set_stages(std::move(stage));
     }
     m.store_leaves();
     for (std::size_t i = 0; i < g.nodes.size(); ++i) m.emit_node(static_cast<node_id>(i));
     m.finish();
+    // 7. op-order: the plan's schedule orders every device's program (checked: data flow,
+    //    deadlock); without one, devices run in plan order.
+    if (plan.order) detail::order_by_schedule(out, plan, *plan.order);  // checks the order too
+    out.checked_order = order_fingerprint(out);
     return out;
+}
+
+// The ordered per-device programs of any plan: plan::resolve, then the above.
+//   auto pg = partition::apply_plan(model.ir(), plan::compose(...).choose("m", 4));
+inline partitioned_graph apply_plan(const graph& model, const plan::plan_spec& plan, const apply_options& options = {}) {
+    return apply_plan(model, plan::resolve(plan, model), options);
+}
+
+template <class Plan>
+    requires requires(const Plan& p) {
+        { p.spec() } -> std::convertible_to<plan::plan_spec>;
+    }
+partitioned_graph apply_plan(const graph& model, const Plan& plan, const apply_options& options = {}) {
+    return apply_plan(model, plan.resolve(model), options);
 }
 
 }  // namespace loom::partition

@@ -340,4 +340,45 @@ inline void check_deadlock_free(const partitioned_graph& pg, const std::vector<s
 // In the plan's own op-order (pg.order; graph order where it is empty).
 inline void check_deadlock_free(const partitioned_graph& pg) { check_deadlock_free(pg, pg.order); }
 
+// A fingerprint of the op-order (0 for graph order), to tell an edited order from a checked one.
+inline std::uint64_t order_fingerprint(const partitioned_graph& pg) {
+    std::uint64_t h = 0;
+    for (const auto& device : pg.order) {
+        h = (h ^ 0x9e3779b97f4a7c15ull) * 1099511628211ull;
+        for (node_id n : device) h = (h ^ static_cast<std::uint64_t>(n)) * 1099511628211ull;
+    }
+    return h;
+}
+
+// The check of programs whose order was set or edited by hand: every device runs each of its
+// nodes exactly once, and the programs together make progress (each node after the
+// producers of its inputs, collectives matched in an order that cannot deadlock). The
+// trainers run it before their first step when pg.order is not the order apply_plan made
+// (pg.checked_order = order_fingerprint(pg) after a check spares them the work).
+inline void check_programs(const partitioned_graph& pg) {
+    if (!pg.order.empty()) {
+        if (static_cast<int>(pg.order.size()) != pg.world)
+            throw plan_error("programs: the op-order lists " + std::to_string(pg.order.size()) + " devices, the plan has " +
+                             std::to_string(pg.world) + "; give one order per device (or none: graph order)");
+        for (int d = 0; d < pg.world; ++d) {
+            const auto& order = pg.order[static_cast<std::size_t>(d)];
+            const std::size_t count = pg.devices[static_cast<std::size_t>(d)].ir().nodes.size();
+            std::vector<bool> seen(count, false);
+            for (node_id n : order) {
+                const auto i = static_cast<std::size_t>(n);
+                if (n < 0 || i >= count || seen[i])
+                    throw plan_error("programs: device " + std::to_string(d) + "'s order " +
+                                     (n < 0 || i >= count ? "names node " + std::to_string(n) + ", which it does not have"
+                                                          : "runs node " + std::to_string(n) + " twice") +
+                                     "; give every node of the device exactly once");
+                seen[i] = true;
+            }
+            if (order.size() != count)
+                throw plan_error("programs: device " + std::to_string(d) + "'s order runs " + std::to_string(order.size()) +
+                                 " of its " + std::to_string(count) + " nodes; give every node exactly once");
+        }
+    }
+    check_deadlock_free(pg);
+}
+
 }  // namespace loom::partition

@@ -2,6 +2,7 @@
 // The result of applying a plan: the logical training graph with the layout of every node,
 // one graph per device (pieces, local assemble ops and transfer nodes), and the transfers.
 // Executors and trainers read it; explanations and the searcher's validation print it.
+#include <cstdint>
 #include <memory>
 #include <string>
 #include <vector>
@@ -56,6 +57,9 @@ struct partitioned_graph {
     // op-order: the node ids of each device's graph in the order it runs them (empty: graph
     // order, which apply_plan makes deadlock-free by construction). Pipeline schedules set it.
     std::vector<std::vector<node_id>> order;
+    // The fingerprint of `order` when it was last checked (partition::check_programs); the
+    // trainers check again before the first step when the order was edited since.
+    std::uint64_t checked_order = 0;
 
     const graph& ir() const { return logical->g; }
 };

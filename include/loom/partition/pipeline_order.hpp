@@ -1,6 +1,7 @@
 #pragma once
-// op-order for pipelines: a schedule (schedule/) orders the (stage, micro-batch, pass)
-// blocks of every device; this turns it into the order each device runs its program in.
+// op-order for pipelines: the plan's schedule (plan::resolved_plan::order) orders the
+// (stage, micro-batch, pass) blocks of every device; partition::apply_plan calls this to
+// turn it into the order each device runs its program in.
 //
 // Every piece a plan put on a device belongs to one block: its op's stage and round
 // (plan/pipeline.hpp), its micro-batch (the piece's coordinate along the outermost,
@@ -25,25 +26,16 @@
 #include <vector>
 
 #include <loom/core/error.hpp>
-#include <loom/partition/apply.hpp>
 #include <loom/partition/deadlock.hpp>
 #include <loom/partition/partitioned_graph.hpp>
-#include <loom/plan/pipeline.hpp>
+#include <loom/plan/op_partition.hpp>
 #include <loom/schedule/schedule.hpp>
 #include <loom/schedule/validate.hpp>
 
-namespace loom::partition {
-
-// How to apply a pipeline plan: tensors crossing stages move point to point.
-//   auto pg = partition::apply_plan(model, pp.plan, partition::pipeline_apply_options(pp));
-inline apply_options pipeline_apply_options(const plan::pipeline_plan& pp) {
-    apply_options o;
-    o.stage_of_forward = pp.stage_of;
-    return o;
-}
+namespace loom::partition::detail {
 
 // The block of a piece of logical node `n`, or none for nodes no forward op accounts for.
-inline std::optional<schedule::block> pipeline_block(const partitioned_graph& pg, const plan::pipeline_plan& pp,
+inline std::optional<schedule::block> pipeline_block(const partitioned_graph& pg, const plan::resolved_plan& pp,
                                                      node_id n, std::int32_t piece) {
     const logical_graph& lg = *pg.logical;
     const node& nd = lg.g.at(n);
@@ -70,7 +62,7 @@ inline std::optional<schedule::block> pipeline_block(const partitioned_graph& pg
 
 // Orders every device's program by the schedule (pg.order). The schedule must be for the
 // plan's stages, micro-batches and rounds, on the plan's devices.
-inline void order_by_schedule(partitioned_graph& pg, const plan::pipeline_plan& pp, const schedule::schedule& s) {
+inline void order_by_schedule(partitioned_graph& pg, const plan::resolved_plan& pp, const schedule::schedule& s) {
     const std::string what = "pipeline order (" + (s.name.empty() ? std::string("schedule") : s.name) + ")";
     if (s.shape.stages != pp.stages || s.shape.micro_batches != pp.micro_batches || s.shape.rounds != pp.rounds)
         throw schedule::schedule_error(what + ": the schedule has " + std::to_string(s.shape.stages) + " stages, " +
@@ -158,23 +150,4 @@ inline void order_by_schedule(partitioned_graph& pg, const plan::pipeline_plan& 
     check_deadlock_free(pg);
 }
 
-// A schedule for stages of one device each, spread over groups of `devices_per_stage`:
-// stage s runs on devices [g * k, (g + 1) * k) of its device g, every member in the same
-// block order (SPMD within the group).
-inline schedule::schedule spread_over_groups(const schedule::schedule& s, int devices_per_stage) {
-    if (devices_per_stage == 1) return s;
-    schedule::schedule out = s;
-    out.shape.devices = s.shape.devices * devices_per_stage;
-    out.device_order.clear();
-    for (int d = 0; d < s.shape.devices; ++d)
-        for (int k = 0; k < devices_per_stage; ++k) out.device_order.push_back(s.device_order.at(static_cast<std::size_t>(d)));
-    for (auto& group : out.shape.stage_devices) {
-        std::vector<int> spread;
-        for (int d : group)
-            for (int k = 0; k < devices_per_stage; ++k) spread.push_back(d * devices_per_stage + k);
-        group = std::move(spread);
-    }
-    return out;
-}
-
-}  // namespace loom::partition
+}  // namespace loom::partition::detail

@@ -85,15 +85,19 @@ struct rule_view {
     int recompute_count = 0;
 };
 
-enum class fact_kind : std::uint8_t { devices, extent, forbid, colocation_requires_recompute, zero };
+enum class fact_kind : std::uint8_t {
+    devices, extent, forbid, colocation_requires_recompute, zero, stages, micro_batches, order, boundaries
+};
 
 struct fact_view {
     fact_kind kind = fact_kind::devices;
-    std::int64_t value = 0;        // devices<N>, extent<D, E>'s E, zero<S>
+    std::int64_t value = 0;        // devices<N>, extent<D, E>'s E, zero<S>, stages' devices per stage
     std::string_view dim;          // extent<D, E>'s D
     split_kind target_kind = split_kind::dim;  // forbid<Split<X>>
     std::string_view target;
     std::string_view spelling;     // "plan::extent<Head, 12>"
+    degree_view degree{};          // stages<N>, micro_batches<N>, zero<open<...>>: fixed or open
+    std::int64_t chunks = 0;       // order<Interleaved<V>>: V (0: another order, or a choice)
 };
 
 struct plan_view {
@@ -143,6 +147,19 @@ constexpr std::int64_t declared_devices(const plan_view& p) {
     for (const auto& f : p.facts)
         if (f.kind == fact_kind::devices) return f.value;
     return 0;
+}
+
+// The devices the rules cut an op over: the plan's devices, or one stage's group when the
+// plan has stages (0: not known before run time).
+constexpr std::int64_t rule_devices(const plan_view& p) {
+    const std::int64_t devices = declared_devices(p);
+    for (const auto& f : p.facts) {
+        if (f.kind != fact_kind::stages) continue;
+        if (f.value > 0) return f.value;
+        if (!f.degree.known || f.degree.value < 1 || devices <= 0 || devices % f.degree.value != 0) return 0;
+        return devices / f.degree.value;
+    }
+    return devices;
 }
 
 // "k, n" (+ "and the leading dims '...'")
@@ -377,21 +394,95 @@ constexpr text first_plan_error(const plan_view& p) {
                                       "; give each dim's extent once");
                 break;
             case fact_kind::zero:
-                if (f.value < 1 || f.value > 3) return concat(f.spelling, ": ZeRO has stages 1, 2 and 3");
+                if (f.degree.kind == degree_kind::open) {
+                    for (std::int64_t v : f.degree.allowed)
+                        if (v < 0 || v > 3)
+                            return concat(f.spelling, ": ZeRO stage ", v, " is not one of 0, 1, 2 and 3; choose among those");
+                    if (f.degree.any_positive)
+                        return concat(f.spelling, ": give the stages to choose from, e.g. zero<open<OneOf<0, 1, 3>>>");
+                } else if (f.value < 1 || f.value > 3) {
+                    return concat(f.spelling, ": ZeRO has stages 1, 2 and 3");
+                }
                 if (zero_fact && p.facts[*zero_fact].value != f.value)
                     return concat(f.spelling, ": the plan already says ", p.facts[*zero_fact].spelling,
                                   "; choose one stage");
                 zero_fact = i;
                 break;
+            case fact_kind::stages:
+            case fact_kind::micro_batches:
+            case fact_kind::order:
+            case fact_kind::boundaries:
+                for (std::size_t j = 0; j < i; ++j)
+                    if (p.facts[j].kind == f.kind)
+                        return concat(f.spelling, ": the plan already says ", p.facts[j].spelling, "; give it once");
+                if ((f.kind == fact_kind::stages || f.kind == fact_kind::micro_batches) && f.degree.known &&
+                    f.degree.value < 1)
+                    return concat(f.spelling, ": ", f.degree.value, f.kind == fact_kind::stages ? " stages" : " micro-batches",
+                                  "; use at least 1");
+                if (f.kind == fact_kind::order && f.chunks < 0)
+                    return concat(f.spelling, ": ", f.chunks, " chunks per device group; use at least 1");
+                break;
             case fact_kind::forbid:
             case fact_kind::colocation_requires_recompute: break;
+        }
+    }
+    // Across the pipeline's parts: stages against devices, interleaving against micro-batches.
+    {
+        const std::int64_t all = declared_devices(p);
+        std::optional<std::size_t> stages_fact, micro_fact, order_fact;
+        for (std::size_t i = 0; i < p.facts.size(); ++i) {
+            if (p.facts[i].kind == fact_kind::stages) stages_fact = i;
+            if (p.facts[i].kind == fact_kind::micro_batches) micro_fact = i;
+            if (p.facts[i].kind == fact_kind::order) order_fact = i;
+        }
+        if (stages_fact && all > 0) {
+            const fact_view& f = p.facts[*stages_fact];
+            const std::int64_t group = f.value;  // devices per stage, 0: all / stages
+            if (f.degree.known && f.degree.value >= 1) {
+                if (group == 0 && all % f.degree.value != 0)
+                    return concat(f.spelling, ": ", f.degree.value, " stages do not divide devices<", all,
+                                  ">; choose a stage count that divides ", all, " (", divisors_text(all), ")");
+                if (group > 0 && group * f.degree.value != all)
+                    return concat(f.spelling, ": ", f.degree.value, " stages of ", group, " devices make ",
+                                  group * f.degree.value, ", but the plan has devices<", all,
+                                  ">; make stages x devices per stage equal the devices");
+            } else if (f.degree.kind == degree_kind::open && group == 0 && !range_holds_divisor_of(f.degree, all)) {
+                return concat(f.spelling, ": no value of ", f.degree.range, " divides devices<", all,
+                              ">; give a range that holds a divisor of ", all, " (", divisors_text(all), ")");
+            }
+        }
+        std::optional<std::size_t> boundaries_fact;
+        for (std::size_t i = 0; i < p.facts.size(); ++i)
+            if (p.facts[i].kind == fact_kind::boundaries) boundaries_fact = i;
+        if (boundaries_fact && !stages_fact)
+            return concat(p.facts[*boundaries_fact].spelling, ": boundaries without plan::stages<N>; add the stage count");
+        if (boundaries_fact && p.facts[*stages_fact].degree.known) {
+            const std::int64_t chunks = p.facts[*stages_fact].degree.value *
+                                        (order_fact && p.facts[*order_fact].chunks > 0 ? p.facts[*order_fact].chunks : 1);
+            if (p.facts[*boundaries_fact].value != chunks - 1)
+                return concat(p.facts[*boundaries_fact].spelling, ": ", p.facts[*boundaries_fact].value,
+                              " boundaries for ", chunks, " stage ranges (", p.facts[*stages_fact].spelling,
+                              "); give ", chunks - 1, ", the first layer of every range after the first");
+        }
+        if (order_fact && p.facts[*order_fact].chunks > 0 && stages_fact && micro_fact) {
+            const degree_view& s = p.facts[*stages_fact].degree;
+            const degree_view& m = p.facts[*micro_fact].degree;
+            if (s.known && m.known && s.value >= 1 && m.value % s.value != 0) {
+                const std::int64_t below = m.value / s.value * s.value, above = below + s.value;
+                return concat(p.facts[*order_fact].spelling, ": ", m.value, " micro-batches (",
+                              p.facts[*micro_fact].spelling, ") is not a multiple of the ", s.value, " stages (",
+                              p.facts[*stages_fact].spelling,
+                              "); interleaved 1F1B moves micro-batches through each chunk in groups of ", s.value, "; use ",
+                              below > 0 ? concat(below, " or ") : text(), above, " micro-batches");
+            }
         }
     }
     if (p.devices > 0 && devices_fact && p.facts[*devices_fact].value != p.devices)
         return concat(p.facts[*devices_fact].spelling, ": the plan is given ", p.devices,
                       " devices at run time; pass the same count, or leave it out");
-    const std::int64_t devices = declared_devices(p);
-    const text devices_text = concat("devices<", devices, ">");
+    const std::int64_t devices = rule_devices(p);
+    const text devices_text =
+        devices == declared_devices(p) ? concat("devices<", devices, ">") : concat(devices, " devices of a stage");
     bool requires_recompute = false;
     for (const auto& f : p.facts) requires_recompute = requires_recompute || f.kind == fact_kind::colocation_requires_recompute;
 
@@ -473,7 +564,7 @@ constexpr text first_plan_error(const plan_view& p) {
 }
 
 constexpr text first_error(const plan_view& p) {
-    const std::int64_t devices = declared_devices(p);
+    const std::int64_t devices = rule_devices(p);
     for (const auto& r : p.rules) {
         if (text e = first_trans_error(r, devices); !e.empty()) return e;
         if (text e = first_rule_error(r, devices); !e.empty()) return e;

@@ -41,6 +41,8 @@
 #include <loom/plan/checks.hpp>
 #include <loom/plan/constraints.hpp>
 #include <loom/plan/op_partition.hpp>
+#include <loom/plan/pipeline_parts.hpp>
+#include <loom/plan/resolve.hpp>
 #include <loom/plan/rules.hpp>
 #include <loom/plan/selectors.hpp>
 #include <loom/plan/trans.hpp>
@@ -55,8 +57,13 @@ namespace detail {
 template <class T>
 struct is_fact : std::bool_constant<plan_fact<T>> {};
 
+// A plan made at run time (a preset with run-time numbers, a plan file): its rules and parts
+// join the composed plan's, and are checked when the plan is lowered and resolved.
 template <class T>
-struct is_plan_part : std::bool_constant<is_rule<T>::value || plan_fact<T>> {};
+struct is_runtime_part : std::is_same<T, plan_spec> {};
+
+template <class T>
+struct is_plan_part : std::bool_constant<is_rule<T>::value || plan_fact<T> || is_runtime_part<T>::value> {};
 
 template <class... Rules>
 constexpr std::array<rule_view, sizeof...(Rules)> rule_views_of(boost::mp11::mp_list<Rules...>) {
@@ -89,8 +96,9 @@ constexpr text first_part_error() {
                           " is a trans, assign, colocate or recompute without a selector; wrap it in one: "
                           "on_all(...), on<Op>(...), on_name<\"glob\">(...)");
         return concat("plan::compose: argument ", i + 1,
-                      " is not a plan part; pass rules (on..., on_all) and constraints (devices, extent, forbid, zero, "
-                      "colocation_requires_recompute)");
+                      " is not a plan part; pass rules (on..., on_all), pipeline parts (stages, stage_boundaries, "
+                      "micro_batches, order), constraints (devices, extent, forbid, zero, colocation_requires_recompute) "
+                      "or a plan made at run time (a preset's plan_spec)");
     }
     return {};
 }
@@ -127,19 +135,29 @@ inline std::string open_parameter_name(std::size_t trans_index, std::size_t spli
     return splits == 1 ? name : name + std::to_string(split);
 }
 
-// The open parameters of a plan, in order of first appearance, each once.
+// The open parameters of a plan's typed parts, in order of first appearance, each once.
 template <class... Parts>
 std::vector<std::string> open_parameters_of() {
     std::vector<std::string> names;
+    auto add = [&](std::string name) {
+        if (std::find(names.begin(), names.end(), name) == names.end()) names.push_back(std::move(name));
+    };
     std::size_t trans_index = 0;
     for (const rule_view& r : plan_description<Parts...>::view.rules) {
         if (r.trans_count == 0) continue;
         for (std::size_t j = 0; j < r.splits.size(); ++j) {
             if (r.splits[j].degree.kind != degree_kind::open) continue;
-            std::string name = open_parameter_name(trans_index, j, r.splits.size(), r.splits[j].degree.name);
-            if (std::find(names.begin(), names.end(), name) == names.end()) names.push_back(std::move(name));
+            add(open_parameter_name(trans_index, j, r.splits.size(), r.splits[j].degree.name));
         }
         ++trans_index;
+    }
+    for (const fact_view& f : plan_description<Parts...>::view.facts) {
+        const bool open = f.degree.kind == degree_kind::open;
+        if (f.kind == fact_kind::stages && open) add(f.degree.name.empty() ? "stages" : std::string(f.degree.name));
+        if (f.kind == fact_kind::micro_batches && open)
+            add(f.degree.name.empty() ? "micro_batches" : std::string(f.degree.name));
+        if (f.kind == fact_kind::order && !f.target.empty()) add(std::string(f.target));
+        if (f.kind == fact_kind::zero && open) add(f.degree.name.empty() ? "zero" : std::string(f.degree.name));
     }
     return names;
 }
@@ -247,6 +265,10 @@ plan_spec lower(const std::tuple<Parts...>& parts, const std::map<std::string, s
             auto lower_part = [&]<class Part>(const Part& p) {
                 if constexpr (is_rule<Part>::value) {
                     lower_rule(p, out);
+                } else if constexpr (is_runtime_part<Part>::value) {
+                    if (out.spec.name.empty()) out.spec.name = p.name;
+                    out.spec.then(p);
+                    if (p.colocation_requires_recompute) out.spec.colocation_requires_recompute = true;
                 } else {
                     out.facts.push_back(Part::fact);
                     Part::lower(out.spec);
@@ -278,6 +300,23 @@ template <class... Parts>
 resolved_plan resolve_checked(const plan_spec& spec, const graph& g) {
     check_extents(plan_description<Parts...>::fact_views, g);
     return plan::resolve(spec, g);
+}
+
+// ... and those of its parts made at run time.
+template <class... Parts>
+std::vector<std::string> all_open_parameters(const std::tuple<Parts...>& parts) {
+    std::vector<std::string> names = open_parameters_of<Parts...>();
+    std::apply(
+        [&](const auto&... part) {
+            auto add_runtime = [&]<class Part>(const Part& p) {
+                if constexpr (is_runtime_part<Part>::value)
+                    for (std::string& n : open_parameters(p))
+                        if (std::find(names.begin(), names.end(), n) == names.end()) names.push_back(std::move(n));
+            };
+            (add_runtime(part), ...);
+        },
+        parts);
+    return names;
 }
 
 inline void require_open_parameter(const std::vector<std::string>& names, const std::string& name, std::int64_t value) {
@@ -314,7 +353,7 @@ public:
     }
 
     // Names of the open parameters, in order of first appearance.
-    static std::vector<std::string> open_parameters() { return detail::open_parameters_of<Parts...>(); }
+    std::vector<std::string> open_parameters() const { return detail::all_open_parameters(parts); }
 
     // This plan with an open parameter filled; throws plan_error for a name the plan lacks.
     configured_plan<Parts...> choose(const std::string& name, std::int64_t value) const;
@@ -341,7 +380,7 @@ public:
         return detail::resolve_checked<Parts...>(spec(devices), g);
     }
 
-    static std::vector<std::string> open_parameters() { return detail::open_parameters_of<Parts...>(); }
+    std::vector<std::string> open_parameters() const { return composed.open_parameters(); }
 
     configured_plan choose(const std::string& name, std::int64_t value) const {
         detail::require_open_parameter(open_parameters(), name, value);

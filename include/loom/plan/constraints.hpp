@@ -6,13 +6,16 @@
 //   forbid<Split<Dim::Seq>>         no rule may split Seq (or forbid<Split<Var<"k">>>: no rule splits k)
 //   colocation_requires_recompute   colocated pieces (colocate<C>, C > 1) must recompute
 //   zero<2>                         ZeRO stage 1, 2 or 3 over the data-parallel devices
+//   zero<open<OneOf<0, 1, 3>>>      ... or a choice, made with choose("zero", s)
 //
 // Each is a value passed to compose(...). The checks (plan/checks.hpp) hold every rule to
 // them; a constraint that contradicts another or a rule stops the compilation in compose.
 #include <cstdint>
+#include <string>
 
 #include <loom/core/dim.hpp>
 #include <loom/plan/checks.hpp>
+#include <loom/plan/degree.hpp>
 #include <loom/plan/op_partition.hpp>
 #include <loom/plan/rules.hpp>
 #include <loom/plan/static_text.hpp>
@@ -61,14 +64,25 @@ struct colocation_requires_recompute_t {
 
 inline constexpr colocation_requires_recompute_t colocation_requires_recompute{};
 
-template <std::int64_t Stage>
+// zero<2>, or an open choice: zero<open<OneOf<0, 1, 3>>> (named "zero" unless the open
+// parameter has a name).
+template <auto Stage>
 struct zero_t {
-    static constexpr detail::static_text spelling{detail::concat("plan::zero<", Stage, ">")};
-    static constexpr detail::fact_view fact{detail::fact_kind::zero, Stage, {}, {}, {}, spelling.view()};
-    static void lower(plan_spec& p) { p.zero = static_cast<zero_stage>(Stage); }
+    static constexpr detail::degree_view degree = detail::degree_view_of<Stage>();
+    static constexpr detail::static_text spelling{detail::concat("plan::zero<", detail::degree_spelling<Stage>(), ">")};
+    static constexpr detail::fact_view fact{
+        detail::fact_kind::zero, degree.known ? degree.value : 0, {}, {}, {}, spelling.view(), degree};
+    static void lower(plan_spec& p) {
+        if constexpr (degree.kind == detail::degree_kind::open) {
+            p.zero_open = degree.name.empty() ? std::string("zero") : std::string(degree.name);
+            p.zero_allowed.assign(degree.allowed.begin(), degree.allowed.end());
+        } else {
+            p.zero = static_cast<zero_stage>(degree.value);
+        }
+    }
 };
 
-template <std::int64_t Stage>
+template <auto Stage>
 inline constexpr zero_t<Stage> zero{};
 
 namespace detail {

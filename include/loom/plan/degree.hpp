@@ -1,7 +1,7 @@
 #pragma once
 // The degree slot of plan::trans: one `auto` template parameter that holds a number fixed
-// by the plan, an open parameter that the searcher (or the user, through choose()) fills
-// from a range, a value known only at run time, or the plan's device count:
+// by the plan, an open parameter filled from a range through choose() (or a plan file's
+// choices), a value known only at run time, or the plan's device count:
 //
 //   trans<Split<Dim::Batch>, 4>                          fixed
 //   trans<Split<Dim::Batch>, open<Pow2<1, 16>>>          open, named "trans#0.degree" by default
@@ -120,7 +120,7 @@ struct open_degree {
     static constexpr std::string_view name = Name.view();
 };
 
-// An open parameter: the searcher or choose() fills it from Range.
+// An open parameter: choose() fills it from Range.
 template <class Range = AnyPositive, fixed_string Name = "">
 inline constexpr open_degree<Range, Name> open{};
 

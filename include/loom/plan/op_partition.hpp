@@ -1,6 +1,6 @@
 #pragma once
 // A resolved plan for one op (op-trans + op-assign) and for a whole graph: what plan
-// combinators and presets resolve to, what the searcher fills in, and what partitioning
+// combinators and presets resolve to, what the searcher's answers resolve to, and what partitioning
 // (partition/apply.hpp) reads. Nothing here is a template: plans of any shape meet here.
 //
 // An op is cut into pieces by nested splits (outermost first) and then copied `replicas`
@@ -15,6 +15,7 @@
 #include <loom/core/dim.hpp>
 #include <loom/core/error.hpp>
 #include <loom/graph/graph.hpp>
+#include <loom/schedule/schedule.hpp>
 
 namespace loom::plan {
 
@@ -76,17 +77,30 @@ struct op_partition {
 enum class zero_stage : std::uint8_t { none = 0, optimizer = 1, gradients = 2, parameters = 3 };
 
 // A plan resolved against one graph: a partition for every forward node (by node id of the
-// forward graph), plus the settings that are not per op.
+// forward graph), plus the settings that are not per op, plus the op-order.
+//
+// Pipelines (stages > 1 or micro_batches > 1): every forward node belongs to a stage (the
+// op-assign of its layer range) and a forward round, and its first split is the micro-batch
+// split when micro_split says so; `order` then orders the (stage, micro-batch, round, pass)
+// blocks on every device. Without a pipeline, `order` is empty and every device runs its
+// program in plan order.
 struct resolved_plan {
     int devices = 1;
     std::vector<std::optional<op_partition>> forward;  // empty entry: the op runs whole on every device
     zero_stage zero = zero_stage::none;
     std::string name;  // for explanations: "data parallel x4", ...
 
+    int stages = 1, micro_batches = 1, rounds = 1;
+    std::vector<int> stage_of;       // per forward node (empty without a pipeline)
+    std::vector<int> round_of;       // per forward node
+    std::vector<bool> micro_split;   // per forward node: its first split is the micro-batch split
+    std::optional<schedule::schedule> order;
+
     const op_partition* at(node_id n) const {
         auto i = static_cast<std::size_t>(n);
         return i < forward.size() && forward[i] ? &*forward[i] : nullptr;
     }
+    bool pipelined() const { return !stage_of.empty(); }
 };
 
 }  // namespace loom::plan

@@ -1,24 +1,22 @@
 #pragma once
-// Pipeline plans: stages and micro-batches written with the primitives (nnScaler §4).
+// Pipelines inside plan::resolve: stages and micro-batches written with the primitives
+// (nnScaler §4). The plan value states them as parts (plan::stages, plan::micro_batches,
+// plan::order; plan/rules.hpp stage_spec); plan::resolve (plan/resolve.hpp) lowers them to
+// the stage list below and resolves it here.
 //
 //   * op-trans: every op is cut along the batch into `micro_batches` pieces, outermost;
-//     within a stage, the stage's own plan (data parallel, Megatron, ...) cuts each
-//     micro-batch further.
+//     within a stage, the plan's rules (data parallel, Megatron, ...) cut each micro-batch
+//     further, over the stage's device group.
 //   * op-assign: the pieces of the ops of stage s (a range of the repeated layers; ops
 //     before the first layer go to the head stage, ops after the last to the tail stage)
 //     are placed on the stage's device group, all micro-batches on the same devices.
 //   * op-order: a pipeline schedule (schedule/) orders the (stage, micro-batch, pass)
-//     blocks on every device; partition/pipeline_order.hpp turns it into each device's
-//     program order.
+//     blocks on every device; partition::apply_plan turns it into each device's program
+//     order.
 //
 // Because micro-batches are pieces of one logical op, gradient accumulation is the
 // ordinary sum of partial gradients that any batch split produces: a pipelined step equals
 // the full-batch step. The loss keeps the full batch's normalizer.
-//
-//   auto spec = plan::even_pipeline(model.ir(), {.stages = 4, .micro_batches = 8});
-//   auto pipe = plan::resolve_pipeline(spec, model.ir());          // pipe.plan: a resolved_plan
-//   auto pg = partition::apply_plan(model.ir(), pipe.plan);
-//   partition::order_by_schedule(pg, pipe, schedule::one_f_one_b(...));
 #include <cstdint>
 #include <map>
 #include <optional>
@@ -30,7 +28,7 @@
 #include <loom/plan/op_partition.hpp>
 #include <loom/plan/rules.hpp>
 
-namespace loom::plan {
+namespace loom::plan::detail {
 
 struct pipeline_stage {
     std::int64_t first_layer = 0, last_layer = -1;  // inclusive range of the repeat's layers (last < 0: none)
@@ -51,21 +49,6 @@ struct pipeline_spec {
     int rounds = 1;
     std::string name;
 };
-
-// A pipeline plan resolved against one graph: the partitions (with op-assign to the stage
-// groups) plus, per forward node, its stage, round, and whether its first split is the
-// micro-batch split.
-struct pipeline_plan {
-    resolved_plan plan;
-    std::vector<int> stage_of;
-    std::vector<int> round_of;
-    std::vector<bool> micro_split;
-    int stages = 1;
-    int micro_batches = 1;
-    int rounds = 1;
-};
-
-namespace detail {
 
 // r for a node under scope "<name>.<r>" (an instance of a repeat called name, or a scope
 // named so), or -1.
@@ -89,9 +72,10 @@ inline bool has_dim(const node& n, dim_id d) {
     return false;
 }
 
-}  // namespace detail
-
-inline pipeline_plan resolve_pipeline(const pipeline_spec& spec, const graph& g) {
+// The partitions (with op-assign to the stage groups) plus, per forward node, its stage,
+// round, and whether its first split is the micro-batch split. The order is left to the
+// caller.
+inline resolved_plan resolve_pipeline(const pipeline_spec& spec, const graph& g) {
     const auto stages = static_cast<int>(spec.stages.size());
     if (stages < 1) throw plan_error("pipeline: no stages; give at least one stage (a layer range and its devices)");
     if (spec.micro_batches < 1)
@@ -126,19 +110,19 @@ inline pipeline_plan resolve_pipeline(const pipeline_spec& spec, const graph& g)
         if (p.zero != zero_stage::none)
             throw plan_error("pipeline: stage " + std::to_string(s) + "'s plan uses ZeRO, which pipelines do not combine with yet; "
                              "use a plan without zero<> inside stages");
-        inner[static_cast<std::size_t>(s)] = resolve(p, g);
+        inner[static_cast<std::size_t>(s)] = partition_ops(p, g);
     }
 
-    pipeline_plan out;
+    resolved_plan out;
     out.stages = stages;
     out.micro_batches = spec.micro_batches;
     out.rounds = spec.rounds;
-    out.plan.devices = world;
-    out.plan.name = spec.name.empty() ? "pipeline x" + std::to_string(stages) + ", " +
+    out.devices = world;
+    out.name = spec.name.empty() ? "pipeline x" + std::to_string(stages) + ", " +
                                             std::to_string(spec.micro_batches) + " micro-batches"
                                       : spec.name;
     const std::size_t forward = g.forward_node_count();
-    out.plan.forward.resize(forward);
+    out.forward.resize(forward);
     out.stage_of.assign(forward, 0);
     out.round_of.assign(forward, spec.rounds - 1);
     out.micro_split.assign(forward, false);
@@ -152,7 +136,7 @@ inline pipeline_plan resolve_pipeline(const pipeline_spec& spec, const graph& g)
     // Ops outside the rounds join the next round (embeddings: round 0), else the last.
     std::vector<int> round(forward + 1, spec.rounds - 1);
     for (std::size_t i = forward; i-- > 0;) {
-        const int r = detail::round_of(g, g.nodes[i], spec.rounds_scope);
+        const int r = round_of(g, g.nodes[i], spec.rounds_scope);
         if (r >= spec.rounds)
             throw plan_error("pipeline: node '" + g.nodes[i].name + "' is in round " + std::to_string(r) +
                              " but the plan has " + std::to_string(spec.rounds) + " rounds");
@@ -182,7 +166,7 @@ inline pipeline_plan resolve_pipeline(const pipeline_spec& spec, const graph& g)
         op_partition placed;
         placed.recompute = within.recompute;
         placed.replicas = within.replicas;
-        const bool micro = spec.micro_batches > 1 && detail::has_dim(n, Dim::Batch::id);
+        const bool micro = spec.micro_batches > 1 && has_dim(n, Dim::Batch::id);
         if (micro) placed.splits.push_back({Dim::Batch::id, "", spec.micro_batches, false});
         for (const auto& s : within.splits) placed.splits.push_back(s);
         const std::int64_t per_micro = within.pieces();
@@ -196,7 +180,7 @@ inline pipeline_plan resolve_pipeline(const pipeline_spec& spec, const graph& g)
                 placed.devices.push_back(group[static_cast<std::size_t>(local)]);
             }
         out.micro_split[i] = micro;
-        out.plan.forward[i] = std::move(placed);
+        out.forward[i] = std::move(placed);
     }
     return out;
 }
@@ -275,4 +259,4 @@ inline pipeline_spec interlaced_pipeline(const graph& g, int stages, int micro_b
     return spec;
 }
 
-}  // namespace loom::plan
+}  // namespace loom::plan::detail

@@ -12,6 +12,7 @@
 #include <vector>
 
 #include <loom/ops/all.hpp>
+#include <loom/plan/op_order.hpp>
 #include <loom/plan/rules.hpp>
 
 namespace loom::plan::presets {
@@ -47,7 +48,22 @@ inline rule trans(selector on, std::int64_t dp, std::vector<split_spec> inner, s
     std::vector<split_spec> splits;
     if (dp > 1) splits.push_back(split_dim(Dim::Batch::id, dp));
     for (auto& s : inner) splits.push_back(std::move(s));
-    return {std::move(on), std::move(splits), std::nullopt, std::nullopt, std::move(origin)};
+    // A preset is a recipe for many models: a part some model lacks is not a mistake.
+    return {std::move(on), std::move(splits), std::nullopt, std::nullopt, std::move(origin), true};
+}
+
+// Vocabulary-parallel embeddings (each device holds rows of the table; partial sums), the LM
+// head (a linear outside any layer) split along the vocabulary, and the vocabulary-parallel
+// cross-entropy (rebuilt by the transformation registered for its v: each device reduces its
+// slice of the logits; no device gathers them).
+inline plan_spec vocabulary_rules(int tp, int dp, const std::string& origin) {
+    plan_spec p;
+    p.add(trans(kinds({&op_def_of<ops::Embedding>()}), dp, {split_var("v", tp)}, origin));
+    selector head = kinds({&op_def_of<ops::Linear>()});
+    head.name = "linear*";
+    p.add(trans(head, dp, {split_var("n", tp)}, origin));
+    p.add(trans(kinds({&op_def_of<ops::CrossEntropy>()}), dp, {split_var("v", tp)}, origin));
+    return p;
 }
 
 }  // namespace detail
@@ -82,15 +98,36 @@ inline plan_spec megatron(int tp, int dp = 1, const transformer_names& names = {
     p.add(trans(kinds({&op_def_of<ops::Gelu>(), &op_def_of<ops::Relu>(), &op_def_of<ops::Silu>(), &op_def_of<ops::Mul>()},
                       names.mlp),
                 dp, {split_dim(Dim::FFN::id, tp)}, origin));
-    // Vocabulary-parallel embeddings: each device holds rows of the table; partial sums.
-    p.add(trans(kinds({&op_def_of<ops::Embedding>()}), dp, {split_var("v", tp)}, origin));
-    // The LM head (a linear outside any layer) split along the vocabulary.
-    selector head = kinds({&op_def_of<ops::Linear>()});
-    head.name = "linear*";
-    p.add(trans(head, dp, {split_var("n", tp)}, origin));
-    // Vocabulary-parallel cross-entropy (rebuilt by the transformation registered for its v):
-    // each device reduces its slice of the logits; no device gathers them.
-    p.add(trans(kinds({&op_def_of<ops::CrossEntropy>()}), dp, {split_var("v", tp)}, origin));
+    p.then(detail::vocabulary_rules(tp, dp, origin));
+    return p;
+}
+
+// The embedding, the LM head and the loss split by vocabulary over n devices (Megatron's
+// vocabulary parallelism alone; the interlaced pipeline runs them so on every device).
+inline plan_spec vocabulary_parallel(int n) {
+    plan_spec p = detail::vocabulary_rules(n, 1, "vocabulary_parallel");
+    p.devices = n;
+    p.name = "vocabulary parallel x" + std::to_string(n);
+    return p;
+}
+
+// A pipeline of `stages` device groups, each cut by `inner` (a plan for one group: its
+// devices are the group's size): the layers of "blocks" split evenly over the stages,
+// every op cut into `micro_batches` along the batch, and the blocks ordered by `order`.
+//   presets::pipeline(2, 4, {plan::schedule_kind::one_f_one_b}, presets::megatron(2))   // 4 devices
+inline plan_spec pipeline(int stages, int micro_batches, order_policy order = {schedule_kind::one_f_one_b},
+                          plan_spec inner = {}) {
+    plan_spec p = std::move(inner);
+    const int group = p.devices;
+    p.devices = stages * group;
+    stage_spec s;
+    s.count = {stages, "", {}};
+    s.devices_per_stage = group;
+    p.stages = s;
+    p.micro_batches = {micro_batches, "", {}};
+    p.order.alternatives = {std::move(order)};
+    p.name = "pipeline x" + std::to_string(stages) + (p.name.empty() ? std::string() : " of " + p.name) + ", " +
+             std::to_string(micro_batches) + " micro-batches, " + p.order.alternatives.front().describe();
     return p;
 }
 
@@ -121,7 +158,7 @@ inline plan_spec zero(int stage, int n) {
 // Recompute the selected ops' outputs in the backward pass instead of keeping them.
 inline plan_spec recompute(selector on) {
     plan_spec p;
-    p.add({std::move(on), std::nullopt, std::nullopt, true, "recompute"});
+    p.add({std::move(on), std::nullopt, std::nullopt, true, "recompute", false});
     return p;
 }
 

@@ -1,8 +1,10 @@
 #pragma once
 // A plan as data: an ordered list of rules, each a selector (which ops) and what to do to
-// them (op-trans: split / replicate; op-assign: devices, colocation; recompute). The
-// typed combinators (plan/combinators.hpp) and the presets (plan/presets.hpp) produce
-// this; `resolve` applies it to one graph and yields a resolved_plan.
+// them (op-trans: split / replicate; op-assign: devices, colocation; recompute), plus the
+// stages (op-assign of layer ranges), the micro-batches (the outermost op-trans), the
+// op-order and the ZeRO stage. plan::compose(...) (plan/compose.hpp) and the presets
+// (plan/presets.hpp) produce it; plan::resolve (plan/resolve.hpp) applies it to one graph
+// and yields a resolved_plan.
 //
 // Rules apply in order and a later rule overrides only what it sets, so a preset can be
 // refined: data_parallel(8) followed by a rule that recomputes the MLPs.
@@ -22,6 +24,7 @@
 #include <loom/core/error.hpp>
 #include <loom/graph/graph.hpp>
 #include <loom/graph/op.hpp>
+#include <loom/plan/op_order.hpp>
 #include <loom/plan/op_partition.hpp>
 
 namespace loom::plan {
@@ -120,8 +123,28 @@ struct rule {
     std::optional<assign_spec> assign;
     std::optional<bool> recompute;
     std::string origin;  // the combinator or preset that made the rule, for messages
+    // A preset's rule for a part a model may lack (an LM head, a SiLU): matching no op is
+    // fine. Every other rule must match an op, or plan::resolve refuses the plan.
+    bool optional = false;
 };
 
+// op-assign of layer ranges to device groups: pipeline stages. The layers of `repeat` are
+// cut into count * chunks ranges (chunks > 1 under Interleaved<V>: chunk k runs on group
+// k % count), evenly or at explicit boundaries; ops before the first layer run with the
+// first range, ops after the last with the last one. Each group has devices_per_stage
+// devices (0: the plan's devices / count), and the plan's rules cut every op within its
+// group: their degrees are per group.
+struct stage_spec {
+    std::string repeat = "blocks";
+    degree_spec count{1, "", {}};            // device groups (an open parameter when named)
+    std::vector<std::int64_t> boundaries;    // the first layer of every range after the first; empty: even
+    std::int64_t devices_per_stage = 0;
+};
+
+// The one plan value at run time: what plan::compose(...) lowers to, what presets return,
+// what plan files store and what the searcher's answers become (search::to_plan). Open
+// numbers and choices are named; their
+// values are in `choices`.
 struct plan_spec {
     int devices = 1;
     std::vector<rule> rules;
@@ -130,6 +153,14 @@ struct plan_spec {
     std::map<std::string, std::int64_t> choices;  // values of open parameters
     bool colocation_requires_recompute = false;    // a constraint: Coshard must recompute
 
+    std::optional<stage_spec> stages;             // op-assign of layer ranges (pipelines)
+    degree_spec micro_batches{1, "", {}};         // the outermost batch split (op-trans)
+    order_spec order;                             // op-order of the pipeline's blocks
+    // The ZeRO stage as an open choice: its name and the stages it may take (`zero` then
+    // holds nothing until the choice is made).
+    std::string zero_open;
+    std::vector<std::int64_t> zero_allowed;
+
     plan_spec& add(rule r) {
         rules.push_back(std::move(r));
         return *this;
@@ -137,6 +168,10 @@ struct plan_spec {
     plan_spec& then(const plan_spec& more) {
         for (const auto& r : more.rules) rules.push_back(r);
         if (more.zero != zero_stage::none) zero = more.zero;
+        if (!more.zero_open.empty()) zero_open = more.zero_open, zero_allowed = more.zero_allowed;
+        if (more.stages) stages = more.stages;
+        if (more.micro_batches.value != 1 || !more.micro_batches.open.empty()) micro_batches = more.micro_batches;
+        if (!more.order.alternatives.empty()) order = more.order;
         for (const auto& [k, v] : more.choices) choices[k] = v;
         colocation_requires_recompute = colocation_requires_recompute || more.colocation_requires_recompute;
         return *this;
@@ -147,12 +182,29 @@ struct plan_spec {
     }
 };
 
+// The names of a plan's open parameters, each once, in the order the plan states them: the
+// degrees of its rules, then its stage count, micro-batches, order and ZeRO stage.
+inline std::vector<std::string> open_parameters(const plan_spec& p) {
+    std::vector<std::string> names;
+    auto add = [&](const std::string& name) {
+        if (!name.empty() && std::find(names.begin(), names.end(), name) == names.end()) names.push_back(name);
+    };
+    for (const rule& r : p.rules)
+        if (r.trans)
+            for (const split_spec& s : *r.trans) add(s.degree.open);
+    if (p.stages) add(p.stages->count.open);
+    add(p.micro_batches.open);
+    if (p.order.alternatives.size() > 1) add(p.order.open);
+    add(p.zero_open);
+    return names;
+}
+
 inline std::int64_t resolve_degree(const degree_spec& d, const plan_spec& p, const std::string& where) {
     if (d.open.empty()) return d.value;
     auto it = p.choices.find(d.open);
     if (it == p.choices.end())
         throw plan_error("plan: open parameter '" + d.open + "' of " + where +
-                         " has no value; choose one (plan_spec::choose(\"" + d.open + "\", n)) or run the searcher");
+                         " has no value; choose one (plan_spec::choose(\"" + d.open + "\", n)) or set it in the plan file's \"choices\"");
     if (!d.allowed.empty() && std::find(d.allowed.begin(), d.allowed.end(), it->second) == d.allowed.end()) {
         std::string range;
         for (auto v : d.allowed) range += (range.empty() ? "" : ", ") + std::to_string(v);
@@ -162,8 +214,12 @@ inline std::int64_t resolve_degree(const degree_spec& d, const plan_spec& p, con
     return it->second;
 }
 
-// The plan for every forward node of `g` (nodes no rule selects run whole on every device).
-inline resolved_plan resolve(const plan_spec& p, const graph& g) {
+namespace detail {
+
+// op-trans and op-assign of every forward node of `g` by the plan's rules, on the plan's
+// devices (nodes no rule selects run whole on every device). plan::resolve (plan/resolve.hpp)
+// adds the stages, micro-batches and order around it.
+inline resolved_plan partition_ops(const plan_spec& p, const graph& g) {
     if (p.devices < 1) throw plan_error("plan: devices = " + std::to_string(p.devices) + "; use at least one device");
     const std::size_t forward = g.forward_node_count();
     resolved_plan out;
@@ -171,14 +227,17 @@ inline resolved_plan resolve(const plan_spec& p, const graph& g) {
     out.zero = p.zero;
     out.name = p.name;
     out.forward.resize(forward);
+    std::vector<bool> matched(p.rules.size(), false);
     for (std::size_t i = 0; i < forward; ++i) {
         const node& n = g.nodes[i];
         std::optional<std::vector<split_spec>> splits;
         std::optional<assign_spec> assign;
         bool recompute = false;
         std::string origin;
-        for (const rule& r : p.rules) {
+        for (std::size_t k = 0; k < p.rules.size(); ++k) {
+            const rule& r = p.rules[k];
             if (!r.on.matches(g, n)) continue;
+            matched[k] = true;
             if (r.trans) splits = r.trans, origin = r.origin;
             if (r.assign) assign = r.assign;
             if (r.recompute) recompute = *r.recompute;
@@ -213,7 +272,15 @@ inline resolved_plan resolve(const plan_spec& p, const graph& g) {
         }
         out.forward[i] = std::move(op);
     }
+    for (std::size_t k = 0; k < p.rules.size(); ++k)
+        if (!matched[k] && !p.rules[k].optional)
+            throw plan_error("plan: the rule " + (p.rules[k].origin.empty() ? std::string() : "'" + p.rules[k].origin + "' ") +
+                             "on " + p.rules[k].on.describe() +
+                             " matches no op of the model; fix its selector (op kinds, name or scope glob, layer "
+                             "range) or remove the rule");
     return out;
 }
+
+}  // namespace detail
 
 }  // namespace loom::plan

@@ -11,7 +11,6 @@
 //   from_constraints.hpp  the list scheduler; schedule_spec
 //   checks.hpp            the checks of a template, at compile time and at run time
 //   templates.hpp         gpipe, one_f_one_b, interleaved_one_f_one_b, three_f_one_b, interlaced
-//   order.hpp             order<OneFOneB<4>>::make(8), well_formed<...>
 //   validate.hpp          validate(schedule, validation_options)
 //   program.hpp           device_programs(schedule): compute / send / receive steps
 //   in_flight.hpp         activations held per stage and device
@@ -27,7 +26,6 @@
 #include <loom/schedule/cycle.hpp>
 #include <loom/schedule/from_constraints.hpp>
 #include <loom/schedule/in_flight.hpp>
-#include <loom/schedule/order.hpp>
 #include <loom/schedule/program.hpp>
 #include <loom/schedule/schedule.hpp>
 #include <loom/schedule/shape.hpp>

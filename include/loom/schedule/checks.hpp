@@ -1,8 +1,8 @@
 #pragma once
-// The checks of a pipeline template, written once and run at two moments: at compile time by
-// the typed front end (order<OneFOneB<4>>, order.hpp: a mistake is a static_assert through
-// ill_formed_schedule, and schedule::well_formed reads the same predicate as a bool), and at
-// run time by the functions of templates.hpp (one_f_one_b(0, 4) throws schedule_error).
+// The checks of a pipeline template, run by the functions of templates.hpp
+// (one_f_one_b(0, 4) throws schedule_error). The plan's order part (plan::order<...>,
+// plan/pipeline_parts.hpp) checks the same things at compile time when stages and
+// micro-batches are static, and a constraint on its own with first_constraint_error.
 //
 //   first_policy_error(view) -> the first mistake, or "" when there is none:
 //     a stage count below 1; Virtual < 1 (interleaved); micro-batches below 1, or, for
@@ -10,8 +10,8 @@
 //     rounds below 1; a constraint that names a round the pipeline does not have, or is
 //     ill-formed on its own (constraints.hpp).
 //
-// Messages start with the template as written and say how to fix it:
-//   "order<Interleaved<4, 2>>::make<6>: 6 micro-batches is not a multiple of the 4 pipeline
+// Messages start with the call as written and say how to fix it:
+//   "interleaved_one_f_one_b(4, 2, 6): 6 micro-batches is not a multiple of the 4 pipeline
 //    stages; interleaved 1F1B moves micro-batches through each virtual stage in groups of 4;
 //    use 4 or 8 micro-batches"
 #include <cstddef>
@@ -24,22 +24,13 @@
 
 namespace loom::schedule {
 
-// A schedule mistake found at compile time. The reason is this template's argument; compilers
-// print it in the instantiation context and in the note on the failed assertion.
-template <plan::detail::message Reason>
-struct ill_formed_schedule {
-    static_assert(Reason.empty(),
-                  "schedule: the pipeline schedule is ill-formed; the reason is the message{...} of ill_formed_schedule "
-                  "printed with this error");
-};
-
 namespace detail {
 
 enum class policy_kind : std::uint8_t { gpipe, one_f_one_b, interleaved, three_f_one_b, interlaced, from_constraints };
 
 struct policy_view {
     policy_kind kind = policy_kind::one_f_one_b;
-    std::string_view spelling;  // how the user wrote it: "order<OneFOneB<4>>", "one_f_one_b(4, 8)"
+    std::string_view spelling;  // how the user wrote it: "one_f_one_b(4, 8)"
     int stages = 1;             // pipeline stages (interleaved: devices; interlaced: without embedding and head)
     int chunks = 1;             // interleaved: virtual stages per device
     int rounds = 1;

@@ -13,12 +13,11 @@
 //   schedule_orders.hpp   GPipe, 1F1B and interleaved block orders in linear time
 //   evaluate.hpp          cost_context, evaluate(configuration): step time and memory
 //   branch_and_bound.hpp  branch_and_bound, enumerate_all, search_result::explain
-//   apply_configuration.hpp  a configuration as per-device programs; executable_space()
+//   to_plan.hpp           a searched configuration as the one plan value
 //   calibrate_host.hpp    the host backend measured as a cluster of in-process ranks
-//   plan_json.hpp         a configuration as JSON and back (loom_plan --out)
 //   order_search.hpp      temporal-order search: per-device block orders under constraints
 //                         and a memory cap, minimising the makespan
-#include <loom/search/apply_configuration.hpp>
+#include <loom/search/to_plan.hpp>
 #include <loom/search/branch_and_bound.hpp>
 #include <loom/search/calibrate_host.hpp>
 #include <loom/search/communication.hpp>
@@ -28,6 +27,5 @@
 #include <loom/search/memory.hpp>
 #include <loom/search/model_profile.hpp>
 #include <loom/search/order_search.hpp>
-#include <loom/search/plan_json.hpp>
 #include <loom/search/plan_space.hpp>
 #include <loom/search/schedule_orders.hpp>

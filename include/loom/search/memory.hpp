@@ -17,10 +17,12 @@
 #include <utility>
 
 #include <loom/core/error.hpp>
+#include <loom/plan/op_partition.hpp>
 
 namespace loom::search {
 
-enum class zero_stage { none = 0, optimizer = 1, gradients = 2, parameters = 3 };
+// One ZeRO stage for the plan and the searcher (plan/op_partition.hpp).
+using plan::zero_stage;
 
 // Bytes per parameter of each model state. `optimizer` is ZeRO's K: everything the
 // optimizer step keeps besides the model's own parameter and gradient.

@@ -20,6 +20,7 @@
 #include <vector>
 
 #include <loom/core/error.hpp>
+#include <loom/partition/deadlock.hpp>
 #include <loom/partition/partitioned_graph.hpp>
 #include <loom/partition/region_copy.hpp>
 #include <loom/runtime/comm/communicator.hpp>
@@ -46,6 +47,9 @@ public:
             throw usage_error("distributed_trainer: the plan is for " + std::to_string(plan.world) +
                               " devices but the communicator has " + std::to_string(c.size()) +
                               " ranks; launch as many ranks as the plan has devices");
+        // Programs whose order was edited after apply_plan are checked before they run: an
+        // order that deadlocks or reads before it writes must not start.
+        if (partition::order_fingerprint(plan) != plan.checked_order) partition::check_programs(plan);
         rank_ = c.rank();
         part_ = &plan.devices.at(static_cast<std::size_t>(rank_));
         const graph& g = part_->ir();

@@ -36,6 +36,7 @@
 
 #include <loom/core/bfloat16.hpp>
 #include <loom/core/error.hpp>
+#include <loom/partition/deadlock.hpp>
 #include <loom/partition/partitioned_graph.hpp>
 #include <loom/partition/region_copy.hpp>
 #include <loom/runtime/compile.hpp>
@@ -75,6 +76,8 @@ public:
             throw usage_error("cuda::distributed_trainer: the plan is for " + std::to_string(plan.world) +
                               " devices but the communicator has " + std::to_string(c.size()) +
                               " ranks; launch as many ranks as the plan has devices");
+        // Programs whose order was edited after apply_plan are checked before they run.
+        if (partition::order_fingerprint(plan) != plan.checked_order) partition::check_programs(plan);
         adamw_ = std::get_if<train::adamw_options>(&options_.optimizer);
         if (!adamw_)
             throw usage_error("cuda::distributed_trainer: the GPU trainers run AdamW only; choose "

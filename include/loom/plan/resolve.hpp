@@ -1,0 +1,284 @@
+#pragma once
+// plan::resolve(plan, graph): the one lowering of a plan value onto one graph. Every plan
+// passes through it, whoever made it (plan::compose(...), a preset, a plan file, the
+// searcher), and partition::apply_plan reads only what it returns.
+//
+//   1. Open parameters take their values from plan.choices; a missing or out-of-range value
+//      is a plan_error naming the parameter and its range.
+//   2. Without stages, micro-batches or an order, the rules cut and place every op on the
+//      plan's devices (op-trans, op-assign), and devices run their programs in plan order.
+//   3. Otherwise the plan is a pipeline: the layers of the stage part's repeat are cut into
+//      ranges (evenly or at the given boundaries), each range placed on a device group
+//      (op-assign), every op cut along the batch into micro-batches (op-trans, outermost)
+//      and then by the rules within its group, and the order part's schedule (op-order)
+//      orders the blocks of every device, spread over the members of each group.
+//
+// The structural checks across parts run here with the graph in hand (a stage count that
+// does not divide the devices, ranges that overlap or leave layers out, an interleaved order
+// whose micro-batches are not a multiple of the stages, 3F1B on a model without three forward
+// rounds, ...). When the parts are static, plan::compose runs the same predicates at compile
+// time (plan/parts.hpp).
+#include <algorithm>
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include <loom/core/error.hpp>
+#include <loom/graph/graph.hpp>
+#include <loom/plan/op_order.hpp>
+#include <loom/plan/op_partition.hpp>
+#include <loom/plan/pipeline.hpp>
+#include <loom/plan/rules.hpp>
+#include <loom/schedule/templates.hpp>
+#include <loom/schedule/validate.hpp>
+
+namespace loom::plan {
+
+namespace detail {
+
+inline std::int64_t layer_count(const graph& g, const std::string& repeat) {
+    std::int64_t layers = 0;
+    for (const auto& r : g.repeats)
+        if (r.name == repeat) layers = std::max<std::int64_t>(layers, static_cast<std::int64_t>(r.scopes.size()));
+    return layers;
+}
+
+// The repeat of forward rounds around the layers of `repeat` (recycling models): the
+// innermost other repeat whose instances enclose those layers. {"", 1} when there is none.
+struct forward_rounds {
+    std::string scope;
+    int rounds = 1;
+};
+
+inline forward_rounds find_forward_rounds(const graph& g, const std::string& repeat) {
+    for (const auto& r : g.repeats) {
+        if (r.name != repeat || r.scopes.empty()) continue;
+        for (std::int32_t s = g.scopes.at(static_cast<std::size_t>(r.scopes.front())).parent; s != no_id;) {
+            const scope_desc& sd = g.scopes.at(static_cast<std::size_t>(s));
+            if (sd.repeat != no_id) {
+                const auto& outer = g.repeats.at(static_cast<std::size_t>(sd.repeat));
+                if (outer.name != repeat) return {outer.name, static_cast<int>(outer.scopes.size())};
+            }
+            s = sd.parent;
+        }
+    }
+    return {};
+}
+
+// A schedule for stages of one device each, spread over groups of `group` devices: stage s
+// runs on devices [g * group, (g + 1) * group) of its device g, every member in the same block
+// order (SPMD within the group).
+inline schedule::schedule spread_over_groups(const schedule::schedule& s, int group) {
+    if (group == 1) return s;
+    schedule::schedule out = s;
+    out.shape.devices = s.shape.devices * group;
+    out.device_order.clear();
+    for (int d = 0; d < s.shape.devices; ++d)
+        for (int k = 0; k < group; ++k) out.device_order.push_back(s.device_order.at(static_cast<std::size_t>(d)));
+    for (auto& members : out.shape.stage_devices) {
+        std::vector<int> spread;
+        for (int d : members)
+            for (int k = 0; k < group; ++k) spread.push_back(d * group + k);
+        members = std::move(spread);
+    }
+    return out;
+}
+
+// The op-order of a pipeline of `stages` device groups of `group` devices.
+inline schedule::schedule pipeline_order(const order_policy& o, int stages, int micro_batches, int group) {
+    switch (o.kind) {
+        case schedule_kind::gpipe: return spread_over_groups(schedule::gpipe(stages, micro_batches), group);
+        case schedule_kind::one_f_one_b: return spread_over_groups(schedule::one_f_one_b(stages, micro_batches), group);
+        case schedule_kind::interleaved:
+            return spread_over_groups(schedule::interleaved_one_f_one_b(stages, o.virtual_stages, micro_batches), group);
+        case schedule_kind::three_f_one_b:
+            return spread_over_groups(schedule::three_f_one_b(stages, micro_batches), group);
+        case schedule_kind::interlaced: return schedule::interlaced(stages, micro_batches, group);
+        case schedule_kind::from_constraints: {
+            schedule::schedule_spec spec{"ordered by constraints",
+                                         schedule::pipeline_shape::linear(stages, micro_batches, o.rounds), o.constraints};
+            return spread_over_groups(schedule::from_constraints(spec), group);
+        }
+    }
+    throw plan_error("plan::order: unknown schedule kind");
+}
+
+inline std::string allowed_text(const std::vector<std::int64_t>& allowed) {
+    std::string out;
+    for (auto v : allowed) out += (out.empty() ? "" : ", ") + std::to_string(v);
+    return out;
+}
+
+inline zero_stage chosen_zero(const plan_spec& p) {
+    if (p.zero_open.empty()) return p.zero;
+    auto it = p.choices.find(p.zero_open);
+    if (it == p.choices.end())
+        throw plan_error("plan::zero: the open ZeRO stage '" + p.zero_open + "' has no value; choose one of {" +
+                         allowed_text(p.zero_allowed) + "} (choose(\"" + p.zero_open + "\", n)) or set it in the plan file's \"choices\"");
+    if (it->second < 0 || it->second > 3 ||
+        (!p.zero_allowed.empty() &&
+         std::find(p.zero_allowed.begin(), p.zero_allowed.end(), it->second) == p.zero_allowed.end()))
+        throw plan_error("plan::zero: the open ZeRO stage '" + p.zero_open + "' was given " + std::to_string(it->second) +
+                         ", outside {" + allowed_text(p.zero_allowed.empty() ? std::vector<std::int64_t>{0, 1, 2, 3} : p.zero_allowed) +
+                         "}; choose one of those");
+    return static_cast<zero_stage>(it->second);
+}
+
+inline std::optional<order_policy> chosen_order(const plan_spec& p) {
+    const auto& alternatives = p.order.alternatives;
+    if (alternatives.empty()) return std::nullopt;
+    if (alternatives.size() == 1) return alternatives.front();
+    std::string names;
+    for (std::size_t i = 0; i < alternatives.size(); ++i)
+        names += (i ? ", " : "") + std::to_string(i) + ": " + alternatives[i].describe();
+    auto it = p.choices.find(p.order.open);
+    if (it == p.choices.end())
+        throw plan_error("plan::order: the open order '" + p.order.open + "' has no value; choose the index of one of {" +
+                         names + "} (choose(\"" + p.order.open + "\", i)) or set it in the plan file's \"choices\"");
+    if (it->second < 0 || it->second >= static_cast<std::int64_t>(alternatives.size()))
+        throw plan_error("plan::order: the open order '" + p.order.open + "' was given " + std::to_string(it->second) +
+                         "; choose the index of one of {" + names + "}");
+    return alternatives[static_cast<std::size_t>(it->second)];
+}
+
+// The first layer of every range, checked: strictly increasing, inside the model, the first 0.
+inline std::vector<std::int64_t> stage_starts(const stage_spec& st, std::int64_t layers, int chunks) {
+    const std::string what = "plan::stages on '" + st.repeat + "'";
+    std::vector<std::int64_t> starts;
+    if (st.boundaries.empty()) {
+        if (layers < chunks)
+            throw plan_error(what + ": " + std::to_string(layers) + " layers cannot fill " + std::to_string(chunks) +
+                             " stages; use at most " + std::to_string(layers) + " stages (times chunks)");
+        std::int64_t next = 0;
+        for (int k = 0; k < chunks; ++k) {
+            starts.push_back(next);
+            next += layers / chunks + (k < layers % chunks ? 1 : 0);
+        }
+        return starts;
+    }
+    if (static_cast<int>(st.boundaries.size()) != chunks - 1)
+        throw plan_error(what + ": " + std::to_string(st.boundaries.size()) + " boundaries for " + std::to_string(chunks) +
+                         " stages; give " + std::to_string(chunks - 1) +
+                         " boundaries (the first layer of every stage after the first)");
+    starts.push_back(0);
+    for (std::size_t k = 0; k < st.boundaries.size(); ++k) {
+        const std::int64_t b = st.boundaries[k];
+        if (b <= starts.back())
+            throw plan_error(what + ": boundary " + std::to_string(b) + " does not come after " +
+                             std::to_string(starts.back()) + "; stage ranges would overlap or be empty; give strictly "
+                             "increasing first layers");
+        if (b >= layers)
+            throw plan_error(what + ": boundary " + std::to_string(b) + " runs past the model's " + std::to_string(layers) +
+                             " layers (0.." + std::to_string(layers - 1) + "); give first layers below " +
+                             std::to_string(layers));
+        starts.push_back(b);
+    }
+    return starts;
+}
+
+}  // namespace detail
+
+inline resolved_plan resolve(const plan_spec& p, const graph& g) {
+    if (p.devices < 1) throw plan_error("plan: devices = " + std::to_string(p.devices) + "; use at least one device");
+    const zero_stage zero = detail::chosen_zero(p);
+    const std::int64_t micro = resolve_degree(p.micro_batches, p, "plan::micro_batches");
+    if (micro < 1)
+        throw plan_error("plan::micro_batches: " + std::to_string(micro) + " micro-batches; use at least 1");
+    std::optional<order_policy> order = detail::chosen_order(p);
+    if (!p.stages && micro == 1 && !order) {
+        plan_spec flat = p;
+        flat.zero = zero;
+        return detail::partition_ops(flat, g);
+    }
+
+    const stage_spec st = p.stages.value_or(stage_spec{});
+    const std::int64_t stages = resolve_degree(st.count, p, "plan::stages");
+    if (stages < 1) throw plan_error("plan::stages: " + std::to_string(stages) + " stages; use at least 1");
+    if (!order) order = order_policy{schedule_kind::one_f_one_b};
+    const bool interlaced = order->kind == schedule_kind::interlaced;
+    const int chunks_per_group = order->kind == schedule_kind::interleaved ? order->virtual_stages : 1;
+    if (chunks_per_group < 1)
+        throw plan_error("plan::order<Interleaved<" + std::to_string(chunks_per_group) +
+                         ">>: use at least one chunk per device group");
+    std::int64_t group = st.devices_per_stage;
+    if (group == 0) {
+        if (p.devices % stages != 0)
+            throw plan_error("plan::stages: " + std::to_string(stages) + " stages do not divide the plan's " +
+                             std::to_string(p.devices) + " devices; choose a stage count that divides them, or give "
+                             "devices_per_stage");
+        group = p.devices / stages;
+    }
+    if (group < 1 || stages * group != p.devices)
+        throw plan_error("plan::stages: " + std::to_string(stages) + " stages of " + std::to_string(group) +
+                         " devices make " + std::to_string(stages * group) + " devices, but the plan has " +
+                         std::to_string(p.devices) + "; make stages x devices per stage equal the devices");
+    if (order->kind == schedule_kind::interleaved && micro % stages != 0)
+        throw plan_error("plan::order<Interleaved<" + std::to_string(chunks_per_group) + ">>: " + std::to_string(micro) +
+                         " micro-batches over " + std::to_string(stages) +
+                         " stages; the interleaved schedule needs a multiple of the stage count");
+
+    const std::int64_t layers = detail::layer_count(g, st.repeat);
+    if (layers == 0)
+        throw plan_error("plan::stages: the model has no repeated layers named '" + st.repeat +
+                         "'; name the repeat the model records (graph_builder::repeat), e.g. stages on \"blocks\"");
+    const int chunks = static_cast<int>(stages) * chunks_per_group;
+    const std::vector<std::int64_t> starts = detail::stage_starts(st, layers, chunks);
+
+    detail::pipeline_spec ps;
+    ps.repeat = st.repeat;
+    ps.micro_batches = static_cast<int>(micro);
+    ps.inner = p;
+    ps.inner.devices = static_cast<int>(group);
+    ps.inner.stages.reset();
+    ps.inner.order = {};
+    ps.inner.micro_batches = {1, "", {}};
+    ps.inner.zero = zero;
+    ps.inner.zero_open.clear();
+    const int rounds = order->forward_rounds();
+    if (rounds > 1) {
+        const detail::forward_rounds found = detail::find_forward_rounds(g, st.repeat);
+        if (found.rounds != rounds)
+            throw plan_error("plan::order<" + order->describe() + ">: it runs " + std::to_string(rounds) +
+                             " forward rounds per micro-batch, but the model has " + std::to_string(found.rounds) +
+                             (found.scope.empty() ? std::string(" (no repeat of rounds around '") + st.repeat + "')"
+                                                  : " (repeat '" + found.scope + "')") +
+                             "; use it on a recycling model with " + std::to_string(rounds) +
+                             " rounds, or order with OneFOneB");
+        ps.rounds_scope = found.scope;
+        ps.rounds = rounds;
+    }
+    std::vector<int> all(static_cast<std::size_t>(p.devices));
+    for (int d = 0; d < p.devices; ++d) all[static_cast<std::size_t>(d)] = d;
+    if (interlaced) {
+        plan_spec everywhere = ps.inner;
+        everywhere.devices = p.devices;
+        ps.stages.push_back({0, -1, all, everywhere});
+    }
+    for (int k = 0; k < chunks; ++k) {
+        detail::pipeline_stage stage;
+        stage.first_layer = starts[static_cast<std::size_t>(k)];
+        stage.last_layer = (k + 1 < chunks ? starts[static_cast<std::size_t>(k) + 1] : layers) - 1;
+        const auto owner = static_cast<int>(k % stages);
+        for (std::int64_t d = 0; d < group; ++d) stage.devices.push_back(static_cast<int>(owner * group + d));
+        ps.stages.push_back(std::move(stage));
+    }
+    if (interlaced) {
+        plan_spec everywhere = ps.inner;
+        everywhere.devices = p.devices;
+        ps.stages.push_back({0, -1, all, everywhere});
+        ps.head_stage = 0;
+        ps.tail_stage = static_cast<int>(ps.stages.size()) - 1;
+    }
+
+    resolved_plan out = detail::resolve_pipeline(ps, g);
+    out.zero = zero;
+    out.name = !p.name.empty() ? p.name
+                               : "pipeline x" + std::to_string(stages) +
+                                     (group > 1 ? " of " + std::to_string(group) + " devices" : std::string()) + ", " +
+                                     std::to_string(micro) + " micro-batches, " + order->describe();
+    out.order = detail::pipeline_order(*order, static_cast<int>(stages), static_cast<int>(micro), static_cast<int>(group));
+    schedule::validate(*out.order);
+    return out;
+}
+
+}  // namespace loom::plan

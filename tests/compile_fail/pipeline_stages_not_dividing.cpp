@@ -1,0 +1,8 @@
+// expect: plan::stages<4>: 4 stages do not divide devices<6>; choose a stage count that divides 6
+#include <loom/plan/combinators.hpp>
+
+using namespace loom;
+
+constexpr auto space = plan::compose(plan::devices<6>, plan::stages<4>);
+
+int main() {}

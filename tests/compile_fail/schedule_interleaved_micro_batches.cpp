@@ -1,6 +1,0 @@
-// expect: order<Interleaved<4, 2>>::make<6>: 6 micro-batches is not a multiple of the 4 pipeline stages
-#include <loom/schedule/order.hpp>
-
-using namespace loom::schedule;
-
-int main() { return static_cast<int>(order<Interleaved<4, 2>>::make<6>().device_order.size()); }
