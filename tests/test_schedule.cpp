@@ -13,6 +13,7 @@
 
 #include <nlohmann/json.hpp>
 
+#include <loom/plan/order.hpp>
 #include <loom/schedule/all.hpp>
 
 using namespace loom::schedule;

@@ -1,5 +1,5 @@
 // expect: before{forward(micro, 2), backward(micro, round 2)} names backward round 2
-#include <loom/schedule/order.hpp>
+#include <loom/plan/order.hpp>
 
 using namespace loom::schedule;
 using namespace loom::schedule::var;

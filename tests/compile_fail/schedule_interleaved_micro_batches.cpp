@@ -1,5 +1,5 @@
 // expect: order<Interleaved<4, 2>>::make<6>: 6 micro-batches is not a multiple of the 4 pipeline stages
-#include <loom/schedule/order.hpp>
+#include <loom/plan/order.hpp>
 
 using namespace loom::schedule;
 

@@ -1,5 +1,5 @@
 // expect: order<GPipe<2>>::make<0>: 0 micro-batches
-#include <loom/schedule/order.hpp>
+#include <loom/plan/order.hpp>
 
 using namespace loom::schedule;
 

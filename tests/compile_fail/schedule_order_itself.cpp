@@ -1,5 +1,5 @@
 // expect: before{forward(micro + 1), forward(micro + 1)}: orders every block before itself, which no schedule can do
-#include <loom/schedule/order.hpp>
+#include <loom/plan/order.hpp>
 
 using namespace loom::schedule;
 using namespace loom::schedule::var;

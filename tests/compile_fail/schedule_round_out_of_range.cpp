@@ -1,5 +1,5 @@
 // expect: constraint #1: before{forward(micro + stages - stage - 1, 3), backward(micro)} names forward round 3, but the pipeline has 3 forward rounds (0..2)
-#include <loom/schedule/order.hpp>
+#include <loom/plan/order.hpp>
 
 using namespace loom::schedule;
 using namespace loom::schedule::var;

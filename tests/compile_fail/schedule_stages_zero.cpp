@@ -1,5 +1,5 @@
 // expect: order<OneFOneB<0>>: 0 pipeline stages
-#include <loom/schedule/order.hpp>
+#include <loom/plan/order.hpp>
 
 using namespace loom::schedule;
 

@@ -1,5 +1,5 @@
 // expect: order<Interleaved<4, 0>>: 0 virtual stages per device
-#include <loom/schedule/order.hpp>
+#include <loom/plan/order.hpp>
 
 using namespace loom::schedule;
 

@@ -15,7 +15,7 @@
 #include <loom/plan/checks.hpp>
 #include <loom/plan/op_partition.hpp>
 #include <loom/plan/rules.hpp>
-#include <loom/plan/static_text.hpp>
+#include <loom/core/static_text.hpp>
 #include <loom/plan/trans.hpp>
 
 namespace loom::plan {

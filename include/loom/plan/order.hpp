@@ -12,7 +12,7 @@
 //   schedule g = order<FromConstraints<4, 2, f0_first>>::make(8);   // 4 stages, 2 rounds
 //
 // Every mistake decidable at compile time is a static_assert whose message names the
-// template and the fix (checks.hpp, e.g. "order<OneFOneB<0>>: 0 pipeline stages; a pipeline
+// template and the fix (schedule/checks.hpp, e.g. "order<OneFOneB<0>>: 0 pipeline stages; a pipeline
 // needs at least one stage; use 1 or more"); make(m) runs the same predicate on m and throws
 // schedule_error. schedule::well_formed<Policy[, MicroBatches]> answers the same question as a
 // bool, without a hard error (MicroBatches = 0: the count is not given).
@@ -22,7 +22,7 @@
 #include <span>
 #include <string_view>
 
-#include <loom/plan/static_text.hpp>
+#include <loom/core/static_text.hpp>
 #include <loom/schedule/checks.hpp>
 #include <loom/schedule/constraints.hpp>
 #include <loom/schedule/costs.hpp>

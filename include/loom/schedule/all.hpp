@@ -1,7 +1,8 @@
 #pragma once
 // Pipeline schedules (op-order): blocks and shapes, order constraints, the list scheduler,
-// the templates (GPipe, 1F1B, interleaved 1F1B, 3F1B, interlaced) and their typed front end,
-// validation, device programs, simulation and export. One concept per header:
+// the templates (GPipe, 1F1B, interleaved 1F1B, 3F1B, interlaced; their typed front end,
+// order<...>, is plan/order.hpp with the other primitives), validation, device programs,
+// simulation and export. One concept per header:
 //
 //   block.hpp             block{pass, stage, micro, round}, schedule_error
 //   shape.hpp             pipeline_shape, data dependencies
@@ -11,7 +12,6 @@
 //   from_constraints.hpp  the list scheduler; schedule_spec
 //   checks.hpp            the checks of a template, at compile time and at run time
 //   templates.hpp         gpipe, one_f_one_b, interleaved_one_f_one_b, three_f_one_b, interlaced
-//   order.hpp             order<OneFOneB<4>>::make(8), well_formed<...>
 //   validate.hpp          validate(schedule, validation_options)
 //   program.hpp           device_programs(schedule): compute / send / receive steps
 //   in_flight.hpp         activations held per stage and device
@@ -27,7 +27,6 @@
 #include <loom/schedule/cycle.hpp>
 #include <loom/schedule/from_constraints.hpp>
 #include <loom/schedule/in_flight.hpp>
-#include <loom/schedule/order.hpp>
 #include <loom/schedule/program.hpp>
 #include <loom/schedule/schedule.hpp>
 #include <loom/schedule/shape.hpp>

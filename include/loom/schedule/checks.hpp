@@ -1,6 +1,6 @@
 #pragma once
 // The checks of a pipeline template, written once and run at two moments: at compile time by
-// the typed front end (order<OneFOneB<4>>, order.hpp: a mistake is a static_assert through
+// the typed front end (order<OneFOneB<4>>, plan/order.hpp: a mistake is a static_assert through
 // ill_formed_schedule, and schedule::well_formed reads the same predicate as a bool), and at
 // run time by the functions of templates.hpp (one_f_one_b(0, 4) throws schedule_error).
 //
@@ -19,7 +19,7 @@
 #include <span>
 #include <string_view>
 
-#include <loom/plan/static_text.hpp>
+#include <loom/core/static_text.hpp>
 #include <loom/schedule/constraints.hpp>
 
 namespace loom::schedule {

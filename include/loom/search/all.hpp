@@ -14,13 +14,11 @@
 //   evaluate.hpp          cost_context, evaluate(configuration): step time and memory
 //   branch_and_bound.hpp  branch_and_bound, enumerate_all, search_result::explain
 //   apply_configuration.hpp  a configuration as per-device programs; executable_space()
-//   calibrate_host.hpp    the host backend measured as a cluster of in-process ranks
 //   plan_json.hpp         a configuration as JSON and back (loom_plan --out)
 //   order_search.hpp      temporal-order search: per-device block orders under constraints
 //                         and a memory cap, minimising the makespan
 #include <loom/search/apply_configuration.hpp>
 #include <loom/search/branch_and_bound.hpp>
-#include <loom/search/calibrate_host.hpp>
 #include <loom/search/communication.hpp>
 #include <loom/search/evaluate.hpp>
 #include <loom/search/folding.hpp>
