@@ -27,7 +27,7 @@
 #include <loom/models/gpt.hpp>
 #include <loom/partition/apply.hpp>
 #include <loom/partition/deadlock.hpp>
-#include <loom/partition/explain.hpp>
+#include <loom/runtime/explain_partition.hpp>
 
 using namespace loom;
 

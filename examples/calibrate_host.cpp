@@ -1,5 +1,5 @@
 // Measures this machine as a cluster of in-process ranks (GEMM and copy speed, see
-// search/calibrate_host.hpp) and writes the profile the searcher reads:
+// calibrate/host.hpp) and writes the profile the searcher reads:
 //
 //   calibrate_host --ranks 4 --out host.json
 //   loom_plan --cluster-json host.json ...
@@ -8,7 +8,7 @@
 
 #include <CLI/CLI.hpp>
 
-#include <loom/search/calibrate_host.hpp>
+#include <loom/calibrate/host.hpp>
 
 int main(int argc, char** argv) {
     CLI::App app{"Measure the host backend and write a cluster profile for loom's searcher"};

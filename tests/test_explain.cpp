@@ -8,7 +8,7 @@
 
 #include <loom/models/gpt.hpp>
 #include <loom/partition/apply.hpp>
-#include <loom/partition/explain.hpp>
+#include <loom/runtime/explain_partition.hpp>
 
 using namespace loom;
 

@@ -2,7 +2,7 @@
 // and attention (causal and not; through attention_grad), each against central differences.
 #include <catch2/catch.hpp>
 
-#include <loom/graph/autograd.hpp>
+#include <loom/autograd/autograd.hpp>
 #include <loom/ops/all.hpp>
 
 #include "support/gradcheck.hpp"

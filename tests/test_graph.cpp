@@ -2,7 +2,7 @@
 // structure, the memory planner and the executor.
 #include <catch2/catch.hpp>
 
-#include <loom/graph/autograd.hpp>
+#include <loom/autograd/autograd.hpp>
 #include <loom/graph/builder.hpp>
 #include <loom/ops/all.hpp>
 #include <loom/runtime/compile.hpp>

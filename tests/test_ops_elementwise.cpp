@@ -26,7 +26,7 @@
 #include <type_traits>
 #include <vector>
 
-#include <loom/graph/autograd.hpp>
+#include <loom/autograd/autograd.hpp>
 #include <loom/graph/builder.hpp>
 #include <loom/ops/all.hpp>
 #include <loom/runtime/compile.hpp>

@@ -12,7 +12,7 @@
 #include <string>
 #include <vector>
 
-#include <loom/graph/autograd.hpp>
+#include <loom/autograd/autograd.hpp>
 #include <loom/graph/builder.hpp>
 #include <loom/ops/all.hpp>
 #include <loom/runtime/compile.hpp>

@@ -34,6 +34,9 @@ step "install dependencies" bash tools/install_deps.sh || exit 1
 
 step "single header up to date" python3 tools/amalgamate.py --check
 
+# The folders of include/loom in data-flow order, printed so the log shows the graph.
+step "folder dependencies without cycles" python3 tools/folder_deps.py
+
 # Optimized, assertions kept: RelWithDebInfo without NDEBUG and without debug info, at -O1:
 # it compiles a quarter faster than -O2 (test_pipeline: 51 s instead of 68 s), which keeps
 # CI within its time on 2 cores, and the tests time nothing.

@@ -12,7 +12,7 @@
 #include <CLI/CLI.hpp>
 
 #include <loom/models/gpt.hpp>
-#include <loom/runtime/cuda/trainer.hpp>
+#include <loom/train/cuda/trainer.hpp>
 
 using namespace loom;
 

@@ -1,4 +1,4 @@
-// Measures this machine's GPU with loom's own kernels (see runtime/cuda/calibrate.hpp) and
+// Measures this machine's GPU with loom's own kernels (see calibrate/cuda/gpu.hpp) and
 // writes the profile the searcher reads:
 //
 //   calibrate_gpu --nodes 4 --out h100.json
@@ -10,7 +10,7 @@
 
 #include <CLI/CLI.hpp>
 
-#include <loom/runtime/cuda/calibrate.hpp>
+#include <loom/calibrate/cuda/gpu.hpp>
 #include <loom/runtime/cuda_gate.hpp>
 
 int main(int argc, char** argv) {

@@ -11,7 +11,6 @@
 
 // graph
 #include <loom/graph/attributes.hpp>
-#include <loom/graph/autograd.hpp>
 #include <loom/graph/builder.hpp>
 #include <loom/graph/graph.hpp>
 #include <loom/graph/op.hpp>
@@ -19,6 +18,9 @@
 
 // ops
 #include <loom/ops/all.hpp>
+
+// autograd
+#include <loom/autograd/autograd.hpp>
 
 // plans: combinators' run-time form, presets, custom transformations
 #include <loom/plan/combinators.hpp>
@@ -33,7 +35,6 @@
 // partitioning: vTensors, applying plans, communication
 #include <loom/partition/apply.hpp>
 #include <loom/partition/deadlock.hpp>
-#include <loom/partition/explain.hpp>
 #include <loom/partition/logical_graph.hpp>
 #include <loom/partition/materialize.hpp>
 #include <loom/partition/partitioned_graph.hpp>
@@ -52,6 +53,7 @@
 #include <loom/runtime/comm/in_process.hpp>
 #include <loom/runtime/compile.hpp>
 #include <loom/runtime/explain.hpp>
+#include <loom/runtime/explain_partition.hpp>
 #include <loom/runtime/memory_planner.hpp>
 #include <loom/runtime/program.hpp>
 #include <loom/runtime/transfer_runner.hpp>
@@ -60,6 +62,9 @@
 #include <loom/runtime/host/gemm.hpp>
 #include <loom/runtime/host/kernel_table.hpp>
 #include <loom/runtime/host/thread_pool.hpp>
+
+// calibration: this machine measured as a profile the searcher plans for
+#include <loom/calibrate/host.hpp>
 
 // io
 #include <loom/io/plan_file.hpp>

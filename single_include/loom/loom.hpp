@@ -879,18 +879,6 @@ private:
 
 }  // namespace loom
 // ---- end loom/graph/attributes.hpp ----
-// ---- begin loom/graph/autograd.hpp ----
-// Reverse-mode differentiation as a graph transformation: the backward pass is appended
-// to the same graph as ordinary nodes (marked `backward`, pointing at the forward node
-// they differentiate), so plans partition it and programs run it like the forward pass.
-//
-// For every parameter p the graph afterwards holds a tensor "grad/<p>" with role
-// `gradient`, listed in graph::gradients. A tensor read by several ops accumulates its
-// gradient with `add`; a parameter that does not reach the loss gets a zero gradient.
-#include <optional>
-#include <string>
-#include <vector>
-
 // ---- begin loom/graph/builder.hpp ----
 // The expression builder: models are ordinary C++ that call op functions on `tensor`
 // handles; each call checks shapes against the op's signature and appends one node.
@@ -1541,6 +1529,14 @@ inline const node& backward_context::forward_node() const { return builder.view(
 
 }  // namespace loom
 // ---- end loom/graph/builder.hpp ----
+
+// ops
+// ---- begin loom/ops/all.hpp ----
+// Every op kind loom ships, as one type list. Backends build their kernel tables from it,
+// and plan files look op kinds up in it by name.
+#include <boost/mp11/algorithm.hpp>
+#include <boost/mp11/list.hpp>
+
 // ---- begin loom/ops/add.hpp ----
 // add: y = a + b, same shapes ("..., ... -> ..."). Also what autograd uses to accumulate
 // the gradient of a tensor read by several ops.
@@ -1567,6 +1563,39 @@ namespace loom {
 inline tensor operator+(tensor a, tensor b) { return ops::add(a, b); }
 }  // namespace loom
 // ---- end loom/ops/add.hpp ----
+// ---- begin loom/ops/assemble.hpp ----
+// The two op kinds a plan adds between the pieces of partitioned ops:
+//
+//   assemble  builds one piece (box `out_box`) of a logical tensor on one device from local
+//             pieces (boxes `in_boxes`): a chunk (one input that contains the box), a
+//             concat (inputs that tile it) or a sum (partial values of one box). It copies
+//             or adds each input's intersection with the output box.
+//   transfer  one device's part in a collective or point-to-point transfer; the executor
+//             hands it to a communicator (attribute `transfer` indexes the plan's list).
+//
+// Neither is written by users or differentiated: plans create them after autograd, and
+// their backward twins are created the same way from the gradients' pieces. Both are
+// appended without a signature (the number of inputs varies).
+#include <cstdint>
+#include <string_view>
+#include <vector>
+
+
+namespace loom::ops {
+
+struct Assemble {
+    static constexpr std::string_view name = "assemble";
+    static constexpr signature sig = parse_signature("... -> ...");
+};
+
+struct Transfer {
+    static constexpr std::string_view name = "transfer";
+    static constexpr signature sig = parse_signature("... -> ...");
+    static constexpr bool communication = true;
+};
+
+}  // namespace loom::ops
+// ---- end loom/ops/assemble.hpp ----
 // ---- begin loom/ops/fill.hpp ----
 // fill_like: a tensor of the shape of `like`, every element `value`. Seeds the backward
 // pass (d loss / d loss = 1) and gives unused parameters a zero gradient. `like` is read
@@ -1607,150 +1636,6 @@ inline gradients Identity::backward(backward_context& c) { return {identity(*c.g
 
 }  // namespace loom::ops
 // ---- end loom/ops/identity.hpp ----
-
-namespace loom {
-
-inline void build_backward(graph_builder& b) {
-    const graph& g = b.view();
-    if (g.loss == no_id) throw usage_error("build_backward: the graph has no loss; call graph_builder::set_loss first");
-    if (!g.gradients.empty()) throw usage_error("build_backward: the graph already has a backward pass");
-
-    const std::size_t forward_nodes = g.nodes.size();
-    b.mutable_graph().forward_nodes = forward_nodes;
-    // Which tensors depend on a parameter (forward sweep) ...
-    std::vector<bool> depends(g.tensors.size(), false);
-    for (tensor_id p : g.parameters) depends[static_cast<std::size_t>(p)] = true;
-    for (std::size_t i = 0; i < forward_nodes; ++i) {
-        const node& n = g.nodes[i];
-        if (!n.op->differentiable()) continue;
-        bool any = false;
-        for (tensor_id t : n.inputs) any = any || depends[static_cast<std::size_t>(t)];
-        for (tensor_id t : n.outputs) depends[static_cast<std::size_t>(t)] = any;
-    }
-    // ... and which the loss depends on (backward sweep).
-    std::vector<bool> reaches_loss(g.tensors.size(), false);
-    reaches_loss[static_cast<std::size_t>(g.loss)] = true;
-    for (std::size_t i = forward_nodes; i-- > 0;) {
-        const node& n = g.nodes[i];
-        bool any = false;
-        for (tensor_id t : n.outputs) any = any || reaches_loss[static_cast<std::size_t>(t)];
-        if (any)
-            for (tensor_id t : n.inputs) reaches_loss[static_cast<std::size_t>(t)] = true;
-    }
-
-    std::vector<std::optional<tensor>> grad(g.tensors.size());
-    auto accumulate = [&](tensor_id t, tensor contribution, const node& from) {
-        const shape& want = b.view().tensor(t).dims;
-        if (!same_extents(contribution.dims(), want))
-            throw error("build_backward: the backward rule of " + std::string(from.op->name) + " '" + from.name +
-                        "' produced a gradient of shape " + contribution.dims().to_string() + " for '" +
-                        b.view().tensor(t).name + "' of shape " + want.to_string() + "; the op's backward is wrong");
-        auto& slot = grad[static_cast<std::size_t>(t)];
-        slot = slot ? ops::add(*slot, contribution) : contribution;
-    };
-
-    grad[static_cast<std::size_t>(g.loss)] = ops::fill_like(b.handle(g.loss), 1.0);
-    for (std::size_t i = forward_nodes; i-- > 0;) {
-        // A copy: the backward rule appends nodes, which may move the node vector.
-        const node n = b.view().nodes[i];
-        if (!n.op->differentiable()) continue;
-        bool any_grad = false;
-        for (tensor_id t : n.outputs) any_grad = any_grad || grad[static_cast<std::size_t>(t)].has_value();
-        if (!any_grad) continue;
-        std::vector<bool> needs;
-        bool any_need = false;
-        for (tensor_id t : n.inputs) {
-            bool need = depends[static_cast<std::size_t>(t)] && reaches_loss[static_cast<std::size_t>(t)];
-            needs.push_back(need);
-            any_need = any_need || need;
-        }
-        if (!any_need) continue;
-
-        auto forward = static_cast<node_id>(i);
-        graph_builder::backward_guard guard(b, forward);
-        backward_context ctx{b, forward, {}, {}, {}, needs};
-        for (tensor_id t : n.inputs) ctx.inputs.push_back(b.handle(t));
-        for (tensor_id t : n.outputs) {
-            ctx.outputs.push_back(b.handle(t));
-            const auto& gt = grad[static_cast<std::size_t>(t)];
-            // An output no one differentiates still needs a gradient if a sibling has one.
-            ctx.grad_outputs.push_back(gt ? gt : std::optional<tensor>(ops::fill_like(b.handle(t), 0.0)));
-        }
-        gradients result = n.op->backward(ctx);
-        if (result.size() != n.inputs.size())
-            throw error("build_backward: the backward rule of " + std::string(n.op->name) + " returned " +
-                        std::to_string(result.size()) + " gradients for " + std::to_string(n.inputs.size()) +
-                        " inputs");
-        for (std::size_t k = 0; k < n.inputs.size(); ++k)
-            if (needs[k] && result[k]) accumulate(n.inputs[k], *result[k], n);
-    }
-
-    graph& mg = b.mutable_graph();
-    std::vector<bool> claimed(mg.tensors.size(), false);
-    std::vector<tensor_id> params = mg.parameters;
-    for (tensor_id p : params) {
-        tensor gt = grad[static_cast<std::size_t>(p)] ? *grad[static_cast<std::size_t>(p)] : tensor{};
-        // A parameter that does not reach the loss has a zero gradient.
-        if (!gt.builder) gt = ops::fill_like(b.handle(p), 0.0);
-        claimed.resize(b.view().tensors.size(), false);
-        const tensor_desc& d = b.view().tensor(gt.id);
-        // A gradient tensor must be owned by one parameter only and be an intermediate.
-        if (claimed[static_cast<std::size_t>(gt.id)] || d.role != tensor_role::activation) {
-            gt = ops::identity(gt);
-            claimed.resize(b.view().tensors.size(), false);
-        }
-        claimed[static_cast<std::size_t>(gt.id)] = true;
-        graph& g2 = b.mutable_graph();
-        g2.tensor(gt.id).role = tensor_role::gradient;
-        g2.tensor(gt.id).gradient_of = p;
-        g2.tensor(gt.id).name = "grad/" + g2.tensor(p).name;
-        g2.gradients.emplace_back(p, gt.id);
-    }
-}
-
-}  // namespace loom
-// ---- end loom/graph/autograd.hpp ----
-
-// ops
-// ---- begin loom/ops/all.hpp ----
-// Every op kind loom ships, as one type list. Backends build their kernel tables from it,
-// and plan files look op kinds up in it by name.
-#include <boost/mp11/algorithm.hpp>
-#include <boost/mp11/list.hpp>
-
-// ---- begin loom/ops/assemble.hpp ----
-// The two op kinds a plan adds between the pieces of partitioned ops:
-//
-//   assemble  builds one piece (box `out_box`) of a logical tensor on one device from local
-//             pieces (boxes `in_boxes`): a chunk (one input that contains the box), a
-//             concat (inputs that tile it) or a sum (partial values of one box). It copies
-//             or adds each input's intersection with the output box.
-//   transfer  one device's part in a collective or point-to-point transfer; the executor
-//             hands it to a communicator (attribute `transfer` indexes the plan's list).
-//
-// Neither is written by users or differentiated: plans create them after autograd, and
-// their backward twins are created the same way from the gradients' pieces. Both are
-// appended without a signature (the number of inputs varies).
-#include <cstdint>
-#include <string_view>
-#include <vector>
-
-
-namespace loom::ops {
-
-struct Assemble {
-    static constexpr std::string_view name = "assemble";
-    static constexpr signature sig = parse_signature("... -> ...");
-};
-
-struct Transfer {
-    static constexpr std::string_view name = "transfer";
-    static constexpr signature sig = parse_signature("... -> ...");
-    static constexpr bool communication = true;
-};
-
-}  // namespace loom::ops
-// ---- end loom/ops/assemble.hpp ----
 // ---- begin loom/ops/linear.hpp ----
 // linear: y = x W^T (+ b), W stored [out, in] as in most frameworks.
 //   linear       "... k, n k -> ... n"        k contracted: a split leaves partial sums
@@ -3109,10 +2994,128 @@ using all_ops = boost::mp11::mp_append<core_ops, elementwise_ops, normalization_
 }  // namespace loom::ops
 // ---- end loom/ops/all.hpp ----
 
+// autograd
+// ---- begin loom/autograd/autograd.hpp ----
+// Reverse-mode differentiation as a graph transformation: the backward pass is appended
+// to the same graph as ordinary nodes (marked `backward`, pointing at the forward node
+// they differentiate), so plans partition it and programs run it like the forward pass.
+//
+// For every parameter p the graph afterwards holds a tensor "grad/<p>" with role
+// `gradient`, listed in graph::gradients. A tensor read by several ops accumulates its
+// gradient with `add`; a parameter that does not reach the loss gets a zero gradient.
+#include <optional>
+#include <string>
+#include <vector>
+
+
+namespace loom {
+
+inline void build_backward(graph_builder& b) {
+    const graph& g = b.view();
+    if (g.loss == no_id) throw usage_error("build_backward: the graph has no loss; call graph_builder::set_loss first");
+    if (!g.gradients.empty()) throw usage_error("build_backward: the graph already has a backward pass");
+
+    const std::size_t forward_nodes = g.nodes.size();
+    b.mutable_graph().forward_nodes = forward_nodes;
+    // Which tensors depend on a parameter (forward sweep) ...
+    std::vector<bool> depends(g.tensors.size(), false);
+    for (tensor_id p : g.parameters) depends[static_cast<std::size_t>(p)] = true;
+    for (std::size_t i = 0; i < forward_nodes; ++i) {
+        const node& n = g.nodes[i];
+        if (!n.op->differentiable()) continue;
+        bool any = false;
+        for (tensor_id t : n.inputs) any = any || depends[static_cast<std::size_t>(t)];
+        for (tensor_id t : n.outputs) depends[static_cast<std::size_t>(t)] = any;
+    }
+    // ... and which the loss depends on (backward sweep).
+    std::vector<bool> reaches_loss(g.tensors.size(), false);
+    reaches_loss[static_cast<std::size_t>(g.loss)] = true;
+    for (std::size_t i = forward_nodes; i-- > 0;) {
+        const node& n = g.nodes[i];
+        bool any = false;
+        for (tensor_id t : n.outputs) any = any || reaches_loss[static_cast<std::size_t>(t)];
+        if (any)
+            for (tensor_id t : n.inputs) reaches_loss[static_cast<std::size_t>(t)] = true;
+    }
+
+    std::vector<std::optional<tensor>> grad(g.tensors.size());
+    auto accumulate = [&](tensor_id t, tensor contribution, const node& from) {
+        const shape& want = b.view().tensor(t).dims;
+        if (!same_extents(contribution.dims(), want))
+            throw error("build_backward: the backward rule of " + std::string(from.op->name) + " '" + from.name +
+                        "' produced a gradient of shape " + contribution.dims().to_string() + " for '" +
+                        b.view().tensor(t).name + "' of shape " + want.to_string() + "; the op's backward is wrong");
+        auto& slot = grad[static_cast<std::size_t>(t)];
+        slot = slot ? ops::add(*slot, contribution) : contribution;
+    };
+
+    grad[static_cast<std::size_t>(g.loss)] = ops::fill_like(b.handle(g.loss), 1.0);
+    for (std::size_t i = forward_nodes; i-- > 0;) {
+        // A copy: the backward rule appends nodes, which may move the node vector.
+        const node n = b.view().nodes[i];
+        if (!n.op->differentiable()) continue;
+        bool any_grad = false;
+        for (tensor_id t : n.outputs) any_grad = any_grad || grad[static_cast<std::size_t>(t)].has_value();
+        if (!any_grad) continue;
+        std::vector<bool> needs;
+        bool any_need = false;
+        for (tensor_id t : n.inputs) {
+            bool need = depends[static_cast<std::size_t>(t)] && reaches_loss[static_cast<std::size_t>(t)];
+            needs.push_back(need);
+            any_need = any_need || need;
+        }
+        if (!any_need) continue;
+
+        auto forward = static_cast<node_id>(i);
+        graph_builder::backward_guard guard(b, forward);
+        backward_context ctx{b, forward, {}, {}, {}, needs};
+        for (tensor_id t : n.inputs) ctx.inputs.push_back(b.handle(t));
+        for (tensor_id t : n.outputs) {
+            ctx.outputs.push_back(b.handle(t));
+            const auto& gt = grad[static_cast<std::size_t>(t)];
+            // An output no one differentiates still needs a gradient if a sibling has one.
+            ctx.grad_outputs.push_back(gt ? gt : std::optional<tensor>(ops::fill_like(b.handle(t), 0.0)));
+        }
+        gradients result = n.op->backward(ctx);
+        if (result.size() != n.inputs.size())
+            throw error("build_backward: the backward rule of " + std::string(n.op->name) + " returned " +
+                        std::to_string(result.size()) + " gradients for " + std::to_string(n.inputs.size()) +
+                        " inputs");
+        for (std::size_t k = 0; k < n.inputs.size(); ++k)
+            if (needs[k] && result[k]) accumulate(n.inputs[k], *result[k], n);
+    }
+
+    graph& mg = b.mutable_graph();
+    std::vector<bool> claimed(mg.tensors.size(), false);
+    std::vector<tensor_id> params = mg.parameters;
+    for (tensor_id p : params) {
+        tensor gt = grad[static_cast<std::size_t>(p)] ? *grad[static_cast<std::size_t>(p)] : tensor{};
+        // A parameter that does not reach the loss has a zero gradient.
+        if (!gt.builder) gt = ops::fill_like(b.handle(p), 0.0);
+        claimed.resize(b.view().tensors.size(), false);
+        const tensor_desc& d = b.view().tensor(gt.id);
+        // A gradient tensor must be owned by one parameter only and be an intermediate.
+        if (claimed[static_cast<std::size_t>(gt.id)] || d.role != tensor_role::activation) {
+            gt = ops::identity(gt);
+            claimed.resize(b.view().tensors.size(), false);
+        }
+        claimed[static_cast<std::size_t>(gt.id)] = true;
+        graph& g2 = b.mutable_graph();
+        g2.tensor(gt.id).role = tensor_role::gradient;
+        g2.tensor(gt.id).gradient_of = p;
+        g2.tensor(gt.id).name = "grad/" + g2.tensor(p).name;
+        g2.gradients.emplace_back(p, gt.id);
+    }
+}
+
+}  // namespace loom
+// ---- end loom/autograd/autograd.hpp ----
+
 // plans: combinators' run-time form, presets, custom transformations
 // ---- begin loom/plan/combinators.hpp ----
 // Typed plan combinators: a parallelization plan written as C++ values whose types carry
-// it, checked while it compiles and lowered to the run-time plan_spec (plan/rules.hpp).
+// it, checked while it compiles and lowered to the run-time plan_spec (plan/rules.hpp), the
+// one plan value that partition::apply_plan turns into ordered per-device programs.
 //
 //   using namespace loom;
 //   constexpr auto plan = plan::compose(
@@ -3129,6 +3132,7 @@ using all_ops = boost::mp11::mp_append<core_ops, elementwise_ops, normalization_
 //   plan/assign.hpp       op-assign: assign<devices...>, colocate<C>; recompute
 //   plan/selectors.hpp    on<Ops...>, on_name<"glob">, on_scope<"glob">, on_layers<"repeat", a, b>, on_all
 //   plan/constraints.hpp  devices<N>, extent<D, E>, forbid<Split<D>>, colocation_requires_recompute, zero<S>
+//   plan/pipeline_parts.hpp  stages<N[, per stage]>, stage_boundaries<...>, micro_batches<M>, order<Policy>
 //   plan/compose.hpp      compose(...), .spec(), .resolve(graph), .choose(name, v), well_formed<...>
 //   plan/checks.hpp       the checks, shared by compile time and run time
 // ---- begin loom/plan/assign.hpp ----
@@ -3143,7 +3147,7 @@ using all_ops = boost::mp11::mp_append<core_ops, elementwise_ops, normalization_
 #include <array>
 #include <cstdint>
 
-// ---- begin loom/plan/static_text.hpp ----
+// ---- begin loom/core/static_text.hpp ----
 // Text built in constant expressions: the spellings of plan combinators
 // ("plan::trans<Split<Batch>, 4>") and the messages of the plan checks.
 //
@@ -3283,7 +3287,7 @@ struct message {
 };
 
 }  // namespace loom::plan::detail
-// ---- end loom/plan/static_text.hpp ----
+// ---- end loom/core/static_text.hpp ----
 // ---- begin loom/plan/trans.hpp ----
 // op-trans: how a rule cuts the ops it selects.
 //
@@ -3337,8 +3341,8 @@ struct message {
 
 // ---- begin loom/plan/degree.hpp ----
 // The degree slot of plan::trans: one `auto` template parameter that holds a number fixed
-// by the plan, an open parameter that the searcher (or the user, through choose()) fills
-// from a range, a value known only at run time, or the plan's device count:
+// by the plan, an open parameter filled from a range through choose() (or a plan file's
+// choices), a value known only at run time, or the plan's device count:
 //
 //   trans<Split<Dim::Batch>, 4>                          fixed
 //   trans<Split<Dim::Batch>, open<Pow2<1, 16>>>          open, named "trans#0.degree" by default
@@ -3455,7 +3459,7 @@ struct open_degree {
     static constexpr std::string_view name = Name.view();
 };
 
-// An open parameter: the searcher or choose() fills it from Range.
+// An open parameter: choose() fills it from Range.
 template <class Range = AnyPositive, fixed_string Name = "">
 inline constexpr open_degree<Range, Name> open{};
 
@@ -3580,15 +3584,19 @@ struct rule_view {
     int recompute_count = 0;
 };
 
-enum class fact_kind : std::uint8_t { devices, extent, forbid, colocation_requires_recompute, zero };
+enum class fact_kind : std::uint8_t {
+    devices, extent, forbid, colocation_requires_recompute, zero, stages, micro_batches, order, boundaries
+};
 
 struct fact_view {
     fact_kind kind = fact_kind::devices;
-    std::int64_t value = 0;        // devices<N>, extent<D, E>'s E, zero<S>
+    std::int64_t value = 0;        // devices<N>, extent<D, E>'s E, zero<S>, stages' devices per stage
     std::string_view dim;          // extent<D, E>'s D
     split_kind target_kind = split_kind::dim;  // forbid<Split<X>>
     std::string_view target;
     std::string_view spelling;     // "plan::extent<Head, 12>"
+    degree_view degree{};          // stages<N>, micro_batches<N>, zero<open<...>>: fixed or open
+    std::int64_t chunks = 0;       // order<Interleaved<V>>: V (0: another order, or a choice)
 };
 
 struct plan_view {
@@ -3638,6 +3646,19 @@ constexpr std::int64_t declared_devices(const plan_view& p) {
     for (const auto& f : p.facts)
         if (f.kind == fact_kind::devices) return f.value;
     return 0;
+}
+
+// The devices the rules cut an op over: the plan's devices, or one stage's group when the
+// plan has stages (0: not known before run time).
+constexpr std::int64_t rule_devices(const plan_view& p) {
+    const std::int64_t devices = declared_devices(p);
+    for (const auto& f : p.facts) {
+        if (f.kind != fact_kind::stages) continue;
+        if (f.value > 0) return f.value;
+        if (!f.degree.known || f.degree.value < 1 || devices <= 0 || devices % f.degree.value != 0) return 0;
+        return devices / f.degree.value;
+    }
+    return devices;
 }
 
 // "k, n" (+ "and the leading dims '...'")
@@ -3872,21 +3893,95 @@ constexpr text first_plan_error(const plan_view& p) {
                                       "; give each dim's extent once");
                 break;
             case fact_kind::zero:
-                if (f.value < 1 || f.value > 3) return concat(f.spelling, ": ZeRO has stages 1, 2 and 3");
+                if (f.degree.kind == degree_kind::open) {
+                    for (std::int64_t v : f.degree.allowed)
+                        if (v < 0 || v > 3)
+                            return concat(f.spelling, ": ZeRO stage ", v, " is not one of 0, 1, 2 and 3; choose among those");
+                    if (f.degree.any_positive)
+                        return concat(f.spelling, ": give the stages to choose from, e.g. zero<open<OneOf<0, 1, 3>>>");
+                } else if (f.value < 1 || f.value > 3) {
+                    return concat(f.spelling, ": ZeRO has stages 1, 2 and 3");
+                }
                 if (zero_fact && p.facts[*zero_fact].value != f.value)
                     return concat(f.spelling, ": the plan already says ", p.facts[*zero_fact].spelling,
                                   "; choose one stage");
                 zero_fact = i;
                 break;
+            case fact_kind::stages:
+            case fact_kind::micro_batches:
+            case fact_kind::order:
+            case fact_kind::boundaries:
+                for (std::size_t j = 0; j < i; ++j)
+                    if (p.facts[j].kind == f.kind)
+                        return concat(f.spelling, ": the plan already says ", p.facts[j].spelling, "; give it once");
+                if ((f.kind == fact_kind::stages || f.kind == fact_kind::micro_batches) && f.degree.known &&
+                    f.degree.value < 1)
+                    return concat(f.spelling, ": ", f.degree.value, f.kind == fact_kind::stages ? " stages" : " micro-batches",
+                                  "; use at least 1");
+                if (f.kind == fact_kind::order && f.chunks < 0)
+                    return concat(f.spelling, ": ", f.chunks, " chunks per device group; use at least 1");
+                break;
             case fact_kind::forbid:
             case fact_kind::colocation_requires_recompute: break;
+        }
+    }
+    // Across the pipeline's parts: stages against devices, interleaving against micro-batches.
+    {
+        const std::int64_t all = declared_devices(p);
+        std::optional<std::size_t> stages_fact, micro_fact, order_fact;
+        for (std::size_t i = 0; i < p.facts.size(); ++i) {
+            if (p.facts[i].kind == fact_kind::stages) stages_fact = i;
+            if (p.facts[i].kind == fact_kind::micro_batches) micro_fact = i;
+            if (p.facts[i].kind == fact_kind::order) order_fact = i;
+        }
+        if (stages_fact && all > 0) {
+            const fact_view& f = p.facts[*stages_fact];
+            const std::int64_t group = f.value;  // devices per stage, 0: all / stages
+            if (f.degree.known && f.degree.value >= 1) {
+                if (group == 0 && all % f.degree.value != 0)
+                    return concat(f.spelling, ": ", f.degree.value, " stages do not divide devices<", all,
+                                  ">; choose a stage count that divides ", all, " (", divisors_text(all), ")");
+                if (group > 0 && group * f.degree.value != all)
+                    return concat(f.spelling, ": ", f.degree.value, " stages of ", group, " devices make ",
+                                  group * f.degree.value, ", but the plan has devices<", all,
+                                  ">; make stages x devices per stage equal the devices");
+            } else if (f.degree.kind == degree_kind::open && group == 0 && !range_holds_divisor_of(f.degree, all)) {
+                return concat(f.spelling, ": no value of ", f.degree.range, " divides devices<", all,
+                              ">; give a range that holds a divisor of ", all, " (", divisors_text(all), ")");
+            }
+        }
+        std::optional<std::size_t> boundaries_fact;
+        for (std::size_t i = 0; i < p.facts.size(); ++i)
+            if (p.facts[i].kind == fact_kind::boundaries) boundaries_fact = i;
+        if (boundaries_fact && !stages_fact)
+            return concat(p.facts[*boundaries_fact].spelling, ": boundaries without plan::stages<N>; add the stage count");
+        if (boundaries_fact && p.facts[*stages_fact].degree.known) {
+            const std::int64_t chunks = p.facts[*stages_fact].degree.value *
+                                        (order_fact && p.facts[*order_fact].chunks > 0 ? p.facts[*order_fact].chunks : 1);
+            if (p.facts[*boundaries_fact].value != chunks - 1)
+                return concat(p.facts[*boundaries_fact].spelling, ": ", p.facts[*boundaries_fact].value,
+                              " boundaries for ", chunks, " stage ranges (", p.facts[*stages_fact].spelling,
+                              "); give ", chunks - 1, ", the first layer of every range after the first");
+        }
+        if (order_fact && p.facts[*order_fact].chunks > 0 && stages_fact && micro_fact) {
+            const degree_view& s = p.facts[*stages_fact].degree;
+            const degree_view& m = p.facts[*micro_fact].degree;
+            if (s.known && m.known && s.value >= 1 && m.value % s.value != 0) {
+                const std::int64_t below = m.value / s.value * s.value, above = below + s.value;
+                return concat(p.facts[*order_fact].spelling, ": ", m.value, " micro-batches (",
+                              p.facts[*micro_fact].spelling, ") is not a multiple of the ", s.value, " stages (",
+                              p.facts[*stages_fact].spelling,
+                              "); interleaved 1F1B moves micro-batches through each chunk in groups of ", s.value, "; use ",
+                              below > 0 ? concat(below, " or ") : text(), above, " micro-batches");
+            }
         }
     }
     if (p.devices > 0 && devices_fact && p.facts[*devices_fact].value != p.devices)
         return concat(p.facts[*devices_fact].spelling, ": the plan is given ", p.devices,
                       " devices at run time; pass the same count, or leave it out");
-    const std::int64_t devices = declared_devices(p);
-    const text devices_text = concat("devices<", devices, ">");
+    const std::int64_t devices = rule_devices(p);
+    const text devices_text =
+        devices == declared_devices(p) ? concat("devices<", devices, ">") : concat(devices, " devices of a stage");
     bool requires_recompute = false;
     for (const auto& f : p.facts) requires_recompute = requires_recompute || f.kind == fact_kind::colocation_requires_recompute;
 
@@ -3968,7 +4063,7 @@ constexpr text first_plan_error(const plan_view& p) {
 }
 
 constexpr text first_error(const plan_view& p) {
-    const std::int64_t devices = declared_devices(p);
+    const std::int64_t devices = rule_devices(p);
     for (const auto& r : p.rules) {
         if (text e = first_trans_error(r, devices); !e.empty()) return e;
         if (text e = first_rule_error(r, devices); !e.empty()) return e;
@@ -4196,14 +4291,16 @@ inline constexpr recompute_t recompute{};
 //   forbid<Split<Dim::Seq>>         no rule may split Seq (or forbid<Split<Var<"k">>>: no rule splits k)
 //   colocation_requires_recompute   colocated pieces (colocate<C>, C > 1) must recompute
 //   zero<2>                         ZeRO stage 1, 2 or 3 over the data-parallel devices
+//   zero<open<OneOf<0, 1, 3>>>      ... or a choice, made with choose("zero", s)
 //
 // Each is a value passed to compose(...). The checks (plan/checks.hpp) hold every rule to
 // them; a constraint that contradicts another or a rule stops the compilation in compose.
 #include <cstdint>
+#include <string>
 
 // ---- begin loom/plan/op_partition.hpp ----
 // A resolved plan for one op (op-trans + op-assign) and for a whole graph: what plan
-// combinators and presets resolve to, what the searcher fills in, and what partitioning
+// combinators and presets resolve to, what the searcher's answers resolve to, and what partitioning
 // (partition/apply.hpp) reads. Nothing here is a template: plans of any shape meet here.
 //
 // An op is cut into pieces by nested splits (outermost first) and then copied `replicas`
@@ -4215,6 +4312,344 @@ inline constexpr recompute_t recompute{};
 #include <string>
 #include <vector>
 
+// ---- begin loom/schedule/schedule.hpp ----
+// A pipeline schedule: the order in which every device runs its blocks.
+//
+//   schedule s = one_f_one_b(2, 4);    // templates.hpp, or written by hand:
+//   schedule t{pipeline_shape::linear(2, 4),
+//              {{F(s0,m0), F(s0,m1), B(s0,m0), ...}, {F(s1,m0), B(s1,m0), ...}}, "mine"};
+//   validate(t);                       // validate.hpp: every block once, dependencies, messages,
+//                                      // deadlock, memory
+//
+// device_order[d] lists what device d runs, first to last; a block of a stage on several
+// devices appears in the order of each of them (see shape.hpp).
+#include <cstddef>
+#include <ostream>
+#include <string>
+#include <vector>
+
+// ---- begin loom/schedule/block.hpp ----
+// One unit of pipeline work: a stage's forward or backward pass on one micro-batch, and the
+// error every schedule check throws.
+//
+//   block{pass_kind::forward, 1, 3}      F(s1,m3)    stage 1, micro-batch 3
+//   block{pass_kind::forward, 1, 3, 2}   F2(s1,m3)   the third forward round (3F1B recycling)
+//   block{pass_kind::backward, 1, 3}     B(s1,m3)    a backward has no round: it follows the last
+//
+// Blocks compare member-wise and order by (pass, stage, micro, round), so they can key maps.
+// In a pipeline with several forward rounds, to_string(b, rounds) spells round 0 as F0 too.
+#include <compare>
+#include <cstdint>
+#include <ostream>
+#include <string>
+
+
+namespace loom::schedule {
+
+// A pipeline schedule that cannot be built, validated or run as written. A plan_error, so
+// callers that catch plan mistakes catch these too.
+struct schedule_error : plan_error {
+    using plan_error::plan_error;
+};
+
+enum class pass_kind : std::uint8_t { forward, backward };
+
+struct block {
+    pass_kind pass = pass_kind::forward;
+    int stage = 0;
+    int micro = 0;
+    int round = 0;  // forward: 0 .. rounds-1; backward: 0 (it needs the activations of the last round)
+
+    friend constexpr bool operator==(const block&, const block&) = default;
+    friend constexpr auto operator<=>(const block&, const block&) = default;
+};
+
+constexpr block forward_block(int stage, int micro, int round = 0) { return {pass_kind::forward, stage, micro, round}; }
+constexpr block backward_block(int stage, int micro) { return {pass_kind::backward, stage, micro, 0}; }
+
+constexpr bool is_forward(const block& b) { return b.pass == pass_kind::forward; }
+constexpr bool is_backward(const block& b) { return b.pass == pass_kind::backward; }
+
+// "F(s1,m3)", "F2(s1,m3)", "B(s1,m3)". With rounds > 1 every forward names its round ("F0(s1,m3)").
+inline std::string to_string(const block& b, int rounds = 1) {
+    std::string out = is_forward(b) ? "F" : "B";
+    if (b.round != 0 || (is_forward(b) && rounds > 1)) out += std::to_string(b.round);
+    out += "(s" + std::to_string(b.stage) + ",m" + std::to_string(b.micro) + ")";
+    return out;
+}
+
+inline std::ostream& operator<<(std::ostream& os, const block& b) { return os << to_string(b); }
+
+inline std::string to_string(pass_kind p) { return p == pass_kind::forward ? "forward" : "backward"; }
+
+}  // namespace loom::schedule
+// ---- end loom/schedule/block.hpp ----
+// ---- begin loom/schedule/shape.hpp ----
+// The shape of a pipeline: how many stages, micro-batches and forward rounds, which devices
+// run each stage, and the data dependencies between blocks that follow from it.
+//
+//   pipeline_shape::linear(4, 8)           stage s on device s (GPipe, 1F1B)
+//   pipeline_shape::linear(4, 8, 3)        three forward rounds per micro-batch (3F1B recycling)
+//   pipeline_shape::interleaved(4, 2, 8)   8 virtual stages, stage s on device s % 4
+//   pipeline_shape::interlaced(4, 8)       6 stages: the embedding (stage 0) on all 4 devices,
+//                                          stages 1..4 on devices 0..3, the LM head (stage 5,
+//                                          the same embedding table) on all 4 devices again
+//
+// A stage on several devices is one SPMD block per micro-batch: it appears in the order of
+// each of those devices and starts when all of them reach it (its own collectives, e.g. the
+// all-reduce of a tensor-parallel embedding, are inside the block; its output is complete on
+// each of its devices when it ends).
+//
+// Data dependencies, for S stages, R rounds, micro-batch m (every other pair is independent):
+//   activation        F(r, s-1, m)  -> F(r, s, m)         s > 0
+//   recycle           F(r-1, S-1, m) -> F(r, 0, m)        r > 0 (the output of the last stage
+//                                                         feeds the next round's first stage)
+//   loss              F(R-1, S-1, m) -> B(S-1, m)
+//   gradient          B(s+1, m)     -> B(s, m)           s < S-1
+//   saved_activation  F(R-1, s, m)  -> B(s, m)           s < S-1 (the activations it differentiates)
+// The interlaced pipeline is a plain chain too: its embedding and LM head are stages 0 and S-1
+// that happen to run on the same devices. Tying their weights adds no dependency within a
+// batch (both gradients accumulate into one buffer, read after the schedule ends).
+#include <algorithm>
+#include <cstddef>
+#include <cstdint>
+#include <string>
+#include <vector>
+
+
+namespace loom::schedule {
+
+struct pipeline_shape {
+    int stages = 1;
+    int micro_batches = 1;
+    int rounds = 1;
+    std::vector<std::vector<int>> stage_devices;  // stage s runs on stage_devices[s]
+    int devices = 1;
+
+    // Stage s on device s.
+    static pipeline_shape linear(int stages, int micro_batches, int rounds = 1) {
+        pipeline_shape p{stages, micro_batches, rounds, {}, stages};
+        for (int s = 0; s < stages; ++s) p.stage_devices.push_back({s});
+        return p;
+    }
+    // devices * chunks virtual stages; stage s on device s % devices (interleaved 1F1B).
+    static pipeline_shape interleaved(int devices, int chunks, int micro_batches) {
+        pipeline_shape p{devices * chunks, micro_batches, 1, {}, devices};
+        for (int s = 0; s < devices * chunks; ++s) p.stage_devices.push_back({devices > 0 ? s % devices : 0});
+        return p;
+    }
+    // The interlaced pipeline (nnScaler, Figure 6): pipeline_stages stages of devices_per_stage
+    // devices each, between an embedding stage and an LM head stage on every device.
+    static pipeline_shape interlaced(int pipeline_stages, int micro_batches, int devices_per_stage = 1) {
+        const int devices = pipeline_stages * devices_per_stage;
+        pipeline_shape p{pipeline_stages + 2, micro_batches, 1, {}, devices};
+        std::vector<int> all;
+        for (int d = 0; d < devices; ++d) all.push_back(d);
+        p.stage_devices.push_back(all);
+        for (int s = 0; s < pipeline_stages; ++s) {
+            std::vector<int> group;
+            for (int k = 0; k < devices_per_stage; ++k) group.push_back(s * devices_per_stage + k);
+            p.stage_devices.push_back(group);
+        }
+        p.stage_devices.push_back(all);
+        return p;
+    }
+
+    const std::vector<int>& devices_of(int stage) const { return stage_devices.at(static_cast<std::size_t>(stage)); }
+    bool runs_on(int stage, int device) const {
+        const auto& g = devices_of(stage);
+        return std::find(g.begin(), g.end(), device) != g.end();
+    }
+    // Stages per device when every device runs the same number (interleaved: its chunks).
+    int chunks() const { return devices > 0 ? stages / devices : 0; }
+};
+
+// Throws schedule_error naming the first field that makes no pipeline.
+inline void check_shape(const pipeline_shape& p, const std::string& where = "pipeline_shape") {
+    auto fail = [&](const std::string& why) { throw schedule_error(where + ": " + why); };
+    if (p.stages < 1) fail(std::to_string(p.stages) + " stages; a pipeline needs at least one stage");
+    if (p.micro_batches < 1)
+        fail(std::to_string(p.micro_batches) + " micro-batches; a pipeline needs at least one micro-batch");
+    if (p.rounds < 1)
+        fail(std::to_string(p.rounds) + " forward rounds; every micro-batch runs at least one forward (rounds = 1)");
+    if (p.devices < 1) fail(std::to_string(p.devices) + " devices; a pipeline runs on at least one device");
+    if (p.stage_devices.size() != static_cast<std::size_t>(p.stages))
+        fail("stage_devices lists " + std::to_string(p.stage_devices.size()) + " stages but stages = " +
+             std::to_string(p.stages) + "; give one device list per stage");
+    std::vector<bool> used(static_cast<std::size_t>(p.devices), false);
+    for (int s = 0; s < p.stages; ++s) {
+        const auto& g = p.devices_of(s);
+        if (g.empty())
+            fail("stage " + std::to_string(s) + " runs on no device; list at least one in stage_devices[" +
+                 std::to_string(s) + "]");
+        for (std::size_t i = 0; i < g.size(); ++i) {
+            if (g[i] < 0 || g[i] >= p.devices)
+                fail("stage " + std::to_string(s) + " lists device " + std::to_string(g[i]) + ", outside 0.." +
+                     std::to_string(p.devices - 1) + "; use a device below " + std::to_string(p.devices) +
+                     " or raise devices");
+            const auto end = g.begin() + static_cast<std::ptrdiff_t>(i);
+            if (std::find(g.begin(), end, g[i]) != end)
+                fail("stage " + std::to_string(s) + " lists device " + std::to_string(g[i]) +
+                     " twice; list each device of a stage once");
+            used[static_cast<std::size_t>(g[i])] = true;
+        }
+    }
+    for (int d = 0; d < p.devices; ++d)
+        if (!used[static_cast<std::size_t>(d)])
+            fail("device " + std::to_string(d) + " runs no stage; give it a stage or lower devices to " +
+                 std::to_string(p.devices - 1));
+}
+
+// ---- blocks of a shape -----------------------------------------------------------------------
+
+// Is b one of the shape's blocks (stage, micro-batch and round in range; a backward has round 0)?
+inline bool contains(const pipeline_shape& p, const block& b) {
+    if (b.stage < 0 || b.stage >= p.stages || b.micro < 0 || b.micro >= p.micro_batches) return false;
+    return is_forward(b) ? b.round >= 0 && b.round < p.rounds : b.round == 0;
+}
+
+// Why b is not one of the shape's blocks, or "" when it is.
+inline std::string why_not_contained(const pipeline_shape& p, const block& b) {
+    const std::string name = to_string(b, p.rounds);
+    if (b.stage < 0 || b.stage >= p.stages)
+        return name + ": stage " + std::to_string(b.stage) + " is outside 0.." + std::to_string(p.stages - 1);
+    if (b.micro < 0 || b.micro >= p.micro_batches)
+        return name + ": micro-batch " + std::to_string(b.micro) + " is outside 0.." + std::to_string(p.micro_batches - 1);
+    if (is_backward(b) && b.round != 0)
+        return name + ": a backward has no round (it follows the last forward round); write round 0";
+    if (is_forward(b) && (b.round < 0 || b.round >= p.rounds))
+        return name + ": forward round " + std::to_string(b.round) + " is outside 0.." + std::to_string(p.rounds - 1);
+    return {};
+}
+
+// Dense numbering of the shape's blocks: forwards by (round, stage, micro), then backwards.
+inline int block_count(const pipeline_shape& p) { return (p.rounds + 1) * p.stages * p.micro_batches; }
+
+inline int block_index(const pipeline_shape& p, const block& b) {
+    const int r = is_forward(b) ? b.round : p.rounds;
+    return (r * p.stages + b.stage) * p.micro_batches + b.micro;
+}
+
+inline block block_at(const pipeline_shape& p, int index) {
+    const int micro = index % p.micro_batches;
+    const int stage = (index / p.micro_batches) % p.stages;
+    const int r = index / (p.micro_batches * p.stages);
+    return r == p.rounds ? backward_block(stage, micro) : forward_block(stage, micro, r);
+}
+
+// Every block, in block_index order.
+inline std::vector<block> all_blocks(const pipeline_shape& p) {
+    std::vector<block> out;
+    out.reserve(static_cast<std::size_t>(block_count(p)));
+    for (int i = 0; i < block_count(p); ++i) out.push_back(block_at(p, i));
+    return out;
+}
+
+// The blocks device d runs, in block_index order.
+inline std::vector<block> blocks_on(const pipeline_shape& p, int device) {
+    std::vector<block> out;
+    for (const block& b : all_blocks(p))
+        if (p.runs_on(b.stage, device)) out.push_back(b);
+    return out;
+}
+
+// ---- data dependencies -----------------------------------------------------------------------
+
+enum class dependency_kind : std::uint8_t { activation, recycle, loss, gradient, saved_activation };
+
+inline std::string to_string(dependency_kind k) {
+    switch (k) {
+        case dependency_kind::activation: return "activation";
+        case dependency_kind::recycle: return "recycled output";
+        case dependency_kind::loss: return "loss";
+        case dependency_kind::gradient: return "gradient";
+        case dependency_kind::saved_activation: return "saved activations";
+    }
+    return "?";
+}
+
+struct dependency {
+    block producer;
+    block consumer;
+    dependency_kind kind = dependency_kind::activation;
+
+    friend bool operator==(const dependency&, const dependency&) = default;
+};
+
+// What b reads (b must be one of the shape's blocks).
+inline std::vector<dependency> inputs_of(const pipeline_shape& p, const block& b) {
+    std::vector<dependency> in;
+    const int last_stage = p.stages - 1, last_round = p.rounds - 1;
+    if (is_forward(b)) {
+        if (b.stage > 0)
+            in.push_back({forward_block(b.stage - 1, b.micro, b.round), b, dependency_kind::activation});
+        else if (b.round > 0)
+            in.push_back({forward_block(last_stage, b.micro, b.round - 1), b, dependency_kind::recycle});
+    } else if (b.stage == last_stage) {
+        in.push_back({forward_block(last_stage, b.micro, last_round), b, dependency_kind::loss});
+    } else {
+        in.push_back({backward_block(b.stage + 1, b.micro), b, dependency_kind::gradient});
+        in.push_back({forward_block(b.stage, b.micro, last_round), b, dependency_kind::saved_activation});
+    }
+    return in;
+}
+
+// Every dependency of the shape, by consumer in block_index order.
+inline std::vector<dependency> dependencies(const pipeline_shape& p) {
+    std::vector<dependency> out;
+    for (const block& b : all_blocks(p))
+        for (const dependency& d : inputs_of(p, b)) out.push_back(d);
+    return out;
+}
+
+// Does this block hold activations until its backward (a forward of the last round)?
+inline bool holds_activations(const pipeline_shape& p, const block& b) { return is_forward(b) && b.round == p.rounds - 1; }
+
+}  // namespace loom::schedule
+// ---- end loom/schedule/shape.hpp ----
+
+namespace loom::schedule {
+
+struct schedule {
+    pipeline_shape shape;
+    std::vector<std::vector<block>> device_order;
+    std::string name;
+};
+
+// "1F1B: 2 stages, 4 micro-batches, 2 devices
+//    device 0: F(s0,m0) F(s0,m1) B(s0,m0) F(s0,m2) B(s0,m1) F(s0,m3) B(s0,m2) B(s0,m3)
+//    device 1: ..."
+inline std::string to_string(const schedule& s) {
+    std::string out = (s.name.empty() ? std::string("schedule") : s.name) + ": " + std::to_string(s.shape.stages) +
+                      " stages, " + std::to_string(s.shape.micro_batches) + " micro-batches, ";
+    if (s.shape.rounds > 1) out += std::to_string(s.shape.rounds) + " forward rounds, ";
+    out += std::to_string(s.shape.devices) + " devices";
+    for (std::size_t d = 0; d < s.device_order.size(); ++d) {
+        out += "\n  device " + std::to_string(d) + ":";
+        for (const block& b : s.device_order[d]) out += " " + to_string(b, s.shape.rounds);
+    }
+    return out;
+}
+
+inline std::ostream& operator<<(std::ostream& os, const schedule& s) { return os << to_string(s); }
+
+// position[d][block_index(shape, b)]: where device d runs b, or -1 when it does not. Blocks
+// outside the shape are left out (validate reports them).
+inline std::vector<std::vector<int>> order_positions(const schedule& s) {
+    std::vector<std::vector<int>> position(s.device_order.size(),
+                                           std::vector<int>(static_cast<std::size_t>(block_count(s.shape)), -1));
+    for (std::size_t d = 0; d < s.device_order.size(); ++d)
+        for (std::size_t i = 0; i < s.device_order[d].size(); ++i) {
+            const block& b = s.device_order[d][i];
+            if (!contains(s.shape, b)) continue;
+            int& slot = position[d][static_cast<std::size_t>(block_index(s.shape, b))];
+            if (slot < 0) slot = static_cast<int>(i);
+        }
+    return position;
+}
+
+}  // namespace loom::schedule
+// ---- end loom/schedule/schedule.hpp ----
 
 namespace loom::plan {
 
@@ -4276,26 +4711,41 @@ struct op_partition {
 enum class zero_stage : std::uint8_t { none = 0, optimizer = 1, gradients = 2, parameters = 3 };
 
 // A plan resolved against one graph: a partition for every forward node (by node id of the
-// forward graph), plus the settings that are not per op.
+// forward graph), plus the settings that are not per op, plus the op-order.
+//
+// Pipelines (stages > 1 or micro_batches > 1): every forward node belongs to a stage (the
+// op-assign of its layer range) and a forward round, and its first split is the micro-batch
+// split when micro_split says so; `order` then orders the (stage, micro-batch, round, pass)
+// blocks on every device. Without a pipeline, `order` is empty and every device runs its
+// program in plan order.
 struct resolved_plan {
     int devices = 1;
     std::vector<std::optional<op_partition>> forward;  // empty entry: the op runs whole on every device
     zero_stage zero = zero_stage::none;
     std::string name;  // for explanations: "data parallel x4", ...
 
+    int stages = 1, micro_batches = 1, rounds = 1;
+    std::vector<int> stage_of;       // per forward node (empty without a pipeline)
+    std::vector<int> round_of;       // per forward node
+    std::vector<bool> micro_split;   // per forward node: its first split is the micro-batch split
+    std::optional<schedule::schedule> order;
+
     const op_partition* at(node_id n) const {
         auto i = static_cast<std::size_t>(n);
         return i < forward.size() && forward[i] ? &*forward[i] : nullptr;
     }
+    bool pipelined() const { return !stage_of.empty(); }
 };
 
 }  // namespace loom::plan
 // ---- end loom/plan/op_partition.hpp ----
 // ---- begin loom/plan/rules.hpp ----
 // A plan as data: an ordered list of rules, each a selector (which ops) and what to do to
-// them (op-trans: split / replicate; op-assign: devices, colocation; recompute). The
-// typed combinators (plan/combinators.hpp) and the presets (plan/presets.hpp) produce
-// this; `resolve` applies it to one graph and yields a resolved_plan.
+// them (op-trans: split / replicate; op-assign: devices, colocation; recompute), plus the
+// stages (op-assign of layer ranges), the micro-batches (the outermost op-trans), the
+// op-order and the ZeRO stage. plan::compose(...) (plan/compose.hpp) and the presets
+// (plan/presets.hpp) produce it; plan::resolve (plan/resolve.hpp) applies it to one graph
+// and yields a resolved_plan.
 //
 // Rules apply in order and a later rule overrides only what it sets, so a preset can be
 // refined: data_parallel(8) followed by a rule that recomputes the MLPs.
@@ -4312,6 +4762,467 @@ struct resolved_plan {
 #include <string_view>
 #include <vector>
 
+// ---- begin loom/plan/op_order.hpp ----
+// op-order as plan data: which schedule orders the (stage, micro-batch, round, pass) blocks
+// of a pipelined plan on every device. The typed parts (plan::order<OneFOneB>, ...,
+// plan/parts.hpp) lower to this; plan::resolve (plan/resolve.hpp) turns it into the
+// schedule the plan's programs run in, for the plan's stages, micro-batches and rounds.
+//
+//   GPipe            all forwards, then all backwards
+//   OneFOneB         1F1B: after a warm-up, one forward and one backward alternate
+//   Interleaved<V>   interleaved 1F1B: V model chunks per device group (micro-batches a
+//                    multiple of the stages)
+//   ThreeFOneB       three forward rounds and one backward per micro-batch (recycling
+//                    models: a repeat of 3 rounds around the staged layers)
+//   Interlaced       the interlaced pipeline: the ops outside the layers (embedding, head)
+//                    run on all devices, time-shared with a pipeline of the layers
+//   ordered_by<...>  an order written as constraints alone (schedule::before)
+//
+// Several alternatives make the order an open choice, filled by name like any open number:
+// its value is the index of the chosen alternative.
+#include <cstdint>
+#include <string>
+#include <vector>
+
+// ---- begin loom/schedule/constraints.hpp ----
+// Order constraints as values: nnScaler's op-order(op1, op2) ("op1 runs before op2 on the
+// device that runs both"), written once for a whole family of block pairs.
+//
+//   using namespace loom::schedule::var;
+//   before{forward(micro + stages - stage - 1), backward(micro)}
+//       for every stage s and micro-batch m: F(s, m + S - s - 1) runs before B(s, m)
+//       (Table 4's constraint (3) for 1F1B: stage s runs S - s - 1 forwards ahead)
+//   before{forward(micro + 2, 0), forward(micro + 1, 1)}
+//       Table 7's constraint (1) for 3F1B: F0(s, m+2) before F1(s, m+1)
+//   before{forward(micro), forward(micro + 1).on_stage(stage + 1)}
+//       a pair from two stages (they must share a device)
+//   before{forward(position + 1), backward(position), each_device, {}, unit_order::by_micro_group}
+//       per device: its (position+1)-th forward before its position-th backward, where a
+//       device's forwards are listed in the given unit order (interleaved 1F1B)
+//
+// A family ranges over
+//   each_stage   every stage s and every integer `micro`;
+//   each_device  every device d and every integer `position`,
+// and keeps the pairs whose two blocks both exist (an index below 0 or past the end drops the
+// pair; .or_last() makes an index past the end mean the last one instead). `when` keeps only
+// the members where low <= value <= high. A family whose blocks share no device is an error.
+//
+// Index expressions are affine in the variables of namespace var: micro / position (the
+// family's running index), stage, device (each_stage: the first device of the stage), and the
+// shape's stages, micro_batches, devices and chunks (stages per device). Every part is a
+// literal type, so constraints are constexpr values and template arguments
+// (plan::order<plan::ordered_by<3, before{...}>>, plan/pipeline_parts.hpp).
+//
+// first_constraint_error(c, rounds) is the one check of a constraint on its own, run at
+// compile time by the typed front end and at run time by from_constraints.
+#include <algorithm>
+#include <cstddef>
+#include <cstdint>
+#include <set>
+#include <string>
+#include <utility>
+#include <string_view>
+#include <vector>
+
+
+namespace loom::schedule {
+
+// ---- index expressions -----------------------------------------------------------------------
+
+struct affine {
+    constexpr affine() = default;
+    constexpr affine(int k) : constant(k) {}  // a constant: forward(0), within(stage, 1, 1)
+
+    int constant = 0;
+    int index = 0;  // micro (each_stage) or position (each_device)
+    int stage = 0;
+    int device = 0;
+    int stages = 0;
+    int micro_batches = 0;
+    int devices = 0;
+    int chunks = 0;
+
+    friend constexpr bool operator==(const affine&, const affine&) = default;
+};
+
+constexpr affine operator+(affine a, const affine& b) {
+    a.constant += b.constant, a.index += b.index, a.stage += b.stage, a.device += b.device;
+    a.stages += b.stages, a.micro_batches += b.micro_batches, a.devices += b.devices, a.chunks += b.chunks;
+    return a;
+}
+constexpr affine operator*(int k, affine a) {
+    a.constant *= k, a.index *= k, a.stage *= k, a.device *= k;
+    a.stages *= k, a.micro_batches *= k, a.devices *= k, a.chunks *= k;
+    return a;
+}
+constexpr affine operator-(const affine& a) { return -1 * a; }
+constexpr affine operator-(const affine& a, const affine& b) { return a + -b; }
+constexpr affine operator+(const affine& a, int k) { return a + affine(k); }
+constexpr affine operator+(int k, const affine& a) { return a + k; }
+constexpr affine operator-(const affine& a, int k) { return a + -k; }
+constexpr affine operator-(int k, const affine& a) { return -a + k; }
+
+namespace detail {
+constexpr affine unit(int affine::*variable) {
+    affine a;
+    a.*variable = 1;
+    return a;
+}
+}  // namespace detail
+
+namespace var {
+inline constexpr affine micro = detail::unit(&affine::index);
+inline constexpr affine position = detail::unit(&affine::index);
+inline constexpr affine stage = detail::unit(&affine::stage);
+inline constexpr affine device = detail::unit(&affine::device);
+inline constexpr affine stages = detail::unit(&affine::stages);
+inline constexpr affine micro_batches = detail::unit(&affine::micro_batches);
+inline constexpr affine devices = detail::unit(&affine::devices);
+inline constexpr affine chunks = detail::unit(&affine::chunks);
+}  // namespace var
+
+struct affine_values {
+    int index = 0, stage = 0, device = 0, stages = 0, micro_batches = 0, devices = 0, chunks = 0;
+};
+
+constexpr long long evaluate(const affine& a, const affine_values& v) {
+    return static_cast<long long>(a.constant) + static_cast<long long>(a.index) * v.index +
+           static_cast<long long>(a.stage) * v.stage + static_cast<long long>(a.device) * v.device +
+           static_cast<long long>(a.stages) * v.stages + static_cast<long long>(a.micro_batches) * v.micro_batches +
+           static_cast<long long>(a.devices) * v.devices + static_cast<long long>(a.chunks) * v.chunks;
+}
+
+// ---- block patterns and families -------------------------------------------------------------
+
+struct block_pattern {
+    pass_kind pass = pass_kind::forward;
+    int round = 0;
+    affine index = var::micro;  // the micro-batch (each_stage) or the position on the device (each_device)
+    affine stage = var::stage;  // each_stage: the block's stage
+    bool or_last_index = false;  // an index past the end means the last block
+
+    constexpr block_pattern on_stage(const affine& s) const {
+        block_pattern p = *this;
+        p.stage = s;
+        return p;
+    }
+    constexpr block_pattern or_last() const {
+        block_pattern p = *this;
+        p.or_last_index = true;
+        return p;
+    }
+    friend constexpr bool operator==(const block_pattern&, const block_pattern&) = default;
+};
+
+// forward(micro + 1) / forward(micro, 2): the forward of round `round` (0 .. rounds-1).
+constexpr block_pattern forward(const affine& index, int round = 0) { return {pass_kind::forward, round, index}; }
+// backward(micro): the backward (it has no round).
+constexpr block_pattern backward(const affine& index) { return {pass_kind::backward, 0, index}; }
+
+enum class family_scope : std::uint8_t { each_stage, each_device };
+inline constexpr family_scope each_stage = family_scope::each_stage;
+inline constexpr family_scope each_device = family_scope::each_device;
+
+// How an each_device family lists a device's blocks of one pass and round:
+//   by_micro        by micro-batch, then stage (forward: ascending; backward: descending)
+//   by_micro_group  by (micro / devices, stage as above, micro % devices): Megatron's
+//                   interleaved order, `devices` micro-batches through one chunk at a time
+enum class unit_order : std::uint8_t { by_micro, by_micro_group };
+
+// A member of a family is kept when low <= value <= high (always, when inactive).
+struct condition {
+    affine value{};
+    affine low{};
+    affine high{};
+    bool active = false;
+    friend constexpr bool operator==(const condition&, const condition&) = default;
+};
+constexpr condition within(const affine& value, const affine& low, const affine& high) {
+    return {value, low, high, true};
+}
+
+// op-order for a family: every `first` block runs before its `then` block.
+struct before {
+    block_pattern first;
+    block_pattern then;
+    family_scope over = family_scope::each_stage;
+    condition when{};
+    unit_order order = unit_order::by_micro;
+
+    friend constexpr bool operator==(const before&, const before&) = default;
+};
+
+// ---- spelling (constexpr, shared by compile-time and run-time messages) --------------------
+
+namespace detail {
+
+using plan::detail::text;
+using plan::detail::concat;
+
+constexpr void append_term(text& out, int coefficient, std::string_view name) {
+    if (coefficient == 0) return;
+    const bool first = out.empty();
+    const int magnitude = coefficient < 0 ? -coefficient : coefficient;
+    if (first)
+        out.append(coefficient < 0 ? "-" : "");
+    else
+        out.append(coefficient < 0 ? " - " : " + ");
+    if (name.empty()) {
+        out.append(plan::detail::decimal(magnitude).view());
+        return;
+    }
+    if (magnitude != 1) out.append(concat(magnitude, "*").view());
+    out.append(name);
+}
+
+// "micro + stages - stage - 1"
+constexpr text spell(const affine& a, family_scope over = family_scope::each_stage) {
+    text out;
+    append_term(out, a.index, over == family_scope::each_stage ? "micro" : "position");
+    append_term(out, a.stages, "stages");
+    append_term(out, a.micro_batches, "micro_batches");
+    append_term(out, a.devices, "devices");
+    append_term(out, a.chunks, "chunks");
+    append_term(out, a.stage, "stage");
+    append_term(out, a.device, "device");
+    append_term(out, a.constant, "");
+    if (out.empty()) out.append("0");
+    return out;
+}
+
+// "forward(micro + 2, 1)", "backward(micro).on_stage(stage + 1)", "forward(micro + 3).or_last()"
+constexpr text spell(const block_pattern& p, family_scope over = family_scope::each_stage) {
+    text out = concat(p.pass == pass_kind::forward ? "forward(" : "backward(", spell(p.index, over));
+    if (p.pass == pass_kind::forward && p.round != 0) out.append(concat(", ", p.round).view());
+    if (p.pass == pass_kind::backward && p.round != 0) out.append(concat(", round ", p.round).view());
+    out.append(")");
+    if (!(p.stage == var::stage)) out.append(concat(".on_stage(", spell(p.stage, over), ")").view());
+    if (p.or_last_index) out.append(".or_last()");
+    return out;
+}
+
+constexpr text spell(const before& c) {
+    text out = concat("before{", spell(c.first, c.over), ", ", spell(c.then, c.over));
+    if (c.over == family_scope::each_device || c.when.active || c.order != unit_order::by_micro)
+        out.append(c.over == family_scope::each_stage ? ", each_stage" : ", each_device");
+    if (c.when.active)
+        out.append(concat(", within(", spell(c.when.value, c.over), ", ", spell(c.when.low, c.over), ", ",
+                          spell(c.when.high, c.over), ")")
+                       .view());
+    else if (c.order != unit_order::by_micro)
+        out.append(", {}");
+    if (c.order == unit_order::by_micro_group) out.append(", by_micro_group");
+    out.append("}");
+    return out;
+}
+
+constexpr bool uses_stage(const affine& a) { return a.stage != 0; }
+
+constexpr text pattern_error(const block_pattern& p, int rounds, const text& where) {
+    if (p.pass == pass_kind::backward && p.round != 0)
+        return concat(where, " names backward round ", p.round,
+                      "; a backward has no round (it follows the last forward); write backward(index)");
+    if (p.round < 0) return concat(where, " names forward round ", p.round, "; rounds count from 0");
+    if (rounds > 0 && p.round >= rounds)
+        return concat(where, " names forward round ", p.round, ", but the pipeline has ", rounds,
+                      rounds == 1 ? " forward round (0)" : " forward rounds (0..",
+                      rounds == 1 ? text() : concat(rounds - 1, ")"),
+                      "; use a round below ", rounds, " or give the pipeline more rounds");
+    return {};
+}
+
+}  // namespace detail
+
+// The first mistake of constraint c on its own (rounds: the pipeline's forward rounds, 0 when
+// not known yet), or "" when there is none. `where` starts the message.
+constexpr plan::detail::text first_constraint_error(const before& c, int rounds, std::string_view where) {
+    using detail::concat;
+    const detail::text at = concat(where, where.empty() ? "" : ": ", detail::spell(c));
+    if (auto e = detail::pattern_error(c.first, rounds, at); !e.empty()) return e;
+    if (auto e = detail::pattern_error(c.then, rounds, at); !e.empty()) return e;
+    if (c.over == family_scope::each_device) {
+        if (!(c.first.stage == var::stage) || !(c.then.stage == var::stage))
+            return concat(at, ": on_stage means nothing in an each_device family (it names blocks by their position on",
+                          " the device); drop on_stage, or make the family each_stage");
+        if (detail::uses_stage(c.first.index) || detail::uses_stage(c.then.index) ||
+            detail::uses_stage(c.when.value) || detail::uses_stage(c.when.low) || detail::uses_stage(c.when.high))
+            return concat(at, ": uses `stage`, which an each_device family does not define; use `device`, or make",
+                          " the family each_stage");
+    }
+    if (c.first == c.then)
+        return concat(at, ": orders every block before itself, which no schedule can do; give the two blocks",
+                      " different passes, rounds, stages or micro-batch offsets");
+    return {};
+}
+
+inline std::string to_string(const before& c) { return detail::spell(c).str(); }
+inline std::string to_string(const block_pattern& p) { return detail::spell(p).str(); }
+inline std::string to_string(const affine& a) { return detail::spell(a).str(); }
+
+// ---- expansion: a family -> the block pairs it orders on one shape -------------------------
+
+struct ordered_pair {
+    block first;
+    block then;
+};
+
+namespace detail {
+
+inline affine_values shape_values(const pipeline_shape& p) {
+    return {0, 0, 0, p.stages, p.micro_batches, p.devices, p.chunks()};
+}
+
+// The blocks of (pass, round) that device d runs, in unit order `order`.
+inline std::vector<block> device_sequence(const pipeline_shape& p, int d, pass_kind pass, int round, unit_order order) {
+    std::vector<block> seq;
+    for (int s = 0; s < p.stages; ++s) {
+        if (!p.runs_on(s, d)) continue;
+        for (int m = 0; m < p.micro_batches; ++m)
+            seq.push_back(pass == pass_kind::forward ? forward_block(s, m, round) : backward_block(s, m));
+    }
+    const int group = p.devices > 0 ? p.devices : 1;
+    auto key = [&](const block& b) {
+        const int chunk = pass == pass_kind::forward ? b.stage : -b.stage;
+        struct k3 {
+            int a, b, c;
+            bool operator<(const k3& o) const { return a != o.a ? a < o.a : b != o.b ? b < o.b : c < o.c; }
+        };
+        if (order == unit_order::by_micro) return k3{b.micro, chunk, 0};
+        return k3{b.micro / group, chunk, b.micro % group};
+    };
+    std::stable_sort(seq.begin(), seq.end(), [&](const block& a, const block& b) { return key(a) < key(b); });
+    return seq;
+}
+
+// The largest |index expression| at index 0. With any non-zero coefficient, an index i with
+// |i| > reach + extent puts that expression outside [0, extent), so the window
+// [-(reach + extent), reach + extent] holds every member (or_last folds the rest onto it).
+inline long long index_reach(const before& c, const affine_values& at0) {
+    long long reach = 0;
+    for (const affine* a : {&c.first.index, &c.then.index}) {
+        const long long v = evaluate(*a, at0);
+        reach = std::max(reach, v < 0 ? -v : v);
+    }
+    return reach;
+}
+
+}  // namespace detail
+
+// The block pairs family c orders on shape p, in (stage or device, index) order. Throws
+// schedule_error when the constraint is ill-formed for p or a pair shares no device.
+inline std::vector<ordered_pair> expand(const before& c, const pipeline_shape& p, std::string_view where = "") {
+    if (auto e = first_constraint_error(c, p.rounds, where); !e.empty()) throw schedule_error(e.str());
+    std::vector<ordered_pair> pairs;
+    const affine_values base = detail::shape_values(p);
+    auto keep = [&](const affine_values& v) {
+        if (!c.when.active) return true;
+        const long long x = evaluate(c.when.value, v);
+        return evaluate(c.when.low, v) <= x && x <= evaluate(c.when.high, v);
+    };
+    auto clamp_index = [](long long index, long long size, bool or_last) -> long long {
+        if (index < 0) return -1;
+        if (index >= size) return or_last ? size - 1 : -1;
+        return index;
+    };
+    auto concat_where = [](std::string_view w) { return w.empty() ? std::string() : std::string(w) + ": "; };
+    std::set<std::pair<int, int>> seen;
+    auto add = [&](const block& a, const block& b, bool saturated) {
+        if (a == b) {
+            if (saturated) return;  // .or_last() folded the pair onto one block
+            throw schedule_error(concat_where(where) + to_string(c) + " orders " + to_string(a, p.rounds) +
+                                 " before itself; change the offsets so the two blocks differ");
+        }
+        bool shared = false;
+        for (int d : p.devices_of(a.stage)) shared = shared || p.runs_on(b.stage, d);
+        if (!shared)
+            throw schedule_error(concat_where(where) + to_string(c) + " orders " + to_string(a, p.rounds) + " before " +
+                                 to_string(b, p.rounds) + ", but they share no device (stage " + std::to_string(a.stage) +
+                                 " and stage " + std::to_string(b.stage) +
+                                 "); op-order orders blocks of one device: fix the stage offsets");
+        if (seen.insert({block_index(p, a), block_index(p, b)}).second) pairs.push_back({a, b});
+    };
+    if (c.over == family_scope::each_stage) {
+        for (int s = 0; s < p.stages; ++s) {
+            affine_values v = base;
+            v.stage = s;
+            v.device = p.devices_of(s).front();
+            const long long reach = detail::index_reach(c, v) + p.micro_batches;
+            for (long long i = -reach; i <= reach; ++i) {
+                v.index = static_cast<int>(i);
+                if (!keep(v)) continue;
+                const long long sa = evaluate(c.first.stage, v), sb = evaluate(c.then.stage, v);
+                if (sa < 0 || sa >= p.stages || sb < 0 || sb >= p.stages) continue;
+                const long long ia = evaluate(c.first.index, v), ib = evaluate(c.then.index, v);
+                const long long ma = clamp_index(ia, p.micro_batches, c.first.or_last_index);
+                const long long mb = clamp_index(ib, p.micro_batches, c.then.or_last_index);
+                if (ma < 0 || mb < 0) continue;
+                const block a{c.first.pass, static_cast<int>(sa), static_cast<int>(ma), c.first.round};
+                const block b{c.then.pass, static_cast<int>(sb), static_cast<int>(mb), c.then.round};
+                add(a, b, ma != ia || mb != ib);
+            }
+        }
+    } else {
+        for (int d = 0; d < p.devices; ++d) {
+            const auto seq_a = detail::device_sequence(p, d, c.first.pass, c.first.round, c.order);
+            const auto seq_b = detail::device_sequence(p, d, c.then.pass, c.then.round, c.order);
+            affine_values v = base;
+            v.device = d;
+            const long long reach = detail::index_reach(c, v) + static_cast<long long>(seq_a.size() + seq_b.size());
+            for (long long i = -reach; i <= reach; ++i) {
+                v.index = static_cast<int>(i);
+                if (!keep(v)) continue;
+                const long long ia = evaluate(c.first.index, v), ib = evaluate(c.then.index, v);
+                const long long pa = clamp_index(ia, static_cast<long long>(seq_a.size()), c.first.or_last_index);
+                const long long pb = clamp_index(ib, static_cast<long long>(seq_b.size()), c.then.or_last_index);
+                if (pa < 0 || pb < 0) continue;
+                add(seq_a[static_cast<std::size_t>(pa)], seq_b[static_cast<std::size_t>(pb)], pa != ia || pb != ib);
+            }
+        }
+    }
+    return pairs;
+}
+
+}  // namespace loom::schedule
+// ---- end loom/schedule/constraints.hpp ----
+
+namespace loom::plan {
+
+enum class schedule_kind : std::uint8_t { gpipe, one_f_one_b, interleaved, three_f_one_b, interlaced, from_constraints };
+
+struct order_policy {
+    schedule_kind kind = schedule_kind::one_f_one_b;
+    int virtual_stages = 1;                     // interleaved: model chunks per device group
+    std::vector<schedule::before> constraints;  // from_constraints
+    int rounds = 1;                             // from_constraints: forward rounds
+
+    // Forward rounds the policy runs per micro-batch.
+    int forward_rounds() const {
+        return kind == schedule_kind::three_f_one_b ? 3 : kind == schedule_kind::from_constraints ? rounds : 1;
+    }
+
+    std::string describe() const {
+        switch (kind) {
+            case schedule_kind::gpipe: return "GPipe";
+            case schedule_kind::one_f_one_b: return "1F1B";
+            case schedule_kind::interleaved: return "interleaved 1F1B (" + std::to_string(virtual_stages) + " chunks)";
+            case schedule_kind::three_f_one_b: return "3F1B";
+            case schedule_kind::interlaced: return "interlaced";
+            case schedule_kind::from_constraints:
+                return "ordered by " + std::to_string(constraints.size()) + " constraints (" + std::to_string(rounds) +
+                       " rounds)";
+        }
+        return "?";
+    }
+    friend bool operator==(const order_policy&, const order_policy&) = default;
+};
+
+struct order_spec {
+    std::vector<order_policy> alternatives;  // none: plan order (one-stage, one micro-batch plans)
+    std::string open;                        // several alternatives: the name of the choice
+};
+
+}  // namespace loom::plan
+// ---- end loom/plan/op_order.hpp ----
 
 namespace loom::plan {
 
@@ -4409,8 +5320,28 @@ struct rule {
     std::optional<assign_spec> assign;
     std::optional<bool> recompute;
     std::string origin;  // the combinator or preset that made the rule, for messages
+    // A preset's rule for a part a model may lack (an LM head, a SiLU): matching no op is
+    // fine. Every other rule must match an op, or plan::resolve refuses the plan.
+    bool optional = false;
 };
 
+// op-assign of layer ranges to device groups: pipeline stages. The layers of `repeat` are
+// cut into count * chunks ranges (chunks > 1 under Interleaved<V>: chunk k runs on group
+// k % count), evenly or at explicit boundaries; ops before the first layer run with the
+// first range, ops after the last with the last one. Each group has devices_per_stage
+// devices (0: the plan's devices / count), and the plan's rules cut every op within its
+// group: their degrees are per group.
+struct stage_spec {
+    std::string repeat = "blocks";
+    degree_spec count{1, "", {}};            // device groups (an open parameter when named)
+    std::vector<std::int64_t> boundaries;    // the first layer of every range after the first; empty: even
+    std::int64_t devices_per_stage = 0;
+};
+
+// The one plan value at run time: what plan::compose(...) lowers to, what presets return,
+// what plan files store and what the searcher's answers become (search::to_plan). Open
+// numbers and choices are named; their
+// values are in `choices`.
 struct plan_spec {
     int devices = 1;
     std::vector<rule> rules;
@@ -4419,6 +5350,14 @@ struct plan_spec {
     std::map<std::string, std::int64_t> choices;  // values of open parameters
     bool colocation_requires_recompute = false;    // a constraint: Coshard must recompute
 
+    std::optional<stage_spec> stages;             // op-assign of layer ranges (pipelines)
+    degree_spec micro_batches{1, "", {}};         // the outermost batch split (op-trans)
+    order_spec order;                             // op-order of the pipeline's blocks
+    // The ZeRO stage as an open choice: its name and the stages it may take (`zero` then
+    // holds nothing until the choice is made).
+    std::string zero_open;
+    std::vector<std::int64_t> zero_allowed;
+
     plan_spec& add(rule r) {
         rules.push_back(std::move(r));
         return *this;
@@ -4426,6 +5365,10 @@ struct plan_spec {
     plan_spec& then(const plan_spec& more) {
         for (const auto& r : more.rules) rules.push_back(r);
         if (more.zero != zero_stage::none) zero = more.zero;
+        if (!more.zero_open.empty()) zero_open = more.zero_open, zero_allowed = more.zero_allowed;
+        if (more.stages) stages = more.stages;
+        if (more.micro_batches.value != 1 || !more.micro_batches.open.empty()) micro_batches = more.micro_batches;
+        if (!more.order.alternatives.empty()) order = more.order;
         for (const auto& [k, v] : more.choices) choices[k] = v;
         colocation_requires_recompute = colocation_requires_recompute || more.colocation_requires_recompute;
         return *this;
@@ -4436,12 +5379,29 @@ struct plan_spec {
     }
 };
 
+// The names of a plan's open parameters, each once, in the order the plan states them: the
+// degrees of its rules, then its stage count, micro-batches, order and ZeRO stage.
+inline std::vector<std::string> open_parameters(const plan_spec& p) {
+    std::vector<std::string> names;
+    auto add = [&](const std::string& name) {
+        if (!name.empty() && std::find(names.begin(), names.end(), name) == names.end()) names.push_back(name);
+    };
+    for (const rule& r : p.rules)
+        if (r.trans)
+            for (const split_spec& s : *r.trans) add(s.degree.open);
+    if (p.stages) add(p.stages->count.open);
+    add(p.micro_batches.open);
+    if (p.order.alternatives.size() > 1) add(p.order.open);
+    add(p.zero_open);
+    return names;
+}
+
 inline std::int64_t resolve_degree(const degree_spec& d, const plan_spec& p, const std::string& where) {
     if (d.open.empty()) return d.value;
     auto it = p.choices.find(d.open);
     if (it == p.choices.end())
         throw plan_error("plan: open parameter '" + d.open + "' of " + where +
-                         " has no value; choose one (plan_spec::choose(\"" + d.open + "\", n)) or run the searcher");
+                         " has no value; choose one (plan_spec::choose(\"" + d.open + "\", n)) or set it in the plan file's \"choices\"");
     if (!d.allowed.empty() && std::find(d.allowed.begin(), d.allowed.end(), it->second) == d.allowed.end()) {
         std::string range;
         for (auto v : d.allowed) range += (range.empty() ? "" : ", ") + std::to_string(v);
@@ -4451,8 +5411,12 @@ inline std::int64_t resolve_degree(const degree_spec& d, const plan_spec& p, con
     return it->second;
 }
 
-// The plan for every forward node of `g` (nodes no rule selects run whole on every device).
-inline resolved_plan resolve(const plan_spec& p, const graph& g) {
+namespace detail {
+
+// op-trans and op-assign of every forward node of `g` by the plan's rules, on the plan's
+// devices (nodes no rule selects run whole on every device). plan::resolve (plan/resolve.hpp)
+// adds the stages, micro-batches and order around it.
+inline resolved_plan partition_ops(const plan_spec& p, const graph& g) {
     if (p.devices < 1) throw plan_error("plan: devices = " + std::to_string(p.devices) + "; use at least one device");
     const std::size_t forward = g.forward_node_count();
     resolved_plan out;
@@ -4460,14 +5424,17 @@ inline resolved_plan resolve(const plan_spec& p, const graph& g) {
     out.zero = p.zero;
     out.name = p.name;
     out.forward.resize(forward);
+    std::vector<bool> matched(p.rules.size(), false);
     for (std::size_t i = 0; i < forward; ++i) {
         const node& n = g.nodes[i];
         std::optional<std::vector<split_spec>> splits;
         std::optional<assign_spec> assign;
         bool recompute = false;
         std::string origin;
-        for (const rule& r : p.rules) {
+        for (std::size_t k = 0; k < p.rules.size(); ++k) {
+            const rule& r = p.rules[k];
             if (!r.on.matches(g, n)) continue;
+            matched[k] = true;
             if (r.trans) splits = r.trans, origin = r.origin;
             if (r.assign) assign = r.assign;
             if (r.recompute) recompute = *r.recompute;
@@ -4502,8 +5469,16 @@ inline resolved_plan resolve(const plan_spec& p, const graph& g) {
         }
         out.forward[i] = std::move(op);
     }
+    for (std::size_t k = 0; k < p.rules.size(); ++k)
+        if (!matched[k] && !p.rules[k].optional)
+            throw plan_error("plan: the rule " + (p.rules[k].origin.empty() ? std::string() : "'" + p.rules[k].origin + "' ") +
+                             "on " + p.rules[k].on.describe() +
+                             " matches no op of the model; fix its selector (op kinds, name or scope glob, layer "
+                             "range) or remove the rule");
     return out;
 }
+
+}  // namespace detail
 
 }  // namespace loom::plan
 // ---- end loom/plan/rules.hpp ----
@@ -4551,14 +5526,25 @@ struct colocation_requires_recompute_t {
 
 inline constexpr colocation_requires_recompute_t colocation_requires_recompute{};
 
-template <std::int64_t Stage>
+// zero<2>, or an open choice: zero<open<OneOf<0, 1, 3>>> (named "zero" unless the open
+// parameter has a name).
+template <auto Stage>
 struct zero_t {
-    static constexpr detail::static_text spelling{detail::concat("plan::zero<", Stage, ">")};
-    static constexpr detail::fact_view fact{detail::fact_kind::zero, Stage, {}, {}, {}, spelling.view()};
-    static void lower(plan_spec& p) { p.zero = static_cast<zero_stage>(Stage); }
+    static constexpr detail::degree_view degree = detail::degree_view_of<Stage>();
+    static constexpr detail::static_text spelling{detail::concat("plan::zero<", detail::degree_spelling<Stage>(), ">")};
+    static constexpr detail::fact_view fact{
+        detail::fact_kind::zero, degree.known ? degree.value : 0, {}, {}, {}, spelling.view(), degree};
+    static void lower(plan_spec& p) {
+        if constexpr (degree.kind == detail::degree_kind::open) {
+            p.zero_open = degree.name.empty() ? std::string("zero") : std::string(degree.name);
+            p.zero_allowed.assign(degree.allowed.begin(), degree.allowed.end());
+        } else {
+            p.zero = static_cast<zero_stage>(degree.value);
+        }
+    }
 };
 
-template <std::int64_t Stage>
+template <auto Stage>
 inline constexpr zero_t<Stage> zero{};
 
 namespace detail {
@@ -4572,6 +5558,1810 @@ concept plan_fact = requires {
 
 }  // namespace loom::plan
 // ---- end loom/plan/constraints.hpp ----
+// ---- begin loom/plan/pipeline_parts.hpp ----
+// The parts of a plan that make it a pipeline, written with the three primitives:
+//
+//   stages<4>                     op-assign: the layers of "blocks" cut evenly into 4 ranges, each
+//                                 on its own group of devices / 4 devices
+//   stages<open<Pow2<1, 8>, "pp">, 2>   an open stage count, 2 devices per stage
+//   stage_boundaries<3, 10, 11>   explicit ranges: the first layer of every stage after the first
+//   micro_batches<8>              op-trans: every op cut along the batch into 8, outermost
+//   order<OneFOneB>               op-order of the (stage, micro-batch, pass) blocks
+//   order<one_of<GPipe, OneFOneB, Interleaved<2>>>   an open choice, named "order"
+//
+// Policies: GPipe, OneFOneB, Interleaved<V> (V chunks per device group), ThreeFOneB (three
+// forward rounds per micro-batch, for recycling models), Interlaced (the ops outside the
+// layers on all devices, time-shared with the pipeline), and ordered_by<Rounds, before...>
+// (an order written as constraints alone, schedule/constraints.hpp).
+//
+// The plan's rules (trans, assign, presets) cut each op within its stage's group: their
+// degrees are per group. plan::compose checks these parts against each other and the rules
+// at compile time when they are static (stages dividing the devices, interleaving against the
+// micro-batches); plan::resolve runs the same checks, and those that need the model, at run
+// time.
+#include <array>
+#include <cstdint>
+#include <string>
+#include <vector>
+
+
+namespace loom::plan {
+
+// ---- op-assign of layer ranges ------------------------------------------------------------
+
+template <auto Count, std::int64_t DevicesPerStage = 0, fixed_string Repeat = "blocks">
+struct stages_t {
+    static constexpr detail::degree_view degree = detail::degree_view_of<Count>();
+    static constexpr detail::static_text spelling{
+        detail::concat("plan::stages<", detail::degree_spelling<Count>(),
+                       DevicesPerStage > 0 ? detail::concat(", ", DevicesPerStage) : detail::text(), ">")};
+    static constexpr detail::fact_view fact{
+        detail::fact_kind::stages, DevicesPerStage, {}, {}, {}, spelling.view(), degree};
+    static_assert(degree.kind == detail::degree_kind::fixed || degree.kind == detail::degree_kind::open,
+                  "plan::stages<N>: give a number or open<...>");
+    static void lower(plan_spec& p) {
+        stage_spec& s = p.stages ? *p.stages : p.stages.emplace();
+        s.repeat = std::string(Repeat.view());
+        s.devices_per_stage = DevicesPerStage;
+        if constexpr (degree.kind == detail::degree_kind::open)
+            s.count = {1, degree.name.empty() ? std::string("stages") : std::string(degree.name),
+                       std::vector<std::int64_t>(degree.allowed.begin(), degree.allowed.end())};
+        else
+            s.count = {degree.value, "", {}};
+    }
+};
+
+template <auto Count, std::int64_t DevicesPerStage = 0, fixed_string Repeat = "blocks">
+inline constexpr stages_t<Count, DevicesPerStage, Repeat> stages{};
+
+// Explicit stage ranges (with plan::stages): stage k + 1 starts at layer FirstLayers[k].
+template <std::int64_t... FirstLayers>
+struct stage_boundaries_t {
+    static constexpr std::array<std::int64_t, sizeof...(FirstLayers)> first_layers{FirstLayers...};
+    static constexpr detail::message error{[] {
+        for (std::size_t k = 0; k < first_layers.size(); ++k) {
+            const std::int64_t before = k == 0 ? 0 : first_layers[k - 1];
+            if (first_layers[k] <= before)
+                return detail::concat("plan::stage_boundaries<", detail::join(first_layers), ">: layer ",
+                                      first_layers[k], " does not come after ", before,
+                                      "; stage ranges would overlap or be empty; give strictly increasing first layers");
+        }
+        return detail::text();
+    }()};
+    static_assert(error.empty() || sizeof(ill_formed_plan<error>) > 0);
+    static constexpr detail::static_text spelling{
+        detail::concat("plan::stage_boundaries<", detail::join(first_layers), ">")};
+    static constexpr detail::fact_view fact{
+        detail::fact_kind::boundaries, static_cast<std::int64_t>(sizeof...(FirstLayers)), {}, {}, {}, spelling.view()};
+    static void lower(plan_spec& p) {
+        stage_spec& s = p.stages ? *p.stages : p.stages.emplace();
+        s.boundaries.assign(first_layers.begin(), first_layers.end());
+    }
+};
+
+template <std::int64_t... FirstLayers>
+inline constexpr stage_boundaries_t<FirstLayers...> stage_boundaries{};
+
+// ---- the outermost batch split -------------------------------------------------------------
+
+template <auto Count>
+struct micro_batches_t {
+    static constexpr detail::degree_view degree = detail::degree_view_of<Count>();
+    static constexpr detail::static_text spelling{
+        detail::concat("plan::micro_batches<", detail::degree_spelling<Count>(), ">")};
+    static constexpr detail::fact_view fact{detail::fact_kind::micro_batches, 0, {}, {}, {}, spelling.view(), degree};
+    static_assert(degree.kind == detail::degree_kind::fixed || degree.kind == detail::degree_kind::open,
+                  "plan::micro_batches<N>: give a number or open<...>");
+    static void lower(plan_spec& p) {
+        if constexpr (degree.kind == detail::degree_kind::open)
+            p.micro_batches = {1, degree.name.empty() ? std::string("micro_batches") : std::string(degree.name),
+                               std::vector<std::int64_t>(degree.allowed.begin(), degree.allowed.end())};
+        else
+            p.micro_batches = {degree.value, "", {}};
+    }
+};
+
+template <auto Count>
+inline constexpr micro_batches_t<Count> micro_batches{};
+
+// ---- op-order ----------------------------------------------------------------------------
+
+struct GPipe {
+    static constexpr std::string_view spelling = "GPipe";
+    static order_policy policy() { return {schedule_kind::gpipe}; }
+};
+struct OneFOneB {
+    static constexpr std::string_view spelling = "OneFOneB";
+    static order_policy policy() { return {schedule_kind::one_f_one_b}; }
+};
+template <int Virtual>
+struct Interleaved {
+    static_assert(Virtual >= 1, "plan::Interleaved<V>: V is the number of model chunks per device group; use 1 or more");
+    static constexpr detail::static_text spelling_text{detail::concat("Interleaved<", Virtual, ">")};
+    static constexpr std::string_view spelling = spelling_text.view();
+    static constexpr int chunks = Virtual;
+    static order_policy policy() { return {schedule_kind::interleaved, Virtual}; }
+};
+struct ThreeFOneB {
+    static constexpr std::string_view spelling = "ThreeFOneB";
+    static order_policy policy() { return {schedule_kind::three_f_one_b}; }
+};
+struct Interlaced {
+    static constexpr std::string_view spelling = "Interlaced";
+    static order_policy policy() { return {schedule_kind::interlaced}; }
+};
+// An order written as constraints alone, over Rounds forward rounds.
+template <int Rounds, schedule::before... Constraints>
+struct ordered_by {
+    static_assert(Rounds >= 1, "plan::ordered_by<Rounds, ...>: every micro-batch runs at least one forward round");
+    static constexpr std::array<schedule::before, sizeof...(Constraints)> constraints{Constraints...};
+    // Each constraint on its own (a round the pipeline lacks, a block ordered before itself):
+    // the same check the schedule runs on orders built at run time.
+    static constexpr detail::message error{[] {
+        for (std::size_t i = 0; i < constraints.size(); ++i) {
+            const detail::text where = detail::concat("plan::ordered_by<", Rounds, ", ...>: constraint #", static_cast<int>(i));
+            if (detail::text e = schedule::detail::first_constraint_error(constraints[i], Rounds, where.view()); !e.empty())
+                return e;
+        }
+        return detail::text();
+    }()};
+    static_assert(error.empty() || sizeof(ill_formed_plan<error>) > 0);
+    static constexpr std::string_view spelling = "ordered_by<...>";
+    static order_policy policy() { return {schedule_kind::from_constraints, 1, {Constraints...}, Rounds}; }
+};
+
+// A choice among policies: order<one_of<GPipe, OneFOneB>>.
+template <class... Policies>
+struct one_of {
+    static_assert(sizeof...(Policies) >= 1, "plan::one_of<...>: give at least one alternative");
+};
+
+namespace detail {
+
+template <class P>
+struct order_alternatives {
+    static constexpr std::size_t count = 1;
+    static std::vector<order_policy> list() { return {P::policy()}; }
+    static constexpr text spelling() { return text(P::spelling); }
+    static constexpr std::int64_t chunks() {
+        if constexpr (requires { P::chunks; })
+            return P::chunks;
+        else
+            return 0;
+    }
+};
+template <class... Ps>
+struct order_alternatives<one_of<Ps...>> {
+    static constexpr std::size_t count = sizeof...(Ps);
+    static std::vector<order_policy> list() { return {Ps::policy()...}; }
+    static constexpr text spelling() {
+        text out = "one_of<";
+        bool first = true;
+        ((append(out, first ? text(Ps::spelling) : concat(", ", Ps::spelling)), first = false), ...);
+        append(out, ">");
+        return out;
+    }
+    static constexpr std::int64_t chunks() {
+        if constexpr (sizeof...(Ps) == 1)
+            return order_alternatives<Ps...>::chunks();
+        else
+            return 0;
+    }
+};
+
+}  // namespace detail
+
+template <class Policy, fixed_string Name = "order">
+struct order_t {
+    static constexpr detail::static_text spelling{
+        detail::concat("plan::order<", detail::order_alternatives<Policy>::spelling(), ">")};
+    static constexpr detail::fact_view fact{detail::fact_kind::order,
+                                            0,
+                                            {},
+                                            {},
+                                            detail::order_alternatives<Policy>::count > 1 ? Name.view() : std::string_view(),
+                                            spelling.view(),
+                                            {},
+                                            detail::order_alternatives<Policy>::chunks()};
+    static void lower(plan_spec& p) {
+        p.order.alternatives = detail::order_alternatives<Policy>::list();
+        p.order.open = p.order.alternatives.size() > 1 ? std::string(Name.view()) : std::string();
+    }
+};
+
+template <class Policy, fixed_string Name = "order">
+inline constexpr order_t<Policy, Name> order{};
+
+}  // namespace loom::plan
+// ---- end loom/plan/pipeline_parts.hpp ----
+// ---- begin loom/plan/resolve.hpp ----
+// plan::resolve(plan, graph): the one lowering of a plan value onto one graph. Every plan
+// passes through it, whoever made it (plan::compose(...), a preset, a plan file, the
+// searcher), and partition::apply_plan reads only what it returns.
+//
+//   1. Open parameters take their values from plan.choices; a missing or out-of-range value
+//      is a plan_error naming the parameter and its range.
+//   2. Without stages, micro-batches or an order, the rules cut and place every op on the
+//      plan's devices (op-trans, op-assign), and devices run their programs in plan order.
+//   3. Otherwise the plan is a pipeline: the layers of the stage part's repeat are cut into
+//      ranges (evenly or at the given boundaries), each range placed on a device group
+//      (op-assign), every op cut along the batch into micro-batches (op-trans, outermost)
+//      and then by the rules within its group, and the order part's schedule (op-order)
+//      orders the blocks of every device, spread over the members of each group.
+//
+// The structural checks across parts run here with the graph in hand (a stage count that
+// does not divide the devices, ranges that overlap or leave layers out, an interleaved order
+// whose micro-batches are not a multiple of the stages, 3F1B on a model without three forward
+// rounds, ...). When the parts are static, plan::compose runs the same predicates at compile
+// time (plan/parts.hpp).
+#include <algorithm>
+#include <cstdint>
+#include <string>
+#include <vector>
+
+// ---- begin loom/plan/pipeline.hpp ----
+// Pipelines inside plan::resolve: stages and micro-batches written with the primitives
+// (nnScaler §4). The plan value states them as parts (plan::stages, plan::micro_batches,
+// plan::order; plan/rules.hpp stage_spec); plan::resolve (plan/resolve.hpp) lowers them to
+// the stage list below and resolves it here.
+//
+//   * op-trans: every op is cut along the batch into `micro_batches` pieces, outermost;
+//     within a stage, the plan's rules (data parallel, Megatron, ...) cut each micro-batch
+//     further, over the stage's device group.
+//   * op-assign: the pieces of the ops of stage s (a range of the repeated layers; ops
+//     before the first layer go to the head stage, ops after the last to the tail stage)
+//     are placed on the stage's device group, all micro-batches on the same devices.
+//   * op-order: a pipeline schedule (schedule/) orders the (stage, micro-batch, pass)
+//     blocks on every device; partition::apply_plan turns it into each device's program
+//     order.
+//
+// Because micro-batches are pieces of one logical op, gradient accumulation is the
+// ordinary sum of partial gradients that any batch split produces: a pipelined step equals
+// the full-batch step. The loss keeps the full batch's normalizer.
+#include <cstdint>
+#include <map>
+#include <optional>
+#include <string>
+#include <vector>
+
+
+namespace loom::plan::detail {
+
+struct pipeline_stage {
+    std::int64_t first_layer = 0, last_layer = -1;  // inclusive range of the repeat's layers (last < 0: none)
+    std::vector<int> devices;                       // the stage's device group
+    std::optional<plan_spec> inner;                 // how the stage uses its group (default: the spec's)
+};
+
+struct pipeline_spec {
+    std::string repeat = "blocks";  // the repeated layers that stages divide
+    std::vector<pipeline_stage> stages;
+    int micro_batches = 1;
+    plan_spec inner;      // a plan for one group (devices = group size); none: every op whole on each device
+    int head_stage = 0;   // where the ops before the first layer run (embeddings)
+    int tail_stage = -1;  // where the ops after the last layer run (-1: the last stage)
+    // Forward rounds (3F1B): a node under scope "<rounds_scope>.<r>" belongs to round r;
+    // others to the next round after them, else the last. Empty: one round.
+    std::string rounds_scope;
+    int rounds = 1;
+    std::string name;
+};
+
+// r for a node under scope "<name>.<r>" (an instance of a repeat called name, or a scope
+// named so), or -1.
+inline int round_of(const graph& g, const node& n, const std::string& name) {
+    if (name.empty()) return -1;
+    for (std::int32_t s = n.scope; s != no_id;) {
+        const scope_desc& sd = g.scopes.at(static_cast<std::size_t>(s));
+        if (sd.name == name && sd.index >= 0) return static_cast<int>(sd.index);
+        const std::string prefix = name + ".";
+        if (sd.name.size() > prefix.size() && sd.name.compare(0, prefix.size(), prefix) == 0 &&
+            sd.name.find_first_not_of("0123456789", prefix.size()) == std::string::npos)
+            return std::stoi(sd.name.substr(prefix.size()));
+        s = sd.parent;
+    }
+    return -1;
+}
+
+inline bool has_dim(const node& n, dim_id d) {
+    for (const auto& v : n.sig.vars)
+        if (v.dim == d) return true;
+    return false;
+}
+
+// The partitions (with op-assign to the stage groups) plus, per forward node, its stage,
+// round, and whether its first split is the micro-batch split. The order is left to the
+// caller.
+inline resolved_plan resolve_pipeline(const pipeline_spec& spec, const graph& g) {
+    const auto stages = static_cast<int>(spec.stages.size());
+    if (stages < 1) throw plan_error("pipeline: no stages; give at least one stage (a layer range and its devices)");
+    if (spec.micro_batches < 1)
+        throw plan_error("pipeline: micro_batches = " + std::to_string(spec.micro_batches) + "; use at least 1");
+    if (spec.rounds < 1) throw plan_error("pipeline: rounds = " + std::to_string(spec.rounds) + "; use at least 1");
+    const int tail = spec.tail_stage < 0 ? stages - 1 : spec.tail_stage;
+    if (spec.head_stage < 0 || spec.head_stage >= stages || tail >= stages)
+        throw plan_error("pipeline: the head stage " + std::to_string(spec.head_stage) + " or tail stage " +
+                         std::to_string(tail) + " is not one of the " + std::to_string(stages) + " stages");
+    int world = 0;
+    for (int s = 0; s < stages; ++s) {
+        const auto& st = spec.stages[static_cast<std::size_t>(s)];
+        if (st.devices.empty())
+            throw plan_error("pipeline: stage " + std::to_string(s) + " has no devices; give it a device group");
+        for (int d : st.devices) {
+            if (d < 0) throw plan_error("pipeline: stage " + std::to_string(s) + " lists device " + std::to_string(d));
+            world = std::max(world, d + 1);
+        }
+    }
+
+    // Each stage's inner plan, resolved for its group (once per distinct group size and spec).
+    std::vector<resolved_plan> inner(static_cast<std::size_t>(stages));
+    for (int s = 0; s < stages; ++s) {
+        const auto& st = spec.stages[static_cast<std::size_t>(s)];
+        plan_spec p = st.inner ? *st.inner : spec.inner;
+        const auto group = static_cast<int>(st.devices.size());
+        if (p.devices == 0) p.devices = group;
+        if (p.devices != group)
+            throw plan_error("pipeline: stage " + std::to_string(s) + " has " + std::to_string(group) +
+                             " devices but its plan '" + p.name + "' is for " + std::to_string(p.devices) +
+                             "; give the stage a plan for its group size");
+        if (p.zero != zero_stage::none)
+            throw plan_error("pipeline: stage " + std::to_string(s) + "'s plan uses ZeRO, which pipelines do not combine with yet; "
+                             "use a plan without zero<> inside stages");
+        inner[static_cast<std::size_t>(s)] = partition_ops(p, g);
+    }
+
+    resolved_plan out;
+    out.stages = stages;
+    out.micro_batches = spec.micro_batches;
+    out.rounds = spec.rounds;
+    out.devices = world;
+    out.name = spec.name.empty() ? "pipeline x" + std::to_string(stages) + ", " +
+                                            std::to_string(spec.micro_batches) + " micro-batches"
+                                      : spec.name;
+    const std::size_t forward = g.forward_node_count();
+    out.forward.resize(forward);
+    out.stage_of.assign(forward, 0);
+    out.round_of.assign(forward, spec.rounds - 1);
+    out.micro_split.assign(forward, false);
+
+    // Ops outside the layers run on the head stage when layers follow them (embeddings, and
+    // the inputs of each recycling round), else on the tail stage (the head and the loss).
+    std::vector<std::int64_t> layer(forward);
+    std::vector<bool> layers_after(forward + 1, false);
+    for (std::size_t i = 0; i < forward; ++i) layer[i] = layer_index(g, g.nodes[i], spec.repeat);
+    for (std::size_t i = forward; i-- > 0;) layers_after[i] = layers_after[i + 1] || layer[i] >= 0;
+    // Ops outside the rounds join the next round (embeddings: round 0), else the last.
+    std::vector<int> round(forward + 1, spec.rounds - 1);
+    for (std::size_t i = forward; i-- > 0;) {
+        const int r = round_of(g, g.nodes[i], spec.rounds_scope);
+        if (r >= spec.rounds)
+            throw plan_error("pipeline: node '" + g.nodes[i].name + "' is in round " + std::to_string(r) +
+                             " but the plan has " + std::to_string(spec.rounds) + " rounds");
+        round[i] = r >= 0 ? r : round[i + 1];
+    }
+    for (std::size_t i = 0; i < forward; ++i) {
+        const node& n = g.nodes[i];
+        int stage = -1;
+        if (layer[i] >= 0) {
+            for (int s = 0; s < stages && stage < 0; ++s) {
+                const auto& st = spec.stages[static_cast<std::size_t>(s)];
+                if (layer[i] >= st.first_layer && st.last_layer >= 0 && layer[i] <= st.last_layer) stage = s;
+            }
+            if (stage < 0)
+                throw plan_error("pipeline: layer " + std::to_string(layer[i]) + " of '" + spec.repeat + "' (node '" + n.name +
+                                 "') is in no stage's layer range; cover every layer");
+        } else {
+            stage = layers_after[i + 1] ? spec.head_stage : tail;
+        }
+        out.round_of[i] = round[i];
+        out.stage_of[i] = stage;
+
+        const auto& group = spec.stages[static_cast<std::size_t>(stage)].devices;
+        op_partition within;
+        within.replicas = static_cast<std::int64_t>(group.size());
+        if (const op_partition* p = inner[static_cast<std::size_t>(stage)].at(static_cast<node_id>(i))) within = *p;
+        op_partition placed;
+        placed.recompute = within.recompute;
+        placed.replicas = within.replicas;
+        const bool micro = spec.micro_batches > 1 && has_dim(n, Dim::Batch::id);
+        if (micro) placed.splits.push_back({Dim::Batch::id, "", spec.micro_batches, false});
+        for (const auto& s : within.splits) placed.splits.push_back(s);
+        const std::int64_t per_micro = within.pieces();
+        for (int m = 0; m < (micro ? spec.micro_batches : 1); ++m)
+            for (std::int64_t q = 0; q < per_micro; ++q) {
+                const int local = within.device_of(q);
+                if (local < 0 || local >= static_cast<int>(group.size()))
+                    throw plan_error("pipeline: the plan of stage " + std::to_string(stage) + " puts a piece of '" + n.name +
+                                     "' on device " + std::to_string(local) + " of a group of " +
+                                     std::to_string(group.size()));
+                placed.devices.push_back(group[static_cast<std::size_t>(local)]);
+            }
+        out.micro_split[i] = micro;
+        out.forward[i] = std::move(placed);
+    }
+    return out;
+}
+
+struct even_pipeline_options {
+    int stages = 2;                // pipeline stages (with virtual > 1: device groups)
+    int micro_batches = 4;
+    int devices_per_stage = 1;     // group size: the inner plan's device count
+    int virtual_stages = 1;        // interleaved 1F1B: stages * virtual_stages model chunks, chunk k on group k % stages
+    std::string repeat = "blocks";
+    std::optional<plan_spec> inner;  // per group (default: whole ops on each device of the group)
+    std::string rounds_scope;        // forward rounds (3F1B): "recycle" for scopes "recycle.<r>"
+    int rounds = 1;
+};
+
+// The layers split evenly (the first stages take one more when they do not divide) over
+// stages * virtual_stages chunks; group k on devices [k * devices_per_stage, (k + 1) * devices_per_stage).
+inline pipeline_spec even_pipeline(const graph& g, const even_pipeline_options& o) {
+    std::int64_t layers = 0;
+    for (const auto& r : g.repeats)
+        if (r.name == o.repeat) layers = std::max<std::int64_t>(layers, static_cast<std::int64_t>(r.scopes.size()));
+    const int chunks = o.stages * o.virtual_stages;
+    // (Models that repeat the layers per round, like recycling, hold the same count in each.)
+    if (o.stages < 1 || o.virtual_stages < 1 || o.devices_per_stage < 1)
+        throw plan_error("even_pipeline: stages, virtual_stages and devices_per_stage must be at least 1");
+    if (layers < chunks)
+        throw plan_error("even_pipeline: " + std::to_string(layers) + " layers of '" + o.repeat + "' cannot fill " +
+                         std::to_string(chunks) + " stages; use fewer stages or a deeper model");
+    pipeline_spec spec;
+    spec.repeat = o.repeat;
+    spec.micro_batches = o.micro_batches;
+    spec.rounds_scope = o.rounds_scope;
+    spec.rounds = o.rounds;
+    if (o.inner) spec.inner = *o.inner;
+    std::int64_t next = 0;
+    for (int k = 0; k < chunks; ++k) {
+        const std::int64_t size = layers / chunks + (k < layers % chunks ? 1 : 0);
+        pipeline_stage st;
+        st.first_layer = next;
+        st.last_layer = next + size - 1;
+        next += size;
+        const int group = k % o.stages;
+        for (int d = 0; d < o.devices_per_stage; ++d) st.devices.push_back(group * o.devices_per_stage + d);
+        spec.stages.push_back(std::move(st));
+    }
+    spec.name = "pipeline x" + std::to_string(o.stages) + (o.virtual_stages > 1 ? " (x" + std::to_string(o.virtual_stages) + " virtual)" : "") +
+                (o.devices_per_stage > 1 ? " of " + std::to_string(o.devices_per_stage) + " devices" : "") + ", " +
+                std::to_string(o.micro_batches) + " micro-batches";
+    return spec;
+}
+
+// The interlaced pipeline (nnScaler Figure 6): the ops before the first layer (embeddings)
+// and after the last (the LM head and loss) run on all `stages` devices under `spmd` (for
+// example presets::megatron(stages): vocabulary-parallel), time-shared with a pipeline of
+// the layers, split evenly, one device per stage. Order it with schedule::interlaced.
+inline pipeline_spec interlaced_pipeline(const graph& g, int stages, int micro_batches, const plan_spec& spmd,
+                                         const std::string& repeat = "blocks") {
+    std::int64_t layers = 0;
+    for (const auto& r : g.repeats)
+        if (r.name == repeat) layers = std::max<std::int64_t>(layers, static_cast<std::int64_t>(r.scopes.size()));
+    if (stages < 1 || layers % stages != 0)
+        throw plan_error("interlaced_pipeline: " + std::to_string(layers) + " layers of '" + repeat + "' over " +
+                         std::to_string(stages) + " stages; give a stage count that divides the layers");
+    pipeline_spec spec;
+    spec.repeat = repeat;
+    std::vector<int> all;
+    for (int d = 0; d < stages; ++d) all.push_back(d);
+    spec.stages.push_back({0, -1, all, spmd});
+    const std::int64_t per = layers / stages;
+    for (int s = 0; s < stages; ++s) spec.stages.push_back({s * per, (s + 1) * per - 1, {s}, std::nullopt});
+    spec.stages.push_back({0, -1, all, spmd});
+    spec.micro_batches = micro_batches;
+    spec.head_stage = 0;
+    spec.tail_stage = stages + 1;
+    spec.name = "interlaced x" + std::to_string(stages);
+    return spec;
+}
+
+}  // namespace loom::plan::detail
+// ---- end loom/plan/pipeline.hpp ----
+// ---- begin loom/schedule/templates.hpp ----
+// The classic pipeline schedules, each written as order constraints (nnScaler's op-order with
+// offsets) and built by the list scheduler (from_constraints.hpp). With S stages, stage s,
+// m micro-batches, p devices, v virtual stages per device, w the warm-up forwards of a stage
+// or device:
+//
+//   gpipe(S, m)        every forward before any backward, both in micro-batch order
+//   one_f_one_b(S, m)  Table 4: forwards and backwards in micro-batch order, and
+//                        F(s, i + w) before B(s, i), B(s, i) before F(s, i + w + 1), w = S - s - 1
+//                      (the paper's ofst = |D| - i with stages counted from 1)
+//   interleaved_one_f_one_b(p, v, m)
+//                      the same four constraints per device over its blocks in Megatron's
+//                      order (p micro-batches through one chunk at a time, chunks ascending for
+//                      forwards and descending for backwards), w = 2(p - d - 1) + (v - 1) p
+//                      (w = p - d - 1 when v = 1: plain 1F1B); m must be a multiple of p
+//   three_f_one_b(S, m)
+//                      Table 7 (AlphaFold2's recycling: three forward rounds, one backward):
+//                        F0(s, i+2) before F1(s, i+1), F1(s, i+1) before F2(s, i) (for every
+//                        i >= 0; the paper writes i > 0 for the second, i = 0 changes nothing),
+//                        F2(s, i + w) before B(s, i), w = S - s - 1,
+//                      plus each round's forwards and the backwards in micro-batch order and
+//                        B(s, i) before F0(s, i + w + 3)
+//                      which closes the steady state (F0, F1, F2, B of four micro-batches);
+//                      the warm-up and cool-down are left to the scheduler, as in the paper.
+//                      The rounds of one micro-batch start 4f + b apart on a stage (one cycle
+//                      and a forward), so the steady state has no bubble while the recycling
+//                      trip through all stages fits: S f <= 4f + b (S <= 5 when b = f, S <= 6
+//                      when b = 2f); deeper pipelines idle in every cycle
+//   interlaced(p, m)   Figure 6: the embedding (stage 0) and the LM head (stage p + 1) on
+//                      every device, the p stages between as 1F1B (w = p - k for stage k);
+//                      the embedding forward of micro-batch i + 1 waits for the first stage's
+//                      forward of i, and the rest of the time sharing is the scheduler's
+//                      (ties go to the SPMD blocks, so with f = b they run when every device
+//                      is free and the steady state has no bubble; with b != f the greedy
+//                      leaves some per micro-batch, which a search could remove)
+//
+// Each has a *_constraints() (the family, independent of sizes), a *_spec(...) (shape and
+// constraints: what the executor needs to rebuild it) and a builder returning the schedule.
+// The builders check their arguments with the predicates of checks.hpp; the plan's order part
+// (plan/pipeline_parts.hpp) checks stages and micro-batches at compile time.
+#include <initializer_list>
+#include <string>
+#include <vector>
+
+// ---- begin loom/schedule/checks.hpp ----
+// The checks of a pipeline template, run by the functions of templates.hpp
+// (one_f_one_b(0, 4) throws schedule_error). The plan's order part (plan::order<...>,
+// plan/pipeline_parts.hpp) checks the same things at compile time when stages and
+// micro-batches are static, and a constraint on its own with first_constraint_error.
+//
+//   first_policy_error(view) -> the first mistake, or "" when there is none:
+//     a stage count below 1; Virtual < 1 (interleaved); micro-batches below 1, or, for
+//     interleaved 1F1B, not a multiple of the pipeline stages (when the count is known);
+//     rounds below 1; a constraint that names a round the pipeline does not have, or is
+//     ill-formed on its own (constraints.hpp).
+//
+// Messages start with the call as written and say how to fix it:
+//   "interleaved_one_f_one_b(4, 2, 6): 6 micro-batches is not a multiple of the 4 pipeline
+//    stages; interleaved 1F1B moves micro-batches through each virtual stage in groups of 4;
+//    use 4 or 8 micro-batches"
+#include <cstddef>
+#include <cstdint>
+#include <span>
+#include <string_view>
+
+
+namespace loom::schedule {
+
+namespace detail {
+
+enum class policy_kind : std::uint8_t { gpipe, one_f_one_b, interleaved, three_f_one_b, interlaced, from_constraints };
+
+struct policy_view {
+    policy_kind kind = policy_kind::one_f_one_b;
+    std::string_view spelling;  // how the user wrote it: "one_f_one_b(4, 8)"
+    int stages = 1;             // pipeline stages (interleaved: devices; interlaced: without embedding and head)
+    int chunks = 1;             // interleaved: virtual stages per device
+    int rounds = 1;
+    bool micro_batches_known = false;
+    int micro_batches = 0;
+    std::span<const before> constraints{};
+};
+
+constexpr text first_policy_error(const policy_view& v) {
+    if (v.stages < 1)
+        return concat(v.spelling, ": ", v.stages, " pipeline stages; a pipeline needs at least one stage; use 1 or more");
+    if (v.kind == policy_kind::interleaved && v.chunks < 1)
+        return concat(v.spelling, ": ", v.chunks,
+                      " virtual stages per device; each device needs at least one; use 1 or more (1 is plain 1F1B)");
+    if (v.rounds < 1)
+        return concat(v.spelling, ": ", v.rounds, " forward rounds; every micro-batch runs at least one forward; use 1 or more");
+    if (v.micro_batches_known && v.micro_batches < 1)
+        return concat(v.spelling, ": ", v.micro_batches, " micro-batches; a pipeline needs at least one micro-batch");
+    if (v.kind == policy_kind::interleaved && v.micro_batches_known && v.micro_batches % v.stages != 0) {
+        const int below = v.micro_batches / v.stages * v.stages, above = below + v.stages;
+        return concat(v.spelling, ": ", v.micro_batches, " micro-batches is not a multiple of the ", v.stages,
+                      " pipeline stages; interleaved 1F1B moves micro-batches through each virtual stage in groups of ",
+                      v.stages, "; use ", below > 0 ? concat(below, " or ") : text(), above, " micro-batches");
+    }
+    for (std::size_t i = 0; i < v.constraints.size(); ++i) {
+        const text where = concat(v.spelling, ": constraint #", static_cast<int>(i));
+        if (text e = first_constraint_error(v.constraints[i], v.rounds, where.view()); !e.empty()) return e;
+    }
+    return {};
+}
+
+}  // namespace detail
+
+}  // namespace loom::schedule
+// ---- end loom/schedule/checks.hpp ----
+// ---- begin loom/schedule/costs.hpp ----
+// How long blocks take, for the simulator and the list scheduler.
+//
+//   cost_model{}                                  every block 1, no latency
+//   cost_model{.forward = 1, .backward = 2}       a backward costs two forwards
+//   cost_model{.forward_per_stage = {1, 1, 2}}    per-stage times (the stage count must match)
+//   cost_model{.latency = 0.5}                    every message adds 0.5 between its blocks
+//   cost_model{.duration = [](const block& b) { ... }}   anything else
+// Times are in arbitrary units (the Chrome trace scales them; chrome_trace.hpp).
+#include <functional>
+#include <string>
+#include <vector>
+
+
+namespace loom::schedule {
+
+struct cost_model {
+    double forward = 1.0;
+    double backward = 1.0;
+    std::vector<double> forward_per_stage;   // when not empty: the forward time of each stage
+    std::vector<double> backward_per_stage;  // when not empty: the backward time of each stage
+    double latency = 0.0;                    // added to every dependency that crosses devices
+    std::function<double(const block&)> duration;  // when set: the time of every block
+
+    double of(const block& b) const {
+        if (duration) return duration(b);
+        const auto& per_stage = is_forward(b) ? forward_per_stage : backward_per_stage;
+        if (!per_stage.empty()) {
+            if (b.stage < 0 || static_cast<std::size_t>(b.stage) >= per_stage.size())
+                throw schedule_error("cost_model: " + std::string(is_forward(b) ? "forward" : "backward") +
+                                     "_per_stage has " + std::to_string(per_stage.size()) + " entries but " +
+                                     to_string(b) + " is on stage " + std::to_string(b.stage) +
+                                     "; give one time per stage");
+            return per_stage[static_cast<std::size_t>(b.stage)];
+        }
+        return is_forward(b) ? forward : backward;
+    }
+};
+
+}  // namespace loom::schedule
+// ---- end loom/schedule/costs.hpp ----
+// ---- begin loom/schedule/from_constraints.hpp ----
+// A schedule from order constraints alone: a deterministic list scheduler.
+//
+//   schedule s = from_constraints(pipeline_shape::linear(4, 8), {
+//       before{forward(micro), forward(micro + 1)},
+//       before{backward(micro), backward(micro + 1)},
+//       before{forward(micro + stages - stage - 1).or_last(), backward(micro)},
+//       before{backward(micro), forward(micro + stages - stage)}}, "my 1F1B");
+//
+// The scheduler plays the pipeline forward in time under a cost model (uniform by default):
+// among the blocks whose data dependencies and constrained predecessors are all placed, it
+// places the one that can start earliest on all of its devices; ties go to the block on more
+// devices (an SPMD block takes the moment every device is free), then the oldest micro-batch,
+// then backward before forward, then the later forward round, then the lower stage.
+//
+// Messages on one channel (device a -> device b) arrive in the order a sends them, so once a
+// has sent for X' and then for X, X' must run before X on b. Before placing a block, the
+// scheduler follows what its messages would force down the pipeline and skips the block when
+// that contradicts an order already forced; what it returns passes validate() (which it runs).
+//
+// Constraints that fix each device's order (GPipe, 1F1B, interleaved 1F1B) give exactly that
+// order whatever the costs; where they leave freedom (3F1B's warm-up, the interlaced
+// pipeline's embedding and head), the costs decide, standing in for nnScaler's temporal-order
+// search. The scheduler is greedy: it can report crossed messages for constraints that some
+// other order would satisfy.
+//
+// Throws schedule_error when a constraint is ill-formed, when the constraints and the data
+// dependencies order blocks in a cycle (the blocks and the constraints are named), or when
+// they leave no way to avoid crossed messages.
+#include <algorithm>
+#include <cstddef>
+#include <map>
+#include <set>
+#include <string>
+#include <tuple>
+#include <utility>
+#include <vector>
+
+// ---- begin loom/schedule/cycle.hpp ----
+// A cycle in a directed graph of labelled edges, for the checks that name the blocks of a
+// deadlock (validate) or of constraints that cannot all hold (from_constraints).
+//
+//   out[u] = {{v, label}, ...}: an edge u -> v ("v waits for u"), labelled by its reason.
+//   find_cycle(out) -> the edges of one cycle in order (u0 -> u1, u1 -> u2, ..., uk -> u0),
+//                      empty when the graph is acyclic.
+// Deterministic: a depth-first search from vertex 0 up, out-edges in the order given; the
+// cycle is the one closed by the first back edge met.
+#include <cstddef>
+#include <vector>
+
+namespace loom::schedule::detail {
+
+struct labelled_edge {
+    int to = 0;
+    int label = 0;
+};
+
+struct cycle_edge {
+    int from = 0;
+    int to = 0;
+    int label = 0;
+};
+
+inline std::vector<cycle_edge> find_cycle(const std::vector<std::vector<labelled_edge>>& out) {
+    enum class colour : unsigned char { white, grey, black };
+    const std::size_t n = out.size();
+    std::vector<colour> state(n, colour::white);
+    struct frame {
+        int vertex;
+        std::size_t next_edge;
+        int arrived_label;  // the label of the edge from the previous frame's vertex
+    };
+    std::vector<frame> stack;
+    for (std::size_t root = 0; root < n; ++root) {
+        if (state[root] != colour::white) continue;
+        stack.push_back({static_cast<int>(root), 0, -1});
+        state[root] = colour::grey;
+        while (!stack.empty()) {
+            frame& top = stack.back();
+            const auto& edges = out[static_cast<std::size_t>(top.vertex)];
+            if (top.next_edge == edges.size()) {
+                state[static_cast<std::size_t>(top.vertex)] = colour::black;
+                stack.pop_back();
+                continue;
+            }
+            const labelled_edge e = edges[top.next_edge++];
+            const auto to = static_cast<std::size_t>(e.to);
+            if (state[to] == colour::white) {
+                state[to] = colour::grey;
+                stack.push_back({e.to, 0, e.label});
+            } else if (state[to] == colour::grey) {
+                std::size_t first = stack.size() - 1;
+                while (stack[first].vertex != e.to) --first;
+                std::vector<cycle_edge> cycle;
+                for (std::size_t i = first + 1; i < stack.size(); ++i)
+                    cycle.push_back({stack[i - 1].vertex, stack[i].vertex, stack[i].arrived_label});
+                cycle.push_back({stack.back().vertex, e.to, e.label});
+                return cycle;
+            }
+        }
+    }
+    return {};
+}
+
+}  // namespace loom::schedule::detail
+// ---- end loom/schedule/cycle.hpp ----
+// ---- begin loom/schedule/transfers.hpp ----
+// The messages a pipeline sends: one per dependency and consumer device that does not run the
+// producer.
+//
+// Devices talk over FIFO channels, one per ordered pair (from -> to); a send is buffered and
+// never waits (as loom's communicators do), a receive waits for its message. Where a message
+// goes in the device programs (program.hpp):
+//   send     on `from`, right after the producer (several: by destination, then by the
+//            position of the consumer on it);
+//   receive  on `to`, right before the consumer (several: by source, then by the position of
+//            the producer on it).
+// So a channel delivers the messages of its producers in their order on `from`, and `to` must
+// run their consumers in that same order; validate() rejects a schedule whose channel would
+// deliver a message to the wrong receive ("crossed messages").
+//
+// Which device sends: the consumer device c receives from the producer's device at c's
+// position in the consumer's device list, modulo the producer's list length. A consumer device
+// that also runs the producer reads the output locally (an SPMD block's output is complete on
+// each of its devices).
+//   F(s0,m) on {0} -> F(s1,m) on {1}          one message 0 -> 1
+//   F(s4,m) on {3} -> F(s5,m) on {0,1,2,3}    messages 3 -> 0, 3 -> 1, 3 -> 2; device 3 is local
+//   F(s0,m) on {0,1,2,3} -> F(s1,m) on {0}    local
+#include <cstddef>
+#include <string>
+#include <vector>
+
+
+namespace loom::schedule {
+
+struct transfer {
+    block producer;
+    block consumer;
+    int from = 0;
+    int to = 0;
+    dependency_kind kind = dependency_kind::activation;
+
+    friend bool operator==(const transfer&, const transfer&) = default;
+};
+
+// "F(s0,m2) -> F(s1,m2) (activation, device 0 -> device 1)"
+inline std::string to_string(const transfer& t, int rounds = 1) {
+    return to_string(t.producer, rounds) + " -> " + to_string(t.consumer, rounds) + " (" + to_string(t.kind) +
+           ", device " + std::to_string(t.from) + " -> device " + std::to_string(t.to) + ")";
+}
+
+// The messages one dependency needs (none when every consumer device runs the producer).
+inline std::vector<transfer> transfers_of(const pipeline_shape& p, const dependency& dep) {
+    std::vector<transfer> out;
+    const auto& from = p.devices_of(dep.producer.stage);
+    const auto& to = p.devices_of(dep.consumer.stage);
+    for (std::size_t i = 0; i < to.size(); ++i) {
+        if (p.runs_on(dep.producer.stage, to[i])) continue;
+        out.push_back({dep.producer, dep.consumer, from[i % from.size()], to[i], dep.kind});
+    }
+    return out;
+}
+
+// Every message of the shape, by consumer in block_index order.
+inline std::vector<transfer> all_transfers(const pipeline_shape& p) {
+    std::vector<transfer> out;
+    for (const dependency& d : dependencies(p))
+        for (const transfer& t : transfers_of(p, d)) out.push_back(t);
+    return out;
+}
+
+}  // namespace loom::schedule
+// ---- end loom/schedule/transfers.hpp ----
+// ---- begin loom/schedule/validate.hpp ----
+// Is a schedule runnable? validate(s, options) throws schedule_error with the first problem,
+// naming the blocks and how to fix it; validation_error(s, options) returns the same message
+// ("" when the schedule is valid). The checks, in order:
+//
+//   1. the shape makes a pipeline (check_shape) and there is one order per device;
+//   2. every entry is one of the shape's blocks, on a device that runs its stage, at most once;
+//   3. every block is on each device of its stage (an SPMD block on all of them);
+//   4. no device runs a block before a block it depends on (same device);
+//   5. no deadlock: the graph of "v waits for u" edges (consecutive blocks of one device, and
+//      every data dependency) has no cycle; a cycle is reported block by block;
+//   6. messages do not cross: on each channel (device a -> device b) the receiving blocks run
+//      on b in the order their producers run on a (transfers.hpp), else a receive would take
+//      another block's message;
+//   7. memory: the activations a device holds (in_flight.hpp) stay within
+//        max_in_flight_per_stage   micro-batches per stage, and/or
+//        memory_cap_bytes          bytes per device, with activation_bytes[s] the bytes one
+//                                  micro-batch of stage s keeps on each of its devices.
+// Sends are buffered (they never wait) and receives wait, as in loom's communicators, so a
+// send/receive pair adds no wait of the sender on the receiver.
+#include <algorithm>
+#include <cstddef>
+#include <cstdint>
+#include <map>
+#include <string>
+#include <utility>
+#include <vector>
+
+// ---- begin loom/schedule/in_flight.hpp ----
+// Activations in flight: a forward of the last round keeps its activations from its start
+// until its backward ends, so walking a device's order counts what it holds at each block.
+// Earlier forward rounds (3F1B recycling) keep nothing past their end.
+//
+//   GPipe      every stage holds all m micro-batches before its first backward
+//   1F1B       stage s holds p - s (at most m)
+//   interleaved device d holds 2(p - d - 1) + (v - 1)p + 1 chunks' activations (at most v m)
+#include <algorithm>
+#include <cstddef>
+#include <functional>
+#include <vector>
+
+
+namespace loom::schedule {
+
+struct in_flight_peaks {
+    std::vector<int> per_stage;   // most micro-batches whose activations one device of stage s holds at once
+    std::vector<int> per_device;  // most (stage, micro-batch) activations device d holds at once
+};
+
+namespace detail {
+
+// Calls visit(device, position, block, held_per_stage) after each block of each device's
+// order, with held_per_stage[s] the micro-batches of stage s that device holds just then
+// (a forward counts from its start, so this is the high-water mark of the block).
+inline void walk_in_flight(const schedule& s,
+                           const std::function<void(int, std::size_t, const block&, const std::vector<int>&)>& visit) {
+    for (std::size_t d = 0; d < s.device_order.size(); ++d) {
+        std::vector<int> held(static_cast<std::size_t>(std::max(s.shape.stages, 0)), 0);
+        for (std::size_t i = 0; i < s.device_order[d].size(); ++i) {
+            const block& b = s.device_order[d][i];
+            if (b.stage < 0 || b.stage >= s.shape.stages) continue;
+            auto& h = held[static_cast<std::size_t>(b.stage)];
+            if (holds_activations(s.shape, b)) ++h;
+            visit(static_cast<int>(d), i, b, held);
+            if (is_backward(b)) h = std::max(h - 1, 0);
+        }
+    }
+}
+
+}  // namespace detail
+
+inline in_flight_peaks peak_in_flight(const schedule& s) {
+    in_flight_peaks peaks{std::vector<int>(static_cast<std::size_t>(std::max(s.shape.stages, 0)), 0),
+                          std::vector<int>(s.device_order.size(), 0)};
+    detail::walk_in_flight(s, [&](int d, std::size_t, const block& b, const std::vector<int>& held) {
+        auto& stage_peak = peaks.per_stage[static_cast<std::size_t>(b.stage)];
+        stage_peak = std::max(stage_peak, held[static_cast<std::size_t>(b.stage)]);
+        int total = 0;
+        for (int h : held) total += h;
+        auto& device_peak = peaks.per_device[static_cast<std::size_t>(d)];
+        device_peak = std::max(device_peak, total);
+    });
+    return peaks;
+}
+
+}  // namespace loom::schedule
+// ---- end loom/schedule/in_flight.hpp ----
+
+namespace loom::schedule {
+
+struct validation_options {
+    int max_in_flight_per_stage = 0;          // 0: no cap
+    std::int64_t memory_cap_bytes = 0;        // 0: no cap
+    std::vector<std::int64_t> activation_bytes;  // per stage, with memory_cap_bytes
+};
+
+namespace detail {
+
+inline std::string devices_text(const std::vector<int>& devices) {
+    std::string out = devices.size() == 1 ? "device " : "devices {";
+    for (std::size_t i = 0; i < devices.size(); ++i) out += (i ? ", " : "") + std::to_string(devices[i]);
+    return devices.size() == 1 ? out : out + "}";
+}
+
+inline std::string reads_text(dependency_kind k) {
+    switch (k) {
+        case dependency_kind::activation: return "its input activation";
+        case dependency_kind::recycle: return "the previous round's output (recycling)";
+        case dependency_kind::loss: return "the loss of its forward";
+        case dependency_kind::gradient: return "its output gradient";
+        case dependency_kind::saved_activation: return "its saved activations";
+    }
+    return "?";
+}
+
+class validator {
+public:
+    validator(const schedule& s, const validation_options& o)
+        : s_(s), o_(o), rounds_(s.shape.rounds),
+          where_("validate(" + (s.name.empty() ? std::string("schedule") : "'" + s.name + "'") + ")") {}
+
+    void run() {
+        check_shape(s_.shape, where_ + ": shape");
+        check_entries();
+        check_complete();
+        position_ = order_positions(s_);
+        check_local_dependencies();
+        check_deadlock();
+        check_channels();
+        check_memory();
+    }
+
+private:
+    const schedule& s_;
+    const validation_options& o_;
+    int rounds_;
+    std::string where_;
+    std::vector<std::vector<int>> position_;
+
+    std::string name(const block& b) const { return to_string(b, rounds_); }
+    [[noreturn]] void fail(const std::string& why) const { throw schedule_error(where_ + ": " + why); }
+    int pos(int device, const block& b) const {
+        return position_[static_cast<std::size_t>(device)][static_cast<std::size_t>(block_index(s_.shape, b))];
+    }
+
+    void check_entries() const {
+        const auto& p = s_.shape;
+        if (s_.device_order.size() != static_cast<std::size_t>(p.devices))
+            fail("device_order has " + std::to_string(s_.device_order.size()) + " device orders but the shape has " +
+                 std::to_string(p.devices) + " devices; give one order per device");
+        for (int d = 0; d < p.devices; ++d) {
+            const auto& order = s_.device_order[static_cast<std::size_t>(d)];
+            std::vector<int> first_at(static_cast<std::size_t>(block_count(p)), -1);
+            for (std::size_t i = 0; i < order.size(); ++i) {
+                const block& b = order[i];
+                if (auto why = why_not_contained(p, b); !why.empty())
+                    fail("device " + std::to_string(d) + " runs " + why + "; remove it or fix the block");
+                if (!p.runs_on(b.stage, d))
+                    fail("device " + std::to_string(d) + " runs " + name(b) + ", but stage " + std::to_string(b.stage) +
+                         " runs on " + devices_text(p.devices_of(b.stage)) + "; move " + name(b) +
+                         " into the order of " + devices_text(p.devices_of(b.stage)));
+                int& first = first_at[static_cast<std::size_t>(block_index(p, b))];
+                if (first >= 0)
+                    fail("device " + std::to_string(d) + " runs " + name(b) + " twice (positions " + std::to_string(first) +
+                         " and " + std::to_string(i) + "); run each block once on each of its devices");
+                first = static_cast<int>(i);
+            }
+        }
+    }
+
+    void check_complete() const {
+        const auto& p = s_.shape;
+        const auto position = order_positions(s_);
+        std::string first;
+        int missing = 0;
+        for (const block& b : all_blocks(p))
+            for (int d : p.devices_of(b.stage))
+                if (position[static_cast<std::size_t>(d)][static_cast<std::size_t>(block_index(p, b))] < 0) {
+                    if (missing++ == 0)
+                        first = "device " + std::to_string(d) + " never runs " + name(b) + " (stage " +
+                                std::to_string(b.stage) + " runs on " + devices_text(p.devices_of(b.stage)) +
+                                "); add it to device " + std::to_string(d) + "'s order";
+                }
+        if (missing == 1) fail(first);
+        if (missing > 1) fail(first + " (" + std::to_string(missing) + " blocks are missing in all; this is the first)");
+    }
+
+    void check_local_dependencies() const {
+        const auto& p = s_.shape;
+        for (const dependency& dep : dependencies(p))
+            for (int d : p.devices_of(dep.consumer.stage)) {
+                if (!p.runs_on(dep.producer.stage, d)) continue;
+                const int pc = pos(d, dep.consumer), pp = pos(d, dep.producer);
+                if (pc < pp)
+                    fail("device " + std::to_string(d) + " runs " + name(dep.consumer) + " (position " +
+                         std::to_string(pc) + ") before " + name(dep.producer) + " (position " + std::to_string(pp) +
+                         "), but " + name(dep.consumer) + " needs " + reads_text(dep.kind) + " from " +
+                         name(dep.producer) + "; move " + name(dep.producer) + " before " + name(dep.consumer));
+            }
+    }
+
+    // Labels of wait edges: >= 0 a dependency kind, < 0 "runs after it on device -label-1".
+    void check_deadlock() const {
+        const auto& p = s_.shape;
+        std::vector<std::vector<labelled_edge>> out(static_cast<std::size_t>(block_count(p)));
+        for (int d = 0; d < p.devices; ++d) {
+            const auto& order = s_.device_order[static_cast<std::size_t>(d)];
+            for (std::size_t i = 1; i < order.size(); ++i)
+                out[static_cast<std::size_t>(block_index(p, order[i - 1]))].push_back({block_index(p, order[i]), -d - 1});
+        }
+        for (const dependency& dep : dependencies(p))
+            out[static_cast<std::size_t>(block_index(p, dep.producer))].push_back(
+                {block_index(p, dep.consumer), static_cast<int>(dep.kind)});
+        const auto cycle = find_cycle(out);
+        if (cycle.empty()) return;
+        std::string text;
+        std::string fix;
+        for (const auto& e : cycle) {
+            const block u = block_at(p, e.from), v = block_at(p, e.to);
+            if (!text.empty()) text += "; ";
+            if (e.label < 0) {
+                const int d = -e.label - 1;
+                text += name(v) + " waits for " + name(u) + " (device " + std::to_string(d) + " runs it first)";
+                if (fix.empty())
+                    fix = "e.g. run " + name(v) + " before " + name(u) + " on device " + std::to_string(d);
+            } else {
+                text += name(v) + " waits for " + name(u) + " (" + reads_text(static_cast<dependency_kind>(e.label)) + ")";
+            }
+        }
+        fail("deadlock: these blocks wait for each other in a cycle: " + text +
+             "; reorder a device so that no block runs before one it waits for (" + fix + ")");
+    }
+
+    void check_channels() const {
+        const auto& p = s_.shape;
+        std::map<std::pair<int, int>, std::vector<transfer>> channels;
+        for (const transfer& t : all_transfers(p)) channels[{t.from, t.to}].push_back(t);
+        for (auto& [ends, messages] : channels) {
+            const auto [from, to] = ends;
+            auto send_key = [&, from = from, to = to](const transfer& t) {
+                return std::pair{pos(from, t.producer), pos(to, t.consumer)};
+            };
+            std::sort(messages.begin(), messages.end(),
+                      [&](const transfer& a, const transfer& b) { return send_key(a) < send_key(b); });
+            for (std::size_t i = 1; i < messages.size(); ++i) {
+                const transfer& a = messages[i - 1];
+                const transfer& b = messages[i];
+                if (pos(to, a.consumer) <= pos(to, b.consumer)) continue;
+                fail("crossed messages on channel device " + std::to_string(from) + " -> device " + std::to_string(to) +
+                     ": device " + std::to_string(from) + " sends " + name(a.producer) + " -> " + name(a.consumer) +
+                     " (" + to_string(a.kind) + ") before " + name(b.producer) + " -> " + name(b.consumer) + " (" +
+                     to_string(b.kind) + "), but device " + std::to_string(to) + " runs " + name(b.consumer) +
+                     " before " + name(a.consumer) + ", so " + name(b.consumer) + " would receive the message meant for " +
+                     name(a.consumer) + "; on device " + std::to_string(to) + " run " + name(a.consumer) + " before " +
+                     name(b.consumer) + ", or on device " + std::to_string(from) + " run " + name(b.producer) +
+                     " before " + name(a.producer));
+            }
+        }
+    }
+
+    void check_memory() const {
+        const auto& p = s_.shape;
+        const bool bytes = o_.memory_cap_bytes > 0;
+        if (bytes && o_.activation_bytes.size() != static_cast<std::size_t>(p.stages))
+            throw usage_error(where_ + ": memory_cap_bytes needs activation_bytes for each of the " +
+                              std::to_string(p.stages) + " stages; it has " + std::to_string(o_.activation_bytes.size()));
+        if (o_.max_in_flight_per_stage <= 0 && !bytes) return;
+        // What a device holds at a block, for messages: "stage 1: m0, m1, m2".
+        auto held_list = [&](int d, std::size_t upto, int stage) {
+            std::vector<int> held;
+            const auto& order = s_.device_order[static_cast<std::size_t>(d)];
+            for (std::size_t i = 0; i <= upto; ++i) {
+                const block& b = order[i];
+                if (b.stage != stage) continue;
+                if (holds_activations(p, b)) held.push_back(b.micro);
+                if (is_backward(b) && i < upto) std::erase(held, b.micro);
+            }
+            return held;
+        };
+        auto earliest_backward = [&](int d, std::size_t at, int stage) {
+            const auto held = held_list(d, at, stage);
+            return held.empty() ? std::string("a backward") : name(backward_block(stage, held.front()));
+        };
+        detail::walk_in_flight(s_, [&](int d, std::size_t i, const block& b, const std::vector<int>& held) {
+            if (!holds_activations(p, b)) return;
+            const int count = held[static_cast<std::size_t>(b.stage)];
+            if (o_.max_in_flight_per_stage > 0 && count > o_.max_in_flight_per_stage) {
+                std::string micros;
+                for (int m : held_list(d, i, b.stage)) micros += (micros.empty() ? "m" : ", m") + std::to_string(m);
+                fail("device " + std::to_string(d) + " holds the activations of " + std::to_string(count) +
+                     " micro-batches of stage " + std::to_string(b.stage) + " at " + name(b) + " (" + micros +
+                     "), over the cap of " + std::to_string(o_.max_in_flight_per_stage) +
+                     " (max_in_flight_per_stage); run " + earliest_backward(d, i, b.stage) + " before " + name(b) +
+                     ", or raise the cap");
+            }
+            if (!bytes) return;
+            std::int64_t total = 0;
+            std::string parts;
+            for (int s = 0; s < p.stages; ++s) {
+                const int h = held[static_cast<std::size_t>(s)];
+                if (h == 0) continue;
+                total += h * o_.activation_bytes[static_cast<std::size_t>(s)];
+                parts += (parts.empty() ? "" : ", ") + std::string("stage ") + std::to_string(s) + ": " +
+                         std::to_string(h) + " x " + std::to_string(o_.activation_bytes[static_cast<std::size_t>(s)]);
+            }
+            if (total > o_.memory_cap_bytes)
+                fail("device " + std::to_string(d) + " holds " + std::to_string(total) + " bytes of activations at " +
+                     name(b) + " (" + parts + "), over the cap of " + std::to_string(o_.memory_cap_bytes) +
+                     " bytes (memory_cap_bytes); run " + earliest_backward(d, i, b.stage) + " before " + name(b) +
+                     ", or raise the cap");
+        });
+    }
+};
+
+}  // namespace detail
+
+inline void validate(const schedule& s, const validation_options& options = {}) {
+    detail::validator(s, options).run();
+}
+
+// validate's message, or "" when the schedule is valid.
+inline std::string validation_error(const schedule& s, const validation_options& options = {}) {
+    try {
+        validate(s, options);
+    } catch (const schedule_error& e) {
+        return e.what();
+    }
+    return {};
+}
+
+}  // namespace loom::schedule
+// ---- end loom/schedule/validate.hpp ----
+
+namespace loom::schedule {
+
+// A named shape with its constraints: what the templates (templates.hpp) produce.
+struct schedule_spec {
+    std::string name;
+    pipeline_shape shape;
+    std::vector<before> constraints;
+};
+
+namespace detail {
+
+class list_scheduler {
+public:
+    list_scheduler(const pipeline_shape& p, const std::vector<before>& constraints, std::string name,
+                   const cost_model& costs)
+        : p_(p), constraints_(constraints), name_(std::move(name)), costs_(costs),
+          where_(name_.empty() ? std::string("from_constraints") : "from_constraints('" + name_ + "')"),
+          n_(static_cast<std::size_t>(block_count(p))), preds_(n_), deps_(n_) {}
+
+    schedule run() {
+        check_shape(p_, where_ + ": shape");
+        collect_edges();
+        check_acyclic();
+        std::map<std::pair<int, int>, std::size_t> channel_ids;
+        for (const transfer& t : all_transfers(p_)) {
+            const auto [it, added] = channel_ids.try_emplace({t.from, t.to}, channels_.size());
+            if (added) channels_.emplace_back();
+            channels_[it->second].push_back(messages_.size());
+            channel_of_.push_back(it->second);
+            messages_.push_back(t);
+        }
+        place_all();
+        schedule s{p_, order_, name_};
+        validate(s);
+        return s;
+    }
+
+private:
+    const pipeline_shape& p_;
+    const std::vector<before>& constraints_;
+    std::string name_;
+    const cost_model& costs_;
+    std::string where_;
+    std::size_t n_;
+    std::vector<std::vector<std::pair<std::size_t, int>>> preds_;  // (block, constraint #) placed before
+    std::vector<std::vector<dependency>> deps_;
+    std::vector<transfer> messages_;
+    std::vector<std::size_t> channel_of_;                // message id -> channel id
+    std::vector<std::vector<std::size_t>> channels_;     // channel id -> its message ids
+    std::vector<std::vector<block>> order_;
+    std::vector<bool> placed_;
+    std::vector<std::vector<std::size_t>> fifo_preds_;  // blocks that must run first because of message order
+    std::vector<std::vector<std::size_t>> sent_;        // channel id -> message ids sent so far, in order
+    std::vector<std::vector<std::size_t>> out_of_;      // message ids each block sends
+
+    std::size_t index(const block& b) const { return static_cast<std::size_t>(block_index(p_, b)); }
+    std::string name(const block& b) const { return to_string(b, p_.rounds); }
+
+    void collect_edges() {
+        for (std::size_t c = 0; c < constraints_.size(); ++c) {
+            const std::string at = where_ + ": constraint #" + std::to_string(c);
+            for (const ordered_pair& q : expand(constraints_[c], p_, at))
+                preds_[index(q.then)].push_back({index(q.first), static_cast<int>(c)});
+        }
+        for (const dependency& d : dependencies(p_)) deps_[index(d.consumer)].push_back(d);
+    }
+
+    // Edge labels: >= 0 a dependency kind, < 0 constraint #(-label - 1).
+    void check_acyclic() const {
+        std::vector<std::vector<labelled_edge>> out(n_);
+        for (std::size_t v = 0; v < n_; ++v) {
+            for (const auto& [u, c] : preds_[v]) out[u].push_back({static_cast<int>(v), -c - 1});
+            for (const dependency& d : deps_[v])
+                out[index(d.producer)].push_back({static_cast<int>(v), static_cast<int>(d.kind)});
+        }
+        const auto cycle = find_cycle(out);
+        if (cycle.empty()) return;
+        std::string text;
+        for (const auto& e : cycle) {
+            const block u = block_at(p_, e.from), v = block_at(p_, e.to);
+            if (!text.empty()) text += "; ";
+            if (e.label < 0) {
+                const auto c = static_cast<std::size_t>(-e.label - 1);
+                text += name(u) + " before " + name(v) + " by constraint #" + std::to_string(c) + " " +
+                        to_string(constraints_[c]);
+            } else {
+                text += name(v) + " needs " + name(u) + " (" + reads_text(static_cast<dependency_kind>(e.label)) + ")";
+            }
+        }
+        throw schedule_error(where_ + ": the constraints cannot all hold; with the data dependencies they order "
+                                      "these blocks in a cycle: " + text + "; drop or change one of the constraints named");
+    }
+
+    // Placing blocks in time order. Messages add order too: once P' has sent to X' on a
+    // channel, a later message to X on it makes X' a predecessor of X (fifo_preds_). A block
+    // is placed only if that cannot contradict what is already forced: a producer P sending
+    // to X goes first only if no consumer X'' of a producer still to come on the channel
+    // must run before X (fifo_conflict).
+    void place_all() {
+        const int devices = p_.devices;
+        order_.assign(static_cast<std::size_t>(devices), {});
+        std::vector<double> free(static_cast<std::size_t>(devices), 0.0), finish(n_, 0.0);
+        placed_.assign(n_, false);
+        fifo_preds_.assign(n_, {});
+        sent_.assign(channels_.size(), {});
+        out_of_.assign(n_, {});
+        for (std::size_t id = 0; id < messages_.size(); ++id) out_of_[index(messages_[id].producer)].push_back(id);
+        const auto blocks = all_blocks(p_);
+        using key = std::tuple<double, int, int, int, int, int, std::size_t>;
+        for (std::size_t count = 0; count < n_; ++count) {
+            std::vector<key> candidates;
+            for (std::size_t x = 0; x < n_; ++x) {
+                if (placed_[x] || !predecessors_placed(x)) continue;
+                const block& b = blocks[x];
+                double start = 0.0;
+                for (int g : p_.devices_of(b.stage)) {
+                    start = std::max(start, free[static_cast<std::size_t>(g)]);
+                    for (const dependency& d : deps_[x]) {
+                        const double latency = p_.runs_on(d.producer.stage, g) ? 0.0 : costs_.latency;
+                        start = std::max(start, finish[index(d.producer)] + latency);
+                    }
+                }
+                const int spmd_first = -static_cast<int>(p_.devices_of(b.stage).size());
+                candidates.push_back({start, spmd_first, b.micro, is_backward(b) ? 0 : 1, -b.round, b.stage, x});
+            }
+            std::sort(candidates.begin(), candidates.end());
+            std::size_t best = n_;
+            double start = 0.0;
+            std::size_t first_blocked = n_;
+            std::pair<std::size_t, std::size_t> first_conflict{n_, n_};
+            for (const key& k : candidates) {
+                const std::size_t x = std::get<6>(k);
+                if (auto conflict = fifo_conflict(x); conflict.first < n_) {
+                    if (first_blocked == n_) first_blocked = x, first_conflict = conflict;
+                    continue;
+                }
+                best = x;
+                start = std::get<0>(k);
+                break;
+            }
+            if (best == n_) stall(first_blocked, first_conflict);
+            place(best, blocks[best], start, finish, free);
+        }
+    }
+
+    bool predecessors_placed(std::size_t x) const {
+        for (const auto& [u, c] : preds_[x])
+            if (!placed_[u]) return false;
+        for (const dependency& d : deps_[x])
+            if (!placed_[index(d.producer)]) return false;
+        for (std::size_t u : fifo_preds_[x])
+            if (!placed_[u]) return false;
+        return true;
+    }
+
+    // The unplaced blocks that must run before x (constraints, dependencies, FIFO order), x included.
+    std::vector<bool> forced_before(std::size_t x) const {
+        std::vector<bool> seen(n_, false);
+        std::vector<std::size_t> stack{x};
+        seen[x] = true;
+        auto visit = [&](std::size_t u) {
+            if (placed_[u] || seen[u]) return;
+            seen[u] = true;
+            stack.push_back(u);
+        };
+        while (!stack.empty()) {
+            const std::size_t v = stack.back();
+            stack.pop_back();
+            for (const auto& [u, c] : preds_[v]) visit(u);
+            for (const dependency& d : deps_[v]) visit(index(d.producer));
+            for (std::size_t u : fifo_preds_[v]) visit(u);
+        }
+        return seen;
+    }
+
+    // Placing producer x now sends its messages before those of every producer still to come
+    // on the same channels, so their consumers must run in that order too, and so must the
+    // consumers of those consumers' messages, down the pipeline. Returns the first implied
+    // pair (must-run-first, must-run-second) that contradicts an order already forced, or
+    // (n_, n_) when there is none.
+    std::pair<std::size_t, std::size_t> fifo_conflict(std::size_t x) const {
+        std::vector<std::pair<std::size_t, std::size_t>> implied;
+        for (std::size_t mine : out_of_[x]) {
+            const std::size_t consumer = index(messages_[mine].consumer);
+            for (std::size_t theirs : channels_[channel_of_[mine]]) {
+                const transfer& t = messages_[theirs];
+                if (placed_[index(t.producer)] || index(t.producer) == x || index(t.consumer) == consumer) continue;
+                implied.push_back({consumer, index(t.consumer)});
+            }
+        }
+        std::set<std::pair<std::size_t, std::size_t>> seen(implied.begin(), implied.end());
+        std::map<std::size_t, std::vector<bool>> forced;  // block -> the unplaced blocks forced before it
+        for (std::size_t i = 0; i < implied.size(); ++i) {
+            const auto [first, second] = implied[i];
+            auto it = forced.find(first);
+            if (it == forced.end()) it = forced.emplace(first, forced_before(first)).first;
+            if (it->second[second]) return {first, second};
+            for (std::size_t a : out_of_[first])
+                for (std::size_t z : out_of_[second]) {
+                    if (channel_of_[a] != channel_of_[z]) continue;
+                    const std::pair next{index(messages_[a].consumer), index(messages_[z].consumer)};
+                    if (next.first != next.second && seen.insert(next).second) implied.push_back(next);
+                }
+        }
+        return {n_, n_};
+    }
+
+    void place(std::size_t x, const block& b, double start, std::vector<double>& finish, std::vector<double>& free) {
+        finish[x] = start + costs_.of(b);
+        placed_[x] = true;
+        for (int g : p_.devices_of(b.stage)) {
+            order_[static_cast<std::size_t>(g)].push_back(b);
+            free[static_cast<std::size_t>(g)] = finish[x];
+        }
+        for (std::size_t mine : out_of_[x]) {
+            const std::size_t consumer = index(messages_[mine].consumer);
+            auto& sent = sent_[channel_of_[mine]];
+            for (std::size_t earlier : sent) {
+                const std::size_t their_consumer = index(messages_[earlier].consumer);
+                if (!placed_[their_consumer] && their_consumer != consumer) fifo_preds_[consumer].push_back(their_consumer);
+            }
+            sent.push_back(mine);
+        }
+    }
+
+    [[noreturn]] void stall(std::size_t blocked, std::pair<std::size_t, std::size_t> conflict) const {
+        if (blocked >= n_)
+            throw schedule_error(where_ + ": no block can run next; the constraints leave no order (this is a bug if "
+                                          "no cycle was reported)");
+        const block x = block_at(p_, static_cast<int>(blocked));
+        const block first = block_at(p_, static_cast<int>(conflict.first));
+        const block second = block_at(p_, static_cast<int>(conflict.second));
+        throw schedule_error(where_ + ": the constraints force crossed messages: every block that can run next, such as " +
+                             name(x) + ", sends a message that would make " + name(first) + " run before " +
+                             name(second) + " (messages on one channel arrive in the order they are sent), but " +
+                             name(second) + " must run before " + name(first) +
+                             "; loosen the constraints that order these blocks");
+    }
+
+    static std::string reads_text(dependency_kind k) { return detail::reads_text(k); }
+};
+
+}  // namespace detail
+
+inline schedule from_constraints(const pipeline_shape& shape, const std::vector<before>& constraints,
+                                 std::string name = "", const cost_model& costs = {}) {
+    return detail::list_scheduler(shape, constraints, std::move(name), costs).run();
+}
+
+inline schedule from_constraints(const schedule_spec& spec, const cost_model& costs = {}) {
+    return from_constraints(spec.shape, spec.constraints, spec.name, costs);
+}
+
+}  // namespace loom::schedule
+// ---- end loom/schedule/from_constraints.hpp ----
+
+namespace loom::schedule {
+
+// Per stage: each round's forwards in micro-batch order, and the backwards too (Table 4 (1), (2)).
+inline std::vector<before> micro_order_constraints(int rounds = 1) {
+    using namespace var;
+    std::vector<before> c;
+    for (int r = 0; r < rounds; ++r) c.push_back(before{forward(micro, r), forward(micro + 1, r)});
+    c.push_back(before{backward(micro), backward(micro + 1)});
+    return c;
+}
+
+inline std::vector<before> gpipe_constraints() {
+    using namespace var;
+    auto c = micro_order_constraints();
+    // the last forward before the first backward
+    c.push_back(before{forward(micro + micro_batches - 1), backward(micro)});
+    return c;
+}
+
+inline std::vector<before> one_f_one_b_constraints() {
+    using namespace var;
+    auto c = micro_order_constraints();
+    c.push_back(before{forward(micro + stages - stage - 1).or_last(), backward(micro)});  // (3), ofst = S - s - 1
+    c.push_back(before{backward(micro), forward(micro + stages - stage)});                // (4), ofst + 1
+    return c;
+}
+
+// Per device d over its blocks in by_micro_group order; `chunks` is v.
+inline std::vector<before> interleaved_constraints(int chunks) {
+    using namespace var;
+    // w = 2(p - d - 1) + (v - 1) p = stages + devices - 2 device - 2 (v > 1); p - d - 1 (v = 1)
+    const affine warmup = chunks > 1 ? stages + devices - 2 * device - 2 : devices - device - 1;
+    constexpr condition always{};
+    constexpr auto grouped = unit_order::by_micro_group;
+    return {
+        before{forward(position), forward(position + 1), each_device, always, grouped},
+        before{backward(position), backward(position + 1), each_device, always, grouped},
+        before{forward(position + warmup).or_last(), backward(position), each_device, always, grouped},
+        before{backward(position), forward(position + warmup + 1), each_device, always, grouped},
+    };
+}
+
+// Table 7, for `rounds` forward rounds (3F1B: 3).
+inline std::vector<before> recycling_constraints(int rounds = 3) {
+    using namespace var;
+    auto c = micro_order_constraints(rounds);
+    for (int r = 0; r + 1 < rounds; ++r) c.push_back(before{forward(micro + 1, r), forward(micro, r + 1)});  // (1), (2)
+    c.push_back(before{forward(micro + stages - stage - 1, rounds - 1).or_last(), backward(micro)});        // (3)
+    c.push_back(before{backward(micro), forward(micro + stages - stage + rounds - 1, 0)});                  // next cycle
+    return c;
+}
+
+// Stages 0 (embedding) and S-1 (LM head) on every device; stages 1..S-2 a 1F1B pipeline.
+inline std::vector<before> interlaced_constraints() {
+    using namespace var;
+    auto c = micro_order_constraints();
+    const condition pipeline_stages = within(stage, 1, stages - 2);
+    // stage k of the p = S - 2 pipeline stages runs w = p - k forwards ahead
+    c.push_back(before{forward(micro + stages - stage - 2).or_last(), backward(micro), each_stage, pipeline_stages});
+    c.push_back(before{backward(micro), forward(micro + stages - stage - 1), each_stage, pipeline_stages});
+    // the embedding runs one micro-batch ahead of the first pipeline stage
+    c.push_back(before{forward(micro).on_stage(1), forward(micro + 1), each_stage, within(stage, 0, 0)});
+    return c;
+}
+
+// ---- specs and builders ----------------------------------------------------------------------
+
+namespace detail {
+
+inline void check_policy(policy_kind kind, const std::string& spelling, int stages, int chunks, int micro_batches,
+                         int rounds = 1) {
+    const policy_view v{kind, spelling, stages, chunks, rounds, true, micro_batches, {}};
+    if (text e = first_policy_error(v); !e.empty()) throw schedule_error(e.str());
+}
+
+inline std::string call_text(const char* function, std::initializer_list<int> args) {
+    std::string out = std::string(function) + "(";
+    bool first = true;
+    for (int a : args) out += (first ? "" : ", ") + std::to_string(a), first = false;
+    return out + ")";
+}
+
+}  // namespace detail
+
+inline schedule_spec gpipe_spec(int stages, int micro_batches) {
+    detail::check_policy(detail::policy_kind::gpipe, detail::call_text("gpipe", {stages, micro_batches}), stages, 1,
+                         micro_batches);
+    return {"GPipe", pipeline_shape::linear(stages, micro_batches), gpipe_constraints()};
+}
+
+inline schedule_spec one_f_one_b_spec(int stages, int micro_batches) {
+    detail::check_policy(detail::policy_kind::one_f_one_b, detail::call_text("one_f_one_b", {stages, micro_batches}),
+                         stages, 1, micro_batches);
+    return {"1F1B", pipeline_shape::linear(stages, micro_batches), one_f_one_b_constraints()};
+}
+
+inline schedule_spec interleaved_spec(int devices, int chunks, int micro_batches) {
+    detail::check_policy(detail::policy_kind::interleaved,
+                         detail::call_text("interleaved_one_f_one_b", {devices, chunks, micro_batches}), devices, chunks,
+                         micro_batches);
+    return {"interleaved 1F1B (" + std::to_string(chunks) + " virtual stages per device)",
+            pipeline_shape::interleaved(devices, chunks, micro_batches), interleaved_constraints(chunks)};
+}
+
+inline schedule_spec three_f_one_b_spec(int stages, int micro_batches) {
+    detail::check_policy(detail::policy_kind::three_f_one_b, detail::call_text("three_f_one_b", {stages, micro_batches}),
+                         stages, 1, micro_batches, 3);
+    return {"3F1B", pipeline_shape::linear(stages, micro_batches, 3), recycling_constraints(3)};
+}
+
+inline schedule_spec interlaced_spec(int pipeline_stages, int micro_batches, int devices_per_stage = 1) {
+    const std::string call = detail::call_text("interlaced", {pipeline_stages, micro_batches, devices_per_stage});
+    detail::check_policy(detail::policy_kind::interlaced, call, pipeline_stages, 1, micro_batches);
+    if (devices_per_stage < 1)
+        throw schedule_error(call + ": " + std::to_string(devices_per_stage) +
+                             " devices per stage; each pipeline stage needs at least one device");
+    return {"interlaced", pipeline_shape::interlaced(pipeline_stages, micro_batches, devices_per_stage),
+            interlaced_constraints()};
+}
+
+inline schedule gpipe(int stages, int micro_batches, const cost_model& costs = {}) {
+    return from_constraints(gpipe_spec(stages, micro_batches), costs);
+}
+inline schedule one_f_one_b(int stages, int micro_batches, const cost_model& costs = {}) {
+    return from_constraints(one_f_one_b_spec(stages, micro_batches), costs);
+}
+inline schedule interleaved_one_f_one_b(int devices, int chunks, int micro_batches, const cost_model& costs = {}) {
+    return from_constraints(interleaved_spec(devices, chunks, micro_batches), costs);
+}
+inline schedule three_f_one_b(int stages, int micro_batches, const cost_model& costs = {}) {
+    return from_constraints(three_f_one_b_spec(stages, micro_batches), costs);
+}
+inline schedule interlaced(int pipeline_stages, int micro_batches, int devices_per_stage = 1,
+                           const cost_model& costs = {}) {
+    return from_constraints(interlaced_spec(pipeline_stages, micro_batches, devices_per_stage), costs);
+}
+
+}  // namespace loom::schedule
+// ---- end loom/schedule/templates.hpp ----
+
+namespace loom::plan {
+
+namespace detail {
+
+inline std::int64_t layer_count(const graph& g, const std::string& repeat) {
+    std::int64_t layers = 0;
+    for (const auto& r : g.repeats)
+        if (r.name == repeat) layers = std::max<std::int64_t>(layers, static_cast<std::int64_t>(r.scopes.size()));
+    return layers;
+}
+
+// The repeat of forward rounds around the layers of `repeat` (recycling models): the
+// innermost other repeat whose instances enclose those layers. {"", 1} when there is none.
+struct forward_rounds {
+    std::string scope;
+    int rounds = 1;
+};
+
+inline forward_rounds find_forward_rounds(const graph& g, const std::string& repeat) {
+    for (const auto& r : g.repeats) {
+        if (r.name != repeat || r.scopes.empty()) continue;
+        for (std::int32_t s = g.scopes.at(static_cast<std::size_t>(r.scopes.front())).parent; s != no_id;) {
+            const scope_desc& sd = g.scopes.at(static_cast<std::size_t>(s));
+            if (sd.repeat != no_id) {
+                const auto& outer = g.repeats.at(static_cast<std::size_t>(sd.repeat));
+                if (outer.name != repeat) return {outer.name, static_cast<int>(outer.scopes.size())};
+            }
+            s = sd.parent;
+        }
+    }
+    return {};
+}
+
+// A schedule for stages of one device each, spread over groups of `group` devices: stage s
+// runs on devices [g * group, (g + 1) * group) of its device g, every member in the same block
+// order (SPMD within the group).
+inline schedule::schedule spread_over_groups(const schedule::schedule& s, int group) {
+    if (group == 1) return s;
+    schedule::schedule out = s;
+    out.shape.devices = s.shape.devices * group;
+    out.device_order.clear();
+    for (int d = 0; d < s.shape.devices; ++d)
+        for (int k = 0; k < group; ++k) out.device_order.push_back(s.device_order.at(static_cast<std::size_t>(d)));
+    for (auto& members : out.shape.stage_devices) {
+        std::vector<int> spread;
+        for (int d : members)
+            for (int k = 0; k < group; ++k) spread.push_back(d * group + k);
+        members = std::move(spread);
+    }
+    return out;
+}
+
+// The op-order of a pipeline of `stages` device groups of `group` devices.
+inline schedule::schedule pipeline_order(const order_policy& o, int stages, int micro_batches, int group) {
+    switch (o.kind) {
+        case schedule_kind::gpipe: return spread_over_groups(schedule::gpipe(stages, micro_batches), group);
+        case schedule_kind::one_f_one_b: return spread_over_groups(schedule::one_f_one_b(stages, micro_batches), group);
+        case schedule_kind::interleaved:
+            return spread_over_groups(schedule::interleaved_one_f_one_b(stages, o.virtual_stages, micro_batches), group);
+        case schedule_kind::three_f_one_b:
+            return spread_over_groups(schedule::three_f_one_b(stages, micro_batches), group);
+        case schedule_kind::interlaced: return schedule::interlaced(stages, micro_batches, group);
+        case schedule_kind::from_constraints: {
+            schedule::schedule_spec spec{"ordered by constraints",
+                                         schedule::pipeline_shape::linear(stages, micro_batches, o.rounds), o.constraints};
+            return spread_over_groups(schedule::from_constraints(spec), group);
+        }
+    }
+    throw plan_error("plan::order: unknown schedule kind");
+}
+
+inline std::string allowed_text(const std::vector<std::int64_t>& allowed) {
+    std::string out;
+    for (auto v : allowed) out += (out.empty() ? "" : ", ") + std::to_string(v);
+    return out;
+}
+
+inline zero_stage chosen_zero(const plan_spec& p) {
+    if (p.zero_open.empty()) return p.zero;
+    auto it = p.choices.find(p.zero_open);
+    if (it == p.choices.end())
+        throw plan_error("plan::zero: the open ZeRO stage '" + p.zero_open + "' has no value; choose one of {" +
+                         allowed_text(p.zero_allowed) + "} (choose(\"" + p.zero_open + "\", n)) or set it in the plan file's \"choices\"");
+    if (it->second < 0 || it->second > 3 ||
+        (!p.zero_allowed.empty() &&
+         std::find(p.zero_allowed.begin(), p.zero_allowed.end(), it->second) == p.zero_allowed.end()))
+        throw plan_error("plan::zero: the open ZeRO stage '" + p.zero_open + "' was given " + std::to_string(it->second) +
+                         ", outside {" + allowed_text(p.zero_allowed.empty() ? std::vector<std::int64_t>{0, 1, 2, 3} : p.zero_allowed) +
+                         "}; choose one of those");
+    return static_cast<zero_stage>(it->second);
+}
+
+inline std::optional<order_policy> chosen_order(const plan_spec& p) {
+    const auto& alternatives = p.order.alternatives;
+    if (alternatives.empty()) return std::nullopt;
+    if (alternatives.size() == 1) return alternatives.front();
+    std::string names;
+    for (std::size_t i = 0; i < alternatives.size(); ++i)
+        names += (i ? ", " : "") + std::to_string(i) + ": " + alternatives[i].describe();
+    auto it = p.choices.find(p.order.open);
+    if (it == p.choices.end())
+        throw plan_error("plan::order: the open order '" + p.order.open + "' has no value; choose the index of one of {" +
+                         names + "} (choose(\"" + p.order.open + "\", i)) or set it in the plan file's \"choices\"");
+    if (it->second < 0 || it->second >= static_cast<std::int64_t>(alternatives.size()))
+        throw plan_error("plan::order: the open order '" + p.order.open + "' was given " + std::to_string(it->second) +
+                         "; choose the index of one of {" + names + "}");
+    return alternatives[static_cast<std::size_t>(it->second)];
+}
+
+// The first layer of every range, checked: strictly increasing, inside the model, the first 0.
+inline std::vector<std::int64_t> stage_starts(const stage_spec& st, std::int64_t layers, int chunks) {
+    const std::string what = "plan::stages on '" + st.repeat + "'";
+    std::vector<std::int64_t> starts;
+    if (st.boundaries.empty()) {
+        if (layers < chunks)
+            throw plan_error(what + ": " + std::to_string(layers) + " layers cannot fill " + std::to_string(chunks) +
+                             " stages; use at most " + std::to_string(layers) + " stages (times chunks)");
+        std::int64_t next = 0;
+        for (int k = 0; k < chunks; ++k) {
+            starts.push_back(next);
+            next += layers / chunks + (k < layers % chunks ? 1 : 0);
+        }
+        return starts;
+    }
+    if (static_cast<int>(st.boundaries.size()) != chunks - 1)
+        throw plan_error(what + ": " + std::to_string(st.boundaries.size()) + " boundaries for " + std::to_string(chunks) +
+                         " stages; give " + std::to_string(chunks - 1) +
+                         " boundaries (the first layer of every stage after the first)");
+    starts.push_back(0);
+    for (std::size_t k = 0; k < st.boundaries.size(); ++k) {
+        const std::int64_t b = st.boundaries[k];
+        if (b <= starts.back())
+            throw plan_error(what + ": boundary " + std::to_string(b) + " does not come after " +
+                             std::to_string(starts.back()) + "; stage ranges would overlap or be empty; give strictly "
+                             "increasing first layers");
+        if (b >= layers)
+            throw plan_error(what + ": boundary " + std::to_string(b) + " runs past the model's " + std::to_string(layers) +
+                             " layers (0.." + std::to_string(layers - 1) + "); give first layers below " +
+                             std::to_string(layers));
+        starts.push_back(b);
+    }
+    return starts;
+}
+
+}  // namespace detail
+
+inline resolved_plan resolve(const plan_spec& p, const graph& g) {
+    if (p.devices < 1) throw plan_error("plan: devices = " + std::to_string(p.devices) + "; use at least one device");
+    const zero_stage zero = detail::chosen_zero(p);
+    const std::int64_t micro = resolve_degree(p.micro_batches, p, "plan::micro_batches");
+    if (micro < 1)
+        throw plan_error("plan::micro_batches: " + std::to_string(micro) + " micro-batches; use at least 1");
+    std::optional<order_policy> order = detail::chosen_order(p);
+    if (!p.stages && micro == 1 && !order) {
+        plan_spec flat = p;
+        flat.zero = zero;
+        return detail::partition_ops(flat, g);
+    }
+
+    const stage_spec st = p.stages.value_or(stage_spec{});
+    const std::int64_t stages = resolve_degree(st.count, p, "plan::stages");
+    if (stages < 1) throw plan_error("plan::stages: " + std::to_string(stages) + " stages; use at least 1");
+    if (!order) order = order_policy{schedule_kind::one_f_one_b};
+    const bool interlaced = order->kind == schedule_kind::interlaced;
+    const int chunks_per_group = order->kind == schedule_kind::interleaved ? order->virtual_stages : 1;
+    if (chunks_per_group < 1)
+        throw plan_error("plan::order<Interleaved<" + std::to_string(chunks_per_group) +
+                         ">>: use at least one chunk per device group");
+    std::int64_t group = st.devices_per_stage;
+    if (group == 0) {
+        if (p.devices % stages != 0)
+            throw plan_error("plan::stages: " + std::to_string(stages) + " stages do not divide the plan's " +
+                             std::to_string(p.devices) + " devices; choose a stage count that divides them, or give "
+                             "devices_per_stage");
+        group = p.devices / stages;
+    }
+    if (group < 1 || stages * group != p.devices)
+        throw plan_error("plan::stages: " + std::to_string(stages) + " stages of " + std::to_string(group) +
+                         " devices make " + std::to_string(stages * group) + " devices, but the plan has " +
+                         std::to_string(p.devices) + "; make stages x devices per stage equal the devices");
+    if (order->kind == schedule_kind::interleaved && micro % stages != 0)
+        throw plan_error("plan::order<Interleaved<" + std::to_string(chunks_per_group) + ">>: " + std::to_string(micro) +
+                         " micro-batches over " + std::to_string(stages) +
+                         " stages; the interleaved schedule needs a multiple of the stage count");
+
+    const std::int64_t layers = detail::layer_count(g, st.repeat);
+    if (layers == 0)
+        throw plan_error("plan::stages: the model has no repeated layers named '" + st.repeat +
+                         "'; name the repeat the model records (graph_builder::repeat), e.g. stages on \"blocks\"");
+    const int chunks = static_cast<int>(stages) * chunks_per_group;
+    const std::vector<std::int64_t> starts = detail::stage_starts(st, layers, chunks);
+
+    detail::pipeline_spec ps;
+    ps.repeat = st.repeat;
+    ps.micro_batches = static_cast<int>(micro);
+    ps.inner = p;
+    ps.inner.devices = static_cast<int>(group);
+    ps.inner.stages.reset();
+    ps.inner.order = {};
+    ps.inner.micro_batches = {1, "", {}};
+    ps.inner.zero = zero;
+    ps.inner.zero_open.clear();
+    const int rounds = order->forward_rounds();
+    if (rounds > 1) {
+        const detail::forward_rounds found = detail::find_forward_rounds(g, st.repeat);
+        if (found.rounds != rounds)
+            throw plan_error("plan::order<" + order->describe() + ">: it runs " + std::to_string(rounds) +
+                             " forward rounds per micro-batch, but the model has " + std::to_string(found.rounds) +
+                             (found.scope.empty() ? std::string(" (no repeat of rounds around '") + st.repeat + "')"
+                                                  : " (repeat '" + found.scope + "')") +
+                             "; use it on a recycling model with " + std::to_string(rounds) +
+                             " rounds, or order with OneFOneB");
+        ps.rounds_scope = found.scope;
+        ps.rounds = rounds;
+    }
+    std::vector<int> all(static_cast<std::size_t>(p.devices));
+    for (int d = 0; d < p.devices; ++d) all[static_cast<std::size_t>(d)] = d;
+    if (interlaced) {
+        plan_spec everywhere = ps.inner;
+        everywhere.devices = p.devices;
+        ps.stages.push_back({0, -1, all, everywhere});
+    }
+    for (int k = 0; k < chunks; ++k) {
+        detail::pipeline_stage stage;
+        stage.first_layer = starts[static_cast<std::size_t>(k)];
+        stage.last_layer = (k + 1 < chunks ? starts[static_cast<std::size_t>(k) + 1] : layers) - 1;
+        const auto owner = static_cast<int>(k % stages);
+        for (std::int64_t d = 0; d < group; ++d) stage.devices.push_back(static_cast<int>(owner * group + d));
+        ps.stages.push_back(std::move(stage));
+    }
+    if (interlaced) {
+        plan_spec everywhere = ps.inner;
+        everywhere.devices = p.devices;
+        ps.stages.push_back({0, -1, all, everywhere});
+        ps.head_stage = 0;
+        ps.tail_stage = static_cast<int>(ps.stages.size()) - 1;
+    }
+
+    resolved_plan out = detail::resolve_pipeline(ps, g);
+    out.zero = zero;
+    out.name = !p.name.empty() ? p.name
+                               : "pipeline x" + std::to_string(stages) +
+                                     (group > 1 ? " of " + std::to_string(group) + " devices" : std::string()) + ", " +
+                                     std::to_string(micro) + " micro-batches, " + order->describe();
+    out.order = detail::pipeline_order(*order, static_cast<int>(stages), static_cast<int>(micro), static_cast<int>(group));
+    schedule::validate(*out.order);
+    return out;
+}
+
+}  // namespace loom::plan
+// ---- end loom/plan/resolve.hpp ----
 // ---- begin loom/plan/selectors.hpp ----
 // Selectors: which ops a rule applies to, and the rule they make with their pieces.
 //
@@ -4884,8 +7674,13 @@ namespace detail {
 template <class T>
 struct is_fact : std::bool_constant<plan_fact<T>> {};
 
+// A plan made at run time (a preset with run-time numbers, a plan file): its rules and parts
+// join the composed plan's, and are checked when the plan is lowered and resolved.
 template <class T>
-struct is_plan_part : std::bool_constant<is_rule<T>::value || plan_fact<T>> {};
+struct is_runtime_part : std::is_same<T, plan_spec> {};
+
+template <class T>
+struct is_plan_part : std::bool_constant<is_rule<T>::value || plan_fact<T> || is_runtime_part<T>::value> {};
 
 template <class... Rules>
 constexpr std::array<rule_view, sizeof...(Rules)> rule_views_of(boost::mp11::mp_list<Rules...>) {
@@ -4918,8 +7713,9 @@ constexpr text first_part_error() {
                           " is a trans, assign, colocate or recompute without a selector; wrap it in one: "
                           "on_all(...), on<Op>(...), on_name<\"glob\">(...)");
         return concat("plan::compose: argument ", i + 1,
-                      " is not a plan part; pass rules (on..., on_all) and constraints (devices, extent, forbid, zero, "
-                      "colocation_requires_recompute)");
+                      " is not a plan part; pass rules (on..., on_all), pipeline parts (stages, stage_boundaries, "
+                      "micro_batches, order), constraints (devices, extent, forbid, zero, colocation_requires_recompute) "
+                      "or a plan made at run time (a preset's plan_spec)");
     }
     return {};
 }
@@ -4956,19 +7752,29 @@ inline std::string open_parameter_name(std::size_t trans_index, std::size_t spli
     return splits == 1 ? name : name + std::to_string(split);
 }
 
-// The open parameters of a plan, in order of first appearance, each once.
+// The open parameters of a plan's typed parts, in order of first appearance, each once.
 template <class... Parts>
 std::vector<std::string> open_parameters_of() {
     std::vector<std::string> names;
+    auto add = [&](std::string name) {
+        if (std::find(names.begin(), names.end(), name) == names.end()) names.push_back(std::move(name));
+    };
     std::size_t trans_index = 0;
     for (const rule_view& r : plan_description<Parts...>::view.rules) {
         if (r.trans_count == 0) continue;
         for (std::size_t j = 0; j < r.splits.size(); ++j) {
             if (r.splits[j].degree.kind != degree_kind::open) continue;
-            std::string name = open_parameter_name(trans_index, j, r.splits.size(), r.splits[j].degree.name);
-            if (std::find(names.begin(), names.end(), name) == names.end()) names.push_back(std::move(name));
+            add(open_parameter_name(trans_index, j, r.splits.size(), r.splits[j].degree.name));
         }
         ++trans_index;
+    }
+    for (const fact_view& f : plan_description<Parts...>::view.facts) {
+        const bool open = f.degree.kind == degree_kind::open;
+        if (f.kind == fact_kind::stages && open) add(f.degree.name.empty() ? "stages" : std::string(f.degree.name));
+        if (f.kind == fact_kind::micro_batches && open)
+            add(f.degree.name.empty() ? "micro_batches" : std::string(f.degree.name));
+        if (f.kind == fact_kind::order && !f.target.empty()) add(std::string(f.target));
+        if (f.kind == fact_kind::zero && open) add(f.degree.name.empty() ? "zero" : std::string(f.degree.name));
     }
     return names;
 }
@@ -5076,6 +7882,10 @@ plan_spec lower(const std::tuple<Parts...>& parts, const std::map<std::string, s
             auto lower_part = [&]<class Part>(const Part& p) {
                 if constexpr (is_rule<Part>::value) {
                     lower_rule(p, out);
+                } else if constexpr (is_runtime_part<Part>::value) {
+                    if (out.spec.name.empty()) out.spec.name = p.name;
+                    out.spec.then(p);
+                    if (p.colocation_requires_recompute) out.spec.colocation_requires_recompute = true;
                 } else {
                     out.facts.push_back(Part::fact);
                     Part::lower(out.spec);
@@ -5107,6 +7917,23 @@ template <class... Parts>
 resolved_plan resolve_checked(const plan_spec& spec, const graph& g) {
     check_extents(plan_description<Parts...>::fact_views, g);
     return plan::resolve(spec, g);
+}
+
+// ... and those of its parts made at run time.
+template <class... Parts>
+std::vector<std::string> all_open_parameters(const std::tuple<Parts...>& parts) {
+    std::vector<std::string> names = open_parameters_of<Parts...>();
+    std::apply(
+        [&](const auto&... part) {
+            auto add_runtime = [&]<class Part>(const Part& p) {
+                if constexpr (is_runtime_part<Part>::value)
+                    for (std::string& n : open_parameters(p))
+                        if (std::find(names.begin(), names.end(), n) == names.end()) names.push_back(std::move(n));
+            };
+            (add_runtime(part), ...);
+        },
+        parts);
+    return names;
 }
 
 inline void require_open_parameter(const std::vector<std::string>& names, const std::string& name, std::int64_t value) {
@@ -5143,7 +7970,7 @@ public:
     }
 
     // Names of the open parameters, in order of first appearance.
-    static std::vector<std::string> open_parameters() { return detail::open_parameters_of<Parts...>(); }
+    std::vector<std::string> open_parameters() const { return detail::all_open_parameters(parts); }
 
     // This plan with an open parameter filled; throws plan_error for a name the plan lacks.
     configured_plan<Parts...> choose(const std::string& name, std::int64_t value) const;
@@ -5170,7 +7997,7 @@ public:
         return detail::resolve_checked<Parts...>(spec(devices), g);
     }
 
-    static std::vector<std::string> open_parameters() { return detail::open_parameters_of<Parts...>(); }
+    std::vector<std::string> open_parameters() const { return composed.open_parameters(); }
 
     configured_plan choose(const std::string& name, std::int64_t value) const {
         detail::require_open_parameter(open_parameters(), name, value);
@@ -5235,281 +8062,6 @@ inline constexpr detail::message error_message = detail::well_formed_list<
 }  // namespace loom::plan
 // ---- end loom/plan/compose.hpp ----
 // ---- end loom/plan/combinators.hpp ----
-// ---- begin loom/plan/pipeline.hpp ----
-// Pipeline plans: stages and micro-batches written with the primitives (nnScaler §4).
-//
-//   * op-trans: every op is cut along the batch into `micro_batches` pieces, outermost;
-//     within a stage, the stage's own plan (data parallel, Megatron, ...) cuts each
-//     micro-batch further.
-//   * op-assign: the pieces of the ops of stage s (a range of the repeated layers; ops
-//     before the first layer go to the head stage, ops after the last to the tail stage)
-//     are placed on the stage's device group, all micro-batches on the same devices.
-//   * op-order: a pipeline schedule (schedule/) orders the (stage, micro-batch, pass)
-//     blocks on every device; partition/pipeline_order.hpp turns it into each device's
-//     program order.
-//
-// Because micro-batches are pieces of one logical op, gradient accumulation is the
-// ordinary sum of partial gradients that any batch split produces: a pipelined step equals
-// the full-batch step. The loss keeps the full batch's normalizer.
-//
-//   auto spec = plan::even_pipeline(model.ir(), {.stages = 4, .micro_batches = 8});
-//   auto pipe = plan::resolve_pipeline(spec, model.ir());          // pipe.plan: a resolved_plan
-//   auto pg = partition::apply_plan(model.ir(), pipe.plan);
-//   partition::order_by_schedule(pg, pipe, schedule::one_f_one_b(...));
-#include <cstdint>
-#include <map>
-#include <optional>
-#include <string>
-#include <vector>
-
-
-namespace loom::plan {
-
-struct pipeline_stage {
-    std::int64_t first_layer = 0, last_layer = -1;  // inclusive range of the repeat's layers (last < 0: none)
-    std::vector<int> devices;                       // the stage's device group
-    std::optional<plan_spec> inner;                 // how the stage uses its group (default: the spec's)
-};
-
-struct pipeline_spec {
-    std::string repeat = "blocks";  // the repeated layers that stages divide
-    std::vector<pipeline_stage> stages;
-    int micro_batches = 1;
-    plan_spec inner;      // a plan for one group (devices = group size); none: every op whole on each device
-    int head_stage = 0;   // where the ops before the first layer run (embeddings)
-    int tail_stage = -1;  // where the ops after the last layer run (-1: the last stage)
-    // Forward rounds (3F1B): a node under scope "<rounds_scope>.<r>" belongs to round r;
-    // others to the next round after them, else the last. Empty: one round.
-    std::string rounds_scope;
-    int rounds = 1;
-    std::string name;
-};
-
-// A pipeline plan resolved against one graph: the partitions (with op-assign to the stage
-// groups) plus, per forward node, its stage, round, and whether its first split is the
-// micro-batch split.
-struct pipeline_plan {
-    resolved_plan plan;
-    std::vector<int> stage_of;
-    std::vector<int> round_of;
-    std::vector<bool> micro_split;
-    int stages = 1;
-    int micro_batches = 1;
-    int rounds = 1;
-};
-
-namespace detail {
-
-// r for a node under scope "<name>.<r>" (an instance of a repeat called name, or a scope
-// named so), or -1.
-inline int round_of(const graph& g, const node& n, const std::string& name) {
-    if (name.empty()) return -1;
-    for (std::int32_t s = n.scope; s != no_id;) {
-        const scope_desc& sd = g.scopes.at(static_cast<std::size_t>(s));
-        if (sd.name == name && sd.index >= 0) return static_cast<int>(sd.index);
-        const std::string prefix = name + ".";
-        if (sd.name.size() > prefix.size() && sd.name.compare(0, prefix.size(), prefix) == 0 &&
-            sd.name.find_first_not_of("0123456789", prefix.size()) == std::string::npos)
-            return std::stoi(sd.name.substr(prefix.size()));
-        s = sd.parent;
-    }
-    return -1;
-}
-
-inline bool has_dim(const node& n, dim_id d) {
-    for (const auto& v : n.sig.vars)
-        if (v.dim == d) return true;
-    return false;
-}
-
-}  // namespace detail
-
-inline pipeline_plan resolve_pipeline(const pipeline_spec& spec, const graph& g) {
-    const auto stages = static_cast<int>(spec.stages.size());
-    if (stages < 1) throw plan_error("pipeline: no stages; give at least one stage (a layer range and its devices)");
-    if (spec.micro_batches < 1)
-        throw plan_error("pipeline: micro_batches = " + std::to_string(spec.micro_batches) + "; use at least 1");
-    if (spec.rounds < 1) throw plan_error("pipeline: rounds = " + std::to_string(spec.rounds) + "; use at least 1");
-    const int tail = spec.tail_stage < 0 ? stages - 1 : spec.tail_stage;
-    if (spec.head_stage < 0 || spec.head_stage >= stages || tail >= stages)
-        throw plan_error("pipeline: the head stage " + std::to_string(spec.head_stage) + " or tail stage " +
-                         std::to_string(tail) + " is not one of the " + std::to_string(stages) + " stages");
-    int world = 0;
-    for (int s = 0; s < stages; ++s) {
-        const auto& st = spec.stages[static_cast<std::size_t>(s)];
-        if (st.devices.empty())
-            throw plan_error("pipeline: stage " + std::to_string(s) + " has no devices; give it a device group");
-        for (int d : st.devices) {
-            if (d < 0) throw plan_error("pipeline: stage " + std::to_string(s) + " lists device " + std::to_string(d));
-            world = std::max(world, d + 1);
-        }
-    }
-
-    // Each stage's inner plan, resolved for its group (once per distinct group size and spec).
-    std::vector<resolved_plan> inner(static_cast<std::size_t>(stages));
-    for (int s = 0; s < stages; ++s) {
-        const auto& st = spec.stages[static_cast<std::size_t>(s)];
-        plan_spec p = st.inner ? *st.inner : spec.inner;
-        const auto group = static_cast<int>(st.devices.size());
-        if (p.devices == 0) p.devices = group;
-        if (p.devices != group)
-            throw plan_error("pipeline: stage " + std::to_string(s) + " has " + std::to_string(group) +
-                             " devices but its plan '" + p.name + "' is for " + std::to_string(p.devices) +
-                             "; give the stage a plan for its group size");
-        if (p.zero != zero_stage::none)
-            throw plan_error("pipeline: stage " + std::to_string(s) + "'s plan uses ZeRO, which pipelines do not combine with yet; "
-                             "use a plan without zero<> inside stages");
-        inner[static_cast<std::size_t>(s)] = resolve(p, g);
-    }
-
-    pipeline_plan out;
-    out.stages = stages;
-    out.micro_batches = spec.micro_batches;
-    out.rounds = spec.rounds;
-    out.plan.devices = world;
-    out.plan.name = spec.name.empty() ? "pipeline x" + std::to_string(stages) + ", " +
-                                            std::to_string(spec.micro_batches) + " micro-batches"
-                                      : spec.name;
-    const std::size_t forward = g.forward_node_count();
-    out.plan.forward.resize(forward);
-    out.stage_of.assign(forward, 0);
-    out.round_of.assign(forward, spec.rounds - 1);
-    out.micro_split.assign(forward, false);
-
-    // Ops outside the layers run on the head stage when layers follow them (embeddings, and
-    // the inputs of each recycling round), else on the tail stage (the head and the loss).
-    std::vector<std::int64_t> layer(forward);
-    std::vector<bool> layers_after(forward + 1, false);
-    for (std::size_t i = 0; i < forward; ++i) layer[i] = layer_index(g, g.nodes[i], spec.repeat);
-    for (std::size_t i = forward; i-- > 0;) layers_after[i] = layers_after[i + 1] || layer[i] >= 0;
-    // Ops outside the rounds join the next round (embeddings: round 0), else the last.
-    std::vector<int> round(forward + 1, spec.rounds - 1);
-    for (std::size_t i = forward; i-- > 0;) {
-        const int r = detail::round_of(g, g.nodes[i], spec.rounds_scope);
-        if (r >= spec.rounds)
-            throw plan_error("pipeline: node '" + g.nodes[i].name + "' is in round " + std::to_string(r) +
-                             " but the plan has " + std::to_string(spec.rounds) + " rounds");
-        round[i] = r >= 0 ? r : round[i + 1];
-    }
-    for (std::size_t i = 0; i < forward; ++i) {
-        const node& n = g.nodes[i];
-        int stage = -1;
-        if (layer[i] >= 0) {
-            for (int s = 0; s < stages && stage < 0; ++s) {
-                const auto& st = spec.stages[static_cast<std::size_t>(s)];
-                if (layer[i] >= st.first_layer && st.last_layer >= 0 && layer[i] <= st.last_layer) stage = s;
-            }
-            if (stage < 0)
-                throw plan_error("pipeline: layer " + std::to_string(layer[i]) + " of '" + spec.repeat + "' (node '" + n.name +
-                                 "') is in no stage's layer range; cover every layer");
-        } else {
-            stage = layers_after[i + 1] ? spec.head_stage : tail;
-        }
-        out.round_of[i] = round[i];
-        out.stage_of[i] = stage;
-
-        const auto& group = spec.stages[static_cast<std::size_t>(stage)].devices;
-        op_partition within;
-        within.replicas = static_cast<std::int64_t>(group.size());
-        if (const op_partition* p = inner[static_cast<std::size_t>(stage)].at(static_cast<node_id>(i))) within = *p;
-        op_partition placed;
-        placed.recompute = within.recompute;
-        placed.replicas = within.replicas;
-        const bool micro = spec.micro_batches > 1 && detail::has_dim(n, Dim::Batch::id);
-        if (micro) placed.splits.push_back({Dim::Batch::id, "", spec.micro_batches, false});
-        for (const auto& s : within.splits) placed.splits.push_back(s);
-        const std::int64_t per_micro = within.pieces();
-        for (int m = 0; m < (micro ? spec.micro_batches : 1); ++m)
-            for (std::int64_t q = 0; q < per_micro; ++q) {
-                const int local = within.device_of(q);
-                if (local < 0 || local >= static_cast<int>(group.size()))
-                    throw plan_error("pipeline: the plan of stage " + std::to_string(stage) + " puts a piece of '" + n.name +
-                                     "' on device " + std::to_string(local) + " of a group of " +
-                                     std::to_string(group.size()));
-                placed.devices.push_back(group[static_cast<std::size_t>(local)]);
-            }
-        out.micro_split[i] = micro;
-        out.plan.forward[i] = std::move(placed);
-    }
-    return out;
-}
-
-struct even_pipeline_options {
-    int stages = 2;                // pipeline stages (with virtual > 1: device groups)
-    int micro_batches = 4;
-    int devices_per_stage = 1;     // group size: the inner plan's device count
-    int virtual_stages = 1;        // interleaved 1F1B: stages * virtual_stages model chunks, chunk k on group k % stages
-    std::string repeat = "blocks";
-    std::optional<plan_spec> inner;  // per group (default: whole ops on each device of the group)
-    std::string rounds_scope;        // forward rounds (3F1B): "recycle" for scopes "recycle.<r>"
-    int rounds = 1;
-};
-
-// The layers split evenly (the first stages take one more when they do not divide) over
-// stages * virtual_stages chunks; group k on devices [k * devices_per_stage, (k + 1) * devices_per_stage).
-inline pipeline_spec even_pipeline(const graph& g, const even_pipeline_options& o) {
-    std::int64_t layers = 0;
-    for (const auto& r : g.repeats)
-        if (r.name == o.repeat) layers = std::max<std::int64_t>(layers, static_cast<std::int64_t>(r.scopes.size()));
-    const int chunks = o.stages * o.virtual_stages;
-    // (Models that repeat the layers per round, like recycling, hold the same count in each.)
-    if (o.stages < 1 || o.virtual_stages < 1 || o.devices_per_stage < 1)
-        throw plan_error("even_pipeline: stages, virtual_stages and devices_per_stage must be at least 1");
-    if (layers < chunks)
-        throw plan_error("even_pipeline: " + std::to_string(layers) + " layers of '" + o.repeat + "' cannot fill " +
-                         std::to_string(chunks) + " stages; use fewer stages or a deeper model");
-    pipeline_spec spec;
-    spec.repeat = o.repeat;
-    spec.micro_batches = o.micro_batches;
-    spec.rounds_scope = o.rounds_scope;
-    spec.rounds = o.rounds;
-    if (o.inner) spec.inner = *o.inner;
-    std::int64_t next = 0;
-    for (int k = 0; k < chunks; ++k) {
-        const std::int64_t size = layers / chunks + (k < layers % chunks ? 1 : 0);
-        pipeline_stage st;
-        st.first_layer = next;
-        st.last_layer = next + size - 1;
-        next += size;
-        const int group = k % o.stages;
-        for (int d = 0; d < o.devices_per_stage; ++d) st.devices.push_back(group * o.devices_per_stage + d);
-        spec.stages.push_back(std::move(st));
-    }
-    spec.name = "pipeline x" + std::to_string(o.stages) + (o.virtual_stages > 1 ? " (x" + std::to_string(o.virtual_stages) + " virtual)" : "") +
-                (o.devices_per_stage > 1 ? " of " + std::to_string(o.devices_per_stage) + " devices" : "") + ", " +
-                std::to_string(o.micro_batches) + " micro-batches";
-    return spec;
-}
-
-// The interlaced pipeline (nnScaler Figure 6): the ops before the first layer (embeddings)
-// and after the last (the LM head and loss) run on all `stages` devices under `spmd` (for
-// example presets::megatron(stages): vocabulary-parallel), time-shared with a pipeline of
-// the layers, split evenly, one device per stage. Order it with schedule::interlaced.
-inline pipeline_spec interlaced_pipeline(const graph& g, int stages, int micro_batches, const plan_spec& spmd,
-                                         const std::string& repeat = "blocks") {
-    std::int64_t layers = 0;
-    for (const auto& r : g.repeats)
-        if (r.name == repeat) layers = std::max<std::int64_t>(layers, static_cast<std::int64_t>(r.scopes.size()));
-    if (stages < 1 || layers % stages != 0)
-        throw plan_error("interlaced_pipeline: " + std::to_string(layers) + " layers of '" + repeat + "' over " +
-                         std::to_string(stages) + " stages; give a stage count that divides the layers");
-    pipeline_spec spec;
-    spec.repeat = repeat;
-    std::vector<int> all;
-    for (int d = 0; d < stages; ++d) all.push_back(d);
-    spec.stages.push_back({0, -1, all, spmd});
-    const std::int64_t per = layers / stages;
-    for (int s = 0; s < stages; ++s) spec.stages.push_back({s * per, (s + 1) * per - 1, {s}, std::nullopt});
-    spec.stages.push_back({0, -1, all, spmd});
-    spec.micro_batches = micro_batches;
-    spec.head_stage = 0;
-    spec.tail_stage = stages + 1;
-    spec.name = "interlaced x" + std::to_string(stages);
-    return spec;
-}
-
-}  // namespace loom::plan
-// ---- end loom/plan/pipeline.hpp ----
 // ---- begin loom/plan/presets.hpp ----
 // The well-known plans, each written only with the primitives: rules that split
 // (op-trans), place (op-assign) and recompute selected ops, plus the ZeRO rewrites (an
@@ -5557,7 +8109,22 @@ inline rule trans(selector on, std::int64_t dp, std::vector<split_spec> inner, s
     std::vector<split_spec> splits;
     if (dp > 1) splits.push_back(split_dim(Dim::Batch::id, dp));
     for (auto& s : inner) splits.push_back(std::move(s));
-    return {std::move(on), std::move(splits), std::nullopt, std::nullopt, std::move(origin)};
+    // A preset is a recipe for many models: a part some model lacks is not a mistake.
+    return {std::move(on), std::move(splits), std::nullopt, std::nullopt, std::move(origin), true};
+}
+
+// Vocabulary-parallel embeddings (each device holds rows of the table; partial sums), the LM
+// head (a linear outside any layer) split along the vocabulary, and the vocabulary-parallel
+// cross-entropy (rebuilt by the transformation registered for its v: each device reduces its
+// slice of the logits; no device gathers them).
+inline plan_spec vocabulary_rules(int tp, int dp, const std::string& origin) {
+    plan_spec p;
+    p.add(trans(kinds({&op_def_of<ops::Embedding>()}), dp, {split_var("v", tp)}, origin));
+    selector head = kinds({&op_def_of<ops::Linear>()});
+    head.name = "linear*";
+    p.add(trans(head, dp, {split_var("n", tp)}, origin));
+    p.add(trans(kinds({&op_def_of<ops::CrossEntropy>()}), dp, {split_var("v", tp)}, origin));
+    return p;
 }
 
 }  // namespace detail
@@ -5592,15 +8159,36 @@ inline plan_spec megatron(int tp, int dp = 1, const transformer_names& names = {
     p.add(trans(kinds({&op_def_of<ops::Gelu>(), &op_def_of<ops::Relu>(), &op_def_of<ops::Silu>(), &op_def_of<ops::Mul>()},
                       names.mlp),
                 dp, {split_dim(Dim::FFN::id, tp)}, origin));
-    // Vocabulary-parallel embeddings: each device holds rows of the table; partial sums.
-    p.add(trans(kinds({&op_def_of<ops::Embedding>()}), dp, {split_var("v", tp)}, origin));
-    // The LM head (a linear outside any layer) split along the vocabulary.
-    selector head = kinds({&op_def_of<ops::Linear>()});
-    head.name = "linear*";
-    p.add(trans(head, dp, {split_var("n", tp)}, origin));
-    // Vocabulary-parallel cross-entropy (rebuilt by the transformation registered for its v):
-    // each device reduces its slice of the logits; no device gathers them.
-    p.add(trans(kinds({&op_def_of<ops::CrossEntropy>()}), dp, {split_var("v", tp)}, origin));
+    p.then(detail::vocabulary_rules(tp, dp, origin));
+    return p;
+}
+
+// The embedding, the LM head and the loss split by vocabulary over n devices (Megatron's
+// vocabulary parallelism alone; the interlaced pipeline runs them so on every device).
+inline plan_spec vocabulary_parallel(int n) {
+    plan_spec p = detail::vocabulary_rules(n, 1, "vocabulary_parallel");
+    p.devices = n;
+    p.name = "vocabulary parallel x" + std::to_string(n);
+    return p;
+}
+
+// A pipeline of `stages` device groups, each cut by `inner` (a plan for one group: its
+// devices are the group's size): the layers of "blocks" split evenly over the stages,
+// every op cut into `micro_batches` along the batch, and the blocks ordered by `order`.
+//   presets::pipeline(2, 4, {plan::schedule_kind::one_f_one_b}, presets::megatron(2))   // 4 devices
+inline plan_spec pipeline(int stages, int micro_batches, order_policy order = {schedule_kind::one_f_one_b},
+                          plan_spec inner = {}) {
+    plan_spec p = std::move(inner);
+    const int group = p.devices;
+    p.devices = stages * group;
+    stage_spec s;
+    s.count = {stages, "", {}};
+    s.devices_per_stage = group;
+    p.stages = s;
+    p.micro_batches = {micro_batches, "", {}};
+    p.order.alternatives = {std::move(order)};
+    p.name = "pipeline x" + std::to_string(stages) + (p.name.empty() ? std::string() : " of " + p.name) + ", " +
+             std::to_string(micro_batches) + " micro-batches, " + p.order.alternatives.front().describe();
     return p;
 }
 
@@ -5631,7 +8219,7 @@ inline plan_spec zero(int stage, int n) {
 // Recompute the selected ops' outputs in the backward pass instead of keeping them.
 inline plan_spec recompute(selector on) {
     plan_spec p;
-    p.add({std::move(on), std::nullopt, std::nullopt, true, "recompute"});
+    p.add({std::move(on), std::nullopt, std::nullopt, true, "recompute", false});
     return p;
 }
 
@@ -5798,8 +8386,8 @@ inline transformation_registry::transformation_registry() {
 
 // partitioning: vTensors, applying plans, communication
 // ---- begin loom/partition/apply.hpp ----
-// Applying a resolved plan: one logical training graph becomes one graph per device over
-// vTensors, with the communication between them materialized.
+// Applying a plan: one logical training graph becomes one ordered program per device over
+// vTensors, with the communication between them materialized and the plan's op-order applied.
 //
 //   1. The logical graph is built (partition/logical_graph.hpp): rewrites, then autograd.
 //   2. Every node gets a partition: forward nodes from the plan, backward nodes mirror the
@@ -5818,6 +8406,52 @@ inline transformation_registry::transformation_registry() {
 //   6. Parameter gradients are materialized on the boxes their parameters are stored in
 //      (or on the optimizer's shards under ZeRO-2), and the loss on every device.
 #include <algorithm>
+#include <memory>
+#include <string>
+#include <vector>
+
+// ---- begin loom/partition/deadlock.hpp ----
+// Deadlock check for the device programs of a partitioned graph: do the programs, each
+// run in its own order, always make progress?
+//
+// A transfer completes only when every member device reaches it (a collective waits for
+// all of its members; a send/recv is one rendezvous, since the receiver waits for the
+// sender). So the programs form one cross-device dependency graph:
+//
+//   vertices  one per transfer, shared by all of its member devices, and one per local op
+//             (piece, assemble) of each device;
+//   edges     program order (consecutive steps of each device) and data (the step that
+//             produces a local tensor -> each step of the same device that reads it).
+//
+// An edge u -> v says "v waits for u". The programs deadlock exactly when this graph has a
+// cycle, e.g. device 0 runs all_reduce A before all_reduce B while device 1 runs B before
+// A. A send of a point-to-point transfer returns once its data is copied (both
+// communicators buffer sends), so when the caller says which transfers are point to point,
+// the sender's step is a local op of the sender that the receive waits for; otherwise a send
+// waits for its receive too (the conservative model). apply_plan emits every transfer in one global order, so its programs pass by
+// construction; the check guards reorderings (overlap schedules, pipelines, hand edits).
+//
+//   check_deadlock_free(pg)               the plan's op-order (pg.order, else graph order)
+//   check_deadlock_free(pg, order)        order[d]: the node ids of device d, as it runs them
+//   check_deadlock_free(programs, groups) the same over plain step sequences (tests reorder
+//                                         these; see device_programs and transfer_groups)
+// A cycle is reported as a plan_error that starts with "deadlock:" and names, with their
+// devices, the ops on one cycle: the shortest through the first back edge the depth-first
+// search meets (local ops between two transfers are listed, elided past five).
+#include <algorithm>
+#include <cstdint>
+#include <deque>
+#include <string>
+#include <vector>
+
+#include <boost/graph/adjacency_list.hpp>
+#include <boost/graph/depth_first_search.hpp>
+
+// ---- begin loom/partition/partitioned_graph.hpp ----
+// The result of applying a plan: the logical training graph with the layout of every node,
+// one graph per device (pieces, local assemble ops and transfer nodes), and the transfers.
+// Executors and trainers read it; explanations and the searcher's validation print it.
+#include <cstdint>
 #include <memory>
 #include <string>
 #include <vector>
@@ -6110,42 +8744,6 @@ inline logical_graph build_logical_graph(const graph& model, const logical_graph
 
 }  // namespace loom::partition
 // ---- end loom/partition/logical_graph.hpp ----
-// ---- begin loom/partition/materialize.hpp ----
-// Communication materialization: given the pieces of a logical tensor that devices hold
-// and the boxes that consumer pieces need (full values), emit the cheapest correct way to
-// get every needed box onto its device.
-//
-// Tried in order, each on the requests still open:
-//   local      the device already holds a full-valued piece containing the box: use it,
-//              or cut it out (assemble as chunk);
-//   partial    the producer left partial sums of one box S on devices P, one chunk each,
-//              and every device of P needs part of S: all_reduce (each needs S),
-//              reduce_scatter (their boxes tile S), or all_reduce followed by local chunks,
-//              whichever the cost model rates cheapest;
-//   tiles      devices D need box R and hold full tiles of R along one axis: all_gather;
-//              devices hold tiles of S along one axis and need tiles along another:
-//              all_to_all;
-//   broadcast  several devices need box R that one device holds;
-//   generic    send each needed part of every intersecting piece to the device
-//              (send_recv), then concat and sum there (assemble). Always correct: the
-//              pieces one node produced cover every element once per value chunk.
-// A request served by a collective often leaves other requests local (a chunk of what
-// just arrived), so the steps repeat until nothing changes.
-#include <algorithm>
-#include <map>
-#include <optional>
-#include <set>
-#include <string>
-#include <vector>
-
-// ---- begin loom/partition/partitioned_graph.hpp ----
-// The result of applying a plan: the logical training graph with the layout of every node,
-// one graph per device (pieces, local assemble ops and transfer nodes), and the transfers.
-// Executors and trainers read it; explanations and the searcher's validation print it.
-#include <memory>
-#include <string>
-#include <vector>
-
 // ---- begin loom/partition/piece_layout.hpp ----
 // From an op's partition to its pieces: which variable each split cuts, the index range of
 // every variable in every piece, the box each piece reads from each input and the vTensor
@@ -6643,12 +9241,388 @@ struct partitioned_graph {
     // op-order: the node ids of each device's graph in the order it runs them (empty: graph
     // order, which apply_plan makes deadlock-free by construction). Pipeline schedules set it.
     std::vector<std::vector<node_id>> order;
+    // The fingerprint of `order` when it was last checked (partition::check_programs); the
+    // trainers check again before the first step when the order was edited since.
+    std::uint64_t checked_order = 0;
 
     const graph& ir() const { return logical->g; }
 };
 
 }  // namespace loom::partition
 // ---- end loom/partition/partitioned_graph.hpp ----
+
+namespace loom::partition {
+
+// One step of one device's program.
+struct program_step {
+    std::int64_t id = 0;             // unique within the device (the node id in its graph); >= 0
+    std::string name;                // shown in messages
+    std::int64_t transfer = -1;      // the shared transfer this step takes part in; -1: a local op
+    std::vector<std::int64_t> reads; // ids of the steps of the same device whose outputs it reads
+};
+
+// A device's steps in the order it runs them.
+using device_program = std::vector<program_step>;
+
+// The devices that must reach each transfer (pg.transfers[t].group).
+inline std::vector<std::vector<int>> transfer_groups(const partitioned_graph& pg) {
+    std::vector<std::vector<int>> groups;
+    groups.reserve(pg.transfers.size());
+    for (const auto& t : pg.transfers) groups.push_back(t.group);
+    return groups;
+}
+
+namespace detail {
+
+inline std::int64_t transfer_index_of(const node& n, std::size_t transfers, int device) {
+    if (n.op == nullptr || !n.attrs.has("transfer")) return -1;
+    const auto t = n.attrs.get<std::int64_t>("transfer");
+    if (t < 0 || static_cast<std::size_t>(t) >= transfers)
+        throw plan_error("check_deadlock_free: node '" + n.name + "' on device " + std::to_string(device) +
+                         " names transfer " + std::to_string(t) + " but the plan has " + std::to_string(transfers) +
+                         " transfers; the device graph and the transfer list come from different plans");
+    return t;
+}
+
+}  // namespace detail
+
+// The program of every device: its graph's nodes in `order[d]` (empty `order`: graph order).
+inline std::vector<device_program> device_programs(const partitioned_graph& pg,
+                                                   const std::vector<std::vector<node_id>>& order = {}) {
+    if (!order.empty() && order.size() != pg.devices.size())
+        throw usage_error("check_deadlock_free: the order covers " + std::to_string(order.size()) +
+                          " devices but the plan has " + std::to_string(pg.devices.size()) +
+                          "; give one node order per device (or none)");
+    std::vector<device_program> programs(pg.devices.size());
+    for (std::size_t d = 0; d < pg.devices.size(); ++d) {
+        const graph& g = pg.devices[d].ir();
+        std::vector<node_id> ids;
+        if (order.empty()) {
+            ids.resize(g.nodes.size());
+            for (std::size_t i = 0; i < ids.size(); ++i) ids[i] = static_cast<node_id>(i);
+        } else {
+            ids = order[d];
+            std::vector<bool> seen(g.nodes.size(), false);
+            for (node_id n : ids) {
+                if (n < 0 || static_cast<std::size_t>(n) >= g.nodes.size() || seen[static_cast<std::size_t>(n)])
+                    throw usage_error("check_deadlock_free: the order for device " + std::to_string(d) + " lists node " +
+                                      std::to_string(n) + (n >= 0 && static_cast<std::size_t>(n) < g.nodes.size()
+                                                               ? " twice"
+                                                               : ", which its graph does not have") +
+                                      "; list each of its " + std::to_string(g.nodes.size()) + " nodes once");
+                seen[static_cast<std::size_t>(n)] = true;
+            }
+            if (ids.size() != g.nodes.size())
+                throw usage_error("check_deadlock_free: the order for device " + std::to_string(d) + " lists " +
+                                  std::to_string(ids.size()) + " of its " + std::to_string(g.nodes.size()) +
+                                  " nodes; list each node once");
+        }
+        device_program& program = programs[d];
+        program.reserve(ids.size());
+        for (node_id n : ids) {
+            const node& nd = g.at(n);
+            program_step step;
+            step.id = n;
+            step.name = nd.name;
+            step.transfer = detail::transfer_index_of(nd, pg.transfers.size(), static_cast<int>(d));
+            for (tensor_id t : nd.inputs)
+                if (node_id p = g.tensor(t).producer; p != no_id) step.reads.push_back(p);
+            program.push_back(std::move(step));
+        }
+    }
+    return programs;
+}
+
+namespace detail {
+
+// Why one vertex waits for another.
+struct wait_edge {
+    int device = 0;
+    bool data = false;  // reads the other's output; otherwise runs after it in program order
+};
+
+using wait_graph = boost::adjacency_list<boost::vecS, boost::vecS, boost::directedS, boost::no_property, wait_edge>;
+using wait_vertex = boost::graph_traits<wait_graph>::vertex_descriptor;
+using wait_edge_handle = boost::graph_traits<wait_graph>::edge_descriptor;
+
+struct cycle_found {
+    wait_edge_handle back_edge;
+};
+
+struct back_edge_finder : boost::default_dfs_visitor {
+    void back_edge(wait_edge_handle e, const wait_graph&) const { throw cycle_found{e}; }
+};
+
+// The shortest cycle through edge `closing` (source -> target): a BFS path from its target
+// back to its source, then the edge itself. Returns the edges in order.
+inline std::vector<wait_edge_handle> shortest_cycle_through(const wait_graph& g, wait_edge_handle closing) {
+    const wait_vertex from = boost::target(closing, g), to = boost::source(closing, g);
+    std::vector<wait_edge_handle> arrived_by(boost::num_vertices(g));
+    std::vector<bool> reached(boost::num_vertices(g), false);
+    std::deque<wait_vertex> queue{from};
+    reached[from] = true;
+    while (!queue.empty() && !reached[to]) {
+        const wait_vertex u = queue.front();
+        queue.pop_front();
+        for (auto [e, end] = boost::out_edges(u, g); e != end; ++e) {
+            const wait_vertex v = boost::target(*e, g);
+            if (reached[v]) continue;
+            reached[v] = true;
+            arrived_by[v] = *e;
+            queue.push_back(v);
+        }
+    }
+    std::vector<wait_edge_handle> cycle;
+    for (wait_vertex v = to; v != from; v = boost::source(arrived_by[v], g)) cycle.push_back(arrived_by[v]);
+    std::reverse(cycle.begin(), cycle.end());
+    cycle.push_back(closing);
+    return cycle;
+}
+
+}  // namespace detail
+
+// Throws plan_error("deadlock: ...") when the programs can wait on each other forever:
+// a cycle of waits, or a transfer that one of its member devices never reaches.
+// point_to_point[t]: transfer t is a buffered send from groups[t][0] to groups[t][1].
+inline void check_deadlock_free(const std::vector<device_program>& programs, const std::vector<std::vector<int>>& groups,
+                                const std::vector<bool>& point_to_point = {}) {
+    const std::size_t transfers = groups.size();
+    auto buffered_sender = [&](std::int64_t t) {
+        return t >= 0 && static_cast<std::size_t>(t) < point_to_point.size() && point_to_point[static_cast<std::size_t>(t)] &&
+                       groups[static_cast<std::size_t>(t)].size() == 2
+                   ? groups[static_cast<std::size_t>(t)][0]
+                   : -1;
+    };
+    std::vector<std::size_t> send_vertex(transfers, static_cast<std::size_t>(-1));
+    // Vertices: transfers first, then every local step of device 0, 1, ...
+    std::vector<std::size_t> first_local(programs.size() + 1, transfers);
+    for (std::size_t d = 0; d < programs.size(); ++d) first_local[d + 1] = first_local[d] + programs[d].size();
+    const std::size_t vertices = first_local.back();
+
+    // Where each transfer appears, to check membership and to name it.
+    std::vector<std::vector<int>> reached_by(transfers);
+    std::vector<std::string> transfer_name(transfers);
+    for (std::size_t d = 0; d < programs.size(); ++d)
+        for (const auto& step : programs[d]) {
+            if (step.transfer < 0) continue;
+            if (static_cast<std::size_t>(step.transfer) >= transfers)
+                throw usage_error("check_deadlock_free: step '" + step.name + "' on device " + std::to_string(d) +
+                                  " takes part in transfer " + std::to_string(step.transfer) + " but only " +
+                                  std::to_string(transfers) + " transfer groups were given");
+            auto& devices = reached_by[static_cast<std::size_t>(step.transfer)];
+            if (std::find(devices.begin(), devices.end(), static_cast<int>(d)) != devices.end())
+                throw plan_error("deadlock: device " + std::to_string(d) + " reaches '" + step.name +
+                                 "' twice; each member takes part in a transfer exactly once");
+            devices.push_back(static_cast<int>(d));
+            if (transfer_name[static_cast<std::size_t>(step.transfer)].empty())
+                transfer_name[static_cast<std::size_t>(step.transfer)] = step.name;
+        }
+    for (std::size_t t = 0; t < transfers; ++t) {
+        const std::string name = transfer_name[t].empty() ? "transfer " + std::to_string(t) : "'" + transfer_name[t] + "'";
+        for (int member : groups[t])
+            if (std::find(reached_by[t].begin(), reached_by[t].end(), member) == reached_by[t].end())
+                throw plan_error("deadlock: " + name + " waits for device " + std::to_string(member) +
+                                 ", a member whose program never reaches it; add the transfer to that device's "
+                                 "program or drop the device from the group");
+        for (int d : reached_by[t])
+            if (std::find(groups[t].begin(), groups[t].end(), d) == groups[t].end())
+                throw plan_error("deadlock: device " + std::to_string(d) + " reaches " + name +
+                                 ", whose group does not include it, so the members never wait for it; "
+                                 "remove the step or add the device to the group");
+    }
+
+    std::vector<std::string> vertex_name(vertices);
+    for (std::size_t t = 0; t < transfers; ++t) vertex_name[t] = transfer_name[t];
+
+    detail::wait_graph g(vertices);
+    for (std::size_t d = 0; d < programs.size(); ++d) {
+        const device_program& program = programs[d];
+        std::int64_t largest_id = -1;
+        for (const auto& step : program) {
+            if (step.id < 0)
+                throw usage_error("check_deadlock_free: step '" + step.name + "' on device " + std::to_string(d) +
+                                  " has id " + std::to_string(step.id) + "; ids must be non-negative");
+            largest_id = std::max(largest_id, step.id);
+        }
+        constexpr std::size_t absent = static_cast<std::size_t>(-1);
+        std::vector<std::size_t> vertex_of_id(static_cast<std::size_t>(largest_id + 1), absent);
+        for (std::size_t s = 0; s < program.size(); ++s) {
+            const program_step& step = program[s];
+            const bool sends = step.transfer >= 0 && buffered_sender(step.transfer) == static_cast<int>(d);
+            std::size_t v = step.transfer >= 0 && !sends ? static_cast<std::size_t>(step.transfer) : first_local[d] + s;
+            if (sends) send_vertex[static_cast<std::size_t>(step.transfer)] = v;
+            if (vertex_of_id[static_cast<std::size_t>(step.id)] != absent)
+                throw usage_error("check_deadlock_free: device " + std::to_string(d) + " has two steps with id " +
+                                  std::to_string(step.id) + "; give each step of a device its own id");
+            vertex_of_id[static_cast<std::size_t>(step.id)] = v;
+            if (v >= transfers) vertex_name[v] = step.name;
+        }
+        for (std::size_t s = 0; s < program.size(); ++s) {
+            const program_step& step = program[s];
+            const std::size_t v = vertex_of_id[static_cast<std::size_t>(step.id)];
+            if (s > 0) boost::add_edge(vertex_of_id[static_cast<std::size_t>(program[s - 1].id)], v,
+                                       detail::wait_edge{static_cast<int>(d), false}, g);
+            for (std::int64_t r : step.reads) {
+                if (r < 0 || r > largest_id || vertex_of_id[static_cast<std::size_t>(r)] == absent)
+                    throw usage_error("check_deadlock_free: step '" + step.name + "' on device " + std::to_string(d) +
+                                      " reads step " + std::to_string(r) + ", which that device's program lacks");
+                boost::add_edge(vertex_of_id[static_cast<std::size_t>(r)], v, detail::wait_edge{static_cast<int>(d), true}, g);
+            }
+        }
+    }
+
+    // A receive waits for its buffered send.
+    for (std::size_t t = 0; t < transfers; ++t)
+        if (send_vertex[t] != static_cast<std::size_t>(-1))
+            boost::add_edge(send_vertex[t], t, detail::wait_edge{buffered_sender(static_cast<std::int64_t>(t)), true}, g);
+
+    std::vector<boost::default_color_type> colors(vertices);
+    try {
+        boost::depth_first_search(
+            g, boost::visitor(detail::back_edge_finder{})
+                   .color_map(boost::make_iterator_property_map(colors.begin(), boost::get(boost::vertex_index, g))));
+        return;
+    } catch (const detail::cycle_found& found) {
+        std::vector<detail::wait_edge_handle> cycle = detail::shortest_cycle_through(g, found.back_edge);
+        // Start the story at a transfer where there is one: cycles across devices pass through
+        // transfers, and the local ops between two of them run on one device.
+        auto starts_at_transfer = [&](const detail::wait_edge_handle& e) { return boost::source(e, g) < transfers; };
+        if (auto it = std::find_if(cycle.begin(), cycle.end(), starts_at_transfer); it != cycle.end())
+            std::rotate(cycle.begin(), it, cycle.end());
+
+        auto quoted = [&](std::size_t v) { return "'" + vertex_name[v] + "'"; };
+        bool crosses_devices = false;
+        for (const auto& e : cycle) crosses_devices = crosses_devices || boost::source(e, g) < transfers;
+        std::vector<std::string> lines;
+        if (!crosses_devices) {
+            for (const auto& e : cycle)
+                lines.push_back("device " + std::to_string(g[e].device) + ": " + quoted(boost::target(e, g)) +
+                                (g[e].data ? " reads the output of " : " runs after ") + quoted(boost::source(e, g)));
+        } else {
+            // One line per stretch between two transfers: "device d: 'B' waits for 'A' (...)";
+            // the local ops of a stretch all run on one device.
+            std::size_t i = 0;
+            while (i < cycle.size()) {
+                const std::size_t begin = boost::source(cycle[i], g);
+                const int device = g[cycle[i]].device;
+                bool through_data = g[cycle[i]].data;
+                std::size_t end = boost::target(cycle[i], g);
+                std::vector<std::size_t> between;
+                for (++i; end >= transfers && i < cycle.size(); ++i) {
+                    between.push_back(end);
+                    through_data = through_data || g[cycle[i]].data;
+                    end = boost::target(cycle[i], g);
+                }
+                std::string line = "device " + std::to_string(device) + ": " + quoted(end) + " waits for " + quoted(begin);
+                if (between.empty()) {
+                    line += through_data ? " (reads its output)" : " (runs after it)";
+                } else {
+                    line += " (runs after it, through " + std::to_string(between.size()) + " local op" +
+                            (between.size() == 1 ? "" : "s") + ": ";
+                    const std::size_t shown = between.size() <= 5 ? between.size() : 4;
+                    for (std::size_t k = 0; k < shown; ++k) line += (k ? ", " : "") + quoted(between[k]);
+                    if (shown < between.size()) line += ", ..., " + quoted(between.back());
+                    line += ")";
+                }
+                lines.push_back(std::move(line));
+            }
+        }
+        // Read against the edges: each line's subject is the previous line's object.
+        std::reverse(lines.begin(), lines.end());
+        std::string message = "deadlock: the device programs wait on each other in a cycle:";
+        for (const auto& line : lines) message += "\n  " + line;
+        message += crosses_devices
+                       ? "\na transfer completes only when all of its member devices reach it, so none of these can run. "
+                         "Fix: reorder the device programs so that every device reaches the transfers it shares in the "
+                         "same relative order (apply_plan emits one global order), or change the placement so that "
+                         "these ops do not share devices"
+                       : "\na device runs an op before an op whose output it reads. Fix: reorder that device's program "
+                         "so that producers run before their readers";
+        throw plan_error(message);
+    }
+}
+
+// The device programs of a partitioned graph, each in `order[d]` (empty: graph order).
+inline void check_deadlock_free(const partitioned_graph& pg, const std::vector<std::vector<node_id>>& order) {
+    std::vector<bool> point_to_point;
+    for (const auto& t : pg.transfers) point_to_point.push_back(t.kind == transfer_kind::send_recv);
+    check_deadlock_free(device_programs(pg, order), transfer_groups(pg), point_to_point);
+}
+
+// In the plan's own op-order (pg.order; graph order where it is empty).
+inline void check_deadlock_free(const partitioned_graph& pg) { check_deadlock_free(pg, pg.order); }
+
+// A fingerprint of the op-order (0 for graph order), to tell an edited order from a checked one.
+inline std::uint64_t order_fingerprint(const partitioned_graph& pg) {
+    std::uint64_t h = 0;
+    for (const auto& device : pg.order) {
+        h = (h ^ 0x9e3779b97f4a7c15ull) * 1099511628211ull;
+        for (node_id n : device) h = (h ^ static_cast<std::uint64_t>(n)) * 1099511628211ull;
+    }
+    return h;
+}
+
+// The check of programs whose order was set or edited by hand: every device runs each of its
+// nodes exactly once, and the programs together make progress (each node after the
+// producers of its inputs, collectives matched in an order that cannot deadlock). The
+// trainers run it before their first step when pg.order is not the order apply_plan made
+// (pg.checked_order = order_fingerprint(pg) after a check spares them the work).
+inline void check_programs(const partitioned_graph& pg) {
+    if (!pg.order.empty()) {
+        if (static_cast<int>(pg.order.size()) != pg.world)
+            throw plan_error("programs: the op-order lists " + std::to_string(pg.order.size()) + " devices, the plan has " +
+                             std::to_string(pg.world) + "; give one order per device (or none: graph order)");
+        for (int d = 0; d < pg.world; ++d) {
+            const auto& order = pg.order[static_cast<std::size_t>(d)];
+            const std::size_t count = pg.devices[static_cast<std::size_t>(d)].ir().nodes.size();
+            std::vector<bool> seen(count, false);
+            for (node_id n : order) {
+                const auto i = static_cast<std::size_t>(n);
+                if (n < 0 || i >= count || seen[i])
+                    throw plan_error("programs: device " + std::to_string(d) + "'s order " +
+                                     (n < 0 || i >= count ? "names node " + std::to_string(n) + ", which it does not have"
+                                                          : "runs node " + std::to_string(n) + " twice") +
+                                     "; give every node of the device exactly once");
+                seen[i] = true;
+            }
+            if (order.size() != count)
+                throw plan_error("programs: device " + std::to_string(d) + "'s order runs " + std::to_string(order.size()) +
+                                 " of its " + std::to_string(count) + " nodes; give every node exactly once");
+        }
+    }
+    check_deadlock_free(pg);
+}
+
+}  // namespace loom::partition
+// ---- end loom/partition/deadlock.hpp ----
+// ---- begin loom/partition/materialize.hpp ----
+// Communication materialization: given the pieces of a logical tensor that devices hold
+// and the boxes that consumer pieces need (full values), emit the cheapest correct way to
+// get every needed box onto its device.
+//
+// Tried in order, each on the requests still open:
+//   local      the device already holds a full-valued piece containing the box: use it,
+//              or cut it out (assemble as chunk);
+//   partial    the producer left partial sums of one box S on devices P, one chunk each,
+//              and every device of P needs part of S: all_reduce (each needs S),
+//              reduce_scatter (their boxes tile S), or all_reduce followed by local chunks,
+//              whichever the cost model rates cheapest;
+//   tiles      devices D need box R and hold full tiles of R along one axis: all_gather;
+//              devices hold tiles of S along one axis and need tiles along another:
+//              all_to_all;
+//   broadcast  several devices need box R that one device holds;
+//   generic    send each needed part of every intersecting piece to the device
+//              (send_recv), then concat and sum there (assemble). Always correct: the
+//              pieces one node produced cover every element once per value chunk.
+// A request served by a collective often leaves other requests local (a chunk of what
+// just arrived), so the steps repeat until nothing changes.
+#include <algorithm>
+#include <map>
+#include <optional>
+#include <set>
+#include <string>
+#include <vector>
+
 // ---- begin loom/partition/region_copy.hpp ----
 // Copying a box-shaped region between dense row-major pieces of one logical tensor: the
 // one primitive behind local chunk, concat and sum, and behind packing and unpacking the
@@ -7366,1136 +10340,10 @@ private:
 
 }  // namespace loom::partition
 // ---- end loom/partition/materialize.hpp ----
-
-namespace loom::partition {
-
-struct apply_options {
-    transfer_cost_model cost{};
-    // Pipelines: the stage of each forward node of the model (plan::pipeline_plan::stage_of).
-    // Tensors that cross stages then move point to point only (see materializer::set_stages).
-    std::vector<int> stage_of_forward;
-};
-
-inline partitioned_graph apply_plan(const graph& model, const plan::resolved_plan& plan, const apply_options& options = {}) {
-    if (plan.devices < 1) throw plan_error("plan: the device count is " + std::to_string(plan.devices) + "; it must be at least 1");
-    const std::size_t forward = model.forward_node_count();
-    if (plan.forward.size() > forward)
-        throw plan_error("plan: it covers " + std::to_string(plan.forward.size()) + " forward nodes but the graph has " +
-                         std::to_string(forward) + "; resolve the plan against this graph");
-
-    logical_graph_options lo;
-    lo.zero3_identities = plan.zero == plan::zero_stage::parameters;
-    lo.zero2_identities = plan.zero == plan::zero_stage::gradients;
-    lo.recompute.assign(forward, false);
-    lo.decompose.resize(forward);
-    std::vector<std::string> notes;
-    for (std::size_t i = 0; i < forward; ++i) {
-        const auto* p = plan.at(static_cast<node_id>(i));
-        if (!p) continue;
-        lo.recompute[i] = p->recompute;
-        // A cut that a registered transformation makes by rebuilding the op (cross_entropy
-        // along its vocabulary): checked against the op as written, then rebuilt.
-        const node& n = model.nodes[i];
-        plan::op_partition resolved = resolve_partition(n, *p, plan.devices, true, notes);
-        if (decomposition_for(n, resolved)) lo.decompose[i] = std::move(resolved);
-    }
-
-    partitioned_graph out;
-    out.world = plan.devices;
-    out.zero = plan.zero;
-    out.plan_name = plan.name;
-    out.logical = std::make_unique<logical_graph>(build_logical_graph(model, lo));
-    out.notes = std::move(notes);
-    const graph& g = out.logical->g;
-
-    // 2. Partitions of every node.
-    plan::op_partition everywhere;
-    everywhere.replicas = plan.devices;
-    std::vector<plan::op_partition> parts(g.nodes.size());
-    std::vector<bool> assigned(g.nodes.size(), false);
-    for (const auto& [n, p] : out.logical->decomposed) {
-        parts[static_cast<std::size_t>(n)] = resolve_partition(g.at(n), p, plan.devices, true, out.notes);
-        assigned[static_cast<std::size_t>(n)] = true;
-    }
-    for (std::size_t i = 0; i < forward; ++i) {
-        node_id n = out.logical->forward_node[i];
-        if (assigned[static_cast<std::size_t>(n)]) continue;
-        const plan::op_partition* p = plan.at(static_cast<node_id>(i));
-        parts[static_cast<std::size_t>(n)] = resolve_partition(g.at(n), p ? *p : everywhere, plan.devices, true, out.notes);
-        assigned[static_cast<std::size_t>(n)] = true;
-    }
-    // ZeRO identities: split the parameter's first dim over every device.
-    auto shard = [&](node_id n) {
-        const node& nd = g.at(n);
-        const tensor_desc& t = g.tensor(nd.inputs[0]);
-        plan::op_partition p;
-        if (t.dims.rank() == 0 || t.dims.extent(0) % plan.devices != 0) {
-            p.replicas = plan.devices;
-            out.notes.push_back("ZeRO: '" + t.name + "' (" + t.dims.to_string() + ") is not divisible into " +
-                                std::to_string(plan.devices) + " shards along its first dim; it stays replicated");
-        } else {
-            p.splits.push_back({t.dims.dim(0), "...0", plan.devices});
-        }
-        parts[static_cast<std::size_t>(n)] = resolve_partition(nd, p, plan.devices, true, out.notes);
-        assigned[static_cast<std::size_t>(n)] = true;
-    };
-    for (auto [param, n] : out.logical->zero3_identity) shard(n);
-    for (auto [param, n] : out.logical->zero2_identity) shard(n);
-    for (std::size_t i = 0; i < g.nodes.size(); ++i) {
-        if (assigned[i]) continue;
-        const node& n = g.nodes[i];
-        // Mirror the forward op (backward nodes), or the producer of the first input (the
-        // seed of the backward pass, zero gradients of unused parameters).
-        node_id like = n.forward_of;
-        if (like == no_id && !n.inputs.empty()) like = g.tensor(n.inputs[0]).producer;
-        const plan::op_partition& source = like != no_id ? parts[static_cast<std::size_t>(like)] : everywhere;
-        parts[i] = resolve_partition(n, mirror_partition(source, like == no_id ? nullptr : &g.at(like)),
-                                     plan.devices, false, out.notes);
-    }
-
-    // 3. Pieces.
-    out.layouts.resize(g.nodes.size());
-    for (std::size_t i = 0; i < g.nodes.size(); ++i)
-        out.layouts[i] = layout_pieces(g, g.nodes[i], std::move(parts[i]));
-
-    // 4-6. Devices, leaves, materialization.
-    materializer m(out, options.cost);
-    if (!options.stage_of_forward.empty()) {
-        const logical_graph& lg = *out.logical;
-        std::vector<int> stage(g.nodes.size(), -1);
-        for (std::size_t i = 0; i < g.nodes.size(); ++i) {
-            const node& n = g.nodes[i];
-            const node_id forward = n.forward_of != no_id ? n.forward_of : static_cast<node_id>(i);
-            const node_id source = lg.source_of[static_cast<std::size_t>(forward)];
-            if (source != no_id && static_cast<std::size_t>(source) < options.stage_of_forward.size())
-                stage[i] = options.stage_of_forward[static_cast<std::size_t>(source)];
-        }
-        m.set_stages(std::move(stage));
-    }
-    m.store_leaves();
-    for (std::size_t i = 0; i < g.nodes.size(); ++i) m.emit_node(static_cast<node_id>(i));
-    m.finish();
-    return out;
-}
-
-}  // namespace loom::partition
-// ---- end loom/partition/apply.hpp ----
-// ---- begin loom/partition/deadlock.hpp ----
-// Deadlock check for the device programs of a partitioned graph: do the programs, each
-// run in its own order, always make progress?
-//
-// A transfer completes only when every member device reaches it (a collective waits for
-// all of its members; a send/recv is one rendezvous, since the receiver waits for the
-// sender). So the programs form one cross-device dependency graph:
-//
-//   vertices  one per transfer, shared by all of its member devices, and one per local op
-//             (piece, assemble) of each device;
-//   edges     program order (consecutive steps of each device) and data (the step that
-//             produces a local tensor -> each step of the same device that reads it).
-//
-// An edge u -> v says "v waits for u". The programs deadlock exactly when this graph has a
-// cycle, e.g. device 0 runs all_reduce A before all_reduce B while device 1 runs B before
-// A. A send of a point-to-point transfer returns once its data is copied (both
-// communicators buffer sends), so when the caller says which transfers are point to point,
-// the sender's step is a local op of the sender that the receive waits for; otherwise a send
-// waits for its receive too (the conservative model). apply_plan emits every transfer in one global order, so its programs pass by
-// construction; the check guards reorderings (overlap schedules, pipelines, hand edits).
-//
-//   check_deadlock_free(pg)               the plan's op-order (pg.order, else graph order)
-//   check_deadlock_free(pg, order)        order[d]: the node ids of device d, as it runs them
-//   check_deadlock_free(programs, groups) the same over plain step sequences (tests reorder
-//                                         these; see device_programs and transfer_groups)
-// A cycle is reported as a plan_error that starts with "deadlock:" and names, with their
-// devices, the ops on one cycle: the shortest through the first back edge the depth-first
-// search meets (local ops between two transfers are listed, elided past five).
-#include <algorithm>
-#include <cstdint>
-#include <deque>
-#include <string>
-#include <vector>
-
-#include <boost/graph/adjacency_list.hpp>
-#include <boost/graph/depth_first_search.hpp>
-
-
-namespace loom::partition {
-
-// One step of one device's program.
-struct program_step {
-    std::int64_t id = 0;             // unique within the device (the node id in its graph); >= 0
-    std::string name;                // shown in messages
-    std::int64_t transfer = -1;      // the shared transfer this step takes part in; -1: a local op
-    std::vector<std::int64_t> reads; // ids of the steps of the same device whose outputs it reads
-};
-
-// A device's steps in the order it runs them.
-using device_program = std::vector<program_step>;
-
-// The devices that must reach each transfer (pg.transfers[t].group).
-inline std::vector<std::vector<int>> transfer_groups(const partitioned_graph& pg) {
-    std::vector<std::vector<int>> groups;
-    groups.reserve(pg.transfers.size());
-    for (const auto& t : pg.transfers) groups.push_back(t.group);
-    return groups;
-}
-
-namespace detail {
-
-inline std::int64_t transfer_index_of(const node& n, std::size_t transfers, int device) {
-    if (n.op == nullptr || !n.attrs.has("transfer")) return -1;
-    const auto t = n.attrs.get<std::int64_t>("transfer");
-    if (t < 0 || static_cast<std::size_t>(t) >= transfers)
-        throw plan_error("check_deadlock_free: node '" + n.name + "' on device " + std::to_string(device) +
-                         " names transfer " + std::to_string(t) + " but the plan has " + std::to_string(transfers) +
-                         " transfers; the device graph and the transfer list come from different plans");
-    return t;
-}
-
-}  // namespace detail
-
-// The program of every device: its graph's nodes in `order[d]` (empty `order`: graph order).
-inline std::vector<device_program> device_programs(const partitioned_graph& pg,
-                                                   const std::vector<std::vector<node_id>>& order = {}) {
-    if (!order.empty() && order.size() != pg.devices.size())
-        throw usage_error("check_deadlock_free: the order covers " + std::to_string(order.size()) +
-                          " devices but the plan has " + std::to_string(pg.devices.size()) +
-                          "; give one node order per device (or none)");
-    std::vector<device_program> programs(pg.devices.size());
-    for (std::size_t d = 0; d < pg.devices.size(); ++d) {
-        const graph& g = pg.devices[d].ir();
-        std::vector<node_id> ids;
-        if (order.empty()) {
-            ids.resize(g.nodes.size());
-            for (std::size_t i = 0; i < ids.size(); ++i) ids[i] = static_cast<node_id>(i);
-        } else {
-            ids = order[d];
-            std::vector<bool> seen(g.nodes.size(), false);
-            for (node_id n : ids) {
-                if (n < 0 || static_cast<std::size_t>(n) >= g.nodes.size() || seen[static_cast<std::size_t>(n)])
-                    throw usage_error("check_deadlock_free: the order for device " + std::to_string(d) + " lists node " +
-                                      std::to_string(n) + (n >= 0 && static_cast<std::size_t>(n) < g.nodes.size()
-                                                               ? " twice"
-                                                               : ", which its graph does not have") +
-                                      "; list each of its " + std::to_string(g.nodes.size()) + " nodes once");
-                seen[static_cast<std::size_t>(n)] = true;
-            }
-            if (ids.size() != g.nodes.size())
-                throw usage_error("check_deadlock_free: the order for device " + std::to_string(d) + " lists " +
-                                  std::to_string(ids.size()) + " of its " + std::to_string(g.nodes.size()) +
-                                  " nodes; list each node once");
-        }
-        device_program& program = programs[d];
-        program.reserve(ids.size());
-        for (node_id n : ids) {
-            const node& nd = g.at(n);
-            program_step step;
-            step.id = n;
-            step.name = nd.name;
-            step.transfer = detail::transfer_index_of(nd, pg.transfers.size(), static_cast<int>(d));
-            for (tensor_id t : nd.inputs)
-                if (node_id p = g.tensor(t).producer; p != no_id) step.reads.push_back(p);
-            program.push_back(std::move(step));
-        }
-    }
-    return programs;
-}
-
-namespace detail {
-
-// Why one vertex waits for another.
-struct wait_edge {
-    int device = 0;
-    bool data = false;  // reads the other's output; otherwise runs after it in program order
-};
-
-using wait_graph = boost::adjacency_list<boost::vecS, boost::vecS, boost::directedS, boost::no_property, wait_edge>;
-using wait_vertex = boost::graph_traits<wait_graph>::vertex_descriptor;
-using wait_edge_handle = boost::graph_traits<wait_graph>::edge_descriptor;
-
-struct cycle_found {
-    wait_edge_handle back_edge;
-};
-
-struct back_edge_finder : boost::default_dfs_visitor {
-    void back_edge(wait_edge_handle e, const wait_graph&) const { throw cycle_found{e}; }
-};
-
-// The shortest cycle through edge `closing` (source -> target): a BFS path from its target
-// back to its source, then the edge itself. Returns the edges in order.
-inline std::vector<wait_edge_handle> shortest_cycle_through(const wait_graph& g, wait_edge_handle closing) {
-    const wait_vertex from = boost::target(closing, g), to = boost::source(closing, g);
-    std::vector<wait_edge_handle> arrived_by(boost::num_vertices(g));
-    std::vector<bool> reached(boost::num_vertices(g), false);
-    std::deque<wait_vertex> queue{from};
-    reached[from] = true;
-    while (!queue.empty() && !reached[to]) {
-        const wait_vertex u = queue.front();
-        queue.pop_front();
-        for (auto [e, end] = boost::out_edges(u, g); e != end; ++e) {
-            const wait_vertex v = boost::target(*e, g);
-            if (reached[v]) continue;
-            reached[v] = true;
-            arrived_by[v] = *e;
-            queue.push_back(v);
-        }
-    }
-    std::vector<wait_edge_handle> cycle;
-    for (wait_vertex v = to; v != from; v = boost::source(arrived_by[v], g)) cycle.push_back(arrived_by[v]);
-    std::reverse(cycle.begin(), cycle.end());
-    cycle.push_back(closing);
-    return cycle;
-}
-
-}  // namespace detail
-
-// Throws plan_error("deadlock: ...") when the programs can wait on each other forever:
-// a cycle of waits, or a transfer that one of its member devices never reaches.
-// point_to_point[t]: transfer t is a buffered send from groups[t][0] to groups[t][1].
-inline void check_deadlock_free(const std::vector<device_program>& programs, const std::vector<std::vector<int>>& groups,
-                                const std::vector<bool>& point_to_point = {}) {
-    const std::size_t transfers = groups.size();
-    auto buffered_sender = [&](std::int64_t t) {
-        return t >= 0 && static_cast<std::size_t>(t) < point_to_point.size() && point_to_point[static_cast<std::size_t>(t)] &&
-                       groups[static_cast<std::size_t>(t)].size() == 2
-                   ? groups[static_cast<std::size_t>(t)][0]
-                   : -1;
-    };
-    std::vector<std::size_t> send_vertex(transfers, static_cast<std::size_t>(-1));
-    // Vertices: transfers first, then every local step of device 0, 1, ...
-    std::vector<std::size_t> first_local(programs.size() + 1, transfers);
-    for (std::size_t d = 0; d < programs.size(); ++d) first_local[d + 1] = first_local[d] + programs[d].size();
-    const std::size_t vertices = first_local.back();
-
-    // Where each transfer appears, to check membership and to name it.
-    std::vector<std::vector<int>> reached_by(transfers);
-    std::vector<std::string> transfer_name(transfers);
-    for (std::size_t d = 0; d < programs.size(); ++d)
-        for (const auto& step : programs[d]) {
-            if (step.transfer < 0) continue;
-            if (static_cast<std::size_t>(step.transfer) >= transfers)
-                throw usage_error("check_deadlock_free: step '" + step.name + "' on device " + std::to_string(d) +
-                                  " takes part in transfer " + std::to_string(step.transfer) + " but only " +
-                                  std::to_string(transfers) + " transfer groups were given");
-            auto& devices = reached_by[static_cast<std::size_t>(step.transfer)];
-            if (std::find(devices.begin(), devices.end(), static_cast<int>(d)) != devices.end())
-                throw plan_error("deadlock: device " + std::to_string(d) + " reaches '" + step.name +
-                                 "' twice; each member takes part in a transfer exactly once");
-            devices.push_back(static_cast<int>(d));
-            if (transfer_name[static_cast<std::size_t>(step.transfer)].empty())
-                transfer_name[static_cast<std::size_t>(step.transfer)] = step.name;
-        }
-    for (std::size_t t = 0; t < transfers; ++t) {
-        const std::string name = transfer_name[t].empty() ? "transfer " + std::to_string(t) : "'" + transfer_name[t] + "'";
-        for (int member : groups[t])
-            if (std::find(reached_by[t].begin(), reached_by[t].end(), member) == reached_by[t].end())
-                throw plan_error("deadlock: " + name + " waits for device " + std::to_string(member) +
-                                 ", a member whose program never reaches it; add the transfer to that device's "
-                                 "program or drop the device from the group");
-        for (int d : reached_by[t])
-            if (std::find(groups[t].begin(), groups[t].end(), d) == groups[t].end())
-                throw plan_error("deadlock: device " + std::to_string(d) + " reaches " + name +
-                                 ", whose group does not include it, so the members never wait for it; "
-                                 "remove the step or add the device to the group");
-    }
-
-    std::vector<std::string> vertex_name(vertices);
-    for (std::size_t t = 0; t < transfers; ++t) vertex_name[t] = transfer_name[t];
-
-    detail::wait_graph g(vertices);
-    for (std::size_t d = 0; d < programs.size(); ++d) {
-        const device_program& program = programs[d];
-        std::int64_t largest_id = -1;
-        for (const auto& step : program) {
-            if (step.id < 0)
-                throw usage_error("check_deadlock_free: step '" + step.name + "' on device " + std::to_string(d) +
-                                  " has id " + std::to_string(step.id) + "; ids must be non-negative");
-            largest_id = std::max(largest_id, step.id);
-        }
-        constexpr std::size_t absent = static_cast<std::size_t>(-1);
-        std::vector<std::size_t> vertex_of_id(static_cast<std::size_t>(largest_id + 1), absent);
-        for (std::size_t s = 0; s < program.size(); ++s) {
-            const program_step& step = program[s];
-            const bool sends = step.transfer >= 0 && buffered_sender(step.transfer) == static_cast<int>(d);
-            std::size_t v = step.transfer >= 0 && !sends ? static_cast<std::size_t>(step.transfer) : first_local[d] + s;
-            if (sends) send_vertex[static_cast<std::size_t>(step.transfer)] = v;
-            if (vertex_of_id[static_cast<std::size_t>(step.id)] != absent)
-                throw usage_error("check_deadlock_free: device " + std::to_string(d) + " has two steps with id " +
-                                  std::to_string(step.id) + "; give each step of a device its own id");
-            vertex_of_id[static_cast<std::size_t>(step.id)] = v;
-            if (v >= transfers) vertex_name[v] = step.name;
-        }
-        for (std::size_t s = 0; s < program.size(); ++s) {
-            const program_step& step = program[s];
-            const std::size_t v = vertex_of_id[static_cast<std::size_t>(step.id)];
-            if (s > 0) boost::add_edge(vertex_of_id[static_cast<std::size_t>(program[s - 1].id)], v,
-                                       detail::wait_edge{static_cast<int>(d), false}, g);
-            for (std::int64_t r : step.reads) {
-                if (r < 0 || r > largest_id || vertex_of_id[static_cast<std::size_t>(r)] == absent)
-                    throw usage_error("check_deadlock_free: step '" + step.name + "' on device " + std::to_string(d) +
-                                      " reads step " + std::to_string(r) + ", which that device's program lacks");
-                boost::add_edge(vertex_of_id[static_cast<std::size_t>(r)], v, detail::wait_edge{static_cast<int>(d), true}, g);
-            }
-        }
-    }
-
-    // A receive waits for its buffered send.
-    for (std::size_t t = 0; t < transfers; ++t)
-        if (send_vertex[t] != static_cast<std::size_t>(-1))
-            boost::add_edge(send_vertex[t], t, detail::wait_edge{buffered_sender(static_cast<std::int64_t>(t)), true}, g);
-
-    std::vector<boost::default_color_type> colors(vertices);
-    try {
-        boost::depth_first_search(
-            g, boost::visitor(detail::back_edge_finder{})
-                   .color_map(boost::make_iterator_property_map(colors.begin(), boost::get(boost::vertex_index, g))));
-        return;
-    } catch (const detail::cycle_found& found) {
-        std::vector<detail::wait_edge_handle> cycle = detail::shortest_cycle_through(g, found.back_edge);
-        // Start the story at a transfer where there is one: cycles across devices pass through
-        // transfers, and the local ops between two of them run on one device.
-        auto starts_at_transfer = [&](const detail::wait_edge_handle& e) { return boost::source(e, g) < transfers; };
-        if (auto it = std::find_if(cycle.begin(), cycle.end(), starts_at_transfer); it != cycle.end())
-            std::rotate(cycle.begin(), it, cycle.end());
-
-        auto quoted = [&](std::size_t v) { return "'" + vertex_name[v] + "'"; };
-        bool crosses_devices = false;
-        for (const auto& e : cycle) crosses_devices = crosses_devices || boost::source(e, g) < transfers;
-        std::vector<std::string> lines;
-        if (!crosses_devices) {
-            for (const auto& e : cycle)
-                lines.push_back("device " + std::to_string(g[e].device) + ": " + quoted(boost::target(e, g)) +
-                                (g[e].data ? " reads the output of " : " runs after ") + quoted(boost::source(e, g)));
-        } else {
-            // One line per stretch between two transfers: "device d: 'B' waits for 'A' (...)";
-            // the local ops of a stretch all run on one device.
-            std::size_t i = 0;
-            while (i < cycle.size()) {
-                const std::size_t begin = boost::source(cycle[i], g);
-                const int device = g[cycle[i]].device;
-                bool through_data = g[cycle[i]].data;
-                std::size_t end = boost::target(cycle[i], g);
-                std::vector<std::size_t> between;
-                for (++i; end >= transfers && i < cycle.size(); ++i) {
-                    between.push_back(end);
-                    through_data = through_data || g[cycle[i]].data;
-                    end = boost::target(cycle[i], g);
-                }
-                std::string line = "device " + std::to_string(device) + ": " + quoted(end) + " waits for " + quoted(begin);
-                if (between.empty()) {
-                    line += through_data ? " (reads its output)" : " (runs after it)";
-                } else {
-                    line += " (runs after it, through " + std::to_string(between.size()) + " local op" +
-                            (between.size() == 1 ? "" : "s") + ": ";
-                    const std::size_t shown = between.size() <= 5 ? between.size() : 4;
-                    for (std::size_t k = 0; k < shown; ++k) line += (k ? ", " : "") + quoted(between[k]);
-                    if (shown < between.size()) line += ", ..., " + quoted(between.back());
-                    line += ")";
-                }
-                lines.push_back(std::move(line));
-            }
-        }
-        // Read against the edges: each line's subject is the previous line's object.
-        std::reverse(lines.begin(), lines.end());
-        std::string message = "deadlock: the device programs wait on each other in a cycle:";
-        for (const auto& line : lines) message += "\n  " + line;
-        message += crosses_devices
-                       ? "\na transfer completes only when all of its member devices reach it, so none of these can run. "
-                         "Fix: reorder the device programs so that every device reaches the transfers it shares in the "
-                         "same relative order (apply_plan emits one global order), or change the placement so that "
-                         "these ops do not share devices"
-                       : "\na device runs an op before an op whose output it reads. Fix: reorder that device's program "
-                         "so that producers run before their readers";
-        throw plan_error(message);
-    }
-}
-
-// The device programs of a partitioned graph, each in `order[d]` (empty: graph order).
-inline void check_deadlock_free(const partitioned_graph& pg, const std::vector<std::vector<node_id>>& order) {
-    std::vector<bool> point_to_point;
-    for (const auto& t : pg.transfers) point_to_point.push_back(t.kind == transfer_kind::send_recv);
-    check_deadlock_free(device_programs(pg, order), transfer_groups(pg), point_to_point);
-}
-
-// In the plan's own op-order (pg.order; graph order where it is empty).
-inline void check_deadlock_free(const partitioned_graph& pg) { check_deadlock_free(pg, pg.order); }
-
-}  // namespace loom::partition
-// ---- end loom/partition/deadlock.hpp ----
-// ---- begin loom/partition/explain.hpp ----
-// A partitioned graph described for a person: how each group of ops is split and where it
-// runs, what every device stores and sends, and which transfers each op needs in the
-// forward and the backward pass. Repeated layers are folded ("blocks.*.attn.q"), so a
-// 48-layer model reads as one layer.
-//
-//   explain(pg)             the text
-//   device_footprints(pg)   the per-device numbers behind its "devices" table
-//
-// Bytes sent follow transfer::elements_sent_by (ring and tree algorithms); activation memory
-// is the arena peak of compile_program over the device's graph (every node kept, the loss
-// as output), so it counts what the liveness plan overlaps only once.
-#include <algorithm>
-#include <cstdint>
-#include <map>
-#include <string>
-#include <tuple>
-#include <vector>
-
-// ---- begin loom/runtime/compile.hpp ----
-// Turns one device's graph into a program: the nodes that the wanted tensors depend on,
-// in graph order (or a given op-order), with every intermediate placed in a shared arena by liveness.
-#include <algorithm>
-#include <string>
-#include <vector>
-
-// ---- begin loom/runtime/memory_planner.hpp ----
-// Liveness-based buffer reuse. Each buffer lives from the step that writes it to the last
-// step that reads it; buffers whose lifetimes do not overlap may share bytes. Offsets are
-// chosen best-fit from a free list, largest buffers placed first in each step so that the
-// peak stays close to the true lower bound max_t(sum of live sizes).
-#include <algorithm>
-#include <cstdint>
-#include <iterator>
-#include <map>
-#include <vector>
-
-namespace loom {
-
-struct buffer_lifetime {
-    std::int64_t bytes = 0;
-    std::int64_t first = 0;  // step that writes it
-    std::int64_t last = 0;   // last step that reads it (>= first)
-};
-
-struct memory_plan {
-    std::vector<std::int64_t> offsets;  // per request
-    std::int64_t peak = 0;              // arena size
-    std::int64_t lower_bound = 0;       // max over steps of live bytes: no plan can do better
-    std::int64_t unplanned = 0;         // sum of all sizes
-};
-
-inline memory_plan plan_memory(const std::vector<buffer_lifetime>& requests, std::int64_t alignment = 64) {
-    memory_plan plan;
-    plan.offsets.assign(requests.size(), 0);
-    auto align = [&](std::int64_t b) { return (b + alignment - 1) / alignment * alignment; };
-
-    std::int64_t steps = 0;
-    for (const auto& r : requests) {
-        steps = std::max(steps, r.last + 1);
-        plan.unplanned += align(r.bytes);
-    }
-    std::vector<std::vector<std::size_t>> born(static_cast<std::size_t>(steps)), dying(static_cast<std::size_t>(steps));
-    for (std::size_t i = 0; i < requests.size(); ++i) {
-        born[static_cast<std::size_t>(requests[i].first)].push_back(i);
-        dying[static_cast<std::size_t>(requests[i].last)].push_back(i);
-    }
-
-    std::map<std::int64_t, std::int64_t> free_blocks;  // offset -> size, coalesced
-    std::int64_t top = 0, live = 0;
-    auto release = [&](std::int64_t offset, std::int64_t size) {
-        auto [it, _] = free_blocks.emplace(offset, size);
-        if (auto next = std::next(it); next != free_blocks.end() && it->first + it->second == next->first) {
-            it->second += next->second;
-            free_blocks.erase(next);
-        }
-        if (it != free_blocks.begin()) {
-            auto prev = std::prev(it);
-            if (prev->first + prev->second == it->first) {
-                prev->second += it->second;
-                free_blocks.erase(it);
-                it = prev;
-            }
-        }
-        if (it->first + it->second == top) {  // give the tail back to the top
-            top = it->first;
-            free_blocks.erase(it);
-        }
-    };
-    for (std::int64_t s = 0; s < steps; ++s) {
-        auto& now = born[static_cast<std::size_t>(s)];
-        std::sort(now.begin(), now.end(), [&](auto a, auto b) { return requests[a].bytes > requests[b].bytes; });
-        for (std::size_t i : now) {
-            std::int64_t size = align(requests[i].bytes);
-            live += size;
-            auto best = free_blocks.end();
-            for (auto it = free_blocks.begin(); it != free_blocks.end(); ++it)
-                if (it->second >= size && (best == free_blocks.end() || it->second < best->second)) best = it;
-            if (best != free_blocks.end()) {
-                plan.offsets[i] = best->first;
-                std::int64_t rest = best->second - size, at = best->first + size;
-                free_blocks.erase(best);
-                if (rest > 0) free_blocks.emplace(at, rest);
-            } else {
-                plan.offsets[i] = top;
-                top += size;
-            }
-            plan.peak = std::max(plan.peak, top);
-        }
-        plan.lower_bound = std::max(plan.lower_bound, live);
-        // Outputs of a step and its inputs coexist during the step; release after it.
-        for (std::size_t i : dying[static_cast<std::size_t>(s)]) {
-            live -= align(requests[i].bytes);
-            release(plan.offsets[i], align(requests[i].bytes));
-        }
-    }
-    return plan;
-}
-
-}  // namespace loom
-// ---- end loom/runtime/memory_planner.hpp ----
-// ---- begin loom/runtime/program.hpp ----
-// A per-device instruction program: the form every plan compiles to, and the only thing
-// an executor reads. On one device it is the graph's nodes in order; plans (partition/)
-// add communication instructions between them.
-#include <cstdint>
-#include <string>
-#include <vector>
-
-
-namespace loom {
-
-// How a program stores its real tensors. bf16 is the GPU's mixed precision: tensors in
-// bfloat16, arithmetic in float, and the outputs ops mark as float_outputs kept in float.
-enum class precision : std::uint8_t { f32, f64, bf16 };
-
-inline std::size_t real_bytes(precision p) {
-    switch (p) {
-        case precision::f32: return 4;
-        case precision::f64: return 8;
-        case precision::bf16: return 2;
-    }
-    return 4;
-}
-inline std::string_view to_string(precision p) {
-    switch (p) {
-        case precision::f32: return "f32";
-        case precision::f64: return "f64";
-        case precision::bf16: return "bf16";
-    }
-    return "unknown precision";
-}
-
-// Where a tensor's bytes live while the program runs.
-struct buffer {
-    enum class place : std::uint8_t {
-        none,   // never materialised by this program
-        arena,  // inside the program's arena, at `offset`, reused once dead
-        bound,  // caller-owned storage bound before running (inputs, parameters, gradients, outputs)
-    };
-    place where = place::none;
-    std::int64_t offset = 0;
-    std::int64_t bytes = 0;
-};
-
-struct instruction {
-    enum class kind : std::uint8_t { compute };
-    kind what = kind::compute;
-    node_id node = no_id;
-};
-
-struct program {
-    const graph* source = nullptr;
-    precision prec = precision::f32;
-    std::vector<instruction> steps;
-    std::vector<buffer> buffers;       // indexed by tensor_id
-    std::vector<tensor_id> bound;      // tensors the caller must bind
-    std::int64_t arena_bytes = 0;      // peak of the liveness plan
-    std::int64_t unplanned_bytes = 0;  // what one buffer per tensor would take
-
-    std::int64_t bytes_of(tensor_id t) const { return buffers.at(static_cast<std::size_t>(t)).bytes; }
-};
-
-inline std::int64_t tensor_bytes(const tensor_desc& t, precision p) {
-    return t.dims.numel() * static_cast<std::int64_t>(t.kind == value_kind::index ? 4 : real_bytes(p));
-}
-
-// The precision tensor `t` is stored in by a program of precision `p`: float for the outputs
-// its producer keeps in float (op_def::float_outputs) when p is narrower than float, and for
-// the partitioner's copies of such tensors (transfers and assembles marked "keeps_float").
-inline precision storage_precision(const graph& g, tensor_id t, precision p) {
-    if (p != precision::bf16) return p;
-    const tensor_desc& d = g.tensor(t);
-    if (d.producer == no_id) return p;
-    const node& n = g.at(d.producer);
-    if (n.attrs.get_or<std::int64_t>("keeps_float", 0) != 0) return precision::f32;
-    for (std::size_t i = 0; i < n.outputs.size() && i < 32; ++i)
-        if (n.outputs[i] == t && (n.op->float_outputs >> i & 1u)) return precision::f32;
-    return p;
-}
-
-inline std::int64_t tensor_bytes(const graph& g, tensor_id t, precision p) {
-    return tensor_bytes(g.tensor(t), storage_precision(g, t, p));
-}
-
-}  // namespace loom
-// ---- end loom/runtime/program.hpp ----
-
-namespace loom {
-
-struct compile_options {
-    precision prec = precision::f32;
-    bool include_backward = true;       // false: the forward pass only (evaluation)
-    std::vector<tensor_id> outputs;     // extra tensors the caller wants to read after a run
-    // Keep every node even if no wanted tensor depends on it: a device's part of a
-    // partitioned graph sends pieces other devices need.
-    bool keep_every_node = false;
-    // The order to run the nodes in (op-order: a pipeline schedule's); empty: graph order.
-    // Must list every node once and run each after the producers of its inputs.
-    std::vector<node_id> order;
-};
-
-inline program compile_program(const graph& g, const compile_options& options = {}) {
-    program p;
-    p.source = &g;
-    p.prec = options.prec;
-    p.buffers.resize(g.tensors.size());
-
-    // Wanted tensors: the loss, parameter gradients (when training) and explicit outputs.
-    std::vector<bool> wanted(g.tensors.size(), false);
-    auto want = [&](tensor_id t) {
-        if (t < 0 || static_cast<std::size_t>(t) >= g.tensors.size())
-            throw usage_error("compile_program: output tensor id " + std::to_string(t) + " is not in the graph");
-        wanted[static_cast<std::size_t>(t)] = true;
-    };
-    if (g.loss != no_id) want(g.loss);
-    if (options.include_backward)
-        for (auto [param, grad] : g.gradients) want(grad);
-    for (tensor_id t : options.outputs) want(t);
-
-    // Keep the nodes some wanted tensor depends on (reverse sweep over a topological order).
-    std::vector<bool> needed = wanted;
-    std::vector<bool> keep(g.nodes.size(), false);
-    for (std::size_t i = g.nodes.size(); i-- > 0;) {
-        const node& n = g.nodes[i];
-        if (n.backward && !options.include_backward) continue;
-        bool any = options.keep_every_node || std::any_of(n.outputs.begin(), n.outputs.end(),
-                               [&](tensor_id t) { return needed[static_cast<std::size_t>(t)]; });
-        if (!any) continue;
-        keep[i] = true;
-        for (tensor_id t : n.inputs) needed[static_cast<std::size_t>(t)] = true;
-    }
-    if (options.order.empty()) {
-        for (std::size_t i = 0; i < g.nodes.size(); ++i)
-            if (keep[i]) p.steps.push_back({instruction::kind::compute, static_cast<node_id>(i)});
-    } else {
-        if (options.order.size() != g.nodes.size())
-            throw usage_error("compile_program: the node order lists " + std::to_string(options.order.size()) +
-                              " nodes but the graph has " + std::to_string(g.nodes.size()) + "; list every node once");
-        std::vector<bool> done(g.nodes.size(), false);
-        for (node_id id : options.order) {
-            if (id < 0 || static_cast<std::size_t>(id) >= g.nodes.size() || done[static_cast<std::size_t>(id)])
-                throw usage_error("compile_program: the node order lists node " + std::to_string(id) +
-                                  (id >= 0 && static_cast<std::size_t>(id) < g.nodes.size() ? " twice" : ", which is not in the graph") +
-                                  "; list every node once");
-            const node& n = g.at(id);
-            for (tensor_id t : n.inputs) {
-                node_id producer = g.tensor(t).producer;
-                if (producer != no_id && !done[static_cast<std::size_t>(producer)])
-                    throw usage_error("compile_program: the node order runs '" + n.name + "' before '" +
-                                      g.at(producer).name + "', which produces its input '" + g.tensor(t).name +
-                                      "'; order every node after the producers of its inputs");
-            }
-            done[static_cast<std::size_t>(id)] = true;
-            if (keep[static_cast<std::size_t>(id)]) p.steps.push_back({instruction::kind::compute, id});
-        }
-    }
-
-    // Bound: everything that outlives a step or is fed from outside.
-    for (std::size_t t = 0; t < g.tensors.size(); ++t) {
-        const tensor_desc& d = g.tensors[t];
-        if (!needed[t]) continue;
-        bool external = d.role != tensor_role::activation || wanted[t];
-        p.buffers[t].bytes = tensor_bytes(g, static_cast<tensor_id>(t), p.prec);
-        if (external) {
-            p.buffers[t].where = buffer::place::bound;
-            p.bound.push_back(static_cast<tensor_id>(t));
-        } else if (d.producer == no_id) {
-            throw usage_error("compile_program: tensor '" + d.name + "' is read but nothing produces it");
-        }
-    }
-
-    // Lifetimes of arena tensors in step indices.
-    std::vector<std::int64_t> first(g.tensors.size(), -1), last(g.tensors.size(), -1);
-    for (std::size_t s = 0; s < p.steps.size(); ++s) {
-        const node& n = g.at(p.steps[s].node);
-        for (tensor_id t : n.outputs) {
-            first[static_cast<std::size_t>(t)] = static_cast<std::int64_t>(s);
-            last[static_cast<std::size_t>(t)] = std::max<std::int64_t>(last[static_cast<std::size_t>(t)], static_cast<std::int64_t>(s));
-        }
-        for (tensor_id t : n.inputs) last[static_cast<std::size_t>(t)] = static_cast<std::int64_t>(s);
-    }
-    std::vector<buffer_lifetime> requests;
-    std::vector<tensor_id> owners;
-    for (std::size_t t = 0; t < g.tensors.size(); ++t) {
-        if (p.buffers[t].where == buffer::place::bound || first[t] < 0) continue;
-        p.buffers[t].where = buffer::place::arena;
-        p.buffers[t].bytes = tensor_bytes(g, static_cast<tensor_id>(t), p.prec);
-        requests.push_back({p.buffers[t].bytes, first[t], std::max(first[t], last[t])});
-        owners.push_back(static_cast<tensor_id>(t));
-    }
-    memory_plan plan = plan_memory(requests);
-    for (std::size_t i = 0; i < owners.size(); ++i) p.buffers[static_cast<std::size_t>(owners[i])].offset = plan.offsets[i];
-    p.arena_bytes = plan.peak;
-    p.unplanned_bytes = plan.unplanned;
-    return p;
-}
-
-}  // namespace loom
-// ---- end loom/runtime/compile.hpp ----
-// ---- begin loom/runtime/explain.hpp ----
-// A program described for a person: what runs, how much memory it takes and how much
-// arithmetic one run does.
-#include <cstdio>
-#include <map>
-#include <string>
-
-
-namespace loom {
-
-inline std::string human_bytes(double bytes) {
-    const char* units[] = {"B", "KiB", "MiB", "GiB", "TiB"};
-    int u = 0;
-    while (bytes >= 1024 && u < 4) {
-        bytes /= 1024;
-        ++u;
-    }
-    char buf[32];
-    std::snprintf(buf, sizeof buf, u == 0 ? "%.0f %s" : "%.2f %s", bytes, units[u]);
-    return buf;
-}
-
-inline double program_flops(const program& p) {
-    double total = 0;
-    for (const auto& s : p.steps) {
-        const node& n = p.source->at(s.node);
-        total += n.op->flops(*p.source, n);
-    }
-    return total;
-}
-
-inline std::string explain(const program& p) {
-    const graph& g = *p.source;
-    std::size_t forward = 0, backward = 0;
-    std::map<std::string, int> kinds;
-    for (const auto& s : p.steps) {
-        const node& n = g.at(s.node);
-        (n.backward ? backward : forward) += 1;
-        kinds[std::string(n.op->name)] += 1;
-    }
-    double param_bytes = 0, bound_bytes = 0;
-    for (tensor_id t : p.bound) {
-        bound_bytes += static_cast<double>(p.bytes_of(t));
-        if (g.tensor(t).role == tensor_role::parameter) param_bytes += static_cast<double>(p.bytes_of(t));
-    }
-    std::string out;
-    out += "program: " + std::to_string(p.steps.size()) + " instructions (" + std::to_string(forward) + " forward, " +
-           std::to_string(backward) + " backward), precision " + std::string(to_string(p.prec)) + "\n";
-    out += "  parameters: " + std::to_string(g.parameter_count()) + " (" + human_bytes(param_bytes) + ")\n";
-    out += "  memory: " + human_bytes(static_cast<double>(p.arena_bytes)) + " activation arena (liveness plan; " +
-           human_bytes(static_cast<double>(p.unplanned_bytes)) + " without reuse) + " + human_bytes(bound_bytes) +
-           " bound (inputs, parameters, gradients)\n";
-    char flops[64];
-    std::snprintf(flops, sizeof flops, "%.3f GFLOP", program_flops(p) / 1e9);
-    out += "  work per run: " + std::string(flops) + "\n  ops:";
-    for (const auto& [name, count] : kinds) out += " " + name + " x" + std::to_string(count);
-    out += "\n";
-    return out;
-}
-
-}  // namespace loom
-// ---- end loom/runtime/explain.hpp ----
-
-namespace loom::partition {
-
-// What one device stores, holds while running and sends during one training step.
-struct device_footprint {
-    int device = 0;
-    std::size_t nodes = 0;              // in its graph: pieces, assembles and transfers
-    std::int64_t parameter_bytes = 0;   // stored parameter pieces
-    std::int64_t gradient_bytes = 0;    // their gradients
-    std::int64_t activation_bytes = 0;  // peak of the activation arena
-    std::int64_t bytes_sent = 0;        // over all transfers it is a member of
-    std::map<transfer_kind, int> transfers;  // how many of each kind it takes part in
-};
-
-inline std::int64_t element_bytes(value_kind kind, precision prec) {
-    return kind == value_kind::index ? 4 : static_cast<std::int64_t>(real_bytes(prec));
-}
-
-// Bytes member `m` of `t` sends.
-inline std::int64_t bytes_sent_by(const transfer& t, std::size_t m, precision prec) {
-    return t.elements_sent_by(m) * element_bytes(t.values, prec);
-}
-
-// Bytes all members of `t` send together.
-inline std::int64_t bytes_sent(const transfer& t, precision prec) {
-    std::int64_t total = 0;
-    for (std::size_t m = 0; m < t.group.size(); ++m) total += bytes_sent_by(t, m, prec);
-    return total;
-}
-
-inline std::vector<device_footprint> device_footprints(const partitioned_graph& pg, precision prec = precision::f32) {
-    const graph& logical = pg.ir();
-    std::vector<device_footprint> out(pg.devices.size());
-    for (std::size_t d = 0; d < pg.devices.size(); ++d) {
-        const device_part& part = pg.devices[d];
-        device_footprint& f = out[d];
-        f.device = static_cast<int>(d);
-        f.nodes = part.ir().nodes.size();
-        for (const auto& s : part.parameters)
-            f.parameter_bytes += s.region.numel() * element_bytes(logical.tensor(s.logical).kind, prec);
-        for (const auto& s : part.gradients)
-            f.gradient_bytes += s.region.numel() * element_bytes(logical.tensor(s.logical).kind, prec);
-        compile_options options;
-        options.prec = prec;
-        options.keep_every_node = true;
-        if (part.loss != no_id) options.outputs = {part.loss};
-        f.activation_bytes = compile_program(part.ir(), options).arena_bytes;
-    }
-    for (const auto& t : pg.transfers)
-        for (std::size_t m = 0; m < t.group.size(); ++m) {
-            device_footprint& f = out.at(static_cast<std::size_t>(t.group[m]));
-            f.bytes_sent += bytes_sent_by(t, m, prec);
-            f.transfers[t.kind] += 1;
-        }
-    return out;
-}
-
-namespace detail {
-
-// The scope path with the index of every repeat instance replaced by '*':
-// "blocks.3.attn.q" -> "blocks.*.attn.q".
-inline std::string folded_scope_path(const graph& g, std::int32_t scope) {
-    std::vector<std::string> parts;
-    for (std::int32_t s = scope; s != no_id; s = g.scopes.at(static_cast<std::size_t>(s)).parent) {
-        const scope_desc& d = g.scopes.at(static_cast<std::size_t>(s));
-        parts.push_back(d.index >= 0 ? d.name + ".*" : d.name);
-    }
-    std::string path;
-    for (auto it = parts.rbegin(); it != parts.rend(); ++it) path += (path.empty() ? "" : ".") + *it;
-    return path.empty() ? "(top)" : path;
-}
-
-// "{0,1,2,3,5}" -> "{0..3,5}": device lists of wide plans stay one short line.
-inline std::string fold_device_lists(const std::string& text) {
-    std::string out;
-    std::size_t i = 0;
-    while (i < text.size()) {
-        if (text[i] != '{') {
-            out += text[i++];
-            continue;
-        }
-        const std::size_t close = text.find('}', i);
-        if (close == std::string::npos) {
-            out += text.substr(i);
-            break;
-        }
-        std::vector<long> numbers;
-        bool all_numbers = close > i + 1;
-        std::size_t p = i + 1;
-        while (all_numbers && p < close) {
-            std::size_t q = text.find(',', p);
-            if (q == std::string::npos || q > close) q = close;
-            const std::string item = text.substr(p, q - p);
-            all_numbers = !item.empty() && item.find_first_not_of("0123456789") == std::string::npos;
-            if (all_numbers) numbers.push_back(std::stol(item));
-            p = q + 1;
-        }
-        if (!all_numbers) {
-            out += text.substr(i, close - i + 1);
-            i = close + 1;
-            continue;
-        }
-        std::string folded;
-        for (std::size_t a = 0; a < numbers.size();) {
-            std::size_t b = a;
-            while (b + 1 < numbers.size() && numbers[b + 1] == numbers[b] + 1) ++b;
-            folded += folded.empty() ? "" : ",";
-            if (b >= a + 2)
-                folded += std::to_string(numbers[a]) + ".." + std::to_string(numbers[b]);
-            else
-                for (std::size_t k = a; k <= b; ++k) folded += (k > a ? "," : "") + std::to_string(numbers[k]);
-            a = b + 1;
-        }
-        out += "{" + folded + "}";
-        i = close + 1;
-    }
-    return out;
-}
-
-// Rows of cells printed in aligned columns; `right[c]` right-aligns column c (numbers).
-inline std::string render_table(const std::vector<std::vector<std::string>>& rows, const std::vector<bool>& right,
-                                const std::string& indent = "  ") {
-    std::vector<std::size_t> width;
-    for (const auto& row : rows)
-        for (std::size_t c = 0; c < row.size(); ++c) {
-            if (width.size() <= c) width.push_back(0);
-            width[c] = std::max(width[c], row[c].size());
-        }
-    std::string out;
-    for (const auto& row : rows) {
-        std::string line = indent;
-        for (std::size_t c = 0; c < row.size(); ++c) {
-            const std::string pad(width[c] - row[c].size(), ' ');
-            const bool last = c + 1 == row.size();
-            if (c < right.size() && right[c])
-                line += pad + row[c];
-            else
-                line += row[c] + (last ? "" : pad);
-            if (!last) line += "  ";
-        }
-        while (!line.empty() && line.back() == ' ') line.pop_back();
-        out += line + "\n";
-    }
-    return out;
-}
-
-inline std::string zero_stage_name(plan::zero_stage z) {
-    switch (z) {
-        case plan::zero_stage::none: return "none";
-        case plan::zero_stage::optimizer: return "ZeRO-1 (optimizer state sharded)";
-        case plan::zero_stage::gradients: return "ZeRO-2 (gradients sharded)";
-        case plan::zero_stage::parameters: return "ZeRO-3 (parameters sharded)";
-    }
-    return "?";
-}
-
-// "all_reduce x2 (4.00 KiB)": transfers of each kind and the bytes all their members send.
-struct transfer_tally {
-    std::map<transfer_kind, std::pair<int, std::int64_t>> by_kind;
-
-    void add(const transfer& t, precision prec) {
-        auto& [count, bytes] = by_kind[t.kind];
-        count += 1;
-        bytes += bytes_sent(t, prec);
-    }
-    std::string describe() const {
-        std::string s;
-        for (const auto& [kind, tally] : by_kind)
-            s += (s.empty() ? "" : ", ") + std::string(to_string(kind)) + " x" + std::to_string(tally.first) + " (" +
-                 human_bytes(static_cast<double>(tally.second)) + ")";
-        return s.empty() ? "-" : s;
-    }
-};
-
-}  // namespace detail
-
-inline std::string explain(const partitioned_graph& pg, precision prec = precision::f32) {
-    const graph& g = pg.ir();
-    std::string out;
-
-    // Header.
-    std::size_t forward_nodes = 0, device_nodes = 0;
-    for (const auto& n : g.nodes) forward_nodes += n.backward ? 0 : 1;
-    for (const auto& part : pg.devices) device_nodes += part.ir().nodes.size();
-    detail::transfer_tally all;
-    for (const auto& t : pg.transfers) all.add(t, prec);
-    out += "plan" + (pg.plan_name.empty() ? std::string{} : " '" + pg.plan_name + "'") + ": " + std::to_string(pg.world) +
-           " device" + (pg.world == 1 ? "" : "s") + ", ZeRO " + detail::zero_stage_name(pg.zero) + ", precision " +
-           std::string(to_string(prec)) + "\n";
-    out += "logical graph: " + std::to_string(g.nodes.size()) + " nodes (" + std::to_string(forward_nodes) + " forward, " +
-           std::to_string(g.nodes.size() - forward_nodes) + " backward); device graphs: " + std::to_string(device_nodes) +
-           " nodes; " + std::to_string(pg.transfers.size()) + " transfers: " + all.describe() + "\n";
-    if (!pg.notes.empty()) {
-        out += "notes (" + std::to_string(pg.notes.size()) + "):\n";
-        const std::size_t shown = std::min<std::size_t>(pg.notes.size(), 8);
-        for (std::size_t i = 0; i < shown; ++i) out += "  " + pg.notes[i] + "\n";
-        if (shown < pg.notes.size()) out += "  ... and " + std::to_string(pg.notes.size() - shown) + " more\n";
-    }
-
-    // Op groups: (folded scope, op kind, pass), in order of first appearance.
-    struct op_group {
-        std::string scope, op;
-        bool backward = false;
-        int nodes = 0;
-        std::vector<std::pair<std::string, int>> partitions;  // distinct descriptions, with counts
-    };
-    auto group_key = [&](const node& n) { return std::tuple(detail::folded_scope_path(g, n.scope), std::string(n.op->name), n.backward); };
-    std::vector<op_group> groups;
-    std::map<std::tuple<std::string, std::string, bool>, std::size_t> group_of;
-    for (std::size_t i = 0; i < g.nodes.size(); ++i) {
-        const node& n = g.nodes[i];
-        auto key = group_key(n);
-        auto [it, fresh] = group_of.try_emplace(key, groups.size());
-        if (fresh) groups.push_back({std::get<0>(key), std::get<1>(key), n.backward, 0, {}});
-        op_group& grp = groups[it->second];
-        grp.nodes += 1;
-        const std::string how = detail::fold_device_lists(pg.layouts.at(i).partition.describe());
-        auto p = std::find_if(grp.partitions.begin(), grp.partitions.end(), [&](const auto& e) { return e.first == how; });
-        if (p == grp.partitions.end())
-            grp.partitions.emplace_back(how, 1);
-        else
-            p->second += 1;
-    }
-    out += "\nops ('*': every layer of a repeat):\n";
-    std::vector<std::vector<std::string>> rows{{"pass", "scope", "op", "nodes", "split and placement"}};
-    for (const auto& grp : groups) {
-        std::string how;
-        for (const auto& [text, count] : grp.partitions)
-            how += (how.empty() ? "" : "; ") + text + (grp.partitions.size() > 1 ? " (" + std::to_string(count) + " nodes)" : "");
-        rows.push_back({grp.backward ? "bwd" : "fwd", grp.scope, grp.op, std::to_string(grp.nodes), how});
-    }
-    out += detail::render_table(rows, {false, false, false, true, false});
-
-    // Devices.
-    out += "\ndevices (activations: arena peak of the device program; sent: bytes this device sends per step):\n";
-    rows = {{"device", "nodes", "parameters", "gradients", "activations", "sent", "transfers"}};
-    for (const auto& f : device_footprints(pg, prec)) {
-        std::string kinds;
-        for (const auto& [kind, count] : f.transfers)
-            kinds += (kinds.empty() ? "" : ", ") + std::string(to_string(kind)) + " x" + std::to_string(count);
-        rows.push_back({"device " + std::to_string(f.device), std::to_string(f.nodes),
-                        human_bytes(static_cast<double>(f.parameter_bytes)), human_bytes(static_cast<double>(f.gradient_bytes)),
-                        human_bytes(static_cast<double>(f.activation_bytes)), human_bytes(static_cast<double>(f.bytes_sent)),
-                        kinds.empty() ? "-" : kinds});
-    }
-    out += detail::render_table(rows, {false, true, true, true, true, true, false});
-
-    // Transfers by the forward op they serve: the backward twins sit beside the forward ones.
-    struct transfer_row {
-        std::string label;
-        std::size_t first = 0;  // the earliest op it serves, for the order
-        detail::transfer_tally forward, backward;
-    };
-    std::vector<transfer_row> transfer_rows;
-    std::map<std::string, std::size_t> row_of;
-    auto row_for = [&](const std::string& label, std::size_t first) -> transfer_row& {
-        auto [it, fresh] = row_of.try_emplace(label, transfer_rows.size());
-        if (fresh) transfer_rows.push_back({label, first, {}, {}});
-        transfer_row& row = transfer_rows[it->second];
-        row.first = std::min(row.first, first);
-        return row;
-    };
-    for (const auto& t : pg.transfers) {
-        if (t.consumer == no_id) {
-            // Gradients onto their parameters' storage (backward), the loss onto every device.
-            transfer_row& row = row_for(t.backward ? "gradients" : "loss", g.nodes.size());
-            (t.backward ? row.backward : row.forward).add(t, prec);
-            continue;
-        }
-        node_id served = t.consumer;
-        const node& consumer = g.at(t.consumer);
-        if ((consumer.backward || t.backward) && consumer.forward_of != no_id) served = consumer.forward_of;
-        const node& op = g.at(served);
-        const auto key = group_key(op);
-        const std::string label = std::get<0>(key) + " " + std::get<1>(key) + (op.backward ? " (backward)" : "");
-        transfer_row& row = row_for(label, static_cast<std::size_t>(served));
-        (t.backward ? row.backward : row.forward).add(t, prec);
-    }
-    std::stable_sort(transfer_rows.begin(), transfer_rows.end(),
-                     [](const transfer_row& a, const transfer_row& b) { return a.first < b.first; });
-    out += "\ntransfers by the forward op they serve (bytes: all members together):\n";
-    rows = {{"op", "forward", "backward"}};
-    for (const auto& row : transfer_rows) rows.push_back({row.label, row.forward.describe(), row.backward.describe()});
-    if (transfer_rows.empty()) rows.push_back({"(none)", "-", "-"});
-    out += detail::render_table(rows, {false, false, false});
-    return out;
-}
-
-}  // namespace loom::partition
-// ---- end loom/partition/explain.hpp ----
 // ---- begin loom/partition/pipeline_order.hpp ----
-// op-order for pipelines: a schedule (schedule/) orders the (stage, micro-batch, pass)
-// blocks of every device; this turns it into the order each device runs its program in.
+// op-order for pipelines: the plan's schedule (plan::resolved_plan::order) orders the
+// (stage, micro-batch, pass) blocks of every device; partition::apply_plan calls this to
+// turn it into the order each device runs its program in.
 //
 // Every piece a plan put on a device belongs to one block: its op's stage and round
 // (plan/pipeline.hpp), its micro-batch (the piece's coordinate along the outermost,
@@ -8519,824 +10367,11 @@ inline std::string explain(const partitioned_graph& pg, precision prec = precisi
 #include <string>
 #include <vector>
 
-// ---- begin loom/schedule/schedule.hpp ----
-// A pipeline schedule: the order in which every device runs its blocks.
-//
-//   schedule s = one_f_one_b(2, 4);    // templates.hpp, or written by hand:
-//   schedule t{pipeline_shape::linear(2, 4),
-//              {{F(s0,m0), F(s0,m1), B(s0,m0), ...}, {F(s1,m0), B(s1,m0), ...}}, "mine"};
-//   validate(t);                       // validate.hpp: every block once, dependencies, messages,
-//                                      // deadlock, memory
-//
-// device_order[d] lists what device d runs, first to last; a block of a stage on several
-// devices appears in the order of each of them (see shape.hpp).
-#include <cstddef>
-#include <ostream>
-#include <string>
-#include <vector>
 
-// ---- begin loom/schedule/block.hpp ----
-// One unit of pipeline work: a stage's forward or backward pass on one micro-batch, and the
-// error every schedule check throws.
-//
-//   block{pass_kind::forward, 1, 3}      F(s1,m3)    stage 1, micro-batch 3
-//   block{pass_kind::forward, 1, 3, 2}   F2(s1,m3)   the third forward round (3F1B recycling)
-//   block{pass_kind::backward, 1, 3}     B(s1,m3)    a backward has no round: it follows the last
-//
-// Blocks compare member-wise and order by (pass, stage, micro, round), so they can key maps.
-// In a pipeline with several forward rounds, to_string(b, rounds) spells round 0 as F0 too.
-#include <compare>
-#include <cstdint>
-#include <ostream>
-#include <string>
-
-
-namespace loom::schedule {
-
-// A pipeline schedule that cannot be built, validated or run as written. A plan_error, so
-// callers that catch plan mistakes catch these too.
-struct schedule_error : plan_error {
-    using plan_error::plan_error;
-};
-
-enum class pass_kind : std::uint8_t { forward, backward };
-
-struct block {
-    pass_kind pass = pass_kind::forward;
-    int stage = 0;
-    int micro = 0;
-    int round = 0;  // forward: 0 .. rounds-1; backward: 0 (it needs the activations of the last round)
-
-    friend constexpr bool operator==(const block&, const block&) = default;
-    friend constexpr auto operator<=>(const block&, const block&) = default;
-};
-
-constexpr block forward_block(int stage, int micro, int round = 0) { return {pass_kind::forward, stage, micro, round}; }
-constexpr block backward_block(int stage, int micro) { return {pass_kind::backward, stage, micro, 0}; }
-
-constexpr bool is_forward(const block& b) { return b.pass == pass_kind::forward; }
-constexpr bool is_backward(const block& b) { return b.pass == pass_kind::backward; }
-
-// "F(s1,m3)", "F2(s1,m3)", "B(s1,m3)". With rounds > 1 every forward names its round ("F0(s1,m3)").
-inline std::string to_string(const block& b, int rounds = 1) {
-    std::string out = is_forward(b) ? "F" : "B";
-    if (b.round != 0 || (is_forward(b) && rounds > 1)) out += std::to_string(b.round);
-    out += "(s" + std::to_string(b.stage) + ",m" + std::to_string(b.micro) + ")";
-    return out;
-}
-
-inline std::ostream& operator<<(std::ostream& os, const block& b) { return os << to_string(b); }
-
-inline std::string to_string(pass_kind p) { return p == pass_kind::forward ? "forward" : "backward"; }
-
-}  // namespace loom::schedule
-// ---- end loom/schedule/block.hpp ----
-// ---- begin loom/schedule/shape.hpp ----
-// The shape of a pipeline: how many stages, micro-batches and forward rounds, which devices
-// run each stage, and the data dependencies between blocks that follow from it.
-//
-//   pipeline_shape::linear(4, 8)           stage s on device s (GPipe, 1F1B)
-//   pipeline_shape::linear(4, 8, 3)        three forward rounds per micro-batch (3F1B recycling)
-//   pipeline_shape::interleaved(4, 2, 8)   8 virtual stages, stage s on device s % 4
-//   pipeline_shape::interlaced(4, 8)       6 stages: the embedding (stage 0) on all 4 devices,
-//                                          stages 1..4 on devices 0..3, the LM head (stage 5,
-//                                          the same embedding table) on all 4 devices again
-//
-// A stage on several devices is one SPMD block per micro-batch: it appears in the order of
-// each of those devices and starts when all of them reach it (its own collectives, e.g. the
-// all-reduce of a tensor-parallel embedding, are inside the block; its output is complete on
-// each of its devices when it ends).
-//
-// Data dependencies, for S stages, R rounds, micro-batch m (every other pair is independent):
-//   activation        F(r, s-1, m)  -> F(r, s, m)         s > 0
-//   recycle           F(r-1, S-1, m) -> F(r, 0, m)        r > 0 (the output of the last stage
-//                                                         feeds the next round's first stage)
-//   loss              F(R-1, S-1, m) -> B(S-1, m)
-//   gradient          B(s+1, m)     -> B(s, m)           s < S-1
-//   saved_activation  F(R-1, s, m)  -> B(s, m)           s < S-1 (the activations it differentiates)
-// The interlaced pipeline is a plain chain too: its embedding and LM head are stages 0 and S-1
-// that happen to run on the same devices. Tying their weights adds no dependency within a
-// batch (both gradients accumulate into one buffer, read after the schedule ends).
-#include <algorithm>
-#include <cstddef>
-#include <cstdint>
-#include <string>
-#include <vector>
-
-
-namespace loom::schedule {
-
-struct pipeline_shape {
-    int stages = 1;
-    int micro_batches = 1;
-    int rounds = 1;
-    std::vector<std::vector<int>> stage_devices;  // stage s runs on stage_devices[s]
-    int devices = 1;
-
-    // Stage s on device s.
-    static pipeline_shape linear(int stages, int micro_batches, int rounds = 1) {
-        pipeline_shape p{stages, micro_batches, rounds, {}, stages};
-        for (int s = 0; s < stages; ++s) p.stage_devices.push_back({s});
-        return p;
-    }
-    // devices * chunks virtual stages; stage s on device s % devices (interleaved 1F1B).
-    static pipeline_shape interleaved(int devices, int chunks, int micro_batches) {
-        pipeline_shape p{devices * chunks, micro_batches, 1, {}, devices};
-        for (int s = 0; s < devices * chunks; ++s) p.stage_devices.push_back({devices > 0 ? s % devices : 0});
-        return p;
-    }
-    // The interlaced pipeline (nnScaler, Figure 6): pipeline_stages stages of devices_per_stage
-    // devices each, between an embedding stage and an LM head stage on every device.
-    static pipeline_shape interlaced(int pipeline_stages, int micro_batches, int devices_per_stage = 1) {
-        const int devices = pipeline_stages * devices_per_stage;
-        pipeline_shape p{pipeline_stages + 2, micro_batches, 1, {}, devices};
-        std::vector<int> all;
-        for (int d = 0; d < devices; ++d) all.push_back(d);
-        p.stage_devices.push_back(all);
-        for (int s = 0; s < pipeline_stages; ++s) {
-            std::vector<int> group;
-            for (int k = 0; k < devices_per_stage; ++k) group.push_back(s * devices_per_stage + k);
-            p.stage_devices.push_back(group);
-        }
-        p.stage_devices.push_back(all);
-        return p;
-    }
-
-    const std::vector<int>& devices_of(int stage) const { return stage_devices.at(static_cast<std::size_t>(stage)); }
-    bool runs_on(int stage, int device) const {
-        const auto& g = devices_of(stage);
-        return std::find(g.begin(), g.end(), device) != g.end();
-    }
-    // Stages per device when every device runs the same number (interleaved: its chunks).
-    int chunks() const { return devices > 0 ? stages / devices : 0; }
-};
-
-// Throws schedule_error naming the first field that makes no pipeline.
-inline void check_shape(const pipeline_shape& p, const std::string& where = "pipeline_shape") {
-    auto fail = [&](const std::string& why) { throw schedule_error(where + ": " + why); };
-    if (p.stages < 1) fail(std::to_string(p.stages) + " stages; a pipeline needs at least one stage");
-    if (p.micro_batches < 1)
-        fail(std::to_string(p.micro_batches) + " micro-batches; a pipeline needs at least one micro-batch");
-    if (p.rounds < 1)
-        fail(std::to_string(p.rounds) + " forward rounds; every micro-batch runs at least one forward (rounds = 1)");
-    if (p.devices < 1) fail(std::to_string(p.devices) + " devices; a pipeline runs on at least one device");
-    if (p.stage_devices.size() != static_cast<std::size_t>(p.stages))
-        fail("stage_devices lists " + std::to_string(p.stage_devices.size()) + " stages but stages = " +
-             std::to_string(p.stages) + "; give one device list per stage");
-    std::vector<bool> used(static_cast<std::size_t>(p.devices), false);
-    for (int s = 0; s < p.stages; ++s) {
-        const auto& g = p.devices_of(s);
-        if (g.empty())
-            fail("stage " + std::to_string(s) + " runs on no device; list at least one in stage_devices[" +
-                 std::to_string(s) + "]");
-        for (std::size_t i = 0; i < g.size(); ++i) {
-            if (g[i] < 0 || g[i] >= p.devices)
-                fail("stage " + std::to_string(s) + " lists device " + std::to_string(g[i]) + ", outside 0.." +
-                     std::to_string(p.devices - 1) + "; use a device below " + std::to_string(p.devices) +
-                     " or raise devices");
-            const auto end = g.begin() + static_cast<std::ptrdiff_t>(i);
-            if (std::find(g.begin(), end, g[i]) != end)
-                fail("stage " + std::to_string(s) + " lists device " + std::to_string(g[i]) +
-                     " twice; list each device of a stage once");
-            used[static_cast<std::size_t>(g[i])] = true;
-        }
-    }
-    for (int d = 0; d < p.devices; ++d)
-        if (!used[static_cast<std::size_t>(d)])
-            fail("device " + std::to_string(d) + " runs no stage; give it a stage or lower devices to " +
-                 std::to_string(p.devices - 1));
-}
-
-// ---- blocks of a shape -----------------------------------------------------------------------
-
-// Is b one of the shape's blocks (stage, micro-batch and round in range; a backward has round 0)?
-inline bool contains(const pipeline_shape& p, const block& b) {
-    if (b.stage < 0 || b.stage >= p.stages || b.micro < 0 || b.micro >= p.micro_batches) return false;
-    return is_forward(b) ? b.round >= 0 && b.round < p.rounds : b.round == 0;
-}
-
-// Why b is not one of the shape's blocks, or "" when it is.
-inline std::string why_not_contained(const pipeline_shape& p, const block& b) {
-    const std::string name = to_string(b, p.rounds);
-    if (b.stage < 0 || b.stage >= p.stages)
-        return name + ": stage " + std::to_string(b.stage) + " is outside 0.." + std::to_string(p.stages - 1);
-    if (b.micro < 0 || b.micro >= p.micro_batches)
-        return name + ": micro-batch " + std::to_string(b.micro) + " is outside 0.." + std::to_string(p.micro_batches - 1);
-    if (is_backward(b) && b.round != 0)
-        return name + ": a backward has no round (it follows the last forward round); write round 0";
-    if (is_forward(b) && (b.round < 0 || b.round >= p.rounds))
-        return name + ": forward round " + std::to_string(b.round) + " is outside 0.." + std::to_string(p.rounds - 1);
-    return {};
-}
-
-// Dense numbering of the shape's blocks: forwards by (round, stage, micro), then backwards.
-inline int block_count(const pipeline_shape& p) { return (p.rounds + 1) * p.stages * p.micro_batches; }
-
-inline int block_index(const pipeline_shape& p, const block& b) {
-    const int r = is_forward(b) ? b.round : p.rounds;
-    return (r * p.stages + b.stage) * p.micro_batches + b.micro;
-}
-
-inline block block_at(const pipeline_shape& p, int index) {
-    const int micro = index % p.micro_batches;
-    const int stage = (index / p.micro_batches) % p.stages;
-    const int r = index / (p.micro_batches * p.stages);
-    return r == p.rounds ? backward_block(stage, micro) : forward_block(stage, micro, r);
-}
-
-// Every block, in block_index order.
-inline std::vector<block> all_blocks(const pipeline_shape& p) {
-    std::vector<block> out;
-    out.reserve(static_cast<std::size_t>(block_count(p)));
-    for (int i = 0; i < block_count(p); ++i) out.push_back(block_at(p, i));
-    return out;
-}
-
-// The blocks device d runs, in block_index order.
-inline std::vector<block> blocks_on(const pipeline_shape& p, int device) {
-    std::vector<block> out;
-    for (const block& b : all_blocks(p))
-        if (p.runs_on(b.stage, device)) out.push_back(b);
-    return out;
-}
-
-// ---- data dependencies -----------------------------------------------------------------------
-
-enum class dependency_kind : std::uint8_t { activation, recycle, loss, gradient, saved_activation };
-
-inline std::string to_string(dependency_kind k) {
-    switch (k) {
-        case dependency_kind::activation: return "activation";
-        case dependency_kind::recycle: return "recycled output";
-        case dependency_kind::loss: return "loss";
-        case dependency_kind::gradient: return "gradient";
-        case dependency_kind::saved_activation: return "saved activations";
-    }
-    return "?";
-}
-
-struct dependency {
-    block producer;
-    block consumer;
-    dependency_kind kind = dependency_kind::activation;
-
-    friend bool operator==(const dependency&, const dependency&) = default;
-};
-
-// What b reads (b must be one of the shape's blocks).
-inline std::vector<dependency> inputs_of(const pipeline_shape& p, const block& b) {
-    std::vector<dependency> in;
-    const int last_stage = p.stages - 1, last_round = p.rounds - 1;
-    if (is_forward(b)) {
-        if (b.stage > 0)
-            in.push_back({forward_block(b.stage - 1, b.micro, b.round), b, dependency_kind::activation});
-        else if (b.round > 0)
-            in.push_back({forward_block(last_stage, b.micro, b.round - 1), b, dependency_kind::recycle});
-    } else if (b.stage == last_stage) {
-        in.push_back({forward_block(last_stage, b.micro, last_round), b, dependency_kind::loss});
-    } else {
-        in.push_back({backward_block(b.stage + 1, b.micro), b, dependency_kind::gradient});
-        in.push_back({forward_block(b.stage, b.micro, last_round), b, dependency_kind::saved_activation});
-    }
-    return in;
-}
-
-// Every dependency of the shape, by consumer in block_index order.
-inline std::vector<dependency> dependencies(const pipeline_shape& p) {
-    std::vector<dependency> out;
-    for (const block& b : all_blocks(p))
-        for (const dependency& d : inputs_of(p, b)) out.push_back(d);
-    return out;
-}
-
-// Does this block hold activations until its backward (a forward of the last round)?
-inline bool holds_activations(const pipeline_shape& p, const block& b) { return is_forward(b) && b.round == p.rounds - 1; }
-
-}  // namespace loom::schedule
-// ---- end loom/schedule/shape.hpp ----
-
-namespace loom::schedule {
-
-struct schedule {
-    pipeline_shape shape;
-    std::vector<std::vector<block>> device_order;
-    std::string name;
-};
-
-// "1F1B: 2 stages, 4 micro-batches, 2 devices
-//    device 0: F(s0,m0) F(s0,m1) B(s0,m0) F(s0,m2) B(s0,m1) F(s0,m3) B(s0,m2) B(s0,m3)
-//    device 1: ..."
-inline std::string to_string(const schedule& s) {
-    std::string out = (s.name.empty() ? std::string("schedule") : s.name) + ": " + std::to_string(s.shape.stages) +
-                      " stages, " + std::to_string(s.shape.micro_batches) + " micro-batches, ";
-    if (s.shape.rounds > 1) out += std::to_string(s.shape.rounds) + " forward rounds, ";
-    out += std::to_string(s.shape.devices) + " devices";
-    for (std::size_t d = 0; d < s.device_order.size(); ++d) {
-        out += "\n  device " + std::to_string(d) + ":";
-        for (const block& b : s.device_order[d]) out += " " + to_string(b, s.shape.rounds);
-    }
-    return out;
-}
-
-inline std::ostream& operator<<(std::ostream& os, const schedule& s) { return os << to_string(s); }
-
-// position[d][block_index(shape, b)]: where device d runs b, or -1 when it does not. Blocks
-// outside the shape are left out (validate reports them).
-inline std::vector<std::vector<int>> order_positions(const schedule& s) {
-    std::vector<std::vector<int>> position(s.device_order.size(),
-                                           std::vector<int>(static_cast<std::size_t>(block_count(s.shape)), -1));
-    for (std::size_t d = 0; d < s.device_order.size(); ++d)
-        for (std::size_t i = 0; i < s.device_order[d].size(); ++i) {
-            const block& b = s.device_order[d][i];
-            if (!contains(s.shape, b)) continue;
-            int& slot = position[d][static_cast<std::size_t>(block_index(s.shape, b))];
-            if (slot < 0) slot = static_cast<int>(i);
-        }
-    return position;
-}
-
-}  // namespace loom::schedule
-// ---- end loom/schedule/schedule.hpp ----
-// ---- begin loom/schedule/validate.hpp ----
-// Is a schedule runnable? validate(s, options) throws schedule_error with the first problem,
-// naming the blocks and how to fix it; validation_error(s, options) returns the same message
-// ("" when the schedule is valid). The checks, in order:
-//
-//   1. the shape makes a pipeline (check_shape) and there is one order per device;
-//   2. every entry is one of the shape's blocks, on a device that runs its stage, at most once;
-//   3. every block is on each device of its stage (an SPMD block on all of them);
-//   4. no device runs a block before a block it depends on (same device);
-//   5. no deadlock: the graph of "v waits for u" edges (consecutive blocks of one device, and
-//      every data dependency) has no cycle; a cycle is reported block by block;
-//   6. messages do not cross: on each channel (device a -> device b) the receiving blocks run
-//      on b in the order their producers run on a (transfers.hpp), else a receive would take
-//      another block's message;
-//   7. memory: the activations a device holds (in_flight.hpp) stay within
-//        max_in_flight_per_stage   micro-batches per stage, and/or
-//        memory_cap_bytes          bytes per device, with activation_bytes[s] the bytes one
-//                                  micro-batch of stage s keeps on each of its devices.
-// Sends are buffered (they never wait) and receives wait, as in loom's communicators, so a
-// send/receive pair adds no wait of the sender on the receiver.
-#include <algorithm>
-#include <cstddef>
-#include <cstdint>
-#include <map>
-#include <string>
-#include <utility>
-#include <vector>
-
-// ---- begin loom/schedule/cycle.hpp ----
-// A cycle in a directed graph of labelled edges, for the checks that name the blocks of a
-// deadlock (validate) or of constraints that cannot all hold (from_constraints).
-//
-//   out[u] = {{v, label}, ...}: an edge u -> v ("v waits for u"), labelled by its reason.
-//   find_cycle(out) -> the edges of one cycle in order (u0 -> u1, u1 -> u2, ..., uk -> u0),
-//                      empty when the graph is acyclic.
-// Deterministic: a depth-first search from vertex 0 up, out-edges in the order given; the
-// cycle is the one closed by the first back edge met.
-#include <cstddef>
-#include <vector>
-
-namespace loom::schedule::detail {
-
-struct labelled_edge {
-    int to = 0;
-    int label = 0;
-};
-
-struct cycle_edge {
-    int from = 0;
-    int to = 0;
-    int label = 0;
-};
-
-inline std::vector<cycle_edge> find_cycle(const std::vector<std::vector<labelled_edge>>& out) {
-    enum class colour : unsigned char { white, grey, black };
-    const std::size_t n = out.size();
-    std::vector<colour> state(n, colour::white);
-    struct frame {
-        int vertex;
-        std::size_t next_edge;
-        int arrived_label;  // the label of the edge from the previous frame's vertex
-    };
-    std::vector<frame> stack;
-    for (std::size_t root = 0; root < n; ++root) {
-        if (state[root] != colour::white) continue;
-        stack.push_back({static_cast<int>(root), 0, -1});
-        state[root] = colour::grey;
-        while (!stack.empty()) {
-            frame& top = stack.back();
-            const auto& edges = out[static_cast<std::size_t>(top.vertex)];
-            if (top.next_edge == edges.size()) {
-                state[static_cast<std::size_t>(top.vertex)] = colour::black;
-                stack.pop_back();
-                continue;
-            }
-            const labelled_edge e = edges[top.next_edge++];
-            const auto to = static_cast<std::size_t>(e.to);
-            if (state[to] == colour::white) {
-                state[to] = colour::grey;
-                stack.push_back({e.to, 0, e.label});
-            } else if (state[to] == colour::grey) {
-                std::size_t first = stack.size() - 1;
-                while (stack[first].vertex != e.to) --first;
-                std::vector<cycle_edge> cycle;
-                for (std::size_t i = first + 1; i < stack.size(); ++i)
-                    cycle.push_back({stack[i - 1].vertex, stack[i].vertex, stack[i].arrived_label});
-                cycle.push_back({stack.back().vertex, e.to, e.label});
-                return cycle;
-            }
-        }
-    }
-    return {};
-}
-
-}  // namespace loom::schedule::detail
-// ---- end loom/schedule/cycle.hpp ----
-// ---- begin loom/schedule/in_flight.hpp ----
-// Activations in flight: a forward of the last round keeps its activations from its start
-// until its backward ends, so walking a device's order counts what it holds at each block.
-// Earlier forward rounds (3F1B recycling) keep nothing past their end.
-//
-//   GPipe      every stage holds all m micro-batches before its first backward
-//   1F1B       stage s holds p - s (at most m)
-//   interleaved device d holds 2(p - d - 1) + (v - 1)p + 1 chunks' activations (at most v m)
-#include <algorithm>
-#include <cstddef>
-#include <functional>
-#include <vector>
-
-
-namespace loom::schedule {
-
-struct in_flight_peaks {
-    std::vector<int> per_stage;   // most micro-batches whose activations one device of stage s holds at once
-    std::vector<int> per_device;  // most (stage, micro-batch) activations device d holds at once
-};
-
-namespace detail {
-
-// Calls visit(device, position, block, held_per_stage) after each block of each device's
-// order, with held_per_stage[s] the micro-batches of stage s that device holds just then
-// (a forward counts from its start, so this is the high-water mark of the block).
-inline void walk_in_flight(const schedule& s,
-                           const std::function<void(int, std::size_t, const block&, const std::vector<int>&)>& visit) {
-    for (std::size_t d = 0; d < s.device_order.size(); ++d) {
-        std::vector<int> held(static_cast<std::size_t>(std::max(s.shape.stages, 0)), 0);
-        for (std::size_t i = 0; i < s.device_order[d].size(); ++i) {
-            const block& b = s.device_order[d][i];
-            if (b.stage < 0 || b.stage >= s.shape.stages) continue;
-            auto& h = held[static_cast<std::size_t>(b.stage)];
-            if (holds_activations(s.shape, b)) ++h;
-            visit(static_cast<int>(d), i, b, held);
-            if (is_backward(b)) h = std::max(h - 1, 0);
-        }
-    }
-}
-
-}  // namespace detail
-
-inline in_flight_peaks peak_in_flight(const schedule& s) {
-    in_flight_peaks peaks{std::vector<int>(static_cast<std::size_t>(std::max(s.shape.stages, 0)), 0),
-                          std::vector<int>(s.device_order.size(), 0)};
-    detail::walk_in_flight(s, [&](int d, std::size_t, const block& b, const std::vector<int>& held) {
-        auto& stage_peak = peaks.per_stage[static_cast<std::size_t>(b.stage)];
-        stage_peak = std::max(stage_peak, held[static_cast<std::size_t>(b.stage)]);
-        int total = 0;
-        for (int h : held) total += h;
-        auto& device_peak = peaks.per_device[static_cast<std::size_t>(d)];
-        device_peak = std::max(device_peak, total);
-    });
-    return peaks;
-}
-
-}  // namespace loom::schedule
-// ---- end loom/schedule/in_flight.hpp ----
-// ---- begin loom/schedule/transfers.hpp ----
-// The messages a pipeline sends: one per dependency and consumer device that does not run the
-// producer.
-//
-// Devices talk over FIFO channels, one per ordered pair (from -> to); a send is buffered and
-// never waits (as loom's communicators do), a receive waits for its message. Where a message
-// goes in the device programs (program.hpp):
-//   send     on `from`, right after the producer (several: by destination, then by the
-//            position of the consumer on it);
-//   receive  on `to`, right before the consumer (several: by source, then by the position of
-//            the producer on it).
-// So a channel delivers the messages of its producers in their order on `from`, and `to` must
-// run their consumers in that same order; validate() rejects a schedule whose channel would
-// deliver a message to the wrong receive ("crossed messages").
-//
-// Which device sends: the consumer device c receives from the producer's device at c's
-// position in the consumer's device list, modulo the producer's list length. A consumer device
-// that also runs the producer reads the output locally (an SPMD block's output is complete on
-// each of its devices).
-//   F(s0,m) on {0} -> F(s1,m) on {1}          one message 0 -> 1
-//   F(s4,m) on {3} -> F(s5,m) on {0,1,2,3}    messages 3 -> 0, 3 -> 1, 3 -> 2; device 3 is local
-//   F(s0,m) on {0,1,2,3} -> F(s1,m) on {0}    local
-#include <cstddef>
-#include <string>
-#include <vector>
-
-
-namespace loom::schedule {
-
-struct transfer {
-    block producer;
-    block consumer;
-    int from = 0;
-    int to = 0;
-    dependency_kind kind = dependency_kind::activation;
-
-    friend bool operator==(const transfer&, const transfer&) = default;
-};
-
-// "F(s0,m2) -> F(s1,m2) (activation, device 0 -> device 1)"
-inline std::string to_string(const transfer& t, int rounds = 1) {
-    return to_string(t.producer, rounds) + " -> " + to_string(t.consumer, rounds) + " (" + to_string(t.kind) +
-           ", device " + std::to_string(t.from) + " -> device " + std::to_string(t.to) + ")";
-}
-
-// The messages one dependency needs (none when every consumer device runs the producer).
-inline std::vector<transfer> transfers_of(const pipeline_shape& p, const dependency& dep) {
-    std::vector<transfer> out;
-    const auto& from = p.devices_of(dep.producer.stage);
-    const auto& to = p.devices_of(dep.consumer.stage);
-    for (std::size_t i = 0; i < to.size(); ++i) {
-        if (p.runs_on(dep.producer.stage, to[i])) continue;
-        out.push_back({dep.producer, dep.consumer, from[i % from.size()], to[i], dep.kind});
-    }
-    return out;
-}
-
-// Every message of the shape, by consumer in block_index order.
-inline std::vector<transfer> all_transfers(const pipeline_shape& p) {
-    std::vector<transfer> out;
-    for (const dependency& d : dependencies(p))
-        for (const transfer& t : transfers_of(p, d)) out.push_back(t);
-    return out;
-}
-
-}  // namespace loom::schedule
-// ---- end loom/schedule/transfers.hpp ----
-
-namespace loom::schedule {
-
-struct validation_options {
-    int max_in_flight_per_stage = 0;          // 0: no cap
-    std::int64_t memory_cap_bytes = 0;        // 0: no cap
-    std::vector<std::int64_t> activation_bytes;  // per stage, with memory_cap_bytes
-};
-
-namespace detail {
-
-inline std::string devices_text(const std::vector<int>& devices) {
-    std::string out = devices.size() == 1 ? "device " : "devices {";
-    for (std::size_t i = 0; i < devices.size(); ++i) out += (i ? ", " : "") + std::to_string(devices[i]);
-    return devices.size() == 1 ? out : out + "}";
-}
-
-inline std::string reads_text(dependency_kind k) {
-    switch (k) {
-        case dependency_kind::activation: return "its input activation";
-        case dependency_kind::recycle: return "the previous round's output (recycling)";
-        case dependency_kind::loss: return "the loss of its forward";
-        case dependency_kind::gradient: return "its output gradient";
-        case dependency_kind::saved_activation: return "its saved activations";
-    }
-    return "?";
-}
-
-class validator {
-public:
-    validator(const schedule& s, const validation_options& o)
-        : s_(s), o_(o), rounds_(s.shape.rounds),
-          where_("validate(" + (s.name.empty() ? std::string("schedule") : "'" + s.name + "'") + ")") {}
-
-    void run() {
-        check_shape(s_.shape, where_ + ": shape");
-        check_entries();
-        check_complete();
-        position_ = order_positions(s_);
-        check_local_dependencies();
-        check_deadlock();
-        check_channels();
-        check_memory();
-    }
-
-private:
-    const schedule& s_;
-    const validation_options& o_;
-    int rounds_;
-    std::string where_;
-    std::vector<std::vector<int>> position_;
-
-    std::string name(const block& b) const { return to_string(b, rounds_); }
-    [[noreturn]] void fail(const std::string& why) const { throw schedule_error(where_ + ": " + why); }
-    int pos(int device, const block& b) const {
-        return position_[static_cast<std::size_t>(device)][static_cast<std::size_t>(block_index(s_.shape, b))];
-    }
-
-    void check_entries() const {
-        const auto& p = s_.shape;
-        if (s_.device_order.size() != static_cast<std::size_t>(p.devices))
-            fail("device_order has " + std::to_string(s_.device_order.size()) + " device orders but the shape has " +
-                 std::to_string(p.devices) + " devices; give one order per device");
-        for (int d = 0; d < p.devices; ++d) {
-            const auto& order = s_.device_order[static_cast<std::size_t>(d)];
-            std::vector<int> first_at(static_cast<std::size_t>(block_count(p)), -1);
-            for (std::size_t i = 0; i < order.size(); ++i) {
-                const block& b = order[i];
-                if (auto why = why_not_contained(p, b); !why.empty())
-                    fail("device " + std::to_string(d) + " runs " + why + "; remove it or fix the block");
-                if (!p.runs_on(b.stage, d))
-                    fail("device " + std::to_string(d) + " runs " + name(b) + ", but stage " + std::to_string(b.stage) +
-                         " runs on " + devices_text(p.devices_of(b.stage)) + "; move " + name(b) +
-                         " into the order of " + devices_text(p.devices_of(b.stage)));
-                int& first = first_at[static_cast<std::size_t>(block_index(p, b))];
-                if (first >= 0)
-                    fail("device " + std::to_string(d) + " runs " + name(b) + " twice (positions " + std::to_string(first) +
-                         " and " + std::to_string(i) + "); run each block once on each of its devices");
-                first = static_cast<int>(i);
-            }
-        }
-    }
-
-    void check_complete() const {
-        const auto& p = s_.shape;
-        const auto position = order_positions(s_);
-        std::string first;
-        int missing = 0;
-        for (const block& b : all_blocks(p))
-            for (int d : p.devices_of(b.stage))
-                if (position[static_cast<std::size_t>(d)][static_cast<std::size_t>(block_index(p, b))] < 0) {
-                    if (missing++ == 0)
-                        first = "device " + std::to_string(d) + " never runs " + name(b) + " (stage " +
-                                std::to_string(b.stage) + " runs on " + devices_text(p.devices_of(b.stage)) +
-                                "); add it to device " + std::to_string(d) + "'s order";
-                }
-        if (missing == 1) fail(first);
-        if (missing > 1) fail(first + " (" + std::to_string(missing) + " blocks are missing in all; this is the first)");
-    }
-
-    void check_local_dependencies() const {
-        const auto& p = s_.shape;
-        for (const dependency& dep : dependencies(p))
-            for (int d : p.devices_of(dep.consumer.stage)) {
-                if (!p.runs_on(dep.producer.stage, d)) continue;
-                const int pc = pos(d, dep.consumer), pp = pos(d, dep.producer);
-                if (pc < pp)
-                    fail("device " + std::to_string(d) + " runs " + name(dep.consumer) + " (position " +
-                         std::to_string(pc) + ") before " + name(dep.producer) + " (position " + std::to_string(pp) +
-                         "), but " + name(dep.consumer) + " needs " + reads_text(dep.kind) + " from " +
-                         name(dep.producer) + "; move " + name(dep.producer) + " before " + name(dep.consumer));
-            }
-    }
-
-    // Labels of wait edges: >= 0 a dependency kind, < 0 "runs after it on device -label-1".
-    void check_deadlock() const {
-        const auto& p = s_.shape;
-        std::vector<std::vector<labelled_edge>> out(static_cast<std::size_t>(block_count(p)));
-        for (int d = 0; d < p.devices; ++d) {
-            const auto& order = s_.device_order[static_cast<std::size_t>(d)];
-            for (std::size_t i = 1; i < order.size(); ++i)
-                out[static_cast<std::size_t>(block_index(p, order[i - 1]))].push_back({block_index(p, order[i]), -d - 1});
-        }
-        for (const dependency& dep : dependencies(p))
-            out[static_cast<std::size_t>(block_index(p, dep.producer))].push_back(
-                {block_index(p, dep.consumer), static_cast<int>(dep.kind)});
-        const auto cycle = find_cycle(out);
-        if (cycle.empty()) return;
-        std::string text;
-        std::string fix;
-        for (const auto& e : cycle) {
-            const block u = block_at(p, e.from), v = block_at(p, e.to);
-            if (!text.empty()) text += "; ";
-            if (e.label < 0) {
-                const int d = -e.label - 1;
-                text += name(v) + " waits for " + name(u) + " (device " + std::to_string(d) + " runs it first)";
-                if (fix.empty())
-                    fix = "e.g. run " + name(v) + " before " + name(u) + " on device " + std::to_string(d);
-            } else {
-                text += name(v) + " waits for " + name(u) + " (" + reads_text(static_cast<dependency_kind>(e.label)) + ")";
-            }
-        }
-        fail("deadlock: these blocks wait for each other in a cycle: " + text +
-             "; reorder a device so that no block runs before one it waits for (" + fix + ")");
-    }
-
-    void check_channels() const {
-        const auto& p = s_.shape;
-        std::map<std::pair<int, int>, std::vector<transfer>> channels;
-        for (const transfer& t : all_transfers(p)) channels[{t.from, t.to}].push_back(t);
-        for (auto& [ends, messages] : channels) {
-            const auto [from, to] = ends;
-            auto send_key = [&, from = from, to = to](const transfer& t) {
-                return std::pair{pos(from, t.producer), pos(to, t.consumer)};
-            };
-            std::sort(messages.begin(), messages.end(),
-                      [&](const transfer& a, const transfer& b) { return send_key(a) < send_key(b); });
-            for (std::size_t i = 1; i < messages.size(); ++i) {
-                const transfer& a = messages[i - 1];
-                const transfer& b = messages[i];
-                if (pos(to, a.consumer) <= pos(to, b.consumer)) continue;
-                fail("crossed messages on channel device " + std::to_string(from) + " -> device " + std::to_string(to) +
-                     ": device " + std::to_string(from) + " sends " + name(a.producer) + " -> " + name(a.consumer) +
-                     " (" + to_string(a.kind) + ") before " + name(b.producer) + " -> " + name(b.consumer) + " (" +
-                     to_string(b.kind) + "), but device " + std::to_string(to) + " runs " + name(b.consumer) +
-                     " before " + name(a.consumer) + ", so " + name(b.consumer) + " would receive the message meant for " +
-                     name(a.consumer) + "; on device " + std::to_string(to) + " run " + name(a.consumer) + " before " +
-                     name(b.consumer) + ", or on device " + std::to_string(from) + " run " + name(b.producer) +
-                     " before " + name(a.producer));
-            }
-        }
-    }
-
-    void check_memory() const {
-        const auto& p = s_.shape;
-        const bool bytes = o_.memory_cap_bytes > 0;
-        if (bytes && o_.activation_bytes.size() != static_cast<std::size_t>(p.stages))
-            throw usage_error(where_ + ": memory_cap_bytes needs activation_bytes for each of the " +
-                              std::to_string(p.stages) + " stages; it has " + std::to_string(o_.activation_bytes.size()));
-        if (o_.max_in_flight_per_stage <= 0 && !bytes) return;
-        // What a device holds at a block, for messages: "stage 1: m0, m1, m2".
-        auto held_list = [&](int d, std::size_t upto, int stage) {
-            std::vector<int> held;
-            const auto& order = s_.device_order[static_cast<std::size_t>(d)];
-            for (std::size_t i = 0; i <= upto; ++i) {
-                const block& b = order[i];
-                if (b.stage != stage) continue;
-                if (holds_activations(p, b)) held.push_back(b.micro);
-                if (is_backward(b) && i < upto) std::erase(held, b.micro);
-            }
-            return held;
-        };
-        auto earliest_backward = [&](int d, std::size_t at, int stage) {
-            const auto held = held_list(d, at, stage);
-            return held.empty() ? std::string("a backward") : name(backward_block(stage, held.front()));
-        };
-        detail::walk_in_flight(s_, [&](int d, std::size_t i, const block& b, const std::vector<int>& held) {
-            if (!holds_activations(p, b)) return;
-            const int count = held[static_cast<std::size_t>(b.stage)];
-            if (o_.max_in_flight_per_stage > 0 && count > o_.max_in_flight_per_stage) {
-                std::string micros;
-                for (int m : held_list(d, i, b.stage)) micros += (micros.empty() ? "m" : ", m") + std::to_string(m);
-                fail("device " + std::to_string(d) + " holds the activations of " + std::to_string(count) +
-                     " micro-batches of stage " + std::to_string(b.stage) + " at " + name(b) + " (" + micros +
-                     "), over the cap of " + std::to_string(o_.max_in_flight_per_stage) +
-                     " (max_in_flight_per_stage); run " + earliest_backward(d, i, b.stage) + " before " + name(b) +
-                     ", or raise the cap");
-            }
-            if (!bytes) return;
-            std::int64_t total = 0;
-            std::string parts;
-            for (int s = 0; s < p.stages; ++s) {
-                const int h = held[static_cast<std::size_t>(s)];
-                if (h == 0) continue;
-                total += h * o_.activation_bytes[static_cast<std::size_t>(s)];
-                parts += (parts.empty() ? "" : ", ") + std::string("stage ") + std::to_string(s) + ": " +
-                         std::to_string(h) + " x " + std::to_string(o_.activation_bytes[static_cast<std::size_t>(s)]);
-            }
-            if (total > o_.memory_cap_bytes)
-                fail("device " + std::to_string(d) + " holds " + std::to_string(total) + " bytes of activations at " +
-                     name(b) + " (" + parts + "), over the cap of " + std::to_string(o_.memory_cap_bytes) +
-                     " bytes (memory_cap_bytes); run " + earliest_backward(d, i, b.stage) + " before " + name(b) +
-                     ", or raise the cap");
-        });
-    }
-};
-
-}  // namespace detail
-
-inline void validate(const schedule& s, const validation_options& options = {}) {
-    detail::validator(s, options).run();
-}
-
-// validate's message, or "" when the schedule is valid.
-inline std::string validation_error(const schedule& s, const validation_options& options = {}) {
-    try {
-        validate(s, options);
-    } catch (const schedule_error& e) {
-        return e.what();
-    }
-    return {};
-}
-
-}  // namespace loom::schedule
-// ---- end loom/schedule/validate.hpp ----
-
-namespace loom::partition {
-
-// How to apply a pipeline plan: tensors crossing stages move point to point.
-//   auto pg = partition::apply_plan(model, pp.plan, partition::pipeline_apply_options(pp));
-inline apply_options pipeline_apply_options(const plan::pipeline_plan& pp) {
-    apply_options o;
-    o.stage_of_forward = pp.stage_of;
-    return o;
-}
+namespace loom::partition::detail {
 
 // The block of a piece of logical node `n`, or none for nodes no forward op accounts for.
-inline std::optional<schedule::block> pipeline_block(const partitioned_graph& pg, const plan::pipeline_plan& pp,
+inline std::optional<schedule::block> pipeline_block(const partitioned_graph& pg, const plan::resolved_plan& pp,
                                                      node_id n, std::int32_t piece) {
     const logical_graph& lg = *pg.logical;
     const node& nd = lg.g.at(n);
@@ -9363,7 +10398,7 @@ inline std::optional<schedule::block> pipeline_block(const partitioned_graph& pg
 
 // Orders every device's program by the schedule (pg.order). The schedule must be for the
 // plan's stages, micro-batches and rounds, on the plan's devices.
-inline void order_by_schedule(partitioned_graph& pg, const plan::pipeline_plan& pp, const schedule::schedule& s) {
+inline void order_by_schedule(partitioned_graph& pg, const plan::resolved_plan& pp, const schedule::schedule& s) {
     const std::string what = "pipeline order (" + (s.name.empty() ? std::string("schedule") : s.name) + ")";
     if (s.shape.stages != pp.stages || s.shape.micro_batches != pp.micro_batches || s.shape.rounds != pp.rounds)
         throw schedule::schedule_error(what + ": the schedule has " + std::to_string(s.shape.stages) + " stages, " +
@@ -9451,33 +10486,146 @@ inline void order_by_schedule(partitioned_graph& pg, const plan::pipeline_plan& 
     check_deadlock_free(pg);
 }
 
-// A schedule for stages of one device each, spread over groups of `devices_per_stage`:
-// stage s runs on devices [g * k, (g + 1) * k) of its device g, every member in the same
-// block order (SPMD within the group).
-inline schedule::schedule spread_over_groups(const schedule::schedule& s, int devices_per_stage) {
-    if (devices_per_stage == 1) return s;
-    schedule::schedule out = s;
-    out.shape.devices = s.shape.devices * devices_per_stage;
-    out.device_order.clear();
-    for (int d = 0; d < s.shape.devices; ++d)
-        for (int k = 0; k < devices_per_stage; ++k) out.device_order.push_back(s.device_order.at(static_cast<std::size_t>(d)));
-    for (auto& group : out.shape.stage_devices) {
-        std::vector<int> spread;
-        for (int d : group)
-            for (int k = 0; k < devices_per_stage; ++k) spread.push_back(d * devices_per_stage + k);
-        group = std::move(spread);
+}  // namespace loom::partition::detail
+// ---- end loom/partition/pipeline_order.hpp ----
+
+namespace loom::partition {
+
+struct apply_options {
+    transfer_cost_model cost{};
+};
+
+// The ordered per-device programs of a plan resolved against `model` (plan::resolve).
+inline partitioned_graph apply_plan(const graph& model, const plan::resolved_plan& plan, const apply_options& options = {}) {
+    if (plan.devices < 1) throw plan_error("plan: the device count is " + std::to_string(plan.devices) + "; it must be at least 1");
+    const std::size_t forward = model.forward_node_count();
+    if (plan.forward.size() > forward)
+        throw plan_error("plan: it covers " + std::to_string(plan.forward.size()) + " forward nodes but the graph has " +
+                         std::to_string(forward) + "; resolve the plan against this graph");
+
+    logical_graph_options lo;
+    lo.zero3_identities = plan.zero == plan::zero_stage::parameters;
+    lo.zero2_identities = plan.zero == plan::zero_stage::gradients;
+    lo.recompute.assign(forward, false);
+    lo.decompose.resize(forward);
+    std::vector<std::string> notes;
+    for (std::size_t i = 0; i < forward; ++i) {
+        const auto* p = plan.at(static_cast<node_id>(i));
+        if (!p) continue;
+        lo.recompute[i] = p->recompute;
+        // A cut that a registered transformation makes by rebuilding the op (cross_entropy
+        // along its vocabulary): checked against the op as written, then rebuilt.
+        const node& n = model.nodes[i];
+        plan::op_partition resolved = resolve_partition(n, *p, plan.devices, true, notes);
+        if (decomposition_for(n, resolved)) lo.decompose[i] = std::move(resolved);
     }
+
+    partitioned_graph out;
+    out.world = plan.devices;
+    out.zero = plan.zero;
+    out.plan_name = plan.name;
+    out.logical = std::make_unique<logical_graph>(build_logical_graph(model, lo));
+    out.notes = std::move(notes);
+    const graph& g = out.logical->g;
+
+    // 2. Partitions of every node.
+    plan::op_partition everywhere;
+    everywhere.replicas = plan.devices;
+    std::vector<plan::op_partition> parts(g.nodes.size());
+    std::vector<bool> assigned(g.nodes.size(), false);
+    for (const auto& [n, p] : out.logical->decomposed) {
+        parts[static_cast<std::size_t>(n)] = resolve_partition(g.at(n), p, plan.devices, true, out.notes);
+        assigned[static_cast<std::size_t>(n)] = true;
+    }
+    for (std::size_t i = 0; i < forward; ++i) {
+        node_id n = out.logical->forward_node[i];
+        if (assigned[static_cast<std::size_t>(n)]) continue;
+        const plan::op_partition* p = plan.at(static_cast<node_id>(i));
+        parts[static_cast<std::size_t>(n)] = resolve_partition(g.at(n), p ? *p : everywhere, plan.devices, true, out.notes);
+        assigned[static_cast<std::size_t>(n)] = true;
+    }
+    // ZeRO identities: split the parameter's first dim over every device.
+    auto shard = [&](node_id n) {
+        const node& nd = g.at(n);
+        const tensor_desc& t = g.tensor(nd.inputs[0]);
+        plan::op_partition p;
+        if (t.dims.rank() == 0 || t.dims.extent(0) % plan.devices != 0) {
+            p.replicas = plan.devices;
+            out.notes.push_back("ZeRO: '" + t.name + "' (" + t.dims.to_string() + ") is not divisible into " +
+                                std::to_string(plan.devices) + " shards along its first dim; it stays replicated");
+        } else {
+            p.splits.push_back({t.dims.dim(0), "...0", plan.devices});
+        }
+        parts[static_cast<std::size_t>(n)] = resolve_partition(nd, p, plan.devices, true, out.notes);
+        assigned[static_cast<std::size_t>(n)] = true;
+    };
+    for (auto [param, n] : out.logical->zero3_identity) shard(n);
+    for (auto [param, n] : out.logical->zero2_identity) shard(n);
+    for (std::size_t i = 0; i < g.nodes.size(); ++i) {
+        if (assigned[i]) continue;
+        const node& n = g.nodes[i];
+        // Mirror the forward op (backward nodes), or the producer of the first input (the
+        // seed of the backward pass, zero gradients of unused parameters).
+        node_id like = n.forward_of;
+        if (like == no_id && !n.inputs.empty()) like = g.tensor(n.inputs[0]).producer;
+        const plan::op_partition& source = like != no_id ? parts[static_cast<std::size_t>(like)] : everywhere;
+        parts[i] = resolve_partition(n, mirror_partition(source, like == no_id ? nullptr : &g.at(like)),
+                                     plan.devices, false, out.notes);
+    }
+
+    // 3. Pieces.
+    out.layouts.resize(g.nodes.size());
+    for (std::size_t i = 0; i < g.nodes.size(); ++i)
+        out.layouts[i] = layout_pieces(g, g.nodes[i], std::move(parts[i]));
+
+    // 4-6. Devices, leaves, materialization.
+    materializer m(out, options.cost);
+    // Pipelines: tensors that cross stages move point to point only (materializer::set_stages).
+    if (plan.pipelined()) {
+        const logical_graph& lg = *out.logical;
+        std::vector<int> stage(g.nodes.size(), -1);
+        for (std::size_t i = 0; i < g.nodes.size(); ++i) {
+            const node& n = g.nodes[i];
+            const node_id forward = n.forward_of != no_id ? n.forward_of : static_cast<node_id>(i);
+            const node_id source = lg.source_of[static_cast<std::size_t>(forward)];
+            if (source != no_id && static_cast<std::size_t>(source) < plan.stage_of.size())
+                stage[i] = plan.stage_of[static_cast<std::size_t>(source)];
+        }
+        m.set_stages(std::move(stage));
+    }
+    m.store_leaves();
+    for (std::size_t i = 0; i < g.nodes.size(); ++i) m.emit_node(static_cast<node_id>(i));
+    m.finish();
+    // 7. op-order: the plan's schedule orders every device's program (checked: data flow,
+    //    deadlock); without one, devices run in plan order.
+    if (plan.order) detail::order_by_schedule(out, plan, *plan.order);  // checks the order too
+    out.checked_order = order_fingerprint(out);
     return out;
 }
 
+// The ordered per-device programs of any plan: plan::resolve, then the above.
+//   auto pg = partition::apply_plan(model.ir(), plan::compose(...).choose("m", 4));
+inline partitioned_graph apply_plan(const graph& model, const plan::plan_spec& plan, const apply_options& options = {}) {
+    return apply_plan(model, plan::resolve(plan, model), options);
+}
+
+template <class Plan>
+    requires requires(const Plan& p) {
+        { p.spec() } -> std::convertible_to<plan::plan_spec>;
+    }
+partitioned_graph apply_plan(const graph& model, const Plan& plan, const apply_options& options = {}) {
+    return apply_plan(model, plan.resolve(model), options);
+}
+
 }  // namespace loom::partition
-// ---- end loom/partition/pipeline_order.hpp ----
+// ---- end loom/partition/apply.hpp ----
 
 // op-order: pipeline schedules, their checks, simulation and pictures
 // ---- begin loom/schedule/all.hpp ----
 // Pipeline schedules (op-order): blocks and shapes, order constraints, the list scheduler,
-// the templates (GPipe, 1F1B, interleaved 1F1B, 3F1B, interlaced) and their typed front end,
-// validation, device programs, simulation and export. One concept per header:
+// the templates (GPipe, 1F1B, interleaved 1F1B, 3F1B, interlaced; a plan names them with
+// plan::order<...>, plan/pipeline_parts.hpp), validation, device programs,
+// simulation and export. One concept per header:
 //
 //   block.hpp             block{pass, stage, micro, round}, schedule_error
 //   shape.hpp             pipeline_shape, data dependencies
@@ -9487,7 +10635,6 @@ inline schedule::schedule spread_over_groups(const schedule::schedule& s, int de
 //   from_constraints.hpp  the list scheduler; schedule_spec
 //   checks.hpp            the checks of a template, at compile time and at run time
 //   templates.hpp         gpipe, one_f_one_b, interleaved_one_f_one_b, three_f_one_b, interlaced
-//   order.hpp             order<OneFOneB<4>>::make(8), well_formed<...>
 //   validate.hpp          validate(schedule, validation_options)
 //   program.hpp           device_programs(schedule): compute / send / receive steps
 //   in_flight.hpp         activations held per stage and device
@@ -9495,481 +10642,6 @@ inline schedule::schedule spread_over_groups(const schedule::schedule& s, int de
 //   simulate.hpp          simulate(schedule, cost_model): timeline, bubble, peaks
 //   chrome_trace.hpp      chrome_trace_json(simulation)
 //   svg_timeline.hpp      svg_timeline(simulation)
-// ---- begin loom/schedule/checks.hpp ----
-// The checks of a pipeline template, written once and run at two moments: at compile time by
-// the typed front end (order<OneFOneB<4>>, order.hpp: a mistake is a static_assert through
-// ill_formed_schedule, and schedule::well_formed reads the same predicate as a bool), and at
-// run time by the functions of templates.hpp (one_f_one_b(0, 4) throws schedule_error).
-//
-//   first_policy_error(view) -> the first mistake, or "" when there is none:
-//     a stage count below 1; Virtual < 1 (interleaved); micro-batches below 1, or, for
-//     interleaved 1F1B, not a multiple of the pipeline stages (when the count is known);
-//     rounds below 1; a constraint that names a round the pipeline does not have, or is
-//     ill-formed on its own (constraints.hpp).
-//
-// Messages start with the template as written and say how to fix it:
-//   "order<Interleaved<4, 2>>::make<6>: 6 micro-batches is not a multiple of the 4 pipeline
-//    stages; interleaved 1F1B moves micro-batches through each virtual stage in groups of 4;
-//    use 4 or 8 micro-batches"
-#include <cstddef>
-#include <cstdint>
-#include <span>
-#include <string_view>
-
-// ---- begin loom/schedule/constraints.hpp ----
-// Order constraints as values: nnScaler's op-order(op1, op2) ("op1 runs before op2 on the
-// device that runs both"), written once for a whole family of block pairs.
-//
-//   using namespace loom::schedule::var;
-//   before{forward(micro + stages - stage - 1), backward(micro)}
-//       for every stage s and micro-batch m: F(s, m + S - s - 1) runs before B(s, m)
-//       (Table 4's constraint (3) for 1F1B: stage s runs S - s - 1 forwards ahead)
-//   before{forward(micro + 2, 0), forward(micro + 1, 1)}
-//       Table 7's constraint (1) for 3F1B: F0(s, m+2) before F1(s, m+1)
-//   before{forward(micro), forward(micro + 1).on_stage(stage + 1)}
-//       a pair from two stages (they must share a device)
-//   before{forward(position + 1), backward(position), each_device, {}, unit_order::by_micro_group}
-//       per device: its (position+1)-th forward before its position-th backward, where a
-//       device's forwards are listed in the given unit order (interleaved 1F1B)
-//
-// A family ranges over
-//   each_stage   every stage s and every integer `micro`;
-//   each_device  every device d and every integer `position`,
-// and keeps the pairs whose two blocks both exist (an index below 0 or past the end drops the
-// pair; .or_last() makes an index past the end mean the last one instead). `when` keeps only
-// the members where low <= value <= high. A family whose blocks share no device is an error.
-//
-// Index expressions are affine in the variables of namespace var: micro / position (the
-// family's running index), stage, device (each_stage: the first device of the stage), and the
-// shape's stages, micro_batches, devices and chunks (stages per device). Every part is a
-// literal type, so constraints are constexpr values and template arguments
-// (order<FromConstraints<4, 3, before{...}>>, order.hpp).
-//
-// first_constraint_error(c, rounds) is the one check of a constraint on its own, run at
-// compile time by the typed front end and at run time by from_constraints.
-#include <algorithm>
-#include <cstddef>
-#include <cstdint>
-#include <set>
-#include <string>
-#include <utility>
-#include <string_view>
-#include <vector>
-
-
-namespace loom::schedule {
-
-// ---- index expressions -----------------------------------------------------------------------
-
-struct affine {
-    constexpr affine() = default;
-    constexpr affine(int k) : constant(k) {}  // a constant: forward(0), within(stage, 1, 1)
-
-    int constant = 0;
-    int index = 0;  // micro (each_stage) or position (each_device)
-    int stage = 0;
-    int device = 0;
-    int stages = 0;
-    int micro_batches = 0;
-    int devices = 0;
-    int chunks = 0;
-
-    friend constexpr bool operator==(const affine&, const affine&) = default;
-};
-
-constexpr affine operator+(affine a, const affine& b) {
-    a.constant += b.constant, a.index += b.index, a.stage += b.stage, a.device += b.device;
-    a.stages += b.stages, a.micro_batches += b.micro_batches, a.devices += b.devices, a.chunks += b.chunks;
-    return a;
-}
-constexpr affine operator*(int k, affine a) {
-    a.constant *= k, a.index *= k, a.stage *= k, a.device *= k;
-    a.stages *= k, a.micro_batches *= k, a.devices *= k, a.chunks *= k;
-    return a;
-}
-constexpr affine operator-(const affine& a) { return -1 * a; }
-constexpr affine operator-(const affine& a, const affine& b) { return a + -b; }
-constexpr affine operator+(const affine& a, int k) { return a + affine(k); }
-constexpr affine operator+(int k, const affine& a) { return a + k; }
-constexpr affine operator-(const affine& a, int k) { return a + -k; }
-constexpr affine operator-(int k, const affine& a) { return -a + k; }
-
-namespace detail {
-constexpr affine unit(int affine::*variable) {
-    affine a;
-    a.*variable = 1;
-    return a;
-}
-}  // namespace detail
-
-namespace var {
-inline constexpr affine micro = detail::unit(&affine::index);
-inline constexpr affine position = detail::unit(&affine::index);
-inline constexpr affine stage = detail::unit(&affine::stage);
-inline constexpr affine device = detail::unit(&affine::device);
-inline constexpr affine stages = detail::unit(&affine::stages);
-inline constexpr affine micro_batches = detail::unit(&affine::micro_batches);
-inline constexpr affine devices = detail::unit(&affine::devices);
-inline constexpr affine chunks = detail::unit(&affine::chunks);
-}  // namespace var
-
-struct affine_values {
-    int index = 0, stage = 0, device = 0, stages = 0, micro_batches = 0, devices = 0, chunks = 0;
-};
-
-constexpr long long evaluate(const affine& a, const affine_values& v) {
-    return static_cast<long long>(a.constant) + static_cast<long long>(a.index) * v.index +
-           static_cast<long long>(a.stage) * v.stage + static_cast<long long>(a.device) * v.device +
-           static_cast<long long>(a.stages) * v.stages + static_cast<long long>(a.micro_batches) * v.micro_batches +
-           static_cast<long long>(a.devices) * v.devices + static_cast<long long>(a.chunks) * v.chunks;
-}
-
-// ---- block patterns and families -------------------------------------------------------------
-
-struct block_pattern {
-    pass_kind pass = pass_kind::forward;
-    int round = 0;
-    affine index = var::micro;  // the micro-batch (each_stage) or the position on the device (each_device)
-    affine stage = var::stage;  // each_stage: the block's stage
-    bool or_last_index = false;  // an index past the end means the last block
-
-    constexpr block_pattern on_stage(const affine& s) const {
-        block_pattern p = *this;
-        p.stage = s;
-        return p;
-    }
-    constexpr block_pattern or_last() const {
-        block_pattern p = *this;
-        p.or_last_index = true;
-        return p;
-    }
-    friend constexpr bool operator==(const block_pattern&, const block_pattern&) = default;
-};
-
-// forward(micro + 1) / forward(micro, 2): the forward of round `round` (0 .. rounds-1).
-constexpr block_pattern forward(const affine& index, int round = 0) { return {pass_kind::forward, round, index}; }
-// backward(micro): the backward (it has no round).
-constexpr block_pattern backward(const affine& index) { return {pass_kind::backward, 0, index}; }
-
-enum class family_scope : std::uint8_t { each_stage, each_device };
-inline constexpr family_scope each_stage = family_scope::each_stage;
-inline constexpr family_scope each_device = family_scope::each_device;
-
-// How an each_device family lists a device's blocks of one pass and round:
-//   by_micro        by micro-batch, then stage (forward: ascending; backward: descending)
-//   by_micro_group  by (micro / devices, stage as above, micro % devices): Megatron's
-//                   interleaved order, `devices` micro-batches through one chunk at a time
-enum class unit_order : std::uint8_t { by_micro, by_micro_group };
-
-// A member of a family is kept when low <= value <= high (always, when inactive).
-struct condition {
-    affine value{};
-    affine low{};
-    affine high{};
-    bool active = false;
-    friend constexpr bool operator==(const condition&, const condition&) = default;
-};
-constexpr condition within(const affine& value, const affine& low, const affine& high) {
-    return {value, low, high, true};
-}
-
-// op-order for a family: every `first` block runs before its `then` block.
-struct before {
-    block_pattern first;
-    block_pattern then;
-    family_scope over = family_scope::each_stage;
-    condition when{};
-    unit_order order = unit_order::by_micro;
-
-    friend constexpr bool operator==(const before&, const before&) = default;
-};
-
-// ---- spelling (constexpr, shared by compile-time and run-time messages) --------------------
-
-namespace detail {
-
-using plan::detail::text;
-using plan::detail::concat;
-
-constexpr void append_term(text& out, int coefficient, std::string_view name) {
-    if (coefficient == 0) return;
-    const bool first = out.empty();
-    const int magnitude = coefficient < 0 ? -coefficient : coefficient;
-    if (first)
-        out.append(coefficient < 0 ? "-" : "");
-    else
-        out.append(coefficient < 0 ? " - " : " + ");
-    if (name.empty()) {
-        out.append(plan::detail::decimal(magnitude).view());
-        return;
-    }
-    if (magnitude != 1) out.append(concat(magnitude, "*").view());
-    out.append(name);
-}
-
-// "micro + stages - stage - 1"
-constexpr text spell(const affine& a, family_scope over = family_scope::each_stage) {
-    text out;
-    append_term(out, a.index, over == family_scope::each_stage ? "micro" : "position");
-    append_term(out, a.stages, "stages");
-    append_term(out, a.micro_batches, "micro_batches");
-    append_term(out, a.devices, "devices");
-    append_term(out, a.chunks, "chunks");
-    append_term(out, a.stage, "stage");
-    append_term(out, a.device, "device");
-    append_term(out, a.constant, "");
-    if (out.empty()) out.append("0");
-    return out;
-}
-
-// "forward(micro + 2, 1)", "backward(micro).on_stage(stage + 1)", "forward(micro + 3).or_last()"
-constexpr text spell(const block_pattern& p, family_scope over = family_scope::each_stage) {
-    text out = concat(p.pass == pass_kind::forward ? "forward(" : "backward(", spell(p.index, over));
-    if (p.pass == pass_kind::forward && p.round != 0) out.append(concat(", ", p.round).view());
-    if (p.pass == pass_kind::backward && p.round != 0) out.append(concat(", round ", p.round).view());
-    out.append(")");
-    if (!(p.stage == var::stage)) out.append(concat(".on_stage(", spell(p.stage, over), ")").view());
-    if (p.or_last_index) out.append(".or_last()");
-    return out;
-}
-
-constexpr text spell(const before& c) {
-    text out = concat("before{", spell(c.first, c.over), ", ", spell(c.then, c.over));
-    if (c.over == family_scope::each_device || c.when.active || c.order != unit_order::by_micro)
-        out.append(c.over == family_scope::each_stage ? ", each_stage" : ", each_device");
-    if (c.when.active)
-        out.append(concat(", within(", spell(c.when.value, c.over), ", ", spell(c.when.low, c.over), ", ",
-                          spell(c.when.high, c.over), ")")
-                       .view());
-    else if (c.order != unit_order::by_micro)
-        out.append(", {}");
-    if (c.order == unit_order::by_micro_group) out.append(", by_micro_group");
-    out.append("}");
-    return out;
-}
-
-constexpr bool uses_stage(const affine& a) { return a.stage != 0; }
-
-constexpr text pattern_error(const block_pattern& p, int rounds, const text& where) {
-    if (p.pass == pass_kind::backward && p.round != 0)
-        return concat(where, " names backward round ", p.round,
-                      "; a backward has no round (it follows the last forward); write backward(index)");
-    if (p.round < 0) return concat(where, " names forward round ", p.round, "; rounds count from 0");
-    if (rounds > 0 && p.round >= rounds)
-        return concat(where, " names forward round ", p.round, ", but the pipeline has ", rounds,
-                      rounds == 1 ? " forward round (0)" : " forward rounds (0..",
-                      rounds == 1 ? text() : concat(rounds - 1, ")"),
-                      "; use a round below ", rounds, " or give the pipeline more rounds");
-    return {};
-}
-
-}  // namespace detail
-
-// The first mistake of constraint c on its own (rounds: the pipeline's forward rounds, 0 when
-// not known yet), or "" when there is none. `where` starts the message.
-constexpr plan::detail::text first_constraint_error(const before& c, int rounds, std::string_view where) {
-    using detail::concat;
-    const detail::text at = concat(where, where.empty() ? "" : ": ", detail::spell(c));
-    if (auto e = detail::pattern_error(c.first, rounds, at); !e.empty()) return e;
-    if (auto e = detail::pattern_error(c.then, rounds, at); !e.empty()) return e;
-    if (c.over == family_scope::each_device) {
-        if (!(c.first.stage == var::stage) || !(c.then.stage == var::stage))
-            return concat(at, ": on_stage means nothing in an each_device family (it names blocks by their position on",
-                          " the device); drop on_stage, or make the family each_stage");
-        if (detail::uses_stage(c.first.index) || detail::uses_stage(c.then.index) ||
-            detail::uses_stage(c.when.value) || detail::uses_stage(c.when.low) || detail::uses_stage(c.when.high))
-            return concat(at, ": uses `stage`, which an each_device family does not define; use `device`, or make",
-                          " the family each_stage");
-    }
-    if (c.first == c.then)
-        return concat(at, ": orders every block before itself, which no schedule can do; give the two blocks",
-                      " different passes, rounds, stages or micro-batch offsets");
-    return {};
-}
-
-inline std::string to_string(const before& c) { return detail::spell(c).str(); }
-inline std::string to_string(const block_pattern& p) { return detail::spell(p).str(); }
-inline std::string to_string(const affine& a) { return detail::spell(a).str(); }
-
-// ---- expansion: a family -> the block pairs it orders on one shape -------------------------
-
-struct ordered_pair {
-    block first;
-    block then;
-};
-
-namespace detail {
-
-inline affine_values shape_values(const pipeline_shape& p) {
-    return {0, 0, 0, p.stages, p.micro_batches, p.devices, p.chunks()};
-}
-
-// The blocks of (pass, round) that device d runs, in unit order `order`.
-inline std::vector<block> device_sequence(const pipeline_shape& p, int d, pass_kind pass, int round, unit_order order) {
-    std::vector<block> seq;
-    for (int s = 0; s < p.stages; ++s) {
-        if (!p.runs_on(s, d)) continue;
-        for (int m = 0; m < p.micro_batches; ++m)
-            seq.push_back(pass == pass_kind::forward ? forward_block(s, m, round) : backward_block(s, m));
-    }
-    const int group = p.devices > 0 ? p.devices : 1;
-    auto key = [&](const block& b) {
-        const int chunk = pass == pass_kind::forward ? b.stage : -b.stage;
-        struct k3 {
-            int a, b, c;
-            bool operator<(const k3& o) const { return a != o.a ? a < o.a : b != o.b ? b < o.b : c < o.c; }
-        };
-        if (order == unit_order::by_micro) return k3{b.micro, chunk, 0};
-        return k3{b.micro / group, chunk, b.micro % group};
-    };
-    std::stable_sort(seq.begin(), seq.end(), [&](const block& a, const block& b) { return key(a) < key(b); });
-    return seq;
-}
-
-// The largest |index expression| at index 0. With any non-zero coefficient, an index i with
-// |i| > reach + extent puts that expression outside [0, extent), so the window
-// [-(reach + extent), reach + extent] holds every member (or_last folds the rest onto it).
-inline long long index_reach(const before& c, const affine_values& at0) {
-    long long reach = 0;
-    for (const affine* a : {&c.first.index, &c.then.index}) {
-        const long long v = evaluate(*a, at0);
-        reach = std::max(reach, v < 0 ? -v : v);
-    }
-    return reach;
-}
-
-}  // namespace detail
-
-// The block pairs family c orders on shape p, in (stage or device, index) order. Throws
-// schedule_error when the constraint is ill-formed for p or a pair shares no device.
-inline std::vector<ordered_pair> expand(const before& c, const pipeline_shape& p, std::string_view where = "") {
-    if (auto e = first_constraint_error(c, p.rounds, where); !e.empty()) throw schedule_error(e.str());
-    std::vector<ordered_pair> pairs;
-    const affine_values base = detail::shape_values(p);
-    auto keep = [&](const affine_values& v) {
-        if (!c.when.active) return true;
-        const long long x = evaluate(c.when.value, v);
-        return evaluate(c.when.low, v) <= x && x <= evaluate(c.when.high, v);
-    };
-    auto clamp_index = [](long long index, long long size, bool or_last) -> long long {
-        if (index < 0) return -1;
-        if (index >= size) return or_last ? size - 1 : -1;
-        return index;
-    };
-    auto concat_where = [](std::string_view w) { return w.empty() ? std::string() : std::string(w) + ": "; };
-    std::set<std::pair<int, int>> seen;
-    auto add = [&](const block& a, const block& b, bool saturated) {
-        if (a == b) {
-            if (saturated) return;  // .or_last() folded the pair onto one block
-            throw schedule_error(concat_where(where) + to_string(c) + " orders " + to_string(a, p.rounds) +
-                                 " before itself; change the offsets so the two blocks differ");
-        }
-        bool shared = false;
-        for (int d : p.devices_of(a.stage)) shared = shared || p.runs_on(b.stage, d);
-        if (!shared)
-            throw schedule_error(concat_where(where) + to_string(c) + " orders " + to_string(a, p.rounds) + " before " +
-                                 to_string(b, p.rounds) + ", but they share no device (stage " + std::to_string(a.stage) +
-                                 " and stage " + std::to_string(b.stage) +
-                                 "); op-order orders blocks of one device: fix the stage offsets");
-        if (seen.insert({block_index(p, a), block_index(p, b)}).second) pairs.push_back({a, b});
-    };
-    if (c.over == family_scope::each_stage) {
-        for (int s = 0; s < p.stages; ++s) {
-            affine_values v = base;
-            v.stage = s;
-            v.device = p.devices_of(s).front();
-            const long long reach = detail::index_reach(c, v) + p.micro_batches;
-            for (long long i = -reach; i <= reach; ++i) {
-                v.index = static_cast<int>(i);
-                if (!keep(v)) continue;
-                const long long sa = evaluate(c.first.stage, v), sb = evaluate(c.then.stage, v);
-                if (sa < 0 || sa >= p.stages || sb < 0 || sb >= p.stages) continue;
-                const long long ia = evaluate(c.first.index, v), ib = evaluate(c.then.index, v);
-                const long long ma = clamp_index(ia, p.micro_batches, c.first.or_last_index);
-                const long long mb = clamp_index(ib, p.micro_batches, c.then.or_last_index);
-                if (ma < 0 || mb < 0) continue;
-                const block a{c.first.pass, static_cast<int>(sa), static_cast<int>(ma), c.first.round};
-                const block b{c.then.pass, static_cast<int>(sb), static_cast<int>(mb), c.then.round};
-                add(a, b, ma != ia || mb != ib);
-            }
-        }
-    } else {
-        for (int d = 0; d < p.devices; ++d) {
-            const auto seq_a = detail::device_sequence(p, d, c.first.pass, c.first.round, c.order);
-            const auto seq_b = detail::device_sequence(p, d, c.then.pass, c.then.round, c.order);
-            affine_values v = base;
-            v.device = d;
-            const long long reach = detail::index_reach(c, v) + static_cast<long long>(seq_a.size() + seq_b.size());
-            for (long long i = -reach; i <= reach; ++i) {
-                v.index = static_cast<int>(i);
-                if (!keep(v)) continue;
-                const long long ia = evaluate(c.first.index, v), ib = evaluate(c.then.index, v);
-                const long long pa = clamp_index(ia, static_cast<long long>(seq_a.size()), c.first.or_last_index);
-                const long long pb = clamp_index(ib, static_cast<long long>(seq_b.size()), c.then.or_last_index);
-                if (pa < 0 || pb < 0) continue;
-                add(seq_a[static_cast<std::size_t>(pa)], seq_b[static_cast<std::size_t>(pb)], pa != ia || pb != ib);
-            }
-        }
-    }
-    return pairs;
-}
-
-}  // namespace loom::schedule
-// ---- end loom/schedule/constraints.hpp ----
-
-namespace loom::schedule {
-
-// A schedule mistake found at compile time. The reason is this template's argument; compilers
-// print it in the instantiation context and in the note on the failed assertion.
-template <plan::detail::message Reason>
-struct ill_formed_schedule {
-    static_assert(Reason.empty(),
-                  "schedule: the pipeline schedule is ill-formed; the reason is the message{...} of ill_formed_schedule "
-                  "printed with this error");
-};
-
-namespace detail {
-
-enum class policy_kind : std::uint8_t { gpipe, one_f_one_b, interleaved, three_f_one_b, interlaced, from_constraints };
-
-struct policy_view {
-    policy_kind kind = policy_kind::one_f_one_b;
-    std::string_view spelling;  // how the user wrote it: "order<OneFOneB<4>>", "one_f_one_b(4, 8)"
-    int stages = 1;             // pipeline stages (interleaved: devices; interlaced: without embedding and head)
-    int chunks = 1;             // interleaved: virtual stages per device
-    int rounds = 1;
-    bool micro_batches_known = false;
-    int micro_batches = 0;
-    std::span<const before> constraints{};
-};
-
-constexpr text first_policy_error(const policy_view& v) {
-    if (v.stages < 1)
-        return concat(v.spelling, ": ", v.stages, " pipeline stages; a pipeline needs at least one stage; use 1 or more");
-    if (v.kind == policy_kind::interleaved && v.chunks < 1)
-        return concat(v.spelling, ": ", v.chunks,
-                      " virtual stages per device; each device needs at least one; use 1 or more (1 is plain 1F1B)");
-    if (v.rounds < 1)
-        return concat(v.spelling, ": ", v.rounds, " forward rounds; every micro-batch runs at least one forward; use 1 or more");
-    if (v.micro_batches_known && v.micro_batches < 1)
-        return concat(v.spelling, ": ", v.micro_batches, " micro-batches; a pipeline needs at least one micro-batch");
-    if (v.kind == policy_kind::interleaved && v.micro_batches_known && v.micro_batches % v.stages != 0) {
-        const int below = v.micro_batches / v.stages * v.stages, above = below + v.stages;
-        return concat(v.spelling, ": ", v.micro_batches, " micro-batches is not a multiple of the ", v.stages,
-                      " pipeline stages; interleaved 1F1B moves micro-batches through each virtual stage in groups of ",
-                      v.stages, "; use ", below > 0 ? concat(below, " or ") : text(), above, " micro-batches");
-    }
-    for (std::size_t i = 0; i < v.constraints.size(); ++i) {
-        const text where = concat(v.spelling, ": constraint #", static_cast<int>(i));
-        if (text e = first_constraint_error(v.constraints[i], v.rounds, where.view()); !e.empty()) return e;
-    }
-    return {};
-}
-
-}  // namespace detail
-
-}  // namespace loom::schedule
-// ---- end loom/schedule/checks.hpp ----
 // ---- begin loom/schedule/chrome_trace.hpp ----
 // A simulated schedule as a Chrome trace (chrome://tracing, ui.perfetto.dev): the
 // "traceEvents" format, one complete event (ph "X") per block and device, one thread per
@@ -10015,47 +10687,6 @@ constexpr text first_policy_error(const policy_view& v) {
 #include <string>
 #include <vector>
 
-// ---- begin loom/schedule/costs.hpp ----
-// How long blocks take, for the simulator and the list scheduler.
-//
-//   cost_model{}                                  every block 1, no latency
-//   cost_model{.forward = 1, .backward = 2}       a backward costs two forwards
-//   cost_model{.forward_per_stage = {1, 1, 2}}    per-stage times (the stage count must match)
-//   cost_model{.latency = 0.5}                    every message adds 0.5 between its blocks
-//   cost_model{.duration = [](const block& b) { ... }}   anything else
-// Times are in arbitrary units (the Chrome trace scales them; chrome_trace.hpp).
-#include <functional>
-#include <string>
-#include <vector>
-
-
-namespace loom::schedule {
-
-struct cost_model {
-    double forward = 1.0;
-    double backward = 1.0;
-    std::vector<double> forward_per_stage;   // when not empty: the forward time of each stage
-    std::vector<double> backward_per_stage;  // when not empty: the backward time of each stage
-    double latency = 0.0;                    // added to every dependency that crosses devices
-    std::function<double(const block&)> duration;  // when set: the time of every block
-
-    double of(const block& b) const {
-        if (duration) return duration(b);
-        const auto& per_stage = is_forward(b) ? forward_per_stage : backward_per_stage;
-        if (!per_stage.empty()) {
-            if (b.stage < 0 || static_cast<std::size_t>(b.stage) >= per_stage.size())
-                throw schedule_error("cost_model: " + std::string(is_forward(b) ? "forward" : "backward") +
-                                     "_per_stage has " + std::to_string(per_stage.size()) + " entries but " +
-                                     to_string(b) + " is on stage " + std::to_string(b.stage) +
-                                     "; give one time per stage");
-            return per_stage[static_cast<std::size_t>(b.stage)];
-        }
-        return is_forward(b) ? forward : backward;
-    }
-};
-
-}  // namespace loom::schedule
-// ---- end loom/schedule/costs.hpp ----
 
 namespace loom::schedule {
 
@@ -10198,655 +10829,6 @@ inline std::string chrome_trace_json(const simulation& r, double microseconds_pe
 
 }  // namespace loom::schedule
 // ---- end loom/schedule/chrome_trace.hpp ----
-// ---- begin loom/schedule/from_constraints.hpp ----
-// A schedule from order constraints alone: a deterministic list scheduler.
-//
-//   schedule s = from_constraints(pipeline_shape::linear(4, 8), {
-//       before{forward(micro), forward(micro + 1)},
-//       before{backward(micro), backward(micro + 1)},
-//       before{forward(micro + stages - stage - 1).or_last(), backward(micro)},
-//       before{backward(micro), forward(micro + stages - stage)}}, "my 1F1B");
-//
-// The scheduler plays the pipeline forward in time under a cost model (uniform by default):
-// among the blocks whose data dependencies and constrained predecessors are all placed, it
-// places the one that can start earliest on all of its devices; ties go to the block on more
-// devices (an SPMD block takes the moment every device is free), then the oldest micro-batch,
-// then backward before forward, then the later forward round, then the lower stage.
-//
-// Messages on one channel (device a -> device b) arrive in the order a sends them, so once a
-// has sent for X' and then for X, X' must run before X on b. Before placing a block, the
-// scheduler follows what its messages would force down the pipeline and skips the block when
-// that contradicts an order already forced; what it returns passes validate() (which it runs).
-//
-// Constraints that fix each device's order (GPipe, 1F1B, interleaved 1F1B) give exactly that
-// order whatever the costs; where they leave freedom (3F1B's warm-up, the interlaced
-// pipeline's embedding and head), the costs decide, standing in for nnScaler's temporal-order
-// search. The scheduler is greedy: it can report crossed messages for constraints that some
-// other order would satisfy.
-//
-// Throws schedule_error when a constraint is ill-formed, when the constraints and the data
-// dependencies order blocks in a cycle (the blocks and the constraints are named), or when
-// they leave no way to avoid crossed messages.
-#include <algorithm>
-#include <cstddef>
-#include <map>
-#include <set>
-#include <string>
-#include <tuple>
-#include <utility>
-#include <vector>
-
-
-namespace loom::schedule {
-
-// A named shape with its constraints: what the templates (templates.hpp) produce.
-struct schedule_spec {
-    std::string name;
-    pipeline_shape shape;
-    std::vector<before> constraints;
-};
-
-namespace detail {
-
-class list_scheduler {
-public:
-    list_scheduler(const pipeline_shape& p, const std::vector<before>& constraints, std::string name,
-                   const cost_model& costs)
-        : p_(p), constraints_(constraints), name_(std::move(name)), costs_(costs),
-          where_(name_.empty() ? std::string("from_constraints") : "from_constraints('" + name_ + "')"),
-          n_(static_cast<std::size_t>(block_count(p))), preds_(n_), deps_(n_) {}
-
-    schedule run() {
-        check_shape(p_, where_ + ": shape");
-        collect_edges();
-        check_acyclic();
-        std::map<std::pair<int, int>, std::size_t> channel_ids;
-        for (const transfer& t : all_transfers(p_)) {
-            const auto [it, added] = channel_ids.try_emplace({t.from, t.to}, channels_.size());
-            if (added) channels_.emplace_back();
-            channels_[it->second].push_back(messages_.size());
-            channel_of_.push_back(it->second);
-            messages_.push_back(t);
-        }
-        place_all();
-        schedule s{p_, order_, name_};
-        validate(s);
-        return s;
-    }
-
-private:
-    const pipeline_shape& p_;
-    const std::vector<before>& constraints_;
-    std::string name_;
-    const cost_model& costs_;
-    std::string where_;
-    std::size_t n_;
-    std::vector<std::vector<std::pair<std::size_t, int>>> preds_;  // (block, constraint #) placed before
-    std::vector<std::vector<dependency>> deps_;
-    std::vector<transfer> messages_;
-    std::vector<std::size_t> channel_of_;                // message id -> channel id
-    std::vector<std::vector<std::size_t>> channels_;     // channel id -> its message ids
-    std::vector<std::vector<block>> order_;
-    std::vector<bool> placed_;
-    std::vector<std::vector<std::size_t>> fifo_preds_;  // blocks that must run first because of message order
-    std::vector<std::vector<std::size_t>> sent_;        // channel id -> message ids sent so far, in order
-    std::vector<std::vector<std::size_t>> out_of_;      // message ids each block sends
-
-    std::size_t index(const block& b) const { return static_cast<std::size_t>(block_index(p_, b)); }
-    std::string name(const block& b) const { return to_string(b, p_.rounds); }
-
-    void collect_edges() {
-        for (std::size_t c = 0; c < constraints_.size(); ++c) {
-            const std::string at = where_ + ": constraint #" + std::to_string(c);
-            for (const ordered_pair& q : expand(constraints_[c], p_, at))
-                preds_[index(q.then)].push_back({index(q.first), static_cast<int>(c)});
-        }
-        for (const dependency& d : dependencies(p_)) deps_[index(d.consumer)].push_back(d);
-    }
-
-    // Edge labels: >= 0 a dependency kind, < 0 constraint #(-label - 1).
-    void check_acyclic() const {
-        std::vector<std::vector<labelled_edge>> out(n_);
-        for (std::size_t v = 0; v < n_; ++v) {
-            for (const auto& [u, c] : preds_[v]) out[u].push_back({static_cast<int>(v), -c - 1});
-            for (const dependency& d : deps_[v])
-                out[index(d.producer)].push_back({static_cast<int>(v), static_cast<int>(d.kind)});
-        }
-        const auto cycle = find_cycle(out);
-        if (cycle.empty()) return;
-        std::string text;
-        for (const auto& e : cycle) {
-            const block u = block_at(p_, e.from), v = block_at(p_, e.to);
-            if (!text.empty()) text += "; ";
-            if (e.label < 0) {
-                const auto c = static_cast<std::size_t>(-e.label - 1);
-                text += name(u) + " before " + name(v) + " by constraint #" + std::to_string(c) + " " +
-                        to_string(constraints_[c]);
-            } else {
-                text += name(v) + " needs " + name(u) + " (" + reads_text(static_cast<dependency_kind>(e.label)) + ")";
-            }
-        }
-        throw schedule_error(where_ + ": the constraints cannot all hold; with the data dependencies they order "
-                                      "these blocks in a cycle: " + text + "; drop or change one of the constraints named");
-    }
-
-    // Placing blocks in time order. Messages add order too: once P' has sent to X' on a
-    // channel, a later message to X on it makes X' a predecessor of X (fifo_preds_). A block
-    // is placed only if that cannot contradict what is already forced: a producer P sending
-    // to X goes first only if no consumer X'' of a producer still to come on the channel
-    // must run before X (fifo_conflict).
-    void place_all() {
-        const int devices = p_.devices;
-        order_.assign(static_cast<std::size_t>(devices), {});
-        std::vector<double> free(static_cast<std::size_t>(devices), 0.0), finish(n_, 0.0);
-        placed_.assign(n_, false);
-        fifo_preds_.assign(n_, {});
-        sent_.assign(channels_.size(), {});
-        out_of_.assign(n_, {});
-        for (std::size_t id = 0; id < messages_.size(); ++id) out_of_[index(messages_[id].producer)].push_back(id);
-        const auto blocks = all_blocks(p_);
-        using key = std::tuple<double, int, int, int, int, int, std::size_t>;
-        for (std::size_t count = 0; count < n_; ++count) {
-            std::vector<key> candidates;
-            for (std::size_t x = 0; x < n_; ++x) {
-                if (placed_[x] || !predecessors_placed(x)) continue;
-                const block& b = blocks[x];
-                double start = 0.0;
-                for (int g : p_.devices_of(b.stage)) {
-                    start = std::max(start, free[static_cast<std::size_t>(g)]);
-                    for (const dependency& d : deps_[x]) {
-                        const double latency = p_.runs_on(d.producer.stage, g) ? 0.0 : costs_.latency;
-                        start = std::max(start, finish[index(d.producer)] + latency);
-                    }
-                }
-                const int spmd_first = -static_cast<int>(p_.devices_of(b.stage).size());
-                candidates.push_back({start, spmd_first, b.micro, is_backward(b) ? 0 : 1, -b.round, b.stage, x});
-            }
-            std::sort(candidates.begin(), candidates.end());
-            std::size_t best = n_;
-            double start = 0.0;
-            std::size_t first_blocked = n_;
-            std::pair<std::size_t, std::size_t> first_conflict{n_, n_};
-            for (const key& k : candidates) {
-                const std::size_t x = std::get<6>(k);
-                if (auto conflict = fifo_conflict(x); conflict.first < n_) {
-                    if (first_blocked == n_) first_blocked = x, first_conflict = conflict;
-                    continue;
-                }
-                best = x;
-                start = std::get<0>(k);
-                break;
-            }
-            if (best == n_) stall(first_blocked, first_conflict);
-            place(best, blocks[best], start, finish, free);
-        }
-    }
-
-    bool predecessors_placed(std::size_t x) const {
-        for (const auto& [u, c] : preds_[x])
-            if (!placed_[u]) return false;
-        for (const dependency& d : deps_[x])
-            if (!placed_[index(d.producer)]) return false;
-        for (std::size_t u : fifo_preds_[x])
-            if (!placed_[u]) return false;
-        return true;
-    }
-
-    // The unplaced blocks that must run before x (constraints, dependencies, FIFO order), x included.
-    std::vector<bool> forced_before(std::size_t x) const {
-        std::vector<bool> seen(n_, false);
-        std::vector<std::size_t> stack{x};
-        seen[x] = true;
-        auto visit = [&](std::size_t u) {
-            if (placed_[u] || seen[u]) return;
-            seen[u] = true;
-            stack.push_back(u);
-        };
-        while (!stack.empty()) {
-            const std::size_t v = stack.back();
-            stack.pop_back();
-            for (const auto& [u, c] : preds_[v]) visit(u);
-            for (const dependency& d : deps_[v]) visit(index(d.producer));
-            for (std::size_t u : fifo_preds_[v]) visit(u);
-        }
-        return seen;
-    }
-
-    // Placing producer x now sends its messages before those of every producer still to come
-    // on the same channels, so their consumers must run in that order too, and so must the
-    // consumers of those consumers' messages, down the pipeline. Returns the first implied
-    // pair (must-run-first, must-run-second) that contradicts an order already forced, or
-    // (n_, n_) when there is none.
-    std::pair<std::size_t, std::size_t> fifo_conflict(std::size_t x) const {
-        std::vector<std::pair<std::size_t, std::size_t>> implied;
-        for (std::size_t mine : out_of_[x]) {
-            const std::size_t consumer = index(messages_[mine].consumer);
-            for (std::size_t theirs : channels_[channel_of_[mine]]) {
-                const transfer& t = messages_[theirs];
-                if (placed_[index(t.producer)] || index(t.producer) == x || index(t.consumer) == consumer) continue;
-                implied.push_back({consumer, index(t.consumer)});
-            }
-        }
-        std::set<std::pair<std::size_t, std::size_t>> seen(implied.begin(), implied.end());
-        std::map<std::size_t, std::vector<bool>> forced;  // block -> the unplaced blocks forced before it
-        for (std::size_t i = 0; i < implied.size(); ++i) {
-            const auto [first, second] = implied[i];
-            auto it = forced.find(first);
-            if (it == forced.end()) it = forced.emplace(first, forced_before(first)).first;
-            if (it->second[second]) return {first, second};
-            for (std::size_t a : out_of_[first])
-                for (std::size_t z : out_of_[second]) {
-                    if (channel_of_[a] != channel_of_[z]) continue;
-                    const std::pair next{index(messages_[a].consumer), index(messages_[z].consumer)};
-                    if (next.first != next.second && seen.insert(next).second) implied.push_back(next);
-                }
-        }
-        return {n_, n_};
-    }
-
-    void place(std::size_t x, const block& b, double start, std::vector<double>& finish, std::vector<double>& free) {
-        finish[x] = start + costs_.of(b);
-        placed_[x] = true;
-        for (int g : p_.devices_of(b.stage)) {
-            order_[static_cast<std::size_t>(g)].push_back(b);
-            free[static_cast<std::size_t>(g)] = finish[x];
-        }
-        for (std::size_t mine : out_of_[x]) {
-            const std::size_t consumer = index(messages_[mine].consumer);
-            auto& sent = sent_[channel_of_[mine]];
-            for (std::size_t earlier : sent) {
-                const std::size_t their_consumer = index(messages_[earlier].consumer);
-                if (!placed_[their_consumer] && their_consumer != consumer) fifo_preds_[consumer].push_back(their_consumer);
-            }
-            sent.push_back(mine);
-        }
-    }
-
-    [[noreturn]] void stall(std::size_t blocked, std::pair<std::size_t, std::size_t> conflict) const {
-        if (blocked >= n_)
-            throw schedule_error(where_ + ": no block can run next; the constraints leave no order (this is a bug if "
-                                          "no cycle was reported)");
-        const block x = block_at(p_, static_cast<int>(blocked));
-        const block first = block_at(p_, static_cast<int>(conflict.first));
-        const block second = block_at(p_, static_cast<int>(conflict.second));
-        throw schedule_error(where_ + ": the constraints force crossed messages: every block that can run next, such as " +
-                             name(x) + ", sends a message that would make " + name(first) + " run before " +
-                             name(second) + " (messages on one channel arrive in the order they are sent), but " +
-                             name(second) + " must run before " + name(first) +
-                             "; loosen the constraints that order these blocks");
-    }
-
-    static std::string reads_text(dependency_kind k) { return detail::reads_text(k); }
-};
-
-}  // namespace detail
-
-inline schedule from_constraints(const pipeline_shape& shape, const std::vector<before>& constraints,
-                                 std::string name = "", const cost_model& costs = {}) {
-    return detail::list_scheduler(shape, constraints, std::move(name), costs).run();
-}
-
-inline schedule from_constraints(const schedule_spec& spec, const cost_model& costs = {}) {
-    return from_constraints(spec.shape, spec.constraints, spec.name, costs);
-}
-
-}  // namespace loom::schedule
-// ---- end loom/schedule/from_constraints.hpp ----
-// ---- begin loom/schedule/order.hpp ----
-// The typed front end: a pipeline template as a type, checked when it is compiled.
-//
-//   schedule a = order<OneFOneB<4>>::make(8);            // micro-batches known at run time
-//   schedule b = order<Interleaved<4, 2>>::make<8>();    // ... or at compile time
-//   schedule c = order<ThreeFOneB<4>>::make(8);
-//   schedule d = order<Interlaced<4>>::make(8);           // 4 pipeline stages + embedding and head
-//   schedule e = order<GPipe<2>>::make(4, cost_model{.forward = 1, .backward = 2});
-//
-//   using namespace loom::schedule::var;
-//   constexpr before f0_first{forward(micro + 1, 0), forward(micro, 1)};
-//   schedule g = order<FromConstraints<4, 2, f0_first>>::make(8);   // 4 stages, 2 rounds
-//
-// Every mistake decidable at compile time is a static_assert whose message names the
-// template and the fix (checks.hpp, e.g. "order<OneFOneB<0>>: 0 pipeline stages; a pipeline
-// needs at least one stage; use 1 or more"); make(m) runs the same predicate on m and throws
-// schedule_error. schedule::well_formed<Policy[, MicroBatches]> answers the same question as a
-// bool, without a hard error (MicroBatches = 0: the count is not given).
-#include <array>
-#include <optional>
-#include <string>
-#include <span>
-#include <string_view>
-
-// ---- begin loom/schedule/templates.hpp ----
-// The classic pipeline schedules, each written as order constraints (nnScaler's op-order with
-// offsets) and built by the list scheduler (from_constraints.hpp). With S stages, stage s,
-// m micro-batches, p devices, v virtual stages per device, w the warm-up forwards of a stage
-// or device:
-//
-//   gpipe(S, m)        every forward before any backward, both in micro-batch order
-//   one_f_one_b(S, m)  Table 4: forwards and backwards in micro-batch order, and
-//                        F(s, i + w) before B(s, i), B(s, i) before F(s, i + w + 1), w = S - s - 1
-//                      (the paper's ofst = |D| - i with stages counted from 1)
-//   interleaved_one_f_one_b(p, v, m)
-//                      the same four constraints per device over its blocks in Megatron's
-//                      order (p micro-batches through one chunk at a time, chunks ascending for
-//                      forwards and descending for backwards), w = 2(p - d - 1) + (v - 1) p
-//                      (w = p - d - 1 when v = 1: plain 1F1B); m must be a multiple of p
-//   three_f_one_b(S, m)
-//                      Table 7 (AlphaFold2's recycling: three forward rounds, one backward):
-//                        F0(s, i+2) before F1(s, i+1), F1(s, i+1) before F2(s, i) (for every
-//                        i >= 0; the paper writes i > 0 for the second, i = 0 changes nothing),
-//                        F2(s, i + w) before B(s, i), w = S - s - 1,
-//                      plus each round's forwards and the backwards in micro-batch order and
-//                        B(s, i) before F0(s, i + w + 3)
-//                      which closes the steady state (F0, F1, F2, B of four micro-batches);
-//                      the warm-up and cool-down are left to the scheduler, as in the paper.
-//                      The rounds of one micro-batch start 4f + b apart on a stage (one cycle
-//                      and a forward), so the steady state has no bubble while the recycling
-//                      trip through all stages fits: S f <= 4f + b (S <= 5 when b = f, S <= 6
-//                      when b = 2f); deeper pipelines idle in every cycle
-//   interlaced(p, m)   Figure 6: the embedding (stage 0) and the LM head (stage p + 1) on
-//                      every device, the p stages between as 1F1B (w = p - k for stage k);
-//                      the embedding forward of micro-batch i + 1 waits for the first stage's
-//                      forward of i, and the rest of the time sharing is the scheduler's
-//                      (ties go to the SPMD blocks, so with f = b they run when every device
-//                      is free and the steady state has no bubble; with b != f the greedy
-//                      leaves some per micro-batch, which a search could remove)
-//
-// Each has a *_constraints() (the family, independent of sizes), a *_spec(...) (shape and
-// constraints: what the executor needs to rebuild it) and a builder returning the schedule.
-// The builders check their arguments with the predicates of checks.hpp, as the typed front
-// end (order.hpp) does at compile time.
-#include <initializer_list>
-#include <string>
-#include <vector>
-
-
-namespace loom::schedule {
-
-// Per stage: each round's forwards in micro-batch order, and the backwards too (Table 4 (1), (2)).
-inline std::vector<before> micro_order_constraints(int rounds = 1) {
-    using namespace var;
-    std::vector<before> c;
-    for (int r = 0; r < rounds; ++r) c.push_back(before{forward(micro, r), forward(micro + 1, r)});
-    c.push_back(before{backward(micro), backward(micro + 1)});
-    return c;
-}
-
-inline std::vector<before> gpipe_constraints() {
-    using namespace var;
-    auto c = micro_order_constraints();
-    // the last forward before the first backward
-    c.push_back(before{forward(micro + micro_batches - 1), backward(micro)});
-    return c;
-}
-
-inline std::vector<before> one_f_one_b_constraints() {
-    using namespace var;
-    auto c = micro_order_constraints();
-    c.push_back(before{forward(micro + stages - stage - 1).or_last(), backward(micro)});  // (3), ofst = S - s - 1
-    c.push_back(before{backward(micro), forward(micro + stages - stage)});                // (4), ofst + 1
-    return c;
-}
-
-// Per device d over its blocks in by_micro_group order; `chunks` is v.
-inline std::vector<before> interleaved_constraints(int chunks) {
-    using namespace var;
-    // w = 2(p - d - 1) + (v - 1) p = stages + devices - 2 device - 2 (v > 1); p - d - 1 (v = 1)
-    const affine warmup = chunks > 1 ? stages + devices - 2 * device - 2 : devices - device - 1;
-    constexpr condition always{};
-    constexpr auto grouped = unit_order::by_micro_group;
-    return {
-        before{forward(position), forward(position + 1), each_device, always, grouped},
-        before{backward(position), backward(position + 1), each_device, always, grouped},
-        before{forward(position + warmup).or_last(), backward(position), each_device, always, grouped},
-        before{backward(position), forward(position + warmup + 1), each_device, always, grouped},
-    };
-}
-
-// Table 7, for `rounds` forward rounds (3F1B: 3).
-inline std::vector<before> recycling_constraints(int rounds = 3) {
-    using namespace var;
-    auto c = micro_order_constraints(rounds);
-    for (int r = 0; r + 1 < rounds; ++r) c.push_back(before{forward(micro + 1, r), forward(micro, r + 1)});  // (1), (2)
-    c.push_back(before{forward(micro + stages - stage - 1, rounds - 1).or_last(), backward(micro)});        // (3)
-    c.push_back(before{backward(micro), forward(micro + stages - stage + rounds - 1, 0)});                  // next cycle
-    return c;
-}
-
-// Stages 0 (embedding) and S-1 (LM head) on every device; stages 1..S-2 a 1F1B pipeline.
-inline std::vector<before> interlaced_constraints() {
-    using namespace var;
-    auto c = micro_order_constraints();
-    const condition pipeline_stages = within(stage, 1, stages - 2);
-    // stage k of the p = S - 2 pipeline stages runs w = p - k forwards ahead
-    c.push_back(before{forward(micro + stages - stage - 2).or_last(), backward(micro), each_stage, pipeline_stages});
-    c.push_back(before{backward(micro), forward(micro + stages - stage - 1), each_stage, pipeline_stages});
-    // the embedding runs one micro-batch ahead of the first pipeline stage
-    c.push_back(before{forward(micro).on_stage(1), forward(micro + 1), each_stage, within(stage, 0, 0)});
-    return c;
-}
-
-// ---- specs and builders ----------------------------------------------------------------------
-
-namespace detail {
-
-inline void check_policy(policy_kind kind, const std::string& spelling, int stages, int chunks, int micro_batches,
-                         int rounds = 1) {
-    const policy_view v{kind, spelling, stages, chunks, rounds, true, micro_batches, {}};
-    if (text e = first_policy_error(v); !e.empty()) throw schedule_error(e.str());
-}
-
-inline std::string call_text(const char* function, std::initializer_list<int> args) {
-    std::string out = std::string(function) + "(";
-    bool first = true;
-    for (int a : args) out += (first ? "" : ", ") + std::to_string(a), first = false;
-    return out + ")";
-}
-
-}  // namespace detail
-
-inline schedule_spec gpipe_spec(int stages, int micro_batches) {
-    detail::check_policy(detail::policy_kind::gpipe, detail::call_text("gpipe", {stages, micro_batches}), stages, 1,
-                         micro_batches);
-    return {"GPipe", pipeline_shape::linear(stages, micro_batches), gpipe_constraints()};
-}
-
-inline schedule_spec one_f_one_b_spec(int stages, int micro_batches) {
-    detail::check_policy(detail::policy_kind::one_f_one_b, detail::call_text("one_f_one_b", {stages, micro_batches}),
-                         stages, 1, micro_batches);
-    return {"1F1B", pipeline_shape::linear(stages, micro_batches), one_f_one_b_constraints()};
-}
-
-inline schedule_spec interleaved_spec(int devices, int chunks, int micro_batches) {
-    detail::check_policy(detail::policy_kind::interleaved,
-                         detail::call_text("interleaved_one_f_one_b", {devices, chunks, micro_batches}), devices, chunks,
-                         micro_batches);
-    return {"interleaved 1F1B (" + std::to_string(chunks) + " virtual stages per device)",
-            pipeline_shape::interleaved(devices, chunks, micro_batches), interleaved_constraints(chunks)};
-}
-
-inline schedule_spec three_f_one_b_spec(int stages, int micro_batches) {
-    detail::check_policy(detail::policy_kind::three_f_one_b, detail::call_text("three_f_one_b", {stages, micro_batches}),
-                         stages, 1, micro_batches, 3);
-    return {"3F1B", pipeline_shape::linear(stages, micro_batches, 3), recycling_constraints(3)};
-}
-
-inline schedule_spec interlaced_spec(int pipeline_stages, int micro_batches, int devices_per_stage = 1) {
-    const std::string call = detail::call_text("interlaced", {pipeline_stages, micro_batches, devices_per_stage});
-    detail::check_policy(detail::policy_kind::interlaced, call, pipeline_stages, 1, micro_batches);
-    if (devices_per_stage < 1)
-        throw schedule_error(call + ": " + std::to_string(devices_per_stage) +
-                             " devices per stage; each pipeline stage needs at least one device");
-    return {"interlaced", pipeline_shape::interlaced(pipeline_stages, micro_batches, devices_per_stage),
-            interlaced_constraints()};
-}
-
-inline schedule gpipe(int stages, int micro_batches, const cost_model& costs = {}) {
-    return from_constraints(gpipe_spec(stages, micro_batches), costs);
-}
-inline schedule one_f_one_b(int stages, int micro_batches, const cost_model& costs = {}) {
-    return from_constraints(one_f_one_b_spec(stages, micro_batches), costs);
-}
-inline schedule interleaved_one_f_one_b(int devices, int chunks, int micro_batches, const cost_model& costs = {}) {
-    return from_constraints(interleaved_spec(devices, chunks, micro_batches), costs);
-}
-inline schedule three_f_one_b(int stages, int micro_batches, const cost_model& costs = {}) {
-    return from_constraints(three_f_one_b_spec(stages, micro_batches), costs);
-}
-inline schedule interlaced(int pipeline_stages, int micro_batches, int devices_per_stage = 1,
-                           const cost_model& costs = {}) {
-    return from_constraints(interlaced_spec(pipeline_stages, micro_batches, devices_per_stage), costs);
-}
-
-}  // namespace loom::schedule
-// ---- end loom/schedule/templates.hpp ----
-
-namespace loom::schedule {
-
-namespace detail {
-
-using plan::detail::static_text;
-
-// What every policy type provides: kind, stages, chunks, rounds, its spelling, its
-// constraints (user ones; templates keep theirs in templates.hpp) and spec(micro_batches).
-template <class Policy>
-constexpr policy_view policy_view_of(std::string_view spelling, std::optional<int> micro_batches = std::nullopt) {
-    return {Policy::kind,
-            spelling,
-            Policy::stages,
-            Policy::chunks,
-            Policy::rounds,
-            micro_batches.has_value(),
-            micro_batches.value_or(0),
-            std::span<const before>(Policy::constraints)};
-}
-
-inline constexpr std::array<before, 0> no_constraints{};
-
-}  // namespace detail
-
-template <int Stages>
-struct GPipe {
-    static constexpr detail::policy_kind kind = detail::policy_kind::gpipe;
-    static constexpr int stages = Stages, chunks = 1, rounds = 1;
-    static constexpr detail::static_text spelling{detail::concat("GPipe<", Stages, ">")};
-    static constexpr const auto& constraints = detail::no_constraints;
-    static schedule_spec spec(int micro_batches) { return gpipe_spec(Stages, micro_batches); }
-};
-
-template <int Stages>
-struct OneFOneB {
-    static constexpr detail::policy_kind kind = detail::policy_kind::one_f_one_b;
-    static constexpr int stages = Stages, chunks = 1, rounds = 1;
-    static constexpr detail::static_text spelling{detail::concat("OneFOneB<", Stages, ">")};
-    static constexpr const auto& constraints = detail::no_constraints;
-    static schedule_spec spec(int micro_batches) { return one_f_one_b_spec(Stages, micro_batches); }
-};
-
-// Stages pipeline stages (devices), Virtual chunks per device.
-template <int Stages, int Virtual>
-struct Interleaved {
-    static constexpr detail::policy_kind kind = detail::policy_kind::interleaved;
-    static constexpr int stages = Stages, chunks = Virtual, rounds = 1;
-    static constexpr detail::static_text spelling{detail::concat("Interleaved<", Stages, ", ", Virtual, ">")};
-    static constexpr const auto& constraints = detail::no_constraints;
-    static schedule_spec spec(int micro_batches) { return interleaved_spec(Stages, Virtual, micro_batches); }
-};
-
-template <int Stages>
-struct ThreeFOneB {
-    static constexpr detail::policy_kind kind = detail::policy_kind::three_f_one_b;
-    static constexpr int stages = Stages, chunks = 1, rounds = 3;
-    static constexpr detail::static_text spelling{detail::concat("ThreeFOneB<", Stages, ">")};
-    static constexpr const auto& constraints = detail::no_constraints;
-    static schedule_spec spec(int micro_batches) { return three_f_one_b_spec(Stages, micro_batches); }
-};
-
-// Stages pipeline stages, one device each, between an embedding and an LM head on all devices.
-template <int Stages>
-struct Interlaced {
-    static constexpr detail::policy_kind kind = detail::policy_kind::interlaced;
-    static constexpr int stages = Stages, chunks = 1, rounds = 1;
-    static constexpr detail::static_text spelling{detail::concat("Interlaced<", Stages, ">")};
-    static constexpr const auto& constraints = detail::no_constraints;
-    static schedule_spec spec(int micro_batches) { return interlaced_spec(Stages, micro_batches); }
-};
-
-// Stages stages on one device each, Rounds forward rounds, ordered by Constraints alone.
-template <int Stages, int Rounds, before... Constraints>
-struct FromConstraints {
-    static constexpr detail::policy_kind kind = detail::policy_kind::from_constraints;
-    static constexpr int stages = Stages, chunks = 1, rounds = Rounds;
-    static constexpr detail::static_text spelling{
-        detail::concat("FromConstraints<", Stages, ", ", Rounds, sizeof...(Constraints) ? ", ...>" : ">")};
-    static constexpr std::array<before, sizeof...(Constraints)> constraints{Constraints...};
-    static schedule_spec spec(int micro_batches) {
-        return {"FromConstraints", pipeline_shape::linear(Stages, micro_batches, Rounds),
-                std::vector<before>(constraints.begin(), constraints.end())};
-    }
-};
-
-namespace detail {
-
-template <class Policy>
-inline constexpr static_text order_spelling{concat("order<", Policy::spelling.view(), ">")};
-
-template <class Policy>
-inline constexpr plan::detail::message policy_error{
-    first_policy_error(policy_view_of<Policy>(order_spelling<Policy>.view()))};
-
-// A base of order<Policy>: instantiating order<Policy> checks Policy.
-template <class Policy>
-struct checked_policy : ill_formed_schedule<policy_error<Policy>> {};
-
-}  // namespace detail
-
-template <class Policy>
-struct order : detail::checked_policy<Policy> {
-    static constexpr std::string_view name() { return detail::order_spelling<Policy>.view(); }
-
-    // The shape and constraints for this many micro-batches (throws schedule_error when m
-    // does not fit the template, with the same message as a compile-time count).
-    static schedule_spec spec(int micro_batches) {
-        const std::string spelling = std::string(name()) + "::make(" + std::to_string(micro_batches) + ")";
-        const auto view = detail::policy_view_of<Policy>(spelling, micro_batches);
-        if (auto e = detail::first_policy_error(view); !e.empty()) throw schedule_error(e.str());
-        return Policy::spec(micro_batches);
-    }
-
-    static schedule make(int micro_batches, const cost_model& costs = {}) {
-        return from_constraints(spec(micro_batches), costs);
-    }
-
-    template <int MicroBatches>
-    static schedule make(const cost_model& costs = {}) {
-        static constexpr detail::static_text spelling{detail::concat(name(), "::make<", MicroBatches, ">")};
-        constexpr plan::detail::message error{
-            detail::first_policy_error(detail::policy_view_of<Policy>(spelling.view(), MicroBatches))};
-        if constexpr (!error.empty()) (void)ill_formed_schedule<error>{};
-        return make(MicroBatches, costs);
-    }
-};
-
-namespace detail {
-template <class Policy, int MicroBatches>
-constexpr text well_formed_error() {
-    return first_policy_error(policy_view_of<Policy>(
-        order_spelling<Policy>.view(), MicroBatches == 0 ? std::nullopt : std::optional<int>(MicroBatches)));
-}
-}  // namespace detail
-
-// Does order<Policy> (and make<MicroBatches>, when given) pass every compile-time check?
-// MicroBatches = 0: the count is not given.
-template <class Policy, int MicroBatches = 0>
-inline constexpr bool well_formed = detail::well_formed_error<Policy, MicroBatches>().empty();
-
-// The first mistake, as the checks word it ("" when well-formed): error_message<...>.view().
-template <class Policy, int MicroBatches = 0>
-inline constexpr plan::detail::message error_message{detail::well_formed_error<Policy, MicroBatches>()};
-
-}  // namespace loom::schedule
-// ---- end loom/schedule/order.hpp ----
 // ---- begin loom/schedule/program.hpp ----
 // A validated schedule lowered to what each device does, messages included:
 //
@@ -11069,27 +11051,29 @@ inline std::string svg_timeline(const simulation& r, const svg_options& o = {}) 
 //   schedule_orders.hpp   GPipe, 1F1B and interleaved block orders in linear time
 //   evaluate.hpp          cost_context, evaluate(configuration): step time and memory
 //   branch_and_bound.hpp  branch_and_bound, enumerate_all, search_result::explain
-//   apply_configuration.hpp  a configuration as per-device programs; executable_space()
-//   calibrate_host.hpp    the host backend measured as a cluster of in-process ranks
-//   plan_json.hpp         a configuration as JSON and back (loom_plan --out)
+//   to_plan.hpp           a searched configuration as the one plan value
 //   order_search.hpp      temporal-order search: per-device block orders under constraints
 //                         and a memory cap, minimising the makespan
-// ---- begin loom/search/apply_configuration.hpp ----
-// From a searched configuration to per-device programs that run: the plan presets and the
-// pipeline machinery of plan/ and partition/, ordered by the configuration's schedule.
+// ---- begin loom/search/to_plan.hpp ----
+// The searcher's answer as the one plan value: a configuration of the searched space
+// (plan_space.hpp) written with the plan's parts, so that it is applied, explained, stored
+// and trained like any plan a user writes.
 //
-//   auto found = search::branch_and_bound(ctx, search::executable_space());
-//   partition::partitioned_graph pg = search::apply_configuration(model.ir(), found.best);
-//   comm::run_ranks(pg.world, [&](comm::communicator& c) { train::distributed_trainer<float> t(pg, c, {}); ... });
+//   auto found = search::branch_and_bound(ctx, search::search_space{});
+//   plan::plan_spec plan = search::to_plan(found.best);
+//   auto pg = partition::apply_plan(model.ir(), plan);
 //
-// Inside a pipeline stage (tp * dp devices) the plan is Megatron's tensor parallelism with
+// Inside a pipeline stage (tp * dp devices) the rules are Megatron's tensor parallelism with
 // data parallelism around it (plan::presets::megatron(tp, dp)), or plain data parallelism
-// when tp is 1. Several micro-batches without pipeline stages are a one-stage pipeline
-// (gradient accumulation). An interlaced configuration becomes plan::interlaced_pipeline
-// ordered by schedule::interlaced (one device per stage). The executor does not yet run
-// ZeRO or recomputation inside a pipeline, so executable_space() leaves them out and
-// apply_configuration refuses them.
+// when tp is 1. Pipelines are plan::stages over the layers of "blocks" (explicit boundaries
+// when the chunks are uneven), micro-batches and the configuration's order. Recomputation is
+// a rule per layer: selective recomputes the layer's attention core, full the whole layer;
+// Coshard splits a recomputed layer's attention and MLP into coshard times more pieces,
+// colocated on each device. The interlaced pipeline splits the embedding, the LM head and
+// the loss by vocabulary over all devices.
+#include <cstdint>
 #include <string>
+#include <vector>
 
 // ---- begin loom/search/plan_space.hpp ----
 // The parameters a plan may leave open, and one point of that space.
@@ -11132,7 +11116,8 @@ inline std::string svg_timeline(const simulation& r, const svg_options& o = {}) 
 
 namespace loom::search {
 
-enum class zero_stage { none = 0, optimizer = 1, gradients = 2, parameters = 3 };
+// One ZeRO stage for the plan and the searcher (plan/op_partition.hpp).
+using plan::zero_stage;
 
 // Bytes per parameter of each model state. `optimizer` is ZeRO's K: everything the
 // optimizer step keeps besides the model's own parameter and gradient.
@@ -11373,149 +11358,103 @@ struct search_space {
 
 }  // namespace loom::search
 // ---- end loom/search/plan_space.hpp ----
-// ---- begin loom/search/schedule_orders.hpp ----
-// Block orders of the three schedule families the searcher times, written out directly.
-// The templates in schedule/templates.hpp derive the same schedules from order constraints
-// with a list scheduler, which is general but grows quickly with stages x micro-batches
-// (1F1B with 16 stages and 1024 micro-batches takes tens of seconds); the searcher visits
-// hundreds of such shapes, so it generates them in linear time here.
-//
-//   gpipe_orders(p, m)        device s: F(s,0..m-1), then B(s,0..m-1)
-//   one_f_one_b_orders(p, m)  device s: w = min(p - s, m) forwards, then B(i) followed by
-//                             F(w + i) while forwards remain, then the last backwards
-//                             (equal to schedule::one_f_one_b, which a test checks)
-//   interleaved_orders(p, v, m)  Megatron's interleaved 1F1B (m a multiple of p): device
-//                             r runs chunks r, r + p, ..., forward k is micro-batch
-//                             (k / (p v)) p + k % p of chunk (k / p) % v, backward k the same
-//                             micro-batch of chunk v - 1 - (k / p) % v; it warms up with
-//                             min((p - r - 1) 2 + (v - 1) p, m v) forwards, then alternates,
-//                             then drains. The ordering differs from the constraint
-//                             template's greedy one; tests validate it (schedule::validate).
-#include <algorithm>
-#include <string>
-#include <vector>
-
 
 namespace loom::search {
 
-inline schedule::schedule gpipe_orders(int p, int m) {
-    schedule::schedule s{schedule::pipeline_shape::linear(p, m), {}, "GPipe"};
-    s.device_order.resize(static_cast<std::size_t>(p));
-    for (int d = 0; d < p; ++d) {
-        auto& order = s.device_order[static_cast<std::size_t>(d)];
-        for (int i = 0; i < m; ++i) order.push_back(schedule::forward_block(d, i));
-        for (int i = 0; i < m; ++i) order.push_back(schedule::backward_block(d, i));
-    }
+namespace detail {
+
+inline plan::selector layer_scope(std::int64_t layer, const std::string& part) {
+    plan::selector s;
+    s.scope = "blocks." + std::to_string(layer) + part;
     return s;
 }
 
-inline schedule::schedule one_f_one_b_orders(int p, int m) {
-    schedule::schedule s{schedule::pipeline_shape::linear(p, m), {}, "1F1B"};
-    s.device_order.resize(static_cast<std::size_t>(p));
-    for (int d = 0; d < p; ++d) {
-        auto& order = s.device_order[static_cast<std::size_t>(d)];
-        const int warmup = std::min(p - d, m);
-        for (int i = 0; i < warmup; ++i) order.push_back(schedule::forward_block(d, i));
-        for (int i = 0; i < m; ++i) {
-            order.push_back(schedule::backward_block(d, i));
-            if (warmup + i < m) order.push_back(schedule::forward_block(d, warmup + i));
-        }
-    }
-    return s;
+inline plan::rule split_rule(plan::selector on, int dp, plan::split_spec inner, const std::string& origin) {
+    std::vector<plan::split_spec> splits;
+    if (dp > 1) splits.push_back({Dim::Batch::id, "", {dp, "", {}}, false});
+    splits.push_back(std::move(inner));
+    return {std::move(on), std::move(splits), std::nullopt, std::nullopt, origin, true};
 }
 
-inline schedule::schedule interleaved_orders(int p, int v, int m) {
-    if (p < 1 || v < 1 || m < 1 || m % p != 0)
-        throw usage_error("interleaved_orders: " + std::to_string(m) + " micro-batches over " + std::to_string(p) +
-                          " devices; the interleaved schedule needs a positive multiple of the device count");
-    schedule::schedule s{schedule::pipeline_shape::interleaved(p, v, m), {}, "interleaved 1F1B"};
-    s.device_order.resize(static_cast<std::size_t>(p));
-    const int total = m * v;
-    const auto micro = [&](int k) { return (k / (p * v)) * p + k % p; };
-    for (int r = 0; r < p; ++r) {
-        auto& order = s.device_order[static_cast<std::size_t>(r)];
-        const auto forward = [&](int k) { return schedule::forward_block(((k / p) % v) * p + r, micro(k)); };
-        const auto backward = [&](int k) { return schedule::backward_block((v - 1 - (k / p) % v) * p + r, micro(k)); };
-        const int warmup = std::min((p - r - 1) * 2 + (v - 1) * p, total);
-        int f = 0, b = 0;
-        for (; f < warmup; ++f) order.push_back(forward(f));
-        while (f < total) {
-            order.push_back(forward(f++));
-            order.push_back(backward(b++));
+}  // namespace detail
+
+inline plan::plan_spec to_plan(const configuration& c) {
+    plan::plan_spec p = c.tp > 1 ? plan::presets::megatron(c.tp, c.dp) : plan::presets::data_parallel(c.dp);
+    p.devices = c.devices();
+    p.zero = c.zero;
+    const bool pipelined = c.pp > 1 || c.micro_batches > 1 || c.interlaced;
+    if (pipelined) {
+        plan::stage_spec stages;
+        stages.count = {c.pp, "", {}};
+        stages.devices_per_stage = static_cast<std::int64_t>(c.tp) * c.dp;
+        bool even = true;
+        for (int n : c.layers_per_chunk) even = even && n == c.layers_per_chunk.front();
+        if (!even) {
+            std::int64_t next = 0;
+            for (std::size_t k = 0; k + 1 < c.layers_per_chunk.size(); ++k)
+                stages.boundaries.push_back(next += c.layers_per_chunk[k]);
         }
-        while (b < total) order.push_back(backward(b++));
+        p.stages = stages;
+        p.micro_batches = {c.micro_batches, "", {}};
+        plan::order_policy order;
+        switch (c.schedule) {
+            case schedule_kind::gpipe: order.kind = plan::schedule_kind::gpipe; break;
+            case schedule_kind::one_f_one_b: order.kind = plan::schedule_kind::one_f_one_b; break;
+            case schedule_kind::interleaved:
+                order.kind = plan::schedule_kind::interleaved;
+                order.virtual_stages = c.chunks;
+                break;
+            case schedule_kind::three_f_one_b: order.kind = plan::schedule_kind::three_f_one_b; break;
+        }
+        if (c.interlaced) order = {plan::schedule_kind::interlaced};
+        p.order.alternatives = {order};
     }
-    return s;
+    // The interlaced pipeline: the embedding, the LM head and the loss split by vocabulary over
+    // every device.
+    if (c.interlaced) p.then(plan::presets::vocabulary_parallel(c.devices()));
+    const plan::presets::transformer_names names;
+    for (std::size_t layer = 0; layer < c.recompute_of.size(); ++layer) {
+        const recompute r = c.recompute_of[layer];
+        if (r == recompute::none) continue;
+        const auto i = static_cast<std::int64_t>(layer);
+        if (c.coshard > 1) {
+            // Coshard: tp * coshard pieces, coshard of them one after another on each device.
+            const std::int64_t pieces = static_cast<std::int64_t>(c.tp) * c.coshard;
+            const plan::assign_spec together{{}, c.coshard, 0};
+            auto cut = [&](plan::selector on, plan::split_spec s) {
+                plan::rule rule = detail::split_rule(std::move(on), c.dp, std::move(s), "coshard");
+                rule.assign = together;
+                rule.recompute = true;
+                p.add(std::move(rule));
+            };
+            for (const std::string& col : names.column)
+                cut(detail::layer_scope(i, col.substr(1)), {{}, "n", {pieces, "", {}}, false});
+            for (const std::string& row : names.row)
+                cut(detail::layer_scope(i, row.substr(1)), {{}, "k", {pieces, "", {}}, false});
+            plan::selector attention = detail::layer_scope(i, names.attention.substr(1));
+            attention.kinds = {&op_def_of<ops::SplitHeads>(), &op_def_of<ops::Attention>(), &op_def_of<ops::MergeHeads>()};
+            cut(attention, {Dim::Head::id, "", {pieces, "", {}}, false});
+            plan::selector mlp = detail::layer_scope(i, names.mlp.substr(1));
+            mlp.kinds = {&op_def_of<ops::Gelu>(), &op_def_of<ops::Relu>(), &op_def_of<ops::Silu>(), &op_def_of<ops::Mul>()};
+            cut(mlp, {Dim::FFN::id, "", {pieces, "", {}}, false});
+            p.colocation_requires_recompute = true;
+        }
+        plan::selector on;
+        on.repeat = "blocks";
+        on.first_layer = on.last_layer = i;
+        if (r == recompute::selective) on.kinds = {&op_def_of<ops::Attention>()};
+        p.add({on, std::nullopt, std::nullopt, true, r == recompute::selective ? "selective recompute" : "full recompute"});
+    }
+    p.name = "TP " + std::to_string(c.tp) + " x PP " + std::to_string(c.pp) + " x DP " + std::to_string(c.dp) + ", " +
+             std::to_string(c.micro_batches) + " micro-batches, " +
+             (c.interlaced ? std::string("interlaced") : to_string(c.schedule)) +
+             (c.schedule == schedule_kind::interleaved ? " x" + std::to_string(c.chunks) : std::string()) + ", ZeRO " +
+             std::to_string(static_cast<int>(c.zero)) + (c.coshard > 1 ? ", Coshard " + std::to_string(c.coshard) : std::string());
+    return p;
 }
 
 }  // namespace loom::search
-// ---- end loom/search/schedule_orders.hpp ----
-
-namespace loom::search {
-
-// The parameters the executor runs today: TP, PP, DP, micro-batches and the three
-// schedules, layers split evenly.
-inline search_space executable_space() {
-    search_space s;
-    s.zero = {zero_stage::none};
-    s.recompute_choices = {recompute::none};
-    s.search_stage_boundaries = false;
-    s.coshard = {1};
-    return s;
-}
-
-inline partition::partitioned_graph apply_configuration(const graph& forward, const configuration& c) {
-    if (c.zero != zero_stage::none)
-        throw plan_error("apply_configuration: the configuration uses ZeRO stage " + std::to_string(static_cast<int>(c.zero)) +
-                         ", which the executor does not run with this plan yet; search executable_space()");
-    for (recompute r : c.recompute_of)
-        if (r != recompute::none)
-            throw plan_error("apply_configuration: the configuration recomputes layers (" + to_string(r) +
-                             "), which the executor does not run with this plan yet; search executable_space()");
-    if (c.schedule == schedule_kind::three_f_one_b && c.pp > 1)
-        throw plan_error("apply_configuration: the configuration pipelines forward rounds with 3F1B; build the "
-                         "recycling model's plan with plan/pipeline.hpp and schedule::three_f_one_b instead "
-                         "(apply_configuration builds Megatron-style layer stacks)");
-    if (c.coshard > 1)
-        throw plan_error("apply_configuration: the configuration uses Coshard " + std::to_string(c.coshard) +
-                         ", which needs recomputation the executor does not run with this plan yet; search executable_space()");
-    for (int n : c.layers_per_chunk)
-        if (n != c.layers_per_chunk.front())
-            throw plan_error("apply_configuration: the configuration splits the layers unevenly over the pipeline "
-                             "chunks; the executor's pipelines split them evenly, search with search_stage_boundaries off");
-    if (c.interlaced) {
-        if (c.tp != 1 || c.dp != 1 || c.chunks != 1)
-            throw plan_error("apply_configuration: the executor runs the interlaced pipeline with one device per stage "
-                             "(TP 1, DP 1, no virtual stages); this configuration has TP " + std::to_string(c.tp) + ", DP " +
-                             std::to_string(c.dp) + "; search without interlacing, or with --tp 1 and --pp equal to the devices");
-        const auto pp = plan::resolve_pipeline(
-            plan::interlaced_pipeline(forward, c.pp, c.micro_batches, plan::presets::megatron(c.pp)), forward);
-        auto pg = partition::apply_plan(forward, pp.plan, partition::pipeline_apply_options(pp));
-        partition::order_by_schedule(pg, pp, schedule::interlaced(c.pp, c.micro_batches));
-        return pg;
-    }
-    const plan::plan_spec inner = c.tp > 1 ? plan::presets::megatron(c.tp, c.dp) : plan::presets::data_parallel(c.dp);
-    if (c.pp == 1 && c.micro_batches == 1) return partition::apply_plan(forward, plan::resolve(inner, forward));
-
-    const int group = c.tp * c.dp;
-    plan::even_pipeline_options stages;
-    stages.stages = c.pp;
-    stages.micro_batches = c.micro_batches;
-    stages.devices_per_stage = group;
-    stages.virtual_stages = c.chunks;
-    stages.inner = inner;
-    const auto pp = plan::resolve_pipeline(plan::even_pipeline(forward, stages), forward);
-    auto pg = partition::apply_plan(forward, pp.plan, partition::pipeline_apply_options(pp));
-    schedule::schedule order = c.schedule == schedule_kind::gpipe         ? gpipe_orders(c.pp, c.micro_batches)
-                               : c.schedule == schedule_kind::one_f_one_b ? one_f_one_b_orders(c.pp, c.micro_batches)
-                                                                          : interleaved_orders(c.pp, c.chunks, c.micro_batches);
-    if (group > 1) order = partition::spread_over_groups(order, group);
-    partition::order_by_schedule(pg, pp, order);
-    return pg;
-}
-
-}  // namespace loom::search
-// ---- end loom/search/apply_configuration.hpp ----
+// ---- end loom/search/to_plan.hpp ----
 // ---- begin loom/search/branch_and_bound.hpp ----
 // Branch-and-bound over a search space (plan_space.hpp) with the cost model of
 // evaluate.hpp, and the exhaustive enumeration it must agree with.
@@ -12285,7 +12224,7 @@ inline double exposed_time(const comm_time& forward, const comm_time& backward, 
 // What the searcher knows about a model: per layer (folding.hpp), the work of its forward
 // and backward ops, its parameters, the activations its backward keeps, the residual
 // stream it reads, and how finely tensor parallelism can cut it. Everything is read off a
-// training graph (forward + backward, graph/autograd.hpp) at the graph's batch; the
+// training graph (forward + backward, autograd/autograd.hpp) at the graph's batch; the
 // searcher scales it to micro-batches and shards.
 //
 //   auto g = models::gpt(cfg).training_graph();
@@ -12830,6 +12769,83 @@ inline model_profile profile_model(const graph& g) { return profile_model(g, fin
 
 }  // namespace loom::search
 // ---- end loom/search/model_profile.hpp ----
+// ---- begin loom/search/schedule_orders.hpp ----
+// Block orders of the three schedule families the searcher times, written out directly.
+// The templates in schedule/templates.hpp derive the same schedules from order constraints
+// with a list scheduler, which is general but grows quickly with stages x micro-batches
+// (1F1B with 16 stages and 1024 micro-batches takes tens of seconds); the searcher visits
+// hundreds of such shapes, so it generates them in linear time here.
+//
+//   gpipe_orders(p, m)        device s: F(s,0..m-1), then B(s,0..m-1)
+//   one_f_one_b_orders(p, m)  device s: w = min(p - s, m) forwards, then B(i) followed by
+//                             F(w + i) while forwards remain, then the last backwards
+//                             (equal to schedule::one_f_one_b, which a test checks)
+//   interleaved_orders(p, v, m)  Megatron's interleaved 1F1B (m a multiple of p): device
+//                             r runs chunks r, r + p, ..., forward k is micro-batch
+//                             (k / (p v)) p + k % p of chunk (k / p) % v, backward k the same
+//                             micro-batch of chunk v - 1 - (k / p) % v; it warms up with
+//                             min((p - r - 1) 2 + (v - 1) p, m v) forwards, then alternates,
+//                             then drains. The ordering differs from the constraint
+//                             template's greedy one; tests validate it (schedule::validate).
+#include <algorithm>
+#include <string>
+#include <vector>
+
+
+namespace loom::search {
+
+inline schedule::schedule gpipe_orders(int p, int m) {
+    schedule::schedule s{schedule::pipeline_shape::linear(p, m), {}, "GPipe"};
+    s.device_order.resize(static_cast<std::size_t>(p));
+    for (int d = 0; d < p; ++d) {
+        auto& order = s.device_order[static_cast<std::size_t>(d)];
+        for (int i = 0; i < m; ++i) order.push_back(schedule::forward_block(d, i));
+        for (int i = 0; i < m; ++i) order.push_back(schedule::backward_block(d, i));
+    }
+    return s;
+}
+
+inline schedule::schedule one_f_one_b_orders(int p, int m) {
+    schedule::schedule s{schedule::pipeline_shape::linear(p, m), {}, "1F1B"};
+    s.device_order.resize(static_cast<std::size_t>(p));
+    for (int d = 0; d < p; ++d) {
+        auto& order = s.device_order[static_cast<std::size_t>(d)];
+        const int warmup = std::min(p - d, m);
+        for (int i = 0; i < warmup; ++i) order.push_back(schedule::forward_block(d, i));
+        for (int i = 0; i < m; ++i) {
+            order.push_back(schedule::backward_block(d, i));
+            if (warmup + i < m) order.push_back(schedule::forward_block(d, warmup + i));
+        }
+    }
+    return s;
+}
+
+inline schedule::schedule interleaved_orders(int p, int v, int m) {
+    if (p < 1 || v < 1 || m < 1 || m % p != 0)
+        throw usage_error("interleaved_orders: " + std::to_string(m) + " micro-batches over " + std::to_string(p) +
+                          " devices; the interleaved schedule needs a positive multiple of the device count");
+    schedule::schedule s{schedule::pipeline_shape::interleaved(p, v, m), {}, "interleaved 1F1B"};
+    s.device_order.resize(static_cast<std::size_t>(p));
+    const int total = m * v;
+    const auto micro = [&](int k) { return (k / (p * v)) * p + k % p; };
+    for (int r = 0; r < p; ++r) {
+        auto& order = s.device_order[static_cast<std::size_t>(r)];
+        const auto forward = [&](int k) { return schedule::forward_block(((k / p) % v) * p + r, micro(k)); };
+        const auto backward = [&](int k) { return schedule::backward_block((v - 1 - (k / p) % v) * p + r, micro(k)); };
+        const int warmup = std::min((p - r - 1) * 2 + (v - 1) * p, total);
+        int f = 0, b = 0;
+        for (; f < warmup; ++f) order.push_back(forward(f));
+        while (f < total) {
+            order.push_back(forward(f++));
+            order.push_back(backward(b++));
+        }
+        while (b < total) order.push_back(backward(b++));
+    }
+    return s;
+}
+
+}  // namespace loom::search
+// ---- end loom/search/schedule_orders.hpp ----
 
 namespace loom::search {
 
@@ -13758,1357 +13774,6 @@ inline std::string search_result::explain() const {
 
 }  // namespace loom::search
 // ---- end loom/search/branch_and_bound.hpp ----
-// ---- begin loom/search/calibrate_host.hpp ----
-// Calibration of the host backend as a cluster the searcher can plan for: n in-process
-// ranks on this machine. The only search header that runs kernels: it times loom's host
-// GEMM and a streaming copy, and writes what it measured into a profile.
-//
-//   search::cluster hw = search::calibrate_host(4);   // about 0.3 s
-//   search::save_cluster(hw, "host.json");            // or plan with it directly
-//
-// What is measured and what is assumed:
-// - peak_flops_fp32: float GEMMs of 512^3 on the whole thread pool, best of three, divided
-//   by the ranks (in-process ranks share the cores); gemm_efficiency 1 since this is what
-//   loom's kernels reach. No fp16: plan in precision::fp32.
-// - memory_bandwidth: a 64 MiB copy (read + write), best of three, divided by the ranks;
-//   elementwise_efficiency 1.
-// - memory_bytes: the machine's available memory divided by the ranks.
-// - the "intra-node link" is the copy bandwidth of one rank (in-process messages are
-//   memory copies) with a 20 us latency per message (a thread hand-off: assumed, not
-//   measured). One node, no NICs used.
-#include <algorithm>
-#include <chrono>
-#include <cstdint>
-#include <cstring>
-#include <fstream>
-#include <string>
-#include <vector>
-
-// ---- begin loom/runtime/host/gemm.hpp ----
-// Row-major GEMM for the host backend.
-//
-//   C = alpha * op(A) * op(B) + beta * C,   op(A): m x k,  op(B): k x n,  C: m x n
-//
-// Every matrix is row-major with a leading dimension (the distance between rows as stored):
-// A is stored m x k (lda >= k) for transpose::no and k x m (lda >= m) for transpose::yes,
-// likewise B is k x n (ldb >= n) or n x k (ldb >= k), and C is m x n (ldc >= n). As in BLAS,
-// beta == 0 overwrites C without reading it (NaN in C does not propagate), and alpha == 0 or
-// k == 0 gives C = beta * C without reading A or B.
-//
-// gemm() calls OpenBLAS when the build has it (see cblas_gate.hpp) and gemm_fallback()
-// otherwise; inside a parallel_for range it always runs gemm_fallback() on the calling
-// thread, so OpenBLAS's threads never pile onto the pool's.
-//
-// gemm_fallback() is the portable path: op(B) packed once and shared, A packed per panel,
-// cache-blocked (an mr x kc panel of A in L1 sweeps a kc x nc block of B in L2), register-
-// tiled micro-kernels, and C cut into tiles that the threads of thread_pool::global() take
-// first come first served. The AVX-512F or AVX2+FMA micro-kernels are chosen at run time
-// (the header needs no -march flag); a plain C++ micro-kernel runs everywhere else. They
-// use GCC/Clang target attributes and <immintrin.h>, so this header is for x86-64.
-#include <immintrin.h>
-
-#include <algorithm>
-#include <atomic>
-#include <climits>
-#include <cstddef>
-#include <cstdint>
-#include <cstdlib>
-#include <cstring>
-#include <new>
-#include <string>
-#include <string_view>
-#include <type_traits>
-
-// ---- begin loom/runtime/host/cblas_gate.hpp ----
-// The one place that looks at LOOM_HAS_CBLAS. The build defines it (to 1) when it links
-// OpenBLAS and puts OpenBLAS's cblas.h on the include path; everything else in loom asks
-// `has_cblas` and branches with `if constexpr`, so both configurations compile the same code
-// and the wrappers in loom::host::cblas exist (and throw) even without CBLAS.
-#include <string>
-
-
-#if defined(LOOM_HAS_CBLAS) && LOOM_HAS_CBLAS
-#include <cblas.h>
-#endif
-
-namespace loom::host {
-
-#if defined(LOOM_HAS_CBLAS) && LOOM_HAS_CBLAS
-inline constexpr bool has_cblas = true;
-#else
-inline constexpr bool has_cblas = false;
-#endif
-
-namespace cblas {
-
-// Row-major GEMM through CBLAS: C = alpha * op(A) * op(B) + beta * C. Sizes are the CBLAS
-// `int`; callers check that their 64-bit sizes fit before calling.
-#if defined(LOOM_HAS_CBLAS) && LOOM_HAS_CBLAS
-
-inline void sgemm(bool trans_a, bool trans_b, int m, int n, int k, float alpha, const float* a, int lda, const float* b,
-                  int ldb, float beta, float* c, int ldc) {
-    cblas_sgemm(CblasRowMajor, trans_a ? CblasTrans : CblasNoTrans, trans_b ? CblasTrans : CblasNoTrans, m, n, k, alpha,
-                a, lda, b, ldb, beta, c, ldc);
-}
-
-inline void dgemm(bool trans_a, bool trans_b, int m, int n, int k, double alpha, const double* a, int lda,
-                  const double* b, int ldb, double beta, double* c, int ldc) {
-    cblas_dgemm(CblasRowMajor, trans_a ? CblasTrans : CblasNoTrans, trans_b ? CblasTrans : CblasNoTrans, m, n, k, alpha,
-                a, lda, b, ldb, beta, c, ldc);
-}
-
-// OpenBLAS keeps its own worker threads; these let callers see and bound them.
-inline int library_threads() { return openblas_get_num_threads(); }
-inline void set_library_threads(int threads) { openblas_set_num_threads(threads); }
-
-// e.g. "OpenBLAS 0.3.21 DYNAMIC_ARCH ... Haswell MAX_THREADS=64" plus the core it picked.
-inline std::string library_description() {
-    return std::string(openblas_get_config()) + " core=" + openblas_get_corename();
-}
-
-#else
-
-[[noreturn]] inline void missing(const char* what) {
-    throw usage_error(std::string("cblas::") + what +
-                      ": loom was built without CBLAS; build with LOOM_HAS_CBLAS=1 and OpenBLAS's cblas.h, "
-                      "or check loom::host::has_cblas first");
-}
-
-inline void sgemm(bool, bool, int, int, int, float, const float*, int, const float*, int, float, float*, int) {
-    missing("sgemm");
-}
-inline void dgemm(bool, bool, int, int, int, double, const double*, int, const double*, int, double, double*, int) {
-    missing("dgemm");
-}
-inline int library_threads() { return 0; }
-inline void set_library_threads(int) {}
-inline std::string library_description() { return "none"; }
-
-#endif
-
-}  // namespace cblas
-}  // namespace loom::host
-// ---- end loom/runtime/host/cblas_gate.hpp ----
-// ---- begin loom/runtime/host/thread_pool.hpp ----
-// A fork-join thread pool for the host backend: persistent workers, one parallel_for.
-//
-//   loom::host::parallel_for(0, rows, 64, [&](std::int64_t lo, std::int64_t hi) { ... });
-//
-// Law: f is called on disjoint ranges [lo, hi) whose union is [begin, end); every range is at
-// least `grain` long except when the whole range is shorter than `grain`. The call returns
-// after every range is done, and the calling thread works on ranges too.
-//
-// Threading contract:
-//  - Nested calls (from inside f, on a worker or on the calling thread, into this pool or
-//    any other loom pool) run f(begin, end) serially on the thread that makes them, so a
-//    parallel kernel may call another parallel kernel without deadlock or oversubscription.
-//  - A range shorter than two grains runs inline as f(begin, end), without touching the
-//    pool (which stays free for whatever f calls).
-//  - Calls from several user threads at once are serialized: one job owns the pool at a
-//    time and the other callers block until it finishes. A job never waits for another
-//    caller's job, so concurrent callers cannot deadlock (unless f itself blocks on one).
-//  - The first exception thrown by f is rethrown on the caller once every range has ended;
-//    ranges not yet started when it was thrown are skipped.
-//  - The destructor joins the workers. thread_pool::global() lives until static
-//    destruction, so do not call parallel_for from other static destructors.
-#include <algorithm>
-#include <atomic>
-#include <condition_variable>
-#include <cstdint>
-#include <cstdlib>
-#include <exception>
-#include <memory>
-#include <mutex>
-#include <string>
-#include <thread>
-#include <type_traits>
-#include <utility>
-#include <vector>
-
-
-namespace loom::host {
-
-namespace detail {
-
-// True while this thread runs a range of some pool's job (or is a pool worker), so nested
-// parallel_for calls run inline instead of waiting on a pool that is busy with their parent.
-inline bool& inside_parallel_region() noexcept {
-    thread_local bool inside = false;
-    return inside;
-}
-
-class region_guard {
-   public:
-    region_guard() noexcept : previous_(inside_parallel_region()) { inside_parallel_region() = true; }
-    ~region_guard() { inside_parallel_region() = previous_; }
-    region_guard(const region_guard&) = delete;
-    region_guard& operator=(const region_guard&) = delete;
-
-   private:
-    bool previous_;
-};
-
-// Parses LOOM_NUM_THREADS; 0 when unset or empty.
-inline unsigned thread_count_from_environment() {
-    const char* text = std::getenv("LOOM_NUM_THREADS");
-    if (text == nullptr || *text == '\0') return 0;
-    char* end = nullptr;
-    const long value = std::strtol(text, &end, 10);
-    if (*end != '\0' || value < 1 || value > 4096) {
-        throw usage_error(std::string("thread_pool: LOOM_NUM_THREADS='") + text +
-                          "' is not a thread count; set it to an integer in [1, 4096] or unset it");
-    }
-    return static_cast<unsigned>(value);
-}
-
-}  // namespace detail
-
-// LOOM_NUM_THREADS when set, otherwise the number of hardware threads (at least 1).
-inline unsigned default_thread_count() {
-    if (const unsigned from_environment = detail::thread_count_from_environment()) {
-        return from_environment;
-    }
-    const unsigned hardware = std::thread::hardware_concurrency();
-    return hardware == 0 ? 1u : hardware;
-}
-
-class thread_pool {
-   public:
-    // `threads` counts the calling thread, so thread_pool(1) starts no worker at all.
-    explicit thread_pool(unsigned threads = default_thread_count()) : size_(threads) {
-        if (threads == 0) {
-            throw usage_error("thread_pool: threads = 0; pass at least 1 (the calling thread)");
-        }
-        workers_.reserve(threads - 1);
-        try {
-            for (unsigned i = 1; i < threads; ++i) {
-                workers_.emplace_back([this] { worker_loop(); });
-            }
-        } catch (...) {
-            shut_down();
-            throw;
-        }
-    }
-
-    ~thread_pool() { shut_down(); }
-
-    thread_pool(const thread_pool&) = delete;
-    thread_pool& operator=(const thread_pool&) = delete;
-
-    unsigned size() const noexcept { return size_; }
-
-    template <class F>
-    void parallel_for(std::int64_t begin, std::int64_t end, std::int64_t grain, F&& f) {
-        if (end <= begin) return;
-        if (grain < 1) grain = 1;
-        const std::int64_t length = end - begin;
-        // Below two grains there is only one legal range (length / 2 < grain is
-        // length < 2 * grain without overflow); nested calls must not wait on a pool whose
-        // workers may be busy with their parent job. An inline call does not mark the thread
-        // as inside a region: f may still use the (idle) pool.
-        if (length / 2 < grain || size_ == 1 || detail::inside_parallel_region()) {
-            f(begin, end);
-            return;
-        }
-        // A few ranges per thread, handed out first come first served, so a thread that
-        // starts late or runs on a busy core takes fewer of them.
-        const std::int64_t most_ranges = length / grain;
-        const std::int64_t ranges = std::min<std::int64_t>(most_ranges, ranges_per_thread * std::int64_t{size_});
-
-        using functor = std::remove_reference_t<F>;
-        job_description description;
-        description.invoke = [](void* context, std::int64_t lo, std::int64_t hi) {
-            (*static_cast<functor*>(context))(lo, hi);
-        };
-        description.context = const_cast<void*>(static_cast<const void*>(std::addressof(f)));
-        description.begin = begin;
-        description.length = length;
-        description.ranges = ranges;
-        run(description);
-    }
-
-    // The process-wide pool, created on first use with default_thread_count() threads.
-    static thread_pool& global() {
-        static thread_pool pool;
-        return pool;
-    }
-
-   private:
-    struct job_description {
-        void (*invoke)(void*, std::int64_t, std::int64_t) = nullptr;
-        void* context = nullptr;
-        std::int64_t begin = 0;
-        std::int64_t length = 0;
-        std::int64_t ranges = 0;
-    };
-
-    // Spins this many polls before blocking: a worker woken for back-to-back jobs (the
-    // layers of one step) skips the futex round trip, and gives its core back soon after.
-    static constexpr int spin_polls = 1 << 14;
-    static constexpr std::int64_t ranges_per_thread = 4;
-
-    void run(const job_description& description) {
-        std::lock_guard<std::mutex> one_job_at_a_time(submit_mutex_);
-        {
-            std::unique_lock<std::mutex> lock(mutex_);
-            // Workers that took part in the previous job may still be leaving it.
-            idle_cv_.wait(lock, [this] { return busy_workers_ == 0; });
-            job_ = description;
-            next_range_.store(0, std::memory_order_relaxed);
-            unfinished_ranges_.store(description.ranges, std::memory_order_relaxed);
-            failed_.store(false, std::memory_order_relaxed);
-            failure_ = nullptr;
-            generation_.store(generation_.load(std::memory_order_relaxed) + 1, std::memory_order_release);
-        }
-        work_cv_.notify_all();
-
-        {
-            detail::region_guard guard;
-            work_on(description);
-        }
-
-        for (int poll = 0; poll < spin_polls; ++poll) {
-            if (unfinished_ranges_.load(std::memory_order_acquire) == 0) break;
-        }
-        std::unique_lock<std::mutex> lock(mutex_);
-        done_cv_.wait(lock, [this] { return unfinished_ranges_.load(std::memory_order_acquire) == 0; });
-        if (failure_) {
-            std::exception_ptr failure = std::move(failure_);
-            failure_ = nullptr;
-            std::rethrow_exception(failure);
-        }
-    }
-
-    // Takes ranges until none is left. Range r is [begin + r*length/ranges, begin + (r+1)*length/ranges),
-    // so every range has floor or ceil of length/ranges >= grain elements.
-    void work_on(const job_description& description) {
-        for (;;) {
-            const std::int64_t r = next_range_.fetch_add(1, std::memory_order_relaxed);
-            if (r >= description.ranges) return;
-            if (!failed_.load(std::memory_order_relaxed)) {
-                const std::int64_t lo = description.begin + r * description.length / description.ranges;
-                const std::int64_t hi = description.begin + (r + 1) * description.length / description.ranges;
-                try {
-                    description.invoke(description.context, lo, hi);
-                } catch (...) {
-                    std::lock_guard<std::mutex> lock(mutex_);
-                    if (!failure_) failure_ = std::current_exception();
-                    failed_.store(true, std::memory_order_relaxed);
-                }
-            }
-            if (unfinished_ranges_.fetch_sub(1, std::memory_order_acq_rel) == 1) {
-                // Taking the mutex orders this notify after the caller's predicate check.
-                std::lock_guard<std::mutex> lock(mutex_);
-                done_cv_.notify_all();
-            }
-        }
-    }
-
-    void worker_loop() {
-        detail::inside_parallel_region() = true;
-        std::uint64_t seen = 0;
-        for (;;) {
-            for (int poll = 0; poll < spin_polls; ++poll) {
-                if (generation_.load(std::memory_order_acquire) != seen) break;
-            }
-            job_description description;
-            {
-                std::unique_lock<std::mutex> lock(mutex_);
-                work_cv_.wait(lock, [&] { return stopping_ || generation_.load(std::memory_order_relaxed) != seen; });
-                if (stopping_) return;
-                seen = generation_.load(std::memory_order_relaxed);
-                description = job_;
-                ++busy_workers_;
-            }
-            work_on(description);
-            {
-                std::lock_guard<std::mutex> lock(mutex_);
-                --busy_workers_;
-                if (busy_workers_ == 0) idle_cv_.notify_all();
-            }
-        }
-    }
-
-    void shut_down() noexcept {
-        {
-            std::lock_guard<std::mutex> lock(mutex_);
-            stopping_ = true;
-        }
-        work_cv_.notify_all();
-        for (std::thread& worker : workers_) {
-            if (worker.joinable()) worker.join();
-        }
-        workers_.clear();
-    }
-
-    unsigned size_;
-    std::vector<std::thread> workers_;
-
-    std::mutex submit_mutex_;
-    std::mutex mutex_;
-    std::condition_variable work_cv_;
-    std::condition_variable done_cv_;
-    std::condition_variable idle_cv_;
-
-    // Guarded by mutex_ (generation_ is also polled without it while spinning).
-    job_description job_;
-    std::atomic<std::uint64_t> generation_{0};
-    unsigned busy_workers_ = 0;
-    bool stopping_ = false;
-    std::exception_ptr failure_;
-
-    std::atomic<std::int64_t> next_range_{0};
-    std::atomic<std::int64_t> unfinished_ranges_{0};
-    std::atomic<bool> failed_{false};
-};
-
-// parallel_for on thread_pool::global().
-template <class F>
-void parallel_for(std::int64_t begin, std::int64_t end, std::int64_t grain, F&& f) {
-    thread_pool::global().parallel_for(begin, end, grain, std::forward<F>(f));
-}
-
-}  // namespace loom::host
-// ---- end loom/runtime/host/thread_pool.hpp ----
-
-namespace loom::host {
-
-enum class transpose : bool { no, yes };
-
-// The instruction sets gemm_fallback has micro-kernels for.
-enum class gemm_isa { portable, avx2_fma, avx512f };
-
-inline const char* to_string(gemm_isa isa) noexcept {
-    switch (isa) {
-        case gemm_isa::portable: return "portable";
-        case gemm_isa::avx2_fma: return "avx2_fma";
-        case gemm_isa::avx512f: return "avx512f";
-    }
-    return "unknown";
-}
-
-// Whether this CPU (and OS) can run the micro-kernel for `isa`.
-inline bool gemm_isa_supported(gemm_isa isa) noexcept {
-    // Needed before main (static initializers); cheap and idempotent after.
-    __builtin_cpu_init();
-    switch (isa) {
-        case gemm_isa::portable: return true;
-        case gemm_isa::avx2_fma: return __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma");
-        case gemm_isa::avx512f: return __builtin_cpu_supports("avx512f");
-    }
-    return false;
-}
-
-// The fastest supported micro-kernel, decided once per process.
-inline gemm_isa gemm_best_isa() noexcept {
-    static const gemm_isa best = gemm_isa_supported(gemm_isa::avx512f)    ? gemm_isa::avx512f
-                                 : gemm_isa_supported(gemm_isa::avx2_fma) ? gemm_isa::avx2_fma
-                                                                          : gemm_isa::portable;
-    return best;
-}
-
-// Which implementation gemm() uses outside parallel regions.
-//   LOOM_GEMM=cblas | loom   chooses explicitly (cblas needs a build with OpenBLAS);
-//   otherwise                loom's kernels on CPUs with AVX-512, where they measured faster
-//                            than OpenBLAS 0.3.21's default kernels and do not keep spinning
-//                            threads that compete with loom's pool (benchmarks/RESULTS.md),
-//                            else CBLAS when built with it, else loom's kernels.
-enum class gemm_backend { cblas, loom };
-
-inline gemm_backend selected_gemm_backend() {
-    static const gemm_backend chosen = [] {
-        if (const char* env = std::getenv("LOOM_GEMM"); env && *env) {
-            const std::string_view v(env);
-            if (v == "loom") return gemm_backend::loom;
-            if (v == "cblas") {
-                if (!has_cblas)
-                    throw usage_error("LOOM_GEMM=cblas: this build has no CBLAS; install libopenblas-dev and "
-                                      "configure with LOOM_USE_CBLAS=ON, or unset LOOM_GEMM");
-                return gemm_backend::cblas;
-            }
-            throw usage_error("LOOM_GEMM=" + std::string(v) + ": expected 'cblas' or 'loom'");
-        }
-        if (!has_cblas || gemm_best_isa() == gemm_isa::avx512f) return gemm_backend::loom;
-        return gemm_backend::cblas;
-    }();
-    return chosen;
-}
-
-// True when gemm() calls CBLAS (OpenBLAS) rather than gemm_fallback() (outside parallel regions).
-inline bool gemm_uses_cblas() { return selected_gemm_backend() == gemm_backend::cblas; }
-
-namespace detail::gemm {
-
-// ---------------------------------------------------------------------------------------
-// Micro-kernels. Each computes one MR x NR tile of C from packed panels:
-//   C[i][j] = alpha * sum_p a[p*MR + i] * b[p*NR + j] + beta * C[i][j]   (0 <= i < MR, 0 <= j < NR)
-// and does not read C when beta == 0.
-
-template <class T, int MR, int NR>
-void micro_kernel_portable(std::int64_t kc, const T* __restrict a, const T* __restrict b, T* __restrict c,
-                           std::int64_t ldc, T alpha, T beta) {
-    T acc[MR][NR] = {};
-    for (std::int64_t p = 0; p < kc; ++p) {
-        for (int i = 0; i < MR; ++i) {
-            const T ai = a[i];
-            for (int j = 0; j < NR; ++j) acc[i][j] += ai * b[j];
-        }
-        a += MR;
-        b += NR;
-    }
-    for (int i = 0; i < MR; ++i) {
-        T* row = c + i * ldc;
-        if (beta == T(0)) {
-            for (int j = 0; j < NR; ++j) row[j] = alpha * acc[i][j];
-        } else {
-            for (int j = 0; j < NR; ++j) row[j] = alpha * acc[i][j] + beta * row[j];
-        }
-    }
-}
-
-// Thin overloads over the intrinsics so one kernel body serves float and double.
-struct avx2_ops {
-    [[gnu::always_inline, gnu::target("avx2,fma")]] static inline __m256 zero(float) { return _mm256_setzero_ps(); }
-    [[gnu::always_inline, gnu::target("avx2,fma")]] static inline __m256d zero(double) { return _mm256_setzero_pd(); }
-    [[gnu::always_inline, gnu::target("avx2,fma")]] static inline __m256 load(const float* p) {
-        return _mm256_loadu_ps(p);
-    }
-    [[gnu::always_inline, gnu::target("avx2,fma")]] static inline __m256d load(const double* p) {
-        return _mm256_loadu_pd(p);
-    }
-    [[gnu::always_inline, gnu::target("avx2,fma")]] static inline void store(float* p, __m256 v) {
-        _mm256_storeu_ps(p, v);
-    }
-    [[gnu::always_inline, gnu::target("avx2,fma")]] static inline void store(double* p, __m256d v) {
-        _mm256_storeu_pd(p, v);
-    }
-    [[gnu::always_inline, gnu::target("avx2,fma")]] static inline __m256 broadcast(float x) {
-        return _mm256_set1_ps(x);
-    }
-    [[gnu::always_inline, gnu::target("avx2,fma")]] static inline __m256d broadcast(double x) {
-        return _mm256_set1_pd(x);
-    }
-    [[gnu::always_inline, gnu::target("avx2,fma")]] static inline __m256 mul(__m256 x, __m256 y) {
-        return _mm256_mul_ps(x, y);
-    }
-    [[gnu::always_inline, gnu::target("avx2,fma")]] static inline __m256d mul(__m256d x, __m256d y) {
-        return _mm256_mul_pd(x, y);
-    }
-    // x * y + z with one rounding.
-    [[gnu::always_inline, gnu::target("avx2,fma")]] static inline __m256 fma(__m256 x, __m256 y, __m256 z) {
-        return _mm256_fmadd_ps(x, y, z);
-    }
-    [[gnu::always_inline, gnu::target("avx2,fma")]] static inline __m256d fma(__m256d x, __m256d y, __m256d z) {
-        return _mm256_fmadd_pd(x, y, z);
-    }
-};
-
-struct avx512_ops {
-    [[gnu::always_inline, gnu::target("avx512f")]] static inline __m512 zero(float) { return _mm512_setzero_ps(); }
-    [[gnu::always_inline, gnu::target("avx512f")]] static inline __m512d zero(double) { return _mm512_setzero_pd(); }
-    [[gnu::always_inline, gnu::target("avx512f")]] static inline __m512 load(const float* p) {
-        return _mm512_loadu_ps(p);
-    }
-    [[gnu::always_inline, gnu::target("avx512f")]] static inline __m512d load(const double* p) {
-        return _mm512_loadu_pd(p);
-    }
-    [[gnu::always_inline, gnu::target("avx512f")]] static inline void store(float* p, __m512 v) {
-        _mm512_storeu_ps(p, v);
-    }
-    [[gnu::always_inline, gnu::target("avx512f")]] static inline void store(double* p, __m512d v) {
-        _mm512_storeu_pd(p, v);
-    }
-    [[gnu::always_inline, gnu::target("avx512f")]] static inline __m512 broadcast(float x) { return _mm512_set1_ps(x); }
-    [[gnu::always_inline, gnu::target("avx512f")]] static inline __m512d broadcast(double x) {
-        return _mm512_set1_pd(x);
-    }
-    [[gnu::always_inline, gnu::target("avx512f")]] static inline __m512 mul(__m512 x, __m512 y) {
-        return _mm512_mul_ps(x, y);
-    }
-    [[gnu::always_inline, gnu::target("avx512f")]] static inline __m512d mul(__m512d x, __m512d y) {
-        return _mm512_mul_pd(x, y);
-    }
-    [[gnu::always_inline, gnu::target("avx512f")]] static inline __m512 fma(__m512 x, __m512 y, __m512 z) {
-        return _mm512_fmadd_ps(x, y, z);
-    }
-    [[gnu::always_inline, gnu::target("avx512f")]] static inline __m512d fma(__m512d x, __m512d y, __m512d z) {
-        return _mm512_fmadd_pd(x, y, z);
-    }
-};
-
-// The SIMD kernel bodies are identical up to the ops type; the target attribute cannot be a
-// template argument, so there is one body per instruction set. NV vectors span NR columns.
-template <class T, int MR, int NV>
-[[gnu::target("avx2,fma")]] void micro_kernel_avx2(std::int64_t kc, const T* __restrict a, const T* __restrict b,
-                                                   T* __restrict c, std::int64_t ldc, T alpha, T beta) {
-    using ops = avx2_ops;
-    using vec = decltype(ops::zero(T{}));
-    constexpr int width = static_cast<int>(sizeof(vec) / sizeof(T));
-    vec acc[MR][NV];
-#pragma GCC unroll 16
-    for (int i = 0; i < MR; ++i)
-#pragma GCC unroll 4
-        for (int v = 0; v < NV; ++v) acc[i][v] = ops::zero(T{});
-    for (std::int64_t p = 0; p < kc; ++p) {
-        vec bv[NV];
-#pragma GCC unroll 4
-        for (int v = 0; v < NV; ++v) bv[v] = ops::load(b + v * width);
-#pragma GCC unroll 16
-        for (int i = 0; i < MR; ++i) {
-            const vec ai = ops::broadcast(a[i]);
-#pragma GCC unroll 4
-            for (int v = 0; v < NV; ++v) acc[i][v] = ops::fma(ai, bv[v], acc[i][v]);
-        }
-        a += MR;
-        b += NV * width;
-    }
-    const vec alpha_v = ops::broadcast(alpha);
-    const vec beta_v = ops::broadcast(beta);
-#pragma GCC unroll 16
-    for (int i = 0; i < MR; ++i) {
-        T* row = c + i * ldc;
-#pragma GCC unroll 4
-        for (int v = 0; v < NV; ++v) {
-            const vec scaled = ops::mul(alpha_v, acc[i][v]);
-            ops::store(row + v * width, beta == T(0) ? scaled : ops::fma(beta_v, ops::load(row + v * width), scaled));
-        }
-    }
-}
-
-template <class T, int MR, int NV>
-[[gnu::target("avx512f")]] void micro_kernel_avx512(std::int64_t kc, const T* __restrict a, const T* __restrict b,
-                                                    T* __restrict c, std::int64_t ldc, T alpha, T beta) {
-    using ops = avx512_ops;
-    using vec = decltype(ops::zero(T{}));
-    constexpr int width = static_cast<int>(sizeof(vec) / sizeof(T));
-    vec acc[MR][NV];
-#pragma GCC unroll 16
-    for (int i = 0; i < MR; ++i)
-#pragma GCC unroll 4
-        for (int v = 0; v < NV; ++v) acc[i][v] = ops::zero(T{});
-    for (std::int64_t p = 0; p < kc; ++p) {
-        vec bv[NV];
-#pragma GCC unroll 4
-        for (int v = 0; v < NV; ++v) bv[v] = ops::load(b + v * width);
-#pragma GCC unroll 16
-        for (int i = 0; i < MR; ++i) {
-            const vec ai = ops::broadcast(a[i]);
-#pragma GCC unroll 4
-            for (int v = 0; v < NV; ++v) acc[i][v] = ops::fma(ai, bv[v], acc[i][v]);
-        }
-        a += MR;
-        b += NV * width;
-    }
-    const vec alpha_v = ops::broadcast(alpha);
-    const vec beta_v = ops::broadcast(beta);
-#pragma GCC unroll 16
-    for (int i = 0; i < MR; ++i) {
-        T* row = c + i * ldc;
-#pragma GCC unroll 4
-        for (int v = 0; v < NV; ++v) {
-            const vec scaled = ops::mul(alpha_v, acc[i][v]);
-            ops::store(row + v * width, beta == T(0) ? scaled : ops::fma(beta_v, ops::load(row + v * width), scaled));
-        }
-    }
-}
-
-// Copies `panels` runs of NV vectors from src (contiguous) to dst + q * panel_stride: one row
-// of B dealt out to its packed panels. Written with the ISA's vectors because a plain copy
-// loop becomes a memmove call per run.
-template <class T, int NV>
-[[gnu::target("avx2,fma")]] void deal_row_avx2(const T* __restrict src, T* __restrict dst, std::int64_t panels,
-                                               std::int64_t panel_stride) {
-    using ops = avx2_ops;
-    constexpr int width = static_cast<int>(sizeof(decltype(ops::zero(T{}))) / sizeof(T));
-    for (std::int64_t q = 0; q < panels; ++q) {
-#pragma GCC unroll 4
-        for (int v = 0; v < NV; ++v)
-            ops::store(dst + q * panel_stride + v * width, ops::load(src + (q * NV + v) * width));
-    }
-}
-
-template <class T, int NV>
-[[gnu::target("avx512f")]] void deal_row_avx512(const T* __restrict src, T* __restrict dst, std::int64_t panels,
-                                                std::int64_t panel_stride) {
-    using ops = avx512_ops;
-    constexpr int width = static_cast<int>(sizeof(decltype(ops::zero(T{}))) / sizeof(T));
-    for (std::int64_t q = 0; q < panels; ++q) {
-#pragma GCC unroll 4
-        for (int v = 0; v < NV; ++v)
-            ops::store(dst + q * panel_stride + v * width, ops::load(src + (q * NV + v) * width));
-    }
-}
-
-template <class T, int NR>
-void deal_row_portable(const T* __restrict src, T* __restrict dst, std::int64_t panels, std::int64_t panel_stride) {
-    for (std::int64_t q = 0; q < panels; ++q) {
-        for (int j = 0; j < NR; ++j) dst[q * panel_stride + j] = src[q * NR + j];
-    }
-}
-
-// Packs rows [i0, i0 + rows) x columns [p0, p0 + depth) of a row-major A into an MR-wide
-// panel (out[p*MR + i], zero past `rows`): a transpose. The rows are read a cache line at a
-// time in step, so their misses overlap, and lines ahead are prefetched: A is often read
-// from memory exactly once (when n <= nc).
-template <int MR, class T>
-void pack_a_rows_scalar(const T* a, std::int64_t lda, std::int64_t i0, std::int64_t rows, std::int64_t p0,
-                        std::int64_t depth, T* __restrict out) {
-    constexpr std::int64_t line = 64 / sizeof(T);
-    for (std::int64_t pl = 0; pl < depth; pl += line) {
-        const std::int64_t pe = std::min(depth, pl + line);
-        for (std::int64_t i = 0; i < rows; ++i) {
-            const T* src = a + (i0 + i) * lda + p0;
-            __builtin_prefetch(src + pl + 4 * line);
-            for (std::int64_t p = pl; p < pe; ++p) out[p * MR + i] = src[p];
-        }
-        for (std::int64_t i = rows; i < MR; ++i) {
-            for (std::int64_t p = pl; p < pe; ++p) out[p * MR + i] = T(0);
-        }
-    }
-}
-
-// The same with one AVX-512 gather per column of the panel (two for double): about twice
-// the scalar rate, which stores one element per instruction.
-template <int MR, class T>
-[[gnu::target("avx512f")]] void pack_a_rows_avx512(const T* a, std::int64_t lda, std::int64_t i0, std::int64_t rows,
-                                                   std::int64_t p0, std::int64_t depth, T* __restrict out) {
-    static_assert(MR <= 16, "pack_a_rows_avx512: one 16-lane index vector covers at most 16 rows");
-    // Gather offsets are 32-bit.
-    if ((MR - 1) * lda > INT32_MAX) {
-        pack_a_rows_scalar<MR>(a, lda, i0, rows, p0, depth, out);
-        return;
-    }
-    alignas(64) std::int32_t offsets[16] = {};
-    for (int i = 0; i < MR; ++i) offsets[i] = static_cast<std::int32_t>(i * lda);
-    const T* base = a + i0 * lda + p0;
-    if constexpr (std::is_same_v<T, float>) {
-        const __m512i index = _mm512_load_si512(offsets);
-        const __mmask16 present = static_cast<__mmask16>((1u << rows) - 1);
-        const __mmask16 panel = static_cast<__mmask16>((1u << MR) - 1);
-        for (std::int64_t p = 0; p < depth; ++p) {
-            const __m512 column = _mm512_mask_i32gather_ps(_mm512_setzero_ps(), present, index, base + p, 4);
-            _mm512_mask_storeu_ps(out + p * MR, panel, column);
-        }
-    } else {
-        const __m256i index_low = _mm256_load_si256(reinterpret_cast<const __m256i*>(offsets));
-        const __m256i index_high = _mm256_load_si256(reinterpret_cast<const __m256i*>(offsets + 8));
-        const unsigned present = (1u << rows) - 1;
-        const __mmask8 present_low = static_cast<__mmask8>(present & 0xff);
-        const __mmask8 present_high = static_cast<__mmask8>(present >> 8);
-        const __mmask8 panel_low = static_cast<__mmask8>(((1u << MR) - 1) & 0xff);
-        const __mmask8 panel_high = static_cast<__mmask8>(((1u << MR) - 1) >> 8);
-        for (std::int64_t p = 0; p < depth; ++p) {
-            const __m512d low = _mm512_mask_i32gather_pd(_mm512_setzero_pd(), present_low, index_low, base + p, 8);
-            _mm512_mask_storeu_pd(out + p * MR, panel_low, low);
-            if constexpr (MR > 8) {
-                const __m512d high =
-                    _mm512_mask_i32gather_pd(_mm512_setzero_pd(), present_high, index_high, base + p, 8);
-                _mm512_mask_storeu_pd(out + p * MR + 8, panel_high, high);
-            }
-        }
-    }
-}
-
-// ---------------------------------------------------------------------------------------
-// Kernel descriptions: tile shape, cache blocking and the kernel itself.
-//   mr x nr: the register tile. kc: depth of one packed block, so an mr x kc panel of A
-//   stays in L1 while it sweeps the packed kc x nc block of B, which stays in L2.
-
-template <class T, gemm_isa Isa>
-struct kernel_config;
-
-template <class T>
-struct kernel_config<T, gemm_isa::portable> {
-    static constexpr int mr = 4;
-    static constexpr int nr = 32 / static_cast<int>(sizeof(T));
-    static constexpr std::int64_t kc = 256;
-    static constexpr std::int64_t nc = 1024;
-    static void run(std::int64_t k, const T* a, const T* b, T* c, std::int64_t ldc, T alpha, T beta) {
-        micro_kernel_portable<T, mr, nr>(k, a, b, c, ldc, alpha, beta);
-    }
-    static void deal_row(const T* src, T* dst, std::int64_t panels, std::int64_t panel_stride) {
-        deal_row_portable<T, nr>(src, dst, panels, panel_stride);
-    }
-    static void pack_a_rows(const T* a, std::int64_t lda, std::int64_t i0, std::int64_t rows, std::int64_t p0,
-                            std::int64_t depth, T* out) {
-        pack_a_rows_scalar<mr>(a, lda, i0, rows, p0, depth, out);
-    }
-};
-
-template <class T>
-struct kernel_config<T, gemm_isa::avx2_fma> {
-    // 6 x 2 vectors: 12 accumulators + 2 B vectors + 1 broadcast of the 16 ymm registers.
-    static constexpr int mr = 6;
-    static constexpr int nr = 2 * 32 / static_cast<int>(sizeof(T));
-    static constexpr std::int64_t kc = 256;
-    static constexpr std::int64_t nc = 1024;
-    static void run(std::int64_t k, const T* a, const T* b, T* c, std::int64_t ldc, T alpha, T beta) {
-        micro_kernel_avx2<T, mr, 2>(k, a, b, c, ldc, alpha, beta);
-    }
-    static void deal_row(const T* src, T* dst, std::int64_t panels, std::int64_t panel_stride) {
-        deal_row_avx2<T, 2>(src, dst, panels, panel_stride);
-    }
-    static void pack_a_rows(const T* a, std::int64_t lda, std::int64_t i0, std::int64_t rows, std::int64_t p0,
-                            std::int64_t depth, T* out) {
-        pack_a_rows_scalar<mr>(a, lda, i0, rows, p0, depth, out);
-    }
-};
-
-template <class T>
-struct kernel_config<T, gemm_isa::avx512f> {
-    // 12 x 2 vectors: 24 accumulators + 2 B vectors + 1 broadcast of the 32 zmm registers.
-    static constexpr int mr = 12;
-    static constexpr int nr = 2 * 64 / static_cast<int>(sizeof(T));
-    static constexpr std::int64_t kc = 256;
-    static constexpr std::int64_t nc = 1024;
-    static void run(std::int64_t k, const T* a, const T* b, T* c, std::int64_t ldc, T alpha, T beta) {
-        micro_kernel_avx512<T, mr, 2>(k, a, b, c, ldc, alpha, beta);
-    }
-    static void deal_row(const T* src, T* dst, std::int64_t panels, std::int64_t panel_stride) {
-        deal_row_avx512<T, 2>(src, dst, panels, panel_stride);
-    }
-    static void pack_a_rows(const T* a, std::int64_t lda, std::int64_t i0, std::int64_t rows, std::int64_t p0,
-                            std::int64_t depth, T* out) {
-        pack_a_rows_avx512<mr>(a, lda, i0, rows, p0, depth, out);
-    }
-};
-
-// ---------------------------------------------------------------------------------------
-// Packing. A packed A panel holds op(A)[i0 + i][p0 + p] at a[p*MR + i]. A packed slice of B
-// (depth rows of op(B) starting at p0) is a row of NR-wide panels, panel q holding
-// op(B)[p0 + p][q*NR + j] at q*NR*depth + p*NR + j. Rows and columns past the matrix edge
-// are zero, so edge tiles run the full kernel. Full-width runs use fixed trip counts so the
-// compiler vectorizes them at any -march.
-
-template <class Config, class T>
-void pack_a(transpose ta, const T* a, std::int64_t lda, std::int64_t i0, std::int64_t rows, std::int64_t p0,
-            std::int64_t depth, T* __restrict out) {
-    constexpr int MR = Config::mr;
-    if (ta == transpose::no) {
-        Config::pack_a_rows(a, lda, i0, rows, p0, depth, out);
-    } else {
-        // op(A)[i][p] = a[p*lda + i]: each column of the panel is contiguous in A.
-        for (std::int64_t p = 0; p < depth; ++p) {
-            const T* src = a + (p0 + p) * lda + i0;
-            T* dst = out + p * MR;
-            if (rows == MR) {
-                // A constant-size memcpy is expanded inline; the equivalent loop would
-                // become a memmove call.
-                std::memcpy(dst, src, MR * sizeof(T));
-            } else {
-                for (std::int64_t i = 0; i < MR; ++i) dst[i] = i < rows ? src[i] : T(0);
-            }
-        }
-    }
-}
-
-// Packs the panels of columns [j0, j0 + cols) of a slice; j0 is a multiple of NR.
-template <class Config, class T>
-void pack_b(transpose tb, const T* b, std::int64_t ldb, std::int64_t p0, std::int64_t depth, std::int64_t j0,
-            std::int64_t cols, T* __restrict out) {
-    constexpr int NR = Config::nr;
-    const std::int64_t full_panels = cols / NR;
-    const std::int64_t tail = cols - full_panels * NR;
-    if (tb == transpose::no) {
-        // op(B)[p][j] = b[p*ldb + j]: read B row by row (sequential, so prefetched) and deal
-        // each row out to the panels.
-        for (std::int64_t p = 0; p < depth; ++p) {
-            const T* src = b + (p0 + p) * ldb + j0;
-            T* dst = out + p * NR;
-            Config::deal_row(src, dst, full_panels, NR * depth);
-            if (tail > 0) {
-                T* last = dst + full_panels * NR * depth;
-                for (std::int64_t j = 0; j < NR; ++j) last[j] = j < tail ? src[full_panels * NR + j] : T(0);
-            }
-        }
-        return;
-    }
-    // op(B)[p][j] = b[j*ldb + p]: columns of a panel are contiguous in B; a cache line of
-    // depth at a time keeps the writes within a few lines.
-    constexpr std::int64_t step = 64 / sizeof(T);
-    for (std::int64_t q = 0; q * NR < cols; ++q) {
-        const std::int64_t width = q < full_panels ? NR : tail;
-        T* panel = out + q * NR * depth;
-        for (std::int64_t pl = 0; pl < depth; pl += step) {
-            const std::int64_t pe = std::min(depth, pl + step);
-            for (std::int64_t j = 0; j < width; ++j) {
-                const T* src = b + (j0 + q * NR + j) * ldb + p0;
-                for (std::int64_t p = pl; p < pe; ++p) panel[p * NR + j] = src[p];
-            }
-            for (std::int64_t j = width; j < NR; ++j) {
-                for (std::int64_t p = pl; p < pe; ++p) panel[p * NR + j] = T(0);
-            }
-        }
-    }
-}
-
-// Packing storage kept between calls, so steady-state GEMMs neither allocate nor fault in
-// fresh pages. Grows to the largest request seen; 64-byte aligned.
-class pack_storage {
-   public:
-    pack_storage() = default;
-    pack_storage(const pack_storage&) = delete;
-    pack_storage& operator=(const pack_storage&) = delete;
-    ~pack_storage() { release(); }
-
-    void* get(std::size_t bytes) {
-        if (bytes > capacity_) {
-            release();
-            data_ = ::operator new (bytes, std::align_val_t{64});
-            capacity_ = bytes;
-        }
-        return data_;
-    }
-
-   private:
-    void release() noexcept {
-        if (data_ != nullptr) ::operator delete (data_, std::align_val_t{64});
-        data_ = nullptr;
-        capacity_ = 0;
-    }
-    void* data_ = nullptr;
-    std::size_t capacity_ = 0;
-};
-
-// One A panel per thread.
-inline pack_storage& a_panel_storage() {
-    thread_local pack_storage storage;
-    return storage;
-}
-// One B slice per thread, for single-tile products.
-inline pack_storage& b_slice_storage() {
-    thread_local pack_storage storage;
-    return storage;
-}
-// All of op(B), packed by the calling thread's team and shared by its tiles. Kept only up
-// to shared_b_keep_bytes; a larger packed B (an LM head's vocabulary projection) is
-// allocated for the one call, so the cache never pins that much memory.
-inline constexpr std::size_t shared_b_keep_bytes = std::size_t{32} << 20;
-inline pack_storage& b_shared_storage() {
-    thread_local pack_storage storage;
-    return storage;
-}
-
-struct problem {
-    transpose ta, tb;
-    std::int64_t m, n, k;
-    std::int64_t lda, ldb, ldc;
-};
-
-// Where a tile finds packed B: either all of op(B) packed up front (slice pc at
-// shared + pc * padded_n, so column j's panel sits at shared + pc * padded_n + j * depth),
-// or nothing, and the tile packs each slice it needs into its own buffer.
-template <class T>
-struct packed_b_source {
-    const T* shared = nullptr;
-    std::int64_t padded_n = 0;
-};
-
-// C[i0..i1, j0..j1] on the calling thread; i0 and j0 are multiples of the register tile.
-// Needs alpha != 0 and k > 0.
-template <class T, gemm_isa Isa>
-void multiply_tile(const problem& s, T alpha, const T* a, const T* b, T beta, T* c, std::int64_t i0, std::int64_t i1,
-                   std::int64_t j0, std::int64_t j1, packed_b_source<T> source) {
-    using config = kernel_config<T, Isa>;
-    constexpr int mr = config::mr;
-    constexpr int nr = config::nr;
-    const std::int64_t block_depth = std::min<std::int64_t>(config::kc, s.k);
-    T* packed_a = static_cast<T*>(a_panel_storage().get(sizeof(T) * static_cast<std::size_t>(mr * block_depth)));
-    T* local_b = nullptr;
-    if (source.shared == nullptr) {
-        const std::int64_t block_cols = std::min<std::int64_t>(config::nc, (j1 - j0 + nr - 1) / nr * nr);
-        local_b =
-            static_cast<T*>(b_slice_storage().get(sizeof(T) * static_cast<std::size_t>(block_cols * block_depth)));
-    }
-    alignas(64) T edge[mr * nr];
-
-    for (std::int64_t jc = j0; jc < j1; jc += config::nc) {
-        const std::int64_t cols = std::min<std::int64_t>(config::nc, j1 - jc);
-        for (std::int64_t pc = 0; pc < s.k; pc += config::kc) {
-            const std::int64_t depth = std::min<std::int64_t>(config::kc, s.k - pc);
-            // Later depth blocks accumulate onto what the first one wrote.
-            const T beta_block = pc == 0 ? beta : T(1);
-            const T* slice = nullptr;
-            if (source.shared != nullptr) {
-                slice = source.shared + pc * source.padded_n + jc * depth;
-            } else {
-                pack_b<config>(s.tb, b, s.ldb, pc, depth, jc, cols, local_b);
-                slice = local_b;
-            }
-            for (std::int64_t ic = i0; ic < i1; ic += mr) {
-                const std::int64_t rows = std::min<std::int64_t>(mr, i1 - ic);
-                pack_a<config>(s.ta, a, s.lda, ic, rows, pc, depth, packed_a);
-                for (std::int64_t jr = 0; jr < cols; jr += nr) {
-                    const std::int64_t width = std::min<std::int64_t>(nr, cols - jr);
-                    T* c_tile = c + ic * s.ldc + jc + jr;
-                    const T* b_panel = slice + jr * depth;
-                    if (rows == mr && width == nr) {
-                        config::run(depth, packed_a, b_panel, c_tile, s.ldc, alpha, beta_block);
-                        continue;
-                    }
-                    config::run(depth, packed_a, b_panel, edge, nr, T(1), T(0));
-                    for (std::int64_t i = 0; i < rows; ++i) {
-                        T* row = c_tile + i * s.ldc;
-                        const T* sum = edge + i * nr;
-                        if (beta_block == T(0)) {
-                            for (std::int64_t j = 0; j < width; ++j) row[j] = alpha * sum[j];
-                        } else {
-                            for (std::int64_t j = 0; j < width; ++j) row[j] = alpha * sum[j] + beta_block * row[j];
-                        }
-                    }
-                }
-            }
-        }
-    }
-}
-
-// C = beta * C over m x n, not reading C when beta == 0.
-template <class T>
-void scale_c(std::int64_t m, std::int64_t n, T beta, T* c, std::int64_t ldc) {
-    if (beta == T(1)) return;
-    for (std::int64_t i = 0; i < m; ++i) {
-        T* row = c + i * ldc;
-        if (beta == T(0)) {
-            std::fill(row, row + n, T(0));
-        } else {
-            for (std::int64_t j = 0; j < n; ++j) row[j] *= beta;
-        }
-    }
-}
-
-// How C is cut into tiles: row_parts x col_parts tiles of whole register tiles, handed out
-// one at a time to the threads that are free, so a slow or busy core takes fewer of them.
-struct tile_plan {
-    std::int64_t row_parts = 1;
-    std::int64_t col_parts = 1;
-    std::int64_t tiles() const { return row_parts * col_parts; }
-};
-
-// Picks the plan with the least estimated time, counted in flops of kernel work:
-//   one tile:   the tile, packing its own B
-//   many tiles: packing op(B) once, shared by the threads, + the work of all tiles / threads
-//               + the largest tile * (threads - 1) / threads (the expected tail of the join)
-// where a tile costs its (padded) multiply-adds, packing its A panels once per nc-wide block
-// of its columns, reading its packed B, and a fixed start-up.
-inline tile_plan plan_tiles(std::int64_t m, std::int64_t n, std::int64_t k, int mr, int nr, std::int64_t nc,
-                            unsigned threads) {
-    constexpr double pack_cost = 30;        // flops per packed element
-    constexpr double stream_cost = 12;      // flops per element of packed B read back from L3
-    constexpr double tile_cost = 2e4;       // flops to start a tile
-    constexpr double fork_join_cost = 4e5;  // flops per fork-join of the pool (twice: pack, multiply)
-    const std::int64_t row_units = (m + mr - 1) / mr;
-    const std::int64_t col_units = (n + nr - 1) / nr;
-    const double depth = static_cast<double>(k);
-    const auto cost_of_tile = [&](std::int64_t rows, std::int64_t cols, bool packs_b) {
-        const double column_blocks = static_cast<double>((cols + nc - 1) / nc);
-        return 2.0 * rows * cols * depth + pack_cost * depth * rows * column_blocks +
-               (packs_b ? pack_cost : stream_cost) * depth * cols + tile_cost;
-    };
-    tile_plan best;
-    double best_cost = cost_of_tile(row_units * mr, col_units * nr, true);
-    if (threads <= 1) return best;
-    const double team = threads;
-    const double shared_pack = pack_cost * depth * col_units * nr / team + 2 * fork_join_cost;
-    const std::int64_t most = 8 * static_cast<std::int64_t>(threads);
-    for (std::int64_t row_parts = 1; row_parts <= std::min(row_units, most); ++row_parts) {
-        for (std::int64_t col_parts = 1; col_parts <= std::min(col_units, most); ++col_parts) {
-            if (row_parts * col_parts == 1) continue;
-            const std::int64_t rows = (row_units + row_parts - 1) / row_parts * mr;
-            const std::int64_t cols = (col_units + col_parts - 1) / col_parts * nr;
-            const double one = cost_of_tile(rows, cols, false);
-            const double cost = shared_pack + row_parts * col_parts * one / team + one * (team - 1) / team;
-            if (cost < best_cost) {
-                best = {row_parts, col_parts};
-                best_cost = cost;
-            }
-        }
-    }
-    return best;
-}
-
-template <class T, gemm_isa Isa>
-void multiply(thread_pool& pool, const problem& s, T alpha, const T* a, const T* b, T beta, T* c) {
-    using config = kernel_config<T, Isa>;
-    constexpr int mr = config::mr;
-    constexpr int nr = config::nr;
-    // A gemm inside a parallel region runs on its own thread (parallel_for would be serial).
-    const unsigned threads = host::detail::inside_parallel_region() ? 1u : pool.size();
-    const tile_plan plan = plan_tiles(s.m, s.n, s.k, mr, nr, config::nc, threads);
-    if (plan.tiles() == 1) {
-        multiply_tile<T, Isa>(s, alpha, a, b, beta, c, 0, s.m, 0, s.n, {});
-        return;
-    }
-
-    // Phase 1: pack all of op(B), one (slice, nc-wide column block) per job.
-    const std::int64_t col_units = (s.n + nr - 1) / nr;
-    const std::int64_t padded_n = col_units * nr;
-    const std::size_t shared_bytes = sizeof(T) * static_cast<std::size_t>(padded_n * s.k);
-    pack_storage one_call;
-    pack_storage& storage = shared_bytes <= shared_b_keep_bytes ? b_shared_storage() : one_call;
-    T* shared = static_cast<T*>(storage.get(shared_bytes));
-    const std::int64_t slices = (s.k + config::kc - 1) / config::kc;
-    const std::int64_t column_blocks = (s.n + config::nc - 1) / config::nc;
-    pool.parallel_for(0, slices * column_blocks, 1, [&](std::int64_t lo, std::int64_t hi) {
-        for (std::int64_t job = lo; job < hi; ++job) {
-            const std::int64_t pc = job / column_blocks * config::kc;
-            const std::int64_t jc = job % column_blocks * config::nc;
-            const std::int64_t depth = std::min<std::int64_t>(config::kc, s.k - pc);
-            const std::int64_t cols = std::min<std::int64_t>(config::nc, s.n - jc);
-            pack_b<config>(s.tb, b, s.ldb, pc, depth, jc, cols, shared + pc * padded_n + jc * depth);
-        }
-    });
-
-    // Phase 2: the tiles, column block by column block so the threads share B in cache.
-    const std::int64_t row_units = (s.m + mr - 1) / mr;
-    const std::int64_t tiles = plan.tiles();
-    std::atomic<std::int64_t> next_tile{0};
-    const packed_b_source<T> source{shared, padded_n};
-    pool.parallel_for(0, std::min<std::int64_t>(threads, tiles), 1, [&](std::int64_t, std::int64_t) {
-        for (std::int64_t tile = next_tile.fetch_add(1); tile < tiles; tile = next_tile.fetch_add(1)) {
-            const std::int64_t q = tile / plan.row_parts;
-            const std::int64_t r = tile % plan.row_parts;
-            const std::int64_t i0 = row_units * r / plan.row_parts * mr;
-            const std::int64_t i1 = std::min(s.m, row_units * (r + 1) / plan.row_parts * mr);
-            const std::int64_t j0 = col_units * q / plan.col_parts * nr;
-            const std::int64_t j1 = std::min(s.n, col_units * (q + 1) / plan.col_parts * nr);
-            if (i0 < i1 && j0 < j1) multiply_tile<T, Isa>(s, alpha, a, b, beta, c, i0, i1, j0, j1, source);
-        }
-    });
-}
-
-// Throws usage_error naming the first argument that BLAS would reject.
-inline void check_arguments(const char* op, transpose ta, transpose tb, std::int64_t m, std::int64_t n, std::int64_t k,
-                            const void* a, std::int64_t lda, const void* b, std::int64_t ldb, const void* c,
-                            std::int64_t ldc) {
-    const auto fail = [op](const std::string& what) { throw usage_error(std::string(op) + ": " + what); };
-    const auto check_size = [&](const char* name, std::int64_t value) {
-        if (value < 0) fail(std::string(name) + " = " + std::to_string(value) + " is negative; pass " + name + " >= 0");
-    };
-    check_size("m", m);
-    check_size("n", n);
-    check_size("k", k);
-    const auto check_leading = [&](const char* name, std::int64_t value, std::int64_t row_length,
-                                   const std::string& layout) {
-        const std::int64_t least = std::max<std::int64_t>(1, row_length);
-        if (value < least) {
-            fail(std::string(name) + " = " + std::to_string(value) + " is smaller than the row length " +
-                 std::to_string(row_length) + " of " + layout + "; pass " + name + " >= " + std::to_string(least));
-        }
-    };
-    const std::string ms = std::to_string(m), ns = std::to_string(n), ks = std::to_string(k);
-    if (ta == transpose::no) {
-        check_leading("lda", lda, k, "A stored m x k = " + ms + " x " + ks + " (transpose::no)");
-    } else {
-        check_leading("lda", lda, m, "A stored k x m = " + ks + " x " + ms + " (transpose::yes)");
-    }
-    if (tb == transpose::no) {
-        check_leading("ldb", ldb, n, "B stored k x n = " + ks + " x " + ns + " (transpose::no)");
-    } else {
-        check_leading("ldb", ldb, k, "B stored n x k = " + ns + " x " + ks + " (transpose::yes)");
-    }
-    check_leading("ldc", ldc, n, "C (m x n = " + ms + " x " + ns + ")");
-    const auto check_pointer = [&](const char* name, const void* pointer, std::int64_t rows, std::int64_t cols,
-                                   const char* matrix) {
-        if (pointer == nullptr && rows > 0 && cols > 0) {
-            fail(std::string(name) + " is null but " + matrix + " is " + std::to_string(rows) + " x " +
-                 std::to_string(cols) + "; pass its data");
-        }
-    };
-    check_pointer("a", a, m, k, "op(A)");
-    check_pointer("b", b, k, n, "op(B)");
-    check_pointer("c", c, m, n, "C");
-}
-
-template <class T>
-inline constexpr bool is_gemm_element_v = std::is_same_v<T, float> || std::is_same_v<T, double>;
-
-// The fallback after validation, on `pool` (tests pass pools of other sizes).
-template <class T>
-void fallback_unchecked(gemm_isa isa, thread_pool& pool, transpose ta, transpose tb, std::int64_t m, std::int64_t n,
-                        std::int64_t k, T alpha, const T* a, std::int64_t lda, const T* b, std::int64_t ldb, T beta,
-                        T* c, std::int64_t ldc) {
-    if (m == 0 || n == 0) return;
-    if (k == 0 || alpha == T(0)) {
-        scale_c(m, n, beta, c, ldc);
-        return;
-    }
-    const problem s{ta, tb, m, n, k, lda, ldb, ldc};
-    switch (isa) {
-        case gemm_isa::avx512f: multiply<T, gemm_isa::avx512f>(pool, s, alpha, a, b, beta, c); return;
-        case gemm_isa::avx2_fma: multiply<T, gemm_isa::avx2_fma>(pool, s, alpha, a, b, beta, c); return;
-        case gemm_isa::portable: multiply<T, gemm_isa::portable>(pool, s, alpha, a, b, beta, c); return;
-    }
-}
-
-inline bool fits_in_int(std::int64_t value) { return value <= INT_MAX; }
-
-template <class T>
-void gemm_unchecked(transpose ta, transpose tb, std::int64_t m, std::int64_t n, std::int64_t k, T alpha, const T* a,
-                    std::int64_t lda, const T* b, std::int64_t ldb, T beta, T* c, std::int64_t ldc) {
-    if constexpr (has_cblas) {
-        // CBLAS takes int sizes; larger problems take the fallback rather than overflow.
-        // Inside a parallel region every core is already busy with this job, and OpenBLAS
-        // would add its own threads on top: the fallback runs on this thread instead.
-        if (gemm_uses_cblas() && !host::detail::inside_parallel_region() && fits_in_int(m) && fits_in_int(n) && fits_in_int(k) &&
-            fits_in_int(lda) && fits_in_int(ldb) && fits_in_int(ldc)) {
-            if (m == 0 || n == 0) return;
-            const bool trans_a = ta == transpose::yes;
-            const bool trans_b = tb == transpose::yes;
-            if constexpr (std::is_same_v<T, float>) {
-                cblas::sgemm(trans_a, trans_b, int(m), int(n), int(k), alpha, a, int(lda), b, int(ldb), beta, c,
-                             int(ldc));
-            } else {
-                cblas::dgemm(trans_a, trans_b, int(m), int(n), int(k), alpha, a, int(lda), b, int(ldb), beta, c,
-                             int(ldc));
-            }
-            return;
-        }
-    }
-    fallback_unchecked(gemm_best_isa(), thread_pool::global(), ta, tb, m, n, k, alpha, a, lda, b, ldb, beta, c, ldc);
-}
-
-}  // namespace detail::gemm
-
-// C = alpha * op(A) * op(B) + beta * C, through OpenBLAS when selected (gemm_uses_cblas()),
-// otherwise (and inside a parallel_for range) through gemm_fallback. T is float or double.
-template <class T>
-void gemm(transpose ta, transpose tb, std::int64_t m, std::int64_t n, std::int64_t k, T alpha, const T* a,
-          std::int64_t lda, const T* b, std::int64_t ldb, T beta, T* c, std::int64_t ldc) {
-    static_assert(detail::gemm::is_gemm_element_v<T>, "loom::host::gemm: T must be float or double");
-    detail::gemm::check_arguments("gemm", ta, tb, m, n, k, a, lda, b, ldb, c, ldc);
-    detail::gemm::gemm_unchecked(ta, tb, m, n, k, alpha, a, lda, b, ldb, beta, c, ldc);
-}
-
-// The portable path with an explicit micro-kernel (tests and benchmarks pin one this way).
-// Throws usage_error when this CPU cannot run `isa`.
-template <class T>
-void gemm_fallback(gemm_isa isa, transpose ta, transpose tb, std::int64_t m, std::int64_t n, std::int64_t k, T alpha,
-                   const T* a, std::int64_t lda, const T* b, std::int64_t ldb, T beta, T* c, std::int64_t ldc) {
-    static_assert(detail::gemm::is_gemm_element_v<T>, "loom::host::gemm_fallback: T must be float or double");
-    detail::gemm::check_arguments("gemm_fallback", ta, tb, m, n, k, a, lda, b, ldb, c, ldc);
-    if (!gemm_isa_supported(isa)) {
-        throw usage_error(std::string("gemm_fallback: this CPU cannot run the ") + to_string(isa) +
-                          " micro-kernel; pass gemm_best_isa() or check gemm_isa_supported() first");
-    }
-    detail::gemm::fallback_unchecked(isa, thread_pool::global(), ta, tb, m, n, k, alpha, a, lda, b, ldb, beta, c, ldc);
-}
-
-// The portable path with the best micro-kernel for this CPU; always available.
-template <class T>
-void gemm_fallback(transpose ta, transpose tb, std::int64_t m, std::int64_t n, std::int64_t k, T alpha, const T* a,
-                   std::int64_t lda, const T* b, std::int64_t ldb, T beta, T* c, std::int64_t ldc) {
-    gemm_fallback(gemm_best_isa(), ta, tb, m, n, k, alpha, a, lda, b, ldb, beta, c, ldc);
-}
-
-// For every g in [0, batch): gemm on a + g*stride_a, b + g*stride_b, c + g*stride_c.
-// A stride of 0 for A or B reuses one matrix for the whole batch; the C matrices must not
-// overlap (stride_c >= (m - 1) * ldc + n when batch > 1).
-template <class T>
-void gemm_batched(transpose ta, transpose tb, std::int64_t batch, std::int64_t m, std::int64_t n, std::int64_t k,
-                  T alpha, const T* a, std::int64_t lda, std::int64_t stride_a, const T* b, std::int64_t ldb,
-                  std::int64_t stride_b, T beta, T* c, std::int64_t ldc, std::int64_t stride_c) {
-    static_assert(detail::gemm::is_gemm_element_v<T>, "loom::host::gemm_batched: T must be float or double");
-    const auto fail = [](const std::string& what) { throw usage_error("gemm_batched: " + what); };
-    if (batch < 0) fail("batch = " + std::to_string(batch) + " is negative; pass batch >= 0");
-    detail::gemm::check_arguments("gemm_batched", ta, tb, m, n, k, a, lda, b, ldb, c, ldc);
-    if (stride_a < 0 || stride_b < 0 || stride_c < 0) {
-        fail("strides (" + std::to_string(stride_a) + ", " + std::to_string(stride_b) + ", " +
-             std::to_string(stride_c) + ") must not be negative; pass the distance between consecutive matrices");
-    }
-    if (batch > 1 && m > 0 && n > 0 && stride_c < (m - 1) * ldc + n) {
-        fail("stride_c = " + std::to_string(stride_c) + " makes the " + std::to_string(m) + " x " + std::to_string(n) +
-             " outputs (ldc = " + std::to_string(ldc) +
-             ") overlap; pass stride_c >= " + std::to_string((m - 1) * ldc + n));
-    }
-    if (batch == 0 || m == 0 || n == 0) return;
-    const auto one = [&](std::int64_t g) {
-        // A and B may be null when k == 0; no offset is applied to a null pointer.
-        const T* a_g = a == nullptr ? a : a + g * stride_a;
-        const T* b_g = b == nullptr ? b : b + g * stride_b;
-        detail::gemm::gemm_unchecked(ta, tb, m, n, k, alpha, a_g, lda, b_g, ldb, beta, c + g * stride_c, ldc);
-    };
-    // Small matrices (attention heads) go one per thread, each multiplied serially by the
-    // fallback (a gemm nested in parallel_for runs on its own thread); large ones use every
-    // thread (or OpenBLAS) each.
-    const double flops = 2.0 * static_cast<double>(m) * static_cast<double>(n) * static_cast<double>(k);
-    const thread_pool& pool = thread_pool::global();
-    if (batch >= pool.size() && flops <= 2.0 * 192 * 192 * 192) {
-        parallel_for(0, batch, 1, [&](std::int64_t lo, std::int64_t hi) {
-            for (std::int64_t g = lo; g < hi; ++g) one(g);
-        });
-        return;
-    }
-    for (std::int64_t g = 0; g < batch; ++g) one(g);
-}
-
-}  // namespace loom::host
-// ---- end loom/runtime/host/gemm.hpp ----
-
-namespace loom::search {
-
-namespace detail {
-
-template <class F>
-double best_seconds(int repeats, F&& f) {
-    double best = 1e300;
-    for (int r = 0; r < repeats; ++r) {
-        const auto start = std::chrono::steady_clock::now();
-        f();
-        best = std::min(best, std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count());
-    }
-    return best;
-}
-
-// MemAvailable from /proc/meminfo, in bytes (0 when unknown).
-inline double available_memory_bytes() {
-    std::ifstream in("/proc/meminfo");
-    std::string key;
-    double kib = 0;
-    std::string unit;
-    while (in >> key >> kib >> unit)
-        if (key == "MemAvailable:") return kib * 1024.0;
-    return 0;
-}
-
-}  // namespace detail
-
-inline cluster calibrate_host(int ranks) {
-    if (ranks < 1)
-        throw usage_error("calibrate_host: " + std::to_string(ranks) + " ranks; give the number of in-process ranks, at least 1");
-    const std::int64_t n = 512;
-    std::vector<float> a(static_cast<std::size_t>(n * n), 1.0f), b(a.size(), 0.5f), c(a.size(), 0.0f);
-    const auto run_gemm = [&] {
-        host::gemm<float>(host::transpose::no, host::transpose::no, n, n, n, 1.0f, a.data(), n, b.data(), n, 0.0f, c.data(), n);
-    };
-    run_gemm();  // warm up: pack buffers, thread pool
-    const double gemm_seconds = detail::best_seconds(3, run_gemm);
-    const double flops = 2.0 * static_cast<double>(n) * n * n / gemm_seconds;
-
-    const std::size_t bytes = 64u << 20;
-    std::vector<char> from(bytes, 1), to(bytes, 0);
-    const double copy_seconds = detail::best_seconds(3, [&] { std::memcpy(to.data(), from.data(), bytes); });
-    const double bandwidth = 2.0 * static_cast<double>(bytes) / copy_seconds;
-
-    cluster hw;
-    hw.name = "host x" + std::to_string(ranks) + " (calibrated)";
-    hw.device.name = "host rank";
-    hw.device.peak_flops_fp32 = flops / ranks;
-    hw.device.peak_flops_fp16 = 0;
-    hw.device.memory_bandwidth = bandwidth / ranks;
-    const double memory = detail::available_memory_bytes();
-    hw.device.memory_bytes = (memory > 0 ? memory : 8.0 * (1ull << 30)) / ranks;
-    hw.device.gemm_efficiency = 1.0;
-    hw.device.elementwise_efficiency = 1.0;
-    hw.topo.devices_per_node = ranks;
-    hw.topo.nodes = 1;
-    hw.topo.intra_node = {bandwidth / 2.0 / ranks, 20e-6};
-    hw.topo.inter_node_per_nic = {bandwidth / 2.0 / ranks, 20e-6};
-    hw.topo.nics_per_node = 1;
-    return hw;
-}
-
-}  // namespace loom::search
-// ---- end loom/search/calibrate_host.hpp ----
 // ---- begin loom/search/order_search.hpp ----
 // Temporal-order search (nnScaler §5): the per-device block orders of a pipeline that finish
 // soonest, by exact branch-and-bound, within a memory cap and, optionally, order constraints.
@@ -15675,135 +14340,6 @@ inline order_search_result order_search(const schedule::pipeline_shape& shape, c
 
 }  // namespace loom::search
 // ---- end loom/search/order_search.hpp ----
-// ---- begin loom/search/plan_json.hpp ----
-// A searched configuration as JSON, and back: what `loom_plan` writes and what a training
-// program loads to run the plan (apply_configuration.hpp). Loading a saved configuration
-// gives the identical configuration, hence identical per-device programs.
-//
-//   {"format": "loom.configuration", "version": 1,
-//    "tp": 2, "pp": 4, "dp": 8, "micro_batches": 16, "chunks": 1,
-//    "zero": 1, "schedule": "1F1B",
-//    "layers_per_chunk": [6, 6, 6, 6], "interlaced": false,
-//    "recompute": ["none", "selective", ...]}          one entry per repeated layer
-//
-// Every field is checked; an error names the file (when loading one), the field and the fix.
-#include <fstream>
-#include <sstream>
-#include <string>
-#include <vector>
-
-#include <nlohmann/json.hpp>
-
-
-namespace loom::search {
-
-inline constexpr int configuration_format_version = 1;
-
-inline nlohmann::json to_json(const configuration& c) {
-    nlohmann::json recompute = nlohmann::json::array();
-    for (auto r : c.recompute_of) recompute.push_back(to_string(r));
-    return {{"format", "loom.configuration"},
-            {"version", configuration_format_version},
-            {"tp", c.tp},
-            {"pp", c.pp},
-            {"dp", c.dp},
-            {"micro_batches", c.micro_batches},
-            {"chunks", c.chunks},
-            {"zero", static_cast<int>(c.zero)},
-            {"schedule", to_string(c.schedule)},
-            {"layers_per_chunk", c.layers_per_chunk},
-            {"interlaced", c.interlaced},
-            {"coshard", c.coshard},
-            {"recompute", recompute}};
-}
-
-namespace detail {
-
-inline int positive_int(const nlohmann::json& j, const char* field, const std::string& where) {
-    if (!j.contains(field) || !j.at(field).is_number_integer() || j.at(field).get<long long>() < 1)
-        throw usage_error(where + ": \"" + field + "\" must be a positive integer; write it as the searcher does (loom_plan --out)");
-    return j.at(field).get<int>();
-}
-
-}  // namespace detail
-
-// `where` names the source in errors ("plan.json").
-inline configuration configuration_from_json(const nlohmann::json& j, const std::string& where = "configuration_from_json") {
-    if (!j.is_object() || j.value("format", "") != "loom.configuration")
-        throw usage_error(where + ": not a loom configuration (\"format\" is not \"loom.configuration\"); give a file written "
-                                  "by loom_plan --out or search::save_configuration");
-    if (j.value("version", 0) != configuration_format_version)
-        throw usage_error(where + ": configuration version " + j.value("version", nlohmann::json()).dump() + ", this loom reads " +
-                          std::to_string(configuration_format_version) + "; write it again with this loom's loom_plan");
-    configuration c;
-    c.tp = detail::positive_int(j, "tp", where);
-    c.pp = detail::positive_int(j, "pp", where);
-    c.dp = detail::positive_int(j, "dp", where);
-    c.micro_batches = detail::positive_int(j, "micro_batches", where);
-    c.chunks = detail::positive_int(j, "chunks", where);
-    if (!j.contains("zero") || !j.at("zero").is_number_integer() || j.at("zero").get<int>() < 0 || j.at("zero").get<int>() > 3)
-        throw usage_error(where + ": \"zero\" must be 0, 1, 2 or 3 (the ZeRO stage)");
-    c.zero = static_cast<zero_stage>(j.at("zero").get<int>());
-    const std::string schedule = j.value("schedule", "");
-    if (schedule == to_string(schedule_kind::gpipe)) c.schedule = schedule_kind::gpipe;
-    else if (schedule == to_string(schedule_kind::one_f_one_b)) c.schedule = schedule_kind::one_f_one_b;
-    else if (schedule == to_string(schedule_kind::interleaved)) c.schedule = schedule_kind::interleaved;
-    else if (schedule == to_string(schedule_kind::three_f_one_b)) c.schedule = schedule_kind::three_f_one_b;
-    else
-        throw usage_error(where + ": \"schedule\" is \"" + schedule + "\"; give \"GPipe\", \"1F1B\", \"interleaved 1F1B\" or \"3F1B\"");
-    if (j.contains("interlaced")) {
-        if (!j.at("interlaced").is_boolean())
-            throw usage_error(where + ": \"interlaced\" must be true or false");
-        c.interlaced = j.at("interlaced").get<bool>();
-    }
-    if (j.contains("coshard")) c.coshard = detail::positive_int(j, "coshard", where);  // absent in files before Coshard: 1
-    if (!j.contains("layers_per_chunk") || !j.at("layers_per_chunk").is_array())
-        throw usage_error(where + ": \"layers_per_chunk\" must be an array of layer counts, one per pipeline chunk");
-    for (const auto& n : j.at("layers_per_chunk")) {
-        if (!n.is_number_integer() || n.get<int>() < 0)
-            throw usage_error(where + ": \"layers_per_chunk\" holds " + n.dump() + "; give non-negative layer counts");
-        c.layers_per_chunk.push_back(n.get<int>());
-    }
-    if (static_cast<int>(c.layers_per_chunk.size()) != c.pp * c.chunks)
-        throw usage_error(where + ": \"layers_per_chunk\" has " + std::to_string(c.layers_per_chunk.size()) +
-                          " entries for pp * chunks = " + std::to_string(c.pp * c.chunks) + " chunks; give one per chunk");
-    if (!j.contains("recompute") || !j.at("recompute").is_array())
-        throw usage_error(where + ": \"recompute\" must be an array with one of \"none\", \"selective\", \"full\" per layer");
-    for (const auto& r : j.at("recompute")) {
-        const std::string text = r.is_string() ? r.get<std::string>() : r.dump();
-        if (text == "none") c.recompute_of.push_back(recompute::none);
-        else if (text == "selective") c.recompute_of.push_back(recompute::selective);
-        else if (text == "full") c.recompute_of.push_back(recompute::full);
-        else throw usage_error(where + ": \"recompute\" holds " + text + "; give \"none\", \"selective\" or \"full\"");
-    }
-    int layers = 0;
-    for (int n : c.layers_per_chunk) layers += n;
-    if (layers != static_cast<int>(c.recompute_of.size()))
-        throw usage_error(where + ": the chunks hold " + std::to_string(layers) + " layers but \"recompute\" has " +
-                          std::to_string(c.recompute_of.size()) + " entries; give one recompute choice per layer");
-    return c;
-}
-
-inline void save_configuration(const configuration& c, const std::string& path) {
-    std::ofstream out(path);
-    if (!out) throw usage_error("save_configuration: cannot write " + path + "; check the folder exists and is writable");
-    out << to_json(c).dump(2) << "\n";
-}
-
-inline configuration load_configuration(const std::string& path) {
-    std::ifstream in(path);
-    if (!in) throw usage_error("load_configuration: cannot read " + path + "; check the path");
-    nlohmann::json j;
-    try {
-        in >> j;
-    } catch (const nlohmann::json::exception& e) {
-        throw usage_error("load_configuration: " + path + " is not JSON (" + e.what() + "); give a file written by loom_plan --out");
-    }
-    return configuration_from_json(j, path);
-}
-
-}  // namespace loom::search
-// ---- end loom/search/plan_json.hpp ----
 // ---- end loom/search/all.hpp ----
 
 // runtime
@@ -16871,6 +15407,678 @@ void run_ranks(int n, F f, comm_options options = {}) {
 
 }  // namespace loom::comm
 // ---- end loom/runtime/comm/in_process.hpp ----
+// ---- begin loom/runtime/compile.hpp ----
+// Turns one device's graph into a program: the nodes that the wanted tensors depend on,
+// in graph order (or a given op-order), with every intermediate placed in a shared arena by liveness.
+#include <algorithm>
+#include <string>
+#include <vector>
+
+// ---- begin loom/runtime/memory_planner.hpp ----
+// Liveness-based buffer reuse. Each buffer lives from the step that writes it to the last
+// step that reads it; buffers whose lifetimes do not overlap may share bytes. Offsets are
+// chosen best-fit from a free list, largest buffers placed first in each step so that the
+// peak stays close to the true lower bound max_t(sum of live sizes).
+#include <algorithm>
+#include <cstdint>
+#include <iterator>
+#include <map>
+#include <vector>
+
+namespace loom {
+
+struct buffer_lifetime {
+    std::int64_t bytes = 0;
+    std::int64_t first = 0;  // step that writes it
+    std::int64_t last = 0;   // last step that reads it (>= first)
+};
+
+struct memory_plan {
+    std::vector<std::int64_t> offsets;  // per request
+    std::int64_t peak = 0;              // arena size
+    std::int64_t lower_bound = 0;       // max over steps of live bytes: no plan can do better
+    std::int64_t unplanned = 0;         // sum of all sizes
+};
+
+inline memory_plan plan_memory(const std::vector<buffer_lifetime>& requests, std::int64_t alignment = 64) {
+    memory_plan plan;
+    plan.offsets.assign(requests.size(), 0);
+    auto align = [&](std::int64_t b) { return (b + alignment - 1) / alignment * alignment; };
+
+    std::int64_t steps = 0;
+    for (const auto& r : requests) {
+        steps = std::max(steps, r.last + 1);
+        plan.unplanned += align(r.bytes);
+    }
+    std::vector<std::vector<std::size_t>> born(static_cast<std::size_t>(steps)), dying(static_cast<std::size_t>(steps));
+    for (std::size_t i = 0; i < requests.size(); ++i) {
+        born[static_cast<std::size_t>(requests[i].first)].push_back(i);
+        dying[static_cast<std::size_t>(requests[i].last)].push_back(i);
+    }
+
+    std::map<std::int64_t, std::int64_t> free_blocks;  // offset -> size, coalesced
+    std::int64_t top = 0, live = 0;
+    auto release = [&](std::int64_t offset, std::int64_t size) {
+        auto [it, _] = free_blocks.emplace(offset, size);
+        if (auto next = std::next(it); next != free_blocks.end() && it->first + it->second == next->first) {
+            it->second += next->second;
+            free_blocks.erase(next);
+        }
+        if (it != free_blocks.begin()) {
+            auto prev = std::prev(it);
+            if (prev->first + prev->second == it->first) {
+                prev->second += it->second;
+                free_blocks.erase(it);
+                it = prev;
+            }
+        }
+        if (it->first + it->second == top) {  // give the tail back to the top
+            top = it->first;
+            free_blocks.erase(it);
+        }
+    };
+    for (std::int64_t s = 0; s < steps; ++s) {
+        auto& now = born[static_cast<std::size_t>(s)];
+        std::sort(now.begin(), now.end(), [&](auto a, auto b) { return requests[a].bytes > requests[b].bytes; });
+        for (std::size_t i : now) {
+            std::int64_t size = align(requests[i].bytes);
+            live += size;
+            auto best = free_blocks.end();
+            for (auto it = free_blocks.begin(); it != free_blocks.end(); ++it)
+                if (it->second >= size && (best == free_blocks.end() || it->second < best->second)) best = it;
+            if (best != free_blocks.end()) {
+                plan.offsets[i] = best->first;
+                std::int64_t rest = best->second - size, at = best->first + size;
+                free_blocks.erase(best);
+                if (rest > 0) free_blocks.emplace(at, rest);
+            } else {
+                plan.offsets[i] = top;
+                top += size;
+            }
+            plan.peak = std::max(plan.peak, top);
+        }
+        plan.lower_bound = std::max(plan.lower_bound, live);
+        // Outputs of a step and its inputs coexist during the step; release after it.
+        for (std::size_t i : dying[static_cast<std::size_t>(s)]) {
+            live -= align(requests[i].bytes);
+            release(plan.offsets[i], align(requests[i].bytes));
+        }
+    }
+    return plan;
+}
+
+}  // namespace loom
+// ---- end loom/runtime/memory_planner.hpp ----
+// ---- begin loom/runtime/program.hpp ----
+// A per-device instruction program: the form every plan compiles to, and the only thing
+// an executor reads. On one device it is the graph's nodes in order; plans (partition/)
+// add communication instructions between them.
+#include <cstdint>
+#include <string>
+#include <vector>
+
+
+namespace loom {
+
+// How a program stores its real tensors. bf16 is the GPU's mixed precision: tensors in
+// bfloat16, arithmetic in float, and the outputs ops mark as float_outputs kept in float.
+enum class precision : std::uint8_t { f32, f64, bf16 };
+
+inline std::size_t real_bytes(precision p) {
+    switch (p) {
+        case precision::f32: return 4;
+        case precision::f64: return 8;
+        case precision::bf16: return 2;
+    }
+    return 4;
+}
+inline std::string_view to_string(precision p) {
+    switch (p) {
+        case precision::f32: return "f32";
+        case precision::f64: return "f64";
+        case precision::bf16: return "bf16";
+    }
+    return "unknown precision";
+}
+
+// Where a tensor's bytes live while the program runs.
+struct buffer {
+    enum class place : std::uint8_t {
+        none,   // never materialised by this program
+        arena,  // inside the program's arena, at `offset`, reused once dead
+        bound,  // caller-owned storage bound before running (inputs, parameters, gradients, outputs)
+    };
+    place where = place::none;
+    std::int64_t offset = 0;
+    std::int64_t bytes = 0;
+};
+
+struct instruction {
+    enum class kind : std::uint8_t { compute };
+    kind what = kind::compute;
+    node_id node = no_id;
+};
+
+struct program {
+    const graph* source = nullptr;
+    precision prec = precision::f32;
+    std::vector<instruction> steps;
+    std::vector<buffer> buffers;       // indexed by tensor_id
+    std::vector<tensor_id> bound;      // tensors the caller must bind
+    std::int64_t arena_bytes = 0;      // peak of the liveness plan
+    std::int64_t unplanned_bytes = 0;  // what one buffer per tensor would take
+
+    std::int64_t bytes_of(tensor_id t) const { return buffers.at(static_cast<std::size_t>(t)).bytes; }
+};
+
+inline std::int64_t tensor_bytes(const tensor_desc& t, precision p) {
+    return t.dims.numel() * static_cast<std::int64_t>(t.kind == value_kind::index ? 4 : real_bytes(p));
+}
+
+// The precision tensor `t` is stored in by a program of precision `p`: float for the outputs
+// its producer keeps in float (op_def::float_outputs) when p is narrower than float, and for
+// the partitioner's copies of such tensors (transfers and assembles marked "keeps_float").
+inline precision storage_precision(const graph& g, tensor_id t, precision p) {
+    if (p != precision::bf16) return p;
+    const tensor_desc& d = g.tensor(t);
+    if (d.producer == no_id) return p;
+    const node& n = g.at(d.producer);
+    if (n.attrs.get_or<std::int64_t>("keeps_float", 0) != 0) return precision::f32;
+    for (std::size_t i = 0; i < n.outputs.size() && i < 32; ++i)
+        if (n.outputs[i] == t && (n.op->float_outputs >> i & 1u)) return precision::f32;
+    return p;
+}
+
+inline std::int64_t tensor_bytes(const graph& g, tensor_id t, precision p) {
+    return tensor_bytes(g.tensor(t), storage_precision(g, t, p));
+}
+
+}  // namespace loom
+// ---- end loom/runtime/program.hpp ----
+
+namespace loom {
+
+struct compile_options {
+    precision prec = precision::f32;
+    bool include_backward = true;       // false: the forward pass only (evaluation)
+    std::vector<tensor_id> outputs;     // extra tensors the caller wants to read after a run
+    // Keep every node even if no wanted tensor depends on it: a device's part of a
+    // partitioned graph sends pieces other devices need.
+    bool keep_every_node = false;
+    // The order to run the nodes in (op-order: a pipeline schedule's); empty: graph order.
+    // Must list every node once and run each after the producers of its inputs.
+    std::vector<node_id> order;
+};
+
+inline program compile_program(const graph& g, const compile_options& options = {}) {
+    program p;
+    p.source = &g;
+    p.prec = options.prec;
+    p.buffers.resize(g.tensors.size());
+
+    // Wanted tensors: the loss, parameter gradients (when training) and explicit outputs.
+    std::vector<bool> wanted(g.tensors.size(), false);
+    auto want = [&](tensor_id t) {
+        if (t < 0 || static_cast<std::size_t>(t) >= g.tensors.size())
+            throw usage_error("compile_program: output tensor id " + std::to_string(t) + " is not in the graph");
+        wanted[static_cast<std::size_t>(t)] = true;
+    };
+    if (g.loss != no_id) want(g.loss);
+    if (options.include_backward)
+        for (auto [param, grad] : g.gradients) want(grad);
+    for (tensor_id t : options.outputs) want(t);
+
+    // Keep the nodes some wanted tensor depends on (reverse sweep over a topological order).
+    std::vector<bool> needed = wanted;
+    std::vector<bool> keep(g.nodes.size(), false);
+    for (std::size_t i = g.nodes.size(); i-- > 0;) {
+        const node& n = g.nodes[i];
+        if (n.backward && !options.include_backward) continue;
+        bool any = options.keep_every_node || std::any_of(n.outputs.begin(), n.outputs.end(),
+                               [&](tensor_id t) { return needed[static_cast<std::size_t>(t)]; });
+        if (!any) continue;
+        keep[i] = true;
+        for (tensor_id t : n.inputs) needed[static_cast<std::size_t>(t)] = true;
+    }
+    if (options.order.empty()) {
+        for (std::size_t i = 0; i < g.nodes.size(); ++i)
+            if (keep[i]) p.steps.push_back({instruction::kind::compute, static_cast<node_id>(i)});
+    } else {
+        if (options.order.size() != g.nodes.size())
+            throw usage_error("compile_program: the node order lists " + std::to_string(options.order.size()) +
+                              " nodes but the graph has " + std::to_string(g.nodes.size()) + "; list every node once");
+        std::vector<bool> done(g.nodes.size(), false);
+        for (node_id id : options.order) {
+            if (id < 0 || static_cast<std::size_t>(id) >= g.nodes.size() || done[static_cast<std::size_t>(id)])
+                throw usage_error("compile_program: the node order lists node " + std::to_string(id) +
+                                  (id >= 0 && static_cast<std::size_t>(id) < g.nodes.size() ? " twice" : ", which is not in the graph") +
+                                  "; list every node once");
+            const node& n = g.at(id);
+            for (tensor_id t : n.inputs) {
+                node_id producer = g.tensor(t).producer;
+                if (producer != no_id && !done[static_cast<std::size_t>(producer)])
+                    throw usage_error("compile_program: the node order runs '" + n.name + "' before '" +
+                                      g.at(producer).name + "', which produces its input '" + g.tensor(t).name +
+                                      "'; order every node after the producers of its inputs");
+            }
+            done[static_cast<std::size_t>(id)] = true;
+            if (keep[static_cast<std::size_t>(id)]) p.steps.push_back({instruction::kind::compute, id});
+        }
+    }
+
+    // Bound: everything that outlives a step or is fed from outside.
+    for (std::size_t t = 0; t < g.tensors.size(); ++t) {
+        const tensor_desc& d = g.tensors[t];
+        if (!needed[t]) continue;
+        bool external = d.role != tensor_role::activation || wanted[t];
+        p.buffers[t].bytes = tensor_bytes(g, static_cast<tensor_id>(t), p.prec);
+        if (external) {
+            p.buffers[t].where = buffer::place::bound;
+            p.bound.push_back(static_cast<tensor_id>(t));
+        } else if (d.producer == no_id) {
+            throw usage_error("compile_program: tensor '" + d.name + "' is read but nothing produces it");
+        }
+    }
+
+    // Lifetimes of arena tensors in step indices.
+    std::vector<std::int64_t> first(g.tensors.size(), -1), last(g.tensors.size(), -1);
+    for (std::size_t s = 0; s < p.steps.size(); ++s) {
+        const node& n = g.at(p.steps[s].node);
+        for (tensor_id t : n.outputs) {
+            first[static_cast<std::size_t>(t)] = static_cast<std::int64_t>(s);
+            last[static_cast<std::size_t>(t)] = std::max<std::int64_t>(last[static_cast<std::size_t>(t)], static_cast<std::int64_t>(s));
+        }
+        for (tensor_id t : n.inputs) last[static_cast<std::size_t>(t)] = static_cast<std::int64_t>(s);
+    }
+    std::vector<buffer_lifetime> requests;
+    std::vector<tensor_id> owners;
+    for (std::size_t t = 0; t < g.tensors.size(); ++t) {
+        if (p.buffers[t].where == buffer::place::bound || first[t] < 0) continue;
+        p.buffers[t].where = buffer::place::arena;
+        p.buffers[t].bytes = tensor_bytes(g, static_cast<tensor_id>(t), p.prec);
+        requests.push_back({p.buffers[t].bytes, first[t], std::max(first[t], last[t])});
+        owners.push_back(static_cast<tensor_id>(t));
+    }
+    memory_plan plan = plan_memory(requests);
+    for (std::size_t i = 0; i < owners.size(); ++i) p.buffers[static_cast<std::size_t>(owners[i])].offset = plan.offsets[i];
+    p.arena_bytes = plan.peak;
+    p.unplanned_bytes = plan.unplanned;
+    return p;
+}
+
+}  // namespace loom
+// ---- end loom/runtime/compile.hpp ----
+// ---- begin loom/runtime/explain.hpp ----
+// A program described for a person: what runs, how much memory it takes and how much
+// arithmetic one run does.
+#include <cstdio>
+#include <map>
+#include <string>
+
+
+namespace loom {
+
+inline std::string human_bytes(double bytes) {
+    const char* units[] = {"B", "KiB", "MiB", "GiB", "TiB"};
+    int u = 0;
+    while (bytes >= 1024 && u < 4) {
+        bytes /= 1024;
+        ++u;
+    }
+    char buf[32];
+    std::snprintf(buf, sizeof buf, u == 0 ? "%.0f %s" : "%.2f %s", bytes, units[u]);
+    return buf;
+}
+
+inline double program_flops(const program& p) {
+    double total = 0;
+    for (const auto& s : p.steps) {
+        const node& n = p.source->at(s.node);
+        total += n.op->flops(*p.source, n);
+    }
+    return total;
+}
+
+inline std::string explain(const program& p) {
+    const graph& g = *p.source;
+    std::size_t forward = 0, backward = 0;
+    std::map<std::string, int> kinds;
+    for (const auto& s : p.steps) {
+        const node& n = g.at(s.node);
+        (n.backward ? backward : forward) += 1;
+        kinds[std::string(n.op->name)] += 1;
+    }
+    double param_bytes = 0, bound_bytes = 0;
+    for (tensor_id t : p.bound) {
+        bound_bytes += static_cast<double>(p.bytes_of(t));
+        if (g.tensor(t).role == tensor_role::parameter) param_bytes += static_cast<double>(p.bytes_of(t));
+    }
+    std::string out;
+    out += "program: " + std::to_string(p.steps.size()) + " instructions (" + std::to_string(forward) + " forward, " +
+           std::to_string(backward) + " backward), precision " + std::string(to_string(p.prec)) + "\n";
+    out += "  parameters: " + std::to_string(g.parameter_count()) + " (" + human_bytes(param_bytes) + ")\n";
+    out += "  memory: " + human_bytes(static_cast<double>(p.arena_bytes)) + " activation arena (liveness plan; " +
+           human_bytes(static_cast<double>(p.unplanned_bytes)) + " without reuse) + " + human_bytes(bound_bytes) +
+           " bound (inputs, parameters, gradients)\n";
+    char flops[64];
+    std::snprintf(flops, sizeof flops, "%.3f GFLOP", program_flops(p) / 1e9);
+    out += "  work per run: " + std::string(flops) + "\n  ops:";
+    for (const auto& [name, count] : kinds) out += " " + name + " x" + std::to_string(count);
+    out += "\n";
+    return out;
+}
+
+}  // namespace loom
+// ---- end loom/runtime/explain.hpp ----
+// ---- begin loom/runtime/explain_partition.hpp ----
+// A partitioned graph described for a person: how each group of ops is split and where it
+// runs, what every device stores and sends, and which transfers each op needs in the
+// forward and the backward pass. Repeated layers are folded ("blocks.*.attn.q"), so a
+// 48-layer model reads as one layer.
+//
+//   explain(pg)             the text
+//   device_footprints(pg)   the per-device numbers behind its "devices" table
+//
+// Bytes sent follow transfer::elements_sent_by (ring and tree algorithms); activation memory
+// is the arena peak of compile_program over the device's graph (every node kept, the loss
+// as output), so it counts what the liveness plan overlaps only once.
+#include <algorithm>
+#include <cstdint>
+#include <map>
+#include <string>
+#include <tuple>
+#include <vector>
+
+
+namespace loom::partition {
+
+// What one device stores, holds while running and sends during one training step.
+struct device_footprint {
+    int device = 0;
+    std::size_t nodes = 0;              // in its graph: pieces, assembles and transfers
+    std::int64_t parameter_bytes = 0;   // stored parameter pieces
+    std::int64_t gradient_bytes = 0;    // their gradients
+    std::int64_t activation_bytes = 0;  // peak of the activation arena
+    std::int64_t bytes_sent = 0;        // over all transfers it is a member of
+    std::map<transfer_kind, int> transfers;  // how many of each kind it takes part in
+};
+
+inline std::int64_t element_bytes(value_kind kind, precision prec) {
+    return kind == value_kind::index ? 4 : static_cast<std::int64_t>(real_bytes(prec));
+}
+
+// Bytes member `m` of `t` sends.
+inline std::int64_t bytes_sent_by(const transfer& t, std::size_t m, precision prec) {
+    return t.elements_sent_by(m) * element_bytes(t.values, prec);
+}
+
+// Bytes all members of `t` send together.
+inline std::int64_t bytes_sent(const transfer& t, precision prec) {
+    std::int64_t total = 0;
+    for (std::size_t m = 0; m < t.group.size(); ++m) total += bytes_sent_by(t, m, prec);
+    return total;
+}
+
+inline std::vector<device_footprint> device_footprints(const partitioned_graph& pg, precision prec = precision::f32) {
+    const graph& logical = pg.ir();
+    std::vector<device_footprint> out(pg.devices.size());
+    for (std::size_t d = 0; d < pg.devices.size(); ++d) {
+        const device_part& part = pg.devices[d];
+        device_footprint& f = out[d];
+        f.device = static_cast<int>(d);
+        f.nodes = part.ir().nodes.size();
+        for (const auto& s : part.parameters)
+            f.parameter_bytes += s.region.numel() * element_bytes(logical.tensor(s.logical).kind, prec);
+        for (const auto& s : part.gradients)
+            f.gradient_bytes += s.region.numel() * element_bytes(logical.tensor(s.logical).kind, prec);
+        compile_options options;
+        options.prec = prec;
+        options.keep_every_node = true;
+        if (part.loss != no_id) options.outputs = {part.loss};
+        f.activation_bytes = compile_program(part.ir(), options).arena_bytes;
+    }
+    for (const auto& t : pg.transfers)
+        for (std::size_t m = 0; m < t.group.size(); ++m) {
+            device_footprint& f = out.at(static_cast<std::size_t>(t.group[m]));
+            f.bytes_sent += bytes_sent_by(t, m, prec);
+            f.transfers[t.kind] += 1;
+        }
+    return out;
+}
+
+namespace detail {
+
+// The scope path with the index of every repeat instance replaced by '*':
+// "blocks.3.attn.q" -> "blocks.*.attn.q".
+inline std::string folded_scope_path(const graph& g, std::int32_t scope) {
+    std::vector<std::string> parts;
+    for (std::int32_t s = scope; s != no_id; s = g.scopes.at(static_cast<std::size_t>(s)).parent) {
+        const scope_desc& d = g.scopes.at(static_cast<std::size_t>(s));
+        parts.push_back(d.index >= 0 ? d.name + ".*" : d.name);
+    }
+    std::string path;
+    for (auto it = parts.rbegin(); it != parts.rend(); ++it) path += (path.empty() ? "" : ".") + *it;
+    return path.empty() ? "(top)" : path;
+}
+
+// "{0,1,2,3,5}" -> "{0..3,5}": device lists of wide plans stay one short line.
+inline std::string fold_device_lists(const std::string& text) {
+    std::string out;
+    std::size_t i = 0;
+    while (i < text.size()) {
+        if (text[i] != '{') {
+            out += text[i++];
+            continue;
+        }
+        const std::size_t close = text.find('}', i);
+        if (close == std::string::npos) {
+            out += text.substr(i);
+            break;
+        }
+        std::vector<long> numbers;
+        bool all_numbers = close > i + 1;
+        std::size_t p = i + 1;
+        while (all_numbers && p < close) {
+            std::size_t q = text.find(',', p);
+            if (q == std::string::npos || q > close) q = close;
+            const std::string item = text.substr(p, q - p);
+            all_numbers = !item.empty() && item.find_first_not_of("0123456789") == std::string::npos;
+            if (all_numbers) numbers.push_back(std::stol(item));
+            p = q + 1;
+        }
+        if (!all_numbers) {
+            out += text.substr(i, close - i + 1);
+            i = close + 1;
+            continue;
+        }
+        std::string folded;
+        for (std::size_t a = 0; a < numbers.size();) {
+            std::size_t b = a;
+            while (b + 1 < numbers.size() && numbers[b + 1] == numbers[b] + 1) ++b;
+            folded += folded.empty() ? "" : ",";
+            if (b >= a + 2)
+                folded += std::to_string(numbers[a]) + ".." + std::to_string(numbers[b]);
+            else
+                for (std::size_t k = a; k <= b; ++k) folded += (k > a ? "," : "") + std::to_string(numbers[k]);
+            a = b + 1;
+        }
+        out += "{" + folded + "}";
+        i = close + 1;
+    }
+    return out;
+}
+
+// Rows of cells printed in aligned columns; `right[c]` right-aligns column c (numbers).
+inline std::string render_table(const std::vector<std::vector<std::string>>& rows, const std::vector<bool>& right,
+                                const std::string& indent = "  ") {
+    std::vector<std::size_t> width;
+    for (const auto& row : rows)
+        for (std::size_t c = 0; c < row.size(); ++c) {
+            if (width.size() <= c) width.push_back(0);
+            width[c] = std::max(width[c], row[c].size());
+        }
+    std::string out;
+    for (const auto& row : rows) {
+        std::string line = indent;
+        for (std::size_t c = 0; c < row.size(); ++c) {
+            const std::string pad(width[c] - row[c].size(), ' ');
+            const bool last = c + 1 == row.size();
+            if (c < right.size() && right[c])
+                line += pad + row[c];
+            else
+                line += row[c] + (last ? "" : pad);
+            if (!last) line += "  ";
+        }
+        while (!line.empty() && line.back() == ' ') line.pop_back();
+        out += line + "\n";
+    }
+    return out;
+}
+
+inline std::string zero_stage_name(plan::zero_stage z) {
+    switch (z) {
+        case plan::zero_stage::none: return "none";
+        case plan::zero_stage::optimizer: return "ZeRO-1 (optimizer state sharded)";
+        case plan::zero_stage::gradients: return "ZeRO-2 (gradients sharded)";
+        case plan::zero_stage::parameters: return "ZeRO-3 (parameters sharded)";
+    }
+    return "?";
+}
+
+// "all_reduce x2 (4.00 KiB)": transfers of each kind and the bytes all their members send.
+struct transfer_tally {
+    std::map<transfer_kind, std::pair<int, std::int64_t>> by_kind;
+
+    void add(const transfer& t, precision prec) {
+        auto& [count, bytes] = by_kind[t.kind];
+        count += 1;
+        bytes += bytes_sent(t, prec);
+    }
+    std::string describe() const {
+        std::string s;
+        for (const auto& [kind, tally] : by_kind)
+            s += (s.empty() ? "" : ", ") + std::string(to_string(kind)) + " x" + std::to_string(tally.first) + " (" +
+                 human_bytes(static_cast<double>(tally.second)) + ")";
+        return s.empty() ? "-" : s;
+    }
+};
+
+}  // namespace detail
+
+inline std::string explain(const partitioned_graph& pg, precision prec = precision::f32) {
+    const graph& g = pg.ir();
+    std::string out;
+
+    // Header.
+    std::size_t forward_nodes = 0, device_nodes = 0;
+    for (const auto& n : g.nodes) forward_nodes += n.backward ? 0 : 1;
+    for (const auto& part : pg.devices) device_nodes += part.ir().nodes.size();
+    detail::transfer_tally all;
+    for (const auto& t : pg.transfers) all.add(t, prec);
+    out += "plan" + (pg.plan_name.empty() ? std::string{} : " '" + pg.plan_name + "'") + ": " + std::to_string(pg.world) +
+           " device" + (pg.world == 1 ? "" : "s") + ", ZeRO " + detail::zero_stage_name(pg.zero) + ", precision " +
+           std::string(to_string(prec)) + "\n";
+    out += "logical graph: " + std::to_string(g.nodes.size()) + " nodes (" + std::to_string(forward_nodes) + " forward, " +
+           std::to_string(g.nodes.size() - forward_nodes) + " backward); device graphs: " + std::to_string(device_nodes) +
+           " nodes; " + std::to_string(pg.transfers.size()) + " transfers: " + all.describe() + "\n";
+    if (!pg.notes.empty()) {
+        out += "notes (" + std::to_string(pg.notes.size()) + "):\n";
+        const std::size_t shown = std::min<std::size_t>(pg.notes.size(), 8);
+        for (std::size_t i = 0; i < shown; ++i) out += "  " + pg.notes[i] + "\n";
+        if (shown < pg.notes.size()) out += "  ... and " + std::to_string(pg.notes.size() - shown) + " more\n";
+    }
+
+    // Op groups: (folded scope, op kind, pass), in order of first appearance.
+    struct op_group {
+        std::string scope, op;
+        bool backward = false;
+        int nodes = 0;
+        std::vector<std::pair<std::string, int>> partitions;  // distinct descriptions, with counts
+    };
+    auto group_key = [&](const node& n) { return std::tuple(detail::folded_scope_path(g, n.scope), std::string(n.op->name), n.backward); };
+    std::vector<op_group> groups;
+    std::map<std::tuple<std::string, std::string, bool>, std::size_t> group_of;
+    for (std::size_t i = 0; i < g.nodes.size(); ++i) {
+        const node& n = g.nodes[i];
+        auto key = group_key(n);
+        auto [it, fresh] = group_of.try_emplace(key, groups.size());
+        if (fresh) groups.push_back({std::get<0>(key), std::get<1>(key), n.backward, 0, {}});
+        op_group& grp = groups[it->second];
+        grp.nodes += 1;
+        const std::string how = detail::fold_device_lists(pg.layouts.at(i).partition.describe());
+        auto p = std::find_if(grp.partitions.begin(), grp.partitions.end(), [&](const auto& e) { return e.first == how; });
+        if (p == grp.partitions.end())
+            grp.partitions.emplace_back(how, 1);
+        else
+            p->second += 1;
+    }
+    out += "\nops ('*': every layer of a repeat):\n";
+    std::vector<std::vector<std::string>> rows{{"pass", "scope", "op", "nodes", "split and placement"}};
+    for (const auto& grp : groups) {
+        std::string how;
+        for (const auto& [text, count] : grp.partitions)
+            how += (how.empty() ? "" : "; ") + text + (grp.partitions.size() > 1 ? " (" + std::to_string(count) + " nodes)" : "");
+        rows.push_back({grp.backward ? "bwd" : "fwd", grp.scope, grp.op, std::to_string(grp.nodes), how});
+    }
+    out += detail::render_table(rows, {false, false, false, true, false});
+
+    // Devices.
+    out += "\ndevices (activations: arena peak of the device program; sent: bytes this device sends per step):\n";
+    rows = {{"device", "nodes", "parameters", "gradients", "activations", "sent", "transfers"}};
+    for (const auto& f : device_footprints(pg, prec)) {
+        std::string kinds;
+        for (const auto& [kind, count] : f.transfers)
+            kinds += (kinds.empty() ? "" : ", ") + std::string(to_string(kind)) + " x" + std::to_string(count);
+        rows.push_back({"device " + std::to_string(f.device), std::to_string(f.nodes),
+                        human_bytes(static_cast<double>(f.parameter_bytes)), human_bytes(static_cast<double>(f.gradient_bytes)),
+                        human_bytes(static_cast<double>(f.activation_bytes)), human_bytes(static_cast<double>(f.bytes_sent)),
+                        kinds.empty() ? "-" : kinds});
+    }
+    out += detail::render_table(rows, {false, true, true, true, true, true, false});
+
+    // Transfers by the forward op they serve: the backward twins sit beside the forward ones.
+    struct transfer_row {
+        std::string label;
+        std::size_t first = 0;  // the earliest op it serves, for the order
+        detail::transfer_tally forward, backward;
+    };
+    std::vector<transfer_row> transfer_rows;
+    std::map<std::string, std::size_t> row_of;
+    auto row_for = [&](const std::string& label, std::size_t first) -> transfer_row& {
+        auto [it, fresh] = row_of.try_emplace(label, transfer_rows.size());
+        if (fresh) transfer_rows.push_back({label, first, {}, {}});
+        transfer_row& row = transfer_rows[it->second];
+        row.first = std::min(row.first, first);
+        return row;
+    };
+    for (const auto& t : pg.transfers) {
+        if (t.consumer == no_id) {
+            // Gradients onto their parameters' storage (backward), the loss onto every device.
+            transfer_row& row = row_for(t.backward ? "gradients" : "loss", g.nodes.size());
+            (t.backward ? row.backward : row.forward).add(t, prec);
+            continue;
+        }
+        node_id served = t.consumer;
+        const node& consumer = g.at(t.consumer);
+        if ((consumer.backward || t.backward) && consumer.forward_of != no_id) served = consumer.forward_of;
+        const node& op = g.at(served);
+        const auto key = group_key(op);
+        const std::string label = std::get<0>(key) + " " + std::get<1>(key) + (op.backward ? " (backward)" : "");
+        transfer_row& row = row_for(label, static_cast<std::size_t>(served));
+        (t.backward ? row.backward : row.forward).add(t, prec);
+    }
+    std::stable_sort(transfer_rows.begin(), transfer_rows.end(),
+                     [](const transfer_row& a, const transfer_row& b) { return a.first < b.first; });
+    out += "\ntransfers by the forward op they serve (bytes: all members together):\n";
+    rows = {{"op", "forward", "backward"}};
+    for (const auto& row : transfer_rows) rows.push_back({row.label, row.forward.describe(), row.backward.describe()});
+    if (transfer_rows.empty()) rows.push_back({"(none)", "-", "-"});
+    out += detail::render_table(rows, {false, false, false});
+    return out;
+}
+
+}  // namespace loom::partition
+// ---- end loom/runtime/explain_partition.hpp ----
 // ---- begin loom/runtime/transfer_runner.hpp ----
 // Runs one device's part of a transfer (partition/transfer.hpp) on a communicator: packs
 // the boxes a collective moves into contiguous buffers, calls the collective, and unpacks
@@ -17118,6 +16326,287 @@ struct host_kernel<ops::Assemble> {
 #include <cstdint>
 #include <cstring>
 
+// ---- begin loom/runtime/host/thread_pool.hpp ----
+// A fork-join thread pool for the host backend: persistent workers, one parallel_for.
+//
+//   loom::host::parallel_for(0, rows, 64, [&](std::int64_t lo, std::int64_t hi) { ... });
+//
+// Law: f is called on disjoint ranges [lo, hi) whose union is [begin, end); every range is at
+// least `grain` long except when the whole range is shorter than `grain`. The call returns
+// after every range is done, and the calling thread works on ranges too.
+//
+// Threading contract:
+//  - Nested calls (from inside f, on a worker or on the calling thread, into this pool or
+//    any other loom pool) run f(begin, end) serially on the thread that makes them, so a
+//    parallel kernel may call another parallel kernel without deadlock or oversubscription.
+//  - A range shorter than two grains runs inline as f(begin, end), without touching the
+//    pool (which stays free for whatever f calls).
+//  - Calls from several user threads at once are serialized: one job owns the pool at a
+//    time and the other callers block until it finishes. A job never waits for another
+//    caller's job, so concurrent callers cannot deadlock (unless f itself blocks on one).
+//  - The first exception thrown by f is rethrown on the caller once every range has ended;
+//    ranges not yet started when it was thrown are skipped.
+//  - The destructor joins the workers. thread_pool::global() lives until static
+//    destruction, so do not call parallel_for from other static destructors.
+#include <algorithm>
+#include <atomic>
+#include <condition_variable>
+#include <cstdint>
+#include <cstdlib>
+#include <exception>
+#include <memory>
+#include <mutex>
+#include <string>
+#include <thread>
+#include <type_traits>
+#include <utility>
+#include <vector>
+
+
+namespace loom::host {
+
+namespace detail {
+
+// True while this thread runs a range of some pool's job (or is a pool worker), so nested
+// parallel_for calls run inline instead of waiting on a pool that is busy with their parent.
+inline bool& inside_parallel_region() noexcept {
+    thread_local bool inside = false;
+    return inside;
+}
+
+class region_guard {
+   public:
+    region_guard() noexcept : previous_(inside_parallel_region()) { inside_parallel_region() = true; }
+    ~region_guard() { inside_parallel_region() = previous_; }
+    region_guard(const region_guard&) = delete;
+    region_guard& operator=(const region_guard&) = delete;
+
+   private:
+    bool previous_;
+};
+
+// Parses LOOM_NUM_THREADS; 0 when unset or empty.
+inline unsigned thread_count_from_environment() {
+    const char* text = std::getenv("LOOM_NUM_THREADS");
+    if (text == nullptr || *text == '\0') return 0;
+    char* end = nullptr;
+    const long value = std::strtol(text, &end, 10);
+    if (*end != '\0' || value < 1 || value > 4096) {
+        throw usage_error(std::string("thread_pool: LOOM_NUM_THREADS='") + text +
+                          "' is not a thread count; set it to an integer in [1, 4096] or unset it");
+    }
+    return static_cast<unsigned>(value);
+}
+
+}  // namespace detail
+
+// LOOM_NUM_THREADS when set, otherwise the number of hardware threads (at least 1).
+inline unsigned default_thread_count() {
+    if (const unsigned from_environment = detail::thread_count_from_environment()) {
+        return from_environment;
+    }
+    const unsigned hardware = std::thread::hardware_concurrency();
+    return hardware == 0 ? 1u : hardware;
+}
+
+class thread_pool {
+   public:
+    // `threads` counts the calling thread, so thread_pool(1) starts no worker at all.
+    explicit thread_pool(unsigned threads = default_thread_count()) : size_(threads) {
+        if (threads == 0) {
+            throw usage_error("thread_pool: threads = 0; pass at least 1 (the calling thread)");
+        }
+        workers_.reserve(threads - 1);
+        try {
+            for (unsigned i = 1; i < threads; ++i) {
+                workers_.emplace_back([this] { worker_loop(); });
+            }
+        } catch (...) {
+            shut_down();
+            throw;
+        }
+    }
+
+    ~thread_pool() { shut_down(); }
+
+    thread_pool(const thread_pool&) = delete;
+    thread_pool& operator=(const thread_pool&) = delete;
+
+    unsigned size() const noexcept { return size_; }
+
+    template <class F>
+    void parallel_for(std::int64_t begin, std::int64_t end, std::int64_t grain, F&& f) {
+        if (end <= begin) return;
+        if (grain < 1) grain = 1;
+        const std::int64_t length = end - begin;
+        // Below two grains there is only one legal range (length / 2 < grain is
+        // length < 2 * grain without overflow); nested calls must not wait on a pool whose
+        // workers may be busy with their parent job. An inline call does not mark the thread
+        // as inside a region: f may still use the (idle) pool.
+        if (length / 2 < grain || size_ == 1 || detail::inside_parallel_region()) {
+            f(begin, end);
+            return;
+        }
+        // A few ranges per thread, handed out first come first served, so a thread that
+        // starts late or runs on a busy core takes fewer of them.
+        const std::int64_t most_ranges = length / grain;
+        const std::int64_t ranges = std::min<std::int64_t>(most_ranges, ranges_per_thread * std::int64_t{size_});
+
+        using functor = std::remove_reference_t<F>;
+        job_description description;
+        description.invoke = [](void* context, std::int64_t lo, std::int64_t hi) {
+            (*static_cast<functor*>(context))(lo, hi);
+        };
+        description.context = const_cast<void*>(static_cast<const void*>(std::addressof(f)));
+        description.begin = begin;
+        description.length = length;
+        description.ranges = ranges;
+        run(description);
+    }
+
+    // The process-wide pool, created on first use with default_thread_count() threads.
+    static thread_pool& global() {
+        static thread_pool pool;
+        return pool;
+    }
+
+   private:
+    struct job_description {
+        void (*invoke)(void*, std::int64_t, std::int64_t) = nullptr;
+        void* context = nullptr;
+        std::int64_t begin = 0;
+        std::int64_t length = 0;
+        std::int64_t ranges = 0;
+    };
+
+    // Spins this many polls before blocking: a worker woken for back-to-back jobs (the
+    // layers of one step) skips the futex round trip, and gives its core back soon after.
+    static constexpr int spin_polls = 1 << 14;
+    static constexpr std::int64_t ranges_per_thread = 4;
+
+    void run(const job_description& description) {
+        std::lock_guard<std::mutex> one_job_at_a_time(submit_mutex_);
+        {
+            std::unique_lock<std::mutex> lock(mutex_);
+            // Workers that took part in the previous job may still be leaving it.
+            idle_cv_.wait(lock, [this] { return busy_workers_ == 0; });
+            job_ = description;
+            next_range_.store(0, std::memory_order_relaxed);
+            unfinished_ranges_.store(description.ranges, std::memory_order_relaxed);
+            failed_.store(false, std::memory_order_relaxed);
+            failure_ = nullptr;
+            generation_.store(generation_.load(std::memory_order_relaxed) + 1, std::memory_order_release);
+        }
+        work_cv_.notify_all();
+
+        {
+            detail::region_guard guard;
+            work_on(description);
+        }
+
+        for (int poll = 0; poll < spin_polls; ++poll) {
+            if (unfinished_ranges_.load(std::memory_order_acquire) == 0) break;
+        }
+        std::unique_lock<std::mutex> lock(mutex_);
+        done_cv_.wait(lock, [this] { return unfinished_ranges_.load(std::memory_order_acquire) == 0; });
+        if (failure_) {
+            std::exception_ptr failure = std::move(failure_);
+            failure_ = nullptr;
+            std::rethrow_exception(failure);
+        }
+    }
+
+    // Takes ranges until none is left. Range r is [begin + r*length/ranges, begin + (r+1)*length/ranges),
+    // so every range has floor or ceil of length/ranges >= grain elements.
+    void work_on(const job_description& description) {
+        for (;;) {
+            const std::int64_t r = next_range_.fetch_add(1, std::memory_order_relaxed);
+            if (r >= description.ranges) return;
+            if (!failed_.load(std::memory_order_relaxed)) {
+                const std::int64_t lo = description.begin + r * description.length / description.ranges;
+                const std::int64_t hi = description.begin + (r + 1) * description.length / description.ranges;
+                try {
+                    description.invoke(description.context, lo, hi);
+                } catch (...) {
+                    std::lock_guard<std::mutex> lock(mutex_);
+                    if (!failure_) failure_ = std::current_exception();
+                    failed_.store(true, std::memory_order_relaxed);
+                }
+            }
+            if (unfinished_ranges_.fetch_sub(1, std::memory_order_acq_rel) == 1) {
+                // Taking the mutex orders this notify after the caller's predicate check.
+                std::lock_guard<std::mutex> lock(mutex_);
+                done_cv_.notify_all();
+            }
+        }
+    }
+
+    void worker_loop() {
+        detail::inside_parallel_region() = true;
+        std::uint64_t seen = 0;
+        for (;;) {
+            for (int poll = 0; poll < spin_polls; ++poll) {
+                if (generation_.load(std::memory_order_acquire) != seen) break;
+            }
+            job_description description;
+            {
+                std::unique_lock<std::mutex> lock(mutex_);
+                work_cv_.wait(lock, [&] { return stopping_ || generation_.load(std::memory_order_relaxed) != seen; });
+                if (stopping_) return;
+                seen = generation_.load(std::memory_order_relaxed);
+                description = job_;
+                ++busy_workers_;
+            }
+            work_on(description);
+            {
+                std::lock_guard<std::mutex> lock(mutex_);
+                --busy_workers_;
+                if (busy_workers_ == 0) idle_cv_.notify_all();
+            }
+        }
+    }
+
+    void shut_down() noexcept {
+        {
+            std::lock_guard<std::mutex> lock(mutex_);
+            stopping_ = true;
+        }
+        work_cv_.notify_all();
+        for (std::thread& worker : workers_) {
+            if (worker.joinable()) worker.join();
+        }
+        workers_.clear();
+    }
+
+    unsigned size_;
+    std::vector<std::thread> workers_;
+
+    std::mutex submit_mutex_;
+    std::mutex mutex_;
+    std::condition_variable work_cv_;
+    std::condition_variable done_cv_;
+    std::condition_variable idle_cv_;
+
+    // Guarded by mutex_ (generation_ is also polled without it while spinning).
+    job_description job_;
+    std::atomic<std::uint64_t> generation_{0};
+    unsigned busy_workers_ = 0;
+    bool stopping_ = false;
+    std::exception_ptr failure_;
+
+    std::atomic<std::int64_t> next_range_{0};
+    std::atomic<std::int64_t> unfinished_ranges_{0};
+    std::atomic<bool> failed_{false};
+};
+
+// parallel_for on thread_pool::global().
+template <class F>
+void parallel_for(std::int64_t begin, std::int64_t end, std::int64_t grain, F&& f) {
+    thread_pool::global().parallel_for(begin, end, grain, std::forward<F>(f));
+}
+
+}  // namespace loom::host
+// ---- end loom/runtime/host/thread_pool.hpp ----
 
 namespace loom::host {
 
@@ -17273,6 +16762,984 @@ struct host_kernel<ops::SumLeading> {
 }  // namespace loom::host
 // ---- end loom/runtime/host/kernels/basic.hpp ----
 // ---- begin loom/runtime/host/kernels/linear.hpp ----
+// ---- begin loom/runtime/host/gemm.hpp ----
+// Row-major GEMM for the host backend.
+//
+//   C = alpha * op(A) * op(B) + beta * C,   op(A): m x k,  op(B): k x n,  C: m x n
+//
+// Every matrix is row-major with a leading dimension (the distance between rows as stored):
+// A is stored m x k (lda >= k) for transpose::no and k x m (lda >= m) for transpose::yes,
+// likewise B is k x n (ldb >= n) or n x k (ldb >= k), and C is m x n (ldc >= n). As in BLAS,
+// beta == 0 overwrites C without reading it (NaN in C does not propagate), and alpha == 0 or
+// k == 0 gives C = beta * C without reading A or B.
+//
+// gemm() calls OpenBLAS when the build has it (see cblas_gate.hpp) and gemm_fallback()
+// otherwise; inside a parallel_for range it always runs gemm_fallback() on the calling
+// thread, so OpenBLAS's threads never pile onto the pool's.
+//
+// gemm_fallback() is the portable path: op(B) packed once and shared, A packed per panel,
+// cache-blocked (an mr x kc panel of A in L1 sweeps a kc x nc block of B in L2), register-
+// tiled micro-kernels, and C cut into tiles that the threads of thread_pool::global() take
+// first come first served. The AVX-512F or AVX2+FMA micro-kernels are chosen at run time
+// (the header needs no -march flag); a plain C++ micro-kernel runs everywhere else. They
+// use GCC/Clang target attributes and <immintrin.h>, so this header is for x86-64.
+#include <immintrin.h>
+
+#include <algorithm>
+#include <atomic>
+#include <climits>
+#include <cstddef>
+#include <cstdint>
+#include <cstdlib>
+#include <cstring>
+#include <new>
+#include <string>
+#include <string_view>
+#include <type_traits>
+
+// ---- begin loom/runtime/host/cblas_gate.hpp ----
+// The one place that looks at LOOM_HAS_CBLAS. The build defines it (to 1) when it links
+// OpenBLAS and puts OpenBLAS's cblas.h on the include path; everything else in loom asks
+// `has_cblas` and branches with `if constexpr`, so both configurations compile the same code
+// and the wrappers in loom::host::cblas exist (and throw) even without CBLAS.
+#include <string>
+
+
+#if defined(LOOM_HAS_CBLAS) && LOOM_HAS_CBLAS
+#include <cblas.h>
+#endif
+
+namespace loom::host {
+
+#if defined(LOOM_HAS_CBLAS) && LOOM_HAS_CBLAS
+inline constexpr bool has_cblas = true;
+#else
+inline constexpr bool has_cblas = false;
+#endif
+
+namespace cblas {
+
+// Row-major GEMM through CBLAS: C = alpha * op(A) * op(B) + beta * C. Sizes are the CBLAS
+// `int`; callers check that their 64-bit sizes fit before calling.
+#if defined(LOOM_HAS_CBLAS) && LOOM_HAS_CBLAS
+
+inline void sgemm(bool trans_a, bool trans_b, int m, int n, int k, float alpha, const float* a, int lda, const float* b,
+                  int ldb, float beta, float* c, int ldc) {
+    cblas_sgemm(CblasRowMajor, trans_a ? CblasTrans : CblasNoTrans, trans_b ? CblasTrans : CblasNoTrans, m, n, k, alpha,
+                a, lda, b, ldb, beta, c, ldc);
+}
+
+inline void dgemm(bool trans_a, bool trans_b, int m, int n, int k, double alpha, const double* a, int lda,
+                  const double* b, int ldb, double beta, double* c, int ldc) {
+    cblas_dgemm(CblasRowMajor, trans_a ? CblasTrans : CblasNoTrans, trans_b ? CblasTrans : CblasNoTrans, m, n, k, alpha,
+                a, lda, b, ldb, beta, c, ldc);
+}
+
+// OpenBLAS keeps its own worker threads; these let callers see and bound them.
+inline int library_threads() { return openblas_get_num_threads(); }
+inline void set_library_threads(int threads) { openblas_set_num_threads(threads); }
+
+// e.g. "OpenBLAS 0.3.21 DYNAMIC_ARCH ... Haswell MAX_THREADS=64" plus the core it picked.
+inline std::string library_description() {
+    return std::string(openblas_get_config()) + " core=" + openblas_get_corename();
+}
+
+#else
+
+[[noreturn]] inline void missing(const char* what) {
+    throw usage_error(std::string("cblas::") + what +
+                      ": loom was built without CBLAS; build with LOOM_HAS_CBLAS=1 and OpenBLAS's cblas.h, "
+                      "or check loom::host::has_cblas first");
+}
+
+inline void sgemm(bool, bool, int, int, int, float, const float*, int, const float*, int, float, float*, int) {
+    missing("sgemm");
+}
+inline void dgemm(bool, bool, int, int, int, double, const double*, int, const double*, int, double, double*, int) {
+    missing("dgemm");
+}
+inline int library_threads() { return 0; }
+inline void set_library_threads(int) {}
+inline std::string library_description() { return "none"; }
+
+#endif
+
+}  // namespace cblas
+}  // namespace loom::host
+// ---- end loom/runtime/host/cblas_gate.hpp ----
+
+namespace loom::host {
+
+enum class transpose : bool { no, yes };
+
+// The instruction sets gemm_fallback has micro-kernels for.
+enum class gemm_isa { portable, avx2_fma, avx512f };
+
+inline const char* to_string(gemm_isa isa) noexcept {
+    switch (isa) {
+        case gemm_isa::portable: return "portable";
+        case gemm_isa::avx2_fma: return "avx2_fma";
+        case gemm_isa::avx512f: return "avx512f";
+    }
+    return "unknown";
+}
+
+// Whether this CPU (and OS) can run the micro-kernel for `isa`.
+inline bool gemm_isa_supported(gemm_isa isa) noexcept {
+    // Needed before main (static initializers); cheap and idempotent after.
+    __builtin_cpu_init();
+    switch (isa) {
+        case gemm_isa::portable: return true;
+        case gemm_isa::avx2_fma: return __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma");
+        case gemm_isa::avx512f: return __builtin_cpu_supports("avx512f");
+    }
+    return false;
+}
+
+// The fastest supported micro-kernel, decided once per process.
+inline gemm_isa gemm_best_isa() noexcept {
+    static const gemm_isa best = gemm_isa_supported(gemm_isa::avx512f)    ? gemm_isa::avx512f
+                                 : gemm_isa_supported(gemm_isa::avx2_fma) ? gemm_isa::avx2_fma
+                                                                          : gemm_isa::portable;
+    return best;
+}
+
+// Which implementation gemm() uses outside parallel regions.
+//   LOOM_GEMM=cblas | loom   chooses explicitly (cblas needs a build with OpenBLAS);
+//   otherwise                loom's kernels on CPUs with AVX-512, where they measured faster
+//                            than OpenBLAS 0.3.21's default kernels and do not keep spinning
+//                            threads that compete with loom's pool (benchmarks/RESULTS.md),
+//                            else CBLAS when built with it, else loom's kernels.
+enum class gemm_backend { cblas, loom };
+
+inline gemm_backend selected_gemm_backend() {
+    static const gemm_backend chosen = [] {
+        if (const char* env = std::getenv("LOOM_GEMM"); env && *env) {
+            const std::string_view v(env);
+            if (v == "loom") return gemm_backend::loom;
+            if (v == "cblas") {
+                if (!has_cblas)
+                    throw usage_error("LOOM_GEMM=cblas: this build has no CBLAS; install libopenblas-dev and "
+                                      "configure with LOOM_USE_CBLAS=ON, or unset LOOM_GEMM");
+                return gemm_backend::cblas;
+            }
+            throw usage_error("LOOM_GEMM=" + std::string(v) + ": expected 'cblas' or 'loom'");
+        }
+        if (!has_cblas || gemm_best_isa() == gemm_isa::avx512f) return gemm_backend::loom;
+        return gemm_backend::cblas;
+    }();
+    return chosen;
+}
+
+// True when gemm() calls CBLAS (OpenBLAS) rather than gemm_fallback() (outside parallel regions).
+inline bool gemm_uses_cblas() { return selected_gemm_backend() == gemm_backend::cblas; }
+
+namespace detail::gemm {
+
+// ---------------------------------------------------------------------------------------
+// Micro-kernels. Each computes one MR x NR tile of C from packed panels:
+//   C[i][j] = alpha * sum_p a[p*MR + i] * b[p*NR + j] + beta * C[i][j]   (0 <= i < MR, 0 <= j < NR)
+// and does not read C when beta == 0.
+
+template <class T, int MR, int NR>
+void micro_kernel_portable(std::int64_t kc, const T* __restrict a, const T* __restrict b, T* __restrict c,
+                           std::int64_t ldc, T alpha, T beta) {
+    T acc[MR][NR] = {};
+    for (std::int64_t p = 0; p < kc; ++p) {
+        for (int i = 0; i < MR; ++i) {
+            const T ai = a[i];
+            for (int j = 0; j < NR; ++j) acc[i][j] += ai * b[j];
+        }
+        a += MR;
+        b += NR;
+    }
+    for (int i = 0; i < MR; ++i) {
+        T* row = c + i * ldc;
+        if (beta == T(0)) {
+            for (int j = 0; j < NR; ++j) row[j] = alpha * acc[i][j];
+        } else {
+            for (int j = 0; j < NR; ++j) row[j] = alpha * acc[i][j] + beta * row[j];
+        }
+    }
+}
+
+// Thin overloads over the intrinsics so one kernel body serves float and double.
+struct avx2_ops {
+    [[gnu::always_inline, gnu::target("avx2,fma")]] static inline __m256 zero(float) { return _mm256_setzero_ps(); }
+    [[gnu::always_inline, gnu::target("avx2,fma")]] static inline __m256d zero(double) { return _mm256_setzero_pd(); }
+    [[gnu::always_inline, gnu::target("avx2,fma")]] static inline __m256 load(const float* p) {
+        return _mm256_loadu_ps(p);
+    }
+    [[gnu::always_inline, gnu::target("avx2,fma")]] static inline __m256d load(const double* p) {
+        return _mm256_loadu_pd(p);
+    }
+    [[gnu::always_inline, gnu::target("avx2,fma")]] static inline void store(float* p, __m256 v) {
+        _mm256_storeu_ps(p, v);
+    }
+    [[gnu::always_inline, gnu::target("avx2,fma")]] static inline void store(double* p, __m256d v) {
+        _mm256_storeu_pd(p, v);
+    }
+    [[gnu::always_inline, gnu::target("avx2,fma")]] static inline __m256 broadcast(float x) {
+        return _mm256_set1_ps(x);
+    }
+    [[gnu::always_inline, gnu::target("avx2,fma")]] static inline __m256d broadcast(double x) {
+        return _mm256_set1_pd(x);
+    }
+    [[gnu::always_inline, gnu::target("avx2,fma")]] static inline __m256 mul(__m256 x, __m256 y) {
+        return _mm256_mul_ps(x, y);
+    }
+    [[gnu::always_inline, gnu::target("avx2,fma")]] static inline __m256d mul(__m256d x, __m256d y) {
+        return _mm256_mul_pd(x, y);
+    }
+    // x * y + z with one rounding.
+    [[gnu::always_inline, gnu::target("avx2,fma")]] static inline __m256 fma(__m256 x, __m256 y, __m256 z) {
+        return _mm256_fmadd_ps(x, y, z);
+    }
+    [[gnu::always_inline, gnu::target("avx2,fma")]] static inline __m256d fma(__m256d x, __m256d y, __m256d z) {
+        return _mm256_fmadd_pd(x, y, z);
+    }
+};
+
+struct avx512_ops {
+    [[gnu::always_inline, gnu::target("avx512f")]] static inline __m512 zero(float) { return _mm512_setzero_ps(); }
+    [[gnu::always_inline, gnu::target("avx512f")]] static inline __m512d zero(double) { return _mm512_setzero_pd(); }
+    [[gnu::always_inline, gnu::target("avx512f")]] static inline __m512 load(const float* p) {
+        return _mm512_loadu_ps(p);
+    }
+    [[gnu::always_inline, gnu::target("avx512f")]] static inline __m512d load(const double* p) {
+        return _mm512_loadu_pd(p);
+    }
+    [[gnu::always_inline, gnu::target("avx512f")]] static inline void store(float* p, __m512 v) {
+        _mm512_storeu_ps(p, v);
+    }
+    [[gnu::always_inline, gnu::target("avx512f")]] static inline void store(double* p, __m512d v) {
+        _mm512_storeu_pd(p, v);
+    }
+    [[gnu::always_inline, gnu::target("avx512f")]] static inline __m512 broadcast(float x) { return _mm512_set1_ps(x); }
+    [[gnu::always_inline, gnu::target("avx512f")]] static inline __m512d broadcast(double x) {
+        return _mm512_set1_pd(x);
+    }
+    [[gnu::always_inline, gnu::target("avx512f")]] static inline __m512 mul(__m512 x, __m512 y) {
+        return _mm512_mul_ps(x, y);
+    }
+    [[gnu::always_inline, gnu::target("avx512f")]] static inline __m512d mul(__m512d x, __m512d y) {
+        return _mm512_mul_pd(x, y);
+    }
+    [[gnu::always_inline, gnu::target("avx512f")]] static inline __m512 fma(__m512 x, __m512 y, __m512 z) {
+        return _mm512_fmadd_ps(x, y, z);
+    }
+    [[gnu::always_inline, gnu::target("avx512f")]] static inline __m512d fma(__m512d x, __m512d y, __m512d z) {
+        return _mm512_fmadd_pd(x, y, z);
+    }
+};
+
+// The SIMD kernel bodies are identical up to the ops type; the target attribute cannot be a
+// template argument, so there is one body per instruction set. NV vectors span NR columns.
+template <class T, int MR, int NV>
+[[gnu::target("avx2,fma")]] void micro_kernel_avx2(std::int64_t kc, const T* __restrict a, const T* __restrict b,
+                                                   T* __restrict c, std::int64_t ldc, T alpha, T beta) {
+    using ops = avx2_ops;
+    using vec = decltype(ops::zero(T{}));
+    constexpr int width = static_cast<int>(sizeof(vec) / sizeof(T));
+    vec acc[MR][NV];
+#pragma GCC unroll 16
+    for (int i = 0; i < MR; ++i)
+#pragma GCC unroll 4
+        for (int v = 0; v < NV; ++v) acc[i][v] = ops::zero(T{});
+    for (std::int64_t p = 0; p < kc; ++p) {
+        vec bv[NV];
+#pragma GCC unroll 4
+        for (int v = 0; v < NV; ++v) bv[v] = ops::load(b + v * width);
+#pragma GCC unroll 16
+        for (int i = 0; i < MR; ++i) {
+            const vec ai = ops::broadcast(a[i]);
+#pragma GCC unroll 4
+            for (int v = 0; v < NV; ++v) acc[i][v] = ops::fma(ai, bv[v], acc[i][v]);
+        }
+        a += MR;
+        b += NV * width;
+    }
+    const vec alpha_v = ops::broadcast(alpha);
+    const vec beta_v = ops::broadcast(beta);
+#pragma GCC unroll 16
+    for (int i = 0; i < MR; ++i) {
+        T* row = c + i * ldc;
+#pragma GCC unroll 4
+        for (int v = 0; v < NV; ++v) {
+            const vec scaled = ops::mul(alpha_v, acc[i][v]);
+            ops::store(row + v * width, beta == T(0) ? scaled : ops::fma(beta_v, ops::load(row + v * width), scaled));
+        }
+    }
+}
+
+template <class T, int MR, int NV>
+[[gnu::target("avx512f")]] void micro_kernel_avx512(std::int64_t kc, const T* __restrict a, const T* __restrict b,
+                                                    T* __restrict c, std::int64_t ldc, T alpha, T beta) {
+    using ops = avx512_ops;
+    using vec = decltype(ops::zero(T{}));
+    constexpr int width = static_cast<int>(sizeof(vec) / sizeof(T));
+    vec acc[MR][NV];
+#pragma GCC unroll 16
+    for (int i = 0; i < MR; ++i)
+#pragma GCC unroll 4
+        for (int v = 0; v < NV; ++v) acc[i][v] = ops::zero(T{});
+    for (std::int64_t p = 0; p < kc; ++p) {
+        vec bv[NV];
+#pragma GCC unroll 4
+        for (int v = 0; v < NV; ++v) bv[v] = ops::load(b + v * width);
+#pragma GCC unroll 16
+        for (int i = 0; i < MR; ++i) {
+            const vec ai = ops::broadcast(a[i]);
+#pragma GCC unroll 4
+            for (int v = 0; v < NV; ++v) acc[i][v] = ops::fma(ai, bv[v], acc[i][v]);
+        }
+        a += MR;
+        b += NV * width;
+    }
+    const vec alpha_v = ops::broadcast(alpha);
+    const vec beta_v = ops::broadcast(beta);
+#pragma GCC unroll 16
+    for (int i = 0; i < MR; ++i) {
+        T* row = c + i * ldc;
+#pragma GCC unroll 4
+        for (int v = 0; v < NV; ++v) {
+            const vec scaled = ops::mul(alpha_v, acc[i][v]);
+            ops::store(row + v * width, beta == T(0) ? scaled : ops::fma(beta_v, ops::load(row + v * width), scaled));
+        }
+    }
+}
+
+// Copies `panels` runs of NV vectors from src (contiguous) to dst + q * panel_stride: one row
+// of B dealt out to its packed panels. Written with the ISA's vectors because a plain copy
+// loop becomes a memmove call per run.
+template <class T, int NV>
+[[gnu::target("avx2,fma")]] void deal_row_avx2(const T* __restrict src, T* __restrict dst, std::int64_t panels,
+                                               std::int64_t panel_stride) {
+    using ops = avx2_ops;
+    constexpr int width = static_cast<int>(sizeof(decltype(ops::zero(T{}))) / sizeof(T));
+    for (std::int64_t q = 0; q < panels; ++q) {
+#pragma GCC unroll 4
+        for (int v = 0; v < NV; ++v)
+            ops::store(dst + q * panel_stride + v * width, ops::load(src + (q * NV + v) * width));
+    }
+}
+
+template <class T, int NV>
+[[gnu::target("avx512f")]] void deal_row_avx512(const T* __restrict src, T* __restrict dst, std::int64_t panels,
+                                                std::int64_t panel_stride) {
+    using ops = avx512_ops;
+    constexpr int width = static_cast<int>(sizeof(decltype(ops::zero(T{}))) / sizeof(T));
+    for (std::int64_t q = 0; q < panels; ++q) {
+#pragma GCC unroll 4
+        for (int v = 0; v < NV; ++v)
+            ops::store(dst + q * panel_stride + v * width, ops::load(src + (q * NV + v) * width));
+    }
+}
+
+template <class T, int NR>
+void deal_row_portable(const T* __restrict src, T* __restrict dst, std::int64_t panels, std::int64_t panel_stride) {
+    for (std::int64_t q = 0; q < panels; ++q) {
+        for (int j = 0; j < NR; ++j) dst[q * panel_stride + j] = src[q * NR + j];
+    }
+}
+
+// Packs rows [i0, i0 + rows) x columns [p0, p0 + depth) of a row-major A into an MR-wide
+// panel (out[p*MR + i], zero past `rows`): a transpose. The rows are read a cache line at a
+// time in step, so their misses overlap, and lines ahead are prefetched: A is often read
+// from memory exactly once (when n <= nc).
+template <int MR, class T>
+void pack_a_rows_scalar(const T* a, std::int64_t lda, std::int64_t i0, std::int64_t rows, std::int64_t p0,
+                        std::int64_t depth, T* __restrict out) {
+    constexpr std::int64_t line = 64 / sizeof(T);
+    for (std::int64_t pl = 0; pl < depth; pl += line) {
+        const std::int64_t pe = std::min(depth, pl + line);
+        for (std::int64_t i = 0; i < rows; ++i) {
+            const T* src = a + (i0 + i) * lda + p0;
+            __builtin_prefetch(src + pl + 4 * line);
+            for (std::int64_t p = pl; p < pe; ++p) out[p * MR + i] = src[p];
+        }
+        for (std::int64_t i = rows; i < MR; ++i) {
+            for (std::int64_t p = pl; p < pe; ++p) out[p * MR + i] = T(0);
+        }
+    }
+}
+
+// The same with one AVX-512 gather per column of the panel (two for double): about twice
+// the scalar rate, which stores one element per instruction.
+template <int MR, class T>
+[[gnu::target("avx512f")]] void pack_a_rows_avx512(const T* a, std::int64_t lda, std::int64_t i0, std::int64_t rows,
+                                                   std::int64_t p0, std::int64_t depth, T* __restrict out) {
+    static_assert(MR <= 16, "pack_a_rows_avx512: one 16-lane index vector covers at most 16 rows");
+    // Gather offsets are 32-bit.
+    if ((MR - 1) * lda > INT32_MAX) {
+        pack_a_rows_scalar<MR>(a, lda, i0, rows, p0, depth, out);
+        return;
+    }
+    alignas(64) std::int32_t offsets[16] = {};
+    for (int i = 0; i < MR; ++i) offsets[i] = static_cast<std::int32_t>(i * lda);
+    const T* base = a + i0 * lda + p0;
+    if constexpr (std::is_same_v<T, float>) {
+        const __m512i index = _mm512_load_si512(offsets);
+        const __mmask16 present = static_cast<__mmask16>((1u << rows) - 1);
+        const __mmask16 panel = static_cast<__mmask16>((1u << MR) - 1);
+        for (std::int64_t p = 0; p < depth; ++p) {
+            const __m512 column = _mm512_mask_i32gather_ps(_mm512_setzero_ps(), present, index, base + p, 4);
+            _mm512_mask_storeu_ps(out + p * MR, panel, column);
+        }
+    } else {
+        const __m256i index_low = _mm256_load_si256(reinterpret_cast<const __m256i*>(offsets));
+        const __m256i index_high = _mm256_load_si256(reinterpret_cast<const __m256i*>(offsets + 8));
+        const unsigned present = (1u << rows) - 1;
+        const __mmask8 present_low = static_cast<__mmask8>(present & 0xff);
+        const __mmask8 present_high = static_cast<__mmask8>(present >> 8);
+        const __mmask8 panel_low = static_cast<__mmask8>(((1u << MR) - 1) & 0xff);
+        const __mmask8 panel_high = static_cast<__mmask8>(((1u << MR) - 1) >> 8);
+        for (std::int64_t p = 0; p < depth; ++p) {
+            const __m512d low = _mm512_mask_i32gather_pd(_mm512_setzero_pd(), present_low, index_low, base + p, 8);
+            _mm512_mask_storeu_pd(out + p * MR, panel_low, low);
+            if constexpr (MR > 8) {
+                const __m512d high =
+                    _mm512_mask_i32gather_pd(_mm512_setzero_pd(), present_high, index_high, base + p, 8);
+                _mm512_mask_storeu_pd(out + p * MR + 8, panel_high, high);
+            }
+        }
+    }
+}
+
+// ---------------------------------------------------------------------------------------
+// Kernel descriptions: tile shape, cache blocking and the kernel itself.
+//   mr x nr: the register tile. kc: depth of one packed block, so an mr x kc panel of A
+//   stays in L1 while it sweeps the packed kc x nc block of B, which stays in L2.
+
+template <class T, gemm_isa Isa>
+struct kernel_config;
+
+template <class T>
+struct kernel_config<T, gemm_isa::portable> {
+    static constexpr int mr = 4;
+    static constexpr int nr = 32 / static_cast<int>(sizeof(T));
+    static constexpr std::int64_t kc = 256;
+    static constexpr std::int64_t nc = 1024;
+    static void run(std::int64_t k, const T* a, const T* b, T* c, std::int64_t ldc, T alpha, T beta) {
+        micro_kernel_portable<T, mr, nr>(k, a, b, c, ldc, alpha, beta);
+    }
+    static void deal_row(const T* src, T* dst, std::int64_t panels, std::int64_t panel_stride) {
+        deal_row_portable<T, nr>(src, dst, panels, panel_stride);
+    }
+    static void pack_a_rows(const T* a, std::int64_t lda, std::int64_t i0, std::int64_t rows, std::int64_t p0,
+                            std::int64_t depth, T* out) {
+        pack_a_rows_scalar<mr>(a, lda, i0, rows, p0, depth, out);
+    }
+};
+
+template <class T>
+struct kernel_config<T, gemm_isa::avx2_fma> {
+    // 6 x 2 vectors: 12 accumulators + 2 B vectors + 1 broadcast of the 16 ymm registers.
+    static constexpr int mr = 6;
+    static constexpr int nr = 2 * 32 / static_cast<int>(sizeof(T));
+    static constexpr std::int64_t kc = 256;
+    static constexpr std::int64_t nc = 1024;
+    static void run(std::int64_t k, const T* a, const T* b, T* c, std::int64_t ldc, T alpha, T beta) {
+        micro_kernel_avx2<T, mr, 2>(k, a, b, c, ldc, alpha, beta);
+    }
+    static void deal_row(const T* src, T* dst, std::int64_t panels, std::int64_t panel_stride) {
+        deal_row_avx2<T, 2>(src, dst, panels, panel_stride);
+    }
+    static void pack_a_rows(const T* a, std::int64_t lda, std::int64_t i0, std::int64_t rows, std::int64_t p0,
+                            std::int64_t depth, T* out) {
+        pack_a_rows_scalar<mr>(a, lda, i0, rows, p0, depth, out);
+    }
+};
+
+template <class T>
+struct kernel_config<T, gemm_isa::avx512f> {
+    // 12 x 2 vectors: 24 accumulators + 2 B vectors + 1 broadcast of the 32 zmm registers.
+    static constexpr int mr = 12;
+    static constexpr int nr = 2 * 64 / static_cast<int>(sizeof(T));
+    static constexpr std::int64_t kc = 256;
+    static constexpr std::int64_t nc = 1024;
+    static void run(std::int64_t k, const T* a, const T* b, T* c, std::int64_t ldc, T alpha, T beta) {
+        micro_kernel_avx512<T, mr, 2>(k, a, b, c, ldc, alpha, beta);
+    }
+    static void deal_row(const T* src, T* dst, std::int64_t panels, std::int64_t panel_stride) {
+        deal_row_avx512<T, 2>(src, dst, panels, panel_stride);
+    }
+    static void pack_a_rows(const T* a, std::int64_t lda, std::int64_t i0, std::int64_t rows, std::int64_t p0,
+                            std::int64_t depth, T* out) {
+        pack_a_rows_avx512<mr>(a, lda, i0, rows, p0, depth, out);
+    }
+};
+
+// ---------------------------------------------------------------------------------------
+// Packing. A packed A panel holds op(A)[i0 + i][p0 + p] at a[p*MR + i]. A packed slice of B
+// (depth rows of op(B) starting at p0) is a row of NR-wide panels, panel q holding
+// op(B)[p0 + p][q*NR + j] at q*NR*depth + p*NR + j. Rows and columns past the matrix edge
+// are zero, so edge tiles run the full kernel. Full-width runs use fixed trip counts so the
+// compiler vectorizes them at any -march.
+
+template <class Config, class T>
+void pack_a(transpose ta, const T* a, std::int64_t lda, std::int64_t i0, std::int64_t rows, std::int64_t p0,
+            std::int64_t depth, T* __restrict out) {
+    constexpr int MR = Config::mr;
+    if (ta == transpose::no) {
+        Config::pack_a_rows(a, lda, i0, rows, p0, depth, out);
+    } else {
+        // op(A)[i][p] = a[p*lda + i]: each column of the panel is contiguous in A.
+        for (std::int64_t p = 0; p < depth; ++p) {
+            const T* src = a + (p0 + p) * lda + i0;
+            T* dst = out + p * MR;
+            if (rows == MR) {
+                // A constant-size memcpy is expanded inline; the equivalent loop would
+                // become a memmove call.
+                std::memcpy(dst, src, MR * sizeof(T));
+            } else {
+                for (std::int64_t i = 0; i < MR; ++i) dst[i] = i < rows ? src[i] : T(0);
+            }
+        }
+    }
+}
+
+// Packs the panels of columns [j0, j0 + cols) of a slice; j0 is a multiple of NR.
+template <class Config, class T>
+void pack_b(transpose tb, const T* b, std::int64_t ldb, std::int64_t p0, std::int64_t depth, std::int64_t j0,
+            std::int64_t cols, T* __restrict out) {
+    constexpr int NR = Config::nr;
+    const std::int64_t full_panels = cols / NR;
+    const std::int64_t tail = cols - full_panels * NR;
+    if (tb == transpose::no) {
+        // op(B)[p][j] = b[p*ldb + j]: read B row by row (sequential, so prefetched) and deal
+        // each row out to the panels.
+        for (std::int64_t p = 0; p < depth; ++p) {
+            const T* src = b + (p0 + p) * ldb + j0;
+            T* dst = out + p * NR;
+            Config::deal_row(src, dst, full_panels, NR * depth);
+            if (tail > 0) {
+                T* last = dst + full_panels * NR * depth;
+                for (std::int64_t j = 0; j < NR; ++j) last[j] = j < tail ? src[full_panels * NR + j] : T(0);
+            }
+        }
+        return;
+    }
+    // op(B)[p][j] = b[j*ldb + p]: columns of a panel are contiguous in B; a cache line of
+    // depth at a time keeps the writes within a few lines.
+    constexpr std::int64_t step = 64 / sizeof(T);
+    for (std::int64_t q = 0; q * NR < cols; ++q) {
+        const std::int64_t width = q < full_panels ? NR : tail;
+        T* panel = out + q * NR * depth;
+        for (std::int64_t pl = 0; pl < depth; pl += step) {
+            const std::int64_t pe = std::min(depth, pl + step);
+            for (std::int64_t j = 0; j < width; ++j) {
+                const T* src = b + (j0 + q * NR + j) * ldb + p0;
+                for (std::int64_t p = pl; p < pe; ++p) panel[p * NR + j] = src[p];
+            }
+            for (std::int64_t j = width; j < NR; ++j) {
+                for (std::int64_t p = pl; p < pe; ++p) panel[p * NR + j] = T(0);
+            }
+        }
+    }
+}
+
+// Packing storage kept between calls, so steady-state GEMMs neither allocate nor fault in
+// fresh pages. Grows to the largest request seen; 64-byte aligned.
+class pack_storage {
+   public:
+    pack_storage() = default;
+    pack_storage(const pack_storage&) = delete;
+    pack_storage& operator=(const pack_storage&) = delete;
+    ~pack_storage() { release(); }
+
+    void* get(std::size_t bytes) {
+        if (bytes > capacity_) {
+            release();
+            data_ = ::operator new (bytes, std::align_val_t{64});
+            capacity_ = bytes;
+        }
+        return data_;
+    }
+
+   private:
+    void release() noexcept {
+        if (data_ != nullptr) ::operator delete (data_, std::align_val_t{64});
+        data_ = nullptr;
+        capacity_ = 0;
+    }
+    void* data_ = nullptr;
+    std::size_t capacity_ = 0;
+};
+
+// One A panel per thread.
+inline pack_storage& a_panel_storage() {
+    thread_local pack_storage storage;
+    return storage;
+}
+// One B slice per thread, for single-tile products.
+inline pack_storage& b_slice_storage() {
+    thread_local pack_storage storage;
+    return storage;
+}
+// All of op(B), packed by the calling thread's team and shared by its tiles. Kept only up
+// to shared_b_keep_bytes; a larger packed B (an LM head's vocabulary projection) is
+// allocated for the one call, so the cache never pins that much memory.
+inline constexpr std::size_t shared_b_keep_bytes = std::size_t{32} << 20;
+inline pack_storage& b_shared_storage() {
+    thread_local pack_storage storage;
+    return storage;
+}
+
+struct problem {
+    transpose ta, tb;
+    std::int64_t m, n, k;
+    std::int64_t lda, ldb, ldc;
+};
+
+// Where a tile finds packed B: either all of op(B) packed up front (slice pc at
+// shared + pc * padded_n, so column j's panel sits at shared + pc * padded_n + j * depth),
+// or nothing, and the tile packs each slice it needs into its own buffer.
+template <class T>
+struct packed_b_source {
+    const T* shared = nullptr;
+    std::int64_t padded_n = 0;
+};
+
+// C[i0..i1, j0..j1] on the calling thread; i0 and j0 are multiples of the register tile.
+// Needs alpha != 0 and k > 0.
+template <class T, gemm_isa Isa>
+void multiply_tile(const problem& s, T alpha, const T* a, const T* b, T beta, T* c, std::int64_t i0, std::int64_t i1,
+                   std::int64_t j0, std::int64_t j1, packed_b_source<T> source) {
+    using config = kernel_config<T, Isa>;
+    constexpr int mr = config::mr;
+    constexpr int nr = config::nr;
+    const std::int64_t block_depth = std::min<std::int64_t>(config::kc, s.k);
+    T* packed_a = static_cast<T*>(a_panel_storage().get(sizeof(T) * static_cast<std::size_t>(mr * block_depth)));
+    T* local_b = nullptr;
+    if (source.shared == nullptr) {
+        const std::int64_t block_cols = std::min<std::int64_t>(config::nc, (j1 - j0 + nr - 1) / nr * nr);
+        local_b =
+            static_cast<T*>(b_slice_storage().get(sizeof(T) * static_cast<std::size_t>(block_cols * block_depth)));
+    }
+    alignas(64) T edge[mr * nr];
+
+    for (std::int64_t jc = j0; jc < j1; jc += config::nc) {
+        const std::int64_t cols = std::min<std::int64_t>(config::nc, j1 - jc);
+        for (std::int64_t pc = 0; pc < s.k; pc += config::kc) {
+            const std::int64_t depth = std::min<std::int64_t>(config::kc, s.k - pc);
+            // Later depth blocks accumulate onto what the first one wrote.
+            const T beta_block = pc == 0 ? beta : T(1);
+            const T* slice = nullptr;
+            if (source.shared != nullptr) {
+                slice = source.shared + pc * source.padded_n + jc * depth;
+            } else {
+                pack_b<config>(s.tb, b, s.ldb, pc, depth, jc, cols, local_b);
+                slice = local_b;
+            }
+            for (std::int64_t ic = i0; ic < i1; ic += mr) {
+                const std::int64_t rows = std::min<std::int64_t>(mr, i1 - ic);
+                pack_a<config>(s.ta, a, s.lda, ic, rows, pc, depth, packed_a);
+                for (std::int64_t jr = 0; jr < cols; jr += nr) {
+                    const std::int64_t width = std::min<std::int64_t>(nr, cols - jr);
+                    T* c_tile = c + ic * s.ldc + jc + jr;
+                    const T* b_panel = slice + jr * depth;
+                    if (rows == mr && width == nr) {
+                        config::run(depth, packed_a, b_panel, c_tile, s.ldc, alpha, beta_block);
+                        continue;
+                    }
+                    config::run(depth, packed_a, b_panel, edge, nr, T(1), T(0));
+                    for (std::int64_t i = 0; i < rows; ++i) {
+                        T* row = c_tile + i * s.ldc;
+                        const T* sum = edge + i * nr;
+                        if (beta_block == T(0)) {
+                            for (std::int64_t j = 0; j < width; ++j) row[j] = alpha * sum[j];
+                        } else {
+                            for (std::int64_t j = 0; j < width; ++j) row[j] = alpha * sum[j] + beta_block * row[j];
+                        }
+                    }
+                }
+            }
+        }
+    }
+}
+
+// C = beta * C over m x n, not reading C when beta == 0.
+template <class T>
+void scale_c(std::int64_t m, std::int64_t n, T beta, T* c, std::int64_t ldc) {
+    if (beta == T(1)) return;
+    for (std::int64_t i = 0; i < m; ++i) {
+        T* row = c + i * ldc;
+        if (beta == T(0)) {
+            std::fill(row, row + n, T(0));
+        } else {
+            for (std::int64_t j = 0; j < n; ++j) row[j] *= beta;
+        }
+    }
+}
+
+// How C is cut into tiles: row_parts x col_parts tiles of whole register tiles, handed out
+// one at a time to the threads that are free, so a slow or busy core takes fewer of them.
+struct tile_plan {
+    std::int64_t row_parts = 1;
+    std::int64_t col_parts = 1;
+    std::int64_t tiles() const { return row_parts * col_parts; }
+};
+
+// Picks the plan with the least estimated time, counted in flops of kernel work:
+//   one tile:   the tile, packing its own B
+//   many tiles: packing op(B) once, shared by the threads, + the work of all tiles / threads
+//               + the largest tile * (threads - 1) / threads (the expected tail of the join)
+// where a tile costs its (padded) multiply-adds, packing its A panels once per nc-wide block
+// of its columns, reading its packed B, and a fixed start-up.
+inline tile_plan plan_tiles(std::int64_t m, std::int64_t n, std::int64_t k, int mr, int nr, std::int64_t nc,
+                            unsigned threads) {
+    constexpr double pack_cost = 30;        // flops per packed element
+    constexpr double stream_cost = 12;      // flops per element of packed B read back from L3
+    constexpr double tile_cost = 2e4;       // flops to start a tile
+    constexpr double fork_join_cost = 4e5;  // flops per fork-join of the pool (twice: pack, multiply)
+    const std::int64_t row_units = (m + mr - 1) / mr;
+    const std::int64_t col_units = (n + nr - 1) / nr;
+    const double depth = static_cast<double>(k);
+    const auto cost_of_tile = [&](std::int64_t rows, std::int64_t cols, bool packs_b) {
+        const double column_blocks = static_cast<double>((cols + nc - 1) / nc);
+        return 2.0 * rows * cols * depth + pack_cost * depth * rows * column_blocks +
+               (packs_b ? pack_cost : stream_cost) * depth * cols + tile_cost;
+    };
+    tile_plan best;
+    double best_cost = cost_of_tile(row_units * mr, col_units * nr, true);
+    if (threads <= 1) return best;
+    const double team = threads;
+    const double shared_pack = pack_cost * depth * col_units * nr / team + 2 * fork_join_cost;
+    const std::int64_t most = 8 * static_cast<std::int64_t>(threads);
+    for (std::int64_t row_parts = 1; row_parts <= std::min(row_units, most); ++row_parts) {
+        for (std::int64_t col_parts = 1; col_parts <= std::min(col_units, most); ++col_parts) {
+            if (row_parts * col_parts == 1) continue;
+            const std::int64_t rows = (row_units + row_parts - 1) / row_parts * mr;
+            const std::int64_t cols = (col_units + col_parts - 1) / col_parts * nr;
+            const double one = cost_of_tile(rows, cols, false);
+            const double cost = shared_pack + row_parts * col_parts * one / team + one * (team - 1) / team;
+            if (cost < best_cost) {
+                best = {row_parts, col_parts};
+                best_cost = cost;
+            }
+        }
+    }
+    return best;
+}
+
+template <class T, gemm_isa Isa>
+void multiply(thread_pool& pool, const problem& s, T alpha, const T* a, const T* b, T beta, T* c) {
+    using config = kernel_config<T, Isa>;
+    constexpr int mr = config::mr;
+    constexpr int nr = config::nr;
+    // A gemm inside a parallel region runs on its own thread (parallel_for would be serial).
+    const unsigned threads = host::detail::inside_parallel_region() ? 1u : pool.size();
+    const tile_plan plan = plan_tiles(s.m, s.n, s.k, mr, nr, config::nc, threads);
+    if (plan.tiles() == 1) {
+        multiply_tile<T, Isa>(s, alpha, a, b, beta, c, 0, s.m, 0, s.n, {});
+        return;
+    }
+
+    // Phase 1: pack all of op(B), one (slice, nc-wide column block) per job.
+    const std::int64_t col_units = (s.n + nr - 1) / nr;
+    const std::int64_t padded_n = col_units * nr;
+    const std::size_t shared_bytes = sizeof(T) * static_cast<std::size_t>(padded_n * s.k);
+    pack_storage one_call;
+    pack_storage& storage = shared_bytes <= shared_b_keep_bytes ? b_shared_storage() : one_call;
+    T* shared = static_cast<T*>(storage.get(shared_bytes));
+    const std::int64_t slices = (s.k + config::kc - 1) / config::kc;
+    const std::int64_t column_blocks = (s.n + config::nc - 1) / config::nc;
+    pool.parallel_for(0, slices * column_blocks, 1, [&](std::int64_t lo, std::int64_t hi) {
+        for (std::int64_t job = lo; job < hi; ++job) {
+            const std::int64_t pc = job / column_blocks * config::kc;
+            const std::int64_t jc = job % column_blocks * config::nc;
+            const std::int64_t depth = std::min<std::int64_t>(config::kc, s.k - pc);
+            const std::int64_t cols = std::min<std::int64_t>(config::nc, s.n - jc);
+            pack_b<config>(s.tb, b, s.ldb, pc, depth, jc, cols, shared + pc * padded_n + jc * depth);
+        }
+    });
+
+    // Phase 2: the tiles, column block by column block so the threads share B in cache.
+    const std::int64_t row_units = (s.m + mr - 1) / mr;
+    const std::int64_t tiles = plan.tiles();
+    std::atomic<std::int64_t> next_tile{0};
+    const packed_b_source<T> source{shared, padded_n};
+    pool.parallel_for(0, std::min<std::int64_t>(threads, tiles), 1, [&](std::int64_t, std::int64_t) {
+        for (std::int64_t tile = next_tile.fetch_add(1); tile < tiles; tile = next_tile.fetch_add(1)) {
+            const std::int64_t q = tile / plan.row_parts;
+            const std::int64_t r = tile % plan.row_parts;
+            const std::int64_t i0 = row_units * r / plan.row_parts * mr;
+            const std::int64_t i1 = std::min(s.m, row_units * (r + 1) / plan.row_parts * mr);
+            const std::int64_t j0 = col_units * q / plan.col_parts * nr;
+            const std::int64_t j1 = std::min(s.n, col_units * (q + 1) / plan.col_parts * nr);
+            if (i0 < i1 && j0 < j1) multiply_tile<T, Isa>(s, alpha, a, b, beta, c, i0, i1, j0, j1, source);
+        }
+    });
+}
+
+// Throws usage_error naming the first argument that BLAS would reject.
+inline void check_arguments(const char* op, transpose ta, transpose tb, std::int64_t m, std::int64_t n, std::int64_t k,
+                            const void* a, std::int64_t lda, const void* b, std::int64_t ldb, const void* c,
+                            std::int64_t ldc) {
+    const auto fail = [op](const std::string& what) { throw usage_error(std::string(op) + ": " + what); };
+    const auto check_size = [&](const char* name, std::int64_t value) {
+        if (value < 0) fail(std::string(name) + " = " + std::to_string(value) + " is negative; pass " + name + " >= 0");
+    };
+    check_size("m", m);
+    check_size("n", n);
+    check_size("k", k);
+    const auto check_leading = [&](const char* name, std::int64_t value, std::int64_t row_length,
+                                   const std::string& layout) {
+        const std::int64_t least = std::max<std::int64_t>(1, row_length);
+        if (value < least) {
+            fail(std::string(name) + " = " + std::to_string(value) + " is smaller than the row length " +
+                 std::to_string(row_length) + " of " + layout + "; pass " + name + " >= " + std::to_string(least));
+        }
+    };
+    const std::string ms = std::to_string(m), ns = std::to_string(n), ks = std::to_string(k);
+    if (ta == transpose::no) {
+        check_leading("lda", lda, k, "A stored m x k = " + ms + " x " + ks + " (transpose::no)");
+    } else {
+        check_leading("lda", lda, m, "A stored k x m = " + ks + " x " + ms + " (transpose::yes)");
+    }
+    if (tb == transpose::no) {
+        check_leading("ldb", ldb, n, "B stored k x n = " + ks + " x " + ns + " (transpose::no)");
+    } else {
+        check_leading("ldb", ldb, k, "B stored n x k = " + ns + " x " + ks + " (transpose::yes)");
+    }
+    check_leading("ldc", ldc, n, "C (m x n = " + ms + " x " + ns + ")");
+    const auto check_pointer = [&](const char* name, const void* pointer, std::int64_t rows, std::int64_t cols,
+                                   const char* matrix) {
+        if (pointer == nullptr && rows > 0 && cols > 0) {
+            fail(std::string(name) + " is null but " + matrix + " is " + std::to_string(rows) + " x " +
+                 std::to_string(cols) + "; pass its data");
+        }
+    };
+    check_pointer("a", a, m, k, "op(A)");
+    check_pointer("b", b, k, n, "op(B)");
+    check_pointer("c", c, m, n, "C");
+}
+
+template <class T>
+inline constexpr bool is_gemm_element_v = std::is_same_v<T, float> || std::is_same_v<T, double>;
+
+// The fallback after validation, on `pool` (tests pass pools of other sizes).
+template <class T>
+void fallback_unchecked(gemm_isa isa, thread_pool& pool, transpose ta, transpose tb, std::int64_t m, std::int64_t n,
+                        std::int64_t k, T alpha, const T* a, std::int64_t lda, const T* b, std::int64_t ldb, T beta,
+                        T* c, std::int64_t ldc) {
+    if (m == 0 || n == 0) return;
+    if (k == 0 || alpha == T(0)) {
+        scale_c(m, n, beta, c, ldc);
+        return;
+    }
+    const problem s{ta, tb, m, n, k, lda, ldb, ldc};
+    switch (isa) {
+        case gemm_isa::avx512f: multiply<T, gemm_isa::avx512f>(pool, s, alpha, a, b, beta, c); return;
+        case gemm_isa::avx2_fma: multiply<T, gemm_isa::avx2_fma>(pool, s, alpha, a, b, beta, c); return;
+        case gemm_isa::portable: multiply<T, gemm_isa::portable>(pool, s, alpha, a, b, beta, c); return;
+    }
+}
+
+inline bool fits_in_int(std::int64_t value) { return value <= INT_MAX; }
+
+template <class T>
+void gemm_unchecked(transpose ta, transpose tb, std::int64_t m, std::int64_t n, std::int64_t k, T alpha, const T* a,
+                    std::int64_t lda, const T* b, std::int64_t ldb, T beta, T* c, std::int64_t ldc) {
+    if constexpr (has_cblas) {
+        // CBLAS takes int sizes; larger problems take the fallback rather than overflow.
+        // Inside a parallel region every core is already busy with this job, and OpenBLAS
+        // would add its own threads on top: the fallback runs on this thread instead.
+        if (gemm_uses_cblas() && !host::detail::inside_parallel_region() && fits_in_int(m) && fits_in_int(n) && fits_in_int(k) &&
+            fits_in_int(lda) && fits_in_int(ldb) && fits_in_int(ldc)) {
+            if (m == 0 || n == 0) return;
+            const bool trans_a = ta == transpose::yes;
+            const bool trans_b = tb == transpose::yes;
+            if constexpr (std::is_same_v<T, float>) {
+                cblas::sgemm(trans_a, trans_b, int(m), int(n), int(k), alpha, a, int(lda), b, int(ldb), beta, c,
+                             int(ldc));
+            } else {
+                cblas::dgemm(trans_a, trans_b, int(m), int(n), int(k), alpha, a, int(lda), b, int(ldb), beta, c,
+                             int(ldc));
+            }
+            return;
+        }
+    }
+    fallback_unchecked(gemm_best_isa(), thread_pool::global(), ta, tb, m, n, k, alpha, a, lda, b, ldb, beta, c, ldc);
+}
+
+}  // namespace detail::gemm
+
+// C = alpha * op(A) * op(B) + beta * C, through OpenBLAS when selected (gemm_uses_cblas()),
+// otherwise (and inside a parallel_for range) through gemm_fallback. T is float or double.
+template <class T>
+void gemm(transpose ta, transpose tb, std::int64_t m, std::int64_t n, std::int64_t k, T alpha, const T* a,
+          std::int64_t lda, const T* b, std::int64_t ldb, T beta, T* c, std::int64_t ldc) {
+    static_assert(detail::gemm::is_gemm_element_v<T>, "loom::host::gemm: T must be float or double");
+    detail::gemm::check_arguments("gemm", ta, tb, m, n, k, a, lda, b, ldb, c, ldc);
+    detail::gemm::gemm_unchecked(ta, tb, m, n, k, alpha, a, lda, b, ldb, beta, c, ldc);
+}
+
+// The portable path with an explicit micro-kernel (tests and benchmarks pin one this way).
+// Throws usage_error when this CPU cannot run `isa`.
+template <class T>
+void gemm_fallback(gemm_isa isa, transpose ta, transpose tb, std::int64_t m, std::int64_t n, std::int64_t k, T alpha,
+                   const T* a, std::int64_t lda, const T* b, std::int64_t ldb, T beta, T* c, std::int64_t ldc) {
+    static_assert(detail::gemm::is_gemm_element_v<T>, "loom::host::gemm_fallback: T must be float or double");
+    detail::gemm::check_arguments("gemm_fallback", ta, tb, m, n, k, a, lda, b, ldb, c, ldc);
+    if (!gemm_isa_supported(isa)) {
+        throw usage_error(std::string("gemm_fallback: this CPU cannot run the ") + to_string(isa) +
+                          " micro-kernel; pass gemm_best_isa() or check gemm_isa_supported() first");
+    }
+    detail::gemm::fallback_unchecked(isa, thread_pool::global(), ta, tb, m, n, k, alpha, a, lda, b, ldb, beta, c, ldc);
+}
+
+// The portable path with the best micro-kernel for this CPU; always available.
+template <class T>
+void gemm_fallback(transpose ta, transpose tb, std::int64_t m, std::int64_t n, std::int64_t k, T alpha, const T* a,
+                   std::int64_t lda, const T* b, std::int64_t ldb, T beta, T* c, std::int64_t ldc) {
+    gemm_fallback(gemm_best_isa(), ta, tb, m, n, k, alpha, a, lda, b, ldb, beta, c, ldc);
+}
+
+// For every g in [0, batch): gemm on a + g*stride_a, b + g*stride_b, c + g*stride_c.
+// A stride of 0 for A or B reuses one matrix for the whole batch; the C matrices must not
+// overlap (stride_c >= (m - 1) * ldc + n when batch > 1).
+template <class T>
+void gemm_batched(transpose ta, transpose tb, std::int64_t batch, std::int64_t m, std::int64_t n, std::int64_t k,
+                  T alpha, const T* a, std::int64_t lda, std::int64_t stride_a, const T* b, std::int64_t ldb,
+                  std::int64_t stride_b, T beta, T* c, std::int64_t ldc, std::int64_t stride_c) {
+    static_assert(detail::gemm::is_gemm_element_v<T>, "loom::host::gemm_batched: T must be float or double");
+    const auto fail = [](const std::string& what) { throw usage_error("gemm_batched: " + what); };
+    if (batch < 0) fail("batch = " + std::to_string(batch) + " is negative; pass batch >= 0");
+    detail::gemm::check_arguments("gemm_batched", ta, tb, m, n, k, a, lda, b, ldb, c, ldc);
+    if (stride_a < 0 || stride_b < 0 || stride_c < 0) {
+        fail("strides (" + std::to_string(stride_a) + ", " + std::to_string(stride_b) + ", " +
+             std::to_string(stride_c) + ") must not be negative; pass the distance between consecutive matrices");
+    }
+    if (batch > 1 && m > 0 && n > 0 && stride_c < (m - 1) * ldc + n) {
+        fail("stride_c = " + std::to_string(stride_c) + " makes the " + std::to_string(m) + " x " + std::to_string(n) +
+             " outputs (ldc = " + std::to_string(ldc) +
+             ") overlap; pass stride_c >= " + std::to_string((m - 1) * ldc + n));
+    }
+    if (batch == 0 || m == 0 || n == 0) return;
+    const auto one = [&](std::int64_t g) {
+        // A and B may be null when k == 0; no offset is applied to a null pointer.
+        const T* a_g = a == nullptr ? a : a + g * stride_a;
+        const T* b_g = b == nullptr ? b : b + g * stride_b;
+        detail::gemm::gemm_unchecked(ta, tb, m, n, k, alpha, a_g, lda, b_g, ldb, beta, c + g * stride_c, ldc);
+    };
+    // Small matrices (attention heads) go one per thread, each multiplied serially by the
+    // fallback (a gemm nested in parallel_for runs on its own thread); large ones use every
+    // thread (or OpenBLAS) each.
+    const double flops = 2.0 * static_cast<double>(m) * static_cast<double>(n) * static_cast<double>(k);
+    const thread_pool& pool = thread_pool::global();
+    if (batch >= pool.size() && flops <= 2.0 * 192 * 192 * 192) {
+        parallel_for(0, batch, 1, [&](std::int64_t lo, std::int64_t hi) {
+            for (std::int64_t g = lo; g < hi; ++g) one(g);
+        });
+        return;
+    }
+    for (std::int64_t g = 0; g < batch; ++g) one(g);
+}
+
+}  // namespace loom::host
+// ---- end loom/runtime/host/gemm.hpp ----
 
 namespace loom::host {
 
@@ -19468,7 +19935,503 @@ private:
 }  // namespace loom::host
 // ---- end loom/runtime/host/bound_storage.hpp ----
 
+// calibration: this machine measured as a profile the searcher plans for
+// ---- begin loom/calibrate/host.hpp ----
+// Calibration of the host backend as a cluster the searcher can plan for: n in-process
+// ranks on this machine. It runs kernels (loom's host GEMM and a streaming copy, timed) and
+// writes what it measured into a search profile, so it comes after both runtime and search.
+//
+//   search::cluster hw = search::calibrate_host(4);   // about 0.3 s
+//   search::save_cluster(hw, "host.json");            // or plan with it directly
+//
+// What is measured and what is assumed:
+// - peak_flops_fp32: float GEMMs of 512^3 on the whole thread pool, best of three, divided
+//   by the ranks (in-process ranks share the cores); gemm_efficiency 1 since this is what
+//   loom's kernels reach. No fp16: plan in precision::fp32.
+// - memory_bandwidth: a 64 MiB copy (read + write), best of three, divided by the ranks;
+//   elementwise_efficiency 1.
+// - memory_bytes: the machine's available memory divided by the ranks.
+// - the "intra-node link" is the copy bandwidth of one rank (in-process messages are
+//   memory copies) with a 20 us latency per message (a thread hand-off: assumed, not
+//   measured). One node, no NICs used.
+#include <algorithm>
+#include <chrono>
+#include <cstdint>
+#include <cstring>
+#include <fstream>
+#include <string>
+#include <vector>
+
+
+namespace loom::search {
+
+namespace detail {
+
+template <class F>
+double best_seconds(int repeats, F&& f) {
+    double best = 1e300;
+    for (int r = 0; r < repeats; ++r) {
+        const auto start = std::chrono::steady_clock::now();
+        f();
+        best = std::min(best, std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count());
+    }
+    return best;
+}
+
+// MemAvailable from /proc/meminfo, in bytes (0 when unknown).
+inline double available_memory_bytes() {
+    std::ifstream in("/proc/meminfo");
+    std::string key;
+    double kib = 0;
+    std::string unit;
+    while (in >> key >> kib >> unit)
+        if (key == "MemAvailable:") return kib * 1024.0;
+    return 0;
+}
+
+}  // namespace detail
+
+inline cluster calibrate_host(int ranks) {
+    if (ranks < 1)
+        throw usage_error("calibrate_host: " + std::to_string(ranks) + " ranks; give the number of in-process ranks, at least 1");
+    const std::int64_t n = 512;
+    std::vector<float> a(static_cast<std::size_t>(n * n), 1.0f), b(a.size(), 0.5f), c(a.size(), 0.0f);
+    const auto run_gemm = [&] {
+        host::gemm<float>(host::transpose::no, host::transpose::no, n, n, n, 1.0f, a.data(), n, b.data(), n, 0.0f, c.data(), n);
+    };
+    run_gemm();  // warm up: pack buffers, thread pool
+    const double gemm_seconds = detail::best_seconds(3, run_gemm);
+    const double flops = 2.0 * static_cast<double>(n) * n * n / gemm_seconds;
+
+    const std::size_t bytes = 64u << 20;
+    std::vector<char> from(bytes, 1), to(bytes, 0);
+    const double copy_seconds = detail::best_seconds(3, [&] { std::memcpy(to.data(), from.data(), bytes); });
+    const double bandwidth = 2.0 * static_cast<double>(bytes) / copy_seconds;
+
+    cluster hw;
+    hw.name = "host x" + std::to_string(ranks) + " (calibrated)";
+    hw.device.name = "host rank";
+    hw.device.peak_flops_fp32 = flops / ranks;
+    hw.device.peak_flops_fp16 = 0;
+    hw.device.memory_bandwidth = bandwidth / ranks;
+    const double memory = detail::available_memory_bytes();
+    hw.device.memory_bytes = (memory > 0 ? memory : 8.0 * (1ull << 30)) / ranks;
+    hw.device.gemm_efficiency = 1.0;
+    hw.device.elementwise_efficiency = 1.0;
+    hw.topo.devices_per_node = ranks;
+    hw.topo.nodes = 1;
+    hw.topo.intra_node = {bandwidth / 2.0 / ranks, 20e-6};
+    hw.topo.inter_node_per_nic = {bandwidth / 2.0 / ranks, 20e-6};
+    hw.topo.nics_per_node = 1;
+    return hw;
+}
+
+}  // namespace loom::search
+// ---- end loom/calibrate/host.hpp ----
+
 // io
+// ---- begin loom/io/plan_file.hpp ----
+// Plan files: the one plan value (plan::plan_spec) as versioned JSON, with its open
+// parameters and the choices made for them, and the identity of the model it was made for.
+//
+//   io::save_plan(plan, "plan.json", model.ir());        // or without a model
+//   plan::plan_spec back = io::load_plan("plan.json", model.ir());
+//   auto pg = partition::apply_plan(model.ir(), back);   // the same programs as `plan`
+//
+//   {"format": "loom.plan", "version": 1,
+//    "model": {"fingerprint": "9c1e...", "forward_nodes": 231},
+//    "devices": 8, "name": "...", "zero": 1,  (or {"open": "zero", "allowed": [0, 1, 3]})
+//    "rules": [{"on": {"kinds": ["linear"], "scope": "*.attn.q"}, "trans": [{"label": "n", "degree": 2}],
+//               "assign": {"colocate": 2}, "recompute": true, "origin": "megatron"}, ...],
+//    "stages": {"repeat": "blocks", "count": 2, "boundaries": [3], "devices_per_stage": 4},
+//    "micro_batches": {"open": "m", "allowed": [2, 4, 8]},
+//    "order": {"alternatives": ["1F1B", {"kind": "interleaved 1F1B", "virtual_stages": 2}], "open": "order"},
+//    "choices": {"m": 4, "order": 0}}
+//
+// Reading is strict, since a plan that loads differently trains differently: every field has
+// one type, integers must fit their field (no silent narrowing), unknown fields are refused
+// (a misspelt one would otherwise be ignored), and a file made for another model (its
+// fingerprint differs) is refused. Every mistake is a loom::plan_error naming the file, the
+// field and the fix; no JSON library exception escapes. Orders written as constraints alone
+// (plan::ordered_by) are not stored: saving one is refused.
+#include <cstdint>
+#include <fstream>
+#include <limits>
+#include <set>
+#include <sstream>
+#include <string>
+#include <vector>
+
+#include <boost/mp11/algorithm.hpp>
+#include <nlohmann/json.hpp>
+
+
+namespace loom::io {
+
+inline constexpr int plan_format_version = 1;
+
+// What identifies a model for a plan: its forward ops in order (kind, name, output shapes).
+// Two models with the same fingerprint take the same plans.
+inline std::string model_fingerprint(const graph& g) {
+    std::uint64_t h = 1469598103934665603ull;
+    auto mix = [&](std::string_view s) {
+        for (unsigned char c : s) h = (h ^ c) * 1099511628211ull;
+        h = (h ^ 0xffu) * 1099511628211ull;
+    };
+    for (std::size_t i = 0; i < g.forward_node_count(); ++i) {
+        const node& n = g.nodes[i];
+        mix(n.op->name);
+        mix(n.name);
+        for (tensor_id t : n.outputs) mix(g.tensor(t).dims.to_string());
+    }
+    std::ostringstream out;
+    out << std::hex << h;
+    return out.str();
+}
+
+namespace detail {
+
+inline const char* schedule_name(plan::schedule_kind k) {
+    switch (k) {
+        case plan::schedule_kind::gpipe: return "GPipe";
+        case plan::schedule_kind::one_f_one_b: return "1F1B";
+        case plan::schedule_kind::interleaved: return "interleaved 1F1B";
+        case plan::schedule_kind::three_f_one_b: return "3F1B";
+        case plan::schedule_kind::interlaced: return "interlaced";
+        case plan::schedule_kind::from_constraints: return "constraints";
+    }
+    return "?";
+}
+
+inline nlohmann::json number_json(const plan::degree_spec& d) {
+    if (d.open.empty()) return d.value;
+    return {{"open", d.open}, {"allowed", d.allowed}};
+}
+
+inline const op_def* op_kind_named(std::string_view name) {
+    const op_def* found = nullptr;
+    boost::mp11::mp_for_each<boost::mp11::mp_transform<boost::mp11::mp_identity, ops::all_ops>>([&](auto op) {
+        using Op = typename decltype(op)::type;
+        if (op_def_of<Op>().name == name) found = &op_def_of<Op>();
+    });
+    return found;
+}
+
+// Strict readers: `where` is "plan.json: rules[2].trans[0].degree".
+struct reader {
+    std::string file;
+
+    [[noreturn]] void fail(const std::string& where, const std::string& what) const {
+        throw plan_error("plan file " + file + ": " + where + " " + what);
+    }
+    void only(const nlohmann::json& j, const std::string& where, std::initializer_list<const char*> fields) const {
+        if (!j.is_object()) fail(where, "must be an object, not " + std::string(j.type_name()));
+        for (const auto& [key, value] : j.items()) {
+            bool known = false;
+            for (const char* f : fields) known = known || key == f;
+            if (!known) {
+                std::string list;
+                for (const char* f : fields) list += (list.empty() ? "" : ", ") + std::string(f);
+                fail(where, "has an unknown field \"" + key + "\"; the fields are " + list);
+            }
+        }
+    }
+    std::int64_t integer(const nlohmann::json& j, const std::string& where, std::int64_t lo, std::int64_t hi) const {
+        if (!j.is_number_integer())
+            fail(where, "must be an integer, not " + (j.is_number() ? j.dump() : std::string(j.type_name())));
+        if (j.is_number_unsigned() && j.get<std::uint64_t>() > static_cast<std::uint64_t>(hi))
+            fail(where, "is " + j.dump() + ", outside " + std::to_string(lo) + ".." + std::to_string(hi));
+        const auto v = j.get<std::int64_t>();
+        if (v < lo || v > hi) fail(where, "is " + j.dump() + ", outside " + std::to_string(lo) + ".." + std::to_string(hi));
+        return v;
+    }
+    std::string string(const nlohmann::json& j, const std::string& where) const {
+        if (!j.is_string()) fail(where, "must be a string, not " + std::string(j.type_name()));
+        return j.get<std::string>();
+    }
+    bool boolean(const nlohmann::json& j, const std::string& where) const {
+        if (!j.is_boolean()) fail(where, "must be true or false, not " + j.dump());
+        return j.get<bool>();
+    }
+    std::vector<std::int64_t> integers(const nlohmann::json& j, const std::string& where, std::int64_t lo,
+                                       std::int64_t hi) const {
+        if (!j.is_array()) fail(where, "must be an array of integers, not " + std::string(j.type_name()));
+        std::vector<std::int64_t> out;
+        for (std::size_t i = 0; i < j.size(); ++i) out.push_back(integer(j[i], where + "[" + std::to_string(i) + "]", lo, hi));
+        return out;
+    }
+    // A number, or {"open": name, "allowed": [...]}.
+    plan::degree_spec number(const nlohmann::json& j, const std::string& where, std::int64_t lo, std::int64_t hi) const {
+        if (!j.is_object()) return {integer(j, where, lo, hi), "", {}};
+        only(j, where, {"open", "allowed"});
+        if (!j.contains("open")) fail(where, "needs \"open\": the open parameter's name");
+        plan::degree_spec d{1, string(j.at("open"), where + ".open"), {}};
+        if (d.open.empty()) fail(where + ".open", "is empty; name the open parameter");
+        if (j.contains("allowed")) d.allowed = integers(j.at("allowed"), where + ".allowed", lo, hi);
+        return d;
+    }
+};
+
+constexpr std::int64_t int_max = std::numeric_limits<int>::max();
+
+inline plan::order_policy read_policy(const reader& r, const nlohmann::json& j, const std::string& where) {
+    plan::order_policy o;
+    std::string kind;
+    if (j.is_string()) {
+        kind = j.get<std::string>();
+    } else {
+        r.only(j, where, {"kind", "virtual_stages"});
+        if (!j.contains("kind")) r.fail(where, "needs \"kind\"");
+        kind = r.string(j.at("kind"), where + ".kind");
+        if (j.contains("virtual_stages"))
+            o.virtual_stages = static_cast<int>(r.integer(j.at("virtual_stages"), where + ".virtual_stages", 1, int_max));
+    }
+    bool found = false;
+    for (auto k : {plan::schedule_kind::gpipe, plan::schedule_kind::one_f_one_b, plan::schedule_kind::interleaved,
+                   plan::schedule_kind::three_f_one_b, plan::schedule_kind::interlaced})
+        if (kind == schedule_name(k)) o.kind = k, found = true;
+    if (!found)
+        r.fail(where, "names the order \"" + kind +
+                          "\"; give \"GPipe\", \"1F1B\", \"interleaved 1F1B\", \"3F1B\" or \"interlaced\"");
+    return o;
+}
+
+inline plan::rule read_rule(const reader& r, const nlohmann::json& j, const std::string& where) {
+    r.only(j, where, {"on", "trans", "assign", "recompute", "origin", "optional"});
+    plan::rule out;
+    if (j.contains("on")) {
+        const auto& on = j.at("on");
+        const std::string w = where + ".on";
+        r.only(on, w, {"kinds", "name", "scope", "repeat", "first_layer", "last_layer"});
+        if (on.contains("kinds")) {
+            if (!on.at("kinds").is_array()) r.fail(w + ".kinds", "must be an array of op kind names");
+            for (std::size_t i = 0; i < on.at("kinds").size(); ++i) {
+                const std::string name = r.string(on.at("kinds")[i], w + ".kinds[" + std::to_string(i) + "]");
+                const op_def* op = op_kind_named(name);
+                if (!op) r.fail(w + ".kinds[" + std::to_string(i) + "]", "names \"" + name + "\", which is not one of loom's op kinds");
+                out.on.kinds.push_back(op);
+            }
+        }
+        if (on.contains("name")) out.on.name = r.string(on.at("name"), w + ".name");
+        if (on.contains("scope")) out.on.scope = r.string(on.at("scope"), w + ".scope");
+        if (on.contains("repeat")) out.on.repeat = r.string(on.at("repeat"), w + ".repeat");
+        if (on.contains("first_layer")) out.on.first_layer = r.integer(on.at("first_layer"), w + ".first_layer", 0, int_max);
+        if (on.contains("last_layer")) out.on.last_layer = r.integer(on.at("last_layer"), w + ".last_layer", -1, int_max);
+    }
+    if (j.contains("trans")) {
+        const auto& t = j.at("trans");
+        if (!t.is_array()) r.fail(where + ".trans", "must be an array of splits");
+        std::vector<plan::split_spec> splits;
+        for (std::size_t i = 0; i < t.size(); ++i) {
+            const std::string w = where + ".trans[" + std::to_string(i) + "]";
+            r.only(t[i], w, {"dim", "label", "degree", "replicate"});
+            plan::split_spec s;
+            if (t[i].contains("dim")) s.dim = dim_id::intern(r.string(t[i].at("dim"), w + ".dim"));
+            if (t[i].contains("label")) s.label = r.string(t[i].at("label"), w + ".label");
+            if (t[i].contains("replicate")) s.replicate = r.boolean(t[i].at("replicate"), w + ".replicate");
+            if (!t[i].contains("degree")) r.fail(w, "needs \"degree\"");
+            s.degree = r.number(t[i].at("degree"), w + ".degree", 1, int_max);
+            if (s.label.empty() && s.dim == dim_id{} && !s.replicate) r.fail(w, "needs \"dim\", \"label\" or \"replicate\"");
+            splits.push_back(std::move(s));
+        }
+        out.trans = std::move(splits);
+    }
+    if (j.contains("assign")) {
+        const auto& a = j.at("assign");
+        const std::string w = where + ".assign";
+        r.only(a, w, {"devices", "colocate", "first_device"});
+        plan::assign_spec s;
+        if (a.contains("devices"))
+            for (std::int64_t d : r.integers(a.at("devices"), w + ".devices", 0, int_max)) s.devices.push_back(static_cast<int>(d));
+        if (a.contains("colocate")) s.colocate = r.integer(a.at("colocate"), w + ".colocate", 1, int_max);
+        if (a.contains("first_device"))
+            s.first_device = static_cast<int>(r.integer(a.at("first_device"), w + ".first_device", 0, int_max));
+        out.assign = std::move(s);
+    }
+    if (j.contains("recompute")) out.recompute = r.boolean(j.at("recompute"), where + ".recompute");
+    if (j.contains("origin")) out.origin = r.string(j.at("origin"), where + ".origin");
+    if (j.contains("optional")) out.optional = r.boolean(j.at("optional"), where + ".optional");
+    return out;
+}
+
+}  // namespace detail
+
+inline nlohmann::json to_json(const plan::plan_spec& p, const graph* model = nullptr) {
+    nlohmann::json j{{"format", "loom.plan"}, {"version", plan_format_version}, {"devices", p.devices}};
+    if (model)
+        j["model"] = {{"fingerprint", model_fingerprint(*model)}, {"forward_nodes", model->forward_node_count()}};
+    if (!p.name.empty()) j["name"] = p.name;
+    if (!p.zero_open.empty())
+        j["zero"] = {{"open", p.zero_open}, {"allowed", p.zero_allowed}};
+    else
+        j["zero"] = static_cast<int>(p.zero);
+    if (p.colocation_requires_recompute) j["colocation_requires_recompute"] = true;
+    nlohmann::json rules = nlohmann::json::array();
+    for (const plan::rule& r : p.rules) {
+        nlohmann::json on = nlohmann::json::object();
+        if (!r.on.kinds.empty()) {
+            on["kinds"] = nlohmann::json::array();
+            for (const op_def* k : r.on.kinds) on["kinds"].push_back(std::string(k->name));
+        }
+        if (!r.on.name.empty()) on["name"] = r.on.name;
+        if (!r.on.scope.empty()) on["scope"] = r.on.scope;
+        if (!r.on.repeat.empty()) {
+            on["repeat"] = r.on.repeat;
+            on["first_layer"] = r.on.first_layer;
+            on["last_layer"] = r.on.last_layer;
+        }
+        nlohmann::json rule{{"on", on}};
+        if (r.trans) {
+            rule["trans"] = nlohmann::json::array();
+            for (const plan::split_spec& s : *r.trans) {
+                nlohmann::json split{{"degree", detail::number_json(s.degree)}};
+                if (!s.label.empty()) split["label"] = s.label;
+                else if (!s.replicate) split["dim"] = std::string(s.dim.name());
+                if (s.replicate) split["replicate"] = true;
+                rule["trans"].push_back(split);
+            }
+        }
+        if (r.assign) {
+            nlohmann::json a = nlohmann::json::object();
+            if (!r.assign->devices.empty()) a["devices"] = r.assign->devices;
+            if (r.assign->colocate != 1) a["colocate"] = r.assign->colocate;
+            if (r.assign->first_device != 0) a["first_device"] = r.assign->first_device;
+            rule["assign"] = a;
+        }
+        if (r.recompute) rule["recompute"] = *r.recompute;
+        if (!r.origin.empty()) rule["origin"] = r.origin;
+        if (r.optional) rule["optional"] = true;
+        rules.push_back(rule);
+    }
+    j["rules"] = rules;
+    if (p.stages) {
+        nlohmann::json s{{"repeat", p.stages->repeat}, {"count", detail::number_json(p.stages->count)}};
+        if (!p.stages->boundaries.empty()) s["boundaries"] = p.stages->boundaries;
+        if (p.stages->devices_per_stage != 0) s["devices_per_stage"] = p.stages->devices_per_stage;
+        j["stages"] = s;
+    }
+    j["micro_batches"] = detail::number_json(p.micro_batches);
+    if (!p.order.alternatives.empty()) {
+        nlohmann::json alternatives = nlohmann::json::array();
+        for (const plan::order_policy& o : p.order.alternatives) {
+            if (o.kind == plan::schedule_kind::from_constraints)
+                throw plan_error("save_plan: the plan's order is written as constraints (plan::ordered_by), which plan "
+                                 "files do not store; save a plan ordered by a template (GPipe, OneFOneB, ...)");
+            if (o.kind == plan::schedule_kind::interleaved)
+                alternatives.push_back({{"kind", detail::schedule_name(o.kind)}, {"virtual_stages", o.virtual_stages}});
+            else
+                alternatives.push_back(detail::schedule_name(o.kind));
+        }
+        j["order"] = {{"alternatives", alternatives}};
+        if (!p.order.open.empty()) j["order"]["open"] = p.order.open;
+    }
+    j["choices"] = p.choices;
+    return j;
+}
+
+// `file` names the source in errors. With a model, a plan made for another one is refused.
+inline plan::plan_spec plan_from_json(const nlohmann::json& j, const std::string& file, const graph* model = nullptr) {
+    const detail::reader r{file};
+    if (!j.is_object() || !j.contains("format") || j.at("format") != "loom.plan")
+        r.fail("the top level", "is not a loom plan (\"format\" is not \"loom.plan\"); give a file written by "
+                                "io::save_plan or loom_plan --out");
+    r.only(j, "the top level",
+           {"format", "version", "model", "devices", "name", "zero", "colocation_requires_recompute", "rules", "stages",
+            "micro_batches", "order", "choices"});
+    if (!j.contains("version") || !j.at("version").is_number_integer() || j.at("version") != plan_format_version)
+        r.fail("\"version\"", (j.contains("version") ? "is " + j.at("version").dump() : std::string("is missing")) +
+                                  "; this loom reads version " + std::to_string(plan_format_version) +
+                                  "; write the plan again with this loom");
+    if (j.contains("model") && model) {
+        r.only(j.at("model"), "\"model\"", {"fingerprint", "forward_nodes"});
+        const std::string want = model_fingerprint(*model);
+        const std::string have = j.at("model").contains("fingerprint")
+                                     ? r.string(j.at("model").at("fingerprint"), "\"model\".fingerprint")
+                                     : std::string();
+        if (have != want)
+            r.fail("\"model\"", "was made for another model (fingerprint " + have + ", this model's is " + want +
+                                    "); search or write a plan for this model");
+    }
+    plan::plan_spec p;
+    if (!j.contains("devices")) r.fail("the top level", "needs \"devices\"");
+    p.devices = static_cast<int>(r.integer(j.at("devices"), "\"devices\"", 1, detail::int_max));
+    if (j.contains("name")) p.name = r.string(j.at("name"), "\"name\"");
+    if (j.contains("zero")) {
+        const plan::degree_spec z = r.number(j.at("zero"), "\"zero\"", 0, 3);
+        if (z.open.empty())
+            p.zero = static_cast<plan::zero_stage>(z.value);
+        else
+            p.zero_open = z.open, p.zero_allowed = z.allowed;
+    }
+    if (j.contains("colocation_requires_recompute"))
+        p.colocation_requires_recompute = r.boolean(j.at("colocation_requires_recompute"), "\"colocation_requires_recompute\"");
+    if (j.contains("rules")) {
+        if (!j.at("rules").is_array()) r.fail("\"rules\"", "must be an array");
+        for (std::size_t i = 0; i < j.at("rules").size(); ++i)
+            p.rules.push_back(detail::read_rule(r, j.at("rules")[i], "rules[" + std::to_string(i) + "]"));
+    }
+    if (j.contains("stages")) {
+        const auto& s = j.at("stages");
+        r.only(s, "\"stages\"", {"repeat", "count", "boundaries", "devices_per_stage"});
+        plan::stage_spec st;
+        if (s.contains("repeat")) st.repeat = r.string(s.at("repeat"), "stages.repeat");
+        if (!s.contains("count")) r.fail("\"stages\"", "needs \"count\"");
+        st.count = r.number(s.at("count"), "stages.count", 1, detail::int_max);
+        if (s.contains("boundaries")) st.boundaries = r.integers(s.at("boundaries"), "stages.boundaries", 1, detail::int_max);
+        if (s.contains("devices_per_stage"))
+            st.devices_per_stage = r.integer(s.at("devices_per_stage"), "stages.devices_per_stage", 0, detail::int_max);
+        p.stages = std::move(st);
+    }
+    if (j.contains("micro_batches")) p.micro_batches = r.number(j.at("micro_batches"), "\"micro_batches\"", 1, detail::int_max);
+    if (j.contains("order")) {
+        const auto& o = j.at("order");
+        r.only(o, "\"order\"", {"alternatives", "open"});
+        if (!o.contains("alternatives") || !o.at("alternatives").is_array() || o.at("alternatives").empty())
+            r.fail("\"order\"", "needs \"alternatives\": a non-empty array of orders");
+        for (std::size_t i = 0; i < o.at("alternatives").size(); ++i)
+            p.order.alternatives.push_back(
+                detail::read_policy(r, o.at("alternatives")[i], "order.alternatives[" + std::to_string(i) + "]"));
+        if (o.contains("open")) p.order.open = r.string(o.at("open"), "order.open");
+        if (p.order.alternatives.size() > 1 && p.order.open.empty())
+            r.fail("\"order\"", "has several alternatives but no \"open\" name; name the choice");
+    }
+    if (j.contains("choices")) {
+        const auto& c = j.at("choices");
+        if (!c.is_object()) r.fail("\"choices\"", "must be an object of open parameter names and values");
+        const std::vector<std::string> open = plan::open_parameters(p);
+        for (const auto& [name, value] : c.items()) {
+            if (std::find(open.begin(), open.end(), name) == open.end())
+                r.fail("choices.\"" + name + "\"", "is not an open parameter of the plan; remove it or open the parameter");
+            p.choices[name] = r.integer(value, "choices.\"" + name + "\"", 0, detail::int_max);
+        }
+    }
+    return p;
+}
+
+inline void save_plan(const plan::plan_spec& p, const std::string& path, const graph* model = nullptr) {
+    const std::string text = to_json(p, model).dump(2) + "\n";
+    std::ofstream out(path);
+    if (!out) throw plan_error("save_plan: cannot write " + path + "; check that its folder exists and is writable");
+    out << text;
+    if (!out.flush()) throw plan_error("save_plan: writing " + path + " failed; check the disk");
+}
+inline void save_plan(const plan::plan_spec& p, const std::string& path, const graph& model) { save_plan(p, path, &model); }
+
+inline plan::plan_spec load_plan(const std::string& path, const graph* model = nullptr) {
+    std::ifstream in(path);
+    if (!in) throw plan_error("load_plan: cannot read " + path + "; check the path");
+    nlohmann::json j;
+    try {
+        in >> j;
+    } catch (const nlohmann::json::exception& e) {
+        throw plan_error("plan file " + path + ": not JSON (" + e.what() + "); give a file written by io::save_plan");
+    }
+    return plan_from_json(j, path, model);
+}
+inline plan::plan_spec load_plan(const std::string& path, const graph& model) { return load_plan(path, &model); }
+
+}  // namespace loom::io
+// ---- end loom/io/plan_file.hpp ----
 // ---- begin loom/io/safetensors.hpp ----
 // safetensors: the tensor file format of the Hugging Face ecosystem, read and written
 // without the Python or Rust package.
@@ -21607,6 +22570,9 @@ public:
             throw usage_error("distributed_trainer: the plan is for " + std::to_string(plan.world) +
                               " devices but the communicator has " + std::to_string(c.size()) +
                               " ranks; launch as many ranks as the plan has devices");
+        // Programs whose order was edited after apply_plan are checked before they run: an
+        // order that deadlocks or reads before it writes must not start.
+        if (partition::order_fingerprint(plan) != plan.checked_order) partition::check_programs(plan);
         rank_ = c.rank();
         part_ = &plan.devices.at(static_cast<std::size_t>(rank_));
         const graph& g = part_->ir();
@@ -23125,7 +24091,7 @@ inline const char* swin_table9_name(int index) {
 // ("encoder", "decoder") it would take one stack as the layers and leave the other stack in
 // the prologue or the epilogue, one opaque layer the searcher can neither fold nor cut. With
 // one repeat it finds E + D layers in two classes (encoder block, decoder block), and plans
-// that select "blocks" (even_pipeline's default, on_layers<"blocks", a, b>) stage both stacks.
+// that select "blocks" (plan::stages' default, on_layers<"blocks", a, b>) stage both stacks.
 // For the same reason nothing sits between the stacks: T5 normalises the encoder output once
 // (its encoder's final norm); here each decoder layer does (cross_attn.memory_norm), which
 // keeps the decoder layers identical and adds hidden parameters per decoder layer. A node

@@ -10,7 +10,7 @@
 
 #include <catch2/catch.hpp>
 
-#include <loom/graph/autograd.hpp>
+#include <loom/autograd/autograd.hpp>
 #include <loom/models/gpt.hpp>
 #include <loom/ops/all.hpp>
 #include <loom/runtime/compile.hpp>

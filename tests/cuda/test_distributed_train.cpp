@@ -13,8 +13,8 @@
 #include <loom/partition/apply.hpp>
 #include <loom/plan/presets.hpp>
 #include <loom/runtime/comm/in_process.hpp>
-#include <loom/runtime/cuda/distributed_trainer.hpp>
-#include <loom/runtime/cuda/trainer.hpp>
+#include <loom/train/cuda/distributed_trainer.hpp>
+#include <loom/train/cuda/trainer.hpp>
 #include <loom/search/to_plan.hpp>
 
 #include "../support/gpt_batch.hpp"

@@ -4,11 +4,11 @@
 #include <cmath>
 #include <vector>
 
-#include <loom/graph/autograd.hpp>
+#include <loom/autograd/autograd.hpp>
 #include <loom/models/gpt.hpp>
 #include <loom/ops/reduce.hpp>
 #include <loom/ops/relu.hpp>
-#include <loom/runtime/cuda/trainer.hpp>
+#include <loom/train/cuda/trainer.hpp>
 #include <loom/train/trainer.hpp>
 
 #include "support.hpp"

@@ -11,7 +11,7 @@
 #include <string>
 #include <vector>
 
-#include <loom/graph/autograd.hpp>
+#include <loom/autograd/autograd.hpp>
 #include <loom/graph/builder.hpp>
 #include <loom/ops/mul.hpp>
 #include <loom/ops/reduce.hpp>

@@ -17,7 +17,7 @@
 #include <vector>
 
 #include <loom/core/error.hpp>
-#include <loom/graph/autograd.hpp>
+#include <loom/autograd/autograd.hpp>
 #include <loom/graph/builder.hpp>
 #include <loom/ops/all.hpp>
 

@@ -46,7 +46,7 @@
 
 #include <loom/core/error.hpp>
 #include <loom/core/random.hpp>
-#include <loom/graph/autograd.hpp>
+#include <loom/autograd/autograd.hpp>
 #include <loom/graph/builder.hpp>
 #include <loom/models/record_layers.hpp>
 #include <loom/ops/all.hpp>

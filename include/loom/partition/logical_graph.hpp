@@ -25,7 +25,7 @@
 #include <vector>
 
 #include <loom/core/error.hpp>
-#include <loom/graph/autograd.hpp>
+#include <loom/autograd/autograd.hpp>
 #include <loom/graph/builder.hpp>
 #include <loom/ops/identity.hpp>
 #include <loom/plan/op_partition.hpp>

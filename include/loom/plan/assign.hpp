@@ -10,7 +10,7 @@
 #include <array>
 #include <cstdint>
 
-#include <loom/plan/static_text.hpp>
+#include <loom/core/static_text.hpp>
 #include <loom/plan/trans.hpp>
 
 namespace loom::plan {

@@ -32,7 +32,7 @@
 #include <loom/core/dim.hpp>
 #include <loom/core/signature.hpp>
 #include <loom/plan/degree.hpp>
-#include <loom/plan/static_text.hpp>
+#include <loom/core/static_text.hpp>
 
 namespace loom::plan {
 

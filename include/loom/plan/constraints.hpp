@@ -18,7 +18,7 @@
 #include <loom/plan/degree.hpp>
 #include <loom/plan/op_partition.hpp>
 #include <loom/plan/rules.hpp>
-#include <loom/plan/static_text.hpp>
+#include <loom/core/static_text.hpp>
 #include <loom/plan/trans.hpp>
 
 namespace loom::plan {

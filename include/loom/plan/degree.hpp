@@ -25,7 +25,7 @@
 #include <type_traits>
 
 #include <loom/core/fixed_string.hpp>
-#include <loom/plan/static_text.hpp>
+#include <loom/core/static_text.hpp>
 
 namespace loom::plan {
 

@@ -29,7 +29,7 @@
 #include <loom/plan/degree.hpp>
 #include <loom/plan/op_order.hpp>
 #include <loom/plan/rules.hpp>
-#include <loom/plan/static_text.hpp>
+#include <loom/core/static_text.hpp>
 #include <loom/schedule/constraints.hpp>
 
 namespace loom::plan {

@@ -33,7 +33,7 @@
 #include <loom/plan/assign.hpp>
 #include <loom/plan/checks.hpp>
 #include <loom/plan/rules.hpp>
-#include <loom/plan/static_text.hpp>
+#include <loom/core/static_text.hpp>
 #include <loom/plan/trans.hpp>
 
 namespace loom::ops {

@@ -22,7 +22,7 @@
 #include <loom/core/fixed_string.hpp>
 #include <loom/plan/checks.hpp>
 #include <loom/plan/degree.hpp>
-#include <loom/plan/static_text.hpp>
+#include <loom/core/static_text.hpp>
 
 namespace loom::plan {
 

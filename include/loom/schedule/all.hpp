@@ -1,7 +1,8 @@
 #pragma once
 // Pipeline schedules (op-order): blocks and shapes, order constraints, the list scheduler,
-// the templates (GPipe, 1F1B, interleaved 1F1B, 3F1B, interlaced) and their typed front end,
-// validation, device programs, simulation and export. One concept per header:
+// the templates (GPipe, 1F1B, interleaved 1F1B, 3F1B, interlaced; a plan names them with
+// plan::order<...>, plan/pipeline_parts.hpp), validation, device programs,
+// simulation and export. One concept per header:
 //
 //   block.hpp             block{pass, stage, micro, round}, schedule_error
 //   shape.hpp             pipeline_shape, data dependencies

@@ -19,7 +19,7 @@
 #include <span>
 #include <string_view>
 
-#include <loom/plan/static_text.hpp>
+#include <loom/core/static_text.hpp>
 #include <loom/schedule/constraints.hpp>
 
 namespace loom::schedule {

@@ -25,7 +25,7 @@
 // family's running index), stage, device (each_stage: the first device of the stage), and the
 // shape's stages, micro_batches, devices and chunks (stages per device). Every part is a
 // literal type, so constraints are constexpr values and template arguments
-// (order<FromConstraints<4, 3, before{...}>>, order.hpp).
+// (plan::order<plan::ordered_by<3, before{...}>>, plan/pipeline_parts.hpp).
 //
 // first_constraint_error(c, rounds) is the one check of a constraint on its own, run at
 // compile time by the typed front end and at run time by from_constraints.
@@ -38,7 +38,7 @@
 #include <string_view>
 #include <vector>
 
-#include <loom/plan/static_text.hpp>
+#include <loom/core/static_text.hpp>
 #include <loom/schedule/block.hpp>
 #include <loom/schedule/shape.hpp>
 

@@ -36,8 +36,8 @@
 //
 // Each has a *_constraints() (the family, independent of sizes), a *_spec(...) (shape and
 // constraints: what the executor needs to rebuild it) and a builder returning the schedule.
-// The builders check their arguments with the predicates of checks.hpp, as the typed front
-// end (order.hpp) does at compile time.
+// The builders check their arguments with the predicates of checks.hpp; the plan's order part
+// (plan/pipeline_parts.hpp) checks stages and micro-batches at compile time.
 #include <initializer_list>
 #include <string>
 #include <vector>

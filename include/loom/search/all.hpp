@@ -14,12 +14,10 @@
 //   evaluate.hpp          cost_context, evaluate(configuration): step time and memory
 //   branch_and_bound.hpp  branch_and_bound, enumerate_all, search_result::explain
 //   to_plan.hpp           a searched configuration as the one plan value
-//   calibrate_host.hpp    the host backend measured as a cluster of in-process ranks
 //   order_search.hpp      temporal-order search: per-device block orders under constraints
 //                         and a memory cap, minimising the makespan
 #include <loom/search/to_plan.hpp>
 #include <loom/search/branch_and_bound.hpp>
-#include <loom/search/calibrate_host.hpp>
 #include <loom/search/communication.hpp>
 #include <loom/search/evaluate.hpp>
 #include <loom/search/folding.hpp>

@@ -2,7 +2,7 @@
 // What the searcher knows about a model: per layer (folding.hpp), the work of its forward
 // and backward ops, its parameters, the activations its backward keeps, the residual
 // stream it reads, and how finely tensor parallelism can cut it. Everything is read off a
-// training graph (forward + backward, graph/autograd.hpp) at the graph's batch; the
+// training graph (forward + backward, autograd/autograd.hpp) at the graph's batch; the
 // searcher scales it to micro-batches and shards.
 //
 //   auto g = models::gpt(cfg).training_graph();

@@ -13,9 +13,9 @@
 #include <loom/partition/apply.hpp>
 #include <loom/plan/presets.hpp>
 #include <loom/runtime/comm/mpi.hpp>
-#include <loom/runtime/cuda/distributed_trainer.hpp>
+#include <loom/train/cuda/distributed_trainer.hpp>
 #include <loom/runtime/cuda/nccl_communicator.hpp>
-#include <loom/runtime/cuda/trainer.hpp>
+#include <loom/train/cuda/trainer.hpp>
 #include <loom/runtime/cuda_gate.hpp>
 
 #include "../../support/gpt_batch.hpp"

@@ -1,7 +1,7 @@
 #pragma once
 // Calibration of the host backend as a cluster the searcher can plan for: n in-process
-// ranks on this machine. The only search header that runs kernels: it times loom's host
-// GEMM and a streaming copy, and writes what it measured into a profile.
+// ranks on this machine. It runs kernels (loom's host GEMM and a streaming copy, timed) and
+// writes what it measured into a search profile, so it comes after both runtime and search.
 //
 //   search::cluster hw = search::calibrate_host(4);   // about 0.3 s
 //   search::save_cluster(hw, "host.json");            // or plan with it directly
