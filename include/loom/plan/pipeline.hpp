@@ -114,6 +114,7 @@ inline pipeline_plan resolve_pipeline(const pipeline_spec& spec, const graph& g)
 
     // Each stage's inner plan, resolved for its group (once per distinct group size and spec).
     std::vector<resolved_plan> inner(static_cast<std::size_t>(stages));
+    zero_stage zero = zero_stage::none;
     for (int s = 0; s < stages; ++s) {
         const auto& st = spec.stages[static_cast<std::size_t>(s)];
         plan_spec p = st.inner ? *st.inner : spec.inner;
@@ -123,9 +124,13 @@ inline pipeline_plan resolve_pipeline(const pipeline_spec& spec, const graph& g)
             throw plan_error("pipeline: stage " + std::to_string(s) + " has " + std::to_string(group) +
                              " devices but its plan '" + p.name + "' is for " + std::to_string(p.devices) +
                              "; give the stage a plan for its group size");
-        if (p.zero != zero_stage::none)
-            throw plan_error("pipeline: stage " + std::to_string(s) + "'s plan uses ZeRO, which pipelines do not combine with yet; "
-                             "use a plan without zero<> inside stages");
+        // ZeRO is one rewrite of the whole training graph (an identity per parameter or
+        // gradient), sharded over each stage's own group: every stage must ask for the same.
+        if (s > 0 && p.zero != zero)
+            throw plan_error("pipeline: stage " + std::to_string(s) + "'s plan '" + p.name + "' uses ZeRO stage " +
+                             std::to_string(static_cast<int>(p.zero)) + " but stage 0's uses " +
+                             std::to_string(static_cast<int>(zero)) + "; give every stage the same ZeRO stage");
+        zero = p.zero;
         inner[static_cast<std::size_t>(s)] = resolve(p, g);
     }
 
@@ -134,6 +139,7 @@ inline pipeline_plan resolve_pipeline(const pipeline_spec& spec, const graph& g)
     out.micro_batches = spec.micro_batches;
     out.rounds = spec.rounds;
     out.plan.devices = world;
+    out.plan.zero = zero;
     out.plan.name = spec.name.empty() ? "pipeline x" + std::to_string(stages) + ", " +
                                             std::to_string(spec.micro_batches) + " micro-batches"
                                       : spec.name;

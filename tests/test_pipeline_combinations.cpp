@@ -1,0 +1,154 @@
+// Pipelines combined with everything else a plan expresses: ZeRO 1/2/3, selective and full
+// recompute, Coshard, uneven stages, 3F1B and the interlaced pipeline with tensor or data
+// parallelism inside the stages. Each trains the GPT (or the Evoformer, for 3F1B) to the
+// same losses, gradient norms and parameters as one device (float64: 1e-9). Data
+// parallelism inside a stage sums each device's micro-batch gradients locally first: one
+// all-reduce per parameter piece per step, whatever the micro-batch count.
+#include <catch2/catch.hpp>
+
+#include <map>
+#include <string>
+
+#include <loom/models/evoformer.hpp>
+#include <loom/partition/pipeline_order.hpp>
+#include <loom/plan/pipeline.hpp>
+#include <loom/plan/presets.hpp>
+#include <loom/schedule/templates.hpp>
+
+#include "support/evoformer.hpp"
+#include "support/plan_equivalence.hpp"
+
+using namespace loom;
+
+namespace {
+
+models::gpt_config model(std::int64_t layers = 4) {
+    return {.layers = layers, .hidden = 16, .heads = 4, .vocab = 32, .seq = 8, .batch = 8};
+}
+
+void check_equal(const models::gpt_config& c, const plan::pipeline_plan& pp, const schedule::schedule& s,
+                 const std::string& what, train::trainer_options options = {}) {
+    const auto e = testing::compare_with_single_device<double>(
+        c, pp.plan, 3, options, [&](partition::partitioned_graph& pg) { partition::order_by_schedule(pg, pp, s); },
+        partition::pipeline_apply_options(pp));
+    INFO(what << ": loss " << e.loss << ", grad norm " << e.grad_norm << ", parameters " << e.parameters << " ("
+              << e.worst_parameter << "), " << e.transfers << " transfers");
+    CHECK(e.loss <= 1e-9);
+    CHECK(e.grad_norm <= 1e-9);
+    CHECK(e.parameters <= 1e-9);
+}
+
+plan::pipeline_plan pipeline(const models::gpt_config& c, plan::even_pipeline_options o) {
+    auto m = models::gpt(c);
+    return plan::resolve_pipeline(plan::even_pipeline(m.ir(), o), m.ir());
+}
+
+// Transfers of each kind that move parameter gradients.
+std::map<partition::transfer_kind, int> gradient_transfers(const partition::partitioned_graph& pg) {
+    std::map<partition::transfer_kind, int> count;
+    const graph& g = pg.ir();
+    for (const auto& t : pg.transfers) {
+        const std::string& name = g.tensor(t.logical).name;
+        if (name.rfind("grad/", 0) == 0 || g.tensor(t.logical).role == tensor_role::gradient) ++count[t.kind];
+    }
+    return count;
+}
+
+}  // namespace
+
+TEST_CASE("ZeRO 1, 2 and 3 inside pipeline stages shard over the stage's data-parallel devices", "[pipeline][zero]") {
+    const auto c = model();
+    const train::trainer_options adam{.optimizer = train::adamw_options{}};
+    for (int z : {1, 2, 3})
+        for (int stages : {2, 4}) {
+            const int micro = stages == 2 ? 4 : 2;
+            const auto pp = pipeline(c, {.stages = stages, .micro_batches = micro, .devices_per_stage = 2,
+                                         .inner = plan::presets::zero(z, 2)});
+            CHECK(static_cast<int>(pp.plan.zero) == z);
+            const std::string what = "x" + std::to_string(stages) + " of ZeRO-" + std::to_string(z);
+            check_equal(c, pp, partition::spread_over_groups(schedule::one_f_one_b(stages, micro), 2), "1F1B " + what, adam);
+            if (stages == 2) check_equal(c, pp, partition::spread_over_groups(schedule::gpipe(stages, micro), 2), "GPipe " + what, adam);
+
+            // A first-block weight lives on stage 0's pair of devices only, sharded between them
+            // (ZeRO-3: stored in halves; ZeRO-2: gradients in halves; ZeRO-1: updates in halves).
+            auto m = models::gpt(c);
+            auto pg = partition::apply_plan(m.ir(), pp.plan, partition::pipeline_apply_options(pp));
+            const graph& g = pg.ir();
+            tensor_id w = no_id;
+            for (tensor_id t : g.parameters)
+                if (g.tensor(t).name == "blocks.0.mlp.fc.weight") w = t;
+            REQUIRE(w != no_id);
+            const auto rows = g.tensor(w).dims.extent(0);
+            for (int d = 0; d < pg.world; ++d) {
+                INFO(what << ", device " << d);
+                const auto& part = pg.devices[static_cast<std::size_t>(d)];
+                for (const auto& s : part.parameters)
+                    if (s.logical == w) {
+                        CHECK(d < 2);
+                        CHECK(s.region.ranges[0].size() == (z == 3 ? rows / 2 : rows));
+                    }
+                for (const auto& s : part.gradients)
+                    if (s.logical == w) {
+                        CHECK(s.region.ranges[0].size() == (z >= 2 ? rows / 2 : rows));
+                        CHECK(train::update_region(pg, d, w, s.region).ranges[0].size() == rows / 2);
+                    }
+            }
+        }
+}
+
+TEST_CASE("stages asking for different ZeRO stages are refused when the pipeline is resolved", "[pipeline][zero][errors]") {
+    auto m = models::gpt(model());
+    auto spec = plan::even_pipeline(m.ir(), {.stages = 2, .micro_batches = 2, .devices_per_stage = 2});
+    spec.stages[0].inner = plan::presets::zero(1, 2);
+    spec.stages[1].inner = plan::presets::zero(3, 2);
+    CHECK_THROWS_WITH(plan::resolve_pipeline(spec, m.ir()),
+                      Catch::Contains("stage 1") && Catch::Contains("same ZeRO stage"));
+}
+
+TEST_CASE("selective and full recompute inside pipeline stages", "[pipeline][recompute]") {
+    const auto c = model();
+    plan::selector mlp;
+    mlp.scope = "*.mlp*";
+    for (const auto& [name, inner] : {std::pair{std::string("selective"), plan::presets::recompute(mlp)},
+                                      std::pair{std::string("full"), plan::presets::recompute({})}}) {
+        const auto pp = pipeline(c, {.stages = 2, .micro_batches = 4, .inner = inner});
+        check_equal(c, pp, schedule::one_f_one_b(2, 4), "1F1B x2, " + name + " recompute");
+        check_equal(c, pp, schedule::gpipe(2, 4), "GPipe x2, " + name + " recompute");
+    }
+}
+
+TEST_CASE("Coshard inside pipeline stages", "[pipeline][coshard]") {
+    const auto c = model();
+    const auto pp = pipeline(c, {.stages = 2, .micro_batches = 2, .devices_per_stage = 2, .inner = plan::presets::coshard(2, 2)});
+    check_equal(c, pp, partition::spread_over_groups(schedule::one_f_one_b(2, 2), 2), "1F1B x2 of coshard 2x2");
+}
+
+TEST_CASE("uneven stage boundaries", "[pipeline]") {
+    const auto c = model(5);
+    auto m = models::gpt(c);
+    plan::pipeline_spec spec;
+    spec.micro_batches = 4;
+    spec.stages = {{0, 0, {0}, std::nullopt}, {1, 3, {1}, std::nullopt}, {4, 4, {2}, std::nullopt}};
+    const auto pp = plan::resolve_pipeline(spec, m.ir());
+    check_equal(c, pp, schedule::one_f_one_b(3, 4), "1F1B 1+3+1 layers");
+}
+
+TEST_CASE("data parallelism inside stages all-reduces each gradient once per step", "[pipeline][data-parallel]") {
+    // Each device adds up its micro-batches' partial gradients first: as many gradient
+    // collectives with 4 micro-batches as with 2, and none point to point.
+    const auto c = model();
+    std::map<int, std::map<partition::transfer_kind, int>> by_micro;
+    for (int micro : {2, 4}) {
+        const auto pp = pipeline(c, {.stages = 2, .micro_batches = micro, .devices_per_stage = 2,
+                                     .inner = plan::presets::data_parallel(2)});
+        auto m = models::gpt(c);
+        auto pg = partition::apply_plan(m.ir(), pp.plan, partition::pipeline_apply_options(pp));
+        by_micro[micro] = gradient_transfers(pg);
+        // One all-reduce per parameter that one stage's pair stores; the tied embedding, on
+        // both stages, is summed on the first stage and broadcast to the last.
+        CHECK(by_micro[micro][partition::transfer_kind::all_reduce] == static_cast<int>(pg.ir().parameters.size()) - 1);
+        CHECK(by_micro[micro][partition::transfer_kind::send_recv] == 0);
+        check_equal(c, pp, partition::spread_over_groups(schedule::one_f_one_b(2, micro), 2), "1F1B x2 of DP x2, m" + std::to_string(micro));
+    }
+    CHECK(by_micro[2] == by_micro[4]);
+}
