@@ -152,3 +152,77 @@ TEST_CASE("data parallelism inside stages all-reduces each gradient once per ste
     }
     CHECK(by_micro[2] == by_micro[4]);
 }
+
+TEST_CASE("3F1B with two and four stages and data or tensor parallelism inside them trains the Evoformer like one device",
+          "[pipeline][evoformer]") {
+    models::evoformer_config c = testing::pipeline_evoformer(4);
+    c.batch = 8;  // 4 micro-batches of 2 samples, one per data-parallel device
+    const auto data = models::evoformer_synthetic_batch(c, 7);
+    const train::input_feed feed = testing::evoformer_feed(data);
+    // Tensor parallelism in the Evoformer: the transitions' MLPs split Megatron's way along
+    // FFN (fc by its outputs, the ReLU, proj by its inputs), every other op whole on both devices.
+    using namespace plan::presets::detail;
+    plan::plan_spec transitions;
+    transitions.devices = 2;
+    transitions.name = "transitions tensor parallel x2";
+    transitions.add(trans({}, 1, {replicate(2)}, "test"));
+    transitions.add(trans(kinds({&op_def_of<ops::LinearBias>(), &op_def_of<ops::Relu>()}, "*_transition"), 1,
+                          {split_dim(Dim::FFN::id, 2)}, "test"));
+    struct inner_plan {
+        std::string name;
+        plan::plan_spec spec;
+    };
+    for (const auto& inner : {inner_plan{"data parallel x2", plan::presets::data_parallel(2)},
+                              inner_plan{"tensor parallel x2", transitions}})
+        for (int stages : {2, 4}) {
+            const int micro = 4;
+            if (stages == 4 && inner.name[0] == 't') continue;  // one 4-stage case keeps the test short
+            auto model = models::evoformer(c);
+            const auto pp = plan::resolve_pipeline(
+                plan::even_pipeline(model.ir(), {.stages = stages, .micro_batches = micro, .devices_per_stage = 2,
+                                                 .inner = inner.spec, .rounds_scope = "recycle", .rounds = 3}),
+                model.ir());
+            auto pg = partition::apply_plan(model.ir(), pp.plan, partition::pipeline_apply_options(pp));
+            partition::order_by_schedule(pg, pp, partition::spread_over_groups(schedule::three_f_one_b(stages, micro), 2));
+            if (inner.spec.name == transitions.name) {
+                // The split is real: stage 0's devices store half of a transition's weight each.
+                const graph& lg = pg.ir();
+                for (const auto& sp : pg.devices[0].parameters)
+                    if (lg.tensor(sp.logical).name == "blocks.0.pair_transition.fc.weight")
+                        CHECK(sp.region.numel() * 2 == lg.tensor(sp.logical).dims.numel());
+            }
+            train::trainer<double> single(std::move(model).training_graph(), {});
+            std::vector<train::step_result> reference;
+            for (int step = 0; step < 3; ++step) reference.push_back(single.step(feed));
+            std::vector<std::vector<train::step_result>> results(static_cast<std::size_t>(pg.world));
+            std::vector<double> weight;
+            comm::run_ranks(pg.world, [&](comm::communicator& comm) {
+                train::distributed_trainer<double> rank(pg, comm, {});
+                for (int step = 0; step < 3; ++step) results[static_cast<std::size_t>(comm.rank())].push_back(rank.step(feed));
+                auto w = rank.gather_parameter("blocks.0.pair_transition.fc.weight");
+                if (comm.rank() == 0) weight = std::move(w);
+            });
+            INFO("3F1B x" << stages << " of " << inner.name);
+            for (const auto& per_rank : results)
+                for (std::size_t step = 0; step < reference.size(); ++step) {
+                    CHECK(testing::relative(per_rank.at(step).loss, reference[step].loss) <= 1e-9);
+                    CHECK(testing::relative(per_rank.at(step).grad_norm, reference[step].grad_norm) <= 1e-9);
+                }
+            const auto want = single.parameter("blocks.0.pair_transition.fc.weight");
+            REQUIRE(weight.size() == want.size());
+            for (std::size_t k = 0; k < want.size(); ++k) CHECK(std::abs(weight[k] - want[k]) <= 1e-9);
+        }
+}
+
+TEST_CASE("the interlaced pipeline with tensor and data parallelism inside the stages", "[pipeline][interlaced]") {
+    const auto c = model();
+    for (const auto& [name, inner] : {std::pair{std::string("megatron x2"), plan::presets::megatron(2)},
+                                      std::pair{std::string("data parallel x2"), plan::presets::data_parallel(2)}}) {
+        const int stages = 2, micro = 4;
+        auto m = models::gpt(c);
+        const auto spec = plan::interlaced_pipeline(m.ir(), stages, micro, plan::presets::megatron(4), "blocks", 2, inner);
+        const auto pp = plan::resolve_pipeline(spec, m.ir());
+        CHECK(pp.plan.devices == 4);
+        check_equal(c, pp, schedule::interlaced(stages, micro, 2), spec.name + ", " + name);
+    }
+}

@@ -5488,29 +5488,40 @@ inline pipeline_spec even_pipeline(const graph& g, const even_pipeline_options& 
 }
 
 // The interlaced pipeline (nnScaler Figure 6): the ops before the first layer (embeddings)
-// and after the last (the LM head and loss) run on all `stages` devices under `spmd` (for
-// example presets::megatron(stages): vocabulary-parallel), time-shared with a pipeline of
-// the layers, split evenly, one device per stage. Order it with schedule::interlaced.
+// and after the last (the LM head and loss) run on all `stages * devices_per_stage` devices
+// under `spmd` (for example presets::megatron(stages * devices_per_stage): vocabulary-
+// parallel), time-shared with a pipeline of the layers, split evenly, stage s on devices
+// [s * devices_per_stage, (s + 1) * devices_per_stage) under `inner` (tensor or data
+// parallel within the group; default: whole ops on each device of the group). Order it
+// with schedule::interlaced(stages, micro_batches, devices_per_stage).
 inline pipeline_spec interlaced_pipeline(const graph& g, int stages, int micro_batches, const plan_spec& spmd,
-                                         const std::string& repeat = "blocks") {
+                                         const std::string& repeat = "blocks", int devices_per_stage = 1,
+                                         const std::optional<plan_spec>& inner = std::nullopt) {
     std::int64_t layers = 0;
     for (const auto& r : g.repeats)
         if (r.name == repeat) layers = std::max<std::int64_t>(layers, static_cast<std::int64_t>(r.scopes.size()));
     if (stages < 1 || layers % stages != 0)
         throw plan_error("interlaced_pipeline: " + std::to_string(layers) + " layers of '" + repeat + "' over " +
                          std::to_string(stages) + " stages; give a stage count that divides the layers");
+    if (devices_per_stage < 1)
+        throw plan_error("interlaced_pipeline: devices_per_stage = " + std::to_string(devices_per_stage) + "; use at least 1");
     pipeline_spec spec;
     spec.repeat = repeat;
     std::vector<int> all;
-    for (int d = 0; d < stages; ++d) all.push_back(d);
+    for (int d = 0; d < stages * devices_per_stage; ++d) all.push_back(d);
     spec.stages.push_back({0, -1, all, spmd});
     const std::int64_t per = layers / stages;
-    for (int s = 0; s < stages; ++s) spec.stages.push_back({s * per, (s + 1) * per - 1, {s}, std::nullopt});
+    for (int s = 0; s < stages; ++s) {
+        std::vector<int> group;
+        for (int k = 0; k < devices_per_stage; ++k) group.push_back(s * devices_per_stage + k);
+        spec.stages.push_back({s * per, (s + 1) * per - 1, std::move(group), inner});
+    }
     spec.stages.push_back({0, -1, all, spmd});
     spec.micro_batches = micro_batches;
     spec.head_stage = 0;
     spec.tail_stage = stages + 1;
-    spec.name = "interlaced x" + std::to_string(stages);
+    spec.name = "interlaced x" + std::to_string(stages) +
+                (devices_per_stage > 1 ? " of " + std::to_string(devices_per_stage) + " devices" : "");
     return spec;
 }
 
