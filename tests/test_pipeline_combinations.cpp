@@ -114,13 +114,54 @@ TEST_CASE("selective and full recompute inside pipeline stages", "[pipeline][rec
         const auto pp = pipeline(c, {.stages = 2, .micro_batches = 4, .inner = inner});
         check_equal(c, pp, schedule::one_f_one_b(2, 4), "1F1B x2, " + name + " recompute");
         check_equal(c, pp, schedule::gpipe(2, 4), "GPipe x2, " + name + " recompute");
+        plan::plan_spec dp = plan::presets::data_parallel(2);
+        dp.then(inner);
+        const auto with_dp = pipeline(c, {.stages = 2, .micro_batches = 4, .devices_per_stage = 2, .inner = dp});
+        check_equal(c, with_dp, partition::spread_over_groups(schedule::one_f_one_b(2, 4), 2),
+                    "1F1B x2 of data parallel x2, " + name + " recompute");
     }
+    const auto interleaved = pipeline(model(8), {.stages = 2, .micro_batches = 4, .virtual_stages = 2,
+                                                 .inner = plan::presets::recompute(mlp)});
+    check_equal(model(8), interleaved, schedule::interleaved_one_f_one_b(2, 2, 4), "interleaved 2x2, selective recompute");
+}
+
+TEST_CASE("recomputed copies run in their micro-batch's backward block, so stages keep fewer activations",
+          "[pipeline][recompute]") {
+    const auto c = model();
+    auto arena_of_first_stage = [&](const plan::plan_spec& inner, std::size_t& copies) {
+        const auto pp = pipeline(c, {.stages = 2, .micro_batches = 8, .inner = inner});
+        auto m = models::gpt(c);
+        auto pg = partition::apply_plan(m.ir(), pp.plan, partition::pipeline_apply_options(pp));
+        partition::order_by_schedule(pg, pp, schedule::gpipe(2, 8));
+        const graph& dg = pg.devices[0].ir();
+        copies = 0;
+        for (std::size_t i = 0; i < dg.nodes.size(); ++i) {
+            const auto src = pg.devices[0].source_of(static_cast<node_id>(i));
+            if (dg.nodes[i].name.find("/recompute") == std::string::npos || src.logical == no_id) continue;
+            ++copies;
+            const auto b = partition::pipeline_block(pg, pp, src.logical, src.piece);
+            REQUIRE(b);
+            CHECK(b->pass == schedule::pass_kind::backward);
+        }
+        return compile_program(dg, {.prec = precision::f64, .keep_every_node = true, .order = pg.order[0]}).arena_bytes;
+    };
+    std::size_t none = 0, full = 0;
+    const auto kept = arena_of_first_stage({}, none);
+    const auto recomputed = arena_of_first_stage(plan::presets::recompute({}), full);
+    INFO("stage 0 arena under GPipe x2, 8 micro-batches: " << kept << " bytes, with full recompute " << recomputed);
+    CHECK(none == 0);
+    CHECK(full > 0);
+    CHECK(recomputed < kept);
 }
 
 TEST_CASE("Coshard inside pipeline stages", "[pipeline][coshard]") {
     const auto c = model();
-    const auto pp = pipeline(c, {.stages = 2, .micro_batches = 2, .devices_per_stage = 2, .inner = plan::presets::coshard(2, 2)});
-    check_equal(c, pp, partition::spread_over_groups(schedule::one_f_one_b(2, 2), 2), "1F1B x2 of coshard 2x2");
+    for (int stages : {2, 4}) {
+        const auto pp = pipeline(c, {.stages = stages, .micro_batches = 4, .devices_per_stage = 2,
+                                     .inner = plan::presets::coshard(2, 2)});
+        check_equal(c, pp, partition::spread_over_groups(schedule::one_f_one_b(stages, 4), 2),
+                    "1F1B x" + std::to_string(stages) + " of coshard 2 per device x2");
+    }
 }
 
 TEST_CASE("uneven stage boundaries", "[pipeline]") {
@@ -130,7 +171,33 @@ TEST_CASE("uneven stage boundaries", "[pipeline]") {
     spec.micro_batches = 4;
     spec.stages = {{0, 0, {0}, std::nullopt}, {1, 3, {1}, std::nullopt}, {4, 4, {2}, std::nullopt}};
     const auto pp = plan::resolve_pipeline(spec, m.ir());
+    CHECK(pp.stage_of.size() > 0);
     check_equal(c, pp, schedule::one_f_one_b(3, 4), "1F1B 1+3+1 layers");
+    check_equal(c, pp, schedule::gpipe(3, 4), "GPipe 1+3+1 layers");
+    // Uneven groups of two with tensor parallelism inside, and the layers 3+2.
+    spec.stages = {{0, 2, {0, 1}, std::nullopt}, {3, 4, {2, 3}, std::nullopt}};
+    spec.inner = plan::presets::megatron(2);
+    const auto tp = plan::resolve_pipeline(spec, m.ir());
+    check_equal(c, tp, partition::spread_over_groups(schedule::one_f_one_b(2, 4), 2), "1F1B 3+2 layers of megatron x2");
+}
+
+TEST_CASE("one plan with all three primitives: Megatron x2 in 2 stages, 1F1B, ZeRO-1 and recompute of half the layers",
+          "[pipeline][zero][recompute]") {
+    const auto c = model();
+    plan::selector first_half;
+    first_half.repeat = "blocks";
+    first_half.first_layer = 0;
+    first_half.last_layer = 1;
+    plan::plan_spec inner = plan::presets::megatron(2);
+    inner.then(plan::presets::recompute(first_half));
+    inner.zero = plan::zero_stage::optimizer;
+    const auto pp = pipeline(c, {.stages = 2, .micro_batches = 4, .devices_per_stage = 2, .inner = inner});
+    check_equal(c, pp, partition::spread_over_groups(schedule::one_f_one_b(2, 4), 2), "megatron x2, 2 stages, ZeRO-1, recompute",
+                {.optimizer = train::adamw_options{}});
+    plan::plan_spec dp_zero3 = plan::presets::zero(3, 2);
+    dp_zero3.then(plan::presets::recompute(first_half));
+    const auto z3 = pipeline(c, {.stages = 2, .micro_batches = 4, .devices_per_stage = 2, .inner = dp_zero3});
+    check_equal(c, z3, partition::spread_over_groups(schedule::one_f_one_b(2, 4), 2), "ZeRO-3 x2, 2 stages, recompute");
 }
 
 TEST_CASE("data parallelism inside stages all-reduces each gradient once per step", "[pipeline][data-parallel]") {

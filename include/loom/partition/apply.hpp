@@ -51,6 +51,7 @@ inline partitioned_graph apply_plan(const graph& model, const plan::resolved_pla
     lo.zero2_identities = plan.zero == plan::zero_stage::gradients;
     lo.recompute.assign(forward, false);
     lo.decompose.resize(forward);
+    lo.stage_of_forward = options.stage_of_forward;
     std::vector<std::string> notes;
     for (std::size_t i = 0; i < forward; ++i) {
         const auto* p = plan.at(static_cast<node_id>(i));
