@@ -293,3 +293,78 @@ TEST_CASE("the interlaced pipeline with tensor and data parallelism inside the s
         check_equal(c, pp, schedule::interlaced(stages, micro, 2), spec.name + ", " + name);
     }
 }
+
+TEST_CASE("ZeRO inside interleaved, Megatron, Coshard, interlaced and 3F1B pipelines", "[pipeline][zero]") {
+    // ZeRO-2 keeps only a shard of each gradient, which needs every device of the stage to
+    // store the whole parameter: with tensor parallelism inside the stage (Megatron, Coshard,
+    // the interlaced pipeline's vocabulary-parallel ends) it is refused when the plan is
+    // applied, as without a pipeline, naming ZeRO-3 as the fix.
+    const auto c = model();
+    const train::trainer_options adam{.optimizer = train::adamw_options{}};
+    for (int z : {1, 2, 3}) {
+        SECTION("interleaved zero " + std::to_string(z)) {
+            const auto pp = pipeline(model(8), {.stages = 2, .micro_batches = 4, .devices_per_stage = 2, .virtual_stages = 2,
+                                                .inner = plan::presets::zero(z, 2)});
+            check_equal(model(8), pp, partition::spread_over_groups(schedule::interleaved_one_f_one_b(2, 2, 4), 2),
+                        "interleaved 2x2 of ZeRO-" + std::to_string(z), adam);
+        }
+        SECTION("megatron zero " + std::to_string(z)) {
+            plan::plan_spec inner = plan::presets::megatron(2);
+            inner.zero = static_cast<plan::zero_stage>(z);
+            const auto pp = pipeline(c, {.stages = 2, .micro_batches = 4, .devices_per_stage = 2, .inner = inner});
+            const auto s = partition::spread_over_groups(schedule::one_f_one_b(2, 4), 2);
+            if (z == 2)
+                CHECK_THROWS_WITH(check_equal(c, pp, s, "megatron zero", adam), Catch::Contains("ZeRO-2") && Catch::Contains("use ZeRO-3"));
+            else
+                check_equal(c, pp, s, "1F1B x2 of megatron x2, ZeRO-" + std::to_string(z), adam);
+        }
+        SECTION("coshard zero " + std::to_string(z)) {
+            plan::plan_spec inner = plan::presets::coshard(2, 2);
+            inner.zero = static_cast<plan::zero_stage>(z);
+            const auto pp = pipeline(c, {.stages = 2, .micro_batches = 4, .devices_per_stage = 2, .inner = inner});
+            const auto s = partition::spread_over_groups(schedule::one_f_one_b(2, 4), 2);
+            if (z == 2)
+                CHECK_THROWS_WITH(check_equal(c, pp, s, "coshard zero", adam), Catch::Contains("ZeRO-2") && Catch::Contains("use ZeRO-3"));
+            else
+                check_equal(c, pp, s, "1F1B x2 of coshard, ZeRO-" + std::to_string(z), adam);
+        }
+        SECTION("interlaced zero " + std::to_string(z)) {
+            auto m = models::gpt(c);
+            plan::plan_spec spmd = plan::presets::megatron(4);
+            spmd.zero = static_cast<plan::zero_stage>(z);
+            const auto spec = plan::interlaced_pipeline(m.ir(), 2, 4, spmd, "blocks", 2, plan::presets::zero(z, 2));
+            const auto pp = plan::resolve_pipeline(spec, m.ir());
+            if (z == 2)
+                CHECK_THROWS_WITH(check_equal(c, pp, schedule::interlaced(2, 4, 2), "interlaced zero", adam), Catch::Contains("ZeRO-2") && Catch::Contains("use ZeRO-3"));
+            else
+                check_equal(c, pp, schedule::interlaced(2, 4, 2), "interlaced of DP x2, ZeRO-" + std::to_string(z), adam);
+        }
+        SECTION("3f1b zero " + std::to_string(z)) {
+            models::evoformer_config e = testing::pipeline_evoformer(4);
+            e.batch = 8;
+            const auto data = models::evoformer_synthetic_batch(e, 7);
+            const train::input_feed feed = testing::evoformer_feed(data);
+            auto model = models::evoformer(e);
+            const auto pp = plan::resolve_pipeline(
+                plan::even_pipeline(model.ir(), {.stages = 2, .micro_batches = 4, .devices_per_stage = 2,
+                                                 .inner = plan::presets::zero(z, 2), .rounds_scope = "recycle", .rounds = 3}),
+                model.ir());
+            auto pg = partition::apply_plan(model.ir(), pp.plan, partition::pipeline_apply_options(pp));
+            partition::order_by_schedule(pg, pp, partition::spread_over_groups(schedule::three_f_one_b(2, 4), 2));
+            train::trainer<double> single(std::move(model).training_graph(), {});
+            std::vector<train::step_result> reference;
+            for (int step = 0; step < 3; ++step) reference.push_back(single.step(feed));
+            std::vector<std::vector<train::step_result>> results(static_cast<std::size_t>(pg.world));
+            comm::run_ranks(pg.world, [&](comm::communicator& comm) {
+                train::distributed_trainer<double> rank(pg, comm, {});
+                for (int step = 0; step < 3; ++step) results[static_cast<std::size_t>(comm.rank())].push_back(rank.step(feed));
+            });
+            INFO("3F1B x2 of ZeRO-" << z);
+            for (const auto& per_rank : results)
+                for (std::size_t step = 0; step < reference.size(); ++step) {
+                    CHECK(testing::relative(per_rank.at(step).loss, reference[step].loss) <= 1e-9);
+                    CHECK(testing::relative(per_rank.at(step).grad_norm, reference[step].grad_norm) <= 1e-9);
+                }
+        }
+    }
+}
