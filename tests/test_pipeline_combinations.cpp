@@ -218,6 +218,10 @@ TEST_CASE("data parallelism inside stages all-reduces each gradient once per ste
         check_equal(c, pp, partition::spread_over_groups(schedule::one_f_one_b(2, micro), 2), "1F1B x2 of DP x2, m" + std::to_string(micro));
     }
     CHECK(by_micro[2] == by_micro[4]);
+    // One micro-batch: the loss, summed over the last stage's pair, reaches the first stage
+    // point to point (a broadcast across stages would wait on gradients still to come).
+    const auto one = pipeline(c, {.stages = 2, .micro_batches = 1, .devices_per_stage = 2, .inner = plan::presets::data_parallel(2)});
+    check_equal(c, one, partition::spread_over_groups(schedule::one_f_one_b(2, 1), 2), "1F1B x2 of DP x2, m1");
 }
 
 TEST_CASE("3F1B with two and four stages and data or tensor parallelism inside them trains the Evoformer like one device",

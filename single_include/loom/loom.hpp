@@ -6971,7 +6971,29 @@ public:
         }
         std::vector<request> reqs;
         for (int d = 0; d < out_.world; ++d) reqs.push_back({d, box{}});
-        std::vector<tensor_id> losses = materialize(g_.loss, reqs, no_id, false);
+        std::vector<tensor_id> losses(reqs.size(), no_id);
+        if (stage_of_node_.empty()) {
+            losses = materialize(g_.loss, reqs, no_id, false);
+        } else {
+            // Pipelines: the loss's own devices sum it among themselves; the other stages get
+            // it point to point. A collective reaching into other stages would sit in the
+            // loss's forward block on its producers but at the end of the step elsewhere, and
+            // wait on the gradients those stages are still to receive.
+            std::vector<request> own, others;
+            for (const auto& h : held_[static_cast<std::size_t>(g_.loss)]) {
+                if (std::none_of(own.begin(), own.end(), [&](const request& r) { return r.device == h.device; }))
+                    own.push_back({h.device, box{}});
+            }
+            for (const auto& r : reqs)
+                if (std::none_of(own.begin(), own.end(), [&](const request& o) { return o.device == r.device; }))
+                    others.push_back(r);
+            const auto mine = materialize(g_.loss, own, no_id, false);
+            for (std::size_t i = 0; i < own.size(); ++i) losses[static_cast<std::size_t>(own[i].device)] = mine[i];
+            point_to_point_only_ = true;
+            const auto theirs = materialize(g_.loss, others, no_id, false);
+            point_to_point_only_ = false;
+            for (std::size_t i = 0; i < others.size(); ++i) losses[static_cast<std::size_t>(others[i].device)] = theirs[i];
+        }
         for (int d = 0; d < out_.world; ++d) {
             device_part& part = out_.devices[static_cast<std::size_t>(d)];
             part.loss = losses[static_cast<std::size_t>(d)];
@@ -7439,6 +7461,7 @@ private:
     }
 
     bool collectives_allowed(tensor_id t, node_id consumer) const {
+        if (point_to_point_only_) return false;
         if (stage_of_node_.empty() || consumer == no_id) return true;
         const node_id producer = g_.tensor(t).producer;
         if (producer == no_id) return true;
@@ -7453,6 +7476,7 @@ private:
     std::vector<int> stage_of_node_;
     std::vector<std::vector<held_piece>> held_;
     bool emitting_backward_ = false;
+    bool point_to_point_only_ = false;
     node_id emitting_consumer_ = no_id;
 };
 
