@@ -21,6 +21,7 @@
 #include <algorithm>
 #include <map>
 #include <memory>
+#include <set>
 #include <string>
 #include <vector>
 
@@ -105,6 +106,21 @@ inline partitioned_graph apply_plan(const graph& model, const plan::resolved_pla
     // and keeps that of a parameter several stages read whole on all of them, where each
     // copy's optimizer needs all of it. The stage of each identity, for the materializer.
     std::map<node_id, int> identity_stage;
+    std::map<tensor_id, std::vector<node_id>> forward_readers;  // of parameters and ZeRO-3 copies, in graph order
+    if (staged && plan.zero != plan::zero_stage::none) {
+        std::set<tensor_id> wanted;
+        for (auto [param, n] : out.logical->zero3_identity) wanted.insert(g.at(n).outputs[0]);
+        for (auto [param, n] : out.logical->zero2_identity) wanted.insert(param);
+        for (std::size_t r = 0; r < g.nodes.size(); ++r) {
+            const node& reader = g.nodes[r];
+            if (reader.backward || reader.forward_of != no_id) continue;
+            for (tensor_id t : reader.inputs)
+                if (wanted.count(t)) {
+                    auto& list = forward_readers[t];
+                    if (list.empty() || list.back() != static_cast<node_id>(r)) list.push_back(static_cast<node_id>(r));
+                }
+        }
+    }
     auto shard = [&](tensor_id param, node_id n, bool parameters) {
         const node& nd = g.at(n);
         const tensor_desc& t = g.tensor(nd.inputs[0]);
@@ -115,12 +131,9 @@ inline partitioned_graph apply_plan(const graph& model, const plan::resolved_pla
             const tensor_id read = parameters ? nd.outputs[0] : param;
             int first_stage = -1;
             std::vector<int> all;
-            for (std::size_t r = 0; r < g.nodes.size(); ++r) {
-                const node& reader = g.nodes[r];
-                if (reader.backward || reader.forward_of != no_id || static_cast<node_id>(r) == n) continue;
-                if (std::find(reader.inputs.begin(), reader.inputs.end(), read) == reader.inputs.end()) continue;
-                const int st = stage_of_node(static_cast<node_id>(r));
-                const plan::op_partition& rp = parts[r];
+            for (node_id r : forward_readers[read]) {
+                const int st = stage_of_node(r);
+                const plan::op_partition& rp = parts[static_cast<std::size_t>(r)];
                 std::vector<int> devices;
                 for (std::int64_t q = 0; q < rp.pieces(); ++q) devices.push_back(rp.device_of(q));
                 if (first_stage < 0 && group.empty()) {
