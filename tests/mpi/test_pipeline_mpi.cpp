@@ -1,7 +1,8 @@
 // Pipeline schedules on real processes: every rank of an MPI job (ctest runs 4) runs its
 // stage's blocks in the schedule's order, sending activations and gradients between stages
-// over MPI (GPipe, 1F1B, interleaved, 1F1B of Megatron pairs, the interlaced pipeline, and
-// 3F1B on the Evoformer), and checks against one-device training that it computes itself:
+// over MPI (GPipe, 1F1B, interleaved, 1F1B of Megatron pairs, ZeRO-1 and ZeRO-3 with
+// recompute inside data-parallel pairs, the interlaced pipeline of single ranks and of
+// data-parallel pairs, and 3F1B on the Evoformer), and checks against one-device training that it computes itself:
 // losses and gradient norms at every step to 1e-9 (float64). Exit code 0 only if every
 // check passed.
 #include <cstdio>
@@ -88,6 +89,21 @@ int main(int argc, char** argv) {
         failures += check(comm, c, pipeline(n, 4, {plan::schedule_kind::interleaved, 2}));
         if (n % 2 == 0)
             failures += check(comm, c, pipeline(n / 2, 4, {plan::schedule_kind::one_f_one_b}, plan::presets::megatron(2)));
+        if (n % 2 == 0) {
+            // ZeRO inside the stages, sharded over each stage's pair of ranks (MPI subgroups):
+            // ZeRO-1 gathers the updated shards among the pair, ZeRO-3 with recompute of the
+            // MLPs gathers weights and reduce-scatters gradients within it.
+            failures += check(comm, c, pipeline(n / 2, 4, {plan::schedule_kind::one_f_one_b}, plan::presets::zero(1, 2)));
+            plan::selector mlp;
+            mlp.scope = "*.mlp*";
+            plan::plan_spec zero3 = plan::presets::zero(3, 2);
+            zero3.then(plan::presets::recompute(mlp));
+            failures += check(comm, c, pipeline(n / 2, 4, {plan::schedule_kind::gpipe}, zero3));
+            // The interlaced pipeline with data-parallel pairs as its stages.
+            plan::plan_spec interlaced = pipeline(n / 2, 4, {plan::schedule_kind::interlaced}, plan::presets::data_parallel(2));
+            interlaced.then(plan::presets::vocabulary_parallel(n));
+            failures += check(comm, c, interlaced);
+        }
         failures += check(comm, c, interlaced_plan(n, 4));
         failures += check_three_f_one_b(comm, n, 4);
     } catch (const std::exception& e) {

@@ -19,7 +19,9 @@
 //   6. Parameter gradients are materialized on the boxes their parameters are stored in
 //      (or on the optimizer's shards under ZeRO-2), and the loss on every device.
 #include <algorithm>
+#include <map>
 #include <memory>
+#include <set>
 #include <string>
 #include <vector>
 
@@ -52,6 +54,7 @@ inline partitioned_graph apply_plan(const graph& model, const plan::resolved_pla
     lo.zero2_identities = plan.zero == plan::zero_stage::gradients;
     lo.recompute.assign(forward, false);
     lo.decompose.resize(forward);
+    lo.stage_of_forward = plan.stage_of;
     std::vector<std::string> notes;
     for (std::size_t i = 0; i < forward; ++i) {
         const auto* p = plan.at(static_cast<node_id>(i));
@@ -88,23 +91,86 @@ inline partitioned_graph apply_plan(const graph& model, const plan::resolved_pla
         parts[static_cast<std::size_t>(n)] = resolve_partition(g.at(n), p ? *p : everywhere, plan.devices, true, out.notes);
         assigned[static_cast<std::size_t>(n)] = true;
     }
-    // ZeRO identities: split the parameter's first dim over every device.
-    auto shard = [&](node_id n) {
+    // Pipelines: the stage of a node of g, from its forward op (-1: none, or no pipeline).
+    const bool staged = !plan.stage_of.empty();
+    auto stage_of_node = [&](node_id i) {
+        const node& n = g.at(i);
+        const node_id forward = n.forward_of != no_id ? n.forward_of : i;
+        const node_id source = out.logical->source_of[static_cast<std::size_t>(forward)];
+        if (source == no_id || static_cast<std::size_t>(source) >= plan.stage_of.size()) return -1;
+        return plan.stage_of[static_cast<std::size_t>(source)];
+    };
+    // ZeRO identities: split the parameter's first dim over its data-parallel devices. Without
+    // a pipeline those are all devices. In a pipeline they are the group of the stage that
+    // reads the parameter (ZeRO-3 shards a parameter that several stages read, the tied
+    // embedding, over the first reader's stage; the others receive it point to point).
+    // ZeRO-2 shards the gradient of a parameter that one stage reads over that stage's group,
+    // and keeps that of a parameter several stages read whole on all of them, where each
+    // copy's optimizer needs all of it. The stage of each identity, for the materializer.
+    std::map<node_id, int> identity_stage;
+    std::map<tensor_id, std::vector<node_id>> forward_readers;  // of parameters and ZeRO-3 copies, in graph order
+    if (staged && plan.zero != plan::zero_stage::none) {
+        std::set<tensor_id> wanted;
+        for (auto [param, n] : out.logical->zero3_identity) wanted.insert(g.at(n).outputs[0]);
+        for (auto [param, n] : out.logical->zero2_identity) wanted.insert(param);
+        for (std::size_t r = 0; r < g.nodes.size(); ++r) {
+            const node& reader = g.nodes[r];
+            if (reader.backward || reader.forward_of != no_id) continue;
+            for (tensor_id t : reader.inputs)
+                if (wanted.count(t)) {
+                    auto& list = forward_readers[t];
+                    if (list.empty() || list.back() != static_cast<node_id>(r)) list.push_back(static_cast<node_id>(r));
+                }
+        }
+    }
+    auto shard = [&](tensor_id param, node_id n, bool parameters) {
         const node& nd = g.at(n);
         const tensor_desc& t = g.tensor(nd.inputs[0]);
+        std::vector<int> group;
+        bool across_stages = false;
+        if (staged) {
+            // The readers of the parameter (through the identity under ZeRO-3), in graph order.
+            const tensor_id read = parameters ? nd.outputs[0] : param;
+            int first_stage = -1;
+            std::vector<int> all;
+            for (node_id r : forward_readers[read]) {
+                const int st = stage_of_node(r);
+                const plan::op_partition& rp = parts[static_cast<std::size_t>(r)];
+                std::vector<int> devices;
+                for (std::int64_t q = 0; q < rp.pieces(); ++q) devices.push_back(rp.device_of(q));
+                if (first_stage < 0 && group.empty()) {
+                    first_stage = st;
+                    group = devices;
+                }
+                across_stages = across_stages || st != first_stage;
+                all.insert(all.end(), devices.begin(), devices.end());
+            }
+            if (across_stages && !parameters) group = all;
+            std::sort(group.begin(), group.end());
+            group.erase(std::unique(group.begin(), group.end()), group.end());
+            identity_stage[n] = across_stages ? -1 : first_stage;
+            if (across_stages && parameters) identity_stage[n] = first_stage;
+        }
+        const int shards = group.empty() ? plan.devices : static_cast<int>(group.size());
         plan::op_partition p;
-        if (t.dims.rank() == 0 || t.dims.extent(0) % plan.devices != 0) {
-            p.replicas = plan.devices;
+        if (staged && across_stages && !parameters) {
+            p.replicas = shards;
+            p.devices = group;
+            out.notes.push_back("ZeRO-2: the gradient of '" + t.name + "' is read by several pipeline stages; each keeps all of it");
+        } else if (t.dims.rank() == 0 || t.dims.extent(0) % shards != 0) {
+            p.replicas = shards;
+            p.devices = group;
             out.notes.push_back("ZeRO: '" + t.name + "' (" + t.dims.to_string() + ") is not divisible into " +
-                                std::to_string(plan.devices) + " shards along its first dim; it stays replicated");
+                                std::to_string(shards) + " shards along its first dim; it stays replicated");
         } else {
-            p.splits.push_back({t.dims.dim(0), "...0", plan.devices});
+            p.splits.push_back({t.dims.dim(0), "...0", shards});
+            p.devices = group;
         }
         parts[static_cast<std::size_t>(n)] = resolve_partition(nd, p, plan.devices, true, out.notes);
         assigned[static_cast<std::size_t>(n)] = true;
     };
-    for (auto [param, n] : out.logical->zero3_identity) shard(n);
-    for (auto [param, n] : out.logical->zero2_identity) shard(n);
+    for (auto [param, n] : out.logical->zero3_identity) shard(param, n, true);
+    for (auto [param, n] : out.logical->zero2_identity) shard(param, n, false);
     for (std::size_t i = 0; i < g.nodes.size(); ++i) {
         if (assigned[i]) continue;
         const node& n = g.nodes[i];
@@ -125,15 +191,13 @@ inline partitioned_graph apply_plan(const graph& model, const plan::resolved_pla
     // 4-6. Devices, leaves, materialization.
     materializer m(out, options.cost);
     // Pipelines: tensors that cross stages move point to point only (materializer::set_stages).
-    if (plan.pipelined()) {
-        const logical_graph& lg = *out.logical;
+    if (staged) {
         std::vector<int> stage(g.nodes.size(), -1);
         for (std::size_t i = 0; i < g.nodes.size(); ++i) {
             const node& n = g.nodes[i];
             const node_id forward = n.forward_of != no_id ? n.forward_of : static_cast<node_id>(i);
-            const node_id source = lg.source_of[static_cast<std::size_t>(forward)];
-            if (source != no_id && static_cast<std::size_t>(source) < plan.stage_of.size())
-                stage[i] = plan.stage_of[static_cast<std::size_t>(source)];
+            auto it = identity_stage.find(forward);
+            stage[i] = it != identity_stage.end() ? it->second : stage_of_node(static_cast<node_id>(i));
         }
         m.set_stages(std::move(stage));
     }

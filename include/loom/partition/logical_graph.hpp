@@ -40,6 +40,11 @@ struct logical_graph_options {
     // Per forward node of the input graph: the partition (splits resolved to labels) of a
     // node to rebuild by the decomposition registered for one of its split variables.
     std::vector<std::optional<plan::op_partition>> decompose;
+    // Pipelines: the stage of each forward node of the input graph (empty: no pipeline). A
+    // recomputed copy is made from the outputs of its own stage only: a backward op reads the
+    // kept forward output of an op in another stage, and recomputation stops there, so each
+    // stage recomputes in its own backward blocks without waiting on another stage's.
+    std::vector<int> stage_of_forward;
 };
 
 struct logical_graph {
@@ -212,6 +217,21 @@ inline logical_graph build_logical_graph(const graph& model, const logical_graph
             if (options.recompute[i]) recompute[static_cast<std::size_t>(out.forward_node[i])] = true;
         for (const auto& [n, p] : out.decomposed)
             if (p.recompute) recompute[static_cast<std::size_t>(n)] = true;
+        // The stage of each node of g (-1: none), and whether two nodes may share copies.
+        std::vector<int> stage(g.nodes.size(), -1);
+        if (!options.stage_of_forward.empty()) {
+            for (std::size_t i = 0; i < forward && i < options.stage_of_forward.size(); ++i)
+                stage[static_cast<std::size_t>(out.forward_node[i])] = options.stage_of_forward[i];
+            for (auto [n, i] : out.decomposed_from)
+                if (static_cast<std::size_t>(i) < options.stage_of_forward.size())
+                    stage[static_cast<std::size_t>(n)] = options.stage_of_forward[static_cast<std::size_t>(i)];
+            for (std::size_t i = 0; i < g.nodes.size(); ++i)
+                if (g.nodes[i].forward_of != no_id) stage[i] = stage[static_cast<std::size_t>(g.nodes[i].forward_of)];
+        }
+        auto same_stage = [&](node_id a, std::size_t b) {
+            const int sa = stage[static_cast<std::size_t>(a)], sb = stage[b];
+            return sa < 0 || sb < 0 || sa == sb;
+        };
         graph_builder r;
         r.adopt_scopes(g);
         std::vector<tensor_id> map(g.tensors.size(), no_id), copy(g.tensors.size(), no_id);
@@ -225,7 +245,8 @@ inline logical_graph build_logical_graph(const graph& model, const logical_graph
             std::vector<tensor> ins;
             for (tensor_id in : n.inputs) {
                 node_id p = g.tensor(in).producer;
-                bool again = p != no_id && recompute[static_cast<std::size_t>(p)];
+                bool again = p != no_id && recompute[static_cast<std::size_t>(p)] &&
+                             same_stage(p, static_cast<std::size_t>(g.tensor(t).producer));
                 ins.push_back(r.handle(again ? recomputed(in) : map[static_cast<std::size_t>(in)]));
             }
             auto forward_of = new_id[static_cast<std::size_t>(g.tensor(t).producer)];
@@ -246,7 +267,7 @@ inline logical_graph build_logical_graph(const graph& model, const logical_graph
             for (tensor_id in : n.inputs) {
                 node_id p = g.tensor(in).producer;
                 bool use_copy = n.backward && p != no_id && recompute[static_cast<std::size_t>(p)] &&
-                                !recompute[i];
+                                !recompute[i] && same_stage(p, i);
                 ins.push_back(r.handle(use_copy ? recomputed(in) : map[static_cast<std::size_t>(in)]));
             }
             node_id forward_of = n.forward_of == no_id ? no_id : new_id[static_cast<std::size_t>(n.forward_of)];

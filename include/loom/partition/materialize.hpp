@@ -182,13 +182,16 @@ public:
             std::vector<tensor_id> params;
             if (out_.logical->zero2_identity.count(param)) {
                 // ZeRO-2: the gradient identity's pieces are the optimizer's shards, which
-                // assumes every device stores the whole parameter (data-parallel replicas).
+                // assumes every device that stores the parameter stores all of it
+                // (data-parallel replicas: every device, or a pipeline stage's group).
                 const box whole = box::whole(g_.tensor(param).dims);
                 for (int d = 0; d < out_.world; ++d) {
-                    bool stored = false;
-                    for (const auto& s : out_.devices[static_cast<std::size_t>(d)].parameters)
+                    bool stored = false, any = false;
+                    for (const auto& s : out_.devices[static_cast<std::size_t>(d)].parameters) {
                         stored = stored || (s.logical == param && s.region == whole);
-                    if (!stored)
+                        any = any || s.logical == param;
+                    }
+                    if (any && !stored)
                         throw plan_error("plan: ZeRO-2 shards the gradient of '" + g_.tensor(param).name +
                                          "' over data-parallel replicas, but device " + std::to_string(d) +
                                          " does not store the whole parameter; use ZeRO-3 (which shards parameters "
@@ -201,7 +204,7 @@ public:
                     for (const auto& s : out_.devices[static_cast<std::size_t>(d)].parameters)
                         if (s.logical == param) reqs.push_back({d, s.region});
             }
-            std::vector<tensor_id> locals = materialize(grad, reqs, no_id, true);
+            std::vector<tensor_id> locals = materialize(grad, reqs, no_id, true, /*sum_locally_first=*/true);
             for (std::size_t i = 0; i < reqs.size(); ++i) {
                 device_part& part = out_.devices[static_cast<std::size_t>(reqs[i].device)];
                 graph& dg = part.builder->mutable_graph();
@@ -223,7 +226,29 @@ public:
         }
         std::vector<request> reqs;
         for (int d = 0; d < out_.world; ++d) reqs.push_back({d, box{}});
-        std::vector<tensor_id> losses = materialize(g_.loss, reqs, no_id, false);
+        std::vector<tensor_id> losses(reqs.size(), no_id);
+        if (stage_of_node_.empty()) {
+            losses = materialize(g_.loss, reqs, no_id, false);
+        } else {
+            // Pipelines: the loss's own devices sum it among themselves; the other stages get
+            // it point to point. A collective reaching into other stages would sit in the
+            // loss's forward block on its producers but at the end of the step elsewhere, and
+            // wait on the gradients those stages are still to receive.
+            std::vector<request> own, others;
+            for (const auto& h : held_[static_cast<std::size_t>(g_.loss)]) {
+                if (std::none_of(own.begin(), own.end(), [&](const request& r) { return r.device == h.device; }))
+                    own.push_back({h.device, box{}});
+            }
+            for (const auto& r : reqs)
+                if (std::none_of(own.begin(), own.end(), [&](const request& o) { return o.device == r.device; }))
+                    others.push_back(r);
+            const auto mine = materialize(g_.loss, own, no_id, false);
+            for (std::size_t i = 0; i < own.size(); ++i) losses[static_cast<std::size_t>(own[i].device)] = mine[i];
+            point_to_point_only_ = true;
+            const auto theirs = materialize(g_.loss, others, no_id, false);
+            point_to_point_only_ = false;
+            for (std::size_t i = 0; i < others.size(); ++i) losses[static_cast<std::size_t>(others[i].device)] = theirs[i];
+        }
         for (int d = 0; d < out_.world; ++d) {
             device_part& part = out_.devices[static_cast<std::size_t>(d)];
             part.loss = losses[static_cast<std::size_t>(d)];
@@ -608,7 +633,56 @@ private:
         return whole;
     }
 
-    std::vector<tensor_id> materialize(tensor_id t, const std::vector<request>& reqs, node_id consumer, bool backward) {
+    // A device holding several partial sums of one box (a weight's gradient over the
+    // micro-batches its data-parallel piece ran) adds them up locally first, so that one
+    // reduction per box follows instead of one transfer per micro-batch. The device's sum
+    // becomes its chunk of a coarser split: chunk j of J, one per holding device, in device
+    // order. Only when every chunk of the box is held by exactly one device (no replicas).
+    void sum_partials_per_device(tensor_id t) {
+        std::map<box, std::vector<std::size_t>> clusters;
+        auto& held = held_[static_cast<std::size_t>(t)];
+        for (std::size_t i = 0; i < held.size(); ++i)
+            if (held[i].base && !held[i].v.value.full()) clusters[held[i].v.region].push_back(i);
+        for (auto& [S, members] : clusters) {
+            const std::int32_t k = held[members[0]].v.value.count;
+            if (static_cast<std::int32_t>(members.size()) != k) continue;
+            std::vector<int> seen(static_cast<std::size_t>(k), 0);
+            bool exact = true;
+            std::map<int, std::vector<std::size_t>> by_device;
+            for (std::size_t i : members) {
+                const value_chunk& v = held[i].v.value;
+                if (v.count != k || ++seen[static_cast<std::size_t>(v.index)] != 1) exact = false;
+                by_device[held[i].device].push_back(i);
+            }
+            if (!exact || by_device.size() == members.size()) continue;
+            const auto groups = static_cast<std::int32_t>(by_device.size());
+            std::int32_t j = 0;
+            for (auto& [device, idx] : by_device) {
+                std::sort(idx.begin(), idx.end(), [&](std::size_t a, std::size_t b) {
+                    return held_[static_cast<std::size_t>(t)][a].v.value.index < held_[static_cast<std::size_t>(t)][b].v.value.index;
+                });
+                std::vector<assemble_input> parts;
+                for (std::size_t i : idx) {
+                    held_piece& h = held_[static_cast<std::size_t>(t)][i];
+                    h.base = false;
+                    parts.push_back({h.local, h.v.region, h.v.value});
+                }
+                tensor_id sum = parts[0].local;
+                if (parts.size() > 1) {
+                    // One partial at a time, so each dies once it is added (1F1B keeps few alive).
+                    sum = assemble(device, t, S, {parts[0], parts[1]}, true);
+                    for (std::size_t q = 2; q < parts.size(); ++q) sum = assemble(device, t, S, {{sum, S, {}}, parts[q]}, true);
+                }
+                hold(t, {t, S, {j++, groups}}, device, sum, true);
+            }
+        }
+    }
+
+    // Only for the parameter gradients at the end of the step: a consumer inside the step
+    // (the tied embedding's gradient sum) may run in an earlier micro-batch's block than the
+    // last partial, and must receive each partial as it is made.
+    std::vector<tensor_id> materialize(tensor_id t, const std::vector<request>& reqs, node_id consumer, bool backward,
+                                       bool sum_locally_first = false) {
         emitting_backward_ = backward;
         emitting_consumer_ = consumer;
         std::vector<tensor_id> result(reqs.size(), no_id);
@@ -624,6 +698,7 @@ private:
             open = std::move(still);
         };
         for (std::size_t i = 0; i < reqs.size(); ++i) open.push_back(i);
+        if (sum_locally_first) sum_partials_per_device(t);
         resolve_locally();
         while (!open.empty() && collectives_allowed(t, consumer)) {
             bool progressed = try_partial(t, open, reqs) || try_tiles(t, open, reqs) || try_broadcast(t, open, reqs);
@@ -641,6 +716,7 @@ private:
     }
 
     bool collectives_allowed(tensor_id t, node_id consumer) const {
+        if (point_to_point_only_) return false;
         if (stage_of_node_.empty() || consumer == no_id) return true;
         const node_id producer = g_.tensor(t).producer;
         if (producer == no_id) return true;
@@ -655,6 +731,7 @@ private:
     std::vector<int> stage_of_node_;
     std::vector<std::vector<held_piece>> held_;
     bool emitting_backward_ = false;
+    bool point_to_point_only_ = false;
     node_id emitting_consumer_ = no_id;
 };
 

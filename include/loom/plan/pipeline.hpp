@@ -98,6 +98,7 @@ inline resolved_plan resolve_pipeline(const pipeline_spec& spec, const graph& g)
 
     // Each stage's inner plan, resolved for its group (once per distinct group size and spec).
     std::vector<resolved_plan> inner(static_cast<std::size_t>(stages));
+    zero_stage zero = zero_stage::none;
     for (int s = 0; s < stages; ++s) {
         const auto& st = spec.stages[static_cast<std::size_t>(s)];
         plan_spec p = st.inner ? *st.inner : spec.inner;
@@ -107,9 +108,13 @@ inline resolved_plan resolve_pipeline(const pipeline_spec& spec, const graph& g)
             throw plan_error("pipeline: stage " + std::to_string(s) + " has " + std::to_string(group) +
                              " devices but its plan '" + p.name + "' is for " + std::to_string(p.devices) +
                              "; give the stage a plan for its group size");
-        if (p.zero != zero_stage::none)
-            throw plan_error("pipeline: stage " + std::to_string(s) + "'s plan uses ZeRO, which pipelines do not combine with yet; "
-                             "use a plan without zero<> inside stages");
+        // ZeRO is one rewrite of the whole training graph (an identity per parameter or
+        // gradient), sharded over each stage's own group: every stage must ask for the same.
+        if (s > 0 && p.zero != zero)
+            throw plan_error("pipeline: stage " + std::to_string(s) + "'s plan '" + p.name + "' uses ZeRO stage " +
+                             std::to_string(static_cast<int>(p.zero)) + " but stage 0's uses " +
+                             std::to_string(static_cast<int>(zero)) + "; give every stage the same ZeRO stage");
+        zero = p.zero;
         inner[static_cast<std::size_t>(s)] = partition_ops(p, g);
     }
 
@@ -118,6 +123,7 @@ inline resolved_plan resolve_pipeline(const pipeline_spec& spec, const graph& g)
     out.micro_batches = spec.micro_batches;
     out.rounds = spec.rounds;
     out.devices = world;
+    out.zero = zero;
     out.name = spec.name.empty() ? "pipeline x" + std::to_string(stages) + ", " +
                                             std::to_string(spec.micro_batches) + " micro-batches"
                                       : spec.name;
@@ -183,80 +189,6 @@ inline resolved_plan resolve_pipeline(const pipeline_spec& spec, const graph& g)
         out.forward[i] = std::move(placed);
     }
     return out;
-}
-
-struct even_pipeline_options {
-    int stages = 2;                // pipeline stages (with virtual > 1: device groups)
-    int micro_batches = 4;
-    int devices_per_stage = 1;     // group size: the inner plan's device count
-    int virtual_stages = 1;        // interleaved 1F1B: stages * virtual_stages model chunks, chunk k on group k % stages
-    std::string repeat = "blocks";
-    std::optional<plan_spec> inner;  // per group (default: whole ops on each device of the group)
-    std::string rounds_scope;        // forward rounds (3F1B): "recycle" for scopes "recycle.<r>"
-    int rounds = 1;
-};
-
-// The layers split evenly (the first stages take one more when they do not divide) over
-// stages * virtual_stages chunks; group k on devices [k * devices_per_stage, (k + 1) * devices_per_stage).
-inline pipeline_spec even_pipeline(const graph& g, const even_pipeline_options& o) {
-    std::int64_t layers = 0;
-    for (const auto& r : g.repeats)
-        if (r.name == o.repeat) layers = std::max<std::int64_t>(layers, static_cast<std::int64_t>(r.scopes.size()));
-    const int chunks = o.stages * o.virtual_stages;
-    // (Models that repeat the layers per round, like recycling, hold the same count in each.)
-    if (o.stages < 1 || o.virtual_stages < 1 || o.devices_per_stage < 1)
-        throw plan_error("even_pipeline: stages, virtual_stages and devices_per_stage must be at least 1");
-    if (layers < chunks)
-        throw plan_error("even_pipeline: " + std::to_string(layers) + " layers of '" + o.repeat + "' cannot fill " +
-                         std::to_string(chunks) + " stages; use fewer stages or a deeper model");
-    pipeline_spec spec;
-    spec.repeat = o.repeat;
-    spec.micro_batches = o.micro_batches;
-    spec.rounds_scope = o.rounds_scope;
-    spec.rounds = o.rounds;
-    if (o.inner) spec.inner = *o.inner;
-    std::int64_t next = 0;
-    for (int k = 0; k < chunks; ++k) {
-        const std::int64_t size = layers / chunks + (k < layers % chunks ? 1 : 0);
-        pipeline_stage st;
-        st.first_layer = next;
-        st.last_layer = next + size - 1;
-        next += size;
-        const int group = k % o.stages;
-        for (int d = 0; d < o.devices_per_stage; ++d) st.devices.push_back(group * o.devices_per_stage + d);
-        spec.stages.push_back(std::move(st));
-    }
-    spec.name = "pipeline x" + std::to_string(o.stages) + (o.virtual_stages > 1 ? " (x" + std::to_string(o.virtual_stages) + " virtual)" : "") +
-                (o.devices_per_stage > 1 ? " of " + std::to_string(o.devices_per_stage) + " devices" : "") + ", " +
-                std::to_string(o.micro_batches) + " micro-batches";
-    return spec;
-}
-
-// The interlaced pipeline (nnScaler Figure 6): the ops before the first layer (embeddings)
-// and after the last (the LM head and loss) run on all `stages` devices under `spmd` (for
-// example presets::megatron(stages): vocabulary-parallel), time-shared with a pipeline of
-// the layers, split evenly, one device per stage. Order it with schedule::interlaced.
-inline pipeline_spec interlaced_pipeline(const graph& g, int stages, int micro_batches, const plan_spec& spmd,
-                                         const std::string& repeat = "blocks") {
-    std::int64_t layers = 0;
-    for (const auto& r : g.repeats)
-        if (r.name == repeat) layers = std::max<std::int64_t>(layers, static_cast<std::int64_t>(r.scopes.size()));
-    if (stages < 1 || layers % stages != 0)
-        throw plan_error("interlaced_pipeline: " + std::to_string(layers) + " layers of '" + repeat + "' over " +
-                         std::to_string(stages) + " stages; give a stage count that divides the layers");
-    pipeline_spec spec;
-    spec.repeat = repeat;
-    std::vector<int> all;
-    for (int d = 0; d < stages; ++d) all.push_back(d);
-    spec.stages.push_back({0, -1, all, spmd});
-    const std::int64_t per = layers / stages;
-    for (int s = 0; s < stages; ++s) spec.stages.push_back({s * per, (s + 1) * per - 1, {s}, std::nullopt});
-    spec.stages.push_back({0, -1, all, spmd});
-    spec.micro_batches = micro_batches;
-    spec.head_stage = 0;
-    spec.tail_stage = stages + 1;
-    spec.name = "interlaced x" + std::to_string(stages);
-    return spec;
 }
 
 }  // namespace loom::plan::detail

@@ -165,7 +165,7 @@ private:
             if (!pp) throw error("distributed_trainer: gradient piece " + gp.region.to_string() + " of '" +
                                  logical.tensor(gp.logical).name + "' has no parameter piece on rank " + std::to_string(rank_));
             const partition::box update = update_region(plan_, rank_, gp.logical, gp.region);
-            if (!(update == pp->region)) shards_.push_back({pp, update});
+            if (!(update == pp->region)) shards_.push_back({pp, update, comm::group{replica_ranks(plan_, gp.logical)}});
             if (update.numel() == 0) continue;
             auto value = storage_->real(pp->local);
             auto grad = storage_->real(gp.local);
@@ -182,15 +182,21 @@ private:
         }
     }
 
-    // ZeRO-1/2: every rank updated its shard; gather the shards into every full copy.
+    // ZeRO-1/2: every replica updated its shard; gather the shards into every full copy,
+    // among the parameter's replicas (replica_ranks), whose shards tile it in rank order.
     void synchronize_shards() {
-        for (const auto& [piece, shard] : shards_) {
+        for (const auto& [piece, shard, replicas] : shards_) {
             auto values = storage_->real(piece->local);
             const auto count = static_cast<std::size_t>(shard.numel());
-            gathered_.resize(count * static_cast<std::size_t>(plan_.world));
             const auto offset = static_cast<std::size_t>(offset_in(shard, piece->region));
-            comm_.all_gather(values.data() + offset, gathered_.data(), count, comm::dtype_of<T>(),
-                             comm::group::world(plan_.world));
+            if (count * static_cast<std::size_t>(replicas.size()) != values.size() ||
+                offset != count * static_cast<std::size_t>(replicas.index_of(rank_)))
+                throw error("distributed_trainer: rank " + std::to_string(rank_) + "'s shard " + shard.to_string() + " of " +
+                            piece->region.to_string() + " is not part " + std::to_string(replicas.index_of(rank_)) +
+                            " of " + std::to_string(replicas.size()) +
+                            " equal parts in rank order; shard parameters along rows that divide by their replicas");
+            gathered_.resize(count * static_cast<std::size_t>(replicas.size()));
+            comm_.all_gather(values.data() + offset, gathered_.data(), count, comm::dtype_of<T>(), replicas);
             std::copy(gathered_.begin(), gathered_.end(), values.begin());
         }
     }
@@ -237,7 +243,12 @@ private:
     std::unique_ptr<host::bound_storage<T>> storage_;
     std::unique_ptr<std::variant<adamw<T>, sgd<T>>> optimizer_;
     transfer_scratch<T> scratch_;
-    std::vector<std::pair<const partition::stored_piece*, partition::box>> shards_;
+    struct shard {
+        const partition::stored_piece* piece;
+        partition::box region;
+        comm::group replicas;
+    };
+    std::vector<shard> shards_;
     std::vector<T> gathered_;
     std::int64_t steps_ = 0;
 };

@@ -5,6 +5,7 @@
 // a gathered parameter takes each element from one rank, the optimizer shards replicas),
 // so the answers live here, computed from the plan alone: any rank can work out any other
 // rank's share.
+#include <algorithm>
 #include <cstdint>
 #include <string>
 #include <vector>
@@ -57,35 +58,42 @@ inline std::vector<partition::box> owned_regions(const partition::partitioned_gr
     return mine;
 }
 
-// ZeRO-1 shards the optimizer over data-parallel replicas: ranks that all store the whole
-// parameter. Other parameters are updated wherever they are stored.
-inline bool stored_whole_everywhere(const partition::partitioned_graph& plan, tensor_id p) {
+// ZeRO-1 and ZeRO-2 shard a parameter's optimizer over its data-parallel replicas: the
+// ranks that store all of it, in rank order (every rank for a data-parallel plan, the
+// stage's group in a pipeline, both stages' groups for an embedding tied across stages).
+// Parameters stored in pieces are updated wherever they are stored.
+inline std::vector<int> replica_ranks(const partition::partitioned_graph& plan, tensor_id p) {
     const partition::box whole = partition::box::whole(plan.ir().tensor(p).dims);
-    for (const auto& device : plan.devices) {
+    std::vector<int> ranks;
+    for (int r = 0; r < plan.world; ++r) {
         bool stored = false;
-        for (const auto& s : device.parameters) stored = stored || (s.logical == p && s.region == whole);
-        if (!stored) return false;
+        for (const auto& s : plan.devices[static_cast<std::size_t>(r)].parameters)
+            stored = stored || (s.logical == p && s.region == whole);
+        if (stored) ranks.push_back(r);
     }
-    return true;
+    return ranks;
 }
 
-// Rows of the first dim that `rank` updates under ZeRO-1 (the whole region when the rows do
-// not divide evenly over the ranks).
-inline partition::box zero1_shard(const partition::box& region, int rank, int world) {
+// Rows of the first dim that replica `index` of `replicas` updates under ZeRO-1 (the whole
+// region when the rows do not divide evenly over the replicas).
+inline partition::box zero1_shard(const partition::box& region, int index, int replicas) {
     partition::box b = region;
-    if (b.rank() == 0 || b.ranges[0].size() % world != 0) return b;
-    const std::int64_t rows = b.ranges[0].size() / world;
-    b.ranges[0].begin += rows * rank;
+    if (b.rank() == 0 || b.ranges[0].size() % replicas != 0) return b;
+    const std::int64_t rows = b.ranges[0].size() / replicas;
+    b.ranges[0].begin += rows * index;
     b.ranges[0].end = b.ranges[0].begin + rows;
     return b;
 }
 
-// The part of gradient piece `gradient` (of logical parameter p) that `rank` updates.
+// The part of gradient piece `gradient` (of logical parameter p) that `rank` updates. Under
+// ZeRO-2 the gradient pieces are already the replicas' shards.
 inline partition::box update_region(const partition::partitioned_graph& plan, int rank, tensor_id p,
                                     const partition::box& gradient) {
-    if (plan.zero == plan::zero_stage::optimizer && stored_whole_everywhere(plan, p))
-        return zero1_shard(gradient, rank, plan.world);
-    return gradient;
+    if (plan.zero != plan::zero_stage::optimizer) return gradient;
+    const std::vector<int> replicas = replica_ranks(plan, p);
+    const auto at = std::find(replicas.begin(), replicas.end(), rank);
+    if (replicas.size() < 2 || at == replicas.end()) return gradient;
+    return zero1_shard(gradient, static_cast<int>(at - replicas.begin()), static_cast<int>(replicas.size()));
 }
 
 // Offset of the first element of `inner` in a piece with box `outer`, for an `inner` that is

@@ -200,6 +200,7 @@ private:
         void* shard = nullptr;  // this rank's rows, inside the piece
         void* piece = nullptr;
         std::size_t count = 0;  // elements per rank
+        comm::group replicas;   // the ranks storing the whole piece (train::replica_ranks)
     };
     struct packed_region {
         const void* piece = nullptr;
@@ -283,15 +284,17 @@ private:
             const partition::box region = train::update_region(plan_, rank_, gp.logical, gp.region);
             if (!(region == pp->region)) {
                 const auto offset = static_cast<std::size_t>(train::offset_in(region, pp->region));
+                comm::group replicas{train::replica_ranks(plan_, gp.logical)};
+                const int index = replicas.index_of(rank_);
                 gathers_.push_back({pp->local, static_cast<std::byte*>(device_pointer(pp->local)) + offset * sizeof(T),
-                                    device_pointer(pp->local), static_cast<std::size_t>(region.numel())});
-                // The gather runs in place: rank r's rows must be the r-th of world equal parts.
-                if (static_cast<std::int64_t>(region.numel()) * plan_.world != pp->region.numel() ||
-                    offset != static_cast<std::size_t>(rank_) * static_cast<std::size_t>(region.numel()))
+                                    device_pointer(pp->local), static_cast<std::size_t>(region.numel()), replicas});
+                // The gather runs in place: the i-th replica's rows must be the i-th of equal parts.
+                if (static_cast<std::int64_t>(region.numel()) * replicas.size() != pp->region.numel() ||
+                    offset != static_cast<std::size_t>(index) * static_cast<std::size_t>(region.numel()))
                     throw error("cuda::distributed_trainer: rank " + std::to_string(rank_) + "'s shard " +
                                 region.to_string() + " of piece " + pp->region.to_string() + " is not part " +
-                                std::to_string(rank_) + " of " + std::to_string(plan_.world) +
-                                " equal parts in rank order; shard parameters along rows that divide by the ranks");
+                                std::to_string(index) + " of " + std::to_string(replicas.size()) +
+                                " equal parts in rank order; shard parameters along rows that divide by their replicas");
             }
             if (region.numel() == 0) continue;
             plans.push_back({pp, &gp, region});
@@ -396,8 +399,7 @@ private:
     void start_gathers() {
         for (std::size_t k = 0; k < gathers_.size(); ++k) {
             const gather& g = gathers_[k];
-            pending_gathers_[k] = comm_.begin_all_gather(g.shard, g.piece, g.count, comm::dtype_of<T>(),
-                                                         comm::group::world(plan_.world));
+            pending_gathers_[k] = comm_.begin_all_gather(g.shard, g.piece, g.count, comm::dtype_of<T>(), g.replicas);
         }
     }
     void wait_for_gathers_read_at(std::size_t s) {
