@@ -385,3 +385,44 @@ TEST_CASE("a rule whose selector matches no op of the model is refused; a preset
     // megatron() also has rules for SiLU and gated MLPs, which this GPT lacks.
     CHECK_NOTHROW(partition::apply_plan(model.ir(), plan::presets::megatron(2)));
 }
+
+// forbid holds whichever way the split is spelled: a dim tag, or an op's own variable of that dim.
+static_assert(!plan::well_formed<decltype(plan::devices<2>), decltype(plan::forbid<Split<Dim::Head>>),
+                                 decltype(plan::on<ops::Attention>(plan::trans<Split<Var<"h">>, 2>{}))>);
+static_assert(!plan::well_formed<decltype(plan::devices<2>), decltype(plan::forbid<Split<Var<"h">>>),
+                                 decltype(plan::on<ops::Attention>(plan::trans<Split<Dim::Head>, 2>{}))>);
+static_assert(plan::well_formed<decltype(plan::devices<2>), decltype(plan::forbid<Split<Dim::Seq>>),
+                                decltype(plan::on<ops::Attention>(plan::trans<Split<Var<"h">>, 2>{}))>);
+// colocation_requires_recompute holds whichever part places pieces together: colocate<2>, or
+// an assign that names a device twice.
+static_assert(!plan::well_formed<decltype(plan::devices<2>), decltype(plan::colocation_requires_recompute),
+                                 decltype(plan::on<ops::Attention>(plan::trans<Split<Dim::Head>, 4>{}, plan::assign<0, 0, 1, 1>))>);
+static_assert(plan::well_formed<decltype(plan::devices<2>), decltype(plan::colocation_requires_recompute),
+                                decltype(plan::on<ops::Attention>(plan::trans<Split<Dim::Head>, 4>{}, plan::assign<0, 0, 1, 1>,
+                                                                  plan::recompute))>);
+
+TEST_CASE("constraints hold at run time whichever way a split or a placement is spelled", "[plan][errors]") {
+    auto model = models::gpt({.layers = 2, .hidden = 16, .heads = 4, .vocab = 32, .seq = 8, .batch = 8});
+    // A rule on all ops splits each op's variable "...1" (Seq in most ops): the plan forbids Seq.
+    plan::plan_spec p = plan::presets::data_parallel(2);
+    p.forbidden.push_back({Dim::Seq::id, "", {1, "", {}}, false});
+    CHECK_NOTHROW(plan::resolve(p, model.ir()));
+    plan::plan_spec by_label;
+    by_label.devices = 2;
+    plan::selector attention;
+    attention.kinds = {&op_def_of<ops::Attention>()};
+    by_label.add({attention, std::vector<plan::split_spec>{{{}, "s", {2, "", {}}, false}}, std::nullopt, std::nullopt, "mine"});
+    by_label.forbidden.push_back({Dim::Seq::id, "", {1, "", {}}, false});
+    CHECK_THROWS_WITH(plan::resolve(by_label, model.ir()),
+                      Catch::Contains("forbid<Split<Seq>>") && Catch::Contains("splits s (dim Seq)"));
+    // A placement that puts two pieces on one device, under colocation_requires_recompute.
+    plan::plan_spec twice;
+    twice.devices = 2;
+    twice.colocation_requires_recompute = true;
+    twice.add({attention, std::vector<plan::split_spec>{{Dim::Head::id, "", {4, "", {}}, false}},
+               plan::assign_spec{{0, 0, 1, 1}, 1, 0}, std::nullopt, "mine"});
+    CHECK_THROWS_WITH(plan::resolve(twice, model.ir()), Catch::Contains("several pieces on one device") &&
+                                                            Catch::Contains("recompute"));
+    twice.rules.back().recompute = true;
+    CHECK_NOTHROW(plan::resolve(twice, model.ir()));
+}

@@ -119,9 +119,7 @@ int train_searched(const models::gpt_config& config, train::trainer_options opti
     search_options.activation_bytes = 4;
     search_options.states = search::fp32_adam();
     search::cost_context ctx(search::profile_model(training), host_profile, search_options);
-    search::search_space space;
-    space.zero = {plan::zero_stage::none};  // ZeRO inside pipeline stages is refused (plan/pipeline.hpp)
-    const search::search_result found = search::branch_and_bound(ctx, space);
+    const search::search_result found = search::branch_and_bound(ctx, search::search_space{});
     std::printf("%s", found.explain().c_str());
     if (!found.found) return 1;
     return train_plan(config, forward, search::to_plan(found.best), options, steps, data, data_seed, print_every);

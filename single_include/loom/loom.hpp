@@ -5895,6 +5895,7 @@ inline resolved_plan resolve_pipeline(const pipeline_spec& spec, const graph& g)
 
     // Each stage's inner plan, resolved for its group (once per distinct group size and spec).
     std::vector<resolved_plan> inner(static_cast<std::size_t>(stages));
+    zero_stage zero = zero_stage::none;
     for (int s = 0; s < stages; ++s) {
         const auto& st = spec.stages[static_cast<std::size_t>(s)];
         plan_spec p = st.inner ? *st.inner : spec.inner;
@@ -5904,9 +5905,13 @@ inline resolved_plan resolve_pipeline(const pipeline_spec& spec, const graph& g)
             throw plan_error("pipeline: stage " + std::to_string(s) + " has " + std::to_string(group) +
                              " devices but its plan '" + p.name + "' is for " + std::to_string(p.devices) +
                              "; give the stage a plan for its group size");
-        if (p.zero != zero_stage::none)
-            throw plan_error("pipeline: stage " + std::to_string(s) + "'s plan uses ZeRO, which pipelines do not combine with yet; "
-                             "use a plan without zero<> inside stages");
+        // ZeRO is one rewrite of the whole training graph (an identity per parameter or
+        // gradient), sharded over each stage's own group: every stage must ask for the same.
+        if (s > 0 && p.zero != zero)
+            throw plan_error("pipeline: stage " + std::to_string(s) + "'s plan '" + p.name + "' uses ZeRO stage " +
+                             std::to_string(static_cast<int>(p.zero)) + " but stage 0's uses " +
+                             std::to_string(static_cast<int>(zero)) + "; give every stage the same ZeRO stage");
+        zero = p.zero;
         inner[static_cast<std::size_t>(s)] = partition_ops(p, g);
     }
 
@@ -5915,6 +5920,7 @@ inline resolved_plan resolve_pipeline(const pipeline_spec& spec, const graph& g)
     out.micro_batches = spec.micro_batches;
     out.rounds = spec.rounds;
     out.devices = world;
+    out.zero = zero;
     out.name = spec.name.empty() ? "pipeline x" + std::to_string(stages) + ", " +
                                             std::to_string(spec.micro_batches) + " micro-batches"
                                       : spec.name;
@@ -5980,80 +5986,6 @@ inline resolved_plan resolve_pipeline(const pipeline_spec& spec, const graph& g)
         out.forward[i] = std::move(placed);
     }
     return out;
-}
-
-struct even_pipeline_options {
-    int stages = 2;                // pipeline stages (with virtual > 1: device groups)
-    int micro_batches = 4;
-    int devices_per_stage = 1;     // group size: the inner plan's device count
-    int virtual_stages = 1;        // interleaved 1F1B: stages * virtual_stages model chunks, chunk k on group k % stages
-    std::string repeat = "blocks";
-    std::optional<plan_spec> inner;  // per group (default: whole ops on each device of the group)
-    std::string rounds_scope;        // forward rounds (3F1B): "recycle" for scopes "recycle.<r>"
-    int rounds = 1;
-};
-
-// The layers split evenly (the first stages take one more when they do not divide) over
-// stages * virtual_stages chunks; group k on devices [k * devices_per_stage, (k + 1) * devices_per_stage).
-inline pipeline_spec even_pipeline(const graph& g, const even_pipeline_options& o) {
-    std::int64_t layers = 0;
-    for (const auto& r : g.repeats)
-        if (r.name == o.repeat) layers = std::max<std::int64_t>(layers, static_cast<std::int64_t>(r.scopes.size()));
-    const int chunks = o.stages * o.virtual_stages;
-    // (Models that repeat the layers per round, like recycling, hold the same count in each.)
-    if (o.stages < 1 || o.virtual_stages < 1 || o.devices_per_stage < 1)
-        throw plan_error("even_pipeline: stages, virtual_stages and devices_per_stage must be at least 1");
-    if (layers < chunks)
-        throw plan_error("even_pipeline: " + std::to_string(layers) + " layers of '" + o.repeat + "' cannot fill " +
-                         std::to_string(chunks) + " stages; use fewer stages or a deeper model");
-    pipeline_spec spec;
-    spec.repeat = o.repeat;
-    spec.micro_batches = o.micro_batches;
-    spec.rounds_scope = o.rounds_scope;
-    spec.rounds = o.rounds;
-    if (o.inner) spec.inner = *o.inner;
-    std::int64_t next = 0;
-    for (int k = 0; k < chunks; ++k) {
-        const std::int64_t size = layers / chunks + (k < layers % chunks ? 1 : 0);
-        pipeline_stage st;
-        st.first_layer = next;
-        st.last_layer = next + size - 1;
-        next += size;
-        const int group = k % o.stages;
-        for (int d = 0; d < o.devices_per_stage; ++d) st.devices.push_back(group * o.devices_per_stage + d);
-        spec.stages.push_back(std::move(st));
-    }
-    spec.name = "pipeline x" + std::to_string(o.stages) + (o.virtual_stages > 1 ? " (x" + std::to_string(o.virtual_stages) + " virtual)" : "") +
-                (o.devices_per_stage > 1 ? " of " + std::to_string(o.devices_per_stage) + " devices" : "") + ", " +
-                std::to_string(o.micro_batches) + " micro-batches";
-    return spec;
-}
-
-// The interlaced pipeline (nnScaler Figure 6): the ops before the first layer (embeddings)
-// and after the last (the LM head and loss) run on all `stages` devices under `spmd` (for
-// example presets::megatron(stages): vocabulary-parallel), time-shared with a pipeline of
-// the layers, split evenly, one device per stage. Order it with schedule::interlaced.
-inline pipeline_spec interlaced_pipeline(const graph& g, int stages, int micro_batches, const plan_spec& spmd,
-                                         const std::string& repeat = "blocks") {
-    std::int64_t layers = 0;
-    for (const auto& r : g.repeats)
-        if (r.name == repeat) layers = std::max<std::int64_t>(layers, static_cast<std::int64_t>(r.scopes.size()));
-    if (stages < 1 || layers % stages != 0)
-        throw plan_error("interlaced_pipeline: " + std::to_string(layers) + " layers of '" + repeat + "' over " +
-                         std::to_string(stages) + " stages; give a stage count that divides the layers");
-    pipeline_spec spec;
-    spec.repeat = repeat;
-    std::vector<int> all;
-    for (int d = 0; d < stages; ++d) all.push_back(d);
-    spec.stages.push_back({0, -1, all, spmd});
-    const std::int64_t per = layers / stages;
-    for (int s = 0; s < stages; ++s) spec.stages.push_back({s * per, (s + 1) * per - 1, {s}, std::nullopt});
-    spec.stages.push_back({0, -1, all, spmd});
-    spec.micro_batches = micro_batches;
-    spec.head_stage = 0;
-    spec.tail_stage = stages + 1;
-    spec.name = "interlaced x" + std::to_string(stages);
-    return spec;
 }
 
 }  // namespace loom::plan::detail
@@ -8406,7 +8338,9 @@ inline transformation_registry::transformation_registry() {
 //   6. Parameter gradients are materialized on the boxes their parameters are stored in
 //      (or on the optimizer's shards under ZeRO-2), and the loss on every device.
 #include <algorithm>
+#include <map>
 #include <memory>
+#include <set>
 #include <string>
 #include <vector>
 
@@ -8492,6 +8426,11 @@ struct logical_graph_options {
     // Per forward node of the input graph: the partition (splits resolved to labels) of a
     // node to rebuild by the decomposition registered for one of its split variables.
     std::vector<std::optional<plan::op_partition>> decompose;
+    // Pipelines: the stage of each forward node of the input graph (empty: no pipeline). A
+    // recomputed copy is made from the outputs of its own stage only: a backward op reads the
+    // kept forward output of an op in another stage, and recomputation stops there, so each
+    // stage recomputes in its own backward blocks without waiting on another stage's.
+    std::vector<int> stage_of_forward;
 };
 
 struct logical_graph {
@@ -8664,6 +8603,21 @@ inline logical_graph build_logical_graph(const graph& model, const logical_graph
             if (options.recompute[i]) recompute[static_cast<std::size_t>(out.forward_node[i])] = true;
         for (const auto& [n, p] : out.decomposed)
             if (p.recompute) recompute[static_cast<std::size_t>(n)] = true;
+        // The stage of each node of g (-1: none), and whether two nodes may share copies.
+        std::vector<int> stage(g.nodes.size(), -1);
+        if (!options.stage_of_forward.empty()) {
+            for (std::size_t i = 0; i < forward && i < options.stage_of_forward.size(); ++i)
+                stage[static_cast<std::size_t>(out.forward_node[i])] = options.stage_of_forward[i];
+            for (auto [n, i] : out.decomposed_from)
+                if (static_cast<std::size_t>(i) < options.stage_of_forward.size())
+                    stage[static_cast<std::size_t>(n)] = options.stage_of_forward[static_cast<std::size_t>(i)];
+            for (std::size_t i = 0; i < g.nodes.size(); ++i)
+                if (g.nodes[i].forward_of != no_id) stage[i] = stage[static_cast<std::size_t>(g.nodes[i].forward_of)];
+        }
+        auto same_stage = [&](node_id a, std::size_t b) {
+            const int sa = stage[static_cast<std::size_t>(a)], sb = stage[b];
+            return sa < 0 || sb < 0 || sa == sb;
+        };
         graph_builder r;
         r.adopt_scopes(g);
         std::vector<tensor_id> map(g.tensors.size(), no_id), copy(g.tensors.size(), no_id);
@@ -8677,7 +8631,8 @@ inline logical_graph build_logical_graph(const graph& model, const logical_graph
             std::vector<tensor> ins;
             for (tensor_id in : n.inputs) {
                 node_id p = g.tensor(in).producer;
-                bool again = p != no_id && recompute[static_cast<std::size_t>(p)];
+                bool again = p != no_id && recompute[static_cast<std::size_t>(p)] &&
+                             same_stage(p, static_cast<std::size_t>(g.tensor(t).producer));
                 ins.push_back(r.handle(again ? recomputed(in) : map[static_cast<std::size_t>(in)]));
             }
             auto forward_of = new_id[static_cast<std::size_t>(g.tensor(t).producer)];
@@ -8698,7 +8653,7 @@ inline logical_graph build_logical_graph(const graph& model, const logical_graph
             for (tensor_id in : n.inputs) {
                 node_id p = g.tensor(in).producer;
                 bool use_copy = n.backward && p != no_id && recompute[static_cast<std::size_t>(p)] &&
-                                !recompute[i];
+                                !recompute[i] && same_stage(p, i);
                 ins.push_back(r.handle(use_copy ? recomputed(in) : map[static_cast<std::size_t>(in)]));
             }
             node_id forward_of = n.forward_of == no_id ? no_id : new_id[static_cast<std::size_t>(n.forward_of)];
@@ -9862,13 +9817,16 @@ public:
             std::vector<tensor_id> params;
             if (out_.logical->zero2_identity.count(param)) {
                 // ZeRO-2: the gradient identity's pieces are the optimizer's shards, which
-                // assumes every device stores the whole parameter (data-parallel replicas).
+                // assumes every device that stores the parameter stores all of it
+                // (data-parallel replicas: every device, or a pipeline stage's group).
                 const box whole = box::whole(g_.tensor(param).dims);
                 for (int d = 0; d < out_.world; ++d) {
-                    bool stored = false;
-                    for (const auto& s : out_.devices[static_cast<std::size_t>(d)].parameters)
+                    bool stored = false, any = false;
+                    for (const auto& s : out_.devices[static_cast<std::size_t>(d)].parameters) {
                         stored = stored || (s.logical == param && s.region == whole);
-                    if (!stored)
+                        any = any || s.logical == param;
+                    }
+                    if (any && !stored)
                         throw plan_error("plan: ZeRO-2 shards the gradient of '" + g_.tensor(param).name +
                                          "' over data-parallel replicas, but device " + std::to_string(d) +
                                          " does not store the whole parameter; use ZeRO-3 (which shards parameters "
@@ -9881,7 +9839,7 @@ public:
                     for (const auto& s : out_.devices[static_cast<std::size_t>(d)].parameters)
                         if (s.logical == param) reqs.push_back({d, s.region});
             }
-            std::vector<tensor_id> locals = materialize(grad, reqs, no_id, true);
+            std::vector<tensor_id> locals = materialize(grad, reqs, no_id, true, /*sum_locally_first=*/true);
             for (std::size_t i = 0; i < reqs.size(); ++i) {
                 device_part& part = out_.devices[static_cast<std::size_t>(reqs[i].device)];
                 graph& dg = part.builder->mutable_graph();
@@ -9903,7 +9861,29 @@ public:
         }
         std::vector<request> reqs;
         for (int d = 0; d < out_.world; ++d) reqs.push_back({d, box{}});
-        std::vector<tensor_id> losses = materialize(g_.loss, reqs, no_id, false);
+        std::vector<tensor_id> losses(reqs.size(), no_id);
+        if (stage_of_node_.empty()) {
+            losses = materialize(g_.loss, reqs, no_id, false);
+        } else {
+            // Pipelines: the loss's own devices sum it among themselves; the other stages get
+            // it point to point. A collective reaching into other stages would sit in the
+            // loss's forward block on its producers but at the end of the step elsewhere, and
+            // wait on the gradients those stages are still to receive.
+            std::vector<request> own, others;
+            for (const auto& h : held_[static_cast<std::size_t>(g_.loss)]) {
+                if (std::none_of(own.begin(), own.end(), [&](const request& r) { return r.device == h.device; }))
+                    own.push_back({h.device, box{}});
+            }
+            for (const auto& r : reqs)
+                if (std::none_of(own.begin(), own.end(), [&](const request& o) { return o.device == r.device; }))
+                    others.push_back(r);
+            const auto mine = materialize(g_.loss, own, no_id, false);
+            for (std::size_t i = 0; i < own.size(); ++i) losses[static_cast<std::size_t>(own[i].device)] = mine[i];
+            point_to_point_only_ = true;
+            const auto theirs = materialize(g_.loss, others, no_id, false);
+            point_to_point_only_ = false;
+            for (std::size_t i = 0; i < others.size(); ++i) losses[static_cast<std::size_t>(others[i].device)] = theirs[i];
+        }
         for (int d = 0; d < out_.world; ++d) {
             device_part& part = out_.devices[static_cast<std::size_t>(d)];
             part.loss = losses[static_cast<std::size_t>(d)];
@@ -10288,7 +10268,56 @@ private:
         return whole;
     }
 
-    std::vector<tensor_id> materialize(tensor_id t, const std::vector<request>& reqs, node_id consumer, bool backward) {
+    // A device holding several partial sums of one box (a weight's gradient over the
+    // micro-batches its data-parallel piece ran) adds them up locally first, so that one
+    // reduction per box follows instead of one transfer per micro-batch. The device's sum
+    // becomes its chunk of a coarser split: chunk j of J, one per holding device, in device
+    // order. Only when every chunk of the box is held by exactly one device (no replicas).
+    void sum_partials_per_device(tensor_id t) {
+        std::map<box, std::vector<std::size_t>> clusters;
+        auto& held = held_[static_cast<std::size_t>(t)];
+        for (std::size_t i = 0; i < held.size(); ++i)
+            if (held[i].base && !held[i].v.value.full()) clusters[held[i].v.region].push_back(i);
+        for (auto& [S, members] : clusters) {
+            const std::int32_t k = held[members[0]].v.value.count;
+            if (static_cast<std::int32_t>(members.size()) != k) continue;
+            std::vector<int> seen(static_cast<std::size_t>(k), 0);
+            bool exact = true;
+            std::map<int, std::vector<std::size_t>> by_device;
+            for (std::size_t i : members) {
+                const value_chunk& v = held[i].v.value;
+                if (v.count != k || ++seen[static_cast<std::size_t>(v.index)] != 1) exact = false;
+                by_device[held[i].device].push_back(i);
+            }
+            if (!exact || by_device.size() == members.size()) continue;
+            const auto groups = static_cast<std::int32_t>(by_device.size());
+            std::int32_t j = 0;
+            for (auto& [device, idx] : by_device) {
+                std::sort(idx.begin(), idx.end(), [&](std::size_t a, std::size_t b) {
+                    return held_[static_cast<std::size_t>(t)][a].v.value.index < held_[static_cast<std::size_t>(t)][b].v.value.index;
+                });
+                std::vector<assemble_input> parts;
+                for (std::size_t i : idx) {
+                    held_piece& h = held_[static_cast<std::size_t>(t)][i];
+                    h.base = false;
+                    parts.push_back({h.local, h.v.region, h.v.value});
+                }
+                tensor_id sum = parts[0].local;
+                if (parts.size() > 1) {
+                    // One partial at a time, so each dies once it is added (1F1B keeps few alive).
+                    sum = assemble(device, t, S, {parts[0], parts[1]}, true);
+                    for (std::size_t q = 2; q < parts.size(); ++q) sum = assemble(device, t, S, {{sum, S, {}}, parts[q]}, true);
+                }
+                hold(t, {t, S, {j++, groups}}, device, sum, true);
+            }
+        }
+    }
+
+    // Only for the parameter gradients at the end of the step: a consumer inside the step
+    // (the tied embedding's gradient sum) may run in an earlier micro-batch's block than the
+    // last partial, and must receive each partial as it is made.
+    std::vector<tensor_id> materialize(tensor_id t, const std::vector<request>& reqs, node_id consumer, bool backward,
+                                       bool sum_locally_first = false) {
         emitting_backward_ = backward;
         emitting_consumer_ = consumer;
         std::vector<tensor_id> result(reqs.size(), no_id);
@@ -10304,6 +10333,7 @@ private:
             open = std::move(still);
         };
         for (std::size_t i = 0; i < reqs.size(); ++i) open.push_back(i);
+        if (sum_locally_first) sum_partials_per_device(t);
         resolve_locally();
         while (!open.empty() && collectives_allowed(t, consumer)) {
             bool progressed = try_partial(t, open, reqs) || try_tiles(t, open, reqs) || try_broadcast(t, open, reqs);
@@ -10321,6 +10351,7 @@ private:
     }
 
     bool collectives_allowed(tensor_id t, node_id consumer) const {
+        if (point_to_point_only_) return false;
         if (stage_of_node_.empty() || consumer == no_id) return true;
         const node_id producer = g_.tensor(t).producer;
         if (producer == no_id) return true;
@@ -10335,6 +10366,7 @@ private:
     std::vector<int> stage_of_node_;
     std::vector<std::vector<held_piece>> held_;
     bool emitting_backward_ = false;
+    bool point_to_point_only_ = false;
     node_id emitting_consumer_ = no_id;
 };
 
@@ -10508,6 +10540,7 @@ inline partitioned_graph apply_plan(const graph& model, const plan::resolved_pla
     lo.zero2_identities = plan.zero == plan::zero_stage::gradients;
     lo.recompute.assign(forward, false);
     lo.decompose.resize(forward);
+    lo.stage_of_forward = plan.stage_of;
     std::vector<std::string> notes;
     for (std::size_t i = 0; i < forward; ++i) {
         const auto* p = plan.at(static_cast<node_id>(i));
@@ -10544,23 +10577,86 @@ inline partitioned_graph apply_plan(const graph& model, const plan::resolved_pla
         parts[static_cast<std::size_t>(n)] = resolve_partition(g.at(n), p ? *p : everywhere, plan.devices, true, out.notes);
         assigned[static_cast<std::size_t>(n)] = true;
     }
-    // ZeRO identities: split the parameter's first dim over every device.
-    auto shard = [&](node_id n) {
+    // Pipelines: the stage of a node of g, from its forward op (-1: none, or no pipeline).
+    const bool staged = !plan.stage_of.empty();
+    auto stage_of_node = [&](node_id i) {
+        const node& n = g.at(i);
+        const node_id forward = n.forward_of != no_id ? n.forward_of : i;
+        const node_id source = out.logical->source_of[static_cast<std::size_t>(forward)];
+        if (source == no_id || static_cast<std::size_t>(source) >= plan.stage_of.size()) return -1;
+        return plan.stage_of[static_cast<std::size_t>(source)];
+    };
+    // ZeRO identities: split the parameter's first dim over its data-parallel devices. Without
+    // a pipeline those are all devices. In a pipeline they are the group of the stage that
+    // reads the parameter (ZeRO-3 shards a parameter that several stages read, the tied
+    // embedding, over the first reader's stage; the others receive it point to point).
+    // ZeRO-2 shards the gradient of a parameter that one stage reads over that stage's group,
+    // and keeps that of a parameter several stages read whole on all of them, where each
+    // copy's optimizer needs all of it. The stage of each identity, for the materializer.
+    std::map<node_id, int> identity_stage;
+    std::map<tensor_id, std::vector<node_id>> forward_readers;  // of parameters and ZeRO-3 copies, in graph order
+    if (staged && plan.zero != plan::zero_stage::none) {
+        std::set<tensor_id> wanted;
+        for (auto [param, n] : out.logical->zero3_identity) wanted.insert(g.at(n).outputs[0]);
+        for (auto [param, n] : out.logical->zero2_identity) wanted.insert(param);
+        for (std::size_t r = 0; r < g.nodes.size(); ++r) {
+            const node& reader = g.nodes[r];
+            if (reader.backward || reader.forward_of != no_id) continue;
+            for (tensor_id t : reader.inputs)
+                if (wanted.count(t)) {
+                    auto& list = forward_readers[t];
+                    if (list.empty() || list.back() != static_cast<node_id>(r)) list.push_back(static_cast<node_id>(r));
+                }
+        }
+    }
+    auto shard = [&](tensor_id param, node_id n, bool parameters) {
         const node& nd = g.at(n);
         const tensor_desc& t = g.tensor(nd.inputs[0]);
+        std::vector<int> group;
+        bool across_stages = false;
+        if (staged) {
+            // The readers of the parameter (through the identity under ZeRO-3), in graph order.
+            const tensor_id read = parameters ? nd.outputs[0] : param;
+            int first_stage = -1;
+            std::vector<int> all;
+            for (node_id r : forward_readers[read]) {
+                const int st = stage_of_node(r);
+                const plan::op_partition& rp = parts[static_cast<std::size_t>(r)];
+                std::vector<int> devices;
+                for (std::int64_t q = 0; q < rp.pieces(); ++q) devices.push_back(rp.device_of(q));
+                if (first_stage < 0 && group.empty()) {
+                    first_stage = st;
+                    group = devices;
+                }
+                across_stages = across_stages || st != first_stage;
+                all.insert(all.end(), devices.begin(), devices.end());
+            }
+            if (across_stages && !parameters) group = all;
+            std::sort(group.begin(), group.end());
+            group.erase(std::unique(group.begin(), group.end()), group.end());
+            identity_stage[n] = across_stages ? -1 : first_stage;
+            if (across_stages && parameters) identity_stage[n] = first_stage;
+        }
+        const int shards = group.empty() ? plan.devices : static_cast<int>(group.size());
         plan::op_partition p;
-        if (t.dims.rank() == 0 || t.dims.extent(0) % plan.devices != 0) {
-            p.replicas = plan.devices;
+        if (staged && across_stages && !parameters) {
+            p.replicas = shards;
+            p.devices = group;
+            out.notes.push_back("ZeRO-2: the gradient of '" + t.name + "' is read by several pipeline stages; each keeps all of it");
+        } else if (t.dims.rank() == 0 || t.dims.extent(0) % shards != 0) {
+            p.replicas = shards;
+            p.devices = group;
             out.notes.push_back("ZeRO: '" + t.name + "' (" + t.dims.to_string() + ") is not divisible into " +
-                                std::to_string(plan.devices) + " shards along its first dim; it stays replicated");
+                                std::to_string(shards) + " shards along its first dim; it stays replicated");
         } else {
-            p.splits.push_back({t.dims.dim(0), "...0", plan.devices});
+            p.splits.push_back({t.dims.dim(0), "...0", shards});
+            p.devices = group;
         }
         parts[static_cast<std::size_t>(n)] = resolve_partition(nd, p, plan.devices, true, out.notes);
         assigned[static_cast<std::size_t>(n)] = true;
     };
-    for (auto [param, n] : out.logical->zero3_identity) shard(n);
-    for (auto [param, n] : out.logical->zero2_identity) shard(n);
+    for (auto [param, n] : out.logical->zero3_identity) shard(param, n, true);
+    for (auto [param, n] : out.logical->zero2_identity) shard(param, n, false);
     for (std::size_t i = 0; i < g.nodes.size(); ++i) {
         if (assigned[i]) continue;
         const node& n = g.nodes[i];
@@ -10581,15 +10677,13 @@ inline partitioned_graph apply_plan(const graph& model, const plan::resolved_pla
     // 4-6. Devices, leaves, materialization.
     materializer m(out, options.cost);
     // Pipelines: tensors that cross stages move point to point only (materializer::set_stages).
-    if (plan.pipelined()) {
-        const logical_graph& lg = *out.logical;
+    if (staged) {
         std::vector<int> stage(g.nodes.size(), -1);
         for (std::size_t i = 0; i < g.nodes.size(); ++i) {
             const node& n = g.nodes[i];
             const node_id forward = n.forward_of != no_id ? n.forward_of : static_cast<node_id>(i);
-            const node_id source = lg.source_of[static_cast<std::size_t>(forward)];
-            if (source != no_id && static_cast<std::size_t>(source) < plan.stage_of.size())
-                stage[i] = plan.stage_of[static_cast<std::size_t>(source)];
+            auto it = identity_stage.find(forward);
+            stage[i] = it != identity_stage.end() ? it->second : stage_of_node(static_cast<node_id>(i));
         }
         m.set_stages(std::move(stage));
     }
@@ -22163,6 +22257,7 @@ void initialize(std::span<T> out, const parameter_init& init, std::uint64_t seed
 // a gathered parameter takes each element from one rank, the optimizer shards replicas),
 // so the answers live here, computed from the plan alone: any rank can work out any other
 // rank's share.
+#include <algorithm>
 #include <cstdint>
 #include <string>
 #include <vector>
@@ -22213,35 +22308,42 @@ inline std::vector<partition::box> owned_regions(const partition::partitioned_gr
     return mine;
 }
 
-// ZeRO-1 shards the optimizer over data-parallel replicas: ranks that all store the whole
-// parameter. Other parameters are updated wherever they are stored.
-inline bool stored_whole_everywhere(const partition::partitioned_graph& plan, tensor_id p) {
+// ZeRO-1 and ZeRO-2 shard a parameter's optimizer over its data-parallel replicas: the
+// ranks that store all of it, in rank order (every rank for a data-parallel plan, the
+// stage's group in a pipeline, both stages' groups for an embedding tied across stages).
+// Parameters stored in pieces are updated wherever they are stored.
+inline std::vector<int> replica_ranks(const partition::partitioned_graph& plan, tensor_id p) {
     const partition::box whole = partition::box::whole(plan.ir().tensor(p).dims);
-    for (const auto& device : plan.devices) {
+    std::vector<int> ranks;
+    for (int r = 0; r < plan.world; ++r) {
         bool stored = false;
-        for (const auto& s : device.parameters) stored = stored || (s.logical == p && s.region == whole);
-        if (!stored) return false;
+        for (const auto& s : plan.devices[static_cast<std::size_t>(r)].parameters)
+            stored = stored || (s.logical == p && s.region == whole);
+        if (stored) ranks.push_back(r);
     }
-    return true;
+    return ranks;
 }
 
-// Rows of the first dim that `rank` updates under ZeRO-1 (the whole region when the rows do
-// not divide evenly over the ranks).
-inline partition::box zero1_shard(const partition::box& region, int rank, int world) {
+// Rows of the first dim that replica `index` of `replicas` updates under ZeRO-1 (the whole
+// region when the rows do not divide evenly over the replicas).
+inline partition::box zero1_shard(const partition::box& region, int index, int replicas) {
     partition::box b = region;
-    if (b.rank() == 0 || b.ranges[0].size() % world != 0) return b;
-    const std::int64_t rows = b.ranges[0].size() / world;
-    b.ranges[0].begin += rows * rank;
+    if (b.rank() == 0 || b.ranges[0].size() % replicas != 0) return b;
+    const std::int64_t rows = b.ranges[0].size() / replicas;
+    b.ranges[0].begin += rows * index;
     b.ranges[0].end = b.ranges[0].begin + rows;
     return b;
 }
 
-// The part of gradient piece `gradient` (of logical parameter p) that `rank` updates.
+// The part of gradient piece `gradient` (of logical parameter p) that `rank` updates. Under
+// ZeRO-2 the gradient pieces are already the replicas' shards.
 inline partition::box update_region(const partition::partitioned_graph& plan, int rank, tensor_id p,
                                     const partition::box& gradient) {
-    if (plan.zero == plan::zero_stage::optimizer && stored_whole_everywhere(plan, p))
-        return zero1_shard(gradient, rank, plan.world);
-    return gradient;
+    if (plan.zero != plan::zero_stage::optimizer) return gradient;
+    const std::vector<int> replicas = replica_ranks(plan, p);
+    const auto at = std::find(replicas.begin(), replicas.end(), rank);
+    if (replicas.size() < 2 || at == replicas.end()) return gradient;
+    return zero1_shard(gradient, static_cast<int>(at - replicas.begin()), static_cast<int>(replicas.size()));
 }
 
 // Offset of the first element of `inner` in a piece with box `outer`, for an `inner` that is
@@ -22688,7 +22790,7 @@ private:
             if (!pp) throw error("distributed_trainer: gradient piece " + gp.region.to_string() + " of '" +
                                  logical.tensor(gp.logical).name + "' has no parameter piece on rank " + std::to_string(rank_));
             const partition::box update = update_region(plan_, rank_, gp.logical, gp.region);
-            if (!(update == pp->region)) shards_.push_back({pp, update});
+            if (!(update == pp->region)) shards_.push_back({pp, update, comm::group{replica_ranks(plan_, gp.logical)}});
             if (update.numel() == 0) continue;
             auto value = storage_->real(pp->local);
             auto grad = storage_->real(gp.local);
@@ -22705,15 +22807,21 @@ private:
         }
     }
 
-    // ZeRO-1/2: every rank updated its shard; gather the shards into every full copy.
+    // ZeRO-1/2: every replica updated its shard; gather the shards into every full copy,
+    // among the parameter's replicas (replica_ranks), whose shards tile it in rank order.
     void synchronize_shards() {
-        for (const auto& [piece, shard] : shards_) {
+        for (const auto& [piece, shard, replicas] : shards_) {
             auto values = storage_->real(piece->local);
             const auto count = static_cast<std::size_t>(shard.numel());
-            gathered_.resize(count * static_cast<std::size_t>(plan_.world));
             const auto offset = static_cast<std::size_t>(offset_in(shard, piece->region));
-            comm_.all_gather(values.data() + offset, gathered_.data(), count, comm::dtype_of<T>(),
-                             comm::group::world(plan_.world));
+            if (count * static_cast<std::size_t>(replicas.size()) != values.size() ||
+                offset != count * static_cast<std::size_t>(replicas.index_of(rank_)))
+                throw error("distributed_trainer: rank " + std::to_string(rank_) + "'s shard " + shard.to_string() + " of " +
+                            piece->region.to_string() + " is not part " + std::to_string(replicas.index_of(rank_)) +
+                            " of " + std::to_string(replicas.size()) +
+                            " equal parts in rank order; shard parameters along rows that divide by their replicas");
+            gathered_.resize(count * static_cast<std::size_t>(replicas.size()));
+            comm_.all_gather(values.data() + offset, gathered_.data(), count, comm::dtype_of<T>(), replicas);
             std::copy(gathered_.begin(), gathered_.end(), values.begin());
         }
     }
@@ -22760,7 +22868,12 @@ private:
     std::unique_ptr<host::bound_storage<T>> storage_;
     std::unique_ptr<std::variant<adamw<T>, sgd<T>>> optimizer_;
     transfer_scratch<T> scratch_;
-    std::vector<std::pair<const partition::stored_piece*, partition::box>> shards_;
+    struct shard {
+        const partition::stored_piece* piece;
+        partition::box region;
+        comm::group replicas;
+    };
+    std::vector<shard> shards_;
     std::vector<T> gathered_;
     std::int64_t steps_ = 0;
 };

@@ -240,6 +240,12 @@ inline nlohmann::json to_json(const plan::plan_spec& p, const graph* model = nul
     else
         j["zero"] = static_cast<int>(p.zero);
     if (p.colocation_requires_recompute) j["colocation_requires_recompute"] = true;
+    if (!p.forbidden.empty()) {
+        j["forbid"] = nlohmann::json::array();
+        for (const plan::split_spec& f : p.forbidden)
+            j["forbid"].push_back(f.label.empty() ? nlohmann::json{{"dim", std::string(f.dim.name())}}
+                                                  : nlohmann::json{{"label", f.label}});
+    }
     nlohmann::json rules = nlohmann::json::array();
     for (const plan::rule& r : p.rules) {
         nlohmann::json on = nlohmann::json::object();
@@ -310,8 +316,8 @@ inline plan::plan_spec plan_from_json(const nlohmann::json& j, const std::string
         r.fail("the top level", "is not a loom plan (\"format\" is not \"loom.plan\"); give a file written by "
                                 "io::save_plan or loom_plan --out");
     r.only(j, "the top level",
-           {"format", "version", "model", "devices", "name", "zero", "colocation_requires_recompute", "rules", "stages",
-            "micro_batches", "order", "choices"});
+           {"format", "version", "model", "devices", "name", "zero", "colocation_requires_recompute", "forbid", "rules",
+            "stages", "micro_batches", "order", "choices"});
     if (!j.contains("version") || !j.at("version").is_number_integer() || j.at("version") != plan_format_version)
         r.fail("\"version\"", (j.contains("version") ? "is " + j.at("version").dump() : std::string("is missing")) +
                                   "; this loom reads version " + std::to_string(plan_format_version) +
@@ -339,6 +345,19 @@ inline plan::plan_spec plan_from_json(const nlohmann::json& j, const std::string
     }
     if (j.contains("colocation_requires_recompute"))
         p.colocation_requires_recompute = r.boolean(j.at("colocation_requires_recompute"), "\"colocation_requires_recompute\"");
+    if (j.contains("forbid")) {
+        if (!j.at("forbid").is_array()) r.fail("\"forbid\"", "must be an array of {\"dim\": ...} or {\"label\": ...}");
+        for (std::size_t i = 0; i < j.at("forbid").size(); ++i) {
+            const std::string w = "forbid[" + std::to_string(i) + "]";
+            const auto& f = j.at("forbid")[i];
+            r.only(f, w, {"dim", "label"});
+            plan::split_spec s;
+            if (f.contains("dim")) s.dim = dim_id::intern(r.string(f.at("dim"), w + ".dim"));
+            else if (f.contains("label")) s.label = r.string(f.at("label"), w + ".label");
+            else r.fail(w, "needs \"dim\" or \"label\"");
+            p.forbidden.push_back(std::move(s));
+        }
+    }
     if (j.contains("rules")) {
         if (!j.at("rules").is_array()) r.fail("\"rules\"", "must be an array");
         for (std::size_t i = 0; i < j.at("rules").size(); ++i)

@@ -490,11 +490,25 @@ constexpr text first_plan_error(const plan_view& p) {
         const rule_view& r = p.rules[ri];
         const text where = concat(r.trans, " in ", r.selector);
         for (const auto& s : r.splits) {
-            // forbidden splits
-            for (const auto& f : p.facts)
-                if (f.kind == fact_kind::forbid && s.kind == f.target_kind && s.target == f.target)
+            // forbidden splits, whichever way the split is spelled: the dim, or an op's own
+            // variable of that dim (and the other way round)
+            for (const auto& f : p.facts) {
+                if (f.kind != fact_kind::forbid) continue;
+                bool same = s.kind == f.target_kind && s.target == f.target;
+                for (const op_view& op : r.kinds)
+                    for (const auto& [label, dim] : op.variable_dims) {
+                        if (s.kind == split_kind::variable && f.target_kind == split_kind::dim && label == s.target &&
+                            dim.name() == f.target)
+                            same = true;
+                        if (s.kind == split_kind::dim && f.target_kind == split_kind::variable && label == f.target &&
+                            dim.name() == s.target)
+                            same = true;
+                    }
+                if (same)
                     return concat(f.spelling, ": ", where, " splits ", s.target,
+                                  s.target == f.target ? text() : concat(" (", f.target, " in ", r.selector, ")"),
                                   ", which the plan forbids; remove that split or the constraint");
+            }
             // extents the plan knows
             if (s.kind == split_kind::dim)
                 for (const auto& f : p.facts) {
@@ -538,7 +552,11 @@ constexpr text first_plan_error(const plan_view& p) {
             }
         }
         // Coshard's rule: colocated pieces recompute (in this rule, or in another with the same selector).
-        if (requires_recompute && !r.explicit_devices && r.colocate > 1 && r.recompute_count == 0) {
+        // Pieces share a device through colocate<C> or through assign<...> naming a device twice.
+        bool shares_devices = !r.explicit_devices && r.colocate > 1;
+        for (std::size_t a = 0; a < r.devices.size(); ++a)
+            for (std::size_t b = a + 1; b < r.devices.size(); ++b) shares_devices = shares_devices || r.devices[a] == r.devices[b];
+        if (requires_recompute && shares_devices && r.recompute_count == 0) {
             bool recomputed = false;
             for (const auto& q : p.rules) recomputed = recomputed || (q.selector == r.selector && q.recompute_count > 0);
             if (!recomputed)

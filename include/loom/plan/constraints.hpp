@@ -49,7 +49,14 @@ struct forbid_t {
         detail::concat("plan::forbid<", detail::target_spelling(Target::kind, Target::target), ">")};
     static constexpr detail::fact_view fact{
         detail::fact_kind::forbid, 0, {}, Target::kind, Target::target, spelling.view()};
-    static void lower(plan_spec&) {}  // every rule of the plan was checked against it
+    // Every typed rule was checked against it; plan::resolve checks every rule again on the
+    // model, whichever way a split is spelled.
+    static void lower(plan_spec& p) {
+        if constexpr (Target::kind == detail::split_kind::dim)
+            p.forbidden.push_back({dim_id(Target::target), "", {1, "", {}}, false});
+        else
+            p.forbidden.push_back({{}, std::string(Target::target), {1, "", {}}, false});
+    }
 };
 
 template <split_target Target>

@@ -147,7 +147,7 @@ struct ordered_by {
     static constexpr detail::message error{[] {
         for (std::size_t i = 0; i < constraints.size(); ++i) {
             const detail::text where = detail::concat("plan::ordered_by<", Rounds, ", ...>: constraint #", static_cast<int>(i));
-            if (detail::text e = schedule::detail::first_constraint_error(constraints[i], Rounds, where.view()); !e.empty())
+            if (detail::text e = schedule::first_constraint_error(constraints[i], Rounds, where.view()); !e.empty())
                 return e;
         }
         return detail::text();

@@ -153,6 +153,7 @@ struct plan_spec {
     std::map<std::string, std::int64_t> choices;  // values of open parameters
     bool colocation_requires_recompute = false;    // a constraint: Coshard must recompute
 
+    std::vector<split_spec> forbidden;            // splits no rule may make (forbid<Split<...>>)
     std::optional<stage_spec> stages;             // op-assign of layer ranges (pipelines)
     degree_spec micro_batches{1, "", {}};         // the outermost batch split (op-trans)
     order_spec order;                             // op-order of the pipeline's blocks
@@ -167,6 +168,7 @@ struct plan_spec {
     }
     plan_spec& then(const plan_spec& more) {
         for (const auto& r : more.rules) rules.push_back(r);
+        for (const auto& f : more.forbidden) forbidden.push_back(f);
         if (more.zero != zero_stage::none) zero = more.zero;
         if (!more.zero_open.empty()) zero_open = more.zero_open, zero_allowed = more.zero_allowed;
         if (more.stages) stages = more.stages;
@@ -216,6 +218,24 @@ inline std::int64_t resolve_degree(const degree_spec& d, const plan_spec& p, con
 
 namespace detail {
 
+// A split the plan forbids, whichever way it is spelled: forbid<Split<Dim::Seq>> also stops a
+// split of an op's own variable whose dim is Seq, and forbid<Split<Var<"s">>> a split of the
+// dim that an op's "s" has.
+inline void check_not_forbidden(const plan_spec& p, const node& n, const split_spec& s, const std::string& where) {
+    for (const bound_variable& v : n.sig.vars) {
+        const bool this_one = s.label.empty() ? v.dim == s.dim : v.label == s.label;
+        if (!this_one) continue;
+        for (const split_spec& f : p.forbidden) {
+            const bool forbidden = f.label.empty() ? v.dim == f.dim : v.label == f.label;
+            if (forbidden)
+                throw plan_error("plan::forbid<Split<" +
+                                 (f.label.empty() ? std::string(f.dim.name()) : "Var<\"" + f.label + "\">") + ">>: " +
+                                 where + " splits " + v.label + " (dim " + std::string(v.dim.name()) +
+                                 "), which the plan forbids; remove that split or the constraint");
+        }
+    }
+}
+
 // op-trans and op-assign of every forward node of `g` by the plan's rules, on the plan's
 // devices (nodes no rule selects run whole on every device). plan::resolve (plan/resolve.hpp)
 // adds the stages, micro-batches and order around it.
@@ -250,6 +270,7 @@ inline resolved_plan partition_ops(const plan_spec& p, const graph& g) {
             for (const auto& s : *splits) {
                 const std::int64_t degree = resolve_degree(s.degree, p, where);
                 op.splits.push_back({s.dim, s.label, degree, s.replicate});
+                if (!s.replicate && degree > 1) check_not_forbidden(p, n, s, where);
             }
         op.recompute = recompute;
         const std::int64_t pieces = op.pieces();
@@ -265,8 +286,15 @@ inline resolved_plan partition_ops(const plan_spec& p, const graph& g) {
                 for (std::int64_t k = 0; k < pieces; ++k)
                     op.devices.push_back(assign->first_device + static_cast<int>(k / assign->colocate));
             }
-            if (assign->colocate > 1 && p.colocation_requires_recompute && !recompute)
-                throw plan_error("plan: colocate<" + std::to_string(assign->colocate) + "> on " + where +
+            // Pieces share a device through colocate<C> or through devices named twice.
+            std::vector<int> placed = op.devices;
+            std::sort(placed.begin(), placed.end());
+            const bool shared = assign->colocate > 1 || std::adjacent_find(placed.begin(), placed.end()) != placed.end();
+            if (shared && p.colocation_requires_recompute && !recompute)
+                throw plan_error("plan: " +
+                                 (assign->colocate > 1 ? "colocate<" + std::to_string(assign->colocate) + ">"
+                                                       : std::string("an assign that puts several pieces on one device")) +
+                                 " on " + where +
                                  " without recompute, but the plan requires colocated ops to recompute; add recompute "
                                  "to the same selector");
         }
