@@ -3,7 +3,7 @@
 // the size of what comes out. Writes a JSON record.
 //
 //   plan_build [--layers 48] [--hidden 1024] [--heads 16] [--devices 64] [--tensor 8]
-//              [--plan all|dp|tp|zero3] [--out benchmarks/results/plan_build.json]
+//              [--plan all|dp|tp|zero3|pipeline] [--out benchmarks/results/plan_build.json]
 // Run from the repository root.
 //
 // Plans (batch 64, so every data-parallel degree divides it):
@@ -11,6 +11,9 @@
 //   tp     Batch x (devices / tensor) outermost, then Heads or FFN x tensor where the op has
 //          such a dim; other ops are replicated x tensor inside each batch slice
 //   zero3  dp with parameters sharded over all devices (ZeRO-3)
+//   pipeline  8 stages of devices / 8 data-parallel devices each, 8 micro-batches, ZeRO-3
+//          within each stage's group and recompute of the MLPs; ordered by 1F1B (the
+//          "deadlock s" column then counts the ordering, which ends with the same check)
 #include <CLI/CLI.hpp>
 #include <nlohmann/json.hpp>
 
@@ -27,6 +30,7 @@
 #include <loom/models/gpt.hpp>
 #include <loom/partition/apply.hpp>
 #include <loom/partition/deadlock.hpp>
+#include <loom/plan/presets.hpp>
 #include <loom/runtime/explain_partition.hpp>
 
 using namespace loom;
@@ -92,6 +96,8 @@ struct measurement {
     std::int64_t bytes_sent = 0;  // f32, all members of all transfers
 };
 
+measurement summarize(measurement m, const partition::partitioned_graph& pg);
+
 measurement measure(const models::gpt_config& c, const std::string& plan_kind, int devices, int tensor) {
     measurement m;
     auto start = clock_type::now();
@@ -99,6 +105,22 @@ measurement measure(const models::gpt_config& c, const std::string& plan_kind, i
     const graph& forward = model.ir();
     m.graph_seconds = seconds_since(start);
 
+    if (plan_kind == "pipeline") {
+        const int stages = 8, micro = 8, group = devices / stages;
+        plan::selector mlp;
+        mlp.scope = "*.mlp*";
+        plan::plan_spec inner = plan::presets::zero(3, group);
+        inner.then(plan::presets::recompute(mlp));
+        start = clock_type::now();
+        // apply_plan orders the programs by the plan's 1F1B and checks them (deadlock included).
+        partition::partitioned_graph pg =
+            partition::apply_plan(forward, plan::presets::pipeline(stages, micro, {plan::schedule_kind::one_f_one_b}, inner));
+        m.apply_seconds = seconds_since(start);
+        start = clock_type::now();
+        partition::check_deadlock_free(pg);
+        m.deadlock_seconds = seconds_since(start);
+        return summarize(m, pg);
+    }
     plan::resolved_plan p = plan_kind == "tp" ? tensor_in_data_parallel(forward, devices, tensor) : data_parallel(forward, devices);
     if (plan_kind == "zero3") {
         p.zero = plan::zero_stage::parameters;
@@ -112,6 +134,10 @@ measurement measure(const models::gpt_config& c, const std::string& plan_kind, i
     partition::check_deadlock_free(pg);
     m.deadlock_seconds = seconds_since(start);
 
+    return summarize(m, pg);
+}
+
+measurement summarize(measurement m, const partition::partitioned_graph& pg) {
     m.logical_nodes = pg.ir().nodes.size();
     for (const auto& layout : pg.layouts) m.pieces += layout.pieces.size();
     for (const auto& part : pg.devices) m.device_nodes += part.ir().nodes.size();
@@ -135,7 +161,7 @@ int main(int argc, char** argv) {
     app.add_option("--heads", c.heads, "attention heads");
     app.add_option("--devices", devices, "devices the plans partition over");
     app.add_option("--tensor", tensor, "tensor-parallel degree of the tp plan");
-    app.add_option("--plan", which, "dp, tp, zero3 or all")->check(CLI::IsMember({"all", "dp", "tp", "zero3"}));
+    app.add_option("--plan", which, "dp, tp, zero3, pipeline or all")->check(CLI::IsMember({"all", "dp", "tp", "zero3", "pipeline"}));
     app.add_option("--out", out, "JSON file to write");
     CLI11_PARSE(app, argc, argv);
     if (devices < 1 || c.batch % devices != 0) {
@@ -165,14 +191,18 @@ int main(int argc, char** argv) {
 
     std::printf("GPT %lld layers, hidden %lld, %lld parameters; %d devices\n", static_cast<long long>(c.layers),
                 static_cast<long long>(c.hidden), static_cast<long long>(c.parameter_count()), devices);
-    std::printf("%-7s %9s %8s %10s %8s %9s %10s %10s %10s  %s\n", "plan", "graph ms", "apply s", "deadlock s", "logical",
+    std::printf("%-8s %9s %8s %10s %8s %9s %10s %10s %10s  %s\n", "plan", "graph ms", "apply s", "deadlock s", "logical",
                 "pieces", "dev nodes", "transfers", "sent GiB", "by kind");
-    for (const std::string kind : {"dp", "tp", "zero3"}) {
+    if ((which == "all" || which == "pipeline") && (devices % 8 != 0 || c.layers < 8)) {
+        std::fprintf(stderr, "plan_build: the pipeline plan needs --devices divisible by 8 and at least 8 layers\n");
+        return 2;
+    }
+    for (const std::string kind : {"dp", "tp", "zero3", "pipeline"}) {
         if (which != "all" && which != kind) continue;
         const measurement m = measure(c, kind, devices, tensor);
         std::string kinds;
         for (const auto& [k, n] : m.transfers_by_kind) kinds += (kinds.empty() ? "" : ", ") + k + " " + std::to_string(n);
-        std::printf("%-7s %9.1f %8.2f %10.2f %8zu %9zu %10zu %10zu %10.2f  %s\n", kind.c_str(), 1e3 * m.graph_seconds,
+        std::printf("%-8s %9.1f %8.2f %10.2f %8zu %9zu %10zu %10zu %10.2f  %s\n", kind.c_str(), 1e3 * m.graph_seconds,
                     m.apply_seconds, m.deadlock_seconds, m.logical_nodes, m.pieces, m.device_nodes, m.transfers,
                     static_cast<double>(m.bytes_sent) / (1024.0 * 1024.0 * 1024.0), kinds.c_str());
         std::fflush(stdout);

@@ -54,6 +54,14 @@ std::map<partition::transfer_kind, int> gradient_transfers(const partition::part
     return count;
 }
 
+// Collectives of the backward pass (all but point-to-point transfers), by kind.
+std::map<partition::transfer_kind, int> backward_collectives(const partition::partitioned_graph& pg) {
+    std::map<partition::transfer_kind, int> count;
+    for (const auto& t : pg.transfers)
+        if (t.backward && t.kind != partition::transfer_kind::send_recv) ++count[t.kind];
+    return count;
+}
+
 }  // namespace
 
 TEST_CASE("ZeRO 1, 2 and 3 inside pipeline stages shard over the stage's data-parallel devices", "[pipeline][zero]") {
@@ -94,6 +102,23 @@ TEST_CASE("ZeRO 1, 2 and 3 inside pipeline stages shard over the stage's data-pa
                     }
             }
         }
+}
+
+TEST_CASE("ZeRO inside stages sums each device's micro-batch gradients before one reduction per parameter",
+          "[pipeline][zero][data-parallel]") {
+    const auto c = model();
+    for (int z : {1, 2, 3}) {
+        std::map<int, std::map<partition::transfer_kind, int>> by_micro;
+        for (int micro : {2, 4}) {
+            const auto pp = pipeline(c, {.stages = 2, .micro_batches = micro, .devices_per_stage = 2,
+                                         .inner = plan::presets::zero(z, 2)});
+            auto m = models::gpt(c);
+            by_micro[micro] = backward_collectives(partition::apply_plan(m.ir(), pp.plan, partition::pipeline_apply_options(pp)));
+        }
+        INFO("ZeRO-" << z);
+        CHECK(by_micro[2] == by_micro[4]);
+        CHECK(by_micro[4][z == 1 ? partition::transfer_kind::all_reduce : partition::transfer_kind::reduce_scatter] > 0);
+    }
 }
 
 TEST_CASE("stages asking for different ZeRO stages are refused when the pipeline is resolved", "[pipeline][zero][errors]") {

@@ -3989,11 +3989,25 @@ constexpr text first_plan_error(const plan_view& p) {
         const rule_view& r = p.rules[ri];
         const text where = concat(r.trans, " in ", r.selector);
         for (const auto& s : r.splits) {
-            // forbidden splits
-            for (const auto& f : p.facts)
-                if (f.kind == fact_kind::forbid && s.kind == f.target_kind && s.target == f.target)
+            // forbidden splits, whichever way the split is spelled: the dim, or an op's own
+            // variable of that dim (and the other way round)
+            for (const auto& f : p.facts) {
+                if (f.kind != fact_kind::forbid) continue;
+                bool same = s.kind == f.target_kind && s.target == f.target;
+                for (const op_view& op : r.kinds)
+                    for (const auto& [label, dim] : op.variable_dims) {
+                        if (s.kind == split_kind::variable && f.target_kind == split_kind::dim && label == s.target &&
+                            dim.name() == f.target)
+                            same = true;
+                        if (s.kind == split_kind::dim && f.target_kind == split_kind::variable && label == f.target &&
+                            dim.name() == s.target)
+                            same = true;
+                    }
+                if (same)
                     return concat(f.spelling, ": ", where, " splits ", s.target,
+                                  s.target == f.target ? text() : concat(" (", f.target, " in ", r.selector, ")"),
                                   ", which the plan forbids; remove that split or the constraint");
+            }
             // extents the plan knows
             if (s.kind == split_kind::dim)
                 for (const auto& f : p.facts) {
@@ -4037,7 +4051,11 @@ constexpr text first_plan_error(const plan_view& p) {
             }
         }
         // Coshard's rule: colocated pieces recompute (in this rule, or in another with the same selector).
-        if (requires_recompute && !r.explicit_devices && r.colocate > 1 && r.recompute_count == 0) {
+        // Pieces share a device through colocate<C> or through assign<...> naming a device twice.
+        bool shares_devices = !r.explicit_devices && r.colocate > 1;
+        for (std::size_t a = 0; a < r.devices.size(); ++a)
+            for (std::size_t b = a + 1; b < r.devices.size(); ++b) shares_devices = shares_devices || r.devices[a] == r.devices[b];
+        if (requires_recompute && shares_devices && r.recompute_count == 0) {
             bool recomputed = false;
             for (const auto& q : p.rules) recomputed = recomputed || (q.selector == r.selector && q.recompute_count > 0);
             if (!recomputed)
@@ -5350,6 +5368,7 @@ struct plan_spec {
     std::map<std::string, std::int64_t> choices;  // values of open parameters
     bool colocation_requires_recompute = false;    // a constraint: Coshard must recompute
 
+    std::vector<split_spec> forbidden;            // splits no rule may make (forbid<Split<...>>)
     std::optional<stage_spec> stages;             // op-assign of layer ranges (pipelines)
     degree_spec micro_batches{1, "", {}};         // the outermost batch split (op-trans)
     order_spec order;                             // op-order of the pipeline's blocks
@@ -5364,6 +5383,7 @@ struct plan_spec {
     }
     plan_spec& then(const plan_spec& more) {
         for (const auto& r : more.rules) rules.push_back(r);
+        for (const auto& f : more.forbidden) forbidden.push_back(f);
         if (more.zero != zero_stage::none) zero = more.zero;
         if (!more.zero_open.empty()) zero_open = more.zero_open, zero_allowed = more.zero_allowed;
         if (more.stages) stages = more.stages;
@@ -5413,6 +5433,24 @@ inline std::int64_t resolve_degree(const degree_spec& d, const plan_spec& p, con
 
 namespace detail {
 
+// A split the plan forbids, whichever way it is spelled: forbid<Split<Dim::Seq>> also stops a
+// split of an op's own variable whose dim is Seq, and forbid<Split<Var<"s">>> a split of the
+// dim that an op's "s" has.
+inline void check_not_forbidden(const plan_spec& p, const node& n, const split_spec& s, const std::string& where) {
+    for (const bound_variable& v : n.sig.vars) {
+        const bool this_one = s.label.empty() ? v.dim == s.dim : v.label == s.label;
+        if (!this_one) continue;
+        for (const split_spec& f : p.forbidden) {
+            const bool forbidden = f.label.empty() ? v.dim == f.dim : v.label == f.label;
+            if (forbidden)
+                throw plan_error("plan::forbid<Split<" +
+                                 (f.label.empty() ? std::string(f.dim.name()) : "Var<\"" + f.label + "\">") + ">>: " +
+                                 where + " splits " + v.label + " (dim " + std::string(v.dim.name()) +
+                                 "), which the plan forbids; remove that split or the constraint");
+        }
+    }
+}
+
 // op-trans and op-assign of every forward node of `g` by the plan's rules, on the plan's
 // devices (nodes no rule selects run whole on every device). plan::resolve (plan/resolve.hpp)
 // adds the stages, micro-batches and order around it.
@@ -5447,6 +5485,7 @@ inline resolved_plan partition_ops(const plan_spec& p, const graph& g) {
             for (const auto& s : *splits) {
                 const std::int64_t degree = resolve_degree(s.degree, p, where);
                 op.splits.push_back({s.dim, s.label, degree, s.replicate});
+                if (!s.replicate && degree > 1) check_not_forbidden(p, n, s, where);
             }
         op.recompute = recompute;
         const std::int64_t pieces = op.pieces();
@@ -5462,8 +5501,15 @@ inline resolved_plan partition_ops(const plan_spec& p, const graph& g) {
                 for (std::int64_t k = 0; k < pieces; ++k)
                     op.devices.push_back(assign->first_device + static_cast<int>(k / assign->colocate));
             }
-            if (assign->colocate > 1 && p.colocation_requires_recompute && !recompute)
-                throw plan_error("plan: colocate<" + std::to_string(assign->colocate) + "> on " + where +
+            // Pieces share a device through colocate<C> or through devices named twice.
+            std::vector<int> placed = op.devices;
+            std::sort(placed.begin(), placed.end());
+            const bool shared = assign->colocate > 1 || std::adjacent_find(placed.begin(), placed.end()) != placed.end();
+            if (shared && p.colocation_requires_recompute && !recompute)
+                throw plan_error("plan: " +
+                                 (assign->colocate > 1 ? "colocate<" + std::to_string(assign->colocate) + ">"
+                                                       : std::string("an assign that puts several pieces on one device")) +
+                                 " on " + where +
                                  " without recompute, but the plan requires colocated ops to recompute; add recompute "
                                  "to the same selector");
         }
@@ -5511,7 +5557,14 @@ struct forbid_t {
         detail::concat("plan::forbid<", detail::target_spelling(Target::kind, Target::target), ">")};
     static constexpr detail::fact_view fact{
         detail::fact_kind::forbid, 0, {}, Target::kind, Target::target, spelling.view()};
-    static void lower(plan_spec&) {}  // every rule of the plan was checked against it
+    // Every typed rule was checked against it; plan::resolve checks every rule again on the
+    // model, whichever way a split is spelled.
+    static void lower(plan_spec& p) {
+        if constexpr (Target::kind == detail::split_kind::dim)
+            p.forbidden.push_back({dim_id(Target::target), "", {1, "", {}}, false});
+        else
+            p.forbidden.push_back({{}, std::string(Target::target), {1, "", {}}, false});
+    }
 };
 
 template <split_target Target>
@@ -5700,7 +5753,7 @@ struct ordered_by {
     static constexpr detail::message error{[] {
         for (std::size_t i = 0; i < constraints.size(); ++i) {
             const detail::text where = detail::concat("plan::ordered_by<", Rounds, ", ...>: constraint #", static_cast<int>(i));
-            if (detail::text e = schedule::detail::first_constraint_error(constraints[i], Rounds, where.view()); !e.empty())
+            if (detail::text e = schedule::first_constraint_error(constraints[i], Rounds, where.view()); !e.empty())
                 return e;
         }
         return detail::text();
@@ -9711,6 +9764,14 @@ public:
     materializer(partitioned_graph& out, transfer_cost_model cost) : out_(out), g_(out.logical->g), cost_(cost) {
         out_.devices.resize(static_cast<std::size_t>(out_.world));
         held_.resize(g_.tensors.size());
+        sums_after_every_micro_batch_.assign(g_.nodes.size(), false);
+        std::vector<bool> zero3(g_.nodes.size(), false);
+        for (auto [param, identity] : out_.logical->zero3_identity) zero3[static_cast<std::size_t>(identity)] = true;
+        for (auto [param, identity] : out_.logical->zero2_identity)
+            sums_after_every_micro_batch_[static_cast<std::size_t>(identity)] = true;
+        for (std::size_t i = 0; i < g_.nodes.size(); ++i)
+            if (g_.nodes[i].forward_of != no_id && zero3[static_cast<std::size_t>(g_.nodes[i].forward_of)])
+                sums_after_every_micro_batch_[i] = true;
     }
 
     // Pipelines: the stage of every logical node (-1: none). A tensor passed from one stage
@@ -10333,7 +10394,7 @@ private:
             open = std::move(still);
         };
         for (std::size_t i = 0; i < reqs.size(); ++i) open.push_back(i);
-        if (sum_locally_first) sum_partials_per_device(t);
+        if (sum_locally_first || sums_after_every_micro_batch(consumer)) sum_partials_per_device(t);
         resolve_locally();
         while (!open.empty() && collectives_allowed(t, consumer)) {
             bool progressed = try_partial(t, open, reqs) || try_tiles(t, open, reqs) || try_broadcast(t, open, reqs);
@@ -10348,6 +10409,12 @@ private:
             result[i] = generic(t, reqs[i]);
         }
         return result;
+    }
+
+    // The ZeRO identities on gradients (ZeRO-2's, and ZeRO-3's backward) read a parameter's
+    // whole gradient: they run after its last micro-batch, like the end of the step.
+    bool sums_after_every_micro_batch(node_id consumer) const {
+        return consumer != no_id && sums_after_every_micro_batch_[static_cast<std::size_t>(consumer)];
     }
 
     bool collectives_allowed(tensor_id t, node_id consumer) const {
@@ -10367,6 +10434,7 @@ private:
     std::vector<std::vector<held_piece>> held_;
     bool emitting_backward_ = false;
     bool point_to_point_only_ = false;
+    std::vector<bool> sums_after_every_micro_batch_;  // per node of g_
     node_id emitting_consumer_ = no_id;
 };
 
@@ -10624,7 +10692,7 @@ inline partitioned_graph apply_plan(const graph& model, const plan::resolved_pla
                 const plan::op_partition& rp = parts[static_cast<std::size_t>(r)];
                 std::vector<int> devices;
                 for (std::int64_t q = 0; q < rp.pieces(); ++q) devices.push_back(rp.device_of(q));
-                if (first_stage < 0 && group.empty()) {
+                if (group.empty()) {
                     first_stage = st;
                     group = devices;
                 }
@@ -10634,8 +10702,8 @@ inline partitioned_graph apply_plan(const graph& model, const plan::resolved_pla
             if (across_stages && !parameters) group = all;
             std::sort(group.begin(), group.end());
             group.erase(std::unique(group.begin(), group.end()), group.end());
-            identity_stage[n] = across_stages ? -1 : first_stage;
-            if (across_stages && parameters) identity_stage[n] = first_stage;
+            // A ZeRO-2 identity kept whole on several stages belongs to none of them.
+            identity_stage[n] = across_stages && !parameters ? -1 : first_stage;
         }
         const int shards = group.empty() ? plan.devices : static_cast<int>(group.size());
         plan::op_partition p;
@@ -20360,6 +20428,12 @@ inline nlohmann::json to_json(const plan::plan_spec& p, const graph* model = nul
     else
         j["zero"] = static_cast<int>(p.zero);
     if (p.colocation_requires_recompute) j["colocation_requires_recompute"] = true;
+    if (!p.forbidden.empty()) {
+        j["forbid"] = nlohmann::json::array();
+        for (const plan::split_spec& f : p.forbidden)
+            j["forbid"].push_back(f.label.empty() ? nlohmann::json{{"dim", std::string(f.dim.name())}}
+                                                  : nlohmann::json{{"label", f.label}});
+    }
     nlohmann::json rules = nlohmann::json::array();
     for (const plan::rule& r : p.rules) {
         nlohmann::json on = nlohmann::json::object();
@@ -20430,8 +20504,8 @@ inline plan::plan_spec plan_from_json(const nlohmann::json& j, const std::string
         r.fail("the top level", "is not a loom plan (\"format\" is not \"loom.plan\"); give a file written by "
                                 "io::save_plan or loom_plan --out");
     r.only(j, "the top level",
-           {"format", "version", "model", "devices", "name", "zero", "colocation_requires_recompute", "rules", "stages",
-            "micro_batches", "order", "choices"});
+           {"format", "version", "model", "devices", "name", "zero", "colocation_requires_recompute", "forbid", "rules",
+            "stages", "micro_batches", "order", "choices"});
     if (!j.contains("version") || !j.at("version").is_number_integer() || j.at("version") != plan_format_version)
         r.fail("\"version\"", (j.contains("version") ? "is " + j.at("version").dump() : std::string("is missing")) +
                                   "; this loom reads version " + std::to_string(plan_format_version) +
@@ -20459,6 +20533,19 @@ inline plan::plan_spec plan_from_json(const nlohmann::json& j, const std::string
     }
     if (j.contains("colocation_requires_recompute"))
         p.colocation_requires_recompute = r.boolean(j.at("colocation_requires_recompute"), "\"colocation_requires_recompute\"");
+    if (j.contains("forbid")) {
+        if (!j.at("forbid").is_array()) r.fail("\"forbid\"", "must be an array of {\"dim\": ...} or {\"label\": ...}");
+        for (std::size_t i = 0; i < j.at("forbid").size(); ++i) {
+            const std::string w = "forbid[" + std::to_string(i) + "]";
+            const auto& f = j.at("forbid")[i];
+            r.only(f, w, {"dim", "label"});
+            plan::split_spec s;
+            if (f.contains("dim")) s.dim = dim_id::intern(r.string(f.at("dim"), w + ".dim"));
+            else if (f.contains("label")) s.label = r.string(f.at("label"), w + ".label");
+            else r.fail(w, "needs \"dim\" or \"label\"");
+            p.forbidden.push_back(std::move(s));
+        }
+    }
     if (j.contains("rules")) {
         if (!j.at("rules").is_array()) r.fail("\"rules\"", "must be an array");
         for (std::size_t i = 0; i < j.at("rules").size(); ++i)

@@ -138,7 +138,7 @@ inline partitioned_graph apply_plan(const graph& model, const plan::resolved_pla
                 const plan::op_partition& rp = parts[static_cast<std::size_t>(r)];
                 std::vector<int> devices;
                 for (std::int64_t q = 0; q < rp.pieces(); ++q) devices.push_back(rp.device_of(q));
-                if (first_stage < 0 && group.empty()) {
+                if (group.empty()) {
                     first_stage = st;
                     group = devices;
                 }
@@ -148,8 +148,8 @@ inline partitioned_graph apply_plan(const graph& model, const plan::resolved_pla
             if (across_stages && !parameters) group = all;
             std::sort(group.begin(), group.end());
             group.erase(std::unique(group.begin(), group.end()), group.end());
-            identity_stage[n] = across_stages ? -1 : first_stage;
-            if (across_stages && parameters) identity_stage[n] = first_stage;
+            // A ZeRO-2 identity kept whole on several stages belongs to none of them.
+            identity_stage[n] = across_stages && !parameters ? -1 : first_stage;
         }
         const int shards = group.empty() ? plan.devices : static_cast<int>(group.size());
         plan::op_partition p;

@@ -76,6 +76,14 @@ public:
     materializer(partitioned_graph& out, transfer_cost_model cost) : out_(out), g_(out.logical->g), cost_(cost) {
         out_.devices.resize(static_cast<std::size_t>(out_.world));
         held_.resize(g_.tensors.size());
+        sums_after_every_micro_batch_.assign(g_.nodes.size(), false);
+        std::vector<bool> zero3(g_.nodes.size(), false);
+        for (auto [param, identity] : out_.logical->zero3_identity) zero3[static_cast<std::size_t>(identity)] = true;
+        for (auto [param, identity] : out_.logical->zero2_identity)
+            sums_after_every_micro_batch_[static_cast<std::size_t>(identity)] = true;
+        for (std::size_t i = 0; i < g_.nodes.size(); ++i)
+            if (g_.nodes[i].forward_of != no_id && zero3[static_cast<std::size_t>(g_.nodes[i].forward_of)])
+                sums_after_every_micro_batch_[i] = true;
     }
 
     // Pipelines: the stage of every logical node (-1: none). A tensor passed from one stage
@@ -698,7 +706,7 @@ private:
             open = std::move(still);
         };
         for (std::size_t i = 0; i < reqs.size(); ++i) open.push_back(i);
-        if (sum_locally_first) sum_partials_per_device(t);
+        if (sum_locally_first || sums_after_every_micro_batch(consumer)) sum_partials_per_device(t);
         resolve_locally();
         while (!open.empty() && collectives_allowed(t, consumer)) {
             bool progressed = try_partial(t, open, reqs) || try_tiles(t, open, reqs) || try_broadcast(t, open, reqs);
@@ -713,6 +721,12 @@ private:
             result[i] = generic(t, reqs[i]);
         }
         return result;
+    }
+
+    // The ZeRO identities on gradients (ZeRO-2's, and ZeRO-3's backward) read a parameter's
+    // whole gradient: they run after its last micro-batch, like the end of the step.
+    bool sums_after_every_micro_batch(node_id consumer) const {
+        return consumer != no_id && sums_after_every_micro_batch_[static_cast<std::size_t>(consumer)];
     }
 
     bool collectives_allowed(tensor_id t, node_id consumer) const {
@@ -732,6 +746,7 @@ private:
     std::vector<std::vector<held_piece>> held_;
     bool emitting_backward_ = false;
     bool point_to_point_only_ = false;
+    std::vector<bool> sums_after_every_micro_batch_;  // per node of g_
     node_id emitting_consumer_ = no_id;
 };
 
