@@ -7,13 +7,13 @@
 #include <catch2/catch.hpp>
 
 #include <map>
+#include <optional>
 #include <string>
 
 #include <loom/models/evoformer.hpp>
-#include <loom/partition/pipeline_order.hpp>
-#include <loom/plan/pipeline.hpp>
+#include <loom/partition/apply.hpp>
 #include <loom/plan/presets.hpp>
-#include <loom/schedule/templates.hpp>
+#include <loom/plan/resolve.hpp>
 
 #include "support/evoformer.hpp"
 #include "support/plan_equivalence.hpp"
@@ -26,11 +26,21 @@ models::gpt_config model(std::int64_t layers = 4) {
     return {.layers = layers, .hidden = 16, .heads = 4, .vocab = 32, .seq = 8, .batch = 8};
 }
 
-void check_equal(const models::gpt_config& c, const plan::pipeline_plan& pp, const schedule::schedule& s,
-                 const std::string& what, train::trainer_options options = {}) {
-    const auto e = testing::compare_with_single_device<double>(
-        c, pp.plan, 3, options, [&](partition::partitioned_graph& pg) { partition::order_by_schedule(pg, pp, s); },
-        partition::pipeline_apply_options(pp));
+plan::order_policy one_f_one_b() { return {plan::schedule_kind::one_f_one_b}; }
+plan::order_policy gpipe() { return {plan::schedule_kind::gpipe}; }
+plan::order_policy interleaved() { return {plan::schedule_kind::interleaved, 2}; }
+plan::order_policy interlaced() { return {plan::schedule_kind::interlaced}; }
+plan::order_policy three_f_one_b() { return {plan::schedule_kind::three_f_one_b}; }
+
+// The plan `p` ordered by `order`.
+plan::plan_spec ordered(plan::plan_spec p, plan::order_policy order) {
+    p.order.alternatives = {std::move(order)};
+    return p;
+}
+
+void check_equal(const models::gpt_config& c, const plan::plan_spec& p, plan::order_policy order, const std::string& what,
+                 train::trainer_options options = {}) {
+    const auto e = testing::compare_with_single_device<double>(c, ordered(p, std::move(order)), 3, options);
     INFO(what << ": loss " << e.loss << ", grad norm " << e.grad_norm << ", parameters " << e.parameters << " ("
               << e.worst_parameter << "), " << e.transfers << " transfers");
     CHECK(e.loss <= 1e-9);
@@ -38,9 +48,23 @@ void check_equal(const models::gpt_config& c, const plan::pipeline_plan& pp, con
     CHECK(e.parameters <= 1e-9);
 }
 
-plan::pipeline_plan pipeline(const models::gpt_config& c, plan::even_pipeline_options o) {
-    auto m = models::gpt(c);
-    return plan::resolve_pipeline(plan::even_pipeline(m.ir(), o), m.ir());
+struct stage_options {
+    int stages = 2;
+    int micro_batches = 4;
+    int devices_per_stage = 1;
+    int virtual_stages = 1;  // > 1: interleaved
+    std::optional<plan::plan_spec> inner;
+};
+
+// Even stages of devices_per_stage devices, each cut by `inner`, ordered by 1F1B (interleaved
+// with virtual stages).
+plan::plan_spec pipeline(const models::gpt_config&, const stage_options& o) {
+    plan::plan_spec inner = o.inner.value_or(plan::plan_spec{});
+    inner.devices = o.devices_per_stage;
+    return plan::presets::pipeline(o.stages, o.micro_batches,
+                                   o.virtual_stages > 1 ? plan::order_policy{plan::schedule_kind::interleaved, o.virtual_stages}
+                                                        : one_f_one_b(),
+                                   inner);
 }
 
 // Transfers of each kind that move parameter gradients.
@@ -72,15 +96,15 @@ TEST_CASE("ZeRO 1, 2 and 3 inside pipeline stages shard over the stage's data-pa
             const int micro = stages == 2 ? 4 : 2;
             const auto pp = pipeline(c, {.stages = stages, .micro_batches = micro, .devices_per_stage = 2,
                                          .inner = plan::presets::zero(z, 2)});
-            CHECK(static_cast<int>(pp.plan.zero) == z);
+            CHECK(static_cast<int>(plan::resolve(pp, models::gpt(c).ir()).zero) == z);
             const std::string what = "x" + std::to_string(stages) + " of ZeRO-" + std::to_string(z);
-            check_equal(c, pp, partition::spread_over_groups(schedule::one_f_one_b(stages, micro), 2), "1F1B " + what, adam);
-            if (stages == 2) check_equal(c, pp, partition::spread_over_groups(schedule::gpipe(stages, micro), 2), "GPipe " + what, adam);
+            check_equal(c, pp, one_f_one_b(), "1F1B " + what, adam);
+            if (stages == 2) check_equal(c, pp, gpipe(), "GPipe " + what, adam);
 
             // A first-block weight lives on stage 0's pair of devices only, sharded between them
             // (ZeRO-3: stored in halves; ZeRO-2: gradients in halves; ZeRO-1: updates in halves).
             auto m = models::gpt(c);
-            auto pg = partition::apply_plan(m.ir(), pp.plan, partition::pipeline_apply_options(pp));
+            auto pg = partition::apply_plan(m.ir(), pp);
             const graph& g = pg.ir();
             tensor_id w = no_id;
             for (tensor_id t : g.parameters)
@@ -113,21 +137,12 @@ TEST_CASE("ZeRO inside stages sums each device's micro-batch gradients before on
             const auto pp = pipeline(c, {.stages = 2, .micro_batches = micro, .devices_per_stage = 2,
                                          .inner = plan::presets::zero(z, 2)});
             auto m = models::gpt(c);
-            by_micro[micro] = backward_collectives(partition::apply_plan(m.ir(), pp.plan, partition::pipeline_apply_options(pp)));
+            by_micro[micro] = backward_collectives(partition::apply_plan(m.ir(), pp));
         }
         INFO("ZeRO-" << z);
         CHECK(by_micro[2] == by_micro[4]);
         CHECK(by_micro[4][z == 1 ? partition::transfer_kind::all_reduce : partition::transfer_kind::reduce_scatter] > 0);
     }
-}
-
-TEST_CASE("stages asking for different ZeRO stages are refused when the pipeline is resolved", "[pipeline][zero][errors]") {
-    auto m = models::gpt(model());
-    auto spec = plan::even_pipeline(m.ir(), {.stages = 2, .micro_batches = 2, .devices_per_stage = 2});
-    spec.stages[0].inner = plan::presets::zero(1, 2);
-    spec.stages[1].inner = plan::presets::zero(3, 2);
-    CHECK_THROWS_WITH(plan::resolve_pipeline(spec, m.ir()),
-                      Catch::Contains("stage 1") && Catch::Contains("same ZeRO stage"));
 }
 
 TEST_CASE("selective and full recompute inside pipeline stages", "[pipeline][recompute]") {
@@ -137,34 +152,33 @@ TEST_CASE("selective and full recompute inside pipeline stages", "[pipeline][rec
     for (const auto& [name, inner] : {std::pair{std::string("selective"), plan::presets::recompute(mlp)},
                                       std::pair{std::string("full"), plan::presets::recompute({})}}) {
         const auto pp = pipeline(c, {.stages = 2, .micro_batches = 4, .inner = inner});
-        check_equal(c, pp, schedule::one_f_one_b(2, 4), "1F1B x2, " + name + " recompute");
-        check_equal(c, pp, schedule::gpipe(2, 4), "GPipe x2, " + name + " recompute");
+        check_equal(c, pp, one_f_one_b(), "1F1B x2, " + name + " recompute");
+        check_equal(c, pp, gpipe(), "GPipe x2, " + name + " recompute");
         plan::plan_spec dp = plan::presets::data_parallel(2);
         dp.then(inner);
         const auto with_dp = pipeline(c, {.stages = 2, .micro_batches = 4, .devices_per_stage = 2, .inner = dp});
-        check_equal(c, with_dp, partition::spread_over_groups(schedule::one_f_one_b(2, 4), 2),
+        check_equal(c, with_dp, one_f_one_b(),
                     "1F1B x2 of data parallel x2, " + name + " recompute");
     }
-    const auto interleaved = pipeline(model(8), {.stages = 2, .micro_batches = 4, .virtual_stages = 2,
-                                                 .inner = plan::presets::recompute(mlp)});
-    check_equal(model(8), interleaved, schedule::interleaved_one_f_one_b(2, 2, 4), "interleaved 2x2, selective recompute");
+    const auto chunks = pipeline(model(8), {.stages = 2, .micro_batches = 4, .virtual_stages = 2,
+                                            .inner = plan::presets::recompute(mlp)});
+    check_equal(model(8), chunks, interleaved(), "interleaved 2x2, selective recompute");
 }
 
 TEST_CASE("recomputed copies run in their micro-batch's backward block, so stages keep fewer activations",
           "[pipeline][recompute]") {
     const auto c = model();
     auto arena_of_first_stage = [&](const plan::plan_spec& inner, std::size_t& copies) {
-        const auto pp = pipeline(c, {.stages = 2, .micro_batches = 8, .inner = inner});
         auto m = models::gpt(c);
-        auto pg = partition::apply_plan(m.ir(), pp.plan, partition::pipeline_apply_options(pp));
-        partition::order_by_schedule(pg, pp, schedule::gpipe(2, 8));
+        const plan::resolved_plan r = plan::resolve(ordered(pipeline(c, {.stages = 2, .micro_batches = 8, .inner = inner}), gpipe()), m.ir());
+        auto pg = partition::apply_plan(m.ir(), r);
         const graph& dg = pg.devices[0].ir();
         copies = 0;
         for (std::size_t i = 0; i < dg.nodes.size(); ++i) {
             const auto src = pg.devices[0].source_of(static_cast<node_id>(i));
             if (dg.nodes[i].name.find("/recompute") == std::string::npos || src.logical == no_id) continue;
             ++copies;
-            const auto b = partition::pipeline_block(pg, pp, src.logical, src.piece);
+            const auto b = partition::detail::pipeline_block(pg, r, src.logical, src.piece);
             REQUIRE(b);
             CHECK(b->pass == schedule::pass_kind::backward);
         }
@@ -184,26 +198,22 @@ TEST_CASE("Coshard inside pipeline stages", "[pipeline][coshard]") {
     for (int stages : {2, 4}) {
         const auto pp = pipeline(c, {.stages = stages, .micro_batches = 4, .devices_per_stage = 2,
                                      .inner = plan::presets::coshard(2, 2)});
-        check_equal(c, pp, partition::spread_over_groups(schedule::one_f_one_b(stages, 4), 2),
+        check_equal(c, pp, one_f_one_b(),
                     "1F1B x" + std::to_string(stages) + " of coshard 2 per device x2");
     }
 }
 
 TEST_CASE("uneven stage boundaries", "[pipeline]") {
     const auto c = model(5);
-    auto m = models::gpt(c);
-    plan::pipeline_spec spec;
-    spec.micro_batches = 4;
-    spec.stages = {{0, 0, {0}, std::nullopt}, {1, 3, {1}, std::nullopt}, {4, 4, {2}, std::nullopt}};
-    const auto pp = plan::resolve_pipeline(spec, m.ir());
-    CHECK(pp.stage_of.size() > 0);
-    check_equal(c, pp, schedule::one_f_one_b(3, 4), "1F1B 1+3+1 layers");
-    check_equal(c, pp, schedule::gpipe(3, 4), "GPipe 1+3+1 layers");
+    plan::plan_spec p = plan::presets::pipeline(3, 4);
+    p.stages->boundaries = {1, 4};  // layers 0, 1-3 and 4
+    CHECK(plan::resolve(p, models::gpt(c).ir()).stage_of.size() > 0);
+    check_equal(c, p, one_f_one_b(), "1F1B 1+3+1 layers");
+    check_equal(c, p, gpipe(), "GPipe 1+3+1 layers");
     // Uneven groups of two with tensor parallelism inside, and the layers 3+2.
-    spec.stages = {{0, 2, {0, 1}, std::nullopt}, {3, 4, {2, 3}, std::nullopt}};
-    spec.inner = plan::presets::megatron(2);
-    const auto tp = plan::resolve_pipeline(spec, m.ir());
-    check_equal(c, tp, partition::spread_over_groups(schedule::one_f_one_b(2, 4), 2), "1F1B 3+2 layers of megatron x2");
+    plan::plan_spec tp = plan::presets::pipeline(2, 4, one_f_one_b(), plan::presets::megatron(2));
+    tp.stages->boundaries = {3};
+    check_equal(c, tp, one_f_one_b(), "1F1B 3+2 layers of megatron x2");
 }
 
 TEST_CASE("one plan with all three primitives: Megatron x2 in 2 stages, 1F1B, ZeRO-1 and recompute of half the layers",
@@ -217,12 +227,12 @@ TEST_CASE("one plan with all three primitives: Megatron x2 in 2 stages, 1F1B, Ze
     inner.then(plan::presets::recompute(first_half));
     inner.zero = plan::zero_stage::optimizer;
     const auto pp = pipeline(c, {.stages = 2, .micro_batches = 4, .devices_per_stage = 2, .inner = inner});
-    check_equal(c, pp, partition::spread_over_groups(schedule::one_f_one_b(2, 4), 2), "megatron x2, 2 stages, ZeRO-1, recompute",
+    check_equal(c, pp, one_f_one_b(), "megatron x2, 2 stages, ZeRO-1, recompute",
                 {.optimizer = train::adamw_options{}});
     plan::plan_spec dp_zero3 = plan::presets::zero(3, 2);
     dp_zero3.then(plan::presets::recompute(first_half));
     const auto z3 = pipeline(c, {.stages = 2, .micro_batches = 4, .devices_per_stage = 2, .inner = dp_zero3});
-    check_equal(c, z3, partition::spread_over_groups(schedule::one_f_one_b(2, 4), 2), "ZeRO-3 x2, 2 stages, recompute");
+    check_equal(c, z3, one_f_one_b(), "ZeRO-3 x2, 2 stages, recompute");
 }
 
 TEST_CASE("data parallelism inside stages all-reduces each gradient once per step", "[pipeline][data-parallel]") {
@@ -234,19 +244,19 @@ TEST_CASE("data parallelism inside stages all-reduces each gradient once per ste
         const auto pp = pipeline(c, {.stages = 2, .micro_batches = micro, .devices_per_stage = 2,
                                      .inner = plan::presets::data_parallel(2)});
         auto m = models::gpt(c);
-        auto pg = partition::apply_plan(m.ir(), pp.plan, partition::pipeline_apply_options(pp));
+        auto pg = partition::apply_plan(m.ir(), pp);
         by_micro[micro] = gradient_transfers(pg);
         // One all-reduce per parameter that one stage's pair stores; the tied embedding, on
         // both stages, is summed on the first stage and broadcast to the last.
         CHECK(by_micro[micro][partition::transfer_kind::all_reduce] == static_cast<int>(pg.ir().parameters.size()) - 1);
         CHECK(by_micro[micro][partition::transfer_kind::send_recv] == 0);
-        check_equal(c, pp, partition::spread_over_groups(schedule::one_f_one_b(2, micro), 2), "1F1B x2 of DP x2, m" + std::to_string(micro));
+        check_equal(c, pp, one_f_one_b(), "1F1B x2 of DP x2, m" + std::to_string(micro));
     }
     CHECK(by_micro[2] == by_micro[4]);
     // One micro-batch: the loss, summed over the last stage's pair, reaches the first stage
     // point to point (a broadcast across stages would wait on gradients still to come).
     const auto one = pipeline(c, {.stages = 2, .micro_batches = 1, .devices_per_stage = 2, .inner = plan::presets::data_parallel(2)});
-    check_equal(c, one, partition::spread_over_groups(schedule::one_f_one_b(2, 1), 2), "1F1B x2 of DP x2, m1");
+    check_equal(c, one, one_f_one_b(), "1F1B x2 of DP x2, m1");
 }
 
 TEST_CASE("3F1B with two and four stages and data or tensor parallelism inside them trains the Evoformer like one device",
@@ -274,12 +284,7 @@ TEST_CASE("3F1B with two and four stages and data or tensor parallelism inside t
             const int micro = 4;
             if (stages == 4 && inner.name[0] == 't') continue;  // one 4-stage case keeps the test short
             auto model = models::evoformer(c);
-            const auto pp = plan::resolve_pipeline(
-                plan::even_pipeline(model.ir(), {.stages = stages, .micro_batches = micro, .devices_per_stage = 2,
-                                                 .inner = inner.spec, .rounds_scope = "recycle", .rounds = 3}),
-                model.ir());
-            auto pg = partition::apply_plan(model.ir(), pp.plan, partition::pipeline_apply_options(pp));
-            partition::order_by_schedule(pg, pp, partition::spread_over_groups(schedule::three_f_one_b(stages, micro), 2));
+            auto pg = partition::apply_plan(model.ir(), plan::presets::pipeline(stages, micro, three_f_one_b(), inner.spec));
             if (inner.spec.name == transitions.name) {
                 // The split is real: stage 0's devices store half of a transition's weight each.
                 const graph& lg = pg.ir();
@@ -315,11 +320,10 @@ TEST_CASE("the interlaced pipeline with tensor and data parallelism inside the s
     for (const auto& [name, inner] : {std::pair{std::string("megatron x2"), plan::presets::megatron(2)},
                                       std::pair{std::string("data parallel x2"), plan::presets::data_parallel(2)}}) {
         const int stages = 2, micro = 4;
-        auto m = models::gpt(c);
-        const auto spec = plan::interlaced_pipeline(m.ir(), stages, micro, plan::presets::megatron(4), "blocks", 2, inner);
-        const auto pp = plan::resolve_pipeline(spec, m.ir());
-        CHECK(pp.plan.devices == 4);
-        check_equal(c, pp, schedule::interlaced(stages, micro, 2), spec.name + ", " + name);
+        plan::plan_spec spec = plan::presets::pipeline(stages, micro, interlaced(), inner);
+        spec.then(plan::presets::vocabulary_parallel(4));
+        CHECK(spec.devices == 4);
+        check_equal(c, spec, interlaced(), "interlaced x2 of " + name);
     }
 }
 
@@ -334,14 +338,14 @@ TEST_CASE("ZeRO inside interleaved, Megatron, Coshard, interlaced and 3F1B pipel
         SECTION("interleaved zero " + std::to_string(z)) {
             const auto pp = pipeline(model(8), {.stages = 2, .micro_batches = 4, .devices_per_stage = 2, .virtual_stages = 2,
                                                 .inner = plan::presets::zero(z, 2)});
-            check_equal(model(8), pp, partition::spread_over_groups(schedule::interleaved_one_f_one_b(2, 2, 4), 2),
+            check_equal(model(8), pp, interleaved(),
                         "interleaved 2x2 of ZeRO-" + std::to_string(z), adam);
         }
         SECTION("megatron zero " + std::to_string(z)) {
             plan::plan_spec inner = plan::presets::megatron(2);
             inner.zero = static_cast<plan::zero_stage>(z);
             const auto pp = pipeline(c, {.stages = 2, .micro_batches = 4, .devices_per_stage = 2, .inner = inner});
-            const auto s = partition::spread_over_groups(schedule::one_f_one_b(2, 4), 2);
+            const auto s = one_f_one_b();
             if (z == 2)
                 CHECK_THROWS_WITH(check_equal(c, pp, s, "megatron zero", adam), Catch::Contains("ZeRO-2") && Catch::Contains("use ZeRO-3"));
             else
@@ -351,22 +355,19 @@ TEST_CASE("ZeRO inside interleaved, Megatron, Coshard, interlaced and 3F1B pipel
             plan::plan_spec inner = plan::presets::coshard(2, 2);
             inner.zero = static_cast<plan::zero_stage>(z);
             const auto pp = pipeline(c, {.stages = 2, .micro_batches = 4, .devices_per_stage = 2, .inner = inner});
-            const auto s = partition::spread_over_groups(schedule::one_f_one_b(2, 4), 2);
+            const auto s = one_f_one_b();
             if (z == 2)
                 CHECK_THROWS_WITH(check_equal(c, pp, s, "coshard zero", adam), Catch::Contains("ZeRO-2") && Catch::Contains("use ZeRO-3"));
             else
                 check_equal(c, pp, s, "1F1B x2 of coshard, ZeRO-" + std::to_string(z), adam);
         }
         SECTION("interlaced zero " + std::to_string(z)) {
-            auto m = models::gpt(c);
-            plan::plan_spec spmd = plan::presets::megatron(4);
-            spmd.zero = static_cast<plan::zero_stage>(z);
-            const auto spec = plan::interlaced_pipeline(m.ir(), 2, 4, spmd, "blocks", 2, plan::presets::zero(z, 2));
-            const auto pp = plan::resolve_pipeline(spec, m.ir());
+            plan::plan_spec pp = plan::presets::pipeline(2, 4, interlaced(), plan::presets::zero(z, 2));
+            pp.then(plan::presets::vocabulary_parallel(4));
             if (z == 2)
-                CHECK_THROWS_WITH(check_equal(c, pp, schedule::interlaced(2, 4, 2), "interlaced zero", adam), Catch::Contains("ZeRO-2") && Catch::Contains("use ZeRO-3"));
+                CHECK_THROWS_WITH(check_equal(c, pp, interlaced(), "interlaced zero", adam), Catch::Contains("ZeRO-2") && Catch::Contains("use ZeRO-3"));
             else
-                check_equal(c, pp, schedule::interlaced(2, 4, 2), "interlaced of DP x2, ZeRO-" + std::to_string(z), adam);
+                check_equal(c, pp, interlaced(), "interlaced of DP x2, ZeRO-" + std::to_string(z), adam);
         }
         SECTION("3f1b zero " + std::to_string(z)) {
             models::evoformer_config e = testing::pipeline_evoformer(4);
@@ -374,12 +375,7 @@ TEST_CASE("ZeRO inside interleaved, Megatron, Coshard, interlaced and 3F1B pipel
             const auto data = models::evoformer_synthetic_batch(e, 7);
             const train::input_feed feed = testing::evoformer_feed(data);
             auto model = models::evoformer(e);
-            const auto pp = plan::resolve_pipeline(
-                plan::even_pipeline(model.ir(), {.stages = 2, .micro_batches = 4, .devices_per_stage = 2,
-                                                 .inner = plan::presets::zero(z, 2), .rounds_scope = "recycle", .rounds = 3}),
-                model.ir());
-            auto pg = partition::apply_plan(model.ir(), pp.plan, partition::pipeline_apply_options(pp));
-            partition::order_by_schedule(pg, pp, partition::spread_over_groups(schedule::three_f_one_b(2, 4), 2));
+            auto pg = partition::apply_plan(model.ir(), plan::presets::pipeline(2, 4, three_f_one_b(), plan::presets::zero(z, 2)));
             train::trainer<double> single(std::move(model).training_graph(), {});
             std::vector<train::step_result> reference;
             for (int step = 0; step < 3; ++step) reference.push_back(single.step(feed));

@@ -59,8 +59,12 @@ void draw_recompute(plan::plan_spec& p, std::int64_t layers, rng_t& rng) {
     p.add({on, std::nullopt, std::nullopt, true, "recompute"});
 }
 
-void draw_zero(plan::plan_spec& p, int group, rng_t& rng) {
-    if (group > 1 && pick(rng, 3) == 0) p.zero = static_cast<plan::zero_stage>(1 + pick(rng, 3));
+// ZeRO-2 needs every device of a stage to store whole parameters, so it is refused with
+// tensor parallelism inside the stage (apply_plan says to use ZeRO-3): not drawn there.
+void draw_zero(plan::plan_spec& p, int group, rng_t& rng, bool tensor_parallel = false) {
+    if (group < 2 || pick(rng, 3) != 0) return;
+    const std::vector<int> stages = tensor_parallel ? std::vector<int>{1, 3} : std::vector<int>{1, 2, 3};
+    p.zero = static_cast<plan::zero_stage>(stages[pick(rng, stages.size())]);
 }
 
 plan::order_policy linear_order(rng_t& rng) {
@@ -72,7 +76,8 @@ drawn draw_gpt(const models::gpt_config& c, rng_t& rng) {
     const int stages = 1 + static_cast<int>(pick(rng, 2));  // 1 or 2
     const int group = 1 + static_cast<int>(pick(rng, 2));   // 1 or 2
     plan::plan_spec inner;
-    switch (pick(rng, 4)) {
+    const std::size_t within = pick(rng, 4);
+    switch (within) {
         case 0: inner = plan::presets::data_parallel(group); break;
         case 1: inner = plan::presets::megatron(group); break;
         case 2: inner = plan::presets::coshard(group, 2); break;
@@ -88,7 +93,7 @@ drawn draw_gpt(const models::gpt_config& c, rng_t& rng) {
     draw_stages(p, c.layers, stages, group, rng, interleave || interlace || pick(rng, 2) == 0);
     if (interlace) p.then(plan::presets::vocabulary_parallel(stages));
     draw_recompute(p, c.layers, rng);
-    draw_zero(p, group, rng);
+    draw_zero(p, group, rng, within == 1 || within == 2 || interlace);
     return {p, "gpt"};
 }
 
