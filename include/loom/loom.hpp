@@ -61,10 +61,14 @@
 #include <loom/runtime/host/thread_pool.hpp>
 
 // io
+#include <loom/io/checkpoint_manifest.hpp>
+#include <loom/io/crc32.hpp>
+#include <loom/io/durable_file.hpp>
 #include <loom/io/safetensors.hpp>
 
 // train
 #include <loom/train/adamw.hpp>
+#include <loom/train/checkpoint.hpp>
 #include <loom/train/corpus.hpp>
 #include <loom/train/data_loader.hpp>
 #include <loom/train/distributed_trainer.hpp>

@@ -19469,6 +19469,332 @@ private:
 // ---- end loom/runtime/host/bound_storage.hpp ----
 
 // io
+// ---- begin loom/io/checkpoint_manifest.hpp ----
+// The manifest of a sharded checkpoint: one JSON file, written last, that says what the
+// checkpoint holds and where. A checkpoint directory is complete exactly when its
+// manifest exists (train/checkpoint.hpp writes it after every shard file is on disk).
+//
+//   {"format": "loom-checkpoint", "version": 1,
+//    "model": {"signature": "9f3c...", "parameters": {"wte": [256, 64], ...}},
+//    "dtype": "F32",
+//    "plan": {...},                       (how the saving run was partitioned; informative)
+//    "step": 10,
+//    "optimizer": {...}, "schedule": {...}, "data_loader": {...}, "random": {...},
+//    "tensors": {"wte": {"shape": [256, 64],
+//                        "shards": [{"rank": 0, "file": "rank-00000.safetensors",
+//                                    "key": "wte@0:128,0:64", "box": [[0, 128], [0, 64]],
+//                                    "bytes": 32768, "crc32": 123456789}, ...]}, ...}}
+//
+// The shards of a tensor tile it: they lie inside its shape, do not overlap and cover it.
+// read() checks that, so a loader can trust every element to come from exactly one shard.
+#include <algorithm>
+#include <array>
+#include <cstdint>
+#include <filesystem>
+#include <fstream>
+#include <map>
+#include <sstream>
+#include <string>
+#include <vector>
+
+#include <nlohmann/json.hpp>
+
+
+namespace loom::io {
+
+using index_box = std::vector<std::array<std::int64_t, 2>>;  // [begin, end) per axis
+
+inline std::int64_t box_elements(const index_box& b) {
+    std::int64_t n = 1;
+    for (const auto& r : b) n *= std::max<std::int64_t>(r[1] - r[0], 0);
+    return n;
+}
+
+inline std::string box_text(const index_box& b) {
+    std::string s;
+    for (std::size_t a = 0; a < b.size(); ++a) s += (a ? "," : "") + std::to_string(b[a][0]) + ":" + std::to_string(b[a][1]);
+    return s;
+}
+
+struct checkpoint_shard {
+    int rank = 0;              // the rank that wrote it
+    std::string file;          // relative to the checkpoint directory
+    std::string key;           // tensor name inside that safetensors file
+    index_box box;             // where it lies in the whole tensor
+    std::uint64_t bytes = 0;
+    std::uint32_t crc32 = 0;   // of its bytes as stored
+};
+
+struct checkpoint_tensor {
+    std::vector<std::int64_t> shape;
+    std::vector<checkpoint_shard> shards;
+};
+
+struct checkpoint_manifest {
+    static constexpr int version = 1;
+    static constexpr const char* file_name = "manifest.json";
+
+    std::string model_signature;
+    nlohmann::json model = nlohmann::json::object();
+    std::string dtype;  // "F32" or "F64", the element type of every tensor
+    nlohmann::json plan = nlohmann::json::object();
+    std::int64_t step = 0;
+    nlohmann::json optimizer = nlohmann::json::object();
+    nlohmann::json schedule = nlohmann::json::object();
+    nlohmann::json data_loader = nlohmann::json::object();
+    nlohmann::json random = nlohmann::json::object();
+    std::map<std::string, checkpoint_tensor> tensors;
+
+    nlohmann::json to_json() const {
+        nlohmann::json j;
+        j["format"] = "loom-checkpoint";
+        j["version"] = version;
+        j["model"] = model;
+        j["model"]["signature"] = model_signature;
+        j["dtype"] = dtype;
+        j["plan"] = plan;
+        j["step"] = step;
+        j["optimizer"] = optimizer;
+        j["schedule"] = schedule;
+        j["data_loader"] = data_loader;
+        j["random"] = random;
+        nlohmann::json ts = nlohmann::json::object();
+        for (const auto& [name, t] : tensors) {
+            nlohmann::json shards = nlohmann::json::array();
+            for (const auto& s : t.shards)
+                shards.push_back({{"rank", s.rank}, {"file", s.file}, {"key", s.key}, {"box", s.box},
+                                  {"bytes", s.bytes}, {"crc32", s.crc32}});
+            ts[name] = {{"shape", t.shape}, {"shards", shards}};
+        }
+        j["tensors"] = ts;
+        return j;
+    }
+
+    // Parses and checks a manifest; `where` names it in errors (loom::data_error).
+    static checkpoint_manifest from_json(const nlohmann::json& j, const std::string& where) {
+        auto fail = [&](const std::string& what) -> void {
+            throw data_error("checkpoint manifest '" + where + "' " + what +
+                             "; the checkpoint is damaged or was not written by loom: use an older checkpoint of the "
+                             "directory, or save a new one");
+        };
+        checkpoint_manifest m;
+        try {
+            if (!j.is_object() || j.value("format", "") != "loom-checkpoint") fail("is not a loom checkpoint manifest");
+            if (j.at("version").get<int>() != version)
+                fail("has version " + j.at("version").dump() + " but this loom reads version " + std::to_string(version));
+            m.model = j.at("model");
+            m.model_signature = m.model.at("signature").get<std::string>();
+            m.dtype = j.at("dtype").get<std::string>();
+            m.plan = j.at("plan");
+            m.step = j.at("step").get<std::int64_t>();
+            m.optimizer = j.at("optimizer");
+            m.schedule = j.at("schedule");
+            m.data_loader = j.at("data_loader");
+            m.random = j.at("random");
+            for (const auto& [name, t] : j.at("tensors").items()) {
+                checkpoint_tensor ct;
+                ct.shape = t.at("shape").get<std::vector<std::int64_t>>();
+                for (const auto& s : t.at("shards"))
+                    ct.shards.push_back({s.at("rank").get<int>(), s.at("file").get<std::string>(),
+                                         s.at("key").get<std::string>(), s.at("box").get<index_box>(),
+                                         s.at("bytes").get<std::uint64_t>(), s.at("crc32").get<std::uint32_t>()});
+                m.tensors.emplace(name, std::move(ct));
+            }
+        } catch (const nlohmann::json::exception& e) {
+            fail(std::string("has a missing or mistyped field (") + e.what() + ")");
+        }
+        for (const auto& [name, t] : m.tensors) {
+            std::int64_t whole = 1;
+            for (auto e : t.shape) whole *= e;
+            std::int64_t covered = 0;
+            for (std::size_t i = 0; i < t.shards.size(); ++i) {
+                const auto& s = t.shards[i];
+                bool inside = s.box.size() == t.shape.size();
+                for (std::size_t a = 0; inside && a < s.box.size(); ++a)
+                    inside = 0 <= s.box[a][0] && s.box[a][0] <= s.box[a][1] && s.box[a][1] <= t.shape[a];
+                if (!inside) fail("gives tensor '" + name + "' a shard [" + box_text(s.box) + "] outside its shape");
+                for (std::size_t k = 0; k < i; ++k) {
+                    const auto& o = t.shards[k].box;
+                    bool overlap = !s.box.empty();
+                    for (std::size_t a = 0; overlap && a < s.box.size(); ++a)
+                        overlap = std::max(s.box[a][0], o[a][0]) < std::min(s.box[a][1], o[a][1]);
+                    if (overlap || (s.box.empty() && o.empty()))
+                        fail("gives tensor '" + name + "' overlapping shards [" + box_text(s.box) + "] and [" +
+                             box_text(o) + "]");
+                }
+                covered += box_elements(s.box);
+            }
+            if (covered != whole)
+                fail("covers " + std::to_string(covered) + " of the " + std::to_string(whole) + " elements of tensor '" +
+                     name + "'");
+        }
+        return m;
+    }
+
+    // Reads `dir`/manifest.json.
+    static checkpoint_manifest read(const std::filesystem::path& dir) {
+        const auto path = dir / file_name;
+        std::ifstream in(path);
+        if (!in)
+            throw data_error("checkpoint '" + dir.string() + "' has no readable " + file_name +
+                             ", so it is incomplete (a save that did not finish); resume from an older checkpoint");
+        std::stringstream text;
+        text << in.rdbuf();
+        nlohmann::json j;
+        try {
+            j = nlohmann::json::parse(text.str());
+        } catch (const nlohmann::json::parse_error& e) {
+            throw data_error("checkpoint manifest '" + path.string() + "' is not valid JSON (" + e.what() +
+                             "); the checkpoint is damaged: use an older checkpoint of the directory");
+        }
+        return from_json(j, path.string());
+    }
+};
+
+}  // namespace loom::io
+// ---- end loom/io/checkpoint_manifest.hpp ----
+// ---- begin loom/io/crc32.hpp ----
+// CRC-32 (the IEEE 802.3 / zlib polynomial, reflected, 0xEDB88320): the checksum that
+// checkpoints record for every shard, so that a flipped or truncated byte is refused
+// before it is trained on. crc32("123456789") == 0xCBF43926, as zlib.crc32 computes.
+// Incremental: crc32(b, crc32(a)) == crc32(a + b).
+#include <array>
+#include <cstddef>
+#include <cstdint>
+#include <span>
+#include <string_view>
+
+namespace loom::io {
+
+namespace detail {
+constexpr std::array<std::uint32_t, 256> make_crc32_table() noexcept {
+    std::array<std::uint32_t, 256> table{};
+    for (std::uint32_t i = 0; i < 256; ++i) {
+        std::uint32_t c = i;
+        for (int k = 0; k < 8; ++k) c = (c & 1U) ? 0xEDB88320U ^ (c >> 1) : c >> 1;
+        table[i] = c;
+    }
+    return table;
+}
+inline constexpr std::array<std::uint32_t, 256> crc32_table = make_crc32_table();
+}  // namespace detail
+
+// `previous` is the checksum of the bytes before these (0 for the start of a stream).
+inline std::uint32_t crc32(std::span<const std::byte> bytes, std::uint32_t previous = 0) noexcept {
+    std::uint32_t c = ~previous;
+    for (std::byte b : bytes) c = detail::crc32_table[(c ^ static_cast<std::uint32_t>(b)) & 0xFFU] ^ (c >> 8);
+    return ~c;
+}
+
+inline std::uint32_t crc32(std::string_view text, std::uint32_t previous = 0) noexcept {
+    return crc32(std::as_bytes(std::span(text.data(), text.size())), previous);
+}
+
+}  // namespace loom::io
+// ---- end loom/io/crc32.hpp ----
+// ---- begin loom/io/durable_file.hpp ----
+// Writing files so that a crash never leaves a half-written file under the final name:
+// write to "<name>.tmp", fsync it, rename it over the final name, fsync the directory
+// (POSIX makes rename atomic; the directory fsync makes the rename itself survive a power
+// cut). Checkpoints are built from these steps, with the manifest written last.
+//
+// write_faults lets tests stop a write at a chosen point (as a crash or a full disk would)
+// and check that what was there before is intact.
+#include <fcntl.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include <cerrno>
+#include <cstddef>
+#include <cstring>
+#include <filesystem>
+#include <functional>
+#include <span>
+#include <string>
+
+
+namespace loom::io {
+
+// Called with the path about to be written ("<name>.tmp") before each durable write, and
+// with the final path before each rename; a test hook throws or ends the process there.
+struct write_faults {
+    std::function<void(const std::filesystem::path&)> before_write;
+    std::function<void(const std::filesystem::path&)> before_rename;
+};
+
+namespace detail {
+inline std::string errno_text(int code) { return std::string(std::strerror(code)); }
+
+inline void fsync_path(const std::filesystem::path& path, bool directory, std::string_view who) {
+    const int fd = ::open(path.c_str(), (directory ? O_RDONLY | O_DIRECTORY : O_RDONLY) | O_CLOEXEC);
+    if (fd < 0)
+        throw data_error(std::string(who) + ": cannot open '" + path.string() + "' to flush it: " + errno_text(errno) +
+                         "; check that the directory exists and is readable");
+    const int rc = ::fsync(fd);
+    const int code = errno;
+    ::close(fd);
+    if (rc != 0 && code != EINVAL)  // some file systems cannot fsync directories
+        throw data_error(std::string(who) + ": flushing '" + path.string() + "' to disk failed: " + errno_text(code) +
+                         "; check the disk");
+}
+}  // namespace detail
+
+// Flushes a directory's entries (new names, renames) to disk.
+inline void fsync_directory(const std::filesystem::path& dir) { detail::fsync_path(dir, true, "fsync_directory"); }
+
+// Writes `bytes` to `target` atomically and durably. On any failure (no such directory, a
+// read-only or full disk) throws loom::data_error naming the file and the cause, removes
+// the temporary file and leaves whatever was at `target` untouched.
+inline void write_file_durably(const std::filesystem::path& target, std::span<const std::byte> bytes,
+                               const write_faults* faults = nullptr) {
+    std::filesystem::path temporary = target;
+    temporary += ".tmp";
+    if (faults && faults->before_write) faults->before_write(temporary);
+    const int fd = ::open(temporary.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
+    if (fd < 0)
+        throw data_error("write_file_durably: cannot create '" + temporary.string() + "': " + detail::errno_text(errno) +
+                         "; check that the directory exists and is writable");
+    auto fail = [&](const std::string& what) {
+        const int code = errno;
+        ::close(fd);
+        ::unlink(temporary.c_str());
+        throw data_error("write_file_durably: " + what + " '" + temporary.string() + "' failed: " +
+                         detail::errno_text(code) + "; free disk space or choose another directory (nothing at '" +
+                         target.string() + "' was changed)");
+    };
+    const std::byte* at = bytes.data();
+    std::size_t left = bytes.size();
+    while (left > 0) {
+        const ssize_t n = ::write(fd, at, left);
+        if (n < 0 && errno == EINTR) continue;
+        if (n <= 0) fail("writing " + std::to_string(bytes.size()) + " bytes to");
+        at += n;
+        left -= static_cast<std::size_t>(n);
+    }
+    if (::fsync(fd) != 0) fail("flushing");
+    if (::close(fd) != 0) {
+        const int code = errno;
+        ::unlink(temporary.c_str());
+        throw data_error("write_file_durably: closing '" + temporary.string() + "' failed: " + detail::errno_text(code) +
+                         "; check the disk");
+    }
+    if (faults && faults->before_rename) faults->before_rename(target);
+    if (::rename(temporary.c_str(), target.c_str()) != 0) {
+        const int code = errno;
+        ::unlink(temporary.c_str());
+        throw data_error("write_file_durably: cannot rename '" + temporary.string() + "' to '" + target.string() +
+                         "': " + detail::errno_text(code) + "; check that the directory is writable");
+    }
+    fsync_directory(target.parent_path().empty() ? std::filesystem::path(".") : target.parent_path());
+}
+
+inline void write_file_durably(const std::filesystem::path& target, std::string_view text,
+                               const write_faults* faults = nullptr) {
+    write_file_durably(target, std::as_bytes(std::span(text.data(), text.size())), faults);
+}
+
+}  // namespace loom::io
+// ---- end loom/io/durable_file.hpp ----
 // ---- begin loom/io/safetensors.hpp ----
 // safetensors: the tensor file format of the Hugging Face ecosystem, read and written
 // without the Python or Rust package.
@@ -20135,6 +20461,1718 @@ private:
 
 }  // namespace loom::train
 // ---- end loom/train/adamw.hpp ----
+// ---- begin loom/train/checkpoint.hpp ----
+// Sharded training checkpoints: save, resume bit-identically, and load under another plan.
+//
+// A checkpoint is a directory DIR/step-00000010/ holding
+//   rank-00003.safetensors   the pieces rank 3 writes: parameters, AdamW moments (or SGD
+//                            momentum), each a box of a logical tensor ("wte@0:128,0:64")
+//   rank-00003.json          the boxes, byte counts and CRC-32s of those pieces
+//   manifest.json            everything else (io/checkpoint_manifest.hpp), written last
+// Every element of every tensor is written by exactly one rank: a replicated piece by the
+// lowest rank that holds it (train/ownership.hpp), a ZeRO shard by the rank that updates it.
+//
+// Saving is atomic: every file goes through io::write_file_durably into step-N.tmp/, the
+// manifest last, then the directory is renamed to step-N and the parent flushed. A crash at
+// any moment leaves step-N.tmp (ignored, removed by the next save) and every older
+// checkpoint as it was. Ranks agree after each phase (a sum over the communicator), so a
+// rank whose write fails makes every rank throw, and no manifest is written.
+//
+// Loading knows nothing of the saving plan: each rank asks, for each piece it holds now,
+// which shards intersect its box, reads those shard tensors only, checks their CRC-32 and
+// copies the intersections. So a checkpoint saved under any plan loads under any other plan
+// of the same model. Everything is read and checked before anything in the trainer is
+// changed: a damaged checkpoint throws loom::data_error and leaves the trainer as it was.
+//
+// Bit-identical resume: the state is the parameters, the optimizer's buffers and step
+// count, the trainer's step (which is also the learning-rate schedule's position and the
+// dropout counter: masks are a pure function of (seed, step, element), ops/dropout.hpp)
+// and, when given, the data loader's position. Restore them all and the next steps
+// compute the same bits as the run that never stopped, under the same plan.
+#include <algorithm>
+#include <cstdint>
+#include <cstdio>
+#include <cstring>
+#include <filesystem>
+#include <fstream>
+#include <map>
+#include <memory>
+#include <optional>
+#include <span>
+#include <sstream>
+#include <string>
+#include <type_traits>
+#include <variant>
+#include <vector>
+
+#include <nlohmann/json.hpp>
+
+// ---- begin loom/train/data_loader.hpp ----
+// data_loader: next-token-prediction batches from one token sequence.
+//
+// A window is seq + 1 consecutive tokens starting at any position w in
+// [0, tokens - seq): its first seq tokens are the inputs, its last seq the targets, so
+//   targets[b * seq + i] == inputs[b * seq + i + 1]   for i + 1 < seq
+//   targets[b * seq + seq - 1] == tokens[w + seq].
+// An epoch visits every window start exactly once: in order 0, 1, 2, ... when shuffle is
+// off, in a seeded pseudo-random order that is a different permutation each epoch when it
+// is on. Batches run on across epoch boundaries, so no window is dropped.
+//
+// The order is a keyed Feistel permutation of the window index (own implementation, only
+// 64-bit integer arithmetic), so it needs no memory per window and the same (tokens,
+// options) give the same batches on every platform. The whole position in the stream is
+// data_loader_state, five integers: save state() in a checkpoint and restore() it to
+// continue with exactly the batches the first run would have drawn next.
+#include <cstddef>
+#include <cstdint>
+#include <memory>
+#include <span>
+#include <string>
+#include <vector>
+
+// ---- begin loom/train/token_file.hpp ----
+// A binary token file: a pre-tokenized corpus that training reads without re-tokenizing.
+//
+// Layout (all integers little-endian), 32-byte header then the tokens:
+//   offset  0  8 bytes  magic "LOOMTOKS"
+//   offset  8  u32      format version, 1
+//   offset 12  u32      bytes per token, 2 (vocab_size <= 65536) or 4
+//   offset 16  u32      vocab_size; every token is in [0, vocab_size)
+//   offset 20  u32      reserved, 0
+//   offset 24  u64      token count N
+//   offset 32  N * bytes_per_token bytes of tokens
+// So a file of N tokens is exactly 32 + N * bytes_per_token bytes long; anything else is
+// truncated or has trailing bytes, and is rejected.
+//
+// Make one with write_token_file(path, tokens, vocab_size), e.g. from
+// byte_tokenizer{}.encode(make_corpus()) with vocab_size 256.
+#include <algorithm>
+#include <array>
+#include <cstddef>
+#include <cstdint>
+#include <filesystem>
+#include <fstream>
+#include <limits>
+#include <memory>
+#include <span>
+#include <string>
+#include <string_view>
+#include <system_error>
+#include <vector>
+
+
+namespace loom::train {
+
+inline constexpr std::string_view token_file_magic = "LOOMTOKS";
+inline constexpr std::uint32_t token_file_version = 1;
+inline constexpr std::size_t token_file_header_bytes = 32;
+
+namespace detail {
+
+inline void token_file_put(std::string& out, std::uint64_t value, int bytes) {
+    for (int i = 0; i < bytes; ++i) out.push_back(static_cast<char>((value >> (8 * i)) & 0xFF));
+}
+
+inline std::uint64_t token_file_get(const unsigned char* in, int bytes) {
+    std::uint64_t value = 0;
+    for (int i = 0; i < bytes; ++i) value |= static_cast<std::uint64_t>(in[i]) << (8 * i);
+    return value;
+}
+
+inline std::string token_file_quote(const std::filesystem::path& path) { return "'" + path.string() + "'"; }
+
+// Shows bytes as text where printable: "PK\x03\x04" for a zip file.
+inline std::string token_file_printable(std::span<const unsigned char> bytes) {
+    static constexpr char hex[] = "0123456789abcdef";
+    std::string text = "\"";
+    for (unsigned char b : bytes) {
+        if (b >= 0x20 && b < 0x7f && b != '"' && b != '\\') {
+            text.push_back(static_cast<char>(b));
+        } else {
+            text += "\\x";
+            text.push_back(hex[b >> 4]);
+            text.push_back(hex[b & 0xF]);
+        }
+    }
+    return text + "\"";
+}
+
+inline constexpr std::string_view token_file_fix =
+    "write it with loom::train::write_token_file(path, tokens, vocab_size)";
+
+}  // namespace detail
+
+// Writes `tokens` in the format above: 2 bytes per token when vocab_size <= 65536, else 4.
+// Throws loom::usage_error for a vocab_size of 0 or above 2^31 (ids are int32) and for a
+// token outside [0, vocab_size); loom::data_error when the file cannot be written.
+// The file is written beside `path` and renamed into place, so a reader never sees half of it.
+inline void write_token_file(const std::filesystem::path& path, std::span<const std::int32_t> tokens,
+                             std::uint32_t vocab_size) {
+    if (vocab_size == 0 || vocab_size > (std::uint32_t{1} << 31)) {
+        throw usage_error("write_token_file: vocab_size " + std::to_string(vocab_size) + " for " +
+                          detail::token_file_quote(path) + " is outside [1, 2^31]; pass the tokenizer's vocab_size "
+                          "(256 for byte_tokenizer)");
+    }
+    for (std::size_t i = 0; i < tokens.size(); ++i) {
+        if (tokens[i] < 0 || static_cast<std::uint32_t>(tokens[i]) >= vocab_size) {
+            throw usage_error("write_token_file: token " + std::to_string(tokens[i]) + " at position " + std::to_string(i) +
+                              " is outside [0, " + std::to_string(vocab_size) + ") for " +
+                              detail::token_file_quote(path) + "; pass the vocab_size of the tokenizer that produced "
+                              "the tokens");
+        }
+    }
+    const int width = vocab_size <= 65536 ? 2 : 4;
+
+    std::string bytes;
+    bytes.reserve(token_file_header_bytes + tokens.size() * static_cast<std::size_t>(width));
+    bytes += token_file_magic;
+    detail::token_file_put(bytes, token_file_version, 4);
+    detail::token_file_put(bytes, static_cast<std::uint64_t>(width), 4);
+    detail::token_file_put(bytes, vocab_size, 4);
+    detail::token_file_put(bytes, 0, 4);
+    detail::token_file_put(bytes, tokens.size(), 8);
+    for (std::int32_t t : tokens) detail::token_file_put(bytes, static_cast<std::uint32_t>(t), width);
+
+    std::filesystem::path partial = path;
+    partial += ".partial";
+    {
+        std::ofstream out(partial, std::ios::binary | std::ios::trunc);
+        if (!out) {
+            throw data_error("write_token_file: cannot create " + detail::token_file_quote(partial) +
+                             "; check that the directory exists and is writable");
+        }
+        out.write(bytes.data(), static_cast<std::streamsize>(bytes.size()));
+        out.close();
+        if (!out) {
+            throw data_error("write_token_file: writing " + std::to_string(bytes.size()) + " bytes to " +
+                             detail::token_file_quote(partial) + " failed; check free disk space");
+        }
+    }
+    std::error_code ec;
+    std::filesystem::rename(partial, path, ec);
+    if (ec) {
+        throw data_error("write_token_file: cannot rename " + detail::token_file_quote(partial) + " to " +
+                         detail::token_file_quote(path) + ": " + ec.message() + "; check that the target is writable");
+    }
+}
+
+// A token file read into memory and validated: every error names the path, what is wrong
+// and how to make a good file. The tokens are shared, not copied, with data_loaders built
+// from this file, so they stay alive as long as any of them.
+class token_file {
+public:
+    explicit token_file(std::filesystem::path path) : path_(std::move(path)) { load(); }
+
+    const std::filesystem::path& path() const noexcept { return path_; }
+    std::size_t size() const noexcept { return tokens_->size(); }
+    bool empty() const noexcept { return tokens_->empty(); }
+    std::uint32_t vocab_size() const noexcept { return vocab_size_; }
+    std::uint32_t bytes_per_token() const noexcept { return bytes_per_token_; }
+
+    std::int32_t operator[](std::size_t i) const noexcept { return (*tokens_)[i]; }
+    std::span<const std::int32_t> tokens() const noexcept { return *tokens_; }
+    const std::shared_ptr<const std::vector<std::int32_t>>& shared_tokens() const noexcept { return tokens_; }
+
+private:
+    [[noreturn]] void fail(const std::string& what) const {
+        throw data_error("token_file: " + detail::token_file_quote(path_) + " " + what);
+    }
+
+    void load() {
+        std::error_code ec;
+        const auto status = std::filesystem::status(path_, ec);
+        if (!std::filesystem::exists(status)) fail("does not exist; " + std::string(detail::token_file_fix));
+        if (!std::filesystem::is_regular_file(status)) fail("is not a regular file; pass the path of a token file");
+        const std::uintmax_t file_bytes = std::filesystem::file_size(path_, ec);
+        if (ec) fail("cannot be sized: " + ec.message());
+        if (file_bytes == 0) fail("is empty (0 bytes), not a loom token file; " + std::string(detail::token_file_fix));
+
+        std::ifstream in(path_, std::ios::binary);
+        if (!in) fail("cannot be opened for reading; check its permissions");
+        std::array<unsigned char, token_file_header_bytes> header{};
+        const std::size_t header_read = static_cast<std::size_t>(std::min<std::uintmax_t>(file_bytes, header.size()));
+        in.read(reinterpret_cast<char*>(header.data()), static_cast<std::streamsize>(header_read));
+        if (static_cast<std::size_t>(in.gcount()) != header_read) fail("could not be read; check the disk");
+
+        const std::size_t magic_read = std::min(header_read, token_file_magic.size());
+        if (!std::equal(header.begin(), header.begin() + static_cast<std::ptrdiff_t>(magic_read), token_file_magic.begin())) {
+            fail("starts with " + detail::token_file_printable({header.data(), magic_read}) + " instead of the magic \"" +
+                 std::string(token_file_magic) + "\", so it is not a loom token file; " +
+                 std::string(detail::token_file_fix));
+        }
+        if (header_read < token_file_header_bytes) {
+            fail("is truncated: " + std::to_string(file_bytes) + " bytes, shorter than the " +
+                 std::to_string(token_file_header_bytes) + "-byte header; " + std::string(detail::token_file_fix));
+        }
+
+        const auto version = static_cast<std::uint32_t>(detail::token_file_get(&header[8], 4));
+        const auto width = static_cast<std::uint32_t>(detail::token_file_get(&header[12], 4));
+        vocab_size_ = static_cast<std::uint32_t>(detail::token_file_get(&header[16], 4));
+        const auto reserved = static_cast<std::uint32_t>(detail::token_file_get(&header[20], 4));
+        const std::uint64_t count = detail::token_file_get(&header[24], 8);
+
+        if (version != token_file_version) {
+            fail("has format version " + std::to_string(version) + ", but this build reads only version " +
+                 std::to_string(token_file_version) + "; rewrite it with this build's loom::train::write_token_file");
+        }
+        if (width != 2 && width != 4) {
+            fail("declares " + std::to_string(width) + " bytes per token, but only 2 and 4 are valid; the header is "
+                 "corrupt, " + std::string(detail::token_file_fix));
+        }
+        if (reserved != 0) {
+            fail("has reserved header field " + std::to_string(reserved) + " instead of 0; the header is corrupt, " +
+                 std::string(detail::token_file_fix));
+        }
+        if (vocab_size_ == 0 || vocab_size_ > (std::uint32_t{1} << 31)) {
+            fail("declares vocab_size " + std::to_string(vocab_size_) + ", outside [1, 2^31]; the header is corrupt, " +
+                 std::string(detail::token_file_fix));
+        }
+        bytes_per_token_ = width;
+
+        const std::uintmax_t payload = file_bytes - token_file_header_bytes;
+        const bool fits = count <= payload / width;  // count * width <= payload, without overflow
+        if (!fits || payload != count * width) {
+            const bool overflows = count > (std::numeric_limits<std::uint64_t>::max() - token_file_header_bytes) / width;
+            const std::string expected =
+                overflows ? std::string("more bytes than any file can hold")
+                          : std::to_string(token_file_header_bytes + count * width) + " bytes";
+            fail(std::string(fits ? "has trailing bytes" : "is truncated") + ": the header says " + std::to_string(count) +
+                 " tokens of " + std::to_string(width) + " bytes, so expected " + expected + ", found " +
+                 std::to_string(file_bytes) + " bytes; the file was " + (fits ? "appended to" : "cut short") + ", " +
+                 std::string(detail::token_file_fix));
+        }
+
+        std::vector<unsigned char> raw(static_cast<std::size_t>(payload));
+        in.read(reinterpret_cast<char*>(raw.data()), static_cast<std::streamsize>(raw.size()));
+        if (static_cast<std::size_t>(in.gcount()) != raw.size()) {
+            fail("could not be read past byte " + std::to_string(token_file_header_bytes + in.gcount()) +
+                 " of " + std::to_string(file_bytes) + "; check the disk");
+        }
+        auto tokens = std::make_shared<std::vector<std::int32_t>>(static_cast<std::size_t>(count));
+        const int w = static_cast<int>(width);
+        for (std::size_t i = 0; i < tokens->size(); ++i) {
+            const std::uint64_t id = detail::token_file_get(&raw[i * width], w);
+            if (id >= vocab_size_) {
+                fail("has token " + std::to_string(id) + " at position " + std::to_string(i) + ", not below its vocab_size " +
+                     std::to_string(vocab_size_) + "; the tokens are corrupt or the vocab_size is wrong, " +
+                     std::string(detail::token_file_fix));
+            }
+            (*tokens)[i] = static_cast<std::int32_t>(id);
+        }
+        tokens_ = std::move(tokens);
+    }
+
+    std::filesystem::path path_;
+    std::shared_ptr<const std::vector<std::int32_t>> tokens_ = std::make_shared<const std::vector<std::int32_t>>();
+    std::uint32_t vocab_size_ = 0;
+    std::uint32_t bytes_per_token_ = 0;
+};
+
+}  // namespace loom::train
+// ---- end loom/train/token_file.hpp ----
+
+namespace loom::train {
+
+struct data_loader_options {
+    std::int64_t batch = 1;
+    std::int64_t seq = 1;
+    std::uint64_t seed = 0;
+    bool shuffle = true;
+};
+
+// Row-major [batch, seq] token ids.
+struct batch {
+    std::vector<std::int32_t> inputs;
+    std::vector<std::int32_t> targets;
+    std::int64_t batch = 0;
+    std::int64_t seq = 0;
+};
+
+// Where a data_loader is in its stream; all fields are plain integers so a checkpoint can
+// store them anywhere. window_count and shuffle identify the stream and are checked on
+// restore; seed, epoch and cursor are adopted.
+struct data_loader_state {
+    std::uint64_t seed = 0;
+    std::uint64_t epoch = 0;         // completed epochs
+    std::uint64_t cursor = 0;        // windows already drawn in the current epoch
+    std::uint64_t window_count = 0;  // windows per epoch: tokens - seq
+    std::uint64_t shuffle = 0;       // 1 when windows are shuffled, else 0
+
+    friend bool operator==(const data_loader_state&, const data_loader_state&) = default;
+};
+
+namespace detail {
+
+// A permutation of [0, n) chosen by `key`. A balanced Feistel network permutes
+// [0, 2^bits) with 2^bits < 4n; values that land at or above n are sent through again
+// ("cycle walking"), which stays inside the cycle of the start value and so ends at a
+// value below n, after fewer than 4 rounds on average.
+class feistel_permutation {
+public:
+    constexpr feistel_permutation(std::uint64_t n, std::uint64_t key) noexcept : n_(n), key_(key) {
+        while (half_bits_ < 32 && (std::uint64_t{1} << (2 * half_bits_)) < n_) ++half_bits_;
+        mask_ = (std::uint64_t{1} << half_bits_) - 1;
+    }
+
+    constexpr std::uint64_t operator()(std::uint64_t index) const noexcept {
+        if (n_ <= 1) return 0;
+        std::uint64_t x = index;
+        do {
+            x = encrypt(x);
+        } while (x >= n_);
+        return x;
+    }
+
+private:
+    static constexpr int rounds = 6;
+
+    constexpr std::uint64_t encrypt(std::uint64_t x) const noexcept {
+        std::uint64_t left = x >> half_bits_, right = x & mask_;
+        for (int r = 0; r < rounds; ++r) {
+            const std::uint64_t next = left ^ (splitmix64(key_ ^ splitmix64(right + 0x100000001b3ULL * static_cast<std::uint64_t>(r))) & mask_);
+            left = right;
+            right = next;
+        }
+        return (left << half_bits_) | right;
+    }
+
+    std::uint64_t n_;
+    std::uint64_t key_;
+    int half_bits_ = 1;
+    std::uint64_t mask_ = 1;
+};
+
+}  // namespace detail
+
+class data_loader {
+public:
+    // Copies the tokens.
+    data_loader(std::span<const std::int32_t> tokens, data_loader_options options)
+        : data_loader(std::make_shared<const std::vector<std::int32_t>>(tokens.begin(), tokens.end()), options) {}
+
+    data_loader(std::vector<std::int32_t> tokens, data_loader_options options)
+        : data_loader(std::make_shared<const std::vector<std::int32_t>>(std::move(tokens)), options) {}
+
+    // Shares the file's tokens; no copy.
+    data_loader(const token_file& file, data_loader_options options) : data_loader(file.shared_tokens(), options) {}
+
+    data_loader(std::shared_ptr<const std::vector<std::int32_t>> tokens, data_loader_options options)
+        : tokens_(std::move(tokens)), options_(options) {
+        if (!tokens_) throw usage_error("data_loader: the token pointer is null; pass a token sequence");
+        if (options_.batch < 1 || options_.seq < 1) {
+            throw usage_error("data_loader: batch " + std::to_string(options_.batch) + " and seq " +
+                              std::to_string(options_.seq) + " must both be at least 1");
+        }
+        const auto needed = static_cast<std::uint64_t>(options_.seq) + 1;
+        if (tokens_->size() < needed) {
+            throw data_error("data_loader: " + std::to_string(tokens_->size()) + " tokens are too few for one window of seq " +
+                             std::to_string(options_.seq) + ", which needs " + std::to_string(needed) +
+                             " tokens (seq inputs plus one target); use more data or a shorter seq");
+        }
+        window_count_ = tokens_->size() - static_cast<std::uint64_t>(options_.seq);
+    }
+
+    const data_loader_options& options() const noexcept { return options_; }
+    std::uint64_t windows_per_epoch() const noexcept { return window_count_; }
+    std::uint64_t epoch() const noexcept { return epoch_; }
+    std::span<const std::int32_t> tokens() const noexcept { return *tokens_; }
+
+    // The start position of the index-th window of an epoch.
+    std::uint64_t window_start(std::uint64_t epoch, std::uint64_t index) const noexcept {
+        if (!options_.shuffle) return index;
+        return detail::feistel_permutation(window_count_, splitmix64(options_.seed ^ splitmix64(epoch)))(index);
+    }
+
+    batch next() {
+        const auto rows = static_cast<std::size_t>(options_.batch);
+        const auto seq = static_cast<std::size_t>(options_.seq);
+        batch out{std::vector<std::int32_t>(rows * seq), std::vector<std::int32_t>(rows * seq), options_.batch, options_.seq};
+        const std::int32_t* data = tokens_->data();
+        for (std::size_t b = 0; b < rows; ++b) {
+            const std::uint64_t start = window_start(epoch_, cursor_);
+            for (std::size_t i = 0; i < seq; ++i) {
+                out.inputs[b * seq + i] = data[start + i];
+                out.targets[b * seq + i] = data[start + i + 1];
+            }
+            if (++cursor_ == window_count_) {
+                cursor_ = 0;
+                ++epoch_;
+            }
+        }
+        return out;
+    }
+
+    data_loader_state state() const noexcept {
+        return {options_.seed, epoch_, cursor_, window_count_, options_.shuffle ? 1U : 0U};
+    }
+
+    // Continues the stream `saved` came from. Throws loom::usage_error when it belongs to a
+    // different stream (other token count or seq, other shuffle setting) or is corrupt.
+    void restore(const data_loader_state& saved) {
+        if (saved.window_count != window_count_) {
+            throw usage_error("data_loader::restore: the saved state has " + std::to_string(saved.window_count) +
+                              " windows per epoch but this loader has " + std::to_string(window_count_) +
+                              " (tokens - seq); restore with the same token sequence and seq that produced the state");
+        }
+        if (saved.shuffle != (options_.shuffle ? 1U : 0U)) {
+            throw usage_error("data_loader::restore: the saved state has shuffle " + std::to_string(saved.shuffle) +
+                              " but this loader has shuffle " + std::string(options_.shuffle ? "1" : "0") +
+                              "; construct the loader with the shuffle setting of the run that saved the state");
+        }
+        if (saved.cursor >= window_count_) {
+            throw usage_error("data_loader::restore: the saved cursor " + std::to_string(saved.cursor) +
+                              " is not below the " + std::to_string(window_count_) +
+                              " windows per epoch; the saved state is corrupt");
+        }
+        options_.seed = saved.seed;
+        epoch_ = saved.epoch;
+        cursor_ = saved.cursor;
+    }
+
+private:
+    std::shared_ptr<const std::vector<std::int32_t>> tokens_;
+    data_loader_options options_;
+    std::uint64_t window_count_ = 0;
+    std::uint64_t epoch_ = 0;
+    std::uint64_t cursor_ = 0;
+};
+
+}  // namespace loom::train
+// ---- end loom/train/data_loader.hpp ----
+// ---- begin loom/train/distributed_trainer.hpp ----
+// Training one rank of a partitioned graph: this device's program, its pieces of the
+// parameters (initialised from the same counter-based streams as on one device, so any
+// plan starts from the same weights), the communicator for transfers, and the optimizer
+// over the parameter pieces this rank updates.
+//
+// Every rank constructs one and calls step() with the same full batch; each copies the
+// boxes of the inputs it stores. The loss and the gradient norm come back identical on
+// every rank. Replicated parameter pieces receive identical gradients and make identical
+// updates, so they stay equal without communication; under ZeRO-1 and ZeRO-2 a rank
+// updates its shard only and the shards are all-gathered after the update.
+#include <algorithm>
+#include <chrono>
+#include <cmath>
+#include <cstdint>
+#include <memory>
+#include <span>
+#include <string>
+#include <type_traits>
+#include <variant>
+#include <vector>
+
+// ---- begin loom/train/init.hpp ----
+// Seeded parameter initialisation. Element i of parameter "p" is a pure function of
+// (seed, "p", i): a counter-based generator, so any slice of a parameter, initialised on
+// whatever device holds it, equals the same slice of the whole parameter.
+#include <cmath>
+#include <cstdint>
+#include <numbers>
+#include <span>
+#include <string_view>
+
+
+namespace loom::train {
+
+namespace detail {
+inline constexpr std::uint64_t hash_name(std::string_view s) {
+    std::uint64_t h = 0xcbf29ce484222325ull;  // FNV-1a
+    for (char c : s) h = (h ^ static_cast<unsigned char>(c)) * 0x100000001b3ull;
+    return h;
+}
+// Uniform in (0, 1), never 0 (Box-Muller takes a log).
+inline double unit_uniform(std::uint64_t bits) { return (static_cast<double>(bits >> 11) + 0.5) * 0x1.0p-53; }
+}  // namespace detail
+
+// One value of the stream of parameter `name`: the i-th element.
+inline double init_value(const parameter_init& init, std::uint64_t seed, std::string_view name, std::uint64_t i) {
+    const std::uint64_t key = splitmix64(seed ^ splitmix64(detail::hash_name(name)));
+    switch (init.distribution) {
+        case parameter_init::kind::constant: return init.a;
+        case parameter_init::kind::uniform: {
+            double u = detail::unit_uniform(splitmix64(key + 2 * i));
+            return init.a + (init.b - init.a) * u;
+        }
+        case parameter_init::kind::normal: {
+            double u1 = detail::unit_uniform(splitmix64(key + 2 * i));
+            double u2 = detail::unit_uniform(splitmix64(key + 2 * i + 1));
+            double z = std::sqrt(-2.0 * std::log(u1)) * std::cos(2.0 * std::numbers::pi * u2);
+            return init.a + init.b * z;
+        }
+    }
+    return 0.0;
+}
+
+// Fills `out` with elements [first, first + out.size()) of parameter `name`.
+template <class T>
+void initialize(std::span<T> out, const parameter_init& init, std::uint64_t seed, std::string_view name,
+                std::uint64_t first = 0) {
+    for (std::size_t j = 0; j < out.size(); ++j) out[j] = static_cast<T>(init_value(init, seed, name, first + j));
+}
+
+}  // namespace loom::train
+// ---- end loom/train/init.hpp ----
+// ---- begin loom/train/ownership.hpp ----
+// Who owns what in a partitioned plan: which parts of a replicated parameter (or gradient)
+// a rank counts as its own, and which rows a rank updates under ZeRO-1/2. Every backend's
+// distributed trainer asks the same questions (the gradient norm counts each element once,
+// a gathered parameter takes each element from one rank, the optimizer shards replicas),
+// so the answers live here, computed from the plan alone: any rank can work out any other
+// rank's share.
+#include <cstdint>
+#include <string>
+#include <vector>
+
+
+namespace loom::train {
+
+// b minus c, as disjoint boxes appended to out.
+inline void subtract_box(const partition::box& b, const partition::box& c, std::vector<partition::box>& out) {
+    const partition::box common = partition::intersect(b, c);
+    if (b.rank() == 0) return;  // a scalar held by a lower rank is theirs
+    if (common.empty()) {
+        out.push_back(b);
+        return;
+    }
+    partition::box rest = b;
+    for (std::size_t a = 0; a < b.rank(); ++a) {
+        if (rest.ranges[a].begin < common.ranges[a].begin) {
+            partition::box below = rest;
+            below.ranges[a].end = common.ranges[a].begin;
+            out.push_back(below);
+        }
+        if (common.ranges[a].end < rest.ranges[a].end) {
+            partition::box above = rest;
+            above.ranges[a].begin = common.ranges[a].end;
+            out.push_back(above);
+        }
+        rest.ranges[a] = common.ranges[a];
+    }
+}
+
+// Parts of `region` (a piece of parameter p, or of its gradient) that `rank` counts as its
+// own: the parts no lower rank holds. Pieces are equal or disjoint in every plan loom
+// builds; a partial overlap is cut along the boxes.
+inline std::vector<partition::box> owned_regions(const partition::partitioned_graph& plan, int rank, tensor_id p,
+                                                 const partition::box& region, bool gradients) {
+    std::vector<partition::box> mine{region};
+    for (int r = 0; r < rank; ++r) {
+        const auto& other = gradients ? plan.devices[static_cast<std::size_t>(r)].gradients
+                                      : plan.devices[static_cast<std::size_t>(r)].parameters;
+        for (const auto& s : other) {
+            if (s.logical != p) continue;
+            std::vector<partition::box> next;
+            for (const auto& b : mine) subtract_box(b, s.region, next);
+            mine = std::move(next);
+        }
+    }
+    return mine;
+}
+
+// ZeRO-1 shards the optimizer over data-parallel replicas: ranks that all store the whole
+// parameter. Other parameters are updated wherever they are stored.
+inline bool stored_whole_everywhere(const partition::partitioned_graph& plan, tensor_id p) {
+    const partition::box whole = partition::box::whole(plan.ir().tensor(p).dims);
+    for (const auto& device : plan.devices) {
+        bool stored = false;
+        for (const auto& s : device.parameters) stored = stored || (s.logical == p && s.region == whole);
+        if (!stored) return false;
+    }
+    return true;
+}
+
+// Rows of the first dim that `rank` updates under ZeRO-1 (the whole region when the rows do
+// not divide evenly over the ranks).
+inline partition::box zero1_shard(const partition::box& region, int rank, int world) {
+    partition::box b = region;
+    if (b.rank() == 0 || b.ranges[0].size() % world != 0) return b;
+    const std::int64_t rows = b.ranges[0].size() / world;
+    b.ranges[0].begin += rows * rank;
+    b.ranges[0].end = b.ranges[0].begin + rows;
+    return b;
+}
+
+// The part of gradient piece `gradient` (of logical parameter p) that `rank` updates.
+inline partition::box update_region(const partition::partitioned_graph& plan, int rank, tensor_id p,
+                                    const partition::box& gradient) {
+    if (plan.zero == plan::zero_stage::optimizer && stored_whole_everywhere(plan, p))
+        return zero1_shard(gradient, rank, plan.world);
+    return gradient;
+}
+
+// Offset of the first element of `inner` in a piece with box `outer`, for an `inner` that is
+// whole on every axis but the first (so that it is contiguous there).
+inline std::int64_t offset_in(const partition::box& inner, const partition::box& outer) {
+    if (inner.rank() == 0) return 0;
+    for (std::size_t a = 1; a < inner.rank(); ++a)
+        if (!(inner.ranges[a] == outer.ranges[a]))
+            throw error("distributed training: the updated part " + inner.to_string() + " of piece " +
+                        outer.to_string() + " is not contiguous; shard parameters along their first dim");
+    std::int64_t row = 1;
+    for (std::size_t a = 1; a < outer.rank(); ++a) row *= outer.ranges[a].size();
+    return (inner.ranges[0].begin - outer.ranges[0].begin) * row;
+}
+
+}  // namespace loom::train
+// ---- end loom/train/ownership.hpp ----
+// ---- begin loom/train/sgd.hpp ----
+// SGD with momentum, with PyTorch's torch.optim.SGD semantics:
+//   g <- g + wd * p
+//   buf <- g                                 on the first step
+//   buf <- momentum * buf + (1 - dampening) * g   afterwards
+//   p <- p - lr * (nesterov ? g + momentum * buf : buf)
+#include <cstdint>
+#include <string>
+#include <vector>
+
+
+namespace loom::train {
+
+struct sgd_options {
+    double lr = 0.1;
+    double momentum = 0.9;
+    double dampening = 0.0;
+    double weight_decay = 0.0;
+    bool nesterov = false;
+};
+
+template <class T>
+class sgd {
+public:
+    explicit sgd(sgd_options options) : options_(options) {
+        if (options.momentum < 0 || options.lr < 0 || options.weight_decay < 0)
+            throw usage_error("sgd: lr, momentum and weight_decay must be >= 0");
+        if (options.nesterov && (options.momentum <= 0 || options.dampening != 0))
+            throw usage_error("sgd: nesterov momentum needs momentum > 0 and dampening == 0");
+    }
+
+    void add(parameter_slot<T> slot) {
+        momentum_.emplace_back(slot.value.size(), T(0));
+        slots_.push_back(std::move(slot));
+    }
+
+    // One update of every parameter; `lr` overrides the configured rate (for schedules).
+    void step(double lr) {
+        const T mu = static_cast<T>(options_.momentum), damp = static_cast<T>(1 - options_.dampening);
+        for (std::size_t s = 0; s < slots_.size(); ++s) {
+            auto& slot = slots_[s];
+            auto& buf = momentum_[s];
+            const T wd = slot.weight_decay ? static_cast<T>(options_.weight_decay) : T(0);
+            for (std::size_t i = 0; i < slot.value.size(); ++i) {
+                T g = slot.grad[i] + wd * slot.value[i];
+                T update = g;
+                if (options_.momentum != 0) {
+                    buf[i] = steps_ == 0 ? g : mu * buf[i] + damp * g;
+                    update = options_.nesterov ? g + mu * buf[i] : buf[i];
+                }
+                slot.value[i] -= static_cast<T>(lr) * update;
+            }
+        }
+        ++steps_;
+    }
+    void step() { step(options_.lr); }
+
+    std::int64_t steps() const { return steps_; }
+    const sgd_options& options() const { return options_; }
+    // Checkpointing: the momentum buffer of slot s.
+    std::vector<T>& momentum(std::size_t s) { return momentum_.at(s); }
+    const std::vector<parameter_slot<T>>& slots() const { return slots_; }
+    void set_steps(std::int64_t steps) { steps_ = steps; }
+
+private:
+    sgd_options options_;
+    std::vector<parameter_slot<T>> slots_;
+    std::vector<std::vector<T>> momentum_;
+    std::int64_t steps_ = 0;
+};
+
+}  // namespace loom::train
+// ---- end loom/train/sgd.hpp ----
+// ---- begin loom/train/trainer.hpp ----
+// Single-device training on the host backend: one compiled program (forward + backward),
+// parameters initialised from their seeded streams, an optimizer, optional global-norm
+// clipping and a learning-rate schedule. Inputs are fed by tensor name every step.
+#include <chrono>
+#include <cstdint>
+#include <map>
+#include <memory>
+#include <span>
+#include <string>
+#include <type_traits>
+#include <variant>
+#include <vector>
+
+// ---- begin loom/train/grad_clip.hpp ----
+// Global-norm gradient clipping with torch.nn.utils.clip_grad_norm_ semantics:
+//   total = sqrt(sum over every gradient element of g^2)
+//   if max_norm / (total + 1e-6) < 1, every gradient is scaled by that factor.
+// The norm is accumulated in double in a fixed order, so it is the same whatever the
+// thread count.
+#include <cmath>
+#include <span>
+#include <vector>
+
+namespace loom::train {
+
+template <class T>
+double global_norm(const std::vector<std::span<T>>& grads) {
+    double sum = 0;
+    for (const auto& g : grads) {
+        double part = 0;
+        for (T x : g) part += static_cast<double>(x) * static_cast<double>(x);
+        sum += part;
+    }
+    return std::sqrt(sum);
+}
+
+// Returns the norm before clipping.
+template <class T>
+double clip_global_norm(const std::vector<std::span<T>>& grads, double max_norm) {
+    const double total = global_norm(grads);
+    const double coefficient = max_norm / (total + 1e-6);
+    if (coefficient < 1)
+        for (const auto& g : grads)
+            for (T& x : g) x = static_cast<T>(x * coefficient);
+    return total;
+}
+
+}  // namespace loom::train
+// ---- end loom/train/grad_clip.hpp ----
+// ---- begin loom/train/lr_schedule.hpp ----
+// Learning-rate schedule: linear warm-up, then cosine decay to `min_lr` at `total_steps`
+// (constant after). With total_steps == 0 the rate is constant after warm-up.
+#include <cmath>
+#include <cstdint>
+#include <numbers>
+
+namespace loom::train {
+
+struct lr_schedule {
+    double peak = 1e-3;
+    double min_lr = 0.0;
+    std::int64_t warmup_steps = 0;
+    std::int64_t total_steps = 0;
+
+    // Rate for step `step`, counted from 0.
+    double at(std::int64_t step) const {
+        if (step < warmup_steps) return peak * static_cast<double>(step + 1) / static_cast<double>(warmup_steps);
+        if (total_steps <= warmup_steps) return peak;
+        if (step >= total_steps) return min_lr;
+        const double progress =
+            static_cast<double>(step - warmup_steps) / static_cast<double>(total_steps - warmup_steps);
+        return min_lr + 0.5 * (peak - min_lr) * (1 + std::cos(std::numbers::pi * progress));
+    }
+};
+
+}  // namespace loom::train
+// ---- end loom/train/lr_schedule.hpp ----
+
+namespace loom::train {
+
+struct trainer_options {
+    std::variant<adamw_options, sgd_options> optimizer = adamw_options{};
+    lr_schedule schedule{};         // schedule.peak is the learning rate
+    double clip_norm = 1.0;         // <= 0: no clipping
+    std::uint64_t init_seed = 1234;
+};
+
+// Inputs for one step, by tensor name.
+struct input_feed {
+    std::map<std::string, std::span<const std::int32_t>> index;
+    std::map<std::string, std::span<const double>> real;
+};
+
+struct step_result {
+    double loss = 0;
+    double grad_norm = 0;  // before clipping
+    double lr = 0;
+    double seconds = 0;
+};
+
+template <class T>
+class trainer {
+public:
+    static constexpr precision prec = std::is_same_v<T, float> ? precision::f32 : precision::f64;
+
+    trainer(graph g, trainer_options options) : graph_(std::make_unique<graph>(std::move(g))), options_(options) {
+        if (graph_->loss == no_id) throw usage_error("trainer: the graph has no loss; call graph_builder::set_loss");
+        if (graph_->gradients.empty())
+            throw usage_error("trainer: the graph has no backward pass; call build_backward before training");
+        program_ = compile_program(*graph_, {.prec = prec});
+        executor_ = std::make_unique<host::executor<T>>(program_);
+        storage_ = std::make_unique<host::bound_storage<T>>(program_);
+        storage_->bind_to(*executor_);
+        for (tensor_id p : graph_->parameters) {
+            const tensor_desc& d = graph_->tensor(p);
+            initialize(storage_->real(p), d.init, options_.init_seed, d.name);
+        }
+        std::visit([&](const auto& o) { make_optimizer(o); }, options_.optimizer);
+        for (auto [param, grad] : graph_->gradients) grads_.push_back(storage_->real(grad));
+    }
+
+    // The executor keeps references into this object.
+    trainer(const trainer&) = delete;
+    trainer& operator=(const trainer&) = delete;
+
+    step_result step(const input_feed& feed) {
+        auto start = std::chrono::steady_clock::now();
+        set_inputs(feed);
+        executor_->run(static_cast<std::uint64_t>(steps_));
+        step_result r;
+        r.loss = static_cast<double>(storage_->real(graph_->loss)[0]);
+        r.grad_norm = options_.clip_norm > 0 ? clip_global_norm(grads_, options_.clip_norm) : global_norm(grads_);
+        r.lr = options_.schedule.at(steps_);
+        std::visit([&](auto& opt) { opt.step(r.lr); }, *optimizer_);
+        ++steps_;
+        r.seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+        return r;
+    }
+
+    // The loss of a forward + backward pass without updating anything.
+    double evaluate(const input_feed& feed) {
+        set_inputs(feed);
+        executor_->run(static_cast<std::uint64_t>(steps_));
+        return static_cast<double>(storage_->real(graph_->loss)[0]);
+    }
+
+    std::span<T> parameter(std::string_view name) { return storage_->real(find(name, tensor_role::parameter)); }
+    std::span<T> gradient(std::string_view name) {
+        tensor_id p = find(name, tensor_role::parameter);
+        for (auto [param, grad] : graph_->gradients)
+            if (param == p) return storage_->real(grad);
+        throw usage_error("trainer: parameter '" + std::string(name) + "' has no gradient");
+    }
+
+    const graph& ir() const { return *graph_; }
+    const program& compiled() const { return program_; }
+    std::int64_t steps() const { return steps_; }
+    void set_steps(std::int64_t s) { steps_ = s; }
+    auto& optimizer() { return *optimizer_; }
+    const trainer_options& options() const { return options_; }
+
+private:
+    template <class Options>
+    void make_optimizer(const Options& o) {
+        using opt_t = std::conditional_t<std::is_same_v<Options, adamw_options>, adamw<T>, sgd<T>>;
+        Options with_lr = o;
+        with_lr.lr = options_.schedule.peak;
+        optimizer_ = std::make_unique<std::variant<adamw<T>, sgd<T>>>(std::in_place_type<opt_t>, with_lr);
+        for (auto [param, grad] : graph_->gradients) {
+            const tensor_desc& d = graph_->tensor(param);
+            std::visit(
+                [&](auto& opt) {
+                    opt.add({d.name, storage_->real(param), storage_->real(grad), d.dims.rank() >= 2});
+                },
+                *optimizer_);
+        }
+    }
+
+    void set_inputs(const input_feed& feed) {
+        for (tensor_id t : graph_->inputs) {
+            const tensor_desc& d = graph_->tensor(t);
+            if (!storage_->has(t)) continue;  // an input the loss does not depend on
+            if (d.kind == value_kind::index) {
+                auto it = feed.index.find(d.name);
+                if (it == feed.index.end())
+                    throw usage_error("trainer: no data fed for input '" + d.name + "'; add it to input_feed::index");
+                copy_checked(d, it->second, storage_->index(t));
+            } else {
+                auto it = feed.real.find(d.name);
+                if (it == feed.real.end())
+                    throw usage_error("trainer: no data fed for input '" + d.name + "'; add it to input_feed::real");
+                auto dst = storage_->real(t);
+                if (it->second.size() != dst.size()) throw size_mismatch(d, it->second.size());
+                for (std::size_t i = 0; i < dst.size(); ++i) dst[i] = static_cast<T>(it->second[i]);
+            }
+        }
+    }
+    static usage_error size_mismatch(const tensor_desc& d, std::size_t got) {
+        return usage_error("trainer: input '" + d.name + "' has shape " + d.dims.to_string() + " (" +
+                           std::to_string(d.dims.numel()) + " elements) but " + std::to_string(got) +
+                           " were fed; feed one value per element");
+    }
+    static void copy_checked(const tensor_desc& d, std::span<const std::int32_t> src, std::span<std::int32_t> dst) {
+        if (src.size() != dst.size()) throw size_mismatch(d, src.size());
+        std::copy(src.begin(), src.end(), dst.begin());
+    }
+    tensor_id find(std::string_view name, tensor_role role) const {
+        for (tensor_id t : graph_->parameters)
+            if (graph_->tensor(t).name == name && graph_->tensor(t).role == role) return t;
+        throw usage_error("trainer: no parameter named '" + std::string(name) + "'");
+    }
+
+    std::unique_ptr<graph> graph_;
+    trainer_options options_;
+    program program_;
+    std::unique_ptr<host::executor<T>> executor_;
+    std::unique_ptr<host::bound_storage<T>> storage_;
+    std::unique_ptr<std::variant<adamw<T>, sgd<T>>> optimizer_;
+    std::vector<std::span<T>> grads_;
+    std::int64_t steps_ = 0;
+};
+
+}  // namespace loom::train
+// ---- end loom/train/trainer.hpp ----
+
+namespace loom::train {
+
+template <class T>
+class distributed_trainer {
+public:
+    static constexpr precision prec = std::is_same_v<T, float> ? precision::f32 : precision::f64;
+
+    distributed_trainer(const partition::partitioned_graph& plan, comm::communicator& c, trainer_options options)
+        : plan_(plan), comm_(c), options_(options) {
+        if (c.size() != plan.world)
+            throw usage_error("distributed_trainer: the plan is for " + std::to_string(plan.world) +
+                              " devices but the communicator has " + std::to_string(c.size()) +
+                              " ranks; launch as many ranks as the plan has devices");
+        rank_ = c.rank();
+        part_ = &plan.devices.at(static_cast<std::size_t>(rank_));
+        const graph& g = part_->ir();
+        compile_options compile{.prec = prec, .outputs = {part_->loss}, .keep_every_node = true};
+        if (!plan.order.empty()) compile.order = plan.order.at(static_cast<std::size_t>(rank_));
+        program_ = compile_program(g, compile);
+        executor_ = std::make_unique<host::executor<T>>(program_);
+        storage_ = std::make_unique<host::bound_storage<T>>(program_);
+        storage_->bind_to(*executor_);
+        executor_->set_communication([this](const node& n, std::span<void* const> in, std::span<void* const> out) {
+            const auto id = n.attrs.get<std::int64_t>("transfer");
+            run_transfer<T>(plan_.transfers.at(static_cast<std::size_t>(id)), id, comm_, in.empty() ? nullptr : in[0],
+                            out.empty() ? nullptr : out[0], scratch_);
+        });
+        const graph& logical = plan.ir();
+        for (const auto& s : part_->parameters) {
+            const tensor_desc& d = logical.tensor(s.logical);
+            auto values = storage_->real(s.local);
+            partition::for_each_region_row(s.region, partition::box::whole(d.dims), s.region,
+                                           [&](std::int64_t global, std::int64_t at, std::int64_t n) {
+                                               initialize(values.subspan(static_cast<std::size_t>(at), static_cast<std::size_t>(n)),
+                                                          d.init, options_.init_seed, d.name, static_cast<std::uint64_t>(global));
+                                           });
+        }
+        plan_optimizer();
+    }
+
+    distributed_trainer(const distributed_trainer&) = delete;
+    distributed_trainer& operator=(const distributed_trainer&) = delete;
+
+    step_result step(const input_feed& feed) {
+        auto start = std::chrono::steady_clock::now();
+        set_inputs(feed);
+        executor_->run(static_cast<std::uint64_t>(steps_));
+        step_result r;
+        r.loss = static_cast<double>(storage_->real(part_->loss)[0]);
+        r.grad_norm = global_gradient_norm();
+        if (options_.clip_norm > 0 && r.grad_norm > options_.clip_norm) {
+            const T factor = static_cast<T>(options_.clip_norm / (r.grad_norm + 1e-6));
+            for (const auto& s : part_->gradients)
+                for (T& x : storage_->real(s.local)) x *= factor;
+        }
+        r.lr = options_.schedule.at(steps_);
+        std::visit([&](auto& opt) { opt.step(r.lr); }, *optimizer_);
+        synchronize_shards();
+        ++steps_;
+        r.seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+        return r;
+    }
+
+    // The whole of a parameter, assembled from every rank's pieces. Collective: every rank
+    // must call it, in the same order.
+    std::vector<T> gather_parameter(std::string_view name) {
+        const graph& logical = plan_.ir();
+        tensor_id p = no_id;
+        for (tensor_id t : logical.parameters)
+            if (logical.tensor(t).name == name) p = t;
+        if (p == no_id) throw usage_error("distributed_trainer: no parameter named '" + std::string(name) + "'");
+        const partition::box whole = partition::box::whole(logical.tensor(p).dims);
+        std::vector<T> full(static_cast<std::size_t>(whole.numel()), T(0));
+        for (const auto& s : part_->parameters) {
+            if (s.logical != p) continue;
+            const auto owned = owned_rows(p, s.region, /*gradients=*/false);
+            auto values = storage_->real(s.local);
+            for (const auto& region : owned)
+                partition::copy_region(values.data(), s.region, full.data(), whole, region);
+        }
+        comm_.all_reduce_sum(full.data(), full.size(), comm::dtype_of<T>(), comm::group::world(plan_.world));
+        return full;
+    }
+
+    const program& compiled() const { return program_; }
+    const graph& ir() const { return part_->ir(); }
+    int rank() const { return rank_; }
+    std::int64_t steps() const { return steps_; }
+
+    // What a checkpoint (train/checkpoint.hpp) saves and restores: the plan, this rank's
+    // pieces, their values, the optimizer and, per optimizer slot in order, the logical
+    // parameter and the box of it that the slot updates.
+    const partition::partitioned_graph& plan() const { return plan_; }
+    const partition::device_part& part() const { return *part_; }
+    std::span<T> local_values(tensor_id local) { return storage_->real(local); }
+    auto& optimizer() { return *optimizer_; }
+    const std::vector<std::pair<tensor_id, partition::box>>& optimizer_regions() const { return slot_regions_; }
+    const trainer_options& options() const { return options_; }
+    comm::communicator& communicator() { return comm_; }
+    void set_steps(std::int64_t s) { steps_ = s; }
+
+private:
+    std::vector<partition::box> owned_rows(tensor_id p, const partition::box& region, bool gradients) const {
+        return owned_regions(plan_, rank_, p, region, gradients);
+    }
+
+    double global_gradient_norm() {
+        double sum = 0;
+        for (const auto& s : part_->gradients) {
+            auto values = storage_->real(s.local);
+            for (const auto& region : owned_rows(s.logical, s.region, true))
+                partition::for_each_region_row(region, s.region, s.region, [&](std::int64_t at, std::int64_t, std::int64_t n) {
+                    for (std::int64_t i = 0; i < n; ++i) {
+                        const double x = static_cast<double>(values[static_cast<std::size_t>(at + i)]);
+                        sum += x * x;
+                    }
+                });
+        }
+        comm_.all_reduce_sum(&sum, 1, comm::dtype::f64, comm::group::world(plan_.world));
+        return std::sqrt(sum);
+    }
+
+    // The optimizer updates, per gradient piece, the matching part of the parameter piece;
+    // under ZeRO-1 only this rank's shard of it (the first dim cut over all ranks).
+    void plan_optimizer() {
+        const graph& logical = plan_.ir();
+        auto make = [&](const auto& o) {
+            using opt_t = std::conditional_t<std::is_same_v<std::decay_t<decltype(o)>, adamw_options>, adamw<T>, sgd<T>>;
+            auto with_lr = o;
+            with_lr.lr = options_.schedule.peak;
+            optimizer_ = std::make_unique<std::variant<adamw<T>, sgd<T>>>(std::in_place_type<opt_t>, with_lr);
+        };
+        std::visit(make, options_.optimizer);
+        for (const auto& gp : part_->gradients) {
+            const partition::stored_piece* pp = nullptr;
+            for (const auto& s : part_->parameters)
+                if (s.logical == gp.logical && s.region.contains(gp.region)) pp = &s;
+            if (!pp) throw error("distributed_trainer: gradient piece " + gp.region.to_string() + " of '" +
+                                 logical.tensor(gp.logical).name + "' has no parameter piece on rank " + std::to_string(rank_));
+            const partition::box update = update_region(plan_, rank_, gp.logical, gp.region);
+            if (!(update == pp->region)) shards_.push_back({pp, update});
+            if (update.numel() == 0) continue;
+            auto value = storage_->real(pp->local);
+            auto grad = storage_->real(gp.local);
+            const auto offset = static_cast<std::size_t>(offset_in(update, pp->region));
+            const auto goffset = static_cast<std::size_t>(offset_in(update, gp.region));
+            const auto count = static_cast<std::size_t>(update.numel());
+            const tensor_desc& d = logical.tensor(gp.logical);
+            slot_regions_.emplace_back(gp.logical, update);
+            std::visit(
+                [&](auto& opt) {
+                    opt.add({d.name + update.to_string(), value.subspan(offset, count), grad.subspan(goffset, count),
+                             d.dims.rank() >= 2});
+                },
+                *optimizer_);
+        }
+    }
+
+    // ZeRO-1/2: every rank updated its shard; gather the shards into every full copy.
+    void synchronize_shards() {
+        for (const auto& [piece, shard] : shards_) {
+            auto values = storage_->real(piece->local);
+            const auto count = static_cast<std::size_t>(shard.numel());
+            gathered_.resize(count * static_cast<std::size_t>(plan_.world));
+            const auto offset = static_cast<std::size_t>(offset_in(shard, piece->region));
+            comm_.all_gather(values.data() + offset, gathered_.data(), count, comm::dtype_of<T>(),
+                             comm::group::world(plan_.world));
+            std::copy(gathered_.begin(), gathered_.end(), values.begin());
+        }
+    }
+
+    void set_inputs(const input_feed& feed) {
+        const graph& logical = plan_.ir();
+        for (const auto& s : part_->inputs) {
+            const tensor_desc& d = logical.tensor(s.logical);
+            if (!storage_->has(s.local)) continue;
+            const partition::box whole = partition::box::whole(d.dims);
+            if (d.kind == value_kind::index) {
+                auto it = feed.index.find(d.name);
+                if (it == feed.index.end())
+                    throw usage_error("distributed_trainer: no data fed for input '" + d.name + "'; add it to input_feed::index");
+                check_size(d, it->second.size());
+                partition::copy_region(it->second.data(), whole, storage_->index(s.local).data(), s.region, s.region);
+            } else {
+                auto it = feed.real.find(d.name);
+                if (it == feed.real.end())
+                    throw usage_error("distributed_trainer: no data fed for input '" + d.name + "'; add it to input_feed::real");
+                check_size(d, it->second.size());
+                auto dst = storage_->real(s.local);
+                partition::for_each_region_row(s.region, whole, s.region, [&](std::int64_t from, std::int64_t to, std::int64_t n) {
+                    for (std::int64_t i = 0; i < n; ++i)
+                        dst[static_cast<std::size_t>(to + i)] = static_cast<T>(it->second[static_cast<std::size_t>(from + i)]);
+                });
+            }
+        }
+    }
+    static void check_size(const tensor_desc& d, std::size_t got) {
+        if (static_cast<std::int64_t>(got) != d.dims.numel())
+            throw usage_error("distributed_trainer: input '" + d.name + "' has shape " + d.dims.to_string() + " (" +
+                              std::to_string(d.dims.numel()) + " elements) but " + std::to_string(got) +
+                              " were fed; feed the whole batch to every rank");
+    }
+
+    const partition::partitioned_graph& plan_;
+    comm::communicator& comm_;
+    trainer_options options_;
+    int rank_ = 0;
+    const partition::device_part* part_ = nullptr;
+    program program_;
+    std::unique_ptr<host::executor<T>> executor_;
+    std::unique_ptr<host::bound_storage<T>> storage_;
+    std::unique_ptr<std::variant<adamw<T>, sgd<T>>> optimizer_;
+    transfer_scratch<T> scratch_;
+    std::vector<std::pair<const partition::stored_piece*, partition::box>> shards_;
+    std::vector<T> gathered_;
+    std::vector<std::pair<tensor_id, partition::box>> slot_regions_;
+    std::int64_t steps_ = 0;
+};
+
+}  // namespace loom::train
+// ---- end loom/train/distributed_trainer.hpp ----
+
+namespace loom::train {
+
+struct checkpoint_options {
+    int keep_last = 3;                           // complete checkpoints kept in the directory (>= 1)
+    const io::write_faults* faults = nullptr;    // tests: stop a save at a chosen point
+};
+
+// What save_checkpoint wrote, or what load_checkpoint resumed from.
+struct checkpoint_info {
+    std::filesystem::path path;                  // DIR/step-00000010
+    std::int64_t step = 0;                       // steps completed when it was saved
+    std::uint64_t bytes = 0;                     // tensor bytes this rank wrote (save) or read (load)
+    std::optional<data_loader_state> data;       // the data loader's position, if it was saved
+};
+
+// One piece of training state a rank holds: the values of box `region` of logical tensor
+// `tensor`, and the parts of it (`written`) that this rank saves.
+template <class T>
+struct state_piece {
+    std::string tensor;
+    std::vector<std::int64_t> shape;
+    partition::box region;
+    std::span<T> values;
+    std::vector<partition::box> written;
+};
+
+namespace detail {
+
+inline std::string checkpoint_name(std::int64_t step) {
+    char text[32];
+    std::snprintf(text, sizeof text, "step-%08lld", static_cast<long long>(step));
+    return text;
+}
+
+inline std::string rank_stem(int rank) {
+    char text[32];
+    std::snprintf(text, sizeof text, "rank-%05d", rank);
+    return text;
+}
+
+inline io::index_box to_index_box(const partition::box& b) {
+    io::index_box out;
+    for (const auto& r : b.ranges) out.push_back({r.begin, r.end});
+    return out;
+}
+
+inline partition::box to_box(const io::index_box& b) {
+    partition::box out;
+    for (const auto& r : b) out.ranges.push_back({r[0], r[1]});
+    return out;
+}
+
+template <class T>
+constexpr io::dtype element_dtype() {
+    return std::is_same_v<T, float> ? io::dtype::f32 : io::dtype::f64;
+}
+
+// The model's identity: its parameters' names and shapes (with dims), in graph order. Plans
+// rewrite ops (identities, decompositions) but never the parameters, so this is the part of
+// the graph every plan of one model shares.
+inline nlohmann::json model_parameters(const graph& g) {
+    nlohmann::json params = nlohmann::json::object();
+    for (tensor_id p : g.parameters) {
+        std::vector<std::int64_t> extents;
+        for (const auto& a : g.tensor(p).dims) extents.push_back(a.extent);
+        params[g.tensor(p).name] = extents;
+    }
+    return params;
+}
+
+inline std::string model_signature(const graph& g) {
+    std::string text;
+    for (tensor_id p : g.parameters) text += g.tensor(p).name + g.tensor(p).dims.to_string() + ";";
+    char hex[16];
+    std::snprintf(hex, sizeof hex, "%08x", io::crc32(text));
+    return hex;
+}
+
+template <class T>
+nlohmann::json optimizer_json(const std::variant<adamw<T>, sgd<T>>& opt) {
+    return std::visit(
+        [](const auto& o) -> nlohmann::json {
+            if constexpr (std::is_same_v<std::decay_t<decltype(o)>, adamw<T>>) {
+                const auto& x = o.options();
+                return {{"kind", "adamw"},       {"steps", o.steps()}, {"beta1", x.beta1},
+                        {"beta2", x.beta2},      {"eps", x.eps},       {"weight_decay", x.weight_decay}};
+            } else {
+                return {{"kind", "sgd"}, {"steps", o.steps()}};
+            }
+        },
+        opt);
+}
+
+// The optimizer's buffers of slot s, with the suffix that names them in a checkpoint.
+template <class T>
+std::vector<std::pair<std::string, std::vector<T>*>> optimizer_buffers(std::variant<adamw<T>, sgd<T>>& opt, std::size_t s) {
+    return std::visit(
+        [&](auto& o) -> std::vector<std::pair<std::string, std::vector<T>*>> {
+            if constexpr (std::is_same_v<std::decay_t<decltype(o)>, adamw<T>>)
+                return {{".adam_m", &o.first_moment(s)}, {".adam_v", &o.second_moment(s)}};
+            else
+                return {{".momentum", &o.momentum(s)}};
+        },
+        opt);
+}
+
+inline nlohmann::json schedule_json(const lr_schedule& s) {
+    return {{"peak", s.peak}, {"min_lr", s.min_lr}, {"warmup_steps", s.warmup_steps}, {"total_steps", s.total_steps}};
+}
+
+// Everything one rank saves or restores.
+template <class T>
+struct rank_state {
+    std::vector<state_piece<T>> pieces;
+    std::variant<adamw<T>, sgd<T>>* optimizer = nullptr;
+    const graph* model = nullptr;     // the logical graph (parameters name the tensors)
+    nlohmann::json plan;
+    trainer_options options;
+    std::int64_t step = 0;
+    int rank = 0;
+    int world = 1;
+    comm::communicator* comm = nullptr;  // null: one device
+};
+
+// A sum over ranks of a failure flag: every rank learns whether any rank failed a phase.
+inline bool any_rank_failed(comm::communicator* c, int world, bool failed) {
+    if (!c) return failed;
+    double flag = failed ? 1.0 : 0.0;
+    c->all_reduce_sum(&flag, 1, comm::dtype::f64, comm::group::world(world));
+    return flag > 0;
+}
+
+template <class T>
+std::vector<std::byte> bytes_of_region(const state_piece<T>& p, const partition::box& region) {
+    std::vector<T> values(static_cast<std::size_t>(region.numel()));
+    partition::copy_region(p.values.data(), p.region, values.data(), region, region);
+    std::vector<std::byte> bytes(values.size() * sizeof(T));
+    if (!bytes.empty()) std::memcpy(bytes.data(), values.data(), bytes.size());
+    return bytes;
+}
+
+template <class T>
+checkpoint_info save_state(rank_state<T>& s, const std::filesystem::path& directory, const checkpoint_options& options,
+                           const data_loader_state* data) {
+    namespace fs = std::filesystem;
+    if (options.keep_last < 1)
+        throw usage_error("save_checkpoint: keep_last is " + std::to_string(options.keep_last) +
+                          "; keep at least the checkpoint being written (keep_last >= 1)");
+    const fs::path final_dir = directory / checkpoint_name(s.step);
+    fs::path staging = final_dir;
+    staging += ".tmp";
+    const std::string where = "save_checkpoint: rank " + std::to_string(s.rank) + " of " + std::to_string(s.world);
+
+    // Phase 1 (rank 0): a fresh staging directory.
+    std::string failure;
+    if (s.rank == 0) {
+        try {
+            std::error_code ec;
+            fs::create_directories(directory, ec);
+            if (ec || !fs::is_directory(directory))
+                throw data_error("cannot create the checkpoint directory '" + directory.string() + "': " +
+                                 (ec ? ec.message() : std::string("a file of that name is in the way")) +
+                                 "; pass a writable directory to --checkpoint / save_checkpoint");
+            fs::remove_all(staging, ec);
+            if (!fs::create_directory(staging, ec) || ec)
+                throw data_error("cannot create '" + staging.string() + "': " + ec.message() +
+                                 "; check that the checkpoint directory is writable and the disk not full");
+        } catch (const std::exception& e) {
+            failure = e.what();
+        }
+    }
+    if (any_rank_failed(s.comm, s.world, !failure.empty()))
+        throw data_error(where + ": " + (failure.empty() ? "rank 0 could not prepare " + staging.string() : failure) +
+                         "; the previous checkpoints are intact");
+
+    // Phase 2 (every rank): its shard file and its shard list.
+    std::uint64_t written_bytes = 0;
+    try {
+        io::safetensors_writer writer;
+        nlohmann::json shards = nlohmann::json::array();
+        const std::string file = rank_stem(s.rank) + ".safetensors";
+        for (const auto& p : s.pieces)
+            for (const auto& region : p.written) {
+                if (region.numel() == 0 && region.rank() > 0) continue;
+                const auto bytes = bytes_of_region(p, region);
+                const std::string key = p.tensor + "@" + io::box_text(to_index_box(region));
+                std::vector<std::int64_t> extents;
+                for (const auto& r : region.ranges) extents.push_back(r.size());
+                writer.add(key, element_dtype<T>(), extents, std::span<const std::byte>(bytes));
+                shards.push_back({{"tensor", p.tensor}, {"shape", p.shape}, {"key", key}, {"file", file},
+                                  {"box", to_index_box(region)}, {"bytes", bytes.size()}, {"crc32", io::crc32(bytes)}});
+                written_bytes += bytes.size();
+            }
+        const auto serialized = writer.serialize();
+        io::write_file_durably(staging / file, std::span<const std::byte>(serialized), options.faults);
+        io::write_file_durably(staging / (rank_stem(s.rank) + ".json"), nlohmann::json{{"shards", shards}}.dump(),
+                               options.faults);
+    } catch (const std::exception& e) {
+        failure = e.what();
+    }
+    if (any_rank_failed(s.comm, s.world, !failure.empty()))
+        throw data_error(where + ": " + (failure.empty() ? "another rank could not write its shards" : failure) +
+                         "; the previous checkpoints are intact");
+
+    // Phase 3 (rank 0): the manifest, last, then the rename that makes the checkpoint exist.
+    if (s.rank == 0) {
+        try {
+            io::checkpoint_manifest m;
+            m.model_signature = model_signature(*s.model);
+            m.model["parameters"] = model_parameters(*s.model);
+            m.dtype = std::string(io::dtype_name(element_dtype<T>()));
+            m.plan = s.plan;
+            m.step = s.step;
+            m.optimizer = optimizer_json(*s.optimizer);
+            m.optimizer["clip_norm"] = s.options.clip_norm;
+            m.schedule = schedule_json(s.options.schedule);
+            m.schedule["position"] = s.step;
+            if (data)
+                m.data_loader = {{"seed", data->seed},
+                                 {"epoch", data->epoch},
+                                 {"cursor", data->cursor},
+                                 {"window_count", data->window_count},
+                                 {"shuffle", data->shuffle}};
+            m.random = {{"init_seed", s.options.init_seed},
+                        {"dropout_counter", s.step},
+                        {"law", "dropout masks are a function of (op seed, dropout_counter, element index)"}};
+            for (int r = 0; r < s.world; ++r) {
+                const fs::path part = staging / (rank_stem(r) + ".json");
+                std::ifstream in(part);
+                if (!in) throw data_error("rank " + std::to_string(r) + "'s shard list '" + part.string() + "' is missing");
+                const auto j = nlohmann::json::parse(in);
+                for (const auto& sh : j.at("shards")) {
+                    auto& t = m.tensors[sh.at("tensor").get<std::string>()];
+                    t.shape = sh.at("shape").get<std::vector<std::int64_t>>();
+                    t.shards.push_back({r, sh.at("file").get<std::string>(), sh.at("key").get<std::string>(),
+                                        sh.at("box").get<io::index_box>(), sh.at("bytes").get<std::uint64_t>(),
+                                        sh.at("crc32").get<std::uint32_t>()});
+                }
+            }
+            // Checked as a reader will check it: a manifest that does not tile every tensor
+            // is a bug here, not a file to leave for a later run to trip over.
+            (void)io::checkpoint_manifest::from_json(m.to_json(), (staging / io::checkpoint_manifest::file_name).string());
+            io::write_file_durably(staging / io::checkpoint_manifest::file_name, m.to_json().dump(1), options.faults);
+            if (options.faults && options.faults->before_rename) options.faults->before_rename(final_dir);
+            std::error_code ec;
+            fs::path replaced;
+            if (fs::exists(final_dir)) {  // the same step saved again: swap, then drop the old one
+                replaced = final_dir;
+                replaced += ".old";
+                fs::remove_all(replaced, ec);
+                fs::rename(final_dir, replaced, ec);
+                if (ec) throw data_error("cannot move the older '" + final_dir.string() + "' aside: " + ec.message());
+            }
+            fs::rename(staging, final_dir, ec);
+            if (ec) throw data_error("cannot rename '" + staging.string() + "' to '" + final_dir.string() + "': " + ec.message());
+            io::fsync_directory(directory);
+            if (!replaced.empty()) fs::remove_all(replaced, ec);
+            // Keep the newest keep_last complete checkpoints; drop stale staging directories.
+            std::vector<std::pair<std::int64_t, fs::path>> complete;
+            for (const auto& entry : fs::directory_iterator(directory)) {
+                const std::string name = entry.path().filename().string();
+                if (name.rfind("step-", 0) != 0 || !entry.is_directory()) continue;
+                if (name.size() > 4 && (name.ends_with(".tmp") || name.ends_with(".old"))) {
+                    fs::remove_all(entry.path(), ec);
+                    continue;
+                }
+                if (fs::exists(entry.path() / io::checkpoint_manifest::file_name))
+                    complete.emplace_back(std::stoll(name.substr(5)), entry.path());
+            }
+            std::sort(complete.begin(), complete.end());
+            for (std::size_t i = 0; i + static_cast<std::size_t>(options.keep_last) < complete.size(); ++i)
+                fs::remove_all(complete[i].second, ec);
+        } catch (const std::exception& e) {
+            failure = e.what();
+        }
+    }
+    if (any_rank_failed(s.comm, s.world, !failure.empty()))
+        throw data_error(where + ": " + (failure.empty() ? "rank 0 could not write the manifest" : failure) +
+                         "; the previous checkpoints are intact");
+    return {final_dir, s.step, written_bytes, data ? std::optional(*data) : std::nullopt};
+}
+
+// Reads every shard that meets this rank's pieces and checks it; changes nothing in `s`.
+template <class T>
+std::vector<std::vector<T>> read_pieces(const rank_state<T>& s, const std::filesystem::path& dir,
+                                        const io::checkpoint_manifest& m, std::uint64_t& bytes_read) {
+    const std::string manifest_path = (dir / io::checkpoint_manifest::file_name).string();
+    const std::string expected_dtype(io::dtype_name(element_dtype<T>()));
+    if (m.dtype != expected_dtype)
+        throw data_error("checkpoint '" + dir.string() + "' holds " + m.dtype + " tensors but this trainer is " +
+                         expected_dtype + "; resume with the precision it was saved in (float32: F32, float64: F64)");
+    if (m.model_signature != model_signature(*s.model)) {
+        const auto here = model_parameters(*s.model);
+        const auto& there = m.model.at("parameters");
+        std::string difference;
+        for (const auto& [name, shape] : here.items()) {
+            if (!there.contains(name)) {
+                difference = "parameter '" + name + "' is not in the checkpoint";
+                break;
+            }
+            if (there.at(name) != shape) {
+                difference = "parameter '" + name + "' is " + shape.dump() + " here but " + there.at(name).dump() +
+                             " in the checkpoint (another vocabulary, width or length?)";
+                break;
+            }
+        }
+        if (difference.empty()) difference = "the checkpoint's parameters are " + std::to_string(there.size()) +
+                                             ", this model's " + std::to_string(here.size());
+        throw data_error("checkpoint '" + dir.string() + "' was saved from another model: " + difference +
+                         "; build the model with the configuration it was saved from, or start a new checkpoint "
+                         "directory");
+    }
+    std::map<std::string, std::unique_ptr<io::safetensors_file>> files;
+    std::map<std::pair<std::string, std::string>, std::vector<T>> shard_cache;
+    std::vector<std::vector<T>> out;
+    for (const auto& p : s.pieces) {
+        const auto t = m.tensors.find(p.tensor);
+        if (t == m.tensors.end())
+            throw data_error("checkpoint '" + dir.string() + "' has no tensor '" + p.tensor + "' (" + manifest_path +
+                             "); it was saved with another optimizer or model; resume with the settings it was saved with");
+        if (t->second.shape != p.shape)
+            throw data_error("checkpoint '" + dir.string() + "': tensor '" + p.tensor + "' has another shape than here; "
+                             "build the model it was saved from");
+        std::vector<T> values(static_cast<std::size_t>(p.region.numel()));
+        for (const auto& shard : t->second.shards) {
+            const partition::box sb = to_box(shard.box);
+            const partition::box common = partition::intersect(sb, p.region);
+            if (p.region.rank() > 0 && common.empty()) continue;
+            auto& cached = shard_cache[{shard.file, shard.key}];
+            if (cached.empty() && shard.bytes > 0) {
+                auto& f = files[shard.file];
+                const auto path = dir / shard.file;
+                if (!f) f = std::make_unique<io::safetensors_file>(path);
+                const io::tensor_info& info = f->info(shard.key);
+                if (info.dtype != element_dtype<T>() || info.byte_size() != shard.bytes)
+                    throw data_error("checkpoint file '" + path.string() + "': tensor '" + shard.key +
+                                     "' does not match the manifest (dtype or size); the checkpoint is damaged: use an "
+                                     "older one");
+                const auto bytes = f->read_bytes(shard.key);
+                if (io::crc32(bytes) != shard.crc32)
+                    throw data_error("checkpoint file '" + path.string() + "': tensor '" + shard.key +
+                                     "' fails its CRC-32 check (the bytes changed after the save); the checkpoint is "
+                                     "damaged: use an older one");
+                cached.resize(bytes.size() / sizeof(T));
+                std::memcpy(cached.data(), bytes.data(), bytes.size());
+                bytes_read += bytes.size();
+            }
+            partition::copy_region(cached.data(), sb, values.data(), p.region, p.region.rank() ? common : sb);
+        }
+        out.push_back(std::move(values));
+    }
+    return out;
+}
+
+template <class T>
+checkpoint_info load_state(rank_state<T>& s, const std::filesystem::path& dir, std::int64_t& step) {
+    const io::checkpoint_manifest m = io::checkpoint_manifest::read(dir);
+    const std::string kind = s.optimizer->index() == 0 ? "adamw" : "sgd";
+    if (m.optimizer.value("kind", "") != kind)
+        throw data_error("checkpoint '" + dir.string() + "' holds " + m.optimizer.value("kind", std::string("?")) +
+                         " state but this trainer uses " + kind + "; resume with the optimizer it was saved with");
+    checkpoint_info info{dir, m.step, 0, std::nullopt};
+    auto values = read_pieces(s, dir, m, info.bytes);
+    if (!m.data_loader.empty())
+        info.data = data_loader_state{m.data_loader.at("seed").get<std::uint64_t>(), m.data_loader.at("epoch").get<std::uint64_t>(),
+                                      m.data_loader.at("cursor").get<std::uint64_t>(),
+                                      m.data_loader.at("window_count").get<std::uint64_t>(),
+                                      m.data_loader.at("shuffle").get<std::uint64_t>()};
+    // Everything is read and checked: now change the trainer.
+    for (std::size_t i = 0; i < s.pieces.size(); ++i)
+        std::copy(values[i].begin(), values[i].end(), s.pieces[i].values.begin());
+    const auto optimizer_steps = m.optimizer.at("steps").get<std::int64_t>();
+    std::visit([&](auto& o) { o.set_steps(optimizer_steps); }, *s.optimizer);
+    step = m.step;
+    return info;
+}
+
+template <class T>
+rank_state<T> state_of(trainer<T>& t) {
+    rank_state<T> s;
+    s.optimizer = &t.optimizer();
+    s.model = &t.ir();
+    s.plan = {{"world", 1}, {"plan", "one device"}};
+    s.step = t.steps();
+    const graph& g = t.ir();
+    auto shape_of = [&](tensor_id p) {
+        std::vector<std::int64_t> e;
+        for (const auto& a : g.tensor(p).dims) e.push_back(a.extent);
+        return e;
+    };
+    for (tensor_id p : g.parameters) {
+        const auto& d = g.tensor(p);
+        const auto whole = partition::box::whole(d.dims);
+        s.pieces.push_back({d.name, shape_of(p), whole, t.parameter(d.name), {whole}});
+    }
+    const std::size_t slots = std::visit([](auto& o) { return o.slots().size(); }, t.optimizer());
+    for (std::size_t k = 0; k < slots; ++k) {
+        const std::string name = std::visit([&](auto& o) { return o.slots()[k].name; }, t.optimizer());
+        tensor_id p = no_id;
+        for (tensor_id q : g.parameters)
+            if (g.tensor(q).name == name) p = q;
+        const auto whole = partition::box::whole(g.tensor(p).dims);
+        for (auto [suffix, buffer] : optimizer_buffers(t.optimizer(), k))
+            s.pieces.push_back({name + suffix, shape_of(p), whole, std::span<T>(*buffer), {whole}});
+    }
+    return s;
+}
+
+// The parts of `region` (an optimizer slot's box of parameter p on `rank`) that no lower
+// rank's slot holds.
+inline std::vector<partition::box> owned_update_regions(const partition::partitioned_graph& plan, int rank, tensor_id p,
+                                                        const partition::box& region) {
+    std::vector<partition::box> mine{region};
+    for (int r = 0; r < rank; ++r)
+        for (const auto& gp : plan.devices[static_cast<std::size_t>(r)].gradients) {
+            if (gp.logical != p) continue;
+            const partition::box other = update_region(plan, r, gp.logical, gp.region);
+            std::vector<partition::box> next;
+            for (const auto& b : mine) subtract_box(b, other, next);
+            mine = std::move(next);
+        }
+    return mine;
+}
+
+}  // namespace detail
+
+// How the saving run was partitioned, for the manifest (informative: loading reads only the
+// boxes of the tensors). The one place that turns a plan into JSON for checkpoints.
+inline nlohmann::json plan_description(const partition::partitioned_graph& plan) {
+    nlohmann::json devices = nlohmann::json::array();
+    for (const auto& d : plan.devices) {
+        nlohmann::json pieces = nlohmann::json::object();
+        for (const auto& s : d.parameters) pieces[plan.ir().tensor(s.logical).name].push_back(s.region.to_string());
+        devices.push_back(pieces);
+    }
+    return {{"world", plan.world}, {"plan", plan.plan_name}, {"zero", static_cast<int>(plan.zero)}, {"parameters", devices}};
+}
+
+template <class T>
+detail::rank_state<T> state_of(distributed_trainer<T>& t) {
+    detail::rank_state<T> s;
+    const auto& plan = t.plan();
+    const graph& g = plan.ir();
+    s.optimizer = &t.optimizer();
+    s.model = &g;
+    s.plan = plan_description(plan);
+    s.options = t.options();
+    s.step = t.steps();
+    s.rank = t.rank();
+    s.world = plan.world;
+    s.comm = &t.communicator();
+    auto shape_of = [&](tensor_id p) {
+        std::vector<std::int64_t> e;
+        for (const auto& a : g.tensor(p).dims) e.push_back(a.extent);
+        return e;
+    };
+    for (const auto& piece : t.part().parameters) {
+        const auto& d = g.tensor(piece.logical);
+        s.pieces.push_back({d.name, shape_of(piece.logical), piece.region, t.local_values(piece.local),
+                            owned_regions(plan, t.rank(), piece.logical, piece.region, false)});
+    }
+    const auto& regions = t.optimizer_regions();
+    for (std::size_t k = 0; k < regions.size(); ++k) {
+        const auto& [p, region] = regions[k];
+        const auto owned = detail::owned_update_regions(plan, t.rank(), p, region);
+        for (auto [suffix, buffer] : detail::optimizer_buffers(t.optimizer(), k))
+            s.pieces.push_back({g.tensor(p).name + suffix, shape_of(p), region, std::span<T>(*buffer), owned});
+    }
+    return s;
+}
+
+// Saves one device's training state as DIR/step-<steps>. `data`: the loader's position
+// after the last batch trained on, so that a resumed run draws the next one.
+template <class T>
+checkpoint_info save_checkpoint(trainer<T>& t, const std::filesystem::path& directory, const data_loader_state* data = nullptr,
+                                const checkpoint_options& options = {}) {
+    auto s = detail::state_of(t);
+    s.options = t.options();
+    return detail::save_state(s, directory, options, data);
+}
+
+// Collective: every rank of the plan calls it with the same directory (on a file system all
+// ranks see) after the same step.
+template <class T>
+checkpoint_info save_checkpoint(distributed_trainer<T>& t, const std::filesystem::path& directory,
+                                const data_loader_state* data = nullptr, const checkpoint_options& options = {}) {
+    auto s = state_of(t);
+    return detail::save_state(s, directory, options, data);
+}
+
+// Loads a checkpoint directory (DIR/step-N) into a trainer built for the same model and
+// precision, under any plan. Throws loom::data_error, changing nothing, when it is
+// incomplete, damaged or from another model. Restore the returned data state into the
+// data loader to continue the same stream.
+template <class T>
+checkpoint_info load_checkpoint(trainer<T>& t, const std::filesystem::path& checkpoint) {
+    auto s = detail::state_of(t);
+    std::int64_t step = 0;
+    auto info = detail::load_state(s, checkpoint, step);
+    t.set_steps(step);
+    return info;
+}
+
+template <class T>
+checkpoint_info load_checkpoint(distributed_trainer<T>& t, const std::filesystem::path& checkpoint) {
+    auto s = state_of(t);
+    std::int64_t step = 0;
+    auto info = detail::load_state(s, checkpoint, step);
+    t.set_steps(step);
+    return info;
+}
+
+// The newest complete checkpoint (one with a manifest) in `directory`, if any. Half-written
+// saves (step-N.tmp) are never chosen.
+inline std::optional<std::filesystem::path> latest_checkpoint(const std::filesystem::path& directory) {
+    namespace fs = std::filesystem;
+    std::error_code ec;
+    if (!fs::is_directory(directory, ec)) return std::nullopt;
+    std::optional<std::pair<std::int64_t, fs::path>> best;
+    for (const auto& entry : fs::directory_iterator(directory, ec)) {
+        const std::string name = entry.path().filename().string();
+        if (name.rfind("step-", 0) != 0 || name.find('.') != std::string::npos) continue;
+        if (!fs::exists(entry.path() / io::checkpoint_manifest::file_name)) continue;
+        std::int64_t step = 0;
+        try {
+            step = std::stoll(name.substr(5));
+        } catch (const std::exception&) {
+            continue;
+        }
+        if (!best || step > best->first) best = std::pair(step, entry.path());
+    }
+    if (!best) return std::nullopt;
+    return best->second;
+}
+
+}  // namespace loom::train
+// ---- end loom/train/checkpoint.hpp ----
 // ---- begin loom/train/corpus.hpp ----
 // make_corpus: a deterministic English-like training text that loom writes itself, so
 // examples and tests train on real-looking language without downloads or copied text.
@@ -20689,1118 +22727,6 @@ inline std::string make_corpus(std::size_t bytes = 200'000, std::uint64_t seed =
 
 }  // namespace loom::train
 // ---- end loom/train/corpus.hpp ----
-// ---- begin loom/train/data_loader.hpp ----
-// data_loader: next-token-prediction batches from one token sequence.
-//
-// A window is seq + 1 consecutive tokens starting at any position w in
-// [0, tokens - seq): its first seq tokens are the inputs, its last seq the targets, so
-//   targets[b * seq + i] == inputs[b * seq + i + 1]   for i + 1 < seq
-//   targets[b * seq + seq - 1] == tokens[w + seq].
-// An epoch visits every window start exactly once: in order 0, 1, 2, ... when shuffle is
-// off, in a seeded pseudo-random order that is a different permutation each epoch when it
-// is on. Batches run on across epoch boundaries, so no window is dropped.
-//
-// The order is a keyed Feistel permutation of the window index (own implementation, only
-// 64-bit integer arithmetic), so it needs no memory per window and the same (tokens,
-// options) give the same batches on every platform. The whole position in the stream is
-// data_loader_state, five integers: save state() in a checkpoint and restore() it to
-// continue with exactly the batches the first run would have drawn next.
-#include <cstddef>
-#include <cstdint>
-#include <memory>
-#include <span>
-#include <string>
-#include <vector>
-
-// ---- begin loom/train/token_file.hpp ----
-// A binary token file: a pre-tokenized corpus that training reads without re-tokenizing.
-//
-// Layout (all integers little-endian), 32-byte header then the tokens:
-//   offset  0  8 bytes  magic "LOOMTOKS"
-//   offset  8  u32      format version, 1
-//   offset 12  u32      bytes per token, 2 (vocab_size <= 65536) or 4
-//   offset 16  u32      vocab_size; every token is in [0, vocab_size)
-//   offset 20  u32      reserved, 0
-//   offset 24  u64      token count N
-//   offset 32  N * bytes_per_token bytes of tokens
-// So a file of N tokens is exactly 32 + N * bytes_per_token bytes long; anything else is
-// truncated or has trailing bytes, and is rejected.
-//
-// Make one with write_token_file(path, tokens, vocab_size), e.g. from
-// byte_tokenizer{}.encode(make_corpus()) with vocab_size 256.
-#include <algorithm>
-#include <array>
-#include <cstddef>
-#include <cstdint>
-#include <filesystem>
-#include <fstream>
-#include <limits>
-#include <memory>
-#include <span>
-#include <string>
-#include <string_view>
-#include <system_error>
-#include <vector>
-
-
-namespace loom::train {
-
-inline constexpr std::string_view token_file_magic = "LOOMTOKS";
-inline constexpr std::uint32_t token_file_version = 1;
-inline constexpr std::size_t token_file_header_bytes = 32;
-
-namespace detail {
-
-inline void token_file_put(std::string& out, std::uint64_t value, int bytes) {
-    for (int i = 0; i < bytes; ++i) out.push_back(static_cast<char>((value >> (8 * i)) & 0xFF));
-}
-
-inline std::uint64_t token_file_get(const unsigned char* in, int bytes) {
-    std::uint64_t value = 0;
-    for (int i = 0; i < bytes; ++i) value |= static_cast<std::uint64_t>(in[i]) << (8 * i);
-    return value;
-}
-
-inline std::string token_file_quote(const std::filesystem::path& path) { return "'" + path.string() + "'"; }
-
-// Shows bytes as text where printable: "PK\x03\x04" for a zip file.
-inline std::string token_file_printable(std::span<const unsigned char> bytes) {
-    static constexpr char hex[] = "0123456789abcdef";
-    std::string text = "\"";
-    for (unsigned char b : bytes) {
-        if (b >= 0x20 && b < 0x7f && b != '"' && b != '\\') {
-            text.push_back(static_cast<char>(b));
-        } else {
-            text += "\\x";
-            text.push_back(hex[b >> 4]);
-            text.push_back(hex[b & 0xF]);
-        }
-    }
-    return text + "\"";
-}
-
-inline constexpr std::string_view token_file_fix =
-    "write it with loom::train::write_token_file(path, tokens, vocab_size)";
-
-}  // namespace detail
-
-// Writes `tokens` in the format above: 2 bytes per token when vocab_size <= 65536, else 4.
-// Throws loom::usage_error for a vocab_size of 0 or above 2^31 (ids are int32) and for a
-// token outside [0, vocab_size); loom::data_error when the file cannot be written.
-// The file is written beside `path` and renamed into place, so a reader never sees half of it.
-inline void write_token_file(const std::filesystem::path& path, std::span<const std::int32_t> tokens,
-                             std::uint32_t vocab_size) {
-    if (vocab_size == 0 || vocab_size > (std::uint32_t{1} << 31)) {
-        throw usage_error("write_token_file: vocab_size " + std::to_string(vocab_size) + " for " +
-                          detail::token_file_quote(path) + " is outside [1, 2^31]; pass the tokenizer's vocab_size "
-                          "(256 for byte_tokenizer)");
-    }
-    for (std::size_t i = 0; i < tokens.size(); ++i) {
-        if (tokens[i] < 0 || static_cast<std::uint32_t>(tokens[i]) >= vocab_size) {
-            throw usage_error("write_token_file: token " + std::to_string(tokens[i]) + " at position " + std::to_string(i) +
-                              " is outside [0, " + std::to_string(vocab_size) + ") for " +
-                              detail::token_file_quote(path) + "; pass the vocab_size of the tokenizer that produced "
-                              "the tokens");
-        }
-    }
-    const int width = vocab_size <= 65536 ? 2 : 4;
-
-    std::string bytes;
-    bytes.reserve(token_file_header_bytes + tokens.size() * static_cast<std::size_t>(width));
-    bytes += token_file_magic;
-    detail::token_file_put(bytes, token_file_version, 4);
-    detail::token_file_put(bytes, static_cast<std::uint64_t>(width), 4);
-    detail::token_file_put(bytes, vocab_size, 4);
-    detail::token_file_put(bytes, 0, 4);
-    detail::token_file_put(bytes, tokens.size(), 8);
-    for (std::int32_t t : tokens) detail::token_file_put(bytes, static_cast<std::uint32_t>(t), width);
-
-    std::filesystem::path partial = path;
-    partial += ".partial";
-    {
-        std::ofstream out(partial, std::ios::binary | std::ios::trunc);
-        if (!out) {
-            throw data_error("write_token_file: cannot create " + detail::token_file_quote(partial) +
-                             "; check that the directory exists and is writable");
-        }
-        out.write(bytes.data(), static_cast<std::streamsize>(bytes.size()));
-        out.close();
-        if (!out) {
-            throw data_error("write_token_file: writing " + std::to_string(bytes.size()) + " bytes to " +
-                             detail::token_file_quote(partial) + " failed; check free disk space");
-        }
-    }
-    std::error_code ec;
-    std::filesystem::rename(partial, path, ec);
-    if (ec) {
-        throw data_error("write_token_file: cannot rename " + detail::token_file_quote(partial) + " to " +
-                         detail::token_file_quote(path) + ": " + ec.message() + "; check that the target is writable");
-    }
-}
-
-// A token file read into memory and validated: every error names the path, what is wrong
-// and how to make a good file. The tokens are shared, not copied, with data_loaders built
-// from this file, so they stay alive as long as any of them.
-class token_file {
-public:
-    explicit token_file(std::filesystem::path path) : path_(std::move(path)) { load(); }
-
-    const std::filesystem::path& path() const noexcept { return path_; }
-    std::size_t size() const noexcept { return tokens_->size(); }
-    bool empty() const noexcept { return tokens_->empty(); }
-    std::uint32_t vocab_size() const noexcept { return vocab_size_; }
-    std::uint32_t bytes_per_token() const noexcept { return bytes_per_token_; }
-
-    std::int32_t operator[](std::size_t i) const noexcept { return (*tokens_)[i]; }
-    std::span<const std::int32_t> tokens() const noexcept { return *tokens_; }
-    const std::shared_ptr<const std::vector<std::int32_t>>& shared_tokens() const noexcept { return tokens_; }
-
-private:
-    [[noreturn]] void fail(const std::string& what) const {
-        throw data_error("token_file: " + detail::token_file_quote(path_) + " " + what);
-    }
-
-    void load() {
-        std::error_code ec;
-        const auto status = std::filesystem::status(path_, ec);
-        if (!std::filesystem::exists(status)) fail("does not exist; " + std::string(detail::token_file_fix));
-        if (!std::filesystem::is_regular_file(status)) fail("is not a regular file; pass the path of a token file");
-        const std::uintmax_t file_bytes = std::filesystem::file_size(path_, ec);
-        if (ec) fail("cannot be sized: " + ec.message());
-        if (file_bytes == 0) fail("is empty (0 bytes), not a loom token file; " + std::string(detail::token_file_fix));
-
-        std::ifstream in(path_, std::ios::binary);
-        if (!in) fail("cannot be opened for reading; check its permissions");
-        std::array<unsigned char, token_file_header_bytes> header{};
-        const std::size_t header_read = static_cast<std::size_t>(std::min<std::uintmax_t>(file_bytes, header.size()));
-        in.read(reinterpret_cast<char*>(header.data()), static_cast<std::streamsize>(header_read));
-        if (static_cast<std::size_t>(in.gcount()) != header_read) fail("could not be read; check the disk");
-
-        const std::size_t magic_read = std::min(header_read, token_file_magic.size());
-        if (!std::equal(header.begin(), header.begin() + static_cast<std::ptrdiff_t>(magic_read), token_file_magic.begin())) {
-            fail("starts with " + detail::token_file_printable({header.data(), magic_read}) + " instead of the magic \"" +
-                 std::string(token_file_magic) + "\", so it is not a loom token file; " +
-                 std::string(detail::token_file_fix));
-        }
-        if (header_read < token_file_header_bytes) {
-            fail("is truncated: " + std::to_string(file_bytes) + " bytes, shorter than the " +
-                 std::to_string(token_file_header_bytes) + "-byte header; " + std::string(detail::token_file_fix));
-        }
-
-        const auto version = static_cast<std::uint32_t>(detail::token_file_get(&header[8], 4));
-        const auto width = static_cast<std::uint32_t>(detail::token_file_get(&header[12], 4));
-        vocab_size_ = static_cast<std::uint32_t>(detail::token_file_get(&header[16], 4));
-        const auto reserved = static_cast<std::uint32_t>(detail::token_file_get(&header[20], 4));
-        const std::uint64_t count = detail::token_file_get(&header[24], 8);
-
-        if (version != token_file_version) {
-            fail("has format version " + std::to_string(version) + ", but this build reads only version " +
-                 std::to_string(token_file_version) + "; rewrite it with this build's loom::train::write_token_file");
-        }
-        if (width != 2 && width != 4) {
-            fail("declares " + std::to_string(width) + " bytes per token, but only 2 and 4 are valid; the header is "
-                 "corrupt, " + std::string(detail::token_file_fix));
-        }
-        if (reserved != 0) {
-            fail("has reserved header field " + std::to_string(reserved) + " instead of 0; the header is corrupt, " +
-                 std::string(detail::token_file_fix));
-        }
-        if (vocab_size_ == 0 || vocab_size_ > (std::uint32_t{1} << 31)) {
-            fail("declares vocab_size " + std::to_string(vocab_size_) + ", outside [1, 2^31]; the header is corrupt, " +
-                 std::string(detail::token_file_fix));
-        }
-        bytes_per_token_ = width;
-
-        const std::uintmax_t payload = file_bytes - token_file_header_bytes;
-        const bool fits = count <= payload / width;  // count * width <= payload, without overflow
-        if (!fits || payload != count * width) {
-            const bool overflows = count > (std::numeric_limits<std::uint64_t>::max() - token_file_header_bytes) / width;
-            const std::string expected =
-                overflows ? std::string("more bytes than any file can hold")
-                          : std::to_string(token_file_header_bytes + count * width) + " bytes";
-            fail(std::string(fits ? "has trailing bytes" : "is truncated") + ": the header says " + std::to_string(count) +
-                 " tokens of " + std::to_string(width) + " bytes, so expected " + expected + ", found " +
-                 std::to_string(file_bytes) + " bytes; the file was " + (fits ? "appended to" : "cut short") + ", " +
-                 std::string(detail::token_file_fix));
-        }
-
-        std::vector<unsigned char> raw(static_cast<std::size_t>(payload));
-        in.read(reinterpret_cast<char*>(raw.data()), static_cast<std::streamsize>(raw.size()));
-        if (static_cast<std::size_t>(in.gcount()) != raw.size()) {
-            fail("could not be read past byte " + std::to_string(token_file_header_bytes + in.gcount()) +
-                 " of " + std::to_string(file_bytes) + "; check the disk");
-        }
-        auto tokens = std::make_shared<std::vector<std::int32_t>>(static_cast<std::size_t>(count));
-        const int w = static_cast<int>(width);
-        for (std::size_t i = 0; i < tokens->size(); ++i) {
-            const std::uint64_t id = detail::token_file_get(&raw[i * width], w);
-            if (id >= vocab_size_) {
-                fail("has token " + std::to_string(id) + " at position " + std::to_string(i) + ", not below its vocab_size " +
-                     std::to_string(vocab_size_) + "; the tokens are corrupt or the vocab_size is wrong, " +
-                     std::string(detail::token_file_fix));
-            }
-            (*tokens)[i] = static_cast<std::int32_t>(id);
-        }
-        tokens_ = std::move(tokens);
-    }
-
-    std::filesystem::path path_;
-    std::shared_ptr<const std::vector<std::int32_t>> tokens_ = std::make_shared<const std::vector<std::int32_t>>();
-    std::uint32_t vocab_size_ = 0;
-    std::uint32_t bytes_per_token_ = 0;
-};
-
-}  // namespace loom::train
-// ---- end loom/train/token_file.hpp ----
-
-namespace loom::train {
-
-struct data_loader_options {
-    std::int64_t batch = 1;
-    std::int64_t seq = 1;
-    std::uint64_t seed = 0;
-    bool shuffle = true;
-};
-
-// Row-major [batch, seq] token ids.
-struct batch {
-    std::vector<std::int32_t> inputs;
-    std::vector<std::int32_t> targets;
-    std::int64_t batch = 0;
-    std::int64_t seq = 0;
-};
-
-// Where a data_loader is in its stream; all fields are plain integers so a checkpoint can
-// store them anywhere. window_count and shuffle identify the stream and are checked on
-// restore; seed, epoch and cursor are adopted.
-struct data_loader_state {
-    std::uint64_t seed = 0;
-    std::uint64_t epoch = 0;         // completed epochs
-    std::uint64_t cursor = 0;        // windows already drawn in the current epoch
-    std::uint64_t window_count = 0;  // windows per epoch: tokens - seq
-    std::uint64_t shuffle = 0;       // 1 when windows are shuffled, else 0
-
-    friend bool operator==(const data_loader_state&, const data_loader_state&) = default;
-};
-
-namespace detail {
-
-// A permutation of [0, n) chosen by `key`. A balanced Feistel network permutes
-// [0, 2^bits) with 2^bits < 4n; values that land at or above n are sent through again
-// ("cycle walking"), which stays inside the cycle of the start value and so ends at a
-// value below n, after fewer than 4 rounds on average.
-class feistel_permutation {
-public:
-    constexpr feistel_permutation(std::uint64_t n, std::uint64_t key) noexcept : n_(n), key_(key) {
-        while (half_bits_ < 32 && (std::uint64_t{1} << (2 * half_bits_)) < n_) ++half_bits_;
-        mask_ = (std::uint64_t{1} << half_bits_) - 1;
-    }
-
-    constexpr std::uint64_t operator()(std::uint64_t index) const noexcept {
-        if (n_ <= 1) return 0;
-        std::uint64_t x = index;
-        do {
-            x = encrypt(x);
-        } while (x >= n_);
-        return x;
-    }
-
-private:
-    static constexpr int rounds = 6;
-
-    constexpr std::uint64_t encrypt(std::uint64_t x) const noexcept {
-        std::uint64_t left = x >> half_bits_, right = x & mask_;
-        for (int r = 0; r < rounds; ++r) {
-            const std::uint64_t next = left ^ (splitmix64(key_ ^ splitmix64(right + 0x100000001b3ULL * static_cast<std::uint64_t>(r))) & mask_);
-            left = right;
-            right = next;
-        }
-        return (left << half_bits_) | right;
-    }
-
-    std::uint64_t n_;
-    std::uint64_t key_;
-    int half_bits_ = 1;
-    std::uint64_t mask_ = 1;
-};
-
-}  // namespace detail
-
-class data_loader {
-public:
-    // Copies the tokens.
-    data_loader(std::span<const std::int32_t> tokens, data_loader_options options)
-        : data_loader(std::make_shared<const std::vector<std::int32_t>>(tokens.begin(), tokens.end()), options) {}
-
-    data_loader(std::vector<std::int32_t> tokens, data_loader_options options)
-        : data_loader(std::make_shared<const std::vector<std::int32_t>>(std::move(tokens)), options) {}
-
-    // Shares the file's tokens; no copy.
-    data_loader(const token_file& file, data_loader_options options) : data_loader(file.shared_tokens(), options) {}
-
-    data_loader(std::shared_ptr<const std::vector<std::int32_t>> tokens, data_loader_options options)
-        : tokens_(std::move(tokens)), options_(options) {
-        if (!tokens_) throw usage_error("data_loader: the token pointer is null; pass a token sequence");
-        if (options_.batch < 1 || options_.seq < 1) {
-            throw usage_error("data_loader: batch " + std::to_string(options_.batch) + " and seq " +
-                              std::to_string(options_.seq) + " must both be at least 1");
-        }
-        const auto needed = static_cast<std::uint64_t>(options_.seq) + 1;
-        if (tokens_->size() < needed) {
-            throw data_error("data_loader: " + std::to_string(tokens_->size()) + " tokens are too few for one window of seq " +
-                             std::to_string(options_.seq) + ", which needs " + std::to_string(needed) +
-                             " tokens (seq inputs plus one target); use more data or a shorter seq");
-        }
-        window_count_ = tokens_->size() - static_cast<std::uint64_t>(options_.seq);
-    }
-
-    const data_loader_options& options() const noexcept { return options_; }
-    std::uint64_t windows_per_epoch() const noexcept { return window_count_; }
-    std::uint64_t epoch() const noexcept { return epoch_; }
-    std::span<const std::int32_t> tokens() const noexcept { return *tokens_; }
-
-    // The start position of the index-th window of an epoch.
-    std::uint64_t window_start(std::uint64_t epoch, std::uint64_t index) const noexcept {
-        if (!options_.shuffle) return index;
-        return detail::feistel_permutation(window_count_, splitmix64(options_.seed ^ splitmix64(epoch)))(index);
-    }
-
-    batch next() {
-        const auto rows = static_cast<std::size_t>(options_.batch);
-        const auto seq = static_cast<std::size_t>(options_.seq);
-        batch out{std::vector<std::int32_t>(rows * seq), std::vector<std::int32_t>(rows * seq), options_.batch, options_.seq};
-        const std::int32_t* data = tokens_->data();
-        for (std::size_t b = 0; b < rows; ++b) {
-            const std::uint64_t start = window_start(epoch_, cursor_);
-            for (std::size_t i = 0; i < seq; ++i) {
-                out.inputs[b * seq + i] = data[start + i];
-                out.targets[b * seq + i] = data[start + i + 1];
-            }
-            if (++cursor_ == window_count_) {
-                cursor_ = 0;
-                ++epoch_;
-            }
-        }
-        return out;
-    }
-
-    data_loader_state state() const noexcept {
-        return {options_.seed, epoch_, cursor_, window_count_, options_.shuffle ? 1U : 0U};
-    }
-
-    // Continues the stream `saved` came from. Throws loom::usage_error when it belongs to a
-    // different stream (other token count or seq, other shuffle setting) or is corrupt.
-    void restore(const data_loader_state& saved) {
-        if (saved.window_count != window_count_) {
-            throw usage_error("data_loader::restore: the saved state has " + std::to_string(saved.window_count) +
-                              " windows per epoch but this loader has " + std::to_string(window_count_) +
-                              " (tokens - seq); restore with the same token sequence and seq that produced the state");
-        }
-        if (saved.shuffle != (options_.shuffle ? 1U : 0U)) {
-            throw usage_error("data_loader::restore: the saved state has shuffle " + std::to_string(saved.shuffle) +
-                              " but this loader has shuffle " + std::string(options_.shuffle ? "1" : "0") +
-                              "; construct the loader with the shuffle setting of the run that saved the state");
-        }
-        if (saved.cursor >= window_count_) {
-            throw usage_error("data_loader::restore: the saved cursor " + std::to_string(saved.cursor) +
-                              " is not below the " + std::to_string(window_count_) +
-                              " windows per epoch; the saved state is corrupt");
-        }
-        options_.seed = saved.seed;
-        epoch_ = saved.epoch;
-        cursor_ = saved.cursor;
-    }
-
-private:
-    std::shared_ptr<const std::vector<std::int32_t>> tokens_;
-    data_loader_options options_;
-    std::uint64_t window_count_ = 0;
-    std::uint64_t epoch_ = 0;
-    std::uint64_t cursor_ = 0;
-};
-
-}  // namespace loom::train
-// ---- end loom/train/data_loader.hpp ----
-// ---- begin loom/train/distributed_trainer.hpp ----
-// Training one rank of a partitioned graph: this device's program, its pieces of the
-// parameters (initialised from the same counter-based streams as on one device, so any
-// plan starts from the same weights), the communicator for transfers, and the optimizer
-// over the parameter pieces this rank updates.
-//
-// Every rank constructs one and calls step() with the same full batch; each copies the
-// boxes of the inputs it stores. The loss and the gradient norm come back identical on
-// every rank. Replicated parameter pieces receive identical gradients and make identical
-// updates, so they stay equal without communication; under ZeRO-1 and ZeRO-2 a rank
-// updates its shard only and the shards are all-gathered after the update.
-#include <algorithm>
-#include <chrono>
-#include <cmath>
-#include <cstdint>
-#include <memory>
-#include <string>
-#include <type_traits>
-#include <variant>
-#include <vector>
-
-// ---- begin loom/train/init.hpp ----
-// Seeded parameter initialisation. Element i of parameter "p" is a pure function of
-// (seed, "p", i): a counter-based generator, so any slice of a parameter, initialised on
-// whatever device holds it, equals the same slice of the whole parameter.
-#include <cmath>
-#include <cstdint>
-#include <numbers>
-#include <span>
-#include <string_view>
-
-
-namespace loom::train {
-
-namespace detail {
-inline constexpr std::uint64_t hash_name(std::string_view s) {
-    std::uint64_t h = 0xcbf29ce484222325ull;  // FNV-1a
-    for (char c : s) h = (h ^ static_cast<unsigned char>(c)) * 0x100000001b3ull;
-    return h;
-}
-// Uniform in (0, 1), never 0 (Box-Muller takes a log).
-inline double unit_uniform(std::uint64_t bits) { return (static_cast<double>(bits >> 11) + 0.5) * 0x1.0p-53; }
-}  // namespace detail
-
-// One value of the stream of parameter `name`: the i-th element.
-inline double init_value(const parameter_init& init, std::uint64_t seed, std::string_view name, std::uint64_t i) {
-    const std::uint64_t key = splitmix64(seed ^ splitmix64(detail::hash_name(name)));
-    switch (init.distribution) {
-        case parameter_init::kind::constant: return init.a;
-        case parameter_init::kind::uniform: {
-            double u = detail::unit_uniform(splitmix64(key + 2 * i));
-            return init.a + (init.b - init.a) * u;
-        }
-        case parameter_init::kind::normal: {
-            double u1 = detail::unit_uniform(splitmix64(key + 2 * i));
-            double u2 = detail::unit_uniform(splitmix64(key + 2 * i + 1));
-            double z = std::sqrt(-2.0 * std::log(u1)) * std::cos(2.0 * std::numbers::pi * u2);
-            return init.a + init.b * z;
-        }
-    }
-    return 0.0;
-}
-
-// Fills `out` with elements [first, first + out.size()) of parameter `name`.
-template <class T>
-void initialize(std::span<T> out, const parameter_init& init, std::uint64_t seed, std::string_view name,
-                std::uint64_t first = 0) {
-    for (std::size_t j = 0; j < out.size(); ++j) out[j] = static_cast<T>(init_value(init, seed, name, first + j));
-}
-
-}  // namespace loom::train
-// ---- end loom/train/init.hpp ----
-// ---- begin loom/train/ownership.hpp ----
-// Who owns what in a partitioned plan: which parts of a replicated parameter (or gradient)
-// a rank counts as its own, and which rows a rank updates under ZeRO-1/2. Every backend's
-// distributed trainer asks the same questions (the gradient norm counts each element once,
-// a gathered parameter takes each element from one rank, the optimizer shards replicas),
-// so the answers live here, computed from the plan alone: any rank can work out any other
-// rank's share.
-#include <cstdint>
-#include <string>
-#include <vector>
-
-
-namespace loom::train {
-
-// b minus c, as disjoint boxes appended to out.
-inline void subtract_box(const partition::box& b, const partition::box& c, std::vector<partition::box>& out) {
-    const partition::box common = partition::intersect(b, c);
-    if (b.rank() == 0) return;  // a scalar held by a lower rank is theirs
-    if (common.empty()) {
-        out.push_back(b);
-        return;
-    }
-    partition::box rest = b;
-    for (std::size_t a = 0; a < b.rank(); ++a) {
-        if (rest.ranges[a].begin < common.ranges[a].begin) {
-            partition::box below = rest;
-            below.ranges[a].end = common.ranges[a].begin;
-            out.push_back(below);
-        }
-        if (common.ranges[a].end < rest.ranges[a].end) {
-            partition::box above = rest;
-            above.ranges[a].begin = common.ranges[a].end;
-            out.push_back(above);
-        }
-        rest.ranges[a] = common.ranges[a];
-    }
-}
-
-// Parts of `region` (a piece of parameter p, or of its gradient) that `rank` counts as its
-// own: the parts no lower rank holds. Pieces are equal or disjoint in every plan loom
-// builds; a partial overlap is cut along the boxes.
-inline std::vector<partition::box> owned_regions(const partition::partitioned_graph& plan, int rank, tensor_id p,
-                                                 const partition::box& region, bool gradients) {
-    std::vector<partition::box> mine{region};
-    for (int r = 0; r < rank; ++r) {
-        const auto& other = gradients ? plan.devices[static_cast<std::size_t>(r)].gradients
-                                      : plan.devices[static_cast<std::size_t>(r)].parameters;
-        for (const auto& s : other) {
-            if (s.logical != p) continue;
-            std::vector<partition::box> next;
-            for (const auto& b : mine) subtract_box(b, s.region, next);
-            mine = std::move(next);
-        }
-    }
-    return mine;
-}
-
-// ZeRO-1 shards the optimizer over data-parallel replicas: ranks that all store the whole
-// parameter. Other parameters are updated wherever they are stored.
-inline bool stored_whole_everywhere(const partition::partitioned_graph& plan, tensor_id p) {
-    const partition::box whole = partition::box::whole(plan.ir().tensor(p).dims);
-    for (const auto& device : plan.devices) {
-        bool stored = false;
-        for (const auto& s : device.parameters) stored = stored || (s.logical == p && s.region == whole);
-        if (!stored) return false;
-    }
-    return true;
-}
-
-// Rows of the first dim that `rank` updates under ZeRO-1 (the whole region when the rows do
-// not divide evenly over the ranks).
-inline partition::box zero1_shard(const partition::box& region, int rank, int world) {
-    partition::box b = region;
-    if (b.rank() == 0 || b.ranges[0].size() % world != 0) return b;
-    const std::int64_t rows = b.ranges[0].size() / world;
-    b.ranges[0].begin += rows * rank;
-    b.ranges[0].end = b.ranges[0].begin + rows;
-    return b;
-}
-
-// The part of gradient piece `gradient` (of logical parameter p) that `rank` updates.
-inline partition::box update_region(const partition::partitioned_graph& plan, int rank, tensor_id p,
-                                    const partition::box& gradient) {
-    if (plan.zero == plan::zero_stage::optimizer && stored_whole_everywhere(plan, p))
-        return zero1_shard(gradient, rank, plan.world);
-    return gradient;
-}
-
-// Offset of the first element of `inner` in a piece with box `outer`, for an `inner` that is
-// whole on every axis but the first (so that it is contiguous there).
-inline std::int64_t offset_in(const partition::box& inner, const partition::box& outer) {
-    if (inner.rank() == 0) return 0;
-    for (std::size_t a = 1; a < inner.rank(); ++a)
-        if (!(inner.ranges[a] == outer.ranges[a]))
-            throw error("distributed training: the updated part " + inner.to_string() + " of piece " +
-                        outer.to_string() + " is not contiguous; shard parameters along their first dim");
-    std::int64_t row = 1;
-    for (std::size_t a = 1; a < outer.rank(); ++a) row *= outer.ranges[a].size();
-    return (inner.ranges[0].begin - outer.ranges[0].begin) * row;
-}
-
-}  // namespace loom::train
-// ---- end loom/train/ownership.hpp ----
-// ---- begin loom/train/sgd.hpp ----
-// SGD with momentum, with PyTorch's torch.optim.SGD semantics:
-//   g <- g + wd * p
-//   buf <- g                                 on the first step
-//   buf <- momentum * buf + (1 - dampening) * g   afterwards
-//   p <- p - lr * (nesterov ? g + momentum * buf : buf)
-#include <cstdint>
-#include <string>
-#include <vector>
-
-
-namespace loom::train {
-
-struct sgd_options {
-    double lr = 0.1;
-    double momentum = 0.9;
-    double dampening = 0.0;
-    double weight_decay = 0.0;
-    bool nesterov = false;
-};
-
-template <class T>
-class sgd {
-public:
-    explicit sgd(sgd_options options) : options_(options) {
-        if (options.momentum < 0 || options.lr < 0 || options.weight_decay < 0)
-            throw usage_error("sgd: lr, momentum and weight_decay must be >= 0");
-        if (options.nesterov && (options.momentum <= 0 || options.dampening != 0))
-            throw usage_error("sgd: nesterov momentum needs momentum > 0 and dampening == 0");
-    }
-
-    void add(parameter_slot<T> slot) {
-        momentum_.emplace_back(slot.value.size(), T(0));
-        slots_.push_back(std::move(slot));
-    }
-
-    // One update of every parameter; `lr` overrides the configured rate (for schedules).
-    void step(double lr) {
-        const T mu = static_cast<T>(options_.momentum), damp = static_cast<T>(1 - options_.dampening);
-        for (std::size_t s = 0; s < slots_.size(); ++s) {
-            auto& slot = slots_[s];
-            auto& buf = momentum_[s];
-            const T wd = slot.weight_decay ? static_cast<T>(options_.weight_decay) : T(0);
-            for (std::size_t i = 0; i < slot.value.size(); ++i) {
-                T g = slot.grad[i] + wd * slot.value[i];
-                T update = g;
-                if (options_.momentum != 0) {
-                    buf[i] = steps_ == 0 ? g : mu * buf[i] + damp * g;
-                    update = options_.nesterov ? g + mu * buf[i] : buf[i];
-                }
-                slot.value[i] -= static_cast<T>(lr) * update;
-            }
-        }
-        ++steps_;
-    }
-    void step() { step(options_.lr); }
-
-    std::int64_t steps() const { return steps_; }
-    const sgd_options& options() const { return options_; }
-    // Checkpointing: the momentum buffer of slot s.
-    std::vector<T>& momentum(std::size_t s) { return momentum_.at(s); }
-    const std::vector<parameter_slot<T>>& slots() const { return slots_; }
-    void set_steps(std::int64_t steps) { steps_ = steps; }
-
-private:
-    sgd_options options_;
-    std::vector<parameter_slot<T>> slots_;
-    std::vector<std::vector<T>> momentum_;
-    std::int64_t steps_ = 0;
-};
-
-}  // namespace loom::train
-// ---- end loom/train/sgd.hpp ----
-// ---- begin loom/train/trainer.hpp ----
-// Single-device training on the host backend: one compiled program (forward + backward),
-// parameters initialised from their seeded streams, an optimizer, optional global-norm
-// clipping and a learning-rate schedule. Inputs are fed by tensor name every step.
-#include <chrono>
-#include <cstdint>
-#include <map>
-#include <memory>
-#include <span>
-#include <string>
-#include <type_traits>
-#include <variant>
-#include <vector>
-
-// ---- begin loom/train/grad_clip.hpp ----
-// Global-norm gradient clipping with torch.nn.utils.clip_grad_norm_ semantics:
-//   total = sqrt(sum over every gradient element of g^2)
-//   if max_norm / (total + 1e-6) < 1, every gradient is scaled by that factor.
-// The norm is accumulated in double in a fixed order, so it is the same whatever the
-// thread count.
-#include <cmath>
-#include <span>
-#include <vector>
-
-namespace loom::train {
-
-template <class T>
-double global_norm(const std::vector<std::span<T>>& grads) {
-    double sum = 0;
-    for (const auto& g : grads) {
-        double part = 0;
-        for (T x : g) part += static_cast<double>(x) * static_cast<double>(x);
-        sum += part;
-    }
-    return std::sqrt(sum);
-}
-
-// Returns the norm before clipping.
-template <class T>
-double clip_global_norm(const std::vector<std::span<T>>& grads, double max_norm) {
-    const double total = global_norm(grads);
-    const double coefficient = max_norm / (total + 1e-6);
-    if (coefficient < 1)
-        for (const auto& g : grads)
-            for (T& x : g) x = static_cast<T>(x * coefficient);
-    return total;
-}
-
-}  // namespace loom::train
-// ---- end loom/train/grad_clip.hpp ----
-// ---- begin loom/train/lr_schedule.hpp ----
-// Learning-rate schedule: linear warm-up, then cosine decay to `min_lr` at `total_steps`
-// (constant after). With total_steps == 0 the rate is constant after warm-up.
-#include <cmath>
-#include <cstdint>
-#include <numbers>
-
-namespace loom::train {
-
-struct lr_schedule {
-    double peak = 1e-3;
-    double min_lr = 0.0;
-    std::int64_t warmup_steps = 0;
-    std::int64_t total_steps = 0;
-
-    // Rate for step `step`, counted from 0.
-    double at(std::int64_t step) const {
-        if (step < warmup_steps) return peak * static_cast<double>(step + 1) / static_cast<double>(warmup_steps);
-        if (total_steps <= warmup_steps) return peak;
-        if (step >= total_steps) return min_lr;
-        const double progress =
-            static_cast<double>(step - warmup_steps) / static_cast<double>(total_steps - warmup_steps);
-        return min_lr + 0.5 * (peak - min_lr) * (1 + std::cos(std::numbers::pi * progress));
-    }
-};
-
-}  // namespace loom::train
-// ---- end loom/train/lr_schedule.hpp ----
-
-namespace loom::train {
-
-struct trainer_options {
-    std::variant<adamw_options, sgd_options> optimizer = adamw_options{};
-    lr_schedule schedule{};         // schedule.peak is the learning rate
-    double clip_norm = 1.0;         // <= 0: no clipping
-    std::uint64_t init_seed = 1234;
-};
-
-// Inputs for one step, by tensor name.
-struct input_feed {
-    std::map<std::string, std::span<const std::int32_t>> index;
-    std::map<std::string, std::span<const double>> real;
-};
-
-struct step_result {
-    double loss = 0;
-    double grad_norm = 0;  // before clipping
-    double lr = 0;
-    double seconds = 0;
-};
-
-template <class T>
-class trainer {
-public:
-    static constexpr precision prec = std::is_same_v<T, float> ? precision::f32 : precision::f64;
-
-    trainer(graph g, trainer_options options) : graph_(std::make_unique<graph>(std::move(g))), options_(options) {
-        if (graph_->loss == no_id) throw usage_error("trainer: the graph has no loss; call graph_builder::set_loss");
-        if (graph_->gradients.empty())
-            throw usage_error("trainer: the graph has no backward pass; call build_backward before training");
-        program_ = compile_program(*graph_, {.prec = prec});
-        executor_ = std::make_unique<host::executor<T>>(program_);
-        storage_ = std::make_unique<host::bound_storage<T>>(program_);
-        storage_->bind_to(*executor_);
-        for (tensor_id p : graph_->parameters) {
-            const tensor_desc& d = graph_->tensor(p);
-            initialize(storage_->real(p), d.init, options_.init_seed, d.name);
-        }
-        std::visit([&](const auto& o) { make_optimizer(o); }, options_.optimizer);
-        for (auto [param, grad] : graph_->gradients) grads_.push_back(storage_->real(grad));
-    }
-
-    // The executor keeps references into this object.
-    trainer(const trainer&) = delete;
-    trainer& operator=(const trainer&) = delete;
-
-    step_result step(const input_feed& feed) {
-        auto start = std::chrono::steady_clock::now();
-        set_inputs(feed);
-        executor_->run(static_cast<std::uint64_t>(steps_));
-        step_result r;
-        r.loss = static_cast<double>(storage_->real(graph_->loss)[0]);
-        r.grad_norm = options_.clip_norm > 0 ? clip_global_norm(grads_, options_.clip_norm) : global_norm(grads_);
-        r.lr = options_.schedule.at(steps_);
-        std::visit([&](auto& opt) { opt.step(r.lr); }, *optimizer_);
-        ++steps_;
-        r.seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
-        return r;
-    }
-
-    // The loss of a forward + backward pass without updating anything.
-    double evaluate(const input_feed& feed) {
-        set_inputs(feed);
-        executor_->run(static_cast<std::uint64_t>(steps_));
-        return static_cast<double>(storage_->real(graph_->loss)[0]);
-    }
-
-    std::span<T> parameter(std::string_view name) { return storage_->real(find(name, tensor_role::parameter)); }
-    std::span<T> gradient(std::string_view name) {
-        tensor_id p = find(name, tensor_role::parameter);
-        for (auto [param, grad] : graph_->gradients)
-            if (param == p) return storage_->real(grad);
-        throw usage_error("trainer: parameter '" + std::string(name) + "' has no gradient");
-    }
-
-    const graph& ir() const { return *graph_; }
-    const program& compiled() const { return program_; }
-    std::int64_t steps() const { return steps_; }
-    void set_steps(std::int64_t s) { steps_ = s; }
-    auto& optimizer() { return *optimizer_; }
-
-private:
-    template <class Options>
-    void make_optimizer(const Options& o) {
-        using opt_t = std::conditional_t<std::is_same_v<Options, adamw_options>, adamw<T>, sgd<T>>;
-        Options with_lr = o;
-        with_lr.lr = options_.schedule.peak;
-        optimizer_ = std::make_unique<std::variant<adamw<T>, sgd<T>>>(std::in_place_type<opt_t>, with_lr);
-        for (auto [param, grad] : graph_->gradients) {
-            const tensor_desc& d = graph_->tensor(param);
-            std::visit(
-                [&](auto& opt) {
-                    opt.add({d.name, storage_->real(param), storage_->real(grad), d.dims.rank() >= 2});
-                },
-                *optimizer_);
-        }
-    }
-
-    void set_inputs(const input_feed& feed) {
-        for (tensor_id t : graph_->inputs) {
-            const tensor_desc& d = graph_->tensor(t);
-            if (!storage_->has(t)) continue;  // an input the loss does not depend on
-            if (d.kind == value_kind::index) {
-                auto it = feed.index.find(d.name);
-                if (it == feed.index.end())
-                    throw usage_error("trainer: no data fed for input '" + d.name + "'; add it to input_feed::index");
-                copy_checked(d, it->second, storage_->index(t));
-            } else {
-                auto it = feed.real.find(d.name);
-                if (it == feed.real.end())
-                    throw usage_error("trainer: no data fed for input '" + d.name + "'; add it to input_feed::real");
-                auto dst = storage_->real(t);
-                if (it->second.size() != dst.size()) throw size_mismatch(d, it->second.size());
-                for (std::size_t i = 0; i < dst.size(); ++i) dst[i] = static_cast<T>(it->second[i]);
-            }
-        }
-    }
-    static usage_error size_mismatch(const tensor_desc& d, std::size_t got) {
-        return usage_error("trainer: input '" + d.name + "' has shape " + d.dims.to_string() + " (" +
-                           std::to_string(d.dims.numel()) + " elements) but " + std::to_string(got) +
-                           " were fed; feed one value per element");
-    }
-    static void copy_checked(const tensor_desc& d, std::span<const std::int32_t> src, std::span<std::int32_t> dst) {
-        if (src.size() != dst.size()) throw size_mismatch(d, src.size());
-        std::copy(src.begin(), src.end(), dst.begin());
-    }
-    tensor_id find(std::string_view name, tensor_role role) const {
-        for (tensor_id t : graph_->parameters)
-            if (graph_->tensor(t).name == name && graph_->tensor(t).role == role) return t;
-        throw usage_error("trainer: no parameter named '" + std::string(name) + "'");
-    }
-
-    std::unique_ptr<graph> graph_;
-    trainer_options options_;
-    program program_;
-    std::unique_ptr<host::executor<T>> executor_;
-    std::unique_ptr<host::bound_storage<T>> storage_;
-    std::unique_ptr<std::variant<adamw<T>, sgd<T>>> optimizer_;
-    std::vector<std::span<T>> grads_;
-    std::int64_t steps_ = 0;
-};
-
-}  // namespace loom::train
-// ---- end loom/train/trainer.hpp ----
-
-namespace loom::train {
-
-template <class T>
-class distributed_trainer {
-public:
-    static constexpr precision prec = std::is_same_v<T, float> ? precision::f32 : precision::f64;
-
-    distributed_trainer(const partition::partitioned_graph& plan, comm::communicator& c, trainer_options options)
-        : plan_(plan), comm_(c), options_(options) {
-        if (c.size() != plan.world)
-            throw usage_error("distributed_trainer: the plan is for " + std::to_string(plan.world) +
-                              " devices but the communicator has " + std::to_string(c.size()) +
-                              " ranks; launch as many ranks as the plan has devices");
-        rank_ = c.rank();
-        part_ = &plan.devices.at(static_cast<std::size_t>(rank_));
-        const graph& g = part_->ir();
-        compile_options compile{.prec = prec, .outputs = {part_->loss}, .keep_every_node = true};
-        if (!plan.order.empty()) compile.order = plan.order.at(static_cast<std::size_t>(rank_));
-        program_ = compile_program(g, compile);
-        executor_ = std::make_unique<host::executor<T>>(program_);
-        storage_ = std::make_unique<host::bound_storage<T>>(program_);
-        storage_->bind_to(*executor_);
-        executor_->set_communication([this](const node& n, std::span<void* const> in, std::span<void* const> out) {
-            const auto id = n.attrs.get<std::int64_t>("transfer");
-            run_transfer<T>(plan_.transfers.at(static_cast<std::size_t>(id)), id, comm_, in.empty() ? nullptr : in[0],
-                            out.empty() ? nullptr : out[0], scratch_);
-        });
-        const graph& logical = plan.ir();
-        for (const auto& s : part_->parameters) {
-            const tensor_desc& d = logical.tensor(s.logical);
-            auto values = storage_->real(s.local);
-            partition::for_each_region_row(s.region, partition::box::whole(d.dims), s.region,
-                                           [&](std::int64_t global, std::int64_t at, std::int64_t n) {
-                                               initialize(values.subspan(static_cast<std::size_t>(at), static_cast<std::size_t>(n)),
-                                                          d.init, options_.init_seed, d.name, static_cast<std::uint64_t>(global));
-                                           });
-        }
-        plan_optimizer();
-    }
-
-    distributed_trainer(const distributed_trainer&) = delete;
-    distributed_trainer& operator=(const distributed_trainer&) = delete;
-
-    step_result step(const input_feed& feed) {
-        auto start = std::chrono::steady_clock::now();
-        set_inputs(feed);
-        executor_->run(static_cast<std::uint64_t>(steps_));
-        step_result r;
-        r.loss = static_cast<double>(storage_->real(part_->loss)[0]);
-        r.grad_norm = global_gradient_norm();
-        if (options_.clip_norm > 0 && r.grad_norm > options_.clip_norm) {
-            const T factor = static_cast<T>(options_.clip_norm / (r.grad_norm + 1e-6));
-            for (const auto& s : part_->gradients)
-                for (T& x : storage_->real(s.local)) x *= factor;
-        }
-        r.lr = options_.schedule.at(steps_);
-        std::visit([&](auto& opt) { opt.step(r.lr); }, *optimizer_);
-        synchronize_shards();
-        ++steps_;
-        r.seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
-        return r;
-    }
-
-    // The whole of a parameter, assembled from every rank's pieces. Collective: every rank
-    // must call it, in the same order.
-    std::vector<T> gather_parameter(std::string_view name) {
-        const graph& logical = plan_.ir();
-        tensor_id p = no_id;
-        for (tensor_id t : logical.parameters)
-            if (logical.tensor(t).name == name) p = t;
-        if (p == no_id) throw usage_error("distributed_trainer: no parameter named '" + std::string(name) + "'");
-        const partition::box whole = partition::box::whole(logical.tensor(p).dims);
-        std::vector<T> full(static_cast<std::size_t>(whole.numel()), T(0));
-        for (const auto& s : part_->parameters) {
-            if (s.logical != p) continue;
-            const auto owned = owned_rows(p, s.region, /*gradients=*/false);
-            auto values = storage_->real(s.local);
-            for (const auto& region : owned)
-                partition::copy_region(values.data(), s.region, full.data(), whole, region);
-        }
-        comm_.all_reduce_sum(full.data(), full.size(), comm::dtype_of<T>(), comm::group::world(plan_.world));
-        return full;
-    }
-
-    const program& compiled() const { return program_; }
-    const graph& ir() const { return part_->ir(); }
-    int rank() const { return rank_; }
-    std::int64_t steps() const { return steps_; }
-
-private:
-    std::vector<partition::box> owned_rows(tensor_id p, const partition::box& region, bool gradients) const {
-        return owned_regions(plan_, rank_, p, region, gradients);
-    }
-
-    double global_gradient_norm() {
-        double sum = 0;
-        for (const auto& s : part_->gradients) {
-            auto values = storage_->real(s.local);
-            for (const auto& region : owned_rows(s.logical, s.region, true))
-                partition::for_each_region_row(region, s.region, s.region, [&](std::int64_t at, std::int64_t, std::int64_t n) {
-                    for (std::int64_t i = 0; i < n; ++i) {
-                        const double x = static_cast<double>(values[static_cast<std::size_t>(at + i)]);
-                        sum += x * x;
-                    }
-                });
-        }
-        comm_.all_reduce_sum(&sum, 1, comm::dtype::f64, comm::group::world(plan_.world));
-        return std::sqrt(sum);
-    }
-
-    // The optimizer updates, per gradient piece, the matching part of the parameter piece;
-    // under ZeRO-1 only this rank's shard of it (the first dim cut over all ranks).
-    void plan_optimizer() {
-        const graph& logical = plan_.ir();
-        auto make = [&](const auto& o) {
-            using opt_t = std::conditional_t<std::is_same_v<std::decay_t<decltype(o)>, adamw_options>, adamw<T>, sgd<T>>;
-            auto with_lr = o;
-            with_lr.lr = options_.schedule.peak;
-            optimizer_ = std::make_unique<std::variant<adamw<T>, sgd<T>>>(std::in_place_type<opt_t>, with_lr);
-        };
-        std::visit(make, options_.optimizer);
-        for (const auto& gp : part_->gradients) {
-            const partition::stored_piece* pp = nullptr;
-            for (const auto& s : part_->parameters)
-                if (s.logical == gp.logical && s.region.contains(gp.region)) pp = &s;
-            if (!pp) throw error("distributed_trainer: gradient piece " + gp.region.to_string() + " of '" +
-                                 logical.tensor(gp.logical).name + "' has no parameter piece on rank " + std::to_string(rank_));
-            const partition::box update = update_region(plan_, rank_, gp.logical, gp.region);
-            if (!(update == pp->region)) shards_.push_back({pp, update});
-            if (update.numel() == 0) continue;
-            auto value = storage_->real(pp->local);
-            auto grad = storage_->real(gp.local);
-            const auto offset = static_cast<std::size_t>(offset_in(update, pp->region));
-            const auto goffset = static_cast<std::size_t>(offset_in(update, gp.region));
-            const auto count = static_cast<std::size_t>(update.numel());
-            const tensor_desc& d = logical.tensor(gp.logical);
-            std::visit(
-                [&](auto& opt) {
-                    opt.add({d.name + update.to_string(), value.subspan(offset, count), grad.subspan(goffset, count),
-                             d.dims.rank() >= 2});
-                },
-                *optimizer_);
-        }
-    }
-
-    // ZeRO-1/2: every rank updated its shard; gather the shards into every full copy.
-    void synchronize_shards() {
-        for (const auto& [piece, shard] : shards_) {
-            auto values = storage_->real(piece->local);
-            const auto count = static_cast<std::size_t>(shard.numel());
-            gathered_.resize(count * static_cast<std::size_t>(plan_.world));
-            const auto offset = static_cast<std::size_t>(offset_in(shard, piece->region));
-            comm_.all_gather(values.data() + offset, gathered_.data(), count, comm::dtype_of<T>(),
-                             comm::group::world(plan_.world));
-            std::copy(gathered_.begin(), gathered_.end(), values.begin());
-        }
-    }
-
-    void set_inputs(const input_feed& feed) {
-        const graph& logical = plan_.ir();
-        for (const auto& s : part_->inputs) {
-            const tensor_desc& d = logical.tensor(s.logical);
-            if (!storage_->has(s.local)) continue;
-            const partition::box whole = partition::box::whole(d.dims);
-            if (d.kind == value_kind::index) {
-                auto it = feed.index.find(d.name);
-                if (it == feed.index.end())
-                    throw usage_error("distributed_trainer: no data fed for input '" + d.name + "'; add it to input_feed::index");
-                check_size(d, it->second.size());
-                partition::copy_region(it->second.data(), whole, storage_->index(s.local).data(), s.region, s.region);
-            } else {
-                auto it = feed.real.find(d.name);
-                if (it == feed.real.end())
-                    throw usage_error("distributed_trainer: no data fed for input '" + d.name + "'; add it to input_feed::real");
-                check_size(d, it->second.size());
-                auto dst = storage_->real(s.local);
-                partition::for_each_region_row(s.region, whole, s.region, [&](std::int64_t from, std::int64_t to, std::int64_t n) {
-                    for (std::int64_t i = 0; i < n; ++i)
-                        dst[static_cast<std::size_t>(to + i)] = static_cast<T>(it->second[static_cast<std::size_t>(from + i)]);
-                });
-            }
-        }
-    }
-    static void check_size(const tensor_desc& d, std::size_t got) {
-        if (static_cast<std::int64_t>(got) != d.dims.numel())
-            throw usage_error("distributed_trainer: input '" + d.name + "' has shape " + d.dims.to_string() + " (" +
-                              std::to_string(d.dims.numel()) + " elements) but " + std::to_string(got) +
-                              " were fed; feed the whole batch to every rank");
-    }
-
-    const partition::partitioned_graph& plan_;
-    comm::communicator& comm_;
-    trainer_options options_;
-    int rank_ = 0;
-    const partition::device_part* part_ = nullptr;
-    program program_;
-    std::unique_ptr<host::executor<T>> executor_;
-    std::unique_ptr<host::bound_storage<T>> storage_;
-    std::unique_ptr<std::variant<adamw<T>, sgd<T>>> optimizer_;
-    transfer_scratch<T> scratch_;
-    std::vector<std::pair<const partition::stored_piece*, partition::box>> shards_;
-    std::vector<T> gathered_;
-    std::int64_t steps_ = 0;
-};
-
-}  // namespace loom::train
-// ---- end loom/train/distributed_trainer.hpp ----
 // ---- begin loom/train/tokenizer.hpp ----
 // byte_tokenizer: one token per byte, so any text round-trips and the vocabulary is
 // fixed at 256 without a trained merge table.
