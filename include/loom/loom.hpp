@@ -64,6 +64,7 @@
 #include <loom/io/checkpoint_manifest.hpp>
 #include <loom/io/crc32.hpp>
 #include <loom/io/durable_file.hpp>
+#include <loom/io/gpt2_weights.hpp>
 #include <loom/io/llmc_tokens.hpp>
 #include <loom/io/safetensors.hpp>
 

@@ -19795,118 +19795,48 @@ inline void write_file_durably(const std::filesystem::path& target, std::string_
 
 }  // namespace loom::io
 // ---- end loom/io/durable_file.hpp ----
-// ---- begin loom/io/llmc_tokens.hpp ----
-// llm.c's token shards (the .bin files its data scripts write, e.g. fineweb_val_000000.bin):
-//   256 little-endian int32: [0] magic 20240520, [1] version 1, [2] token count N, rest 0
-//   N little-endian uint16 tokens (GPT-2's 50257-token vocabulary fits)
-// A file is exactly 1024 + 2 N bytes; anything else is truncated or has trailing bytes.
+// ---- begin loom/io/gpt2_weights.hpp ----
+// Hugging Face GPT-2 checkpoints (model.safetensors of "gpt2", "gpt2-medium", ...) to and
+// from loom's GPT (models/gpt.hpp), so that GPT-2 weights can be fine-tuned with loom and
+// loom's weights opened by the transformers library.
 //
-//   auto tokens = loom::io::read_llmc_tokens("fineweb_val_000000.bin");
-//   loom::train::data_loader loader(std::move(tokens.tokens), {.batch = 8, .seq = 1024});
+// Names and layouts (L layers, H hidden, F = 4 H, V vocabulary, P positions):
+//   GPT-2                        shape        loom                          shape
+//   wte.weight                   [V, H]       wte                           [V, H]
+//   wpe.weight                   [P, H]       wpe                           [seq, H]  (first seq rows)
+//   h.i.ln_1.{weight,bias}       [H]          blocks.i.ln_1.{weight,bias}   [H]
+//   h.i.attn.c_attn.weight       [H, 3H]      blocks.i.attn.{q,k,v}.weight  [H, H] each, transposed
+//   h.i.attn.c_attn.bias         [3H]         blocks.i.attn.{q,k,v}.bias    [H] each
+//   h.i.attn.c_proj.weight       [H, H]       blocks.i.attn.proj.weight     [H, H] transposed
+//   h.i.ln_2.{weight,bias}       [H]          blocks.i.ln_2.{weight,bias}   [H]
+//   h.i.mlp.c_fc.weight          [H, F]       blocks.i.mlp.fc.weight        [F, H] transposed
+//   h.i.mlp.c_proj.weight        [F, H]       blocks.i.mlp.proj.weight      [H, F] transposed
+//   ln_f.{weight,bias}           [H]          ln_f.{weight,bias}            [H]
+//   (lm_head.weight              [V, H]       lm_head, only when not tied   [V, H])
+// GPT-2's Conv1D stores weights [in, out] (y = x W + b); loom's linear stores [out, in]
+// (y = x W^T + b), so every matrix is transposed on the way. c_attn packs q, k and v side
+// by side along its output columns.
 //
-// Every error is a loom::data_error naming the file, what is wrong and how to get a good
-// shard. (llm.c's model files, magic 20240326, are weights, not tokens: the error says so.)
-#include <cstddef>
+// What is the same: pre-norm blocks, LayerNorm eps 1e-5 (gpt_config::layer_norm_eps),
+// GELU's tanh form ("gelu_new"), 1/sqrt(head size) attention scaling, tied embeddings,
+// biases everywhere. What differs, and how it is handled:
+//  - loom's wpe has one row per position of its sequence length: import takes the first
+//    `seq` rows (and refuses a file with fewer positions); export writes `seq` rows, so the
+//    exported model's n_positions is loom's seq.
+//  - GPT-2 also applies dropout to attention probabilities; loom's GPT drops out after the
+//    embeddings, the attention projection and the MLP only. This matters only for training
+//    with dropout on, never for the weights or for inference.
+//  - The causal-mask buffers some files carry (h.i.attn.bias, h.i.attn.masked_bias) are not
+//    weights and are skipped; a "transformer." prefix (GPT2LMHeadModel) is accepted.
+// Every mismatch (layers, hidden, vocabulary, a missing tensor, an untied head for a tied
+// model) is a loom::data_error naming the file, the tensor and the fix.
 #include <cstdint>
 #include <filesystem>
-#include <fstream>
-#include <span>
+#include <map>
 #include <string>
-#include <system_error>
+#include <type_traits>
 #include <vector>
 
-
-namespace loom::io {
-
-inline constexpr std::int32_t llmc_tokens_magic = 20240520;
-inline constexpr std::int32_t llmc_tokens_version = 1;
-inline constexpr std::size_t llmc_header_ints = 256;
-inline constexpr std::size_t llmc_header_bytes = llmc_header_ints * 4;
-
-struct llmc_tokens {
-    std::vector<std::int32_t> tokens;
-    std::int32_t vocab_bound = 0;  // the largest token + 1 (a lower bound of the vocabulary)
-};
-
-namespace detail {
-inline std::uint32_t llmc_get32(const unsigned char* p) {
-    return static_cast<std::uint32_t>(p[0]) | static_cast<std::uint32_t>(p[1]) << 8 | static_cast<std::uint32_t>(p[2]) << 16 |
-           static_cast<std::uint32_t>(p[3]) << 24;
-}
-inline constexpr const char* llmc_fix =
-    "regenerate the shard with llm.c's data scripts (dev/data/*.py) or loom::io::write_llmc_tokens";
-}  // namespace detail
-
-inline llmc_tokens read_llmc_tokens(const std::filesystem::path& path) {
-    auto fail = [&](const std::string& what) -> void {
-        throw data_error("llm.c token shard '" + path.string() + "' " + what);
-    };
-    std::error_code ec;
-    if (!std::filesystem::is_regular_file(path, ec)) fail("does not exist or is not a file; check the path");
-    const std::uintmax_t size = std::filesystem::file_size(path, ec);
-    if (size < llmc_header_bytes)
-        fail("is " + std::to_string(size) + " bytes, shorter than the 1024-byte header; it is truncated or not a token "
-             "shard; " + detail::llmc_fix);
-    std::ifstream in(path, std::ios::binary);
-    if (!in) fail("cannot be opened; check its permissions");
-    unsigned char header[llmc_header_bytes];
-    in.read(reinterpret_cast<char*>(header), llmc_header_bytes);
-    const auto magic = static_cast<std::int32_t>(detail::llmc_get32(header));
-    const auto version = static_cast<std::int32_t>(detail::llmc_get32(header + 4));
-    const std::uint64_t count = detail::llmc_get32(header + 8);
-    if (magic != llmc_tokens_magic)
-        fail("has magic " + std::to_string(magic) + ", not 20240520" +
-             (magic == 20240326 ? std::string(" (20240326 is an llm.c model file, not tokens)") : std::string()) +
-             "; pass a token shard (.bin from llm.c's data scripts)");
-    if (version != llmc_tokens_version)
-        fail("has version " + std::to_string(version) + "; loom reads version 1 (uint16 tokens); " + detail::llmc_fix);
-    const std::uint64_t expected = llmc_header_bytes + 2 * count;
-    if (size < expected)
-        fail("is truncated: its header promises " + std::to_string(count) + " tokens (" + std::to_string(expected) +
-             " bytes) but it has " + std::to_string(size) + " bytes; " + detail::llmc_fix);
-    if (size > expected)
-        fail("has " + std::to_string(size - expected) + " bytes after its " + std::to_string(count) +
-             " tokens; the header's count is wrong or the file was appended to; " + detail::llmc_fix);
-    std::vector<unsigned char> raw(static_cast<std::size_t>(2 * count));
-    in.read(reinterpret_cast<char*>(raw.data()), static_cast<std::streamsize>(raw.size()));
-    if (static_cast<std::size_t>(in.gcount()) != raw.size()) fail("could not be read to its end; check the disk");
-    llmc_tokens out;
-    out.tokens.resize(static_cast<std::size_t>(count));
-    for (std::size_t i = 0; i < out.tokens.size(); ++i) {
-        out.tokens[i] = static_cast<std::int32_t>(raw[2 * i]) | static_cast<std::int32_t>(raw[2 * i + 1]) << 8;
-        if (out.tokens[i] >= out.vocab_bound) out.vocab_bound = out.tokens[i] + 1;
-    }
-    return out;
-}
-
-// Writes tokens (each in [0, 65536)) as an llm.c token shard; throws loom::usage_error for
-// a token that does not fit in uint16 and loom::data_error when the file cannot be written.
-inline void write_llmc_tokens(const std::filesystem::path& path, std::span<const std::int32_t> tokens) {
-    std::string bytes(llmc_header_bytes + 2 * tokens.size(), '\0');
-    auto put32 = [&](std::size_t at, std::uint32_t v) {
-        for (int i = 0; i < 4; ++i) bytes[at + static_cast<std::size_t>(i)] = static_cast<char>((v >> (8 * i)) & 0xFF);
-    };
-    if (tokens.size() > 0x7fffffffU)
-        throw usage_error("write_llmc_tokens: " + std::to_string(tokens.size()) +
-                          " tokens do not fit one shard (int32 count); split them into several shards");
-    put32(0, static_cast<std::uint32_t>(llmc_tokens_magic));
-    put32(4, static_cast<std::uint32_t>(llmc_tokens_version));
-    put32(8, static_cast<std::uint32_t>(tokens.size()));
-    for (std::size_t i = 0; i < tokens.size(); ++i) {
-        if (tokens[i] < 0 || tokens[i] > 0xFFFF)
-            throw usage_error("write_llmc_tokens: token " + std::to_string(tokens[i]) + " at " + std::to_string(i) +
-                              " does not fit in uint16; llm.c shards hold tokens in [0, 65536)");
-        bytes[llmc_header_bytes + 2 * i] = static_cast<char>(tokens[i] & 0xFF);
-        bytes[llmc_header_bytes + 2 * i + 1] = static_cast<char>((tokens[i] >> 8) & 0xFF);
-    }
-    std::ofstream out(path, std::ios::binary | std::ios::trunc);
-    out.write(bytes.data(), static_cast<std::streamsize>(bytes.size()));
-    out.close();
-    if (!out) throw data_error("write_llmc_tokens: cannot write '" + path.string() + "'; check the directory and free space");
-}
-
-}  // namespace loom::io
-// ---- end loom/io/llmc_tokens.hpp ----
 // ---- begin loom/io/safetensors.hpp ----
 // safetensors: the tensor file format of the Hugging Face ecosystem, read and written
 // without the Python or Rust package.
@@ -20474,8 +20404,196 @@ private:
 
 }  // namespace loom::io
 // ---- end loom/io/safetensors.hpp ----
+// ---- begin loom/models/gpt.hpp ----
+// GPT-2 style decoder-only transformer, built with the public op API only.
+//
+//   x = wte[tokens] + wpe[positions]
+//   blocks.i:  x = x + attn(ln_1(x));  x = x + mlp(ln_2(x))       (pre-norm)
+//   attn:      causal multi-head self-attention with q, k, v and output projections
+//   mlp:       proj(gelu(fc(x))), fc: hidden -> ffn (4 * hidden by default)
+//   logits = ln_f(x) wte^T   (tied embeddings; or a separate lm_head)
+//   loss = mean cross-entropy(logits, targets)
+//
+// Initialisation follows GPT-2: N(0, 0.02) weights, output projections scaled by
+// 1/sqrt(2 * layers), zero biases, unit norm gains.
+#include <cmath>
+#include <cstdint>
+#include <memory>
+#include <string>
+#include <vector>
 
-// train
+
+namespace loom::models {
+
+struct gpt_config {
+    std::int64_t layers = 4;
+    std::int64_t hidden = 128;
+    std::int64_t heads = 4;
+    std::int64_t vocab = 256;
+    std::int64_t seq = 64;
+    std::int64_t batch = 8;
+    std::int64_t ffn = 0;  // 0: 4 * hidden
+    double dropout = 0.0;
+    bool tie_embeddings = true;
+    double init_std = 0.02;
+    double layer_norm_eps = 1e-5;
+    std::uint64_t dropout_seed = 1;
+
+    std::int64_t ffn_size() const { return ffn > 0 ? ffn : 4 * hidden; }
+
+    void validate() const {
+        auto positive = [](std::int64_t v, const char* what) {
+            if (v <= 0) throw usage_error(std::string("gpt_config: ") + what + " is " + std::to_string(v) + "; it must be positive");
+        };
+        positive(layers, "layers");
+        positive(hidden, "hidden");
+        positive(heads, "heads");
+        positive(vocab, "vocab");
+        positive(seq, "seq");
+        positive(batch, "batch");
+        if (hidden % heads != 0)
+            throw usage_error("gpt_config: hidden " + std::to_string(hidden) + " is not divisible by heads " +
+                              std::to_string(heads) + "; choose heads that divide hidden");
+        if (dropout < 0 || dropout >= 1)
+            throw usage_error("gpt_config: dropout " + std::to_string(dropout) + " must lie in [0, 1)");
+    }
+
+    // Weights and biases, counted from the architecture (tests compare with the graph).
+    std::int64_t parameter_count() const {
+        const std::int64_t h = hidden, f = ffn_size();
+        std::int64_t per_block = 2 * 2 * h            // two layer norms
+                                 + 4 * (h * h + h)    // q, k, v, proj
+                                 + (f * h + f) + (h * f + h);
+        return vocab * h + seq * h + layers * per_block + 2 * h + (tie_embeddings ? 0 : vocab * h);
+    }
+
+    // Floating-point operations of one forward pass over one batch (GEMMs and attention).
+    double forward_flops() const {
+        const double tokens = static_cast<double>(batch * seq), h = static_cast<double>(hidden),
+                     f = static_cast<double>(ffn_size()), s = static_cast<double>(seq);
+        const double per_layer = 2 * tokens * (4 * h * h + 2 * h * f) + 2 * tokens * s * h;  // causal: half of 4*T*S*H
+        return static_cast<double>(layers) * per_layer + 2 * tokens * h * static_cast<double>(vocab);
+    }
+};
+
+// A built GPT: the graph builder and the ids of the tensors a trainer feeds and reads.
+struct gpt_model {
+    std::unique_ptr<graph_builder> builder;
+    gpt_config config;
+    tensor_id tokens = no_id, positions = no_id, targets = no_id, logits = no_id, loss = no_id;
+
+    const graph& ir() const { return builder->view(); }
+
+    // Appends the backward pass and hands the finished graph over.
+    graph training_graph() && {
+        build_backward(*builder);
+        return std::move(*builder).take();
+    }
+};
+
+namespace detail {
+
+inline tensor layer_norm_block(graph_builder& b, const std::string& scope, tensor x, const gpt_config& c) {
+    auto s = b.scope(scope);
+    auto gamma = b.parameter("weight", {{Dim::Hidden::id, c.hidden}}, parameter_init::ones());
+    auto beta = b.parameter("bias", {{Dim::Hidden::id, c.hidden}}, parameter_init::zeros());
+    return ops::layer_norm(x, gamma, beta, c.layer_norm_eps);
+}
+
+inline tensor dense(graph_builder& b, const std::string& scope, tensor x, dim_id out_dim, std::int64_t out, dim_id in_dim,
+                    std::int64_t in, double std) {
+    auto s = b.scope(scope);
+    auto w = b.parameter("weight", {{out_dim, out}, {in_dim, in}}, parameter_init::normal(std));
+    auto bias = b.parameter("bias", {{out_dim, out}}, parameter_init::zeros());
+    return ops::linear(x, w, bias);
+}
+
+inline tensor maybe_dropout(tensor x, const gpt_config& c, std::uint64_t& site) {
+    ++site;
+    if (c.dropout == 0) return x;
+    return ops::dropout(x, c.dropout, static_cast<std::int64_t>(c.dropout_seed * 1000003 + site));
+}
+
+}  // namespace detail
+
+inline gpt_model gpt(const gpt_config& c) {
+    c.validate();
+    gpt_model m;
+    m.config = c;
+    m.builder = std::make_unique<graph_builder>();
+    graph_builder& b = *m.builder;
+    const dim_id H = Dim::Hidden::id, F = Dim::FFN::id;
+    const double proj_std = c.init_std / std::sqrt(2.0 * static_cast<double>(c.layers));
+    std::uint64_t dropout_site = 0;
+
+    tensor tokens = b.input("tokens", {{Dim::Batch::id, c.batch}, {Dim::Seq::id, c.seq}}, value_kind::index);
+    tensor positions = b.input("positions", {{Dim::Batch::id, c.batch}, {Dim::Seq::id, c.seq}}, value_kind::index);
+    tensor targets = b.input("targets", {{Dim::Batch::id, c.batch}, {Dim::Seq::id, c.seq}}, value_kind::index);
+    tensor wte = b.parameter("wte", {{Dim::Vocab::id, c.vocab}, {H, c.hidden}}, parameter_init::normal(c.init_std));
+    tensor wpe = b.parameter("wpe", {{Dim::Seq::id, c.seq}, {H, c.hidden}}, parameter_init::normal(c.init_std));
+
+    tensor x = ops::embedding(tokens, wte) + ops::embedding(positions, wpe);
+    x = detail::maybe_dropout(x, c, dropout_site);
+
+    b.repeat("blocks", c.layers, [&](std::int64_t) {
+        {
+            tensor h = detail::layer_norm_block(b, "ln_1", x, c);
+            auto attn = b.scope("attn");
+            tensor q = ops::split_heads(detail::dense(b, "q", h, H, c.hidden, H, c.hidden, c.init_std), c.heads);
+            tensor k = ops::split_heads(detail::dense(b, "k", h, H, c.hidden, H, c.hidden, c.init_std), c.heads);
+            tensor v = ops::split_heads(detail::dense(b, "v", h, H, c.hidden, H, c.hidden, c.init_std), c.heads);
+            tensor a = ops::merge_heads(ops::causal_attention(q, k, v));
+            tensor o = detail::dense(b, "proj", a, H, c.hidden, H, c.hidden, proj_std);
+            x = x + detail::maybe_dropout(o, c, dropout_site);
+        }
+        {
+            tensor h = detail::layer_norm_block(b, "ln_2", x, c);
+            auto mlp = b.scope("mlp");
+            tensor f = ops::gelu(detail::dense(b, "fc", h, F, c.ffn_size(), H, c.hidden, c.init_std));
+            tensor o = detail::dense(b, "proj", f, H, c.hidden, F, c.ffn_size(), proj_std);
+            x = x + detail::maybe_dropout(o, c, dropout_site);
+        }
+    });
+
+    x = detail::layer_norm_block(b, "ln_f", x, c);
+    tensor head = wte;
+    if (!c.tie_embeddings)
+        head = b.parameter("lm_head", {{Dim::Vocab::id, c.vocab}, {H, c.hidden}}, parameter_init::normal(c.init_std));
+    tensor logits = ops::linear(x, head);
+    tensor loss = ops::cross_entropy(logits, targets);
+    b.set_loss(loss);
+
+    m.tokens = tokens.id;
+    m.positions = positions.id;
+    m.targets = targets.id;
+    m.logits = logits.id;
+    m.loss = loss.id;
+    return m;
+}
+
+// Position ids for one batch: row-major [batch, seq], each row 0, 1, ..., seq - 1.
+inline std::vector<std::int32_t> gpt_positions(const gpt_config& c) {
+    std::vector<std::int32_t> ids(static_cast<std::size_t>(c.batch * c.seq));
+    for (std::size_t i = 0; i < ids.size(); ++i) ids[i] = static_cast<std::int32_t>(static_cast<std::int64_t>(i) % c.seq);
+    return ids;
+}
+
+}  // namespace loom::models
+// ---- end loom/models/gpt.hpp ----
+// ---- begin loom/train/trainer.hpp ----
+// Single-device training on the host backend: one compiled program (forward + backward),
+// parameters initialised from their seeded streams, an optimizer, optional global-norm
+// clipping and a learning-rate schedule. Inputs are fed by tensor name every step.
+#include <chrono>
+#include <cstdint>
+#include <map>
+#include <memory>
+#include <span>
+#include <string>
+#include <type_traits>
+#include <variant>
+#include <vector>
+
 // ---- begin loom/train/adamw.hpp ----
 // AdamW with PyTorch's torch.optim.AdamW semantics (decoupled weight decay):
 //   p <- p * (1 - lr * wd)
@@ -20573,6 +20691,665 @@ private:
 
 }  // namespace loom::train
 // ---- end loom/train/adamw.hpp ----
+// ---- begin loom/train/grad_clip.hpp ----
+// Global-norm gradient clipping with torch.nn.utils.clip_grad_norm_ semantics:
+//   total = sqrt(sum over every gradient element of g^2)
+//   if max_norm / (total + 1e-6) < 1, every gradient is scaled by that factor.
+// The norm is accumulated in double in a fixed order, so it is the same whatever the
+// thread count.
+#include <cmath>
+#include <span>
+#include <vector>
+
+namespace loom::train {
+
+template <class T>
+double global_norm(const std::vector<std::span<T>>& grads) {
+    double sum = 0;
+    for (const auto& g : grads) {
+        double part = 0;
+        for (T x : g) part += static_cast<double>(x) * static_cast<double>(x);
+        sum += part;
+    }
+    return std::sqrt(sum);
+}
+
+// Returns the norm before clipping.
+template <class T>
+double clip_global_norm(const std::vector<std::span<T>>& grads, double max_norm) {
+    const double total = global_norm(grads);
+    const double coefficient = max_norm / (total + 1e-6);
+    if (coefficient < 1)
+        for (const auto& g : grads)
+            for (T& x : g) x = static_cast<T>(x * coefficient);
+    return total;
+}
+
+}  // namespace loom::train
+// ---- end loom/train/grad_clip.hpp ----
+// ---- begin loom/train/init.hpp ----
+// Seeded parameter initialisation. Element i of parameter "p" is a pure function of
+// (seed, "p", i): a counter-based generator, so any slice of a parameter, initialised on
+// whatever device holds it, equals the same slice of the whole parameter.
+#include <cmath>
+#include <cstdint>
+#include <numbers>
+#include <span>
+#include <string_view>
+
+
+namespace loom::train {
+
+namespace detail {
+inline constexpr std::uint64_t hash_name(std::string_view s) {
+    std::uint64_t h = 0xcbf29ce484222325ull;  // FNV-1a
+    for (char c : s) h = (h ^ static_cast<unsigned char>(c)) * 0x100000001b3ull;
+    return h;
+}
+// Uniform in (0, 1), never 0 (Box-Muller takes a log).
+inline double unit_uniform(std::uint64_t bits) { return (static_cast<double>(bits >> 11) + 0.5) * 0x1.0p-53; }
+}  // namespace detail
+
+// One value of the stream of parameter `name`: the i-th element.
+inline double init_value(const parameter_init& init, std::uint64_t seed, std::string_view name, std::uint64_t i) {
+    const std::uint64_t key = splitmix64(seed ^ splitmix64(detail::hash_name(name)));
+    switch (init.distribution) {
+        case parameter_init::kind::constant: return init.a;
+        case parameter_init::kind::uniform: {
+            double u = detail::unit_uniform(splitmix64(key + 2 * i));
+            return init.a + (init.b - init.a) * u;
+        }
+        case parameter_init::kind::normal: {
+            double u1 = detail::unit_uniform(splitmix64(key + 2 * i));
+            double u2 = detail::unit_uniform(splitmix64(key + 2 * i + 1));
+            double z = std::sqrt(-2.0 * std::log(u1)) * std::cos(2.0 * std::numbers::pi * u2);
+            return init.a + init.b * z;
+        }
+    }
+    return 0.0;
+}
+
+// Fills `out` with elements [first, first + out.size()) of parameter `name`.
+template <class T>
+void initialize(std::span<T> out, const parameter_init& init, std::uint64_t seed, std::string_view name,
+                std::uint64_t first = 0) {
+    for (std::size_t j = 0; j < out.size(); ++j) out[j] = static_cast<T>(init_value(init, seed, name, first + j));
+}
+
+}  // namespace loom::train
+// ---- end loom/train/init.hpp ----
+// ---- begin loom/train/lr_schedule.hpp ----
+// Learning-rate schedule: linear warm-up, then cosine decay to `min_lr` at `total_steps`
+// (constant after). With total_steps == 0 the rate is constant after warm-up.
+#include <cmath>
+#include <cstdint>
+#include <numbers>
+
+namespace loom::train {
+
+struct lr_schedule {
+    double peak = 1e-3;
+    double min_lr = 0.0;
+    std::int64_t warmup_steps = 0;
+    std::int64_t total_steps = 0;
+
+    // Rate for step `step`, counted from 0.
+    double at(std::int64_t step) const {
+        if (step < warmup_steps) return peak * static_cast<double>(step + 1) / static_cast<double>(warmup_steps);
+        if (total_steps <= warmup_steps) return peak;
+        if (step >= total_steps) return min_lr;
+        const double progress =
+            static_cast<double>(step - warmup_steps) / static_cast<double>(total_steps - warmup_steps);
+        return min_lr + 0.5 * (peak - min_lr) * (1 + std::cos(std::numbers::pi * progress));
+    }
+};
+
+}  // namespace loom::train
+// ---- end loom/train/lr_schedule.hpp ----
+// ---- begin loom/train/sgd.hpp ----
+// SGD with momentum, with PyTorch's torch.optim.SGD semantics:
+//   g <- g + wd * p
+//   buf <- g                                 on the first step
+//   buf <- momentum * buf + (1 - dampening) * g   afterwards
+//   p <- p - lr * (nesterov ? g + momentum * buf : buf)
+#include <cstdint>
+#include <string>
+#include <vector>
+
+
+namespace loom::train {
+
+struct sgd_options {
+    double lr = 0.1;
+    double momentum = 0.9;
+    double dampening = 0.0;
+    double weight_decay = 0.0;
+    bool nesterov = false;
+};
+
+template <class T>
+class sgd {
+public:
+    explicit sgd(sgd_options options) : options_(options) {
+        if (options.momentum < 0 || options.lr < 0 || options.weight_decay < 0)
+            throw usage_error("sgd: lr, momentum and weight_decay must be >= 0");
+        if (options.nesterov && (options.momentum <= 0 || options.dampening != 0))
+            throw usage_error("sgd: nesterov momentum needs momentum > 0 and dampening == 0");
+    }
+
+    void add(parameter_slot<T> slot) {
+        momentum_.emplace_back(slot.value.size(), T(0));
+        slots_.push_back(std::move(slot));
+    }
+
+    // One update of every parameter; `lr` overrides the configured rate (for schedules).
+    void step(double lr) {
+        const T mu = static_cast<T>(options_.momentum), damp = static_cast<T>(1 - options_.dampening);
+        for (std::size_t s = 0; s < slots_.size(); ++s) {
+            auto& slot = slots_[s];
+            auto& buf = momentum_[s];
+            const T wd = slot.weight_decay ? static_cast<T>(options_.weight_decay) : T(0);
+            for (std::size_t i = 0; i < slot.value.size(); ++i) {
+                T g = slot.grad[i] + wd * slot.value[i];
+                T update = g;
+                if (options_.momentum != 0) {
+                    buf[i] = steps_ == 0 ? g : mu * buf[i] + damp * g;
+                    update = options_.nesterov ? g + mu * buf[i] : buf[i];
+                }
+                slot.value[i] -= static_cast<T>(lr) * update;
+            }
+        }
+        ++steps_;
+    }
+    void step() { step(options_.lr); }
+
+    std::int64_t steps() const { return steps_; }
+    const sgd_options& options() const { return options_; }
+    // Checkpointing: the momentum buffer of slot s.
+    std::vector<T>& momentum(std::size_t s) { return momentum_.at(s); }
+    const std::vector<parameter_slot<T>>& slots() const { return slots_; }
+    void set_steps(std::int64_t steps) { steps_ = steps; }
+
+private:
+    sgd_options options_;
+    std::vector<parameter_slot<T>> slots_;
+    std::vector<std::vector<T>> momentum_;
+    std::int64_t steps_ = 0;
+};
+
+}  // namespace loom::train
+// ---- end loom/train/sgd.hpp ----
+
+namespace loom::train {
+
+struct trainer_options {
+    std::variant<adamw_options, sgd_options> optimizer = adamw_options{};
+    lr_schedule schedule{};         // schedule.peak is the learning rate
+    double clip_norm = 1.0;         // <= 0: no clipping
+    std::uint64_t init_seed = 1234;
+};
+
+// Inputs for one step, by tensor name.
+struct input_feed {
+    std::map<std::string, std::span<const std::int32_t>> index;
+    std::map<std::string, std::span<const double>> real;
+};
+
+struct step_result {
+    double loss = 0;
+    double grad_norm = 0;  // before clipping
+    double lr = 0;
+    double seconds = 0;
+};
+
+template <class T>
+class trainer {
+public:
+    static constexpr precision prec = std::is_same_v<T, float> ? precision::f32 : precision::f64;
+
+    trainer(graph g, trainer_options options) : graph_(std::make_unique<graph>(std::move(g))), options_(options) {
+        if (graph_->loss == no_id) throw usage_error("trainer: the graph has no loss; call graph_builder::set_loss");
+        if (graph_->gradients.empty())
+            throw usage_error("trainer: the graph has no backward pass; call build_backward before training");
+        program_ = compile_program(*graph_, {.prec = prec});
+        executor_ = std::make_unique<host::executor<T>>(program_);
+        storage_ = std::make_unique<host::bound_storage<T>>(program_);
+        storage_->bind_to(*executor_);
+        for (tensor_id p : graph_->parameters) {
+            const tensor_desc& d = graph_->tensor(p);
+            initialize(storage_->real(p), d.init, options_.init_seed, d.name);
+        }
+        std::visit([&](const auto& o) { make_optimizer(o); }, options_.optimizer);
+        for (auto [param, grad] : graph_->gradients) grads_.push_back(storage_->real(grad));
+    }
+
+    // The executor keeps references into this object.
+    trainer(const trainer&) = delete;
+    trainer& operator=(const trainer&) = delete;
+
+    step_result step(const input_feed& feed) {
+        auto start = std::chrono::steady_clock::now();
+        set_inputs(feed);
+        executor_->run(static_cast<std::uint64_t>(steps_));
+        step_result r;
+        r.loss = static_cast<double>(storage_->real(graph_->loss)[0]);
+        r.grad_norm = options_.clip_norm > 0 ? clip_global_norm(grads_, options_.clip_norm) : global_norm(grads_);
+        r.lr = options_.schedule.at(steps_);
+        std::visit([&](auto& opt) { opt.step(r.lr); }, *optimizer_);
+        ++steps_;
+        r.seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+        return r;
+    }
+
+    // The loss of a forward + backward pass without updating anything.
+    double evaluate(const input_feed& feed) {
+        set_inputs(feed);
+        executor_->run(static_cast<std::uint64_t>(steps_));
+        return static_cast<double>(storage_->real(graph_->loss)[0]);
+    }
+
+    std::span<T> parameter(std::string_view name) { return storage_->real(find(name, tensor_role::parameter)); }
+    std::span<T> gradient(std::string_view name) {
+        tensor_id p = find(name, tensor_role::parameter);
+        for (auto [param, grad] : graph_->gradients)
+            if (param == p) return storage_->real(grad);
+        throw usage_error("trainer: parameter '" + std::string(name) + "' has no gradient");
+    }
+
+    const graph& ir() const { return *graph_; }
+    const program& compiled() const { return program_; }
+    std::int64_t steps() const { return steps_; }
+    void set_steps(std::int64_t s) { steps_ = s; }
+    auto& optimizer() { return *optimizer_; }
+    const trainer_options& options() const { return options_; }
+
+private:
+    template <class Options>
+    void make_optimizer(const Options& o) {
+        using opt_t = std::conditional_t<std::is_same_v<Options, adamw_options>, adamw<T>, sgd<T>>;
+        Options with_lr = o;
+        with_lr.lr = options_.schedule.peak;
+        optimizer_ = std::make_unique<std::variant<adamw<T>, sgd<T>>>(std::in_place_type<opt_t>, with_lr);
+        for (auto [param, grad] : graph_->gradients) {
+            const tensor_desc& d = graph_->tensor(param);
+            std::visit(
+                [&](auto& opt) {
+                    opt.add({d.name, storage_->real(param), storage_->real(grad), d.dims.rank() >= 2});
+                },
+                *optimizer_);
+        }
+    }
+
+    void set_inputs(const input_feed& feed) {
+        for (tensor_id t : graph_->inputs) {
+            const tensor_desc& d = graph_->tensor(t);
+            if (!storage_->has(t)) continue;  // an input the loss does not depend on
+            if (d.kind == value_kind::index) {
+                auto it = feed.index.find(d.name);
+                if (it == feed.index.end())
+                    throw usage_error("trainer: no data fed for input '" + d.name + "'; add it to input_feed::index");
+                copy_checked(d, it->second, storage_->index(t));
+            } else {
+                auto it = feed.real.find(d.name);
+                if (it == feed.real.end())
+                    throw usage_error("trainer: no data fed for input '" + d.name + "'; add it to input_feed::real");
+                auto dst = storage_->real(t);
+                if (it->second.size() != dst.size()) throw size_mismatch(d, it->second.size());
+                for (std::size_t i = 0; i < dst.size(); ++i) dst[i] = static_cast<T>(it->second[i]);
+            }
+        }
+    }
+    static usage_error size_mismatch(const tensor_desc& d, std::size_t got) {
+        return usage_error("trainer: input '" + d.name + "' has shape " + d.dims.to_string() + " (" +
+                           std::to_string(d.dims.numel()) + " elements) but " + std::to_string(got) +
+                           " were fed; feed one value per element");
+    }
+    static void copy_checked(const tensor_desc& d, std::span<const std::int32_t> src, std::span<std::int32_t> dst) {
+        if (src.size() != dst.size()) throw size_mismatch(d, src.size());
+        std::copy(src.begin(), src.end(), dst.begin());
+    }
+    tensor_id find(std::string_view name, tensor_role role) const {
+        for (tensor_id t : graph_->parameters)
+            if (graph_->tensor(t).name == name && graph_->tensor(t).role == role) return t;
+        throw usage_error("trainer: no parameter named '" + std::string(name) + "'");
+    }
+
+    std::unique_ptr<graph> graph_;
+    trainer_options options_;
+    program program_;
+    std::unique_ptr<host::executor<T>> executor_;
+    std::unique_ptr<host::bound_storage<T>> storage_;
+    std::unique_ptr<std::variant<adamw<T>, sgd<T>>> optimizer_;
+    std::vector<std::span<T>> grads_;
+    std::int64_t steps_ = 0;
+};
+
+}  // namespace loom::train
+// ---- end loom/train/trainer.hpp ----
+
+namespace loom::io {
+
+namespace detail {
+
+// [rows, cols] row-major -> [cols, rows] row-major.
+inline std::vector<double> transposed(const std::vector<double>& m, std::int64_t rows, std::int64_t cols) {
+    std::vector<double> t(m.size());
+    for (std::int64_t r = 0; r < rows; ++r)
+        for (std::int64_t c = 0; c < cols; ++c)
+            t[static_cast<std::size_t>(c * rows + r)] = m[static_cast<std::size_t>(r * cols + c)];
+    return t;
+}
+
+class gpt2_reader {
+public:
+    explicit gpt2_reader(const std::filesystem::path& path) : file_(path) {
+        for (const auto& n : file_.names())
+            if (n.rfind("transformer.", 0) == 0) prefix_ = "transformer.";
+    }
+
+    bool has(const std::string& name) const { return file_.contains(prefix_ + name) || (name == "lm_head.weight" && file_.contains(name)); }
+
+    const tensor_info& info(const std::string& name) const {
+        const std::string full = file_.contains(prefix_ + name) ? prefix_ + name : name;
+        if (!file_.contains(full))
+            fail("has no tensor '" + prefix_ + name + "'; it is not a GPT-2 checkpoint of this depth, or it was "
+                 "saved by another model class; export GPT-2's state_dict with safetensors");
+        return file_.info(full);
+    }
+
+    // The tensor as doubles, checked against the shape loom's configuration implies.
+    std::vector<double> read(const std::string& name, const std::vector<std::int64_t>& shape,
+                             const std::string& hint) const {
+        const tensor_info& t = info(name);
+        if (t.shape != shape)
+            fail("holds '" + name + "' with shape " + shape_text(t.shape) + " but loom's GPT expects " +
+                 shape_text(shape) + "; " + hint);
+        const std::string full = file_.contains(prefix_ + name) ? prefix_ + name : name;
+        switch (t.dtype) {
+            case dtype::f32: {
+                auto v = file_.read<float>(full);
+                return {v.begin(), v.end()};
+            }
+            case dtype::f64: return file_.read<double>(full);
+            default:
+                fail("stores '" + name + "' as " + std::string(dtype_name(t.dtype)) +
+                     "; loom imports F32 or F64 GPT-2 weights: convert with model.float() before saving");
+        }
+        return {};
+    }
+
+    [[noreturn]] void fail(const std::string& what) const {
+        throw data_error("GPT-2 checkpoint '" + file_.path().string() + "' " + what);
+    }
+
+    static std::string shape_text(const std::vector<std::int64_t>& s) {
+        std::string t = "[";
+        for (std::size_t i = 0; i < s.size(); ++i) t += (i ? ", " : "") + std::to_string(s[i]);
+        return t + "]";
+    }
+
+    int layers_in_file() const {
+        int n = 0;
+        while (has("h." + std::to_string(n) + ".ln_1.weight")) ++n;
+        return n;
+    }
+
+private:
+    safetensors_file file_;
+    std::string prefix_;
+};
+
+}  // namespace detail
+
+// The GPT-2 file's weights in loom's names and layouts (as doubles), for a model built with
+// `c`. Throws loom::data_error when the file does not fit the configuration.
+inline std::map<std::string, std::vector<double>> read_gpt2_weights(const std::filesystem::path& path,
+                                                                    const models::gpt_config& c) {
+    detail::gpt2_reader f(path);
+    const std::int64_t H = c.hidden, F = c.ffn_size(), V = c.vocab;
+    const int layers = f.layers_in_file();
+    if (layers != c.layers)
+        f.fail("has " + std::to_string(layers) + " layers (h.0 ... h." + std::to_string(layers - 1) +
+               ") but the loom model has " + std::to_string(c.layers) + "; build it with gpt_config::layers = " +
+               std::to_string(layers));
+    const auto& wte = f.info("wte.weight");
+    if (wte.shape.size() != 2 || wte.shape[0] != V || wte.shape[1] != H)
+        f.fail("has wte.weight " + detail::gpt2_reader::shape_text(wte.shape) + " (vocabulary x hidden) but the loom model has [" +
+               std::to_string(V) + ", " + std::to_string(H) + "]; set gpt_config::vocab and hidden to the file's");
+    const auto& wpe = f.info("wpe.weight");
+    if (wpe.shape.size() != 2 || wpe.shape[0] < c.seq)
+        f.fail("has wpe.weight " + detail::gpt2_reader::shape_text(wpe.shape) + ", fewer positions than the loom model's seq " +
+               std::to_string(c.seq) + "; use gpt_config::seq <= " + (wpe.shape.empty() ? "0" : std::to_string(wpe.shape[0])));
+
+    const std::string layout = "the file and the loom configuration disagree: set gpt_config to the file's dimensions";
+    std::map<std::string, std::vector<double>> out;
+    out["wte"] = f.read("wte.weight", {V, H}, layout);
+    auto positions = f.read("wpe.weight", wpe.shape, layout);
+    positions.resize(static_cast<std::size_t>(c.seq * H));
+    out["wpe"] = std::move(positions);
+    for (int i = 0; i < layers; ++i) {
+        const std::string g = "h." + std::to_string(i) + ".", l = "blocks." + std::to_string(i) + ".";
+        for (const char* ln : {"ln_1", "ln_2"}) {
+            out[l + ln + ".weight"] = f.read(g + ln + ".weight", {H}, layout);
+            out[l + ln + ".bias"] = f.read(g + ln + ".bias", {H}, layout);
+        }
+        const auto qkv = detail::transposed(f.read(g + "attn.c_attn.weight", {H, 3 * H}, layout), H, 3 * H);  // [3H, H]
+        const auto qkv_bias = f.read(g + "attn.c_attn.bias", {3 * H}, layout);
+        const char* parts[] = {"q", "k", "v"};
+        for (std::int64_t p = 0; p < 3; ++p) {
+            out[l + "attn." + parts[p] + ".weight"] =
+                std::vector<double>(qkv.begin() + p * H * H, qkv.begin() + (p + 1) * H * H);
+            out[l + "attn." + parts[p] + ".bias"] = std::vector<double>(qkv_bias.begin() + p * H, qkv_bias.begin() + (p + 1) * H);
+        }
+        out[l + "attn.proj.weight"] = detail::transposed(f.read(g + "attn.c_proj.weight", {H, H}, layout), H, H);
+        out[l + "attn.proj.bias"] = f.read(g + "attn.c_proj.bias", {H}, layout);
+        out[l + "mlp.fc.weight"] = detail::transposed(f.read(g + "mlp.c_fc.weight", {H, F}, layout), H, F);
+        out[l + "mlp.fc.bias"] = f.read(g + "mlp.c_fc.bias", {F}, layout);
+        out[l + "mlp.proj.weight"] = detail::transposed(f.read(g + "mlp.c_proj.weight", {F, H}, layout), F, H);
+        out[l + "mlp.proj.bias"] = f.read(g + "mlp.c_proj.bias", {H}, layout);
+    }
+    out["ln_f.weight"] = f.read("ln_f.weight", {H}, layout);
+    out["ln_f.bias"] = f.read("ln_f.bias", {H}, layout);
+    if (!c.tie_embeddings) {
+        if (!f.has("lm_head.weight"))
+            f.fail("has no lm_head.weight but the loom model has an untied head; build it with "
+                   "gpt_config::tie_embeddings = true (GPT-2 ties its head to wte)");
+        out["lm_head"] = f.read("lm_head.weight", {V, H}, layout);
+    } else if (f.has("lm_head.weight") && f.read("lm_head.weight", {V, H}, layout) != out["wte"]) {
+        f.fail("has an lm_head.weight that differs from wte.weight (an untied head) but the loom model ties them; "
+               "build it with gpt_config::tie_embeddings = false");
+    }
+    return out;
+}
+
+// Writes loom GPT weights (`parameter(name)` returns loom's tensor `name`, row-major, in
+// loom's layout) as a GPT-2 safetensors file, in dtype `type` (F32, as GPT-2 ships, or F64).
+template <class Get>
+void write_gpt2_weights(const std::filesystem::path& path, const models::gpt_config& c, Get&& parameter,
+                        dtype type = dtype::f32) {
+    if (type != dtype::f32 && type != dtype::f64)
+        throw usage_error("write_gpt2_weights: dtype " + std::string(dtype_name(type)) + " is not F32 or F64; pick one");
+    const std::int64_t H = c.hidden, F = c.ffn_size(), V = c.vocab;
+    safetensors_writer w;
+    auto get = [&](const std::string& name) {
+        const auto v = parameter(name);
+        return std::vector<double>(v.begin(), v.end());
+    };
+    auto add = [&](const std::string& name, std::vector<std::int64_t> shape, const std::vector<double>& v) {
+        if (type == dtype::f64)
+            w.add(name, type, std::move(shape), v);
+        else
+            w.add(name, type, std::move(shape), std::vector<float>(v.begin(), v.end()));
+    };
+    add("wte.weight", {V, H}, get("wte"));
+    add("wpe.weight", {c.seq, H}, get("wpe"));
+    for (std::int64_t i = 0; i < c.layers; ++i) {
+        const std::string g = "h." + std::to_string(i) + ".", l = "blocks." + std::to_string(i) + ".";
+        for (const char* ln : {"ln_1", "ln_2"}) {
+            add(g + ln + ".weight", {H}, get(l + ln + ".weight"));
+            add(g + ln + ".bias", {H}, get(l + ln + ".bias"));
+        }
+        std::vector<double> qkv, qkv_bias;
+        for (const char* p : {"q", "k", "v"}) {
+            const auto wp = get(l + "attn." + p + ".weight");
+            const auto bp = get(l + "attn." + p + ".bias");
+            qkv.insert(qkv.end(), wp.begin(), wp.end());
+            qkv_bias.insert(qkv_bias.end(), bp.begin(), bp.end());
+        }
+        add(g + "attn.c_attn.weight", {H, 3 * H}, detail::transposed(qkv, 3 * H, H));
+        add(g + "attn.c_attn.bias", {3 * H}, qkv_bias);
+        add(g + "attn.c_proj.weight", {H, H}, detail::transposed(get(l + "attn.proj.weight"), H, H));
+        add(g + "attn.c_proj.bias", {H}, get(l + "attn.proj.bias"));
+        add(g + "mlp.c_fc.weight", {H, F}, detail::transposed(get(l + "mlp.fc.weight"), F, H));
+        add(g + "mlp.c_fc.bias", {F}, get(l + "mlp.fc.bias"));
+        add(g + "mlp.c_proj.weight", {F, H}, detail::transposed(get(l + "mlp.proj.weight"), H, F));
+        add(g + "mlp.c_proj.bias", {H}, get(l + "mlp.proj.bias"));
+    }
+    add("ln_f.weight", {H}, get("ln_f.weight"));
+    add("ln_f.bias", {H}, get("ln_f.bias"));
+    if (!c.tie_embeddings) add("lm_head.weight", {V, H}, get("lm_head"));
+    w.metadata("format", "pt");
+    w.write(path);
+}
+
+// Fine-tuning GPT-2 weights: copies a GPT-2 file into a one-device trainer built from `c`.
+// (To train them under a plan, save a checkpoint of this trainer and load it under the
+// plan: checkpoints reshard.)
+template <class T>
+void load_gpt2_weights(train::trainer<T>& t, const models::gpt_config& c, const std::filesystem::path& path) {
+    for (const auto& [name, values] : read_gpt2_weights(path, c)) {
+        auto dst = t.parameter(name);
+        if (dst.size() != values.size())
+            throw data_error("GPT-2 checkpoint '" + path.string() + "': tensor for '" + name + "' has " +
+                             std::to_string(values.size()) + " elements but the model's has " + std::to_string(dst.size()) +
+                             "; build the model with the file's dimensions");
+        for (std::size_t i = 0; i < dst.size(); ++i) dst[i] = static_cast<T>(values[i]);
+    }
+}
+
+// Exports a one-device trainer's weights as a GPT-2 file (the trainer's precision).
+template <class T>
+void save_gpt2_weights(train::trainer<T>& t, const models::gpt_config& c, const std::filesystem::path& path) {
+    write_gpt2_weights(path, c, [&](const std::string& name) { return t.parameter(name); },
+                       std::is_same_v<T, float> ? dtype::f32 : dtype::f64);
+}
+
+}  // namespace loom::io
+// ---- end loom/io/gpt2_weights.hpp ----
+// ---- begin loom/io/llmc_tokens.hpp ----
+// llm.c's token shards (the .bin files its data scripts write, e.g. fineweb_val_000000.bin):
+//   256 little-endian int32: [0] magic 20240520, [1] version 1, [2] token count N, rest 0
+//   N little-endian uint16 tokens (GPT-2's 50257-token vocabulary fits)
+// A file is exactly 1024 + 2 N bytes; anything else is truncated or has trailing bytes.
+//
+//   auto tokens = loom::io::read_llmc_tokens("fineweb_val_000000.bin");
+//   loom::train::data_loader loader(std::move(tokens.tokens), {.batch = 8, .seq = 1024});
+//
+// Every error is a loom::data_error naming the file, what is wrong and how to get a good
+// shard. (llm.c's model files, magic 20240326, are weights, not tokens: the error says so.)
+#include <cstddef>
+#include <cstdint>
+#include <filesystem>
+#include <fstream>
+#include <span>
+#include <string>
+#include <system_error>
+#include <vector>
+
+
+namespace loom::io {
+
+inline constexpr std::int32_t llmc_tokens_magic = 20240520;
+inline constexpr std::int32_t llmc_tokens_version = 1;
+inline constexpr std::size_t llmc_header_ints = 256;
+inline constexpr std::size_t llmc_header_bytes = llmc_header_ints * 4;
+
+struct llmc_tokens {
+    std::vector<std::int32_t> tokens;
+    std::int32_t vocab_bound = 0;  // the largest token + 1 (a lower bound of the vocabulary)
+};
+
+namespace detail {
+inline std::uint32_t llmc_get32(const unsigned char* p) {
+    return static_cast<std::uint32_t>(p[0]) | static_cast<std::uint32_t>(p[1]) << 8 | static_cast<std::uint32_t>(p[2]) << 16 |
+           static_cast<std::uint32_t>(p[3]) << 24;
+}
+inline constexpr const char* llmc_fix =
+    "regenerate the shard with llm.c's data scripts (dev/data/*.py) or loom::io::write_llmc_tokens";
+}  // namespace detail
+
+inline llmc_tokens read_llmc_tokens(const std::filesystem::path& path) {
+    auto fail = [&](const std::string& what) -> void {
+        throw data_error("llm.c token shard '" + path.string() + "' " + what);
+    };
+    std::error_code ec;
+    if (!std::filesystem::is_regular_file(path, ec)) fail("does not exist or is not a file; check the path");
+    const std::uintmax_t size = std::filesystem::file_size(path, ec);
+    if (size < llmc_header_bytes)
+        fail("is " + std::to_string(size) + " bytes, shorter than the 1024-byte header; it is truncated or not a token "
+             "shard; " + detail::llmc_fix);
+    std::ifstream in(path, std::ios::binary);
+    if (!in) fail("cannot be opened; check its permissions");
+    unsigned char header[llmc_header_bytes];
+    in.read(reinterpret_cast<char*>(header), llmc_header_bytes);
+    const auto magic = static_cast<std::int32_t>(detail::llmc_get32(header));
+    const auto version = static_cast<std::int32_t>(detail::llmc_get32(header + 4));
+    const std::uint64_t count = detail::llmc_get32(header + 8);
+    if (magic != llmc_tokens_magic)
+        fail("has magic " + std::to_string(magic) + ", not 20240520" +
+             (magic == 20240326 ? std::string(" (20240326 is an llm.c model file, not tokens)") : std::string()) +
+             "; pass a token shard (.bin from llm.c's data scripts)");
+    if (version != llmc_tokens_version)
+        fail("has version " + std::to_string(version) + "; loom reads version 1 (uint16 tokens); " + detail::llmc_fix);
+    const std::uint64_t expected = llmc_header_bytes + 2 * count;
+    if (size < expected)
+        fail("is truncated: its header promises " + std::to_string(count) + " tokens (" + std::to_string(expected) +
+             " bytes) but it has " + std::to_string(size) + " bytes; " + detail::llmc_fix);
+    if (size > expected)
+        fail("has " + std::to_string(size - expected) + " bytes after its " + std::to_string(count) +
+             " tokens; the header's count is wrong or the file was appended to; " + detail::llmc_fix);
+    std::vector<unsigned char> raw(static_cast<std::size_t>(2 * count));
+    in.read(reinterpret_cast<char*>(raw.data()), static_cast<std::streamsize>(raw.size()));
+    if (static_cast<std::size_t>(in.gcount()) != raw.size()) fail("could not be read to its end; check the disk");
+    llmc_tokens out;
+    out.tokens.resize(static_cast<std::size_t>(count));
+    for (std::size_t i = 0; i < out.tokens.size(); ++i) {
+        out.tokens[i] = static_cast<std::int32_t>(raw[2 * i]) | static_cast<std::int32_t>(raw[2 * i + 1]) << 8;
+        if (out.tokens[i] >= out.vocab_bound) out.vocab_bound = out.tokens[i] + 1;
+    }
+    return out;
+}
+
+// Writes tokens (each in [0, 65536)) as an llm.c token shard; throws loom::usage_error for
+// a token that does not fit in uint16 and loom::data_error when the file cannot be written.
+inline void write_llmc_tokens(const std::filesystem::path& path, std::span<const std::int32_t> tokens) {
+    std::string bytes(llmc_header_bytes + 2 * tokens.size(), '\0');
+    auto put32 = [&](std::size_t at, std::uint32_t v) {
+        for (int i = 0; i < 4; ++i) bytes[at + static_cast<std::size_t>(i)] = static_cast<char>((v >> (8 * i)) & 0xFF);
+    };
+    if (tokens.size() > 0x7fffffffU)
+        throw usage_error("write_llmc_tokens: " + std::to_string(tokens.size()) +
+                          " tokens do not fit one shard (int32 count); split them into several shards");
+    put32(0, static_cast<std::uint32_t>(llmc_tokens_magic));
+    put32(4, static_cast<std::uint32_t>(llmc_tokens_version));
+    put32(8, static_cast<std::uint32_t>(tokens.size()));
+    for (std::size_t i = 0; i < tokens.size(); ++i) {
+        if (tokens[i] < 0 || tokens[i] > 0xFFFF)
+            throw usage_error("write_llmc_tokens: token " + std::to_string(tokens[i]) + " at " + std::to_string(i) +
+                              " does not fit in uint16; llm.c shards hold tokens in [0, 65536)");
+        bytes[llmc_header_bytes + 2 * i] = static_cast<char>(tokens[i] & 0xFF);
+        bytes[llmc_header_bytes + 2 * i + 1] = static_cast<char>((tokens[i] >> 8) & 0xFF);
+    }
+    std::ofstream out(path, std::ios::binary | std::ios::trunc);
+    out.write(bytes.data(), static_cast<std::streamsize>(bytes.size()));
+    out.close();
+    if (!out) throw data_error("write_llmc_tokens: cannot write '" + path.string() + "'; check the directory and free space");
+}
+
+}  // namespace loom::io
+// ---- end loom/io/llmc_tokens.hpp ----
+
+// train
 // ---- begin loom/train/checkpoint.hpp ----
 // Sharded training checkpoints: save, resume bit-identically, and load under another plan.
 //
@@ -21073,57 +21850,6 @@ private:
 #include <variant>
 #include <vector>
 
-// ---- begin loom/train/init.hpp ----
-// Seeded parameter initialisation. Element i of parameter "p" is a pure function of
-// (seed, "p", i): a counter-based generator, so any slice of a parameter, initialised on
-// whatever device holds it, equals the same slice of the whole parameter.
-#include <cmath>
-#include <cstdint>
-#include <numbers>
-#include <span>
-#include <string_view>
-
-
-namespace loom::train {
-
-namespace detail {
-inline constexpr std::uint64_t hash_name(std::string_view s) {
-    std::uint64_t h = 0xcbf29ce484222325ull;  // FNV-1a
-    for (char c : s) h = (h ^ static_cast<unsigned char>(c)) * 0x100000001b3ull;
-    return h;
-}
-// Uniform in (0, 1), never 0 (Box-Muller takes a log).
-inline double unit_uniform(std::uint64_t bits) { return (static_cast<double>(bits >> 11) + 0.5) * 0x1.0p-53; }
-}  // namespace detail
-
-// One value of the stream of parameter `name`: the i-th element.
-inline double init_value(const parameter_init& init, std::uint64_t seed, std::string_view name, std::uint64_t i) {
-    const std::uint64_t key = splitmix64(seed ^ splitmix64(detail::hash_name(name)));
-    switch (init.distribution) {
-        case parameter_init::kind::constant: return init.a;
-        case parameter_init::kind::uniform: {
-            double u = detail::unit_uniform(splitmix64(key + 2 * i));
-            return init.a + (init.b - init.a) * u;
-        }
-        case parameter_init::kind::normal: {
-            double u1 = detail::unit_uniform(splitmix64(key + 2 * i));
-            double u2 = detail::unit_uniform(splitmix64(key + 2 * i + 1));
-            double z = std::sqrt(-2.0 * std::log(u1)) * std::cos(2.0 * std::numbers::pi * u2);
-            return init.a + init.b * z;
-        }
-    }
-    return 0.0;
-}
-
-// Fills `out` with elements [first, first + out.size()) of parameter `name`.
-template <class T>
-void initialize(std::span<T> out, const parameter_init& init, std::uint64_t seed, std::string_view name,
-                std::uint64_t first = 0) {
-    for (std::size_t j = 0; j < out.size(); ++j) out[j] = static_cast<T>(init_value(init, seed, name, first + j));
-}
-
-}  // namespace loom::train
-// ---- end loom/train/init.hpp ----
 // ---- begin loom/train/ownership.hpp ----
 // Who owns what in a partitioned plan: which parts of a replicated parameter (or gradient)
 // a rank counts as its own, and which rows a rank updates under ZeRO-1/2. Every backend's
@@ -21227,304 +21953,6 @@ inline std::int64_t offset_in(const partition::box& inner, const partition::box&
 
 }  // namespace loom::train
 // ---- end loom/train/ownership.hpp ----
-// ---- begin loom/train/sgd.hpp ----
-// SGD with momentum, with PyTorch's torch.optim.SGD semantics:
-//   g <- g + wd * p
-//   buf <- g                                 on the first step
-//   buf <- momentum * buf + (1 - dampening) * g   afterwards
-//   p <- p - lr * (nesterov ? g + momentum * buf : buf)
-#include <cstdint>
-#include <string>
-#include <vector>
-
-
-namespace loom::train {
-
-struct sgd_options {
-    double lr = 0.1;
-    double momentum = 0.9;
-    double dampening = 0.0;
-    double weight_decay = 0.0;
-    bool nesterov = false;
-};
-
-template <class T>
-class sgd {
-public:
-    explicit sgd(sgd_options options) : options_(options) {
-        if (options.momentum < 0 || options.lr < 0 || options.weight_decay < 0)
-            throw usage_error("sgd: lr, momentum and weight_decay must be >= 0");
-        if (options.nesterov && (options.momentum <= 0 || options.dampening != 0))
-            throw usage_error("sgd: nesterov momentum needs momentum > 0 and dampening == 0");
-    }
-
-    void add(parameter_slot<T> slot) {
-        momentum_.emplace_back(slot.value.size(), T(0));
-        slots_.push_back(std::move(slot));
-    }
-
-    // One update of every parameter; `lr` overrides the configured rate (for schedules).
-    void step(double lr) {
-        const T mu = static_cast<T>(options_.momentum), damp = static_cast<T>(1 - options_.dampening);
-        for (std::size_t s = 0; s < slots_.size(); ++s) {
-            auto& slot = slots_[s];
-            auto& buf = momentum_[s];
-            const T wd = slot.weight_decay ? static_cast<T>(options_.weight_decay) : T(0);
-            for (std::size_t i = 0; i < slot.value.size(); ++i) {
-                T g = slot.grad[i] + wd * slot.value[i];
-                T update = g;
-                if (options_.momentum != 0) {
-                    buf[i] = steps_ == 0 ? g : mu * buf[i] + damp * g;
-                    update = options_.nesterov ? g + mu * buf[i] : buf[i];
-                }
-                slot.value[i] -= static_cast<T>(lr) * update;
-            }
-        }
-        ++steps_;
-    }
-    void step() { step(options_.lr); }
-
-    std::int64_t steps() const { return steps_; }
-    const sgd_options& options() const { return options_; }
-    // Checkpointing: the momentum buffer of slot s.
-    std::vector<T>& momentum(std::size_t s) { return momentum_.at(s); }
-    const std::vector<parameter_slot<T>>& slots() const { return slots_; }
-    void set_steps(std::int64_t steps) { steps_ = steps; }
-
-private:
-    sgd_options options_;
-    std::vector<parameter_slot<T>> slots_;
-    std::vector<std::vector<T>> momentum_;
-    std::int64_t steps_ = 0;
-};
-
-}  // namespace loom::train
-// ---- end loom/train/sgd.hpp ----
-// ---- begin loom/train/trainer.hpp ----
-// Single-device training on the host backend: one compiled program (forward + backward),
-// parameters initialised from their seeded streams, an optimizer, optional global-norm
-// clipping and a learning-rate schedule. Inputs are fed by tensor name every step.
-#include <chrono>
-#include <cstdint>
-#include <map>
-#include <memory>
-#include <span>
-#include <string>
-#include <type_traits>
-#include <variant>
-#include <vector>
-
-// ---- begin loom/train/grad_clip.hpp ----
-// Global-norm gradient clipping with torch.nn.utils.clip_grad_norm_ semantics:
-//   total = sqrt(sum over every gradient element of g^2)
-//   if max_norm / (total + 1e-6) < 1, every gradient is scaled by that factor.
-// The norm is accumulated in double in a fixed order, so it is the same whatever the
-// thread count.
-#include <cmath>
-#include <span>
-#include <vector>
-
-namespace loom::train {
-
-template <class T>
-double global_norm(const std::vector<std::span<T>>& grads) {
-    double sum = 0;
-    for (const auto& g : grads) {
-        double part = 0;
-        for (T x : g) part += static_cast<double>(x) * static_cast<double>(x);
-        sum += part;
-    }
-    return std::sqrt(sum);
-}
-
-// Returns the norm before clipping.
-template <class T>
-double clip_global_norm(const std::vector<std::span<T>>& grads, double max_norm) {
-    const double total = global_norm(grads);
-    const double coefficient = max_norm / (total + 1e-6);
-    if (coefficient < 1)
-        for (const auto& g : grads)
-            for (T& x : g) x = static_cast<T>(x * coefficient);
-    return total;
-}
-
-}  // namespace loom::train
-// ---- end loom/train/grad_clip.hpp ----
-// ---- begin loom/train/lr_schedule.hpp ----
-// Learning-rate schedule: linear warm-up, then cosine decay to `min_lr` at `total_steps`
-// (constant after). With total_steps == 0 the rate is constant after warm-up.
-#include <cmath>
-#include <cstdint>
-#include <numbers>
-
-namespace loom::train {
-
-struct lr_schedule {
-    double peak = 1e-3;
-    double min_lr = 0.0;
-    std::int64_t warmup_steps = 0;
-    std::int64_t total_steps = 0;
-
-    // Rate for step `step`, counted from 0.
-    double at(std::int64_t step) const {
-        if (step < warmup_steps) return peak * static_cast<double>(step + 1) / static_cast<double>(warmup_steps);
-        if (total_steps <= warmup_steps) return peak;
-        if (step >= total_steps) return min_lr;
-        const double progress =
-            static_cast<double>(step - warmup_steps) / static_cast<double>(total_steps - warmup_steps);
-        return min_lr + 0.5 * (peak - min_lr) * (1 + std::cos(std::numbers::pi * progress));
-    }
-};
-
-}  // namespace loom::train
-// ---- end loom/train/lr_schedule.hpp ----
-
-namespace loom::train {
-
-struct trainer_options {
-    std::variant<adamw_options, sgd_options> optimizer = adamw_options{};
-    lr_schedule schedule{};         // schedule.peak is the learning rate
-    double clip_norm = 1.0;         // <= 0: no clipping
-    std::uint64_t init_seed = 1234;
-};
-
-// Inputs for one step, by tensor name.
-struct input_feed {
-    std::map<std::string, std::span<const std::int32_t>> index;
-    std::map<std::string, std::span<const double>> real;
-};
-
-struct step_result {
-    double loss = 0;
-    double grad_norm = 0;  // before clipping
-    double lr = 0;
-    double seconds = 0;
-};
-
-template <class T>
-class trainer {
-public:
-    static constexpr precision prec = std::is_same_v<T, float> ? precision::f32 : precision::f64;
-
-    trainer(graph g, trainer_options options) : graph_(std::make_unique<graph>(std::move(g))), options_(options) {
-        if (graph_->loss == no_id) throw usage_error("trainer: the graph has no loss; call graph_builder::set_loss");
-        if (graph_->gradients.empty())
-            throw usage_error("trainer: the graph has no backward pass; call build_backward before training");
-        program_ = compile_program(*graph_, {.prec = prec});
-        executor_ = std::make_unique<host::executor<T>>(program_);
-        storage_ = std::make_unique<host::bound_storage<T>>(program_);
-        storage_->bind_to(*executor_);
-        for (tensor_id p : graph_->parameters) {
-            const tensor_desc& d = graph_->tensor(p);
-            initialize(storage_->real(p), d.init, options_.init_seed, d.name);
-        }
-        std::visit([&](const auto& o) { make_optimizer(o); }, options_.optimizer);
-        for (auto [param, grad] : graph_->gradients) grads_.push_back(storage_->real(grad));
-    }
-
-    // The executor keeps references into this object.
-    trainer(const trainer&) = delete;
-    trainer& operator=(const trainer&) = delete;
-
-    step_result step(const input_feed& feed) {
-        auto start = std::chrono::steady_clock::now();
-        set_inputs(feed);
-        executor_->run(static_cast<std::uint64_t>(steps_));
-        step_result r;
-        r.loss = static_cast<double>(storage_->real(graph_->loss)[0]);
-        r.grad_norm = options_.clip_norm > 0 ? clip_global_norm(grads_, options_.clip_norm) : global_norm(grads_);
-        r.lr = options_.schedule.at(steps_);
-        std::visit([&](auto& opt) { opt.step(r.lr); }, *optimizer_);
-        ++steps_;
-        r.seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
-        return r;
-    }
-
-    // The loss of a forward + backward pass without updating anything.
-    double evaluate(const input_feed& feed) {
-        set_inputs(feed);
-        executor_->run(static_cast<std::uint64_t>(steps_));
-        return static_cast<double>(storage_->real(graph_->loss)[0]);
-    }
-
-    std::span<T> parameter(std::string_view name) { return storage_->real(find(name, tensor_role::parameter)); }
-    std::span<T> gradient(std::string_view name) {
-        tensor_id p = find(name, tensor_role::parameter);
-        for (auto [param, grad] : graph_->gradients)
-            if (param == p) return storage_->real(grad);
-        throw usage_error("trainer: parameter '" + std::string(name) + "' has no gradient");
-    }
-
-    const graph& ir() const { return *graph_; }
-    const program& compiled() const { return program_; }
-    std::int64_t steps() const { return steps_; }
-    void set_steps(std::int64_t s) { steps_ = s; }
-    auto& optimizer() { return *optimizer_; }
-    const trainer_options& options() const { return options_; }
-
-private:
-    template <class Options>
-    void make_optimizer(const Options& o) {
-        using opt_t = std::conditional_t<std::is_same_v<Options, adamw_options>, adamw<T>, sgd<T>>;
-        Options with_lr = o;
-        with_lr.lr = options_.schedule.peak;
-        optimizer_ = std::make_unique<std::variant<adamw<T>, sgd<T>>>(std::in_place_type<opt_t>, with_lr);
-        for (auto [param, grad] : graph_->gradients) {
-            const tensor_desc& d = graph_->tensor(param);
-            std::visit(
-                [&](auto& opt) {
-                    opt.add({d.name, storage_->real(param), storage_->real(grad), d.dims.rank() >= 2});
-                },
-                *optimizer_);
-        }
-    }
-
-    void set_inputs(const input_feed& feed) {
-        for (tensor_id t : graph_->inputs) {
-            const tensor_desc& d = graph_->tensor(t);
-            if (!storage_->has(t)) continue;  // an input the loss does not depend on
-            if (d.kind == value_kind::index) {
-                auto it = feed.index.find(d.name);
-                if (it == feed.index.end())
-                    throw usage_error("trainer: no data fed for input '" + d.name + "'; add it to input_feed::index");
-                copy_checked(d, it->second, storage_->index(t));
-            } else {
-                auto it = feed.real.find(d.name);
-                if (it == feed.real.end())
-                    throw usage_error("trainer: no data fed for input '" + d.name + "'; add it to input_feed::real");
-                auto dst = storage_->real(t);
-                if (it->second.size() != dst.size()) throw size_mismatch(d, it->second.size());
-                for (std::size_t i = 0; i < dst.size(); ++i) dst[i] = static_cast<T>(it->second[i]);
-            }
-        }
-    }
-    static usage_error size_mismatch(const tensor_desc& d, std::size_t got) {
-        return usage_error("trainer: input '" + d.name + "' has shape " + d.dims.to_string() + " (" +
-                           std::to_string(d.dims.numel()) + " elements) but " + std::to_string(got) +
-                           " were fed; feed one value per element");
-    }
-    static void copy_checked(const tensor_desc& d, std::span<const std::int32_t> src, std::span<std::int32_t> dst) {
-        if (src.size() != dst.size()) throw size_mismatch(d, src.size());
-        std::copy(src.begin(), src.end(), dst.begin());
-    }
-    tensor_id find(std::string_view name, tensor_role role) const {
-        for (tensor_id t : graph_->parameters)
-            if (graph_->tensor(t).name == name && graph_->tensor(t).role == role) return t;
-        throw usage_error("trainer: no parameter named '" + std::string(name) + "'");
-    }
-
-    std::unique_ptr<graph> graph_;
-    trainer_options options_;
-    program program_;
-    std::unique_ptr<host::executor<T>> executor_;
-    std::unique_ptr<host::bound_storage<T>> storage_;
-    std::unique_ptr<std::variant<adamw<T>, sgd<T>>> optimizer_;
-    std::vector<std::span<T>> grads_;
-    std::int64_t steps_ = 0;
-};
-
-}  // namespace loom::train
-// ---- end loom/train/trainer.hpp ----
 
 namespace loom::train {
 
@@ -23498,182 +23926,6 @@ inline evoformer_batch evoformer_synthetic_batch(const evoformer_config& c, std:
 
 }  // namespace loom::models
 // ---- end loom/models/evoformer.hpp ----
-// ---- begin loom/models/gpt.hpp ----
-// GPT-2 style decoder-only transformer, built with the public op API only.
-//
-//   x = wte[tokens] + wpe[positions]
-//   blocks.i:  x = x + attn(ln_1(x));  x = x + mlp(ln_2(x))       (pre-norm)
-//   attn:      causal multi-head self-attention with q, k, v and output projections
-//   mlp:       proj(gelu(fc(x))), fc: hidden -> ffn (4 * hidden by default)
-//   logits = ln_f(x) wte^T   (tied embeddings; or a separate lm_head)
-//   loss = mean cross-entropy(logits, targets)
-//
-// Initialisation follows GPT-2: N(0, 0.02) weights, output projections scaled by
-// 1/sqrt(2 * layers), zero biases, unit norm gains.
-#include <cmath>
-#include <cstdint>
-#include <memory>
-#include <string>
-#include <vector>
-
-
-namespace loom::models {
-
-struct gpt_config {
-    std::int64_t layers = 4;
-    std::int64_t hidden = 128;
-    std::int64_t heads = 4;
-    std::int64_t vocab = 256;
-    std::int64_t seq = 64;
-    std::int64_t batch = 8;
-    std::int64_t ffn = 0;  // 0: 4 * hidden
-    double dropout = 0.0;
-    bool tie_embeddings = true;
-    double init_std = 0.02;
-    double layer_norm_eps = 1e-5;
-    std::uint64_t dropout_seed = 1;
-
-    std::int64_t ffn_size() const { return ffn > 0 ? ffn : 4 * hidden; }
-
-    void validate() const {
-        auto positive = [](std::int64_t v, const char* what) {
-            if (v <= 0) throw usage_error(std::string("gpt_config: ") + what + " is " + std::to_string(v) + "; it must be positive");
-        };
-        positive(layers, "layers");
-        positive(hidden, "hidden");
-        positive(heads, "heads");
-        positive(vocab, "vocab");
-        positive(seq, "seq");
-        positive(batch, "batch");
-        if (hidden % heads != 0)
-            throw usage_error("gpt_config: hidden " + std::to_string(hidden) + " is not divisible by heads " +
-                              std::to_string(heads) + "; choose heads that divide hidden");
-        if (dropout < 0 || dropout >= 1)
-            throw usage_error("gpt_config: dropout " + std::to_string(dropout) + " must lie in [0, 1)");
-    }
-
-    // Weights and biases, counted from the architecture (tests compare with the graph).
-    std::int64_t parameter_count() const {
-        const std::int64_t h = hidden, f = ffn_size();
-        std::int64_t per_block = 2 * 2 * h            // two layer norms
-                                 + 4 * (h * h + h)    // q, k, v, proj
-                                 + (f * h + f) + (h * f + h);
-        return vocab * h + seq * h + layers * per_block + 2 * h + (tie_embeddings ? 0 : vocab * h);
-    }
-
-    // Floating-point operations of one forward pass over one batch (GEMMs and attention).
-    double forward_flops() const {
-        const double tokens = static_cast<double>(batch * seq), h = static_cast<double>(hidden),
-                     f = static_cast<double>(ffn_size()), s = static_cast<double>(seq);
-        const double per_layer = 2 * tokens * (4 * h * h + 2 * h * f) + 2 * tokens * s * h;  // causal: half of 4*T*S*H
-        return static_cast<double>(layers) * per_layer + 2 * tokens * h * static_cast<double>(vocab);
-    }
-};
-
-// A built GPT: the graph builder and the ids of the tensors a trainer feeds and reads.
-struct gpt_model {
-    std::unique_ptr<graph_builder> builder;
-    gpt_config config;
-    tensor_id tokens = no_id, positions = no_id, targets = no_id, logits = no_id, loss = no_id;
-
-    const graph& ir() const { return builder->view(); }
-
-    // Appends the backward pass and hands the finished graph over.
-    graph training_graph() && {
-        build_backward(*builder);
-        return std::move(*builder).take();
-    }
-};
-
-namespace detail {
-
-inline tensor layer_norm_block(graph_builder& b, const std::string& scope, tensor x, const gpt_config& c) {
-    auto s = b.scope(scope);
-    auto gamma = b.parameter("weight", {{Dim::Hidden::id, c.hidden}}, parameter_init::ones());
-    auto beta = b.parameter("bias", {{Dim::Hidden::id, c.hidden}}, parameter_init::zeros());
-    return ops::layer_norm(x, gamma, beta, c.layer_norm_eps);
-}
-
-inline tensor dense(graph_builder& b, const std::string& scope, tensor x, dim_id out_dim, std::int64_t out, dim_id in_dim,
-                    std::int64_t in, double std) {
-    auto s = b.scope(scope);
-    auto w = b.parameter("weight", {{out_dim, out}, {in_dim, in}}, parameter_init::normal(std));
-    auto bias = b.parameter("bias", {{out_dim, out}}, parameter_init::zeros());
-    return ops::linear(x, w, bias);
-}
-
-inline tensor maybe_dropout(tensor x, const gpt_config& c, std::uint64_t& site) {
-    ++site;
-    if (c.dropout == 0) return x;
-    return ops::dropout(x, c.dropout, static_cast<std::int64_t>(c.dropout_seed * 1000003 + site));
-}
-
-}  // namespace detail
-
-inline gpt_model gpt(const gpt_config& c) {
-    c.validate();
-    gpt_model m;
-    m.config = c;
-    m.builder = std::make_unique<graph_builder>();
-    graph_builder& b = *m.builder;
-    const dim_id H = Dim::Hidden::id, F = Dim::FFN::id;
-    const double proj_std = c.init_std / std::sqrt(2.0 * static_cast<double>(c.layers));
-    std::uint64_t dropout_site = 0;
-
-    tensor tokens = b.input("tokens", {{Dim::Batch::id, c.batch}, {Dim::Seq::id, c.seq}}, value_kind::index);
-    tensor positions = b.input("positions", {{Dim::Batch::id, c.batch}, {Dim::Seq::id, c.seq}}, value_kind::index);
-    tensor targets = b.input("targets", {{Dim::Batch::id, c.batch}, {Dim::Seq::id, c.seq}}, value_kind::index);
-    tensor wte = b.parameter("wte", {{Dim::Vocab::id, c.vocab}, {H, c.hidden}}, parameter_init::normal(c.init_std));
-    tensor wpe = b.parameter("wpe", {{Dim::Seq::id, c.seq}, {H, c.hidden}}, parameter_init::normal(c.init_std));
-
-    tensor x = ops::embedding(tokens, wte) + ops::embedding(positions, wpe);
-    x = detail::maybe_dropout(x, c, dropout_site);
-
-    b.repeat("blocks", c.layers, [&](std::int64_t) {
-        {
-            tensor h = detail::layer_norm_block(b, "ln_1", x, c);
-            auto attn = b.scope("attn");
-            tensor q = ops::split_heads(detail::dense(b, "q", h, H, c.hidden, H, c.hidden, c.init_std), c.heads);
-            tensor k = ops::split_heads(detail::dense(b, "k", h, H, c.hidden, H, c.hidden, c.init_std), c.heads);
-            tensor v = ops::split_heads(detail::dense(b, "v", h, H, c.hidden, H, c.hidden, c.init_std), c.heads);
-            tensor a = ops::merge_heads(ops::causal_attention(q, k, v));
-            tensor o = detail::dense(b, "proj", a, H, c.hidden, H, c.hidden, proj_std);
-            x = x + detail::maybe_dropout(o, c, dropout_site);
-        }
-        {
-            tensor h = detail::layer_norm_block(b, "ln_2", x, c);
-            auto mlp = b.scope("mlp");
-            tensor f = ops::gelu(detail::dense(b, "fc", h, F, c.ffn_size(), H, c.hidden, c.init_std));
-            tensor o = detail::dense(b, "proj", f, H, c.hidden, F, c.ffn_size(), proj_std);
-            x = x + detail::maybe_dropout(o, c, dropout_site);
-        }
-    });
-
-    x = detail::layer_norm_block(b, "ln_f", x, c);
-    tensor head = wte;
-    if (!c.tie_embeddings)
-        head = b.parameter("lm_head", {{Dim::Vocab::id, c.vocab}, {H, c.hidden}}, parameter_init::normal(c.init_std));
-    tensor logits = ops::linear(x, head);
-    tensor loss = ops::cross_entropy(logits, targets);
-    b.set_loss(loss);
-
-    m.tokens = tokens.id;
-    m.positions = positions.id;
-    m.targets = targets.id;
-    m.logits = logits.id;
-    m.loss = loss.id;
-    return m;
-}
-
-// Position ids for one batch: row-major [batch, seq], each row 0, 1, ..., seq - 1.
-inline std::vector<std::int32_t> gpt_positions(const gpt_config& c) {
-    std::vector<std::int32_t> ids(static_cast<std::size_t>(c.batch * c.seq));
-    for (std::size_t i = 0; i < ids.size(); ++i) ids[i] = static_cast<std::int32_t>(static_cast<std::int64_t>(i) % c.seq);
-    return ids;
-}
-
-}  // namespace loom::models
-// ---- end loom/models/gpt.hpp ----
 // ---- begin loom/models/swin.hpp ----
 // A Swin-Transformer-style hierarchical vision transformer, built with the public op API only:
 // nnScaler's vision workload (Table 9; §4.2 "Constraints for Swin-Transformer"), whose
