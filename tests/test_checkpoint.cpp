@@ -361,3 +361,21 @@ TEST_CASE("saves keep the newest keep_last checkpoints", "[checkpoint]") {
     CHECK(names == std::vector<std::string>{"step-00000003", "step-00000004"});
     fs::remove_all(dir);
 }
+
+TEST_CASE("crc32 agrees with the bitwise definition on every length and alignment", "[checkpoint]") {
+    std::vector<std::byte> bytes(300);
+    for (std::size_t i = 0; i < bytes.size(); ++i) bytes[i] = static_cast<std::byte>(finalize_mix(i) & 0xFF);
+    auto bitwise = [](std::span<const std::byte> b) {
+        std::uint32_t c = 0xFFFFFFFFU;
+        for (std::byte x : b) {
+            c ^= static_cast<std::uint32_t>(x);
+            for (int k = 0; k < 8; ++k) c = (c & 1U) ? 0xEDB88320U ^ (c >> 1) : c >> 1;
+        }
+        return ~c;
+    };
+    for (std::size_t start : {0, 1, 3, 7})
+        for (std::size_t n : {0, 1, 7, 8, 9, 15, 16, 17, 64, 255}) {
+            const std::span<const std::byte> s(bytes.data() + start, n);
+            CHECK(io::crc32(s) == bitwise(s));
+        }
+}
