@@ -19723,6 +19723,7 @@ inline std::uint32_t crc32(std::string_view text, std::uint32_t previous = 0) no
 
 #include <cerrno>
 #include <cstddef>
+#include <cstdint>
 #include <cstring>
 #include <filesystem>
 #include <functional>
@@ -19759,11 +19760,14 @@ inline void fsync_path(const std::filesystem::path& path, bool directory, std::s
 // Flushes a directory's entries (new names, renames) to disk.
 inline void fsync_directory(const std::filesystem::path& dir) { detail::fsync_path(dir, true, "fsync_directory"); }
 
-// Writes `bytes` to `target` atomically and durably. On any failure (no such directory, a
-// read-only or full disk) throws loom::data_error naming the file and the cause, removes
-// the temporary file and leaves whatever was at `target` untouched.
-inline void write_file_durably(const std::filesystem::path& target, std::span<const std::byte> bytes,
-                               const write_faults* faults = nullptr) {
+// Writes to `target` atomically and durably what `produce(append)` passes to
+// `append(std::span<const std::byte>)`, piece by piece, so that a large file need not be
+// assembled in memory first. On any failure (no such directory, a read-only or full disk,
+// an exception from `produce`) throws (loom::data_error for I/O), removes the temporary
+// file and leaves whatever was at `target` untouched.
+template <class Produce>
+void write_file_durably_by_parts(const std::filesystem::path& target, Produce&& produce,
+                                 const write_faults* faults = nullptr) {
     std::filesystem::path temporary = target;
     temporary += ".tmp";
     if (faults && faults->before_write) faults->before_write(temporary);
@@ -19771,22 +19775,37 @@ inline void write_file_durably(const std::filesystem::path& target, std::span<co
     if (fd < 0)
         throw data_error("write_file_durably: cannot create '" + temporary.string() + "': " + detail::errno_text(errno) +
                          "; check that the directory exists and is writable");
+    std::uint64_t written = 0;
+    bool cleaned = false;
     auto fail = [&](const std::string& what) {
         const int code = errno;
+        cleaned = true;
         ::close(fd);
         ::unlink(temporary.c_str());
         throw data_error("write_file_durably: " + what + " '" + temporary.string() + "' failed: " +
                          detail::errno_text(code) + "; free disk space or choose another directory (nothing at '" +
                          target.string() + "' was changed)");
     };
-    const std::byte* at = bytes.data();
-    std::size_t left = bytes.size();
-    while (left > 0) {
-        const ssize_t n = ::write(fd, at, left);
-        if (n < 0 && errno == EINTR) continue;
-        if (n <= 0) fail("writing " + std::to_string(bytes.size()) + " bytes to");
-        at += n;
-        left -= static_cast<std::size_t>(n);
+    auto append = [&](std::span<const std::byte> bytes) {
+        const std::byte* at = bytes.data();
+        std::size_t left = bytes.size();
+        while (left > 0) {
+            const ssize_t n = ::write(fd, at, left);
+            if (n < 0 && errno == EINTR) continue;
+            if (n <= 0) fail("writing " + std::to_string(bytes.size()) + " bytes at offset " + std::to_string(written) + " of");
+            at += n;
+            left -= static_cast<std::size_t>(n);
+            written += static_cast<std::uint64_t>(n);
+        }
+    };
+    try {
+        produce(append);
+    } catch (...) {
+        if (!cleaned) {
+            ::close(fd);
+            ::unlink(temporary.c_str());
+        }
+        throw;
     }
     if (::fsync(fd) != 0) fail("flushing");
     if (::close(fd) != 0) {
@@ -19803,6 +19822,12 @@ inline void write_file_durably(const std::filesystem::path& target, std::span<co
                          "': " + detail::errno_text(code) + "; check that the directory is writable");
     }
     fsync_directory(target.parent_path().empty() ? std::filesystem::path(".") : target.parent_path());
+}
+
+// Writes `bytes` to `target` atomically and durably (see write_file_durably_by_parts).
+inline void write_file_durably(const std::filesystem::path& target, std::span<const std::byte> bytes,
+                               const write_faults* faults = nullptr) {
+    write_file_durably_by_parts(target, [&](auto& append) { append(bytes); }, faults);
 }
 
 inline void write_file_durably(const std::filesystem::path& target, std::string_view text,
@@ -20215,6 +20240,10 @@ public:
     }
 
     const std::map<std::string, std::string>& metadata() const noexcept { return metadata_; }
+
+    // Where the data section starts in the file: tensor t's bytes are at
+    // [data_start() + t.begin, data_start() + t.end), for readers that read ranges themselves.
+    std::uint64_t data_start() const noexcept { return data_start_; }
 
     // The tensor's bytes as stored (little-endian, row-major).
     std::vector<std::byte> read_bytes(std::string_view name) const {
@@ -21395,7 +21424,13 @@ inline void write_llmc_tokens(const std::filesystem::path& path, std::span<const
 // dropout counter: masks are a pure function of (seed, step, element), ops/dropout.hpp)
 // and, when given, the data loader's position. Restore them all and the next steps
 // compute the same bits as the run that never stopped, under the same plan.
+#include <fcntl.h>
+#include <unistd.h>
+
 #include <algorithm>
+#include <array>
+#include <bit>
+#include <cerrno>
 #include <cstdint>
 #include <cstdio>
 #include <cstring>
@@ -22195,6 +22230,10 @@ private:
 
 namespace loom::train {
 
+static_assert(std::endian::native == std::endian::little,
+              "train/checkpoint.hpp: shards are stored as the little-endian bytes of the values in memory; "
+              "a big-endian host would need a byte swap on save and load");
+
 struct checkpoint_options {
     int keep_last = 3;                           // complete checkpoints kept in the directory (>= 1)
     const io::write_faults* faults = nullptr;    // tests: stop a save at a chosen point
@@ -22326,15 +22365,6 @@ inline bool any_rank_failed(comm::communicator* c, int world, bool failed) {
 }
 
 template <class T>
-std::vector<std::byte> bytes_of_region(const state_piece<T>& p, const partition::box& region) {
-    std::vector<T> values(static_cast<std::size_t>(region.numel()));
-    partition::copy_region(p.values.data(), p.region, values.data(), region, region);
-    std::vector<std::byte> bytes(values.size() * sizeof(T));
-    if (!bytes.empty()) std::memcpy(bytes.data(), values.data(), bytes.size());
-    return bytes;
-}
-
-template <class T>
 checkpoint_info save_state(rank_state<T>& s, const std::filesystem::path& directory, const checkpoint_options& options,
                            const data_loader_state* data) {
     namespace fs = std::filesystem;
@@ -22368,26 +22398,57 @@ checkpoint_info save_state(rank_state<T>& s, const std::filesystem::path& direct
         throw data_error(where + ": " + (failure.empty() ? "rank 0 could not prepare " + staging.string() : failure) +
                          "; the previous checkpoints are intact");
 
-    // Phase 2 (every rank): its shard file and its shard list.
+    // Phase 2 (every rank): its shard file and its shard list. The safetensors file is
+    // streamed: header first, then each shard copied out of its piece into one buffer,
+    // checksummed and written, so no second copy of the rank's state is made.
     std::uint64_t written_bytes = 0;
     try {
-        io::safetensors_writer writer;
-        nlohmann::json shards = nlohmann::json::array();
-        const std::string file = rank_stem(s.rank) + ".safetensors";
+        struct entry {
+            const state_piece<T>* piece;
+            partition::box region;
+            std::uint64_t begin, end;
+        };
+        std::map<std::string, entry> entries;  // by key: the order safetensors writers use
         for (const auto& p : s.pieces)
             for (const auto& region : p.written) {
                 if (region.numel() == 0 && region.rank() > 0) continue;
-                const auto bytes = bytes_of_region(p, region);
-                const std::string key = p.tensor + "@" + io::box_text(to_index_box(region));
-                std::vector<std::int64_t> extents;
-                for (const auto& r : region.ranges) extents.push_back(r.size());
-                writer.add(key, element_dtype<T>(), extents, std::span<const std::byte>(bytes));
-                shards.push_back({{"tensor", p.tensor}, {"shape", p.shape}, {"key", key}, {"file", file},
-                                  {"box", to_index_box(region)}, {"bytes", bytes.size()}, {"crc32", io::crc32(bytes)}});
-                written_bytes += bytes.size();
+                entries.emplace(p.tensor + "@" + io::box_text(to_index_box(region)), entry{&p, region, 0, 0});
             }
-        const auto serialized = writer.serialize();
-        io::write_file_durably(staging / file, std::span<const std::byte>(serialized), options.faults);
+        nlohmann::ordered_json header = nlohmann::ordered_json::object();
+        std::uint64_t offset = 0;
+        for (auto& [key, e] : entries) {
+            std::vector<std::int64_t> extents;
+            for (const auto& r : e.region.ranges) extents.push_back(r.size());
+            e.begin = offset;
+            offset += static_cast<std::uint64_t>(e.region.numel()) * sizeof(T);
+            e.end = offset;
+            header[key] = {{"dtype", io::dtype_name(element_dtype<T>())}, {"shape", extents},
+                           {"data_offsets", {e.begin, e.end}}};
+        }
+        std::string text = header.dump();
+        text.append((8 - text.size() % 8) % 8, ' ');
+        const std::string file = rank_stem(s.rank) + ".safetensors";
+        nlohmann::json shards = nlohmann::json::array();
+        io::write_file_durably_by_parts(
+            staging / file,
+            [&](auto& append) {
+                std::array<std::byte, 8> length{};
+                for (int i = 0; i < 8; ++i) length[static_cast<std::size_t>(i)] = static_cast<std::byte>((text.size() >> (8 * i)) & 0xFF);
+                append(std::span<const std::byte>(length));
+                append(std::as_bytes(std::span(text.data(), text.size())));
+                std::vector<T> buffer;
+                for (const auto& [key, e] : entries) {
+                    buffer.resize(static_cast<std::size_t>(e.region.numel()));
+                    partition::copy_region(e.piece->values.data(), e.piece->region, buffer.data(), e.region, e.region);
+                    const auto bytes = std::as_bytes(std::span<const T>(buffer));
+                    append(bytes);
+                    shards.push_back({{"tensor", e.piece->tensor}, {"shape", e.piece->shape}, {"key", key},
+                                      {"file", file}, {"box", to_index_box(e.region)}, {"bytes", bytes.size()},
+                                      {"crc32", io::crc32(bytes)}});
+                    written_bytes += bytes.size();
+                }
+            },
+            options.faults);
         io::write_file_durably(staging / (rank_stem(s.rank) + ".json"), nlohmann::json{{"shards", shards}}.dump(),
                                options.faults);
     } catch (const std::exception& e) {
@@ -22475,6 +22536,27 @@ checkpoint_info save_state(rank_state<T>& s, const std::filesystem::path& direct
     return {final_dir, s.step, written_bytes, data ? std::optional(*data) : std::nullopt};
 }
 
+// Reads bytes [offset, offset + out.size()) of a file.
+inline void read_range(const std::filesystem::path& path, std::uint64_t offset, std::span<std::byte> out) {
+    const int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
+    if (fd < 0)
+        throw data_error("checkpoint file '" + path.string() + "' cannot be opened: " + std::strerror(errno) +
+                         "; check that it exists and is readable");
+    std::size_t done = 0;
+    while (done < out.size()) {
+        const ssize_t n = ::pread(fd, out.data() + done, out.size() - done, static_cast<off_t>(offset + done));
+        if (n < 0 && errno == EINTR) continue;
+        if (n <= 0) {
+            ::close(fd);
+            throw data_error("checkpoint file '" + path.string() + "' ended at byte " + std::to_string(offset + done) +
+                             " while " + std::to_string(out.size()) + " bytes were read from " + std::to_string(offset) +
+                             "; it was truncated: use an older checkpoint");
+        }
+        done += static_cast<std::size_t>(n);
+    }
+    ::close(fd);
+}
+
 // Reads every shard that meets this rank's pieces and checks it; changes nothing in `s`.
 template <class T>
 std::vector<std::vector<T>> read_pieces(const rank_state<T>& s, const std::filesystem::path& dir,
@@ -22531,14 +22613,14 @@ std::vector<std::vector<T>> read_pieces(const rank_state<T>& s, const std::files
                     throw data_error("checkpoint file '" + path.string() + "': tensor '" + shard.key +
                                      "' does not match the manifest (dtype or size); the checkpoint is damaged: use an "
                                      "older one");
-                const auto bytes = f->read_bytes(shard.key);
-                if (io::crc32(bytes) != shard.crc32)
+                // Only this shard's byte range is read, straight into place.
+                cached.resize(static_cast<std::size_t>(shard.bytes / sizeof(T)));
+                read_range(path, f->data_start() + info.begin, std::as_writable_bytes(std::span<T>(cached)));
+                if (io::crc32(std::as_bytes(std::span<const T>(cached))) != shard.crc32)
                     throw data_error("checkpoint file '" + path.string() + "': tensor '" + shard.key +
                                      "' fails its CRC-32 check (the bytes changed after the save); the checkpoint is "
                                      "damaged: use an older one");
-                cached.resize(bytes.size() / sizeof(T));
-                std::memcpy(cached.data(), bytes.data(), bytes.size());
-                bytes_read += bytes.size();
+                bytes_read += shard.bytes;
             }
             partition::copy_region(cached.data(), sb, values.data(), p.region, p.region.rank() ? common : sb);
         }

@@ -12,6 +12,7 @@
 
 #include <cerrno>
 #include <cstddef>
+#include <cstdint>
 #include <cstring>
 #include <filesystem>
 #include <functional>
@@ -49,11 +50,14 @@ inline void fsync_path(const std::filesystem::path& path, bool directory, std::s
 // Flushes a directory's entries (new names, renames) to disk.
 inline void fsync_directory(const std::filesystem::path& dir) { detail::fsync_path(dir, true, "fsync_directory"); }
 
-// Writes `bytes` to `target` atomically and durably. On any failure (no such directory, a
-// read-only or full disk) throws loom::data_error naming the file and the cause, removes
-// the temporary file and leaves whatever was at `target` untouched.
-inline void write_file_durably(const std::filesystem::path& target, std::span<const std::byte> bytes,
-                               const write_faults* faults = nullptr) {
+// Writes to `target` atomically and durably what `produce(append)` passes to
+// `append(std::span<const std::byte>)`, piece by piece, so that a large file need not be
+// assembled in memory first. On any failure (no such directory, a read-only or full disk,
+// an exception from `produce`) throws (loom::data_error for I/O), removes the temporary
+// file and leaves whatever was at `target` untouched.
+template <class Produce>
+void write_file_durably_by_parts(const std::filesystem::path& target, Produce&& produce,
+                                 const write_faults* faults = nullptr) {
     std::filesystem::path temporary = target;
     temporary += ".tmp";
     if (faults && faults->before_write) faults->before_write(temporary);
@@ -61,22 +65,37 @@ inline void write_file_durably(const std::filesystem::path& target, std::span<co
     if (fd < 0)
         throw data_error("write_file_durably: cannot create '" + temporary.string() + "': " + detail::errno_text(errno) +
                          "; check that the directory exists and is writable");
+    std::uint64_t written = 0;
+    bool cleaned = false;
     auto fail = [&](const std::string& what) {
         const int code = errno;
+        cleaned = true;
         ::close(fd);
         ::unlink(temporary.c_str());
         throw data_error("write_file_durably: " + what + " '" + temporary.string() + "' failed: " +
                          detail::errno_text(code) + "; free disk space or choose another directory (nothing at '" +
                          target.string() + "' was changed)");
     };
-    const std::byte* at = bytes.data();
-    std::size_t left = bytes.size();
-    while (left > 0) {
-        const ssize_t n = ::write(fd, at, left);
-        if (n < 0 && errno == EINTR) continue;
-        if (n <= 0) fail("writing " + std::to_string(bytes.size()) + " bytes to");
-        at += n;
-        left -= static_cast<std::size_t>(n);
+    auto append = [&](std::span<const std::byte> bytes) {
+        const std::byte* at = bytes.data();
+        std::size_t left = bytes.size();
+        while (left > 0) {
+            const ssize_t n = ::write(fd, at, left);
+            if (n < 0 && errno == EINTR) continue;
+            if (n <= 0) fail("writing " + std::to_string(bytes.size()) + " bytes at offset " + std::to_string(written) + " of");
+            at += n;
+            left -= static_cast<std::size_t>(n);
+            written += static_cast<std::uint64_t>(n);
+        }
+    };
+    try {
+        produce(append);
+    } catch (...) {
+        if (!cleaned) {
+            ::close(fd);
+            ::unlink(temporary.c_str());
+        }
+        throw;
     }
     if (::fsync(fd) != 0) fail("flushing");
     if (::close(fd) != 0) {
@@ -93,6 +112,12 @@ inline void write_file_durably(const std::filesystem::path& target, std::span<co
                          "': " + detail::errno_text(code) + "; check that the directory is writable");
     }
     fsync_directory(target.parent_path().empty() ? std::filesystem::path(".") : target.parent_path());
+}
+
+// Writes `bytes` to `target` atomically and durably (see write_file_durably_by_parts).
+inline void write_file_durably(const std::filesystem::path& target, std::span<const std::byte> bytes,
+                               const write_faults* faults = nullptr) {
+    write_file_durably_by_parts(target, [&](auto& append) { append(bytes); }, faults);
 }
 
 inline void write_file_durably(const std::filesystem::path& target, std::string_view text,

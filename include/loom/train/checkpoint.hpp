@@ -26,7 +26,13 @@
 // dropout counter: masks are a pure function of (seed, step, element), ops/dropout.hpp)
 // and, when given, the data loader's position. Restore them all and the next steps
 // compute the same bits as the run that never stopped, under the same plan.
+#include <fcntl.h>
+#include <unistd.h>
+
 #include <algorithm>
+#include <array>
+#include <bit>
+#include <cerrno>
 #include <cstdint>
 #include <cstdio>
 #include <cstring>
@@ -58,6 +64,10 @@
 #include <loom/train/trainer.hpp>
 
 namespace loom::train {
+
+static_assert(std::endian::native == std::endian::little,
+              "train/checkpoint.hpp: shards are stored as the little-endian bytes of the values in memory; "
+              "a big-endian host would need a byte swap on save and load");
 
 struct checkpoint_options {
     int keep_last = 3;                           // complete checkpoints kept in the directory (>= 1)
@@ -190,15 +200,6 @@ inline bool any_rank_failed(comm::communicator* c, int world, bool failed) {
 }
 
 template <class T>
-std::vector<std::byte> bytes_of_region(const state_piece<T>& p, const partition::box& region) {
-    std::vector<T> values(static_cast<std::size_t>(region.numel()));
-    partition::copy_region(p.values.data(), p.region, values.data(), region, region);
-    std::vector<std::byte> bytes(values.size() * sizeof(T));
-    if (!bytes.empty()) std::memcpy(bytes.data(), values.data(), bytes.size());
-    return bytes;
-}
-
-template <class T>
 checkpoint_info save_state(rank_state<T>& s, const std::filesystem::path& directory, const checkpoint_options& options,
                            const data_loader_state* data) {
     namespace fs = std::filesystem;
@@ -232,26 +233,57 @@ checkpoint_info save_state(rank_state<T>& s, const std::filesystem::path& direct
         throw data_error(where + ": " + (failure.empty() ? "rank 0 could not prepare " + staging.string() : failure) +
                          "; the previous checkpoints are intact");
 
-    // Phase 2 (every rank): its shard file and its shard list.
+    // Phase 2 (every rank): its shard file and its shard list. The safetensors file is
+    // streamed: header first, then each shard copied out of its piece into one buffer,
+    // checksummed and written, so no second copy of the rank's state is made.
     std::uint64_t written_bytes = 0;
     try {
-        io::safetensors_writer writer;
-        nlohmann::json shards = nlohmann::json::array();
-        const std::string file = rank_stem(s.rank) + ".safetensors";
+        struct entry {
+            const state_piece<T>* piece;
+            partition::box region;
+            std::uint64_t begin, end;
+        };
+        std::map<std::string, entry> entries;  // by key: the order safetensors writers use
         for (const auto& p : s.pieces)
             for (const auto& region : p.written) {
                 if (region.numel() == 0 && region.rank() > 0) continue;
-                const auto bytes = bytes_of_region(p, region);
-                const std::string key = p.tensor + "@" + io::box_text(to_index_box(region));
-                std::vector<std::int64_t> extents;
-                for (const auto& r : region.ranges) extents.push_back(r.size());
-                writer.add(key, element_dtype<T>(), extents, std::span<const std::byte>(bytes));
-                shards.push_back({{"tensor", p.tensor}, {"shape", p.shape}, {"key", key}, {"file", file},
-                                  {"box", to_index_box(region)}, {"bytes", bytes.size()}, {"crc32", io::crc32(bytes)}});
-                written_bytes += bytes.size();
+                entries.emplace(p.tensor + "@" + io::box_text(to_index_box(region)), entry{&p, region, 0, 0});
             }
-        const auto serialized = writer.serialize();
-        io::write_file_durably(staging / file, std::span<const std::byte>(serialized), options.faults);
+        nlohmann::ordered_json header = nlohmann::ordered_json::object();
+        std::uint64_t offset = 0;
+        for (auto& [key, e] : entries) {
+            std::vector<std::int64_t> extents;
+            for (const auto& r : e.region.ranges) extents.push_back(r.size());
+            e.begin = offset;
+            offset += static_cast<std::uint64_t>(e.region.numel()) * sizeof(T);
+            e.end = offset;
+            header[key] = {{"dtype", io::dtype_name(element_dtype<T>())}, {"shape", extents},
+                           {"data_offsets", {e.begin, e.end}}};
+        }
+        std::string text = header.dump();
+        text.append((8 - text.size() % 8) % 8, ' ');
+        const std::string file = rank_stem(s.rank) + ".safetensors";
+        nlohmann::json shards = nlohmann::json::array();
+        io::write_file_durably_by_parts(
+            staging / file,
+            [&](auto& append) {
+                std::array<std::byte, 8> length{};
+                for (int i = 0; i < 8; ++i) length[static_cast<std::size_t>(i)] = static_cast<std::byte>((text.size() >> (8 * i)) & 0xFF);
+                append(std::span<const std::byte>(length));
+                append(std::as_bytes(std::span(text.data(), text.size())));
+                std::vector<T> buffer;
+                for (const auto& [key, e] : entries) {
+                    buffer.resize(static_cast<std::size_t>(e.region.numel()));
+                    partition::copy_region(e.piece->values.data(), e.piece->region, buffer.data(), e.region, e.region);
+                    const auto bytes = std::as_bytes(std::span<const T>(buffer));
+                    append(bytes);
+                    shards.push_back({{"tensor", e.piece->tensor}, {"shape", e.piece->shape}, {"key", key},
+                                      {"file", file}, {"box", to_index_box(e.region)}, {"bytes", bytes.size()},
+                                      {"crc32", io::crc32(bytes)}});
+                    written_bytes += bytes.size();
+                }
+            },
+            options.faults);
         io::write_file_durably(staging / (rank_stem(s.rank) + ".json"), nlohmann::json{{"shards", shards}}.dump(),
                                options.faults);
     } catch (const std::exception& e) {
@@ -339,6 +371,27 @@ checkpoint_info save_state(rank_state<T>& s, const std::filesystem::path& direct
     return {final_dir, s.step, written_bytes, data ? std::optional(*data) : std::nullopt};
 }
 
+// Reads bytes [offset, offset + out.size()) of a file.
+inline void read_range(const std::filesystem::path& path, std::uint64_t offset, std::span<std::byte> out) {
+    const int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
+    if (fd < 0)
+        throw data_error("checkpoint file '" + path.string() + "' cannot be opened: " + std::strerror(errno) +
+                         "; check that it exists and is readable");
+    std::size_t done = 0;
+    while (done < out.size()) {
+        const ssize_t n = ::pread(fd, out.data() + done, out.size() - done, static_cast<off_t>(offset + done));
+        if (n < 0 && errno == EINTR) continue;
+        if (n <= 0) {
+            ::close(fd);
+            throw data_error("checkpoint file '" + path.string() + "' ended at byte " + std::to_string(offset + done) +
+                             " while " + std::to_string(out.size()) + " bytes were read from " + std::to_string(offset) +
+                             "; it was truncated: use an older checkpoint");
+        }
+        done += static_cast<std::size_t>(n);
+    }
+    ::close(fd);
+}
+
 // Reads every shard that meets this rank's pieces and checks it; changes nothing in `s`.
 template <class T>
 std::vector<std::vector<T>> read_pieces(const rank_state<T>& s, const std::filesystem::path& dir,
@@ -395,14 +448,14 @@ std::vector<std::vector<T>> read_pieces(const rank_state<T>& s, const std::files
                     throw data_error("checkpoint file '" + path.string() + "': tensor '" + shard.key +
                                      "' does not match the manifest (dtype or size); the checkpoint is damaged: use an "
                                      "older one");
-                const auto bytes = f->read_bytes(shard.key);
-                if (io::crc32(bytes) != shard.crc32)
+                // Only this shard's byte range is read, straight into place.
+                cached.resize(static_cast<std::size_t>(shard.bytes / sizeof(T)));
+                read_range(path, f->data_start() + info.begin, std::as_writable_bytes(std::span<T>(cached)));
+                if (io::crc32(std::as_bytes(std::span<const T>(cached))) != shard.crc32)
                     throw data_error("checkpoint file '" + path.string() + "': tensor '" + shard.key +
                                      "' fails its CRC-32 check (the bytes changed after the save); the checkpoint is "
                                      "damaged: use an older one");
-                cached.resize(bytes.size() / sizeof(T));
-                std::memcpy(cached.data(), bytes.data(), bytes.size());
-                bytes_read += bytes.size();
+                bytes_read += shard.bytes;
             }
             partition::copy_region(cached.data(), sb, values.data(), p.region, p.region.rank() ? common : sb);
         }
