@@ -116,6 +116,7 @@ int train_one_device(const models::gpt_config& config, train::trainer_options op
     std::printf("plan: one device, host backend, %u threads, GEMM: %s\n", host::thread_pool::global().size(),
                 host::gemm_uses_cblas() ? "OpenBLAS" : "loom kernels");
     std::printf("%s", explain(trainer.compiled()).c_str());
+    // README.md ("Checkpoints") quotes the lines from here to the end of the loop verbatim.
     train::data_loader loader(data.tokens, {.batch = config.batch, .seq = config.seq, .seed = data_seed});
     if (const auto from = d.resume_from()) {
         const auto info = train::load_checkpoint(trainer, *from);
