@@ -12,7 +12,12 @@
 //    "tensors": {"wte": {"shape": [256, 64],
 //                        "shards": [{"rank": 0, "file": "rank-00000.safetensors",
 //                                    "key": "wte@0:128,0:64", "box": [[0, 128], [0, 64]],
-//                                    "bytes": 32768, "crc32": 123456789}, ...]}, ...}}
+//                                    "bytes": 32768, "rows_per_block": 64,
+//                                    "block_crc32": [123456789, ...]}, ...]}, ...}}
+//
+// A shard's checksums cover blocks of `rows_per_block` rows of its first dim (about 64 KiB
+// each, contiguous in the row-major file), so a loader that needs some rows of a shard
+// reads and checks only the blocks that hold them.
 //
 // The shards of a tensor tile it: they lie inside its shape, do not overlap and cover it.
 // read() checks that, so a loader can trust every element to come from exactly one shard.
@@ -52,7 +57,8 @@ struct checkpoint_shard {
     std::string key;           // tensor name inside that safetensors file
     index_box box;             // where it lies in the whole tensor
     std::uint64_t bytes = 0;
-    std::uint32_t crc32 = 0;   // of its bytes as stored
+    std::int64_t rows_per_block = 1;         // rows of the first dim per checksummed block
+    std::vector<std::uint32_t> block_crc32;  // CRC-32 of each block of its bytes as stored
 };
 
 struct checkpoint_tensor {
@@ -93,7 +99,8 @@ struct checkpoint_manifest {
             nlohmann::json shards = nlohmann::json::array();
             for (const auto& s : t.shards)
                 shards.push_back({{"rank", s.rank}, {"file", s.file}, {"key", s.key}, {"box", s.box},
-                                  {"bytes", s.bytes}, {"crc32", s.crc32}});
+                                  {"bytes", s.bytes}, {"rows_per_block", s.rows_per_block},
+                                  {"block_crc32", s.block_crc32}});
             ts[name] = {{"shape", t.shape}, {"shards", shards}};
         }
         j["tensors"] = ts;
@@ -127,7 +134,8 @@ struct checkpoint_manifest {
                 for (const auto& s : t.at("shards"))
                     ct.shards.push_back({s.at("rank").get<int>(), s.at("file").get<std::string>(),
                                          s.at("key").get<std::string>(), s.at("box").get<index_box>(),
-                                         s.at("bytes").get<std::uint64_t>(), s.at("crc32").get<std::uint32_t>()});
+                                         s.at("bytes").get<std::uint64_t>(), s.at("rows_per_block").get<std::int64_t>(),
+                                         s.at("block_crc32").get<std::vector<std::uint32_t>>()});
                 m.tensors.emplace(name, std::move(ct));
             }
         } catch (const nlohmann::json::exception& e) {
@@ -152,6 +160,12 @@ struct checkpoint_manifest {
                         fail("gives tensor '" + name + "' overlapping shards [" + box_text(s.box) + "] and [" +
                              box_text(o) + "]");
                 }
+                const std::int64_t rows = s.box.empty() ? 1 : s.box[0][1] - s.box[0][0];
+                if (s.rows_per_block < 1 ||
+                    s.block_crc32.size() != static_cast<std::size_t>(std::max<std::int64_t>(1, (rows + s.rows_per_block - 1) / s.rows_per_block)))
+                    fail("gives shard '" + s.key + "' of tensor '" + name + "' " + std::to_string(s.block_crc32.size()) +
+                         " checksums for blocks of " + std::to_string(s.rows_per_block) + " of its " + std::to_string(rows) +
+                         " rows");
                 covered += box_elements(s.box);
             }
             if (covered != whole)

@@ -199,6 +199,19 @@ inline bool any_rank_failed(comm::communicator* c, int world, bool failed) {
     return flag > 0;
 }
 
+// How a shard of box `region` is cut into checksummed blocks: whole rows of its first dim,
+// about 64 KiB each (small enough that a reader needing a quarter of the rows of a small
+// shard reads about a quarter of it). Returns rows per block and bytes per block.
+template <class T>
+std::pair<std::int64_t, std::size_t> checksum_blocks(const partition::box& region) {
+    if (region.rank() == 0) return {1, sizeof(T)};
+    const std::int64_t rows = std::max<std::int64_t>(region.ranges[0].size(), 1);
+    const std::size_t row_bytes = static_cast<std::size_t>(region.numel() / std::max<std::int64_t>(region.ranges[0].size(), 1)) * sizeof(T);
+    const std::int64_t per_block =
+        std::clamp<std::int64_t>(static_cast<std::int64_t>((std::size_t{1} << 16) / std::max<std::size_t>(row_bytes, 1)), 1, rows);
+    return {per_block, static_cast<std::size_t>(per_block) * std::max<std::size_t>(row_bytes, sizeof(T))};
+}
+
 template <class T>
 checkpoint_info save_state(rank_state<T>& s, const std::filesystem::path& directory, const checkpoint_options& options,
                            const data_loader_state* data) {
@@ -277,9 +290,13 @@ checkpoint_info save_state(rank_state<T>& s, const std::filesystem::path& direct
                     partition::copy_region(e.piece->values.data(), e.piece->region, buffer.data(), e.region, e.region);
                     const auto bytes = std::as_bytes(std::span<const T>(buffer));
                     append(bytes);
+                    const auto [rows_per_block, block_bytes] = checksum_blocks<T>(e.region);
+                    std::vector<std::uint32_t> block_crc;
+                    for (std::size_t at = 0; at < bytes.size() || block_crc.empty(); at += block_bytes)
+                        block_crc.push_back(io::crc32(bytes.subspan(at, std::min(block_bytes, bytes.size() - at))));
                     shards.push_back({{"tensor", e.piece->tensor}, {"shape", e.piece->shape}, {"key", key},
                                       {"file", file}, {"box", to_index_box(e.region)}, {"bytes", bytes.size()},
-                                      {"crc32", io::crc32(bytes)}});
+                                      {"rows_per_block", rows_per_block}, {"block_crc32", block_crc}});
                     written_bytes += bytes.size();
                 }
             },
@@ -325,7 +342,8 @@ checkpoint_info save_state(rank_state<T>& s, const std::filesystem::path& direct
                     t.shape = sh.at("shape").get<std::vector<std::int64_t>>();
                     t.shards.push_back({r, sh.at("file").get<std::string>(), sh.at("key").get<std::string>(),
                                         sh.at("box").get<io::index_box>(), sh.at("bytes").get<std::uint64_t>(),
-                                        sh.at("crc32").get<std::uint32_t>()});
+                                        sh.at("rows_per_block").get<std::int64_t>(),
+                                        sh.at("block_crc32").get<std::vector<std::uint32_t>>()});
                 }
             }
             // Checked as a reader will check it: a manifest that does not tile every tensor
@@ -423,8 +441,8 @@ std::vector<std::vector<T>> read_pieces(const rank_state<T>& s, const std::files
                          "directory");
     }
     std::map<std::string, std::unique_ptr<io::safetensors_file>> files;
-    std::map<std::pair<std::string, std::string>, std::vector<T>> shard_cache;
     std::vector<std::vector<T>> out;
+    std::vector<T> part;
     for (const auto& p : s.pieces) {
         const auto t = m.tensors.find(p.tensor);
         if (t == m.tensors.end())
@@ -438,26 +456,43 @@ std::vector<std::vector<T>> read_pieces(const rank_state<T>& s, const std::files
             const partition::box sb = to_box(shard.box);
             const partition::box common = partition::intersect(sb, p.region);
             if (p.region.rank() > 0 && common.empty()) continue;
-            auto& cached = shard_cache[{shard.file, shard.key}];
-            if (cached.empty() && shard.bytes > 0) {
-                auto& f = files[shard.file];
-                const auto path = dir / shard.file;
-                if (!f) f = std::make_unique<io::safetensors_file>(path);
-                const io::tensor_info& info = f->info(shard.key);
-                if (info.dtype != element_dtype<T>() || info.byte_size() != shard.bytes)
-                    throw data_error("checkpoint file '" + path.string() + "': tensor '" + shard.key +
-                                     "' does not match the manifest (dtype or size); the checkpoint is damaged: use an "
-                                     "older one");
-                // Only this shard's byte range is read, straight into place.
-                cached.resize(static_cast<std::size_t>(shard.bytes / sizeof(T)));
-                read_range(path, f->data_start() + info.begin, std::as_writable_bytes(std::span<T>(cached)));
-                if (io::crc32(std::as_bytes(std::span<const T>(cached))) != shard.crc32)
-                    throw data_error("checkpoint file '" + path.string() + "': tensor '" + shard.key +
-                                     "' fails its CRC-32 check (the bytes changed after the save); the checkpoint is "
-                                     "damaged: use an older one");
-                bytes_read += shard.bytes;
+            auto& f = files[shard.file];
+            const auto path = dir / shard.file;
+            if (!f) f = std::make_unique<io::safetensors_file>(path);
+            const io::tensor_info& info = f->info(shard.key);
+            if (info.dtype != element_dtype<T>() || info.byte_size() != shard.bytes)
+                throw data_error("checkpoint file '" + path.string() + "': tensor '" + shard.key +
+                                 "' does not match the manifest (dtype or size); the checkpoint is damaged: use an "
+                                 "older one");
+            // Only the checksummed blocks of rows this piece needs are read, straight into place.
+            const auto [rows_per_block, block_bytes] = checksum_blocks<T>(sb);
+            if (rows_per_block != shard.rows_per_block)
+                throw data_error("checkpoint '" + manifest_path + "': shard '" + shard.key + "' has blocks of " +
+                                 std::to_string(shard.rows_per_block) + " rows, not the " + std::to_string(rows_per_block) +
+                                 " this loom writes; the manifest is damaged: use an older checkpoint");
+            partition::box read_box = sb;
+            std::size_t first_block = 0, last_block = 1;
+            if (sb.rank() > 0) {
+                const std::int64_t first_row = common.ranges[0].begin - sb.ranges[0].begin;
+                const std::int64_t end_row = common.ranges[0].end - sb.ranges[0].begin;
+                first_block = static_cast<std::size_t>(first_row / rows_per_block);
+                last_block = static_cast<std::size_t>((end_row + rows_per_block - 1) / rows_per_block);
+                read_box.ranges[0].begin = sb.ranges[0].begin + static_cast<std::int64_t>(first_block) * rows_per_block;
+                read_box.ranges[0].end =
+                    std::min(sb.ranges[0].end, sb.ranges[0].begin + static_cast<std::int64_t>(last_block) * rows_per_block);
             }
-            partition::copy_region(cached.data(), sb, values.data(), p.region, p.region.rank() ? common : sb);
+            part.resize(static_cast<std::size_t>(read_box.numel()));
+            const auto bytes = std::as_writable_bytes(std::span<T>(part));
+            read_range(path, f->data_start() + info.begin + first_block * block_bytes, bytes);
+            for (std::size_t k = first_block, at = 0; k < last_block; ++k, at += block_bytes) {
+                const auto block = std::span<const std::byte>(bytes).subspan(at, std::min(block_bytes, bytes.size() - at));
+                if (k >= shard.block_crc32.size() || io::crc32(block) != shard.block_crc32[k])
+                    throw data_error("checkpoint file '" + path.string() + "': tensor '" + shard.key + "' block " +
+                                     std::to_string(k) + " fails its CRC-32 check (the bytes changed after the save); "
+                                     "the checkpoint is damaged: use an older one");
+            }
+            bytes_read += bytes.size();
+            partition::copy_region(part.data(), read_box, values.data(), p.region, p.region.rank() ? common : sb);
         }
         out.push_back(std::move(values));
     }
