@@ -16,8 +16,8 @@
 // rank whose write fails makes every rank throw, and no manifest is written.
 //
 // Loading knows nothing of the saving plan: each rank asks, for each piece it holds now,
-// which shards intersect its box, reads those shard tensors only, checks their CRC-32 and
-// copies the intersections. So a checkpoint saved under any plan loads under any other plan
+// which shards intersect its box, reads only the blocks of rows of those shards that hold
+// the intersection (each block has its own CRC-32, checked) and copies the intersections. So a checkpoint saved under any plan loads under any other plan
 // of the same model. Everything is read and checked before anything in the trainer is
 // changed: a damaged checkpoint throws loom::data_error and leaves the trainer as it was.
 //
