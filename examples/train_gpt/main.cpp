@@ -4,6 +4,9 @@
 //
 //   train_gpt [--devices 4] [--steps 300] [--layers 4] [--hidden 128] [--heads 4] [--seq 64] [--batch 16]
 //             [--lr 3e-3] [--clip 1] [--seed 1234] [--print-every 1] [--data corpus.tok] [--plan plan.json]
+//             [--checkpoint DIR --save-every N] [--resume] [--stop-after K] [--exact]
+#include <cstdio>
+
 #include <CLI/CLI.hpp>
 
 #include "options.hpp"
@@ -26,6 +29,20 @@ int main(int argc, char** argv) {
     app.add_option("--data", o.data, "token file to train on (default: loom's corpus, written to a temp file)");
     app.add_option("--plan", o.plan, "a plan file (loom_plan --out) to train on its devices instead of searching")
         ->check(CLI::ExistingFile);
+    app.add_option("--data-format", o.data_format, "format of --data: loom (.tok) or llmc (llm.c .bin shard)")
+        ->check(CLI::IsMember({"loom", "llmc"}));
+    app.add_option("--dropout", o.dropout, "dropout probability after embeddings, attention and MLP");
+    app.add_option("--checkpoint", o.checkpoint, "directory for sharded checkpoints");
+    app.add_option("--save-every", o.save_every, "save a checkpoint after every N steps (needs --checkpoint)");
+    app.add_flag("--resume", o.resume, "continue from the newest complete checkpoint in --checkpoint "
+                                       "(another --devices count or plan reshards it)");
+    app.add_option("--stop-after", o.stop_after, "end after this many steps, as if the process were stopped "
+                                                 "(the schedule still spans --steps)");
+    app.add_flag("--exact", o.exact, "print losses with all 17 digits");
     CLI11_PARSE(app, argc, argv);
+    if ((o.save_every > 0 || o.resume) && o.checkpoint.empty()) {
+        std::fprintf(stderr, "error: --save-every and --resume need --checkpoint DIR\n");
+        return 2;
+    }
     return run_training(o);
 }

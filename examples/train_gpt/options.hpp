@@ -19,6 +19,13 @@ struct train_gpt_options {
     int devices = 4;  // in-process ranks; the plan for them is searched (1: one device, no search)
     std::string plan;  // a plan file (io::save_plan, loom_plan --out) to train instead of searching
     std::string data;  // empty: loom's corpus, written to a temporary token file
+    std::string data_format = "loom";  // "loom" (.tok) or "llmc" (llm.c's .bin token shards)
+    double dropout = 0.0;
+    std::string checkpoint;      // directory for checkpoints (empty: none)
+    std::int64_t save_every = 0; // save after every N steps (0: never)
+    bool resume = false;         // continue from the newest complete checkpoint in `checkpoint`
+    std::int64_t stop_after = 0; // end the process after this many steps (0: run to --steps)
+    bool exact = false;          // print losses with every digit (%.17g), for bit-for-bit comparisons
 };
 
 // Trains and prints progress; returns the process exit code.

@@ -67,14 +67,21 @@
 #include <loom/calibrate/host.hpp>
 
 // io
+#include <loom/io/checkpoint_manifest.hpp>
+#include <loom/io/crc32.hpp>
+#include <loom/io/durable_file.hpp>
+#include <loom/io/gpt2_weights.hpp>
+#include <loom/io/llmc_tokens.hpp>
 #include <loom/io/plan_file.hpp>
 #include <loom/io/safetensors.hpp>
 
 // train
 #include <loom/train/adamw.hpp>
+#include <loom/train/checkpoint.hpp>
 #include <loom/train/corpus.hpp>
 #include <loom/train/data_loader.hpp>
 #include <loom/train/distributed_trainer.hpp>
+#include <loom/train/gpt2_weights.hpp>
 #include <loom/train/grad_clip.hpp>
 #include <loom/train/init.hpp>
 #include <loom/train/lr_schedule.hpp>

@@ -20192,6 +20192,1476 @@ inline cluster calibrate_host(int ranks) {
 // ---- end loom/calibrate/host.hpp ----
 
 // io
+// ---- begin loom/io/checkpoint_manifest.hpp ----
+// The manifest of a sharded checkpoint: one JSON file, written last, that says what the
+// checkpoint holds and where. A checkpoint directory is complete exactly when its
+// manifest exists (train/checkpoint.hpp writes it after every shard file is on disk).
+//
+//   {"format": "loom-checkpoint", "version": 1,
+//    "model": {"signature": "9f3c...", "parameters": {"wte": [256, 64], ...}},
+//    "dtype": "F32",
+//    "plan": {...},                       (how the saving run was partitioned; informative)
+//    "step": 10,
+//    "optimizer": {...}, "schedule": {...}, "data_loader": {...}, "random": {...},
+//    "tensors": {"wte": {"shape": [256, 64],
+//                        "shards": [{"rank": 0, "file": "rank-00000.safetensors",
+//                                    "key": "wte@0:128,0:64", "box": [[0, 128], [0, 64]],
+//                                    "bytes": 32768, "rows_per_block": 64,
+//                                    "block_crc32": [123456789, ...]}, ...]}, ...}}
+//
+// A shard's checksums cover blocks of `rows_per_block` rows of its first dim (about 64 KiB
+// each, contiguous in the row-major file), so a loader that needs some rows of a shard
+// reads and checks only the blocks that hold them.
+//
+// The shards of a tensor tile it: they lie inside its shape, do not overlap and cover it.
+// read() checks that, so a loader can trust every element to come from exactly one shard.
+#include <algorithm>
+#include <array>
+#include <cstdint>
+#include <filesystem>
+#include <fstream>
+#include <map>
+#include <sstream>
+#include <string>
+#include <vector>
+
+#include <nlohmann/json.hpp>
+
+
+namespace loom::io {
+
+using index_box = std::vector<std::array<std::int64_t, 2>>;  // [begin, end) per axis
+
+inline std::int64_t box_elements(const index_box& b) {
+    std::int64_t n = 1;
+    for (const auto& r : b) n *= std::max<std::int64_t>(r[1] - r[0], 0);
+    return n;
+}
+
+inline std::string box_text(const index_box& b) {
+    std::string s;
+    for (std::size_t a = 0; a < b.size(); ++a) s += (a ? "," : "") + std::to_string(b[a][0]) + ":" + std::to_string(b[a][1]);
+    return s;
+}
+
+struct checkpoint_shard {
+    int rank = 0;              // the rank that wrote it
+    std::string file;          // relative to the checkpoint directory
+    std::string key;           // tensor name inside that safetensors file
+    index_box box;             // where it lies in the whole tensor
+    std::uint64_t bytes = 0;
+    std::int64_t rows_per_block = 1;         // rows of the first dim per checksummed block
+    std::vector<std::uint32_t> block_crc32;  // CRC-32 of each block of its bytes as stored
+};
+
+struct checkpoint_tensor {
+    std::vector<std::int64_t> shape;
+    std::vector<checkpoint_shard> shards;
+};
+
+struct checkpoint_manifest {
+    static constexpr int version = 1;
+    static constexpr const char* file_name = "manifest.json";
+
+    std::string model_signature;
+    nlohmann::json model = nlohmann::json::object();
+    std::string dtype;  // "F32" or "F64", the element type of every tensor
+    nlohmann::json plan = nlohmann::json::object();
+    std::int64_t step = 0;
+    nlohmann::json optimizer = nlohmann::json::object();
+    nlohmann::json schedule = nlohmann::json::object();
+    nlohmann::json data_loader = nlohmann::json::object();
+    nlohmann::json random = nlohmann::json::object();
+    std::map<std::string, checkpoint_tensor> tensors;
+
+    nlohmann::json to_json() const {
+        nlohmann::json j;
+        j["format"] = "loom-checkpoint";
+        j["version"] = version;
+        j["model"] = model;
+        j["model"]["signature"] = model_signature;
+        j["dtype"] = dtype;
+        j["plan"] = plan;
+        j["step"] = step;
+        j["optimizer"] = optimizer;
+        j["schedule"] = schedule;
+        j["data_loader"] = data_loader;
+        j["random"] = random;
+        nlohmann::json ts = nlohmann::json::object();
+        for (const auto& [name, t] : tensors) {
+            nlohmann::json shards = nlohmann::json::array();
+            for (const auto& s : t.shards)
+                shards.push_back({{"rank", s.rank}, {"file", s.file}, {"key", s.key}, {"box", s.box},
+                                  {"bytes", s.bytes}, {"rows_per_block", s.rows_per_block},
+                                  {"block_crc32", s.block_crc32}});
+            ts[name] = {{"shape", t.shape}, {"shards", shards}};
+        }
+        j["tensors"] = ts;
+        return j;
+    }
+
+    // Parses and checks a manifest; `where` names it in errors (loom::data_error).
+    static checkpoint_manifest from_json(const nlohmann::json& j, const std::string& where) {
+        auto fail = [&](const std::string& what) -> void {
+            throw data_error("checkpoint manifest '" + where + "' " + what +
+                             "; the checkpoint is damaged or was not written by loom: use an older checkpoint of the "
+                             "directory, or save a new one");
+        };
+        checkpoint_manifest m;
+        try {
+            if (!j.is_object() || j.value("format", "") != "loom-checkpoint") fail("is not a loom checkpoint manifest");
+            if (j.at("version").get<int>() != version)
+                fail("has version " + j.at("version").dump() + " but this loom reads version " + std::to_string(version));
+            m.model = j.at("model");
+            m.model_signature = m.model.at("signature").get<std::string>();
+            m.dtype = j.at("dtype").get<std::string>();
+            m.plan = j.at("plan");
+            m.step = j.at("step").get<std::int64_t>();
+            m.optimizer = j.at("optimizer");
+            m.schedule = j.at("schedule");
+            m.data_loader = j.at("data_loader");
+            m.random = j.at("random");
+            for (const auto& [name, t] : j.at("tensors").items()) {
+                checkpoint_tensor ct;
+                ct.shape = t.at("shape").get<std::vector<std::int64_t>>();
+                for (const auto& s : t.at("shards"))
+                    ct.shards.push_back({s.at("rank").get<int>(), s.at("file").get<std::string>(),
+                                         s.at("key").get<std::string>(), s.at("box").get<index_box>(),
+                                         s.at("bytes").get<std::uint64_t>(), s.at("rows_per_block").get<std::int64_t>(),
+                                         s.at("block_crc32").get<std::vector<std::uint32_t>>()});
+                m.tensors.emplace(name, std::move(ct));
+            }
+        } catch (const nlohmann::json::exception& e) {
+            fail(std::string("has a missing or mistyped field (") + e.what() + ")");
+        }
+        for (const auto& [name, t] : m.tensors) {
+            std::int64_t whole = 1;
+            for (auto e : t.shape) whole *= e;
+            std::int64_t covered = 0;
+            for (std::size_t i = 0; i < t.shards.size(); ++i) {
+                const auto& s = t.shards[i];
+                bool inside = s.box.size() == t.shape.size();
+                for (std::size_t a = 0; inside && a < s.box.size(); ++a)
+                    inside = 0 <= s.box[a][0] && s.box[a][0] <= s.box[a][1] && s.box[a][1] <= t.shape[a];
+                if (!inside) fail("gives tensor '" + name + "' a shard [" + box_text(s.box) + "] outside its shape");
+                for (std::size_t k = 0; k < i; ++k) {
+                    const auto& o = t.shards[k].box;
+                    bool overlap = !s.box.empty();
+                    for (std::size_t a = 0; overlap && a < s.box.size(); ++a)
+                        overlap = std::max(s.box[a][0], o[a][0]) < std::min(s.box[a][1], o[a][1]);
+                    if (overlap || (s.box.empty() && o.empty()))
+                        fail("gives tensor '" + name + "' overlapping shards [" + box_text(s.box) + "] and [" +
+                             box_text(o) + "]");
+                }
+                const std::int64_t rows = s.box.empty() ? 1 : s.box[0][1] - s.box[0][0];
+                if (s.rows_per_block < 1 ||
+                    s.block_crc32.size() != static_cast<std::size_t>(std::max<std::int64_t>(1, (rows + s.rows_per_block - 1) / s.rows_per_block)))
+                    fail("gives shard '" + s.key + "' of tensor '" + name + "' " + std::to_string(s.block_crc32.size()) +
+                         " checksums for blocks of " + std::to_string(s.rows_per_block) + " of its " + std::to_string(rows) +
+                         " rows");
+                covered += box_elements(s.box);
+            }
+            if (covered != whole)
+                fail("covers " + std::to_string(covered) + " of the " + std::to_string(whole) + " elements of tensor '" +
+                     name + "'");
+        }
+        return m;
+    }
+
+    // Reads `dir`/manifest.json.
+    static checkpoint_manifest read(const std::filesystem::path& dir) {
+        const auto path = dir / file_name;
+        std::ifstream in(path);
+        if (!in)
+            throw data_error("checkpoint '" + dir.string() + "' has no readable " + file_name +
+                             ", so it is incomplete (a save that did not finish); resume from an older checkpoint");
+        std::stringstream text;
+        text << in.rdbuf();
+        nlohmann::json j;
+        try {
+            j = nlohmann::json::parse(text.str());
+        } catch (const nlohmann::json::parse_error& e) {
+            throw data_error("checkpoint manifest '" + path.string() + "' is not valid JSON (" + e.what() +
+                             "); the checkpoint is damaged: use an older checkpoint of the directory");
+        }
+        return from_json(j, path.string());
+    }
+};
+
+}  // namespace loom::io
+// ---- end loom/io/checkpoint_manifest.hpp ----
+// ---- begin loom/io/crc32.hpp ----
+// CRC-32 (the IEEE 802.3 / zlib polynomial, reflected, 0xEDB88320): the checksum that
+// checkpoints record for every shard, so that a flipped or truncated byte is refused
+// before it is trained on. crc32("123456789") == 0xCBF43926, as zlib.crc32 computes.
+// Incremental: crc32(b, crc32(a)) == crc32(a + b).
+#include <array>
+#include <cstddef>
+#include <cstdint>
+#include <span>
+#include <string_view>
+
+namespace loom::io {
+
+namespace detail {
+// Slicing-by-8: table k maps a byte to its CRC contribution k bytes further on, so eight
+// bytes are folded per step with eight lookups instead of eight dependent ones.
+constexpr std::array<std::array<std::uint32_t, 256>, 8> make_crc32_tables() noexcept {
+    std::array<std::array<std::uint32_t, 256>, 8> t{};
+    for (std::uint32_t i = 0; i < 256; ++i) {
+        std::uint32_t c = i;
+        for (int k = 0; k < 8; ++k) c = (c & 1U) ? 0xEDB88320U ^ (c >> 1) : c >> 1;
+        t[0][i] = c;
+    }
+    for (std::size_t k = 1; k < 8; ++k)
+        for (std::size_t i = 0; i < 256; ++i) t[k][i] = (t[k - 1][i] >> 8) ^ t[0][t[k - 1][i] & 0xFFU];
+    return t;
+}
+inline constexpr std::array<std::array<std::uint32_t, 256>, 8> crc32_tables = make_crc32_tables();
+
+inline std::uint32_t load_le32(const std::byte* p) noexcept {
+    return static_cast<std::uint32_t>(p[0]) | static_cast<std::uint32_t>(p[1]) << 8 |
+           static_cast<std::uint32_t>(p[2]) << 16 | static_cast<std::uint32_t>(p[3]) << 24;
+}
+}  // namespace detail
+
+// `previous` is the checksum of the bytes before these (0 for the start of a stream).
+inline std::uint32_t crc32(std::span<const std::byte> bytes, std::uint32_t previous = 0) noexcept {
+    const auto& t = detail::crc32_tables;
+    std::uint32_t c = ~previous;
+    const std::byte* p = bytes.data();
+    std::size_t n = bytes.size();
+    for (; n >= 8; n -= 8, p += 8) {
+        const std::uint32_t one = detail::load_le32(p) ^ c, two = detail::load_le32(p + 4);
+        c = t[7][one & 0xFFU] ^ t[6][(one >> 8) & 0xFFU] ^ t[5][(one >> 16) & 0xFFU] ^ t[4][one >> 24] ^
+            t[3][two & 0xFFU] ^ t[2][(two >> 8) & 0xFFU] ^ t[1][(two >> 16) & 0xFFU] ^ t[0][two >> 24];
+    }
+    for (; n > 0; --n, ++p) c = t[0][(c ^ static_cast<std::uint32_t>(*p)) & 0xFFU] ^ (c >> 8);
+    return ~c;
+}
+
+inline std::uint32_t crc32(std::string_view text, std::uint32_t previous = 0) noexcept {
+    return crc32(std::as_bytes(std::span(text.data(), text.size())), previous);
+}
+
+}  // namespace loom::io
+// ---- end loom/io/crc32.hpp ----
+// ---- begin loom/io/durable_file.hpp ----
+// Writing files so that a crash never leaves a half-written file under the final name:
+// write to "<name>.tmp", fsync it, rename it over the final name, fsync the directory
+// (POSIX makes rename atomic; the directory fsync makes the rename itself survive a power
+// cut). Checkpoints are built from these steps, with the manifest written last.
+//
+// write_faults lets tests stop a write at a chosen point (as a crash or a full disk would)
+// and check that what was there before is intact.
+#include <fcntl.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include <cerrno>
+#include <cstddef>
+#include <cstdint>
+#include <cstring>
+#include <filesystem>
+#include <functional>
+#include <span>
+#include <string>
+
+
+namespace loom::io {
+
+// Called with the path about to be written ("<name>.tmp") before each durable write, and
+// with the final path before each rename; a test hook throws or ends the process there.
+struct write_faults {
+    std::function<void(const std::filesystem::path&)> before_write;
+    std::function<void(const std::filesystem::path&)> before_rename;
+};
+
+namespace detail {
+inline std::string errno_text(int code) { return std::string(std::strerror(code)); }
+
+inline void fsync_path(const std::filesystem::path& path, bool directory, std::string_view who) {
+    const int fd = ::open(path.c_str(), (directory ? O_RDONLY | O_DIRECTORY : O_RDONLY) | O_CLOEXEC);
+    if (fd < 0)
+        throw data_error(std::string(who) + ": cannot open '" + path.string() + "' to flush it: " + errno_text(errno) +
+                         "; check that the directory exists and is readable");
+    const int rc = ::fsync(fd);
+    const int code = errno;
+    ::close(fd);
+    if (rc != 0 && code != EINVAL)  // some file systems cannot fsync directories
+        throw data_error(std::string(who) + ": flushing '" + path.string() + "' to disk failed: " + errno_text(code) +
+                         "; check the disk");
+}
+}  // namespace detail
+
+// Flushes a directory's entries (new names, renames) to disk.
+inline void fsync_directory(const std::filesystem::path& dir) { detail::fsync_path(dir, true, "fsync_directory"); }
+
+// Writes to `target` atomically and durably what `produce(append)` passes to
+// `append(std::span<const std::byte>)`, piece by piece, so that a large file need not be
+// assembled in memory first. On any failure (no such directory, a read-only or full disk,
+// an exception from `produce`) throws (loom::data_error for I/O), removes the temporary
+// file and leaves whatever was at `target` untouched.
+template <class Produce>
+void write_file_durably_by_parts(const std::filesystem::path& target, Produce&& produce,
+                                 const write_faults* faults = nullptr) {
+    std::filesystem::path temporary = target;
+    temporary += ".tmp";
+    if (faults && faults->before_write) faults->before_write(temporary);
+    const int fd = ::open(temporary.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
+    if (fd < 0)
+        throw data_error("write_file_durably: cannot create '" + temporary.string() + "': " + detail::errno_text(errno) +
+                         "; check that the directory exists and is writable");
+    std::uint64_t written = 0;
+    bool cleaned = false;
+    auto fail = [&](const std::string& what) {
+        const int code = errno;
+        cleaned = true;
+        ::close(fd);
+        ::unlink(temporary.c_str());
+        throw data_error("write_file_durably: " + what + " '" + temporary.string() + "' failed: " +
+                         detail::errno_text(code) + "; free disk space or choose another directory (nothing at '" +
+                         target.string() + "' was changed)");
+    };
+    auto append = [&](std::span<const std::byte> bytes) {
+        const std::byte* at = bytes.data();
+        std::size_t left = bytes.size();
+        while (left > 0) {
+            const ssize_t n = ::write(fd, at, left);
+            if (n < 0 && errno == EINTR) continue;
+            if (n <= 0) fail("writing " + std::to_string(bytes.size()) + " bytes at offset " + std::to_string(written) + " of");
+            at += n;
+            left -= static_cast<std::size_t>(n);
+            written += static_cast<std::uint64_t>(n);
+        }
+    };
+    try {
+        produce(append);
+    } catch (...) {
+        if (!cleaned) {
+            ::close(fd);
+            ::unlink(temporary.c_str());
+        }
+        throw;
+    }
+    if (::fsync(fd) != 0) fail("flushing");
+    if (::close(fd) != 0) {
+        const int code = errno;
+        ::unlink(temporary.c_str());
+        throw data_error("write_file_durably: closing '" + temporary.string() + "' failed: " + detail::errno_text(code) +
+                         "; check the disk");
+    }
+    if (faults && faults->before_rename) faults->before_rename(target);
+    if (::rename(temporary.c_str(), target.c_str()) != 0) {
+        const int code = errno;
+        ::unlink(temporary.c_str());
+        throw data_error("write_file_durably: cannot rename '" + temporary.string() + "' to '" + target.string() +
+                         "': " + detail::errno_text(code) + "; check that the directory is writable");
+    }
+    fsync_directory(target.parent_path().empty() ? std::filesystem::path(".") : target.parent_path());
+}
+
+// Writes `bytes` to `target` atomically and durably (see write_file_durably_by_parts).
+inline void write_file_durably(const std::filesystem::path& target, std::span<const std::byte> bytes,
+                               const write_faults* faults = nullptr) {
+    write_file_durably_by_parts(target, [&](auto& append) { append(bytes); }, faults);
+}
+
+inline void write_file_durably(const std::filesystem::path& target, std::string_view text,
+                               const write_faults* faults = nullptr) {
+    write_file_durably(target, std::as_bytes(std::span(text.data(), text.size())), faults);
+}
+
+}  // namespace loom::io
+// ---- end loom/io/durable_file.hpp ----
+// ---- begin loom/io/gpt2_weights.hpp ----
+// Hugging Face GPT-2 checkpoints (model.safetensors of "gpt2", "gpt2-medium", ...) to and
+// from loom's GPT (models/gpt.hpp), so that GPT-2 weights can be fine-tuned with loom and
+// loom's weights opened by the transformers library.
+//
+// Names and layouts (L layers, H hidden, F = 4 H, V vocabulary, P positions):
+//   GPT-2                        shape        loom                          shape
+//   wte.weight                   [V, H]       wte                           [V, H]
+//   wpe.weight                   [P, H]       wpe                           [seq, H]  (first seq rows)
+//   h.i.ln_1.{weight,bias}       [H]          blocks.i.ln_1.{weight,bias}   [H]
+//   h.i.attn.c_attn.weight       [H, 3H]      blocks.i.attn.{q,k,v}.weight  [H, H] each, transposed
+//   h.i.attn.c_attn.bias         [3H]         blocks.i.attn.{q,k,v}.bias    [H] each
+//   h.i.attn.c_proj.weight       [H, H]       blocks.i.attn.proj.weight     [H, H] transposed
+//   h.i.ln_2.{weight,bias}       [H]          blocks.i.ln_2.{weight,bias}   [H]
+//   h.i.mlp.c_fc.weight          [H, F]       blocks.i.mlp.fc.weight        [F, H] transposed
+//   h.i.mlp.c_proj.weight        [F, H]       blocks.i.mlp.proj.weight      [H, F] transposed
+//   ln_f.{weight,bias}           [H]          ln_f.{weight,bias}            [H]
+//   (lm_head.weight              [V, H]       lm_head, only when not tied   [V, H])
+// GPT-2's Conv1D stores weights [in, out] (y = x W + b); loom's linear stores [out, in]
+// (y = x W^T + b), so every matrix is transposed on the way. c_attn packs q, k and v side
+// by side along its output columns.
+//
+// What is the same: pre-norm blocks, LayerNorm eps 1e-5 (gpt_config::layer_norm_eps),
+// GELU's tanh form ("gelu_new"), 1/sqrt(head size) attention scaling, tied embeddings,
+// biases everywhere. What differs, and how it is handled:
+//  - loom's wpe has one row per position of its sequence length: import takes the first
+//    `seq` rows (and refuses a file with fewer positions); export writes `seq` rows, so the
+//    exported model's n_positions is loom's seq.
+//  - GPT-2 also applies dropout to attention probabilities; loom's GPT drops out after the
+//    embeddings, the attention projection and the MLP only. This matters only for training
+//    with dropout on, never for the weights or for inference.
+//  - The causal-mask buffers some files carry (h.i.attn.bias, h.i.attn.masked_bias) are not
+//    weights and are skipped; a "transformer." prefix (GPT2LMHeadModel) is accepted.
+// Every mismatch (layers, hidden, vocabulary, a missing tensor, an untied head for a tied
+// model) is a loom::data_error naming the file, the tensor and the fix.
+#include <cstdint>
+#include <filesystem>
+#include <map>
+#include <string>
+#include <vector>
+
+// ---- begin loom/io/safetensors.hpp ----
+// safetensors: the tensor file format of the Hugging Face ecosystem, read and written
+// without the Python or Rust package.
+//
+// Layout:
+//   u64 little-endian  N, the header length in bytes
+//   N bytes            a JSON object, padded with spaces so that N % 8 == 0:
+//                        {"__metadata__": {"k": "v", ...},            (optional, strings only)
+//                         "<name>": {"dtype": "F32", "shape": [2, 3], "data_offsets": [begin, end]}, ...}
+//   the data section   every tensor's bytes, little-endian, row-major; [begin, end) is
+//                      relative to the start of this section
+// The data section has no holes and no overlaps: sorted by begin, each tensor starts where
+// the previous one ended, the first at 0 and the last ends at the end of the file.
+//
+// safetensors_writer lays tensors out as the reference writer does, by descending dtype
+// (8-byte types, then 4, 2 and 1) and then by name, and writes each header entry as
+// {"dtype", "shape", "data_offsets"}. Because the header is padded to a multiple of 8 and
+// larger dtypes come first, every tensor starts at an address aligned to its element size
+// when the file is mapped, and the same tensors always give the same bytes.
+//
+// Example:
+//   loom::io::safetensors_writer w;
+//   w.add("wte", loom::io::dtype::f32, {256, 64}, weights);   // std::vector<float>
+//   w.metadata("format", "pt");
+//   w.write("model.safetensors");
+//   loom::io::safetensors_file f("model.safetensors");
+//   std::vector<float> back = f.read<float>("wte");
+#include <algorithm>
+#include <array>
+#include <bit>
+#include <cstddef>
+#include <cstdint>
+#include <cstring>
+#include <filesystem>
+#include <fstream>
+#include <functional>
+#include <limits>
+#include <map>
+#include <optional>
+#include <ranges>
+#include <span>
+#include <string>
+#include <string_view>
+#include <system_error>
+#include <type_traits>
+#include <utility>
+#include <vector>
+
+#include <nlohmann/json.hpp>
+
+
+namespace loom::io {
+
+// Declared in the reference format's order of increasing alignment; the writer sorts on it.
+enum class dtype { u8, f16, bf16, i32, f32, f64, i64 };
+
+inline constexpr std::array<dtype, 7> all_dtypes{dtype::u8,  dtype::f16, dtype::bf16, dtype::i32,
+                                                 dtype::f32, dtype::f64, dtype::i64};
+
+// The name the format uses: dtype::bf16 -> "BF16".
+constexpr std::string_view dtype_name(dtype type) noexcept {
+    switch (type) {
+        case dtype::u8: return "U8";
+        case dtype::f16: return "F16";
+        case dtype::bf16: return "BF16";
+        case dtype::i32: return "I32";
+        case dtype::f32: return "F32";
+        case dtype::f64: return "F64";
+        case dtype::i64: return "I64";
+    }
+    return "?";
+}
+
+constexpr std::size_t dtype_size(dtype type) noexcept {
+    switch (type) {
+        case dtype::u8: return 1;
+        case dtype::f16:
+        case dtype::bf16: return 2;
+        case dtype::i32:
+        case dtype::f32: return 4;
+        case dtype::f64:
+        case dtype::i64: return 8;
+    }
+    return 0;
+}
+
+constexpr std::optional<dtype> dtype_from_name(std::string_view name) noexcept {
+    for (dtype type : all_dtypes) {
+        if (dtype_name(type) == name) return type;
+    }
+    return std::nullopt;
+}
+
+// Which C++ element types may be read from / written as which dtypes. F16 and BF16 travel
+// as their 16-bit patterns in std::uint16_t; a half-precision type elsewhere in loom can be
+// added by specializing this template with `name` and `accepts`.
+template <class T>
+struct dtype_traits;
+
+template <>
+struct dtype_traits<float> {
+    static constexpr std::string_view name = "float";
+    static constexpr bool accepts(dtype t) noexcept { return t == dtype::f32; }
+};
+template <>
+struct dtype_traits<double> {
+    static constexpr std::string_view name = "double";
+    static constexpr bool accepts(dtype t) noexcept { return t == dtype::f64; }
+};
+template <>
+struct dtype_traits<std::int32_t> {
+    static constexpr std::string_view name = "std::int32_t";
+    static constexpr bool accepts(dtype t) noexcept { return t == dtype::i32; }
+};
+template <>
+struct dtype_traits<std::int64_t> {
+    static constexpr std::string_view name = "std::int64_t";
+    static constexpr bool accepts(dtype t) noexcept { return t == dtype::i64; }
+};
+template <>
+struct dtype_traits<std::uint8_t> {
+    static constexpr std::string_view name = "std::uint8_t";
+    static constexpr bool accepts(dtype t) noexcept { return t == dtype::u8; }
+};
+template <>
+struct dtype_traits<std::uint16_t> {
+    static constexpr std::string_view name = "std::uint16_t (F16 or BF16 bits)";
+    static constexpr bool accepts(dtype t) noexcept { return t == dtype::f16 || t == dtype::bf16; }
+};
+
+template <class T>
+concept safetensors_element = std::is_trivially_copyable_v<T> && requires(dtype t) {
+    { dtype_traits<T>::accepts(t) } -> std::same_as<bool>;
+    { dtype_traits<T>::name } -> std::convertible_to<std::string_view>;
+};
+
+// One tensor's entry in the header. begin and end are byte offsets into the data section.
+struct tensor_info {
+    io::dtype dtype = io::dtype::u8;
+    std::vector<std::int64_t> shape;
+    std::uint64_t begin = 0;
+    std::uint64_t end = 0;
+
+    // The product of the shape; 1 for a scalar (shape []).
+    std::uint64_t element_count() const noexcept {
+        std::uint64_t n = 1;
+        for (std::int64_t d : shape) n *= static_cast<std::uint64_t>(d);
+        return n;
+    }
+    std::uint64_t byte_size() const noexcept { return end - begin; }
+};
+
+namespace detail {
+
+// The reference reader refuses headers above this size; so do we, so that a corrupt
+// length cannot make us allocate gigabytes.
+inline constexpr std::uint64_t safetensors_max_header_bytes = 100'000'000;
+
+inline std::string safetensors_quote(const std::filesystem::path& path) { return "'" + path.string() + "'"; }
+
+inline std::string safetensors_shape_text(const std::vector<std::int64_t>& shape) {
+    std::string text = "[";
+    for (std::size_t i = 0; i < shape.size(); ++i) text += (i ? ", " : "") + std::to_string(shape[i]);
+    return text + "]";
+}
+
+// Copies elements to or from little-endian bytes; a plain copy on little-endian hosts.
+template <class T>
+void safetensors_copy_le(const void* from, void* to, std::size_t count) noexcept {
+    if (count == 0) return;  // an empty vector's data() may be null, which memcpy forbids
+    std::memcpy(to, from, count * sizeof(T));
+    if constexpr (std::endian::native == std::endian::big && sizeof(T) > 1) {
+        auto* bytes = static_cast<unsigned char*>(to);
+        for (std::size_t i = 0; i < count; ++i) std::reverse(bytes + i * sizeof(T), bytes + (i + 1) * sizeof(T));
+    }
+}
+
+inline constexpr std::string_view safetensors_rewrite =
+    "write it again with loom::io::safetensors_writer or safetensors.torch.save_file";
+inline constexpr std::string_view safetensors_fix =
+    "the file is corrupt or was not written by a safetensors writer; write it again with "
+    "loom::io::safetensors_writer or safetensors.torch.save_file";
+
+}  // namespace detail
+
+class safetensors_writer {
+public:
+    // Adds a tensor from raw little-endian bytes. Throws loom::usage_error for an empty,
+    // reserved or repeated name, a negative extent, or a byte count that is not
+    // product(shape) * dtype_size(type).
+    void add(std::string name, dtype type, std::vector<std::int64_t> shape, std::span<const std::byte> bytes) {
+        check_name(name);
+        std::uint64_t elements = 1;
+        for (std::int64_t d : shape) {
+            if (d < 0) {
+                throw usage_error("safetensors_writer::add: tensor '" + name + "' has negative extent " + std::to_string(d) +
+                                  " in shape " + detail::safetensors_shape_text(shape) + "; extents must be >= 0");
+            }
+            elements *= static_cast<std::uint64_t>(d);
+        }
+        if (elements * dtype_size(type) != bytes.size()) {
+            throw usage_error("safetensors_writer::add: tensor '" + name + "' of dtype " + std::string(dtype_name(type)) +
+                              " and shape " + detail::safetensors_shape_text(shape) + " needs " +
+                              std::to_string(elements * dtype_size(type)) + " bytes but " + std::to_string(bytes.size()) +
+                              " were given; pass data of exactly product(shape) elements");
+        }
+        entries_.emplace(std::move(name), entry{type, std::move(shape), std::vector<std::byte>(bytes.begin(), bytes.end())});
+    }
+
+    // Adds a tensor from typed values, e.g. a std::vector<float> as dtype::f32. The element
+    // type must match the dtype (dtype_traits<T>::accepts).
+    template <std::ranges::contiguous_range R>
+        requires safetensors_element<std::ranges::range_value_t<R>>
+    void add(std::string name, dtype type, std::vector<std::int64_t> shape, const R& values) {
+        using T = std::ranges::range_value_t<R>;
+        if (!dtype_traits<T>::accepts(type)) {
+            throw usage_error("safetensors_writer::add: tensor '" + name + "' is declared " + std::string(dtype_name(type)) +
+                              " but its elements are " + std::string(dtype_traits<T>::name) +
+                              "; pass elements of the matching type (F32 float, F64 double, I32 std::int32_t, "
+                              "I64 std::int64_t, U8 std::uint8_t, F16/BF16 std::uint16_t)");
+        }
+        const std::size_t count = static_cast<std::size_t>(std::ranges::size(values));
+        std::vector<std::byte> bytes(count * sizeof(T));
+        detail::safetensors_copy_le<T>(std::ranges::data(values), bytes.data(), count);
+        add(std::move(name), type, std::move(shape), std::span<const std::byte>(bytes));
+    }
+
+    // Sets a "__metadata__" entry; a later call with the same key replaces the value.
+    void metadata(std::string key, std::string value) { metadata_[std::move(key)] = std::move(value); }
+
+    std::size_t size() const noexcept { return entries_.size(); }
+
+    // The whole file, as write() stores it.
+    std::vector<std::byte> serialize() const {
+        std::vector<std::pair<const std::string*, const entry*>> order;
+        order.reserve(entries_.size());
+        for (const auto& [name, e] : entries_) order.emplace_back(&name, &e);
+        std::stable_sort(order.begin(), order.end(), [](const auto& a, const auto& b) {
+            return static_cast<int>(a.second->type) > static_cast<int>(b.second->type);
+        });  // entries_ is already sorted by name, so ties stay in name order
+
+        nlohmann::ordered_json header = nlohmann::ordered_json::object();
+        if (!metadata_.empty()) header["__metadata__"] = metadata_;
+        std::uint64_t offset = 0;
+        for (const auto& [name, e] : order) {
+            nlohmann::ordered_json info = nlohmann::ordered_json::object();
+            info["dtype"] = dtype_name(e->type);
+            info["shape"] = e->shape;
+            info["data_offsets"] = {offset, offset + e->bytes.size()};
+            header[*name] = std::move(info);
+            offset += e->bytes.size();
+        }
+        std::string text;
+        try {
+            text = header.dump();
+        } catch (const nlohmann::json::exception& ex) {
+            throw usage_error(std::string("safetensors_writer: a tensor name or metadata string is not valid UTF-8 (") +
+                              ex.what() + "); use UTF-8 names and values");
+        }
+        text.append((8 - text.size() % 8) % 8, ' ');
+
+        std::vector<std::byte> file(8 + text.size() + offset);
+        const std::uint64_t n = text.size();
+        for (int i = 0; i < 8; ++i) file[static_cast<std::size_t>(i)] = static_cast<std::byte>((n >> (8 * i)) & 0xFF);
+        std::memcpy(file.data() + 8, text.data(), text.size());
+        std::size_t at = 8 + text.size();
+        for (const auto& [name, e] : order) {
+            if (!e->bytes.empty()) std::memcpy(file.data() + at, e->bytes.data(), e->bytes.size());
+            at += e->bytes.size();
+        }
+        return file;
+    }
+
+    // Writes beside `path` and renames into place, so a reader never sees half a file.
+    // Throws loom::data_error when the file cannot be written.
+    void write(const std::filesystem::path& path) const {
+        const std::vector<std::byte> file = serialize();
+        std::filesystem::path partial = path;
+        partial += ".partial";
+        {
+            std::ofstream out(partial, std::ios::binary | std::ios::trunc);
+            if (!out) {
+                throw data_error("safetensors_writer::write: cannot create " + detail::safetensors_quote(partial) +
+                                 "; check that the directory exists and is writable");
+            }
+            out.write(reinterpret_cast<const char*>(file.data()), static_cast<std::streamsize>(file.size()));
+            out.close();
+            if (!out) {
+                throw data_error("safetensors_writer::write: writing " + std::to_string(file.size()) + " bytes to " +
+                                 detail::safetensors_quote(partial) + " failed; check free disk space");
+            }
+        }
+        std::error_code ec;
+        std::filesystem::rename(partial, path, ec);
+        if (ec) {
+            throw data_error("safetensors_writer::write: cannot rename " + detail::safetensors_quote(partial) + " to " +
+                             detail::safetensors_quote(path) + ": " + ec.message() + "; check that the target is writable");
+        }
+    }
+
+private:
+    struct entry {
+        dtype type;
+        std::vector<std::int64_t> shape;
+        std::vector<std::byte> bytes;
+    };
+
+    void check_name(const std::string& name) const {
+        if (name.empty()) throw usage_error("safetensors_writer::add: a tensor name is empty; give every tensor a name");
+        if (name == "__metadata__") {
+            throw usage_error("safetensors_writer::add: '__metadata__' is reserved for the metadata map; rename the "
+                              "tensor and use safetensors_writer::metadata for string entries");
+        }
+        if (entries_.contains(name)) {
+            throw usage_error("safetensors_writer::add: tensor '" + name + "' was already added; tensor names must be unique");
+        }
+    }
+
+    std::map<std::string, entry, std::less<>> entries_;
+    std::map<std::string, std::string> metadata_;
+};
+
+// A safetensors file whose header is read and fully validated on construction; tensor
+// data is read on demand. Every error is a loom::data_error naming the file, the tensor
+// where there is one, what is wrong and how to get a good file.
+class safetensors_file {
+public:
+    explicit safetensors_file(std::filesystem::path path) : path_(std::move(path)) { load(); }
+
+    const std::filesystem::path& path() const noexcept { return path_; }
+
+    // Tensor names in sorted order.
+    std::vector<std::string> names() const {
+        std::vector<std::string> out;
+        out.reserve(tensors_.size());
+        for (const auto& [name, info] : tensors_) out.push_back(name);
+        return out;
+    }
+
+    std::size_t size() const noexcept { return tensors_.size(); }
+    bool contains(std::string_view name) const { return tensors_.find(name) != tensors_.end(); }
+
+    const tensor_info& info(std::string_view name) const {
+        const auto it = tensors_.find(name);
+        if (it == tensors_.end()) {
+            std::string known;
+            std::size_t shown = 0;
+            for (const auto& [n, i] : tensors_) {
+                if (shown++ == 8) {
+                    known += ", ...";
+                    break;
+                }
+                known += (known.empty() ? "" : ", ") + n;
+            }
+            fail("has no tensor '" + std::string(name) + "'; it holds " + std::to_string(tensors_.size()) + " tensors" +
+                 (known.empty() ? std::string() : ": " + known) + "; check the name");
+        }
+        return it->second;
+    }
+
+    const std::map<std::string, std::string>& metadata() const noexcept { return metadata_; }
+
+    // Where the data section starts in the file: tensor t's bytes are at
+    // [data_start() + t.begin, data_start() + t.end), for readers that read ranges themselves.
+    std::uint64_t data_start() const noexcept { return data_start_; }
+
+    // The tensor's bytes as stored (little-endian, row-major).
+    std::vector<std::byte> read_bytes(std::string_view name) const {
+        const tensor_info& t = info(name);
+        std::vector<std::byte> bytes(static_cast<std::size_t>(t.byte_size()));
+        if (bytes.empty()) return bytes;
+        std::ifstream in(path_, std::ios::binary);
+        if (!in) fail("cannot be opened to read tensor '" + std::string(name) + "'; check that it still exists");
+        in.seekg(static_cast<std::streamoff>(data_start_ + t.begin));
+        in.read(reinterpret_cast<char*>(bytes.data()), static_cast<std::streamsize>(bytes.size()));
+        if (static_cast<std::size_t>(in.gcount()) != bytes.size()) {
+            fail("ended while reading tensor '" + std::string(name) + "' (bytes " + std::to_string(data_start_ + t.begin) +
+                 " to " + std::to_string(data_start_ + t.end) + "); it was truncated after it was opened, " +
+                 std::string(detail::safetensors_fix));
+        }
+        return bytes;
+    }
+
+    // The tensor's elements; T must match its dtype (see dtype_traits).
+    template <safetensors_element T>
+    std::vector<T> read(std::string_view name) const {
+        const tensor_info& t = info(name);
+        if (!dtype_traits<T>::accepts(t.dtype)) {
+            fail("stores tensor '" + std::string(name) + "' as " + std::string(dtype_name(t.dtype)) + " but it was read as " +
+                 std::string(dtype_traits<T>::name) + "; read it with the element type of its dtype (F32 float, F64 double, "
+                 "I32 std::int32_t, I64 std::int64_t, U8 std::uint8_t, F16/BF16 std::uint16_t)");
+        }
+        const std::vector<std::byte> bytes = read_bytes(name);
+        std::vector<T> values(bytes.size() / sizeof(T));
+        detail::safetensors_copy_le<T>(bytes.data(), values.data(), values.size());
+        return values;
+    }
+
+private:
+    [[noreturn]] void fail(const std::string& what) const {
+        throw data_error("safetensors_file: " + detail::safetensors_quote(path_) + " " + what);
+    }
+
+    [[noreturn]] void fail_tensor(const std::string& name, const std::string& what) const {
+        fail("tensor '" + name + "' " + what + "; " + std::string(detail::safetensors_fix));
+    }
+
+    void load() {
+        std::error_code ec;
+        const auto status = std::filesystem::status(path_, ec);
+        if (!std::filesystem::exists(status)) {
+            fail("does not exist; check the path or write it with loom::io::safetensors_writer");
+        }
+        if (!std::filesystem::is_regular_file(status)) fail("is not a regular file; pass the path of a .safetensors file");
+        const std::uint64_t file_bytes = std::filesystem::file_size(path_, ec);
+        if (ec) fail("cannot be sized: " + ec.message());
+        if (file_bytes < 8) {
+            fail("is " + std::to_string(file_bytes) + " bytes long, too short for the 8-byte header length; " +
+                 std::string(detail::safetensors_fix));
+        }
+        std::ifstream in(path_, std::ios::binary);
+        if (!in) fail("cannot be opened for reading; check its permissions");
+        unsigned char length_bytes[8] = {};
+        in.read(reinterpret_cast<char*>(length_bytes), 8);
+        std::uint64_t header_bytes = 0;
+        for (int i = 0; i < 8; ++i) header_bytes |= static_cast<std::uint64_t>(length_bytes[i]) << (8 * i);
+        if (header_bytes > file_bytes - 8) {
+            fail("declares a header of " + std::to_string(header_bytes) + " bytes, but only " +
+                 std::to_string(file_bytes - 8) + " bytes follow the length field, so the file is truncated or is not "
+                 "a safetensors file; " + std::string(detail::safetensors_rewrite));
+        }
+        if (header_bytes > detail::safetensors_max_header_bytes) {
+            fail("declares a header of " + std::to_string(header_bytes) + " bytes, above the " +
+                 std::to_string(detail::safetensors_max_header_bytes) + "-byte limit that safetensors readers enforce; " +
+                 std::string(detail::safetensors_fix));
+        }
+        std::string text(static_cast<std::size_t>(header_bytes), '\0');
+        in.read(text.data(), static_cast<std::streamsize>(text.size()));
+        if (static_cast<std::size_t>(in.gcount()) != text.size()) fail("could not be read; check the disk");
+        data_start_ = 8 + header_bytes;
+
+        nlohmann::json header;
+        try {
+            header = nlohmann::json::parse(text);
+        } catch (const nlohmann::json::parse_error& ex) {
+            fail("has a header that is not valid JSON (" + std::string(ex.what()) + "); " +
+                 std::string(detail::safetensors_fix));
+        }
+        if (!header.is_object()) {
+            fail("has a JSON header that is a " + std::string(header.type_name()) + ", not an object; " +
+                 std::string(detail::safetensors_fix));
+        }
+
+        std::vector<std::pair<std::string, const tensor_info*>> by_offset;
+        for (const auto& [name, value] : header.items()) {
+            if (name == "__metadata__") {
+                read_metadata(value);
+                continue;
+            }
+            const auto [it, inserted] = tensors_.emplace(name, parse_entry(name, value));
+            by_offset.emplace_back(name, &it->second);
+        }
+        std::sort(by_offset.begin(), by_offset.end(), [](const auto& a, const auto& b) {
+            return std::pair(a.second->begin, a.second->end) < std::pair(b.second->begin, b.second->end);
+        });
+
+        const std::uint64_t data_bytes = file_bytes - data_start_;
+        std::uint64_t expected_begin = 0;
+        std::string previous;
+        for (const auto& [name, t] : by_offset) {
+            if (t->end > data_bytes) {
+                fail_tensor(name, "has data_offsets [" + std::to_string(t->begin) + ", " + std::to_string(t->end) +
+                                      ") beyond the data section of " + std::to_string(data_bytes) + " bytes");
+            }
+            if (t->begin < expected_begin) {
+                fail_tensor(name, "has data_offsets [" + std::to_string(t->begin) + ", " + std::to_string(t->end) +
+                                      ") that overlap tensor '" + previous + "', which ends at " +
+                                      std::to_string(expected_begin));
+            }
+            if (t->begin > expected_begin) {
+                fail_tensor(name, "starts at data offset " + std::to_string(t->begin) + ", leaving a hole after " +
+                                      (previous.empty() ? std::string("the start of the data section")
+                                                        : "tensor '" + previous + "'") +
+                                      " at " + std::to_string(expected_begin) + "; the data section must have no gaps");
+            }
+            expected_begin = t->end;
+            previous = name;
+        }
+        if (expected_begin != data_bytes) {
+            fail("has " + std::to_string(data_bytes - expected_begin) + " bytes after the last tensor" +
+                 (previous.empty() ? std::string() : " '" + previous + "'") + " (data section of " +
+                 std::to_string(data_bytes) + " bytes, tensors cover " + std::to_string(expected_begin) + "); " +
+                 std::string(detail::safetensors_fix));
+        }
+    }
+
+    void read_metadata(const nlohmann::json& value) {
+        if (!value.is_object()) {
+            fail("has a \"__metadata__\" entry that is a " + std::string(value.type_name()) +
+                 ", not an object of strings; " + std::string(detail::safetensors_fix));
+        }
+        for (const auto& [key, v] : value.items()) {
+            if (!v.is_string()) {
+                fail("has metadata \"" + key + "\" that is a " + std::string(v.type_name()) +
+                     ", but metadata values must be strings; " + std::string(detail::safetensors_fix));
+            }
+            metadata_[key] = v.get<std::string>();
+        }
+    }
+
+    tensor_info parse_entry(const std::string& name, const nlohmann::json& value) const {
+        if (!value.is_object()) fail_tensor(name, "is a " + std::string(value.type_name()) + ", not an object");
+        tensor_info t;
+
+        const auto dtype_it = value.find("dtype");
+        if (dtype_it == value.end() || !dtype_it->is_string()) fail_tensor(name, "has no string \"dtype\"");
+        const std::string type_name = dtype_it->get<std::string>();
+        const std::optional<dtype> type = dtype_from_name(type_name);
+        if (!type) {
+            fail("tensor '" + name + "' has dtype \"" + type_name +
+                 "\", which loom does not read (it reads F32, F64, I32, I64, BF16, F16, U8); convert the tensor to one of "
+                 "these before saving");
+        }
+        t.dtype = *type;
+
+        const auto shape_it = value.find("shape");
+        if (shape_it == value.end() || !shape_it->is_array()) fail_tensor(name, "has no array \"shape\"");
+        std::uint64_t elements = 1;
+        bool overflow = false;
+        for (const auto& d : *shape_it) {
+            if (!d.is_number_unsigned() || d.get<std::uint64_t>() > static_cast<std::uint64_t>(std::numeric_limits<std::int64_t>::max())) {
+                fail_tensor(name, "has shape " + shape_it->dump() + " with an extent that is not a non-negative integer");
+            }
+            const std::uint64_t extent = d.get<std::uint64_t>();
+            if (extent != 0 && elements > std::numeric_limits<std::uint64_t>::max() / extent) overflow = true;
+            elements *= extent;
+            t.shape.push_back(static_cast<std::int64_t>(extent));
+        }
+        const std::size_t width = dtype_size(t.dtype);
+        if (overflow || elements > std::numeric_limits<std::uint64_t>::max() / width) {
+            fail_tensor(name, "has shape " + shape_it->dump() + ", whose byte size overflows 64 bits");
+        }
+
+        const auto offsets_it = value.find("data_offsets");
+        if (offsets_it == value.end() || !offsets_it->is_array() || offsets_it->size() != 2 ||
+            !(*offsets_it)[0].is_number_unsigned() || !(*offsets_it)[1].is_number_unsigned()) {
+            fail_tensor(name, "has no \"data_offsets\" of two non-negative integers [begin, end)");
+        }
+        t.begin = (*offsets_it)[0].get<std::uint64_t>();
+        t.end = (*offsets_it)[1].get<std::uint64_t>();
+        if (t.end < t.begin) {
+            fail_tensor(name, "has data_offsets [" + std::to_string(t.begin) + ", " + std::to_string(t.end) +
+                                  ") that end before they begin");
+        }
+        if (t.end - t.begin != elements * width) {
+            fail_tensor(name, "has " + std::to_string(t.end - t.begin) + " bytes (data_offsets [" + std::to_string(t.begin) +
+                                  ", " + std::to_string(t.end) + ")) but dtype " + type_name + " and shape " +
+                                  detail::safetensors_shape_text(t.shape) + " need " + std::to_string(elements) + " x " +
+                                  std::to_string(width) + " = " + std::to_string(elements * width) + " bytes");
+        }
+        return t;
+    }
+
+    std::filesystem::path path_;
+    std::map<std::string, tensor_info, std::less<>> tensors_;
+    std::map<std::string, std::string> metadata_;
+    std::uint64_t data_start_ = 0;
+};
+
+}  // namespace loom::io
+// ---- end loom/io/safetensors.hpp ----
+// ---- begin loom/models/gpt.hpp ----
+// GPT-2 style decoder-only transformer, built with the public op API only.
+//
+//   x = wte[tokens] + wpe[positions]
+//   blocks.i:  x = x + attn(ln_1(x));  x = x + mlp(ln_2(x))       (pre-norm)
+//   attn:      causal multi-head self-attention with q, k, v and output projections
+//   mlp:       proj(gelu(fc(x))), fc: hidden -> ffn (4 * hidden by default)
+//   logits = ln_f(x) wte^T   (tied embeddings; or a separate lm_head)
+//   loss = mean cross-entropy(logits, targets)
+//
+// Initialisation follows GPT-2: N(0, 0.02) weights, output projections scaled by
+// 1/sqrt(2 * layers), zero biases, unit norm gains.
+#include <cmath>
+#include <cstdint>
+#include <memory>
+#include <string>
+#include <vector>
+
+
+namespace loom::models {
+
+struct gpt_config {
+    std::int64_t layers = 4;
+    std::int64_t hidden = 128;
+    std::int64_t heads = 4;
+    std::int64_t vocab = 256;
+    std::int64_t seq = 64;
+    std::int64_t batch = 8;
+    std::int64_t ffn = 0;  // 0: 4 * hidden
+    double dropout = 0.0;
+    bool tie_embeddings = true;
+    double init_std = 0.02;
+    double layer_norm_eps = 1e-5;
+    std::uint64_t dropout_seed = 1;
+
+    std::int64_t ffn_size() const { return ffn > 0 ? ffn : 4 * hidden; }
+
+    void validate() const {
+        auto positive = [](std::int64_t v, const char* what) {
+            if (v <= 0) throw usage_error(std::string("gpt_config: ") + what + " is " + std::to_string(v) + "; it must be positive");
+        };
+        positive(layers, "layers");
+        positive(hidden, "hidden");
+        positive(heads, "heads");
+        positive(vocab, "vocab");
+        positive(seq, "seq");
+        positive(batch, "batch");
+        if (hidden % heads != 0)
+            throw usage_error("gpt_config: hidden " + std::to_string(hidden) + " is not divisible by heads " +
+                              std::to_string(heads) + "; choose heads that divide hidden");
+        if (dropout < 0 || dropout >= 1)
+            throw usage_error("gpt_config: dropout " + std::to_string(dropout) + " must lie in [0, 1)");
+    }
+
+    // Weights and biases, counted from the architecture (tests compare with the graph).
+    std::int64_t parameter_count() const {
+        const std::int64_t h = hidden, f = ffn_size();
+        std::int64_t per_block = 2 * 2 * h            // two layer norms
+                                 + 4 * (h * h + h)    // q, k, v, proj
+                                 + (f * h + f) + (h * f + h);
+        return vocab * h + seq * h + layers * per_block + 2 * h + (tie_embeddings ? 0 : vocab * h);
+    }
+
+    // Floating-point operations of one forward pass over one batch (GEMMs and attention).
+    double forward_flops() const {
+        const double tokens = static_cast<double>(batch * seq), h = static_cast<double>(hidden),
+                     f = static_cast<double>(ffn_size()), s = static_cast<double>(seq);
+        const double per_layer = 2 * tokens * (4 * h * h + 2 * h * f) + 2 * tokens * s * h;  // causal: half of 4*T*S*H
+        return static_cast<double>(layers) * per_layer + 2 * tokens * h * static_cast<double>(vocab);
+    }
+};
+
+// A built GPT: the graph builder and the ids of the tensors a trainer feeds and reads.
+struct gpt_model {
+    std::unique_ptr<graph_builder> builder;
+    gpt_config config;
+    tensor_id tokens = no_id, positions = no_id, targets = no_id, logits = no_id, loss = no_id;
+
+    const graph& ir() const { return builder->view(); }
+
+    // Appends the backward pass and hands the finished graph over.
+    graph training_graph() && {
+        build_backward(*builder);
+        return std::move(*builder).take();
+    }
+};
+
+namespace detail {
+
+inline tensor layer_norm_block(graph_builder& b, const std::string& scope, tensor x, const gpt_config& c) {
+    auto s = b.scope(scope);
+    auto gamma = b.parameter("weight", {{Dim::Hidden::id, c.hidden}}, parameter_init::ones());
+    auto beta = b.parameter("bias", {{Dim::Hidden::id, c.hidden}}, parameter_init::zeros());
+    return ops::layer_norm(x, gamma, beta, c.layer_norm_eps);
+}
+
+inline tensor dense(graph_builder& b, const std::string& scope, tensor x, dim_id out_dim, std::int64_t out, dim_id in_dim,
+                    std::int64_t in, double std) {
+    auto s = b.scope(scope);
+    auto w = b.parameter("weight", {{out_dim, out}, {in_dim, in}}, parameter_init::normal(std));
+    auto bias = b.parameter("bias", {{out_dim, out}}, parameter_init::zeros());
+    return ops::linear(x, w, bias);
+}
+
+inline tensor maybe_dropout(tensor x, const gpt_config& c, std::uint64_t& site) {
+    ++site;
+    if (c.dropout == 0) return x;
+    return ops::dropout(x, c.dropout, static_cast<std::int64_t>(c.dropout_seed * 1000003 + site));
+}
+
+}  // namespace detail
+
+inline gpt_model gpt(const gpt_config& c) {
+    c.validate();
+    gpt_model m;
+    m.config = c;
+    m.builder = std::make_unique<graph_builder>();
+    graph_builder& b = *m.builder;
+    const dim_id H = Dim::Hidden::id, F = Dim::FFN::id;
+    const double proj_std = c.init_std / std::sqrt(2.0 * static_cast<double>(c.layers));
+    std::uint64_t dropout_site = 0;
+
+    tensor tokens = b.input("tokens", {{Dim::Batch::id, c.batch}, {Dim::Seq::id, c.seq}}, value_kind::index);
+    tensor positions = b.input("positions", {{Dim::Batch::id, c.batch}, {Dim::Seq::id, c.seq}}, value_kind::index);
+    tensor targets = b.input("targets", {{Dim::Batch::id, c.batch}, {Dim::Seq::id, c.seq}}, value_kind::index);
+    tensor wte = b.parameter("wte", {{Dim::Vocab::id, c.vocab}, {H, c.hidden}}, parameter_init::normal(c.init_std));
+    tensor wpe = b.parameter("wpe", {{Dim::Seq::id, c.seq}, {H, c.hidden}}, parameter_init::normal(c.init_std));
+
+    tensor x = ops::embedding(tokens, wte) + ops::embedding(positions, wpe);
+    x = detail::maybe_dropout(x, c, dropout_site);
+
+    b.repeat("blocks", c.layers, [&](std::int64_t) {
+        {
+            tensor h = detail::layer_norm_block(b, "ln_1", x, c);
+            auto attn = b.scope("attn");
+            tensor q = ops::split_heads(detail::dense(b, "q", h, H, c.hidden, H, c.hidden, c.init_std), c.heads);
+            tensor k = ops::split_heads(detail::dense(b, "k", h, H, c.hidden, H, c.hidden, c.init_std), c.heads);
+            tensor v = ops::split_heads(detail::dense(b, "v", h, H, c.hidden, H, c.hidden, c.init_std), c.heads);
+            tensor a = ops::merge_heads(ops::causal_attention(q, k, v));
+            tensor o = detail::dense(b, "proj", a, H, c.hidden, H, c.hidden, proj_std);
+            x = x + detail::maybe_dropout(o, c, dropout_site);
+        }
+        {
+            tensor h = detail::layer_norm_block(b, "ln_2", x, c);
+            auto mlp = b.scope("mlp");
+            tensor f = ops::gelu(detail::dense(b, "fc", h, F, c.ffn_size(), H, c.hidden, c.init_std));
+            tensor o = detail::dense(b, "proj", f, H, c.hidden, F, c.ffn_size(), proj_std);
+            x = x + detail::maybe_dropout(o, c, dropout_site);
+        }
+    });
+
+    x = detail::layer_norm_block(b, "ln_f", x, c);
+    tensor head = wte;
+    if (!c.tie_embeddings)
+        head = b.parameter("lm_head", {{Dim::Vocab::id, c.vocab}, {H, c.hidden}}, parameter_init::normal(c.init_std));
+    tensor logits = ops::linear(x, head);
+    tensor loss = ops::cross_entropy(logits, targets);
+    b.set_loss(loss);
+
+    m.tokens = tokens.id;
+    m.positions = positions.id;
+    m.targets = targets.id;
+    m.logits = logits.id;
+    m.loss = loss.id;
+    return m;
+}
+
+// Position ids for one batch: row-major [batch, seq], each row 0, 1, ..., seq - 1.
+inline std::vector<std::int32_t> gpt_positions(const gpt_config& c) {
+    std::vector<std::int32_t> ids(static_cast<std::size_t>(c.batch * c.seq));
+    for (std::size_t i = 0; i < ids.size(); ++i) ids[i] = static_cast<std::int32_t>(static_cast<std::int64_t>(i) % c.seq);
+    return ids;
+}
+
+}  // namespace loom::models
+// ---- end loom/models/gpt.hpp ----
+
+namespace loom::io {
+
+namespace detail {
+
+// [rows, cols] row-major -> [cols, rows] row-major.
+inline std::vector<double> transposed(const std::vector<double>& m, std::int64_t rows, std::int64_t cols) {
+    std::vector<double> t(m.size());
+    for (std::int64_t r = 0; r < rows; ++r)
+        for (std::int64_t c = 0; c < cols; ++c)
+            t[static_cast<std::size_t>(c * rows + r)] = m[static_cast<std::size_t>(r * cols + c)];
+    return t;
+}
+
+class gpt2_reader {
+public:
+    explicit gpt2_reader(const std::filesystem::path& path) : file_(path) {
+        for (const auto& n : file_.names())
+            if (n.rfind("transformer.", 0) == 0) prefix_ = "transformer.";
+    }
+
+    bool has(const std::string& name) const { return file_.contains(prefix_ + name) || (name == "lm_head.weight" && file_.contains(name)); }
+
+    const tensor_info& info(const std::string& name) const {
+        const std::string full = file_.contains(prefix_ + name) ? prefix_ + name : name;
+        if (!file_.contains(full))
+            fail("has no tensor '" + prefix_ + name + "'; it is not a GPT-2 checkpoint of this depth, or it was "
+                 "saved by another model class; export GPT-2's state_dict with safetensors");
+        return file_.info(full);
+    }
+
+    // The tensor as doubles, checked against the shape loom's configuration implies.
+    std::vector<double> read(const std::string& name, const std::vector<std::int64_t>& shape,
+                             const std::string& hint) const {
+        const tensor_info& t = info(name);
+        if (t.shape != shape)
+            fail("holds '" + name + "' with shape " + shape_text(t.shape) + " but loom's GPT expects " +
+                 shape_text(shape) + "; " + hint);
+        const std::string full = file_.contains(prefix_ + name) ? prefix_ + name : name;
+        switch (t.dtype) {
+            case dtype::f32: {
+                auto v = file_.read<float>(full);
+                return {v.begin(), v.end()};
+            }
+            case dtype::f64: return file_.read<double>(full);
+            default:
+                fail("stores '" + name + "' as " + std::string(dtype_name(t.dtype)) +
+                     "; loom imports F32 or F64 GPT-2 weights: convert with model.float() before saving");
+        }
+        return {};
+    }
+
+    [[noreturn]] void fail(const std::string& what) const {
+        throw data_error("GPT-2 checkpoint '" + file_.path().string() + "' " + what);
+    }
+
+    static std::string shape_text(const std::vector<std::int64_t>& s) {
+        std::string t = "[";
+        for (std::size_t i = 0; i < s.size(); ++i) t += (i ? ", " : "") + std::to_string(s[i]);
+        return t + "]";
+    }
+
+    int layers_in_file() const {
+        int n = 0;
+        while (has("h." + std::to_string(n) + ".ln_1.weight")) ++n;
+        return n;
+    }
+
+private:
+    safetensors_file file_;
+    std::string prefix_;
+};
+
+}  // namespace detail
+
+// The GPT-2 file's weights in loom's names and layouts (as doubles), for a model built with
+// `c`. Throws loom::data_error when the file does not fit the configuration.
+inline std::map<std::string, std::vector<double>> read_gpt2_weights(const std::filesystem::path& path,
+                                                                    const models::gpt_config& c) {
+    detail::gpt2_reader f(path);
+    const std::int64_t H = c.hidden, F = c.ffn_size(), V = c.vocab;
+    const int layers = f.layers_in_file();
+    if (layers != c.layers)
+        f.fail("has " + std::to_string(layers) + " layers (h.0 ... h." + std::to_string(layers - 1) +
+               ") but the loom model has " + std::to_string(c.layers) + "; build it with gpt_config::layers = " +
+               std::to_string(layers));
+    const auto& wte = f.info("wte.weight");
+    if (wte.shape.size() != 2 || wte.shape[0] != V || wte.shape[1] != H)
+        f.fail("has wte.weight " + detail::gpt2_reader::shape_text(wte.shape) + " (vocabulary x hidden) but the loom model has [" +
+               std::to_string(V) + ", " + std::to_string(H) + "]; set gpt_config::vocab and hidden to the file's");
+    const auto& wpe = f.info("wpe.weight");
+    if (wpe.shape.size() != 2 || wpe.shape[0] < c.seq)
+        f.fail("has wpe.weight " + detail::gpt2_reader::shape_text(wpe.shape) + ", fewer positions than the loom model's seq " +
+               std::to_string(c.seq) + "; use gpt_config::seq <= " + (wpe.shape.empty() ? "0" : std::to_string(wpe.shape[0])));
+
+    const std::string layout = "the file and the loom configuration disagree: set gpt_config to the file's dimensions";
+    std::map<std::string, std::vector<double>> out;
+    out["wte"] = f.read("wte.weight", {V, H}, layout);
+    auto positions = f.read("wpe.weight", wpe.shape, layout);
+    positions.resize(static_cast<std::size_t>(c.seq * H));
+    out["wpe"] = std::move(positions);
+    for (int i = 0; i < layers; ++i) {
+        const std::string g = "h." + std::to_string(i) + ".", l = "blocks." + std::to_string(i) + ".";
+        for (const char* ln : {"ln_1", "ln_2"}) {
+            out[l + ln + ".weight"] = f.read(g + ln + ".weight", {H}, layout);
+            out[l + ln + ".bias"] = f.read(g + ln + ".bias", {H}, layout);
+        }
+        const auto qkv = detail::transposed(f.read(g + "attn.c_attn.weight", {H, 3 * H}, layout), H, 3 * H);  // [3H, H]
+        const auto qkv_bias = f.read(g + "attn.c_attn.bias", {3 * H}, layout);
+        const char* parts[] = {"q", "k", "v"};
+        for (std::int64_t p = 0; p < 3; ++p) {
+            out[l + "attn." + parts[p] + ".weight"] =
+                std::vector<double>(qkv.begin() + p * H * H, qkv.begin() + (p + 1) * H * H);
+            out[l + "attn." + parts[p] + ".bias"] = std::vector<double>(qkv_bias.begin() + p * H, qkv_bias.begin() + (p + 1) * H);
+        }
+        out[l + "attn.proj.weight"] = detail::transposed(f.read(g + "attn.c_proj.weight", {H, H}, layout), H, H);
+        out[l + "attn.proj.bias"] = f.read(g + "attn.c_proj.bias", {H}, layout);
+        out[l + "mlp.fc.weight"] = detail::transposed(f.read(g + "mlp.c_fc.weight", {H, F}, layout), H, F);
+        out[l + "mlp.fc.bias"] = f.read(g + "mlp.c_fc.bias", {F}, layout);
+        out[l + "mlp.proj.weight"] = detail::transposed(f.read(g + "mlp.c_proj.weight", {F, H}, layout), F, H);
+        out[l + "mlp.proj.bias"] = f.read(g + "mlp.c_proj.bias", {H}, layout);
+    }
+    out["ln_f.weight"] = f.read("ln_f.weight", {H}, layout);
+    out["ln_f.bias"] = f.read("ln_f.bias", {H}, layout);
+    if (!c.tie_embeddings) {
+        if (!f.has("lm_head.weight"))
+            f.fail("has no lm_head.weight but the loom model has an untied head; build it with "
+                   "gpt_config::tie_embeddings = true (GPT-2 ties its head to wte)");
+        out["lm_head"] = f.read("lm_head.weight", {V, H}, layout);
+    } else if (f.has("lm_head.weight") && f.read("lm_head.weight", {V, H}, layout) != out["wte"]) {
+        f.fail("has an lm_head.weight that differs from wte.weight (an untied head) but the loom model ties them; "
+               "build it with gpt_config::tie_embeddings = false");
+    }
+    return out;
+}
+
+// Writes loom GPT weights (`parameter(name)` returns loom's tensor `name`, row-major, in
+// loom's layout) as a GPT-2 safetensors file, in dtype `type` (F32, as GPT-2 ships, or F64).
+template <class Get>
+void write_gpt2_weights(const std::filesystem::path& path, const models::gpt_config& c, Get&& parameter,
+                        dtype type = dtype::f32) {
+    if (type != dtype::f32 && type != dtype::f64)
+        throw usage_error("write_gpt2_weights: dtype " + std::string(dtype_name(type)) + " is not F32 or F64; pick one");
+    const std::int64_t H = c.hidden, F = c.ffn_size(), V = c.vocab;
+    safetensors_writer w;
+    auto get = [&](const std::string& name) {
+        const auto v = parameter(name);
+        return std::vector<double>(v.begin(), v.end());
+    };
+    auto add = [&](const std::string& name, std::vector<std::int64_t> shape, const std::vector<double>& v) {
+        if (type == dtype::f64)
+            w.add(name, type, std::move(shape), v);
+        else
+            w.add(name, type, std::move(shape), std::vector<float>(v.begin(), v.end()));
+    };
+    add("wte.weight", {V, H}, get("wte"));
+    add("wpe.weight", {c.seq, H}, get("wpe"));
+    for (std::int64_t i = 0; i < c.layers; ++i) {
+        const std::string g = "h." + std::to_string(i) + ".", l = "blocks." + std::to_string(i) + ".";
+        for (const char* ln : {"ln_1", "ln_2"}) {
+            add(g + ln + ".weight", {H}, get(l + ln + ".weight"));
+            add(g + ln + ".bias", {H}, get(l + ln + ".bias"));
+        }
+        std::vector<double> qkv, qkv_bias;
+        for (const char* p : {"q", "k", "v"}) {
+            const auto wp = get(l + "attn." + p + ".weight");
+            const auto bp = get(l + "attn." + p + ".bias");
+            qkv.insert(qkv.end(), wp.begin(), wp.end());
+            qkv_bias.insert(qkv_bias.end(), bp.begin(), bp.end());
+        }
+        add(g + "attn.c_attn.weight", {H, 3 * H}, detail::transposed(qkv, 3 * H, H));
+        add(g + "attn.c_attn.bias", {3 * H}, qkv_bias);
+        add(g + "attn.c_proj.weight", {H, H}, detail::transposed(get(l + "attn.proj.weight"), H, H));
+        add(g + "attn.c_proj.bias", {H}, get(l + "attn.proj.bias"));
+        add(g + "mlp.c_fc.weight", {H, F}, detail::transposed(get(l + "mlp.fc.weight"), F, H));
+        add(g + "mlp.c_fc.bias", {F}, get(l + "mlp.fc.bias"));
+        add(g + "mlp.c_proj.weight", {F, H}, detail::transposed(get(l + "mlp.proj.weight"), H, F));
+        add(g + "mlp.c_proj.bias", {H}, get(l + "mlp.proj.bias"));
+    }
+    add("ln_f.weight", {H}, get("ln_f.weight"));
+    add("ln_f.bias", {H}, get("ln_f.bias"));
+    if (!c.tie_embeddings) add("lm_head.weight", {V, H}, get("lm_head"));
+    w.metadata("format", "pt");
+    w.write(path);
+}
+
+}  // namespace loom::io
+// ---- end loom/io/gpt2_weights.hpp ----
+// ---- begin loom/io/llmc_tokens.hpp ----
+// llm.c's token shards (the .bin files its data scripts write, e.g. fineweb_val_000000.bin):
+//   256 little-endian int32: [0] magic 20240520, [1] version 1, [2] token count N, rest 0
+//   N little-endian uint16 tokens (GPT-2's 50257-token vocabulary fits)
+// A file is exactly 1024 + 2 N bytes; anything else is truncated or has trailing bytes.
+//
+//   auto tokens = loom::io::read_llmc_tokens("fineweb_val_000000.bin");
+//   loom::train::data_loader loader(std::move(tokens.tokens), {.batch = 8, .seq = 1024});
+//
+// Every error is a loom::data_error naming the file, what is wrong and how to get a good
+// shard. (llm.c's model files, magic 20240326, are weights, not tokens: the error says so.)
+#include <cstddef>
+#include <cstdint>
+#include <filesystem>
+#include <fstream>
+#include <span>
+#include <string>
+#include <system_error>
+#include <vector>
+
+
+namespace loom::io {
+
+inline constexpr std::int32_t llmc_tokens_magic = 20240520;
+inline constexpr std::int32_t llmc_tokens_version = 1;
+inline constexpr std::size_t llmc_header_ints = 256;
+inline constexpr std::size_t llmc_header_bytes = llmc_header_ints * 4;
+
+struct llmc_tokens {
+    std::vector<std::int32_t> tokens;
+    std::int32_t vocab_bound = 0;  // the largest token + 1 (a lower bound of the vocabulary)
+};
+
+namespace detail {
+inline std::uint32_t llmc_get32(const unsigned char* p) {
+    return static_cast<std::uint32_t>(p[0]) | static_cast<std::uint32_t>(p[1]) << 8 | static_cast<std::uint32_t>(p[2]) << 16 |
+           static_cast<std::uint32_t>(p[3]) << 24;
+}
+inline constexpr const char* llmc_fix =
+    "regenerate the shard with llm.c's data scripts (dev/data/*.py) or loom::io::write_llmc_tokens";
+}  // namespace detail
+
+inline llmc_tokens read_llmc_tokens(const std::filesystem::path& path) {
+    auto fail = [&](const std::string& what) -> void {
+        throw data_error("llm.c token shard '" + path.string() + "' " + what);
+    };
+    std::error_code ec;
+    if (!std::filesystem::is_regular_file(path, ec)) fail("does not exist or is not a file; check the path");
+    const std::uintmax_t size = std::filesystem::file_size(path, ec);
+    if (size < llmc_header_bytes)
+        fail("is " + std::to_string(size) + " bytes, shorter than the 1024-byte header; it is truncated or not a token "
+             "shard; " + detail::llmc_fix);
+    std::ifstream in(path, std::ios::binary);
+    if (!in) fail("cannot be opened; check its permissions");
+    unsigned char header[llmc_header_bytes];
+    in.read(reinterpret_cast<char*>(header), llmc_header_bytes);
+    const auto magic = static_cast<std::int32_t>(detail::llmc_get32(header));
+    const auto version = static_cast<std::int32_t>(detail::llmc_get32(header + 4));
+    const std::uint64_t count = detail::llmc_get32(header + 8);
+    if (magic != llmc_tokens_magic)
+        fail("has magic " + std::to_string(magic) + ", not 20240520" +
+             (magic == 20240326 ? std::string(" (20240326 is an llm.c model file, not tokens)") : std::string()) +
+             "; pass a token shard (.bin from llm.c's data scripts)");
+    if (version != llmc_tokens_version)
+        fail("has version " + std::to_string(version) + "; loom reads version 1 (uint16 tokens); " + detail::llmc_fix);
+    const std::uint64_t expected = llmc_header_bytes + 2 * count;
+    if (size < expected)
+        fail("is truncated: its header promises " + std::to_string(count) + " tokens (" + std::to_string(expected) +
+             " bytes) but it has " + std::to_string(size) + " bytes; " + detail::llmc_fix);
+    if (size > expected)
+        fail("has " + std::to_string(size - expected) + " bytes after its " + std::to_string(count) +
+             " tokens; the header's count is wrong or the file was appended to; " + detail::llmc_fix);
+    std::vector<unsigned char> raw(static_cast<std::size_t>(2 * count));
+    in.read(reinterpret_cast<char*>(raw.data()), static_cast<std::streamsize>(raw.size()));
+    if (static_cast<std::size_t>(in.gcount()) != raw.size()) fail("could not be read to its end; check the disk");
+    llmc_tokens out;
+    out.tokens.resize(static_cast<std::size_t>(count));
+    for (std::size_t i = 0; i < out.tokens.size(); ++i) {
+        out.tokens[i] = static_cast<std::int32_t>(raw[2 * i]) | static_cast<std::int32_t>(raw[2 * i + 1]) << 8;
+        if (out.tokens[i] >= out.vocab_bound) out.vocab_bound = out.tokens[i] + 1;
+    }
+    return out;
+}
+
+// Writes tokens (each in [0, 65536)) as an llm.c token shard; throws loom::usage_error for
+// a token that does not fit in uint16 and loom::data_error when the file cannot be written.
+inline void write_llmc_tokens(const std::filesystem::path& path, std::span<const std::int32_t> tokens) {
+    std::string bytes(llmc_header_bytes + 2 * tokens.size(), '\0');
+    auto put32 = [&](std::size_t at, std::uint32_t v) {
+        for (int i = 0; i < 4; ++i) bytes[at + static_cast<std::size_t>(i)] = static_cast<char>((v >> (8 * i)) & 0xFF);
+    };
+    if (tokens.size() > 0x7fffffffU)
+        throw usage_error("write_llmc_tokens: " + std::to_string(tokens.size()) +
+                          " tokens do not fit one shard (int32 count); split them into several shards");
+    put32(0, static_cast<std::uint32_t>(llmc_tokens_magic));
+    put32(4, static_cast<std::uint32_t>(llmc_tokens_version));
+    put32(8, static_cast<std::uint32_t>(tokens.size()));
+    for (std::size_t i = 0; i < tokens.size(); ++i) {
+        if (tokens[i] < 0 || tokens[i] > 0xFFFF)
+            throw usage_error("write_llmc_tokens: token " + std::to_string(tokens[i]) + " at " + std::to_string(i) +
+                              " does not fit in uint16; llm.c shards hold tokens in [0, 65536)");
+        bytes[llmc_header_bytes + 2 * i] = static_cast<char>(tokens[i] & 0xFF);
+        bytes[llmc_header_bytes + 2 * i + 1] = static_cast<char>((tokens[i] >> 8) & 0xFF);
+    }
+    std::ofstream out(path, std::ios::binary | std::ios::trunc);
+    out.write(bytes.data(), static_cast<std::streamsize>(bytes.size()));
+    out.close();
+    if (!out) throw data_error("write_llmc_tokens: cannot write '" + path.string() + "'; check the directory and free space");
+}
+
+}  // namespace loom::io
+// ---- end loom/io/llmc_tokens.hpp ----
 // ---- begin loom/io/plan_file.hpp ----
 // Plan files: the one plan value (plan::plan_spec) as versioned JSON, with its open
 // parameters and the choices made for them, and the identity of the model it was made for.
@@ -20613,573 +22083,6 @@ inline plan::plan_spec load_plan(const std::string& path, const graph& model) { 
 
 }  // namespace loom::io
 // ---- end loom/io/plan_file.hpp ----
-// ---- begin loom/io/safetensors.hpp ----
-// safetensors: the tensor file format of the Hugging Face ecosystem, read and written
-// without the Python or Rust package.
-//
-// Layout:
-//   u64 little-endian  N, the header length in bytes
-//   N bytes            a JSON object, padded with spaces so that N % 8 == 0:
-//                        {"__metadata__": {"k": "v", ...},            (optional, strings only)
-//                         "<name>": {"dtype": "F32", "shape": [2, 3], "data_offsets": [begin, end]}, ...}
-//   the data section   every tensor's bytes, little-endian, row-major; [begin, end) is
-//                      relative to the start of this section
-// The data section has no holes and no overlaps: sorted by begin, each tensor starts where
-// the previous one ended, the first at 0 and the last ends at the end of the file.
-//
-// safetensors_writer lays tensors out as the reference writer does, by descending dtype
-// (8-byte types, then 4, 2 and 1) and then by name, and writes each header entry as
-// {"dtype", "shape", "data_offsets"}. Because the header is padded to a multiple of 8 and
-// larger dtypes come first, every tensor starts at an address aligned to its element size
-// when the file is mapped, and the same tensors always give the same bytes.
-//
-// Example:
-//   loom::io::safetensors_writer w;
-//   w.add("wte", loom::io::dtype::f32, {256, 64}, weights);   // std::vector<float>
-//   w.metadata("format", "pt");
-//   w.write("model.safetensors");
-//   loom::io::safetensors_file f("model.safetensors");
-//   std::vector<float> back = f.read<float>("wte");
-#include <algorithm>
-#include <array>
-#include <bit>
-#include <cstddef>
-#include <cstdint>
-#include <cstring>
-#include <filesystem>
-#include <fstream>
-#include <functional>
-#include <limits>
-#include <map>
-#include <optional>
-#include <ranges>
-#include <span>
-#include <string>
-#include <string_view>
-#include <system_error>
-#include <type_traits>
-#include <utility>
-#include <vector>
-
-#include <nlohmann/json.hpp>
-
-
-namespace loom::io {
-
-// Declared in the reference format's order of increasing alignment; the writer sorts on it.
-enum class dtype { u8, f16, bf16, i32, f32, f64, i64 };
-
-inline constexpr std::array<dtype, 7> all_dtypes{dtype::u8,  dtype::f16, dtype::bf16, dtype::i32,
-                                                 dtype::f32, dtype::f64, dtype::i64};
-
-// The name the format uses: dtype::bf16 -> "BF16".
-constexpr std::string_view dtype_name(dtype type) noexcept {
-    switch (type) {
-        case dtype::u8: return "U8";
-        case dtype::f16: return "F16";
-        case dtype::bf16: return "BF16";
-        case dtype::i32: return "I32";
-        case dtype::f32: return "F32";
-        case dtype::f64: return "F64";
-        case dtype::i64: return "I64";
-    }
-    return "?";
-}
-
-constexpr std::size_t dtype_size(dtype type) noexcept {
-    switch (type) {
-        case dtype::u8: return 1;
-        case dtype::f16:
-        case dtype::bf16: return 2;
-        case dtype::i32:
-        case dtype::f32: return 4;
-        case dtype::f64:
-        case dtype::i64: return 8;
-    }
-    return 0;
-}
-
-constexpr std::optional<dtype> dtype_from_name(std::string_view name) noexcept {
-    for (dtype type : all_dtypes) {
-        if (dtype_name(type) == name) return type;
-    }
-    return std::nullopt;
-}
-
-// Which C++ element types may be read from / written as which dtypes. F16 and BF16 travel
-// as their 16-bit patterns in std::uint16_t; a half-precision type elsewhere in loom can be
-// added by specializing this template with `name` and `accepts`.
-template <class T>
-struct dtype_traits;
-
-template <>
-struct dtype_traits<float> {
-    static constexpr std::string_view name = "float";
-    static constexpr bool accepts(dtype t) noexcept { return t == dtype::f32; }
-};
-template <>
-struct dtype_traits<double> {
-    static constexpr std::string_view name = "double";
-    static constexpr bool accepts(dtype t) noexcept { return t == dtype::f64; }
-};
-template <>
-struct dtype_traits<std::int32_t> {
-    static constexpr std::string_view name = "std::int32_t";
-    static constexpr bool accepts(dtype t) noexcept { return t == dtype::i32; }
-};
-template <>
-struct dtype_traits<std::int64_t> {
-    static constexpr std::string_view name = "std::int64_t";
-    static constexpr bool accepts(dtype t) noexcept { return t == dtype::i64; }
-};
-template <>
-struct dtype_traits<std::uint8_t> {
-    static constexpr std::string_view name = "std::uint8_t";
-    static constexpr bool accepts(dtype t) noexcept { return t == dtype::u8; }
-};
-template <>
-struct dtype_traits<std::uint16_t> {
-    static constexpr std::string_view name = "std::uint16_t (F16 or BF16 bits)";
-    static constexpr bool accepts(dtype t) noexcept { return t == dtype::f16 || t == dtype::bf16; }
-};
-
-template <class T>
-concept safetensors_element = std::is_trivially_copyable_v<T> && requires(dtype t) {
-    { dtype_traits<T>::accepts(t) } -> std::same_as<bool>;
-    { dtype_traits<T>::name } -> std::convertible_to<std::string_view>;
-};
-
-// One tensor's entry in the header. begin and end are byte offsets into the data section.
-struct tensor_info {
-    io::dtype dtype = io::dtype::u8;
-    std::vector<std::int64_t> shape;
-    std::uint64_t begin = 0;
-    std::uint64_t end = 0;
-
-    // The product of the shape; 1 for a scalar (shape []).
-    std::uint64_t element_count() const noexcept {
-        std::uint64_t n = 1;
-        for (std::int64_t d : shape) n *= static_cast<std::uint64_t>(d);
-        return n;
-    }
-    std::uint64_t byte_size() const noexcept { return end - begin; }
-};
-
-namespace detail {
-
-// The reference reader refuses headers above this size; so do we, so that a corrupt
-// length cannot make us allocate gigabytes.
-inline constexpr std::uint64_t safetensors_max_header_bytes = 100'000'000;
-
-inline std::string safetensors_quote(const std::filesystem::path& path) { return "'" + path.string() + "'"; }
-
-inline std::string safetensors_shape_text(const std::vector<std::int64_t>& shape) {
-    std::string text = "[";
-    for (std::size_t i = 0; i < shape.size(); ++i) text += (i ? ", " : "") + std::to_string(shape[i]);
-    return text + "]";
-}
-
-// Copies elements to or from little-endian bytes; a plain copy on little-endian hosts.
-template <class T>
-void safetensors_copy_le(const void* from, void* to, std::size_t count) noexcept {
-    if (count == 0) return;  // an empty vector's data() may be null, which memcpy forbids
-    std::memcpy(to, from, count * sizeof(T));
-    if constexpr (std::endian::native == std::endian::big && sizeof(T) > 1) {
-        auto* bytes = static_cast<unsigned char*>(to);
-        for (std::size_t i = 0; i < count; ++i) std::reverse(bytes + i * sizeof(T), bytes + (i + 1) * sizeof(T));
-    }
-}
-
-inline constexpr std::string_view safetensors_rewrite =
-    "write it again with loom::io::safetensors_writer or safetensors.torch.save_file";
-inline constexpr std::string_view safetensors_fix =
-    "the file is corrupt or was not written by a safetensors writer; write it again with "
-    "loom::io::safetensors_writer or safetensors.torch.save_file";
-
-}  // namespace detail
-
-class safetensors_writer {
-public:
-    // Adds a tensor from raw little-endian bytes. Throws loom::usage_error for an empty,
-    // reserved or repeated name, a negative extent, or a byte count that is not
-    // product(shape) * dtype_size(type).
-    void add(std::string name, dtype type, std::vector<std::int64_t> shape, std::span<const std::byte> bytes) {
-        check_name(name);
-        std::uint64_t elements = 1;
-        for (std::int64_t d : shape) {
-            if (d < 0) {
-                throw usage_error("safetensors_writer::add: tensor '" + name + "' has negative extent " + std::to_string(d) +
-                                  " in shape " + detail::safetensors_shape_text(shape) + "; extents must be >= 0");
-            }
-            elements *= static_cast<std::uint64_t>(d);
-        }
-        if (elements * dtype_size(type) != bytes.size()) {
-            throw usage_error("safetensors_writer::add: tensor '" + name + "' of dtype " + std::string(dtype_name(type)) +
-                              " and shape " + detail::safetensors_shape_text(shape) + " needs " +
-                              std::to_string(elements * dtype_size(type)) + " bytes but " + std::to_string(bytes.size()) +
-                              " were given; pass data of exactly product(shape) elements");
-        }
-        entries_.emplace(std::move(name), entry{type, std::move(shape), std::vector<std::byte>(bytes.begin(), bytes.end())});
-    }
-
-    // Adds a tensor from typed values, e.g. a std::vector<float> as dtype::f32. The element
-    // type must match the dtype (dtype_traits<T>::accepts).
-    template <std::ranges::contiguous_range R>
-        requires safetensors_element<std::ranges::range_value_t<R>>
-    void add(std::string name, dtype type, std::vector<std::int64_t> shape, const R& values) {
-        using T = std::ranges::range_value_t<R>;
-        if (!dtype_traits<T>::accepts(type)) {
-            throw usage_error("safetensors_writer::add: tensor '" + name + "' is declared " + std::string(dtype_name(type)) +
-                              " but its elements are " + std::string(dtype_traits<T>::name) +
-                              "; pass elements of the matching type (F32 float, F64 double, I32 std::int32_t, "
-                              "I64 std::int64_t, U8 std::uint8_t, F16/BF16 std::uint16_t)");
-        }
-        const std::size_t count = static_cast<std::size_t>(std::ranges::size(values));
-        std::vector<std::byte> bytes(count * sizeof(T));
-        detail::safetensors_copy_le<T>(std::ranges::data(values), bytes.data(), count);
-        add(std::move(name), type, std::move(shape), std::span<const std::byte>(bytes));
-    }
-
-    // Sets a "__metadata__" entry; a later call with the same key replaces the value.
-    void metadata(std::string key, std::string value) { metadata_[std::move(key)] = std::move(value); }
-
-    std::size_t size() const noexcept { return entries_.size(); }
-
-    // The whole file, as write() stores it.
-    std::vector<std::byte> serialize() const {
-        std::vector<std::pair<const std::string*, const entry*>> order;
-        order.reserve(entries_.size());
-        for (const auto& [name, e] : entries_) order.emplace_back(&name, &e);
-        std::stable_sort(order.begin(), order.end(), [](const auto& a, const auto& b) {
-            return static_cast<int>(a.second->type) > static_cast<int>(b.second->type);
-        });  // entries_ is already sorted by name, so ties stay in name order
-
-        nlohmann::ordered_json header = nlohmann::ordered_json::object();
-        if (!metadata_.empty()) header["__metadata__"] = metadata_;
-        std::uint64_t offset = 0;
-        for (const auto& [name, e] : order) {
-            nlohmann::ordered_json info = nlohmann::ordered_json::object();
-            info["dtype"] = dtype_name(e->type);
-            info["shape"] = e->shape;
-            info["data_offsets"] = {offset, offset + e->bytes.size()};
-            header[*name] = std::move(info);
-            offset += e->bytes.size();
-        }
-        std::string text;
-        try {
-            text = header.dump();
-        } catch (const nlohmann::json::exception& ex) {
-            throw usage_error(std::string("safetensors_writer: a tensor name or metadata string is not valid UTF-8 (") +
-                              ex.what() + "); use UTF-8 names and values");
-        }
-        text.append((8 - text.size() % 8) % 8, ' ');
-
-        std::vector<std::byte> file(8 + text.size() + offset);
-        const std::uint64_t n = text.size();
-        for (int i = 0; i < 8; ++i) file[static_cast<std::size_t>(i)] = static_cast<std::byte>((n >> (8 * i)) & 0xFF);
-        std::memcpy(file.data() + 8, text.data(), text.size());
-        std::size_t at = 8 + text.size();
-        for (const auto& [name, e] : order) {
-            if (!e->bytes.empty()) std::memcpy(file.data() + at, e->bytes.data(), e->bytes.size());
-            at += e->bytes.size();
-        }
-        return file;
-    }
-
-    // Writes beside `path` and renames into place, so a reader never sees half a file.
-    // Throws loom::data_error when the file cannot be written.
-    void write(const std::filesystem::path& path) const {
-        const std::vector<std::byte> file = serialize();
-        std::filesystem::path partial = path;
-        partial += ".partial";
-        {
-            std::ofstream out(partial, std::ios::binary | std::ios::trunc);
-            if (!out) {
-                throw data_error("safetensors_writer::write: cannot create " + detail::safetensors_quote(partial) +
-                                 "; check that the directory exists and is writable");
-            }
-            out.write(reinterpret_cast<const char*>(file.data()), static_cast<std::streamsize>(file.size()));
-            out.close();
-            if (!out) {
-                throw data_error("safetensors_writer::write: writing " + std::to_string(file.size()) + " bytes to " +
-                                 detail::safetensors_quote(partial) + " failed; check free disk space");
-            }
-        }
-        std::error_code ec;
-        std::filesystem::rename(partial, path, ec);
-        if (ec) {
-            throw data_error("safetensors_writer::write: cannot rename " + detail::safetensors_quote(partial) + " to " +
-                             detail::safetensors_quote(path) + ": " + ec.message() + "; check that the target is writable");
-        }
-    }
-
-private:
-    struct entry {
-        dtype type;
-        std::vector<std::int64_t> shape;
-        std::vector<std::byte> bytes;
-    };
-
-    void check_name(const std::string& name) const {
-        if (name.empty()) throw usage_error("safetensors_writer::add: a tensor name is empty; give every tensor a name");
-        if (name == "__metadata__") {
-            throw usage_error("safetensors_writer::add: '__metadata__' is reserved for the metadata map; rename the "
-                              "tensor and use safetensors_writer::metadata for string entries");
-        }
-        if (entries_.contains(name)) {
-            throw usage_error("safetensors_writer::add: tensor '" + name + "' was already added; tensor names must be unique");
-        }
-    }
-
-    std::map<std::string, entry, std::less<>> entries_;
-    std::map<std::string, std::string> metadata_;
-};
-
-// A safetensors file whose header is read and fully validated on construction; tensor
-// data is read on demand. Every error is a loom::data_error naming the file, the tensor
-// where there is one, what is wrong and how to get a good file.
-class safetensors_file {
-public:
-    explicit safetensors_file(std::filesystem::path path) : path_(std::move(path)) { load(); }
-
-    const std::filesystem::path& path() const noexcept { return path_; }
-
-    // Tensor names in sorted order.
-    std::vector<std::string> names() const {
-        std::vector<std::string> out;
-        out.reserve(tensors_.size());
-        for (const auto& [name, info] : tensors_) out.push_back(name);
-        return out;
-    }
-
-    std::size_t size() const noexcept { return tensors_.size(); }
-    bool contains(std::string_view name) const { return tensors_.find(name) != tensors_.end(); }
-
-    const tensor_info& info(std::string_view name) const {
-        const auto it = tensors_.find(name);
-        if (it == tensors_.end()) {
-            std::string known;
-            std::size_t shown = 0;
-            for (const auto& [n, i] : tensors_) {
-                if (shown++ == 8) {
-                    known += ", ...";
-                    break;
-                }
-                known += (known.empty() ? "" : ", ") + n;
-            }
-            fail("has no tensor '" + std::string(name) + "'; it holds " + std::to_string(tensors_.size()) + " tensors" +
-                 (known.empty() ? std::string() : ": " + known) + "; check the name");
-        }
-        return it->second;
-    }
-
-    const std::map<std::string, std::string>& metadata() const noexcept { return metadata_; }
-
-    // The tensor's bytes as stored (little-endian, row-major).
-    std::vector<std::byte> read_bytes(std::string_view name) const {
-        const tensor_info& t = info(name);
-        std::vector<std::byte> bytes(static_cast<std::size_t>(t.byte_size()));
-        if (bytes.empty()) return bytes;
-        std::ifstream in(path_, std::ios::binary);
-        if (!in) fail("cannot be opened to read tensor '" + std::string(name) + "'; check that it still exists");
-        in.seekg(static_cast<std::streamoff>(data_start_ + t.begin));
-        in.read(reinterpret_cast<char*>(bytes.data()), static_cast<std::streamsize>(bytes.size()));
-        if (static_cast<std::size_t>(in.gcount()) != bytes.size()) {
-            fail("ended while reading tensor '" + std::string(name) + "' (bytes " + std::to_string(data_start_ + t.begin) +
-                 " to " + std::to_string(data_start_ + t.end) + "); it was truncated after it was opened, " +
-                 std::string(detail::safetensors_fix));
-        }
-        return bytes;
-    }
-
-    // The tensor's elements; T must match its dtype (see dtype_traits).
-    template <safetensors_element T>
-    std::vector<T> read(std::string_view name) const {
-        const tensor_info& t = info(name);
-        if (!dtype_traits<T>::accepts(t.dtype)) {
-            fail("stores tensor '" + std::string(name) + "' as " + std::string(dtype_name(t.dtype)) + " but it was read as " +
-                 std::string(dtype_traits<T>::name) + "; read it with the element type of its dtype (F32 float, F64 double, "
-                 "I32 std::int32_t, I64 std::int64_t, U8 std::uint8_t, F16/BF16 std::uint16_t)");
-        }
-        const std::vector<std::byte> bytes = read_bytes(name);
-        std::vector<T> values(bytes.size() / sizeof(T));
-        detail::safetensors_copy_le<T>(bytes.data(), values.data(), values.size());
-        return values;
-    }
-
-private:
-    [[noreturn]] void fail(const std::string& what) const {
-        throw data_error("safetensors_file: " + detail::safetensors_quote(path_) + " " + what);
-    }
-
-    [[noreturn]] void fail_tensor(const std::string& name, const std::string& what) const {
-        fail("tensor '" + name + "' " + what + "; " + std::string(detail::safetensors_fix));
-    }
-
-    void load() {
-        std::error_code ec;
-        const auto status = std::filesystem::status(path_, ec);
-        if (!std::filesystem::exists(status)) {
-            fail("does not exist; check the path or write it with loom::io::safetensors_writer");
-        }
-        if (!std::filesystem::is_regular_file(status)) fail("is not a regular file; pass the path of a .safetensors file");
-        const std::uint64_t file_bytes = std::filesystem::file_size(path_, ec);
-        if (ec) fail("cannot be sized: " + ec.message());
-        if (file_bytes < 8) {
-            fail("is " + std::to_string(file_bytes) + " bytes long, too short for the 8-byte header length; " +
-                 std::string(detail::safetensors_fix));
-        }
-        std::ifstream in(path_, std::ios::binary);
-        if (!in) fail("cannot be opened for reading; check its permissions");
-        unsigned char length_bytes[8] = {};
-        in.read(reinterpret_cast<char*>(length_bytes), 8);
-        std::uint64_t header_bytes = 0;
-        for (int i = 0; i < 8; ++i) header_bytes |= static_cast<std::uint64_t>(length_bytes[i]) << (8 * i);
-        if (header_bytes > file_bytes - 8) {
-            fail("declares a header of " + std::to_string(header_bytes) + " bytes, but only " +
-                 std::to_string(file_bytes - 8) + " bytes follow the length field, so the file is truncated or is not "
-                 "a safetensors file; " + std::string(detail::safetensors_rewrite));
-        }
-        if (header_bytes > detail::safetensors_max_header_bytes) {
-            fail("declares a header of " + std::to_string(header_bytes) + " bytes, above the " +
-                 std::to_string(detail::safetensors_max_header_bytes) + "-byte limit that safetensors readers enforce; " +
-                 std::string(detail::safetensors_fix));
-        }
-        std::string text(static_cast<std::size_t>(header_bytes), '\0');
-        in.read(text.data(), static_cast<std::streamsize>(text.size()));
-        if (static_cast<std::size_t>(in.gcount()) != text.size()) fail("could not be read; check the disk");
-        data_start_ = 8 + header_bytes;
-
-        nlohmann::json header;
-        try {
-            header = nlohmann::json::parse(text);
-        } catch (const nlohmann::json::parse_error& ex) {
-            fail("has a header that is not valid JSON (" + std::string(ex.what()) + "); " +
-                 std::string(detail::safetensors_fix));
-        }
-        if (!header.is_object()) {
-            fail("has a JSON header that is a " + std::string(header.type_name()) + ", not an object; " +
-                 std::string(detail::safetensors_fix));
-        }
-
-        std::vector<std::pair<std::string, const tensor_info*>> by_offset;
-        for (const auto& [name, value] : header.items()) {
-            if (name == "__metadata__") {
-                read_metadata(value);
-                continue;
-            }
-            const auto [it, inserted] = tensors_.emplace(name, parse_entry(name, value));
-            by_offset.emplace_back(name, &it->second);
-        }
-        std::sort(by_offset.begin(), by_offset.end(), [](const auto& a, const auto& b) {
-            return std::pair(a.second->begin, a.second->end) < std::pair(b.second->begin, b.second->end);
-        });
-
-        const std::uint64_t data_bytes = file_bytes - data_start_;
-        std::uint64_t expected_begin = 0;
-        std::string previous;
-        for (const auto& [name, t] : by_offset) {
-            if (t->end > data_bytes) {
-                fail_tensor(name, "has data_offsets [" + std::to_string(t->begin) + ", " + std::to_string(t->end) +
-                                      ") beyond the data section of " + std::to_string(data_bytes) + " bytes");
-            }
-            if (t->begin < expected_begin) {
-                fail_tensor(name, "has data_offsets [" + std::to_string(t->begin) + ", " + std::to_string(t->end) +
-                                      ") that overlap tensor '" + previous + "', which ends at " +
-                                      std::to_string(expected_begin));
-            }
-            if (t->begin > expected_begin) {
-                fail_tensor(name, "starts at data offset " + std::to_string(t->begin) + ", leaving a hole after " +
-                                      (previous.empty() ? std::string("the start of the data section")
-                                                        : "tensor '" + previous + "'") +
-                                      " at " + std::to_string(expected_begin) + "; the data section must have no gaps");
-            }
-            expected_begin = t->end;
-            previous = name;
-        }
-        if (expected_begin != data_bytes) {
-            fail("has " + std::to_string(data_bytes - expected_begin) + " bytes after the last tensor" +
-                 (previous.empty() ? std::string() : " '" + previous + "'") + " (data section of " +
-                 std::to_string(data_bytes) + " bytes, tensors cover " + std::to_string(expected_begin) + "); " +
-                 std::string(detail::safetensors_fix));
-        }
-    }
-
-    void read_metadata(const nlohmann::json& value) {
-        if (!value.is_object()) {
-            fail("has a \"__metadata__\" entry that is a " + std::string(value.type_name()) +
-                 ", not an object of strings; " + std::string(detail::safetensors_fix));
-        }
-        for (const auto& [key, v] : value.items()) {
-            if (!v.is_string()) {
-                fail("has metadata \"" + key + "\" that is a " + std::string(v.type_name()) +
-                     ", but metadata values must be strings; " + std::string(detail::safetensors_fix));
-            }
-            metadata_[key] = v.get<std::string>();
-        }
-    }
-
-    tensor_info parse_entry(const std::string& name, const nlohmann::json& value) const {
-        if (!value.is_object()) fail_tensor(name, "is a " + std::string(value.type_name()) + ", not an object");
-        tensor_info t;
-
-        const auto dtype_it = value.find("dtype");
-        if (dtype_it == value.end() || !dtype_it->is_string()) fail_tensor(name, "has no string \"dtype\"");
-        const std::string type_name = dtype_it->get<std::string>();
-        const std::optional<dtype> type = dtype_from_name(type_name);
-        if (!type) {
-            fail("tensor '" + name + "' has dtype \"" + type_name +
-                 "\", which loom does not read (it reads F32, F64, I32, I64, BF16, F16, U8); convert the tensor to one of "
-                 "these before saving");
-        }
-        t.dtype = *type;
-
-        const auto shape_it = value.find("shape");
-        if (shape_it == value.end() || !shape_it->is_array()) fail_tensor(name, "has no array \"shape\"");
-        std::uint64_t elements = 1;
-        bool overflow = false;
-        for (const auto& d : *shape_it) {
-            if (!d.is_number_unsigned() || d.get<std::uint64_t>() > static_cast<std::uint64_t>(std::numeric_limits<std::int64_t>::max())) {
-                fail_tensor(name, "has shape " + shape_it->dump() + " with an extent that is not a non-negative integer");
-            }
-            const std::uint64_t extent = d.get<std::uint64_t>();
-            if (extent != 0 && elements > std::numeric_limits<std::uint64_t>::max() / extent) overflow = true;
-            elements *= extent;
-            t.shape.push_back(static_cast<std::int64_t>(extent));
-        }
-        const std::size_t width = dtype_size(t.dtype);
-        if (overflow || elements > std::numeric_limits<std::uint64_t>::max() / width) {
-            fail_tensor(name, "has shape " + shape_it->dump() + ", whose byte size overflows 64 bits");
-        }
-
-        const auto offsets_it = value.find("data_offsets");
-        if (offsets_it == value.end() || !offsets_it->is_array() || offsets_it->size() != 2 ||
-            !(*offsets_it)[0].is_number_unsigned() || !(*offsets_it)[1].is_number_unsigned()) {
-            fail_tensor(name, "has no \"data_offsets\" of two non-negative integers [begin, end)");
-        }
-        t.begin = (*offsets_it)[0].get<std::uint64_t>();
-        t.end = (*offsets_it)[1].get<std::uint64_t>();
-        if (t.end < t.begin) {
-            fail_tensor(name, "has data_offsets [" + std::to_string(t.begin) + ", " + std::to_string(t.end) +
-                                  ") that end before they begin");
-        }
-        if (t.end - t.begin != elements * width) {
-            fail_tensor(name, "has " + std::to_string(t.end - t.begin) + " bytes (data_offsets [" + std::to_string(t.begin) +
-                                  ", " + std::to_string(t.end) + ")) but dtype " + type_name + " and shape " +
-                                  detail::safetensors_shape_text(t.shape) + " need " + std::to_string(elements) + " x " +
-                                  std::to_string(width) + " = " + std::to_string(elements * width) + " bytes");
-        }
-        return t;
-    }
-
-    std::filesystem::path path_;
-    std::map<std::string, tensor_info, std::less<>> tensors_;
-    std::map<std::string, std::string> metadata_;
-    std::uint64_t data_start_ = 0;
-};
-
-}  // namespace loom::io
-// ---- end loom/io/safetensors.hpp ----
 
 // train
 // ---- begin loom/train/adamw.hpp ----
@@ -21279,6 +22182,1828 @@ private:
 
 }  // namespace loom::train
 // ---- end loom/train/adamw.hpp ----
+// ---- begin loom/train/checkpoint.hpp ----
+// Sharded training checkpoints: save, resume bit-identically, and load under another plan.
+//
+// A checkpoint is a directory DIR/step-00000010/ holding
+//   rank-00003.safetensors   the pieces rank 3 writes: parameters, AdamW moments (or SGD
+//                            momentum), each a box of a logical tensor ("wte@0:128,0:64")
+//   rank-00003.json          the boxes, byte counts and CRC-32s of those pieces
+//   manifest.json            everything else (io/checkpoint_manifest.hpp), written last
+// Every element of every tensor is written by exactly one rank: a replicated piece by the
+// lowest rank that holds it (train/ownership.hpp), a ZeRO shard by the rank that updates it.
+//
+// Saving is atomic: every file goes through io::write_file_durably into step-N.tmp/, the
+// manifest last, then the directory is renamed to step-N and the parent flushed. A crash at
+// any moment leaves step-N.tmp (ignored, removed by the next save) and every older
+// checkpoint as it was. Ranks agree after each phase (a sum over the communicator), so a
+// rank whose write fails makes every rank throw, and no manifest is written.
+//
+// Loading knows nothing of the saving plan: each rank asks, for each piece it holds now,
+// which shards intersect its box, reads only the blocks of rows of those shards that hold
+// the intersection (each block has its own CRC-32, checked) and copies the intersections. So a checkpoint saved under any plan loads under any other plan
+// of the same model. Everything is read and checked before anything in the trainer is
+// changed: a damaged checkpoint throws loom::data_error and leaves the trainer as it was.
+//
+// Bit-identical resume: the state is the parameters, the optimizer's buffers and step
+// count, the trainer's step (which is also the learning-rate schedule's position and the
+// dropout counter: masks are a pure function of (seed, step, element), ops/dropout.hpp)
+// and, when given, the data loader's position. Restore them all and the next steps
+// compute the same bits as the run that never stopped, under the same plan.
+#include <fcntl.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <array>
+#include <bit>
+#include <cerrno>
+#include <cstdint>
+#include <cstdio>
+#include <cstring>
+#include <filesystem>
+#include <fstream>
+#include <map>
+#include <memory>
+#include <optional>
+#include <span>
+#include <sstream>
+#include <string>
+#include <type_traits>
+#include <variant>
+#include <vector>
+
+#include <nlohmann/json.hpp>
+
+// ---- begin loom/train/data_loader.hpp ----
+// data_loader: next-token-prediction batches from one token sequence.
+//
+// A window is seq + 1 consecutive tokens starting at any position w in
+// [0, tokens - seq): its first seq tokens are the inputs, its last seq the targets, so
+//   targets[b * seq + i] == inputs[b * seq + i + 1]   for i + 1 < seq
+//   targets[b * seq + seq - 1] == tokens[w + seq].
+// An epoch visits every window start exactly once: in order 0, 1, 2, ... when shuffle is
+// off, in a seeded pseudo-random order that is a different permutation each epoch when it
+// is on. Batches run on across epoch boundaries, so no window is dropped.
+//
+// The order is a keyed Feistel permutation of the window index (own implementation, only
+// 64-bit integer arithmetic), so it needs no memory per window and the same (tokens,
+// options) give the same batches on every platform. The whole position in the stream is
+// data_loader_state, five integers: save state() in a checkpoint and restore() it to
+// continue with exactly the batches the first run would have drawn next.
+#include <cstddef>
+#include <cstdint>
+#include <memory>
+#include <span>
+#include <string>
+#include <vector>
+
+// ---- begin loom/train/token_file.hpp ----
+// A binary token file: a pre-tokenized corpus that training reads without re-tokenizing.
+//
+// Layout (all integers little-endian), 32-byte header then the tokens:
+//   offset  0  8 bytes  magic "LOOMTOKS"
+//   offset  8  u32      format version, 1
+//   offset 12  u32      bytes per token, 2 (vocab_size <= 65536) or 4
+//   offset 16  u32      vocab_size; every token is in [0, vocab_size)
+//   offset 20  u32      reserved, 0
+//   offset 24  u64      token count N
+//   offset 32  N * bytes_per_token bytes of tokens
+// So a file of N tokens is exactly 32 + N * bytes_per_token bytes long; anything else is
+// truncated or has trailing bytes, and is rejected.
+//
+// Make one with write_token_file(path, tokens, vocab_size), e.g. from
+// byte_tokenizer{}.encode(make_corpus()) with vocab_size 256.
+#include <algorithm>
+#include <array>
+#include <cstddef>
+#include <cstdint>
+#include <filesystem>
+#include <fstream>
+#include <limits>
+#include <memory>
+#include <span>
+#include <string>
+#include <string_view>
+#include <system_error>
+#include <vector>
+
+
+namespace loom::train {
+
+inline constexpr std::string_view token_file_magic = "LOOMTOKS";
+inline constexpr std::uint32_t token_file_version = 1;
+inline constexpr std::size_t token_file_header_bytes = 32;
+
+namespace detail {
+
+inline void token_file_put(std::string& out, std::uint64_t value, int bytes) {
+    for (int i = 0; i < bytes; ++i) out.push_back(static_cast<char>((value >> (8 * i)) & 0xFF));
+}
+
+inline std::uint64_t token_file_get(const unsigned char* in, int bytes) {
+    std::uint64_t value = 0;
+    for (int i = 0; i < bytes; ++i) value |= static_cast<std::uint64_t>(in[i]) << (8 * i);
+    return value;
+}
+
+inline std::string token_file_quote(const std::filesystem::path& path) { return "'" + path.string() + "'"; }
+
+// Shows bytes as text where printable: "PK\x03\x04" for a zip file.
+inline std::string token_file_printable(std::span<const unsigned char> bytes) {
+    static constexpr char hex[] = "0123456789abcdef";
+    std::string text = "\"";
+    for (unsigned char b : bytes) {
+        if (b >= 0x20 && b < 0x7f && b != '"' && b != '\\') {
+            text.push_back(static_cast<char>(b));
+        } else {
+            text += "\\x";
+            text.push_back(hex[b >> 4]);
+            text.push_back(hex[b & 0xF]);
+        }
+    }
+    return text + "\"";
+}
+
+inline constexpr std::string_view token_file_fix =
+    "write it with loom::train::write_token_file(path, tokens, vocab_size)";
+
+}  // namespace detail
+
+// Writes `tokens` in the format above: 2 bytes per token when vocab_size <= 65536, else 4.
+// Throws loom::usage_error for a vocab_size of 0 or above 2^31 (ids are int32) and for a
+// token outside [0, vocab_size); loom::data_error when the file cannot be written.
+// The file is written beside `path` and renamed into place, so a reader never sees half of it.
+inline void write_token_file(const std::filesystem::path& path, std::span<const std::int32_t> tokens,
+                             std::uint32_t vocab_size) {
+    if (vocab_size == 0 || vocab_size > (std::uint32_t{1} << 31)) {
+        throw usage_error("write_token_file: vocab_size " + std::to_string(vocab_size) + " for " +
+                          detail::token_file_quote(path) + " is outside [1, 2^31]; pass the tokenizer's vocab_size "
+                          "(256 for byte_tokenizer)");
+    }
+    for (std::size_t i = 0; i < tokens.size(); ++i) {
+        if (tokens[i] < 0 || static_cast<std::uint32_t>(tokens[i]) >= vocab_size) {
+            throw usage_error("write_token_file: token " + std::to_string(tokens[i]) + " at position " + std::to_string(i) +
+                              " is outside [0, " + std::to_string(vocab_size) + ") for " +
+                              detail::token_file_quote(path) + "; pass the vocab_size of the tokenizer that produced "
+                              "the tokens");
+        }
+    }
+    const int width = vocab_size <= 65536 ? 2 : 4;
+
+    std::string bytes;
+    bytes.reserve(token_file_header_bytes + tokens.size() * static_cast<std::size_t>(width));
+    bytes += token_file_magic;
+    detail::token_file_put(bytes, token_file_version, 4);
+    detail::token_file_put(bytes, static_cast<std::uint64_t>(width), 4);
+    detail::token_file_put(bytes, vocab_size, 4);
+    detail::token_file_put(bytes, 0, 4);
+    detail::token_file_put(bytes, tokens.size(), 8);
+    for (std::int32_t t : tokens) detail::token_file_put(bytes, static_cast<std::uint32_t>(t), width);
+
+    std::filesystem::path partial = path;
+    partial += ".partial";
+    {
+        std::ofstream out(partial, std::ios::binary | std::ios::trunc);
+        if (!out) {
+            throw data_error("write_token_file: cannot create " + detail::token_file_quote(partial) +
+                             "; check that the directory exists and is writable");
+        }
+        out.write(bytes.data(), static_cast<std::streamsize>(bytes.size()));
+        out.close();
+        if (!out) {
+            throw data_error("write_token_file: writing " + std::to_string(bytes.size()) + " bytes to " +
+                             detail::token_file_quote(partial) + " failed; check free disk space");
+        }
+    }
+    std::error_code ec;
+    std::filesystem::rename(partial, path, ec);
+    if (ec) {
+        throw data_error("write_token_file: cannot rename " + detail::token_file_quote(partial) + " to " +
+                         detail::token_file_quote(path) + ": " + ec.message() + "; check that the target is writable");
+    }
+}
+
+// A token file read into memory and validated: every error names the path, what is wrong
+// and how to make a good file. The tokens are shared, not copied, with data_loaders built
+// from this file, so they stay alive as long as any of them.
+class token_file {
+public:
+    explicit token_file(std::filesystem::path path) : path_(std::move(path)) { load(); }
+
+    const std::filesystem::path& path() const noexcept { return path_; }
+    std::size_t size() const noexcept { return tokens_->size(); }
+    bool empty() const noexcept { return tokens_->empty(); }
+    std::uint32_t vocab_size() const noexcept { return vocab_size_; }
+    std::uint32_t bytes_per_token() const noexcept { return bytes_per_token_; }
+
+    std::int32_t operator[](std::size_t i) const noexcept { return (*tokens_)[i]; }
+    std::span<const std::int32_t> tokens() const noexcept { return *tokens_; }
+    const std::shared_ptr<const std::vector<std::int32_t>>& shared_tokens() const noexcept { return tokens_; }
+
+private:
+    [[noreturn]] void fail(const std::string& what) const {
+        throw data_error("token_file: " + detail::token_file_quote(path_) + " " + what);
+    }
+
+    void load() {
+        std::error_code ec;
+        const auto status = std::filesystem::status(path_, ec);
+        if (!std::filesystem::exists(status)) fail("does not exist; " + std::string(detail::token_file_fix));
+        if (!std::filesystem::is_regular_file(status)) fail("is not a regular file; pass the path of a token file");
+        const std::uintmax_t file_bytes = std::filesystem::file_size(path_, ec);
+        if (ec) fail("cannot be sized: " + ec.message());
+        if (file_bytes == 0) fail("is empty (0 bytes), not a loom token file; " + std::string(detail::token_file_fix));
+
+        std::ifstream in(path_, std::ios::binary);
+        if (!in) fail("cannot be opened for reading; check its permissions");
+        std::array<unsigned char, token_file_header_bytes> header{};
+        const std::size_t header_read = static_cast<std::size_t>(std::min<std::uintmax_t>(file_bytes, header.size()));
+        in.read(reinterpret_cast<char*>(header.data()), static_cast<std::streamsize>(header_read));
+        if (static_cast<std::size_t>(in.gcount()) != header_read) fail("could not be read; check the disk");
+
+        const std::size_t magic_read = std::min(header_read, token_file_magic.size());
+        if (!std::equal(header.begin(), header.begin() + static_cast<std::ptrdiff_t>(magic_read), token_file_magic.begin())) {
+            fail("starts with " + detail::token_file_printable({header.data(), magic_read}) + " instead of the magic \"" +
+                 std::string(token_file_magic) + "\", so it is not a loom token file; " +
+                 std::string(detail::token_file_fix));
+        }
+        if (header_read < token_file_header_bytes) {
+            fail("is truncated: " + std::to_string(file_bytes) + " bytes, shorter than the " +
+                 std::to_string(token_file_header_bytes) + "-byte header; " + std::string(detail::token_file_fix));
+        }
+
+        const auto version = static_cast<std::uint32_t>(detail::token_file_get(&header[8], 4));
+        const auto width = static_cast<std::uint32_t>(detail::token_file_get(&header[12], 4));
+        vocab_size_ = static_cast<std::uint32_t>(detail::token_file_get(&header[16], 4));
+        const auto reserved = static_cast<std::uint32_t>(detail::token_file_get(&header[20], 4));
+        const std::uint64_t count = detail::token_file_get(&header[24], 8);
+
+        if (version != token_file_version) {
+            fail("has format version " + std::to_string(version) + ", but this build reads only version " +
+                 std::to_string(token_file_version) + "; rewrite it with this build's loom::train::write_token_file");
+        }
+        if (width != 2 && width != 4) {
+            fail("declares " + std::to_string(width) + " bytes per token, but only 2 and 4 are valid; the header is "
+                 "corrupt, " + std::string(detail::token_file_fix));
+        }
+        if (reserved != 0) {
+            fail("has reserved header field " + std::to_string(reserved) + " instead of 0; the header is corrupt, " +
+                 std::string(detail::token_file_fix));
+        }
+        if (vocab_size_ == 0 || vocab_size_ > (std::uint32_t{1} << 31)) {
+            fail("declares vocab_size " + std::to_string(vocab_size_) + ", outside [1, 2^31]; the header is corrupt, " +
+                 std::string(detail::token_file_fix));
+        }
+        bytes_per_token_ = width;
+
+        const std::uintmax_t payload = file_bytes - token_file_header_bytes;
+        const bool fits = count <= payload / width;  // count * width <= payload, without overflow
+        if (!fits || payload != count * width) {
+            const bool overflows = count > (std::numeric_limits<std::uint64_t>::max() - token_file_header_bytes) / width;
+            const std::string expected =
+                overflows ? std::string("more bytes than any file can hold")
+                          : std::to_string(token_file_header_bytes + count * width) + " bytes";
+            fail(std::string(fits ? "has trailing bytes" : "is truncated") + ": the header says " + std::to_string(count) +
+                 " tokens of " + std::to_string(width) + " bytes, so expected " + expected + ", found " +
+                 std::to_string(file_bytes) + " bytes; the file was " + (fits ? "appended to" : "cut short") + ", " +
+                 std::string(detail::token_file_fix));
+        }
+
+        std::vector<unsigned char> raw(static_cast<std::size_t>(payload));
+        in.read(reinterpret_cast<char*>(raw.data()), static_cast<std::streamsize>(raw.size()));
+        if (static_cast<std::size_t>(in.gcount()) != raw.size()) {
+            fail("could not be read past byte " + std::to_string(token_file_header_bytes + in.gcount()) +
+                 " of " + std::to_string(file_bytes) + "; check the disk");
+        }
+        auto tokens = std::make_shared<std::vector<std::int32_t>>(static_cast<std::size_t>(count));
+        const int w = static_cast<int>(width);
+        for (std::size_t i = 0; i < tokens->size(); ++i) {
+            const std::uint64_t id = detail::token_file_get(&raw[i * width], w);
+            if (id >= vocab_size_) {
+                fail("has token " + std::to_string(id) + " at position " + std::to_string(i) + ", not below its vocab_size " +
+                     std::to_string(vocab_size_) + "; the tokens are corrupt or the vocab_size is wrong, " +
+                     std::string(detail::token_file_fix));
+            }
+            (*tokens)[i] = static_cast<std::int32_t>(id);
+        }
+        tokens_ = std::move(tokens);
+    }
+
+    std::filesystem::path path_;
+    std::shared_ptr<const std::vector<std::int32_t>> tokens_ = std::make_shared<const std::vector<std::int32_t>>();
+    std::uint32_t vocab_size_ = 0;
+    std::uint32_t bytes_per_token_ = 0;
+};
+
+}  // namespace loom::train
+// ---- end loom/train/token_file.hpp ----
+
+namespace loom::train {
+
+struct data_loader_options {
+    std::int64_t batch = 1;
+    std::int64_t seq = 1;
+    std::uint64_t seed = 0;
+    bool shuffle = true;
+};
+
+// Row-major [batch, seq] token ids.
+struct batch {
+    std::vector<std::int32_t> inputs;
+    std::vector<std::int32_t> targets;
+    std::int64_t batch = 0;
+    std::int64_t seq = 0;
+};
+
+// Where a data_loader is in its stream; all fields are plain integers so a checkpoint can
+// store them anywhere. window_count and shuffle identify the stream and are checked on
+// restore; seed, epoch and cursor are adopted.
+struct data_loader_state {
+    std::uint64_t seed = 0;
+    std::uint64_t epoch = 0;         // completed epochs
+    std::uint64_t cursor = 0;        // windows already drawn in the current epoch
+    std::uint64_t window_count = 0;  // windows per epoch: tokens - seq
+    std::uint64_t shuffle = 0;       // 1 when windows are shuffled, else 0
+
+    friend bool operator==(const data_loader_state&, const data_loader_state&) = default;
+};
+
+namespace detail {
+
+// A permutation of [0, n) chosen by `key`. A balanced Feistel network permutes
+// [0, 2^bits) with 2^bits < 4n; values that land at or above n are sent through again
+// ("cycle walking"), which stays inside the cycle of the start value and so ends at a
+// value below n, after fewer than 4 rounds on average.
+class feistel_permutation {
+public:
+    constexpr feistel_permutation(std::uint64_t n, std::uint64_t key) noexcept : n_(n), key_(key) {
+        while (half_bits_ < 32 && (std::uint64_t{1} << (2 * half_bits_)) < n_) ++half_bits_;
+        mask_ = (std::uint64_t{1} << half_bits_) - 1;
+    }
+
+    constexpr std::uint64_t operator()(std::uint64_t index) const noexcept {
+        if (n_ <= 1) return 0;
+        std::uint64_t x = index;
+        do {
+            x = encrypt(x);
+        } while (x >= n_);
+        return x;
+    }
+
+private:
+    static constexpr int rounds = 6;
+
+    constexpr std::uint64_t encrypt(std::uint64_t x) const noexcept {
+        std::uint64_t left = x >> half_bits_, right = x & mask_;
+        for (int r = 0; r < rounds; ++r) {
+            const std::uint64_t next = left ^ (splitmix64(key_ ^ splitmix64(right + 0x100000001b3ULL * static_cast<std::uint64_t>(r))) & mask_);
+            left = right;
+            right = next;
+        }
+        return (left << half_bits_) | right;
+    }
+
+    std::uint64_t n_;
+    std::uint64_t key_;
+    int half_bits_ = 1;
+    std::uint64_t mask_ = 1;
+};
+
+}  // namespace detail
+
+class data_loader {
+public:
+    // Copies the tokens.
+    data_loader(std::span<const std::int32_t> tokens, data_loader_options options)
+        : data_loader(std::make_shared<const std::vector<std::int32_t>>(tokens.begin(), tokens.end()), options) {}
+
+    data_loader(std::vector<std::int32_t> tokens, data_loader_options options)
+        : data_loader(std::make_shared<const std::vector<std::int32_t>>(std::move(tokens)), options) {}
+
+    // Shares the file's tokens; no copy.
+    data_loader(const token_file& file, data_loader_options options) : data_loader(file.shared_tokens(), options) {}
+
+    data_loader(std::shared_ptr<const std::vector<std::int32_t>> tokens, data_loader_options options)
+        : tokens_(std::move(tokens)), options_(options) {
+        if (!tokens_) throw usage_error("data_loader: the token pointer is null; pass a token sequence");
+        if (options_.batch < 1 || options_.seq < 1) {
+            throw usage_error("data_loader: batch " + std::to_string(options_.batch) + " and seq " +
+                              std::to_string(options_.seq) + " must both be at least 1");
+        }
+        const auto needed = static_cast<std::uint64_t>(options_.seq) + 1;
+        if (tokens_->size() < needed) {
+            throw data_error("data_loader: " + std::to_string(tokens_->size()) + " tokens are too few for one window of seq " +
+                             std::to_string(options_.seq) + ", which needs " + std::to_string(needed) +
+                             " tokens (seq inputs plus one target); use more data or a shorter seq");
+        }
+        window_count_ = tokens_->size() - static_cast<std::uint64_t>(options_.seq);
+    }
+
+    const data_loader_options& options() const noexcept { return options_; }
+    std::uint64_t windows_per_epoch() const noexcept { return window_count_; }
+    std::uint64_t epoch() const noexcept { return epoch_; }
+    std::span<const std::int32_t> tokens() const noexcept { return *tokens_; }
+
+    // The start position of the index-th window of an epoch.
+    std::uint64_t window_start(std::uint64_t epoch, std::uint64_t index) const noexcept {
+        if (!options_.shuffle) return index;
+        return detail::feistel_permutation(window_count_, splitmix64(options_.seed ^ splitmix64(epoch)))(index);
+    }
+
+    batch next() {
+        const auto rows = static_cast<std::size_t>(options_.batch);
+        const auto seq = static_cast<std::size_t>(options_.seq);
+        batch out{std::vector<std::int32_t>(rows * seq), std::vector<std::int32_t>(rows * seq), options_.batch, options_.seq};
+        const std::int32_t* data = tokens_->data();
+        for (std::size_t b = 0; b < rows; ++b) {
+            const std::uint64_t start = window_start(epoch_, cursor_);
+            for (std::size_t i = 0; i < seq; ++i) {
+                out.inputs[b * seq + i] = data[start + i];
+                out.targets[b * seq + i] = data[start + i + 1];
+            }
+            if (++cursor_ == window_count_) {
+                cursor_ = 0;
+                ++epoch_;
+            }
+        }
+        return out;
+    }
+
+    data_loader_state state() const noexcept {
+        return {options_.seed, epoch_, cursor_, window_count_, options_.shuffle ? 1U : 0U};
+    }
+
+    // Continues the stream `saved` came from. Throws loom::usage_error when it belongs to a
+    // different stream (other token count or seq, other shuffle setting) or is corrupt.
+    void restore(const data_loader_state& saved) {
+        if (saved.window_count != window_count_) {
+            throw usage_error("data_loader::restore: the saved state has " + std::to_string(saved.window_count) +
+                              " windows per epoch but this loader has " + std::to_string(window_count_) +
+                              " (tokens - seq); restore with the same token sequence and seq that produced the state");
+        }
+        if (saved.shuffle != (options_.shuffle ? 1U : 0U)) {
+            throw usage_error("data_loader::restore: the saved state has shuffle " + std::to_string(saved.shuffle) +
+                              " but this loader has shuffle " + std::string(options_.shuffle ? "1" : "0") +
+                              "; construct the loader with the shuffle setting of the run that saved the state");
+        }
+        if (saved.cursor >= window_count_) {
+            throw usage_error("data_loader::restore: the saved cursor " + std::to_string(saved.cursor) +
+                              " is not below the " + std::to_string(window_count_) +
+                              " windows per epoch; the saved state is corrupt");
+        }
+        options_.seed = saved.seed;
+        epoch_ = saved.epoch;
+        cursor_ = saved.cursor;
+    }
+
+private:
+    std::shared_ptr<const std::vector<std::int32_t>> tokens_;
+    data_loader_options options_;
+    std::uint64_t window_count_ = 0;
+    std::uint64_t epoch_ = 0;
+    std::uint64_t cursor_ = 0;
+};
+
+}  // namespace loom::train
+// ---- end loom/train/data_loader.hpp ----
+// ---- begin loom/train/distributed_trainer.hpp ----
+// Training one rank of a partitioned graph: this device's program, its pieces of the
+// parameters (initialised from the same counter-based streams as on one device, so any
+// plan starts from the same weights), the communicator for transfers, and the optimizer
+// over the parameter pieces this rank updates.
+//
+// Every rank constructs one and calls step() with the same full batch; each copies the
+// boxes of the inputs it stores. The loss and the gradient norm come back identical on
+// every rank. Replicated parameter pieces receive identical gradients and make identical
+// updates, so they stay equal without communication; under ZeRO-1 and ZeRO-2 a rank
+// updates its shard only and the shards are all-gathered after the update.
+#include <algorithm>
+#include <chrono>
+#include <cmath>
+#include <cstdint>
+#include <memory>
+#include <span>
+#include <string>
+#include <type_traits>
+#include <variant>
+#include <vector>
+
+// ---- begin loom/train/init.hpp ----
+// Seeded parameter initialisation. Element i of parameter "p" is a pure function of
+// (seed, "p", i): a counter-based generator, so any slice of a parameter, initialised on
+// whatever device holds it, equals the same slice of the whole parameter.
+#include <cmath>
+#include <cstdint>
+#include <numbers>
+#include <span>
+#include <string_view>
+
+
+namespace loom::train {
+
+namespace detail {
+inline constexpr std::uint64_t hash_name(std::string_view s) {
+    std::uint64_t h = 0xcbf29ce484222325ull;  // FNV-1a
+    for (char c : s) h = (h ^ static_cast<unsigned char>(c)) * 0x100000001b3ull;
+    return h;
+}
+// Uniform in (0, 1), never 0 (Box-Muller takes a log).
+inline double unit_uniform(std::uint64_t bits) { return (static_cast<double>(bits >> 11) + 0.5) * 0x1.0p-53; }
+}  // namespace detail
+
+// One value of the stream of parameter `name`: the i-th element.
+inline double init_value(const parameter_init& init, std::uint64_t seed, std::string_view name, std::uint64_t i) {
+    const std::uint64_t key = splitmix64(seed ^ splitmix64(detail::hash_name(name)));
+    switch (init.distribution) {
+        case parameter_init::kind::constant: return init.a;
+        case parameter_init::kind::uniform: {
+            double u = detail::unit_uniform(splitmix64(key + 2 * i));
+            return init.a + (init.b - init.a) * u;
+        }
+        case parameter_init::kind::normal: {
+            double u1 = detail::unit_uniform(splitmix64(key + 2 * i));
+            double u2 = detail::unit_uniform(splitmix64(key + 2 * i + 1));
+            double z = std::sqrt(-2.0 * std::log(u1)) * std::cos(2.0 * std::numbers::pi * u2);
+            return init.a + init.b * z;
+        }
+    }
+    return 0.0;
+}
+
+// Fills `out` with elements [first, first + out.size()) of parameter `name`.
+template <class T>
+void initialize(std::span<T> out, const parameter_init& init, std::uint64_t seed, std::string_view name,
+                std::uint64_t first = 0) {
+    for (std::size_t j = 0; j < out.size(); ++j) out[j] = static_cast<T>(init_value(init, seed, name, first + j));
+}
+
+}  // namespace loom::train
+// ---- end loom/train/init.hpp ----
+// ---- begin loom/train/ownership.hpp ----
+// Who owns what in a partitioned plan: which parts of a replicated parameter (or gradient)
+// a rank counts as its own, and which rows a rank updates under ZeRO-1/2. Every backend's
+// distributed trainer asks the same questions (the gradient norm counts each element once,
+// a gathered parameter takes each element from one rank, the optimizer shards replicas),
+// so the answers live here, computed from the plan alone: any rank can work out any other
+// rank's share.
+#include <algorithm>
+#include <cstdint>
+#include <string>
+#include <vector>
+
+
+namespace loom::train {
+
+// b minus c, as disjoint boxes appended to out.
+inline void subtract_box(const partition::box& b, const partition::box& c, std::vector<partition::box>& out) {
+    const partition::box common = partition::intersect(b, c);
+    if (b.rank() == 0) return;  // a scalar held by a lower rank is theirs
+    if (common.empty()) {
+        out.push_back(b);
+        return;
+    }
+    partition::box rest = b;
+    for (std::size_t a = 0; a < b.rank(); ++a) {
+        if (rest.ranges[a].begin < common.ranges[a].begin) {
+            partition::box below = rest;
+            below.ranges[a].end = common.ranges[a].begin;
+            out.push_back(below);
+        }
+        if (common.ranges[a].end < rest.ranges[a].end) {
+            partition::box above = rest;
+            above.ranges[a].begin = common.ranges[a].end;
+            out.push_back(above);
+        }
+        rest.ranges[a] = common.ranges[a];
+    }
+}
+
+// Parts of `region` (a piece of parameter p, or of its gradient) that `rank` counts as its
+// own: the parts no lower rank holds. Pieces are equal or disjoint in every plan loom
+// builds; a partial overlap is cut along the boxes.
+inline std::vector<partition::box> owned_regions(const partition::partitioned_graph& plan, int rank, tensor_id p,
+                                                 const partition::box& region, bool gradients) {
+    std::vector<partition::box> mine{region};
+    for (int r = 0; r < rank; ++r) {
+        const auto& other = gradients ? plan.devices[static_cast<std::size_t>(r)].gradients
+                                      : plan.devices[static_cast<std::size_t>(r)].parameters;
+        for (const auto& s : other) {
+            if (s.logical != p) continue;
+            std::vector<partition::box> next;
+            for (const auto& b : mine) subtract_box(b, s.region, next);
+            mine = std::move(next);
+        }
+    }
+    return mine;
+}
+
+// ZeRO-1 and ZeRO-2 shard a parameter's optimizer over its data-parallel replicas: the
+// ranks that store all of it, in rank order (every rank for a data-parallel plan, the
+// stage's group in a pipeline, both stages' groups for an embedding tied across stages).
+// Parameters stored in pieces are updated wherever they are stored.
+inline std::vector<int> replica_ranks(const partition::partitioned_graph& plan, tensor_id p) {
+    const partition::box whole = partition::box::whole(plan.ir().tensor(p).dims);
+    std::vector<int> ranks;
+    for (int r = 0; r < plan.world; ++r) {
+        bool stored = false;
+        for (const auto& s : plan.devices[static_cast<std::size_t>(r)].parameters)
+            stored = stored || (s.logical == p && s.region == whole);
+        if (stored) ranks.push_back(r);
+    }
+    return ranks;
+}
+
+// Rows of the first dim that replica `index` of `replicas` updates under ZeRO-1 (the whole
+// region when the rows do not divide evenly over the replicas).
+inline partition::box zero1_shard(const partition::box& region, int index, int replicas) {
+    partition::box b = region;
+    if (b.rank() == 0 || b.ranges[0].size() % replicas != 0) return b;
+    const std::int64_t rows = b.ranges[0].size() / replicas;
+    b.ranges[0].begin += rows * index;
+    b.ranges[0].end = b.ranges[0].begin + rows;
+    return b;
+}
+
+// The part of gradient piece `gradient` (of logical parameter p) that `rank` updates. Under
+// ZeRO-2 the gradient pieces are already the replicas' shards.
+inline partition::box update_region(const partition::partitioned_graph& plan, int rank, tensor_id p,
+                                    const partition::box& gradient) {
+    if (plan.zero != plan::zero_stage::optimizer) return gradient;
+    const std::vector<int> replicas = replica_ranks(plan, p);
+    const auto at = std::find(replicas.begin(), replicas.end(), rank);
+    if (replicas.size() < 2 || at == replicas.end()) return gradient;
+    return zero1_shard(gradient, static_cast<int>(at - replicas.begin()), static_cast<int>(replicas.size()));
+}
+
+// Offset of the first element of `inner` in a piece with box `outer`, for an `inner` that is
+// whole on every axis but the first (so that it is contiguous there).
+inline std::int64_t offset_in(const partition::box& inner, const partition::box& outer) {
+    if (inner.rank() == 0) return 0;
+    for (std::size_t a = 1; a < inner.rank(); ++a)
+        if (!(inner.ranges[a] == outer.ranges[a]))
+            throw error("distributed training: the updated part " + inner.to_string() + " of piece " +
+                        outer.to_string() + " is not contiguous; shard parameters along their first dim");
+    std::int64_t row = 1;
+    for (std::size_t a = 1; a < outer.rank(); ++a) row *= outer.ranges[a].size();
+    return (inner.ranges[0].begin - outer.ranges[0].begin) * row;
+}
+
+}  // namespace loom::train
+// ---- end loom/train/ownership.hpp ----
+// ---- begin loom/train/sgd.hpp ----
+// SGD with momentum, with PyTorch's torch.optim.SGD semantics:
+//   g <- g + wd * p
+//   buf <- g                                 on the first step
+//   buf <- momentum * buf + (1 - dampening) * g   afterwards
+//   p <- p - lr * (nesterov ? g + momentum * buf : buf)
+#include <cstdint>
+#include <string>
+#include <vector>
+
+
+namespace loom::train {
+
+struct sgd_options {
+    double lr = 0.1;
+    double momentum = 0.9;
+    double dampening = 0.0;
+    double weight_decay = 0.0;
+    bool nesterov = false;
+};
+
+template <class T>
+class sgd {
+public:
+    explicit sgd(sgd_options options) : options_(options) {
+        if (options.momentum < 0 || options.lr < 0 || options.weight_decay < 0)
+            throw usage_error("sgd: lr, momentum and weight_decay must be >= 0");
+        if (options.nesterov && (options.momentum <= 0 || options.dampening != 0))
+            throw usage_error("sgd: nesterov momentum needs momentum > 0 and dampening == 0");
+    }
+
+    void add(parameter_slot<T> slot) {
+        momentum_.emplace_back(slot.value.size(), T(0));
+        slots_.push_back(std::move(slot));
+    }
+
+    // One update of every parameter; `lr` overrides the configured rate (for schedules).
+    void step(double lr) {
+        const T mu = static_cast<T>(options_.momentum), damp = static_cast<T>(1 - options_.dampening);
+        for (std::size_t s = 0; s < slots_.size(); ++s) {
+            auto& slot = slots_[s];
+            auto& buf = momentum_[s];
+            const T wd = slot.weight_decay ? static_cast<T>(options_.weight_decay) : T(0);
+            for (std::size_t i = 0; i < slot.value.size(); ++i) {
+                T g = slot.grad[i] + wd * slot.value[i];
+                T update = g;
+                if (options_.momentum != 0) {
+                    buf[i] = steps_ == 0 ? g : mu * buf[i] + damp * g;
+                    update = options_.nesterov ? g + mu * buf[i] : buf[i];
+                }
+                slot.value[i] -= static_cast<T>(lr) * update;
+            }
+        }
+        ++steps_;
+    }
+    void step() { step(options_.lr); }
+
+    std::int64_t steps() const { return steps_; }
+    const sgd_options& options() const { return options_; }
+    // Checkpointing: the momentum buffer of slot s.
+    std::vector<T>& momentum(std::size_t s) { return momentum_.at(s); }
+    const std::vector<parameter_slot<T>>& slots() const { return slots_; }
+    void set_steps(std::int64_t steps) { steps_ = steps; }
+
+private:
+    sgd_options options_;
+    std::vector<parameter_slot<T>> slots_;
+    std::vector<std::vector<T>> momentum_;
+    std::int64_t steps_ = 0;
+};
+
+}  // namespace loom::train
+// ---- end loom/train/sgd.hpp ----
+// ---- begin loom/train/trainer.hpp ----
+// Single-device training on the host backend: one compiled program (forward + backward),
+// parameters initialised from their seeded streams, an optimizer, optional global-norm
+// clipping and a learning-rate schedule. Inputs are fed by tensor name every step.
+#include <chrono>
+#include <cstdint>
+#include <map>
+#include <memory>
+#include <span>
+#include <string>
+#include <type_traits>
+#include <variant>
+#include <vector>
+
+// ---- begin loom/train/grad_clip.hpp ----
+// Global-norm gradient clipping with torch.nn.utils.clip_grad_norm_ semantics:
+//   total = sqrt(sum over every gradient element of g^2)
+//   if max_norm / (total + 1e-6) < 1, every gradient is scaled by that factor.
+// The norm is accumulated in double in a fixed order, so it is the same whatever the
+// thread count.
+#include <cmath>
+#include <span>
+#include <vector>
+
+namespace loom::train {
+
+template <class T>
+double global_norm(const std::vector<std::span<T>>& grads) {
+    double sum = 0;
+    for (const auto& g : grads) {
+        double part = 0;
+        for (T x : g) part += static_cast<double>(x) * static_cast<double>(x);
+        sum += part;
+    }
+    return std::sqrt(sum);
+}
+
+// Returns the norm before clipping.
+template <class T>
+double clip_global_norm(const std::vector<std::span<T>>& grads, double max_norm) {
+    const double total = global_norm(grads);
+    const double coefficient = max_norm / (total + 1e-6);
+    if (coefficient < 1)
+        for (const auto& g : grads)
+            for (T& x : g) x = static_cast<T>(x * coefficient);
+    return total;
+}
+
+}  // namespace loom::train
+// ---- end loom/train/grad_clip.hpp ----
+// ---- begin loom/train/lr_schedule.hpp ----
+// Learning-rate schedule: linear warm-up, then cosine decay to `min_lr` at `total_steps`
+// (constant after). With total_steps == 0 the rate is constant after warm-up.
+#include <cmath>
+#include <cstdint>
+#include <numbers>
+
+namespace loom::train {
+
+struct lr_schedule {
+    double peak = 1e-3;
+    double min_lr = 0.0;
+    std::int64_t warmup_steps = 0;
+    std::int64_t total_steps = 0;
+
+    // Rate for step `step`, counted from 0.
+    double at(std::int64_t step) const {
+        if (step < warmup_steps) return peak * static_cast<double>(step + 1) / static_cast<double>(warmup_steps);
+        if (total_steps <= warmup_steps) return peak;
+        if (step >= total_steps) return min_lr;
+        const double progress =
+            static_cast<double>(step - warmup_steps) / static_cast<double>(total_steps - warmup_steps);
+        return min_lr + 0.5 * (peak - min_lr) * (1 + std::cos(std::numbers::pi * progress));
+    }
+};
+
+}  // namespace loom::train
+// ---- end loom/train/lr_schedule.hpp ----
+
+namespace loom::train {
+
+struct trainer_options {
+    std::variant<adamw_options, sgd_options> optimizer = adamw_options{};
+    lr_schedule schedule{};         // schedule.peak is the learning rate
+    double clip_norm = 1.0;         // <= 0: no clipping
+    std::uint64_t init_seed = 1234;
+};
+
+// Inputs for one step, by tensor name.
+struct input_feed {
+    std::map<std::string, std::span<const std::int32_t>> index;
+    std::map<std::string, std::span<const double>> real;
+};
+
+struct step_result {
+    double loss = 0;
+    double grad_norm = 0;  // before clipping
+    double lr = 0;
+    double seconds = 0;
+};
+
+template <class T>
+class trainer {
+public:
+    static constexpr precision prec = std::is_same_v<T, float> ? precision::f32 : precision::f64;
+
+    trainer(graph g, trainer_options options) : graph_(std::make_unique<graph>(std::move(g))), options_(options) {
+        if (graph_->loss == no_id) throw usage_error("trainer: the graph has no loss; call graph_builder::set_loss");
+        if (graph_->gradients.empty())
+            throw usage_error("trainer: the graph has no backward pass; call build_backward before training");
+        program_ = compile_program(*graph_, {.prec = prec});
+        executor_ = std::make_unique<host::executor<T>>(program_);
+        storage_ = std::make_unique<host::bound_storage<T>>(program_);
+        storage_->bind_to(*executor_);
+        for (tensor_id p : graph_->parameters) {
+            const tensor_desc& d = graph_->tensor(p);
+            initialize(storage_->real(p), d.init, options_.init_seed, d.name);
+        }
+        std::visit([&](const auto& o) { make_optimizer(o); }, options_.optimizer);
+        for (auto [param, grad] : graph_->gradients) grads_.push_back(storage_->real(grad));
+    }
+
+    // The executor keeps references into this object.
+    trainer(const trainer&) = delete;
+    trainer& operator=(const trainer&) = delete;
+
+    step_result step(const input_feed& feed) {
+        auto start = std::chrono::steady_clock::now();
+        set_inputs(feed);
+        executor_->run(static_cast<std::uint64_t>(steps_));
+        step_result r;
+        r.loss = static_cast<double>(storage_->real(graph_->loss)[0]);
+        r.grad_norm = options_.clip_norm > 0 ? clip_global_norm(grads_, options_.clip_norm) : global_norm(grads_);
+        r.lr = options_.schedule.at(steps_);
+        std::visit([&](auto& opt) { opt.step(r.lr); }, *optimizer_);
+        ++steps_;
+        r.seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+        return r;
+    }
+
+    // The loss of a forward + backward pass without updating anything.
+    double evaluate(const input_feed& feed) {
+        set_inputs(feed);
+        executor_->run(static_cast<std::uint64_t>(steps_));
+        return static_cast<double>(storage_->real(graph_->loss)[0]);
+    }
+
+    std::span<T> parameter(std::string_view name) { return storage_->real(find(name, tensor_role::parameter)); }
+    std::span<T> gradient(std::string_view name) {
+        tensor_id p = find(name, tensor_role::parameter);
+        for (auto [param, grad] : graph_->gradients)
+            if (param == p) return storage_->real(grad);
+        throw usage_error("trainer: parameter '" + std::string(name) + "' has no gradient");
+    }
+
+    const graph& ir() const { return *graph_; }
+    const program& compiled() const { return program_; }
+    std::int64_t steps() const { return steps_; }
+    void set_steps(std::int64_t s) { steps_ = s; }
+    auto& optimizer() { return *optimizer_; }
+    const trainer_options& options() const { return options_; }
+
+private:
+    template <class Options>
+    void make_optimizer(const Options& o) {
+        using opt_t = std::conditional_t<std::is_same_v<Options, adamw_options>, adamw<T>, sgd<T>>;
+        Options with_lr = o;
+        with_lr.lr = options_.schedule.peak;
+        optimizer_ = std::make_unique<std::variant<adamw<T>, sgd<T>>>(std::in_place_type<opt_t>, with_lr);
+        for (auto [param, grad] : graph_->gradients) {
+            const tensor_desc& d = graph_->tensor(param);
+            std::visit(
+                [&](auto& opt) {
+                    opt.add({d.name, storage_->real(param), storage_->real(grad), d.dims.rank() >= 2});
+                },
+                *optimizer_);
+        }
+    }
+
+    void set_inputs(const input_feed& feed) {
+        for (tensor_id t : graph_->inputs) {
+            const tensor_desc& d = graph_->tensor(t);
+            if (!storage_->has(t)) continue;  // an input the loss does not depend on
+            if (d.kind == value_kind::index) {
+                auto it = feed.index.find(d.name);
+                if (it == feed.index.end())
+                    throw usage_error("trainer: no data fed for input '" + d.name + "'; add it to input_feed::index");
+                copy_checked(d, it->second, storage_->index(t));
+            } else {
+                auto it = feed.real.find(d.name);
+                if (it == feed.real.end())
+                    throw usage_error("trainer: no data fed for input '" + d.name + "'; add it to input_feed::real");
+                auto dst = storage_->real(t);
+                if (it->second.size() != dst.size()) throw size_mismatch(d, it->second.size());
+                for (std::size_t i = 0; i < dst.size(); ++i) dst[i] = static_cast<T>(it->second[i]);
+            }
+        }
+    }
+    static usage_error size_mismatch(const tensor_desc& d, std::size_t got) {
+        return usage_error("trainer: input '" + d.name + "' has shape " + d.dims.to_string() + " (" +
+                           std::to_string(d.dims.numel()) + " elements) but " + std::to_string(got) +
+                           " were fed; feed one value per element");
+    }
+    static void copy_checked(const tensor_desc& d, std::span<const std::int32_t> src, std::span<std::int32_t> dst) {
+        if (src.size() != dst.size()) throw size_mismatch(d, src.size());
+        std::copy(src.begin(), src.end(), dst.begin());
+    }
+    tensor_id find(std::string_view name, tensor_role role) const {
+        for (tensor_id t : graph_->parameters)
+            if (graph_->tensor(t).name == name && graph_->tensor(t).role == role) return t;
+        throw usage_error("trainer: no parameter named '" + std::string(name) + "'");
+    }
+
+    std::unique_ptr<graph> graph_;
+    trainer_options options_;
+    program program_;
+    std::unique_ptr<host::executor<T>> executor_;
+    std::unique_ptr<host::bound_storage<T>> storage_;
+    std::unique_ptr<std::variant<adamw<T>, sgd<T>>> optimizer_;
+    std::vector<std::span<T>> grads_;
+    std::int64_t steps_ = 0;
+};
+
+}  // namespace loom::train
+// ---- end loom/train/trainer.hpp ----
+
+namespace loom::train {
+
+template <class T>
+class distributed_trainer {
+public:
+    static constexpr precision prec = std::is_same_v<T, float> ? precision::f32 : precision::f64;
+
+    distributed_trainer(const partition::partitioned_graph& plan, comm::communicator& c, trainer_options options)
+        : plan_(plan), comm_(c), options_(options) {
+        if (c.size() != plan.world)
+            throw usage_error("distributed_trainer: the plan is for " + std::to_string(plan.world) +
+                              " devices but the communicator has " + std::to_string(c.size()) +
+                              " ranks; launch as many ranks as the plan has devices");
+        // Programs whose order was edited after apply_plan are checked before they run: an
+        // order that deadlocks or reads before it writes must not start.
+        if (partition::order_fingerprint(plan) != plan.checked_order) partition::check_programs(plan);
+        rank_ = c.rank();
+        part_ = &plan.devices.at(static_cast<std::size_t>(rank_));
+        const graph& g = part_->ir();
+        compile_options compile{.prec = prec, .outputs = {part_->loss}, .keep_every_node = true};
+        if (!plan.order.empty()) compile.order = plan.order.at(static_cast<std::size_t>(rank_));
+        program_ = compile_program(g, compile);
+        executor_ = std::make_unique<host::executor<T>>(program_);
+        storage_ = std::make_unique<host::bound_storage<T>>(program_);
+        storage_->bind_to(*executor_);
+        executor_->set_communication([this](const node& n, std::span<void* const> in, std::span<void* const> out) {
+            const auto id = n.attrs.get<std::int64_t>("transfer");
+            run_transfer<T>(plan_.transfers.at(static_cast<std::size_t>(id)), id, comm_, in.empty() ? nullptr : in[0],
+                            out.empty() ? nullptr : out[0], scratch_);
+        });
+        const graph& logical = plan.ir();
+        for (const auto& s : part_->parameters) {
+            const tensor_desc& d = logical.tensor(s.logical);
+            auto values = storage_->real(s.local);
+            partition::for_each_region_row(s.region, partition::box::whole(d.dims), s.region,
+                                           [&](std::int64_t global, std::int64_t at, std::int64_t n) {
+                                               initialize(values.subspan(static_cast<std::size_t>(at), static_cast<std::size_t>(n)),
+                                                          d.init, options_.init_seed, d.name, static_cast<std::uint64_t>(global));
+                                           });
+        }
+        plan_optimizer();
+    }
+
+    distributed_trainer(const distributed_trainer&) = delete;
+    distributed_trainer& operator=(const distributed_trainer&) = delete;
+
+    step_result step(const input_feed& feed) {
+        auto start = std::chrono::steady_clock::now();
+        set_inputs(feed);
+        executor_->run(static_cast<std::uint64_t>(steps_));
+        step_result r;
+        r.loss = static_cast<double>(storage_->real(part_->loss)[0]);
+        r.grad_norm = global_gradient_norm();
+        if (options_.clip_norm > 0 && r.grad_norm > options_.clip_norm) {
+            const T factor = static_cast<T>(options_.clip_norm / (r.grad_norm + 1e-6));
+            for (const auto& s : part_->gradients)
+                for (T& x : storage_->real(s.local)) x *= factor;
+        }
+        r.lr = options_.schedule.at(steps_);
+        std::visit([&](auto& opt) { opt.step(r.lr); }, *optimizer_);
+        synchronize_shards();
+        ++steps_;
+        r.seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+        return r;
+    }
+
+    // The whole of a parameter, assembled from every rank's pieces. Collective: every rank
+    // must call it, in the same order.
+    std::vector<T> gather_parameter(std::string_view name) {
+        const graph& logical = plan_.ir();
+        tensor_id p = no_id;
+        for (tensor_id t : logical.parameters)
+            if (logical.tensor(t).name == name) p = t;
+        if (p == no_id) throw usage_error("distributed_trainer: no parameter named '" + std::string(name) + "'");
+        const partition::box whole = partition::box::whole(logical.tensor(p).dims);
+        std::vector<T> full(static_cast<std::size_t>(whole.numel()), T(0));
+        for (const auto& s : part_->parameters) {
+            if (s.logical != p) continue;
+            const auto owned = owned_rows(p, s.region, /*gradients=*/false);
+            auto values = storage_->real(s.local);
+            for (const auto& region : owned)
+                partition::copy_region(values.data(), s.region, full.data(), whole, region);
+        }
+        comm_.all_reduce_sum(full.data(), full.size(), comm::dtype_of<T>(), comm::group::world(plan_.world));
+        return full;
+    }
+
+    const program& compiled() const { return program_; }
+    const graph& ir() const { return part_->ir(); }
+    int rank() const { return rank_; }
+    std::int64_t steps() const { return steps_; }
+
+    // What a checkpoint (train/checkpoint.hpp) saves and restores: the plan, this rank's
+    // pieces, their values, the optimizer and, per optimizer slot in order, the logical
+    // parameter and the box of it that the slot updates.
+    const partition::partitioned_graph& plan() const { return plan_; }
+    const partition::device_part& part() const { return *part_; }
+    std::span<T> local_values(tensor_id local) { return storage_->real(local); }
+    auto& optimizer() { return *optimizer_; }
+    const std::vector<std::pair<tensor_id, partition::box>>& optimizer_regions() const { return slot_regions_; }
+    const trainer_options& options() const { return options_; }
+    comm::communicator& communicator() { return comm_; }
+    void set_steps(std::int64_t s) { steps_ = s; }
+
+private:
+    std::vector<partition::box> owned_rows(tensor_id p, const partition::box& region, bool gradients) const {
+        return owned_regions(plan_, rank_, p, region, gradients);
+    }
+
+    double global_gradient_norm() {
+        double sum = 0;
+        for (const auto& s : part_->gradients) {
+            auto values = storage_->real(s.local);
+            for (const auto& region : owned_rows(s.logical, s.region, true))
+                partition::for_each_region_row(region, s.region, s.region, [&](std::int64_t at, std::int64_t, std::int64_t n) {
+                    for (std::int64_t i = 0; i < n; ++i) {
+                        const double x = static_cast<double>(values[static_cast<std::size_t>(at + i)]);
+                        sum += x * x;
+                    }
+                });
+        }
+        comm_.all_reduce_sum(&sum, 1, comm::dtype::f64, comm::group::world(plan_.world));
+        return std::sqrt(sum);
+    }
+
+    // The optimizer updates, per gradient piece, the matching part of the parameter piece;
+    // under ZeRO-1 only this rank's shard of it (the first dim cut over all ranks).
+    void plan_optimizer() {
+        const graph& logical = plan_.ir();
+        auto make = [&](const auto& o) {
+            using opt_t = std::conditional_t<std::is_same_v<std::decay_t<decltype(o)>, adamw_options>, adamw<T>, sgd<T>>;
+            auto with_lr = o;
+            with_lr.lr = options_.schedule.peak;
+            optimizer_ = std::make_unique<std::variant<adamw<T>, sgd<T>>>(std::in_place_type<opt_t>, with_lr);
+        };
+        std::visit(make, options_.optimizer);
+        for (const auto& gp : part_->gradients) {
+            const partition::stored_piece* pp = nullptr;
+            for (const auto& s : part_->parameters)
+                if (s.logical == gp.logical && s.region.contains(gp.region)) pp = &s;
+            if (!pp) throw error("distributed_trainer: gradient piece " + gp.region.to_string() + " of '" +
+                                 logical.tensor(gp.logical).name + "' has no parameter piece on rank " + std::to_string(rank_));
+            const partition::box update = update_region(plan_, rank_, gp.logical, gp.region);
+            if (!(update == pp->region)) shards_.push_back({pp, update, comm::group{replica_ranks(plan_, gp.logical)}});
+            if (update.numel() == 0) continue;
+            auto value = storage_->real(pp->local);
+            auto grad = storage_->real(gp.local);
+            const auto offset = static_cast<std::size_t>(offset_in(update, pp->region));
+            const auto goffset = static_cast<std::size_t>(offset_in(update, gp.region));
+            const auto count = static_cast<std::size_t>(update.numel());
+            const tensor_desc& d = logical.tensor(gp.logical);
+            slot_regions_.emplace_back(gp.logical, update);
+            std::visit(
+                [&](auto& opt) {
+                    opt.add({d.name + update.to_string(), value.subspan(offset, count), grad.subspan(goffset, count),
+                             d.dims.rank() >= 2});
+                },
+                *optimizer_);
+        }
+    }
+
+    // ZeRO-1/2: every replica updated its shard; gather the shards into every full copy,
+    // among the parameter's replicas (replica_ranks), whose shards tile it in rank order.
+    void synchronize_shards() {
+        for (const auto& [piece, shard, replicas] : shards_) {
+            auto values = storage_->real(piece->local);
+            const auto count = static_cast<std::size_t>(shard.numel());
+            const auto offset = static_cast<std::size_t>(offset_in(shard, piece->region));
+            if (count * static_cast<std::size_t>(replicas.size()) != values.size() ||
+                offset != count * static_cast<std::size_t>(replicas.index_of(rank_)))
+                throw error("distributed_trainer: rank " + std::to_string(rank_) + "'s shard " + shard.to_string() + " of " +
+                            piece->region.to_string() + " is not part " + std::to_string(replicas.index_of(rank_)) +
+                            " of " + std::to_string(replicas.size()) +
+                            " equal parts in rank order; shard parameters along rows that divide by their replicas");
+            gathered_.resize(count * static_cast<std::size_t>(replicas.size()));
+            comm_.all_gather(values.data() + offset, gathered_.data(), count, comm::dtype_of<T>(), replicas);
+            std::copy(gathered_.begin(), gathered_.end(), values.begin());
+        }
+    }
+
+    void set_inputs(const input_feed& feed) {
+        const graph& logical = plan_.ir();
+        for (const auto& s : part_->inputs) {
+            const tensor_desc& d = logical.tensor(s.logical);
+            if (!storage_->has(s.local)) continue;
+            const partition::box whole = partition::box::whole(d.dims);
+            if (d.kind == value_kind::index) {
+                auto it = feed.index.find(d.name);
+                if (it == feed.index.end())
+                    throw usage_error("distributed_trainer: no data fed for input '" + d.name + "'; add it to input_feed::index");
+                check_size(d, it->second.size());
+                partition::copy_region(it->second.data(), whole, storage_->index(s.local).data(), s.region, s.region);
+            } else {
+                auto it = feed.real.find(d.name);
+                if (it == feed.real.end())
+                    throw usage_error("distributed_trainer: no data fed for input '" + d.name + "'; add it to input_feed::real");
+                check_size(d, it->second.size());
+                auto dst = storage_->real(s.local);
+                partition::for_each_region_row(s.region, whole, s.region, [&](std::int64_t from, std::int64_t to, std::int64_t n) {
+                    for (std::int64_t i = 0; i < n; ++i)
+                        dst[static_cast<std::size_t>(to + i)] = static_cast<T>(it->second[static_cast<std::size_t>(from + i)]);
+                });
+            }
+        }
+    }
+    static void check_size(const tensor_desc& d, std::size_t got) {
+        if (static_cast<std::int64_t>(got) != d.dims.numel())
+            throw usage_error("distributed_trainer: input '" + d.name + "' has shape " + d.dims.to_string() + " (" +
+                              std::to_string(d.dims.numel()) + " elements) but " + std::to_string(got) +
+                              " were fed; feed the whole batch to every rank");
+    }
+
+    const partition::partitioned_graph& plan_;
+    comm::communicator& comm_;
+    trainer_options options_;
+    int rank_ = 0;
+    const partition::device_part* part_ = nullptr;
+    program program_;
+    std::unique_ptr<host::executor<T>> executor_;
+    std::unique_ptr<host::bound_storage<T>> storage_;
+    std::unique_ptr<std::variant<adamw<T>, sgd<T>>> optimizer_;
+    transfer_scratch<T> scratch_;
+    struct shard {
+        const partition::stored_piece* piece;
+        partition::box region;
+        comm::group replicas;
+    };
+    std::vector<shard> shards_;
+    std::vector<T> gathered_;
+    std::vector<std::pair<tensor_id, partition::box>> slot_regions_;
+    std::int64_t steps_ = 0;
+};
+
+}  // namespace loom::train
+// ---- end loom/train/distributed_trainer.hpp ----
+
+namespace loom::train {
+
+static_assert(std::endian::native == std::endian::little,
+              "train/checkpoint.hpp: shards are stored as the little-endian bytes of the values in memory; "
+              "a big-endian host would need a byte swap on save and load");
+
+struct checkpoint_options {
+    int keep_last = 3;                           // complete checkpoints kept in the directory (>= 1)
+    const io::write_faults* faults = nullptr;    // tests: stop a save at a chosen point
+};
+
+// What save_checkpoint wrote, or what load_checkpoint resumed from.
+struct checkpoint_info {
+    std::filesystem::path path;                  // DIR/step-00000010
+    std::int64_t step = 0;                       // steps completed when it was saved
+    std::uint64_t bytes = 0;                     // tensor bytes this rank wrote (save) or read (load)
+    std::optional<data_loader_state> data;       // the data loader's position, if it was saved
+};
+
+// One piece of training state a rank holds: the values of box `region` of logical tensor
+// `tensor`, and the parts of it (`written`) that this rank saves.
+template <class T>
+struct state_piece {
+    std::string tensor;
+    std::vector<std::int64_t> shape;
+    partition::box region;
+    std::span<T> values;
+    std::vector<partition::box> written;
+};
+
+namespace detail {
+
+inline std::string checkpoint_name(std::int64_t step) {
+    char text[32];
+    std::snprintf(text, sizeof text, "step-%08lld", static_cast<long long>(step));
+    return text;
+}
+
+inline std::string rank_stem(int rank) {
+    char text[32];
+    std::snprintf(text, sizeof text, "rank-%05d", rank);
+    return text;
+}
+
+inline io::index_box to_index_box(const partition::box& b) {
+    io::index_box out;
+    for (const auto& r : b.ranges) out.push_back({r.begin, r.end});
+    return out;
+}
+
+inline partition::box to_box(const io::index_box& b) {
+    partition::box out;
+    for (const auto& r : b) out.ranges.push_back({r[0], r[1]});
+    return out;
+}
+
+template <class T>
+constexpr io::dtype element_dtype() {
+    return std::is_same_v<T, float> ? io::dtype::f32 : io::dtype::f64;
+}
+
+// The model's identity: its parameters' names and shapes (with dims), in graph order. Plans
+// rewrite ops (identities, decompositions) but never the parameters, so this is the part of
+// the graph every plan of one model shares.
+inline nlohmann::json model_parameters(const graph& g) {
+    nlohmann::json params = nlohmann::json::object();
+    for (tensor_id p : g.parameters) {
+        std::vector<std::int64_t> extents;
+        for (const auto& a : g.tensor(p).dims) extents.push_back(a.extent);
+        params[g.tensor(p).name] = extents;
+    }
+    return params;
+}
+
+inline std::string model_signature(const graph& g) {
+    std::string text;
+    for (tensor_id p : g.parameters) text += g.tensor(p).name + g.tensor(p).dims.to_string() + ";";
+    char hex[16];
+    std::snprintf(hex, sizeof hex, "%08x", io::crc32(text));
+    return hex;
+}
+
+template <class T>
+nlohmann::json optimizer_json(const std::variant<adamw<T>, sgd<T>>& opt) {
+    return std::visit(
+        [](const auto& o) -> nlohmann::json {
+            if constexpr (std::is_same_v<std::decay_t<decltype(o)>, adamw<T>>) {
+                const auto& x = o.options();
+                return {{"kind", "adamw"},       {"steps", o.steps()}, {"beta1", x.beta1},
+                        {"beta2", x.beta2},      {"eps", x.eps},       {"weight_decay", x.weight_decay}};
+            } else {
+                return {{"kind", "sgd"}, {"steps", o.steps()}};
+            }
+        },
+        opt);
+}
+
+// The optimizer's buffers of slot s, with the suffix that names them in a checkpoint.
+template <class T>
+std::vector<std::pair<std::string, std::vector<T>*>> optimizer_buffers(std::variant<adamw<T>, sgd<T>>& opt, std::size_t s) {
+    return std::visit(
+        [&](auto& o) -> std::vector<std::pair<std::string, std::vector<T>*>> {
+            if constexpr (std::is_same_v<std::decay_t<decltype(o)>, adamw<T>>)
+                return {{".adam_m", &o.first_moment(s)}, {".adam_v", &o.second_moment(s)}};
+            else
+                return {{".momentum", &o.momentum(s)}};
+        },
+        opt);
+}
+
+inline nlohmann::json schedule_json(const lr_schedule& s) {
+    return {{"peak", s.peak}, {"min_lr", s.min_lr}, {"warmup_steps", s.warmup_steps}, {"total_steps", s.total_steps}};
+}
+
+// Everything one rank saves or restores.
+template <class T>
+struct rank_state {
+    std::vector<state_piece<T>> pieces;
+    std::variant<adamw<T>, sgd<T>>* optimizer = nullptr;
+    const graph* model = nullptr;     // the logical graph (parameters name the tensors)
+    nlohmann::json plan;
+    trainer_options options;
+    std::int64_t step = 0;
+    int rank = 0;
+    int world = 1;
+    comm::communicator* comm = nullptr;  // null: one device
+};
+
+// A sum over ranks of a failure flag: every rank learns whether any rank failed a phase.
+inline bool any_rank_failed(comm::communicator* c, int world, bool failed) {
+    if (!c) return failed;
+    double flag = failed ? 1.0 : 0.0;
+    c->all_reduce_sum(&flag, 1, comm::dtype::f64, comm::group::world(world));
+    return flag > 0;
+}
+
+// How a shard of box `region` is cut into checksummed blocks: whole rows of its first dim,
+// about 64 KiB each (small enough that a reader needing a quarter of the rows of a small
+// shard reads about a quarter of it). Returns rows per block and bytes per block.
+template <class T>
+std::pair<std::int64_t, std::size_t> checksum_blocks(const partition::box& region) {
+    if (region.rank() == 0) return {1, sizeof(T)};
+    const std::int64_t rows = std::max<std::int64_t>(region.ranges[0].size(), 1);
+    const std::size_t row_bytes = static_cast<std::size_t>(region.numel() / std::max<std::int64_t>(region.ranges[0].size(), 1)) * sizeof(T);
+    const std::int64_t per_block =
+        std::clamp<std::int64_t>(static_cast<std::int64_t>((std::size_t{1} << 16) / std::max<std::size_t>(row_bytes, 1)), 1, rows);
+    return {per_block, static_cast<std::size_t>(per_block) * std::max<std::size_t>(row_bytes, sizeof(T))};
+}
+
+template <class T>
+checkpoint_info save_state(rank_state<T>& s, const std::filesystem::path& directory, const checkpoint_options& options,
+                           const data_loader_state* data) {
+    namespace fs = std::filesystem;
+    if (options.keep_last < 1)
+        throw usage_error("save_checkpoint: keep_last is " + std::to_string(options.keep_last) +
+                          "; keep at least the checkpoint being written (keep_last >= 1)");
+    const fs::path final_dir = directory / checkpoint_name(s.step);
+    fs::path staging = final_dir;
+    staging += ".tmp";
+    const std::string where = "save_checkpoint: rank " + std::to_string(s.rank) + " of " + std::to_string(s.world);
+
+    // Phase 1 (rank 0): a fresh staging directory.
+    std::string failure;
+    if (s.rank == 0) {
+        try {
+            std::error_code ec;
+            fs::create_directories(directory, ec);
+            if (ec || !fs::is_directory(directory))
+                throw data_error("cannot create the checkpoint directory '" + directory.string() + "': " +
+                                 (ec ? ec.message() : std::string("a file of that name is in the way")) +
+                                 "; pass a writable directory to --checkpoint / save_checkpoint");
+            fs::remove_all(staging, ec);
+            if (!fs::create_directory(staging, ec) || ec)
+                throw data_error("cannot create '" + staging.string() + "': " + ec.message() +
+                                 "; check that the checkpoint directory is writable and the disk not full");
+        } catch (const std::exception& e) {
+            failure = e.what();
+        }
+    }
+    if (any_rank_failed(s.comm, s.world, !failure.empty()))
+        throw data_error(where + ": " + (failure.empty() ? "rank 0 could not prepare " + staging.string() : failure) +
+                         "; the previous checkpoints are intact");
+
+    // Phase 2 (every rank): its shard file and its shard list. The safetensors file is
+    // streamed: header first, then each shard copied out of its piece into one buffer,
+    // checksummed and written, so no second copy of the rank's state is made.
+    std::uint64_t written_bytes = 0;
+    try {
+        struct entry {
+            const state_piece<T>* piece;
+            partition::box region;
+            std::uint64_t begin, end;
+        };
+        std::map<std::string, entry> entries;  // by key: the order safetensors writers use
+        for (const auto& p : s.pieces)
+            for (const auto& region : p.written) {
+                if (region.numel() == 0 && region.rank() > 0) continue;
+                entries.emplace(p.tensor + "@" + io::box_text(to_index_box(region)), entry{&p, region, 0, 0});
+            }
+        nlohmann::ordered_json header = nlohmann::ordered_json::object();
+        std::uint64_t offset = 0;
+        for (auto& [key, e] : entries) {
+            std::vector<std::int64_t> extents;
+            for (const auto& r : e.region.ranges) extents.push_back(r.size());
+            e.begin = offset;
+            offset += static_cast<std::uint64_t>(e.region.numel()) * sizeof(T);
+            e.end = offset;
+            header[key] = {{"dtype", io::dtype_name(element_dtype<T>())}, {"shape", extents},
+                           {"data_offsets", {e.begin, e.end}}};
+        }
+        std::string text = header.dump();
+        text.append((8 - text.size() % 8) % 8, ' ');
+        const std::string file = rank_stem(s.rank) + ".safetensors";
+        nlohmann::json shards = nlohmann::json::array();
+        io::write_file_durably_by_parts(
+            staging / file,
+            [&](auto& append) {
+                std::array<std::byte, 8> length{};
+                for (int i = 0; i < 8; ++i) length[static_cast<std::size_t>(i)] = static_cast<std::byte>((text.size() >> (8 * i)) & 0xFF);
+                append(std::span<const std::byte>(length));
+                append(std::as_bytes(std::span(text.data(), text.size())));
+                std::vector<T> buffer;
+                for (const auto& [key, e] : entries) {
+                    buffer.resize(static_cast<std::size_t>(e.region.numel()));
+                    partition::copy_region(e.piece->values.data(), e.piece->region, buffer.data(), e.region, e.region);
+                    const auto bytes = std::as_bytes(std::span<const T>(buffer));
+                    append(bytes);
+                    const auto [rows_per_block, block_bytes] = checksum_blocks<T>(e.region);
+                    std::vector<std::uint32_t> block_crc;
+                    for (std::size_t at = 0; at < bytes.size() || block_crc.empty(); at += block_bytes)
+                        block_crc.push_back(io::crc32(bytes.subspan(at, std::min(block_bytes, bytes.size() - at))));
+                    shards.push_back({{"tensor", e.piece->tensor}, {"shape", e.piece->shape}, {"key", key},
+                                      {"file", file}, {"box", to_index_box(e.region)}, {"bytes", bytes.size()},
+                                      {"rows_per_block", rows_per_block}, {"block_crc32", block_crc}});
+                    written_bytes += bytes.size();
+                }
+            },
+            options.faults);
+        io::write_file_durably(staging / (rank_stem(s.rank) + ".json"), nlohmann::json{{"shards", shards}}.dump(),
+                               options.faults);
+    } catch (const std::exception& e) {
+        failure = e.what();
+    }
+    if (any_rank_failed(s.comm, s.world, !failure.empty()))
+        throw data_error(where + ": " + (failure.empty() ? "another rank could not write its shards" : failure) +
+                         "; the previous checkpoints are intact");
+
+    // Phase 3 (rank 0): the manifest, last, then the rename that makes the checkpoint exist.
+    if (s.rank == 0) {
+        try {
+            io::checkpoint_manifest m;
+            m.model_signature = model_signature(*s.model);
+            m.model["parameters"] = model_parameters(*s.model);
+            m.dtype = std::string(io::dtype_name(element_dtype<T>()));
+            m.plan = s.plan;
+            m.step = s.step;
+            m.optimizer = optimizer_json(*s.optimizer);
+            m.optimizer["clip_norm"] = s.options.clip_norm;
+            m.schedule = schedule_json(s.options.schedule);
+            m.schedule["position"] = s.step;
+            if (data)
+                m.data_loader = {{"seed", data->seed},
+                                 {"epoch", data->epoch},
+                                 {"cursor", data->cursor},
+                                 {"window_count", data->window_count},
+                                 {"shuffle", data->shuffle}};
+            m.random = {{"init_seed", s.options.init_seed},
+                        {"dropout_counter", s.step},
+                        {"law", "dropout masks are a function of (op seed, dropout_counter, element index)"}};
+            for (int r = 0; r < s.world; ++r) {
+                const fs::path part = staging / (rank_stem(r) + ".json");
+                std::ifstream in(part);
+                if (!in) throw data_error("rank " + std::to_string(r) + "'s shard list '" + part.string() + "' is missing");
+                const auto j = nlohmann::json::parse(in);
+                for (const auto& sh : j.at("shards")) {
+                    auto& t = m.tensors[sh.at("tensor").get<std::string>()];
+                    t.shape = sh.at("shape").get<std::vector<std::int64_t>>();
+                    t.shards.push_back({r, sh.at("file").get<std::string>(), sh.at("key").get<std::string>(),
+                                        sh.at("box").get<io::index_box>(), sh.at("bytes").get<std::uint64_t>(),
+                                        sh.at("rows_per_block").get<std::int64_t>(),
+                                        sh.at("block_crc32").get<std::vector<std::uint32_t>>()});
+                }
+            }
+            // Checked as a reader will check it: a manifest that does not tile every tensor
+            // is a bug here, not a file to leave for a later run to trip over.
+            (void)io::checkpoint_manifest::from_json(m.to_json(), (staging / io::checkpoint_manifest::file_name).string());
+            io::write_file_durably(staging / io::checkpoint_manifest::file_name, m.to_json().dump(1), options.faults);
+            if (options.faults && options.faults->before_rename) options.faults->before_rename(final_dir);
+            std::error_code ec;
+            fs::path replaced;
+            if (fs::exists(final_dir)) {  // the same step saved again: swap, then drop the old one
+                replaced = final_dir;
+                replaced += ".old";
+                fs::remove_all(replaced, ec);
+                fs::rename(final_dir, replaced, ec);
+                if (ec) throw data_error("cannot move the older '" + final_dir.string() + "' aside: " + ec.message());
+            }
+            fs::rename(staging, final_dir, ec);
+            if (ec) throw data_error("cannot rename '" + staging.string() + "' to '" + final_dir.string() + "': " + ec.message());
+            io::fsync_directory(directory);
+            if (!replaced.empty()) fs::remove_all(replaced, ec);
+            // Keep the newest keep_last complete checkpoints; drop stale staging directories.
+            std::vector<std::pair<std::int64_t, fs::path>> complete;
+            for (const auto& entry : fs::directory_iterator(directory)) {
+                const std::string name = entry.path().filename().string();
+                if (name.rfind("step-", 0) != 0 || !entry.is_directory()) continue;
+                if (name.size() > 4 && (name.ends_with(".tmp") || name.ends_with(".old"))) {
+                    fs::remove_all(entry.path(), ec);
+                    continue;
+                }
+                if (fs::exists(entry.path() / io::checkpoint_manifest::file_name))
+                    complete.emplace_back(std::stoll(name.substr(5)), entry.path());
+            }
+            std::sort(complete.begin(), complete.end());
+            for (std::size_t i = 0; i + static_cast<std::size_t>(options.keep_last) < complete.size(); ++i)
+                fs::remove_all(complete[i].second, ec);
+        } catch (const std::exception& e) {
+            failure = e.what();
+        }
+    }
+    if (any_rank_failed(s.comm, s.world, !failure.empty()))
+        throw data_error(where + ": " + (failure.empty() ? "rank 0 could not write the manifest" : failure) +
+                         "; the previous checkpoints are intact");
+    return {final_dir, s.step, written_bytes, data ? std::optional(*data) : std::nullopt};
+}
+
+// Reads bytes [offset, offset + out.size()) of a file.
+inline void read_range(const std::filesystem::path& path, std::uint64_t offset, std::span<std::byte> out) {
+    const int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
+    if (fd < 0)
+        throw data_error("checkpoint file '" + path.string() + "' cannot be opened: " + std::strerror(errno) +
+                         "; check that it exists and is readable");
+    std::size_t done = 0;
+    while (done < out.size()) {
+        const ssize_t n = ::pread(fd, out.data() + done, out.size() - done, static_cast<off_t>(offset + done));
+        if (n < 0 && errno == EINTR) continue;
+        if (n <= 0) {
+            ::close(fd);
+            throw data_error("checkpoint file '" + path.string() + "' ended at byte " + std::to_string(offset + done) +
+                             " while " + std::to_string(out.size()) + " bytes were read from " + std::to_string(offset) +
+                             "; it was truncated: use an older checkpoint");
+        }
+        done += static_cast<std::size_t>(n);
+    }
+    ::close(fd);
+}
+
+// Reads every shard that meets this rank's pieces and checks it; changes nothing in `s`.
+template <class T>
+std::vector<std::vector<T>> read_pieces(const rank_state<T>& s, const std::filesystem::path& dir,
+                                        const io::checkpoint_manifest& m, std::uint64_t& bytes_read) {
+    const std::string manifest_path = (dir / io::checkpoint_manifest::file_name).string();
+    const std::string expected_dtype(io::dtype_name(element_dtype<T>()));
+    if (m.dtype != expected_dtype)
+        throw data_error("checkpoint '" + dir.string() + "' holds " + m.dtype + " tensors but this trainer is " +
+                         expected_dtype + "; resume with the precision it was saved in (float32: F32, float64: F64)");
+    if (m.model_signature != model_signature(*s.model)) {
+        const auto here = model_parameters(*s.model);
+        const auto& there = m.model.at("parameters");
+        std::string difference;
+        for (const auto& [name, shape] : here.items()) {
+            if (!there.contains(name)) {
+                difference = "parameter '" + name + "' is not in the checkpoint";
+                break;
+            }
+            if (there.at(name) != shape) {
+                difference = "parameter '" + name + "' is " + shape.dump() + " here but " + there.at(name).dump() +
+                             " in the checkpoint (another vocabulary, width or length?)";
+                break;
+            }
+        }
+        if (difference.empty()) difference = "the checkpoint's parameters are " + std::to_string(there.size()) +
+                                             ", this model's " + std::to_string(here.size());
+        throw data_error("checkpoint '" + dir.string() + "' was saved from another model: " + difference +
+                         "; build the model with the configuration it was saved from, or start a new checkpoint "
+                         "directory");
+    }
+    std::map<std::string, std::unique_ptr<io::safetensors_file>> files;
+    std::vector<std::vector<T>> out;
+    std::vector<T> part;
+    for (const auto& p : s.pieces) {
+        const auto t = m.tensors.find(p.tensor);
+        if (t == m.tensors.end())
+            throw data_error("checkpoint '" + dir.string() + "' has no tensor '" + p.tensor + "' (" + manifest_path +
+                             "); it was saved with another optimizer or model; resume with the settings it was saved with");
+        if (t->second.shape != p.shape)
+            throw data_error("checkpoint '" + dir.string() + "': tensor '" + p.tensor + "' has another shape than here; "
+                             "build the model it was saved from");
+        std::vector<T> values(static_cast<std::size_t>(p.region.numel()));
+        for (const auto& shard : t->second.shards) {
+            const partition::box sb = to_box(shard.box);
+            const partition::box common = partition::intersect(sb, p.region);
+            if (p.region.rank() > 0 && common.empty()) continue;
+            auto& f = files[shard.file];
+            const auto path = dir / shard.file;
+            if (!f) f = std::make_unique<io::safetensors_file>(path);
+            const io::tensor_info& info = f->info(shard.key);
+            if (info.dtype != element_dtype<T>() || info.byte_size() != shard.bytes)
+                throw data_error("checkpoint file '" + path.string() + "': tensor '" + shard.key +
+                                 "' does not match the manifest (dtype or size); the checkpoint is damaged: use an "
+                                 "older one");
+            // Only the checksummed blocks of rows this piece needs are read, straight into place.
+            const auto [rows_per_block, block_bytes] = checksum_blocks<T>(sb);
+            if (rows_per_block != shard.rows_per_block)
+                throw data_error("checkpoint '" + manifest_path + "': shard '" + shard.key + "' has blocks of " +
+                                 std::to_string(shard.rows_per_block) + " rows, not the " + std::to_string(rows_per_block) +
+                                 " this loom writes; the manifest is damaged: use an older checkpoint");
+            partition::box read_box = sb;
+            std::size_t first_block = 0, last_block = 1;
+            if (sb.rank() > 0) {
+                const std::int64_t first_row = common.ranges[0].begin - sb.ranges[0].begin;
+                const std::int64_t end_row = common.ranges[0].end - sb.ranges[0].begin;
+                first_block = static_cast<std::size_t>(first_row / rows_per_block);
+                last_block = static_cast<std::size_t>((end_row + rows_per_block - 1) / rows_per_block);
+                read_box.ranges[0].begin = sb.ranges[0].begin + static_cast<std::int64_t>(first_block) * rows_per_block;
+                read_box.ranges[0].end =
+                    std::min(sb.ranges[0].end, sb.ranges[0].begin + static_cast<std::int64_t>(last_block) * rows_per_block);
+            }
+            part.resize(static_cast<std::size_t>(read_box.numel()));
+            const auto bytes = std::as_writable_bytes(std::span<T>(part));
+            read_range(path, f->data_start() + info.begin + first_block * block_bytes, bytes);
+            for (std::size_t k = first_block, at = 0; k < last_block; ++k, at += block_bytes) {
+                const auto block = std::span<const std::byte>(bytes).subspan(at, std::min(block_bytes, bytes.size() - at));
+                if (k >= shard.block_crc32.size() || io::crc32(block) != shard.block_crc32[k])
+                    throw data_error("checkpoint file '" + path.string() + "': tensor '" + shard.key + "' block " +
+                                     std::to_string(k) + " fails its CRC-32 check (the bytes changed after the save); "
+                                     "the checkpoint is damaged: use an older one");
+            }
+            bytes_read += bytes.size();
+            partition::copy_region(part.data(), read_box, values.data(), p.region, p.region.rank() ? common : sb);
+        }
+        out.push_back(std::move(values));
+    }
+    return out;
+}
+
+template <class T>
+checkpoint_info load_state(rank_state<T>& s, const std::filesystem::path& dir, std::int64_t& step) {
+    const io::checkpoint_manifest m = io::checkpoint_manifest::read(dir);
+    const std::string kind = s.optimizer->index() == 0 ? "adamw" : "sgd";
+    if (m.optimizer.value("kind", "") != kind)
+        throw data_error("checkpoint '" + dir.string() + "' holds " + m.optimizer.value("kind", std::string("?")) +
+                         " state but this trainer uses " + kind + "; resume with the optimizer it was saved with");
+    checkpoint_info info{dir, m.step, 0, std::nullopt};
+    auto values = read_pieces(s, dir, m, info.bytes);
+    if (!m.data_loader.empty())
+        info.data = data_loader_state{m.data_loader.at("seed").get<std::uint64_t>(), m.data_loader.at("epoch").get<std::uint64_t>(),
+                                      m.data_loader.at("cursor").get<std::uint64_t>(),
+                                      m.data_loader.at("window_count").get<std::uint64_t>(),
+                                      m.data_loader.at("shuffle").get<std::uint64_t>()};
+    // Everything is read and checked: now change the trainer.
+    for (std::size_t i = 0; i < s.pieces.size(); ++i)
+        std::copy(values[i].begin(), values[i].end(), s.pieces[i].values.begin());
+    const auto optimizer_steps = m.optimizer.at("steps").get<std::int64_t>();
+    std::visit([&](auto& o) { o.set_steps(optimizer_steps); }, *s.optimizer);
+    step = m.step;
+    return info;
+}
+
+template <class T>
+rank_state<T> state_of(trainer<T>& t) {
+    rank_state<T> s;
+    s.optimizer = &t.optimizer();
+    s.model = &t.ir();
+    s.plan = {{"world", 1}, {"plan", "one device"}};
+    s.step = t.steps();
+    const graph& g = t.ir();
+    auto shape_of = [&](tensor_id p) {
+        std::vector<std::int64_t> e;
+        for (const auto& a : g.tensor(p).dims) e.push_back(a.extent);
+        return e;
+    };
+    for (tensor_id p : g.parameters) {
+        const auto& d = g.tensor(p);
+        const auto whole = partition::box::whole(d.dims);
+        s.pieces.push_back({d.name, shape_of(p), whole, t.parameter(d.name), {whole}});
+    }
+    const std::size_t slots = std::visit([](auto& o) { return o.slots().size(); }, t.optimizer());
+    for (std::size_t k = 0; k < slots; ++k) {
+        const std::string name = std::visit([&](auto& o) { return o.slots()[k].name; }, t.optimizer());
+        tensor_id p = no_id;
+        for (tensor_id q : g.parameters)
+            if (g.tensor(q).name == name) p = q;
+        const auto whole = partition::box::whole(g.tensor(p).dims);
+        for (auto [suffix, buffer] : optimizer_buffers(t.optimizer(), k))
+            s.pieces.push_back({name + suffix, shape_of(p), whole, std::span<T>(*buffer), {whole}});
+    }
+    return s;
+}
+
+// The parts of `region` (an optimizer slot's box of parameter p on `rank`) that no lower
+// rank's slot holds.
+inline std::vector<partition::box> owned_update_regions(const partition::partitioned_graph& plan, int rank, tensor_id p,
+                                                        const partition::box& region) {
+    std::vector<partition::box> mine{region};
+    for (int r = 0; r < rank; ++r)
+        for (const auto& gp : plan.devices[static_cast<std::size_t>(r)].gradients) {
+            if (gp.logical != p) continue;
+            const partition::box other = update_region(plan, r, gp.logical, gp.region);
+            std::vector<partition::box> next;
+            for (const auto& b : mine) subtract_box(b, other, next);
+            mine = std::move(next);
+        }
+    return mine;
+}
+
+}  // namespace detail
+
+// How the saving run was partitioned, for the manifest (informative: loading reads only the
+// boxes of the tensors). The one place that turns a plan into JSON for checkpoints.
+inline nlohmann::json plan_description(const partition::partitioned_graph& plan) {
+    nlohmann::json devices = nlohmann::json::array();
+    for (const auto& d : plan.devices) {
+        nlohmann::json pieces = nlohmann::json::object();
+        for (const auto& s : d.parameters) pieces[plan.ir().tensor(s.logical).name].push_back(s.region.to_string());
+        devices.push_back(pieces);
+    }
+    return {{"world", plan.world}, {"plan", plan.plan_name}, {"zero", static_cast<int>(plan.zero)}, {"parameters", devices}};
+}
+
+template <class T>
+detail::rank_state<T> state_of(distributed_trainer<T>& t) {
+    detail::rank_state<T> s;
+    const auto& plan = t.plan();
+    const graph& g = plan.ir();
+    s.optimizer = &t.optimizer();
+    s.model = &g;
+    s.plan = plan_description(plan);
+    s.options = t.options();
+    s.step = t.steps();
+    s.rank = t.rank();
+    s.world = plan.world;
+    s.comm = &t.communicator();
+    auto shape_of = [&](tensor_id p) {
+        std::vector<std::int64_t> e;
+        for (const auto& a : g.tensor(p).dims) e.push_back(a.extent);
+        return e;
+    };
+    for (const auto& piece : t.part().parameters) {
+        const auto& d = g.tensor(piece.logical);
+        s.pieces.push_back({d.name, shape_of(piece.logical), piece.region, t.local_values(piece.local),
+                            owned_regions(plan, t.rank(), piece.logical, piece.region, false)});
+    }
+    const auto& regions = t.optimizer_regions();
+    for (std::size_t k = 0; k < regions.size(); ++k) {
+        const auto& [p, region] = regions[k];
+        const auto owned = detail::owned_update_regions(plan, t.rank(), p, region);
+        for (auto [suffix, buffer] : detail::optimizer_buffers(t.optimizer(), k))
+            s.pieces.push_back({g.tensor(p).name + suffix, shape_of(p), region, std::span<T>(*buffer), owned});
+    }
+    return s;
+}
+
+// Saves one device's training state as DIR/step-<steps>. `data`: the loader's position
+// after the last batch trained on, so that a resumed run draws the next one.
+template <class T>
+checkpoint_info save_checkpoint(trainer<T>& t, const std::filesystem::path& directory, const data_loader_state* data = nullptr,
+                                const checkpoint_options& options = {}) {
+    auto s = detail::state_of(t);
+    s.options = t.options();
+    return detail::save_state(s, directory, options, data);
+}
+
+// Collective: every rank of the plan calls it with the same directory (on a file system all
+// ranks see) after the same step.
+template <class T>
+checkpoint_info save_checkpoint(distributed_trainer<T>& t, const std::filesystem::path& directory,
+                                const data_loader_state* data = nullptr, const checkpoint_options& options = {}) {
+    auto s = state_of(t);
+    return detail::save_state(s, directory, options, data);
+}
+
+// Loads a checkpoint directory (DIR/step-N) into a trainer built for the same model and
+// precision, under any plan. Throws loom::data_error, changing nothing, when it is
+// incomplete, damaged or from another model. Restore the returned data state into the
+// data loader to continue the same stream.
+template <class T>
+checkpoint_info load_checkpoint(trainer<T>& t, const std::filesystem::path& checkpoint) {
+    auto s = detail::state_of(t);
+    std::int64_t step = 0;
+    auto info = detail::load_state(s, checkpoint, step);
+    t.set_steps(step);
+    return info;
+}
+
+template <class T>
+checkpoint_info load_checkpoint(distributed_trainer<T>& t, const std::filesystem::path& checkpoint) {
+    auto s = state_of(t);
+    std::int64_t step = 0;
+    auto info = detail::load_state(s, checkpoint, step);
+    t.set_steps(step);
+    return info;
+}
+
+// The newest complete checkpoint (one with a manifest) in `directory`, if any. Half-written
+// saves (step-N.tmp) are never chosen.
+inline std::optional<std::filesystem::path> latest_checkpoint(const std::filesystem::path& directory) {
+    namespace fs = std::filesystem;
+    std::error_code ec;
+    if (!fs::is_directory(directory, ec)) return std::nullopt;
+    std::optional<std::pair<std::int64_t, fs::path>> best;
+    for (const auto& entry : fs::directory_iterator(directory, ec)) {
+        const std::string name = entry.path().filename().string();
+        if (name.rfind("step-", 0) != 0 || name.find('.') != std::string::npos) continue;
+        if (!fs::exists(entry.path() / io::checkpoint_manifest::file_name)) continue;
+        std::int64_t step = 0;
+        try {
+            step = std::stoll(name.substr(5));
+        } catch (const std::exception&) {
+            continue;
+        }
+        if (!best || step > best->first) best = std::pair(step, entry.path());
+    }
+    if (!best) return std::nullopt;
+    return best->second;
+}
+
+}  // namespace loom::train
+// ---- end loom/train/checkpoint.hpp ----
 // ---- begin loom/train/corpus.hpp ----
 // make_corpus: a deterministic English-like training text that loom writes itself, so
 // examples and tests train on real-looking language without downloads or copied text.
@@ -21833,1140 +24558,44 @@ inline std::string make_corpus(std::size_t bytes = 200'000, std::uint64_t seed =
 
 }  // namespace loom::train
 // ---- end loom/train/corpus.hpp ----
-// ---- begin loom/train/data_loader.hpp ----
-// data_loader: next-token-prediction batches from one token sequence.
+// ---- begin loom/train/gpt2_weights.hpp ----
+// GPT-2 weights in and out of a one-device trainer: the file format and its mapping to loom's
+// GPT are io/gpt2_weights.hpp; this is where a trainer's parameters meet it.
 //
-// A window is seq + 1 consecutive tokens starting at any position w in
-// [0, tokens - seq): its first seq tokens are the inputs, its last seq the targets, so
-//   targets[b * seq + i] == inputs[b * seq + i + 1]   for i + 1 < seq
-//   targets[b * seq + seq - 1] == tokens[w + seq].
-// An epoch visits every window start exactly once: in order 0, 1, 2, ... when shuffle is
-// off, in a seeded pseudo-random order that is a different permutation each epoch when it
-// is on. Batches run on across epoch boundaries, so no window is dropped.
-//
-// The order is a keyed Feistel permutation of the window index (own implementation, only
-// 64-bit integer arithmetic), so it needs no memory per window and the same (tokens,
-// options) give the same batches on every platform. The whole position in the stream is
-// data_loader_state, five integers: save state() in a checkpoint and restore() it to
-// continue with exactly the batches the first run would have drawn next.
+//   train::trainer<float> t(models::gpt(c).training_graph(), options);
+//   train::load_gpt2_weights(t, c, "model.safetensors");   // then fine-tune
 #include <cstddef>
-#include <cstdint>
-#include <memory>
-#include <span>
-#include <string>
-#include <vector>
-
-// ---- begin loom/train/token_file.hpp ----
-// A binary token file: a pre-tokenized corpus that training reads without re-tokenizing.
-//
-// Layout (all integers little-endian), 32-byte header then the tokens:
-//   offset  0  8 bytes  magic "LOOMTOKS"
-//   offset  8  u32      format version, 1
-//   offset 12  u32      bytes per token, 2 (vocab_size <= 65536) or 4
-//   offset 16  u32      vocab_size; every token is in [0, vocab_size)
-//   offset 20  u32      reserved, 0
-//   offset 24  u64      token count N
-//   offset 32  N * bytes_per_token bytes of tokens
-// So a file of N tokens is exactly 32 + N * bytes_per_token bytes long; anything else is
-// truncated or has trailing bytes, and is rejected.
-//
-// Make one with write_token_file(path, tokens, vocab_size), e.g. from
-// byte_tokenizer{}.encode(make_corpus()) with vocab_size 256.
-#include <algorithm>
-#include <array>
-#include <cstddef>
-#include <cstdint>
 #include <filesystem>
-#include <fstream>
-#include <limits>
-#include <memory>
-#include <span>
-#include <string>
-#include <string_view>
-#include <system_error>
-#include <vector>
-
-
-namespace loom::train {
-
-inline constexpr std::string_view token_file_magic = "LOOMTOKS";
-inline constexpr std::uint32_t token_file_version = 1;
-inline constexpr std::size_t token_file_header_bytes = 32;
-
-namespace detail {
-
-inline void token_file_put(std::string& out, std::uint64_t value, int bytes) {
-    for (int i = 0; i < bytes; ++i) out.push_back(static_cast<char>((value >> (8 * i)) & 0xFF));
-}
-
-inline std::uint64_t token_file_get(const unsigned char* in, int bytes) {
-    std::uint64_t value = 0;
-    for (int i = 0; i < bytes; ++i) value |= static_cast<std::uint64_t>(in[i]) << (8 * i);
-    return value;
-}
-
-inline std::string token_file_quote(const std::filesystem::path& path) { return "'" + path.string() + "'"; }
-
-// Shows bytes as text where printable: "PK\x03\x04" for a zip file.
-inline std::string token_file_printable(std::span<const unsigned char> bytes) {
-    static constexpr char hex[] = "0123456789abcdef";
-    std::string text = "\"";
-    for (unsigned char b : bytes) {
-        if (b >= 0x20 && b < 0x7f && b != '"' && b != '\\') {
-            text.push_back(static_cast<char>(b));
-        } else {
-            text += "\\x";
-            text.push_back(hex[b >> 4]);
-            text.push_back(hex[b & 0xF]);
-        }
-    }
-    return text + "\"";
-}
-
-inline constexpr std::string_view token_file_fix =
-    "write it with loom::train::write_token_file(path, tokens, vocab_size)";
-
-}  // namespace detail
-
-// Writes `tokens` in the format above: 2 bytes per token when vocab_size <= 65536, else 4.
-// Throws loom::usage_error for a vocab_size of 0 or above 2^31 (ids are int32) and for a
-// token outside [0, vocab_size); loom::data_error when the file cannot be written.
-// The file is written beside `path` and renamed into place, so a reader never sees half of it.
-inline void write_token_file(const std::filesystem::path& path, std::span<const std::int32_t> tokens,
-                             std::uint32_t vocab_size) {
-    if (vocab_size == 0 || vocab_size > (std::uint32_t{1} << 31)) {
-        throw usage_error("write_token_file: vocab_size " + std::to_string(vocab_size) + " for " +
-                          detail::token_file_quote(path) + " is outside [1, 2^31]; pass the tokenizer's vocab_size "
-                          "(256 for byte_tokenizer)");
-    }
-    for (std::size_t i = 0; i < tokens.size(); ++i) {
-        if (tokens[i] < 0 || static_cast<std::uint32_t>(tokens[i]) >= vocab_size) {
-            throw usage_error("write_token_file: token " + std::to_string(tokens[i]) + " at position " + std::to_string(i) +
-                              " is outside [0, " + std::to_string(vocab_size) + ") for " +
-                              detail::token_file_quote(path) + "; pass the vocab_size of the tokenizer that produced "
-                              "the tokens");
-        }
-    }
-    const int width = vocab_size <= 65536 ? 2 : 4;
-
-    std::string bytes;
-    bytes.reserve(token_file_header_bytes + tokens.size() * static_cast<std::size_t>(width));
-    bytes += token_file_magic;
-    detail::token_file_put(bytes, token_file_version, 4);
-    detail::token_file_put(bytes, static_cast<std::uint64_t>(width), 4);
-    detail::token_file_put(bytes, vocab_size, 4);
-    detail::token_file_put(bytes, 0, 4);
-    detail::token_file_put(bytes, tokens.size(), 8);
-    for (std::int32_t t : tokens) detail::token_file_put(bytes, static_cast<std::uint32_t>(t), width);
-
-    std::filesystem::path partial = path;
-    partial += ".partial";
-    {
-        std::ofstream out(partial, std::ios::binary | std::ios::trunc);
-        if (!out) {
-            throw data_error("write_token_file: cannot create " + detail::token_file_quote(partial) +
-                             "; check that the directory exists and is writable");
-        }
-        out.write(bytes.data(), static_cast<std::streamsize>(bytes.size()));
-        out.close();
-        if (!out) {
-            throw data_error("write_token_file: writing " + std::to_string(bytes.size()) + " bytes to " +
-                             detail::token_file_quote(partial) + " failed; check free disk space");
-        }
-    }
-    std::error_code ec;
-    std::filesystem::rename(partial, path, ec);
-    if (ec) {
-        throw data_error("write_token_file: cannot rename " + detail::token_file_quote(partial) + " to " +
-                         detail::token_file_quote(path) + ": " + ec.message() + "; check that the target is writable");
-    }
-}
-
-// A token file read into memory and validated: every error names the path, what is wrong
-// and how to make a good file. The tokens are shared, not copied, with data_loaders built
-// from this file, so they stay alive as long as any of them.
-class token_file {
-public:
-    explicit token_file(std::filesystem::path path) : path_(std::move(path)) { load(); }
-
-    const std::filesystem::path& path() const noexcept { return path_; }
-    std::size_t size() const noexcept { return tokens_->size(); }
-    bool empty() const noexcept { return tokens_->empty(); }
-    std::uint32_t vocab_size() const noexcept { return vocab_size_; }
-    std::uint32_t bytes_per_token() const noexcept { return bytes_per_token_; }
-
-    std::int32_t operator[](std::size_t i) const noexcept { return (*tokens_)[i]; }
-    std::span<const std::int32_t> tokens() const noexcept { return *tokens_; }
-    const std::shared_ptr<const std::vector<std::int32_t>>& shared_tokens() const noexcept { return tokens_; }
-
-private:
-    [[noreturn]] void fail(const std::string& what) const {
-        throw data_error("token_file: " + detail::token_file_quote(path_) + " " + what);
-    }
-
-    void load() {
-        std::error_code ec;
-        const auto status = std::filesystem::status(path_, ec);
-        if (!std::filesystem::exists(status)) fail("does not exist; " + std::string(detail::token_file_fix));
-        if (!std::filesystem::is_regular_file(status)) fail("is not a regular file; pass the path of a token file");
-        const std::uintmax_t file_bytes = std::filesystem::file_size(path_, ec);
-        if (ec) fail("cannot be sized: " + ec.message());
-        if (file_bytes == 0) fail("is empty (0 bytes), not a loom token file; " + std::string(detail::token_file_fix));
-
-        std::ifstream in(path_, std::ios::binary);
-        if (!in) fail("cannot be opened for reading; check its permissions");
-        std::array<unsigned char, token_file_header_bytes> header{};
-        const std::size_t header_read = static_cast<std::size_t>(std::min<std::uintmax_t>(file_bytes, header.size()));
-        in.read(reinterpret_cast<char*>(header.data()), static_cast<std::streamsize>(header_read));
-        if (static_cast<std::size_t>(in.gcount()) != header_read) fail("could not be read; check the disk");
-
-        const std::size_t magic_read = std::min(header_read, token_file_magic.size());
-        if (!std::equal(header.begin(), header.begin() + static_cast<std::ptrdiff_t>(magic_read), token_file_magic.begin())) {
-            fail("starts with " + detail::token_file_printable({header.data(), magic_read}) + " instead of the magic \"" +
-                 std::string(token_file_magic) + "\", so it is not a loom token file; " +
-                 std::string(detail::token_file_fix));
-        }
-        if (header_read < token_file_header_bytes) {
-            fail("is truncated: " + std::to_string(file_bytes) + " bytes, shorter than the " +
-                 std::to_string(token_file_header_bytes) + "-byte header; " + std::string(detail::token_file_fix));
-        }
-
-        const auto version = static_cast<std::uint32_t>(detail::token_file_get(&header[8], 4));
-        const auto width = static_cast<std::uint32_t>(detail::token_file_get(&header[12], 4));
-        vocab_size_ = static_cast<std::uint32_t>(detail::token_file_get(&header[16], 4));
-        const auto reserved = static_cast<std::uint32_t>(detail::token_file_get(&header[20], 4));
-        const std::uint64_t count = detail::token_file_get(&header[24], 8);
-
-        if (version != token_file_version) {
-            fail("has format version " + std::to_string(version) + ", but this build reads only version " +
-                 std::to_string(token_file_version) + "; rewrite it with this build's loom::train::write_token_file");
-        }
-        if (width != 2 && width != 4) {
-            fail("declares " + std::to_string(width) + " bytes per token, but only 2 and 4 are valid; the header is "
-                 "corrupt, " + std::string(detail::token_file_fix));
-        }
-        if (reserved != 0) {
-            fail("has reserved header field " + std::to_string(reserved) + " instead of 0; the header is corrupt, " +
-                 std::string(detail::token_file_fix));
-        }
-        if (vocab_size_ == 0 || vocab_size_ > (std::uint32_t{1} << 31)) {
-            fail("declares vocab_size " + std::to_string(vocab_size_) + ", outside [1, 2^31]; the header is corrupt, " +
-                 std::string(detail::token_file_fix));
-        }
-        bytes_per_token_ = width;
-
-        const std::uintmax_t payload = file_bytes - token_file_header_bytes;
-        const bool fits = count <= payload / width;  // count * width <= payload, without overflow
-        if (!fits || payload != count * width) {
-            const bool overflows = count > (std::numeric_limits<std::uint64_t>::max() - token_file_header_bytes) / width;
-            const std::string expected =
-                overflows ? std::string("more bytes than any file can hold")
-                          : std::to_string(token_file_header_bytes + count * width) + " bytes";
-            fail(std::string(fits ? "has trailing bytes" : "is truncated") + ": the header says " + std::to_string(count) +
-                 " tokens of " + std::to_string(width) + " bytes, so expected " + expected + ", found " +
-                 std::to_string(file_bytes) + " bytes; the file was " + (fits ? "appended to" : "cut short") + ", " +
-                 std::string(detail::token_file_fix));
-        }
-
-        std::vector<unsigned char> raw(static_cast<std::size_t>(payload));
-        in.read(reinterpret_cast<char*>(raw.data()), static_cast<std::streamsize>(raw.size()));
-        if (static_cast<std::size_t>(in.gcount()) != raw.size()) {
-            fail("could not be read past byte " + std::to_string(token_file_header_bytes + in.gcount()) +
-                 " of " + std::to_string(file_bytes) + "; check the disk");
-        }
-        auto tokens = std::make_shared<std::vector<std::int32_t>>(static_cast<std::size_t>(count));
-        const int w = static_cast<int>(width);
-        for (std::size_t i = 0; i < tokens->size(); ++i) {
-            const std::uint64_t id = detail::token_file_get(&raw[i * width], w);
-            if (id >= vocab_size_) {
-                fail("has token " + std::to_string(id) + " at position " + std::to_string(i) + ", not below its vocab_size " +
-                     std::to_string(vocab_size_) + "; the tokens are corrupt or the vocab_size is wrong, " +
-                     std::string(detail::token_file_fix));
-            }
-            (*tokens)[i] = static_cast<std::int32_t>(id);
-        }
-        tokens_ = std::move(tokens);
-    }
-
-    std::filesystem::path path_;
-    std::shared_ptr<const std::vector<std::int32_t>> tokens_ = std::make_shared<const std::vector<std::int32_t>>();
-    std::uint32_t vocab_size_ = 0;
-    std::uint32_t bytes_per_token_ = 0;
-};
-
-}  // namespace loom::train
-// ---- end loom/train/token_file.hpp ----
-
-namespace loom::train {
-
-struct data_loader_options {
-    std::int64_t batch = 1;
-    std::int64_t seq = 1;
-    std::uint64_t seed = 0;
-    bool shuffle = true;
-};
-
-// Row-major [batch, seq] token ids.
-struct batch {
-    std::vector<std::int32_t> inputs;
-    std::vector<std::int32_t> targets;
-    std::int64_t batch = 0;
-    std::int64_t seq = 0;
-};
-
-// Where a data_loader is in its stream; all fields are plain integers so a checkpoint can
-// store them anywhere. window_count and shuffle identify the stream and are checked on
-// restore; seed, epoch and cursor are adopted.
-struct data_loader_state {
-    std::uint64_t seed = 0;
-    std::uint64_t epoch = 0;         // completed epochs
-    std::uint64_t cursor = 0;        // windows already drawn in the current epoch
-    std::uint64_t window_count = 0;  // windows per epoch: tokens - seq
-    std::uint64_t shuffle = 0;       // 1 when windows are shuffled, else 0
-
-    friend bool operator==(const data_loader_state&, const data_loader_state&) = default;
-};
-
-namespace detail {
-
-// A permutation of [0, n) chosen by `key`. A balanced Feistel network permutes
-// [0, 2^bits) with 2^bits < 4n; values that land at or above n are sent through again
-// ("cycle walking"), which stays inside the cycle of the start value and so ends at a
-// value below n, after fewer than 4 rounds on average.
-class feistel_permutation {
-public:
-    constexpr feistel_permutation(std::uint64_t n, std::uint64_t key) noexcept : n_(n), key_(key) {
-        while (half_bits_ < 32 && (std::uint64_t{1} << (2 * half_bits_)) < n_) ++half_bits_;
-        mask_ = (std::uint64_t{1} << half_bits_) - 1;
-    }
-
-    constexpr std::uint64_t operator()(std::uint64_t index) const noexcept {
-        if (n_ <= 1) return 0;
-        std::uint64_t x = index;
-        do {
-            x = encrypt(x);
-        } while (x >= n_);
-        return x;
-    }
-
-private:
-    static constexpr int rounds = 6;
-
-    constexpr std::uint64_t encrypt(std::uint64_t x) const noexcept {
-        std::uint64_t left = x >> half_bits_, right = x & mask_;
-        for (int r = 0; r < rounds; ++r) {
-            const std::uint64_t next = left ^ (splitmix64(key_ ^ splitmix64(right + 0x100000001b3ULL * static_cast<std::uint64_t>(r))) & mask_);
-            left = right;
-            right = next;
-        }
-        return (left << half_bits_) | right;
-    }
-
-    std::uint64_t n_;
-    std::uint64_t key_;
-    int half_bits_ = 1;
-    std::uint64_t mask_ = 1;
-};
-
-}  // namespace detail
-
-class data_loader {
-public:
-    // Copies the tokens.
-    data_loader(std::span<const std::int32_t> tokens, data_loader_options options)
-        : data_loader(std::make_shared<const std::vector<std::int32_t>>(tokens.begin(), tokens.end()), options) {}
-
-    data_loader(std::vector<std::int32_t> tokens, data_loader_options options)
-        : data_loader(std::make_shared<const std::vector<std::int32_t>>(std::move(tokens)), options) {}
-
-    // Shares the file's tokens; no copy.
-    data_loader(const token_file& file, data_loader_options options) : data_loader(file.shared_tokens(), options) {}
-
-    data_loader(std::shared_ptr<const std::vector<std::int32_t>> tokens, data_loader_options options)
-        : tokens_(std::move(tokens)), options_(options) {
-        if (!tokens_) throw usage_error("data_loader: the token pointer is null; pass a token sequence");
-        if (options_.batch < 1 || options_.seq < 1) {
-            throw usage_error("data_loader: batch " + std::to_string(options_.batch) + " and seq " +
-                              std::to_string(options_.seq) + " must both be at least 1");
-        }
-        const auto needed = static_cast<std::uint64_t>(options_.seq) + 1;
-        if (tokens_->size() < needed) {
-            throw data_error("data_loader: " + std::to_string(tokens_->size()) + " tokens are too few for one window of seq " +
-                             std::to_string(options_.seq) + ", which needs " + std::to_string(needed) +
-                             " tokens (seq inputs plus one target); use more data or a shorter seq");
-        }
-        window_count_ = tokens_->size() - static_cast<std::uint64_t>(options_.seq);
-    }
-
-    const data_loader_options& options() const noexcept { return options_; }
-    std::uint64_t windows_per_epoch() const noexcept { return window_count_; }
-    std::uint64_t epoch() const noexcept { return epoch_; }
-    std::span<const std::int32_t> tokens() const noexcept { return *tokens_; }
-
-    // The start position of the index-th window of an epoch.
-    std::uint64_t window_start(std::uint64_t epoch, std::uint64_t index) const noexcept {
-        if (!options_.shuffle) return index;
-        return detail::feistel_permutation(window_count_, splitmix64(options_.seed ^ splitmix64(epoch)))(index);
-    }
-
-    batch next() {
-        const auto rows = static_cast<std::size_t>(options_.batch);
-        const auto seq = static_cast<std::size_t>(options_.seq);
-        batch out{std::vector<std::int32_t>(rows * seq), std::vector<std::int32_t>(rows * seq), options_.batch, options_.seq};
-        const std::int32_t* data = tokens_->data();
-        for (std::size_t b = 0; b < rows; ++b) {
-            const std::uint64_t start = window_start(epoch_, cursor_);
-            for (std::size_t i = 0; i < seq; ++i) {
-                out.inputs[b * seq + i] = data[start + i];
-                out.targets[b * seq + i] = data[start + i + 1];
-            }
-            if (++cursor_ == window_count_) {
-                cursor_ = 0;
-                ++epoch_;
-            }
-        }
-        return out;
-    }
-
-    data_loader_state state() const noexcept {
-        return {options_.seed, epoch_, cursor_, window_count_, options_.shuffle ? 1U : 0U};
-    }
-
-    // Continues the stream `saved` came from. Throws loom::usage_error when it belongs to a
-    // different stream (other token count or seq, other shuffle setting) or is corrupt.
-    void restore(const data_loader_state& saved) {
-        if (saved.window_count != window_count_) {
-            throw usage_error("data_loader::restore: the saved state has " + std::to_string(saved.window_count) +
-                              " windows per epoch but this loader has " + std::to_string(window_count_) +
-                              " (tokens - seq); restore with the same token sequence and seq that produced the state");
-        }
-        if (saved.shuffle != (options_.shuffle ? 1U : 0U)) {
-            throw usage_error("data_loader::restore: the saved state has shuffle " + std::to_string(saved.shuffle) +
-                              " but this loader has shuffle " + std::string(options_.shuffle ? "1" : "0") +
-                              "; construct the loader with the shuffle setting of the run that saved the state");
-        }
-        if (saved.cursor >= window_count_) {
-            throw usage_error("data_loader::restore: the saved cursor " + std::to_string(saved.cursor) +
-                              " is not below the " + std::to_string(window_count_) +
-                              " windows per epoch; the saved state is corrupt");
-        }
-        options_.seed = saved.seed;
-        epoch_ = saved.epoch;
-        cursor_ = saved.cursor;
-    }
-
-private:
-    std::shared_ptr<const std::vector<std::int32_t>> tokens_;
-    data_loader_options options_;
-    std::uint64_t window_count_ = 0;
-    std::uint64_t epoch_ = 0;
-    std::uint64_t cursor_ = 0;
-};
-
-}  // namespace loom::train
-// ---- end loom/train/data_loader.hpp ----
-// ---- begin loom/train/distributed_trainer.hpp ----
-// Training one rank of a partitioned graph: this device's program, its pieces of the
-// parameters (initialised from the same counter-based streams as on one device, so any
-// plan starts from the same weights), the communicator for transfers, and the optimizer
-// over the parameter pieces this rank updates.
-//
-// Every rank constructs one and calls step() with the same full batch; each copies the
-// boxes of the inputs it stores. The loss and the gradient norm come back identical on
-// every rank. Replicated parameter pieces receive identical gradients and make identical
-// updates, so they stay equal without communication; under ZeRO-1 and ZeRO-2 a rank
-// updates its shard only and the shards are all-gathered after the update.
-#include <algorithm>
-#include <chrono>
-#include <cmath>
-#include <cstdint>
-#include <memory>
 #include <string>
 #include <type_traits>
-#include <variant>
-#include <vector>
-
-// ---- begin loom/train/init.hpp ----
-// Seeded parameter initialisation. Element i of parameter "p" is a pure function of
-// (seed, "p", i): a counter-based generator, so any slice of a parameter, initialised on
-// whatever device holds it, equals the same slice of the whole parameter.
-#include <cmath>
-#include <cstdint>
-#include <numbers>
-#include <span>
-#include <string_view>
 
 
 namespace loom::train {
 
-namespace detail {
-inline constexpr std::uint64_t hash_name(std::string_view s) {
-    std::uint64_t h = 0xcbf29ce484222325ull;  // FNV-1a
-    for (char c : s) h = (h ^ static_cast<unsigned char>(c)) * 0x100000001b3ull;
-    return h;
-}
-// Uniform in (0, 1), never 0 (Box-Muller takes a log).
-inline double unit_uniform(std::uint64_t bits) { return (static_cast<double>(bits >> 11) + 0.5) * 0x1.0p-53; }
-}  // namespace detail
-
-// One value of the stream of parameter `name`: the i-th element.
-inline double init_value(const parameter_init& init, std::uint64_t seed, std::string_view name, std::uint64_t i) {
-    const std::uint64_t key = splitmix64(seed ^ splitmix64(detail::hash_name(name)));
-    switch (init.distribution) {
-        case parameter_init::kind::constant: return init.a;
-        case parameter_init::kind::uniform: {
-            double u = detail::unit_uniform(splitmix64(key + 2 * i));
-            return init.a + (init.b - init.a) * u;
-        }
-        case parameter_init::kind::normal: {
-            double u1 = detail::unit_uniform(splitmix64(key + 2 * i));
-            double u2 = detail::unit_uniform(splitmix64(key + 2 * i + 1));
-            double z = std::sqrt(-2.0 * std::log(u1)) * std::cos(2.0 * std::numbers::pi * u2);
-            return init.a + init.b * z;
-        }
-    }
-    return 0.0;
-}
-
-// Fills `out` with elements [first, first + out.size()) of parameter `name`.
+// Fine-tuning GPT-2 weights: copies a GPT-2 file into a one-device trainer built from `c`.
+// (To train them under a plan, save a checkpoint of this trainer and load it under the
+// plan: checkpoints reshard.)
 template <class T>
-void initialize(std::span<T> out, const parameter_init& init, std::uint64_t seed, std::string_view name,
-                std::uint64_t first = 0) {
-    for (std::size_t j = 0; j < out.size(); ++j) out[j] = static_cast<T>(init_value(init, seed, name, first + j));
-}
-
-}  // namespace loom::train
-// ---- end loom/train/init.hpp ----
-// ---- begin loom/train/ownership.hpp ----
-// Who owns what in a partitioned plan: which parts of a replicated parameter (or gradient)
-// a rank counts as its own, and which rows a rank updates under ZeRO-1/2. Every backend's
-// distributed trainer asks the same questions (the gradient norm counts each element once,
-// a gathered parameter takes each element from one rank, the optimizer shards replicas),
-// so the answers live here, computed from the plan alone: any rank can work out any other
-// rank's share.
-#include <algorithm>
-#include <cstdint>
-#include <string>
-#include <vector>
-
-
-namespace loom::train {
-
-// b minus c, as disjoint boxes appended to out.
-inline void subtract_box(const partition::box& b, const partition::box& c, std::vector<partition::box>& out) {
-    const partition::box common = partition::intersect(b, c);
-    if (b.rank() == 0) return;  // a scalar held by a lower rank is theirs
-    if (common.empty()) {
-        out.push_back(b);
-        return;
-    }
-    partition::box rest = b;
-    for (std::size_t a = 0; a < b.rank(); ++a) {
-        if (rest.ranges[a].begin < common.ranges[a].begin) {
-            partition::box below = rest;
-            below.ranges[a].end = common.ranges[a].begin;
-            out.push_back(below);
-        }
-        if (common.ranges[a].end < rest.ranges[a].end) {
-            partition::box above = rest;
-            above.ranges[a].begin = common.ranges[a].end;
-            out.push_back(above);
-        }
-        rest.ranges[a] = common.ranges[a];
+void load_gpt2_weights(trainer<T>& t, const models::gpt_config& c, const std::filesystem::path& path) {
+    for (const auto& [name, values] : io::read_gpt2_weights(path, c)) {
+        auto dst = t.parameter(name);
+        if (dst.size() != values.size())
+            throw data_error("GPT-2 checkpoint '" + path.string() + "': tensor for '" + name + "' has " +
+                             std::to_string(values.size()) + " elements but the model's has " + std::to_string(dst.size()) +
+                             "; build the model with the file's dimensions");
+        for (std::size_t i = 0; i < dst.size(); ++i) dst[i] = static_cast<T>(values[i]);
     }
 }
 
-// Parts of `region` (a piece of parameter p, or of its gradient) that `rank` counts as its
-// own: the parts no lower rank holds. Pieces are equal or disjoint in every plan loom
-// builds; a partial overlap is cut along the boxes.
-inline std::vector<partition::box> owned_regions(const partition::partitioned_graph& plan, int rank, tensor_id p,
-                                                 const partition::box& region, bool gradients) {
-    std::vector<partition::box> mine{region};
-    for (int r = 0; r < rank; ++r) {
-        const auto& other = gradients ? plan.devices[static_cast<std::size_t>(r)].gradients
-                                      : plan.devices[static_cast<std::size_t>(r)].parameters;
-        for (const auto& s : other) {
-            if (s.logical != p) continue;
-            std::vector<partition::box> next;
-            for (const auto& b : mine) subtract_box(b, s.region, next);
-            mine = std::move(next);
-        }
-    }
-    return mine;
-}
-
-// ZeRO-1 and ZeRO-2 shard a parameter's optimizer over its data-parallel replicas: the
-// ranks that store all of it, in rank order (every rank for a data-parallel plan, the
-// stage's group in a pipeline, both stages' groups for an embedding tied across stages).
-// Parameters stored in pieces are updated wherever they are stored.
-inline std::vector<int> replica_ranks(const partition::partitioned_graph& plan, tensor_id p) {
-    const partition::box whole = partition::box::whole(plan.ir().tensor(p).dims);
-    std::vector<int> ranks;
-    for (int r = 0; r < plan.world; ++r) {
-        bool stored = false;
-        for (const auto& s : plan.devices[static_cast<std::size_t>(r)].parameters)
-            stored = stored || (s.logical == p && s.region == whole);
-        if (stored) ranks.push_back(r);
-    }
-    return ranks;
-}
-
-// Rows of the first dim that replica `index` of `replicas` updates under ZeRO-1 (the whole
-// region when the rows do not divide evenly over the replicas).
-inline partition::box zero1_shard(const partition::box& region, int index, int replicas) {
-    partition::box b = region;
-    if (b.rank() == 0 || b.ranges[0].size() % replicas != 0) return b;
-    const std::int64_t rows = b.ranges[0].size() / replicas;
-    b.ranges[0].begin += rows * index;
-    b.ranges[0].end = b.ranges[0].begin + rows;
-    return b;
-}
-
-// The part of gradient piece `gradient` (of logical parameter p) that `rank` updates. Under
-// ZeRO-2 the gradient pieces are already the replicas' shards.
-inline partition::box update_region(const partition::partitioned_graph& plan, int rank, tensor_id p,
-                                    const partition::box& gradient) {
-    if (plan.zero != plan::zero_stage::optimizer) return gradient;
-    const std::vector<int> replicas = replica_ranks(plan, p);
-    const auto at = std::find(replicas.begin(), replicas.end(), rank);
-    if (replicas.size() < 2 || at == replicas.end()) return gradient;
-    return zero1_shard(gradient, static_cast<int>(at - replicas.begin()), static_cast<int>(replicas.size()));
-}
-
-// Offset of the first element of `inner` in a piece with box `outer`, for an `inner` that is
-// whole on every axis but the first (so that it is contiguous there).
-inline std::int64_t offset_in(const partition::box& inner, const partition::box& outer) {
-    if (inner.rank() == 0) return 0;
-    for (std::size_t a = 1; a < inner.rank(); ++a)
-        if (!(inner.ranges[a] == outer.ranges[a]))
-            throw error("distributed training: the updated part " + inner.to_string() + " of piece " +
-                        outer.to_string() + " is not contiguous; shard parameters along their first dim");
-    std::int64_t row = 1;
-    for (std::size_t a = 1; a < outer.rank(); ++a) row *= outer.ranges[a].size();
-    return (inner.ranges[0].begin - outer.ranges[0].begin) * row;
-}
-
-}  // namespace loom::train
-// ---- end loom/train/ownership.hpp ----
-// ---- begin loom/train/sgd.hpp ----
-// SGD with momentum, with PyTorch's torch.optim.SGD semantics:
-//   g <- g + wd * p
-//   buf <- g                                 on the first step
-//   buf <- momentum * buf + (1 - dampening) * g   afterwards
-//   p <- p - lr * (nesterov ? g + momentum * buf : buf)
-#include <cstdint>
-#include <string>
-#include <vector>
-
-
-namespace loom::train {
-
-struct sgd_options {
-    double lr = 0.1;
-    double momentum = 0.9;
-    double dampening = 0.0;
-    double weight_decay = 0.0;
-    bool nesterov = false;
-};
-
+// Exports a one-device trainer's weights as a GPT-2 file (the trainer's precision).
 template <class T>
-class sgd {
-public:
-    explicit sgd(sgd_options options) : options_(options) {
-        if (options.momentum < 0 || options.lr < 0 || options.weight_decay < 0)
-            throw usage_error("sgd: lr, momentum and weight_decay must be >= 0");
-        if (options.nesterov && (options.momentum <= 0 || options.dampening != 0))
-            throw usage_error("sgd: nesterov momentum needs momentum > 0 and dampening == 0");
-    }
-
-    void add(parameter_slot<T> slot) {
-        momentum_.emplace_back(slot.value.size(), T(0));
-        slots_.push_back(std::move(slot));
-    }
-
-    // One update of every parameter; `lr` overrides the configured rate (for schedules).
-    void step(double lr) {
-        const T mu = static_cast<T>(options_.momentum), damp = static_cast<T>(1 - options_.dampening);
-        for (std::size_t s = 0; s < slots_.size(); ++s) {
-            auto& slot = slots_[s];
-            auto& buf = momentum_[s];
-            const T wd = slot.weight_decay ? static_cast<T>(options_.weight_decay) : T(0);
-            for (std::size_t i = 0; i < slot.value.size(); ++i) {
-                T g = slot.grad[i] + wd * slot.value[i];
-                T update = g;
-                if (options_.momentum != 0) {
-                    buf[i] = steps_ == 0 ? g : mu * buf[i] + damp * g;
-                    update = options_.nesterov ? g + mu * buf[i] : buf[i];
-                }
-                slot.value[i] -= static_cast<T>(lr) * update;
-            }
-        }
-        ++steps_;
-    }
-    void step() { step(options_.lr); }
-
-    std::int64_t steps() const { return steps_; }
-    const sgd_options& options() const { return options_; }
-    // Checkpointing: the momentum buffer of slot s.
-    std::vector<T>& momentum(std::size_t s) { return momentum_.at(s); }
-    const std::vector<parameter_slot<T>>& slots() const { return slots_; }
-    void set_steps(std::int64_t steps) { steps_ = steps; }
-
-private:
-    sgd_options options_;
-    std::vector<parameter_slot<T>> slots_;
-    std::vector<std::vector<T>> momentum_;
-    std::int64_t steps_ = 0;
-};
-
-}  // namespace loom::train
-// ---- end loom/train/sgd.hpp ----
-// ---- begin loom/train/trainer.hpp ----
-// Single-device training on the host backend: one compiled program (forward + backward),
-// parameters initialised from their seeded streams, an optimizer, optional global-norm
-// clipping and a learning-rate schedule. Inputs are fed by tensor name every step.
-#include <chrono>
-#include <cstdint>
-#include <map>
-#include <memory>
-#include <span>
-#include <string>
-#include <type_traits>
-#include <variant>
-#include <vector>
-
-// ---- begin loom/train/grad_clip.hpp ----
-// Global-norm gradient clipping with torch.nn.utils.clip_grad_norm_ semantics:
-//   total = sqrt(sum over every gradient element of g^2)
-//   if max_norm / (total + 1e-6) < 1, every gradient is scaled by that factor.
-// The norm is accumulated in double in a fixed order, so it is the same whatever the
-// thread count.
-#include <cmath>
-#include <span>
-#include <vector>
-
-namespace loom::train {
-
-template <class T>
-double global_norm(const std::vector<std::span<T>>& grads) {
-    double sum = 0;
-    for (const auto& g : grads) {
-        double part = 0;
-        for (T x : g) part += static_cast<double>(x) * static_cast<double>(x);
-        sum += part;
-    }
-    return std::sqrt(sum);
-}
-
-// Returns the norm before clipping.
-template <class T>
-double clip_global_norm(const std::vector<std::span<T>>& grads, double max_norm) {
-    const double total = global_norm(grads);
-    const double coefficient = max_norm / (total + 1e-6);
-    if (coefficient < 1)
-        for (const auto& g : grads)
-            for (T& x : g) x = static_cast<T>(x * coefficient);
-    return total;
+void save_gpt2_weights(trainer<T>& t, const models::gpt_config& c, const std::filesystem::path& path) {
+    io::write_gpt2_weights(path, c, [&](const std::string& name) { return t.parameter(name); },
+                       std::is_same_v<T, float> ? io::dtype::f32 : io::dtype::f64);
 }
 
 }  // namespace loom::train
-// ---- end loom/train/grad_clip.hpp ----
-// ---- begin loom/train/lr_schedule.hpp ----
-// Learning-rate schedule: linear warm-up, then cosine decay to `min_lr` at `total_steps`
-// (constant after). With total_steps == 0 the rate is constant after warm-up.
-#include <cmath>
-#include <cstdint>
-#include <numbers>
-
-namespace loom::train {
-
-struct lr_schedule {
-    double peak = 1e-3;
-    double min_lr = 0.0;
-    std::int64_t warmup_steps = 0;
-    std::int64_t total_steps = 0;
-
-    // Rate for step `step`, counted from 0.
-    double at(std::int64_t step) const {
-        if (step < warmup_steps) return peak * static_cast<double>(step + 1) / static_cast<double>(warmup_steps);
-        if (total_steps <= warmup_steps) return peak;
-        if (step >= total_steps) return min_lr;
-        const double progress =
-            static_cast<double>(step - warmup_steps) / static_cast<double>(total_steps - warmup_steps);
-        return min_lr + 0.5 * (peak - min_lr) * (1 + std::cos(std::numbers::pi * progress));
-    }
-};
-
-}  // namespace loom::train
-// ---- end loom/train/lr_schedule.hpp ----
-
-namespace loom::train {
-
-struct trainer_options {
-    std::variant<adamw_options, sgd_options> optimizer = adamw_options{};
-    lr_schedule schedule{};         // schedule.peak is the learning rate
-    double clip_norm = 1.0;         // <= 0: no clipping
-    std::uint64_t init_seed = 1234;
-};
-
-// Inputs for one step, by tensor name.
-struct input_feed {
-    std::map<std::string, std::span<const std::int32_t>> index;
-    std::map<std::string, std::span<const double>> real;
-};
-
-struct step_result {
-    double loss = 0;
-    double grad_norm = 0;  // before clipping
-    double lr = 0;
-    double seconds = 0;
-};
-
-template <class T>
-class trainer {
-public:
-    static constexpr precision prec = std::is_same_v<T, float> ? precision::f32 : precision::f64;
-
-    trainer(graph g, trainer_options options) : graph_(std::make_unique<graph>(std::move(g))), options_(options) {
-        if (graph_->loss == no_id) throw usage_error("trainer: the graph has no loss; call graph_builder::set_loss");
-        if (graph_->gradients.empty())
-            throw usage_error("trainer: the graph has no backward pass; call build_backward before training");
-        program_ = compile_program(*graph_, {.prec = prec});
-        executor_ = std::make_unique<host::executor<T>>(program_);
-        storage_ = std::make_unique<host::bound_storage<T>>(program_);
-        storage_->bind_to(*executor_);
-        for (tensor_id p : graph_->parameters) {
-            const tensor_desc& d = graph_->tensor(p);
-            initialize(storage_->real(p), d.init, options_.init_seed, d.name);
-        }
-        std::visit([&](const auto& o) { make_optimizer(o); }, options_.optimizer);
-        for (auto [param, grad] : graph_->gradients) grads_.push_back(storage_->real(grad));
-    }
-
-    // The executor keeps references into this object.
-    trainer(const trainer&) = delete;
-    trainer& operator=(const trainer&) = delete;
-
-    step_result step(const input_feed& feed) {
-        auto start = std::chrono::steady_clock::now();
-        set_inputs(feed);
-        executor_->run(static_cast<std::uint64_t>(steps_));
-        step_result r;
-        r.loss = static_cast<double>(storage_->real(graph_->loss)[0]);
-        r.grad_norm = options_.clip_norm > 0 ? clip_global_norm(grads_, options_.clip_norm) : global_norm(grads_);
-        r.lr = options_.schedule.at(steps_);
-        std::visit([&](auto& opt) { opt.step(r.lr); }, *optimizer_);
-        ++steps_;
-        r.seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
-        return r;
-    }
-
-    // The loss of a forward + backward pass without updating anything.
-    double evaluate(const input_feed& feed) {
-        set_inputs(feed);
-        executor_->run(static_cast<std::uint64_t>(steps_));
-        return static_cast<double>(storage_->real(graph_->loss)[0]);
-    }
-
-    std::span<T> parameter(std::string_view name) { return storage_->real(find(name, tensor_role::parameter)); }
-    std::span<T> gradient(std::string_view name) {
-        tensor_id p = find(name, tensor_role::parameter);
-        for (auto [param, grad] : graph_->gradients)
-            if (param == p) return storage_->real(grad);
-        throw usage_error("trainer: parameter '" + std::string(name) + "' has no gradient");
-    }
-
-    const graph& ir() const { return *graph_; }
-    const program& compiled() const { return program_; }
-    std::int64_t steps() const { return steps_; }
-    void set_steps(std::int64_t s) { steps_ = s; }
-    auto& optimizer() { return *optimizer_; }
-
-private:
-    template <class Options>
-    void make_optimizer(const Options& o) {
-        using opt_t = std::conditional_t<std::is_same_v<Options, adamw_options>, adamw<T>, sgd<T>>;
-        Options with_lr = o;
-        with_lr.lr = options_.schedule.peak;
-        optimizer_ = std::make_unique<std::variant<adamw<T>, sgd<T>>>(std::in_place_type<opt_t>, with_lr);
-        for (auto [param, grad] : graph_->gradients) {
-            const tensor_desc& d = graph_->tensor(param);
-            std::visit(
-                [&](auto& opt) {
-                    opt.add({d.name, storage_->real(param), storage_->real(grad), d.dims.rank() >= 2});
-                },
-                *optimizer_);
-        }
-    }
-
-    void set_inputs(const input_feed& feed) {
-        for (tensor_id t : graph_->inputs) {
-            const tensor_desc& d = graph_->tensor(t);
-            if (!storage_->has(t)) continue;  // an input the loss does not depend on
-            if (d.kind == value_kind::index) {
-                auto it = feed.index.find(d.name);
-                if (it == feed.index.end())
-                    throw usage_error("trainer: no data fed for input '" + d.name + "'; add it to input_feed::index");
-                copy_checked(d, it->second, storage_->index(t));
-            } else {
-                auto it = feed.real.find(d.name);
-                if (it == feed.real.end())
-                    throw usage_error("trainer: no data fed for input '" + d.name + "'; add it to input_feed::real");
-                auto dst = storage_->real(t);
-                if (it->second.size() != dst.size()) throw size_mismatch(d, it->second.size());
-                for (std::size_t i = 0; i < dst.size(); ++i) dst[i] = static_cast<T>(it->second[i]);
-            }
-        }
-    }
-    static usage_error size_mismatch(const tensor_desc& d, std::size_t got) {
-        return usage_error("trainer: input '" + d.name + "' has shape " + d.dims.to_string() + " (" +
-                           std::to_string(d.dims.numel()) + " elements) but " + std::to_string(got) +
-                           " were fed; feed one value per element");
-    }
-    static void copy_checked(const tensor_desc& d, std::span<const std::int32_t> src, std::span<std::int32_t> dst) {
-        if (src.size() != dst.size()) throw size_mismatch(d, src.size());
-        std::copy(src.begin(), src.end(), dst.begin());
-    }
-    tensor_id find(std::string_view name, tensor_role role) const {
-        for (tensor_id t : graph_->parameters)
-            if (graph_->tensor(t).name == name && graph_->tensor(t).role == role) return t;
-        throw usage_error("trainer: no parameter named '" + std::string(name) + "'");
-    }
-
-    std::unique_ptr<graph> graph_;
-    trainer_options options_;
-    program program_;
-    std::unique_ptr<host::executor<T>> executor_;
-    std::unique_ptr<host::bound_storage<T>> storage_;
-    std::unique_ptr<std::variant<adamw<T>, sgd<T>>> optimizer_;
-    std::vector<std::span<T>> grads_;
-    std::int64_t steps_ = 0;
-};
-
-}  // namespace loom::train
-// ---- end loom/train/trainer.hpp ----
-
-namespace loom::train {
-
-template <class T>
-class distributed_trainer {
-public:
-    static constexpr precision prec = std::is_same_v<T, float> ? precision::f32 : precision::f64;
-
-    distributed_trainer(const partition::partitioned_graph& plan, comm::communicator& c, trainer_options options)
-        : plan_(plan), comm_(c), options_(options) {
-        if (c.size() != plan.world)
-            throw usage_error("distributed_trainer: the plan is for " + std::to_string(plan.world) +
-                              " devices but the communicator has " + std::to_string(c.size()) +
-                              " ranks; launch as many ranks as the plan has devices");
-        // Programs whose order was edited after apply_plan are checked before they run: an
-        // order that deadlocks or reads before it writes must not start.
-        if (partition::order_fingerprint(plan) != plan.checked_order) partition::check_programs(plan);
-        rank_ = c.rank();
-        part_ = &plan.devices.at(static_cast<std::size_t>(rank_));
-        const graph& g = part_->ir();
-        compile_options compile{.prec = prec, .outputs = {part_->loss}, .keep_every_node = true};
-        if (!plan.order.empty()) compile.order = plan.order.at(static_cast<std::size_t>(rank_));
-        program_ = compile_program(g, compile);
-        executor_ = std::make_unique<host::executor<T>>(program_);
-        storage_ = std::make_unique<host::bound_storage<T>>(program_);
-        storage_->bind_to(*executor_);
-        executor_->set_communication([this](const node& n, std::span<void* const> in, std::span<void* const> out) {
-            const auto id = n.attrs.get<std::int64_t>("transfer");
-            run_transfer<T>(plan_.transfers.at(static_cast<std::size_t>(id)), id, comm_, in.empty() ? nullptr : in[0],
-                            out.empty() ? nullptr : out[0], scratch_);
-        });
-        const graph& logical = plan.ir();
-        for (const auto& s : part_->parameters) {
-            const tensor_desc& d = logical.tensor(s.logical);
-            auto values = storage_->real(s.local);
-            partition::for_each_region_row(s.region, partition::box::whole(d.dims), s.region,
-                                           [&](std::int64_t global, std::int64_t at, std::int64_t n) {
-                                               initialize(values.subspan(static_cast<std::size_t>(at), static_cast<std::size_t>(n)),
-                                                          d.init, options_.init_seed, d.name, static_cast<std::uint64_t>(global));
-                                           });
-        }
-        plan_optimizer();
-    }
-
-    distributed_trainer(const distributed_trainer&) = delete;
-    distributed_trainer& operator=(const distributed_trainer&) = delete;
-
-    step_result step(const input_feed& feed) {
-        auto start = std::chrono::steady_clock::now();
-        set_inputs(feed);
-        executor_->run(static_cast<std::uint64_t>(steps_));
-        step_result r;
-        r.loss = static_cast<double>(storage_->real(part_->loss)[0]);
-        r.grad_norm = global_gradient_norm();
-        if (options_.clip_norm > 0 && r.grad_norm > options_.clip_norm) {
-            const T factor = static_cast<T>(options_.clip_norm / (r.grad_norm + 1e-6));
-            for (const auto& s : part_->gradients)
-                for (T& x : storage_->real(s.local)) x *= factor;
-        }
-        r.lr = options_.schedule.at(steps_);
-        std::visit([&](auto& opt) { opt.step(r.lr); }, *optimizer_);
-        synchronize_shards();
-        ++steps_;
-        r.seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
-        return r;
-    }
-
-    // The whole of a parameter, assembled from every rank's pieces. Collective: every rank
-    // must call it, in the same order.
-    std::vector<T> gather_parameter(std::string_view name) {
-        const graph& logical = plan_.ir();
-        tensor_id p = no_id;
-        for (tensor_id t : logical.parameters)
-            if (logical.tensor(t).name == name) p = t;
-        if (p == no_id) throw usage_error("distributed_trainer: no parameter named '" + std::string(name) + "'");
-        const partition::box whole = partition::box::whole(logical.tensor(p).dims);
-        std::vector<T> full(static_cast<std::size_t>(whole.numel()), T(0));
-        for (const auto& s : part_->parameters) {
-            if (s.logical != p) continue;
-            const auto owned = owned_rows(p, s.region, /*gradients=*/false);
-            auto values = storage_->real(s.local);
-            for (const auto& region : owned)
-                partition::copy_region(values.data(), s.region, full.data(), whole, region);
-        }
-        comm_.all_reduce_sum(full.data(), full.size(), comm::dtype_of<T>(), comm::group::world(plan_.world));
-        return full;
-    }
-
-    const program& compiled() const { return program_; }
-    const graph& ir() const { return part_->ir(); }
-    int rank() const { return rank_; }
-    std::int64_t steps() const { return steps_; }
-
-private:
-    std::vector<partition::box> owned_rows(tensor_id p, const partition::box& region, bool gradients) const {
-        return owned_regions(plan_, rank_, p, region, gradients);
-    }
-
-    double global_gradient_norm() {
-        double sum = 0;
-        for (const auto& s : part_->gradients) {
-            auto values = storage_->real(s.local);
-            for (const auto& region : owned_rows(s.logical, s.region, true))
-                partition::for_each_region_row(region, s.region, s.region, [&](std::int64_t at, std::int64_t, std::int64_t n) {
-                    for (std::int64_t i = 0; i < n; ++i) {
-                        const double x = static_cast<double>(values[static_cast<std::size_t>(at + i)]);
-                        sum += x * x;
-                    }
-                });
-        }
-        comm_.all_reduce_sum(&sum, 1, comm::dtype::f64, comm::group::world(plan_.world));
-        return std::sqrt(sum);
-    }
-
-    // The optimizer updates, per gradient piece, the matching part of the parameter piece;
-    // under ZeRO-1 only this rank's shard of it (the first dim cut over all ranks).
-    void plan_optimizer() {
-        const graph& logical = plan_.ir();
-        auto make = [&](const auto& o) {
-            using opt_t = std::conditional_t<std::is_same_v<std::decay_t<decltype(o)>, adamw_options>, adamw<T>, sgd<T>>;
-            auto with_lr = o;
-            with_lr.lr = options_.schedule.peak;
-            optimizer_ = std::make_unique<std::variant<adamw<T>, sgd<T>>>(std::in_place_type<opt_t>, with_lr);
-        };
-        std::visit(make, options_.optimizer);
-        for (const auto& gp : part_->gradients) {
-            const partition::stored_piece* pp = nullptr;
-            for (const auto& s : part_->parameters)
-                if (s.logical == gp.logical && s.region.contains(gp.region)) pp = &s;
-            if (!pp) throw error("distributed_trainer: gradient piece " + gp.region.to_string() + " of '" +
-                                 logical.tensor(gp.logical).name + "' has no parameter piece on rank " + std::to_string(rank_));
-            const partition::box update = update_region(plan_, rank_, gp.logical, gp.region);
-            if (!(update == pp->region)) shards_.push_back({pp, update, comm::group{replica_ranks(plan_, gp.logical)}});
-            if (update.numel() == 0) continue;
-            auto value = storage_->real(pp->local);
-            auto grad = storage_->real(gp.local);
-            const auto offset = static_cast<std::size_t>(offset_in(update, pp->region));
-            const auto goffset = static_cast<std::size_t>(offset_in(update, gp.region));
-            const auto count = static_cast<std::size_t>(update.numel());
-            const tensor_desc& d = logical.tensor(gp.logical);
-            std::visit(
-                [&](auto& opt) {
-                    opt.add({d.name + update.to_string(), value.subspan(offset, count), grad.subspan(goffset, count),
-                             d.dims.rank() >= 2});
-                },
-                *optimizer_);
-        }
-    }
-
-    // ZeRO-1/2: every replica updated its shard; gather the shards into every full copy,
-    // among the parameter's replicas (replica_ranks), whose shards tile it in rank order.
-    void synchronize_shards() {
-        for (const auto& [piece, shard, replicas] : shards_) {
-            auto values = storage_->real(piece->local);
-            const auto count = static_cast<std::size_t>(shard.numel());
-            const auto offset = static_cast<std::size_t>(offset_in(shard, piece->region));
-            if (count * static_cast<std::size_t>(replicas.size()) != values.size() ||
-                offset != count * static_cast<std::size_t>(replicas.index_of(rank_)))
-                throw error("distributed_trainer: rank " + std::to_string(rank_) + "'s shard " + shard.to_string() + " of " +
-                            piece->region.to_string() + " is not part " + std::to_string(replicas.index_of(rank_)) +
-                            " of " + std::to_string(replicas.size()) +
-                            " equal parts in rank order; shard parameters along rows that divide by their replicas");
-            gathered_.resize(count * static_cast<std::size_t>(replicas.size()));
-            comm_.all_gather(values.data() + offset, gathered_.data(), count, comm::dtype_of<T>(), replicas);
-            std::copy(gathered_.begin(), gathered_.end(), values.begin());
-        }
-    }
-
-    void set_inputs(const input_feed& feed) {
-        const graph& logical = plan_.ir();
-        for (const auto& s : part_->inputs) {
-            const tensor_desc& d = logical.tensor(s.logical);
-            if (!storage_->has(s.local)) continue;
-            const partition::box whole = partition::box::whole(d.dims);
-            if (d.kind == value_kind::index) {
-                auto it = feed.index.find(d.name);
-                if (it == feed.index.end())
-                    throw usage_error("distributed_trainer: no data fed for input '" + d.name + "'; add it to input_feed::index");
-                check_size(d, it->second.size());
-                partition::copy_region(it->second.data(), whole, storage_->index(s.local).data(), s.region, s.region);
-            } else {
-                auto it = feed.real.find(d.name);
-                if (it == feed.real.end())
-                    throw usage_error("distributed_trainer: no data fed for input '" + d.name + "'; add it to input_feed::real");
-                check_size(d, it->second.size());
-                auto dst = storage_->real(s.local);
-                partition::for_each_region_row(s.region, whole, s.region, [&](std::int64_t from, std::int64_t to, std::int64_t n) {
-                    for (std::int64_t i = 0; i < n; ++i)
-                        dst[static_cast<std::size_t>(to + i)] = static_cast<T>(it->second[static_cast<std::size_t>(from + i)]);
-                });
-            }
-        }
-    }
-    static void check_size(const tensor_desc& d, std::size_t got) {
-        if (static_cast<std::int64_t>(got) != d.dims.numel())
-            throw usage_error("distributed_trainer: input '" + d.name + "' has shape " + d.dims.to_string() + " (" +
-                              std::to_string(d.dims.numel()) + " elements) but " + std::to_string(got) +
-                              " were fed; feed the whole batch to every rank");
-    }
-
-    const partition::partitioned_graph& plan_;
-    comm::communicator& comm_;
-    trainer_options options_;
-    int rank_ = 0;
-    const partition::device_part* part_ = nullptr;
-    program program_;
-    std::unique_ptr<host::executor<T>> executor_;
-    std::unique_ptr<host::bound_storage<T>> storage_;
-    std::unique_ptr<std::variant<adamw<T>, sgd<T>>> optimizer_;
-    transfer_scratch<T> scratch_;
-    struct shard {
-        const partition::stored_piece* piece;
-        partition::box region;
-        comm::group replicas;
-    };
-    std::vector<shard> shards_;
-    std::vector<T> gathered_;
-    std::int64_t steps_ = 0;
-};
-
-}  // namespace loom::train
-// ---- end loom/train/distributed_trainer.hpp ----
+// ---- end loom/train/gpt2_weights.hpp ----
 // ---- begin loom/train/tokenizer.hpp ----
 // byte_tokenizer: one token per byte, so any text round-trips and the vocabulary is
 // fixed at 256 without a trained merge table.
@@ -23626,182 +25255,6 @@ inline evoformer_batch evoformer_synthetic_batch(const evoformer_config& c, std:
 
 }  // namespace loom::models
 // ---- end loom/models/evoformer.hpp ----
-// ---- begin loom/models/gpt.hpp ----
-// GPT-2 style decoder-only transformer, built with the public op API only.
-//
-//   x = wte[tokens] + wpe[positions]
-//   blocks.i:  x = x + attn(ln_1(x));  x = x + mlp(ln_2(x))       (pre-norm)
-//   attn:      causal multi-head self-attention with q, k, v and output projections
-//   mlp:       proj(gelu(fc(x))), fc: hidden -> ffn (4 * hidden by default)
-//   logits = ln_f(x) wte^T   (tied embeddings; or a separate lm_head)
-//   loss = mean cross-entropy(logits, targets)
-//
-// Initialisation follows GPT-2: N(0, 0.02) weights, output projections scaled by
-// 1/sqrt(2 * layers), zero biases, unit norm gains.
-#include <cmath>
-#include <cstdint>
-#include <memory>
-#include <string>
-#include <vector>
-
-
-namespace loom::models {
-
-struct gpt_config {
-    std::int64_t layers = 4;
-    std::int64_t hidden = 128;
-    std::int64_t heads = 4;
-    std::int64_t vocab = 256;
-    std::int64_t seq = 64;
-    std::int64_t batch = 8;
-    std::int64_t ffn = 0;  // 0: 4 * hidden
-    double dropout = 0.0;
-    bool tie_embeddings = true;
-    double init_std = 0.02;
-    double layer_norm_eps = 1e-5;
-    std::uint64_t dropout_seed = 1;
-
-    std::int64_t ffn_size() const { return ffn > 0 ? ffn : 4 * hidden; }
-
-    void validate() const {
-        auto positive = [](std::int64_t v, const char* what) {
-            if (v <= 0) throw usage_error(std::string("gpt_config: ") + what + " is " + std::to_string(v) + "; it must be positive");
-        };
-        positive(layers, "layers");
-        positive(hidden, "hidden");
-        positive(heads, "heads");
-        positive(vocab, "vocab");
-        positive(seq, "seq");
-        positive(batch, "batch");
-        if (hidden % heads != 0)
-            throw usage_error("gpt_config: hidden " + std::to_string(hidden) + " is not divisible by heads " +
-                              std::to_string(heads) + "; choose heads that divide hidden");
-        if (dropout < 0 || dropout >= 1)
-            throw usage_error("gpt_config: dropout " + std::to_string(dropout) + " must lie in [0, 1)");
-    }
-
-    // Weights and biases, counted from the architecture (tests compare with the graph).
-    std::int64_t parameter_count() const {
-        const std::int64_t h = hidden, f = ffn_size();
-        std::int64_t per_block = 2 * 2 * h            // two layer norms
-                                 + 4 * (h * h + h)    // q, k, v, proj
-                                 + (f * h + f) + (h * f + h);
-        return vocab * h + seq * h + layers * per_block + 2 * h + (tie_embeddings ? 0 : vocab * h);
-    }
-
-    // Floating-point operations of one forward pass over one batch (GEMMs and attention).
-    double forward_flops() const {
-        const double tokens = static_cast<double>(batch * seq), h = static_cast<double>(hidden),
-                     f = static_cast<double>(ffn_size()), s = static_cast<double>(seq);
-        const double per_layer = 2 * tokens * (4 * h * h + 2 * h * f) + 2 * tokens * s * h;  // causal: half of 4*T*S*H
-        return static_cast<double>(layers) * per_layer + 2 * tokens * h * static_cast<double>(vocab);
-    }
-};
-
-// A built GPT: the graph builder and the ids of the tensors a trainer feeds and reads.
-struct gpt_model {
-    std::unique_ptr<graph_builder> builder;
-    gpt_config config;
-    tensor_id tokens = no_id, positions = no_id, targets = no_id, logits = no_id, loss = no_id;
-
-    const graph& ir() const { return builder->view(); }
-
-    // Appends the backward pass and hands the finished graph over.
-    graph training_graph() && {
-        build_backward(*builder);
-        return std::move(*builder).take();
-    }
-};
-
-namespace detail {
-
-inline tensor layer_norm_block(graph_builder& b, const std::string& scope, tensor x, const gpt_config& c) {
-    auto s = b.scope(scope);
-    auto gamma = b.parameter("weight", {{Dim::Hidden::id, c.hidden}}, parameter_init::ones());
-    auto beta = b.parameter("bias", {{Dim::Hidden::id, c.hidden}}, parameter_init::zeros());
-    return ops::layer_norm(x, gamma, beta, c.layer_norm_eps);
-}
-
-inline tensor dense(graph_builder& b, const std::string& scope, tensor x, dim_id out_dim, std::int64_t out, dim_id in_dim,
-                    std::int64_t in, double std) {
-    auto s = b.scope(scope);
-    auto w = b.parameter("weight", {{out_dim, out}, {in_dim, in}}, parameter_init::normal(std));
-    auto bias = b.parameter("bias", {{out_dim, out}}, parameter_init::zeros());
-    return ops::linear(x, w, bias);
-}
-
-inline tensor maybe_dropout(tensor x, const gpt_config& c, std::uint64_t& site) {
-    ++site;
-    if (c.dropout == 0) return x;
-    return ops::dropout(x, c.dropout, static_cast<std::int64_t>(c.dropout_seed * 1000003 + site));
-}
-
-}  // namespace detail
-
-inline gpt_model gpt(const gpt_config& c) {
-    c.validate();
-    gpt_model m;
-    m.config = c;
-    m.builder = std::make_unique<graph_builder>();
-    graph_builder& b = *m.builder;
-    const dim_id H = Dim::Hidden::id, F = Dim::FFN::id;
-    const double proj_std = c.init_std / std::sqrt(2.0 * static_cast<double>(c.layers));
-    std::uint64_t dropout_site = 0;
-
-    tensor tokens = b.input("tokens", {{Dim::Batch::id, c.batch}, {Dim::Seq::id, c.seq}}, value_kind::index);
-    tensor positions = b.input("positions", {{Dim::Batch::id, c.batch}, {Dim::Seq::id, c.seq}}, value_kind::index);
-    tensor targets = b.input("targets", {{Dim::Batch::id, c.batch}, {Dim::Seq::id, c.seq}}, value_kind::index);
-    tensor wte = b.parameter("wte", {{Dim::Vocab::id, c.vocab}, {H, c.hidden}}, parameter_init::normal(c.init_std));
-    tensor wpe = b.parameter("wpe", {{Dim::Seq::id, c.seq}, {H, c.hidden}}, parameter_init::normal(c.init_std));
-
-    tensor x = ops::embedding(tokens, wte) + ops::embedding(positions, wpe);
-    x = detail::maybe_dropout(x, c, dropout_site);
-
-    b.repeat("blocks", c.layers, [&](std::int64_t) {
-        {
-            tensor h = detail::layer_norm_block(b, "ln_1", x, c);
-            auto attn = b.scope("attn");
-            tensor q = ops::split_heads(detail::dense(b, "q", h, H, c.hidden, H, c.hidden, c.init_std), c.heads);
-            tensor k = ops::split_heads(detail::dense(b, "k", h, H, c.hidden, H, c.hidden, c.init_std), c.heads);
-            tensor v = ops::split_heads(detail::dense(b, "v", h, H, c.hidden, H, c.hidden, c.init_std), c.heads);
-            tensor a = ops::merge_heads(ops::causal_attention(q, k, v));
-            tensor o = detail::dense(b, "proj", a, H, c.hidden, H, c.hidden, proj_std);
-            x = x + detail::maybe_dropout(o, c, dropout_site);
-        }
-        {
-            tensor h = detail::layer_norm_block(b, "ln_2", x, c);
-            auto mlp = b.scope("mlp");
-            tensor f = ops::gelu(detail::dense(b, "fc", h, F, c.ffn_size(), H, c.hidden, c.init_std));
-            tensor o = detail::dense(b, "proj", f, H, c.hidden, F, c.ffn_size(), proj_std);
-            x = x + detail::maybe_dropout(o, c, dropout_site);
-        }
-    });
-
-    x = detail::layer_norm_block(b, "ln_f", x, c);
-    tensor head = wte;
-    if (!c.tie_embeddings)
-        head = b.parameter("lm_head", {{Dim::Vocab::id, c.vocab}, {H, c.hidden}}, parameter_init::normal(c.init_std));
-    tensor logits = ops::linear(x, head);
-    tensor loss = ops::cross_entropy(logits, targets);
-    b.set_loss(loss);
-
-    m.tokens = tokens.id;
-    m.positions = positions.id;
-    m.targets = targets.id;
-    m.logits = logits.id;
-    m.loss = loss.id;
-    return m;
-}
-
-// Position ids for one batch: row-major [batch, seq], each row 0, 1, ..., seq - 1.
-inline std::vector<std::int32_t> gpt_positions(const gpt_config& c) {
-    std::vector<std::int32_t> ids(static_cast<std::size_t>(c.batch * c.seq));
-    for (std::size_t i = 0; i < ids.size(); ++i) ids[i] = static_cast<std::int32_t>(static_cast<std::int64_t>(i) % c.seq);
-    return ids;
-}
-
-}  // namespace loom::models
-// ---- end loom/models/gpt.hpp ----
 // ---- begin loom/models/swin.hpp ----
 // A Swin-Transformer-style hierarchical vision transformer, built with the public op API only:
 // nnScaler's vision workload (Table 9; §4.2 "Constraints for Swin-Transformer"), whose

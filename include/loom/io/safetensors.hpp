@@ -361,6 +361,10 @@ public:
 
     const std::map<std::string, std::string>& metadata() const noexcept { return metadata_; }
 
+    // Where the data section starts in the file: tensor t's bytes are at
+    // [data_start() + t.begin, data_start() + t.end), for readers that read ranges themselves.
+    std::uint64_t data_start() const noexcept { return data_start_; }
+
     // The tensor's bytes as stored (little-endian, row-major).
     std::vector<std::byte> read_bytes(std::string_view name) const {
         const tensor_info& t = info(name);

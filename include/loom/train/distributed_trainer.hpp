@@ -14,6 +14,7 @@
 #include <cmath>
 #include <cstdint>
 #include <memory>
+#include <span>
 #include <string>
 #include <type_traits>
 #include <variant>
@@ -126,6 +127,18 @@ public:
     int rank() const { return rank_; }
     std::int64_t steps() const { return steps_; }
 
+    // What a checkpoint (train/checkpoint.hpp) saves and restores: the plan, this rank's
+    // pieces, their values, the optimizer and, per optimizer slot in order, the logical
+    // parameter and the box of it that the slot updates.
+    const partition::partitioned_graph& plan() const { return plan_; }
+    const partition::device_part& part() const { return *part_; }
+    std::span<T> local_values(tensor_id local) { return storage_->real(local); }
+    auto& optimizer() { return *optimizer_; }
+    const std::vector<std::pair<tensor_id, partition::box>>& optimizer_regions() const { return slot_regions_; }
+    const trainer_options& options() const { return options_; }
+    comm::communicator& communicator() { return comm_; }
+    void set_steps(std::int64_t s) { steps_ = s; }
+
 private:
     std::vector<partition::box> owned_rows(tensor_id p, const partition::box& region, bool gradients) const {
         return owned_regions(plan_, rank_, p, region, gradients);
@@ -173,6 +186,7 @@ private:
             const auto goffset = static_cast<std::size_t>(offset_in(update, gp.region));
             const auto count = static_cast<std::size_t>(update.numel());
             const tensor_desc& d = logical.tensor(gp.logical);
+            slot_regions_.emplace_back(gp.logical, update);
             std::visit(
                 [&](auto& opt) {
                     opt.add({d.name + update.to_string(), value.subspan(offset, count), grad.subspan(goffset, count),
@@ -250,6 +264,7 @@ private:
     };
     std::vector<shard> shards_;
     std::vector<T> gathered_;
+    std::vector<std::pair<tensor_id, partition::box>> slot_regions_;
     std::int64_t steps_ = 0;
 };
 

@@ -103,6 +103,7 @@ public:
     std::int64_t steps() const { return steps_; }
     void set_steps(std::int64_t s) { steps_ = s; }
     auto& optimizer() { return *optimizer_; }
+    const trainer_options& options() const { return options_; }
 
 private:
     template <class Options>

@@ -23,6 +23,13 @@
 //    rank gives a comm_error instead of a hang; the loop backs off to short sleeps so
 //    oversubscribed ranks leave the cores to the ranks that work. Creating a sub-group
 //    communicator is the one blocking call without a deadline.
+//  - A wait that times out names the ranks that stopped: the rank asks every other member
+//    of the operation, on a communicator of its own, whether it is alive, and waits up to
+//    comm_options::timeout / 4 (at most 5 s) for the answers; live ranks answer from inside
+//    their own waits. The comm_error then says "rank 1 did not answer a liveness check:
+//    it died or hangs outside loom's communicator". (Open MPI's mpiexec itself ends the
+//    job when a process dies, naming it, unless it runs with --enable-recovery; then
+//    these errors are what the other ranks report.)
 //  - After a comm_error the communicator refuses further calls: the timed-out operation may
 //    still be in flight inside MPI, and may still write to the buffers it was given. End
 //    the program; mpirun then stops the other ranks.
@@ -159,6 +166,8 @@ class mpi_communicator final : public communicator {
         // and errors come back as codes (turned into comm_error) instead of aborting.
         detail::mpi_check(MPI_Comm_dup(MPI_COMM_WORLD, &world_), where, "MPI_Comm_dup");
         MPI_Comm_set_errhandler(world_, MPI_ERRORS_RETURN);
+        detail::mpi_check(MPI_Comm_dup(MPI_COMM_WORLD, &liveness_), where, "MPI_Comm_dup");
+        MPI_Comm_set_errhandler(liveness_, MPI_ERRORS_RETURN);
         MPI_Comm_rank(world_, &rank_);
         MPI_Comm_size(world_, &size_);
         int found = 0;
@@ -196,6 +205,8 @@ class mpi_communicator final : public communicator {
         if (!all_finished) return;
         for (auto& [ranks, comm] : groups_) MPI_Comm_free(&comm);
         MPI_Comm_free(&world_);
+        if (!answers_.empty()) return;  // answers to liveness checks may still be in flight
+        MPI_Comm_free(&liveness_);
     }
 
     mpi_communicator(const mpi_communicator&) = delete;
@@ -350,6 +361,7 @@ class mpi_communicator final : public communicator {
         std::string where;
         std::chrono::steady_clock::time_point deadline;
         MPI_Comm comm = MPI_COMM_NULL;
+        std::vector<int> peers;  // global ranks this operation waits on (liveness checks)
     };
 
     struct pending_send {
@@ -364,6 +376,8 @@ class mpi_communicator final : public communicator {
                      std::chrono::steady_clock::now() + options_.timeout, MPI_COMM_NULL};
         throw_if_broken(op);
         op.comm = communicator_of(g, op);
+        for (int r : g.ranks)
+            if (r != rank_) op.peers.push_back(r);
         return op;
     }
 
@@ -378,6 +392,7 @@ class mpi_communicator final : public communicator {
                               "; use a smaller tag");
         }
         throw_if_broken(op);
+        op.peers = {peer};
         return op;
     }
 
@@ -442,14 +457,19 @@ class mpi_communicator final : public communicator {
                 detail::mpi_check(code, op.where, "MPI_Test");
             }
             if (done) return;
+            answer_liveness_checks();
             if (std::chrono::steady_clock::now() >= op.deadline) {
                 broken_ = true;
                 abandoned_.push_back(std::exchange(request, MPI_REQUEST_NULL));
+                const std::string silent = silent_peers(op);
+                if (!silent.empty())
+                    throw comm_error(op.where + " timed out after " + std::to_string(options_.timeout.count()) +
+                                     " ms: " + silent + "; restart the job from its last checkpoint");
                 throw comm_error(op.where + " timed out after " +
                                  std::to_string(options_.timeout.count()) +
-                                 " ms; a rank stopped or the ranks called collectives in "
-                                 "different orders (raise comm_options::timeout if they are only "
-                                 "slow)");
+                                 " ms; every rank is alive, so the ranks called collectives in "
+                                 "different orders or one is slow (raise comm_options::timeout if "
+                                 "they are only slow)");
             }
             if (polls >= 100) {
                 pause = std::min(std::chrono::microseconds(1000),
@@ -497,8 +517,73 @@ class mpi_communicator final : public communicator {
         }
     }
 
+    static constexpr int ping_tag = 1, pong_tag = 2;
+
+    // Answers every liveness check that has arrived (a ping from a rank whose wait timed out).
+    void answer_liveness_checks() {
+        for (;;) {
+            int arrived = 0;
+            MPI_Status status;
+            if (MPI_Iprobe(MPI_ANY_SOURCE, ping_tag, liveness_, &arrived, &status) != MPI_SUCCESS || !arrived) break;
+            char byte = 0;
+            MPI_Recv(&byte, 1, MPI_CHAR, status.MPI_SOURCE, ping_tag, liveness_, MPI_STATUS_IGNORE);
+            answers_.emplace_back();
+            MPI_Isend(&pong_byte_, 1, MPI_CHAR, status.MPI_SOURCE, pong_tag, liveness_, &answers_.back());
+        }
+        for (auto it = answers_.begin(); it != answers_.end();) {
+            int done = 0;
+            MPI_Test(&*it, &done, MPI_STATUS_IGNORE);
+            it = done ? answers_.erase(it) : std::next(it);
+        }
+    }
+
+    // Asks every peer of `op` whether it is alive; "" when all answer, else which did not.
+    std::string silent_peers(const operation& op) {
+        if (op.peers.empty()) return {};
+        std::vector<MPI_Request> pings(op.peers.size(), MPI_REQUEST_NULL), pongs(op.peers.size(), MPI_REQUEST_NULL);
+        std::vector<char> replies(op.peers.size(), 0);
+        for (std::size_t i = 0; i < op.peers.size(); ++i) {
+            MPI_Isend(&ping_byte_, 1, MPI_CHAR, op.peers[i], ping_tag, liveness_, &pings[i]);
+            MPI_Irecv(&replies[i], 1, MPI_CHAR, op.peers[i], pong_tag, liveness_, &pongs[i]);
+        }
+        const auto grace = std::min<std::chrono::milliseconds>(options_.timeout / 4, std::chrono::milliseconds(5000));
+        const auto until = std::chrono::steady_clock::now() + grace;
+        std::vector<bool> answered(op.peers.size(), false);
+        for (;;) {
+            answer_liveness_checks();
+            bool all = true;
+            for (std::size_t i = 0; i < op.peers.size(); ++i) {
+                if (!answered[i]) {
+                    int done = 0;
+                    if (MPI_Test(&pongs[i], &done, MPI_STATUS_IGNORE) == MPI_SUCCESS && done) answered[i] = true;
+                }
+                all = all && answered[i];
+            }
+            if (all || std::chrono::steady_clock::now() >= until) break;
+            std::this_thread::sleep_for(std::chrono::milliseconds(1));
+        }
+        std::string silent, alive;
+        int count = 0;
+        for (std::size_t i = 0; i < op.peers.size(); ++i) {
+            std::string& list = answered[i] ? alive : silent;
+            list += (list.empty() ? "" : ", ") + std::to_string(op.peers[i]);
+            if (!answered[i]) {
+                ++count;
+                abandoned_.push_back(pongs[i]);
+            }
+            abandoned_.push_back(pings[i]);
+        }
+        if (count == 0) return {};
+        return std::string(count == 1 ? "rank " : "ranks ") + silent + " did not answer a liveness check within " +
+               std::to_string(grace.count()) + " ms: " + (count == 1 ? "it died or hangs" : "they died or hang") +
+               " outside loom's communicator" + (alive.empty() ? std::string() : " (rank(s) " + alive + " answered)");
+    }
+
     comm_options options_;
     MPI_Comm world_ = MPI_COMM_NULL;
+    MPI_Comm liveness_ = MPI_COMM_NULL;
+    std::list<MPI_Request> answers_;  // answers to liveness checks still being sent
+    char ping_byte_ = 1, pong_byte_ = 2;
     int rank_ = 0;
     int size_ = 1;
     int max_tag_ = 32767;  // the least MPI_TAG_UB the standard allows
