@@ -3,7 +3,10 @@
 // clear errors for bad feeds.
 #include <catch2/catch.hpp>
 
+#include <algorithm>
 #include <cmath>
+#include <map>
+#include <string>
 
 #include <loom/models/gpt.hpp>
 #include <loom/train/trainer.hpp>
@@ -173,4 +176,45 @@ TEST_CASE("the trainer rejects bad feeds with the tensor named", "[train]") {
     auto x = b.parameter("x", {{Dim::Hidden::id, 3}}, parameter_init::ones());
     b.set_loss(ops::sum(x));
     CHECK_THROWS_WITH(train::trainer<float>(std::move(b).take(), {}), Catch::Contains("build_backward"));
+}
+
+TEST_CASE("a profiled step times every instruction once and computes the same step", "[train][profile]") {
+    auto c = tiny();
+    std::vector<std::int32_t> tokens, targets, positions;
+    auto feed = feed_for(c, tokens, targets, positions);
+    train::trainer<float> plain(models::gpt(c).training_graph(), {}), profiled(models::gpt(c).training_graph(), {});
+    host::op_profile profile;
+    for (int s = 0; s < 2; ++s) {
+        const auto a = plain.step(feed);
+        const auto b = profiled.step(feed, s == 1 ? &profile : nullptr);
+        CHECK(a.loss == b.loss);  // timing changes nothing
+        CHECK(a.grad_norm == b.grad_norm);
+    }
+    const auto weights_plain = plain.parameter("blocks.0.mlp.fc.weight");
+    const auto weights_profiled = profiled.parameter("blocks.0.mlp.fc.weight");
+    CHECK(std::equal(weights_plain.begin(), weights_plain.end(), weights_profiled.begin()));
+
+    std::int64_t calls = 0;
+    double linear_flops = 0;
+    std::map<std::string, std::int64_t> calls_by_kind;
+    for (const auto& e : profile.by_time()) {
+        calls += e.calls;
+        calls_by_kind[e.kind] = e.calls;
+        CHECK(e.seconds >= 0);
+        if (e.kind == "linear" || e.kind == "linear_bias") linear_flops += e.flops;
+    }
+    // One entry per instruction of the program, plus clipping and the optimizer.
+    CHECK(calls == static_cast<std::int64_t>(profiled.compiled().steps.size()) + 2);
+    CHECK(calls_by_kind["optimizer"] == 1);
+    CHECK(calls_by_kind["clip_global_norm"] == 1);
+    CHECK(calls_by_kind["attention"] == c.layers);
+    // The forward linear layers are the model's FLOPs less attention's.
+    const double t = static_cast<double>(c.batch * c.seq), h = static_cast<double>(c.hidden),
+                 f = static_cast<double>(c.ffn_size());
+    CHECK(linear_flops == Approx(c.forward_flops() - static_cast<double>(c.layers) * 2 * t * static_cast<double>(c.seq) * h));
+    CHECK(linear_flops == Approx(static_cast<double>(c.layers) * 2 * t * (4 * h * h + 2 * h * f) +
+                                 2 * t * h * static_cast<double>(c.vocab)));
+    // A second profiled step adds to the same entries.
+    profiled.step(feed, &profile);
+    CHECK(profile.by_time().front().calls % 2 == 0);
 }

@@ -56,8 +56,10 @@
 #include <loom/runtime/transfer_runner.hpp>
 #include <loom/runtime/host/bound_storage.hpp>
 #include <loom/runtime/host/executor.hpp>
+#include <loom/runtime/host/fma_peak.hpp>
 #include <loom/runtime/host/gemm.hpp>
 #include <loom/runtime/host/kernel_table.hpp>
+#include <loom/runtime/host/op_profile.hpp>
 #include <loom/runtime/host/thread_pool.hpp>
 
 // io
