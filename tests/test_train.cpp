@@ -62,6 +62,34 @@ TEST_CASE("adamw follows torch.optim.AdamW's update", "[optim]") {
     CHECK_THROWS_WITH(train::adamw<double>({.beta1 = 1.0}), Catch::Contains("betas"));
 }
 
+TEST_CASE("adamw in float: the vectorized update is bit for bit the scalar formula", "[optim]") {
+    // 40009 elements: several parallel ranges, and a tail that is not a multiple of 16.
+    const std::size_t n = 40009;
+    std::vector<float> p(n), g(n);
+    for (std::size_t i = 0; i < n; ++i) p[i] = static_cast<float>(std::sin(0.37 * static_cast<double>(i)));
+    std::vector<float> rp = p, m(n, 0.0f), v(n, 0.0f);
+    const train::adamw_options o{.lr = 3e-3, .beta1 = 0.9, .beta2 = 0.999, .eps = 1e-8, .weight_decay = 0.1};
+    train::adamw<float> opt(o);
+    opt.add({"w", p, g, true});
+    for (int t = 1; t <= 4; ++t) {
+        for (std::size_t i = 0; i < n; ++i) g[i] = static_cast<float>(std::cos(0.11 * static_cast<double>(i * t)) * 1e-2);
+        opt.step();
+        const auto b1 = static_cast<float>(o.beta1), b2 = static_cast<float>(o.beta2), eps = static_cast<float>(o.eps);
+        const auto step_size = static_cast<float>(o.lr / (1 - std::pow(o.beta1, t)));
+        const auto bias2_sqrt = static_cast<float>(std::sqrt(1 - std::pow(o.beta2, t)));
+        const auto decay = static_cast<float>(1 - o.lr * o.weight_decay);
+        std::size_t differing = 0;
+        for (std::size_t i = 0; i < n; ++i) {
+            rp[i] *= decay;
+            m[i] = b1 * m[i] + (1 - b1) * g[i];
+            v[i] = b2 * v[i] + (1 - b2) * g[i] * g[i];
+            rp[i] -= step_size * m[i] / (std::sqrt(v[i]) / bias2_sqrt + eps);
+            differing += p[i] != rp[i] || opt.first_moment(0)[i] != m[i] || opt.second_moment(0)[i] != v[i];
+        }
+        CHECK(differing == 0);
+    }
+}
+
 TEST_CASE("global-norm clipping scales every gradient by max_norm / norm", "[optim]") {
     std::vector<float> a{3, 0}, b{0, 4};
     std::vector<std::span<float>> grads{a, b};
