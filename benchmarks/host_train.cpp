@@ -20,7 +20,10 @@
 //
 // Without the size options it runs the standard set and writes --out; with them it runs that
 // one configuration and writes a file only when --out is given. --no-torch prints one line
-// per configuration, starting with the model's name.
+// per configuration, starting with the model's name (and the profile after it with --profile).
+// The peers run with OMP_WAIT_POLICY=PASSIVE unless told otherwise: with OpenMP's spinning
+// workers PyTorch was 10 to 40x slower here while other programs shared the two cores, which
+// says nothing about its kernels.
 #include <CLI/CLI.hpp>
 #include <nlohmann/json.hpp>
 
