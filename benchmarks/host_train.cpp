@@ -18,8 +18,9 @@
 // FLOPs of gpt_config::forward_flops (GEMMs plus causal attention, 2 FLOPs per
 // multiply-add); element-wise work is not counted.
 //
-// Without the size options it runs the standard set and writes --out; with them it runs that
-// one configuration and writes a file only when --out is given. --no-torch prints one line
+// Without the size options it runs the standard set and writes --out (by default
+// benchmarks/results/host_train.json, unless --no-torch); with them it runs that one
+// configuration and writes a file only when --out is given. --no-torch prints one line
 // per configuration, starting with the model's name (and the profile after it with --profile).
 // The peers run with OMP_WAIT_POLICY=PASSIVE unless told otherwise: with OpenMP's spinning
 // workers PyTorch was 10 to 40x slower here while other programs shared the two cores, which
@@ -299,7 +300,8 @@ int main(int argc, char** argv) {
              {.layers = 12, .hidden = 768, .heads = 12, .vocab = 50304, .seq = 256, .batch = 4},
              3},
         };
-        if (out.empty()) out = "benchmarks/results/host_train.json";
+        // A loom-only run must not replace the side-by-side record.
+        if (out.empty() && !no_torch) out = "benchmarks/results/host_train.json";
     }
 
     struct peer_spec {
