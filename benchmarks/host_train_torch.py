@@ -1,9 +1,16 @@
 #!/usr/bin/env python3
 """The PyTorch side of benchmarks/host_train: the same GPT (pre-norm, tied embeddings,
 tanh GELU, causal attention), the same AdamW step with global-norm clipping, timed the
-same way (median over the timed steps, after warm-up). Prints one JSON object.
+same way (median over the timed steps, after warm-up).
 
-Run with Debian's /usr/bin/python3 (python3-torch)."""
+Runs under any PyTorch: Debian's 1.13 (/usr/bin/python3) or the newest from the package
+index (benchmarks/torch_peer_env.sh makes that environment). --compile wraps the model in
+torch.compile (PyTorch 2 and later; the optimizer step stays eager, as users write it).
+
+Without --serve: warm-up, timed steps, one JSON object. With --serve (what host_train
+uses, so that loom and PyTorch take turns in one run): warm-up (compilation included),
+then a JSON line {"ready": ...}; every line "run" on stdin then times --steps steps and
+answers one JSON line; end of input ends the process."""
 import argparse
 import json
 import math
@@ -62,29 +69,50 @@ def main():
     for name, default in [("layers", 4), ("hidden", 128), ("heads", 4), ("vocab", 256), ("seq", 64),
                           ("batch", 16), ("warmup", 3), ("steps", 10), ("threads", 2)]:
         p.add_argument("--" + name, type=int, default=default)
+    p.add_argument("--compile", action="store_true", help="torch.compile the model (PyTorch >= 2)")
+    p.add_argument("--serve", action="store_true", help="time --steps steps per line 'run' on stdin")
     a = p.parse_args()
+    about = {"torch_version": torch.__version__, "mode": "compile" if a.compile else "eager"}
+    if a.compile and not hasattr(torch, "compile"):
+        print(json.dumps({**about, "error": "torch.compile needs PyTorch 2 or later"}), flush=True)
+        return 1
     torch.manual_seed(0)
     torch.set_num_threads(a.threads)
     model = GPT(a.layers, a.hidden, a.heads, a.vocab, a.seq)
     opt = torch.optim.AdamW(model.parameters(), lr=1e-3, weight_decay=0.1)
+    run_model = torch.compile(model) if a.compile else model
     tokens = torch.randint(0, a.vocab, (a.batch, a.seq))
     targets = torch.randint(0, a.vocab, (a.batch, a.seq))
     positions = torch.arange(a.seq).expand(a.batch, a.seq)
-    times = []
-    for step in range(a.warmup + a.steps):
+
+    def step():
         start = time.perf_counter()
         opt.zero_grad(set_to_none=True)
-        loss = model(tokens, positions, targets)
+        loss = run_model(tokens, positions, targets)
         loss.backward()
         torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
         opt.step()
         elapsed = time.perf_counter() - start
-        if step >= a.warmup:
-            times.append(elapsed)
-    median = statistics.median(times)
-    print(json.dumps({"torch_version": torch.__version__, "threads": torch.get_num_threads(),
-                      "median_step_seconds": median, "tokens_per_second": a.batch * a.seq / median,
-                      "final_loss": float(loss)}))
+        return elapsed, loss.detach().item()
+
+    def timed(steps):
+        results = [step() for _ in range(steps)]
+        median = statistics.median(t for t, _ in results)
+        return {**about, "threads": torch.get_num_threads(), "median_step_seconds": median,
+                "tokens_per_second": a.batch * a.seq / median, "final_loss": results[-1][1]}
+
+    start = time.perf_counter()
+    for _ in range(a.warmup):
+        step()
+    warmup_seconds = time.perf_counter() - start
+    if not a.serve:
+        print(json.dumps({**timed(a.steps), "warmup_seconds": warmup_seconds}))
+        return 0
+    print(json.dumps({**about, "ready": True, "warmup_seconds": warmup_seconds}), flush=True)
+    for line in sys.stdin:
+        if line.strip() == "run":
+            print(json.dumps(timed(a.steps)), flush=True)
+    return 0
 
 
 if __name__ == "__main__":

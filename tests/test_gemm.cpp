@@ -26,6 +26,7 @@
 #include <vector>
 
 #include "loom/core/error.hpp"
+#include "loom/runtime/host/fma_peak.hpp"
 #include "loom/runtime/host/gemm.hpp"
 #include "loom/runtime/host/thread_pool.hpp"
 
@@ -667,4 +668,15 @@ TEST_CASE("default_thread_count reads LOOM_NUM_THREADS", "[thread_pool]") {
     unsetenv("LOOM_NUM_THREADS");
     REQUIRE(loom::host::default_thread_count() >= 1);
     if (saved != nullptr) setenv("LOOM_NUM_THREADS", restore.c_str(), 1);
+}
+
+TEST_CASE("the FMA peak of one thread is a plausible rate for one core", "[gemm][peak]") {
+    if (loom::host::gemm_best_isa() == loom::host::gemm_isa::portable) return;  // no vector FMA to measure
+    loom::host::thread_pool one(1);
+    const double peak = loom::host::measure_fma_peak_flops(one);
+    INFO("peak " << peak / 1e9 << " GFLOP/s on one thread");
+    // A core with AVX2+FMA does 16 to 64 float FLOPs per cycle at 1 to 6 GHz; the lower
+    // bound leaves room for a loaded machine, the upper one catches chains optimised away.
+    CHECK(peak > 1e9);
+    CHECK(peak < 4e11);
 }

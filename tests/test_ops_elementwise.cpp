@@ -33,6 +33,7 @@
 #include <loom/runtime/host/bound_storage.hpp>
 #include <loom/runtime/host/executor.hpp>
 #include <loom/runtime/host/kernels/dropout.hpp>
+#include <loom/runtime/host/kernels/gelu.hpp>
 #include <loom/runtime/host/kernels/vector_math.hpp>
 
 using namespace loom;
@@ -476,4 +477,28 @@ TEMPLATE_TEST_CASE("dropout with p = 0 is an exact identity; dropout_grad reuses
     auto backward = run_forward<T>(
         [](graph_builder& bb) { return ops::dropout_grad(bb.input("x", dims({3, 1001})), 0.25, 77); }, {{"x", x}}, 8);
     CHECK(forward == backward);
+}
+
+TEST_CASE("the AVX-512 elementwise loop gives the baseline loop's values bit for bit", "[ops][elementwise]") {
+    if (!__builtin_cpu_supports("avx512f")) return;  // only one path on this CPU
+    // A dense sweep through both signs, the tails and the exp cut-off, with a ragged end.
+    const std::int64_t n = 200003;
+    std::vector<float> x(static_cast<std::size_t>(n)), dy(x.size());
+    for (std::int64_t i = 0; i < n; ++i) {
+        x[static_cast<std::size_t>(i)] = -60.0f + 120.0f * static_cast<float>(i) / static_cast<float>(n);
+        dy[static_cast<std::size_t>(i)] = std::sin(static_cast<float>(i));
+    }
+    const auto gelu = [](float* __restrict y, const float* __restrict a) {
+        for (std::int64_t j = 0; j < host::simd_block; ++j) y[j] = host::detail::gelu_value(a[j]);
+    };
+    const auto gelu_grad = [](float* __restrict dx, const float* __restrict g, const float* __restrict a) {
+        for (std::int64_t j = 0; j < host::simd_block; ++j) dx[j] = g[j] * host::detail::gelu_derivative(a[j]);
+    };
+    std::vector<float> base(x.size()), wide(x.size());
+    host::detail::map_range(gelu, 0, n, base.data(), x.data());
+    host::detail::map_range_avx512(gelu, 0, n, wide.data(), x.data());
+    CHECK(base == wide);
+    host::detail::map_range(gelu_grad, 0, n, base.data(), dy.data(), x.data());
+    host::detail::map_range_avx512(gelu_grad, 0, n, wide.data(), dy.data(), x.data());
+    CHECK(base == wide);
 }

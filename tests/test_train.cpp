@@ -3,7 +3,10 @@
 // clear errors for bad feeds.
 #include <catch2/catch.hpp>
 
+#include <algorithm>
 #include <cmath>
+#include <map>
+#include <string>
 
 #include <loom/models/gpt.hpp>
 #include <loom/train/trainer.hpp>
@@ -57,6 +60,34 @@ TEST_CASE("adamw follows torch.optim.AdamW's update", "[optim]") {
     // No decay on the bias: a constant gradient moves it by lr per step exactly (|mhat/sqrt(vhat)| = 1).
     CHECK(bias[0] == Approx(0.2 - 5 * 0.01 * 0.5 / (0.5 + 1e-6)).epsilon(1e-9));
     CHECK_THROWS_WITH(train::adamw<double>({.beta1 = 1.0}), Catch::Contains("betas"));
+}
+
+TEST_CASE("adamw in float: the vectorized update is bit for bit the scalar formula", "[optim]") {
+    // 40009 elements: several parallel ranges, and a tail that is not a multiple of 16.
+    const std::size_t n = 40009;
+    std::vector<float> p(n), g(n);
+    for (std::size_t i = 0; i < n; ++i) p[i] = static_cast<float>(std::sin(0.37 * static_cast<double>(i)));
+    std::vector<float> rp = p, m(n, 0.0f), v(n, 0.0f);
+    const train::adamw_options o{.lr = 3e-3, .beta1 = 0.9, .beta2 = 0.999, .eps = 1e-8, .weight_decay = 0.1};
+    train::adamw<float> opt(o);
+    opt.add({"w", p, g, true});
+    for (int t = 1; t <= 4; ++t) {
+        for (std::size_t i = 0; i < n; ++i) g[i] = static_cast<float>(std::cos(0.11 * static_cast<double>(i * t)) * 1e-2);
+        opt.step();
+        const auto b1 = static_cast<float>(o.beta1), b2 = static_cast<float>(o.beta2), eps = static_cast<float>(o.eps);
+        const auto step_size = static_cast<float>(o.lr / (1 - std::pow(o.beta1, t)));
+        const auto bias2_sqrt = static_cast<float>(std::sqrt(1 - std::pow(o.beta2, t)));
+        const auto decay = static_cast<float>(1 - o.lr * o.weight_decay);
+        std::size_t differing = 0;
+        for (std::size_t i = 0; i < n; ++i) {
+            rp[i] *= decay;
+            m[i] = b1 * m[i] + (1 - b1) * g[i];
+            v[i] = b2 * v[i] + (1 - b2) * g[i] * g[i];
+            rp[i] -= step_size * m[i] / (std::sqrt(v[i]) / bias2_sqrt + eps);
+            differing += p[i] != rp[i] || opt.first_moment(0)[i] != m[i] || opt.second_moment(0)[i] != v[i];
+        }
+        CHECK(differing == 0);
+    }
 }
 
 TEST_CASE("global-norm clipping scales every gradient by max_norm / norm", "[optim]") {
@@ -173,4 +204,45 @@ TEST_CASE("the trainer rejects bad feeds with the tensor named", "[train]") {
     auto x = b.parameter("x", {{Dim::Hidden::id, 3}}, parameter_init::ones());
     b.set_loss(ops::sum(x));
     CHECK_THROWS_WITH(train::trainer<float>(std::move(b).take(), {}), Catch::Contains("build_backward"));
+}
+
+TEST_CASE("a profiled step times every instruction once and computes the same step", "[train][profile]") {
+    auto c = tiny();
+    std::vector<std::int32_t> tokens, targets, positions;
+    auto feed = feed_for(c, tokens, targets, positions);
+    train::trainer<float> plain(models::gpt(c).training_graph(), {}), profiled(models::gpt(c).training_graph(), {});
+    host::op_profile profile;
+    for (int s = 0; s < 2; ++s) {
+        const auto a = plain.step(feed);
+        const auto b = profiled.step(feed, s == 1 ? &profile : nullptr);
+        CHECK(a.loss == b.loss);  // timing changes nothing
+        CHECK(a.grad_norm == b.grad_norm);
+    }
+    const auto weights_plain = plain.parameter("blocks.0.mlp.fc.weight");
+    const auto weights_profiled = profiled.parameter("blocks.0.mlp.fc.weight");
+    CHECK(std::equal(weights_plain.begin(), weights_plain.end(), weights_profiled.begin()));
+
+    std::int64_t calls = 0;
+    double linear_flops = 0;
+    std::map<std::string, std::int64_t> calls_by_kind;
+    for (const auto& e : profile.by_time()) {
+        calls += e.calls;
+        calls_by_kind[e.kind] = e.calls;
+        CHECK(e.seconds >= 0);
+        if (e.kind == "linear" || e.kind == "linear_bias") linear_flops += e.flops;
+    }
+    // One entry per instruction of the program, plus clipping and the optimizer.
+    CHECK(calls == static_cast<std::int64_t>(profiled.compiled().steps.size()) + 2);
+    CHECK(calls_by_kind["optimizer"] == 1);
+    CHECK(calls_by_kind["clip_global_norm"] == 1);
+    CHECK(calls_by_kind["attention"] == c.layers);
+    // The forward linear layers are the model's FLOPs less attention's.
+    const double t = static_cast<double>(c.batch * c.seq), h = static_cast<double>(c.hidden),
+                 f = static_cast<double>(c.ffn_size());
+    CHECK(linear_flops == Approx(c.forward_flops() - static_cast<double>(c.layers) * 2 * t * static_cast<double>(c.seq) * h));
+    CHECK(linear_flops == Approx(static_cast<double>(c.layers) * 2 * t * (4 * h * h + 2 * h * f) +
+                                 2 * t * h * static_cast<double>(c.vocab)));
+    // A second profiled step adds to the same entries.
+    profiled.step(feed, &profile);
+    CHECK(profile.by_time().front().calls % 2 == 0);
 }

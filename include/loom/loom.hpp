@@ -59,8 +59,10 @@
 #include <loom/runtime/transfer_runner.hpp>
 #include <loom/runtime/host/bound_storage.hpp>
 #include <loom/runtime/host/executor.hpp>
+#include <loom/runtime/host/fma_peak.hpp>
 #include <loom/runtime/host/gemm.hpp>
 #include <loom/runtime/host/kernel_table.hpp>
+#include <loom/runtime/host/op_profile.hpp>
 #include <loom/runtime/host/thread_pool.hpp>
 
 // calibration: this machine measured as a profile the searcher plans for

@@ -8,6 +8,7 @@
 #include <memory>
 #include <span>
 #include <string>
+#include <string_view>
 #include <type_traits>
 #include <variant>
 #include <vector>
@@ -69,15 +70,27 @@ public:
     trainer(const trainer&) = delete;
     trainer& operator=(const trainer&) = delete;
 
-    step_result step(const input_feed& feed) {
+    // With a profile, also times each kernel of the program and, as the kinds
+    // "clip_global_norm" and "optimizer", the two host loops after it.
+    step_result step(const input_feed& feed, host::op_profile* profile = nullptr) {
         auto start = std::chrono::steady_clock::now();
         set_inputs(feed);
+        executor_->set_profile(profile);
         executor_->run(static_cast<std::uint64_t>(steps_));
+        executor_->set_profile(nullptr);
         step_result r;
         r.loss = static_cast<double>(storage_->real(graph_->loss)[0]);
+        auto phase = std::chrono::steady_clock::now();
+        const auto close_phase = [&](std::string_view kind) {
+            const auto now = std::chrono::steady_clock::now();
+            if (profile) profile->add(kind, std::chrono::duration<double>(now - phase).count(), 0.0);
+            phase = now;
+        };
         r.grad_norm = options_.clip_norm > 0 ? clip_global_norm(grads_, options_.clip_norm) : global_norm(grads_);
+        close_phase("clip_global_norm");
         r.lr = options_.schedule.at(steps_);
         std::visit([&](auto& opt) { opt.step(r.lr); }, *optimizer_);
+        close_phase("optimizer");
         ++steps_;
         r.seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
         return r;

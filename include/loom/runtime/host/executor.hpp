@@ -1,6 +1,7 @@
 #pragma once
 // Runs a program on the host: one arena for intermediates, caller-bound storage for
 // inputs, parameters, gradients and outputs, and one kernel call per instruction.
+#include <chrono>
 #include <cstddef>
 #include <cstdint>
 #include <functional>
@@ -12,6 +13,7 @@
 
 #include <loom/core/error.hpp>
 #include <loom/runtime/host/kernel_table.hpp>
+#include <loom/runtime/host/op_profile.hpp>
 #include <loom/runtime/program.hpp>
 
 namespace loom::host {
@@ -53,6 +55,9 @@ public:
     // Who runs communication nodes; a program that has some cannot run without one.
     void set_communication(communication_handler handler) { communicate_ = std::move(handler); }
 
+    // Times every instruction of the following runs into `profile` (nullptr: stop timing).
+    void set_profile(op_profile* profile) { profile_ = profile; }
+
     void run(std::uint64_t step_number = 0) {
         for (tensor_id t : program_.bound)
             if (!pointers_[static_cast<std::size_t>(t)])
@@ -75,7 +80,14 @@ public:
                 continue;
             }
             kernel_call<T> call{g, n, ins, outs, step_number};
+            if (!profile_) {
+                kernels_[s](call);
+                continue;
+            }
+            const auto start = std::chrono::steady_clock::now();
             kernels_[s](call);
+            const double seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+            profile_->add(n.op->name, seconds, n.op->flops ? n.op->flops(g, n) : 0.0);
         }
     }
 
@@ -92,6 +104,7 @@ private:
     std::vector<void*> pointers_;
     std::vector<kernel_fn<T>> kernels_;
     communication_handler communicate_;
+    op_profile* profile_ = nullptr;
 };
 
 }  // namespace loom::host
