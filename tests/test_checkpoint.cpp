@@ -224,6 +224,7 @@ TEST_CASE("a checkpoint reshards: Megatron TP 4, then 2 stages x ZeRO-3 x DP 2, 
     CHECK(m.step == 2);
     CHECK(m.dtype == "F64");
     CHECK(m.plan.at("world") == 4);
+    CHECK(m.model.at("op_graph") == model_fingerprint(models::gpt(c).ir()));  // the same under every plan
     CHECK(m.tensors.at("wte").shards.size() == 4);  // vocabulary-parallel: a quarter per rank
     CHECK(m.tensors.at("wte.adam_m").shape == std::vector<std::int64_t>{32, 16});
     fs::remove_all(a);
@@ -284,6 +285,11 @@ TEST_CASE("damaged, half-written and mismatched checkpoints are refused and chan
         auto other = c;
         other.layers = 3;
         refused(good, "another model", other);
+    }
+    SECTION("the same parameters in another op graph") {
+        auto other = c;
+        other.dropout = 0.1;  // dropout ops after the embeddings, attention and MLP: no new parameter
+        refused(good, "other ops", other);
     }
     SECTION("another precision") {
         train::trainer<double> t(models::gpt(c).training_graph(), options());

@@ -8397,6 +8397,39 @@ inline transformation_registry::transformation_registry() {
 #include <string>
 #include <vector>
 
+// ---- begin loom/graph/fingerprint.hpp ----
+// What identifies a model: its forward ops in order (kind, name, output shapes), hashed.
+// Two graphs with the same fingerprint are the same model, so the same plans, plan files and
+// checkpoints fit both. A training graph has the fingerprint of its model (the backward pass
+// is appended after the forward nodes), and partition::apply_plan records the model's in the
+// partitioned graph, whatever the plan rewrites.
+#include <cstdint>
+#include <sstream>
+#include <string>
+#include <string_view>
+
+
+namespace loom {
+
+inline std::string model_fingerprint(const graph& g) {
+    std::uint64_t h = 1469598103934665603ull;  // FNV-1a
+    auto mix = [&](std::string_view s) {
+        for (unsigned char c : s) h = (h ^ c) * 1099511628211ull;
+        h = (h ^ 0xffu) * 1099511628211ull;
+    };
+    for (std::size_t i = 0; i < g.forward_node_count(); ++i) {
+        const node& n = g.nodes[i];
+        mix(n.op->name);
+        mix(n.name);
+        for (tensor_id t : n.outputs) mix(g.tensor(t).dims.to_string());
+    }
+    std::ostringstream out;
+    out << std::hex << h;
+    return out.str();
+}
+
+}  // namespace loom
+// ---- end loom/graph/fingerprint.hpp ----
 // ---- begin loom/partition/deadlock.hpp ----
 // Deadlock check for the device programs of a partitioned graph: do the programs, each
 // run in its own order, always make progress?
@@ -9252,6 +9285,7 @@ struct partitioned_graph {
     // The fingerprint of `order` when it was last checked (partition::check_programs); the
     // trainers check again before the first step when the order was edited since.
     std::uint64_t checked_order = 0;
+    std::string model_fingerprint;  // of the model the plan was applied to (graph/fingerprint.hpp)
 
     const graph& ir() const { return logical->g; }
 };
@@ -10762,6 +10796,7 @@ inline partitioned_graph apply_plan(const graph& model, const plan::resolved_pla
     //    deadlock); without one, devices run in plan order.
     if (plan.order) detail::order_by_schedule(out, plan, *plan.order);  // checks the order too
     out.checked_order = order_fingerprint(out);
+    out.model_fingerprint = model_fingerprint(model);
     return out;
 }
 
@@ -20371,7 +20406,8 @@ inline cluster calibrate_host(int ranks) {
 // manifest exists (train/checkpoint.hpp writes it after every shard file is on disk).
 //
 //   {"format": "loom-checkpoint", "version": 1,
-//    "model": {"signature": "9f3c...", "parameters": {"wte": [256, 64], ...}},
+//    "model": {"signature": "9f3c...", "op_graph": "c41e07...", "parameters": {"wte": [256, 64], ...}},
+//                                       (parameter names and shapes; the forward ops, graph/fingerprint.hpp)
 //    "dtype": "F32",
 //    "plan": {...},                       (how the saving run was partitioned; informative)
 //    "step": 10,
@@ -21874,25 +21910,6 @@ inline void write_llmc_tokens(const std::filesystem::path& path, std::span<const
 namespace loom::io {
 
 inline constexpr int plan_format_version = 1;
-
-// What identifies a model for a plan: its forward ops in order (kind, name, output shapes).
-// Two models with the same fingerprint take the same plans.
-inline std::string model_fingerprint(const graph& g) {
-    std::uint64_t h = 1469598103934665603ull;
-    auto mix = [&](std::string_view s) {
-        for (unsigned char c : s) h = (h ^ c) * 1099511628211ull;
-        h = (h ^ 0xffu) * 1099511628211ull;
-    };
-    for (std::size_t i = 0; i < g.forward_node_count(); ++i) {
-        const node& n = g.nodes[i];
-        mix(n.op->name);
-        mix(n.name);
-        for (tensor_id t : n.outputs) mix(g.tensor(t).dims.to_string());
-    }
-    std::ostringstream out;
-    out << std::hex << h;
-    return out.str();
-}
 
 namespace detail {
 
@@ -23680,9 +23697,9 @@ constexpr io::dtype element_dtype() {
     return std::is_same_v<T, float> ? io::dtype::f32 : io::dtype::f64;
 }
 
-// The model's identity: its parameters' names and shapes (with dims), in graph order. Plans
-// rewrite ops (identities, decompositions) but never the parameters, so this is the part of
-// the graph every plan of one model shares.
+// The model's identity: its parameters' names and shapes (with dims), in graph order, which
+// no plan rewrites, and its op graph's fingerprint (graph/fingerprint.hpp), taken from the
+// model before the plan rewrote it (partition::apply_plan records it).
 inline nlohmann::json model_parameters(const graph& g) {
     nlohmann::json params = nlohmann::json::object();
     for (tensor_id p : g.parameters) {
@@ -23739,6 +23756,7 @@ struct rank_state {
     std::vector<state_piece<T>> pieces;
     std::variant<adamw<T>, sgd<T>>* optimizer = nullptr;
     const graph* model = nullptr;     // the logical graph (parameters name the tensors)
+    std::string op_graph;             // the model's fingerprint (graph/fingerprint.hpp): its forward ops
     nlohmann::json plan;
     trainer_options options;
     std::int64_t step = 0;
@@ -23872,6 +23890,7 @@ checkpoint_info save_state(rank_state<T>& s, const std::filesystem::path& direct
             io::checkpoint_manifest m;
             m.model_signature = model_signature(*s.model);
             m.model["parameters"] = model_parameters(*s.model);
+            m.model["op_graph"] = s.op_graph;
             m.dtype = std::string(io::dtype_name(element_dtype<T>()));
             m.plan = s.plan;
             m.step = s.step;
@@ -23996,6 +24015,13 @@ std::vector<std::vector<T>> read_pieces(const rank_state<T>& s, const std::files
                          "; build the model with the configuration it was saved from, or start a new checkpoint "
                          "directory");
     }
+    // The same parameters in another op graph (another activation, norm or wiring) is
+    // another model too.
+    if (m.model.contains("op_graph") && !s.op_graph.empty() && m.model.at("op_graph") != s.op_graph)
+        throw data_error("checkpoint '" + dir.string() + "' was saved from another model: its op graph has fingerprint " +
+                         m.model.at("op_graph").get<std::string>() + ", this model's is " + s.op_graph +
+                         " (the same parameters, other ops); build the model it was saved from, or start a new "
+                         "checkpoint directory");
     std::map<std::string, std::unique_ptr<io::safetensors_file>> files;
     std::vector<std::vector<T>> out;
     std::vector<T> part;
@@ -24083,6 +24109,7 @@ rank_state<T> state_of(trainer<T>& t) {
     rank_state<T> s;
     s.optimizer = &t.optimizer();
     s.model = &t.ir();
+    s.op_graph = model_fingerprint(t.ir());
     s.plan = {{"world", 1}, {"plan", "one device"}};
     s.step = t.steps();
     const graph& g = t.ir();
@@ -24146,6 +24173,7 @@ detail::rank_state<T> state_of(distributed_trainer<T>& t) {
     const graph& g = plan.ir();
     s.optimizer = &t.optimizer();
     s.model = &g;
+    s.op_graph = plan.model_fingerprint;
     s.plan = plan_description(plan);
     s.options = t.options();
     s.step = t.steps();

@@ -4,7 +4,8 @@
 // manifest exists (train/checkpoint.hpp writes it after every shard file is on disk).
 //
 //   {"format": "loom-checkpoint", "version": 1,
-//    "model": {"signature": "9f3c...", "parameters": {"wte": [256, 64], ...}},
+//    "model": {"signature": "9f3c...", "op_graph": "c41e07...", "parameters": {"wte": [256, 64], ...}},
+//                                       (parameter names and shapes; the forward ops, graph/fingerprint.hpp)
 //    "dtype": "F32",
 //    "plan": {...},                       (how the saving run was partitioned; informative)
 //    "step": 10,

@@ -34,6 +34,7 @@
 #include <nlohmann/json.hpp>
 
 #include <loom/core/error.hpp>
+#include <loom/graph/fingerprint.hpp>
 #include <loom/graph/graph.hpp>
 #include <loom/graph/op.hpp>
 #include <loom/ops/all.hpp>
@@ -43,25 +44,6 @@
 namespace loom::io {
 
 inline constexpr int plan_format_version = 1;
-
-// What identifies a model for a plan: its forward ops in order (kind, name, output shapes).
-// Two models with the same fingerprint take the same plans.
-inline std::string model_fingerprint(const graph& g) {
-    std::uint64_t h = 1469598103934665603ull;
-    auto mix = [&](std::string_view s) {
-        for (unsigned char c : s) h = (h ^ c) * 1099511628211ull;
-        h = (h ^ 0xffu) * 1099511628211ull;
-    };
-    for (std::size_t i = 0; i < g.forward_node_count(); ++i) {
-        const node& n = g.nodes[i];
-        mix(n.op->name);
-        mix(n.name);
-        for (tensor_id t : n.outputs) mix(g.tensor(t).dims.to_string());
-    }
-    std::ostringstream out;
-    out << std::hex << h;
-    return out.str();
-}
 
 namespace detail {
 

@@ -26,6 +26,7 @@
 #include <vector>
 
 #include <loom/core/error.hpp>
+#include <loom/graph/fingerprint.hpp>
 #include <loom/partition/deadlock.hpp>
 #include <loom/partition/logical_graph.hpp>
 #include <loom/partition/materialize.hpp>
@@ -208,6 +209,7 @@ inline partitioned_graph apply_plan(const graph& model, const plan::resolved_pla
     //    deadlock); without one, devices run in plan order.
     if (plan.order) detail::order_by_schedule(out, plan, *plan.order);  // checks the order too
     out.checked_order = order_fingerprint(out);
+    out.model_fingerprint = model_fingerprint(model);
     return out;
 }
 

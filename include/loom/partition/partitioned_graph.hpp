@@ -60,6 +60,7 @@ struct partitioned_graph {
     // The fingerprint of `order` when it was last checked (partition::check_programs); the
     // trainers check again before the first step when the order was edited since.
     std::uint64_t checked_order = 0;
+    std::string model_fingerprint;  // of the model the plan was applied to (graph/fingerprint.hpp)
 
     const graph& ir() const { return logical->g; }
 };

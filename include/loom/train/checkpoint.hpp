@@ -51,6 +51,7 @@
 #include <nlohmann/json.hpp>
 
 #include <loom/core/error.hpp>
+#include <loom/graph/fingerprint.hpp>
 #include <loom/io/checkpoint_manifest.hpp>
 #include <loom/io/crc32.hpp>
 #include <loom/io/durable_file.hpp>
@@ -124,9 +125,9 @@ constexpr io::dtype element_dtype() {
     return std::is_same_v<T, float> ? io::dtype::f32 : io::dtype::f64;
 }
 
-// The model's identity: its parameters' names and shapes (with dims), in graph order. Plans
-// rewrite ops (identities, decompositions) but never the parameters, so this is the part of
-// the graph every plan of one model shares.
+// The model's identity: its parameters' names and shapes (with dims), in graph order, which
+// no plan rewrites, and its op graph's fingerprint (graph/fingerprint.hpp), taken from the
+// model before the plan rewrote it (partition::apply_plan records it).
 inline nlohmann::json model_parameters(const graph& g) {
     nlohmann::json params = nlohmann::json::object();
     for (tensor_id p : g.parameters) {
@@ -183,6 +184,7 @@ struct rank_state {
     std::vector<state_piece<T>> pieces;
     std::variant<adamw<T>, sgd<T>>* optimizer = nullptr;
     const graph* model = nullptr;     // the logical graph (parameters name the tensors)
+    std::string op_graph;             // the model's fingerprint (graph/fingerprint.hpp): its forward ops
     nlohmann::json plan;
     trainer_options options;
     std::int64_t step = 0;
@@ -316,6 +318,7 @@ checkpoint_info save_state(rank_state<T>& s, const std::filesystem::path& direct
             io::checkpoint_manifest m;
             m.model_signature = model_signature(*s.model);
             m.model["parameters"] = model_parameters(*s.model);
+            m.model["op_graph"] = s.op_graph;
             m.dtype = std::string(io::dtype_name(element_dtype<T>()));
             m.plan = s.plan;
             m.step = s.step;
@@ -440,6 +443,13 @@ std::vector<std::vector<T>> read_pieces(const rank_state<T>& s, const std::files
                          "; build the model with the configuration it was saved from, or start a new checkpoint "
                          "directory");
     }
+    // The same parameters in another op graph (another activation, norm or wiring) is
+    // another model too.
+    if (m.model.contains("op_graph") && !s.op_graph.empty() && m.model.at("op_graph") != s.op_graph)
+        throw data_error("checkpoint '" + dir.string() + "' was saved from another model: its op graph has fingerprint " +
+                         m.model.at("op_graph").get<std::string>() + ", this model's is " + s.op_graph +
+                         " (the same parameters, other ops); build the model it was saved from, or start a new "
+                         "checkpoint directory");
     std::map<std::string, std::unique_ptr<io::safetensors_file>> files;
     std::vector<std::vector<T>> out;
     std::vector<T> part;
@@ -527,6 +537,7 @@ rank_state<T> state_of(trainer<T>& t) {
     rank_state<T> s;
     s.optimizer = &t.optimizer();
     s.model = &t.ir();
+    s.op_graph = model_fingerprint(t.ir());
     s.plan = {{"world", 1}, {"plan", "one device"}};
     s.step = t.steps();
     const graph& g = t.ir();
@@ -590,6 +601,7 @@ detail::rank_state<T> state_of(distributed_trainer<T>& t) {
     const graph& g = plan.ir();
     s.optimizer = &t.optimizer();
     s.model = &g;
+    s.op_graph = plan.model_fingerprint;
     s.plan = plan_description(plan);
     s.options = t.options();
     s.step = t.steps();
