@@ -18,6 +18,7 @@
 
 #include "support/evoformer.hpp"
 #include "support/plan_equivalence.hpp"
+#include "support/t5_feed.hpp"
 
 using namespace loom;
 
@@ -160,15 +161,7 @@ TEST_CASE("random plans from the whole plan language train like one device", "[p
                 const graph forward = model.ir();
                 std::vector<models::t5_batch> batches{models::t5_synthetic_batch(c, 1), models::t5_synthetic_batch(c, 2)};
                 std::vector<train::input_feed> feeds;
-                for (const auto& b : batches) {
-                    train::input_feed f;
-                    f.index["source"] = b.source;
-                    f.index["target_in"] = b.target_in;
-                    f.index["targets"] = b.targets;
-                    f.index["source_positions"] = b.source_positions;
-                    f.index["target_positions"] = b.target_positions;
-                    feeds.push_back(f);
-                }
+                for (const auto& b : batches) feeds.push_back(testing::t5_feed(b));
                 e = testing::compare_on_model<double>(forward, std::move(model).training_graph(), feeds, d.plan);
             } else {
                 const models::evoformer_config c = testing::pipeline_evoformer(2);

@@ -23,6 +23,7 @@
 
 #include "support/gradcheck.hpp"
 #include "support/model_gradcheck.hpp"
+#include "support/t5_feed.hpp"
 
 using namespace loom;
 
@@ -53,15 +54,7 @@ models::swin_config tiny_swin() {
             .batch = 2};
 }
 
-train::input_feed feed_of(const models::t5_batch& d) {
-    train::input_feed f;
-    f.index["source"] = d.source;
-    f.index["target_in"] = d.target_in;
-    f.index["targets"] = d.targets;
-    f.index["source_positions"] = d.source_positions;
-    f.index["target_positions"] = d.target_positions;
-    return f;
-}
+train::input_feed feed_of(const models::t5_batch& d) { return testing::t5_feed(d); }
 
 train::input_feed feed_of(const models::swin_batch& d) {
     train::input_feed f;
