@@ -1,4 +1,4 @@
-// expect: plan::stage_boundaries<1, 2>: 2 boundaries for 2 stage ranges (plan::stages<2>); give 1
+// expect: plan::stage_boundaries<1, 2>: 2 boundaries for 2 stage ranges (plan::stages<2>)
 #include <loom/plan/combinators.hpp>
 
 using namespace loom;

@@ -1,4 +1,4 @@
-// expect: plan::micro_batches<0>: 0 micro-batches; use at least 1
+// expect: plan::micro_batches<0>: 0 micro-batches
 #include <loom/plan/combinators.hpp>
 
 using namespace loom;

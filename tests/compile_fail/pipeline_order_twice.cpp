@@ -1,4 +1,4 @@
-// expect: plan::order<OneFOneB>: the plan already says plan::order<GPipe>; give it once
+// expect: plan::order<OneFOneB>: the plan already says plan::order<GPipe>
 #include <loom/plan/combinators.hpp>
 
 using namespace loom;

@@ -1,4 +1,4 @@
-// expect: plan::stages<4>: 4 stages do not divide devices<6>; choose a stage count that divides 6
+// expect: plan::stages<4>: 4 stages do not divide devices<6>
 #include <loom/plan/combinators.hpp>
 
 using namespace loom;

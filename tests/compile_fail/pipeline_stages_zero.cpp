@@ -1,4 +1,4 @@
-// expect: plan::stages<0>: 0 stages; use at least 1
+// expect: plan::stages<0>: 0 stages
 #include <loom/plan/combinators.hpp>
 
 using namespace loom;

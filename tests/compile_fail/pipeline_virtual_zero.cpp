@@ -1,4 +1,4 @@
-// expect: plan::Interleaved<V>: V is the number of model chunks per device group; use 1 or more
+// expect: plan::Interleaved<V>: V is the number of model chunks per device group
 #include <loom/plan/combinators.hpp>
 
 using namespace loom;
