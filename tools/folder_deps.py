@@ -2,7 +2,7 @@
 """Print which folders of include/loom include which, and fail on a cycle.
 
 The folders under include/loom/ follow the data flow of the design (core, graph, ops,
-autograd, plan, partition, search, runtime, calibrate, train; schedule, io and models where
+autograd, plan, partition, runtime, search, calibrate, train; schedule, io and models where
 they belong): nothing downstream reaches back upstream. This check reads every
 `#include <loom/...>` (and every quoted include naming a file under the root) of every
 header, maps each header to its top-level folder (runtime/host/gemm.hpp belongs to

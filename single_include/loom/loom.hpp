@@ -11251,6 +11251,10 @@ inline std::string svg_timeline(const simulation& r, const svg_options& o = {}) 
 //   to_plan.hpp           a searched configuration as the one plan value
 //   order_search.hpp      temporal-order search: per-device block orders under constraints
 //                         and a memory cap, minimising the makespan
+//   program_price.hpp     the price of a plan's programs: every instruction, every transfer,
+//                         a two-stream timeline of all devices, each device's memory
+//   plan_search.hpp       search_plan: fills the open parameters of a user's plan, priced by
+//                         its programs
 // ---- begin loom/search/to_plan.hpp ----
 // The searcher's answer as the one plan value: a configuration of the searched space
 // (plan_space.hpp) written with the plan's parts, so that it is applied, explained, stored
@@ -11761,6 +11765,8 @@ inline plan::plan_spec to_plan(const configuration& c) {
 #include <cmath>
 #include <cstddef>
 #include <string>
+#include <map>
+#include <span>
 #include <string_view>
 
 // ---- begin loom/search/hardware.hpp ----
@@ -12233,6 +12239,29 @@ inline group_placement placement(const topology& t, device_group g) {
     return p;
 }
 
+// How an arbitrary set of ranks (a materialized transfer's group) lies over nodes.
+inline group_placement placement(const topology& t, std::span<const int> ranks) {
+    if (t.devices_per_node < 1)
+        throw profile_error("placement: topology has devices_per_node = " + std::to_string(t.devices_per_node) +
+                            "; give at least 1");
+    if (ranks.empty()) throw usage_error("placement: an empty group of ranks; a group has at least 1 member");
+    std::map<int, int> per_node;
+    for (int r : ranks) {
+        if (r < 0 || r >= t.devices())
+            throw usage_error("placement: rank " + std::to_string(r) + " is outside the topology's " +
+                              std::to_string(t.devices()) + " devices; plan for a cluster with at least " +
+                              std::to_string(r + 1) + " devices");
+        ++per_node[r / t.devices_per_node];
+    }
+    group_placement p{.nodes = static_cast<int>(per_node.size()), .min_per_node = static_cast<int>(ranks.size()),
+                      .max_per_node = 0};
+    for (auto [node, members] : per_node) {
+        p.min_per_node = std::min(p.min_per_node, members);
+        p.max_per_node = std::max(p.max_per_node, members);
+    }
+    return p;
+}
+
 inline int nodes_spanned(const topology& t, device_group g) { return placement(t, g).nodes; }
 
 // Members on the fullest node; for uniform groups, the members of every node it spans.
@@ -12283,17 +12312,19 @@ inline comm_time ring(collective c, double bytes, int n, double bw, double lat) 
     return {};
 }
 
-inline comm_time ring_cost(const cluster& c, collective k, double bytes, int n, const group_placement& p) {
+// `sharing`: how many groups of the same shape send across the same nodes at once (the
+// data-parallel groups of every tensor-parallel rank); they share the nodes' NICs.
+inline comm_time ring_cost(const cluster& c, collective k, double bytes, int n, const group_placement& p, int sharing = 1) {
     const topology& t = c.topo;
     if (p.nodes == 1) return ring(k, bytes, n, t.intra_node.bandwidth, t.intra_node.latency);
     const link& nic = t.inter_node_per_nic;
-    if (k == collective::send_recv) return ring(k, bytes, n, inter_node_bandwidth_per_member(t, 1), nic.latency);
+    if (k == collective::send_recv) return ring(k, bytes, n, inter_node_bandwidth_per_member(t, sharing), nic.latency);
     if (k == collective::all_to_all) {
         // Each member sends (n-m)/n of its buffer off its node (sharing the node's NICs with
         // the node's m members) and (m-1)/n to its node's members, both at once. Evaluated at
         // the emptiest and the fullest node, the worse of the two.
         auto transmission = [&](int m) {
-            const double off_node = (n - m) * bytes / n / inter_node_bandwidth_per_member(t, m);
+            const double off_node = (n - m) * bytes / n / inter_node_bandwidth_per_member(t, m * sharing);
             const double on_node = (m - 1) * bytes / n / t.intra_node.bandwidth;
             return std::max(off_node, on_node);
         };
@@ -12304,7 +12335,7 @@ inline comm_time ring_cost(const cluster& c, collective k, double bytes, int n, 
     // so the crossing uses min(members, NICs) NICs of the emptiest node. Every step waits for
     // its slowest hop: the crossing, or an NVLink hop when the crossing is faster.
     const int m = p.min_per_node;
-    double bw = m * inter_node_bandwidth_per_member(t, m);
+    double bw = m * inter_node_bandwidth_per_member(t, m * sharing);
     if (p.max_per_node > 1) bw = std::min(bw, t.intra_node.bandwidth);
     return ring(k, bytes, n, bw, nic.latency);
 }
@@ -12317,12 +12348,13 @@ inline bool has_hierarchical_form(collective k) {
 // whole buffer; across nodes, the k members with the same local index each run a ring over
 // the N nodes on their 1/k of the buffer, all k rings at once, sharing the node's NICs.
 // all_gather + reduce_scatter == all_reduce holds here as for the ring.
-inline comm_time hierarchical_cost(const cluster& c, collective kind, double bytes, const group_placement& p) {
+inline comm_time hierarchical_cost(const cluster& c, collective kind, double bytes, const group_placement& p,
+                                   int sharing = 1) {
     const topology& t = c.topo;
     const int k = p.max_per_node;
     const int nodes = p.nodes;
     const double intra_bw = t.intra_node.bandwidth, intra_lat = t.intra_node.latency;
-    const double inter_bw = inter_node_bandwidth_per_member(t, k), inter_lat = t.inter_node_per_nic.latency;
+    const double inter_bw = inter_node_bandwidth_per_member(t, k * sharing), inter_lat = t.inter_node_per_nic.latency;
     const double shard = bytes / k;
     switch (kind) {
         case collective::all_reduce:
@@ -12341,20 +12373,23 @@ inline comm_time hierarchical_cost(const cluster& c, collective kind, double byt
 
 }  // namespace detail
 
-// Latency and transmission of one collective over group g. Size-1 groups cost 0.
-// algorithm::hierarchical on a group whose nodes hold different numbers of members throws;
-// algorithm::automatic then uses the ring. For all_to_all, broadcast and send_recv the
-// hierarchical form is the ring form.
-inline comm_time collective_cost(const cluster& c, collective kind, double bytes, device_group g,
-                                 algorithm a = algorithm::automatic) {
+// Latency and transmission of one collective over `size` members placed as `p`. Size-1
+// groups cost 0. algorithm::hierarchical on a group whose nodes hold different numbers of
+// members throws; algorithm::automatic then uses the ring. For all_to_all, broadcast and
+// send_recv the hierarchical form is the ring form. `sharing` groups of this shape cross
+// the same nodes at once and share their NICs (1: this group alone).
+inline comm_time collective_cost(const cluster& c, collective kind, double bytes, int size, const group_placement& p,
+                                 algorithm a = algorithm::automatic, int sharing = 1) {
     if (!(bytes >= 0) || !std::isfinite(bytes))
         throw usage_error("collective_cost: " + std::string(to_string(kind)) + " of " + detail::number_text(bytes) +
                           " bytes; give a finite, non-negative size in bytes");
-    const group_placement p = placement(c.topo, g);
-    if (kind == collective::send_recv && g.size > 2)
-        throw usage_error("collective_cost: send_recv over a group of " + std::to_string(g.size) +
+    if (kind == collective::send_recv && size > 2)
+        throw usage_error("collective_cost: send_recv over a group of " + std::to_string(size) +
                           " devices; a send_recv is between 2 devices, give {.size = 2, .stride = <distance>}");
-    if (g.size == 1) return {};
+    if (sharing < 1)
+        throw usage_error("collective_cost: " + std::to_string(sharing) +
+                          " groups sharing the NICs; give at least 1 (the group itself)");
+    if (size == 1) return {};
     detail::check_link(c, c.topo.intra_node, "topology.intra_node");
     if (p.nodes > 1) {
         detail::check_link(c, c.topo.inter_node_per_nic, "topology.inter_node_per_nic");
@@ -12363,7 +12398,7 @@ inline comm_time collective_cost(const cluster& c, collective kind, double bytes
                                 std::to_string(c.topo.nics_per_node) +
                                 " NICs per node but the group spans nodes; give at least 1 NIC per node");
     }
-    const comm_time ring = detail::ring_cost(c, kind, bytes, g.size, p);
+    const comm_time ring = detail::ring_cost(c, kind, bytes, size, p, sharing);
     if (a == algorithm::ring || !detail::has_hierarchical_form(kind)) return ring;
     if (!p.uniform()) {
         if (a == algorithm::automatic) return ring;
@@ -12372,9 +12407,18 @@ inline comm_time collective_cost(const cluster& c, collective kind, double bytes
                           std::to_string(p.min_per_node) + " to " + std::to_string(p.max_per_node) +
                           "; use algorithm::ring or align the group to nodes");
     }
-    const comm_time hierarchical = detail::hierarchical_cost(c, kind, bytes, p);
+    const comm_time hierarchical = detail::hierarchical_cost(c, kind, bytes, p, sharing);
     if (a == algorithm::hierarchical) return hierarchical;
     return hierarchical.total() < ring.total() ? hierarchical : ring;
+}
+
+// The same over the ranks {first + i*stride}.
+inline comm_time collective_cost(const cluster& c, collective kind, double bytes, device_group g,
+                                 algorithm a = algorithm::automatic) {
+    if (!(bytes >= 0) || !std::isfinite(bytes))
+        throw usage_error("collective_cost: " + std::string(to_string(kind)) + " of " + detail::number_text(bytes) +
+                          " bytes; give a finite, non-negative size in bytes");
+    return collective_cost(c, kind, bytes, g.size, placement(c.topo, g), a);
 }
 
 inline double collective_time(const cluster& c, collective kind, double bytes, device_group g,
@@ -14537,6 +14581,1161 @@ inline order_search_result order_search(const schedule::pipeline_shape& shape, c
 
 }  // namespace loom::search
 // ---- end loom/search/order_search.hpp ----
+// ---- begin loom/search/plan_search.hpp ----
+// The searcher fills the open parameters of a user's plan: the user constructs the space
+// (a plan with open<...> degrees, stage counts, micro-batches, orders, ZeRO stages, and
+// its constraints), loom searches it, pricing the programs each candidate really produces.
+//
+//   plan::plan_spec space = plan::compose(plan::stages<plan::open<"pp">>{},
+//                                         plan::micro_batches<plan::open<"mb">>{}, ...);
+//   search::plan_search_result r = search::search_plan(model, space, search::dgx_a100(1));
+//   r.plan            the same plan, every open parameter chosen (r.plan.choices)
+//   r.price           its predicted step time and the memory of every device
+//   r.gap             proven optimality gap (0: the best of the space)
+//   r.explain()       why this plan, the runner-up, and what separated them
+//
+// How:
+//   1. Candidates: every legal value of every open parameter: its own range when the plan
+//      gives one, else the divisors of the devices (degrees, stage counts), of the batch
+//      (micro-batches), every alternative (orders) and every ZeRO stage.
+//   2. Every assignment is resolved against the model (plan::resolve); the structural
+//      refusals (a stage count that does not divide, layers that do not fill the chunks, a
+//      forbidden split, ...) are counted by reason, which is what an empty space reports.
+//   3. A lower bound on the step time of each legal assignment, from the resolved plan
+//      alone: the busiest device's share of the training work (FLOPs, bytes, instructions)
+//      at the device's best rates. It never exceeds the programs' price (tests check it on
+//      every leaf of several spaces).
+//   4. Best first by that bound, each assignment is applied (partition::apply_plan) and its
+//      programs priced (search/program_price.hpp); assignments that do not fit in the
+//      device's memory are set aside. The search stops when the next bound is no better
+//      than the runner-up's price (both are then exact), or at the time or count budget,
+//      when the gap is that of the best price to the lowest bound not yet priced.
+// Deterministic: ties keep the enumeration order, odometer over the parameters in the
+// order plan::open_parameters lists them.
+#include <algorithm>
+#include <chrono>
+#include <cstdint>
+#include <limits>
+#include <map>
+#include <optional>
+#include <sstream>
+#include <string>
+#include <vector>
+
+// ---- begin loom/search/program_price.hpp ----
+// The price of a plan's programs on a cluster: what one training step of the per-device
+// programs that partition::apply_plan produced costs, instruction by instruction.
+//
+//   partition::partitioned_graph pg = partition::apply_plan(model, plan);
+//   search::program_price p = search::price_programs(pg, search::dgx_a100(2));
+//   p.step_seconds, p.devices[d].memory.total(), p.explain()
+//
+// - Compute: every instruction of every device's program, from its FLOPs and the bytes it
+//   reads and writes (op_def::flops and the tensors' shapes): a GEMM-like instruction runs
+//   at the device's GEMM efficiency scaled by its shape (small dimensions run slower,
+//   gemm_shape_factor below), the rest at the roofline of FLOPs and memory bandwidth.
+// - Communication: every materialized transfer by its collective, its group's placement
+//   over nodes, and its bytes (search/communication.hpp). Groups of the same transfer for
+//   other ranks (the data-parallel all-reduce of each tensor-parallel rank) that cross the
+//   same nodes are taken to run at once and share those nodes' NICs.
+// - Time: an event-driven run of all devices' programs in their op-order. Each device has a
+//   compute stream and a communication stream (or one stream, overlap = false, as the host
+//   backend runs); an instruction starts when its stream is free and its inputs are ready;
+//   a collective starts when every member has reached it. The optimizer step follows.
+// - Memory: what the host backend allocates for the program (runtime/compile.hpp): the
+//   liveness-planned arena of intermediates plus the bound tensors (parameters, gradients,
+//   inputs, loss), the optimizer's state for what the device updates (AdamW: two float
+//   moments, ZeRO-1/2 sharding them over the replicas), and the runtime's fixed bytes.
+#include <algorithm>
+#include <cmath>
+#include <cstdint>
+#include <limits>
+#include <map>
+#include <string>
+#include <tuple>
+#include <vector>
+
+// ---- begin loom/runtime/compile.hpp ----
+// Turns one device's graph into a program: the nodes that the wanted tensors depend on,
+// in graph order (or a given op-order), with every intermediate placed in a shared arena by liveness.
+#include <algorithm>
+#include <string>
+#include <vector>
+
+// ---- begin loom/runtime/memory_planner.hpp ----
+// Liveness-based buffer reuse. Each buffer lives from the step that writes it to the last
+// step that reads it; buffers whose lifetimes do not overlap may share bytes. Offsets are
+// chosen best-fit from a free list, largest buffers placed first in each step so that the
+// peak stays close to the true lower bound max_t(sum of live sizes).
+#include <algorithm>
+#include <cstdint>
+#include <iterator>
+#include <map>
+#include <vector>
+
+namespace loom {
+
+struct buffer_lifetime {
+    std::int64_t bytes = 0;
+    std::int64_t first = 0;  // step that writes it
+    std::int64_t last = 0;   // last step that reads it (>= first)
+};
+
+struct memory_plan {
+    std::vector<std::int64_t> offsets;  // per request
+    std::int64_t peak = 0;              // arena size
+    std::int64_t lower_bound = 0;       // max over steps of live bytes: no plan can do better
+    std::int64_t unplanned = 0;         // sum of all sizes
+};
+
+inline memory_plan plan_memory(const std::vector<buffer_lifetime>& requests, std::int64_t alignment = 64) {
+    memory_plan plan;
+    plan.offsets.assign(requests.size(), 0);
+    auto align = [&](std::int64_t b) { return (b + alignment - 1) / alignment * alignment; };
+
+    std::int64_t steps = 0;
+    for (const auto& r : requests) {
+        steps = std::max(steps, r.last + 1);
+        plan.unplanned += align(r.bytes);
+    }
+    std::vector<std::vector<std::size_t>> born(static_cast<std::size_t>(steps)), dying(static_cast<std::size_t>(steps));
+    for (std::size_t i = 0; i < requests.size(); ++i) {
+        born[static_cast<std::size_t>(requests[i].first)].push_back(i);
+        dying[static_cast<std::size_t>(requests[i].last)].push_back(i);
+    }
+
+    std::map<std::int64_t, std::int64_t> free_blocks;  // offset -> size, coalesced
+    std::int64_t top = 0, live = 0;
+    auto release = [&](std::int64_t offset, std::int64_t size) {
+        auto [it, _] = free_blocks.emplace(offset, size);
+        if (auto next = std::next(it); next != free_blocks.end() && it->first + it->second == next->first) {
+            it->second += next->second;
+            free_blocks.erase(next);
+        }
+        if (it != free_blocks.begin()) {
+            auto prev = std::prev(it);
+            if (prev->first + prev->second == it->first) {
+                prev->second += it->second;
+                free_blocks.erase(it);
+                it = prev;
+            }
+        }
+        if (it->first + it->second == top) {  // give the tail back to the top
+            top = it->first;
+            free_blocks.erase(it);
+        }
+    };
+    for (std::int64_t s = 0; s < steps; ++s) {
+        auto& now = born[static_cast<std::size_t>(s)];
+        std::sort(now.begin(), now.end(), [&](auto a, auto b) { return requests[a].bytes > requests[b].bytes; });
+        for (std::size_t i : now) {
+            std::int64_t size = align(requests[i].bytes);
+            live += size;
+            auto best = free_blocks.end();
+            for (auto it = free_blocks.begin(); it != free_blocks.end(); ++it)
+                if (it->second >= size && (best == free_blocks.end() || it->second < best->second)) best = it;
+            if (best != free_blocks.end()) {
+                plan.offsets[i] = best->first;
+                std::int64_t rest = best->second - size, at = best->first + size;
+                free_blocks.erase(best);
+                if (rest > 0) free_blocks.emplace(at, rest);
+            } else {
+                plan.offsets[i] = top;
+                top += size;
+            }
+            plan.peak = std::max(plan.peak, top);
+        }
+        plan.lower_bound = std::max(plan.lower_bound, live);
+        // Outputs of a step and its inputs coexist during the step; release after it.
+        for (std::size_t i : dying[static_cast<std::size_t>(s)]) {
+            live -= align(requests[i].bytes);
+            release(plan.offsets[i], align(requests[i].bytes));
+        }
+    }
+    return plan;
+}
+
+}  // namespace loom
+// ---- end loom/runtime/memory_planner.hpp ----
+// ---- begin loom/runtime/program.hpp ----
+// A per-device instruction program: the form every plan compiles to, and the only thing
+// an executor reads. On one device it is the graph's nodes in order; plans (partition/)
+// add communication instructions between them.
+#include <cstdint>
+#include <string>
+#include <vector>
+
+
+namespace loom {
+
+// How a program stores its real tensors. bf16 is the GPU's mixed precision: tensors in
+// bfloat16, arithmetic in float, and the outputs ops mark as float_outputs kept in float.
+enum class precision : std::uint8_t { f32, f64, bf16 };
+
+inline std::size_t real_bytes(precision p) {
+    switch (p) {
+        case precision::f32: return 4;
+        case precision::f64: return 8;
+        case precision::bf16: return 2;
+    }
+    return 4;
+}
+inline std::string_view to_string(precision p) {
+    switch (p) {
+        case precision::f32: return "f32";
+        case precision::f64: return "f64";
+        case precision::bf16: return "bf16";
+    }
+    return "unknown precision";
+}
+
+// Where a tensor's bytes live while the program runs.
+struct buffer {
+    enum class place : std::uint8_t {
+        none,   // never materialised by this program
+        arena,  // inside the program's arena, at `offset`, reused once dead
+        bound,  // caller-owned storage bound before running (inputs, parameters, gradients, outputs)
+    };
+    place where = place::none;
+    std::int64_t offset = 0;
+    std::int64_t bytes = 0;
+};
+
+struct instruction {
+    enum class kind : std::uint8_t { compute };
+    kind what = kind::compute;
+    node_id node = no_id;
+};
+
+struct program {
+    const graph* source = nullptr;
+    precision prec = precision::f32;
+    std::vector<instruction> steps;
+    std::vector<buffer> buffers;       // indexed by tensor_id
+    std::vector<tensor_id> bound;      // tensors the caller must bind
+    std::int64_t arena_bytes = 0;      // peak of the liveness plan
+    std::int64_t unplanned_bytes = 0;  // what one buffer per tensor would take
+
+    std::int64_t bytes_of(tensor_id t) const { return buffers.at(static_cast<std::size_t>(t)).bytes; }
+};
+
+inline std::int64_t tensor_bytes(const tensor_desc& t, precision p) {
+    return t.dims.numel() * static_cast<std::int64_t>(t.kind == value_kind::index ? 4 : real_bytes(p));
+}
+
+// The precision tensor `t` is stored in by a program of precision `p`: float for the outputs
+// its producer keeps in float (op_def::float_outputs) when p is narrower than float, and for
+// the partitioner's copies of such tensors (transfers and assembles marked "keeps_float").
+inline precision storage_precision(const graph& g, tensor_id t, precision p) {
+    if (p != precision::bf16) return p;
+    const tensor_desc& d = g.tensor(t);
+    if (d.producer == no_id) return p;
+    const node& n = g.at(d.producer);
+    if (n.attrs.get_or<std::int64_t>("keeps_float", 0) != 0) return precision::f32;
+    for (std::size_t i = 0; i < n.outputs.size() && i < 32; ++i)
+        if (n.outputs[i] == t && (n.op->float_outputs >> i & 1u)) return precision::f32;
+    return p;
+}
+
+inline std::int64_t tensor_bytes(const graph& g, tensor_id t, precision p) {
+    return tensor_bytes(g.tensor(t), storage_precision(g, t, p));
+}
+
+}  // namespace loom
+// ---- end loom/runtime/program.hpp ----
+
+namespace loom {
+
+struct compile_options {
+    precision prec = precision::f32;
+    bool include_backward = true;       // false: the forward pass only (evaluation)
+    std::vector<tensor_id> outputs;     // extra tensors the caller wants to read after a run
+    // Keep every node even if no wanted tensor depends on it: a device's part of a
+    // partitioned graph sends pieces other devices need.
+    bool keep_every_node = false;
+    // The order to run the nodes in (op-order: a pipeline schedule's); empty: graph order.
+    // Must list every node once and run each after the producers of its inputs.
+    std::vector<node_id> order;
+};
+
+inline program compile_program(const graph& g, const compile_options& options = {}) {
+    program p;
+    p.source = &g;
+    p.prec = options.prec;
+    p.buffers.resize(g.tensors.size());
+
+    // Wanted tensors: the loss, parameter gradients (when training) and explicit outputs.
+    std::vector<bool> wanted(g.tensors.size(), false);
+    auto want = [&](tensor_id t) {
+        if (t < 0 || static_cast<std::size_t>(t) >= g.tensors.size())
+            throw usage_error("compile_program: output tensor id " + std::to_string(t) + " is not in the graph");
+        wanted[static_cast<std::size_t>(t)] = true;
+    };
+    if (g.loss != no_id) want(g.loss);
+    if (options.include_backward)
+        for (auto [param, grad] : g.gradients) want(grad);
+    for (tensor_id t : options.outputs) want(t);
+
+    // Keep the nodes some wanted tensor depends on (reverse sweep over a topological order).
+    std::vector<bool> needed = wanted;
+    std::vector<bool> keep(g.nodes.size(), false);
+    for (std::size_t i = g.nodes.size(); i-- > 0;) {
+        const node& n = g.nodes[i];
+        if (n.backward && !options.include_backward) continue;
+        bool any = options.keep_every_node || std::any_of(n.outputs.begin(), n.outputs.end(),
+                               [&](tensor_id t) { return needed[static_cast<std::size_t>(t)]; });
+        if (!any) continue;
+        keep[i] = true;
+        for (tensor_id t : n.inputs) needed[static_cast<std::size_t>(t)] = true;
+    }
+    if (options.order.empty()) {
+        for (std::size_t i = 0; i < g.nodes.size(); ++i)
+            if (keep[i]) p.steps.push_back({instruction::kind::compute, static_cast<node_id>(i)});
+    } else {
+        if (options.order.size() != g.nodes.size())
+            throw usage_error("compile_program: the node order lists " + std::to_string(options.order.size()) +
+                              " nodes but the graph has " + std::to_string(g.nodes.size()) + "; list every node once");
+        std::vector<bool> done(g.nodes.size(), false);
+        for (node_id id : options.order) {
+            if (id < 0 || static_cast<std::size_t>(id) >= g.nodes.size() || done[static_cast<std::size_t>(id)])
+                throw usage_error("compile_program: the node order lists node " + std::to_string(id) +
+                                  (id >= 0 && static_cast<std::size_t>(id) < g.nodes.size() ? " twice" : ", which is not in the graph") +
+                                  "; list every node once");
+            const node& n = g.at(id);
+            for (tensor_id t : n.inputs) {
+                node_id producer = g.tensor(t).producer;
+                if (producer != no_id && !done[static_cast<std::size_t>(producer)])
+                    throw usage_error("compile_program: the node order runs '" + n.name + "' before '" +
+                                      g.at(producer).name + "', which produces its input '" + g.tensor(t).name +
+                                      "'; order every node after the producers of its inputs");
+            }
+            done[static_cast<std::size_t>(id)] = true;
+            if (keep[static_cast<std::size_t>(id)]) p.steps.push_back({instruction::kind::compute, id});
+        }
+    }
+
+    // Bound: everything that outlives a step or is fed from outside.
+    for (std::size_t t = 0; t < g.tensors.size(); ++t) {
+        const tensor_desc& d = g.tensors[t];
+        if (!needed[t]) continue;
+        bool external = d.role != tensor_role::activation || wanted[t];
+        p.buffers[t].bytes = tensor_bytes(g, static_cast<tensor_id>(t), p.prec);
+        if (external) {
+            p.buffers[t].where = buffer::place::bound;
+            p.bound.push_back(static_cast<tensor_id>(t));
+        } else if (d.producer == no_id) {
+            throw usage_error("compile_program: tensor '" + d.name + "' is read but nothing produces it");
+        }
+    }
+
+    // Lifetimes of arena tensors in step indices.
+    std::vector<std::int64_t> first(g.tensors.size(), -1), last(g.tensors.size(), -1);
+    for (std::size_t s = 0; s < p.steps.size(); ++s) {
+        const node& n = g.at(p.steps[s].node);
+        for (tensor_id t : n.outputs) {
+            first[static_cast<std::size_t>(t)] = static_cast<std::int64_t>(s);
+            last[static_cast<std::size_t>(t)] = std::max<std::int64_t>(last[static_cast<std::size_t>(t)], static_cast<std::int64_t>(s));
+        }
+        for (tensor_id t : n.inputs) last[static_cast<std::size_t>(t)] = static_cast<std::int64_t>(s);
+    }
+    std::vector<buffer_lifetime> requests;
+    std::vector<tensor_id> owners;
+    for (std::size_t t = 0; t < g.tensors.size(); ++t) {
+        if (p.buffers[t].where == buffer::place::bound || first[t] < 0) continue;
+        p.buffers[t].where = buffer::place::arena;
+        p.buffers[t].bytes = tensor_bytes(g, static_cast<tensor_id>(t), p.prec);
+        requests.push_back({p.buffers[t].bytes, first[t], std::max(first[t], last[t])});
+        owners.push_back(static_cast<tensor_id>(t));
+    }
+    memory_plan plan = plan_memory(requests);
+    for (std::size_t i = 0; i < owners.size(); ++i) p.buffers[static_cast<std::size_t>(owners[i])].offset = plan.offsets[i];
+    p.arena_bytes = plan.peak;
+    p.unplanned_bytes = plan.unplanned;
+    return p;
+}
+
+}  // namespace loom
+// ---- end loom/runtime/compile.hpp ----
+
+namespace loom::search {
+
+struct price_options {
+    loom::precision storage = loom::precision::f32;  // how tensors are stored (bytes per element)
+    // true: communication overlaps computation (a separate stream, as NCCL on GPUs); false:
+    // every device runs its program one instruction at a time (the host backend).
+    bool overlap = true;
+    // A GEMM dimension at which the GEMM runs at half of its large-shape efficiency along
+    // that dimension (gemm_shape_factor). An assumption until calibration measures it.
+    double gemm_half_dimension = 16;
+    double instruction_overhead = 0;  // s per instruction (a kernel launch, a dispatch)
+    // Optimizer state per element the device updates: AdamW's two float moments (8), plus a
+    // float master copy when tensors are stored in bf16.
+    double optimizer_bytes_per_element = 8;
+    // What a runtime holds beside the program: context, communicator buffers, allocator
+    // fragmentation. Stated, not measured: 0 for the host backend's arena, about 2 GiB on a
+    // GPU with NCCL (context ~0.5 GiB, NCCL buffers ~1 GiB, caching allocator slack).
+    double runtime_bytes = 0;
+    algorithm collectives = algorithm::automatic;
+};
+
+struct device_memory {
+    double bound = 0;       // parameters, gradients, inputs and loss (bound before running)
+    double arena = 0;       // intermediates, liveness-planned
+    double optimizer = 0;   // AdamW moments for what this device updates
+    double runtime = 0;     // price_options::runtime_bytes
+    double total() const { return bound + arena + optimizer + runtime; }
+};
+
+struct device_price {
+    double compute = 0;        // s the compute stream is busy
+    double communication = 0;  // s the communication stream is busy
+    double finish = 0;         // s when its last instruction ends
+    double optimizer = 0;      // s of its optimizer step
+    std::int64_t instructions = 0;
+    device_memory memory;
+};
+
+struct program_price {
+    double step_seconds = 0;  // makespan of the programs, plus the slowest optimizer step
+    double makespan = 0;
+    std::vector<device_price> devices;
+    std::int64_t transfers = 0;
+    double transfer_seconds = 0;  // sum over transfers of their duration
+
+    double peak_memory() const {
+        double m = 0;
+        for (const auto& d : devices) m = std::max(m, d.memory.total());
+        return m;
+    }
+    int peak_memory_device() const {
+        int best = 0;
+        for (std::size_t d = 0; d < devices.size(); ++d)
+            if (devices[d].memory.total() > devices[static_cast<std::size_t>(best)].memory.total()) best = static_cast<int>(d);
+        return best;
+    }
+    double max_compute() const {
+        double m = 0;
+        for (const auto& d : devices) m = std::max(m, d.compute);
+        return m;
+    }
+    double max_communication() const {
+        double m = 0;
+        for (const auto& d : devices) m = std::max(m, d.communication);
+        return m;
+    }
+    // Share of device time in [0, makespan] that computes nothing: bubbles and exposed
+    // communication.
+    double idle_fraction() const {
+        if (devices.empty() || makespan <= 0) return 0;
+        double busy = 0;
+        for (const auto& d : devices) busy += d.compute;
+        return 1.0 - busy / (makespan * static_cast<double>(devices.size()));
+    }
+};
+
+// The share of a GEMM's large-shape efficiency that a dimension d reaches:
+// (d / (d + h)) / (512 / (512 + h)), at most 1. Calibration runs 512^3 GEMMs, so shapes at
+// least that large run at the calibrated efficiency.
+inline double gemm_shape_factor(double d, double h) {
+    if (h <= 0) return 1.0;
+    constexpr double reference = 512.0;
+    return std::min(1.0, (d / (d + h)) / (reference / (reference + h)));
+}
+
+// The (m, n, k) of a GEMM with these FLOPs (2mnk), elements read (mk + kn) and written
+// (mn), the smaller of m, n first. Batched products and biases make it an estimate.
+inline std::tuple<double, double, double> gemm_shape(double flops, double read, double written) {
+    const double k = flops / (2.0 * written);
+    const double sum = read / k;  // m + n
+    const double disc = sum * sum - 4.0 * written;
+    double m = disc > 0 ? (sum - std::sqrt(disc)) / 2.0 : std::sqrt(written);
+    m = std::max(m, 1.0);
+    return {m, written / m, k};
+}
+
+// Peak FLOP/s for arithmetic in storage precision p: float and double use the device's
+// float peak (no double figure is profiled: a host plan calibrates in float), bf16 the
+// tensor cores'.
+inline double peak_for(const device_profile& d, loom::precision p) {
+    return d.peak_flops(p == loom::precision::bf16 ? precision::bf16 : precision::fp32);
+}
+
+namespace detail {
+
+inline bool is_transfer(const node& n) { return n.attrs.has("transfer"); }
+
+inline double node_bytes(const graph& g, const node& n, loom::precision p) {
+    double bytes = 0;
+    for (tensor_id t : n.inputs) bytes += static_cast<double>(tensor_bytes(g.tensor(t), storage_precision(g, t, p)));
+    for (tensor_id t : n.outputs) bytes += static_cast<double>(tensor_bytes(g.tensor(t), storage_precision(g, t, p)));
+    return bytes;
+}
+
+// Seconds of one compute instruction.
+inline double instruction_seconds(const graph& g, const node& n, const device_profile& dev, const price_options& o) {
+    const double flops = n.op->flops ? n.op->flops(g, n) : 0.0;
+    double read = 0, written = 0;
+    for (tensor_id t : n.inputs) read += static_cast<double>(g.tensor(t).dims.numel());
+    for (tensor_id t : n.outputs) written += static_cast<double>(g.tensor(t).dims.numel());
+    const double bytes = node_bytes(g, n, o.storage);
+    const double peak = peak_for(dev, o.storage);
+    const double bandwidth = dev.memory_bandwidth * dev.elementwise_efficiency;
+    double t = bytes / bandwidth;
+    if (written > 0 && flops >= 16.0 * written) {
+        const auto [m, nn, k] = gemm_shape(flops, read, written);
+        const double efficiency = dev.gemm_efficiency * gemm_shape_factor(m, o.gemm_half_dimension) *
+                                  gemm_shape_factor(nn, o.gemm_half_dimension) *
+                                  gemm_shape_factor(k, o.gemm_half_dimension);
+        t = std::max(t, flops / (peak * efficiency));
+    } else {
+        t = std::max(t, flops / (peak * dev.elementwise_efficiency));
+    }
+    return t + o.instruction_overhead;
+}
+
+inline collective collective_of(partition::transfer_kind k) {
+    switch (k) {
+        case partition::transfer_kind::all_reduce: return collective::all_reduce;
+        case partition::transfer_kind::all_gather: return collective::all_gather;
+        case partition::transfer_kind::reduce_scatter: return collective::reduce_scatter;
+        case partition::transfer_kind::all_to_all: return collective::all_to_all;
+        case partition::transfer_kind::broadcast: return collective::broadcast;
+        case partition::transfer_kind::send_recv: return collective::send_recv;
+    }
+    return collective::send_recv;
+}
+
+// Bytes of a transfer in communication.hpp's convention: the whole buffer on one member
+// (the output of an all_gather, the input of a reduce_scatter, ...), the largest member's.
+inline double transfer_bytes(const partition::partitioned_graph& pg, const partition::transfer& tr, loom::precision p) {
+    const graph& g = pg.ir();
+    const tensor_desc& t = g.tensor(tr.logical);
+    const double element = static_cast<double>(
+        t.kind == value_kind::index ? 4 : real_bytes(storage_precision(g, tr.logical, p)));
+    double elements = 0;
+    for (std::size_t m = 0; m < tr.group.size(); ++m) {
+        const bool uses_input = tr.kind == partition::transfer_kind::reduce_scatter ||
+                                tr.kind == partition::transfer_kind::all_to_all ||
+                                tr.kind == partition::transfer_kind::send_recv;
+        if (uses_input && m < tr.inputs.size() && tr.has_input[m])
+            elements = std::max(elements, static_cast<double>(tr.inputs[m].numel()));
+        if (!uses_input && m < tr.outputs.size() && tr.has_output[m])
+            elements = std::max(elements, static_cast<double>(tr.outputs[m].numel()));
+    }
+    return elements * element;
+}
+
+// For every transfer, how many groups of its kind for the same tensor (its copies for
+// other ranks) reach the node of its that most of them reach. Groups within one node never
+// share NICs and count 1.
+inline std::vector<int> nic_sharing(const partition::partitioned_graph& pg, const topology& topo) {
+    std::vector<int> sharing(pg.transfers.size(), 1);
+    using key = std::tuple<tensor_id, int, bool, node_id>;
+    std::map<key, std::vector<std::size_t>> siblings;
+    for (std::size_t i = 0; i < pg.transfers.size(); ++i) {
+        const auto& tr = pg.transfers[i];
+        siblings[{tr.logical, static_cast<int>(tr.kind), tr.backward, tr.consumer}].push_back(i);
+    }
+    for (const auto& [k, members] : siblings) {
+        std::map<int, int> groups_on_node;  // over the groups that cross nodes
+        std::vector<std::vector<int>> nodes_of(members.size());
+        for (std::size_t s = 0; s < members.size(); ++s) {
+            const auto& tr = pg.transfers[members[s]];
+            std::vector<int> nodes;
+            for (int r : tr.group) nodes.push_back(r / topo.devices_per_node);
+            std::sort(nodes.begin(), nodes.end());
+            nodes.erase(std::unique(nodes.begin(), nodes.end()), nodes.end());
+            if (nodes.size() < 2) continue;
+            nodes_of[s] = nodes;
+            for (int nd : nodes) ++groups_on_node[nd];
+        }
+        for (std::size_t s = 0; s < members.size(); ++s) {
+            int most = 1;
+            for (int nd : nodes_of[s]) most = std::max(most, groups_on_node[nd]);
+            sharing[members[s]] = most;
+        }
+    }
+    return sharing;
+}
+
+}  // namespace detail
+
+// Seconds of each transfer of `pg` on cluster c.
+inline std::vector<double> transfer_seconds(const partition::partitioned_graph& pg, const cluster& c,
+                                            const price_options& o = {}) {
+    if (pg.world > c.devices())
+        throw usage_error("price_programs: the plan runs on " + std::to_string(pg.world) + " devices but cluster '" +
+                          c.name + "' has " + std::to_string(c.devices()) + "; plan for the cluster's devices or give a larger cluster");
+    const std::vector<int> sharing = detail::nic_sharing(pg, c.topo);
+    std::vector<double> seconds(pg.transfers.size(), 0.0);
+    for (std::size_t i = 0; i < pg.transfers.size(); ++i) {
+        const auto& tr = pg.transfers[i];
+        const group_placement p = placement(c.topo, tr.group);
+        seconds[i] = collective_cost(c, detail::collective_of(tr.kind), detail::transfer_bytes(pg, tr, o.storage),
+                                     static_cast<int>(tr.group.size()), p, o.collectives, sharing[i])
+                         .total();
+    }
+    return seconds;
+}
+
+// The price of one training step of pg's programs on the first pg.world devices of c.
+inline program_price price_programs(const partition::partitioned_graph& pg, const cluster& c, const price_options& o = {}) {
+    const std::vector<double> transfer_time = transfer_seconds(pg, c, o);
+    const int world = pg.world;
+    program_price out;
+    out.devices.resize(static_cast<std::size_t>(world));
+    out.transfers = static_cast<std::int64_t>(pg.transfers.size());
+    for (double t : transfer_time) out.transfer_seconds += t;
+
+    // Programs as the host trainer compiles them: memory, and the instruction order.
+    struct device_run {
+        std::vector<node_id> compute, communication;  // one stream each (overlap), or all in `compute`
+        std::size_t next_compute = 0, next_communication = 0;
+        double compute_free = 0, communication_free = 0;
+        std::vector<double> ready;  // per tensor of the device graph; < 0: not produced yet
+    };
+    std::vector<device_run> runs(static_cast<std::size_t>(world));
+    for (int d = 0; d < world; ++d) {
+        const auto& part = pg.devices[static_cast<std::size_t>(d)];
+        const graph& g = part.ir();
+        compile_options co{.prec = o.storage, .outputs = {part.loss}, .keep_every_node = true};
+        if (!pg.order.empty()) co.order = pg.order.at(static_cast<std::size_t>(d));
+        const program prog = compile_program(g, co);
+        device_price& price = out.devices[static_cast<std::size_t>(d)];
+        price.memory.arena = static_cast<double>(prog.arena_bytes);
+        for (tensor_id t : prog.bound) price.memory.bound += static_cast<double>(prog.bytes_of(t));
+        price.memory.runtime = o.runtime_bytes;
+        price.instructions = static_cast<std::int64_t>(prog.steps.size());
+
+        device_run& run = runs[static_cast<std::size_t>(d)];
+        run.ready.assign(g.tensors.size(), -1.0);
+        for (std::size_t t = 0; t < g.tensors.size(); ++t)
+            if (g.tensors[t].producer == no_id) run.ready[t] = 0.0;
+        for (const instruction& step : prog.steps) {
+            const node& n = g.at(step.node);
+            (o.overlap && detail::is_transfer(n) ? run.communication : run.compute).push_back(step.node);
+        }
+    }
+
+    // Optimizer state and step: what each device updates. A piece stored on r devices is
+    // updated by each of them, or by 1/r of each under ZeRO-1 and ZeRO-2 (ZeRO-3 stores
+    // shards already).
+    {
+        std::map<std::pair<tensor_id, std::string>, int> copies;
+        auto key_of = [](const partition::stored_piece& s) {
+            std::string k;
+            for (const auto& r : s.region.ranges) k += std::to_string(r.begin) + ":" + std::to_string(r.end) + ",";
+            return std::pair<tensor_id, std::string>{s.logical, k};
+        };
+        for (const auto& part : pg.devices)
+            for (const auto& s : part.parameters) ++copies[key_of(s)];
+        const bool sharded = pg.zero == plan::zero_stage::optimizer || pg.zero == plan::zero_stage::gradients;
+        for (int d = 0; d < world; ++d) {
+            double elements = 0;
+            for (const auto& s : pg.devices[static_cast<std::size_t>(d)].parameters) {
+                const double n = static_cast<double>(s.region.numel());
+                elements += sharded ? n / copies[key_of(s)] : n;
+            }
+            device_price& price = out.devices[static_cast<std::size_t>(d)];
+            price.memory.optimizer = elements * o.optimizer_bytes_per_element;
+            // AdamW reads parameter, gradient and two moments and writes three of them.
+            const double bytes = elements * (4.0 * static_cast<double>(real_bytes(o.storage)) + 3.0 * 4.0);
+            price.optimizer = bytes / (c.device.memory_bandwidth * c.device.elementwise_efficiency);
+        }
+    }
+
+    // The event-driven run. A collective starts once every member's stream has reached it
+    // with its input ready.
+    std::vector<int> arrived(pg.transfers.size(), 0);
+    std::vector<double> earliest(pg.transfers.size(), 0.0);
+    std::vector<double> sent_at(pg.transfers.size(), -1.0);  // send_recv: when the send was posted
+    std::vector<std::vector<bool>> registered(static_cast<std::size_t>(world));
+    for (int d = 0; d < world; ++d) registered[static_cast<std::size_t>(d)].assign(pg.transfers.size(), false);
+
+    auto inputs_ready = [&](const device_run& run, const node& n) {
+        double t = 0;
+        for (tensor_id in : n.inputs) {
+            const double r = run.ready[static_cast<std::size_t>(in)];
+            if (r < 0) return -1.0;
+            t = std::max(t, r);
+        }
+        return t;
+    };
+    // Stream `queue` of device d: run what can run; return whether anything did.
+    auto advance = [&](int d, bool communication_queue) {
+        device_run& run = runs[static_cast<std::size_t>(d)];
+        const graph& g = pg.devices[static_cast<std::size_t>(d)].ir();
+        auto& queue = communication_queue ? run.communication : run.compute;
+        auto& next = communication_queue ? run.next_communication : run.next_compute;
+        auto& free = communication_queue ? run.communication_free : run.compute_free;
+        bool progressed = false;
+        while (next < queue.size()) {
+            const node& n = g.at(queue[next]);
+            const double ready = inputs_ready(run, n);
+            if (ready < 0) break;
+            if (!detail::is_transfer(n)) {
+                const double start = std::max(free, ready);
+                const double seconds = detail::instruction_seconds(g, n, c.device, o);
+                free = start + seconds;
+                out.devices[static_cast<std::size_t>(d)].compute += seconds;
+                for (tensor_id t : n.outputs) run.ready[static_cast<std::size_t>(t)] = free;
+                ++next;
+                progressed = true;
+                continue;
+            }
+            const auto id = static_cast<std::size_t>(n.attrs.get<std::int64_t>("transfer"));
+            const auto& tr = pg.transfers[id];
+            if (tr.kind == partition::transfer_kind::send_recv) {
+                // Point to point: the send is posted and the sender goes on (the backends
+                // buffer it); the receiver has the data one transfer time after both the
+                // send and its own receive are posted.
+                const double posted = std::max(free, ready);
+                const bool source = tr.group.front() == d;
+                if (!source && sent_at[id] < 0) break;
+                const double end = source ? posted + transfer_time[id] : std::max(sent_at[id], posted) + transfer_time[id];
+                if (source) sent_at[id] = posted;
+                for (tensor_id t : n.outputs) run.ready[static_cast<std::size_t>(t)] = end;
+                free = end;
+                out.devices[static_cast<std::size_t>(d)].communication += transfer_time[id];
+                ++next;
+                progressed = true;
+                continue;
+            }
+            auto& mine = registered[static_cast<std::size_t>(d)];
+            if (!mine[id]) {
+                mine[id] = true;
+                earliest[id] = std::max(earliest[id], std::max(free, ready));
+                ++arrived[id];
+                progressed = true;
+            }
+            if (arrived[id] < static_cast<int>(tr.group.size())) break;
+            // Everyone is here: run it on every member, which moves past it.
+            const double end = earliest[id] + transfer_time[id];
+            for (int member : tr.group) {
+                device_run& other = runs[static_cast<std::size_t>(member)];
+                const graph& og = pg.devices[static_cast<std::size_t>(member)].ir();
+                auto& other_queue = (o.overlap ? other.communication : other.compute);
+                auto& other_next = (o.overlap ? other.next_communication : other.next_compute);
+                auto& other_free = (o.overlap ? other.communication_free : other.compute_free);
+                const node& on = og.at(other_queue.at(other_next));
+                for (tensor_id t : on.outputs) other.ready[static_cast<std::size_t>(t)] = end;
+                other_free = end;
+                out.devices[static_cast<std::size_t>(member)].communication += transfer_time[id];
+                ++other_next;
+            }
+            progressed = true;
+        }
+        return progressed;
+    };
+    for (bool progressed = true; progressed;) {
+        progressed = false;
+        for (int d = 0; d < world; ++d) {
+            progressed = advance(d, false) || progressed;
+            if (o.overlap) progressed = advance(d, true) || progressed;
+        }
+    }
+    double makespan = 0, optimizer = 0;
+    for (int d = 0; d < world; ++d) {
+        device_run& run = runs[static_cast<std::size_t>(d)];
+        if (run.next_compute < run.compute.size() || run.next_communication < run.communication.size()) {
+            const graph& g = pg.devices[static_cast<std::size_t>(d)].ir();
+            const bool in_compute = run.next_compute < run.compute.size();
+            const node& stuck = g.at(in_compute ? run.compute[run.next_compute] : run.communication[run.next_communication]);
+            throw error("price_programs: device " + std::to_string(d) + " cannot run '" + stuck.name +
+                                 "': its inputs never arrive or a member of its collective never reaches it; the "
+                                 "programs were not checked (partition::check_programs)");
+        }
+        device_price& price = out.devices[static_cast<std::size_t>(d)];
+        price.finish = std::max(run.compute_free, run.communication_free);
+        makespan = std::max(makespan, price.finish);
+        optimizer = std::max(optimizer, price.optimizer);
+    }
+    out.makespan = makespan;
+    out.step_seconds = makespan + optimizer;
+    return out;
+}
+
+}  // namespace loom::search
+// ---- end loom/search/program_price.hpp ----
+
+namespace loom::search {
+
+struct search_error : error {
+    using error::error;
+};
+
+// One open parameter of a plan and the values the search tries.
+struct open_parameter {
+    enum class kind : std::uint8_t { degree, stages, micro_batches, order, zero };
+    std::string name;
+    kind what = kind::degree;
+    std::vector<std::int64_t> candidates;
+    std::vector<std::string> labels;  // orders: each alternative's name
+};
+
+inline std::vector<std::int64_t> divisors_of(std::int64_t n) {
+    std::vector<std::int64_t> out;
+    for (std::int64_t k = 1; k <= n; ++k)
+        if (n % k == 0) out.push_back(k);
+    return out;
+}
+
+// The samples of the model's batch: the extent of Dim::Batch of its first input that has one.
+inline std::int64_t batch_of(const graph& model) {
+    for (tensor_id t : model.inputs)
+        if (auto axis = model.tensor(t).dims.find(dim_id_of<Dim::Batch>)) return model.tensor(t).dims.extent(*axis);
+    return 1;
+}
+
+// Every open parameter of `space` with its candidate values.
+inline std::vector<open_parameter> open_parameter_candidates(const plan::plan_spec& space, const graph& model) {
+    std::vector<open_parameter> out;
+    auto find = [&](const std::string& name) -> open_parameter* {
+        for (auto& p : out)
+            if (p.name == name) return &p;
+        return nullptr;
+    };
+    auto add_degree = [&](const plan::degree_spec& d, open_parameter::kind k, std::int64_t range_of) {
+        if (d.open.empty()) return;
+        if (open_parameter* p = find(d.open)) {
+            // One name in several places: the values every place allows.
+            if (!d.allowed.empty()) {
+                std::vector<std::int64_t> keep;
+                for (auto v : p->candidates)
+                    if (std::find(d.allowed.begin(), d.allowed.end(), v) != d.allowed.end()) keep.push_back(v);
+                p->candidates = keep;
+            }
+            return;
+        }
+        out.push_back({d.open, k, d.allowed.empty() ? divisors_of(range_of) : d.allowed, {}});
+    };
+    for (const plan::rule& r : space.rules)
+        if (r.trans)
+            for (const plan::split_spec& s : *r.trans) add_degree(s.degree, open_parameter::kind::degree, space.devices);
+    if (space.stages) add_degree(space.stages->count, open_parameter::kind::stages, space.devices);
+    add_degree(space.micro_batches, open_parameter::kind::micro_batches, batch_of(model));
+    if (space.order.alternatives.size() > 1 && !find(space.order.open)) {
+        open_parameter p{space.order.open, open_parameter::kind::order, {}, {}};
+        for (std::size_t i = 0; i < space.order.alternatives.size(); ++i) {
+            p.candidates.push_back(static_cast<std::int64_t>(i));
+            p.labels.push_back(space.order.alternatives[i].describe());
+        }
+        out.push_back(std::move(p));
+    }
+    if (!space.zero_open.empty() && !find(space.zero_open))
+        out.push_back({space.zero_open, open_parameter::kind::zero,
+                       space.zero_allowed.empty() ? std::vector<std::int64_t>{0, 1, 2, 3} : space.zero_allowed, {}});
+    for (const auto& p : out)
+        if (p.candidates.empty())
+            throw search_error("search_plan: open parameter '" + p.name +
+                               "' has no candidate value (its ranges in the plan have no value in common); give it a range "
+                               "that holds at least one value");
+    return out;
+}
+
+inline std::string value_text(const open_parameter& p, std::int64_t v) {
+    if (p.what == open_parameter::kind::order && v >= 0 && static_cast<std::size_t>(v) < p.labels.size())
+        return p.labels[static_cast<std::size_t>(v)];
+    if (p.what == open_parameter::kind::zero) return "ZeRO-" + std::to_string(v);
+    return std::to_string(v);
+}
+
+inline std::string choices_text(const std::vector<open_parameter>& params, const std::map<std::string, std::int64_t>& choices) {
+    std::string out;
+    for (const auto& p : params) {
+        auto it = choices.find(p.name);
+        if (it == choices.end()) continue;
+        out += (out.empty() ? "" : ", ") + p.name + " = " + value_text(p, it->second);
+    }
+    return out.empty() ? "(no open parameters)" : out;
+}
+
+// The work of training every forward node of `model` on one device: its own and that of
+// the backward ops that differentiate it.
+struct node_work {
+    double flops = 0;
+    double bytes = 0;       // read and written
+    double instructions = 0;
+};
+
+inline std::vector<node_work> training_work(const graph& model, loom::precision storage) {
+    const std::size_t forward = model.forward_node_count();
+    partition::logical_graph_options lo;
+    lo.recompute.assign(forward, false);
+    lo.decompose.resize(forward);
+    const partition::logical_graph lg = partition::build_logical_graph(model, lo);
+    std::vector<node_work> work(forward);
+    for (std::size_t i = 0; i < lg.g.nodes.size(); ++i) {
+        const node& n = lg.g.nodes[i];
+        const node_id forward_node = n.forward_of != no_id ? n.forward_of : static_cast<node_id>(i);
+        const node_id source = lg.source_of[static_cast<std::size_t>(forward_node)];
+        if (source == no_id || static_cast<std::size_t>(source) >= forward) continue;
+        node_work& w = work[static_cast<std::size_t>(source)];
+        if (n.op->flops) w.flops += n.op->flops(lg.g, n);
+        w.bytes += detail::node_bytes(lg.g, n, storage);
+        w.instructions += 1;
+    }
+    return work;
+}
+
+// A lower bound on the step time of a resolved plan: the busiest device's share of the
+// training work. Each piece of an op does its share of the op's FLOPs and bytes (splits are
+// even; replicas do it all), at the best rate the pricing grants any instruction, and runs
+// at least one instruction per training op it holds.
+inline double step_lower_bound(const plan::resolved_plan& rp, const std::vector<node_work>& work,
+                               const device_profile& dev, const price_options& o) {
+    const double flop_rate = peak_for(dev, o.storage) * std::max(dev.gemm_efficiency, dev.elementwise_efficiency);
+    const double byte_rate = dev.memory_bandwidth * dev.elementwise_efficiency;
+    std::vector<double> busy(static_cast<std::size_t>(rp.devices), 0.0);
+    for (std::size_t i = 0; i < work.size(); ++i) {
+        const node_work& w = work[i];
+        const plan::op_partition* p = rp.at(static_cast<node_id>(i));
+        const std::int64_t pieces = p ? p->pieces() : 1;
+        const double piece = std::max(w.flops / flop_rate, w.bytes / byte_rate) / static_cast<double>(pieces) +
+                             w.instructions * o.instruction_overhead;
+        if (!p) {
+            for (double& b : busy) b += piece;
+            continue;
+        }
+        for (std::int64_t k = 0; k < pieces; ++k) {
+            const int d = p->device_of(k);
+            if (d >= 0 && d < rp.devices) busy[static_cast<std::size_t>(d)] += piece;
+        }
+    }
+    return *std::max_element(busy.begin(), busy.end());
+}
+
+struct plan_search_options {
+    price_options price;
+    double memory_limit = 0;         // bytes per device; 0: the cluster's device memory
+    double time_budget_seconds = 0;  // 0: search until the best is proven
+    std::int64_t max_priced = 0;     // price at most this many assignments; 0: no limit
+};
+
+struct plan_search_statistics {
+    std::int64_t assignments = 0;  // leaves of the space
+    std::int64_t refused = 0;      // by plan::resolve or partition::apply_plan
+    std::int64_t priced = 0;
+    std::int64_t over_memory = 0;
+    std::int64_t pruned = 0;       // never priced: their bound was no better than the runner-up
+    std::int64_t unexplored = 0;   // never priced: the budget ran out
+    double seconds = 0;
+    std::map<std::string, std::int64_t> refusals;  // reason -> assignments refused for it
+};
+
+struct priced_assignment {
+    std::map<std::string, std::int64_t> choices;
+    double bound = 0;
+    program_price price;
+};
+
+struct plan_search_result {
+    plan::plan_spec plan;  // the space with every open parameter chosen
+    std::vector<open_parameter> parameters;
+    priced_assignment best;
+    std::optional<priced_assignment> runner_up;
+    double gap = 0;  // (best price - lowest unpriced bound) / best price; 0: proven best
+    double memory_limit = 0;
+    plan_search_statistics stats;
+
+    const program_price& price() const { return best.price; }
+    std::string explain() const;
+};
+
+namespace detail {
+
+inline std::string seconds_text(double s) {
+    std::ostringstream os;
+    os.precision(3);
+    if (s >= 1) os << s << " s";
+    else if (s >= 1e-3) os << s * 1e3 << " ms";
+    else os << s * 1e6 << " us";
+    return os.str();
+}
+
+inline std::string gib_text(double bytes) {
+    std::ostringstream os;
+    os.precision(3);
+    os << bytes / gib << " GiB";
+    return os.str();
+}
+
+inline std::string price_text(const program_price& p) {
+    std::ostringstream os;
+    os << "step " << seconds_text(p.step_seconds) << " (busiest compute " << seconds_text(p.max_compute())
+       << ", busiest communication " << seconds_text(p.max_communication()) << ", "
+       << static_cast<int>(std::lround(p.idle_fraction() * 100)) << "% of device time idle), peak memory "
+       << gib_text(p.peak_memory()) << " on device " << p.peak_memory_device();
+    return os.str();
+}
+
+// What separated two priced plans: the component that differs most.
+inline std::string separation_text(const program_price& a, const program_price& b) {
+    struct part {
+        const char* name;
+        double a, b;
+    };
+    const double idle_a = a.makespan * a.idle_fraction(), idle_b = b.makespan * b.idle_fraction();
+    const part parts[] = {{"busiest device's compute", a.max_compute(), b.max_compute()},
+                          {"busiest device's communication", a.max_communication(), b.max_communication()},
+                          {"idle time (bubbles and exposed communication) per device", idle_a, idle_b}};
+    const part* most = &parts[0];
+    for (const part& p : parts)
+        if (std::abs(p.b - p.a) > std::abs(most->b - most->a)) most = &p;
+    return std::string(most->name) + ": " + seconds_text(most->a) + " against " + seconds_text(most->b);
+}
+
+}  // namespace detail
+
+inline std::string plan_search_result::explain() const {
+    std::ostringstream os;
+    os << "chosen: " << choices_text(parameters, best.choices) << "\n  " << detail::price_text(best.price) << "\n";
+    if (runner_up) {
+        const double slower = runner_up->price.step_seconds / best.price.step_seconds - 1.0;
+        os << "runner-up: " << choices_text(parameters, runner_up->choices) << "\n  "
+           << detail::price_text(runner_up->price) << " (" << static_cast<int>(std::lround(slower * 1000)) / 10.0
+           << "% slower)\n  what separated them: " << detail::separation_text(best.price, runner_up->price) << "\n";
+    } else {
+        os << "runner-up: none (no other assignment is legal and fits)\n";
+    }
+    os << "searched " << stats.assignments << " assignments: " << stats.refused << " refused, " << stats.priced
+       << " priced from their programs, " << stats.over_memory << " over " << detail::gib_text(memory_limit)
+       << " per device, " << stats.pruned << " pruned by the bound";
+    if (stats.unexplored) os << ", " << stats.unexplored << " left by the budget";
+    os << "; gap " << static_cast<int>(std::lround(gap * 1000)) / 10.0 << "%";
+    if (gap == 0) os << " (proven best)";
+    os << "; " << detail::seconds_text(stats.seconds) << "\n";
+    return os.str();
+}
+
+// Fill the open parameters of `space` for `model` on cluster c.
+inline plan_search_result search_plan(const graph& model, const plan::plan_spec& space, const cluster& c,
+                                      const plan_search_options& o = {}) {
+    const auto started = std::chrono::steady_clock::now();
+    auto elapsed = [&] { return std::chrono::duration<double>(std::chrono::steady_clock::now() - started).count(); };
+    if (space.devices > c.devices())
+        throw search_error("search_plan: the plan is for " + std::to_string(space.devices) + " devices but cluster '" +
+                           c.name + "' has " + std::to_string(c.devices()) +
+                           "; give a plan for at most that many devices or a larger cluster");
+    plan_search_result result;
+    result.parameters = open_parameter_candidates(space, model);
+    result.memory_limit = o.memory_limit > 0 ? o.memory_limit : c.device.memory_bytes;
+    const auto& params = result.parameters;
+    plan_search_statistics& stats = result.stats;
+    const std::vector<node_work> work = training_work(model, o.price.storage);
+
+    // 1-3: every assignment, resolved and bounded.
+    struct leaf {
+        std::map<std::string, std::int64_t> choices;
+        double bound = 0;
+        std::int64_t index = 0;
+    };
+    std::vector<leaf> leaves;
+    std::map<std::string, std::string> refusal_example;  // reason -> an assignment refused for it
+    auto refuse = [&](const std::string& why, const std::map<std::string, std::int64_t>& choices) {
+        ++stats.refused;
+        if (++stats.refusals[why] == 1) refusal_example[why] = choices_text(params, choices);
+    };
+    std::vector<std::size_t> at(params.size(), 0);
+    for (bool more = true; more; ++stats.assignments) {
+        plan::plan_spec candidate = space;
+        for (std::size_t i = 0; i < params.size(); ++i) candidate.choices[params[i].name] = params[i].candidates[at[i]];
+        try {
+            const plan::resolved_plan rp = plan::resolve(candidate, model);
+            leaves.push_back({candidate.choices, step_lower_bound(rp, work, c.device, o.price), stats.assignments});
+        } catch (const plan_error& e) {
+            refuse(e.what(), candidate.choices);
+        } catch (const shape_error& e) {
+            refuse(e.what(), candidate.choices);
+        }
+        // The next assignment: an odometer, the last parameter turning fastest.
+        more = false;
+        for (std::size_t i = params.size(); i-- > 0;) {
+            if (++at[i] < params[i].candidates.size()) {
+                more = true;
+                break;
+            }
+            at[i] = 0;
+        }
+    }
+    std::stable_sort(leaves.begin(), leaves.end(), [](const leaf& a, const leaf& b) { return a.bound < b.bound; });
+
+    // 4: best first.
+    std::optional<priced_assignment> best, second;
+    std::optional<priced_assignment> smallest_over;  // the least memory among those over the limit
+    std::size_t next = 0;
+    for (; next < leaves.size(); ++next) {
+        const leaf& l = leaves[next];
+        if (second && l.bound >= second->price.step_seconds) break;
+        if ((o.time_budget_seconds > 0 && elapsed() > o.time_budget_seconds && best) ||
+            (o.max_priced > 0 && stats.priced >= o.max_priced && best))
+            break;
+        plan::plan_spec candidate = space;
+        candidate.choices = l.choices;
+        program_price price;
+        try {
+            price = price_programs(partition::apply_plan(model, candidate), c, o.price);
+        } catch (const plan_error& e) {
+            refuse(e.what(), l.choices);
+            continue;
+        } catch (const shape_error& e) {
+            refuse(e.what(), l.choices);
+            continue;
+        }
+        ++stats.priced;
+        priced_assignment pa{l.choices, l.bound, std::move(price)};
+        if (pa.price.peak_memory() > result.memory_limit) {
+            ++stats.over_memory;
+            if (!smallest_over || pa.price.peak_memory() < smallest_over->price.peak_memory()) smallest_over = pa;
+            continue;
+        }
+        if (!best || pa.price.step_seconds < best->price.step_seconds) {
+            second = std::move(best);
+            best = std::move(pa);
+        } else if (!second || pa.price.step_seconds < second->price.step_seconds) {
+            second = std::move(pa);
+        }
+    }
+    // Leaves after `next` were not priced: pruned when the bound stopped the search, else
+    // left by the budget.
+    const bool proven = next == leaves.size() || (second && leaves[next].bound >= second->price.step_seconds);
+    for (std::size_t k = next; k < leaves.size(); ++k) ++(proven ? stats.pruned : stats.unexplored);
+    stats.seconds = elapsed();
+
+    if (!best) {
+        std::string why = "search_plan: no plan in the space fits: ";
+        if (stats.assignments == stats.refused) {
+            why += "every one of its " + std::to_string(stats.assignments) + " assignments is refused:";
+        } else {
+            why += std::to_string(stats.refused) + " of " + std::to_string(stats.assignments) + " assignments are refused";
+            if (smallest_over)
+                why += " and the other " + std::to_string(stats.over_memory) + " exceed " +
+                       detail::gib_text(result.memory_limit) + " per device (the smallest, " +
+                       choices_text(params, smallest_over->choices) + ", needs " +
+                       detail::gib_text(smallest_over->price.peak_memory()) + " on device " +
+                       std::to_string(smallest_over->price.peak_memory_device()) +
+                       "; add devices, recompute, ZeRO or micro-batches to the space, or raise the memory limit)";
+            if (stats.refused) why += "; refusals:";
+        }
+        std::vector<std::pair<std::int64_t, std::string>> reasons;
+        for (const auto& [r, n] : stats.refusals) reasons.push_back({n, r});
+        std::stable_sort(reasons.begin(), reasons.end(), [](const auto& a, const auto& b) { return a.first > b.first; });
+        for (std::size_t k = 0; k < reasons.size() && k < 4; ++k)
+            why += "\n  " + std::to_string(reasons[k].first) + " x " + reasons[k].second + " (for example " +
+                   refusal_example[reasons[k].second] + ")";
+        throw search_error(why);
+    }
+    result.best = std::move(*best);
+    result.runner_up = std::move(second);
+    result.plan = space;
+    result.plan.choices = result.best.choices;
+    if (!proven && next < leaves.size())
+        result.gap = std::max(0.0, (result.best.price.step_seconds - leaves[next].bound) / result.best.price.step_seconds);
+    return result;
+}
+
+}  // namespace loom::search
+// ---- end loom/search/plan_search.hpp ----
 // ---- end loom/search/all.hpp ----
 
 // runtime
@@ -15604,307 +16803,6 @@ void run_ranks(int n, F f, comm_options options = {}) {
 
 }  // namespace loom::comm
 // ---- end loom/runtime/comm/in_process.hpp ----
-// ---- begin loom/runtime/compile.hpp ----
-// Turns one device's graph into a program: the nodes that the wanted tensors depend on,
-// in graph order (or a given op-order), with every intermediate placed in a shared arena by liveness.
-#include <algorithm>
-#include <string>
-#include <vector>
-
-// ---- begin loom/runtime/memory_planner.hpp ----
-// Liveness-based buffer reuse. Each buffer lives from the step that writes it to the last
-// step that reads it; buffers whose lifetimes do not overlap may share bytes. Offsets are
-// chosen best-fit from a free list, largest buffers placed first in each step so that the
-// peak stays close to the true lower bound max_t(sum of live sizes).
-#include <algorithm>
-#include <cstdint>
-#include <iterator>
-#include <map>
-#include <vector>
-
-namespace loom {
-
-struct buffer_lifetime {
-    std::int64_t bytes = 0;
-    std::int64_t first = 0;  // step that writes it
-    std::int64_t last = 0;   // last step that reads it (>= first)
-};
-
-struct memory_plan {
-    std::vector<std::int64_t> offsets;  // per request
-    std::int64_t peak = 0;              // arena size
-    std::int64_t lower_bound = 0;       // max over steps of live bytes: no plan can do better
-    std::int64_t unplanned = 0;         // sum of all sizes
-};
-
-inline memory_plan plan_memory(const std::vector<buffer_lifetime>& requests, std::int64_t alignment = 64) {
-    memory_plan plan;
-    plan.offsets.assign(requests.size(), 0);
-    auto align = [&](std::int64_t b) { return (b + alignment - 1) / alignment * alignment; };
-
-    std::int64_t steps = 0;
-    for (const auto& r : requests) {
-        steps = std::max(steps, r.last + 1);
-        plan.unplanned += align(r.bytes);
-    }
-    std::vector<std::vector<std::size_t>> born(static_cast<std::size_t>(steps)), dying(static_cast<std::size_t>(steps));
-    for (std::size_t i = 0; i < requests.size(); ++i) {
-        born[static_cast<std::size_t>(requests[i].first)].push_back(i);
-        dying[static_cast<std::size_t>(requests[i].last)].push_back(i);
-    }
-
-    std::map<std::int64_t, std::int64_t> free_blocks;  // offset -> size, coalesced
-    std::int64_t top = 0, live = 0;
-    auto release = [&](std::int64_t offset, std::int64_t size) {
-        auto [it, _] = free_blocks.emplace(offset, size);
-        if (auto next = std::next(it); next != free_blocks.end() && it->first + it->second == next->first) {
-            it->second += next->second;
-            free_blocks.erase(next);
-        }
-        if (it != free_blocks.begin()) {
-            auto prev = std::prev(it);
-            if (prev->first + prev->second == it->first) {
-                prev->second += it->second;
-                free_blocks.erase(it);
-                it = prev;
-            }
-        }
-        if (it->first + it->second == top) {  // give the tail back to the top
-            top = it->first;
-            free_blocks.erase(it);
-        }
-    };
-    for (std::int64_t s = 0; s < steps; ++s) {
-        auto& now = born[static_cast<std::size_t>(s)];
-        std::sort(now.begin(), now.end(), [&](auto a, auto b) { return requests[a].bytes > requests[b].bytes; });
-        for (std::size_t i : now) {
-            std::int64_t size = align(requests[i].bytes);
-            live += size;
-            auto best = free_blocks.end();
-            for (auto it = free_blocks.begin(); it != free_blocks.end(); ++it)
-                if (it->second >= size && (best == free_blocks.end() || it->second < best->second)) best = it;
-            if (best != free_blocks.end()) {
-                plan.offsets[i] = best->first;
-                std::int64_t rest = best->second - size, at = best->first + size;
-                free_blocks.erase(best);
-                if (rest > 0) free_blocks.emplace(at, rest);
-            } else {
-                plan.offsets[i] = top;
-                top += size;
-            }
-            plan.peak = std::max(plan.peak, top);
-        }
-        plan.lower_bound = std::max(plan.lower_bound, live);
-        // Outputs of a step and its inputs coexist during the step; release after it.
-        for (std::size_t i : dying[static_cast<std::size_t>(s)]) {
-            live -= align(requests[i].bytes);
-            release(plan.offsets[i], align(requests[i].bytes));
-        }
-    }
-    return plan;
-}
-
-}  // namespace loom
-// ---- end loom/runtime/memory_planner.hpp ----
-// ---- begin loom/runtime/program.hpp ----
-// A per-device instruction program: the form every plan compiles to, and the only thing
-// an executor reads. On one device it is the graph's nodes in order; plans (partition/)
-// add communication instructions between them.
-#include <cstdint>
-#include <string>
-#include <vector>
-
-
-namespace loom {
-
-// How a program stores its real tensors. bf16 is the GPU's mixed precision: tensors in
-// bfloat16, arithmetic in float, and the outputs ops mark as float_outputs kept in float.
-enum class precision : std::uint8_t { f32, f64, bf16 };
-
-inline std::size_t real_bytes(precision p) {
-    switch (p) {
-        case precision::f32: return 4;
-        case precision::f64: return 8;
-        case precision::bf16: return 2;
-    }
-    return 4;
-}
-inline std::string_view to_string(precision p) {
-    switch (p) {
-        case precision::f32: return "f32";
-        case precision::f64: return "f64";
-        case precision::bf16: return "bf16";
-    }
-    return "unknown precision";
-}
-
-// Where a tensor's bytes live while the program runs.
-struct buffer {
-    enum class place : std::uint8_t {
-        none,   // never materialised by this program
-        arena,  // inside the program's arena, at `offset`, reused once dead
-        bound,  // caller-owned storage bound before running (inputs, parameters, gradients, outputs)
-    };
-    place where = place::none;
-    std::int64_t offset = 0;
-    std::int64_t bytes = 0;
-};
-
-struct instruction {
-    enum class kind : std::uint8_t { compute };
-    kind what = kind::compute;
-    node_id node = no_id;
-};
-
-struct program {
-    const graph* source = nullptr;
-    precision prec = precision::f32;
-    std::vector<instruction> steps;
-    std::vector<buffer> buffers;       // indexed by tensor_id
-    std::vector<tensor_id> bound;      // tensors the caller must bind
-    std::int64_t arena_bytes = 0;      // peak of the liveness plan
-    std::int64_t unplanned_bytes = 0;  // what one buffer per tensor would take
-
-    std::int64_t bytes_of(tensor_id t) const { return buffers.at(static_cast<std::size_t>(t)).bytes; }
-};
-
-inline std::int64_t tensor_bytes(const tensor_desc& t, precision p) {
-    return t.dims.numel() * static_cast<std::int64_t>(t.kind == value_kind::index ? 4 : real_bytes(p));
-}
-
-// The precision tensor `t` is stored in by a program of precision `p`: float for the outputs
-// its producer keeps in float (op_def::float_outputs) when p is narrower than float, and for
-// the partitioner's copies of such tensors (transfers and assembles marked "keeps_float").
-inline precision storage_precision(const graph& g, tensor_id t, precision p) {
-    if (p != precision::bf16) return p;
-    const tensor_desc& d = g.tensor(t);
-    if (d.producer == no_id) return p;
-    const node& n = g.at(d.producer);
-    if (n.attrs.get_or<std::int64_t>("keeps_float", 0) != 0) return precision::f32;
-    for (std::size_t i = 0; i < n.outputs.size() && i < 32; ++i)
-        if (n.outputs[i] == t && (n.op->float_outputs >> i & 1u)) return precision::f32;
-    return p;
-}
-
-inline std::int64_t tensor_bytes(const graph& g, tensor_id t, precision p) {
-    return tensor_bytes(g.tensor(t), storage_precision(g, t, p));
-}
-
-}  // namespace loom
-// ---- end loom/runtime/program.hpp ----
-
-namespace loom {
-
-struct compile_options {
-    precision prec = precision::f32;
-    bool include_backward = true;       // false: the forward pass only (evaluation)
-    std::vector<tensor_id> outputs;     // extra tensors the caller wants to read after a run
-    // Keep every node even if no wanted tensor depends on it: a device's part of a
-    // partitioned graph sends pieces other devices need.
-    bool keep_every_node = false;
-    // The order to run the nodes in (op-order: a pipeline schedule's); empty: graph order.
-    // Must list every node once and run each after the producers of its inputs.
-    std::vector<node_id> order;
-};
-
-inline program compile_program(const graph& g, const compile_options& options = {}) {
-    program p;
-    p.source = &g;
-    p.prec = options.prec;
-    p.buffers.resize(g.tensors.size());
-
-    // Wanted tensors: the loss, parameter gradients (when training) and explicit outputs.
-    std::vector<bool> wanted(g.tensors.size(), false);
-    auto want = [&](tensor_id t) {
-        if (t < 0 || static_cast<std::size_t>(t) >= g.tensors.size())
-            throw usage_error("compile_program: output tensor id " + std::to_string(t) + " is not in the graph");
-        wanted[static_cast<std::size_t>(t)] = true;
-    };
-    if (g.loss != no_id) want(g.loss);
-    if (options.include_backward)
-        for (auto [param, grad] : g.gradients) want(grad);
-    for (tensor_id t : options.outputs) want(t);
-
-    // Keep the nodes some wanted tensor depends on (reverse sweep over a topological order).
-    std::vector<bool> needed = wanted;
-    std::vector<bool> keep(g.nodes.size(), false);
-    for (std::size_t i = g.nodes.size(); i-- > 0;) {
-        const node& n = g.nodes[i];
-        if (n.backward && !options.include_backward) continue;
-        bool any = options.keep_every_node || std::any_of(n.outputs.begin(), n.outputs.end(),
-                               [&](tensor_id t) { return needed[static_cast<std::size_t>(t)]; });
-        if (!any) continue;
-        keep[i] = true;
-        for (tensor_id t : n.inputs) needed[static_cast<std::size_t>(t)] = true;
-    }
-    if (options.order.empty()) {
-        for (std::size_t i = 0; i < g.nodes.size(); ++i)
-            if (keep[i]) p.steps.push_back({instruction::kind::compute, static_cast<node_id>(i)});
-    } else {
-        if (options.order.size() != g.nodes.size())
-            throw usage_error("compile_program: the node order lists " + std::to_string(options.order.size()) +
-                              " nodes but the graph has " + std::to_string(g.nodes.size()) + "; list every node once");
-        std::vector<bool> done(g.nodes.size(), false);
-        for (node_id id : options.order) {
-            if (id < 0 || static_cast<std::size_t>(id) >= g.nodes.size() || done[static_cast<std::size_t>(id)])
-                throw usage_error("compile_program: the node order lists node " + std::to_string(id) +
-                                  (id >= 0 && static_cast<std::size_t>(id) < g.nodes.size() ? " twice" : ", which is not in the graph") +
-                                  "; list every node once");
-            const node& n = g.at(id);
-            for (tensor_id t : n.inputs) {
-                node_id producer = g.tensor(t).producer;
-                if (producer != no_id && !done[static_cast<std::size_t>(producer)])
-                    throw usage_error("compile_program: the node order runs '" + n.name + "' before '" +
-                                      g.at(producer).name + "', which produces its input '" + g.tensor(t).name +
-                                      "'; order every node after the producers of its inputs");
-            }
-            done[static_cast<std::size_t>(id)] = true;
-            if (keep[static_cast<std::size_t>(id)]) p.steps.push_back({instruction::kind::compute, id});
-        }
-    }
-
-    // Bound: everything that outlives a step or is fed from outside.
-    for (std::size_t t = 0; t < g.tensors.size(); ++t) {
-        const tensor_desc& d = g.tensors[t];
-        if (!needed[t]) continue;
-        bool external = d.role != tensor_role::activation || wanted[t];
-        p.buffers[t].bytes = tensor_bytes(g, static_cast<tensor_id>(t), p.prec);
-        if (external) {
-            p.buffers[t].where = buffer::place::bound;
-            p.bound.push_back(static_cast<tensor_id>(t));
-        } else if (d.producer == no_id) {
-            throw usage_error("compile_program: tensor '" + d.name + "' is read but nothing produces it");
-        }
-    }
-
-    // Lifetimes of arena tensors in step indices.
-    std::vector<std::int64_t> first(g.tensors.size(), -1), last(g.tensors.size(), -1);
-    for (std::size_t s = 0; s < p.steps.size(); ++s) {
-        const node& n = g.at(p.steps[s].node);
-        for (tensor_id t : n.outputs) {
-            first[static_cast<std::size_t>(t)] = static_cast<std::int64_t>(s);
-            last[static_cast<std::size_t>(t)] = std::max<std::int64_t>(last[static_cast<std::size_t>(t)], static_cast<std::int64_t>(s));
-        }
-        for (tensor_id t : n.inputs) last[static_cast<std::size_t>(t)] = static_cast<std::int64_t>(s);
-    }
-    std::vector<buffer_lifetime> requests;
-    std::vector<tensor_id> owners;
-    for (std::size_t t = 0; t < g.tensors.size(); ++t) {
-        if (p.buffers[t].where == buffer::place::bound || first[t] < 0) continue;
-        p.buffers[t].where = buffer::place::arena;
-        p.buffers[t].bytes = tensor_bytes(g, static_cast<tensor_id>(t), p.prec);
-        requests.push_back({p.buffers[t].bytes, first[t], std::max(first[t], last[t])});
-        owners.push_back(static_cast<tensor_id>(t));
-    }
-    memory_plan plan = plan_memory(requests);
-    for (std::size_t i = 0; i < owners.size(); ++i) p.buffers[static_cast<std::size_t>(owners[i])].offset = plan.offsets[i];
-    p.arena_bytes = plan.peak;
-    p.unplanned_bytes = plan.unplanned;
-    return p;
-}
-
-}  // namespace loom
-// ---- end loom/runtime/compile.hpp ----
 // ---- begin loom/runtime/explain.hpp ----
 // A program described for a person: what runs, how much memory it takes and how much
 // arithmetic one run does.

@@ -16,6 +16,10 @@
 //   to_plan.hpp           a searched configuration as the one plan value
 //   order_search.hpp      temporal-order search: per-device block orders under constraints
 //                         and a memory cap, minimising the makespan
+//   program_price.hpp     the price of a plan's programs: every instruction, every transfer,
+//                         a two-stream timeline of all devices, each device's memory
+//   plan_search.hpp       search_plan: fills the open parameters of a user's plan, priced by
+//                         its programs
 #include <loom/search/to_plan.hpp>
 #include <loom/search/branch_and_bound.hpp>
 #include <loom/search/communication.hpp>
@@ -25,5 +29,7 @@
 #include <loom/search/memory.hpp>
 #include <loom/search/model_profile.hpp>
 #include <loom/search/order_search.hpp>
+#include <loom/search/plan_search.hpp>
 #include <loom/search/plan_space.hpp>
+#include <loom/search/program_price.hpp>
 #include <loom/search/schedule_orders.hpp>

@@ -18,6 +18,8 @@
 #include <cmath>
 #include <cstddef>
 #include <string>
+#include <map>
+#include <span>
 #include <string_view>
 
 #include <loom/core/error.hpp>
@@ -100,6 +102,29 @@ inline group_placement placement(const topology& t, device_group g) {
     return p;
 }
 
+// How an arbitrary set of ranks (a materialized transfer's group) lies over nodes.
+inline group_placement placement(const topology& t, std::span<const int> ranks) {
+    if (t.devices_per_node < 1)
+        throw profile_error("placement: topology has devices_per_node = " + std::to_string(t.devices_per_node) +
+                            "; give at least 1");
+    if (ranks.empty()) throw usage_error("placement: an empty group of ranks; a group has at least 1 member");
+    std::map<int, int> per_node;
+    for (int r : ranks) {
+        if (r < 0 || r >= t.devices())
+            throw usage_error("placement: rank " + std::to_string(r) + " is outside the topology's " +
+                              std::to_string(t.devices()) + " devices; plan for a cluster with at least " +
+                              std::to_string(r + 1) + " devices");
+        ++per_node[r / t.devices_per_node];
+    }
+    group_placement p{.nodes = static_cast<int>(per_node.size()), .min_per_node = static_cast<int>(ranks.size()),
+                      .max_per_node = 0};
+    for (auto [node, members] : per_node) {
+        p.min_per_node = std::min(p.min_per_node, members);
+        p.max_per_node = std::max(p.max_per_node, members);
+    }
+    return p;
+}
+
 inline int nodes_spanned(const topology& t, device_group g) { return placement(t, g).nodes; }
 
 // Members on the fullest node; for uniform groups, the members of every node it spans.
@@ -150,17 +175,19 @@ inline comm_time ring(collective c, double bytes, int n, double bw, double lat) 
     return {};
 }
 
-inline comm_time ring_cost(const cluster& c, collective k, double bytes, int n, const group_placement& p) {
+// `sharing`: how many groups of the same shape send across the same nodes at once (the
+// data-parallel groups of every tensor-parallel rank); they share the nodes' NICs.
+inline comm_time ring_cost(const cluster& c, collective k, double bytes, int n, const group_placement& p, int sharing = 1) {
     const topology& t = c.topo;
     if (p.nodes == 1) return ring(k, bytes, n, t.intra_node.bandwidth, t.intra_node.latency);
     const link& nic = t.inter_node_per_nic;
-    if (k == collective::send_recv) return ring(k, bytes, n, inter_node_bandwidth_per_member(t, 1), nic.latency);
+    if (k == collective::send_recv) return ring(k, bytes, n, inter_node_bandwidth_per_member(t, sharing), nic.latency);
     if (k == collective::all_to_all) {
         // Each member sends (n-m)/n of its buffer off its node (sharing the node's NICs with
         // the node's m members) and (m-1)/n to its node's members, both at once. Evaluated at
         // the emptiest and the fullest node, the worse of the two.
         auto transmission = [&](int m) {
-            const double off_node = (n - m) * bytes / n / inter_node_bandwidth_per_member(t, m);
+            const double off_node = (n - m) * bytes / n / inter_node_bandwidth_per_member(t, m * sharing);
             const double on_node = (m - 1) * bytes / n / t.intra_node.bandwidth;
             return std::max(off_node, on_node);
         };
@@ -171,7 +198,7 @@ inline comm_time ring_cost(const cluster& c, collective k, double bytes, int n, 
     // so the crossing uses min(members, NICs) NICs of the emptiest node. Every step waits for
     // its slowest hop: the crossing, or an NVLink hop when the crossing is faster.
     const int m = p.min_per_node;
-    double bw = m * inter_node_bandwidth_per_member(t, m);
+    double bw = m * inter_node_bandwidth_per_member(t, m * sharing);
     if (p.max_per_node > 1) bw = std::min(bw, t.intra_node.bandwidth);
     return ring(k, bytes, n, bw, nic.latency);
 }
@@ -184,12 +211,13 @@ inline bool has_hierarchical_form(collective k) {
 // whole buffer; across nodes, the k members with the same local index each run a ring over
 // the N nodes on their 1/k of the buffer, all k rings at once, sharing the node's NICs.
 // all_gather + reduce_scatter == all_reduce holds here as for the ring.
-inline comm_time hierarchical_cost(const cluster& c, collective kind, double bytes, const group_placement& p) {
+inline comm_time hierarchical_cost(const cluster& c, collective kind, double bytes, const group_placement& p,
+                                   int sharing = 1) {
     const topology& t = c.topo;
     const int k = p.max_per_node;
     const int nodes = p.nodes;
     const double intra_bw = t.intra_node.bandwidth, intra_lat = t.intra_node.latency;
-    const double inter_bw = inter_node_bandwidth_per_member(t, k), inter_lat = t.inter_node_per_nic.latency;
+    const double inter_bw = inter_node_bandwidth_per_member(t, k * sharing), inter_lat = t.inter_node_per_nic.latency;
     const double shard = bytes / k;
     switch (kind) {
         case collective::all_reduce:
@@ -208,20 +236,23 @@ inline comm_time hierarchical_cost(const cluster& c, collective kind, double byt
 
 }  // namespace detail
 
-// Latency and transmission of one collective over group g. Size-1 groups cost 0.
-// algorithm::hierarchical on a group whose nodes hold different numbers of members throws;
-// algorithm::automatic then uses the ring. For all_to_all, broadcast and send_recv the
-// hierarchical form is the ring form.
-inline comm_time collective_cost(const cluster& c, collective kind, double bytes, device_group g,
-                                 algorithm a = algorithm::automatic) {
+// Latency and transmission of one collective over `size` members placed as `p`. Size-1
+// groups cost 0. algorithm::hierarchical on a group whose nodes hold different numbers of
+// members throws; algorithm::automatic then uses the ring. For all_to_all, broadcast and
+// send_recv the hierarchical form is the ring form. `sharing` groups of this shape cross
+// the same nodes at once and share their NICs (1: this group alone).
+inline comm_time collective_cost(const cluster& c, collective kind, double bytes, int size, const group_placement& p,
+                                 algorithm a = algorithm::automatic, int sharing = 1) {
     if (!(bytes >= 0) || !std::isfinite(bytes))
         throw usage_error("collective_cost: " + std::string(to_string(kind)) + " of " + detail::number_text(bytes) +
                           " bytes; give a finite, non-negative size in bytes");
-    const group_placement p = placement(c.topo, g);
-    if (kind == collective::send_recv && g.size > 2)
-        throw usage_error("collective_cost: send_recv over a group of " + std::to_string(g.size) +
+    if (kind == collective::send_recv && size > 2)
+        throw usage_error("collective_cost: send_recv over a group of " + std::to_string(size) +
                           " devices; a send_recv is between 2 devices, give {.size = 2, .stride = <distance>}");
-    if (g.size == 1) return {};
+    if (sharing < 1)
+        throw usage_error("collective_cost: " + std::to_string(sharing) +
+                          " groups sharing the NICs; give at least 1 (the group itself)");
+    if (size == 1) return {};
     detail::check_link(c, c.topo.intra_node, "topology.intra_node");
     if (p.nodes > 1) {
         detail::check_link(c, c.topo.inter_node_per_nic, "topology.inter_node_per_nic");
@@ -230,7 +261,7 @@ inline comm_time collective_cost(const cluster& c, collective kind, double bytes
                                 std::to_string(c.topo.nics_per_node) +
                                 " NICs per node but the group spans nodes; give at least 1 NIC per node");
     }
-    const comm_time ring = detail::ring_cost(c, kind, bytes, g.size, p);
+    const comm_time ring = detail::ring_cost(c, kind, bytes, size, p, sharing);
     if (a == algorithm::ring || !detail::has_hierarchical_form(kind)) return ring;
     if (!p.uniform()) {
         if (a == algorithm::automatic) return ring;
@@ -239,9 +270,18 @@ inline comm_time collective_cost(const cluster& c, collective kind, double bytes
                           std::to_string(p.min_per_node) + " to " + std::to_string(p.max_per_node) +
                           "; use algorithm::ring or align the group to nodes");
     }
-    const comm_time hierarchical = detail::hierarchical_cost(c, kind, bytes, p);
+    const comm_time hierarchical = detail::hierarchical_cost(c, kind, bytes, p, sharing);
     if (a == algorithm::hierarchical) return hierarchical;
     return hierarchical.total() < ring.total() ? hierarchical : ring;
+}
+
+// The same over the ranks {first + i*stride}.
+inline comm_time collective_cost(const cluster& c, collective kind, double bytes, device_group g,
+                                 algorithm a = algorithm::automatic) {
+    if (!(bytes >= 0) || !std::isfinite(bytes))
+        throw usage_error("collective_cost: " + std::string(to_string(kind)) + " of " + detail::number_text(bytes) +
+                          " bytes; give a finite, non-negative size in bytes");
+    return collective_cost(c, kind, bytes, g.size, placement(c.topo, g), a);
 }
 
 inline double collective_time(const cluster& c, collective kind, double bytes, device_group g,

@@ -1,0 +1,428 @@
+#pragma once
+// The searcher fills the open parameters of a user's plan: the user constructs the space
+// (a plan with open<...> degrees, stage counts, micro-batches, orders, ZeRO stages, and
+// its constraints), loom searches it, pricing the programs each candidate really produces.
+//
+//   plan::plan_spec space = plan::compose(plan::stages<plan::open<"pp">>{},
+//                                         plan::micro_batches<plan::open<"mb">>{}, ...);
+//   search::plan_search_result r = search::search_plan(model, space, search::dgx_a100(1));
+//   r.plan            the same plan, every open parameter chosen (r.plan.choices)
+//   r.price           its predicted step time and the memory of every device
+//   r.gap             proven optimality gap (0: the best of the space)
+//   r.explain()       why this plan, the runner-up, and what separated them
+//
+// How:
+//   1. Candidates: every legal value of every open parameter: its own range when the plan
+//      gives one, else the divisors of the devices (degrees, stage counts), of the batch
+//      (micro-batches), every alternative (orders) and every ZeRO stage.
+//   2. Every assignment is resolved against the model (plan::resolve); the structural
+//      refusals (a stage count that does not divide, layers that do not fill the chunks, a
+//      forbidden split, ...) are counted by reason, which is what an empty space reports.
+//   3. A lower bound on the step time of each legal assignment, from the resolved plan
+//      alone: the busiest device's share of the training work (FLOPs, bytes, instructions)
+//      at the device's best rates. It never exceeds the programs' price (tests check it on
+//      every leaf of several spaces).
+//   4. Best first by that bound, each assignment is applied (partition::apply_plan) and its
+//      programs priced (search/program_price.hpp); assignments that do not fit in the
+//      device's memory are set aside. The search stops when the next bound is no better
+//      than the runner-up's price (both are then exact), or at the time or count budget,
+//      when the gap is that of the best price to the lowest bound not yet priced.
+// Deterministic: ties keep the enumeration order, odometer over the parameters in the
+// order plan::open_parameters lists them.
+#include <algorithm>
+#include <chrono>
+#include <cstdint>
+#include <limits>
+#include <map>
+#include <optional>
+#include <sstream>
+#include <string>
+#include <vector>
+
+#include <loom/core/dim.hpp>
+#include <loom/core/error.hpp>
+#include <loom/graph/graph.hpp>
+#include <loom/partition/apply.hpp>
+#include <loom/partition/logical_graph.hpp>
+#include <loom/plan/resolve.hpp>
+#include <loom/plan/rules.hpp>
+#include <loom/search/hardware.hpp>
+#include <loom/search/program_price.hpp>
+
+namespace loom::search {
+
+struct search_error : error {
+    using error::error;
+};
+
+// One open parameter of a plan and the values the search tries.
+struct open_parameter {
+    enum class kind : std::uint8_t { degree, stages, micro_batches, order, zero };
+    std::string name;
+    kind what = kind::degree;
+    std::vector<std::int64_t> candidates;
+    std::vector<std::string> labels;  // orders: each alternative's name
+};
+
+inline std::vector<std::int64_t> divisors_of(std::int64_t n) {
+    std::vector<std::int64_t> out;
+    for (std::int64_t k = 1; k <= n; ++k)
+        if (n % k == 0) out.push_back(k);
+    return out;
+}
+
+// The samples of the model's batch: the extent of Dim::Batch of its first input that has one.
+inline std::int64_t batch_of(const graph& model) {
+    for (tensor_id t : model.inputs)
+        if (auto axis = model.tensor(t).dims.find(dim_id_of<Dim::Batch>)) return model.tensor(t).dims.extent(*axis);
+    return 1;
+}
+
+// Every open parameter of `space` with its candidate values.
+inline std::vector<open_parameter> open_parameter_candidates(const plan::plan_spec& space, const graph& model) {
+    std::vector<open_parameter> out;
+    auto find = [&](const std::string& name) -> open_parameter* {
+        for (auto& p : out)
+            if (p.name == name) return &p;
+        return nullptr;
+    };
+    auto add_degree = [&](const plan::degree_spec& d, open_parameter::kind k, std::int64_t range_of) {
+        if (d.open.empty()) return;
+        if (open_parameter* p = find(d.open)) {
+            // One name in several places: the values every place allows.
+            if (!d.allowed.empty()) {
+                std::vector<std::int64_t> keep;
+                for (auto v : p->candidates)
+                    if (std::find(d.allowed.begin(), d.allowed.end(), v) != d.allowed.end()) keep.push_back(v);
+                p->candidates = keep;
+            }
+            return;
+        }
+        out.push_back({d.open, k, d.allowed.empty() ? divisors_of(range_of) : d.allowed, {}});
+    };
+    for (const plan::rule& r : space.rules)
+        if (r.trans)
+            for (const plan::split_spec& s : *r.trans) add_degree(s.degree, open_parameter::kind::degree, space.devices);
+    if (space.stages) add_degree(space.stages->count, open_parameter::kind::stages, space.devices);
+    add_degree(space.micro_batches, open_parameter::kind::micro_batches, batch_of(model));
+    if (space.order.alternatives.size() > 1 && !find(space.order.open)) {
+        open_parameter p{space.order.open, open_parameter::kind::order, {}, {}};
+        for (std::size_t i = 0; i < space.order.alternatives.size(); ++i) {
+            p.candidates.push_back(static_cast<std::int64_t>(i));
+            p.labels.push_back(space.order.alternatives[i].describe());
+        }
+        out.push_back(std::move(p));
+    }
+    if (!space.zero_open.empty() && !find(space.zero_open))
+        out.push_back({space.zero_open, open_parameter::kind::zero,
+                       space.zero_allowed.empty() ? std::vector<std::int64_t>{0, 1, 2, 3} : space.zero_allowed, {}});
+    for (const auto& p : out)
+        if (p.candidates.empty())
+            throw search_error("search_plan: open parameter '" + p.name +
+                               "' has no candidate value (its ranges in the plan have no value in common); give it a range "
+                               "that holds at least one value");
+    return out;
+}
+
+inline std::string value_text(const open_parameter& p, std::int64_t v) {
+    if (p.what == open_parameter::kind::order && v >= 0 && static_cast<std::size_t>(v) < p.labels.size())
+        return p.labels[static_cast<std::size_t>(v)];
+    if (p.what == open_parameter::kind::zero) return "ZeRO-" + std::to_string(v);
+    return std::to_string(v);
+}
+
+inline std::string choices_text(const std::vector<open_parameter>& params, const std::map<std::string, std::int64_t>& choices) {
+    std::string out;
+    for (const auto& p : params) {
+        auto it = choices.find(p.name);
+        if (it == choices.end()) continue;
+        out += (out.empty() ? "" : ", ") + p.name + " = " + value_text(p, it->second);
+    }
+    return out.empty() ? "(no open parameters)" : out;
+}
+
+// The work of training every forward node of `model` on one device: its own and that of
+// the backward ops that differentiate it.
+struct node_work {
+    double flops = 0;
+    double bytes = 0;       // read and written
+    double instructions = 0;
+};
+
+inline std::vector<node_work> training_work(const graph& model, loom::precision storage) {
+    const std::size_t forward = model.forward_node_count();
+    partition::logical_graph_options lo;
+    lo.recompute.assign(forward, false);
+    lo.decompose.resize(forward);
+    const partition::logical_graph lg = partition::build_logical_graph(model, lo);
+    std::vector<node_work> work(forward);
+    for (std::size_t i = 0; i < lg.g.nodes.size(); ++i) {
+        const node& n = lg.g.nodes[i];
+        const node_id forward_node = n.forward_of != no_id ? n.forward_of : static_cast<node_id>(i);
+        const node_id source = lg.source_of[static_cast<std::size_t>(forward_node)];
+        if (source == no_id || static_cast<std::size_t>(source) >= forward) continue;
+        node_work& w = work[static_cast<std::size_t>(source)];
+        if (n.op->flops) w.flops += n.op->flops(lg.g, n);
+        w.bytes += detail::node_bytes(lg.g, n, storage);
+        w.instructions += 1;
+    }
+    return work;
+}
+
+// A lower bound on the step time of a resolved plan: the busiest device's share of the
+// training work. Each piece of an op does its share of the op's FLOPs and bytes (splits are
+// even; replicas do it all), at the best rate the pricing grants any instruction, and runs
+// at least one instruction per training op it holds.
+inline double step_lower_bound(const plan::resolved_plan& rp, const std::vector<node_work>& work,
+                               const device_profile& dev, const price_options& o) {
+    const double flop_rate = peak_for(dev, o.storage) * std::max(dev.gemm_efficiency, dev.elementwise_efficiency);
+    const double byte_rate = dev.memory_bandwidth * dev.elementwise_efficiency;
+    std::vector<double> busy(static_cast<std::size_t>(rp.devices), 0.0);
+    for (std::size_t i = 0; i < work.size(); ++i) {
+        const node_work& w = work[i];
+        const plan::op_partition* p = rp.at(static_cast<node_id>(i));
+        const std::int64_t pieces = p ? p->pieces() : 1;
+        const double piece = std::max(w.flops / flop_rate, w.bytes / byte_rate) / static_cast<double>(pieces) +
+                             w.instructions * o.instruction_overhead;
+        if (!p) {
+            for (double& b : busy) b += piece;
+            continue;
+        }
+        for (std::int64_t k = 0; k < pieces; ++k) {
+            const int d = p->device_of(k);
+            if (d >= 0 && d < rp.devices) busy[static_cast<std::size_t>(d)] += piece;
+        }
+    }
+    return *std::max_element(busy.begin(), busy.end());
+}
+
+struct plan_search_options {
+    price_options price;
+    double memory_limit = 0;         // bytes per device; 0: the cluster's device memory
+    double time_budget_seconds = 0;  // 0: search until the best is proven
+    std::int64_t max_priced = 0;     // price at most this many assignments; 0: no limit
+};
+
+struct plan_search_statistics {
+    std::int64_t assignments = 0;  // leaves of the space
+    std::int64_t refused = 0;      // by plan::resolve or partition::apply_plan
+    std::int64_t priced = 0;
+    std::int64_t over_memory = 0;
+    std::int64_t pruned = 0;       // never priced: their bound was no better than the runner-up
+    std::int64_t unexplored = 0;   // never priced: the budget ran out
+    double seconds = 0;
+    std::map<std::string, std::int64_t> refusals;  // reason -> assignments refused for it
+};
+
+struct priced_assignment {
+    std::map<std::string, std::int64_t> choices;
+    double bound = 0;
+    program_price price;
+};
+
+struct plan_search_result {
+    plan::plan_spec plan;  // the space with every open parameter chosen
+    std::vector<open_parameter> parameters;
+    priced_assignment best;
+    std::optional<priced_assignment> runner_up;
+    double gap = 0;  // (best price - lowest unpriced bound) / best price; 0: proven best
+    double memory_limit = 0;
+    plan_search_statistics stats;
+
+    const program_price& price() const { return best.price; }
+    std::string explain() const;
+};
+
+namespace detail {
+
+inline std::string seconds_text(double s) {
+    std::ostringstream os;
+    os.precision(3);
+    if (s >= 1) os << s << " s";
+    else if (s >= 1e-3) os << s * 1e3 << " ms";
+    else os << s * 1e6 << " us";
+    return os.str();
+}
+
+inline std::string gib_text(double bytes) {
+    std::ostringstream os;
+    os.precision(3);
+    os << bytes / gib << " GiB";
+    return os.str();
+}
+
+inline std::string price_text(const program_price& p) {
+    std::ostringstream os;
+    os << "step " << seconds_text(p.step_seconds) << " (busiest compute " << seconds_text(p.max_compute())
+       << ", busiest communication " << seconds_text(p.max_communication()) << ", "
+       << static_cast<int>(std::lround(p.idle_fraction() * 100)) << "% of device time idle), peak memory "
+       << gib_text(p.peak_memory()) << " on device " << p.peak_memory_device();
+    return os.str();
+}
+
+// What separated two priced plans: the component that differs most.
+inline std::string separation_text(const program_price& a, const program_price& b) {
+    struct part {
+        const char* name;
+        double a, b;
+    };
+    const double idle_a = a.makespan * a.idle_fraction(), idle_b = b.makespan * b.idle_fraction();
+    const part parts[] = {{"busiest device's compute", a.max_compute(), b.max_compute()},
+                          {"busiest device's communication", a.max_communication(), b.max_communication()},
+                          {"idle time (bubbles and exposed communication) per device", idle_a, idle_b}};
+    const part* most = &parts[0];
+    for (const part& p : parts)
+        if (std::abs(p.b - p.a) > std::abs(most->b - most->a)) most = &p;
+    return std::string(most->name) + ": " + seconds_text(most->a) + " against " + seconds_text(most->b);
+}
+
+}  // namespace detail
+
+inline std::string plan_search_result::explain() const {
+    std::ostringstream os;
+    os << "chosen: " << choices_text(parameters, best.choices) << "\n  " << detail::price_text(best.price) << "\n";
+    if (runner_up) {
+        const double slower = runner_up->price.step_seconds / best.price.step_seconds - 1.0;
+        os << "runner-up: " << choices_text(parameters, runner_up->choices) << "\n  "
+           << detail::price_text(runner_up->price) << " (" << static_cast<int>(std::lround(slower * 1000)) / 10.0
+           << "% slower)\n  what separated them: " << detail::separation_text(best.price, runner_up->price) << "\n";
+    } else {
+        os << "runner-up: none (no other assignment is legal and fits)\n";
+    }
+    os << "searched " << stats.assignments << " assignments: " << stats.refused << " refused, " << stats.priced
+       << " priced from their programs, " << stats.over_memory << " over " << detail::gib_text(memory_limit)
+       << " per device, " << stats.pruned << " pruned by the bound";
+    if (stats.unexplored) os << ", " << stats.unexplored << " left by the budget";
+    os << "; gap " << static_cast<int>(std::lround(gap * 1000)) / 10.0 << "%";
+    if (gap == 0) os << " (proven best)";
+    os << "; " << detail::seconds_text(stats.seconds) << "\n";
+    return os.str();
+}
+
+// Fill the open parameters of `space` for `model` on cluster c.
+inline plan_search_result search_plan(const graph& model, const plan::plan_spec& space, const cluster& c,
+                                      const plan_search_options& o = {}) {
+    const auto started = std::chrono::steady_clock::now();
+    auto elapsed = [&] { return std::chrono::duration<double>(std::chrono::steady_clock::now() - started).count(); };
+    if (space.devices > c.devices())
+        throw search_error("search_plan: the plan is for " + std::to_string(space.devices) + " devices but cluster '" +
+                           c.name + "' has " + std::to_string(c.devices()) +
+                           "; give a plan for at most that many devices or a larger cluster");
+    plan_search_result result;
+    result.parameters = open_parameter_candidates(space, model);
+    result.memory_limit = o.memory_limit > 0 ? o.memory_limit : c.device.memory_bytes;
+    const auto& params = result.parameters;
+    plan_search_statistics& stats = result.stats;
+    const std::vector<node_work> work = training_work(model, o.price.storage);
+
+    // 1-3: every assignment, resolved and bounded.
+    struct leaf {
+        std::map<std::string, std::int64_t> choices;
+        double bound = 0;
+        std::int64_t index = 0;
+    };
+    std::vector<leaf> leaves;
+    std::map<std::string, std::string> refusal_example;  // reason -> an assignment refused for it
+    auto refuse = [&](const std::string& why, const std::map<std::string, std::int64_t>& choices) {
+        ++stats.refused;
+        if (++stats.refusals[why] == 1) refusal_example[why] = choices_text(params, choices);
+    };
+    std::vector<std::size_t> at(params.size(), 0);
+    for (bool more = true; more; ++stats.assignments) {
+        plan::plan_spec candidate = space;
+        for (std::size_t i = 0; i < params.size(); ++i) candidate.choices[params[i].name] = params[i].candidates[at[i]];
+        try {
+            const plan::resolved_plan rp = plan::resolve(candidate, model);
+            leaves.push_back({candidate.choices, step_lower_bound(rp, work, c.device, o.price), stats.assignments});
+        } catch (const plan_error& e) {
+            refuse(e.what(), candidate.choices);
+        } catch (const shape_error& e) {
+            refuse(e.what(), candidate.choices);
+        }
+        // The next assignment: an odometer, the last parameter turning fastest.
+        more = false;
+        for (std::size_t i = params.size(); i-- > 0;) {
+            if (++at[i] < params[i].candidates.size()) {
+                more = true;
+                break;
+            }
+            at[i] = 0;
+        }
+    }
+    std::stable_sort(leaves.begin(), leaves.end(), [](const leaf& a, const leaf& b) { return a.bound < b.bound; });
+
+    // 4: best first.
+    std::optional<priced_assignment> best, second;
+    std::optional<priced_assignment> smallest_over;  // the least memory among those over the limit
+    std::size_t next = 0;
+    for (; next < leaves.size(); ++next) {
+        const leaf& l = leaves[next];
+        if (second && l.bound >= second->price.step_seconds) break;
+        if ((o.time_budget_seconds > 0 && elapsed() > o.time_budget_seconds && best) ||
+            (o.max_priced > 0 && stats.priced >= o.max_priced && best))
+            break;
+        plan::plan_spec candidate = space;
+        candidate.choices = l.choices;
+        program_price price;
+        try {
+            price = price_programs(partition::apply_plan(model, candidate), c, o.price);
+        } catch (const plan_error& e) {
+            refuse(e.what(), l.choices);
+            continue;
+        } catch (const shape_error& e) {
+            refuse(e.what(), l.choices);
+            continue;
+        }
+        ++stats.priced;
+        priced_assignment pa{l.choices, l.bound, std::move(price)};
+        if (pa.price.peak_memory() > result.memory_limit) {
+            ++stats.over_memory;
+            if (!smallest_over || pa.price.peak_memory() < smallest_over->price.peak_memory()) smallest_over = pa;
+            continue;
+        }
+        if (!best || pa.price.step_seconds < best->price.step_seconds) {
+            second = std::move(best);
+            best = std::move(pa);
+        } else if (!second || pa.price.step_seconds < second->price.step_seconds) {
+            second = std::move(pa);
+        }
+    }
+    // Leaves after `next` were not priced: pruned when the bound stopped the search, else
+    // left by the budget.
+    const bool proven = next == leaves.size() || (second && leaves[next].bound >= second->price.step_seconds);
+    for (std::size_t k = next; k < leaves.size(); ++k) ++(proven ? stats.pruned : stats.unexplored);
+    stats.seconds = elapsed();
+
+    if (!best) {
+        std::string why = "search_plan: no plan in the space fits: ";
+        if (stats.assignments == stats.refused) {
+            why += "every one of its " + std::to_string(stats.assignments) + " assignments is refused:";
+        } else {
+            why += std::to_string(stats.refused) + " of " + std::to_string(stats.assignments) + " assignments are refused";
+            if (smallest_over)
+                why += " and the other " + std::to_string(stats.over_memory) + " exceed " +
+                       detail::gib_text(result.memory_limit) + " per device (the smallest, " +
+                       choices_text(params, smallest_over->choices) + ", needs " +
+                       detail::gib_text(smallest_over->price.peak_memory()) + " on device " +
+                       std::to_string(smallest_over->price.peak_memory_device()) +
+                       "; add devices, recompute, ZeRO or micro-batches to the space, or raise the memory limit)";
+            if (stats.refused) why += "; refusals:";
+        }
+        std::vector<std::pair<std::int64_t, std::string>> reasons;
+        for (const auto& [r, n] : stats.refusals) reasons.push_back({n, r});
+        std::stable_sort(reasons.begin(), reasons.end(), [](const auto& a, const auto& b) { return a.first > b.first; });
+        for (std::size_t k = 0; k < reasons.size() && k < 4; ++k)
+            why += "\n  " + std::to_string(reasons[k].first) + " x " + reasons[k].second + " (for example " +
+                   refusal_example[reasons[k].second] + ")";
+        throw search_error(why);
+    }
+    result.best = std::move(*best);
+    result.runner_up = std::move(second);
+    result.plan = space;
+    result.plan.choices = result.best.choices;
+    if (!proven && next < leaves.size())
+        result.gap = std::max(0.0, (result.best.price.step_seconds - leaves[next].bound) / result.best.price.step_seconds);
+    return result;
+}
+
+}  // namespace loom::search

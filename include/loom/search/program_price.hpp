@@ -1,0 +1,439 @@
+#pragma once
+// The price of a plan's programs on a cluster: what one training step of the per-device
+// programs that partition::apply_plan produced costs, instruction by instruction.
+//
+//   partition::partitioned_graph pg = partition::apply_plan(model, plan);
+//   search::program_price p = search::price_programs(pg, search::dgx_a100(2));
+//   p.step_seconds, p.devices[d].memory.total(), p.explain()
+//
+// - Compute: every instruction of every device's program, from its FLOPs and the bytes it
+//   reads and writes (op_def::flops and the tensors' shapes): a GEMM-like instruction runs
+//   at the device's GEMM efficiency scaled by its shape (small dimensions run slower,
+//   gemm_shape_factor below), the rest at the roofline of FLOPs and memory bandwidth.
+// - Communication: every materialized transfer by its collective, its group's placement
+//   over nodes, and its bytes (search/communication.hpp). Groups of the same transfer for
+//   other ranks (the data-parallel all-reduce of each tensor-parallel rank) that cross the
+//   same nodes are taken to run at once and share those nodes' NICs.
+// - Time: an event-driven run of all devices' programs in their op-order. Each device has a
+//   compute stream and a communication stream (or one stream, overlap = false, as the host
+//   backend runs); an instruction starts when its stream is free and its inputs are ready;
+//   a collective starts when every member has reached it. The optimizer step follows.
+// - Memory: what the host backend allocates for the program (runtime/compile.hpp): the
+//   liveness-planned arena of intermediates plus the bound tensors (parameters, gradients,
+//   inputs, loss), the optimizer's state for what the device updates (AdamW: two float
+//   moments, ZeRO-1/2 sharding them over the replicas), and the runtime's fixed bytes.
+#include <algorithm>
+#include <cmath>
+#include <cstdint>
+#include <limits>
+#include <map>
+#include <string>
+#include <tuple>
+#include <vector>
+
+#include <loom/core/dim.hpp>
+#include <loom/core/error.hpp>
+#include <loom/partition/partitioned_graph.hpp>
+#include <loom/runtime/compile.hpp>
+#include <loom/search/communication.hpp>
+#include <loom/search/hardware.hpp>
+
+namespace loom::search {
+
+struct price_options {
+    loom::precision storage = loom::precision::f32;  // how tensors are stored (bytes per element)
+    // true: communication overlaps computation (a separate stream, as NCCL on GPUs); false:
+    // every device runs its program one instruction at a time (the host backend).
+    bool overlap = true;
+    // A GEMM dimension at which the GEMM runs at half of its large-shape efficiency along
+    // that dimension (gemm_shape_factor). An assumption until calibration measures it.
+    double gemm_half_dimension = 16;
+    double instruction_overhead = 0;  // s per instruction (a kernel launch, a dispatch)
+    // Optimizer state per element the device updates: AdamW's two float moments (8), plus a
+    // float master copy when tensors are stored in bf16.
+    double optimizer_bytes_per_element = 8;
+    // What a runtime holds beside the program: context, communicator buffers, allocator
+    // fragmentation. Stated, not measured: 0 for the host backend's arena, about 2 GiB on a
+    // GPU with NCCL (context ~0.5 GiB, NCCL buffers ~1 GiB, caching allocator slack).
+    double runtime_bytes = 0;
+    algorithm collectives = algorithm::automatic;
+};
+
+struct device_memory {
+    double bound = 0;       // parameters, gradients, inputs and loss (bound before running)
+    double arena = 0;       // intermediates, liveness-planned
+    double optimizer = 0;   // AdamW moments for what this device updates
+    double runtime = 0;     // price_options::runtime_bytes
+    double total() const { return bound + arena + optimizer + runtime; }
+};
+
+struct device_price {
+    double compute = 0;        // s the compute stream is busy
+    double communication = 0;  // s the communication stream is busy
+    double finish = 0;         // s when its last instruction ends
+    double optimizer = 0;      // s of its optimizer step
+    std::int64_t instructions = 0;
+    device_memory memory;
+};
+
+struct program_price {
+    double step_seconds = 0;  // makespan of the programs, plus the slowest optimizer step
+    double makespan = 0;
+    std::vector<device_price> devices;
+    std::int64_t transfers = 0;
+    double transfer_seconds = 0;  // sum over transfers of their duration
+
+    double peak_memory() const {
+        double m = 0;
+        for (const auto& d : devices) m = std::max(m, d.memory.total());
+        return m;
+    }
+    int peak_memory_device() const {
+        int best = 0;
+        for (std::size_t d = 0; d < devices.size(); ++d)
+            if (devices[d].memory.total() > devices[static_cast<std::size_t>(best)].memory.total()) best = static_cast<int>(d);
+        return best;
+    }
+    double max_compute() const {
+        double m = 0;
+        for (const auto& d : devices) m = std::max(m, d.compute);
+        return m;
+    }
+    double max_communication() const {
+        double m = 0;
+        for (const auto& d : devices) m = std::max(m, d.communication);
+        return m;
+    }
+    // Share of device time in [0, makespan] that computes nothing: bubbles and exposed
+    // communication.
+    double idle_fraction() const {
+        if (devices.empty() || makespan <= 0) return 0;
+        double busy = 0;
+        for (const auto& d : devices) busy += d.compute;
+        return 1.0 - busy / (makespan * static_cast<double>(devices.size()));
+    }
+};
+
+// The share of a GEMM's large-shape efficiency that a dimension d reaches:
+// (d / (d + h)) / (512 / (512 + h)), at most 1. Calibration runs 512^3 GEMMs, so shapes at
+// least that large run at the calibrated efficiency.
+inline double gemm_shape_factor(double d, double h) {
+    if (h <= 0) return 1.0;
+    constexpr double reference = 512.0;
+    return std::min(1.0, (d / (d + h)) / (reference / (reference + h)));
+}
+
+// The (m, n, k) of a GEMM with these FLOPs (2mnk), elements read (mk + kn) and written
+// (mn), the smaller of m, n first. Batched products and biases make it an estimate.
+inline std::tuple<double, double, double> gemm_shape(double flops, double read, double written) {
+    const double k = flops / (2.0 * written);
+    const double sum = read / k;  // m + n
+    const double disc = sum * sum - 4.0 * written;
+    double m = disc > 0 ? (sum - std::sqrt(disc)) / 2.0 : std::sqrt(written);
+    m = std::max(m, 1.0);
+    return {m, written / m, k};
+}
+
+// Peak FLOP/s for arithmetic in storage precision p: float and double use the device's
+// float peak (no double figure is profiled: a host plan calibrates in float), bf16 the
+// tensor cores'.
+inline double peak_for(const device_profile& d, loom::precision p) {
+    return d.peak_flops(p == loom::precision::bf16 ? precision::bf16 : precision::fp32);
+}
+
+namespace detail {
+
+inline bool is_transfer(const node& n) { return n.attrs.has("transfer"); }
+
+inline double node_bytes(const graph& g, const node& n, loom::precision p) {
+    double bytes = 0;
+    for (tensor_id t : n.inputs) bytes += static_cast<double>(tensor_bytes(g.tensor(t), storage_precision(g, t, p)));
+    for (tensor_id t : n.outputs) bytes += static_cast<double>(tensor_bytes(g.tensor(t), storage_precision(g, t, p)));
+    return bytes;
+}
+
+// Seconds of one compute instruction.
+inline double instruction_seconds(const graph& g, const node& n, const device_profile& dev, const price_options& o) {
+    const double flops = n.op->flops ? n.op->flops(g, n) : 0.0;
+    double read = 0, written = 0;
+    for (tensor_id t : n.inputs) read += static_cast<double>(g.tensor(t).dims.numel());
+    for (tensor_id t : n.outputs) written += static_cast<double>(g.tensor(t).dims.numel());
+    const double bytes = node_bytes(g, n, o.storage);
+    const double peak = peak_for(dev, o.storage);
+    const double bandwidth = dev.memory_bandwidth * dev.elementwise_efficiency;
+    double t = bytes / bandwidth;
+    if (written > 0 && flops >= 16.0 * written) {
+        const auto [m, nn, k] = gemm_shape(flops, read, written);
+        const double efficiency = dev.gemm_efficiency * gemm_shape_factor(m, o.gemm_half_dimension) *
+                                  gemm_shape_factor(nn, o.gemm_half_dimension) *
+                                  gemm_shape_factor(k, o.gemm_half_dimension);
+        t = std::max(t, flops / (peak * efficiency));
+    } else {
+        t = std::max(t, flops / (peak * dev.elementwise_efficiency));
+    }
+    return t + o.instruction_overhead;
+}
+
+inline collective collective_of(partition::transfer_kind k) {
+    switch (k) {
+        case partition::transfer_kind::all_reduce: return collective::all_reduce;
+        case partition::transfer_kind::all_gather: return collective::all_gather;
+        case partition::transfer_kind::reduce_scatter: return collective::reduce_scatter;
+        case partition::transfer_kind::all_to_all: return collective::all_to_all;
+        case partition::transfer_kind::broadcast: return collective::broadcast;
+        case partition::transfer_kind::send_recv: return collective::send_recv;
+    }
+    return collective::send_recv;
+}
+
+// Bytes of a transfer in communication.hpp's convention: the whole buffer on one member
+// (the output of an all_gather, the input of a reduce_scatter, ...), the largest member's.
+inline double transfer_bytes(const partition::partitioned_graph& pg, const partition::transfer& tr, loom::precision p) {
+    const graph& g = pg.ir();
+    const tensor_desc& t = g.tensor(tr.logical);
+    const double element = static_cast<double>(
+        t.kind == value_kind::index ? 4 : real_bytes(storage_precision(g, tr.logical, p)));
+    double elements = 0;
+    for (std::size_t m = 0; m < tr.group.size(); ++m) {
+        const bool uses_input = tr.kind == partition::transfer_kind::reduce_scatter ||
+                                tr.kind == partition::transfer_kind::all_to_all ||
+                                tr.kind == partition::transfer_kind::send_recv;
+        if (uses_input && m < tr.inputs.size() && tr.has_input[m])
+            elements = std::max(elements, static_cast<double>(tr.inputs[m].numel()));
+        if (!uses_input && m < tr.outputs.size() && tr.has_output[m])
+            elements = std::max(elements, static_cast<double>(tr.outputs[m].numel()));
+    }
+    return elements * element;
+}
+
+// For every transfer, how many groups of its kind for the same tensor (its copies for
+// other ranks) reach the node of its that most of them reach. Groups within one node never
+// share NICs and count 1.
+inline std::vector<int> nic_sharing(const partition::partitioned_graph& pg, const topology& topo) {
+    std::vector<int> sharing(pg.transfers.size(), 1);
+    using key = std::tuple<tensor_id, int, bool, node_id>;
+    std::map<key, std::vector<std::size_t>> siblings;
+    for (std::size_t i = 0; i < pg.transfers.size(); ++i) {
+        const auto& tr = pg.transfers[i];
+        siblings[{tr.logical, static_cast<int>(tr.kind), tr.backward, tr.consumer}].push_back(i);
+    }
+    for (const auto& [k, members] : siblings) {
+        std::map<int, int> groups_on_node;  // over the groups that cross nodes
+        std::vector<std::vector<int>> nodes_of(members.size());
+        for (std::size_t s = 0; s < members.size(); ++s) {
+            const auto& tr = pg.transfers[members[s]];
+            std::vector<int> nodes;
+            for (int r : tr.group) nodes.push_back(r / topo.devices_per_node);
+            std::sort(nodes.begin(), nodes.end());
+            nodes.erase(std::unique(nodes.begin(), nodes.end()), nodes.end());
+            if (nodes.size() < 2) continue;
+            nodes_of[s] = nodes;
+            for (int nd : nodes) ++groups_on_node[nd];
+        }
+        for (std::size_t s = 0; s < members.size(); ++s) {
+            int most = 1;
+            for (int nd : nodes_of[s]) most = std::max(most, groups_on_node[nd]);
+            sharing[members[s]] = most;
+        }
+    }
+    return sharing;
+}
+
+}  // namespace detail
+
+// Seconds of each transfer of `pg` on cluster c.
+inline std::vector<double> transfer_seconds(const partition::partitioned_graph& pg, const cluster& c,
+                                            const price_options& o = {}) {
+    if (pg.world > c.devices())
+        throw usage_error("price_programs: the plan runs on " + std::to_string(pg.world) + " devices but cluster '" +
+                          c.name + "' has " + std::to_string(c.devices()) + "; plan for the cluster's devices or give a larger cluster");
+    const std::vector<int> sharing = detail::nic_sharing(pg, c.topo);
+    std::vector<double> seconds(pg.transfers.size(), 0.0);
+    for (std::size_t i = 0; i < pg.transfers.size(); ++i) {
+        const auto& tr = pg.transfers[i];
+        const group_placement p = placement(c.topo, tr.group);
+        seconds[i] = collective_cost(c, detail::collective_of(tr.kind), detail::transfer_bytes(pg, tr, o.storage),
+                                     static_cast<int>(tr.group.size()), p, o.collectives, sharing[i])
+                         .total();
+    }
+    return seconds;
+}
+
+// The price of one training step of pg's programs on the first pg.world devices of c.
+inline program_price price_programs(const partition::partitioned_graph& pg, const cluster& c, const price_options& o = {}) {
+    const std::vector<double> transfer_time = transfer_seconds(pg, c, o);
+    const int world = pg.world;
+    program_price out;
+    out.devices.resize(static_cast<std::size_t>(world));
+    out.transfers = static_cast<std::int64_t>(pg.transfers.size());
+    for (double t : transfer_time) out.transfer_seconds += t;
+
+    // Programs as the host trainer compiles them: memory, and the instruction order.
+    struct device_run {
+        std::vector<node_id> compute, communication;  // one stream each (overlap), or all in `compute`
+        std::size_t next_compute = 0, next_communication = 0;
+        double compute_free = 0, communication_free = 0;
+        std::vector<double> ready;  // per tensor of the device graph; < 0: not produced yet
+    };
+    std::vector<device_run> runs(static_cast<std::size_t>(world));
+    for (int d = 0; d < world; ++d) {
+        const auto& part = pg.devices[static_cast<std::size_t>(d)];
+        const graph& g = part.ir();
+        compile_options co{.prec = o.storage, .outputs = {part.loss}, .keep_every_node = true};
+        if (!pg.order.empty()) co.order = pg.order.at(static_cast<std::size_t>(d));
+        const program prog = compile_program(g, co);
+        device_price& price = out.devices[static_cast<std::size_t>(d)];
+        price.memory.arena = static_cast<double>(prog.arena_bytes);
+        for (tensor_id t : prog.bound) price.memory.bound += static_cast<double>(prog.bytes_of(t));
+        price.memory.runtime = o.runtime_bytes;
+        price.instructions = static_cast<std::int64_t>(prog.steps.size());
+
+        device_run& run = runs[static_cast<std::size_t>(d)];
+        run.ready.assign(g.tensors.size(), -1.0);
+        for (std::size_t t = 0; t < g.tensors.size(); ++t)
+            if (g.tensors[t].producer == no_id) run.ready[t] = 0.0;
+        for (const instruction& step : prog.steps) {
+            const node& n = g.at(step.node);
+            (o.overlap && detail::is_transfer(n) ? run.communication : run.compute).push_back(step.node);
+        }
+    }
+
+    // Optimizer state and step: what each device updates. A piece stored on r devices is
+    // updated by each of them, or by 1/r of each under ZeRO-1 and ZeRO-2 (ZeRO-3 stores
+    // shards already).
+    {
+        std::map<std::pair<tensor_id, std::string>, int> copies;
+        auto key_of = [](const partition::stored_piece& s) {
+            std::string k;
+            for (const auto& r : s.region.ranges) k += std::to_string(r.begin) + ":" + std::to_string(r.end) + ",";
+            return std::pair<tensor_id, std::string>{s.logical, k};
+        };
+        for (const auto& part : pg.devices)
+            for (const auto& s : part.parameters) ++copies[key_of(s)];
+        const bool sharded = pg.zero == plan::zero_stage::optimizer || pg.zero == plan::zero_stage::gradients;
+        for (int d = 0; d < world; ++d) {
+            double elements = 0;
+            for (const auto& s : pg.devices[static_cast<std::size_t>(d)].parameters) {
+                const double n = static_cast<double>(s.region.numel());
+                elements += sharded ? n / copies[key_of(s)] : n;
+            }
+            device_price& price = out.devices[static_cast<std::size_t>(d)];
+            price.memory.optimizer = elements * o.optimizer_bytes_per_element;
+            // AdamW reads parameter, gradient and two moments and writes three of them.
+            const double bytes = elements * (4.0 * static_cast<double>(real_bytes(o.storage)) + 3.0 * 4.0);
+            price.optimizer = bytes / (c.device.memory_bandwidth * c.device.elementwise_efficiency);
+        }
+    }
+
+    // The event-driven run. A collective starts once every member's stream has reached it
+    // with its input ready.
+    std::vector<int> arrived(pg.transfers.size(), 0);
+    std::vector<double> earliest(pg.transfers.size(), 0.0);
+    std::vector<double> sent_at(pg.transfers.size(), -1.0);  // send_recv: when the send was posted
+    std::vector<std::vector<bool>> registered(static_cast<std::size_t>(world));
+    for (int d = 0; d < world; ++d) registered[static_cast<std::size_t>(d)].assign(pg.transfers.size(), false);
+
+    auto inputs_ready = [&](const device_run& run, const node& n) {
+        double t = 0;
+        for (tensor_id in : n.inputs) {
+            const double r = run.ready[static_cast<std::size_t>(in)];
+            if (r < 0) return -1.0;
+            t = std::max(t, r);
+        }
+        return t;
+    };
+    // Stream `queue` of device d: run what can run; return whether anything did.
+    auto advance = [&](int d, bool communication_queue) {
+        device_run& run = runs[static_cast<std::size_t>(d)];
+        const graph& g = pg.devices[static_cast<std::size_t>(d)].ir();
+        auto& queue = communication_queue ? run.communication : run.compute;
+        auto& next = communication_queue ? run.next_communication : run.next_compute;
+        auto& free = communication_queue ? run.communication_free : run.compute_free;
+        bool progressed = false;
+        while (next < queue.size()) {
+            const node& n = g.at(queue[next]);
+            const double ready = inputs_ready(run, n);
+            if (ready < 0) break;
+            if (!detail::is_transfer(n)) {
+                const double start = std::max(free, ready);
+                const double seconds = detail::instruction_seconds(g, n, c.device, o);
+                free = start + seconds;
+                out.devices[static_cast<std::size_t>(d)].compute += seconds;
+                for (tensor_id t : n.outputs) run.ready[static_cast<std::size_t>(t)] = free;
+                ++next;
+                progressed = true;
+                continue;
+            }
+            const auto id = static_cast<std::size_t>(n.attrs.get<std::int64_t>("transfer"));
+            const auto& tr = pg.transfers[id];
+            if (tr.kind == partition::transfer_kind::send_recv) {
+                // Point to point: the send is posted and the sender goes on (the backends
+                // buffer it); the receiver has the data one transfer time after both the
+                // send and its own receive are posted.
+                const double posted = std::max(free, ready);
+                const bool source = tr.group.front() == d;
+                if (!source && sent_at[id] < 0) break;
+                const double end = source ? posted + transfer_time[id] : std::max(sent_at[id], posted) + transfer_time[id];
+                if (source) sent_at[id] = posted;
+                for (tensor_id t : n.outputs) run.ready[static_cast<std::size_t>(t)] = end;
+                free = end;
+                out.devices[static_cast<std::size_t>(d)].communication += transfer_time[id];
+                ++next;
+                progressed = true;
+                continue;
+            }
+            auto& mine = registered[static_cast<std::size_t>(d)];
+            if (!mine[id]) {
+                mine[id] = true;
+                earliest[id] = std::max(earliest[id], std::max(free, ready));
+                ++arrived[id];
+                progressed = true;
+            }
+            if (arrived[id] < static_cast<int>(tr.group.size())) break;
+            // Everyone is here: run it on every member, which moves past it.
+            const double end = earliest[id] + transfer_time[id];
+            for (int member : tr.group) {
+                device_run& other = runs[static_cast<std::size_t>(member)];
+                const graph& og = pg.devices[static_cast<std::size_t>(member)].ir();
+                auto& other_queue = (o.overlap ? other.communication : other.compute);
+                auto& other_next = (o.overlap ? other.next_communication : other.next_compute);
+                auto& other_free = (o.overlap ? other.communication_free : other.compute_free);
+                const node& on = og.at(other_queue.at(other_next));
+                for (tensor_id t : on.outputs) other.ready[static_cast<std::size_t>(t)] = end;
+                other_free = end;
+                out.devices[static_cast<std::size_t>(member)].communication += transfer_time[id];
+                ++other_next;
+            }
+            progressed = true;
+        }
+        return progressed;
+    };
+    for (bool progressed = true; progressed;) {
+        progressed = false;
+        for (int d = 0; d < world; ++d) {
+            progressed = advance(d, false) || progressed;
+            if (o.overlap) progressed = advance(d, true) || progressed;
+        }
+    }
+    double makespan = 0, optimizer = 0;
+    for (int d = 0; d < world; ++d) {
+        device_run& run = runs[static_cast<std::size_t>(d)];
+        if (run.next_compute < run.compute.size() || run.next_communication < run.communication.size()) {
+            const graph& g = pg.devices[static_cast<std::size_t>(d)].ir();
+            const bool in_compute = run.next_compute < run.compute.size();
+            const node& stuck = g.at(in_compute ? run.compute[run.next_compute] : run.communication[run.next_communication]);
+            throw error("price_programs: device " + std::to_string(d) + " cannot run '" + stuck.name +
+                                 "': its inputs never arrive or a member of its collective never reaches it; the "
+                                 "programs were not checked (partition::check_programs)");
+        }
+        device_price& price = out.devices[static_cast<std::size_t>(d)];
+        price.finish = std::max(run.compute_free, run.communication_free);
+        makespan = std::max(makespan, price.finish);
+        optimizer = std::max(optimizer, price.optimizer);
+    }
+    out.makespan = makespan;
+    out.step_seconds = makespan + optimizer;
+    return out;
+}
+
+}  // namespace loom::search

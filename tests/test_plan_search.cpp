@@ -1,0 +1,289 @@
+// The searcher over a user's plan: it fills the plan's open parameters with the assignment
+// whose programs price lowest, equal to pricing every assignment; its bound never exceeds a
+// price; an empty space says why; the prices follow first principles.
+#include <catch2/catch.hpp>
+
+#include <cmath>
+#include <map>
+#include <string>
+#include <vector>
+
+#include <loom/models/gpt.hpp>
+#include <loom/models/t5.hpp>
+#include <loom/partition/apply.hpp>
+#include <loom/plan/presets.hpp>
+#include <loom/search/plan_search.hpp>
+
+using namespace loom;
+
+namespace {
+
+// Megatron's rules with the tensor- and data-parallel degrees left open as "tp" and "dp".
+plan::plan_spec open_megatron(int devices) {
+    plan::plan_spec p = plan::presets::megatron(2, 2);
+    p.devices = devices;
+    for (auto& r : p.rules)
+        if (r.trans)
+            for (auto& s : *r.trans) {
+                const bool batch = !s.replicate && s.label.empty() && s.dim == dim_id_of<Dim::Batch>;
+                s.degree = {1, batch ? "dp" : "tp", {}};
+            }
+    return p;
+}
+
+// A space over everything a pipeline leaves open: stages, micro-batches, order, ZeRO, and
+// the degrees inside the stages.
+plan::plan_spec open_pipeline(int devices) {
+    plan::plan_spec p = open_megatron(devices);
+    p.stages = plan::stage_spec{};
+    p.stages->count = {1, "pp", {}};
+    p.micro_batches = {1, "mb", {1, 2, 4}};
+    p.order = {{{plan::schedule_kind::gpipe}, {plan::schedule_kind::one_f_one_b}}, "order"};
+    p.zero_open = "zero";
+    p.zero_allowed = {0, 1, 3};
+    return p;
+}
+
+// One node of devices slow enough (a CPU's rates) that compute, not latency, dominates the
+// step of a small model: the regime where bounds prune and bubbles show.
+search::cluster slow_node() {
+    search::cluster c = search::dgx_a100(1);
+    c.name = "slow node";
+    c.device.peak_flops_fp32 = 5e10;
+    c.device.memory_bandwidth = 1e10;
+    return c;
+}
+
+models::gpt_model small_gpt() {
+    return models::gpt({.layers = 4, .hidden = 64, .heads = 4, .vocab = 256, .seq = 32, .batch = 8});
+}
+
+// Every assignment of the space priced, the way the searcher would if it pruned nothing.
+struct exhaustive {
+    std::map<std::string, std::int64_t> best;
+    double best_step = 1e300;
+    int legal = 0;
+};
+
+exhaustive price_everything(const graph& model, const plan::plan_spec& space, const search::cluster& c,
+                            const search::plan_search_options& o) {
+    const auto params = search::open_parameter_candidates(space, model);
+    const auto work = search::training_work(model, o.price.storage);
+    exhaustive out;
+    std::vector<std::size_t> at(params.size(), 0);
+    for (bool more = true; more;) {
+        plan::plan_spec candidate = space;
+        for (std::size_t i = 0; i < params.size(); ++i) candidate.choices[params[i].name] = params[i].candidates[at[i]];
+        try {
+            const plan::resolved_plan rp = plan::resolve(candidate, model);
+            const double bound = search::step_lower_bound(rp, work, c.device, o.price);
+            const search::program_price price =
+                search::price_programs(partition::apply_plan(model, candidate), c, o.price);
+            // The bound is a bound on every leaf.
+            CHECK(bound <= price.step_seconds * (1 + 1e-12));
+            if (price.peak_memory() <= (o.memory_limit > 0 ? o.memory_limit : c.device.memory_bytes)) {
+                ++out.legal;
+                if (price.step_seconds < out.best_step) out.best_step = price.step_seconds, out.best = candidate.choices;
+            }
+        } catch (const plan_error&) {
+        } catch (const shape_error&) {
+        }
+        more = false;
+        for (std::size_t i = params.size(); i-- > 0;) {
+            if (++at[i] < params[i].candidates.size()) {
+                more = true;
+                break;
+            }
+            at[i] = 0;
+        }
+    }
+    return out;
+}
+
+}  // namespace
+
+TEST_CASE("the search over a pipeline space finds the assignment that pricing every one finds") {
+    const auto model = small_gpt();
+    const plan::plan_spec space = open_pipeline(4);
+    const search::cluster hw = slow_node();
+    search::plan_search_options o;
+    const exhaustive all = price_everything(model.ir(), space, hw, o);
+    REQUIRE(all.legal > 5);
+
+    const search::plan_search_result r = search::search_plan(model.ir(), space, hw, o);
+    CHECK(r.best.price.step_seconds == Approx(all.best_step).epsilon(1e-12));
+    CHECK(r.gap == 0);
+    CHECK(r.stats.pruned > 0);  // the bound saved work
+    CHECK(r.stats.priced + r.stats.pruned + r.stats.refused == r.stats.assignments);
+    REQUIRE(r.runner_up);
+    CHECK(r.runner_up->price.step_seconds >= r.best.price.step_seconds);
+    INFO(r.explain());
+    CHECK(r.explain().find("runner-up: ") != std::string::npos);
+    CHECK(r.explain().find("what separated them") != std::string::npos);
+
+    // The filled plan is the space with its choices: it applies, and prices the same.
+    for (const auto& p : r.parameters) CHECK(r.plan.choices.count(p.name) == 1);
+    const auto again = search::price_programs(partition::apply_plan(model.ir(), r.plan), hw, o.price);
+    CHECK(again.step_seconds == r.best.price.step_seconds);
+
+    // Deterministic.
+    const search::plan_search_result twice = search::search_plan(model.ir(), space, hw, o);
+    CHECK(twice.best.choices == r.best.choices);
+    CHECK(twice.stats.priced == r.stats.priced);
+}
+
+TEST_CASE("the bound never exceeds the programs' price, on every leaf of several spaces") {
+    const search::cluster one_node = search::dgx_a100(1);
+    const search::cluster two_nodes = search::dgx_a100(2);
+    search::plan_search_options o;
+    SECTION("tensor and data parallelism on a GPT, one node and two") {
+        const auto model = small_gpt();
+        CHECK(price_everything(model.ir(), open_megatron(8), one_node, o).legal > 3);
+        CHECK(price_everything(model.ir(), open_megatron(16), two_nodes, o).legal > 3);
+    }
+    SECTION("a T5-style encoder-decoder") {
+        const auto model = models::t5({.encoder_layers = 2, .decoder_layers = 2, .hidden = 64, .heads = 4, .batch = 4});
+        plan::plan_spec space = open_megatron(4);
+        space.zero_open = "zero";
+        CHECK(price_everything(model.ir(), space, one_node, o).legal > 3);
+    }
+    SECTION("pipelines in bf16 with one stream per device") {
+        o.price.storage = loom::precision::bf16;
+        o.price.overlap = false;
+        o.price.instruction_overhead = 5e-6;
+        const auto model = small_gpt();
+        CHECK(price_everything(model.ir(), open_pipeline(8), one_node, o).legal > 3);
+    }
+}
+
+TEST_CASE("candidates are every divisor, not powers of two only") {
+    auto model = models::gpt({.layers = 6, .hidden = 48, .heads = 6, .vocab = 96, .seq = 16, .batch = 12});
+    plan::plan_spec space = open_megatron(6);
+    space.stages = plan::stage_spec{};
+    space.stages->count = {1, "pp", {}};
+    space.micro_batches = {1, "mb", {}};
+    const auto params = search::open_parameter_candidates(space, model.ir());
+    std::map<std::string, std::vector<std::int64_t>> by_name;
+    for (const auto& p : params) by_name[p.name] = p.candidates;
+    CHECK(by_name["tp"] == std::vector<std::int64_t>{1, 2, 3, 6});
+    CHECK(by_name["pp"] == std::vector<std::int64_t>{1, 2, 3, 6});
+    CHECK(by_name["mb"] == std::vector<std::int64_t>{1, 2, 3, 4, 6, 12});
+
+    // And the search may choose a degree of 3.
+    const search::plan_search_result r = search::search_plan(model.ir(), space, search::dgx_a100(1));
+    CHECK(r.gap == 0);
+    CHECK(r.stats.priced > 10);
+}
+
+TEST_CASE("an empty space says which constraint empties it") {
+    const auto model = small_gpt();
+    SECTION("a structural refusal") {
+        plan::plan_spec space = plan::presets::data_parallel(4);
+        space.stages = plan::stage_spec{};
+        space.stages->count = {1, "pp", {3}};  // 3 stages do not divide 4 devices
+        try {
+            search::search_plan(model.ir(), space, search::dgx_a100(1));
+            FAIL("an empty space was searched");
+        } catch (const search::search_error& e) {
+            const std::string what = e.what();
+            INFO(what);
+            CHECK(what.find("every one of its 1 assignments is refused") != std::string::npos);
+            CHECK(what.find("pp = 3") != std::string::npos);
+        }
+    }
+    SECTION("memory") {
+        search::plan_search_options o;
+        o.memory_limit = 1024;  // bytes
+        try {
+            search::search_plan(model.ir(), open_megatron(4), search::dgx_a100(1), o);
+            FAIL("a space that cannot fit was searched");
+        } catch (const search::search_error& e) {
+            const std::string what = e.what();
+            INFO(what);
+            CHECK(what.find("exceed") != std::string::npos);
+            CHECK(what.find("the smallest") != std::string::npos);
+        }
+    }
+    SECTION("ranges with nothing in common") {
+        plan::plan_spec space = open_megatron(4);
+        int narrowed = 0;
+        for (auto& r : space.rules)
+            for (auto& s : *r.trans)
+                if (s.degree.open == "tp" && narrowed < 2) s.degree.allowed = {narrowed++ == 0 ? 3 : 2};
+        CHECK_THROWS_WITH(search::open_parameter_candidates(space, model.ir()),
+                          Catch::Contains("has no candidate value"));
+    }
+}
+
+TEST_CASE("a budget returns the best so far and its gap") {
+    const auto model = small_gpt();
+    search::plan_search_options o;
+    o.max_priced = 2;
+    const search::plan_search_result r = search::search_plan(model.ir(), open_pipeline(4), search::dgx_a100(1), o);
+    CHECK(r.stats.priced <= 2 + r.stats.over_memory);
+    CHECK(r.stats.unexplored > 0);
+    CHECK(r.gap >= 0);
+    CHECK(r.explain().find("left by the budget") != std::string::npos);
+    const search::plan_search_result full = search::search_plan(model.ir(), open_pipeline(4), search::dgx_a100(1));
+    CHECK(full.best.price.step_seconds <= r.best.price.step_seconds);
+    // The gap bounds how far the budget's answer can be from the best.
+    CHECK(r.best.price.step_seconds * (1 - r.gap) <= full.best.price.step_seconds * (1 + 1e-12));
+}
+
+TEST_CASE("prices follow first principles") {
+    const auto model = small_gpt();
+    const search::cluster hw = search::dgx_a100(2);
+    SECTION("the makespan is at least every device's compute and communication") {
+        const auto pg = partition::apply_plan(model.ir(), plan::presets::pipeline(2, 4, {plan::schedule_kind::one_f_one_b},
+                                                                                   plan::presets::megatron(2)));
+        const search::program_price p = search::price_programs(pg, hw);
+        for (const auto& d : p.devices) {
+            CHECK(d.compute <= p.makespan * (1 + 1e-12));
+            CHECK(d.communication <= p.makespan * (1 + 1e-12));
+            CHECK(d.finish <= p.makespan);
+        }
+        CHECK(p.idle_fraction() > 0);  // a pipeline has a bubble
+    }
+    SECTION("more micro-batches shrink the pipeline's bubble, toward (p - 1) / (m + p - 1)") {
+        double last = 1.0;
+        for (int m : {1, 2, 4, 8}) {
+            const auto pg = partition::apply_plan(model.ir(), plan::presets::pipeline(4, m, {plan::schedule_kind::one_f_one_b}));
+            const double idle = search::price_programs(pg, slow_node()).idle_fraction();
+            CHECK(idle < last);
+            // Stages are not even (the embedding and the head sit on the first and last),
+            // so the bubble is at least the uniform pipeline's.
+            CHECK(idle >= 3.0 / (m + 3) - 0.02);
+            last = idle;
+        }
+    }
+    SECTION("ZeRO-1 shards the optimizer state over the replicas, ZeRO-3 the parameters too") {
+        const auto dp = search::price_programs(partition::apply_plan(model.ir(), plan::presets::data_parallel(4)), hw);
+        const auto z1 = search::price_programs(partition::apply_plan(model.ir(), plan::presets::zero(1, 4)), hw);
+        const auto z3 = search::price_programs(partition::apply_plan(model.ir(), plan::presets::zero(3, 4)), hw);
+        CHECK(z1.devices[0].memory.optimizer == Approx(dp.devices[0].memory.optimizer / 4).epsilon(0.01));
+        CHECK(z1.devices[0].memory.bound == dp.devices[0].memory.bound);
+        CHECK(z3.devices[0].memory.bound < dp.devices[0].memory.bound);
+        const double parameters = static_cast<double>(model.ir().parameter_count());
+        CHECK(dp.devices[0].memory.optimizer == Approx(8 * parameters));
+    }
+    SECTION("data-parallel groups crossing the same nodes share the NICs") {
+        // 16 devices over 2 nodes: TP 8 inside a node, DP 2 across; the 8 DP groups share
+        // each node's NICs. Alone, one group gets a whole NIC; DGX A100 has 8 NICs per node,
+        // one for each of the 8 groups, so sharing costs nothing there.
+        const search::group_placement across = search::placement(hw.topo, std::vector<int>{0, 8});
+        const double alone = search::collective_cost(hw, search::collective::all_reduce, 1e8, 2, across).total();
+        const double shared =
+            search::collective_cost(hw, search::collective::all_reduce, 1e8, 2, across, search::algorithm::automatic, 8)
+                .total();
+        CHECK(shared == Approx(alone));
+        // DGX-1 with one NIC per node: the 8 groups take turns on it.
+        const search::cluster one_nic = search::dgx1_v100(2, 1);
+        const search::group_placement v100_across = search::placement(one_nic.topo, std::vector<int>{0, 8});
+        const double one_alone =
+            search::collective_cost(one_nic, search::collective::all_reduce, 1e8, 2, v100_across).total();
+        const double one_shared = search::collective_cost(one_nic, search::collective::all_reduce, 1e8, 2, v100_across,
+                                                          search::algorithm::automatic, 8)
+                                      .total();
+        CHECK(one_shared == Approx(8 * one_alone).epsilon(0.01));
+    }
+}
