@@ -12,6 +12,7 @@
 #include <loom/models/t5.hpp>
 #include <loom/partition/apply.hpp>
 #include <loom/plan/presets.hpp>
+#include <loom/plan/spaces.hpp>
 #include <loom/search/plan_search.hpp>
 
 using namespace loom;
@@ -286,4 +287,25 @@ TEST_CASE("prices follow first principles") {
                                       .total();
         CHECK(one_shared == Approx(8 * one_alone).epsilon(0.01));
     }
+}
+
+TEST_CASE("the known systems' spaces are plans with open parameters, and each is searched") {
+    const auto model = small_gpt();
+    const search::cluster hw = slow_node();
+    std::map<std::string, double> best;
+    for (const std::string name : {"megatron", "deepspeed", "alpa", "nnscaler"}) {
+        const plan::plan_spec space = plan::spaces::by_name(name, 4);
+        const search::plan_search_result r = search::search_plan(model.ir(), space, hw);
+        INFO(name << "\n" << r.explain());
+        CHECK(r.gap == 0);
+        best[name] = r.best.price.step_seconds;
+        // The answer trains: its programs are checked and priced again to the same step.
+        CHECK(search::price_programs(partition::apply_plan(model.ir(), r.plan), hw).step_seconds ==
+              r.best.price.step_seconds);
+    }
+    // nnScaler's space holds each of the others' (without Megatron's forced recompute), so
+    // its best is at least as fast as theirs.
+    CHECK(best["nnscaler"] <= best["deepspeed"] * (1 + 1e-12));
+    CHECK(best["nnscaler"] <= best["alpa"] * (1 + 1e-12));
+    CHECK_THROWS_WITH(plan::spaces::by_name("zero-bubble", 4), Catch::Contains("no space named 'zero-bubble'"));
 }

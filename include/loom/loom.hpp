@@ -29,6 +29,7 @@
 #include <loom/plan/pipeline_parts.hpp>
 #include <loom/plan/presets.hpp>
 #include <loom/plan/resolve.hpp>
+#include <loom/plan/spaces.hpp>
 #include <loom/plan/rules.hpp>
 #include <loom/plan/transformation.hpp>
 

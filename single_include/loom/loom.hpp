@@ -8073,9 +8073,12 @@ struct transformer_names {
 
 namespace detail {
 
-inline split_spec split_dim(dim_id d, std::int64_t n) { return {d, "", {n, "", {}}, false}; }
-inline split_spec split_var(std::string label, std::int64_t n) { return {{}, std::move(label), {n, "", {}}, false}; }
-inline split_spec replicate(std::int64_t n) { return {{}, "", {n, "", {}}, true}; }
+inline split_spec split_dim(dim_id d, degree_spec n) { return {d, "", std::move(n), false}; }
+inline split_spec split_var(std::string label, degree_spec n) { return {{}, std::move(label), std::move(n), false}; }
+inline split_spec replicate(degree_spec n) { return {{}, "", std::move(n), true}; }
+inline split_spec split_dim(dim_id d, std::int64_t n) { return split_dim(d, degree_spec{n, "", {}}); }
+inline split_spec split_var(std::string label, std::int64_t n) { return split_var(std::move(label), degree_spec{n, "", {}}); }
+inline split_spec replicate(std::int64_t n) { return replicate(degree_spec{n, "", {}}); }
 
 inline selector kinds(std::vector<const op_def*> k, std::string scope = {}) {
     selector s;
@@ -8089,20 +8092,23 @@ inline selector in_scope(std::string scope) {
     return s;
 }
 
-// trans rule: the data-parallel split (if any) first, then `inner`.
-inline rule trans(selector on, std::int64_t dp, std::vector<split_spec> inner, std::string origin) {
+// trans rule: the data-parallel split (if any: open, or more than 1) first, then `inner`.
+inline rule trans(selector on, const degree_spec& dp, std::vector<split_spec> inner, std::string origin) {
     std::vector<split_spec> splits;
-    if (dp > 1) splits.push_back(split_dim(Dim::Batch::id, dp));
+    if (dp.value > 1 || !dp.open.empty()) splits.push_back(split_dim(Dim::Batch::id, dp));
     for (auto& s : inner) splits.push_back(std::move(s));
     // A preset is a recipe for many models: a part some model lacks is not a mistake.
     return {std::move(on), std::move(splits), std::nullopt, std::nullopt, std::move(origin), true};
+}
+inline rule trans(selector on, std::int64_t dp, std::vector<split_spec> inner, std::string origin) {
+    return trans(std::move(on), degree_spec{dp, "", {}}, std::move(inner), std::move(origin));
 }
 
 // Vocabulary-parallel embeddings (each device holds rows of the table; partial sums), the LM
 // head (a linear outside any layer) split along the vocabulary, and the vocabulary-parallel
 // cross-entropy (rebuilt by the transformation registered for its v: each device reduces its
 // slice of the logits; no device gathers them).
-inline plan_spec vocabulary_rules(int tp, int dp, const std::string& origin) {
+inline plan_spec vocabulary_rules(const degree_spec& tp, const degree_spec& dp, const std::string& origin) {
     plan_spec p;
     p.add(trans(kinds({&op_def_of<ops::Embedding>()}), dp, {split_var("v", tp)}, origin));
     selector head = kinds({&op_def_of<ops::Linear>()});
@@ -8129,11 +8135,15 @@ inline plan_spec data_parallel(int n) {
 // vocabulary-parallel embedding, the LM head split along the vocabulary and a
 // vocabulary-parallel cross-entropy over its logits. Everything else (layer norms, residual
 // adds) is replicated within the tensor-parallel group.
-inline plan_spec megatron(int tp, int dp = 1, const transformer_names& names = {}) {
+// The same with either degree open: megatron({1, "tp", {}}, {1, "dp", {}}) leaves both to
+// the searcher (plan/spaces.hpp); the plan's devices are then the caller's to set.
+inline plan_spec megatron(const degree_spec& tp, const degree_spec& dp, const transformer_names& names = {}) {
     using namespace detail;
     plan_spec p;
-    p.devices = tp * dp;
-    p.name = "megatron tensor parallel x" + std::to_string(tp) + (dp > 1 ? " x data parallel x" + std::to_string(dp) : "");
+    const auto text = [](const degree_spec& d) { return d.open.empty() ? std::to_string(d.value) : "<" + d.open + ">"; };
+    p.devices = tp.open.empty() && dp.open.empty() ? static_cast<int>(tp.value * dp.value) : 1;
+    p.name = "megatron tensor parallel x" + text(tp) +
+             (dp.value > 1 || !dp.open.empty() ? " x data parallel x" + text(dp) : "");
     const std::string origin = "megatron";
     p.add(trans({}, dp, {replicate(tp)}, origin));
     for (const auto& c : names.column) p.add(trans(in_scope(c), dp, {split_var("n", tp)}, origin));
@@ -8148,10 +8158,14 @@ inline plan_spec megatron(int tp, int dp = 1, const transformer_names& names = {
     return p;
 }
 
+inline plan_spec megatron(int tp, int dp = 1, const transformer_names& names = {}) {
+    return megatron(degree_spec{tp, "", {}}, degree_spec{dp, "", {}}, names);
+}
+
 // The embedding, the LM head and the loss split by vocabulary over n devices (Megatron's
 // vocabulary parallelism alone; the interlaced pipeline runs them so on every device).
 inline plan_spec vocabulary_parallel(int n) {
-    plan_spec p = detail::vocabulary_rules(n, 1, "vocabulary_parallel");
+    plan_spec p = detail::vocabulary_rules(degree_spec{n, "", {}}, degree_spec{1, "", {}}, "vocabulary_parallel");
     p.devices = n;
     p.name = "vocabulary parallel x" + std::to_string(n);
     return p;
@@ -8241,6 +8255,106 @@ inline plan_spec coshard(int tp, int c, const transformer_names& names = {}) {
 
 }  // namespace loom::plan::presets
 // ---- end loom/plan/presets.hpp ----
+// ---- begin loom/plan/spaces.hpp ----
+// The search spaces of known systems, written as plans with open parameters: each is a
+// plan like any other, which search::search_plan fills, and which a user can narrow (give a
+// parameter a range), extend (add parts) or save as a plan file.
+//
+//   megatron(n)   Megatron-LM: tensor x pipeline x data parallelism, even stages, 1F1B or
+//                 interleaved 1F1B (2 chunks), every layer recomputed
+//   deepspeed(n)  DeepSpeed: ZeRO-3 with tensor and data parallelism
+//   alpa(n)       Alpa's inter- and intra-operator levels: stages, with tensor x data
+//                 parallelism inside them, ordered 1F1B. Alpa searches the stages'
+//                 boundaries too; here stages are even (boundaries are not an open
+//                 parameter yet).
+//   nnscaler(n)   all of the above, with the ZeRO stage, GPipe, 1F1B, interleaved, 3F1B and
+//                 the interlaced pipeline as open choices. The assignments a model cannot
+//                 run (3F1B without three forward rounds, interleaving without enough
+//                 layers) are refused by the search, which says why.
+//
+// Open parameters: "tp", "dp" (degrees inside a stage), "pp" (stages), "mb" (micro-batches),
+// "order" and "zero". Their candidates are every divisor (search::open_parameter_candidates).
+#include <string>
+
+
+namespace loom::plan::spaces {
+
+namespace detail {
+
+inline degree_spec open_degree(std::string name) { return {1, std::move(name), {}}; }
+
+inline plan_spec tensor_and_data(int devices) {
+    plan_spec p = presets::megatron(open_degree("tp"), open_degree("dp"));
+    p.devices = devices;
+    return p;
+}
+
+inline plan_spec with_pipeline(plan_spec p, std::vector<order_policy> orders) {
+    stage_spec s;
+    s.count = open_degree("pp");
+    p.stages = s;
+    p.micro_batches = open_degree("mb");
+    p.order.alternatives = std::move(orders);
+    if (p.order.alternatives.size() > 1) p.order.open = "order";
+    return p;
+}
+
+inline rule recompute_every_layer() {
+    rule r;
+    r.on.repeat = "blocks";
+    r.recompute = true;
+    r.origin = "recompute";
+    return r;
+}
+
+}  // namespace detail
+
+inline plan_spec megatron(int devices) {
+    plan_spec p = detail::with_pipeline(detail::tensor_and_data(devices),
+                                        {{schedule_kind::one_f_one_b}, {schedule_kind::interleaved, 2}});
+    p.add(detail::recompute_every_layer());
+    p.name = "Megatron-LM space: TP x PP x DP, 1F1B or interleaved, full recompute";
+    return p;
+}
+
+inline plan_spec deepspeed(int devices) {
+    plan_spec p = detail::tensor_and_data(devices);
+    p.zero = zero_stage::parameters;
+    p.name = "DeepSpeed space: ZeRO-3 x TP x DP";
+    return p;
+}
+
+inline plan_spec alpa(int devices) {
+    plan_spec p = detail::with_pipeline(detail::tensor_and_data(devices), {{schedule_kind::one_f_one_b}});
+    p.name = "Alpa space: stages with TP x DP inside";
+    return p;
+}
+
+inline plan_spec nnscaler(int devices) {
+    plan_spec p = detail::with_pipeline(detail::tensor_and_data(devices),
+                                        {{schedule_kind::gpipe},
+                                         {schedule_kind::one_f_one_b},
+                                         {schedule_kind::interleaved, 2},
+                                         {schedule_kind::three_f_one_b},
+                                         {schedule_kind::interlaced}});
+    p.zero_open = "zero";
+    p.zero_allowed = {0, 1, 2, 3};
+    p.name = "nnScaler space: TP x PP x DP, every order, ZeRO 0-3";
+    return p;
+}
+
+// A space by name: megatron, deepspeed, alpa or nnscaler.
+inline plan_spec by_name(const std::string& name, int devices) {
+    if (name == "megatron") return megatron(devices);
+    if (name == "deepspeed") return deepspeed(devices);
+    if (name == "alpa") return alpa(devices);
+    if (name == "nnscaler") return nnscaler(devices);
+    throw plan_error("plan::spaces: no space named '" + name +
+                     "'; give megatron, deepspeed, alpa or nnscaler, or a plan file with open parameters");
+}
+
+}  // namespace loom::plan::spaces
+// ---- end loom/plan/spaces.hpp ----
 // ---- begin loom/plan/transformation.hpp ----
 // Custom transformation algorithms: how to cut an op along a variable its signature
 // freezes, for ops where a cut is still possible with a small change to each piece.

@@ -27,9 +27,12 @@ struct transformer_names {
 
 namespace detail {
 
-inline split_spec split_dim(dim_id d, std::int64_t n) { return {d, "", {n, "", {}}, false}; }
-inline split_spec split_var(std::string label, std::int64_t n) { return {{}, std::move(label), {n, "", {}}, false}; }
-inline split_spec replicate(std::int64_t n) { return {{}, "", {n, "", {}}, true}; }
+inline split_spec split_dim(dim_id d, degree_spec n) { return {d, "", std::move(n), false}; }
+inline split_spec split_var(std::string label, degree_spec n) { return {{}, std::move(label), std::move(n), false}; }
+inline split_spec replicate(degree_spec n) { return {{}, "", std::move(n), true}; }
+inline split_spec split_dim(dim_id d, std::int64_t n) { return split_dim(d, degree_spec{n, "", {}}); }
+inline split_spec split_var(std::string label, std::int64_t n) { return split_var(std::move(label), degree_spec{n, "", {}}); }
+inline split_spec replicate(std::int64_t n) { return replicate(degree_spec{n, "", {}}); }
 
 inline selector kinds(std::vector<const op_def*> k, std::string scope = {}) {
     selector s;
@@ -43,20 +46,23 @@ inline selector in_scope(std::string scope) {
     return s;
 }
 
-// trans rule: the data-parallel split (if any) first, then `inner`.
-inline rule trans(selector on, std::int64_t dp, std::vector<split_spec> inner, std::string origin) {
+// trans rule: the data-parallel split (if any: open, or more than 1) first, then `inner`.
+inline rule trans(selector on, const degree_spec& dp, std::vector<split_spec> inner, std::string origin) {
     std::vector<split_spec> splits;
-    if (dp > 1) splits.push_back(split_dim(Dim::Batch::id, dp));
+    if (dp.value > 1 || !dp.open.empty()) splits.push_back(split_dim(Dim::Batch::id, dp));
     for (auto& s : inner) splits.push_back(std::move(s));
     // A preset is a recipe for many models: a part some model lacks is not a mistake.
     return {std::move(on), std::move(splits), std::nullopt, std::nullopt, std::move(origin), true};
+}
+inline rule trans(selector on, std::int64_t dp, std::vector<split_spec> inner, std::string origin) {
+    return trans(std::move(on), degree_spec{dp, "", {}}, std::move(inner), std::move(origin));
 }
 
 // Vocabulary-parallel embeddings (each device holds rows of the table; partial sums), the LM
 // head (a linear outside any layer) split along the vocabulary, and the vocabulary-parallel
 // cross-entropy (rebuilt by the transformation registered for its v: each device reduces its
 // slice of the logits; no device gathers them).
-inline plan_spec vocabulary_rules(int tp, int dp, const std::string& origin) {
+inline plan_spec vocabulary_rules(const degree_spec& tp, const degree_spec& dp, const std::string& origin) {
     plan_spec p;
     p.add(trans(kinds({&op_def_of<ops::Embedding>()}), dp, {split_var("v", tp)}, origin));
     selector head = kinds({&op_def_of<ops::Linear>()});
@@ -83,11 +89,15 @@ inline plan_spec data_parallel(int n) {
 // vocabulary-parallel embedding, the LM head split along the vocabulary and a
 // vocabulary-parallel cross-entropy over its logits. Everything else (layer norms, residual
 // adds) is replicated within the tensor-parallel group.
-inline plan_spec megatron(int tp, int dp = 1, const transformer_names& names = {}) {
+// The same with either degree open: megatron({1, "tp", {}}, {1, "dp", {}}) leaves both to
+// the searcher (plan/spaces.hpp); the plan's devices are then the caller's to set.
+inline plan_spec megatron(const degree_spec& tp, const degree_spec& dp, const transformer_names& names = {}) {
     using namespace detail;
     plan_spec p;
-    p.devices = tp * dp;
-    p.name = "megatron tensor parallel x" + std::to_string(tp) + (dp > 1 ? " x data parallel x" + std::to_string(dp) : "");
+    const auto text = [](const degree_spec& d) { return d.open.empty() ? std::to_string(d.value) : "<" + d.open + ">"; };
+    p.devices = tp.open.empty() && dp.open.empty() ? static_cast<int>(tp.value * dp.value) : 1;
+    p.name = "megatron tensor parallel x" + text(tp) +
+             (dp.value > 1 || !dp.open.empty() ? " x data parallel x" + text(dp) : "");
     const std::string origin = "megatron";
     p.add(trans({}, dp, {replicate(tp)}, origin));
     for (const auto& c : names.column) p.add(trans(in_scope(c), dp, {split_var("n", tp)}, origin));
@@ -102,10 +112,14 @@ inline plan_spec megatron(int tp, int dp = 1, const transformer_names& names = {
     return p;
 }
 
+inline plan_spec megatron(int tp, int dp = 1, const transformer_names& names = {}) {
+    return megatron(degree_spec{tp, "", {}}, degree_spec{dp, "", {}}, names);
+}
+
 // The embedding, the LM head and the loss split by vocabulary over n devices (Megatron's
 // vocabulary parallelism alone; the interlaced pipeline runs them so on every device).
 inline plan_spec vocabulary_parallel(int n) {
-    plan_spec p = detail::vocabulary_rules(n, 1, "vocabulary_parallel");
+    plan_spec p = detail::vocabulary_rules(degree_spec{n, "", {}}, degree_spec{1, "", {}}, "vocabulary_parallel");
     p.devices = n;
     p.name = "vocabulary parallel x" + std::to_string(n);
     return p;

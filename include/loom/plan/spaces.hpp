@@ -1,0 +1,101 @@
+#pragma once
+// The search spaces of known systems, written as plans with open parameters: each is a
+// plan like any other, which search::search_plan fills, and which a user can narrow (give a
+// parameter a range), extend (add parts) or save as a plan file.
+//
+//   megatron(n)   Megatron-LM: tensor x pipeline x data parallelism, even stages, 1F1B or
+//                 interleaved 1F1B (2 chunks), every layer recomputed
+//   deepspeed(n)  DeepSpeed: ZeRO-3 with tensor and data parallelism
+//   alpa(n)       Alpa's inter- and intra-operator levels: stages, with tensor x data
+//                 parallelism inside them, ordered 1F1B. Alpa searches the stages'
+//                 boundaries too; here stages are even (boundaries are not an open
+//                 parameter yet).
+//   nnscaler(n)   all of the above, with the ZeRO stage, GPipe, 1F1B, interleaved, 3F1B and
+//                 the interlaced pipeline as open choices. The assignments a model cannot
+//                 run (3F1B without three forward rounds, interleaving without enough
+//                 layers) are refused by the search, which says why.
+//
+// Open parameters: "tp", "dp" (degrees inside a stage), "pp" (stages), "mb" (micro-batches),
+// "order" and "zero". Their candidates are every divisor (search::open_parameter_candidates).
+#include <string>
+
+#include <loom/plan/presets.hpp>
+#include <loom/plan/rules.hpp>
+
+namespace loom::plan::spaces {
+
+namespace detail {
+
+inline degree_spec open_degree(std::string name) { return {1, std::move(name), {}}; }
+
+inline plan_spec tensor_and_data(int devices) {
+    plan_spec p = presets::megatron(open_degree("tp"), open_degree("dp"));
+    p.devices = devices;
+    return p;
+}
+
+inline plan_spec with_pipeline(plan_spec p, std::vector<order_policy> orders) {
+    stage_spec s;
+    s.count = open_degree("pp");
+    p.stages = s;
+    p.micro_batches = open_degree("mb");
+    p.order.alternatives = std::move(orders);
+    if (p.order.alternatives.size() > 1) p.order.open = "order";
+    return p;
+}
+
+inline rule recompute_every_layer() {
+    rule r;
+    r.on.repeat = "blocks";
+    r.recompute = true;
+    r.origin = "recompute";
+    return r;
+}
+
+}  // namespace detail
+
+inline plan_spec megatron(int devices) {
+    plan_spec p = detail::with_pipeline(detail::tensor_and_data(devices),
+                                        {{schedule_kind::one_f_one_b}, {schedule_kind::interleaved, 2}});
+    p.add(detail::recompute_every_layer());
+    p.name = "Megatron-LM space: TP x PP x DP, 1F1B or interleaved, full recompute";
+    return p;
+}
+
+inline plan_spec deepspeed(int devices) {
+    plan_spec p = detail::tensor_and_data(devices);
+    p.zero = zero_stage::parameters;
+    p.name = "DeepSpeed space: ZeRO-3 x TP x DP";
+    return p;
+}
+
+inline plan_spec alpa(int devices) {
+    plan_spec p = detail::with_pipeline(detail::tensor_and_data(devices), {{schedule_kind::one_f_one_b}});
+    p.name = "Alpa space: stages with TP x DP inside";
+    return p;
+}
+
+inline plan_spec nnscaler(int devices) {
+    plan_spec p = detail::with_pipeline(detail::tensor_and_data(devices),
+                                        {{schedule_kind::gpipe},
+                                         {schedule_kind::one_f_one_b},
+                                         {schedule_kind::interleaved, 2},
+                                         {schedule_kind::three_f_one_b},
+                                         {schedule_kind::interlaced}});
+    p.zero_open = "zero";
+    p.zero_allowed = {0, 1, 2, 3};
+    p.name = "nnScaler space: TP x PP x DP, every order, ZeRO 0-3";
+    return p;
+}
+
+// A space by name: megatron, deepspeed, alpa or nnscaler.
+inline plan_spec by_name(const std::string& name, int devices) {
+    if (name == "megatron") return megatron(devices);
+    if (name == "deepspeed") return deepspeed(devices);
+    if (name == "alpa") return alpa(devices);
+    if (name == "nnscaler") return nnscaler(devices);
+    throw plan_error("plan::spaces: no space named '" + name +
+                     "'; give megatron, deepspeed, alpa or nnscaler, or a plan file with open parameters");
+}
+
+}  // namespace loom::plan::spaces
