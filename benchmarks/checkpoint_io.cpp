@@ -25,28 +25,15 @@
 
 #include <loom/loom.hpp>
 
+#include "support/machine.hpp"
+
 using namespace loom;
 namespace fs = std::filesystem;
 using seconds_clock = std::chrono::steady_clock;
 
 namespace {
 
-std::string command_output(const std::string& command) {
-    std::string out;
-    std::unique_ptr<FILE, int (*)(FILE*)> pipe(popen(command.c_str(), "r"), pclose);
-    if (!pipe) return out;
-    char buf[4096];
-    while (std::size_t n = std::fread(buf, 1, sizeof buf, pipe.get())) out.append(buf, n);
-    while (!out.empty() && out.back() == '\n') out.pop_back();
-    return out;
-}
 
-std::string cpu_model() {
-    std::ifstream in("/proc/cpuinfo");
-    for (std::string line; std::getline(in, line);)
-        if (line.rfind("model name", 0) == 0) return line.substr(line.find(':') + 2);
-    return "unknown";
-}
 
 double since(seconds_clock::time_point t) { return std::chrono::duration<double>(seconds_clock::now() - t).count(); }
 
@@ -187,9 +174,9 @@ int main(int argc, char** argv) {
     char date[32];
     std::strftime(date, sizeof date, "%Y-%m-%d", std::gmtime(&now));
     record["date"] = date;
-    record["cpu"] = cpu_model();
+    record["cpu"] = bench::cpu_model();
     record["cores"] = std::thread::hardware_concurrency();
-    record["commit"] = command_output("git rev-parse --short HEAD 2>/dev/null");
+    record["commit"] = bench::git_revision();
     record["directory"] = dir;
     record["model"] = {{"layers", c.layers}, {"hidden", c.hidden}, {"heads", c.heads}, {"vocab", c.vocab},
                        {"parameters", c.parameter_count()}};

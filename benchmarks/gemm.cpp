@@ -34,6 +34,7 @@
 #include "loom/runtime/host/cblas_gate.hpp"
 #include "loom/runtime/host/gemm.hpp"
 #include "loom/runtime/host/thread_pool.hpp"
+#include "support/machine.hpp"
 
 namespace {
 
@@ -99,48 +100,9 @@ options parse_options(int argc, char** argv) {
     return result;
 }
 
-std::string cpu_model() {
-    std::ifstream cpuinfo("/proc/cpuinfo");
-    std::string line;
-    while (std::getline(cpuinfo, line)) {
-        if (line.rfind("model name", 0) == 0) {
-            const auto colon = line.find(':');
-            if (colon != std::string::npos) return line.substr(std::min(line.size(), colon + 2));
-        }
-    }
-    return "unknown";
-}
 
-// The 1-minute load average, or -1 where /proc/loadavg is missing. Recorded because on a
-// shared machine other processes take cores from both libraries.
-double load_average() {
-    std::ifstream file("/proc/loadavg");
-    double one_minute = -1;
-    if (!(file >> one_minute)) return -1;
-    return one_minute;
-}
 
-// Prefers LOOM_GIT_REV (set by a build that knows it), then asks git; "unknown" otherwise.
-std::string git_revision() {
-    if (const char* given = std::getenv("LOOM_GIT_REV"); given != nullptr && *given != '\0') return given;
-    std::string revision;
-    if (FILE* pipe = popen("git rev-parse --short HEAD 2>/dev/null", "r")) {
-        char buffer[128];
-        while (std::fgets(buffer, sizeof buffer, pipe) != nullptr) revision += buffer;
-        pclose(pipe);
-    }
-    while (!revision.empty() && (revision.back() == '\n' || revision.back() == '\r')) revision.pop_back();
-    return revision.empty() ? "unknown" : revision;
-}
 
-std::string utc_now() {
-    const std::time_t now = std::time(nullptr);
-    std::tm parts{};
-    gmtime_r(&now, &parts);
-    char text[32];
-    std::strftime(text, sizeof text, "%Y-%m-%dT%H:%M:%SZ", &parts);
-    return text;
-}
 
 template <class F>
 double seconds_of(F&& call) {
@@ -240,11 +202,11 @@ int main(int argc, char** argv) {
     const unsigned loom_threads = loom::host::thread_pool::global().size();
     nlohmann::json report;
     report["benchmark"] = "gemm";
-    report["date_utc"] = utc_now();
-    report["git_revision"] = git_revision();
-    report["machine"] = {{"cpu_model", cpu_model()},
+    report["date_utc"] = loom::bench::utc_now();
+    report["git_revision"] = loom::bench::git_revision();
+    report["machine"] = {{"cpu_model", loom::bench::cpu_model()},
                          {"logical_cores", std::thread::hardware_concurrency()},
-                         {"load_average_at_start", load_average()}};
+                         {"load_average_at_start", loom::bench::load_average()}};
     report["fallback"] = {{"isa", loom::host::to_string(opt.isa)}, {"threads", loom_threads}};
     report["openblas"] = {{"available", loom::host::has_cblas},
                           {"description", loom::host::cblas::library_description()},
@@ -295,7 +257,7 @@ int main(int argc, char** argv) {
         run_shape(s, 0.0);
     }
 
-    report["machine"]["load_average_at_end"] = load_average();
+    report["machine"]["load_average_at_end"] = loom::bench::load_average();
 
     const std::filesystem::path out_path(opt.out);
     if (out_path.has_parent_path()) {

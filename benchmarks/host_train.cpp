@@ -46,30 +46,14 @@
 
 #include <loom/loom.hpp>
 
+#include "support/machine.hpp"
+
 using namespace loom;
 
 namespace {
 
-std::string command_output(const std::string& command) {
-    std::string out;
-    std::unique_ptr<FILE, int (*)(FILE*)> pipe(popen(command.c_str(), "r"), pclose);
-    if (!pipe) return out;
-    char buf[4096];
-    while (std::size_t n = std::fread(buf, 1, sizeof buf, pipe.get())) out.append(buf, n);
-    return out;
-}
 
-std::string trimmed(std::string s) {
-    while (!s.empty() && (s.back() == '\n' || s.back() == ' ')) s.pop_back();
-    return s;
-}
 
-std::string cpu_model() {
-    std::ifstream in("/proc/cpuinfo");
-    for (std::string line; std::getline(in, line);)
-        if (line.rfind("model name", 0) == 0) return line.substr(line.find(':') + 2);
-    return "unknown";
-}
 
 double median(std::vector<double> v) {
     std::sort(v.begin(), v.end());
@@ -312,7 +296,7 @@ int main(int argc, char** argv) {
     if (!no_torch) {
         if (python == "auto") {
             std::fprintf(stderr, "host_train: preparing the newest PyTorch (benchmarks/torch_peer_env.sh)...\n");
-            python = trimmed(command_output("benchmarks/torch_peer_env.sh"));
+            python = bench::command_output("benchmarks/torch_peer_env.sh");
             if (python.empty() || python.find('\n') != std::string::npos) {
                 std::fprintf(stderr,
                              "host_train: benchmarks/torch_peer_env.sh did not make a PyTorch environment; see its "
@@ -335,11 +319,11 @@ int main(int argc, char** argv) {
     char date[32];
     std::strftime(date, sizeof date, "%Y-%m-%d %H:%M UTC", std::gmtime(&now));
     record["date"] = date;
-    record["cpu"] = cpu_model();
+    record["cpu"] = bench::cpu_model();
     record["threads"] = threads;
     record["gemm"] = host::gemm_uses_cblas() ? "OpenBLAS" : "loom kernels";
     record["flops_formula"] = "3 x gpt_config::forward_flops: 2*T*(4h^2 + 2hf) + 2*T*S*h per layer, + 2*T*h*V logits";
-    record["commit"] = trimmed(command_output("git rev-parse --short HEAD 2>/dev/null"));
+    record["commit"] = bench::git_revision();
     record["peer_omp_wait_policy"] = omp_wait_policy.empty() ? "OpenMP default" : omp_wait_policy;
     record["timing"] = std::to_string(rounds) + " rounds taking turns, median over rounds of each round's median of " +
                        std::to_string(steps) + " steps";

@@ -33,6 +33,8 @@
 #include <loom/plan/presets.hpp>
 #include <loom/runtime/explain_partition.hpp>
 
+#include "support/machine.hpp"
+
 using namespace loom;
 
 namespace {
@@ -43,21 +45,7 @@ double seconds_since(clock_type::time_point start) {
     return std::chrono::duration<double>(clock_type::now() - start).count();
 }
 
-std::string command_output(const std::string& command) {
-    std::string out;
-    std::unique_ptr<FILE, int (*)(FILE*)> pipe(popen(command.c_str(), "r"), pclose);
-    if (!pipe) return out;
-    char buf[4096];
-    while (std::size_t n = std::fread(buf, 1, sizeof buf, pipe.get())) out.append(buf, n);
-    return out;
-}
 
-std::string cpu_model() {
-    std::ifstream in("/proc/cpuinfo");
-    for (std::string line; std::getline(in, line);)
-        if (line.rfind("model name", 0) == 0) return line.substr(line.find(':') + 2);
-    return "unknown";
-}
 
 plan::resolved_plan data_parallel(const graph& g, int devices) {
     plan::resolved_plan p;
@@ -180,10 +168,8 @@ int main(int argc, char** argv) {
     char date[32];
     std::strftime(date, sizeof date, "%Y-%m-%d", std::gmtime(&now));
     record["date"] = date;
-    record["cpu"] = cpu_model();
-    std::string commit = command_output("git rev-parse --short HEAD 2>/dev/null");
-    if (!commit.empty() && commit.back() == '\n') commit.pop_back();
-    record["commit"] = commit;
+    record["cpu"] = bench::cpu_model();
+    record["commit"] = bench::git_revision();
     record["model"] = {{"layers", c.layers}, {"hidden", c.hidden},  {"heads", c.heads},
                        {"vocab", c.vocab},   {"seq", c.seq},        {"batch", c.batch},
                        {"parameters", c.parameter_count()}};

@@ -69,7 +69,7 @@ struct exhaustive {
 exhaustive price_everything(const graph& model, const plan::plan_spec& space, const search::cluster& c,
                             const search::plan_search_options& o) {
     const auto params = search::open_parameter_candidates(space, model);
-    const auto work = search::training_work(model, o.price.storage);
+    const auto work = search::training_work(model, c.device, o.price);
     exhaustive out;
     std::vector<std::size_t> at(params.size(), 0);
     for (bool more = true; more;) {
@@ -77,7 +77,7 @@ exhaustive price_everything(const graph& model, const plan::plan_spec& space, co
         for (std::size_t i = 0; i < params.size(); ++i) candidate.choices[params[i].name] = params[i].candidates[at[i]];
         try {
             const plan::resolved_plan rp = plan::resolve(candidate, model);
-            const double bound = search::step_lower_bound(rp, work, c.device, o.price);
+            const double bound = search::step_lower_bound(rp, work, o.price);
             const search::program_price price =
                 search::price_programs(partition::apply_plan(model, candidate), c, o.price);
             // The bound is a bound on every leaf.
@@ -147,6 +147,16 @@ TEST_CASE("the bound never exceeds the programs' price, on every leaf of several
         plan::plan_spec space = open_megatron(4);
         space.zero_open = "zero";
         CHECK(price_everything(model.ir(), space, one_node, o).legal > 3);
+    }
+    SECTION("devices sharing one machine, with calibrated rates for some op kinds") {
+        o.price.overlap = false;
+        o.price.compute_shared_by = 4;
+        o.price.rates["linear"] = {3e-6, 2e-11, true};
+        o.price.rates["linear_grad_weight"] = {3e-6, 4e-12, true};  // faster than the roofline
+        o.price.rates["layer_norm"] = {1e-6, 1e-9, false};
+        o.price.rates["attention_grad"] = {0, 5e-12, true};
+        const auto model = small_gpt();
+        CHECK(price_everything(model.ir(), open_pipeline(4), slow_node(), o).legal > 3);
     }
     SECTION("pipelines in bf16 with one stream per device") {
         o.price.storage = loom::precision::bf16;
@@ -256,6 +266,25 @@ TEST_CASE("prices follow first principles") {
             CHECK(idle >= 3.0 / (m + 3) - 0.02);
             last = idle;
         }
+    }
+    SECTION("devices that share a machine take at least all their work at its rate") {
+        const auto pg = partition::apply_plan(model.ir(), plan::presets::data_parallel(4));
+        search::price_options alone, shared;
+        shared.compute_shared_by = 4;
+        const auto a = search::price_programs(pg, slow_node(), alone);
+        const auto s = search::price_programs(pg, slow_node(), shared);
+        double work = 0;
+        for (const auto& d : s.devices) work += d.compute;
+        CHECK(s.step_seconds >= work);
+        // Data parallelism keeps all four busy at once: sharing one machine among four is
+        // nearly as slow as each having a quarter of it (its copies run at the machine's
+        // rate, so a little faster).
+        CHECK(s.step_seconds <= a.step_seconds);
+        CHECK(s.step_seconds >= 0.7 * a.step_seconds);
+        // A pipeline of one micro-batch runs one stage at a time: sharing costs it nothing.
+        const auto pipe = partition::apply_plan(model.ir(), plan::presets::pipeline(4, 1));
+        CHECK(search::price_programs(pipe, slow_node(), shared).step_seconds <
+              0.5 * search::price_programs(pipe, slow_node(), alone).step_seconds);
     }
     SECTION("ZeRO-1 shards the optimizer state over the replicas, ZeRO-3 the parameters too") {
         const auto dp = search::price_programs(partition::apply_plan(model.ir(), plan::presets::data_parallel(4)), hw);

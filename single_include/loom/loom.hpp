@@ -15073,6 +15073,15 @@ inline program compile_program(const graph& g, const compile_options& options = 
 
 namespace loom::search {
 
+// A calibrated rate for one op kind: seconds = per_call + per_unit * units, the units being
+// the instruction's FLOPs (per_flop) or the bytes it reads and writes. Measured by running a
+// program whose instructions of this kind have two sizes (calibrate/host.hpp).
+struct op_rate {
+    double per_call = 0;
+    double per_unit = 0;
+    bool per_flop = true;
+};
+
 struct price_options {
     loom::precision storage = loom::precision::f32;  // how tensors are stored (bytes per element)
     // true: communication overlaps computation (a separate stream, as NCCL on GPUs); false:
@@ -15090,6 +15099,17 @@ struct price_options {
     // GPU with NCCL (context ~0.5 GiB, NCCL buffers ~1 GiB, caching allocator slack).
     double runtime_bytes = 0;
     algorithm collectives = algorithm::automatic;
+    bool record_timeline = false;  // keep every instruction's predicted start and end
+    // Devices that share one machine's compute (in-process ranks on one host): how many.
+    // The profile's rates are per device, the machine's divided by this count (as
+    // calibrate_host(ranks) states them). A device computing alone runs at the machine's
+    // rate, and together they cannot exceed it: the timeline runs every device at the
+    // machine's rate, and the step is at least all devices' work (compute and copies) done
+    // one after another at that rate.
+    int compute_shared_by = 1;
+    // Calibrated rates by op kind (op_def::name); kinds without one use the roofline of the
+    // device profile.
+    std::map<std::string, op_rate, std::less<>> rates;
 };
 
 struct device_memory {
@@ -15109,12 +15129,21 @@ struct device_price {
     device_memory memory;
 };
 
+// One instruction on the predicted timeline.
+struct priced_instruction {
+    int device = 0;
+    node_id node = no_id;  // in the device's graph
+    bool communication = false;
+    double start = 0, end = 0;  // s
+};
+
 struct program_price {
     double step_seconds = 0;  // makespan of the programs, plus the slowest optimizer step
     double makespan = 0;
     std::vector<device_price> devices;
     std::int64_t transfers = 0;
     double transfer_seconds = 0;  // sum over transfers of their duration
+    std::vector<priced_instruction> timeline;  // when price_options::record_timeline
 
     double peak_memory() const {
         double m = 0;
@@ -15192,6 +15221,9 @@ inline double instruction_seconds(const graph& g, const node& n, const device_pr
     for (tensor_id t : n.inputs) read += static_cast<double>(g.tensor(t).dims.numel());
     for (tensor_id t : n.outputs) written += static_cast<double>(g.tensor(t).dims.numel());
     const double bytes = node_bytes(g, n, o.storage);
+    if (auto rate = o.rates.find(n.op->name); rate != o.rates.end())
+        return rate->second.per_call + rate->second.per_unit * (rate->second.per_flop ? flops : bytes) +
+               o.instruction_overhead;
     const double peak = peak_for(dev, o.storage);
     const double bandwidth = dev.memory_bandwidth * dev.elementwise_efficiency;
     double t = bytes / bandwidth;
@@ -15294,7 +15326,11 @@ inline std::vector<double> transfer_seconds(const partition::partitioned_graph& 
 
 // The price of one training step of pg's programs on the first pg.world devices of c.
 inline program_price price_programs(const partition::partitioned_graph& pg, const cluster& c, const price_options& o = {}) {
-    const std::vector<double> transfer_time = transfer_seconds(pg, c, o);
+    if (o.compute_shared_by < 1)
+        throw usage_error("price_programs: compute_shared_by = " + std::to_string(o.compute_shared_by) +
+                          "; give the number of devices that share one machine's compute (1: none share)");
+    std::vector<double> transfer_time = transfer_seconds(pg, c, o);
+    for (double& t : transfer_time) t /= o.compute_shared_by;
     const int world = pg.world;
     program_price out;
     out.devices.resize(static_cast<std::size_t>(world));
@@ -15354,7 +15390,7 @@ inline program_price price_programs(const partition::partitioned_graph& pg, cons
             price.memory.optimizer = elements * o.optimizer_bytes_per_element;
             // AdamW reads parameter, gradient and two moments and writes three of them.
             const double bytes = elements * (4.0 * static_cast<double>(real_bytes(o.storage)) + 3.0 * 4.0);
-            price.optimizer = bytes / (c.device.memory_bandwidth * c.device.elementwise_efficiency);
+            price.optimizer = bytes / (c.device.memory_bandwidth * c.device.elementwise_efficiency) / o.compute_shared_by;
         }
     }
 
@@ -15389,8 +15425,9 @@ inline program_price price_programs(const partition::partitioned_graph& pg, cons
             if (ready < 0) break;
             if (!detail::is_transfer(n)) {
                 const double start = std::max(free, ready);
-                const double seconds = detail::instruction_seconds(g, n, c.device, o);
+                const double seconds = detail::instruction_seconds(g, n, c.device, o) / o.compute_shared_by;
                 free = start + seconds;
+                if (o.record_timeline) out.timeline.push_back({d, queue[next], false, start, free});
                 out.devices[static_cast<std::size_t>(d)].compute += seconds;
                 for (tensor_id t : n.outputs) run.ready[static_cast<std::size_t>(t)] = free;
                 ++next;
@@ -15408,6 +15445,7 @@ inline program_price price_programs(const partition::partitioned_graph& pg, cons
                 if (!source && sent_at[id] < 0) break;
                 const double end = source ? posted + transfer_time[id] : std::max(sent_at[id], posted) + transfer_time[id];
                 if (source) sent_at[id] = posted;
+                if (o.record_timeline) out.timeline.push_back({d, queue[next], true, end - transfer_time[id], end});
                 for (tensor_id t : n.outputs) run.ready[static_cast<std::size_t>(t)] = end;
                 free = end;
                 out.devices[static_cast<std::size_t>(d)].communication += transfer_time[id];
@@ -15432,6 +15470,7 @@ inline program_price price_programs(const partition::partitioned_graph& pg, cons
                 auto& other_next = (o.overlap ? other.next_communication : other.next_compute);
                 auto& other_free = (o.overlap ? other.communication_free : other.compute_free);
                 const node& on = og.at(other_queue.at(other_next));
+                if (o.record_timeline) out.timeline.push_back({member, other_queue[other_next], true, earliest[id], end});
                 for (tensor_id t : on.outputs) other.ready[static_cast<std::size_t>(t)] = end;
                 other_free = end;
                 out.devices[static_cast<std::size_t>(member)].communication += transfer_time[id];
@@ -15466,6 +15505,12 @@ inline program_price price_programs(const partition::partitioned_graph& pg, cons
     }
     out.makespan = makespan;
     out.step_seconds = makespan + optimizer;
+    if (o.compute_shared_by > 1) {
+        // One machine does all devices' work.
+        double work = out.transfer_seconds, optimizers = 0;  // transfer times are the machine's already
+        for (const auto& d : out.devices) work += d.compute, optimizers += d.optimizer;
+        out.step_seconds = std::max(makespan, work) + optimizers;
+    }
     return out;
 }
 
@@ -15564,49 +15609,51 @@ inline std::string choices_text(const std::vector<open_parameter>& params, const
     return out.empty() ? "(no open parameters)" : out;
 }
 
-// The work of training every forward node of `model` on one device: its own and that of
-// the backward ops that differentiate it.
+// The work of training every forward node of `model` on one device, its own and that of
+// the backward ops that differentiate it, as the least time the pricing could give it: each
+// op at the best rate it grants any instruction (the roofline at the device's best
+// efficiency, or the op kind's calibrated rate without its per-call cost).
 struct node_work {
-    double flops = 0;
-    double bytes = 0;       // read and written
+    double seconds = 0;
     double instructions = 0;
 };
 
-inline std::vector<node_work> training_work(const graph& model, loom::precision storage) {
+inline std::vector<node_work> training_work(const graph& model, const device_profile& dev, const price_options& o) {
     const std::size_t forward = model.forward_node_count();
     partition::logical_graph_options lo;
     lo.recompute.assign(forward, false);
     lo.decompose.resize(forward);
     const partition::logical_graph lg = partition::build_logical_graph(model, lo);
+    const double flop_rate = peak_for(dev, o.storage) * std::max(dev.gemm_efficiency, dev.elementwise_efficiency);
+    const double byte_rate = dev.memory_bandwidth * dev.elementwise_efficiency;
     std::vector<node_work> work(forward);
     for (std::size_t i = 0; i < lg.g.nodes.size(); ++i) {
         const node& n = lg.g.nodes[i];
         const node_id forward_node = n.forward_of != no_id ? n.forward_of : static_cast<node_id>(i);
         const node_id source = lg.source_of[static_cast<std::size_t>(forward_node)];
         if (source == no_id || static_cast<std::size_t>(source) >= forward) continue;
+        const double flops = n.op->flops ? n.op->flops(lg.g, n) : 0.0;
+        const double bytes = detail::node_bytes(lg.g, n, o.storage);
+        double seconds = std::max(flops / flop_rate, bytes / byte_rate);
+        if (auto rate = o.rates.find(n.op->name); rate != o.rates.end())
+            seconds = std::min(seconds, rate->second.per_unit * (rate->second.per_flop ? flops : bytes));
         node_work& w = work[static_cast<std::size_t>(source)];
-        if (n.op->flops) w.flops += n.op->flops(lg.g, n);
-        w.bytes += detail::node_bytes(lg.g, n, storage);
+        w.seconds += seconds;
         w.instructions += 1;
     }
     return work;
 }
 
 // A lower bound on the step time of a resolved plan: the busiest device's share of the
-// training work. Each piece of an op does its share of the op's FLOPs and bytes (splits are
-// even; replicas do it all), at the best rate the pricing grants any instruction, and runs
-// at least one instruction per training op it holds.
-inline double step_lower_bound(const plan::resolved_plan& rp, const std::vector<node_work>& work,
-                               const device_profile& dev, const price_options& o) {
-    const double flop_rate = peak_for(dev, o.storage) * std::max(dev.gemm_efficiency, dev.elementwise_efficiency);
-    const double byte_rate = dev.memory_bandwidth * dev.elementwise_efficiency;
+// training work. Each piece of an op does its share of the op's work (splits are even;
+// replicas do it all) and runs at least one instruction per training op it holds.
+inline double step_lower_bound(const plan::resolved_plan& rp, const std::vector<node_work>& work, const price_options& o) {
     std::vector<double> busy(static_cast<std::size_t>(rp.devices), 0.0);
     for (std::size_t i = 0; i < work.size(); ++i) {
         const node_work& w = work[i];
         const plan::op_partition* p = rp.at(static_cast<node_id>(i));
         const std::int64_t pieces = p ? p->pieces() : 1;
-        const double piece = std::max(w.flops / flop_rate, w.bytes / byte_rate) / static_cast<double>(pieces) +
-                             w.instructions * o.instruction_overhead;
+        const double piece = w.seconds / static_cast<double>(pieces) + w.instructions * o.instruction_overhead;
         if (!p) {
             for (double& b : busy) b += piece;
             continue;
@@ -15616,7 +15663,13 @@ inline double step_lower_bound(const plan::resolved_plan& rp, const std::vector<
             if (d >= 0 && d < rp.devices) busy[static_cast<std::size_t>(d)] += piece;
         }
     }
-    return *std::max_element(busy.begin(), busy.end());
+    const double busiest = *std::max_element(busy.begin(), busy.end());
+    if (o.compute_shared_by == 1) return busiest;
+    // Devices sharing one machine: each runs at the machine's rate, and all of them at most
+    // at that rate together.
+    double all = 0;
+    for (double b : busy) all += b;
+    return std::max(busiest, all) / o.compute_shared_by;
 }
 
 struct plan_search_options {
@@ -15736,7 +15789,7 @@ inline plan_search_result search_plan(const graph& model, const plan::plan_spec&
     result.memory_limit = o.memory_limit > 0 ? o.memory_limit : c.device.memory_bytes;
     const auto& params = result.parameters;
     plan_search_statistics& stats = result.stats;
-    const std::vector<node_work> work = training_work(model, o.price.storage);
+    const std::vector<node_work> work = training_work(model, c.device, o.price);
 
     // 1-3: every assignment, resolved and bounded.
     struct leaf {
@@ -15756,7 +15809,7 @@ inline plan_search_result search_plan(const graph& model, const plan::plan_spec&
         for (std::size_t i = 0; i < params.size(); ++i) candidate.choices[params[i].name] = params[i].candidates[at[i]];
         try {
             const plan::resolved_plan rp = plan::resolve(candidate, model);
-            leaves.push_back({candidate.choices, step_lower_bound(rp, work, c.device, o.price), stats.assignments});
+            leaves.push_back({candidate.choices, step_lower_bound(rp, work, o.price), stats.assignments});
         } catch (const plan_error& e) {
             refuse(e.what(), candidate.choices);
         } catch (const shape_error& e) {
@@ -17422,6 +17475,37 @@ void run_transfer(const partition::transfer& tr, std::int64_t id, comm::communic
 #include <type_traits>
 #include <vector>
 
+// ---- begin loom/runtime/host/instruction_trace.hpp ----
+// When each instruction of a host program ran: the measured timeline that a predicted one
+// (search::price_programs with a timeline) is held against. An executor that was handed a
+// trace (executor::set_trace) appends one entry per instruction, communication included,
+// in seconds since the trace's origin; ranks that share the origin share the time axis.
+//
+//   host::instruction_trace trace;           // origin: now
+//   exec.set_trace(&trace);  exec.run();  exec.set_trace(nullptr);
+#include <chrono>
+#include <vector>
+
+
+namespace loom::host {
+
+struct traced_instruction {
+    node_id node = no_id;
+    double start = 0;  // s since the origin
+    double end = 0;
+};
+
+struct instruction_trace {
+    std::chrono::steady_clock::time_point origin = std::chrono::steady_clock::now();
+    std::vector<traced_instruction> entries;
+
+    double since_origin(std::chrono::steady_clock::time_point t) const {
+        return std::chrono::duration<double>(t - origin).count();
+    }
+};
+
+}  // namespace loom::host
+// ---- end loom/runtime/host/instruction_trace.hpp ----
 // ---- begin loom/runtime/host/kernel_table.hpp ----
 // From op kind to host kernel. Built-in ops are registered from ops::all_ops the first time
 // the table is used; a user's own op registers with `register_host_kernel<MyOp>()`.
@@ -21133,6 +21217,8 @@ public:
 
     // Times every instruction of the following runs into `profile` (nullptr: stop timing).
     void set_profile(op_profile* profile) { profile_ = profile; }
+    // Records when every instruction of the following runs starts and ends (nullptr: stop).
+    void set_trace(instruction_trace* trace) { trace_ = trace; }
 
     void run(std::uint64_t step_number = 0) {
         for (tensor_id t : program_.bound)
@@ -21143,27 +21229,11 @@ public:
         std::vector<void*> ins, outs;
         for (std::size_t s = 0; s < program_.steps.size(); ++s) {
             const node& n = g.at(program_.steps[s].node);
-            ins.clear();
-            outs.clear();
-            for (tensor_id t : n.inputs) ins.push_back(pointers_[static_cast<std::size_t>(t)]);
-            for (tensor_id t : n.outputs) outs.push_back(pointers_[static_cast<std::size_t>(t)]);
-            if (!kernels_[s]) {
-                if (!communicate_)
-                    throw usage_error("executor::run: node '" + n.name +
-                                      "' is a transfer between devices; set a communication handler "
-                                      "(a distributed runner does) before running a partitioned program");
-                communicate_(n, ins, outs);
-                continue;
-            }
-            kernel_call<T> call{g, n, ins, outs, step_number};
-            if (!profile_) {
-                kernels_[s](call);
-                continue;
-            }
-            const auto start = std::chrono::steady_clock::now();
-            kernels_[s](call);
-            const double seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
-            profile_->add(n.op->name, seconds, n.op->flops ? n.op->flops(g, n) : 0.0);
+            const auto started = trace_ ? std::chrono::steady_clock::now() : std::chrono::steady_clock::time_point{};
+            run_instruction(s, n, step_number, ins, outs);
+            if (trace_)
+                trace_->entries.push_back({program_.steps[s].node, trace_->since_origin(started),
+                                           trace_->since_origin(std::chrono::steady_clock::now())});
         }
     }
 
@@ -21172,6 +21242,32 @@ public:
     const program& source() const { return program_; }
 
 private:
+    void run_instruction(std::size_t s, const node& n, std::uint64_t step_number, std::vector<void*>& ins,
+                         std::vector<void*>& outs) {
+        ins.clear();
+        outs.clear();
+        for (tensor_id t : n.inputs) ins.push_back(pointers_[static_cast<std::size_t>(t)]);
+        for (tensor_id t : n.outputs) outs.push_back(pointers_[static_cast<std::size_t>(t)]);
+        if (!kernels_[s]) {
+            if (!communicate_)
+                throw usage_error("executor::run: node '" + n.name +
+                                  "' is a transfer between devices; set a communication handler "
+                                  "(a distributed runner does) before running a partitioned program");
+            communicate_(n, ins, outs);
+            return;
+        }
+        const graph& g = *program_.source;
+        kernel_call<T> call{g, n, ins, outs, step_number};
+        if (!profile_) {
+            kernels_[s](call);
+            return;
+        }
+        const auto start = std::chrono::steady_clock::now();
+        kernels_[s](call);
+        const double seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+        profile_->add(n.op->name, seconds, n.op->flops ? n.op->flops(g, n) : 0.0);
+    }
+
     struct aligned_delete {
         void operator()(std::byte* p) const { ::operator delete[](p, std::align_val_t{64}); }
     };
@@ -21181,6 +21277,7 @@ private:
     std::vector<kernel_fn<T>> kernels_;
     communication_handler communicate_;
     op_profile* profile_ = nullptr;
+    instruction_trace* trace_ = nullptr;
 };
 
 }  // namespace loom::host
@@ -21344,6 +21441,182 @@ inline double measure_fma_peak_flops(thread_pool& pool = thread_pool::global(), 
 #include <string>
 #include <vector>
 
+// ---- begin loom/models/gpt.hpp ----
+// GPT-2 style decoder-only transformer, built with the public op API only.
+//
+//   x = wte[tokens] + wpe[positions]
+//   blocks.i:  x = x + attn(ln_1(x));  x = x + mlp(ln_2(x))       (pre-norm)
+//   attn:      causal multi-head self-attention with q, k, v and output projections
+//   mlp:       proj(gelu(fc(x))), fc: hidden -> ffn (4 * hidden by default)
+//   logits = ln_f(x) wte^T   (tied embeddings; or a separate lm_head)
+//   loss = mean cross-entropy(logits, targets)
+//
+// Initialisation follows GPT-2: N(0, 0.02) weights, output projections scaled by
+// 1/sqrt(2 * layers), zero biases, unit norm gains.
+#include <cmath>
+#include <cstdint>
+#include <memory>
+#include <string>
+#include <vector>
+
+
+namespace loom::models {
+
+struct gpt_config {
+    std::int64_t layers = 4;
+    std::int64_t hidden = 128;
+    std::int64_t heads = 4;
+    std::int64_t vocab = 256;
+    std::int64_t seq = 64;
+    std::int64_t batch = 8;
+    std::int64_t ffn = 0;  // 0: 4 * hidden
+    double dropout = 0.0;
+    bool tie_embeddings = true;
+    double init_std = 0.02;
+    double layer_norm_eps = 1e-5;
+    std::uint64_t dropout_seed = 1;
+
+    std::int64_t ffn_size() const { return ffn > 0 ? ffn : 4 * hidden; }
+
+    void validate() const {
+        auto positive = [](std::int64_t v, const char* what) {
+            if (v <= 0) throw usage_error(std::string("gpt_config: ") + what + " is " + std::to_string(v) + "; it must be positive");
+        };
+        positive(layers, "layers");
+        positive(hidden, "hidden");
+        positive(heads, "heads");
+        positive(vocab, "vocab");
+        positive(seq, "seq");
+        positive(batch, "batch");
+        if (hidden % heads != 0)
+            throw usage_error("gpt_config: hidden " + std::to_string(hidden) + " is not divisible by heads " +
+                              std::to_string(heads) + "; choose heads that divide hidden");
+        if (dropout < 0 || dropout >= 1)
+            throw usage_error("gpt_config: dropout " + std::to_string(dropout) + " must lie in [0, 1)");
+    }
+
+    // Weights and biases, counted from the architecture (tests compare with the graph).
+    std::int64_t parameter_count() const {
+        const std::int64_t h = hidden, f = ffn_size();
+        std::int64_t per_block = 2 * 2 * h            // two layer norms
+                                 + 4 * (h * h + h)    // q, k, v, proj
+                                 + (f * h + f) + (h * f + h);
+        return vocab * h + seq * h + layers * per_block + 2 * h + (tie_embeddings ? 0 : vocab * h);
+    }
+
+    // Floating-point operations of one forward pass over one batch (GEMMs and attention).
+    double forward_flops() const {
+        const double tokens = static_cast<double>(batch * seq), h = static_cast<double>(hidden),
+                     f = static_cast<double>(ffn_size()), s = static_cast<double>(seq);
+        const double per_layer = 2 * tokens * (4 * h * h + 2 * h * f) + 2 * tokens * s * h;  // causal: half of 4*T*S*H
+        return static_cast<double>(layers) * per_layer + 2 * tokens * h * static_cast<double>(vocab);
+    }
+};
+
+// A built GPT: the graph builder and the ids of the tensors a trainer feeds and reads.
+struct gpt_model {
+    std::unique_ptr<graph_builder> builder;
+    gpt_config config;
+    tensor_id tokens = no_id, positions = no_id, targets = no_id, logits = no_id, loss = no_id;
+
+    const graph& ir() const { return builder->view(); }
+
+    // Appends the backward pass and hands the finished graph over.
+    graph training_graph() && {
+        build_backward(*builder);
+        return std::move(*builder).take();
+    }
+};
+
+namespace detail {
+
+inline tensor layer_norm_block(graph_builder& b, const std::string& scope, tensor x, const gpt_config& c) {
+    auto s = b.scope(scope);
+    auto gamma = b.parameter("weight", {{Dim::Hidden::id, c.hidden}}, parameter_init::ones());
+    auto beta = b.parameter("bias", {{Dim::Hidden::id, c.hidden}}, parameter_init::zeros());
+    return ops::layer_norm(x, gamma, beta, c.layer_norm_eps);
+}
+
+inline tensor dense(graph_builder& b, const std::string& scope, tensor x, dim_id out_dim, std::int64_t out, dim_id in_dim,
+                    std::int64_t in, double std) {
+    auto s = b.scope(scope);
+    auto w = b.parameter("weight", {{out_dim, out}, {in_dim, in}}, parameter_init::normal(std));
+    auto bias = b.parameter("bias", {{out_dim, out}}, parameter_init::zeros());
+    return ops::linear(x, w, bias);
+}
+
+inline tensor maybe_dropout(tensor x, const gpt_config& c, std::uint64_t& site) {
+    ++site;
+    if (c.dropout == 0) return x;
+    return ops::dropout(x, c.dropout, static_cast<std::int64_t>(c.dropout_seed * 1000003 + site));
+}
+
+}  // namespace detail
+
+inline gpt_model gpt(const gpt_config& c) {
+    c.validate();
+    gpt_model m;
+    m.config = c;
+    m.builder = std::make_unique<graph_builder>();
+    graph_builder& b = *m.builder;
+    const dim_id H = Dim::Hidden::id, F = Dim::FFN::id;
+    const double proj_std = c.init_std / std::sqrt(2.0 * static_cast<double>(c.layers));
+    std::uint64_t dropout_site = 0;
+
+    tensor tokens = b.input("tokens", {{Dim::Batch::id, c.batch}, {Dim::Seq::id, c.seq}}, value_kind::index);
+    tensor positions = b.input("positions", {{Dim::Batch::id, c.batch}, {Dim::Seq::id, c.seq}}, value_kind::index);
+    tensor targets = b.input("targets", {{Dim::Batch::id, c.batch}, {Dim::Seq::id, c.seq}}, value_kind::index);
+    tensor wte = b.parameter("wte", {{Dim::Vocab::id, c.vocab}, {H, c.hidden}}, parameter_init::normal(c.init_std));
+    tensor wpe = b.parameter("wpe", {{Dim::Seq::id, c.seq}, {H, c.hidden}}, parameter_init::normal(c.init_std));
+
+    tensor x = ops::embedding(tokens, wte) + ops::embedding(positions, wpe);
+    x = detail::maybe_dropout(x, c, dropout_site);
+
+    b.repeat("blocks", c.layers, [&](std::int64_t) {
+        {
+            tensor h = detail::layer_norm_block(b, "ln_1", x, c);
+            auto attn = b.scope("attn");
+            tensor q = ops::split_heads(detail::dense(b, "q", h, H, c.hidden, H, c.hidden, c.init_std), c.heads);
+            tensor k = ops::split_heads(detail::dense(b, "k", h, H, c.hidden, H, c.hidden, c.init_std), c.heads);
+            tensor v = ops::split_heads(detail::dense(b, "v", h, H, c.hidden, H, c.hidden, c.init_std), c.heads);
+            tensor a = ops::merge_heads(ops::causal_attention(q, k, v));
+            tensor o = detail::dense(b, "proj", a, H, c.hidden, H, c.hidden, proj_std);
+            x = x + detail::maybe_dropout(o, c, dropout_site);
+        }
+        {
+            tensor h = detail::layer_norm_block(b, "ln_2", x, c);
+            auto mlp = b.scope("mlp");
+            tensor f = ops::gelu(detail::dense(b, "fc", h, F, c.ffn_size(), H, c.hidden, c.init_std));
+            tensor o = detail::dense(b, "proj", f, H, c.hidden, F, c.ffn_size(), proj_std);
+            x = x + detail::maybe_dropout(o, c, dropout_site);
+        }
+    });
+
+    x = detail::layer_norm_block(b, "ln_f", x, c);
+    tensor head = wte;
+    if (!c.tie_embeddings)
+        head = b.parameter("lm_head", {{Dim::Vocab::id, c.vocab}, {H, c.hidden}}, parameter_init::normal(c.init_std));
+    tensor logits = ops::linear(x, head);
+    tensor loss = ops::cross_entropy(logits, targets);
+    b.set_loss(loss);
+
+    m.tokens = tokens.id;
+    m.positions = positions.id;
+    m.targets = targets.id;
+    m.logits = logits.id;
+    m.loss = loss.id;
+    return m;
+}
+
+// Position ids for one batch: row-major [batch, seq], each row 0, 1, ..., seq - 1.
+inline std::vector<std::int32_t> gpt_positions(const gpt_config& c) {
+    std::vector<std::int32_t> ids(static_cast<std::size_t>(c.batch * c.seq));
+    for (std::size_t i = 0; i < ids.size(); ++i) ids[i] = static_cast<std::int32_t>(static_cast<std::int64_t>(i) % c.seq);
+    return ids;
+}
+
+}  // namespace loom::models
+// ---- end loom/models/gpt.hpp ----
 
 namespace loom::search {
 
@@ -21406,6 +21679,72 @@ inline cluster calibrate_host(int ranks) {
     hw.topo.inter_node_per_nic = {bandwidth / 2.0 / ranks, 20e-6};
     hw.topo.nics_per_node = 1;
     return hw;
+}
+
+// Rates per op kind of the host backend in float, for `ranks` in-process ranks that share
+// this machine (search::price_options::rates). One training step of a small GPT runs at two
+// batch sizes with every kernel timed (host::op_profile); for each op kind the two points
+// give a cost per call and per unit of work (FLOPs for kinds that count them, else bytes
+// read and written). Rates are per rank: the machine's time times `ranks`, as in
+// calibrate_host. About a second.
+inline std::map<std::string, op_rate, std::less<>> calibrate_host_ops(int ranks) {
+    if (ranks < 1)
+        throw usage_error("calibrate_host_ops: " + std::to_string(ranks) + " ranks; give at least 1");
+    struct sample {
+        double seconds = 0, calls = 0, units = 0;
+        bool per_flop = false;
+    };
+    std::map<std::string, sample, std::less<>> small, large;
+    for (std::int64_t batch : {4, 16}) {
+        const graph g = models::gpt({.layers = 2, .hidden = 128, .heads = 8, .vocab = 256, .seq = 64, .batch = batch})
+                            .training_graph();
+        const program prog = compile_program(g, {.prec = loom::precision::f32});
+        host::executor<float> exec(prog);
+        host::bound_storage<float> storage(prog);
+        storage.bind_to(exec);
+        for (tensor_id t : g.parameters)
+            for (float& x : storage.real(t)) x = 0.01f;
+        exec.run();  // warm up
+        const int runs = 3;
+        host::op_profile profile;
+        exec.set_profile(&profile);
+        for (int r = 0; r < runs; ++r) exec.run();
+        exec.set_profile(nullptr);
+        auto& into = batch == 4 ? small : large;
+        std::map<std::string, double, std::less<>> bytes;
+        for (const instruction& step : prog.steps) {
+            const node& n = g.at(step.node);
+            bytes[std::string(n.op->name)] += detail::node_bytes(g, n, loom::precision::f32);
+        }
+        for (const auto& e : profile.by_time()) {
+            sample& s = into[e.kind];
+            s.seconds = e.seconds / runs;
+            s.calls = static_cast<double>(e.calls) / runs;
+            s.per_flop = e.flops > 0;
+            s.units = s.per_flop ? e.flops / runs : bytes[e.kind];
+        }
+    }
+    std::map<std::string, op_rate, std::less<>> rates;
+    for (const auto& [kind, a] : small) {
+        auto it = large.find(kind);
+        if (it == large.end() || a.calls <= 0) continue;
+        const sample& b = it->second;
+        op_rate r;
+        r.per_flop = b.per_flop;
+        // seconds = calls * per_call + units * per_unit, at both sizes (the same calls).
+        if (b.units > a.units) r.per_unit = (b.seconds - a.seconds) / (b.units - a.units);
+        r.per_call = (a.seconds - r.per_unit * a.units) / a.calls;
+        if (!(r.per_unit > 0) || r.per_call < 0) {
+            // Noise: the larger run alone, as a rate without a fixed cost.
+            r.per_call = 0;
+            r.per_unit = b.units > 0 ? b.seconds / b.units : 0;
+            if (b.units <= 0) r.per_call = b.seconds / b.calls;
+        }
+        r.per_call *= ranks;
+        r.per_unit *= ranks;
+        rates[kind] = r;
+    }
+    return rates;
 }
 
 }  // namespace loom::search
@@ -22407,182 +22746,6 @@ private:
 
 }  // namespace loom::io
 // ---- end loom/io/safetensors.hpp ----
-// ---- begin loom/models/gpt.hpp ----
-// GPT-2 style decoder-only transformer, built with the public op API only.
-//
-//   x = wte[tokens] + wpe[positions]
-//   blocks.i:  x = x + attn(ln_1(x));  x = x + mlp(ln_2(x))       (pre-norm)
-//   attn:      causal multi-head self-attention with q, k, v and output projections
-//   mlp:       proj(gelu(fc(x))), fc: hidden -> ffn (4 * hidden by default)
-//   logits = ln_f(x) wte^T   (tied embeddings; or a separate lm_head)
-//   loss = mean cross-entropy(logits, targets)
-//
-// Initialisation follows GPT-2: N(0, 0.02) weights, output projections scaled by
-// 1/sqrt(2 * layers), zero biases, unit norm gains.
-#include <cmath>
-#include <cstdint>
-#include <memory>
-#include <string>
-#include <vector>
-
-
-namespace loom::models {
-
-struct gpt_config {
-    std::int64_t layers = 4;
-    std::int64_t hidden = 128;
-    std::int64_t heads = 4;
-    std::int64_t vocab = 256;
-    std::int64_t seq = 64;
-    std::int64_t batch = 8;
-    std::int64_t ffn = 0;  // 0: 4 * hidden
-    double dropout = 0.0;
-    bool tie_embeddings = true;
-    double init_std = 0.02;
-    double layer_norm_eps = 1e-5;
-    std::uint64_t dropout_seed = 1;
-
-    std::int64_t ffn_size() const { return ffn > 0 ? ffn : 4 * hidden; }
-
-    void validate() const {
-        auto positive = [](std::int64_t v, const char* what) {
-            if (v <= 0) throw usage_error(std::string("gpt_config: ") + what + " is " + std::to_string(v) + "; it must be positive");
-        };
-        positive(layers, "layers");
-        positive(hidden, "hidden");
-        positive(heads, "heads");
-        positive(vocab, "vocab");
-        positive(seq, "seq");
-        positive(batch, "batch");
-        if (hidden % heads != 0)
-            throw usage_error("gpt_config: hidden " + std::to_string(hidden) + " is not divisible by heads " +
-                              std::to_string(heads) + "; choose heads that divide hidden");
-        if (dropout < 0 || dropout >= 1)
-            throw usage_error("gpt_config: dropout " + std::to_string(dropout) + " must lie in [0, 1)");
-    }
-
-    // Weights and biases, counted from the architecture (tests compare with the graph).
-    std::int64_t parameter_count() const {
-        const std::int64_t h = hidden, f = ffn_size();
-        std::int64_t per_block = 2 * 2 * h            // two layer norms
-                                 + 4 * (h * h + h)    // q, k, v, proj
-                                 + (f * h + f) + (h * f + h);
-        return vocab * h + seq * h + layers * per_block + 2 * h + (tie_embeddings ? 0 : vocab * h);
-    }
-
-    // Floating-point operations of one forward pass over one batch (GEMMs and attention).
-    double forward_flops() const {
-        const double tokens = static_cast<double>(batch * seq), h = static_cast<double>(hidden),
-                     f = static_cast<double>(ffn_size()), s = static_cast<double>(seq);
-        const double per_layer = 2 * tokens * (4 * h * h + 2 * h * f) + 2 * tokens * s * h;  // causal: half of 4*T*S*H
-        return static_cast<double>(layers) * per_layer + 2 * tokens * h * static_cast<double>(vocab);
-    }
-};
-
-// A built GPT: the graph builder and the ids of the tensors a trainer feeds and reads.
-struct gpt_model {
-    std::unique_ptr<graph_builder> builder;
-    gpt_config config;
-    tensor_id tokens = no_id, positions = no_id, targets = no_id, logits = no_id, loss = no_id;
-
-    const graph& ir() const { return builder->view(); }
-
-    // Appends the backward pass and hands the finished graph over.
-    graph training_graph() && {
-        build_backward(*builder);
-        return std::move(*builder).take();
-    }
-};
-
-namespace detail {
-
-inline tensor layer_norm_block(graph_builder& b, const std::string& scope, tensor x, const gpt_config& c) {
-    auto s = b.scope(scope);
-    auto gamma = b.parameter("weight", {{Dim::Hidden::id, c.hidden}}, parameter_init::ones());
-    auto beta = b.parameter("bias", {{Dim::Hidden::id, c.hidden}}, parameter_init::zeros());
-    return ops::layer_norm(x, gamma, beta, c.layer_norm_eps);
-}
-
-inline tensor dense(graph_builder& b, const std::string& scope, tensor x, dim_id out_dim, std::int64_t out, dim_id in_dim,
-                    std::int64_t in, double std) {
-    auto s = b.scope(scope);
-    auto w = b.parameter("weight", {{out_dim, out}, {in_dim, in}}, parameter_init::normal(std));
-    auto bias = b.parameter("bias", {{out_dim, out}}, parameter_init::zeros());
-    return ops::linear(x, w, bias);
-}
-
-inline tensor maybe_dropout(tensor x, const gpt_config& c, std::uint64_t& site) {
-    ++site;
-    if (c.dropout == 0) return x;
-    return ops::dropout(x, c.dropout, static_cast<std::int64_t>(c.dropout_seed * 1000003 + site));
-}
-
-}  // namespace detail
-
-inline gpt_model gpt(const gpt_config& c) {
-    c.validate();
-    gpt_model m;
-    m.config = c;
-    m.builder = std::make_unique<graph_builder>();
-    graph_builder& b = *m.builder;
-    const dim_id H = Dim::Hidden::id, F = Dim::FFN::id;
-    const double proj_std = c.init_std / std::sqrt(2.0 * static_cast<double>(c.layers));
-    std::uint64_t dropout_site = 0;
-
-    tensor tokens = b.input("tokens", {{Dim::Batch::id, c.batch}, {Dim::Seq::id, c.seq}}, value_kind::index);
-    tensor positions = b.input("positions", {{Dim::Batch::id, c.batch}, {Dim::Seq::id, c.seq}}, value_kind::index);
-    tensor targets = b.input("targets", {{Dim::Batch::id, c.batch}, {Dim::Seq::id, c.seq}}, value_kind::index);
-    tensor wte = b.parameter("wte", {{Dim::Vocab::id, c.vocab}, {H, c.hidden}}, parameter_init::normal(c.init_std));
-    tensor wpe = b.parameter("wpe", {{Dim::Seq::id, c.seq}, {H, c.hidden}}, parameter_init::normal(c.init_std));
-
-    tensor x = ops::embedding(tokens, wte) + ops::embedding(positions, wpe);
-    x = detail::maybe_dropout(x, c, dropout_site);
-
-    b.repeat("blocks", c.layers, [&](std::int64_t) {
-        {
-            tensor h = detail::layer_norm_block(b, "ln_1", x, c);
-            auto attn = b.scope("attn");
-            tensor q = ops::split_heads(detail::dense(b, "q", h, H, c.hidden, H, c.hidden, c.init_std), c.heads);
-            tensor k = ops::split_heads(detail::dense(b, "k", h, H, c.hidden, H, c.hidden, c.init_std), c.heads);
-            tensor v = ops::split_heads(detail::dense(b, "v", h, H, c.hidden, H, c.hidden, c.init_std), c.heads);
-            tensor a = ops::merge_heads(ops::causal_attention(q, k, v));
-            tensor o = detail::dense(b, "proj", a, H, c.hidden, H, c.hidden, proj_std);
-            x = x + detail::maybe_dropout(o, c, dropout_site);
-        }
-        {
-            tensor h = detail::layer_norm_block(b, "ln_2", x, c);
-            auto mlp = b.scope("mlp");
-            tensor f = ops::gelu(detail::dense(b, "fc", h, F, c.ffn_size(), H, c.hidden, c.init_std));
-            tensor o = detail::dense(b, "proj", f, H, c.hidden, F, c.ffn_size(), proj_std);
-            x = x + detail::maybe_dropout(o, c, dropout_site);
-        }
-    });
-
-    x = detail::layer_norm_block(b, "ln_f", x, c);
-    tensor head = wte;
-    if (!c.tie_embeddings)
-        head = b.parameter("lm_head", {{Dim::Vocab::id, c.vocab}, {H, c.hidden}}, parameter_init::normal(c.init_std));
-    tensor logits = ops::linear(x, head);
-    tensor loss = ops::cross_entropy(logits, targets);
-    b.set_loss(loss);
-
-    m.tokens = tokens.id;
-    m.positions = positions.id;
-    m.targets = targets.id;
-    m.logits = logits.id;
-    m.loss = loss.id;
-    return m;
-}
-
-// Position ids for one batch: row-major [batch, seq], each row 0, 1, ..., seq - 1.
-inline std::vector<std::int32_t> gpt_positions(const gpt_config& c) {
-    std::vector<std::int32_t> ids(static_cast<std::size_t>(c.batch * c.seq));
-    for (std::size_t i = 0; i < ids.size(); ++i) ids[i] = static_cast<std::int32_t>(static_cast<std::int64_t>(i) % c.seq);
-    return ids;
-}
-
-}  // namespace loom::models
-// ---- end loom/models/gpt.hpp ----
 
 namespace loom::io {
 
@@ -24458,10 +24621,13 @@ public:
     distributed_trainer(const distributed_trainer&) = delete;
     distributed_trainer& operator=(const distributed_trainer&) = delete;
 
-    step_result step(const input_feed& feed) {
+    // With a trace, also records when each instruction of this rank's program ran.
+    step_result step(const input_feed& feed, host::instruction_trace* trace = nullptr) {
         auto start = std::chrono::steady_clock::now();
         set_inputs(feed);
+        executor_->set_trace(trace);
         executor_->run(static_cast<std::uint64_t>(steps_));
+        executor_->set_trace(nullptr);
         step_result r;
         r.loss = static_cast<double>(storage_->real(part_->loss)[0]);
         r.grad_norm = global_gradient_norm();

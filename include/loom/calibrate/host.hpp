@@ -25,8 +25,14 @@
 #include <vector>
 
 #include <loom/core/error.hpp>
+#include <loom/models/gpt.hpp>
+#include <loom/runtime/compile.hpp>
+#include <loom/runtime/host/bound_storage.hpp>
+#include <loom/runtime/host/executor.hpp>
 #include <loom/runtime/host/gemm.hpp>
+#include <loom/runtime/host/op_profile.hpp>
 #include <loom/search/hardware.hpp>
+#include <loom/search/program_price.hpp>
 
 namespace loom::search {
 
@@ -89,6 +95,72 @@ inline cluster calibrate_host(int ranks) {
     hw.topo.inter_node_per_nic = {bandwidth / 2.0 / ranks, 20e-6};
     hw.topo.nics_per_node = 1;
     return hw;
+}
+
+// Rates per op kind of the host backend in float, for `ranks` in-process ranks that share
+// this machine (search::price_options::rates). One training step of a small GPT runs at two
+// batch sizes with every kernel timed (host::op_profile); for each op kind the two points
+// give a cost per call and per unit of work (FLOPs for kinds that count them, else bytes
+// read and written). Rates are per rank: the machine's time times `ranks`, as in
+// calibrate_host. About a second.
+inline std::map<std::string, op_rate, std::less<>> calibrate_host_ops(int ranks) {
+    if (ranks < 1)
+        throw usage_error("calibrate_host_ops: " + std::to_string(ranks) + " ranks; give at least 1");
+    struct sample {
+        double seconds = 0, calls = 0, units = 0;
+        bool per_flop = false;
+    };
+    std::map<std::string, sample, std::less<>> small, large;
+    for (std::int64_t batch : {4, 16}) {
+        const graph g = models::gpt({.layers = 2, .hidden = 128, .heads = 8, .vocab = 256, .seq = 64, .batch = batch})
+                            .training_graph();
+        const program prog = compile_program(g, {.prec = loom::precision::f32});
+        host::executor<float> exec(prog);
+        host::bound_storage<float> storage(prog);
+        storage.bind_to(exec);
+        for (tensor_id t : g.parameters)
+            for (float& x : storage.real(t)) x = 0.01f;
+        exec.run();  // warm up
+        const int runs = 3;
+        host::op_profile profile;
+        exec.set_profile(&profile);
+        for (int r = 0; r < runs; ++r) exec.run();
+        exec.set_profile(nullptr);
+        auto& into = batch == 4 ? small : large;
+        std::map<std::string, double, std::less<>> bytes;
+        for (const instruction& step : prog.steps) {
+            const node& n = g.at(step.node);
+            bytes[std::string(n.op->name)] += detail::node_bytes(g, n, loom::precision::f32);
+        }
+        for (const auto& e : profile.by_time()) {
+            sample& s = into[e.kind];
+            s.seconds = e.seconds / runs;
+            s.calls = static_cast<double>(e.calls) / runs;
+            s.per_flop = e.flops > 0;
+            s.units = s.per_flop ? e.flops / runs : bytes[e.kind];
+        }
+    }
+    std::map<std::string, op_rate, std::less<>> rates;
+    for (const auto& [kind, a] : small) {
+        auto it = large.find(kind);
+        if (it == large.end() || a.calls <= 0) continue;
+        const sample& b = it->second;
+        op_rate r;
+        r.per_flop = b.per_flop;
+        // seconds = calls * per_call + units * per_unit, at both sizes (the same calls).
+        if (b.units > a.units) r.per_unit = (b.seconds - a.seconds) / (b.units - a.units);
+        r.per_call = (a.seconds - r.per_unit * a.units) / a.calls;
+        if (!(r.per_unit > 0) || r.per_call < 0) {
+            // Noise: the larger run alone, as a rate without a fixed cost.
+            r.per_call = 0;
+            r.per_unit = b.units > 0 ? b.seconds / b.units : 0;
+            if (b.units <= 0) r.per_call = b.seconds / b.calls;
+        }
+        r.per_call *= ranks;
+        r.per_unit *= ranks;
+        rates[kind] = r;
+    }
+    return rates;
 }
 
 }  // namespace loom::search

@@ -141,49 +141,51 @@ inline std::string choices_text(const std::vector<open_parameter>& params, const
     return out.empty() ? "(no open parameters)" : out;
 }
 
-// The work of training every forward node of `model` on one device: its own and that of
-// the backward ops that differentiate it.
+// The work of training every forward node of `model` on one device, its own and that of
+// the backward ops that differentiate it, as the least time the pricing could give it: each
+// op at the best rate it grants any instruction (the roofline at the device's best
+// efficiency, or the op kind's calibrated rate without its per-call cost).
 struct node_work {
-    double flops = 0;
-    double bytes = 0;       // read and written
+    double seconds = 0;
     double instructions = 0;
 };
 
-inline std::vector<node_work> training_work(const graph& model, loom::precision storage) {
+inline std::vector<node_work> training_work(const graph& model, const device_profile& dev, const price_options& o) {
     const std::size_t forward = model.forward_node_count();
     partition::logical_graph_options lo;
     lo.recompute.assign(forward, false);
     lo.decompose.resize(forward);
     const partition::logical_graph lg = partition::build_logical_graph(model, lo);
+    const double flop_rate = peak_for(dev, o.storage) * std::max(dev.gemm_efficiency, dev.elementwise_efficiency);
+    const double byte_rate = dev.memory_bandwidth * dev.elementwise_efficiency;
     std::vector<node_work> work(forward);
     for (std::size_t i = 0; i < lg.g.nodes.size(); ++i) {
         const node& n = lg.g.nodes[i];
         const node_id forward_node = n.forward_of != no_id ? n.forward_of : static_cast<node_id>(i);
         const node_id source = lg.source_of[static_cast<std::size_t>(forward_node)];
         if (source == no_id || static_cast<std::size_t>(source) >= forward) continue;
+        const double flops = n.op->flops ? n.op->flops(lg.g, n) : 0.0;
+        const double bytes = detail::node_bytes(lg.g, n, o.storage);
+        double seconds = std::max(flops / flop_rate, bytes / byte_rate);
+        if (auto rate = o.rates.find(n.op->name); rate != o.rates.end())
+            seconds = std::min(seconds, rate->second.per_unit * (rate->second.per_flop ? flops : bytes));
         node_work& w = work[static_cast<std::size_t>(source)];
-        if (n.op->flops) w.flops += n.op->flops(lg.g, n);
-        w.bytes += detail::node_bytes(lg.g, n, storage);
+        w.seconds += seconds;
         w.instructions += 1;
     }
     return work;
 }
 
 // A lower bound on the step time of a resolved plan: the busiest device's share of the
-// training work. Each piece of an op does its share of the op's FLOPs and bytes (splits are
-// even; replicas do it all), at the best rate the pricing grants any instruction, and runs
-// at least one instruction per training op it holds.
-inline double step_lower_bound(const plan::resolved_plan& rp, const std::vector<node_work>& work,
-                               const device_profile& dev, const price_options& o) {
-    const double flop_rate = peak_for(dev, o.storage) * std::max(dev.gemm_efficiency, dev.elementwise_efficiency);
-    const double byte_rate = dev.memory_bandwidth * dev.elementwise_efficiency;
+// training work. Each piece of an op does its share of the op's work (splits are even;
+// replicas do it all) and runs at least one instruction per training op it holds.
+inline double step_lower_bound(const plan::resolved_plan& rp, const std::vector<node_work>& work, const price_options& o) {
     std::vector<double> busy(static_cast<std::size_t>(rp.devices), 0.0);
     for (std::size_t i = 0; i < work.size(); ++i) {
         const node_work& w = work[i];
         const plan::op_partition* p = rp.at(static_cast<node_id>(i));
         const std::int64_t pieces = p ? p->pieces() : 1;
-        const double piece = std::max(w.flops / flop_rate, w.bytes / byte_rate) / static_cast<double>(pieces) +
-                             w.instructions * o.instruction_overhead;
+        const double piece = w.seconds / static_cast<double>(pieces) + w.instructions * o.instruction_overhead;
         if (!p) {
             for (double& b : busy) b += piece;
             continue;
@@ -193,7 +195,13 @@ inline double step_lower_bound(const plan::resolved_plan& rp, const std::vector<
             if (d >= 0 && d < rp.devices) busy[static_cast<std::size_t>(d)] += piece;
         }
     }
-    return *std::max_element(busy.begin(), busy.end());
+    const double busiest = *std::max_element(busy.begin(), busy.end());
+    if (o.compute_shared_by == 1) return busiest;
+    // Devices sharing one machine: each runs at the machine's rate, and all of them at most
+    // at that rate together.
+    double all = 0;
+    for (double b : busy) all += b;
+    return std::max(busiest, all) / o.compute_shared_by;
 }
 
 struct plan_search_options {
@@ -313,7 +321,7 @@ inline plan_search_result search_plan(const graph& model, const plan::plan_spec&
     result.memory_limit = o.memory_limit > 0 ? o.memory_limit : c.device.memory_bytes;
     const auto& params = result.parameters;
     plan_search_statistics& stats = result.stats;
-    const std::vector<node_work> work = training_work(model, o.price.storage);
+    const std::vector<node_work> work = training_work(model, c.device, o.price);
 
     // 1-3: every assignment, resolved and bounded.
     struct leaf {
@@ -333,7 +341,7 @@ inline plan_search_result search_plan(const graph& model, const plan::plan_spec&
         for (std::size_t i = 0; i < params.size(); ++i) candidate.choices[params[i].name] = params[i].candidates[at[i]];
         try {
             const plan::resolved_plan rp = plan::resolve(candidate, model);
-            leaves.push_back({candidate.choices, step_lower_bound(rp, work, c.device, o.price), stats.assignments});
+            leaves.push_back({candidate.choices, step_lower_bound(rp, work, o.price), stats.assignments});
         } catch (const plan_error& e) {
             refuse(e.what(), candidate.choices);
         } catch (const shape_error& e) {

@@ -40,6 +40,15 @@
 
 namespace loom::search {
 
+// A calibrated rate for one op kind: seconds = per_call + per_unit * units, the units being
+// the instruction's FLOPs (per_flop) or the bytes it reads and writes. Measured by running a
+// program whose instructions of this kind have two sizes (calibrate/host.hpp).
+struct op_rate {
+    double per_call = 0;
+    double per_unit = 0;
+    bool per_flop = true;
+};
+
 struct price_options {
     loom::precision storage = loom::precision::f32;  // how tensors are stored (bytes per element)
     // true: communication overlaps computation (a separate stream, as NCCL on GPUs); false:
@@ -57,6 +66,17 @@ struct price_options {
     // GPU with NCCL (context ~0.5 GiB, NCCL buffers ~1 GiB, caching allocator slack).
     double runtime_bytes = 0;
     algorithm collectives = algorithm::automatic;
+    bool record_timeline = false;  // keep every instruction's predicted start and end
+    // Devices that share one machine's compute (in-process ranks on one host): how many.
+    // The profile's rates are per device, the machine's divided by this count (as
+    // calibrate_host(ranks) states them). A device computing alone runs at the machine's
+    // rate, and together they cannot exceed it: the timeline runs every device at the
+    // machine's rate, and the step is at least all devices' work (compute and copies) done
+    // one after another at that rate.
+    int compute_shared_by = 1;
+    // Calibrated rates by op kind (op_def::name); kinds without one use the roofline of the
+    // device profile.
+    std::map<std::string, op_rate, std::less<>> rates;
 };
 
 struct device_memory {
@@ -76,12 +96,21 @@ struct device_price {
     device_memory memory;
 };
 
+// One instruction on the predicted timeline.
+struct priced_instruction {
+    int device = 0;
+    node_id node = no_id;  // in the device's graph
+    bool communication = false;
+    double start = 0, end = 0;  // s
+};
+
 struct program_price {
     double step_seconds = 0;  // makespan of the programs, plus the slowest optimizer step
     double makespan = 0;
     std::vector<device_price> devices;
     std::int64_t transfers = 0;
     double transfer_seconds = 0;  // sum over transfers of their duration
+    std::vector<priced_instruction> timeline;  // when price_options::record_timeline
 
     double peak_memory() const {
         double m = 0;
@@ -159,6 +188,9 @@ inline double instruction_seconds(const graph& g, const node& n, const device_pr
     for (tensor_id t : n.inputs) read += static_cast<double>(g.tensor(t).dims.numel());
     for (tensor_id t : n.outputs) written += static_cast<double>(g.tensor(t).dims.numel());
     const double bytes = node_bytes(g, n, o.storage);
+    if (auto rate = o.rates.find(n.op->name); rate != o.rates.end())
+        return rate->second.per_call + rate->second.per_unit * (rate->second.per_flop ? flops : bytes) +
+               o.instruction_overhead;
     const double peak = peak_for(dev, o.storage);
     const double bandwidth = dev.memory_bandwidth * dev.elementwise_efficiency;
     double t = bytes / bandwidth;
@@ -261,7 +293,11 @@ inline std::vector<double> transfer_seconds(const partition::partitioned_graph& 
 
 // The price of one training step of pg's programs on the first pg.world devices of c.
 inline program_price price_programs(const partition::partitioned_graph& pg, const cluster& c, const price_options& o = {}) {
-    const std::vector<double> transfer_time = transfer_seconds(pg, c, o);
+    if (o.compute_shared_by < 1)
+        throw usage_error("price_programs: compute_shared_by = " + std::to_string(o.compute_shared_by) +
+                          "; give the number of devices that share one machine's compute (1: none share)");
+    std::vector<double> transfer_time = transfer_seconds(pg, c, o);
+    for (double& t : transfer_time) t /= o.compute_shared_by;
     const int world = pg.world;
     program_price out;
     out.devices.resize(static_cast<std::size_t>(world));
@@ -321,7 +357,7 @@ inline program_price price_programs(const partition::partitioned_graph& pg, cons
             price.memory.optimizer = elements * o.optimizer_bytes_per_element;
             // AdamW reads parameter, gradient and two moments and writes three of them.
             const double bytes = elements * (4.0 * static_cast<double>(real_bytes(o.storage)) + 3.0 * 4.0);
-            price.optimizer = bytes / (c.device.memory_bandwidth * c.device.elementwise_efficiency);
+            price.optimizer = bytes / (c.device.memory_bandwidth * c.device.elementwise_efficiency) / o.compute_shared_by;
         }
     }
 
@@ -356,8 +392,9 @@ inline program_price price_programs(const partition::partitioned_graph& pg, cons
             if (ready < 0) break;
             if (!detail::is_transfer(n)) {
                 const double start = std::max(free, ready);
-                const double seconds = detail::instruction_seconds(g, n, c.device, o);
+                const double seconds = detail::instruction_seconds(g, n, c.device, o) / o.compute_shared_by;
                 free = start + seconds;
+                if (o.record_timeline) out.timeline.push_back({d, queue[next], false, start, free});
                 out.devices[static_cast<std::size_t>(d)].compute += seconds;
                 for (tensor_id t : n.outputs) run.ready[static_cast<std::size_t>(t)] = free;
                 ++next;
@@ -375,6 +412,7 @@ inline program_price price_programs(const partition::partitioned_graph& pg, cons
                 if (!source && sent_at[id] < 0) break;
                 const double end = source ? posted + transfer_time[id] : std::max(sent_at[id], posted) + transfer_time[id];
                 if (source) sent_at[id] = posted;
+                if (o.record_timeline) out.timeline.push_back({d, queue[next], true, end - transfer_time[id], end});
                 for (tensor_id t : n.outputs) run.ready[static_cast<std::size_t>(t)] = end;
                 free = end;
                 out.devices[static_cast<std::size_t>(d)].communication += transfer_time[id];
@@ -399,6 +437,7 @@ inline program_price price_programs(const partition::partitioned_graph& pg, cons
                 auto& other_next = (o.overlap ? other.next_communication : other.next_compute);
                 auto& other_free = (o.overlap ? other.communication_free : other.compute_free);
                 const node& on = og.at(other_queue.at(other_next));
+                if (o.record_timeline) out.timeline.push_back({member, other_queue[other_next], true, earliest[id], end});
                 for (tensor_id t : on.outputs) other.ready[static_cast<std::size_t>(t)] = end;
                 other_free = end;
                 out.devices[static_cast<std::size_t>(member)].communication += transfer_time[id];
@@ -433,6 +472,12 @@ inline program_price price_programs(const partition::partitioned_graph& pg, cons
     }
     out.makespan = makespan;
     out.step_seconds = makespan + optimizer;
+    if (o.compute_shared_by > 1) {
+        // One machine does all devices' work.
+        double work = out.transfer_seconds, optimizers = 0;  // transfer times are the machine's already
+        for (const auto& d : out.devices) work += d.compute, optimizers += d.optimizer;
+        out.step_seconds = std::max(makespan, work) + optimizers;
+    }
     return out;
 }
 

@@ -81,10 +81,13 @@ public:
     distributed_trainer(const distributed_trainer&) = delete;
     distributed_trainer& operator=(const distributed_trainer&) = delete;
 
-    step_result step(const input_feed& feed) {
+    // With a trace, also records when each instruction of this rank's program ran.
+    step_result step(const input_feed& feed, host::instruction_trace* trace = nullptr) {
         auto start = std::chrono::steady_clock::now();
         set_inputs(feed);
+        executor_->set_trace(trace);
         executor_->run(static_cast<std::uint64_t>(steps_));
+        executor_->set_trace(nullptr);
         step_result r;
         r.loss = static_cast<double>(storage_->real(part_->loss)[0]);
         r.grad_norm = global_gradient_norm();

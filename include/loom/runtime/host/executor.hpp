@@ -12,6 +12,7 @@
 #include <vector>
 
 #include <loom/core/error.hpp>
+#include <loom/runtime/host/instruction_trace.hpp>
 #include <loom/runtime/host/kernel_table.hpp>
 #include <loom/runtime/host/op_profile.hpp>
 #include <loom/runtime/program.hpp>
@@ -57,6 +58,8 @@ public:
 
     // Times every instruction of the following runs into `profile` (nullptr: stop timing).
     void set_profile(op_profile* profile) { profile_ = profile; }
+    // Records when every instruction of the following runs starts and ends (nullptr: stop).
+    void set_trace(instruction_trace* trace) { trace_ = trace; }
 
     void run(std::uint64_t step_number = 0) {
         for (tensor_id t : program_.bound)
@@ -67,27 +70,11 @@ public:
         std::vector<void*> ins, outs;
         for (std::size_t s = 0; s < program_.steps.size(); ++s) {
             const node& n = g.at(program_.steps[s].node);
-            ins.clear();
-            outs.clear();
-            for (tensor_id t : n.inputs) ins.push_back(pointers_[static_cast<std::size_t>(t)]);
-            for (tensor_id t : n.outputs) outs.push_back(pointers_[static_cast<std::size_t>(t)]);
-            if (!kernels_[s]) {
-                if (!communicate_)
-                    throw usage_error("executor::run: node '" + n.name +
-                                      "' is a transfer between devices; set a communication handler "
-                                      "(a distributed runner does) before running a partitioned program");
-                communicate_(n, ins, outs);
-                continue;
-            }
-            kernel_call<T> call{g, n, ins, outs, step_number};
-            if (!profile_) {
-                kernels_[s](call);
-                continue;
-            }
-            const auto start = std::chrono::steady_clock::now();
-            kernels_[s](call);
-            const double seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
-            profile_->add(n.op->name, seconds, n.op->flops ? n.op->flops(g, n) : 0.0);
+            const auto started = trace_ ? std::chrono::steady_clock::now() : std::chrono::steady_clock::time_point{};
+            run_instruction(s, n, step_number, ins, outs);
+            if (trace_)
+                trace_->entries.push_back({program_.steps[s].node, trace_->since_origin(started),
+                                           trace_->since_origin(std::chrono::steady_clock::now())});
         }
     }
 
@@ -96,6 +83,32 @@ public:
     const program& source() const { return program_; }
 
 private:
+    void run_instruction(std::size_t s, const node& n, std::uint64_t step_number, std::vector<void*>& ins,
+                         std::vector<void*>& outs) {
+        ins.clear();
+        outs.clear();
+        for (tensor_id t : n.inputs) ins.push_back(pointers_[static_cast<std::size_t>(t)]);
+        for (tensor_id t : n.outputs) outs.push_back(pointers_[static_cast<std::size_t>(t)]);
+        if (!kernels_[s]) {
+            if (!communicate_)
+                throw usage_error("executor::run: node '" + n.name +
+                                  "' is a transfer between devices; set a communication handler "
+                                  "(a distributed runner does) before running a partitioned program");
+            communicate_(n, ins, outs);
+            return;
+        }
+        const graph& g = *program_.source;
+        kernel_call<T> call{g, n, ins, outs, step_number};
+        if (!profile_) {
+            kernels_[s](call);
+            return;
+        }
+        const auto start = std::chrono::steady_clock::now();
+        kernels_[s](call);
+        const double seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+        profile_->add(n.op->name, seconds, n.op->flops ? n.op->flops(g, n) : 0.0);
+    }
+
     struct aligned_delete {
         void operator()(std::byte* p) const { ::operator delete[](p, std::align_val_t{64}); }
     };
@@ -105,6 +118,7 @@ private:
     std::vector<kernel_fn<T>> kernels_;
     communication_handler communicate_;
     op_profile* profile_ = nullptr;
+    instruction_trace* trace_ = nullptr;
 };
 
 }  // namespace loom::host

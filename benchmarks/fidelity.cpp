@@ -1,0 +1,281 @@
+// How well the searcher's price of a plan's programs predicts the plan's measured step on
+// this machine: about 20 plans of a small GPT on 4 in-process ranks (threads sharing the
+// cores), each priced on a host profile calibrated for ranks that share cores
+// (search::calibrate_host, and calibrate_host_ops for the rate of every op kind; the
+// pricing knows the ranks share one machine: price_options::compute_shared_by) and then
+// trained for a few steps.
+//
+//   fidelity [--steps 5] [--warmup 2] [--layers 8] [--hidden 128] [--seq 64] [--batch 16]
+//            [--out benchmarks/results/fidelity.json] [--trace benchmarks/results/fidelity_trace.json]
+// Run from the repository root.
+//
+// It reports, per plan, the predicted and the measured step (median over steps of the
+// slowest rank) and the predicted and allocated memory (arena and bound tensors of rank 0),
+// and over all plans the Spearman rank correlation of predicted and measured steps and
+// whether the predicted best is the measured best. The trace file holds, for one pipeline
+// plan, the measured timeline of one step of every rank (the executor records each
+// instruction's start and end) beside the predicted one, for Perfetto.
+#include <CLI/CLI.hpp>
+#include <nlohmann/json.hpp>
+
+#include <algorithm>
+#include <chrono>
+#include <cmath>
+#include <cstdio>
+#include <filesystem>
+#include <fstream>
+#include <mutex>
+#include <numeric>
+#include <string>
+#include <vector>
+
+#include <loom/calibrate/host.hpp>
+#include <loom/models/gpt.hpp>
+#include <loom/partition/apply.hpp>
+#include <loom/plan/presets.hpp>
+#include <loom/runtime/comm/in_process.hpp>
+#include <loom/search/program_price.hpp>
+#include <loom/train/corpus.hpp>
+#include <loom/train/data_loader.hpp>
+#include <loom/train/distributed_trainer.hpp>
+#include <loom/train/tokenizer.hpp>
+
+#include "support/machine.hpp"
+
+using namespace loom;
+
+namespace {
+
+struct named_plan {
+    std::string name;
+    plan::plan_spec plan;
+};
+
+std::vector<named_plan> plans_on_4() {
+    using plan::schedule_kind;
+    namespace presets = plan::presets;
+    plan::selector blocks;
+    blocks.repeat = "blocks";
+    auto with = [](plan::plan_spec p, const plan::plan_spec& more) { return p.then(more); };
+    return {
+        {"data parallel x4", presets::data_parallel(4)},
+        {"megatron TP 4", presets::megatron(4)},
+        {"megatron TP 2 x DP 2", presets::megatron(2, 2)},
+        {"sequence parallel 2 x DP 2", presets::sequence_parallel(2, 2)},
+        {"ZeRO-1 x4", presets::zero(1, 4)},
+        {"ZeRO-2 x4", presets::zero(2, 4)},
+        {"ZeRO-3 x4", presets::zero(3, 4)},
+        {"ZeRO-3 x4, recompute", with(presets::zero(3, 4), presets::recompute(blocks))},
+        {"megatron TP 4, recompute", with(presets::megatron(4), presets::recompute(blocks))},
+        {"coshard 2 per device x4", presets::coshard(4, 2)},
+        {"2 stages of DP 2, 2 micro, 1F1B", presets::pipeline(2, 2, {schedule_kind::one_f_one_b}, presets::data_parallel(2))},
+        {"2 stages of DP 2, 4 micro, 1F1B", presets::pipeline(2, 4, {schedule_kind::one_f_one_b}, presets::data_parallel(2))},
+        {"2 stages of TP 2, 4 micro, GPipe", presets::pipeline(2, 4, {schedule_kind::gpipe}, presets::megatron(2))},
+        {"2 stages of TP 2, 8 micro, 1F1B", presets::pipeline(2, 8, {schedule_kind::one_f_one_b}, presets::megatron(2))},
+        {"2 stages of ZeRO-1 x2, 4 micro", presets::pipeline(2, 4, {schedule_kind::one_f_one_b}, presets::zero(1, 2))},
+        {"4 stages, 1 micro", presets::pipeline(4, 1)},
+        {"4 stages, 4 micro, 1F1B", presets::pipeline(4, 4)},
+        {"4 stages, 8 micro, GPipe", presets::pipeline(4, 8, {schedule_kind::gpipe})},
+        {"4 stages, 8 micro, interleaved 2", presets::pipeline(4, 8, {schedule_kind::interleaved, 2})},
+        {"4 stages, 16 micro, 1F1B", presets::pipeline(4, 16)},
+    };
+}
+
+// Ranks with ties averaged.
+std::vector<double> ranks_of(const std::vector<double>& v) {
+    std::vector<std::size_t> order(v.size());
+    std::iota(order.begin(), order.end(), 0);
+    std::stable_sort(order.begin(), order.end(), [&](std::size_t a, std::size_t b) { return v[a] < v[b]; });
+    std::vector<double> r(v.size());
+    for (std::size_t i = 0; i < order.size();) {
+        std::size_t j = i;
+        while (j + 1 < order.size() && v[order[j + 1]] == v[order[i]]) ++j;
+        for (std::size_t k = i; k <= j; ++k) r[order[k]] = (static_cast<double>(i + j)) / 2.0 + 1.0;
+        i = j + 1;
+    }
+    return r;
+}
+
+double spearman(const std::vector<double>& a, const std::vector<double>& b) {
+    const std::vector<double> ra = ranks_of(a), rb = ranks_of(b);
+    const double n = static_cast<double>(a.size());
+    const double ma = std::accumulate(ra.begin(), ra.end(), 0.0) / n, mb = std::accumulate(rb.begin(), rb.end(), 0.0) / n;
+    double cov = 0, va = 0, vb = 0;
+    for (std::size_t i = 0; i < ra.size(); ++i) {
+        cov += (ra[i] - ma) * (rb[i] - mb);
+        va += (ra[i] - ma) * (ra[i] - ma);
+        vb += (rb[i] - mb) * (rb[i] - mb);
+    }
+    return cov / std::sqrt(va * vb);
+}
+
+double median(std::vector<double> v) {
+    std::sort(v.begin(), v.end());
+    return v.empty() ? 0.0 : v[v.size() / 2];
+}
+
+struct measured {
+    double step = 0;           // median over steps of the slowest rank
+    double arena = 0, bound = 0;  // rank 0's allocation
+    std::vector<host::instruction_trace> traces;  // the last step, per rank (when asked)
+};
+
+measured train_plan(const partition::partitioned_graph& pg, const models::gpt_config& config, int warmup, int steps,
+                    bool trace) {
+    const std::vector<std::int32_t> tokens = train::byte_tokenizer{}.encode(train::make_corpus());
+    const train::data_loader loader(tokens, {.batch = config.batch, .seq = config.seq, .seed = 1});
+    const std::vector<std::int32_t> positions = models::gpt_positions(config);
+    std::vector<std::vector<double>> seconds(static_cast<std::size_t>(pg.world));
+    measured m;
+    m.traces.resize(static_cast<std::size_t>(pg.world));
+    const auto origin = std::chrono::steady_clock::now();
+    for (auto& t : m.traces) t.origin = origin;
+    comm::run_ranks(pg.world, [&](comm::communicator& comm) {
+        train::distributed_trainer<float> rank(pg, comm, {});
+        train::data_loader data = loader;
+        const auto r = static_cast<std::size_t>(comm.rank());
+        for (int step = 0; step < warmup + steps; ++step) {
+            const train::batch b = data.next();
+            train::input_feed feed;
+            feed.index["tokens"] = b.inputs;
+            feed.index["targets"] = b.targets;
+            feed.index["positions"] = positions;
+            const bool last = step == warmup + steps - 1;
+            if (last && trace) m.traces[r].origin = std::chrono::steady_clock::now();
+            const train::step_result res = rank.step(feed, last && trace ? &m.traces[r] : nullptr);
+            if (step >= warmup) seconds[r].push_back(res.seconds);
+        }
+        if (r == 0) {
+            m.arena = static_cast<double>(rank.compiled().arena_bytes);
+            for (tensor_id t : rank.compiled().bound) m.bound += static_cast<double>(rank.compiled().bytes_of(t));
+        }
+    });
+    std::vector<double> slowest(static_cast<std::size_t>(steps), 0.0);
+    for (const auto& per_rank : seconds)
+        for (std::size_t s = 0; s < per_rank.size(); ++s) slowest[s] = std::max(slowest[s], per_rank[s]);
+    m.step = median(slowest);
+    return m;
+}
+
+// Chrome trace events: `measured` (pid 0..world-1) and `predicted` (pid world..2 world-1).
+nlohmann::json trace_json(const partition::partitioned_graph& pg, const std::vector<host::instruction_trace>& measured,
+                          const search::program_price& predicted) {
+    nlohmann::json events = nlohmann::json::array();
+    const int world = pg.world;
+    for (int r = 0; r < world; ++r) {
+        events.push_back({{"ph", "M"}, {"name", "process_name"}, {"pid", r}, {"args", {{"name", "measured rank " + std::to_string(r)}}}});
+        events.push_back({{"ph", "M"}, {"name", "process_name"}, {"pid", world + r},
+                          {"args", {{"name", "predicted rank " + std::to_string(r)}}}});
+    }
+    // Measured ranks share one origin: the earliest start of the traced step.
+    double origin = 1e300;
+    for (const auto& t : measured)
+        for (const auto& e : t.entries) origin = std::min(origin, e.start + std::chrono::duration<double>(t.origin - measured.front().origin).count());
+    for (int r = 0; r < world; ++r) {
+        const auto& t = measured[static_cast<std::size_t>(r)];
+        const graph& g = pg.devices[static_cast<std::size_t>(r)].ir();
+        const double shift = std::chrono::duration<double>(t.origin - measured.front().origin).count() - origin;
+        for (const auto& e : t.entries) {
+            const node& n = g.at(e.node);
+            const bool comm = n.attrs.has("transfer");
+            events.push_back({{"ph", "X"}, {"name", n.name}, {"pid", r}, {"tid", comm ? 1 : 0},
+                              {"ts", (e.start + shift) * 1e6}, {"dur", (e.end - e.start) * 1e6}});
+        }
+    }
+    for (const auto& e : predicted.timeline) {
+        const graph& g = pg.devices[static_cast<std::size_t>(e.device)].ir();
+        events.push_back({{"ph", "X"}, {"name", g.at(e.node).name}, {"pid", world + e.device},
+                          {"tid", e.communication ? 1 : 0}, {"ts", e.start * 1e6}, {"dur", (e.end - e.start) * 1e6}});
+    }
+    return {{"traceEvents", events}, {"displayTimeUnit", "ms"}};
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+    CLI::App app{"Predicted against measured step time and memory of ~20 plans on 4 in-process ranks"};
+    int steps = 5, warmup = 2;
+    models::gpt_config config{.layers = 8, .hidden = 128, .heads = 8, .vocab = 256, .seq = 64, .batch = 16};
+    std::string out = "benchmarks/results/fidelity.json", trace_out = "benchmarks/results/fidelity_trace.json";
+    app.add_option("--steps", steps, "timed steps per plan")->check(CLI::PositiveNumber);
+    app.add_option("--warmup", warmup, "untimed steps first")->check(CLI::NonNegativeNumber);
+    app.add_option("--layers", config.layers, "GPT blocks")->check(CLI::PositiveNumber);
+    app.add_option("--hidden", config.hidden, "hidden size")->check(CLI::PositiveNumber);
+    app.add_option("--seq", config.seq, "sequence length")->check(CLI::PositiveNumber);
+    app.add_option("--batch", config.batch, "batch, in sequences")->check(CLI::PositiveNumber);
+    app.add_option("--out", out, "the JSON record");
+    app.add_option("--trace", trace_out, "measured and predicted timelines of one plan (Chrome trace JSON)");
+    CLI11_PARSE(app, argc, argv);
+    try {
+        const int ranks = 4;
+        auto model = models::gpt(config);
+        std::printf("calibrating the host for %d ranks that share its cores...\n", ranks);
+        const search::cluster hw = search::calibrate_host(ranks);
+        search::price_options po;
+        po.overlap = false;  // the host backend runs each rank's program one instruction at a time
+        po.compute_shared_by = ranks;  // in-process ranks share this machine's cores
+        po.rates = search::calibrate_host_ops(ranks);
+        std::printf("%-36s %12s %12s %8s %14s %14s\n", "plan", "predicted", "measured", "ratio", "memory pred", "memory alloc");
+        std::vector<double> predicted, measured_steps;
+        nlohmann::json rows = nlohmann::json::array();
+        const auto plans = plans_on_4();
+        const std::string traced = "4 stages, 4 micro, 1F1B";
+        nlohmann::json trace;
+        for (const auto& [name, p] : plans) {
+            const partition::partitioned_graph pg = partition::apply_plan(model.ir(), p);
+            search::price_options this_po = po;
+            this_po.record_timeline = name == traced;
+            const search::program_price price = search::price_programs(pg, hw, this_po);
+            const measured m = train_plan(pg, config, warmup, steps, name == traced);
+            const double memory_predicted = price.devices[0].memory.arena + price.devices[0].memory.bound;
+            const double memory_allocated = m.arena + m.bound;
+            std::printf("%-36s %10.2f ms %10.2f ms %8.2f %11.2f MiB %11.2f MiB\n", name.c_str(), price.step_seconds * 1e3,
+                        m.step * 1e3, price.step_seconds / m.step, memory_predicted / (1 << 20),
+                        memory_allocated / (1 << 20));
+            predicted.push_back(price.step_seconds);
+            measured_steps.push_back(m.step);
+            rows.push_back({{"plan", name},
+                            {"predicted_step_s", price.step_seconds},
+                            {"measured_step_s", m.step},
+                            {"predicted_idle_fraction", price.idle_fraction()},
+                            {"predicted_memory_bytes_rank0", memory_predicted},
+                            {"allocated_memory_bytes_rank0", memory_allocated},
+                            {"predicted_optimizer_bytes_rank0", price.devices[0].memory.optimizer}});
+            if (name == traced) trace = trace_json(pg, m.traces, price);
+        }
+        const double rho = spearman(predicted, measured_steps);
+        const auto best_predicted = std::min_element(predicted.begin(), predicted.end()) - predicted.begin();
+        const auto best_measured = std::min_element(measured_steps.begin(), measured_steps.end()) - measured_steps.begin();
+        std::printf("Spearman rank correlation: %.3f over %zu plans\n", rho, plans.size());
+        std::printf("predicted best: %s; measured best: %s\n", plans[static_cast<std::size_t>(best_predicted)].name.c_str(),
+                    plans[static_cast<std::size_t>(best_measured)].name.c_str());
+
+        nlohmann::json record;
+        record["benchmark"] = "fidelity";
+        record["model"] = {{"layers", config.layers}, {"hidden", config.hidden}, {"heads", config.heads},
+                           {"vocab", config.vocab}, {"seq", config.seq}, {"batch", config.batch}};
+        record["ranks"] = ranks;
+        record["steps"] = steps;
+        record["warmup"] = warmup;
+        record["profile"] = search::to_json(hw);
+        record["plans"] = rows;
+        record["spearman"] = rho;
+        record["predicted_best"] = plans[static_cast<std::size_t>(best_predicted)].name;
+        record["measured_best"] = plans[static_cast<std::size_t>(best_measured)].name;
+        record["cpu"] = bench::cpu_model();
+        record["load_average"] = bench::load_average();
+        record["commit"] = bench::git_revision();
+        record["date_utc"] = bench::utc_now();
+        std::filesystem::create_directories(std::filesystem::path(out).parent_path());
+        std::ofstream(out) << record.dump(2) << "\n";
+        if (!trace_out.empty() && !trace.is_null()) {
+            std::ofstream(trace_out) << trace.dump() << "\n";
+            std::printf("timelines of '%s' written to %s (open in Perfetto)\n", traced.c_str(), trace_out.c_str());
+        }
+        std::printf("record written to %s\n", out.c_str());
+    } catch (const loom::error& e) {
+        std::fprintf(stderr, "error: %s\n", e.what());
+        return 2;
+    }
+    return 0;
+}
