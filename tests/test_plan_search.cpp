@@ -4,6 +4,7 @@
 #include <catch2/catch.hpp>
 
 #include <cmath>
+#include <cstdio>
 #include <map>
 #include <string>
 #include <vector>
@@ -337,4 +338,17 @@ TEST_CASE("the known systems' spaces are plans with open parameters, and each is
     CHECK(best["nnscaler"] <= best["deepspeed"] * (1 + 1e-12));
     CHECK(best["nnscaler"] <= best["alpa"] * (1 + 1e-12));
     CHECK_THROWS_WITH(plan::spaces::by_name("zero-bubble", 4), Catch::Contains("no space named 'zero-bubble'"));
+}
+
+TEST_CASE("the README's search of a plan's open parameters") {
+    // [readme]
+    auto model = models::gpt({.layers = 4, .hidden = 64, .heads = 4, .vocab = 256, .seq = 32, .batch = 8});
+    plan::plan_spec space = plan::spaces::nnscaler(4);       // or a plan of your own with open<...> parts
+    space.micro_batches.allowed = {1, 2, 4};                 // narrow a parameter to a range
+    search::plan_search_result r = search::search_plan(model.ir(), space, search::dgx_a100(1));
+    std::printf("%s", r.explain().c_str());                  // chosen, runner-up and what separated them
+    partition::partitioned_graph programs = partition::apply_plan(model.ir(), r.plan);  // the filled plan
+    // [readme]
+    CHECK(programs.world == 4);
+    CHECK(r.plan.choices.at("mb") <= 4);
 }

@@ -5,6 +5,7 @@
 //             --out plan.json --trace timeline.json
 //   loom_plan --request request.json              the same options as a JSON object
 //   loom_plan --load plan.json --cluster ...      the programs of a saved plan, explained
+//   loom_plan --model t5 --space nnscaler ...     search a space, pricing every plan's programs
 #include <cstdio>
 
 #include <CLI/CLI.hpp>
@@ -16,6 +17,17 @@ int main(int argc, char** argv) {
     loom_plan_options o;
     std::string request;
     app.add_option("--request", request, "JSON file with any of these options (names without dashes)");
+    app.add_option("--model", o.model,
+                   "gpt, t5 (layers/2 encoder and layers/2 decoder blocks), swin (two stages of layers/2 blocks, "
+                   "seq patches, hidden channels) or evoformer (layers blocks, seq residues, hidden MSA channels); "
+                   "models other than gpt need --space")
+        ->check(CLI::IsMember({"gpt", "t5", "swin", "evoformer"}));
+    app.add_option("--space", o.space,
+                   "search this space, pricing each plan's own programs: megatron, deepspeed, alpa, nnscaler, or a "
+                   "plan file with open parameters");
+    app.add_option("--runtime-memory", o.runtime_memory,
+                   "with --space: bytes a runtime holds beside the program (default 2 GiB on GPU presets, 0 for a "
+                   "--cluster-json profile)");
     app.add_option("--layers", o.layers, "transformer blocks")->check(CLI::PositiveNumber);
     app.add_option("--hidden", o.hidden, "hidden size")->check(CLI::PositiveNumber);
     app.add_option("--heads", o.heads, "attention heads")->check(CLI::PositiveNumber);

@@ -6,7 +6,9 @@
 #include <vector>
 
 struct loom_plan_options {
-    // the model (GPT)
+    // the model: gpt, t5, swin or evoformer, sized by these (each model reads them as its
+    // run_loom_plan says)
+    std::string model = "gpt";
     std::int64_t layers = 24, hidden = 2048, heads = 16, seq = 2048, vocab = 50304, batch = 512;
     // the cluster: a preset "name:nodes" or a JSON profile
     std::string cluster = "dgx_a100:4";
@@ -25,6 +27,10 @@ struct loom_plan_options {
     // outputs
     std::string out, trace, save_cluster;
     std::string load;  // a plan file to apply to the model instead of searching
+    // A space to search, priced by the programs each plan produces: a known system's
+    // (megatron, deepspeed, alpa, nnscaler) or a plan file with open parameters.
+    std::string space;
+    double runtime_memory = -1;  // bytes a runtime holds beside the program; < 0: 2 GiB on GPU presets, 0 else
 };
 
 // Reads a JSON request ({"layers": 24, "cluster": "dgx2_v100:2", "tp": [1, 2], ...}, the

@@ -1,6 +1,7 @@
 // The loom half of loom_plan: builds and profiles the model, loads or picks the cluster,
 // searches (or applies a saved plan file), and writes the plan file, the cluster and the trace.
 #include <cstdio>
+#include <cmath>
 #include <fstream>
 #include <stdexcept>
 #include <string>
@@ -121,6 +122,9 @@ void apply_request_file(const std::string& path, loom_plan_options& o) {
             else if (key == "trace") o.trace = value.get<std::string>();
             else if (key == "save_cluster") o.save_cluster = value.get<std::string>();
             else if (key == "load") o.load = value.get<std::string>();
+            else if (key == "model") o.model = value.get<std::string>();
+            else if (key == "space") o.space = value.get<std::string>();
+            else if (key == "runtime_memory") o.runtime_memory = value.get<double>();
             else throw std::runtime_error("unknown option; see loom_plan --help (names without dashes, '_' for '-')");
         } catch (const std::exception& e) {
             throw std::runtime_error("loom_plan: the request " + path + ", key \"" + key + "\": " + e.what());
@@ -128,8 +132,83 @@ void apply_request_file(const std::string& path, loom_plan_options& o) {
     }
 }
 
+namespace {
+
+// The forward graph of the model the options describe.
+graph model_of(const loom_plan_options& o) {
+    const std::int64_t half = std::max<std::int64_t>(1, o.layers / 2);
+    if (o.model == "gpt")
+        return models::gpt({.layers = o.layers, .hidden = o.hidden, .heads = o.heads, .vocab = o.vocab, .seq = o.seq,
+                            .batch = o.batch})
+            .ir();
+    if (o.model == "t5")
+        return models::t5({.encoder_layers = half, .decoder_layers = half, .hidden = o.hidden, .heads = o.heads,
+                           .vocab = o.vocab, .source_seq = o.seq, .target_seq = o.seq, .batch = o.batch})
+            .ir();
+    if (o.model == "swin") {
+        const auto side = static_cast<std::int64_t>(std::lround(std::sqrt(static_cast<double>(o.seq))));
+        if (side * side != o.seq)
+            throw usage_error("loom_plan: --model swin takes --seq as patches of a square image; " + std::to_string(o.seq) +
+                              " is not a square (give e.g. " + std::to_string(side * side) + ")");
+        return models::swin({.side = side, .embed = o.hidden, .depths = {half, half}, .heads = {o.heads, 2 * o.heads},
+                             .batch = o.batch})
+            .ir();
+    }
+    if (o.model == "evoformer")
+        return models::evoformer({.batch = o.batch, .residues = o.seq, .msa_channels = o.hidden, .heads = o.heads,
+                                  .blocks = o.layers})
+            .ir();
+    throw usage_error("loom_plan: unknown model '" + o.model + "'; give gpt, t5, swin or evoformer");
+}
+
+// --space: the space searched by search_plan, every plan priced by its own programs.
+int search_space(const loom_plan_options& o, const search::cluster& hw) {
+    const graph model = model_of(o);
+    std::printf("model: %s, %lld forward ops, %.3fB parameters\n", o.model.c_str(),
+                static_cast<long long>(model.forward_node_count()), static_cast<double>(model.parameter_count()) / 1e9);
+    std::printf("cluster: %s, %d devices of %.0f GB\n", hw.name.c_str(), hw.devices(), hw.device.memory_bytes / 1e9);
+    const bool known = o.space == "megatron" || o.space == "deepspeed" || o.space == "alpa" || o.space == "nnscaler";
+    const plan::plan_spec space = known ? plan::spaces::by_name(o.space, hw.devices()) : io::load_plan(o.space, model);
+    std::printf("space: %s\n", space.name.empty() ? o.space.c_str() : space.name.c_str());
+    search::plan_search_options options;
+    options.memory_limit = o.memory;
+    options.time_budget_seconds = o.budget;
+    options.price.storage = o.precision == "fp32" ? loom::precision::f32 : loom::precision::bf16;
+    options.price.optimizer_bytes_per_element = o.precision == "fp32" ? 8 : 12;  // moments, plus a float master copy
+    options.price.runtime_bytes = o.runtime_memory >= 0 ? o.runtime_memory : o.cluster_json.empty() ? 2.0 * 1024.0 * 1024.0 * 1024.0 : 0.0;
+    const search::plan_search_result r = search::search_plan(model, space, hw, options);
+    std::printf("%s", r.explain().c_str());
+    if (!o.out.empty()) {
+        io::save_plan(r.plan, o.out, model);
+        std::printf("plan written to %s\n", o.out.c_str());
+    }
+    if (!o.trace.empty()) {
+        search::price_options timed = options.price;
+        timed.record_timeline = true;
+        const partition::partitioned_graph programs = partition::apply_plan(model, r.plan);
+        const search::program_price price = search::price_programs(programs, hw, timed);
+        nlohmann::json events = nlohmann::json::array();
+        for (const auto& e : price.timeline)
+            events.push_back({{"ph", "X"},
+                              {"name", programs.devices[static_cast<std::size_t>(e.device)].ir().at(e.node).name},
+                              {"pid", e.device},
+                              {"tid", e.communication ? 1 : 0},
+                              {"ts", e.start * 1e6},
+                              {"dur", (e.end - e.start) * 1e6}});
+        std::ofstream(o.trace) << nlohmann::json{{"traceEvents", events}}.dump() << "\n";
+        std::printf("predicted timeline written to %s (open it in Perfetto)\n", o.trace.c_str());
+    }
+    return 0;
+}
+
+}  // namespace
+
 int run_loom_plan(const loom_plan_options& o) {
     try {
+        if (!o.space.empty()) return search_space(o, cluster_of(o));
+        if (o.model != "gpt")
+            throw usage_error("loom_plan: --model " + o.model + " needs --space (megatron, deepspeed, alpa, nnscaler or a "
+                              "plan file with open parameters); the built-in grid search covers GPTs only");
         const models::gpt_config config{.layers = o.layers, .hidden = o.hidden, .heads = o.heads, .vocab = o.vocab,
                                         .seq = o.seq, .batch = o.batch};
         const search::cluster hw = cluster_of(o);

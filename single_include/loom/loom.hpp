@@ -15738,14 +15738,22 @@ inline std::string price_text(const program_price& p) {
 
 // What separated two priced plans: the component that differs most.
 inline std::string separation_text(const program_price& a, const program_price& b) {
+    if (std::abs(a.step_seconds - b.step_seconds) <= 1e-12 * std::max(a.step_seconds, b.step_seconds))
+        return "nothing in their price: they tie, and the first in the enumeration order wins";
     struct part {
         const char* name;
         double a, b;
     };
     const double idle_a = a.makespan * a.idle_fraction(), idle_b = b.makespan * b.idle_fraction();
+    auto optimizer = [](const program_price& p) {
+        double m = 0;
+        for (const auto& d : p.devices) m = std::max(m, d.optimizer);
+        return m;
+    };
     const part parts[] = {{"busiest device's compute", a.max_compute(), b.max_compute()},
                           {"busiest device's communication", a.max_communication(), b.max_communication()},
-                          {"idle time (bubbles and exposed communication) per device", idle_a, idle_b}};
+                          {"idle time (bubbles and exposed communication) per device", idle_a, idle_b},
+                          {"slowest optimizer step", optimizer(a), optimizer(b)}};
     const part* most = &parts[0];
     for (const part& p : parts)
         if (std::abs(p.b - p.a) > std::abs(most->b - most->a)) most = &p;
