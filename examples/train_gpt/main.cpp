@@ -23,7 +23,9 @@ int main(int argc, char** argv) {
     app.add_option("--lr", o.lr, "peak learning rate (AdamW, warm-up then cosine decay)");
     app.add_option("--clip", o.clip, "global gradient-norm clip (0: off)");
     app.add_option("--seed", o.seed, "initialisation and data seed");
-    app.add_option("--print-every", o.print_every, "print one progress line every N steps")->check(CLI::PositiveNumber);
+    app.add_option("--print-every", o.print_every,
+                   "print one progress line every N steps (default: every step with --exact, else about every 5 s)")
+        ->check(CLI::PositiveNumber);
     app.add_option("--devices", o.devices, "in-process ranks to search a plan for and train on (1: one device)")
         ->check(CLI::PositiveNumber);
     app.add_option("--data", o.data, "token file to train on (default: loom's corpus, written to a temp file)");
@@ -40,6 +42,7 @@ int main(int argc, char** argv) {
                                                  "(the schedule still spans --steps)");
     app.add_flag("--exact", o.exact, "print losses with all 17 digits");
     CLI11_PARSE(app, argc, argv);
+    if (o.print_every == 0 && o.exact) o.print_every = 1;  // exact runs are compared step by step
     if ((o.save_every > 0 || o.resume) && o.checkpoint.empty()) {
         std::fprintf(stderr, "error: --save-every and --resume need --checkpoint DIR\n");
         return 2;

@@ -15,7 +15,7 @@ struct train_gpt_options {
     double lr = 3e-3;
     double clip = 1.0;
     std::uint64_t seed = 1234;
-    std::int64_t print_every = 1;
+    std::int64_t print_every = 0;  // 0: every step with --exact, else about every 5 s
     int devices = 4;  // in-process ranks; the plan for them is searched (1: one device, no search)
     std::string plan;  // a plan file (io::save_plan, loom_plan --out) to train instead of searching
     std::string data;  // empty: loom's corpus, written to a temporary token file

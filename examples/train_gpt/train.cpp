@@ -1,7 +1,7 @@
 // The training half of the train_gpt example: builds the GPT, writes the corpus to a token
 // file and reads it back (the way a real run reads its data), searches a plan for the
 // in-process ranks on a calibrated profile of this host, trains in float32 and prints the
-// plan and one progress line per step. With --checkpoint it saves sharded checkpoints and
+// plan and progress lines at a readable interval. With --checkpoint it saves sharded checkpoints and
 // --resume continues from the newest complete one, under whatever plan this run uses.
 #include <cmath>
 #include <cstdio>
@@ -18,12 +18,16 @@ using namespace loom;
 
 namespace {
 
-// One progress line per step, and a summary; returns false when the loss is not finite.
+// Progress lines and a summary; returns false when the loss is not finite. With
+// print_every > 0, a line every that many steps; with 0, one at the first step, then one
+// whenever `interval` seconds have passed, and one at the last step. Each line says the time
+// so far and an estimate of the time left.
 class progress {
 public:
-    progress(const models::gpt_config& config, std::int64_t steps, std::int64_t print_every, bool exact)
+    progress(const models::gpt_config& config, std::int64_t steps, std::int64_t print_every, bool exact,
+             double interval = 5.0)
         : tokens_per_step_(static_cast<double>(config.batch * config.seq)), steps_(steps), print_every_(print_every),
-          exact_(exact) {}
+          exact_(exact), interval_(interval) {}
 
     bool record(std::int64_t s, const train::step_result& r) {
         total_seconds_ += r.seconds;
@@ -34,10 +38,17 @@ public:
             std::fprintf(stderr, "step %lld: loss is %f; lower the learning rate (--lr)\n", static_cast<long long>(s), r.loss);
             return false;
         }
-        if (s % print_every_ == 0 || s + 1 == steps_)
-            std::printf(exact_ ? "step %5lld | loss %.17g | lr %.2e | grad norm %.3f | %.0f tokens/s\n"
-                               : "step %5lld | loss %.4f | lr %.2e | grad norm %.3f | %.0f tokens/s\n",
-                        static_cast<long long>(s), r.loss, r.lr, r.grad_norm, tokens_per_step_ / r.seconds);
+        const bool due = print_every_ > 0 ? s % print_every_ == 0
+                                          : recorded_ == 1 || total_seconds_ - last_printed_ >= interval_;
+        if (due || s + 1 == steps_) {
+            last_printed_ = total_seconds_;
+            const double left = total_seconds_ / static_cast<double>(recorded_) * static_cast<double>(steps_ - s - 1);
+            std::printf(exact_ ? "step %5lld | loss %.17g | lr %.2e | grad norm %.3f | %.0f tokens/s | %.1f s, ~%.0f s left\n"
+                               : "step %5lld | loss %.4f | lr %.2e | grad norm %.3f | %.0f tokens/s | %.1f s, ~%.0f s left\n",
+                        static_cast<long long>(s), r.loss, r.lr, r.grad_norm, tokens_per_step_ / r.seconds, total_seconds_,
+                        left);
+            std::fflush(stdout);
+        }
         return true;
     }
     void summary() const {
@@ -51,8 +62,9 @@ private:
     double tokens_per_step_;
     std::int64_t steps_, print_every_;
     bool exact_;
+    double interval_;
     std::int64_t recorded_ = 0;
-    double total_seconds_ = 0, first_loss_ = 0, last_loss_ = 0;
+    double total_seconds_ = 0, first_loss_ = 0, last_loss_ = 0, last_printed_ = 0;
 };
 
 train::input_feed feed_of(const train::batch& b, const std::vector<std::int32_t>& positions) {
@@ -185,27 +197,28 @@ int train_plan(const models::gpt_config& config, const graph& forward, const pla
     return status;
 }
 
-// Calibrates the host as `devices` in-process ranks, searches the plan (TP, PP, DP,
-// micro-batches, schedule, recompute, Coshard) for them, and trains with it.
+// Calibrates the host as `devices` in-process ranks (its GEMM and copy speed, and the rate
+// of every op kind), searches nnScaler's space for them (TP, stages, DP, micro-batches,
+// every order, ZeRO), pricing each plan's own programs, and trains with the best.
 int train_searched(const models::gpt_config& config, train::trainer_options options, std::int64_t steps,
                    const token_data& data, std::uint64_t data_seed, std::int64_t print_every, int devices,
                    const durability& d, bool exact) {
-    auto model = models::gpt(config);
-    const graph forward = model.ir();
-    const graph training = std::move(model).training_graph();
+    const graph forward = models::gpt(config).ir();
     print_model(config, data);
     const search::cluster host_profile = search::calibrate_host(devices);
-    std::printf("cluster: %s, %.1f GFLOP/s and %.1f GB/s per rank (measured)\n", host_profile.name.c_str(),
-                host_profile.device.peak_flops_fp32 / 1e9, host_profile.device.memory_bandwidth / 1e9);
-    search::search_options search_options;
-    search_options.compute = search::precision::fp32;
-    search_options.activation_bytes = 4;
-    search_options.states = search::fp32_adam();
-    search::cost_context ctx(search::profile_model(training), host_profile, search_options);
-    const search::search_result found = search::branch_and_bound(ctx, search::search_space{});
+    search::plan_search_options search_options;
+    search_options.price.storage = loom::precision::f32;
+    search_options.price.overlap = false;                // each rank runs one instruction at a time
+    search_options.price.compute_shared_by = devices;    // in-process ranks share this machine
+    search_options.price.rates = search::calibrate_host_ops(devices);
+    std::printf("cluster: %s, %.1f GFLOP/s and %.1f GB/s per rank, %zu op kinds timed (measured)\n",
+                host_profile.name.c_str(), host_profile.device.peak_flops_fp32 / 1e9,
+                host_profile.device.memory_bandwidth / 1e9, search_options.price.rates.size());
+    const plan::plan_spec space = plan::spaces::nnscaler(devices);
+    std::printf("space: %s\n", space.name.c_str());
+    const search::plan_search_result found = search::search_plan(forward, space, host_profile, search_options);
     std::printf("%s", found.explain().c_str());
-    if (!found.found) return 1;
-    return train_plan(config, forward, search::to_plan(found.best), options, steps, data, data_seed, print_every, d, exact);
+    return train_plan(config, forward, found.plan, options, steps, data, data_seed, print_every, d, exact);
 }
 
 // Trains the plan stored in a plan file.

@@ -261,7 +261,10 @@ inline std::string gib_text(double bytes) {
 
 inline std::string price_text(const program_price& p) {
     std::ostringstream os;
-    os << "step " << seconds_text(p.step_seconds) << " (busiest compute " << seconds_text(p.max_compute())
+    // Devices that compute at least 1% of what the busiest does.
+    int used = 0;
+    for (const auto& d : p.devices) used += d.compute >= 0.01 * p.max_compute() ? 1 : 0;
+    os << "computes on " << used << " of " << p.devices.size() << " devices; step " << seconds_text(p.step_seconds) << " (busiest compute " << seconds_text(p.max_compute())
        << ", busiest communication " << seconds_text(p.max_communication()) << ", "
        << static_cast<int>(std::lround(p.idle_fraction() * 100)) << "% of device time idle), peak memory "
        << gib_text(p.peak_memory()) << " on device " << p.peak_memory_device();
