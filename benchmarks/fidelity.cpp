@@ -7,6 +7,7 @@
 //
 //   fidelity [--steps 5] [--warmup 2] [--layers 8] [--hidden 128] [--seq 64] [--batch 16]
 //            [--out benchmarks/results/fidelity.json] [--trace benchmarks/results/fidelity_trace.json]
+//   mpirun -np 4 fidelity --mpi          the ranks as MPI processes (fidelity_mpi.json)
 // Run from the repository root.
 //
 // It reports, per plan, the predicted and the measured step (median over steps of the
@@ -26,6 +27,7 @@
 #include <fstream>
 #include <mutex>
 #include <numeric>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -39,6 +41,9 @@
 #include <loom/train/data_loader.hpp>
 #include <loom/train/distributed_trainer.hpp>
 #include <loom/train/tokenizer.hpp>
+#if LOOM_FIDELITY_MPI
+#include <loom/runtime/comm/mpi.hpp>
+#endif
 
 #include "support/machine.hpp"
 
@@ -115,45 +120,58 @@ double median(std::vector<double> v) {
 }
 
 struct measured {
-    double step = 0;           // median over steps of the slowest rank
+    double step = 0;              // median over steps of the slowest rank
     double arena = 0, bound = 0;  // rank 0's allocation
     std::vector<host::instruction_trace> traces;  // the last step, per rank (when asked)
 };
 
-measured train_plan(const partition::partitioned_graph& pg, const models::gpt_config& config, int warmup, int steps,
-                    bool trace) {
+// One rank's part: warm-up and timed steps of `pg` on communicator `comm`; the seconds of
+// each timed step, and rank 0's allocation into m.
+std::vector<double> rank_steps(const partition::partitioned_graph& pg, comm::communicator& comm,
+                               const models::gpt_config& config, int warmup, int steps, host::instruction_trace* trace,
+                               measured& m) {
     const std::vector<std::int32_t> tokens = train::byte_tokenizer{}.encode(train::make_corpus());
-    const train::data_loader loader(tokens, {.batch = config.batch, .seq = config.seq, .seed = 1});
+    train::data_loader data(tokens, {.batch = config.batch, .seq = config.seq, .seed = 1});
     const std::vector<std::int32_t> positions = models::gpt_positions(config);
-    std::vector<std::vector<double>> seconds(static_cast<std::size_t>(pg.world));
-    measured m;
-    m.traces.resize(static_cast<std::size_t>(pg.world));
-    const auto origin = std::chrono::steady_clock::now();
-    for (auto& t : m.traces) t.origin = origin;
-    comm::run_ranks(pg.world, [&](comm::communicator& comm) {
-        train::distributed_trainer<float> rank(pg, comm, {});
-        train::data_loader data = loader;
-        const auto r = static_cast<std::size_t>(comm.rank());
-        for (int step = 0; step < warmup + steps; ++step) {
-            const train::batch b = data.next();
-            train::input_feed feed;
-            feed.index["tokens"] = b.inputs;
-            feed.index["targets"] = b.targets;
-            feed.index["positions"] = positions;
-            const bool last = step == warmup + steps - 1;
-            if (last && trace) m.traces[r].origin = std::chrono::steady_clock::now();
-            const train::step_result res = rank.step(feed, last && trace ? &m.traces[r] : nullptr);
-            if (step >= warmup) seconds[r].push_back(res.seconds);
-        }
-        if (r == 0) {
-            m.arena = static_cast<double>(rank.compiled().arena_bytes);
-            for (tensor_id t : rank.compiled().bound) m.bound += static_cast<double>(rank.compiled().bytes_of(t));
-        }
-    });
+    train::distributed_trainer<float> rank(pg, comm, {});
+    std::vector<double> seconds;
+    for (int step = 0; step < warmup + steps; ++step) {
+        const train::batch b = data.next();
+        train::input_feed feed;
+        feed.index["tokens"] = b.inputs;
+        feed.index["targets"] = b.targets;
+        feed.index["positions"] = positions;
+        const bool last = step == warmup + steps - 1;
+        if (last && trace) trace->origin = std::chrono::steady_clock::now();
+        const train::step_result res = rank.step(feed, last ? trace : nullptr);
+        if (step >= warmup) seconds.push_back(res.seconds);
+    }
+    if (comm.rank() == 0) {
+        m.arena = static_cast<double>(rank.compiled().arena_bytes);
+        for (tensor_id t : rank.compiled().bound) m.bound += static_cast<double>(rank.compiled().bytes_of(t));
+    }
+    return seconds;
+}
+
+double median_of_slowest(const std::vector<std::vector<double>>& seconds, int steps) {
     std::vector<double> slowest(static_cast<std::size_t>(steps), 0.0);
     for (const auto& per_rank : seconds)
-        for (std::size_t s = 0; s < per_rank.size(); ++s) slowest[s] = std::max(slowest[s], per_rank[s]);
-    m.step = median(slowest);
+        for (std::size_t s = 0; s < per_rank.size() && s < slowest.size(); ++s)
+            slowest[s] = std::max(slowest[s], per_rank[s]);
+    return median(slowest);
+}
+
+// All ranks as threads of this process.
+measured train_in_process(const partition::partitioned_graph& pg, const models::gpt_config& config, int warmup,
+                          int steps, bool trace) {
+    measured m;
+    m.traces.resize(static_cast<std::size_t>(pg.world));
+    std::vector<std::vector<double>> seconds(static_cast<std::size_t>(pg.world));
+    comm::run_ranks(pg.world, [&](comm::communicator& comm) {
+        const auto r = static_cast<std::size_t>(comm.rank());
+        seconds[r] = rank_steps(pg, comm, config, warmup, steps, trace ? &m.traces[r] : nullptr, m);
+    });
+    m.step = median_of_slowest(seconds, steps);
     return m;
 }
 
@@ -193,45 +211,94 @@ nlohmann::json trace_json(const partition::partitioned_graph& pg, const std::vec
 }  // namespace
 
 int main(int argc, char** argv) {
-    CLI::App app{"Predicted against measured step time and memory of ~20 plans on 4 in-process ranks"};
+    bool mpi = false;
+    for (int a = 1; a < argc; ++a) mpi = mpi || std::string(argv[a]) == "--mpi";
+#if LOOM_FIDELITY_MPI
+    std::optional<comm::mpi_environment> environment;
+    if (mpi) environment.emplace(argc, argv);
+#endif
+    CLI::App app{"Predicted against measured step time and memory of ~20 plans on 4 ranks"};
     int steps = 5, warmup = 2;
     models::gpt_config config{.layers = 8, .hidden = 128, .heads = 8, .vocab = 256, .seq = 64, .batch = 16};
-    std::string out = "benchmarks/results/fidelity.json", trace_out = "benchmarks/results/fidelity_trace.json";
+    std::string out, trace_out = "benchmarks/results/fidelity_trace.json";
     app.add_option("--steps", steps, "timed steps per plan")->check(CLI::PositiveNumber);
     app.add_option("--warmup", warmup, "untimed steps first")->check(CLI::NonNegativeNumber);
     app.add_option("--layers", config.layers, "GPT blocks")->check(CLI::PositiveNumber);
     app.add_option("--hidden", config.hidden, "hidden size")->check(CLI::PositiveNumber);
     app.add_option("--seq", config.seq, "sequence length")->check(CLI::PositiveNumber);
     app.add_option("--batch", config.batch, "batch, in sequences")->check(CLI::PositiveNumber);
-    app.add_option("--out", out, "the JSON record");
-    app.add_option("--trace", trace_out, "measured and predicted timelines of one plan (Chrome trace JSON)");
+    app.add_option("--out", out, "the JSON record (default benchmarks/results/fidelity[_mpi].json)");
+    app.add_option("--trace", trace_out, "measured and predicted timelines of one plan (Chrome trace JSON; in-process only)");
+    app.add_flag("--mpi", mpi, "ranks are MPI processes: run under mpirun -np 4");
     CLI11_PARSE(app, argc, argv);
+    if (out.empty()) out = mpi ? "benchmarks/results/fidelity_mpi.json" : "benchmarks/results/fidelity.json";
     try {
         const int ranks = 4;
+#if LOOM_FIDELITY_MPI
+        std::optional<comm::mpi_communicator> world;
+        if (mpi) {
+            world.emplace();
+            if (world->size() != ranks)
+                throw usage_error("fidelity --mpi: " + std::to_string(world->size()) + " processes; run it as mpirun -np " +
+                                  std::to_string(ranks));
+        }
+#else
+        if (mpi) throw usage_error("fidelity --mpi: this build has no MPI (loom::mpi was not found when it was configured)");
+#endif
+        const int me = mpi ?
+#if LOOM_FIDELITY_MPI
+                           world->rank()
+#else
+                           0
+#endif
+                           : 0;
         auto model = models::gpt(config);
-        std::printf("calibrating the host for %d ranks that share its cores...\n", ranks);
-        const search::cluster hw = search::calibrate_host(ranks);
+        // Rank 0 calibrates alone (the other processes wait), so the profile is the machine's.
+        search::cluster hw;
         search::price_options po;
-        po.overlap = false;  // the host backend runs each rank's program one instruction at a time
-        po.compute_shared_by = ranks;  // in-process ranks share this machine's cores
-        po.rates = search::calibrate_host_ops(ranks);
-        std::printf("%-36s %12s %12s %8s %14s %14s\n", "plan", "predicted", "measured", "ratio", "memory pred", "memory alloc");
+        if (me == 0) {
+            std::printf("calibrating the host for %d ranks that share its cores...\n", ranks);
+            hw = search::calibrate_host(ranks);
+            po.overlap = false;            // the host backend runs each rank's program one instruction at a time
+            po.compute_shared_by = ranks;  // the ranks share this machine's cores
+            po.rates = search::calibrate_host_ops(ranks);
+            std::printf("%-36s %12s %12s %8s %14s %14s\n", "plan", "predicted", "measured", "ratio", "memory pred",
+                        "memory alloc");
+        }
+#if LOOM_FIDELITY_MPI
+        if (mpi) world->barrier(comm::group::world(ranks));
+#endif
         std::vector<double> predicted, measured_steps;
         nlohmann::json rows = nlohmann::json::array();
         const auto plans = plans_on_4();
-        const std::string traced = "4 stages, 4 micro, 1F1B";
+        const std::string traced = mpi ? std::string() : std::string("4 stages, 4 micro, 1F1B");
         nlohmann::json trace;
         for (const auto& [name, p] : plans) {
             const partition::partitioned_graph pg = partition::apply_plan(model.ir(), p);
+            measured m;
+            if (!mpi) {
+                m = train_in_process(pg, config, warmup, steps, name == traced);
+            } else {
+#if LOOM_FIDELITY_MPI
+                const std::vector<double> mine = rank_steps(pg, *world, config, warmup, steps, nullptr, m);
+                std::vector<double> all(mine.size() * static_cast<std::size_t>(ranks));
+                world->all_gather(mine.data(), all.data(), mine.size(), comm::dtype::f64, comm::group::world(ranks));
+                std::vector<std::vector<double>> seconds(static_cast<std::size_t>(ranks));
+                for (int r = 0; r < ranks; ++r)
+                    seconds[static_cast<std::size_t>(r)].assign(all.begin() + r * steps, all.begin() + (r + 1) * steps);
+                m.step = median_of_slowest(seconds, steps);
+#endif
+            }
+            if (me != 0) continue;
             search::price_options this_po = po;
             this_po.record_timeline = name == traced;
             const search::program_price price = search::price_programs(pg, hw, this_po);
-            const measured m = train_plan(pg, config, warmup, steps, name == traced);
             const double memory_predicted = price.devices[0].memory.arena + price.devices[0].memory.bound;
             const double memory_allocated = m.arena + m.bound;
             std::printf("%-36s %10.2f ms %10.2f ms %8.2f %11.2f MiB %11.2f MiB\n", name.c_str(), price.step_seconds * 1e3,
                         m.step * 1e3, price.step_seconds / m.step, memory_predicted / (1 << 20),
                         memory_allocated / (1 << 20));
+            std::fflush(stdout);
             predicted.push_back(price.step_seconds);
             measured_steps.push_back(m.step);
             rows.push_back({{"plan", name},
@@ -243,6 +310,7 @@ int main(int argc, char** argv) {
                             {"predicted_optimizer_bytes_rank0", price.devices[0].memory.optimizer}});
             if (name == traced) trace = trace_json(pg, m.traces, price);
         }
+        if (me != 0) return 0;
         const double rho = spearman(predicted, measured_steps);
         const auto best_predicted = std::min_element(predicted.begin(), predicted.end()) - predicted.begin();
         const auto best_measured = std::min_element(measured_steps.begin(), measured_steps.end()) - measured_steps.begin();
@@ -252,9 +320,10 @@ int main(int argc, char** argv) {
 
         nlohmann::json record;
         record["benchmark"] = "fidelity";
+        record["ranks"] = mpi ? "MPI processes" : "in-process threads";
         record["model"] = {{"layers", config.layers}, {"hidden", config.hidden}, {"heads", config.heads},
                            {"vocab", config.vocab}, {"seq", config.seq}, {"batch", config.batch}};
-        record["ranks"] = ranks;
+        record["world"] = ranks;
         record["steps"] = steps;
         record["warmup"] = warmup;
         record["profile"] = search::to_json(hw);

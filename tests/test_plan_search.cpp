@@ -152,10 +152,10 @@ TEST_CASE("the bound never exceeds the programs' price, on every leaf of several
     SECTION("devices sharing one machine, with calibrated rates for some op kinds") {
         o.price.overlap = false;
         o.price.compute_shared_by = 4;
-        o.price.rates["linear"] = {3e-6, 2e-11, true};
-        o.price.rates["linear_grad_weight"] = {3e-6, 4e-12, true};  // faster than the roofline
-        o.price.rates["layer_norm"] = {1e-6, 1e-9, false};
-        o.price.rates["attention_grad"] = {0, 5e-12, true};
+        o.price.rates["linear"] = {{{1e5, 5e-6}, {1e6, 2e-5}, {1e7, 1.5e-4}}, true};
+        o.price.rates["linear_grad_weight"] = {{{1e5, 1e-7}, {1e7, 4e-5}}, true};  // faster than the roofline
+        o.price.rates["layer_norm"] = {{{1e4, 2e-6}, {1e5, 9e-6}}, false};
+        o.price.rates["attention_grad"] = {{{1e6, 1e-6}}, true};
         const auto model = small_gpt();
         CHECK(price_everything(model.ir(), open_pipeline(4), slow_node(), o).legal > 3);
     }
@@ -166,6 +166,15 @@ TEST_CASE("the bound never exceeds the programs' price, on every leaf of several
         const auto model = small_gpt();
         CHECK(price_everything(model.ir(), open_pipeline(8), one_node, o).legal > 3);
     }
+}
+
+TEST_CASE("a calibrated op rate interpolates its points and bounds them from below") {
+    const search::op_rate r{{{100, 1.0}, {200, 1.5}, {400, 3.5}}, true};
+    CHECK(r.seconds(50) == Approx(0.5));     // proportional below the first point
+    CHECK(r.seconds(150) == Approx(1.25));   // interpolated
+    CHECK(r.seconds(600) == Approx(5.5));    // the last slope beyond
+    for (double u : {1.0, 50.0, 100.0, 150.0, 200.0, 300.0, 400.0, 1e4}) CHECK(r.seconds(u) >= u * r.least_per_unit() - 1e-12);
+    CHECK(r.least_per_unit() == Approx(0.0075));
 }
 
 TEST_CASE("candidates are every divisor, not powers of two only") {

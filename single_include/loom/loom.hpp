@@ -14767,6 +14767,7 @@ inline order_search_result order_search(const schedule::pipeline_shape& shape, c
 #include <map>
 #include <string>
 #include <tuple>
+#include <utility>
 #include <vector>
 
 // ---- begin loom/runtime/compile.hpp ----
@@ -15073,13 +15074,42 @@ inline program compile_program(const graph& g, const compile_options& options = 
 
 namespace loom::search {
 
-// A calibrated rate for one op kind: seconds = per_call + per_unit * units, the units being
-// the instruction's FLOPs (per_flop) or the bytes it reads and writes. Measured by running a
-// program whose instructions of this kind have two sizes (calibrate/host.hpp).
+// The measured cost of one op kind: seconds per instruction against its units of work (its
+// FLOPs when per_flop, else the bytes it reads and writes), at several sizes (points, by
+// increasing units). Between points the cost is interpolated; below the smallest it is
+// proportional to the work; beyond the largest it grows with the last segment's slope.
+// calibrate/host.hpp measures these for the host backend.
 struct op_rate {
-    double per_call = 0;
-    double per_unit = 0;
+    std::vector<std::pair<double, double>> points;  // (units, seconds) per instruction
     bool per_flop = true;
+
+    double seconds(double units) const {
+        if (points.empty() || units <= 0) return 0;
+        if (units <= points.front().first) return points.front().second * units / points.front().first;
+        for (std::size_t i = 1; i < points.size(); ++i)
+            if (units <= points[i].first) {
+                const auto [u0, s0] = points[i - 1];
+                const auto [u1, s1] = points[i];
+                return u1 > u0 ? s0 + (s1 - s0) * (units - u0) / (u1 - u0) : s1;
+            }
+        return points.back().second + last_slope() * (units - points.back().first);
+    }
+    // Seconds per unit that no instruction of this kind runs faster than: seconds(u) >= u *
+    // this for every u (the curve's points all lie above that line, and it grows at least as
+    // fast beyond them).
+    double least_per_unit() const {
+        double least = last_slope();
+        for (const auto& [u, t] : points) least = std::min(least, t / u);
+        return std::max(least, 0.0);
+    }
+
+private:
+    double last_slope() const {
+        if (points.size() < 2) return points.empty() ? 0 : points.back().second / points.back().first;
+        const auto [u0, s0] = points[points.size() - 2];
+        const auto [u1, s1] = points.back();
+        return u1 > u0 ? std::max(0.0, (s1 - s0) / (u1 - u0)) : 0.0;
+    }
 };
 
 struct price_options {
@@ -15222,8 +15252,7 @@ inline double instruction_seconds(const graph& g, const node& n, const device_pr
     for (tensor_id t : n.outputs) written += static_cast<double>(g.tensor(t).dims.numel());
     const double bytes = node_bytes(g, n, o.storage);
     if (auto rate = o.rates.find(n.op->name); rate != o.rates.end())
-        return rate->second.per_call + rate->second.per_unit * (rate->second.per_flop ? flops : bytes) +
-               o.instruction_overhead;
+        return rate->second.seconds(rate->second.per_flop ? flops : bytes) + o.instruction_overhead;
     const double peak = peak_for(dev, o.storage);
     const double bandwidth = dev.memory_bandwidth * dev.elementwise_efficiency;
     double t = bytes / bandwidth;
@@ -15636,7 +15665,7 @@ inline std::vector<node_work> training_work(const graph& model, const device_pro
         const double bytes = detail::node_bytes(lg.g, n, o.storage);
         double seconds = std::max(flops / flop_rate, bytes / byte_rate);
         if (auto rate = o.rates.find(n.op->name); rate != o.rates.end())
-            seconds = std::min(seconds, rate->second.per_unit * (rate->second.per_flop ? flops : bytes));
+            seconds = std::min(seconds, rate->second.least_per_unit() * (rate->second.per_flop ? flops : bytes));
         node_work& w = work[static_cast<std::size_t>(source)];
         w.seconds += seconds;
         w.instructions += 1;
@@ -21693,20 +21722,16 @@ inline cluster calibrate_host(int ranks) {
 }
 
 // Rates per op kind of the host backend in float, for `ranks` in-process ranks that share
-// this machine (search::price_options::rates). One training step of a small GPT runs at two
-// batch sizes with every kernel timed (host::op_profile); for each op kind the two points
-// give a cost per call and per unit of work (FLOPs for kinds that count them, else bytes
-// read and written). Rates are per rank: the machine's time times `ranks`, as in
-// calibrate_host. About a second.
+// this machine (search::price_options::rates). One training step of a small GPT runs at
+// batches 1, 2, 4, 8 and 16 with every kernel timed (host::op_profile); for each op kind and
+// batch, the mean seconds and units of work (FLOPs for kinds that count them, else bytes read
+// and written) of one instruction make a point of its curve. Seconds are per rank: the
+// machine's times `ranks`, as in calibrate_host. About two seconds.
 inline std::map<std::string, op_rate, std::less<>> calibrate_host_ops(int ranks) {
     if (ranks < 1)
         throw usage_error("calibrate_host_ops: " + std::to_string(ranks) + " ranks; give at least 1");
-    struct sample {
-        double seconds = 0, calls = 0, units = 0;
-        bool per_flop = false;
-    };
-    std::map<std::string, sample, std::less<>> small, large;
-    for (std::int64_t batch : {4, 16}) {
+    std::map<std::string, op_rate, std::less<>> rates;
+    for (std::int64_t batch : {1, 2, 4, 8, 16}) {
         const graph g = models::gpt({.layers = 2, .hidden = 128, .heads = 8, .vocab = 256, .seq = 64, .batch = batch})
                             .training_graph();
         const program prog = compile_program(g, {.prec = loom::precision::f32});
@@ -21721,40 +21746,40 @@ inline std::map<std::string, op_rate, std::less<>> calibrate_host_ops(int ranks)
         exec.set_profile(&profile);
         for (int r = 0; r < runs; ++r) exec.run();
         exec.set_profile(nullptr);
-        auto& into = batch == 4 ? small : large;
         std::map<std::string, double, std::less<>> bytes;
         for (const instruction& step : prog.steps) {
             const node& n = g.at(step.node);
             bytes[std::string(n.op->name)] += detail::node_bytes(g, n, loom::precision::f32);
         }
         for (const auto& e : profile.by_time()) {
-            sample& s = into[e.kind];
-            s.seconds = e.seconds / runs;
-            s.calls = static_cast<double>(e.calls) / runs;
-            s.per_flop = e.flops > 0;
-            s.units = s.per_flop ? e.flops / runs : bytes[e.kind];
+            if (e.calls == 0) continue;
+            op_rate& r = rates[e.kind];
+            r.per_flop = e.flops > 0;
+            const double calls = static_cast<double>(e.calls);
+            const double units = (r.per_flop ? e.flops : bytes[e.kind] * runs) / calls;
+            if (units <= 0) continue;
+            r.points.push_back({units, e.seconds / calls * ranks});
         }
     }
-    std::map<std::string, op_rate, std::less<>> rates;
-    for (const auto& [kind, a] : small) {
-        auto it = large.find(kind);
-        if (it == large.end() || a.calls <= 0) continue;
-        const sample& b = it->second;
-        op_rate r;
-        r.per_flop = b.per_flop;
-        // seconds = calls * per_call + units * per_unit, at both sizes (the same calls).
-        if (b.units > a.units) r.per_unit = (b.seconds - a.seconds) / (b.units - a.units);
-        r.per_call = (a.seconds - r.per_unit * a.units) / a.calls;
-        if (!(r.per_unit > 0) || r.per_call < 0) {
-            // Noise: the larger run alone, as a rate without a fixed cost.
-            r.per_call = 0;
-            r.per_unit = b.units > 0 ? b.seconds / b.units : 0;
-            if (b.units <= 0) r.per_call = b.seconds / b.calls;
+    // Points by increasing work.
+    for (auto& [kind, r] : rates) {
+        std::sort(r.points.begin(), r.points.end());
+        // Kinds whose work does not grow with the batch (a parameter's gradient sum) give
+        // points of equal work: one point, their mean.
+        std::vector<std::pair<double, double>> merged;
+        int same = 0;
+        for (const auto& [u, t] : r.points) {
+            if (!merged.empty() && u <= merged.back().first * (1 + 1e-9)) {
+                merged.back().second = (merged.back().second * same + t) / (same + 1);
+                ++same;
+            } else {
+                merged.push_back({u, t});
+                same = 1;
+            }
         }
-        r.per_call *= ranks;
-        r.per_unit *= ranks;
-        rates[kind] = r;
+        r.points = std::move(merged);
     }
+    for (auto it = rates.begin(); it != rates.end();) it = it->second.points.empty() ? rates.erase(it) : std::next(it);
     return rates;
 }
 

@@ -98,20 +98,16 @@ inline cluster calibrate_host(int ranks) {
 }
 
 // Rates per op kind of the host backend in float, for `ranks` in-process ranks that share
-// this machine (search::price_options::rates). One training step of a small GPT runs at two
-// batch sizes with every kernel timed (host::op_profile); for each op kind the two points
-// give a cost per call and per unit of work (FLOPs for kinds that count them, else bytes
-// read and written). Rates are per rank: the machine's time times `ranks`, as in
-// calibrate_host. About a second.
+// this machine (search::price_options::rates). One training step of a small GPT runs at
+// batches 1, 2, 4, 8 and 16 with every kernel timed (host::op_profile); for each op kind and
+// batch, the mean seconds and units of work (FLOPs for kinds that count them, else bytes read
+// and written) of one instruction make a point of its curve. Seconds are per rank: the
+// machine's times `ranks`, as in calibrate_host. About two seconds.
 inline std::map<std::string, op_rate, std::less<>> calibrate_host_ops(int ranks) {
     if (ranks < 1)
         throw usage_error("calibrate_host_ops: " + std::to_string(ranks) + " ranks; give at least 1");
-    struct sample {
-        double seconds = 0, calls = 0, units = 0;
-        bool per_flop = false;
-    };
-    std::map<std::string, sample, std::less<>> small, large;
-    for (std::int64_t batch : {4, 16}) {
+    std::map<std::string, op_rate, std::less<>> rates;
+    for (std::int64_t batch : {1, 2, 4, 8, 16}) {
         const graph g = models::gpt({.layers = 2, .hidden = 128, .heads = 8, .vocab = 256, .seq = 64, .batch = batch})
                             .training_graph();
         const program prog = compile_program(g, {.prec = loom::precision::f32});
@@ -126,40 +122,40 @@ inline std::map<std::string, op_rate, std::less<>> calibrate_host_ops(int ranks)
         exec.set_profile(&profile);
         for (int r = 0; r < runs; ++r) exec.run();
         exec.set_profile(nullptr);
-        auto& into = batch == 4 ? small : large;
         std::map<std::string, double, std::less<>> bytes;
         for (const instruction& step : prog.steps) {
             const node& n = g.at(step.node);
             bytes[std::string(n.op->name)] += detail::node_bytes(g, n, loom::precision::f32);
         }
         for (const auto& e : profile.by_time()) {
-            sample& s = into[e.kind];
-            s.seconds = e.seconds / runs;
-            s.calls = static_cast<double>(e.calls) / runs;
-            s.per_flop = e.flops > 0;
-            s.units = s.per_flop ? e.flops / runs : bytes[e.kind];
+            if (e.calls == 0) continue;
+            op_rate& r = rates[e.kind];
+            r.per_flop = e.flops > 0;
+            const double calls = static_cast<double>(e.calls);
+            const double units = (r.per_flop ? e.flops : bytes[e.kind] * runs) / calls;
+            if (units <= 0) continue;
+            r.points.push_back({units, e.seconds / calls * ranks});
         }
     }
-    std::map<std::string, op_rate, std::less<>> rates;
-    for (const auto& [kind, a] : small) {
-        auto it = large.find(kind);
-        if (it == large.end() || a.calls <= 0) continue;
-        const sample& b = it->second;
-        op_rate r;
-        r.per_flop = b.per_flop;
-        // seconds = calls * per_call + units * per_unit, at both sizes (the same calls).
-        if (b.units > a.units) r.per_unit = (b.seconds - a.seconds) / (b.units - a.units);
-        r.per_call = (a.seconds - r.per_unit * a.units) / a.calls;
-        if (!(r.per_unit > 0) || r.per_call < 0) {
-            // Noise: the larger run alone, as a rate without a fixed cost.
-            r.per_call = 0;
-            r.per_unit = b.units > 0 ? b.seconds / b.units : 0;
-            if (b.units <= 0) r.per_call = b.seconds / b.calls;
+    // Points by increasing work.
+    for (auto& [kind, r] : rates) {
+        std::sort(r.points.begin(), r.points.end());
+        // Kinds whose work does not grow with the batch (a parameter's gradient sum) give
+        // points of equal work: one point, their mean.
+        std::vector<std::pair<double, double>> merged;
+        int same = 0;
+        for (const auto& [u, t] : r.points) {
+            if (!merged.empty() && u <= merged.back().first * (1 + 1e-9)) {
+                merged.back().second = (merged.back().second * same + t) / (same + 1);
+                ++same;
+            } else {
+                merged.push_back({u, t});
+                same = 1;
+            }
         }
-        r.per_call *= ranks;
-        r.per_unit *= ranks;
-        rates[kind] = r;
+        r.points = std::move(merged);
     }
+    for (auto it = rates.begin(); it != rates.end();) it = it->second.points.empty() ? rates.erase(it) : std::next(it);
     return rates;
 }
 

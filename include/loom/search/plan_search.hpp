@@ -168,7 +168,7 @@ inline std::vector<node_work> training_work(const graph& model, const device_pro
         const double bytes = detail::node_bytes(lg.g, n, o.storage);
         double seconds = std::max(flops / flop_rate, bytes / byte_rate);
         if (auto rate = o.rates.find(n.op->name); rate != o.rates.end())
-            seconds = std::min(seconds, rate->second.per_unit * (rate->second.per_flop ? flops : bytes));
+            seconds = std::min(seconds, rate->second.least_per_unit() * (rate->second.per_flop ? flops : bytes));
         node_work& w = work[static_cast<std::size_t>(source)];
         w.seconds += seconds;
         w.instructions += 1;

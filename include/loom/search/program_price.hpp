@@ -29,6 +29,7 @@
 #include <map>
 #include <string>
 #include <tuple>
+#include <utility>
 #include <vector>
 
 #include <loom/core/dim.hpp>
@@ -40,13 +41,42 @@
 
 namespace loom::search {
 
-// A calibrated rate for one op kind: seconds = per_call + per_unit * units, the units being
-// the instruction's FLOPs (per_flop) or the bytes it reads and writes. Measured by running a
-// program whose instructions of this kind have two sizes (calibrate/host.hpp).
+// The measured cost of one op kind: seconds per instruction against its units of work (its
+// FLOPs when per_flop, else the bytes it reads and writes), at several sizes (points, by
+// increasing units). Between points the cost is interpolated; below the smallest it is
+// proportional to the work; beyond the largest it grows with the last segment's slope.
+// calibrate/host.hpp measures these for the host backend.
 struct op_rate {
-    double per_call = 0;
-    double per_unit = 0;
+    std::vector<std::pair<double, double>> points;  // (units, seconds) per instruction
     bool per_flop = true;
+
+    double seconds(double units) const {
+        if (points.empty() || units <= 0) return 0;
+        if (units <= points.front().first) return points.front().second * units / points.front().first;
+        for (std::size_t i = 1; i < points.size(); ++i)
+            if (units <= points[i].first) {
+                const auto [u0, s0] = points[i - 1];
+                const auto [u1, s1] = points[i];
+                return u1 > u0 ? s0 + (s1 - s0) * (units - u0) / (u1 - u0) : s1;
+            }
+        return points.back().second + last_slope() * (units - points.back().first);
+    }
+    // Seconds per unit that no instruction of this kind runs faster than: seconds(u) >= u *
+    // this for every u (the curve's points all lie above that line, and it grows at least as
+    // fast beyond them).
+    double least_per_unit() const {
+        double least = last_slope();
+        for (const auto& [u, t] : points) least = std::min(least, t / u);
+        return std::max(least, 0.0);
+    }
+
+private:
+    double last_slope() const {
+        if (points.size() < 2) return points.empty() ? 0 : points.back().second / points.back().first;
+        const auto [u0, s0] = points[points.size() - 2];
+        const auto [u1, s1] = points.back();
+        return u1 > u0 ? std::max(0.0, (s1 - s0) / (u1 - u0)) : 0.0;
+    }
 };
 
 struct price_options {
@@ -189,8 +219,7 @@ inline double instruction_seconds(const graph& g, const node& n, const device_pr
     for (tensor_id t : n.outputs) written += static_cast<double>(g.tensor(t).dims.numel());
     const double bytes = node_bytes(g, n, o.storage);
     if (auto rate = o.rates.find(n.op->name); rate != o.rates.end())
-        return rate->second.per_call + rate->second.per_unit * (rate->second.per_flop ? flops : bytes) +
-               o.instruction_overhead;
+        return rate->second.seconds(rate->second.per_flop ? flops : bytes) + o.instruction_overhead;
     const double peak = peak_for(dev, o.storage);
     const double bandwidth = dev.memory_bandwidth * dev.elementwise_efficiency;
     double t = bytes / bandwidth;
