@@ -136,14 +136,14 @@ int run_loom_plan(const loom_plan_options& o) {
         if (!o.save_cluster.empty()) search::save_cluster(hw, o.save_cluster);
         search::search_options options;
         options.memory_per_device = o.memory;
-        if (o.precision == "fp32") {
-            options.compute = search::precision::fp32;
+        if (o.precision == to_string(precision::f32)) {
+            options.compute = precision::f32;
             options.activation_bytes = 4;
-            options.states = search::fp32_adam();
-        } else if (o.precision == "fp16") {
-            options.compute = search::precision::fp16;
-        } else if (o.precision != "bf16") {
-            throw usage_error("loom_plan: precision '" + o.precision + "'; give bf16, fp16 or fp32");
+            options.states = search::f32_adam();
+        } else if (o.precision == to_string(precision::f16)) {
+            options.compute = precision::f16;
+        } else if (o.precision != to_string(precision::bf16)) {
+            throw usage_error("loom_plan: precision '" + o.precision + "'; give bf16, f16 or f32");
         }
         options.fold = !o.unfolded;
         options.time_budget_seconds = o.budget;

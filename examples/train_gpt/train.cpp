@@ -196,11 +196,11 @@ int train_searched(const models::gpt_config& config, train::trainer_options opti
     print_model(config, data);
     const search::cluster host_profile = search::calibrate_host(devices);
     std::printf("cluster: %s, %.1f GFLOP/s and %.1f GB/s per rank (measured)\n", host_profile.name.c_str(),
-                host_profile.device.peak_flops_fp32 / 1e9, host_profile.device.memory_bandwidth / 1e9);
+                host_profile.device.peak_flops_f32 / 1e9, host_profile.device.memory_bandwidth / 1e9);
     search::search_options search_options;
-    search_options.compute = search::precision::fp32;
+    search_options.compute = precision::f32;
     search_options.activation_bytes = 4;
-    search_options.states = search::fp32_adam();
+    search_options.states = search::f32_adam();
     search::cost_context ctx(search::profile_model(training), host_profile, search_options);
     const search::search_result found = search::branch_and_bound(ctx, search::search_space{});
     std::printf("%s", found.explain().c_str());

@@ -148,6 +148,47 @@ struct comm_error : error {
 
 }  // namespace loom
 // ---- end loom/core/error.hpp ----
+// ---- begin loom/core/precision.hpp ----
+// The precision of real numbers: what a program stores its tensors in (runtime/program.hpp)
+// and what the plan searcher times a model's arithmetic in (search/evaluate.hpp).
+//
+//   f32    float
+//   f64    double (the host executor's exact twin of f32)
+//   f16    IEEE half precision with float arithmetic (mixed precision); the searcher plans in
+//          it (tensor-core peaks, V100), no executor runs it
+//   bf16   bfloat16 tensors with float arithmetic: the GPU's mixed precision, and the
+//          outputs ops mark as float_outputs kept in float
+#include <cstddef>
+#include <cstdint>
+#include <string_view>
+
+namespace loom {
+
+enum class precision : std::uint8_t { f32, f64, f16, bf16 };
+
+// Bytes of one real number stored in precision p.
+inline std::size_t real_bytes(precision p) {
+    switch (p) {
+        case precision::f32: return 4;
+        case precision::f64: return 8;
+        case precision::f16: return 2;
+        case precision::bf16: return 2;
+    }
+    return 4;
+}
+
+inline std::string_view to_string(precision p) {
+    switch (p) {
+        case precision::f32: return "f32";
+        case precision::f64: return "f64";
+        case precision::f16: return "f16";
+        case precision::bf16: return "bf16";
+    }
+    return "unknown precision";
+}
+
+}  // namespace loom
+// ---- end loom/core/precision.hpp ----
 // ---- begin loom/core/shape.hpp ----
 // A shape is a list of named axes: [Batch=8, Seq=64, Hidden=128]. Rank 0 is a scalar.
 #include <cstdint>
@@ -11327,10 +11368,10 @@ struct state_bytes {
     friend bool operator==(const state_bytes&, const state_bytes&) = default;
 };
 
-// fp16 parameters and gradients; fp32 master parameters, momentum and variance (4+4+4).
+// f16 parameters and gradients; f32 master parameters, momentum and variance (4+4+4).
 inline constexpr state_bytes mixed_precision_adam() { return {2, 2, 12}; }
-// fp32 parameters and gradients; fp32 momentum and variance (4+4).
-inline constexpr state_bytes fp32_adam() { return {4, 4, 8}; }
+// f32 parameters and gradients; f32 momentum and variance (4+4).
+inline constexpr state_bytes f32_adam() { return {4, 4, 8}; }
 
 namespace detail {
 
@@ -11382,23 +11423,23 @@ inline double model_state_bytes(double parameters, state_bytes s, zero_stage zer
 // ---- Megatron-LM's distributed optimizer ---------------------------------------------
 // Megatron-LM docs, "Distributed Optimizer": bytes per parameter
 //                                  non-distributed   distributed (d-way data parallel)
-//   fp16 params, fp16 grads              20              4 + 16/d
-//   bf16 params, fp32 grads              18              6 + 12/d
-//   fp32 params, fp32 grads              16              8 +  8/d
-// They arise from the components below. Megatron keeps fp32 main gradients: a separate
-// 4-byte copy when the model's gradients are fp16; bf16 and fp32 gradients are accumulated
-// in fp32 directly and are themselves the main gradients. Likewise an fp32 main copy of the
-// parameters exists only when the model's parameters are not fp32. Adam adds m and v (4+4).
-//   fp16/fp16: param 2 + grad 2 | main grad 4 + main param 4 + m 4 + v 4 = 4 + 16 = 20
-//   bf16/fp32: param 2 + grad 4 | main param 4 + m 4 + v 4              = 6 + 12 = 18
-//   fp32/fp32: param 4 + grad 4 | m 4 + v 4                             = 8 +  8 = 16
+//   f16 params, f16 grads                20              4 + 16/d
+//   bf16 params, f32 grads               18              6 + 12/d
+//   f32 params, f32 grads                16              8 +  8/d
+// They arise from the components below. Megatron keeps f32 main gradients: a separate
+// 4-byte copy when the model's gradients are f16; bf16 and f32 gradients are accumulated
+// in f32 directly and are themselves the main gradients. Likewise an f32 main copy of the
+// parameters exists only when the model's parameters are not f32. Adam adds m and v (4+4).
+//   f16/f16:  param 2 + grad 2 | main grad 4 + main param 4 + m 4 + v 4 = 4 + 16 = 20
+//   bf16/f32: param 2 + grad 4 | main param 4 + m 4 + v 4              = 6 + 12 = 18
+//   f32/f32:  param 4 + grad 4 | m 4 + v 4                             = 8 +  8 = 16
 // The distributed optimizer shards what is right of the bar over the d data-parallel ranks:
 // ZeRO stage 1 with K = that part.
-enum class megatron_precision { fp16_params_fp16_grads, bf16_params_fp32_grads, fp32_params_fp32_grads };
+enum class megatron_precision { f16_params_f16_grads, bf16_params_f32_grads, f32_params_f32_grads };
 
 inline constexpr state_bytes megatron_state_bytes(megatron_precision p) {
-    const double param = p == megatron_precision::fp32_params_fp32_grads ? 4 : 2;
-    const double grad = p == megatron_precision::fp16_params_fp16_grads ? 2 : 4;
+    const double param = p == megatron_precision::f32_params_f32_grads ? 4 : 2;
+    const double grad = p == megatron_precision::f16_params_f16_grads ? 2 : 4;
     const double main_grad = grad == 4 ? 0 : 4;
     const double main_param = param == 4 ? 0 : 4;
     const double adam_moments = 4 + 4;
@@ -11768,7 +11809,7 @@ inline plan::plan_spec to_plan(const configuration& c) {
 // and how devices, nodes and NICs are wired.
 //
 //   cluster c = dgx_a100(4);                      32 A100s, 8 per node, 8 HDR NICs per node
-//   c.device.peak_flops(precision::bf16)          312e12
+//   c.device.peak_flops(precision::bf16)          312e12 (loom::precision, core/precision.hpp)
 //   c.topo.inter_node_bandwidth_per_device()      8 * 25e9 / 8 = 25e9 bytes/s
 //   save_cluster(c, "a100x4.json");               edit the file after calibrating, then
 //   cluster d = load_cluster("a100x4.json");      load it back (a round trip is exact)
@@ -11794,17 +11835,6 @@ struct profile_error : error {
     using error::error;
 };
 
-enum class precision { fp32, fp16, bf16 };
-
-inline std::string_view to_string(precision p) {
-    switch (p) {
-        case precision::fp32: return "fp32";
-        case precision::fp16: return "fp16";
-        case precision::bf16: return "bf16";
-    }
-    return "?";
-}
-
 namespace detail {
 
 // Numbers in messages: "1.25e+10", not std::to_string's "12500000000.000000".
@@ -11818,23 +11848,29 @@ inline std::string number_text(double x) {
 
 struct device_profile {
     std::string name;
-    double peak_flops_fp32 = 0;  // FLOP/s without tensor cores
-    double peak_flops_fp16 = 0;  // FLOP/s on tensor cores, fp16 and bf16 alike; 0: the device has none
+    double peak_flops_f32 = 0;  // FLOP/s without tensor cores
+    double peak_flops_f16 = 0;  // FLOP/s on tensor cores, f16 and bf16 alike; 0: the device has none
     double memory_bytes = 0;
     double memory_bandwidth = 0;  // bytes/s
     // Fractions of peak that real kernels reach; guesses until calibration overwrites them.
     double gemm_efficiency = 0.6;
     double elementwise_efficiency = 0.7;
 
-    // bf16 shares the fp16 figure because the tensor cores of A100 and H100 run both at one
+    // bf16 shares the f16 figure because the tensor cores of A100 and H100 run both at one
     // rate. V100 has no bf16 tensor cores, so for V100 this figure is optimistic for bf16.
+    // The profile keeps no f64 peak: plan in f32, f16 or bf16.
     double peak_flops(precision p) const {
-        const double peak = p == precision::fp32 ? peak_flops_fp32 : peak_flops_fp16;
+        if (p == precision::f64)
+            throw profile_error("device_profile::peak_flops: device '" + name +
+                                "': profiles hold no f64 peak; plan in f32, f16 or bf16");
+        const bool f32 = p == precision::f32;
+        const double peak = f32 ? peak_flops_f32 : peak_flops_f16;
         if (!(peak > 0))
             throw profile_error("device_profile::peak_flops: device '" + name + "' has no " +
-                                std::string(to_string(p)) + " peak (" +
-                                (p == precision::fp32 ? "peak_flops_fp32" : "peak_flops_fp16") + " = " +
-                                detail::number_text(peak) + "); set it in the profile or plan in another precision");
+                                std::string(to_string(p)) + " peak (" + (f32 ? "peak_flops_f32" : "peak_flops_f16") +
+                                " = " + detail::number_text(peak) + "); set it in the profile (" +
+                                (f32 ? "peak_flops_fp32_per_s" : "peak_flops_fp16_per_s") +
+                                " in its JSON) or plan in another precision");
         return peak;
     }
 
@@ -11901,10 +11937,10 @@ inline std::string preset_name(std::string_view machine, int nodes) {
 }
 
 inline device_profile v100_sxm2_32gb() {
-    // V100 SXM2 datasheet: 15.7 TFLOP/s fp32, 125 TFLOP/s tensor (fp16), 900 GB/s HBM2.
+    // V100 SXM2 datasheet: 15.7 TFLOP/s f32, 125 TFLOP/s tensor (f16), 900 GB/s HBM2.
     return {.name = "V100-SXM2-32GB",
-            .peak_flops_fp32 = 15.7e12,
-            .peak_flops_fp16 = 125e12,
+            .peak_flops_f32 = 15.7e12,
+            .peak_flops_f16 = 125e12,
             .memory_bytes = 32 * gib,
             .memory_bandwidth = 900e9};
 }
@@ -11940,15 +11976,15 @@ inline cluster dgx2_v100(int nodes) {
                      .nics_per_node = 8}};
 }
 
-// DGX A100 80GB: A100 SXM datasheet 19.5 TFLOP/s fp32, 312 TFLOP/s bf16/fp16 tensor,
+// DGX A100 80GB: A100 SXM datasheet 19.5 TFLOP/s f32, 312 TFLOP/s bf16/f16 tensor,
 // 2039 GB/s HBM2e; NVLink3 600 GB/s bidirectional (300e9 per direction) through NVSwitch;
 // 8 HDR 200 Gb/s NICs for the compute fabric.
 inline cluster dgx_a100(int nodes) {
     detail::check_preset("dgx_a100", nodes, 8);
     return {.name = detail::preset_name("DGX A100", nodes),
             .device = {.name = "A100-SXM4-80GB",
-                       .peak_flops_fp32 = 19.5e12,
-                       .peak_flops_fp16 = 312e12,
+                       .peak_flops_f32 = 19.5e12,
+                       .peak_flops_f16 = 312e12,
                        .memory_bytes = 80 * detail::gib,
                        .memory_bandwidth = 2039e9},
             .topo = {.devices_per_node = 8,
@@ -11958,15 +11994,15 @@ inline cluster dgx_a100(int nodes) {
                      .nics_per_node = 8}};
 }
 
-// DGX H100: H100 SXM5 datasheet 67 TFLOP/s fp32, 989 TFLOP/s bf16/fp16 tensor (dense),
+// DGX H100: H100 SXM5 datasheet 67 TFLOP/s f32, 989 TFLOP/s bf16/f16 tensor (dense),
 // 3.35 TB/s HBM3; NVLink4 900 GB/s bidirectional (450e9 per direction) through NVSwitch;
 // 8 ConnectX-7 NDR 400 Gb/s NICs for the compute fabric.
 inline cluster dgx_h100(int nodes) {
     detail::check_preset("dgx_h100", nodes, 8);
     return {.name = detail::preset_name("DGX H100", nodes),
             .device = {.name = "H100-SXM5-80GB",
-                       .peak_flops_fp32 = 67e12,
-                       .peak_flops_fp16 = 989e12,
+                       .peak_flops_f32 = 67e12,
+                       .peak_flops_f16 = 989e12,
                        .memory_bytes = 80 * detail::gib,
                        .memory_bandwidth = 3.35e12},
             .topo = {.devices_per_node = 8,
@@ -11987,6 +12023,8 @@ inline cluster dgx_h100(int nodes) {
 //                "intra_node": {"bandwidth_bytes_per_s": 3e11, "latency_s": 5e-06},
 //                "inter_node_per_nic": {"bandwidth_bytes_per_s": 2.5e10, "latency_s": 1e-05}}
 // }
+// The peaks are device_profile::peak_flops_f32 and peak_flops_f16; their keys keep the
+// spelling of the profile files already written (fp32, fp16).
 // Every field is required except the two efficiencies. Peaks and latencies may be 0 (a
 // device without tensor cores, an idealised link); every other number must be positive.
 // Unknown keys are rejected so that a misspelt optional key does not go unnoticed.
@@ -12001,8 +12039,8 @@ inline nlohmann::json to_json(const cluster& c) {
     return {{"name", c.name},
             {"device",
              {{"name", d.name},
-              {"peak_flops_fp32_per_s", d.peak_flops_fp32},
-              {"peak_flops_fp16_per_s", d.peak_flops_fp16},
+              {"peak_flops_fp32_per_s", d.peak_flops_f32},
+              {"peak_flops_fp16_per_s", d.peak_flops_f16},
               {"memory_bytes", d.memory_bytes},
               {"memory_bandwidth_bytes_per_s", d.memory_bandwidth},
               {"gemm_efficiency", d.gemm_efficiency},
@@ -12108,8 +12146,8 @@ inline cluster cluster_from_json(const nlohmann::json& j, const std::string& whe
     t.only({"devices_per_node", "nodes", "nics_per_node", "intra_node", "inter_node_per_nic"});
     cluster c{.name = root.text("name"),
               .device = {.name = d.text("name"),
-                         .peak_flops_fp32 = d.number("peak_flops_fp32_per_s", "FLOP/s", true),
-                         .peak_flops_fp16 = d.number("peak_flops_fp16_per_s", "FLOP/s (0 if none)", true),
+                         .peak_flops_f32 = d.number("peak_flops_fp32_per_s", "FLOP/s", true),
+                         .peak_flops_f16 = d.number("peak_flops_fp16_per_s", "FLOP/s (0 if none)", true),
                          .memory_bytes = d.number("memory_bytes", "bytes"),
                          .memory_bandwidth = d.number("memory_bandwidth_bytes_per_s", "bytes per second"),
                          .gemm_efficiency = d.number_or("gemm_efficiency", device_profile{}.gemm_efficiency,
@@ -15717,27 +15755,6 @@ inline memory_plan plan_memory(const std::vector<buffer_lifetime>& requests, std
 
 namespace loom {
 
-// How a program stores its real tensors. bf16 is the GPU's mixed precision: tensors in
-// bfloat16, arithmetic in float, and the outputs ops mark as float_outputs kept in float.
-enum class precision : std::uint8_t { f32, f64, bf16 };
-
-inline std::size_t real_bytes(precision p) {
-    switch (p) {
-        case precision::f32: return 4;
-        case precision::f64: return 8;
-        case precision::bf16: return 2;
-    }
-    return 4;
-}
-inline std::string_view to_string(precision p) {
-    switch (p) {
-        case precision::f32: return "f32";
-        case precision::f64: return "f64";
-        case precision::bf16: return "bf16";
-    }
-    return "unknown precision";
-}
-
 // Where a tensor's bytes live while the program runs.
 struct buffer {
     enum class place : std::uint8_t {
@@ -15758,6 +15775,9 @@ struct instruction {
 
 struct program {
     const graph* source = nullptr;
+    // How the program stores its real tensors (core/precision.hpp). bf16 is the GPU's mixed
+    // precision: tensors in bfloat16, arithmetic in float, and the outputs ops mark as
+    // float_outputs kept in float. No executor runs f16.
     precision prec = precision::f32;
     std::vector<instruction> steps;
     std::vector<buffer> buffers;       // indexed by tensor_id
@@ -15776,7 +15796,7 @@ inline std::int64_t tensor_bytes(const tensor_desc& t, precision p) {
 // its producer keeps in float (op_def::float_outputs) when p is narrower than float, and for
 // the partitioner's copies of such tensors (transfers and assembles marked "keeps_float").
 inline precision storage_precision(const graph& g, tensor_id t, precision p) {
-    if (p != precision::bf16) return p;
+    if (real_bytes(p) >= real_bytes(precision::f32)) return p;
     const tensor_desc& d = g.tensor(t);
     if (d.producer == no_id) return p;
     const node& n = g.at(d.producer);
@@ -20092,6 +20112,10 @@ class executor {
 public:
     explicit executor(const program& p) : program_(p) {
         constexpr precision mine = std::is_same_v<T, float> ? precision::f32 : precision::f64;
+        if (p.prec == precision::f16)
+            throw usage_error("executor: the program was compiled for f16, which no loom executor runs (f16 is a "
+                              "precision the plan searcher times); compile in f32 or f64 for the host, or in bf16 "
+                              "for the GPU's mixed precision");
         if (p.prec != mine)
             throw usage_error(std::string("executor: the program was compiled for ") + std::string(to_string(p.prec)) +
                               " but this executor computes in " + std::string(to_string(mine)) +
@@ -20315,9 +20339,9 @@ inline double measure_fma_peak_flops(thread_pool& pool = thread_pool::global(), 
 //   search::save_cluster(hw, "host.json");            // or plan with it directly
 //
 // What is measured and what is assumed:
-// - peak_flops_fp32: float GEMMs of 512^3 on the whole thread pool, best of three, divided
+// - peak_flops_f32: float GEMMs of 512^3 on the whole thread pool, best of three, divided
 //   by the ranks (in-process ranks share the cores); gemm_efficiency 1 since this is what
-//   loom's kernels reach. No fp16: plan in precision::fp32.
+//   loom's kernels reach. No f16 peak: plan in precision::f32.
 // - memory_bandwidth: a 64 MiB copy (read + write), best of three, divided by the ranks;
 //   elementwise_efficiency 1.
 // - memory_bytes: the machine's available memory divided by the ranks.
@@ -20381,8 +20405,8 @@ inline cluster calibrate_host(int ranks) {
     cluster hw;
     hw.name = "host x" + std::to_string(ranks) + " (calibrated)";
     hw.device.name = "host rank";
-    hw.device.peak_flops_fp32 = flops / ranks;
-    hw.device.peak_flops_fp16 = 0;
+    hw.device.peak_flops_f32 = flops / ranks;
+    hw.device.peak_flops_f16 = 0;
     hw.device.memory_bandwidth = bandwidth / ranks;
     const double memory = detail::available_memory_bytes();
     hw.device.memory_bytes = (memory > 0 ? memory : 8.0 * (1ull << 30)) / ranks;

@@ -35,10 +35,10 @@ struct state_bytes {
     friend bool operator==(const state_bytes&, const state_bytes&) = default;
 };
 
-// fp16 parameters and gradients; fp32 master parameters, momentum and variance (4+4+4).
+// f16 parameters and gradients; f32 master parameters, momentum and variance (4+4+4).
 inline constexpr state_bytes mixed_precision_adam() { return {2, 2, 12}; }
-// fp32 parameters and gradients; fp32 momentum and variance (4+4).
-inline constexpr state_bytes fp32_adam() { return {4, 4, 8}; }
+// f32 parameters and gradients; f32 momentum and variance (4+4).
+inline constexpr state_bytes f32_adam() { return {4, 4, 8}; }
 
 namespace detail {
 
@@ -90,23 +90,23 @@ inline double model_state_bytes(double parameters, state_bytes s, zero_stage zer
 // ---- Megatron-LM's distributed optimizer ---------------------------------------------
 // Megatron-LM docs, "Distributed Optimizer": bytes per parameter
 //                                  non-distributed   distributed (d-way data parallel)
-//   fp16 params, fp16 grads              20              4 + 16/d
-//   bf16 params, fp32 grads              18              6 + 12/d
-//   fp32 params, fp32 grads              16              8 +  8/d
-// They arise from the components below. Megatron keeps fp32 main gradients: a separate
-// 4-byte copy when the model's gradients are fp16; bf16 and fp32 gradients are accumulated
-// in fp32 directly and are themselves the main gradients. Likewise an fp32 main copy of the
-// parameters exists only when the model's parameters are not fp32. Adam adds m and v (4+4).
-//   fp16/fp16: param 2 + grad 2 | main grad 4 + main param 4 + m 4 + v 4 = 4 + 16 = 20
-//   bf16/fp32: param 2 + grad 4 | main param 4 + m 4 + v 4              = 6 + 12 = 18
-//   fp32/fp32: param 4 + grad 4 | m 4 + v 4                             = 8 +  8 = 16
+//   f16 params, f16 grads                20              4 + 16/d
+//   bf16 params, f32 grads               18              6 + 12/d
+//   f32 params, f32 grads                16              8 +  8/d
+// They arise from the components below. Megatron keeps f32 main gradients: a separate
+// 4-byte copy when the model's gradients are f16; bf16 and f32 gradients are accumulated
+// in f32 directly and are themselves the main gradients. Likewise an f32 main copy of the
+// parameters exists only when the model's parameters are not f32. Adam adds m and v (4+4).
+//   f16/f16:  param 2 + grad 2 | main grad 4 + main param 4 + m 4 + v 4 = 4 + 16 = 20
+//   bf16/f32: param 2 + grad 4 | main param 4 + m 4 + v 4              = 6 + 12 = 18
+//   f32/f32:  param 4 + grad 4 | m 4 + v 4                             = 8 +  8 = 16
 // The distributed optimizer shards what is right of the bar over the d data-parallel ranks:
 // ZeRO stage 1 with K = that part.
-enum class megatron_precision { fp16_params_fp16_grads, bf16_params_fp32_grads, fp32_params_fp32_grads };
+enum class megatron_precision { f16_params_f16_grads, bf16_params_f32_grads, f32_params_f32_grads };
 
 inline constexpr state_bytes megatron_state_bytes(megatron_precision p) {
-    const double param = p == megatron_precision::fp32_params_fp32_grads ? 4 : 2;
-    const double grad = p == megatron_precision::fp16_params_fp16_grads ? 2 : 4;
+    const double param = p == megatron_precision::f32_params_f32_grads ? 4 : 2;
+    const double grad = p == megatron_precision::f16_params_f16_grads ? 2 : 4;
     const double main_grad = grad == 4 ? 0 : 4;
     const double main_param = param == 4 ? 0 : 4;
     const double adam_moments = 4 + 4;
