@@ -146,7 +146,7 @@ std::vector<small_space> small_spaces() {
                 } else {  // recompute only full or nothing, TP 1 or 2, Coshard
                     s.tp = {1, 2};
                     s.coshard = {1, 2, 8};
-                    s.recompute_choices = {search::recompute::none, search::recompute::full};
+                    s.recompute_choices = {plan::recompute_policy::none, plan::recompute_policy::full};
                 }
                 out.push_back({std::to_string(layers) + " layers, memory cap " + std::to_string(cap) + " of the free optimum's, variant " +
                                    std::to_string(variant),
@@ -191,7 +191,7 @@ TEST_CASE("branch-and-bound finds exhaustive enumeration's optimum, folded and u
         CHECK(bb.stats.leaves < all.stats.leaves);
         CHECK(bb.stats.complete);
         bool recomputes = false;
-        for (auto r : all.best.recompute_of) recomputes |= r != search::recompute::none;
+        for (auto r : all.best.recompute_of) recomputes |= r != plan::recompute_policy::none;
         binding += recomputes;
     }
     CHECK(spaces >= 20);
@@ -282,8 +282,8 @@ TEST_CASE("recomputation's transient is in the memory, and Coshard divides it", 
     c.dp = 2;
     c.micro_batches = 4;
     c.layers_per_chunk = {2, 2};
-    c.recompute_of = {search::recompute::none, search::recompute::full, search::recompute::selective,
-                      search::recompute::none};
+    c.recompute_of = {plan::recompute_policy::none, plan::recompute_policy::full, plan::recompute_policy::selective,
+                      plan::recompute_policy::none};
     const int layer_full = ctx.repeated()[1], layer_selective = ctx.repeated()[2];
     const double share = 1.0 / (c.dp * c.micro_batches), bytes = ctx.options().activation_bytes;
     for (int coshard : {1, 4}) {
@@ -301,7 +301,7 @@ TEST_CASE("recomputation's transient is in the memory, and Coshard divides it", 
         CHECK(e.devices[1].transient == Approx(selective).epsilon(1e-12));
         CHECK(e.devices[0].memory.buffers >= e.devices[0].transient);
     }
-    c.recompute_of.assign(4, search::recompute::none);
+    c.recompute_of.assign(4, plan::recompute_policy::none);
     CHECK(search::evaluate(ctx, c).devices[0].transient == 0.0);
 }
 
@@ -316,11 +316,11 @@ TEST_CASE("Coshard lets full recomputation fit where one piece at a time does no
     only_full.pp = {1};
     only_full.micro_batches = {1};
     only_full.zero = {search::zero_stage::none};
-    only_full.recompute_choices = {search::recompute::full};
+    only_full.recompute_choices = {plan::recompute_policy::full};
     // A cap between "keep inputs + the whole transient" and "keep inputs + 1/8 of it".
     search::cost_context probe(profile, search::dgx1_v100(1), {});
     search::configuration c{1, 1, 8, 1, 1, search::zero_stage::none, search::schedule_kind::one_f_one_b, {4},
-                            std::vector<search::recompute>(4, search::recompute::full), false, 1};
+                            std::vector<plan::recompute_policy>(4, plan::recompute_policy::full), false, 1};
     const auto one = search::evaluate(probe, c);
     c.coshard = 8;
     const auto eight = search::evaluate(probe, c);
@@ -433,7 +433,7 @@ TEST_CASE("branch-and-bound finds the optimum of a recycling model, 3F1B include
         CHECK(search::evaluate(ctx, bb.best).step_time == bb.cost.step_time);
         if (bb.best.pp > 1) CHECK(bb.best.schedule == search::schedule_kind::three_f_one_b);
         if (sp == &piped_space) ++pipelined;
-        for (auto r : bb.best.recompute_of) recomputing += r != search::recompute::none;
+        for (auto r : bb.best.recompute_of) recomputing += r != plan::recompute_policy::none;
     }
     CHECK(pipelined >= 2);  // 3F1B optima found and checked
     CHECK(recomputing >= 1);
@@ -442,7 +442,7 @@ TEST_CASE("branch-and-bound finds the optimum of a recycling model, 3F1B include
     // one-stage plan in total.
     search::cost_context ctx(profile, search::dgx1_v100(1), {});
     search::configuration one{1, 1, 8, 2, 1, search::zero_stage::none, search::schedule_kind::one_f_one_b, {4},
-                              std::vector<search::recompute>(4, search::recompute::none), false, 1};
+                              std::vector<plan::recompute_policy>(4, plan::recompute_policy::none), false, 1};
     search::configuration piped = one;
     piped.pp = 2;
     piped.dp = 4;

@@ -18,6 +18,7 @@
 
 using namespace loom::search;
 using loom::precision;
+using loom::plan::recompute_policy;
 
 namespace {
 
@@ -118,17 +119,17 @@ TEST_CASE("activation memory under none, selective and full recomputation", "[se
     const activation_profile a{.saved_bytes_per_micro_batch = 10e9,
                                .layer_input_bytes_per_micro_batch = 1e9,
                                .attention_scores_bytes_per_micro_batch = 4e9};
-    CHECK(activation_bytes(a, 4, recompute::none) == 40e9);
-    CHECK(activation_bytes(a, 4, recompute::selective) == 24e9);
-    CHECK(activation_bytes(a, 4, recompute::full) == 4e9);
-    CHECK(activation_bytes(a, 0, recompute::none) == 0);
+    CHECK(activation_bytes(a, 4, recompute_policy::none) == 40e9);
+    CHECK(activation_bytes(a, 4, recompute_policy::selective) == 24e9);
+    CHECK(activation_bytes(a, 4, recompute_policy::full) == 4e9);
+    CHECK(activation_bytes(a, 0, recompute_policy::none) == 0);
 
     CHECK_THROWS_MATCHES(
         activation_bytes({.saved_bytes_per_micro_batch = 1e9, .attention_scores_bytes_per_micro_batch = 2e9}, 1,
-                         recompute::selective),
+                         recompute_policy::selective),
         loom::usage_error,
         message_has({"attention_scores_bytes_per_micro_batch (2e+09) exceeds saved_bytes_per_micro_batch (1e+09)"}));
-    CHECK_THROWS_MATCHES(activation_bytes(a, -1, recompute::none), loom::usage_error, message_has({"in_flight is -1"}));
+    CHECK_THROWS_MATCHES(activation_bytes(a, -1, recompute_policy::none), loom::usage_error, message_has({"in_flight is -1"}));
 }
 
 TEST_CASE("memory per device adds up the states, the activations and the buffers", "[search][memory]") {
@@ -136,7 +137,7 @@ TEST_CASE("memory per device adds up the states, the activations and the buffers
                                .layer_input_bytes_per_micro_batch = 0.25e9,
                                .attention_scores_bytes_per_micro_batch = 0.5e9};
     const memory_breakdown m =
-        memory_per_device(1e9, mixed_precision_adam(), zero_stage::gradients, 8, a, 3, recompute::selective, 1e9);
+        memory_per_device(1e9, mixed_precision_adam(), zero_stage::gradients, 8, a, 3, recompute_policy::selective, 1e9);
     CHECK(m.parameters == 2e9);
     CHECK(m.gradients == 2e9 / 8);
     CHECK(m.optimizer == 12e9 / 8);

@@ -37,10 +37,10 @@ search::schedule_kind schedule_of(const std::string& s) {
     throw usage_error("loom_plan: unknown schedule '" + s + "'; give gpipe, 1f1b, interleaved or 3f1b");
 }
 
-search::recompute recompute_of(const std::string& s) {
-    if (s == "none") return search::recompute::none;
-    if (s == "selective") return search::recompute::selective;
-    if (s == "full") return search::recompute::full;
+plan::recompute_policy recompute_of(const std::string& s) {
+    using enum plan::recompute_policy;
+    for (const plan::recompute_policy r : {none, selective, full})
+        if (s == plan::to_string(r)) return r;
     throw usage_error("loom_plan: unknown recompute choice '" + s + "'; give none, selective or full");
 }
 

@@ -8101,6 +8101,37 @@ inline constexpr detail::message error_message = detail::well_formed_list<
 #include <string>
 #include <vector>
 
+// ---- begin loom/plan/recompute_policy.hpp ----
+// How much of a transformer layer the backward pass recomputes instead of keeping
+// (Korthikanti et al., 2022, "Reducing Activation Recomputation in Large Transformer Models"):
+//
+//   none       keep everything the forward saves
+//   selective  recompute the attention core (the scores, their softmax and dropout: the ops
+//              of kind ops::Attention), keep the rest
+//   full       keep only the layer's input and rerun the whole layer
+//
+// One policy per layer is what the plan searcher chooses (search::configuration::
+// recompute_of) and times (search/memory.hpp, search/evaluate.hpp); a plan states it with
+// presets::recompute_layers, which lowers it to recompute rules (rule::recompute) over the
+// layer's ops.
+#include <cstdint>
+#include <string>
+
+namespace loom::plan {
+
+enum class recompute_policy : std::uint8_t { none, selective, full };
+
+inline std::string to_string(recompute_policy r) {
+    switch (r) {
+        case recompute_policy::none: return "none";
+        case recompute_policy::selective: return "selective";
+        case recompute_policy::full: return "full";
+    }
+    return "?";
+}
+
+}  // namespace loom::plan
+// ---- end loom/plan/recompute_policy.hpp ----
 
 namespace loom::plan::presets {
 
@@ -8246,6 +8277,23 @@ inline plan_spec zero(int stage, int n) {
 inline plan_spec recompute(selector on) {
     plan_spec p;
     p.add({std::move(on), std::nullopt, std::nullopt, true, "recompute", false});
+    return p;
+}
+
+// A recompute policy (plan/recompute_policy.hpp) for layers first..last (inclusive; last < 0:
+// to the end) of `repeat`: selective recomputes their attention cores (the ops::Attention
+// ops), full every op of the layers; none adds no rule.
+//   plan.then(presets::recompute_layers(recompute_policy::full, 0, 11))
+inline plan_spec recompute_layers(recompute_policy r, std::int64_t first_layer, std::int64_t last_layer,
+                                  std::string repeat = "blocks") {
+    plan_spec p;
+    if (r == recompute_policy::none) return p;
+    selector on;
+    on.repeat = std::move(repeat);
+    on.first_layer = first_layer;
+    on.last_layer = last_layer;
+    if (r == recompute_policy::selective) on.kinds = {&op_def_of<ops::Attention>()};
+    p.add({std::move(on), std::nullopt, std::nullopt, true, to_string(r) + " recompute", false});
     return p;
 }
 
@@ -11304,8 +11352,9 @@ inline std::string svg_timeline(const simulation& r, const svg_options& o = {}) 
 // Inside a pipeline stage (tp * dp devices) the rules are Megatron's tensor parallelism with
 // data parallelism around it (plan::presets::megatron(tp, dp)), or plain data parallelism
 // when tp is 1. Pipelines are plan::stages over the layers of "blocks" (explicit boundaries
-// when the chunks are uneven), micro-batches and the configuration's order. Recomputation is
-// a rule per layer: selective recomputes the layer's attention core, full the whole layer;
+// when the chunks are uneven), micro-batches and the configuration's order. Each layer's
+// recompute policy becomes plan::presets::recompute_layers for that layer: selective
+// recomputes the layer's attention core, full the whole layer;
 // Coshard splits a recomputed layer's attention and MLP into coshard times more pieces,
 // colocated on each device. The interlaced pipeline splits the embedding, the LM head and
 // the loss by vocabulary over all devices.
@@ -11452,16 +11501,15 @@ inline double megatron_bytes_per_parameter(megatron_precision p, bool distribute
 }
 
 // ---- activations -----------------------------------------------------------------------
-// What the backward pass keeps of one micro-batch on this device, under recomputation
-// (Korthikanti et al., 2022, "Reducing Activation Recomputation in Large Transformer Models"):
-//   recompute::none       everything the forward saves
-//   recompute::selective  all but the attention scores (softmax, its dropout mask, QK^T),
-//                         which are recomputed; the 5as/h term of that paper
-//   recompute::full       only each layer's input; the layer is rerun in the backward
+// What the backward pass keeps of one micro-batch on this device, under the plan's recompute
+// policy (plan/recompute_policy.hpp; Korthikanti et al., 2022):
+//   none       everything the forward saves
+//   selective  all but the attention scores (softmax, its dropout mask, QK^T), which are
+//              recomputed; the 5as/h term of that paper
+//   full       only each layer's input; the layer is rerun in the backward
 // The profile's figures come from the model (all layers of this device's stage together).
 // Under full recomputation one layer's activations are rebuilt during its backward; that
 // transient is not included here; count it in the buffers.
-enum class recompute { none, selective, full };
 
 struct activation_profile {
     double saved_bytes_per_micro_batch = 0;             // without recomputation
@@ -11469,7 +11517,7 @@ struct activation_profile {
     double attention_scores_bytes_per_micro_batch = 0;  // dropped under selective recomputation
 };
 
-inline double activation_bytes(const activation_profile& a, int in_flight, recompute r) {
+inline double activation_bytes(const activation_profile& a, int in_flight, plan::recompute_policy r) {
     constexpr std::string_view where = "activation_bytes";
     const char* fix = "give bytes per micro-batch, at least 0";
     detail::check_non_negative(where, "saved_bytes_per_micro_batch", a.saved_bytes_per_micro_batch, fix);
@@ -11489,9 +11537,9 @@ inline double activation_bytes(const activation_profile& a, int in_flight, recom
                           "; give the number of micro-batches whose activations are held at once, at least 0");
     double per_micro_batch = a.saved_bytes_per_micro_batch;
     switch (r) {
-        case recompute::none: break;
-        case recompute::selective: per_micro_batch -= a.attention_scores_bytes_per_micro_batch; break;
-        case recompute::full: per_micro_batch = a.layer_input_bytes_per_micro_batch; break;
+        case plan::recompute_policy::none: break;
+        case plan::recompute_policy::selective: per_micro_batch -= a.attention_scores_bytes_per_micro_batch; break;
+        case plan::recompute_policy::full: per_micro_batch = a.layer_input_bytes_per_micro_batch; break;
     }
     return per_micro_batch * in_flight;
 }
@@ -11510,7 +11558,7 @@ struct memory_breakdown {
 // pipeline partitioning); `in_flight` the micro-batches whose activations it holds at once
 // (1F1B: up to the number of pipeline stages on the first stage).
 inline memory_breakdown memory_per_device(double parameters, state_bytes s, zero_stage zero, int data_parallel,
-                                          const activation_profile& activations, int in_flight, recompute r,
+                                          const activation_profile& activations, int in_flight, plan::recompute_policy r,
                                           double buffer_bytes) {
     detail::check_non_negative("memory_per_device", "buffer_bytes", buffer_bytes, "give the buffer size in bytes");
     const state_bytes states = detail::model_state_split(parameters, s, zero, data_parallel);
@@ -11540,15 +11588,6 @@ inline std::string to_string(schedule_kind s) {
     return "?";
 }
 
-inline std::string to_string(recompute r) {
-    switch (r) {
-        case recompute::none: return "none";
-        case recompute::selective: return "selective";
-        case recompute::full: return "full";
-    }
-    return "?";
-}
-
 struct configuration {
     int tp = 1;
     int pp = 1;
@@ -11558,7 +11597,7 @@ struct configuration {
     zero_stage zero = zero_stage::none;
     schedule_kind schedule = schedule_kind::one_f_one_b;
     std::vector<int> layers_per_chunk;  // repeated layers in each of the pp * chunks chunks
-    std::vector<recompute> recompute_of;  // per repeated layer
+    std::vector<plan::recompute_policy> recompute_of;  // per repeated layer
     // The interlaced pipeline (nnScaler Figure 6): the ops before the first layer and after
     // the last (embedding, LM head, loss) run on all devices, split by vocabulary, time-shared
     // with the pipeline of the layers, instead of on the first and last stage.
@@ -11583,7 +11622,7 @@ struct search_space {
                                  zero_stage::parameters};
     std::vector<schedule_kind> schedules{schedule_kind::gpipe, schedule_kind::one_f_one_b,
                                          schedule_kind::interleaved, schedule_kind::three_f_one_b};
-    std::vector<recompute> recompute_choices{recompute::none, recompute::selective, recompute::full};
+    std::vector<plan::recompute_policy> recompute_choices{plan::recompute_policy::none, plan::recompute_policy::selective, plan::recompute_policy::full};
     std::vector<bool> interlaced{false};  // add true to consider the interlaced pipeline
     std::vector<int> coshard{1};          // Coshard factors to consider, e.g. {1, 2, 4, 8}
     int interleave_chunks = 2;            // v of the interleaved schedule
@@ -11652,8 +11691,8 @@ inline plan::plan_spec to_plan(const configuration& c) {
     if (c.interlaced) p.then(plan::presets::vocabulary_parallel(c.devices()));
     const plan::presets::transformer_names names;
     for (std::size_t layer = 0; layer < c.recompute_of.size(); ++layer) {
-        const recompute r = c.recompute_of[layer];
-        if (r == recompute::none) continue;
+        const plan::recompute_policy r = c.recompute_of[layer];
+        if (r == plan::recompute_policy::none) continue;
         const auto i = static_cast<std::int64_t>(layer);
         if (c.coshard > 1) {
             // Coshard: tp * coshard pieces, coshard of them one after another on each device.
@@ -11677,11 +11716,7 @@ inline plan::plan_spec to_plan(const configuration& c) {
             cut(mlp, {Dim::FFN::id, "", {pieces, "", {}}, false});
             p.colocation_requires_recompute = true;
         }
-        plan::selector on;
-        on.repeat = "blocks";
-        on.first_layer = on.last_layer = i;
-        if (r == recompute::selective) on.kinds = {&op_def_of<ops::Attention>()};
-        p.add({on, std::nullopt, std::nullopt, true, r == recompute::selective ? "selective recompute" : "full recompute"});
+        p.then(plan::presets::recompute_layers(r, i, i));
     }
     p.name = "TP " + std::to_string(c.tp) + " x PP " + std::to_string(c.pp) + " x DP " + std::to_string(c.dp) + ", " +
              std::to_string(c.micro_batches) + " micro-batches, " +
@@ -13158,21 +13193,21 @@ public:
 
     // Extra backward time (at the graph's batch, one device) and activations kept (elements
     // at the graph's batch) of a layer under a recompute choice.
-    double recompute_time(int layer, recompute r) const {
-        return r == recompute::full ? times(layer).forward
-               : r == recompute::selective ? times(layer).memory_bound_forward
+    double recompute_time(int layer, plan::recompute_policy r) const {
+        return r == plan::recompute_policy::full ? times(layer).forward
+               : r == plan::recompute_policy::selective ? times(layer).memory_bound_forward
                                            : 0.0;
     }
     // Elements a layer's recomputation brings back to life for its backward (at the graph's
     // batch): what it saved minus what it kept.
-    double transient_elements(int layer, recompute r) const {
+    double transient_elements(int layer, plan::recompute_policy r) const {
         const layer_profile& l = model_.layers[static_cast<std::size_t>(layer)];
         return std::max(0.0, l.saved_elements - kept_elements(layer, r));
     }
-    double kept_elements(int layer, recompute r) const {
+    double kept_elements(int layer, plan::recompute_policy r) const {
         const layer_profile& l = model_.layers[static_cast<std::size_t>(layer)];
-        return r == recompute::full ? l.input_elements
-               : r == recompute::selective ? l.saved_elements - l.cheap_saved_elements
+        return r == plan::recompute_policy::full ? l.input_elements
+               : r == plan::recompute_policy::selective ? l.saved_elements - l.cheap_saved_elements
                                            : l.saved_elements;
     }
 
@@ -13291,10 +13326,10 @@ inline std::vector<std::vector<int>> layers_of_chunks(const cost_context& ctx, c
 }
 
 // The recompute choice of layer index `layer` (prologue and epilogue keep everything).
-inline recompute recompute_of_layer(const cost_context& ctx, const configuration& c, int layer) {
+inline plan::recompute_policy recompute_of_layer(const cost_context& ctx, const configuration& c, int layer) {
     const auto& r = ctx.repeated();
     const auto it = std::find(r.begin(), r.end(), layer);
-    if (it == r.end() || c.recompute_of.empty()) return recompute::none;
+    if (it == r.end() || c.recompute_of.empty()) return plan::recompute_policy::none;
     return c.recompute_of[static_cast<std::size_t>(it - r.begin())];
 }
 
@@ -13336,7 +13371,7 @@ inline evaluation evaluate_without_pipeline(cost_context& ctx, const configurati
         double f = 0, f_once = 0, b = 0, kept = 0;  // f_once: the prologue and epilogue, once per micro-batch
         int joins = 0;
         for (int l : layers[static_cast<std::size_t>(k)]) {
-            const recompute r = recompute_of_layer(ctx, c, l);
+            const plan::recompute_policy r = recompute_of_layer(ctx, c, l);
             (l == ctx.prologue() || l == ctx.epilogue() ? f_once : f) += ctx.times(l).forward;
             b += ctx.times(l).backward + ctx.recompute_time(l, r);
             kept += ctx.kept_elements(l, r);
@@ -13392,7 +13427,7 @@ inline evaluation evaluate_without_pipeline(cost_context& ctx, const configurati
         const double local = dc.parameters / c.tp;
         const state_bytes s = o.states;
         const double buffers = c.zero == zero_stage::parameters ? 2.0 * largest_layer[static_cast<std::size_t>(d)] / c.tp * s.parameter : 0.0;
-        dc.memory = memory_per_device(local, s, c.zero, c.dp, activation_profile{}, 0, recompute::none, buffers);
+        dc.memory = memory_per_device(local, s, c.zero, c.dp, activation_profile{}, 0, plan::recompute_policy::none, buffers);
         dc.memory.activations = activations[static_cast<std::size_t>(d)];
         dc.memory.buffers += interlaced_memory + transient[static_cast<std::size_t>(d)];
         dc.transient = transient[static_cast<std::size_t>(d)];
@@ -13609,10 +13644,10 @@ struct recompute_group {
 // The least extra backward time over groups, with memory <= budget. Choices per group:
 // counts of each recompute option (folded) or per layer (groups of one).
 struct recompute_solver {
-    recompute_solver(const cost_context& c, const std::vector<recompute>& r) : ctx(c), choices(r) {}
+    recompute_solver(const cost_context& c, const std::vector<plan::recompute_policy>& r) : ctx(c), choices(r) {}
 
     const cost_context& ctx;
-    const std::vector<recompute>& choices;
+    const std::vector<plan::recompute_policy>& choices;
     std::vector<recompute_group> groups;
     double budget = 0;
     double max_transient = std::numeric_limits<double>::infinity();  // choices above it are not allowed
@@ -13626,14 +13661,14 @@ struct recompute_solver {
 
     // Representative numbers of a group (its layers are identical in folded mode; in
     // unfolded mode groups hold one layer).
-    double memory_of(const recompute_group& g, recompute r) const {
+    double memory_of(const recompute_group& g, plan::recompute_policy r) const {
         if (transient_of(g, r) > max_transient) return std::numeric_limits<double>::infinity();
         return g.weight * ctx.kept_elements(ctx.repeated()[static_cast<std::size_t>(g.layers.front())], r);
     }
-    double transient_of(const recompute_group& g, recompute r) const {
+    double transient_of(const recompute_group& g, plan::recompute_policy r) const {
         return g.transient_scale * ctx.transient_elements(ctx.repeated()[static_cast<std::size_t>(g.layers.front())], r);
     }
-    double time_of(const recompute_group& g, recompute r) const {
+    double time_of(const recompute_group& g, plan::recompute_policy r) const {
         return g.time_scale * ctx.recompute_time(ctx.repeated()[static_cast<std::size_t>(g.layers.front())], r);
     }
 
@@ -13643,7 +13678,7 @@ struct recompute_solver {
         least_memory_after.assign(groups.size() + 1, 0.0);
         for (std::size_t i = groups.size(); i-- > 0;) {
             double least = std::numeric_limits<double>::infinity();
-            for (recompute r : choices) least = std::min(least, memory_of(groups[i], r));
+            for (plan::recompute_policy r : choices) least = std::min(least, memory_of(groups[i], r));
             least_memory_after[i] = least_memory_after[i + 1] + least * static_cast<double>(groups[i].layers.size());
         }
         if (least_memory_after[0] > budget) return false;
@@ -13669,7 +13704,7 @@ struct recompute_solver {
         // Counts per choice summing to n, choices earlier in the list first and in larger numbers.
         // n layers taking choice r: their memory (0 when none do, even for a choice above the
         // transient limit, whose memory is infinite).
-        const auto memory_of_n = [&](int n, recompute r) { return n == 0 ? 0.0 : n * memory_of(groups[i], r); };
+        const auto memory_of_n = [&](int n, plan::recompute_policy r) { return n == 0 ? 0.0 : n * memory_of(groups[i], r); };
         std::function<void(std::size_t, int, double, double)> split = [&](std::size_t k, int left, double mem, double t) {
             if (k + 1 == choices.size()) {
                 counts[i][k] = left;
@@ -13773,7 +13808,7 @@ private:
     void visit(configuration& c, double work_bound) {
         ++stats_.nodes;
         // Costs with no recompute: the least time any completion can have.
-        c.recompute_of.assign(ctx_.repeated().size(), recompute::none);
+        c.recompute_of.assign(ctx_.repeated().size(), plan::recompute_policy::none);
         evaluation base = evaluate_without_pipeline(ctx_, c);
         double fixed = 0;  // exposed communication and optimizer: the same for every completion
         for (const auto& d : base.devices) fixed = std::max(fixed, d.exposed_communication + d.optimizer);
@@ -13798,7 +13833,7 @@ private:
                 for (int l : layers[static_cast<std::size_t>(k)]) {
                     const int pos = position[static_cast<std::size_t>(l)];
                     if (pos < 0) {  // prologue, epilogue: keep everything
-                        fixed_memory += weight * ctx_.kept_elements(l, recompute::none);
+                        fixed_memory += weight * ctx_.kept_elements(l, plan::recompute_policy::none);
                         continue;
                     }
                     const int cls = ctx_.model().layers[static_cast<std::size_t>(l)].class_id;
@@ -13816,7 +13851,7 @@ private:
             // One knapsack per candidate largest transient, least time first found.
             std::vector<double> thresholds{0.0};
             for (const auto& g : solver.groups)
-                for (recompute r : space_.recompute_choices) thresholds.push_back(solver.transient_of(g, r));
+                for (plan::recompute_policy r : space_.recompute_choices) thresholds.push_back(solver.transient_of(g, r));
             std::sort(thresholds.begin(), thresholds.end());
             thresholds.erase(std::unique(thresholds.begin(), thresholds.end()), thresholds.end());
             bool solved = false;
@@ -13990,7 +14025,7 @@ inline std::string search_result::explain() const {
     out << "\n  layers per chunk:";
     for (int n : c.layers_per_chunk) out << ' ' << n;
     int counts[3] = {0, 0, 0};
-    for (recompute r : c.recompute_of) ++counts[static_cast<int>(r)];
+    for (plan::recompute_policy r : c.recompute_of) ++counts[static_cast<int>(r)];
     out << "\n  recompute: " << counts[0] << " layers none, " << counts[1] << " selective, " << counts[2] << " full\n";
     out << "  predicted step " << cost.step_time * 1e3 << " ms (pipeline " << cost.pipeline_time * 1e3 << " ms)";
     out << ", peak memory " << cost.peak_memory() / 1e9 << " GB\n";

@@ -126,21 +126,21 @@ public:
 
     // Extra backward time (at the graph's batch, one device) and activations kept (elements
     // at the graph's batch) of a layer under a recompute choice.
-    double recompute_time(int layer, recompute r) const {
-        return r == recompute::full ? times(layer).forward
-               : r == recompute::selective ? times(layer).memory_bound_forward
+    double recompute_time(int layer, plan::recompute_policy r) const {
+        return r == plan::recompute_policy::full ? times(layer).forward
+               : r == plan::recompute_policy::selective ? times(layer).memory_bound_forward
                                            : 0.0;
     }
     // Elements a layer's recomputation brings back to life for its backward (at the graph's
     // batch): what it saved minus what it kept.
-    double transient_elements(int layer, recompute r) const {
+    double transient_elements(int layer, plan::recompute_policy r) const {
         const layer_profile& l = model_.layers[static_cast<std::size_t>(layer)];
         return std::max(0.0, l.saved_elements - kept_elements(layer, r));
     }
-    double kept_elements(int layer, recompute r) const {
+    double kept_elements(int layer, plan::recompute_policy r) const {
         const layer_profile& l = model_.layers[static_cast<std::size_t>(layer)];
-        return r == recompute::full ? l.input_elements
-               : r == recompute::selective ? l.saved_elements - l.cheap_saved_elements
+        return r == plan::recompute_policy::full ? l.input_elements
+               : r == plan::recompute_policy::selective ? l.saved_elements - l.cheap_saved_elements
                                            : l.saved_elements;
     }
 
@@ -259,10 +259,10 @@ inline std::vector<std::vector<int>> layers_of_chunks(const cost_context& ctx, c
 }
 
 // The recompute choice of layer index `layer` (prologue and epilogue keep everything).
-inline recompute recompute_of_layer(const cost_context& ctx, const configuration& c, int layer) {
+inline plan::recompute_policy recompute_of_layer(const cost_context& ctx, const configuration& c, int layer) {
     const auto& r = ctx.repeated();
     const auto it = std::find(r.begin(), r.end(), layer);
-    if (it == r.end() || c.recompute_of.empty()) return recompute::none;
+    if (it == r.end() || c.recompute_of.empty()) return plan::recompute_policy::none;
     return c.recompute_of[static_cast<std::size_t>(it - r.begin())];
 }
 
@@ -304,7 +304,7 @@ inline evaluation evaluate_without_pipeline(cost_context& ctx, const configurati
         double f = 0, f_once = 0, b = 0, kept = 0;  // f_once: the prologue and epilogue, once per micro-batch
         int joins = 0;
         for (int l : layers[static_cast<std::size_t>(k)]) {
-            const recompute r = recompute_of_layer(ctx, c, l);
+            const plan::recompute_policy r = recompute_of_layer(ctx, c, l);
             (l == ctx.prologue() || l == ctx.epilogue() ? f_once : f) += ctx.times(l).forward;
             b += ctx.times(l).backward + ctx.recompute_time(l, r);
             kept += ctx.kept_elements(l, r);
@@ -360,7 +360,7 @@ inline evaluation evaluate_without_pipeline(cost_context& ctx, const configurati
         const double local = dc.parameters / c.tp;
         const state_bytes s = o.states;
         const double buffers = c.zero == zero_stage::parameters ? 2.0 * largest_layer[static_cast<std::size_t>(d)] / c.tp * s.parameter : 0.0;
-        dc.memory = memory_per_device(local, s, c.zero, c.dp, activation_profile{}, 0, recompute::none, buffers);
+        dc.memory = memory_per_device(local, s, c.zero, c.dp, activation_profile{}, 0, plan::recompute_policy::none, buffers);
         dc.memory.activations = activations[static_cast<std::size_t>(d)];
         dc.memory.buffers += interlaced_memory + transient[static_cast<std::size_t>(d)];
         dc.transient = transient[static_cast<std::size_t>(d)];

@@ -18,6 +18,7 @@
 
 #include <loom/core/error.hpp>
 #include <loom/plan/op_partition.hpp>
+#include <loom/plan/recompute_policy.hpp>
 
 namespace loom::search {
 
@@ -119,16 +120,15 @@ inline double megatron_bytes_per_parameter(megatron_precision p, bool distribute
 }
 
 // ---- activations -----------------------------------------------------------------------
-// What the backward pass keeps of one micro-batch on this device, under recomputation
-// (Korthikanti et al., 2022, "Reducing Activation Recomputation in Large Transformer Models"):
-//   recompute::none       everything the forward saves
-//   recompute::selective  all but the attention scores (softmax, its dropout mask, QK^T),
-//                         which are recomputed; the 5as/h term of that paper
-//   recompute::full       only each layer's input; the layer is rerun in the backward
+// What the backward pass keeps of one micro-batch on this device, under the plan's recompute
+// policy (plan/recompute_policy.hpp; Korthikanti et al., 2022):
+//   none       everything the forward saves
+//   selective  all but the attention scores (softmax, its dropout mask, QK^T), which are
+//              recomputed; the 5as/h term of that paper
+//   full       only each layer's input; the layer is rerun in the backward
 // The profile's figures come from the model (all layers of this device's stage together).
 // Under full recomputation one layer's activations are rebuilt during its backward; that
 // transient is not included here; count it in the buffers.
-enum class recompute { none, selective, full };
 
 struct activation_profile {
     double saved_bytes_per_micro_batch = 0;             // without recomputation
@@ -136,7 +136,7 @@ struct activation_profile {
     double attention_scores_bytes_per_micro_batch = 0;  // dropped under selective recomputation
 };
 
-inline double activation_bytes(const activation_profile& a, int in_flight, recompute r) {
+inline double activation_bytes(const activation_profile& a, int in_flight, plan::recompute_policy r) {
     constexpr std::string_view where = "activation_bytes";
     const char* fix = "give bytes per micro-batch, at least 0";
     detail::check_non_negative(where, "saved_bytes_per_micro_batch", a.saved_bytes_per_micro_batch, fix);
@@ -156,9 +156,9 @@ inline double activation_bytes(const activation_profile& a, int in_flight, recom
                           "; give the number of micro-batches whose activations are held at once, at least 0");
     double per_micro_batch = a.saved_bytes_per_micro_batch;
     switch (r) {
-        case recompute::none: break;
-        case recompute::selective: per_micro_batch -= a.attention_scores_bytes_per_micro_batch; break;
-        case recompute::full: per_micro_batch = a.layer_input_bytes_per_micro_batch; break;
+        case plan::recompute_policy::none: break;
+        case plan::recompute_policy::selective: per_micro_batch -= a.attention_scores_bytes_per_micro_batch; break;
+        case plan::recompute_policy::full: per_micro_batch = a.layer_input_bytes_per_micro_batch; break;
     }
     return per_micro_batch * in_flight;
 }
@@ -177,7 +177,7 @@ struct memory_breakdown {
 // pipeline partitioning); `in_flight` the micro-batches whose activations it holds at once
 // (1F1B: up to the number of pipeline stages on the first stage).
 inline memory_breakdown memory_per_device(double parameters, state_bytes s, zero_stage zero, int data_parallel,
-                                          const activation_profile& activations, int in_flight, recompute r,
+                                          const activation_profile& activations, int in_flight, plan::recompute_policy r,
                                           double buffer_bytes) {
     detail::check_non_negative("memory_per_device", "buffer_bytes", buffer_bytes, "give the buffer size in bytes");
     const state_bytes states = detail::model_state_split(parameters, s, zero, data_parallel);
