@@ -1,7 +1,7 @@
-// Pipeline schedules (include/loom/schedule/): the templates built from order constraints
-// reproduce the classic orders and closed forms exactly, the list scheduler reproduces the
-// templates from their constraints, the typed front end agrees with the run-time one, and
-// the exports are well-formed. The rejected schedules are in test_schedule_checks.cpp.
+// Pipeline schedules (include/loom/schedule/): the templates reproduce the classic orders and
+// closed forms exactly, the list scheduler reproduces the templates from their constraints
+// (GPipe, 1F1B and interleaved 1F1B are written out directly and must agree with it), the
+// typed front end agrees with the run-time one, and the exports are well-formed. The rejected schedules are in test_schedule_checks.cpp.
 #include <catch2/catch.hpp>
 
 #include <algorithm>
@@ -337,6 +337,29 @@ TEST_CASE("from_constraints reproduces every template from the template's constr
                                                before{backward(micro), forward(micro + stages - stage)}},
                                               "Table 4");
     CHECK(by_hand.device_order == classic_one_f_one_b(4, 8));
+}
+
+TEST_CASE("GPipe, 1F1B and interleaved 1F1B, written out directly, are what their constraints give", "[schedule]") {
+    const cost_model slow_messages{.forward = 1, .backward = 3, .latency = 0.5};
+    for (int p = 1; p <= 5; ++p)
+        for (int m = 1; m <= 10; ++m) {
+            INFO("p = " << p << ", m = " << m);
+            const schedule g = gpipe(p, m), o = one_f_one_b(p, m);
+            CHECK(validation_error(g).empty());
+            CHECK(validation_error(o).empty());
+            CHECK(g.device_order == from_constraints(gpipe_spec(p, m), slow_messages).device_order);
+            CHECK(o.device_order == from_constraints(one_f_one_b_spec(p, m), slow_messages).device_order);
+            if (m % p != 0) continue;
+            for (int v = 1; v <= 3; ++v) {
+                INFO("v = " << v);
+                const schedule i = interleaved_one_f_one_b(p, v, m);
+                const schedule built = from_constraints(interleaved_spec(p, v, m));
+                CHECK(validation_error(i).empty());
+                CHECK(i.device_order == built.device_order);
+                CHECK(i.name == built.name);
+                CHECK(i.device_order == from_constraints(interleaved_spec(p, v, m), slow_messages).device_order);
+            }
+        }
 }
 
 TEST_CASE("from_constraints with no constraints is a greedy, valid schedule", "[schedule]") {

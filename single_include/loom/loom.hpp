@@ -6121,11 +6121,15 @@ inline resolved_plan resolve_pipeline(const pipeline_spec& spec, const graph& g)
 //                      leaves some per micro-batch, which a search could remove)
 //
 // Each has a *_constraints() (the family, independent of sizes), a *_spec(...) (shape and
-// constraints: what the executor needs to rebuild it) and a builder returning the schedule.
+// constraints: what the executor needs to rebuild it) and a builder returning the schedule:
+// from_constraints(spec), except for GPipe, 1F1B and interleaved 1F1B, whose constraints fix
+// each device's order and whose builders write that order out in linear time.
 // The builders check their arguments with the predicates of checks.hpp; the plan's order part
 // (plan/pipeline_parts.hpp) checks stages and micro-batches at compile time.
+#include <algorithm>
 #include <initializer_list>
 #include <string>
+#include <utility>
 #include <vector>
 
 // ---- begin loom/schedule/checks.hpp ----
@@ -7117,14 +7121,66 @@ inline schedule_spec interlaced_spec(int pipeline_stages, int micro_batches, int
             interlaced_constraints()};
 }
 
-inline schedule gpipe(int stages, int micro_batches, const cost_model& costs = {}) {
-    return from_constraints(gpipe_spec(stages, micro_batches), costs);
+namespace detail {
+
+// The device orders that the constraints of GPipe, 1F1B and interleaved 1F1B fix, written
+// out in linear time. from_constraints(spec) gives the same orders (tests check it on many
+// shapes), but its list scheduler grows quickly with stages x micro-batches (interleaved
+// 1F1B on 8 devices with 256 micro-batches takes over a second), and the plan searcher builds
+// hundreds of such schedules.
+
+inline std::vector<std::vector<block>> gpipe_device_orders(int stages, int micro_batches) {
+    std::vector<std::vector<block>> orders(static_cast<std::size_t>(stages));
+    for (int d = 0; d < stages; ++d) {
+        auto& order = orders[static_cast<std::size_t>(d)];
+        order.reserve(2 * static_cast<std::size_t>(micro_batches));
+        for (int i = 0; i < micro_batches; ++i) order.push_back(forward_block(d, i));
+        for (int i = 0; i < micro_batches; ++i) order.push_back(backward_block(d, i));
+    }
+    return orders;
 }
-inline schedule one_f_one_b(int stages, int micro_batches, const cost_model& costs = {}) {
-    return from_constraints(one_f_one_b_spec(stages, micro_batches), costs);
+
+// Device r of p with v chunks (stages r, r + p, ..., r + (v - 1) p) runs forward k of the
+// micro-batch (k / (p v)) p + k % p on chunk (k / p) % v, backward k on the same micro-batch
+// of chunk v - 1 - (k / p) % v (Megatron's groups of p micro-batches through one chunk at a
+// time); after w + 1 forwards, w = 2 (p - r - 1) + (v - 1) p (v > 1) or p - r - 1 (v = 1, plain
+// 1F1B), a backward and a forward alternate until the forwards run out.
+inline std::vector<std::vector<block>> interleaved_device_orders(int p, int v, int m) {
+    std::vector<std::vector<block>> orders(static_cast<std::size_t>(p));
+    const int total = m * v;
+    const auto micro = [&](int k) { return (k / (p * v)) * p + k % p; };
+    for (int r = 0; r < p; ++r) {
+        auto& order = orders[static_cast<std::size_t>(r)];
+        order.reserve(2 * static_cast<std::size_t>(total));
+        const auto forward = [&](int k) { return forward_block(((k / p) % v) * p + r, micro(k)); };
+        const auto backward = [&](int k) { return backward_block((v - 1 - (k / p) % v) * p + r, micro(k)); };
+        const int w = v > 1 ? 2 * (p - r - 1) + (v - 1) * p : p - r - 1;
+        int f = 0, b = 0;
+        for (; f < std::min(w + 1, total); ++f) order.push_back(forward(f));
+        while (b < total) {
+            order.push_back(backward(b++));
+            if (f < total) order.push_back(forward(f++));
+        }
+    }
+    return orders;
 }
-inline schedule interleaved_one_f_one_b(int devices, int chunks, int micro_batches, const cost_model& costs = {}) {
-    return from_constraints(interleaved_spec(devices, chunks, micro_batches), costs);
+
+}  // namespace detail
+
+// GPipe, 1F1B and interleaved 1F1B: their constraints fix every device's order whatever the
+// costs, so the builders write it out directly (the costs are accepted so that every
+// template is called alike; from_constraints(*_spec(...)) gives the same schedule).
+inline schedule gpipe(int stages, int micro_batches, const cost_model& = {}) {
+    schedule_spec spec = gpipe_spec(stages, micro_batches);
+    return {std::move(spec.shape), detail::gpipe_device_orders(stages, micro_batches), std::move(spec.name)};
+}
+inline schedule one_f_one_b(int stages, int micro_batches, const cost_model& = {}) {
+    schedule_spec spec = one_f_one_b_spec(stages, micro_batches);
+    return {std::move(spec.shape), detail::interleaved_device_orders(stages, 1, micro_batches), std::move(spec.name)};
+}
+inline schedule interleaved_one_f_one_b(int devices, int chunks, int micro_batches, const cost_model& = {}) {
+    schedule_spec spec = interleaved_spec(devices, chunks, micro_batches);
+    return {std::move(spec.shape), detail::interleaved_device_orders(devices, chunks, micro_batches), std::move(spec.name)};
 }
 inline schedule three_f_one_b(int stages, int micro_batches, const cost_model& costs = {}) {
     return from_constraints(three_f_one_b_spec(stages, micro_batches), costs);
@@ -11334,7 +11390,6 @@ inline std::string svg_timeline(const simulation& r, const svg_options& o = {}) 
 //   model_profile.hpp     per-layer work, parameters, saved activations of a training graph
 //   plan_space.hpp        configuration (TP, PP, DP, micro-batches, ZeRO, schedule, ...) and
 //                         search_space
-//   schedule_orders.hpp   GPipe, 1F1B and interleaved block orders in linear time
 //   evaluate.hpp          cost_context, evaluate(configuration): step time and memory
 //   branch_and_bound.hpp  branch_and_bound, enumerate_all, search_result::explain
 //   to_plan.hpp           a searched configuration as the one plan value
@@ -13039,83 +13094,6 @@ inline model_profile profile_model(const graph& g) { return profile_model(g, fin
 
 }  // namespace loom::search
 // ---- end loom/search/model_profile.hpp ----
-// ---- begin loom/search/schedule_orders.hpp ----
-// Block orders of the three schedule families the searcher times, written out directly.
-// The templates in schedule/templates.hpp derive the same schedules from order constraints
-// with a list scheduler, which is general but grows quickly with stages x micro-batches
-// (1F1B with 16 stages and 1024 micro-batches takes tens of seconds); the searcher visits
-// hundreds of such shapes, so it generates them in linear time here.
-//
-//   gpipe_orders(p, m)        device s: F(s,0..m-1), then B(s,0..m-1)
-//   one_f_one_b_orders(p, m)  device s: w = min(p - s, m) forwards, then B(i) followed by
-//                             F(w + i) while forwards remain, then the last backwards
-//                             (equal to schedule::one_f_one_b, which a test checks)
-//   interleaved_orders(p, v, m)  Megatron's interleaved 1F1B (m a multiple of p): device
-//                             r runs chunks r, r + p, ..., forward k is micro-batch
-//                             (k / (p v)) p + k % p of chunk (k / p) % v, backward k the same
-//                             micro-batch of chunk v - 1 - (k / p) % v; it warms up with
-//                             min((p - r - 1) 2 + (v - 1) p, m v) forwards, then alternates,
-//                             then drains. The ordering differs from the constraint
-//                             template's greedy one; tests validate it (schedule::validate).
-#include <algorithm>
-#include <string>
-#include <vector>
-
-
-namespace loom::search {
-
-inline schedule::schedule gpipe_orders(int p, int m) {
-    schedule::schedule s{schedule::pipeline_shape::linear(p, m), {}, "GPipe"};
-    s.device_order.resize(static_cast<std::size_t>(p));
-    for (int d = 0; d < p; ++d) {
-        auto& order = s.device_order[static_cast<std::size_t>(d)];
-        for (int i = 0; i < m; ++i) order.push_back(schedule::forward_block(d, i));
-        for (int i = 0; i < m; ++i) order.push_back(schedule::backward_block(d, i));
-    }
-    return s;
-}
-
-inline schedule::schedule one_f_one_b_orders(int p, int m) {
-    schedule::schedule s{schedule::pipeline_shape::linear(p, m), {}, "1F1B"};
-    s.device_order.resize(static_cast<std::size_t>(p));
-    for (int d = 0; d < p; ++d) {
-        auto& order = s.device_order[static_cast<std::size_t>(d)];
-        const int warmup = std::min(p - d, m);
-        for (int i = 0; i < warmup; ++i) order.push_back(schedule::forward_block(d, i));
-        for (int i = 0; i < m; ++i) {
-            order.push_back(schedule::backward_block(d, i));
-            if (warmup + i < m) order.push_back(schedule::forward_block(d, warmup + i));
-        }
-    }
-    return s;
-}
-
-inline schedule::schedule interleaved_orders(int p, int v, int m) {
-    if (p < 1 || v < 1 || m < 1 || m % p != 0)
-        throw usage_error("interleaved_orders: " + std::to_string(m) + " micro-batches over " + std::to_string(p) +
-                          " devices; the interleaved schedule needs a positive multiple of the device count");
-    schedule::schedule s{schedule::pipeline_shape::interleaved(p, v, m), {}, "interleaved 1F1B"};
-    s.device_order.resize(static_cast<std::size_t>(p));
-    const int total = m * v;
-    const auto micro = [&](int k) { return (k / (p * v)) * p + k % p; };
-    for (int r = 0; r < p; ++r) {
-        auto& order = s.device_order[static_cast<std::size_t>(r)];
-        const auto forward = [&](int k) { return schedule::forward_block(((k / p) % v) * p + r, micro(k)); };
-        const auto backward = [&](int k) { return schedule::backward_block((v - 1 - (k / p) % v) * p + r, micro(k)); };
-        const int warmup = std::min((p - r - 1) * 2 + (v - 1) * p, total);
-        int f = 0, b = 0;
-        for (; f < warmup; ++f) order.push_back(forward(f));
-        while (f < total) {
-            order.push_back(forward(f++));
-            order.push_back(backward(b++));
-        }
-        while (b < total) order.push_back(backward(b++));
-    }
-    return s;
-}
-
-}  // namespace loom::search
-// ---- end loom/search/schedule_orders.hpp ----
 
 namespace loom::search {
 
@@ -13221,10 +13199,10 @@ public:
         auto it = orders_.find(key);
         if (it != orders_.end()) return *it->second;
         auto o = std::make_unique<orders>();
-        o->order = kind == schedule_kind::gpipe           ? gpipe_orders(pp, micro_batches)
-                   : kind == schedule_kind::one_f_one_b   ? one_f_one_b_orders(pp, micro_batches)
+        o->order = kind == schedule_kind::gpipe           ? schedule::gpipe(pp, micro_batches)
+                   : kind == schedule_kind::one_f_one_b   ? schedule::one_f_one_b(pp, micro_batches)
                    : kind == schedule_kind::three_f_one_b ? schedule::three_f_one_b(pp, micro_batches)
-                                                          : interleaved_orders(pp, chunks, micro_batches);
+                                                          : schedule::interleaved_one_f_one_b(pp, chunks, micro_batches);
         o->in_flight = schedule::peak_in_flight(o->order).per_stage;
         ++schedules_built_;
         return *orders_.emplace(key, std::move(o)).first->second;

@@ -48,7 +48,6 @@
 #include <loom/search/memory.hpp>
 #include <loom/search/model_profile.hpp>
 #include <loom/search/plan_space.hpp>
-#include <loom/search/schedule_orders.hpp>
 
 namespace loom::search {
 
@@ -154,10 +153,10 @@ public:
         auto it = orders_.find(key);
         if (it != orders_.end()) return *it->second;
         auto o = std::make_unique<orders>();
-        o->order = kind == schedule_kind::gpipe           ? gpipe_orders(pp, micro_batches)
-                   : kind == schedule_kind::one_f_one_b   ? one_f_one_b_orders(pp, micro_batches)
+        o->order = kind == schedule_kind::gpipe           ? schedule::gpipe(pp, micro_batches)
+                   : kind == schedule_kind::one_f_one_b   ? schedule::one_f_one_b(pp, micro_batches)
                    : kind == schedule_kind::three_f_one_b ? schedule::three_f_one_b(pp, micro_batches)
-                                                          : interleaved_orders(pp, chunks, micro_batches);
+                                                          : schedule::interleaved_one_f_one_b(pp, chunks, micro_batches);
         o->in_flight = schedule::peak_in_flight(o->order).per_stage;
         ++schedules_built_;
         return *orders_.emplace(key, std::move(o)).first->second;
