@@ -7,6 +7,7 @@
 #include <algorithm>
 #include <cstddef>
 #include <map>
+#include <random>
 #include <set>
 #include <string>
 #include <vector>
@@ -360,6 +361,33 @@ TEST_CASE("GPipe, 1F1B and interleaved 1F1B, written out directly, are what thei
                 CHECK(i.device_order == from_constraints(interleaved_spec(p, v, m), slow_messages).device_order);
             }
         }
+}
+
+TEST_CASE("simulate's makespan alone, without validation, is the full simulation's", "[schedule]") {
+    std::mt19937 rng(3);
+    std::uniform_real_distribution<double> time(0.5, 2.0);
+    std::vector<schedule> schedules;
+    for (int p = 1; p <= 4; ++p)
+        for (int m : {1, 4, 6, 8}) {
+            schedules.push_back(gpipe(p, m));
+            schedules.push_back(one_f_one_b(p, m));
+            if (m % p == 0) schedules.push_back(interleaved_one_f_one_b(p, 3, m));
+            schedules.push_back(three_f_one_b(p, m));
+            schedules.push_back(interlaced(p, m, 2));  // stages on several devices
+        }
+    for (const schedule& s : schedules) {
+        INFO(to_string(s));
+        cost_model costs{.latency = time(rng)};
+        for (int st = 0; st < s.shape.stages; ++st) {
+            costs.forward_per_stage.push_back(time(rng));
+            costs.backward_per_stage.push_back(time(rng));
+        }
+        const simulation full = simulate(s, costs);
+        const simulation fast = simulate(s, costs, {.validated = true, .makespan_only = true});
+        CHECK(fast.makespan == full.makespan);
+        CHECK(fast.blocks.empty());
+        CHECK(simulate(s, costs, {.validated = true}).blocks.size() == full.blocks.size());
+    }
 }
 
 TEST_CASE("from_constraints with no constraints is a greedy, valid schedule", "[schedule]") {

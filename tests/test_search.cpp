@@ -1,6 +1,6 @@
 // The plan searcher: layers found by scopes and by structure agree, the model profile adds
-// up, the searcher's block orders equal the schedule templates and time like the
-// simulator, and branch-and-bound finds the optimum of exhaustive enumeration, folded or
+// up, the searcher times the orders its plans run with the schedule simulator, and
+// branch-and-bound finds the optimum of exhaustive enumeration, folded or
 // not, on small spaces.
 #include <catch2/catch.hpp>
 
@@ -8,7 +8,6 @@
 #include <cstdio>
 #include <filesystem>
 #include <fstream>
-#include <random>
 #include <string>
 #include <vector>
 
@@ -18,6 +17,7 @@
 #include <loom/schedule/templates.hpp>
 #include <loom/search/branch_and_bound.hpp>
 #include <loom/io/plan_file.hpp>
+#include <loom/plan/resolve.hpp>
 #include <loom/search/to_plan.hpp>
 
 using namespace loom;
@@ -83,32 +83,30 @@ TEST_CASE("the model profile adds up", "[search][profile]") {
     CHECK(m.layers.back().shared_parameters == 128.0 * h);
 }
 
-TEST_CASE("the searcher times the schedule templates' orders like the simulator", "[search][schedule]") {
-    std::mt19937 rng(3);
-    std::uniform_real_distribution<double> cost(0.5, 2.0);
-    for (int p = 1; p <= 5; ++p)
-        for (int m = 1; m <= 9; ++m) {
-            INFO("p " << p << ", m " << m);
-            const auto gpipe = schedule::gpipe(p, m), one = schedule::one_f_one_b(p, m);
-            std::vector<double> f(static_cast<std::size_t>(p)), b(static_cast<std::size_t>(p));
-            for (int s = 0; s < p; ++s) f[static_cast<std::size_t>(s)] = cost(rng), b[static_cast<std::size_t>(s)] = cost(rng);
-            schedule::cost_model model;
-            model.forward_per_stage = f;
-            model.backward_per_stage = b;
-            model.latency = 0.25;
-            CHECK(search::pipeline_makespan(one, f, b, 0.25) == Approx(schedule::simulate(one, model).makespan).epsilon(1e-12));
-            CHECK(search::pipeline_makespan(gpipe, f, b, 0.25) == Approx(schedule::simulate(gpipe, model).makespan).epsilon(1e-12));
-            if (m % p == 0 && p > 1) {
-                const auto inter = schedule::interleaved_one_f_one_b(p, 2, m);
-                std::vector<double> fi(static_cast<std::size_t>(2 * p), 1.0), bi(static_cast<std::size_t>(2 * p), 2.0);
-                schedule::cost_model uniform;
-                uniform.backward = 2.0;
-                const auto sim = schedule::simulate(inter, uniform);
-                CHECK(search::pipeline_makespan(inter, fi, bi, 0.0) == Approx(sim.makespan).epsilon(1e-12));
-                // Megatron's bubble: (p - 1) / (v m) of the work.
-                CHECK(sim.bubble_overhead == Approx(static_cast<double>(p - 1) / (2.0 * m)).epsilon(1e-9));
-            }
-        }
+TEST_CASE("the searcher times the orders the plan runs, with the schedule simulator", "[search][schedule]") {
+    const models::gpt_config config{.layers = 4, .hidden = 64, .heads = 4, .vocab = 128, .seq = 16, .batch = 8};
+    const auto model = models::gpt(config);
+    search::cost_context ctx(search::profile_model(models::gpt(config).training_graph()), search::dgx1_v100(1), {});
+    for (const auto kind : {search::schedule_kind::gpipe, search::schedule_kind::one_f_one_b,
+                            search::schedule_kind::interleaved}) {
+        search::configuration c;
+        c.pp = 2;
+        c.micro_batches = 4;
+        c.schedule = kind;
+        c.chunks = kind == search::schedule_kind::interleaved ? 2 : 1;
+        c.layers_per_chunk.assign(static_cast<std::size_t>(c.pp * c.chunks), 4 / (c.pp * c.chunks));
+        c.recompute_of.assign(4, plan::recompute_policy::none);
+        INFO(search::to_string(kind));
+        const auto& timed = ctx.schedule_orders(c.schedule, c.pp, c.chunks, c.micro_batches).order;
+        const plan::resolved_plan resolved = plan::resolve(search::to_plan(c), model.ir());
+        REQUIRE(resolved.order);
+        CHECK(timed.device_order == resolved.order->device_order);
+        const auto e = search::evaluate(ctx, c);
+        const schedule::cost_model costs{.forward_per_stage = e.chunk_forward,
+                                         .backward_per_stage = e.chunk_backward,
+                                         .latency = search::stage_message_time(ctx, c)};
+        CHECK(e.pipeline_time == schedule::simulate(*resolved.order, costs).makespan);
+    }
 }
 
 namespace {
@@ -379,19 +377,6 @@ TEST_CASE("forward rounds are found from the scopes: the layers are one round's 
     }
     const graph gpt = models::gpt({.layers = 2, .hidden = 64, .heads = 2, .vocab = 64, .seq = 16, .batch = 2}).training_graph();
     CHECK(search::profile_model(gpt).forward_rounds == 1);
-}
-
-TEST_CASE("3F1B's orders time like the schedule simulator", "[search][rounds]") {
-    for (int p : {2, 4})
-        for (int m : {4, 6}) {
-            INFO(p << " stages, " << m << " micro-batches");
-            const auto order = schedule::three_f_one_b(p, m);
-            std::vector<double> f(static_cast<std::size_t>(p), 1.0), b(static_cast<std::size_t>(p), 2.0);
-            schedule::cost_model costs;
-            costs.backward = 2.0;
-            costs.latency = 0.25;
-            CHECK(search::pipeline_makespan(order, f, b, 0.25) == Approx(schedule::simulate(order, costs).makespan).epsilon(1e-12));
-        }
 }
 
 TEST_CASE("branch-and-bound finds the optimum of a recycling model, 3F1B included", "[search][rounds][bnb]") {

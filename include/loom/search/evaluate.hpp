@@ -11,9 +11,10 @@
 // the memory bandwidth allows), and AR_tp the all-reduce over the TP group, discounted by
 // the overlap factor epsilon. Sequence parallelism is assumed: every op is 1/tp per device.
 //
-//   pipeline  = the schedule's makespan (schedule/ orders, timed here with those chunk
-//               times; every message between stages costs a point-to-point transfer of the
-//               boundary activation, scattered over the TP group). A model with R forward
+//   pipeline  = the schedule's makespan (the schedule template's orders, played by
+//               schedule::simulate with those chunk times; every message between stages
+//               costs a point-to-point transfer of the boundary activation, scattered over
+//               the TP group). A model with R forward
 //               rounds (model_profile::forward_rounds) runs R forward blocks per micro-batch
 //               and stage under 3F1B, each round's output feeding the next round's first
 //               stage; on one stage the rounds simply add up in its forward block.
@@ -42,6 +43,7 @@
 #include <vector>
 
 #include <loom/schedule/in_flight.hpp>
+#include <loom/schedule/simulate.hpp>
 #include <loom/schedule/templates.hpp>
 #include <loom/search/communication.hpp>
 #include <loom/search/hardware.hpp>
@@ -174,73 +176,6 @@ private:
     std::map<std::tuple<int, int, int, int>, std::unique_ptr<orders>> orders_;
     int schedules_built_ = 0;
 };
-
-// The makespan of fixed per-device block orders with per-chunk block times: each block
-// starts when its device is free and its inputs have arrived (a message between devices
-// adds `message`). The orders were validated when they were built, so this is a plain
-// event sweep.
-inline double pipeline_makespan(const schedule::schedule& s, const std::vector<double>& forward,
-                                const std::vector<double>& backward, double message) {
-    const int stages = s.shape.stages, micro = s.shape.micro_batches, rounds = std::max(s.shape.rounds, 1);
-    const auto index = [&](int stage, int m) { return static_cast<std::size_t>(stage) * static_cast<std::size_t>(micro) + static_cast<std::size_t>(m); };
-    const auto round_index = [&](int stage, int m, int r) {
-        return static_cast<std::size_t>(r) * static_cast<std::size_t>(stages * micro) + index(stage, m);
-    };
-    const double never = -1.0;
-    std::vector<double> forward_end(static_cast<std::size_t>(stages * micro * rounds), never);
-    std::vector<double> backward_end(static_cast<std::size_t>(stages * micro), never);
-    const auto device_of = [&](int stage) { return s.shape.stage_devices[static_cast<std::size_t>(stage)].front(); };
-    std::vector<std::size_t> next(s.device_order.size(), 0);
-    std::vector<double> free(s.device_order.size(), 0.0);
-    std::size_t remaining = 0;
-    for (const auto& o : s.device_order) remaining += o.size();
-    double makespan = 0;
-    while (remaining > 0) {
-        bool progressed = false;
-        for (std::size_t d = 0; d < s.device_order.size(); ++d) {
-            while (next[d] < s.device_order[d].size()) {
-                const schedule::block& b = s.device_order[d][next[d]];
-                double ready = free[d];
-                const auto arrive = [&](double end, int from_stage) {
-                    return end + (device_of(from_stage) == static_cast<int>(d) ? 0.0 : message);
-                };
-                if (schedule::is_forward(b)) {
-                    if (b.stage > 0) {
-                        const double e = forward_end[round_index(b.stage - 1, b.micro, b.round)];
-                        if (e == never) break;
-                        ready = std::max(ready, arrive(e, b.stage - 1));
-                    } else if (b.round > 0) {  // the last stage's output of the previous round
-                        const double e = forward_end[round_index(stages - 1, b.micro, b.round - 1)];
-                        if (e == never) break;
-                        ready = std::max(ready, arrive(e, stages - 1));
-                    }
-                } else {
-                    const double own = forward_end[round_index(b.stage, b.micro, rounds - 1)];
-                    if (own == never) break;
-                    ready = std::max(ready, own);
-                    if (b.stage + 1 < stages) {
-                        const double e = backward_end[index(b.stage + 1, b.micro)];
-                        if (e == never) break;
-                        ready = std::max(ready, arrive(e, b.stage + 1));
-                    }
-                }
-                const bool fwd = schedule::is_forward(b);
-                const double end = ready + (fwd ? forward : backward)[static_cast<std::size_t>(b.stage)];
-                if (fwd) forward_end[round_index(b.stage, b.micro, b.round)] = end;
-                else backward_end[index(b.stage, b.micro)] = end;
-                free[d] = end;
-                makespan = std::max(makespan, end);
-                ++next[d];
-                --remaining;
-                progressed = true;
-            }
-        }
-        if (!progressed)
-            throw usage_error("pipeline_makespan: the block orders deadlock; build them with the schedule templates "
-                              "(schedule::validate rejects such orders)");
-    }
-    return makespan;
-}
 
 // Which layers each chunk holds: the prologue on chunk 0, the epilogue on the last chunk
 // (unless interlaced: then on no chunk), the repeated layers in order, layers_per_chunk[c]
@@ -404,7 +339,10 @@ inline evaluation evaluate(cost_context& ctx, const configuration& c) {
     evaluation e = evaluate_without_pipeline(ctx, c);
     const auto& sched = ctx.schedule_orders(c.schedule, c.pp, c.chunks, c.micro_batches);
     // Interlaced blocks hold every device, so they add their time to every timeline.
-    e.pipeline_time = pipeline_makespan(sched.order, e.chunk_forward, e.chunk_backward, stage_message_time(ctx, c)) +
+    const schedule::cost_model costs{.forward_per_stage = e.chunk_forward,
+                                     .backward_per_stage = e.chunk_backward,
+                                     .latency = stage_message_time(ctx, c)};
+    e.pipeline_time = schedule::simulate(sched.order, costs, {.validated = true, .makespan_only = true}).makespan +
                       c.micro_batches * e.interlaced_per_micro_batch;
     e.step_time = step_time_of(e, e.pipeline_time);
     if (!e.feasible) e.step_time = std::numeric_limits<double>::infinity();
