@@ -3368,7 +3368,7 @@ struct message {
 // (compose(...).spec()) the views are refilled with what only then is known (degrees given
 // to constructors, chosen open parameters, the device count of spec(n)) and the same
 // predicates throw loom::plan_error. Checks against one graph's extents stay where the graph
-// is known: plan::resolve (rules.hpp) and partition::resolve_partition (piece_layout.hpp).
+// is known: plan::resolve (rules.hpp) and partition::bind_partition (piece_layout.hpp).
 //
 // Messages start with the combinator and say how to fix the plan:
 //   "plan::trans<Split<Seq>, 2> on attention: Seq is frozen in this op ('s', 't'; splitting
@@ -5464,7 +5464,9 @@ inline std::vector<std::string> open_parameters(const plan_spec& p) {
     return names;
 }
 
-inline std::int64_t resolve_degree(const degree_spec& d, const plan_spec& p, const std::string& where) {
+// The value of a degree: its fixed value, or the plan's choice for its open parameter
+// (checked against the parameter's range). `where` names the part for messages.
+inline std::int64_t degree_value(const degree_spec& d, const plan_spec& p, const std::string& where) {
     if (d.open.empty()) return d.value;
     auto it = p.choices.find(d.open);
     if (it == p.choices.end())
@@ -5531,7 +5533,7 @@ inline resolved_plan partition_ops(const plan_spec& p, const graph& g) {
                                   " '" + n.name + "'";
         if (splits)
             for (const auto& s : *splits) {
-                const std::int64_t degree = resolve_degree(s.degree, p, where);
+                const std::int64_t degree = degree_value(s.degree, p, where);
                 op.splits.push_back({s.dim, s.label, degree, s.replicate});
                 if (!s.replicate && degree > 1) check_not_forbidden(p, n, s, where);
             }
@@ -5904,7 +5906,7 @@ inline constexpr order_t<Policy, Name> order{};
 // Pipelines inside plan::resolve: stages and micro-batches written with the primitives
 // (nnScaler §4). The plan value states them as parts (plan::stages, plan::micro_batches,
 // plan::order; plan/rules.hpp stage_spec); plan::resolve (plan/resolve.hpp) lowers them to
-// the stage list below and resolves it here.
+// the stage list below and places it with place_stages.
 //
 //   * op-trans: every op is cut along the batch into `micro_batches` pieces, outermost;
 //     within a stage, the plan's rules (data parallel, Megatron, ...) cut each micro-batch
@@ -5970,10 +5972,10 @@ inline bool has_dim(const node& n, dim_id d) {
     return false;
 }
 
-// The partitions (with op-assign to the stage groups) plus, per forward node, its stage,
-// round, and whether its first split is the micro-batch split. The order is left to the
-// caller.
-inline resolved_plan resolve_pipeline(const pipeline_spec& spec, const graph& g) {
+// Places the stages: the partitions (with op-assign to the stage groups) plus, per forward
+// node, its stage, round, and whether its first split is the micro-batch split. The order
+// is left to the caller (plan::resolve).
+inline resolved_plan place_stages(const pipeline_spec& spec, const graph& g) {
     const auto stages = static_cast<int>(spec.stages.size());
     if (stages < 1) throw plan_error("pipeline: no stages; give at least one stage (a layer range and its devices)");
     if (spec.micro_batches < 1)
@@ -7349,7 +7351,7 @@ inline std::vector<std::int64_t> stage_starts(const stage_spec& st, std::int64_t
 inline resolved_plan resolve(const plan_spec& p, const graph& g) {
     if (p.devices < 1) throw plan_error("plan: devices = " + std::to_string(p.devices) + "; use at least one device");
     const zero_stage zero = detail::chosen_zero(p);
-    const std::int64_t micro = resolve_degree(p.micro_batches, p, "plan::micro_batches");
+    const std::int64_t micro = degree_value(p.micro_batches, p, "plan::micro_batches");
     if (micro < 1)
         throw plan_error("plan::micro_batches: " + std::to_string(micro) + " micro-batches; use at least 1");
     std::optional<order_policy> order = detail::chosen_order(p);
@@ -7360,7 +7362,7 @@ inline resolved_plan resolve(const plan_spec& p, const graph& g) {
     }
 
     const stage_spec st = p.stages.value_or(stage_spec{});
-    const std::int64_t stages = resolve_degree(st.count, p, "plan::stages");
+    const std::int64_t stages = degree_value(st.count, p, "plan::stages");
     if (stages < 1) throw plan_error("plan::stages: " + std::to_string(stages) + " stages; use at least 1");
     if (!order) order = order_policy{schedule_kind::one_f_one_b};
     const bool interlaced = order->kind == schedule_kind::interlaced;
@@ -7438,7 +7440,7 @@ inline resolved_plan resolve(const plan_spec& p, const graph& g) {
         ps.tail_stage = static_cast<int>(ps.stages.size()) - 1;
     }
 
-    resolved_plan out = detail::resolve_pipeline(ps, g);
+    resolved_plan out = detail::place_stages(ps, g);
     out.zero = zero;
     out.name = !p.name.empty() ? p.name
                                : "pipeline x" + std::to_string(stages) +
@@ -7911,7 +7913,7 @@ void lower_trans(const Trans& t, lowering& out, rule_view& view, rule& r) {
             open_name = open_parameter_name(out.trans_index, j, splits.size(), d.name);
             if (out.spec.choices.count(open_name)) {
                 // Outside its range: the same message as plan::resolve gives.
-                d.value = resolve_degree(lower_degree(d, open_name), out.spec, where);
+                d.value = degree_value(lower_degree(d, open_name), out.spec, where);
                 d.known = true;
             }
         }
@@ -8661,7 +8663,7 @@ struct logical_graph_options {
     bool zero3_identities = false;
     bool zero2_identities = false;
     std::vector<bool> recompute;  // per forward node of the input graph
-    // Per forward node of the input graph: the partition (splits resolved to labels) of a
+    // Per forward node of the input graph: the partition (splits bound to labels) of a
     // node to rebuild by the decomposition registered for one of its split variables.
     std::vector<std::optional<plan::op_partition>> decompose;
     // Pipelines: the stage of each forward node of the input graph (empty: no pipeline). A
@@ -8682,7 +8684,7 @@ struct logical_graph {
 };
 
 // The decomposition a partition asks for on node `n`: that of the first cut variable whose
-// registered transformation rebuilds the op. `p`'s splits must be resolved to labels.
+// registered transformation rebuilds the op. `p`'s splits must be bound to labels.
 inline const plan::transformation* decomposition_for(const node& n, const plan::op_partition& p) {
     for (const auto& s : p.splits) {
         if (s.replicate) continue;
@@ -9084,7 +9086,7 @@ struct piece_geometry {
 };
 
 struct node_layout {
-    plan::op_partition partition;  // with every split resolved to a variable label
+    plan::op_partition partition;  // with every split bound to a variable label
     std::vector<piece_geometry> pieces;
 };
 
@@ -9115,11 +9117,11 @@ inline std::optional<int> variable_of(const node& n, const plan::split_axis& s) 
 
 }  // namespace detail
 
-// Checks `p` against node `n` and resolves every split to a variable label. `strict`: a
-// plan the user wrote, whose mistakes are errors; otherwise (a mirrored backward op) a
-// split that does not apply becomes replication, noted in `notes`.
-inline plan::op_partition resolve_partition(const node& n, plan::op_partition p, int devices, bool strict,
-                                            std::vector<std::string>& notes) {
+// Checks `p` against node `n` and binds every split to one of the node's variables (its
+// label). `strict`: a plan the user wrote, whose mistakes are errors; otherwise (a mirrored
+// backward op) a split that does not apply becomes replication, noted in `notes`.
+inline plan::op_partition bind_partition(const node& n, plan::op_partition p, int devices, bool strict,
+                                         std::vector<std::string>& notes) {
     const std::string where = detail::node_where(n);
     if (p.replicas < 1)
         throw plan_error("plan: " + where + " has " + std::to_string(p.replicas) + " replicas; use at least 1");
@@ -9219,7 +9221,7 @@ inline plan::op_partition mirror_partition(const plan::op_partition& p, const no
     return m;
 }
 
-// Index ranges and boxes of every piece of node `n` under the resolved partition `p`.
+// Index ranges and boxes of every piece of node `n` under the bound partition `p`.
 inline node_layout layout_pieces(const graph& g, const node& n, plan::op_partition p) {
     node_layout layout;
     const auto& vars = n.sig.vars;
@@ -10569,7 +10571,7 @@ private:
         emitting_consumer_ = consumer;
         std::vector<tensor_id> result(reqs.size(), no_id);
         std::vector<std::size_t> open;
-        auto resolve_locally = [&] {
+        auto take_local_pieces = [&] {
             std::vector<std::size_t> still;
             for (std::size_t i : open) {
                 if (auto l = local(t, reqs[i].device, reqs[i].region))
@@ -10581,11 +10583,11 @@ private:
         };
         for (std::size_t i = 0; i < reqs.size(); ++i) open.push_back(i);
         if (sum_locally_first || sums_after_every_micro_batch(consumer)) sum_partials_per_device(t);
-        resolve_locally();
+        take_local_pieces();
         while (!open.empty() && collectives_allowed(t, consumer)) {
             bool progressed = try_partial(t, open, reqs) || try_tiles(t, open, reqs) || try_broadcast(t, open, reqs);
             if (!progressed) break;
-            resolve_locally();
+            take_local_pieces();
         }
         for (std::size_t i : open) {
             if (auto l = local(t, reqs[i].device, reqs[i].region)) {
@@ -10803,8 +10805,8 @@ inline partitioned_graph apply_plan(const graph& model, const plan::resolved_pla
         // A cut that a registered transformation makes by rebuilding the op (cross_entropy
         // along its vocabulary): checked against the op as written, then rebuilt.
         const node& n = model.nodes[i];
-        plan::op_partition resolved = resolve_partition(n, *p, plan.devices, true, notes);
-        if (decomposition_for(n, resolved)) lo.decompose[i] = std::move(resolved);
+        plan::op_partition bound = bind_partition(n, *p, plan.devices, true, notes);
+        if (decomposition_for(n, bound)) lo.decompose[i] = std::move(bound);
     }
 
     partitioned_graph out;
@@ -10821,14 +10823,14 @@ inline partitioned_graph apply_plan(const graph& model, const plan::resolved_pla
     std::vector<plan::op_partition> parts(g.nodes.size());
     std::vector<bool> assigned(g.nodes.size(), false);
     for (const auto& [n, p] : out.logical->decomposed) {
-        parts[static_cast<std::size_t>(n)] = resolve_partition(g.at(n), p, plan.devices, true, out.notes);
+        parts[static_cast<std::size_t>(n)] = bind_partition(g.at(n), p, plan.devices, true, out.notes);
         assigned[static_cast<std::size_t>(n)] = true;
     }
     for (std::size_t i = 0; i < forward; ++i) {
         node_id n = out.logical->forward_node[i];
         if (assigned[static_cast<std::size_t>(n)]) continue;
         const plan::op_partition* p = plan.at(static_cast<node_id>(i));
-        parts[static_cast<std::size_t>(n)] = resolve_partition(g.at(n), p ? *p : everywhere, plan.devices, true, out.notes);
+        parts[static_cast<std::size_t>(n)] = bind_partition(g.at(n), p ? *p : everywhere, plan.devices, true, out.notes);
         assigned[static_cast<std::size_t>(n)] = true;
     }
     // Pipelines: the stage of a node of g, from its forward op (-1: none, or no pipeline).
@@ -10906,7 +10908,7 @@ inline partitioned_graph apply_plan(const graph& model, const plan::resolved_pla
             p.splits.push_back({t.dims.dim(0), "...0", shards});
             p.devices = group;
         }
-        parts[static_cast<std::size_t>(n)] = resolve_partition(nd, p, plan.devices, true, out.notes);
+        parts[static_cast<std::size_t>(n)] = bind_partition(nd, p, plan.devices, true, out.notes);
         assigned[static_cast<std::size_t>(n)] = true;
     };
     for (auto [param, n] : out.logical->zero3_identity) shard(param, n, true);
@@ -10919,7 +10921,7 @@ inline partitioned_graph apply_plan(const graph& model, const plan::resolved_pla
         node_id like = n.forward_of;
         if (like == no_id && !n.inputs.empty()) like = g.tensor(n.inputs[0]).producer;
         const plan::op_partition& source = like != no_id ? parts[static_cast<std::size_t>(like)] : everywhere;
-        parts[i] = resolve_partition(n, mirror_partition(source, like == no_id ? nullptr : &g.at(like)),
+        parts[i] = bind_partition(n, mirror_partition(source, like == no_id ? nullptr : &g.at(like)),
                                      plan.devices, false, out.notes);
     }
 
