@@ -11938,10 +11938,10 @@ inline plan::plan_spec to_plan(const configuration& c) {
 //   pipeline  = the schedule's makespan (the schedule template's orders, played by
 //               schedule::simulate with those chunk times; every message between stages
 //               costs a point-to-point transfer of the boundary activation, scattered over
-//               the TP group). A model with R forward
-//               rounds (model_profile::forward_rounds) runs R forward blocks per micro-batch
-//               and stage under 3F1B, each round's output feeding the next round's first
-//               stage; on one stage the rounds simply add up in its forward block.
+//               the TP group). A model with R forward rounds (model_profile::forward_rounds)
+//               runs R forward blocks per micro-batch and stage under 3F1B, each round's
+//               output feeding the next round's first stage; on one stage the rounds simply
+//               add up in its forward block.
 //   step      = pipeline + max over devices (exposed gradient sync + ZeRO-3 gathers
 //               + optimizer update)
 //   gradient sync: all-reduce over the DP group of the device's gradients, latency in full
@@ -13266,9 +13266,9 @@ public:
     // Extra backward time (at the graph's batch, one device) and activations kept (elements
     // at the graph's batch) of a layer under a recompute choice.
     double recompute_time(int layer, plan::recompute_policy r) const {
-        return r == plan::recompute_policy::full ? times(layer).forward
+        return r == plan::recompute_policy::full        ? times(layer).forward
                : r == plan::recompute_policy::selective ? times(layer).memory_bound_forward
-                                           : 0.0;
+                                                        : 0.0;
     }
     // Elements a layer's recomputation brings back to life for its backward (at the graph's
     // batch): what it saved minus what it kept.
@@ -13278,9 +13278,9 @@ public:
     }
     double kept_elements(int layer, plan::recompute_policy r) const {
         const layer_profile& l = model_.layers[static_cast<std::size_t>(layer)];
-        return r == plan::recompute_policy::full ? l.input_elements
+        return r == plan::recompute_policy::full        ? l.input_elements
                : r == plan::recompute_policy::selective ? l.saved_elements - l.cheap_saved_elements
-                                           : l.saved_elements;
+                                                        : l.saved_elements;
     }
 
     // The block orders of a schedule and its peak in-flight micro-batches per chunk.
