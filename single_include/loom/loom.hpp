@@ -13477,9 +13477,10 @@ inline evaluation evaluate(cost_context& ctx, const configuration& c) {
     evaluation e = evaluate_without_pipeline(ctx, c);
     const auto& sched = ctx.schedule_orders(c.schedule, c.pp, c.chunks, c.micro_batches);
     // Interlaced blocks hold every device, so they add their time to every timeline.
-    const schedule::cost_model costs{.forward_per_stage = e.chunk_forward,
-                                     .backward_per_stage = e.chunk_backward,
-                                     .latency = stage_message_time(ctx, c)};
+    schedule::cost_model costs;
+    costs.forward_per_stage = e.chunk_forward;
+    costs.backward_per_stage = e.chunk_backward;
+    costs.latency = stage_message_time(ctx, c);
     e.pipeline_time = schedule::simulate(sched.order, costs, {.validated = true, .makespan_only = true}).makespan +
                       c.micro_batches * e.interlaced_per_micro_batch;
     e.step_time = step_time_of(e, e.pipeline_time);
