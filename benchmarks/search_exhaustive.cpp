@@ -51,7 +51,7 @@ std::vector<space_case> cases() {
                     kind = "boundaries, Coshard 1/4";
                 } else {
                     s.tp = {1, 2};
-                    s.recompute_choices = {search::recompute::none, search::recompute::full};
+                    s.recompute_choices = {plan::recompute_policy::none, plan::recompute_policy::full};
                     s.coshard = {1, 2, 8};
                     kind = "TP 1/2, full or no recompute, Coshard 1/2/8";
                 }

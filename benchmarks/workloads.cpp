@@ -57,12 +57,12 @@ std::vector<system_space> systems() {
     search::search_space megatron;
     megatron.zero = {search::zero_stage::none};
     megatron.schedules = {search::schedule_kind::one_f_one_b};
-    megatron.recompute_choices = {search::recompute::full};
+    megatron.recompute_choices = {plan::recompute_policy::full};
     out.push_back({"Megatron-style", megatron});
     search::search_space deepspeed;
     deepspeed.pp = {1};
     deepspeed.zero = {search::zero_stage::parameters};
-    deepspeed.recompute_choices = {search::recompute::full};
+    deepspeed.recompute_choices = {plan::recompute_policy::full};
     out.push_back({"DeepSpeed-style", deepspeed});
     search::search_space alpa = megatron;
     alpa.search_stage_boundaries = true;
@@ -72,7 +72,7 @@ std::vector<system_space> systems() {
     // The paper applies layer-wise recompute in every system; loom's space with that
     // constraint is the like-for-like comparison, and without it shows what the choice buys.
     search::search_space loom_full;
-    loom_full.recompute_choices = {search::recompute::full};
+    loom_full.recompute_choices = {plan::recompute_policy::full};
     loom_full.interlaced = {false, true};
     loom_full.coshard = {1, 2, 4, 8};
     out.push_back({"loom, full recompute", loom_full});
@@ -161,7 +161,7 @@ std::string plan_text(const search::search_result& r) {
     if (c.coshard > 1) s << " coshard" << c.coshard;
     if (c.zero != search::zero_stage::none) s << " ZeRO" << static_cast<int>(c.zero);
     int recomputed = 0;
-    for (auto x : c.recompute_of) recomputed += x != search::recompute::none;
+    for (auto x : c.recompute_of) recomputed += x != plan::recompute_policy::none;
     s << " recompute " << recomputed << "/" << c.recompute_of.size();
     return s.str();
 }

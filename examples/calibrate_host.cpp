@@ -20,8 +20,8 @@ int main(int argc, char** argv) {
     try {
         const loom::search::cluster hw = loom::search::calibrate_host(ranks);
         loom::search::save_cluster(hw, out);
-        std::printf("%s: %.1f GFLOP/s (fp32 GEMM) and %.1f GB/s per rank; written to %s\n", hw.name.c_str(),
-                    hw.device.peak_flops_fp32 / 1e9, hw.device.memory_bandwidth / 1e9, out.c_str());
+        std::printf("%s: %.1f GFLOP/s (f32 GEMM) and %.1f GB/s per rank; written to %s\n", hw.name.c_str(),
+                    hw.device.peak_flops_f32 / 1e9, hw.device.memory_bandwidth / 1e9, out.c_str());
         // The profile must load back as written.
         if (!(loom::search::load_cluster(out) == hw)) {
             std::fprintf(stderr, "calibrate_host: %s does not load back equal; report this\n", out.c_str());

@@ -144,4 +144,9 @@ TEST_CASE("a program runs and its arena is smaller than one buffer per tensor", 
         }
 
     CHECK_THROWS_WITH(host::executor<float>(p), Catch::Contains("compiled for f64"));
+    // f16 is a precision the searcher plans in; its programs are sized (2 bytes per real) but
+    // not run.
+    const program half = compile_program(g, {.prec = precision::f16});
+    CHECK(half.arena_bytes < p.arena_bytes);
+    CHECK_THROWS_WITH(host::executor<float>(half), Catch::Contains("compile in f32 or f64 for the host"));
 }

@@ -297,7 +297,7 @@ TEST_CASE("searched plans run and train like one device, and load back from plan
         search::configuration k;
         k.tp = tp, k.pp = pp, k.dp = dp, k.micro_batches = micro, k.schedule = kind, k.chunks = chunks;
         k.layers_per_chunk.assign(static_cast<std::size_t>(pp * chunks), 4 / (pp * chunks));
-        k.recompute_of.assign(4, search::recompute::none);
+        k.recompute_of.assign(4, plan::recompute_policy::none);
         return k;
     };
     configurations.push_back(make(2, 2, 1, 4, search::schedule_kind::one_f_one_b, 1));
@@ -310,8 +310,8 @@ TEST_CASE("searched plans run and train like one device, and load back from plan
     configurations.push_back(make(1, 2, 1, 2, search::schedule_kind::one_f_one_b, 1));
     configurations.back().layers_per_chunk = {1, 3};
     configurations.push_back(make(2, 1, 2, 1, search::schedule_kind::one_f_one_b, 1));
-    configurations.back().recompute_of = {search::recompute::full, search::recompute::selective, search::recompute::none,
-                                          search::recompute::full};
+    configurations.back().recompute_of = {plan::recompute_policy::full, plan::recompute_policy::selective, plan::recompute_policy::none,
+                                          plan::recompute_policy::full};
     configurations.push_back(make(1, 1, 4, 1, search::schedule_kind::one_f_one_b, 1));
     configurations.back().zero = plan::zero_stage::parameters;
     train::trainer<double> single(training, {});

@@ -247,6 +247,28 @@ TEST_CASE("plan combinators: on_layers picks only the layers in its range", "[pl
                                [](std::string_view name) { return name.starts_with("blocks.1."); }));
 }
 
+TEST_CASE("a recompute policy lowers to recompute rules over its layers", "[plan][presets][recompute]") {
+    auto model = small_gpt();
+    const graph& g = model.ir();
+    const auto recomputed = [&](plan::recompute_policy r) {
+        plan::plan_spec p = plan::presets::data_parallel(2).then(plan::presets::recompute_layers(r, 1, 1));
+        const auto resolved = plan::resolve(p, g);
+        return nodes_where(g, resolved, [](const plan::op_partition& op) { return op.recompute; });
+    };
+    CHECK(plan::presets::recompute_layers(plan::recompute_policy::none, 0, -1).rules.empty());
+    CHECK(recomputed(plan::recompute_policy::none).empty());
+    // full: every op of layer 1
+    CHECK(recomputed(plan::recompute_policy::full) ==
+          nodes_named(g, plan::resolve(plan::presets::data_parallel(2), g).forward.size(),
+                      [](std::string_view name) { return name.starts_with("blocks.1."); }));
+    // selective: the attention core of layer 1 only
+    const auto selective = recomputed(plan::recompute_policy::selective);
+    REQUIRE(selective.size() == 1);
+    CHECK(g.at(selective.front()).op == &op_def_of<ops::Attention>());
+    CHECK(g.at(selective.front()).name.starts_with("blocks.1."));
+    CHECK(plan::to_string(plan::recompute_policy::selective) == "selective");
+}
+
 TEST_CASE("plan combinators: on_name and on_scope select by glob", "[plan][combinators]") {
     auto model = small_gpt();
     const graph& g = model.ir();

@@ -51,7 +51,7 @@ plan::plan_spec open_pipeline(int devices) {
 search::cluster slow_node() {
     search::cluster c = search::dgx_a100(1);
     c.name = "slow node";
-    c.device.peak_flops_fp32 = 5e10;
+    c.device.peak_flops_f32 = 5e10;
     c.device.memory_bandwidth = 1e10;
     return c;
 }

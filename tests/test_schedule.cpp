@@ -1,12 +1,13 @@
-// Pipeline schedules (include/loom/schedule/): the templates built from order constraints
-// reproduce the classic orders and closed forms exactly, the list scheduler reproduces the
-// templates from their constraints, the typed front end agrees with the run-time one, and
-// the exports are well-formed. The rejected schedules are in test_schedule_checks.cpp.
+// Pipeline schedules (include/loom/schedule/): the templates reproduce the classic orders and
+// closed forms exactly, the list scheduler reproduces the templates from their constraints
+// (GPipe, 1F1B and interleaved 1F1B are written out directly and must agree with it), the
+// typed front end agrees with the run-time one, and the exports are well-formed. The rejected schedules are in test_schedule_checks.cpp.
 #include <catch2/catch.hpp>
 
 #include <algorithm>
 #include <cstddef>
 #include <map>
+#include <random>
 #include <set>
 #include <string>
 #include <vector>
@@ -337,6 +338,56 @@ TEST_CASE("from_constraints reproduces every template from the template's constr
                                                before{backward(micro), forward(micro + stages - stage)}},
                                               "Table 4");
     CHECK(by_hand.device_order == classic_one_f_one_b(4, 8));
+}
+
+TEST_CASE("GPipe, 1F1B and interleaved 1F1B, written out directly, are what their constraints give", "[schedule]") {
+    const cost_model slow_messages{.forward = 1, .backward = 3, .latency = 0.5};
+    for (int p = 1; p <= 5; ++p)
+        for (int m = 1; m <= 10; ++m) {
+            INFO("p = " << p << ", m = " << m);
+            const schedule g = gpipe(p, m), o = one_f_one_b(p, m);
+            CHECK(validation_error(g).empty());
+            CHECK(validation_error(o).empty());
+            CHECK(g.device_order == from_constraints(gpipe_spec(p, m), slow_messages).device_order);
+            CHECK(o.device_order == from_constraints(one_f_one_b_spec(p, m), slow_messages).device_order);
+            if (m % p != 0) continue;
+            for (int v = 1; v <= 3; ++v) {
+                INFO("v = " << v);
+                const schedule i = interleaved_one_f_one_b(p, v, m);
+                const schedule built = from_constraints(interleaved_spec(p, v, m));
+                CHECK(validation_error(i).empty());
+                CHECK(i.device_order == built.device_order);
+                CHECK(i.name == built.name);
+                CHECK(i.device_order == from_constraints(interleaved_spec(p, v, m), slow_messages).device_order);
+            }
+        }
+}
+
+TEST_CASE("simulate's makespan alone, without validation, is the full simulation's", "[schedule]") {
+    std::mt19937 rng(3);
+    std::uniform_real_distribution<double> time(0.5, 2.0);
+    std::vector<schedule> schedules;
+    for (int p = 1; p <= 4; ++p)
+        for (int m : {1, 4, 6, 8}) {
+            schedules.push_back(gpipe(p, m));
+            schedules.push_back(one_f_one_b(p, m));
+            if (m % p == 0) schedules.push_back(interleaved_one_f_one_b(p, 3, m));
+            schedules.push_back(three_f_one_b(p, m));
+            schedules.push_back(interlaced(p, m, 2));  // stages on several devices
+        }
+    for (const schedule& s : schedules) {
+        INFO(to_string(s));
+        cost_model costs{.latency = time(rng)};
+        for (int st = 0; st < s.shape.stages; ++st) {
+            costs.forward_per_stage.push_back(time(rng));
+            costs.backward_per_stage.push_back(time(rng));
+        }
+        const simulation full = simulate(s, costs);
+        const simulation fast = simulate(s, costs, {.validated = true, .makespan_only = true});
+        CHECK(fast.makespan == full.makespan);
+        CHECK(fast.blocks.empty());
+        CHECK(simulate(s, costs, {.validated = true}).blocks.size() == full.blocks.size());
+    }
 }
 
 TEST_CASE("from_constraints with no constraints is a greedy, valid schedule", "[schedule]") {

@@ -56,6 +56,16 @@ TEST_CASE("a block missing, twice, on the wrong device or outside the shape", "[
     const schedule outside = edited([](schedule& s) { device(s, 0).push_back(forward_block(5, 0)); });
     CHECK_THROWS_WITH(validate(outside), Contains("device 0 runs F(s5,m0): stage 5 is outside 0..1"));
 
+    // Timing orders known to be valid skips validation, but not these checks.
+    const simulate_options unchecked{.validated = true, .makespan_only = true};
+    CHECK_THROWS_WITH(simulate(missing, {}, unchecked), Contains("the orders deadlock or leave blocks out"));
+    CHECK_THROWS_WITH(simulate(twice, {}, unchecked), Contains("B(s0,m1) is listed twice"));
+    CHECK_THROWS_WITH(simulate(outside, {}, unchecked), Contains("F(s5,m0): stage 5 is outside 0..1"));
+    CHECK_THROWS_WITH(simulate(one_f_one_b(2, 4), cost_model{.backward = -1}),
+                      Contains("the cost model gives B(s0,m0) the time -1"));
+    CHECK_THROWS_WITH(simulate(one_f_one_b(2, 4), cost_model{.forward_per_stage = {1}}),
+                      Contains("forward_per_stage has 1 entries but F(s1,m0) is on stage 1"));
+
     const schedule backward_round = edited([](schedule& s) { device(s, 0)[2].round = 1; });
     CHECK_THROWS_WITH(validate(backward_round), Contains("B1(s0,m0): a backward has no round"));
 
@@ -92,6 +102,8 @@ TEST_CASE("a deadlock: devices waiting on each other in a cycle", "[schedule]") 
     CHECK_THAT(why, Contains("B(s1,m0) waits for F(s1,m1) (device 1 runs it first)"));
     CHECK_THAT(why, Contains("e.g. run"));
     CHECK_THROWS_AS(simulate(s), schedule_error);
+    CHECK_THROWS_WITH(simulate(s, {}, {.validated = true, .makespan_only = true}),
+                      Contains("no device can run its next block; the orders deadlock or leave blocks out"));
     CHECK_THROWS_AS(device_programs(s), schedule_error);
 
     // SPMD blocks ordered differently on two of their devices

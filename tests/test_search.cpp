@@ -1,6 +1,6 @@
 // The plan searcher: layers found by scopes and by structure agree, the model profile adds
-// up, the searcher's block orders equal the schedule templates and time like the
-// simulator, and branch-and-bound finds the optimum of exhaustive enumeration, folded or
+// up, the searcher times the orders its plans run with the schedule simulator, and
+// branch-and-bound finds the optimum of exhaustive enumeration, folded or
 // not, on small spaces.
 #include <catch2/catch.hpp>
 
@@ -8,7 +8,6 @@
 #include <cstdio>
 #include <filesystem>
 #include <fstream>
-#include <random>
 #include <string>
 #include <vector>
 
@@ -18,6 +17,7 @@
 #include <loom/schedule/templates.hpp>
 #include <loom/search/branch_and_bound.hpp>
 #include <loom/io/plan_file.hpp>
+#include <loom/plan/resolve.hpp>
 #include <loom/search/to_plan.hpp>
 
 using namespace loom;
@@ -83,37 +83,30 @@ TEST_CASE("the model profile adds up", "[search][profile]") {
     CHECK(m.layers.back().shared_parameters == 128.0 * h);
 }
 
-TEST_CASE("the searcher's block orders are the templates' and time like the simulator", "[search][schedule]") {
-    std::mt19937 rng(3);
-    std::uniform_real_distribution<double> cost(0.5, 2.0);
-    for (int p = 1; p <= 5; ++p)
-        for (int m = 1; m <= 9; ++m) {
-            INFO("p " << p << ", m " << m);
-            const auto gpipe = search::gpipe_orders(p, m), one = search::one_f_one_b_orders(p, m);
-            CHECK(gpipe.device_order == schedule::gpipe(p, m).device_order);
-            CHECK(one.device_order == schedule::one_f_one_b(p, m).device_order);
-            std::vector<double> f(static_cast<std::size_t>(p)), b(static_cast<std::size_t>(p));
-            for (int s = 0; s < p; ++s) f[static_cast<std::size_t>(s)] = cost(rng), b[static_cast<std::size_t>(s)] = cost(rng);
-            schedule::cost_model model;
-            model.forward_per_stage = f;
-            model.backward_per_stage = b;
-            model.latency = 0.25;
-            CHECK(search::pipeline_makespan(one, f, b, 0.25) == Approx(schedule::simulate(one, model).makespan).epsilon(1e-12));
-            CHECK(search::pipeline_makespan(gpipe, f, b, 0.25) == Approx(schedule::simulate(gpipe, model).makespan).epsilon(1e-12));
-            if (m % p == 0 && p > 1) {
-                const auto inter = search::interleaved_orders(p, 2, m);
-                CHECK_NOTHROW(schedule::validate(inter));
-                std::vector<double> fi(static_cast<std::size_t>(2 * p), 1.0), bi(static_cast<std::size_t>(2 * p), 2.0);
-                schedule::cost_model uniform;
-                uniform.backward = 2.0;
-                const auto sim = schedule::simulate(inter, uniform);
-                CHECK(search::pipeline_makespan(inter, fi, bi, 0.0) == Approx(sim.makespan).epsilon(1e-12));
-                // Megatron's bubble: (p - 1) / (v m) of the work.
-                CHECK(sim.bubble_overhead == Approx(static_cast<double>(p - 1) / (2.0 * m)).epsilon(1e-9));
-            }
-        }
-    CHECK(search::interleaved_orders(2, 2, 4).device_order == schedule::interleaved_one_f_one_b(2, 2, 4).device_order);
-    CHECK_THROWS_WITH(search::interleaved_orders(4, 2, 6), Catch::Contains("multiple of the device count"));
+TEST_CASE("the searcher times the orders the plan runs, with the schedule simulator", "[search][schedule]") {
+    const models::gpt_config config{.layers = 4, .hidden = 64, .heads = 4, .vocab = 128, .seq = 16, .batch = 8};
+    const auto model = models::gpt(config);
+    search::cost_context ctx(search::profile_model(models::gpt(config).training_graph()), search::dgx1_v100(1), {});
+    for (const auto kind : {search::schedule_kind::gpipe, search::schedule_kind::one_f_one_b,
+                            search::schedule_kind::interleaved}) {
+        search::configuration c;
+        c.pp = 2;
+        c.micro_batches = 4;
+        c.schedule = kind;
+        c.chunks = kind == search::schedule_kind::interleaved ? 2 : 1;
+        c.layers_per_chunk.assign(static_cast<std::size_t>(c.pp * c.chunks), 4 / (c.pp * c.chunks));
+        c.recompute_of.assign(4, plan::recompute_policy::none);
+        INFO(search::to_string(kind));
+        const auto& timed = ctx.schedule_orders(c.schedule, c.pp, c.chunks, c.micro_batches).order;
+        const plan::resolved_plan resolved = plan::resolve(search::to_plan(c), model.ir());
+        REQUIRE(resolved.order);
+        CHECK(timed.device_order == resolved.order->device_order);
+        const auto e = search::evaluate(ctx, c);
+        const schedule::cost_model costs{.forward_per_stage = e.chunk_forward,
+                                         .backward_per_stage = e.chunk_backward,
+                                         .latency = search::stage_message_time(ctx, c)};
+        CHECK(e.pipeline_time == schedule::simulate(*resolved.order, costs).makespan);
+    }
 }
 
 namespace {
@@ -146,7 +139,7 @@ std::vector<small_space> small_spaces() {
                 } else {  // recompute only full or nothing, TP 1 or 2, Coshard
                     s.tp = {1, 2};
                     s.coshard = {1, 2, 8};
-                    s.recompute_choices = {search::recompute::none, search::recompute::full};
+                    s.recompute_choices = {plan::recompute_policy::none, plan::recompute_policy::full};
                 }
                 out.push_back({std::to_string(layers) + " layers, memory cap " + std::to_string(cap) + " of the free optimum's, variant " +
                                    std::to_string(variant),
@@ -191,7 +184,7 @@ TEST_CASE("branch-and-bound finds exhaustive enumeration's optimum, folded and u
         CHECK(bb.stats.leaves < all.stats.leaves);
         CHECK(bb.stats.complete);
         bool recomputes = false;
-        for (auto r : all.best.recompute_of) recomputes |= r != search::recompute::none;
+        for (auto r : all.best.recompute_of) recomputes |= r != plan::recompute_policy::none;
         binding += recomputes;
     }
     CHECK(spaces >= 20);
@@ -282,8 +275,8 @@ TEST_CASE("recomputation's transient is in the memory, and Coshard divides it", 
     c.dp = 2;
     c.micro_batches = 4;
     c.layers_per_chunk = {2, 2};
-    c.recompute_of = {search::recompute::none, search::recompute::full, search::recompute::selective,
-                      search::recompute::none};
+    c.recompute_of = {plan::recompute_policy::none, plan::recompute_policy::full, plan::recompute_policy::selective,
+                      plan::recompute_policy::none};
     const int layer_full = ctx.repeated()[1], layer_selective = ctx.repeated()[2];
     const double share = 1.0 / (c.dp * c.micro_batches), bytes = ctx.options().activation_bytes;
     for (int coshard : {1, 4}) {
@@ -301,7 +294,7 @@ TEST_CASE("recomputation's transient is in the memory, and Coshard divides it", 
         CHECK(e.devices[1].transient == Approx(selective).epsilon(1e-12));
         CHECK(e.devices[0].memory.buffers >= e.devices[0].transient);
     }
-    c.recompute_of.assign(4, search::recompute::none);
+    c.recompute_of.assign(4, plan::recompute_policy::none);
     CHECK(search::evaluate(ctx, c).devices[0].transient == 0.0);
 }
 
@@ -316,11 +309,11 @@ TEST_CASE("Coshard lets full recomputation fit where one piece at a time does no
     only_full.pp = {1};
     only_full.micro_batches = {1};
     only_full.zero = {search::zero_stage::none};
-    only_full.recompute_choices = {search::recompute::full};
+    only_full.recompute_choices = {plan::recompute_policy::full};
     // A cap between "keep inputs + the whole transient" and "keep inputs + 1/8 of it".
     search::cost_context probe(profile, search::dgx1_v100(1), {});
     search::configuration c{1, 1, 8, 1, 1, search::zero_stage::none, search::schedule_kind::one_f_one_b, {4},
-                            std::vector<search::recompute>(4, search::recompute::full), false, 1};
+                            std::vector<plan::recompute_policy>(4, plan::recompute_policy::full), false, 1};
     const auto one = search::evaluate(probe, c);
     c.coshard = 8;
     const auto eight = search::evaluate(probe, c);
@@ -386,19 +379,6 @@ TEST_CASE("forward rounds are found from the scopes: the layers are one round's 
     CHECK(search::profile_model(gpt).forward_rounds == 1);
 }
 
-TEST_CASE("3F1B's orders time like the schedule simulator", "[search][rounds]") {
-    for (int p : {2, 4})
-        for (int m : {4, 6}) {
-            INFO(p << " stages, " << m << " micro-batches");
-            const auto order = schedule::three_f_one_b(p, m);
-            std::vector<double> f(static_cast<std::size_t>(p), 1.0), b(static_cast<std::size_t>(p), 2.0);
-            schedule::cost_model costs;
-            costs.backward = 2.0;
-            costs.latency = 0.25;
-            CHECK(search::pipeline_makespan(order, f, b, 0.25) == Approx(schedule::simulate(order, costs).makespan).epsilon(1e-12));
-        }
-}
-
 TEST_CASE("branch-and-bound finds the optimum of a recycling model, 3F1B included", "[search][rounds][bnb]") {
     const graph g = evoformer_graph(4, 8);
     const auto profile = search::profile_model(g);
@@ -433,7 +413,7 @@ TEST_CASE("branch-and-bound finds the optimum of a recycling model, 3F1B include
         CHECK(search::evaluate(ctx, bb.best).step_time == bb.cost.step_time);
         if (bb.best.pp > 1) CHECK(bb.best.schedule == search::schedule_kind::three_f_one_b);
         if (sp == &piped_space) ++pipelined;
-        for (auto r : bb.best.recompute_of) recomputing += r != search::recompute::none;
+        for (auto r : bb.best.recompute_of) recomputing += r != plan::recompute_policy::none;
     }
     CHECK(pipelined >= 2);  // 3F1B optima found and checked
     CHECK(recomputing >= 1);
@@ -442,7 +422,7 @@ TEST_CASE("branch-and-bound finds the optimum of a recycling model, 3F1B include
     // one-stage plan in total.
     search::cost_context ctx(profile, search::dgx1_v100(1), {});
     search::configuration one{1, 1, 8, 2, 1, search::zero_stage::none, search::schedule_kind::one_f_one_b, {4},
-                              std::vector<search::recompute>(4, search::recompute::none), false, 1};
+                              std::vector<plan::recompute_policy>(4, plan::recompute_policy::none), false, 1};
     search::configuration piped = one;
     piped.pp = 2;
     piped.dp = 4;

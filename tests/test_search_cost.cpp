@@ -17,6 +17,8 @@
 #include <loom/search/memory.hpp>
 
 using namespace loom::search;
+using loom::precision;
+using loom::plan::recompute_policy;
 
 namespace {
 
@@ -56,8 +58,8 @@ struct temporary_file {
 cluster slow_network() {
     return {.name = "slow network x2",
             .device = {.name = "d",
-                       .peak_flops_fp32 = 1e12,
-                       .peak_flops_fp16 = 0,
+                       .peak_flops_f32 = 1e12,
+                       .peak_flops_f16 = 0,
                        .memory_bytes = 1e9,
                        .memory_bandwidth = 1e12},
             .topo = {.devices_per_node = 8,
@@ -91,43 +93,43 @@ TEST_CASE("ZeRO's example: 7.5B parameters, 64-way data parallel, K = 12", "[sea
     CHECK(os_g_p == 1.875e9);
     // Without data parallelism, no stage saves anything.
     CHECK(model_state_bytes(psi, adam, zero_stage::parameters, 1) == none);
-    CHECK(fp32_adam() == state_bytes{4, 4, 8});
-    CHECK(model_state_bytes(1e9, fp32_adam(), zero_stage::gradients, 4) == 4e9 + 12e9 / 4);
+    CHECK(f32_adam() == state_bytes{4, 4, 8});
+    CHECK(model_state_bytes(1e9, f32_adam(), zero_stage::gradients, 4) == 4e9 + 12e9 / 4);
 }
 
 TEST_CASE("Megatron's bytes per parameter, with and without the distributed optimizer", "[search][memory]") {
     using enum megatron_precision;
     for (int d : {1, 8, 64}) {
         INFO("data_parallel = " << d);
-        CHECK(megatron_bytes_per_parameter(fp16_params_fp16_grads, false, d) == 20);
-        CHECK(megatron_bytes_per_parameter(bf16_params_fp32_grads, false, d) == 18);
-        CHECK(megatron_bytes_per_parameter(fp32_params_fp32_grads, false, d) == 16);
-        CHECK(megatron_bytes_per_parameter(fp16_params_fp16_grads, true, d) == 4 + 16.0 / d);
-        CHECK(megatron_bytes_per_parameter(bf16_params_fp32_grads, true, d) == 6 + 12.0 / d);
-        CHECK(megatron_bytes_per_parameter(fp32_params_fp32_grads, true, d) == 8 + 8.0 / d);
+        CHECK(megatron_bytes_per_parameter(f16_params_f16_grads, false, d) == 20);
+        CHECK(megatron_bytes_per_parameter(bf16_params_f32_grads, false, d) == 18);
+        CHECK(megatron_bytes_per_parameter(f32_params_f32_grads, false, d) == 16);
+        CHECK(megatron_bytes_per_parameter(f16_params_f16_grads, true, d) == 4 + 16.0 / d);
+        CHECK(megatron_bytes_per_parameter(bf16_params_f32_grads, true, d) == 6 + 12.0 / d);
+        CHECK(megatron_bytes_per_parameter(f32_params_f32_grads, true, d) == 8 + 8.0 / d);
     }
-    CHECK(megatron_bytes_per_parameter(bf16_params_fp32_grads, true, 8) == 7.5);
-    // fp32 training keeps no main copies: plain fp32 Adam.
-    CHECK(megatron_state_bytes(fp32_params_fp32_grads) == fp32_adam());
-    CHECK(megatron_state_bytes(bf16_params_fp32_grads) == state_bytes{2, 4, 12});
-    CHECK(megatron_state_bytes(fp16_params_fp16_grads) == state_bytes{2, 2, 16});
+    CHECK(megatron_bytes_per_parameter(bf16_params_f32_grads, true, 8) == 7.5);
+    // f32 training keeps no main copies: plain f32 Adam.
+    CHECK(megatron_state_bytes(f32_params_f32_grads) == f32_adam());
+    CHECK(megatron_state_bytes(bf16_params_f32_grads) == state_bytes{2, 4, 12});
+    CHECK(megatron_state_bytes(f16_params_f16_grads) == state_bytes{2, 2, 16});
 }
 
 TEST_CASE("activation memory under none, selective and full recomputation", "[search][memory]") {
     const activation_profile a{.saved_bytes_per_micro_batch = 10e9,
                                .layer_input_bytes_per_micro_batch = 1e9,
                                .attention_scores_bytes_per_micro_batch = 4e9};
-    CHECK(activation_bytes(a, 4, recompute::none) == 40e9);
-    CHECK(activation_bytes(a, 4, recompute::selective) == 24e9);
-    CHECK(activation_bytes(a, 4, recompute::full) == 4e9);
-    CHECK(activation_bytes(a, 0, recompute::none) == 0);
+    CHECK(activation_bytes(a, 4, recompute_policy::none) == 40e9);
+    CHECK(activation_bytes(a, 4, recompute_policy::selective) == 24e9);
+    CHECK(activation_bytes(a, 4, recompute_policy::full) == 4e9);
+    CHECK(activation_bytes(a, 0, recompute_policy::none) == 0);
 
     CHECK_THROWS_MATCHES(
         activation_bytes({.saved_bytes_per_micro_batch = 1e9, .attention_scores_bytes_per_micro_batch = 2e9}, 1,
-                         recompute::selective),
+                         recompute_policy::selective),
         loom::usage_error,
         message_has({"attention_scores_bytes_per_micro_batch (2e+09) exceeds saved_bytes_per_micro_batch (1e+09)"}));
-    CHECK_THROWS_MATCHES(activation_bytes(a, -1, recompute::none), loom::usage_error, message_has({"in_flight is -1"}));
+    CHECK_THROWS_MATCHES(activation_bytes(a, -1, recompute_policy::none), loom::usage_error, message_has({"in_flight is -1"}));
 }
 
 TEST_CASE("memory per device adds up the states, the activations and the buffers", "[search][memory]") {
@@ -135,7 +137,7 @@ TEST_CASE("memory per device adds up the states, the activations and the buffers
                                .layer_input_bytes_per_micro_batch = 0.25e9,
                                .attention_scores_bytes_per_micro_batch = 0.5e9};
     const memory_breakdown m =
-        memory_per_device(1e9, mixed_precision_adam(), zero_stage::gradients, 8, a, 3, recompute::selective, 1e9);
+        memory_per_device(1e9, mixed_precision_adam(), zero_stage::gradients, 8, a, 3, recompute_policy::selective, 1e9);
     CHECK(m.parameters == 2e9);
     CHECK(m.gradients == 2e9 / 8);
     CHECK(m.optimizer == 12e9 / 8);
@@ -355,8 +357,8 @@ TEST_CASE("the presets carry the datasheet figures", "[search][hardware]") {
     CHECK(v1.name == "DGX-1 V100 x2, 1 NIC per node");
     CHECK(v1.devices() == 16);
     CHECK(v1.device.memory_bytes == 32 * gib);
-    CHECK(v1.device.peak_flops(precision::fp32) == 15.7e12);
-    CHECK(v1.device.peak_flops(precision::fp16) == 125e12);
+    CHECK(v1.device.peak_flops(precision::f32) == 15.7e12);
+    CHECK(v1.device.peak_flops(precision::f16) == 125e12);
     CHECK(v1.device.memory_bandwidth == 900e9);
     CHECK(v1.topo.intra_node.bandwidth == 150e9);
     CHECK(v1.topo.inter_node_bandwidth_per_device() == 12.5e9 / 8);
@@ -369,7 +371,7 @@ TEST_CASE("the presets carry the datasheet figures", "[search][hardware]") {
     CHECK(v2.name == "DGX-2 V100 x2");
     CHECK(v2.devices() == 32);
     CHECK(v2.device.memory_bytes == 32 * gib);
-    CHECK(v2.device.peak_flops(precision::fp16) == 125e12);
+    CHECK(v2.device.peak_flops(precision::f16) == 125e12);
     CHECK(v2.topo.intra_node.bandwidth == 150e9);
     CHECK(v2.topo.inter_node_bandwidth_per_device() == 8 * 12.5e9 / 16);
 
@@ -377,7 +379,7 @@ TEST_CASE("the presets carry the datasheet figures", "[search][hardware]") {
     CHECK(a.name == "DGX A100 x4");
     CHECK(a.devices() == 32);
     CHECK(a.device.memory_bytes == 80 * gib);
-    CHECK(a.device.peak_flops(precision::fp32) == 19.5e12);
+    CHECK(a.device.peak_flops(precision::f32) == 19.5e12);
     CHECK(a.device.peak_flops(precision::bf16) == 312e12);
     CHECK(a.device.memory_bandwidth == 2039e9);
     CHECK(a.topo.intra_node.bandwidth == 300e9);
@@ -387,7 +389,7 @@ TEST_CASE("the presets carry the datasheet figures", "[search][hardware]") {
     CHECK(h.name == "DGX H100 x1");
     CHECK(h.devices() == 8);
     CHECK(h.device.memory_bytes == 80 * gib);
-    CHECK(h.device.peak_flops(precision::fp32) == 67e12);
+    CHECK(h.device.peak_flops(precision::f32) == 67e12);
     CHECK(h.device.peak_flops(precision::bf16) == 989e12);
     CHECK(h.device.memory_bandwidth == 3.35e12);
     CHECK(h.topo.intra_node.bandwidth == 450e9);
@@ -403,7 +405,7 @@ TEST_CASE("the presets carry the datasheet figures", "[search][hardware]") {
     CHECK_THROWS_MATCHES(dgx_h100(0), profile_error, message_has({"nodes is 0"}));
     CHECK_THROWS_MATCHES(dgx1_v100(1, 0), profile_error, message_has({"nics_per_node is 0"}));
     CHECK_THROWS_MATCHES(slow_network().device.peak_flops(precision::bf16), profile_error,
-                         message_has({"device 'd' has no bf16 peak (peak_flops_fp16 = 0)"}));
+                         message_has({"device 'd' has no bf16 peak (peak_flops_f16 = 0)"}));
 }
 
 TEST_CASE("profiles survive a JSON round trip, in memory and through a file", "[search][hardware]") {
@@ -476,6 +478,9 @@ TEST_CASE("bad profile files name the file, the field and the fix", "[search][ha
     nlohmann::json no_tensor_cores = good;
     no_tensor_cores["device"]["peak_flops_fp16_per_s"] = 0;
     const cluster c = cluster_from_json(no_tensor_cores);
-    CHECK_THROWS_MATCHES(c.device.peak_flops(precision::fp16), profile_error,
-                         message_has({"'V100-SXM2-32GB' has no fp16 peak"}));
+    CHECK_THROWS_MATCHES(c.device.peak_flops(precision::f16), profile_error,
+                         message_has({"'V100-SXM2-32GB' has no f16 peak (peak_flops_f16 = 0)",
+                                      "peak_flops_fp16_per_s in its JSON"}));
+    CHECK_THROWS_MATCHES(c.device.peak_flops(precision::f64), profile_error,
+                         message_has({"profiles hold no f64 peak; plan in f32, f16 or bf16"}));
 }

@@ -30,7 +30,7 @@ int main(int argc, char** argv) {
         loom::search::save_cluster(hw, out);
         std::printf("%s\n  bf16 GEMM efficiency %.2f of %.0f TFLOP/s, copy %.0f GB/s, elementwise efficiency %.2f; "
                     "written to %s\n",
-                    hw.name.c_str(), hw.device.gemm_efficiency, hw.device.peak_flops_fp16 / 1e12,
+                    hw.name.c_str(), hw.device.gemm_efficiency, hw.device.peak_flops_f16 / 1e12,
                     hw.device.memory_bandwidth / 1e9, hw.device.elementwise_efficiency, out.c_str());
         if (!(loom::search::load_cluster(out) == hw)) {
             std::fprintf(stderr, "calibrate_gpu: %s does not load back equal; report this\n", out.c_str());

@@ -38,8 +38,8 @@ int main(int argc, char** argv) {
                    "preset:nodes, preset one of dgx1_v100, dgx1_v100_8nic, dgx2_v100, dgx_a100, dgx_h100");
     app.add_option("--cluster-json", o.cluster_json, "a cluster profile (search::save_cluster) instead of a preset");
     app.add_option("--memory", o.memory, "bytes per device the plan may use (default: the device's memory)");
-    app.add_option("--precision", o.precision, "bf16 or fp16 (mixed-precision Adam), or fp32")
-        ->check(CLI::IsMember({"bf16", "fp16", "fp32"}));
+    app.add_option("--precision", o.precision, "bf16 or f16 (mixed-precision Adam), or f32")
+        ->check(CLI::IsMember({"bf16", "f16", "f32"}));
     app.add_option("--tp", o.tp, "tensor-parallel degrees to consider");
     app.add_option("--pp", o.pp, "pipeline stage counts to consider");
     app.add_option("--micro-batches", o.micro_batches, "micro-batch counts to consider");

@@ -14,7 +14,7 @@ struct loom_plan_options {
     std::string cluster = "dgx_a100:4";
     std::string cluster_json;
     double memory = 0;  // bytes per device; 0: the device's memory
-    std::string precision = "bf16";  // bf16 / fp16 (mixed precision, Adam) or fp32
+    std::string precision = "bf16";  // bf16 / f16 (mixed precision, Adam) or f32: to_string(loom::precision)
     // the space: empty lists mean every value that fits
     std::vector<int> tp, pp, micro_batches, zero;
     std::vector<std::string> schedules, recompute;

@@ -38,10 +38,10 @@ search::schedule_kind schedule_of(const std::string& s) {
     throw usage_error("loom_plan: unknown schedule '" + s + "'; give gpipe, 1f1b, interleaved or 3f1b");
 }
 
-search::recompute recompute_of(const std::string& s) {
-    if (s == "none") return search::recompute::none;
-    if (s == "selective") return search::recompute::selective;
-    if (s == "full") return search::recompute::full;
+plan::recompute_policy recompute_of(const std::string& s) {
+    using enum plan::recompute_policy;
+    for (const plan::recompute_policy r : {none, selective, full})
+        if (s == plan::to_string(r)) return r;
     throw usage_error("loom_plan: unknown recompute choice '" + s + "'; give none, selective or full");
 }
 
@@ -173,8 +173,10 @@ int search_space(const loom_plan_options& o, const search::cluster& hw) {
     search::plan_search_options options;
     options.memory_limit = o.memory;
     options.time_budget_seconds = o.budget;
-    options.price.storage = o.precision == "fp32" ? loom::precision::f32 : loom::precision::bf16;
-    options.price.optimizer_bytes_per_element = o.precision == "fp32" ? 8 : 12;  // moments, plus a float master copy
+    options.price.storage = o.precision == "f32"   ? loom::precision::f32
+                            : o.precision == "f16" ? loom::precision::f16
+                                                   : loom::precision::bf16;
+    options.price.optimizer_bytes_per_element = o.precision == "f32" ? 8 : 12;  // moments, plus a float master copy
     options.price.runtime_bytes = o.runtime_memory >= 0 ? o.runtime_memory : o.cluster_json.empty() ? 2.0 * 1024.0 * 1024.0 * 1024.0 : 0.0;
     const search::plan_search_result r = search::search_plan(model, space, hw, options);
     std::printf("%s", r.explain().c_str());
@@ -215,14 +217,14 @@ int run_loom_plan(const loom_plan_options& o) {
         if (!o.save_cluster.empty()) search::save_cluster(hw, o.save_cluster);
         search::search_options options;
         options.memory_per_device = o.memory;
-        if (o.precision == "fp32") {
-            options.compute = search::precision::fp32;
+        if (o.precision == to_string(precision::f32)) {
+            options.compute = precision::f32;
             options.activation_bytes = 4;
-            options.states = search::fp32_adam();
-        } else if (o.precision == "fp16") {
-            options.compute = search::precision::fp16;
-        } else if (o.precision != "bf16") {
-            throw usage_error("loom_plan: precision '" + o.precision + "'; give bf16, fp16 or fp32");
+            options.states = search::f32_adam();
+        } else if (o.precision == to_string(precision::f16)) {
+            options.compute = precision::f16;
+        } else if (o.precision != to_string(precision::bf16)) {
+            throw usage_error("loom_plan: precision '" + o.precision + "'; give bf16, f16 or f32");
         }
         options.fold = !o.unfolded;
         options.time_budget_seconds = o.budget;

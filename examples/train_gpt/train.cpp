@@ -212,7 +212,7 @@ int train_searched(const models::gpt_config& config, train::trainer_options opti
     search_options.price.compute_shared_by = devices;    // in-process ranks share this machine
     search_options.price.rates = search::calibrate_host_ops(devices);
     std::printf("cluster: %s, %.1f GFLOP/s and %.1f GB/s per rank, %zu op kinds timed (measured)\n",
-                host_profile.name.c_str(), host_profile.device.peak_flops_fp32 / 1e9,
+                host_profile.name.c_str(), host_profile.device.peak_flops_f32 / 1e9,
                 host_profile.device.memory_bandwidth / 1e9, search_options.price.rates.size());
     const plan::plan_spec space = plan::spaces::nnscaler(devices);
     std::printf("space: %s\n", space.name.c_str());

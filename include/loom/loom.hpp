@@ -5,6 +5,7 @@
 #include <loom/core/dim.hpp>
 #include <loom/core/error.hpp>
 #include <loom/core/fixed_string.hpp>
+#include <loom/core/precision.hpp>
 #include <loom/core/shape.hpp>
 #include <loom/core/signature.hpp>
 #include <loom/core/typed_signature.hpp>

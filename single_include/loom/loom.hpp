@@ -148,6 +148,47 @@ struct comm_error : error {
 
 }  // namespace loom
 // ---- end loom/core/error.hpp ----
+// ---- begin loom/core/precision.hpp ----
+// The precision of real numbers: what a program stores its tensors in (runtime/program.hpp)
+// and what the plan searcher times a model's arithmetic in (search/evaluate.hpp).
+//
+//   f32    float
+//   f64    double (the host executor's exact twin of f32)
+//   f16    IEEE half precision with float arithmetic (mixed precision); the searcher plans in
+//          it (tensor-core peaks, V100), no executor runs it
+//   bf16   bfloat16 tensors with float arithmetic: the GPU's mixed precision, and the
+//          outputs ops mark as float_outputs kept in float
+#include <cstddef>
+#include <cstdint>
+#include <string_view>
+
+namespace loom {
+
+enum class precision : std::uint8_t { f32, f64, f16, bf16 };
+
+// Bytes of one real number stored in precision p.
+inline std::size_t real_bytes(precision p) {
+    switch (p) {
+        case precision::f32: return 4;
+        case precision::f64: return 8;
+        case precision::f16: return 2;
+        case precision::bf16: return 2;
+    }
+    return 4;
+}
+
+inline std::string_view to_string(precision p) {
+    switch (p) {
+        case precision::f32: return "f32";
+        case precision::f64: return "f64";
+        case precision::f16: return "f16";
+        case precision::bf16: return "bf16";
+    }
+    return "unknown precision";
+}
+
+}  // namespace loom
+// ---- end loom/core/precision.hpp ----
 // ---- begin loom/core/shape.hpp ----
 // A shape is a list of named axes: [Batch=8, Seq=64, Hidden=128]. Rank 0 is a scalar.
 #include <cstdint>
@@ -3327,7 +3368,7 @@ struct message {
 // (compose(...).spec()) the views are refilled with what only then is known (degrees given
 // to constructors, chosen open parameters, the device count of spec(n)) and the same
 // predicates throw loom::plan_error. Checks against one graph's extents stay where the graph
-// is known: plan::resolve (rules.hpp) and partition::resolve_partition (piece_layout.hpp).
+// is known: plan::resolve (rules.hpp) and partition::bind_partition (piece_layout.hpp).
 //
 // Messages start with the combinator and say how to fix the plan:
 //   "plan::trans<Split<Seq>, 2> on attention: Seq is frozen in this op ('s', 't'; splitting
@@ -4594,21 +4635,28 @@ struct dependency {
     friend bool operator==(const dependency&, const dependency&) = default;
 };
 
-// What b reads (b must be one of the shape's blocks).
-inline std::vector<dependency> inputs_of(const pipeline_shape& p, const block& b) {
-    std::vector<dependency> in;
+// Calls f(dependency) for each input of b (b must be one of the shape's blocks), without
+// allocating: the simulator runs it for every block it plays.
+template <class F>
+void for_each_input(const pipeline_shape& p, const block& b, F&& f) {
     const int last_stage = p.stages - 1, last_round = p.rounds - 1;
     if (is_forward(b)) {
         if (b.stage > 0)
-            in.push_back({forward_block(b.stage - 1, b.micro, b.round), b, dependency_kind::activation});
+            f(dependency{forward_block(b.stage - 1, b.micro, b.round), b, dependency_kind::activation});
         else if (b.round > 0)
-            in.push_back({forward_block(last_stage, b.micro, b.round - 1), b, dependency_kind::recycle});
+            f(dependency{forward_block(last_stage, b.micro, b.round - 1), b, dependency_kind::recycle});
     } else if (b.stage == last_stage) {
-        in.push_back({forward_block(last_stage, b.micro, last_round), b, dependency_kind::loss});
+        f(dependency{forward_block(last_stage, b.micro, last_round), b, dependency_kind::loss});
     } else {
-        in.push_back({backward_block(b.stage + 1, b.micro), b, dependency_kind::gradient});
-        in.push_back({forward_block(b.stage, b.micro, last_round), b, dependency_kind::saved_activation});
+        f(dependency{backward_block(b.stage + 1, b.micro), b, dependency_kind::gradient});
+        f(dependency{forward_block(b.stage, b.micro, last_round), b, dependency_kind::saved_activation});
     }
+}
+
+// What b reads (b must be one of the shape's blocks).
+inline std::vector<dependency> inputs_of(const pipeline_shape& p, const block& b) {
+    std::vector<dependency> in;
+    for_each_input(p, b, [&](const dependency& d) { in.push_back(d); });
     return in;
 }
 
@@ -5416,7 +5464,9 @@ inline std::vector<std::string> open_parameters(const plan_spec& p) {
     return names;
 }
 
-inline std::int64_t resolve_degree(const degree_spec& d, const plan_spec& p, const std::string& where) {
+// The value of a degree: its fixed value, or the plan's choice for its open parameter
+// (checked against the parameter's range). `where` names the part for messages.
+inline std::int64_t degree_value(const degree_spec& d, const plan_spec& p, const std::string& where) {
     if (d.open.empty()) return d.value;
     auto it = p.choices.find(d.open);
     if (it == p.choices.end())
@@ -5483,7 +5533,7 @@ inline resolved_plan partition_ops(const plan_spec& p, const graph& g) {
                                   " '" + n.name + "'";
         if (splits)
             for (const auto& s : *splits) {
-                const std::int64_t degree = resolve_degree(s.degree, p, where);
+                const std::int64_t degree = degree_value(s.degree, p, where);
                 op.splits.push_back({s.dim, s.label, degree, s.replicate});
                 if (!s.replicate && degree > 1) check_not_forbidden(p, n, s, where);
             }
@@ -5856,7 +5906,7 @@ inline constexpr order_t<Policy, Name> order{};
 // Pipelines inside plan::resolve: stages and micro-batches written with the primitives
 // (nnScaler §4). The plan value states them as parts (plan::stages, plan::micro_batches,
 // plan::order; plan/rules.hpp stage_spec); plan::resolve (plan/resolve.hpp) lowers them to
-// the stage list below and resolves it here.
+// the stage list below and places it with place_stages.
 //
 //   * op-trans: every op is cut along the batch into `micro_batches` pieces, outermost;
 //     within a stage, the plan's rules (data parallel, Megatron, ...) cut each micro-batch
@@ -5922,10 +5972,10 @@ inline bool has_dim(const node& n, dim_id d) {
     return false;
 }
 
-// The partitions (with op-assign to the stage groups) plus, per forward node, its stage,
-// round, and whether its first split is the micro-batch split. The order is left to the
-// caller.
-inline resolved_plan resolve_pipeline(const pipeline_spec& spec, const graph& g) {
+// Places the stages: the partitions (with op-assign to the stage groups) plus, per forward
+// node, its stage, round, and whether its first split is the micro-batch split. The order
+// is left to the caller (plan::resolve).
+inline resolved_plan place_stages(const pipeline_spec& spec, const graph& g) {
     const auto stages = static_cast<int>(spec.stages.size());
     if (stages < 1) throw plan_error("pipeline: no stages; give at least one stage (a layer range and its devices)");
     if (spec.micro_batches < 1)
@@ -6080,11 +6130,15 @@ inline resolved_plan resolve_pipeline(const pipeline_spec& spec, const graph& g)
 //                      leaves some per micro-batch, which a search could remove)
 //
 // Each has a *_constraints() (the family, independent of sizes), a *_spec(...) (shape and
-// constraints: what the executor needs to rebuild it) and a builder returning the schedule.
+// constraints: what the executor needs to rebuild it) and a builder returning the schedule:
+// from_constraints(spec), except for GPipe, 1F1B and interleaved 1F1B, whose constraints fix
+// each device's order and whose builders write that order out in linear time.
 // The builders check their arguments with the predicates of checks.hpp; the plan's order part
 // (plan/pipeline_parts.hpp) checks stages and micro-batches at compile time.
+#include <algorithm>
 #include <initializer_list>
 #include <string>
+#include <utility>
 #include <vector>
 
 // ---- begin loom/schedule/checks.hpp ----
@@ -7076,14 +7130,66 @@ inline schedule_spec interlaced_spec(int pipeline_stages, int micro_batches, int
             interlaced_constraints()};
 }
 
-inline schedule gpipe(int stages, int micro_batches, const cost_model& costs = {}) {
-    return from_constraints(gpipe_spec(stages, micro_batches), costs);
+namespace detail {
+
+// The device orders that the constraints of GPipe, 1F1B and interleaved 1F1B fix, written
+// out in linear time. from_constraints(spec) gives the same orders (tests check it on many
+// shapes), but its list scheduler grows quickly with stages x micro-batches (interleaved
+// 1F1B on 8 devices with 256 micro-batches takes over a second), and the plan searcher builds
+// hundreds of such schedules.
+
+inline std::vector<std::vector<block>> gpipe_device_orders(int stages, int micro_batches) {
+    std::vector<std::vector<block>> orders(static_cast<std::size_t>(stages));
+    for (int d = 0; d < stages; ++d) {
+        auto& order = orders[static_cast<std::size_t>(d)];
+        order.reserve(2 * static_cast<std::size_t>(micro_batches));
+        for (int i = 0; i < micro_batches; ++i) order.push_back(forward_block(d, i));
+        for (int i = 0; i < micro_batches; ++i) order.push_back(backward_block(d, i));
+    }
+    return orders;
 }
-inline schedule one_f_one_b(int stages, int micro_batches, const cost_model& costs = {}) {
-    return from_constraints(one_f_one_b_spec(stages, micro_batches), costs);
+
+// Device r of p with v chunks (stages r, r + p, ..., r + (v - 1) p) runs forward k of the
+// micro-batch (k / (p v)) p + k % p on chunk (k / p) % v, backward k on the same micro-batch
+// of chunk v - 1 - (k / p) % v (Megatron's groups of p micro-batches through one chunk at a
+// time); after w + 1 forwards, w = 2 (p - r - 1) + (v - 1) p (v > 1) or p - r - 1 (v = 1, plain
+// 1F1B), a backward and a forward alternate until the forwards run out.
+inline std::vector<std::vector<block>> interleaved_device_orders(int p, int v, int m) {
+    std::vector<std::vector<block>> orders(static_cast<std::size_t>(p));
+    const int total = m * v;
+    const auto micro = [&](int k) { return (k / (p * v)) * p + k % p; };
+    for (int r = 0; r < p; ++r) {
+        auto& order = orders[static_cast<std::size_t>(r)];
+        order.reserve(2 * static_cast<std::size_t>(total));
+        const auto forward = [&](int k) { return forward_block(((k / p) % v) * p + r, micro(k)); };
+        const auto backward = [&](int k) { return backward_block((v - 1 - (k / p) % v) * p + r, micro(k)); };
+        const int w = v > 1 ? 2 * (p - r - 1) + (v - 1) * p : p - r - 1;
+        int f = 0, b = 0;
+        for (; f < std::min(w + 1, total); ++f) order.push_back(forward(f));
+        while (b < total) {
+            order.push_back(backward(b++));
+            if (f < total) order.push_back(forward(f++));
+        }
+    }
+    return orders;
 }
-inline schedule interleaved_one_f_one_b(int devices, int chunks, int micro_batches, const cost_model& costs = {}) {
-    return from_constraints(interleaved_spec(devices, chunks, micro_batches), costs);
+
+}  // namespace detail
+
+// GPipe, 1F1B and interleaved 1F1B: their constraints fix every device's order whatever the
+// costs, so the builders write it out directly (the costs are accepted so that every
+// template is called alike; from_constraints(*_spec(...)) gives the same schedule).
+inline schedule gpipe(int stages, int micro_batches, const cost_model& = {}) {
+    schedule_spec spec = gpipe_spec(stages, micro_batches);
+    return {std::move(spec.shape), detail::gpipe_device_orders(stages, micro_batches), std::move(spec.name)};
+}
+inline schedule one_f_one_b(int stages, int micro_batches, const cost_model& = {}) {
+    schedule_spec spec = one_f_one_b_spec(stages, micro_batches);
+    return {std::move(spec.shape), detail::interleaved_device_orders(stages, 1, micro_batches), std::move(spec.name)};
+}
+inline schedule interleaved_one_f_one_b(int devices, int chunks, int micro_batches, const cost_model& = {}) {
+    schedule_spec spec = interleaved_spec(devices, chunks, micro_batches);
+    return {std::move(spec.shape), detail::interleaved_device_orders(devices, chunks, micro_batches), std::move(spec.name)};
 }
 inline schedule three_f_one_b(int stages, int micro_batches, const cost_model& costs = {}) {
     return from_constraints(three_f_one_b_spec(stages, micro_batches), costs);
@@ -7245,7 +7351,7 @@ inline std::vector<std::int64_t> stage_starts(const stage_spec& st, std::int64_t
 inline resolved_plan resolve(const plan_spec& p, const graph& g) {
     if (p.devices < 1) throw plan_error("plan: devices = " + std::to_string(p.devices) + "; use at least one device");
     const zero_stage zero = detail::chosen_zero(p);
-    const std::int64_t micro = resolve_degree(p.micro_batches, p, "plan::micro_batches");
+    const std::int64_t micro = degree_value(p.micro_batches, p, "plan::micro_batches");
     if (micro < 1)
         throw plan_error("plan::micro_batches: " + std::to_string(micro) + " micro-batches; use at least 1");
     std::optional<order_policy> order = detail::chosen_order(p);
@@ -7256,7 +7362,7 @@ inline resolved_plan resolve(const plan_spec& p, const graph& g) {
     }
 
     const stage_spec st = p.stages.value_or(stage_spec{});
-    const std::int64_t stages = resolve_degree(st.count, p, "plan::stages");
+    const std::int64_t stages = degree_value(st.count, p, "plan::stages");
     if (stages < 1) throw plan_error("plan::stages: " + std::to_string(stages) + " stages; use at least 1");
     if (!order) order = order_policy{schedule_kind::one_f_one_b};
     const bool interlaced = order->kind == schedule_kind::interlaced;
@@ -7334,7 +7440,7 @@ inline resolved_plan resolve(const plan_spec& p, const graph& g) {
         ps.tail_stage = static_cast<int>(ps.stages.size()) - 1;
     }
 
-    resolved_plan out = detail::resolve_pipeline(ps, g);
+    resolved_plan out = detail::place_stages(ps, g);
     out.zero = zero;
     out.name = !p.name.empty() ? p.name
                                : "pipeline x" + std::to_string(stages) +
@@ -7807,7 +7913,7 @@ void lower_trans(const Trans& t, lowering& out, rule_view& view, rule& r) {
             open_name = open_parameter_name(out.trans_index, j, splits.size(), d.name);
             if (out.spec.choices.count(open_name)) {
                 // Outside its range: the same message as plan::resolve gives.
-                d.value = resolve_degree(lower_degree(d, open_name), out.spec, where);
+                d.value = degree_value(lower_degree(d, open_name), out.spec, where);
                 d.known = true;
             }
         }
@@ -8060,6 +8166,37 @@ inline constexpr detail::message error_message = detail::well_formed_list<
 #include <string>
 #include <vector>
 
+// ---- begin loom/plan/recompute_policy.hpp ----
+// How much of a transformer layer the backward pass recomputes instead of keeping
+// (Korthikanti et al., 2022, "Reducing Activation Recomputation in Large Transformer Models"):
+//
+//   none       keep everything the forward saves
+//   selective  recompute the attention core (the scores, their softmax and dropout: the ops
+//              of kind ops::Attention), keep the rest
+//   full       keep only the layer's input and rerun the whole layer
+//
+// One policy per layer is what the plan searcher chooses (search::configuration::
+// recompute_of) and times (search/memory.hpp, search/evaluate.hpp); a plan states it with
+// presets::recompute_layers, which lowers it to recompute rules (rule::recompute) over the
+// layer's ops.
+#include <cstdint>
+#include <string>
+
+namespace loom::plan {
+
+enum class recompute_policy : std::uint8_t { none, selective, full };
+
+inline std::string to_string(recompute_policy r) {
+    switch (r) {
+        case recompute_policy::none: return "none";
+        case recompute_policy::selective: return "selective";
+        case recompute_policy::full: return "full";
+    }
+    return "?";
+}
+
+}  // namespace loom::plan
+// ---- end loom/plan/recompute_policy.hpp ----
 
 namespace loom::plan::presets {
 
@@ -8219,6 +8356,23 @@ inline plan_spec zero(int stage, int n) {
 inline plan_spec recompute(selector on) {
     plan_spec p;
     p.add({std::move(on), std::nullopt, std::nullopt, true, "recompute", false});
+    return p;
+}
+
+// A recompute policy (plan/recompute_policy.hpp) for layers first..last (inclusive; last < 0:
+// to the end) of `repeat`: selective recomputes their attention cores (the ops::Attention
+// ops), full every op of the layers; none adds no rule.
+//   plan.then(presets::recompute_layers(recompute_policy::full, 0, 11))
+inline plan_spec recompute_layers(recompute_policy r, std::int64_t first_layer, std::int64_t last_layer,
+                                  std::string repeat = "blocks") {
+    plan_spec p;
+    if (r == recompute_policy::none) return p;
+    selector on;
+    on.repeat = std::move(repeat);
+    on.first_layer = first_layer;
+    on.last_layer = last_layer;
+    if (r == recompute_policy::selective) on.kinds = {&op_def_of<ops::Attention>()};
+    p.add({std::move(on), std::nullopt, std::nullopt, true, to_string(r) + " recompute", false});
     return p;
 }
 
@@ -8623,7 +8777,7 @@ struct logical_graph_options {
     bool zero3_identities = false;
     bool zero2_identities = false;
     std::vector<bool> recompute;  // per forward node of the input graph
-    // Per forward node of the input graph: the partition (splits resolved to labels) of a
+    // Per forward node of the input graph: the partition (splits bound to labels) of a
     // node to rebuild by the decomposition registered for one of its split variables.
     std::vector<std::optional<plan::op_partition>> decompose;
     // Pipelines: the stage of each forward node of the input graph (empty: no pipeline). A
@@ -8644,7 +8798,7 @@ struct logical_graph {
 };
 
 // The decomposition a partition asks for on node `n`: that of the first cut variable whose
-// registered transformation rebuilds the op. `p`'s splits must be resolved to labels.
+// registered transformation rebuilds the op. `p`'s splits must be bound to labels.
 inline const plan::transformation* decomposition_for(const node& n, const plan::op_partition& p) {
     for (const auto& s : p.splits) {
         if (s.replicate) continue;
@@ -9046,7 +9200,7 @@ struct piece_geometry {
 };
 
 struct node_layout {
-    plan::op_partition partition;  // with every split resolved to a variable label
+    plan::op_partition partition;  // with every split bound to a variable label
     std::vector<piece_geometry> pieces;
 };
 
@@ -9077,11 +9231,11 @@ inline std::optional<int> variable_of(const node& n, const plan::split_axis& s) 
 
 }  // namespace detail
 
-// Checks `p` against node `n` and resolves every split to a variable label. `strict`: a
-// plan the user wrote, whose mistakes are errors; otherwise (a mirrored backward op) a
-// split that does not apply becomes replication, noted in `notes`.
-inline plan::op_partition resolve_partition(const node& n, plan::op_partition p, int devices, bool strict,
-                                            std::vector<std::string>& notes) {
+// Checks `p` against node `n` and binds every split to one of the node's variables (its
+// label). `strict`: a plan the user wrote, whose mistakes are errors; otherwise (a mirrored
+// backward op) a split that does not apply becomes replication, noted in `notes`.
+inline plan::op_partition bind_partition(const node& n, plan::op_partition p, int devices, bool strict,
+                                         std::vector<std::string>& notes) {
     const std::string where = detail::node_where(n);
     if (p.replicas < 1)
         throw plan_error("plan: " + where + " has " + std::to_string(p.replicas) + " replicas; use at least 1");
@@ -9181,7 +9335,7 @@ inline plan::op_partition mirror_partition(const plan::op_partition& p, const no
     return m;
 }
 
-// Index ranges and boxes of every piece of node `n` under the resolved partition `p`.
+// Index ranges and boxes of every piece of node `n` under the bound partition `p`.
 inline node_layout layout_pieces(const graph& g, const node& n, plan::op_partition p) {
     node_layout layout;
     const auto& vars = n.sig.vars;
@@ -10531,7 +10685,7 @@ private:
         emitting_consumer_ = consumer;
         std::vector<tensor_id> result(reqs.size(), no_id);
         std::vector<std::size_t> open;
-        auto resolve_locally = [&] {
+        auto take_local_pieces = [&] {
             std::vector<std::size_t> still;
             for (std::size_t i : open) {
                 if (auto l = local(t, reqs[i].device, reqs[i].region))
@@ -10543,11 +10697,11 @@ private:
         };
         for (std::size_t i = 0; i < reqs.size(); ++i) open.push_back(i);
         if (sum_locally_first || sums_after_every_micro_batch(consumer)) sum_partials_per_device(t);
-        resolve_locally();
+        take_local_pieces();
         while (!open.empty() && collectives_allowed(t, consumer)) {
             bool progressed = try_partial(t, open, reqs) || try_tiles(t, open, reqs) || try_broadcast(t, open, reqs);
             if (!progressed) break;
-            resolve_locally();
+            take_local_pieces();
         }
         for (std::size_t i : open) {
             if (auto l = local(t, reqs[i].device, reqs[i].region)) {
@@ -10765,8 +10919,8 @@ inline partitioned_graph apply_plan(const graph& model, const plan::resolved_pla
         // A cut that a registered transformation makes by rebuilding the op (cross_entropy
         // along its vocabulary): checked against the op as written, then rebuilt.
         const node& n = model.nodes[i];
-        plan::op_partition resolved = resolve_partition(n, *p, plan.devices, true, notes);
-        if (decomposition_for(n, resolved)) lo.decompose[i] = std::move(resolved);
+        plan::op_partition bound = bind_partition(n, *p, plan.devices, true, notes);
+        if (decomposition_for(n, bound)) lo.decompose[i] = std::move(bound);
     }
 
     partitioned_graph out;
@@ -10783,14 +10937,14 @@ inline partitioned_graph apply_plan(const graph& model, const plan::resolved_pla
     std::vector<plan::op_partition> parts(g.nodes.size());
     std::vector<bool> assigned(g.nodes.size(), false);
     for (const auto& [n, p] : out.logical->decomposed) {
-        parts[static_cast<std::size_t>(n)] = resolve_partition(g.at(n), p, plan.devices, true, out.notes);
+        parts[static_cast<std::size_t>(n)] = bind_partition(g.at(n), p, plan.devices, true, out.notes);
         assigned[static_cast<std::size_t>(n)] = true;
     }
     for (std::size_t i = 0; i < forward; ++i) {
         node_id n = out.logical->forward_node[i];
         if (assigned[static_cast<std::size_t>(n)]) continue;
         const plan::op_partition* p = plan.at(static_cast<node_id>(i));
-        parts[static_cast<std::size_t>(n)] = resolve_partition(g.at(n), p ? *p : everywhere, plan.devices, true, out.notes);
+        parts[static_cast<std::size_t>(n)] = bind_partition(g.at(n), p ? *p : everywhere, plan.devices, true, out.notes);
         assigned[static_cast<std::size_t>(n)] = true;
     }
     // Pipelines: the stage of a node of g, from its forward op (-1: none, or no pipeline).
@@ -10868,7 +11022,7 @@ inline partitioned_graph apply_plan(const graph& model, const plan::resolved_pla
             p.splits.push_back({t.dims.dim(0), "...0", shards});
             p.devices = group;
         }
-        parts[static_cast<std::size_t>(n)] = resolve_partition(nd, p, plan.devices, true, out.notes);
+        parts[static_cast<std::size_t>(n)] = bind_partition(nd, p, plan.devices, true, out.notes);
         assigned[static_cast<std::size_t>(n)] = true;
     };
     for (auto [param, n] : out.logical->zero3_identity) shard(param, n, true);
@@ -10881,7 +11035,7 @@ inline partitioned_graph apply_plan(const graph& model, const plan::resolved_pla
         node_id like = n.forward_of;
         if (like == no_id && !n.inputs.empty()) like = g.tensor(n.inputs[0]).producer;
         const plan::op_partition& source = like != no_id ? parts[static_cast<std::size_t>(like)] : everywhere;
-        parts[i] = resolve_partition(n, mirror_partition(source, like == no_id ? nullptr : &g.at(like)),
+        parts[i] = bind_partition(n, mirror_partition(source, like == no_id ? nullptr : &g.at(like)),
                                      plan.devices, false, out.notes);
     }
 
@@ -10950,7 +11104,8 @@ partitioned_graph apply_plan(const graph& model, const Plan& plan, const apply_o
 //   program.hpp           device_programs(schedule): compute / send / receive steps
 //   in_flight.hpp         activations held per stage and device
 //   costs.hpp             cost_model
-//   simulate.hpp          simulate(schedule, cost_model): timeline, bubble, peaks
+//   simulate.hpp          simulate(schedule, cost_model, simulate_options): timeline, bubble,
+//                         peaks; or the makespan alone, as the plan searcher times orders
 //   chrome_trace.hpp      chrome_trace_json(simulation)
 //   svg_timeline.hpp      svg_timeline(simulation)
 // ---- begin loom/schedule/chrome_trace.hpp ----
@@ -10985,6 +11140,12 @@ partitioned_graph apply_plan(const graph& model, const Plan& plan, const apply_o
 //   simulation r = simulate(one_f_one_b(4, 8), cost_model{.forward = 1, .backward = 2});
 //   r.makespan, r.bubble_fraction, r.at(backward_block(0, 7)).end, r.peak_in_flight_per_stage
 //
+//   simulate(s, cost_model{.forward_per_stage = f, .backward_per_stage = b, .latency = message},
+//            {.validated = true, .makespan_only = true}).makespan
+//                    the plan searcher's use (search/evaluate.hpp): a template's orders timed
+//                    with per-stage (per-chunk) block times and a message time between
+//                    devices, many times over, so neither validated again nor recorded
+//
 // Quantities, with busy_d the time device d computes and idle_d = makespan - busy_d:
 //   bubble_fraction  sum idle_d / (devices * makespan): the share of device time that is
 //                    bubble. GPipe and 1F1B with uniform costs: (p - 1) / (m + p - 1).
@@ -10996,6 +11157,7 @@ partitioned_graph apply_plan(const graph& model, const Plan& plan, const apply_o
 #include <algorithm>
 #include <cstddef>
 #include <string>
+#include <utility>
 #include <vector>
 
 
@@ -11036,65 +11198,141 @@ struct simulation {
     }
 };
 
-// Validates the schedule first (throws schedule_error), then plays it.
-inline simulation simulate(const schedule& s, const cost_model& costs = {}) {
-    validate(s);
+// What simulate records and checks.
+struct simulate_options {
+    // The schedule is known to pass validate(): a template built it, or it was validated once
+    // and is timed again and again (the plan searcher times each order under many costs).
+    // Skips validation; orders that list a block outside the shape or twice, or that
+    // deadlock, still throw.
+    bool validated = false;
+    // Only the makespan: no per-block times, busy and idle times, bubbles or peaks in flight
+    // (the rest of the simulation is left empty).
+    bool makespan_only = false;
+};
+
+// Validates the schedule first (throws schedule_error) unless options.validated, then plays
+// it: a block starts when each of its devices is free and each input has arrived there (the
+// producer's end, plus costs.latency on a device that did not run the producer).
+inline simulation simulate(const schedule& s, const cost_model& costs = {}, const simulate_options& options = {}) {
+    if (!options.validated) validate(s);
     const auto& p = s.shape;
-    simulation r;
-    r.source = s;
-    r.blocks.resize(static_cast<std::size_t>(block_count(p)));
-    std::vector<bool> done(r.blocks.size(), false);
+    const auto where = [&] { return "simulate('" + s.name + "')"; };
+    if (s.device_order.size() != static_cast<std::size_t>(p.devices))
+        throw schedule_error(where() + ": the schedule orders " + std::to_string(s.device_order.size()) +
+                             " devices but its shape has " + std::to_string(p.devices) + "; validate() names the fix");
+    const auto count = static_cast<std::size_t>(block_count(p));
+    const auto stages = static_cast<std::size_t>(p.stages);
+    // Per stage: its device when it has one (-1: several), and its block times unless the
+    // cost model times each block itself.
+    std::vector<int> stage_device(stages, -1);
+    for (std::size_t st = 0; st < stages; ++st)
+        if (p.stage_devices[st].size() == 1) stage_device[st] = p.stage_devices[st].front();
+    const auto check_time = [](const block& b, double t) {
+        if (!(t >= 0.0))
+            throw usage_error("simulate: the cost model gives " + to_string(b) + " the time " + std::to_string(t) +
+                              "; times must be zero or more");
+        return t;
+    };
+    std::vector<double> forward_time, backward_time;
+    if (!costs.duration)
+        for (int st = 0; st < p.stages; ++st) {
+            forward_time.push_back(check_time(forward_block(st, 0), costs.of(forward_block(st, 0))));
+            backward_time.push_back(check_time(backward_block(st, 0), costs.of(backward_block(st, 0))));
+        }
+    const double never = -1.0;  // the end of a block not yet played (every time is >= 0)
+    std::vector<double> end(count, never);
+    std::vector<double> start(options.makespan_only ? 0 : count, 0.0);
     std::vector<std::size_t> next(static_cast<std::size_t>(p.devices), 0);
     std::vector<double> free(static_cast<std::size_t>(p.devices), 0.0);
-    r.busy.assign(static_cast<std::size_t>(p.devices), 0.0);
-    auto at_head = [&](const block& b) {
-        for (int g : p.devices_of(b.stage)) {
-            const auto& order = s.device_order[static_cast<std::size_t>(g)];
-            const std::size_t i = next[static_cast<std::size_t>(g)];
-            if (i >= order.size() || !(order[i] == b)) return false;
-        }
-        return true;
-    };
-    for (std::size_t placed = 0; placed < r.blocks.size();) {
+    std::vector<double> busy(static_cast<std::size_t>(p.devices), 0.0);
+    double makespan = 0.0;
+    std::size_t placed = 0;
+    // Each pass plays, device by device, every next block whose stage's devices all have it
+    // next and whose inputs have ended. The order of play changes no time.
+    while (placed < count) {
         bool progress = false;
-        for (int d = 0; d < p.devices; ++d) {
-            const auto& order = s.device_order[static_cast<std::size_t>(d)];
-            if (next[static_cast<std::size_t>(d)] >= order.size()) continue;
-            const block b = order[next[static_cast<std::size_t>(d)]];
-            if (!at_head(b)) continue;
-            const auto inputs = inputs_of(p, b);
-            bool ready = true;
-            for (const dependency& dep : inputs)
-                ready = ready && done[static_cast<std::size_t>(block_index(p, dep.producer))];
-            if (!ready) continue;
-            double start = 0.0;
-            for (int g : p.devices_of(b.stage)) {
-                start = std::max(start, free[static_cast<std::size_t>(g)]);
-                for (const dependency& dep : inputs) {
-                    const double latency = p.runs_on(dep.producer.stage, g) ? 0.0 : costs.latency;
-                    start = std::max(start, r.blocks[static_cast<std::size_t>(block_index(p, dep.producer))].end + latency);
+        for (std::size_t d = 0; d < s.device_order.size(); ++d) {
+            const auto& order = s.device_order[d];
+            while (next[d] < order.size()) {
+                const block& b = order[next[d]];
+                if (!contains(p, b))
+                    throw schedule_error(where() + ": " + why_not_contained(p, b) + "; validate() names the fix");
+                // `alone`: the stage runs on device d only (the common case, timed without loops).
+                const bool alone = stage_device[static_cast<std::size_t>(b.stage)] == static_cast<int>(d);
+                const auto& group = p.stage_devices[static_cast<std::size_t>(b.stage)];
+                bool at_head = true;
+                if (!alone)  // a stage on several devices (or listed on a device that does not run it)
+                    for (int g : group) {
+                        const auto& other = s.device_order[static_cast<std::size_t>(g)];
+                        const std::size_t i = next[static_cast<std::size_t>(g)];
+                        at_head = at_head && i < other.size() && other[i] == b;
+                    }
+                if (!at_head) break;
+                const auto index = static_cast<std::size_t>(block_index(p, b));
+                if (end[index] != never)
+                    throw schedule_error(where() + ": " + to_string(b, p.rounds) +
+                                         " is listed twice; validate() names the fix");
+                double at = alone ? free[d] : 0.0;
+                bool ready = true;
+                for_each_input(p, b, [&](const dependency& dep) {
+                    const double e = end[static_cast<std::size_t>(block_index(p, dep.producer))];
+                    if (e == never) ready = false;
+                    const int source = stage_device[static_cast<std::size_t>(dep.producer.stage)];
+                    if (alone)
+                        at = std::max(at, (source >= 0 ? source == static_cast<int>(d)
+                                                       : p.runs_on(dep.producer.stage, static_cast<int>(d)))
+                                              ? e
+                                              : e + costs.latency);
+                    else
+                        for (int g : group) at = std::max(at, e + (p.runs_on(dep.producer.stage, g) ? 0.0 : costs.latency));
+                });
+                if (!ready) break;
+                if (!alone)
+                    for (int g : group) at = std::max(at, free[static_cast<std::size_t>(g)]);
+                const double duration = costs.duration ? check_time(b, costs.duration(b))
+                                        : is_forward(b)  ? forward_time[static_cast<std::size_t>(b.stage)]
+                                                         : backward_time[static_cast<std::size_t>(b.stage)];
+                end[index] = at + duration;
+                if (!options.makespan_only) start[index] = at;
+                if (alone) {
+                    free[d] = at + duration;
+                    busy[d] += duration;
+                    ++next[d];
+                } else {
+                    for (int g : group) {
+                        free[static_cast<std::size_t>(g)] = at + duration;
+                        busy[static_cast<std::size_t>(g)] += duration;
+                        ++next[static_cast<std::size_t>(g)];
+                    }
                 }
+                makespan = std::max(makespan, at + duration);
+                ++placed;
+                progress = true;
             }
-            const double duration = costs.of(b);
-            if (!(duration >= 0.0))
-                throw usage_error("simulate: the cost model gives " + to_string(b) + " the time " +
-                                  std::to_string(duration) + "; times must be zero or more");
-            const auto index = static_cast<std::size_t>(block_index(p, b));
-            r.blocks[index] = {b, p.devices_of(b.stage), start, start + duration};
-            done[index] = true;
-            for (int g : p.devices_of(b.stage)) {
-                free[static_cast<std::size_t>(g)] = start + duration;
-                r.busy[static_cast<std::size_t>(g)] += duration;
-                ++next[static_cast<std::size_t>(g)];
-            }
-            ++placed;
-            progress = true;
         }
         if (!progress)
-            throw schedule_error("simulate('" + s.name + "'): no device can run its next block; validate() should have "
-                                 "reported a deadlock (this is a bug)");
+            throw schedule_error(where() + ": no device can run its next block" +
+                                 (options.validated ? std::string("; the orders deadlock or leave blocks out (validate() "
+                                                                  "names the blocks and the fix)")
+                                                    : std::string("; validate() should have reported a deadlock (this "
+                                                                  "is a bug)")));
     }
-    for (const timed_block& t : r.blocks) r.makespan = std::max(r.makespan, t.end);
+    for (std::size_t d = 0; d < s.device_order.size(); ++d)
+        if (next[d] != s.device_order[d].size())
+            throw schedule_error(where() + ": device " + std::to_string(d) + " lists " +
+                                 to_string(s.device_order[d][next[d]], p.rounds) +
+                                 " after every block has run (a block twice?); validate() names the fix");
+
+    simulation r;
+    r.makespan = makespan;
+    if (options.makespan_only) return r;
+    r.source = s;
+    r.blocks.resize(count);
+    for (std::size_t i = 0; i < count; ++i) {
+        const block b = block_at(p, static_cast<int>(i));
+        r.blocks[i] = {b, p.devices_of(b.stage), start[i], end[i]};
+    }
+    r.busy = std::move(busy);
     r.idle.resize(r.busy.size());
     for (std::size_t d = 0; d < r.busy.size(); ++d) r.idle[d] = r.makespan - r.busy[d];
     if (r.makespan > 0.0) r.bubble_fraction = r.total_idle() / (p.devices * r.makespan);
@@ -11359,7 +11597,6 @@ inline std::string svg_timeline(const simulation& r, const svg_options& o = {}) 
 //   model_profile.hpp     per-layer work, parameters, saved activations of a training graph
 //   plan_space.hpp        configuration (TP, PP, DP, micro-batches, ZeRO, schedule, ...) and
 //                         search_space
-//   schedule_orders.hpp   GPipe, 1F1B and interleaved block orders in linear time
 //   evaluate.hpp          cost_context, evaluate(configuration): step time and memory
 //   branch_and_bound.hpp  branch_and_bound, enumerate_all, search_result::explain
 //   to_plan.hpp           a searched configuration as the one plan value
@@ -11381,8 +11618,9 @@ inline std::string svg_timeline(const simulation& r, const svg_options& o = {}) 
 // Inside a pipeline stage (tp * dp devices) the rules are Megatron's tensor parallelism with
 // data parallelism around it (plan::presets::megatron(tp, dp)), or plain data parallelism
 // when tp is 1. Pipelines are plan::stages over the layers of "blocks" (explicit boundaries
-// when the chunks are uneven), micro-batches and the configuration's order. Recomputation is
-// a rule per layer: selective recomputes the layer's attention core, full the whole layer;
+// when the chunks are uneven), micro-batches and the configuration's order. Each layer's
+// recompute policy becomes plan::presets::recompute_layers for that layer: selective
+// recomputes the layer's attention core, full the whole layer;
 // Coshard splits a recomputed layer's attention and MLP into coshard times more pieces,
 // colocated on each device. The interlaced pipeline splits the embedding, the LM head and
 // the loss by vocabulary over all devices.
@@ -11445,10 +11683,10 @@ struct state_bytes {
     friend bool operator==(const state_bytes&, const state_bytes&) = default;
 };
 
-// fp16 parameters and gradients; fp32 master parameters, momentum and variance (4+4+4).
+// f16 parameters and gradients; f32 master parameters, momentum and variance (4+4+4).
 inline constexpr state_bytes mixed_precision_adam() { return {2, 2, 12}; }
-// fp32 parameters and gradients; fp32 momentum and variance (4+4).
-inline constexpr state_bytes fp32_adam() { return {4, 4, 8}; }
+// f32 parameters and gradients; f32 momentum and variance (4+4).
+inline constexpr state_bytes f32_adam() { return {4, 4, 8}; }
 
 namespace detail {
 
@@ -11500,23 +11738,23 @@ inline double model_state_bytes(double parameters, state_bytes s, zero_stage zer
 // ---- Megatron-LM's distributed optimizer ---------------------------------------------
 // Megatron-LM docs, "Distributed Optimizer": bytes per parameter
 //                                  non-distributed   distributed (d-way data parallel)
-//   fp16 params, fp16 grads              20              4 + 16/d
-//   bf16 params, fp32 grads              18              6 + 12/d
-//   fp32 params, fp32 grads              16              8 +  8/d
-// They arise from the components below. Megatron keeps fp32 main gradients: a separate
-// 4-byte copy when the model's gradients are fp16; bf16 and fp32 gradients are accumulated
-// in fp32 directly and are themselves the main gradients. Likewise an fp32 main copy of the
-// parameters exists only when the model's parameters are not fp32. Adam adds m and v (4+4).
-//   fp16/fp16: param 2 + grad 2 | main grad 4 + main param 4 + m 4 + v 4 = 4 + 16 = 20
-//   bf16/fp32: param 2 + grad 4 | main param 4 + m 4 + v 4              = 6 + 12 = 18
-//   fp32/fp32: param 4 + grad 4 | m 4 + v 4                             = 8 +  8 = 16
+//   f16 params, f16 grads                20              4 + 16/d
+//   bf16 params, f32 grads               18              6 + 12/d
+//   f32 params, f32 grads                16              8 +  8/d
+// They arise from the components below. Megatron keeps f32 main gradients: a separate
+// 4-byte copy when the model's gradients are f16; bf16 and f32 gradients are accumulated
+// in f32 directly and are themselves the main gradients. Likewise an f32 main copy of the
+// parameters exists only when the model's parameters are not f32. Adam adds m and v (4+4).
+//   f16/f16:  param 2 + grad 2 | main grad 4 + main param 4 + m 4 + v 4 = 4 + 16 = 20
+//   bf16/f32: param 2 + grad 4 | main param 4 + m 4 + v 4              = 6 + 12 = 18
+//   f32/f32:  param 4 + grad 4 | m 4 + v 4                             = 8 +  8 = 16
 // The distributed optimizer shards what is right of the bar over the d data-parallel ranks:
 // ZeRO stage 1 with K = that part.
-enum class megatron_precision { fp16_params_fp16_grads, bf16_params_fp32_grads, fp32_params_fp32_grads };
+enum class megatron_precision { f16_params_f16_grads, bf16_params_f32_grads, f32_params_f32_grads };
 
 inline constexpr state_bytes megatron_state_bytes(megatron_precision p) {
-    const double param = p == megatron_precision::fp32_params_fp32_grads ? 4 : 2;
-    const double grad = p == megatron_precision::fp16_params_fp16_grads ? 2 : 4;
+    const double param = p == megatron_precision::f32_params_f32_grads ? 4 : 2;
+    const double grad = p == megatron_precision::f16_params_f16_grads ? 2 : 4;
     const double main_grad = grad == 4 ? 0 : 4;
     const double main_param = param == 4 ? 0 : 4;
     const double adam_moments = 4 + 4;
@@ -11529,16 +11767,15 @@ inline double megatron_bytes_per_parameter(megatron_precision p, bool distribute
 }
 
 // ---- activations -----------------------------------------------------------------------
-// What the backward pass keeps of one micro-batch on this device, under recomputation
-// (Korthikanti et al., 2022, "Reducing Activation Recomputation in Large Transformer Models"):
-//   recompute::none       everything the forward saves
-//   recompute::selective  all but the attention scores (softmax, its dropout mask, QK^T),
-//                         which are recomputed; the 5as/h term of that paper
-//   recompute::full       only each layer's input; the layer is rerun in the backward
+// What the backward pass keeps of one micro-batch on this device, under the plan's recompute
+// policy (plan/recompute_policy.hpp; Korthikanti et al., 2022):
+//   none       everything the forward saves
+//   selective  all but the attention scores (softmax, its dropout mask, QK^T), which are
+//              recomputed; the 5as/h term of that paper
+//   full       only each layer's input; the layer is rerun in the backward
 // The profile's figures come from the model (all layers of this device's stage together).
 // Under full recomputation one layer's activations are rebuilt during its backward; that
 // transient is not included here; count it in the buffers.
-enum class recompute { none, selective, full };
 
 struct activation_profile {
     double saved_bytes_per_micro_batch = 0;             // without recomputation
@@ -11546,7 +11783,7 @@ struct activation_profile {
     double attention_scores_bytes_per_micro_batch = 0;  // dropped under selective recomputation
 };
 
-inline double activation_bytes(const activation_profile& a, int in_flight, recompute r) {
+inline double activation_bytes(const activation_profile& a, int in_flight, plan::recompute_policy r) {
     constexpr std::string_view where = "activation_bytes";
     const char* fix = "give bytes per micro-batch, at least 0";
     detail::check_non_negative(where, "saved_bytes_per_micro_batch", a.saved_bytes_per_micro_batch, fix);
@@ -11566,9 +11803,9 @@ inline double activation_bytes(const activation_profile& a, int in_flight, recom
                           "; give the number of micro-batches whose activations are held at once, at least 0");
     double per_micro_batch = a.saved_bytes_per_micro_batch;
     switch (r) {
-        case recompute::none: break;
-        case recompute::selective: per_micro_batch -= a.attention_scores_bytes_per_micro_batch; break;
-        case recompute::full: per_micro_batch = a.layer_input_bytes_per_micro_batch; break;
+        case plan::recompute_policy::none: break;
+        case plan::recompute_policy::selective: per_micro_batch -= a.attention_scores_bytes_per_micro_batch; break;
+        case plan::recompute_policy::full: per_micro_batch = a.layer_input_bytes_per_micro_batch; break;
     }
     return per_micro_batch * in_flight;
 }
@@ -11587,7 +11824,7 @@ struct memory_breakdown {
 // pipeline partitioning); `in_flight` the micro-batches whose activations it holds at once
 // (1F1B: up to the number of pipeline stages on the first stage).
 inline memory_breakdown memory_per_device(double parameters, state_bytes s, zero_stage zero, int data_parallel,
-                                          const activation_profile& activations, int in_flight, recompute r,
+                                          const activation_profile& activations, int in_flight, plan::recompute_policy r,
                                           double buffer_bytes) {
     detail::check_non_negative("memory_per_device", "buffer_bytes", buffer_bytes, "give the buffer size in bytes");
     const state_bytes states = detail::model_state_split(parameters, s, zero, data_parallel);
@@ -11617,15 +11854,6 @@ inline std::string to_string(schedule_kind s) {
     return "?";
 }
 
-inline std::string to_string(recompute r) {
-    switch (r) {
-        case recompute::none: return "none";
-        case recompute::selective: return "selective";
-        case recompute::full: return "full";
-    }
-    return "?";
-}
-
 struct configuration {
     int tp = 1;
     int pp = 1;
@@ -11635,7 +11863,7 @@ struct configuration {
     zero_stage zero = zero_stage::none;
     schedule_kind schedule = schedule_kind::one_f_one_b;
     std::vector<int> layers_per_chunk;  // repeated layers in each of the pp * chunks chunks
-    std::vector<recompute> recompute_of;  // per repeated layer
+    std::vector<plan::recompute_policy> recompute_of;  // per repeated layer
     // The interlaced pipeline (nnScaler Figure 6): the ops before the first layer and after
     // the last (embedding, LM head, loss) run on all devices, split by vocabulary, time-shared
     // with the pipeline of the layers, instead of on the first and last stage.
@@ -11660,7 +11888,7 @@ struct search_space {
                                  zero_stage::parameters};
     std::vector<schedule_kind> schedules{schedule_kind::gpipe, schedule_kind::one_f_one_b,
                                          schedule_kind::interleaved, schedule_kind::three_f_one_b};
-    std::vector<recompute> recompute_choices{recompute::none, recompute::selective, recompute::full};
+    std::vector<plan::recompute_policy> recompute_choices{plan::recompute_policy::none, plan::recompute_policy::selective, plan::recompute_policy::full};
     std::vector<bool> interlaced{false};  // add true to consider the interlaced pipeline
     std::vector<int> coshard{1};          // Coshard factors to consider, e.g. {1, 2, 4, 8}
     int interleave_chunks = 2;            // v of the interleaved schedule
@@ -11729,8 +11957,8 @@ inline plan::plan_spec to_plan(const configuration& c) {
     if (c.interlaced) p.then(plan::presets::vocabulary_parallel(c.devices()));
     const plan::presets::transformer_names names;
     for (std::size_t layer = 0; layer < c.recompute_of.size(); ++layer) {
-        const recompute r = c.recompute_of[layer];
-        if (r == recompute::none) continue;
+        const plan::recompute_policy r = c.recompute_of[layer];
+        if (r == plan::recompute_policy::none) continue;
         const auto i = static_cast<std::int64_t>(layer);
         if (c.coshard > 1) {
             // Coshard: tp * coshard pieces, coshard of them one after another on each device.
@@ -11754,11 +11982,7 @@ inline plan::plan_spec to_plan(const configuration& c) {
             cut(mlp, {Dim::FFN::id, "", {pieces, "", {}}, false});
             p.colocation_requires_recompute = true;
         }
-        plan::selector on;
-        on.repeat = "blocks";
-        on.first_layer = on.last_layer = i;
-        if (r == recompute::selective) on.kinds = {&op_def_of<ops::Attention>()};
-        p.add({on, std::nullopt, std::nullopt, true, r == recompute::selective ? "selective recompute" : "full recompute"});
+        p.then(plan::presets::recompute_layers(r, i, i));
     }
     p.name = "TP " + std::to_string(c.tp) + " x PP " + std::to_string(c.pp) + " x DP " + std::to_string(c.dp) + ", " +
              std::to_string(c.micro_batches) + " micro-batches, " +
@@ -11829,12 +12053,13 @@ inline plan::plan_spec to_plan(const configuration& c) {
 // the memory bandwidth allows), and AR_tp the all-reduce over the TP group, discounted by
 // the overlap factor epsilon. Sequence parallelism is assumed: every op is 1/tp per device.
 //
-//   pipeline  = the schedule's makespan (schedule/ orders, timed here with those chunk
-//               times; every message between stages costs a point-to-point transfer of the
-//               boundary activation, scattered over the TP group). A model with R forward
-//               rounds (model_profile::forward_rounds) runs R forward blocks per micro-batch
-//               and stage under 3F1B, each round's output feeding the next round's first
-//               stage; on one stage the rounds simply add up in its forward block.
+//   pipeline  = the schedule's makespan (the schedule template's orders, played by
+//               schedule::simulate with those chunk times; every message between stages
+//               costs a point-to-point transfer of the boundary activation, scattered over
+//               the TP group). A model with R forward rounds (model_profile::forward_rounds)
+//               runs R forward blocks per micro-batch and stage under 3F1B, each round's
+//               output feeding the next round's first stage; on one stage the rounds simply
+//               add up in its forward block.
 //   step      = pipeline + max over devices (exposed gradient sync + ZeRO-3 gathers
 //               + optimizer update)
 //   gradient sync: all-reduce over the DP group of the device's gradients, latency in full
@@ -11888,7 +12113,7 @@ inline plan::plan_spec to_plan(const configuration& c) {
 // and how devices, nodes and NICs are wired.
 //
 //   cluster c = dgx_a100(4);                      32 A100s, 8 per node, 8 HDR NICs per node
-//   c.device.peak_flops(precision::bf16)          312e12
+//   c.device.peak_flops(precision::bf16)          312e12 (loom::precision, core/precision.hpp)
 //   c.topo.inter_node_bandwidth_per_device()      8 * 25e9 / 8 = 25e9 bytes/s
 //   save_cluster(c, "a100x4.json");               edit the file after calibrating, then
 //   cluster d = load_cluster("a100x4.json");      load it back (a round trip is exact)
@@ -11914,17 +12139,6 @@ struct profile_error : error {
     using error::error;
 };
 
-enum class precision { fp32, fp16, bf16 };
-
-inline std::string_view to_string(precision p) {
-    switch (p) {
-        case precision::fp32: return "fp32";
-        case precision::fp16: return "fp16";
-        case precision::bf16: return "bf16";
-    }
-    return "?";
-}
-
 namespace detail {
 
 // Numbers in messages: "1.25e+10", not std::to_string's "12500000000.000000".
@@ -11938,23 +12152,29 @@ inline std::string number_text(double x) {
 
 struct device_profile {
     std::string name;
-    double peak_flops_fp32 = 0;  // FLOP/s without tensor cores
-    double peak_flops_fp16 = 0;  // FLOP/s on tensor cores, fp16 and bf16 alike; 0: the device has none
+    double peak_flops_f32 = 0;  // FLOP/s without tensor cores
+    double peak_flops_f16 = 0;  // FLOP/s on tensor cores, f16 and bf16 alike; 0: the device has none
     double memory_bytes = 0;
     double memory_bandwidth = 0;  // bytes/s
     // Fractions of peak that real kernels reach; guesses until calibration overwrites them.
     double gemm_efficiency = 0.6;
     double elementwise_efficiency = 0.7;
 
-    // bf16 shares the fp16 figure because the tensor cores of A100 and H100 run both at one
+    // bf16 shares the f16 figure because the tensor cores of A100 and H100 run both at one
     // rate. V100 has no bf16 tensor cores, so for V100 this figure is optimistic for bf16.
+    // The profile keeps no f64 peak: plan in f32, f16 or bf16.
     double peak_flops(precision p) const {
-        const double peak = p == precision::fp32 ? peak_flops_fp32 : peak_flops_fp16;
+        if (p == precision::f64)
+            throw profile_error("device_profile::peak_flops: device '" + name +
+                                "': profiles hold no f64 peak; plan in f32, f16 or bf16");
+        const bool f32 = p == precision::f32;
+        const double peak = f32 ? peak_flops_f32 : peak_flops_f16;
         if (!(peak > 0))
             throw profile_error("device_profile::peak_flops: device '" + name + "' has no " +
-                                std::string(to_string(p)) + " peak (" +
-                                (p == precision::fp32 ? "peak_flops_fp32" : "peak_flops_fp16") + " = " +
-                                detail::number_text(peak) + "); set it in the profile or plan in another precision");
+                                std::string(to_string(p)) + " peak (" + (f32 ? "peak_flops_f32" : "peak_flops_f16") +
+                                " = " + detail::number_text(peak) + "); set it in the profile (" +
+                                (f32 ? "peak_flops_fp32_per_s" : "peak_flops_fp16_per_s") +
+                                " in its JSON) or plan in another precision");
         return peak;
     }
 
@@ -12021,10 +12241,10 @@ inline std::string preset_name(std::string_view machine, int nodes) {
 }
 
 inline device_profile v100_sxm2_32gb() {
-    // V100 SXM2 datasheet: 15.7 TFLOP/s fp32, 125 TFLOP/s tensor (fp16), 900 GB/s HBM2.
+    // V100 SXM2 datasheet: 15.7 TFLOP/s f32, 125 TFLOP/s tensor (f16), 900 GB/s HBM2.
     return {.name = "V100-SXM2-32GB",
-            .peak_flops_fp32 = 15.7e12,
-            .peak_flops_fp16 = 125e12,
+            .peak_flops_f32 = 15.7e12,
+            .peak_flops_f16 = 125e12,
             .memory_bytes = 32 * gib,
             .memory_bandwidth = 900e9};
 }
@@ -12060,15 +12280,15 @@ inline cluster dgx2_v100(int nodes) {
                      .nics_per_node = 8}};
 }
 
-// DGX A100 80GB: A100 SXM datasheet 19.5 TFLOP/s fp32, 312 TFLOP/s bf16/fp16 tensor,
+// DGX A100 80GB: A100 SXM datasheet 19.5 TFLOP/s f32, 312 TFLOP/s bf16/f16 tensor,
 // 2039 GB/s HBM2e; NVLink3 600 GB/s bidirectional (300e9 per direction) through NVSwitch;
 // 8 HDR 200 Gb/s NICs for the compute fabric.
 inline cluster dgx_a100(int nodes) {
     detail::check_preset("dgx_a100", nodes, 8);
     return {.name = detail::preset_name("DGX A100", nodes),
             .device = {.name = "A100-SXM4-80GB",
-                       .peak_flops_fp32 = 19.5e12,
-                       .peak_flops_fp16 = 312e12,
+                       .peak_flops_f32 = 19.5e12,
+                       .peak_flops_f16 = 312e12,
                        .memory_bytes = 80 * detail::gib,
                        .memory_bandwidth = 2039e9},
             .topo = {.devices_per_node = 8,
@@ -12078,15 +12298,15 @@ inline cluster dgx_a100(int nodes) {
                      .nics_per_node = 8}};
 }
 
-// DGX H100: H100 SXM5 datasheet 67 TFLOP/s fp32, 989 TFLOP/s bf16/fp16 tensor (dense),
+// DGX H100: H100 SXM5 datasheet 67 TFLOP/s f32, 989 TFLOP/s bf16/f16 tensor (dense),
 // 3.35 TB/s HBM3; NVLink4 900 GB/s bidirectional (450e9 per direction) through NVSwitch;
 // 8 ConnectX-7 NDR 400 Gb/s NICs for the compute fabric.
 inline cluster dgx_h100(int nodes) {
     detail::check_preset("dgx_h100", nodes, 8);
     return {.name = detail::preset_name("DGX H100", nodes),
             .device = {.name = "H100-SXM5-80GB",
-                       .peak_flops_fp32 = 67e12,
-                       .peak_flops_fp16 = 989e12,
+                       .peak_flops_f32 = 67e12,
+                       .peak_flops_f16 = 989e12,
                        .memory_bytes = 80 * detail::gib,
                        .memory_bandwidth = 3.35e12},
             .topo = {.devices_per_node = 8,
@@ -12107,6 +12327,8 @@ inline cluster dgx_h100(int nodes) {
 //                "intra_node": {"bandwidth_bytes_per_s": 3e11, "latency_s": 5e-06},
 //                "inter_node_per_nic": {"bandwidth_bytes_per_s": 2.5e10, "latency_s": 1e-05}}
 // }
+// The peaks are device_profile::peak_flops_f32 and peak_flops_f16; their keys keep the
+// spelling of the profile files already written (fp32, fp16).
 // Every field is required except the two efficiencies. Peaks and latencies may be 0 (a
 // device without tensor cores, an idealised link); every other number must be positive.
 // Unknown keys are rejected so that a misspelt optional key does not go unnoticed.
@@ -12121,8 +12343,8 @@ inline nlohmann::json to_json(const cluster& c) {
     return {{"name", c.name},
             {"device",
              {{"name", d.name},
-              {"peak_flops_fp32_per_s", d.peak_flops_fp32},
-              {"peak_flops_fp16_per_s", d.peak_flops_fp16},
+              {"peak_flops_fp32_per_s", d.peak_flops_f32},
+              {"peak_flops_fp16_per_s", d.peak_flops_f16},
               {"memory_bytes", d.memory_bytes},
               {"memory_bandwidth_bytes_per_s", d.memory_bandwidth},
               {"gemm_efficiency", d.gemm_efficiency},
@@ -12228,8 +12450,8 @@ inline cluster cluster_from_json(const nlohmann::json& j, const std::string& whe
     t.only({"devices_per_node", "nodes", "nics_per_node", "intra_node", "inter_node_per_nic"});
     cluster c{.name = root.text("name"),
               .device = {.name = d.text("name"),
-                         .peak_flops_fp32 = d.number("peak_flops_fp32_per_s", "FLOP/s", true),
-                         .peak_flops_fp16 = d.number("peak_flops_fp16_per_s", "FLOP/s (0 if none)", true),
+                         .peak_flops_f32 = d.number("peak_flops_fp32_per_s", "FLOP/s", true),
+                         .peak_flops_f16 = d.number("peak_flops_fp16_per_s", "FLOP/s (0 if none)", true),
                          .memory_bytes = d.number("memory_bytes", "bytes"),
                          .memory_bandwidth = d.number("memory_bandwidth_bytes_per_s", "bytes per second"),
                          .gemm_efficiency = d.number_or("gemm_efficiency", device_profile{}.gemm_efficiency,
@@ -13124,83 +13346,6 @@ inline model_profile profile_model(const graph& g) { return profile_model(g, fin
 
 }  // namespace loom::search
 // ---- end loom/search/model_profile.hpp ----
-// ---- begin loom/search/schedule_orders.hpp ----
-// Block orders of the three schedule families the searcher times, written out directly.
-// The templates in schedule/templates.hpp derive the same schedules from order constraints
-// with a list scheduler, which is general but grows quickly with stages x micro-batches
-// (1F1B with 16 stages and 1024 micro-batches takes tens of seconds); the searcher visits
-// hundreds of such shapes, so it generates them in linear time here.
-//
-//   gpipe_orders(p, m)        device s: F(s,0..m-1), then B(s,0..m-1)
-//   one_f_one_b_orders(p, m)  device s: w = min(p - s, m) forwards, then B(i) followed by
-//                             F(w + i) while forwards remain, then the last backwards
-//                             (equal to schedule::one_f_one_b, which a test checks)
-//   interleaved_orders(p, v, m)  Megatron's interleaved 1F1B (m a multiple of p): device
-//                             r runs chunks r, r + p, ..., forward k is micro-batch
-//                             (k / (p v)) p + k % p of chunk (k / p) % v, backward k the same
-//                             micro-batch of chunk v - 1 - (k / p) % v; it warms up with
-//                             min((p - r - 1) 2 + (v - 1) p, m v) forwards, then alternates,
-//                             then drains. The ordering differs from the constraint
-//                             template's greedy one; tests validate it (schedule::validate).
-#include <algorithm>
-#include <string>
-#include <vector>
-
-
-namespace loom::search {
-
-inline schedule::schedule gpipe_orders(int p, int m) {
-    schedule::schedule s{schedule::pipeline_shape::linear(p, m), {}, "GPipe"};
-    s.device_order.resize(static_cast<std::size_t>(p));
-    for (int d = 0; d < p; ++d) {
-        auto& order = s.device_order[static_cast<std::size_t>(d)];
-        for (int i = 0; i < m; ++i) order.push_back(schedule::forward_block(d, i));
-        for (int i = 0; i < m; ++i) order.push_back(schedule::backward_block(d, i));
-    }
-    return s;
-}
-
-inline schedule::schedule one_f_one_b_orders(int p, int m) {
-    schedule::schedule s{schedule::pipeline_shape::linear(p, m), {}, "1F1B"};
-    s.device_order.resize(static_cast<std::size_t>(p));
-    for (int d = 0; d < p; ++d) {
-        auto& order = s.device_order[static_cast<std::size_t>(d)];
-        const int warmup = std::min(p - d, m);
-        for (int i = 0; i < warmup; ++i) order.push_back(schedule::forward_block(d, i));
-        for (int i = 0; i < m; ++i) {
-            order.push_back(schedule::backward_block(d, i));
-            if (warmup + i < m) order.push_back(schedule::forward_block(d, warmup + i));
-        }
-    }
-    return s;
-}
-
-inline schedule::schedule interleaved_orders(int p, int v, int m) {
-    if (p < 1 || v < 1 || m < 1 || m % p != 0)
-        throw usage_error("interleaved_orders: " + std::to_string(m) + " micro-batches over " + std::to_string(p) +
-                          " devices; the interleaved schedule needs a positive multiple of the device count");
-    schedule::schedule s{schedule::pipeline_shape::interleaved(p, v, m), {}, "interleaved 1F1B"};
-    s.device_order.resize(static_cast<std::size_t>(p));
-    const int total = m * v;
-    const auto micro = [&](int k) { return (k / (p * v)) * p + k % p; };
-    for (int r = 0; r < p; ++r) {
-        auto& order = s.device_order[static_cast<std::size_t>(r)];
-        const auto forward = [&](int k) { return schedule::forward_block(((k / p) % v) * p + r, micro(k)); };
-        const auto backward = [&](int k) { return schedule::backward_block((v - 1 - (k / p) % v) * p + r, micro(k)); };
-        const int warmup = std::min((p - r - 1) * 2 + (v - 1) * p, total);
-        int f = 0, b = 0;
-        for (; f < warmup; ++f) order.push_back(forward(f));
-        while (f < total) {
-            order.push_back(forward(f++));
-            order.push_back(backward(b++));
-        }
-        while (b < total) order.push_back(backward(b++));
-    }
-    return s;
-}
-
-}  // namespace loom::search
-// ---- end loom/search/schedule_orders.hpp ----
 
 namespace loom::search {
 
@@ -13278,22 +13423,22 @@ public:
 
     // Extra backward time (at the graph's batch, one device) and activations kept (elements
     // at the graph's batch) of a layer under a recompute choice.
-    double recompute_time(int layer, recompute r) const {
-        return r == recompute::full ? times(layer).forward
-               : r == recompute::selective ? times(layer).memory_bound_forward
-                                           : 0.0;
+    double recompute_time(int layer, plan::recompute_policy r) const {
+        return r == plan::recompute_policy::full        ? times(layer).forward
+               : r == plan::recompute_policy::selective ? times(layer).memory_bound_forward
+                                                        : 0.0;
     }
     // Elements a layer's recomputation brings back to life for its backward (at the graph's
     // batch): what it saved minus what it kept.
-    double transient_elements(int layer, recompute r) const {
+    double transient_elements(int layer, plan::recompute_policy r) const {
         const layer_profile& l = model_.layers[static_cast<std::size_t>(layer)];
         return std::max(0.0, l.saved_elements - kept_elements(layer, r));
     }
-    double kept_elements(int layer, recompute r) const {
+    double kept_elements(int layer, plan::recompute_policy r) const {
         const layer_profile& l = model_.layers[static_cast<std::size_t>(layer)];
-        return r == recompute::full ? l.input_elements
-               : r == recompute::selective ? l.saved_elements - l.cheap_saved_elements
-                                           : l.saved_elements;
+        return r == plan::recompute_policy::full        ? l.input_elements
+               : r == plan::recompute_policy::selective ? l.saved_elements - l.cheap_saved_elements
+                                                        : l.saved_elements;
     }
 
     // The block orders of a schedule and its peak in-flight micro-batches per chunk.
@@ -13306,10 +13451,10 @@ public:
         auto it = orders_.find(key);
         if (it != orders_.end()) return *it->second;
         auto o = std::make_unique<orders>();
-        o->order = kind == schedule_kind::gpipe           ? gpipe_orders(pp, micro_batches)
-                   : kind == schedule_kind::one_f_one_b   ? one_f_one_b_orders(pp, micro_batches)
+        o->order = kind == schedule_kind::gpipe           ? schedule::gpipe(pp, micro_batches)
+                   : kind == schedule_kind::one_f_one_b   ? schedule::one_f_one_b(pp, micro_batches)
                    : kind == schedule_kind::three_f_one_b ? schedule::three_f_one_b(pp, micro_batches)
-                                                          : interleaved_orders(pp, chunks, micro_batches);
+                                                          : schedule::interleaved_one_f_one_b(pp, chunks, micro_batches);
         o->in_flight = schedule::peak_in_flight(o->order).per_stage;
         ++schedules_built_;
         return *orders_.emplace(key, std::move(o)).first->second;
@@ -13328,73 +13473,6 @@ private:
     int schedules_built_ = 0;
 };
 
-// The makespan of fixed per-device block orders with per-chunk block times: each block
-// starts when its device is free and its inputs have arrived (a message between devices
-// adds `message`). The orders were validated when they were built, so this is a plain
-// event sweep.
-inline double pipeline_makespan(const schedule::schedule& s, const std::vector<double>& forward,
-                                const std::vector<double>& backward, double message) {
-    const int stages = s.shape.stages, micro = s.shape.micro_batches, rounds = std::max(s.shape.rounds, 1);
-    const auto index = [&](int stage, int m) { return static_cast<std::size_t>(stage) * static_cast<std::size_t>(micro) + static_cast<std::size_t>(m); };
-    const auto round_index = [&](int stage, int m, int r) {
-        return static_cast<std::size_t>(r) * static_cast<std::size_t>(stages * micro) + index(stage, m);
-    };
-    const double never = -1.0;
-    std::vector<double> forward_end(static_cast<std::size_t>(stages * micro * rounds), never);
-    std::vector<double> backward_end(static_cast<std::size_t>(stages * micro), never);
-    const auto device_of = [&](int stage) { return s.shape.stage_devices[static_cast<std::size_t>(stage)].front(); };
-    std::vector<std::size_t> next(s.device_order.size(), 0);
-    std::vector<double> free(s.device_order.size(), 0.0);
-    std::size_t remaining = 0;
-    for (const auto& o : s.device_order) remaining += o.size();
-    double makespan = 0;
-    while (remaining > 0) {
-        bool progressed = false;
-        for (std::size_t d = 0; d < s.device_order.size(); ++d) {
-            while (next[d] < s.device_order[d].size()) {
-                const schedule::block& b = s.device_order[d][next[d]];
-                double ready = free[d];
-                const auto arrive = [&](double end, int from_stage) {
-                    return end + (device_of(from_stage) == static_cast<int>(d) ? 0.0 : message);
-                };
-                if (schedule::is_forward(b)) {
-                    if (b.stage > 0) {
-                        const double e = forward_end[round_index(b.stage - 1, b.micro, b.round)];
-                        if (e == never) break;
-                        ready = std::max(ready, arrive(e, b.stage - 1));
-                    } else if (b.round > 0) {  // the last stage's output of the previous round
-                        const double e = forward_end[round_index(stages - 1, b.micro, b.round - 1)];
-                        if (e == never) break;
-                        ready = std::max(ready, arrive(e, stages - 1));
-                    }
-                } else {
-                    const double own = forward_end[round_index(b.stage, b.micro, rounds - 1)];
-                    if (own == never) break;
-                    ready = std::max(ready, own);
-                    if (b.stage + 1 < stages) {
-                        const double e = backward_end[index(b.stage + 1, b.micro)];
-                        if (e == never) break;
-                        ready = std::max(ready, arrive(e, b.stage + 1));
-                    }
-                }
-                const bool fwd = schedule::is_forward(b);
-                const double end = ready + (fwd ? forward : backward)[static_cast<std::size_t>(b.stage)];
-                if (fwd) forward_end[round_index(b.stage, b.micro, b.round)] = end;
-                else backward_end[index(b.stage, b.micro)] = end;
-                free[d] = end;
-                makespan = std::max(makespan, end);
-                ++next[d];
-                --remaining;
-                progressed = true;
-            }
-        }
-        if (!progressed)
-            throw usage_error("pipeline_makespan: the block orders deadlock; build them with the schedule templates "
-                              "(schedule::validate rejects such orders)");
-    }
-    return makespan;
-}
-
 // Which layers each chunk holds: the prologue on chunk 0, the epilogue on the last chunk
 // (unless interlaced: then on no chunk), the repeated layers in order, layers_per_chunk[c]
 // of them on chunk c.
@@ -13411,10 +13489,10 @@ inline std::vector<std::vector<int>> layers_of_chunks(const cost_context& ctx, c
 }
 
 // The recompute choice of layer index `layer` (prologue and epilogue keep everything).
-inline recompute recompute_of_layer(const cost_context& ctx, const configuration& c, int layer) {
+inline plan::recompute_policy recompute_of_layer(const cost_context& ctx, const configuration& c, int layer) {
     const auto& r = ctx.repeated();
     const auto it = std::find(r.begin(), r.end(), layer);
-    if (it == r.end() || c.recompute_of.empty()) return recompute::none;
+    if (it == r.end() || c.recompute_of.empty()) return plan::recompute_policy::none;
     return c.recompute_of[static_cast<std::size_t>(it - r.begin())];
 }
 
@@ -13456,7 +13534,7 @@ inline evaluation evaluate_without_pipeline(cost_context& ctx, const configurati
         double f = 0, f_once = 0, b = 0, kept = 0;  // f_once: the prologue and epilogue, once per micro-batch
         int joins = 0;
         for (int l : layers[static_cast<std::size_t>(k)]) {
-            const recompute r = recompute_of_layer(ctx, c, l);
+            const plan::recompute_policy r = recompute_of_layer(ctx, c, l);
             (l == ctx.prologue() || l == ctx.epilogue() ? f_once : f) += ctx.times(l).forward;
             b += ctx.times(l).backward + ctx.recompute_time(l, r);
             kept += ctx.kept_elements(l, r);
@@ -13512,7 +13590,7 @@ inline evaluation evaluate_without_pipeline(cost_context& ctx, const configurati
         const double local = dc.parameters / c.tp;
         const state_bytes s = o.states;
         const double buffers = c.zero == zero_stage::parameters ? 2.0 * largest_layer[static_cast<std::size_t>(d)] / c.tp * s.parameter : 0.0;
-        dc.memory = memory_per_device(local, s, c.zero, c.dp, activation_profile{}, 0, recompute::none, buffers);
+        dc.memory = memory_per_device(local, s, c.zero, c.dp, activation_profile{}, 0, plan::recompute_policy::none, buffers);
         dc.memory.activations = activations[static_cast<std::size_t>(d)];
         dc.memory.buffers += interlaced_memory + transient[static_cast<std::size_t>(d)];
         dc.transient = transient[static_cast<std::size_t>(d)];
@@ -13557,7 +13635,11 @@ inline evaluation evaluate(cost_context& ctx, const configuration& c) {
     evaluation e = evaluate_without_pipeline(ctx, c);
     const auto& sched = ctx.schedule_orders(c.schedule, c.pp, c.chunks, c.micro_batches);
     // Interlaced blocks hold every device, so they add their time to every timeline.
-    e.pipeline_time = pipeline_makespan(sched.order, e.chunk_forward, e.chunk_backward, stage_message_time(ctx, c)) +
+    schedule::cost_model costs;
+    costs.forward_per_stage = e.chunk_forward;
+    costs.backward_per_stage = e.chunk_backward;
+    costs.latency = stage_message_time(ctx, c);
+    e.pipeline_time = schedule::simulate(sched.order, costs, {.validated = true, .makespan_only = true}).makespan +
                       c.micro_batches * e.interlaced_per_micro_batch;
     e.step_time = step_time_of(e, e.pipeline_time);
     if (!e.feasible) e.step_time = std::numeric_limits<double>::infinity();
@@ -13729,10 +13811,10 @@ struct recompute_group {
 // The least extra backward time over groups, with memory <= budget. Choices per group:
 // counts of each recompute option (folded) or per layer (groups of one).
 struct recompute_solver {
-    recompute_solver(const cost_context& c, const std::vector<recompute>& r) : ctx(c), choices(r) {}
+    recompute_solver(const cost_context& c, const std::vector<plan::recompute_policy>& r) : ctx(c), choices(r) {}
 
     const cost_context& ctx;
-    const std::vector<recompute>& choices;
+    const std::vector<plan::recompute_policy>& choices;
     std::vector<recompute_group> groups;
     double budget = 0;
     double max_transient = std::numeric_limits<double>::infinity();  // choices above it are not allowed
@@ -13746,14 +13828,14 @@ struct recompute_solver {
 
     // Representative numbers of a group (its layers are identical in folded mode; in
     // unfolded mode groups hold one layer).
-    double memory_of(const recompute_group& g, recompute r) const {
+    double memory_of(const recompute_group& g, plan::recompute_policy r) const {
         if (transient_of(g, r) > max_transient) return std::numeric_limits<double>::infinity();
         return g.weight * ctx.kept_elements(ctx.repeated()[static_cast<std::size_t>(g.layers.front())], r);
     }
-    double transient_of(const recompute_group& g, recompute r) const {
+    double transient_of(const recompute_group& g, plan::recompute_policy r) const {
         return g.transient_scale * ctx.transient_elements(ctx.repeated()[static_cast<std::size_t>(g.layers.front())], r);
     }
-    double time_of(const recompute_group& g, recompute r) const {
+    double time_of(const recompute_group& g, plan::recompute_policy r) const {
         return g.time_scale * ctx.recompute_time(ctx.repeated()[static_cast<std::size_t>(g.layers.front())], r);
     }
 
@@ -13763,7 +13845,7 @@ struct recompute_solver {
         least_memory_after.assign(groups.size() + 1, 0.0);
         for (std::size_t i = groups.size(); i-- > 0;) {
             double least = std::numeric_limits<double>::infinity();
-            for (recompute r : choices) least = std::min(least, memory_of(groups[i], r));
+            for (plan::recompute_policy r : choices) least = std::min(least, memory_of(groups[i], r));
             least_memory_after[i] = least_memory_after[i + 1] + least * static_cast<double>(groups[i].layers.size());
         }
         if (least_memory_after[0] > budget) return false;
@@ -13789,7 +13871,7 @@ struct recompute_solver {
         // Counts per choice summing to n, choices earlier in the list first and in larger numbers.
         // n layers taking choice r: their memory (0 when none do, even for a choice above the
         // transient limit, whose memory is infinite).
-        const auto memory_of_n = [&](int n, recompute r) { return n == 0 ? 0.0 : n * memory_of(groups[i], r); };
+        const auto memory_of_n = [&](int n, plan::recompute_policy r) { return n == 0 ? 0.0 : n * memory_of(groups[i], r); };
         std::function<void(std::size_t, int, double, double)> split = [&](std::size_t k, int left, double mem, double t) {
             if (k + 1 == choices.size()) {
                 counts[i][k] = left;
@@ -13893,7 +13975,7 @@ private:
     void visit(configuration& c, double work_bound) {
         ++stats_.nodes;
         // Costs with no recompute: the least time any completion can have.
-        c.recompute_of.assign(ctx_.repeated().size(), recompute::none);
+        c.recompute_of.assign(ctx_.repeated().size(), plan::recompute_policy::none);
         evaluation base = evaluate_without_pipeline(ctx_, c);
         double fixed = 0;  // exposed communication and optimizer: the same for every completion
         for (const auto& d : base.devices) fixed = std::max(fixed, d.exposed_communication + d.optimizer);
@@ -13918,7 +14000,7 @@ private:
                 for (int l : layers[static_cast<std::size_t>(k)]) {
                     const int pos = position[static_cast<std::size_t>(l)];
                     if (pos < 0) {  // prologue, epilogue: keep everything
-                        fixed_memory += weight * ctx_.kept_elements(l, recompute::none);
+                        fixed_memory += weight * ctx_.kept_elements(l, plan::recompute_policy::none);
                         continue;
                     }
                     const int cls = ctx_.model().layers[static_cast<std::size_t>(l)].class_id;
@@ -13936,7 +14018,7 @@ private:
             // One knapsack per candidate largest transient, least time first found.
             std::vector<double> thresholds{0.0};
             for (const auto& g : solver.groups)
-                for (recompute r : space_.recompute_choices) thresholds.push_back(solver.transient_of(g, r));
+                for (plan::recompute_policy r : space_.recompute_choices) thresholds.push_back(solver.transient_of(g, r));
             std::sort(thresholds.begin(), thresholds.end());
             thresholds.erase(std::unique(thresholds.begin(), thresholds.end()), thresholds.end());
             bool solved = false;
@@ -14110,7 +14192,7 @@ inline std::string search_result::explain() const {
     out << "\n  layers per chunk:";
     for (int n : c.layers_per_chunk) out << ' ' << n;
     int counts[3] = {0, 0, 0};
-    for (recompute r : c.recompute_of) ++counts[static_cast<int>(r)];
+    for (plan::recompute_policy r : c.recompute_of) ++counts[static_cast<int>(r)];
     out << "\n  recompute: " << counts[0] << " layers none, " << counts[1] << " selective, " << counts[2] << " full\n";
     out << "  predicted step " << cost.step_time * 1e3 << " ms (pipeline " << cost.pipeline_time * 1e3 << " ms)";
     out << ", peak memory " << cost.peak_memory() / 1e9 << " GB\n";
@@ -14883,27 +14965,6 @@ inline memory_plan plan_memory(const std::vector<buffer_lifetime>& requests, std
 
 namespace loom {
 
-// How a program stores its real tensors. bf16 is the GPU's mixed precision: tensors in
-// bfloat16, arithmetic in float, and the outputs ops mark as float_outputs kept in float.
-enum class precision : std::uint8_t { f32, f64, bf16 };
-
-inline std::size_t real_bytes(precision p) {
-    switch (p) {
-        case precision::f32: return 4;
-        case precision::f64: return 8;
-        case precision::bf16: return 2;
-    }
-    return 4;
-}
-inline std::string_view to_string(precision p) {
-    switch (p) {
-        case precision::f32: return "f32";
-        case precision::f64: return "f64";
-        case precision::bf16: return "bf16";
-    }
-    return "unknown precision";
-}
-
 // Where a tensor's bytes live while the program runs.
 struct buffer {
     enum class place : std::uint8_t {
@@ -14924,6 +14985,9 @@ struct instruction {
 
 struct program {
     const graph* source = nullptr;
+    // How the program stores its real tensors (core/precision.hpp). bf16 is the GPU's mixed
+    // precision: tensors in bfloat16, arithmetic in float, and the outputs ops mark as
+    // float_outputs kept in float. No executor runs f16.
     precision prec = precision::f32;
     std::vector<instruction> steps;
     std::vector<buffer> buffers;       // indexed by tensor_id
@@ -14942,7 +15006,7 @@ inline std::int64_t tensor_bytes(const tensor_desc& t, precision p) {
 // its producer keeps in float (op_def::float_outputs) when p is narrower than float, and for
 // the partitioner's copies of such tensors (transfers and assembles marked "keeps_float").
 inline precision storage_precision(const graph& g, tensor_id t, precision p) {
-    if (p != precision::bf16) return p;
+    if (real_bytes(p) >= real_bytes(precision::f32)) return p;
     const tensor_desc& d = g.tensor(t);
     if (d.producer == no_id) return p;
     const node& n = g.at(d.producer);
@@ -15226,11 +15290,10 @@ inline std::tuple<double, double, double> gemm_shape(double flops, double read, 
     return {m, written / m, k};
 }
 
-// Peak FLOP/s for arithmetic in storage precision p: float and double use the device's
-// float peak (no double figure is profiled: a host plan calibrates in float), bf16 the
-// tensor cores'.
+// Peak FLOP/s for arithmetic in storage precision p. Double uses the device's float peak
+// (no double figure is profiled: a host plan calibrates in float).
 inline double peak_for(const device_profile& d, loom::precision p) {
-    return d.peak_flops(p == loom::precision::bf16 ? precision::bf16 : precision::fp32);
+    return d.peak_flops(p == loom::precision::f64 ? loom::precision::f32 : p);
 }
 
 namespace detail {
@@ -21228,6 +21291,10 @@ class executor {
 public:
     explicit executor(const program& p) : program_(p) {
         constexpr precision mine = std::is_same_v<T, float> ? precision::f32 : precision::f64;
+        if (p.prec == precision::f16)
+            throw usage_error("executor: the program was compiled for f16, which no loom executor runs (f16 is a "
+                              "precision the plan searcher times); compile in f32 or f64 for the host, or in bf16 "
+                              "for the GPU's mixed precision");
         if (p.prec != mine)
             throw usage_error(std::string("executor: the program was compiled for ") + std::string(to_string(p.prec)) +
                               " but this executor computes in " + std::string(to_string(mine)) +
@@ -21464,9 +21531,9 @@ inline double measure_fma_peak_flops(thread_pool& pool = thread_pool::global(), 
 //   search::save_cluster(hw, "host.json");            // or plan with it directly
 //
 // What is measured and what is assumed:
-// - peak_flops_fp32: float GEMMs of 512^3 on the whole thread pool, best of three, divided
+// - peak_flops_f32: float GEMMs of 512^3 on the whole thread pool, best of three, divided
 //   by the ranks (in-process ranks share the cores); gemm_efficiency 1 since this is what
-//   loom's kernels reach. No fp16: plan in precision::fp32.
+//   loom's kernels reach. No f16 peak: plan in precision::f32.
 // - memory_bandwidth: a 64 MiB copy (read + write), best of three, divided by the ranks;
 //   elementwise_efficiency 1.
 // - memory_bytes: the machine's available memory divided by the ranks.
@@ -21706,8 +21773,8 @@ inline cluster calibrate_host(int ranks) {
     cluster hw;
     hw.name = "host x" + std::to_string(ranks) + " (calibrated)";
     hw.device.name = "host rank";
-    hw.device.peak_flops_fp32 = flops / ranks;
-    hw.device.peak_flops_fp16 = 0;
+    hw.device.peak_flops_f32 = flops / ranks;
+    hw.device.peak_flops_f16 = 0;
     hw.device.memory_bandwidth = bandwidth / ranks;
     const double memory = detail::available_memory_bytes();
     hw.device.memory_bytes = (memory > 0 ? memory : 8.0 * (1ull << 30)) / ranks;

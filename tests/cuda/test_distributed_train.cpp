@@ -137,7 +137,7 @@ TEST_CASE("pipelines (1F1B, GPipe, with tensor and data parallelism) equal one G
         search::configuration k;
         k.tp = tp, k.pp = pp, k.dp = dp, k.micro_batches = micro, k.schedule = kind, k.chunks = 1;
         k.layers_per_chunk.assign(static_cast<std::size_t>(pp), 2 / pp);
-        k.recompute_of.assign(2, search::recompute::none);
+        k.recompute_of.assign(2, plan::recompute_policy::none);
         return k;
     };
     for (const auto& k : {make(1, 2, 1, 4, search::schedule_kind::one_f_one_b), make(1, 2, 2, 2, search::schedule_kind::gpipe),

@@ -7,9 +7,9 @@
 //   search::save_cluster(hw, "host.json");            // or plan with it directly
 //
 // What is measured and what is assumed:
-// - peak_flops_fp32: float GEMMs of 512^3 on the whole thread pool, best of three, divided
+// - peak_flops_f32: float GEMMs of 512^3 on the whole thread pool, best of three, divided
 //   by the ranks (in-process ranks share the cores); gemm_efficiency 1 since this is what
-//   loom's kernels reach. No fp16: plan in precision::fp32.
+//   loom's kernels reach. No f16 peak: plan in precision::f32.
 // - memory_bandwidth: a 64 MiB copy (read + write), best of three, divided by the ranks;
 //   elementwise_efficiency 1.
 // - memory_bytes: the machine's available memory divided by the ranks.
@@ -82,8 +82,8 @@ inline cluster calibrate_host(int ranks) {
     cluster hw;
     hw.name = "host x" + std::to_string(ranks) + " (calibrated)";
     hw.device.name = "host rank";
-    hw.device.peak_flops_fp32 = flops / ranks;
-    hw.device.peak_flops_fp16 = 0;
+    hw.device.peak_flops_f32 = flops / ranks;
+    hw.device.peak_flops_f16 = 0;
     hw.device.memory_bandwidth = bandwidth / ranks;
     const double memory = detail::available_memory_bytes();
     hw.device.memory_bytes = (memory > 0 ? memory : 8.0 * (1ull << 30)) / ranks;

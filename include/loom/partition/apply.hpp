@@ -64,8 +64,8 @@ inline partitioned_graph apply_plan(const graph& model, const plan::resolved_pla
         // A cut that a registered transformation makes by rebuilding the op (cross_entropy
         // along its vocabulary): checked against the op as written, then rebuilt.
         const node& n = model.nodes[i];
-        plan::op_partition resolved = resolve_partition(n, *p, plan.devices, true, notes);
-        if (decomposition_for(n, resolved)) lo.decompose[i] = std::move(resolved);
+        plan::op_partition bound = bind_partition(n, *p, plan.devices, true, notes);
+        if (decomposition_for(n, bound)) lo.decompose[i] = std::move(bound);
     }
 
     partitioned_graph out;
@@ -82,14 +82,14 @@ inline partitioned_graph apply_plan(const graph& model, const plan::resolved_pla
     std::vector<plan::op_partition> parts(g.nodes.size());
     std::vector<bool> assigned(g.nodes.size(), false);
     for (const auto& [n, p] : out.logical->decomposed) {
-        parts[static_cast<std::size_t>(n)] = resolve_partition(g.at(n), p, plan.devices, true, out.notes);
+        parts[static_cast<std::size_t>(n)] = bind_partition(g.at(n), p, plan.devices, true, out.notes);
         assigned[static_cast<std::size_t>(n)] = true;
     }
     for (std::size_t i = 0; i < forward; ++i) {
         node_id n = out.logical->forward_node[i];
         if (assigned[static_cast<std::size_t>(n)]) continue;
         const plan::op_partition* p = plan.at(static_cast<node_id>(i));
-        parts[static_cast<std::size_t>(n)] = resolve_partition(g.at(n), p ? *p : everywhere, plan.devices, true, out.notes);
+        parts[static_cast<std::size_t>(n)] = bind_partition(g.at(n), p ? *p : everywhere, plan.devices, true, out.notes);
         assigned[static_cast<std::size_t>(n)] = true;
     }
     // Pipelines: the stage of a node of g, from its forward op (-1: none, or no pipeline).
@@ -167,7 +167,7 @@ inline partitioned_graph apply_plan(const graph& model, const plan::resolved_pla
             p.splits.push_back({t.dims.dim(0), "...0", shards});
             p.devices = group;
         }
-        parts[static_cast<std::size_t>(n)] = resolve_partition(nd, p, plan.devices, true, out.notes);
+        parts[static_cast<std::size_t>(n)] = bind_partition(nd, p, plan.devices, true, out.notes);
         assigned[static_cast<std::size_t>(n)] = true;
     };
     for (auto [param, n] : out.logical->zero3_identity) shard(param, n, true);
@@ -180,7 +180,7 @@ inline partitioned_graph apply_plan(const graph& model, const plan::resolved_pla
         node_id like = n.forward_of;
         if (like == no_id && !n.inputs.empty()) like = g.tensor(n.inputs[0]).producer;
         const plan::op_partition& source = like != no_id ? parts[static_cast<std::size_t>(like)] : everywhere;
-        parts[i] = resolve_partition(n, mirror_partition(source, like == no_id ? nullptr : &g.at(like)),
+        parts[i] = bind_partition(n, mirror_partition(source, like == no_id ? nullptr : &g.at(like)),
                                      plan.devices, false, out.notes);
     }
 

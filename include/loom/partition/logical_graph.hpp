@@ -37,7 +37,7 @@ struct logical_graph_options {
     bool zero3_identities = false;
     bool zero2_identities = false;
     std::vector<bool> recompute;  // per forward node of the input graph
-    // Per forward node of the input graph: the partition (splits resolved to labels) of a
+    // Per forward node of the input graph: the partition (splits bound to labels) of a
     // node to rebuild by the decomposition registered for one of its split variables.
     std::vector<std::optional<plan::op_partition>> decompose;
     // Pipelines: the stage of each forward node of the input graph (empty: no pipeline). A
@@ -58,7 +58,7 @@ struct logical_graph {
 };
 
 // The decomposition a partition asks for on node `n`: that of the first cut variable whose
-// registered transformation rebuilds the op. `p`'s splits must be resolved to labels.
+// registered transformation rebuilds the op. `p`'s splits must be bound to labels.
 inline const plan::transformation* decomposition_for(const node& n, const plan::op_partition& p) {
     for (const auto& s : p.splits) {
         if (s.replicate) continue;

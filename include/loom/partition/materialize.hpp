@@ -695,7 +695,7 @@ private:
         emitting_consumer_ = consumer;
         std::vector<tensor_id> result(reqs.size(), no_id);
         std::vector<std::size_t> open;
-        auto resolve_locally = [&] {
+        auto take_local_pieces = [&] {
             std::vector<std::size_t> still;
             for (std::size_t i : open) {
                 if (auto l = local(t, reqs[i].device, reqs[i].region))
@@ -707,11 +707,11 @@ private:
         };
         for (std::size_t i = 0; i < reqs.size(); ++i) open.push_back(i);
         if (sum_locally_first || sums_after_every_micro_batch(consumer)) sum_partials_per_device(t);
-        resolve_locally();
+        take_local_pieces();
         while (!open.empty() && collectives_allowed(t, consumer)) {
             bool progressed = try_partial(t, open, reqs) || try_tiles(t, open, reqs) || try_broadcast(t, open, reqs);
             if (!progressed) break;
-            resolve_locally();
+            take_local_pieces();
         }
         for (std::size_t i : open) {
             if (auto l = local(t, reqs[i].device, reqs[i].region)) {

@@ -26,7 +26,7 @@ struct piece_geometry {
 };
 
 struct node_layout {
-    plan::op_partition partition;  // with every split resolved to a variable label
+    plan::op_partition partition;  // with every split bound to a variable label
     std::vector<piece_geometry> pieces;
 };
 
@@ -57,11 +57,11 @@ inline std::optional<int> variable_of(const node& n, const plan::split_axis& s) 
 
 }  // namespace detail
 
-// Checks `p` against node `n` and resolves every split to a variable label. `strict`: a
-// plan the user wrote, whose mistakes are errors; otherwise (a mirrored backward op) a
-// split that does not apply becomes replication, noted in `notes`.
-inline plan::op_partition resolve_partition(const node& n, plan::op_partition p, int devices, bool strict,
-                                            std::vector<std::string>& notes) {
+// Checks `p` against node `n` and binds every split to one of the node's variables (its
+// label). `strict`: a plan the user wrote, whose mistakes are errors; otherwise (a mirrored
+// backward op) a split that does not apply becomes replication, noted in `notes`.
+inline plan::op_partition bind_partition(const node& n, plan::op_partition p, int devices, bool strict,
+                                         std::vector<std::string>& notes) {
     const std::string where = detail::node_where(n);
     if (p.replicas < 1)
         throw plan_error("plan: " + where + " has " + std::to_string(p.replicas) + " replicas; use at least 1");
@@ -161,7 +161,7 @@ inline plan::op_partition mirror_partition(const plan::op_partition& p, const no
     return m;
 }
 
-// Index ranges and boxes of every piece of node `n` under the resolved partition `p`.
+// Index ranges and boxes of every piece of node `n` under the bound partition `p`.
 inline node_layout layout_pieces(const graph& g, const node& n, plan::op_partition p) {
     node_layout layout;
     const auto& vars = n.sig.vars;

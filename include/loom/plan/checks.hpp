@@ -17,7 +17,7 @@
 // (compose(...).spec()) the views are refilled with what only then is known (degrees given
 // to constructors, chosen open parameters, the device count of spec(n)) and the same
 // predicates throw loom::plan_error. Checks against one graph's extents stay where the graph
-// is known: plan::resolve (rules.hpp) and partition::resolve_partition (piece_layout.hpp).
+// is known: plan::resolve (rules.hpp) and partition::bind_partition (piece_layout.hpp).
 //
 // Messages start with the combinator and say how to fix the plan:
 //   "plan::trans<Split<Seq>, 2> on attention: Seq is frozen in this op ('s', 't'; splitting

@@ -205,7 +205,7 @@ void lower_trans(const Trans& t, lowering& out, rule_view& view, rule& r) {
             open_name = open_parameter_name(out.trans_index, j, splits.size(), d.name);
             if (out.spec.choices.count(open_name)) {
                 // Outside its range: the same message as plan::resolve gives.
-                d.value = resolve_degree(lower_degree(d, open_name), out.spec, where);
+                d.value = degree_value(lower_degree(d, open_name), out.spec, where);
                 d.known = true;
             }
         }

@@ -2,7 +2,7 @@
 // Pipelines inside plan::resolve: stages and micro-batches written with the primitives
 // (nnScaler §4). The plan value states them as parts (plan::stages, plan::micro_batches,
 // plan::order; plan/rules.hpp stage_spec); plan::resolve (plan/resolve.hpp) lowers them to
-// the stage list below and resolves it here.
+// the stage list below and places it with place_stages.
 //
 //   * op-trans: every op is cut along the batch into `micro_batches` pieces, outermost;
 //     within a stage, the plan's rules (data parallel, Megatron, ...) cut each micro-batch
@@ -72,10 +72,10 @@ inline bool has_dim(const node& n, dim_id d) {
     return false;
 }
 
-// The partitions (with op-assign to the stage groups) plus, per forward node, its stage,
-// round, and whether its first split is the micro-batch split. The order is left to the
-// caller.
-inline resolved_plan resolve_pipeline(const pipeline_spec& spec, const graph& g) {
+// Places the stages: the partitions (with op-assign to the stage groups) plus, per forward
+// node, its stage, round, and whether its first split is the micro-batch split. The order
+// is left to the caller (plan::resolve).
+inline resolved_plan place_stages(const pipeline_spec& spec, const graph& g) {
     const auto stages = static_cast<int>(spec.stages.size());
     if (stages < 1) throw plan_error("pipeline: no stages; give at least one stage (a layer range and its devices)");
     if (spec.micro_batches < 1)

@@ -13,6 +13,7 @@
 
 #include <loom/ops/all.hpp>
 #include <loom/plan/op_order.hpp>
+#include <loom/plan/recompute_policy.hpp>
 #include <loom/plan/rules.hpp>
 
 namespace loom::plan::presets {
@@ -173,6 +174,23 @@ inline plan_spec zero(int stage, int n) {
 inline plan_spec recompute(selector on) {
     plan_spec p;
     p.add({std::move(on), std::nullopt, std::nullopt, true, "recompute", false});
+    return p;
+}
+
+// A recompute policy (plan/recompute_policy.hpp) for layers first..last (inclusive; last < 0:
+// to the end) of `repeat`: selective recomputes their attention cores (the ops::Attention
+// ops), full every op of the layers; none adds no rule.
+//   plan.then(presets::recompute_layers(recompute_policy::full, 0, 11))
+inline plan_spec recompute_layers(recompute_policy r, std::int64_t first_layer, std::int64_t last_layer,
+                                  std::string repeat = "blocks") {
+    plan_spec p;
+    if (r == recompute_policy::none) return p;
+    selector on;
+    on.repeat = std::move(repeat);
+    on.first_layer = first_layer;
+    on.last_layer = last_layer;
+    if (r == recompute_policy::selective) on.kinds = {&op_def_of<ops::Attention>()};
+    p.add({std::move(on), std::nullopt, std::nullopt, true, to_string(r) + " recompute", false});
     return p;
 }
 

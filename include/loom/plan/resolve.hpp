@@ -181,7 +181,7 @@ inline std::vector<std::int64_t> stage_starts(const stage_spec& st, std::int64_t
 inline resolved_plan resolve(const plan_spec& p, const graph& g) {
     if (p.devices < 1) throw plan_error("plan: devices = " + std::to_string(p.devices) + "; use at least one device");
     const zero_stage zero = detail::chosen_zero(p);
-    const std::int64_t micro = resolve_degree(p.micro_batches, p, "plan::micro_batches");
+    const std::int64_t micro = degree_value(p.micro_batches, p, "plan::micro_batches");
     if (micro < 1)
         throw plan_error("plan::micro_batches: " + std::to_string(micro) + " micro-batches; use at least 1");
     std::optional<order_policy> order = detail::chosen_order(p);
@@ -192,7 +192,7 @@ inline resolved_plan resolve(const plan_spec& p, const graph& g) {
     }
 
     const stage_spec st = p.stages.value_or(stage_spec{});
-    const std::int64_t stages = resolve_degree(st.count, p, "plan::stages");
+    const std::int64_t stages = degree_value(st.count, p, "plan::stages");
     if (stages < 1) throw plan_error("plan::stages: " + std::to_string(stages) + " stages; use at least 1");
     if (!order) order = order_policy{schedule_kind::one_f_one_b};
     const bool interlaced = order->kind == schedule_kind::interlaced;
@@ -270,7 +270,7 @@ inline resolved_plan resolve(const plan_spec& p, const graph& g) {
         ps.tail_stage = static_cast<int>(ps.stages.size()) - 1;
     }
 
-    resolved_plan out = detail::resolve_pipeline(ps, g);
+    resolved_plan out = detail::place_stages(ps, g);
     out.zero = zero;
     out.name = !p.name.empty() ? p.name
                                : "pipeline x" + std::to_string(stages) +

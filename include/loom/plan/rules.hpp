@@ -201,7 +201,9 @@ inline std::vector<std::string> open_parameters(const plan_spec& p) {
     return names;
 }
 
-inline std::int64_t resolve_degree(const degree_spec& d, const plan_spec& p, const std::string& where) {
+// The value of a degree: its fixed value, or the plan's choice for its open parameter
+// (checked against the parameter's range). `where` names the part for messages.
+inline std::int64_t degree_value(const degree_spec& d, const plan_spec& p, const std::string& where) {
     if (d.open.empty()) return d.value;
     auto it = p.choices.find(d.open);
     if (it == p.choices.end())
@@ -268,7 +270,7 @@ inline resolved_plan partition_ops(const plan_spec& p, const graph& g) {
                                   " '" + n.name + "'";
         if (splits)
             for (const auto& s : *splits) {
-                const std::int64_t degree = resolve_degree(s.degree, p, where);
+                const std::int64_t degree = degree_value(s.degree, p, where);
                 op.splits.push_back({s.dim, s.label, degree, s.replicate});
                 if (!s.replicate && degree > 1) check_not_forbidden(p, n, s, where);
             }

@@ -6,31 +6,11 @@
 #include <string>
 #include <vector>
 
+#include <loom/core/precision.hpp>
 #include <loom/graph/graph.hpp>
 #include <loom/graph/op.hpp>
 
 namespace loom {
-
-// How a program stores its real tensors. bf16 is the GPU's mixed precision: tensors in
-// bfloat16, arithmetic in float, and the outputs ops mark as float_outputs kept in float.
-enum class precision : std::uint8_t { f32, f64, bf16 };
-
-inline std::size_t real_bytes(precision p) {
-    switch (p) {
-        case precision::f32: return 4;
-        case precision::f64: return 8;
-        case precision::bf16: return 2;
-    }
-    return 4;
-}
-inline std::string_view to_string(precision p) {
-    switch (p) {
-        case precision::f32: return "f32";
-        case precision::f64: return "f64";
-        case precision::bf16: return "bf16";
-    }
-    return "unknown precision";
-}
 
 // Where a tensor's bytes live while the program runs.
 struct buffer {
@@ -52,6 +32,9 @@ struct instruction {
 
 struct program {
     const graph* source = nullptr;
+    // How the program stores its real tensors (core/precision.hpp). bf16 is the GPU's mixed
+    // precision: tensors in bfloat16, arithmetic in float, and the outputs ops mark as
+    // float_outputs kept in float. No executor runs f16.
     precision prec = precision::f32;
     std::vector<instruction> steps;
     std::vector<buffer> buffers;       // indexed by tensor_id
@@ -70,7 +53,7 @@ inline std::int64_t tensor_bytes(const tensor_desc& t, precision p) {
 // its producer keeps in float (op_def::float_outputs) when p is narrower than float, and for
 // the partitioner's copies of such tensors (transfers and assembles marked "keeps_float").
 inline precision storage_precision(const graph& g, tensor_id t, precision p) {
-    if (p != precision::bf16) return p;
+    if (real_bytes(p) >= real_bytes(precision::f32)) return p;
     const tensor_desc& d = g.tensor(t);
     if (d.producer == no_id) return p;
     const node& n = g.at(d.producer);

@@ -16,7 +16,8 @@
 //   program.hpp           device_programs(schedule): compute / send / receive steps
 //   in_flight.hpp         activations held per stage and device
 //   costs.hpp             cost_model
-//   simulate.hpp          simulate(schedule, cost_model): timeline, bubble, peaks
+//   simulate.hpp          simulate(schedule, cost_model, simulate_options): timeline, bubble,
+//                         peaks; or the makespan alone, as the plan searcher times orders
 //   chrome_trace.hpp      chrome_trace_json(simulation)
 //   svg_timeline.hpp      svg_timeline(simulation)
 #include <loom/schedule/block.hpp>

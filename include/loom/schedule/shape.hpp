@@ -191,21 +191,28 @@ struct dependency {
     friend bool operator==(const dependency&, const dependency&) = default;
 };
 
-// What b reads (b must be one of the shape's blocks).
-inline std::vector<dependency> inputs_of(const pipeline_shape& p, const block& b) {
-    std::vector<dependency> in;
+// Calls f(dependency) for each input of b (b must be one of the shape's blocks), without
+// allocating: the simulator runs it for every block it plays.
+template <class F>
+void for_each_input(const pipeline_shape& p, const block& b, F&& f) {
     const int last_stage = p.stages - 1, last_round = p.rounds - 1;
     if (is_forward(b)) {
         if (b.stage > 0)
-            in.push_back({forward_block(b.stage - 1, b.micro, b.round), b, dependency_kind::activation});
+            f(dependency{forward_block(b.stage - 1, b.micro, b.round), b, dependency_kind::activation});
         else if (b.round > 0)
-            in.push_back({forward_block(last_stage, b.micro, b.round - 1), b, dependency_kind::recycle});
+            f(dependency{forward_block(last_stage, b.micro, b.round - 1), b, dependency_kind::recycle});
     } else if (b.stage == last_stage) {
-        in.push_back({forward_block(last_stage, b.micro, last_round), b, dependency_kind::loss});
+        f(dependency{forward_block(last_stage, b.micro, last_round), b, dependency_kind::loss});
     } else {
-        in.push_back({backward_block(b.stage + 1, b.micro), b, dependency_kind::gradient});
-        in.push_back({forward_block(b.stage, b.micro, last_round), b, dependency_kind::saved_activation});
+        f(dependency{backward_block(b.stage + 1, b.micro), b, dependency_kind::gradient});
+        f(dependency{forward_block(b.stage, b.micro, last_round), b, dependency_kind::saved_activation});
     }
+}
+
+// What b reads (b must be one of the shape's blocks).
+inline std::vector<dependency> inputs_of(const pipeline_shape& p, const block& b) {
+    std::vector<dependency> in;
+    for_each_input(p, b, [&](const dependency& d) { in.push_back(d); });
     return in;
 }
 

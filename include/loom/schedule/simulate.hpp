@@ -7,6 +7,12 @@
 //   simulation r = simulate(one_f_one_b(4, 8), cost_model{.forward = 1, .backward = 2});
 //   r.makespan, r.bubble_fraction, r.at(backward_block(0, 7)).end, r.peak_in_flight_per_stage
 //
+//   simulate(s, cost_model{.forward_per_stage = f, .backward_per_stage = b, .latency = message},
+//            {.validated = true, .makespan_only = true}).makespan
+//                    the plan searcher's use (search/evaluate.hpp): a template's orders timed
+//                    with per-stage (per-chunk) block times and a message time between
+//                    devices, many times over, so neither validated again nor recorded
+//
 // Quantities, with busy_d the time device d computes and idle_d = makespan - busy_d:
 //   bubble_fraction  sum idle_d / (devices * makespan): the share of device time that is
 //                    bubble. GPipe and 1F1B with uniform costs: (p - 1) / (m + p - 1).
@@ -18,6 +24,7 @@
 #include <algorithm>
 #include <cstddef>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include <loom/schedule/costs.hpp>
@@ -62,65 +69,141 @@ struct simulation {
     }
 };
 
-// Validates the schedule first (throws schedule_error), then plays it.
-inline simulation simulate(const schedule& s, const cost_model& costs = {}) {
-    validate(s);
+// What simulate records and checks.
+struct simulate_options {
+    // The schedule is known to pass validate(): a template built it, or it was validated once
+    // and is timed again and again (the plan searcher times each order under many costs).
+    // Skips validation; orders that list a block outside the shape or twice, or that
+    // deadlock, still throw.
+    bool validated = false;
+    // Only the makespan: no per-block times, busy and idle times, bubbles or peaks in flight
+    // (the rest of the simulation is left empty).
+    bool makespan_only = false;
+};
+
+// Validates the schedule first (throws schedule_error) unless options.validated, then plays
+// it: a block starts when each of its devices is free and each input has arrived there (the
+// producer's end, plus costs.latency on a device that did not run the producer).
+inline simulation simulate(const schedule& s, const cost_model& costs = {}, const simulate_options& options = {}) {
+    if (!options.validated) validate(s);
     const auto& p = s.shape;
-    simulation r;
-    r.source = s;
-    r.blocks.resize(static_cast<std::size_t>(block_count(p)));
-    std::vector<bool> done(r.blocks.size(), false);
+    const auto where = [&] { return "simulate('" + s.name + "')"; };
+    if (s.device_order.size() != static_cast<std::size_t>(p.devices))
+        throw schedule_error(where() + ": the schedule orders " + std::to_string(s.device_order.size()) +
+                             " devices but its shape has " + std::to_string(p.devices) + "; validate() names the fix");
+    const auto count = static_cast<std::size_t>(block_count(p));
+    const auto stages = static_cast<std::size_t>(p.stages);
+    // Per stage: its device when it has one (-1: several), and its block times unless the
+    // cost model times each block itself.
+    std::vector<int> stage_device(stages, -1);
+    for (std::size_t st = 0; st < stages; ++st)
+        if (p.stage_devices[st].size() == 1) stage_device[st] = p.stage_devices[st].front();
+    const auto check_time = [](const block& b, double t) {
+        if (!(t >= 0.0))
+            throw usage_error("simulate: the cost model gives " + to_string(b) + " the time " + std::to_string(t) +
+                              "; times must be zero or more");
+        return t;
+    };
+    std::vector<double> forward_time, backward_time;
+    if (!costs.duration)
+        for (int st = 0; st < p.stages; ++st) {
+            forward_time.push_back(check_time(forward_block(st, 0), costs.of(forward_block(st, 0))));
+            backward_time.push_back(check_time(backward_block(st, 0), costs.of(backward_block(st, 0))));
+        }
+    const double never = -1.0;  // the end of a block not yet played (every time is >= 0)
+    std::vector<double> end(count, never);
+    std::vector<double> start(options.makespan_only ? 0 : count, 0.0);
     std::vector<std::size_t> next(static_cast<std::size_t>(p.devices), 0);
     std::vector<double> free(static_cast<std::size_t>(p.devices), 0.0);
-    r.busy.assign(static_cast<std::size_t>(p.devices), 0.0);
-    auto at_head = [&](const block& b) {
-        for (int g : p.devices_of(b.stage)) {
-            const auto& order = s.device_order[static_cast<std::size_t>(g)];
-            const std::size_t i = next[static_cast<std::size_t>(g)];
-            if (i >= order.size() || !(order[i] == b)) return false;
-        }
-        return true;
-    };
-    for (std::size_t placed = 0; placed < r.blocks.size();) {
+    std::vector<double> busy(static_cast<std::size_t>(p.devices), 0.0);
+    double makespan = 0.0;
+    std::size_t placed = 0;
+    // Each pass plays, device by device, every next block whose stage's devices all have it
+    // next and whose inputs have ended. The order of play changes no time.
+    while (placed < count) {
         bool progress = false;
-        for (int d = 0; d < p.devices; ++d) {
-            const auto& order = s.device_order[static_cast<std::size_t>(d)];
-            if (next[static_cast<std::size_t>(d)] >= order.size()) continue;
-            const block b = order[next[static_cast<std::size_t>(d)]];
-            if (!at_head(b)) continue;
-            const auto inputs = inputs_of(p, b);
-            bool ready = true;
-            for (const dependency& dep : inputs)
-                ready = ready && done[static_cast<std::size_t>(block_index(p, dep.producer))];
-            if (!ready) continue;
-            double start = 0.0;
-            for (int g : p.devices_of(b.stage)) {
-                start = std::max(start, free[static_cast<std::size_t>(g)]);
-                for (const dependency& dep : inputs) {
-                    const double latency = p.runs_on(dep.producer.stage, g) ? 0.0 : costs.latency;
-                    start = std::max(start, r.blocks[static_cast<std::size_t>(block_index(p, dep.producer))].end + latency);
+        for (std::size_t d = 0; d < s.device_order.size(); ++d) {
+            const auto& order = s.device_order[d];
+            while (next[d] < order.size()) {
+                const block& b = order[next[d]];
+                if (!contains(p, b))
+                    throw schedule_error(where() + ": " + why_not_contained(p, b) + "; validate() names the fix");
+                // `alone`: the stage runs on device d only (the common case, timed without loops).
+                const bool alone = stage_device[static_cast<std::size_t>(b.stage)] == static_cast<int>(d);
+                const auto& group = p.stage_devices[static_cast<std::size_t>(b.stage)];
+                bool at_head = true;
+                if (!alone)  // a stage on several devices (or listed on a device that does not run it)
+                    for (int g : group) {
+                        const auto& other = s.device_order[static_cast<std::size_t>(g)];
+                        const std::size_t i = next[static_cast<std::size_t>(g)];
+                        at_head = at_head && i < other.size() && other[i] == b;
+                    }
+                if (!at_head) break;
+                const auto index = static_cast<std::size_t>(block_index(p, b));
+                if (end[index] != never)
+                    throw schedule_error(where() + ": " + to_string(b, p.rounds) +
+                                         " is listed twice; validate() names the fix");
+                double at = alone ? free[d] : 0.0;
+                bool ready = true;
+                for_each_input(p, b, [&](const dependency& dep) {
+                    const double e = end[static_cast<std::size_t>(block_index(p, dep.producer))];
+                    if (e == never) ready = false;
+                    const int source = stage_device[static_cast<std::size_t>(dep.producer.stage)];
+                    if (alone)
+                        at = std::max(at, (source >= 0 ? source == static_cast<int>(d)
+                                                       : p.runs_on(dep.producer.stage, static_cast<int>(d)))
+                                              ? e
+                                              : e + costs.latency);
+                    else
+                        for (int g : group) at = std::max(at, e + (p.runs_on(dep.producer.stage, g) ? 0.0 : costs.latency));
+                });
+                if (!ready) break;
+                if (!alone)
+                    for (int g : group) at = std::max(at, free[static_cast<std::size_t>(g)]);
+                const double duration = costs.duration ? check_time(b, costs.duration(b))
+                                        : is_forward(b)  ? forward_time[static_cast<std::size_t>(b.stage)]
+                                                         : backward_time[static_cast<std::size_t>(b.stage)];
+                end[index] = at + duration;
+                if (!options.makespan_only) start[index] = at;
+                if (alone) {
+                    free[d] = at + duration;
+                    busy[d] += duration;
+                    ++next[d];
+                } else {
+                    for (int g : group) {
+                        free[static_cast<std::size_t>(g)] = at + duration;
+                        busy[static_cast<std::size_t>(g)] += duration;
+                        ++next[static_cast<std::size_t>(g)];
+                    }
                 }
+                makespan = std::max(makespan, at + duration);
+                ++placed;
+                progress = true;
             }
-            const double duration = costs.of(b);
-            if (!(duration >= 0.0))
-                throw usage_error("simulate: the cost model gives " + to_string(b) + " the time " +
-                                  std::to_string(duration) + "; times must be zero or more");
-            const auto index = static_cast<std::size_t>(block_index(p, b));
-            r.blocks[index] = {b, p.devices_of(b.stage), start, start + duration};
-            done[index] = true;
-            for (int g : p.devices_of(b.stage)) {
-                free[static_cast<std::size_t>(g)] = start + duration;
-                r.busy[static_cast<std::size_t>(g)] += duration;
-                ++next[static_cast<std::size_t>(g)];
-            }
-            ++placed;
-            progress = true;
         }
         if (!progress)
-            throw schedule_error("simulate('" + s.name + "'): no device can run its next block; validate() should have "
-                                 "reported a deadlock (this is a bug)");
+            throw schedule_error(where() + ": no device can run its next block" +
+                                 (options.validated ? std::string("; the orders deadlock or leave blocks out (validate() "
+                                                                  "names the blocks and the fix)")
+                                                    : std::string("; validate() should have reported a deadlock (this "
+                                                                  "is a bug)")));
     }
-    for (const timed_block& t : r.blocks) r.makespan = std::max(r.makespan, t.end);
+    for (std::size_t d = 0; d < s.device_order.size(); ++d)
+        if (next[d] != s.device_order[d].size())
+            throw schedule_error(where() + ": device " + std::to_string(d) + " lists " +
+                                 to_string(s.device_order[d][next[d]], p.rounds) +
+                                 " after every block has run (a block twice?); validate() names the fix");
+
+    simulation r;
+    r.makespan = makespan;
+    if (options.makespan_only) return r;
+    r.source = s;
+    r.blocks.resize(count);
+    for (std::size_t i = 0; i < count; ++i) {
+        const block b = block_at(p, static_cast<int>(i));
+        r.blocks[i] = {b, p.devices_of(b.stage), start[i], end[i]};
+    }
+    r.busy = std::move(busy);
     r.idle.resize(r.busy.size());
     for (std::size_t d = 0; d < r.busy.size(); ++d) r.idle[d] = r.makespan - r.busy[d];
     if (r.makespan > 0.0) r.bubble_fraction = r.total_idle() / (p.devices * r.makespan);

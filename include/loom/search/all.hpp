@@ -10,7 +10,6 @@
 //   model_profile.hpp     per-layer work, parameters, saved activations of a training graph
 //   plan_space.hpp        configuration (TP, PP, DP, micro-batches, ZeRO, schedule, ...) and
 //                         search_space
-//   schedule_orders.hpp   GPipe, 1F1B and interleaved block orders in linear time
 //   evaluate.hpp          cost_context, evaluate(configuration): step time and memory
 //   branch_and_bound.hpp  branch_and_bound, enumerate_all, search_result::explain
 //   to_plan.hpp           a searched configuration as the one plan value
@@ -32,4 +31,3 @@
 #include <loom/search/plan_search.hpp>
 #include <loom/search/plan_space.hpp>
 #include <loom/search/program_price.hpp>
-#include <loom/search/schedule_orders.hpp>

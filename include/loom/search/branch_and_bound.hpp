@@ -208,10 +208,10 @@ struct recompute_group {
 // The least extra backward time over groups, with memory <= budget. Choices per group:
 // counts of each recompute option (folded) or per layer (groups of one).
 struct recompute_solver {
-    recompute_solver(const cost_context& c, const std::vector<recompute>& r) : ctx(c), choices(r) {}
+    recompute_solver(const cost_context& c, const std::vector<plan::recompute_policy>& r) : ctx(c), choices(r) {}
 
     const cost_context& ctx;
-    const std::vector<recompute>& choices;
+    const std::vector<plan::recompute_policy>& choices;
     std::vector<recompute_group> groups;
     double budget = 0;
     double max_transient = std::numeric_limits<double>::infinity();  // choices above it are not allowed
@@ -225,14 +225,14 @@ struct recompute_solver {
 
     // Representative numbers of a group (its layers are identical in folded mode; in
     // unfolded mode groups hold one layer).
-    double memory_of(const recompute_group& g, recompute r) const {
+    double memory_of(const recompute_group& g, plan::recompute_policy r) const {
         if (transient_of(g, r) > max_transient) return std::numeric_limits<double>::infinity();
         return g.weight * ctx.kept_elements(ctx.repeated()[static_cast<std::size_t>(g.layers.front())], r);
     }
-    double transient_of(const recompute_group& g, recompute r) const {
+    double transient_of(const recompute_group& g, plan::recompute_policy r) const {
         return g.transient_scale * ctx.transient_elements(ctx.repeated()[static_cast<std::size_t>(g.layers.front())], r);
     }
-    double time_of(const recompute_group& g, recompute r) const {
+    double time_of(const recompute_group& g, plan::recompute_policy r) const {
         return g.time_scale * ctx.recompute_time(ctx.repeated()[static_cast<std::size_t>(g.layers.front())], r);
     }
 
@@ -242,7 +242,7 @@ struct recompute_solver {
         least_memory_after.assign(groups.size() + 1, 0.0);
         for (std::size_t i = groups.size(); i-- > 0;) {
             double least = std::numeric_limits<double>::infinity();
-            for (recompute r : choices) least = std::min(least, memory_of(groups[i], r));
+            for (plan::recompute_policy r : choices) least = std::min(least, memory_of(groups[i], r));
             least_memory_after[i] = least_memory_after[i + 1] + least * static_cast<double>(groups[i].layers.size());
         }
         if (least_memory_after[0] > budget) return false;
@@ -268,7 +268,7 @@ struct recompute_solver {
         // Counts per choice summing to n, choices earlier in the list first and in larger numbers.
         // n layers taking choice r: their memory (0 when none do, even for a choice above the
         // transient limit, whose memory is infinite).
-        const auto memory_of_n = [&](int n, recompute r) { return n == 0 ? 0.0 : n * memory_of(groups[i], r); };
+        const auto memory_of_n = [&](int n, plan::recompute_policy r) { return n == 0 ? 0.0 : n * memory_of(groups[i], r); };
         std::function<void(std::size_t, int, double, double)> split = [&](std::size_t k, int left, double mem, double t) {
             if (k + 1 == choices.size()) {
                 counts[i][k] = left;
@@ -372,7 +372,7 @@ private:
     void visit(configuration& c, double work_bound) {
         ++stats_.nodes;
         // Costs with no recompute: the least time any completion can have.
-        c.recompute_of.assign(ctx_.repeated().size(), recompute::none);
+        c.recompute_of.assign(ctx_.repeated().size(), plan::recompute_policy::none);
         evaluation base = evaluate_without_pipeline(ctx_, c);
         double fixed = 0;  // exposed communication and optimizer: the same for every completion
         for (const auto& d : base.devices) fixed = std::max(fixed, d.exposed_communication + d.optimizer);
@@ -397,7 +397,7 @@ private:
                 for (int l : layers[static_cast<std::size_t>(k)]) {
                     const int pos = position[static_cast<std::size_t>(l)];
                     if (pos < 0) {  // prologue, epilogue: keep everything
-                        fixed_memory += weight * ctx_.kept_elements(l, recompute::none);
+                        fixed_memory += weight * ctx_.kept_elements(l, plan::recompute_policy::none);
                         continue;
                     }
                     const int cls = ctx_.model().layers[static_cast<std::size_t>(l)].class_id;
@@ -415,7 +415,7 @@ private:
             // One knapsack per candidate largest transient, least time first found.
             std::vector<double> thresholds{0.0};
             for (const auto& g : solver.groups)
-                for (recompute r : space_.recompute_choices) thresholds.push_back(solver.transient_of(g, r));
+                for (plan::recompute_policy r : space_.recompute_choices) thresholds.push_back(solver.transient_of(g, r));
             std::sort(thresholds.begin(), thresholds.end());
             thresholds.erase(std::unique(thresholds.begin(), thresholds.end()), thresholds.end());
             bool solved = false;
@@ -589,7 +589,7 @@ inline std::string search_result::explain() const {
     out << "\n  layers per chunk:";
     for (int n : c.layers_per_chunk) out << ' ' << n;
     int counts[3] = {0, 0, 0};
-    for (recompute r : c.recompute_of) ++counts[static_cast<int>(r)];
+    for (plan::recompute_policy r : c.recompute_of) ++counts[static_cast<int>(r)];
     out << "\n  recompute: " << counts[0] << " layers none, " << counts[1] << " selective, " << counts[2] << " full\n";
     out << "  predicted step " << cost.step_time * 1e3 << " ms (pipeline " << cost.pipeline_time * 1e3 << " ms)";
     out << ", peak memory " << cost.peak_memory() / 1e9 << " GB\n";

@@ -11,12 +11,13 @@
 // the memory bandwidth allows), and AR_tp the all-reduce over the TP group, discounted by
 // the overlap factor epsilon. Sequence parallelism is assumed: every op is 1/tp per device.
 //
-//   pipeline  = the schedule's makespan (schedule/ orders, timed here with those chunk
-//               times; every message between stages costs a point-to-point transfer of the
-//               boundary activation, scattered over the TP group). A model with R forward
-//               rounds (model_profile::forward_rounds) runs R forward blocks per micro-batch
-//               and stage under 3F1B, each round's output feeding the next round's first
-//               stage; on one stage the rounds simply add up in its forward block.
+//   pipeline  = the schedule's makespan (the schedule template's orders, played by
+//               schedule::simulate with those chunk times; every message between stages
+//               costs a point-to-point transfer of the boundary activation, scattered over
+//               the TP group). A model with R forward rounds (model_profile::forward_rounds)
+//               runs R forward blocks per micro-batch and stage under 3F1B, each round's
+//               output feeding the next round's first stage; on one stage the rounds simply
+//               add up in its forward block.
 //   step      = pipeline + max over devices (exposed gradient sync + ZeRO-3 gathers
 //               + optimizer update)
 //   gradient sync: all-reduce over the DP group of the device's gradients, latency in full
@@ -42,13 +43,13 @@
 #include <vector>
 
 #include <loom/schedule/in_flight.hpp>
+#include <loom/schedule/simulate.hpp>
 #include <loom/schedule/templates.hpp>
 #include <loom/search/communication.hpp>
 #include <loom/search/hardware.hpp>
 #include <loom/search/memory.hpp>
 #include <loom/search/model_profile.hpp>
 #include <loom/search/plan_space.hpp>
-#include <loom/search/schedule_orders.hpp>
 
 namespace loom::search {
 
@@ -126,22 +127,22 @@ public:
 
     // Extra backward time (at the graph's batch, one device) and activations kept (elements
     // at the graph's batch) of a layer under a recompute choice.
-    double recompute_time(int layer, recompute r) const {
-        return r == recompute::full ? times(layer).forward
-               : r == recompute::selective ? times(layer).memory_bound_forward
-                                           : 0.0;
+    double recompute_time(int layer, plan::recompute_policy r) const {
+        return r == plan::recompute_policy::full        ? times(layer).forward
+               : r == plan::recompute_policy::selective ? times(layer).memory_bound_forward
+                                                        : 0.0;
     }
     // Elements a layer's recomputation brings back to life for its backward (at the graph's
     // batch): what it saved minus what it kept.
-    double transient_elements(int layer, recompute r) const {
+    double transient_elements(int layer, plan::recompute_policy r) const {
         const layer_profile& l = model_.layers[static_cast<std::size_t>(layer)];
         return std::max(0.0, l.saved_elements - kept_elements(layer, r));
     }
-    double kept_elements(int layer, recompute r) const {
+    double kept_elements(int layer, plan::recompute_policy r) const {
         const layer_profile& l = model_.layers[static_cast<std::size_t>(layer)];
-        return r == recompute::full ? l.input_elements
-               : r == recompute::selective ? l.saved_elements - l.cheap_saved_elements
-                                           : l.saved_elements;
+        return r == plan::recompute_policy::full        ? l.input_elements
+               : r == plan::recompute_policy::selective ? l.saved_elements - l.cheap_saved_elements
+                                                        : l.saved_elements;
     }
 
     // The block orders of a schedule and its peak in-flight micro-batches per chunk.
@@ -154,10 +155,10 @@ public:
         auto it = orders_.find(key);
         if (it != orders_.end()) return *it->second;
         auto o = std::make_unique<orders>();
-        o->order = kind == schedule_kind::gpipe           ? gpipe_orders(pp, micro_batches)
-                   : kind == schedule_kind::one_f_one_b   ? one_f_one_b_orders(pp, micro_batches)
+        o->order = kind == schedule_kind::gpipe           ? schedule::gpipe(pp, micro_batches)
+                   : kind == schedule_kind::one_f_one_b   ? schedule::one_f_one_b(pp, micro_batches)
                    : kind == schedule_kind::three_f_one_b ? schedule::three_f_one_b(pp, micro_batches)
-                                                          : interleaved_orders(pp, chunks, micro_batches);
+                                                          : schedule::interleaved_one_f_one_b(pp, chunks, micro_batches);
         o->in_flight = schedule::peak_in_flight(o->order).per_stage;
         ++schedules_built_;
         return *orders_.emplace(key, std::move(o)).first->second;
@@ -176,73 +177,6 @@ private:
     int schedules_built_ = 0;
 };
 
-// The makespan of fixed per-device block orders with per-chunk block times: each block
-// starts when its device is free and its inputs have arrived (a message between devices
-// adds `message`). The orders were validated when they were built, so this is a plain
-// event sweep.
-inline double pipeline_makespan(const schedule::schedule& s, const std::vector<double>& forward,
-                                const std::vector<double>& backward, double message) {
-    const int stages = s.shape.stages, micro = s.shape.micro_batches, rounds = std::max(s.shape.rounds, 1);
-    const auto index = [&](int stage, int m) { return static_cast<std::size_t>(stage) * static_cast<std::size_t>(micro) + static_cast<std::size_t>(m); };
-    const auto round_index = [&](int stage, int m, int r) {
-        return static_cast<std::size_t>(r) * static_cast<std::size_t>(stages * micro) + index(stage, m);
-    };
-    const double never = -1.0;
-    std::vector<double> forward_end(static_cast<std::size_t>(stages * micro * rounds), never);
-    std::vector<double> backward_end(static_cast<std::size_t>(stages * micro), never);
-    const auto device_of = [&](int stage) { return s.shape.stage_devices[static_cast<std::size_t>(stage)].front(); };
-    std::vector<std::size_t> next(s.device_order.size(), 0);
-    std::vector<double> free(s.device_order.size(), 0.0);
-    std::size_t remaining = 0;
-    for (const auto& o : s.device_order) remaining += o.size();
-    double makespan = 0;
-    while (remaining > 0) {
-        bool progressed = false;
-        for (std::size_t d = 0; d < s.device_order.size(); ++d) {
-            while (next[d] < s.device_order[d].size()) {
-                const schedule::block& b = s.device_order[d][next[d]];
-                double ready = free[d];
-                const auto arrive = [&](double end, int from_stage) {
-                    return end + (device_of(from_stage) == static_cast<int>(d) ? 0.0 : message);
-                };
-                if (schedule::is_forward(b)) {
-                    if (b.stage > 0) {
-                        const double e = forward_end[round_index(b.stage - 1, b.micro, b.round)];
-                        if (e == never) break;
-                        ready = std::max(ready, arrive(e, b.stage - 1));
-                    } else if (b.round > 0) {  // the last stage's output of the previous round
-                        const double e = forward_end[round_index(stages - 1, b.micro, b.round - 1)];
-                        if (e == never) break;
-                        ready = std::max(ready, arrive(e, stages - 1));
-                    }
-                } else {
-                    const double own = forward_end[round_index(b.stage, b.micro, rounds - 1)];
-                    if (own == never) break;
-                    ready = std::max(ready, own);
-                    if (b.stage + 1 < stages) {
-                        const double e = backward_end[index(b.stage + 1, b.micro)];
-                        if (e == never) break;
-                        ready = std::max(ready, arrive(e, b.stage + 1));
-                    }
-                }
-                const bool fwd = schedule::is_forward(b);
-                const double end = ready + (fwd ? forward : backward)[static_cast<std::size_t>(b.stage)];
-                if (fwd) forward_end[round_index(b.stage, b.micro, b.round)] = end;
-                else backward_end[index(b.stage, b.micro)] = end;
-                free[d] = end;
-                makespan = std::max(makespan, end);
-                ++next[d];
-                --remaining;
-                progressed = true;
-            }
-        }
-        if (!progressed)
-            throw usage_error("pipeline_makespan: the block orders deadlock; build them with the schedule templates "
-                              "(schedule::validate rejects such orders)");
-    }
-    return makespan;
-}
-
 // Which layers each chunk holds: the prologue on chunk 0, the epilogue on the last chunk
 // (unless interlaced: then on no chunk), the repeated layers in order, layers_per_chunk[c]
 // of them on chunk c.
@@ -259,10 +193,10 @@ inline std::vector<std::vector<int>> layers_of_chunks(const cost_context& ctx, c
 }
 
 // The recompute choice of layer index `layer` (prologue and epilogue keep everything).
-inline recompute recompute_of_layer(const cost_context& ctx, const configuration& c, int layer) {
+inline plan::recompute_policy recompute_of_layer(const cost_context& ctx, const configuration& c, int layer) {
     const auto& r = ctx.repeated();
     const auto it = std::find(r.begin(), r.end(), layer);
-    if (it == r.end() || c.recompute_of.empty()) return recompute::none;
+    if (it == r.end() || c.recompute_of.empty()) return plan::recompute_policy::none;
     return c.recompute_of[static_cast<std::size_t>(it - r.begin())];
 }
 
@@ -304,7 +238,7 @@ inline evaluation evaluate_without_pipeline(cost_context& ctx, const configurati
         double f = 0, f_once = 0, b = 0, kept = 0;  // f_once: the prologue and epilogue, once per micro-batch
         int joins = 0;
         for (int l : layers[static_cast<std::size_t>(k)]) {
-            const recompute r = recompute_of_layer(ctx, c, l);
+            const plan::recompute_policy r = recompute_of_layer(ctx, c, l);
             (l == ctx.prologue() || l == ctx.epilogue() ? f_once : f) += ctx.times(l).forward;
             b += ctx.times(l).backward + ctx.recompute_time(l, r);
             kept += ctx.kept_elements(l, r);
@@ -360,7 +294,7 @@ inline evaluation evaluate_without_pipeline(cost_context& ctx, const configurati
         const double local = dc.parameters / c.tp;
         const state_bytes s = o.states;
         const double buffers = c.zero == zero_stage::parameters ? 2.0 * largest_layer[static_cast<std::size_t>(d)] / c.tp * s.parameter : 0.0;
-        dc.memory = memory_per_device(local, s, c.zero, c.dp, activation_profile{}, 0, recompute::none, buffers);
+        dc.memory = memory_per_device(local, s, c.zero, c.dp, activation_profile{}, 0, plan::recompute_policy::none, buffers);
         dc.memory.activations = activations[static_cast<std::size_t>(d)];
         dc.memory.buffers += interlaced_memory + transient[static_cast<std::size_t>(d)];
         dc.transient = transient[static_cast<std::size_t>(d)];
@@ -405,7 +339,11 @@ inline evaluation evaluate(cost_context& ctx, const configuration& c) {
     evaluation e = evaluate_without_pipeline(ctx, c);
     const auto& sched = ctx.schedule_orders(c.schedule, c.pp, c.chunks, c.micro_batches);
     // Interlaced blocks hold every device, so they add their time to every timeline.
-    e.pipeline_time = pipeline_makespan(sched.order, e.chunk_forward, e.chunk_backward, stage_message_time(ctx, c)) +
+    schedule::cost_model costs;
+    costs.forward_per_stage = e.chunk_forward;
+    costs.backward_per_stage = e.chunk_backward;
+    costs.latency = stage_message_time(ctx, c);
+    e.pipeline_time = schedule::simulate(sched.order, costs, {.validated = true, .makespan_only = true}).makespan +
                       c.micro_batches * e.interlaced_per_micro_batch;
     e.step_time = step_time_of(e, e.pipeline_time);
     if (!e.feasible) e.step_time = std::numeric_limits<double>::infinity();

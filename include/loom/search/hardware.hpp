@@ -3,7 +3,7 @@
 // and how devices, nodes and NICs are wired.
 //
 //   cluster c = dgx_a100(4);                      32 A100s, 8 per node, 8 HDR NICs per node
-//   c.device.peak_flops(precision::bf16)          312e12
+//   c.device.peak_flops(precision::bf16)          312e12 (loom::precision, core/precision.hpp)
 //   c.topo.inter_node_bandwidth_per_device()      8 * 25e9 / 8 = 25e9 bytes/s
 //   save_cluster(c, "a100x4.json");               edit the file after calibrating, then
 //   cluster d = load_cluster("a100x4.json");      load it back (a round trip is exact)
@@ -21,6 +21,7 @@
 #include <nlohmann/json.hpp>
 
 #include <loom/core/error.hpp>
+#include <loom/core/precision.hpp>
 
 namespace loom::search {
 
@@ -29,17 +30,6 @@ namespace loom::search {
 struct profile_error : error {
     using error::error;
 };
-
-enum class precision { fp32, fp16, bf16 };
-
-inline std::string_view to_string(precision p) {
-    switch (p) {
-        case precision::fp32: return "fp32";
-        case precision::fp16: return "fp16";
-        case precision::bf16: return "bf16";
-    }
-    return "?";
-}
 
 namespace detail {
 
@@ -54,23 +44,29 @@ inline std::string number_text(double x) {
 
 struct device_profile {
     std::string name;
-    double peak_flops_fp32 = 0;  // FLOP/s without tensor cores
-    double peak_flops_fp16 = 0;  // FLOP/s on tensor cores, fp16 and bf16 alike; 0: the device has none
+    double peak_flops_f32 = 0;  // FLOP/s without tensor cores
+    double peak_flops_f16 = 0;  // FLOP/s on tensor cores, f16 and bf16 alike; 0: the device has none
     double memory_bytes = 0;
     double memory_bandwidth = 0;  // bytes/s
     // Fractions of peak that real kernels reach; guesses until calibration overwrites them.
     double gemm_efficiency = 0.6;
     double elementwise_efficiency = 0.7;
 
-    // bf16 shares the fp16 figure because the tensor cores of A100 and H100 run both at one
+    // bf16 shares the f16 figure because the tensor cores of A100 and H100 run both at one
     // rate. V100 has no bf16 tensor cores, so for V100 this figure is optimistic for bf16.
+    // The profile keeps no f64 peak: plan in f32, f16 or bf16.
     double peak_flops(precision p) const {
-        const double peak = p == precision::fp32 ? peak_flops_fp32 : peak_flops_fp16;
+        if (p == precision::f64)
+            throw profile_error("device_profile::peak_flops: device '" + name +
+                                "': profiles hold no f64 peak; plan in f32, f16 or bf16");
+        const bool f32 = p == precision::f32;
+        const double peak = f32 ? peak_flops_f32 : peak_flops_f16;
         if (!(peak > 0))
             throw profile_error("device_profile::peak_flops: device '" + name + "' has no " +
-                                std::string(to_string(p)) + " peak (" +
-                                (p == precision::fp32 ? "peak_flops_fp32" : "peak_flops_fp16") + " = " +
-                                detail::number_text(peak) + "); set it in the profile or plan in another precision");
+                                std::string(to_string(p)) + " peak (" + (f32 ? "peak_flops_f32" : "peak_flops_f16") +
+                                " = " + detail::number_text(peak) + "); set it in the profile (" +
+                                (f32 ? "peak_flops_fp32_per_s" : "peak_flops_fp16_per_s") +
+                                " in its JSON) or plan in another precision");
         return peak;
     }
 
@@ -137,10 +133,10 @@ inline std::string preset_name(std::string_view machine, int nodes) {
 }
 
 inline device_profile v100_sxm2_32gb() {
-    // V100 SXM2 datasheet: 15.7 TFLOP/s fp32, 125 TFLOP/s tensor (fp16), 900 GB/s HBM2.
+    // V100 SXM2 datasheet: 15.7 TFLOP/s f32, 125 TFLOP/s tensor (f16), 900 GB/s HBM2.
     return {.name = "V100-SXM2-32GB",
-            .peak_flops_fp32 = 15.7e12,
-            .peak_flops_fp16 = 125e12,
+            .peak_flops_f32 = 15.7e12,
+            .peak_flops_f16 = 125e12,
             .memory_bytes = 32 * gib,
             .memory_bandwidth = 900e9};
 }
@@ -176,15 +172,15 @@ inline cluster dgx2_v100(int nodes) {
                      .nics_per_node = 8}};
 }
 
-// DGX A100 80GB: A100 SXM datasheet 19.5 TFLOP/s fp32, 312 TFLOP/s bf16/fp16 tensor,
+// DGX A100 80GB: A100 SXM datasheet 19.5 TFLOP/s f32, 312 TFLOP/s bf16/f16 tensor,
 // 2039 GB/s HBM2e; NVLink3 600 GB/s bidirectional (300e9 per direction) through NVSwitch;
 // 8 HDR 200 Gb/s NICs for the compute fabric.
 inline cluster dgx_a100(int nodes) {
     detail::check_preset("dgx_a100", nodes, 8);
     return {.name = detail::preset_name("DGX A100", nodes),
             .device = {.name = "A100-SXM4-80GB",
-                       .peak_flops_fp32 = 19.5e12,
-                       .peak_flops_fp16 = 312e12,
+                       .peak_flops_f32 = 19.5e12,
+                       .peak_flops_f16 = 312e12,
                        .memory_bytes = 80 * detail::gib,
                        .memory_bandwidth = 2039e9},
             .topo = {.devices_per_node = 8,
@@ -194,15 +190,15 @@ inline cluster dgx_a100(int nodes) {
                      .nics_per_node = 8}};
 }
 
-// DGX H100: H100 SXM5 datasheet 67 TFLOP/s fp32, 989 TFLOP/s bf16/fp16 tensor (dense),
+// DGX H100: H100 SXM5 datasheet 67 TFLOP/s f32, 989 TFLOP/s bf16/f16 tensor (dense),
 // 3.35 TB/s HBM3; NVLink4 900 GB/s bidirectional (450e9 per direction) through NVSwitch;
 // 8 ConnectX-7 NDR 400 Gb/s NICs for the compute fabric.
 inline cluster dgx_h100(int nodes) {
     detail::check_preset("dgx_h100", nodes, 8);
     return {.name = detail::preset_name("DGX H100", nodes),
             .device = {.name = "H100-SXM5-80GB",
-                       .peak_flops_fp32 = 67e12,
-                       .peak_flops_fp16 = 989e12,
+                       .peak_flops_f32 = 67e12,
+                       .peak_flops_f16 = 989e12,
                        .memory_bytes = 80 * detail::gib,
                        .memory_bandwidth = 3.35e12},
             .topo = {.devices_per_node = 8,
@@ -223,6 +219,8 @@ inline cluster dgx_h100(int nodes) {
 //                "intra_node": {"bandwidth_bytes_per_s": 3e11, "latency_s": 5e-06},
 //                "inter_node_per_nic": {"bandwidth_bytes_per_s": 2.5e10, "latency_s": 1e-05}}
 // }
+// The peaks are device_profile::peak_flops_f32 and peak_flops_f16; their keys keep the
+// spelling of the profile files already written (fp32, fp16).
 // Every field is required except the two efficiencies. Peaks and latencies may be 0 (a
 // device without tensor cores, an idealised link); every other number must be positive.
 // Unknown keys are rejected so that a misspelt optional key does not go unnoticed.
@@ -237,8 +235,8 @@ inline nlohmann::json to_json(const cluster& c) {
     return {{"name", c.name},
             {"device",
              {{"name", d.name},
-              {"peak_flops_fp32_per_s", d.peak_flops_fp32},
-              {"peak_flops_fp16_per_s", d.peak_flops_fp16},
+              {"peak_flops_fp32_per_s", d.peak_flops_f32},
+              {"peak_flops_fp16_per_s", d.peak_flops_f16},
               {"memory_bytes", d.memory_bytes},
               {"memory_bandwidth_bytes_per_s", d.memory_bandwidth},
               {"gemm_efficiency", d.gemm_efficiency},
@@ -344,8 +342,8 @@ inline cluster cluster_from_json(const nlohmann::json& j, const std::string& whe
     t.only({"devices_per_node", "nodes", "nics_per_node", "intra_node", "inter_node_per_nic"});
     cluster c{.name = root.text("name"),
               .device = {.name = d.text("name"),
-                         .peak_flops_fp32 = d.number("peak_flops_fp32_per_s", "FLOP/s", true),
-                         .peak_flops_fp16 = d.number("peak_flops_fp16_per_s", "FLOP/s (0 if none)", true),
+                         .peak_flops_f32 = d.number("peak_flops_fp32_per_s", "FLOP/s", true),
+                         .peak_flops_f16 = d.number("peak_flops_fp16_per_s", "FLOP/s (0 if none)", true),
                          .memory_bytes = d.number("memory_bytes", "bytes"),
                          .memory_bandwidth = d.number("memory_bandwidth_bytes_per_s", "bytes per second"),
                          .gemm_efficiency = d.number_or("gemm_efficiency", device_profile{}.gemm_efficiency,

@@ -18,6 +18,7 @@
 
 #include <loom/core/error.hpp>
 #include <loom/plan/op_partition.hpp>
+#include <loom/plan/recompute_policy.hpp>
 
 namespace loom::search {
 
@@ -35,10 +36,10 @@ struct state_bytes {
     friend bool operator==(const state_bytes&, const state_bytes&) = default;
 };
 
-// fp16 parameters and gradients; fp32 master parameters, momentum and variance (4+4+4).
+// f16 parameters and gradients; f32 master parameters, momentum and variance (4+4+4).
 inline constexpr state_bytes mixed_precision_adam() { return {2, 2, 12}; }
-// fp32 parameters and gradients; fp32 momentum and variance (4+4).
-inline constexpr state_bytes fp32_adam() { return {4, 4, 8}; }
+// f32 parameters and gradients; f32 momentum and variance (4+4).
+inline constexpr state_bytes f32_adam() { return {4, 4, 8}; }
 
 namespace detail {
 
@@ -90,23 +91,23 @@ inline double model_state_bytes(double parameters, state_bytes s, zero_stage zer
 // ---- Megatron-LM's distributed optimizer ---------------------------------------------
 // Megatron-LM docs, "Distributed Optimizer": bytes per parameter
 //                                  non-distributed   distributed (d-way data parallel)
-//   fp16 params, fp16 grads              20              4 + 16/d
-//   bf16 params, fp32 grads              18              6 + 12/d
-//   fp32 params, fp32 grads              16              8 +  8/d
-// They arise from the components below. Megatron keeps fp32 main gradients: a separate
-// 4-byte copy when the model's gradients are fp16; bf16 and fp32 gradients are accumulated
-// in fp32 directly and are themselves the main gradients. Likewise an fp32 main copy of the
-// parameters exists only when the model's parameters are not fp32. Adam adds m and v (4+4).
-//   fp16/fp16: param 2 + grad 2 | main grad 4 + main param 4 + m 4 + v 4 = 4 + 16 = 20
-//   bf16/fp32: param 2 + grad 4 | main param 4 + m 4 + v 4              = 6 + 12 = 18
-//   fp32/fp32: param 4 + grad 4 | m 4 + v 4                             = 8 +  8 = 16
+//   f16 params, f16 grads                20              4 + 16/d
+//   bf16 params, f32 grads               18              6 + 12/d
+//   f32 params, f32 grads                16              8 +  8/d
+// They arise from the components below. Megatron keeps f32 main gradients: a separate
+// 4-byte copy when the model's gradients are f16; bf16 and f32 gradients are accumulated
+// in f32 directly and are themselves the main gradients. Likewise an f32 main copy of the
+// parameters exists only when the model's parameters are not f32. Adam adds m and v (4+4).
+//   f16/f16:  param 2 + grad 2 | main grad 4 + main param 4 + m 4 + v 4 = 4 + 16 = 20
+//   bf16/f32: param 2 + grad 4 | main param 4 + m 4 + v 4              = 6 + 12 = 18
+//   f32/f32:  param 4 + grad 4 | m 4 + v 4                             = 8 +  8 = 16
 // The distributed optimizer shards what is right of the bar over the d data-parallel ranks:
 // ZeRO stage 1 with K = that part.
-enum class megatron_precision { fp16_params_fp16_grads, bf16_params_fp32_grads, fp32_params_fp32_grads };
+enum class megatron_precision { f16_params_f16_grads, bf16_params_f32_grads, f32_params_f32_grads };
 
 inline constexpr state_bytes megatron_state_bytes(megatron_precision p) {
-    const double param = p == megatron_precision::fp32_params_fp32_grads ? 4 : 2;
-    const double grad = p == megatron_precision::fp16_params_fp16_grads ? 2 : 4;
+    const double param = p == megatron_precision::f32_params_f32_grads ? 4 : 2;
+    const double grad = p == megatron_precision::f16_params_f16_grads ? 2 : 4;
     const double main_grad = grad == 4 ? 0 : 4;
     const double main_param = param == 4 ? 0 : 4;
     const double adam_moments = 4 + 4;
@@ -119,16 +120,15 @@ inline double megatron_bytes_per_parameter(megatron_precision p, bool distribute
 }
 
 // ---- activations -----------------------------------------------------------------------
-// What the backward pass keeps of one micro-batch on this device, under recomputation
-// (Korthikanti et al., 2022, "Reducing Activation Recomputation in Large Transformer Models"):
-//   recompute::none       everything the forward saves
-//   recompute::selective  all but the attention scores (softmax, its dropout mask, QK^T),
-//                         which are recomputed; the 5as/h term of that paper
-//   recompute::full       only each layer's input; the layer is rerun in the backward
+// What the backward pass keeps of one micro-batch on this device, under the plan's recompute
+// policy (plan/recompute_policy.hpp; Korthikanti et al., 2022):
+//   none       everything the forward saves
+//   selective  all but the attention scores (softmax, its dropout mask, QK^T), which are
+//              recomputed; the 5as/h term of that paper
+//   full       only each layer's input; the layer is rerun in the backward
 // The profile's figures come from the model (all layers of this device's stage together).
 // Under full recomputation one layer's activations are rebuilt during its backward; that
 // transient is not included here; count it in the buffers.
-enum class recompute { none, selective, full };
 
 struct activation_profile {
     double saved_bytes_per_micro_batch = 0;             // without recomputation
@@ -136,7 +136,7 @@ struct activation_profile {
     double attention_scores_bytes_per_micro_batch = 0;  // dropped under selective recomputation
 };
 
-inline double activation_bytes(const activation_profile& a, int in_flight, recompute r) {
+inline double activation_bytes(const activation_profile& a, int in_flight, plan::recompute_policy r) {
     constexpr std::string_view where = "activation_bytes";
     const char* fix = "give bytes per micro-batch, at least 0";
     detail::check_non_negative(where, "saved_bytes_per_micro_batch", a.saved_bytes_per_micro_batch, fix);
@@ -156,9 +156,9 @@ inline double activation_bytes(const activation_profile& a, int in_flight, recom
                           "; give the number of micro-batches whose activations are held at once, at least 0");
     double per_micro_batch = a.saved_bytes_per_micro_batch;
     switch (r) {
-        case recompute::none: break;
-        case recompute::selective: per_micro_batch -= a.attention_scores_bytes_per_micro_batch; break;
-        case recompute::full: per_micro_batch = a.layer_input_bytes_per_micro_batch; break;
+        case plan::recompute_policy::none: break;
+        case plan::recompute_policy::selective: per_micro_batch -= a.attention_scores_bytes_per_micro_batch; break;
+        case plan::recompute_policy::full: per_micro_batch = a.layer_input_bytes_per_micro_batch; break;
     }
     return per_micro_batch * in_flight;
 }
@@ -177,7 +177,7 @@ struct memory_breakdown {
 // pipeline partitioning); `in_flight` the micro-batches whose activations it holds at once
 // (1F1B: up to the number of pipeline stages on the first stage).
 inline memory_breakdown memory_per_device(double parameters, state_bytes s, zero_stage zero, int data_parallel,
-                                          const activation_profile& activations, int in_flight, recompute r,
+                                          const activation_profile& activations, int in_flight, plan::recompute_policy r,
                                           double buffer_bytes) {
     detail::check_non_negative("memory_per_device", "buffer_bytes", buffer_bytes, "give the buffer size in bytes");
     const state_bytes states = detail::model_state_split(parameters, s, zero, data_parallel);

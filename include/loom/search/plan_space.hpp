@@ -36,15 +36,6 @@ inline std::string to_string(schedule_kind s) {
     return "?";
 }
 
-inline std::string to_string(recompute r) {
-    switch (r) {
-        case recompute::none: return "none";
-        case recompute::selective: return "selective";
-        case recompute::full: return "full";
-    }
-    return "?";
-}
-
 struct configuration {
     int tp = 1;
     int pp = 1;
@@ -54,7 +45,7 @@ struct configuration {
     zero_stage zero = zero_stage::none;
     schedule_kind schedule = schedule_kind::one_f_one_b;
     std::vector<int> layers_per_chunk;  // repeated layers in each of the pp * chunks chunks
-    std::vector<recompute> recompute_of;  // per repeated layer
+    std::vector<plan::recompute_policy> recompute_of;  // per repeated layer
     // The interlaced pipeline (nnScaler Figure 6): the ops before the first layer and after
     // the last (embedding, LM head, loss) run on all devices, split by vocabulary, time-shared
     // with the pipeline of the layers, instead of on the first and last stage.
@@ -79,7 +70,7 @@ struct search_space {
                                  zero_stage::parameters};
     std::vector<schedule_kind> schedules{schedule_kind::gpipe, schedule_kind::one_f_one_b,
                                          schedule_kind::interleaved, schedule_kind::three_f_one_b};
-    std::vector<recompute> recompute_choices{recompute::none, recompute::selective, recompute::full};
+    std::vector<plan::recompute_policy> recompute_choices{plan::recompute_policy::none, plan::recompute_policy::selective, plan::recompute_policy::full};
     std::vector<bool> interlaced{false};  // add true to consider the interlaced pipeline
     std::vector<int> coshard{1};          // Coshard factors to consider, e.g. {1, 2, 4, 8}
     int interleave_chunks = 2;            // v of the interleaved schedule

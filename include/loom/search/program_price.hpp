@@ -193,11 +193,10 @@ inline std::tuple<double, double, double> gemm_shape(double flops, double read, 
     return {m, written / m, k};
 }
 
-// Peak FLOP/s for arithmetic in storage precision p: float and double use the device's
-// float peak (no double figure is profiled: a host plan calibrates in float), bf16 the
-// tensor cores'.
+// Peak FLOP/s for arithmetic in storage precision p. Double uses the device's float peak
+// (no double figure is profiled: a host plan calibrates in float).
 inline double peak_for(const device_profile& d, loom::precision p) {
-    return d.peak_flops(p == loom::precision::bf16 ? precision::bf16 : precision::fp32);
+    return d.peak_flops(p == loom::precision::f64 ? loom::precision::f32 : p);
 }
 
 namespace detail {

@@ -10,8 +10,9 @@
 // Inside a pipeline stage (tp * dp devices) the rules are Megatron's tensor parallelism with
 // data parallelism around it (plan::presets::megatron(tp, dp)), or plain data parallelism
 // when tp is 1. Pipelines are plan::stages over the layers of "blocks" (explicit boundaries
-// when the chunks are uneven), micro-batches and the configuration's order. Recomputation is
-// a rule per layer: selective recomputes the layer's attention core, full the whole layer;
+// when the chunks are uneven), micro-batches and the configuration's order. Each layer's
+// recompute policy becomes plan::presets::recompute_layers for that layer: selective
+// recomputes the layer's attention core, full the whole layer;
 // Coshard splits a recomputed layer's attention and MLP into coshard times more pieces,
 // colocated on each device. The interlaced pipeline splits the embedding, the LM head and
 // the loss by vocabulary over all devices.
@@ -79,8 +80,8 @@ inline plan::plan_spec to_plan(const configuration& c) {
     if (c.interlaced) p.then(plan::presets::vocabulary_parallel(c.devices()));
     const plan::presets::transformer_names names;
     for (std::size_t layer = 0; layer < c.recompute_of.size(); ++layer) {
-        const recompute r = c.recompute_of[layer];
-        if (r == recompute::none) continue;
+        const plan::recompute_policy r = c.recompute_of[layer];
+        if (r == plan::recompute_policy::none) continue;
         const auto i = static_cast<std::int64_t>(layer);
         if (c.coshard > 1) {
             // Coshard: tp * coshard pieces, coshard of them one after another on each device.
@@ -104,11 +105,7 @@ inline plan::plan_spec to_plan(const configuration& c) {
             cut(mlp, {Dim::FFN::id, "", {pieces, "", {}}, false});
             p.colocation_requires_recompute = true;
         }
-        plan::selector on;
-        on.repeat = "blocks";
-        on.first_layer = on.last_layer = i;
-        if (r == recompute::selective) on.kinds = {&op_def_of<ops::Attention>()};
-        p.add({on, std::nullopt, std::nullopt, true, r == recompute::selective ? "selective recompute" : "full recompute"});
+        p.then(plan::presets::recompute_layers(r, i, i));
     }
     p.name = "TP " + std::to_string(c.tp) + " x PP " + std::to_string(c.pp) + " x DP " + std::to_string(c.dp) + ", " +
              std::to_string(c.micro_batches) + " micro-batches, " +

@@ -84,7 +84,7 @@ inline search::cluster calibrate_gpu(const calibration_options& options = {}) {
     if (visible == 0) throw usage_error("cuda::calibrate_gpu: this machine has no GPU; calibrate the host instead");
     const device_info info = describe(current_device());
     search::cluster hw = known_part(info.name, options.nodes);
-    const bool known = hw.device.peak_flops_fp16 > 0;
+    const bool known = hw.device.peak_flops_f16 > 0;
 
     stream s;
     gemm_engine gemm;
@@ -124,11 +124,11 @@ inline search::cluster calibrate_gpu(const calibration_options& options = {}) {
                              }));
 
     if (known) {
-        hw.device.gemm_efficiency = std::min(1.0, bf16_rate / hw.device.peak_flops_fp16);
+        hw.device.gemm_efficiency = std::min(1.0, bf16_rate / hw.device.peak_flops_f16);
     } else {
         hw.device.name = info.name;
-        hw.device.peak_flops_fp16 = bf16_rate;
-        hw.device.peak_flops_fp32 = f32_rate;
+        hw.device.peak_flops_f16 = bf16_rate;
+        hw.device.peak_flops_f32 = f32_rate;
         hw.device.gemm_efficiency = 1.0;
     }
     hw.device.memory_bandwidth = copy_rate;

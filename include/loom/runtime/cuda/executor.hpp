@@ -53,6 +53,10 @@ class executor {
 public:
     executor(const program& p, stream_handle compute, gemm_engine& gemm, executor_options options = {})
         : program_(p), compute_(compute), gemm_(gemm) {
+        if (p.prec == precision::f16)
+            throw usage_error("cuda::executor: the program was compiled for f16, which no loom executor runs (f16 "
+                              "is a precision the plan searcher times); compile in bf16 for mixed precision on the "
+                              "GPU, or in f32");
         if (p.prec != mine)
             throw usage_error(std::string("cuda::executor: the program was compiled for ") +
                               std::string(to_string(p.prec)) + " but this executor runs " +

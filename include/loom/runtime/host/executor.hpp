@@ -29,6 +29,10 @@ class executor {
 public:
     explicit executor(const program& p) : program_(p) {
         constexpr precision mine = std::is_same_v<T, float> ? precision::f32 : precision::f64;
+        if (p.prec == precision::f16)
+            throw usage_error("executor: the program was compiled for f16, which no loom executor runs (f16 is a "
+                              "precision the plan searcher times); compile in f32 or f64 for the host, or in bf16 "
+                              "for the GPU's mixed precision");
         if (p.prec != mine)
             throw usage_error(std::string("executor: the program was compiled for ") + std::string(to_string(p.prec)) +
                               " but this executor computes in " + std::string(to_string(mine)) +

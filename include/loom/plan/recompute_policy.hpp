@@ -1,0 +1,30 @@
+#pragma once
+// How much of a transformer layer the backward pass recomputes instead of keeping
+// (Korthikanti et al., 2022, "Reducing Activation Recomputation in Large Transformer Models"):
+//
+//   none       keep everything the forward saves
+//   selective  recompute the attention core (the scores, their softmax and dropout: the ops
+//              of kind ops::Attention), keep the rest
+//   full       keep only the layer's input and rerun the whole layer
+//
+// One policy per layer is what the plan searcher chooses (search::configuration::
+// recompute_of) and times (search/memory.hpp, search/evaluate.hpp); a plan states it with
+// presets::recompute_layers, which lowers it to recompute rules (rule::recompute) over the
+// layer's ops.
+#include <cstdint>
+#include <string>
+
+namespace loom::plan {
+
+enum class recompute_policy : std::uint8_t { none, selective, full };
+
+inline std::string to_string(recompute_policy r) {
+    switch (r) {
+        case recompute_policy::none: return "none";
+        case recompute_policy::selective: return "selective";
+        case recompute_policy::full: return "full";
+    }
+    return "?";
+}
+
+}  // namespace loom::plan
