@@ -4119,8 +4119,9 @@ constexpr text first_plan_error(const plan_view& p) {
                                   s.target == f.target ? text() : concat(" (", f.target, " in ", r.selector, ")"),
                                   ", which the plan forbids; remove that split or the constraint");
             }
-            // extents the plan knows
-            if (s.kind == split_kind::dim)
+            // extents the plan knows (a vocabulary need not divide: it is split into near-equal
+            // pieces, plan::splits_unevenly)
+            if (s.kind == split_kind::dim && s.target != Dim::Vocab::name)
                 for (const auto& f : p.facts) {
                     if (f.kind != fact_kind::extent || f.dim != s.target || f.value < 1) continue;
                     if (auto d = known_degree(s.degree, devices); d && *d >= 1 && f.value % *d != 0)
@@ -4436,6 +4437,7 @@ inline constexpr recompute_t recompute{};
 // times. Pieces are numbered row-major over (split_0, ..., split_k, replica), and piece i
 // runs on devices[i]. Several pieces may share a device: they run one after another
 // (colocation, Coshard).
+#include <algorithm>
 #include <cstdint>
 #include <optional>
 #include <string>
@@ -4781,6 +4783,20 @@ inline std::vector<std::vector<int>> order_positions(const schedule& s) {
 // ---- end loom/schedule/schedule.hpp ----
 
 namespace loom::plan {
+
+// Where piece k of `degree` contiguous pieces of an extent begins (piece k is [begin(k),
+// begin(k + 1))): equal pieces when the degree divides the extent, else near-equal ones, the
+// first extent % degree of them one longer (97 rows over 2: [0, 49) and [49, 97)).
+inline std::int64_t piece_begin(std::int64_t extent, std::int64_t degree, std::int64_t k) {
+    return k * (extent / degree) + std::min(k, extent % degree);
+}
+
+// Whether a split along `d` may use a degree that does not divide the extent. Only the
+// vocabulary: Megatron pads it to a multiple of the tensor-parallel degree, and loom splits it
+// into near-equal pieces instead (the same rows per device, with no padding rows to keep out
+// of the softmax). Any other dim must divide: heads, hidden and FFN sizes are the model's own
+// choice, and a degree that does not divide them is more likely a mistake in the plan.
+inline bool splits_unevenly(dim_id d) { return d == Dim::Vocab::id; }
 
 struct split_axis {
     dim_id dim;         // the dim to split (matched against the node's bound variables)
@@ -8492,7 +8508,8 @@ inline plan_spec by_name(const std::string& name, int devices) {
 // Applying a plan rebuilds such a node this way (partition/logical_graph.hpp); `p` arrives
 // with every split resolved to a variable label of `n`. Built in: cross_entropy split along
 // its vocabulary becomes ops/vocab_parallel_cross_entropy.hpp (Megatron's vocabulary-parallel
-// loss: no device gathers the logits).
+// loss: no device gathers the logits), with ragged chunks where the degree does not divide
+// the vocabulary (plans cut it into near-equal pieces, plan::piece_begin).
 #include <map>
 #include <mutex>
 #include <span>
@@ -8552,20 +8569,36 @@ namespace detail {
 
 // cross_entropy cut along v into chunks: the chunk log-sum-exps and the target picks split as
 // the logits are (the picks become partial sums), the small combining op replicated over the
-// vocabulary pieces.
+// vocabulary pieces. A vocabulary the chunks do not divide is cut into the near-equal pieces
+// the plan cuts the logits into (plan::piece_begin, nested as the splits are), and its
+// log-sum-exps come from ragged_chunk_logsumexp, whose pieces each hold whole chunks.
 inline std::vector<tensor> vocab_parallel_loss(graph_builder&, const node& n, std::span<const tensor> in,
                                                const op_partition& p, std::vector<op_partition>& partitions) {
+    const shape& logits = in[0].dims();
+    const std::int64_t vocab = logits.rank() >= 1 ? logits.extent(logits.rank() - 1) : 0;
     std::int64_t chunks = 1;
+    std::vector<std::int64_t> boundaries{0, vocab};
     op_partition by_chunk = p, combine = p;
     for (std::size_t s = 0; s < p.splits.size(); ++s) {
         if (p.splits[s].replicate || p.splits[s].label != "v") continue;
         chunks *= p.splits[s].degree;
+        std::vector<std::int64_t> finer{0};
+        for (std::size_t k = 0; k + 1 < boundaries.size(); ++k)
+            for (std::int64_t piece = 1; piece <= p.splits[s].degree; ++piece)
+                finer.push_back(boundaries[k] + piece_begin(boundaries[k + 1] - boundaries[k], p.splits[s].degree, piece));
+        boundaries = std::move(finer);
         by_chunk.splits[s].label = "c";
         combine.splits[s] = {{}, "", p.splits[s].degree, true};
     }
     const auto ignore = n.attrs.get<std::int64_t>("ignore_index");
-    tensor lse = ops::chunk_logsumexp(in[0], chunks);
-    partitions.push_back(by_chunk);
+    tensor lse;
+    if (vocab % chunks == 0) {
+        lse = ops::chunk_logsumexp(in[0], chunks);
+        partitions.push_back(by_chunk);
+    } else {
+        lse = ops::ragged_chunk_logsumexp(in[0], std::move(boundaries));
+        partitions.push_back(p);
+    }
     tensor picked = ops::pick_target(in[0], in[1], ignore);
     partitions.push_back(p);
     tensor loss = ops::cross_entropy_from_chunks(lse, picked, in[1], ignore, n.attrs.get<double>("normalizer"));
@@ -9228,12 +9261,20 @@ inline plan::op_partition resolve_partition(const node& n, plan::op_partition p,
                               "; split another dim, or register a custom transformation for this op");
             continue;
         }
+        // Per piece of the earlier splits of this variable (the smallest, when those were uneven).
         const std::int64_t extent = var.extent / cut[static_cast<std::size_t>(*v)];
-        if (extent % s.degree != 0) {
+        const std::string per_piece =
+            cut[static_cast<std::size_t>(*v)] > 1 ? " (" + std::to_string(extent) + " per piece)" : "";
+        if (extent % s.degree != 0 && !plan::splits_unevenly(var.dim)) {
             fail_or_replicate("dim " + std::string(var.dim.name()) + " has extent " + std::to_string(var.extent) +
-                              (cut[static_cast<std::size_t>(*v)] > 1 ? " (" + std::to_string(extent) + " per piece)" : "") +
-                              ", which degree " + std::to_string(s.degree) + " does not divide; choose a divisor of " +
-                              std::to_string(extent));
+                              per_piece + ", which degree " + std::to_string(s.degree) +
+                              " does not divide; choose a divisor of " + std::to_string(extent));
+            continue;
+        }
+        if (extent < s.degree) {
+            fail_or_replicate("dim " + std::string(var.dim.name()) + " has extent " + std::to_string(var.extent) +
+                              per_piece + ", fewer than degree " + std::to_string(s.degree) +
+                              " pieces; some pieces would be empty: use a degree of at most " + std::to_string(extent));
             continue;
         }
         cut[static_cast<std::size_t>(*v)] *= s.degree;
@@ -9316,9 +9357,10 @@ inline node_layout layout_pieces(const graph& g, const node& n, plan::op_partiti
         for (std::size_t s = 0; s < p.splits.size(); ++s) {
             if (split_var[s] < 0) continue;
             auto v = static_cast<std::size_t>(split_var[s]);
-            const std::int64_t size = (piece.vars.end[v] - piece.vars.begin[v]) / p.splits[s].degree;
-            piece.vars.begin[v] += coord[s] * size;
-            piece.vars.end[v] = piece.vars.begin[v] + size;
+            // Equal pieces, or near-equal ones along a vocabulary the degree does not divide.
+            const std::int64_t length = piece.vars.end[v] - piece.vars.begin[v], first = piece.vars.begin[v];
+            piece.vars.begin[v] = first + plan::piece_begin(length, p.splits[s].degree, coord[s]);
+            piece.vars.end[v] = first + plan::piece_begin(length, p.splits[s].degree, coord[s] + 1);
             for (std::size_t o = 0; o < n.outputs.size(); ++o)
                 if (effects[s].outputs[o].effect == split_effect::partial) {
                     chunks[o].index = chunks[o].index * static_cast<std::int32_t>(p.splits[s].degree) + static_cast<std::int32_t>(coord[s]);
@@ -12706,8 +12748,9 @@ inline double exposed_time(const comm_time& forward, const comm_time& backward, 
 //   full recompute keeps only the layer's input and reruns its whole forward.
 // - Tensor parallelism (Megatron's rules) costs one all-reduce of the residual stream per
 //   residual join (an `add` whose output has the residual stream's shape) in the forward,
-//   and one per join in the backward. The degree must divide every parameter extent and
-//   every attention head count of the model (`tp_granularity`).
+//   and one per join in the backward. The degree must divide every parameter extent but
+//   the vocabulary's (split into near-equal pieces) and every attention head count of the
+//   model (`tp_granularity`).
 // - Backward nodes belong to the layer of the forward node they differentiate; the other
 //   backward nodes (the loss seed, gradient sums) to the epilogue.
 #include <algorithm>
@@ -13188,7 +13231,8 @@ inline model_profile profile_model(const graph& g, layer_partition partition) {
     }
     for (tensor_id p : g.parameters) {
         m.parameters += detail::numel(g, p);
-        for (const auto& a : g.tensor(p).dims) granularity = std::gcd(granularity, a.extent);
+        for (const auto& a : g.tensor(p).dims)  // a vocabulary need not divide (plan::splits_unevenly)
+            if (a.dim != Dim::Vocab::id) granularity = std::gcd(granularity, a.extent);
     }
     // A parameter belongs to the first layer that reads it; a later layer that reads it too
     // (the LM head of a tied embedding) holds a copy when it sits on another stage.
