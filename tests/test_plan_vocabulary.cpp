@@ -4,7 +4,8 @@
 // 48), where Megatron pads the vocabulary to a multiple of the degree. No padding row
 // exists, so none reaches the softmax: training equals one device with the same vocabulary
 // (float64, relative 1e-9, AdamW, several steps), and the parameters and their gradients
-// keep the model's shapes.
+// keep the model's shapes. A degree that does not divide any other dim is refused with a
+// message that says what to do.
 #include <catch2/catch.hpp>
 
 #include <string>
@@ -183,4 +184,33 @@ TEST_CASE("the gradients of the embedding and the head under an uneven vocabular
             CHECK(worst / scale <= 1e-9);
         }
     }
+}
+
+TEST_CASE("a degree that divides no dim but the vocabulary's: the error names the op, the dim, its extent, the degree "
+          "and the fix",
+          "[plan][vocabulary][errors]") {
+    // Heads 6 split 4 ways, by a hand-written rule and by the Megatron preset.
+    const models::gpt_config c{.layers = 1, .hidden = 24, .heads = 6, .vocab = 97, .seq = 8, .batch = 4};
+    auto m = models::gpt(c);
+    plan::plan_spec mine;
+    mine.devices = 4;
+    plan::rule heads;
+    heads.on.kinds = {&op_def_of<ops::Attention>()};
+    heads.trans = std::vector<plan::split_spec>{{Dim::Head::id, "", {4, "", {}}, false}};
+    mine.add(heads);
+    const std::string expected =
+        "dim Head has extent 6, which degree 4 does not divide; choose a divisor of 6 (1, 2, 3, 6) as the degree, or "
+        "change the model so that the degree divides it (only a vocabulary is split unevenly, into near-equal pieces, "
+        "as the Megatron presets pad it; no other dim is padded)";
+    CHECK_THROWS_AS(partition::apply_plan(m.ir(), mine), plan_error);
+    CHECK_THROWS_WITH(partition::apply_plan(m.ir(), mine),
+                      Catch::StartsWith("plan: trans<Split<Headx4>> on attention 'blocks.0.attn/attention'") &&
+                          Catch::EndsWith(expected));
+    CHECK_THROWS_WITH(partition::apply_plan(m.ir(), presets::megatron(4)),
+                      Catch::Contains("split_heads") && Catch::EndsWith(expected));
+    // The vocabulary itself needs at least one row per piece.
+    auto tiny = models::gpt({.layers = 1, .hidden = 24, .heads = 12, .vocab = 3, .seq = 8, .batch = 4});
+    CHECK_THROWS_WITH(partition::apply_plan(tiny.ir(), presets::megatron(4)),
+                      Catch::Contains("dim Vocab has extent 3, fewer than degree 4 pieces") &&
+                          Catch::Contains("use a degree of at most 3"));
 }

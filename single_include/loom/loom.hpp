@@ -9206,6 +9206,14 @@ inline std::string dims_of(const node& n) {
     return s.empty() ? "none" : s;
 }
 
+// "1, 2, 3, 6": the divisors of n.
+inline std::string divisors(std::int64_t n) {
+    std::string s;
+    for (std::int64_t d = 1; d <= n; ++d)
+        if (n % d == 0) s += (s.empty() ? "" : ", ") + std::to_string(d);
+    return s;
+}
+
 // The variable a split names: by label if given, else the unique splittable variable with
 // that dim (or the first, if several carry it).
 inline std::optional<int> variable_of(const node& n, const plan::split_axis& s) {
@@ -9268,7 +9276,11 @@ inline plan::op_partition resolve_partition(const node& n, plan::op_partition p,
         if (extent % s.degree != 0 && !plan::splits_unevenly(var.dim)) {
             fail_or_replicate("dim " + std::string(var.dim.name()) + " has extent " + std::to_string(var.extent) +
                               per_piece + ", which degree " + std::to_string(s.degree) +
-                              " does not divide; choose a divisor of " + std::to_string(extent));
+                              " does not divide; choose a divisor of " + std::to_string(extent) + " (" +
+                              detail::divisors(extent) +
+                              ") as the degree, or change the model so that the degree divides it (only a "
+                              "vocabulary is split unevenly, into near-equal pieces, as the Megatron presets "
+                              "pad it; no other dim is padded)");
             continue;
         }
         if (extent < s.degree) {
