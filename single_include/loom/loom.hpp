@@ -4793,9 +4793,10 @@ inline std::int64_t piece_begin(std::int64_t extent, std::int64_t degree, std::i
 
 // Whether a split along `d` may use a degree that does not divide the extent. Only the
 // vocabulary: Megatron pads it to a multiple of the tensor-parallel degree, and loom splits it
-// into near-equal pieces instead (the same rows per device, with no padding rows to keep out
-// of the softmax). Any other dim must divide: heads, hidden and FFN sizes are the model's own
-// choice, and a degree that does not divide them is more likely a mistake in the plan.
+// into near-equal pieces instead (no device holds more rows than under the padding, and no
+// padding rows exist to keep out of the softmax). Any other dim must divide: heads, hidden and
+// FFN sizes are the model's own choice, and a degree that does not divide them is more likely
+// a mistake in the plan.
 inline bool splits_unevenly(dim_id d) { return d == Dim::Vocab::id; }
 
 struct split_axis {
@@ -9215,11 +9216,17 @@ inline std::string dims_of(const node& n) {
     return s.empty() ? "none" : s;
 }
 
-// "1, 2, 3, 6": the divisors of n.
+// "1, 2, 3, 6": the divisors of n, in order.
 inline std::string divisors(std::int64_t n) {
+    std::vector<std::int64_t> low, high;
+    for (std::int64_t d = 1; d * d <= n; ++d)
+        if (n % d == 0) {
+            low.push_back(d);
+            if (d * d != n) high.push_back(n / d);
+        }
+    low.insert(low.end(), high.rbegin(), high.rend());
     std::string s;
-    for (std::int64_t d = 1; d <= n; ++d)
-        if (n % d == 0) s += (s.empty() ? "" : ", ") + std::to_string(d);
+    for (std::int64_t d : low) s += (s.empty() ? "" : ", ") + std::to_string(d);
     return s;
 }
 

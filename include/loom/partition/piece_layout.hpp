@@ -42,11 +42,17 @@ inline std::string dims_of(const node& n) {
     return s.empty() ? "none" : s;
 }
 
-// "1, 2, 3, 6": the divisors of n.
+// "1, 2, 3, 6": the divisors of n, in order.
 inline std::string divisors(std::int64_t n) {
+    std::vector<std::int64_t> low, high;
+    for (std::int64_t d = 1; d * d <= n; ++d)
+        if (n % d == 0) {
+            low.push_back(d);
+            if (d * d != n) high.push_back(n / d);
+        }
+    low.insert(low.end(), high.rbegin(), high.rend());
     std::string s;
-    for (std::int64_t d = 1; d <= n; ++d)
-        if (n % d == 0) s += (s.empty() ? "" : ", ") + std::to_string(d);
+    for (std::int64_t d : low) s += (s.empty() ? "" : ", ") + std::to_string(d);
     return s;
 }
 

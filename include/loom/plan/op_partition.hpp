@@ -29,9 +29,10 @@ inline std::int64_t piece_begin(std::int64_t extent, std::int64_t degree, std::i
 
 // Whether a split along `d` may use a degree that does not divide the extent. Only the
 // vocabulary: Megatron pads it to a multiple of the tensor-parallel degree, and loom splits it
-// into near-equal pieces instead (the same rows per device, with no padding rows to keep out
-// of the softmax). Any other dim must divide: heads, hidden and FFN sizes are the model's own
-// choice, and a degree that does not divide them is more likely a mistake in the plan.
+// into near-equal pieces instead (no device holds more rows than under the padding, and no
+// padding rows exist to keep out of the softmax). Any other dim must divide: heads, hidden and
+// FFN sizes are the model's own choice, and a degree that does not divide them is more likely
+// a mistake in the plan.
 inline bool splits_unevenly(dim_id d) { return d == Dim::Vocab::id; }
 
 struct split_axis {
