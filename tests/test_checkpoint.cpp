@@ -5,7 +5,8 @@
 //  - reshard: saved under Megatron TP 4, loaded under 2 pipeline stages x ZeRO-3 x DP 2,
 //    then under 2 stages x DP 2, then under ZeRO-3 x DP 2, then one device: training
 //    continues with the one-device run's losses (float64, relative 1e-9: only the order of
-//    summation differs between plans);
+//    summation differs between plans); the same between one device and Megatron plans
+//    that split a prime vocabulary into near-equal pieces;
 //  - faults: damaged, truncated, half-written and mismatched checkpoints are refused with
 //    a data_error naming the file and leave the trainer unchanged; failed saves throw and
 //    leave the previous checkpoint loadable; only the newest keep_last are kept.
@@ -140,12 +141,13 @@ std::vector<double> train_plan(const models::gpt_config& c, const plan_case& p, 
 
 template <class T>
 std::vector<double> one_device_on_gpt_batches(const models::gpt_config& c, std::int64_t from, std::int64_t to,
-                                              const fs::path& resume = {}) {
+                                              const fs::path& resume = {}, const fs::path& save_dir = {}) {
     train::trainer<T> t(models::gpt(c).training_graph(), options());
     if (!resume.empty()) train::load_checkpoint(t, resume);
     std::vector<std::vector<std::int32_t>> keep;
     std::vector<double> losses;
     for (std::int64_t s = from; s < to; ++s) losses.push_back(t.step(testing::gpt_batch(c, static_cast<int>(s), keep)).loss);
+    if (!save_dir.empty()) train::save_checkpoint(t, save_dir);
     return losses;
 }
 
@@ -231,6 +233,36 @@ TEST_CASE("a checkpoint reshards: Megatron TP 4, then 2 stages x ZeRO-3 x DP 2, 
     fs::remove_all(b);
     fs::remove_all(d);
     fs::remove_all(e);
+}
+
+TEST_CASE("a checkpoint moves between one device and plans that split a prime vocabulary unevenly",
+          "[checkpoint][plans][vocabulary]") {
+    // 31 rows over Megatron TP 2 (16 + 15) and TP 4 (8 + 8 + 8 + 7): the checkpoint holds the
+    // model's 31 rows, whichever plan wrote it, and training goes on as on one device.
+    auto c = model(0.1);
+    c.vocab = 31;
+    const plan_case tp2{"megatron tp 2", [](const graph& g) { return preset(g, plan::presets::megatron(2)); }};
+    const plan_case tp4{"megatron tp 4", [](const graph& g) { return preset(g, plan::presets::megatron(4)); }};
+    const auto a = fresh_directory("vocab_a"), b = fresh_directory("vocab_b"), d = fresh_directory("vocab_c");
+    const auto reference = one_device_on_gpt_batches<double>(c, 0, 8);
+    std::vector<double> moved = one_device_on_gpt_batches<double>(c, 0, 2, {}, a);
+    for (double l : train_plan<double>(c, tp2, 2, 4, *train::latest_checkpoint(a), b)) moved.push_back(l);
+    for (double l : train_plan<double>(c, tp4, 4, 6, *train::latest_checkpoint(b), d)) moved.push_back(l);
+    for (double l : one_device_on_gpt_batches<double>(c, 6, 8, *train::latest_checkpoint(d))) moved.push_back(l);
+    REQUIRE(moved.size() == reference.size());
+    for (std::size_t s = 0; s < reference.size(); ++s) {
+        INFO("step " << s << ": " << moved[s] << " vs one device " << reference[s]);
+        CHECK(testing::relative(moved[s], reference[s]) <= 1e-9);
+    }
+    for (const auto& [dir, shards] : {std::pair{b, 2}, std::pair{d, 4}}) {
+        const auto m = io::checkpoint_manifest::read(*train::latest_checkpoint(dir));
+        CHECK(m.tensors.at("wte").shape == std::vector<std::int64_t>{31, 16});
+        CHECK(m.tensors.at("wte").shards.size() == static_cast<std::size_t>(shards));
+        CHECK(m.tensors.at("wte.adam_v").shape == std::vector<std::int64_t>{31, 16});
+    }
+    fs::remove_all(a);
+    fs::remove_all(b);
+    fs::remove_all(d);
 }
 
 TEST_CASE("damaged, half-written and mismatched checkpoints are refused and change nothing", "[checkpoint][errors]") {

@@ -184,9 +184,11 @@ TEST_CASE("gradcheck: vocab_parallel_cross_entropy and its parts", "[grad][loss]
                 auto targets = b.input("targets", leading_shape(cfg.lead), value_kind::index);
                 auto lse = ops::chunk_logsumexp(logits, cfg.chunks);
                 auto z = ops::pick_target(logits, targets, cfg.ignore);
+                // Two ragged chunks, the first longer (as a plan splits an odd vocabulary).
+                auto ragged = ops::ragged_chunk_logsumexp(logits, {0, cfg.v / 2 + 1, cfg.v});
                 return std::vector{ops::vocab_parallel_cross_entropy(logits, targets, cfg.chunks, cfg.ignore),
                                    ops::vocab_parallel_cross_entropy(logits, targets, cfg.chunks, cfg.ignore, 3.0),
-                                   ops::mul(lse, lse), ops::mul(z, z)};
+                                   ops::mul(lse, lse), ops::mul(z, z), ops::mul(ragged, ragged)};
             },
             [&](const std::string& name, std::span<std::int32_t> targets) {
                 REQUIRE(name == "targets");

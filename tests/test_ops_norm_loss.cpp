@@ -732,6 +732,65 @@ TEMPLATE_TEST_CASE("pick_target pieces with row_offset sum to the whole pick; ch
     CHECK_THROWS_WITH(r.run(), Catch::Contains("pick_target") && Catch::Contains("target 8 ") && Catch::Contains("[0, 8)"));
 }
 
+TEMPLATE_TEST_CASE("ragged_chunk_logsumexp: chunks of unequal sizes; pieces holding whole chunks sum to the whole",
+                   "[loss][vocab_parallel]", float, double) {
+    using T = TestType;
+    // A vocabulary of 7 in chunks [0, 4) and [4, 7), as a plan splits 7 over 2 devices.
+    const std::int64_t rows = 6, v = 7, cut = 4;
+    const std::vector<std::int64_t> bounds{0, cut, v};
+    graph_builder b;
+    auto logits = b.parameter("logits", make_shape({rows, v}, Dim::Vocab::id), parameter_init::zeros());
+    auto low = b.input("low", make_shape({rows, cut}, Dim::Vocab::id));
+    auto high = b.input("high", make_shape({rows, v - cut}, Dim::Vocab::id));
+    auto whole = ops::ragged_chunk_logsumexp(logits, bounds);
+    auto a = ops::ragged_chunk_logsumexp(low, bounds, 0);
+    auto c = ops::ragged_chunk_logsumexp(high, bounds, cut);
+    CHECK(whole.dims().to_string() == shape({{Dim::Batch::id, rows}, {Dim::Vocab::id, 2}}).to_string());
+    b.set_loss(ops::sum(ops::mul(whole, whole)));
+    build_backward(b);
+    runner<T> r(std::move(b), {whole.id, a.id, c.id}, true);
+    fill(r.real("logits"), 91, 3.0);
+    auto ls = copy(r.real("logits"));
+    for (std::int64_t p = 0; p < rows; ++p)
+        for (std::int64_t i = 0; i < v; ++i)
+            (i < cut ? r.real("low")[static_cast<std::size_t>(p * cut + i)]
+                     : r.real("high")[static_cast<std::size_t>(p * (v - cut) + i - cut)]) = ls[static_cast<std::size_t>(p * v + i)];
+    r.run();
+    std::vector<ld> lse(static_cast<std::size_t>(rows * 2));
+    for (std::int64_t p = 0; p < rows; ++p)
+        for (std::int64_t k = 0; k < 2; ++k) {
+            ld m = -1e300L, s = 0;
+            for (std::int64_t i = bounds[k]; i < bounds[k + 1]; ++i) m = std::max<ld>(m, ls[static_cast<std::size_t>(p * v + i)]);
+            for (std::int64_t i = bounds[k]; i < bounds[k + 1]; ++i) s += std::exp(ls[static_cast<std::size_t>(p * v + i)] - m);
+            lse[static_cast<std::size_t>(p * 2 + k)] = m + std::log(s);
+            const auto at = static_cast<std::size_t>(p * 2 + k);
+            // Each piece writes the chunk it holds and 0 for the other: their sum is the whole.
+            CHECK(r.real(a.id)[at] + r.real(c.id)[at] == r.real(whole.id)[at]);
+            CHECK(r.real(k == 0 ? c.id : a.id)[at] == T(0));
+        }
+    require_close<T>(r.real(whole.id), lse, "lse");
+    // d sum(lse^2) / dlogits = 2 lse[k] softmax(chunk k).
+    std::vector<ld> grad(ls.size());
+    for (std::int64_t p = 0; p < rows; ++p)
+        for (std::int64_t i = 0; i < v; ++i) {
+            const ld l = lse[static_cast<std::size_t>(p * 2 + (i < cut ? 0 : 1))];
+            grad[static_cast<std::size_t>(p * v + i)] = 2 * l * std::exp(ls[static_cast<std::size_t>(p * v + i)] - l);
+        }
+    require_close<T>(r.grad("logits"), grad, "dlogits");
+}
+
+TEST_CASE("ragged_chunk_logsumexp errors: boundaries that do not increase, logits that hold part of a chunk",
+          "[loss][errors][vocab_parallel]") {
+    graph_builder b;
+    auto logits = b.input("logits", make_shape({2, 3}, Dim::Vocab::id));
+    CHECK_THROWS_WITH(ops::ragged_chunk_logsumexp(logits, {0, 2, 2, 3}), Catch::Contains("increase strictly"));
+    CHECK_THROWS_WITH(ops::ragged_chunk_logsumexp(logits, {1, 3}), Catch::Contains("start at 0"));
+    CHECK_THROWS_WITH(ops::ragged_chunk_logsumexp(logits, {0, 4, 7}, 2),
+                      Catch::Contains("the logits hold columns [2, 5) of a vocabulary of 7") &&
+                          Catch::Contains("not a run of whole chunks"));
+    CHECK_NOTHROW(ops::ragged_chunk_logsumexp(logits, {0, 4, 7}, 4));
+}
+
 TEST_CASE("vocab_parallel_cross_entropy errors: chunks that do not divide, bad normalizer", "[loss][errors][vocab_parallel]") {
     graph_builder b;
     auto logits = b.input("logits", make_shape({2, 3, 10}, Dim::Vocab::id));

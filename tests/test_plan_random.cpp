@@ -1,6 +1,7 @@
 // Property test: random legal plans for small random GPTs train exactly like one device.
 // Each plan draws, per forward op, up to two nested splits among the op's legal ones and
-// those a registered transformation makes (degrees dividing the extents), sometimes a replication factor, a random device for
+// those a registered transformation makes (degrees dividing the extents, or any degree along
+// an odd vocabulary, which is split into near-equal pieces), sometimes a replication factor, a random device for
 // every piece (so pieces collide, scatter over non-contiguous devices, or leave devices
 // idle), sometimes recompute; sometimes ZeRO. Two training steps in float64 must match
 // one device's losses, gradient norms and parameters to 1e-9. ZeRO-1 and ZeRO-3 are drawn
@@ -23,7 +24,10 @@ std::vector<std::int64_t> divisors_above_one(std::int64_t n, std::int64_t limit)
     return d;
 }
 
-plan::resolved_plan random_plan(const graph& g, int world, std::mt19937_64& rng, int& decomposed) {
+// `uneven_vocabulary`: a vocabulary dim takes any degree up to its extent (plan::splits_unevenly),
+// not only divisors.
+plan::resolved_plan random_plan(const graph& g, int world, std::mt19937_64& rng, int& decomposed,
+                                bool uneven_vocabulary = false) {
     auto pick = [&](std::size_t n) { return static_cast<std::size_t>(rng() % n); };
     plan::resolved_plan p;
     p.devices = world;
@@ -47,6 +51,10 @@ plan::resolved_plan random_plan(const graph& g, int world, std::mt19937_64& rng,
             const auto& s = options[pick(options.size())];
             const auto v = static_cast<std::size_t>(s.variable);
             auto degrees = divisors_above_one(n.sig.vars[v].extent / cut[v], 4);
+            if (uneven_vocabulary && plan::splits_unevenly(n.sig.vars[v].dim)) {
+                degrees.clear();
+                for (std::int64_t k = 2; k <= std::min<std::int64_t>(n.sig.vars[v].extent / cut[v], 4); ++k) degrees.push_back(k);
+            }
             if (degrees.empty()) continue;
             const std::int64_t d = degrees[pick(degrees.size())];
             cut[v] *= d;
@@ -101,4 +109,44 @@ TEST_CASE("random legal plans equal one-device training", "[plan][property]") {
                 tried, transfers, vocab_parallel);
     CHECK(tried >= 200);
     CHECK(vocab_parallel >= 10);
+}
+
+TEST_CASE("random legal plans that split an odd vocabulary into near-equal pieces equal one-device training",
+          "[plan][property][vocabulary]") {
+    std::mt19937_64 rng(20260317);
+    const int trials = 80;
+    int tried = 0, uneven_losses = 0;
+    for (int t = 0; t < trials; ++t) {
+        auto pick = [&](std::size_t n) { return static_cast<std::size_t>(rng() % n); };
+        models::gpt_config c;
+        c.layers = 1;
+        c.hidden = std::vector<std::int64_t>{8, 16}[pick(2)];
+        c.heads = 2;
+        c.vocab = std::vector<std::int64_t>{7, 11, 13, 23}[pick(4)];
+        c.seq = std::vector<std::int64_t>{4, 6}[pick(2)];
+        c.batch = std::vector<std::int64_t>{2, 4}[pick(2)];
+        c.tie_embeddings = pick(2) == 0;
+        const int world = 2 + static_cast<int>(pick(3));
+        auto model = models::gpt(c);
+        int loss_cuts = 0;
+        const auto plan = random_plan(model.ir(), world, rng, loss_cuts, true);
+        uneven_losses += loss_cuts;
+        testing::equivalence e;
+        try {
+            e = testing::compare_with_single_device<double>(c, plan, 2);
+        } catch (const std::exception& ex) {
+            FAIL("trial " << t << " (world " << world << ", vocabulary " << c.vocab << "): " << ex.what());
+        }
+        INFO("trial " << t << ": world " << world << ", vocabulary " << c.vocab << ", zero " << static_cast<int>(plan.zero)
+                      << ": loss " << e.loss << ", grad norm " << e.grad_norm << ", parameters " << e.parameters << " ("
+                      << e.worst_parameter << ")");
+        REQUIRE(e.loss <= 1e-9);
+        REQUIRE(e.grad_norm <= 1e-9);
+        REQUIRE(e.parameters <= 1e-9);
+        ++tried;
+    }
+    std::printf("random plans over odd vocabularies: %d tried and equal to one device (%d vocabulary cuts of the loss)\n",
+                tried, uneven_losses);
+    CHECK(tried == trials);
+    CHECK(uneven_losses >= 10);
 }

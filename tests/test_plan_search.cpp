@@ -14,6 +14,7 @@
 #include <loom/partition/apply.hpp>
 #include <loom/plan/presets.hpp>
 #include <loom/plan/spaces.hpp>
+#include <loom/search/model_profile.hpp>
 #include <loom/search/plan_search.hpp>
 
 using namespace loom;
@@ -360,4 +361,20 @@ TEST_CASE("the README's search of a plan's open parameters") {
     // [readme]
     CHECK(programs.world == 4);
     CHECK(r.plan.choices.at("mb") <= 4);
+}
+
+TEST_CASE("a vocabulary the degree does not divide leaves every tensor-parallel degree to the search") {
+    // 257 is prime: the Megatron presets split it into near-equal pieces, so it limits neither
+    // the degrees a space may take nor the searcher's tensor-parallel granularity (the heads).
+    const search::cluster hw = search::dgx_a100(1);
+    search::plan_search_options o;
+    const auto even = small_gpt();
+    const auto odd = models::gpt({.layers = 4, .hidden = 64, .heads = 4, .vocab = 257, .seq = 32, .batch = 8});
+    const int legal = price_everything(even.ir(), open_megatron(4), hw, o).legal;
+    CHECK(legal > 3);
+    CHECK(price_everything(odd.ir(), open_megatron(4), hw, o).legal == legal);
+    const search::plan_search_result r = search::search_plan(odd.ir(), plan::spaces::megatron(4), hw);
+    CHECK(r.gap == 0);
+    CHECK(search::price_programs(partition::apply_plan(odd.ir(), r.plan), hw).step_seconds == r.best.price.step_seconds);
+    CHECK(search::profile_model(models::gpt(odd.config).training_graph()).tp_granularity == 4);
 }

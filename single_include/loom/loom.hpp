@@ -2793,6 +2793,22 @@ inline tensor embedding(tensor ids, tensor table) {
 // pick_target and pick_target_grad hold the vocabulary rows [row_offset, row_offset + v) of
 // `vocab` (like embedding); a target outside [0, vocab) that is not ignore_index throws
 // loom::usage_error naming the node, the position and the target.
+//
+// Chunks of unequal sizes. A vocabulary that the chunk count does not divide (97 over 2
+// devices) is split by plans into near-equal pieces (49 and 48 columns), which the group
+// (c v) cannot state. Its log-sum-exps come from the ragged twins, which take the chunks'
+// boundaries {0, b_1, ..., vocab} (chunk k: columns [b_k, b_k+1)):
+//
+//   ragged_chunk_logsumexp       "... v -> ... c^"                 lse[p, k] = logsumexp(logits[p, chunk k])
+//   ragged_chunk_logsumexp_grad  "... c^, ... v, ... c^ -> ... v"  dlogits[p, j] = dlse[p, k] exp(logits[p, j] - lse[p, k]),
+//                                                                  k the chunk of column j
+//
+// with the logits holding columns [row_offset, row_offset + v). v is contracted in the
+// forward op: a piece holding some chunks whole writes their log-sum-exps and zeros for the
+// other chunks, so the pieces' partial sums are the whole [... c] (what crosses devices is a
+// sum of [positions, chunks]). A piece holding part of a chunk is refused when it is built.
+// The gradient is local to any piece of v.
+#include <algorithm>
 #include <array>
 #include <cmath>
 #include <cstdint>
@@ -2889,6 +2905,100 @@ struct ChunkLogsumexp {
 // axis of `logits`.
 inline tensor chunk_logsumexp(tensor logits, std::int64_t chunks) {
     return logits.builder->apply1<ChunkLogsumexp>({logits}, {{"chunks", chunks}});
+}
+
+namespace detail {
+
+// The chunks' boundaries, checked: 0 first, strictly increasing, the logits' columns
+// [row_offset, row_offset + v) inside them and made of whole chunks.
+inline std::vector<std::int64_t> ragged_boundaries(const attributes& a, std::string_view op, std::int64_t v,
+                                                   const std::string& node_name) {
+    auto b = a.get<std::vector<std::int64_t>>("boundaries");
+    const std::string where = std::string(op) + (node_name.empty() ? "" : " '" + node_name + "'");
+    bool increasing = b.size() >= 2 && b.front() == 0;
+    for (std::size_t k = 1; increasing && k < b.size(); ++k) increasing = b[k] > b[k - 1];
+    if (!increasing)
+        throw shape_error(where + ": the chunk boundaries must start at 0 and increase strictly (chunk k is the columns "
+                          "[b_k, b_k+1)); give at least one chunk");
+    if (v < 0) return b;  // the gradient: any columns
+    const auto offset = a.get_or<std::int64_t>("row_offset", 0);
+    auto boundary = [&](std::int64_t x) { return std::find(b.begin(), b.end(), x) != b.end(); };
+    if (offset < 0 || offset + v > b.back() || !boundary(offset) || !boundary(offset + v))
+        throw shape_error(where + ": the logits hold columns [" + std::to_string(offset) + ", " +
+                          std::to_string(offset + v) + ") of a vocabulary of " + std::to_string(b.back()) +
+                          ", which is not a run of whole chunks; split the logits at the chunk boundaries");
+    return b;
+}
+
+inline std::vector<preset_variable> ragged_presets(const attributes& a, std::string_view op) {
+    return {{"c", Dim::Vocab::id, static_cast<std::int64_t>(ragged_boundaries(a, op, -1, {}).size()) - 1}};
+}
+
+}  // namespace detail
+
+struct RaggedChunkLogsumexpGrad {
+    static constexpr std::string_view name = "ragged_chunk_logsumexp_grad";
+    static constexpr signature sig = parse_signature("... c^, ... v, ... c^ -> ... v");
+    static std::vector<preset_variable> presets(const attributes& a, std::span<const shape>) {
+        return detail::ragged_presets(a, name);
+    }
+    static void check(const bound_signature& b, const attributes& a, std::span<const shape>, const std::string& node_name) {
+        const std::int64_t v = b.vars[static_cast<std::size_t>(*b.find("v"))].extent;
+        const auto bounds = detail::ragged_boundaries(a, name, -1, node_name);
+        const auto offset = a.get_or<std::int64_t>("row_offset", 0);
+        if (offset < 0 || offset + v > bounds.back())
+            throw shape_error(std::string(name) + " '" + node_name + "': the logits' columns [" + std::to_string(offset) +
+                              ", " + std::to_string(offset + v) + ") are not inside the vocabulary [0, " +
+                              std::to_string(bounds.back()) + "); set row_offset so the logits are a slice of it");
+    }
+    static attributes piece_attributes(const node& n, const piece_ranges& r) {
+        return detail::row_offset_piece_attributes(n, r);
+    }
+    // An exp, a subtraction and a product per logit.
+    static double flops(const graph& g, const node& n) {
+        return 3.0 * static_cast<double>(g.tensor(n.inputs[1]).dims.numel());
+    }
+};
+
+// dlogits = dlse[k] * exp(logits - lse[k]) within each chunk k.
+inline tensor ragged_chunk_logsumexp_grad(tensor dlse, tensor logits, tensor lse, std::vector<std::int64_t> boundaries,
+                                          std::int64_t row_offset) {
+    return dlse.builder->apply1<RaggedChunkLogsumexpGrad>(
+        {dlse, logits, lse}, {{"boundaries", std::move(boundaries)}, {"row_offset", row_offset}});
+}
+
+struct RaggedChunkLogsumexp {
+    static constexpr std::string_view name = "ragged_chunk_logsumexp";
+    static constexpr signature sig = parse_signature("... v -> ... c^");
+    static constexpr std::uint32_t float_outputs = 0b1;  // as chunk_logsumexp's
+    static std::vector<preset_variable> presets(const attributes& a, std::span<const shape>) {
+        return detail::ragged_presets(a, name);
+    }
+    static void check(const bound_signature& b, const attributes& a, std::span<const shape>, const std::string& node_name) {
+        detail::ragged_boundaries(a, name, b.vars[static_cast<std::size_t>(*b.find("v"))].extent, node_name);
+    }
+    static attributes piece_attributes(const node& n, const piece_ranges& r) {
+        return detail::row_offset_piece_attributes(n, r);
+    }
+    // About 4 operations per logit (max, exp, sum).
+    static double flops(const graph& g, const node& n) {
+        return 4.0 * static_cast<double>(g.tensor(n.inputs[0]).dims.numel());
+    }
+    static gradients backward(backward_context& c) {
+        gradients g(1);
+        if (c.needs_grad[0])
+            g[0] = ragged_chunk_logsumexp_grad(*c.grad_outputs[0], c.inputs[0], c.outputs[0],
+                                               c.attrs().get<std::vector<std::int64_t>>("boundaries"),
+                                               c.attrs().get_or<std::int64_t>("row_offset", 0));
+        return g;
+    }
+};
+
+// lse [... chunks]: the log-sum-exp of each chunk [b_k, b_k+1) of the last axis of `logits`,
+// which holds vocabulary columns [row_offset, row_offset + v) (0 for a chunk it does not hold).
+inline tensor ragged_chunk_logsumexp(tensor logits, std::vector<std::int64_t> boundaries, std::int64_t row_offset = 0) {
+    return logits.builder->apply1<RaggedChunkLogsumexp>(
+        {logits}, {{"boundaries", std::move(boundaries)}, {"row_offset", row_offset}});
 }
 
 struct PickTargetGrad {
@@ -3023,7 +3133,8 @@ using normalization_ops = boost::mp11::mp_list<LayerNorm, LayerNormGrad, RmsNorm
 using attention_ops = boost::mp11::mp_list<Matmul, MatmulNT, MatmulTN, Reshape, Transpose, SplitHeads, MergeHeads,
                                            Attention, AttentionGrad>;
 using embedding_loss_ops = boost::mp11::mp_list<Embedding, EmbeddingGrad, CrossEntropy, CrossEntropyGrad, ChunkLogsumexp,
-                                                 ChunkLogsumexpGrad, PickTarget, PickTargetGrad, CrossEntropyFromChunks,
+                                                 ChunkLogsumexpGrad, RaggedChunkLogsumexp, RaggedChunkLogsumexpGrad,
+                                                 PickTarget, PickTargetGrad, CrossEntropyFromChunks,
                                                  CrossEntropyFromChunksGrad>;
 
 // What plans insert between the pieces of partitioned ops.
@@ -4049,8 +4160,9 @@ constexpr text first_plan_error(const plan_view& p) {
                                   s.target == f.target ? text() : concat(" (", f.target, " in ", r.selector, ")"),
                                   ", which the plan forbids; remove that split or the constraint");
             }
-            // extents the plan knows
-            if (s.kind == split_kind::dim)
+            // extents the plan knows (a vocabulary need not divide: it is split into near-equal
+            // pieces, plan::splits_unevenly)
+            if (s.kind == split_kind::dim && s.target != Dim::Vocab::name)
                 for (const auto& f : p.facts) {
                     if (f.kind != fact_kind::extent || f.dim != s.target || f.value < 1) continue;
                     if (auto d = known_degree(s.degree, devices); d && *d >= 1 && f.value % *d != 0)
@@ -4366,6 +4478,7 @@ inline constexpr recompute_t recompute{};
 // times. Pieces are numbered row-major over (split_0, ..., split_k, replica), and piece i
 // runs on devices[i]. Several pieces may share a device: they run one after another
 // (colocation, Coshard).
+#include <algorithm>
 #include <cstdint>
 #include <optional>
 #include <string>
@@ -4718,6 +4831,21 @@ inline std::vector<std::vector<int>> order_positions(const schedule& s) {
 // ---- end loom/schedule/schedule.hpp ----
 
 namespace loom::plan {
+
+// Where piece k of `degree` contiguous pieces of an extent begins (piece k is [begin(k),
+// begin(k + 1))): equal pieces when the degree divides the extent, else near-equal ones, the
+// first extent % degree of them one longer (97 rows over 2: [0, 49) and [49, 97)).
+inline std::int64_t piece_begin(std::int64_t extent, std::int64_t degree, std::int64_t k) {
+    return k * (extent / degree) + std::min(k, extent % degree);
+}
+
+// Whether a split along `d` may use a degree that does not divide the extent. Only the
+// vocabulary: Megatron pads it to a multiple of the tensor-parallel degree, and loom splits it
+// into near-equal pieces instead (no device holds more rows than under the padding, and no
+// padding rows exist to keep out of the softmax). Any other dim must divide: heads, hidden and
+// FFN sizes are the model's own choice, and a degree that does not divide them is more likely
+// a mistake in the plan.
+inline bool splits_unevenly(dim_id d) { return d == Dim::Vocab::id; }
 
 struct split_axis {
     dim_id dim;         // the dim to split (matched against the node's bound variables)
@@ -8159,6 +8287,13 @@ inline constexpr detail::message error_message = detail::well_formed_list<
 // identity after each parameter or on each gradient, split over the data-parallel
 // devices). Nothing here is a special code path: a user can write any of them by hand.
 //
+// A vocabulary that the tensor-parallel degree does not divide (GPT-2's 50257, any prime) is
+// split into near-equal pieces (97 rows over 2 devices: 49 and 48; plan::piece_begin): the
+// embedding table, the LM head and the vocabulary-parallel loss alike. Megatron pads the
+// vocabulary to a multiple of the degree and lets the padding logits into the softmax; here
+// no padding row exists, so training equals one device with the model's own vocabulary, and
+// parameters, gradients and checkpoints keep its shapes. Every other dim must divide.
+//
 // Layer names follow loom's transformer models (models/gpt.hpp): "<repeat>.<i>.attn.{q,k,v,
 // proj}", "<repeat>.<i>.mlp.{fc,proj}", layer norms "ln_*". Models that name their layers
 // otherwise pass their own transformer_names.
@@ -8244,7 +8379,8 @@ inline rule trans(selector on, std::int64_t dp, std::vector<split_spec> inner, s
 // Vocabulary-parallel embeddings (each device holds rows of the table; partial sums), the LM
 // head (a linear outside any layer) split along the vocabulary, and the vocabulary-parallel
 // cross-entropy (rebuilt by the transformation registered for its v: each device reduces its
-// slice of the logits; no device gathers them).
+// slice of the logits; no device gathers them). Any degree up to the vocabulary's size: the
+// slices are near-equal where it does not divide.
 inline plan_spec vocabulary_rules(const degree_spec& tp, const degree_spec& dp, const std::string& origin) {
     plan_spec p;
     p.add(trans(kinds({&op_def_of<ops::Embedding>()}), dp, {split_var("v", tp)}, origin));
@@ -8270,8 +8406,9 @@ inline plan_spec data_parallel(int n) {
 // dp x tp mesh, device = d * tp + t): column-parallel q, k, v and fc, heads and FFN split
 // in between, row-parallel output projections (partial sums, all-reduced), a
 // vocabulary-parallel embedding, the LM head split along the vocabulary and a
-// vocabulary-parallel cross-entropy over its logits. Everything else (layer norms, residual
-// adds) is replicated within the tensor-parallel group.
+// vocabulary-parallel cross-entropy over its logits (near-equal slices of a vocabulary tp
+// does not divide). Everything else (layer norms, residual adds) is replicated within the
+// tensor-parallel group; heads and FFN must divide by tp.
 // The same with either degree open: megatron({1, "tp", {}}, {1, "dp", {}}) leaves both to
 // the searcher (plan/spaces.hpp); the plan's devices are then the caller's to set.
 inline plan_spec megatron(const degree_spec& tp, const degree_spec& dp, const transformer_names& names = {}) {
@@ -8535,7 +8672,8 @@ inline plan_spec by_name(const std::string& name, int devices) {
 // Applying a plan rebuilds such a node this way (partition/logical_graph.hpp); `p` arrives
 // with every split resolved to a variable label of `n`. Built in: cross_entropy split along
 // its vocabulary becomes ops/vocab_parallel_cross_entropy.hpp (Megatron's vocabulary-parallel
-// loss: no device gathers the logits).
+// loss: no device gathers the logits), with ragged chunks where the degree does not divide
+// the vocabulary (plans cut it into near-equal pieces, plan::piece_begin).
 #include <map>
 #include <mutex>
 #include <span>
@@ -8595,20 +8733,36 @@ namespace detail {
 
 // cross_entropy cut along v into chunks: the chunk log-sum-exps and the target picks split as
 // the logits are (the picks become partial sums), the small combining op replicated over the
-// vocabulary pieces.
+// vocabulary pieces. A vocabulary the chunks do not divide is cut into the near-equal pieces
+// the plan cuts the logits into (plan::piece_begin, nested as the splits are), and its
+// log-sum-exps come from ragged_chunk_logsumexp, whose pieces each hold whole chunks.
 inline std::vector<tensor> vocab_parallel_loss(graph_builder&, const node& n, std::span<const tensor> in,
                                                const op_partition& p, std::vector<op_partition>& partitions) {
+    const shape& logits = in[0].dims();
+    const std::int64_t vocab = logits.rank() >= 1 ? logits.extent(logits.rank() - 1) : 0;
     std::int64_t chunks = 1;
+    std::vector<std::int64_t> boundaries{0, vocab};
     op_partition by_chunk = p, combine = p;
     for (std::size_t s = 0; s < p.splits.size(); ++s) {
         if (p.splits[s].replicate || p.splits[s].label != "v") continue;
         chunks *= p.splits[s].degree;
+        std::vector<std::int64_t> finer{0};
+        for (std::size_t k = 0; k + 1 < boundaries.size(); ++k)
+            for (std::int64_t piece = 1; piece <= p.splits[s].degree; ++piece)
+                finer.push_back(boundaries[k] + piece_begin(boundaries[k + 1] - boundaries[k], p.splits[s].degree, piece));
+        boundaries = std::move(finer);
         by_chunk.splits[s].label = "c";
         combine.splits[s] = {{}, "", p.splits[s].degree, true};
     }
     const auto ignore = n.attrs.get<std::int64_t>("ignore_index");
-    tensor lse = ops::chunk_logsumexp(in[0], chunks);
-    partitions.push_back(by_chunk);
+    tensor lse;
+    if (vocab % chunks == 0) {
+        lse = ops::chunk_logsumexp(in[0], chunks);
+        partitions.push_back(by_chunk);
+    } else {
+        lse = ops::ragged_chunk_logsumexp(in[0], std::move(boundaries));
+        partitions.push_back(p);
+    }
     tensor picked = ops::pick_target(in[0], in[1], ignore);
     partitions.push_back(p);
     tensor loss = ops::cross_entropy_from_chunks(lse, picked, in[1], ignore, n.attrs.get<double>("normalizer"));
@@ -9216,6 +9370,20 @@ inline std::string dims_of(const node& n) {
     return s.empty() ? "none" : s;
 }
 
+// "1, 2, 3, 6": the divisors of n, in order.
+inline std::string divisors(std::int64_t n) {
+    std::vector<std::int64_t> low, high;
+    for (std::int64_t d = 1; d * d <= n; ++d)
+        if (n % d == 0) {
+            low.push_back(d);
+            if (d * d != n) high.push_back(n / d);
+        }
+    low.insert(low.end(), high.rbegin(), high.rend());
+    std::string s;
+    for (std::int64_t d : low) s += (s.empty() ? "" : ", ") + std::to_string(d);
+    return s;
+}
+
 // The variable a split names: by label if given, else the unique splittable variable with
 // that dim (or the first, if several carry it).
 inline std::optional<int> variable_of(const node& n, const plan::split_axis& s) {
@@ -9271,12 +9439,24 @@ inline plan::op_partition bind_partition(const node& n, plan::op_partition p, in
                               "; split another dim, or register a custom transformation for this op");
             continue;
         }
+        // Per piece of the earlier splits of this variable (the smallest, when those were uneven).
         const std::int64_t extent = var.extent / cut[static_cast<std::size_t>(*v)];
-        if (extent % s.degree != 0) {
+        const std::string per_piece =
+            cut[static_cast<std::size_t>(*v)] > 1 ? " (" + std::to_string(extent) + " per piece)" : "";
+        if (extent % s.degree != 0 && !plan::splits_unevenly(var.dim)) {
             fail_or_replicate("dim " + std::string(var.dim.name()) + " has extent " + std::to_string(var.extent) +
-                              (cut[static_cast<std::size_t>(*v)] > 1 ? " (" + std::to_string(extent) + " per piece)" : "") +
-                              ", which degree " + std::to_string(s.degree) + " does not divide; choose a divisor of " +
-                              std::to_string(extent));
+                              per_piece + ", which degree " + std::to_string(s.degree) +
+                              " does not divide; choose a divisor of " + std::to_string(extent) + " (" +
+                              detail::divisors(extent) +
+                              ") as the degree, or change the model so that the degree divides it (only a "
+                              "vocabulary is split unevenly, into near-equal pieces, as the Megatron presets "
+                              "pad it; no other dim is padded)");
+            continue;
+        }
+        if (extent < s.degree) {
+            fail_or_replicate("dim " + std::string(var.dim.name()) + " has extent " + std::to_string(var.extent) +
+                              per_piece + ", fewer than degree " + std::to_string(s.degree) +
+                              " pieces; some pieces would be empty: use a degree of at most " + std::to_string(extent));
             continue;
         }
         cut[static_cast<std::size_t>(*v)] *= s.degree;
@@ -9359,9 +9539,10 @@ inline node_layout layout_pieces(const graph& g, const node& n, plan::op_partiti
         for (std::size_t s = 0; s < p.splits.size(); ++s) {
             if (split_var[s] < 0) continue;
             auto v = static_cast<std::size_t>(split_var[s]);
-            const std::int64_t size = (piece.vars.end[v] - piece.vars.begin[v]) / p.splits[s].degree;
-            piece.vars.begin[v] += coord[s] * size;
-            piece.vars.end[v] = piece.vars.begin[v] + size;
+            // Equal pieces, or near-equal ones along a vocabulary the degree does not divide.
+            const std::int64_t length = piece.vars.end[v] - piece.vars.begin[v], first = piece.vars.begin[v];
+            piece.vars.begin[v] = first + plan::piece_begin(length, p.splits[s].degree, coord[s]);
+            piece.vars.end[v] = first + plan::piece_begin(length, p.splits[s].degree, coord[s] + 1);
             for (std::size_t o = 0; o < n.outputs.size(); ++o)
                 if (effects[s].outputs[o].effect == split_effect::partial) {
                     chunks[o].index = chunks[o].index * static_cast<std::int32_t>(p.splits[s].degree) + static_cast<std::int32_t>(coord[s]);
@@ -12817,8 +12998,9 @@ inline double exposed_time(const comm_time& forward, const comm_time& backward, 
 //   full recompute keeps only the layer's input and reruns its whole forward.
 // - Tensor parallelism (Megatron's rules) costs one all-reduce of the residual stream per
 //   residual join (an `add` whose output has the residual stream's shape) in the forward,
-//   and one per join in the backward. The degree must divide every parameter extent and
-//   every attention head count of the model (`tp_granularity`).
+//   and one per join in the backward. The degree must divide every parameter extent but
+//   the vocabulary's (split into near-equal pieces) and every attention head count of the
+//   model (`tp_granularity`).
 // - Backward nodes belong to the layer of the forward node they differentiate; the other
 //   backward nodes (the loss seed, gradient sums) to the epilogue.
 #include <algorithm>
@@ -13299,7 +13481,8 @@ inline model_profile profile_model(const graph& g, layer_partition partition) {
     }
     for (tensor_id p : g.parameters) {
         m.parameters += detail::numel(g, p);
-        for (const auto& a : g.tensor(p).dims) granularity = std::gcd(granularity, a.extent);
+        for (const auto& a : g.tensor(p).dims)  // a vocabulary need not divide (plan::splits_unevenly)
+            if (a.dim != Dim::Vocab::id) granularity = std::gcd(granularity, a.extent);
     }
     // A parameter belongs to the first layer that reads it; a later layer that reads it too
     // (the LM head of a tied embedding) holds a copy when it sits on another stage.
@@ -21003,6 +21186,7 @@ struct host_kernel<ops::EmbeddingGrad> {
 #include <algorithm>
 #include <cmath>
 #include <cstdint>
+#include <vector>
 
 
 namespace loom::host {
@@ -21058,6 +21242,68 @@ struct host_kernel<ops::ChunkLogsumexpGrad> {
                 T* out = dlogits + at * v;
                 const T m = lse[at], scale = dlse[at];
                 detail::for_lanes(v, [=](std::int64_t i) { out[i] = scale * detail::lane_exp(x[i] - m); });
+            }
+        });
+    }
+};
+
+namespace detail {
+
+// The columns [begin, end) of chunk k among the logits' own columns [0, v), which hold
+// vocabulary columns [row_offset, row_offset + v); empty where they hold none of it.
+struct chunk_columns {
+    std::int64_t begin, end;
+};
+inline chunk_columns held_columns(const std::vector<std::int64_t>& boundaries, std::size_t k, std::int64_t offset,
+                                  std::int64_t v) {
+    return {std::clamp<std::int64_t>(boundaries[k] - offset, 0, v), std::clamp<std::int64_t>(boundaries[k + 1] - offset, 0, v)};
+}
+
+}  // namespace detail
+
+// Chunks whose columns the logits hold get their log-sum-exp, the others 0 (the op is a
+// partial sum over pieces of the vocabulary; a piece holds whole chunks, checked when built).
+template <>
+struct host_kernel<ops::RaggedChunkLogsumexp> {
+    template <class T>
+    static void run(const kernel_call<T>& c) {
+        const auto bounds = c.attrs().template get<std::vector<std::int64_t>>("boundaries");
+        const auto offset = c.attrs().template get_or<std::int64_t>("row_offset", 0);
+        const std::int64_t chunks = c.extent("c"), v = c.extent("v");
+        const std::int64_t rows = c.output_numel(0) / std::max<std::int64_t>(chunks, 1);
+        const T* logits = c.input(0);
+        T* lse = c.output(0);
+        for_each_row(rows, v, [&](std::int64_t r) {
+            for (std::int64_t k = 0; k < chunks; ++k) {
+                const auto cols = detail::held_columns(bounds, static_cast<std::size_t>(k), offset, v);
+                lse[r * chunks + k] = cols.end > cols.begin
+                                          ? detail::log_sum_exp(logits + r * v + cols.begin, cols.end - cols.begin)
+                                          : T(0);
+            }
+        });
+    }
+};
+
+template <>
+struct host_kernel<ops::RaggedChunkLogsumexpGrad> {
+    template <class T>
+    static void run(const kernel_call<T>& c) {
+        const auto bounds = c.attrs().template get<std::vector<std::int64_t>>("boundaries");
+        const auto offset = c.attrs().template get_or<std::int64_t>("row_offset", 0);
+        const std::int64_t chunks = c.extent("c"), v = c.extent("v");
+        const std::int64_t rows = c.input_numel(0) / std::max<std::int64_t>(chunks, 1);
+        const T* dlse = c.input(0);
+        const T* logits = c.input(1);
+        const T* lse = c.input(2);
+        T* dlogits = c.output(0);
+        for_each_row(rows, v, [&](std::int64_t r) {
+            for (std::int64_t k = 0; k < chunks; ++k) {
+                const auto cols = detail::held_columns(bounds, static_cast<std::size_t>(k), offset, v);
+                if (cols.end <= cols.begin) continue;
+                const T* x = logits + r * v + cols.begin;
+                T* out = dlogits + r * v + cols.begin;
+                const T m = lse[r * chunks + k], scale = dlse[r * chunks + k];
+                detail::for_lanes(cols.end - cols.begin, [=](std::int64_t i) { out[i] = scale * detail::lane_exp(x[i] - m); });
             }
         });
     }

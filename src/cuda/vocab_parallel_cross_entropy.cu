@@ -81,6 +81,44 @@ __global__ void __launch_bounds__(max_chunk_threads)
     }
 }
 
+// Ragged chunks: one block per position reduces (or maps) the n columns of one chunk, which
+// start at column `first` of rows of v; the chunk's lse (and dlse) sit `stride` apart.
+template <class D>
+__global__ void __launch_bounds__(max_chunk_threads)
+    chunk_columns_logsumexp_kernel(const D* __restrict__ logits, float* __restrict__ lse, std::int64_t rows,
+                                   std::int64_t v, std::int64_t first, std::int64_t n, std::int64_t stride) {
+    __shared__ float scratch[64];
+    for (std::int64_t r = blockIdx.x; r < rows; r += gridDim.x) {
+        detail::max_sum a;
+        detail::for_each_in_row(logits + r * v + first, n, [&](std::int64_t, float x) { detail::absorb(a, x); });
+        a = detail::block_combine(a, scratch);
+        if (threadIdx.x == 0) lse[r * stride] = a.max + logf(a.sum);
+    }
+}
+
+// lse[p, k] = 0 for the chunks k outside [held_first, held_end).
+__global__ void unheld_chunks_kernel(float* __restrict__ lse, std::int64_t rows, std::int64_t chunks,
+                                     std::int64_t held_first, std::int64_t held_end) {
+    for (std::int64_t i = blockIdx.x * static_cast<std::int64_t>(blockDim.x) + threadIdx.x; i < rows * chunks;
+         i += static_cast<std::int64_t>(gridDim.x) * blockDim.x) {
+        const std::int64_t k = i % chunks;
+        if (k < held_first || k >= held_end) lse[i] = 0.0f;
+    }
+}
+
+// logits may equal dlogits: no restrict on them.
+template <class D>
+__global__ void __launch_bounds__(max_chunk_threads)
+    chunk_columns_logsumexp_grad_kernel(const D* __restrict__ dlse, const D* logits, const float* __restrict__ lse,
+                                        D* dlogits, std::int64_t rows, std::int64_t v, std::int64_t first,
+                                        std::int64_t n, std::int64_t stride) {
+    for (std::int64_t r = blockIdx.x; r < rows; r += gridDim.x) {
+        const float scale = to_float(dlse[r * stride]), shift = lse[r * stride];
+        detail::map_row(logits + r * v + first, dlogits + r * v + first, n,
+                        [=](std::int64_t, float x) { return scale * expf(x - shift); });
+    }
+}
+
 template <class D>
 __global__ void pick_target_kernel(const D* __restrict__ logits, const std::int32_t* __restrict__ targets,
                                    D* __restrict__ z, std::int64_t rows, std::int64_t v, std::int64_t vocab,
@@ -179,6 +217,34 @@ void check_normalizer(const char* fn, double normalizer) {
 
 using detail::check_pointer;
 
+// The chunks the logits hold, [first, end), each as columns [begin, end) of the logits' own v.
+struct held_chunks {
+    std::int64_t first = 0, end = 0;
+};
+
+held_chunks check_ragged(const char* fn, std::int64_t rows, std::int64_t v, const std::int64_t* boundaries,
+                         std::int64_t chunks, std::int64_t row_offset) {
+    check_sizes(fn, rows, chunks, v);
+    if (!boundaries)
+        throw usage_error(std::string(fn) + ": boundaries is null; pass the chunks + 1 bounds of the chunks (host memory)");
+    held_chunks h{chunks, chunks};
+    for (std::int64_t k = 0; k < chunks; ++k) {
+        if (boundaries[k + 1] <= boundaries[k])
+            throw usage_error(std::string(fn) + ": the chunk bounds must increase strictly; bound " + std::to_string(k + 1) +
+                              " is " + std::to_string(boundaries[k + 1]) + " after " + std::to_string(boundaries[k]));
+        const bool held = boundaries[k] >= row_offset && boundaries[k + 1] <= row_offset + v;
+        if (held && h.first == chunks) h.first = k;
+        if (held) h.end = k + 1;
+    }
+    const std::int64_t from = h.first < chunks ? boundaries[h.first] : row_offset;
+    const std::int64_t to = h.first < chunks ? boundaries[h.end] : row_offset;
+    if (from != row_offset || to != row_offset + v)
+        throw usage_error(std::string(fn) + ": the logits hold columns [" + std::to_string(row_offset) + ", " +
+                          std::to_string(row_offset + v) + "), which are not a run of whole chunks; split the logits "
+                          "at the chunk bounds");
+    return h;
+}
+
 }  // namespace
 
 template <class T>
@@ -211,6 +277,50 @@ void chunk_logsumexp_backward(const T* dlse, const T* logits, const float* lse, 
     chunk_logsumexp_grad_kernel<<<detail::row_grid(segments), chunk_threads<D>(v), 0, s>>>(
         detail::device_ptr(dlse), detail::device_ptr(logits), lse, detail::device_ptr(dlogits), segments, v);
     LOOM_CUDA_CHECK_LAUNCH(fn);
+}
+
+template <class T>
+void ragged_chunk_logsumexp(const T* logits, float* lse, std::int64_t rows, std::int64_t v,
+                            const std::int64_t* boundaries, std::int64_t chunks, std::int64_t row_offset,
+                            stream_handle s) {
+    constexpr const char* fn = "loom::cuda::ragged_chunk_logsumexp";
+    const held_chunks h = check_ragged(fn, rows, v, boundaries, chunks, row_offset);
+    if (rows == 0) return;
+    if (v > 0) check_pointer(fn, "logits", logits);
+    check_pointer(fn, "lse", lse);
+    using D = device_t<T>;
+    if (h.end - h.first < chunks) {
+        unheld_chunks_kernel<<<detail::blocks_for(rows * chunks, position_threads), position_threads, 0, s>>>(
+            lse, rows, chunks, h.first, h.end);
+        LOOM_CUDA_CHECK_LAUNCH(fn);
+    }
+    for (std::int64_t k = h.first; k < h.end; ++k) {
+        const std::int64_t first = boundaries[k] - row_offset, n = boundaries[k + 1] - boundaries[k];
+        chunk_columns_logsumexp_kernel<<<detail::row_grid(rows), chunk_threads<D>(n), 0, s>>>(
+            detail::device_ptr(logits), lse + k, rows, v, first, n, chunks);
+        LOOM_CUDA_CHECK_LAUNCH(fn);
+    }
+}
+
+template <class T>
+void ragged_chunk_logsumexp_backward(const T* dlse, const T* logits, const float* lse, T* dlogits, std::int64_t rows,
+                                     std::int64_t v, const std::int64_t* boundaries, std::int64_t chunks,
+                                     std::int64_t row_offset, stream_handle s) {
+    constexpr const char* fn = "loom::cuda::ragged_chunk_logsumexp_backward";
+    const held_chunks h = check_ragged(fn, rows, v, boundaries, chunks, row_offset);
+    if (rows == 0 || v == 0) return;
+    check_pointer(fn, "dlse", dlse);
+    check_pointer(fn, "logits", logits);
+    check_pointer(fn, "lse", lse);
+    check_pointer(fn, "dlogits", dlogits);
+    using D = device_t<T>;
+    for (std::int64_t k = h.first; k < h.end; ++k) {
+        const std::int64_t first = boundaries[k] - row_offset, n = boundaries[k + 1] - boundaries[k];
+        chunk_columns_logsumexp_grad_kernel<<<detail::row_grid(rows), chunk_threads<D>(n), 0, s>>>(
+            detail::device_ptr(dlse) + k, detail::device_ptr(logits), lse + k, detail::device_ptr(dlogits), rows, v,
+            first, n, chunks);
+        LOOM_CUDA_CHECK_LAUNCH(fn);
+    }
 }
 
 template <class T>
@@ -284,6 +394,10 @@ void cross_entropy_from_chunks_backward(const T* dloss, const float* lse, const 
     template void chunk_logsumexp<T>(const T*, float*, std::int64_t, std::int64_t, std::int64_t, stream_handle);      \
     template void chunk_logsumexp_backward<T>(const T*, const T*, const float*, T*, std::int64_t, std::int64_t,      \
                                               std::int64_t, stream_handle);                                         \
+    template void ragged_chunk_logsumexp<T>(const T*, float*, std::int64_t, std::int64_t, const std::int64_t*,        \
+                                            std::int64_t, std::int64_t, stream_handle);                             \
+    template void ragged_chunk_logsumexp_backward<T>(const T*, const T*, const float*, T*, std::int64_t, std::int64_t, \
+                                                     const std::int64_t*, std::int64_t, std::int64_t, stream_handle); \
     template void pick_target<T>(const T*, const std::int32_t*, T*, std::int64_t, std::int64_t, std::int64_t,         \
                                  std::int64_t, std::int64_t, stream_handle);                                        \
     template void pick_target_backward<T>(const T*, const std::int32_t*, T*, std::int64_t, std::int64_t,              \

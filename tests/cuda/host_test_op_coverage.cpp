@@ -65,6 +65,8 @@ const std::set<std::string> partition_ops{"assemble",
                                           "identity",
                                           "chunk_logsumexp",
                                           "chunk_logsumexp_grad",
+                                          "ragged_chunk_logsumexp",
+                                          "ragged_chunk_logsumexp_grad",
                                           "pick_target",
                                           "pick_target_grad",
                                           "cross_entropy_from_chunks",
@@ -103,16 +105,18 @@ std::string joined(const std::set<std::string>& names) {
 TEST_CASE("every op of the presets' device programs has a CUDA kernel; bf16 keeps the loss in float",
           "[cuda][coverage][partition]") {
     namespace presets = plan::presets;
-    // Heads, FFN, vocabulary, sequence and batch divide by 4.
-    const models::gpt_config config{.layers = 2, .hidden = 32, .heads = 4, .vocab = 64, .seq = 16, .batch = 4};
-    const graph training = models::gpt(config).training_graph();
+    // Heads, FFN, sequence and batch divide by 4; the vocabulary too (64), or not (97: the
+    // Megatron presets split it into near-equal pieces, with ragged chunk log-sum-exps).
     std::set<std::string> seen;
+    for (std::int64_t vocab : {64, 97})
     for (const auto& spec : {presets::megatron(2), presets::sequence_parallel(2), presets::zero(2, 2),
                              presets::zero(3, 2), presets::megatron(2, 2)}) {
+        const models::gpt_config config{.layers = 2, .hidden = 32, .heads = 4, .vocab = vocab, .seq = 16, .batch = 4};
+        const graph training = models::gpt(config).training_graph();
         const auto pg = partition::apply_plan(training, plan::resolve(spec, training));
         REQUIRE(pg.devices.size() == static_cast<std::size_t>(spec.devices));
         for (std::size_t d = 0; d < pg.devices.size(); ++d) {
-            INFO(spec.name << ", device " << d);
+            INFO(spec.name << ", vocabulary " << vocab << ", device " << d);
             const partition::device_part& part = pg.devices[d];
             const graph& g = part.ir();
             compile_options options{.outputs = {part.loss}, .keep_every_node = true};
@@ -133,7 +137,8 @@ TEST_CASE("every op of the presets' device programs has a CUDA kernel; bf16 keep
             CHECK(storage_precision(g, part.loss, precision::bf16) == precision::f32);
             CHECK(bf16.bytes_of(part.loss) == 4 * g.tensor(part.loss).dims.numel());
             for (const node& n : g.nodes)
-                if (is_op<ops::ChunkLogsumexp>(n)) CHECK(storage_precision(g, n.outputs[0], precision::bf16) == precision::f32);
+                if (is_op<ops::ChunkLogsumexp>(n) || is_op<ops::RaggedChunkLogsumexp>(n))
+                    CHECK(storage_precision(g, n.outputs[0], precision::bf16) == precision::f32);
         }
     }
     // The plans put every partition op into the programs: the loop above checked them all.

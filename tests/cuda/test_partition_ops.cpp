@@ -15,7 +15,8 @@
 //     order, expf and logf against the host's polynomial exp, on values up to ~20);
 //   cross_entropy_from_chunks (float loss): rel 1e-5, abs 1e-6;
 //   chunk_logsumexp_grad, the dlse of cross_entropy_from_chunks_grad: rel 1e-5 in f32, one
-//     bf16 step (1/128) in bf16, abs 1e-9 (an exp of one argument, rounded once).
+//     bf16 step (1/128) in bf16, abs 1e-9 (an exp of one argument, rounded once);
+//   ragged_chunk_logsumexp and its gradient: as chunk_logsumexp and chunk_logsumexp_grad.
 #include <algorithm>
 #include <cmath>
 #include <cstdint>
@@ -30,6 +31,7 @@
 #include <loom/ops/identity.hpp>
 #include <loom/ops/vocab_parallel_cross_entropy.hpp>
 #include <loom/partition/region_copy.hpp>
+#include <loom/plan/op_partition.hpp>
 #include <loom/runtime/cuda/op_kernels.hpp>
 #include <loom/runtime/host/kernel_table.hpp>
 #include <loom/runtime/program.hpp>
@@ -431,7 +433,62 @@ const vocab_case vocab_cases[] = {
     {2, 3, 50257, 1, 1, 0},     // an odd chunk: rows at every alignment
 };
 
+// ---- ragged chunks: a vocabulary the chunk count does not divide ----------------------------
+
+// A vocabulary of `vocab` in `chunks` near-equal chunks (as plans cut it); the logits of
+// chunk `piece` alone, or of all of them (piece < 0), at `rows` positions.
+struct ragged_case {
+    std::int64_t rows, vocab, chunks, piece;
+};
+
+template <class T>
+void check_ragged(const ragged_case& rc, std::uint64_t seed) {
+    std::vector<std::int64_t> bounds;
+    for (std::int64_t k = 0; k <= rc.chunks; ++k) bounds.push_back(plan::piece_begin(rc.vocab, rc.chunks, k));
+    const std::int64_t row_offset = rc.piece < 0 ? 0 : bounds[static_cast<std::size_t>(rc.piece)];
+    const std::int64_t width = rc.piece < 0 ? rc.vocab : bounds[static_cast<std::size_t>(rc.piece) + 1] - row_offset;
+    const std::string what = "vocabulary " + std::to_string(rc.vocab) + " in " + std::to_string(rc.chunks) +
+                             " ragged chunks, " + (rc.piece < 0 ? std::string("all") : "chunk " + std::to_string(rc.piece)) +
+                             ", " + std::to_string(rc.rows) + " positions";
+    INFO(what);
+    graph_builder b;
+    const tensor logits = b.input("logits", {{Dim::Batch::id, rc.rows}, {Dim::Vocab::id, width}});
+    const tensor lse = ops::ragged_chunk_logsumexp(logits, bounds, row_offset);
+    const tensor dlse = b.input("dlse", lse.dims());
+    const tensor dlogits = ops::ragged_chunk_logsumexp_grad(dlse, logits, lse, bounds, row_offset);
+    const graph g = std::move(b).take();
+    auto producer = [&](const tensor& t) -> const node& { return g.at(g.tensor(t.id).producer); };
+    REQUIRE(element_bytes<T>(g, lse.id) == 4);
+    std::vector<values> value(g.tensors.size());
+    value[static_cast<std::size_t>(logits.id)] = random_values<T>(g, logits.id, seed + 1, -8.0f, 8.0f);
+    value[static_cast<std::size_t>(dlse.id)] = random_values<T>(g, dlse.id, seed + 2);
+    auto inputs_of = [&](const node& n) {
+        std::vector<values> in;
+        for (const tensor_id i : n.inputs) in.push_back(value[static_cast<std::size_t>(i)]);
+        return in;
+    };
+    value[static_cast<std::size_t>(lse.id)] = run_on_host(g, producer(lse), inputs_of(producer(lse)))[0];
+    const tolerance lse_tol{1e-6, 1e-5};
+    const tolerance grad_tol{std::is_same_v<T, float> ? 1e-5 : bf16_ulp, 1e-9};
+    check_against_host<T>(g, producer(lse), inputs_of(producer(lse)), {lse_tol}, what);
+    check_against_host<T>(g, producer(dlogits), inputs_of(producer(dlogits)), {grad_tol}, what);
+}
+
+const ragged_case ragged_cases[] = {
+    {10, 97, 2, -1},    // unsplit: chunks of 49 and 48
+    {10, 97, 2, 1},     // the second of a 2-way split: 48 logits, its lse in column 1, 0 in column 0
+    {6, 101, 4, 3},     // the last of a 4-way split: 25 logits
+    {5, 23, 3, 1},      // a middle chunk
+    {1, 50257, 2, 0},   // GPT-2's vocabulary over 2 devices: 25129 logits
+};
+
 }  // namespace
+
+TEMPLATE_TEST_CASE("ragged chunk log-sum-exps match their host twins, whole and in pieces",
+                   "[cuda][partition][vocab_parallel]", float, loom::bfloat16) {
+    std::uint64_t seed = 1300;
+    for (const auto& c : ragged_cases) check_ragged<TestType>(c, seed += 10);
+}
 
 TEMPLATE_TEST_CASE("assemble copies, gathers and sums pieces as the host kernel does", "[cuda][partition][assemble]",
                    float, loom::bfloat16) {

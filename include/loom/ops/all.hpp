@@ -43,7 +43,8 @@ using normalization_ops = boost::mp11::mp_list<LayerNorm, LayerNormGrad, RmsNorm
 using attention_ops = boost::mp11::mp_list<Matmul, MatmulNT, MatmulTN, Reshape, Transpose, SplitHeads, MergeHeads,
                                            Attention, AttentionGrad>;
 using embedding_loss_ops = boost::mp11::mp_list<Embedding, EmbeddingGrad, CrossEntropy, CrossEntropyGrad, ChunkLogsumexp,
-                                                 ChunkLogsumexpGrad, PickTarget, PickTargetGrad, CrossEntropyFromChunks,
+                                                 ChunkLogsumexpGrad, RaggedChunkLogsumexp, RaggedChunkLogsumexpGrad,
+                                                 PickTarget, PickTargetGrad, CrossEntropyFromChunks,
                                                  CrossEntropyFromChunksGrad>;
 
 // What plans insert between the pieces of partitioned ops.

@@ -29,6 +29,22 @@
 // pick_target and pick_target_grad hold the vocabulary rows [row_offset, row_offset + v) of
 // `vocab` (like embedding); a target outside [0, vocab) that is not ignore_index throws
 // loom::usage_error naming the node, the position and the target.
+//
+// Chunks of unequal sizes. A vocabulary that the chunk count does not divide (97 over 2
+// devices) is split by plans into near-equal pieces (49 and 48 columns), which the group
+// (c v) cannot state. Its log-sum-exps come from the ragged twins, which take the chunks'
+// boundaries {0, b_1, ..., vocab} (chunk k: columns [b_k, b_k+1)):
+//
+//   ragged_chunk_logsumexp       "... v -> ... c^"                 lse[p, k] = logsumexp(logits[p, chunk k])
+//   ragged_chunk_logsumexp_grad  "... c^, ... v, ... c^ -> ... v"  dlogits[p, j] = dlse[p, k] exp(logits[p, j] - lse[p, k]),
+//                                                                  k the chunk of column j
+//
+// with the logits holding columns [row_offset, row_offset + v). v is contracted in the
+// forward op: a piece holding some chunks whole writes their log-sum-exps and zeros for the
+// other chunks, so the pieces' partial sums are the whole [... c] (what crosses devices is a
+// sum of [positions, chunks]). A piece holding part of a chunk is refused when it is built.
+// The gradient is local to any piece of v.
+#include <algorithm>
 #include <array>
 #include <cmath>
 #include <cstdint>
@@ -127,6 +143,100 @@ struct ChunkLogsumexp {
 // axis of `logits`.
 inline tensor chunk_logsumexp(tensor logits, std::int64_t chunks) {
     return logits.builder->apply1<ChunkLogsumexp>({logits}, {{"chunks", chunks}});
+}
+
+namespace detail {
+
+// The chunks' boundaries, checked: 0 first, strictly increasing, the logits' columns
+// [row_offset, row_offset + v) inside them and made of whole chunks.
+inline std::vector<std::int64_t> ragged_boundaries(const attributes& a, std::string_view op, std::int64_t v,
+                                                   const std::string& node_name) {
+    auto b = a.get<std::vector<std::int64_t>>("boundaries");
+    const std::string where = std::string(op) + (node_name.empty() ? "" : " '" + node_name + "'");
+    bool increasing = b.size() >= 2 && b.front() == 0;
+    for (std::size_t k = 1; increasing && k < b.size(); ++k) increasing = b[k] > b[k - 1];
+    if (!increasing)
+        throw shape_error(where + ": the chunk boundaries must start at 0 and increase strictly (chunk k is the columns "
+                          "[b_k, b_k+1)); give at least one chunk");
+    if (v < 0) return b;  // the gradient: any columns
+    const auto offset = a.get_or<std::int64_t>("row_offset", 0);
+    auto boundary = [&](std::int64_t x) { return std::find(b.begin(), b.end(), x) != b.end(); };
+    if (offset < 0 || offset + v > b.back() || !boundary(offset) || !boundary(offset + v))
+        throw shape_error(where + ": the logits hold columns [" + std::to_string(offset) + ", " +
+                          std::to_string(offset + v) + ") of a vocabulary of " + std::to_string(b.back()) +
+                          ", which is not a run of whole chunks; split the logits at the chunk boundaries");
+    return b;
+}
+
+inline std::vector<preset_variable> ragged_presets(const attributes& a, std::string_view op) {
+    return {{"c", Dim::Vocab::id, static_cast<std::int64_t>(ragged_boundaries(a, op, -1, {}).size()) - 1}};
+}
+
+}  // namespace detail
+
+struct RaggedChunkLogsumexpGrad {
+    static constexpr std::string_view name = "ragged_chunk_logsumexp_grad";
+    static constexpr signature sig = parse_signature("... c^, ... v, ... c^ -> ... v");
+    static std::vector<preset_variable> presets(const attributes& a, std::span<const shape>) {
+        return detail::ragged_presets(a, name);
+    }
+    static void check(const bound_signature& b, const attributes& a, std::span<const shape>, const std::string& node_name) {
+        const std::int64_t v = b.vars[static_cast<std::size_t>(*b.find("v"))].extent;
+        const auto bounds = detail::ragged_boundaries(a, name, -1, node_name);
+        const auto offset = a.get_or<std::int64_t>("row_offset", 0);
+        if (offset < 0 || offset + v > bounds.back())
+            throw shape_error(std::string(name) + " '" + node_name + "': the logits' columns [" + std::to_string(offset) +
+                              ", " + std::to_string(offset + v) + ") are not inside the vocabulary [0, " +
+                              std::to_string(bounds.back()) + "); set row_offset so the logits are a slice of it");
+    }
+    static attributes piece_attributes(const node& n, const piece_ranges& r) {
+        return detail::row_offset_piece_attributes(n, r);
+    }
+    // An exp, a subtraction and a product per logit.
+    static double flops(const graph& g, const node& n) {
+        return 3.0 * static_cast<double>(g.tensor(n.inputs[1]).dims.numel());
+    }
+};
+
+// dlogits = dlse[k] * exp(logits - lse[k]) within each chunk k.
+inline tensor ragged_chunk_logsumexp_grad(tensor dlse, tensor logits, tensor lse, std::vector<std::int64_t> boundaries,
+                                          std::int64_t row_offset) {
+    return dlse.builder->apply1<RaggedChunkLogsumexpGrad>(
+        {dlse, logits, lse}, {{"boundaries", std::move(boundaries)}, {"row_offset", row_offset}});
+}
+
+struct RaggedChunkLogsumexp {
+    static constexpr std::string_view name = "ragged_chunk_logsumexp";
+    static constexpr signature sig = parse_signature("... v -> ... c^");
+    static constexpr std::uint32_t float_outputs = 0b1;  // as chunk_logsumexp's
+    static std::vector<preset_variable> presets(const attributes& a, std::span<const shape>) {
+        return detail::ragged_presets(a, name);
+    }
+    static void check(const bound_signature& b, const attributes& a, std::span<const shape>, const std::string& node_name) {
+        detail::ragged_boundaries(a, name, b.vars[static_cast<std::size_t>(*b.find("v"))].extent, node_name);
+    }
+    static attributes piece_attributes(const node& n, const piece_ranges& r) {
+        return detail::row_offset_piece_attributes(n, r);
+    }
+    // About 4 operations per logit (max, exp, sum).
+    static double flops(const graph& g, const node& n) {
+        return 4.0 * static_cast<double>(g.tensor(n.inputs[0]).dims.numel());
+    }
+    static gradients backward(backward_context& c) {
+        gradients g(1);
+        if (c.needs_grad[0])
+            g[0] = ragged_chunk_logsumexp_grad(*c.grad_outputs[0], c.inputs[0], c.outputs[0],
+                                               c.attrs().get<std::vector<std::int64_t>>("boundaries"),
+                                               c.attrs().get_or<std::int64_t>("row_offset", 0));
+        return g;
+    }
+};
+
+// lse [... chunks]: the log-sum-exp of each chunk [b_k, b_k+1) of the last axis of `logits`,
+// which holds vocabulary columns [row_offset, row_offset + v) (0 for a chunk it does not hold).
+inline tensor ragged_chunk_logsumexp(tensor logits, std::vector<std::int64_t> boundaries, std::int64_t row_offset = 0) {
+    return logits.builder->apply1<RaggedChunkLogsumexp>(
+        {logits}, {{"boundaries", std::move(boundaries)}, {"row_offset", row_offset}});
 }
 
 struct PickTargetGrad {

@@ -42,6 +42,20 @@ inline std::string dims_of(const node& n) {
     return s.empty() ? "none" : s;
 }
 
+// "1, 2, 3, 6": the divisors of n, in order.
+inline std::string divisors(std::int64_t n) {
+    std::vector<std::int64_t> low, high;
+    for (std::int64_t d = 1; d * d <= n; ++d)
+        if (n % d == 0) {
+            low.push_back(d);
+            if (d * d != n) high.push_back(n / d);
+        }
+    low.insert(low.end(), high.rbegin(), high.rend());
+    std::string s;
+    for (std::int64_t d : low) s += (s.empty() ? "" : ", ") + std::to_string(d);
+    return s;
+}
+
 // The variable a split names: by label if given, else the unique splittable variable with
 // that dim (or the first, if several carry it).
 inline std::optional<int> variable_of(const node& n, const plan::split_axis& s) {
@@ -97,12 +111,24 @@ inline plan::op_partition bind_partition(const node& n, plan::op_partition p, in
                               "; split another dim, or register a custom transformation for this op");
             continue;
         }
+        // Per piece of the earlier splits of this variable (the smallest, when those were uneven).
         const std::int64_t extent = var.extent / cut[static_cast<std::size_t>(*v)];
-        if (extent % s.degree != 0) {
+        const std::string per_piece =
+            cut[static_cast<std::size_t>(*v)] > 1 ? " (" + std::to_string(extent) + " per piece)" : "";
+        if (extent % s.degree != 0 && !plan::splits_unevenly(var.dim)) {
             fail_or_replicate("dim " + std::string(var.dim.name()) + " has extent " + std::to_string(var.extent) +
-                              (cut[static_cast<std::size_t>(*v)] > 1 ? " (" + std::to_string(extent) + " per piece)" : "") +
-                              ", which degree " + std::to_string(s.degree) + " does not divide; choose a divisor of " +
-                              std::to_string(extent));
+                              per_piece + ", which degree " + std::to_string(s.degree) +
+                              " does not divide; choose a divisor of " + std::to_string(extent) + " (" +
+                              detail::divisors(extent) +
+                              ") as the degree, or change the model so that the degree divides it (only a "
+                              "vocabulary is split unevenly, into near-equal pieces, as the Megatron presets "
+                              "pad it; no other dim is padded)");
+            continue;
+        }
+        if (extent < s.degree) {
+            fail_or_replicate("dim " + std::string(var.dim.name()) + " has extent " + std::to_string(var.extent) +
+                              per_piece + ", fewer than degree " + std::to_string(s.degree) +
+                              " pieces; some pieces would be empty: use a degree of at most " + std::to_string(extent));
             continue;
         }
         cut[static_cast<std::size_t>(*v)] *= s.degree;
@@ -185,9 +211,10 @@ inline node_layout layout_pieces(const graph& g, const node& n, plan::op_partiti
         for (std::size_t s = 0; s < p.splits.size(); ++s) {
             if (split_var[s] < 0) continue;
             auto v = static_cast<std::size_t>(split_var[s]);
-            const std::int64_t size = (piece.vars.end[v] - piece.vars.begin[v]) / p.splits[s].degree;
-            piece.vars.begin[v] += coord[s] * size;
-            piece.vars.end[v] = piece.vars.begin[v] + size;
+            // Equal pieces, or near-equal ones along a vocabulary the degree does not divide.
+            const std::int64_t length = piece.vars.end[v] - piece.vars.begin[v], first = piece.vars.begin[v];
+            piece.vars.begin[v] = first + plan::piece_begin(length, p.splits[s].degree, coord[s]);
+            piece.vars.end[v] = first + plan::piece_begin(length, p.splits[s].degree, coord[s] + 1);
             for (std::size_t o = 0; o < n.outputs.size(); ++o)
                 if (effects[s].outputs[o].effect == split_effect::partial) {
                     chunks[o].index = chunks[o].index * static_cast<std::int32_t>(p.splits[s].degree) + static_cast<std::int32_t>(coord[s]);

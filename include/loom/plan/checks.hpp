@@ -509,8 +509,9 @@ constexpr text first_plan_error(const plan_view& p) {
                                   s.target == f.target ? text() : concat(" (", f.target, " in ", r.selector, ")"),
                                   ", which the plan forbids; remove that split or the constraint");
             }
-            // extents the plan knows
-            if (s.kind == split_kind::dim)
+            // extents the plan knows (a vocabulary need not divide: it is split into near-equal
+            // pieces, plan::splits_unevenly)
+            if (s.kind == split_kind::dim && s.target != Dim::Vocab::name)
                 for (const auto& f : p.facts) {
                     if (f.kind != fact_kind::extent || f.dim != s.target || f.value < 1) continue;
                     if (auto d = known_degree(s.degree, devices); d && *d >= 1 && f.value % *d != 0)

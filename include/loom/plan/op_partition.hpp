@@ -7,6 +7,7 @@
 // times. Pieces are numbered row-major over (split_0, ..., split_k, replica), and piece i
 // runs on devices[i]. Several pieces may share a device: they run one after another
 // (colocation, Coshard).
+#include <algorithm>
 #include <cstdint>
 #include <optional>
 #include <string>
@@ -18,6 +19,21 @@
 #include <loom/schedule/schedule.hpp>
 
 namespace loom::plan {
+
+// Where piece k of `degree` contiguous pieces of an extent begins (piece k is [begin(k),
+// begin(k + 1))): equal pieces when the degree divides the extent, else near-equal ones, the
+// first extent % degree of them one longer (97 rows over 2: [0, 49) and [49, 97)).
+inline std::int64_t piece_begin(std::int64_t extent, std::int64_t degree, std::int64_t k) {
+    return k * (extent / degree) + std::min(k, extent % degree);
+}
+
+// Whether a split along `d` may use a degree that does not divide the extent. Only the
+// vocabulary: Megatron pads it to a multiple of the tensor-parallel degree, and loom splits it
+// into near-equal pieces instead (no device holds more rows than under the padding, and no
+// padding rows exist to keep out of the softmax). Any other dim must divide: heads, hidden and
+// FFN sizes are the model's own choice, and a degree that does not divide them is more likely
+// a mistake in the plan.
+inline bool splits_unevenly(dim_id d) { return d == Dim::Vocab::id; }
 
 struct split_axis {
     dim_id dim;         // the dim to split (matched against the node's bound variables)

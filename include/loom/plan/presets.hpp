@@ -4,6 +4,13 @@
 // identity after each parameter or on each gradient, split over the data-parallel
 // devices). Nothing here is a special code path: a user can write any of them by hand.
 //
+// A vocabulary that the tensor-parallel degree does not divide (GPT-2's 50257, any prime) is
+// split into near-equal pieces (97 rows over 2 devices: 49 and 48; plan::piece_begin): the
+// embedding table, the LM head and the vocabulary-parallel loss alike. Megatron pads the
+// vocabulary to a multiple of the degree and lets the padding logits into the softmax; here
+// no padding row exists, so training equals one device with the model's own vocabulary, and
+// parameters, gradients and checkpoints keep its shapes. Every other dim must divide.
+//
 // Layer names follow loom's transformer models (models/gpt.hpp): "<repeat>.<i>.attn.{q,k,v,
 // proj}", "<repeat>.<i>.mlp.{fc,proj}", layer norms "ln_*". Models that name their layers
 // otherwise pass their own transformer_names.
@@ -62,7 +69,8 @@ inline rule trans(selector on, std::int64_t dp, std::vector<split_spec> inner, s
 // Vocabulary-parallel embeddings (each device holds rows of the table; partial sums), the LM
 // head (a linear outside any layer) split along the vocabulary, and the vocabulary-parallel
 // cross-entropy (rebuilt by the transformation registered for its v: each device reduces its
-// slice of the logits; no device gathers them).
+// slice of the logits; no device gathers them). Any degree up to the vocabulary's size: the
+// slices are near-equal where it does not divide.
 inline plan_spec vocabulary_rules(const degree_spec& tp, const degree_spec& dp, const std::string& origin) {
     plan_spec p;
     p.add(trans(kinds({&op_def_of<ops::Embedding>()}), dp, {split_var("v", tp)}, origin));
@@ -88,8 +96,9 @@ inline plan_spec data_parallel(int n) {
 // dp x tp mesh, device = d * tp + t): column-parallel q, k, v and fc, heads and FFN split
 // in between, row-parallel output projections (partial sums, all-reduced), a
 // vocabulary-parallel embedding, the LM head split along the vocabulary and a
-// vocabulary-parallel cross-entropy over its logits. Everything else (layer norms, residual
-// adds) is replicated within the tensor-parallel group.
+// vocabulary-parallel cross-entropy over its logits (near-equal slices of a vocabulary tp
+// does not divide). Everything else (layer norms, residual adds) is replicated within the
+// tensor-parallel group; heads and FFN must divide by tp.
 // The same with either degree open: megatron({1, "tp", {}}, {1, "dp", {}}) leaves both to
 // the searcher (plan/spaces.hpp); the plan's devices are then the caller's to set.
 inline plan_spec megatron(const degree_spec& tp, const degree_spec& dp, const transformer_names& names = {}) {

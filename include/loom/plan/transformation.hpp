@@ -24,7 +24,8 @@
 // Applying a plan rebuilds such a node this way (partition/logical_graph.hpp); `p` arrives
 // with every split resolved to a variable label of `n`. Built in: cross_entropy split along
 // its vocabulary becomes ops/vocab_parallel_cross_entropy.hpp (Megatron's vocabulary-parallel
-// loss: no device gathers the logits).
+// loss: no device gathers the logits), with ragged chunks where the degree does not divide
+// the vocabulary (plans cut it into near-equal pieces, plan::piece_begin).
 #include <map>
 #include <mutex>
 #include <span>
@@ -90,20 +91,36 @@ namespace detail {
 
 // cross_entropy cut along v into chunks: the chunk log-sum-exps and the target picks split as
 // the logits are (the picks become partial sums), the small combining op replicated over the
-// vocabulary pieces.
+// vocabulary pieces. A vocabulary the chunks do not divide is cut into the near-equal pieces
+// the plan cuts the logits into (plan::piece_begin, nested as the splits are), and its
+// log-sum-exps come from ragged_chunk_logsumexp, whose pieces each hold whole chunks.
 inline std::vector<tensor> vocab_parallel_loss(graph_builder&, const node& n, std::span<const tensor> in,
                                                const op_partition& p, std::vector<op_partition>& partitions) {
+    const shape& logits = in[0].dims();
+    const std::int64_t vocab = logits.rank() >= 1 ? logits.extent(logits.rank() - 1) : 0;
     std::int64_t chunks = 1;
+    std::vector<std::int64_t> boundaries{0, vocab};
     op_partition by_chunk = p, combine = p;
     for (std::size_t s = 0; s < p.splits.size(); ++s) {
         if (p.splits[s].replicate || p.splits[s].label != "v") continue;
         chunks *= p.splits[s].degree;
+        std::vector<std::int64_t> finer{0};
+        for (std::size_t k = 0; k + 1 < boundaries.size(); ++k)
+            for (std::int64_t piece = 1; piece <= p.splits[s].degree; ++piece)
+                finer.push_back(boundaries[k] + piece_begin(boundaries[k + 1] - boundaries[k], p.splits[s].degree, piece));
+        boundaries = std::move(finer);
         by_chunk.splits[s].label = "c";
         combine.splits[s] = {{}, "", p.splits[s].degree, true};
     }
     const auto ignore = n.attrs.get<std::int64_t>("ignore_index");
-    tensor lse = ops::chunk_logsumexp(in[0], chunks);
-    partitions.push_back(by_chunk);
+    tensor lse;
+    if (vocab % chunks == 0) {
+        lse = ops::chunk_logsumexp(in[0], chunks);
+        partitions.push_back(by_chunk);
+    } else {
+        lse = ops::ragged_chunk_logsumexp(in[0], std::move(boundaries));
+        partitions.push_back(p);
+    }
     tensor picked = ops::pick_target(in[0], in[1], ignore);
     partitions.push_back(p);
     tensor loss = ops::cross_entropy_from_chunks(lse, picked, in[1], ignore, n.attrs.get<double>("normalizer"));

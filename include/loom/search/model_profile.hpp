@@ -18,8 +18,9 @@
 //   full recompute keeps only the layer's input and reruns its whole forward.
 // - Tensor parallelism (Megatron's rules) costs one all-reduce of the residual stream per
 //   residual join (an `add` whose output has the residual stream's shape) in the forward,
-//   and one per join in the backward. The degree must divide every parameter extent and
-//   every attention head count of the model (`tp_granularity`).
+//   and one per join in the backward. The degree must divide every parameter extent but
+//   the vocabulary's (split into near-equal pieces) and every attention head count of the
+//   model (`tp_granularity`).
 // - Backward nodes belong to the layer of the forward node they differentiate; the other
 //   backward nodes (the loss seed, gradient sums) to the epilogue.
 #include <algorithm>
@@ -194,7 +195,8 @@ inline model_profile profile_model(const graph& g, layer_partition partition) {
     }
     for (tensor_id p : g.parameters) {
         m.parameters += detail::numel(g, p);
-        for (const auto& a : g.tensor(p).dims) granularity = std::gcd(granularity, a.extent);
+        for (const auto& a : g.tensor(p).dims)  // a vocabulary need not divide (plan::splits_unevenly)
+            if (a.dim != Dim::Vocab::id) granularity = std::gcd(granularity, a.extent);
     }
     // A parameter belongs to the first layer that reads it; a later layer that reads it too
     // (the LM head of a tied embedding) holds a copy when it sits on another stage.

@@ -238,6 +238,37 @@ std::size_t chunk_logsumexp_grad_check(const host::kernel_call<T>& c) {
     return 0;
 }
 
+// logits -> lse over ragged chunks (a vocabulary the chunk count does not divide)
+template <class T, class Context = launch_context>
+void ragged_chunk_logsumexp(const host::kernel_call<T>& c, const Context& x) {
+    const auto bounds = c.attrs().template get<std::vector<std::int64_t>>("boundaries");
+    const std::int64_t chunks = c.extent("c"), v = c.extent("v");
+    const std::int64_t rows = c.output_numel(0) / std::max<std::int64_t>(chunks, 1);
+    cuda::ragged_chunk_logsumexp(c.input(0), static_cast<float*>(c.out[0]), rows, v, bounds.data(), chunks,
+                                 c.attrs().template get_or<std::int64_t>("row_offset", 0), x.stream);
+}
+template <class T>
+std::size_t ragged_chunk_logsumexp_check(const host::kernel_call<T>& c) {
+    expect_stored(c, {sizeof(T)}, {sizeof(float)});
+    return 0;
+}
+
+// (dlse, logits, lse) -> dlogits over ragged chunks
+template <class T, class Context = launch_context>
+void ragged_chunk_logsumexp_grad(const host::kernel_call<T>& c, const Context& x) {
+    const auto bounds = c.attrs().template get<std::vector<std::int64_t>>("boundaries");
+    const std::int64_t chunks = c.extent("c"), v = c.extent("v");
+    const std::int64_t rows = c.input_numel(0) / std::max<std::int64_t>(chunks, 1);
+    cuda::ragged_chunk_logsumexp_backward(c.input(0), c.input(1), static_cast<const float*>(c.in[2]), c.output(0), rows,
+                                          v, bounds.data(), chunks,
+                                          c.attrs().template get_or<std::int64_t>("row_offset", 0), x.stream);
+}
+template <class T>
+std::size_t ragged_chunk_logsumexp_grad_check(const host::kernel_call<T>& c) {
+    expect_stored(c, {sizeof(T), sizeof(T), sizeof(float)}, {sizeof(T)});
+    return 0;
+}
+
 // (logits, targets) -> z; a target outside the vocabulary gives NaN (the kernel cannot throw).
 template <class T, class Context = launch_context>
 void pick_target(const host::kernel_call<T>& c, const Context& x) {

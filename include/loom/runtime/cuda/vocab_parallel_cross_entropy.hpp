@@ -9,7 +9,14 @@
 //   cross_entropy_from_chunks          loss = sum over kept p of (logsumexp_k lse[p, k] - z[p]) / normalizer
 //   cross_entropy_from_chunks_backward dlse[p, k] = s softmax_k(lse[p, :]), dz[p] = -s, s = dloss / normalizer
 //
-// a position kept unless targets[p] == ignore_index (its gradients are zero). T is float or
+// a position kept unless targets[p] == ignore_index (its gradients are zero). The ragged
+// twins, for a vocabulary cut into chunks of unequal sizes (chunk k: vocabulary columns
+// [b_k, b_k+1)), on logits [rows, v] that hold columns [row_offset, row_offset + v):
+//
+//   ragged_chunk_logsumexp             lse[p, k] = logsumexp(logits[p, chunk k]), 0 for a chunk not held
+//   ragged_chunk_logsumexp_backward    dlogits[p, j] = dlse[p, k] exp(logits[p, j] - lse[p, k]), j in chunk k
+//
+// The logits hold whole chunks, a run of them (the op checks it when a node is built). T is float or
 // loom::bfloat16; arithmetic in float, the loss summed over positions in double (as the host
 // kernels), T results rounded once. The log-sum-exps (lse) and the loss are float whatever T:
 // the ops keep them in float (float_outputs), since the loss is rebuilt from the lse of every
@@ -39,6 +46,20 @@ void chunk_logsumexp(const T* logits, float* lse, std::int64_t rows, std::int64_
 template <class T>
 void chunk_logsumexp_backward(const T* dlse, const T* logits, const float* lse, T* dlogits, std::int64_t rows,
                               std::int64_t chunks, std::int64_t v, stream_handle s);
+
+// logits [rows, v] -> lse [rows, chunks], with `boundaries` the chunks + 1 bounds of the
+// chunks (a host array): one launch per chunk the logits hold, and one for the zeros.
+template <class T>
+void ragged_chunk_logsumexp(const T* logits, float* lse, std::int64_t rows, std::int64_t v,
+                            const std::int64_t* boundaries, std::int64_t chunks, std::int64_t row_offset,
+                            stream_handle s);
+
+// (dlse [rows, chunks], logits [rows, v], lse [rows, chunks]) -> dlogits [rows, v]: one launch
+// per chunk the logits hold. dlogits may be logits itself (in place); nothing else may overlap.
+template <class T>
+void ragged_chunk_logsumexp_backward(const T* dlse, const T* logits, const float* lse, T* dlogits, std::int64_t rows,
+                                     std::int64_t v, const std::int64_t* boundaries, std::int64_t chunks,
+                                     std::int64_t row_offset, stream_handle s);
 
 // (logits [rows, v], targets [rows]) -> z [rows]; this piece holds vocabulary rows
 // [row_offset, row_offset + v) of `vocab`.

@@ -6,6 +6,7 @@
 #include <algorithm>
 #include <cmath>
 #include <cstdint>
+#include <vector>
 
 #include <loom/ops/vocab_parallel_cross_entropy.hpp>
 #include <loom/runtime/host/kernel_call.hpp>
@@ -66,6 +67,68 @@ struct host_kernel<ops::ChunkLogsumexpGrad> {
                 T* out = dlogits + at * v;
                 const T m = lse[at], scale = dlse[at];
                 detail::for_lanes(v, [=](std::int64_t i) { out[i] = scale * detail::lane_exp(x[i] - m); });
+            }
+        });
+    }
+};
+
+namespace detail {
+
+// The columns [begin, end) of chunk k among the logits' own columns [0, v), which hold
+// vocabulary columns [row_offset, row_offset + v); empty where they hold none of it.
+struct chunk_columns {
+    std::int64_t begin, end;
+};
+inline chunk_columns held_columns(const std::vector<std::int64_t>& boundaries, std::size_t k, std::int64_t offset,
+                                  std::int64_t v) {
+    return {std::clamp<std::int64_t>(boundaries[k] - offset, 0, v), std::clamp<std::int64_t>(boundaries[k + 1] - offset, 0, v)};
+}
+
+}  // namespace detail
+
+// Chunks whose columns the logits hold get their log-sum-exp, the others 0 (the op is a
+// partial sum over pieces of the vocabulary; a piece holds whole chunks, checked when built).
+template <>
+struct host_kernel<ops::RaggedChunkLogsumexp> {
+    template <class T>
+    static void run(const kernel_call<T>& c) {
+        const auto bounds = c.attrs().template get<std::vector<std::int64_t>>("boundaries");
+        const auto offset = c.attrs().template get_or<std::int64_t>("row_offset", 0);
+        const std::int64_t chunks = c.extent("c"), v = c.extent("v");
+        const std::int64_t rows = c.output_numel(0) / std::max<std::int64_t>(chunks, 1);
+        const T* logits = c.input(0);
+        T* lse = c.output(0);
+        for_each_row(rows, v, [&](std::int64_t r) {
+            for (std::int64_t k = 0; k < chunks; ++k) {
+                const auto cols = detail::held_columns(bounds, static_cast<std::size_t>(k), offset, v);
+                lse[r * chunks + k] = cols.end > cols.begin
+                                          ? detail::log_sum_exp(logits + r * v + cols.begin, cols.end - cols.begin)
+                                          : T(0);
+            }
+        });
+    }
+};
+
+template <>
+struct host_kernel<ops::RaggedChunkLogsumexpGrad> {
+    template <class T>
+    static void run(const kernel_call<T>& c) {
+        const auto bounds = c.attrs().template get<std::vector<std::int64_t>>("boundaries");
+        const auto offset = c.attrs().template get_or<std::int64_t>("row_offset", 0);
+        const std::int64_t chunks = c.extent("c"), v = c.extent("v");
+        const std::int64_t rows = c.input_numel(0) / std::max<std::int64_t>(chunks, 1);
+        const T* dlse = c.input(0);
+        const T* logits = c.input(1);
+        const T* lse = c.input(2);
+        T* dlogits = c.output(0);
+        for_each_row(rows, v, [&](std::int64_t r) {
+            for (std::int64_t k = 0; k < chunks; ++k) {
+                const auto cols = detail::held_columns(bounds, static_cast<std::size_t>(k), offset, v);
+                if (cols.end <= cols.begin) continue;
+                const T* x = logits + r * v + cols.begin;
+                T* out = dlogits + r * v + cols.begin;
+                const T m = lse[r * chunks + k], scale = dlse[r * chunks + k];
+                detail::for_lanes(cols.end - cols.begin, [=](std::int64_t i) { out[i] = scale * detail::lane_exp(x[i] - m); });
             }
         });
     }
