@@ -9,9 +9,11 @@
 #include <string>
 #include <vector>
 
+#include <loom/io/plan_file.hpp>
 #include <loom/models/gpt.hpp>
 #include <loom/models/t5.hpp>
 #include <loom/partition/apply.hpp>
+#include <loom/plan/compose.hpp>
 #include <loom/plan/presets.hpp>
 #include <loom/plan/spaces.hpp>
 #include <loom/search/model_profile.hpp>
@@ -377,4 +379,37 @@ TEST_CASE("a vocabulary the degree does not divide leaves every tensor-parallel 
     CHECK(r.gap == 0);
     CHECK(search::price_programs(partition::apply_plan(odd.ir(), r.plan), hw).step_seconds == r.best.price.step_seconds);
     CHECK(search::profile_model(models::gpt(odd.config).training_graph()).tp_granularity == 4);
+}
+
+TEST_CASE("whether to recompute may be an open choice: composed, in a plan file, and searched") {
+    const auto model = small_gpt();
+    const auto space = plan::compose(plan::devices<4>, plan::on_all(plan::trans<Split<Dim::Batch>, 4>{}),
+                                     plan::on_layers<"blocks", 0, 3>(plan::recompute_choice<"rc">));
+    static_assert(plan::well_formed<decltype(space)>);
+    const plan::plan_spec spec = space.spec();
+    CHECK(plan::open_parameters(spec) == std::vector<std::string>{"rc"});
+
+    // 1 recomputes the layers (their forward ops again in the backward), 0 keeps them.
+    const auto keep = partition::apply_plan(model.ir(), space.choose("rc", 0));
+    const auto recompute = partition::apply_plan(model.ir(), space.choose("rc", 1));
+    CHECK(recompute.ir().nodes.size() > keep.ir().nodes.size());
+    CHECK_THROWS_WITH(partition::apply_plan(model.ir(), space.choose("rc", 2)),
+                      Catch::Contains("choose 0 (keep) or 1 (recompute)"));
+    CHECK_THROWS_WITH(plan::resolve(spec, model.ir()), Catch::Contains("open recompute choice 'rc'"));
+
+    // A plan file keeps the choice open.
+    const plan::plan_spec back = io::plan_from_json(io::to_json(spec), "memory");
+    CHECK(plan::open_parameters(back) == std::vector<std::string>{"rc"});
+
+    // The search recomputes when, and only when, keeping does not fit.
+    const search::cluster hw = slow_node();
+    const double kept = search::price_programs(keep, hw).peak_memory();
+    const double recomputed = search::price_programs(recompute, hw).peak_memory();
+    REQUIRE(recomputed < kept);
+    CHECK(search::search_plan(model.ir(), spec, hw).plan.choices.at("rc") == 0);
+    search::plan_search_options tight;
+    tight.memory_limit = (kept + recomputed) / 2;
+    const search::plan_search_result r = search::search_plan(model.ir(), spec, hw, tight);
+    CHECK(r.plan.choices.at("rc") == 1);
+    CHECK(r.explain().find("rc = recompute") != std::string::npos);
 }

@@ -3294,6 +3294,7 @@ inline void build_backward(graph_builder& b) {
 //   assign<0, 1, 2, 3>    piece i on the i-th listed device (one device per piece)
 //   colocate<2>           pieces 2i and 2i+1 on device i, run one after another (Coshard)
 //   recompute             recompute the outputs in the backward pass instead of keeping them
+//   recompute_choice<"r"> recompute or not, an open choice named r (0: keep, 1: recompute)
 //
 // Each is a value: on<ops::Attention>(trans<Split<Dim::Head>, 8>{}, colocate<2>, recompute).
 #include <array>
@@ -3734,6 +3735,7 @@ struct rule_view {
     std::span<const std::int64_t> devices;
     std::int64_t colocate = 1;
     int recompute_count = 0;
+    std::string_view recompute_open;  // recompute_choice<"name">: whether to recompute is open
 };
 
 enum class fact_kind : std::uint8_t {
@@ -4414,6 +4416,18 @@ struct recompute_t {
 };
 
 inline constexpr recompute_t recompute{};
+
+// Whether to recompute, left open: the choice `Name` is 1 (recompute) or 0 (keep), filled
+// by choose() or the searcher. One per class of layers lets the search pick a recompute
+// policy: on_scope<"*.attn.core">(recompute_choice<"attn">), on_layers<...>(...).
+template <fixed_string Name>
+struct recompute_choice_t {
+    static constexpr detail::piece_kind piece = detail::piece_kind::recompute;
+    static constexpr std::string_view open = Name.view();
+};
+
+template <fixed_string Name>
+inline constexpr recompute_choice_t<Name> recompute_choice{};
 
 }  // namespace loom::plan
 // ---- end loom/plan/assign.hpp ----
@@ -5517,6 +5531,9 @@ struct rule {
     // A preset's rule for a part a model may lack (an LM head, a SiLU): matching no op is
     // fine. Every other rule must match an op, or plan::resolve refuses the plan.
     bool optional = false;
+    // Whether to recompute as an open choice: the name of a parameter that is 1 (recompute)
+    // or 0 (keep). Set, it decides instead of `recompute`.
+    std::string recompute_open;
 };
 
 // op-assign of layer ranges to device groups: pipeline stages. The layers of `repeat` are
@@ -5576,12 +5593,14 @@ struct plan_spec {
 };
 
 // The names of a plan's open parameters, each once, in the order the plan states them: the
-// degrees of its rules, then its stage count, micro-batches, order and ZeRO stage.
+// recompute choices of its rules, the degrees of its rules, then its stage count,
+// micro-batches, order and ZeRO stage.
 inline std::vector<std::string> open_parameters(const plan_spec& p) {
     std::vector<std::string> names;
     auto add = [&](const std::string& name) {
         if (!name.empty() && std::find(names.begin(), names.end(), name) == names.end()) names.push_back(name);
     };
+    for (const rule& r : p.rules) add(r.recompute_open);
     for (const rule& r : p.rules)
         if (r.trans)
             for (const split_spec& s : *r.trans) add(s.degree.open);
@@ -5607,6 +5626,20 @@ inline std::int64_t degree_value(const degree_spec& d, const plan_spec& p, const
                          std::to_string(it->second) + ", outside its range {" + range + "}; choose one of those");
     }
     return it->second;
+}
+
+// Whether rule r recomputes, from its open choice.
+inline bool recompute_chosen(const rule& r, const plan_spec& p) {
+    auto it = p.choices.find(r.recompute_open);
+    const std::string where = (r.origin.empty() ? std::string("a rule") : r.origin) + " on " + r.on.describe();
+    if (it == p.choices.end())
+        throw plan_error("plan: open recompute choice '" + r.recompute_open + "' of " + where +
+                         " has no value; choose 0 (keep) or 1 (recompute) (plan_spec::choose(\"" + r.recompute_open +
+                         "\", 1)) or set it in the plan file's \"choices\"");
+    if (it->second != 0 && it->second != 1)
+        throw plan_error("plan: open recompute choice '" + r.recompute_open + "' of " + where + " was given " +
+                         std::to_string(it->second) + "; choose 0 (keep) or 1 (recompute)");
+    return it->second == 1;
 }
 
 namespace detail {
@@ -5654,6 +5687,7 @@ inline resolved_plan partition_ops(const plan_spec& p, const graph& g) {
             if (r.trans) splits = r.trans, origin = r.origin;
             if (r.assign) assign = r.assign;
             if (r.recompute) recompute = *r.recompute;
+            if (!r.recompute_open.empty()) recompute = recompute_chosen(r, p);
         }
         if (!splits && !assign && !recompute) continue;
         op_partition op;
@@ -7763,6 +7797,7 @@ constexpr void describe_piece(rule_view& r) {
         }
     } else {
         ++r.recompute_count;
+        if constexpr (requires { Piece::open; }) r.recompute_open = Piece::open;
     }
 }
 
@@ -7979,6 +8014,8 @@ std::vector<std::string> open_parameters_of() {
         if (std::find(names.begin(), names.end(), name) == names.end()) names.push_back(std::move(name));
     };
     std::size_t trans_index = 0;
+    for (const rule_view& r : plan_description<Parts...>::view.rules)
+        if (!r.recompute_open.empty()) add(std::string(r.recompute_open));
     for (const rule_view& r : plan_description<Parts...>::view.rules) {
         if (r.trans_count == 0) continue;
         for (std::size_t j = 0; j < r.splits.size(); ++j) {
@@ -8069,6 +8106,9 @@ void lower_rule(const Rule& part, lowering& out) {
                 } else if constexpr (Piece::piece == piece_kind::colocate) {
                     r.assign = assign_spec{{}, Piece::pieces_per_device, 0};
                     if (r.origin.empty()) r.origin = std::string(Piece::spelling.view());
+                } else if constexpr (requires { Piece::open; }) {
+                    r.recompute_open = std::string(Piece::open);
+                    if (r.origin.empty()) r.origin = "plan::recompute_choice<\"" + r.recompute_open + "\">";
                 } else {
                     r.recompute = true;
                     if (r.origin.empty()) r.origin = "plan::recompute";
@@ -8558,13 +8598,13 @@ inline plan_spec coshard(int tp, int c, const transformer_names& names = {}) {
 //                 parallelism inside them, ordered 1F1B. Alpa searches the stages'
 //                 boundaries too; here stages are even (boundaries are not an open
 //                 parameter yet).
-//   nnscaler(n)   all of the above, with the ZeRO stage, GPipe, 1F1B, interleaved, 3F1B and
-//                 the interlaced pipeline as open choices. The assignments a model cannot
+//   nnscaler(n)   all of the above, with the ZeRO stage, GPipe, 1F1B, interleaved, 3F1B,
+//                 the interlaced pipeline and the recomputation of the layers as open choices. The assignments a model cannot
 //                 run (3F1B without three forward rounds, interleaving without enough
 //                 layers) are refused by the search, which says why.
 //
 // Open parameters: "tp", "dp" (degrees inside a stage), "pp" (stages), "mb" (micro-batches),
-// "order" and "zero". Their candidates are every divisor (search::open_parameter_candidates).
+// "order", "zero" and "recompute". Their candidates are every divisor (search::open_parameter_candidates).
 #include <string>
 
 
@@ -8630,7 +8670,11 @@ inline plan_spec nnscaler(int devices) {
                                          {schedule_kind::interlaced}});
     p.zero_open = "zero";
     p.zero_allowed = {0, 1, 2, 3};
-    p.name = "nnScaler space: TP x PP x DP, every order, ZeRO 0-3";
+    rule recompute = detail::recompute_every_layer();
+    recompute.recompute.reset();
+    recompute.recompute_open = "recompute";
+    p.add(std::move(recompute));
+    p.name = "nnScaler space: TP x PP x DP, every order, ZeRO 0-3, recompute or not";
     return p;
 }
 
@@ -14976,7 +15020,8 @@ inline order_search_result order_search(const schedule::pipeline_shape& shape, c
 // How:
 //   1. Candidates: every legal value of every open parameter: its own range when the plan
 //      gives one, else the divisors of the devices (degrees, stage counts), of the batch
-//      (micro-batches), every alternative (orders) and every ZeRO stage.
+//      (micro-batches), every alternative (orders), every ZeRO stage, and recompute or
+//      keep (recompute choices).
 //   2. Every assignment is resolved against the model (plan::resolve); the structural
 //      refusals (a stage count that does not divide, layers that do not fill the chunks, a
 //      forbidden split, ...) are counted by reason, which is what an empty space reports.
@@ -15800,7 +15845,7 @@ struct search_error : error {
 
 // One open parameter of a plan and the values the search tries.
 struct open_parameter {
-    enum class kind : std::uint8_t { degree, stages, micro_batches, order, zero };
+    enum class kind : std::uint8_t { recompute, degree, stages, micro_batches, order, zero };
     std::string name;
     kind what = kind::degree;
     std::vector<std::int64_t> candidates;
@@ -15844,6 +15889,9 @@ inline std::vector<open_parameter> open_parameter_candidates(const plan::plan_sp
         out.push_back({d.open, k, d.allowed.empty() ? divisors_of(range_of) : d.allowed, {}});
     };
     for (const plan::rule& r : space.rules)
+        if (!r.recompute_open.empty() && !find(r.recompute_open))
+            out.push_back({r.recompute_open, open_parameter::kind::recompute, {0, 1}, {}});
+    for (const plan::rule& r : space.rules)
         if (r.trans)
             for (const plan::split_spec& s : *r.trans) add_degree(s.degree, open_parameter::kind::degree, space.devices);
     if (space.stages) add_degree(space.stages->count, open_parameter::kind::stages, space.devices);
@@ -15871,6 +15919,7 @@ inline std::string value_text(const open_parameter& p, std::int64_t v) {
     if (p.what == open_parameter::kind::order && v >= 0 && static_cast<std::size_t>(v) < p.labels.size())
         return p.labels[static_cast<std::size_t>(v)];
     if (p.what == open_parameter::kind::zero) return "ZeRO-" + std::to_string(v);
+    if (p.what == open_parameter::kind::recompute) return v == 1 ? "recompute" : "keep";
     return std::to_string(v);
 }
 
@@ -23408,6 +23457,7 @@ inline void write_llmc_tokens(const std::filesystem::path& path, std::span<const
 //    "devices": 8, "name": "...", "zero": 1,  (or {"open": "zero", "allowed": [0, 1, 3]})
 //    "rules": [{"on": {"kinds": ["linear"], "scope": "*.attn.q"}, "trans": [{"label": "n", "degree": 2}],
 //               "assign": {"colocate": 2}, "recompute": true, "origin": "megatron"}, ...],
+//              ("recompute": {"open": "r"}: recompute or not as an open choice, 0 or 1)
 //    "stages": {"repeat": "blocks", "count": 2, "boundaries": [3], "devices_per_stage": 4},
 //    "micro_batches": {"open": "m", "allowed": [2, 4, 8]},
 //    "order": {"alternatives": ["1F1B", {"kind": "interleaved 1F1B", "virtual_stages": 2}], "open": "order"},
@@ -23594,7 +23644,17 @@ inline plan::rule read_rule(const reader& r, const nlohmann::json& j, const std:
             s.first_device = static_cast<int>(r.integer(a.at("first_device"), w + ".first_device", 0, int_max));
         out.assign = std::move(s);
     }
-    if (j.contains("recompute")) out.recompute = r.boolean(j.at("recompute"), where + ".recompute");
+    if (j.contains("recompute")) {
+        // true / false, or {"open": "name"}: recompute or not as an open choice (0 or 1).
+        const nlohmann::json& rc = j.at("recompute");
+        if (rc.is_object()) {
+            r.only(rc, where + ".recompute", {"open"});
+            if (!rc.contains("open")) r.fail(where + ".recompute", "is an object without \"open\"; give {\"open\": \"name\"} or true or false");
+            out.recompute_open = r.string(rc.at("open"), where + ".recompute.open");
+        } else {
+            out.recompute = r.boolean(rc, where + ".recompute");
+        }
+    }
     if (j.contains("origin")) out.origin = r.string(j.at("origin"), where + ".origin");
     if (j.contains("optional")) out.optional = r.boolean(j.at("optional"), where + ".optional");
     return out;
@@ -23651,6 +23711,7 @@ inline nlohmann::json to_json(const plan::plan_spec& p, const graph* model = nul
             rule["assign"] = a;
         }
         if (r.recompute) rule["recompute"] = *r.recompute;
+        if (!r.recompute_open.empty()) rule["recompute"] = {{"open", r.recompute_open}};
         if (!r.origin.empty()) rule["origin"] = r.origin;
         if (r.optional) rule["optional"] = true;
         rules.push_back(rule);

@@ -11,6 +11,7 @@
 //    "devices": 8, "name": "...", "zero": 1,  (or {"open": "zero", "allowed": [0, 1, 3]})
 //    "rules": [{"on": {"kinds": ["linear"], "scope": "*.attn.q"}, "trans": [{"label": "n", "degree": 2}],
 //               "assign": {"colocate": 2}, "recompute": true, "origin": "megatron"}, ...],
+//              ("recompute": {"open": "r"}: recompute or not as an open choice, 0 or 1)
 //    "stages": {"repeat": "blocks", "count": 2, "boundaries": [3], "devices_per_stage": 4},
 //    "micro_batches": {"open": "m", "allowed": [2, 4, 8]},
 //    "order": {"alternatives": ["1F1B", {"kind": "interleaved 1F1B", "virtual_stages": 2}], "open": "order"},
@@ -204,7 +205,17 @@ inline plan::rule read_rule(const reader& r, const nlohmann::json& j, const std:
             s.first_device = static_cast<int>(r.integer(a.at("first_device"), w + ".first_device", 0, int_max));
         out.assign = std::move(s);
     }
-    if (j.contains("recompute")) out.recompute = r.boolean(j.at("recompute"), where + ".recompute");
+    if (j.contains("recompute")) {
+        // true / false, or {"open": "name"}: recompute or not as an open choice (0 or 1).
+        const nlohmann::json& rc = j.at("recompute");
+        if (rc.is_object()) {
+            r.only(rc, where + ".recompute", {"open"});
+            if (!rc.contains("open")) r.fail(where + ".recompute", "is an object without \"open\"; give {\"open\": \"name\"} or true or false");
+            out.recompute_open = r.string(rc.at("open"), where + ".recompute.open");
+        } else {
+            out.recompute = r.boolean(rc, where + ".recompute");
+        }
+    }
     if (j.contains("origin")) out.origin = r.string(j.at("origin"), where + ".origin");
     if (j.contains("optional")) out.optional = r.boolean(j.at("optional"), where + ".optional");
     return out;
@@ -261,6 +272,7 @@ inline nlohmann::json to_json(const plan::plan_spec& p, const graph* model = nul
             rule["assign"] = a;
         }
         if (r.recompute) rule["recompute"] = *r.recompute;
+        if (!r.recompute_open.empty()) rule["recompute"] = {{"open", r.recompute_open}};
         if (!r.origin.empty()) rule["origin"] = r.origin;
         if (r.optional) rule["optional"] = true;
         rules.push_back(rule);

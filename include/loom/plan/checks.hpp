@@ -83,6 +83,7 @@ struct rule_view {
     std::span<const std::int64_t> devices;
     std::int64_t colocate = 1;
     int recompute_count = 0;
+    std::string_view recompute_open;  // recompute_choice<"name">: whether to recompute is open
 };
 
 enum class fact_kind : std::uint8_t {

@@ -143,6 +143,8 @@ std::vector<std::string> open_parameters_of() {
         if (std::find(names.begin(), names.end(), name) == names.end()) names.push_back(std::move(name));
     };
     std::size_t trans_index = 0;
+    for (const rule_view& r : plan_description<Parts...>::view.rules)
+        if (!r.recompute_open.empty()) add(std::string(r.recompute_open));
     for (const rule_view& r : plan_description<Parts...>::view.rules) {
         if (r.trans_count == 0) continue;
         for (std::size_t j = 0; j < r.splits.size(); ++j) {
@@ -233,6 +235,9 @@ void lower_rule(const Rule& part, lowering& out) {
                 } else if constexpr (Piece::piece == piece_kind::colocate) {
                     r.assign = assign_spec{{}, Piece::pieces_per_device, 0};
                     if (r.origin.empty()) r.origin = std::string(Piece::spelling.view());
+                } else if constexpr (requires { Piece::open; }) {
+                    r.recompute_open = std::string(Piece::open);
+                    if (r.origin.empty()) r.origin = "plan::recompute_choice<\"" + r.recompute_open + "\">";
                 } else {
                     r.recompute = true;
                     if (r.origin.empty()) r.origin = "plan::recompute";

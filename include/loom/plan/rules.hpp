@@ -126,6 +126,9 @@ struct rule {
     // A preset's rule for a part a model may lack (an LM head, a SiLU): matching no op is
     // fine. Every other rule must match an op, or plan::resolve refuses the plan.
     bool optional = false;
+    // Whether to recompute as an open choice: the name of a parameter that is 1 (recompute)
+    // or 0 (keep). Set, it decides instead of `recompute`.
+    std::string recompute_open;
 };
 
 // op-assign of layer ranges to device groups: pipeline stages. The layers of `repeat` are
@@ -185,12 +188,14 @@ struct plan_spec {
 };
 
 // The names of a plan's open parameters, each once, in the order the plan states them: the
-// degrees of its rules, then its stage count, micro-batches, order and ZeRO stage.
+// recompute choices of its rules, the degrees of its rules, then its stage count,
+// micro-batches, order and ZeRO stage.
 inline std::vector<std::string> open_parameters(const plan_spec& p) {
     std::vector<std::string> names;
     auto add = [&](const std::string& name) {
         if (!name.empty() && std::find(names.begin(), names.end(), name) == names.end()) names.push_back(name);
     };
+    for (const rule& r : p.rules) add(r.recompute_open);
     for (const rule& r : p.rules)
         if (r.trans)
             for (const split_spec& s : *r.trans) add(s.degree.open);
@@ -216,6 +221,20 @@ inline std::int64_t degree_value(const degree_spec& d, const plan_spec& p, const
                          std::to_string(it->second) + ", outside its range {" + range + "}; choose one of those");
     }
     return it->second;
+}
+
+// Whether rule r recomputes, from its open choice.
+inline bool recompute_chosen(const rule& r, const plan_spec& p) {
+    auto it = p.choices.find(r.recompute_open);
+    const std::string where = (r.origin.empty() ? std::string("a rule") : r.origin) + " on " + r.on.describe();
+    if (it == p.choices.end())
+        throw plan_error("plan: open recompute choice '" + r.recompute_open + "' of " + where +
+                         " has no value; choose 0 (keep) or 1 (recompute) (plan_spec::choose(\"" + r.recompute_open +
+                         "\", 1)) or set it in the plan file's \"choices\"");
+    if (it->second != 0 && it->second != 1)
+        throw plan_error("plan: open recompute choice '" + r.recompute_open + "' of " + where + " was given " +
+                         std::to_string(it->second) + "; choose 0 (keep) or 1 (recompute)");
+    return it->second == 1;
 }
 
 namespace detail {
@@ -263,6 +282,7 @@ inline resolved_plan partition_ops(const plan_spec& p, const graph& g) {
             if (r.trans) splits = r.trans, origin = r.origin;
             if (r.assign) assign = r.assign;
             if (r.recompute) recompute = *r.recompute;
+            if (!r.recompute_open.empty()) recompute = recompute_chosen(r, p);
         }
         if (!splits && !assign && !recompute) continue;
         op_partition op;

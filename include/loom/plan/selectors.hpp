@@ -187,6 +187,7 @@ constexpr void describe_piece(rule_view& r) {
         }
     } else {
         ++r.recompute_count;
+        if constexpr (requires { Piece::open; }) r.recompute_open = Piece::open;
     }
 }
 

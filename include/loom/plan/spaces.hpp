@@ -10,13 +10,13 @@
 //                 parallelism inside them, ordered 1F1B. Alpa searches the stages'
 //                 boundaries too; here stages are even (boundaries are not an open
 //                 parameter yet).
-//   nnscaler(n)   all of the above, with the ZeRO stage, GPipe, 1F1B, interleaved, 3F1B and
-//                 the interlaced pipeline as open choices. The assignments a model cannot
+//   nnscaler(n)   all of the above, with the ZeRO stage, GPipe, 1F1B, interleaved, 3F1B,
+//                 the interlaced pipeline and the recomputation of the layers as open choices. The assignments a model cannot
 //                 run (3F1B without three forward rounds, interleaving without enough
 //                 layers) are refused by the search, which says why.
 //
 // Open parameters: "tp", "dp" (degrees inside a stage), "pp" (stages), "mb" (micro-batches),
-// "order" and "zero". Their candidates are every divisor (search::open_parameter_candidates).
+// "order", "zero" and "recompute". Their candidates are every divisor (search::open_parameter_candidates).
 #include <string>
 
 #include <loom/plan/presets.hpp>
@@ -84,7 +84,11 @@ inline plan_spec nnscaler(int devices) {
                                          {schedule_kind::interlaced}});
     p.zero_open = "zero";
     p.zero_allowed = {0, 1, 2, 3};
-    p.name = "nnScaler space: TP x PP x DP, every order, ZeRO 0-3";
+    rule recompute = detail::recompute_every_layer();
+    recompute.recompute.reset();
+    recompute.recompute_open = "recompute";
+    p.add(std::move(recompute));
+    p.name = "nnScaler space: TP x PP x DP, every order, ZeRO 0-3, recompute or not";
     return p;
 }
 

@@ -14,7 +14,8 @@
 // How:
 //   1. Candidates: every legal value of every open parameter: its own range when the plan
 //      gives one, else the divisors of the devices (degrees, stage counts), of the batch
-//      (micro-batches), every alternative (orders) and every ZeRO stage.
+//      (micro-batches), every alternative (orders), every ZeRO stage, and recompute or
+//      keep (recompute choices).
 //   2. Every assignment is resolved against the model (plan::resolve); the structural
 //      refusals (a stage count that does not divide, layers that do not fill the chunks, a
 //      forbidden split, ...) are counted by reason, which is what an empty space reports.
@@ -57,7 +58,7 @@ struct search_error : error {
 
 // One open parameter of a plan and the values the search tries.
 struct open_parameter {
-    enum class kind : std::uint8_t { degree, stages, micro_batches, order, zero };
+    enum class kind : std::uint8_t { recompute, degree, stages, micro_batches, order, zero };
     std::string name;
     kind what = kind::degree;
     std::vector<std::int64_t> candidates;
@@ -101,6 +102,9 @@ inline std::vector<open_parameter> open_parameter_candidates(const plan::plan_sp
         out.push_back({d.open, k, d.allowed.empty() ? divisors_of(range_of) : d.allowed, {}});
     };
     for (const plan::rule& r : space.rules)
+        if (!r.recompute_open.empty() && !find(r.recompute_open))
+            out.push_back({r.recompute_open, open_parameter::kind::recompute, {0, 1}, {}});
+    for (const plan::rule& r : space.rules)
         if (r.trans)
             for (const plan::split_spec& s : *r.trans) add_degree(s.degree, open_parameter::kind::degree, space.devices);
     if (space.stages) add_degree(space.stages->count, open_parameter::kind::stages, space.devices);
@@ -128,6 +132,7 @@ inline std::string value_text(const open_parameter& p, std::int64_t v) {
     if (p.what == open_parameter::kind::order && v >= 0 && static_cast<std::size_t>(v) < p.labels.size())
         return p.labels[static_cast<std::size_t>(v)];
     if (p.what == open_parameter::kind::zero) return "ZeRO-" + std::to_string(v);
+    if (p.what == open_parameter::kind::recompute) return v == 1 ? "recompute" : "keep";
     return std::to_string(v);
 }
 
