@@ -15034,8 +15034,10 @@ inline order_search_result order_search(const schedule::pipeline_shape& shape, c
 //      device's memory are set aside. The search stops when the next bound is no better
 //      than the runner-up's price (both are then exact), or at the time or count budget,
 //      when the gap is that of the best price to the lowest bound not yet priced.
-// Deterministic: ties keep the enumeration order, odometer over the parameters in the
-// order plan::open_parameters lists them.
+// Deterministic: the enumeration is an odometer over the parameters in the order
+// plan::open_parameters lists them, pricing follows the bounds (ties in enumeration
+// order), and of plans that price the same the first priced is chosen. The runner-up is
+// the best strictly slower plan.
 #include <algorithm>
 #include <chrono>
 #include <cstdint>
@@ -16010,6 +16012,7 @@ struct plan_search_statistics {
     std::int64_t over_memory = 0;
     std::int64_t pruned = 0;       // never priced: their bound was no better than the runner-up
     std::int64_t unexplored = 0;   // never priced: the budget ran out
+    std::int64_t ties = 0;         // priced the same as the best (the first of them is chosen)
     double seconds = 0;
     std::map<std::string, std::int64_t> refusals;  // reason -> assignments refused for it
 };
@@ -16092,13 +16095,14 @@ inline std::string separation_text(const program_price& a, const program_price& 
 inline std::string plan_search_result::explain() const {
     std::ostringstream os;
     os << "chosen: " << choices_text(parameters, best.choices) << "\n  " << detail::price_text(best.price) << "\n";
+    if (stats.ties) os << "  (" << stats.ties << " other assignments price the same)\n";
     if (runner_up) {
         const double slower = runner_up->price.step_seconds / best.price.step_seconds - 1.0;
         os << "runner-up: " << choices_text(parameters, runner_up->choices) << "\n  "
            << detail::price_text(runner_up->price) << " (" << static_cast<int>(std::lround(slower * 1000)) / 10.0
            << "% slower)\n  what separated them: " << detail::separation_text(best.price, runner_up->price) << "\n";
     } else {
-        os << "runner-up: none (no other assignment is legal and fits)\n";
+        os << "runner-up: none (no slower assignment is legal and fits)\n";
     }
     os << "searched " << stats.assignments << " assignments: " << stats.refused << " refused, " << stats.priced
        << " priced from their programs, " << stats.over_memory << " over " << detail::gib_text(memory_limit)
@@ -16191,9 +16195,15 @@ inline plan_search_result search_plan(const graph& model, const plan::plan_spec&
             if (!smallest_over || pa.price.peak_memory() < smallest_over->price.peak_memory()) smallest_over = pa;
             continue;
         }
-        if (!best || pa.price.step_seconds < best->price.step_seconds) {
+        // The runner-up is the best of the strictly slower plans: a plan that prices the
+        // same as the best (ZeRO over one replica, an order of one stage) explains nothing.
+        const auto same = [](double a, double b) { return std::abs(a - b) <= 1e-12 * std::max(a, b); };
+        if (best && same(pa.price.step_seconds, best->price.step_seconds)) {
+            ++stats.ties;
+        } else if (!best || pa.price.step_seconds < best->price.step_seconds) {
             second = std::move(best);
             best = std::move(pa);
+            stats.ties = 0;
         } else if (!second || pa.price.step_seconds < second->price.step_seconds) {
             second = std::move(pa);
         }
