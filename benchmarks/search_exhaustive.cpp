@@ -46,7 +46,7 @@ std::vector<space_case> cases() {
                 } else if (variant == 1) {
                     s.search_stage_boundaries = true;
                     s.zero = {search::zero_stage::none, search::zero_stage::gradients};
-                    s.schedules = {search::schedule_kind::gpipe, search::schedule_kind::one_f_one_b};
+                    s.schedules = {plan::schedule_kind::gpipe, plan::schedule_kind::one_f_one_b};
                     s.coshard = {1, 4};
                     kind = "boundaries, Coshard 1/4";
                 } else {
@@ -137,7 +137,7 @@ int main(int argc, char** argv) {
         if (bb.found) {
             const auto& b = bb.best;
             plan = "TP" + std::to_string(b.tp) + " PP" + std::to_string(b.pp) + " DP" + std::to_string(b.dp) + " m" +
-                   std::to_string(b.micro_batches) + (b.pp > 1 ? " " + search::to_string(b.schedule) : std::string()) +
+                   std::to_string(b.micro_batches) + (b.pp > 1 ? " " + plan::to_string(b.schedule) : std::string()) +
                    (b.coshard > 1 ? " coshard" + std::to_string(b.coshard) : std::string());
         }
         char row[512];

@@ -67,7 +67,7 @@ int main(int argc, char** argv) {
             std::ostringstream plan;
             if (folded.found)
                 plan << "TP" << folded.best.tp << " PP" << folded.best.pp << " DP" << folded.best.dp << " m"
-                     << folded.best.micro_batches << " " << search::to_string(folded.best.schedule) << " ZeRO"
+                     << folded.best.micro_batches << " " << plan::to_string(folded.best.schedule) << " ZeRO"
                      << static_cast<int>(folded.best.zero);
             char row[512];
             std::snprintf(row, sizeof row, "| %d | %d | %.2f | %.3f | %ld | %ld | %ld | %.3f | %s | %s | %.3f | %s |\n",

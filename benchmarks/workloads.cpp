@@ -56,7 +56,7 @@ std::vector<system_space> systems() {
     std::vector<system_space> out;
     search::search_space megatron;
     megatron.zero = {search::zero_stage::none};
-    megatron.schedules = {search::schedule_kind::one_f_one_b};
+    megatron.schedules = {plan::schedule_kind::one_f_one_b};
     megatron.recompute_choices = {plan::recompute_policy::full};
     out.push_back({"Megatron-style", megatron});
     search::search_space deepspeed;
@@ -156,7 +156,7 @@ std::string plan_text(const search::search_result& r) {
     std::ostringstream s;
     const auto& c = r.best;
     s << "TP" << c.tp << " PP" << c.pp << " DP" << c.dp << " m" << c.micro_batches;
-    if (c.pp > 1) s << " " << search::to_string(c.schedule);
+    if (c.pp > 1) s << " " << plan::to_string(c.schedule);
     if (c.interlaced) s << " interlaced";
     if (c.coshard > 1) s << " coshard" << c.coshard;
     if (c.zero != search::zero_stage::none) s << " ZeRO" << static_cast<int>(c.zero);

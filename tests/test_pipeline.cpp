@@ -293,26 +293,26 @@ TEST_CASE("searched plans run and train like one device, and load back from plan
     const auto found = search::branch_and_bound(ctx, search::search_space{});
     REQUIRE(found.found);
     std::vector<search::configuration> configurations{found.best};
-    const auto make = [](int tp, int pp, int dp, int micro, search::schedule_kind kind, int chunks) {
+    const auto make = [](int tp, int pp, int dp, int micro, plan::schedule_kind kind, int chunks) {
         search::configuration k;
         k.tp = tp, k.pp = pp, k.dp = dp, k.micro_batches = micro, k.schedule = kind, k.chunks = chunks;
         k.layers_per_chunk.assign(static_cast<std::size_t>(pp * chunks), 4 / (pp * chunks));
         k.recompute_of.assign(4, plan::recompute_policy::none);
         return k;
     };
-    configurations.push_back(make(2, 2, 1, 4, search::schedule_kind::one_f_one_b, 1));
-    configurations.push_back(make(1, 2, 2, 2, search::schedule_kind::gpipe, 1));
-    configurations.push_back(make(2, 1, 2, 1, search::schedule_kind::one_f_one_b, 1));
-    configurations.push_back(make(1, 2, 1, 4, search::schedule_kind::interleaved, 2));
-    configurations.push_back(make(1, 1, 1, 4, search::schedule_kind::one_f_one_b, 1));
-    configurations.push_back(make(1, 4, 1, 4, search::schedule_kind::one_f_one_b, 1));
+    configurations.push_back(make(2, 2, 1, 4, plan::schedule_kind::one_f_one_b, 1));
+    configurations.push_back(make(1, 2, 2, 2, plan::schedule_kind::gpipe, 1));
+    configurations.push_back(make(2, 1, 2, 1, plan::schedule_kind::one_f_one_b, 1));
+    configurations.push_back(make(1, 2, 1, 4, plan::schedule_kind::interleaved, 2));
+    configurations.push_back(make(1, 1, 1, 4, plan::schedule_kind::one_f_one_b, 1));
+    configurations.push_back(make(1, 4, 1, 4, plan::schedule_kind::one_f_one_b, 1));
     configurations.back().interlaced = true;
-    configurations.push_back(make(1, 2, 1, 2, search::schedule_kind::one_f_one_b, 1));
+    configurations.push_back(make(1, 2, 1, 2, plan::schedule_kind::one_f_one_b, 1));
     configurations.back().layers_per_chunk = {1, 3};
-    configurations.push_back(make(2, 1, 2, 1, search::schedule_kind::one_f_one_b, 1));
+    configurations.push_back(make(2, 1, 2, 1, plan::schedule_kind::one_f_one_b, 1));
     configurations.back().recompute_of = {plan::recompute_policy::full, plan::recompute_policy::selective, plan::recompute_policy::none,
                                           plan::recompute_policy::full};
-    configurations.push_back(make(1, 1, 4, 1, search::schedule_kind::one_f_one_b, 1));
+    configurations.push_back(make(1, 1, 4, 1, plan::schedule_kind::one_f_one_b, 1));
     configurations.back().zero = plan::zero_stage::parameters;
     train::trainer<double> single(training, {});
     std::vector<std::vector<std::int32_t>> data;

@@ -87,16 +87,16 @@ TEST_CASE("the searcher times the orders the plan runs, with the schedule simula
     const models::gpt_config config{.layers = 4, .hidden = 64, .heads = 4, .vocab = 128, .seq = 16, .batch = 8};
     const auto model = models::gpt(config);
     search::cost_context ctx(search::profile_model(models::gpt(config).training_graph()), search::dgx1_v100(1), {});
-    for (const auto kind : {search::schedule_kind::gpipe, search::schedule_kind::one_f_one_b,
-                            search::schedule_kind::interleaved}) {
+    for (const auto kind : {plan::schedule_kind::gpipe, plan::schedule_kind::one_f_one_b,
+                            plan::schedule_kind::interleaved}) {
         search::configuration c;
         c.pp = 2;
         c.micro_batches = 4;
         c.schedule = kind;
-        c.chunks = kind == search::schedule_kind::interleaved ? 2 : 1;
+        c.chunks = kind == plan::schedule_kind::interleaved ? 2 : 1;
         c.layers_per_chunk.assign(static_cast<std::size_t>(c.pp * c.chunks), 4 / (c.pp * c.chunks));
         c.recompute_of.assign(4, plan::recompute_policy::none);
-        INFO(search::to_string(kind));
+        INFO(plan::to_string(kind));
         const auto& timed = ctx.schedule_orders(c.schedule, c.pp, c.chunks, c.micro_batches).order;
         const plan::resolved_plan resolved = plan::resolve(search::to_plan(c), model.ir());
         REQUIRE(resolved.order);
@@ -135,7 +135,7 @@ std::vector<small_space> small_spaces() {
                     s.search_stage_boundaries = true;
                     s.coshard = {1, 4};
                     s.zero = {search::zero_stage::none, search::zero_stage::gradients};
-                    s.schedules = {search::schedule_kind::gpipe, search::schedule_kind::one_f_one_b};
+                    s.schedules = {plan::schedule_kind::gpipe, plan::schedule_kind::one_f_one_b};
                 } else {  // recompute only full or nothing, TP 1 or 2, Coshard
                     s.tp = {1, 2};
                     s.coshard = {1, 2, 8};
@@ -312,7 +312,7 @@ TEST_CASE("Coshard lets full recomputation fit where one piece at a time does no
     only_full.recompute_choices = {plan::recompute_policy::full};
     // A cap between "keep inputs + the whole transient" and "keep inputs + 1/8 of it".
     search::cost_context probe(profile, search::dgx1_v100(1), {});
-    search::configuration c{1, 1, 8, 1, 1, search::zero_stage::none, search::schedule_kind::one_f_one_b, {4},
+    search::configuration c{1, 1, 8, 1, 1, search::zero_stage::none, plan::schedule_kind::one_f_one_b, {4},
                             std::vector<plan::recompute_policy>(4, plan::recompute_policy::full), false, 1};
     const auto one = search::evaluate(probe, c);
     c.coshard = 8;
@@ -411,7 +411,7 @@ TEST_CASE("branch-and-bound finds the optimum of a recycling model, 3F1B include
         CHECK(bb.cost.step_time == Approx(all.cost.step_time).epsilon(1e-12));
         CHECK(bb_unfolded.cost.step_time == Approx(all.cost.step_time).epsilon(1e-12));
         CHECK(search::evaluate(ctx, bb.best).step_time == bb.cost.step_time);
-        if (bb.best.pp > 1) CHECK(bb.best.schedule == search::schedule_kind::three_f_one_b);
+        if (bb.best.pp > 1) CHECK(bb.best.schedule == plan::schedule_kind::three_f_one_b);
         if (sp == &piped_space) ++pipelined;
         for (auto r : bb.best.recompute_of) recomputing += r != plan::recompute_policy::none;
     }
@@ -421,12 +421,12 @@ TEST_CASE("branch-and-bound finds the optimum of a recycling model, 3F1B include
     // 3F1B's rounds: three forward blocks per micro-batch and stage, the work of the
     // one-stage plan in total.
     search::cost_context ctx(profile, search::dgx1_v100(1), {});
-    search::configuration one{1, 1, 8, 2, 1, search::zero_stage::none, search::schedule_kind::one_f_one_b, {4},
+    search::configuration one{1, 1, 8, 2, 1, search::zero_stage::none, plan::schedule_kind::one_f_one_b, {4},
                               std::vector<plan::recompute_policy>(4, plan::recompute_policy::none), false, 1};
     search::configuration piped = one;
     piped.pp = 2;
     piped.dp = 4;
-    piped.schedule = search::schedule_kind::three_f_one_b;
+    piped.schedule = plan::schedule_kind::three_f_one_b;
     piped.layers_per_chunk = {2, 2};
     const auto a = search::evaluate(ctx, one), b = search::evaluate(ctx, piped);
     CHECK(a.forward_blocks == 1);

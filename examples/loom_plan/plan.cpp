@@ -30,11 +30,11 @@ search::cluster cluster_of(const loom_plan_options& o) {
                       "'; give dgx1_v100, dgx1_v100_8nic, dgx2_v100, dgx_a100 or dgx_h100, as name:nodes");
 }
 
-search::schedule_kind schedule_of(const std::string& s) {
-    if (s == "gpipe") return search::schedule_kind::gpipe;
-    if (s == "1f1b") return search::schedule_kind::one_f_one_b;
-    if (s == "interleaved") return search::schedule_kind::interleaved;
-    if (s == "3f1b") return search::schedule_kind::three_f_one_b;
+plan::schedule_kind schedule_of(const std::string& s) {
+    if (s == "gpipe") return plan::schedule_kind::gpipe;
+    if (s == "1f1b") return plan::schedule_kind::one_f_one_b;
+    if (s == "interleaved") return plan::schedule_kind::interleaved;
+    if (s == "3f1b") return plan::schedule_kind::three_f_one_b;
     throw usage_error("loom_plan: unknown schedule '" + s + "'; give gpipe, 1f1b, interleaved or 3f1b");
 }
 

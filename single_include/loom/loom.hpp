@@ -5397,6 +5397,18 @@ namespace loom::plan {
 
 enum class schedule_kind : std::uint8_t { gpipe, one_f_one_b, interleaved, three_f_one_b, interlaced, from_constraints };
 
+inline std::string to_string(schedule_kind k) {
+    switch (k) {
+        case schedule_kind::gpipe: return "GPipe";
+        case schedule_kind::one_f_one_b: return "1F1B";
+        case schedule_kind::interleaved: return "interleaved 1F1B";
+        case schedule_kind::three_f_one_b: return "3F1B";
+        case schedule_kind::interlaced: return "interlaced";
+        case schedule_kind::from_constraints: return "ordered by constraints";
+    }
+    return "?";
+}
+
 struct order_policy {
     schedule_kind kind = schedule_kind::one_f_one_b;
     int virtual_stages = 1;                     // interleaved: model chunks per device group
@@ -12067,18 +12079,6 @@ namespace loom::search {
 
 // three_f_one_b: nnScaler's 3F1B for models with three forward rounds (recycling); the
 // searcher offers it only for such models, and only it when they are pipelined.
-enum class schedule_kind { gpipe, one_f_one_b, interleaved, three_f_one_b };
-
-inline std::string to_string(schedule_kind s) {
-    switch (s) {
-        case schedule_kind::gpipe: return "GPipe";
-        case schedule_kind::one_f_one_b: return "1F1B";
-        case schedule_kind::interleaved: return "interleaved 1F1B";
-        case schedule_kind::three_f_one_b: return "3F1B";
-    }
-    return "?";
-}
-
 struct configuration {
     int tp = 1;
     int pp = 1;
@@ -12086,7 +12086,7 @@ struct configuration {
     int micro_batches = 1;
     int chunks = 1;  // pipeline chunks per device: 1, or v for the interleaved schedule
     zero_stage zero = zero_stage::none;
-    schedule_kind schedule = schedule_kind::one_f_one_b;
+    plan::schedule_kind schedule = plan::schedule_kind::one_f_one_b;
     std::vector<int> layers_per_chunk;  // repeated layers in each of the pp * chunks chunks
     std::vector<plan::recompute_policy> recompute_of;  // per repeated layer
     // The interlaced pipeline (nnScaler Figure 6): the ops before the first layer and after
@@ -12111,8 +12111,8 @@ struct search_space {
     std::vector<int> micro_batches;
     std::vector<zero_stage> zero{zero_stage::none, zero_stage::optimizer, zero_stage::gradients,
                                  zero_stage::parameters};
-    std::vector<schedule_kind> schedules{schedule_kind::gpipe, schedule_kind::one_f_one_b,
-                                         schedule_kind::interleaved, schedule_kind::three_f_one_b};
+    std::vector<plan::schedule_kind> schedules{plan::schedule_kind::gpipe, plan::schedule_kind::one_f_one_b,
+                                         plan::schedule_kind::interleaved, plan::schedule_kind::three_f_one_b};
     std::vector<plan::recompute_policy> recompute_choices{plan::recompute_policy::none, plan::recompute_policy::selective, plan::recompute_policy::full};
     std::vector<bool> interlaced{false};  // add true to consider the interlaced pipeline
     std::vector<int> coshard{1};          // Coshard factors to consider, e.g. {1, 2, 4, 8}
@@ -12164,16 +12164,8 @@ inline plan::plan_spec to_plan(const configuration& c) {
         }
         p.stages = stages;
         p.micro_batches = {c.micro_batches, "", {}};
-        plan::order_policy order;
-        switch (c.schedule) {
-            case schedule_kind::gpipe: order.kind = plan::schedule_kind::gpipe; break;
-            case schedule_kind::one_f_one_b: order.kind = plan::schedule_kind::one_f_one_b; break;
-            case schedule_kind::interleaved:
-                order.kind = plan::schedule_kind::interleaved;
-                order.virtual_stages = c.chunks;
-                break;
-            case schedule_kind::three_f_one_b: order.kind = plan::schedule_kind::three_f_one_b; break;
-        }
+        plan::order_policy order{c.schedule};
+        if (c.schedule == plan::schedule_kind::interleaved) order.virtual_stages = c.chunks;
         if (c.interlaced) order = {plan::schedule_kind::interlaced};
         p.order.alternatives = {order};
     }
@@ -12212,7 +12204,7 @@ inline plan::plan_spec to_plan(const configuration& c) {
     p.name = "TP " + std::to_string(c.tp) + " x PP " + std::to_string(c.pp) + " x DP " + std::to_string(c.dp) + ", " +
              std::to_string(c.micro_batches) + " micro-batches, " +
              (c.interlaced ? std::string("interlaced") : to_string(c.schedule)) +
-             (c.schedule == schedule_kind::interleaved ? " x" + std::to_string(c.chunks) : std::string()) + ", ZeRO " +
+             (c.schedule == plan::schedule_kind::interleaved ? " x" + std::to_string(c.chunks) : std::string()) + ", ZeRO " +
              std::to_string(static_cast<int>(c.zero)) + (c.coshard > 1 ? ", Coshard " + std::to_string(c.coshard) : std::string());
     return p;
 }
@@ -13673,14 +13665,14 @@ public:
         schedule::schedule order;
         std::vector<int> in_flight;  // per chunk
     };
-    const orders& schedule_orders(schedule_kind kind, int pp, int chunks, int micro_batches) {
+    const orders& schedule_orders(plan::schedule_kind kind, int pp, int chunks, int micro_batches) {
         const auto key = std::make_tuple(static_cast<int>(kind), pp, chunks, micro_batches);
         auto it = orders_.find(key);
         if (it != orders_.end()) return *it->second;
         auto o = std::make_unique<orders>();
-        o->order = kind == schedule_kind::gpipe           ? schedule::gpipe(pp, micro_batches)
-                   : kind == schedule_kind::one_f_one_b   ? schedule::one_f_one_b(pp, micro_batches)
-                   : kind == schedule_kind::three_f_one_b ? schedule::three_f_one_b(pp, micro_batches)
+        o->order = kind == plan::schedule_kind::gpipe           ? schedule::gpipe(pp, micro_batches)
+                   : kind == plan::schedule_kind::one_f_one_b   ? schedule::one_f_one_b(pp, micro_batches)
+                   : kind == plan::schedule_kind::three_f_one_b ? schedule::three_f_one_b(pp, micro_batches)
                                                           : schedule::interleaved_one_f_one_b(pp, chunks, micro_batches);
         o->in_flight = schedule::peak_in_flight(o->order).per_stage;
         ++schedules_built_;
@@ -13748,8 +13740,8 @@ inline evaluation evaluate_without_pipeline(cost_context& ctx, const configurati
     const double tp_all_reduce = tensor_parallel_all_reduce_time(ctx, c);
     const auto layers = layers_of_chunks(ctx, c);
     const auto& sched = ctx.schedule_orders(c.schedule, c.pp, c.chunks, c.micro_batches);
-    e.forward_blocks = c.schedule == schedule_kind::three_f_one_b ? ctx.rounds() : 1;
-    const double rounds_per_block = c.schedule == schedule_kind::three_f_one_b ? 1.0 : static_cast<double>(ctx.rounds());
+    e.forward_blocks = c.schedule == plan::schedule_kind::three_f_one_b ? ctx.rounds() : 1;
+    const double rounds_per_block = c.schedule == plan::schedule_kind::three_f_one_b ? 1.0 : static_cast<double>(ctx.rounds());
     std::vector<std::vector<bool>> on_device(static_cast<std::size_t>(c.pp), std::vector<bool>(m.layers.size(), false));
     for (int k = 0; k < chunks; ++k)
         for (int l : layers[static_cast<std::size_t>(k)]) on_device[static_cast<std::size_t>(c.device_of_chunk(k))][static_cast<std::size_t>(l)] = true;
@@ -13966,19 +13958,19 @@ struct candidates {
     }
 
     // (schedule, chunks per device) pairs.
-    std::vector<std::pair<schedule_kind, int>> schedules(int pp, int m) const {
-        std::vector<std::pair<schedule_kind, int>> out;
+    std::vector<std::pair<plan::schedule_kind, int>> schedules(int pp, int m) const {
+        std::vector<std::pair<plan::schedule_kind, int>> out;
         const int layers = static_cast<int>(ctx.repeated().size());
-        for (schedule_kind s : space.schedules) {
+        for (plan::schedule_kind s : space.schedules) {
             if (pp == 1) {  // one stage: every schedule is the same sequence of micro-batches
-                if (out.empty()) out.push_back({schedule_kind::one_f_one_b, 1});
+                if (out.empty()) out.push_back({plan::schedule_kind::one_f_one_b, 1});
                 continue;
             }
             // A model with forward rounds pipelines only with 3F1B (its three rounds), and 3F1B
             // only such a model: the other orders have one forward block per micro-batch.
-            if ((s == schedule_kind::three_f_one_b) != (ctx.rounds() > 1)) continue;
-            if (s == schedule_kind::three_f_one_b && ctx.rounds() != 3) continue;
-            if (s == schedule_kind::interleaved) {
+            if ((s == plan::schedule_kind::three_f_one_b) != (ctx.rounds() > 1)) continue;
+            if (s == plan::schedule_kind::three_f_one_b && ctx.rounds() != 3) continue;
+            if (s == plan::schedule_kind::interleaved) {
                 const int v = space.interleave_chunks;
                 if (v < 2 || m % pp != 0 || layers < pp * v) continue;
                 if (!space.search_stage_boundaries && layers % (pp * v) != 0) continue;

@@ -133,17 +133,17 @@ TEST_CASE("pipelines (1F1B, GPipe, with tensor and data parallelism) equal one G
     // The searcher's configurations as plans, applied as the pipeline tests on the host apply
     // them: device programs ordered by the schedule, activations sent between stages.
     const graph forward = models::gpt(small_gpt()).ir();
-    const auto make = [](int tp, int pp, int dp, int micro, search::schedule_kind kind) {
+    const auto make = [](int tp, int pp, int dp, int micro, plan::schedule_kind kind) {
         search::configuration k;
         k.tp = tp, k.pp = pp, k.dp = dp, k.micro_batches = micro, k.schedule = kind, k.chunks = 1;
         k.layers_per_chunk.assign(static_cast<std::size_t>(pp), 2 / pp);
         k.recompute_of.assign(2, plan::recompute_policy::none);
         return k;
     };
-    for (const auto& k : {make(1, 2, 1, 4, search::schedule_kind::one_f_one_b), make(1, 2, 2, 2, search::schedule_kind::gpipe),
-                          make(2, 2, 1, 2, search::schedule_kind::one_f_one_b)}) {
+    for (const auto& k : {make(1, 2, 1, 4, plan::schedule_kind::one_f_one_b), make(1, 2, 2, 2, plan::schedule_kind::gpipe),
+                          make(2, 2, 1, 2, plan::schedule_kind::one_f_one_b)}) {
         const std::string name = "TP " + std::to_string(k.tp) + " PP " + std::to_string(k.pp) + " DP " +
-                                 std::to_string(k.dp) + " " + std::string(search::to_string(k.schedule));
+                                 std::to_string(k.dp) + " " + std::string(plan::to_string(k.schedule));
         check_against_one_gpu<float>(partition::apply_plan(forward, search::to_plan(k)), name, std::int64_t{64} << 10, 1e-4);
     }
 }

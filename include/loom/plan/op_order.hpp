@@ -26,6 +26,18 @@ namespace loom::plan {
 
 enum class schedule_kind : std::uint8_t { gpipe, one_f_one_b, interleaved, three_f_one_b, interlaced, from_constraints };
 
+inline std::string to_string(schedule_kind k) {
+    switch (k) {
+        case schedule_kind::gpipe: return "GPipe";
+        case schedule_kind::one_f_one_b: return "1F1B";
+        case schedule_kind::interleaved: return "interleaved 1F1B";
+        case schedule_kind::three_f_one_b: return "3F1B";
+        case schedule_kind::interlaced: return "interlaced";
+        case schedule_kind::from_constraints: return "ordered by constraints";
+    }
+    return "?";
+}
+
 struct order_policy {
     schedule_kind kind = schedule_kind::one_f_one_b;
     int virtual_stages = 1;                     // interleaved: model chunks per device group

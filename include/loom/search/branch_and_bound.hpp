@@ -136,19 +136,19 @@ struct candidates {
     }
 
     // (schedule, chunks per device) pairs.
-    std::vector<std::pair<schedule_kind, int>> schedules(int pp, int m) const {
-        std::vector<std::pair<schedule_kind, int>> out;
+    std::vector<std::pair<plan::schedule_kind, int>> schedules(int pp, int m) const {
+        std::vector<std::pair<plan::schedule_kind, int>> out;
         const int layers = static_cast<int>(ctx.repeated().size());
-        for (schedule_kind s : space.schedules) {
+        for (plan::schedule_kind s : space.schedules) {
             if (pp == 1) {  // one stage: every schedule is the same sequence of micro-batches
-                if (out.empty()) out.push_back({schedule_kind::one_f_one_b, 1});
+                if (out.empty()) out.push_back({plan::schedule_kind::one_f_one_b, 1});
                 continue;
             }
             // A model with forward rounds pipelines only with 3F1B (its three rounds), and 3F1B
             // only such a model: the other orders have one forward block per micro-batch.
-            if ((s == schedule_kind::three_f_one_b) != (ctx.rounds() > 1)) continue;
-            if (s == schedule_kind::three_f_one_b && ctx.rounds() != 3) continue;
-            if (s == schedule_kind::interleaved) {
+            if ((s == plan::schedule_kind::three_f_one_b) != (ctx.rounds() > 1)) continue;
+            if (s == plan::schedule_kind::three_f_one_b && ctx.rounds() != 3) continue;
+            if (s == plan::schedule_kind::interleaved) {
                 const int v = space.interleave_chunks;
                 if (v < 2 || m % pp != 0 || layers < pp * v) continue;
                 if (!space.search_stage_boundaries && layers % (pp * v) != 0) continue;

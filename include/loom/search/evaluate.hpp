@@ -150,14 +150,14 @@ public:
         schedule::schedule order;
         std::vector<int> in_flight;  // per chunk
     };
-    const orders& schedule_orders(schedule_kind kind, int pp, int chunks, int micro_batches) {
+    const orders& schedule_orders(plan::schedule_kind kind, int pp, int chunks, int micro_batches) {
         const auto key = std::make_tuple(static_cast<int>(kind), pp, chunks, micro_batches);
         auto it = orders_.find(key);
         if (it != orders_.end()) return *it->second;
         auto o = std::make_unique<orders>();
-        o->order = kind == schedule_kind::gpipe           ? schedule::gpipe(pp, micro_batches)
-                   : kind == schedule_kind::one_f_one_b   ? schedule::one_f_one_b(pp, micro_batches)
-                   : kind == schedule_kind::three_f_one_b ? schedule::three_f_one_b(pp, micro_batches)
+        o->order = kind == plan::schedule_kind::gpipe           ? schedule::gpipe(pp, micro_batches)
+                   : kind == plan::schedule_kind::one_f_one_b   ? schedule::one_f_one_b(pp, micro_batches)
+                   : kind == plan::schedule_kind::three_f_one_b ? schedule::three_f_one_b(pp, micro_batches)
                                                           : schedule::interleaved_one_f_one_b(pp, chunks, micro_batches);
         o->in_flight = schedule::peak_in_flight(o->order).per_stage;
         ++schedules_built_;
@@ -225,8 +225,8 @@ inline evaluation evaluate_without_pipeline(cost_context& ctx, const configurati
     const double tp_all_reduce = tensor_parallel_all_reduce_time(ctx, c);
     const auto layers = layers_of_chunks(ctx, c);
     const auto& sched = ctx.schedule_orders(c.schedule, c.pp, c.chunks, c.micro_batches);
-    e.forward_blocks = c.schedule == schedule_kind::three_f_one_b ? ctx.rounds() : 1;
-    const double rounds_per_block = c.schedule == schedule_kind::three_f_one_b ? 1.0 : static_cast<double>(ctx.rounds());
+    e.forward_blocks = c.schedule == plan::schedule_kind::three_f_one_b ? ctx.rounds() : 1;
+    const double rounds_per_block = c.schedule == plan::schedule_kind::three_f_one_b ? 1.0 : static_cast<double>(ctx.rounds());
     std::vector<std::vector<bool>> on_device(static_cast<std::size_t>(c.pp), std::vector<bool>(m.layers.size(), false));
     for (int k = 0; k < chunks; ++k)
         for (int l : layers[static_cast<std::size_t>(k)]) on_device[static_cast<std::size_t>(c.device_of_chunk(k))][static_cast<std::size_t>(l)] = true;

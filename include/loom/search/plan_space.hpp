@@ -18,24 +18,13 @@
 #include <string>
 #include <vector>
 
+#include <loom/plan/op_order.hpp>
 #include <loom/search/memory.hpp>
 
 namespace loom::search {
 
 // three_f_one_b: nnScaler's 3F1B for models with three forward rounds (recycling); the
 // searcher offers it only for such models, and only it when they are pipelined.
-enum class schedule_kind { gpipe, one_f_one_b, interleaved, three_f_one_b };
-
-inline std::string to_string(schedule_kind s) {
-    switch (s) {
-        case schedule_kind::gpipe: return "GPipe";
-        case schedule_kind::one_f_one_b: return "1F1B";
-        case schedule_kind::interleaved: return "interleaved 1F1B";
-        case schedule_kind::three_f_one_b: return "3F1B";
-    }
-    return "?";
-}
-
 struct configuration {
     int tp = 1;
     int pp = 1;
@@ -43,7 +32,7 @@ struct configuration {
     int micro_batches = 1;
     int chunks = 1;  // pipeline chunks per device: 1, or v for the interleaved schedule
     zero_stage zero = zero_stage::none;
-    schedule_kind schedule = schedule_kind::one_f_one_b;
+    plan::schedule_kind schedule = plan::schedule_kind::one_f_one_b;
     std::vector<int> layers_per_chunk;  // repeated layers in each of the pp * chunks chunks
     std::vector<plan::recompute_policy> recompute_of;  // per repeated layer
     // The interlaced pipeline (nnScaler Figure 6): the ops before the first layer and after
@@ -68,8 +57,8 @@ struct search_space {
     std::vector<int> micro_batches;
     std::vector<zero_stage> zero{zero_stage::none, zero_stage::optimizer, zero_stage::gradients,
                                  zero_stage::parameters};
-    std::vector<schedule_kind> schedules{schedule_kind::gpipe, schedule_kind::one_f_one_b,
-                                         schedule_kind::interleaved, schedule_kind::three_f_one_b};
+    std::vector<plan::schedule_kind> schedules{plan::schedule_kind::gpipe, plan::schedule_kind::one_f_one_b,
+                                         plan::schedule_kind::interleaved, plan::schedule_kind::three_f_one_b};
     std::vector<plan::recompute_policy> recompute_choices{plan::recompute_policy::none, plan::recompute_policy::selective, plan::recompute_policy::full};
     std::vector<bool> interlaced{false};  // add true to consider the interlaced pipeline
     std::vector<int> coshard{1};          // Coshard factors to consider, e.g. {1, 2, 4, 8}

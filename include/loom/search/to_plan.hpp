@@ -62,16 +62,8 @@ inline plan::plan_spec to_plan(const configuration& c) {
         }
         p.stages = stages;
         p.micro_batches = {c.micro_batches, "", {}};
-        plan::order_policy order;
-        switch (c.schedule) {
-            case schedule_kind::gpipe: order.kind = plan::schedule_kind::gpipe; break;
-            case schedule_kind::one_f_one_b: order.kind = plan::schedule_kind::one_f_one_b; break;
-            case schedule_kind::interleaved:
-                order.kind = plan::schedule_kind::interleaved;
-                order.virtual_stages = c.chunks;
-                break;
-            case schedule_kind::three_f_one_b: order.kind = plan::schedule_kind::three_f_one_b; break;
-        }
+        plan::order_policy order{c.schedule};
+        if (c.schedule == plan::schedule_kind::interleaved) order.virtual_stages = c.chunks;
         if (c.interlaced) order = {plan::schedule_kind::interlaced};
         p.order.alternatives = {order};
     }
@@ -110,7 +102,7 @@ inline plan::plan_spec to_plan(const configuration& c) {
     p.name = "TP " + std::to_string(c.tp) + " x PP " + std::to_string(c.pp) + " x DP " + std::to_string(c.dp) + ", " +
              std::to_string(c.micro_batches) + " micro-batches, " +
              (c.interlaced ? std::string("interlaced") : to_string(c.schedule)) +
-             (c.schedule == schedule_kind::interleaved ? " x" + std::to_string(c.chunks) : std::string()) + ", ZeRO " +
+             (c.schedule == plan::schedule_kind::interleaved ? " x" + std::to_string(c.chunks) : std::string()) + ", ZeRO " +
              std::to_string(static_cast<int>(c.zero)) + (c.coshard > 1 ? ", Coshard " + std::to_string(c.coshard) : std::string());
     return p;
 }
