@@ -279,7 +279,7 @@ inline std::string price_text(const program_price& p) {
     return os.str();
 }
 
-// What separated two priced plans: the component that differs most.
+// What separated two priced plans, a the faster: the component that grew most in b.
 inline std::string separation_text(const program_price& a, const program_price& b) {
     if (std::abs(a.step_seconds - b.step_seconds) <= 1e-12 * std::max(a.step_seconds, b.step_seconds))
         return "nothing in their price: they tie, and the first in the enumeration order wins";
@@ -297,9 +297,11 @@ inline std::string separation_text(const program_price& a, const program_price& 
                           {"busiest device's communication", a.max_communication(), b.max_communication()},
                           {"idle time (bubbles and exposed communication) per device", idle_a, idle_b},
                           {"slowest optimizer step", optimizer(a), optimizer(b)}};
-    const part* most = &parts[0];
+    // The component that grew most in the slower plan b (one that shrank cannot be why).
+    const part* most = nullptr;
     for (const part& p : parts)
-        if (std::abs(p.b - p.a) > std::abs(most->b - most->a)) most = &p;
+        if (p.b > p.a && (!most || p.b - p.a > most->b - most->a)) most = &p;
+    if (!most) return "no single part: the slower plan's parts each take less, but they overlap less";
     return std::string(most->name) + ": " + seconds_text(most->a) + " against " + seconds_text(most->b);
 }
 
