@@ -1,8 +1,8 @@
 // How well the searcher's price of a plan's programs predicts the plan's measured step on
 // this machine: about 20 plans of a small GPT on 4 in-process ranks (threads sharing the
 // cores), each priced on a host profile calibrated for ranks that share cores
-// (search::calibrate_host, and calibrate_host_ops for the rate of every op kind; the
-// pricing knows the ranks share one machine: price_options::compute_shared_by) and then
+// (search::calibrate_host, and host_price_options: the cost of every op kind, one
+// instruction at a time per rank, the ranks sharing one machine's cores) and then
 // trained for a few steps.
 //
 //   fidelity [--steps 5] [--warmup 2] [--layers 8] [--hidden 128] [--seq 64] [--batch 16]
@@ -259,9 +259,7 @@ int main(int argc, char** argv) {
         if (me == 0) {
             std::printf("calibrating the host for %d ranks that share its cores...\n", ranks);
             hw = search::calibrate_host(ranks);
-            po.overlap = false;            // the host backend runs each rank's program one instruction at a time
-            po.compute_shared_by = ranks;  // the ranks share this machine's cores
-            po.rates = search::calibrate_host_ops(ranks);
+            po = search::host_price_options(ranks);
             std::printf("%-36s %12s %12s %8s %14s %14s\n", "plan", "predicted", "measured", "ratio", "memory pred",
                         "memory alloc");
         }

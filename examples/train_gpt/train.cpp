@@ -207,10 +207,7 @@ int train_searched(const models::gpt_config& config, train::trainer_options opti
     print_model(config, data);
     const search::cluster host_profile = search::calibrate_host(devices);
     search::plan_search_options search_options;
-    search_options.price.storage = loom::precision::f32;
-    search_options.price.overlap = false;                // each rank runs one instruction at a time
-    search_options.price.compute_shared_by = devices;    // in-process ranks share this machine
-    search_options.price.rates = search::calibrate_host_ops(devices);
+    search_options.price = search::host_price_options(devices);
     std::printf("cluster: %s, %.1f GFLOP/s and %.1f GB/s per rank, %zu op kinds timed (measured)\n",
                 host_profile.name.c_str(), host_profile.device.peak_flops_f32 / 1e9,
                 host_profile.device.memory_bandwidth / 1e9, search_options.price.rates.size());

@@ -22149,6 +22149,18 @@ inline std::map<std::string, op_rate, std::less<>> calibrate_host_ops(int ranks)
     return rates;
 }
 
+// How to price plans for `ranks` in-process ranks of this host, in float: one instruction
+// at a time per rank, the ranks sharing the machine's cores, every op kind at its measured
+// cost (calibrate_host_ops). Pair it with calibrate_host(ranks).
+inline price_options host_price_options(int ranks) {
+    price_options o;
+    o.storage = loom::precision::f32;
+    o.overlap = false;
+    o.compute_shared_by = ranks;
+    o.rates = calibrate_host_ops(ranks);
+    return o;
+}
+
 }  // namespace loom::search
 // ---- end loom/calibrate/host.hpp ----
 
