@@ -9,20 +9,32 @@
 //   count that the searcher would fill, here chosen by hand.
 //
 //   plan_by_hand [--steps 20]
+//
+// It includes loom.hpp and nothing else, and parses its one option by hand: its compile
+// time is loom's (benchmarks/RESULTS.md, "Compile time").
+#include <charconv>
 #include <cstdio>
+#include <cstring>
 #include <string>
-
-#include <CLI/CLI.hpp>
 
 #include <loom/loom.hpp>
 
 using namespace loom;
 
 int main(int argc, char** argv) {
-    CLI::App app{"Write a plan by hand with op-trans, op-assign and op-order, check it, explain it and train it"};
     int steps = 20;
-    app.add_option("--steps", steps, "training steps")->check(CLI::PositiveNumber);
-    CLI11_PARSE(app, argc, argv);
+    for (int a = 1; a < argc; ++a) {
+        if (std::strcmp(argv[a], "--steps") != 0) {
+            std::fprintf(stderr, "plan_by_hand: unknown argument '%s'; usage: plan_by_hand [--steps N]\n", argv[a]);
+            return 2;
+        }
+        const char* value = a + 1 < argc ? argv[++a] : "";
+        const char* end = value + std::strlen(value);
+        if (std::from_chars(value, end, steps).ptr != end || !*value || steps < 1) {
+            std::fprintf(stderr, "plan_by_hand: --steps takes a whole number of steps, at least 1 (got '%s')\n", value);
+            return 2;
+        }
+    }
     try {
         // [plan]
         auto model = models::gpt({.layers = 4, .hidden = 64, .heads = 4, .vocab = 256, .seq = 32, .batch = 16});
