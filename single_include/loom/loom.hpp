@@ -162,12 +162,51 @@ struct comm_error : error {
 #include <cstdint>
 #include <string_view>
 
+// ---- begin loom/core/linkage.hpp ----
+// How loom's large non-template functions are compiled.
+//
+// loom is header-only: its functions are `inline`, and every translation unit that calls
+// one compiles and optimizes it, which is most of a program's compile time
+// (benchmarks/RESULTS.md, "Compile time"). The compiled library loom::compiled
+// (src/compiled.cpp) compiles them once instead: it defines LOOM_COMPILED for itself and
+// for the programs that link it, and then
+//   - the functions marked LOOM_INLINE are ordinary external functions;
+//   - each header declares them where they belong and keeps their definitions in a block
+//     at its end, under `#if LOOM_HEADER_DEFINITIONS`, which only the library compiles.
+// Without the library nothing changes: the definitions are inline and in every header.
+//
+// Templates, constexpr functions and functions with static local variables stay where
+// they are, plain `inline`.
+#if defined(LOOM_COMPILED)
+#define LOOM_INLINE
+#if defined(LOOM_COMPILING_LIBRARY)
+#define LOOM_HEADER_DEFINITIONS 1
+#else
+#define LOOM_HEADER_DEFINITIONS 0
+#endif
+#else
+#define LOOM_INLINE inline
+#define LOOM_HEADER_DEFINITIONS 1
+#endif
+// ---- end loom/core/linkage.hpp ----
+
 namespace loom {
 
 enum class precision : std::uint8_t { f32, f64, f16, bf16 };
 
 // Bytes of one real number stored in precision p.
-inline std::size_t real_bytes(precision p) {
+LOOM_INLINE std::size_t real_bytes(precision p);
+
+LOOM_INLINE std::string_view to_string(precision p);
+
+}  // namespace loom
+
+// Definitions: compiled here (header-only) or once in loom::compiled (core/linkage.hpp).
+#if LOOM_HEADER_DEFINITIONS
+
+namespace loom {
+
+LOOM_INLINE std::size_t real_bytes(precision p) {
     switch (p) {
         case precision::f32: return 4;
         case precision::f64: return 8;
@@ -177,7 +216,7 @@ inline std::size_t real_bytes(precision p) {
     return 4;
 }
 
-inline std::string_view to_string(precision p) {
+LOOM_INLINE std::string_view to_string(precision p) {
     switch (p) {
         case precision::f32: return "f32";
         case precision::f64: return "f64";
@@ -188,6 +227,7 @@ inline std::string_view to_string(precision p) {
 }
 
 }  // namespace loom
+#endif  // LOOM_HEADER_DEFINITIONS
 // ---- end loom/core/precision.hpp ----
 // ---- begin loom/core/shape.hpp ----
 // A shape is a list of named axes: [Batch=8, Seq=64, Hidden=128]. Rank 0 is a scalar.
@@ -260,7 +300,16 @@ private:
 };
 
 // The same extents, ignoring names.
-inline bool same_extents(const shape& a, const shape& b) {
+LOOM_INLINE bool same_extents(const shape& a, const shape& b);
+
+}  // namespace loom
+
+// Definitions: compiled here (header-only) or once in loom::compiled (core/linkage.hpp).
+#if LOOM_HEADER_DEFINITIONS
+
+namespace loom {
+
+LOOM_INLINE bool same_extents(const shape& a, const shape& b) {
     if (a.rank() != b.rank()) return false;
     for (std::size_t i = 0; i < a.rank(); ++i)
         if (a.extent(i) != b.extent(i)) return false;
@@ -268,6 +317,7 @@ inline bool same_extents(const shape& a, const shape& b) {
 }
 
 }  // namespace loom
+#endif  // LOOM_HEADER_DEFINITIONS
 // ---- end loom/core/shape.hpp ----
 // ---- begin loom/core/signature.hpp ----
 // Dimension signatures: an einsum-like statement of what an op does to each dim.
@@ -304,14 +354,7 @@ namespace loom {
 
 enum class dim_role : std::uint8_t { spatial, contracted, frozen };
 
-inline std::string_view to_string(dim_role r) {
-    switch (r) {
-        case dim_role::spatial: return "spatial";
-        case dim_role::contracted: return "contracted";
-        case dim_role::frozen: return "frozen";
-    }
-    return "?";
-}
+LOOM_INLINE std::string_view to_string(dim_role r);
 
 struct signature {
     static constexpr int max_vars = 16;
@@ -602,9 +645,32 @@ inline std::string describe_operand(std::span<const std::string> names, std::siz
 // Binds `sig` to the input shapes of a node of op `op_name`, checking every extent.
 // Errors name the op, the input, its shape and the variable, e.g.
 //   "linear 'block.0.mlp.fc': input 1 'w' axis 1 (Hidden=64) must equal variable k = 128 ..."
-inline bound_signature bind_signature(const signature& sig, std::string_view op_name, std::string_view node_name,
-                                      std::span<const shape> inputs, std::span<const std::string> input_names,
-                                      std::span<const preset_variable> presets = {}) {
+LOOM_INLINE bound_signature bind_signature(const signature& sig, std::string_view op_name, std::string_view node_name,
+                                           std::span<const shape> inputs, std::span<const std::string> input_names,
+                                           std::span<const preset_variable> presets = {});
+
+// The shape of output `o` from a bound signature. A group axis needs a name: `group_dim`.
+LOOM_INLINE shape output_shape(const bound_signature& b, std::size_t o, dim_id group_dim = {});
+
+}  // namespace loom
+
+// Definitions: compiled here (header-only) or once in loom::compiled (core/linkage.hpp).
+#if LOOM_HEADER_DEFINITIONS
+
+namespace loom {
+
+LOOM_INLINE std::string_view to_string(dim_role r) {
+    switch (r) {
+        case dim_role::spatial: return "spatial";
+        case dim_role::contracted: return "contracted";
+        case dim_role::frozen: return "frozen";
+    }
+    return "?";
+}
+
+LOOM_INLINE bound_signature bind_signature(const signature& sig, std::string_view op_name, std::string_view node_name,
+                                           std::span<const shape> inputs, std::span<const std::string> input_names,
+                                           std::span<const preset_variable> presets) {
     auto where = [&] {
         std::string s(op_name);
         if (!node_name.empty()) s += " '" + std::string(node_name) + "'";
@@ -748,8 +814,7 @@ inline bound_signature bind_signature(const signature& sig, std::string_view op_
     return b;
 }
 
-// The shape of output `o` from a bound signature. A group axis needs a name: `group_dim`.
-inline shape output_shape(const bound_signature& b, std::size_t o, dim_id group_dim = {}) {
+LOOM_INLINE shape output_shape(const bound_signature& b, std::size_t o, dim_id group_dim) {
     shape s;
     for (const auto& members : b.output_axes[o]) {
         std::int64_t extent = 1;
@@ -761,6 +826,7 @@ inline shape output_shape(const bound_signature& b, std::size_t o, dim_id group_
 }
 
 }  // namespace loom
+#endif  // LOOM_HEADER_DEFINITIONS
 // ---- end loom/core/signature.hpp ----
 // ---- begin loom/core/typed_signature.hpp ----
 // Signatures built from dim tag types instead of text: each dim variable is named after its
@@ -1001,15 +1067,7 @@ enum class tensor_role : std::uint8_t {
     gradient,    // the gradient of a parameter, read by the optimizer
 };
 
-inline std::string_view to_string(tensor_role r) {
-    switch (r) {
-        case tensor_role::input: return "input";
-        case tensor_role::parameter: return "parameter";
-        case tensor_role::activation: return "activation";
-        case tensor_role::gradient: return "gradient";
-    }
-    return "?";
-}
+LOOM_INLINE std::string_view to_string(tensor_role r);
 
 struct tensor_desc {
     std::string name;
@@ -1097,6 +1155,24 @@ public:
 };
 
 }  // namespace loom
+
+// Definitions: compiled here (header-only) or once in loom::compiled (core/linkage.hpp).
+#if LOOM_HEADER_DEFINITIONS
+
+namespace loom {
+
+LOOM_INLINE std::string_view to_string(tensor_role r) {
+    switch (r) {
+        case tensor_role::input: return "input";
+        case tensor_role::parameter: return "parameter";
+        case tensor_role::activation: return "activation";
+        case tensor_role::gradient: return "gradient";
+    }
+    return "?";
+}
+
+}  // namespace loom
+#endif  // LOOM_HEADER_DEFINITIONS
 // ---- end loom/graph/graph.hpp ----
 // ---- begin loom/graph/op.hpp ----
 // What every op kind is at run time: a name, a dimension signature and a backward rule.
@@ -1815,7 +1891,19 @@ struct Mul {
 
 inline tensor mul(tensor a, tensor b) { return a.builder->apply1<Mul>({a, b}); }
 
-inline gradients Mul::backward(backward_context& c) {
+}  // namespace loom::ops
+
+namespace loom {
+// Found by argument-dependent lookup on loom::tensor.
+inline tensor operator*(tensor a, tensor b) { return ops::mul(a, b); }
+}  // namespace loom
+
+// Definitions: compiled here (header-only) or once in loom::compiled (core/linkage.hpp).
+#if LOOM_HEADER_DEFINITIONS
+
+namespace loom::ops {
+
+LOOM_INLINE gradients Mul::backward(backward_context& c) {
     const tensor& dy = *c.grad_outputs[0];
     gradients g(2);
     if (c.needs_grad[0]) g[0] = mul(dy, c.inputs[1]);
@@ -1824,11 +1912,7 @@ inline gradients Mul::backward(backward_context& c) {
 }
 
 }  // namespace loom::ops
-
-namespace loom {
-// Found by argument-dependent lookup on loom::tensor.
-inline tensor operator*(tensor a, tensor b) { return ops::mul(a, b); }
-}  // namespace loom
+#endif  // LOOM_HEADER_DEFINITIONS
 // ---- end loom/ops/mul.hpp ----
 // ---- begin loom/ops/scale.hpp ----
 // scale: y = s * x for a constant s (an attribute, not a tensor).
@@ -1893,30 +1977,11 @@ inline tensor stop_gradient(tensor x) { return x.builder->apply1<StopGradient>({
 namespace loom::ops {
 
 namespace detail {
-inline void check_dropout_probability(std::string_view op, const attributes& a, const std::string& node_name) {
-    const double p = a.get<double>("p");
-    if (!(p >= 0.0 && p < 1.0)) {
-        std::ostringstream msg;
-        msg << op << " '" << node_name << "': p = " << p
-            << " is not a drop probability; pass 0 <= p < 1 (p = 0 keeps every element)";
-        throw usage_error(msg.str());
-    }
-    (void)a.get<std::int64_t>("seed");
-}
+LOOM_INLINE void check_dropout_probability(std::string_view op, const attributes& a, const std::string& node_name);
 
 // A piece of a partitioned dropout must draw the mask of its elements' places in the whole
 // tensor: it records where its box starts ("origin") and the whole tensor's extents.
-inline attributes dropout_piece_attributes(const node& n, const piece_ranges& r) {
-    attributes a = n.attrs;
-    std::vector<std::int64_t> origin, whole;
-    for (std::size_t v = 0; v < n.sig.vars.size(); ++v) {
-        origin.push_back(r.begin[v]);
-        whole.push_back(n.sig.vars[v].extent);
-    }
-    a.set("origin", origin);
-    a.set("whole", whole);
-    return a;
-}
+LOOM_INLINE attributes dropout_piece_attributes(const node& n, const piece_ranges& r);
 }  // namespace detail
 
 struct DropoutGrad {
@@ -1954,6 +2019,37 @@ inline tensor dropout(tensor x, double p, std::int64_t seed) {
 }
 
 }  // namespace loom::ops
+
+// Definitions: compiled here (header-only) or once in loom::compiled (core/linkage.hpp).
+#if LOOM_HEADER_DEFINITIONS
+
+namespace loom::ops::detail {
+
+LOOM_INLINE void check_dropout_probability(std::string_view op, const attributes& a, const std::string& node_name) {
+    const double p = a.get<double>("p");
+    if (!(p >= 0.0 && p < 1.0)) {
+        std::ostringstream msg;
+        msg << op << " '" << node_name << "': p = " << p
+            << " is not a drop probability; pass 0 <= p < 1 (p = 0 keeps every element)";
+        throw usage_error(msg.str());
+    }
+    (void)a.get<std::int64_t>("seed");
+}
+
+LOOM_INLINE attributes dropout_piece_attributes(const node& n, const piece_ranges& r) {
+    attributes a = n.attrs;
+    std::vector<std::int64_t> origin, whole;
+    for (std::size_t v = 0; v < n.sig.vars.size(); ++v) {
+        origin.push_back(r.begin[v]);
+        whole.push_back(n.sig.vars[v].extent);
+    }
+    a.set("origin", origin);
+    a.set("whole", whole);
+    return a;
+}
+
+}  // namespace loom::ops::detail
+#endif  // LOOM_HEADER_DEFINITIONS
 // ---- end loom/ops/dropout.hpp ----
 // ---- begin loom/ops/gelu.hpp ----
 // gelu: GELU, tanh approximation, as PyTorch's F.gelu(x, approximate='tanh'):
@@ -2111,7 +2207,16 @@ struct LayerNorm {
 };
 
 // PyTorch's default eps is 1e-5 as here.
-inline tensor layer_norm(tensor x, tensor gamma, tensor beta, double eps = 1e-5) {
+LOOM_INLINE tensor layer_norm(tensor x, tensor gamma, tensor beta, double eps = 1e-5);
+
+}  // namespace loom::ops
+
+// Definitions: compiled here (header-only) or once in loom::compiled (core/linkage.hpp).
+#if LOOM_HEADER_DEFINITIONS
+
+namespace loom::ops {
+
+LOOM_INLINE tensor layer_norm(tensor x, tensor gamma, tensor beta, double eps) {
     if (!(eps >= 0))
         throw usage_error("layer_norm: eps = " + std::to_string(eps) + " for input '" + x.name() +
                           "'; pass a non-negative epsilon (PyTorch's default is 1e-5)");
@@ -2119,6 +2224,7 @@ inline tensor layer_norm(tensor x, tensor gamma, tensor beta, double eps = 1e-5)
 }
 
 }  // namespace loom::ops
+#endif  // LOOM_HEADER_DEFINITIONS
 // ---- end loom/ops/layer_norm.hpp ----
 // ---- begin loom/ops/rms_norm.hpp ----
 // rms_norm: y = x * rsqrt(mean(x^2) + eps) * gamma over the last dim, as PyTorch's
@@ -2174,7 +2280,16 @@ struct RmsNorm {
     }
 };
 
-inline tensor rms_norm(tensor x, tensor gamma, double eps = 1e-6) {
+LOOM_INLINE tensor rms_norm(tensor x, tensor gamma, double eps = 1e-6);
+
+}  // namespace loom::ops
+
+// Definitions: compiled here (header-only) or once in loom::compiled (core/linkage.hpp).
+#if LOOM_HEADER_DEFINITIONS
+
+namespace loom::ops {
+
+LOOM_INLINE tensor rms_norm(tensor x, tensor gamma, double eps) {
     if (!(eps >= 0))
         throw usage_error("rms_norm: eps = " + std::to_string(eps) + " for input '" + x.name() +
                           "'; pass a non-negative epsilon (e.g. 1e-6, or the eps of the model being matched)");
@@ -2182,6 +2297,7 @@ inline tensor rms_norm(tensor x, tensor gamma, double eps = 1e-6) {
 }
 
 }  // namespace loom::ops
+#endif  // LOOM_HEADER_DEFINITIONS
 // ---- end loom/ops/rms_norm.hpp ----
 // ops-includes: attention and shapes
 // ---- begin loom/ops/attention.hpp ----
@@ -2289,18 +2405,7 @@ inline tensor attention_out(tensor q, tensor k, tensor v, bool causal, std::opti
 
 // The backward differentiates `out` only: any gradient reaching lse other than the zeros
 // autograd fills in for an unused output would be dropped.
-inline void require_no_lse_gradient(const backward_context& c) {
-    const graph& g = c.builder.view();
-    const tensor_desc& dlse = g.tensor(c.grad_outputs[1]->id);
-    if (dlse.producer != no_id) {
-        const node& p = g.at(dlse.producer);
-        if (is_op<FillLike>(p) && p.attrs.get<double>("value") == 0.0) return;
-    }
-    const node& fwd = c.forward_node();
-    throw usage_error("attention '" + fwd.name + "': its log-sum-exp output '" + c.outputs[1].name() +
-                      "' reaches the loss, but attention's backward propagates the gradient of '" +
-                      c.outputs[0].name() + "' only; use the lse output outside differentiated computations");
-}
+LOOM_INLINE void require_no_lse_gradient(const backward_context& c);
 
 }  // namespace detail
 
@@ -2315,7 +2420,30 @@ inline tensor attention(tensor q, tensor k, tensor v, std::optional<double> scal
     return detail::attention_out(q, k, v, false, scale);
 }
 
-inline gradients Attention::backward(backward_context& c) {
+}  // namespace loom::ops
+
+// Definitions: compiled here (header-only) or once in loom::compiled (core/linkage.hpp).
+#if LOOM_HEADER_DEFINITIONS
+
+namespace loom::ops::detail {
+
+LOOM_INLINE void require_no_lse_gradient(const backward_context& c) {
+    const graph& g = c.builder.view();
+    const tensor_desc& dlse = g.tensor(c.grad_outputs[1]->id);
+    if (dlse.producer != no_id) {
+        const node& p = g.at(dlse.producer);
+        if (is_op<FillLike>(p) && p.attrs.get<double>("value") == 0.0) return;
+    }
+    const node& fwd = c.forward_node();
+    throw usage_error("attention '" + fwd.name + "': its log-sum-exp output '" + c.outputs[1].name() +
+                      "' reaches the loss, but attention's backward propagates the gradient of '" +
+                      c.outputs[0].name() + "' only; use the lse output outside differentiated computations");
+}
+}  // namespace loom::ops::detail
+
+namespace loom::ops {
+
+LOOM_INLINE gradients Attention::backward(backward_context& c) {
     detail::require_no_lse_gradient(c);
     std::array<tensor, 6> ins{*c.grad_outputs[0], c.inputs[0], c.inputs[1], c.inputs[2], c.outputs[0], c.outputs[1]};
     std::vector<tensor> d = c.builder.apply<AttentionGrad>(ins, c.attrs());
@@ -2326,6 +2454,7 @@ inline gradients Attention::backward(backward_context& c) {
 }
 
 }  // namespace loom::ops
+#endif  // LOOM_HEADER_DEFINITIONS
 // ---- end loom/ops/attention.hpp ----
 // ---- begin loom/ops/heads.hpp ----
 // Attention heads as an axis of their own:
@@ -2444,7 +2573,14 @@ inline tensor matmul_nt(tensor a, tensor b) { return a.builder->apply1<MatmulNT>
 // C = A^T B
 inline tensor matmul_tn(tensor a, tensor b) { return a.builder->apply1<MatmulTN>({a, b}); }
 
-inline gradients Matmul::backward(backward_context& c) {
+}  // namespace loom::ops
+
+// Definitions: compiled here (header-only) or once in loom::compiled (core/linkage.hpp).
+#if LOOM_HEADER_DEFINITIONS
+
+namespace loom::ops {
+
+LOOM_INLINE gradients Matmul::backward(backward_context& c) {
     const tensor& dc = *c.grad_outputs[0];
     gradients g(2);
     if (c.needs_grad[0]) g[0] = matmul_nt(dc, c.inputs[1]);
@@ -2452,7 +2588,7 @@ inline gradients Matmul::backward(backward_context& c) {
     return g;
 }
 
-inline gradients MatmulNT::backward(backward_context& c) {
+LOOM_INLINE gradients MatmulNT::backward(backward_context& c) {
     const tensor& dc = *c.grad_outputs[0];
     gradients g(2);
     if (c.needs_grad[0]) g[0] = matmul(dc, c.inputs[1]);
@@ -2460,7 +2596,7 @@ inline gradients MatmulNT::backward(backward_context& c) {
     return g;
 }
 
-inline gradients MatmulTN::backward(backward_context& c) {
+LOOM_INLINE gradients MatmulTN::backward(backward_context& c) {
     const tensor& dc = *c.grad_outputs[0];
     gradients g(2);
     if (c.needs_grad[0]) g[0] = matmul_nt(c.inputs[1], dc);
@@ -2469,6 +2605,7 @@ inline gradients MatmulTN::backward(backward_context& c) {
 }
 
 }  // namespace loom::ops
+#endif  // LOOM_HEADER_DEFINITIONS
 // ---- end loom/ops/matmul.hpp ----
 // ---- begin loom/ops/reshape.hpp ----
 // reshape: the same elements in row-major order under another shape (named dims included).
@@ -2489,34 +2626,9 @@ namespace loom::ops {
 
 namespace detail {
 
-inline attributes reshape_attributes(const shape& target) {
-    std::vector<std::int64_t> extents;
-    std::string dims;
-    for (std::size_t i = 0; i < target.rank(); ++i) {
-        const std::string_view name = target.dim(i).name();
-        if (name.find(',') != std::string_view::npos)
-            throw usage_error("reshape: dim name '" + std::string(name) + "' of the target " + target.to_string() +
-                              " contains ','; name dims without commas");
-        if (i) dims += ',';
-        dims += name;
-        extents.push_back(target.extent(i));
-    }
-    return {{"extents", std::move(extents)}, {"dims", std::move(dims)}};
-}
+LOOM_INLINE attributes reshape_attributes(const shape& target);
 
-inline shape reshape_target(const attributes& a) {
-    const auto extents = a.get<std::vector<std::int64_t>>("extents");
-    const auto dims = a.get<std::string>("dims");
-    shape s;
-    std::size_t start = 0;
-    for (std::size_t i = 0; i < extents.size(); ++i) {
-        std::size_t end = dims.find(',', start);
-        if (end == std::string::npos) end = dims.size();
-        s.push_back({dim_id::intern(std::string_view(dims).substr(start, end - start)), extents[i]});
-        start = end + 1;
-    }
-    return s;
-}
+LOOM_INLINE shape reshape_target(const attributes& a);
 
 }  // namespace detail
 
@@ -2551,6 +2663,43 @@ inline tensor reshape(tensor x, const shape& target) {
 inline gradients Reshape::backward(backward_context& c) { return {reshape(*c.grad_outputs[0], c.inputs[0].dims())}; }
 
 }  // namespace loom::ops
+
+// Definitions: compiled here (header-only) or once in loom::compiled (core/linkage.hpp).
+#if LOOM_HEADER_DEFINITIONS
+
+namespace loom::ops::detail {
+
+LOOM_INLINE attributes reshape_attributes(const shape& target) {
+    std::vector<std::int64_t> extents;
+    std::string dims;
+    for (std::size_t i = 0; i < target.rank(); ++i) {
+        const std::string_view name = target.dim(i).name();
+        if (name.find(',') != std::string_view::npos)
+            throw usage_error("reshape: dim name '" + std::string(name) + "' of the target " + target.to_string() +
+                              " contains ','; name dims without commas");
+        if (i) dims += ',';
+        dims += name;
+        extents.push_back(target.extent(i));
+    }
+    return {{"extents", std::move(extents)}, {"dims", std::move(dims)}};
+}
+
+LOOM_INLINE shape reshape_target(const attributes& a) {
+    const auto extents = a.get<std::vector<std::int64_t>>("extents");
+    const auto dims = a.get<std::string>("dims");
+    shape s;
+    std::size_t start = 0;
+    for (std::size_t i = 0; i < extents.size(); ++i) {
+        std::size_t end = dims.find(',', start);
+        if (end == std::string::npos) end = dims.size();
+        s.push_back({dim_id::intern(std::string_view(dims).substr(start, end - start)), extents[i]});
+        start = end + 1;
+    }
+    return s;
+}
+
+}  // namespace loom::ops::detail
+#endif  // LOOM_HEADER_DEFINITIONS
 // ---- end loom/ops/reshape.hpp ----
 // ---- begin loom/ops/transpose.hpp ----
 // transpose: swaps the last two axes, "... a b -> ... b a"; y[..., j, i] = x[..., i, j].
@@ -2639,8 +2788,18 @@ struct CrossEntropy {
 
 // Mean cross-entropy of `targets` under `logits` (see above for ignore_index and the
 // normalizer, which defaults to the number of positions).
-inline tensor cross_entropy(tensor logits, tensor targets, std::int64_t ignore_index = -100,
-                            std::optional<double> normalizer = std::nullopt) {
+LOOM_INLINE tensor cross_entropy(tensor logits, tensor targets, std::int64_t ignore_index = -100,
+                                 std::optional<double> normalizer = std::nullopt);
+
+}  // namespace loom::ops
+
+// Definitions: compiled here (header-only) or once in loom::compiled (core/linkage.hpp).
+#if LOOM_HEADER_DEFINITIONS
+
+namespace loom::ops {
+
+LOOM_INLINE tensor cross_entropy(tensor logits, tensor targets, std::int64_t ignore_index,
+                                 std::optional<double> normalizer) {
     const double n = normalizer ? *normalizer : static_cast<double>(targets.dims().numel());
     if (!(n > 0) || !std::isfinite(n))
         throw usage_error("cross_entropy: normalizer = " + std::to_string(n) + " for logits '" + logits.name() +
@@ -2650,6 +2809,7 @@ inline tensor cross_entropy(tensor logits, tensor targets, std::int64_t ignore_i
 }
 
 }  // namespace loom::ops
+#endif  // LOOM_HEADER_DEFINITIONS
 // ---- end loom/ops/cross_entropy.hpp ----
 // ---- begin loom/ops/embedding.hpp ----
 // embedding: out[p, :] = table[ids[p], :], as PyTorch's F.embedding(ids, table).
@@ -2677,15 +2837,8 @@ inline tensor cross_entropy(tensor logits, tensor targets, std::int64_t ignore_i
 namespace loom::ops {
 
 namespace detail {
-inline void check_vocabulary_range(std::string_view op, const attributes& a, std::int64_t rows,
-                                   const std::string& node_name) {
-    const auto vocab = a.get<std::int64_t>("vocab");
-    const auto offset = a.get_or<std::int64_t>("row_offset", 0);
-    if (offset < 0 || offset + rows > vocab)
-        throw shape_error(std::string(op) + " '" + node_name + "': the table rows [" + std::to_string(offset) + ", " +
-                          std::to_string(offset + rows) + ") are not inside the vocabulary [0, " +
-                          std::to_string(vocab) + "); set row_offset and vocab so the table is a slice of it");
-}
+LOOM_INLINE void check_vocabulary_range(std::string_view op, const attributes& a, std::int64_t rows,
+                                        const std::string& node_name);
 }  // namespace detail
 
 struct EmbeddingGrad {
@@ -2716,13 +2869,8 @@ struct EmbeddingGrad {
 
 // dtable [rows h] for a table of `rows` rows along `row_dim` starting at vocabulary row
 // `row_offset` of a vocabulary of `vocab` ids.
-inline tensor embedding_grad(tensor dy, tensor ids, std::int64_t rows, dim_id row_dim, std::int64_t vocab,
-                             std::int64_t row_offset = 0) {
-    return dy.builder->apply1<EmbeddingGrad>({dy, ids}, {{"vocab", vocab},
-                                                         {"row_offset", row_offset},
-                                                         {"rows", rows},
-                                                         {"row_dim", std::string(row_dim.name())}});
-}
+LOOM_INLINE tensor embedding_grad(tensor dy, tensor ids, std::int64_t rows, dim_id row_dim, std::int64_t vocab,
+                                  std::int64_t row_offset = 0);
 
 struct Embedding {
     static constexpr std::string_view name = "embedding";
@@ -2761,6 +2909,35 @@ inline tensor embedding(tensor ids, tensor table) {
 }
 
 }  // namespace loom::ops
+
+// Definitions: compiled here (header-only) or once in loom::compiled (core/linkage.hpp).
+#if LOOM_HEADER_DEFINITIONS
+
+namespace loom::ops::detail {
+
+LOOM_INLINE void check_vocabulary_range(std::string_view op, const attributes& a, std::int64_t rows,
+                                        const std::string& node_name) {
+    const auto vocab = a.get<std::int64_t>("vocab");
+    const auto offset = a.get_or<std::int64_t>("row_offset", 0);
+    if (offset < 0 || offset + rows > vocab)
+        throw shape_error(std::string(op) + " '" + node_name + "': the table rows [" + std::to_string(offset) + ", " +
+                          std::to_string(offset + rows) + ") are not inside the vocabulary [0, " +
+                          std::to_string(vocab) + "); set row_offset and vocab so the table is a slice of it");
+}
+}  // namespace loom::ops::detail
+
+namespace loom::ops {
+
+LOOM_INLINE tensor embedding_grad(tensor dy, tensor ids, std::int64_t rows, dim_id row_dim, std::int64_t vocab,
+                                  std::int64_t row_offset) {
+    return dy.builder->apply1<EmbeddingGrad>({dy, ids}, {{"vocab", vocab},
+                                                         {"row_offset", row_offset},
+                                                         {"rows", rows},
+                                                         {"row_dim", std::string(row_dim.name())}});
+}
+
+}  // namespace loom::ops
+#endif  // LOOM_HEADER_DEFINITIONS
 // ---- end loom/ops/embedding.hpp ----
 // ---- begin loom/ops/vocab_parallel_cross_entropy.hpp ----
 // Vocabulary-parallel cross-entropy: cross_entropy rebuilt from ops whose vocabulary dim can
@@ -2823,28 +3000,11 @@ namespace detail {
 
 // The chunk axis keeps the vocabulary's dim (it is the vocabulary, `chunks` entries long),
 // so that a split of the logits along Vocab finds it when a plan mirrors partitions by dim.
-inline std::vector<preset_variable> chunk_presets(const attributes& a, std::string_view op) {
-    const auto chunks = a.get<std::int64_t>("chunks");
-    if (chunks <= 0)
-        throw shape_error(std::string(op) + ": chunks = " + std::to_string(chunks) +
-                          "; pass a positive number of vocabulary chunks");
-    return {{"c", Dim::Vocab::id, chunks}};
-}
+LOOM_INLINE std::vector<preset_variable> chunk_presets(const attributes& a, std::string_view op);
 
-inline attributes chunk_piece_attributes(const node& n, const piece_ranges& r) {
-    attributes a = n.attrs;
-    auto c = static_cast<std::size_t>(*n.sig.find("c"));
-    a.set("chunks", r.end[c] - r.begin[c]);
-    return a;
-}
+LOOM_INLINE attributes chunk_piece_attributes(const node& n, const piece_ranges& r);
 
-inline attributes row_offset_piece_attributes(const node& n, const piece_ranges& r) {
-    attributes a = n.attrs;
-    auto v = static_cast<std::size_t>(*n.sig.find("v"));
-    a.set("row_offset", a.get_or<std::int64_t>("row_offset", 0) + r.begin[v]);
-    if (a.has("rows")) a.set("rows", r.end[v] - r.begin[v]);
-    return a;
-}
+LOOM_INLINE attributes row_offset_piece_attributes(const node& n, const piece_ranges& r);
 
 }  // namespace detail
 
@@ -2911,24 +3071,8 @@ namespace detail {
 
 // The chunks' boundaries, checked: 0 first, strictly increasing, the logits' columns
 // [row_offset, row_offset + v) inside them and made of whole chunks.
-inline std::vector<std::int64_t> ragged_boundaries(const attributes& a, std::string_view op, std::int64_t v,
-                                                   const std::string& node_name) {
-    auto b = a.get<std::vector<std::int64_t>>("boundaries");
-    const std::string where = std::string(op) + (node_name.empty() ? "" : " '" + node_name + "'");
-    bool increasing = b.size() >= 2 && b.front() == 0;
-    for (std::size_t k = 1; increasing && k < b.size(); ++k) increasing = b[k] > b[k - 1];
-    if (!increasing)
-        throw shape_error(where + ": the chunk boundaries must start at 0 and increase strictly (chunk k is the columns "
-                          "[b_k, b_k+1)); give at least one chunk");
-    if (v < 0) return b;  // the gradient: any columns
-    const auto offset = a.get_or<std::int64_t>("row_offset", 0);
-    auto boundary = [&](std::int64_t x) { return std::find(b.begin(), b.end(), x) != b.end(); };
-    if (offset < 0 || offset + v > b.back() || !boundary(offset) || !boundary(offset + v))
-        throw shape_error(where + ": the logits hold columns [" + std::to_string(offset) + ", " +
-                          std::to_string(offset + v) + ") of a vocabulary of " + std::to_string(b.back()) +
-                          ", which is not a run of whole chunks; split the logits at the chunk boundaries");
-    return b;
-}
+LOOM_INLINE std::vector<std::int64_t> ragged_boundaries(const attributes& a, std::string_view op, std::int64_t v,
+                                                        const std::string& node_name);
 
 inline std::vector<preset_variable> ragged_presets(const attributes& a, std::string_view op) {
     return {{"c", Dim::Vocab::id, static_cast<std::int64_t>(ragged_boundaries(a, op, -1, {}).size()) - 1}};
@@ -3019,12 +3163,8 @@ struct PickTargetGrad {
 
 // dlogits [... rows]: dz[p] at the target's column (when rows [row_offset, row_offset + rows)
 // hold it), zero elsewhere.
-inline tensor pick_target_grad(tensor dz, tensor targets, std::int64_t rows, std::int64_t vocab,
-                               std::int64_t row_offset, std::int64_t ignore_index) {
-    return dz.builder->apply1<PickTargetGrad>(
-        {dz, targets},
-        {{"rows", rows}, {"vocab", vocab}, {"row_offset", row_offset}, {"ignore_index", ignore_index}});
-}
+LOOM_INLINE tensor pick_target_grad(tensor dz, tensor targets, std::int64_t rows, std::int64_t vocab,
+                                    std::int64_t row_offset, std::int64_t ignore_index);
 
 struct PickTarget {
     static constexpr std::string_view name = "pick_target";
@@ -3070,13 +3210,8 @@ struct cross_entropy_from_chunks_grads {
     tensor dlse, dz;
 };
 
-inline cross_entropy_from_chunks_grads cross_entropy_from_chunks_grad(tensor dloss, tensor lse, tensor targets,
-                                                                      std::int64_t ignore_index, double normalizer) {
-    std::array<tensor, 3> ins{dloss, lse, targets};
-    auto outs = dloss.builder->apply<CrossEntropyFromChunksGrad>(
-        ins, {{"ignore_index", ignore_index}, {"normalizer", normalizer}});
-    return {outs[0], outs[1]};
-}
+LOOM_INLINE cross_entropy_from_chunks_grads cross_entropy_from_chunks_grad(tensor dloss, tensor lse, tensor targets,
+                                                                           std::int64_t ignore_index, double normalizer);
 
 struct CrossEntropyFromChunks {
     static constexpr std::string_view name = "cross_entropy_from_chunks";
@@ -3108,9 +3243,80 @@ inline tensor cross_entropy_from_chunks(tensor lse, tensor target_logits, tensor
 
 // cross_entropy(logits, targets, ignore_index, normalizer) computed through `chunks`
 // vocabulary chunks (see the top of this file); a plan splits the chunks.
-inline tensor vocab_parallel_cross_entropy(tensor logits, tensor targets, std::int64_t chunks,
-                                           std::int64_t ignore_index = -100,
-                                           std::optional<double> normalizer = std::nullopt) {
+LOOM_INLINE tensor vocab_parallel_cross_entropy(tensor logits, tensor targets, std::int64_t chunks,
+                                                std::int64_t ignore_index = -100,
+                                                std::optional<double> normalizer = std::nullopt);
+
+}  // namespace loom::ops
+
+// Definitions: compiled here (header-only) or once in loom::compiled (core/linkage.hpp).
+#if LOOM_HEADER_DEFINITIONS
+
+namespace loom::ops::detail {
+
+LOOM_INLINE std::vector<preset_variable> chunk_presets(const attributes& a, std::string_view op) {
+    const auto chunks = a.get<std::int64_t>("chunks");
+    if (chunks <= 0)
+        throw shape_error(std::string(op) + ": chunks = " + std::to_string(chunks) +
+                          "; pass a positive number of vocabulary chunks");
+    return {{"c", Dim::Vocab::id, chunks}};
+}
+
+LOOM_INLINE attributes chunk_piece_attributes(const node& n, const piece_ranges& r) {
+    attributes a = n.attrs;
+    auto c = static_cast<std::size_t>(*n.sig.find("c"));
+    a.set("chunks", r.end[c] - r.begin[c]);
+    return a;
+}
+
+LOOM_INLINE attributes row_offset_piece_attributes(const node& n, const piece_ranges& r) {
+    attributes a = n.attrs;
+    auto v = static_cast<std::size_t>(*n.sig.find("v"));
+    a.set("row_offset", a.get_or<std::int64_t>("row_offset", 0) + r.begin[v]);
+    if (a.has("rows")) a.set("rows", r.end[v] - r.begin[v]);
+    return a;
+}
+
+LOOM_INLINE std::vector<std::int64_t> ragged_boundaries(const attributes& a, std::string_view op, std::int64_t v,
+                                                        const std::string& node_name) {
+    auto b = a.get<std::vector<std::int64_t>>("boundaries");
+    const std::string where = std::string(op) + (node_name.empty() ? "" : " '" + node_name + "'");
+    bool increasing = b.size() >= 2 && b.front() == 0;
+    for (std::size_t k = 1; increasing && k < b.size(); ++k) increasing = b[k] > b[k - 1];
+    if (!increasing)
+        throw shape_error(where + ": the chunk boundaries must start at 0 and increase strictly (chunk k is the columns "
+                          "[b_k, b_k+1)); give at least one chunk");
+    if (v < 0) return b;  // the gradient: any columns
+    const auto offset = a.get_or<std::int64_t>("row_offset", 0);
+    auto boundary = [&](std::int64_t x) { return std::find(b.begin(), b.end(), x) != b.end(); };
+    if (offset < 0 || offset + v > b.back() || !boundary(offset) || !boundary(offset + v))
+        throw shape_error(where + ": the logits hold columns [" + std::to_string(offset) + ", " +
+                          std::to_string(offset + v) + ") of a vocabulary of " + std::to_string(b.back()) +
+                          ", which is not a run of whole chunks; split the logits at the chunk boundaries");
+    return b;
+}
+}  // namespace loom::ops::detail
+
+namespace loom::ops {
+
+LOOM_INLINE tensor pick_target_grad(tensor dz, tensor targets, std::int64_t rows, std::int64_t vocab,
+                                    std::int64_t row_offset, std::int64_t ignore_index) {
+    return dz.builder->apply1<PickTargetGrad>(
+        {dz, targets},
+        {{"rows", rows}, {"vocab", vocab}, {"row_offset", row_offset}, {"ignore_index", ignore_index}});
+}
+
+LOOM_INLINE cross_entropy_from_chunks_grads cross_entropy_from_chunks_grad(tensor dloss, tensor lse, tensor targets,
+                                                                           std::int64_t ignore_index, double normalizer) {
+    std::array<tensor, 3> ins{dloss, lse, targets};
+    auto outs = dloss.builder->apply<CrossEntropyFromChunksGrad>(
+        ins, {{"ignore_index", ignore_index}, {"normalizer", normalizer}});
+    return {outs[0], outs[1]};
+}
+
+LOOM_INLINE tensor vocab_parallel_cross_entropy(tensor logits, tensor targets, std::int64_t chunks,
+                                                std::int64_t ignore_index,
+                                                std::optional<double> normalizer) {
     const double n = normalizer ? *normalizer : static_cast<double>(targets.dims().numel());
     if (!(n > 0) || !std::isfinite(n))
         throw usage_error("vocab_parallel_cross_entropy: normalizer = " + std::to_string(n) + " for logits '" +
@@ -3121,6 +3327,7 @@ inline tensor vocab_parallel_cross_entropy(tensor logits, tensor targets, std::i
 }
 
 }  // namespace loom::ops
+#endif  // LOOM_HEADER_DEFINITIONS
 // ---- end loom/ops/vocab_parallel_cross_entropy.hpp ----
 
 namespace loom::ops {
@@ -3162,7 +3369,16 @@ using all_ops = boost::mp11::mp_append<core_ops, elementwise_ops, normalization_
 
 namespace loom {
 
-inline void build_backward(graph_builder& b) {
+LOOM_INLINE void build_backward(graph_builder& b);
+
+}  // namespace loom
+
+// Definitions: compiled here (header-only) or once in loom::compiled (core/linkage.hpp).
+#if LOOM_HEADER_DEFINITIONS
+
+namespace loom {
+
+LOOM_INLINE void build_backward(graph_builder& b) {
     const graph& g = b.view();
     if (g.loss == no_id) throw usage_error("build_backward: the graph has no loss; call graph_builder::set_loss first");
     if (!g.gradients.empty()) throw usage_error("build_backward: the graph already has a backward pass");
@@ -3261,6 +3477,7 @@ inline void build_backward(graph_builder& b) {
 }
 
 }  // namespace loom
+#endif  // LOOM_HEADER_DEFINITIONS
 // ---- end loom/autograd/autograd.hpp ----
 
 // plans: combinators' run-time form, presets, custom transformations
@@ -4557,18 +4774,28 @@ constexpr bool is_forward(const block& b) { return b.pass == pass_kind::forward;
 constexpr bool is_backward(const block& b) { return b.pass == pass_kind::backward; }
 
 // "F(s1,m3)", "F2(s1,m3)", "B(s1,m3)". With rounds > 1 every forward names its round ("F0(s1,m3)").
-inline std::string to_string(const block& b, int rounds = 1) {
-    std::string out = is_forward(b) ? "F" : "B";
-    if (b.round != 0 || (is_forward(b) && rounds > 1)) out += std::to_string(b.round);
-    out += "(s" + std::to_string(b.stage) + ",m" + std::to_string(b.micro) + ")";
-    return out;
-}
+LOOM_INLINE std::string to_string(const block& b, int rounds = 1);
 
 inline std::ostream& operator<<(std::ostream& os, const block& b) { return os << to_string(b); }
 
 inline std::string to_string(pass_kind p) { return p == pass_kind::forward ? "forward" : "backward"; }
 
 }  // namespace loom::schedule
+
+// Definitions: compiled here (header-only) or once in loom::compiled (core/linkage.hpp).
+#if LOOM_HEADER_DEFINITIONS
+
+namespace loom::schedule {
+
+LOOM_INLINE std::string to_string(const block& b, int rounds) {
+    std::string out = is_forward(b) ? "F" : "B";
+    if (b.round != 0 || (is_forward(b) && rounds > 1)) out += std::to_string(b.round);
+    out += "(s" + std::to_string(b.stage) + ",m" + std::to_string(b.micro) + ")";
+    return out;
+}
+
+}  // namespace loom::schedule
+#endif  // LOOM_HEADER_DEFINITIONS
 // ---- end loom/schedule/block.hpp ----
 // ---- begin loom/schedule/shape.hpp ----
 // The shape of a pipeline: how many stages, micro-batches and forward rounds, which devices
@@ -4651,40 +4878,7 @@ struct pipeline_shape {
 };
 
 // Throws schedule_error naming the first field that makes no pipeline.
-inline void check_shape(const pipeline_shape& p, const std::string& where = "pipeline_shape") {
-    auto fail = [&](const std::string& why) { throw schedule_error(where + ": " + why); };
-    if (p.stages < 1) fail(std::to_string(p.stages) + " stages; a pipeline needs at least one stage");
-    if (p.micro_batches < 1)
-        fail(std::to_string(p.micro_batches) + " micro-batches; a pipeline needs at least one micro-batch");
-    if (p.rounds < 1)
-        fail(std::to_string(p.rounds) + " forward rounds; every micro-batch runs at least one forward (rounds = 1)");
-    if (p.devices < 1) fail(std::to_string(p.devices) + " devices; a pipeline runs on at least one device");
-    if (p.stage_devices.size() != static_cast<std::size_t>(p.stages))
-        fail("stage_devices lists " + std::to_string(p.stage_devices.size()) + " stages but stages = " +
-             std::to_string(p.stages) + "; give one device list per stage");
-    std::vector<bool> used(static_cast<std::size_t>(p.devices), false);
-    for (int s = 0; s < p.stages; ++s) {
-        const auto& g = p.devices_of(s);
-        if (g.empty())
-            fail("stage " + std::to_string(s) + " runs on no device; list at least one in stage_devices[" +
-                 std::to_string(s) + "]");
-        for (std::size_t i = 0; i < g.size(); ++i) {
-            if (g[i] < 0 || g[i] >= p.devices)
-                fail("stage " + std::to_string(s) + " lists device " + std::to_string(g[i]) + ", outside 0.." +
-                     std::to_string(p.devices - 1) + "; use a device below " + std::to_string(p.devices) +
-                     " or raise devices");
-            const auto end = g.begin() + static_cast<std::ptrdiff_t>(i);
-            if (std::find(g.begin(), end, g[i]) != end)
-                fail("stage " + std::to_string(s) + " lists device " + std::to_string(g[i]) +
-                     " twice; list each device of a stage once");
-            used[static_cast<std::size_t>(g[i])] = true;
-        }
-    }
-    for (int d = 0; d < p.devices; ++d)
-        if (!used[static_cast<std::size_t>(d)])
-            fail("device " + std::to_string(d) + " runs no stage; give it a stage or lower devices to " +
-                 std::to_string(p.devices - 1));
-}
+LOOM_INLINE void check_shape(const pipeline_shape& p, const std::string& where = "pipeline_shape");
 
 // ---- blocks of a shape -----------------------------------------------------------------------
 
@@ -4695,18 +4889,7 @@ inline bool contains(const pipeline_shape& p, const block& b) {
 }
 
 // Why b is not one of the shape's blocks, or "" when it is.
-inline std::string why_not_contained(const pipeline_shape& p, const block& b) {
-    const std::string name = to_string(b, p.rounds);
-    if (b.stage < 0 || b.stage >= p.stages)
-        return name + ": stage " + std::to_string(b.stage) + " is outside 0.." + std::to_string(p.stages - 1);
-    if (b.micro < 0 || b.micro >= p.micro_batches)
-        return name + ": micro-batch " + std::to_string(b.micro) + " is outside 0.." + std::to_string(p.micro_batches - 1);
-    if (is_backward(b) && b.round != 0)
-        return name + ": a backward has no round (it follows the last forward round); write round 0";
-    if (is_forward(b) && (b.round < 0 || b.round >= p.rounds))
-        return name + ": forward round " + std::to_string(b.round) + " is outside 0.." + std::to_string(p.rounds - 1);
-    return {};
-}
+LOOM_INLINE std::string why_not_contained(const pipeline_shape& p, const block& b);
 
 // Dense numbering of the shape's blocks: forwards by (round, stage, micro), then backwards.
 inline int block_count(const pipeline_shape& p) { return (p.rounds + 1) * p.stages * p.micro_batches; }
@@ -4716,43 +4899,19 @@ inline int block_index(const pipeline_shape& p, const block& b) {
     return (r * p.stages + b.stage) * p.micro_batches + b.micro;
 }
 
-inline block block_at(const pipeline_shape& p, int index) {
-    const int micro = index % p.micro_batches;
-    const int stage = (index / p.micro_batches) % p.stages;
-    const int r = index / (p.micro_batches * p.stages);
-    return r == p.rounds ? backward_block(stage, micro) : forward_block(stage, micro, r);
-}
+LOOM_INLINE block block_at(const pipeline_shape& p, int index);
 
 // Every block, in block_index order.
-inline std::vector<block> all_blocks(const pipeline_shape& p) {
-    std::vector<block> out;
-    out.reserve(static_cast<std::size_t>(block_count(p)));
-    for (int i = 0; i < block_count(p); ++i) out.push_back(block_at(p, i));
-    return out;
-}
+LOOM_INLINE std::vector<block> all_blocks(const pipeline_shape& p);
 
 // The blocks device d runs, in block_index order.
-inline std::vector<block> blocks_on(const pipeline_shape& p, int device) {
-    std::vector<block> out;
-    for (const block& b : all_blocks(p))
-        if (p.runs_on(b.stage, device)) out.push_back(b);
-    return out;
-}
+LOOM_INLINE std::vector<block> blocks_on(const pipeline_shape& p, int device);
 
 // ---- data dependencies -----------------------------------------------------------------------
 
 enum class dependency_kind : std::uint8_t { activation, recycle, loss, gradient, saved_activation };
 
-inline std::string to_string(dependency_kind k) {
-    switch (k) {
-        case dependency_kind::activation: return "activation";
-        case dependency_kind::recycle: return "recycled output";
-        case dependency_kind::loss: return "loss";
-        case dependency_kind::gradient: return "gradient";
-        case dependency_kind::saved_activation: return "saved activations";
-    }
-    return "?";
-}
+LOOM_INLINE std::string to_string(dependency_kind k);
 
 struct dependency {
     block producer;
@@ -4788,17 +4947,107 @@ inline std::vector<dependency> inputs_of(const pipeline_shape& p, const block& b
 }
 
 // Every dependency of the shape, by consumer in block_index order.
-inline std::vector<dependency> dependencies(const pipeline_shape& p) {
+LOOM_INLINE std::vector<dependency> dependencies(const pipeline_shape& p);
+
+// Does this block hold activations until its backward (a forward of the last round)?
+inline bool holds_activations(const pipeline_shape& p, const block& b) { return is_forward(b) && b.round == p.rounds - 1; }
+
+}  // namespace loom::schedule
+
+// Definitions: compiled here (header-only) or once in loom::compiled (core/linkage.hpp).
+#if LOOM_HEADER_DEFINITIONS
+
+namespace loom::schedule {
+
+LOOM_INLINE void check_shape(const pipeline_shape& p, const std::string& where) {
+    auto fail = [&](const std::string& why) { throw schedule_error(where + ": " + why); };
+    if (p.stages < 1) fail(std::to_string(p.stages) + " stages; a pipeline needs at least one stage");
+    if (p.micro_batches < 1)
+        fail(std::to_string(p.micro_batches) + " micro-batches; a pipeline needs at least one micro-batch");
+    if (p.rounds < 1)
+        fail(std::to_string(p.rounds) + " forward rounds; every micro-batch runs at least one forward (rounds = 1)");
+    if (p.devices < 1) fail(std::to_string(p.devices) + " devices; a pipeline runs on at least one device");
+    if (p.stage_devices.size() != static_cast<std::size_t>(p.stages))
+        fail("stage_devices lists " + std::to_string(p.stage_devices.size()) + " stages but stages = " +
+             std::to_string(p.stages) + "; give one device list per stage");
+    std::vector<bool> used(static_cast<std::size_t>(p.devices), false);
+    for (int s = 0; s < p.stages; ++s) {
+        const auto& g = p.devices_of(s);
+        if (g.empty())
+            fail("stage " + std::to_string(s) + " runs on no device; list at least one in stage_devices[" +
+                 std::to_string(s) + "]");
+        for (std::size_t i = 0; i < g.size(); ++i) {
+            if (g[i] < 0 || g[i] >= p.devices)
+                fail("stage " + std::to_string(s) + " lists device " + std::to_string(g[i]) + ", outside 0.." +
+                     std::to_string(p.devices - 1) + "; use a device below " + std::to_string(p.devices) +
+                     " or raise devices");
+            const auto end = g.begin() + static_cast<std::ptrdiff_t>(i);
+            if (std::find(g.begin(), end, g[i]) != end)
+                fail("stage " + std::to_string(s) + " lists device " + std::to_string(g[i]) +
+                     " twice; list each device of a stage once");
+            used[static_cast<std::size_t>(g[i])] = true;
+        }
+    }
+    for (int d = 0; d < p.devices; ++d)
+        if (!used[static_cast<std::size_t>(d)])
+            fail("device " + std::to_string(d) + " runs no stage; give it a stage or lower devices to " +
+                 std::to_string(p.devices - 1));
+}
+
+LOOM_INLINE std::string why_not_contained(const pipeline_shape& p, const block& b) {
+    const std::string name = to_string(b, p.rounds);
+    if (b.stage < 0 || b.stage >= p.stages)
+        return name + ": stage " + std::to_string(b.stage) + " is outside 0.." + std::to_string(p.stages - 1);
+    if (b.micro < 0 || b.micro >= p.micro_batches)
+        return name + ": micro-batch " + std::to_string(b.micro) + " is outside 0.." + std::to_string(p.micro_batches - 1);
+    if (is_backward(b) && b.round != 0)
+        return name + ": a backward has no round (it follows the last forward round); write round 0";
+    if (is_forward(b) && (b.round < 0 || b.round >= p.rounds))
+        return name + ": forward round " + std::to_string(b.round) + " is outside 0.." + std::to_string(p.rounds - 1);
+    return {};
+}
+
+LOOM_INLINE block block_at(const pipeline_shape& p, int index) {
+    const int micro = index % p.micro_batches;
+    const int stage = (index / p.micro_batches) % p.stages;
+    const int r = index / (p.micro_batches * p.stages);
+    return r == p.rounds ? backward_block(stage, micro) : forward_block(stage, micro, r);
+}
+
+LOOM_INLINE std::vector<block> all_blocks(const pipeline_shape& p) {
+    std::vector<block> out;
+    out.reserve(static_cast<std::size_t>(block_count(p)));
+    for (int i = 0; i < block_count(p); ++i) out.push_back(block_at(p, i));
+    return out;
+}
+
+LOOM_INLINE std::vector<block> blocks_on(const pipeline_shape& p, int device) {
+    std::vector<block> out;
+    for (const block& b : all_blocks(p))
+        if (p.runs_on(b.stage, device)) out.push_back(b);
+    return out;
+}
+
+LOOM_INLINE std::string to_string(dependency_kind k) {
+    switch (k) {
+        case dependency_kind::activation: return "activation";
+        case dependency_kind::recycle: return "recycled output";
+        case dependency_kind::loss: return "loss";
+        case dependency_kind::gradient: return "gradient";
+        case dependency_kind::saved_activation: return "saved activations";
+    }
+    return "?";
+}
+
+LOOM_INLINE std::vector<dependency> dependencies(const pipeline_shape& p) {
     std::vector<dependency> out;
     for (const block& b : all_blocks(p))
         for (const dependency& d : inputs_of(p, b)) out.push_back(d);
     return out;
 }
 
-// Does this block hold activations until its backward (a forward of the last round)?
-inline bool holds_activations(const pipeline_shape& p, const block& b) { return is_forward(b) && b.round == p.rounds - 1; }
-
 }  // namespace loom::schedule
+#endif  // LOOM_HEADER_DEFINITIONS
 // ---- end loom/schedule/shape.hpp ----
 
 namespace loom::schedule {
@@ -4812,7 +5061,22 @@ struct schedule {
 // "1F1B: 2 stages, 4 micro-batches, 2 devices
 //    device 0: F(s0,m0) F(s0,m1) B(s0,m0) F(s0,m2) B(s0,m1) F(s0,m3) B(s0,m2) B(s0,m3)
 //    device 1: ..."
-inline std::string to_string(const schedule& s) {
+LOOM_INLINE std::string to_string(const schedule& s);
+
+inline std::ostream& operator<<(std::ostream& os, const schedule& s) { return os << to_string(s); }
+
+// position[d][block_index(shape, b)]: where device d runs b, or -1 when it does not. Blocks
+// outside the shape are left out (validate reports them).
+LOOM_INLINE std::vector<std::vector<int>> order_positions(const schedule& s);
+
+}  // namespace loom::schedule
+
+// Definitions: compiled here (header-only) or once in loom::compiled (core/linkage.hpp).
+#if LOOM_HEADER_DEFINITIONS
+
+namespace loom::schedule {
+
+LOOM_INLINE std::string to_string(const schedule& s) {
     std::string out = (s.name.empty() ? std::string("schedule") : s.name) + ": " + std::to_string(s.shape.stages) +
                       " stages, " + std::to_string(s.shape.micro_batches) + " micro-batches, ";
     if (s.shape.rounds > 1) out += std::to_string(s.shape.rounds) + " forward rounds, ";
@@ -4824,11 +5088,7 @@ inline std::string to_string(const schedule& s) {
     return out;
 }
 
-inline std::ostream& operator<<(std::ostream& os, const schedule& s) { return os << to_string(s); }
-
-// position[d][block_index(shape, b)]: where device d runs b, or -1 when it does not. Blocks
-// outside the shape are left out (validate reports them).
-inline std::vector<std::vector<int>> order_positions(const schedule& s) {
+LOOM_INLINE std::vector<std::vector<int>> order_positions(const schedule& s) {
     std::vector<std::vector<int>> position(s.device_order.size(),
                                            std::vector<int>(static_cast<std::size_t>(block_count(s.shape)), -1));
     for (std::size_t d = 0; d < s.device_order.size(); ++d)
@@ -4842,6 +5102,7 @@ inline std::vector<std::vector<int>> order_positions(const schedule& s) {
 }
 
 }  // namespace loom::schedule
+#endif  // LOOM_HEADER_DEFINITIONS
 // ---- end loom/schedule/schedule.hpp ----
 
 namespace loom::plan {
@@ -5281,7 +5542,27 @@ inline affine_values shape_values(const pipeline_shape& p) {
 }
 
 // The blocks of (pass, round) that device d runs, in unit order `order`.
-inline std::vector<block> device_sequence(const pipeline_shape& p, int d, pass_kind pass, int round, unit_order order) {
+LOOM_INLINE std::vector<block> device_sequence(const pipeline_shape& p, int d, pass_kind pass, int round, unit_order order);
+
+// The largest |index expression| at index 0. With any non-zero coefficient, an index i with
+// |i| > reach + extent puts that expression outside [0, extent), so the window
+// [-(reach + extent), reach + extent] holds every member (or_last folds the rest onto it).
+LOOM_INLINE long long index_reach(const before& c, const affine_values& at0);
+
+}  // namespace detail
+
+// The block pairs family c orders on shape p, in (stage or device, index) order. Throws
+// schedule_error when the constraint is ill-formed for p or a pair shares no device.
+LOOM_INLINE std::vector<ordered_pair> expand(const before& c, const pipeline_shape& p, std::string_view where = "");
+
+}  // namespace loom::schedule
+
+// Definitions: compiled here (header-only) or once in loom::compiled (core/linkage.hpp).
+#if LOOM_HEADER_DEFINITIONS
+
+namespace loom::schedule::detail {
+
+LOOM_INLINE std::vector<block> device_sequence(const pipeline_shape& p, int d, pass_kind pass, int round, unit_order order) {
     std::vector<block> seq;
     for (int s = 0; s < p.stages; ++s) {
         if (!p.runs_on(s, d)) continue;
@@ -5302,10 +5583,7 @@ inline std::vector<block> device_sequence(const pipeline_shape& p, int d, pass_k
     return seq;
 }
 
-// The largest |index expression| at index 0. With any non-zero coefficient, an index i with
-// |i| > reach + extent puts that expression outside [0, extent), so the window
-// [-(reach + extent), reach + extent] holds every member (or_last folds the rest onto it).
-inline long long index_reach(const before& c, const affine_values& at0) {
+LOOM_INLINE long long index_reach(const before& c, const affine_values& at0) {
     long long reach = 0;
     for (const affine* a : {&c.first.index, &c.then.index}) {
         const long long v = evaluate(*a, at0);
@@ -5313,12 +5591,11 @@ inline long long index_reach(const before& c, const affine_values& at0) {
     }
     return reach;
 }
+}  // namespace loom::schedule::detail
 
-}  // namespace detail
+namespace loom::schedule {
 
-// The block pairs family c orders on shape p, in (stage or device, index) order. Throws
-// schedule_error when the constraint is ill-formed for p or a pair shares no device.
-inline std::vector<ordered_pair> expand(const before& c, const pipeline_shape& p, std::string_view where = "") {
+LOOM_INLINE std::vector<ordered_pair> expand(const before& c, const pipeline_shape& p, std::string_view where) {
     if (auto e = first_constraint_error(c, p.rounds, where); !e.empty()) throw schedule_error(e.str());
     std::vector<ordered_pair> pairs;
     const affine_values base = detail::shape_values(p);
@@ -5391,23 +5668,14 @@ inline std::vector<ordered_pair> expand(const before& c, const pipeline_shape& p
 }
 
 }  // namespace loom::schedule
+#endif  // LOOM_HEADER_DEFINITIONS
 // ---- end loom/schedule/constraints.hpp ----
 
 namespace loom::plan {
 
 enum class schedule_kind : std::uint8_t { gpipe, one_f_one_b, interleaved, three_f_one_b, interlaced, from_constraints };
 
-inline std::string to_string(schedule_kind k) {
-    switch (k) {
-        case schedule_kind::gpipe: return "GPipe";
-        case schedule_kind::one_f_one_b: return "1F1B";
-        case schedule_kind::interleaved: return "interleaved 1F1B";
-        case schedule_kind::three_f_one_b: return "3F1B";
-        case schedule_kind::interlaced: return "interlaced";
-        case schedule_kind::from_constraints: return "ordered by constraints";
-    }
-    return "?";
-}
+LOOM_INLINE std::string to_string(schedule_kind k);
 
 struct order_policy {
     schedule_kind kind = schedule_kind::one_f_one_b;
@@ -5442,6 +5710,26 @@ struct order_spec {
 };
 
 }  // namespace loom::plan
+
+// Definitions: compiled here (header-only) or once in loom::compiled (core/linkage.hpp).
+#if LOOM_HEADER_DEFINITIONS
+
+namespace loom::plan {
+
+LOOM_INLINE std::string to_string(schedule_kind k) {
+    switch (k) {
+        case schedule_kind::gpipe: return "GPipe";
+        case schedule_kind::one_f_one_b: return "1F1B";
+        case schedule_kind::interleaved: return "interleaved 1F1B";
+        case schedule_kind::three_f_one_b: return "3F1B";
+        case schedule_kind::interlaced: return "interlaced";
+        case schedule_kind::from_constraints: return "ordered by constraints";
+    }
+    return "?";
+}
+
+}  // namespace loom::plan
+#endif  // LOOM_HEADER_DEFINITIONS
 // ---- end loom/plan/op_order.hpp ----
 
 namespace loom::plan {
@@ -5449,38 +5737,13 @@ namespace loom::plan {
 namespace detail {
 
 // Shell-style glob: '*' any run of characters, '?' one character.
-inline bool glob_match(std::string_view pattern, std::string_view text) {
-    std::size_t p = 0, t = 0, star = std::string_view::npos, mark = 0;
-    while (t < text.size()) {
-        if (p < pattern.size() && (pattern[p] == '?' || pattern[p] == text[t])) {
-            ++p;
-            ++t;
-        } else if (p < pattern.size() && pattern[p] == '*') {
-            star = p++;
-            mark = t;
-        } else if (star != std::string_view::npos) {
-            p = star + 1;
-            t = ++mark;
-        } else {
-            return false;
-        }
-    }
-    while (p < pattern.size() && pattern[p] == '*') ++p;
-    return p == pattern.size();
-}
+LOOM_INLINE bool glob_match(std::string_view pattern, std::string_view text);
 
 }  // namespace detail
 
 // The index of the layer of `repeat` that node n is in (its innermost enclosing scope that
 // is an instance of that repeat), or -1 outside it.
-inline std::int64_t layer_index(const graph& g, const node& n, std::string_view repeat) {
-    for (std::int32_t s = n.scope; s != no_id;) {
-        const scope_desc& sd = g.scopes.at(static_cast<std::size_t>(s));
-        if (sd.repeat != no_id && g.repeats.at(static_cast<std::size_t>(sd.repeat)).name == repeat) return sd.index;
-        s = sd.parent;
-    }
-    return -1;
-}
+LOOM_INLINE std::int64_t layer_index(const graph& g, const node& n, std::string_view repeat);
 
 // Which ops a rule applies to. Every condition that is set must hold.
 struct selector {
@@ -5607,7 +5870,69 @@ struct plan_spec {
 // The names of a plan's open parameters, each once, in the order the plan states them: the
 // recompute choices of its rules, the degrees of its rules, then its stage count,
 // micro-batches, order and ZeRO stage.
-inline std::vector<std::string> open_parameters(const plan_spec& p) {
+LOOM_INLINE std::vector<std::string> open_parameters(const plan_spec& p);
+
+// The value of a degree: its fixed value, or the plan's choice for its open parameter
+// (checked against the parameter's range). `where` names the part for messages.
+LOOM_INLINE std::int64_t degree_value(const degree_spec& d, const plan_spec& p, const std::string& where);
+
+// Whether rule r recomputes, from its open choice.
+LOOM_INLINE bool recompute_chosen(const rule& r, const plan_spec& p);
+
+namespace detail {
+
+// A split the plan forbids, whichever way it is spelled: forbid<Split<Dim::Seq>> also stops a
+// split of an op's own variable whose dim is Seq, and forbid<Split<Var<"s">>> a split of the
+// dim that an op's "s" has.
+LOOM_INLINE void check_not_forbidden(const plan_spec& p, const node& n, const split_spec& s, const std::string& where);
+
+// op-trans and op-assign of every forward node of `g` by the plan's rules, on the plan's
+// devices (nodes no rule selects run whole on every device). plan::resolve (plan/resolve.hpp)
+// adds the stages, micro-batches and order around it.
+LOOM_INLINE resolved_plan partition_ops(const plan_spec& p, const graph& g);
+
+}  // namespace detail
+
+}  // namespace loom::plan
+
+// Definitions: compiled here (header-only) or once in loom::compiled (core/linkage.hpp).
+#if LOOM_HEADER_DEFINITIONS
+
+namespace loom::plan::detail {
+
+LOOM_INLINE bool glob_match(std::string_view pattern, std::string_view text) {
+    std::size_t p = 0, t = 0, star = std::string_view::npos, mark = 0;
+    while (t < text.size()) {
+        if (p < pattern.size() && (pattern[p] == '?' || pattern[p] == text[t])) {
+            ++p;
+            ++t;
+        } else if (p < pattern.size() && pattern[p] == '*') {
+            star = p++;
+            mark = t;
+        } else if (star != std::string_view::npos) {
+            p = star + 1;
+            t = ++mark;
+        } else {
+            return false;
+        }
+    }
+    while (p < pattern.size() && pattern[p] == '*') ++p;
+    return p == pattern.size();
+}
+}  // namespace loom::plan::detail
+
+namespace loom::plan {
+
+LOOM_INLINE std::int64_t layer_index(const graph& g, const node& n, std::string_view repeat) {
+    for (std::int32_t s = n.scope; s != no_id;) {
+        const scope_desc& sd = g.scopes.at(static_cast<std::size_t>(s));
+        if (sd.repeat != no_id && g.repeats.at(static_cast<std::size_t>(sd.repeat)).name == repeat) return sd.index;
+        s = sd.parent;
+    }
+    return -1;
+}
+
+LOOM_INLINE std::vector<std::string> open_parameters(const plan_spec& p) {
     std::vector<std::string> names;
     auto add = [&](const std::string& name) {
         if (!name.empty() && std::find(names.begin(), names.end(), name) == names.end()) names.push_back(name);
@@ -5623,9 +5948,7 @@ inline std::vector<std::string> open_parameters(const plan_spec& p) {
     return names;
 }
 
-// The value of a degree: its fixed value, or the plan's choice for its open parameter
-// (checked against the parameter's range). `where` names the part for messages.
-inline std::int64_t degree_value(const degree_spec& d, const plan_spec& p, const std::string& where) {
+LOOM_INLINE std::int64_t degree_value(const degree_spec& d, const plan_spec& p, const std::string& where) {
     if (d.open.empty()) return d.value;
     auto it = p.choices.find(d.open);
     if (it == p.choices.end())
@@ -5640,8 +5963,7 @@ inline std::int64_t degree_value(const degree_spec& d, const plan_spec& p, const
     return it->second;
 }
 
-// Whether rule r recomputes, from its open choice.
-inline bool recompute_chosen(const rule& r, const plan_spec& p) {
+LOOM_INLINE bool recompute_chosen(const rule& r, const plan_spec& p) {
     auto it = p.choices.find(r.recompute_open);
     const std::string where = (r.origin.empty() ? std::string("a rule") : r.origin) + " on " + r.on.describe();
     if (it == p.choices.end())
@@ -5653,13 +5975,11 @@ inline bool recompute_chosen(const rule& r, const plan_spec& p) {
                          std::to_string(it->second) + "; choose 0 (keep) or 1 (recompute)");
     return it->second == 1;
 }
+}  // namespace loom::plan
 
-namespace detail {
+namespace loom::plan::detail {
 
-// A split the plan forbids, whichever way it is spelled: forbid<Split<Dim::Seq>> also stops a
-// split of an op's own variable whose dim is Seq, and forbid<Split<Var<"s">>> a split of the
-// dim that an op's "s" has.
-inline void check_not_forbidden(const plan_spec& p, const node& n, const split_spec& s, const std::string& where) {
+LOOM_INLINE void check_not_forbidden(const plan_spec& p, const node& n, const split_spec& s, const std::string& where) {
     for (const bound_variable& v : n.sig.vars) {
         const bool this_one = s.label.empty() ? v.dim == s.dim : v.label == s.label;
         if (!this_one) continue;
@@ -5674,10 +5994,7 @@ inline void check_not_forbidden(const plan_spec& p, const node& n, const split_s
     }
 }
 
-// op-trans and op-assign of every forward node of `g` by the plan's rules, on the plan's
-// devices (nodes no rule selects run whole on every device). plan::resolve (plan/resolve.hpp)
-// adds the stages, micro-batches and order around it.
-inline resolved_plan partition_ops(const plan_spec& p, const graph& g) {
+LOOM_INLINE resolved_plan partition_ops(const plan_spec& p, const graph& g) {
     if (p.devices < 1) throw plan_error("plan: devices = " + std::to_string(p.devices) + "; use at least one device");
     const std::size_t forward = g.forward_node_count();
     resolved_plan out;
@@ -5748,9 +6065,8 @@ inline resolved_plan partition_ops(const plan_spec& p, const graph& g) {
     return out;
 }
 
-}  // namespace detail
-
-}  // namespace loom::plan
+}  // namespace loom::plan::detail
+#endif  // LOOM_HEADER_DEFINITIONS
 // ---- end loom/plan/rules.hpp ----
 
 namespace loom::plan {
@@ -6126,7 +6442,27 @@ struct pipeline_spec {
 
 // r for a node under scope "<name>.<r>" (an instance of a repeat called name, or a scope
 // named so), or -1.
-inline int round_of(const graph& g, const node& n, const std::string& name) {
+LOOM_INLINE int round_of(const graph& g, const node& n, const std::string& name);
+
+inline bool has_dim(const node& n, dim_id d) {
+    for (const auto& v : n.sig.vars)
+        if (v.dim == d) return true;
+    return false;
+}
+
+// Places the stages: the partitions (with op-assign to the stage groups) plus, per forward
+// node, its stage, round, and whether its first split is the micro-batch split. The order
+// is left to the caller (plan::resolve).
+LOOM_INLINE resolved_plan place_stages(const pipeline_spec& spec, const graph& g);
+
+}  // namespace loom::plan::detail
+
+// Definitions: compiled here (header-only) or once in loom::compiled (core/linkage.hpp).
+#if LOOM_HEADER_DEFINITIONS
+
+namespace loom::plan::detail {
+
+LOOM_INLINE int round_of(const graph& g, const node& n, const std::string& name) {
     if (name.empty()) return -1;
     for (std::int32_t s = n.scope; s != no_id;) {
         const scope_desc& sd = g.scopes.at(static_cast<std::size_t>(s));
@@ -6140,16 +6476,7 @@ inline int round_of(const graph& g, const node& n, const std::string& name) {
     return -1;
 }
 
-inline bool has_dim(const node& n, dim_id d) {
-    for (const auto& v : n.sig.vars)
-        if (v.dim == d) return true;
-    return false;
-}
-
-// Places the stages: the partitions (with op-assign to the stage groups) plus, per forward
-// node, its stage, round, and whether its first split is the micro-batch split. The order
-// is left to the caller (plan::resolve).
-inline resolved_plan place_stages(const pipeline_spec& spec, const graph& g) {
+LOOM_INLINE resolved_plan place_stages(const pipeline_spec& spec, const graph& g) {
     const auto stages = static_cast<int>(spec.stages.size());
     if (stages < 1) throw plan_error("pipeline: no stages; give at least one stage (a layer range and its devices)");
     if (spec.micro_batches < 1)
@@ -6266,6 +6593,7 @@ inline resolved_plan place_stages(const pipeline_spec& spec, const graph& g) {
 }
 
 }  // namespace loom::plan::detail
+#endif  // LOOM_HEADER_DEFINITIONS
 // ---- end loom/plan/pipeline.hpp ----
 // ---- begin loom/schedule/templates.hpp ----
 // The classic pipeline schedules, each written as order constraints (nnScaler's op-order with
@@ -6472,6 +6800,7 @@ struct cost_model {
 #include <cstddef>
 #include <vector>
 
+
 namespace loom::schedule::detail {
 
 struct labelled_edge {
@@ -6485,7 +6814,16 @@ struct cycle_edge {
     int label = 0;
 };
 
-inline std::vector<cycle_edge> find_cycle(const std::vector<std::vector<labelled_edge>>& out) {
+LOOM_INLINE std::vector<cycle_edge> find_cycle(const std::vector<std::vector<labelled_edge>>& out);
+
+}  // namespace loom::schedule::detail
+
+// Definitions: compiled here (header-only) or once in loom::compiled (core/linkage.hpp).
+#if LOOM_HEADER_DEFINITIONS
+
+namespace loom::schedule::detail {
+
+LOOM_INLINE std::vector<cycle_edge> find_cycle(const std::vector<std::vector<labelled_edge>>& out) {
     enum class colour : unsigned char { white, grey, black };
     const std::size_t n = out.size();
     std::vector<colour> state(n, colour::white);
@@ -6527,6 +6865,7 @@ inline std::vector<cycle_edge> find_cycle(const std::vector<std::vector<labelled
 }
 
 }  // namespace loom::schedule::detail
+#endif  // LOOM_HEADER_DEFINITIONS
 // ---- end loom/schedule/cycle.hpp ----
 // ---- begin loom/schedule/transfers.hpp ----
 // The messages a pipeline sends: one per dependency and consumer device that does not run the
@@ -6574,7 +6913,19 @@ inline std::string to_string(const transfer& t, int rounds = 1) {
 }
 
 // The messages one dependency needs (none when every consumer device runs the producer).
-inline std::vector<transfer> transfers_of(const pipeline_shape& p, const dependency& dep) {
+LOOM_INLINE std::vector<transfer> transfers_of(const pipeline_shape& p, const dependency& dep);
+
+// Every message of the shape, by consumer in block_index order.
+LOOM_INLINE std::vector<transfer> all_transfers(const pipeline_shape& p);
+
+}  // namespace loom::schedule
+
+// Definitions: compiled here (header-only) or once in loom::compiled (core/linkage.hpp).
+#if LOOM_HEADER_DEFINITIONS
+
+namespace loom::schedule {
+
+LOOM_INLINE std::vector<transfer> transfers_of(const pipeline_shape& p, const dependency& dep) {
     std::vector<transfer> out;
     const auto& from = p.devices_of(dep.producer.stage);
     const auto& to = p.devices_of(dep.consumer.stage);
@@ -6585,8 +6936,7 @@ inline std::vector<transfer> transfers_of(const pipeline_shape& p, const depende
     return out;
 }
 
-// Every message of the shape, by consumer in block_index order.
-inline std::vector<transfer> all_transfers(const pipeline_shape& p) {
+LOOM_INLINE std::vector<transfer> all_transfers(const pipeline_shape& p) {
     std::vector<transfer> out;
     for (const dependency& d : dependencies(p))
         for (const transfer& t : transfers_of(p, d)) out.push_back(t);
@@ -6594,6 +6944,7 @@ inline std::vector<transfer> all_transfers(const pipeline_shape& p) {
 }
 
 }  // namespace loom::schedule
+#endif  // LOOM_HEADER_DEFINITIONS
 // ---- end loom/schedule/transfers.hpp ----
 // ---- begin loom/schedule/validate.hpp ----
 // Is a schedule runnable? validate(s, options) throws schedule_error with the first problem,
@@ -6649,8 +7000,22 @@ namespace detail {
 // Calls visit(device, position, block, held_per_stage) after each block of each device's
 // order, with held_per_stage[s] the micro-batches of stage s that device holds just then
 // (a forward counts from its start, so this is the high-water mark of the block).
-inline void walk_in_flight(const schedule& s,
-                           const std::function<void(int, std::size_t, const block&, const std::vector<int>&)>& visit) {
+LOOM_INLINE void walk_in_flight(const schedule& s,
+                                const std::function<void(int, std::size_t, const block&, const std::vector<int>&)>& visit);
+
+}  // namespace detail
+
+LOOM_INLINE in_flight_peaks peak_in_flight(const schedule& s);
+
+}  // namespace loom::schedule
+
+// Definitions: compiled here (header-only) or once in loom::compiled (core/linkage.hpp).
+#if LOOM_HEADER_DEFINITIONS
+
+namespace loom::schedule::detail {
+
+LOOM_INLINE void walk_in_flight(const schedule& s,
+                                const std::function<void(int, std::size_t, const block&, const std::vector<int>&)>& visit) {
     for (std::size_t d = 0; d < s.device_order.size(); ++d) {
         std::vector<int> held(static_cast<std::size_t>(std::max(s.shape.stages, 0)), 0);
         for (std::size_t i = 0; i < s.device_order[d].size(); ++i) {
@@ -6663,10 +7028,11 @@ inline void walk_in_flight(const schedule& s,
         }
     }
 }
+}  // namespace loom::schedule::detail
 
-}  // namespace detail
+namespace loom::schedule {
 
-inline in_flight_peaks peak_in_flight(const schedule& s) {
+LOOM_INLINE in_flight_peaks peak_in_flight(const schedule& s) {
     in_flight_peaks peaks{std::vector<int>(static_cast<std::size_t>(std::max(s.shape.stages, 0)), 0),
                           std::vector<int>(s.device_order.size(), 0)};
     detail::walk_in_flight(s, [&](int d, std::size_t, const block& b, const std::vector<int>& held) {
@@ -6681,6 +7047,7 @@ inline in_flight_peaks peak_in_flight(const schedule& s) {
 }
 
 }  // namespace loom::schedule
+#endif  // LOOM_HEADER_DEFINITIONS
 // ---- end loom/schedule/in_flight.hpp ----
 
 namespace loom::schedule {
@@ -6699,16 +7066,7 @@ inline std::string devices_text(const std::vector<int>& devices) {
     return devices.size() == 1 ? out : out + "}";
 }
 
-inline std::string reads_text(dependency_kind k) {
-    switch (k) {
-        case dependency_kind::activation: return "its input activation";
-        case dependency_kind::recycle: return "the previous round's output (recycling)";
-        case dependency_kind::loss: return "the loss of its forward";
-        case dependency_kind::gradient: return "its output gradient";
-        case dependency_kind::saved_activation: return "its saved activations";
-    }
-    return "?";
-}
+LOOM_INLINE std::string reads_text(dependency_kind k);
 
 class validator {
 public:
@@ -6916,7 +7274,30 @@ inline void validate(const schedule& s, const validation_options& options = {}) 
 }
 
 // validate's message, or "" when the schedule is valid.
-inline std::string validation_error(const schedule& s, const validation_options& options = {}) {
+LOOM_INLINE std::string validation_error(const schedule& s, const validation_options& options = {});
+
+}  // namespace loom::schedule
+
+// Definitions: compiled here (header-only) or once in loom::compiled (core/linkage.hpp).
+#if LOOM_HEADER_DEFINITIONS
+
+namespace loom::schedule::detail {
+
+LOOM_INLINE std::string reads_text(dependency_kind k) {
+    switch (k) {
+        case dependency_kind::activation: return "its input activation";
+        case dependency_kind::recycle: return "the previous round's output (recycling)";
+        case dependency_kind::loss: return "the loss of its forward";
+        case dependency_kind::gradient: return "its output gradient";
+        case dependency_kind::saved_activation: return "its saved activations";
+    }
+    return "?";
+}
+}  // namespace loom::schedule::detail
+
+namespace loom::schedule {
+
+LOOM_INLINE std::string validation_error(const schedule& s, const validation_options& options) {
     try {
         validate(s, options);
     } catch (const schedule_error& e) {
@@ -6926,6 +7307,7 @@ inline std::string validation_error(const schedule& s, const validation_options&
 }
 
 }  // namespace loom::schedule
+#endif  // LOOM_HEADER_DEFINITIONS
 // ---- end loom/schedule/validate.hpp ----
 
 namespace loom::schedule {
@@ -7187,67 +7569,20 @@ inline schedule from_constraints(const schedule_spec& spec, const cost_model& co
 namespace loom::schedule {
 
 // Per stage: each round's forwards in micro-batch order, and the backwards too (Table 4 (1), (2)).
-inline std::vector<before> micro_order_constraints(int rounds = 1) {
-    using namespace var;
-    std::vector<before> c;
-    for (int r = 0; r < rounds; ++r) c.push_back(before{forward(micro, r), forward(micro + 1, r)});
-    c.push_back(before{backward(micro), backward(micro + 1)});
-    return c;
-}
+LOOM_INLINE std::vector<before> micro_order_constraints(int rounds = 1);
 
-inline std::vector<before> gpipe_constraints() {
-    using namespace var;
-    auto c = micro_order_constraints();
-    // the last forward before the first backward
-    c.push_back(before{forward(micro + micro_batches - 1), backward(micro)});
-    return c;
-}
+LOOM_INLINE std::vector<before> gpipe_constraints();
 
-inline std::vector<before> one_f_one_b_constraints() {
-    using namespace var;
-    auto c = micro_order_constraints();
-    c.push_back(before{forward(micro + stages - stage - 1).or_last(), backward(micro)});  // (3), ofst = S - s - 1
-    c.push_back(before{backward(micro), forward(micro + stages - stage)});                // (4), ofst + 1
-    return c;
-}
+LOOM_INLINE std::vector<before> one_f_one_b_constraints();
 
 // Per device d over its blocks in by_micro_group order; `chunks` is v.
-inline std::vector<before> interleaved_constraints(int chunks) {
-    using namespace var;
-    // w = 2(p - d - 1) + (v - 1) p = stages + devices - 2 device - 2 (v > 1); p - d - 1 (v = 1)
-    const affine warmup = chunks > 1 ? stages + devices - 2 * device - 2 : devices - device - 1;
-    constexpr condition always{};
-    constexpr auto grouped = unit_order::by_micro_group;
-    return {
-        before{forward(position), forward(position + 1), each_device, always, grouped},
-        before{backward(position), backward(position + 1), each_device, always, grouped},
-        before{forward(position + warmup).or_last(), backward(position), each_device, always, grouped},
-        before{backward(position), forward(position + warmup + 1), each_device, always, grouped},
-    };
-}
+LOOM_INLINE std::vector<before> interleaved_constraints(int chunks);
 
 // Table 7, for `rounds` forward rounds (3F1B: 3).
-inline std::vector<before> recycling_constraints(int rounds = 3) {
-    using namespace var;
-    auto c = micro_order_constraints(rounds);
-    for (int r = 0; r + 1 < rounds; ++r) c.push_back(before{forward(micro + 1, r), forward(micro, r + 1)});  // (1), (2)
-    c.push_back(before{forward(micro + stages - stage - 1, rounds - 1).or_last(), backward(micro)});        // (3)
-    c.push_back(before{backward(micro), forward(micro + stages - stage + rounds - 1, 0)});                  // next cycle
-    return c;
-}
+LOOM_INLINE std::vector<before> recycling_constraints(int rounds = 3);
 
 // Stages 0 (embedding) and S-1 (LM head) on every device; stages 1..S-2 a 1F1B pipeline.
-inline std::vector<before> interlaced_constraints() {
-    using namespace var;
-    auto c = micro_order_constraints();
-    const condition pipeline_stages = within(stage, 1, stages - 2);
-    // stage k of the p = S - 2 pipeline stages runs w = p - k forwards ahead
-    c.push_back(before{forward(micro + stages - stage - 2).or_last(), backward(micro), each_stage, pipeline_stages});
-    c.push_back(before{backward(micro), forward(micro + stages - stage - 1), each_stage, pipeline_stages});
-    // the embedding runs one micro-batch ahead of the first pipeline stage
-    c.push_back(before{forward(micro).on_stage(1), forward(micro + 1), each_stage, within(stage, 0, 0)});
-    return c;
-}
+LOOM_INLINE std::vector<before> interlaced_constraints();
 
 // ---- specs and builders ----------------------------------------------------------------------
 
@@ -7259,12 +7594,7 @@ inline void check_policy(policy_kind kind, const std::string& spelling, int stag
     if (text e = first_policy_error(v); !e.empty()) throw schedule_error(e.str());
 }
 
-inline std::string call_text(const char* function, std::initializer_list<int> args) {
-    std::string out = std::string(function) + "(";
-    bool first = true;
-    for (int a : args) out += (first ? "" : ", ") + std::to_string(a), first = false;
-    return out + ")";
-}
+LOOM_INLINE std::string call_text(const char* function, std::initializer_list<int> args);
 
 }  // namespace detail
 
@@ -7280,13 +7610,7 @@ inline schedule_spec one_f_one_b_spec(int stages, int micro_batches) {
     return {"1F1B", pipeline_shape::linear(stages, micro_batches), one_f_one_b_constraints()};
 }
 
-inline schedule_spec interleaved_spec(int devices, int chunks, int micro_batches) {
-    detail::check_policy(detail::policy_kind::interleaved,
-                         detail::call_text("interleaved_one_f_one_b", {devices, chunks, micro_batches}), devices, chunks,
-                         micro_batches);
-    return {"interleaved 1F1B (" + std::to_string(chunks) + " virtual stages per device)",
-            pipeline_shape::interleaved(devices, chunks, micro_batches), interleaved_constraints(chunks)};
-}
+LOOM_INLINE schedule_spec interleaved_spec(int devices, int chunks, int micro_batches);
 
 inline schedule_spec three_f_one_b_spec(int stages, int micro_batches) {
     detail::check_policy(detail::policy_kind::three_f_one_b, detail::call_text("three_f_one_b", {stages, micro_batches}),
@@ -7294,15 +7618,7 @@ inline schedule_spec three_f_one_b_spec(int stages, int micro_batches) {
     return {"3F1B", pipeline_shape::linear(stages, micro_batches, 3), recycling_constraints(3)};
 }
 
-inline schedule_spec interlaced_spec(int pipeline_stages, int micro_batches, int devices_per_stage = 1) {
-    const std::string call = detail::call_text("interlaced", {pipeline_stages, micro_batches, devices_per_stage});
-    detail::check_policy(detail::policy_kind::interlaced, call, pipeline_stages, 1, micro_batches);
-    if (devices_per_stage < 1)
-        throw schedule_error(call + ": " + std::to_string(devices_per_stage) +
-                             " devices per stage; each pipeline stage needs at least one device");
-    return {"interlaced", pipeline_shape::interlaced(pipeline_stages, micro_batches, devices_per_stage),
-            interlaced_constraints()};
-}
+LOOM_INLINE schedule_spec interlaced_spec(int pipeline_stages, int micro_batches, int devices_per_stage = 1);
 
 namespace detail {
 
@@ -7312,41 +7628,14 @@ namespace detail {
 // 1F1B on 8 devices with 256 micro-batches takes over a second), and the plan searcher builds
 // hundreds of such schedules.
 
-inline std::vector<std::vector<block>> gpipe_device_orders(int stages, int micro_batches) {
-    std::vector<std::vector<block>> orders(static_cast<std::size_t>(stages));
-    for (int d = 0; d < stages; ++d) {
-        auto& order = orders[static_cast<std::size_t>(d)];
-        order.reserve(2 * static_cast<std::size_t>(micro_batches));
-        for (int i = 0; i < micro_batches; ++i) order.push_back(forward_block(d, i));
-        for (int i = 0; i < micro_batches; ++i) order.push_back(backward_block(d, i));
-    }
-    return orders;
-}
+LOOM_INLINE std::vector<std::vector<block>> gpipe_device_orders(int stages, int micro_batches);
 
 // Device r of p with v chunks (stages r, r + p, ..., r + (v - 1) p) runs forward k of the
 // micro-batch (k / (p v)) p + k % p on chunk (k / p) % v, backward k on the same micro-batch
 // of chunk v - 1 - (k / p) % v (Megatron's groups of p micro-batches through one chunk at a
 // time); after w + 1 forwards, w = 2 (p - r - 1) + (v - 1) p (v > 1) or p - r - 1 (v = 1, plain
 // 1F1B), a backward and a forward alternate until the forwards run out.
-inline std::vector<std::vector<block>> interleaved_device_orders(int p, int v, int m) {
-    std::vector<std::vector<block>> orders(static_cast<std::size_t>(p));
-    const int total = m * v;
-    const auto micro = [&](int k) { return (k / (p * v)) * p + k % p; };
-    for (int r = 0; r < p; ++r) {
-        auto& order = orders[static_cast<std::size_t>(r)];
-        order.reserve(2 * static_cast<std::size_t>(total));
-        const auto forward = [&](int k) { return forward_block(((k / p) % v) * p + r, micro(k)); };
-        const auto backward = [&](int k) { return backward_block((v - 1 - (k / p) % v) * p + r, micro(k)); };
-        const int w = v > 1 ? 2 * (p - r - 1) + (v - 1) * p : p - r - 1;
-        int f = 0, b = 0;
-        for (; f < std::min(w + 1, total); ++f) order.push_back(forward(f));
-        while (b < total) {
-            order.push_back(backward(b++));
-            if (f < total) order.push_back(forward(f++));
-        }
-    }
-    return orders;
-}
+LOOM_INLINE std::vector<std::vector<block>> interleaved_device_orders(int p, int v, int m);
 
 }  // namespace detail
 
@@ -7374,18 +7663,145 @@ inline schedule interlaced(int pipeline_stages, int micro_batches, int devices_p
 }
 
 }  // namespace loom::schedule
+
+// Definitions: compiled here (header-only) or once in loom::compiled (core/linkage.hpp).
+#if LOOM_HEADER_DEFINITIONS
+
+namespace loom::schedule {
+
+LOOM_INLINE std::vector<before> micro_order_constraints(int rounds) {
+    using namespace var;
+    std::vector<before> c;
+    for (int r = 0; r < rounds; ++r) c.push_back(before{forward(micro, r), forward(micro + 1, r)});
+    c.push_back(before{backward(micro), backward(micro + 1)});
+    return c;
+}
+
+LOOM_INLINE std::vector<before> gpipe_constraints() {
+    using namespace var;
+    auto c = micro_order_constraints();
+    // the last forward before the first backward
+    c.push_back(before{forward(micro + micro_batches - 1), backward(micro)});
+    return c;
+}
+
+LOOM_INLINE std::vector<before> one_f_one_b_constraints() {
+    using namespace var;
+    auto c = micro_order_constraints();
+    c.push_back(before{forward(micro + stages - stage - 1).or_last(), backward(micro)});  // (3), ofst = S - s - 1
+    c.push_back(before{backward(micro), forward(micro + stages - stage)});                // (4), ofst + 1
+    return c;
+}
+
+LOOM_INLINE std::vector<before> interleaved_constraints(int chunks) {
+    using namespace var;
+    // w = 2(p - d - 1) + (v - 1) p = stages + devices - 2 device - 2 (v > 1); p - d - 1 (v = 1)
+    const affine warmup = chunks > 1 ? stages + devices - 2 * device - 2 : devices - device - 1;
+    constexpr condition always{};
+    constexpr auto grouped = unit_order::by_micro_group;
+    return {
+        before{forward(position), forward(position + 1), each_device, always, grouped},
+        before{backward(position), backward(position + 1), each_device, always, grouped},
+        before{forward(position + warmup).or_last(), backward(position), each_device, always, grouped},
+        before{backward(position), forward(position + warmup + 1), each_device, always, grouped},
+    };
+}
+
+LOOM_INLINE std::vector<before> recycling_constraints(int rounds) {
+    using namespace var;
+    auto c = micro_order_constraints(rounds);
+    for (int r = 0; r + 1 < rounds; ++r) c.push_back(before{forward(micro + 1, r), forward(micro, r + 1)});  // (1), (2)
+    c.push_back(before{forward(micro + stages - stage - 1, rounds - 1).or_last(), backward(micro)});        // (3)
+    c.push_back(before{backward(micro), forward(micro + stages - stage + rounds - 1, 0)});                  // next cycle
+    return c;
+}
+
+LOOM_INLINE std::vector<before> interlaced_constraints() {
+    using namespace var;
+    auto c = micro_order_constraints();
+    const condition pipeline_stages = within(stage, 1, stages - 2);
+    // stage k of the p = S - 2 pipeline stages runs w = p - k forwards ahead
+    c.push_back(before{forward(micro + stages - stage - 2).or_last(), backward(micro), each_stage, pipeline_stages});
+    c.push_back(before{backward(micro), forward(micro + stages - stage - 1), each_stage, pipeline_stages});
+    // the embedding runs one micro-batch ahead of the first pipeline stage
+    c.push_back(before{forward(micro).on_stage(1), forward(micro + 1), each_stage, within(stage, 0, 0)});
+    return c;
+}
+}  // namespace loom::schedule
+
+namespace loom::schedule::detail {
+
+LOOM_INLINE std::string call_text(const char* function, std::initializer_list<int> args) {
+    std::string out = std::string(function) + "(";
+    bool first = true;
+    for (int a : args) out += (first ? "" : ", ") + std::to_string(a), first = false;
+    return out + ")";
+}
+}  // namespace loom::schedule::detail
+
+namespace loom::schedule {
+
+LOOM_INLINE schedule_spec interleaved_spec(int devices, int chunks, int micro_batches) {
+    detail::check_policy(detail::policy_kind::interleaved,
+                         detail::call_text("interleaved_one_f_one_b", {devices, chunks, micro_batches}), devices, chunks,
+                         micro_batches);
+    return {"interleaved 1F1B (" + std::to_string(chunks) + " virtual stages per device)",
+            pipeline_shape::interleaved(devices, chunks, micro_batches), interleaved_constraints(chunks)};
+}
+
+LOOM_INLINE schedule_spec interlaced_spec(int pipeline_stages, int micro_batches, int devices_per_stage) {
+    const std::string call = detail::call_text("interlaced", {pipeline_stages, micro_batches, devices_per_stage});
+    detail::check_policy(detail::policy_kind::interlaced, call, pipeline_stages, 1, micro_batches);
+    if (devices_per_stage < 1)
+        throw schedule_error(call + ": " + std::to_string(devices_per_stage) +
+                             " devices per stage; each pipeline stage needs at least one device");
+    return {"interlaced", pipeline_shape::interlaced(pipeline_stages, micro_batches, devices_per_stage),
+            interlaced_constraints()};
+}
+}  // namespace loom::schedule
+
+namespace loom::schedule::detail {
+
+LOOM_INLINE std::vector<std::vector<block>> gpipe_device_orders(int stages, int micro_batches) {
+    std::vector<std::vector<block>> orders(static_cast<std::size_t>(stages));
+    for (int d = 0; d < stages; ++d) {
+        auto& order = orders[static_cast<std::size_t>(d)];
+        order.reserve(2 * static_cast<std::size_t>(micro_batches));
+        for (int i = 0; i < micro_batches; ++i) order.push_back(forward_block(d, i));
+        for (int i = 0; i < micro_batches; ++i) order.push_back(backward_block(d, i));
+    }
+    return orders;
+}
+
+LOOM_INLINE std::vector<std::vector<block>> interleaved_device_orders(int p, int v, int m) {
+    std::vector<std::vector<block>> orders(static_cast<std::size_t>(p));
+    const int total = m * v;
+    const auto micro = [&](int k) { return (k / (p * v)) * p + k % p; };
+    for (int r = 0; r < p; ++r) {
+        auto& order = orders[static_cast<std::size_t>(r)];
+        order.reserve(2 * static_cast<std::size_t>(total));
+        const auto forward = [&](int k) { return forward_block(((k / p) % v) * p + r, micro(k)); };
+        const auto backward = [&](int k) { return backward_block((v - 1 - (k / p) % v) * p + r, micro(k)); };
+        const int w = v > 1 ? 2 * (p - r - 1) + (v - 1) * p : p - r - 1;
+        int f = 0, b = 0;
+        for (; f < std::min(w + 1, total); ++f) order.push_back(forward(f));
+        while (b < total) {
+            order.push_back(backward(b++));
+            if (f < total) order.push_back(forward(f++));
+        }
+    }
+    return orders;
+}
+
+}  // namespace loom::schedule::detail
+#endif  // LOOM_HEADER_DEFINITIONS
 // ---- end loom/schedule/templates.hpp ----
 
 namespace loom::plan {
 
 namespace detail {
 
-inline std::int64_t layer_count(const graph& g, const std::string& repeat) {
-    std::int64_t layers = 0;
-    for (const auto& r : g.repeats)
-        if (r.name == repeat) layers = std::max<std::int64_t>(layers, static_cast<std::int64_t>(r.scopes.size()));
-    return layers;
-}
+LOOM_INLINE std::int64_t layer_count(const graph& g, const std::string& repeat);
 
 // The repeat of forward rounds around the layers of `repeat` (recycling models): the
 // innermost other repeat whose instances enclose those layers. {"", 1} when there is none.
@@ -7394,7 +7810,48 @@ struct forward_rounds {
     int rounds = 1;
 };
 
-inline forward_rounds find_forward_rounds(const graph& g, const std::string& repeat) {
+LOOM_INLINE forward_rounds find_forward_rounds(const graph& g, const std::string& repeat);
+
+// A schedule for stages of one device each, spread over groups of `group` devices: stage s
+// runs on devices [g * group, (g + 1) * group) of its device g, every member in the same block
+// order (SPMD within the group).
+LOOM_INLINE schedule::schedule spread_over_groups(const schedule::schedule& s, int group);
+
+// The op-order of a pipeline of `stages` device groups of `group` devices.
+LOOM_INLINE schedule::schedule pipeline_order(const order_policy& o, int stages, int micro_batches, int group);
+
+inline std::string allowed_text(const std::vector<std::int64_t>& allowed) {
+    std::string out;
+    for (auto v : allowed) out += (out.empty() ? "" : ", ") + std::to_string(v);
+    return out;
+}
+
+LOOM_INLINE zero_stage chosen_zero(const plan_spec& p);
+
+LOOM_INLINE std::optional<order_policy> chosen_order(const plan_spec& p);
+
+// The first layer of every range, checked: strictly increasing, inside the model, the first 0.
+LOOM_INLINE std::vector<std::int64_t> stage_starts(const stage_spec& st, std::int64_t layers, int chunks);
+
+}  // namespace detail
+
+LOOM_INLINE resolved_plan resolve(const plan_spec& p, const graph& g);
+
+}  // namespace loom::plan
+
+// Definitions: compiled here (header-only) or once in loom::compiled (core/linkage.hpp).
+#if LOOM_HEADER_DEFINITIONS
+
+namespace loom::plan::detail {
+
+LOOM_INLINE std::int64_t layer_count(const graph& g, const std::string& repeat) {
+    std::int64_t layers = 0;
+    for (const auto& r : g.repeats)
+        if (r.name == repeat) layers = std::max<std::int64_t>(layers, static_cast<std::int64_t>(r.scopes.size()));
+    return layers;
+}
+
+LOOM_INLINE forward_rounds find_forward_rounds(const graph& g, const std::string& repeat) {
     for (const auto& r : g.repeats) {
         if (r.name != repeat || r.scopes.empty()) continue;
         for (std::int32_t s = g.scopes.at(static_cast<std::size_t>(r.scopes.front())).parent; s != no_id;) {
@@ -7409,10 +7866,7 @@ inline forward_rounds find_forward_rounds(const graph& g, const std::string& rep
     return {};
 }
 
-// A schedule for stages of one device each, spread over groups of `group` devices: stage s
-// runs on devices [g * group, (g + 1) * group) of its device g, every member in the same block
-// order (SPMD within the group).
-inline schedule::schedule spread_over_groups(const schedule::schedule& s, int group) {
+LOOM_INLINE schedule::schedule spread_over_groups(const schedule::schedule& s, int group) {
     if (group == 1) return s;
     schedule::schedule out = s;
     out.shape.devices = s.shape.devices * group;
@@ -7428,8 +7882,7 @@ inline schedule::schedule spread_over_groups(const schedule::schedule& s, int gr
     return out;
 }
 
-// The op-order of a pipeline of `stages` device groups of `group` devices.
-inline schedule::schedule pipeline_order(const order_policy& o, int stages, int micro_batches, int group) {
+LOOM_INLINE schedule::schedule pipeline_order(const order_policy& o, int stages, int micro_batches, int group) {
     switch (o.kind) {
         case schedule_kind::gpipe: return spread_over_groups(schedule::gpipe(stages, micro_batches), group);
         case schedule_kind::one_f_one_b: return spread_over_groups(schedule::one_f_one_b(stages, micro_batches), group);
@@ -7447,13 +7900,7 @@ inline schedule::schedule pipeline_order(const order_policy& o, int stages, int 
     throw plan_error("plan::order: unknown schedule kind");
 }
 
-inline std::string allowed_text(const std::vector<std::int64_t>& allowed) {
-    std::string out;
-    for (auto v : allowed) out += (out.empty() ? "" : ", ") + std::to_string(v);
-    return out;
-}
-
-inline zero_stage chosen_zero(const plan_spec& p) {
+LOOM_INLINE zero_stage chosen_zero(const plan_spec& p) {
     if (p.zero_open.empty()) return p.zero;
     auto it = p.choices.find(p.zero_open);
     if (it == p.choices.end())
@@ -7468,7 +7915,7 @@ inline zero_stage chosen_zero(const plan_spec& p) {
     return static_cast<zero_stage>(it->second);
 }
 
-inline std::optional<order_policy> chosen_order(const plan_spec& p) {
+LOOM_INLINE std::optional<order_policy> chosen_order(const plan_spec& p) {
     const auto& alternatives = p.order.alternatives;
     if (alternatives.empty()) return std::nullopt;
     if (alternatives.size() == 1) return alternatives.front();
@@ -7485,8 +7932,7 @@ inline std::optional<order_policy> chosen_order(const plan_spec& p) {
     return alternatives[static_cast<std::size_t>(it->second)];
 }
 
-// The first layer of every range, checked: strictly increasing, inside the model, the first 0.
-inline std::vector<std::int64_t> stage_starts(const stage_spec& st, std::int64_t layers, int chunks) {
+LOOM_INLINE std::vector<std::int64_t> stage_starts(const stage_spec& st, std::int64_t layers, int chunks) {
     const std::string what = "plan::stages on '" + st.repeat + "'";
     std::vector<std::int64_t> starts;
     if (st.boundaries.empty()) {
@@ -7519,10 +7965,11 @@ inline std::vector<std::int64_t> stage_starts(const stage_spec& st, std::int64_t
     }
     return starts;
 }
+}  // namespace loom::plan::detail
 
-}  // namespace detail
+namespace loom::plan {
 
-inline resolved_plan resolve(const plan_spec& p, const graph& g) {
+LOOM_INLINE resolved_plan resolve(const plan_spec& p, const graph& g) {
     if (p.devices < 1) throw plan_error("plan: devices = " + std::to_string(p.devices) + "; use at least one device");
     const zero_stage zero = detail::chosen_zero(p);
     const std::int64_t micro = degree_value(p.micro_batches, p, "plan::micro_batches");
@@ -7626,6 +8073,7 @@ inline resolved_plan resolve(const plan_spec& p, const graph& g) {
 }
 
 }  // namespace loom::plan
+#endif  // LOOM_HEADER_DEFINITIONS
 // ---- end loom/plan/resolve.hpp ----
 // ---- begin loom/plan/selectors.hpp ----
 // Selectors: which ops a rule applies to, and the rule they make with their pieces.
@@ -8011,12 +8459,8 @@ constexpr std::int64_t declared_devices_of() {
     return declared_devices(plan_description<Parts...>::view);
 }
 
-inline std::string open_parameter_name(std::size_t trans_index, std::size_t split, std::size_t splits,
-                                       std::string_view user_name) {
-    if (!user_name.empty()) return std::string(user_name);
-    std::string name = "trans#" + std::to_string(trans_index) + ".degree";
-    return splits == 1 ? name : name + std::to_string(split);
-}
+LOOM_INLINE std::string open_parameter_name(std::size_t trans_index, std::size_t split, std::size_t splits,
+                                            std::string_view user_name);
 
 // The open parameters of a plan's typed parts, in order of first appearance, each once.
 template <class... Parts>
@@ -8052,14 +8496,7 @@ inline degree_spec lower_degree(const degree_view& d, const std::string& open_na
     return {d.value, "", {}};
 }
 
-inline split_spec lower_split(const split_view& s, degree_spec degree) {
-    switch (s.kind) {
-        case split_kind::dim: return {dim_id(s.target), "", std::move(degree), false};
-        case split_kind::variable: return {{}, std::string(s.target), std::move(degree), false};
-        case split_kind::replicate: return {{}, "", std::move(degree), true};
-    }
-    return {};
-}
+LOOM_INLINE split_spec lower_split(const split_view& s, degree_spec degree);
 
 // Everything spec() builds: the plan_spec and the views of what it knows at run time.
 struct lowering {
@@ -8172,17 +8609,7 @@ plan_spec lower(const std::tuple<Parts...>& parts, const std::map<std::string, s
 
 // The extents a plan states (extent<D, E>), against the graph it is resolved on: the
 // compile-time checks relied on them.
-inline void check_extents(std::span<const fact_view> facts, const graph& g) {
-    for (const fact_view& f : facts) {
-        if (f.kind != fact_kind::extent) continue;
-        for (const node& n : g.nodes)
-            for (const bound_variable& v : n.sig.vars)
-                if (v.dim.name() == f.dim && v.extent != f.value)
-                    throw plan_error(concat(f.spelling, ": the graph's ", f.dim, " is ", v.extent, " in ", n.op->name,
-                                            " '", n.name, "'; state the model's extent, or leave the fact out")
-                                         .str());
-    }
-}
+LOOM_INLINE void check_extents(std::span<const fact_view> facts, const graph& g);
 
 template <class... Parts>
 resolved_plan resolve_checked(const plan_spec& spec, const graph& g) {
@@ -8207,14 +8634,7 @@ std::vector<std::string> all_open_parameters(const std::tuple<Parts...>& parts) 
     return names;
 }
 
-inline void require_open_parameter(const std::vector<std::string>& names, const std::string& name, std::int64_t value) {
-    if (std::find(names.begin(), names.end(), name) != names.end()) return;
-    std::string known;
-    for (const auto& n : names) known += (known.empty() ? "" : ", ") + n;
-    throw plan_error("plan::compose(...).choose(\"" + name + "\", " + std::to_string(value) +
-                     "): the plan has no open parameter '" + name + "'; " +
-                     (known.empty() ? std::string("it has none") : "its open parameters: " + known));
-}
+LOOM_INLINE void require_open_parameter(const std::vector<std::string>& names, const std::string& name, std::int64_t value);
 
 }  // namespace detail
 
@@ -8331,6 +8751,51 @@ inline constexpr detail::message error_message = detail::well_formed_list<
     boost::mp11::mp_append<boost::mp11::mp_list<>, typename detail::as_parts<std::remove_cvref_t<Parts>>::type...>>::error;
 
 }  // namespace loom::plan
+
+// Definitions: compiled here (header-only) or once in loom::compiled (core/linkage.hpp).
+#if LOOM_HEADER_DEFINITIONS
+
+namespace loom::plan::detail {
+
+LOOM_INLINE std::string open_parameter_name(std::size_t trans_index, std::size_t split, std::size_t splits,
+                                            std::string_view user_name) {
+    if (!user_name.empty()) return std::string(user_name);
+    std::string name = "trans#" + std::to_string(trans_index) + ".degree";
+    return splits == 1 ? name : name + std::to_string(split);
+}
+
+LOOM_INLINE split_spec lower_split(const split_view& s, degree_spec degree) {
+    switch (s.kind) {
+        case split_kind::dim: return {dim_id(s.target), "", std::move(degree), false};
+        case split_kind::variable: return {{}, std::string(s.target), std::move(degree), false};
+        case split_kind::replicate: return {{}, "", std::move(degree), true};
+    }
+    return {};
+}
+
+LOOM_INLINE void check_extents(std::span<const fact_view> facts, const graph& g) {
+    for (const fact_view& f : facts) {
+        if (f.kind != fact_kind::extent) continue;
+        for (const node& n : g.nodes)
+            for (const bound_variable& v : n.sig.vars)
+                if (v.dim.name() == f.dim && v.extent != f.value)
+                    throw plan_error(concat(f.spelling, ": the graph's ", f.dim, " is ", v.extent, " in ", n.op->name,
+                                            " '", n.name, "'; state the model's extent, or leave the fact out")
+                                         .str());
+    }
+}
+
+LOOM_INLINE void require_open_parameter(const std::vector<std::string>& names, const std::string& name, std::int64_t value) {
+    if (std::find(names.begin(), names.end(), name) != names.end()) return;
+    std::string known;
+    for (const auto& n : names) known += (known.empty() ? "" : ", ") + n;
+    throw plan_error("plan::compose(...).choose(\"" + name + "\", " + std::to_string(value) +
+                     "): the plan has no open parameter '" + name + "'; " +
+                     (known.empty() ? std::string("it has none") : "its open parameters: " + known));
+}
+
+}  // namespace loom::plan::detail
+#endif  // LOOM_HEADER_DEFINITIONS
 // ---- end loom/plan/compose.hpp ----
 // ---- end loom/plan/combinators.hpp ----
 // ---- begin loom/plan/presets.hpp ----
@@ -8369,11 +8834,21 @@ inline constexpr detail::message error_message = detail::well_formed_list<
 #include <cstdint>
 #include <string>
 
+
 namespace loom::plan {
 
 enum class recompute_policy : std::uint8_t { none, selective, full };
 
-inline std::string to_string(recompute_policy r) {
+LOOM_INLINE std::string to_string(recompute_policy r);
+
+}  // namespace loom::plan
+
+// Definitions: compiled here (header-only) or once in loom::compiled (core/linkage.hpp).
+#if LOOM_HEADER_DEFINITIONS
+
+namespace loom::plan {
+
+LOOM_INLINE std::string to_string(recompute_policy r) {
     switch (r) {
         case recompute_policy::none: return "none";
         case recompute_policy::selective: return "selective";
@@ -8383,6 +8858,7 @@ inline std::string to_string(recompute_policy r) {
 }
 
 }  // namespace loom::plan
+#endif  // LOOM_HEADER_DEFINITIONS
 // ---- end loom/plan/recompute_policy.hpp ----
 
 namespace loom::plan::presets {
@@ -8404,12 +8880,7 @@ inline split_spec split_dim(dim_id d, std::int64_t n) { return split_dim(d, degr
 inline split_spec split_var(std::string label, std::int64_t n) { return split_var(std::move(label), degree_spec{n, "", {}}); }
 inline split_spec replicate(std::int64_t n) { return replicate(degree_spec{n, "", {}}); }
 
-inline selector kinds(std::vector<const op_def*> k, std::string scope = {}) {
-    selector s;
-    s.kinds = std::move(k);
-    s.scope = std::move(scope);
-    return s;
-}
+LOOM_INLINE selector kinds(std::vector<const op_def*> k, std::string scope = {});
 inline selector in_scope(std::string scope) {
     selector s;
     s.scope = std::move(scope);
@@ -8417,13 +8888,7 @@ inline selector in_scope(std::string scope) {
 }
 
 // trans rule: the data-parallel split (if any: open, or more than 1) first, then `inner`.
-inline rule trans(selector on, const degree_spec& dp, std::vector<split_spec> inner, std::string origin) {
-    std::vector<split_spec> splits;
-    if (dp.value > 1 || !dp.open.empty()) splits.push_back(split_dim(Dim::Batch::id, dp));
-    for (auto& s : inner) splits.push_back(std::move(s));
-    // A preset is a recipe for many models: a part some model lacks is not a mistake.
-    return {std::move(on), std::move(splits), std::nullopt, std::nullopt, std::move(origin), true};
-}
+LOOM_INLINE rule trans(selector on, const degree_spec& dp, std::vector<split_spec> inner, std::string origin);
 inline rule trans(selector on, std::int64_t dp, std::vector<split_spec> inner, std::string origin) {
     return trans(std::move(on), degree_spec{dp, "", {}}, std::move(inner), std::move(origin));
 }
@@ -8433,26 +8898,12 @@ inline rule trans(selector on, std::int64_t dp, std::vector<split_spec> inner, s
 // cross-entropy (rebuilt by the transformation registered for its v: each device reduces its
 // slice of the logits; no device gathers them). Any degree up to the vocabulary's size: the
 // slices are near-equal where it does not divide.
-inline plan_spec vocabulary_rules(const degree_spec& tp, const degree_spec& dp, const std::string& origin) {
-    plan_spec p;
-    p.add(trans(kinds({&op_def_of<ops::Embedding>()}), dp, {split_var("v", tp)}, origin));
-    selector head = kinds({&op_def_of<ops::Linear>()});
-    head.name = "linear*";
-    p.add(trans(head, dp, {split_var("n", tp)}, origin));
-    p.add(trans(kinds({&op_def_of<ops::CrossEntropy>()}), dp, {split_var("v", tp)}, origin));
-    return p;
-}
+LOOM_INLINE plan_spec vocabulary_rules(const degree_spec& tp, const degree_spec& dp, const std::string& origin);
 
 }  // namespace detail
 
 // Every op split along the batch over n devices; weights replicated, gradients all-reduced.
-inline plan_spec data_parallel(int n) {
-    plan_spec p;
-    p.devices = n;
-    p.name = "data parallel x" + std::to_string(n);
-    p.add(detail::trans({}, n, {}, "data_parallel"));
-    return p;
-}
+LOOM_INLINE plan_spec data_parallel(int n);
 
 // Megatron tensor parallelism over tp devices (times dp data-parallel replicas on a
 // dp x tp mesh, device = d * tp + t): column-parallel q, k, v and fc, heads and FFN split
@@ -8463,7 +8914,96 @@ inline plan_spec data_parallel(int n) {
 // tensor-parallel group; heads and FFN must divide by tp.
 // The same with either degree open: megatron({1, "tp", {}}, {1, "dp", {}}) leaves both to
 // the searcher (plan/spaces.hpp); the plan's devices are then the caller's to set.
-inline plan_spec megatron(const degree_spec& tp, const degree_spec& dp, const transformer_names& names = {}) {
+LOOM_INLINE plan_spec megatron(const degree_spec& tp, const degree_spec& dp, const transformer_names& names = {});
+
+inline plan_spec megatron(int tp, int dp = 1, const transformer_names& names = {}) {
+    return megatron(degree_spec{tp, "", {}}, degree_spec{dp, "", {}}, names);
+}
+
+// The embedding, the LM head and the loss split by vocabulary over n devices (Megatron's
+// vocabulary parallelism alone; the interlaced pipeline runs them so on every device).
+LOOM_INLINE plan_spec vocabulary_parallel(int n);
+
+// A pipeline of `stages` device groups, each cut by `inner` (a plan for one group: its
+// devices are the group's size): the layers of "blocks" split evenly over the stages,
+// every op cut into `micro_batches` along the batch, and the blocks ordered by `order`.
+//   presets::pipeline(2, 4, {plan::schedule_kind::one_f_one_b}, presets::megatron(2))   // 4 devices
+LOOM_INLINE plan_spec pipeline(int stages, int micro_batches, order_policy order = {schedule_kind::one_f_one_b},
+                               plan_spec inner = {});
+
+// Megatron's sequence parallelism: as megatron(), and the ops that Megatron replicates
+// (layer norms, residual adds, dropout) are split along the sequence instead. The
+// all-reduces around the blocks become reduce-scatters and all-gathers.
+LOOM_INLINE plan_spec sequence_parallel(int tp, int dp = 1, const transformer_names& names = {});
+
+// ZeRO over n data-parallel devices: stage 1 shards optimizer state, 2 also gradients,
+// 3 also parameters (each device stores 1/n of every weight and gathers it when used).
+LOOM_INLINE plan_spec zero(int stage, int n);
+
+// Recompute the selected ops' outputs in the backward pass instead of keeping them.
+inline plan_spec recompute(selector on) {
+    plan_spec p;
+    p.add({std::move(on), std::nullopt, std::nullopt, true, "recompute", false});
+    return p;
+}
+
+// A recompute policy (plan/recompute_policy.hpp) for layers first..last (inclusive; last < 0:
+// to the end) of `repeat`: selective recomputes their attention cores (the ops::Attention
+// ops), full every op of the layers; none adds no rule.
+//   plan.then(presets::recompute_layers(recompute_policy::full, 0, 11))
+LOOM_INLINE plan_spec recompute_layers(recompute_policy r, std::int64_t first_layer, std::int64_t last_layer,
+                                       std::string repeat = "blocks");
+
+// Coshard: the attention and MLP of the selected layers split into tp * c pieces, c of
+// them colocated on each of tp devices and run one after another, with recompute, so that
+// a device holds the activations of one piece at a time. Other ops replicate over the tp
+// devices (as in megatron()).
+LOOM_INLINE plan_spec coshard(int tp, int c, const transformer_names& names = {});
+
+}  // namespace loom::plan::presets
+
+// Definitions: compiled here (header-only) or once in loom::compiled (core/linkage.hpp).
+#if LOOM_HEADER_DEFINITIONS
+
+namespace loom::plan::presets::detail {
+
+LOOM_INLINE selector kinds(std::vector<const op_def*> k, std::string scope) {
+    selector s;
+    s.kinds = std::move(k);
+    s.scope = std::move(scope);
+    return s;
+}
+
+LOOM_INLINE rule trans(selector on, const degree_spec& dp, std::vector<split_spec> inner, std::string origin) {
+    std::vector<split_spec> splits;
+    if (dp.value > 1 || !dp.open.empty()) splits.push_back(split_dim(Dim::Batch::id, dp));
+    for (auto& s : inner) splits.push_back(std::move(s));
+    // A preset is a recipe for many models: a part some model lacks is not a mistake.
+    return {std::move(on), std::move(splits), std::nullopt, std::nullopt, std::move(origin), true};
+}
+
+LOOM_INLINE plan_spec vocabulary_rules(const degree_spec& tp, const degree_spec& dp, const std::string& origin) {
+    plan_spec p;
+    p.add(trans(kinds({&op_def_of<ops::Embedding>()}), dp, {split_var("v", tp)}, origin));
+    selector head = kinds({&op_def_of<ops::Linear>()});
+    head.name = "linear*";
+    p.add(trans(head, dp, {split_var("n", tp)}, origin));
+    p.add(trans(kinds({&op_def_of<ops::CrossEntropy>()}), dp, {split_var("v", tp)}, origin));
+    return p;
+}
+}  // namespace loom::plan::presets::detail
+
+namespace loom::plan::presets {
+
+LOOM_INLINE plan_spec data_parallel(int n) {
+    plan_spec p;
+    p.devices = n;
+    p.name = "data parallel x" + std::to_string(n);
+    p.add(detail::trans({}, n, {}, "data_parallel"));
+    return p;
+}
+
+LOOM_INLINE plan_spec megatron(const degree_spec& tp, const degree_spec& dp, const transformer_names& names) {
     using namespace detail;
     plan_spec p;
     const auto text = [](const degree_spec& d) { return d.open.empty() ? std::to_string(d.value) : "<" + d.open + ">"; };
@@ -8484,25 +9024,15 @@ inline plan_spec megatron(const degree_spec& tp, const degree_spec& dp, const tr
     return p;
 }
 
-inline plan_spec megatron(int tp, int dp = 1, const transformer_names& names = {}) {
-    return megatron(degree_spec{tp, "", {}}, degree_spec{dp, "", {}}, names);
-}
-
-// The embedding, the LM head and the loss split by vocabulary over n devices (Megatron's
-// vocabulary parallelism alone; the interlaced pipeline runs them so on every device).
-inline plan_spec vocabulary_parallel(int n) {
+LOOM_INLINE plan_spec vocabulary_parallel(int n) {
     plan_spec p = detail::vocabulary_rules(degree_spec{n, "", {}}, degree_spec{1, "", {}}, "vocabulary_parallel");
     p.devices = n;
     p.name = "vocabulary parallel x" + std::to_string(n);
     return p;
 }
 
-// A pipeline of `stages` device groups, each cut by `inner` (a plan for one group: its
-// devices are the group's size): the layers of "blocks" split evenly over the stages,
-// every op cut into `micro_batches` along the batch, and the blocks ordered by `order`.
-//   presets::pipeline(2, 4, {plan::schedule_kind::one_f_one_b}, presets::megatron(2))   // 4 devices
-inline plan_spec pipeline(int stages, int micro_batches, order_policy order = {schedule_kind::one_f_one_b},
-                          plan_spec inner = {}) {
+LOOM_INLINE plan_spec pipeline(int stages, int micro_batches, order_policy order,
+                               plan_spec inner) {
     plan_spec p = std::move(inner);
     const int group = p.devices;
     p.devices = stages * group;
@@ -8517,10 +9047,7 @@ inline plan_spec pipeline(int stages, int micro_batches, order_policy order = {s
     return p;
 }
 
-// Megatron's sequence parallelism: as megatron(), and the ops that Megatron replicates
-// (layer norms, residual adds, dropout) are split along the sequence instead. The
-// all-reduces around the blocks become reduce-scatters and all-gathers.
-inline plan_spec sequence_parallel(int tp, int dp = 1, const transformer_names& names = {}) {
+LOOM_INLINE plan_spec sequence_parallel(int tp, int dp, const transformer_names& names) {
     using namespace detail;
     plan_spec p = megatron(tp, dp, names);
     p.name = "sequence parallel x" + std::to_string(tp) + (dp > 1 ? " x data parallel x" + std::to_string(dp) : "");
@@ -8530,9 +9057,7 @@ inline plan_spec sequence_parallel(int tp, int dp = 1, const transformer_names& 
     return p;
 }
 
-// ZeRO over n data-parallel devices: stage 1 shards optimizer state, 2 also gradients,
-// 3 also parameters (each device stores 1/n of every weight and gathers it when used).
-inline plan_spec zero(int stage, int n) {
+LOOM_INLINE plan_spec zero(int stage, int n) {
     if (stage < 1 || stage > 3)
         throw plan_error("plan: zero<" + std::to_string(stage) + ">: ZeRO has stages 1, 2 and 3");
     plan_spec p = data_parallel(n);
@@ -8541,19 +9066,8 @@ inline plan_spec zero(int stage, int n) {
     return p;
 }
 
-// Recompute the selected ops' outputs in the backward pass instead of keeping them.
-inline plan_spec recompute(selector on) {
-    plan_spec p;
-    p.add({std::move(on), std::nullopt, std::nullopt, true, "recompute", false});
-    return p;
-}
-
-// A recompute policy (plan/recompute_policy.hpp) for layers first..last (inclusive; last < 0:
-// to the end) of `repeat`: selective recomputes their attention cores (the ops::Attention
-// ops), full every op of the layers; none adds no rule.
-//   plan.then(presets::recompute_layers(recompute_policy::full, 0, 11))
-inline plan_spec recompute_layers(recompute_policy r, std::int64_t first_layer, std::int64_t last_layer,
-                                  std::string repeat = "blocks") {
+LOOM_INLINE plan_spec recompute_layers(recompute_policy r, std::int64_t first_layer, std::int64_t last_layer,
+                                       std::string repeat) {
     plan_spec p;
     if (r == recompute_policy::none) return p;
     selector on;
@@ -8565,11 +9079,7 @@ inline plan_spec recompute_layers(recompute_policy r, std::int64_t first_layer, 
     return p;
 }
 
-// Coshard: the attention and MLP of the selected layers split into tp * c pieces, c of
-// them colocated on each of tp devices and run one after another, with recompute, so that
-// a device holds the activations of one piece at a time. Other ops replicate over the tp
-// devices (as in megatron()).
-inline plan_spec coshard(int tp, int c, const transformer_names& names = {}) {
+LOOM_INLINE plan_spec coshard(int tp, int c, const transformer_names& names) {
     using namespace detail;
     plan_spec p;
     p.devices = tp;
@@ -8597,6 +9107,7 @@ inline plan_spec coshard(int tp, int c, const transformer_names& names = {}) {
 }
 
 }  // namespace loom::plan::presets
+#endif  // LOOM_HEADER_DEFINITIONS
 // ---- end loom/plan/presets.hpp ----
 // ---- begin loom/plan/spaces.hpp ----
 // The search spaces of known systems, written as plans with open parameters: each is a
@@ -8632,7 +9143,35 @@ inline plan_spec tensor_and_data(int devices) {
     return p;
 }
 
-inline plan_spec with_pipeline(plan_spec p, std::vector<order_policy> orders) {
+LOOM_INLINE plan_spec with_pipeline(plan_spec p, std::vector<order_policy> orders);
+
+LOOM_INLINE rule recompute_every_layer();
+
+}  // namespace detail
+
+LOOM_INLINE plan_spec megatron(int devices);
+
+LOOM_INLINE plan_spec deepspeed(int devices);
+
+inline plan_spec alpa(int devices) {
+    plan_spec p = detail::with_pipeline(detail::tensor_and_data(devices), {{schedule_kind::one_f_one_b}});
+    p.name = "Alpa space: stages with TP x DP inside";
+    return p;
+}
+
+LOOM_INLINE plan_spec nnscaler(int devices);
+
+// A space by name: megatron, deepspeed, alpa or nnscaler.
+LOOM_INLINE plan_spec by_name(const std::string& name, int devices);
+
+}  // namespace loom::plan::spaces
+
+// Definitions: compiled here (header-only) or once in loom::compiled (core/linkage.hpp).
+#if LOOM_HEADER_DEFINITIONS
+
+namespace loom::plan::spaces::detail {
+
+LOOM_INLINE plan_spec with_pipeline(plan_spec p, std::vector<order_policy> orders) {
     stage_spec s;
     s.count = open_degree("pp");
     p.stages = s;
@@ -8642,17 +9181,18 @@ inline plan_spec with_pipeline(plan_spec p, std::vector<order_policy> orders) {
     return p;
 }
 
-inline rule recompute_every_layer() {
+LOOM_INLINE rule recompute_every_layer() {
     rule r;
     r.on.repeat = "blocks";
     r.recompute = true;
     r.origin = "recompute";
     return r;
 }
+}  // namespace loom::plan::spaces::detail
 
-}  // namespace detail
+namespace loom::plan::spaces {
 
-inline plan_spec megatron(int devices) {
+LOOM_INLINE plan_spec megatron(int devices) {
     plan_spec p = detail::with_pipeline(detail::tensor_and_data(devices),
                                         {{schedule_kind::one_f_one_b}, {schedule_kind::interleaved, 2}});
     p.add(detail::recompute_every_layer());
@@ -8660,20 +9200,14 @@ inline plan_spec megatron(int devices) {
     return p;
 }
 
-inline plan_spec deepspeed(int devices) {
+LOOM_INLINE plan_spec deepspeed(int devices) {
     plan_spec p = detail::tensor_and_data(devices);
     p.zero = zero_stage::parameters;
     p.name = "DeepSpeed space: ZeRO-3 x TP x DP";
     return p;
 }
 
-inline plan_spec alpa(int devices) {
-    plan_spec p = detail::with_pipeline(detail::tensor_and_data(devices), {{schedule_kind::one_f_one_b}});
-    p.name = "Alpa space: stages with TP x DP inside";
-    return p;
-}
-
-inline plan_spec nnscaler(int devices) {
+LOOM_INLINE plan_spec nnscaler(int devices) {
     plan_spec p = detail::with_pipeline(detail::tensor_and_data(devices),
                                         {{schedule_kind::gpipe},
                                          {schedule_kind::one_f_one_b},
@@ -8690,8 +9224,7 @@ inline plan_spec nnscaler(int devices) {
     return p;
 }
 
-// A space by name: megatron, deepspeed, alpa or nnscaler.
-inline plan_spec by_name(const std::string& name, int devices) {
+LOOM_INLINE plan_spec by_name(const std::string& name, int devices) {
     if (name == "megatron") return megatron(devices);
     if (name == "deepspeed") return deepspeed(devices);
     if (name == "alpa") return alpa(devices);
@@ -8701,6 +9234,7 @@ inline plan_spec by_name(const std::string& name, int devices) {
 }
 
 }  // namespace loom::plan::spaces
+#endif  // LOOM_HEADER_DEFINITIONS
 // ---- end loom/plan/spaces.hpp ----
 // ---- begin loom/plan/transformation.hpp ----
 // Custom transformation algorithms: how to cut an op along a variable its signature
@@ -8792,8 +9326,23 @@ namespace detail {
 // vocabulary pieces. A vocabulary the chunks do not divide is cut into the near-equal pieces
 // the plan cuts the logits into (plan::piece_begin, nested as the splits are), and its
 // log-sum-exps come from ragged_chunk_logsumexp, whose pieces each hold whole chunks.
-inline std::vector<tensor> vocab_parallel_loss(graph_builder&, const node& n, std::span<const tensor> in,
-                                               const op_partition& p, std::vector<op_partition>& partitions) {
+LOOM_INLINE std::vector<tensor> vocab_parallel_loss(graph_builder&, const node& n, std::span<const tensor> in,
+                                                    const op_partition& p, std::vector<op_partition>& partitions);
+
+}  // namespace detail
+
+// Built in: a linear layer with bias split along its input features (Megatron's
+// row-parallel layer): every piece multiplies its slice, and only the first adds the bias.
+
+}  // namespace loom::plan
+
+// Definitions: compiled here (header-only) or once in loom::compiled (core/linkage.hpp).
+#if LOOM_HEADER_DEFINITIONS
+
+namespace loom::plan::detail {
+
+LOOM_INLINE std::vector<tensor> vocab_parallel_loss(graph_builder&, const node& n, std::span<const tensor> in,
+                                                    const op_partition& p, std::vector<op_partition>& partitions) {
     const shape& logits = in[0].dims();
     const std::int64_t vocab = logits.rank() >= 1 ? logits.extent(logits.rank() - 1) : 0;
     std::int64_t chunks = 1;
@@ -8825,12 +9374,11 @@ inline std::vector<tensor> vocab_parallel_loss(graph_builder&, const node& n, st
     partitions.push_back(combine);
     return {loss};
 }
+}  // namespace loom::plan::detail
 
-}  // namespace detail
+namespace loom::plan {
 
-// Built in: a linear layer with bias split along its input features (Megatron's
-// row-parallel layer): every piece multiplies its slice, and only the first adds the bias.
-inline transformation_registry::transformation_registry() {
+LOOM_INLINE transformation_registry::transformation_registry() {
     entries_[{&op_def_of<ops::LinearBias>(), "k"}] = {
         "row-parallel: pieces sum partial products, the first piece adds the bias",
         [](const node& n, const piece_ranges& r) {
@@ -8845,6 +9393,7 @@ inline transformation_registry::transformation_registry() {
 }
 
 }  // namespace loom::plan
+#endif  // LOOM_HEADER_DEFINITIONS
 // ---- end loom/plan/transformation.hpp ----
 
 // partitioning: vTensors, applying plans, communication
@@ -8889,7 +9438,16 @@ inline transformation_registry::transformation_registry() {
 
 namespace loom {
 
-inline std::string model_fingerprint(const graph& g) {
+LOOM_INLINE std::string model_fingerprint(const graph& g);
+
+}  // namespace loom
+
+// Definitions: compiled here (header-only) or once in loom::compiled (core/linkage.hpp).
+#if LOOM_HEADER_DEFINITIONS
+
+namespace loom {
+
+LOOM_INLINE std::string model_fingerprint(const graph& g) {
     std::uint64_t h = 1469598103934665603ull;  // FNV-1a
     auto mix = [&](std::string_view s) {
         for (unsigned char c : s) h = (h ^ c) * 1099511628211ull;
@@ -8907,6 +9465,7 @@ inline std::string model_fingerprint(const graph& g) {
 }
 
 }  // namespace loom
+#endif  // LOOM_HEADER_DEFINITIONS
 // ---- end loom/graph/fingerprint.hpp ----
 // ---- begin loom/partition/deadlock.hpp ----
 // Deadlock check for the device programs of a partitioned graph: do the programs, each
@@ -9022,7 +9581,25 @@ namespace detail {
 
 // Adds `from`'s inputs and parameters to `b` (same names, scopes, initialisers) and
 // records where each went in `map`.
-inline void copy_leaves(graph_builder& b, const graph& from, std::vector<tensor_id>& map) {
+LOOM_INLINE void copy_leaves(graph_builder& b, const graph& from, std::vector<tensor_id>& map);
+
+LOOM_INLINE node_id replay(graph_builder& b, const node& n, std::span<const tensor> ins, std::vector<tensor_id>& tmap,
+                           bool map_outputs = true);
+
+}  // namespace detail
+
+// Builds the logical training graph from a model graph (with or without a backward pass:
+// an existing backward pass is dropped and rebuilt after the rewrites).
+LOOM_INLINE logical_graph build_logical_graph(const graph& model, const logical_graph_options& options);
+
+}  // namespace loom::partition
+
+// Definitions: compiled here (header-only) or once in loom::compiled (core/linkage.hpp).
+#if LOOM_HEADER_DEFINITIONS
+
+namespace loom::partition::detail {
+
+LOOM_INLINE void copy_leaves(graph_builder& b, const graph& from, std::vector<tensor_id>& map) {
     for (tensor_id t : from.inputs) {
         const tensor_desc& d = from.tensor(t);
         auto scope = b.enter_scope(d.scope);
@@ -9037,8 +9614,8 @@ inline void copy_leaves(graph_builder& b, const graph& from, std::vector<tensor_
     }
 }
 
-inline node_id replay(graph_builder& b, const node& n, std::span<const tensor> ins, std::vector<tensor_id>& tmap,
-                      bool map_outputs = true) {
+LOOM_INLINE node_id replay(graph_builder& b, const node& n, std::span<const tensor> ins, std::vector<tensor_id>& tmap,
+                           bool map_outputs) {
     auto scope = b.enter_scope(n.scope);
     std::vector<tensor> outs = n.op->apply(b, ins, n.attrs);
     graph& g = b.mutable_graph();
@@ -9051,12 +9628,11 @@ inline node_id replay(graph_builder& b, const node& n, std::span<const tensor> i
         }
     return id;
 }
+}  // namespace loom::partition::detail
 
-}  // namespace detail
+namespace loom::partition {
 
-// Builds the logical training graph from a model graph (with or without a backward pass:
-// an existing backward pass is dropped and rebuilt after the rewrites).
-inline logical_graph build_logical_graph(const graph& model, const logical_graph_options& options) {
+LOOM_INLINE logical_graph build_logical_graph(const graph& model, const logical_graph_options& options) {
     if (model.loss == no_id) throw usage_error("partition: the graph has no loss; call graph_builder::set_loss");
     const std::size_t forward = model.forward_node_count();
     if (!options.recompute.empty() && options.recompute.size() != forward)
@@ -9262,6 +9838,7 @@ inline logical_graph build_logical_graph(const graph& model, const logical_graph
 }
 
 }  // namespace loom::partition
+#endif  // LOOM_HEADER_DEFINITIONS
 // ---- end loom/partition/logical_graph.hpp ----
 // ---- begin loom/partition/piece_layout.hpp ----
 // From an op's partition to its pieces: which variable each split cuts, the index range of
@@ -9346,12 +9923,7 @@ struct box {
     friend auto operator<=>(const box&, const box&) = default;
 };
 
-inline box intersect(const box& a, const box& b) {
-    box r;
-    for (std::size_t i = 0; i < a.ranges.size(); ++i)
-        r.ranges.push_back({std::max(a.ranges[i].begin, b.ranges[i].begin), std::min(a.ranges[i].end, b.ranges[i].end)});
-    return r;
-}
+LOOM_INLINE box intersect(const box& a, const box& b);
 
 inline bool overlaps(const box& a, const box& b) { return !intersect(a, b).empty() || a.rank() == 0; }
 
@@ -9398,6 +9970,21 @@ private:
 };
 
 }  // namespace loom::partition
+
+// Definitions: compiled here (header-only) or once in loom::compiled (core/linkage.hpp).
+#if LOOM_HEADER_DEFINITIONS
+
+namespace loom::partition {
+
+LOOM_INLINE box intersect(const box& a, const box& b) {
+    box r;
+    for (std::size_t i = 0; i < a.ranges.size(); ++i)
+        r.ranges.push_back({std::max(a.ranges[i].begin, b.ranges[i].begin), std::min(a.ranges[i].end, b.ranges[i].end)});
+    return r;
+}
+
+}  // namespace loom::partition
+#endif  // LOOM_HEADER_DEFINITIONS
 // ---- end loom/partition/vtensor.hpp ----
 
 namespace loom::partition {
@@ -9418,7 +10005,38 @@ namespace detail {
 
 inline std::string node_where(const node& n) { return std::string(n.op->name) + " '" + n.name + "'"; }
 
-inline std::string dims_of(const node& n) {
+LOOM_INLINE std::string dims_of(const node& n);
+
+// "1, 2, 3, 6": the divisors of n, in order.
+LOOM_INLINE std::string divisors(std::int64_t n);
+
+// The variable a split names: by label if given, else the unique splittable variable with
+// that dim (or the first, if several carry it).
+LOOM_INLINE std::optional<int> variable_of(const node& n, const plan::split_axis& s);
+
+}  // namespace detail
+
+// Checks `p` against node `n` and binds every split to one of the node's variables (its
+// label). `strict`: a plan the user wrote, whose mistakes are errors; otherwise (a mirrored
+// backward op) a split that does not apply becomes replication, noted in `notes`.
+LOOM_INLINE plan::op_partition bind_partition(const node& n, plan::op_partition p, int devices, bool strict,
+                                              std::vector<std::string>& notes);
+
+// The partition of an op that differentiates (or follows) `forward`: the same piece grid,
+// splits named by dim so that they find the matching variables of the new op.
+LOOM_INLINE plan::op_partition mirror_partition(const plan::op_partition& p, const node* forward);
+
+// Index ranges and boxes of every piece of node `n` under the bound partition `p`.
+LOOM_INLINE node_layout layout_pieces(const graph& g, const node& n, plan::op_partition p);
+
+}  // namespace loom::partition
+
+// Definitions: compiled here (header-only) or once in loom::compiled (core/linkage.hpp).
+#if LOOM_HEADER_DEFINITIONS
+
+namespace loom::partition::detail {
+
+LOOM_INLINE std::string dims_of(const node& n) {
     std::string s;
     for (const auto& v : n.sig.vars)
         s += (s.empty() ? "" : ", ") + std::string(v.dim.name()) + (v.frozen ? " (frozen)" : "") + "=" +
@@ -9426,8 +10044,7 @@ inline std::string dims_of(const node& n) {
     return s.empty() ? "none" : s;
 }
 
-// "1, 2, 3, 6": the divisors of n, in order.
-inline std::string divisors(std::int64_t n) {
+LOOM_INLINE std::string divisors(std::int64_t n) {
     std::vector<std::int64_t> low, high;
     for (std::int64_t d = 1; d * d <= n; ++d)
         if (n % d == 0) {
@@ -9440,9 +10057,7 @@ inline std::string divisors(std::int64_t n) {
     return s;
 }
 
-// The variable a split names: by label if given, else the unique splittable variable with
-// that dim (or the first, if several carry it).
-inline std::optional<int> variable_of(const node& n, const plan::split_axis& s) {
+LOOM_INLINE std::optional<int> variable_of(const node& n, const plan::split_axis& s) {
     if (!s.label.empty()) return n.sig.find(s.label);
     std::optional<int> found;
     for (std::size_t v = 0; v < n.sig.vars.size(); ++v)
@@ -9452,14 +10067,12 @@ inline std::optional<int> variable_of(const node& n, const plan::split_axis& s) 
         }
     return found;
 }
+}  // namespace loom::partition::detail
 
-}  // namespace detail
+namespace loom::partition {
 
-// Checks `p` against node `n` and binds every split to one of the node's variables (its
-// label). `strict`: a plan the user wrote, whose mistakes are errors; otherwise (a mirrored
-// backward op) a split that does not apply becomes replication, noted in `notes`.
-inline plan::op_partition bind_partition(const node& n, plan::op_partition p, int devices, bool strict,
-                                         std::vector<std::string>& notes) {
+LOOM_INLINE plan::op_partition bind_partition(const node& n, plan::op_partition p, int devices, bool strict,
+                                              std::vector<std::string>& notes) {
     const std::string where = detail::node_where(n);
     if (p.replicas < 1)
         throw plan_error("plan: " + where + " has " + std::to_string(p.replicas) + " replicas; use at least 1");
@@ -9558,9 +10171,7 @@ inline plan::op_partition bind_partition(const node& n, plan::op_partition p, in
     return p;
 }
 
-// The partition of an op that differentiates (or follows) `forward`: the same piece grid,
-// splits named by dim so that they find the matching variables of the new op.
-inline plan::op_partition mirror_partition(const plan::op_partition& p, const node* forward) {
+LOOM_INLINE plan::op_partition mirror_partition(const plan::op_partition& p, const node* forward) {
     plan::op_partition m = p;
     m.recompute = false;
     for (auto& s : m.splits) {
@@ -9571,8 +10182,7 @@ inline plan::op_partition mirror_partition(const plan::op_partition& p, const no
     return m;
 }
 
-// Index ranges and boxes of every piece of node `n` under the bound partition `p`.
-inline node_layout layout_pieces(const graph& g, const node& n, plan::op_partition p) {
+LOOM_INLINE node_layout layout_pieces(const graph& g, const node& n, plan::op_partition p) {
     node_layout layout;
     const auto& vars = n.sig.vars;
     std::vector<int> split_var(p.splits.size(), -1);
@@ -9636,6 +10246,7 @@ inline node_layout layout_pieces(const graph& g, const node& n, plan::op_partiti
 }
 
 }  // namespace loom::partition
+#endif  // LOOM_HEADER_DEFINITIONS
 // ---- end loom/partition/piece_layout.hpp ----
 // ---- begin loom/partition/transfer.hpp ----
 // One movement of data between devices, as partitioning materializes it: which collective
@@ -9660,17 +10271,7 @@ namespace loom::partition {
 
 enum class transfer_kind : std::uint8_t { all_reduce, all_gather, reduce_scatter, all_to_all, broadcast, send_recv };
 
-inline std::string_view to_string(transfer_kind k) {
-    switch (k) {
-        case transfer_kind::all_reduce: return "all_reduce";
-        case transfer_kind::all_gather: return "all_gather";
-        case transfer_kind::reduce_scatter: return "reduce_scatter";
-        case transfer_kind::all_to_all: return "all_to_all";
-        case transfer_kind::broadcast: return "broadcast";
-        case transfer_kind::send_recv: return "send_recv";
-    }
-    return "?";
-}
+LOOM_INLINE std::string_view to_string(transfer_kind k);
 
 struct transfer {
     transfer_kind kind = transfer_kind::send_recv;
@@ -9741,6 +10342,26 @@ struct transfer_cost_model {
 };
 
 }  // namespace loom::partition
+
+// Definitions: compiled here (header-only) or once in loom::compiled (core/linkage.hpp).
+#if LOOM_HEADER_DEFINITIONS
+
+namespace loom::partition {
+
+LOOM_INLINE std::string_view to_string(transfer_kind k) {
+    switch (k) {
+        case transfer_kind::all_reduce: return "all_reduce";
+        case transfer_kind::all_gather: return "all_gather";
+        case transfer_kind::reduce_scatter: return "reduce_scatter";
+        case transfer_kind::all_to_all: return "all_to_all";
+        case transfer_kind::broadcast: return "broadcast";
+        case transfer_kind::send_recv: return "send_recv";
+    }
+    return "?";
+}
+
+}  // namespace loom::partition
+#endif  // LOOM_HEADER_DEFINITIONS
 // ---- end loom/partition/transfer.hpp ----
 
 namespace loom::partition {
@@ -9812,16 +10433,88 @@ struct program_step {
 using device_program = std::vector<program_step>;
 
 // The devices that must reach each transfer (pg.transfers[t].group).
-inline std::vector<std::vector<int>> transfer_groups(const partitioned_graph& pg) {
+LOOM_INLINE std::vector<std::vector<int>> transfer_groups(const partitioned_graph& pg);
+
+namespace detail {
+
+LOOM_INLINE std::int64_t transfer_index_of(const node& n, std::size_t transfers, int device);
+
+}  // namespace detail
+
+// The program of every device: its graph's nodes in `order[d]` (empty `order`: graph order).
+LOOM_INLINE std::vector<device_program> device_programs(const partitioned_graph& pg,
+                                                        const std::vector<std::vector<node_id>>& order = {});
+
+namespace detail {
+
+// Why one vertex waits for another.
+struct wait_edge {
+    int device = 0;
+    bool data = false;  // reads the other's output; otherwise runs after it in program order
+};
+
+using wait_graph = boost::adjacency_list<boost::vecS, boost::vecS, boost::directedS, boost::no_property, wait_edge>;
+using wait_vertex = boost::graph_traits<wait_graph>::vertex_descriptor;
+using wait_edge_handle = boost::graph_traits<wait_graph>::edge_descriptor;
+
+struct cycle_found {
+    wait_edge_handle back_edge;
+};
+
+struct back_edge_finder : boost::default_dfs_visitor {
+    void back_edge(wait_edge_handle e, const wait_graph&) const { throw cycle_found{e}; }
+};
+
+// The shortest cycle through edge `closing` (source -> target): a BFS path from its target
+// back to its source, then the edge itself. Returns the edges in order.
+LOOM_INLINE std::vector<wait_edge_handle> shortest_cycle_through(const wait_graph& g, wait_edge_handle closing);
+
+}  // namespace detail
+
+// Throws plan_error("deadlock: ...") when the programs can wait on each other forever:
+// a cycle of waits, or a transfer that one of its member devices never reaches.
+// point_to_point[t]: transfer t is a buffered send from groups[t][0] to groups[t][1].
+LOOM_INLINE void check_deadlock_free(const std::vector<device_program>& programs, const std::vector<std::vector<int>>& groups,
+                                     const std::vector<bool>& point_to_point = {});
+
+// The device programs of a partitioned graph, each in `order[d]` (empty: graph order).
+inline void check_deadlock_free(const partitioned_graph& pg, const std::vector<std::vector<node_id>>& order) {
+    std::vector<bool> point_to_point;
+    for (const auto& t : pg.transfers) point_to_point.push_back(t.kind == transfer_kind::send_recv);
+    check_deadlock_free(device_programs(pg, order), transfer_groups(pg), point_to_point);
+}
+
+// In the plan's own op-order (pg.order; graph order where it is empty).
+inline void check_deadlock_free(const partitioned_graph& pg) { check_deadlock_free(pg, pg.order); }
+
+// A fingerprint of the op-order (0 for graph order), to tell an edited order from a checked one.
+LOOM_INLINE std::uint64_t order_fingerprint(const partitioned_graph& pg);
+
+// The check of programs whose order was set or edited by hand: every device runs each of its
+// nodes exactly once, and the programs together make progress (each node after the
+// producers of its inputs, collectives matched in an order that cannot deadlock). The
+// trainers run it before their first step when pg.order is not the order apply_plan made
+// (pg.checked_order = order_fingerprint(pg) after a check spares them the work).
+LOOM_INLINE void check_programs(const partitioned_graph& pg);
+
+}  // namespace loom::partition
+
+// Definitions: compiled here (header-only) or once in loom::compiled (core/linkage.hpp).
+#if LOOM_HEADER_DEFINITIONS
+
+namespace loom::partition {
+
+LOOM_INLINE std::vector<std::vector<int>> transfer_groups(const partitioned_graph& pg) {
     std::vector<std::vector<int>> groups;
     groups.reserve(pg.transfers.size());
     for (const auto& t : pg.transfers) groups.push_back(t.group);
     return groups;
 }
+}  // namespace loom::partition
 
-namespace detail {
+namespace loom::partition::detail {
 
-inline std::int64_t transfer_index_of(const node& n, std::size_t transfers, int device) {
+LOOM_INLINE std::int64_t transfer_index_of(const node& n, std::size_t transfers, int device) {
     if (n.op == nullptr || !n.attrs.has("transfer")) return -1;
     const auto t = n.attrs.get<std::int64_t>("transfer");
     if (t < 0 || static_cast<std::size_t>(t) >= transfers)
@@ -9830,12 +10523,12 @@ inline std::int64_t transfer_index_of(const node& n, std::size_t transfers, int 
                          " transfers; the device graph and the transfer list come from different plans");
     return t;
 }
+}  // namespace loom::partition::detail
 
-}  // namespace detail
+namespace loom::partition {
 
-// The program of every device: its graph's nodes in `order[d]` (empty `order`: graph order).
-inline std::vector<device_program> device_programs(const partitioned_graph& pg,
-                                                   const std::vector<std::vector<node_id>>& order = {}) {
+LOOM_INLINE std::vector<device_program> device_programs(const partitioned_graph& pg,
+                                                        const std::vector<std::vector<node_id>>& order) {
     if (!order.empty() && order.size() != pg.devices.size())
         throw usage_error("check_deadlock_free: the order covers " + std::to_string(order.size()) +
                           " devices but the plan has " + std::to_string(pg.devices.size()) +
@@ -9879,30 +10572,11 @@ inline std::vector<device_program> device_programs(const partitioned_graph& pg,
     }
     return programs;
 }
+}  // namespace loom::partition
 
-namespace detail {
+namespace loom::partition::detail {
 
-// Why one vertex waits for another.
-struct wait_edge {
-    int device = 0;
-    bool data = false;  // reads the other's output; otherwise runs after it in program order
-};
-
-using wait_graph = boost::adjacency_list<boost::vecS, boost::vecS, boost::directedS, boost::no_property, wait_edge>;
-using wait_vertex = boost::graph_traits<wait_graph>::vertex_descriptor;
-using wait_edge_handle = boost::graph_traits<wait_graph>::edge_descriptor;
-
-struct cycle_found {
-    wait_edge_handle back_edge;
-};
-
-struct back_edge_finder : boost::default_dfs_visitor {
-    void back_edge(wait_edge_handle e, const wait_graph&) const { throw cycle_found{e}; }
-};
-
-// The shortest cycle through edge `closing` (source -> target): a BFS path from its target
-// back to its source, then the edge itself. Returns the edges in order.
-inline std::vector<wait_edge_handle> shortest_cycle_through(const wait_graph& g, wait_edge_handle closing) {
+LOOM_INLINE std::vector<wait_edge_handle> shortest_cycle_through(const wait_graph& g, wait_edge_handle closing) {
     const wait_vertex from = boost::target(closing, g), to = boost::source(closing, g);
     std::vector<wait_edge_handle> arrived_by(boost::num_vertices(g));
     std::vector<bool> reached(boost::num_vertices(g), false);
@@ -9925,14 +10599,12 @@ inline std::vector<wait_edge_handle> shortest_cycle_through(const wait_graph& g,
     cycle.push_back(closing);
     return cycle;
 }
+}  // namespace loom::partition::detail
 
-}  // namespace detail
+namespace loom::partition {
 
-// Throws plan_error("deadlock: ...") when the programs can wait on each other forever:
-// a cycle of waits, or a transfer that one of its member devices never reaches.
-// point_to_point[t]: transfer t is a buffered send from groups[t][0] to groups[t][1].
-inline void check_deadlock_free(const std::vector<device_program>& programs, const std::vector<std::vector<int>>& groups,
-                                const std::vector<bool>& point_to_point = {}) {
+LOOM_INLINE void check_deadlock_free(const std::vector<device_program>& programs, const std::vector<std::vector<int>>& groups,
+                                     const std::vector<bool>& point_to_point) {
     const std::size_t transfers = groups.size();
     auto buffered_sender = [&](std::int64_t t) {
         return t >= 0 && static_cast<std::size_t>(t) < point_to_point.size() && point_to_point[static_cast<std::size_t>(t)] &&
@@ -10089,18 +10761,7 @@ inline void check_deadlock_free(const std::vector<device_program>& programs, con
     }
 }
 
-// The device programs of a partitioned graph, each in `order[d]` (empty: graph order).
-inline void check_deadlock_free(const partitioned_graph& pg, const std::vector<std::vector<node_id>>& order) {
-    std::vector<bool> point_to_point;
-    for (const auto& t : pg.transfers) point_to_point.push_back(t.kind == transfer_kind::send_recv);
-    check_deadlock_free(device_programs(pg, order), transfer_groups(pg), point_to_point);
-}
-
-// In the plan's own op-order (pg.order; graph order where it is empty).
-inline void check_deadlock_free(const partitioned_graph& pg) { check_deadlock_free(pg, pg.order); }
-
-// A fingerprint of the op-order (0 for graph order), to tell an edited order from a checked one.
-inline std::uint64_t order_fingerprint(const partitioned_graph& pg) {
+LOOM_INLINE std::uint64_t order_fingerprint(const partitioned_graph& pg) {
     std::uint64_t h = 0;
     for (const auto& device : pg.order) {
         h = (h ^ 0x9e3779b97f4a7c15ull) * 1099511628211ull;
@@ -10109,12 +10770,7 @@ inline std::uint64_t order_fingerprint(const partitioned_graph& pg) {
     return h;
 }
 
-// The check of programs whose order was set or edited by hand: every device runs each of its
-// nodes exactly once, and the programs together make progress (each node after the
-// producers of its inputs, collectives matched in an order that cannot deadlock). The
-// trainers run it before their first step when pg.order is not the order apply_plan made
-// (pg.checked_order = order_fingerprint(pg) after a check spares them the work).
-inline void check_programs(const partitioned_graph& pg) {
+LOOM_INLINE void check_programs(const partitioned_graph& pg) {
     if (!pg.order.empty()) {
         if (static_cast<int>(pg.order.size()) != pg.world)
             throw plan_error("programs: the op-order lists " + std::to_string(pg.order.size()) + " devices, the plan has " +
@@ -10141,6 +10797,7 @@ inline void check_programs(const partitioned_graph& pg) {
 }
 
 }  // namespace loom::partition
+#endif  // LOOM_HEADER_DEFINITIONS
 // ---- end loom/partition/deadlock.hpp ----
 // ---- begin loom/partition/materialize.hpp ----
 // Communication materialization: given the pieces of a logical tensor that devices hold
@@ -10241,14 +10898,7 @@ void add_region(const T* src, const box& src_box, T* dst, const box& dst_box, co
 }
 
 // Boxes travel in node attributes as flat lists: begin0, end0, begin1, end1, ...
-inline std::vector<std::int64_t> encode_box(const box& b) {
-    std::vector<std::int64_t> v;
-    for (const auto& r : b.ranges) {
-        v.push_back(r.begin);
-        v.push_back(r.end);
-    }
-    return v;
-}
+LOOM_INLINE std::vector<std::int64_t> encode_box(const box& b);
 
 inline box decode_box(const std::vector<std::int64_t>& v, std::size_t first, std::size_t rank) {
     box b;
@@ -10257,6 +10907,23 @@ inline box decode_box(const std::vector<std::int64_t>& v, std::size_t first, std
 }
 
 }  // namespace loom::partition
+
+// Definitions: compiled here (header-only) or once in loom::compiled (core/linkage.hpp).
+#if LOOM_HEADER_DEFINITIONS
+
+namespace loom::partition {
+
+LOOM_INLINE std::vector<std::int64_t> encode_box(const box& b) {
+    std::vector<std::int64_t> v;
+    for (const auto& r : b.ranges) {
+        v.push_back(r.begin);
+        v.push_back(r.end);
+    }
+    return v;
+}
+
+}  // namespace loom::partition
+#endif  // LOOM_HEADER_DEFINITIONS
 // ---- end loom/partition/region_copy.hpp ----
 
 namespace loom::partition {
@@ -10265,36 +10932,9 @@ namespace detail {
 
 // If `parts` tile `whole` along one axis in equal slices (disjoint, covering, every other
 // axis whole), that axis.
-inline std::optional<std::size_t> tiling_axis(const std::vector<box>& parts, const box& whole) {
-    if (parts.size() < 2 || whole.rank() == 0) return std::nullopt;
-    for (std::size_t a = 0; a < whole.rank(); ++a) {
-        bool others_whole = true;
-        for (const auto& p : parts)
-            for (std::size_t b = 0; b < whole.rank(); ++b)
-                if (b != a && !(p.ranges[b] == whole.ranges[b])) others_whole = false;
-        if (!others_whole) continue;
-        std::vector<index_range> r;
-        for (const auto& p : parts) r.push_back(p.ranges[a]);
-        std::sort(r.begin(), r.end());
-        bool ok = r.front().begin == whole.ranges[a].begin && r.back().end == whole.ranges[a].end;
-        for (std::size_t i = 0; ok && i < r.size(); ++i) {
-            ok = r[i].size() == r[0].size() && r[i].size() > 0;
-            if (i > 0) ok = ok && r[i].begin == r[i - 1].end;
-        }
-        if (ok) return a;
-    }
-    return std::nullopt;
-}
+LOOM_INLINE std::optional<std::size_t> tiling_axis(const std::vector<box>& parts, const box& whole);
 
-inline box bounding(const std::vector<box>& parts) {
-    box b = parts.at(0);
-    for (const auto& p : parts)
-        for (std::size_t a = 0; a < b.rank(); ++a) {
-            b.ranges[a].begin = std::min(b.ranges[a].begin, p.ranges[a].begin);
-            b.ranges[a].end = std::max(b.ranges[a].end, p.ranges[a].end);
-        }
-    return b;
-}
+LOOM_INLINE box bounding(const std::vector<box>& parts);
 
 }  // namespace detail
 
@@ -10978,6 +11618,45 @@ private:
 };
 
 }  // namespace loom::partition
+
+// Definitions: compiled here (header-only) or once in loom::compiled (core/linkage.hpp).
+#if LOOM_HEADER_DEFINITIONS
+
+namespace loom::partition::detail {
+
+LOOM_INLINE std::optional<std::size_t> tiling_axis(const std::vector<box>& parts, const box& whole) {
+    if (parts.size() < 2 || whole.rank() == 0) return std::nullopt;
+    for (std::size_t a = 0; a < whole.rank(); ++a) {
+        bool others_whole = true;
+        for (const auto& p : parts)
+            for (std::size_t b = 0; b < whole.rank(); ++b)
+                if (b != a && !(p.ranges[b] == whole.ranges[b])) others_whole = false;
+        if (!others_whole) continue;
+        std::vector<index_range> r;
+        for (const auto& p : parts) r.push_back(p.ranges[a]);
+        std::sort(r.begin(), r.end());
+        bool ok = r.front().begin == whole.ranges[a].begin && r.back().end == whole.ranges[a].end;
+        for (std::size_t i = 0; ok && i < r.size(); ++i) {
+            ok = r[i].size() == r[0].size() && r[i].size() > 0;
+            if (i > 0) ok = ok && r[i].begin == r[i - 1].end;
+        }
+        if (ok) return a;
+    }
+    return std::nullopt;
+}
+
+LOOM_INLINE box bounding(const std::vector<box>& parts) {
+    box b = parts.at(0);
+    for (const auto& p : parts)
+        for (std::size_t a = 0; a < b.rank(); ++a) {
+            b.ranges[a].begin = std::min(b.ranges[a].begin, p.ranges[a].begin);
+            b.ranges[a].end = std::max(b.ranges[a].end, p.ranges[a].end);
+        }
+    return b;
+}
+
+}  // namespace loom::partition::detail
+#endif  // LOOM_HEADER_DEFINITIONS
 // ---- end loom/partition/materialize.hpp ----
 // ---- begin loom/partition/pipeline_order.hpp ----
 // op-order for pipelines: the plan's schedule (plan::resolved_plan::order) orders the
@@ -11010,8 +11689,22 @@ private:
 namespace loom::partition::detail {
 
 // The block of a piece of logical node `n`, or none for nodes no forward op accounts for.
-inline std::optional<schedule::block> pipeline_block(const partitioned_graph& pg, const plan::resolved_plan& pp,
-                                                     node_id n, std::int32_t piece) {
+LOOM_INLINE std::optional<schedule::block> pipeline_block(const partitioned_graph& pg, const plan::resolved_plan& pp,
+                                                          node_id n, std::int32_t piece);
+
+// Orders every device's program by the schedule (pg.order). The schedule must be for the
+// plan's stages, micro-batches and rounds, on the plan's devices.
+LOOM_INLINE void order_by_schedule(partitioned_graph& pg, const plan::resolved_plan& pp, const schedule::schedule& s);
+
+}  // namespace loom::partition::detail
+
+// Definitions: compiled here (header-only) or once in loom::compiled (core/linkage.hpp).
+#if LOOM_HEADER_DEFINITIONS
+
+namespace loom::partition::detail {
+
+LOOM_INLINE std::optional<schedule::block> pipeline_block(const partitioned_graph& pg, const plan::resolved_plan& pp,
+                                                          node_id n, std::int32_t piece) {
     const logical_graph& lg = *pg.logical;
     const node& nd = lg.g.at(n);
     const bool backward = nd.backward || nd.forward_of != no_id;
@@ -11035,9 +11728,7 @@ inline std::optional<schedule::block> pipeline_block(const partitioned_graph& pg
     return b;
 }
 
-// Orders every device's program by the schedule (pg.order). The schedule must be for the
-// plan's stages, micro-batches and rounds, on the plan's devices.
-inline void order_by_schedule(partitioned_graph& pg, const plan::resolved_plan& pp, const schedule::schedule& s) {
+LOOM_INLINE void order_by_schedule(partitioned_graph& pg, const plan::resolved_plan& pp, const schedule::schedule& s) {
     const std::string what = "pipeline order (" + (s.name.empty() ? std::string("schedule") : s.name) + ")";
     if (s.shape.stages != pp.stages || s.shape.micro_batches != pp.micro_batches || s.shape.rounds != pp.rounds)
         throw schedule::schedule_error(what + ": the schedule has " + std::to_string(s.shape.stages) + " stages, " +
@@ -11126,6 +11817,7 @@ inline void order_by_schedule(partitioned_graph& pg, const plan::resolved_plan& 
 }
 
 }  // namespace loom::partition::detail
+#endif  // LOOM_HEADER_DEFINITIONS
 // ---- end loom/partition/pipeline_order.hpp ----
 
 namespace loom::partition {
@@ -11135,7 +11827,30 @@ struct apply_options {
 };
 
 // The ordered per-device programs of a plan resolved against `model` (plan::resolve).
-inline partitioned_graph apply_plan(const graph& model, const plan::resolved_plan& plan, const apply_options& options = {}) {
+LOOM_INLINE partitioned_graph apply_plan(const graph& model, const plan::resolved_plan& plan, const apply_options& options = {});
+
+// The ordered per-device programs of any plan: plan::resolve, then the above.
+//   auto pg = partition::apply_plan(model.ir(), plan::compose(...).choose("m", 4));
+inline partitioned_graph apply_plan(const graph& model, const plan::plan_spec& plan, const apply_options& options = {}) {
+    return apply_plan(model, plan::resolve(plan, model), options);
+}
+
+template <class Plan>
+    requires requires(const Plan& p) {
+        { p.spec() } -> std::convertible_to<plan::plan_spec>;
+    }
+partitioned_graph apply_plan(const graph& model, const Plan& plan, const apply_options& options = {}) {
+    return apply_plan(model, plan.resolve(model), options);
+}
+
+}  // namespace loom::partition
+
+// Definitions: compiled here (header-only) or once in loom::compiled (core/linkage.hpp).
+#if LOOM_HEADER_DEFINITIONS
+
+namespace loom::partition {
+
+LOOM_INLINE partitioned_graph apply_plan(const graph& model, const plan::resolved_plan& plan, const apply_options& options) {
     if (plan.devices < 1) throw plan_error("plan: the device count is " + std::to_string(plan.devices) + "; it must be at least 1");
     const std::size_t forward = model.forward_node_count();
     if (plan.forward.size() > forward)
@@ -11305,21 +12020,8 @@ inline partitioned_graph apply_plan(const graph& model, const plan::resolved_pla
     return out;
 }
 
-// The ordered per-device programs of any plan: plan::resolve, then the above.
-//   auto pg = partition::apply_plan(model.ir(), plan::compose(...).choose("m", 4));
-inline partitioned_graph apply_plan(const graph& model, const plan::plan_spec& plan, const apply_options& options = {}) {
-    return apply_plan(model, plan::resolve(plan, model), options);
-}
-
-template <class Plan>
-    requires requires(const Plan& p) {
-        { p.spec() } -> std::convertible_to<plan::plan_spec>;
-    }
-partitioned_graph apply_plan(const graph& model, const Plan& plan, const apply_options& options = {}) {
-    return apply_plan(model, plan.resolve(model), options);
-}
-
 }  // namespace loom::partition
+#endif  // LOOM_HEADER_DEFINITIONS
 // ---- end loom/partition/apply.hpp ----
 
 // op-order: pipeline schedules, their checks, simulation and pictures
@@ -11450,7 +12152,16 @@ struct simulate_options {
 // Validates the schedule first (throws schedule_error) unless options.validated, then plays
 // it: a block starts when each of its devices is free and each input has arrived there (the
 // producer's end, plus costs.latency on a device that did not run the producer).
-inline simulation simulate(const schedule& s, const cost_model& costs = {}, const simulate_options& options = {}) {
+LOOM_INLINE simulation simulate(const schedule& s, const cost_model& costs = {}, const simulate_options& options = {});
+
+}  // namespace loom::schedule
+
+// Definitions: compiled here (header-only) or once in loom::compiled (core/linkage.hpp).
+#if LOOM_HEADER_DEFINITIONS
+
+namespace loom::schedule {
+
+LOOM_INLINE simulation simulate(const schedule& s, const cost_model& costs, const simulate_options& options) {
     if (!options.validated) validate(s);
     const auto& p = s.shape;
     const auto where = [&] { return "simulate('" + s.name + "')"; };
@@ -11581,11 +12292,21 @@ inline simulation simulate(const schedule& s, const cost_model& costs = {}, cons
 }
 
 }  // namespace loom::schedule
+#endif  // LOOM_HEADER_DEFINITIONS
 // ---- end loom/schedule/simulate.hpp ----
 
 namespace loom::schedule {
 
-inline std::string chrome_trace_json(const simulation& r, double microseconds_per_unit = 1000.0) {
+LOOM_INLINE std::string chrome_trace_json(const simulation& r, double microseconds_per_unit = 1000.0);
+
+}  // namespace loom::schedule
+
+// Definitions: compiled here (header-only) or once in loom::compiled (core/linkage.hpp).
+#if LOOM_HEADER_DEFINITIONS
+
+namespace loom::schedule {
+
+LOOM_INLINE std::string chrome_trace_json(const simulation& r, double microseconds_per_unit) {
     using json = nlohmann::ordered_json;
     const auto& p = r.source.shape;
     json events = json::array();
@@ -11614,6 +12335,7 @@ inline std::string chrome_trace_json(const simulation& r, double microseconds_pe
 }
 
 }  // namespace loom::schedule
+#endif  // LOOM_HEADER_DEFINITIONS
 // ---- end loom/schedule/chrome_trace.hpp ----
 // ---- begin loom/schedule/program.hpp ----
 // A validated schedule lowered to what each device does, messages included:
@@ -11647,7 +12369,19 @@ struct step {
 };
 
 // "compute F(s0,m0)", "send F(s0,m0) -> F(s1,m0) to device 1", "receive ... from device 1"
-inline std::string to_string(const step& s, int rounds = 1) {
+LOOM_INLINE std::string to_string(const step& s, int rounds = 1);
+
+// One program per device; validates the schedule first (throws schedule_error).
+LOOM_INLINE std::vector<std::vector<step>> device_programs(const schedule& s);
+
+}  // namespace loom::schedule
+
+// Definitions: compiled here (header-only) or once in loom::compiled (core/linkage.hpp).
+#if LOOM_HEADER_DEFINITIONS
+
+namespace loom::schedule {
+
+LOOM_INLINE std::string to_string(const step& s, int rounds) {
     switch (s.kind) {
         case step_kind::compute: return "compute " + to_string(s.target, rounds);
         case step_kind::send:
@@ -11660,8 +12394,7 @@ inline std::string to_string(const step& s, int rounds = 1) {
     return "?";
 }
 
-// One program per device; validates the schedule first (throws schedule_error).
-inline std::vector<std::vector<step>> device_programs(const schedule& s) {
+LOOM_INLINE std::vector<std::vector<step>> device_programs(const schedule& s) {
     validate(s);
     const auto& p = s.shape;
     const auto position = order_positions(s);
@@ -11698,6 +12431,7 @@ inline std::vector<std::vector<step>> device_programs(const schedule& s) {
 }
 
 }  // namespace loom::schedule
+#endif  // LOOM_HEADER_DEFINITIONS
 // ---- end loom/schedule/program.hpp ----
 // ---- begin loom/schedule/svg_timeline.hpp ----
 // A simulated schedule as an SVG timeline, like Figure 2 of the nnScaler paper: one row per
@@ -11732,28 +12466,9 @@ struct svg_options {
 namespace detail {
 
 // 40 -> "40", 12.5 -> "12.5", 1/3 -> "0.333"
-inline std::string svg_number(double x) {
-    char buffer[64];
-    std::snprintf(buffer, sizeof buffer, "%.3f", x);
-    std::string s = buffer;
-    while (!s.empty() && s.back() == '0') s.pop_back();
-    if (!s.empty() && s.back() == '.') s.pop_back();
-    return s == "-0" ? "0" : s;
-}
+LOOM_INLINE std::string svg_number(double x);
 
-inline std::string xml_escape(std::string_view text) {
-    std::string out;
-    for (char c : text) {
-        switch (c) {
-            case '&': out += "&amp;"; break;
-            case '<': out += "&lt;"; break;
-            case '>': out += "&gt;"; break;
-            case '"': out += "&quot;"; break;
-            default: out += c;
-        }
-    }
-    return out;
-}
+LOOM_INLINE std::string xml_escape(std::string_view text);
 
 inline std::string block_colour(const block& b) {
     static constexpr const char* forward_rounds[] = {"#4e79a7", "#76a5d6", "#a8c8ea", "#2f4b6e"};
@@ -11770,7 +12485,42 @@ inline double tick_step(double makespan) {
 
 }  // namespace detail
 
-inline std::string svg_timeline(const simulation& r, const svg_options& o = {}) {
+LOOM_INLINE std::string svg_timeline(const simulation& r, const svg_options& o = {});
+
+}  // namespace loom::schedule
+
+// Definitions: compiled here (header-only) or once in loom::compiled (core/linkage.hpp).
+#if LOOM_HEADER_DEFINITIONS
+
+namespace loom::schedule::detail {
+
+LOOM_INLINE std::string svg_number(double x) {
+    char buffer[64];
+    std::snprintf(buffer, sizeof buffer, "%.3f", x);
+    std::string s = buffer;
+    while (!s.empty() && s.back() == '0') s.pop_back();
+    if (!s.empty() && s.back() == '.') s.pop_back();
+    return s == "-0" ? "0" : s;
+}
+
+LOOM_INLINE std::string xml_escape(std::string_view text) {
+    std::string out;
+    for (char c : text) {
+        switch (c) {
+            case '&': out += "&amp;"; break;
+            case '<': out += "&lt;"; break;
+            case '>': out += "&gt;"; break;
+            case '"': out += "&quot;"; break;
+            default: out += c;
+        }
+    }
+    return out;
+}
+}  // namespace loom::schedule::detail
+
+namespace loom::schedule {
+
+LOOM_INLINE std::string svg_timeline(const simulation& r, const svg_options& o) {
     using detail::svg_number;
     const auto& p = r.source.shape;
     const double plot_width = r.makespan * o.pixels_per_unit;
@@ -11819,6 +12569,7 @@ inline std::string svg_timeline(const simulation& r, const svg_options& o = {}) 
 }
 
 }  // namespace loom::schedule
+#endif  // LOOM_HEADER_DEFINITIONS
 // ---- end loom/schedule/svg_timeline.hpp ----
 // ---- end loom/schedule/all.hpp ----
 // the plan searcher: hardware profiles, cost model, folding, branch-and-bound
@@ -11945,26 +12696,11 @@ inline void check_data_parallel(std::string_view where, int data_parallel) {
                           "; give the data-parallel degree, at least 1");
 }
 
-inline void check_state_bytes(std::string_view where, const state_bytes& s) {
-    const char* fix = "give bytes per parameter, e.g. mixed_precision_adam()";
-    check_non_negative(where, "state_bytes.parameter", s.parameter, fix);
-    check_non_negative(where, "state_bytes.gradient", s.gradient, fix);
-    check_non_negative(where, "state_bytes.optimizer", s.optimizer, fix);
-}
+LOOM_INLINE void check_state_bytes(std::string_view where, const state_bytes& s);
 
 // Model-state bytes (not per parameter) on one device; each state is divided by N_d from the
 // stage that shards it.
-inline state_bytes model_state_split(double parameters, state_bytes s, zero_stage zero, int data_parallel) {
-    constexpr std::string_view where = "model_state_bytes";
-    detail::check_non_negative(where, "parameters", parameters, "give the number of parameters on this device");
-    detail::check_state_bytes(where, s);
-    detail::check_data_parallel(where, data_parallel);
-    const double d = data_parallel;
-    const int stage = static_cast<int>(zero);
-    return {.parameter = s.parameter * parameters / (stage >= 3 ? d : 1),
-            .gradient = s.gradient * parameters / (stage >= 2 ? d : 1),
-            .optimizer = s.optimizer * parameters / (stage >= 1 ? d : 1)};
-}
+LOOM_INLINE state_bytes model_state_split(double parameters, state_bytes s, zero_stage zero, int data_parallel);
 
 }  // namespace detail
 
@@ -12020,7 +12756,55 @@ struct activation_profile {
     double attention_scores_bytes_per_micro_batch = 0;  // dropped under selective recomputation
 };
 
-inline double activation_bytes(const activation_profile& a, int in_flight, plan::recompute_policy r) {
+LOOM_INLINE double activation_bytes(const activation_profile& a, int in_flight, plan::recompute_policy r);
+
+// ---- the whole device ------------------------------------------------------------------
+struct memory_breakdown {
+    double parameters = 0;
+    double gradients = 0;
+    double optimizer = 0;
+    double activations = 0;
+    double buffers = 0;  // communication buffers, workspaces, transients
+    double total() const { return parameters + gradients + optimizer + activations + buffers; }
+};
+
+// `parameters` is the count held by this device before ZeRO sharding (after tensor and
+// pipeline partitioning); `in_flight` the micro-batches whose activations it holds at once
+// (1F1B: up to the number of pipeline stages on the first stage).
+LOOM_INLINE memory_breakdown memory_per_device(double parameters, state_bytes s, zero_stage zero, int data_parallel,
+                                               const activation_profile& activations, int in_flight, plan::recompute_policy r,
+                                               double buffer_bytes);
+
+}  // namespace loom::search
+
+// Definitions: compiled here (header-only) or once in loom::compiled (core/linkage.hpp).
+#if LOOM_HEADER_DEFINITIONS
+
+namespace loom::search::detail {
+
+LOOM_INLINE void check_state_bytes(std::string_view where, const state_bytes& s) {
+    const char* fix = "give bytes per parameter, e.g. mixed_precision_adam()";
+    check_non_negative(where, "state_bytes.parameter", s.parameter, fix);
+    check_non_negative(where, "state_bytes.gradient", s.gradient, fix);
+    check_non_negative(where, "state_bytes.optimizer", s.optimizer, fix);
+}
+
+LOOM_INLINE state_bytes model_state_split(double parameters, state_bytes s, zero_stage zero, int data_parallel) {
+    constexpr std::string_view where = "model_state_bytes";
+    detail::check_non_negative(where, "parameters", parameters, "give the number of parameters on this device");
+    detail::check_state_bytes(where, s);
+    detail::check_data_parallel(where, data_parallel);
+    const double d = data_parallel;
+    const int stage = static_cast<int>(zero);
+    return {.parameter = s.parameter * parameters / (stage >= 3 ? d : 1),
+            .gradient = s.gradient * parameters / (stage >= 2 ? d : 1),
+            .optimizer = s.optimizer * parameters / (stage >= 1 ? d : 1)};
+}
+}  // namespace loom::search::detail
+
+namespace loom::search {
+
+LOOM_INLINE double activation_bytes(const activation_profile& a, int in_flight, plan::recompute_policy r) {
     constexpr std::string_view where = "activation_bytes";
     const char* fix = "give bytes per micro-batch, at least 0";
     detail::check_non_negative(where, "saved_bytes_per_micro_batch", a.saved_bytes_per_micro_batch, fix);
@@ -12047,22 +12831,9 @@ inline double activation_bytes(const activation_profile& a, int in_flight, plan:
     return per_micro_batch * in_flight;
 }
 
-// ---- the whole device ------------------------------------------------------------------
-struct memory_breakdown {
-    double parameters = 0;
-    double gradients = 0;
-    double optimizer = 0;
-    double activations = 0;
-    double buffers = 0;  // communication buffers, workspaces, transients
-    double total() const { return parameters + gradients + optimizer + activations + buffers; }
-};
-
-// `parameters` is the count held by this device before ZeRO sharding (after tensor and
-// pipeline partitioning); `in_flight` the micro-batches whose activations it holds at once
-// (1F1B: up to the number of pipeline stages on the first stage).
-inline memory_breakdown memory_per_device(double parameters, state_bytes s, zero_stage zero, int data_parallel,
-                                          const activation_profile& activations, int in_flight, plan::recompute_policy r,
-                                          double buffer_bytes) {
+LOOM_INLINE memory_breakdown memory_per_device(double parameters, state_bytes s, zero_stage zero, int data_parallel,
+                                               const activation_profile& activations, int in_flight, plan::recompute_policy r,
+                                               double buffer_bytes) {
     detail::check_non_negative("memory_per_device", "buffer_bytes", buffer_bytes, "give the buffer size in bytes");
     const state_bytes states = detail::model_state_split(parameters, s, zero, data_parallel);
     return {.parameters = states.parameter,
@@ -12073,6 +12844,7 @@ inline memory_breakdown memory_per_device(double parameters, state_bytes s, zero
 }
 
 }  // namespace loom::search
+#endif  // LOOM_HEADER_DEFINITIONS
 // ---- end loom/search/memory.hpp ----
 
 namespace loom::search {
@@ -12137,16 +12909,30 @@ inline plan::selector layer_scope(std::int64_t layer, const std::string& part) {
     return s;
 }
 
-inline plan::rule split_rule(plan::selector on, int dp, plan::split_spec inner, const std::string& origin) {
+LOOM_INLINE plan::rule split_rule(plan::selector on, int dp, plan::split_spec inner, const std::string& origin);
+
+}  // namespace detail
+
+LOOM_INLINE plan::plan_spec to_plan(const configuration& c);
+
+}  // namespace loom::search
+
+// Definitions: compiled here (header-only) or once in loom::compiled (core/linkage.hpp).
+#if LOOM_HEADER_DEFINITIONS
+
+namespace loom::search::detail {
+
+LOOM_INLINE plan::rule split_rule(plan::selector on, int dp, plan::split_spec inner, const std::string& origin) {
     std::vector<plan::split_spec> splits;
     if (dp > 1) splits.push_back({Dim::Batch::id, "", {dp, "", {}}, false});
     splits.push_back(std::move(inner));
     return {std::move(on), std::move(splits), std::nullopt, std::nullopt, origin, true};
 }
+}  // namespace loom::search::detail
 
-}  // namespace detail
+namespace loom::search {
 
-inline plan::plan_spec to_plan(const configuration& c) {
+LOOM_INLINE plan::plan_spec to_plan(const configuration& c) {
     plan::plan_spec p = c.tp > 1 ? plan::presets::megatron(c.tp, c.dp) : plan::presets::data_parallel(c.dp);
     p.devices = c.devices();
     p.zero = c.zero;
@@ -12210,6 +12996,7 @@ inline plan::plan_spec to_plan(const configuration& c) {
 }
 
 }  // namespace loom::search
+#endif  // LOOM_HEADER_DEFINITIONS
 // ---- end loom/search/to_plan.hpp ----
 // ---- begin loom/search/branch_and_bound.hpp ----
 // Branch-and-bound over a search space (plan_space.hpp) with the cost model of
@@ -12445,26 +13232,13 @@ inline constexpr double gib = 1024.0 * 1024.0 * 1024.0;
 inline constexpr double intra_node_latency = 5e-6;
 inline constexpr double inter_node_latency = 10e-6;
 
-inline void check_preset(std::string_view preset, int nodes, int nics_per_node) {
-    if (nodes < 1)
-        throw profile_error(std::string(preset) + ": nodes is " + std::to_string(nodes) + "; give at least 1 node");
-    if (nics_per_node < 1)
-        throw profile_error(std::string(preset) + ": nics_per_node is " + std::to_string(nics_per_node) +
-                            "; give at least 1 NIC per node");
-}
+LOOM_INLINE void check_preset(std::string_view preset, int nodes, int nics_per_node);
 
 inline std::string preset_name(std::string_view machine, int nodes) {
     return std::string(machine) + " x" + std::to_string(nodes);
 }
 
-inline device_profile v100_sxm2_32gb() {
-    // V100 SXM2 datasheet: 15.7 TFLOP/s f32, 125 TFLOP/s tensor (f16), 900 GB/s HBM2.
-    return {.name = "V100-SXM2-32GB",
-            .peak_flops_f32 = 15.7e12,
-            .peak_flops_f16 = 125e12,
-            .memory_bytes = 32 * gib,
-            .memory_bandwidth = 900e9};
-}
+LOOM_INLINE device_profile v100_sxm2_32gb();
 
 }  // namespace detail
 
@@ -12472,66 +13246,21 @@ inline device_profile v100_sxm2_32gb() {
 // (150e9 bytes/s, the datasheet's "300 GB/s"); in the hybrid cube-mesh not every pair is
 // linked, so rings reach somewhat less, which calibration corrects. The machine has 4 EDR
 // NICs; the NIC count is a parameter so that 1 and 8 NICs per node can be studied.
-inline cluster dgx1_v100(int nodes, int nics_per_node = 1) {
-    detail::check_preset("dgx1_v100", nodes, nics_per_node);
-    return {.name = detail::preset_name("DGX-1 V100", nodes) + ", " + std::to_string(nics_per_node) +
-                    (nics_per_node == 1 ? " NIC" : " NICs") + " per node",
-            .device = detail::v100_sxm2_32gb(),
-            .topo = {.devices_per_node = 8,
-                     .nodes = nodes,
-                     .intra_node = {150e9, detail::intra_node_latency},
-                     .inter_node_per_nic = {12.5e9, detail::inter_node_latency},
-                     .nics_per_node = nics_per_node}};
-}
+LOOM_INLINE cluster dgx1_v100(int nodes, int nics_per_node = 1);
 
 // DGX-2: 16 V100 32GB behind NVSwitch, 300 GB/s bidirectional per GPU to any other GPU
 // (150e9 per direction), and 8 EDR InfiniBand NICs per node.
-inline cluster dgx2_v100(int nodes) {
-    detail::check_preset("dgx2_v100", nodes, 8);
-    return {.name = detail::preset_name("DGX-2 V100", nodes),
-            .device = detail::v100_sxm2_32gb(),
-            .topo = {.devices_per_node = 16,
-                     .nodes = nodes,
-                     .intra_node = {150e9, detail::intra_node_latency},
-                     .inter_node_per_nic = {12.5e9, detail::inter_node_latency},
-                     .nics_per_node = 8}};
-}
+LOOM_INLINE cluster dgx2_v100(int nodes);
 
 // DGX A100 80GB: A100 SXM datasheet 19.5 TFLOP/s f32, 312 TFLOP/s bf16/f16 tensor,
 // 2039 GB/s HBM2e; NVLink3 600 GB/s bidirectional (300e9 per direction) through NVSwitch;
 // 8 HDR 200 Gb/s NICs for the compute fabric.
-inline cluster dgx_a100(int nodes) {
-    detail::check_preset("dgx_a100", nodes, 8);
-    return {.name = detail::preset_name("DGX A100", nodes),
-            .device = {.name = "A100-SXM4-80GB",
-                       .peak_flops_f32 = 19.5e12,
-                       .peak_flops_f16 = 312e12,
-                       .memory_bytes = 80 * detail::gib,
-                       .memory_bandwidth = 2039e9},
-            .topo = {.devices_per_node = 8,
-                     .nodes = nodes,
-                     .intra_node = {300e9, detail::intra_node_latency},
-                     .inter_node_per_nic = {25e9, detail::inter_node_latency},
-                     .nics_per_node = 8}};
-}
+LOOM_INLINE cluster dgx_a100(int nodes);
 
 // DGX H100: H100 SXM5 datasheet 67 TFLOP/s f32, 989 TFLOP/s bf16/f16 tensor (dense),
 // 3.35 TB/s HBM3; NVLink4 900 GB/s bidirectional (450e9 per direction) through NVSwitch;
 // 8 ConnectX-7 NDR 400 Gb/s NICs for the compute fabric.
-inline cluster dgx_h100(int nodes) {
-    detail::check_preset("dgx_h100", nodes, 8);
-    return {.name = detail::preset_name("DGX H100", nodes),
-            .device = {.name = "H100-SXM5-80GB",
-                       .peak_flops_f32 = 67e12,
-                       .peak_flops_f16 = 989e12,
-                       .memory_bytes = 80 * detail::gib,
-                       .memory_bandwidth = 3.35e12},
-            .topo = {.devices_per_node = 8,
-                     .nodes = nodes,
-                     .intra_node = {450e9, detail::intra_node_latency},
-                     .inter_node_per_nic = {50e9, detail::inter_node_latency},
-                     .nics_per_node = 8}};
-}
+LOOM_INLINE cluster dgx_h100(int nodes);
 
 // ---- JSON ----------------------------------------------------------------------------
 // {
@@ -12554,25 +13283,7 @@ inline nlohmann::json to_json(const link& l) {
     return {{"bandwidth_bytes_per_s", l.bandwidth}, {"latency_s", l.latency}};
 }
 
-inline nlohmann::json to_json(const cluster& c) {
-    const device_profile& d = c.device;
-    const topology& t = c.topo;
-    return {{"name", c.name},
-            {"device",
-             {{"name", d.name},
-              {"peak_flops_fp32_per_s", d.peak_flops_f32},
-              {"peak_flops_fp16_per_s", d.peak_flops_f16},
-              {"memory_bytes", d.memory_bytes},
-              {"memory_bandwidth_bytes_per_s", d.memory_bandwidth},
-              {"gemm_efficiency", d.gemm_efficiency},
-              {"elementwise_efficiency", d.elementwise_efficiency}}},
-            {"topology",
-             {{"devices_per_node", t.devices_per_node},
-              {"nodes", t.nodes},
-              {"nics_per_node", t.nics_per_node},
-              {"intra_node", to_json(t.intra_node)},
-              {"inter_node_per_nic", to_json(t.inter_node_per_nic)}}}};
-}
+LOOM_INLINE nlohmann::json to_json(const cluster& c);
 
 namespace detail {
 
@@ -12657,7 +13368,120 @@ inline link link_from_json(const profile_reader& r) {
             .latency = r.number("latency_s", "seconds", true)};
 }
 
-inline cluster cluster_from_json(const nlohmann::json& j, const std::string& where) {
+LOOM_INLINE cluster cluster_from_json(const nlohmann::json& j, const std::string& where);
+
+}  // namespace detail
+
+inline cluster cluster_from_json(const nlohmann::json& j) { return detail::cluster_from_json(j, "cluster_from_json"); }
+
+LOOM_INLINE cluster load_cluster(const std::string& path);
+
+LOOM_INLINE void save_cluster(const cluster& c, const std::string& path);
+
+}  // namespace loom::search
+
+// Definitions: compiled here (header-only) or once in loom::compiled (core/linkage.hpp).
+#if LOOM_HEADER_DEFINITIONS
+
+namespace loom::search::detail {
+
+LOOM_INLINE void check_preset(std::string_view preset, int nodes, int nics_per_node) {
+    if (nodes < 1)
+        throw profile_error(std::string(preset) + ": nodes is " + std::to_string(nodes) + "; give at least 1 node");
+    if (nics_per_node < 1)
+        throw profile_error(std::string(preset) + ": nics_per_node is " + std::to_string(nics_per_node) +
+                            "; give at least 1 NIC per node");
+}
+
+LOOM_INLINE device_profile v100_sxm2_32gb() {
+    // V100 SXM2 datasheet: 15.7 TFLOP/s f32, 125 TFLOP/s tensor (f16), 900 GB/s HBM2.
+    return {.name = "V100-SXM2-32GB",
+            .peak_flops_f32 = 15.7e12,
+            .peak_flops_f16 = 125e12,
+            .memory_bytes = 32 * gib,
+            .memory_bandwidth = 900e9};
+}
+}  // namespace loom::search::detail
+
+namespace loom::search {
+
+LOOM_INLINE cluster dgx1_v100(int nodes, int nics_per_node) {
+    detail::check_preset("dgx1_v100", nodes, nics_per_node);
+    return {.name = detail::preset_name("DGX-1 V100", nodes) + ", " + std::to_string(nics_per_node) +
+                    (nics_per_node == 1 ? " NIC" : " NICs") + " per node",
+            .device = detail::v100_sxm2_32gb(),
+            .topo = {.devices_per_node = 8,
+                     .nodes = nodes,
+                     .intra_node = {150e9, detail::intra_node_latency},
+                     .inter_node_per_nic = {12.5e9, detail::inter_node_latency},
+                     .nics_per_node = nics_per_node}};
+}
+
+LOOM_INLINE cluster dgx2_v100(int nodes) {
+    detail::check_preset("dgx2_v100", nodes, 8);
+    return {.name = detail::preset_name("DGX-2 V100", nodes),
+            .device = detail::v100_sxm2_32gb(),
+            .topo = {.devices_per_node = 16,
+                     .nodes = nodes,
+                     .intra_node = {150e9, detail::intra_node_latency},
+                     .inter_node_per_nic = {12.5e9, detail::inter_node_latency},
+                     .nics_per_node = 8}};
+}
+
+LOOM_INLINE cluster dgx_a100(int nodes) {
+    detail::check_preset("dgx_a100", nodes, 8);
+    return {.name = detail::preset_name("DGX A100", nodes),
+            .device = {.name = "A100-SXM4-80GB",
+                       .peak_flops_f32 = 19.5e12,
+                       .peak_flops_f16 = 312e12,
+                       .memory_bytes = 80 * detail::gib,
+                       .memory_bandwidth = 2039e9},
+            .topo = {.devices_per_node = 8,
+                     .nodes = nodes,
+                     .intra_node = {300e9, detail::intra_node_latency},
+                     .inter_node_per_nic = {25e9, detail::inter_node_latency},
+                     .nics_per_node = 8}};
+}
+
+LOOM_INLINE cluster dgx_h100(int nodes) {
+    detail::check_preset("dgx_h100", nodes, 8);
+    return {.name = detail::preset_name("DGX H100", nodes),
+            .device = {.name = "H100-SXM5-80GB",
+                       .peak_flops_f32 = 67e12,
+                       .peak_flops_f16 = 989e12,
+                       .memory_bytes = 80 * detail::gib,
+                       .memory_bandwidth = 3.35e12},
+            .topo = {.devices_per_node = 8,
+                     .nodes = nodes,
+                     .intra_node = {450e9, detail::intra_node_latency},
+                     .inter_node_per_nic = {50e9, detail::inter_node_latency},
+                     .nics_per_node = 8}};
+}
+
+LOOM_INLINE nlohmann::json to_json(const cluster& c) {
+    const device_profile& d = c.device;
+    const topology& t = c.topo;
+    return {{"name", c.name},
+            {"device",
+             {{"name", d.name},
+              {"peak_flops_fp32_per_s", d.peak_flops_f32},
+              {"peak_flops_fp16_per_s", d.peak_flops_f16},
+              {"memory_bytes", d.memory_bytes},
+              {"memory_bandwidth_bytes_per_s", d.memory_bandwidth},
+              {"gemm_efficiency", d.gemm_efficiency},
+              {"elementwise_efficiency", d.elementwise_efficiency}}},
+            {"topology",
+             {{"devices_per_node", t.devices_per_node},
+              {"nodes", t.nodes},
+              {"nics_per_node", t.nics_per_node},
+              {"intra_node", to_json(t.intra_node)},
+              {"inter_node_per_nic", to_json(t.inter_node_per_nic)}}}};
+}
+}  // namespace loom::search
+
+namespace loom::search::detail {
+
+LOOM_INLINE cluster cluster_from_json(const nlohmann::json& j, const std::string& where) {
     const profile_reader root(j, where, "");
     root.only({"name", "device", "topology"});
     const profile_reader d = root.child("device");
@@ -12683,12 +13507,11 @@ inline cluster cluster_from_json(const nlohmann::json& j, const std::string& whe
                        .nics_per_node = t.count("nics_per_node", "NICs in a node")}};
     return c;
 }
+}  // namespace loom::search::detail
 
-}  // namespace detail
+namespace loom::search {
 
-inline cluster cluster_from_json(const nlohmann::json& j) { return detail::cluster_from_json(j, "cluster_from_json"); }
-
-inline cluster load_cluster(const std::string& path) {
+LOOM_INLINE cluster load_cluster(const std::string& path) {
     std::ifstream file(path);
     if (!file)
         throw profile_error("load_cluster: cannot open '" + path +
@@ -12704,7 +13527,7 @@ inline cluster load_cluster(const std::string& path) {
     return detail::cluster_from_json(j, where);
 }
 
-inline void save_cluster(const cluster& c, const std::string& path) {
+LOOM_INLINE void save_cluster(const cluster& c, const std::string& path) {
     std::ofstream file(path);
     file << to_json(c).dump(2) << '\n';
     file.close();
@@ -12713,23 +13536,14 @@ inline void save_cluster(const cluster& c, const std::string& path) {
 }
 
 }  // namespace loom::search
+#endif  // LOOM_HEADER_DEFINITIONS
 // ---- end loom/search/hardware.hpp ----
 
 namespace loom::search {
 
 enum class collective { all_reduce, all_gather, reduce_scatter, all_to_all, broadcast, send_recv };
 
-inline std::string_view to_string(collective c) {
-    switch (c) {
-        case collective::all_reduce: return "all_reduce";
-        case collective::all_gather: return "all_gather";
-        case collective::reduce_scatter: return "reduce_scatter";
-        case collective::all_to_all: return "all_to_all";
-        case collective::broadcast: return "broadcast";
-        case collective::send_recv: return "send_recv";
-    }
-    return "?";
-}
+LOOM_INLINE std::string_view to_string(collective c);
 
 // ring: one ring over all members, every step as slow as its slowest hop.
 // hierarchical: inside each node, then across nodes on 1/k of the data (k members per
@@ -12755,7 +13569,121 @@ struct group_placement {
     bool uniform() const { return min_per_node == max_per_node; }
 };
 
-inline group_placement placement(const topology& t, device_group g) {
+LOOM_INLINE group_placement placement(const topology& t, device_group g);
+
+// How an arbitrary set of ranks (a materialized transfer's group) lies over nodes.
+LOOM_INLINE group_placement placement(const topology& t, std::span<const int> ranks);
+
+inline int nodes_spanned(const topology& t, device_group g) { return placement(t, g).nodes; }
+
+// Members on the fullest node; for uniform groups, the members of every node it spans.
+inline int members_per_node(const topology& t, device_group g) { return placement(t, g).max_per_node; }
+
+// Inter-node bandwidth of one member when `members` members of a node send across nodes at
+// once: they share the node's NICs, and one member drives at most one NIC (on DGX machines
+// each GPU is paired with one NIC on its PCIe switch), so a lone member gets one NIC, not all.
+inline double inter_node_bandwidth_per_member(const topology& t, int members) {
+    const double nic = t.inter_node_per_nic.bandwidth;
+    return std::min(nic, t.nics_per_node * nic / members);
+}
+
+struct comm_time {
+    double latency = 0;       // s: per-message latencies, not hidden by overlap
+    double transmission = 0;  // s: bytes over bandwidth, which overlap can hide
+    double total() const { return latency + transmission; }
+};
+
+inline comm_time operator+(comm_time a, comm_time b) {
+    return {a.latency + b.latency, a.transmission + b.transmission};
+}
+
+namespace detail {
+
+LOOM_INLINE void check_link(const cluster& c, const link& l, std::string_view field);
+
+// One level of ring: n members, each step over a link of bandwidth bw and latency lat.
+// all_to_all is here the direct exchange (each member sends (n-1)/n of its buffer); its
+// n-1 rounds are charged one latency each.
+LOOM_INLINE comm_time ring(collective c, double bytes, int n, double bw, double lat);
+
+// `sharing`: how many groups of the same shape send across the same nodes at once (the
+// data-parallel groups of every tensor-parallel rank); they share the nodes' NICs.
+LOOM_INLINE comm_time ring_cost(const cluster& c, collective k, double bytes, int n, const group_placement& p, int sharing = 1);
+
+inline bool has_hierarchical_form(collective k) {
+    return k == collective::all_reduce || k == collective::all_gather || k == collective::reduce_scatter;
+}
+
+// k members on each of N nodes. Inside a node the k members reduce-scatter (or gather) the
+// whole buffer; across nodes, the k members with the same local index each run a ring over
+// the N nodes on their 1/k of the buffer, all k rings at once, sharing the node's NICs.
+// all_gather + reduce_scatter == all_reduce holds here as for the ring.
+LOOM_INLINE comm_time hierarchical_cost(const cluster& c, collective kind, double bytes, const group_placement& p,
+                                        int sharing = 1);
+
+}  // namespace detail
+
+// Latency and transmission of one collective over `size` members placed as `p`. Size-1
+// groups cost 0. algorithm::hierarchical on a group whose nodes hold different numbers of
+// members throws; algorithm::automatic then uses the ring. For all_to_all, broadcast and
+// send_recv the hierarchical form is the ring form. `sharing` groups of this shape cross
+// the same nodes at once and share their NICs (1: this group alone).
+LOOM_INLINE comm_time collective_cost(const cluster& c, collective kind, double bytes, int size, const group_placement& p,
+                                      algorithm a = algorithm::automatic, int sharing = 1);
+
+// The same over the ranks {first + i*stride}.
+LOOM_INLINE comm_time collective_cost(const cluster& c, collective kind, double bytes, device_group g,
+                                      algorithm a = algorithm::automatic);
+
+inline double collective_time(const cluster& c, collective kind, double bytes, device_group g,
+                              algorithm a = algorithm::automatic) {
+    return collective_cost(c, kind, bytes, g, a).total();
+}
+
+// ---- overlap (TAPAS, section 4.6, eqs. 1-4) --------------------------------------------
+//   T_latency = alpha' * W                                    not discounted
+//   T_trans   = beta * (N_fwd + gamma * N_bwd) * epsilon        gamma, epsilon in (0, 1]
+// gamma: the fraction of backward (gradient) transmission left exposed by overlapping it
+// with the rest of the backward pass. epsilon: per collective, the fraction left by
+// overlapping reduction and transfer inside the collective; found by profiling. An epsilon
+// above 1 is accepted, for a collective measured slower than its alpha-beta estimate.
+struct overlap_factors {
+    double gamma = 1.0;
+    std::array<double, 6> epsilon{1, 1, 1, 1, 1, 1};  // indexed by collective
+
+    double epsilon_of(collective c) const { return epsilon[static_cast<std::size_t>(c)]; }
+};
+
+// Transmission times only: (forward + gamma * backward) * epsilon(c).
+LOOM_INLINE double exposed_time(double forward_transmission, double backward_transmission, collective c,
+                                const overlap_factors& f);
+
+// Whole costs: both latencies in full, the transmissions discounted as above.
+inline double exposed_time(const comm_time& forward, const comm_time& backward, collective c,
+                           const overlap_factors& f) {
+    return forward.latency + backward.latency + exposed_time(forward.transmission, backward.transmission, c, f);
+}
+
+}  // namespace loom::search
+
+// Definitions: compiled here (header-only) or once in loom::compiled (core/linkage.hpp).
+#if LOOM_HEADER_DEFINITIONS
+
+namespace loom::search {
+
+LOOM_INLINE std::string_view to_string(collective c) {
+    switch (c) {
+        case collective::all_reduce: return "all_reduce";
+        case collective::all_gather: return "all_gather";
+        case collective::reduce_scatter: return "reduce_scatter";
+        case collective::all_to_all: return "all_to_all";
+        case collective::broadcast: return "broadcast";
+        case collective::send_recv: return "send_recv";
+    }
+    return "?";
+}
+
+LOOM_INLINE group_placement placement(const topology& t, device_group g) {
     if (t.devices_per_node < 1)
         throw profile_error("placement: topology has devices_per_node = " + std::to_string(t.devices_per_node) +
                             "; give at least 1");
@@ -12792,8 +13720,7 @@ inline group_placement placement(const topology& t, device_group g) {
     return p;
 }
 
-// How an arbitrary set of ranks (a materialized transfer's group) lies over nodes.
-inline group_placement placement(const topology& t, std::span<const int> ranks) {
+LOOM_INLINE group_placement placement(const topology& t, std::span<const int> ranks) {
     if (t.devices_per_node < 1)
         throw profile_error("placement: topology has devices_per_node = " + std::to_string(t.devices_per_node) +
                             "; give at least 1");
@@ -12814,43 +13741,18 @@ inline group_placement placement(const topology& t, std::span<const int> ranks) 
     }
     return p;
 }
+}  // namespace loom::search
 
-inline int nodes_spanned(const topology& t, device_group g) { return placement(t, g).nodes; }
+namespace loom::search::detail {
 
-// Members on the fullest node; for uniform groups, the members of every node it spans.
-inline int members_per_node(const topology& t, device_group g) { return placement(t, g).max_per_node; }
-
-// Inter-node bandwidth of one member when `members` members of a node send across nodes at
-// once: they share the node's NICs, and one member drives at most one NIC (on DGX machines
-// each GPU is paired with one NIC on its PCIe switch), so a lone member gets one NIC, not all.
-inline double inter_node_bandwidth_per_member(const topology& t, int members) {
-    const double nic = t.inter_node_per_nic.bandwidth;
-    return std::min(nic, t.nics_per_node * nic / members);
-}
-
-struct comm_time {
-    double latency = 0;       // s: per-message latencies, not hidden by overlap
-    double transmission = 0;  // s: bytes over bandwidth, which overlap can hide
-    double total() const { return latency + transmission; }
-};
-
-inline comm_time operator+(comm_time a, comm_time b) {
-    return {a.latency + b.latency, a.transmission + b.transmission};
-}
-
-namespace detail {
-
-inline void check_link(const cluster& c, const link& l, std::string_view field) {
+LOOM_INLINE void check_link(const cluster& c, const link& l, std::string_view field) {
     if (!(l.bandwidth > 0) || !std::isfinite(l.bandwidth) || !(l.latency >= 0) || !std::isfinite(l.latency))
         throw profile_error("collective_cost: cluster '" + c.name + "' has " + std::string(field) + " bandwidth " +
                             number_text(l.bandwidth) + " bytes/s and latency " + number_text(l.latency) +
                             " s; give a positive bandwidth and a non-negative latency");
 }
 
-// One level of ring: n members, each step over a link of bandwidth bw and latency lat.
-// all_to_all is here the direct exchange (each member sends (n-1)/n of its buffer); its
-// n-1 rounds are charged one latency each.
-inline comm_time ring(collective c, double bytes, int n, double bw, double lat) {
+LOOM_INLINE comm_time ring(collective c, double bytes, int n, double bw, double lat) {
     if (n <= 1) return {};
     const double steps = n - 1;
     const double share = steps / n;
@@ -12865,9 +13767,7 @@ inline comm_time ring(collective c, double bytes, int n, double bw, double lat) 
     return {};
 }
 
-// `sharing`: how many groups of the same shape send across the same nodes at once (the
-// data-parallel groups of every tensor-parallel rank); they share the nodes' NICs.
-inline comm_time ring_cost(const cluster& c, collective k, double bytes, int n, const group_placement& p, int sharing = 1) {
+LOOM_INLINE comm_time ring_cost(const cluster& c, collective k, double bytes, int n, const group_placement& p, int sharing) {
     const topology& t = c.topo;
     if (p.nodes == 1) return ring(k, bytes, n, t.intra_node.bandwidth, t.intra_node.latency);
     const link& nic = t.inter_node_per_nic;
@@ -12893,16 +13793,8 @@ inline comm_time ring_cost(const cluster& c, collective k, double bytes, int n, 
     return ring(k, bytes, n, bw, nic.latency);
 }
 
-inline bool has_hierarchical_form(collective k) {
-    return k == collective::all_reduce || k == collective::all_gather || k == collective::reduce_scatter;
-}
-
-// k members on each of N nodes. Inside a node the k members reduce-scatter (or gather) the
-// whole buffer; across nodes, the k members with the same local index each run a ring over
-// the N nodes on their 1/k of the buffer, all k rings at once, sharing the node's NICs.
-// all_gather + reduce_scatter == all_reduce holds here as for the ring.
-inline comm_time hierarchical_cost(const cluster& c, collective kind, double bytes, const group_placement& p,
-                                   int sharing = 1) {
+LOOM_INLINE comm_time hierarchical_cost(const cluster& c, collective kind, double bytes, const group_placement& p,
+                                        int sharing) {
     const topology& t = c.topo;
     const int k = p.max_per_node;
     const int nodes = p.nodes;
@@ -12923,16 +13815,12 @@ inline comm_time hierarchical_cost(const cluster& c, collective kind, double byt
         default: return {};
     }
 }
+}  // namespace loom::search::detail
 
-}  // namespace detail
+namespace loom::search {
 
-// Latency and transmission of one collective over `size` members placed as `p`. Size-1
-// groups cost 0. algorithm::hierarchical on a group whose nodes hold different numbers of
-// members throws; algorithm::automatic then uses the ring. For all_to_all, broadcast and
-// send_recv the hierarchical form is the ring form. `sharing` groups of this shape cross
-// the same nodes at once and share their NICs (1: this group alone).
-inline comm_time collective_cost(const cluster& c, collective kind, double bytes, int size, const group_placement& p,
-                                 algorithm a = algorithm::automatic, int sharing = 1) {
+LOOM_INLINE comm_time collective_cost(const cluster& c, collective kind, double bytes, int size, const group_placement& p,
+                                      algorithm a, int sharing) {
     if (!(bytes >= 0) || !std::isfinite(bytes))
         throw usage_error("collective_cost: " + std::string(to_string(kind)) + " of " + detail::number_text(bytes) +
                           " bytes; give a finite, non-negative size in bytes");
@@ -12965,37 +13853,16 @@ inline comm_time collective_cost(const cluster& c, collective kind, double bytes
     return hierarchical.total() < ring.total() ? hierarchical : ring;
 }
 
-// The same over the ranks {first + i*stride}.
-inline comm_time collective_cost(const cluster& c, collective kind, double bytes, device_group g,
-                                 algorithm a = algorithm::automatic) {
+LOOM_INLINE comm_time collective_cost(const cluster& c, collective kind, double bytes, device_group g,
+                                      algorithm a) {
     if (!(bytes >= 0) || !std::isfinite(bytes))
         throw usage_error("collective_cost: " + std::string(to_string(kind)) + " of " + detail::number_text(bytes) +
                           " bytes; give a finite, non-negative size in bytes");
     return collective_cost(c, kind, bytes, g.size, placement(c.topo, g), a);
 }
 
-inline double collective_time(const cluster& c, collective kind, double bytes, device_group g,
-                              algorithm a = algorithm::automatic) {
-    return collective_cost(c, kind, bytes, g, a).total();
-}
-
-// ---- overlap (TAPAS, section 4.6, eqs. 1-4) --------------------------------------------
-//   T_latency = alpha' * W                                    not discounted
-//   T_trans   = beta * (N_fwd + gamma * N_bwd) * epsilon        gamma, epsilon in (0, 1]
-// gamma: the fraction of backward (gradient) transmission left exposed by overlapping it
-// with the rest of the backward pass. epsilon: per collective, the fraction left by
-// overlapping reduction and transfer inside the collective; found by profiling. An epsilon
-// above 1 is accepted, for a collective measured slower than its alpha-beta estimate.
-struct overlap_factors {
-    double gamma = 1.0;
-    std::array<double, 6> epsilon{1, 1, 1, 1, 1, 1};  // indexed by collective
-
-    double epsilon_of(collective c) const { return epsilon[static_cast<std::size_t>(c)]; }
-};
-
-// Transmission times only: (forward + gamma * backward) * epsilon(c).
-inline double exposed_time(double forward_transmission, double backward_transmission, collective c,
-                           const overlap_factors& f) {
+LOOM_INLINE double exposed_time(double forward_transmission, double backward_transmission, collective c,
+                                const overlap_factors& f) {
     if (!(f.gamma >= 0 && f.gamma <= 1))
         throw usage_error("exposed_time: gamma is " + detail::number_text(f.gamma) +
                           "; give the exposed fraction of backward transmission, between 0 and 1");
@@ -13006,13 +13873,8 @@ inline double exposed_time(double forward_transmission, double backward_transmis
     return (forward_transmission + f.gamma * backward_transmission) * epsilon;
 }
 
-// Whole costs: both latencies in full, the transmissions discounted as above.
-inline double exposed_time(const comm_time& forward, const comm_time& backward, collective c,
-                           const overlap_factors& f) {
-    return forward.latency + backward.latency + exposed_time(forward.transmission, backward.transmission, c, f);
-}
-
 }  // namespace loom::search
+#endif  // LOOM_HEADER_DEFINITIONS
 // ---- end loom/search/communication.hpp ----
 // ---- begin loom/search/model_profile.hpp ----
 // What the searcher knows about a model: per layer (folding.hpp), the work of its forward
@@ -13109,14 +13971,7 @@ struct layer_partition {
 
 namespace detail {
 
-inline std::uint64_t mix(std::uint64_t h, std::uint64_t v) {
-    // splitmix64 finaliser over the running hash: order-sensitive and well spread.
-    h ^= v + 0x9e3779b97f4a7c15ULL + (h << 6) + (h >> 2);
-    h ^= h >> 30;
-    h *= 0xbf58476d1ce4e5b9ULL;
-    h ^= h >> 27;
-    return h;
-}
+LOOM_INLINE std::uint64_t mix(std::uint64_t h, std::uint64_t v);
 
 inline std::uint64_t hash_text(std::string_view s) { return std::hash<std::string_view>{}(s); }
 
@@ -13125,7 +13980,59 @@ inline std::size_t forward_count(const graph& g) { return g.forward_nodes ? g.fo
 // The hash of a run of forward nodes [first, last): each node's op and output shapes, and
 // for each input whether it is a parameter (with its shape), a graph input, an activation
 // made inside the run (by its offset back from the consumer) or one from before the run.
-inline std::uint64_t hash_nodes(const graph& g, const std::vector<node_id>& nodes) {
+LOOM_INLINE std::uint64_t hash_nodes(const graph& g, const std::vector<node_id>& nodes);
+
+LOOM_INLINE void assign_classes(const graph& g, layer_partition& p);
+
+// Splits forward nodes into prologue / repeated layers / epilogue given each node's layer
+// index (-1 outside the repeat).
+LOOM_INLINE layer_partition partition_by_layer(const graph& g, const std::vector<std::int64_t>& layer_of,
+                                               std::string_view layer_prefix);
+
+}  // namespace detail
+
+namespace detail {
+
+// The instance index of repeat `r` that scope `s` lies in, or -1.
+inline std::int64_t instance_of(const graph& g, std::int32_t s, std::int32_t r) {
+    for (; s != no_id; s = g.scopes.at(static_cast<std::size_t>(s)).parent)
+        if (g.scopes.at(static_cast<std::size_t>(s)).repeat == r) return g.scopes.at(static_cast<std::size_t>(s)).index;
+    return -1;
+}
+
+// Forward rounds: the outer repeat around `inner`, when every outer instance holds a repeat
+// named like `inner` with as many instances and only the last round is differentiated.
+LOOM_INLINE layer_partition rounds_partition(const graph& g, std::int32_t inner);
+
+}  // namespace detail
+
+// Layers from the graph's largest recorded repeat (most instances; ties: the first).
+LOOM_INLINE layer_partition layers_from_scopes(const graph& g);
+
+// Layers from structure alone (scopes ignored).
+LOOM_INLINE layer_partition layers_from_structure(const graph& g);
+
+inline layer_partition find_layers(const graph& g) {
+    return g.repeats.empty() ? layers_from_structure(g) : layers_from_scopes(g);
+}
+
+}  // namespace loom::search
+
+// Definitions: compiled here (header-only) or once in loom::compiled (core/linkage.hpp).
+#if LOOM_HEADER_DEFINITIONS
+
+namespace loom::search::detail {
+
+LOOM_INLINE std::uint64_t mix(std::uint64_t h, std::uint64_t v) {
+    // splitmix64 finaliser over the running hash: order-sensitive and well spread.
+    h ^= v + 0x9e3779b97f4a7c15ULL + (h << 6) + (h >> 2);
+    h ^= h >> 30;
+    h *= 0xbf58476d1ce4e5b9ULL;
+    h ^= h >> 27;
+    return h;
+}
+
+LOOM_INLINE std::uint64_t hash_nodes(const graph& g, const std::vector<node_id>& nodes) {
     std::map<tensor_id, std::int64_t> made_at;  // tensor -> position in the run
     std::uint64_t h = 0x1234567;
     for (std::size_t i = 0; i < nodes.size(); ++i) {
@@ -13153,7 +14060,7 @@ inline std::uint64_t hash_nodes(const graph& g, const std::vector<node_id>& node
     return h;
 }
 
-inline void assign_classes(const graph& g, layer_partition& p) {
+LOOM_INLINE void assign_classes(const graph& g, layer_partition& p) {
     std::map<std::uint64_t, int> class_of;
     for (layer_span& l : p.layers) {
         l.hash = hash_nodes(g, l.nodes);
@@ -13163,10 +14070,8 @@ inline void assign_classes(const graph& g, layer_partition& p) {
     p.classes = static_cast<int>(class_of.size());
 }
 
-// Splits forward nodes into prologue / repeated layers / epilogue given each node's layer
-// index (-1 outside the repeat).
-inline layer_partition partition_by_layer(const graph& g, const std::vector<std::int64_t>& layer_of,
-                                          std::string_view layer_prefix) {
+LOOM_INLINE layer_partition partition_by_layer(const graph& g, const std::vector<std::int64_t>& layer_of,
+                                               std::string_view layer_prefix) {
     layer_partition p;
     std::int64_t layers = 0;
     for (std::int64_t l : layer_of) layers = std::max(layers, l + 1);
@@ -13192,20 +14097,7 @@ inline layer_partition partition_by_layer(const graph& g, const std::vector<std:
     return p;
 }
 
-}  // namespace detail
-
-namespace detail {
-
-// The instance index of repeat `r` that scope `s` lies in, or -1.
-inline std::int64_t instance_of(const graph& g, std::int32_t s, std::int32_t r) {
-    for (; s != no_id; s = g.scopes.at(static_cast<std::size_t>(s)).parent)
-        if (g.scopes.at(static_cast<std::size_t>(s)).repeat == r) return g.scopes.at(static_cast<std::size_t>(s)).index;
-    return -1;
-}
-
-// Forward rounds: the outer repeat around `inner`, when every outer instance holds a repeat
-// named like `inner` with as many instances and only the last round is differentiated.
-inline layer_partition rounds_partition(const graph& g, std::int32_t inner) {
+LOOM_INLINE layer_partition rounds_partition(const graph& g, std::int32_t inner) {
     const repeat_desc& in = g.repeats[static_cast<std::size_t>(inner)];
     std::int32_t outer = no_id;
     for (std::int32_t s = in.parent; s != no_id; s = g.scopes.at(static_cast<std::size_t>(s)).parent)
@@ -13247,11 +14139,11 @@ inline layer_partition rounds_partition(const graph& g, std::int32_t inner) {
     p.round_of = std::move(round_of);
     return p;
 }
+}  // namespace loom::search::detail
 
-}  // namespace detail
+namespace loom::search {
 
-// Layers from the graph's largest recorded repeat (most instances; ties: the first).
-inline layer_partition layers_from_scopes(const graph& g) {
+LOOM_INLINE layer_partition layers_from_scopes(const graph& g) {
     std::int32_t best = no_id;
     for (std::size_t r = 0; r < g.repeats.size(); ++r)
         if (best == no_id || g.repeats[r].scopes.size() > g.repeats[static_cast<std::size_t>(best)].scopes.size())
@@ -13286,8 +14178,7 @@ inline layer_partition layers_from_scopes(const graph& g) {
     return p;
 }
 
-// Layers from structure alone (scopes ignored).
-inline layer_partition layers_from_structure(const graph& g) {
+LOOM_INLINE layer_partition layers_from_structure(const graph& g) {
     const std::size_t forward = detail::forward_count(g);
     // live[i]: activations made before node i and read at or after it (forward reads only).
     std::vector<int> delta(forward + 1, 0);
@@ -13349,11 +14240,8 @@ inline layer_partition layers_from_structure(const graph& g) {
     return p;
 }
 
-inline layer_partition find_layers(const graph& g) {
-    return g.repeats.empty() ? layers_from_structure(g) : layers_from_scopes(g);
-}
-
 }  // namespace loom::search
+#endif  // LOOM_HEADER_DEFINITIONS
 // ---- end loom/search/folding.hpp ----
 
 namespace loom::search {
@@ -13414,7 +14302,22 @@ inline double numel(const graph& g, tensor_id t) { return static_cast<double>(g.
 
 inline bool gemm_like(double flops, double written) { return written > 0 && flops >= 16.0 * written; }
 
-inline void add_node_work(const graph& g, const node& n, work& w, work* memory_bound_part = nullptr) {
+LOOM_INLINE void add_node_work(const graph& g, const node& n, work& w, work* memory_bound_part = nullptr);
+
+}  // namespace detail
+
+LOOM_INLINE model_profile profile_model(const graph& g, layer_partition partition);
+
+inline model_profile profile_model(const graph& g) { return profile_model(g, find_layers(g)); }
+
+}  // namespace loom::search
+
+// Definitions: compiled here (header-only) or once in loom::compiled (core/linkage.hpp).
+#if LOOM_HEADER_DEFINITIONS
+
+namespace loom::search::detail {
+
+LOOM_INLINE void add_node_work(const graph& g, const node& n, work& w, work* memory_bound_part) {
     const double flops = n.op->flops ? n.op->flops(g, n) : 0.0;
     double written = 0, read = 0;
     for (tensor_id t : n.outputs) written += numel(g, t);
@@ -13433,10 +14336,11 @@ inline void add_node_work(const graph& g, const node& n, work& w, work* memory_b
         }
     }
 }
+}  // namespace loom::search::detail
 
-}  // namespace detail
+namespace loom::search {
 
-inline model_profile profile_model(const graph& g, layer_partition partition) {
+LOOM_INLINE model_profile profile_model(const graph& g, layer_partition partition) {
     if (g.forward_nodes == 0)
         throw usage_error("profile_model: the graph has no backward pass; pass the training graph "
                           "(model.training_graph()), whose backward the profile measures");
@@ -13561,9 +14465,8 @@ inline model_profile profile_model(const graph& g, layer_partition partition) {
     return m;
 }
 
-inline model_profile profile_model(const graph& g) { return profile_model(g, find_layers(g)); }
-
 }  // namespace loom::search
+#endif  // LOOM_HEADER_DEFINITIONS
 // ---- end loom/search/model_profile.hpp ----
 
 namespace loom::search {
@@ -13695,7 +14598,39 @@ private:
 // Which layers each chunk holds: the prologue on chunk 0, the epilogue on the last chunk
 // (unless interlaced: then on no chunk), the repeated layers in order, layers_per_chunk[c]
 // of them on chunk c.
-inline std::vector<std::vector<int>> layers_of_chunks(const cost_context& ctx, const configuration& c) {
+LOOM_INLINE std::vector<std::vector<int>> layers_of_chunks(const cost_context& ctx, const configuration& c);
+
+// The recompute choice of layer index `layer` (prologue and epilogue keep everything).
+LOOM_INLINE plan::recompute_policy recompute_of_layer(const cost_context& ctx, const configuration& c, int layer);
+
+// One all-reduce of the residual stream of a micro-batch over the TP group (a residual
+// join's cost per pass), its transmission discounted by epsilon.
+LOOM_INLINE double tensor_parallel_all_reduce_time(const cost_context& ctx, const configuration& c);
+
+// Everything but the pipeline makespan: per-chunk times and per-device memory and comm.
+// Split out so that the searcher can bound before it times the schedule.
+LOOM_INLINE evaluation evaluate_without_pipeline(cost_context& ctx, const configuration& c);
+
+// The time of one message between consecutive stages: the boundary activation of one
+// micro-batch, scattered over the TP group (each of its devices sends 1/tp).
+LOOM_INLINE double stage_message_time(const cost_context& ctx, const configuration& c);
+
+inline double step_time_of(const evaluation& e, double pipeline) {
+    double slowest = 0;
+    for (const auto& d : e.devices) slowest = std::max(slowest, d.exposed_communication + d.optimizer);
+    return pipeline + slowest;
+}
+
+LOOM_INLINE evaluation evaluate(cost_context& ctx, const configuration& c);
+
+}  // namespace loom::search
+
+// Definitions: compiled here (header-only) or once in loom::compiled (core/linkage.hpp).
+#if LOOM_HEADER_DEFINITIONS
+
+namespace loom::search {
+
+LOOM_INLINE std::vector<std::vector<int>> layers_of_chunks(const cost_context& ctx, const configuration& c) {
     const int chunks = c.pp * c.chunks;
     std::vector<std::vector<int>> out(static_cast<std::size_t>(chunks));
     if (ctx.prologue() >= 0 && !c.interlaced) out.front().push_back(ctx.prologue());
@@ -13707,17 +14642,14 @@ inline std::vector<std::vector<int>> layers_of_chunks(const cost_context& ctx, c
     return out;
 }
 
-// The recompute choice of layer index `layer` (prologue and epilogue keep everything).
-inline plan::recompute_policy recompute_of_layer(const cost_context& ctx, const configuration& c, int layer) {
+LOOM_INLINE plan::recompute_policy recompute_of_layer(const cost_context& ctx, const configuration& c, int layer) {
     const auto& r = ctx.repeated();
     const auto it = std::find(r.begin(), r.end(), layer);
     if (it == r.end() || c.recompute_of.empty()) return plan::recompute_policy::none;
     return c.recompute_of[static_cast<std::size_t>(it - r.begin())];
 }
 
-// One all-reduce of the residual stream of a micro-batch over the TP group (a residual
-// join's cost per pass), its transmission discounted by epsilon.
-inline double tensor_parallel_all_reduce_time(const cost_context& ctx, const configuration& c) {
+LOOM_INLINE double tensor_parallel_all_reduce_time(const cost_context& ctx, const configuration& c) {
     if (c.tp == 1) return 0.0;
     const double bytes = ctx.model().residual_elements / (static_cast<double>(c.dp) * c.micro_batches) *
                          ctx.options().activation_bytes;
@@ -13725,9 +14657,7 @@ inline double tensor_parallel_all_reduce_time(const cost_context& ctx, const con
                         collective::all_reduce, {1.0, ctx.options().overlap.epsilon});
 }
 
-// Everything but the pipeline makespan: per-chunk times and per-device memory and comm.
-// Split out so that the searcher can bound before it times the schedule.
-inline evaluation evaluate_without_pipeline(cost_context& ctx, const configuration& c) {
+LOOM_INLINE evaluation evaluate_without_pipeline(cost_context& ctx, const configuration& c) {
     const model_profile& m = ctx.model();
     const cluster& hw = ctx.hardware();
     const search_options& o = ctx.options();
@@ -13835,22 +14765,14 @@ inline evaluation evaluate_without_pipeline(cost_context& ctx, const configurati
     return e;
 }
 
-// The time of one message between consecutive stages: the boundary activation of one
-// micro-batch, scattered over the TP group (each of its devices sends 1/tp).
-inline double stage_message_time(const cost_context& ctx, const configuration& c) {
+LOOM_INLINE double stage_message_time(const cost_context& ctx, const configuration& c) {
     if (c.pp == 1) return 0.0;
     const double bytes = ctx.model().residual_elements / (static_cast<double>(c.dp) * c.micro_batches) *
                          ctx.options().activation_bytes / c.tp;
     return collective_time(ctx.hardware(), collective::send_recv, bytes, {2, c.tp * c.dp});
 }
 
-inline double step_time_of(const evaluation& e, double pipeline) {
-    double slowest = 0;
-    for (const auto& d : e.devices) slowest = std::max(slowest, d.exposed_communication + d.optimizer);
-    return pipeline + slowest;
-}
-
-inline evaluation evaluate(cost_context& ctx, const configuration& c) {
+LOOM_INLINE evaluation evaluate(cost_context& ctx, const configuration& c) {
     evaluation e = evaluate_without_pipeline(ctx, c);
     const auto& sched = ctx.schedule_orders(c.schedule, c.pp, c.chunks, c.micro_batches);
     // Interlaced blocks hold every device, so they add their time to every timeline.
@@ -13866,6 +14788,7 @@ inline evaluation evaluate(cost_context& ctx, const configuration& c) {
 }
 
 }  // namespace loom::search
+#endif  // LOOM_HEADER_DEFINITIONS
 // ---- end loom/search/evaluate.hpp ----
 
 namespace loom::search {
@@ -13988,36 +14911,9 @@ struct candidates {
 // slack, each count stays within `slack` of the even share (floor or ceiling).
 // `cut(k, split)` (optional) is asked after counts 0..k are chosen (k < parts - 1) and may
 // cut every split that starts so.
-inline void for_each_split(int layers, int parts, bool all, int slack,
-                           const std::function<bool(const std::vector<int>&)>& visit,
-                           const std::function<bool(int, const std::vector<int>&)>& cut = {}) {
-    if (!all) {
-        visit(std::vector<int>(static_cast<std::size_t>(parts), layers / parts));
-        return;
-    }
-    const int low = slack > 0 ? std::max(1, layers / parts - slack) : 1;
-    const int high = slack > 0 ? (layers + parts - 1) / parts + slack : layers;
-    std::vector<int> split(static_cast<std::size_t>(parts), 0);
-    if (layers % parts == 0 && !visit(std::vector<int>(static_cast<std::size_t>(parts), layers / parts))) return;
-    std::function<bool(int, int)> go = [&](int k, int left) {
-        if (k == parts - 1) {
-            if (left < low || left > high) return true;
-            split[static_cast<std::size_t>(k)] = left;
-            if (layers % parts == 0 && std::all_of(split.begin(), split.end(), [&](int x) { return x == layers / parts; }))
-                return true;  // visited first
-            return visit(split);
-        }
-        const int rest = parts - 1 - k;
-        for (int n = low; n <= std::min(high, left - rest * low); ++n) {
-            if (left - n > rest * high) continue;
-            split[static_cast<std::size_t>(k)] = n;
-            if (cut && cut(k, split)) continue;
-            if (!go(k + 1, left - n)) return false;
-        }
-        return true;
-    };
-    go(0, layers);
-}
+LOOM_INLINE void for_each_split(int layers, int parts, bool all, int slack,
+                                const std::function<bool(const std::vector<int>&)>& visit,
+                                const std::function<bool(int, const std::vector<int>&)>& cut = {});
 
 // A group of interchangeable layers on one device: same class, same chunk.
 struct recompute_group {
@@ -14349,7 +15245,50 @@ inline search_result branch_and_bound(cost_context& ctx, const search_space& spa
 
 // Every configuration of the space, each layer's recompute choice on its own: the answer
 // branch_and_bound must reproduce. Exponential in the layers; for small spaces only.
-inline search_result enumerate_all(cost_context& ctx, const search_space& space) {
+LOOM_INLINE search_result enumerate_all(cost_context& ctx, const search_space& space);
+
+}  // namespace loom::search
+
+// Definitions: compiled here (header-only) or once in loom::compiled (core/linkage.hpp).
+#if LOOM_HEADER_DEFINITIONS
+
+namespace loom::search::detail {
+
+LOOM_INLINE void for_each_split(int layers, int parts, bool all, int slack,
+                                const std::function<bool(const std::vector<int>&)>& visit,
+                                const std::function<bool(int, const std::vector<int>&)>& cut) {
+    if (!all) {
+        visit(std::vector<int>(static_cast<std::size_t>(parts), layers / parts));
+        return;
+    }
+    const int low = slack > 0 ? std::max(1, layers / parts - slack) : 1;
+    const int high = slack > 0 ? (layers + parts - 1) / parts + slack : layers;
+    std::vector<int> split(static_cast<std::size_t>(parts), 0);
+    if (layers % parts == 0 && !visit(std::vector<int>(static_cast<std::size_t>(parts), layers / parts))) return;
+    std::function<bool(int, int)> go = [&](int k, int left) {
+        if (k == parts - 1) {
+            if (left < low || left > high) return true;
+            split[static_cast<std::size_t>(k)] = left;
+            if (layers % parts == 0 && std::all_of(split.begin(), split.end(), [&](int x) { return x == layers / parts; }))
+                return true;  // visited first
+            return visit(split);
+        }
+        const int rest = parts - 1 - k;
+        for (int n = low; n <= std::min(high, left - rest * low); ++n) {
+            if (left - n > rest * high) continue;
+            split[static_cast<std::size_t>(k)] = n;
+            if (cut && cut(k, split)) continue;
+            if (!go(k + 1, left - n)) return false;
+        }
+        return true;
+    };
+    go(0, layers);
+}
+}  // namespace loom::search::detail
+
+namespace loom::search {
+
+LOOM_INLINE search_result enumerate_all(cost_context& ctx, const search_space& space) {
     const auto start = std::chrono::steady_clock::now();
     search_result best;
     detail::candidates cand{ctx, space};
@@ -14394,7 +15333,7 @@ inline search_result enumerate_all(cost_context& ctx, const search_space& space)
     return best;
 }
 
-inline std::string search_result::explain() const {
+LOOM_INLINE std::string search_result::explain() const {
     std::ostringstream out;
     if (!found) {
         out << "no configuration of the space fits in memory on " << cluster_name
@@ -14429,6 +15368,7 @@ inline std::string search_result::explain() const {
 }
 
 }  // namespace loom::search
+#endif  // LOOM_HEADER_DEFINITIONS
 // ---- end loom/search/branch_and_bound.hpp ----
 // ---- begin loom/search/order_search.hpp ----
 // Temporal-order search (nnScaler §5): the per-device block orders of a pipeline that finish
@@ -14987,14 +15927,27 @@ private:
 
 // The per-device orders of `shape` with the least makespan under `costs` that keep the data
 // dependencies, message order, `constraints` and the memory cap; see the top of this header.
-inline order_search_result order_search(const schedule::pipeline_shape& shape, const schedule::cost_model& costs = {},
-                                        const activation_memory& memory = {},
-                                        const std::vector<schedule::before>& constraints = {},
-                                        const order_search_budget& budget = {}) {
+LOOM_INLINE order_search_result order_search(const schedule::pipeline_shape& shape, const schedule::cost_model& costs = {},
+                                             const activation_memory& memory = {},
+                                             const std::vector<schedule::before>& constraints = {},
+                                             const order_search_budget& budget = {});
+
+}  // namespace loom::search
+
+// Definitions: compiled here (header-only) or once in loom::compiled (core/linkage.hpp).
+#if LOOM_HEADER_DEFINITIONS
+
+namespace loom::search {
+
+LOOM_INLINE order_search_result order_search(const schedule::pipeline_shape& shape, const schedule::cost_model& costs,
+                                             const activation_memory& memory,
+                                             const std::vector<schedule::before>& constraints,
+                                             const order_search_budget& budget) {
     return detail::order_searcher(shape, costs, memory, constraints, budget).run();
 }
 
 }  // namespace loom::search
+#endif  // LOOM_HEADER_DEFINITIONS
 // ---- end loom/search/order_search.hpp ----
 // ---- begin loom/search/plan_search.hpp ----
 // The searcher fills the open parameters of a user's plan: the user constructs the space
@@ -15092,6 +16045,7 @@ inline order_search_result order_search(const schedule::pipeline_shape& shape, c
 #include <map>
 #include <vector>
 
+
 namespace loom {
 
 struct buffer_lifetime {
@@ -15107,7 +16061,16 @@ struct memory_plan {
     std::int64_t unplanned = 0;         // sum of all sizes
 };
 
-inline memory_plan plan_memory(const std::vector<buffer_lifetime>& requests, std::int64_t alignment = 64) {
+LOOM_INLINE memory_plan plan_memory(const std::vector<buffer_lifetime>& requests, std::int64_t alignment = 64);
+
+}  // namespace loom
+
+// Definitions: compiled here (header-only) or once in loom::compiled (core/linkage.hpp).
+#if LOOM_HEADER_DEFINITIONS
+
+namespace loom {
+
+LOOM_INLINE memory_plan plan_memory(const std::vector<buffer_lifetime>& requests, std::int64_t alignment) {
     memory_plan plan;
     plan.offsets.assign(requests.size(), 0);
     auto align = [&](std::int64_t b) { return (b + alignment - 1) / alignment * alignment; };
@@ -15175,6 +16138,7 @@ inline memory_plan plan_memory(const std::vector<buffer_lifetime>& requests, std
 }
 
 }  // namespace loom
+#endif  // LOOM_HEADER_DEFINITIONS
 // ---- end loom/runtime/memory_planner.hpp ----
 // ---- begin loom/runtime/program.hpp ----
 // A per-device instruction program: the form every plan compiles to, and the only thing
@@ -15227,7 +16191,20 @@ inline std::int64_t tensor_bytes(const tensor_desc& t, precision p) {
 // The precision tensor `t` is stored in by a program of precision `p`: float for the outputs
 // its producer keeps in float (op_def::float_outputs) when p is narrower than float, and for
 // the partitioner's copies of such tensors (transfers and assembles marked "keeps_float").
-inline precision storage_precision(const graph& g, tensor_id t, precision p) {
+LOOM_INLINE precision storage_precision(const graph& g, tensor_id t, precision p);
+
+inline std::int64_t tensor_bytes(const graph& g, tensor_id t, precision p) {
+    return tensor_bytes(g.tensor(t), storage_precision(g, t, p));
+}
+
+}  // namespace loom
+
+// Definitions: compiled here (header-only) or once in loom::compiled (core/linkage.hpp).
+#if LOOM_HEADER_DEFINITIONS
+
+namespace loom {
+
+LOOM_INLINE precision storage_precision(const graph& g, tensor_id t, precision p) {
     if (real_bytes(p) >= real_bytes(precision::f32)) return p;
     const tensor_desc& d = g.tensor(t);
     if (d.producer == no_id) return p;
@@ -15238,11 +16215,8 @@ inline precision storage_precision(const graph& g, tensor_id t, precision p) {
     return p;
 }
 
-inline std::int64_t tensor_bytes(const graph& g, tensor_id t, precision p) {
-    return tensor_bytes(g.tensor(t), storage_precision(g, t, p));
-}
-
 }  // namespace loom
+#endif  // LOOM_HEADER_DEFINITIONS
 // ---- end loom/runtime/program.hpp ----
 
 namespace loom {
@@ -15259,7 +16233,16 @@ struct compile_options {
     std::vector<node_id> order;
 };
 
-inline program compile_program(const graph& g, const compile_options& options = {}) {
+LOOM_INLINE program compile_program(const graph& g, const compile_options& options = {});
+
+}  // namespace loom
+
+// Definitions: compiled here (header-only) or once in loom::compiled (core/linkage.hpp).
+#if LOOM_HEADER_DEFINITIONS
+
+namespace loom {
+
+LOOM_INLINE program compile_program(const graph& g, const compile_options& options) {
     program p;
     p.source = &g;
     p.prec = options.prec;
@@ -15356,6 +16339,7 @@ inline program compile_program(const graph& g, const compile_options& options = 
 }
 
 }  // namespace loom
+#endif  // LOOM_HEADER_DEFINITIONS
 // ---- end loom/runtime/compile.hpp ----
 
 namespace loom::search {
@@ -15503,14 +16487,7 @@ inline double gemm_shape_factor(double d, double h) {
 
 // The (m, n, k) of a GEMM with these FLOPs (2mnk), elements read (mk + kn) and written
 // (mn), the smaller of m, n first. Batched products and biases make it an estimate.
-inline std::tuple<double, double, double> gemm_shape(double flops, double read, double written) {
-    const double k = flops / (2.0 * written);
-    const double sum = read / k;  // m + n
-    const double disc = sum * sum - 4.0 * written;
-    double m = disc > 0 ? (sum - std::sqrt(disc)) / 2.0 : std::sqrt(written);
-    m = std::max(m, 1.0);
-    return {m, written / m, k};
-}
+LOOM_INLINE std::tuple<double, double, double> gemm_shape(double flops, double read, double written);
 
 // Peak FLOP/s for arithmetic in storage precision p. Double uses the device's float peak
 // (no double figure is profiled: a host plan calibrates in float).
@@ -15522,15 +16499,58 @@ namespace detail {
 
 inline bool is_transfer(const node& n) { return n.attrs.has("transfer"); }
 
-inline double node_bytes(const graph& g, const node& n, loom::precision p) {
+LOOM_INLINE double node_bytes(const graph& g, const node& n, loom::precision p);
+
+// Seconds of one compute instruction.
+LOOM_INLINE double instruction_seconds(const graph& g, const node& n, const device_profile& dev, const price_options& o);
+
+LOOM_INLINE collective collective_of(partition::transfer_kind k);
+
+// Bytes of a transfer in communication.hpp's convention: the whole buffer on one member
+// (the output of an all_gather, the input of a reduce_scatter, ...), the largest member's.
+LOOM_INLINE double transfer_bytes(const partition::partitioned_graph& pg, const partition::transfer& tr, loom::precision p);
+
+// For every transfer, how many groups of its kind for the same tensor (its copies for
+// other ranks) reach the node of its that most of them reach. Groups within one node never
+// share NICs and count 1.
+LOOM_INLINE std::vector<int> nic_sharing(const partition::partitioned_graph& pg, const topology& topo);
+
+}  // namespace detail
+
+// Seconds of each transfer of `pg` on cluster c.
+LOOM_INLINE std::vector<double> transfer_seconds(const partition::partitioned_graph& pg, const cluster& c,
+                                                 const price_options& o = {});
+
+// The price of one training step of pg's programs on the first pg.world devices of c.
+LOOM_INLINE program_price price_programs(const partition::partitioned_graph& pg, const cluster& c, const price_options& o = {});
+
+}  // namespace loom::search
+
+// Definitions: compiled here (header-only) or once in loom::compiled (core/linkage.hpp).
+#if LOOM_HEADER_DEFINITIONS
+
+namespace loom::search {
+
+LOOM_INLINE std::tuple<double, double, double> gemm_shape(double flops, double read, double written) {
+    const double k = flops / (2.0 * written);
+    const double sum = read / k;  // m + n
+    const double disc = sum * sum - 4.0 * written;
+    double m = disc > 0 ? (sum - std::sqrt(disc)) / 2.0 : std::sqrt(written);
+    m = std::max(m, 1.0);
+    return {m, written / m, k};
+}
+}  // namespace loom::search
+
+namespace loom::search::detail {
+
+LOOM_INLINE double node_bytes(const graph& g, const node& n, loom::precision p) {
     double bytes = 0;
     for (tensor_id t : n.inputs) bytes += static_cast<double>(tensor_bytes(g.tensor(t), storage_precision(g, t, p)));
     for (tensor_id t : n.outputs) bytes += static_cast<double>(tensor_bytes(g.tensor(t), storage_precision(g, t, p)));
     return bytes;
 }
 
-// Seconds of one compute instruction.
-inline double instruction_seconds(const graph& g, const node& n, const device_profile& dev, const price_options& o) {
+LOOM_INLINE double instruction_seconds(const graph& g, const node& n, const device_profile& dev, const price_options& o) {
     const double flops = n.op->flops ? n.op->flops(g, n) : 0.0;
     double read = 0, written = 0;
     for (tensor_id t : n.inputs) read += static_cast<double>(g.tensor(t).dims.numel());
@@ -15553,7 +16573,7 @@ inline double instruction_seconds(const graph& g, const node& n, const device_pr
     return t + o.instruction_overhead;
 }
 
-inline collective collective_of(partition::transfer_kind k) {
+LOOM_INLINE collective collective_of(partition::transfer_kind k) {
     switch (k) {
         case partition::transfer_kind::all_reduce: return collective::all_reduce;
         case partition::transfer_kind::all_gather: return collective::all_gather;
@@ -15565,9 +16585,7 @@ inline collective collective_of(partition::transfer_kind k) {
     return collective::send_recv;
 }
 
-// Bytes of a transfer in communication.hpp's convention: the whole buffer on one member
-// (the output of an all_gather, the input of a reduce_scatter, ...), the largest member's.
-inline double transfer_bytes(const partition::partitioned_graph& pg, const partition::transfer& tr, loom::precision p) {
+LOOM_INLINE double transfer_bytes(const partition::partitioned_graph& pg, const partition::transfer& tr, loom::precision p) {
     const graph& g = pg.ir();
     const tensor_desc& t = g.tensor(tr.logical);
     const double element = static_cast<double>(
@@ -15585,10 +16603,7 @@ inline double transfer_bytes(const partition::partitioned_graph& pg, const parti
     return elements * element;
 }
 
-// For every transfer, how many groups of its kind for the same tensor (its copies for
-// other ranks) reach the node of its that most of them reach. Groups within one node never
-// share NICs and count 1.
-inline std::vector<int> nic_sharing(const partition::partitioned_graph& pg, const topology& topo) {
+LOOM_INLINE std::vector<int> nic_sharing(const partition::partitioned_graph& pg, const topology& topo) {
     std::vector<int> sharing(pg.transfers.size(), 1);
     using key = std::tuple<tensor_id, int, bool, node_id>;
     std::map<key, std::vector<std::size_t>> siblings;
@@ -15617,12 +16632,12 @@ inline std::vector<int> nic_sharing(const partition::partitioned_graph& pg, cons
     }
     return sharing;
 }
+}  // namespace loom::search::detail
 
-}  // namespace detail
+namespace loom::search {
 
-// Seconds of each transfer of `pg` on cluster c.
-inline std::vector<double> transfer_seconds(const partition::partitioned_graph& pg, const cluster& c,
-                                            const price_options& o = {}) {
+LOOM_INLINE std::vector<double> transfer_seconds(const partition::partitioned_graph& pg, const cluster& c,
+                                                 const price_options& o) {
     if (pg.world > c.devices())
         throw usage_error("price_programs: the plan runs on " + std::to_string(pg.world) + " devices but cluster '" +
                           c.name + "' has " + std::to_string(c.devices()) + "; plan for the cluster's devices or give a larger cluster");
@@ -15638,8 +16653,7 @@ inline std::vector<double> transfer_seconds(const partition::partitioned_graph& 
     return seconds;
 }
 
-// The price of one training step of pg's programs on the first pg.world devices of c.
-inline program_price price_programs(const partition::partitioned_graph& pg, const cluster& c, const price_options& o = {}) {
+LOOM_INLINE program_price price_programs(const partition::partitioned_graph& pg, const cluster& c, const price_options& o) {
     if (o.compute_shared_by < 1)
         throw usage_error("price_programs: compute_shared_by = " + std::to_string(o.compute_shared_by) +
                           "; give the number of devices that share one machine's compute (1: none share)");
@@ -15829,6 +16843,7 @@ inline program_price price_programs(const partition::partitioned_graph& pg, cons
 }
 
 }  // namespace loom::search
+#endif  // LOOM_HEADER_DEFINITIONS
 // ---- end loom/search/program_price.hpp ----
 
 namespace loom::search {
@@ -15846,12 +16861,7 @@ struct open_parameter {
     std::vector<std::string> labels;  // orders: each alternative's name
 };
 
-inline std::vector<std::int64_t> divisors_of(std::int64_t n) {
-    std::vector<std::int64_t> out;
-    for (std::int64_t k = 1; k <= n; ++k)
-        if (n % k == 0) out.push_back(k);
-    return out;
-}
+LOOM_INLINE std::vector<std::int64_t> divisors_of(std::int64_t n);
 
 // The samples of the model's batch: the extent of Dim::Batch of its first input that has one.
 inline std::int64_t batch_of(const graph& model) {
@@ -15861,7 +16871,98 @@ inline std::int64_t batch_of(const graph& model) {
 }
 
 // Every open parameter of `space` with its candidate values.
-inline std::vector<open_parameter> open_parameter_candidates(const plan::plan_spec& space, const graph& model) {
+LOOM_INLINE std::vector<open_parameter> open_parameter_candidates(const plan::plan_spec& space, const graph& model);
+
+LOOM_INLINE std::string value_text(const open_parameter& p, std::int64_t v);
+
+LOOM_INLINE std::string choices_text(const std::vector<open_parameter>& params, const std::map<std::string, std::int64_t>& choices);
+
+// The work of training every forward node of `model` on one device, its own and that of
+// the backward ops that differentiate it, as the least time the pricing could give it: each
+// op at the best rate it grants any instruction (the roofline at the device's best
+// efficiency, or the op kind's calibrated rate without its per-call cost).
+struct node_work {
+    double seconds = 0;
+    double instructions = 0;
+};
+
+LOOM_INLINE std::vector<node_work> training_work(const graph& model, const device_profile& dev, const price_options& o);
+
+// A lower bound on the step time of a resolved plan: the busiest device's share of the
+// training work. Each piece of an op does its share of the op's work (splits are even;
+// replicas do it all) and runs at least one instruction per training op it holds.
+LOOM_INLINE double step_lower_bound(const plan::resolved_plan& rp, const std::vector<node_work>& work, const price_options& o);
+
+struct plan_search_options {
+    price_options price;
+    double memory_limit = 0;         // bytes per device; 0: the cluster's device memory
+    double time_budget_seconds = 0;  // 0: search until the best is proven
+    std::int64_t max_priced = 0;     // price at most this many assignments; 0: no limit
+};
+
+struct plan_search_statistics {
+    std::int64_t assignments = 0;  // leaves of the space
+    std::int64_t refused = 0;      // by plan::resolve or partition::apply_plan
+    std::int64_t priced = 0;
+    std::int64_t over_memory = 0;
+    std::int64_t pruned = 0;       // never priced: their bound was no better than the runner-up
+    std::int64_t unexplored = 0;   // never priced: the budget ran out
+    std::int64_t ties = 0;         // priced the same as the best (the first of them is chosen)
+    double seconds = 0;
+    std::map<std::string, std::int64_t> refusals;  // reason -> assignments refused for it
+};
+
+struct priced_assignment {
+    std::map<std::string, std::int64_t> choices;
+    double bound = 0;
+    program_price price;
+};
+
+struct plan_search_result {
+    plan::plan_spec plan;  // the space with every open parameter chosen
+    std::vector<open_parameter> parameters;
+    priced_assignment best;
+    std::optional<priced_assignment> runner_up;
+    double gap = 0;  // (best price - lowest unpriced bound) / best price; 0: proven best
+    double memory_limit = 0;
+    plan_search_statistics stats;
+
+    const program_price& price() const { return best.price; }
+    std::string explain() const;
+};
+
+namespace detail {
+
+LOOM_INLINE std::string seconds_text(double s);
+
+LOOM_INLINE std::string gib_text(double bytes);
+
+LOOM_INLINE std::string price_text(const program_price& p);
+
+// What separated two priced plans, a the faster: the component that grew most in b.
+LOOM_INLINE std::string separation_text(const program_price& a, const program_price& b);
+
+}  // namespace detail
+
+// Fill the open parameters of `space` for `model` on cluster c.
+LOOM_INLINE plan_search_result search_plan(const graph& model, const plan::plan_spec& space, const cluster& c,
+                                           const plan_search_options& o = {});
+
+}  // namespace loom::search
+
+// Definitions: compiled here (header-only) or once in loom::compiled (core/linkage.hpp).
+#if LOOM_HEADER_DEFINITIONS
+
+namespace loom::search {
+
+LOOM_INLINE std::vector<std::int64_t> divisors_of(std::int64_t n) {
+    std::vector<std::int64_t> out;
+    for (std::int64_t k = 1; k <= n; ++k)
+        if (n % k == 0) out.push_back(k);
+    return out;
+}
+
+LOOM_INLINE std::vector<open_parameter> open_parameter_candidates(const plan::plan_spec& space, const graph& model) {
     std::vector<open_parameter> out;
     auto find = [&](const std::string& name) -> open_parameter* {
         for (auto& p : out)
@@ -15909,7 +17010,7 @@ inline std::vector<open_parameter> open_parameter_candidates(const plan::plan_sp
     return out;
 }
 
-inline std::string value_text(const open_parameter& p, std::int64_t v) {
+LOOM_INLINE std::string value_text(const open_parameter& p, std::int64_t v) {
     if (p.what == open_parameter::kind::order && v >= 0 && static_cast<std::size_t>(v) < p.labels.size())
         return p.labels[static_cast<std::size_t>(v)];
     if (p.what == open_parameter::kind::zero) return "ZeRO-" + std::to_string(v);
@@ -15917,7 +17018,7 @@ inline std::string value_text(const open_parameter& p, std::int64_t v) {
     return std::to_string(v);
 }
 
-inline std::string choices_text(const std::vector<open_parameter>& params, const std::map<std::string, std::int64_t>& choices) {
+LOOM_INLINE std::string choices_text(const std::vector<open_parameter>& params, const std::map<std::string, std::int64_t>& choices) {
     std::string out;
     for (const auto& p : params) {
         auto it = choices.find(p.name);
@@ -15927,16 +17028,7 @@ inline std::string choices_text(const std::vector<open_parameter>& params, const
     return out.empty() ? "(no open parameters)" : out;
 }
 
-// The work of training every forward node of `model` on one device, its own and that of
-// the backward ops that differentiate it, as the least time the pricing could give it: each
-// op at the best rate it grants any instruction (the roofline at the device's best
-// efficiency, or the op kind's calibrated rate without its per-call cost).
-struct node_work {
-    double seconds = 0;
-    double instructions = 0;
-};
-
-inline std::vector<node_work> training_work(const graph& model, const device_profile& dev, const price_options& o) {
+LOOM_INLINE std::vector<node_work> training_work(const graph& model, const device_profile& dev, const price_options& o) {
     const std::size_t forward = model.forward_node_count();
     partition::logical_graph_options lo;
     lo.recompute.assign(forward, false);
@@ -15962,10 +17054,7 @@ inline std::vector<node_work> training_work(const graph& model, const device_pro
     return work;
 }
 
-// A lower bound on the step time of a resolved plan: the busiest device's share of the
-// training work. Each piece of an op does its share of the op's work (splits are even;
-// replicas do it all) and runs at least one instruction per training op it holds.
-inline double step_lower_bound(const plan::resolved_plan& rp, const std::vector<node_work>& work, const price_options& o) {
+LOOM_INLINE double step_lower_bound(const plan::resolved_plan& rp, const std::vector<node_work>& work, const price_options& o) {
     std::vector<double> busy(static_cast<std::size_t>(rp.devices), 0.0);
     for (std::size_t i = 0; i < work.size(); ++i) {
         const node_work& w = work[i];
@@ -15989,48 +17078,11 @@ inline double step_lower_bound(const plan::resolved_plan& rp, const std::vector<
     for (double b : busy) all += b;
     return std::max(busiest, all) / o.compute_shared_by;
 }
+}  // namespace loom::search
 
-struct plan_search_options {
-    price_options price;
-    double memory_limit = 0;         // bytes per device; 0: the cluster's device memory
-    double time_budget_seconds = 0;  // 0: search until the best is proven
-    std::int64_t max_priced = 0;     // price at most this many assignments; 0: no limit
-};
+namespace loom::search::detail {
 
-struct plan_search_statistics {
-    std::int64_t assignments = 0;  // leaves of the space
-    std::int64_t refused = 0;      // by plan::resolve or partition::apply_plan
-    std::int64_t priced = 0;
-    std::int64_t over_memory = 0;
-    std::int64_t pruned = 0;       // never priced: their bound was no better than the runner-up
-    std::int64_t unexplored = 0;   // never priced: the budget ran out
-    std::int64_t ties = 0;         // priced the same as the best (the first of them is chosen)
-    double seconds = 0;
-    std::map<std::string, std::int64_t> refusals;  // reason -> assignments refused for it
-};
-
-struct priced_assignment {
-    std::map<std::string, std::int64_t> choices;
-    double bound = 0;
-    program_price price;
-};
-
-struct plan_search_result {
-    plan::plan_spec plan;  // the space with every open parameter chosen
-    std::vector<open_parameter> parameters;
-    priced_assignment best;
-    std::optional<priced_assignment> runner_up;
-    double gap = 0;  // (best price - lowest unpriced bound) / best price; 0: proven best
-    double memory_limit = 0;
-    plan_search_statistics stats;
-
-    const program_price& price() const { return best.price; }
-    std::string explain() const;
-};
-
-namespace detail {
-
-inline std::string seconds_text(double s) {
+LOOM_INLINE std::string seconds_text(double s) {
     std::ostringstream os;
     os.precision(3);
     if (s >= 1) os << s << " s";
@@ -16039,14 +17091,14 @@ inline std::string seconds_text(double s) {
     return os.str();
 }
 
-inline std::string gib_text(double bytes) {
+LOOM_INLINE std::string gib_text(double bytes) {
     std::ostringstream os;
     os.precision(3);
     os << bytes / gib << " GiB";
     return os.str();
 }
 
-inline std::string price_text(const program_price& p) {
+LOOM_INLINE std::string price_text(const program_price& p) {
     std::ostringstream os;
     // Devices that compute at least 1% of what the busiest does.
     int used = 0;
@@ -16058,8 +17110,7 @@ inline std::string price_text(const program_price& p) {
     return os.str();
 }
 
-// What separated two priced plans, a the faster: the component that grew most in b.
-inline std::string separation_text(const program_price& a, const program_price& b) {
+LOOM_INLINE std::string separation_text(const program_price& a, const program_price& b) {
     if (std::abs(a.step_seconds - b.step_seconds) <= 1e-12 * std::max(a.step_seconds, b.step_seconds))
         return "nothing in their price: they tie, and the first in the enumeration order wins";
     struct part {
@@ -16083,10 +17134,11 @@ inline std::string separation_text(const program_price& a, const program_price& 
     if (!most) return "no single part: the slower plan's parts each take less, but they overlap less";
     return std::string(most->name) + ": " + seconds_text(most->a) + " against " + seconds_text(most->b);
 }
+}  // namespace loom::search::detail
 
-}  // namespace detail
+namespace loom::search {
 
-inline std::string plan_search_result::explain() const {
+LOOM_INLINE std::string plan_search_result::explain() const {
     std::ostringstream os;
     os << "chosen: " << choices_text(parameters, best.choices) << "\n  " << detail::price_text(best.price) << "\n";
     if (stats.ties) os << "  (" << stats.ties << " other assignments price the same)\n";
@@ -16108,9 +17160,8 @@ inline std::string plan_search_result::explain() const {
     return os.str();
 }
 
-// Fill the open parameters of `space` for `model` on cluster c.
-inline plan_search_result search_plan(const graph& model, const plan::plan_spec& space, const cluster& c,
-                                      const plan_search_options& o = {}) {
+LOOM_INLINE plan_search_result search_plan(const graph& model, const plan::plan_spec& space, const cluster& c,
+                                           const plan_search_options& o) {
     const auto started = std::chrono::steady_clock::now();
     auto elapsed = [&] { return std::chrono::duration<double>(std::chrono::steady_clock::now() - started).count(); };
     if (space.devices > c.devices())
@@ -16241,6 +17292,7 @@ inline plan_search_result search_plan(const graph& model, const plan::plan_spec&
 }
 
 }  // namespace loom::search
+#endif  // LOOM_HEADER_DEFINITIONS
 // ---- end loom/search/plan_search.hpp ----
 // ---- end loom/search/all.hpp ----
 
@@ -16481,16 +17533,7 @@ constexpr bool counts_per_rank(collective op) noexcept {
 
 // "all_reduce_sum (f32, 1024 elements)", "all_gather (f64, 4 elements per rank)",
 // "broadcast (i32, 8 elements from rank 3)", "barrier"
-inline std::string describe(const collective_call& call) {
-    std::string text(to_string(call.op));
-    if (call.op == collective::barrier) return text;
-    text += " (";
-    text += to_string(call.type);
-    text += ", " + std::to_string(call.count) + (call.count == 1 ? " element" : " elements");
-    if (counts_per_rank(call.op)) text += " per rank";
-    if (call.op == collective::broadcast) text += " from rank " + std::to_string(call.root);
-    return text + ")";
-}
+LOOM_INLINE std::string describe(const collective_call& call);
 
 // "rank 2: all_reduce_sum (f32, 1024 elements) on group {0,1,2,3}"
 inline std::string context(int rank, const collective_call& call, const group& g) {
@@ -16498,14 +17541,8 @@ inline std::string context(int rank, const collective_call& call, const group& g
 }
 
 // "rank 1: send (f32, 8 elements) to rank 2 with tag 0"
-inline std::string context(int rank, std::string_view op, dtype type, std::size_t count,
-                           int peer, int tag) {
-    std::string text = "rank " + std::to_string(rank) + ": " + std::string(op) + " (";
-    text += to_string(type);
-    text += ", " + std::to_string(count) + (count == 1 ? " element" : " elements") + ") ";
-    text += op == "send" ? "to" : "from";
-    return text + " rank " + std::to_string(peer) + " with tag " + std::to_string(tag);
-}
+LOOM_INLINE std::string context(int rank, std::string_view op, dtype type, std::size_t count,
+                                int peer, int tag);
 
 // The ranks of `g` for which `arrived(index)` is false, as "{3,5}".
 template <class Arrived>
@@ -16518,54 +17555,11 @@ std::string missing_members(const group& g, Arrived arrived) {
 }
 
 // Checks what every implementation requires of a collective call; throws usage_error.
-inline void check_collective(int rank, int world_size, const collective_call& call,
-                             const group& g, const void* in, const void* out) {
-    const auto fail = [&](const std::string& why) {
-        throw usage_error(context(rank, call, g) + ": " + why);
-    };
-    if (g.ranks.empty()) {
-        fail("the group is empty; list the ranks that take part, e.g. group::world(size())");
-    }
-    for (std::size_t i = 0; i < g.ranks.size(); ++i) {
-        const int member = g.ranks[i];
-        if (member < 0 || member >= world_size) {
-            fail("rank " + std::to_string(member) + " is outside the world of " +
-                 std::to_string(world_size) + " ranks; use global ranks in [0, " +
-                 std::to_string(world_size) + ")");
-        }
-        if (i > 0 && g.ranks[i - 1] >= member) {
-            fail("ranks must be sorted ascending without repeats; sort the rank list and drop "
-                 "duplicates");
-        }
-    }
-    if (!g.contains(rank)) {
-        fail("rank " + std::to_string(rank) +
-             " is not a member; call a collective only on groups that contain the calling rank");
-    }
-    if (call.op == collective::broadcast && !g.contains(call.root)) {
-        fail("root rank " + std::to_string(call.root) +
-             " is not a member; pass the global rank of a member as the root");
-    }
-    if (call.count > 0 && call.op != collective::barrier && (in == nullptr || out == nullptr)) {
-        fail("a buffer is null; pass buffers that hold the elements");
-    }
-}
+LOOM_INLINE void check_collective(int rank, int world_size, const collective_call& call,
+                                  const group& g, const void* in, const void* out);
 
-inline void check_point_to_point(int rank, int world_size, std::string_view op, dtype type,
-                                 std::size_t count, int peer, int tag, const void* data) {
-    const auto fail = [&](const std::string& why) {
-        throw usage_error(context(rank, op, type, count, peer, tag) + ": " + why);
-    };
-    if (peer < 0 || peer >= world_size) {
-        fail("rank " + std::to_string(peer) + " is outside the world of " +
-             std::to_string(world_size) + " ranks; use a global rank in [0, " +
-             std::to_string(world_size) + ")");
-    }
-    if (tag < 0) fail("tags must be non-negative; use a tag >= 0");
-    if (count > 0 && data == nullptr) {
-        fail("the buffer is null; pass a buffer that holds the elements");
-    }
-}
+LOOM_INLINE void check_point_to_point(int rank, int world_size, std::string_view op, dtype type,
+                                      std::size_t count, int peer, int tag, const void* data);
 
 template <comm_element T>
 void add_into(T* sum, const T* term, std::size_t count) noexcept {
@@ -16584,27 +17578,7 @@ void add_into(T* sum, const T* term, std::size_t count) noexcept {
 
 // sum[k] += term[k] for `count` elements of `type`. Called once per member in group order,
 // this is the one place that fixes the summation order for every implementation.
-inline void add_into(dtype type, void* sum, const void* term, std::size_t count) noexcept {
-    switch (type) {
-        case dtype::f32:
-            add_into(static_cast<float*>(sum), static_cast<const float*>(term), count);
-            break;
-        case dtype::f64:
-            add_into(static_cast<double*>(sum), static_cast<const double*>(term), count);
-            break;
-        case dtype::i32:
-            add_into(static_cast<std::int32_t*>(sum), static_cast<const std::int32_t*>(term),
-                     count);
-            break;
-        case dtype::i64:
-            add_into(static_cast<std::int64_t*>(sum), static_cast<const std::int64_t*>(term),
-                     count);
-            break;
-        case dtype::bf16:
-            add_into(static_cast<bfloat16*>(sum), static_cast<const bfloat16*>(term), count);
-            break;
-    }
-}
+LOOM_INLINE void add_into(dtype type, void* sum, const void* term, std::size_t count) noexcept;
 
 inline void copy_bytes(void* to, const void* from, std::size_t bytes) noexcept {
     if (bytes > 0) std::memcpy(to, from, bytes);
@@ -16748,6 +17722,105 @@ concept communicator_like =
 static_assert(communicator_like<communicator>);
 
 }  // namespace loom::comm
+
+// Definitions: compiled here (header-only) or once in loom::compiled (core/linkage.hpp).
+#if LOOM_HEADER_DEFINITIONS
+
+namespace loom::comm::detail {
+
+LOOM_INLINE std::string describe(const collective_call& call) {
+    std::string text(to_string(call.op));
+    if (call.op == collective::barrier) return text;
+    text += " (";
+    text += to_string(call.type);
+    text += ", " + std::to_string(call.count) + (call.count == 1 ? " element" : " elements");
+    if (counts_per_rank(call.op)) text += " per rank";
+    if (call.op == collective::broadcast) text += " from rank " + std::to_string(call.root);
+    return text + ")";
+}
+
+LOOM_INLINE std::string context(int rank, std::string_view op, dtype type, std::size_t count,
+                                int peer, int tag) {
+    std::string text = "rank " + std::to_string(rank) + ": " + std::string(op) + " (";
+    text += to_string(type);
+    text += ", " + std::to_string(count) + (count == 1 ? " element" : " elements") + ") ";
+    text += op == "send" ? "to" : "from";
+    return text + " rank " + std::to_string(peer) + " with tag " + std::to_string(tag);
+}
+
+LOOM_INLINE void check_collective(int rank, int world_size, const collective_call& call,
+                                  const group& g, const void* in, const void* out) {
+    const auto fail = [&](const std::string& why) {
+        throw usage_error(context(rank, call, g) + ": " + why);
+    };
+    if (g.ranks.empty()) {
+        fail("the group is empty; list the ranks that take part, e.g. group::world(size())");
+    }
+    for (std::size_t i = 0; i < g.ranks.size(); ++i) {
+        const int member = g.ranks[i];
+        if (member < 0 || member >= world_size) {
+            fail("rank " + std::to_string(member) + " is outside the world of " +
+                 std::to_string(world_size) + " ranks; use global ranks in [0, " +
+                 std::to_string(world_size) + ")");
+        }
+        if (i > 0 && g.ranks[i - 1] >= member) {
+            fail("ranks must be sorted ascending without repeats; sort the rank list and drop "
+                 "duplicates");
+        }
+    }
+    if (!g.contains(rank)) {
+        fail("rank " + std::to_string(rank) +
+             " is not a member; call a collective only on groups that contain the calling rank");
+    }
+    if (call.op == collective::broadcast && !g.contains(call.root)) {
+        fail("root rank " + std::to_string(call.root) +
+             " is not a member; pass the global rank of a member as the root");
+    }
+    if (call.count > 0 && call.op != collective::barrier && (in == nullptr || out == nullptr)) {
+        fail("a buffer is null; pass buffers that hold the elements");
+    }
+}
+
+LOOM_INLINE void check_point_to_point(int rank, int world_size, std::string_view op, dtype type,
+                                      std::size_t count, int peer, int tag, const void* data) {
+    const auto fail = [&](const std::string& why) {
+        throw usage_error(context(rank, op, type, count, peer, tag) + ": " + why);
+    };
+    if (peer < 0 || peer >= world_size) {
+        fail("rank " + std::to_string(peer) + " is outside the world of " +
+             std::to_string(world_size) + " ranks; use a global rank in [0, " +
+             std::to_string(world_size) + ")");
+    }
+    if (tag < 0) fail("tags must be non-negative; use a tag >= 0");
+    if (count > 0 && data == nullptr) {
+        fail("the buffer is null; pass a buffer that holds the elements");
+    }
+}
+
+LOOM_INLINE void add_into(dtype type, void* sum, const void* term, std::size_t count) noexcept {
+    switch (type) {
+        case dtype::f32:
+            add_into(static_cast<float*>(sum), static_cast<const float*>(term), count);
+            break;
+        case dtype::f64:
+            add_into(static_cast<double*>(sum), static_cast<const double*>(term), count);
+            break;
+        case dtype::i32:
+            add_into(static_cast<std::int32_t*>(sum), static_cast<const std::int32_t*>(term),
+                     count);
+            break;
+        case dtype::i64:
+            add_into(static_cast<std::int64_t*>(sum), static_cast<const std::int64_t*>(term),
+                     count);
+            break;
+        case dtype::bf16:
+            add_into(static_cast<bfloat16*>(sum), static_cast<const bfloat16*>(term), count);
+            break;
+    }
+}
+
+}  // namespace loom::comm::detail
+#endif  // LOOM_HEADER_DEFINITIONS
 // ---- end loom/runtime/comm/communicator.hpp ----
 // ---- begin loom/runtime/comm/in_process.hpp ----
 // The in-process communicator: n ranks that are threads of one process, sharing one
@@ -17244,15 +18317,7 @@ bool rethrow_prefixed_as(const std::exception& failure, const std::string& prefi
     }
 }
 
-inline std::string describe_exception(const std::exception_ptr& failure) {
-    try {
-        std::rethrow_exception(failure);
-    } catch (const std::exception& error) {
-        return error.what();
-    } catch (...) {
-        return "an exception that is not a std::exception";
-    }
-}
+LOOM_INLINE std::string describe_exception(const std::exception_ptr& failure);
 
 }  // namespace detail
 
@@ -17308,6 +18373,24 @@ void run_ranks(int n, F f, comm_options options = {}) {
 }
 
 }  // namespace loom::comm
+
+// Definitions: compiled here (header-only) or once in loom::compiled (core/linkage.hpp).
+#if LOOM_HEADER_DEFINITIONS
+
+namespace loom::comm::detail {
+
+LOOM_INLINE std::string describe_exception(const std::exception_ptr& failure) {
+    try {
+        std::rethrow_exception(failure);
+    } catch (const std::exception& error) {
+        return error.what();
+    } catch (...) {
+        return "an exception that is not a std::exception";
+    }
+}
+
+}  // namespace loom::comm::detail
+#endif  // LOOM_HEADER_DEFINITIONS
 // ---- end loom/runtime/comm/in_process.hpp ----
 // ---- begin loom/runtime/explain.hpp ----
 // A program described for a person: what runs, how much memory it takes and how much
@@ -17319,7 +18402,20 @@ void run_ranks(int n, F f, comm_options options = {}) {
 
 namespace loom {
 
-inline std::string human_bytes(double bytes) {
+LOOM_INLINE std::string human_bytes(double bytes);
+
+LOOM_INLINE double program_flops(const program& p);
+
+LOOM_INLINE std::string explain(const program& p);
+
+}  // namespace loom
+
+// Definitions: compiled here (header-only) or once in loom::compiled (core/linkage.hpp).
+#if LOOM_HEADER_DEFINITIONS
+
+namespace loom {
+
+LOOM_INLINE std::string human_bytes(double bytes) {
     const char* units[] = {"B", "KiB", "MiB", "GiB", "TiB"};
     int u = 0;
     while (bytes >= 1024 && u < 4) {
@@ -17331,7 +18427,7 @@ inline std::string human_bytes(double bytes) {
     return buf;
 }
 
-inline double program_flops(const program& p) {
+LOOM_INLINE double program_flops(const program& p) {
     double total = 0;
     for (const auto& s : p.steps) {
         const node& n = p.source->at(s.node);
@@ -17340,7 +18436,7 @@ inline double program_flops(const program& p) {
     return total;
 }
 
-inline std::string explain(const program& p) {
+LOOM_INLINE std::string explain(const program& p) {
     const graph& g = *p.source;
     std::size_t forward = 0, backward = 0;
     std::map<std::string, int> kinds;
@@ -17370,6 +18466,7 @@ inline std::string explain(const program& p) {
 }
 
 }  // namespace loom
+#endif  // LOOM_HEADER_DEFINITIONS
 // ---- end loom/runtime/explain.hpp ----
 // ---- begin loom/runtime/explain_partition.hpp ----
 // A partitioned graph described for a person: how each group of ops is split and where it
@@ -17420,7 +18517,53 @@ inline std::int64_t bytes_sent(const transfer& t, precision prec) {
     return total;
 }
 
-inline std::vector<device_footprint> device_footprints(const partitioned_graph& pg, precision prec = precision::f32) {
+LOOM_INLINE std::vector<device_footprint> device_footprints(const partitioned_graph& pg, precision prec = precision::f32);
+
+namespace detail {
+
+// The scope path with the index of every repeat instance replaced by '*':
+// "blocks.3.attn.q" -> "blocks.*.attn.q".
+LOOM_INLINE std::string folded_scope_path(const graph& g, std::int32_t scope);
+
+// "{0,1,2,3,5}" -> "{0..3,5}": device lists of wide plans stay one short line.
+LOOM_INLINE std::string fold_device_lists(const std::string& text);
+
+// Rows of cells printed in aligned columns; `right[c]` right-aligns column c (numbers).
+LOOM_INLINE std::string render_table(const std::vector<std::vector<std::string>>& rows, const std::vector<bool>& right,
+                                     const std::string& indent = "  ");
+
+LOOM_INLINE std::string zero_stage_name(plan::zero_stage z);
+
+// "all_reduce x2 (4.00 KiB)": transfers of each kind and the bytes all their members send.
+struct transfer_tally {
+    std::map<transfer_kind, std::pair<int, std::int64_t>> by_kind;
+
+    void add(const transfer& t, precision prec) {
+        auto& [count, bytes] = by_kind[t.kind];
+        count += 1;
+        bytes += bytes_sent(t, prec);
+    }
+    std::string describe() const {
+        std::string s;
+        for (const auto& [kind, tally] : by_kind)
+            s += (s.empty() ? "" : ", ") + std::string(to_string(kind)) + " x" + std::to_string(tally.first) + " (" +
+                 human_bytes(static_cast<double>(tally.second)) + ")";
+        return s.empty() ? "-" : s;
+    }
+};
+
+}  // namespace detail
+
+LOOM_INLINE std::string explain(const partitioned_graph& pg, precision prec = precision::f32);
+
+}  // namespace loom::partition
+
+// Definitions: compiled here (header-only) or once in loom::compiled (core/linkage.hpp).
+#if LOOM_HEADER_DEFINITIONS
+
+namespace loom::partition {
+
+LOOM_INLINE std::vector<device_footprint> device_footprints(const partitioned_graph& pg, precision prec) {
     const graph& logical = pg.ir();
     std::vector<device_footprint> out(pg.devices.size());
     for (std::size_t d = 0; d < pg.devices.size(); ++d) {
@@ -17446,12 +18589,11 @@ inline std::vector<device_footprint> device_footprints(const partitioned_graph& 
         }
     return out;
 }
+}  // namespace loom::partition
 
-namespace detail {
+namespace loom::partition::detail {
 
-// The scope path with the index of every repeat instance replaced by '*':
-// "blocks.3.attn.q" -> "blocks.*.attn.q".
-inline std::string folded_scope_path(const graph& g, std::int32_t scope) {
+LOOM_INLINE std::string folded_scope_path(const graph& g, std::int32_t scope) {
     std::vector<std::string> parts;
     for (std::int32_t s = scope; s != no_id; s = g.scopes.at(static_cast<std::size_t>(s)).parent) {
         const scope_desc& d = g.scopes.at(static_cast<std::size_t>(s));
@@ -17462,8 +18604,7 @@ inline std::string folded_scope_path(const graph& g, std::int32_t scope) {
     return path.empty() ? "(top)" : path;
 }
 
-// "{0,1,2,3,5}" -> "{0..3,5}": device lists of wide plans stay one short line.
-inline std::string fold_device_lists(const std::string& text) {
+LOOM_INLINE std::string fold_device_lists(const std::string& text) {
     std::string out;
     std::size_t i = 0;
     while (i < text.size()) {
@@ -17509,9 +18650,8 @@ inline std::string fold_device_lists(const std::string& text) {
     return out;
 }
 
-// Rows of cells printed in aligned columns; `right[c]` right-aligns column c (numbers).
-inline std::string render_table(const std::vector<std::vector<std::string>>& rows, const std::vector<bool>& right,
-                                const std::string& indent = "  ") {
+LOOM_INLINE std::string render_table(const std::vector<std::vector<std::string>>& rows, const std::vector<bool>& right,
+                                     const std::string& indent) {
     std::vector<std::size_t> width;
     for (const auto& row : rows)
         for (std::size_t c = 0; c < row.size(); ++c) {
@@ -17536,7 +18676,7 @@ inline std::string render_table(const std::vector<std::vector<std::string>>& row
     return out;
 }
 
-inline std::string zero_stage_name(plan::zero_stage z) {
+LOOM_INLINE std::string zero_stage_name(plan::zero_stage z) {
     switch (z) {
         case plan::zero_stage::none: return "none";
         case plan::zero_stage::optimizer: return "ZeRO-1 (optimizer state sharded)";
@@ -17545,28 +18685,11 @@ inline std::string zero_stage_name(plan::zero_stage z) {
     }
     return "?";
 }
+}  // namespace loom::partition::detail
 
-// "all_reduce x2 (4.00 KiB)": transfers of each kind and the bytes all their members send.
-struct transfer_tally {
-    std::map<transfer_kind, std::pair<int, std::int64_t>> by_kind;
+namespace loom::partition {
 
-    void add(const transfer& t, precision prec) {
-        auto& [count, bytes] = by_kind[t.kind];
-        count += 1;
-        bytes += bytes_sent(t, prec);
-    }
-    std::string describe() const {
-        std::string s;
-        for (const auto& [kind, tally] : by_kind)
-            s += (s.empty() ? "" : ", ") + std::string(to_string(kind)) + " x" + std::to_string(tally.first) + " (" +
-                 human_bytes(static_cast<double>(tally.second)) + ")";
-        return s.empty() ? "-" : s;
-    }
-};
-
-}  // namespace detail
-
-inline std::string explain(const partitioned_graph& pg, precision prec = precision::f32) {
+LOOM_INLINE std::string explain(const partitioned_graph& pg, precision prec) {
     const graph& g = pg.ir();
     std::string out;
 
@@ -17679,6 +18802,7 @@ inline std::string explain(const partitioned_graph& pg, precision prec = precisi
 }
 
 }  // namespace loom::partition
+#endif  // LOOM_HEADER_DEFINITIONS
 // ---- end loom/runtime/explain_partition.hpp ----
 // ---- begin loom/runtime/transfer_runner.hpp ----
 // Runs one device's part of a transfer (partition/transfer.hpp) on a communicator: packs
@@ -21499,11 +22623,11 @@ kernel_table<T>::kernel_table() {
     });
 }
 
-// Compiled kernels: a program linking loom::host_kernels (src/host_kernels.cpp, which
-// defines LOOM_HOST_KERNELS_COMPILED for its users) compiles the built-in kernels of both
+// Compiled kernels: a program linking loom::compiled (src/compiled.cpp, which defines
+// LOOM_COMPILED for its users) compiles the built-in kernels of both
 // precisions once, there, instead of in every translation unit that runs a program. Without
 // it loom stays header-only and each translation unit instantiates what it uses.
-#if defined(LOOM_HOST_KERNELS_COMPILED)
+#if defined(LOOM_COMPILED)
 extern template class kernel_table<float>;
 extern template class kernel_table<double>;
 #endif
@@ -21936,20 +23060,10 @@ struct gpt_model {
 
 namespace detail {
 
-inline tensor layer_norm_block(graph_builder& b, const std::string& scope, tensor x, const gpt_config& c) {
-    auto s = b.scope(scope);
-    auto gamma = b.parameter("weight", {{Dim::Hidden::id, c.hidden}}, parameter_init::ones());
-    auto beta = b.parameter("bias", {{Dim::Hidden::id, c.hidden}}, parameter_init::zeros());
-    return ops::layer_norm(x, gamma, beta, c.layer_norm_eps);
-}
+LOOM_INLINE tensor layer_norm_block(graph_builder& b, const std::string& scope, tensor x, const gpt_config& c);
 
-inline tensor dense(graph_builder& b, const std::string& scope, tensor x, dim_id out_dim, std::int64_t out, dim_id in_dim,
-                    std::int64_t in, double std) {
-    auto s = b.scope(scope);
-    auto w = b.parameter("weight", {{out_dim, out}, {in_dim, in}}, parameter_init::normal(std));
-    auto bias = b.parameter("bias", {{out_dim, out}}, parameter_init::zeros());
-    return ops::linear(x, w, bias);
-}
+LOOM_INLINE tensor dense(graph_builder& b, const std::string& scope, tensor x, dim_id out_dim, std::int64_t out, dim_id in_dim,
+                         std::int64_t in, double std);
 
 inline tensor maybe_dropout(tensor x, const gpt_config& c, std::uint64_t& site) {
     ++site;
@@ -21959,7 +23073,41 @@ inline tensor maybe_dropout(tensor x, const gpt_config& c, std::uint64_t& site) 
 
 }  // namespace detail
 
-inline gpt_model gpt(const gpt_config& c) {
+LOOM_INLINE gpt_model gpt(const gpt_config& c);
+
+// Position ids for one batch: row-major [batch, seq], each row 0, 1, ..., seq - 1.
+inline std::vector<std::int32_t> gpt_positions(const gpt_config& c) {
+    std::vector<std::int32_t> ids(static_cast<std::size_t>(c.batch * c.seq));
+    for (std::size_t i = 0; i < ids.size(); ++i) ids[i] = static_cast<std::int32_t>(static_cast<std::int64_t>(i) % c.seq);
+    return ids;
+}
+
+}  // namespace loom::models
+
+// Definitions: compiled here (header-only) or once in loom::compiled (core/linkage.hpp).
+#if LOOM_HEADER_DEFINITIONS
+
+namespace loom::models::detail {
+
+LOOM_INLINE tensor layer_norm_block(graph_builder& b, const std::string& scope, tensor x, const gpt_config& c) {
+    auto s = b.scope(scope);
+    auto gamma = b.parameter("weight", {{Dim::Hidden::id, c.hidden}}, parameter_init::ones());
+    auto beta = b.parameter("bias", {{Dim::Hidden::id, c.hidden}}, parameter_init::zeros());
+    return ops::layer_norm(x, gamma, beta, c.layer_norm_eps);
+}
+
+LOOM_INLINE tensor dense(graph_builder& b, const std::string& scope, tensor x, dim_id out_dim, std::int64_t out, dim_id in_dim,
+                         std::int64_t in, double std) {
+    auto s = b.scope(scope);
+    auto w = b.parameter("weight", {{out_dim, out}, {in_dim, in}}, parameter_init::normal(std));
+    auto bias = b.parameter("bias", {{out_dim, out}}, parameter_init::zeros());
+    return ops::linear(x, w, bias);
+}
+}  // namespace loom::models::detail
+
+namespace loom::models {
+
+LOOM_INLINE gpt_model gpt(const gpt_config& c) {
     c.validate();
     gpt_model m;
     m.config = c;
@@ -22014,14 +23162,8 @@ inline gpt_model gpt(const gpt_config& c) {
     return m;
 }
 
-// Position ids for one batch: row-major [batch, seq], each row 0, 1, ..., seq - 1.
-inline std::vector<std::int32_t> gpt_positions(const gpt_config& c) {
-    std::vector<std::int32_t> ids(static_cast<std::size_t>(c.batch * c.seq));
-    for (std::size_t i = 0; i < ids.size(); ++i) ids[i] = static_cast<std::int32_t>(static_cast<std::int64_t>(i) % c.seq);
-    return ids;
-}
-
 }  // namespace loom::models
+#endif  // LOOM_HEADER_DEFINITIONS
 // ---- end loom/models/gpt.hpp ----
 
 namespace loom::search {
@@ -22375,6 +23517,7 @@ struct checkpoint_manifest {
 #include <span>
 #include <string_view>
 
+
 namespace loom::io {
 
 namespace detail {
@@ -22400,7 +23543,20 @@ inline std::uint32_t load_le32(const std::byte* p) noexcept {
 }  // namespace detail
 
 // `previous` is the checksum of the bytes before these (0 for the start of a stream).
-inline std::uint32_t crc32(std::span<const std::byte> bytes, std::uint32_t previous = 0) noexcept {
+LOOM_INLINE std::uint32_t crc32(std::span<const std::byte> bytes, std::uint32_t previous = 0) noexcept;
+
+inline std::uint32_t crc32(std::string_view text, std::uint32_t previous = 0) noexcept {
+    return crc32(std::as_bytes(std::span(text.data(), text.size())), previous);
+}
+
+}  // namespace loom::io
+
+// Definitions: compiled here (header-only) or once in loom::compiled (core/linkage.hpp).
+#if LOOM_HEADER_DEFINITIONS
+
+namespace loom::io {
+
+LOOM_INLINE std::uint32_t crc32(std::span<const std::byte> bytes, std::uint32_t previous) noexcept {
     const auto& t = detail::crc32_tables;
     std::uint32_t c = ~previous;
     const std::byte* p = bytes.data();
@@ -22414,11 +23570,8 @@ inline std::uint32_t crc32(std::span<const std::byte> bytes, std::uint32_t previ
     return ~c;
 }
 
-inline std::uint32_t crc32(std::string_view text, std::uint32_t previous = 0) noexcept {
-    return crc32(std::as_bytes(std::span(text.data(), text.size())), previous);
-}
-
 }  // namespace loom::io
+#endif  // LOOM_HEADER_DEFINITIONS
 // ---- end loom/io/crc32.hpp ----
 // ---- begin loom/io/durable_file.hpp ----
 // Writing files so that a crash never leaves a half-written file under the final name:
@@ -22454,18 +23607,7 @@ struct write_faults {
 namespace detail {
 inline std::string errno_text(int code) { return std::string(std::strerror(code)); }
 
-inline void fsync_path(const std::filesystem::path& path, bool directory, std::string_view who) {
-    const int fd = ::open(path.c_str(), (directory ? O_RDONLY | O_DIRECTORY : O_RDONLY) | O_CLOEXEC);
-    if (fd < 0)
-        throw data_error(std::string(who) + ": cannot open '" + path.string() + "' to flush it: " + errno_text(errno) +
-                         "; check that the directory exists and is readable");
-    const int rc = ::fsync(fd);
-    const int code = errno;
-    ::close(fd);
-    if (rc != 0 && code != EINVAL)  // some file systems cannot fsync directories
-        throw data_error(std::string(who) + ": flushing '" + path.string() + "' to disk failed: " + errno_text(code) +
-                         "; check the disk");
-}
+LOOM_INLINE void fsync_path(const std::filesystem::path& path, bool directory, std::string_view who);
 }  // namespace detail
 
 // Flushes a directory's entries (new names, renames) to disk.
@@ -22547,6 +23689,27 @@ inline void write_file_durably(const std::filesystem::path& target, std::string_
 }
 
 }  // namespace loom::io
+
+// Definitions: compiled here (header-only) or once in loom::compiled (core/linkage.hpp).
+#if LOOM_HEADER_DEFINITIONS
+
+namespace loom::io::detail {
+
+LOOM_INLINE void fsync_path(const std::filesystem::path& path, bool directory, std::string_view who) {
+    const int fd = ::open(path.c_str(), (directory ? O_RDONLY | O_DIRECTORY : O_RDONLY) | O_CLOEXEC);
+    if (fd < 0)
+        throw data_error(std::string(who) + ": cannot open '" + path.string() + "' to flush it: " + errno_text(errno) +
+                         "; check that the directory exists and is readable");
+    const int rc = ::fsync(fd);
+    const int code = errno;
+    ::close(fd);
+    if (rc != 0 && code != EINVAL)  // some file systems cannot fsync directories
+        throw data_error(std::string(who) + ": flushing '" + path.string() + "' to disk failed: " + errno_text(code) +
+                         "; check the disk");
+}
+
+}  // namespace loom::io::detail
+#endif  // LOOM_HEADER_DEFINITIONS
 // ---- end loom/io/durable_file.hpp ----
 // ---- begin loom/io/gpt2_weights.hpp ----
 // Hugging Face GPT-2 checkpoints (model.safetensors of "gpt2", "gpt2-medium", ...) to and
@@ -23166,13 +24329,7 @@ namespace loom::io {
 namespace detail {
 
 // [rows, cols] row-major -> [cols, rows] row-major.
-inline std::vector<double> transposed(const std::vector<double>& m, std::int64_t rows, std::int64_t cols) {
-    std::vector<double> t(m.size());
-    for (std::int64_t r = 0; r < rows; ++r)
-        for (std::int64_t c = 0; c < cols; ++c)
-            t[static_cast<std::size_t>(c * rows + r)] = m[static_cast<std::size_t>(r * cols + c)];
-    return t;
-}
+LOOM_INLINE std::vector<double> transposed(const std::vector<double>& m, std::int64_t rows, std::int64_t cols);
 
 class gpt2_reader {
 public:
@@ -23237,8 +24394,79 @@ private:
 
 // The GPT-2 file's weights in loom's names and layouts (as doubles), for a model built with
 // `c`. Throws loom::data_error when the file does not fit the configuration.
-inline std::map<std::string, std::vector<double>> read_gpt2_weights(const std::filesystem::path& path,
-                                                                    const models::gpt_config& c) {
+LOOM_INLINE std::map<std::string, std::vector<double>> read_gpt2_weights(const std::filesystem::path& path,
+                                                                         const models::gpt_config& c);
+
+// Writes loom GPT weights (`parameter(name)` returns loom's tensor `name`, row-major, in
+// loom's layout) as a GPT-2 safetensors file, in dtype `type` (F32, as GPT-2 ships, or F64).
+template <class Get>
+void write_gpt2_weights(const std::filesystem::path& path, const models::gpt_config& c, Get&& parameter,
+                        dtype type = dtype::f32) {
+    if (type != dtype::f32 && type != dtype::f64)
+        throw usage_error("write_gpt2_weights: dtype " + std::string(dtype_name(type)) + " is not F32 or F64; pick one");
+    const std::int64_t H = c.hidden, F = c.ffn_size(), V = c.vocab;
+    safetensors_writer w;
+    auto get = [&](const std::string& name) {
+        const auto v = parameter(name);
+        return std::vector<double>(v.begin(), v.end());
+    };
+    auto add = [&](const std::string& name, std::vector<std::int64_t> shape, const std::vector<double>& v) {
+        if (type == dtype::f64)
+            w.add(name, type, std::move(shape), v);
+        else
+            w.add(name, type, std::move(shape), std::vector<float>(v.begin(), v.end()));
+    };
+    add("wte.weight", {V, H}, get("wte"));
+    add("wpe.weight", {c.seq, H}, get("wpe"));
+    for (std::int64_t i = 0; i < c.layers; ++i) {
+        const std::string g = "h." + std::to_string(i) + ".", l = "blocks." + std::to_string(i) + ".";
+        for (const char* ln : {"ln_1", "ln_2"}) {
+            add(g + ln + ".weight", {H}, get(l + ln + ".weight"));
+            add(g + ln + ".bias", {H}, get(l + ln + ".bias"));
+        }
+        std::vector<double> qkv, qkv_bias;
+        for (const char* p : {"q", "k", "v"}) {
+            const auto wp = get(l + "attn." + p + ".weight");
+            const auto bp = get(l + "attn." + p + ".bias");
+            qkv.insert(qkv.end(), wp.begin(), wp.end());
+            qkv_bias.insert(qkv_bias.end(), bp.begin(), bp.end());
+        }
+        add(g + "attn.c_attn.weight", {H, 3 * H}, detail::transposed(qkv, 3 * H, H));
+        add(g + "attn.c_attn.bias", {3 * H}, qkv_bias);
+        add(g + "attn.c_proj.weight", {H, H}, detail::transposed(get(l + "attn.proj.weight"), H, H));
+        add(g + "attn.c_proj.bias", {H}, get(l + "attn.proj.bias"));
+        add(g + "mlp.c_fc.weight", {H, F}, detail::transposed(get(l + "mlp.fc.weight"), F, H));
+        add(g + "mlp.c_fc.bias", {F}, get(l + "mlp.fc.bias"));
+        add(g + "mlp.c_proj.weight", {F, H}, detail::transposed(get(l + "mlp.proj.weight"), H, F));
+        add(g + "mlp.c_proj.bias", {H}, get(l + "mlp.proj.bias"));
+    }
+    add("ln_f.weight", {H}, get("ln_f.weight"));
+    add("ln_f.bias", {H}, get("ln_f.bias"));
+    if (!c.tie_embeddings) add("lm_head.weight", {V, H}, get("lm_head"));
+    w.metadata("format", "pt");
+    w.write(path);
+}
+
+}  // namespace loom::io
+
+// Definitions: compiled here (header-only) or once in loom::compiled (core/linkage.hpp).
+#if LOOM_HEADER_DEFINITIONS
+
+namespace loom::io::detail {
+
+LOOM_INLINE std::vector<double> transposed(const std::vector<double>& m, std::int64_t rows, std::int64_t cols) {
+    std::vector<double> t(m.size());
+    for (std::int64_t r = 0; r < rows; ++r)
+        for (std::int64_t c = 0; c < cols; ++c)
+            t[static_cast<std::size_t>(c * rows + r)] = m[static_cast<std::size_t>(r * cols + c)];
+    return t;
+}
+}  // namespace loom::io::detail
+
+namespace loom::io {
+
+LOOM_INLINE std::map<std::string, std::vector<double>> read_gpt2_weights(const std::filesystem::path& path,
+                                                                         const models::gpt_config& c) {
     detail::gpt2_reader f(path);
     const std::int64_t H = c.hidden, F = c.ffn_size(), V = c.vocab;
     const int layers = f.layers_in_file();
@@ -23296,57 +24524,8 @@ inline std::map<std::string, std::vector<double>> read_gpt2_weights(const std::f
     return out;
 }
 
-// Writes loom GPT weights (`parameter(name)` returns loom's tensor `name`, row-major, in
-// loom's layout) as a GPT-2 safetensors file, in dtype `type` (F32, as GPT-2 ships, or F64).
-template <class Get>
-void write_gpt2_weights(const std::filesystem::path& path, const models::gpt_config& c, Get&& parameter,
-                        dtype type = dtype::f32) {
-    if (type != dtype::f32 && type != dtype::f64)
-        throw usage_error("write_gpt2_weights: dtype " + std::string(dtype_name(type)) + " is not F32 or F64; pick one");
-    const std::int64_t H = c.hidden, F = c.ffn_size(), V = c.vocab;
-    safetensors_writer w;
-    auto get = [&](const std::string& name) {
-        const auto v = parameter(name);
-        return std::vector<double>(v.begin(), v.end());
-    };
-    auto add = [&](const std::string& name, std::vector<std::int64_t> shape, const std::vector<double>& v) {
-        if (type == dtype::f64)
-            w.add(name, type, std::move(shape), v);
-        else
-            w.add(name, type, std::move(shape), std::vector<float>(v.begin(), v.end()));
-    };
-    add("wte.weight", {V, H}, get("wte"));
-    add("wpe.weight", {c.seq, H}, get("wpe"));
-    for (std::int64_t i = 0; i < c.layers; ++i) {
-        const std::string g = "h." + std::to_string(i) + ".", l = "blocks." + std::to_string(i) + ".";
-        for (const char* ln : {"ln_1", "ln_2"}) {
-            add(g + ln + ".weight", {H}, get(l + ln + ".weight"));
-            add(g + ln + ".bias", {H}, get(l + ln + ".bias"));
-        }
-        std::vector<double> qkv, qkv_bias;
-        for (const char* p : {"q", "k", "v"}) {
-            const auto wp = get(l + "attn." + p + ".weight");
-            const auto bp = get(l + "attn." + p + ".bias");
-            qkv.insert(qkv.end(), wp.begin(), wp.end());
-            qkv_bias.insert(qkv_bias.end(), bp.begin(), bp.end());
-        }
-        add(g + "attn.c_attn.weight", {H, 3 * H}, detail::transposed(qkv, 3 * H, H));
-        add(g + "attn.c_attn.bias", {3 * H}, qkv_bias);
-        add(g + "attn.c_proj.weight", {H, H}, detail::transposed(get(l + "attn.proj.weight"), H, H));
-        add(g + "attn.c_proj.bias", {H}, get(l + "attn.proj.bias"));
-        add(g + "mlp.c_fc.weight", {H, F}, detail::transposed(get(l + "mlp.fc.weight"), F, H));
-        add(g + "mlp.c_fc.bias", {F}, get(l + "mlp.fc.bias"));
-        add(g + "mlp.c_proj.weight", {F, H}, detail::transposed(get(l + "mlp.proj.weight"), H, F));
-        add(g + "mlp.c_proj.bias", {H}, get(l + "mlp.proj.bias"));
-    }
-    add("ln_f.weight", {H}, get("ln_f.weight"));
-    add("ln_f.bias", {H}, get("ln_f.bias"));
-    if (!c.tie_embeddings) add("lm_head.weight", {V, H}, get("lm_head"));
-    w.metadata("format", "pt");
-    w.write(path);
-}
-
 }  // namespace loom::io
+#endif  // LOOM_HEADER_DEFINITIONS
 // ---- end loom/io/gpt2_weights.hpp ----
 // ---- begin loom/io/llmc_tokens.hpp ----
 // llm.c's token shards (the .bin files its data scripts write, e.g. fineweb_val_000000.bin):
@@ -23390,7 +24569,20 @@ inline constexpr const char* llmc_fix =
     "regenerate the shard with llm.c's data scripts (dev/data/*.py) or loom::io::write_llmc_tokens";
 }  // namespace detail
 
-inline llmc_tokens read_llmc_tokens(const std::filesystem::path& path) {
+LOOM_INLINE llmc_tokens read_llmc_tokens(const std::filesystem::path& path);
+
+// Writes tokens (each in [0, 65536)) as an llm.c token shard; throws loom::usage_error for
+// a token that does not fit in uint16 and loom::data_error when the file cannot be written.
+LOOM_INLINE void write_llmc_tokens(const std::filesystem::path& path, std::span<const std::int32_t> tokens);
+
+}  // namespace loom::io
+
+// Definitions: compiled here (header-only) or once in loom::compiled (core/linkage.hpp).
+#if LOOM_HEADER_DEFINITIONS
+
+namespace loom::io {
+
+LOOM_INLINE llmc_tokens read_llmc_tokens(const std::filesystem::path& path) {
     auto fail = [&](const std::string& what) -> void {
         throw data_error("llm.c token shard '" + path.string() + "' " + what);
     };
@@ -23432,9 +24624,7 @@ inline llmc_tokens read_llmc_tokens(const std::filesystem::path& path) {
     return out;
 }
 
-// Writes tokens (each in [0, 65536)) as an llm.c token shard; throws loom::usage_error for
-// a token that does not fit in uint16 and loom::data_error when the file cannot be written.
-inline void write_llmc_tokens(const std::filesystem::path& path, std::span<const std::int32_t> tokens) {
+LOOM_INLINE void write_llmc_tokens(const std::filesystem::path& path, std::span<const std::int32_t> tokens) {
     std::string bytes(llmc_header_bytes + 2 * tokens.size(), '\0');
     auto put32 = [&](std::size_t at, std::uint32_t v) {
         for (int i = 0; i < 4; ++i) bytes[at + static_cast<std::size_t>(i)] = static_cast<char>((v >> (8 * i)) & 0xFF);
@@ -23459,6 +24649,7 @@ inline void write_llmc_tokens(const std::filesystem::path& path, std::span<const
 }
 
 }  // namespace loom::io
+#endif  // LOOM_HEADER_DEFINITIONS
 // ---- end loom/io/llmc_tokens.hpp ----
 // ---- begin loom/io/plan_file.hpp ----
 // Plan files: the one plan value (plan::plan_spec) as versioned JSON, with its open
@@ -23586,7 +24777,31 @@ struct reader {
 
 constexpr std::int64_t int_max = std::numeric_limits<int>::max();
 
-inline plan::order_policy read_policy(const reader& r, const nlohmann::json& j, const std::string& where) {
+LOOM_INLINE plan::order_policy read_policy(const reader& r, const nlohmann::json& j, const std::string& where);
+
+LOOM_INLINE plan::rule read_rule(const reader& r, const nlohmann::json& j, const std::string& where);
+
+}  // namespace detail
+
+LOOM_INLINE nlohmann::json to_json(const plan::plan_spec& p, const graph* model = nullptr);
+
+// `file` names the source in errors. With a model, a plan made for another one is refused.
+LOOM_INLINE plan::plan_spec plan_from_json(const nlohmann::json& j, const std::string& file, const graph* model = nullptr);
+
+LOOM_INLINE void save_plan(const plan::plan_spec& p, const std::string& path, const graph* model = nullptr);
+inline void save_plan(const plan::plan_spec& p, const std::string& path, const graph& model) { save_plan(p, path, &model); }
+
+LOOM_INLINE plan::plan_spec load_plan(const std::string& path, const graph* model = nullptr);
+inline plan::plan_spec load_plan(const std::string& path, const graph& model) { return load_plan(path, &model); }
+
+}  // namespace loom::io
+
+// Definitions: compiled here (header-only) or once in loom::compiled (core/linkage.hpp).
+#if LOOM_HEADER_DEFINITIONS
+
+namespace loom::io::detail {
+
+LOOM_INLINE plan::order_policy read_policy(const reader& r, const nlohmann::json& j, const std::string& where) {
     plan::order_policy o;
     std::string kind;
     if (j.is_string()) {
@@ -23608,7 +24823,7 @@ inline plan::order_policy read_policy(const reader& r, const nlohmann::json& j, 
     return o;
 }
 
-inline plan::rule read_rule(const reader& r, const nlohmann::json& j, const std::string& where) {
+LOOM_INLINE plan::rule read_rule(const reader& r, const nlohmann::json& j, const std::string& where) {
     r.only(j, where, {"on", "trans", "assign", "recompute", "origin", "optional"});
     plan::rule out;
     if (j.contains("on")) {
@@ -23675,10 +24890,11 @@ inline plan::rule read_rule(const reader& r, const nlohmann::json& j, const std:
     if (j.contains("optional")) out.optional = r.boolean(j.at("optional"), where + ".optional");
     return out;
 }
+}  // namespace loom::io::detail
 
-}  // namespace detail
+namespace loom::io {
 
-inline nlohmann::json to_json(const plan::plan_spec& p, const graph* model = nullptr) {
+LOOM_INLINE nlohmann::json to_json(const plan::plan_spec& p, const graph* model) {
     nlohmann::json j{{"format", "loom.plan"}, {"version", plan_format_version}, {"devices", p.devices}};
     if (model)
         j["model"] = {{"fingerprint", model_fingerprint(*model)}, {"forward_nodes", model->forward_node_count()}};
@@ -23758,8 +24974,7 @@ inline nlohmann::json to_json(const plan::plan_spec& p, const graph* model = nul
     return j;
 }
 
-// `file` names the source in errors. With a model, a plan made for another one is refused.
-inline plan::plan_spec plan_from_json(const nlohmann::json& j, const std::string& file, const graph* model = nullptr) {
+LOOM_INLINE plan::plan_spec plan_from_json(const nlohmann::json& j, const std::string& file, const graph* model) {
     const detail::reader r{file};
     if (!j.is_object() || !j.contains("format") || j.at("format") != "loom.plan")
         r.fail("the top level", "is not a loom plan (\"format\" is not \"loom.plan\"); give a file written by "
@@ -23850,16 +25065,15 @@ inline plan::plan_spec plan_from_json(const nlohmann::json& j, const std::string
     return p;
 }
 
-inline void save_plan(const plan::plan_spec& p, const std::string& path, const graph* model = nullptr) {
+LOOM_INLINE void save_plan(const plan::plan_spec& p, const std::string& path, const graph* model) {
     const std::string text = to_json(p, model).dump(2) + "\n";
     std::ofstream out(path);
     if (!out) throw plan_error("save_plan: cannot write " + path + "; check that its folder exists and is writable");
     out << text;
     if (!out.flush()) throw plan_error("save_plan: writing " + path + " failed; check the disk");
 }
-inline void save_plan(const plan::plan_spec& p, const std::string& path, const graph& model) { save_plan(p, path, &model); }
 
-inline plan::plan_spec load_plan(const std::string& path, const graph* model = nullptr) {
+LOOM_INLINE plan::plan_spec load_plan(const std::string& path, const graph* model) {
     std::ifstream in(path);
     if (!in) throw plan_error("load_plan: cannot read " + path + "; check the path");
     nlohmann::json j;
@@ -23870,9 +25084,9 @@ inline plan::plan_spec load_plan(const std::string& path, const graph* model = n
     }
     return plan_from_json(j, path, model);
 }
-inline plan::plan_spec load_plan(const std::string& path, const graph& model) { return load_plan(path, &model); }
 
 }  // namespace loom::io
+#endif  // LOOM_HEADER_DEFINITIONS
 // ---- end loom/io/plan_file.hpp ----
 
 // train
@@ -24172,55 +25386,8 @@ inline constexpr std::string_view token_file_fix =
 // Throws loom::usage_error for a vocab_size of 0 or above 2^31 (ids are int32) and for a
 // token outside [0, vocab_size); loom::data_error when the file cannot be written.
 // The file is written beside `path` and renamed into place, so a reader never sees half of it.
-inline void write_token_file(const std::filesystem::path& path, std::span<const std::int32_t> tokens,
-                             std::uint32_t vocab_size) {
-    if (vocab_size == 0 || vocab_size > (std::uint32_t{1} << 31)) {
-        throw usage_error("write_token_file: vocab_size " + std::to_string(vocab_size) + " for " +
-                          detail::token_file_quote(path) + " is outside [1, 2^31]; pass the tokenizer's vocab_size "
-                          "(256 for byte_tokenizer)");
-    }
-    for (std::size_t i = 0; i < tokens.size(); ++i) {
-        if (tokens[i] < 0 || static_cast<std::uint32_t>(tokens[i]) >= vocab_size) {
-            throw usage_error("write_token_file: token " + std::to_string(tokens[i]) + " at position " + std::to_string(i) +
-                              " is outside [0, " + std::to_string(vocab_size) + ") for " +
-                              detail::token_file_quote(path) + "; pass the vocab_size of the tokenizer that produced "
-                              "the tokens");
-        }
-    }
-    const int width = vocab_size <= 65536 ? 2 : 4;
-
-    std::string bytes;
-    bytes.reserve(token_file_header_bytes + tokens.size() * static_cast<std::size_t>(width));
-    bytes += token_file_magic;
-    detail::token_file_put(bytes, token_file_version, 4);
-    detail::token_file_put(bytes, static_cast<std::uint64_t>(width), 4);
-    detail::token_file_put(bytes, vocab_size, 4);
-    detail::token_file_put(bytes, 0, 4);
-    detail::token_file_put(bytes, tokens.size(), 8);
-    for (std::int32_t t : tokens) detail::token_file_put(bytes, static_cast<std::uint32_t>(t), width);
-
-    std::filesystem::path partial = path;
-    partial += ".partial";
-    {
-        std::ofstream out(partial, std::ios::binary | std::ios::trunc);
-        if (!out) {
-            throw data_error("write_token_file: cannot create " + detail::token_file_quote(partial) +
-                             "; check that the directory exists and is writable");
-        }
-        out.write(bytes.data(), static_cast<std::streamsize>(bytes.size()));
-        out.close();
-        if (!out) {
-            throw data_error("write_token_file: writing " + std::to_string(bytes.size()) + " bytes to " +
-                             detail::token_file_quote(partial) + " failed; check free disk space");
-        }
-    }
-    std::error_code ec;
-    std::filesystem::rename(partial, path, ec);
-    if (ec) {
-        throw data_error("write_token_file: cannot rename " + detail::token_file_quote(partial) + " to " +
-                         detail::token_file_quote(path) + ": " + ec.message() + "; check that the target is writable");
-    }
-}
+LOOM_INLINE void write_token_file(const std::filesystem::path& path, std::span<const std::int32_t> tokens,
+                                  std::uint32_t vocab_size);
 
 // A token file read into memory and validated: every error names the path, what is wrong
 // and how to make a good file. The tokens are shared, not copied, with data_loaders built
@@ -24335,6 +25502,64 @@ private:
 };
 
 }  // namespace loom::train
+
+// Definitions: compiled here (header-only) or once in loom::compiled (core/linkage.hpp).
+#if LOOM_HEADER_DEFINITIONS
+
+namespace loom::train {
+
+LOOM_INLINE void write_token_file(const std::filesystem::path& path, std::span<const std::int32_t> tokens,
+                                  std::uint32_t vocab_size) {
+    if (vocab_size == 0 || vocab_size > (std::uint32_t{1} << 31)) {
+        throw usage_error("write_token_file: vocab_size " + std::to_string(vocab_size) + " for " +
+                          detail::token_file_quote(path) + " is outside [1, 2^31]; pass the tokenizer's vocab_size "
+                          "(256 for byte_tokenizer)");
+    }
+    for (std::size_t i = 0; i < tokens.size(); ++i) {
+        if (tokens[i] < 0 || static_cast<std::uint32_t>(tokens[i]) >= vocab_size) {
+            throw usage_error("write_token_file: token " + std::to_string(tokens[i]) + " at position " + std::to_string(i) +
+                              " is outside [0, " + std::to_string(vocab_size) + ") for " +
+                              detail::token_file_quote(path) + "; pass the vocab_size of the tokenizer that produced "
+                              "the tokens");
+        }
+    }
+    const int width = vocab_size <= 65536 ? 2 : 4;
+
+    std::string bytes;
+    bytes.reserve(token_file_header_bytes + tokens.size() * static_cast<std::size_t>(width));
+    bytes += token_file_magic;
+    detail::token_file_put(bytes, token_file_version, 4);
+    detail::token_file_put(bytes, static_cast<std::uint64_t>(width), 4);
+    detail::token_file_put(bytes, vocab_size, 4);
+    detail::token_file_put(bytes, 0, 4);
+    detail::token_file_put(bytes, tokens.size(), 8);
+    for (std::int32_t t : tokens) detail::token_file_put(bytes, static_cast<std::uint32_t>(t), width);
+
+    std::filesystem::path partial = path;
+    partial += ".partial";
+    {
+        std::ofstream out(partial, std::ios::binary | std::ios::trunc);
+        if (!out) {
+            throw data_error("write_token_file: cannot create " + detail::token_file_quote(partial) +
+                             "; check that the directory exists and is writable");
+        }
+        out.write(bytes.data(), static_cast<std::streamsize>(bytes.size()));
+        out.close();
+        if (!out) {
+            throw data_error("write_token_file: writing " + std::to_string(bytes.size()) + " bytes to " +
+                             detail::token_file_quote(partial) + " failed; check free disk space");
+        }
+    }
+    std::error_code ec;
+    std::filesystem::rename(partial, path, ec);
+    if (ec) {
+        throw data_error("write_token_file: cannot rename " + detail::token_file_quote(partial) + " to " +
+                         detail::token_file_quote(path) + ": " + ec.message() + "; check that the target is writable");
+    }
+}
+
+}  // namespace loom::train
+#endif  // LOOM_HEADER_DEFINITIONS
 // ---- end loom/train/token_file.hpp ----
 
 namespace loom::train {
@@ -24551,7 +25776,23 @@ inline double unit_uniform(std::uint64_t bits) { return (static_cast<double>(bit
 }  // namespace detail
 
 // One value of the stream of parameter `name`: the i-th element.
-inline double init_value(const parameter_init& init, std::uint64_t seed, std::string_view name, std::uint64_t i) {
+LOOM_INLINE double init_value(const parameter_init& init, std::uint64_t seed, std::string_view name, std::uint64_t i);
+
+// Fills `out` with elements [first, first + out.size()) of parameter `name`.
+template <class T>
+void initialize(std::span<T> out, const parameter_init& init, std::uint64_t seed, std::string_view name,
+                std::uint64_t first = 0) {
+    for (std::size_t j = 0; j < out.size(); ++j) out[j] = static_cast<T>(init_value(init, seed, name, first + j));
+}
+
+}  // namespace loom::train
+
+// Definitions: compiled here (header-only) or once in loom::compiled (core/linkage.hpp).
+#if LOOM_HEADER_DEFINITIONS
+
+namespace loom::train {
+
+LOOM_INLINE double init_value(const parameter_init& init, std::uint64_t seed, std::string_view name, std::uint64_t i) {
     const std::uint64_t key = splitmix64(seed ^ splitmix64(detail::hash_name(name)));
     switch (init.distribution) {
         case parameter_init::kind::constant: return init.a;
@@ -24569,14 +25810,8 @@ inline double init_value(const parameter_init& init, std::uint64_t seed, std::st
     return 0.0;
 }
 
-// Fills `out` with elements [first, first + out.size()) of parameter `name`.
-template <class T>
-void initialize(std::span<T> out, const parameter_init& init, std::uint64_t seed, std::string_view name,
-                std::uint64_t first = 0) {
-    for (std::size_t j = 0; j < out.size(); ++j) out[j] = static_cast<T>(init_value(init, seed, name, first + j));
-}
-
 }  // namespace loom::train
+#endif  // LOOM_HEADER_DEFINITIONS
 // ---- end loom/train/init.hpp ----
 // ---- begin loom/train/ownership.hpp ----
 // Who owns what in a partitioned plan: which parts of a replicated parameter (or gradient)
@@ -24594,7 +25829,41 @@ void initialize(std::span<T> out, const parameter_init& init, std::uint64_t seed
 namespace loom::train {
 
 // b minus c, as disjoint boxes appended to out.
-inline void subtract_box(const partition::box& b, const partition::box& c, std::vector<partition::box>& out) {
+LOOM_INLINE void subtract_box(const partition::box& b, const partition::box& c, std::vector<partition::box>& out);
+
+// Parts of `region` (a piece of parameter p, or of its gradient) that `rank` counts as its
+// own: the parts no lower rank holds. Pieces are equal or disjoint in every plan loom
+// builds; a partial overlap is cut along the boxes.
+LOOM_INLINE std::vector<partition::box> owned_regions(const partition::partitioned_graph& plan, int rank, tensor_id p,
+                                                      const partition::box& region, bool gradients);
+
+// ZeRO-1 and ZeRO-2 shard a parameter's optimizer over its data-parallel replicas: the
+// ranks that store all of it, in rank order (every rank for a data-parallel plan, the
+// stage's group in a pipeline, both stages' groups for an embedding tied across stages).
+// Parameters stored in pieces are updated wherever they are stored.
+LOOM_INLINE std::vector<int> replica_ranks(const partition::partitioned_graph& plan, tensor_id p);
+
+// Rows of the first dim that replica `index` of `replicas` updates under ZeRO-1 (the whole
+// region when the rows do not divide evenly over the replicas).
+LOOM_INLINE partition::box zero1_shard(const partition::box& region, int index, int replicas);
+
+// The part of gradient piece `gradient` (of logical parameter p) that `rank` updates. Under
+// ZeRO-2 the gradient pieces are already the replicas' shards.
+LOOM_INLINE partition::box update_region(const partition::partitioned_graph& plan, int rank, tensor_id p,
+                                         const partition::box& gradient);
+
+// Offset of the first element of `inner` in a piece with box `outer`, for an `inner` that is
+// whole on every axis but the first (so that it is contiguous there).
+LOOM_INLINE std::int64_t offset_in(const partition::box& inner, const partition::box& outer);
+
+}  // namespace loom::train
+
+// Definitions: compiled here (header-only) or once in loom::compiled (core/linkage.hpp).
+#if LOOM_HEADER_DEFINITIONS
+
+namespace loom::train {
+
+LOOM_INLINE void subtract_box(const partition::box& b, const partition::box& c, std::vector<partition::box>& out) {
     const partition::box common = partition::intersect(b, c);
     if (b.rank() == 0) return;  // a scalar held by a lower rank is theirs
     if (common.empty()) {
@@ -24617,11 +25886,8 @@ inline void subtract_box(const partition::box& b, const partition::box& c, std::
     }
 }
 
-// Parts of `region` (a piece of parameter p, or of its gradient) that `rank` counts as its
-// own: the parts no lower rank holds. Pieces are equal or disjoint in every plan loom
-// builds; a partial overlap is cut along the boxes.
-inline std::vector<partition::box> owned_regions(const partition::partitioned_graph& plan, int rank, tensor_id p,
-                                                 const partition::box& region, bool gradients) {
+LOOM_INLINE std::vector<partition::box> owned_regions(const partition::partitioned_graph& plan, int rank, tensor_id p,
+                                                      const partition::box& region, bool gradients) {
     std::vector<partition::box> mine{region};
     for (int r = 0; r < rank; ++r) {
         const auto& other = gradients ? plan.devices[static_cast<std::size_t>(r)].gradients
@@ -24636,11 +25902,7 @@ inline std::vector<partition::box> owned_regions(const partition::partitioned_gr
     return mine;
 }
 
-// ZeRO-1 and ZeRO-2 shard a parameter's optimizer over its data-parallel replicas: the
-// ranks that store all of it, in rank order (every rank for a data-parallel plan, the
-// stage's group in a pipeline, both stages' groups for an embedding tied across stages).
-// Parameters stored in pieces are updated wherever they are stored.
-inline std::vector<int> replica_ranks(const partition::partitioned_graph& plan, tensor_id p) {
+LOOM_INLINE std::vector<int> replica_ranks(const partition::partitioned_graph& plan, tensor_id p) {
     const partition::box whole = partition::box::whole(plan.ir().tensor(p).dims);
     std::vector<int> ranks;
     for (int r = 0; r < plan.world; ++r) {
@@ -24652,9 +25914,7 @@ inline std::vector<int> replica_ranks(const partition::partitioned_graph& plan, 
     return ranks;
 }
 
-// Rows of the first dim that replica `index` of `replicas` updates under ZeRO-1 (the whole
-// region when the rows do not divide evenly over the replicas).
-inline partition::box zero1_shard(const partition::box& region, int index, int replicas) {
+LOOM_INLINE partition::box zero1_shard(const partition::box& region, int index, int replicas) {
     partition::box b = region;
     if (b.rank() == 0 || b.ranges[0].size() % replicas != 0) return b;
     const std::int64_t rows = b.ranges[0].size() / replicas;
@@ -24663,10 +25923,8 @@ inline partition::box zero1_shard(const partition::box& region, int index, int r
     return b;
 }
 
-// The part of gradient piece `gradient` (of logical parameter p) that `rank` updates. Under
-// ZeRO-2 the gradient pieces are already the replicas' shards.
-inline partition::box update_region(const partition::partitioned_graph& plan, int rank, tensor_id p,
-                                    const partition::box& gradient) {
+LOOM_INLINE partition::box update_region(const partition::partitioned_graph& plan, int rank, tensor_id p,
+                                         const partition::box& gradient) {
     if (plan.zero != plan::zero_stage::optimizer) return gradient;
     const std::vector<int> replicas = replica_ranks(plan, p);
     const auto at = std::find(replicas.begin(), replicas.end(), rank);
@@ -24674,9 +25932,7 @@ inline partition::box update_region(const partition::partitioned_graph& plan, in
     return zero1_shard(gradient, static_cast<int>(at - replicas.begin()), static_cast<int>(replicas.size()));
 }
 
-// Offset of the first element of `inner` in a piece with box `outer`, for an `inner` that is
-// whole on every axis but the first (so that it is contiguous there).
-inline std::int64_t offset_in(const partition::box& inner, const partition::box& outer) {
+LOOM_INLINE std::int64_t offset_in(const partition::box& inner, const partition::box& outer) {
     if (inner.rank() == 0) return 0;
     for (std::size_t a = 1; a < inner.rank(); ++a)
         if (!(inner.ranges[a] == outer.ranges[a]))
@@ -24688,6 +25944,7 @@ inline std::int64_t offset_in(const partition::box& inner, const partition::box&
 }
 
 }  // namespace loom::train
+#endif  // LOOM_HEADER_DEFINITIONS
 // ---- end loom/train/ownership.hpp ----
 // ---- begin loom/train/sgd.hpp ----
 // SGD with momentum, with PyTorch's torch.optim.SGD semantics:
@@ -25304,23 +26561,9 @@ constexpr io::dtype element_dtype() {
 // The model's identity: its parameters' names and shapes (with dims), in graph order, which
 // no plan rewrites, and its op graph's fingerprint (graph/fingerprint.hpp), taken from the
 // model before the plan rewrote it (partition::apply_plan records it).
-inline nlohmann::json model_parameters(const graph& g) {
-    nlohmann::json params = nlohmann::json::object();
-    for (tensor_id p : g.parameters) {
-        std::vector<std::int64_t> extents;
-        for (const auto& a : g.tensor(p).dims) extents.push_back(a.extent);
-        params[g.tensor(p).name] = extents;
-    }
-    return params;
-}
+LOOM_INLINE nlohmann::json model_parameters(const graph& g);
 
-inline std::string model_signature(const graph& g) {
-    std::string text;
-    for (tensor_id p : g.parameters) text += g.tensor(p).name + g.tensor(p).dims.to_string() + ";";
-    char hex[16];
-    std::snprintf(hex, sizeof hex, "%08x", io::crc32(text));
-    return hex;
-}
+LOOM_INLINE std::string model_signature(const graph& g);
 
 template <class T>
 nlohmann::json optimizer_json(const std::variant<adamw<T>, sgd<T>>& opt) {
@@ -25370,12 +26613,7 @@ struct rank_state {
 };
 
 // A sum over ranks of a failure flag: every rank learns whether any rank failed a phase.
-inline bool any_rank_failed(comm::communicator* c, int world, bool failed) {
-    if (!c) return failed;
-    double flag = failed ? 1.0 : 0.0;
-    c->all_reduce_sum(&flag, 1, comm::dtype::f64, comm::group::world(world));
-    return flag > 0;
-}
+LOOM_INLINE bool any_rank_failed(comm::communicator* c, int world, bool failed);
 
 // How a shard of box `region` is cut into checksummed blocks: whole rows of its first dim,
 // about 64 KiB each (small enough that a reader needing a quarter of the rows of a small
@@ -25569,25 +26807,7 @@ checkpoint_info save_state(rank_state<T>& s, const std::filesystem::path& direct
 }
 
 // Reads bytes [offset, offset + out.size()) of a file.
-inline void read_range(const std::filesystem::path& path, std::uint64_t offset, std::span<std::byte> out) {
-    const int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
-    if (fd < 0)
-        throw data_error("checkpoint file '" + path.string() + "' cannot be opened: " + std::strerror(errno) +
-                         "; check that it exists and is readable");
-    std::size_t done = 0;
-    while (done < out.size()) {
-        const ssize_t n = ::pread(fd, out.data() + done, out.size() - done, static_cast<off_t>(offset + done));
-        if (n < 0 && errno == EINTR) continue;
-        if (n <= 0) {
-            ::close(fd);
-            throw data_error("checkpoint file '" + path.string() + "' ended at byte " + std::to_string(offset + done) +
-                             " while " + std::to_string(out.size()) + " bytes were read from " + std::to_string(offset) +
-                             "; it was truncated: use an older checkpoint");
-        }
-        done += static_cast<std::size_t>(n);
-    }
-    ::close(fd);
-}
+LOOM_INLINE void read_range(const std::filesystem::path& path, std::uint64_t offset, std::span<std::byte> out);
 
 // Reads every shard that meets this rank's pieces and checks it; changes nothing in `s`.
 template <class T>
@@ -25742,33 +26962,14 @@ rank_state<T> state_of(trainer<T>& t) {
 
 // The parts of `region` (an optimizer slot's box of parameter p on `rank`) that no lower
 // rank's slot holds.
-inline std::vector<partition::box> owned_update_regions(const partition::partitioned_graph& plan, int rank, tensor_id p,
-                                                        const partition::box& region) {
-    std::vector<partition::box> mine{region};
-    for (int r = 0; r < rank; ++r)
-        for (const auto& gp : plan.devices[static_cast<std::size_t>(r)].gradients) {
-            if (gp.logical != p) continue;
-            const partition::box other = update_region(plan, r, gp.logical, gp.region);
-            std::vector<partition::box> next;
-            for (const auto& b : mine) subtract_box(b, other, next);
-            mine = std::move(next);
-        }
-    return mine;
-}
+LOOM_INLINE std::vector<partition::box> owned_update_regions(const partition::partitioned_graph& plan, int rank, tensor_id p,
+                                                             const partition::box& region);
 
 }  // namespace detail
 
 // How the saving run was partitioned, for the manifest (informative: loading reads only the
 // boxes of the tensors). The one place that turns a plan into JSON for checkpoints.
-inline nlohmann::json plan_description(const partition::partitioned_graph& plan) {
-    nlohmann::json devices = nlohmann::json::array();
-    for (const auto& d : plan.devices) {
-        nlohmann::json pieces = nlohmann::json::object();
-        for (const auto& s : d.parameters) pieces[plan.ir().tensor(s.logical).name].push_back(s.region.to_string());
-        devices.push_back(pieces);
-    }
-    return {{"world", plan.world}, {"plan", plan.plan_name}, {"zero", static_cast<int>(plan.zero)}, {"parameters", devices}};
-}
+LOOM_INLINE nlohmann::json plan_description(const partition::partitioned_graph& plan);
 
 template <class T>
 detail::rank_state<T> state_of(distributed_trainer<T>& t) {
@@ -25847,7 +27048,88 @@ checkpoint_info load_checkpoint(distributed_trainer<T>& t, const std::filesystem
 
 // The newest complete checkpoint (one with a manifest) in `directory`, if any. Half-written
 // saves (step-N.tmp) are never chosen.
-inline std::optional<std::filesystem::path> latest_checkpoint(const std::filesystem::path& directory) {
+LOOM_INLINE std::optional<std::filesystem::path> latest_checkpoint(const std::filesystem::path& directory);
+
+}  // namespace loom::train
+
+// Definitions: compiled here (header-only) or once in loom::compiled (core/linkage.hpp).
+#if LOOM_HEADER_DEFINITIONS
+
+namespace loom::train::detail {
+
+LOOM_INLINE nlohmann::json model_parameters(const graph& g) {
+    nlohmann::json params = nlohmann::json::object();
+    for (tensor_id p : g.parameters) {
+        std::vector<std::int64_t> extents;
+        for (const auto& a : g.tensor(p).dims) extents.push_back(a.extent);
+        params[g.tensor(p).name] = extents;
+    }
+    return params;
+}
+
+LOOM_INLINE std::string model_signature(const graph& g) {
+    std::string text;
+    for (tensor_id p : g.parameters) text += g.tensor(p).name + g.tensor(p).dims.to_string() + ";";
+    char hex[16];
+    std::snprintf(hex, sizeof hex, "%08x", io::crc32(text));
+    return hex;
+}
+
+LOOM_INLINE bool any_rank_failed(comm::communicator* c, int world, bool failed) {
+    if (!c) return failed;
+    double flag = failed ? 1.0 : 0.0;
+    c->all_reduce_sum(&flag, 1, comm::dtype::f64, comm::group::world(world));
+    return flag > 0;
+}
+
+LOOM_INLINE void read_range(const std::filesystem::path& path, std::uint64_t offset, std::span<std::byte> out) {
+    const int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
+    if (fd < 0)
+        throw data_error("checkpoint file '" + path.string() + "' cannot be opened: " + std::strerror(errno) +
+                         "; check that it exists and is readable");
+    std::size_t done = 0;
+    while (done < out.size()) {
+        const ssize_t n = ::pread(fd, out.data() + done, out.size() - done, static_cast<off_t>(offset + done));
+        if (n < 0 && errno == EINTR) continue;
+        if (n <= 0) {
+            ::close(fd);
+            throw data_error("checkpoint file '" + path.string() + "' ended at byte " + std::to_string(offset + done) +
+                             " while " + std::to_string(out.size()) + " bytes were read from " + std::to_string(offset) +
+                             "; it was truncated: use an older checkpoint");
+        }
+        done += static_cast<std::size_t>(n);
+    }
+    ::close(fd);
+}
+
+LOOM_INLINE std::vector<partition::box> owned_update_regions(const partition::partitioned_graph& plan, int rank, tensor_id p,
+                                                             const partition::box& region) {
+    std::vector<partition::box> mine{region};
+    for (int r = 0; r < rank; ++r)
+        for (const auto& gp : plan.devices[static_cast<std::size_t>(r)].gradients) {
+            if (gp.logical != p) continue;
+            const partition::box other = update_region(plan, r, gp.logical, gp.region);
+            std::vector<partition::box> next;
+            for (const auto& b : mine) subtract_box(b, other, next);
+            mine = std::move(next);
+        }
+    return mine;
+}
+}  // namespace loom::train::detail
+
+namespace loom::train {
+
+LOOM_INLINE nlohmann::json plan_description(const partition::partitioned_graph& plan) {
+    nlohmann::json devices = nlohmann::json::array();
+    for (const auto& d : plan.devices) {
+        nlohmann::json pieces = nlohmann::json::object();
+        for (const auto& s : d.parameters) pieces[plan.ir().tensor(s.logical).name].push_back(s.region.to_string());
+        devices.push_back(pieces);
+    }
+    return {{"world", plan.world}, {"plan", plan.plan_name}, {"zero", static_cast<int>(plan.zero)}, {"parameters", devices}};
+}
+
+LOOM_INLINE std::optional<std::filesystem::path> latest_checkpoint(const std::filesystem::path& directory) {
     namespace fs = std::filesystem;
     std::error_code ec;
     if (!fs::is_directory(directory, ec)) return std::nullopt;
@@ -25869,6 +27151,7 @@ inline std::optional<std::filesystem::path> latest_checkpoint(const std::filesys
 }
 
 }  // namespace loom::train
+#endif  // LOOM_HEADER_DEFINITIONS
 // ---- end loom/train/checkpoint.hpp ----
 // ---- begin loom/train/corpus.hpp ----
 // make_corpus: a deterministic English-like training text that loom writes itself, so
@@ -26081,28 +27364,10 @@ inline constexpr std::array<std::string_view, 10> corpus_tens{
     "", "", "twenty", "thirty", "forty", "fifty", "sixty", "seventy", "eighty", "ninety"};
 
 // 0..100 in words: 42 -> "forty-two", 100 -> "one hundred".
-inline std::string corpus_number(int n) {
-    if (n >= 100) return "one hundred";
-    if (n < 20) return std::string(corpus_small_numbers[static_cast<std::size_t>(n)]);
-    std::string words(corpus_tens[static_cast<std::size_t>(n / 10)]);
-    if (n % 10 != 0) {
-        words += '-';
-        words += corpus_small_numbers[static_cast<std::size_t>(n % 10)];
-    }
-    return words;
-}
+LOOM_INLINE std::string corpus_number(int n);
 
 // box -> boxes, brush -> brushes, cherry -> cherries, cup -> cups.
-inline std::string corpus_plural(std::string_view noun) {
-    std::string word(noun);
-    const auto ends_with = [&](std::string_view tail) { return noun.ends_with(tail); };
-    if (ends_with("s") || ends_with("x") || ends_with("ch") || ends_with("sh")) return word + "es";
-    if (ends_with("y") && noun.size() > 1 && std::string_view("aeiou").find(noun[noun.size() - 2]) == std::string_view::npos) {
-        word.pop_back();
-        return word + "ies";
-    }
-    return word + "s";
-}
+LOOM_INLINE std::string corpus_plural(std::string_view noun);
 
 // "<count> <noun>" with agreement: 1 -> "one apple", 3 -> "three apples".
 inline std::string corpus_count(int count, std::string_view noun) {
@@ -26113,16 +27378,7 @@ inline std::string corpus_article(std::string_view word) {
     return (std::string_view("aeiou").find(word.front()) != std::string_view::npos ? "an " : "a ") + std::string(word);
 }
 
-inline std::string corpus_capitalized(std::string text) {
-    for (char& c : text) {
-        if (c >= 'a' && c <= 'z') {
-            c = static_cast<char>(c - 'a' + 'A');
-            break;
-        }
-        if (c >= 'A' && c <= 'Z') break;
-    }
-    return text;
-}
+LOOM_INLINE std::string corpus_capitalized(std::string text);
 
 class corpus_writer {
 public:
@@ -26413,7 +27669,52 @@ private:
 // Returns exactly `bytes` characters of generated text (ASCII only: letters, digits,
 // spaces, newlines and . , : ? " + =). The same (bytes, seed) gives the same text
 // everywhere; a different seed gives a different text.
-inline std::string make_corpus(std::size_t bytes = 200'000, std::uint64_t seed = 1) {
+LOOM_INLINE std::string make_corpus(std::size_t bytes = 200'000, std::uint64_t seed = 1);
+
+}  // namespace loom::train
+
+// Definitions: compiled here (header-only) or once in loom::compiled (core/linkage.hpp).
+#if LOOM_HEADER_DEFINITIONS
+
+namespace loom::train::detail {
+
+LOOM_INLINE std::string corpus_number(int n) {
+    if (n >= 100) return "one hundred";
+    if (n < 20) return std::string(corpus_small_numbers[static_cast<std::size_t>(n)]);
+    std::string words(corpus_tens[static_cast<std::size_t>(n / 10)]);
+    if (n % 10 != 0) {
+        words += '-';
+        words += corpus_small_numbers[static_cast<std::size_t>(n % 10)];
+    }
+    return words;
+}
+
+LOOM_INLINE std::string corpus_plural(std::string_view noun) {
+    std::string word(noun);
+    const auto ends_with = [&](std::string_view tail) { return noun.ends_with(tail); };
+    if (ends_with("s") || ends_with("x") || ends_with("ch") || ends_with("sh")) return word + "es";
+    if (ends_with("y") && noun.size() > 1 && std::string_view("aeiou").find(noun[noun.size() - 2]) == std::string_view::npos) {
+        word.pop_back();
+        return word + "ies";
+    }
+    return word + "s";
+}
+
+LOOM_INLINE std::string corpus_capitalized(std::string text) {
+    for (char& c : text) {
+        if (c >= 'a' && c <= 'z') {
+            c = static_cast<char>(c - 'a' + 'A');
+            break;
+        }
+        if (c >= 'A' && c <= 'Z') break;
+    }
+    return text;
+}
+}  // namespace loom::train::detail
+
+namespace loom::train {
+
+LOOM_INLINE std::string make_corpus(std::size_t bytes, std::uint64_t seed) {
     detail::corpus_writer writer(seed);
     std::string text;
     text.reserve(bytes + 1024);
@@ -26423,6 +27724,7 @@ inline std::string make_corpus(std::size_t bytes = 200'000, std::uint64_t seed =
 }
 
 }  // namespace loom::train
+#endif  // LOOM_HEADER_DEFINITIONS
 // ---- end loom/train/corpus.hpp ----
 // ---- begin loom/train/gpt2_weights.hpp ----
 // GPT-2 weights in and out of a one-device trainer: the file format and its mapping to loom's
@@ -26686,19 +27988,7 @@ namespace detail::evo {
 // no permutation op, and a reshape could not be split. Ten copies, each a law of its op:
 //   transpose "... a b -> ... b a", merge_heads "b h s d -> b s (h d)",
 //   split_heads "b s (h d) -> b h s d" (a head count of 1 or of the whole group is allowed).
-inline tensor swap_middle_axes(tensor t) {
-    const std::int64_t x = t.extent(1), y = t.extent(2);
-    t = ops::transpose(t);           // b x c y
-    t = ops::merge_heads(t);         // b c (x y)
-    t = ops::split_heads(t, x * y);  // b (x y) c 1
-    t = ops::transpose(t);           // b (x y) 1 c
-    t = ops::merge_heads(t);         // b 1 (x y c)
-    t = ops::split_heads(t, x);      // b x 1 (y c)
-    t = ops::transpose(t);           // b x (y c) 1
-    t = ops::merge_heads(t);         // b (y c) x
-    t = ops::transpose(t);           // b x (y c)
-    return ops::split_heads(t, y);   // b y x c
-}
+LOOM_INLINE tensor swap_middle_axes(tensor t);
 
 struct norm {
     tensor gamma, beta;
@@ -26851,7 +28141,82 @@ inline tensor linear(tensor x, const dense& d) {
 // Multi-head attention of x [b, a, n, c] along n, for every (b, a): q, k, v [b, a, n, d]
 // bind attention's "b h s d" with a in the place of heads. The heads' outputs are projected
 // separately and summed, which is the usual concatenation followed by one projection.
-inline tensor axial_attention(graph_builder& b, tensor x, const attention_params& p) {
+LOOM_INLINE tensor axial_attention(graph_builder& b, tensor x, const attention_params& p);
+
+// x + attention along axis 2 of x [b, ., ., c] (rows), or along axis 1 (columns: the two
+// middle axes swapped there and back).
+LOOM_INLINE tensor attention_branch(graph_builder& b, const std::string& scope, tensor x, const attention_params& p,
+                                    bool along_columns, const evoformer_config& c);
+
+// Pair-weighted averaging (AlphaFold 3's MSA module), per head h:
+//   w[b, i, j] = softmax_j(LN(z)[b, i, j, :] . weights_h),  out[b, s, i] = sum_j w[b, i, j] v_h[b, s, j]
+// as one matmul over the MSA with sequences folded into the columns:
+//   merge_heads(v) [b, j, (s d)],  w @ it = [b, i, (s d)],  split_heads(., s) = [b, s, i, d].
+LOOM_INLINE tensor pair_average_branch(graph_builder& b, tensor m, tensor z, const pair_average_params& p,
+                                       const evoformer_config& c);
+
+// A rank-`outer_groups` outer-product mean: group g contributes the pair feature
+//   o_g[b, i, j] = 1/s sum_{s, k} a_g[b, s, i, k] b_g[b, s, j, k]
+// projected to cz. (AlphaFold's projects all c^2 products of vec(a (x) b); this keeps one
+// contraction per group.) With sequences folded into the channels, o_g is one matmul:
+//   matmul_nt(merge_heads(b_g) [b, j, (s k)], merge_heads(a_g) [b, i, (s k)]) = [b, j, i],
+// and split_heads(., r) turns [b, j, (i 1)] into [b, i, j, 1].
+LOOM_INLINE tensor outer_product_branch(graph_builder& b, tensor m, tensor z, const outer_params& p,
+                                        const evoformer_config& c);
+
+inline tensor transition_branch(graph_builder& b, const std::string& scope, tensor x, const transition_params& p,
+                                const evoformer_config& c) {
+    auto s = b.scope(scope);
+    return x + linear(ops::relu(linear(layer_norm(x, p.ln, c), p.fc)), p.proj);
+}
+
+LOOM_INLINE void evoformer_block(graph_builder& b, tensor& m, tensor& z, const block_params& p, const evoformer_config& c);
+
+}  // namespace detail::evo
+
+LOOM_INLINE evoformer_model evoformer(const evoformer_config& c);
+
+// The pair inputs of one batch from its MSA tokens [batch, s, r] (row-major): the tokens of
+// residues i and j of row 0 (the target sequence) and clip(j - i) + clip, each [batch, r, r].
+struct evoformer_pair_inputs {
+    std::vector<std::int32_t> left, right, relpos;
+};
+
+LOOM_INLINE evoformer_pair_inputs evoformer_pair_ids(const evoformer_config& c, std::span<const std::int32_t> msa);
+
+// A deterministic synthetic batch from `seed`, for tests and demos (no downloads). Each
+// item is a chain of residues 3.8 apart in random directions; its distogram classes split
+// distances [2, 22) into bins - 2 equal classes plus one below and one above. MSA row 0 is
+// a random sequence; the other rows mutate each residue with probability 1/4 (a gap, the
+// last token, with probability 1/20).
+struct evoformer_batch {
+    std::vector<std::int32_t> msa, pair_left, pair_right, relpos, targets;
+};
+
+LOOM_INLINE evoformer_batch evoformer_synthetic_batch(const evoformer_config& c, std::uint64_t seed);
+
+}  // namespace loom::models
+
+// Definitions: compiled here (header-only) or once in loom::compiled (core/linkage.hpp).
+#if LOOM_HEADER_DEFINITIONS
+
+namespace loom::models::detail::evo {
+
+LOOM_INLINE tensor swap_middle_axes(tensor t) {
+    const std::int64_t x = t.extent(1), y = t.extent(2);
+    t = ops::transpose(t);           // b x c y
+    t = ops::merge_heads(t);         // b c (x y)
+    t = ops::split_heads(t, x * y);  // b (x y) c 1
+    t = ops::transpose(t);           // b (x y) 1 c
+    t = ops::merge_heads(t);         // b 1 (x y c)
+    t = ops::split_heads(t, x);      // b x 1 (y c)
+    t = ops::transpose(t);           // b x (y c) 1
+    t = ops::merge_heads(t);         // b (y c) x
+    t = ops::transpose(t);           // b x (y c)
+    return ops::split_heads(t, y);   // b y x c
+}
+
+LOOM_INLINE tensor axial_attention(graph_builder& b, tensor x, const attention_params& p) {
     std::optional<tensor> sum;
     for (std::size_t h = 0; h < p.q.size(); ++h) {
         auto head = b.scope("head", static_cast<std::int64_t>(h));
@@ -26862,22 +28227,16 @@ inline tensor axial_attention(graph_builder& b, tensor x, const attention_params
     return *sum;
 }
 
-// x + attention along axis 2 of x [b, ., ., c] (rows), or along axis 1 (columns: the two
-// middle axes swapped there and back).
-inline tensor attention_branch(graph_builder& b, const std::string& scope, tensor x, const attention_params& p,
-                               bool along_columns, const evoformer_config& c) {
+LOOM_INLINE tensor attention_branch(graph_builder& b, const std::string& scope, tensor x, const attention_params& p,
+                                    bool along_columns, const evoformer_config& c) {
     auto s = b.scope(scope);
     tensor h = layer_norm(x, p.ln, c);
     if (!along_columns) return x + axial_attention(b, h, p);
     return x + swap_middle_axes(axial_attention(b, swap_middle_axes(h), p));
 }
 
-// Pair-weighted averaging (AlphaFold 3's MSA module), per head h:
-//   w[b, i, j] = softmax_j(LN(z)[b, i, j, :] . weights_h),  out[b, s, i] = sum_j w[b, i, j] v_h[b, s, j]
-// as one matmul over the MSA with sequences folded into the columns:
-//   merge_heads(v) [b, j, (s d)],  w @ it = [b, i, (s d)],  split_heads(., s) = [b, s, i, d].
-inline tensor pair_average_branch(graph_builder& b, tensor m, tensor z, const pair_average_params& p,
-                                  const evoformer_config& c) {
+LOOM_INLINE tensor pair_average_branch(graph_builder& b, tensor m, tensor z, const pair_average_params& p,
+                                       const evoformer_config& c) {
     auto s = b.scope("msa_pair_avg");
     tensor hm = layer_norm(m, p.ln_msa, c), hz = layer_norm(z, p.ln_pair, c);
     std::optional<tensor> sum;
@@ -26893,14 +28252,8 @@ inline tensor pair_average_branch(graph_builder& b, tensor m, tensor z, const pa
     return m + *sum;
 }
 
-// A rank-`outer_groups` outer-product mean: group g contributes the pair feature
-//   o_g[b, i, j] = 1/s sum_{s, k} a_g[b, s, i, k] b_g[b, s, j, k]
-// projected to cz. (AlphaFold's projects all c^2 products of vec(a (x) b); this keeps one
-// contraction per group.) With sequences folded into the channels, o_g is one matmul:
-//   matmul_nt(merge_heads(b_g) [b, j, (s k)], merge_heads(a_g) [b, i, (s k)]) = [b, j, i],
-// and split_heads(., r) turns [b, j, (i 1)] into [b, i, j, 1].
-inline tensor outer_product_branch(graph_builder& b, tensor m, tensor z, const outer_params& p,
-                                   const evoformer_config& c) {
+LOOM_INLINE tensor outer_product_branch(graph_builder& b, tensor m, tensor z, const outer_params& p,
+                                        const evoformer_config& c) {
     auto s = b.scope("outer_product");
     tensor h = layer_norm(m, p.ln, c);
     std::optional<tensor> sum;
@@ -26915,13 +28268,7 @@ inline tensor outer_product_branch(graph_builder& b, tensor m, tensor z, const o
     return z + *sum;
 }
 
-inline tensor transition_branch(graph_builder& b, const std::string& scope, tensor x, const transition_params& p,
-                                const evoformer_config& c) {
-    auto s = b.scope(scope);
-    return x + linear(ops::relu(linear(layer_norm(x, p.ln, c), p.fc)), p.proj);
-}
-
-inline void evoformer_block(graph_builder& b, tensor& m, tensor& z, const block_params& p, const evoformer_config& c) {
+LOOM_INLINE void evoformer_block(graph_builder& b, tensor& m, tensor& z, const block_params& p, const evoformer_config& c) {
     m = attention_branch(b, "msa_row", m, p.msa_row, false, c);
     m = pair_average_branch(b, m, z, p.msa_pair_avg, c);
     m = attention_branch(b, "msa_col", m, p.msa_col, true, c);
@@ -26931,10 +28278,11 @@ inline void evoformer_block(graph_builder& b, tensor& m, tensor& z, const block_
     z = attention_branch(b, "pair_col", z, p.pair_col, true, c);
     z = transition_branch(b, "pair_transition", z, p.pair_transition, c);
 }
+}  // namespace loom::models::detail::evo
 
-}  // namespace detail::evo
+namespace loom::models {
 
-inline evoformer_model evoformer(const evoformer_config& c) {
+LOOM_INLINE evoformer_model evoformer(const evoformer_config& c) {
     c.validate();
     evoformer_model model;
     model.config = c;
@@ -27034,13 +28382,7 @@ inline evoformer_model evoformer(const evoformer_config& c) {
     return model;
 }
 
-// The pair inputs of one batch from its MSA tokens [batch, s, r] (row-major): the tokens of
-// residues i and j of row 0 (the target sequence) and clip(j - i) + clip, each [batch, r, r].
-struct evoformer_pair_inputs {
-    std::vector<std::int32_t> left, right, relpos;
-};
-
-inline evoformer_pair_inputs evoformer_pair_ids(const evoformer_config& c, std::span<const std::int32_t> msa) {
+LOOM_INLINE evoformer_pair_inputs evoformer_pair_ids(const evoformer_config& c, std::span<const std::int32_t> msa) {
     const auto need = static_cast<std::size_t>(c.batch * c.msa_seqs * c.residues);
     if (msa.size() != need)
         throw usage_error("evoformer_pair_ids: the MSA has " + std::to_string(msa.size()) +
@@ -27061,16 +28403,7 @@ inline evoformer_pair_inputs evoformer_pair_ids(const evoformer_config& c, std::
     return out;
 }
 
-// A deterministic synthetic batch from `seed`, for tests and demos (no downloads). Each
-// item is a chain of residues 3.8 apart in random directions; its distogram classes split
-// distances [2, 22) into bins - 2 equal classes plus one below and one above. MSA row 0 is
-// a random sequence; the other rows mutate each residue with probability 1/4 (a gap, the
-// last token, with probability 1/20).
-struct evoformer_batch {
-    std::vector<std::int32_t> msa, pair_left, pair_right, relpos, targets;
-};
-
-inline evoformer_batch evoformer_synthetic_batch(const evoformer_config& c, std::uint64_t seed) {
+LOOM_INLINE evoformer_batch evoformer_synthetic_batch(const evoformer_config& c, std::uint64_t seed) {
     c.validate();
     std::uint64_t counter = 0;
     auto uniform = [&] {
@@ -27120,6 +28453,7 @@ inline evoformer_batch evoformer_synthetic_batch(const evoformer_config& c, std:
 }
 
 }  // namespace loom::models
+#endif  // LOOM_HEADER_DEFINITIONS
 // ---- end loom/models/evoformer.hpp ----
 // ---- begin loom/models/swin.hpp ----
 // A Swin-Transformer-style hierarchical vision transformer, built with the public op API only:
@@ -27192,7 +28526,16 @@ inline evoformer_batch evoformer_synthetic_batch(const evoformer_config& c, std:
 
 namespace loom::models {
 
-inline void record_layers(graph_builder& b, const std::string& name, const std::vector<std::string>& paths) {
+LOOM_INLINE void record_layers(graph_builder& b, const std::string& name, const std::vector<std::string>& paths);
+
+}  // namespace loom::models
+
+// Definitions: compiled here (header-only) or once in loom::compiled (core/linkage.hpp).
+#if LOOM_HEADER_DEFINITIONS
+
+namespace loom::models {
+
+LOOM_INLINE void record_layers(graph_builder& b, const std::string& name, const std::vector<std::string>& paths) {
     graph& g = b.mutable_graph();
     const auto r = static_cast<std::int32_t>(g.repeats.size());
     repeat_desc rd{name, no_id, {}};
@@ -27210,6 +28553,7 @@ inline void record_layers(graph_builder& b, const std::string& name, const std::
 }
 
 }  // namespace loom::models
+#endif  // LOOM_HEADER_DEFINITIONS
 // ---- end loom/models/record_layers.hpp ----
 
 namespace loom::models {
@@ -27326,24 +28670,7 @@ namespace detail::swin {
 // with m = side / w:
 //   out[b, hb m + wb, wr w + hr, k] = t[b, (hb w + hr) side + wb w + wr, k]
 // (hb, wb: the window's row and column; hr, wr: the token's inside it). Fifteen copies.
-inline tensor to_windows(tensor t, std::int64_t side, std::int64_t w) {
-    const std::int64_t m = side / w;
-    t = ops::transpose(t);                   // [b, p, (hb hr wb wr)]
-    t = ops::split_heads(t, m * w);          // [b, (hb hr), p, (wb wr)]
-    t = ops::transpose(t);                   // [b, (hb hr), (wb wr), p]
-    t = ops::merge_heads(t);                 // [b, (wb wr), (hb hr p)]
-    t = ops::split_heads(t, m);              // [b, hb, (wb wr), (hr p)]
-    t = ops::transpose(t);                   // [b, hb, (hr p), (wb wr)]
-    t = ops::merge_heads(t);                 // [b, (hr p), (hb wb wr)]
-    t = ops::split_heads(t, m * m * w);      // [b, (hb wb wr), (hr p), 1]
-    t = ops::transpose(t);                   // [b, (hb wb wr), 1, (hr p)]
-    t = ops::merge_heads(t);                 // [b, 1, (hb wb wr hr p)]
-    t = ops::split_heads(t, m * m * w * w);  // [b, (hb wb wr hr), 1, p]
-    t = ops::transpose(t);                   // [b, (hb wb wr hr), p, 1]
-    t = ops::merge_heads(t);                 // [b, p, (hb wb wr hr)]
-    t = ops::split_heads(t, m * m);          // [b, (hb wb), p, (wr hr)]
-    return ops::transpose(t);                // [b, (hb wb), (wr hr), p]
-}
+LOOM_INLINE tensor to_windows(tensor t, std::int64_t side, std::int64_t w);
 
 // Patch merging's regrouping. t [b, m * m, w * w, c] in the layout of to_windows at side
 // m * w, to the same layout at side m * w / 2 with the 2 x 2 neighbours' channels concatenated,
@@ -27352,31 +28679,7 @@ inline tensor to_windows(tensor t, std::int64_t side, std::int64_t w) {
 //   out[b, hb' m' + wb', wr' w + hr', (dh 2 + dw) c + k] = t[b, hb m + wb, wr w + hr, k]
 // Twenty-two copies; the middle step reads the row (hb hr) as (hb' hr' dh), which is free as
 // both are the row-major digits of i.
-inline tensor merge_neighbours(tensor t, std::int64_t side, std::int64_t w) {
-    const std::int64_t m = side / w, n = m / 2;
-    t = ops::transpose(t);                       // [b, (hb wb), c, (wr hr)]
-    t = ops::merge_heads(t);                     // [b, c, (hb wb wr hr)]
-    t = ops::split_heads(t, m * m * w);          // [b, (hb wb wr), c, hr]
-    t = ops::transpose(t);                       // [b, (hb wb wr), hr, c]
-    t = ops::merge_heads(t);                     // [b, hr, (hb wb wr c)]
-    t = ops::split_heads(t, m);                  // [b, hb, hr, (wb wr c)]
-    t = ops::transpose(t);                       // [b, hb, (wb wr c), hr]
-    t = ops::merge_heads(t);                     // [b, (wb wr c), (hb hr)] = [b, (wb' wr' dw c), (hb' hr' dh)]
-    t = ops::split_heads(t, n);                  // [b, hb', (wb' wr' dw c), (hr' dh)]
-    t = ops::transpose(t);                       // [b, hb', (hr' dh), (wb' wr' dw c)]
-    t = ops::merge_heads(t);                     // [b, (hr' dh), (hb' wb' wr' dw c)]
-    t = ops::split_heads(t, n * n * w);          // [b, (hb' wb' wr'), (hr' dh), (dw c)]
-    t = ops::transpose(t);                       // [b, (hb' wb' wr'), (dw c), (hr' dh)]
-    t = ops::merge_heads(t);                     // [b, (dw c), (hb' wb' wr' hr' dh)]
-    t = ops::split_heads(t, n * n * w * w * 2);  // [b, (hb' wb' wr' hr' dh), (dw c), 1]
-    t = ops::transpose(t);                       // [b, (hb' wb' wr' hr' dh), 1, (dw c)]
-    t = ops::merge_heads(t);                     // [b, 1, (hb' wb' wr' hr' dh dw c)]
-    t = ops::split_heads(t, n * n * w * w);      // [b, (hb' wb' wr' hr'), 1, (dh dw c)]
-    t = ops::transpose(t);                       // [b, (hb' wb' wr' hr'), (dh dw c), 1]
-    t = ops::merge_heads(t);                     // [b, (dh dw c), (hb' wb' wr' hr')]
-    t = ops::split_heads(t, n * n);              // [b, (hb' wb'), (dh dw c), (wr' hr')]
-    return ops::transpose(t);                    // [b, (hb' wb'), (wr' hr'), (dh dw c)]
-}
+LOOM_INLINE tensor merge_neighbours(tensor t, std::int64_t side, std::int64_t w);
 
 // [b, windows, tokens, (heads e)] -> [b, (windows heads), tokens, e], attention's layout.
 inline tensor split_window_heads(tensor t, std::int64_t heads) {
@@ -27456,7 +28759,113 @@ struct builder_context {
 
 }  // namespace detail::swin
 
-inline swin_model swin(const swin_config& c) {
+LOOM_INLINE swin_model swin(const swin_config& c);
+
+// A deterministic synthetic batch from `seed`, for tests and demos (no downloads): labels
+// uniform over the classes, and every patch of an image its class's prototype (N(0, 1) per
+// feature, the same for every seed) plus N(0, 1) noise. Row-major: patches
+// [batch, side * side, patch_dim], labels [batch, 1].
+struct swin_batch {
+    std::vector<double> patches;
+    std::vector<std::int32_t> labels;
+};
+
+LOOM_INLINE swin_batch swin_synthetic_batch(const swin_config& c, std::uint64_t seed);
+
+// The four Swin configurations of nnScaler's Table 9 (index 0 .. 3: 1.8B, 5.0B, 10B and 27B
+// parameters; 32, 40, 48, 56 layers; hidden 512, 768, 1K, 1.5K; 16, 24, 32, 32 heads), at
+// batch 1. Table 9 gives only those; read here as Swin's stage-0 width and heads, both doubling
+// per stage, with the depth in the third stage, {2, 2, layers - 6, 2} (Swin's shape), MLP ratio
+// 4, 1536 x 1536 images in 4 x 4 RGB patches (side 384, patch_dim 48), windows of 24 x 24
+// (which divides every stage's side: 384, 192, 96, 48) and 1000 classes. The counts then come
+// to 1.79B, 4.93B, 10.4B and 27.0B (tests check them against the paper's).
+inline swin_config swin_table9(int index) {
+    struct row {
+        std::int64_t layers, embed, heads;
+    };
+    static constexpr row rows[] = {{32, 512, 16}, {40, 768, 24}, {48, 1024, 32}, {56, 1536, 32}};
+    if (index < 0 || index >= 4)
+        throw usage_error("swin_table9: index " + std::to_string(index) +
+                          " is out of range; Table 9 lists configurations 0 to 3");
+    const row& r = rows[index];
+    swin_config c;
+    c.side = 384;
+    c.patch_dim = 48;
+    c.window = 24;
+    c.embed = r.embed;
+    c.depths = {2, 2, r.layers - 6, 2};
+    c.heads = {r.heads, 2 * r.heads, 4 * r.heads, 8 * r.heads};
+    c.mlp_ratio = 4;
+    c.classes = 1000;
+    c.batch = 1;
+    return c;
+}
+
+// Table 9's label of configuration `index`, its parameter count as the paper prints it.
+inline const char* swin_table9_name(int index) {
+    static constexpr const char* names[] = {"1.8B", "5.0B", "10B", "27B"};
+    if (index < 0 || index >= 4)
+        throw usage_error("swin_table9_name: index " + std::to_string(index) +
+                          " is out of range; Table 9 lists configurations 0 to 3");
+    return names[index];
+}
+
+}  // namespace loom::models
+
+// Definitions: compiled here (header-only) or once in loom::compiled (core/linkage.hpp).
+#if LOOM_HEADER_DEFINITIONS
+
+namespace loom::models::detail::swin {
+
+LOOM_INLINE tensor to_windows(tensor t, std::int64_t side, std::int64_t w) {
+    const std::int64_t m = side / w;
+    t = ops::transpose(t);                   // [b, p, (hb hr wb wr)]
+    t = ops::split_heads(t, m * w);          // [b, (hb hr), p, (wb wr)]
+    t = ops::transpose(t);                   // [b, (hb hr), (wb wr), p]
+    t = ops::merge_heads(t);                 // [b, (wb wr), (hb hr p)]
+    t = ops::split_heads(t, m);              // [b, hb, (wb wr), (hr p)]
+    t = ops::transpose(t);                   // [b, hb, (hr p), (wb wr)]
+    t = ops::merge_heads(t);                 // [b, (hr p), (hb wb wr)]
+    t = ops::split_heads(t, m * m * w);      // [b, (hb wb wr), (hr p), 1]
+    t = ops::transpose(t);                   // [b, (hb wb wr), 1, (hr p)]
+    t = ops::merge_heads(t);                 // [b, 1, (hb wb wr hr p)]
+    t = ops::split_heads(t, m * m * w * w);  // [b, (hb wb wr hr), 1, p]
+    t = ops::transpose(t);                   // [b, (hb wb wr hr), p, 1]
+    t = ops::merge_heads(t);                 // [b, p, (hb wb wr hr)]
+    t = ops::split_heads(t, m * m);          // [b, (hb wb), p, (wr hr)]
+    return ops::transpose(t);                // [b, (hb wb), (wr hr), p]
+}
+
+LOOM_INLINE tensor merge_neighbours(tensor t, std::int64_t side, std::int64_t w) {
+    const std::int64_t m = side / w, n = m / 2;
+    t = ops::transpose(t);                       // [b, (hb wb), c, (wr hr)]
+    t = ops::merge_heads(t);                     // [b, c, (hb wb wr hr)]
+    t = ops::split_heads(t, m * m * w);          // [b, (hb wb wr), c, hr]
+    t = ops::transpose(t);                       // [b, (hb wb wr), hr, c]
+    t = ops::merge_heads(t);                     // [b, hr, (hb wb wr c)]
+    t = ops::split_heads(t, m);                  // [b, hb, hr, (wb wr c)]
+    t = ops::transpose(t);                       // [b, hb, (wb wr c), hr]
+    t = ops::merge_heads(t);                     // [b, (wb wr c), (hb hr)] = [b, (wb' wr' dw c), (hb' hr' dh)]
+    t = ops::split_heads(t, n);                  // [b, hb', (wb' wr' dw c), (hr' dh)]
+    t = ops::transpose(t);                       // [b, hb', (hr' dh), (wb' wr' dw c)]
+    t = ops::merge_heads(t);                     // [b, (hr' dh), (hb' wb' wr' dw c)]
+    t = ops::split_heads(t, n * n * w);          // [b, (hb' wb' wr'), (hr' dh), (dw c)]
+    t = ops::transpose(t);                       // [b, (hb' wb' wr'), (dw c), (hr' dh)]
+    t = ops::merge_heads(t);                     // [b, (dw c), (hb' wb' wr' hr' dh)]
+    t = ops::split_heads(t, n * n * w * w * 2);  // [b, (hb' wb' wr' hr' dh), (dw c), 1]
+    t = ops::transpose(t);                       // [b, (hb' wb' wr' hr' dh), 1, (dw c)]
+    t = ops::merge_heads(t);                     // [b, 1, (hb' wb' wr' hr' dh dw c)]
+    t = ops::split_heads(t, n * n * w * w);      // [b, (hb' wb' wr' hr'), 1, (dh dw c)]
+    t = ops::transpose(t);                       // [b, (hb' wb' wr' hr'), (dh dw c), 1]
+    t = ops::merge_heads(t);                     // [b, (dh dw c), (hb' wb' wr' hr')]
+    t = ops::split_heads(t, n * n);              // [b, (hb' wb'), (dh dw c), (wr' hr')]
+    return ops::transpose(t);                    // [b, (hb' wb'), (wr' hr'), (dh dw c)]
+}
+}  // namespace loom::models::detail::swin
+
+namespace loom::models {
+
+LOOM_INLINE swin_model swin(const swin_config& c) {
     c.validate();
     swin_model m;
     m.config = c;
@@ -27503,16 +28912,7 @@ inline swin_model swin(const swin_config& c) {
     return m;
 }
 
-// A deterministic synthetic batch from `seed`, for tests and demos (no downloads): labels
-// uniform over the classes, and every patch of an image its class's prototype (N(0, 1) per
-// feature, the same for every seed) plus N(0, 1) noise. Row-major: patches
-// [batch, side * side, patch_dim], labels [batch, 1].
-struct swin_batch {
-    std::vector<double> patches;
-    std::vector<std::int32_t> labels;
-};
-
-inline swin_batch swin_synthetic_batch(const swin_config& c, std::uint64_t seed) {
+LOOM_INLINE swin_batch swin_synthetic_batch(const swin_config& c, std::uint64_t seed) {
     c.validate();
     auto uniform = [](std::uint64_t key, std::uint64_t i) {
         return static_cast<double>(splitmix64(key * 0x9e3779b97f4a7c15ull + i) >> 11) * 0x1.0p-53;
@@ -27539,45 +28939,8 @@ inline swin_batch swin_synthetic_batch(const swin_config& c, std::uint64_t seed)
     return out;
 }
 
-// The four Swin configurations of nnScaler's Table 9 (index 0 .. 3: 1.8B, 5.0B, 10B and 27B
-// parameters; 32, 40, 48, 56 layers; hidden 512, 768, 1K, 1.5K; 16, 24, 32, 32 heads), at
-// batch 1. Table 9 gives only those; read here as Swin's stage-0 width and heads, both doubling
-// per stage, with the depth in the third stage, {2, 2, layers - 6, 2} (Swin's shape), MLP ratio
-// 4, 1536 x 1536 images in 4 x 4 RGB patches (side 384, patch_dim 48), windows of 24 x 24
-// (which divides every stage's side: 384, 192, 96, 48) and 1000 classes. The counts then come
-// to 1.79B, 4.93B, 10.4B and 27.0B (tests check them against the paper's).
-inline swin_config swin_table9(int index) {
-    struct row {
-        std::int64_t layers, embed, heads;
-    };
-    static constexpr row rows[] = {{32, 512, 16}, {40, 768, 24}, {48, 1024, 32}, {56, 1536, 32}};
-    if (index < 0 || index >= 4)
-        throw usage_error("swin_table9: index " + std::to_string(index) +
-                          " is out of range; Table 9 lists configurations 0 to 3");
-    const row& r = rows[index];
-    swin_config c;
-    c.side = 384;
-    c.patch_dim = 48;
-    c.window = 24;
-    c.embed = r.embed;
-    c.depths = {2, 2, r.layers - 6, 2};
-    c.heads = {r.heads, 2 * r.heads, 4 * r.heads, 8 * r.heads};
-    c.mlp_ratio = 4;
-    c.classes = 1000;
-    c.batch = 1;
-    return c;
-}
-
-// Table 9's label of configuration `index`, its parameter count as the paper prints it.
-inline const char* swin_table9_name(int index) {
-    static constexpr const char* names[] = {"1.8B", "5.0B", "10B", "27B"};
-    if (index < 0 || index >= 4)
-        throw usage_error("swin_table9_name: index " + std::to_string(index) +
-                          " is out of range; Table 9 lists configurations 0 to 3");
-    return names[index];
-}
-
 }  // namespace loom::models
+#endif  // LOOM_HEADER_DEFINITIONS
 // ---- end loom/models/swin.hpp ----
 // ---- begin loom/models/t5.hpp ----
 // T5, the encoder-decoder transformer, with one embedding table shared by the encoder input,
@@ -27763,7 +29126,64 @@ struct builder_context {
 
 }  // namespace detail::t5
 
-inline t5_model t5(const t5_config& c) {
+LOOM_INLINE t5_model t5(const t5_config& c);
+
+// A deterministic synthetic batch from `seed`, for tests and demos (no downloads): source
+// tokens uniform in [1, vocab), the targets the source reversed (position t of the target
+// is position source_seq - 1 - t of the source, cyclically when target_seq > source_seq),
+// target_in the targets shifted right behind the start token 0, and positions 0, 1, ... .
+// All row-major [batch, seq].
+struct t5_batch {
+    std::vector<std::int32_t> source, target_in, targets, source_positions, target_positions;
+};
+
+LOOM_INLINE t5_batch t5_synthetic_batch(const t5_config& c, std::uint64_t seed);
+
+// The four T5 configurations of nnScaler's Table 9 (index 0 .. 3: 3.9B, 11B, 21B and 47B
+// parameters; 48, 64, 64, 64 layers; hidden 2K, 3K, 4K, 6K; 32, 48, 64, 96 heads), at batch 1.
+// Table 9 gives only those; the rest is chosen here: mT5's vocabulary (250112 tokens, the
+// table the interlaced pipeline splits), the layers split evenly between encoder and decoder,
+// ffn = 4 * hidden in the gated GELU (three hidden x ffn matrices, as mT5's), sequences of 1024.
+// The counts then come to 4.14B, 11.6B, 20.4B and 45.0B (tests check them against the paper's).
+inline t5_config t5_table9(int index) {
+    struct row {
+        std::int64_t layers, hidden, heads;
+    };
+    static constexpr row rows[] = {{48, 2048, 32}, {64, 3072, 48}, {64, 4096, 64}, {64, 6144, 96}};
+    if (index < 0 || index >= 4)
+        throw usage_error("t5_table9: index " + std::to_string(index) +
+                          " is out of range; Table 9 lists configurations 0 to 3");
+    const row& r = rows[index];
+    t5_config c;
+    c.encoder_layers = r.layers / 2;
+    c.decoder_layers = r.layers / 2;
+    c.hidden = r.hidden;
+    c.heads = r.heads;
+    c.ffn = 4 * r.hidden;
+    c.vocab = 250112;
+    c.source_seq = 1024;
+    c.target_seq = 1024;
+    c.batch = 1;
+    return c;
+}
+
+// Table 9's label of configuration `index`, its parameter count as the paper prints it.
+inline const char* t5_table9_name(int index) {
+    static constexpr const char* names[] = {"3.9B", "11B", "21B", "47B"};
+    if (index < 0 || index >= 4)
+        throw usage_error("t5_table9_name: index " + std::to_string(index) +
+                          " is out of range; Table 9 lists configurations 0 to 3");
+    return names[index];
+}
+
+}  // namespace loom::models
+
+// Definitions: compiled here (header-only) or once in loom::compiled (core/linkage.hpp).
+#if LOOM_HEADER_DEFINITIONS
+
+namespace loom::models {
+
+LOOM_INLINE t5_model t5(const t5_config& c) {
     c.validate();
     t5_model m;
     m.config = c;
@@ -27818,16 +29238,7 @@ inline t5_model t5(const t5_config& c) {
     return m;
 }
 
-// A deterministic synthetic batch from `seed`, for tests and demos (no downloads): source
-// tokens uniform in [1, vocab), the targets the source reversed (position t of the target
-// is position source_seq - 1 - t of the source, cyclically when target_seq > source_seq),
-// target_in the targets shifted right behind the start token 0, and positions 0, 1, ... .
-// All row-major [batch, seq].
-struct t5_batch {
-    std::vector<std::int32_t> source, target_in, targets, source_positions, target_positions;
-};
-
-inline t5_batch t5_synthetic_batch(const t5_config& c, std::uint64_t seed) {
+LOOM_INLINE t5_batch t5_synthetic_batch(const t5_config& c, std::uint64_t seed) {
     c.validate();
     std::uint64_t counter = 0;
     auto token = [&] {  // uniform in [1, vocab)
@@ -27851,43 +29262,7 @@ inline t5_batch t5_synthetic_batch(const t5_config& c, std::uint64_t seed) {
     return out;
 }
 
-// The four T5 configurations of nnScaler's Table 9 (index 0 .. 3: 3.9B, 11B, 21B and 47B
-// parameters; 48, 64, 64, 64 layers; hidden 2K, 3K, 4K, 6K; 32, 48, 64, 96 heads), at batch 1.
-// Table 9 gives only those; the rest is chosen here: mT5's vocabulary (250112 tokens, the
-// table the interlaced pipeline splits), the layers split evenly between encoder and decoder,
-// ffn = 4 * hidden in the gated GELU (three hidden x ffn matrices, as mT5's), sequences of 1024.
-// The counts then come to 4.14B, 11.6B, 20.4B and 45.0B (tests check them against the paper's).
-inline t5_config t5_table9(int index) {
-    struct row {
-        std::int64_t layers, hidden, heads;
-    };
-    static constexpr row rows[] = {{48, 2048, 32}, {64, 3072, 48}, {64, 4096, 64}, {64, 6144, 96}};
-    if (index < 0 || index >= 4)
-        throw usage_error("t5_table9: index " + std::to_string(index) +
-                          " is out of range; Table 9 lists configurations 0 to 3");
-    const row& r = rows[index];
-    t5_config c;
-    c.encoder_layers = r.layers / 2;
-    c.decoder_layers = r.layers / 2;
-    c.hidden = r.hidden;
-    c.heads = r.heads;
-    c.ffn = 4 * r.hidden;
-    c.vocab = 250112;
-    c.source_seq = 1024;
-    c.target_seq = 1024;
-    c.batch = 1;
-    return c;
-}
-
-// Table 9's label of configuration `index`, its parameter count as the paper prints it.
-inline const char* t5_table9_name(int index) {
-    static constexpr const char* names[] = {"3.9B", "11B", "21B", "47B"};
-    if (index < 0 || index >= 4)
-        throw usage_error("t5_table9_name: index " + std::to_string(index) +
-                          " is out of range; Table 9 lists configurations 0 to 3");
-    return names[index];
-}
-
 }  // namespace loom::models
+#endif  // LOOM_HEADER_DEFINITIONS
 // ---- end loom/models/t5.hpp ----
 // ---- end loom/loom.hpp ----

@@ -11,6 +11,7 @@
 #include <vector>
 
 #include <loom/core/error.hpp>
+#include <loom/core/linkage.hpp>
 #include <loom/graph/builder.hpp>
 #include <loom/ops/add.hpp>
 #include <loom/ops/fill.hpp>
@@ -18,7 +19,16 @@
 
 namespace loom {
 
-inline void build_backward(graph_builder& b) {
+LOOM_INLINE void build_backward(graph_builder& b);
+
+}  // namespace loom
+
+// Definitions: compiled here (header-only) or once in loom::compiled (core/linkage.hpp).
+#if LOOM_HEADER_DEFINITIONS
+
+namespace loom {
+
+LOOM_INLINE void build_backward(graph_builder& b) {
     const graph& g = b.view();
     if (g.loss == no_id) throw usage_error("build_backward: the graph has no loss; call graph_builder::set_loss first");
     if (!g.gradients.empty()) throw usage_error("build_backward: the graph already has a backward pass");
@@ -117,3 +127,4 @@ inline void build_backward(graph_builder& b) {
 }
 
 }  // namespace loom
+#endif  // LOOM_HEADER_DEFINITIONS

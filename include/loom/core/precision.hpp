@@ -12,12 +12,25 @@
 #include <cstdint>
 #include <string_view>
 
+#include <loom/core/linkage.hpp>
+
 namespace loom {
 
 enum class precision : std::uint8_t { f32, f64, f16, bf16 };
 
 // Bytes of one real number stored in precision p.
-inline std::size_t real_bytes(precision p) {
+LOOM_INLINE std::size_t real_bytes(precision p);
+
+LOOM_INLINE std::string_view to_string(precision p);
+
+}  // namespace loom
+
+// Definitions: compiled here (header-only) or once in loom::compiled (core/linkage.hpp).
+#if LOOM_HEADER_DEFINITIONS
+
+namespace loom {
+
+LOOM_INLINE std::size_t real_bytes(precision p) {
     switch (p) {
         case precision::f32: return 4;
         case precision::f64: return 8;
@@ -27,7 +40,7 @@ inline std::size_t real_bytes(precision p) {
     return 4;
 }
 
-inline std::string_view to_string(precision p) {
+LOOM_INLINE std::string_view to_string(precision p) {
     switch (p) {
         case precision::f32: return "f32";
         case precision::f64: return "f64";
@@ -38,3 +51,4 @@ inline std::string_view to_string(precision p) {
 }
 
 }  // namespace loom
+#endif  // LOOM_HEADER_DEFINITIONS

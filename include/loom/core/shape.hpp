@@ -7,6 +7,7 @@
 #include <vector>
 
 #include <loom/core/dim.hpp>
+#include <loom/core/linkage.hpp>
 
 namespace loom {
 
@@ -70,7 +71,16 @@ private:
 };
 
 // The same extents, ignoring names.
-inline bool same_extents(const shape& a, const shape& b) {
+LOOM_INLINE bool same_extents(const shape& a, const shape& b);
+
+}  // namespace loom
+
+// Definitions: compiled here (header-only) or once in loom::compiled (core/linkage.hpp).
+#if LOOM_HEADER_DEFINITIONS
+
+namespace loom {
+
+LOOM_INLINE bool same_extents(const shape& a, const shape& b) {
     if (a.rank() != b.rank()) return false;
     for (std::size_t i = 0; i < a.rank(); ++i)
         if (a.extent(i) != b.extent(i)) return false;
@@ -78,3 +88,4 @@ inline bool same_extents(const shape& a, const shape& b) {
 }
 
 }  // namespace loom
+#endif  // LOOM_HEADER_DEFINITIONS

@@ -29,20 +29,14 @@
 #include <vector>
 
 #include <loom/core/error.hpp>
+#include <loom/core/linkage.hpp>
 #include <loom/core/shape.hpp>
 
 namespace loom {
 
 enum class dim_role : std::uint8_t { spatial, contracted, frozen };
 
-inline std::string_view to_string(dim_role r) {
-    switch (r) {
-        case dim_role::spatial: return "spatial";
-        case dim_role::contracted: return "contracted";
-        case dim_role::frozen: return "frozen";
-    }
-    return "?";
-}
+LOOM_INLINE std::string_view to_string(dim_role r);
 
 struct signature {
     static constexpr int max_vars = 16;
@@ -333,9 +327,32 @@ inline std::string describe_operand(std::span<const std::string> names, std::siz
 // Binds `sig` to the input shapes of a node of op `op_name`, checking every extent.
 // Errors name the op, the input, its shape and the variable, e.g.
 //   "linear 'block.0.mlp.fc': input 1 'w' axis 1 (Hidden=64) must equal variable k = 128 ..."
-inline bound_signature bind_signature(const signature& sig, std::string_view op_name, std::string_view node_name,
-                                      std::span<const shape> inputs, std::span<const std::string> input_names,
-                                      std::span<const preset_variable> presets = {}) {
+LOOM_INLINE bound_signature bind_signature(const signature& sig, std::string_view op_name, std::string_view node_name,
+                                           std::span<const shape> inputs, std::span<const std::string> input_names,
+                                           std::span<const preset_variable> presets = {});
+
+// The shape of output `o` from a bound signature. A group axis needs a name: `group_dim`.
+LOOM_INLINE shape output_shape(const bound_signature& b, std::size_t o, dim_id group_dim = {});
+
+}  // namespace loom
+
+// Definitions: compiled here (header-only) or once in loom::compiled (core/linkage.hpp).
+#if LOOM_HEADER_DEFINITIONS
+
+namespace loom {
+
+LOOM_INLINE std::string_view to_string(dim_role r) {
+    switch (r) {
+        case dim_role::spatial: return "spatial";
+        case dim_role::contracted: return "contracted";
+        case dim_role::frozen: return "frozen";
+    }
+    return "?";
+}
+
+LOOM_INLINE bound_signature bind_signature(const signature& sig, std::string_view op_name, std::string_view node_name,
+                                           std::span<const shape> inputs, std::span<const std::string> input_names,
+                                           std::span<const preset_variable> presets) {
     auto where = [&] {
         std::string s(op_name);
         if (!node_name.empty()) s += " '" + std::string(node_name) + "'";
@@ -479,8 +496,7 @@ inline bound_signature bind_signature(const signature& sig, std::string_view op_
     return b;
 }
 
-// The shape of output `o` from a bound signature. A group axis needs a name: `group_dim`.
-inline shape output_shape(const bound_signature& b, std::size_t o, dim_id group_dim = {}) {
+LOOM_INLINE shape output_shape(const bound_signature& b, std::size_t o, dim_id group_dim) {
     shape s;
     for (const auto& members : b.output_axes[o]) {
         std::int64_t extent = 1;
@@ -492,3 +508,4 @@ inline shape output_shape(const bound_signature& b, std::size_t o, dim_id group_
 }
 
 }  // namespace loom
+#endif  // LOOM_HEADER_DEFINITIONS

@@ -9,12 +9,22 @@
 #include <string>
 #include <string_view>
 
+#include <loom/core/linkage.hpp>
 #include <loom/graph/graph.hpp>
 #include <loom/graph/op.hpp>
 
 namespace loom {
 
-inline std::string model_fingerprint(const graph& g) {
+LOOM_INLINE std::string model_fingerprint(const graph& g);
+
+}  // namespace loom
+
+// Definitions: compiled here (header-only) or once in loom::compiled (core/linkage.hpp).
+#if LOOM_HEADER_DEFINITIONS
+
+namespace loom {
+
+LOOM_INLINE std::string model_fingerprint(const graph& g) {
     std::uint64_t h = 1469598103934665603ull;  // FNV-1a
     auto mix = [&](std::string_view s) {
         for (unsigned char c : s) h = (h ^ c) * 1099511628211ull;
@@ -32,3 +42,4 @@ inline std::string model_fingerprint(const graph& g) {
 }
 
 }  // namespace loom
+#endif  // LOOM_HEADER_DEFINITIONS

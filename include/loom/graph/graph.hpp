@@ -7,6 +7,7 @@
 #include <string>
 #include <vector>
 
+#include <loom/core/linkage.hpp>
 #include <loom/core/shape.hpp>
 #include <loom/core/signature.hpp>
 #include <loom/graph/attributes.hpp>
@@ -31,15 +32,7 @@ enum class tensor_role : std::uint8_t {
     gradient,    // the gradient of a parameter, read by the optimizer
 };
 
-inline std::string_view to_string(tensor_role r) {
-    switch (r) {
-        case tensor_role::input: return "input";
-        case tensor_role::parameter: return "parameter";
-        case tensor_role::activation: return "activation";
-        case tensor_role::gradient: return "gradient";
-    }
-    return "?";
-}
+LOOM_INLINE std::string_view to_string(tensor_role r);
 
 struct tensor_desc {
     std::string name;
@@ -127,3 +120,21 @@ public:
 };
 
 }  // namespace loom
+
+// Definitions: compiled here (header-only) or once in loom::compiled (core/linkage.hpp).
+#if LOOM_HEADER_DEFINITIONS
+
+namespace loom {
+
+LOOM_INLINE std::string_view to_string(tensor_role r) {
+    switch (r) {
+        case tensor_role::input: return "input";
+        case tensor_role::parameter: return "parameter";
+        case tensor_role::activation: return "activation";
+        case tensor_role::gradient: return "gradient";
+    }
+    return "?";
+}
+
+}  // namespace loom
+#endif  // LOOM_HEADER_DEFINITIONS

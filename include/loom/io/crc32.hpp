@@ -9,6 +9,8 @@
 #include <span>
 #include <string_view>
 
+#include <loom/core/linkage.hpp>
+
 namespace loom::io {
 
 namespace detail {
@@ -34,7 +36,20 @@ inline std::uint32_t load_le32(const std::byte* p) noexcept {
 }  // namespace detail
 
 // `previous` is the checksum of the bytes before these (0 for the start of a stream).
-inline std::uint32_t crc32(std::span<const std::byte> bytes, std::uint32_t previous = 0) noexcept {
+LOOM_INLINE std::uint32_t crc32(std::span<const std::byte> bytes, std::uint32_t previous = 0) noexcept;
+
+inline std::uint32_t crc32(std::string_view text, std::uint32_t previous = 0) noexcept {
+    return crc32(std::as_bytes(std::span(text.data(), text.size())), previous);
+}
+
+}  // namespace loom::io
+
+// Definitions: compiled here (header-only) or once in loom::compiled (core/linkage.hpp).
+#if LOOM_HEADER_DEFINITIONS
+
+namespace loom::io {
+
+LOOM_INLINE std::uint32_t crc32(std::span<const std::byte> bytes, std::uint32_t previous) noexcept {
     const auto& t = detail::crc32_tables;
     std::uint32_t c = ~previous;
     const std::byte* p = bytes.data();
@@ -48,8 +63,5 @@ inline std::uint32_t crc32(std::span<const std::byte> bytes, std::uint32_t previ
     return ~c;
 }
 
-inline std::uint32_t crc32(std::string_view text, std::uint32_t previous = 0) noexcept {
-    return crc32(std::as_bytes(std::span(text.data(), text.size())), previous);
-}
-
 }  // namespace loom::io
+#endif  // LOOM_HEADER_DEFINITIONS

@@ -20,6 +20,7 @@
 #include <string>
 
 #include <loom/core/error.hpp>
+#include <loom/core/linkage.hpp>
 
 namespace loom::io {
 
@@ -33,18 +34,7 @@ struct write_faults {
 namespace detail {
 inline std::string errno_text(int code) { return std::string(std::strerror(code)); }
 
-inline void fsync_path(const std::filesystem::path& path, bool directory, std::string_view who) {
-    const int fd = ::open(path.c_str(), (directory ? O_RDONLY | O_DIRECTORY : O_RDONLY) | O_CLOEXEC);
-    if (fd < 0)
-        throw data_error(std::string(who) + ": cannot open '" + path.string() + "' to flush it: " + errno_text(errno) +
-                         "; check that the directory exists and is readable");
-    const int rc = ::fsync(fd);
-    const int code = errno;
-    ::close(fd);
-    if (rc != 0 && code != EINVAL)  // some file systems cannot fsync directories
-        throw data_error(std::string(who) + ": flushing '" + path.string() + "' to disk failed: " + errno_text(code) +
-                         "; check the disk");
-}
+LOOM_INLINE void fsync_path(const std::filesystem::path& path, bool directory, std::string_view who);
 }  // namespace detail
 
 // Flushes a directory's entries (new names, renames) to disk.
@@ -126,3 +116,24 @@ inline void write_file_durably(const std::filesystem::path& target, std::string_
 }
 
 }  // namespace loom::io
+
+// Definitions: compiled here (header-only) or once in loom::compiled (core/linkage.hpp).
+#if LOOM_HEADER_DEFINITIONS
+
+namespace loom::io::detail {
+
+LOOM_INLINE void fsync_path(const std::filesystem::path& path, bool directory, std::string_view who) {
+    const int fd = ::open(path.c_str(), (directory ? O_RDONLY | O_DIRECTORY : O_RDONLY) | O_CLOEXEC);
+    if (fd < 0)
+        throw data_error(std::string(who) + ": cannot open '" + path.string() + "' to flush it: " + errno_text(errno) +
+                         "; check that the directory exists and is readable");
+    const int rc = ::fsync(fd);
+    const int code = errno;
+    ::close(fd);
+    if (rc != 0 && code != EINVAL)  // some file systems cannot fsync directories
+        throw data_error(std::string(who) + ": flushing '" + path.string() + "' to disk failed: " + errno_text(code) +
+                         "; check the disk");
+}
+
+}  // namespace loom::io::detail
+#endif  // LOOM_HEADER_DEFINITIONS

@@ -40,6 +40,7 @@
 #include <vector>
 
 #include <loom/core/error.hpp>
+#include <loom/core/linkage.hpp>
 #include <loom/io/safetensors.hpp>
 #include <loom/models/gpt.hpp>
 
@@ -48,13 +49,7 @@ namespace loom::io {
 namespace detail {
 
 // [rows, cols] row-major -> [cols, rows] row-major.
-inline std::vector<double> transposed(const std::vector<double>& m, std::int64_t rows, std::int64_t cols) {
-    std::vector<double> t(m.size());
-    for (std::int64_t r = 0; r < rows; ++r)
-        for (std::int64_t c = 0; c < cols; ++c)
-            t[static_cast<std::size_t>(c * rows + r)] = m[static_cast<std::size_t>(r * cols + c)];
-    return t;
-}
+LOOM_INLINE std::vector<double> transposed(const std::vector<double>& m, std::int64_t rows, std::int64_t cols);
 
 class gpt2_reader {
 public:
@@ -119,8 +114,79 @@ private:
 
 // The GPT-2 file's weights in loom's names and layouts (as doubles), for a model built with
 // `c`. Throws loom::data_error when the file does not fit the configuration.
-inline std::map<std::string, std::vector<double>> read_gpt2_weights(const std::filesystem::path& path,
-                                                                    const models::gpt_config& c) {
+LOOM_INLINE std::map<std::string, std::vector<double>> read_gpt2_weights(const std::filesystem::path& path,
+                                                                         const models::gpt_config& c);
+
+// Writes loom GPT weights (`parameter(name)` returns loom's tensor `name`, row-major, in
+// loom's layout) as a GPT-2 safetensors file, in dtype `type` (F32, as GPT-2 ships, or F64).
+template <class Get>
+void write_gpt2_weights(const std::filesystem::path& path, const models::gpt_config& c, Get&& parameter,
+                        dtype type = dtype::f32) {
+    if (type != dtype::f32 && type != dtype::f64)
+        throw usage_error("write_gpt2_weights: dtype " + std::string(dtype_name(type)) + " is not F32 or F64; pick one");
+    const std::int64_t H = c.hidden, F = c.ffn_size(), V = c.vocab;
+    safetensors_writer w;
+    auto get = [&](const std::string& name) {
+        const auto v = parameter(name);
+        return std::vector<double>(v.begin(), v.end());
+    };
+    auto add = [&](const std::string& name, std::vector<std::int64_t> shape, const std::vector<double>& v) {
+        if (type == dtype::f64)
+            w.add(name, type, std::move(shape), v);
+        else
+            w.add(name, type, std::move(shape), std::vector<float>(v.begin(), v.end()));
+    };
+    add("wte.weight", {V, H}, get("wte"));
+    add("wpe.weight", {c.seq, H}, get("wpe"));
+    for (std::int64_t i = 0; i < c.layers; ++i) {
+        const std::string g = "h." + std::to_string(i) + ".", l = "blocks." + std::to_string(i) + ".";
+        for (const char* ln : {"ln_1", "ln_2"}) {
+            add(g + ln + ".weight", {H}, get(l + ln + ".weight"));
+            add(g + ln + ".bias", {H}, get(l + ln + ".bias"));
+        }
+        std::vector<double> qkv, qkv_bias;
+        for (const char* p : {"q", "k", "v"}) {
+            const auto wp = get(l + "attn." + p + ".weight");
+            const auto bp = get(l + "attn." + p + ".bias");
+            qkv.insert(qkv.end(), wp.begin(), wp.end());
+            qkv_bias.insert(qkv_bias.end(), bp.begin(), bp.end());
+        }
+        add(g + "attn.c_attn.weight", {H, 3 * H}, detail::transposed(qkv, 3 * H, H));
+        add(g + "attn.c_attn.bias", {3 * H}, qkv_bias);
+        add(g + "attn.c_proj.weight", {H, H}, detail::transposed(get(l + "attn.proj.weight"), H, H));
+        add(g + "attn.c_proj.bias", {H}, get(l + "attn.proj.bias"));
+        add(g + "mlp.c_fc.weight", {H, F}, detail::transposed(get(l + "mlp.fc.weight"), F, H));
+        add(g + "mlp.c_fc.bias", {F}, get(l + "mlp.fc.bias"));
+        add(g + "mlp.c_proj.weight", {F, H}, detail::transposed(get(l + "mlp.proj.weight"), H, F));
+        add(g + "mlp.c_proj.bias", {H}, get(l + "mlp.proj.bias"));
+    }
+    add("ln_f.weight", {H}, get("ln_f.weight"));
+    add("ln_f.bias", {H}, get("ln_f.bias"));
+    if (!c.tie_embeddings) add("lm_head.weight", {V, H}, get("lm_head"));
+    w.metadata("format", "pt");
+    w.write(path);
+}
+
+}  // namespace loom::io
+
+// Definitions: compiled here (header-only) or once in loom::compiled (core/linkage.hpp).
+#if LOOM_HEADER_DEFINITIONS
+
+namespace loom::io::detail {
+
+LOOM_INLINE std::vector<double> transposed(const std::vector<double>& m, std::int64_t rows, std::int64_t cols) {
+    std::vector<double> t(m.size());
+    for (std::int64_t r = 0; r < rows; ++r)
+        for (std::int64_t c = 0; c < cols; ++c)
+            t[static_cast<std::size_t>(c * rows + r)] = m[static_cast<std::size_t>(r * cols + c)];
+    return t;
+}
+}  // namespace loom::io::detail
+
+namespace loom::io {
+
+LOOM_INLINE std::map<std::string, std::vector<double>> read_gpt2_weights(const std::filesystem::path& path,
+                                                                         const models::gpt_config& c) {
     detail::gpt2_reader f(path);
     const std::int64_t H = c.hidden, F = c.ffn_size(), V = c.vocab;
     const int layers = f.layers_in_file();
@@ -178,54 +244,5 @@ inline std::map<std::string, std::vector<double>> read_gpt2_weights(const std::f
     return out;
 }
 
-// Writes loom GPT weights (`parameter(name)` returns loom's tensor `name`, row-major, in
-// loom's layout) as a GPT-2 safetensors file, in dtype `type` (F32, as GPT-2 ships, or F64).
-template <class Get>
-void write_gpt2_weights(const std::filesystem::path& path, const models::gpt_config& c, Get&& parameter,
-                        dtype type = dtype::f32) {
-    if (type != dtype::f32 && type != dtype::f64)
-        throw usage_error("write_gpt2_weights: dtype " + std::string(dtype_name(type)) + " is not F32 or F64; pick one");
-    const std::int64_t H = c.hidden, F = c.ffn_size(), V = c.vocab;
-    safetensors_writer w;
-    auto get = [&](const std::string& name) {
-        const auto v = parameter(name);
-        return std::vector<double>(v.begin(), v.end());
-    };
-    auto add = [&](const std::string& name, std::vector<std::int64_t> shape, const std::vector<double>& v) {
-        if (type == dtype::f64)
-            w.add(name, type, std::move(shape), v);
-        else
-            w.add(name, type, std::move(shape), std::vector<float>(v.begin(), v.end()));
-    };
-    add("wte.weight", {V, H}, get("wte"));
-    add("wpe.weight", {c.seq, H}, get("wpe"));
-    for (std::int64_t i = 0; i < c.layers; ++i) {
-        const std::string g = "h." + std::to_string(i) + ".", l = "blocks." + std::to_string(i) + ".";
-        for (const char* ln : {"ln_1", "ln_2"}) {
-            add(g + ln + ".weight", {H}, get(l + ln + ".weight"));
-            add(g + ln + ".bias", {H}, get(l + ln + ".bias"));
-        }
-        std::vector<double> qkv, qkv_bias;
-        for (const char* p : {"q", "k", "v"}) {
-            const auto wp = get(l + "attn." + p + ".weight");
-            const auto bp = get(l + "attn." + p + ".bias");
-            qkv.insert(qkv.end(), wp.begin(), wp.end());
-            qkv_bias.insert(qkv_bias.end(), bp.begin(), bp.end());
-        }
-        add(g + "attn.c_attn.weight", {H, 3 * H}, detail::transposed(qkv, 3 * H, H));
-        add(g + "attn.c_attn.bias", {3 * H}, qkv_bias);
-        add(g + "attn.c_proj.weight", {H, H}, detail::transposed(get(l + "attn.proj.weight"), H, H));
-        add(g + "attn.c_proj.bias", {H}, get(l + "attn.proj.bias"));
-        add(g + "mlp.c_fc.weight", {H, F}, detail::transposed(get(l + "mlp.fc.weight"), F, H));
-        add(g + "mlp.c_fc.bias", {F}, get(l + "mlp.fc.bias"));
-        add(g + "mlp.c_proj.weight", {F, H}, detail::transposed(get(l + "mlp.proj.weight"), H, F));
-        add(g + "mlp.c_proj.bias", {H}, get(l + "mlp.proj.bias"));
-    }
-    add("ln_f.weight", {H}, get("ln_f.weight"));
-    add("ln_f.bias", {H}, get("ln_f.bias"));
-    if (!c.tie_embeddings) add("lm_head.weight", {V, H}, get("lm_head"));
-    w.metadata("format", "pt");
-    w.write(path);
-}
-
 }  // namespace loom::io
+#endif  // LOOM_HEADER_DEFINITIONS

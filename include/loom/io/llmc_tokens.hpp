@@ -19,6 +19,7 @@
 #include <vector>
 
 #include <loom/core/error.hpp>
+#include <loom/core/linkage.hpp>
 
 namespace loom::io {
 
@@ -41,7 +42,20 @@ inline constexpr const char* llmc_fix =
     "regenerate the shard with llm.c's data scripts (dev/data/*.py) or loom::io::write_llmc_tokens";
 }  // namespace detail
 
-inline llmc_tokens read_llmc_tokens(const std::filesystem::path& path) {
+LOOM_INLINE llmc_tokens read_llmc_tokens(const std::filesystem::path& path);
+
+// Writes tokens (each in [0, 65536)) as an llm.c token shard; throws loom::usage_error for
+// a token that does not fit in uint16 and loom::data_error when the file cannot be written.
+LOOM_INLINE void write_llmc_tokens(const std::filesystem::path& path, std::span<const std::int32_t> tokens);
+
+}  // namespace loom::io
+
+// Definitions: compiled here (header-only) or once in loom::compiled (core/linkage.hpp).
+#if LOOM_HEADER_DEFINITIONS
+
+namespace loom::io {
+
+LOOM_INLINE llmc_tokens read_llmc_tokens(const std::filesystem::path& path) {
     auto fail = [&](const std::string& what) -> void {
         throw data_error("llm.c token shard '" + path.string() + "' " + what);
     };
@@ -83,9 +97,7 @@ inline llmc_tokens read_llmc_tokens(const std::filesystem::path& path) {
     return out;
 }
 
-// Writes tokens (each in [0, 65536)) as an llm.c token shard; throws loom::usage_error for
-// a token that does not fit in uint16 and loom::data_error when the file cannot be written.
-inline void write_llmc_tokens(const std::filesystem::path& path, std::span<const std::int32_t> tokens) {
+LOOM_INLINE void write_llmc_tokens(const std::filesystem::path& path, std::span<const std::int32_t> tokens) {
     std::string bytes(llmc_header_bytes + 2 * tokens.size(), '\0');
     auto put32 = [&](std::size_t at, std::uint32_t v) {
         for (int i = 0; i < 4; ++i) bytes[at + static_cast<std::size_t>(i)] = static_cast<char>((v >> (8 * i)) & 0xFF);
@@ -110,3 +122,4 @@ inline void write_llmc_tokens(const std::filesystem::path& path, std::span<const
 }
 
 }  // namespace loom::io
+#endif  // LOOM_HEADER_DEFINITIONS

@@ -35,6 +35,7 @@
 #include <nlohmann/json.hpp>
 
 #include <loom/core/error.hpp>
+#include <loom/core/linkage.hpp>
 #include <loom/graph/fingerprint.hpp>
 #include <loom/graph/graph.hpp>
 #include <loom/graph/op.hpp>
@@ -131,7 +132,31 @@ struct reader {
 
 constexpr std::int64_t int_max = std::numeric_limits<int>::max();
 
-inline plan::order_policy read_policy(const reader& r, const nlohmann::json& j, const std::string& where) {
+LOOM_INLINE plan::order_policy read_policy(const reader& r, const nlohmann::json& j, const std::string& where);
+
+LOOM_INLINE plan::rule read_rule(const reader& r, const nlohmann::json& j, const std::string& where);
+
+}  // namespace detail
+
+LOOM_INLINE nlohmann::json to_json(const plan::plan_spec& p, const graph* model = nullptr);
+
+// `file` names the source in errors. With a model, a plan made for another one is refused.
+LOOM_INLINE plan::plan_spec plan_from_json(const nlohmann::json& j, const std::string& file, const graph* model = nullptr);
+
+LOOM_INLINE void save_plan(const plan::plan_spec& p, const std::string& path, const graph* model = nullptr);
+inline void save_plan(const plan::plan_spec& p, const std::string& path, const graph& model) { save_plan(p, path, &model); }
+
+LOOM_INLINE plan::plan_spec load_plan(const std::string& path, const graph* model = nullptr);
+inline plan::plan_spec load_plan(const std::string& path, const graph& model) { return load_plan(path, &model); }
+
+}  // namespace loom::io
+
+// Definitions: compiled here (header-only) or once in loom::compiled (core/linkage.hpp).
+#if LOOM_HEADER_DEFINITIONS
+
+namespace loom::io::detail {
+
+LOOM_INLINE plan::order_policy read_policy(const reader& r, const nlohmann::json& j, const std::string& where) {
     plan::order_policy o;
     std::string kind;
     if (j.is_string()) {
@@ -153,7 +178,7 @@ inline plan::order_policy read_policy(const reader& r, const nlohmann::json& j, 
     return o;
 }
 
-inline plan::rule read_rule(const reader& r, const nlohmann::json& j, const std::string& where) {
+LOOM_INLINE plan::rule read_rule(const reader& r, const nlohmann::json& j, const std::string& where) {
     r.only(j, where, {"on", "trans", "assign", "recompute", "origin", "optional"});
     plan::rule out;
     if (j.contains("on")) {
@@ -220,10 +245,11 @@ inline plan::rule read_rule(const reader& r, const nlohmann::json& j, const std:
     if (j.contains("optional")) out.optional = r.boolean(j.at("optional"), where + ".optional");
     return out;
 }
+}  // namespace loom::io::detail
 
-}  // namespace detail
+namespace loom::io {
 
-inline nlohmann::json to_json(const plan::plan_spec& p, const graph* model = nullptr) {
+LOOM_INLINE nlohmann::json to_json(const plan::plan_spec& p, const graph* model) {
     nlohmann::json j{{"format", "loom.plan"}, {"version", plan_format_version}, {"devices", p.devices}};
     if (model)
         j["model"] = {{"fingerprint", model_fingerprint(*model)}, {"forward_nodes", model->forward_node_count()}};
@@ -303,8 +329,7 @@ inline nlohmann::json to_json(const plan::plan_spec& p, const graph* model = nul
     return j;
 }
 
-// `file` names the source in errors. With a model, a plan made for another one is refused.
-inline plan::plan_spec plan_from_json(const nlohmann::json& j, const std::string& file, const graph* model = nullptr) {
+LOOM_INLINE plan::plan_spec plan_from_json(const nlohmann::json& j, const std::string& file, const graph* model) {
     const detail::reader r{file};
     if (!j.is_object() || !j.contains("format") || j.at("format") != "loom.plan")
         r.fail("the top level", "is not a loom plan (\"format\" is not \"loom.plan\"); give a file written by "
@@ -395,16 +420,15 @@ inline plan::plan_spec plan_from_json(const nlohmann::json& j, const std::string
     return p;
 }
 
-inline void save_plan(const plan::plan_spec& p, const std::string& path, const graph* model = nullptr) {
+LOOM_INLINE void save_plan(const plan::plan_spec& p, const std::string& path, const graph* model) {
     const std::string text = to_json(p, model).dump(2) + "\n";
     std::ofstream out(path);
     if (!out) throw plan_error("save_plan: cannot write " + path + "; check that its folder exists and is writable");
     out << text;
     if (!out.flush()) throw plan_error("save_plan: writing " + path + " failed; check the disk");
 }
-inline void save_plan(const plan::plan_spec& p, const std::string& path, const graph& model) { save_plan(p, path, &model); }
 
-inline plan::plan_spec load_plan(const std::string& path, const graph* model = nullptr) {
+LOOM_INLINE plan::plan_spec load_plan(const std::string& path, const graph* model) {
     std::ifstream in(path);
     if (!in) throw plan_error("load_plan: cannot read " + path + "; check the path");
     nlohmann::json j;
@@ -415,6 +439,6 @@ inline plan::plan_spec load_plan(const std::string& path, const graph* model = n
     }
     return plan_from_json(j, path, model);
 }
-inline plan::plan_spec load_plan(const std::string& path, const graph& model) { return load_plan(path, &model); }
 
 }  // namespace loom::io
+#endif  // LOOM_HEADER_DEFINITIONS

@@ -52,6 +52,7 @@
 #include <vector>
 
 #include <loom/core/error.hpp>
+#include <loom/core/linkage.hpp>
 #include <loom/core/random.hpp>
 #include <loom/autograd/autograd.hpp>
 #include <loom/graph/builder.hpp>
@@ -179,19 +180,7 @@ namespace detail::evo {
 // no permutation op, and a reshape could not be split. Ten copies, each a law of its op:
 //   transpose "... a b -> ... b a", merge_heads "b h s d -> b s (h d)",
 //   split_heads "b s (h d) -> b h s d" (a head count of 1 or of the whole group is allowed).
-inline tensor swap_middle_axes(tensor t) {
-    const std::int64_t x = t.extent(1), y = t.extent(2);
-    t = ops::transpose(t);           // b x c y
-    t = ops::merge_heads(t);         // b c (x y)
-    t = ops::split_heads(t, x * y);  // b (x y) c 1
-    t = ops::transpose(t);           // b (x y) 1 c
-    t = ops::merge_heads(t);         // b 1 (x y c)
-    t = ops::split_heads(t, x);      // b x 1 (y c)
-    t = ops::transpose(t);           // b x (y c) 1
-    t = ops::merge_heads(t);         // b (y c) x
-    t = ops::transpose(t);           // b x (y c)
-    return ops::split_heads(t, y);   // b y x c
-}
+LOOM_INLINE tensor swap_middle_axes(tensor t);
 
 struct norm {
     tensor gamma, beta;
@@ -344,7 +333,82 @@ inline tensor linear(tensor x, const dense& d) {
 // Multi-head attention of x [b, a, n, c] along n, for every (b, a): q, k, v [b, a, n, d]
 // bind attention's "b h s d" with a in the place of heads. The heads' outputs are projected
 // separately and summed, which is the usual concatenation followed by one projection.
-inline tensor axial_attention(graph_builder& b, tensor x, const attention_params& p) {
+LOOM_INLINE tensor axial_attention(graph_builder& b, tensor x, const attention_params& p);
+
+// x + attention along axis 2 of x [b, ., ., c] (rows), or along axis 1 (columns: the two
+// middle axes swapped there and back).
+LOOM_INLINE tensor attention_branch(graph_builder& b, const std::string& scope, tensor x, const attention_params& p,
+                                    bool along_columns, const evoformer_config& c);
+
+// Pair-weighted averaging (AlphaFold 3's MSA module), per head h:
+//   w[b, i, j] = softmax_j(LN(z)[b, i, j, :] . weights_h),  out[b, s, i] = sum_j w[b, i, j] v_h[b, s, j]
+// as one matmul over the MSA with sequences folded into the columns:
+//   merge_heads(v) [b, j, (s d)],  w @ it = [b, i, (s d)],  split_heads(., s) = [b, s, i, d].
+LOOM_INLINE tensor pair_average_branch(graph_builder& b, tensor m, tensor z, const pair_average_params& p,
+                                       const evoformer_config& c);
+
+// A rank-`outer_groups` outer-product mean: group g contributes the pair feature
+//   o_g[b, i, j] = 1/s sum_{s, k} a_g[b, s, i, k] b_g[b, s, j, k]
+// projected to cz. (AlphaFold's projects all c^2 products of vec(a (x) b); this keeps one
+// contraction per group.) With sequences folded into the channels, o_g is one matmul:
+//   matmul_nt(merge_heads(b_g) [b, j, (s k)], merge_heads(a_g) [b, i, (s k)]) = [b, j, i],
+// and split_heads(., r) turns [b, j, (i 1)] into [b, i, j, 1].
+LOOM_INLINE tensor outer_product_branch(graph_builder& b, tensor m, tensor z, const outer_params& p,
+                                        const evoformer_config& c);
+
+inline tensor transition_branch(graph_builder& b, const std::string& scope, tensor x, const transition_params& p,
+                                const evoformer_config& c) {
+    auto s = b.scope(scope);
+    return x + linear(ops::relu(linear(layer_norm(x, p.ln, c), p.fc)), p.proj);
+}
+
+LOOM_INLINE void evoformer_block(graph_builder& b, tensor& m, tensor& z, const block_params& p, const evoformer_config& c);
+
+}  // namespace detail::evo
+
+LOOM_INLINE evoformer_model evoformer(const evoformer_config& c);
+
+// The pair inputs of one batch from its MSA tokens [batch, s, r] (row-major): the tokens of
+// residues i and j of row 0 (the target sequence) and clip(j - i) + clip, each [batch, r, r].
+struct evoformer_pair_inputs {
+    std::vector<std::int32_t> left, right, relpos;
+};
+
+LOOM_INLINE evoformer_pair_inputs evoformer_pair_ids(const evoformer_config& c, std::span<const std::int32_t> msa);
+
+// A deterministic synthetic batch from `seed`, for tests and demos (no downloads). Each
+// item is a chain of residues 3.8 apart in random directions; its distogram classes split
+// distances [2, 22) into bins - 2 equal classes plus one below and one above. MSA row 0 is
+// a random sequence; the other rows mutate each residue with probability 1/4 (a gap, the
+// last token, with probability 1/20).
+struct evoformer_batch {
+    std::vector<std::int32_t> msa, pair_left, pair_right, relpos, targets;
+};
+
+LOOM_INLINE evoformer_batch evoformer_synthetic_batch(const evoformer_config& c, std::uint64_t seed);
+
+}  // namespace loom::models
+
+// Definitions: compiled here (header-only) or once in loom::compiled (core/linkage.hpp).
+#if LOOM_HEADER_DEFINITIONS
+
+namespace loom::models::detail::evo {
+
+LOOM_INLINE tensor swap_middle_axes(tensor t) {
+    const std::int64_t x = t.extent(1), y = t.extent(2);
+    t = ops::transpose(t);           // b x c y
+    t = ops::merge_heads(t);         // b c (x y)
+    t = ops::split_heads(t, x * y);  // b (x y) c 1
+    t = ops::transpose(t);           // b (x y) 1 c
+    t = ops::merge_heads(t);         // b 1 (x y c)
+    t = ops::split_heads(t, x);      // b x 1 (y c)
+    t = ops::transpose(t);           // b x (y c) 1
+    t = ops::merge_heads(t);         // b (y c) x
+    t = ops::transpose(t);           // b x (y c)
+    return ops::split_heads(t, y);   // b y x c
+}
+
+LOOM_INLINE tensor axial_attention(graph_builder& b, tensor x, const attention_params& p) {
     std::optional<tensor> sum;
     for (std::size_t h = 0; h < p.q.size(); ++h) {
         auto head = b.scope("head", static_cast<std::int64_t>(h));
@@ -355,22 +419,16 @@ inline tensor axial_attention(graph_builder& b, tensor x, const attention_params
     return *sum;
 }
 
-// x + attention along axis 2 of x [b, ., ., c] (rows), or along axis 1 (columns: the two
-// middle axes swapped there and back).
-inline tensor attention_branch(graph_builder& b, const std::string& scope, tensor x, const attention_params& p,
-                               bool along_columns, const evoformer_config& c) {
+LOOM_INLINE tensor attention_branch(graph_builder& b, const std::string& scope, tensor x, const attention_params& p,
+                                    bool along_columns, const evoformer_config& c) {
     auto s = b.scope(scope);
     tensor h = layer_norm(x, p.ln, c);
     if (!along_columns) return x + axial_attention(b, h, p);
     return x + swap_middle_axes(axial_attention(b, swap_middle_axes(h), p));
 }
 
-// Pair-weighted averaging (AlphaFold 3's MSA module), per head h:
-//   w[b, i, j] = softmax_j(LN(z)[b, i, j, :] . weights_h),  out[b, s, i] = sum_j w[b, i, j] v_h[b, s, j]
-// as one matmul over the MSA with sequences folded into the columns:
-//   merge_heads(v) [b, j, (s d)],  w @ it = [b, i, (s d)],  split_heads(., s) = [b, s, i, d].
-inline tensor pair_average_branch(graph_builder& b, tensor m, tensor z, const pair_average_params& p,
-                                  const evoformer_config& c) {
+LOOM_INLINE tensor pair_average_branch(graph_builder& b, tensor m, tensor z, const pair_average_params& p,
+                                       const evoformer_config& c) {
     auto s = b.scope("msa_pair_avg");
     tensor hm = layer_norm(m, p.ln_msa, c), hz = layer_norm(z, p.ln_pair, c);
     std::optional<tensor> sum;
@@ -386,14 +444,8 @@ inline tensor pair_average_branch(graph_builder& b, tensor m, tensor z, const pa
     return m + *sum;
 }
 
-// A rank-`outer_groups` outer-product mean: group g contributes the pair feature
-//   o_g[b, i, j] = 1/s sum_{s, k} a_g[b, s, i, k] b_g[b, s, j, k]
-// projected to cz. (AlphaFold's projects all c^2 products of vec(a (x) b); this keeps one
-// contraction per group.) With sequences folded into the channels, o_g is one matmul:
-//   matmul_nt(merge_heads(b_g) [b, j, (s k)], merge_heads(a_g) [b, i, (s k)]) = [b, j, i],
-// and split_heads(., r) turns [b, j, (i 1)] into [b, i, j, 1].
-inline tensor outer_product_branch(graph_builder& b, tensor m, tensor z, const outer_params& p,
-                                   const evoformer_config& c) {
+LOOM_INLINE tensor outer_product_branch(graph_builder& b, tensor m, tensor z, const outer_params& p,
+                                        const evoformer_config& c) {
     auto s = b.scope("outer_product");
     tensor h = layer_norm(m, p.ln, c);
     std::optional<tensor> sum;
@@ -408,13 +460,7 @@ inline tensor outer_product_branch(graph_builder& b, tensor m, tensor z, const o
     return z + *sum;
 }
 
-inline tensor transition_branch(graph_builder& b, const std::string& scope, tensor x, const transition_params& p,
-                                const evoformer_config& c) {
-    auto s = b.scope(scope);
-    return x + linear(ops::relu(linear(layer_norm(x, p.ln, c), p.fc)), p.proj);
-}
-
-inline void evoformer_block(graph_builder& b, tensor& m, tensor& z, const block_params& p, const evoformer_config& c) {
+LOOM_INLINE void evoformer_block(graph_builder& b, tensor& m, tensor& z, const block_params& p, const evoformer_config& c) {
     m = attention_branch(b, "msa_row", m, p.msa_row, false, c);
     m = pair_average_branch(b, m, z, p.msa_pair_avg, c);
     m = attention_branch(b, "msa_col", m, p.msa_col, true, c);
@@ -424,10 +470,11 @@ inline void evoformer_block(graph_builder& b, tensor& m, tensor& z, const block_
     z = attention_branch(b, "pair_col", z, p.pair_col, true, c);
     z = transition_branch(b, "pair_transition", z, p.pair_transition, c);
 }
+}  // namespace loom::models::detail::evo
 
-}  // namespace detail::evo
+namespace loom::models {
 
-inline evoformer_model evoformer(const evoformer_config& c) {
+LOOM_INLINE evoformer_model evoformer(const evoformer_config& c) {
     c.validate();
     evoformer_model model;
     model.config = c;
@@ -527,13 +574,7 @@ inline evoformer_model evoformer(const evoformer_config& c) {
     return model;
 }
 
-// The pair inputs of one batch from its MSA tokens [batch, s, r] (row-major): the tokens of
-// residues i and j of row 0 (the target sequence) and clip(j - i) + clip, each [batch, r, r].
-struct evoformer_pair_inputs {
-    std::vector<std::int32_t> left, right, relpos;
-};
-
-inline evoformer_pair_inputs evoformer_pair_ids(const evoformer_config& c, std::span<const std::int32_t> msa) {
+LOOM_INLINE evoformer_pair_inputs evoformer_pair_ids(const evoformer_config& c, std::span<const std::int32_t> msa) {
     const auto need = static_cast<std::size_t>(c.batch * c.msa_seqs * c.residues);
     if (msa.size() != need)
         throw usage_error("evoformer_pair_ids: the MSA has " + std::to_string(msa.size()) +
@@ -554,16 +595,7 @@ inline evoformer_pair_inputs evoformer_pair_ids(const evoformer_config& c, std::
     return out;
 }
 
-// A deterministic synthetic batch from `seed`, for tests and demos (no downloads). Each
-// item is a chain of residues 3.8 apart in random directions; its distogram classes split
-// distances [2, 22) into bins - 2 equal classes plus one below and one above. MSA row 0 is
-// a random sequence; the other rows mutate each residue with probability 1/4 (a gap, the
-// last token, with probability 1/20).
-struct evoformer_batch {
-    std::vector<std::int32_t> msa, pair_left, pair_right, relpos, targets;
-};
-
-inline evoformer_batch evoformer_synthetic_batch(const evoformer_config& c, std::uint64_t seed) {
+LOOM_INLINE evoformer_batch evoformer_synthetic_batch(const evoformer_config& c, std::uint64_t seed) {
     c.validate();
     std::uint64_t counter = 0;
     auto uniform = [&] {
@@ -613,3 +645,4 @@ inline evoformer_batch evoformer_synthetic_batch(const evoformer_config& c, std:
 }
 
 }  // namespace loom::models
+#endif  // LOOM_HEADER_DEFINITIONS

@@ -18,6 +18,7 @@
 
 #include <loom/core/error.hpp>
 #include <loom/autograd/autograd.hpp>
+#include <loom/core/linkage.hpp>
 #include <loom/graph/builder.hpp>
 #include <loom/ops/all.hpp>
 
@@ -91,20 +92,10 @@ struct gpt_model {
 
 namespace detail {
 
-inline tensor layer_norm_block(graph_builder& b, const std::string& scope, tensor x, const gpt_config& c) {
-    auto s = b.scope(scope);
-    auto gamma = b.parameter("weight", {{Dim::Hidden::id, c.hidden}}, parameter_init::ones());
-    auto beta = b.parameter("bias", {{Dim::Hidden::id, c.hidden}}, parameter_init::zeros());
-    return ops::layer_norm(x, gamma, beta, c.layer_norm_eps);
-}
+LOOM_INLINE tensor layer_norm_block(graph_builder& b, const std::string& scope, tensor x, const gpt_config& c);
 
-inline tensor dense(graph_builder& b, const std::string& scope, tensor x, dim_id out_dim, std::int64_t out, dim_id in_dim,
-                    std::int64_t in, double std) {
-    auto s = b.scope(scope);
-    auto w = b.parameter("weight", {{out_dim, out}, {in_dim, in}}, parameter_init::normal(std));
-    auto bias = b.parameter("bias", {{out_dim, out}}, parameter_init::zeros());
-    return ops::linear(x, w, bias);
-}
+LOOM_INLINE tensor dense(graph_builder& b, const std::string& scope, tensor x, dim_id out_dim, std::int64_t out, dim_id in_dim,
+                         std::int64_t in, double std);
 
 inline tensor maybe_dropout(tensor x, const gpt_config& c, std::uint64_t& site) {
     ++site;
@@ -114,7 +105,41 @@ inline tensor maybe_dropout(tensor x, const gpt_config& c, std::uint64_t& site) 
 
 }  // namespace detail
 
-inline gpt_model gpt(const gpt_config& c) {
+LOOM_INLINE gpt_model gpt(const gpt_config& c);
+
+// Position ids for one batch: row-major [batch, seq], each row 0, 1, ..., seq - 1.
+inline std::vector<std::int32_t> gpt_positions(const gpt_config& c) {
+    std::vector<std::int32_t> ids(static_cast<std::size_t>(c.batch * c.seq));
+    for (std::size_t i = 0; i < ids.size(); ++i) ids[i] = static_cast<std::int32_t>(static_cast<std::int64_t>(i) % c.seq);
+    return ids;
+}
+
+}  // namespace loom::models
+
+// Definitions: compiled here (header-only) or once in loom::compiled (core/linkage.hpp).
+#if LOOM_HEADER_DEFINITIONS
+
+namespace loom::models::detail {
+
+LOOM_INLINE tensor layer_norm_block(graph_builder& b, const std::string& scope, tensor x, const gpt_config& c) {
+    auto s = b.scope(scope);
+    auto gamma = b.parameter("weight", {{Dim::Hidden::id, c.hidden}}, parameter_init::ones());
+    auto beta = b.parameter("bias", {{Dim::Hidden::id, c.hidden}}, parameter_init::zeros());
+    return ops::layer_norm(x, gamma, beta, c.layer_norm_eps);
+}
+
+LOOM_INLINE tensor dense(graph_builder& b, const std::string& scope, tensor x, dim_id out_dim, std::int64_t out, dim_id in_dim,
+                         std::int64_t in, double std) {
+    auto s = b.scope(scope);
+    auto w = b.parameter("weight", {{out_dim, out}, {in_dim, in}}, parameter_init::normal(std));
+    auto bias = b.parameter("bias", {{out_dim, out}}, parameter_init::zeros());
+    return ops::linear(x, w, bias);
+}
+}  // namespace loom::models::detail
+
+namespace loom::models {
+
+LOOM_INLINE gpt_model gpt(const gpt_config& c) {
     c.validate();
     gpt_model m;
     m.config = c;
@@ -169,11 +194,5 @@ inline gpt_model gpt(const gpt_config& c) {
     return m;
 }
 
-// Position ids for one batch: row-major [batch, seq], each row 0, 1, ..., seq - 1.
-inline std::vector<std::int32_t> gpt_positions(const gpt_config& c) {
-    std::vector<std::int32_t> ids(static_cast<std::size_t>(c.batch * c.seq));
-    for (std::size_t i = 0; i < ids.size(); ++i) ids[i] = static_cast<std::int32_t>(static_cast<std::int64_t>(i) % c.seq);
-    return ids;
-}
-
 }  // namespace loom::models
+#endif  // LOOM_HEADER_DEFINITIONS

@@ -14,11 +14,21 @@
 #include <vector>
 
 #include <loom/core/error.hpp>
+#include <loom/core/linkage.hpp>
 #include <loom/graph/builder.hpp>
 
 namespace loom::models {
 
-inline void record_layers(graph_builder& b, const std::string& name, const std::vector<std::string>& paths) {
+LOOM_INLINE void record_layers(graph_builder& b, const std::string& name, const std::vector<std::string>& paths);
+
+}  // namespace loom::models
+
+// Definitions: compiled here (header-only) or once in loom::compiled (core/linkage.hpp).
+#if LOOM_HEADER_DEFINITIONS
+
+namespace loom::models {
+
+LOOM_INLINE void record_layers(graph_builder& b, const std::string& name, const std::vector<std::string>& paths) {
     graph& g = b.mutable_graph();
     const auto r = static_cast<std::int32_t>(g.repeats.size());
     repeat_desc rd{name, no_id, {}};
@@ -36,3 +46,4 @@ inline void record_layers(graph_builder& b, const std::string& name, const std::
 }
 
 }  // namespace loom::models
+#endif  // LOOM_HEADER_DEFINITIONS

@@ -52,6 +52,7 @@
 #include <vector>
 
 #include <loom/core/error.hpp>
+#include <loom/core/linkage.hpp>
 #include <loom/core/random.hpp>
 #include <loom/autograd/autograd.hpp>
 #include <loom/graph/builder.hpp>
@@ -172,24 +173,7 @@ namespace detail::swin {
 // with m = side / w:
 //   out[b, hb m + wb, wr w + hr, k] = t[b, (hb w + hr) side + wb w + wr, k]
 // (hb, wb: the window's row and column; hr, wr: the token's inside it). Fifteen copies.
-inline tensor to_windows(tensor t, std::int64_t side, std::int64_t w) {
-    const std::int64_t m = side / w;
-    t = ops::transpose(t);                   // [b, p, (hb hr wb wr)]
-    t = ops::split_heads(t, m * w);          // [b, (hb hr), p, (wb wr)]
-    t = ops::transpose(t);                   // [b, (hb hr), (wb wr), p]
-    t = ops::merge_heads(t);                 // [b, (wb wr), (hb hr p)]
-    t = ops::split_heads(t, m);              // [b, hb, (wb wr), (hr p)]
-    t = ops::transpose(t);                   // [b, hb, (hr p), (wb wr)]
-    t = ops::merge_heads(t);                 // [b, (hr p), (hb wb wr)]
-    t = ops::split_heads(t, m * m * w);      // [b, (hb wb wr), (hr p), 1]
-    t = ops::transpose(t);                   // [b, (hb wb wr), 1, (hr p)]
-    t = ops::merge_heads(t);                 // [b, 1, (hb wb wr hr p)]
-    t = ops::split_heads(t, m * m * w * w);  // [b, (hb wb wr hr), 1, p]
-    t = ops::transpose(t);                   // [b, (hb wb wr hr), p, 1]
-    t = ops::merge_heads(t);                 // [b, p, (hb wb wr hr)]
-    t = ops::split_heads(t, m * m);          // [b, (hb wb), p, (wr hr)]
-    return ops::transpose(t);                // [b, (hb wb), (wr hr), p]
-}
+LOOM_INLINE tensor to_windows(tensor t, std::int64_t side, std::int64_t w);
 
 // Patch merging's regrouping. t [b, m * m, w * w, c] in the layout of to_windows at side
 // m * w, to the same layout at side m * w / 2 with the 2 x 2 neighbours' channels concatenated,
@@ -198,31 +182,7 @@ inline tensor to_windows(tensor t, std::int64_t side, std::int64_t w) {
 //   out[b, hb' m' + wb', wr' w + hr', (dh 2 + dw) c + k] = t[b, hb m + wb, wr w + hr, k]
 // Twenty-two copies; the middle step reads the row (hb hr) as (hb' hr' dh), which is free as
 // both are the row-major digits of i.
-inline tensor merge_neighbours(tensor t, std::int64_t side, std::int64_t w) {
-    const std::int64_t m = side / w, n = m / 2;
-    t = ops::transpose(t);                       // [b, (hb wb), c, (wr hr)]
-    t = ops::merge_heads(t);                     // [b, c, (hb wb wr hr)]
-    t = ops::split_heads(t, m * m * w);          // [b, (hb wb wr), c, hr]
-    t = ops::transpose(t);                       // [b, (hb wb wr), hr, c]
-    t = ops::merge_heads(t);                     // [b, hr, (hb wb wr c)]
-    t = ops::split_heads(t, m);                  // [b, hb, hr, (wb wr c)]
-    t = ops::transpose(t);                       // [b, hb, (wb wr c), hr]
-    t = ops::merge_heads(t);                     // [b, (wb wr c), (hb hr)] = [b, (wb' wr' dw c), (hb' hr' dh)]
-    t = ops::split_heads(t, n);                  // [b, hb', (wb' wr' dw c), (hr' dh)]
-    t = ops::transpose(t);                       // [b, hb', (hr' dh), (wb' wr' dw c)]
-    t = ops::merge_heads(t);                     // [b, (hr' dh), (hb' wb' wr' dw c)]
-    t = ops::split_heads(t, n * n * w);          // [b, (hb' wb' wr'), (hr' dh), (dw c)]
-    t = ops::transpose(t);                       // [b, (hb' wb' wr'), (dw c), (hr' dh)]
-    t = ops::merge_heads(t);                     // [b, (dw c), (hb' wb' wr' hr' dh)]
-    t = ops::split_heads(t, n * n * w * w * 2);  // [b, (hb' wb' wr' hr' dh), (dw c), 1]
-    t = ops::transpose(t);                       // [b, (hb' wb' wr' hr' dh), 1, (dw c)]
-    t = ops::merge_heads(t);                     // [b, 1, (hb' wb' wr' hr' dh dw c)]
-    t = ops::split_heads(t, n * n * w * w);      // [b, (hb' wb' wr' hr'), 1, (dh dw c)]
-    t = ops::transpose(t);                       // [b, (hb' wb' wr' hr'), (dh dw c), 1]
-    t = ops::merge_heads(t);                     // [b, (dh dw c), (hb' wb' wr' hr')]
-    t = ops::split_heads(t, n * n);              // [b, (hb' wb'), (dh dw c), (wr' hr')]
-    return ops::transpose(t);                    // [b, (hb' wb'), (wr' hr'), (dh dw c)]
-}
+LOOM_INLINE tensor merge_neighbours(tensor t, std::int64_t side, std::int64_t w);
 
 // [b, windows, tokens, (heads e)] -> [b, (windows heads), tokens, e], attention's layout.
 inline tensor split_window_heads(tensor t, std::int64_t heads) {
@@ -302,7 +262,113 @@ struct builder_context {
 
 }  // namespace detail::swin
 
-inline swin_model swin(const swin_config& c) {
+LOOM_INLINE swin_model swin(const swin_config& c);
+
+// A deterministic synthetic batch from `seed`, for tests and demos (no downloads): labels
+// uniform over the classes, and every patch of an image its class's prototype (N(0, 1) per
+// feature, the same for every seed) plus N(0, 1) noise. Row-major: patches
+// [batch, side * side, patch_dim], labels [batch, 1].
+struct swin_batch {
+    std::vector<double> patches;
+    std::vector<std::int32_t> labels;
+};
+
+LOOM_INLINE swin_batch swin_synthetic_batch(const swin_config& c, std::uint64_t seed);
+
+// The four Swin configurations of nnScaler's Table 9 (index 0 .. 3: 1.8B, 5.0B, 10B and 27B
+// parameters; 32, 40, 48, 56 layers; hidden 512, 768, 1K, 1.5K; 16, 24, 32, 32 heads), at
+// batch 1. Table 9 gives only those; read here as Swin's stage-0 width and heads, both doubling
+// per stage, with the depth in the third stage, {2, 2, layers - 6, 2} (Swin's shape), MLP ratio
+// 4, 1536 x 1536 images in 4 x 4 RGB patches (side 384, patch_dim 48), windows of 24 x 24
+// (which divides every stage's side: 384, 192, 96, 48) and 1000 classes. The counts then come
+// to 1.79B, 4.93B, 10.4B and 27.0B (tests check them against the paper's).
+inline swin_config swin_table9(int index) {
+    struct row {
+        std::int64_t layers, embed, heads;
+    };
+    static constexpr row rows[] = {{32, 512, 16}, {40, 768, 24}, {48, 1024, 32}, {56, 1536, 32}};
+    if (index < 0 || index >= 4)
+        throw usage_error("swin_table9: index " + std::to_string(index) +
+                          " is out of range; Table 9 lists configurations 0 to 3");
+    const row& r = rows[index];
+    swin_config c;
+    c.side = 384;
+    c.patch_dim = 48;
+    c.window = 24;
+    c.embed = r.embed;
+    c.depths = {2, 2, r.layers - 6, 2};
+    c.heads = {r.heads, 2 * r.heads, 4 * r.heads, 8 * r.heads};
+    c.mlp_ratio = 4;
+    c.classes = 1000;
+    c.batch = 1;
+    return c;
+}
+
+// Table 9's label of configuration `index`, its parameter count as the paper prints it.
+inline const char* swin_table9_name(int index) {
+    static constexpr const char* names[] = {"1.8B", "5.0B", "10B", "27B"};
+    if (index < 0 || index >= 4)
+        throw usage_error("swin_table9_name: index " + std::to_string(index) +
+                          " is out of range; Table 9 lists configurations 0 to 3");
+    return names[index];
+}
+
+}  // namespace loom::models
+
+// Definitions: compiled here (header-only) or once in loom::compiled (core/linkage.hpp).
+#if LOOM_HEADER_DEFINITIONS
+
+namespace loom::models::detail::swin {
+
+LOOM_INLINE tensor to_windows(tensor t, std::int64_t side, std::int64_t w) {
+    const std::int64_t m = side / w;
+    t = ops::transpose(t);                   // [b, p, (hb hr wb wr)]
+    t = ops::split_heads(t, m * w);          // [b, (hb hr), p, (wb wr)]
+    t = ops::transpose(t);                   // [b, (hb hr), (wb wr), p]
+    t = ops::merge_heads(t);                 // [b, (wb wr), (hb hr p)]
+    t = ops::split_heads(t, m);              // [b, hb, (wb wr), (hr p)]
+    t = ops::transpose(t);                   // [b, hb, (hr p), (wb wr)]
+    t = ops::merge_heads(t);                 // [b, (hr p), (hb wb wr)]
+    t = ops::split_heads(t, m * m * w);      // [b, (hb wb wr), (hr p), 1]
+    t = ops::transpose(t);                   // [b, (hb wb wr), 1, (hr p)]
+    t = ops::merge_heads(t);                 // [b, 1, (hb wb wr hr p)]
+    t = ops::split_heads(t, m * m * w * w);  // [b, (hb wb wr hr), 1, p]
+    t = ops::transpose(t);                   // [b, (hb wb wr hr), p, 1]
+    t = ops::merge_heads(t);                 // [b, p, (hb wb wr hr)]
+    t = ops::split_heads(t, m * m);          // [b, (hb wb), p, (wr hr)]
+    return ops::transpose(t);                // [b, (hb wb), (wr hr), p]
+}
+
+LOOM_INLINE tensor merge_neighbours(tensor t, std::int64_t side, std::int64_t w) {
+    const std::int64_t m = side / w, n = m / 2;
+    t = ops::transpose(t);                       // [b, (hb wb), c, (wr hr)]
+    t = ops::merge_heads(t);                     // [b, c, (hb wb wr hr)]
+    t = ops::split_heads(t, m * m * w);          // [b, (hb wb wr), c, hr]
+    t = ops::transpose(t);                       // [b, (hb wb wr), hr, c]
+    t = ops::merge_heads(t);                     // [b, hr, (hb wb wr c)]
+    t = ops::split_heads(t, m);                  // [b, hb, hr, (wb wr c)]
+    t = ops::transpose(t);                       // [b, hb, (wb wr c), hr]
+    t = ops::merge_heads(t);                     // [b, (wb wr c), (hb hr)] = [b, (wb' wr' dw c), (hb' hr' dh)]
+    t = ops::split_heads(t, n);                  // [b, hb', (wb' wr' dw c), (hr' dh)]
+    t = ops::transpose(t);                       // [b, hb', (hr' dh), (wb' wr' dw c)]
+    t = ops::merge_heads(t);                     // [b, (hr' dh), (hb' wb' wr' dw c)]
+    t = ops::split_heads(t, n * n * w);          // [b, (hb' wb' wr'), (hr' dh), (dw c)]
+    t = ops::transpose(t);                       // [b, (hb' wb' wr'), (dw c), (hr' dh)]
+    t = ops::merge_heads(t);                     // [b, (dw c), (hb' wb' wr' hr' dh)]
+    t = ops::split_heads(t, n * n * w * w * 2);  // [b, (hb' wb' wr' hr' dh), (dw c), 1]
+    t = ops::transpose(t);                       // [b, (hb' wb' wr' hr' dh), 1, (dw c)]
+    t = ops::merge_heads(t);                     // [b, 1, (hb' wb' wr' hr' dh dw c)]
+    t = ops::split_heads(t, n * n * w * w);      // [b, (hb' wb' wr' hr'), 1, (dh dw c)]
+    t = ops::transpose(t);                       // [b, (hb' wb' wr' hr'), (dh dw c), 1]
+    t = ops::merge_heads(t);                     // [b, (dh dw c), (hb' wb' wr' hr')]
+    t = ops::split_heads(t, n * n);              // [b, (hb' wb'), (dh dw c), (wr' hr')]
+    return ops::transpose(t);                    // [b, (hb' wb'), (wr' hr'), (dh dw c)]
+}
+}  // namespace loom::models::detail::swin
+
+namespace loom::models {
+
+LOOM_INLINE swin_model swin(const swin_config& c) {
     c.validate();
     swin_model m;
     m.config = c;
@@ -349,16 +415,7 @@ inline swin_model swin(const swin_config& c) {
     return m;
 }
 
-// A deterministic synthetic batch from `seed`, for tests and demos (no downloads): labels
-// uniform over the classes, and every patch of an image its class's prototype (N(0, 1) per
-// feature, the same for every seed) plus N(0, 1) noise. Row-major: patches
-// [batch, side * side, patch_dim], labels [batch, 1].
-struct swin_batch {
-    std::vector<double> patches;
-    std::vector<std::int32_t> labels;
-};
-
-inline swin_batch swin_synthetic_batch(const swin_config& c, std::uint64_t seed) {
+LOOM_INLINE swin_batch swin_synthetic_batch(const swin_config& c, std::uint64_t seed) {
     c.validate();
     auto uniform = [](std::uint64_t key, std::uint64_t i) {
         return static_cast<double>(splitmix64(key * 0x9e3779b97f4a7c15ull + i) >> 11) * 0x1.0p-53;
@@ -385,42 +442,5 @@ inline swin_batch swin_synthetic_batch(const swin_config& c, std::uint64_t seed)
     return out;
 }
 
-// The four Swin configurations of nnScaler's Table 9 (index 0 .. 3: 1.8B, 5.0B, 10B and 27B
-// parameters; 32, 40, 48, 56 layers; hidden 512, 768, 1K, 1.5K; 16, 24, 32, 32 heads), at
-// batch 1. Table 9 gives only those; read here as Swin's stage-0 width and heads, both doubling
-// per stage, with the depth in the third stage, {2, 2, layers - 6, 2} (Swin's shape), MLP ratio
-// 4, 1536 x 1536 images in 4 x 4 RGB patches (side 384, patch_dim 48), windows of 24 x 24
-// (which divides every stage's side: 384, 192, 96, 48) and 1000 classes. The counts then come
-// to 1.79B, 4.93B, 10.4B and 27.0B (tests check them against the paper's).
-inline swin_config swin_table9(int index) {
-    struct row {
-        std::int64_t layers, embed, heads;
-    };
-    static constexpr row rows[] = {{32, 512, 16}, {40, 768, 24}, {48, 1024, 32}, {56, 1536, 32}};
-    if (index < 0 || index >= 4)
-        throw usage_error("swin_table9: index " + std::to_string(index) +
-                          " is out of range; Table 9 lists configurations 0 to 3");
-    const row& r = rows[index];
-    swin_config c;
-    c.side = 384;
-    c.patch_dim = 48;
-    c.window = 24;
-    c.embed = r.embed;
-    c.depths = {2, 2, r.layers - 6, 2};
-    c.heads = {r.heads, 2 * r.heads, 4 * r.heads, 8 * r.heads};
-    c.mlp_ratio = 4;
-    c.classes = 1000;
-    c.batch = 1;
-    return c;
-}
-
-// Table 9's label of configuration `index`, its parameter count as the paper prints it.
-inline const char* swin_table9_name(int index) {
-    static constexpr const char* names[] = {"1.8B", "5.0B", "10B", "27B"};
-    if (index < 0 || index >= 4)
-        throw usage_error("swin_table9_name: index " + std::to_string(index) +
-                          " is out of range; Table 9 lists configurations 0 to 3");
-    return names[index];
-}
-
 }  // namespace loom::models
+#endif  // LOOM_HEADER_DEFINITIONS

@@ -45,6 +45,7 @@
 #include <vector>
 
 #include <loom/core/error.hpp>
+#include <loom/core/linkage.hpp>
 #include <loom/core/random.hpp>
 #include <loom/autograd/autograd.hpp>
 #include <loom/graph/builder.hpp>
@@ -188,7 +189,64 @@ struct builder_context {
 
 }  // namespace detail::t5
 
-inline t5_model t5(const t5_config& c) {
+LOOM_INLINE t5_model t5(const t5_config& c);
+
+// A deterministic synthetic batch from `seed`, for tests and demos (no downloads): source
+// tokens uniform in [1, vocab), the targets the source reversed (position t of the target
+// is position source_seq - 1 - t of the source, cyclically when target_seq > source_seq),
+// target_in the targets shifted right behind the start token 0, and positions 0, 1, ... .
+// All row-major [batch, seq].
+struct t5_batch {
+    std::vector<std::int32_t> source, target_in, targets, source_positions, target_positions;
+};
+
+LOOM_INLINE t5_batch t5_synthetic_batch(const t5_config& c, std::uint64_t seed);
+
+// The four T5 configurations of nnScaler's Table 9 (index 0 .. 3: 3.9B, 11B, 21B and 47B
+// parameters; 48, 64, 64, 64 layers; hidden 2K, 3K, 4K, 6K; 32, 48, 64, 96 heads), at batch 1.
+// Table 9 gives only those; the rest is chosen here: mT5's vocabulary (250112 tokens, the
+// table the interlaced pipeline splits), the layers split evenly between encoder and decoder,
+// ffn = 4 * hidden in the gated GELU (three hidden x ffn matrices, as mT5's), sequences of 1024.
+// The counts then come to 4.14B, 11.6B, 20.4B and 45.0B (tests check them against the paper's).
+inline t5_config t5_table9(int index) {
+    struct row {
+        std::int64_t layers, hidden, heads;
+    };
+    static constexpr row rows[] = {{48, 2048, 32}, {64, 3072, 48}, {64, 4096, 64}, {64, 6144, 96}};
+    if (index < 0 || index >= 4)
+        throw usage_error("t5_table9: index " + std::to_string(index) +
+                          " is out of range; Table 9 lists configurations 0 to 3");
+    const row& r = rows[index];
+    t5_config c;
+    c.encoder_layers = r.layers / 2;
+    c.decoder_layers = r.layers / 2;
+    c.hidden = r.hidden;
+    c.heads = r.heads;
+    c.ffn = 4 * r.hidden;
+    c.vocab = 250112;
+    c.source_seq = 1024;
+    c.target_seq = 1024;
+    c.batch = 1;
+    return c;
+}
+
+// Table 9's label of configuration `index`, its parameter count as the paper prints it.
+inline const char* t5_table9_name(int index) {
+    static constexpr const char* names[] = {"3.9B", "11B", "21B", "47B"};
+    if (index < 0 || index >= 4)
+        throw usage_error("t5_table9_name: index " + std::to_string(index) +
+                          " is out of range; Table 9 lists configurations 0 to 3");
+    return names[index];
+}
+
+}  // namespace loom::models
+
+// Definitions: compiled here (header-only) or once in loom::compiled (core/linkage.hpp).
+#if LOOM_HEADER_DEFINITIONS
+
+namespace loom::models {
+
+LOOM_INLINE t5_model t5(const t5_config& c) {
     c.validate();
     t5_model m;
     m.config = c;
@@ -243,16 +301,7 @@ inline t5_model t5(const t5_config& c) {
     return m;
 }
 
-// A deterministic synthetic batch from `seed`, for tests and demos (no downloads): source
-// tokens uniform in [1, vocab), the targets the source reversed (position t of the target
-// is position source_seq - 1 - t of the source, cyclically when target_seq > source_seq),
-// target_in the targets shifted right behind the start token 0, and positions 0, 1, ... .
-// All row-major [batch, seq].
-struct t5_batch {
-    std::vector<std::int32_t> source, target_in, targets, source_positions, target_positions;
-};
-
-inline t5_batch t5_synthetic_batch(const t5_config& c, std::uint64_t seed) {
+LOOM_INLINE t5_batch t5_synthetic_batch(const t5_config& c, std::uint64_t seed) {
     c.validate();
     std::uint64_t counter = 0;
     auto token = [&] {  // uniform in [1, vocab)
@@ -276,41 +325,5 @@ inline t5_batch t5_synthetic_batch(const t5_config& c, std::uint64_t seed) {
     return out;
 }
 
-// The four T5 configurations of nnScaler's Table 9 (index 0 .. 3: 3.9B, 11B, 21B and 47B
-// parameters; 48, 64, 64, 64 layers; hidden 2K, 3K, 4K, 6K; 32, 48, 64, 96 heads), at batch 1.
-// Table 9 gives only those; the rest is chosen here: mT5's vocabulary (250112 tokens, the
-// table the interlaced pipeline splits), the layers split evenly between encoder and decoder,
-// ffn = 4 * hidden in the gated GELU (three hidden x ffn matrices, as mT5's), sequences of 1024.
-// The counts then come to 4.14B, 11.6B, 20.4B and 45.0B (tests check them against the paper's).
-inline t5_config t5_table9(int index) {
-    struct row {
-        std::int64_t layers, hidden, heads;
-    };
-    static constexpr row rows[] = {{48, 2048, 32}, {64, 3072, 48}, {64, 4096, 64}, {64, 6144, 96}};
-    if (index < 0 || index >= 4)
-        throw usage_error("t5_table9: index " + std::to_string(index) +
-                          " is out of range; Table 9 lists configurations 0 to 3");
-    const row& r = rows[index];
-    t5_config c;
-    c.encoder_layers = r.layers / 2;
-    c.decoder_layers = r.layers / 2;
-    c.hidden = r.hidden;
-    c.heads = r.heads;
-    c.ffn = 4 * r.hidden;
-    c.vocab = 250112;
-    c.source_seq = 1024;
-    c.target_seq = 1024;
-    c.batch = 1;
-    return c;
-}
-
-// Table 9's label of configuration `index`, its parameter count as the paper prints it.
-inline const char* t5_table9_name(int index) {
-    static constexpr const char* names[] = {"3.9B", "11B", "21B", "47B"};
-    if (index < 0 || index >= 4)
-        throw usage_error("t5_table9_name: index " + std::to_string(index) +
-                          " is out of range; Table 9 lists configurations 0 to 3");
-    return names[index];
-}
-
 }  // namespace loom::models
+#endif  // LOOM_HEADER_DEFINITIONS

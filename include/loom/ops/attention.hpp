@@ -24,6 +24,7 @@
 #include <vector>
 
 #include <loom/core/error.hpp>
+#include <loom/core/linkage.hpp>
 #include <loom/graph/builder.hpp>
 #include <loom/ops/fill.hpp>
 
@@ -106,18 +107,7 @@ inline tensor attention_out(tensor q, tensor k, tensor v, bool causal, std::opti
 
 // The backward differentiates `out` only: any gradient reaching lse other than the zeros
 // autograd fills in for an unused output would be dropped.
-inline void require_no_lse_gradient(const backward_context& c) {
-    const graph& g = c.builder.view();
-    const tensor_desc& dlse = g.tensor(c.grad_outputs[1]->id);
-    if (dlse.producer != no_id) {
-        const node& p = g.at(dlse.producer);
-        if (is_op<FillLike>(p) && p.attrs.get<double>("value") == 0.0) return;
-    }
-    const node& fwd = c.forward_node();
-    throw usage_error("attention '" + fwd.name + "': its log-sum-exp output '" + c.outputs[1].name() +
-                      "' reaches the loss, but attention's backward propagates the gradient of '" +
-                      c.outputs[0].name() + "' only; use the lse output outside differentiated computations");
-}
+LOOM_INLINE void require_no_lse_gradient(const backward_context& c);
 
 }  // namespace detail
 
@@ -132,7 +122,30 @@ inline tensor attention(tensor q, tensor k, tensor v, std::optional<double> scal
     return detail::attention_out(q, k, v, false, scale);
 }
 
-inline gradients Attention::backward(backward_context& c) {
+}  // namespace loom::ops
+
+// Definitions: compiled here (header-only) or once in loom::compiled (core/linkage.hpp).
+#if LOOM_HEADER_DEFINITIONS
+
+namespace loom::ops::detail {
+
+LOOM_INLINE void require_no_lse_gradient(const backward_context& c) {
+    const graph& g = c.builder.view();
+    const tensor_desc& dlse = g.tensor(c.grad_outputs[1]->id);
+    if (dlse.producer != no_id) {
+        const node& p = g.at(dlse.producer);
+        if (is_op<FillLike>(p) && p.attrs.get<double>("value") == 0.0) return;
+    }
+    const node& fwd = c.forward_node();
+    throw usage_error("attention '" + fwd.name + "': its log-sum-exp output '" + c.outputs[1].name() +
+                      "' reaches the loss, but attention's backward propagates the gradient of '" +
+                      c.outputs[0].name() + "' only; use the lse output outside differentiated computations");
+}
+}  // namespace loom::ops::detail
+
+namespace loom::ops {
+
+LOOM_INLINE gradients Attention::backward(backward_context& c) {
     detail::require_no_lse_gradient(c);
     std::array<tensor, 6> ins{*c.grad_outputs[0], c.inputs[0], c.inputs[1], c.inputs[2], c.outputs[0], c.outputs[1]};
     std::vector<tensor> d = c.builder.apply<AttentionGrad>(ins, c.attrs());
@@ -143,3 +156,4 @@ inline gradients Attention::backward(backward_context& c) {
 }
 
 }  // namespace loom::ops
+#endif  // LOOM_HEADER_DEFINITIONS

@@ -26,6 +26,7 @@
 #include <string>
 
 #include <loom/core/error.hpp>
+#include <loom/core/linkage.hpp>
 #include <loom/graph/builder.hpp>
 
 namespace loom::ops {
@@ -68,8 +69,18 @@ struct CrossEntropy {
 
 // Mean cross-entropy of `targets` under `logits` (see above for ignore_index and the
 // normalizer, which defaults to the number of positions).
-inline tensor cross_entropy(tensor logits, tensor targets, std::int64_t ignore_index = -100,
-                            std::optional<double> normalizer = std::nullopt) {
+LOOM_INLINE tensor cross_entropy(tensor logits, tensor targets, std::int64_t ignore_index = -100,
+                                 std::optional<double> normalizer = std::nullopt);
+
+}  // namespace loom::ops
+
+// Definitions: compiled here (header-only) or once in loom::compiled (core/linkage.hpp).
+#if LOOM_HEADER_DEFINITIONS
+
+namespace loom::ops {
+
+LOOM_INLINE tensor cross_entropy(tensor logits, tensor targets, std::int64_t ignore_index,
+                                 std::optional<double> normalizer) {
     const double n = normalizer ? *normalizer : static_cast<double>(targets.dims().numel());
     if (!(n > 0) || !std::isfinite(n))
         throw usage_error("cross_entropy: normalizer = " + std::to_string(n) + " for logits '" + logits.name() +
@@ -79,3 +90,4 @@ inline tensor cross_entropy(tensor logits, tensor targets, std::int64_t ignore_i
 }
 
 }  // namespace loom::ops
+#endif  // LOOM_HEADER_DEFINITIONS

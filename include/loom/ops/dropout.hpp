@@ -17,35 +17,17 @@
 #include <string>
 #include <vector>
 
+#include <loom/core/linkage.hpp>
 #include <loom/graph/builder.hpp>
 
 namespace loom::ops {
 
 namespace detail {
-inline void check_dropout_probability(std::string_view op, const attributes& a, const std::string& node_name) {
-    const double p = a.get<double>("p");
-    if (!(p >= 0.0 && p < 1.0)) {
-        std::ostringstream msg;
-        msg << op << " '" << node_name << "': p = " << p
-            << " is not a drop probability; pass 0 <= p < 1 (p = 0 keeps every element)";
-        throw usage_error(msg.str());
-    }
-    (void)a.get<std::int64_t>("seed");
-}
+LOOM_INLINE void check_dropout_probability(std::string_view op, const attributes& a, const std::string& node_name);
 
 // A piece of a partitioned dropout must draw the mask of its elements' places in the whole
 // tensor: it records where its box starts ("origin") and the whole tensor's extents.
-inline attributes dropout_piece_attributes(const node& n, const piece_ranges& r) {
-    attributes a = n.attrs;
-    std::vector<std::int64_t> origin, whole;
-    for (std::size_t v = 0; v < n.sig.vars.size(); ++v) {
-        origin.push_back(r.begin[v]);
-        whole.push_back(n.sig.vars[v].extent);
-    }
-    a.set("origin", origin);
-    a.set("whole", whole);
-    return a;
-}
+LOOM_INLINE attributes dropout_piece_attributes(const node& n, const piece_ranges& r);
 }  // namespace detail
 
 struct DropoutGrad {
@@ -83,3 +65,34 @@ inline tensor dropout(tensor x, double p, std::int64_t seed) {
 }
 
 }  // namespace loom::ops
+
+// Definitions: compiled here (header-only) or once in loom::compiled (core/linkage.hpp).
+#if LOOM_HEADER_DEFINITIONS
+
+namespace loom::ops::detail {
+
+LOOM_INLINE void check_dropout_probability(std::string_view op, const attributes& a, const std::string& node_name) {
+    const double p = a.get<double>("p");
+    if (!(p >= 0.0 && p < 1.0)) {
+        std::ostringstream msg;
+        msg << op << " '" << node_name << "': p = " << p
+            << " is not a drop probability; pass 0 <= p < 1 (p = 0 keeps every element)";
+        throw usage_error(msg.str());
+    }
+    (void)a.get<std::int64_t>("seed");
+}
+
+LOOM_INLINE attributes dropout_piece_attributes(const node& n, const piece_ranges& r) {
+    attributes a = n.attrs;
+    std::vector<std::int64_t> origin, whole;
+    for (std::size_t v = 0; v < n.sig.vars.size(); ++v) {
+        origin.push_back(r.begin[v]);
+        whole.push_back(n.sig.vars[v].extent);
+    }
+    a.set("origin", origin);
+    a.set("whole", whole);
+    return a;
+}
+
+}  // namespace loom::ops::detail
+#endif  // LOOM_HEADER_DEFINITIONS

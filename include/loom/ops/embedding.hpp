@@ -21,20 +21,14 @@
 #include <vector>
 
 #include <loom/core/error.hpp>
+#include <loom/core/linkage.hpp>
 #include <loom/graph/builder.hpp>
 
 namespace loom::ops {
 
 namespace detail {
-inline void check_vocabulary_range(std::string_view op, const attributes& a, std::int64_t rows,
-                                   const std::string& node_name) {
-    const auto vocab = a.get<std::int64_t>("vocab");
-    const auto offset = a.get_or<std::int64_t>("row_offset", 0);
-    if (offset < 0 || offset + rows > vocab)
-        throw shape_error(std::string(op) + " '" + node_name + "': the table rows [" + std::to_string(offset) + ", " +
-                          std::to_string(offset + rows) + ") are not inside the vocabulary [0, " +
-                          std::to_string(vocab) + "); set row_offset and vocab so the table is a slice of it");
-}
+LOOM_INLINE void check_vocabulary_range(std::string_view op, const attributes& a, std::int64_t rows,
+                                        const std::string& node_name);
 }  // namespace detail
 
 struct EmbeddingGrad {
@@ -65,13 +59,8 @@ struct EmbeddingGrad {
 
 // dtable [rows h] for a table of `rows` rows along `row_dim` starting at vocabulary row
 // `row_offset` of a vocabulary of `vocab` ids.
-inline tensor embedding_grad(tensor dy, tensor ids, std::int64_t rows, dim_id row_dim, std::int64_t vocab,
-                             std::int64_t row_offset = 0) {
-    return dy.builder->apply1<EmbeddingGrad>({dy, ids}, {{"vocab", vocab},
-                                                         {"row_offset", row_offset},
-                                                         {"rows", rows},
-                                                         {"row_dim", std::string(row_dim.name())}});
-}
+LOOM_INLINE tensor embedding_grad(tensor dy, tensor ids, std::int64_t rows, dim_id row_dim, std::int64_t vocab,
+                                  std::int64_t row_offset = 0);
 
 struct Embedding {
     static constexpr std::string_view name = "embedding";
@@ -110,3 +99,32 @@ inline tensor embedding(tensor ids, tensor table) {
 }
 
 }  // namespace loom::ops
+
+// Definitions: compiled here (header-only) or once in loom::compiled (core/linkage.hpp).
+#if LOOM_HEADER_DEFINITIONS
+
+namespace loom::ops::detail {
+
+LOOM_INLINE void check_vocabulary_range(std::string_view op, const attributes& a, std::int64_t rows,
+                                        const std::string& node_name) {
+    const auto vocab = a.get<std::int64_t>("vocab");
+    const auto offset = a.get_or<std::int64_t>("row_offset", 0);
+    if (offset < 0 || offset + rows > vocab)
+        throw shape_error(std::string(op) + " '" + node_name + "': the table rows [" + std::to_string(offset) + ", " +
+                          std::to_string(offset + rows) + ") are not inside the vocabulary [0, " +
+                          std::to_string(vocab) + "); set row_offset and vocab so the table is a slice of it");
+}
+}  // namespace loom::ops::detail
+
+namespace loom::ops {
+
+LOOM_INLINE tensor embedding_grad(tensor dy, tensor ids, std::int64_t rows, dim_id row_dim, std::int64_t vocab,
+                                  std::int64_t row_offset) {
+    return dy.builder->apply1<EmbeddingGrad>({dy, ids}, {{"vocab", vocab},
+                                                         {"row_offset", row_offset},
+                                                         {"rows", rows},
+                                                         {"row_dim", std::string(row_dim.name())}});
+}
+
+}  // namespace loom::ops
+#endif  // LOOM_HEADER_DEFINITIONS

@@ -9,6 +9,7 @@
 #include <array>
 
 #include <loom/core/error.hpp>
+#include <loom/core/linkage.hpp>
 #include <loom/graph/builder.hpp>
 
 namespace loom::ops {
@@ -53,7 +54,16 @@ struct LayerNorm {
 };
 
 // PyTorch's default eps is 1e-5 as here.
-inline tensor layer_norm(tensor x, tensor gamma, tensor beta, double eps = 1e-5) {
+LOOM_INLINE tensor layer_norm(tensor x, tensor gamma, tensor beta, double eps = 1e-5);
+
+}  // namespace loom::ops
+
+// Definitions: compiled here (header-only) or once in loom::compiled (core/linkage.hpp).
+#if LOOM_HEADER_DEFINITIONS
+
+namespace loom::ops {
+
+LOOM_INLINE tensor layer_norm(tensor x, tensor gamma, tensor beta, double eps) {
     if (!(eps >= 0))
         throw usage_error("layer_norm: eps = " + std::to_string(eps) + " for input '" + x.name() +
                           "'; pass a non-negative epsilon (PyTorch's default is 1e-5)");
@@ -61,3 +71,4 @@ inline tensor layer_norm(tensor x, tensor gamma, tensor beta, double eps = 1e-5)
 }
 
 }  // namespace loom::ops
+#endif  // LOOM_HEADER_DEFINITIONS

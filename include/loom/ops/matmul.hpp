@@ -5,6 +5,7 @@
 //   matmul_nt  "... m k, ... n k -> ... m n"   C = A B^T   dA = dC B (nn),     dB = dC^T A (tn)
 //   matmul_tn  "... k m, ... k n -> ... m n"   C = A^T B   dA = B dC^T (nt),   dB = A dC (nn)
 // k is contracted (a split leaves partial sums); m, n and the leading dims are spatial.
+#include <loom/core/linkage.hpp>
 #include <loom/graph/builder.hpp>
 #include <loom/ops/linear.hpp>
 
@@ -38,7 +39,14 @@ inline tensor matmul_nt(tensor a, tensor b) { return a.builder->apply1<MatmulNT>
 // C = A^T B
 inline tensor matmul_tn(tensor a, tensor b) { return a.builder->apply1<MatmulTN>({a, b}); }
 
-inline gradients Matmul::backward(backward_context& c) {
+}  // namespace loom::ops
+
+// Definitions: compiled here (header-only) or once in loom::compiled (core/linkage.hpp).
+#if LOOM_HEADER_DEFINITIONS
+
+namespace loom::ops {
+
+LOOM_INLINE gradients Matmul::backward(backward_context& c) {
     const tensor& dc = *c.grad_outputs[0];
     gradients g(2);
     if (c.needs_grad[0]) g[0] = matmul_nt(dc, c.inputs[1]);
@@ -46,7 +54,7 @@ inline gradients Matmul::backward(backward_context& c) {
     return g;
 }
 
-inline gradients MatmulNT::backward(backward_context& c) {
+LOOM_INLINE gradients MatmulNT::backward(backward_context& c) {
     const tensor& dc = *c.grad_outputs[0];
     gradients g(2);
     if (c.needs_grad[0]) g[0] = matmul(dc, c.inputs[1]);
@@ -54,7 +62,7 @@ inline gradients MatmulNT::backward(backward_context& c) {
     return g;
 }
 
-inline gradients MatmulTN::backward(backward_context& c) {
+LOOM_INLINE gradients MatmulTN::backward(backward_context& c) {
     const tensor& dc = *c.grad_outputs[0];
     gradients g(2);
     if (c.needs_grad[0]) g[0] = matmul_nt(c.inputs[1], dc);
@@ -63,3 +71,4 @@ inline gradients MatmulTN::backward(backward_context& c) {
 }
 
 }  // namespace loom::ops
+#endif  // LOOM_HEADER_DEFINITIONS

@@ -13,40 +13,16 @@
 #include <vector>
 
 #include <loom/core/error.hpp>
+#include <loom/core/linkage.hpp>
 #include <loom/graph/builder.hpp>
 
 namespace loom::ops {
 
 namespace detail {
 
-inline attributes reshape_attributes(const shape& target) {
-    std::vector<std::int64_t> extents;
-    std::string dims;
-    for (std::size_t i = 0; i < target.rank(); ++i) {
-        const std::string_view name = target.dim(i).name();
-        if (name.find(',') != std::string_view::npos)
-            throw usage_error("reshape: dim name '" + std::string(name) + "' of the target " + target.to_string() +
-                              " contains ','; name dims without commas");
-        if (i) dims += ',';
-        dims += name;
-        extents.push_back(target.extent(i));
-    }
-    return {{"extents", std::move(extents)}, {"dims", std::move(dims)}};
-}
+LOOM_INLINE attributes reshape_attributes(const shape& target);
 
-inline shape reshape_target(const attributes& a) {
-    const auto extents = a.get<std::vector<std::int64_t>>("extents");
-    const auto dims = a.get<std::string>("dims");
-    shape s;
-    std::size_t start = 0;
-    for (std::size_t i = 0; i < extents.size(); ++i) {
-        std::size_t end = dims.find(',', start);
-        if (end == std::string::npos) end = dims.size();
-        s.push_back({dim_id::intern(std::string_view(dims).substr(start, end - start)), extents[i]});
-        start = end + 1;
-    }
-    return s;
-}
+LOOM_INLINE shape reshape_target(const attributes& a);
 
 }  // namespace detail
 
@@ -81,3 +57,40 @@ inline tensor reshape(tensor x, const shape& target) {
 inline gradients Reshape::backward(backward_context& c) { return {reshape(*c.grad_outputs[0], c.inputs[0].dims())}; }
 
 }  // namespace loom::ops
+
+// Definitions: compiled here (header-only) or once in loom::compiled (core/linkage.hpp).
+#if LOOM_HEADER_DEFINITIONS
+
+namespace loom::ops::detail {
+
+LOOM_INLINE attributes reshape_attributes(const shape& target) {
+    std::vector<std::int64_t> extents;
+    std::string dims;
+    for (std::size_t i = 0; i < target.rank(); ++i) {
+        const std::string_view name = target.dim(i).name();
+        if (name.find(',') != std::string_view::npos)
+            throw usage_error("reshape: dim name '" + std::string(name) + "' of the target " + target.to_string() +
+                              " contains ','; name dims without commas");
+        if (i) dims += ',';
+        dims += name;
+        extents.push_back(target.extent(i));
+    }
+    return {{"extents", std::move(extents)}, {"dims", std::move(dims)}};
+}
+
+LOOM_INLINE shape reshape_target(const attributes& a) {
+    const auto extents = a.get<std::vector<std::int64_t>>("extents");
+    const auto dims = a.get<std::string>("dims");
+    shape s;
+    std::size_t start = 0;
+    for (std::size_t i = 0; i < extents.size(); ++i) {
+        std::size_t end = dims.find(',', start);
+        if (end == std::string::npos) end = dims.size();
+        s.push_back({dim_id::intern(std::string_view(dims).substr(start, end - start)), extents[i]});
+        start = end + 1;
+    }
+    return s;
+}
+
+}  // namespace loom::ops::detail
+#endif  // LOOM_HEADER_DEFINITIONS

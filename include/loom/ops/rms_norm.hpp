@@ -12,6 +12,7 @@
 #include <array>
 
 #include <loom/core/error.hpp>
+#include <loom/core/linkage.hpp>
 #include <loom/graph/builder.hpp>
 
 namespace loom::ops {
@@ -54,7 +55,16 @@ struct RmsNorm {
     }
 };
 
-inline tensor rms_norm(tensor x, tensor gamma, double eps = 1e-6) {
+LOOM_INLINE tensor rms_norm(tensor x, tensor gamma, double eps = 1e-6);
+
+}  // namespace loom::ops
+
+// Definitions: compiled here (header-only) or once in loom::compiled (core/linkage.hpp).
+#if LOOM_HEADER_DEFINITIONS
+
+namespace loom::ops {
+
+LOOM_INLINE tensor rms_norm(tensor x, tensor gamma, double eps) {
     if (!(eps >= 0))
         throw usage_error("rms_norm: eps = " + std::to_string(eps) + " for input '" + x.name() +
                           "'; pass a non-negative epsilon (e.g. 1e-6, or the eps of the model being matched)");
@@ -62,3 +72,4 @@ inline tensor rms_norm(tensor x, tensor gamma, double eps = 1e-6) {
 }
 
 }  // namespace loom::ops
+#endif  // LOOM_HEADER_DEFINITIONS

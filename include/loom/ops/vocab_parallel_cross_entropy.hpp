@@ -53,6 +53,7 @@
 #include <vector>
 
 #include <loom/core/error.hpp>
+#include <loom/core/linkage.hpp>
 #include <loom/graph/builder.hpp>
 
 namespace loom::ops {
@@ -61,28 +62,11 @@ namespace detail {
 
 // The chunk axis keeps the vocabulary's dim (it is the vocabulary, `chunks` entries long),
 // so that a split of the logits along Vocab finds it when a plan mirrors partitions by dim.
-inline std::vector<preset_variable> chunk_presets(const attributes& a, std::string_view op) {
-    const auto chunks = a.get<std::int64_t>("chunks");
-    if (chunks <= 0)
-        throw shape_error(std::string(op) + ": chunks = " + std::to_string(chunks) +
-                          "; pass a positive number of vocabulary chunks");
-    return {{"c", Dim::Vocab::id, chunks}};
-}
+LOOM_INLINE std::vector<preset_variable> chunk_presets(const attributes& a, std::string_view op);
 
-inline attributes chunk_piece_attributes(const node& n, const piece_ranges& r) {
-    attributes a = n.attrs;
-    auto c = static_cast<std::size_t>(*n.sig.find("c"));
-    a.set("chunks", r.end[c] - r.begin[c]);
-    return a;
-}
+LOOM_INLINE attributes chunk_piece_attributes(const node& n, const piece_ranges& r);
 
-inline attributes row_offset_piece_attributes(const node& n, const piece_ranges& r) {
-    attributes a = n.attrs;
-    auto v = static_cast<std::size_t>(*n.sig.find("v"));
-    a.set("row_offset", a.get_or<std::int64_t>("row_offset", 0) + r.begin[v]);
-    if (a.has("rows")) a.set("rows", r.end[v] - r.begin[v]);
-    return a;
-}
+LOOM_INLINE attributes row_offset_piece_attributes(const node& n, const piece_ranges& r);
 
 }  // namespace detail
 
@@ -149,24 +133,8 @@ namespace detail {
 
 // The chunks' boundaries, checked: 0 first, strictly increasing, the logits' columns
 // [row_offset, row_offset + v) inside them and made of whole chunks.
-inline std::vector<std::int64_t> ragged_boundaries(const attributes& a, std::string_view op, std::int64_t v,
-                                                   const std::string& node_name) {
-    auto b = a.get<std::vector<std::int64_t>>("boundaries");
-    const std::string where = std::string(op) + (node_name.empty() ? "" : " '" + node_name + "'");
-    bool increasing = b.size() >= 2 && b.front() == 0;
-    for (std::size_t k = 1; increasing && k < b.size(); ++k) increasing = b[k] > b[k - 1];
-    if (!increasing)
-        throw shape_error(where + ": the chunk boundaries must start at 0 and increase strictly (chunk k is the columns "
-                          "[b_k, b_k+1)); give at least one chunk");
-    if (v < 0) return b;  // the gradient: any columns
-    const auto offset = a.get_or<std::int64_t>("row_offset", 0);
-    auto boundary = [&](std::int64_t x) { return std::find(b.begin(), b.end(), x) != b.end(); };
-    if (offset < 0 || offset + v > b.back() || !boundary(offset) || !boundary(offset + v))
-        throw shape_error(where + ": the logits hold columns [" + std::to_string(offset) + ", " +
-                          std::to_string(offset + v) + ") of a vocabulary of " + std::to_string(b.back()) +
-                          ", which is not a run of whole chunks; split the logits at the chunk boundaries");
-    return b;
-}
+LOOM_INLINE std::vector<std::int64_t> ragged_boundaries(const attributes& a, std::string_view op, std::int64_t v,
+                                                        const std::string& node_name);
 
 inline std::vector<preset_variable> ragged_presets(const attributes& a, std::string_view op) {
     return {{"c", Dim::Vocab::id, static_cast<std::int64_t>(ragged_boundaries(a, op, -1, {}).size()) - 1}};
@@ -257,12 +225,8 @@ struct PickTargetGrad {
 
 // dlogits [... rows]: dz[p] at the target's column (when rows [row_offset, row_offset + rows)
 // hold it), zero elsewhere.
-inline tensor pick_target_grad(tensor dz, tensor targets, std::int64_t rows, std::int64_t vocab,
-                               std::int64_t row_offset, std::int64_t ignore_index) {
-    return dz.builder->apply1<PickTargetGrad>(
-        {dz, targets},
-        {{"rows", rows}, {"vocab", vocab}, {"row_offset", row_offset}, {"ignore_index", ignore_index}});
-}
+LOOM_INLINE tensor pick_target_grad(tensor dz, tensor targets, std::int64_t rows, std::int64_t vocab,
+                                    std::int64_t row_offset, std::int64_t ignore_index);
 
 struct PickTarget {
     static constexpr std::string_view name = "pick_target";
@@ -308,13 +272,8 @@ struct cross_entropy_from_chunks_grads {
     tensor dlse, dz;
 };
 
-inline cross_entropy_from_chunks_grads cross_entropy_from_chunks_grad(tensor dloss, tensor lse, tensor targets,
-                                                                      std::int64_t ignore_index, double normalizer) {
-    std::array<tensor, 3> ins{dloss, lse, targets};
-    auto outs = dloss.builder->apply<CrossEntropyFromChunksGrad>(
-        ins, {{"ignore_index", ignore_index}, {"normalizer", normalizer}});
-    return {outs[0], outs[1]};
-}
+LOOM_INLINE cross_entropy_from_chunks_grads cross_entropy_from_chunks_grad(tensor dloss, tensor lse, tensor targets,
+                                                                           std::int64_t ignore_index, double normalizer);
 
 struct CrossEntropyFromChunks {
     static constexpr std::string_view name = "cross_entropy_from_chunks";
@@ -346,9 +305,80 @@ inline tensor cross_entropy_from_chunks(tensor lse, tensor target_logits, tensor
 
 // cross_entropy(logits, targets, ignore_index, normalizer) computed through `chunks`
 // vocabulary chunks (see the top of this file); a plan splits the chunks.
-inline tensor vocab_parallel_cross_entropy(tensor logits, tensor targets, std::int64_t chunks,
-                                           std::int64_t ignore_index = -100,
-                                           std::optional<double> normalizer = std::nullopt) {
+LOOM_INLINE tensor vocab_parallel_cross_entropy(tensor logits, tensor targets, std::int64_t chunks,
+                                                std::int64_t ignore_index = -100,
+                                                std::optional<double> normalizer = std::nullopt);
+
+}  // namespace loom::ops
+
+// Definitions: compiled here (header-only) or once in loom::compiled (core/linkage.hpp).
+#if LOOM_HEADER_DEFINITIONS
+
+namespace loom::ops::detail {
+
+LOOM_INLINE std::vector<preset_variable> chunk_presets(const attributes& a, std::string_view op) {
+    const auto chunks = a.get<std::int64_t>("chunks");
+    if (chunks <= 0)
+        throw shape_error(std::string(op) + ": chunks = " + std::to_string(chunks) +
+                          "; pass a positive number of vocabulary chunks");
+    return {{"c", Dim::Vocab::id, chunks}};
+}
+
+LOOM_INLINE attributes chunk_piece_attributes(const node& n, const piece_ranges& r) {
+    attributes a = n.attrs;
+    auto c = static_cast<std::size_t>(*n.sig.find("c"));
+    a.set("chunks", r.end[c] - r.begin[c]);
+    return a;
+}
+
+LOOM_INLINE attributes row_offset_piece_attributes(const node& n, const piece_ranges& r) {
+    attributes a = n.attrs;
+    auto v = static_cast<std::size_t>(*n.sig.find("v"));
+    a.set("row_offset", a.get_or<std::int64_t>("row_offset", 0) + r.begin[v]);
+    if (a.has("rows")) a.set("rows", r.end[v] - r.begin[v]);
+    return a;
+}
+
+LOOM_INLINE std::vector<std::int64_t> ragged_boundaries(const attributes& a, std::string_view op, std::int64_t v,
+                                                        const std::string& node_name) {
+    auto b = a.get<std::vector<std::int64_t>>("boundaries");
+    const std::string where = std::string(op) + (node_name.empty() ? "" : " '" + node_name + "'");
+    bool increasing = b.size() >= 2 && b.front() == 0;
+    for (std::size_t k = 1; increasing && k < b.size(); ++k) increasing = b[k] > b[k - 1];
+    if (!increasing)
+        throw shape_error(where + ": the chunk boundaries must start at 0 and increase strictly (chunk k is the columns "
+                          "[b_k, b_k+1)); give at least one chunk");
+    if (v < 0) return b;  // the gradient: any columns
+    const auto offset = a.get_or<std::int64_t>("row_offset", 0);
+    auto boundary = [&](std::int64_t x) { return std::find(b.begin(), b.end(), x) != b.end(); };
+    if (offset < 0 || offset + v > b.back() || !boundary(offset) || !boundary(offset + v))
+        throw shape_error(where + ": the logits hold columns [" + std::to_string(offset) + ", " +
+                          std::to_string(offset + v) + ") of a vocabulary of " + std::to_string(b.back()) +
+                          ", which is not a run of whole chunks; split the logits at the chunk boundaries");
+    return b;
+}
+}  // namespace loom::ops::detail
+
+namespace loom::ops {
+
+LOOM_INLINE tensor pick_target_grad(tensor dz, tensor targets, std::int64_t rows, std::int64_t vocab,
+                                    std::int64_t row_offset, std::int64_t ignore_index) {
+    return dz.builder->apply1<PickTargetGrad>(
+        {dz, targets},
+        {{"rows", rows}, {"vocab", vocab}, {"row_offset", row_offset}, {"ignore_index", ignore_index}});
+}
+
+LOOM_INLINE cross_entropy_from_chunks_grads cross_entropy_from_chunks_grad(tensor dloss, tensor lse, tensor targets,
+                                                                           std::int64_t ignore_index, double normalizer) {
+    std::array<tensor, 3> ins{dloss, lse, targets};
+    auto outs = dloss.builder->apply<CrossEntropyFromChunksGrad>(
+        ins, {{"ignore_index", ignore_index}, {"normalizer", normalizer}});
+    return {outs[0], outs[1]};
+}
+
+LOOM_INLINE tensor vocab_parallel_cross_entropy(tensor logits, tensor targets, std::int64_t chunks,
+                                                std::int64_t ignore_index,
+                                                std::optional<double> normalizer) {
     const double n = normalizer ? *normalizer : static_cast<double>(targets.dims().numel());
     if (!(n > 0) || !std::isfinite(n))
         throw usage_error("vocab_parallel_cross_entropy: normalizer = " + std::to_string(n) + " for logits '" +
@@ -359,3 +389,4 @@ inline tensor vocab_parallel_cross_entropy(tensor logits, tensor targets, std::i
 }
 
 }  // namespace loom::ops
+#endif  // LOOM_HEADER_DEFINITIONS

@@ -26,6 +26,7 @@
 #include <vector>
 
 #include <loom/core/error.hpp>
+#include <loom/core/linkage.hpp>
 #include <loom/graph/fingerprint.hpp>
 #include <loom/partition/deadlock.hpp>
 #include <loom/partition/logical_graph.hpp>
@@ -43,7 +44,30 @@ struct apply_options {
 };
 
 // The ordered per-device programs of a plan resolved against `model` (plan::resolve).
-inline partitioned_graph apply_plan(const graph& model, const plan::resolved_plan& plan, const apply_options& options = {}) {
+LOOM_INLINE partitioned_graph apply_plan(const graph& model, const plan::resolved_plan& plan, const apply_options& options = {});
+
+// The ordered per-device programs of any plan: plan::resolve, then the above.
+//   auto pg = partition::apply_plan(model.ir(), plan::compose(...).choose("m", 4));
+inline partitioned_graph apply_plan(const graph& model, const plan::plan_spec& plan, const apply_options& options = {}) {
+    return apply_plan(model, plan::resolve(plan, model), options);
+}
+
+template <class Plan>
+    requires requires(const Plan& p) {
+        { p.spec() } -> std::convertible_to<plan::plan_spec>;
+    }
+partitioned_graph apply_plan(const graph& model, const Plan& plan, const apply_options& options = {}) {
+    return apply_plan(model, plan.resolve(model), options);
+}
+
+}  // namespace loom::partition
+
+// Definitions: compiled here (header-only) or once in loom::compiled (core/linkage.hpp).
+#if LOOM_HEADER_DEFINITIONS
+
+namespace loom::partition {
+
+LOOM_INLINE partitioned_graph apply_plan(const graph& model, const plan::resolved_plan& plan, const apply_options& options) {
     if (plan.devices < 1) throw plan_error("plan: the device count is " + std::to_string(plan.devices) + "; it must be at least 1");
     const std::size_t forward = model.forward_node_count();
     if (plan.forward.size() > forward)
@@ -213,18 +237,5 @@ inline partitioned_graph apply_plan(const graph& model, const plan::resolved_pla
     return out;
 }
 
-// The ordered per-device programs of any plan: plan::resolve, then the above.
-//   auto pg = partition::apply_plan(model.ir(), plan::compose(...).choose("m", 4));
-inline partitioned_graph apply_plan(const graph& model, const plan::plan_spec& plan, const apply_options& options = {}) {
-    return apply_plan(model, plan::resolve(plan, model), options);
-}
-
-template <class Plan>
-    requires requires(const Plan& p) {
-        { p.spec() } -> std::convertible_to<plan::plan_spec>;
-    }
-partitioned_graph apply_plan(const graph& model, const Plan& plan, const apply_options& options = {}) {
-    return apply_plan(model, plan.resolve(model), options);
-}
-
 }  // namespace loom::partition
+#endif  // LOOM_HEADER_DEFINITIONS

@@ -36,6 +36,7 @@
 #include <boost/graph/depth_first_search.hpp>
 
 #include <loom/core/error.hpp>
+#include <loom/core/linkage.hpp>
 #include <loom/graph/graph.hpp>
 #include <loom/partition/partitioned_graph.hpp>
 
@@ -53,16 +54,88 @@ struct program_step {
 using device_program = std::vector<program_step>;
 
 // The devices that must reach each transfer (pg.transfers[t].group).
-inline std::vector<std::vector<int>> transfer_groups(const partitioned_graph& pg) {
+LOOM_INLINE std::vector<std::vector<int>> transfer_groups(const partitioned_graph& pg);
+
+namespace detail {
+
+LOOM_INLINE std::int64_t transfer_index_of(const node& n, std::size_t transfers, int device);
+
+}  // namespace detail
+
+// The program of every device: its graph's nodes in `order[d]` (empty `order`: graph order).
+LOOM_INLINE std::vector<device_program> device_programs(const partitioned_graph& pg,
+                                                        const std::vector<std::vector<node_id>>& order = {});
+
+namespace detail {
+
+// Why one vertex waits for another.
+struct wait_edge {
+    int device = 0;
+    bool data = false;  // reads the other's output; otherwise runs after it in program order
+};
+
+using wait_graph = boost::adjacency_list<boost::vecS, boost::vecS, boost::directedS, boost::no_property, wait_edge>;
+using wait_vertex = boost::graph_traits<wait_graph>::vertex_descriptor;
+using wait_edge_handle = boost::graph_traits<wait_graph>::edge_descriptor;
+
+struct cycle_found {
+    wait_edge_handle back_edge;
+};
+
+struct back_edge_finder : boost::default_dfs_visitor {
+    void back_edge(wait_edge_handle e, const wait_graph&) const { throw cycle_found{e}; }
+};
+
+// The shortest cycle through edge `closing` (source -> target): a BFS path from its target
+// back to its source, then the edge itself. Returns the edges in order.
+LOOM_INLINE std::vector<wait_edge_handle> shortest_cycle_through(const wait_graph& g, wait_edge_handle closing);
+
+}  // namespace detail
+
+// Throws plan_error("deadlock: ...") when the programs can wait on each other forever:
+// a cycle of waits, or a transfer that one of its member devices never reaches.
+// point_to_point[t]: transfer t is a buffered send from groups[t][0] to groups[t][1].
+LOOM_INLINE void check_deadlock_free(const std::vector<device_program>& programs, const std::vector<std::vector<int>>& groups,
+                                     const std::vector<bool>& point_to_point = {});
+
+// The device programs of a partitioned graph, each in `order[d]` (empty: graph order).
+inline void check_deadlock_free(const partitioned_graph& pg, const std::vector<std::vector<node_id>>& order) {
+    std::vector<bool> point_to_point;
+    for (const auto& t : pg.transfers) point_to_point.push_back(t.kind == transfer_kind::send_recv);
+    check_deadlock_free(device_programs(pg, order), transfer_groups(pg), point_to_point);
+}
+
+// In the plan's own op-order (pg.order; graph order where it is empty).
+inline void check_deadlock_free(const partitioned_graph& pg) { check_deadlock_free(pg, pg.order); }
+
+// A fingerprint of the op-order (0 for graph order), to tell an edited order from a checked one.
+LOOM_INLINE std::uint64_t order_fingerprint(const partitioned_graph& pg);
+
+// The check of programs whose order was set or edited by hand: every device runs each of its
+// nodes exactly once, and the programs together make progress (each node after the
+// producers of its inputs, collectives matched in an order that cannot deadlock). The
+// trainers run it before their first step when pg.order is not the order apply_plan made
+// (pg.checked_order = order_fingerprint(pg) after a check spares them the work).
+LOOM_INLINE void check_programs(const partitioned_graph& pg);
+
+}  // namespace loom::partition
+
+// Definitions: compiled here (header-only) or once in loom::compiled (core/linkage.hpp).
+#if LOOM_HEADER_DEFINITIONS
+
+namespace loom::partition {
+
+LOOM_INLINE std::vector<std::vector<int>> transfer_groups(const partitioned_graph& pg) {
     std::vector<std::vector<int>> groups;
     groups.reserve(pg.transfers.size());
     for (const auto& t : pg.transfers) groups.push_back(t.group);
     return groups;
 }
+}  // namespace loom::partition
 
-namespace detail {
+namespace loom::partition::detail {
 
-inline std::int64_t transfer_index_of(const node& n, std::size_t transfers, int device) {
+LOOM_INLINE std::int64_t transfer_index_of(const node& n, std::size_t transfers, int device) {
     if (n.op == nullptr || !n.attrs.has("transfer")) return -1;
     const auto t = n.attrs.get<std::int64_t>("transfer");
     if (t < 0 || static_cast<std::size_t>(t) >= transfers)
@@ -71,12 +144,12 @@ inline std::int64_t transfer_index_of(const node& n, std::size_t transfers, int 
                          " transfers; the device graph and the transfer list come from different plans");
     return t;
 }
+}  // namespace loom::partition::detail
 
-}  // namespace detail
+namespace loom::partition {
 
-// The program of every device: its graph's nodes in `order[d]` (empty `order`: graph order).
-inline std::vector<device_program> device_programs(const partitioned_graph& pg,
-                                                   const std::vector<std::vector<node_id>>& order = {}) {
+LOOM_INLINE std::vector<device_program> device_programs(const partitioned_graph& pg,
+                                                        const std::vector<std::vector<node_id>>& order) {
     if (!order.empty() && order.size() != pg.devices.size())
         throw usage_error("check_deadlock_free: the order covers " + std::to_string(order.size()) +
                           " devices but the plan has " + std::to_string(pg.devices.size()) +
@@ -120,30 +193,11 @@ inline std::vector<device_program> device_programs(const partitioned_graph& pg,
     }
     return programs;
 }
+}  // namespace loom::partition
 
-namespace detail {
+namespace loom::partition::detail {
 
-// Why one vertex waits for another.
-struct wait_edge {
-    int device = 0;
-    bool data = false;  // reads the other's output; otherwise runs after it in program order
-};
-
-using wait_graph = boost::adjacency_list<boost::vecS, boost::vecS, boost::directedS, boost::no_property, wait_edge>;
-using wait_vertex = boost::graph_traits<wait_graph>::vertex_descriptor;
-using wait_edge_handle = boost::graph_traits<wait_graph>::edge_descriptor;
-
-struct cycle_found {
-    wait_edge_handle back_edge;
-};
-
-struct back_edge_finder : boost::default_dfs_visitor {
-    void back_edge(wait_edge_handle e, const wait_graph&) const { throw cycle_found{e}; }
-};
-
-// The shortest cycle through edge `closing` (source -> target): a BFS path from its target
-// back to its source, then the edge itself. Returns the edges in order.
-inline std::vector<wait_edge_handle> shortest_cycle_through(const wait_graph& g, wait_edge_handle closing) {
+LOOM_INLINE std::vector<wait_edge_handle> shortest_cycle_through(const wait_graph& g, wait_edge_handle closing) {
     const wait_vertex from = boost::target(closing, g), to = boost::source(closing, g);
     std::vector<wait_edge_handle> arrived_by(boost::num_vertices(g));
     std::vector<bool> reached(boost::num_vertices(g), false);
@@ -166,14 +220,12 @@ inline std::vector<wait_edge_handle> shortest_cycle_through(const wait_graph& g,
     cycle.push_back(closing);
     return cycle;
 }
+}  // namespace loom::partition::detail
 
-}  // namespace detail
+namespace loom::partition {
 
-// Throws plan_error("deadlock: ...") when the programs can wait on each other forever:
-// a cycle of waits, or a transfer that one of its member devices never reaches.
-// point_to_point[t]: transfer t is a buffered send from groups[t][0] to groups[t][1].
-inline void check_deadlock_free(const std::vector<device_program>& programs, const std::vector<std::vector<int>>& groups,
-                                const std::vector<bool>& point_to_point = {}) {
+LOOM_INLINE void check_deadlock_free(const std::vector<device_program>& programs, const std::vector<std::vector<int>>& groups,
+                                     const std::vector<bool>& point_to_point) {
     const std::size_t transfers = groups.size();
     auto buffered_sender = [&](std::int64_t t) {
         return t >= 0 && static_cast<std::size_t>(t) < point_to_point.size() && point_to_point[static_cast<std::size_t>(t)] &&
@@ -330,18 +382,7 @@ inline void check_deadlock_free(const std::vector<device_program>& programs, con
     }
 }
 
-// The device programs of a partitioned graph, each in `order[d]` (empty: graph order).
-inline void check_deadlock_free(const partitioned_graph& pg, const std::vector<std::vector<node_id>>& order) {
-    std::vector<bool> point_to_point;
-    for (const auto& t : pg.transfers) point_to_point.push_back(t.kind == transfer_kind::send_recv);
-    check_deadlock_free(device_programs(pg, order), transfer_groups(pg), point_to_point);
-}
-
-// In the plan's own op-order (pg.order; graph order where it is empty).
-inline void check_deadlock_free(const partitioned_graph& pg) { check_deadlock_free(pg, pg.order); }
-
-// A fingerprint of the op-order (0 for graph order), to tell an edited order from a checked one.
-inline std::uint64_t order_fingerprint(const partitioned_graph& pg) {
+LOOM_INLINE std::uint64_t order_fingerprint(const partitioned_graph& pg) {
     std::uint64_t h = 0;
     for (const auto& device : pg.order) {
         h = (h ^ 0x9e3779b97f4a7c15ull) * 1099511628211ull;
@@ -350,12 +391,7 @@ inline std::uint64_t order_fingerprint(const partitioned_graph& pg) {
     return h;
 }
 
-// The check of programs whose order was set or edited by hand: every device runs each of its
-// nodes exactly once, and the programs together make progress (each node after the
-// producers of its inputs, collectives matched in an order that cannot deadlock). The
-// trainers run it before their first step when pg.order is not the order apply_plan made
-// (pg.checked_order = order_fingerprint(pg) after a check spares them the work).
-inline void check_programs(const partitioned_graph& pg) {
+LOOM_INLINE void check_programs(const partitioned_graph& pg) {
     if (!pg.order.empty()) {
         if (static_cast<int>(pg.order.size()) != pg.world)
             throw plan_error("programs: the op-order lists " + std::to_string(pg.order.size()) + " devices, the plan has " +
@@ -382,3 +418,4 @@ inline void check_programs(const partitioned_graph& pg) {
 }
 
 }  // namespace loom::partition
+#endif  // LOOM_HEADER_DEFINITIONS

@@ -26,6 +26,7 @@
 
 #include <loom/core/error.hpp>
 #include <loom/autograd/autograd.hpp>
+#include <loom/core/linkage.hpp>
 #include <loom/graph/builder.hpp>
 #include <loom/ops/identity.hpp>
 #include <loom/plan/op_partition.hpp>
@@ -72,7 +73,25 @@ namespace detail {
 
 // Adds `from`'s inputs and parameters to `b` (same names, scopes, initialisers) and
 // records where each went in `map`.
-inline void copy_leaves(graph_builder& b, const graph& from, std::vector<tensor_id>& map) {
+LOOM_INLINE void copy_leaves(graph_builder& b, const graph& from, std::vector<tensor_id>& map);
+
+LOOM_INLINE node_id replay(graph_builder& b, const node& n, std::span<const tensor> ins, std::vector<tensor_id>& tmap,
+                           bool map_outputs = true);
+
+}  // namespace detail
+
+// Builds the logical training graph from a model graph (with or without a backward pass:
+// an existing backward pass is dropped and rebuilt after the rewrites).
+LOOM_INLINE logical_graph build_logical_graph(const graph& model, const logical_graph_options& options);
+
+}  // namespace loom::partition
+
+// Definitions: compiled here (header-only) or once in loom::compiled (core/linkage.hpp).
+#if LOOM_HEADER_DEFINITIONS
+
+namespace loom::partition::detail {
+
+LOOM_INLINE void copy_leaves(graph_builder& b, const graph& from, std::vector<tensor_id>& map) {
     for (tensor_id t : from.inputs) {
         const tensor_desc& d = from.tensor(t);
         auto scope = b.enter_scope(d.scope);
@@ -87,8 +106,8 @@ inline void copy_leaves(graph_builder& b, const graph& from, std::vector<tensor_
     }
 }
 
-inline node_id replay(graph_builder& b, const node& n, std::span<const tensor> ins, std::vector<tensor_id>& tmap,
-                      bool map_outputs = true) {
+LOOM_INLINE node_id replay(graph_builder& b, const node& n, std::span<const tensor> ins, std::vector<tensor_id>& tmap,
+                           bool map_outputs) {
     auto scope = b.enter_scope(n.scope);
     std::vector<tensor> outs = n.op->apply(b, ins, n.attrs);
     graph& g = b.mutable_graph();
@@ -101,12 +120,11 @@ inline node_id replay(graph_builder& b, const node& n, std::span<const tensor> i
         }
     return id;
 }
+}  // namespace loom::partition::detail
 
-}  // namespace detail
+namespace loom::partition {
 
-// Builds the logical training graph from a model graph (with or without a backward pass:
-// an existing backward pass is dropped and rebuilt after the rewrites).
-inline logical_graph build_logical_graph(const graph& model, const logical_graph_options& options) {
+LOOM_INLINE logical_graph build_logical_graph(const graph& model, const logical_graph_options& options) {
     if (model.loss == no_id) throw usage_error("partition: the graph has no loss; call graph_builder::set_loss");
     const std::size_t forward = model.forward_node_count();
     if (!options.recompute.empty() && options.recompute.size() != forward)
@@ -312,3 +330,4 @@ inline logical_graph build_logical_graph(const graph& model, const logical_graph
 }
 
 }  // namespace loom::partition
+#endif  // LOOM_HEADER_DEFINITIONS

@@ -27,6 +27,7 @@
 #include <vector>
 
 #include <loom/core/error.hpp>
+#include <loom/core/linkage.hpp>
 #include <loom/graph/builder.hpp>
 #include <loom/ops/assemble.hpp>
 #include <loom/partition/partitioned_graph.hpp>
@@ -38,36 +39,9 @@ namespace detail {
 
 // If `parts` tile `whole` along one axis in equal slices (disjoint, covering, every other
 // axis whole), that axis.
-inline std::optional<std::size_t> tiling_axis(const std::vector<box>& parts, const box& whole) {
-    if (parts.size() < 2 || whole.rank() == 0) return std::nullopt;
-    for (std::size_t a = 0; a < whole.rank(); ++a) {
-        bool others_whole = true;
-        for (const auto& p : parts)
-            for (std::size_t b = 0; b < whole.rank(); ++b)
-                if (b != a && !(p.ranges[b] == whole.ranges[b])) others_whole = false;
-        if (!others_whole) continue;
-        std::vector<index_range> r;
-        for (const auto& p : parts) r.push_back(p.ranges[a]);
-        std::sort(r.begin(), r.end());
-        bool ok = r.front().begin == whole.ranges[a].begin && r.back().end == whole.ranges[a].end;
-        for (std::size_t i = 0; ok && i < r.size(); ++i) {
-            ok = r[i].size() == r[0].size() && r[i].size() > 0;
-            if (i > 0) ok = ok && r[i].begin == r[i - 1].end;
-        }
-        if (ok) return a;
-    }
-    return std::nullopt;
-}
+LOOM_INLINE std::optional<std::size_t> tiling_axis(const std::vector<box>& parts, const box& whole);
 
-inline box bounding(const std::vector<box>& parts) {
-    box b = parts.at(0);
-    for (const auto& p : parts)
-        for (std::size_t a = 0; a < b.rank(); ++a) {
-            b.ranges[a].begin = std::min(b.ranges[a].begin, p.ranges[a].begin);
-            b.ranges[a].end = std::max(b.ranges[a].end, p.ranges[a].end);
-        }
-    return b;
-}
+LOOM_INLINE box bounding(const std::vector<box>& parts);
 
 }  // namespace detail
 
@@ -751,3 +725,42 @@ private:
 };
 
 }  // namespace loom::partition
+
+// Definitions: compiled here (header-only) or once in loom::compiled (core/linkage.hpp).
+#if LOOM_HEADER_DEFINITIONS
+
+namespace loom::partition::detail {
+
+LOOM_INLINE std::optional<std::size_t> tiling_axis(const std::vector<box>& parts, const box& whole) {
+    if (parts.size() < 2 || whole.rank() == 0) return std::nullopt;
+    for (std::size_t a = 0; a < whole.rank(); ++a) {
+        bool others_whole = true;
+        for (const auto& p : parts)
+            for (std::size_t b = 0; b < whole.rank(); ++b)
+                if (b != a && !(p.ranges[b] == whole.ranges[b])) others_whole = false;
+        if (!others_whole) continue;
+        std::vector<index_range> r;
+        for (const auto& p : parts) r.push_back(p.ranges[a]);
+        std::sort(r.begin(), r.end());
+        bool ok = r.front().begin == whole.ranges[a].begin && r.back().end == whole.ranges[a].end;
+        for (std::size_t i = 0; ok && i < r.size(); ++i) {
+            ok = r[i].size() == r[0].size() && r[i].size() > 0;
+            if (i > 0) ok = ok && r[i].begin == r[i - 1].end;
+        }
+        if (ok) return a;
+    }
+    return std::nullopt;
+}
+
+LOOM_INLINE box bounding(const std::vector<box>& parts) {
+    box b = parts.at(0);
+    for (const auto& p : parts)
+        for (std::size_t a = 0; a < b.rank(); ++a) {
+            b.ranges[a].begin = std::min(b.ranges[a].begin, p.ranges[a].begin);
+            b.ranges[a].end = std::max(b.ranges[a].end, p.ranges[a].end);
+        }
+    return b;
+}
+
+}  // namespace loom::partition::detail
+#endif  // LOOM_HEADER_DEFINITIONS

@@ -10,6 +10,7 @@
 #include <vector>
 
 #include <loom/core/error.hpp>
+#include <loom/core/linkage.hpp>
 #include <loom/graph/graph.hpp>
 #include <loom/graph/op.hpp>
 #include <loom/partition/vtensor.hpp>
@@ -34,7 +35,38 @@ namespace detail {
 
 inline std::string node_where(const node& n) { return std::string(n.op->name) + " '" + n.name + "'"; }
 
-inline std::string dims_of(const node& n) {
+LOOM_INLINE std::string dims_of(const node& n);
+
+// "1, 2, 3, 6": the divisors of n, in order.
+LOOM_INLINE std::string divisors(std::int64_t n);
+
+// The variable a split names: by label if given, else the unique splittable variable with
+// that dim (or the first, if several carry it).
+LOOM_INLINE std::optional<int> variable_of(const node& n, const plan::split_axis& s);
+
+}  // namespace detail
+
+// Checks `p` against node `n` and binds every split to one of the node's variables (its
+// label). `strict`: a plan the user wrote, whose mistakes are errors; otherwise (a mirrored
+// backward op) a split that does not apply becomes replication, noted in `notes`.
+LOOM_INLINE plan::op_partition bind_partition(const node& n, plan::op_partition p, int devices, bool strict,
+                                              std::vector<std::string>& notes);
+
+// The partition of an op that differentiates (or follows) `forward`: the same piece grid,
+// splits named by dim so that they find the matching variables of the new op.
+LOOM_INLINE plan::op_partition mirror_partition(const plan::op_partition& p, const node* forward);
+
+// Index ranges and boxes of every piece of node `n` under the bound partition `p`.
+LOOM_INLINE node_layout layout_pieces(const graph& g, const node& n, plan::op_partition p);
+
+}  // namespace loom::partition
+
+// Definitions: compiled here (header-only) or once in loom::compiled (core/linkage.hpp).
+#if LOOM_HEADER_DEFINITIONS
+
+namespace loom::partition::detail {
+
+LOOM_INLINE std::string dims_of(const node& n) {
     std::string s;
     for (const auto& v : n.sig.vars)
         s += (s.empty() ? "" : ", ") + std::string(v.dim.name()) + (v.frozen ? " (frozen)" : "") + "=" +
@@ -42,8 +74,7 @@ inline std::string dims_of(const node& n) {
     return s.empty() ? "none" : s;
 }
 
-// "1, 2, 3, 6": the divisors of n, in order.
-inline std::string divisors(std::int64_t n) {
+LOOM_INLINE std::string divisors(std::int64_t n) {
     std::vector<std::int64_t> low, high;
     for (std::int64_t d = 1; d * d <= n; ++d)
         if (n % d == 0) {
@@ -56,9 +87,7 @@ inline std::string divisors(std::int64_t n) {
     return s;
 }
 
-// The variable a split names: by label if given, else the unique splittable variable with
-// that dim (or the first, if several carry it).
-inline std::optional<int> variable_of(const node& n, const plan::split_axis& s) {
+LOOM_INLINE std::optional<int> variable_of(const node& n, const plan::split_axis& s) {
     if (!s.label.empty()) return n.sig.find(s.label);
     std::optional<int> found;
     for (std::size_t v = 0; v < n.sig.vars.size(); ++v)
@@ -68,14 +97,12 @@ inline std::optional<int> variable_of(const node& n, const plan::split_axis& s) 
         }
     return found;
 }
+}  // namespace loom::partition::detail
 
-}  // namespace detail
+namespace loom::partition {
 
-// Checks `p` against node `n` and binds every split to one of the node's variables (its
-// label). `strict`: a plan the user wrote, whose mistakes are errors; otherwise (a mirrored
-// backward op) a split that does not apply becomes replication, noted in `notes`.
-inline plan::op_partition bind_partition(const node& n, plan::op_partition p, int devices, bool strict,
-                                         std::vector<std::string>& notes) {
+LOOM_INLINE plan::op_partition bind_partition(const node& n, plan::op_partition p, int devices, bool strict,
+                                              std::vector<std::string>& notes) {
     const std::string where = detail::node_where(n);
     if (p.replicas < 1)
         throw plan_error("plan: " + where + " has " + std::to_string(p.replicas) + " replicas; use at least 1");
@@ -174,9 +201,7 @@ inline plan::op_partition bind_partition(const node& n, plan::op_partition p, in
     return p;
 }
 
-// The partition of an op that differentiates (or follows) `forward`: the same piece grid,
-// splits named by dim so that they find the matching variables of the new op.
-inline plan::op_partition mirror_partition(const plan::op_partition& p, const node* forward) {
+LOOM_INLINE plan::op_partition mirror_partition(const plan::op_partition& p, const node* forward) {
     plan::op_partition m = p;
     m.recompute = false;
     for (auto& s : m.splits) {
@@ -187,8 +212,7 @@ inline plan::op_partition mirror_partition(const plan::op_partition& p, const no
     return m;
 }
 
-// Index ranges and boxes of every piece of node `n` under the bound partition `p`.
-inline node_layout layout_pieces(const graph& g, const node& n, plan::op_partition p) {
+LOOM_INLINE node_layout layout_pieces(const graph& g, const node& n, plan::op_partition p) {
     node_layout layout;
     const auto& vars = n.sig.vars;
     std::vector<int> split_var(p.splits.size(), -1);
@@ -252,3 +276,4 @@ inline node_layout layout_pieces(const graph& g, const node& n, plan::op_partiti
 }
 
 }  // namespace loom::partition
+#endif  // LOOM_HEADER_DEFINITIONS

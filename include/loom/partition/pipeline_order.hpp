@@ -26,6 +26,7 @@
 #include <vector>
 
 #include <loom/core/error.hpp>
+#include <loom/core/linkage.hpp>
 #include <loom/partition/deadlock.hpp>
 #include <loom/partition/partitioned_graph.hpp>
 #include <loom/plan/op_partition.hpp>
@@ -35,8 +36,22 @@
 namespace loom::partition::detail {
 
 // The block of a piece of logical node `n`, or none for nodes no forward op accounts for.
-inline std::optional<schedule::block> pipeline_block(const partitioned_graph& pg, const plan::resolved_plan& pp,
-                                                     node_id n, std::int32_t piece) {
+LOOM_INLINE std::optional<schedule::block> pipeline_block(const partitioned_graph& pg, const plan::resolved_plan& pp,
+                                                          node_id n, std::int32_t piece);
+
+// Orders every device's program by the schedule (pg.order). The schedule must be for the
+// plan's stages, micro-batches and rounds, on the plan's devices.
+LOOM_INLINE void order_by_schedule(partitioned_graph& pg, const plan::resolved_plan& pp, const schedule::schedule& s);
+
+}  // namespace loom::partition::detail
+
+// Definitions: compiled here (header-only) or once in loom::compiled (core/linkage.hpp).
+#if LOOM_HEADER_DEFINITIONS
+
+namespace loom::partition::detail {
+
+LOOM_INLINE std::optional<schedule::block> pipeline_block(const partitioned_graph& pg, const plan::resolved_plan& pp,
+                                                          node_id n, std::int32_t piece) {
     const logical_graph& lg = *pg.logical;
     const node& nd = lg.g.at(n);
     const bool backward = nd.backward || nd.forward_of != no_id;
@@ -60,9 +75,7 @@ inline std::optional<schedule::block> pipeline_block(const partitioned_graph& pg
     return b;
 }
 
-// Orders every device's program by the schedule (pg.order). The schedule must be for the
-// plan's stages, micro-batches and rounds, on the plan's devices.
-inline void order_by_schedule(partitioned_graph& pg, const plan::resolved_plan& pp, const schedule::schedule& s) {
+LOOM_INLINE void order_by_schedule(partitioned_graph& pg, const plan::resolved_plan& pp, const schedule::schedule& s) {
     const std::string what = "pipeline order (" + (s.name.empty() ? std::string("schedule") : s.name) + ")";
     if (s.shape.stages != pp.stages || s.shape.micro_batches != pp.micro_batches || s.shape.rounds != pp.rounds)
         throw schedule::schedule_error(what + ": the schedule has " + std::to_string(s.shape.stages) + " stages, " +
@@ -151,3 +164,4 @@ inline void order_by_schedule(partitioned_graph& pg, const plan::resolved_plan& 
 }
 
 }  // namespace loom::partition::detail
+#endif  // LOOM_HEADER_DEFINITIONS

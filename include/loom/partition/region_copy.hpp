@@ -9,6 +9,7 @@
 #include <cstdint>
 #include <vector>
 
+#include <loom/core/linkage.hpp>
 #include <loom/partition/vtensor.hpp>
 
 namespace loom::partition {
@@ -70,14 +71,7 @@ void add_region(const T* src, const box& src_box, T* dst, const box& dst_box, co
 }
 
 // Boxes travel in node attributes as flat lists: begin0, end0, begin1, end1, ...
-inline std::vector<std::int64_t> encode_box(const box& b) {
-    std::vector<std::int64_t> v;
-    for (const auto& r : b.ranges) {
-        v.push_back(r.begin);
-        v.push_back(r.end);
-    }
-    return v;
-}
+LOOM_INLINE std::vector<std::int64_t> encode_box(const box& b);
 
 inline box decode_box(const std::vector<std::int64_t>& v, std::size_t first, std::size_t rank) {
     box b;
@@ -86,3 +80,20 @@ inline box decode_box(const std::vector<std::int64_t>& v, std::size_t first, std
 }
 
 }  // namespace loom::partition
+
+// Definitions: compiled here (header-only) or once in loom::compiled (core/linkage.hpp).
+#if LOOM_HEADER_DEFINITIONS
+
+namespace loom::partition {
+
+LOOM_INLINE std::vector<std::int64_t> encode_box(const box& b) {
+    std::vector<std::int64_t> v;
+    for (const auto& r : b.ranges) {
+        v.push_back(r.begin);
+        v.push_back(r.end);
+    }
+    return v;
+}
+
+}  // namespace loom::partition
+#endif  // LOOM_HEADER_DEFINITIONS

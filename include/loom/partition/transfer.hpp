@@ -16,6 +16,7 @@
 #include <string>
 #include <vector>
 
+#include <loom/core/linkage.hpp>
 #include <loom/graph/graph.hpp>
 #include <loom/partition/vtensor.hpp>
 
@@ -23,17 +24,7 @@ namespace loom::partition {
 
 enum class transfer_kind : std::uint8_t { all_reduce, all_gather, reduce_scatter, all_to_all, broadcast, send_recv };
 
-inline std::string_view to_string(transfer_kind k) {
-    switch (k) {
-        case transfer_kind::all_reduce: return "all_reduce";
-        case transfer_kind::all_gather: return "all_gather";
-        case transfer_kind::reduce_scatter: return "reduce_scatter";
-        case transfer_kind::all_to_all: return "all_to_all";
-        case transfer_kind::broadcast: return "broadcast";
-        case transfer_kind::send_recv: return "send_recv";
-    }
-    return "?";
-}
+LOOM_INLINE std::string_view to_string(transfer_kind k);
 
 struct transfer {
     transfer_kind kind = transfer_kind::send_recv;
@@ -104,3 +95,23 @@ struct transfer_cost_model {
 };
 
 }  // namespace loom::partition
+
+// Definitions: compiled here (header-only) or once in loom::compiled (core/linkage.hpp).
+#if LOOM_HEADER_DEFINITIONS
+
+namespace loom::partition {
+
+LOOM_INLINE std::string_view to_string(transfer_kind k) {
+    switch (k) {
+        case transfer_kind::all_reduce: return "all_reduce";
+        case transfer_kind::all_gather: return "all_gather";
+        case transfer_kind::reduce_scatter: return "reduce_scatter";
+        case transfer_kind::all_to_all: return "all_to_all";
+        case transfer_kind::broadcast: return "broadcast";
+        case transfer_kind::send_recv: return "send_recv";
+    }
+    return "?";
+}
+
+}  // namespace loom::partition
+#endif  // LOOM_HEADER_DEFINITIONS

@@ -18,6 +18,7 @@
 #include <vector>
 
 #include <loom/core/error.hpp>
+#include <loom/core/linkage.hpp>
 #include <loom/core/shape.hpp>
 #include <loom/graph/graph.hpp>
 
@@ -73,12 +74,7 @@ struct box {
     friend auto operator<=>(const box&, const box&) = default;
 };
 
-inline box intersect(const box& a, const box& b) {
-    box r;
-    for (std::size_t i = 0; i < a.ranges.size(); ++i)
-        r.ranges.push_back({std::max(a.ranges[i].begin, b.ranges[i].begin), std::min(a.ranges[i].end, b.ranges[i].end)});
-    return r;
-}
+LOOM_INLINE box intersect(const box& a, const box& b);
 
 inline bool overlaps(const box& a, const box& b) { return !intersect(a, b).empty() || a.rank() == 0; }
 
@@ -125,3 +121,18 @@ private:
 };
 
 }  // namespace loom::partition
+
+// Definitions: compiled here (header-only) or once in loom::compiled (core/linkage.hpp).
+#if LOOM_HEADER_DEFINITIONS
+
+namespace loom::partition {
+
+LOOM_INLINE box intersect(const box& a, const box& b) {
+    box r;
+    for (std::size_t i = 0; i < a.ranges.size(); ++i)
+        r.ranges.push_back({std::max(a.ranges[i].begin, b.ranges[i].begin), std::min(a.ranges[i].end, b.ranges[i].end)});
+    return r;
+}
+
+}  // namespace loom::partition
+#endif  // LOOM_HEADER_DEFINITIONS

@@ -36,6 +36,7 @@
 #include <boost/mp11/list.hpp>
 
 #include <loom/core/error.hpp>
+#include <loom/core/linkage.hpp>
 #include <loom/graph/graph.hpp>
 #include <loom/plan/assign.hpp>
 #include <loom/plan/checks.hpp>
@@ -128,12 +129,8 @@ constexpr std::int64_t declared_devices_of() {
     return declared_devices(plan_description<Parts...>::view);
 }
 
-inline std::string open_parameter_name(std::size_t trans_index, std::size_t split, std::size_t splits,
-                                       std::string_view user_name) {
-    if (!user_name.empty()) return std::string(user_name);
-    std::string name = "trans#" + std::to_string(trans_index) + ".degree";
-    return splits == 1 ? name : name + std::to_string(split);
-}
+LOOM_INLINE std::string open_parameter_name(std::size_t trans_index, std::size_t split, std::size_t splits,
+                                            std::string_view user_name);
 
 // The open parameters of a plan's typed parts, in order of first appearance, each once.
 template <class... Parts>
@@ -169,14 +166,7 @@ inline degree_spec lower_degree(const degree_view& d, const std::string& open_na
     return {d.value, "", {}};
 }
 
-inline split_spec lower_split(const split_view& s, degree_spec degree) {
-    switch (s.kind) {
-        case split_kind::dim: return {dim_id(s.target), "", std::move(degree), false};
-        case split_kind::variable: return {{}, std::string(s.target), std::move(degree), false};
-        case split_kind::replicate: return {{}, "", std::move(degree), true};
-    }
-    return {};
-}
+LOOM_INLINE split_spec lower_split(const split_view& s, degree_spec degree);
 
 // Everything spec() builds: the plan_spec and the views of what it knows at run time.
 struct lowering {
@@ -289,17 +279,7 @@ plan_spec lower(const std::tuple<Parts...>& parts, const std::map<std::string, s
 
 // The extents a plan states (extent<D, E>), against the graph it is resolved on: the
 // compile-time checks relied on them.
-inline void check_extents(std::span<const fact_view> facts, const graph& g) {
-    for (const fact_view& f : facts) {
-        if (f.kind != fact_kind::extent) continue;
-        for (const node& n : g.nodes)
-            for (const bound_variable& v : n.sig.vars)
-                if (v.dim.name() == f.dim && v.extent != f.value)
-                    throw plan_error(concat(f.spelling, ": the graph's ", f.dim, " is ", v.extent, " in ", n.op->name,
-                                            " '", n.name, "'; state the model's extent, or leave the fact out")
-                                         .str());
-    }
-}
+LOOM_INLINE void check_extents(std::span<const fact_view> facts, const graph& g);
 
 template <class... Parts>
 resolved_plan resolve_checked(const plan_spec& spec, const graph& g) {
@@ -324,14 +304,7 @@ std::vector<std::string> all_open_parameters(const std::tuple<Parts...>& parts) 
     return names;
 }
 
-inline void require_open_parameter(const std::vector<std::string>& names, const std::string& name, std::int64_t value) {
-    if (std::find(names.begin(), names.end(), name) != names.end()) return;
-    std::string known;
-    for (const auto& n : names) known += (known.empty() ? "" : ", ") + n;
-    throw plan_error("plan::compose(...).choose(\"" + name + "\", " + std::to_string(value) +
-                     "): the plan has no open parameter '" + name + "'; " +
-                     (known.empty() ? std::string("it has none") : "its open parameters: " + known));
-}
+LOOM_INLINE void require_open_parameter(const std::vector<std::string>& names, const std::string& name, std::int64_t value);
 
 }  // namespace detail
 
@@ -448,3 +421,48 @@ inline constexpr detail::message error_message = detail::well_formed_list<
     boost::mp11::mp_append<boost::mp11::mp_list<>, typename detail::as_parts<std::remove_cvref_t<Parts>>::type...>>::error;
 
 }  // namespace loom::plan
+
+// Definitions: compiled here (header-only) or once in loom::compiled (core/linkage.hpp).
+#if LOOM_HEADER_DEFINITIONS
+
+namespace loom::plan::detail {
+
+LOOM_INLINE std::string open_parameter_name(std::size_t trans_index, std::size_t split, std::size_t splits,
+                                            std::string_view user_name) {
+    if (!user_name.empty()) return std::string(user_name);
+    std::string name = "trans#" + std::to_string(trans_index) + ".degree";
+    return splits == 1 ? name : name + std::to_string(split);
+}
+
+LOOM_INLINE split_spec lower_split(const split_view& s, degree_spec degree) {
+    switch (s.kind) {
+        case split_kind::dim: return {dim_id(s.target), "", std::move(degree), false};
+        case split_kind::variable: return {{}, std::string(s.target), std::move(degree), false};
+        case split_kind::replicate: return {{}, "", std::move(degree), true};
+    }
+    return {};
+}
+
+LOOM_INLINE void check_extents(std::span<const fact_view> facts, const graph& g) {
+    for (const fact_view& f : facts) {
+        if (f.kind != fact_kind::extent) continue;
+        for (const node& n : g.nodes)
+            for (const bound_variable& v : n.sig.vars)
+                if (v.dim.name() == f.dim && v.extent != f.value)
+                    throw plan_error(concat(f.spelling, ": the graph's ", f.dim, " is ", v.extent, " in ", n.op->name,
+                                            " '", n.name, "'; state the model's extent, or leave the fact out")
+                                         .str());
+    }
+}
+
+LOOM_INLINE void require_open_parameter(const std::vector<std::string>& names, const std::string& name, std::int64_t value) {
+    if (std::find(names.begin(), names.end(), name) != names.end()) return;
+    std::string known;
+    for (const auto& n : names) known += (known.empty() ? "" : ", ") + n;
+    throw plan_error("plan::compose(...).choose(\"" + name + "\", " + std::to_string(value) +
+                     "): the plan has no open parameter '" + name + "'; " +
+                     (known.empty() ? std::string("it has none") : "its open parameters: " + known));
+}
+
+}  // namespace loom::plan::detail
+#endif  // LOOM_HEADER_DEFINITIONS

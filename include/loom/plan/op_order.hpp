@@ -20,23 +20,14 @@
 #include <string>
 #include <vector>
 
+#include <loom/core/linkage.hpp>
 #include <loom/schedule/constraints.hpp>
 
 namespace loom::plan {
 
 enum class schedule_kind : std::uint8_t { gpipe, one_f_one_b, interleaved, three_f_one_b, interlaced, from_constraints };
 
-inline std::string to_string(schedule_kind k) {
-    switch (k) {
-        case schedule_kind::gpipe: return "GPipe";
-        case schedule_kind::one_f_one_b: return "1F1B";
-        case schedule_kind::interleaved: return "interleaved 1F1B";
-        case schedule_kind::three_f_one_b: return "3F1B";
-        case schedule_kind::interlaced: return "interlaced";
-        case schedule_kind::from_constraints: return "ordered by constraints";
-    }
-    return "?";
-}
+LOOM_INLINE std::string to_string(schedule_kind k);
 
 struct order_policy {
     schedule_kind kind = schedule_kind::one_f_one_b;
@@ -71,3 +62,23 @@ struct order_spec {
 };
 
 }  // namespace loom::plan
+
+// Definitions: compiled here (header-only) or once in loom::compiled (core/linkage.hpp).
+#if LOOM_HEADER_DEFINITIONS
+
+namespace loom::plan {
+
+LOOM_INLINE std::string to_string(schedule_kind k) {
+    switch (k) {
+        case schedule_kind::gpipe: return "GPipe";
+        case schedule_kind::one_f_one_b: return "1F1B";
+        case schedule_kind::interleaved: return "interleaved 1F1B";
+        case schedule_kind::three_f_one_b: return "3F1B";
+        case schedule_kind::interlaced: return "interlaced";
+        case schedule_kind::from_constraints: return "ordered by constraints";
+    }
+    return "?";
+}
+
+}  // namespace loom::plan
+#endif  // LOOM_HEADER_DEFINITIONS

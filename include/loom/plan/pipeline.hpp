@@ -24,6 +24,7 @@
 #include <vector>
 
 #include <loom/core/error.hpp>
+#include <loom/core/linkage.hpp>
 #include <loom/graph/graph.hpp>
 #include <loom/plan/op_partition.hpp>
 #include <loom/plan/rules.hpp>
@@ -52,7 +53,27 @@ struct pipeline_spec {
 
 // r for a node under scope "<name>.<r>" (an instance of a repeat called name, or a scope
 // named so), or -1.
-inline int round_of(const graph& g, const node& n, const std::string& name) {
+LOOM_INLINE int round_of(const graph& g, const node& n, const std::string& name);
+
+inline bool has_dim(const node& n, dim_id d) {
+    for (const auto& v : n.sig.vars)
+        if (v.dim == d) return true;
+    return false;
+}
+
+// Places the stages: the partitions (with op-assign to the stage groups) plus, per forward
+// node, its stage, round, and whether its first split is the micro-batch split. The order
+// is left to the caller (plan::resolve).
+LOOM_INLINE resolved_plan place_stages(const pipeline_spec& spec, const graph& g);
+
+}  // namespace loom::plan::detail
+
+// Definitions: compiled here (header-only) or once in loom::compiled (core/linkage.hpp).
+#if LOOM_HEADER_DEFINITIONS
+
+namespace loom::plan::detail {
+
+LOOM_INLINE int round_of(const graph& g, const node& n, const std::string& name) {
     if (name.empty()) return -1;
     for (std::int32_t s = n.scope; s != no_id;) {
         const scope_desc& sd = g.scopes.at(static_cast<std::size_t>(s));
@@ -66,16 +87,7 @@ inline int round_of(const graph& g, const node& n, const std::string& name) {
     return -1;
 }
 
-inline bool has_dim(const node& n, dim_id d) {
-    for (const auto& v : n.sig.vars)
-        if (v.dim == d) return true;
-    return false;
-}
-
-// Places the stages: the partitions (with op-assign to the stage groups) plus, per forward
-// node, its stage, round, and whether its first split is the micro-batch split. The order
-// is left to the caller (plan::resolve).
-inline resolved_plan place_stages(const pipeline_spec& spec, const graph& g) {
+LOOM_INLINE resolved_plan place_stages(const pipeline_spec& spec, const graph& g) {
     const auto stages = static_cast<int>(spec.stages.size());
     if (stages < 1) throw plan_error("pipeline: no stages; give at least one stage (a layer range and its devices)");
     if (spec.micro_batches < 1)
@@ -192,3 +204,4 @@ inline resolved_plan place_stages(const pipeline_spec& spec, const graph& g) {
 }
 
 }  // namespace loom::plan::detail
+#endif  // LOOM_HEADER_DEFINITIONS

@@ -18,6 +18,7 @@
 #include <string>
 #include <vector>
 
+#include <loom/core/linkage.hpp>
 #include <loom/ops/all.hpp>
 #include <loom/plan/op_order.hpp>
 #include <loom/plan/recompute_policy.hpp>
@@ -42,12 +43,7 @@ inline split_spec split_dim(dim_id d, std::int64_t n) { return split_dim(d, degr
 inline split_spec split_var(std::string label, std::int64_t n) { return split_var(std::move(label), degree_spec{n, "", {}}); }
 inline split_spec replicate(std::int64_t n) { return replicate(degree_spec{n, "", {}}); }
 
-inline selector kinds(std::vector<const op_def*> k, std::string scope = {}) {
-    selector s;
-    s.kinds = std::move(k);
-    s.scope = std::move(scope);
-    return s;
-}
+LOOM_INLINE selector kinds(std::vector<const op_def*> k, std::string scope = {});
 inline selector in_scope(std::string scope) {
     selector s;
     s.scope = std::move(scope);
@@ -55,13 +51,7 @@ inline selector in_scope(std::string scope) {
 }
 
 // trans rule: the data-parallel split (if any: open, or more than 1) first, then `inner`.
-inline rule trans(selector on, const degree_spec& dp, std::vector<split_spec> inner, std::string origin) {
-    std::vector<split_spec> splits;
-    if (dp.value > 1 || !dp.open.empty()) splits.push_back(split_dim(Dim::Batch::id, dp));
-    for (auto& s : inner) splits.push_back(std::move(s));
-    // A preset is a recipe for many models: a part some model lacks is not a mistake.
-    return {std::move(on), std::move(splits), std::nullopt, std::nullopt, std::move(origin), true};
-}
+LOOM_INLINE rule trans(selector on, const degree_spec& dp, std::vector<split_spec> inner, std::string origin);
 inline rule trans(selector on, std::int64_t dp, std::vector<split_spec> inner, std::string origin) {
     return trans(std::move(on), degree_spec{dp, "", {}}, std::move(inner), std::move(origin));
 }
@@ -71,26 +61,12 @@ inline rule trans(selector on, std::int64_t dp, std::vector<split_spec> inner, s
 // cross-entropy (rebuilt by the transformation registered for its v: each device reduces its
 // slice of the logits; no device gathers them). Any degree up to the vocabulary's size: the
 // slices are near-equal where it does not divide.
-inline plan_spec vocabulary_rules(const degree_spec& tp, const degree_spec& dp, const std::string& origin) {
-    plan_spec p;
-    p.add(trans(kinds({&op_def_of<ops::Embedding>()}), dp, {split_var("v", tp)}, origin));
-    selector head = kinds({&op_def_of<ops::Linear>()});
-    head.name = "linear*";
-    p.add(trans(head, dp, {split_var("n", tp)}, origin));
-    p.add(trans(kinds({&op_def_of<ops::CrossEntropy>()}), dp, {split_var("v", tp)}, origin));
-    return p;
-}
+LOOM_INLINE plan_spec vocabulary_rules(const degree_spec& tp, const degree_spec& dp, const std::string& origin);
 
 }  // namespace detail
 
 // Every op split along the batch over n devices; weights replicated, gradients all-reduced.
-inline plan_spec data_parallel(int n) {
-    plan_spec p;
-    p.devices = n;
-    p.name = "data parallel x" + std::to_string(n);
-    p.add(detail::trans({}, n, {}, "data_parallel"));
-    return p;
-}
+LOOM_INLINE plan_spec data_parallel(int n);
 
 // Megatron tensor parallelism over tp devices (times dp data-parallel replicas on a
 // dp x tp mesh, device = d * tp + t): column-parallel q, k, v and fc, heads and FFN split
@@ -101,7 +77,96 @@ inline plan_spec data_parallel(int n) {
 // tensor-parallel group; heads and FFN must divide by tp.
 // The same with either degree open: megatron({1, "tp", {}}, {1, "dp", {}}) leaves both to
 // the searcher (plan/spaces.hpp); the plan's devices are then the caller's to set.
-inline plan_spec megatron(const degree_spec& tp, const degree_spec& dp, const transformer_names& names = {}) {
+LOOM_INLINE plan_spec megatron(const degree_spec& tp, const degree_spec& dp, const transformer_names& names = {});
+
+inline plan_spec megatron(int tp, int dp = 1, const transformer_names& names = {}) {
+    return megatron(degree_spec{tp, "", {}}, degree_spec{dp, "", {}}, names);
+}
+
+// The embedding, the LM head and the loss split by vocabulary over n devices (Megatron's
+// vocabulary parallelism alone; the interlaced pipeline runs them so on every device).
+LOOM_INLINE plan_spec vocabulary_parallel(int n);
+
+// A pipeline of `stages` device groups, each cut by `inner` (a plan for one group: its
+// devices are the group's size): the layers of "blocks" split evenly over the stages,
+// every op cut into `micro_batches` along the batch, and the blocks ordered by `order`.
+//   presets::pipeline(2, 4, {plan::schedule_kind::one_f_one_b}, presets::megatron(2))   // 4 devices
+LOOM_INLINE plan_spec pipeline(int stages, int micro_batches, order_policy order = {schedule_kind::one_f_one_b},
+                               plan_spec inner = {});
+
+// Megatron's sequence parallelism: as megatron(), and the ops that Megatron replicates
+// (layer norms, residual adds, dropout) are split along the sequence instead. The
+// all-reduces around the blocks become reduce-scatters and all-gathers.
+LOOM_INLINE plan_spec sequence_parallel(int tp, int dp = 1, const transformer_names& names = {});
+
+// ZeRO over n data-parallel devices: stage 1 shards optimizer state, 2 also gradients,
+// 3 also parameters (each device stores 1/n of every weight and gathers it when used).
+LOOM_INLINE plan_spec zero(int stage, int n);
+
+// Recompute the selected ops' outputs in the backward pass instead of keeping them.
+inline plan_spec recompute(selector on) {
+    plan_spec p;
+    p.add({std::move(on), std::nullopt, std::nullopt, true, "recompute", false});
+    return p;
+}
+
+// A recompute policy (plan/recompute_policy.hpp) for layers first..last (inclusive; last < 0:
+// to the end) of `repeat`: selective recomputes their attention cores (the ops::Attention
+// ops), full every op of the layers; none adds no rule.
+//   plan.then(presets::recompute_layers(recompute_policy::full, 0, 11))
+LOOM_INLINE plan_spec recompute_layers(recompute_policy r, std::int64_t first_layer, std::int64_t last_layer,
+                                       std::string repeat = "blocks");
+
+// Coshard: the attention and MLP of the selected layers split into tp * c pieces, c of
+// them colocated on each of tp devices and run one after another, with recompute, so that
+// a device holds the activations of one piece at a time. Other ops replicate over the tp
+// devices (as in megatron()).
+LOOM_INLINE plan_spec coshard(int tp, int c, const transformer_names& names = {});
+
+}  // namespace loom::plan::presets
+
+// Definitions: compiled here (header-only) or once in loom::compiled (core/linkage.hpp).
+#if LOOM_HEADER_DEFINITIONS
+
+namespace loom::plan::presets::detail {
+
+LOOM_INLINE selector kinds(std::vector<const op_def*> k, std::string scope) {
+    selector s;
+    s.kinds = std::move(k);
+    s.scope = std::move(scope);
+    return s;
+}
+
+LOOM_INLINE rule trans(selector on, const degree_spec& dp, std::vector<split_spec> inner, std::string origin) {
+    std::vector<split_spec> splits;
+    if (dp.value > 1 || !dp.open.empty()) splits.push_back(split_dim(Dim::Batch::id, dp));
+    for (auto& s : inner) splits.push_back(std::move(s));
+    // A preset is a recipe for many models: a part some model lacks is not a mistake.
+    return {std::move(on), std::move(splits), std::nullopt, std::nullopt, std::move(origin), true};
+}
+
+LOOM_INLINE plan_spec vocabulary_rules(const degree_spec& tp, const degree_spec& dp, const std::string& origin) {
+    plan_spec p;
+    p.add(trans(kinds({&op_def_of<ops::Embedding>()}), dp, {split_var("v", tp)}, origin));
+    selector head = kinds({&op_def_of<ops::Linear>()});
+    head.name = "linear*";
+    p.add(trans(head, dp, {split_var("n", tp)}, origin));
+    p.add(trans(kinds({&op_def_of<ops::CrossEntropy>()}), dp, {split_var("v", tp)}, origin));
+    return p;
+}
+}  // namespace loom::plan::presets::detail
+
+namespace loom::plan::presets {
+
+LOOM_INLINE plan_spec data_parallel(int n) {
+    plan_spec p;
+    p.devices = n;
+    p.name = "data parallel x" + std::to_string(n);
+    p.add(detail::trans({}, n, {}, "data_parallel"));
+    return p;
+}
+
+LOOM_INLINE plan_spec megatron(const degree_spec& tp, const degree_spec& dp, const transformer_names& names) {
     using namespace detail;
     plan_spec p;
     const auto text = [](const degree_spec& d) { return d.open.empty() ? std::to_string(d.value) : "<" + d.open + ">"; };
@@ -122,25 +187,15 @@ inline plan_spec megatron(const degree_spec& tp, const degree_spec& dp, const tr
     return p;
 }
 
-inline plan_spec megatron(int tp, int dp = 1, const transformer_names& names = {}) {
-    return megatron(degree_spec{tp, "", {}}, degree_spec{dp, "", {}}, names);
-}
-
-// The embedding, the LM head and the loss split by vocabulary over n devices (Megatron's
-// vocabulary parallelism alone; the interlaced pipeline runs them so on every device).
-inline plan_spec vocabulary_parallel(int n) {
+LOOM_INLINE plan_spec vocabulary_parallel(int n) {
     plan_spec p = detail::vocabulary_rules(degree_spec{n, "", {}}, degree_spec{1, "", {}}, "vocabulary_parallel");
     p.devices = n;
     p.name = "vocabulary parallel x" + std::to_string(n);
     return p;
 }
 
-// A pipeline of `stages` device groups, each cut by `inner` (a plan for one group: its
-// devices are the group's size): the layers of "blocks" split evenly over the stages,
-// every op cut into `micro_batches` along the batch, and the blocks ordered by `order`.
-//   presets::pipeline(2, 4, {plan::schedule_kind::one_f_one_b}, presets::megatron(2))   // 4 devices
-inline plan_spec pipeline(int stages, int micro_batches, order_policy order = {schedule_kind::one_f_one_b},
-                          plan_spec inner = {}) {
+LOOM_INLINE plan_spec pipeline(int stages, int micro_batches, order_policy order,
+                               plan_spec inner) {
     plan_spec p = std::move(inner);
     const int group = p.devices;
     p.devices = stages * group;
@@ -155,10 +210,7 @@ inline plan_spec pipeline(int stages, int micro_batches, order_policy order = {s
     return p;
 }
 
-// Megatron's sequence parallelism: as megatron(), and the ops that Megatron replicates
-// (layer norms, residual adds, dropout) are split along the sequence instead. The
-// all-reduces around the blocks become reduce-scatters and all-gathers.
-inline plan_spec sequence_parallel(int tp, int dp = 1, const transformer_names& names = {}) {
+LOOM_INLINE plan_spec sequence_parallel(int tp, int dp, const transformer_names& names) {
     using namespace detail;
     plan_spec p = megatron(tp, dp, names);
     p.name = "sequence parallel x" + std::to_string(tp) + (dp > 1 ? " x data parallel x" + std::to_string(dp) : "");
@@ -168,9 +220,7 @@ inline plan_spec sequence_parallel(int tp, int dp = 1, const transformer_names& 
     return p;
 }
 
-// ZeRO over n data-parallel devices: stage 1 shards optimizer state, 2 also gradients,
-// 3 also parameters (each device stores 1/n of every weight and gathers it when used).
-inline plan_spec zero(int stage, int n) {
+LOOM_INLINE plan_spec zero(int stage, int n) {
     if (stage < 1 || stage > 3)
         throw plan_error("plan: zero<" + std::to_string(stage) + ">: ZeRO has stages 1, 2 and 3");
     plan_spec p = data_parallel(n);
@@ -179,19 +229,8 @@ inline plan_spec zero(int stage, int n) {
     return p;
 }
 
-// Recompute the selected ops' outputs in the backward pass instead of keeping them.
-inline plan_spec recompute(selector on) {
-    plan_spec p;
-    p.add({std::move(on), std::nullopt, std::nullopt, true, "recompute", false});
-    return p;
-}
-
-// A recompute policy (plan/recompute_policy.hpp) for layers first..last (inclusive; last < 0:
-// to the end) of `repeat`: selective recomputes their attention cores (the ops::Attention
-// ops), full every op of the layers; none adds no rule.
-//   plan.then(presets::recompute_layers(recompute_policy::full, 0, 11))
-inline plan_spec recompute_layers(recompute_policy r, std::int64_t first_layer, std::int64_t last_layer,
-                                  std::string repeat = "blocks") {
+LOOM_INLINE plan_spec recompute_layers(recompute_policy r, std::int64_t first_layer, std::int64_t last_layer,
+                                       std::string repeat) {
     plan_spec p;
     if (r == recompute_policy::none) return p;
     selector on;
@@ -203,11 +242,7 @@ inline plan_spec recompute_layers(recompute_policy r, std::int64_t first_layer, 
     return p;
 }
 
-// Coshard: the attention and MLP of the selected layers split into tp * c pieces, c of
-// them colocated on each of tp devices and run one after another, with recompute, so that
-// a device holds the activations of one piece at a time. Other ops replicate over the tp
-// devices (as in megatron()).
-inline plan_spec coshard(int tp, int c, const transformer_names& names = {}) {
+LOOM_INLINE plan_spec coshard(int tp, int c, const transformer_names& names) {
     using namespace detail;
     plan_spec p;
     p.devices = tp;
@@ -235,3 +270,4 @@ inline plan_spec coshard(int tp, int c, const transformer_names& names = {}) {
 }
 
 }  // namespace loom::plan::presets
+#endif  // LOOM_HEADER_DEFINITIONS

@@ -14,11 +14,22 @@
 #include <cstdint>
 #include <string>
 
+#include <loom/core/linkage.hpp>
+
 namespace loom::plan {
 
 enum class recompute_policy : std::uint8_t { none, selective, full };
 
-inline std::string to_string(recompute_policy r) {
+LOOM_INLINE std::string to_string(recompute_policy r);
+
+}  // namespace loom::plan
+
+// Definitions: compiled here (header-only) or once in loom::compiled (core/linkage.hpp).
+#if LOOM_HEADER_DEFINITIONS
+
+namespace loom::plan {
+
+LOOM_INLINE std::string to_string(recompute_policy r) {
     switch (r) {
         case recompute_policy::none: return "none";
         case recompute_policy::selective: return "selective";
@@ -28,3 +39,4 @@ inline std::string to_string(recompute_policy r) {
 }
 
 }  // namespace loom::plan
+#endif  // LOOM_HEADER_DEFINITIONS

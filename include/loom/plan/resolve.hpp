@@ -24,6 +24,7 @@
 #include <vector>
 
 #include <loom/core/error.hpp>
+#include <loom/core/linkage.hpp>
 #include <loom/graph/graph.hpp>
 #include <loom/plan/op_order.hpp>
 #include <loom/plan/op_partition.hpp>
@@ -36,12 +37,7 @@ namespace loom::plan {
 
 namespace detail {
 
-inline std::int64_t layer_count(const graph& g, const std::string& repeat) {
-    std::int64_t layers = 0;
-    for (const auto& r : g.repeats)
-        if (r.name == repeat) layers = std::max<std::int64_t>(layers, static_cast<std::int64_t>(r.scopes.size()));
-    return layers;
-}
+LOOM_INLINE std::int64_t layer_count(const graph& g, const std::string& repeat);
 
 // The repeat of forward rounds around the layers of `repeat` (recycling models): the
 // innermost other repeat whose instances enclose those layers. {"", 1} when there is none.
@@ -50,7 +46,48 @@ struct forward_rounds {
     int rounds = 1;
 };
 
-inline forward_rounds find_forward_rounds(const graph& g, const std::string& repeat) {
+LOOM_INLINE forward_rounds find_forward_rounds(const graph& g, const std::string& repeat);
+
+// A schedule for stages of one device each, spread over groups of `group` devices: stage s
+// runs on devices [g * group, (g + 1) * group) of its device g, every member in the same block
+// order (SPMD within the group).
+LOOM_INLINE schedule::schedule spread_over_groups(const schedule::schedule& s, int group);
+
+// The op-order of a pipeline of `stages` device groups of `group` devices.
+LOOM_INLINE schedule::schedule pipeline_order(const order_policy& o, int stages, int micro_batches, int group);
+
+inline std::string allowed_text(const std::vector<std::int64_t>& allowed) {
+    std::string out;
+    for (auto v : allowed) out += (out.empty() ? "" : ", ") + std::to_string(v);
+    return out;
+}
+
+LOOM_INLINE zero_stage chosen_zero(const plan_spec& p);
+
+LOOM_INLINE std::optional<order_policy> chosen_order(const plan_spec& p);
+
+// The first layer of every range, checked: strictly increasing, inside the model, the first 0.
+LOOM_INLINE std::vector<std::int64_t> stage_starts(const stage_spec& st, std::int64_t layers, int chunks);
+
+}  // namespace detail
+
+LOOM_INLINE resolved_plan resolve(const plan_spec& p, const graph& g);
+
+}  // namespace loom::plan
+
+// Definitions: compiled here (header-only) or once in loom::compiled (core/linkage.hpp).
+#if LOOM_HEADER_DEFINITIONS
+
+namespace loom::plan::detail {
+
+LOOM_INLINE std::int64_t layer_count(const graph& g, const std::string& repeat) {
+    std::int64_t layers = 0;
+    for (const auto& r : g.repeats)
+        if (r.name == repeat) layers = std::max<std::int64_t>(layers, static_cast<std::int64_t>(r.scopes.size()));
+    return layers;
+}
+
+LOOM_INLINE forward_rounds find_forward_rounds(const graph& g, const std::string& repeat) {
     for (const auto& r : g.repeats) {
         if (r.name != repeat || r.scopes.empty()) continue;
         for (std::int32_t s = g.scopes.at(static_cast<std::size_t>(r.scopes.front())).parent; s != no_id;) {
@@ -65,10 +102,7 @@ inline forward_rounds find_forward_rounds(const graph& g, const std::string& rep
     return {};
 }
 
-// A schedule for stages of one device each, spread over groups of `group` devices: stage s
-// runs on devices [g * group, (g + 1) * group) of its device g, every member in the same block
-// order (SPMD within the group).
-inline schedule::schedule spread_over_groups(const schedule::schedule& s, int group) {
+LOOM_INLINE schedule::schedule spread_over_groups(const schedule::schedule& s, int group) {
     if (group == 1) return s;
     schedule::schedule out = s;
     out.shape.devices = s.shape.devices * group;
@@ -84,8 +118,7 @@ inline schedule::schedule spread_over_groups(const schedule::schedule& s, int gr
     return out;
 }
 
-// The op-order of a pipeline of `stages` device groups of `group` devices.
-inline schedule::schedule pipeline_order(const order_policy& o, int stages, int micro_batches, int group) {
+LOOM_INLINE schedule::schedule pipeline_order(const order_policy& o, int stages, int micro_batches, int group) {
     switch (o.kind) {
         case schedule_kind::gpipe: return spread_over_groups(schedule::gpipe(stages, micro_batches), group);
         case schedule_kind::one_f_one_b: return spread_over_groups(schedule::one_f_one_b(stages, micro_batches), group);
@@ -103,13 +136,7 @@ inline schedule::schedule pipeline_order(const order_policy& o, int stages, int 
     throw plan_error("plan::order: unknown schedule kind");
 }
 
-inline std::string allowed_text(const std::vector<std::int64_t>& allowed) {
-    std::string out;
-    for (auto v : allowed) out += (out.empty() ? "" : ", ") + std::to_string(v);
-    return out;
-}
-
-inline zero_stage chosen_zero(const plan_spec& p) {
+LOOM_INLINE zero_stage chosen_zero(const plan_spec& p) {
     if (p.zero_open.empty()) return p.zero;
     auto it = p.choices.find(p.zero_open);
     if (it == p.choices.end())
@@ -124,7 +151,7 @@ inline zero_stage chosen_zero(const plan_spec& p) {
     return static_cast<zero_stage>(it->second);
 }
 
-inline std::optional<order_policy> chosen_order(const plan_spec& p) {
+LOOM_INLINE std::optional<order_policy> chosen_order(const plan_spec& p) {
     const auto& alternatives = p.order.alternatives;
     if (alternatives.empty()) return std::nullopt;
     if (alternatives.size() == 1) return alternatives.front();
@@ -141,8 +168,7 @@ inline std::optional<order_policy> chosen_order(const plan_spec& p) {
     return alternatives[static_cast<std::size_t>(it->second)];
 }
 
-// The first layer of every range, checked: strictly increasing, inside the model, the first 0.
-inline std::vector<std::int64_t> stage_starts(const stage_spec& st, std::int64_t layers, int chunks) {
+LOOM_INLINE std::vector<std::int64_t> stage_starts(const stage_spec& st, std::int64_t layers, int chunks) {
     const std::string what = "plan::stages on '" + st.repeat + "'";
     std::vector<std::int64_t> starts;
     if (st.boundaries.empty()) {
@@ -175,10 +201,11 @@ inline std::vector<std::int64_t> stage_starts(const stage_spec& st, std::int64_t
     }
     return starts;
 }
+}  // namespace loom::plan::detail
 
-}  // namespace detail
+namespace loom::plan {
 
-inline resolved_plan resolve(const plan_spec& p, const graph& g) {
+LOOM_INLINE resolved_plan resolve(const plan_spec& p, const graph& g) {
     if (p.devices < 1) throw plan_error("plan: devices = " + std::to_string(p.devices) + "; use at least one device");
     const zero_stage zero = detail::chosen_zero(p);
     const std::int64_t micro = degree_value(p.micro_batches, p, "plan::micro_batches");
@@ -282,3 +309,4 @@ inline resolved_plan resolve(const plan_spec& p, const graph& g) {
 }
 
 }  // namespace loom::plan
+#endif  // LOOM_HEADER_DEFINITIONS

@@ -22,6 +22,7 @@
 #include <vector>
 
 #include <loom/core/error.hpp>
+#include <loom/core/linkage.hpp>
 #include <loom/graph/graph.hpp>
 #include <loom/graph/op.hpp>
 #include <loom/plan/op_order.hpp>
@@ -32,38 +33,13 @@ namespace loom::plan {
 namespace detail {
 
 // Shell-style glob: '*' any run of characters, '?' one character.
-inline bool glob_match(std::string_view pattern, std::string_view text) {
-    std::size_t p = 0, t = 0, star = std::string_view::npos, mark = 0;
-    while (t < text.size()) {
-        if (p < pattern.size() && (pattern[p] == '?' || pattern[p] == text[t])) {
-            ++p;
-            ++t;
-        } else if (p < pattern.size() && pattern[p] == '*') {
-            star = p++;
-            mark = t;
-        } else if (star != std::string_view::npos) {
-            p = star + 1;
-            t = ++mark;
-        } else {
-            return false;
-        }
-    }
-    while (p < pattern.size() && pattern[p] == '*') ++p;
-    return p == pattern.size();
-}
+LOOM_INLINE bool glob_match(std::string_view pattern, std::string_view text);
 
 }  // namespace detail
 
 // The index of the layer of `repeat` that node n is in (its innermost enclosing scope that
 // is an instance of that repeat), or -1 outside it.
-inline std::int64_t layer_index(const graph& g, const node& n, std::string_view repeat) {
-    for (std::int32_t s = n.scope; s != no_id;) {
-        const scope_desc& sd = g.scopes.at(static_cast<std::size_t>(s));
-        if (sd.repeat != no_id && g.repeats.at(static_cast<std::size_t>(sd.repeat)).name == repeat) return sd.index;
-        s = sd.parent;
-    }
-    return -1;
-}
+LOOM_INLINE std::int64_t layer_index(const graph& g, const node& n, std::string_view repeat);
 
 // Which ops a rule applies to. Every condition that is set must hold.
 struct selector {
@@ -190,7 +166,69 @@ struct plan_spec {
 // The names of a plan's open parameters, each once, in the order the plan states them: the
 // recompute choices of its rules, the degrees of its rules, then its stage count,
 // micro-batches, order and ZeRO stage.
-inline std::vector<std::string> open_parameters(const plan_spec& p) {
+LOOM_INLINE std::vector<std::string> open_parameters(const plan_spec& p);
+
+// The value of a degree: its fixed value, or the plan's choice for its open parameter
+// (checked against the parameter's range). `where` names the part for messages.
+LOOM_INLINE std::int64_t degree_value(const degree_spec& d, const plan_spec& p, const std::string& where);
+
+// Whether rule r recomputes, from its open choice.
+LOOM_INLINE bool recompute_chosen(const rule& r, const plan_spec& p);
+
+namespace detail {
+
+// A split the plan forbids, whichever way it is spelled: forbid<Split<Dim::Seq>> also stops a
+// split of an op's own variable whose dim is Seq, and forbid<Split<Var<"s">>> a split of the
+// dim that an op's "s" has.
+LOOM_INLINE void check_not_forbidden(const plan_spec& p, const node& n, const split_spec& s, const std::string& where);
+
+// op-trans and op-assign of every forward node of `g` by the plan's rules, on the plan's
+// devices (nodes no rule selects run whole on every device). plan::resolve (plan/resolve.hpp)
+// adds the stages, micro-batches and order around it.
+LOOM_INLINE resolved_plan partition_ops(const plan_spec& p, const graph& g);
+
+}  // namespace detail
+
+}  // namespace loom::plan
+
+// Definitions: compiled here (header-only) or once in loom::compiled (core/linkage.hpp).
+#if LOOM_HEADER_DEFINITIONS
+
+namespace loom::plan::detail {
+
+LOOM_INLINE bool glob_match(std::string_view pattern, std::string_view text) {
+    std::size_t p = 0, t = 0, star = std::string_view::npos, mark = 0;
+    while (t < text.size()) {
+        if (p < pattern.size() && (pattern[p] == '?' || pattern[p] == text[t])) {
+            ++p;
+            ++t;
+        } else if (p < pattern.size() && pattern[p] == '*') {
+            star = p++;
+            mark = t;
+        } else if (star != std::string_view::npos) {
+            p = star + 1;
+            t = ++mark;
+        } else {
+            return false;
+        }
+    }
+    while (p < pattern.size() && pattern[p] == '*') ++p;
+    return p == pattern.size();
+}
+}  // namespace loom::plan::detail
+
+namespace loom::plan {
+
+LOOM_INLINE std::int64_t layer_index(const graph& g, const node& n, std::string_view repeat) {
+    for (std::int32_t s = n.scope; s != no_id;) {
+        const scope_desc& sd = g.scopes.at(static_cast<std::size_t>(s));
+        if (sd.repeat != no_id && g.repeats.at(static_cast<std::size_t>(sd.repeat)).name == repeat) return sd.index;
+        s = sd.parent;
+    }
+    return -1;
+}
+
+LOOM_INLINE std::vector<std::string> open_parameters(const plan_spec& p) {
     std::vector<std::string> names;
     auto add = [&](const std::string& name) {
         if (!name.empty() && std::find(names.begin(), names.end(), name) == names.end()) names.push_back(name);
@@ -206,9 +244,7 @@ inline std::vector<std::string> open_parameters(const plan_spec& p) {
     return names;
 }
 
-// The value of a degree: its fixed value, or the plan's choice for its open parameter
-// (checked against the parameter's range). `where` names the part for messages.
-inline std::int64_t degree_value(const degree_spec& d, const plan_spec& p, const std::string& where) {
+LOOM_INLINE std::int64_t degree_value(const degree_spec& d, const plan_spec& p, const std::string& where) {
     if (d.open.empty()) return d.value;
     auto it = p.choices.find(d.open);
     if (it == p.choices.end())
@@ -223,8 +259,7 @@ inline std::int64_t degree_value(const degree_spec& d, const plan_spec& p, const
     return it->second;
 }
 
-// Whether rule r recomputes, from its open choice.
-inline bool recompute_chosen(const rule& r, const plan_spec& p) {
+LOOM_INLINE bool recompute_chosen(const rule& r, const plan_spec& p) {
     auto it = p.choices.find(r.recompute_open);
     const std::string where = (r.origin.empty() ? std::string("a rule") : r.origin) + " on " + r.on.describe();
     if (it == p.choices.end())
@@ -236,13 +271,11 @@ inline bool recompute_chosen(const rule& r, const plan_spec& p) {
                          std::to_string(it->second) + "; choose 0 (keep) or 1 (recompute)");
     return it->second == 1;
 }
+}  // namespace loom::plan
 
-namespace detail {
+namespace loom::plan::detail {
 
-// A split the plan forbids, whichever way it is spelled: forbid<Split<Dim::Seq>> also stops a
-// split of an op's own variable whose dim is Seq, and forbid<Split<Var<"s">>> a split of the
-// dim that an op's "s" has.
-inline void check_not_forbidden(const plan_spec& p, const node& n, const split_spec& s, const std::string& where) {
+LOOM_INLINE void check_not_forbidden(const plan_spec& p, const node& n, const split_spec& s, const std::string& where) {
     for (const bound_variable& v : n.sig.vars) {
         const bool this_one = s.label.empty() ? v.dim == s.dim : v.label == s.label;
         if (!this_one) continue;
@@ -257,10 +290,7 @@ inline void check_not_forbidden(const plan_spec& p, const node& n, const split_s
     }
 }
 
-// op-trans and op-assign of every forward node of `g` by the plan's rules, on the plan's
-// devices (nodes no rule selects run whole on every device). plan::resolve (plan/resolve.hpp)
-// adds the stages, micro-batches and order around it.
-inline resolved_plan partition_ops(const plan_spec& p, const graph& g) {
+LOOM_INLINE resolved_plan partition_ops(const plan_spec& p, const graph& g) {
     if (p.devices < 1) throw plan_error("plan: devices = " + std::to_string(p.devices) + "; use at least one device");
     const std::size_t forward = g.forward_node_count();
     resolved_plan out;
@@ -331,6 +361,5 @@ inline resolved_plan partition_ops(const plan_spec& p, const graph& g) {
     return out;
 }
 
-}  // namespace detail
-
-}  // namespace loom::plan
+}  // namespace loom::plan::detail
+#endif  // LOOM_HEADER_DEFINITIONS

@@ -19,6 +19,7 @@
 // "order", "zero" and "recompute". Their candidates are every divisor (search::open_parameter_candidates).
 #include <string>
 
+#include <loom/core/linkage.hpp>
 #include <loom/plan/presets.hpp>
 #include <loom/plan/rules.hpp>
 
@@ -34,7 +35,35 @@ inline plan_spec tensor_and_data(int devices) {
     return p;
 }
 
-inline plan_spec with_pipeline(plan_spec p, std::vector<order_policy> orders) {
+LOOM_INLINE plan_spec with_pipeline(plan_spec p, std::vector<order_policy> orders);
+
+LOOM_INLINE rule recompute_every_layer();
+
+}  // namespace detail
+
+LOOM_INLINE plan_spec megatron(int devices);
+
+LOOM_INLINE plan_spec deepspeed(int devices);
+
+inline plan_spec alpa(int devices) {
+    plan_spec p = detail::with_pipeline(detail::tensor_and_data(devices), {{schedule_kind::one_f_one_b}});
+    p.name = "Alpa space: stages with TP x DP inside";
+    return p;
+}
+
+LOOM_INLINE plan_spec nnscaler(int devices);
+
+// A space by name: megatron, deepspeed, alpa or nnscaler.
+LOOM_INLINE plan_spec by_name(const std::string& name, int devices);
+
+}  // namespace loom::plan::spaces
+
+// Definitions: compiled here (header-only) or once in loom::compiled (core/linkage.hpp).
+#if LOOM_HEADER_DEFINITIONS
+
+namespace loom::plan::spaces::detail {
+
+LOOM_INLINE plan_spec with_pipeline(plan_spec p, std::vector<order_policy> orders) {
     stage_spec s;
     s.count = open_degree("pp");
     p.stages = s;
@@ -44,17 +73,18 @@ inline plan_spec with_pipeline(plan_spec p, std::vector<order_policy> orders) {
     return p;
 }
 
-inline rule recompute_every_layer() {
+LOOM_INLINE rule recompute_every_layer() {
     rule r;
     r.on.repeat = "blocks";
     r.recompute = true;
     r.origin = "recompute";
     return r;
 }
+}  // namespace loom::plan::spaces::detail
 
-}  // namespace detail
+namespace loom::plan::spaces {
 
-inline plan_spec megatron(int devices) {
+LOOM_INLINE plan_spec megatron(int devices) {
     plan_spec p = detail::with_pipeline(detail::tensor_and_data(devices),
                                         {{schedule_kind::one_f_one_b}, {schedule_kind::interleaved, 2}});
     p.add(detail::recompute_every_layer());
@@ -62,20 +92,14 @@ inline plan_spec megatron(int devices) {
     return p;
 }
 
-inline plan_spec deepspeed(int devices) {
+LOOM_INLINE plan_spec deepspeed(int devices) {
     plan_spec p = detail::tensor_and_data(devices);
     p.zero = zero_stage::parameters;
     p.name = "DeepSpeed space: ZeRO-3 x TP x DP";
     return p;
 }
 
-inline plan_spec alpa(int devices) {
-    plan_spec p = detail::with_pipeline(detail::tensor_and_data(devices), {{schedule_kind::one_f_one_b}});
-    p.name = "Alpa space: stages with TP x DP inside";
-    return p;
-}
-
-inline plan_spec nnscaler(int devices) {
+LOOM_INLINE plan_spec nnscaler(int devices) {
     plan_spec p = detail::with_pipeline(detail::tensor_and_data(devices),
                                         {{schedule_kind::gpipe},
                                          {schedule_kind::one_f_one_b},
@@ -92,8 +116,7 @@ inline plan_spec nnscaler(int devices) {
     return p;
 }
 
-// A space by name: megatron, deepspeed, alpa or nnscaler.
-inline plan_spec by_name(const std::string& name, int devices) {
+LOOM_INLINE plan_spec by_name(const std::string& name, int devices) {
     if (name == "megatron") return megatron(devices);
     if (name == "deepspeed") return deepspeed(devices);
     if (name == "alpa") return alpa(devices);
@@ -103,3 +126,4 @@ inline plan_spec by_name(const std::string& name, int devices) {
 }
 
 }  // namespace loom::plan::spaces
+#endif  // LOOM_HEADER_DEFINITIONS

@@ -33,6 +33,7 @@
 #include <utility>
 #include <vector>
 
+#include <loom/core/linkage.hpp>
 #include <loom/graph/builder.hpp>
 #include <loom/graph/op.hpp>
 #include <loom/ops/cross_entropy.hpp>
@@ -94,8 +95,23 @@ namespace detail {
 // vocabulary pieces. A vocabulary the chunks do not divide is cut into the near-equal pieces
 // the plan cuts the logits into (plan::piece_begin, nested as the splits are), and its
 // log-sum-exps come from ragged_chunk_logsumexp, whose pieces each hold whole chunks.
-inline std::vector<tensor> vocab_parallel_loss(graph_builder&, const node& n, std::span<const tensor> in,
-                                               const op_partition& p, std::vector<op_partition>& partitions) {
+LOOM_INLINE std::vector<tensor> vocab_parallel_loss(graph_builder&, const node& n, std::span<const tensor> in,
+                                                    const op_partition& p, std::vector<op_partition>& partitions);
+
+}  // namespace detail
+
+// Built in: a linear layer with bias split along its input features (Megatron's
+// row-parallel layer): every piece multiplies its slice, and only the first adds the bias.
+
+}  // namespace loom::plan
+
+// Definitions: compiled here (header-only) or once in loom::compiled (core/linkage.hpp).
+#if LOOM_HEADER_DEFINITIONS
+
+namespace loom::plan::detail {
+
+LOOM_INLINE std::vector<tensor> vocab_parallel_loss(graph_builder&, const node& n, std::span<const tensor> in,
+                                                    const op_partition& p, std::vector<op_partition>& partitions) {
     const shape& logits = in[0].dims();
     const std::int64_t vocab = logits.rank() >= 1 ? logits.extent(logits.rank() - 1) : 0;
     std::int64_t chunks = 1;
@@ -127,12 +143,11 @@ inline std::vector<tensor> vocab_parallel_loss(graph_builder&, const node& n, st
     partitions.push_back(combine);
     return {loss};
 }
+}  // namespace loom::plan::detail
 
-}  // namespace detail
+namespace loom::plan {
 
-// Built in: a linear layer with bias split along its input features (Megatron's
-// row-parallel layer): every piece multiplies its slice, and only the first adds the bias.
-inline transformation_registry::transformation_registry() {
+LOOM_INLINE transformation_registry::transformation_registry() {
     entries_[{&op_def_of<ops::LinearBias>(), "k"}] = {
         "row-parallel: pieces sum partial products, the first piece adds the bias",
         [](const node& n, const piece_ranges& r) {
@@ -147,3 +162,4 @@ inline transformation_registry::transformation_registry() {
 }
 
 }  // namespace loom::plan
+#endif  // LOOM_HEADER_DEFINITIONS

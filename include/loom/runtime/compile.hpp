@@ -6,6 +6,7 @@
 #include <vector>
 
 #include <loom/core/error.hpp>
+#include <loom/core/linkage.hpp>
 #include <loom/runtime/memory_planner.hpp>
 #include <loom/runtime/program.hpp>
 
@@ -23,7 +24,16 @@ struct compile_options {
     std::vector<node_id> order;
 };
 
-inline program compile_program(const graph& g, const compile_options& options = {}) {
+LOOM_INLINE program compile_program(const graph& g, const compile_options& options = {});
+
+}  // namespace loom
+
+// Definitions: compiled here (header-only) or once in loom::compiled (core/linkage.hpp).
+#if LOOM_HEADER_DEFINITIONS
+
+namespace loom {
+
+LOOM_INLINE program compile_program(const graph& g, const compile_options& options) {
     program p;
     p.source = &g;
     p.prec = options.prec;
@@ -120,3 +130,4 @@ inline program compile_program(const graph& g, const compile_options& options = 
 }
 
 }  // namespace loom
+#endif  // LOOM_HEADER_DEFINITIONS

@@ -5,12 +5,26 @@
 #include <map>
 #include <string>
 
+#include <loom/core/linkage.hpp>
 #include <loom/graph/op.hpp>
 #include <loom/runtime/program.hpp>
 
 namespace loom {
 
-inline std::string human_bytes(double bytes) {
+LOOM_INLINE std::string human_bytes(double bytes);
+
+LOOM_INLINE double program_flops(const program& p);
+
+LOOM_INLINE std::string explain(const program& p);
+
+}  // namespace loom
+
+// Definitions: compiled here (header-only) or once in loom::compiled (core/linkage.hpp).
+#if LOOM_HEADER_DEFINITIONS
+
+namespace loom {
+
+LOOM_INLINE std::string human_bytes(double bytes) {
     const char* units[] = {"B", "KiB", "MiB", "GiB", "TiB"};
     int u = 0;
     while (bytes >= 1024 && u < 4) {
@@ -22,7 +36,7 @@ inline std::string human_bytes(double bytes) {
     return buf;
 }
 
-inline double program_flops(const program& p) {
+LOOM_INLINE double program_flops(const program& p) {
     double total = 0;
     for (const auto& s : p.steps) {
         const node& n = p.source->at(s.node);
@@ -31,7 +45,7 @@ inline double program_flops(const program& p) {
     return total;
 }
 
-inline std::string explain(const program& p) {
+LOOM_INLINE std::string explain(const program& p) {
     const graph& g = *p.source;
     std::size_t forward = 0, backward = 0;
     std::map<std::string, int> kinds;
@@ -61,3 +75,4 @@ inline std::string explain(const program& p) {
 }
 
 }  // namespace loom
+#endif  // LOOM_HEADER_DEFINITIONS

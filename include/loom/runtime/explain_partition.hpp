@@ -17,6 +17,7 @@
 #include <tuple>
 #include <vector>
 
+#include <loom/core/linkage.hpp>
 #include <loom/graph/graph.hpp>
 #include <loom/graph/op.hpp>
 #include <loom/partition/partitioned_graph.hpp>
@@ -54,7 +55,53 @@ inline std::int64_t bytes_sent(const transfer& t, precision prec) {
     return total;
 }
 
-inline std::vector<device_footprint> device_footprints(const partitioned_graph& pg, precision prec = precision::f32) {
+LOOM_INLINE std::vector<device_footprint> device_footprints(const partitioned_graph& pg, precision prec = precision::f32);
+
+namespace detail {
+
+// The scope path with the index of every repeat instance replaced by '*':
+// "blocks.3.attn.q" -> "blocks.*.attn.q".
+LOOM_INLINE std::string folded_scope_path(const graph& g, std::int32_t scope);
+
+// "{0,1,2,3,5}" -> "{0..3,5}": device lists of wide plans stay one short line.
+LOOM_INLINE std::string fold_device_lists(const std::string& text);
+
+// Rows of cells printed in aligned columns; `right[c]` right-aligns column c (numbers).
+LOOM_INLINE std::string render_table(const std::vector<std::vector<std::string>>& rows, const std::vector<bool>& right,
+                                     const std::string& indent = "  ");
+
+LOOM_INLINE std::string zero_stage_name(plan::zero_stage z);
+
+// "all_reduce x2 (4.00 KiB)": transfers of each kind and the bytes all their members send.
+struct transfer_tally {
+    std::map<transfer_kind, std::pair<int, std::int64_t>> by_kind;
+
+    void add(const transfer& t, precision prec) {
+        auto& [count, bytes] = by_kind[t.kind];
+        count += 1;
+        bytes += bytes_sent(t, prec);
+    }
+    std::string describe() const {
+        std::string s;
+        for (const auto& [kind, tally] : by_kind)
+            s += (s.empty() ? "" : ", ") + std::string(to_string(kind)) + " x" + std::to_string(tally.first) + " (" +
+                 human_bytes(static_cast<double>(tally.second)) + ")";
+        return s.empty() ? "-" : s;
+    }
+};
+
+}  // namespace detail
+
+LOOM_INLINE std::string explain(const partitioned_graph& pg, precision prec = precision::f32);
+
+}  // namespace loom::partition
+
+// Definitions: compiled here (header-only) or once in loom::compiled (core/linkage.hpp).
+#if LOOM_HEADER_DEFINITIONS
+
+namespace loom::partition {
+
+LOOM_INLINE std::vector<device_footprint> device_footprints(const partitioned_graph& pg, precision prec) {
     const graph& logical = pg.ir();
     std::vector<device_footprint> out(pg.devices.size());
     for (std::size_t d = 0; d < pg.devices.size(); ++d) {
@@ -80,12 +127,11 @@ inline std::vector<device_footprint> device_footprints(const partitioned_graph& 
         }
     return out;
 }
+}  // namespace loom::partition
 
-namespace detail {
+namespace loom::partition::detail {
 
-// The scope path with the index of every repeat instance replaced by '*':
-// "blocks.3.attn.q" -> "blocks.*.attn.q".
-inline std::string folded_scope_path(const graph& g, std::int32_t scope) {
+LOOM_INLINE std::string folded_scope_path(const graph& g, std::int32_t scope) {
     std::vector<std::string> parts;
     for (std::int32_t s = scope; s != no_id; s = g.scopes.at(static_cast<std::size_t>(s)).parent) {
         const scope_desc& d = g.scopes.at(static_cast<std::size_t>(s));
@@ -96,8 +142,7 @@ inline std::string folded_scope_path(const graph& g, std::int32_t scope) {
     return path.empty() ? "(top)" : path;
 }
 
-// "{0,1,2,3,5}" -> "{0..3,5}": device lists of wide plans stay one short line.
-inline std::string fold_device_lists(const std::string& text) {
+LOOM_INLINE std::string fold_device_lists(const std::string& text) {
     std::string out;
     std::size_t i = 0;
     while (i < text.size()) {
@@ -143,9 +188,8 @@ inline std::string fold_device_lists(const std::string& text) {
     return out;
 }
 
-// Rows of cells printed in aligned columns; `right[c]` right-aligns column c (numbers).
-inline std::string render_table(const std::vector<std::vector<std::string>>& rows, const std::vector<bool>& right,
-                                const std::string& indent = "  ") {
+LOOM_INLINE std::string render_table(const std::vector<std::vector<std::string>>& rows, const std::vector<bool>& right,
+                                     const std::string& indent) {
     std::vector<std::size_t> width;
     for (const auto& row : rows)
         for (std::size_t c = 0; c < row.size(); ++c) {
@@ -170,7 +214,7 @@ inline std::string render_table(const std::vector<std::vector<std::string>>& row
     return out;
 }
 
-inline std::string zero_stage_name(plan::zero_stage z) {
+LOOM_INLINE std::string zero_stage_name(plan::zero_stage z) {
     switch (z) {
         case plan::zero_stage::none: return "none";
         case plan::zero_stage::optimizer: return "ZeRO-1 (optimizer state sharded)";
@@ -179,28 +223,11 @@ inline std::string zero_stage_name(plan::zero_stage z) {
     }
     return "?";
 }
+}  // namespace loom::partition::detail
 
-// "all_reduce x2 (4.00 KiB)": transfers of each kind and the bytes all their members send.
-struct transfer_tally {
-    std::map<transfer_kind, std::pair<int, std::int64_t>> by_kind;
+namespace loom::partition {
 
-    void add(const transfer& t, precision prec) {
-        auto& [count, bytes] = by_kind[t.kind];
-        count += 1;
-        bytes += bytes_sent(t, prec);
-    }
-    std::string describe() const {
-        std::string s;
-        for (const auto& [kind, tally] : by_kind)
-            s += (s.empty() ? "" : ", ") + std::string(to_string(kind)) + " x" + std::to_string(tally.first) + " (" +
-                 human_bytes(static_cast<double>(tally.second)) + ")";
-        return s.empty() ? "-" : s;
-    }
-};
-
-}  // namespace detail
-
-inline std::string explain(const partitioned_graph& pg, precision prec = precision::f32) {
+LOOM_INLINE std::string explain(const partitioned_graph& pg, precision prec) {
     const graph& g = pg.ir();
     std::string out;
 
@@ -313,3 +340,4 @@ inline std::string explain(const partitioned_graph& pg, precision prec = precisi
 }
 
 }  // namespace loom::partition
+#endif  // LOOM_HEADER_DEFINITIONS

@@ -9,6 +9,8 @@
 #include <map>
 #include <vector>
 
+#include <loom/core/linkage.hpp>
+
 namespace loom {
 
 struct buffer_lifetime {
@@ -24,7 +26,16 @@ struct memory_plan {
     std::int64_t unplanned = 0;         // sum of all sizes
 };
 
-inline memory_plan plan_memory(const std::vector<buffer_lifetime>& requests, std::int64_t alignment = 64) {
+LOOM_INLINE memory_plan plan_memory(const std::vector<buffer_lifetime>& requests, std::int64_t alignment = 64);
+
+}  // namespace loom
+
+// Definitions: compiled here (header-only) or once in loom::compiled (core/linkage.hpp).
+#if LOOM_HEADER_DEFINITIONS
+
+namespace loom {
+
+LOOM_INLINE memory_plan plan_memory(const std::vector<buffer_lifetime>& requests, std::int64_t alignment) {
     memory_plan plan;
     plan.offsets.assign(requests.size(), 0);
     auto align = [&](std::int64_t b) { return (b + alignment - 1) / alignment * alignment; };
@@ -92,3 +103,4 @@ inline memory_plan plan_memory(const std::vector<buffer_lifetime>& requests, std
 }
 
 }  // namespace loom
+#endif  // LOOM_HEADER_DEFINITIONS

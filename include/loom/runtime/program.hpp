@@ -6,6 +6,7 @@
 #include <string>
 #include <vector>
 
+#include <loom/core/linkage.hpp>
 #include <loom/core/precision.hpp>
 #include <loom/graph/graph.hpp>
 #include <loom/graph/op.hpp>
@@ -52,7 +53,20 @@ inline std::int64_t tensor_bytes(const tensor_desc& t, precision p) {
 // The precision tensor `t` is stored in by a program of precision `p`: float for the outputs
 // its producer keeps in float (op_def::float_outputs) when p is narrower than float, and for
 // the partitioner's copies of such tensors (transfers and assembles marked "keeps_float").
-inline precision storage_precision(const graph& g, tensor_id t, precision p) {
+LOOM_INLINE precision storage_precision(const graph& g, tensor_id t, precision p);
+
+inline std::int64_t tensor_bytes(const graph& g, tensor_id t, precision p) {
+    return tensor_bytes(g.tensor(t), storage_precision(g, t, p));
+}
+
+}  // namespace loom
+
+// Definitions: compiled here (header-only) or once in loom::compiled (core/linkage.hpp).
+#if LOOM_HEADER_DEFINITIONS
+
+namespace loom {
+
+LOOM_INLINE precision storage_precision(const graph& g, tensor_id t, precision p) {
     if (real_bytes(p) >= real_bytes(precision::f32)) return p;
     const tensor_desc& d = g.tensor(t);
     if (d.producer == no_id) return p;
@@ -63,8 +77,5 @@ inline precision storage_precision(const graph& g, tensor_id t, precision p) {
     return p;
 }
 
-inline std::int64_t tensor_bytes(const graph& g, tensor_id t, precision p) {
-    return tensor_bytes(g.tensor(t), storage_precision(g, t, p));
-}
-
 }  // namespace loom
+#endif  // LOOM_HEADER_DEFINITIONS

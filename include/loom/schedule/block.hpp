@@ -14,6 +14,7 @@
 #include <string>
 
 #include <loom/core/error.hpp>
+#include <loom/core/linkage.hpp>
 
 namespace loom::schedule {
 
@@ -42,15 +43,25 @@ constexpr bool is_forward(const block& b) { return b.pass == pass_kind::forward;
 constexpr bool is_backward(const block& b) { return b.pass == pass_kind::backward; }
 
 // "F(s1,m3)", "F2(s1,m3)", "B(s1,m3)". With rounds > 1 every forward names its round ("F0(s1,m3)").
-inline std::string to_string(const block& b, int rounds = 1) {
-    std::string out = is_forward(b) ? "F" : "B";
-    if (b.round != 0 || (is_forward(b) && rounds > 1)) out += std::to_string(b.round);
-    out += "(s" + std::to_string(b.stage) + ",m" + std::to_string(b.micro) + ")";
-    return out;
-}
+LOOM_INLINE std::string to_string(const block& b, int rounds = 1);
 
 inline std::ostream& operator<<(std::ostream& os, const block& b) { return os << to_string(b); }
 
 inline std::string to_string(pass_kind p) { return p == pass_kind::forward ? "forward" : "backward"; }
 
 }  // namespace loom::schedule
+
+// Definitions: compiled here (header-only) or once in loom::compiled (core/linkage.hpp).
+#if LOOM_HEADER_DEFINITIONS
+
+namespace loom::schedule {
+
+LOOM_INLINE std::string to_string(const block& b, int rounds) {
+    std::string out = is_forward(b) ? "F" : "B";
+    if (b.round != 0 || (is_forward(b) && rounds > 1)) out += std::to_string(b.round);
+    out += "(s" + std::to_string(b.stage) + ",m" + std::to_string(b.micro) + ")";
+    return out;
+}
+
+}  // namespace loom::schedule
+#endif  // LOOM_HEADER_DEFINITIONS

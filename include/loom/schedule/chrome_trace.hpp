@@ -21,11 +21,21 @@
 
 #include <nlohmann/json.hpp>
 
+#include <loom/core/linkage.hpp>
 #include <loom/schedule/simulate.hpp>
 
 namespace loom::schedule {
 
-inline std::string chrome_trace_json(const simulation& r, double microseconds_per_unit = 1000.0) {
+LOOM_INLINE std::string chrome_trace_json(const simulation& r, double microseconds_per_unit = 1000.0);
+
+}  // namespace loom::schedule
+
+// Definitions: compiled here (header-only) or once in loom::compiled (core/linkage.hpp).
+#if LOOM_HEADER_DEFINITIONS
+
+namespace loom::schedule {
+
+LOOM_INLINE std::string chrome_trace_json(const simulation& r, double microseconds_per_unit) {
     using json = nlohmann::ordered_json;
     const auto& p = r.source.shape;
     json events = json::array();
@@ -54,3 +64,4 @@ inline std::string chrome_trace_json(const simulation& r, double microseconds_pe
 }
 
 }  // namespace loom::schedule
+#endif  // LOOM_HEADER_DEFINITIONS

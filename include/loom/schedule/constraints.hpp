@@ -38,6 +38,7 @@
 #include <string_view>
 #include <vector>
 
+#include <loom/core/linkage.hpp>
 #include <loom/core/static_text.hpp>
 #include <loom/schedule/block.hpp>
 #include <loom/schedule/shape.hpp>
@@ -290,7 +291,27 @@ inline affine_values shape_values(const pipeline_shape& p) {
 }
 
 // The blocks of (pass, round) that device d runs, in unit order `order`.
-inline std::vector<block> device_sequence(const pipeline_shape& p, int d, pass_kind pass, int round, unit_order order) {
+LOOM_INLINE std::vector<block> device_sequence(const pipeline_shape& p, int d, pass_kind pass, int round, unit_order order);
+
+// The largest |index expression| at index 0. With any non-zero coefficient, an index i with
+// |i| > reach + extent puts that expression outside [0, extent), so the window
+// [-(reach + extent), reach + extent] holds every member (or_last folds the rest onto it).
+LOOM_INLINE long long index_reach(const before& c, const affine_values& at0);
+
+}  // namespace detail
+
+// The block pairs family c orders on shape p, in (stage or device, index) order. Throws
+// schedule_error when the constraint is ill-formed for p or a pair shares no device.
+LOOM_INLINE std::vector<ordered_pair> expand(const before& c, const pipeline_shape& p, std::string_view where = "");
+
+}  // namespace loom::schedule
+
+// Definitions: compiled here (header-only) or once in loom::compiled (core/linkage.hpp).
+#if LOOM_HEADER_DEFINITIONS
+
+namespace loom::schedule::detail {
+
+LOOM_INLINE std::vector<block> device_sequence(const pipeline_shape& p, int d, pass_kind pass, int round, unit_order order) {
     std::vector<block> seq;
     for (int s = 0; s < p.stages; ++s) {
         if (!p.runs_on(s, d)) continue;
@@ -311,10 +332,7 @@ inline std::vector<block> device_sequence(const pipeline_shape& p, int d, pass_k
     return seq;
 }
 
-// The largest |index expression| at index 0. With any non-zero coefficient, an index i with
-// |i| > reach + extent puts that expression outside [0, extent), so the window
-// [-(reach + extent), reach + extent] holds every member (or_last folds the rest onto it).
-inline long long index_reach(const before& c, const affine_values& at0) {
+LOOM_INLINE long long index_reach(const before& c, const affine_values& at0) {
     long long reach = 0;
     for (const affine* a : {&c.first.index, &c.then.index}) {
         const long long v = evaluate(*a, at0);
@@ -322,12 +340,11 @@ inline long long index_reach(const before& c, const affine_values& at0) {
     }
     return reach;
 }
+}  // namespace loom::schedule::detail
 
-}  // namespace detail
+namespace loom::schedule {
 
-// The block pairs family c orders on shape p, in (stage or device, index) order. Throws
-// schedule_error when the constraint is ill-formed for p or a pair shares no device.
-inline std::vector<ordered_pair> expand(const before& c, const pipeline_shape& p, std::string_view where = "") {
+LOOM_INLINE std::vector<ordered_pair> expand(const before& c, const pipeline_shape& p, std::string_view where) {
     if (auto e = first_constraint_error(c, p.rounds, where); !e.empty()) throw schedule_error(e.str());
     std::vector<ordered_pair> pairs;
     const affine_values base = detail::shape_values(p);
@@ -400,3 +417,4 @@ inline std::vector<ordered_pair> expand(const before& c, const pipeline_shape& p
 }
 
 }  // namespace loom::schedule
+#endif  // LOOM_HEADER_DEFINITIONS

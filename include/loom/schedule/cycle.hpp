@@ -10,6 +10,8 @@
 #include <cstddef>
 #include <vector>
 
+#include <loom/core/linkage.hpp>
+
 namespace loom::schedule::detail {
 
 struct labelled_edge {
@@ -23,7 +25,16 @@ struct cycle_edge {
     int label = 0;
 };
 
-inline std::vector<cycle_edge> find_cycle(const std::vector<std::vector<labelled_edge>>& out) {
+LOOM_INLINE std::vector<cycle_edge> find_cycle(const std::vector<std::vector<labelled_edge>>& out);
+
+}  // namespace loom::schedule::detail
+
+// Definitions: compiled here (header-only) or once in loom::compiled (core/linkage.hpp).
+#if LOOM_HEADER_DEFINITIONS
+
+namespace loom::schedule::detail {
+
+LOOM_INLINE std::vector<cycle_edge> find_cycle(const std::vector<std::vector<labelled_edge>>& out) {
     enum class colour : unsigned char { white, grey, black };
     const std::size_t n = out.size();
     std::vector<colour> state(n, colour::white);
@@ -65,3 +76,4 @@ inline std::vector<cycle_edge> find_cycle(const std::vector<std::vector<labelled
 }
 
 }  // namespace loom::schedule::detail
+#endif  // LOOM_HEADER_DEFINITIONS

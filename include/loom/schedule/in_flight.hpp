@@ -11,6 +11,7 @@
 #include <functional>
 #include <vector>
 
+#include <loom/core/linkage.hpp>
 #include <loom/schedule/schedule.hpp>
 
 namespace loom::schedule {
@@ -25,8 +26,22 @@ namespace detail {
 // Calls visit(device, position, block, held_per_stage) after each block of each device's
 // order, with held_per_stage[s] the micro-batches of stage s that device holds just then
 // (a forward counts from its start, so this is the high-water mark of the block).
-inline void walk_in_flight(const schedule& s,
-                           const std::function<void(int, std::size_t, const block&, const std::vector<int>&)>& visit) {
+LOOM_INLINE void walk_in_flight(const schedule& s,
+                                const std::function<void(int, std::size_t, const block&, const std::vector<int>&)>& visit);
+
+}  // namespace detail
+
+LOOM_INLINE in_flight_peaks peak_in_flight(const schedule& s);
+
+}  // namespace loom::schedule
+
+// Definitions: compiled here (header-only) or once in loom::compiled (core/linkage.hpp).
+#if LOOM_HEADER_DEFINITIONS
+
+namespace loom::schedule::detail {
+
+LOOM_INLINE void walk_in_flight(const schedule& s,
+                                const std::function<void(int, std::size_t, const block&, const std::vector<int>&)>& visit) {
     for (std::size_t d = 0; d < s.device_order.size(); ++d) {
         std::vector<int> held(static_cast<std::size_t>(std::max(s.shape.stages, 0)), 0);
         for (std::size_t i = 0; i < s.device_order[d].size(); ++i) {
@@ -39,10 +54,11 @@ inline void walk_in_flight(const schedule& s,
         }
     }
 }
+}  // namespace loom::schedule::detail
 
-}  // namespace detail
+namespace loom::schedule {
 
-inline in_flight_peaks peak_in_flight(const schedule& s) {
+LOOM_INLINE in_flight_peaks peak_in_flight(const schedule& s) {
     in_flight_peaks peaks{std::vector<int>(static_cast<std::size_t>(std::max(s.shape.stages, 0)), 0),
                           std::vector<int>(s.device_order.size(), 0)};
     detail::walk_in_flight(s, [&](int d, std::size_t, const block& b, const std::vector<int>& held) {
@@ -57,3 +73,4 @@ inline in_flight_peaks peak_in_flight(const schedule& s) {
 }
 
 }  // namespace loom::schedule
+#endif  // LOOM_HEADER_DEFINITIONS

@@ -16,6 +16,7 @@
 #include <tuple>
 #include <vector>
 
+#include <loom/core/linkage.hpp>
 #include <loom/schedule/schedule.hpp>
 #include <loom/schedule/transfers.hpp>
 #include <loom/schedule/validate.hpp>
@@ -33,7 +34,19 @@ struct step {
 };
 
 // "compute F(s0,m0)", "send F(s0,m0) -> F(s1,m0) to device 1", "receive ... from device 1"
-inline std::string to_string(const step& s, int rounds = 1) {
+LOOM_INLINE std::string to_string(const step& s, int rounds = 1);
+
+// One program per device; validates the schedule first (throws schedule_error).
+LOOM_INLINE std::vector<std::vector<step>> device_programs(const schedule& s);
+
+}  // namespace loom::schedule
+
+// Definitions: compiled here (header-only) or once in loom::compiled (core/linkage.hpp).
+#if LOOM_HEADER_DEFINITIONS
+
+namespace loom::schedule {
+
+LOOM_INLINE std::string to_string(const step& s, int rounds) {
     switch (s.kind) {
         case step_kind::compute: return "compute " + to_string(s.target, rounds);
         case step_kind::send:
@@ -46,8 +59,7 @@ inline std::string to_string(const step& s, int rounds = 1) {
     return "?";
 }
 
-// One program per device; validates the schedule first (throws schedule_error).
-inline std::vector<std::vector<step>> device_programs(const schedule& s) {
+LOOM_INLINE std::vector<std::vector<step>> device_programs(const schedule& s) {
     validate(s);
     const auto& p = s.shape;
     const auto position = order_positions(s);
@@ -84,3 +96,4 @@ inline std::vector<std::vector<step>> device_programs(const schedule& s) {
 }
 
 }  // namespace loom::schedule
+#endif  // LOOM_HEADER_DEFINITIONS

@@ -14,6 +14,7 @@
 #include <string>
 #include <vector>
 
+#include <loom/core/linkage.hpp>
 #include <loom/schedule/block.hpp>
 #include <loom/schedule/shape.hpp>
 
@@ -28,7 +29,22 @@ struct schedule {
 // "1F1B: 2 stages, 4 micro-batches, 2 devices
 //    device 0: F(s0,m0) F(s0,m1) B(s0,m0) F(s0,m2) B(s0,m1) F(s0,m3) B(s0,m2) B(s0,m3)
 //    device 1: ..."
-inline std::string to_string(const schedule& s) {
+LOOM_INLINE std::string to_string(const schedule& s);
+
+inline std::ostream& operator<<(std::ostream& os, const schedule& s) { return os << to_string(s); }
+
+// position[d][block_index(shape, b)]: where device d runs b, or -1 when it does not. Blocks
+// outside the shape are left out (validate reports them).
+LOOM_INLINE std::vector<std::vector<int>> order_positions(const schedule& s);
+
+}  // namespace loom::schedule
+
+// Definitions: compiled here (header-only) or once in loom::compiled (core/linkage.hpp).
+#if LOOM_HEADER_DEFINITIONS
+
+namespace loom::schedule {
+
+LOOM_INLINE std::string to_string(const schedule& s) {
     std::string out = (s.name.empty() ? std::string("schedule") : s.name) + ": " + std::to_string(s.shape.stages) +
                       " stages, " + std::to_string(s.shape.micro_batches) + " micro-batches, ";
     if (s.shape.rounds > 1) out += std::to_string(s.shape.rounds) + " forward rounds, ";
@@ -40,11 +56,7 @@ inline std::string to_string(const schedule& s) {
     return out;
 }
 
-inline std::ostream& operator<<(std::ostream& os, const schedule& s) { return os << to_string(s); }
-
-// position[d][block_index(shape, b)]: where device d runs b, or -1 when it does not. Blocks
-// outside the shape are left out (validate reports them).
-inline std::vector<std::vector<int>> order_positions(const schedule& s) {
+LOOM_INLINE std::vector<std::vector<int>> order_positions(const schedule& s) {
     std::vector<std::vector<int>> position(s.device_order.size(),
                                            std::vector<int>(static_cast<std::size_t>(block_count(s.shape)), -1));
     for (std::size_t d = 0; d < s.device_order.size(); ++d)
@@ -58,3 +70,4 @@ inline std::vector<std::vector<int>> order_positions(const schedule& s) {
 }
 
 }  // namespace loom::schedule
+#endif  // LOOM_HEADER_DEFINITIONS

@@ -30,6 +30,7 @@
 #include <string>
 #include <vector>
 
+#include <loom/core/linkage.hpp>
 #include <loom/schedule/block.hpp>
 
 namespace loom::schedule {
@@ -80,40 +81,7 @@ struct pipeline_shape {
 };
 
 // Throws schedule_error naming the first field that makes no pipeline.
-inline void check_shape(const pipeline_shape& p, const std::string& where = "pipeline_shape") {
-    auto fail = [&](const std::string& why) { throw schedule_error(where + ": " + why); };
-    if (p.stages < 1) fail(std::to_string(p.stages) + " stages; a pipeline needs at least one stage");
-    if (p.micro_batches < 1)
-        fail(std::to_string(p.micro_batches) + " micro-batches; a pipeline needs at least one micro-batch");
-    if (p.rounds < 1)
-        fail(std::to_string(p.rounds) + " forward rounds; every micro-batch runs at least one forward (rounds = 1)");
-    if (p.devices < 1) fail(std::to_string(p.devices) + " devices; a pipeline runs on at least one device");
-    if (p.stage_devices.size() != static_cast<std::size_t>(p.stages))
-        fail("stage_devices lists " + std::to_string(p.stage_devices.size()) + " stages but stages = " +
-             std::to_string(p.stages) + "; give one device list per stage");
-    std::vector<bool> used(static_cast<std::size_t>(p.devices), false);
-    for (int s = 0; s < p.stages; ++s) {
-        const auto& g = p.devices_of(s);
-        if (g.empty())
-            fail("stage " + std::to_string(s) + " runs on no device; list at least one in stage_devices[" +
-                 std::to_string(s) + "]");
-        for (std::size_t i = 0; i < g.size(); ++i) {
-            if (g[i] < 0 || g[i] >= p.devices)
-                fail("stage " + std::to_string(s) + " lists device " + std::to_string(g[i]) + ", outside 0.." +
-                     std::to_string(p.devices - 1) + "; use a device below " + std::to_string(p.devices) +
-                     " or raise devices");
-            const auto end = g.begin() + static_cast<std::ptrdiff_t>(i);
-            if (std::find(g.begin(), end, g[i]) != end)
-                fail("stage " + std::to_string(s) + " lists device " + std::to_string(g[i]) +
-                     " twice; list each device of a stage once");
-            used[static_cast<std::size_t>(g[i])] = true;
-        }
-    }
-    for (int d = 0; d < p.devices; ++d)
-        if (!used[static_cast<std::size_t>(d)])
-            fail("device " + std::to_string(d) + " runs no stage; give it a stage or lower devices to " +
-                 std::to_string(p.devices - 1));
-}
+LOOM_INLINE void check_shape(const pipeline_shape& p, const std::string& where = "pipeline_shape");
 
 // ---- blocks of a shape -----------------------------------------------------------------------
 
@@ -124,18 +92,7 @@ inline bool contains(const pipeline_shape& p, const block& b) {
 }
 
 // Why b is not one of the shape's blocks, or "" when it is.
-inline std::string why_not_contained(const pipeline_shape& p, const block& b) {
-    const std::string name = to_string(b, p.rounds);
-    if (b.stage < 0 || b.stage >= p.stages)
-        return name + ": stage " + std::to_string(b.stage) + " is outside 0.." + std::to_string(p.stages - 1);
-    if (b.micro < 0 || b.micro >= p.micro_batches)
-        return name + ": micro-batch " + std::to_string(b.micro) + " is outside 0.." + std::to_string(p.micro_batches - 1);
-    if (is_backward(b) && b.round != 0)
-        return name + ": a backward has no round (it follows the last forward round); write round 0";
-    if (is_forward(b) && (b.round < 0 || b.round >= p.rounds))
-        return name + ": forward round " + std::to_string(b.round) + " is outside 0.." + std::to_string(p.rounds - 1);
-    return {};
-}
+LOOM_INLINE std::string why_not_contained(const pipeline_shape& p, const block& b);
 
 // Dense numbering of the shape's blocks: forwards by (round, stage, micro), then backwards.
 inline int block_count(const pipeline_shape& p) { return (p.rounds + 1) * p.stages * p.micro_batches; }
@@ -145,43 +102,19 @@ inline int block_index(const pipeline_shape& p, const block& b) {
     return (r * p.stages + b.stage) * p.micro_batches + b.micro;
 }
 
-inline block block_at(const pipeline_shape& p, int index) {
-    const int micro = index % p.micro_batches;
-    const int stage = (index / p.micro_batches) % p.stages;
-    const int r = index / (p.micro_batches * p.stages);
-    return r == p.rounds ? backward_block(stage, micro) : forward_block(stage, micro, r);
-}
+LOOM_INLINE block block_at(const pipeline_shape& p, int index);
 
 // Every block, in block_index order.
-inline std::vector<block> all_blocks(const pipeline_shape& p) {
-    std::vector<block> out;
-    out.reserve(static_cast<std::size_t>(block_count(p)));
-    for (int i = 0; i < block_count(p); ++i) out.push_back(block_at(p, i));
-    return out;
-}
+LOOM_INLINE std::vector<block> all_blocks(const pipeline_shape& p);
 
 // The blocks device d runs, in block_index order.
-inline std::vector<block> blocks_on(const pipeline_shape& p, int device) {
-    std::vector<block> out;
-    for (const block& b : all_blocks(p))
-        if (p.runs_on(b.stage, device)) out.push_back(b);
-    return out;
-}
+LOOM_INLINE std::vector<block> blocks_on(const pipeline_shape& p, int device);
 
 // ---- data dependencies -----------------------------------------------------------------------
 
 enum class dependency_kind : std::uint8_t { activation, recycle, loss, gradient, saved_activation };
 
-inline std::string to_string(dependency_kind k) {
-    switch (k) {
-        case dependency_kind::activation: return "activation";
-        case dependency_kind::recycle: return "recycled output";
-        case dependency_kind::loss: return "loss";
-        case dependency_kind::gradient: return "gradient";
-        case dependency_kind::saved_activation: return "saved activations";
-    }
-    return "?";
-}
+LOOM_INLINE std::string to_string(dependency_kind k);
 
 struct dependency {
     block producer;
@@ -217,14 +150,104 @@ inline std::vector<dependency> inputs_of(const pipeline_shape& p, const block& b
 }
 
 // Every dependency of the shape, by consumer in block_index order.
-inline std::vector<dependency> dependencies(const pipeline_shape& p) {
+LOOM_INLINE std::vector<dependency> dependencies(const pipeline_shape& p);
+
+// Does this block hold activations until its backward (a forward of the last round)?
+inline bool holds_activations(const pipeline_shape& p, const block& b) { return is_forward(b) && b.round == p.rounds - 1; }
+
+}  // namespace loom::schedule
+
+// Definitions: compiled here (header-only) or once in loom::compiled (core/linkage.hpp).
+#if LOOM_HEADER_DEFINITIONS
+
+namespace loom::schedule {
+
+LOOM_INLINE void check_shape(const pipeline_shape& p, const std::string& where) {
+    auto fail = [&](const std::string& why) { throw schedule_error(where + ": " + why); };
+    if (p.stages < 1) fail(std::to_string(p.stages) + " stages; a pipeline needs at least one stage");
+    if (p.micro_batches < 1)
+        fail(std::to_string(p.micro_batches) + " micro-batches; a pipeline needs at least one micro-batch");
+    if (p.rounds < 1)
+        fail(std::to_string(p.rounds) + " forward rounds; every micro-batch runs at least one forward (rounds = 1)");
+    if (p.devices < 1) fail(std::to_string(p.devices) + " devices; a pipeline runs on at least one device");
+    if (p.stage_devices.size() != static_cast<std::size_t>(p.stages))
+        fail("stage_devices lists " + std::to_string(p.stage_devices.size()) + " stages but stages = " +
+             std::to_string(p.stages) + "; give one device list per stage");
+    std::vector<bool> used(static_cast<std::size_t>(p.devices), false);
+    for (int s = 0; s < p.stages; ++s) {
+        const auto& g = p.devices_of(s);
+        if (g.empty())
+            fail("stage " + std::to_string(s) + " runs on no device; list at least one in stage_devices[" +
+                 std::to_string(s) + "]");
+        for (std::size_t i = 0; i < g.size(); ++i) {
+            if (g[i] < 0 || g[i] >= p.devices)
+                fail("stage " + std::to_string(s) + " lists device " + std::to_string(g[i]) + ", outside 0.." +
+                     std::to_string(p.devices - 1) + "; use a device below " + std::to_string(p.devices) +
+                     " or raise devices");
+            const auto end = g.begin() + static_cast<std::ptrdiff_t>(i);
+            if (std::find(g.begin(), end, g[i]) != end)
+                fail("stage " + std::to_string(s) + " lists device " + std::to_string(g[i]) +
+                     " twice; list each device of a stage once");
+            used[static_cast<std::size_t>(g[i])] = true;
+        }
+    }
+    for (int d = 0; d < p.devices; ++d)
+        if (!used[static_cast<std::size_t>(d)])
+            fail("device " + std::to_string(d) + " runs no stage; give it a stage or lower devices to " +
+                 std::to_string(p.devices - 1));
+}
+
+LOOM_INLINE std::string why_not_contained(const pipeline_shape& p, const block& b) {
+    const std::string name = to_string(b, p.rounds);
+    if (b.stage < 0 || b.stage >= p.stages)
+        return name + ": stage " + std::to_string(b.stage) + " is outside 0.." + std::to_string(p.stages - 1);
+    if (b.micro < 0 || b.micro >= p.micro_batches)
+        return name + ": micro-batch " + std::to_string(b.micro) + " is outside 0.." + std::to_string(p.micro_batches - 1);
+    if (is_backward(b) && b.round != 0)
+        return name + ": a backward has no round (it follows the last forward round); write round 0";
+    if (is_forward(b) && (b.round < 0 || b.round >= p.rounds))
+        return name + ": forward round " + std::to_string(b.round) + " is outside 0.." + std::to_string(p.rounds - 1);
+    return {};
+}
+
+LOOM_INLINE block block_at(const pipeline_shape& p, int index) {
+    const int micro = index % p.micro_batches;
+    const int stage = (index / p.micro_batches) % p.stages;
+    const int r = index / (p.micro_batches * p.stages);
+    return r == p.rounds ? backward_block(stage, micro) : forward_block(stage, micro, r);
+}
+
+LOOM_INLINE std::vector<block> all_blocks(const pipeline_shape& p) {
+    std::vector<block> out;
+    out.reserve(static_cast<std::size_t>(block_count(p)));
+    for (int i = 0; i < block_count(p); ++i) out.push_back(block_at(p, i));
+    return out;
+}
+
+LOOM_INLINE std::vector<block> blocks_on(const pipeline_shape& p, int device) {
+    std::vector<block> out;
+    for (const block& b : all_blocks(p))
+        if (p.runs_on(b.stage, device)) out.push_back(b);
+    return out;
+}
+
+LOOM_INLINE std::string to_string(dependency_kind k) {
+    switch (k) {
+        case dependency_kind::activation: return "activation";
+        case dependency_kind::recycle: return "recycled output";
+        case dependency_kind::loss: return "loss";
+        case dependency_kind::gradient: return "gradient";
+        case dependency_kind::saved_activation: return "saved activations";
+    }
+    return "?";
+}
+
+LOOM_INLINE std::vector<dependency> dependencies(const pipeline_shape& p) {
     std::vector<dependency> out;
     for (const block& b : all_blocks(p))
         for (const dependency& d : inputs_of(p, b)) out.push_back(d);
     return out;
 }
 
-// Does this block hold activations until its backward (a forward of the last round)?
-inline bool holds_activations(const pipeline_shape& p, const block& b) { return is_forward(b) && b.round == p.rounds - 1; }
-
 }  // namespace loom::schedule
+#endif  // LOOM_HEADER_DEFINITIONS

@@ -27,6 +27,7 @@
 #include <utility>
 #include <vector>
 
+#include <loom/core/linkage.hpp>
 #include <loom/schedule/costs.hpp>
 #include <loom/schedule/in_flight.hpp>
 #include <loom/schedule/schedule.hpp>
@@ -84,7 +85,16 @@ struct simulate_options {
 // Validates the schedule first (throws schedule_error) unless options.validated, then plays
 // it: a block starts when each of its devices is free and each input has arrived there (the
 // producer's end, plus costs.latency on a device that did not run the producer).
-inline simulation simulate(const schedule& s, const cost_model& costs = {}, const simulate_options& options = {}) {
+LOOM_INLINE simulation simulate(const schedule& s, const cost_model& costs = {}, const simulate_options& options = {});
+
+}  // namespace loom::schedule
+
+// Definitions: compiled here (header-only) or once in loom::compiled (core/linkage.hpp).
+#if LOOM_HEADER_DEFINITIONS
+
+namespace loom::schedule {
+
+LOOM_INLINE simulation simulate(const schedule& s, const cost_model& costs, const simulate_options& options) {
     if (!options.validated) validate(s);
     const auto& p = s.shape;
     const auto where = [&] { return "simulate('" + s.name + "')"; };
@@ -215,3 +225,4 @@ inline simulation simulate(const schedule& s, const cost_model& costs = {}, cons
 }
 
 }  // namespace loom::schedule
+#endif  // LOOM_HEADER_DEFINITIONS

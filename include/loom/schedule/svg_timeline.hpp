@@ -15,6 +15,7 @@
 #include <string>
 #include <string_view>
 
+#include <loom/core/linkage.hpp>
 #include <loom/schedule/simulate.hpp>
 
 namespace loom::schedule {
@@ -32,28 +33,9 @@ struct svg_options {
 namespace detail {
 
 // 40 -> "40", 12.5 -> "12.5", 1/3 -> "0.333"
-inline std::string svg_number(double x) {
-    char buffer[64];
-    std::snprintf(buffer, sizeof buffer, "%.3f", x);
-    std::string s = buffer;
-    while (!s.empty() && s.back() == '0') s.pop_back();
-    if (!s.empty() && s.back() == '.') s.pop_back();
-    return s == "-0" ? "0" : s;
-}
+LOOM_INLINE std::string svg_number(double x);
 
-inline std::string xml_escape(std::string_view text) {
-    std::string out;
-    for (char c : text) {
-        switch (c) {
-            case '&': out += "&amp;"; break;
-            case '<': out += "&lt;"; break;
-            case '>': out += "&gt;"; break;
-            case '"': out += "&quot;"; break;
-            default: out += c;
-        }
-    }
-    return out;
-}
+LOOM_INLINE std::string xml_escape(std::string_view text);
 
 inline std::string block_colour(const block& b) {
     static constexpr const char* forward_rounds[] = {"#4e79a7", "#76a5d6", "#a8c8ea", "#2f4b6e"};
@@ -70,7 +52,42 @@ inline double tick_step(double makespan) {
 
 }  // namespace detail
 
-inline std::string svg_timeline(const simulation& r, const svg_options& o = {}) {
+LOOM_INLINE std::string svg_timeline(const simulation& r, const svg_options& o = {});
+
+}  // namespace loom::schedule
+
+// Definitions: compiled here (header-only) or once in loom::compiled (core/linkage.hpp).
+#if LOOM_HEADER_DEFINITIONS
+
+namespace loom::schedule::detail {
+
+LOOM_INLINE std::string svg_number(double x) {
+    char buffer[64];
+    std::snprintf(buffer, sizeof buffer, "%.3f", x);
+    std::string s = buffer;
+    while (!s.empty() && s.back() == '0') s.pop_back();
+    if (!s.empty() && s.back() == '.') s.pop_back();
+    return s == "-0" ? "0" : s;
+}
+
+LOOM_INLINE std::string xml_escape(std::string_view text) {
+    std::string out;
+    for (char c : text) {
+        switch (c) {
+            case '&': out += "&amp;"; break;
+            case '<': out += "&lt;"; break;
+            case '>': out += "&gt;"; break;
+            case '"': out += "&quot;"; break;
+            default: out += c;
+        }
+    }
+    return out;
+}
+}  // namespace loom::schedule::detail
+
+namespace loom::schedule {
+
+LOOM_INLINE std::string svg_timeline(const simulation& r, const svg_options& o) {
     using detail::svg_number;
     const auto& p = r.source.shape;
     const double plot_width = r.makespan * o.pixels_per_unit;
@@ -119,3 +136,4 @@ inline std::string svg_timeline(const simulation& r, const svg_options& o = {}) 
 }
 
 }  // namespace loom::schedule
+#endif  // LOOM_HEADER_DEFINITIONS

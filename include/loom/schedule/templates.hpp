@@ -46,6 +46,7 @@
 #include <utility>
 #include <vector>
 
+#include <loom/core/linkage.hpp>
 #include <loom/schedule/checks.hpp>
 #include <loom/schedule/constraints.hpp>
 #include <loom/schedule/costs.hpp>
@@ -55,67 +56,20 @@
 namespace loom::schedule {
 
 // Per stage: each round's forwards in micro-batch order, and the backwards too (Table 4 (1), (2)).
-inline std::vector<before> micro_order_constraints(int rounds = 1) {
-    using namespace var;
-    std::vector<before> c;
-    for (int r = 0; r < rounds; ++r) c.push_back(before{forward(micro, r), forward(micro + 1, r)});
-    c.push_back(before{backward(micro), backward(micro + 1)});
-    return c;
-}
+LOOM_INLINE std::vector<before> micro_order_constraints(int rounds = 1);
 
-inline std::vector<before> gpipe_constraints() {
-    using namespace var;
-    auto c = micro_order_constraints();
-    // the last forward before the first backward
-    c.push_back(before{forward(micro + micro_batches - 1), backward(micro)});
-    return c;
-}
+LOOM_INLINE std::vector<before> gpipe_constraints();
 
-inline std::vector<before> one_f_one_b_constraints() {
-    using namespace var;
-    auto c = micro_order_constraints();
-    c.push_back(before{forward(micro + stages - stage - 1).or_last(), backward(micro)});  // (3), ofst = S - s - 1
-    c.push_back(before{backward(micro), forward(micro + stages - stage)});                // (4), ofst + 1
-    return c;
-}
+LOOM_INLINE std::vector<before> one_f_one_b_constraints();
 
 // Per device d over its blocks in by_micro_group order; `chunks` is v.
-inline std::vector<before> interleaved_constraints(int chunks) {
-    using namespace var;
-    // w = 2(p - d - 1) + (v - 1) p = stages + devices - 2 device - 2 (v > 1); p - d - 1 (v = 1)
-    const affine warmup = chunks > 1 ? stages + devices - 2 * device - 2 : devices - device - 1;
-    constexpr condition always{};
-    constexpr auto grouped = unit_order::by_micro_group;
-    return {
-        before{forward(position), forward(position + 1), each_device, always, grouped},
-        before{backward(position), backward(position + 1), each_device, always, grouped},
-        before{forward(position + warmup).or_last(), backward(position), each_device, always, grouped},
-        before{backward(position), forward(position + warmup + 1), each_device, always, grouped},
-    };
-}
+LOOM_INLINE std::vector<before> interleaved_constraints(int chunks);
 
 // Table 7, for `rounds` forward rounds (3F1B: 3).
-inline std::vector<before> recycling_constraints(int rounds = 3) {
-    using namespace var;
-    auto c = micro_order_constraints(rounds);
-    for (int r = 0; r + 1 < rounds; ++r) c.push_back(before{forward(micro + 1, r), forward(micro, r + 1)});  // (1), (2)
-    c.push_back(before{forward(micro + stages - stage - 1, rounds - 1).or_last(), backward(micro)});        // (3)
-    c.push_back(before{backward(micro), forward(micro + stages - stage + rounds - 1, 0)});                  // next cycle
-    return c;
-}
+LOOM_INLINE std::vector<before> recycling_constraints(int rounds = 3);
 
 // Stages 0 (embedding) and S-1 (LM head) on every device; stages 1..S-2 a 1F1B pipeline.
-inline std::vector<before> interlaced_constraints() {
-    using namespace var;
-    auto c = micro_order_constraints();
-    const condition pipeline_stages = within(stage, 1, stages - 2);
-    // stage k of the p = S - 2 pipeline stages runs w = p - k forwards ahead
-    c.push_back(before{forward(micro + stages - stage - 2).or_last(), backward(micro), each_stage, pipeline_stages});
-    c.push_back(before{backward(micro), forward(micro + stages - stage - 1), each_stage, pipeline_stages});
-    // the embedding runs one micro-batch ahead of the first pipeline stage
-    c.push_back(before{forward(micro).on_stage(1), forward(micro + 1), each_stage, within(stage, 0, 0)});
-    return c;
-}
+LOOM_INLINE std::vector<before> interlaced_constraints();
 
 // ---- specs and builders ----------------------------------------------------------------------
 
@@ -127,12 +81,7 @@ inline void check_policy(policy_kind kind, const std::string& spelling, int stag
     if (text e = first_policy_error(v); !e.empty()) throw schedule_error(e.str());
 }
 
-inline std::string call_text(const char* function, std::initializer_list<int> args) {
-    std::string out = std::string(function) + "(";
-    bool first = true;
-    for (int a : args) out += (first ? "" : ", ") + std::to_string(a), first = false;
-    return out + ")";
-}
+LOOM_INLINE std::string call_text(const char* function, std::initializer_list<int> args);
 
 }  // namespace detail
 
@@ -148,13 +97,7 @@ inline schedule_spec one_f_one_b_spec(int stages, int micro_batches) {
     return {"1F1B", pipeline_shape::linear(stages, micro_batches), one_f_one_b_constraints()};
 }
 
-inline schedule_spec interleaved_spec(int devices, int chunks, int micro_batches) {
-    detail::check_policy(detail::policy_kind::interleaved,
-                         detail::call_text("interleaved_one_f_one_b", {devices, chunks, micro_batches}), devices, chunks,
-                         micro_batches);
-    return {"interleaved 1F1B (" + std::to_string(chunks) + " virtual stages per device)",
-            pipeline_shape::interleaved(devices, chunks, micro_batches), interleaved_constraints(chunks)};
-}
+LOOM_INLINE schedule_spec interleaved_spec(int devices, int chunks, int micro_batches);
 
 inline schedule_spec three_f_one_b_spec(int stages, int micro_batches) {
     detail::check_policy(detail::policy_kind::three_f_one_b, detail::call_text("three_f_one_b", {stages, micro_batches}),
@@ -162,15 +105,7 @@ inline schedule_spec three_f_one_b_spec(int stages, int micro_batches) {
     return {"3F1B", pipeline_shape::linear(stages, micro_batches, 3), recycling_constraints(3)};
 }
 
-inline schedule_spec interlaced_spec(int pipeline_stages, int micro_batches, int devices_per_stage = 1) {
-    const std::string call = detail::call_text("interlaced", {pipeline_stages, micro_batches, devices_per_stage});
-    detail::check_policy(detail::policy_kind::interlaced, call, pipeline_stages, 1, micro_batches);
-    if (devices_per_stage < 1)
-        throw schedule_error(call + ": " + std::to_string(devices_per_stage) +
-                             " devices per stage; each pipeline stage needs at least one device");
-    return {"interlaced", pipeline_shape::interlaced(pipeline_stages, micro_batches, devices_per_stage),
-            interlaced_constraints()};
-}
+LOOM_INLINE schedule_spec interlaced_spec(int pipeline_stages, int micro_batches, int devices_per_stage = 1);
 
 namespace detail {
 
@@ -180,41 +115,14 @@ namespace detail {
 // 1F1B on 8 devices with 256 micro-batches takes over a second), and the plan searcher builds
 // hundreds of such schedules.
 
-inline std::vector<std::vector<block>> gpipe_device_orders(int stages, int micro_batches) {
-    std::vector<std::vector<block>> orders(static_cast<std::size_t>(stages));
-    for (int d = 0; d < stages; ++d) {
-        auto& order = orders[static_cast<std::size_t>(d)];
-        order.reserve(2 * static_cast<std::size_t>(micro_batches));
-        for (int i = 0; i < micro_batches; ++i) order.push_back(forward_block(d, i));
-        for (int i = 0; i < micro_batches; ++i) order.push_back(backward_block(d, i));
-    }
-    return orders;
-}
+LOOM_INLINE std::vector<std::vector<block>> gpipe_device_orders(int stages, int micro_batches);
 
 // Device r of p with v chunks (stages r, r + p, ..., r + (v - 1) p) runs forward k of the
 // micro-batch (k / (p v)) p + k % p on chunk (k / p) % v, backward k on the same micro-batch
 // of chunk v - 1 - (k / p) % v (Megatron's groups of p micro-batches through one chunk at a
 // time); after w + 1 forwards, w = 2 (p - r - 1) + (v - 1) p (v > 1) or p - r - 1 (v = 1, plain
 // 1F1B), a backward and a forward alternate until the forwards run out.
-inline std::vector<std::vector<block>> interleaved_device_orders(int p, int v, int m) {
-    std::vector<std::vector<block>> orders(static_cast<std::size_t>(p));
-    const int total = m * v;
-    const auto micro = [&](int k) { return (k / (p * v)) * p + k % p; };
-    for (int r = 0; r < p; ++r) {
-        auto& order = orders[static_cast<std::size_t>(r)];
-        order.reserve(2 * static_cast<std::size_t>(total));
-        const auto forward = [&](int k) { return forward_block(((k / p) % v) * p + r, micro(k)); };
-        const auto backward = [&](int k) { return backward_block((v - 1 - (k / p) % v) * p + r, micro(k)); };
-        const int w = v > 1 ? 2 * (p - r - 1) + (v - 1) * p : p - r - 1;
-        int f = 0, b = 0;
-        for (; f < std::min(w + 1, total); ++f) order.push_back(forward(f));
-        while (b < total) {
-            order.push_back(backward(b++));
-            if (f < total) order.push_back(forward(f++));
-        }
-    }
-    return orders;
-}
+LOOM_INLINE std::vector<std::vector<block>> interleaved_device_orders(int p, int v, int m);
 
 }  // namespace detail
 
@@ -242,3 +150,135 @@ inline schedule interlaced(int pipeline_stages, int micro_batches, int devices_p
 }
 
 }  // namespace loom::schedule
+
+// Definitions: compiled here (header-only) or once in loom::compiled (core/linkage.hpp).
+#if LOOM_HEADER_DEFINITIONS
+
+namespace loom::schedule {
+
+LOOM_INLINE std::vector<before> micro_order_constraints(int rounds) {
+    using namespace var;
+    std::vector<before> c;
+    for (int r = 0; r < rounds; ++r) c.push_back(before{forward(micro, r), forward(micro + 1, r)});
+    c.push_back(before{backward(micro), backward(micro + 1)});
+    return c;
+}
+
+LOOM_INLINE std::vector<before> gpipe_constraints() {
+    using namespace var;
+    auto c = micro_order_constraints();
+    // the last forward before the first backward
+    c.push_back(before{forward(micro + micro_batches - 1), backward(micro)});
+    return c;
+}
+
+LOOM_INLINE std::vector<before> one_f_one_b_constraints() {
+    using namespace var;
+    auto c = micro_order_constraints();
+    c.push_back(before{forward(micro + stages - stage - 1).or_last(), backward(micro)});  // (3), ofst = S - s - 1
+    c.push_back(before{backward(micro), forward(micro + stages - stage)});                // (4), ofst + 1
+    return c;
+}
+
+LOOM_INLINE std::vector<before> interleaved_constraints(int chunks) {
+    using namespace var;
+    // w = 2(p - d - 1) + (v - 1) p = stages + devices - 2 device - 2 (v > 1); p - d - 1 (v = 1)
+    const affine warmup = chunks > 1 ? stages + devices - 2 * device - 2 : devices - device - 1;
+    constexpr condition always{};
+    constexpr auto grouped = unit_order::by_micro_group;
+    return {
+        before{forward(position), forward(position + 1), each_device, always, grouped},
+        before{backward(position), backward(position + 1), each_device, always, grouped},
+        before{forward(position + warmup).or_last(), backward(position), each_device, always, grouped},
+        before{backward(position), forward(position + warmup + 1), each_device, always, grouped},
+    };
+}
+
+LOOM_INLINE std::vector<before> recycling_constraints(int rounds) {
+    using namespace var;
+    auto c = micro_order_constraints(rounds);
+    for (int r = 0; r + 1 < rounds; ++r) c.push_back(before{forward(micro + 1, r), forward(micro, r + 1)});  // (1), (2)
+    c.push_back(before{forward(micro + stages - stage - 1, rounds - 1).or_last(), backward(micro)});        // (3)
+    c.push_back(before{backward(micro), forward(micro + stages - stage + rounds - 1, 0)});                  // next cycle
+    return c;
+}
+
+LOOM_INLINE std::vector<before> interlaced_constraints() {
+    using namespace var;
+    auto c = micro_order_constraints();
+    const condition pipeline_stages = within(stage, 1, stages - 2);
+    // stage k of the p = S - 2 pipeline stages runs w = p - k forwards ahead
+    c.push_back(before{forward(micro + stages - stage - 2).or_last(), backward(micro), each_stage, pipeline_stages});
+    c.push_back(before{backward(micro), forward(micro + stages - stage - 1), each_stage, pipeline_stages});
+    // the embedding runs one micro-batch ahead of the first pipeline stage
+    c.push_back(before{forward(micro).on_stage(1), forward(micro + 1), each_stage, within(stage, 0, 0)});
+    return c;
+}
+}  // namespace loom::schedule
+
+namespace loom::schedule::detail {
+
+LOOM_INLINE std::string call_text(const char* function, std::initializer_list<int> args) {
+    std::string out = std::string(function) + "(";
+    bool first = true;
+    for (int a : args) out += (first ? "" : ", ") + std::to_string(a), first = false;
+    return out + ")";
+}
+}  // namespace loom::schedule::detail
+
+namespace loom::schedule {
+
+LOOM_INLINE schedule_spec interleaved_spec(int devices, int chunks, int micro_batches) {
+    detail::check_policy(detail::policy_kind::interleaved,
+                         detail::call_text("interleaved_one_f_one_b", {devices, chunks, micro_batches}), devices, chunks,
+                         micro_batches);
+    return {"interleaved 1F1B (" + std::to_string(chunks) + " virtual stages per device)",
+            pipeline_shape::interleaved(devices, chunks, micro_batches), interleaved_constraints(chunks)};
+}
+
+LOOM_INLINE schedule_spec interlaced_spec(int pipeline_stages, int micro_batches, int devices_per_stage) {
+    const std::string call = detail::call_text("interlaced", {pipeline_stages, micro_batches, devices_per_stage});
+    detail::check_policy(detail::policy_kind::interlaced, call, pipeline_stages, 1, micro_batches);
+    if (devices_per_stage < 1)
+        throw schedule_error(call + ": " + std::to_string(devices_per_stage) +
+                             " devices per stage; each pipeline stage needs at least one device");
+    return {"interlaced", pipeline_shape::interlaced(pipeline_stages, micro_batches, devices_per_stage),
+            interlaced_constraints()};
+}
+}  // namespace loom::schedule
+
+namespace loom::schedule::detail {
+
+LOOM_INLINE std::vector<std::vector<block>> gpipe_device_orders(int stages, int micro_batches) {
+    std::vector<std::vector<block>> orders(static_cast<std::size_t>(stages));
+    for (int d = 0; d < stages; ++d) {
+        auto& order = orders[static_cast<std::size_t>(d)];
+        order.reserve(2 * static_cast<std::size_t>(micro_batches));
+        for (int i = 0; i < micro_batches; ++i) order.push_back(forward_block(d, i));
+        for (int i = 0; i < micro_batches; ++i) order.push_back(backward_block(d, i));
+    }
+    return orders;
+}
+
+LOOM_INLINE std::vector<std::vector<block>> interleaved_device_orders(int p, int v, int m) {
+    std::vector<std::vector<block>> orders(static_cast<std::size_t>(p));
+    const int total = m * v;
+    const auto micro = [&](int k) { return (k / (p * v)) * p + k % p; };
+    for (int r = 0; r < p; ++r) {
+        auto& order = orders[static_cast<std::size_t>(r)];
+        order.reserve(2 * static_cast<std::size_t>(total));
+        const auto forward = [&](int k) { return forward_block(((k / p) % v) * p + r, micro(k)); };
+        const auto backward = [&](int k) { return backward_block((v - 1 - (k / p) % v) * p + r, micro(k)); };
+        const int w = v > 1 ? 2 * (p - r - 1) + (v - 1) * p : p - r - 1;
+        int f = 0, b = 0;
+        for (; f < std::min(w + 1, total); ++f) order.push_back(forward(f));
+        while (b < total) {
+            order.push_back(backward(b++));
+            if (f < total) order.push_back(forward(f++));
+        }
+    }
+    return orders;
+}
+
+}  // namespace loom::schedule::detail
+#endif  // LOOM_HEADER_DEFINITIONS

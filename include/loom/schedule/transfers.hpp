@@ -24,6 +24,7 @@
 #include <string>
 #include <vector>
 
+#include <loom/core/linkage.hpp>
 #include <loom/schedule/block.hpp>
 #include <loom/schedule/shape.hpp>
 
@@ -46,7 +47,19 @@ inline std::string to_string(const transfer& t, int rounds = 1) {
 }
 
 // The messages one dependency needs (none when every consumer device runs the producer).
-inline std::vector<transfer> transfers_of(const pipeline_shape& p, const dependency& dep) {
+LOOM_INLINE std::vector<transfer> transfers_of(const pipeline_shape& p, const dependency& dep);
+
+// Every message of the shape, by consumer in block_index order.
+LOOM_INLINE std::vector<transfer> all_transfers(const pipeline_shape& p);
+
+}  // namespace loom::schedule
+
+// Definitions: compiled here (header-only) or once in loom::compiled (core/linkage.hpp).
+#if LOOM_HEADER_DEFINITIONS
+
+namespace loom::schedule {
+
+LOOM_INLINE std::vector<transfer> transfers_of(const pipeline_shape& p, const dependency& dep) {
     std::vector<transfer> out;
     const auto& from = p.devices_of(dep.producer.stage);
     const auto& to = p.devices_of(dep.consumer.stage);
@@ -57,8 +70,7 @@ inline std::vector<transfer> transfers_of(const pipeline_shape& p, const depende
     return out;
 }
 
-// Every message of the shape, by consumer in block_index order.
-inline std::vector<transfer> all_transfers(const pipeline_shape& p) {
+LOOM_INLINE std::vector<transfer> all_transfers(const pipeline_shape& p) {
     std::vector<transfer> out;
     for (const dependency& d : dependencies(p))
         for (const transfer& t : transfers_of(p, d)) out.push_back(t);
@@ -66,3 +78,4 @@ inline std::vector<transfer> all_transfers(const pipeline_shape& p) {
 }
 
 }  // namespace loom::schedule
+#endif  // LOOM_HEADER_DEFINITIONS

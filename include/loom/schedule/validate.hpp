@@ -26,6 +26,7 @@
 #include <utility>
 #include <vector>
 
+#include <loom/core/linkage.hpp>
 #include <loom/schedule/cycle.hpp>
 #include <loom/schedule/in_flight.hpp>
 #include <loom/schedule/schedule.hpp>
@@ -47,16 +48,7 @@ inline std::string devices_text(const std::vector<int>& devices) {
     return devices.size() == 1 ? out : out + "}";
 }
 
-inline std::string reads_text(dependency_kind k) {
-    switch (k) {
-        case dependency_kind::activation: return "its input activation";
-        case dependency_kind::recycle: return "the previous round's output (recycling)";
-        case dependency_kind::loss: return "the loss of its forward";
-        case dependency_kind::gradient: return "its output gradient";
-        case dependency_kind::saved_activation: return "its saved activations";
-    }
-    return "?";
-}
+LOOM_INLINE std::string reads_text(dependency_kind k);
 
 class validator {
 public:
@@ -264,7 +256,30 @@ inline void validate(const schedule& s, const validation_options& options = {}) 
 }
 
 // validate's message, or "" when the schedule is valid.
-inline std::string validation_error(const schedule& s, const validation_options& options = {}) {
+LOOM_INLINE std::string validation_error(const schedule& s, const validation_options& options = {});
+
+}  // namespace loom::schedule
+
+// Definitions: compiled here (header-only) or once in loom::compiled (core/linkage.hpp).
+#if LOOM_HEADER_DEFINITIONS
+
+namespace loom::schedule::detail {
+
+LOOM_INLINE std::string reads_text(dependency_kind k) {
+    switch (k) {
+        case dependency_kind::activation: return "its input activation";
+        case dependency_kind::recycle: return "the previous round's output (recycling)";
+        case dependency_kind::loss: return "the loss of its forward";
+        case dependency_kind::gradient: return "its output gradient";
+        case dependency_kind::saved_activation: return "its saved activations";
+    }
+    return "?";
+}
+}  // namespace loom::schedule::detail
+
+namespace loom::schedule {
+
+LOOM_INLINE std::string validation_error(const schedule& s, const validation_options& options) {
     try {
         validate(s, options);
     } catch (const schedule_error& e) {
@@ -274,3 +289,4 @@ inline std::string validation_error(const schedule& s, const validation_options&
 }
 
 }  // namespace loom::schedule
+#endif  // LOOM_HEADER_DEFINITIONS

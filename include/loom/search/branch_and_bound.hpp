@@ -44,6 +44,7 @@
 #include <string>
 #include <vector>
 
+#include <loom/core/linkage.hpp>
 #include <loom/search/evaluate.hpp>
 
 namespace loom::search {
@@ -166,36 +167,9 @@ struct candidates {
 // slack, each count stays within `slack` of the even share (floor or ceiling).
 // `cut(k, split)` (optional) is asked after counts 0..k are chosen (k < parts - 1) and may
 // cut every split that starts so.
-inline void for_each_split(int layers, int parts, bool all, int slack,
-                           const std::function<bool(const std::vector<int>&)>& visit,
-                           const std::function<bool(int, const std::vector<int>&)>& cut = {}) {
-    if (!all) {
-        visit(std::vector<int>(static_cast<std::size_t>(parts), layers / parts));
-        return;
-    }
-    const int low = slack > 0 ? std::max(1, layers / parts - slack) : 1;
-    const int high = slack > 0 ? (layers + parts - 1) / parts + slack : layers;
-    std::vector<int> split(static_cast<std::size_t>(parts), 0);
-    if (layers % parts == 0 && !visit(std::vector<int>(static_cast<std::size_t>(parts), layers / parts))) return;
-    std::function<bool(int, int)> go = [&](int k, int left) {
-        if (k == parts - 1) {
-            if (left < low || left > high) return true;
-            split[static_cast<std::size_t>(k)] = left;
-            if (layers % parts == 0 && std::all_of(split.begin(), split.end(), [&](int x) { return x == layers / parts; }))
-                return true;  // visited first
-            return visit(split);
-        }
-        const int rest = parts - 1 - k;
-        for (int n = low; n <= std::min(high, left - rest * low); ++n) {
-            if (left - n > rest * high) continue;
-            split[static_cast<std::size_t>(k)] = n;
-            if (cut && cut(k, split)) continue;
-            if (!go(k + 1, left - n)) return false;
-        }
-        return true;
-    };
-    go(0, layers);
-}
+LOOM_INLINE void for_each_split(int layers, int parts, bool all, int slack,
+                                const std::function<bool(const std::vector<int>&)>& visit,
+                                const std::function<bool(int, const std::vector<int>&)>& cut = {});
 
 // A group of interchangeable layers on one device: same class, same chunk.
 struct recompute_group {
@@ -527,7 +501,50 @@ inline search_result branch_and_bound(cost_context& ctx, const search_space& spa
 
 // Every configuration of the space, each layer's recompute choice on its own: the answer
 // branch_and_bound must reproduce. Exponential in the layers; for small spaces only.
-inline search_result enumerate_all(cost_context& ctx, const search_space& space) {
+LOOM_INLINE search_result enumerate_all(cost_context& ctx, const search_space& space);
+
+}  // namespace loom::search
+
+// Definitions: compiled here (header-only) or once in loom::compiled (core/linkage.hpp).
+#if LOOM_HEADER_DEFINITIONS
+
+namespace loom::search::detail {
+
+LOOM_INLINE void for_each_split(int layers, int parts, bool all, int slack,
+                                const std::function<bool(const std::vector<int>&)>& visit,
+                                const std::function<bool(int, const std::vector<int>&)>& cut) {
+    if (!all) {
+        visit(std::vector<int>(static_cast<std::size_t>(parts), layers / parts));
+        return;
+    }
+    const int low = slack > 0 ? std::max(1, layers / parts - slack) : 1;
+    const int high = slack > 0 ? (layers + parts - 1) / parts + slack : layers;
+    std::vector<int> split(static_cast<std::size_t>(parts), 0);
+    if (layers % parts == 0 && !visit(std::vector<int>(static_cast<std::size_t>(parts), layers / parts))) return;
+    std::function<bool(int, int)> go = [&](int k, int left) {
+        if (k == parts - 1) {
+            if (left < low || left > high) return true;
+            split[static_cast<std::size_t>(k)] = left;
+            if (layers % parts == 0 && std::all_of(split.begin(), split.end(), [&](int x) { return x == layers / parts; }))
+                return true;  // visited first
+            return visit(split);
+        }
+        const int rest = parts - 1 - k;
+        for (int n = low; n <= std::min(high, left - rest * low); ++n) {
+            if (left - n > rest * high) continue;
+            split[static_cast<std::size_t>(k)] = n;
+            if (cut && cut(k, split)) continue;
+            if (!go(k + 1, left - n)) return false;
+        }
+        return true;
+    };
+    go(0, layers);
+}
+}  // namespace loom::search::detail
+
+namespace loom::search {
+
+LOOM_INLINE search_result enumerate_all(cost_context& ctx, const search_space& space) {
     const auto start = std::chrono::steady_clock::now();
     search_result best;
     detail::candidates cand{ctx, space};
@@ -572,7 +589,7 @@ inline search_result enumerate_all(cost_context& ctx, const search_space& space)
     return best;
 }
 
-inline std::string search_result::explain() const {
+LOOM_INLINE std::string search_result::explain() const {
     std::ostringstream out;
     if (!found) {
         out << "no configuration of the space fits in memory on " << cluster_name
@@ -607,3 +624,4 @@ inline std::string search_result::explain() const {
 }
 
 }  // namespace loom::search
+#endif  // LOOM_HEADER_DEFINITIONS

@@ -23,23 +23,14 @@
 #include <string_view>
 
 #include <loom/core/error.hpp>
+#include <loom/core/linkage.hpp>
 #include <loom/search/hardware.hpp>
 
 namespace loom::search {
 
 enum class collective { all_reduce, all_gather, reduce_scatter, all_to_all, broadcast, send_recv };
 
-inline std::string_view to_string(collective c) {
-    switch (c) {
-        case collective::all_reduce: return "all_reduce";
-        case collective::all_gather: return "all_gather";
-        case collective::reduce_scatter: return "reduce_scatter";
-        case collective::all_to_all: return "all_to_all";
-        case collective::broadcast: return "broadcast";
-        case collective::send_recv: return "send_recv";
-    }
-    return "?";
-}
+LOOM_INLINE std::string_view to_string(collective c);
 
 // ring: one ring over all members, every step as slow as its slowest hop.
 // hierarchical: inside each node, then across nodes on 1/k of the data (k members per
@@ -65,7 +56,121 @@ struct group_placement {
     bool uniform() const { return min_per_node == max_per_node; }
 };
 
-inline group_placement placement(const topology& t, device_group g) {
+LOOM_INLINE group_placement placement(const topology& t, device_group g);
+
+// How an arbitrary set of ranks (a materialized transfer's group) lies over nodes.
+LOOM_INLINE group_placement placement(const topology& t, std::span<const int> ranks);
+
+inline int nodes_spanned(const topology& t, device_group g) { return placement(t, g).nodes; }
+
+// Members on the fullest node; for uniform groups, the members of every node it spans.
+inline int members_per_node(const topology& t, device_group g) { return placement(t, g).max_per_node; }
+
+// Inter-node bandwidth of one member when `members` members of a node send across nodes at
+// once: they share the node's NICs, and one member drives at most one NIC (on DGX machines
+// each GPU is paired with one NIC on its PCIe switch), so a lone member gets one NIC, not all.
+inline double inter_node_bandwidth_per_member(const topology& t, int members) {
+    const double nic = t.inter_node_per_nic.bandwidth;
+    return std::min(nic, t.nics_per_node * nic / members);
+}
+
+struct comm_time {
+    double latency = 0;       // s: per-message latencies, not hidden by overlap
+    double transmission = 0;  // s: bytes over bandwidth, which overlap can hide
+    double total() const { return latency + transmission; }
+};
+
+inline comm_time operator+(comm_time a, comm_time b) {
+    return {a.latency + b.latency, a.transmission + b.transmission};
+}
+
+namespace detail {
+
+LOOM_INLINE void check_link(const cluster& c, const link& l, std::string_view field);
+
+// One level of ring: n members, each step over a link of bandwidth bw and latency lat.
+// all_to_all is here the direct exchange (each member sends (n-1)/n of its buffer); its
+// n-1 rounds are charged one latency each.
+LOOM_INLINE comm_time ring(collective c, double bytes, int n, double bw, double lat);
+
+// `sharing`: how many groups of the same shape send across the same nodes at once (the
+// data-parallel groups of every tensor-parallel rank); they share the nodes' NICs.
+LOOM_INLINE comm_time ring_cost(const cluster& c, collective k, double bytes, int n, const group_placement& p, int sharing = 1);
+
+inline bool has_hierarchical_form(collective k) {
+    return k == collective::all_reduce || k == collective::all_gather || k == collective::reduce_scatter;
+}
+
+// k members on each of N nodes. Inside a node the k members reduce-scatter (or gather) the
+// whole buffer; across nodes, the k members with the same local index each run a ring over
+// the N nodes on their 1/k of the buffer, all k rings at once, sharing the node's NICs.
+// all_gather + reduce_scatter == all_reduce holds here as for the ring.
+LOOM_INLINE comm_time hierarchical_cost(const cluster& c, collective kind, double bytes, const group_placement& p,
+                                        int sharing = 1);
+
+}  // namespace detail
+
+// Latency and transmission of one collective over `size` members placed as `p`. Size-1
+// groups cost 0. algorithm::hierarchical on a group whose nodes hold different numbers of
+// members throws; algorithm::automatic then uses the ring. For all_to_all, broadcast and
+// send_recv the hierarchical form is the ring form. `sharing` groups of this shape cross
+// the same nodes at once and share their NICs (1: this group alone).
+LOOM_INLINE comm_time collective_cost(const cluster& c, collective kind, double bytes, int size, const group_placement& p,
+                                      algorithm a = algorithm::automatic, int sharing = 1);
+
+// The same over the ranks {first + i*stride}.
+LOOM_INLINE comm_time collective_cost(const cluster& c, collective kind, double bytes, device_group g,
+                                      algorithm a = algorithm::automatic);
+
+inline double collective_time(const cluster& c, collective kind, double bytes, device_group g,
+                              algorithm a = algorithm::automatic) {
+    return collective_cost(c, kind, bytes, g, a).total();
+}
+
+// ---- overlap (TAPAS, section 4.6, eqs. 1-4) --------------------------------------------
+//   T_latency = alpha' * W                                    not discounted
+//   T_trans   = beta * (N_fwd + gamma * N_bwd) * epsilon        gamma, epsilon in (0, 1]
+// gamma: the fraction of backward (gradient) transmission left exposed by overlapping it
+// with the rest of the backward pass. epsilon: per collective, the fraction left by
+// overlapping reduction and transfer inside the collective; found by profiling. An epsilon
+// above 1 is accepted, for a collective measured slower than its alpha-beta estimate.
+struct overlap_factors {
+    double gamma = 1.0;
+    std::array<double, 6> epsilon{1, 1, 1, 1, 1, 1};  // indexed by collective
+
+    double epsilon_of(collective c) const { return epsilon[static_cast<std::size_t>(c)]; }
+};
+
+// Transmission times only: (forward + gamma * backward) * epsilon(c).
+LOOM_INLINE double exposed_time(double forward_transmission, double backward_transmission, collective c,
+                                const overlap_factors& f);
+
+// Whole costs: both latencies in full, the transmissions discounted as above.
+inline double exposed_time(const comm_time& forward, const comm_time& backward, collective c,
+                           const overlap_factors& f) {
+    return forward.latency + backward.latency + exposed_time(forward.transmission, backward.transmission, c, f);
+}
+
+}  // namespace loom::search
+
+// Definitions: compiled here (header-only) or once in loom::compiled (core/linkage.hpp).
+#if LOOM_HEADER_DEFINITIONS
+
+namespace loom::search {
+
+LOOM_INLINE std::string_view to_string(collective c) {
+    switch (c) {
+        case collective::all_reduce: return "all_reduce";
+        case collective::all_gather: return "all_gather";
+        case collective::reduce_scatter: return "reduce_scatter";
+        case collective::all_to_all: return "all_to_all";
+        case collective::broadcast: return "broadcast";
+        case collective::send_recv: return "send_recv";
+    }
+    return "?";
+}
+
+LOOM_INLINE group_placement placement(const topology& t, device_group g) {
     if (t.devices_per_node < 1)
         throw profile_error("placement: topology has devices_per_node = " + std::to_string(t.devices_per_node) +
                             "; give at least 1");
@@ -102,8 +207,7 @@ inline group_placement placement(const topology& t, device_group g) {
     return p;
 }
 
-// How an arbitrary set of ranks (a materialized transfer's group) lies over nodes.
-inline group_placement placement(const topology& t, std::span<const int> ranks) {
+LOOM_INLINE group_placement placement(const topology& t, std::span<const int> ranks) {
     if (t.devices_per_node < 1)
         throw profile_error("placement: topology has devices_per_node = " + std::to_string(t.devices_per_node) +
                             "; give at least 1");
@@ -124,43 +228,18 @@ inline group_placement placement(const topology& t, std::span<const int> ranks) 
     }
     return p;
 }
+}  // namespace loom::search
 
-inline int nodes_spanned(const topology& t, device_group g) { return placement(t, g).nodes; }
+namespace loom::search::detail {
 
-// Members on the fullest node; for uniform groups, the members of every node it spans.
-inline int members_per_node(const topology& t, device_group g) { return placement(t, g).max_per_node; }
-
-// Inter-node bandwidth of one member when `members` members of a node send across nodes at
-// once: they share the node's NICs, and one member drives at most one NIC (on DGX machines
-// each GPU is paired with one NIC on its PCIe switch), so a lone member gets one NIC, not all.
-inline double inter_node_bandwidth_per_member(const topology& t, int members) {
-    const double nic = t.inter_node_per_nic.bandwidth;
-    return std::min(nic, t.nics_per_node * nic / members);
-}
-
-struct comm_time {
-    double latency = 0;       // s: per-message latencies, not hidden by overlap
-    double transmission = 0;  // s: bytes over bandwidth, which overlap can hide
-    double total() const { return latency + transmission; }
-};
-
-inline comm_time operator+(comm_time a, comm_time b) {
-    return {a.latency + b.latency, a.transmission + b.transmission};
-}
-
-namespace detail {
-
-inline void check_link(const cluster& c, const link& l, std::string_view field) {
+LOOM_INLINE void check_link(const cluster& c, const link& l, std::string_view field) {
     if (!(l.bandwidth > 0) || !std::isfinite(l.bandwidth) || !(l.latency >= 0) || !std::isfinite(l.latency))
         throw profile_error("collective_cost: cluster '" + c.name + "' has " + std::string(field) + " bandwidth " +
                             number_text(l.bandwidth) + " bytes/s and latency " + number_text(l.latency) +
                             " s; give a positive bandwidth and a non-negative latency");
 }
 
-// One level of ring: n members, each step over a link of bandwidth bw and latency lat.
-// all_to_all is here the direct exchange (each member sends (n-1)/n of its buffer); its
-// n-1 rounds are charged one latency each.
-inline comm_time ring(collective c, double bytes, int n, double bw, double lat) {
+LOOM_INLINE comm_time ring(collective c, double bytes, int n, double bw, double lat) {
     if (n <= 1) return {};
     const double steps = n - 1;
     const double share = steps / n;
@@ -175,9 +254,7 @@ inline comm_time ring(collective c, double bytes, int n, double bw, double lat) 
     return {};
 }
 
-// `sharing`: how many groups of the same shape send across the same nodes at once (the
-// data-parallel groups of every tensor-parallel rank); they share the nodes' NICs.
-inline comm_time ring_cost(const cluster& c, collective k, double bytes, int n, const group_placement& p, int sharing = 1) {
+LOOM_INLINE comm_time ring_cost(const cluster& c, collective k, double bytes, int n, const group_placement& p, int sharing) {
     const topology& t = c.topo;
     if (p.nodes == 1) return ring(k, bytes, n, t.intra_node.bandwidth, t.intra_node.latency);
     const link& nic = t.inter_node_per_nic;
@@ -203,16 +280,8 @@ inline comm_time ring_cost(const cluster& c, collective k, double bytes, int n, 
     return ring(k, bytes, n, bw, nic.latency);
 }
 
-inline bool has_hierarchical_form(collective k) {
-    return k == collective::all_reduce || k == collective::all_gather || k == collective::reduce_scatter;
-}
-
-// k members on each of N nodes. Inside a node the k members reduce-scatter (or gather) the
-// whole buffer; across nodes, the k members with the same local index each run a ring over
-// the N nodes on their 1/k of the buffer, all k rings at once, sharing the node's NICs.
-// all_gather + reduce_scatter == all_reduce holds here as for the ring.
-inline comm_time hierarchical_cost(const cluster& c, collective kind, double bytes, const group_placement& p,
-                                   int sharing = 1) {
+LOOM_INLINE comm_time hierarchical_cost(const cluster& c, collective kind, double bytes, const group_placement& p,
+                                        int sharing) {
     const topology& t = c.topo;
     const int k = p.max_per_node;
     const int nodes = p.nodes;
@@ -233,16 +302,12 @@ inline comm_time hierarchical_cost(const cluster& c, collective kind, double byt
         default: return {};
     }
 }
+}  // namespace loom::search::detail
 
-}  // namespace detail
+namespace loom::search {
 
-// Latency and transmission of one collective over `size` members placed as `p`. Size-1
-// groups cost 0. algorithm::hierarchical on a group whose nodes hold different numbers of
-// members throws; algorithm::automatic then uses the ring. For all_to_all, broadcast and
-// send_recv the hierarchical form is the ring form. `sharing` groups of this shape cross
-// the same nodes at once and share their NICs (1: this group alone).
-inline comm_time collective_cost(const cluster& c, collective kind, double bytes, int size, const group_placement& p,
-                                 algorithm a = algorithm::automatic, int sharing = 1) {
+LOOM_INLINE comm_time collective_cost(const cluster& c, collective kind, double bytes, int size, const group_placement& p,
+                                      algorithm a, int sharing) {
     if (!(bytes >= 0) || !std::isfinite(bytes))
         throw usage_error("collective_cost: " + std::string(to_string(kind)) + " of " + detail::number_text(bytes) +
                           " bytes; give a finite, non-negative size in bytes");
@@ -275,37 +340,16 @@ inline comm_time collective_cost(const cluster& c, collective kind, double bytes
     return hierarchical.total() < ring.total() ? hierarchical : ring;
 }
 
-// The same over the ranks {first + i*stride}.
-inline comm_time collective_cost(const cluster& c, collective kind, double bytes, device_group g,
-                                 algorithm a = algorithm::automatic) {
+LOOM_INLINE comm_time collective_cost(const cluster& c, collective kind, double bytes, device_group g,
+                                      algorithm a) {
     if (!(bytes >= 0) || !std::isfinite(bytes))
         throw usage_error("collective_cost: " + std::string(to_string(kind)) + " of " + detail::number_text(bytes) +
                           " bytes; give a finite, non-negative size in bytes");
     return collective_cost(c, kind, bytes, g.size, placement(c.topo, g), a);
 }
 
-inline double collective_time(const cluster& c, collective kind, double bytes, device_group g,
-                              algorithm a = algorithm::automatic) {
-    return collective_cost(c, kind, bytes, g, a).total();
-}
-
-// ---- overlap (TAPAS, section 4.6, eqs. 1-4) --------------------------------------------
-//   T_latency = alpha' * W                                    not discounted
-//   T_trans   = beta * (N_fwd + gamma * N_bwd) * epsilon        gamma, epsilon in (0, 1]
-// gamma: the fraction of backward (gradient) transmission left exposed by overlapping it
-// with the rest of the backward pass. epsilon: per collective, the fraction left by
-// overlapping reduction and transfer inside the collective; found by profiling. An epsilon
-// above 1 is accepted, for a collective measured slower than its alpha-beta estimate.
-struct overlap_factors {
-    double gamma = 1.0;
-    std::array<double, 6> epsilon{1, 1, 1, 1, 1, 1};  // indexed by collective
-
-    double epsilon_of(collective c) const { return epsilon[static_cast<std::size_t>(c)]; }
-};
-
-// Transmission times only: (forward + gamma * backward) * epsilon(c).
-inline double exposed_time(double forward_transmission, double backward_transmission, collective c,
-                           const overlap_factors& f) {
+LOOM_INLINE double exposed_time(double forward_transmission, double backward_transmission, collective c,
+                                const overlap_factors& f) {
     if (!(f.gamma >= 0 && f.gamma <= 1))
         throw usage_error("exposed_time: gamma is " + detail::number_text(f.gamma) +
                           "; give the exposed fraction of backward transmission, between 0 and 1");
@@ -316,10 +360,5 @@ inline double exposed_time(double forward_transmission, double backward_transmis
     return (forward_transmission + f.gamma * backward_transmission) * epsilon;
 }
 
-// Whole costs: both latencies in full, the transmissions discounted as above.
-inline double exposed_time(const comm_time& forward, const comm_time& backward, collective c,
-                           const overlap_factors& f) {
-    return forward.latency + backward.latency + exposed_time(forward.transmission, backward.transmission, c, f);
-}
-
 }  // namespace loom::search
+#endif  // LOOM_HEADER_DEFINITIONS

@@ -42,6 +42,7 @@
 #include <tuple>
 #include <vector>
 
+#include <loom/core/linkage.hpp>
 #include <loom/schedule/in_flight.hpp>
 #include <loom/schedule/simulate.hpp>
 #include <loom/schedule/templates.hpp>
@@ -180,7 +181,39 @@ private:
 // Which layers each chunk holds: the prologue on chunk 0, the epilogue on the last chunk
 // (unless interlaced: then on no chunk), the repeated layers in order, layers_per_chunk[c]
 // of them on chunk c.
-inline std::vector<std::vector<int>> layers_of_chunks(const cost_context& ctx, const configuration& c) {
+LOOM_INLINE std::vector<std::vector<int>> layers_of_chunks(const cost_context& ctx, const configuration& c);
+
+// The recompute choice of layer index `layer` (prologue and epilogue keep everything).
+LOOM_INLINE plan::recompute_policy recompute_of_layer(const cost_context& ctx, const configuration& c, int layer);
+
+// One all-reduce of the residual stream of a micro-batch over the TP group (a residual
+// join's cost per pass), its transmission discounted by epsilon.
+LOOM_INLINE double tensor_parallel_all_reduce_time(const cost_context& ctx, const configuration& c);
+
+// Everything but the pipeline makespan: per-chunk times and per-device memory and comm.
+// Split out so that the searcher can bound before it times the schedule.
+LOOM_INLINE evaluation evaluate_without_pipeline(cost_context& ctx, const configuration& c);
+
+// The time of one message between consecutive stages: the boundary activation of one
+// micro-batch, scattered over the TP group (each of its devices sends 1/tp).
+LOOM_INLINE double stage_message_time(const cost_context& ctx, const configuration& c);
+
+inline double step_time_of(const evaluation& e, double pipeline) {
+    double slowest = 0;
+    for (const auto& d : e.devices) slowest = std::max(slowest, d.exposed_communication + d.optimizer);
+    return pipeline + slowest;
+}
+
+LOOM_INLINE evaluation evaluate(cost_context& ctx, const configuration& c);
+
+}  // namespace loom::search
+
+// Definitions: compiled here (header-only) or once in loom::compiled (core/linkage.hpp).
+#if LOOM_HEADER_DEFINITIONS
+
+namespace loom::search {
+
+LOOM_INLINE std::vector<std::vector<int>> layers_of_chunks(const cost_context& ctx, const configuration& c) {
     const int chunks = c.pp * c.chunks;
     std::vector<std::vector<int>> out(static_cast<std::size_t>(chunks));
     if (ctx.prologue() >= 0 && !c.interlaced) out.front().push_back(ctx.prologue());
@@ -192,17 +225,14 @@ inline std::vector<std::vector<int>> layers_of_chunks(const cost_context& ctx, c
     return out;
 }
 
-// The recompute choice of layer index `layer` (prologue and epilogue keep everything).
-inline plan::recompute_policy recompute_of_layer(const cost_context& ctx, const configuration& c, int layer) {
+LOOM_INLINE plan::recompute_policy recompute_of_layer(const cost_context& ctx, const configuration& c, int layer) {
     const auto& r = ctx.repeated();
     const auto it = std::find(r.begin(), r.end(), layer);
     if (it == r.end() || c.recompute_of.empty()) return plan::recompute_policy::none;
     return c.recompute_of[static_cast<std::size_t>(it - r.begin())];
 }
 
-// One all-reduce of the residual stream of a micro-batch over the TP group (a residual
-// join's cost per pass), its transmission discounted by epsilon.
-inline double tensor_parallel_all_reduce_time(const cost_context& ctx, const configuration& c) {
+LOOM_INLINE double tensor_parallel_all_reduce_time(const cost_context& ctx, const configuration& c) {
     if (c.tp == 1) return 0.0;
     const double bytes = ctx.model().residual_elements / (static_cast<double>(c.dp) * c.micro_batches) *
                          ctx.options().activation_bytes;
@@ -210,9 +240,7 @@ inline double tensor_parallel_all_reduce_time(const cost_context& ctx, const con
                         collective::all_reduce, {1.0, ctx.options().overlap.epsilon});
 }
 
-// Everything but the pipeline makespan: per-chunk times and per-device memory and comm.
-// Split out so that the searcher can bound before it times the schedule.
-inline evaluation evaluate_without_pipeline(cost_context& ctx, const configuration& c) {
+LOOM_INLINE evaluation evaluate_without_pipeline(cost_context& ctx, const configuration& c) {
     const model_profile& m = ctx.model();
     const cluster& hw = ctx.hardware();
     const search_options& o = ctx.options();
@@ -320,22 +348,14 @@ inline evaluation evaluate_without_pipeline(cost_context& ctx, const configurati
     return e;
 }
 
-// The time of one message between consecutive stages: the boundary activation of one
-// micro-batch, scattered over the TP group (each of its devices sends 1/tp).
-inline double stage_message_time(const cost_context& ctx, const configuration& c) {
+LOOM_INLINE double stage_message_time(const cost_context& ctx, const configuration& c) {
     if (c.pp == 1) return 0.0;
     const double bytes = ctx.model().residual_elements / (static_cast<double>(c.dp) * c.micro_batches) *
                          ctx.options().activation_bytes / c.tp;
     return collective_time(ctx.hardware(), collective::send_recv, bytes, {2, c.tp * c.dp});
 }
 
-inline double step_time_of(const evaluation& e, double pipeline) {
-    double slowest = 0;
-    for (const auto& d : e.devices) slowest = std::max(slowest, d.exposed_communication + d.optimizer);
-    return pipeline + slowest;
-}
-
-inline evaluation evaluate(cost_context& ctx, const configuration& c) {
+LOOM_INLINE evaluation evaluate(cost_context& ctx, const configuration& c) {
     evaluation e = evaluate_without_pipeline(ctx, c);
     const auto& sched = ctx.schedule_orders(c.schedule, c.pp, c.chunks, c.micro_batches);
     // Interlaced blocks hold every device, so they add their time to every timeline.
@@ -351,3 +371,4 @@ inline evaluation evaluate(cost_context& ctx, const configuration& c) {
 }
 
 }  // namespace loom::search
+#endif  // LOOM_HEADER_DEFINITIONS

@@ -32,6 +32,7 @@
 #include <vector>
 
 #include <loom/core/error.hpp>
+#include <loom/core/linkage.hpp>
 #include <loom/graph/graph.hpp>
 #include <loom/graph/op.hpp>
 
@@ -65,14 +66,7 @@ struct layer_partition {
 
 namespace detail {
 
-inline std::uint64_t mix(std::uint64_t h, std::uint64_t v) {
-    // splitmix64 finaliser over the running hash: order-sensitive and well spread.
-    h ^= v + 0x9e3779b97f4a7c15ULL + (h << 6) + (h >> 2);
-    h ^= h >> 30;
-    h *= 0xbf58476d1ce4e5b9ULL;
-    h ^= h >> 27;
-    return h;
-}
+LOOM_INLINE std::uint64_t mix(std::uint64_t h, std::uint64_t v);
 
 inline std::uint64_t hash_text(std::string_view s) { return std::hash<std::string_view>{}(s); }
 
@@ -81,7 +75,59 @@ inline std::size_t forward_count(const graph& g) { return g.forward_nodes ? g.fo
 // The hash of a run of forward nodes [first, last): each node's op and output shapes, and
 // for each input whether it is a parameter (with its shape), a graph input, an activation
 // made inside the run (by its offset back from the consumer) or one from before the run.
-inline std::uint64_t hash_nodes(const graph& g, const std::vector<node_id>& nodes) {
+LOOM_INLINE std::uint64_t hash_nodes(const graph& g, const std::vector<node_id>& nodes);
+
+LOOM_INLINE void assign_classes(const graph& g, layer_partition& p);
+
+// Splits forward nodes into prologue / repeated layers / epilogue given each node's layer
+// index (-1 outside the repeat).
+LOOM_INLINE layer_partition partition_by_layer(const graph& g, const std::vector<std::int64_t>& layer_of,
+                                               std::string_view layer_prefix);
+
+}  // namespace detail
+
+namespace detail {
+
+// The instance index of repeat `r` that scope `s` lies in, or -1.
+inline std::int64_t instance_of(const graph& g, std::int32_t s, std::int32_t r) {
+    for (; s != no_id; s = g.scopes.at(static_cast<std::size_t>(s)).parent)
+        if (g.scopes.at(static_cast<std::size_t>(s)).repeat == r) return g.scopes.at(static_cast<std::size_t>(s)).index;
+    return -1;
+}
+
+// Forward rounds: the outer repeat around `inner`, when every outer instance holds a repeat
+// named like `inner` with as many instances and only the last round is differentiated.
+LOOM_INLINE layer_partition rounds_partition(const graph& g, std::int32_t inner);
+
+}  // namespace detail
+
+// Layers from the graph's largest recorded repeat (most instances; ties: the first).
+LOOM_INLINE layer_partition layers_from_scopes(const graph& g);
+
+// Layers from structure alone (scopes ignored).
+LOOM_INLINE layer_partition layers_from_structure(const graph& g);
+
+inline layer_partition find_layers(const graph& g) {
+    return g.repeats.empty() ? layers_from_structure(g) : layers_from_scopes(g);
+}
+
+}  // namespace loom::search
+
+// Definitions: compiled here (header-only) or once in loom::compiled (core/linkage.hpp).
+#if LOOM_HEADER_DEFINITIONS
+
+namespace loom::search::detail {
+
+LOOM_INLINE std::uint64_t mix(std::uint64_t h, std::uint64_t v) {
+    // splitmix64 finaliser over the running hash: order-sensitive and well spread.
+    h ^= v + 0x9e3779b97f4a7c15ULL + (h << 6) + (h >> 2);
+    h ^= h >> 30;
+    h *= 0xbf58476d1ce4e5b9ULL;
+    h ^= h >> 27;
+    return h;
+}
+
+LOOM_INLINE std::uint64_t hash_nodes(const graph& g, const std::vector<node_id>& nodes) {
     std::map<tensor_id, std::int64_t> made_at;  // tensor -> position in the run
     std::uint64_t h = 0x1234567;
     for (std::size_t i = 0; i < nodes.size(); ++i) {
@@ -109,7 +155,7 @@ inline std::uint64_t hash_nodes(const graph& g, const std::vector<node_id>& node
     return h;
 }
 
-inline void assign_classes(const graph& g, layer_partition& p) {
+LOOM_INLINE void assign_classes(const graph& g, layer_partition& p) {
     std::map<std::uint64_t, int> class_of;
     for (layer_span& l : p.layers) {
         l.hash = hash_nodes(g, l.nodes);
@@ -119,10 +165,8 @@ inline void assign_classes(const graph& g, layer_partition& p) {
     p.classes = static_cast<int>(class_of.size());
 }
 
-// Splits forward nodes into prologue / repeated layers / epilogue given each node's layer
-// index (-1 outside the repeat).
-inline layer_partition partition_by_layer(const graph& g, const std::vector<std::int64_t>& layer_of,
-                                          std::string_view layer_prefix) {
+LOOM_INLINE layer_partition partition_by_layer(const graph& g, const std::vector<std::int64_t>& layer_of,
+                                               std::string_view layer_prefix) {
     layer_partition p;
     std::int64_t layers = 0;
     for (std::int64_t l : layer_of) layers = std::max(layers, l + 1);
@@ -148,20 +192,7 @@ inline layer_partition partition_by_layer(const graph& g, const std::vector<std:
     return p;
 }
 
-}  // namespace detail
-
-namespace detail {
-
-// The instance index of repeat `r` that scope `s` lies in, or -1.
-inline std::int64_t instance_of(const graph& g, std::int32_t s, std::int32_t r) {
-    for (; s != no_id; s = g.scopes.at(static_cast<std::size_t>(s)).parent)
-        if (g.scopes.at(static_cast<std::size_t>(s)).repeat == r) return g.scopes.at(static_cast<std::size_t>(s)).index;
-    return -1;
-}
-
-// Forward rounds: the outer repeat around `inner`, when every outer instance holds a repeat
-// named like `inner` with as many instances and only the last round is differentiated.
-inline layer_partition rounds_partition(const graph& g, std::int32_t inner) {
+LOOM_INLINE layer_partition rounds_partition(const graph& g, std::int32_t inner) {
     const repeat_desc& in = g.repeats[static_cast<std::size_t>(inner)];
     std::int32_t outer = no_id;
     for (std::int32_t s = in.parent; s != no_id; s = g.scopes.at(static_cast<std::size_t>(s)).parent)
@@ -203,11 +234,11 @@ inline layer_partition rounds_partition(const graph& g, std::int32_t inner) {
     p.round_of = std::move(round_of);
     return p;
 }
+}  // namespace loom::search::detail
 
-}  // namespace detail
+namespace loom::search {
 
-// Layers from the graph's largest recorded repeat (most instances; ties: the first).
-inline layer_partition layers_from_scopes(const graph& g) {
+LOOM_INLINE layer_partition layers_from_scopes(const graph& g) {
     std::int32_t best = no_id;
     for (std::size_t r = 0; r < g.repeats.size(); ++r)
         if (best == no_id || g.repeats[r].scopes.size() > g.repeats[static_cast<std::size_t>(best)].scopes.size())
@@ -242,8 +273,7 @@ inline layer_partition layers_from_scopes(const graph& g) {
     return p;
 }
 
-// Layers from structure alone (scopes ignored).
-inline layer_partition layers_from_structure(const graph& g) {
+LOOM_INLINE layer_partition layers_from_structure(const graph& g) {
     const std::size_t forward = detail::forward_count(g);
     // live[i]: activations made before node i and read at or after it (forward reads only).
     std::vector<int> delta(forward + 1, 0);
@@ -305,8 +335,5 @@ inline layer_partition layers_from_structure(const graph& g) {
     return p;
 }
 
-inline layer_partition find_layers(const graph& g) {
-    return g.repeats.empty() ? layers_from_structure(g) : layers_from_scopes(g);
-}
-
 }  // namespace loom::search
+#endif  // LOOM_HEADER_DEFINITIONS

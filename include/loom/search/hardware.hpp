@@ -21,6 +21,7 @@
 #include <nlohmann/json.hpp>
 
 #include <loom/core/error.hpp>
+#include <loom/core/linkage.hpp>
 #include <loom/core/precision.hpp>
 
 namespace loom::search {
@@ -120,26 +121,13 @@ inline constexpr double gib = 1024.0 * 1024.0 * 1024.0;
 inline constexpr double intra_node_latency = 5e-6;
 inline constexpr double inter_node_latency = 10e-6;
 
-inline void check_preset(std::string_view preset, int nodes, int nics_per_node) {
-    if (nodes < 1)
-        throw profile_error(std::string(preset) + ": nodes is " + std::to_string(nodes) + "; give at least 1 node");
-    if (nics_per_node < 1)
-        throw profile_error(std::string(preset) + ": nics_per_node is " + std::to_string(nics_per_node) +
-                            "; give at least 1 NIC per node");
-}
+LOOM_INLINE void check_preset(std::string_view preset, int nodes, int nics_per_node);
 
 inline std::string preset_name(std::string_view machine, int nodes) {
     return std::string(machine) + " x" + std::to_string(nodes);
 }
 
-inline device_profile v100_sxm2_32gb() {
-    // V100 SXM2 datasheet: 15.7 TFLOP/s f32, 125 TFLOP/s tensor (f16), 900 GB/s HBM2.
-    return {.name = "V100-SXM2-32GB",
-            .peak_flops_f32 = 15.7e12,
-            .peak_flops_f16 = 125e12,
-            .memory_bytes = 32 * gib,
-            .memory_bandwidth = 900e9};
-}
+LOOM_INLINE device_profile v100_sxm2_32gb();
 
 }  // namespace detail
 
@@ -147,66 +135,21 @@ inline device_profile v100_sxm2_32gb() {
 // (150e9 bytes/s, the datasheet's "300 GB/s"); in the hybrid cube-mesh not every pair is
 // linked, so rings reach somewhat less, which calibration corrects. The machine has 4 EDR
 // NICs; the NIC count is a parameter so that 1 and 8 NICs per node can be studied.
-inline cluster dgx1_v100(int nodes, int nics_per_node = 1) {
-    detail::check_preset("dgx1_v100", nodes, nics_per_node);
-    return {.name = detail::preset_name("DGX-1 V100", nodes) + ", " + std::to_string(nics_per_node) +
-                    (nics_per_node == 1 ? " NIC" : " NICs") + " per node",
-            .device = detail::v100_sxm2_32gb(),
-            .topo = {.devices_per_node = 8,
-                     .nodes = nodes,
-                     .intra_node = {150e9, detail::intra_node_latency},
-                     .inter_node_per_nic = {12.5e9, detail::inter_node_latency},
-                     .nics_per_node = nics_per_node}};
-}
+LOOM_INLINE cluster dgx1_v100(int nodes, int nics_per_node = 1);
 
 // DGX-2: 16 V100 32GB behind NVSwitch, 300 GB/s bidirectional per GPU to any other GPU
 // (150e9 per direction), and 8 EDR InfiniBand NICs per node.
-inline cluster dgx2_v100(int nodes) {
-    detail::check_preset("dgx2_v100", nodes, 8);
-    return {.name = detail::preset_name("DGX-2 V100", nodes),
-            .device = detail::v100_sxm2_32gb(),
-            .topo = {.devices_per_node = 16,
-                     .nodes = nodes,
-                     .intra_node = {150e9, detail::intra_node_latency},
-                     .inter_node_per_nic = {12.5e9, detail::inter_node_latency},
-                     .nics_per_node = 8}};
-}
+LOOM_INLINE cluster dgx2_v100(int nodes);
 
 // DGX A100 80GB: A100 SXM datasheet 19.5 TFLOP/s f32, 312 TFLOP/s bf16/f16 tensor,
 // 2039 GB/s HBM2e; NVLink3 600 GB/s bidirectional (300e9 per direction) through NVSwitch;
 // 8 HDR 200 Gb/s NICs for the compute fabric.
-inline cluster dgx_a100(int nodes) {
-    detail::check_preset("dgx_a100", nodes, 8);
-    return {.name = detail::preset_name("DGX A100", nodes),
-            .device = {.name = "A100-SXM4-80GB",
-                       .peak_flops_f32 = 19.5e12,
-                       .peak_flops_f16 = 312e12,
-                       .memory_bytes = 80 * detail::gib,
-                       .memory_bandwidth = 2039e9},
-            .topo = {.devices_per_node = 8,
-                     .nodes = nodes,
-                     .intra_node = {300e9, detail::intra_node_latency},
-                     .inter_node_per_nic = {25e9, detail::inter_node_latency},
-                     .nics_per_node = 8}};
-}
+LOOM_INLINE cluster dgx_a100(int nodes);
 
 // DGX H100: H100 SXM5 datasheet 67 TFLOP/s f32, 989 TFLOP/s bf16/f16 tensor (dense),
 // 3.35 TB/s HBM3; NVLink4 900 GB/s bidirectional (450e9 per direction) through NVSwitch;
 // 8 ConnectX-7 NDR 400 Gb/s NICs for the compute fabric.
-inline cluster dgx_h100(int nodes) {
-    detail::check_preset("dgx_h100", nodes, 8);
-    return {.name = detail::preset_name("DGX H100", nodes),
-            .device = {.name = "H100-SXM5-80GB",
-                       .peak_flops_f32 = 67e12,
-                       .peak_flops_f16 = 989e12,
-                       .memory_bytes = 80 * detail::gib,
-                       .memory_bandwidth = 3.35e12},
-            .topo = {.devices_per_node = 8,
-                     .nodes = nodes,
-                     .intra_node = {450e9, detail::intra_node_latency},
-                     .inter_node_per_nic = {50e9, detail::inter_node_latency},
-                     .nics_per_node = 8}};
-}
+LOOM_INLINE cluster dgx_h100(int nodes);
 
 // ---- JSON ----------------------------------------------------------------------------
 // {
@@ -229,25 +172,7 @@ inline nlohmann::json to_json(const link& l) {
     return {{"bandwidth_bytes_per_s", l.bandwidth}, {"latency_s", l.latency}};
 }
 
-inline nlohmann::json to_json(const cluster& c) {
-    const device_profile& d = c.device;
-    const topology& t = c.topo;
-    return {{"name", c.name},
-            {"device",
-             {{"name", d.name},
-              {"peak_flops_fp32_per_s", d.peak_flops_f32},
-              {"peak_flops_fp16_per_s", d.peak_flops_f16},
-              {"memory_bytes", d.memory_bytes},
-              {"memory_bandwidth_bytes_per_s", d.memory_bandwidth},
-              {"gemm_efficiency", d.gemm_efficiency},
-              {"elementwise_efficiency", d.elementwise_efficiency}}},
-            {"topology",
-             {{"devices_per_node", t.devices_per_node},
-              {"nodes", t.nodes},
-              {"nics_per_node", t.nics_per_node},
-              {"intra_node", to_json(t.intra_node)},
-              {"inter_node_per_nic", to_json(t.inter_node_per_nic)}}}};
-}
+LOOM_INLINE nlohmann::json to_json(const cluster& c);
 
 namespace detail {
 
@@ -332,7 +257,120 @@ inline link link_from_json(const profile_reader& r) {
             .latency = r.number("latency_s", "seconds", true)};
 }
 
-inline cluster cluster_from_json(const nlohmann::json& j, const std::string& where) {
+LOOM_INLINE cluster cluster_from_json(const nlohmann::json& j, const std::string& where);
+
+}  // namespace detail
+
+inline cluster cluster_from_json(const nlohmann::json& j) { return detail::cluster_from_json(j, "cluster_from_json"); }
+
+LOOM_INLINE cluster load_cluster(const std::string& path);
+
+LOOM_INLINE void save_cluster(const cluster& c, const std::string& path);
+
+}  // namespace loom::search
+
+// Definitions: compiled here (header-only) or once in loom::compiled (core/linkage.hpp).
+#if LOOM_HEADER_DEFINITIONS
+
+namespace loom::search::detail {
+
+LOOM_INLINE void check_preset(std::string_view preset, int nodes, int nics_per_node) {
+    if (nodes < 1)
+        throw profile_error(std::string(preset) + ": nodes is " + std::to_string(nodes) + "; give at least 1 node");
+    if (nics_per_node < 1)
+        throw profile_error(std::string(preset) + ": nics_per_node is " + std::to_string(nics_per_node) +
+                            "; give at least 1 NIC per node");
+}
+
+LOOM_INLINE device_profile v100_sxm2_32gb() {
+    // V100 SXM2 datasheet: 15.7 TFLOP/s f32, 125 TFLOP/s tensor (f16), 900 GB/s HBM2.
+    return {.name = "V100-SXM2-32GB",
+            .peak_flops_f32 = 15.7e12,
+            .peak_flops_f16 = 125e12,
+            .memory_bytes = 32 * gib,
+            .memory_bandwidth = 900e9};
+}
+}  // namespace loom::search::detail
+
+namespace loom::search {
+
+LOOM_INLINE cluster dgx1_v100(int nodes, int nics_per_node) {
+    detail::check_preset("dgx1_v100", nodes, nics_per_node);
+    return {.name = detail::preset_name("DGX-1 V100", nodes) + ", " + std::to_string(nics_per_node) +
+                    (nics_per_node == 1 ? " NIC" : " NICs") + " per node",
+            .device = detail::v100_sxm2_32gb(),
+            .topo = {.devices_per_node = 8,
+                     .nodes = nodes,
+                     .intra_node = {150e9, detail::intra_node_latency},
+                     .inter_node_per_nic = {12.5e9, detail::inter_node_latency},
+                     .nics_per_node = nics_per_node}};
+}
+
+LOOM_INLINE cluster dgx2_v100(int nodes) {
+    detail::check_preset("dgx2_v100", nodes, 8);
+    return {.name = detail::preset_name("DGX-2 V100", nodes),
+            .device = detail::v100_sxm2_32gb(),
+            .topo = {.devices_per_node = 16,
+                     .nodes = nodes,
+                     .intra_node = {150e9, detail::intra_node_latency},
+                     .inter_node_per_nic = {12.5e9, detail::inter_node_latency},
+                     .nics_per_node = 8}};
+}
+
+LOOM_INLINE cluster dgx_a100(int nodes) {
+    detail::check_preset("dgx_a100", nodes, 8);
+    return {.name = detail::preset_name("DGX A100", nodes),
+            .device = {.name = "A100-SXM4-80GB",
+                       .peak_flops_f32 = 19.5e12,
+                       .peak_flops_f16 = 312e12,
+                       .memory_bytes = 80 * detail::gib,
+                       .memory_bandwidth = 2039e9},
+            .topo = {.devices_per_node = 8,
+                     .nodes = nodes,
+                     .intra_node = {300e9, detail::intra_node_latency},
+                     .inter_node_per_nic = {25e9, detail::inter_node_latency},
+                     .nics_per_node = 8}};
+}
+
+LOOM_INLINE cluster dgx_h100(int nodes) {
+    detail::check_preset("dgx_h100", nodes, 8);
+    return {.name = detail::preset_name("DGX H100", nodes),
+            .device = {.name = "H100-SXM5-80GB",
+                       .peak_flops_f32 = 67e12,
+                       .peak_flops_f16 = 989e12,
+                       .memory_bytes = 80 * detail::gib,
+                       .memory_bandwidth = 3.35e12},
+            .topo = {.devices_per_node = 8,
+                     .nodes = nodes,
+                     .intra_node = {450e9, detail::intra_node_latency},
+                     .inter_node_per_nic = {50e9, detail::inter_node_latency},
+                     .nics_per_node = 8}};
+}
+
+LOOM_INLINE nlohmann::json to_json(const cluster& c) {
+    const device_profile& d = c.device;
+    const topology& t = c.topo;
+    return {{"name", c.name},
+            {"device",
+             {{"name", d.name},
+              {"peak_flops_fp32_per_s", d.peak_flops_f32},
+              {"peak_flops_fp16_per_s", d.peak_flops_f16},
+              {"memory_bytes", d.memory_bytes},
+              {"memory_bandwidth_bytes_per_s", d.memory_bandwidth},
+              {"gemm_efficiency", d.gemm_efficiency},
+              {"elementwise_efficiency", d.elementwise_efficiency}}},
+            {"topology",
+             {{"devices_per_node", t.devices_per_node},
+              {"nodes", t.nodes},
+              {"nics_per_node", t.nics_per_node},
+              {"intra_node", to_json(t.intra_node)},
+              {"inter_node_per_nic", to_json(t.inter_node_per_nic)}}}};
+}
+}  // namespace loom::search
+
+namespace loom::search::detail {
+
+LOOM_INLINE cluster cluster_from_json(const nlohmann::json& j, const std::string& where) {
     const profile_reader root(j, where, "");
     root.only({"name", "device", "topology"});
     const profile_reader d = root.child("device");
@@ -358,12 +396,11 @@ inline cluster cluster_from_json(const nlohmann::json& j, const std::string& whe
                        .nics_per_node = t.count("nics_per_node", "NICs in a node")}};
     return c;
 }
+}  // namespace loom::search::detail
 
-}  // namespace detail
+namespace loom::search {
 
-inline cluster cluster_from_json(const nlohmann::json& j) { return detail::cluster_from_json(j, "cluster_from_json"); }
-
-inline cluster load_cluster(const std::string& path) {
+LOOM_INLINE cluster load_cluster(const std::string& path) {
     std::ifstream file(path);
     if (!file)
         throw profile_error("load_cluster: cannot open '" + path +
@@ -379,7 +416,7 @@ inline cluster load_cluster(const std::string& path) {
     return detail::cluster_from_json(j, where);
 }
 
-inline void save_cluster(const cluster& c, const std::string& path) {
+LOOM_INLINE void save_cluster(const cluster& c, const std::string& path) {
     std::ofstream file(path);
     file << to_json(c).dump(2) << '\n';
     file.close();
@@ -388,3 +425,4 @@ inline void save_cluster(const cluster& c, const std::string& path) {
 }
 
 }  // namespace loom::search
+#endif  // LOOM_HEADER_DEFINITIONS

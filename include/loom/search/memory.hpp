@@ -17,6 +17,7 @@
 #include <utility>
 
 #include <loom/core/error.hpp>
+#include <loom/core/linkage.hpp>
 #include <loom/plan/op_partition.hpp>
 #include <loom/plan/recompute_policy.hpp>
 
@@ -61,26 +62,11 @@ inline void check_data_parallel(std::string_view where, int data_parallel) {
                           "; give the data-parallel degree, at least 1");
 }
 
-inline void check_state_bytes(std::string_view where, const state_bytes& s) {
-    const char* fix = "give bytes per parameter, e.g. mixed_precision_adam()";
-    check_non_negative(where, "state_bytes.parameter", s.parameter, fix);
-    check_non_negative(where, "state_bytes.gradient", s.gradient, fix);
-    check_non_negative(where, "state_bytes.optimizer", s.optimizer, fix);
-}
+LOOM_INLINE void check_state_bytes(std::string_view where, const state_bytes& s);
 
 // Model-state bytes (not per parameter) on one device; each state is divided by N_d from the
 // stage that shards it.
-inline state_bytes model_state_split(double parameters, state_bytes s, zero_stage zero, int data_parallel) {
-    constexpr std::string_view where = "model_state_bytes";
-    detail::check_non_negative(where, "parameters", parameters, "give the number of parameters on this device");
-    detail::check_state_bytes(where, s);
-    detail::check_data_parallel(where, data_parallel);
-    const double d = data_parallel;
-    const int stage = static_cast<int>(zero);
-    return {.parameter = s.parameter * parameters / (stage >= 3 ? d : 1),
-            .gradient = s.gradient * parameters / (stage >= 2 ? d : 1),
-            .optimizer = s.optimizer * parameters / (stage >= 1 ? d : 1)};
-}
+LOOM_INLINE state_bytes model_state_split(double parameters, state_bytes s, zero_stage zero, int data_parallel);
 
 }  // namespace detail
 
@@ -136,7 +122,55 @@ struct activation_profile {
     double attention_scores_bytes_per_micro_batch = 0;  // dropped under selective recomputation
 };
 
-inline double activation_bytes(const activation_profile& a, int in_flight, plan::recompute_policy r) {
+LOOM_INLINE double activation_bytes(const activation_profile& a, int in_flight, plan::recompute_policy r);
+
+// ---- the whole device ------------------------------------------------------------------
+struct memory_breakdown {
+    double parameters = 0;
+    double gradients = 0;
+    double optimizer = 0;
+    double activations = 0;
+    double buffers = 0;  // communication buffers, workspaces, transients
+    double total() const { return parameters + gradients + optimizer + activations + buffers; }
+};
+
+// `parameters` is the count held by this device before ZeRO sharding (after tensor and
+// pipeline partitioning); `in_flight` the micro-batches whose activations it holds at once
+// (1F1B: up to the number of pipeline stages on the first stage).
+LOOM_INLINE memory_breakdown memory_per_device(double parameters, state_bytes s, zero_stage zero, int data_parallel,
+                                               const activation_profile& activations, int in_flight, plan::recompute_policy r,
+                                               double buffer_bytes);
+
+}  // namespace loom::search
+
+// Definitions: compiled here (header-only) or once in loom::compiled (core/linkage.hpp).
+#if LOOM_HEADER_DEFINITIONS
+
+namespace loom::search::detail {
+
+LOOM_INLINE void check_state_bytes(std::string_view where, const state_bytes& s) {
+    const char* fix = "give bytes per parameter, e.g. mixed_precision_adam()";
+    check_non_negative(where, "state_bytes.parameter", s.parameter, fix);
+    check_non_negative(where, "state_bytes.gradient", s.gradient, fix);
+    check_non_negative(where, "state_bytes.optimizer", s.optimizer, fix);
+}
+
+LOOM_INLINE state_bytes model_state_split(double parameters, state_bytes s, zero_stage zero, int data_parallel) {
+    constexpr std::string_view where = "model_state_bytes";
+    detail::check_non_negative(where, "parameters", parameters, "give the number of parameters on this device");
+    detail::check_state_bytes(where, s);
+    detail::check_data_parallel(where, data_parallel);
+    const double d = data_parallel;
+    const int stage = static_cast<int>(zero);
+    return {.parameter = s.parameter * parameters / (stage >= 3 ? d : 1),
+            .gradient = s.gradient * parameters / (stage >= 2 ? d : 1),
+            .optimizer = s.optimizer * parameters / (stage >= 1 ? d : 1)};
+}
+}  // namespace loom::search::detail
+
+namespace loom::search {
+
+LOOM_INLINE double activation_bytes(const activation_profile& a, int in_flight, plan::recompute_policy r) {
     constexpr std::string_view where = "activation_bytes";
     const char* fix = "give bytes per micro-batch, at least 0";
     detail::check_non_negative(where, "saved_bytes_per_micro_batch", a.saved_bytes_per_micro_batch, fix);
@@ -163,22 +197,9 @@ inline double activation_bytes(const activation_profile& a, int in_flight, plan:
     return per_micro_batch * in_flight;
 }
 
-// ---- the whole device ------------------------------------------------------------------
-struct memory_breakdown {
-    double parameters = 0;
-    double gradients = 0;
-    double optimizer = 0;
-    double activations = 0;
-    double buffers = 0;  // communication buffers, workspaces, transients
-    double total() const { return parameters + gradients + optimizer + activations + buffers; }
-};
-
-// `parameters` is the count held by this device before ZeRO sharding (after tensor and
-// pipeline partitioning); `in_flight` the micro-batches whose activations it holds at once
-// (1F1B: up to the number of pipeline stages on the first stage).
-inline memory_breakdown memory_per_device(double parameters, state_bytes s, zero_stage zero, int data_parallel,
-                                          const activation_profile& activations, int in_flight, plan::recompute_policy r,
-                                          double buffer_bytes) {
+LOOM_INLINE memory_breakdown memory_per_device(double parameters, state_bytes s, zero_stage zero, int data_parallel,
+                                               const activation_profile& activations, int in_flight, plan::recompute_policy r,
+                                               double buffer_bytes) {
     detail::check_non_negative("memory_per_device", "buffer_bytes", buffer_bytes, "give the buffer size in bytes");
     const state_bytes states = detail::model_state_split(parameters, s, zero, data_parallel);
     return {.parameters = states.parameter,
@@ -189,3 +210,4 @@ inline memory_breakdown memory_per_device(double parameters, state_bytes s, zero
 }
 
 }  // namespace loom::search
+#endif  // LOOM_HEADER_DEFINITIONS

@@ -30,6 +30,7 @@
 #include <vector>
 
 #include <loom/core/error.hpp>
+#include <loom/core/linkage.hpp>
 #include <loom/graph/graph.hpp>
 #include <loom/graph/op.hpp>
 #include <loom/search/folding.hpp>
@@ -92,7 +93,22 @@ inline double numel(const graph& g, tensor_id t) { return static_cast<double>(g.
 
 inline bool gemm_like(double flops, double written) { return written > 0 && flops >= 16.0 * written; }
 
-inline void add_node_work(const graph& g, const node& n, work& w, work* memory_bound_part = nullptr) {
+LOOM_INLINE void add_node_work(const graph& g, const node& n, work& w, work* memory_bound_part = nullptr);
+
+}  // namespace detail
+
+LOOM_INLINE model_profile profile_model(const graph& g, layer_partition partition);
+
+inline model_profile profile_model(const graph& g) { return profile_model(g, find_layers(g)); }
+
+}  // namespace loom::search
+
+// Definitions: compiled here (header-only) or once in loom::compiled (core/linkage.hpp).
+#if LOOM_HEADER_DEFINITIONS
+
+namespace loom::search::detail {
+
+LOOM_INLINE void add_node_work(const graph& g, const node& n, work& w, work* memory_bound_part) {
     const double flops = n.op->flops ? n.op->flops(g, n) : 0.0;
     double written = 0, read = 0;
     for (tensor_id t : n.outputs) written += numel(g, t);
@@ -111,10 +127,11 @@ inline void add_node_work(const graph& g, const node& n, work& w, work* memory_b
         }
     }
 }
+}  // namespace loom::search::detail
 
-}  // namespace detail
+namespace loom::search {
 
-inline model_profile profile_model(const graph& g, layer_partition partition) {
+LOOM_INLINE model_profile profile_model(const graph& g, layer_partition partition) {
     if (g.forward_nodes == 0)
         throw usage_error("profile_model: the graph has no backward pass; pass the training graph "
                           "(model.training_graph()), whose backward the profile measures");
@@ -239,6 +256,5 @@ inline model_profile profile_model(const graph& g, layer_partition partition) {
     return m;
 }
 
-inline model_profile profile_model(const graph& g) { return profile_model(g, find_layers(g)); }
-
 }  // namespace loom::search
+#endif  // LOOM_HEADER_DEFINITIONS

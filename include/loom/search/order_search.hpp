@@ -59,6 +59,7 @@
 #include <utility>
 #include <vector>
 
+#include <loom/core/linkage.hpp>
 #include <loom/schedule/constraints.hpp>
 #include <loom/schedule/costs.hpp>
 #include <loom/schedule/cycle.hpp>
@@ -561,11 +562,24 @@ private:
 
 // The per-device orders of `shape` with the least makespan under `costs` that keep the data
 // dependencies, message order, `constraints` and the memory cap; see the top of this header.
-inline order_search_result order_search(const schedule::pipeline_shape& shape, const schedule::cost_model& costs = {},
-                                        const activation_memory& memory = {},
-                                        const std::vector<schedule::before>& constraints = {},
-                                        const order_search_budget& budget = {}) {
+LOOM_INLINE order_search_result order_search(const schedule::pipeline_shape& shape, const schedule::cost_model& costs = {},
+                                             const activation_memory& memory = {},
+                                             const std::vector<schedule::before>& constraints = {},
+                                             const order_search_budget& budget = {});
+
+}  // namespace loom::search
+
+// Definitions: compiled here (header-only) or once in loom::compiled (core/linkage.hpp).
+#if LOOM_HEADER_DEFINITIONS
+
+namespace loom::search {
+
+LOOM_INLINE order_search_result order_search(const schedule::pipeline_shape& shape, const schedule::cost_model& costs,
+                                             const activation_memory& memory,
+                                             const std::vector<schedule::before>& constraints,
+                                             const order_search_budget& budget) {
     return detail::order_searcher(shape, costs, memory, constraints, budget).run();
 }
 
 }  // namespace loom::search
+#endif  // LOOM_HEADER_DEFINITIONS

@@ -44,6 +44,7 @@
 
 #include <loom/core/dim.hpp>
 #include <loom/core/error.hpp>
+#include <loom/core/linkage.hpp>
 #include <loom/graph/graph.hpp>
 #include <loom/partition/apply.hpp>
 #include <loom/partition/logical_graph.hpp>
@@ -67,12 +68,7 @@ struct open_parameter {
     std::vector<std::string> labels;  // orders: each alternative's name
 };
 
-inline std::vector<std::int64_t> divisors_of(std::int64_t n) {
-    std::vector<std::int64_t> out;
-    for (std::int64_t k = 1; k <= n; ++k)
-        if (n % k == 0) out.push_back(k);
-    return out;
-}
+LOOM_INLINE std::vector<std::int64_t> divisors_of(std::int64_t n);
 
 // The samples of the model's batch: the extent of Dim::Batch of its first input that has one.
 inline std::int64_t batch_of(const graph& model) {
@@ -82,7 +78,98 @@ inline std::int64_t batch_of(const graph& model) {
 }
 
 // Every open parameter of `space` with its candidate values.
-inline std::vector<open_parameter> open_parameter_candidates(const plan::plan_spec& space, const graph& model) {
+LOOM_INLINE std::vector<open_parameter> open_parameter_candidates(const plan::plan_spec& space, const graph& model);
+
+LOOM_INLINE std::string value_text(const open_parameter& p, std::int64_t v);
+
+LOOM_INLINE std::string choices_text(const std::vector<open_parameter>& params, const std::map<std::string, std::int64_t>& choices);
+
+// The work of training every forward node of `model` on one device, its own and that of
+// the backward ops that differentiate it, as the least time the pricing could give it: each
+// op at the best rate it grants any instruction (the roofline at the device's best
+// efficiency, or the op kind's calibrated rate without its per-call cost).
+struct node_work {
+    double seconds = 0;
+    double instructions = 0;
+};
+
+LOOM_INLINE std::vector<node_work> training_work(const graph& model, const device_profile& dev, const price_options& o);
+
+// A lower bound on the step time of a resolved plan: the busiest device's share of the
+// training work. Each piece of an op does its share of the op's work (splits are even;
+// replicas do it all) and runs at least one instruction per training op it holds.
+LOOM_INLINE double step_lower_bound(const plan::resolved_plan& rp, const std::vector<node_work>& work, const price_options& o);
+
+struct plan_search_options {
+    price_options price;
+    double memory_limit = 0;         // bytes per device; 0: the cluster's device memory
+    double time_budget_seconds = 0;  // 0: search until the best is proven
+    std::int64_t max_priced = 0;     // price at most this many assignments; 0: no limit
+};
+
+struct plan_search_statistics {
+    std::int64_t assignments = 0;  // leaves of the space
+    std::int64_t refused = 0;      // by plan::resolve or partition::apply_plan
+    std::int64_t priced = 0;
+    std::int64_t over_memory = 0;
+    std::int64_t pruned = 0;       // never priced: their bound was no better than the runner-up
+    std::int64_t unexplored = 0;   // never priced: the budget ran out
+    std::int64_t ties = 0;         // priced the same as the best (the first of them is chosen)
+    double seconds = 0;
+    std::map<std::string, std::int64_t> refusals;  // reason -> assignments refused for it
+};
+
+struct priced_assignment {
+    std::map<std::string, std::int64_t> choices;
+    double bound = 0;
+    program_price price;
+};
+
+struct plan_search_result {
+    plan::plan_spec plan;  // the space with every open parameter chosen
+    std::vector<open_parameter> parameters;
+    priced_assignment best;
+    std::optional<priced_assignment> runner_up;
+    double gap = 0;  // (best price - lowest unpriced bound) / best price; 0: proven best
+    double memory_limit = 0;
+    plan_search_statistics stats;
+
+    const program_price& price() const { return best.price; }
+    std::string explain() const;
+};
+
+namespace detail {
+
+LOOM_INLINE std::string seconds_text(double s);
+
+LOOM_INLINE std::string gib_text(double bytes);
+
+LOOM_INLINE std::string price_text(const program_price& p);
+
+// What separated two priced plans, a the faster: the component that grew most in b.
+LOOM_INLINE std::string separation_text(const program_price& a, const program_price& b);
+
+}  // namespace detail
+
+// Fill the open parameters of `space` for `model` on cluster c.
+LOOM_INLINE plan_search_result search_plan(const graph& model, const plan::plan_spec& space, const cluster& c,
+                                           const plan_search_options& o = {});
+
+}  // namespace loom::search
+
+// Definitions: compiled here (header-only) or once in loom::compiled (core/linkage.hpp).
+#if LOOM_HEADER_DEFINITIONS
+
+namespace loom::search {
+
+LOOM_INLINE std::vector<std::int64_t> divisors_of(std::int64_t n) {
+    std::vector<std::int64_t> out;
+    for (std::int64_t k = 1; k <= n; ++k)
+        if (n % k == 0) out.push_back(k);
+    return out;
+}
+
+LOOM_INLINE std::vector<open_parameter> open_parameter_candidates(const plan::plan_spec& space, const graph& model) {
     std::vector<open_parameter> out;
     auto find = [&](const std::string& name) -> open_parameter* {
         for (auto& p : out)
@@ -130,7 +217,7 @@ inline std::vector<open_parameter> open_parameter_candidates(const plan::plan_sp
     return out;
 }
 
-inline std::string value_text(const open_parameter& p, std::int64_t v) {
+LOOM_INLINE std::string value_text(const open_parameter& p, std::int64_t v) {
     if (p.what == open_parameter::kind::order && v >= 0 && static_cast<std::size_t>(v) < p.labels.size())
         return p.labels[static_cast<std::size_t>(v)];
     if (p.what == open_parameter::kind::zero) return "ZeRO-" + std::to_string(v);
@@ -138,7 +225,7 @@ inline std::string value_text(const open_parameter& p, std::int64_t v) {
     return std::to_string(v);
 }
 
-inline std::string choices_text(const std::vector<open_parameter>& params, const std::map<std::string, std::int64_t>& choices) {
+LOOM_INLINE std::string choices_text(const std::vector<open_parameter>& params, const std::map<std::string, std::int64_t>& choices) {
     std::string out;
     for (const auto& p : params) {
         auto it = choices.find(p.name);
@@ -148,16 +235,7 @@ inline std::string choices_text(const std::vector<open_parameter>& params, const
     return out.empty() ? "(no open parameters)" : out;
 }
 
-// The work of training every forward node of `model` on one device, its own and that of
-// the backward ops that differentiate it, as the least time the pricing could give it: each
-// op at the best rate it grants any instruction (the roofline at the device's best
-// efficiency, or the op kind's calibrated rate without its per-call cost).
-struct node_work {
-    double seconds = 0;
-    double instructions = 0;
-};
-
-inline std::vector<node_work> training_work(const graph& model, const device_profile& dev, const price_options& o) {
+LOOM_INLINE std::vector<node_work> training_work(const graph& model, const device_profile& dev, const price_options& o) {
     const std::size_t forward = model.forward_node_count();
     partition::logical_graph_options lo;
     lo.recompute.assign(forward, false);
@@ -183,10 +261,7 @@ inline std::vector<node_work> training_work(const graph& model, const device_pro
     return work;
 }
 
-// A lower bound on the step time of a resolved plan: the busiest device's share of the
-// training work. Each piece of an op does its share of the op's work (splits are even;
-// replicas do it all) and runs at least one instruction per training op it holds.
-inline double step_lower_bound(const plan::resolved_plan& rp, const std::vector<node_work>& work, const price_options& o) {
+LOOM_INLINE double step_lower_bound(const plan::resolved_plan& rp, const std::vector<node_work>& work, const price_options& o) {
     std::vector<double> busy(static_cast<std::size_t>(rp.devices), 0.0);
     for (std::size_t i = 0; i < work.size(); ++i) {
         const node_work& w = work[i];
@@ -210,48 +285,11 @@ inline double step_lower_bound(const plan::resolved_plan& rp, const std::vector<
     for (double b : busy) all += b;
     return std::max(busiest, all) / o.compute_shared_by;
 }
+}  // namespace loom::search
 
-struct plan_search_options {
-    price_options price;
-    double memory_limit = 0;         // bytes per device; 0: the cluster's device memory
-    double time_budget_seconds = 0;  // 0: search until the best is proven
-    std::int64_t max_priced = 0;     // price at most this many assignments; 0: no limit
-};
+namespace loom::search::detail {
 
-struct plan_search_statistics {
-    std::int64_t assignments = 0;  // leaves of the space
-    std::int64_t refused = 0;      // by plan::resolve or partition::apply_plan
-    std::int64_t priced = 0;
-    std::int64_t over_memory = 0;
-    std::int64_t pruned = 0;       // never priced: their bound was no better than the runner-up
-    std::int64_t unexplored = 0;   // never priced: the budget ran out
-    std::int64_t ties = 0;         // priced the same as the best (the first of them is chosen)
-    double seconds = 0;
-    std::map<std::string, std::int64_t> refusals;  // reason -> assignments refused for it
-};
-
-struct priced_assignment {
-    std::map<std::string, std::int64_t> choices;
-    double bound = 0;
-    program_price price;
-};
-
-struct plan_search_result {
-    plan::plan_spec plan;  // the space with every open parameter chosen
-    std::vector<open_parameter> parameters;
-    priced_assignment best;
-    std::optional<priced_assignment> runner_up;
-    double gap = 0;  // (best price - lowest unpriced bound) / best price; 0: proven best
-    double memory_limit = 0;
-    plan_search_statistics stats;
-
-    const program_price& price() const { return best.price; }
-    std::string explain() const;
-};
-
-namespace detail {
-
-inline std::string seconds_text(double s) {
+LOOM_INLINE std::string seconds_text(double s) {
     std::ostringstream os;
     os.precision(3);
     if (s >= 1) os << s << " s";
@@ -260,14 +298,14 @@ inline std::string seconds_text(double s) {
     return os.str();
 }
 
-inline std::string gib_text(double bytes) {
+LOOM_INLINE std::string gib_text(double bytes) {
     std::ostringstream os;
     os.precision(3);
     os << bytes / gib << " GiB";
     return os.str();
 }
 
-inline std::string price_text(const program_price& p) {
+LOOM_INLINE std::string price_text(const program_price& p) {
     std::ostringstream os;
     // Devices that compute at least 1% of what the busiest does.
     int used = 0;
@@ -279,8 +317,7 @@ inline std::string price_text(const program_price& p) {
     return os.str();
 }
 
-// What separated two priced plans, a the faster: the component that grew most in b.
-inline std::string separation_text(const program_price& a, const program_price& b) {
+LOOM_INLINE std::string separation_text(const program_price& a, const program_price& b) {
     if (std::abs(a.step_seconds - b.step_seconds) <= 1e-12 * std::max(a.step_seconds, b.step_seconds))
         return "nothing in their price: they tie, and the first in the enumeration order wins";
     struct part {
@@ -304,10 +341,11 @@ inline std::string separation_text(const program_price& a, const program_price& 
     if (!most) return "no single part: the slower plan's parts each take less, but they overlap less";
     return std::string(most->name) + ": " + seconds_text(most->a) + " against " + seconds_text(most->b);
 }
+}  // namespace loom::search::detail
 
-}  // namespace detail
+namespace loom::search {
 
-inline std::string plan_search_result::explain() const {
+LOOM_INLINE std::string plan_search_result::explain() const {
     std::ostringstream os;
     os << "chosen: " << choices_text(parameters, best.choices) << "\n  " << detail::price_text(best.price) << "\n";
     if (stats.ties) os << "  (" << stats.ties << " other assignments price the same)\n";
@@ -329,9 +367,8 @@ inline std::string plan_search_result::explain() const {
     return os.str();
 }
 
-// Fill the open parameters of `space` for `model` on cluster c.
-inline plan_search_result search_plan(const graph& model, const plan::plan_spec& space, const cluster& c,
-                                      const plan_search_options& o = {}) {
+LOOM_INLINE plan_search_result search_plan(const graph& model, const plan::plan_spec& space, const cluster& c,
+                                           const plan_search_options& o) {
     const auto started = std::chrono::steady_clock::now();
     auto elapsed = [&] { return std::chrono::duration<double>(std::chrono::steady_clock::now() - started).count(); };
     if (space.devices > c.devices())
@@ -462,3 +499,4 @@ inline plan_search_result search_plan(const graph& model, const plan::plan_spec&
 }
 
 }  // namespace loom::search
+#endif  // LOOM_HEADER_DEFINITIONS

@@ -34,6 +34,7 @@
 
 #include <loom/core/dim.hpp>
 #include <loom/core/error.hpp>
+#include <loom/core/linkage.hpp>
 #include <loom/partition/partitioned_graph.hpp>
 #include <loom/runtime/compile.hpp>
 #include <loom/search/communication.hpp>
@@ -184,14 +185,7 @@ inline double gemm_shape_factor(double d, double h) {
 
 // The (m, n, k) of a GEMM with these FLOPs (2mnk), elements read (mk + kn) and written
 // (mn), the smaller of m, n first. Batched products and biases make it an estimate.
-inline std::tuple<double, double, double> gemm_shape(double flops, double read, double written) {
-    const double k = flops / (2.0 * written);
-    const double sum = read / k;  // m + n
-    const double disc = sum * sum - 4.0 * written;
-    double m = disc > 0 ? (sum - std::sqrt(disc)) / 2.0 : std::sqrt(written);
-    m = std::max(m, 1.0);
-    return {m, written / m, k};
-}
+LOOM_INLINE std::tuple<double, double, double> gemm_shape(double flops, double read, double written);
 
 // Peak FLOP/s for arithmetic in storage precision p. Double uses the device's float peak
 // (no double figure is profiled: a host plan calibrates in float).
@@ -203,15 +197,58 @@ namespace detail {
 
 inline bool is_transfer(const node& n) { return n.attrs.has("transfer"); }
 
-inline double node_bytes(const graph& g, const node& n, loom::precision p) {
+LOOM_INLINE double node_bytes(const graph& g, const node& n, loom::precision p);
+
+// Seconds of one compute instruction.
+LOOM_INLINE double instruction_seconds(const graph& g, const node& n, const device_profile& dev, const price_options& o);
+
+LOOM_INLINE collective collective_of(partition::transfer_kind k);
+
+// Bytes of a transfer in communication.hpp's convention: the whole buffer on one member
+// (the output of an all_gather, the input of a reduce_scatter, ...), the largest member's.
+LOOM_INLINE double transfer_bytes(const partition::partitioned_graph& pg, const partition::transfer& tr, loom::precision p);
+
+// For every transfer, how many groups of its kind for the same tensor (its copies for
+// other ranks) reach the node of its that most of them reach. Groups within one node never
+// share NICs and count 1.
+LOOM_INLINE std::vector<int> nic_sharing(const partition::partitioned_graph& pg, const topology& topo);
+
+}  // namespace detail
+
+// Seconds of each transfer of `pg` on cluster c.
+LOOM_INLINE std::vector<double> transfer_seconds(const partition::partitioned_graph& pg, const cluster& c,
+                                                 const price_options& o = {});
+
+// The price of one training step of pg's programs on the first pg.world devices of c.
+LOOM_INLINE program_price price_programs(const partition::partitioned_graph& pg, const cluster& c, const price_options& o = {});
+
+}  // namespace loom::search
+
+// Definitions: compiled here (header-only) or once in loom::compiled (core/linkage.hpp).
+#if LOOM_HEADER_DEFINITIONS
+
+namespace loom::search {
+
+LOOM_INLINE std::tuple<double, double, double> gemm_shape(double flops, double read, double written) {
+    const double k = flops / (2.0 * written);
+    const double sum = read / k;  // m + n
+    const double disc = sum * sum - 4.0 * written;
+    double m = disc > 0 ? (sum - std::sqrt(disc)) / 2.0 : std::sqrt(written);
+    m = std::max(m, 1.0);
+    return {m, written / m, k};
+}
+}  // namespace loom::search
+
+namespace loom::search::detail {
+
+LOOM_INLINE double node_bytes(const graph& g, const node& n, loom::precision p) {
     double bytes = 0;
     for (tensor_id t : n.inputs) bytes += static_cast<double>(tensor_bytes(g.tensor(t), storage_precision(g, t, p)));
     for (tensor_id t : n.outputs) bytes += static_cast<double>(tensor_bytes(g.tensor(t), storage_precision(g, t, p)));
     return bytes;
 }
 
-// Seconds of one compute instruction.
-inline double instruction_seconds(const graph& g, const node& n, const device_profile& dev, const price_options& o) {
+LOOM_INLINE double instruction_seconds(const graph& g, const node& n, const device_profile& dev, const price_options& o) {
     const double flops = n.op->flops ? n.op->flops(g, n) : 0.0;
     double read = 0, written = 0;
     for (tensor_id t : n.inputs) read += static_cast<double>(g.tensor(t).dims.numel());
@@ -234,7 +271,7 @@ inline double instruction_seconds(const graph& g, const node& n, const device_pr
     return t + o.instruction_overhead;
 }
 
-inline collective collective_of(partition::transfer_kind k) {
+LOOM_INLINE collective collective_of(partition::transfer_kind k) {
     switch (k) {
         case partition::transfer_kind::all_reduce: return collective::all_reduce;
         case partition::transfer_kind::all_gather: return collective::all_gather;
@@ -246,9 +283,7 @@ inline collective collective_of(partition::transfer_kind k) {
     return collective::send_recv;
 }
 
-// Bytes of a transfer in communication.hpp's convention: the whole buffer on one member
-// (the output of an all_gather, the input of a reduce_scatter, ...), the largest member's.
-inline double transfer_bytes(const partition::partitioned_graph& pg, const partition::transfer& tr, loom::precision p) {
+LOOM_INLINE double transfer_bytes(const partition::partitioned_graph& pg, const partition::transfer& tr, loom::precision p) {
     const graph& g = pg.ir();
     const tensor_desc& t = g.tensor(tr.logical);
     const double element = static_cast<double>(
@@ -266,10 +301,7 @@ inline double transfer_bytes(const partition::partitioned_graph& pg, const parti
     return elements * element;
 }
 
-// For every transfer, how many groups of its kind for the same tensor (its copies for
-// other ranks) reach the node of its that most of them reach. Groups within one node never
-// share NICs and count 1.
-inline std::vector<int> nic_sharing(const partition::partitioned_graph& pg, const topology& topo) {
+LOOM_INLINE std::vector<int> nic_sharing(const partition::partitioned_graph& pg, const topology& topo) {
     std::vector<int> sharing(pg.transfers.size(), 1);
     using key = std::tuple<tensor_id, int, bool, node_id>;
     std::map<key, std::vector<std::size_t>> siblings;
@@ -298,12 +330,12 @@ inline std::vector<int> nic_sharing(const partition::partitioned_graph& pg, cons
     }
     return sharing;
 }
+}  // namespace loom::search::detail
 
-}  // namespace detail
+namespace loom::search {
 
-// Seconds of each transfer of `pg` on cluster c.
-inline std::vector<double> transfer_seconds(const partition::partitioned_graph& pg, const cluster& c,
-                                            const price_options& o = {}) {
+LOOM_INLINE std::vector<double> transfer_seconds(const partition::partitioned_graph& pg, const cluster& c,
+                                                 const price_options& o) {
     if (pg.world > c.devices())
         throw usage_error("price_programs: the plan runs on " + std::to_string(pg.world) + " devices but cluster '" +
                           c.name + "' has " + std::to_string(c.devices()) + "; plan for the cluster's devices or give a larger cluster");
@@ -319,8 +351,7 @@ inline std::vector<double> transfer_seconds(const partition::partitioned_graph& 
     return seconds;
 }
 
-// The price of one training step of pg's programs on the first pg.world devices of c.
-inline program_price price_programs(const partition::partitioned_graph& pg, const cluster& c, const price_options& o = {}) {
+LOOM_INLINE program_price price_programs(const partition::partitioned_graph& pg, const cluster& c, const price_options& o) {
     if (o.compute_shared_by < 1)
         throw usage_error("price_programs: compute_shared_by = " + std::to_string(o.compute_shared_by) +
                           "; give the number of devices that share one machine's compute (1: none share)");
@@ -510,3 +541,4 @@ inline program_price price_programs(const partition::partitioned_graph& pg, cons
 }
 
 }  // namespace loom::search
+#endif  // LOOM_HEADER_DEFINITIONS

@@ -20,6 +20,7 @@
 #include <string>
 #include <vector>
 
+#include <loom/core/linkage.hpp>
 #include <loom/ops/all.hpp>
 #include <loom/plan/presets.hpp>
 #include <loom/plan/rules.hpp>
@@ -35,16 +36,30 @@ inline plan::selector layer_scope(std::int64_t layer, const std::string& part) {
     return s;
 }
 
-inline plan::rule split_rule(plan::selector on, int dp, plan::split_spec inner, const std::string& origin) {
+LOOM_INLINE plan::rule split_rule(plan::selector on, int dp, plan::split_spec inner, const std::string& origin);
+
+}  // namespace detail
+
+LOOM_INLINE plan::plan_spec to_plan(const configuration& c);
+
+}  // namespace loom::search
+
+// Definitions: compiled here (header-only) or once in loom::compiled (core/linkage.hpp).
+#if LOOM_HEADER_DEFINITIONS
+
+namespace loom::search::detail {
+
+LOOM_INLINE plan::rule split_rule(plan::selector on, int dp, plan::split_spec inner, const std::string& origin) {
     std::vector<plan::split_spec> splits;
     if (dp > 1) splits.push_back({Dim::Batch::id, "", {dp, "", {}}, false});
     splits.push_back(std::move(inner));
     return {std::move(on), std::move(splits), std::nullopt, std::nullopt, origin, true};
 }
+}  // namespace loom::search::detail
 
-}  // namespace detail
+namespace loom::search {
 
-inline plan::plan_spec to_plan(const configuration& c) {
+LOOM_INLINE plan::plan_spec to_plan(const configuration& c) {
     plan::plan_spec p = c.tp > 1 ? plan::presets::megatron(c.tp, c.dp) : plan::presets::data_parallel(c.dp);
     p.devices = c.devices();
     p.zero = c.zero;
@@ -108,3 +123,4 @@ inline plan::plan_spec to_plan(const configuration& c) {
 }
 
 }  // namespace loom::search
+#endif  // LOOM_HEADER_DEFINITIONS

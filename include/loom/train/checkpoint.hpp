@@ -51,6 +51,7 @@
 #include <nlohmann/json.hpp>
 
 #include <loom/core/error.hpp>
+#include <loom/core/linkage.hpp>
 #include <loom/graph/fingerprint.hpp>
 #include <loom/io/checkpoint_manifest.hpp>
 #include <loom/io/crc32.hpp>
@@ -128,23 +129,9 @@ constexpr io::dtype element_dtype() {
 // The model's identity: its parameters' names and shapes (with dims), in graph order, which
 // no plan rewrites, and its op graph's fingerprint (graph/fingerprint.hpp), taken from the
 // model before the plan rewrote it (partition::apply_plan records it).
-inline nlohmann::json model_parameters(const graph& g) {
-    nlohmann::json params = nlohmann::json::object();
-    for (tensor_id p : g.parameters) {
-        std::vector<std::int64_t> extents;
-        for (const auto& a : g.tensor(p).dims) extents.push_back(a.extent);
-        params[g.tensor(p).name] = extents;
-    }
-    return params;
-}
+LOOM_INLINE nlohmann::json model_parameters(const graph& g);
 
-inline std::string model_signature(const graph& g) {
-    std::string text;
-    for (tensor_id p : g.parameters) text += g.tensor(p).name + g.tensor(p).dims.to_string() + ";";
-    char hex[16];
-    std::snprintf(hex, sizeof hex, "%08x", io::crc32(text));
-    return hex;
-}
+LOOM_INLINE std::string model_signature(const graph& g);
 
 template <class T>
 nlohmann::json optimizer_json(const std::variant<adamw<T>, sgd<T>>& opt) {
@@ -194,12 +181,7 @@ struct rank_state {
 };
 
 // A sum over ranks of a failure flag: every rank learns whether any rank failed a phase.
-inline bool any_rank_failed(comm::communicator* c, int world, bool failed) {
-    if (!c) return failed;
-    double flag = failed ? 1.0 : 0.0;
-    c->all_reduce_sum(&flag, 1, comm::dtype::f64, comm::group::world(world));
-    return flag > 0;
-}
+LOOM_INLINE bool any_rank_failed(comm::communicator* c, int world, bool failed);
 
 // How a shard of box `region` is cut into checksummed blocks: whole rows of its first dim,
 // about 64 KiB each (small enough that a reader needing a quarter of the rows of a small
@@ -393,25 +375,7 @@ checkpoint_info save_state(rank_state<T>& s, const std::filesystem::path& direct
 }
 
 // Reads bytes [offset, offset + out.size()) of a file.
-inline void read_range(const std::filesystem::path& path, std::uint64_t offset, std::span<std::byte> out) {
-    const int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
-    if (fd < 0)
-        throw data_error("checkpoint file '" + path.string() + "' cannot be opened: " + std::strerror(errno) +
-                         "; check that it exists and is readable");
-    std::size_t done = 0;
-    while (done < out.size()) {
-        const ssize_t n = ::pread(fd, out.data() + done, out.size() - done, static_cast<off_t>(offset + done));
-        if (n < 0 && errno == EINTR) continue;
-        if (n <= 0) {
-            ::close(fd);
-            throw data_error("checkpoint file '" + path.string() + "' ended at byte " + std::to_string(offset + done) +
-                             " while " + std::to_string(out.size()) + " bytes were read from " + std::to_string(offset) +
-                             "; it was truncated: use an older checkpoint");
-        }
-        done += static_cast<std::size_t>(n);
-    }
-    ::close(fd);
-}
+LOOM_INLINE void read_range(const std::filesystem::path& path, std::uint64_t offset, std::span<std::byte> out);
 
 // Reads every shard that meets this rank's pieces and checks it; changes nothing in `s`.
 template <class T>
@@ -566,33 +530,14 @@ rank_state<T> state_of(trainer<T>& t) {
 
 // The parts of `region` (an optimizer slot's box of parameter p on `rank`) that no lower
 // rank's slot holds.
-inline std::vector<partition::box> owned_update_regions(const partition::partitioned_graph& plan, int rank, tensor_id p,
-                                                        const partition::box& region) {
-    std::vector<partition::box> mine{region};
-    for (int r = 0; r < rank; ++r)
-        for (const auto& gp : plan.devices[static_cast<std::size_t>(r)].gradients) {
-            if (gp.logical != p) continue;
-            const partition::box other = update_region(plan, r, gp.logical, gp.region);
-            std::vector<partition::box> next;
-            for (const auto& b : mine) subtract_box(b, other, next);
-            mine = std::move(next);
-        }
-    return mine;
-}
+LOOM_INLINE std::vector<partition::box> owned_update_regions(const partition::partitioned_graph& plan, int rank, tensor_id p,
+                                                             const partition::box& region);
 
 }  // namespace detail
 
 // How the saving run was partitioned, for the manifest (informative: loading reads only the
 // boxes of the tensors). The one place that turns a plan into JSON for checkpoints.
-inline nlohmann::json plan_description(const partition::partitioned_graph& plan) {
-    nlohmann::json devices = nlohmann::json::array();
-    for (const auto& d : plan.devices) {
-        nlohmann::json pieces = nlohmann::json::object();
-        for (const auto& s : d.parameters) pieces[plan.ir().tensor(s.logical).name].push_back(s.region.to_string());
-        devices.push_back(pieces);
-    }
-    return {{"world", plan.world}, {"plan", plan.plan_name}, {"zero", static_cast<int>(plan.zero)}, {"parameters", devices}};
-}
+LOOM_INLINE nlohmann::json plan_description(const partition::partitioned_graph& plan);
 
 template <class T>
 detail::rank_state<T> state_of(distributed_trainer<T>& t) {
@@ -671,7 +616,88 @@ checkpoint_info load_checkpoint(distributed_trainer<T>& t, const std::filesystem
 
 // The newest complete checkpoint (one with a manifest) in `directory`, if any. Half-written
 // saves (step-N.tmp) are never chosen.
-inline std::optional<std::filesystem::path> latest_checkpoint(const std::filesystem::path& directory) {
+LOOM_INLINE std::optional<std::filesystem::path> latest_checkpoint(const std::filesystem::path& directory);
+
+}  // namespace loom::train
+
+// Definitions: compiled here (header-only) or once in loom::compiled (core/linkage.hpp).
+#if LOOM_HEADER_DEFINITIONS
+
+namespace loom::train::detail {
+
+LOOM_INLINE nlohmann::json model_parameters(const graph& g) {
+    nlohmann::json params = nlohmann::json::object();
+    for (tensor_id p : g.parameters) {
+        std::vector<std::int64_t> extents;
+        for (const auto& a : g.tensor(p).dims) extents.push_back(a.extent);
+        params[g.tensor(p).name] = extents;
+    }
+    return params;
+}
+
+LOOM_INLINE std::string model_signature(const graph& g) {
+    std::string text;
+    for (tensor_id p : g.parameters) text += g.tensor(p).name + g.tensor(p).dims.to_string() + ";";
+    char hex[16];
+    std::snprintf(hex, sizeof hex, "%08x", io::crc32(text));
+    return hex;
+}
+
+LOOM_INLINE bool any_rank_failed(comm::communicator* c, int world, bool failed) {
+    if (!c) return failed;
+    double flag = failed ? 1.0 : 0.0;
+    c->all_reduce_sum(&flag, 1, comm::dtype::f64, comm::group::world(world));
+    return flag > 0;
+}
+
+LOOM_INLINE void read_range(const std::filesystem::path& path, std::uint64_t offset, std::span<std::byte> out) {
+    const int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
+    if (fd < 0)
+        throw data_error("checkpoint file '" + path.string() + "' cannot be opened: " + std::strerror(errno) +
+                         "; check that it exists and is readable");
+    std::size_t done = 0;
+    while (done < out.size()) {
+        const ssize_t n = ::pread(fd, out.data() + done, out.size() - done, static_cast<off_t>(offset + done));
+        if (n < 0 && errno == EINTR) continue;
+        if (n <= 0) {
+            ::close(fd);
+            throw data_error("checkpoint file '" + path.string() + "' ended at byte " + std::to_string(offset + done) +
+                             " while " + std::to_string(out.size()) + " bytes were read from " + std::to_string(offset) +
+                             "; it was truncated: use an older checkpoint");
+        }
+        done += static_cast<std::size_t>(n);
+    }
+    ::close(fd);
+}
+
+LOOM_INLINE std::vector<partition::box> owned_update_regions(const partition::partitioned_graph& plan, int rank, tensor_id p,
+                                                             const partition::box& region) {
+    std::vector<partition::box> mine{region};
+    for (int r = 0; r < rank; ++r)
+        for (const auto& gp : plan.devices[static_cast<std::size_t>(r)].gradients) {
+            if (gp.logical != p) continue;
+            const partition::box other = update_region(plan, r, gp.logical, gp.region);
+            std::vector<partition::box> next;
+            for (const auto& b : mine) subtract_box(b, other, next);
+            mine = std::move(next);
+        }
+    return mine;
+}
+}  // namespace loom::train::detail
+
+namespace loom::train {
+
+LOOM_INLINE nlohmann::json plan_description(const partition::partitioned_graph& plan) {
+    nlohmann::json devices = nlohmann::json::array();
+    for (const auto& d : plan.devices) {
+        nlohmann::json pieces = nlohmann::json::object();
+        for (const auto& s : d.parameters) pieces[plan.ir().tensor(s.logical).name].push_back(s.region.to_string());
+        devices.push_back(pieces);
+    }
+    return {{"world", plan.world}, {"plan", plan.plan_name}, {"zero", static_cast<int>(plan.zero)}, {"parameters", devices}};
+}
+
+LOOM_INLINE std::optional<std::filesystem::path> latest_checkpoint(const std::filesystem::path& directory) {
     namespace fs = std::filesystem;
     std::error_code ec;
     if (!fs::is_directory(directory, ec)) return std::nullopt;
@@ -693,3 +719,4 @@ inline std::optional<std::filesystem::path> latest_checkpoint(const std::filesys
 }
 
 }  // namespace loom::train
+#endif  // LOOM_HEADER_DEFINITIONS

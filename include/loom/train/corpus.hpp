@@ -18,6 +18,7 @@
 #include <string>
 #include <string_view>
 
+#include <loom/core/linkage.hpp>
 #include <loom/core/random.hpp>
 
 namespace loom::train {
@@ -210,28 +211,10 @@ inline constexpr std::array<std::string_view, 10> corpus_tens{
     "", "", "twenty", "thirty", "forty", "fifty", "sixty", "seventy", "eighty", "ninety"};
 
 // 0..100 in words: 42 -> "forty-two", 100 -> "one hundred".
-inline std::string corpus_number(int n) {
-    if (n >= 100) return "one hundred";
-    if (n < 20) return std::string(corpus_small_numbers[static_cast<std::size_t>(n)]);
-    std::string words(corpus_tens[static_cast<std::size_t>(n / 10)]);
-    if (n % 10 != 0) {
-        words += '-';
-        words += corpus_small_numbers[static_cast<std::size_t>(n % 10)];
-    }
-    return words;
-}
+LOOM_INLINE std::string corpus_number(int n);
 
 // box -> boxes, brush -> brushes, cherry -> cherries, cup -> cups.
-inline std::string corpus_plural(std::string_view noun) {
-    std::string word(noun);
-    const auto ends_with = [&](std::string_view tail) { return noun.ends_with(tail); };
-    if (ends_with("s") || ends_with("x") || ends_with("ch") || ends_with("sh")) return word + "es";
-    if (ends_with("y") && noun.size() > 1 && std::string_view("aeiou").find(noun[noun.size() - 2]) == std::string_view::npos) {
-        word.pop_back();
-        return word + "ies";
-    }
-    return word + "s";
-}
+LOOM_INLINE std::string corpus_plural(std::string_view noun);
 
 // "<count> <noun>" with agreement: 1 -> "one apple", 3 -> "three apples".
 inline std::string corpus_count(int count, std::string_view noun) {
@@ -242,16 +225,7 @@ inline std::string corpus_article(std::string_view word) {
     return (std::string_view("aeiou").find(word.front()) != std::string_view::npos ? "an " : "a ") + std::string(word);
 }
 
-inline std::string corpus_capitalized(std::string text) {
-    for (char& c : text) {
-        if (c >= 'a' && c <= 'z') {
-            c = static_cast<char>(c - 'a' + 'A');
-            break;
-        }
-        if (c >= 'A' && c <= 'Z') break;
-    }
-    return text;
-}
+LOOM_INLINE std::string corpus_capitalized(std::string text);
 
 class corpus_writer {
 public:
@@ -542,7 +516,52 @@ private:
 // Returns exactly `bytes` characters of generated text (ASCII only: letters, digits,
 // spaces, newlines and . , : ? " + =). The same (bytes, seed) gives the same text
 // everywhere; a different seed gives a different text.
-inline std::string make_corpus(std::size_t bytes = 200'000, std::uint64_t seed = 1) {
+LOOM_INLINE std::string make_corpus(std::size_t bytes = 200'000, std::uint64_t seed = 1);
+
+}  // namespace loom::train
+
+// Definitions: compiled here (header-only) or once in loom::compiled (core/linkage.hpp).
+#if LOOM_HEADER_DEFINITIONS
+
+namespace loom::train::detail {
+
+LOOM_INLINE std::string corpus_number(int n) {
+    if (n >= 100) return "one hundred";
+    if (n < 20) return std::string(corpus_small_numbers[static_cast<std::size_t>(n)]);
+    std::string words(corpus_tens[static_cast<std::size_t>(n / 10)]);
+    if (n % 10 != 0) {
+        words += '-';
+        words += corpus_small_numbers[static_cast<std::size_t>(n % 10)];
+    }
+    return words;
+}
+
+LOOM_INLINE std::string corpus_plural(std::string_view noun) {
+    std::string word(noun);
+    const auto ends_with = [&](std::string_view tail) { return noun.ends_with(tail); };
+    if (ends_with("s") || ends_with("x") || ends_with("ch") || ends_with("sh")) return word + "es";
+    if (ends_with("y") && noun.size() > 1 && std::string_view("aeiou").find(noun[noun.size() - 2]) == std::string_view::npos) {
+        word.pop_back();
+        return word + "ies";
+    }
+    return word + "s";
+}
+
+LOOM_INLINE std::string corpus_capitalized(std::string text) {
+    for (char& c : text) {
+        if (c >= 'a' && c <= 'z') {
+            c = static_cast<char>(c - 'a' + 'A');
+            break;
+        }
+        if (c >= 'A' && c <= 'Z') break;
+    }
+    return text;
+}
+}  // namespace loom::train::detail
+
+namespace loom::train {
+
+LOOM_INLINE std::string make_corpus(std::size_t bytes, std::uint64_t seed) {
     detail::corpus_writer writer(seed);
     std::string text;
     text.reserve(bytes + 1024);
@@ -552,3 +571,4 @@ inline std::string make_corpus(std::size_t bytes = 200'000, std::uint64_t seed =
 }
 
 }  // namespace loom::train
+#endif  // LOOM_HEADER_DEFINITIONS

@@ -8,6 +8,7 @@
 #include <span>
 #include <string_view>
 
+#include <loom/core/linkage.hpp>
 #include <loom/core/random.hpp>
 #include <loom/graph/parameter_init.hpp>
 
@@ -24,7 +25,23 @@ inline double unit_uniform(std::uint64_t bits) { return (static_cast<double>(bit
 }  // namespace detail
 
 // One value of the stream of parameter `name`: the i-th element.
-inline double init_value(const parameter_init& init, std::uint64_t seed, std::string_view name, std::uint64_t i) {
+LOOM_INLINE double init_value(const parameter_init& init, std::uint64_t seed, std::string_view name, std::uint64_t i);
+
+// Fills `out` with elements [first, first + out.size()) of parameter `name`.
+template <class T>
+void initialize(std::span<T> out, const parameter_init& init, std::uint64_t seed, std::string_view name,
+                std::uint64_t first = 0) {
+    for (std::size_t j = 0; j < out.size(); ++j) out[j] = static_cast<T>(init_value(init, seed, name, first + j));
+}
+
+}  // namespace loom::train
+
+// Definitions: compiled here (header-only) or once in loom::compiled (core/linkage.hpp).
+#if LOOM_HEADER_DEFINITIONS
+
+namespace loom::train {
+
+LOOM_INLINE double init_value(const parameter_init& init, std::uint64_t seed, std::string_view name, std::uint64_t i) {
     const std::uint64_t key = splitmix64(seed ^ splitmix64(detail::hash_name(name)));
     switch (init.distribution) {
         case parameter_init::kind::constant: return init.a;
@@ -42,11 +59,5 @@ inline double init_value(const parameter_init& init, std::uint64_t seed, std::st
     return 0.0;
 }
 
-// Fills `out` with elements [first, first + out.size()) of parameter `name`.
-template <class T>
-void initialize(std::span<T> out, const parameter_init& init, std::uint64_t seed, std::string_view name,
-                std::uint64_t first = 0) {
-    for (std::size_t j = 0; j < out.size(); ++j) out[j] = static_cast<T>(init_value(init, seed, name, first + j));
-}
-
 }  // namespace loom::train
+#endif  // LOOM_HEADER_DEFINITIONS

@@ -11,12 +11,47 @@
 #include <vector>
 
 #include <loom/core/error.hpp>
+#include <loom/core/linkage.hpp>
 #include <loom/partition/partitioned_graph.hpp>
 
 namespace loom::train {
 
 // b minus c, as disjoint boxes appended to out.
-inline void subtract_box(const partition::box& b, const partition::box& c, std::vector<partition::box>& out) {
+LOOM_INLINE void subtract_box(const partition::box& b, const partition::box& c, std::vector<partition::box>& out);
+
+// Parts of `region` (a piece of parameter p, or of its gradient) that `rank` counts as its
+// own: the parts no lower rank holds. Pieces are equal or disjoint in every plan loom
+// builds; a partial overlap is cut along the boxes.
+LOOM_INLINE std::vector<partition::box> owned_regions(const partition::partitioned_graph& plan, int rank, tensor_id p,
+                                                      const partition::box& region, bool gradients);
+
+// ZeRO-1 and ZeRO-2 shard a parameter's optimizer over its data-parallel replicas: the
+// ranks that store all of it, in rank order (every rank for a data-parallel plan, the
+// stage's group in a pipeline, both stages' groups for an embedding tied across stages).
+// Parameters stored in pieces are updated wherever they are stored.
+LOOM_INLINE std::vector<int> replica_ranks(const partition::partitioned_graph& plan, tensor_id p);
+
+// Rows of the first dim that replica `index` of `replicas` updates under ZeRO-1 (the whole
+// region when the rows do not divide evenly over the replicas).
+LOOM_INLINE partition::box zero1_shard(const partition::box& region, int index, int replicas);
+
+// The part of gradient piece `gradient` (of logical parameter p) that `rank` updates. Under
+// ZeRO-2 the gradient pieces are already the replicas' shards.
+LOOM_INLINE partition::box update_region(const partition::partitioned_graph& plan, int rank, tensor_id p,
+                                         const partition::box& gradient);
+
+// Offset of the first element of `inner` in a piece with box `outer`, for an `inner` that is
+// whole on every axis but the first (so that it is contiguous there).
+LOOM_INLINE std::int64_t offset_in(const partition::box& inner, const partition::box& outer);
+
+}  // namespace loom::train
+
+// Definitions: compiled here (header-only) or once in loom::compiled (core/linkage.hpp).
+#if LOOM_HEADER_DEFINITIONS
+
+namespace loom::train {
+
+LOOM_INLINE void subtract_box(const partition::box& b, const partition::box& c, std::vector<partition::box>& out) {
     const partition::box common = partition::intersect(b, c);
     if (b.rank() == 0) return;  // a scalar held by a lower rank is theirs
     if (common.empty()) {
@@ -39,11 +74,8 @@ inline void subtract_box(const partition::box& b, const partition::box& c, std::
     }
 }
 
-// Parts of `region` (a piece of parameter p, or of its gradient) that `rank` counts as its
-// own: the parts no lower rank holds. Pieces are equal or disjoint in every plan loom
-// builds; a partial overlap is cut along the boxes.
-inline std::vector<partition::box> owned_regions(const partition::partitioned_graph& plan, int rank, tensor_id p,
-                                                 const partition::box& region, bool gradients) {
+LOOM_INLINE std::vector<partition::box> owned_regions(const partition::partitioned_graph& plan, int rank, tensor_id p,
+                                                      const partition::box& region, bool gradients) {
     std::vector<partition::box> mine{region};
     for (int r = 0; r < rank; ++r) {
         const auto& other = gradients ? plan.devices[static_cast<std::size_t>(r)].gradients
@@ -58,11 +90,7 @@ inline std::vector<partition::box> owned_regions(const partition::partitioned_gr
     return mine;
 }
 
-// ZeRO-1 and ZeRO-2 shard a parameter's optimizer over its data-parallel replicas: the
-// ranks that store all of it, in rank order (every rank for a data-parallel plan, the
-// stage's group in a pipeline, both stages' groups for an embedding tied across stages).
-// Parameters stored in pieces are updated wherever they are stored.
-inline std::vector<int> replica_ranks(const partition::partitioned_graph& plan, tensor_id p) {
+LOOM_INLINE std::vector<int> replica_ranks(const partition::partitioned_graph& plan, tensor_id p) {
     const partition::box whole = partition::box::whole(plan.ir().tensor(p).dims);
     std::vector<int> ranks;
     for (int r = 0; r < plan.world; ++r) {
@@ -74,9 +102,7 @@ inline std::vector<int> replica_ranks(const partition::partitioned_graph& plan, 
     return ranks;
 }
 
-// Rows of the first dim that replica `index` of `replicas` updates under ZeRO-1 (the whole
-// region when the rows do not divide evenly over the replicas).
-inline partition::box zero1_shard(const partition::box& region, int index, int replicas) {
+LOOM_INLINE partition::box zero1_shard(const partition::box& region, int index, int replicas) {
     partition::box b = region;
     if (b.rank() == 0 || b.ranges[0].size() % replicas != 0) return b;
     const std::int64_t rows = b.ranges[0].size() / replicas;
@@ -85,10 +111,8 @@ inline partition::box zero1_shard(const partition::box& region, int index, int r
     return b;
 }
 
-// The part of gradient piece `gradient` (of logical parameter p) that `rank` updates. Under
-// ZeRO-2 the gradient pieces are already the replicas' shards.
-inline partition::box update_region(const partition::partitioned_graph& plan, int rank, tensor_id p,
-                                    const partition::box& gradient) {
+LOOM_INLINE partition::box update_region(const partition::partitioned_graph& plan, int rank, tensor_id p,
+                                         const partition::box& gradient) {
     if (plan.zero != plan::zero_stage::optimizer) return gradient;
     const std::vector<int> replicas = replica_ranks(plan, p);
     const auto at = std::find(replicas.begin(), replicas.end(), rank);
@@ -96,9 +120,7 @@ inline partition::box update_region(const partition::partitioned_graph& plan, in
     return zero1_shard(gradient, static_cast<int>(at - replicas.begin()), static_cast<int>(replicas.size()));
 }
 
-// Offset of the first element of `inner` in a piece with box `outer`, for an `inner` that is
-// whole on every axis but the first (so that it is contiguous there).
-inline std::int64_t offset_in(const partition::box& inner, const partition::box& outer) {
+LOOM_INLINE std::int64_t offset_in(const partition::box& inner, const partition::box& outer) {
     if (inner.rank() == 0) return 0;
     for (std::size_t a = 1; a < inner.rank(); ++a)
         if (!(inner.ranges[a] == outer.ranges[a]))
@@ -110,3 +132,4 @@ inline std::int64_t offset_in(const partition::box& inner, const partition::box&
 }
 
 }  // namespace loom::train
+#endif  // LOOM_HEADER_DEFINITIONS

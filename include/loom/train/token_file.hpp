@@ -29,6 +29,7 @@
 #include <vector>
 
 #include <loom/core/error.hpp>
+#include <loom/core/linkage.hpp>
 
 namespace loom::train {
 
@@ -75,55 +76,8 @@ inline constexpr std::string_view token_file_fix =
 // Throws loom::usage_error for a vocab_size of 0 or above 2^31 (ids are int32) and for a
 // token outside [0, vocab_size); loom::data_error when the file cannot be written.
 // The file is written beside `path` and renamed into place, so a reader never sees half of it.
-inline void write_token_file(const std::filesystem::path& path, std::span<const std::int32_t> tokens,
-                             std::uint32_t vocab_size) {
-    if (vocab_size == 0 || vocab_size > (std::uint32_t{1} << 31)) {
-        throw usage_error("write_token_file: vocab_size " + std::to_string(vocab_size) + " for " +
-                          detail::token_file_quote(path) + " is outside [1, 2^31]; pass the tokenizer's vocab_size "
-                          "(256 for byte_tokenizer)");
-    }
-    for (std::size_t i = 0; i < tokens.size(); ++i) {
-        if (tokens[i] < 0 || static_cast<std::uint32_t>(tokens[i]) >= vocab_size) {
-            throw usage_error("write_token_file: token " + std::to_string(tokens[i]) + " at position " + std::to_string(i) +
-                              " is outside [0, " + std::to_string(vocab_size) + ") for " +
-                              detail::token_file_quote(path) + "; pass the vocab_size of the tokenizer that produced "
-                              "the tokens");
-        }
-    }
-    const int width = vocab_size <= 65536 ? 2 : 4;
-
-    std::string bytes;
-    bytes.reserve(token_file_header_bytes + tokens.size() * static_cast<std::size_t>(width));
-    bytes += token_file_magic;
-    detail::token_file_put(bytes, token_file_version, 4);
-    detail::token_file_put(bytes, static_cast<std::uint64_t>(width), 4);
-    detail::token_file_put(bytes, vocab_size, 4);
-    detail::token_file_put(bytes, 0, 4);
-    detail::token_file_put(bytes, tokens.size(), 8);
-    for (std::int32_t t : tokens) detail::token_file_put(bytes, static_cast<std::uint32_t>(t), width);
-
-    std::filesystem::path partial = path;
-    partial += ".partial";
-    {
-        std::ofstream out(partial, std::ios::binary | std::ios::trunc);
-        if (!out) {
-            throw data_error("write_token_file: cannot create " + detail::token_file_quote(partial) +
-                             "; check that the directory exists and is writable");
-        }
-        out.write(bytes.data(), static_cast<std::streamsize>(bytes.size()));
-        out.close();
-        if (!out) {
-            throw data_error("write_token_file: writing " + std::to_string(bytes.size()) + " bytes to " +
-                             detail::token_file_quote(partial) + " failed; check free disk space");
-        }
-    }
-    std::error_code ec;
-    std::filesystem::rename(partial, path, ec);
-    if (ec) {
-        throw data_error("write_token_file: cannot rename " + detail::token_file_quote(partial) + " to " +
-                         detail::token_file_quote(path) + ": " + ec.message() + "; check that the target is writable");
-    }
-}
+LOOM_INLINE void write_token_file(const std::filesystem::path& path, std::span<const std::int32_t> tokens,
+                                  std::uint32_t vocab_size);
 
 // A token file read into memory and validated: every error names the path, what is wrong
 // and how to make a good file. The tokens are shared, not copied, with data_loaders built
@@ -238,3 +192,61 @@ private:
 };
 
 }  // namespace loom::train
+
+// Definitions: compiled here (header-only) or once in loom::compiled (core/linkage.hpp).
+#if LOOM_HEADER_DEFINITIONS
+
+namespace loom::train {
+
+LOOM_INLINE void write_token_file(const std::filesystem::path& path, std::span<const std::int32_t> tokens,
+                                  std::uint32_t vocab_size) {
+    if (vocab_size == 0 || vocab_size > (std::uint32_t{1} << 31)) {
+        throw usage_error("write_token_file: vocab_size " + std::to_string(vocab_size) + " for " +
+                          detail::token_file_quote(path) + " is outside [1, 2^31]; pass the tokenizer's vocab_size "
+                          "(256 for byte_tokenizer)");
+    }
+    for (std::size_t i = 0; i < tokens.size(); ++i) {
+        if (tokens[i] < 0 || static_cast<std::uint32_t>(tokens[i]) >= vocab_size) {
+            throw usage_error("write_token_file: token " + std::to_string(tokens[i]) + " at position " + std::to_string(i) +
+                              " is outside [0, " + std::to_string(vocab_size) + ") for " +
+                              detail::token_file_quote(path) + "; pass the vocab_size of the tokenizer that produced "
+                              "the tokens");
+        }
+    }
+    const int width = vocab_size <= 65536 ? 2 : 4;
+
+    std::string bytes;
+    bytes.reserve(token_file_header_bytes + tokens.size() * static_cast<std::size_t>(width));
+    bytes += token_file_magic;
+    detail::token_file_put(bytes, token_file_version, 4);
+    detail::token_file_put(bytes, static_cast<std::uint64_t>(width), 4);
+    detail::token_file_put(bytes, vocab_size, 4);
+    detail::token_file_put(bytes, 0, 4);
+    detail::token_file_put(bytes, tokens.size(), 8);
+    for (std::int32_t t : tokens) detail::token_file_put(bytes, static_cast<std::uint32_t>(t), width);
+
+    std::filesystem::path partial = path;
+    partial += ".partial";
+    {
+        std::ofstream out(partial, std::ios::binary | std::ios::trunc);
+        if (!out) {
+            throw data_error("write_token_file: cannot create " + detail::token_file_quote(partial) +
+                             "; check that the directory exists and is writable");
+        }
+        out.write(bytes.data(), static_cast<std::streamsize>(bytes.size()));
+        out.close();
+        if (!out) {
+            throw data_error("write_token_file: writing " + std::to_string(bytes.size()) + " bytes to " +
+                             detail::token_file_quote(partial) + " failed; check free disk space");
+        }
+    }
+    std::error_code ec;
+    std::filesystem::rename(partial, path, ec);
+    if (ec) {
+        throw data_error("write_token_file: cannot rename " + detail::token_file_quote(partial) + " to " +
+                         detail::token_file_quote(path) + ": " + ec.message() + "; check that the target is writable");
+    }
+}
+
+}  // namespace loom::train
+#endif  // LOOM_HEADER_DEFINITIONS

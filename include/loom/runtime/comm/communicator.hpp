@@ -45,6 +45,7 @@
 
 #include <loom/core/bfloat16.hpp>
 #include <loom/core/error.hpp>
+#include <loom/core/linkage.hpp>
 
 namespace loom::comm {
 
@@ -189,16 +190,7 @@ constexpr bool counts_per_rank(collective op) noexcept {
 
 // "all_reduce_sum (f32, 1024 elements)", "all_gather (f64, 4 elements per rank)",
 // "broadcast (i32, 8 elements from rank 3)", "barrier"
-inline std::string describe(const collective_call& call) {
-    std::string text(to_string(call.op));
-    if (call.op == collective::barrier) return text;
-    text += " (";
-    text += to_string(call.type);
-    text += ", " + std::to_string(call.count) + (call.count == 1 ? " element" : " elements");
-    if (counts_per_rank(call.op)) text += " per rank";
-    if (call.op == collective::broadcast) text += " from rank " + std::to_string(call.root);
-    return text + ")";
-}
+LOOM_INLINE std::string describe(const collective_call& call);
 
 // "rank 2: all_reduce_sum (f32, 1024 elements) on group {0,1,2,3}"
 inline std::string context(int rank, const collective_call& call, const group& g) {
@@ -206,14 +198,8 @@ inline std::string context(int rank, const collective_call& call, const group& g
 }
 
 // "rank 1: send (f32, 8 elements) to rank 2 with tag 0"
-inline std::string context(int rank, std::string_view op, dtype type, std::size_t count,
-                           int peer, int tag) {
-    std::string text = "rank " + std::to_string(rank) + ": " + std::string(op) + " (";
-    text += to_string(type);
-    text += ", " + std::to_string(count) + (count == 1 ? " element" : " elements") + ") ";
-    text += op == "send" ? "to" : "from";
-    return text + " rank " + std::to_string(peer) + " with tag " + std::to_string(tag);
-}
+LOOM_INLINE std::string context(int rank, std::string_view op, dtype type, std::size_t count,
+                                int peer, int tag);
 
 // The ranks of `g` for which `arrived(index)` is false, as "{3,5}".
 template <class Arrived>
@@ -226,54 +212,11 @@ std::string missing_members(const group& g, Arrived arrived) {
 }
 
 // Checks what every implementation requires of a collective call; throws usage_error.
-inline void check_collective(int rank, int world_size, const collective_call& call,
-                             const group& g, const void* in, const void* out) {
-    const auto fail = [&](const std::string& why) {
-        throw usage_error(context(rank, call, g) + ": " + why);
-    };
-    if (g.ranks.empty()) {
-        fail("the group is empty; list the ranks that take part, e.g. group::world(size())");
-    }
-    for (std::size_t i = 0; i < g.ranks.size(); ++i) {
-        const int member = g.ranks[i];
-        if (member < 0 || member >= world_size) {
-            fail("rank " + std::to_string(member) + " is outside the world of " +
-                 std::to_string(world_size) + " ranks; use global ranks in [0, " +
-                 std::to_string(world_size) + ")");
-        }
-        if (i > 0 && g.ranks[i - 1] >= member) {
-            fail("ranks must be sorted ascending without repeats; sort the rank list and drop "
-                 "duplicates");
-        }
-    }
-    if (!g.contains(rank)) {
-        fail("rank " + std::to_string(rank) +
-             " is not a member; call a collective only on groups that contain the calling rank");
-    }
-    if (call.op == collective::broadcast && !g.contains(call.root)) {
-        fail("root rank " + std::to_string(call.root) +
-             " is not a member; pass the global rank of a member as the root");
-    }
-    if (call.count > 0 && call.op != collective::barrier && (in == nullptr || out == nullptr)) {
-        fail("a buffer is null; pass buffers that hold the elements");
-    }
-}
+LOOM_INLINE void check_collective(int rank, int world_size, const collective_call& call,
+                                  const group& g, const void* in, const void* out);
 
-inline void check_point_to_point(int rank, int world_size, std::string_view op, dtype type,
-                                 std::size_t count, int peer, int tag, const void* data) {
-    const auto fail = [&](const std::string& why) {
-        throw usage_error(context(rank, op, type, count, peer, tag) + ": " + why);
-    };
-    if (peer < 0 || peer >= world_size) {
-        fail("rank " + std::to_string(peer) + " is outside the world of " +
-             std::to_string(world_size) + " ranks; use a global rank in [0, " +
-             std::to_string(world_size) + ")");
-    }
-    if (tag < 0) fail("tags must be non-negative; use a tag >= 0");
-    if (count > 0 && data == nullptr) {
-        fail("the buffer is null; pass a buffer that holds the elements");
-    }
-}
+LOOM_INLINE void check_point_to_point(int rank, int world_size, std::string_view op, dtype type,
+                                      std::size_t count, int peer, int tag, const void* data);
 
 template <comm_element T>
 void add_into(T* sum, const T* term, std::size_t count) noexcept {
@@ -292,27 +235,7 @@ void add_into(T* sum, const T* term, std::size_t count) noexcept {
 
 // sum[k] += term[k] for `count` elements of `type`. Called once per member in group order,
 // this is the one place that fixes the summation order for every implementation.
-inline void add_into(dtype type, void* sum, const void* term, std::size_t count) noexcept {
-    switch (type) {
-        case dtype::f32:
-            add_into(static_cast<float*>(sum), static_cast<const float*>(term), count);
-            break;
-        case dtype::f64:
-            add_into(static_cast<double*>(sum), static_cast<const double*>(term), count);
-            break;
-        case dtype::i32:
-            add_into(static_cast<std::int32_t*>(sum), static_cast<const std::int32_t*>(term),
-                     count);
-            break;
-        case dtype::i64:
-            add_into(static_cast<std::int64_t*>(sum), static_cast<const std::int64_t*>(term),
-                     count);
-            break;
-        case dtype::bf16:
-            add_into(static_cast<bfloat16*>(sum), static_cast<const bfloat16*>(term), count);
-            break;
-    }
-}
+LOOM_INLINE void add_into(dtype type, void* sum, const void* term, std::size_t count) noexcept;
 
 inline void copy_bytes(void* to, const void* from, std::size_t bytes) noexcept {
     if (bytes > 0) std::memcpy(to, from, bytes);
@@ -456,3 +379,102 @@ concept communicator_like =
 static_assert(communicator_like<communicator>);
 
 }  // namespace loom::comm
+
+// Definitions: compiled here (header-only) or once in loom::compiled (core/linkage.hpp).
+#if LOOM_HEADER_DEFINITIONS
+
+namespace loom::comm::detail {
+
+LOOM_INLINE std::string describe(const collective_call& call) {
+    std::string text(to_string(call.op));
+    if (call.op == collective::barrier) return text;
+    text += " (";
+    text += to_string(call.type);
+    text += ", " + std::to_string(call.count) + (call.count == 1 ? " element" : " elements");
+    if (counts_per_rank(call.op)) text += " per rank";
+    if (call.op == collective::broadcast) text += " from rank " + std::to_string(call.root);
+    return text + ")";
+}
+
+LOOM_INLINE std::string context(int rank, std::string_view op, dtype type, std::size_t count,
+                                int peer, int tag) {
+    std::string text = "rank " + std::to_string(rank) + ": " + std::string(op) + " (";
+    text += to_string(type);
+    text += ", " + std::to_string(count) + (count == 1 ? " element" : " elements") + ") ";
+    text += op == "send" ? "to" : "from";
+    return text + " rank " + std::to_string(peer) + " with tag " + std::to_string(tag);
+}
+
+LOOM_INLINE void check_collective(int rank, int world_size, const collective_call& call,
+                                  const group& g, const void* in, const void* out) {
+    const auto fail = [&](const std::string& why) {
+        throw usage_error(context(rank, call, g) + ": " + why);
+    };
+    if (g.ranks.empty()) {
+        fail("the group is empty; list the ranks that take part, e.g. group::world(size())");
+    }
+    for (std::size_t i = 0; i < g.ranks.size(); ++i) {
+        const int member = g.ranks[i];
+        if (member < 0 || member >= world_size) {
+            fail("rank " + std::to_string(member) + " is outside the world of " +
+                 std::to_string(world_size) + " ranks; use global ranks in [0, " +
+                 std::to_string(world_size) + ")");
+        }
+        if (i > 0 && g.ranks[i - 1] >= member) {
+            fail("ranks must be sorted ascending without repeats; sort the rank list and drop "
+                 "duplicates");
+        }
+    }
+    if (!g.contains(rank)) {
+        fail("rank " + std::to_string(rank) +
+             " is not a member; call a collective only on groups that contain the calling rank");
+    }
+    if (call.op == collective::broadcast && !g.contains(call.root)) {
+        fail("root rank " + std::to_string(call.root) +
+             " is not a member; pass the global rank of a member as the root");
+    }
+    if (call.count > 0 && call.op != collective::barrier && (in == nullptr || out == nullptr)) {
+        fail("a buffer is null; pass buffers that hold the elements");
+    }
+}
+
+LOOM_INLINE void check_point_to_point(int rank, int world_size, std::string_view op, dtype type,
+                                      std::size_t count, int peer, int tag, const void* data) {
+    const auto fail = [&](const std::string& why) {
+        throw usage_error(context(rank, op, type, count, peer, tag) + ": " + why);
+    };
+    if (peer < 0 || peer >= world_size) {
+        fail("rank " + std::to_string(peer) + " is outside the world of " +
+             std::to_string(world_size) + " ranks; use a global rank in [0, " +
+             std::to_string(world_size) + ")");
+    }
+    if (tag < 0) fail("tags must be non-negative; use a tag >= 0");
+    if (count > 0 && data == nullptr) {
+        fail("the buffer is null; pass a buffer that holds the elements");
+    }
+}
+
+LOOM_INLINE void add_into(dtype type, void* sum, const void* term, std::size_t count) noexcept {
+    switch (type) {
+        case dtype::f32:
+            add_into(static_cast<float*>(sum), static_cast<const float*>(term), count);
+            break;
+        case dtype::f64:
+            add_into(static_cast<double*>(sum), static_cast<const double*>(term), count);
+            break;
+        case dtype::i32:
+            add_into(static_cast<std::int32_t*>(sum), static_cast<const std::int32_t*>(term),
+                     count);
+            break;
+        case dtype::i64:
+            add_into(static_cast<std::int64_t*>(sum), static_cast<const std::int64_t*>(term),
+                     count);
+            break;
+        case dtype::bf16:
+            add_into(static_cast<bfloat16*>(sum), static_cast<const bfloat16*>(term), count);
+            break;
+    }
+}
+
+}  // namespace loom::comm::detail
+#endif  // LOOM_HEADER_DEFINITIONS

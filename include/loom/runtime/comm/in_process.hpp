@@ -40,6 +40,7 @@
 #include <vector>
 
 #include <loom/core/error.hpp>
+#include <loom/core/linkage.hpp>
 #include <loom/runtime/comm/communicator.hpp>
 
 namespace loom::comm {
@@ -495,15 +496,7 @@ bool rethrow_prefixed_as(const std::exception& failure, const std::string& prefi
     }
 }
 
-inline std::string describe_exception(const std::exception_ptr& failure) {
-    try {
-        std::rethrow_exception(failure);
-    } catch (const std::exception& error) {
-        return error.what();
-    } catch (...) {
-        return "an exception that is not a std::exception";
-    }
-}
+LOOM_INLINE std::string describe_exception(const std::exception_ptr& failure);
 
 }  // namespace detail
 
@@ -559,3 +552,21 @@ void run_ranks(int n, F f, comm_options options = {}) {
 }
 
 }  // namespace loom::comm
+
+// Definitions: compiled here (header-only) or once in loom::compiled (core/linkage.hpp).
+#if LOOM_HEADER_DEFINITIONS
+
+namespace loom::comm::detail {
+
+LOOM_INLINE std::string describe_exception(const std::exception_ptr& failure) {
+    try {
+        std::rethrow_exception(failure);
+    } catch (const std::exception& error) {
+        return error.what();
+    } catch (...) {
+        return "an exception that is not a std::exception";
+    }
+}
+
+}  // namespace loom::comm::detail
+#endif  // LOOM_HEADER_DEFINITIONS

@@ -68,11 +68,11 @@ kernel_table<T>::kernel_table() {
     });
 }
 
-// Compiled kernels: a program linking loom::host_kernels (src/host_kernels.cpp, which
-// defines LOOM_HOST_KERNELS_COMPILED for its users) compiles the built-in kernels of both
+// Compiled kernels: a program linking loom::compiled (src/compiled.cpp, which defines
+// LOOM_COMPILED for its users) compiles the built-in kernels of both
 // precisions once, there, instead of in every translation unit that runs a program. Without
 // it loom stays header-only and each translation unit instantiates what it uses.
-#if defined(LOOM_HOST_KERNELS_COMPILED)
+#if defined(LOOM_COMPILED)
 extern template class kernel_table<float>;
 extern template class kernel_table<double>;
 #endif
