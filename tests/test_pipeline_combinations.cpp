@@ -8,9 +8,11 @@
 
 #include <map>
 #include <optional>
+#include <set>
 #include <string>
 
 #include <loom/models/evoformer.hpp>
+#include <loom/models/gpt.hpp>
 #include <loom/partition/apply.hpp>
 #include <loom/plan/presets.hpp>
 #include <loom/plan/resolve.hpp>
@@ -320,9 +322,27 @@ TEST_CASE("the interlaced pipeline with tensor and data parallelism inside the s
     for (const auto& [name, inner] : {std::pair{std::string("megatron x2"), plan::presets::megatron(2)},
                                       std::pair{std::string("data parallel x2"), plan::presets::data_parallel(2)}}) {
         const int stages = 2, micro = 4;
-        plan::plan_spec spec = plan::presets::pipeline(stages, micro, interlaced(), inner);
-        spec.then(plan::presets::vocabulary_parallel(4));
+        const plan::plan_spec spec = plan::presets::pipeline(stages, micro, interlaced(), inner);
         CHECK(spec.devices == 4);
+        // The ends are split by vocabulary over all 4 devices, not by the stages' rules
+        // over 2 (which would leave the other group idle or doing the same work again).
+        const graph forward = models::gpt(c).ir();
+        const plan::resolved_plan rp = plan::resolve(spec, forward);
+        int ends = 0;
+        for (std::size_t n = 0; n < forward.forward_node_count(); ++n) {
+            const node& op = forward.nodes[n];
+            if (op.op->name != std::string_view("embedding") && op.op->name != std::string_view("cross_entropy")) continue;
+            const plan::op_partition* p = rp.at(static_cast<node_id>(n));
+            REQUIRE(p);
+            INFO(name << ": " << op.name << " " << p->describe());
+            std::set<int> devices;
+            for (std::int64_t k = 0; k < p->pieces(); ++k) devices.insert(p->device_of(k));
+            CHECK(p->pieces() == 4 * micro);  // a quarter of the vocabulary per micro-batch
+            CHECK(p->replicas == 1);
+            CHECK(devices.size() == 4);
+            ++ends;
+        }
+        CHECK(ends == 3);  // the token and position embeddings, and the loss
         check_equal(c, spec, interlaced(), "interlaced x2 of " + name);
     }
 }
@@ -362,8 +382,7 @@ TEST_CASE("ZeRO inside interleaved, Megatron, Coshard, interlaced and 3F1B pipel
                 check_equal(c, pp, s, "1F1B x2 of coshard, ZeRO-" + std::to_string(z), adam);
         }
         SECTION("interlaced zero " + std::to_string(z)) {
-            plan::plan_spec pp = plan::presets::pipeline(2, 4, interlaced(), plan::presets::zero(z, 2));
-            pp.then(plan::presets::vocabulary_parallel(4));
+            const plan::plan_spec pp = plan::presets::pipeline(2, 4, interlaced(), plan::presets::zero(z, 2));
             if (z == 2)
                 CHECK_THROWS_WITH(check_equal(c, pp, interlaced(), "interlaced zero", adam), Catch::Contains("ZeRO-2") && Catch::Contains("use ZeRO-3"));
             else

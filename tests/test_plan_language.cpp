@@ -92,7 +92,6 @@ drawn draw_gpt(const models::gpt_config& c, rng_t& rng) {
     if (interlace) order = {plan::schedule_kind::interlaced};
     plan::plan_spec p = plan::presets::pipeline(stages, micro, order, inner);
     draw_stages(p, c.layers, stages, group, rng, interleave || interlace || pick(rng, 2) == 0);
-    if (interlace) p.then(plan::presets::vocabulary_parallel(stages));
     draw_recompute(p, c.layers, rng);
     draw_zero(p, group, rng, within == 1 || within == 2 || interlace);
     return {p, "gpt"};

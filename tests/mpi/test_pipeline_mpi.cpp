@@ -49,9 +49,7 @@ int check(comm::communicator& comm, const models::gpt_config& c, const plan::pla
 // The interlaced pipeline: embedding and LM head split by vocabulary over every rank, the
 // layers one stage per rank between them.
 plan::plan_spec interlaced_plan(int ranks, int micro_batches) {
-    plan::plan_spec p = plan::presets::pipeline(ranks, micro_batches, {plan::schedule_kind::interlaced});
-    p.then(plan::presets::vocabulary_parallel(ranks));
-    return p;
+    return plan::presets::pipeline(ranks, micro_batches, {plan::schedule_kind::interlaced});
 }
 
 // 3F1B: the Evoformer's three recycling rounds forward, then one backward, per micro-batch.
@@ -100,9 +98,7 @@ int main(int argc, char** argv) {
             zero3.then(plan::presets::recompute(mlp));
             failures += check(comm, c, pipeline(n / 2, 4, {plan::schedule_kind::gpipe}, zero3));
             // The interlaced pipeline with data-parallel pairs as its stages.
-            plan::plan_spec interlaced = pipeline(n / 2, 4, {plan::schedule_kind::interlaced}, plan::presets::data_parallel(2));
-            interlaced.then(plan::presets::vocabulary_parallel(n));
-            failures += check(comm, c, interlaced);
+            failures += check(comm, c, pipeline(n / 2, 4, {plan::schedule_kind::interlaced}, plan::presets::data_parallel(2)));
         }
         failures += check(comm, c, interlaced_plan(n, 4));
         failures += check_three_f_one_b(comm, n, 4);

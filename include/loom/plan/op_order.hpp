@@ -10,8 +10,10 @@
 //                    multiple of the stages)
 //   ThreeFOneB       three forward rounds and one backward per micro-batch (recycling
 //                    models: a repeat of 3 rounds around the staged layers)
-//   Interlaced       the interlaced pipeline: the ops outside the layers (embedding, head)
-//                    run on all devices, time-shared with a pipeline of the layers
+//   Interlaced       the interlaced pipeline: the ops outside the layers (embeddings, LM
+//                    head, loss) run on all devices, their vocabulary split over all of
+//                    them whatever the layers' rules, time-shared with a pipeline of the
+//                    layers
 //   ordered_by<...>  an order written as constraints alone (schedule::before)
 //
 // Several alternatives make the order an open choice, filled by name like any open number:

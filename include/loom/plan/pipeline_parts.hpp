@@ -11,7 +11,8 @@
 //
 // Policies: GPipe, OneFOneB, Interleaved<V> (V chunks per device group), ThreeFOneB (three
 // forward rounds per micro-batch, for recycling models), Interlaced (the ops outside the
-// layers on all devices, time-shared with the pipeline), and ordered_by<Rounds, before...>
+// layers on all devices, split by vocabulary over all of them, time-shared with the
+// pipeline), and ordered_by<Rounds, before...>
 // (an order written as constraints alone, schedule/constraints.hpp).
 //
 // The plan's rules (trans, assign, presets) cut each op within its stage's group: their

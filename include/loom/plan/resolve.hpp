@@ -29,6 +29,7 @@
 #include <loom/plan/op_order.hpp>
 #include <loom/plan/op_partition.hpp>
 #include <loom/plan/pipeline.hpp>
+#include <loom/plan/presets.hpp>
 #include <loom/plan/rules.hpp>
 #include <loom/schedule/templates.hpp>
 #include <loom/schedule/validate.hpp>
@@ -276,10 +277,18 @@ LOOM_INLINE resolved_plan resolve(const plan_spec& p, const graph& g) {
     }
     std::vector<int> all(static_cast<std::size_t>(p.devices));
     for (int d = 0; d < p.devices; ++d) all[static_cast<std::size_t>(d)] = d;
+    // The interlaced pipeline's ends (the embeddings before the layers; the LM head and the
+    // loss after them) run on every device, their vocabulary split over all of them: the
+    // layers' own rules there would cut them per group and leave the other groups idle.
+    plan_spec ends = ps.inner;
     if (interlaced) {
-        plan_spec everywhere = ps.inner;
-        everywhere.devices = p.devices;
-        ps.stages.push_back({0, -1, all, everywhere});
+        ends.devices = p.devices;
+        for (rule r : presets::vocabulary_parallel(p.devices).rules) {
+            r.optional = true;  // a model without an embedding, an LM head or the loss
+            r.origin = "the interlaced pipeline's ends";
+            ends.add(std::move(r));
+        }
+        ps.stages.push_back({0, -1, all, ends});
     }
     for (int k = 0; k < chunks; ++k) {
         detail::pipeline_stage stage;
@@ -290,9 +299,7 @@ LOOM_INLINE resolved_plan resolve(const plan_spec& p, const graph& g) {
         ps.stages.push_back(std::move(stage));
     }
     if (interlaced) {
-        plan_spec everywhere = ps.inner;
-        everywhere.devices = p.devices;
-        ps.stages.push_back({0, -1, all, everywhere});
+        ps.stages.push_back({0, -1, all, ends});
         ps.head_stage = 0;
         ps.tail_stage = static_cast<int>(ps.stages.size()) - 1;
     }

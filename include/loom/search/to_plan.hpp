@@ -82,9 +82,6 @@ LOOM_INLINE plan::plan_spec to_plan(const configuration& c) {
         if (c.interlaced) order = {plan::schedule_kind::interlaced};
         p.order.alternatives = {order};
     }
-    // The interlaced pipeline: the embedding, the LM head and the loss split by vocabulary over
-    // every device.
-    if (c.interlaced) p.then(plan::presets::vocabulary_parallel(c.devices()));
     const plan::presets::transformer_names names;
     for (std::size_t layer = 0; layer < c.recompute_of.size(); ++layer) {
         const plan::recompute_policy r = c.recompute_of[layer];
