@@ -14,6 +14,7 @@
 // compiles) once, then loom and each peer time --steps steps in turn, --rounds times; a
 // number is the median over rounds of each round's median step.
 //
+// The machine's limit: each step's FLOP/s against the measured FMA peak and against loom's
 // own GEMM timed alone on the step's GEMM shapes. Model FLOPs per step are 3 x the forward
 // FLOPs of gpt_config::forward_flops (GEMMs plus causal attention, 2 FLOPs per
 // multiply-add); element-wise work is not counted.

@@ -266,6 +266,9 @@ TEMPLATE_TEST_CASE("gemm matches the reference across cache blocks and threads",
             cases.push_back({ta, tb, 200, 170, 260, 3, T(1.5), T(-0.5), false});
             cases.push_back({ta, tb, 12, 600, 300, 1, T(1), T(0), true});
             cases.push_back({ta, tb, 40, 1100, 96, 0, T(1), T(0.5), false});
+            // Several blocks of packed A rows (m > mc) in one depth slice and across two
+            // (k > kc), with edge rows and columns.
+            cases.push_back({ta, tb, 601, 70, 400, 1, T(1), T(0.5), false});
         }
     }
     check_all(cases);

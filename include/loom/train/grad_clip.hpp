@@ -3,21 +3,67 @@
 //   total = sqrt(sum over every gradient element of g^2)
 //   if max_norm / (total + 1e-6) < 1, every gradient is scaled by that factor.
 // The norm is accumulated in double in a fixed order, so it is the same whatever the
-// thread count.
+// thread count: every gradient is cut into chunks of a fixed size, each chunk summed with
+// eight running sums (one sum waited on the add's latency at every element: 2% of a GPT-2
+// small step), the chunks spread over the host pool's threads, and their sums added in order.
+#include <algorithm>
 #include <cmath>
+#include <cstdint>
 #include <span>
 #include <vector>
 
+#include <loom/runtime/host/thread_pool.hpp>
+
 namespace loom::train {
+
+namespace detail {
+
+// Elements per chunk, the unit of the fixed summation order and of the work handed to threads.
+inline constexpr std::int64_t norm_chunk = std::int64_t{1} << 15;
+
+struct grad_chunk {
+    std::size_t grad;
+    std::int64_t offset, length;
+};
+
+template <class T>
+std::vector<grad_chunk> chunks_of(const std::vector<std::span<T>>& grads) {
+    std::vector<grad_chunk> chunks;
+    for (std::size_t g = 0; g < grads.size(); ++g) {
+        const auto size = static_cast<std::int64_t>(grads[g].size());
+        for (std::int64_t offset = 0; offset < size; offset += norm_chunk)
+            chunks.push_back({g, offset, std::min(norm_chunk, size - offset)});
+    }
+    return chunks;
+}
+
+template <class T>
+double sum_of_squares(const T* x, std::int64_t n) {
+    double lanes[8] = {};
+    std::int64_t i = 0;
+    for (; i + 8 <= n; i += 8) {
+        for (int l = 0; l < 8; ++l) lanes[l] += static_cast<double>(x[i + l]) * static_cast<double>(x[i + l]);
+    }
+    double tail = 0;
+    for (; i < n; ++i) tail += static_cast<double>(x[i]) * static_cast<double>(x[i]);
+    return ((lanes[0] + lanes[1]) + (lanes[2] + lanes[3])) + ((lanes[4] + lanes[5]) + (lanes[6] + lanes[7])) + tail;
+}
+
+}  // namespace detail
 
 template <class T>
 double global_norm(const std::vector<std::span<T>>& grads) {
+    const std::vector<detail::grad_chunk> chunks = detail::chunks_of(grads);
+    std::vector<double> partial(chunks.size());
+    host::parallel_for(0, static_cast<std::int64_t>(chunks.size()), 1, [&](std::int64_t lo, std::int64_t hi) {
+        for (std::int64_t c = lo; c < hi; ++c) {
+            const detail::grad_chunk& chunk = chunks[static_cast<std::size_t>(c)];
+            partial[static_cast<std::size_t>(c)] =
+                detail::sum_of_squares(grads[chunk.grad].data() + chunk.offset, chunk.length);
+        }
+    });
     double sum = 0;
-    for (const auto& g : grads) {
-        double part = 0;
-        for (T x : g) part += static_cast<double>(x) * static_cast<double>(x);
-        sum += part;
-    }
+    for (double p : partial) sum += p;
     return std::sqrt(sum);
 }
 
@@ -26,9 +72,16 @@ template <class T>
 double clip_global_norm(const std::vector<std::span<T>>& grads, double max_norm) {
     const double total = global_norm(grads);
     const double coefficient = max_norm / (total + 1e-6);
-    if (coefficient < 1)
-        for (const auto& g : grads)
-            for (T& x : g) x = static_cast<T>(x * coefficient);
+    if (coefficient < 1) {
+        const std::vector<detail::grad_chunk> chunks = detail::chunks_of(grads);
+        host::parallel_for(0, static_cast<std::int64_t>(chunks.size()), 1, [&](std::int64_t lo, std::int64_t hi) {
+            for (std::int64_t c = lo; c < hi; ++c) {
+                const detail::grad_chunk& chunk = chunks[static_cast<std::size_t>(c)];
+                T* x = grads[chunk.grad].data() + chunk.offset;
+                for (std::int64_t i = 0; i < chunk.length; ++i) x[i] = static_cast<T>(x[i] * coefficient);
+            }
+        });
+    }
     return total;
 }
 

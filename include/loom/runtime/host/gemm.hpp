@@ -13,10 +13,10 @@
 // otherwise; inside a parallel_for range it always runs gemm_fallback() on the calling
 // thread, so OpenBLAS's threads never pile onto the pool's.
 //
-// gemm_fallback() is the portable path: op(B) packed once and shared, A packed per panel,
-// cache-blocked (an mr x kc panel of A in L1 sweeps a kc x nc block of B in L2), register-
-// tiled micro-kernels, and C cut into tiles that the threads of thread_pool::global() take
-// first come first served. The AVX-512F or AVX2+FMA micro-kernels are chosen at run time
+// gemm_fallback() is the portable path: op(B) packed once and shared, A packed once per
+// depth slice in blocks of rows, cache-blocked (an mr x kc panel of A in L1 sweeps a kc x nc
+// block of B in L2), register-tiled micro-kernels, and C cut into tiles that the threads of
+// thread_pool::global() take first come first served. The AVX-512F or AVX2+FMA micro-kernels are chosen at run time
 // (the header needs no -march flag); a plain C++ micro-kernel runs everywhere else. They
 // use GCC/Clang target attributes and <immintrin.h>, so this header is for x86-64.
 #include <immintrin.h>
@@ -31,6 +31,7 @@
 #include <new>
 #include <string>
 #include <string_view>
+#include <thread>
 #include <type_traits>
 
 #include <loom/core/error.hpp>
@@ -333,6 +334,60 @@ void pack_a_rows_scalar(const T* a, std::int64_t lda, std::int64_t i0, std::int6
     }
 }
 
+// Transposes up to 16 rows of a row-major float matrix into a panel:
+//   out[p * out_stride + i] = src[i * ld + p]   (0 <= i < lanes, 0 <= p < depth),
+// zero for rows >= `rows` (rows <= lanes <= 16). Sixteen rows by sixteen columns at a time,
+// in registers (16 loads, 64 shuffles, 16 stores), about five times the rate of the gathers
+// it replaces: packing op(A) for A untransposed and op(B) for B transposed (the forward
+// X W^T) cost 6% of a GEMM with gathers or scalar loops.
+[[gnu::target("avx512f")]] inline void transpose_rows_avx512(const float* src, std::int64_t ld, int rows,
+                                                             std::int64_t depth, float* __restrict out,
+                                                             std::int64_t out_stride, int lanes) {
+    const __mmask16 store_mask = static_cast<__mmask16>((1u << lanes) - 1);
+    for (std::int64_t p0 = 0; p0 < depth; p0 += 16) {
+        const int cols = static_cast<int>(std::min<std::int64_t>(16, depth - p0));
+        const __mmask16 load_mask = static_cast<__mmask16>((1u << cols) - 1);
+        __m512 r[16];
+        for (int i = 0; i < 16; ++i) {
+            if (i < rows) {
+                const float* row = src + i * ld + p0;
+                __builtin_prefetch(row + 64);
+                r[i] = _mm512_maskz_loadu_ps(load_mask, row);
+            } else {
+                r[i] = _mm512_setzero_ps();
+            }
+        }
+        __m512 t[16];
+        // Pairs of rows interleaved, then quads, then 4-lane blocks twice: the standard
+        // in-register 16 x 16 transpose. The zero-masking forms with every lane selected are
+        // the same instructions; the plain ones pass _mm512_undefined_ps(), which GCC 12
+        // reports as used uninitialized in every translation unit.
+        constexpr __mmask16 all = 0xffff;
+        for (int i = 0; i < 16; i += 2) {
+            t[i] = _mm512_maskz_unpacklo_ps(all, r[i], r[i + 1]);
+            t[i + 1] = _mm512_maskz_unpackhi_ps(all, r[i], r[i + 1]);
+        }
+        for (int i = 0; i < 16; i += 4) {
+            r[i] = _mm512_maskz_shuffle_ps(all, t[i], t[i + 2], _MM_SHUFFLE(1, 0, 1, 0));
+            r[i + 1] = _mm512_maskz_shuffle_ps(all, t[i], t[i + 2], _MM_SHUFFLE(3, 2, 3, 2));
+            r[i + 2] = _mm512_maskz_shuffle_ps(all, t[i + 1], t[i + 3], _MM_SHUFFLE(1, 0, 1, 0));
+            r[i + 3] = _mm512_maskz_shuffle_ps(all, t[i + 1], t[i + 3], _MM_SHUFFLE(3, 2, 3, 2));
+        }
+        for (int h = 0; h < 16; h += 8) {
+            for (int i = 0; i < 4; ++i) {
+                t[h + i] = _mm512_maskz_shuffle_f32x4(all, r[h + i], r[h + i + 4], 0x88);
+                t[h + i + 4] = _mm512_maskz_shuffle_f32x4(all, r[h + i], r[h + i + 4], 0xdd);
+            }
+        }
+        for (int i = 0; i < 8; ++i) {
+            r[i] = _mm512_maskz_shuffle_f32x4(all, t[i], t[i + 8], 0x88);
+            r[i + 8] = _mm512_maskz_shuffle_f32x4(all, t[i], t[i + 8], 0xdd);
+        }
+        // r[c] now holds column p0 + c of the 16 rows.
+        for (int c = 0; c < cols; ++c) _mm512_mask_storeu_ps(out + (p0 + c) * out_stride, store_mask, r[c]);
+    }
+}
+
 // The same with one AVX-512 gather per column of the panel (two for double): about twice
 // the scalar rate, which stores one element per instruction.
 template <int MR, class T>
@@ -375,10 +430,31 @@ template <int MR, class T>
     }
 }
 
+// Packs one NR-wide panel of a transposed B: panel[p * NR + j] = src[j * ldb + p] for
+// j < width, zero for width <= j < NR. A cache line of depth at a time keeps the writes
+// within a few lines.
+template <int NR, class T>
+void transpose_panel_scalar(const T* src, std::int64_t ldb, std::int64_t width, std::int64_t depth,
+                            T* __restrict panel) {
+    constexpr std::int64_t step = 64 / sizeof(T);
+    for (std::int64_t pl = 0; pl < depth; pl += step) {
+        const std::int64_t pe = std::min(depth, pl + step);
+        for (std::int64_t j = 0; j < width; ++j) {
+            const T* column = src + j * ldb;
+            for (std::int64_t p = pl; p < pe; ++p) panel[p * NR + j] = column[p];
+        }
+        for (std::int64_t j = width; j < NR; ++j) {
+            for (std::int64_t p = pl; p < pe; ++p) panel[p * NR + j] = T(0);
+        }
+    }
+}
+
 // ---------------------------------------------------------------------------------------
 // Kernel descriptions: tile shape, cache blocking and the kernel itself.
 //   mr x nr: the register tile. kc: depth of one packed block, so an mr x kc panel of A
-//   stays in L1 while it sweeps the packed kc x nc block of B, which stays in L2.
+//   stays in L1 while it sweeps the packed kc x nc block of B (from L2, or L3 when larger).
+//   mc: rows of A packed at once (a block of mr-row panels), so A is packed once per depth
+//   slice whatever the width of C.
 
 template <class T, gemm_isa Isa>
 struct kernel_config;
@@ -389,6 +465,7 @@ struct kernel_config<T, gemm_isa::portable> {
     static constexpr int nr = 32 / static_cast<int>(sizeof(T));
     static constexpr std::int64_t kc = 256;
     static constexpr std::int64_t nc = 1024;
+    static constexpr std::int64_t mc = 24 * mr;
     static void run(std::int64_t k, const T* a, const T* b, T* c, std::int64_t ldc, T alpha, T beta) {
         micro_kernel_portable<T, mr, nr>(k, a, b, c, ldc, alpha, beta);
     }
@@ -399,6 +476,9 @@ struct kernel_config<T, gemm_isa::portable> {
                             std::int64_t depth, T* out) {
         pack_a_rows_scalar<mr>(a, lda, i0, rows, p0, depth, out);
     }
+    static void transpose_panel(const T* src, std::int64_t ldb, std::int64_t width, std::int64_t depth, T* panel) {
+        transpose_panel_scalar<nr>(src, ldb, width, depth, panel);
+    }
 };
 
 template <class T>
@@ -408,6 +488,7 @@ struct kernel_config<T, gemm_isa::avx2_fma> {
     static constexpr int nr = 2 * 32 / static_cast<int>(sizeof(T));
     static constexpr std::int64_t kc = 256;
     static constexpr std::int64_t nc = 1024;
+    static constexpr std::int64_t mc = 24 * mr;
     static void run(std::int64_t k, const T* a, const T* b, T* c, std::int64_t ldc, T alpha, T beta) {
         micro_kernel_avx2<T, mr, 2>(k, a, b, c, ldc, alpha, beta);
     }
@@ -418,6 +499,9 @@ struct kernel_config<T, gemm_isa::avx2_fma> {
                             std::int64_t depth, T* out) {
         pack_a_rows_scalar<mr>(a, lda, i0, rows, p0, depth, out);
     }
+    static void transpose_panel(const T* src, std::int64_t ldb, std::int64_t width, std::int64_t depth, T* panel) {
+        transpose_panel_scalar<nr>(src, ldb, width, depth, panel);
+    }
 };
 
 template <class T>
@@ -425,8 +509,12 @@ struct kernel_config<T, gemm_isa::avx512f> {
     // 12 x 2 vectors: 24 accumulators + 2 B vectors + 1 broadcast of the 32 zmm registers.
     static constexpr int mr = 12;
     static constexpr int nr = 2 * 64 / static_cast<int>(sizeof(T));
-    static constexpr std::int64_t kc = 256;
+    // kc: an A panel of 12 x 384 floats (18 KiB) stays in a 32 KiB L1 beside the B stream,
+    // and GPT-2's 768-deep products take two passes over C instead of three; measured
+    // 5-10% faster than 256 on Zen 4 (benchmarks/RESULTS.md). Doubles keep 256 (24 KiB).
+    static constexpr std::int64_t kc = sizeof(T) == 4 ? 384 : 256;
     static constexpr std::int64_t nc = 1024;
+    static constexpr std::int64_t mc = 24 * mr;
     static void run(std::int64_t k, const T* a, const T* b, T* c, std::int64_t ldc, T alpha, T beta) {
         micro_kernel_avx512<T, mr, 2>(k, a, b, c, ldc, alpha, beta);
     }
@@ -435,7 +523,22 @@ struct kernel_config<T, gemm_isa::avx512f> {
     }
     static void pack_a_rows(const T* a, std::int64_t lda, std::int64_t i0, std::int64_t rows, std::int64_t p0,
                             std::int64_t depth, T* out) {
-        pack_a_rows_avx512<mr>(a, lda, i0, rows, p0, depth, out);
+        if constexpr (std::is_same_v<T, float>) {
+            transpose_rows_avx512(a + i0 * lda + p0, lda, static_cast<int>(rows), depth, out, mr, mr);
+        } else {
+            pack_a_rows_avx512<mr>(a, lda, i0, rows, p0, depth, out);
+        }
+    }
+    static void transpose_panel(const T* src, std::int64_t ldb, std::int64_t width, std::int64_t depth, T* panel) {
+        if constexpr (std::is_same_v<T, float>) {
+            // Two 16-lane halves of the 32-wide panel.
+            for (int half = 0; half < nr; half += 16) {
+                const int rows = static_cast<int>(std::clamp<std::int64_t>(width - half, 0, 16));
+                transpose_rows_avx512(rows > 0 ? src + half * ldb : src, ldb, rows, depth, panel + half, nr, 16);
+            }
+        } else {
+            transpose_panel_scalar<nr>(src, ldb, width, depth, panel);
+        }
     }
 };
 
@@ -489,22 +592,10 @@ void pack_b(transpose tb, const T* b, std::int64_t ldb, std::int64_t p0, std::in
         }
         return;
     }
-    // op(B)[p][j] = b[j*ldb + p]: columns of a panel are contiguous in B; a cache line of
-    // depth at a time keeps the writes within a few lines.
-    constexpr std::int64_t step = 64 / sizeof(T);
+    // op(B)[p][j] = b[j*ldb + p]: columns of a panel are contiguous in B.
     for (std::int64_t q = 0; q * NR < cols; ++q) {
         const std::int64_t width = q < full_panels ? NR : tail;
-        T* panel = out + q * NR * depth;
-        for (std::int64_t pl = 0; pl < depth; pl += step) {
-            const std::int64_t pe = std::min(depth, pl + step);
-            for (std::int64_t j = 0; j < width; ++j) {
-                const T* src = b + (j0 + q * NR + j) * ldb + p0;
-                for (std::int64_t p = pl; p < pe; ++p) panel[p * NR + j] = src[p];
-            }
-            for (std::int64_t j = width; j < NR; ++j) {
-                for (std::int64_t p = pl; p < pe; ++p) panel[p * NR + j] = T(0);
-            }
-        }
+        Config::transpose_panel(b + (j0 + q * NR) * ldb + p0, ldb, width, depth, out + q * NR * depth);
     }
 }
 
@@ -536,13 +627,13 @@ class pack_storage {
     std::size_t capacity_ = 0;
 };
 
-// One A panel per thread.
+// One block of A panels per thread.
 inline pack_storage& a_panel_storage() {
     thread_local pack_storage storage;
     return storage;
 }
-// One B slice per thread, for single-tile products.
-inline pack_storage& b_slice_storage() {
+// One kc x nc block of B per thread, for single-tile products.
+inline pack_storage& b_block_storage() {
     thread_local pack_storage storage;
     return storage;
 }
@@ -561,17 +652,70 @@ struct problem {
     std::int64_t lda, ldb, ldc;
 };
 
-// Where a tile finds packed B: either all of op(B) packed up front (slice pc at
+// Where a tile finds packed B: either all of op(B) packed before the tiles run (slice pc at
 // shared + pc * padded_n, so column j's panel sits at shared + pc * padded_n + j * depth),
-// or nothing, and the tile packs each slice it needs into its own buffer.
+// or nothing, and the tile packs each kc x nc block it needs into its own buffer.
 template <class T>
 struct packed_b_source {
     const T* shared = nullptr;
     std::int64_t padded_n = 0;
 };
 
+// The register tiles of C[ib..ie, jc..jc + cols) for one depth slice: A's packed rows
+// (panel of row ic at a_block + (ic - ib) * depth) against B's packed columns (panel of
+// column jc + jr at b_block + jr * depth).
+template <class T, gemm_isa Isa>
+void sweep_block(const problem& s, T alpha, T beta, T* c, std::int64_t ib, std::int64_t ie, std::int64_t jc,
+                 std::int64_t cols, std::int64_t depth, const T* a_block, const T* b_block) {
+    using config = kernel_config<T, Isa>;
+    constexpr int mr = config::mr;
+    constexpr int nr = config::nr;
+    alignas(64) T edge[mr * nr];
+    for (std::int64_t ic = ib; ic < ie; ic += mr) {
+        const std::int64_t rows = std::min<std::int64_t>(mr, ie - ic);
+        const T* a_panel = a_block + (ic - ib) * depth;
+        for (std::int64_t jr = 0; jr < cols; jr += nr) {
+            const std::int64_t width = std::min<std::int64_t>(nr, cols - jr);
+            T* c_tile = c + ic * s.ldc + jc + jr;
+            const T* b_panel = b_block + jr * depth;
+            if (rows == mr && width == nr) {
+                config::run(depth, a_panel, b_panel, c_tile, s.ldc, alpha, beta);
+                continue;
+            }
+            config::run(depth, a_panel, b_panel, edge, nr, T(1), T(0));
+            for (std::int64_t i = 0; i < rows; ++i) {
+                T* row = c_tile + i * s.ldc;
+                const T* sum = edge + i * nr;
+                if (beta == T(0)) {
+                    for (std::int64_t j = 0; j < width; ++j) row[j] = alpha * sum[j];
+                } else {
+                    for (std::int64_t j = 0; j < width; ++j) row[j] = alpha * sum[j] + beta * row[j];
+                }
+            }
+        }
+    }
+}
+
+// Packs rows [ib, ie) x depth [pc, pc + depth) of op(A) as consecutive mr-row panels.
+template <class T, gemm_isa Isa>
+void pack_a_block(const problem& s, const T* a, std::int64_t ib, std::int64_t ie, std::int64_t pc,
+                  std::int64_t depth, T* out) {
+    using config = kernel_config<T, Isa>;
+    constexpr int mr = config::mr;
+    for (std::int64_t ic = ib; ic < ie; ic += mr)
+        pack_a<config>(s.ta, a, s.lda, ic, std::min<std::int64_t>(mr, ie - ic), pc, depth, out + (ic - ib) * depth);
+}
+
 // C[i0..i1, j0..j1] on the calling thread; i0 and j0 are multiples of the register tile.
-// Needs alpha != 0 and k > 0.
+// Needs alpha != 0 and k > 0. Depth slices (kc) are outermost; later slices accumulate onto
+// what the first one wrote.
+//
+// With B packed up front (several tiles), blocks of mc rows of A are packed once per slice
+// and swept over every nc-wide block of B's slice: each element of A is packed exactly once
+// however wide C is (an LM head's 50304 columns used to repack A once per 1024 columns).
+// A tile that packs its own B packs each kc x nc block just before it sweeps it (hot in L2)
+// and packs A once per block. Either way an mr x kc panel of A stays in L1 while it sweeps
+// the kc x nc block of B in L2.
 template <class T, gemm_isa Isa>
 void multiply_tile(const problem& s, T alpha, const T* a, const T* b, T beta, T* c, std::int64_t i0, std::int64_t i1,
                    std::int64_t j0, std::int64_t j1, packed_b_source<T> source) {
@@ -579,50 +723,38 @@ void multiply_tile(const problem& s, T alpha, const T* a, const T* b, T beta, T*
     constexpr int mr = config::mr;
     constexpr int nr = config::nr;
     const std::int64_t block_depth = std::min<std::int64_t>(config::kc, s.k);
-    T* packed_a = static_cast<T*>(a_panel_storage().get(sizeof(T) * static_cast<std::size_t>(mr * block_depth)));
+    const std::int64_t block_rows = std::min<std::int64_t>(config::mc, (i1 - i0 + mr - 1) / mr * mr);
+    T* packed_a =
+        static_cast<T*>(a_panel_storage().get(sizeof(T) * static_cast<std::size_t>(block_rows * block_depth)));
     T* local_b = nullptr;
     if (source.shared == nullptr) {
         const std::int64_t block_cols = std::min<std::int64_t>(config::nc, (j1 - j0 + nr - 1) / nr * nr);
         local_b =
-            static_cast<T*>(b_slice_storage().get(sizeof(T) * static_cast<std::size_t>(block_cols * block_depth)));
+            static_cast<T*>(b_block_storage().get(sizeof(T) * static_cast<std::size_t>(block_cols * block_depth)));
     }
-    alignas(64) T edge[mr * nr];
-
-    for (std::int64_t jc = j0; jc < j1; jc += config::nc) {
-        const std::int64_t cols = std::min<std::int64_t>(config::nc, j1 - jc);
-        for (std::int64_t pc = 0; pc < s.k; pc += config::kc) {
-            const std::int64_t depth = std::min<std::int64_t>(config::kc, s.k - pc);
-            // Later depth blocks accumulate onto what the first one wrote.
-            const T beta_block = pc == 0 ? beta : T(1);
-            const T* slice = nullptr;
-            if (source.shared != nullptr) {
-                slice = source.shared + pc * source.padded_n + jc * depth;
-            } else {
-                pack_b<config>(s.tb, b, s.ldb, pc, depth, jc, cols, local_b);
-                slice = local_b;
-            }
-            for (std::int64_t ic = i0; ic < i1; ic += mr) {
-                const std::int64_t rows = std::min<std::int64_t>(mr, i1 - ic);
-                pack_a<config>(s.ta, a, s.lda, ic, rows, pc, depth, packed_a);
-                for (std::int64_t jr = 0; jr < cols; jr += nr) {
-                    const std::int64_t width = std::min<std::int64_t>(nr, cols - jr);
-                    T* c_tile = c + ic * s.ldc + jc + jr;
-                    const T* b_panel = slice + jr * depth;
-                    if (rows == mr && width == nr) {
-                        config::run(depth, packed_a, b_panel, c_tile, s.ldc, alpha, beta_block);
-                        continue;
-                    }
-                    config::run(depth, packed_a, b_panel, edge, nr, T(1), T(0));
-                    for (std::int64_t i = 0; i < rows; ++i) {
-                        T* row = c_tile + i * s.ldc;
-                        const T* sum = edge + i * nr;
-                        if (beta_block == T(0)) {
-                            for (std::int64_t j = 0; j < width; ++j) row[j] = alpha * sum[j];
-                        } else {
-                            for (std::int64_t j = 0; j < width; ++j) row[j] = alpha * sum[j] + beta_block * row[j];
-                        }
-                    }
+    for (std::int64_t pc = 0; pc < s.k; pc += config::kc) {
+        const std::int64_t depth = std::min<std::int64_t>(config::kc, s.k - pc);
+        const T beta_block = pc == 0 ? beta : T(1);
+        if (source.shared != nullptr) {
+            const T* slice = source.shared + pc * source.padded_n;
+            for (std::int64_t ib = i0; ib < i1; ib += config::mc) {
+                const std::int64_t ie = std::min<std::int64_t>(i1, ib + config::mc);
+                pack_a_block<T, Isa>(s, a, ib, ie, pc, depth, packed_a);
+                for (std::int64_t jc = j0; jc < j1; jc += config::nc) {
+                    const std::int64_t cols = std::min<std::int64_t>(config::nc, j1 - jc);
+                    sweep_block<T, Isa>(s, alpha, beta_block, c, ib, ie, jc, cols, depth, packed_a,
+                                        slice + jc * depth);
                 }
+            }
+            continue;
+        }
+        for (std::int64_t jc = j0; jc < j1; jc += config::nc) {
+            const std::int64_t cols = std::min<std::int64_t>(config::nc, j1 - jc);
+            pack_b<config>(s.tb, b, s.ldb, pc, depth, jc, cols, local_b);
+            for (std::int64_t ib = i0; ib < i1; ib += config::mc) {
+                const std::int64_t ie = std::min<std::int64_t>(i1, ib + config::mc);
+                pack_a_block<T, Isa>(s, a, ib, ie, pc, depth, packed_a);
+                sweep_block<T, Isa>(s, alpha, beta_block, c, ib, ie, jc, cols, depth, packed_a, local_b);
             }
         }
     }
@@ -654,27 +786,25 @@ struct tile_plan {
 //   one tile:   the tile, packing its own B
 //   many tiles: packing op(B) once, shared by the threads, + the work of all tiles / threads
 //               + the largest tile * (threads - 1) / threads (the expected tail of the join)
-// where a tile costs its (padded) multiply-adds, packing its A panels once per nc-wide block
-// of its columns, reading its packed B, and a fixed start-up.
-inline tile_plan plan_tiles(std::int64_t m, std::int64_t n, std::int64_t k, int mr, int nr, std::int64_t nc,
-                            unsigned threads) {
+// where a tile costs its (padded) multiply-adds, packing its A panels, reading its packed B,
+// and a fixed start-up.
+inline tile_plan plan_tiles(std::int64_t m, std::int64_t n, std::int64_t k, int mr, int nr, unsigned threads) {
     constexpr double pack_cost = 30;        // flops per packed element
     constexpr double stream_cost = 12;      // flops per element of packed B read back from L3
     constexpr double tile_cost = 2e4;       // flops to start a tile
-    constexpr double fork_join_cost = 4e5;  // flops per fork-join of the pool (twice: pack, multiply)
+    constexpr double fork_join_cost = 4e5;  // flops per fork-join of the pool
     const std::int64_t row_units = (m + mr - 1) / mr;
     const std::int64_t col_units = (n + nr - 1) / nr;
     const double depth = static_cast<double>(k);
     const auto cost_of_tile = [&](std::int64_t rows, std::int64_t cols, bool packs_b) {
-        const double column_blocks = static_cast<double>((cols + nc - 1) / nc);
-        return 2.0 * rows * cols * depth + pack_cost * depth * rows * column_blocks +
+        return 2.0 * rows * cols * depth + pack_cost * depth * rows +
                (packs_b ? pack_cost : stream_cost) * depth * cols + tile_cost;
     };
     tile_plan best;
     double best_cost = cost_of_tile(row_units * mr, col_units * nr, true);
     if (threads <= 1) return best;
     const double team = threads;
-    const double shared_pack = pack_cost * depth * col_units * nr / team + 2 * fork_join_cost;
+    const double shared_pack = pack_cost * depth * col_units * nr / team + fork_join_cost;
     const std::int64_t most = 8 * static_cast<std::int64_t>(threads);
     for (std::int64_t row_parts = 1; row_parts <= std::min(row_units, most); ++row_parts) {
         for (std::int64_t col_parts = 1; col_parts <= std::min(col_units, most); ++col_parts) {
@@ -699,13 +829,18 @@ void multiply(thread_pool& pool, const problem& s, T alpha, const T* a, const T*
     constexpr int nr = config::nr;
     // A gemm inside a parallel region runs on its own thread (parallel_for would be serial).
     const unsigned threads = host::detail::inside_parallel_region() ? 1u : pool.size();
-    const tile_plan plan = plan_tiles(s.m, s.n, s.k, mr, nr, config::nc, threads);
+    const tile_plan plan = plan_tiles(s.m, s.n, s.k, mr, nr, threads);
+
     if (plan.tiles() == 1) {
         multiply_tile<T, Isa>(s, alpha, a, b, beta, c, 0, s.m, 0, s.n, {});
         return;
     }
 
-    // Phase 1: pack all of op(B), one (slice, nc-wide column block) per job.
+    // One fork-join for both phases: each thread packs (slice, nc-wide column block) jobs of
+    // op(B) while any are left, waits until every job taken has been packed, then takes tiles
+    // of C, first come first served. A thread that starts late finds the packing done and
+    // goes straight to the tiles; one that never starts is not waited for. (Two fork-joins,
+    // one per phase, cost 5-10% of the small GEMMs of a 128-wide model.)
     const std::int64_t col_units = (s.n + nr - 1) / nr;
     const std::int64_t padded_n = col_units * nr;
     const std::size_t shared_bytes = sizeof(T) * static_cast<std::size_t>(padded_n * s.k);
@@ -714,22 +849,22 @@ void multiply(thread_pool& pool, const problem& s, T alpha, const T* a, const T*
     T* shared = static_cast<T*>(storage.get(shared_bytes));
     const std::int64_t slices = (s.k + config::kc - 1) / config::kc;
     const std::int64_t column_blocks = (s.n + config::nc - 1) / config::nc;
-    pool.parallel_for(0, slices * column_blocks, 1, [&](std::int64_t lo, std::int64_t hi) {
-        for (std::int64_t job = lo; job < hi; ++job) {
+    const std::int64_t pack_jobs = slices * column_blocks;
+    const packed_b_source<T> source{shared, padded_n};
+    const std::int64_t row_units = (s.m + mr - 1) / mr;
+    const std::int64_t tiles = plan.tiles();
+    std::atomic<std::int64_t> next_pack{0}, packed{0}, next_tile{0};
+    pool.parallel_for(0, std::min<std::int64_t>(threads, tiles), 1, [&](std::int64_t, std::int64_t) {
+        for (std::int64_t job = next_pack.fetch_add(1); job < pack_jobs; job = next_pack.fetch_add(1)) {
             const std::int64_t pc = job / column_blocks * config::kc;
             const std::int64_t jc = job % column_blocks * config::nc;
             const std::int64_t depth = std::min<std::int64_t>(config::kc, s.k - pc);
             const std::int64_t cols = std::min<std::int64_t>(config::nc, s.n - jc);
             pack_b<config>(s.tb, b, s.ldb, pc, depth, jc, cols, shared + pc * padded_n + jc * depth);
+            packed.fetch_add(1, std::memory_order_release);
         }
-    });
-
-    // Phase 2: the tiles, column block by column block so the threads share B in cache.
-    const std::int64_t row_units = (s.m + mr - 1) / mr;
-    const std::int64_t tiles = plan.tiles();
-    std::atomic<std::int64_t> next_tile{0};
-    const packed_b_source<T> source{shared, padded_n};
-    pool.parallel_for(0, std::min<std::int64_t>(threads, tiles), 1, [&](std::int64_t, std::int64_t) {
+        // The release/acquire pair makes the other threads' packed B visible here.
+        while (packed.load(std::memory_order_acquire) < pack_jobs) std::this_thread::yield();
         for (std::int64_t tile = next_tile.fetch_add(1); tile < tiles; tile = next_tile.fetch_add(1)) {
             const std::int64_t q = tile / plan.row_parts;
             const std::int64_t r = tile % plan.row_parts;
