@@ -14,7 +14,6 @@
 #include <cstdio>
 #include <ctime>
 #include <filesystem>
-#include <fstream>
 #include <memory>
 #include <thread>
 #include <string>
@@ -26,6 +25,7 @@
 #include <loom/loom.hpp>
 
 #include "support/machine.hpp"
+#include "support/record.hpp"
 
 using namespace loom;
 namespace fs = std::filesystem;
@@ -193,7 +193,12 @@ int main(int argc, char** argv) {
     record["load_seconds_resharded"] = best.load_resharded;
     record["plain_write_fsync_seconds"] = floor_write;
     record["plain_read_seconds"] = floor_read;
-    std::ofstream(out) << record.dump(2) << "\n";
+    try {
+        bench::write_record(record, out);
+    } catch (const std::exception& e) {
+        std::fprintf(stderr, "checkpoint_io: %s\n", e.what());
+        return 1;
+    }
     std::printf("wrote %s\n", out.c_str());
     return 0;
 }

@@ -23,8 +23,6 @@
 #include <chrono>
 #include <cmath>
 #include <cstdio>
-#include <filesystem>
-#include <fstream>
 #include <mutex>
 #include <numeric>
 #include <optional>
@@ -46,6 +44,7 @@
 #endif
 
 #include "support/machine.hpp"
+#include "support/record.hpp"
 
 using namespace loom;
 
@@ -333,10 +332,9 @@ int main(int argc, char** argv) {
         record["load_average"] = bench::load_average();
         record["commit"] = bench::git_revision();
         record["date_utc"] = bench::utc_now();
-        std::filesystem::create_directories(std::filesystem::path(out).parent_path());
-        std::ofstream(out) << record.dump(2) << "\n";
+        bench::write_record(record, out);
         if (!trace_out.empty() && !trace.is_null()) {
-            std::ofstream(trace_out) << trace.dump() << "\n";
+            bench::write_record(trace, trace_out, -1);
             std::printf("timelines of '%s' written to %s (open in Perfetto)\n", traced.c_str(), trace_out.c_str());
         }
         std::printf("record written to %s\n", out.c_str());

@@ -20,8 +20,6 @@
 #include <cstdio>
 #include <cstdlib>
 #include <ctime>
-#include <filesystem>
-#include <fstream>
 #include <iostream>
 #include <optional>
 #include <random>
@@ -35,6 +33,7 @@
 #include "loom/runtime/host/gemm.hpp"
 #include "loom/runtime/host/thread_pool.hpp"
 #include "support/machine.hpp"
+#include "support/record.hpp"
 
 namespace {
 
@@ -259,17 +258,12 @@ int main(int argc, char** argv) {
 
     report["machine"]["load_average_at_end"] = loom::bench::load_average();
 
-    const std::filesystem::path out_path(opt.out);
-    if (out_path.has_parent_path()) {
-        std::error_code ignored;
-        std::filesystem::create_directories(out_path.parent_path(), ignored);
-    }
-    std::ofstream out(out_path);
-    if (!out) {
-        std::cerr << "gemm benchmark: cannot write '" << opt.out << "'; pass a writable --out path\n";
+    try {
+        loom::bench::write_record(report, opt.out);
+    } catch (const std::exception& e) {
+        std::cerr << "gemm benchmark: " << e.what() << "\n";
         return 1;
     }
-    out << report.dump(2) << '\n';
     std::printf("wrote %s\n", opt.out.c_str());
     return 0;
 }

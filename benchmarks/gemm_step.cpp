@@ -16,8 +16,6 @@
 #include <cstdint>
 #include <cstdio>
 #include <cstdlib>
-#include <filesystem>
-#include <fstream>
 #include <iostream>
 #include <random>
 #include <string>
@@ -30,6 +28,7 @@
 #include "loom/runtime/host/gemm.hpp"
 #include "loom/runtime/host/thread_pool.hpp"
 #include "support/machine.hpp"
+#include "support/record.hpp"
 
 namespace {
 
@@ -185,17 +184,12 @@ int main(int argc, char** argv) {
     std::printf("all shapes once: %.1f GFLOP/s, %.1f%% of peak\n", all_flops / all_seconds / 1e9,
                 100 * all_flops / all_seconds / peak);
 
-    const std::filesystem::path out_path(opt.out);
-    if (out_path.has_parent_path()) {
-        std::error_code ignored;
-        std::filesystem::create_directories(out_path.parent_path(), ignored);
-    }
-    std::ofstream out(out_path);
-    if (!out) {
-        std::cerr << "gemm_step: cannot write '" << opt.out << "'; pass a writable --out path\n";
+    try {
+        loom::bench::write_record(report, opt.out);
+    } catch (const std::exception& e) {
+        std::cerr << "gemm_step: " << e.what() << "\n";
         return 1;
     }
-    out << report.dump(2) << '\n';
     std::printf("wrote %s\n", opt.out.c_str());
     return 0;
 }

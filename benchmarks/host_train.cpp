@@ -39,7 +39,6 @@
 #include <cstdio>
 #include <ctime>
 #include <filesystem>
-#include <fstream>
 #include <memory>
 #include <optional>
 #include <string>
@@ -48,6 +47,7 @@
 #include <loom/loom.hpp>
 
 #include "support/machine.hpp"
+#include "support/record.hpp"
 
 using namespace loom;
 
@@ -452,8 +452,7 @@ int main(int argc, char** argv) {
                         100 * row["fraction_of_fma_peak"].get<double>());
     }
     if (!out.empty()) {
-        std::filesystem::create_directories(std::filesystem::path(out).parent_path());
-        std::ofstream(out) << record.dump(2) << "\n";
+        bench::write_record(record, out);
         std::fprintf(stderr, "wrote %s\n", out.c_str());
     }
 }

@@ -20,8 +20,6 @@
 #include <chrono>
 #include <cstdio>
 #include <ctime>
-#include <filesystem>
-#include <fstream>
 #include <map>
 #include <memory>
 #include <string>
@@ -34,6 +32,7 @@
 #include <loom/runtime/explain_partition.hpp>
 
 #include "support/machine.hpp"
+#include "support/record.hpp"
 
 using namespace loom;
 
@@ -203,7 +202,11 @@ int main(int argc, char** argv) {
                                      {"transfers_by_kind", m.transfers_by_kind},
                                      {"bytes_sent_f32", m.bytes_sent}});
     }
-    std::filesystem::create_directories(std::filesystem::path(out).parent_path());
-    std::ofstream(out) << record.dump(2) << "\n";
+    try {
+        bench::write_record(record, out);
+    } catch (const std::exception& e) {
+        std::fprintf(stderr, "plan_build: %s\n", e.what());
+        return 1;
+    }
     std::printf("wrote %s\n", out.c_str());
 }

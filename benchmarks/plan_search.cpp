@@ -9,8 +9,6 @@
 #include <nlohmann/json.hpp>
 
 #include <cstdio>
-#include <filesystem>
-#include <fstream>
 #include <string>
 
 #include <loom/models/gpt.hpp>
@@ -18,6 +16,7 @@
 #include <loom/search/plan_search.hpp>
 
 #include "support/machine.hpp"
+#include "support/record.hpp"
 
 using namespace loom;
 
@@ -71,8 +70,7 @@ int main(int argc, char** argv) {
         record["load_average"] = bench::load_average();
         record["commit"] = bench::git_revision();
         record["date_utc"] = bench::utc_now();
-        std::filesystem::create_directories(std::filesystem::path(out).parent_path());
-        std::ofstream(out) << record.dump(2) << "\n";
+        bench::write_record(record, out);
         std::printf("\nrecord written to %s\n", out.c_str());
     } catch (const loom::error& e) {
         std::fprintf(stderr, "error: %s\n", e.what());

@@ -18,7 +18,6 @@
 #include <chrono>
 #include <cmath>
 #include <cstdio>
-#include <fstream>
 #include <string>
 #include <vector>
 
@@ -28,6 +27,7 @@
 #include <loom/search/program_price.hpp>
 
 #include "support/machine.hpp"
+#include "support/record.hpp"
 
 using namespace loom;
 
@@ -128,7 +128,7 @@ int main(int argc, char** argv) {
                                     {"commit", bench::git_revision()},
                                     {"date", bench::utc_now()},
                                     {"rows", records}};
-        std::ofstream(out) << record.dump(2) << "\n";
+        bench::write_record(record, out);
         std::printf("wrote %s\n", out.c_str());
         return 0;
     } catch (const std::exception& e) {
