@@ -15,13 +15,13 @@
 #include <chrono>
 #include <cstdint>
 #include <cstdio>
-#include <cstdlib>
 #include <iostream>
 #include <random>
 #include <string>
 #include <thread>
 #include <vector>
 
+#include <CLI/CLI.hpp>
 #include <nlohmann/json.hpp>
 
 #include "loom/runtime/host/fma_peak.hpp"
@@ -41,47 +41,6 @@ struct options {
     std::string out = "benchmarks/results/gemm_step.json";
 };
 
-[[noreturn]] void usage_failure(const std::string& why) {
-    std::cerr << "gemm_step: " << why
-              << "\nusage: gemm_step [--tokens T] [--hidden H] [--vocab V] [--rounds N] [--repeats N] [--label L] "
-                 "[--out PATH]\n";
-    std::exit(2);
-}
-
-options parse_options(int argc, char** argv) {
-    options result;
-    for (int i = 1; i < argc; ++i) {
-        const std::string flag = argv[i];
-        const auto value = [&]() -> std::string {
-            if (i + 1 >= argc) usage_failure(flag + " needs a value");
-            return argv[++i];
-        };
-        const auto positive = [&](const std::string& text) {
-            const long long parsed = std::atoll(text.c_str());
-            if (parsed < 1) usage_failure(flag + " = '" + text + "' is not a positive integer");
-            return parsed;
-        };
-        if (flag == "--tokens") {
-            result.tokens = positive(value());
-        } else if (flag == "--hidden") {
-            result.hidden = positive(value());
-        } else if (flag == "--vocab") {
-            result.vocab = positive(value());
-        } else if (flag == "--rounds") {
-            result.rounds = static_cast<int>(positive(value()));
-        } else if (flag == "--repeats") {
-            result.repeats = static_cast<int>(positive(value()));
-        } else if (flag == "--label") {
-            result.label = value();
-        } else if (flag == "--out") {
-            result.out = value();
-        } else {
-            usage_failure("unknown argument '" + flag + "'");
-        }
-    }
-    return result;
-}
-
 double median(std::vector<double> values) {
     std::sort(values.begin(), values.end());
     const std::size_t middle = values.size() / 2;
@@ -91,7 +50,16 @@ double median(std::vector<double> values) {
 }  // namespace
 
 int main(int argc, char** argv) {
-    const options opt = parse_options(argc, argv);
+    options opt;
+    CLI::App app{"Time loom's GEMM on one GPT training step's shapes against the FMA peak"};
+    app.add_option("--tokens", opt.tokens, "tokens per step (the GEMMs' M)")->check(CLI::PositiveNumber);
+    app.add_option("--hidden", opt.hidden, "hidden size")->check(CLI::PositiveNumber);
+    app.add_option("--vocab", opt.vocab, "vocabulary (the logits' width)")->check(CLI::PositiveNumber);
+    app.add_option("--rounds", opt.rounds, "rounds of a warm-up call and the timed calls")->check(CLI::PositiveNumber);
+    app.add_option("--repeats", opt.repeats, "timed calls per round")->check(CLI::PositiveNumber);
+    app.add_option("--label", opt.label, "name of this build in the record");
+    app.add_option("--out", opt.out, "the JSON record");
+    CLI11_PARSE(app, argc, argv);
     const std::int64_t t = opt.tokens, h = opt.hidden;
     struct layer {
         const char* name;
