@@ -18,6 +18,7 @@
 #include <csignal>
 #include <cstdint>
 #include <functional>
+#include <iterator>
 #include <filesystem>
 #include <fstream>
 #include <string>
@@ -307,6 +308,20 @@ TEST_CASE("damaged, half-written and mismatched checkpoints are refused and chan
         fs::copy(good, copy);
         std::ofstream(copy / "manifest.json") << "{\"format\": \"loom-checkpoint\", \"version\": 1, \"model\": ";
         refused(copy, "manifest.json", c);
+    }
+    SECTION("a manifest whose blocks of rows do not fit the shard") {
+        const fs::path copy = dir / "step-00000099";
+        fs::copy(good, copy);
+        std::ifstream in(copy / "manifest.json");
+        std::string text((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+        in.close();
+        const auto at = text.find("\"rows_per_block\"");
+        REQUIRE(at != std::string::npos);
+        const auto colon = text.find(':', at);
+        const auto end = text.find_first_of(",}\n", colon);
+        text.replace(colon + 1, end - colon - 1, " 0");
+        std::ofstream(copy / "manifest.json", std::ios::trunc) << text;
+        refused(copy, "blocks of 0 of its", c);
     }
     SECTION("another vocabulary") {
         auto other = c;

@@ -161,8 +161,10 @@ TEST_CASE("explain: ZeRO-3 pairs the parameter gathers with the gradient reducti
     const std::string text = partition::explain(pg);
     INFO(text);
     CHECK_THAT(text, Catch::Contains("ZeRO-3"));
-    // The tied embedding: gathered for the lookup, its gradient reduced in the backward.
-    CHECK_THAT(line_with(text, {"(top) embedding "}), Catch::Contains("all_gather") && Catch::Contains("all_reduce"));
+    // The tied embedding: gathered for the lookup; its two gradient contributions are added
+    // on each device and then reduce-scattered onto the shards once, like every other weight.
+    CHECK_THAT(line_with(text, {"(top) embedding "}), Catch::Contains("all_gather"));
+    CHECK_THAT(line_with(text, {"(top) identity "}), Catch::Contains("reduce_scatter"));
     CHECK_THAT(line_with(text, {"blocks.*.mlp.fc identity"}), Catch::Contains("reduce_scatter x4"));
     const auto footprints = partition::device_footprints(pg);
     CHECK(footprints[0].parameter_bytes * 2 == tiny.parameter_count() * 4);  // every parameter in two shards

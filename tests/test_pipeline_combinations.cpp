@@ -248,9 +248,11 @@ TEST_CASE("data parallelism inside stages all-reduces each gradient once per ste
         auto m = models::gpt(c);
         auto pg = partition::apply_plan(m.ir(), pp);
         by_micro[micro] = gradient_transfers(pg);
-        // One all-reduce per parameter that one stage's pair stores; the tied embedding, on
-        // both stages, is summed on the first stage and broadcast to the last.
-        CHECK(by_micro[micro][partition::transfer_kind::all_reduce] == static_cast<int>(pg.ir().parameters.size()) - 1);
+        // One all-reduce per parameter over the pair of its stage. The tied embedding, on both
+        // stages, is all-reduced on the first stage's pair (after each device added the last
+        // stage's LM-head contributions to its own) and broadcast to the last stage.
+        CHECK(by_micro[micro][partition::transfer_kind::all_reduce] == static_cast<int>(pg.ir().parameters.size()));
+        CHECK(by_micro[micro][partition::transfer_kind::broadcast] == 1);
         CHECK(by_micro[micro][partition::transfer_kind::send_recv] == 0);
         check_equal(c, pp, one_f_one_b(), "1F1B x2 of DP x2, m" + std::to_string(micro));
     }

@@ -1078,6 +1078,11 @@ struct tensor_desc {
     std::int32_t scope = no_id;
     parameter_init init{};        // parameters only
     tensor_id gradient_of = no_id;  // gradients only: the parameter
+    // The forward tensors whose axes this one has (the gradient of an activation or of a
+    // parameter, or a recomputed copy; one gradient serves several tensors where a backward
+    // rule passes it through, as add's does): partitioning finds through them which dims of
+    // a backward op are those of the op it differentiates (partition/piece_layout.hpp).
+    std::vector<tensor_id> twin_of;
 };
 
 struct node {
@@ -1228,6 +1233,10 @@ struct op_def {
     bool communication = false;
     // The op reinterprets its input's layout (reshape): no split of it is meaningful.
     bool opaque_layout = false;
+    // The outputs are linear in all inputs together (f(a + a', b + b') = f(a, b) + f(a', b')):
+    // a piece may add summand k of each input's partial sums into summand k of its outputs
+    // (partition/apply.hpp), so partial gradients meet without being reduced first.
+    bool linear = false;
     // The op reads its inputs only for their shapes (fill_like): partitioning gives each
     // piece its output shape and moves no data to it.
     bool shape_only_inputs = false;
@@ -1262,6 +1271,7 @@ op_def make_op_def() {
     if constexpr (requires { Op::communication; }) d.communication = Op::communication;
     if constexpr (requires { Op::opaque_layout; }) d.opaque_layout = Op::opaque_layout;
     if constexpr (requires { Op::shape_only_inputs; }) d.shape_only_inputs = Op::shape_only_inputs;
+    if constexpr (requires { Op::linear; }) d.linear = Op::linear;
     if constexpr (requires { Op::float_outputs; }) d.float_outputs = Op::float_outputs;
     if constexpr (requires(const node& n, const piece_ranges& r) { Op::piece_attributes(n, r); })
         d.piece_attributes = &Op::piece_attributes;
@@ -1663,6 +1673,7 @@ namespace loom::ops {
 struct Add {
     static constexpr std::string_view name = "add";
     static constexpr signature sig = parse_signature("..., ... -> ...");
+    static constexpr bool linear = true;
     static gradients backward(backward_context& c) {
         gradients g(2);
         if (c.needs_grad[0]) g[0] = *c.grad_outputs[0];
@@ -3362,6 +3373,7 @@ using all_ops = boost::mp11::mp_append<core_ops, elementwise_ops, normalization_
 // For every parameter p the graph afterwards holds a tensor "grad/<p>" with role
 // `gradient`, listed in graph::gradients. A tensor read by several ops accumulates its
 // gradient with `add`; a parameter that does not reach the loss gets a zero gradient.
+#include <algorithm>
 #include <optional>
 #include <string>
 #include <vector>
@@ -3407,17 +3419,27 @@ LOOM_INLINE void build_backward(graph_builder& b) {
     }
 
     std::vector<std::optional<tensor>> grad(g.tensors.size());
+    // A gradient has the axes of its tensor; one may serve several tensors of one shape (an
+    // add's inputs and output).
+    auto twin = [&](tensor_id gradient, tensor_id of) {
+        tensor_desc& d = b.mutable_graph().tensor(gradient);
+        if (d.role == tensor_role::activation && std::find(d.twin_of.begin(), d.twin_of.end(), of) == d.twin_of.end())
+            d.twin_of.push_back(of);
+    };
     auto accumulate = [&](tensor_id t, tensor contribution, const node& from) {
         const shape& want = b.view().tensor(t).dims;
         if (!same_extents(contribution.dims(), want))
             throw error("build_backward: the backward rule of " + std::string(from.op->name) + " '" + from.name +
                         "' produced a gradient of shape " + contribution.dims().to_string() + " for '" +
                         b.view().tensor(t).name + "' of shape " + want.to_string() + "; the op's backward is wrong");
+        twin(contribution.id, t);
         auto& slot = grad[static_cast<std::size_t>(t)];
         slot = slot ? ops::add(*slot, contribution) : contribution;
+        twin(slot->id, t);
     };
 
     grad[static_cast<std::size_t>(g.loss)] = ops::fill_like(b.handle(g.loss), 1.0);
+    twin(grad[static_cast<std::size_t>(g.loss)]->id, g.loss);
     for (std::size_t i = forward_nodes; i-- > 0;) {
         // A copy: the backward rule appends nodes, which may move the node vector.
         const node n = b.view().nodes[i];
@@ -3443,6 +3465,7 @@ LOOM_INLINE void build_backward(graph_builder& b) {
             const auto& gt = grad[static_cast<std::size_t>(t)];
             // An output no one differentiates still needs a gradient if a sibling has one.
             ctx.grad_outputs.push_back(gt ? gt : std::optional<tensor>(ops::fill_like(b.handle(t), 0.0)));
+            twin(ctx.grad_outputs.back()->id, t);
         }
         gradients result = n.op->backward(ctx);
         if (result.size() != n.inputs.size())
@@ -3460,11 +3483,13 @@ LOOM_INLINE void build_backward(graph_builder& b) {
         tensor gt = grad[static_cast<std::size_t>(p)] ? *grad[static_cast<std::size_t>(p)] : tensor{};
         // A parameter that does not reach the loss has a zero gradient.
         if (!gt.builder) gt = ops::fill_like(b.handle(p), 0.0);
+        twin(gt.id, p);
         claimed.resize(b.view().tensors.size(), false);
         const tensor_desc& d = b.view().tensor(gt.id);
         // A gradient tensor must be owned by one parameter only and be an intermediate.
         if (claimed[static_cast<std::size_t>(gt.id)] || d.role != tensor_role::activation) {
             gt = ops::identity(gt);
+            twin(gt.id, p);
             claimed.resize(b.view().tensors.size(), false);
         }
         claimed[static_cast<std::size_t>(gt.id)] = true;
@@ -5129,9 +5154,18 @@ struct split_axis {
     // Copies instead of cuts: the op runs whole `degree` times along this axis of the piece
     // grid (the backward of an op split along a dim that its gradient op lacks).
     bool replicate = false;
+    // Summands instead of cuts: piece k along this axis reads summand k of every input's
+    // partial sums and writes summand k of its outputs, so an op linear in its inputs (the
+    // add of two partial weight gradients) adds them without reducing them first. Set by
+    // partitioning only (partition/apply.hpp), never by a plan.
+    bool sums = false;
+
+    // Whether the axis cuts one of the op's dims (neither copies nor summands).
+    bool cuts() const { return !replicate && !sums; }
 
     std::string describe() const {
         if (replicate) return "replicate x" + std::to_string(degree);
+        if (sums) return "sum x" + std::to_string(degree);
         return (label.empty() ? std::string(dim.name()) : label) + "x" + std::to_string(degree);
     }
     friend bool operator==(const split_axis&, const split_axis&) = default;
@@ -9358,7 +9392,7 @@ LOOM_INLINE std::vector<tensor> vocab_parallel_loss(graph_builder&, const node& 
     std::vector<std::int64_t> boundaries{0, vocab};
     op_partition by_chunk = p, combine = p;
     for (std::size_t s = 0; s < p.splits.size(); ++s) {
-        if (p.splits[s].replicate || p.splits[s].label != "v") continue;
+        if (!p.splits[s].cuts() || p.splits[s].label != "v") continue;
         chunks *= p.splits[s].degree;
         std::vector<std::int64_t> finer{0};
         for (std::size_t k = 0; k + 1 < boundaries.size(); ++k)
@@ -9412,9 +9446,10 @@ LOOM_INLINE transformation_registry::transformation_registry() {
 //
 //   1. The logical graph is built (partition/logical_graph.hpp): rewrites, then autograd.
 //   2. Every node gets a partition: forward nodes from the plan, backward nodes mirror the
-//      forward op they differentiate (the same splits, matched by dim; a split along a
-//      dim the backward op lacks or freezes becomes replication, so piece i of the
-//      backward runs where piece i of the forward ran).
+//      forward op they differentiate (the same splits, matched through the axes of the
+//      tensors both touch; a split along a variable the backward op lacks or freezes
+//      becomes replication, so piece i of the backward runs where piece i of the forward
+//      ran).
 //   3. Each piece's variables get index ranges; from them the box every input piece needs
 //      and the vTensor every output piece produces (partial where a contracted dim is cut).
 //   4. Parameters and inputs are stored per device as the smallest box holding what that
@@ -9424,6 +9459,9 @@ LOOM_INLINE transformation_registry::transformation_registry() {
 //      device holds the data, else the cheapest collective or send/recv. Every device sees
 //      the collectives in the same global order, so the programs cannot deadlock by
 //      construction; partition/deadlock.hpp checks any reordering.
+//      An op linear in its inputs (the add of two partial gradients) keeps the splits
+//      along dims it lacks as summand axes when its inputs are partial sums: piece k adds
+//      summand k of each, and the reduction waits for the parameter's gradient.
 //   6. Parameter gradients are materialized on the boxes their parameters are stored in
 //      (or on the optimizer's shards under ZeRO-2), and the loss on every device.
 #include <algorithm>
@@ -9579,7 +9617,7 @@ struct logical_graph {
 // registered transformation rebuilds the op. `p`'s splits must be bound to labels.
 inline const plan::transformation* decomposition_for(const node& n, const plan::op_partition& p) {
     for (const auto& s : p.splits) {
-        if (s.replicate) continue;
+        if (!s.cuts()) continue;
         const auto* t = plan::transformation_registry::instance().find(*n.op, s.label);
         if (t && t->decompose) return t;
     }
@@ -9730,6 +9768,7 @@ LOOM_INLINE logical_graph build_logical_graph(const graph& model, const logical_
             g.tensor(grad).name = "grad/" + pname + ".sum";
             g.tensor(y.id).role = tensor_role::gradient;
             g.tensor(y.id).gradient_of = param;
+            g.tensor(y.id).twin_of = {param};
             g.tensor(y.id).name = "grad/" + pname;
             out.zero2_identity[param] = static_cast<node_id>(g.nodes.size() - 1);
         }
@@ -9793,6 +9832,7 @@ LOOM_INLINE logical_graph build_logical_graph(const graph& model, const logical_
             for (std::size_t o = 0; o < n.outputs.size(); ++o) {
                 copy[static_cast<std::size_t>(n.outputs[o])] = rg.nodes.back().outputs[o];
                 rg.tensor(rg.nodes.back().outputs[o]).name = g.tensor(n.outputs[o]).name + "/recompute";
+                rg.tensor(rg.nodes.back().outputs[o]).twin_of = {map[static_cast<std::size_t>(n.outputs[o])]};
             }
             return copy[ti];
         };
@@ -9818,6 +9858,8 @@ LOOM_INLINE logical_graph build_logical_graph(const graph& model, const logical_
                 nd.name = d.name;
                 nd.role = d.role;
                 nd.gradient_of = d.gradient_of == no_id ? no_id : map[static_cast<std::size_t>(d.gradient_of)];
+                nd.twin_of.clear();
+                for (tensor_id twin : d.twin_of) nd.twin_of.push_back(map[static_cast<std::size_t>(twin)]);
             }
         }
         graph& rg = r.mutable_graph();
@@ -9855,6 +9897,7 @@ LOOM_INLINE logical_graph build_logical_graph(const graph& model, const logical_
 // it writes to each output. Also the checks a plan must pass against a node (the run-time
 // twin of the combinators' static_asserts) and the mirroring of a forward op's partition
 // onto the ops that differentiate it.
+#include <algorithm>
 #include <cstdint>
 #include <map>
 #include <string>
@@ -10001,7 +10044,8 @@ namespace loom::partition {
 struct piece_geometry {
     int device = 0;
     piece_ranges vars;            // per bound variable of the node
-    std::vector<box> inputs;      // what the piece reads of each input (full values)
+    std::vector<box> inputs;      // what the piece reads of each input
+    value_chunk summand;          // of each input's partial sums (full: the values themselves)
     std::vector<vtensor> outputs; // what it writes to each output
 };
 
@@ -10027,13 +10071,40 @@ LOOM_INLINE std::optional<int> variable_of(const node& n, const plan::split_axis
 
 // Checks `p` against node `n` and binds every split to one of the node's variables (its
 // label). `strict`: a plan the user wrote, whose mistakes are errors; otherwise (a mirrored
-// backward op) a split that does not apply becomes replication, noted in `notes`.
+// backward op) a split that does not apply becomes replication, noted in `notes`, as do the
+// splits listed in `absent` (along variables the op is known to lack).
 LOOM_INLINE plan::op_partition bind_partition(const node& n, plan::op_partition p, int devices, bool strict,
-                                              std::vector<std::string>& notes);
+                                              std::vector<std::string>& notes, const std::vector<std::size_t>& absent = {});
 
-// The partition of an op that differentiates (or follows) `forward`: the same piece grid,
-// splits named by dim so that they find the matching variables of the new op.
-LOOM_INLINE plan::op_partition mirror_partition(const plan::op_partition& p, const node* forward);
+// The partition of op `n` that differentiates (or follows) `forward`, from `forward`'s bound
+// partition `p`: the same piece grid, each split bound to the variable of `n` that carries
+// the same axis. The variables are matched through the tensors both ops touch: `n` reads or
+// writes a tensor of `forward`, or a twin of one (its gradient, a recomputed copy;
+// tensor_desc::twin_of), whose axes name a variable in each op. Matching by dim alone would
+// confuse a linear's two hidden dims and cut a row-parallel weight's gradient along its
+// rows. A split whose variable no operand of `n` carries, when every operand is traced, is
+// listed in `absent`; one that cannot be traced is matched by dim among the variables not
+// matched otherwise. Summand axes become copies: only an op linear in its inputs may keep
+// them (sum_partial_inputs).
+struct mirrored_partition {
+    plan::op_partition partition;
+    std::vector<std::size_t> absent;  // splits along variables `n` lacks
+};
+LOOM_INLINE mirrored_partition mirror_partition(const graph& g, const plan::op_partition& p, const node* forward,
+                                                const node& n);
+
+// How many summands of partial sums each piece of `n` writes to output `o` under the bound
+// partition `p` (1: full values): the product of the degrees of its splits along dims that
+// the output contracts, and of its summand axes.
+LOOM_INLINE std::int64_t summands_of(const node& n, const plan::op_partition& p, std::size_t o);
+
+// For an op linear in its inputs (op_def::linear) with a mirrored partition `m`: the splits
+// along variables the op lacks become summand axes when every input arrives as exactly that
+// many partial sums (`input_summands`), so that piece k adds summand k of each. Otherwise
+// they stay absent, for bind_partition to turn into copies, which need every input reduced
+// whole on every copy: the tied embedding's gradient sum under data parallelism would then
+// reduce two whole tables, and with micro-batches send every partial point to point.
+LOOM_INLINE void sum_partial_inputs(const node& n, mirrored_partition& m, const std::vector<std::int64_t>& input_summands);
 
 // Index ranges and boxes of every piece of node `n` under the bound partition `p`.
 LOOM_INLINE node_layout layout_pieces(const graph& g, const node& n, plan::op_partition p);
@@ -10081,7 +10152,7 @@ LOOM_INLINE std::optional<int> variable_of(const node& n, const plan::split_axis
 namespace loom::partition {
 
 LOOM_INLINE plan::op_partition bind_partition(const node& n, plan::op_partition p, int devices, bool strict,
-                                              std::vector<std::string>& notes) {
+                                              std::vector<std::string>& notes, const std::vector<std::size_t>& absent) {
     const std::string where = detail::node_where(n);
     if (p.replicas < 1)
         throw plan_error("plan: " + where + " has " + std::to_string(p.replicas) + " replicas; use at least 1");
@@ -10091,13 +10162,18 @@ LOOM_INLINE plan::op_partition bind_partition(const node& n, plan::op_partition 
         if (s.degree < 1)
             throw plan_error("plan: trans<Split<" + (s.label.empty() ? std::string(s.dim.name()) : s.label) + ">, " +
                              std::to_string(s.degree) + "> on " + where + ": the degree must be at least 1");
-        if (s.replicate) continue;
+        if (!s.cuts()) continue;
         auto fail_or_replicate = [&](const std::string& why) {
             if (strict) throw plan_error("plan: trans<Split<" + s.describe() + ">> on " + where + ": " + why);
             notes.push_back(where + ": the mirrored split " + s.describe() + " " + why + "; the op runs replicated instead");
             s.replicate = true;
             copied.push_back(static_cast<std::size_t>(&s - p.splits.data()));
         };
+        const auto index = static_cast<std::size_t>(&s - p.splits.data());
+        if (std::find(absent.begin(), absent.end(), index) != absent.end()) {
+            fail_or_replicate("along a variable the op lacks (none of its operands carries it)");
+            continue;
+        }
         if (n.op->opaque_layout && n.sig.vars.size() > 0) {
             fail_or_replicate("cannot be split: the op reinterprets its input's layout; replicate it or split the ops around it");
             continue;
@@ -10180,15 +10256,91 @@ LOOM_INLINE plan::op_partition bind_partition(const node& n, plan::op_partition 
     return p;
 }
 
-LOOM_INLINE plan::op_partition mirror_partition(const plan::op_partition& p, const node* forward) {
-    plan::op_partition m = p;
-    m.recompute = false;
-    for (auto& s : m.splits) {
-        if (s.replicate || !forward) continue;
-        if (auto v = forward->sig.find(s.label)) s.dim = forward->sig.vars[static_cast<std::size_t>(*v)].dim;
+LOOM_INLINE mirrored_partition mirror_partition(const graph& g, const plan::op_partition& p, const node* forward,
+                                                const node& n) {
+    mirrored_partition m{p, {}};
+    m.partition.recompute = false;
+    for (auto& s : m.partition.splits)
+        if (s.sums) {
+            s.sums = false;
+            s.replicate = true;
+        }
+    if (!forward) return m;
+    // The axes of a tensor of `forward`, by the variables of `forward` that index them.
+    auto forward_axes = [&](tensor_id t) -> const std::vector<std::vector<int>>* {
+        for (std::size_t k = 0; k < forward->inputs.size() && k < forward->sig.input_axes.size(); ++k)
+            if (forward->inputs[k] == t) return &forward->sig.input_axes[k];
+        for (std::size_t o = 0; o < forward->outputs.size() && o < forward->sig.output_axes.size(); ++o)
+            if (forward->outputs[o] == t) return &forward->sig.output_axes[o];
+        return nullptr;
+    };
+    std::map<int, int> image;  // variable of `forward` -> variable of `n` on the same axis
+    bool traced_all = true;
+    auto trace = [&](tensor_id t, const std::vector<std::vector<int>>* mine) {
+        const std::vector<std::vector<int>>* theirs = forward_axes(t);
+        for (tensor_id twin : g.tensor(t).twin_of)
+            if (!theirs) theirs = forward_axes(twin);
+        if (!mine || !theirs || theirs->size() != mine->size()) {
+            traced_all = false;
+            return;
+        }
+        for (std::size_t a = 0; a < mine->size(); ++a) {
+            if ((*theirs)[a].empty() || (*mine)[a].empty()) continue;
+            const int from = (*theirs)[a][0], to = (*mine)[a][0];
+            if (forward->sig.vars[static_cast<std::size_t>(from)].dim == n.sig.vars[static_cast<std::size_t>(to)].dim)
+                image.try_emplace(from, to);
+        }
+    };
+    for (std::size_t k = 0; k < n.inputs.size(); ++k)
+        trace(n.inputs[k], k < n.sig.input_axes.size() ? &n.sig.input_axes[k] : nullptr);
+    for (std::size_t o = 0; o < n.outputs.size(); ++o)
+        trace(n.outputs[o], o < n.sig.output_axes.size() ? &n.sig.output_axes[o] : nullptr);
+    std::vector<bool> taken(n.sig.vars.size(), false);
+    for (auto [from, to] : image) taken[static_cast<std::size_t>(to)] = true;
+    for (std::size_t i = 0; i < m.partition.splits.size(); ++i) {
+        plan::split_axis& s = m.partition.splits[i];
+        if (s.replicate) continue;
+        const auto v = forward->sig.find(s.label);
+        if (v) s.dim = forward->sig.vars[static_cast<std::size_t>(*v)].dim;
+        if (v && image.count(*v)) {
+            s.label = n.sig.vars[static_cast<std::size_t>(image.at(*v))].label;
+            continue;
+        }
         s.label.clear();
+        if (v && traced_all) {
+            m.absent.push_back(i);
+            continue;
+        }
+        // Untraced: by dim, among the variables that no other axis claimed.
+        for (std::size_t w = 0; w < n.sig.vars.size(); ++w)
+            if (!taken[w] && n.sig.vars[w].dim == s.dim && n.sig.vars[w].splittable && !n.sig.vars[w].frozen) {
+                s.label = n.sig.vars[w].label;
+                taken[w] = true;
+                break;
+            }
     }
     return m;
+}
+
+LOOM_INLINE std::int64_t summands_of(const node& n, const plan::op_partition& p, std::size_t o) {
+    std::int64_t count = 1;
+    for (const auto& s : p.splits) {
+        if (s.sums) count *= s.degree;
+        if (!s.cuts()) continue;
+        auto v = n.sig.find(s.label);
+        if (v && n.sig.effect_of_split(*v).outputs.at(o).effect == split_effect::partial) count *= s.degree;
+    }
+    return count;
+}
+
+LOOM_INLINE void sum_partial_inputs(const node& n, mirrored_partition& m, const std::vector<std::int64_t>& input_summands) {
+    if (!n.op->linear || input_summands.empty() || m.absent.empty()) return;
+    std::int64_t summands = 1;
+    for (std::size_t s : m.absent) summands *= m.partition.splits[s].degree;
+    for (std::int64_t k : input_summands)
+        if (k != summands) return;
+    for (std::size_t s : m.absent) m.partition.splits[s].sums = true;
+    m.absent.clear();
 }
 
 LOOM_INLINE node_layout layout_pieces(const graph& g, const node& n, plan::op_partition p) {
@@ -10197,7 +10349,7 @@ LOOM_INLINE node_layout layout_pieces(const graph& g, const node& n, plan::op_pa
     std::vector<int> split_var(p.splits.size(), -1);
     std::vector<split_option> effects(p.splits.size());
     for (std::size_t s = 0; s < p.splits.size(); ++s) {
-        if (p.splits[s].replicate) continue;
+        if (!p.splits[s].cuts()) continue;
         split_var[s] = *n.sig.find(p.splits[s].label);
         effects[s] = n.sig.effect_of_split(split_var[s]);
     }
@@ -10212,6 +10364,14 @@ LOOM_INLINE node_layout layout_pieces(const graph& g, const node& n, plan::op_pa
         }
         std::vector<value_chunk> chunks(n.outputs.size());
         for (std::size_t s = 0; s < p.splits.size(); ++s) {
+            if (p.splits[s].sums) {
+                // The same summand of every input and every output.
+                const auto degree = static_cast<std::int32_t>(p.splits[s].degree);
+                const auto k = static_cast<std::int32_t>(coord[s]);
+                piece.summand = {piece.summand.index * degree + k, piece.summand.count * degree};
+                for (auto& c : chunks) c = {c.index * degree + k, c.count * degree};
+                continue;
+            }
             if (split_var[s] < 0) continue;
             auto v = static_cast<std::size_t>(split_var[s]);
             // Equal pieces, or near-equal ones along a vocabulary the degree does not divide.
@@ -11007,7 +11167,7 @@ public:
         std::vector<std::vector<tensor_id>> locals(n.inputs.size());
         for (std::size_t k = 0; k < n.inputs.size() && !n.op->shape_only_inputs; ++k) {
             std::vector<request> reqs;
-            for (const auto& piece : layout.pieces) reqs.push_back({piece.device, piece.inputs[k]});
+            for (const auto& piece : layout.pieces) reqs.push_back({piece.device, piece.inputs[k], piece.summand});
             locals[k] = materialize(n.inputs[k], reqs, id, backward);
         }
         for (std::size_t p = 0; p < layout.pieces.size(); ++p) {
@@ -11017,7 +11177,7 @@ public:
             for (std::size_t k = 0; k < n.inputs.size() && !n.op->shape_only_inputs; ++k) ins.push_back(b.handle(locals[k][p]));
             attributes attrs = n.op->piece_attributes ? n.op->piece_attributes(n, piece.vars) : n.attrs;
             for (const auto& s : layout.partition.splits) {
-                if (s.replicate) continue;
+                if (!s.cuts()) continue;
                 const auto* custom = plan::transformation_registry::instance().find(*n.op, s.label);
                 if (custom && custom->piece_attributes) {
                     node adjusted = n;
@@ -11126,7 +11286,7 @@ public:
             for (const auto& r : reqs)
                 if (std::none_of(own.begin(), own.end(), [&](const request& o) { return o.device == r.device; }))
                     others.push_back(r);
-            const auto mine = materialize(g_.loss, own, no_id, false);
+            const auto mine = materialize(g_.loss, own, no_id, false, /*sum_locally_first=*/true);
             for (std::size_t i = 0; i < own.size(); ++i) losses[static_cast<std::size_t>(own[i].device)] = mine[i];
             point_to_point_only_ = true;
             const auto theirs = materialize(g_.loss, others, no_id, false);
@@ -11144,12 +11304,14 @@ private:
     struct request {
         int device;
         box region;
+        value_chunk value{};  // full values, or one summand of partial sums (a linear op's piece)
     };
     struct held_piece {
         vtensor v;
         int device;
         tensor_id local;
-        bool base;  // one of the pieces its producer wrote (or a stored leaf)
+        bool base;     // one of the pieces its producer wrote (or a stored leaf), not yet summed up
+        bool written;  // one of the pieces its producer wrote (or a stored leaf)
     };
 
     static std::string suffix(const box& b, const shape& logical) {
@@ -11161,7 +11323,7 @@ private:
 
     void hold(tensor_id t, vtensor v, int device, tensor_id local, bool base) {
         v.logical = t;
-        held_[static_cast<std::size_t>(t)].push_back({std::move(v), device, local, base});
+        held_[static_cast<std::size_t>(t)].push_back({std::move(v), device, local, base, base});
     }
 
     // Plans are built before the precision is chosen; costs count 4-byte elements (float32
@@ -11517,47 +11679,119 @@ private:
         return whole;
     }
 
+    // One summand of partial sums (for a piece of an op linear in its inputs): the device's
+    // own piece of that summand, cut out if needed, else the holders' pieces of it point to
+    // point, concatenated. Never reduced: the sum is the consumer's to finish.
+    tensor_id summand(tensor_id t, const request& r) {
+        std::vector<held_piece> holders;  // copies: emitting appends to held_
+        for (const auto& h : held_[static_cast<std::size_t>(t)])
+            if (h.v.value == r.value && (r.region.rank() == 0 || !intersect(h.v.region, r.region).empty())) holders.push_back(h);
+        for (const auto& h : holders)
+            if (h.device == r.device && h.v.region == r.region) return h.local;
+        for (const auto& h : holders)
+            if (h.device == r.device && h.v.region.contains(r.region)) {
+                tensor_id cut = assemble(r.device, t, r.region, {{h.local, h.v.region, {}}}, false);
+                hold(t, {t, r.region, r.value}, r.device, cut, false);
+                return cut;
+            }
+        // The pieces its producer wrote (they tile the tensor once per summand and copy), one
+        // holder per distinct region, the requesting device's where it has one.
+        std::map<box, held_piece> by_region;
+        for (const auto& h : holders) {
+            if (!h.written) continue;
+            auto [at, inserted] = by_region.try_emplace(h.v.region, h);
+            if (!inserted && h.device == r.device) at->second = h;
+        }
+        std::vector<assemble_input> parts;
+        std::int64_t covered = 0;
+        for (const auto& [held_region, h] : by_region) {
+            const box region = r.region.rank() == 0 ? box{} : intersect(held_region, r.region);
+            covered += region.numel();
+            if (h.device == r.device) {
+                parts.push_back({h.local, held_region, {}});
+                continue;
+            }
+            tensor_id source = h.local;
+            if (!(region == held_region)) source = assemble(h.device, t, region, {{h.local, held_region, {}}}, false);
+            transfer p2p;
+            p2p.kind = transfer_kind::send_recv;
+            p2p.logical = t;
+            p2p.group = {h.device, r.device};
+            p2p.inputs = {region, box{}};
+            p2p.outputs = {box{}, region};
+            p2p.has_input = {true, false};
+            p2p.has_output = {false, true};
+            auto outs = emit(std::move(p2p), {source, no_id});
+            held_[static_cast<std::size_t>(t)].back().v.value = r.value;
+            parts.push_back({outs[1], region, {}});
+        }
+        if (parts.empty() || (r.region.rank() > 0 && covered != r.region.numel())) {
+            throw error("partition: summand " + std::to_string(r.value.index) + " of " + std::to_string(r.value.count) +
+                        " of '" + g_.tensor(t).name + "' " + r.region.to_string() + ", needed on device " +
+                        std::to_string(r.device) + ", is not held whole by the devices; its producer's pieces do not "
+                        "cover it once");
+        }
+        if (parts.size() == 1 && parts[0].region == r.region) return parts[0].local;
+        tensor_id whole = assemble(r.device, t, r.region, parts, false);
+        hold(t, {t, r.region, r.value}, r.device, whole, false);
+        return whole;
+    }
+
     // A device holding several partial sums of one box (a weight's gradient over the
     // micro-batches its data-parallel piece ran) adds them up locally first, so that one
-    // reduction per box follows instead of one transfer per micro-batch. The device's sum
-    // becomes its chunk of a coarser split: chunk j of J, one per holding device, in device
-    // order. Only when every chunk of the box is held by exactly one device (no replicas).
+    // reduction per box follows instead of one transfer per micro-batch. Devices that hold
+    // the same summands (copies of an op replicated over a tensor-parallel group) form one
+    // class; each class's sum becomes summand j of a coarser split, one per class in order
+    // of their summands, held by every device of the class. Only when the classes hold
+    // disjoint summands that cover the box once.
     void sum_partials_per_device(tensor_id t) {
         std::map<box, std::vector<std::size_t>> clusters;
         auto& held = held_[static_cast<std::size_t>(t)];
         for (std::size_t i = 0; i < held.size(); ++i)
             if (held[i].base && !held[i].v.value.full()) clusters[held[i].v.region].push_back(i);
         for (auto& [S, members] : clusters) {
-            const std::int32_t k = held[members[0]].v.value.count;
-            if (static_cast<std::int32_t>(members.size()) != k) continue;
-            std::vector<int> seen(static_cast<std::size_t>(k), 0);
+            const std::int32_t k = held_[static_cast<std::size_t>(t)][members[0]].v.value.count;
+            std::map<int, std::vector<std::size_t>> by_device;  // held pieces, by summand
             bool exact = true;
-            std::map<int, std::vector<std::size_t>> by_device;
             for (std::size_t i : members) {
-                const value_chunk& v = held[i].v.value;
-                if (v.count != k || ++seen[static_cast<std::size_t>(v.index)] != 1) exact = false;
-                by_device[held[i].device].push_back(i);
+                if (held_[static_cast<std::size_t>(t)][i].v.value.count != k) exact = false;
+                by_device[held_[static_cast<std::size_t>(t)][i].device].push_back(i);
             }
-            if (!exact || by_device.size() == members.size()) continue;
-            const auto groups = static_cast<std::int32_t>(by_device.size());
-            std::int32_t j = 0;
+            std::map<std::vector<std::int32_t>, std::vector<int>> classes;  // summands -> devices
+            bool several = false;
             for (auto& [device, idx] : by_device) {
                 std::sort(idx.begin(), idx.end(), [&](std::size_t a, std::size_t b) {
                     return held_[static_cast<std::size_t>(t)][a].v.value.index < held_[static_cast<std::size_t>(t)][b].v.value.index;
                 });
-                std::vector<assemble_input> parts;
-                for (std::size_t i : idx) {
-                    held_piece& h = held_[static_cast<std::size_t>(t)][i];
-                    h.base = false;
-                    parts.push_back({h.local, h.v.region, h.v.value});
+                std::vector<std::int32_t> summands;
+                for (std::size_t i : idx) summands.push_back(held_[static_cast<std::size_t>(t)][i].v.value.index);
+                several = several || summands.size() > 1;
+                classes[summands].push_back(device);
+            }
+            std::vector<int> seen(static_cast<std::size_t>(k), 0);
+            for (const auto& [summands, devices] : classes)
+                for (std::int32_t i : summands) exact = exact && ++seen[static_cast<std::size_t>(i)] == 1;
+            exact = exact && std::all_of(seen.begin(), seen.end(), [](int c) { return c == 1; });
+            if (!exact || !several) continue;
+            const auto groups = static_cast<std::int32_t>(classes.size());
+            std::int32_t j = 0;
+            for (const auto& [summands, devices] : classes) {
+                for (int device : devices) {
+                    std::vector<assemble_input> parts;
+                    for (std::size_t i : by_device.at(device)) {
+                        held_piece& h = held_[static_cast<std::size_t>(t)][i];
+                        h.base = false;
+                        parts.push_back({h.local, h.v.region, h.v.value});
+                    }
+                    tensor_id sum = parts[0].local;
+                    if (parts.size() > 1) {
+                        // One partial at a time, so each dies once it is added (1F1B keeps few alive).
+                        sum = assemble(device, t, S, {parts[0], parts[1]}, true);
+                        for (std::size_t q = 2; q < parts.size(); ++q) sum = assemble(device, t, S, {{sum, S, {}}, parts[q]}, true);
+                    }
+                    hold(t, {t, S, {j, groups}}, device, sum, true);
                 }
-                tensor_id sum = parts[0].local;
-                if (parts.size() > 1) {
-                    // One partial at a time, so each dies once it is added (1F1B keeps few alive).
-                    sum = assemble(device, t, S, {parts[0], parts[1]}, true);
-                    for (std::size_t q = 2; q < parts.size(); ++q) sum = assemble(device, t, S, {{sum, S, {}}, parts[q]}, true);
-                }
-                hold(t, {t, S, {j++, groups}}, device, sum, true);
+                ++j;
             }
         }
     }
@@ -11581,7 +11815,13 @@ private:
             }
             open = std::move(still);
         };
-        for (std::size_t i = 0; i < reqs.size(); ++i) open.push_back(i);
+        for (std::size_t i = 0; i < reqs.size(); ++i) {
+            if (reqs[i].value.full())
+                open.push_back(i);
+            else
+                result[i] = summand(t, reqs[i]);
+        }
+        if (open.empty()) return result;
         if (sum_locally_first || sums_after_every_micro_batch(consumer)) sum_partials_per_device(t);
         take_local_pieces();
         while (!open.empty() && collectives_allowed(t, consumer)) {
@@ -11996,8 +12236,24 @@ LOOM_INLINE partitioned_graph apply_plan(const graph& model, const plan::resolve
         node_id like = n.forward_of;
         if (like == no_id && !n.inputs.empty()) like = g.tensor(n.inputs[0]).producer;
         const plan::op_partition& source = like != no_id ? parts[static_cast<std::size_t>(like)] : everywhere;
-        parts[i] = bind_partition(n, mirror_partition(source, like == no_id ? nullptr : &g.at(like)),
-                                     plan.devices, false, out.notes);
+        mirrored_partition mirrored = mirror_partition(g, source, like == no_id ? nullptr : &g.at(like), n);
+        if (n.op->linear) {
+            // Summands of partial sums add summand by summand (the tied embedding's gradient).
+            std::vector<std::int64_t> summands;
+            for (tensor_id in : n.inputs) {
+                const node_id producer = g.tensor(in).producer;
+                if (producer == no_id || !assigned[static_cast<std::size_t>(producer)]) {
+                    summands.clear();
+                    break;
+                }
+                const node& pn = g.at(producer);
+                const auto o = static_cast<std::size_t>(std::find(pn.outputs.begin(), pn.outputs.end(), in) - pn.outputs.begin());
+                summands.push_back(summands_of(pn, parts[static_cast<std::size_t>(producer)], o));
+            }
+            sum_partial_inputs(n, mirrored, summands);
+        }
+        parts[i] = bind_partition(n, std::move(mirrored.partition), plan.devices, false, out.notes, mirrored.absent);
+        assigned[i] = true;
     }
 
     // 3. Pieces.
@@ -26820,17 +27076,27 @@ struct rank_state {
 // A sum over ranks of a failure flag: every rank learns whether any rank failed a phase.
 LOOM_INLINE bool any_rank_failed(comm::communicator* c, int world, bool failed);
 
+// The bytes of one row (one index of the first dim) of a shard of box `region`.
+template <class T>
+std::size_t row_bytes_of(const partition::box& region) {
+    if (region.rank() == 0) return sizeof(T);
+    const std::int64_t rows = std::max<std::int64_t>(region.ranges[0].size(), 1);
+    return std::max<std::size_t>(static_cast<std::size_t>(region.numel() / rows) * sizeof(T), sizeof(T));
+}
+
 // How a shard of box `region` is cut into checksummed blocks: whole rows of its first dim,
-// about 64 KiB each (small enough that a reader needing a quarter of the rows of a small
-// shard reads about a quarter of it). Returns rows per block and bytes per block.
+// at most 64 KiB each and at least 8 blocks where the shard has the rows, so that a reader
+// needing a quarter of the rows of a small shard (a tensor-parallel slice loaded under
+// ZeRO-3) reads about a quarter of it. Returns rows per block and bytes per block. Readers
+// take the rows per block from the manifest, so the choice may change between versions.
 template <class T>
 std::pair<std::int64_t, std::size_t> checksum_blocks(const partition::box& region) {
     if (region.rank() == 0) return {1, sizeof(T)};
     const std::int64_t rows = std::max<std::int64_t>(region.ranges[0].size(), 1);
-    const std::size_t row_bytes = static_cast<std::size_t>(region.numel() / std::max<std::int64_t>(region.ranges[0].size(), 1)) * sizeof(T);
-    const std::int64_t per_block =
-        std::clamp<std::int64_t>(static_cast<std::int64_t>((std::size_t{1} << 16) / std::max<std::size_t>(row_bytes, 1)), 1, rows);
-    return {per_block, static_cast<std::size_t>(per_block) * std::max<std::size_t>(row_bytes, sizeof(T))};
+    const std::size_t row_bytes = row_bytes_of<T>(region);
+    const auto by_size = static_cast<std::int64_t>((std::size_t{1} << 16) / row_bytes);
+    const std::int64_t per_block = std::clamp<std::int64_t>(std::min(by_size, rows / 8), 1, rows);
+    return {per_block, static_cast<std::size_t>(per_block) * row_bytes};
 }
 
 template <class T>
@@ -27076,11 +27342,10 @@ std::vector<std::vector<T>> read_pieces(const rank_state<T>& s, const std::files
                                  "' does not match the manifest (dtype or size); the checkpoint is damaged: use an "
                                  "older one");
             // Only the checksummed blocks of rows this piece needs are read, straight into place.
-            const auto [rows_per_block, block_bytes] = checksum_blocks<T>(sb);
-            if (rows_per_block != shard.rows_per_block)
-                throw data_error("checkpoint '" + manifest_path + "': shard '" + shard.key + "' has blocks of " +
-                                 std::to_string(shard.rows_per_block) + " rows, not the " + std::to_string(rows_per_block) +
-                                 " this loom writes; the manifest is damaged: use an older checkpoint");
+            // The manifest's own blocks (checked when it was read: at least a row each, one
+            // checksum per block), whatever size the loom that wrote it chose.
+            const std::int64_t rows_per_block = shard.rows_per_block;
+            const std::size_t block_bytes = static_cast<std::size_t>(rows_per_block) * row_bytes_of<T>(sb);
             partition::box read_box = sb;
             std::size_t first_block = 0, last_block = 1;
             if (sb.rank() > 0) {

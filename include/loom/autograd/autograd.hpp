@@ -6,6 +6,7 @@
 // For every parameter p the graph afterwards holds a tensor "grad/<p>" with role
 // `gradient`, listed in graph::gradients. A tensor read by several ops accumulates its
 // gradient with `add`; a parameter that does not reach the loss gets a zero gradient.
+#include <algorithm>
 #include <optional>
 #include <string>
 #include <vector>
@@ -57,17 +58,27 @@ LOOM_INLINE void build_backward(graph_builder& b) {
     }
 
     std::vector<std::optional<tensor>> grad(g.tensors.size());
+    // A gradient has the axes of its tensor; one may serve several tensors of one shape (an
+    // add's inputs and output).
+    auto twin = [&](tensor_id gradient, tensor_id of) {
+        tensor_desc& d = b.mutable_graph().tensor(gradient);
+        if (d.role == tensor_role::activation && std::find(d.twin_of.begin(), d.twin_of.end(), of) == d.twin_of.end())
+            d.twin_of.push_back(of);
+    };
     auto accumulate = [&](tensor_id t, tensor contribution, const node& from) {
         const shape& want = b.view().tensor(t).dims;
         if (!same_extents(contribution.dims(), want))
             throw error("build_backward: the backward rule of " + std::string(from.op->name) + " '" + from.name +
                         "' produced a gradient of shape " + contribution.dims().to_string() + " for '" +
                         b.view().tensor(t).name + "' of shape " + want.to_string() + "; the op's backward is wrong");
+        twin(contribution.id, t);
         auto& slot = grad[static_cast<std::size_t>(t)];
         slot = slot ? ops::add(*slot, contribution) : contribution;
+        twin(slot->id, t);
     };
 
     grad[static_cast<std::size_t>(g.loss)] = ops::fill_like(b.handle(g.loss), 1.0);
+    twin(grad[static_cast<std::size_t>(g.loss)]->id, g.loss);
     for (std::size_t i = forward_nodes; i-- > 0;) {
         // A copy: the backward rule appends nodes, which may move the node vector.
         const node n = b.view().nodes[i];
@@ -93,6 +104,7 @@ LOOM_INLINE void build_backward(graph_builder& b) {
             const auto& gt = grad[static_cast<std::size_t>(t)];
             // An output no one differentiates still needs a gradient if a sibling has one.
             ctx.grad_outputs.push_back(gt ? gt : std::optional<tensor>(ops::fill_like(b.handle(t), 0.0)));
+            twin(ctx.grad_outputs.back()->id, t);
         }
         gradients result = n.op->backward(ctx);
         if (result.size() != n.inputs.size())
@@ -110,11 +122,13 @@ LOOM_INLINE void build_backward(graph_builder& b) {
         tensor gt = grad[static_cast<std::size_t>(p)] ? *grad[static_cast<std::size_t>(p)] : tensor{};
         // A parameter that does not reach the loss has a zero gradient.
         if (!gt.builder) gt = ops::fill_like(b.handle(p), 0.0);
+        twin(gt.id, p);
         claimed.resize(b.view().tensors.size(), false);
         const tensor_desc& d = b.view().tensor(gt.id);
         // A gradient tensor must be owned by one parameter only and be an intermediate.
         if (claimed[static_cast<std::size_t>(gt.id)] || d.role != tensor_role::activation) {
             gt = ops::identity(gt);
+            twin(gt.id, p);
             claimed.resize(b.view().tensors.size(), false);
         }
         claimed[static_cast<std::size_t>(gt.id)] = true;

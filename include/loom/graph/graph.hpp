@@ -43,6 +43,11 @@ struct tensor_desc {
     std::int32_t scope = no_id;
     parameter_init init{};        // parameters only
     tensor_id gradient_of = no_id;  // gradients only: the parameter
+    // The forward tensors whose axes this one has (the gradient of an activation or of a
+    // parameter, or a recomputed copy; one gradient serves several tensors where a backward
+    // rule passes it through, as add's does): partitioning finds through them which dims of
+    // a backward op are those of the op it differentiates (partition/piece_layout.hpp).
+    std::vector<tensor_id> twin_of;
 };
 
 struct node {

@@ -54,6 +54,10 @@ struct op_def {
     bool communication = false;
     // The op reinterprets its input's layout (reshape): no split of it is meaningful.
     bool opaque_layout = false;
+    // The outputs are linear in all inputs together (f(a + a', b + b') = f(a, b) + f(a', b')):
+    // a piece may add summand k of each input's partial sums into summand k of its outputs
+    // (partition/apply.hpp), so partial gradients meet without being reduced first.
+    bool linear = false;
     // The op reads its inputs only for their shapes (fill_like): partitioning gives each
     // piece its output shape and moves no data to it.
     bool shape_only_inputs = false;
@@ -88,6 +92,7 @@ op_def make_op_def() {
     if constexpr (requires { Op::communication; }) d.communication = Op::communication;
     if constexpr (requires { Op::opaque_layout; }) d.opaque_layout = Op::opaque_layout;
     if constexpr (requires { Op::shape_only_inputs; }) d.shape_only_inputs = Op::shape_only_inputs;
+    if constexpr (requires { Op::linear; }) d.linear = Op::linear;
     if constexpr (requires { Op::float_outputs; }) d.float_outputs = Op::float_outputs;
     if constexpr (requires(const node& n, const piece_ranges& r) { Op::piece_attributes(n, r); })
         d.piece_attributes = &Op::piece_attributes;

@@ -8,6 +8,7 @@ namespace loom::ops {
 struct Add {
     static constexpr std::string_view name = "add";
     static constexpr signature sig = parse_signature("..., ... -> ...");
+    static constexpr bool linear = true;
     static gradients backward(backward_context& c) {
         gradients g(2);
         if (c.needs_grad[0]) g[0] = *c.grad_outputs[0];

@@ -4,9 +4,10 @@
 //
 //   1. The logical graph is built (partition/logical_graph.hpp): rewrites, then autograd.
 //   2. Every node gets a partition: forward nodes from the plan, backward nodes mirror the
-//      forward op they differentiate (the same splits, matched by dim; a split along a
-//      dim the backward op lacks or freezes becomes replication, so piece i of the
-//      backward runs where piece i of the forward ran).
+//      forward op they differentiate (the same splits, matched through the axes of the
+//      tensors both touch; a split along a variable the backward op lacks or freezes
+//      becomes replication, so piece i of the backward runs where piece i of the forward
+//      ran).
 //   3. Each piece's variables get index ranges; from them the box every input piece needs
 //      and the vTensor every output piece produces (partial where a contracted dim is cut).
 //   4. Parameters and inputs are stored per device as the smallest box holding what that
@@ -16,6 +17,9 @@
 //      device holds the data, else the cheapest collective or send/recv. Every device sees
 //      the collectives in the same global order, so the programs cannot deadlock by
 //      construction; partition/deadlock.hpp checks any reordering.
+//      An op linear in its inputs (the add of two partial gradients) keeps the splits
+//      along dims it lacks as summand axes when its inputs are partial sums: piece k adds
+//      summand k of each, and the reduction waits for the parameter's gradient.
 //   6. Parameter gradients are materialized on the boxes their parameters are stored in
 //      (or on the optimizer's shards under ZeRO-2), and the loss on every device.
 #include <algorithm>
@@ -204,8 +208,24 @@ LOOM_INLINE partitioned_graph apply_plan(const graph& model, const plan::resolve
         node_id like = n.forward_of;
         if (like == no_id && !n.inputs.empty()) like = g.tensor(n.inputs[0]).producer;
         const plan::op_partition& source = like != no_id ? parts[static_cast<std::size_t>(like)] : everywhere;
-        parts[i] = bind_partition(n, mirror_partition(source, like == no_id ? nullptr : &g.at(like)),
-                                     plan.devices, false, out.notes);
+        mirrored_partition mirrored = mirror_partition(g, source, like == no_id ? nullptr : &g.at(like), n);
+        if (n.op->linear) {
+            // Summands of partial sums add summand by summand (the tied embedding's gradient).
+            std::vector<std::int64_t> summands;
+            for (tensor_id in : n.inputs) {
+                const node_id producer = g.tensor(in).producer;
+                if (producer == no_id || !assigned[static_cast<std::size_t>(producer)]) {
+                    summands.clear();
+                    break;
+                }
+                const node& pn = g.at(producer);
+                const auto o = static_cast<std::size_t>(std::find(pn.outputs.begin(), pn.outputs.end(), in) - pn.outputs.begin());
+                summands.push_back(summands_of(pn, parts[static_cast<std::size_t>(producer)], o));
+            }
+            sum_partial_inputs(n, mirrored, summands);
+        }
+        parts[i] = bind_partition(n, std::move(mirrored.partition), plan.devices, false, out.notes, mirrored.absent);
+        assigned[i] = true;
     }
 
     // 3. Pieces.

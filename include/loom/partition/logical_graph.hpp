@@ -62,7 +62,7 @@ struct logical_graph {
 // registered transformation rebuilds the op. `p`'s splits must be bound to labels.
 inline const plan::transformation* decomposition_for(const node& n, const plan::op_partition& p) {
     for (const auto& s : p.splits) {
-        if (s.replicate) continue;
+        if (!s.cuts()) continue;
         const auto* t = plan::transformation_registry::instance().find(*n.op, s.label);
         if (t && t->decompose) return t;
     }
@@ -213,6 +213,7 @@ LOOM_INLINE logical_graph build_logical_graph(const graph& model, const logical_
             g.tensor(grad).name = "grad/" + pname + ".sum";
             g.tensor(y.id).role = tensor_role::gradient;
             g.tensor(y.id).gradient_of = param;
+            g.tensor(y.id).twin_of = {param};
             g.tensor(y.id).name = "grad/" + pname;
             out.zero2_identity[param] = static_cast<node_id>(g.nodes.size() - 1);
         }
@@ -276,6 +277,7 @@ LOOM_INLINE logical_graph build_logical_graph(const graph& model, const logical_
             for (std::size_t o = 0; o < n.outputs.size(); ++o) {
                 copy[static_cast<std::size_t>(n.outputs[o])] = rg.nodes.back().outputs[o];
                 rg.tensor(rg.nodes.back().outputs[o]).name = g.tensor(n.outputs[o]).name + "/recompute";
+                rg.tensor(rg.nodes.back().outputs[o]).twin_of = {map[static_cast<std::size_t>(n.outputs[o])]};
             }
             return copy[ti];
         };
@@ -301,6 +303,8 @@ LOOM_INLINE logical_graph build_logical_graph(const graph& model, const logical_
                 nd.name = d.name;
                 nd.role = d.role;
                 nd.gradient_of = d.gradient_of == no_id ? no_id : map[static_cast<std::size_t>(d.gradient_of)];
+                nd.twin_of.clear();
+                for (tensor_id twin : d.twin_of) nd.twin_of.push_back(map[static_cast<std::size_t>(twin)]);
             }
         }
         graph& rg = r.mutable_graph();

@@ -105,7 +105,7 @@ public:
         std::vector<std::vector<tensor_id>> locals(n.inputs.size());
         for (std::size_t k = 0; k < n.inputs.size() && !n.op->shape_only_inputs; ++k) {
             std::vector<request> reqs;
-            for (const auto& piece : layout.pieces) reqs.push_back({piece.device, piece.inputs[k]});
+            for (const auto& piece : layout.pieces) reqs.push_back({piece.device, piece.inputs[k], piece.summand});
             locals[k] = materialize(n.inputs[k], reqs, id, backward);
         }
         for (std::size_t p = 0; p < layout.pieces.size(); ++p) {
@@ -115,7 +115,7 @@ public:
             for (std::size_t k = 0; k < n.inputs.size() && !n.op->shape_only_inputs; ++k) ins.push_back(b.handle(locals[k][p]));
             attributes attrs = n.op->piece_attributes ? n.op->piece_attributes(n, piece.vars) : n.attrs;
             for (const auto& s : layout.partition.splits) {
-                if (s.replicate) continue;
+                if (!s.cuts()) continue;
                 const auto* custom = plan::transformation_registry::instance().find(*n.op, s.label);
                 if (custom && custom->piece_attributes) {
                     node adjusted = n;
@@ -224,7 +224,7 @@ public:
             for (const auto& r : reqs)
                 if (std::none_of(own.begin(), own.end(), [&](const request& o) { return o.device == r.device; }))
                     others.push_back(r);
-            const auto mine = materialize(g_.loss, own, no_id, false);
+            const auto mine = materialize(g_.loss, own, no_id, false, /*sum_locally_first=*/true);
             for (std::size_t i = 0; i < own.size(); ++i) losses[static_cast<std::size_t>(own[i].device)] = mine[i];
             point_to_point_only_ = true;
             const auto theirs = materialize(g_.loss, others, no_id, false);
@@ -242,12 +242,14 @@ private:
     struct request {
         int device;
         box region;
+        value_chunk value{};  // full values, or one summand of partial sums (a linear op's piece)
     };
     struct held_piece {
         vtensor v;
         int device;
         tensor_id local;
-        bool base;  // one of the pieces its producer wrote (or a stored leaf)
+        bool base;     // one of the pieces its producer wrote (or a stored leaf), not yet summed up
+        bool written;  // one of the pieces its producer wrote (or a stored leaf)
     };
 
     static std::string suffix(const box& b, const shape& logical) {
@@ -259,7 +261,7 @@ private:
 
     void hold(tensor_id t, vtensor v, int device, tensor_id local, bool base) {
         v.logical = t;
-        held_[static_cast<std::size_t>(t)].push_back({std::move(v), device, local, base});
+        held_[static_cast<std::size_t>(t)].push_back({std::move(v), device, local, base, base});
     }
 
     // Plans are built before the precision is chosen; costs count 4-byte elements (float32
@@ -615,47 +617,119 @@ private:
         return whole;
     }
 
+    // One summand of partial sums (for a piece of an op linear in its inputs): the device's
+    // own piece of that summand, cut out if needed, else the holders' pieces of it point to
+    // point, concatenated. Never reduced: the sum is the consumer's to finish.
+    tensor_id summand(tensor_id t, const request& r) {
+        std::vector<held_piece> holders;  // copies: emitting appends to held_
+        for (const auto& h : held_[static_cast<std::size_t>(t)])
+            if (h.v.value == r.value && (r.region.rank() == 0 || !intersect(h.v.region, r.region).empty())) holders.push_back(h);
+        for (const auto& h : holders)
+            if (h.device == r.device && h.v.region == r.region) return h.local;
+        for (const auto& h : holders)
+            if (h.device == r.device && h.v.region.contains(r.region)) {
+                tensor_id cut = assemble(r.device, t, r.region, {{h.local, h.v.region, {}}}, false);
+                hold(t, {t, r.region, r.value}, r.device, cut, false);
+                return cut;
+            }
+        // The pieces its producer wrote (they tile the tensor once per summand and copy), one
+        // holder per distinct region, the requesting device's where it has one.
+        std::map<box, held_piece> by_region;
+        for (const auto& h : holders) {
+            if (!h.written) continue;
+            auto [at, inserted] = by_region.try_emplace(h.v.region, h);
+            if (!inserted && h.device == r.device) at->second = h;
+        }
+        std::vector<assemble_input> parts;
+        std::int64_t covered = 0;
+        for (const auto& [held_region, h] : by_region) {
+            const box region = r.region.rank() == 0 ? box{} : intersect(held_region, r.region);
+            covered += region.numel();
+            if (h.device == r.device) {
+                parts.push_back({h.local, held_region, {}});
+                continue;
+            }
+            tensor_id source = h.local;
+            if (!(region == held_region)) source = assemble(h.device, t, region, {{h.local, held_region, {}}}, false);
+            transfer p2p;
+            p2p.kind = transfer_kind::send_recv;
+            p2p.logical = t;
+            p2p.group = {h.device, r.device};
+            p2p.inputs = {region, box{}};
+            p2p.outputs = {box{}, region};
+            p2p.has_input = {true, false};
+            p2p.has_output = {false, true};
+            auto outs = emit(std::move(p2p), {source, no_id});
+            held_[static_cast<std::size_t>(t)].back().v.value = r.value;
+            parts.push_back({outs[1], region, {}});
+        }
+        if (parts.empty() || (r.region.rank() > 0 && covered != r.region.numel())) {
+            throw error("partition: summand " + std::to_string(r.value.index) + " of " + std::to_string(r.value.count) +
+                        " of '" + g_.tensor(t).name + "' " + r.region.to_string() + ", needed on device " +
+                        std::to_string(r.device) + ", is not held whole by the devices; its producer's pieces do not "
+                        "cover it once");
+        }
+        if (parts.size() == 1 && parts[0].region == r.region) return parts[0].local;
+        tensor_id whole = assemble(r.device, t, r.region, parts, false);
+        hold(t, {t, r.region, r.value}, r.device, whole, false);
+        return whole;
+    }
+
     // A device holding several partial sums of one box (a weight's gradient over the
     // micro-batches its data-parallel piece ran) adds them up locally first, so that one
-    // reduction per box follows instead of one transfer per micro-batch. The device's sum
-    // becomes its chunk of a coarser split: chunk j of J, one per holding device, in device
-    // order. Only when every chunk of the box is held by exactly one device (no replicas).
+    // reduction per box follows instead of one transfer per micro-batch. Devices that hold
+    // the same summands (copies of an op replicated over a tensor-parallel group) form one
+    // class; each class's sum becomes summand j of a coarser split, one per class in order
+    // of their summands, held by every device of the class. Only when the classes hold
+    // disjoint summands that cover the box once.
     void sum_partials_per_device(tensor_id t) {
         std::map<box, std::vector<std::size_t>> clusters;
         auto& held = held_[static_cast<std::size_t>(t)];
         for (std::size_t i = 0; i < held.size(); ++i)
             if (held[i].base && !held[i].v.value.full()) clusters[held[i].v.region].push_back(i);
         for (auto& [S, members] : clusters) {
-            const std::int32_t k = held[members[0]].v.value.count;
-            if (static_cast<std::int32_t>(members.size()) != k) continue;
-            std::vector<int> seen(static_cast<std::size_t>(k), 0);
+            const std::int32_t k = held_[static_cast<std::size_t>(t)][members[0]].v.value.count;
+            std::map<int, std::vector<std::size_t>> by_device;  // held pieces, by summand
             bool exact = true;
-            std::map<int, std::vector<std::size_t>> by_device;
             for (std::size_t i : members) {
-                const value_chunk& v = held[i].v.value;
-                if (v.count != k || ++seen[static_cast<std::size_t>(v.index)] != 1) exact = false;
-                by_device[held[i].device].push_back(i);
+                if (held_[static_cast<std::size_t>(t)][i].v.value.count != k) exact = false;
+                by_device[held_[static_cast<std::size_t>(t)][i].device].push_back(i);
             }
-            if (!exact || by_device.size() == members.size()) continue;
-            const auto groups = static_cast<std::int32_t>(by_device.size());
-            std::int32_t j = 0;
+            std::map<std::vector<std::int32_t>, std::vector<int>> classes;  // summands -> devices
+            bool several = false;
             for (auto& [device, idx] : by_device) {
                 std::sort(idx.begin(), idx.end(), [&](std::size_t a, std::size_t b) {
                     return held_[static_cast<std::size_t>(t)][a].v.value.index < held_[static_cast<std::size_t>(t)][b].v.value.index;
                 });
-                std::vector<assemble_input> parts;
-                for (std::size_t i : idx) {
-                    held_piece& h = held_[static_cast<std::size_t>(t)][i];
-                    h.base = false;
-                    parts.push_back({h.local, h.v.region, h.v.value});
+                std::vector<std::int32_t> summands;
+                for (std::size_t i : idx) summands.push_back(held_[static_cast<std::size_t>(t)][i].v.value.index);
+                several = several || summands.size() > 1;
+                classes[summands].push_back(device);
+            }
+            std::vector<int> seen(static_cast<std::size_t>(k), 0);
+            for (const auto& [summands, devices] : classes)
+                for (std::int32_t i : summands) exact = exact && ++seen[static_cast<std::size_t>(i)] == 1;
+            exact = exact && std::all_of(seen.begin(), seen.end(), [](int c) { return c == 1; });
+            if (!exact || !several) continue;
+            const auto groups = static_cast<std::int32_t>(classes.size());
+            std::int32_t j = 0;
+            for (const auto& [summands, devices] : classes) {
+                for (int device : devices) {
+                    std::vector<assemble_input> parts;
+                    for (std::size_t i : by_device.at(device)) {
+                        held_piece& h = held_[static_cast<std::size_t>(t)][i];
+                        h.base = false;
+                        parts.push_back({h.local, h.v.region, h.v.value});
+                    }
+                    tensor_id sum = parts[0].local;
+                    if (parts.size() > 1) {
+                        // One partial at a time, so each dies once it is added (1F1B keeps few alive).
+                        sum = assemble(device, t, S, {parts[0], parts[1]}, true);
+                        for (std::size_t q = 2; q < parts.size(); ++q) sum = assemble(device, t, S, {{sum, S, {}}, parts[q]}, true);
+                    }
+                    hold(t, {t, S, {j, groups}}, device, sum, true);
                 }
-                tensor_id sum = parts[0].local;
-                if (parts.size() > 1) {
-                    // One partial at a time, so each dies once it is added (1F1B keeps few alive).
-                    sum = assemble(device, t, S, {parts[0], parts[1]}, true);
-                    for (std::size_t q = 2; q < parts.size(); ++q) sum = assemble(device, t, S, {{sum, S, {}}, parts[q]}, true);
-                }
-                hold(t, {t, S, {j++, groups}}, device, sum, true);
+                ++j;
             }
         }
     }
@@ -679,7 +753,13 @@ private:
             }
             open = std::move(still);
         };
-        for (std::size_t i = 0; i < reqs.size(); ++i) open.push_back(i);
+        for (std::size_t i = 0; i < reqs.size(); ++i) {
+            if (reqs[i].value.full())
+                open.push_back(i);
+            else
+                result[i] = summand(t, reqs[i]);
+        }
+        if (open.empty()) return result;
         if (sum_locally_first || sums_after_every_micro_batch(consumer)) sum_partials_per_device(t);
         take_local_pieces();
         while (!open.empty() && collectives_allowed(t, consumer)) {

@@ -4,6 +4,7 @@
 // it writes to each output. Also the checks a plan must pass against a node (the run-time
 // twin of the combinators' static_asserts) and the mirroring of a forward op's partition
 // onto the ops that differentiate it.
+#include <algorithm>
 #include <cstdint>
 #include <map>
 #include <string>
@@ -22,7 +23,8 @@ namespace loom::partition {
 struct piece_geometry {
     int device = 0;
     piece_ranges vars;            // per bound variable of the node
-    std::vector<box> inputs;      // what the piece reads of each input (full values)
+    std::vector<box> inputs;      // what the piece reads of each input
+    value_chunk summand;          // of each input's partial sums (full: the values themselves)
     std::vector<vtensor> outputs; // what it writes to each output
 };
 
@@ -48,13 +50,40 @@ LOOM_INLINE std::optional<int> variable_of(const node& n, const plan::split_axis
 
 // Checks `p` against node `n` and binds every split to one of the node's variables (its
 // label). `strict`: a plan the user wrote, whose mistakes are errors; otherwise (a mirrored
-// backward op) a split that does not apply becomes replication, noted in `notes`.
+// backward op) a split that does not apply becomes replication, noted in `notes`, as do the
+// splits listed in `absent` (along variables the op is known to lack).
 LOOM_INLINE plan::op_partition bind_partition(const node& n, plan::op_partition p, int devices, bool strict,
-                                              std::vector<std::string>& notes);
+                                              std::vector<std::string>& notes, const std::vector<std::size_t>& absent = {});
 
-// The partition of an op that differentiates (or follows) `forward`: the same piece grid,
-// splits named by dim so that they find the matching variables of the new op.
-LOOM_INLINE plan::op_partition mirror_partition(const plan::op_partition& p, const node* forward);
+// The partition of op `n` that differentiates (or follows) `forward`, from `forward`'s bound
+// partition `p`: the same piece grid, each split bound to the variable of `n` that carries
+// the same axis. The variables are matched through the tensors both ops touch: `n` reads or
+// writes a tensor of `forward`, or a twin of one (its gradient, a recomputed copy;
+// tensor_desc::twin_of), whose axes name a variable in each op. Matching by dim alone would
+// confuse a linear's two hidden dims and cut a row-parallel weight's gradient along its
+// rows. A split whose variable no operand of `n` carries, when every operand is traced, is
+// listed in `absent`; one that cannot be traced is matched by dim among the variables not
+// matched otherwise. Summand axes become copies: only an op linear in its inputs may keep
+// them (sum_partial_inputs).
+struct mirrored_partition {
+    plan::op_partition partition;
+    std::vector<std::size_t> absent;  // splits along variables `n` lacks
+};
+LOOM_INLINE mirrored_partition mirror_partition(const graph& g, const plan::op_partition& p, const node* forward,
+                                                const node& n);
+
+// How many summands of partial sums each piece of `n` writes to output `o` under the bound
+// partition `p` (1: full values): the product of the degrees of its splits along dims that
+// the output contracts, and of its summand axes.
+LOOM_INLINE std::int64_t summands_of(const node& n, const plan::op_partition& p, std::size_t o);
+
+// For an op linear in its inputs (op_def::linear) with a mirrored partition `m`: the splits
+// along variables the op lacks become summand axes when every input arrives as exactly that
+// many partial sums (`input_summands`), so that piece k adds summand k of each. Otherwise
+// they stay absent, for bind_partition to turn into copies, which need every input reduced
+// whole on every copy: the tied embedding's gradient sum under data parallelism would then
+// reduce two whole tables, and with micro-batches send every partial point to point.
+LOOM_INLINE void sum_partial_inputs(const node& n, mirrored_partition& m, const std::vector<std::int64_t>& input_summands);
 
 // Index ranges and boxes of every piece of node `n` under the bound partition `p`.
 LOOM_INLINE node_layout layout_pieces(const graph& g, const node& n, plan::op_partition p);
@@ -102,7 +131,7 @@ LOOM_INLINE std::optional<int> variable_of(const node& n, const plan::split_axis
 namespace loom::partition {
 
 LOOM_INLINE plan::op_partition bind_partition(const node& n, plan::op_partition p, int devices, bool strict,
-                                              std::vector<std::string>& notes) {
+                                              std::vector<std::string>& notes, const std::vector<std::size_t>& absent) {
     const std::string where = detail::node_where(n);
     if (p.replicas < 1)
         throw plan_error("plan: " + where + " has " + std::to_string(p.replicas) + " replicas; use at least 1");
@@ -112,13 +141,18 @@ LOOM_INLINE plan::op_partition bind_partition(const node& n, plan::op_partition 
         if (s.degree < 1)
             throw plan_error("plan: trans<Split<" + (s.label.empty() ? std::string(s.dim.name()) : s.label) + ">, " +
                              std::to_string(s.degree) + "> on " + where + ": the degree must be at least 1");
-        if (s.replicate) continue;
+        if (!s.cuts()) continue;
         auto fail_or_replicate = [&](const std::string& why) {
             if (strict) throw plan_error("plan: trans<Split<" + s.describe() + ">> on " + where + ": " + why);
             notes.push_back(where + ": the mirrored split " + s.describe() + " " + why + "; the op runs replicated instead");
             s.replicate = true;
             copied.push_back(static_cast<std::size_t>(&s - p.splits.data()));
         };
+        const auto index = static_cast<std::size_t>(&s - p.splits.data());
+        if (std::find(absent.begin(), absent.end(), index) != absent.end()) {
+            fail_or_replicate("along a variable the op lacks (none of its operands carries it)");
+            continue;
+        }
         if (n.op->opaque_layout && n.sig.vars.size() > 0) {
             fail_or_replicate("cannot be split: the op reinterprets its input's layout; replicate it or split the ops around it");
             continue;
@@ -201,15 +235,91 @@ LOOM_INLINE plan::op_partition bind_partition(const node& n, plan::op_partition 
     return p;
 }
 
-LOOM_INLINE plan::op_partition mirror_partition(const plan::op_partition& p, const node* forward) {
-    plan::op_partition m = p;
-    m.recompute = false;
-    for (auto& s : m.splits) {
-        if (s.replicate || !forward) continue;
-        if (auto v = forward->sig.find(s.label)) s.dim = forward->sig.vars[static_cast<std::size_t>(*v)].dim;
+LOOM_INLINE mirrored_partition mirror_partition(const graph& g, const plan::op_partition& p, const node* forward,
+                                                const node& n) {
+    mirrored_partition m{p, {}};
+    m.partition.recompute = false;
+    for (auto& s : m.partition.splits)
+        if (s.sums) {
+            s.sums = false;
+            s.replicate = true;
+        }
+    if (!forward) return m;
+    // The axes of a tensor of `forward`, by the variables of `forward` that index them.
+    auto forward_axes = [&](tensor_id t) -> const std::vector<std::vector<int>>* {
+        for (std::size_t k = 0; k < forward->inputs.size() && k < forward->sig.input_axes.size(); ++k)
+            if (forward->inputs[k] == t) return &forward->sig.input_axes[k];
+        for (std::size_t o = 0; o < forward->outputs.size() && o < forward->sig.output_axes.size(); ++o)
+            if (forward->outputs[o] == t) return &forward->sig.output_axes[o];
+        return nullptr;
+    };
+    std::map<int, int> image;  // variable of `forward` -> variable of `n` on the same axis
+    bool traced_all = true;
+    auto trace = [&](tensor_id t, const std::vector<std::vector<int>>* mine) {
+        const std::vector<std::vector<int>>* theirs = forward_axes(t);
+        for (tensor_id twin : g.tensor(t).twin_of)
+            if (!theirs) theirs = forward_axes(twin);
+        if (!mine || !theirs || theirs->size() != mine->size()) {
+            traced_all = false;
+            return;
+        }
+        for (std::size_t a = 0; a < mine->size(); ++a) {
+            if ((*theirs)[a].empty() || (*mine)[a].empty()) continue;
+            const int from = (*theirs)[a][0], to = (*mine)[a][0];
+            if (forward->sig.vars[static_cast<std::size_t>(from)].dim == n.sig.vars[static_cast<std::size_t>(to)].dim)
+                image.try_emplace(from, to);
+        }
+    };
+    for (std::size_t k = 0; k < n.inputs.size(); ++k)
+        trace(n.inputs[k], k < n.sig.input_axes.size() ? &n.sig.input_axes[k] : nullptr);
+    for (std::size_t o = 0; o < n.outputs.size(); ++o)
+        trace(n.outputs[o], o < n.sig.output_axes.size() ? &n.sig.output_axes[o] : nullptr);
+    std::vector<bool> taken(n.sig.vars.size(), false);
+    for (auto [from, to] : image) taken[static_cast<std::size_t>(to)] = true;
+    for (std::size_t i = 0; i < m.partition.splits.size(); ++i) {
+        plan::split_axis& s = m.partition.splits[i];
+        if (s.replicate) continue;
+        const auto v = forward->sig.find(s.label);
+        if (v) s.dim = forward->sig.vars[static_cast<std::size_t>(*v)].dim;
+        if (v && image.count(*v)) {
+            s.label = n.sig.vars[static_cast<std::size_t>(image.at(*v))].label;
+            continue;
+        }
         s.label.clear();
+        if (v && traced_all) {
+            m.absent.push_back(i);
+            continue;
+        }
+        // Untraced: by dim, among the variables that no other axis claimed.
+        for (std::size_t w = 0; w < n.sig.vars.size(); ++w)
+            if (!taken[w] && n.sig.vars[w].dim == s.dim && n.sig.vars[w].splittable && !n.sig.vars[w].frozen) {
+                s.label = n.sig.vars[w].label;
+                taken[w] = true;
+                break;
+            }
     }
     return m;
+}
+
+LOOM_INLINE std::int64_t summands_of(const node& n, const plan::op_partition& p, std::size_t o) {
+    std::int64_t count = 1;
+    for (const auto& s : p.splits) {
+        if (s.sums) count *= s.degree;
+        if (!s.cuts()) continue;
+        auto v = n.sig.find(s.label);
+        if (v && n.sig.effect_of_split(*v).outputs.at(o).effect == split_effect::partial) count *= s.degree;
+    }
+    return count;
+}
+
+LOOM_INLINE void sum_partial_inputs(const node& n, mirrored_partition& m, const std::vector<std::int64_t>& input_summands) {
+    if (!n.op->linear || input_summands.empty() || m.absent.empty()) return;
+    std::int64_t summands = 1;
+    for (std::size_t s : m.absent) summands *= m.partition.splits[s].degree;
+    for (std::int64_t k : input_summands)
+        if (k != summands) return;
+    for (std::size_t s : m.absent) m.partition.splits[s].sums = true;
+    m.absent.clear();
 }
 
 LOOM_INLINE node_layout layout_pieces(const graph& g, const node& n, plan::op_partition p) {
@@ -218,7 +328,7 @@ LOOM_INLINE node_layout layout_pieces(const graph& g, const node& n, plan::op_pa
     std::vector<int> split_var(p.splits.size(), -1);
     std::vector<split_option> effects(p.splits.size());
     for (std::size_t s = 0; s < p.splits.size(); ++s) {
-        if (p.splits[s].replicate) continue;
+        if (!p.splits[s].cuts()) continue;
         split_var[s] = *n.sig.find(p.splits[s].label);
         effects[s] = n.sig.effect_of_split(split_var[s]);
     }
@@ -233,6 +343,14 @@ LOOM_INLINE node_layout layout_pieces(const graph& g, const node& n, plan::op_pa
         }
         std::vector<value_chunk> chunks(n.outputs.size());
         for (std::size_t s = 0; s < p.splits.size(); ++s) {
+            if (p.splits[s].sums) {
+                // The same summand of every input and every output.
+                const auto degree = static_cast<std::int32_t>(p.splits[s].degree);
+                const auto k = static_cast<std::int32_t>(coord[s]);
+                piece.summand = {piece.summand.index * degree + k, piece.summand.count * degree};
+                for (auto& c : chunks) c = {c.index * degree + k, c.count * degree};
+                continue;
+            }
             if (split_var[s] < 0) continue;
             auto v = static_cast<std::size_t>(split_var[s]);
             // Equal pieces, or near-equal ones along a vocabulary the degree does not divide.

@@ -42,9 +42,18 @@ struct split_axis {
     // Copies instead of cuts: the op runs whole `degree` times along this axis of the piece
     // grid (the backward of an op split along a dim that its gradient op lacks).
     bool replicate = false;
+    // Summands instead of cuts: piece k along this axis reads summand k of every input's
+    // partial sums and writes summand k of its outputs, so an op linear in its inputs (the
+    // add of two partial weight gradients) adds them without reducing them first. Set by
+    // partitioning only (partition/apply.hpp), never by a plan.
+    bool sums = false;
+
+    // Whether the axis cuts one of the op's dims (neither copies nor summands).
+    bool cuts() const { return !replicate && !sums; }
 
     std::string describe() const {
         if (replicate) return "replicate x" + std::to_string(degree);
+        if (sums) return "sum x" + std::to_string(degree);
         return (label.empty() ? std::string(dim.name()) : label) + "x" + std::to_string(degree);
     }
     friend bool operator==(const split_axis&, const split_axis&) = default;

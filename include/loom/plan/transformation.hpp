@@ -118,7 +118,7 @@ LOOM_INLINE std::vector<tensor> vocab_parallel_loss(graph_builder&, const node& 
     std::vector<std::int64_t> boundaries{0, vocab};
     op_partition by_chunk = p, combine = p;
     for (std::size_t s = 0; s < p.splits.size(); ++s) {
-        if (p.splits[s].replicate || p.splits[s].label != "v") continue;
+        if (!p.splits[s].cuts() || p.splits[s].label != "v") continue;
         chunks *= p.splits[s].degree;
         std::vector<std::int64_t> finer{0};
         for (std::size_t k = 0; k + 1 < boundaries.size(); ++k)

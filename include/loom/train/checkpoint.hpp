@@ -183,17 +183,27 @@ struct rank_state {
 // A sum over ranks of a failure flag: every rank learns whether any rank failed a phase.
 LOOM_INLINE bool any_rank_failed(comm::communicator* c, int world, bool failed);
 
+// The bytes of one row (one index of the first dim) of a shard of box `region`.
+template <class T>
+std::size_t row_bytes_of(const partition::box& region) {
+    if (region.rank() == 0) return sizeof(T);
+    const std::int64_t rows = std::max<std::int64_t>(region.ranges[0].size(), 1);
+    return std::max<std::size_t>(static_cast<std::size_t>(region.numel() / rows) * sizeof(T), sizeof(T));
+}
+
 // How a shard of box `region` is cut into checksummed blocks: whole rows of its first dim,
-// about 64 KiB each (small enough that a reader needing a quarter of the rows of a small
-// shard reads about a quarter of it). Returns rows per block and bytes per block.
+// at most 64 KiB each and at least 8 blocks where the shard has the rows, so that a reader
+// needing a quarter of the rows of a small shard (a tensor-parallel slice loaded under
+// ZeRO-3) reads about a quarter of it. Returns rows per block and bytes per block. Readers
+// take the rows per block from the manifest, so the choice may change between versions.
 template <class T>
 std::pair<std::int64_t, std::size_t> checksum_blocks(const partition::box& region) {
     if (region.rank() == 0) return {1, sizeof(T)};
     const std::int64_t rows = std::max<std::int64_t>(region.ranges[0].size(), 1);
-    const std::size_t row_bytes = static_cast<std::size_t>(region.numel() / std::max<std::int64_t>(region.ranges[0].size(), 1)) * sizeof(T);
-    const std::int64_t per_block =
-        std::clamp<std::int64_t>(static_cast<std::int64_t>((std::size_t{1} << 16) / std::max<std::size_t>(row_bytes, 1)), 1, rows);
-    return {per_block, static_cast<std::size_t>(per_block) * std::max<std::size_t>(row_bytes, sizeof(T))};
+    const std::size_t row_bytes = row_bytes_of<T>(region);
+    const auto by_size = static_cast<std::int64_t>((std::size_t{1} << 16) / row_bytes);
+    const std::int64_t per_block = std::clamp<std::int64_t>(std::min(by_size, rows / 8), 1, rows);
+    return {per_block, static_cast<std::size_t>(per_block) * row_bytes};
 }
 
 template <class T>
@@ -439,11 +449,10 @@ std::vector<std::vector<T>> read_pieces(const rank_state<T>& s, const std::files
                                  "' does not match the manifest (dtype or size); the checkpoint is damaged: use an "
                                  "older one");
             // Only the checksummed blocks of rows this piece needs are read, straight into place.
-            const auto [rows_per_block, block_bytes] = checksum_blocks<T>(sb);
-            if (rows_per_block != shard.rows_per_block)
-                throw data_error("checkpoint '" + manifest_path + "': shard '" + shard.key + "' has blocks of " +
-                                 std::to_string(shard.rows_per_block) + " rows, not the " + std::to_string(rows_per_block) +
-                                 " this loom writes; the manifest is damaged: use an older checkpoint");
+            // The manifest's own blocks (checked when it was read: at least a row each, one
+            // checksum per block), whatever size the loom that wrote it chose.
+            const std::int64_t rows_per_block = shard.rows_per_block;
+            const std::size_t block_bytes = static_cast<std::size_t>(rows_per_block) * row_bytes_of<T>(sb);
             partition::box read_box = sb;
             std::size_t first_block = 0, last_block = 1;
             if (sb.rank() > 0) {

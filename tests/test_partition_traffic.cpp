@@ -1,0 +1,149 @@
+// What the programs of the standard plans move: the collectives that PyTorch's DDP, ZeRO and
+// Megatron-LM run, and nothing else. Two parts of partitioning make it so
+// (partition/apply.hpp): a backward op mirrors its forward op's splits through the axes of
+// the tensors both touch (so a row-parallel weight's gradient is cut along the columns its
+// device stores, not along its rows, which have the same dim), and the tied embedding's
+// gradient sum adds the two partial gradients summand by summand (so they are reduced once,
+// with every other gradient, and never sent point to point per micro-batch).
+#include <catch2/catch.hpp>
+
+#include <map>
+#include <string>
+
+#include <loom/models/gpt.hpp>
+#include <loom/partition/apply.hpp>
+#include <loom/plan/presets.hpp>
+
+using namespace loom;
+namespace presets = loom::plan::presets;
+using partition::transfer_kind;
+
+namespace {
+
+const models::gpt_config config{.layers = 2, .hidden = 32, .heads = 4, .vocab = 64, .seq = 16, .batch = 16};
+
+partition::partitioned_graph programs(const plan::plan_spec& spec) {
+    auto model = models::gpt(config);
+    const graph training = std::move(model).training_graph();
+    return partition::apply_plan(training, plan::resolve(spec, training));
+}
+
+plan::plan_spec accumulating(int micro_batches, plan::plan_spec inner) {
+    return presets::pipeline(1, micro_batches, {plan::schedule_kind::one_f_one_b}, std::move(inner));
+}
+
+struct traffic {
+    std::map<transfer_kind, int> kinds;                 // every transfer
+    std::map<std::string, std::map<transfer_kind, int>> of_gradient;  // by parameter
+    std::map<transfer_kind, int> backward_activations;  // backward transfers of other tensors
+};
+
+traffic traffic_of(const partition::partitioned_graph& pg) {
+    const graph& g = pg.logical->g;
+    std::map<tensor_id, std::string> parameter_of;
+    for (auto [param, grad] : g.gradients) parameter_of[grad] = g.tensor(param).name;
+    traffic t;
+    for (const auto& tr : pg.transfers) {
+        ++t.kinds[tr.kind];
+        if (auto it = parameter_of.find(tr.logical); it != parameter_of.end())
+            ++t.of_gradient[it->second][tr.kind];
+        else if (tr.backward)
+            ++t.backward_activations[tr.kind];
+    }
+    return t;
+}
+
+std::string listing(const std::map<transfer_kind, int>& kinds) {
+    std::string s;
+    for (auto [k, n] : kinds) s += std::string(partition::to_string(k)) + " x" + std::to_string(n) + " ";
+    return s;
+}
+
+}  // namespace
+
+TEST_CASE("data parallelism all-reduces each gradient once, whatever the micro-batches", "[partition][traffic]") {
+    for (int micro : {1, 2, 4}) {
+        const auto pg = programs(micro == 1 ? presets::data_parallel(4) : accumulating(micro, presets::data_parallel(4)));
+        const auto t = traffic_of(pg);
+        INFO(micro << " micro-batches: " << listing(t.kinds));
+        // The gradients and the loss: one all-reduce each, over all four devices.
+        CHECK(t.kinds == std::map<transfer_kind, int>{{transfer_kind::all_reduce, static_cast<int>(t.of_gradient.size()) + 1}});
+        CHECK(t.of_gradient.size() == pg.logical->g.gradients.size());
+        for (const auto& [name, kinds] : t.of_gradient) {
+            INFO(name);
+            CHECK(kinds == std::map<transfer_kind, int>{{transfer_kind::all_reduce, 1}});
+        }
+        for (const auto& tr : pg.transfers) CHECK(tr.group == std::vector<int>{0, 1, 2, 3});
+        // The tied embedding's two contributions are added where they were made.
+        const graph& g = pg.logical->g;
+        for (std::size_t i = 0; i < g.nodes.size(); ++i)
+            if (g.nodes[i].op == &op_def_of<ops::Add>() && g.nodes[i].backward) {
+                const auto& split = pg.layouts[i].partition;
+                INFO(g.nodes[i].name << ": " << split.describe());
+                CHECK(split.pieces() == 4 * micro);
+            }
+    }
+}
+
+TEST_CASE("ZeRO reduce-scatters each gradient once, whatever the micro-batches", "[partition][traffic][zero]") {
+    for (int stage : {2, 3})
+        for (int micro : {1, 2}) {
+            const auto inner = presets::zero(stage, 4);
+            const auto pg = programs(micro == 1 ? inner : accumulating(micro, inner));
+            const auto t = traffic_of(pg);
+            INFO("ZeRO-" << stage << ", " << micro << " micro-batches: " << listing(t.kinds));
+            // Every parameter's first dim divides by 4 here: one reduce-scatter of each gradient
+            // onto the shards (the tied embedding's included), one all-reduce of the loss, and
+            // under ZeRO-3 the parameters gathered in the forward.
+            const int parameters = static_cast<int>(pg.logical->g.gradients.size());
+            CHECK(t.kinds.count(transfer_kind::send_recv) == 0);
+            CHECK(t.kinds.at(transfer_kind::reduce_scatter) == parameters);
+            CHECK(t.kinds.at(transfer_kind::all_reduce) == 1);
+            if (stage == 3) {
+                CHECK(t.kinds.at(transfer_kind::all_gather) >= parameters);
+                CHECK(t.kinds.at(transfer_kind::all_gather) <= micro * parameters);
+            }
+            CHECK(t.kinds.size() == (stage == 3 ? 3u : 2u));
+        }
+}
+
+TEST_CASE("Megatron's tensor parallelism moves what Megatron-LM moves", "[partition][traffic][megatron]") {
+    for (int micro : {1, 2}) {
+        const auto pg = programs(micro == 1 ? presets::megatron(2, 2) : accumulating(micro, presets::megatron(2, 2)));
+        const auto t = traffic_of(pg);
+        INFO(micro << " micro-batches: " << listing(t.kinds));
+        CHECK(t.kinds.count(transfer_kind::send_recv) == 0);
+        CHECK(t.kinds.count(transfer_kind::reduce_scatter) == 0);
+        CHECK(t.kinds.count(transfer_kind::broadcast) == 0);
+        CHECK(t.kinds.count(transfer_kind::all_to_all) == 0);
+        // Every gradient: one all-reduce per tensor-parallel rank, over its data-parallel pair.
+        CHECK(t.of_gradient.size() == pg.logical->g.gradients.size());
+        for (const auto& [name, kinds] : t.of_gradient) {
+            INFO(name);
+            CHECK(kinds == std::map<transfer_kind, int>{{transfer_kind::all_reduce, 2}});
+        }
+        // The backward's own collectives: the input gradients of the column-parallel layers
+        // (q, k and v together, fc, and the vocabulary-parallel LM head), all-reduced in each
+        // tensor-parallel pair, once per micro-batch.
+        CHECK(t.backward_activations ==
+              std::map<transfer_kind, int>{{transfer_kind::all_reduce, 2 * micro * (2 * config.layers + 1)}});
+        // The row-parallel projections' gradients are cut like their weights: along k, the
+        // columns each device stores.
+        const graph& g = pg.logical->g;
+        int row_parallel = 0;
+        for (std::size_t i = 0; i < g.nodes.size(); ++i) {
+            const node& n = g.nodes[i];
+            if (n.name.find(".proj/grad.linear_grad") == std::string::npos) continue;
+            ++row_parallel;
+            INFO(n.name << ": " << pg.layouts[i].partition.describe());
+            bool along_k = false, along_n = false;
+            for (const auto& s : pg.layouts[i].partition.splits) {
+                along_k = along_k || (s.cuts() && s.label == "k");
+                along_n = along_n || (s.cuts() && s.label == "n");
+            }
+            CHECK(along_k);
+            CHECK_FALSE(along_n);
+        }
+        CHECK(row_parallel == 2 * 2 * config.layers);  // grad_input and grad_weight of attn.proj and mlp.proj
+    }
+}
