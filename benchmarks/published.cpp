@@ -10,8 +10,8 @@
 // The bar: within 25% of the published figure. Writes a JSON record.
 //
 //   published [--rows 3] [--accumulate 1] [--out benchmarks/results/published.json]
-// Run from the repository root. Rows 4 and 5 (256 and 512 GPUs) take minutes and GBs: the
-// programs of every device are materialized (no folding yet).
+// Run from the repository root. Row 5 (512 GPUs, with a pipeline) takes minutes and more than
+// 11 GB: the programs of every device are materialized (no folding yet).
 #include <CLI/CLI.hpp>
 #include <nlohmann/json.hpp>
 
