@@ -25571,7 +25571,10 @@ struct adamw_update {
             const __m512 mi = _mm512_add_ps(_mm512_mul_ps(vb1, _mm512_loadu_ps(m + i)), _mm512_mul_ps(one_minus_b1, gi));
             const __m512 vi = _mm512_add_ps(_mm512_mul_ps(vb2, _mm512_loadu_ps(v + i)),
                                             _mm512_mul_ps(_mm512_mul_ps(one_minus_b2, gi), gi));
-            const __m512 denominator = _mm512_add_ps(_mm512_div_ps(_mm512_sqrt_ps(vi), vbias2), veps);
+            // The masked form with every lane set: _mm512_sqrt_ps passes GCC 12 an undefined
+            // source that it then warns about (-Wmaybe-uninitialized); the result is the same.
+            const __m512 root = _mm512_mask_sqrt_ps(vi, static_cast<__mmask16>(0xFFFF), vi);
+            const __m512 denominator = _mm512_add_ps(_mm512_div_ps(root, vbias2), veps);
             _mm512_storeu_ps(m + i, mi);
             _mm512_storeu_ps(v + i, vi);
             _mm512_storeu_ps(p + i, _mm512_sub_ps(pi, _mm512_div_ps(_mm512_mul_ps(vstep, mi), denominator)));
