@@ -7,6 +7,7 @@
 // with every other gradient, and never sent point to point per micro-batch).
 #include <catch2/catch.hpp>
 
+#include <algorithm>
 #include <map>
 #include <string>
 
@@ -74,14 +75,45 @@ TEST_CASE("data parallelism all-reduces each gradient once, whatever the micro-b
             CHECK(kinds == std::map<transfer_kind, int>{{transfer_kind::all_reduce, 1}});
         }
         for (const auto& tr : pg.transfers) CHECK(tr.group == std::vector<int>{0, 1, 2, 3});
-        // The tied embedding's two contributions are added where they were made.
+        // The tied embedding's two contributions are added where they were made, once per
+        // device: its micro-batches' summands are added up first.
         const graph& g = pg.logical->g;
-        for (std::size_t i = 0; i < g.nodes.size(); ++i)
-            if (g.nodes[i].op == &op_def_of<ops::Add>() && g.nodes[i].backward) {
-                const auto& split = pg.layouts[i].partition;
-                INFO(g.nodes[i].name << ": " << split.describe());
-                CHECK(split.pieces() == 4 * micro);
-            }
+        int adds = 0;
+        for (std::size_t i = 0; i < g.nodes.size(); ++i) {
+            const auto& split = pg.layouts[i].partition;
+            if (std::none_of(split.splits.begin(), split.splits.end(), [](const plan::split_axis& a) { return a.sums; }))
+                continue;
+            INFO(g.nodes[i].name << ": " << split.describe());
+            CHECK(g.nodes[i].op == &op_def_of<ops::Add>());
+            CHECK(split.describe() == "split sum x4 on {0,1,2,3}");
+            ++adds;
+        }
+        CHECK(adds == 1);
+    }
+}
+
+TEST_CASE("the LM head's gradient reaches the embedding's stage once per step, whatever the micro-batches",
+          "[partition][traffic][pipeline]") {
+    // Two stages of data parallelism x2: the tied embedding's gradient is the embedding's
+    // (first stage) plus the LM head's (last stage). Each last-stage device adds up its
+    // micro-batches' contributions and sends the sum once, to its first-stage counterpart.
+    for (int micro : {1, 2, 4, 8}) {
+        const auto pg = programs(presets::pipeline(2, micro, {plan::schedule_kind::one_f_one_b}, presets::data_parallel(2)));
+        const graph& g = pg.logical->g;
+        std::int64_t table = 0;
+        for (auto [param, grad] : g.gradients)
+            if (g.tensor(param).name == "wte") table = g.tensor(param).dims.numel();
+        int sends = 0;
+        std::int64_t elements = 0;
+        for (const auto& tr : pg.transfers) {
+            const tensor_desc& t = g.tensor(tr.logical);
+            if (tr.kind != transfer_kind::send_recv || t.dims.numel() != table || !tr.backward) continue;
+            ++sends;
+            elements += tr.inputs[0].numel();
+        }
+        INFO(micro << " micro-batches");
+        CHECK(sends == 2);
+        CHECK(elements == 2 * table);
     }
 }
 

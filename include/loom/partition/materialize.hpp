@@ -635,6 +635,8 @@ private:
         // The pieces its producer wrote (they tile the tensor once per summand and copy), one
         // holder per distinct region, the requesting device's where it has one.
         std::map<box, held_piece> by_region;
+        if (std::none_of(holders.begin(), holders.end(), [](const held_piece& h) { return h.written; }))
+            return coarse_summand(t, r);
         for (const auto& h : holders) {
             if (!h.written) continue;
             auto [at, inserted] = by_region.try_emplace(h.v.region, h);
@@ -649,19 +651,7 @@ private:
                 parts.push_back({h.local, held_region, {}});
                 continue;
             }
-            tensor_id source = h.local;
-            if (!(region == held_region)) source = assemble(h.device, t, region, {{h.local, held_region, {}}}, false);
-            transfer p2p;
-            p2p.kind = transfer_kind::send_recv;
-            p2p.logical = t;
-            p2p.group = {h.device, r.device};
-            p2p.inputs = {region, box{}};
-            p2p.outputs = {box{}, region};
-            p2p.has_input = {true, false};
-            p2p.has_output = {false, true};
-            auto outs = emit(std::move(p2p), {source, no_id});
-            held_[static_cast<std::size_t>(t)].back().v.value = r.value;
-            parts.push_back({outs[1], region, {}});
+            parts.push_back({send(t, h, region, r.device, r.value), region, {}});
         }
         if (parts.empty() || (r.region.rank() > 0 && covered != r.region.numel())) {
             throw error("partition: summand " + std::to_string(r.value.index) + " of " + std::to_string(r.value.count) +
@@ -673,6 +663,90 @@ private:
         tensor_id whole = assemble(r.device, t, r.region, parts, false);
         hold(t, {t, r.region, r.value}, r.device, whole, false);
         return whole;
+    }
+
+    // Coarse summand j of J (r.value) where the producer wrote finer summands f of F (J
+    // divides F): the sum of those with f % J == j, per region the producer wrote. Each
+    // region's sum is made on a device that holds all of its summands (the requesting device
+    // if it does: a data-parallel rank's micro-batches) and sent from there once (the LM
+    // head's contributions to the tied embedding's gradient, a pipeline stage away).
+    tensor_id coarse_summand(tensor_id t, const request& r) {
+        const value_chunk want = r.value;
+        std::map<box, std::map<int, std::map<std::int32_t, held_piece>>> fine;  // region -> device -> summand -> piece
+        std::map<box, std::set<std::int32_t>> needed;                            // region -> summands
+        for (const auto& h : held_[static_cast<std::size_t>(t)]) {
+            const value_chunk& v = h.v.value;
+            if (!h.written || v.count <= want.count || v.count % want.count != 0 || v.index % want.count != want.index) continue;
+            if (r.region.rank() > 0 && intersect(h.v.region, r.region).empty()) continue;
+            fine[h.v.region][h.device].emplace(v.index, h);
+            needed[h.v.region].insert(v.index);
+        }
+        std::vector<assemble_input> parts;
+        std::int64_t covered = 0;
+        for (auto& [R, by_device] : fine) {
+            const std::set<std::int32_t>& all = needed.at(R);
+            auto holds_all = [&](int d) { return by_device.count(d) && by_device.at(d).size() == all.size(); };
+            int at = r.device;
+            if (!holds_all(at))
+                for (const auto& [d, pieces] : by_device)
+                    if (holds_all(d)) {
+                        at = d;
+                        break;
+                    }
+            // One piece of every summand on `at`, received from a holder where it has none.
+            std::vector<assemble_input> summands;
+            for (std::int32_t f : all) {
+                if (by_device.count(at) && by_device.at(at).count(f)) {
+                    const held_piece& h = by_device.at(at).at(f);
+                    summands.push_back({h.local, R, h.v.value});
+                    continue;
+                }
+                const held_piece* from = nullptr;
+                for (const auto& [d, pieces] : by_device)
+                    if (!from && pieces.count(f)) from = &pieces.at(f);
+                summands.push_back({send(t, *from, R, at, from->v.value), R, from->v.value});
+            }
+            tensor_id sum = summands[0].local;
+            if (summands.size() > 1) {
+                // One summand at a time, so that each dies once it is added.
+                sum = assemble(at, t, R, {summands[0], summands[1]}, true);
+                for (std::size_t q = 2; q < summands.size(); ++q) sum = assemble(at, t, R, {{sum, R, {}}, summands[q]}, true);
+            }
+            hold(t, {t, R, want}, at, sum, false);
+            const box region = r.region.rank() == 0 ? box{} : intersect(R, r.region);
+            covered += region.numel();
+            if (at == r.device) {
+                parts.push_back({sum, R, {}});
+                continue;
+            }
+            held_piece made{{t, R, want}, at, sum, false, false};
+            parts.push_back({send(t, made, region, r.device, want), region, {}});
+        }
+        if (parts.empty() || (r.region.rank() > 0 && covered != r.region.numel()))
+            throw error("partition: summand " + std::to_string(want.index) + " of " + std::to_string(want.count) + " of '" +
+                        g_.tensor(t).name + "' " + r.region.to_string() + ", needed on device " + std::to_string(r.device) +
+                        ", cannot be made from its producer's pieces; they do not cover it once");
+        if (parts.size() == 1 && parts[0].region == r.region) return parts[0].local;
+        tensor_id whole = assemble(r.device, t, r.region, parts, false);
+        hold(t, {t, r.region, want}, r.device, whole, false);
+        return whole;
+    }
+
+    // Box `region` of held piece `h` (a summand `value` of t), sent point to point to `device`.
+    tensor_id send(tensor_id t, const held_piece& h, const box& region, int device, const value_chunk& value) {
+        tensor_id source = h.local;
+        if (!(region == h.v.region)) source = assemble(h.device, t, region, {{h.local, h.v.region, {}}}, false);
+        transfer p2p;
+        p2p.kind = transfer_kind::send_recv;
+        p2p.logical = t;
+        p2p.group = {h.device, device};
+        p2p.inputs = {region, box{}};
+        p2p.outputs = {box{}, region};
+        p2p.has_input = {true, false};
+        p2p.has_output = {false, true};
+        auto outs = emit(std::move(p2p), {source, no_id});
+        held_[static_cast<std::size_t>(t)].back().v.value = value;  // what arrived is still a summand
+        return outs[1];
     }
 
     // A device holding several partial sums of one box (a weight's gradient over the

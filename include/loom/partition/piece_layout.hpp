@@ -46,6 +46,11 @@ LOOM_INLINE std::string divisors(std::int64_t n);
 // that dim (or the first, if several carry it).
 LOOM_INLINE std::optional<int> variable_of(const node& n, const plan::split_axis& s);
 
+// Removes from `p` each of `axes` (indices of its splits, ascending) along which every
+// piece shares its device with the pieces at the same other coordinates, keeping the
+// pieces at coordinate 0 of it.
+LOOM_INLINE void drop_axes_on_shared_devices(plan::op_partition& p, const std::vector<std::size_t>& axes);
+
 }  // namespace detail
 
 // Checks `p` against node `n` and binds every split to one of the node's variables (its
@@ -79,10 +84,12 @@ LOOM_INLINE std::int64_t summands_of(const node& n, const plan::op_partition& p,
 
 // For an op linear in its inputs (op_def::linear) with a mirrored partition `m`: the splits
 // along variables the op lacks become summand axes when every input arrives as exactly that
-// many partial sums (`input_summands`), so that piece k adds summand k of each. Otherwise
-// they stay absent, for bind_partition to turn into copies, which need every input reduced
-// whole on every copy: the tied embedding's gradient sum under data parallelism would then
-// reduce two whole tables, and with micro-batches send every partial point to point.
+// many partial sums (`input_summands`), so that piece k adds summand k of each. Summands on
+// one device merge: coarse summand j of J is the sum of every summand f with f % J == j (the
+// micro-batch axis, outermost, is the one merged). Otherwise they stay absent, for
+// bind_partition to turn into copies, which need every input reduced whole on every copy:
+// the tied embedding's gradient sum under data parallelism would then reduce two whole
+// tables, and with micro-batches send every partial point to point.
 LOOM_INLINE void sum_partial_inputs(const node& n, mirrored_partition& m, const std::vector<std::int64_t>& input_summands);
 
 // Index ranges and boxes of every piece of node `n` under the bound partition `p`.
@@ -126,6 +133,27 @@ LOOM_INLINE std::optional<int> variable_of(const node& n, const plan::split_axis
         }
     return found;
 }
+LOOM_INLINE void drop_axes_on_shared_devices(plan::op_partition& p, const std::vector<std::size_t>& axes) {
+    for (auto it = axes.rbegin(); it != axes.rend() && !p.devices.empty(); ++it) {
+        const std::size_t axis = *it;
+        if (static_cast<std::int64_t>(p.devices.size()) != p.pieces()) break;
+        std::vector<int> kept;
+        std::map<std::vector<std::int64_t>, int> device_at;
+        bool shared = true;
+        for (std::int64_t i = 0; i < p.pieces() && shared; ++i) {
+            auto c = p.coordinates(i);
+            const bool first = c[axis] == 0;
+            c[axis] = 0;
+            auto [at, inserted] = device_at.try_emplace(c, p.device_of(i));
+            shared = at->second == p.device_of(i);
+            if (first) kept.push_back(p.device_of(i));
+        }
+        if (!shared) continue;
+        p.splits.erase(p.splits.begin() + static_cast<std::ptrdiff_t>(axis));
+        p.devices = std::move(kept);
+    }
+}
+
 }  // namespace loom::partition::detail
 
 namespace loom::partition {
@@ -199,24 +227,7 @@ LOOM_INLINE plan::op_partition bind_partition(const node& n, plan::op_partition 
     // A copy along an axis whose pieces all share their devices (a pipeline's micro-batches
     // of an op without a batch dim, such as a weight's gradient sum) computes the same thing
     // twice on one device: keep one.
-    for (auto it = copied.rbegin(); it != copied.rend() && !p.devices.empty(); ++it) {
-        const std::size_t axis = *it;
-        if (static_cast<std::int64_t>(p.devices.size()) != p.pieces()) break;
-        std::vector<int> kept;
-        std::map<std::vector<std::int64_t>, int> device_at;
-        bool shared = true;
-        for (std::int64_t i = 0; i < p.pieces() && shared; ++i) {
-            auto c = p.coordinates(i);
-            const bool first = c[axis] == 0;
-            c[axis] = 0;
-            auto [at, inserted] = device_at.try_emplace(c, p.device_of(i));
-            shared = at->second == p.device_of(i);
-            if (first) kept.push_back(p.device_of(i));
-        }
-        if (!shared) continue;
-        p.splits.erase(p.splits.begin() + static_cast<std::ptrdiff_t>(axis));
-        p.devices = std::move(kept);
-    }
+    detail::drop_axes_on_shared_devices(p, copied);
     const std::int64_t pieces = p.pieces();
     if (!p.devices.empty() && static_cast<std::int64_t>(p.devices.size()) != pieces)
         throw plan_error("plan: op-assign on " + where + " lists " + std::to_string(p.devices.size()) +
@@ -319,6 +330,10 @@ LOOM_INLINE void sum_partial_inputs(const node& n, mirrored_partition& m, const 
     for (std::int64_t k : input_summands)
         if (k != summands) return;
     for (std::size_t s : m.absent) m.partition.splits[s].sums = true;
+    // Summands whose pieces share a device (a pipeline's micro-batches) are added up there
+    // first: one piece per device reads the sum of its summands, and the summands of an input
+    // made on another device (the LM head's, a stage away) are summed there and sent once.
+    detail::drop_axes_on_shared_devices(m.partition, m.absent);
     m.absent.clear();
 }
 
