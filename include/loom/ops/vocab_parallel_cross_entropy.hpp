@@ -61,7 +61,8 @@ namespace loom::ops {
 namespace detail {
 
 // The chunk axis keeps the vocabulary's dim (it is the vocabulary, `chunks` entries long),
-// so that a split of the logits along Vocab finds it when a plan mirrors partitions by dim.
+// so that a split of the logits along Vocab finds it when partitions are mirrored onto the
+// backward ops (an axis matches only one of the same dim).
 LOOM_INLINE std::vector<preset_variable> chunk_presets(const attributes& a, std::string_view op);
 
 LOOM_INLINE attributes chunk_piece_attributes(const node& n, const piece_ranges& r);
