@@ -269,6 +269,9 @@ TEMPLATE_TEST_CASE("gemm matches the reference across cache blocks and threads",
             // Several blocks of packed A rows (m > mc) in one depth slice and across two
             // (k > kc), with edge rows and columns.
             cases.push_back({ta, tb, 601, 70, 400, 1, T(1), T(0.5), false});
+            // C cut into several columns of tiles on two and three threads, so A is packed once
+            // up front and shared: several blocks of A rows, an edge row, and two depth slices.
+            cases.push_back({ta, tb, 301, 300, 400, 2, T(1), T(0.5), false});
         }
     }
     check_all(cases);
