@@ -865,12 +865,54 @@ inline tile_plan plan_tiles(std::int64_t m, std::int64_t n, std::int64_t k, int 
 }
 
 template <class T, gemm_isa Isa>
+void multiply_whole(thread_pool& pool, unsigned threads, const problem& s, T alpha, const T* a, const T* b, T beta,
+                    T* c);
+
+// Products whose packed B would exceed shared_b_keep_bytes (an LM head: 50304 columns wide
+// in the forward, 50304 deep in the input gradient) run as a sequence of products that each
+// fit: columns of C in blocks of whole nc, and depth in blocks of whole kc accumulating onto
+// C in order (deterministic). Packing all of B at once allocated and faulted in 154 MiB per
+// call (4% of the product), and its A, too large to share, was packed once per column of
+// tiles (6%); in blocks, both packed operands live in storage kept between calls.
+template <class T, gemm_isa Isa>
 void multiply(thread_pool& pool, const problem& s, T alpha, const T* a, const T* b, T beta, T* c) {
     using config = kernel_config<T, Isa>;
     constexpr int mr = config::mr;
     constexpr int nr = config::nr;
     // A gemm inside a parallel region runs on its own thread (parallel_for would be serial).
     const unsigned threads = host::detail::inside_parallel_region() ? 1u : pool.size();
+    const auto padded = [](std::int64_t x, std::int64_t unit) { return (x + unit - 1) / unit * unit; };
+    const std::int64_t limit = static_cast<std::int64_t>(shared_b_keep_bytes / sizeof(T));
+    std::int64_t cols = s.n, depth = s.k;
+    if (threads > 1 && padded(s.n, nr) * s.k > limit) {
+        if (s.n >= s.k) cols = std::max<std::int64_t>(config::nc, limit / s.k / config::nc * config::nc);
+        if (padded(cols, nr) * s.k > limit) {
+            const std::int64_t widest = std::max(padded(cols, nr), padded(s.m, mr));
+            depth = std::max<std::int64_t>(config::kc, limit / widest / config::kc * config::kc);
+        }
+    }
+    if (cols >= s.n && depth >= s.k) {
+        multiply_whole<T, Isa>(pool, threads, s, alpha, a, b, beta, c);
+        return;
+    }
+    for (std::int64_t j0 = 0; j0 < s.n; j0 += cols) {
+        for (std::int64_t p0 = 0; p0 < s.k; p0 += depth) {
+            problem part = s;
+            part.n = std::min(cols, s.n - j0);
+            part.k = std::min(depth, s.k - p0);
+            const T* a_part = s.ta == transpose::no ? a + p0 : a + p0 * s.lda;
+            const T* b_part = s.tb == transpose::no ? b + p0 * s.ldb + j0 : b + j0 * s.ldb + p0;
+            multiply_whole<T, Isa>(pool, threads, part, alpha, a_part, b_part, p0 == 0 ? beta : T(1), c + j0);
+        }
+    }
+}
+
+template <class T, gemm_isa Isa>
+void multiply_whole(thread_pool& pool, unsigned threads, const problem& s, T alpha, const T* a, const T* b, T beta,
+                    T* c) {
+    using config = kernel_config<T, Isa>;
+    constexpr int mr = config::mr;
+    constexpr int nr = config::nr;
     const tile_plan plan = plan_tiles(s.m, s.n, s.k, mr, nr, threads);
 
     if (plan.tiles() == 1) {
