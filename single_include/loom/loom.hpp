@@ -19797,7 +19797,8 @@ struct host_kernel<ops::SumLeading> {
 // thread, so OpenBLAS's threads never pile onto the pool's.
 //
 // gemm_fallback() is the portable path: op(B) packed once and shared, A packed once per
-// depth slice in blocks of rows, cache-blocked (an mr x kc panel of A in L1 sweeps a kc x nc
+// depth slice in blocks of rows (shared as well when C is cut into several columns of
+// tiles), products too large to pack whole run in parts that fit, cache-blocked (an mr x kc panel of A in L1 sweeps a kc x nc
 // block of B in L2), register-tiled micro-kernels, and C cut into tiles that the threads of
 // thread_pool::global() take first come first served. The AVX-512F or AVX2+FMA micro-kernels are chosen at run time
 // (the header needs no -march flag); a plain C++ micro-kernel runs everywhere else. They
@@ -20595,8 +20596,9 @@ inline std::int64_t slice_depth(std::int64_t k, std::int64_t kc) {
 // what the first one wrote.
 //
 // With B packed up front (several tiles), blocks of mc rows of A are packed once per slice
-// and swept over every nc-wide block of B's slice: each element of A is packed exactly once
-// however wide C is (an LM head's 50304 columns used to repack A once per 1024 columns).
+// (or found packed up front, when A is shared) and swept over every nc-wide block of B's
+// slice: each element of A is packed once per tile however wide the tile is (an LM head's
+// 50304 columns used to repack A once per 1024 columns).
 // A tile that packs its own B packs each kc x nc block just before it sweeps it (hot in L2)
 // and packs A once per block. Either way an mr x kc panel of A stays in L1 while it sweeps
 // the kc x nc block of B in L2.
