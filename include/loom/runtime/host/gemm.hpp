@@ -15,8 +15,8 @@
 //
 // gemm_fallback() is the portable path: op(B) packed once and shared, A packed once per
 // depth slice in blocks of rows (shared as well when C is cut into several columns of
-// tiles), products too large to pack whole run in parts that fit, cache-blocked (an mr x kc panel of A in L1 sweeps a kc x nc
-// block of B in L2), register-tiled micro-kernels, and C cut into tiles that the threads of
+// tiles), products too large to pack whole run in parts that fit, cache-blocked (an
+// mr x kc panel of A in L1 sweeps a kc x nc block of B in L2), register-tiled micro-kernels, and C cut into tiles that the threads of
 // thread_pool::global() take first come first served. The AVX-512F or AVX2+FMA micro-kernels are chosen at run time
 // (the header needs no -march flag); a plain C++ micro-kernel runs everywhere else. They
 // use GCC/Clang target attributes and <immintrin.h>, so this header is for x86-64.
@@ -752,7 +752,6 @@ inline std::int64_t slice_depth(std::int64_t k, std::int64_t kc) {
 // A tile that packs its own B packs each kc x nc block just before it sweeps it (hot in L2)
 // and packs A once per block. Either way an mr x kc panel of A stays in L1 while it sweeps
 // the kc x nc block of B in L2.
-
 template <class T, gemm_isa Isa>
 void multiply_tile(const problem& s, T alpha, const T* a, const T* b, T beta, T* c, std::int64_t i0, std::int64_t i1,
                    std::int64_t j0, std::int64_t j1, packed_b_source<T> source) {
@@ -874,8 +873,9 @@ void multiply_whole(thread_pool& pool, unsigned threads, const problem& s, T alp
 // in the forward, 50304 deep in the input gradient) run as a sequence of products that each
 // fit: columns of C in blocks of whole nc, and depth in blocks of whole kc accumulating onto
 // C in order (deterministic). Packing all of B at once allocated and faulted in 154 MiB per
-// call (4% of the product), and its A, too large to share, was packed once per column of
-// tiles (6%); in blocks, both packed operands live in storage kept between calls.
+// call (3.5% of the input gradient's time), and its A, too large to share, was packed once
+// per column of tiles (6%); in parts, both packed operands live in storage kept between
+// calls.
 template <class T, gemm_isa Isa>
 void multiply(thread_pool& pool, const problem& s, T alpha, const T* a, const T* b, T beta, T* c) {
     using config = kernel_config<T, Isa>;
@@ -923,10 +923,11 @@ void multiply_whole(thread_pool& pool, unsigned threads, const problem& s, T alp
     }
 
     // One fork-join for both phases: each thread packs (slice, nc-wide column block) jobs of
-    // op(B) (and (slice, mc-row block) jobs of op(A) when A is shared) while any are left, waits until every job taken has been packed, then takes tiles
-    // of C, first come first served. A thread that starts late finds the packing done and
-    // goes straight to the tiles; one that never starts is not waited for. (Two fork-joins,
-    // one per phase, cost 5-10% of the small GEMMs of a 128-wide model.)
+    // op(B), and (slice, mc-row block) jobs of op(A) when A is shared, while any are left,
+    // waits until every job taken has been packed, then takes tiles of C, first come first
+    // served. A thread that starts late finds the packing done and goes straight to the
+    // tiles; one that never starts is not waited for. (Two fork-joins, one per phase, cost
+    // 5-10% of the small GEMMs of a 128-wide model.)
     const std::int64_t col_units = (s.n + nr - 1) / nr;
     const std::int64_t padded_n = col_units * nr;
     const std::size_t shared_bytes = sizeof(T) * static_cast<std::size_t>(padded_n * s.k);
