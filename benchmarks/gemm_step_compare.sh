@@ -8,12 +8,13 @@
 #
 #   benchmarks/gemm_step_compare.sh [previous-commit] [rounds] [-- gemm_step options]
 #
-# Defaults: the commit before the GEMM changes of issue 19's second round (862c35b), 5 rounds,
+# Defaults: the commit before the GEMM changes of issue 19's third round (d9215ff; the second
+# round's started from 862c35b), 5 rounds,
 # GPT-2 small at 1024 tokens. Both loom programs are compiled the same way (g++ -O3, no
 # OpenBLAS), from benchmarks/gemm_step.cpp.
 set -euo pipefail
 cd "$(dirname "$0")/.."
-previous="${1:-862c35b}"
+previous="${1:-d9215ff}"
 rounds="${2:-5}"
 shift $(( $# > 2 ? 2 : $# ))
 [[ "${1:-}" == "--" ]] && shift

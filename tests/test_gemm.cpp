@@ -269,9 +269,62 @@ TEMPLATE_TEST_CASE("gemm matches the reference across cache blocks and threads",
             // Several blocks of packed A rows (m > mc) in one depth slice and across two
             // (k > kc), with edge rows and columns.
             cases.push_back({ta, tb, 601, 70, 400, 1, T(1), T(0.5), false});
+            // C cut into several columns of tiles on two and three threads, so A is packed once
+            // up front and shared: several blocks of A rows, an edge row, and two depth slices.
+            cases.push_back({ta, tb, 301, 300, 400, 2, T(1), T(0.5), false});
         }
     }
     check_all(cases);
+}
+
+TEST_CASE("gemm cuts products whose packed B would not fit the kept storage into parts", "[gemm]") {
+    // Packed B beyond shared_b_keep_bytes (32 MiB, 8 Mi floats) on several threads: a wide
+    // product runs as blocks of columns of C, a deep one as blocks of depth accumulated onto
+    // C in order (beta applies once, to the first), like an LM head's forward and input
+    // gradient. Small integers keep every partial sum exact in float, so C must equal the
+    // integer reference exactly (a rounding bound over 140000 terms would hide a lost part).
+    static loom::host::thread_pool three(3);
+    const gemm_isa isa = loom::host::gemm_best_isa();
+    struct shape {
+        std::int64_t m, n, k;
+    };
+    for (const shape& sh : {shape{3, 3000, 2900}, shape{3, 40, 140000}}) {
+        for (transpose ta : both) {
+            for (transpose tb : both) {
+                const auto [m, n, k] = sh;
+                std::vector<float> a(static_cast<std::size_t>(m * k)), b(static_cast<std::size_t>(k * n)),
+                    c(static_cast<std::size_t>(m * n));
+                const auto a_at = [&](std::int64_t i, std::int64_t p) -> float& {
+                    return ta == transpose::no ? a[i * k + p] : a[p * m + i];
+                };
+                const auto b_at = [&](std::int64_t p, std::int64_t j) -> float& {
+                    return tb == transpose::no ? b[p * n + j] : b[j * k + p];
+                };
+                for (std::int64_t i = 0; i < m; ++i)
+                    for (std::int64_t p = 0; p < k; ++p) a_at(i, p) = static_cast<float>((i * 7 + p * 3) % 5 - 2);
+                for (std::int64_t p = 0; p < k; ++p)
+                    for (std::int64_t j = 0; j < n; ++j) b_at(p, j) = static_cast<float>((p * 5 + j * 11) % 7 - 3);
+                for (std::int64_t i = 0; i < m * n; ++i) c[i] = static_cast<float>(i % 9 - 4);
+                const std::vector<float> c0 = c;
+                loom::host::detail::gemm::fallback_unchecked<float>(isa, three, ta, tb, m, n, k, 1.5f, a.data(),
+                                                                    ta == transpose::no ? k : m, b.data(),
+                                                                    tb == transpose::no ? n : k, 0.5f, c.data(), n);
+                std::int64_t wrong = 0;
+                for (std::int64_t i = 0; i < m; ++i) {
+                    for (std::int64_t j = 0; j < n; ++j) {
+                        std::int64_t sum = 0;
+                        for (std::int64_t p = 0; p < k; ++p)
+                            sum += static_cast<std::int64_t>(a_at(i, p)) * static_cast<std::int64_t>(b_at(p, j));
+                        const double expected = 1.5 * static_cast<double>(sum) + 0.5 * c0[i * n + j];
+                        if (static_cast<double>(c[i * n + j]) != expected) ++wrong;
+                    }
+                }
+                INFO((ta == transpose::no ? "N" : "T") << (tb == transpose::no ? "N" : "T") << " m=" << m
+                                                        << " n=" << n << " k=" << k);
+                CHECK(wrong == 0);
+            }
+        }
+    }
 }
 
 TEMPLATE_TEST_CASE("gemm applies alpha and beta, and beta == 0 ignores NaN in C", "[gemm]", float, double) {

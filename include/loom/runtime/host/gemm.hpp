@@ -14,8 +14,9 @@
 // thread, so OpenBLAS's threads never pile onto the pool's.
 //
 // gemm_fallback() is the portable path: op(B) packed once and shared, A packed once per
-// depth slice in blocks of rows, cache-blocked (an mr x kc panel of A in L1 sweeps a kc x nc
-// block of B in L2), register-tiled micro-kernels, and C cut into tiles that the threads of
+// depth slice in blocks of rows (shared as well when C is cut into several columns of
+// tiles), products too large to pack whole run in parts that fit, cache-blocked (an
+// mr x kc panel of A in L1 sweeps a kc x nc block of B in L2), register-tiled micro-kernels, and C cut into tiles that the threads of
 // thread_pool::global() take first come first served. The AVX-512F or AVX2+FMA micro-kernels are chosen at run time
 // (the header needs no -march flag); a plain C++ micro-kernel runs everywhere else. They
 // use GCC/Clang target attributes and <immintrin.h>, so this header is for x86-64.
@@ -645,6 +646,11 @@ inline pack_storage& b_shared_storage() {
     thread_local pack_storage storage;
     return storage;
 }
+// All of op(A), when it is shared (see multiply); kept up to the same size.
+inline pack_storage& a_shared_storage() {
+    thread_local pack_storage storage;
+    return storage;
+}
 
 struct problem {
     transpose ta, tb;
@@ -654,11 +660,15 @@ struct problem {
 
 // Where a tile finds packed B: either all of op(B) packed before the tiles run (slice pc at
 // shared + pc * padded_n, so column j's panel sits at shared + pc * padded_n + j * depth),
-// or nothing, and the tile packs each kc x nc block it needs into its own buffer.
+// or nothing, and the tile packs each kc x nc block it needs into its own buffer. Likewise
+// packed A: all of op(A) packed before the tiles run (row i's panel of slice pc at
+// shared_a + pc * padded_m + i * depth), or nothing, and the tile packs its own rows.
 template <class T>
 struct packed_b_source {
     const T* shared = nullptr;
     std::int64_t padded_n = 0;
+    const T* shared_a = nullptr;
+    std::int64_t padded_m = 0;
 };
 
 // The register tiles of C[ib..ie, jc..jc + cols) for one depth slice: A's packed rows
@@ -702,8 +712,33 @@ void pack_a_block(const problem& s, const T* a, std::int64_t ib, std::int64_t ie
                   std::int64_t depth, T* out) {
     using config = kernel_config<T, Isa>;
     constexpr int mr = config::mr;
+    if (s.ta == transpose::yes) {
+        // op(A)[i][p] = a[p*lda + i]: one row of A holds column p of every panel of the
+        // block. Reading it once, contiguously, and dealing it out to the panels touches each
+        // line and page of A once per block instead of once per panel.
+        const std::int64_t full = (ie - ib) / mr;
+        const std::int64_t tail = (ie - ib) - full * mr;
+        for (std::int64_t p = 0; p < depth; ++p) {
+            const T* src = a + (pc + p) * s.lda + ib;
+            T* dst = out + p * mr;
+            for (std::int64_t q = 0; q < full; ++q) std::memcpy(dst + q * mr * depth, src + q * mr, mr * sizeof(T));
+            if (tail > 0) {
+                T* last = dst + full * mr * depth;
+                for (std::int64_t i = 0; i < mr; ++i) last[i] = i < tail ? src[full * mr + i] : T(0);
+            }
+        }
+        return;
+    }
     for (std::int64_t ic = ib; ic < ie; ic += mr)
         pack_a<config>(s.ta, a, s.lda, ic, std::min<std::int64_t>(mr, ie - ic), pc, depth, out + (ic - ib) * depth);
+}
+
+// The depth of every slice but the last: k cut into as few slices of at most kc as
+// possible, of nearly equal depth, so no slice is a short remainder that pays a whole
+// pass over C for little work (1024 = 342 + 342 + 340 rather than 384 + 384 + 256).
+inline std::int64_t slice_depth(std::int64_t k, std::int64_t kc) {
+    const std::int64_t slices = (k + kc - 1) / kc;
+    return (k + slices - 1) / slices;
 }
 
 // C[i0..i1, j0..j1] on the calling thread; i0 and j0 are multiples of the register tile.
@@ -711,8 +746,9 @@ void pack_a_block(const problem& s, const T* a, std::int64_t ib, std::int64_t ie
 // what the first one wrote.
 //
 // With B packed up front (several tiles), blocks of mc rows of A are packed once per slice
-// and swept over every nc-wide block of B's slice: each element of A is packed exactly once
-// however wide C is (an LM head's 50304 columns used to repack A once per 1024 columns).
+// (or found packed up front, when A is shared) and swept over every nc-wide block of B's
+// slice: each element of A is packed once per tile however wide the tile is (an LM head's
+// 50304 columns used to repack A once per 1024 columns).
 // A tile that packs its own B packs each kc x nc block just before it sweeps it (hot in L2)
 // and packs A once per block. Either way an mr x kc panel of A stays in L1 while it sweeps
 // the kc x nc block of B in L2.
@@ -722,27 +758,34 @@ void multiply_tile(const problem& s, T alpha, const T* a, const T* b, T beta, T*
     using config = kernel_config<T, Isa>;
     constexpr int mr = config::mr;
     constexpr int nr = config::nr;
-    const std::int64_t block_depth = std::min<std::int64_t>(config::kc, s.k);
+    const std::int64_t step = slice_depth(s.k, config::kc);
+    const std::int64_t block_depth = step;
     const std::int64_t block_rows = std::min<std::int64_t>(config::mc, (i1 - i0 + mr - 1) / mr * mr);
-    T* packed_a =
-        static_cast<T*>(a_panel_storage().get(sizeof(T) * static_cast<std::size_t>(block_rows * block_depth)));
+    T* packed_a = source.shared_a != nullptr ? nullptr
+                                              : static_cast<T*>(a_panel_storage().get(
+                                                    sizeof(T) * static_cast<std::size_t>(block_rows * block_depth)));
     T* local_b = nullptr;
     if (source.shared == nullptr) {
         const std::int64_t block_cols = std::min<std::int64_t>(config::nc, (j1 - j0 + nr - 1) / nr * nr);
         local_b =
             static_cast<T*>(b_block_storage().get(sizeof(T) * static_cast<std::size_t>(block_cols * block_depth)));
     }
-    for (std::int64_t pc = 0; pc < s.k; pc += config::kc) {
-        const std::int64_t depth = std::min<std::int64_t>(config::kc, s.k - pc);
+    for (std::int64_t pc = 0; pc < s.k; pc += step) {
+        const std::int64_t depth = std::min<std::int64_t>(step, s.k - pc);
         const T beta_block = pc == 0 ? beta : T(1);
         if (source.shared != nullptr) {
             const T* slice = source.shared + pc * source.padded_n;
             for (std::int64_t ib = i0; ib < i1; ib += config::mc) {
                 const std::int64_t ie = std::min<std::int64_t>(i1, ib + config::mc);
-                pack_a_block<T, Isa>(s, a, ib, ie, pc, depth, packed_a);
+                const T* a_block = packed_a;
+                if (source.shared_a != nullptr) {
+                    a_block = source.shared_a + pc * source.padded_m + ib * depth;
+                } else {
+                    pack_a_block<T, Isa>(s, a, ib, ie, pc, depth, packed_a);
+                }
                 for (std::int64_t jc = j0; jc < j1; jc += config::nc) {
                     const std::int64_t cols = std::min<std::int64_t>(config::nc, j1 - jc);
-                    sweep_block<T, Isa>(s, alpha, beta_block, c, ib, ie, jc, cols, depth, packed_a,
+                    sweep_block<T, Isa>(s, alpha, beta_block, c, ib, ie, jc, cols, depth, a_block,
                                         slice + jc * depth);
                 }
             }
@@ -823,12 +866,55 @@ inline tile_plan plan_tiles(std::int64_t m, std::int64_t n, std::int64_t k, int 
 }
 
 template <class T, gemm_isa Isa>
+void multiply_whole(thread_pool& pool, unsigned threads, const problem& s, T alpha, const T* a, const T* b, T beta,
+                    T* c);
+
+// Products whose packed B would exceed shared_b_keep_bytes (an LM head: 50304 columns wide
+// in the forward, 50304 deep in the input gradient) run as a sequence of products that each
+// fit: columns of C in blocks of whole nc, and depth in blocks of whole kc accumulating onto
+// C in order (deterministic). Packing all of B at once allocated and faulted in 154 MiB per
+// call (3.5% of the input gradient's time), and its A, too large to share, was packed once
+// per column of tiles (6%); in parts, both packed operands live in storage kept between
+// calls.
+template <class T, gemm_isa Isa>
 void multiply(thread_pool& pool, const problem& s, T alpha, const T* a, const T* b, T beta, T* c) {
     using config = kernel_config<T, Isa>;
     constexpr int mr = config::mr;
     constexpr int nr = config::nr;
     // A gemm inside a parallel region runs on its own thread (parallel_for would be serial).
     const unsigned threads = host::detail::inside_parallel_region() ? 1u : pool.size();
+    const auto padded = [](std::int64_t x, std::int64_t unit) { return (x + unit - 1) / unit * unit; };
+    const std::int64_t limit = static_cast<std::int64_t>(shared_b_keep_bytes / sizeof(T));
+    std::int64_t cols = s.n, depth = s.k;
+    if (threads > 1 && padded(s.n, nr) * s.k > limit) {
+        if (s.n >= s.k) cols = std::max<std::int64_t>(config::nc, limit / s.k / config::nc * config::nc);
+        if (padded(cols, nr) * s.k > limit) {
+            const std::int64_t widest = std::max(padded(cols, nr), padded(s.m, mr));
+            depth = std::max<std::int64_t>(config::kc, limit / widest / config::kc * config::kc);
+        }
+    }
+    if (cols >= s.n && depth >= s.k) {
+        multiply_whole<T, Isa>(pool, threads, s, alpha, a, b, beta, c);
+        return;
+    }
+    for (std::int64_t j0 = 0; j0 < s.n; j0 += cols) {
+        for (std::int64_t p0 = 0; p0 < s.k; p0 += depth) {
+            problem part = s;
+            part.n = std::min(cols, s.n - j0);
+            part.k = std::min(depth, s.k - p0);
+            const T* a_part = s.ta == transpose::no ? a + p0 : a + p0 * s.lda;
+            const T* b_part = s.tb == transpose::no ? b + p0 * s.ldb + j0 : b + j0 * s.ldb + p0;
+            multiply_whole<T, Isa>(pool, threads, part, alpha, a_part, b_part, p0 == 0 ? beta : T(1), c + j0);
+        }
+    }
+}
+
+template <class T, gemm_isa Isa>
+void multiply_whole(thread_pool& pool, unsigned threads, const problem& s, T alpha, const T* a, const T* b, T beta,
+                    T* c) {
+    using config = kernel_config<T, Isa>;
+    constexpr int mr = config::mr;
+    constexpr int nr = config::nr;
     const tile_plan plan = plan_tiles(s.m, s.n, s.k, mr, nr, threads);
 
     if (plan.tiles() == 1) {
@@ -837,33 +923,56 @@ void multiply(thread_pool& pool, const problem& s, T alpha, const T* a, const T*
     }
 
     // One fork-join for both phases: each thread packs (slice, nc-wide column block) jobs of
-    // op(B) while any are left, waits until every job taken has been packed, then takes tiles
-    // of C, first come first served. A thread that starts late finds the packing done and
-    // goes straight to the tiles; one that never starts is not waited for. (Two fork-joins,
-    // one per phase, cost 5-10% of the small GEMMs of a 128-wide model.)
+    // op(B), and (slice, mc-row block) jobs of op(A) when A is shared, while any are left,
+    // waits until every job taken has been packed, then takes tiles of C, first come first
+    // served. A thread that starts late finds the packing done and goes straight to the
+    // tiles; one that never starts is not waited for. (Two fork-joins, one per phase, cost
+    // 5-10% of the small GEMMs of a 128-wide model.)
     const std::int64_t col_units = (s.n + nr - 1) / nr;
     const std::int64_t padded_n = col_units * nr;
     const std::size_t shared_bytes = sizeof(T) * static_cast<std::size_t>(padded_n * s.k);
     pack_storage one_call;
     pack_storage& storage = shared_bytes <= shared_b_keep_bytes ? b_shared_storage() : one_call;
     T* shared = static_cast<T*>(storage.get(shared_bytes));
-    const std::int64_t slices = (s.k + config::kc - 1) / config::kc;
+    const std::int64_t step = slice_depth(s.k, config::kc);
+    const std::int64_t slices = (s.k + step - 1) / step;
     const std::int64_t column_blocks = (s.n + config::nc - 1) / config::nc;
-    const std::int64_t pack_jobs = slices * column_blocks;
-    const packed_b_source<T> source{shared, padded_n};
+    const std::int64_t b_jobs = slices * column_blocks;
     const std::int64_t row_units = (s.m + mr - 1) / mr;
+    // When C is cut into several columns of tiles, each tile packing its own rows of A would
+    // pack every element of A once per column of tiles (three times for GPT-2's 768-wide
+    // weight gradients, where packing the transposed A then took 10% of the time): A is
+    // packed once, beside B, in blocks of mc rows per slice. Not for an A larger than
+    // shared_b_keep_bytes (the input gradient through an LM head's vocabulary), which would
+    // be allocated and faulted in on every call.
+    const std::int64_t padded_m = row_units * mr;
+    const std::size_t shared_a_bytes = sizeof(T) * static_cast<std::size_t>(padded_m * s.k);
+    const bool share_a = plan.col_parts > 1 && shared_a_bytes <= shared_b_keep_bytes;
+    T* shared_a = share_a ? static_cast<T*>(a_shared_storage().get(shared_a_bytes)) : nullptr;
+    const std::int64_t row_blocks = (s.m + config::mc - 1) / config::mc;
+    const std::int64_t pack_jobs = b_jobs + (share_a ? slices * row_blocks : 0);
+    const packed_b_source<T> source{shared, padded_n, shared_a, padded_m};
     const std::int64_t tiles = plan.tiles();
     std::atomic<std::int64_t> next_pack{0}, packed{0}, next_tile{0};
     pool.parallel_for(0, std::min<std::int64_t>(threads, tiles), 1, [&](std::int64_t, std::int64_t) {
         for (std::int64_t job = next_pack.fetch_add(1); job < pack_jobs; job = next_pack.fetch_add(1)) {
-            const std::int64_t pc = job / column_blocks * config::kc;
+            if (job >= b_jobs) {
+                const std::int64_t pc = (job - b_jobs) / row_blocks * step;
+                const std::int64_t ib = (job - b_jobs) % row_blocks * config::mc;
+                const std::int64_t depth = std::min<std::int64_t>(step, s.k - pc);
+                const std::int64_t ie = std::min<std::int64_t>(s.m, ib + config::mc);
+                pack_a_block<T, Isa>(s, a, ib, ie, pc, depth, shared_a + pc * padded_m + ib * depth);
+                packed.fetch_add(1, std::memory_order_release);
+                continue;
+            }
+            const std::int64_t pc = job / column_blocks * step;
             const std::int64_t jc = job % column_blocks * config::nc;
-            const std::int64_t depth = std::min<std::int64_t>(config::kc, s.k - pc);
+            const std::int64_t depth = std::min<std::int64_t>(step, s.k - pc);
             const std::int64_t cols = std::min<std::int64_t>(config::nc, s.n - jc);
             pack_b<config>(s.tb, b, s.ldb, pc, depth, jc, cols, shared + pc * padded_n + jc * depth);
             packed.fetch_add(1, std::memory_order_release);
         }
-        // The release/acquire pair makes the other threads' packed B visible here.
+        // The release/acquire pair makes the other threads' packed A and B visible here.
         while (packed.load(std::memory_order_acquire) < pack_jobs) std::this_thread::yield();
         for (std::int64_t tile = next_tile.fetch_add(1); tile < tiles; tile = next_tile.fetch_add(1)) {
             const std::int64_t q = tile / plan.row_parts;
