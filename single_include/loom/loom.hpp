@@ -11664,30 +11664,14 @@ private:
                 parts.push_back({h->local, v.region, v.value});
                 continue;
             }
-            tensor_id source = h->local;
-            if (!(region == v.region)) source = assemble(h->device, t, region, {{h->local, v.region, v.value}}, false);
-            transfer p2p;
-            p2p.kind = transfer_kind::send_recv;
-            p2p.logical = t;
-            p2p.group = {h->device, r.device};
-            p2p.inputs = {region, box{}};
-            p2p.outputs = {box{}, region};
-            p2p.has_input = {true, false};
-            p2p.has_output = {false, true};
-            auto outs = emit(std::move(p2p), {source, no_id});
-            held_[static_cast<std::size_t>(t)].back().v.value = v.value;  // what arrived is still partial
-            parts.push_back({outs[1], region, v.value});
+            parts.push_back({send(t, *h, region, r.device, v.value), region, v.value});
         }
         if (parts.size() == 1 && parts[0].region == r.region && parts[0].value.full()) return parts[0].local;
         const bool one_box = std::all_of(parts.begin(), parts.end(), [&](const assemble_input& p) { return p.region == r.region; });
         tensor_id whole = no_id;
         if (accumulate && one_box && parts.size() > 2) {
-            // Partial sums of one box (a weight's gradient over a pipeline's micro-batches):
-            // added one at a time, in the same order as one sum, so that each partial dies
-            // as soon as it is added instead of living until the last one is made.
-            whole = assemble(r.device, t, r.region, {parts[0], parts[1]}, true);
-            for (std::size_t k = 2; k < parts.size(); ++k)
-                whole = assemble(r.device, t, r.region, {{whole, r.region, {}}, parts[k]}, true);
+            // Partial sums of one box (a weight's gradient over a pipeline's micro-batches).
+            whole = add_in_order(r.device, t, r.region, parts);
         } else {
             whole = assemble(r.device, t, r.region, parts, accumulate);
         }
@@ -11784,12 +11768,7 @@ private:
                     if (!from && pieces.count(f)) from = &pieces.at(f);
                 summands.push_back({send(t, *from, R, at, from->v.value), R, from->v.value});
             }
-            tensor_id sum = summands[0].local;
-            if (summands.size() > 1) {
-                // One summand at a time, so that each dies once it is added.
-                sum = assemble(at, t, R, {summands[0], summands[1]}, true);
-                for (std::size_t q = 2; q < summands.size(); ++q) sum = assemble(at, t, R, {{sum, R, {}}, summands[q]}, true);
-            }
+            const tensor_id sum = add_in_order(at, t, R, summands);
             hold(t, {t, R, want}, at, sum, false);
             const box region = r.region.rank() == 0 ? box{} : intersect(R, r.region);
             covered += region.numel();
@@ -11808,6 +11787,17 @@ private:
         tensor_id whole = assemble(r.device, t, r.region, parts, false);
         hold(t, {t, r.region, want}, r.device, whole, false);
         return whole;
+    }
+
+    // Partial sums of box S on `device`, added one at a time in order, so that each dies as
+    // soon as it is added instead of living until the last one is made (1F1B keeps few
+    // micro-batches' partials alive). One part is returned as it is.
+    tensor_id add_in_order(int device, tensor_id t, const box& S, const std::vector<assemble_input>& parts) {
+        tensor_id sum = parts.at(0).local;
+        if (parts.size() == 1) return sum;
+        sum = assemble(device, t, S, {parts[0], parts[1]}, true);
+        for (std::size_t q = 2; q < parts.size(); ++q) sum = assemble(device, t, S, {{sum, S, {}}, parts[q]}, true);
+        return sum;
     }
 
     // Box `region` of held piece `h` (a summand `value` of t), sent point to point to `device`.
@@ -11873,13 +11863,7 @@ private:
                         h.base = false;
                         parts.push_back({h.local, h.v.region, h.v.value});
                     }
-                    tensor_id sum = parts[0].local;
-                    if (parts.size() > 1) {
-                        // One partial at a time, so each dies once it is added (1F1B keeps few alive).
-                        sum = assemble(device, t, S, {parts[0], parts[1]}, true);
-                        for (std::size_t q = 2; q < parts.size(); ++q) sum = assemble(device, t, S, {{sum, S, {}}, parts[q]}, true);
-                    }
-                    hold(t, {t, S, {j, groups}}, device, sum, true);
+                    hold(t, {t, S, {j, groups}}, device, add_in_order(device, t, S, parts), true);
                 }
                 ++j;
             }
