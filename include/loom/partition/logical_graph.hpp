@@ -14,7 +14,9 @@
 //     partition.
 //   * Recompute: backward nodes read recomputed copies of the outputs of ops marked for
 //     recompute, so the forward copies die early. The copies are appended right before
-//     their first backward reader and marked as backward nodes of the op they copy.
+//     their first backward reader and marked as backward nodes of the op they copy. A copy
+//     is replayed from the kept outputs of other layers (instances of a recorded repeat) and
+//     other stages: each layer's input is its checkpoint.
 //
 // Every rewrite rebuilds the graph node by node (nodes stay in a topological order) and
 // reports where each original forward node went.
@@ -251,6 +253,18 @@ LOOM_INLINE logical_graph build_logical_graph(const graph& model, const logical_
             const int sa = stage[static_cast<std::size_t>(a)], sb = stage[b];
             return sa < 0 || sb < 0 || sa == sb;
         };
+        // The layer of a node: its innermost enclosing instance of a recorded repeat (-1: none).
+        // A layer's input is its checkpoint: recomputing a layer replays its own ops from the
+        // kept output of the layer before, as Megatron-LM's full recomputation does, never
+        // the layers before it (which would hold every layer's activations at once).
+        auto layer_of = [&](node_id n) {
+            for (std::int32_t sc = g.at(n).scope; sc != no_id;) {
+                const scope_desc& sd = g.scopes.at(static_cast<std::size_t>(sc));
+                if (sd.repeat != no_id) return sc;
+                sc = sd.parent;
+            }
+            return static_cast<std::int32_t>(no_id);
+        };
         graph_builder r;
         r.adopt_scopes(g);
         std::vector<tensor_id> map(g.tensors.size(), no_id), copy(g.tensors.size(), no_id);
@@ -264,8 +278,9 @@ LOOM_INLINE logical_graph build_logical_graph(const graph& model, const logical_
             std::vector<tensor> ins;
             for (tensor_id in : n.inputs) {
                 node_id p = g.tensor(in).producer;
+                const node_id consumer = g.tensor(t).producer;
                 bool again = p != no_id && recompute[static_cast<std::size_t>(p)] &&
-                             same_stage(p, static_cast<std::size_t>(g.tensor(t).producer));
+                             same_stage(p, static_cast<std::size_t>(consumer)) && layer_of(p) == layer_of(consumer);
                 ins.push_back(r.handle(again ? recomputed(in) : map[static_cast<std::size_t>(in)]));
             }
             auto forward_of = new_id[static_cast<std::size_t>(g.tensor(t).producer)];
