@@ -72,7 +72,7 @@ struct exhaustive {
 
 exhaustive price_everything(const graph& model, const plan::plan_spec& space, const search::cluster& c,
                             const search::plan_search_options& o) {
-    const auto params = search::open_parameter_candidates(space, model);
+    const auto params = search::open_parameter_candidates(space, search::batch_of(model));
     const auto work = search::training_work(model, c.device, o.price);
     exhaustive out;
     std::vector<std::size_t> at(params.size(), 0);
@@ -186,7 +186,7 @@ TEST_CASE("candidates are every divisor, not powers of two only") {
     space.stages = plan::stage_spec{};
     space.stages->count = {1, "pp", {}};
     space.micro_batches = {1, "mb", {}};
-    const auto params = search::open_parameter_candidates(space, model.ir());
+    const auto params = search::open_parameter_candidates(space, search::batch_of(model.ir()));
     std::map<std::string, std::vector<std::int64_t>> by_name;
     for (const auto& p : params) by_name[p.name] = p.candidates;
     CHECK(by_name["tp"] == std::vector<std::int64_t>{1, 2, 3, 6});
@@ -234,7 +234,7 @@ TEST_CASE("an empty space says which constraint empties it") {
         for (auto& r : space.rules)
             for (auto& s : *r.trans)
                 if (s.degree.open == "tp" && narrowed < 2) s.degree.allowed = {narrowed++ == 0 ? 3 : 2};
-        CHECK_THROWS_WITH(search::open_parameter_candidates(space, model.ir()),
+        CHECK_THROWS_WITH(search::open_parameter_candidates(space, search::batch_of(model.ir())),
                           Catch::Contains("has no candidate value"));
     }
 }

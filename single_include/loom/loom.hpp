@@ -9577,7 +9577,9 @@ LOOM_INLINE std::string model_fingerprint(const graph& g) {
 //     partition.
 //   * Recompute: backward nodes read recomputed copies of the outputs of ops marked for
 //     recompute, so the forward copies die early. The copies are appended right before
-//     their first backward reader and marked as backward nodes of the op they copy.
+//     their first backward reader and marked as backward nodes of the op they copy. A copy
+//     is replayed from the kept outputs of other layers (instances of a recorded repeat) and
+//     other stages: each layer's input is its checkpoint.
 //
 // Every rewrite rebuilds the graph node by node (nodes stay in a topological order) and
 // reports where each original forward node went.
@@ -9807,6 +9809,18 @@ LOOM_INLINE logical_graph build_logical_graph(const graph& model, const logical_
             const int sa = stage[static_cast<std::size_t>(a)], sb = stage[b];
             return sa < 0 || sb < 0 || sa == sb;
         };
+        // The layer of a node: its innermost enclosing instance of a recorded repeat (-1: none).
+        // A layer's input is its checkpoint: recomputing a layer replays its own ops from the
+        // kept output of the layer before, as Megatron-LM's full recomputation does, never
+        // the layers before it (which would hold every layer's activations at once).
+        auto layer_of = [&](node_id n) {
+            for (std::int32_t sc = g.at(n).scope; sc != no_id;) {
+                const scope_desc& sd = g.scopes.at(static_cast<std::size_t>(sc));
+                if (sd.repeat != no_id) return sc;
+                sc = sd.parent;
+            }
+            return static_cast<std::int32_t>(no_id);
+        };
         graph_builder r;
         r.adopt_scopes(g);
         std::vector<tensor_id> map(g.tensors.size(), no_id), copy(g.tensors.size(), no_id);
@@ -9820,8 +9834,9 @@ LOOM_INLINE logical_graph build_logical_graph(const graph& model, const logical_
             std::vector<tensor> ins;
             for (tensor_id in : n.inputs) {
                 node_id p = g.tensor(in).producer;
+                const node_id consumer = g.tensor(t).producer;
                 bool again = p != no_id && recompute[static_cast<std::size_t>(p)] &&
-                             same_stage(p, static_cast<std::size_t>(g.tensor(t).producer));
+                             same_stage(p, static_cast<std::size_t>(consumer)) && layer_of(p) == layer_of(consumer);
                 ins.push_back(r.handle(again ? recomputed(in) : map[static_cast<std::size_t>(in)]));
             }
             auto forward_of = new_id[static_cast<std::size_t>(g.tensor(t).producer)];
@@ -15706,6 +15721,1372 @@ LOOM_INLINE std::string search_result::explain() const {
 }  // namespace loom::search
 #endif  // LOOM_HEADER_DEFINITIONS
 // ---- end loom/search/branch_and_bound.hpp ----
+// ---- begin loom/search/folded_price.hpp ----
+// Folded prices: what a plan's programs cost on a large model and cluster, from the
+// programs of small instances of the same plan. Materializing every device's program of a
+// 96-layer model on 1024 GPUs takes minutes and tens of GiB; its devices and layers repeat.
+//
+//   search::model_family gpt{[](std::int64_t layers, std::int64_t batch) { ... forward graph ... },
+//                            96, 1024};
+//   search::folded_price f = search::price_folded(gpt, plan, search::dgx_a100(128));
+//   f.price          the real plan's price, one entry per real device
+//   f.describe()     which instances were priced
+//
+// Two foldings, both exact where their assumption holds:
+// - Layers (TAPAS §4.3): with S even stages of Ls layers each, instances with 2u and 3u
+//   layers per stage are priced (u: the chunks of an interleaved order, else 1), and every
+//   quantity (step, makespan, each device's compute, communication, memory and optimizer
+//   step) is extrapolated linearly in the layers per stage to Ls. Exact when each further
+//   layer per stage adds the same work to every stage; the prologue and epilogue (embedding,
+//   head) are in every instance.
+// - Micro-batches: with GPipe, 1F1B, interleaved 1F1B or plain accumulation, instances of S
+//   and 2S micro-batches (2 and 4 without a pipeline) of the real micro-batch size; the step
+//   grows linearly with the micro-batches once they fill the pipeline. Memory grows so
+//   under GPipe; otherwise the larger instance's memory is the real one (in-flight
+//   micro-batches are bounded by the stages).
+// - Data-parallel replicas: an instance with at most 2 replicas of the same per-replica
+//   batch stands for D of them. Replicas run the same programs; only their collectives grow.
+//   Each instance device stands for its real device, and a transfer that crosses replicas is
+//   priced over the whole real group (replica_fold in program_price.hpp), its placement over
+//   nodes and the NICs it shares included. What the replicas shard (ZeRO-2 gradients,
+//   ZeRO-3 parameters and their optimizer state) shrinks as 1/D: with ZeRO-2 or 3 and D > 4
+//   an instance of 4 replicas is priced too, and memory and the optimizer step are
+//   extrapolated linearly in 1/D.
+// Layer and micro-batch folding are extrapolations: tests hold them to a few percent of the
+// full programs' price; replica folding is exact up to the loss's copies (tested).
+// A plan folds when its stages are even (no explicit boundaries), its layer-range selectors
+// either cover every layer or none, and its data-parallel degree (the degree of its
+// splits along Dim::Batch) is the same in every rule. Otherwise, or when the model is small
+// enough, the instance is the real plan and the price exact.
+#include <algorithm>
+#include <cstdint>
+#include <functional>
+#include <optional>
+#include <string>
+#include <vector>
+
+// ---- begin loom/search/program_price.hpp ----
+// The price of a plan's programs on a cluster: what one training step of the per-device
+// programs that partition::apply_plan produced costs, instruction by instruction.
+//
+//   partition::partitioned_graph pg = partition::apply_plan(model, plan);
+//   search::program_price p = search::price_programs(pg, search::dgx_a100(2));
+//   p.step_seconds, p.devices[d].memory.total(), p.explain()
+//
+// - Compute: every instruction of every device's program, from its FLOPs and the bytes it
+//   reads and writes (op_def::flops and the tensors' shapes): a GEMM-like instruction runs
+//   at the device's GEMM efficiency scaled by its shape (small dimensions run slower,
+//   gemm_shape_factor below), the rest at the roofline of FLOPs and memory bandwidth.
+// - Communication: every materialized transfer by its collective, its group's placement
+//   over nodes, and its bytes (search/communication.hpp). Groups of the same transfer for
+//   other ranks (the data-parallel all-reduce of each tensor-parallel rank) that cross the
+//   same nodes are taken to run at once and share those nodes' NICs.
+// - Time: an event-driven run of all devices' programs in their op-order. Each device has a
+//   compute stream and a communication stream (or one stream, overlap = false, as the host
+//   backend runs); an instruction starts when its stream is free and its inputs are ready;
+//   a collective starts when every member has reached it. The optimizer step follows.
+// - Memory: what the host backend allocates for the program (runtime/compile.hpp): the
+//   liveness-planned arena of intermediates plus the bound tensors (parameters, gradients,
+//   inputs, loss), the optimizer's state for what the device updates (AdamW: two float
+//   moments, ZeRO-1/2 sharding them over the replicas), and the runtime's fixed bytes.
+#include <algorithm>
+#include <cmath>
+#include <cstdint>
+#include <limits>
+#include <map>
+#include <string>
+#include <tuple>
+#include <utility>
+#include <vector>
+
+// ---- begin loom/runtime/compile.hpp ----
+// Turns one device's graph into a program: the nodes that the wanted tensors depend on,
+// in graph order (or a given op-order), with every intermediate placed in a shared arena by liveness.
+#include <algorithm>
+#include <string>
+#include <vector>
+
+// ---- begin loom/runtime/memory_planner.hpp ----
+// Liveness-based buffer reuse. Each buffer lives from the step that writes it to the last
+// step that reads it; buffers whose lifetimes do not overlap may share bytes. Offsets are
+// chosen best-fit from a free list, largest buffers placed first in each step so that the
+// peak stays close to the true lower bound max_t(sum of live sizes).
+#include <algorithm>
+#include <cstdint>
+#include <iterator>
+#include <map>
+#include <vector>
+
+
+namespace loom {
+
+struct buffer_lifetime {
+    std::int64_t bytes = 0;
+    std::int64_t first = 0;  // step that writes it
+    std::int64_t last = 0;   // last step that reads it (>= first)
+};
+
+struct memory_plan {
+    std::vector<std::int64_t> offsets;  // per request
+    std::int64_t peak = 0;              // arena size
+    std::int64_t lower_bound = 0;       // max over steps of live bytes: no plan can do better
+    std::int64_t unplanned = 0;         // sum of all sizes
+};
+
+LOOM_INLINE memory_plan plan_memory(const std::vector<buffer_lifetime>& requests, std::int64_t alignment = 64);
+
+}  // namespace loom
+
+// Definitions: compiled here (header-only) or once in loom::compiled (core/linkage.hpp).
+#if LOOM_HEADER_DEFINITIONS
+
+namespace loom {
+
+LOOM_INLINE memory_plan plan_memory(const std::vector<buffer_lifetime>& requests, std::int64_t alignment) {
+    memory_plan plan;
+    plan.offsets.assign(requests.size(), 0);
+    auto align = [&](std::int64_t b) { return (b + alignment - 1) / alignment * alignment; };
+
+    std::int64_t steps = 0;
+    for (const auto& r : requests) {
+        steps = std::max(steps, r.last + 1);
+        plan.unplanned += align(r.bytes);
+    }
+    std::vector<std::vector<std::size_t>> born(static_cast<std::size_t>(steps)), dying(static_cast<std::size_t>(steps));
+    for (std::size_t i = 0; i < requests.size(); ++i) {
+        born[static_cast<std::size_t>(requests[i].first)].push_back(i);
+        dying[static_cast<std::size_t>(requests[i].last)].push_back(i);
+    }
+
+    std::map<std::int64_t, std::int64_t> free_blocks;  // offset -> size, coalesced
+    std::int64_t top = 0, live = 0;
+    auto release = [&](std::int64_t offset, std::int64_t size) {
+        auto [it, _] = free_blocks.emplace(offset, size);
+        if (auto next = std::next(it); next != free_blocks.end() && it->first + it->second == next->first) {
+            it->second += next->second;
+            free_blocks.erase(next);
+        }
+        if (it != free_blocks.begin()) {
+            auto prev = std::prev(it);
+            if (prev->first + prev->second == it->first) {
+                prev->second += it->second;
+                free_blocks.erase(it);
+                it = prev;
+            }
+        }
+        if (it->first + it->second == top) {  // give the tail back to the top
+            top = it->first;
+            free_blocks.erase(it);
+        }
+    };
+    for (std::int64_t s = 0; s < steps; ++s) {
+        auto& now = born[static_cast<std::size_t>(s)];
+        std::sort(now.begin(), now.end(), [&](auto a, auto b) { return requests[a].bytes > requests[b].bytes; });
+        for (std::size_t i : now) {
+            std::int64_t size = align(requests[i].bytes);
+            live += size;
+            auto best = free_blocks.end();
+            for (auto it = free_blocks.begin(); it != free_blocks.end(); ++it)
+                if (it->second >= size && (best == free_blocks.end() || it->second < best->second)) best = it;
+            if (best != free_blocks.end()) {
+                plan.offsets[i] = best->first;
+                std::int64_t rest = best->second - size, at = best->first + size;
+                free_blocks.erase(best);
+                if (rest > 0) free_blocks.emplace(at, rest);
+            } else {
+                plan.offsets[i] = top;
+                top += size;
+            }
+            plan.peak = std::max(plan.peak, top);
+        }
+        plan.lower_bound = std::max(plan.lower_bound, live);
+        // Outputs of a step and its inputs coexist during the step; release after it.
+        for (std::size_t i : dying[static_cast<std::size_t>(s)]) {
+            live -= align(requests[i].bytes);
+            release(plan.offsets[i], align(requests[i].bytes));
+        }
+    }
+    return plan;
+}
+
+}  // namespace loom
+#endif  // LOOM_HEADER_DEFINITIONS
+// ---- end loom/runtime/memory_planner.hpp ----
+// ---- begin loom/runtime/program.hpp ----
+// A per-device instruction program: the form every plan compiles to, and the only thing
+// an executor reads. On one device it is the graph's nodes in order; plans (partition/)
+// add communication instructions between them.
+#include <cstdint>
+#include <string>
+#include <vector>
+
+
+namespace loom {
+
+// Where a tensor's bytes live while the program runs.
+struct buffer {
+    enum class place : std::uint8_t {
+        none,   // never materialised by this program
+        arena,  // inside the program's arena, at `offset`, reused once dead
+        bound,  // caller-owned storage bound before running (inputs, parameters, gradients, outputs)
+    };
+    place where = place::none;
+    std::int64_t offset = 0;
+    std::int64_t bytes = 0;
+};
+
+struct instruction {
+    enum class kind : std::uint8_t { compute };
+    kind what = kind::compute;
+    node_id node = no_id;
+};
+
+struct program {
+    const graph* source = nullptr;
+    // How the program stores its real tensors (core/precision.hpp). bf16 is the GPU's mixed
+    // precision: tensors in bfloat16, arithmetic in float, and the outputs ops mark as
+    // float_outputs kept in float. No executor runs f16.
+    precision prec = precision::f32;
+    std::vector<instruction> steps;
+    std::vector<buffer> buffers;       // indexed by tensor_id
+    std::vector<tensor_id> bound;      // tensors the caller must bind
+    std::int64_t arena_bytes = 0;      // peak of the liveness plan
+    std::int64_t unplanned_bytes = 0;  // what one buffer per tensor would take
+
+    std::int64_t bytes_of(tensor_id t) const { return buffers.at(static_cast<std::size_t>(t)).bytes; }
+};
+
+inline std::int64_t tensor_bytes(const tensor_desc& t, precision p) {
+    return t.dims.numel() * static_cast<std::int64_t>(t.kind == value_kind::index ? 4 : real_bytes(p));
+}
+
+// The precision tensor `t` is stored in by a program of precision `p`: float for the outputs
+// its producer keeps in float (op_def::float_outputs) when p is narrower than float, and for
+// the partitioner's copies of such tensors (transfers and assembles marked "keeps_float").
+LOOM_INLINE precision storage_precision(const graph& g, tensor_id t, precision p);
+
+inline std::int64_t tensor_bytes(const graph& g, tensor_id t, precision p) {
+    return tensor_bytes(g.tensor(t), storage_precision(g, t, p));
+}
+
+}  // namespace loom
+
+// Definitions: compiled here (header-only) or once in loom::compiled (core/linkage.hpp).
+#if LOOM_HEADER_DEFINITIONS
+
+namespace loom {
+
+LOOM_INLINE precision storage_precision(const graph& g, tensor_id t, precision p) {
+    if (real_bytes(p) >= real_bytes(precision::f32)) return p;
+    const tensor_desc& d = g.tensor(t);
+    if (d.producer == no_id) return p;
+    const node& n = g.at(d.producer);
+    if (n.attrs.get_or<std::int64_t>("keeps_float", 0) != 0) return precision::f32;
+    for (std::size_t i = 0; i < n.outputs.size() && i < 32; ++i)
+        if (n.outputs[i] == t && (n.op->float_outputs >> i & 1u)) return precision::f32;
+    return p;
+}
+
+}  // namespace loom
+#endif  // LOOM_HEADER_DEFINITIONS
+// ---- end loom/runtime/program.hpp ----
+
+namespace loom {
+
+struct compile_options {
+    precision prec = precision::f32;
+    bool include_backward = true;       // false: the forward pass only (evaluation)
+    std::vector<tensor_id> outputs;     // extra tensors the caller wants to read after a run
+    // Keep every node even if no wanted tensor depends on it: a device's part of a
+    // partitioned graph sends pieces other devices need.
+    bool keep_every_node = false;
+    // The order to run the nodes in (op-order: a pipeline schedule's); empty: graph order.
+    // Must list every node once and run each after the producers of its inputs.
+    std::vector<node_id> order;
+};
+
+LOOM_INLINE program compile_program(const graph& g, const compile_options& options = {});
+
+}  // namespace loom
+
+// Definitions: compiled here (header-only) or once in loom::compiled (core/linkage.hpp).
+#if LOOM_HEADER_DEFINITIONS
+
+namespace loom {
+
+LOOM_INLINE program compile_program(const graph& g, const compile_options& options) {
+    program p;
+    p.source = &g;
+    p.prec = options.prec;
+    p.buffers.resize(g.tensors.size());
+
+    // Wanted tensors: the loss, parameter gradients (when training) and explicit outputs.
+    std::vector<bool> wanted(g.tensors.size(), false);
+    auto want = [&](tensor_id t) {
+        if (t < 0 || static_cast<std::size_t>(t) >= g.tensors.size())
+            throw usage_error("compile_program: output tensor id " + std::to_string(t) + " is not in the graph");
+        wanted[static_cast<std::size_t>(t)] = true;
+    };
+    if (g.loss != no_id) want(g.loss);
+    if (options.include_backward)
+        for (auto [param, grad] : g.gradients) want(grad);
+    for (tensor_id t : options.outputs) want(t);
+
+    // Keep the nodes some wanted tensor depends on (reverse sweep over a topological order).
+    std::vector<bool> needed = wanted;
+    std::vector<bool> keep(g.nodes.size(), false);
+    for (std::size_t i = g.nodes.size(); i-- > 0;) {
+        const node& n = g.nodes[i];
+        if (n.backward && !options.include_backward) continue;
+        bool any = options.keep_every_node || std::any_of(n.outputs.begin(), n.outputs.end(),
+                               [&](tensor_id t) { return needed[static_cast<std::size_t>(t)]; });
+        if (!any) continue;
+        keep[i] = true;
+        for (tensor_id t : n.inputs) needed[static_cast<std::size_t>(t)] = true;
+    }
+    if (options.order.empty()) {
+        for (std::size_t i = 0; i < g.nodes.size(); ++i)
+            if (keep[i]) p.steps.push_back({instruction::kind::compute, static_cast<node_id>(i)});
+    } else {
+        if (options.order.size() != g.nodes.size())
+            throw usage_error("compile_program: the node order lists " + std::to_string(options.order.size()) +
+                              " nodes but the graph has " + std::to_string(g.nodes.size()) + "; list every node once");
+        std::vector<bool> done(g.nodes.size(), false);
+        for (node_id id : options.order) {
+            if (id < 0 || static_cast<std::size_t>(id) >= g.nodes.size() || done[static_cast<std::size_t>(id)])
+                throw usage_error("compile_program: the node order lists node " + std::to_string(id) +
+                                  (id >= 0 && static_cast<std::size_t>(id) < g.nodes.size() ? " twice" : ", which is not in the graph") +
+                                  "; list every node once");
+            const node& n = g.at(id);
+            for (tensor_id t : n.inputs) {
+                node_id producer = g.tensor(t).producer;
+                if (producer != no_id && !done[static_cast<std::size_t>(producer)])
+                    throw usage_error("compile_program: the node order runs '" + n.name + "' before '" +
+                                      g.at(producer).name + "', which produces its input '" + g.tensor(t).name +
+                                      "'; order every node after the producers of its inputs");
+            }
+            done[static_cast<std::size_t>(id)] = true;
+            if (keep[static_cast<std::size_t>(id)]) p.steps.push_back({instruction::kind::compute, id});
+        }
+    }
+
+    // Bound: everything that outlives a step or is fed from outside.
+    for (std::size_t t = 0; t < g.tensors.size(); ++t) {
+        const tensor_desc& d = g.tensors[t];
+        if (!needed[t]) continue;
+        bool external = d.role != tensor_role::activation || wanted[t];
+        p.buffers[t].bytes = tensor_bytes(g, static_cast<tensor_id>(t), p.prec);
+        if (external) {
+            p.buffers[t].where = buffer::place::bound;
+            p.bound.push_back(static_cast<tensor_id>(t));
+        } else if (d.producer == no_id) {
+            throw usage_error("compile_program: tensor '" + d.name + "' is read but nothing produces it");
+        }
+    }
+
+    // Lifetimes of arena tensors in step indices.
+    std::vector<std::int64_t> first(g.tensors.size(), -1), last(g.tensors.size(), -1);
+    for (std::size_t s = 0; s < p.steps.size(); ++s) {
+        const node& n = g.at(p.steps[s].node);
+        for (tensor_id t : n.outputs) {
+            first[static_cast<std::size_t>(t)] = static_cast<std::int64_t>(s);
+            last[static_cast<std::size_t>(t)] = std::max<std::int64_t>(last[static_cast<std::size_t>(t)], static_cast<std::int64_t>(s));
+        }
+        for (tensor_id t : n.inputs) last[static_cast<std::size_t>(t)] = static_cast<std::int64_t>(s);
+    }
+    std::vector<buffer_lifetime> requests;
+    std::vector<tensor_id> owners;
+    for (std::size_t t = 0; t < g.tensors.size(); ++t) {
+        if (p.buffers[t].where == buffer::place::bound || first[t] < 0) continue;
+        p.buffers[t].where = buffer::place::arena;
+        p.buffers[t].bytes = tensor_bytes(g, static_cast<tensor_id>(t), p.prec);
+        requests.push_back({p.buffers[t].bytes, first[t], std::max(first[t], last[t])});
+        owners.push_back(static_cast<tensor_id>(t));
+    }
+    memory_plan plan = plan_memory(requests);
+    for (std::size_t i = 0; i < owners.size(); ++i) p.buffers[static_cast<std::size_t>(owners[i])].offset = plan.offsets[i];
+    p.arena_bytes = plan.peak;
+    p.unplanned_bytes = plan.unplanned;
+    return p;
+}
+
+}  // namespace loom
+#endif  // LOOM_HEADER_DEFINITIONS
+// ---- end loom/runtime/compile.hpp ----
+
+namespace loom::search {
+
+// The measured cost of one op kind: seconds per instruction against its units of work (its
+// FLOPs when per_flop, else the bytes it reads and writes), at several sizes (points, by
+// increasing units). Between points the cost is interpolated; below the smallest it is
+// proportional to the work; beyond the largest it grows with the last segment's slope.
+// calibrate/host.hpp measures these for the host backend.
+struct op_rate {
+    std::vector<std::pair<double, double>> points;  // (units, seconds) per instruction
+    bool per_flop = true;
+
+    double seconds(double units) const {
+        if (points.empty() || units <= 0) return 0;
+        if (units <= points.front().first) return points.front().second * units / points.front().first;
+        for (std::size_t i = 1; i < points.size(); ++i)
+            if (units <= points[i].first) {
+                const auto [u0, s0] = points[i - 1];
+                const auto [u1, s1] = points[i];
+                return u1 > u0 ? s0 + (s1 - s0) * (units - u0) / (u1 - u0) : s1;
+            }
+        return points.back().second + last_slope() * (units - points.back().first);
+    }
+    // Seconds per unit that no instruction of this kind runs faster than: seconds(u) >= u *
+    // this for every u (the curve's points all lie above that line, and it grows at least as
+    // fast beyond them).
+    double least_per_unit() const {
+        double least = last_slope();
+        for (const auto& [u, t] : points) least = std::min(least, t / u);
+        return std::max(least, 0.0);
+    }
+
+private:
+    double last_slope() const {
+        if (points.size() < 2) return points.empty() ? 0 : points.back().second / points.back().first;
+        const auto [u0, s0] = points[points.size() - 2];
+        const auto [u1, s1] = points.back();
+        return u1 > u0 ? std::max(0.0, (s1 - s0) / (u1 - u0)) : 0.0;
+    }
+};
+
+// Replica folding (search/folded_price.hpp): the programs priced are those of an instance
+// of the plan with fewer data-parallel replicas than the real one, and each instance device
+// stands for a real device. A transfer within a replica runs over the real devices its
+// members stand for; one that crosses replicas runs over the whole real replica families of
+// its members (every real replica of the same piece), with the same bytes per member (the
+// buffer convention of search/communication.hpp makes them independent of the group size).
+// Optimizer state replicated over the instance's replicas is counted as replicated over the
+// real ones (ZeRO-1 and ZeRO-2 shard it over them).
+struct replica_fold {
+    int instance_replicas = 1, real_replicas = 1;
+    std::vector<int> real;                 // instance device -> the real device it is
+    std::vector<int> replica;              // instance device -> its replica in the instance
+    std::vector<std::vector<int>> family;  // instance device -> its piece's real device in every real replica
+
+    // Whether a transfer over `group` crosses replicas. A point-to-point transfer between two
+    // replicas (the loss's copies) stays a transfer between the two real devices.
+    bool crosses(const partition::transfer& tr) const {
+        if (tr.kind == partition::transfer_kind::send_recv) return false;
+        const auto& group = tr.group;
+        for (int d : group)
+            if (replica.at(static_cast<std::size_t>(d)) != replica.at(static_cast<std::size_t>(group.front()))) return true;
+        return false;
+    }
+    // How many real transfers one instance transfer over `group` stands for: one per real
+    // replica when it stays inside its replica, else itself.
+    double real_copies(const partition::transfer& tr) const {
+        return crosses(tr) ? 1.0 : static_cast<double>(real_replicas) / instance_replicas;
+    }
+    // The real groups of every real copy of a transfer: itself when it crosses replicas, else
+    // the same members in each real replica.
+    std::vector<std::vector<int>> real_groups_of_copies(const partition::transfer& tr) const {
+        if (crosses(tr)) return {real_group(tr)};
+        std::vector<std::vector<int>> out;
+        for (int r = 0; r < real_replicas; ++r) {
+            std::vector<int> g;
+            for (int d : tr.group) g.push_back(family.at(static_cast<std::size_t>(d)).at(static_cast<std::size_t>(r)));
+            out.push_back(std::move(g));
+        }
+        return out;
+    }
+    // The real devices a transfer among instance devices runs over.
+    std::vector<int> real_group(const partition::transfer& tr) const {
+        const bool across = crosses(tr);
+        std::vector<int> out;
+        for (int d : tr.group) {
+            if (!across) {
+                out.push_back(real.at(static_cast<std::size_t>(d)));
+                continue;
+            }
+            for (int r : family.at(static_cast<std::size_t>(d)))
+                if (std::find(out.begin(), out.end(), r) == out.end()) out.push_back(r);
+        }
+        return out;
+    }
+};
+
+struct price_options {
+    loom::precision storage = loom::precision::f32;  // how tensors are stored (bytes per element)
+    // true: communication overlaps computation (a separate stream, as NCCL on GPUs); false:
+    // every device runs its program one instruction at a time (the host backend).
+    bool overlap = true;
+    // A GEMM dimension at which the GEMM runs at half of its large-shape efficiency along
+    // that dimension (gemm_shape_factor). An assumption until calibration measures it.
+    double gemm_half_dimension = 16;
+    double instruction_overhead = 0;  // s per instruction (a kernel launch, a dispatch)
+    // Optimizer state per element the device updates: AdamW's two float moments (8), plus a
+    // float master copy when tensors are stored in bf16.
+    double optimizer_bytes_per_element = 8;
+    // What a runtime holds beside the program: context, communicator buffers, allocator
+    // fragmentation. Stated, not measured: 0 for the host backend's arena, about 2 GiB on a
+    // GPU with NCCL (context ~0.5 GiB, NCCL buffers ~1 GiB, caching allocator slack).
+    double runtime_bytes = 0;
+    algorithm collectives = algorithm::automatic;
+    bool record_timeline = false;  // keep every instruction's predicted start and end
+    // Devices that share one machine's compute (in-process ranks on one host): how many.
+    // The profile's rates are per device, the machine's divided by this count (as
+    // calibrate_host(ranks) states them). A device computing alone runs at the machine's
+    // rate, and together they cannot exceed it: the timeline runs every device at the
+    // machine's rate, and the step is at least all devices' work (compute and copies) done
+    // one after another at that rate.
+    int compute_shared_by = 1;
+    // Calibrated rates by op kind (op_def::name); kinds without one use the roofline of the
+    // device profile.
+    std::map<std::string, op_rate, std::less<>> rates;
+    // Set: the programs are a replica-folded instance of the plan (not owned).
+    const replica_fold* fold = nullptr;
+};
+
+struct device_memory {
+    double bound = 0;       // parameters, gradients, inputs and loss (bound before running)
+    double arena = 0;       // intermediates, liveness-planned
+    double optimizer = 0;   // AdamW moments for what this device updates
+    double runtime = 0;     // price_options::runtime_bytes
+    double total() const { return bound + arena + optimizer + runtime; }
+};
+
+struct device_price {
+    double compute = 0;        // s the compute stream is busy
+    double communication = 0;  // s the communication stream is busy
+    double finish = 0;         // s when its last instruction ends
+    double optimizer = 0;      // s of its optimizer step
+    std::int64_t instructions = 0;
+    device_memory memory;
+};
+
+// One instruction on the predicted timeline.
+struct priced_instruction {
+    int device = 0;
+    node_id node = no_id;  // in the device's graph
+    bool communication = false;
+    double start = 0, end = 0;  // s
+};
+
+struct program_price {
+    double step_seconds = 0;  // makespan of the programs, plus the slowest optimizer step
+    double makespan = 0;
+    std::vector<device_price> devices;
+    std::int64_t transfers = 0;
+    double transfer_seconds = 0;  // sum over transfers of their duration
+    std::vector<priced_instruction> timeline;  // when price_options::record_timeline
+
+    double peak_memory() const {
+        double m = 0;
+        for (const auto& d : devices) m = std::max(m, d.memory.total());
+        return m;
+    }
+    int peak_memory_device() const {
+        int best = 0;
+        for (std::size_t d = 0; d < devices.size(); ++d)
+            if (devices[d].memory.total() > devices[static_cast<std::size_t>(best)].memory.total()) best = static_cast<int>(d);
+        return best;
+    }
+    double max_compute() const {
+        double m = 0;
+        for (const auto& d : devices) m = std::max(m, d.compute);
+        return m;
+    }
+    double max_communication() const {
+        double m = 0;
+        for (const auto& d : devices) m = std::max(m, d.communication);
+        return m;
+    }
+    // Share of device time in [0, makespan] that computes nothing: bubbles and exposed
+    // communication.
+    double idle_fraction() const {
+        if (devices.empty() || makespan <= 0) return 0;
+        double busy = 0;
+        for (const auto& d : devices) busy += d.compute;
+        return 1.0 - busy / (makespan * static_cast<double>(devices.size()));
+    }
+};
+
+// The share of a GEMM's large-shape efficiency that a dimension d reaches:
+// (d / (d + h)) / (512 / (512 + h)), at most 1. Calibration runs 512^3 GEMMs, so shapes at
+// least that large run at the calibrated efficiency.
+inline double gemm_shape_factor(double d, double h) {
+    if (h <= 0) return 1.0;
+    constexpr double reference = 512.0;
+    return std::min(1.0, (d / (d + h)) / (reference / (reference + h)));
+}
+
+// The (m, n, k) of a GEMM with these FLOPs (2mnk), elements read (mk + kn) and written
+// (mn), the smaller of m, n first. Batched products and biases make it an estimate.
+LOOM_INLINE std::tuple<double, double, double> gemm_shape(double flops, double read, double written);
+
+// Peak FLOP/s for arithmetic in storage precision p. Double uses the device's float peak
+// (no double figure is profiled: a host plan calibrates in float).
+inline double peak_for(const device_profile& d, loom::precision p) {
+    return d.peak_flops(p == loom::precision::f64 ? loom::precision::f32 : p);
+}
+
+namespace detail {
+
+inline bool is_transfer(const node& n) { return n.attrs.has("transfer"); }
+
+LOOM_INLINE double node_bytes(const graph& g, const node& n, loom::precision p);
+
+// Seconds of one compute instruction.
+LOOM_INLINE double instruction_seconds(const graph& g, const node& n, const device_profile& dev, const price_options& o);
+
+LOOM_INLINE collective collective_of(partition::transfer_kind k);
+
+// Bytes of a transfer in communication.hpp's convention: the whole buffer on one member
+// (the output of an all_gather, the input of a reduce_scatter, ...), the largest member's.
+LOOM_INLINE double transfer_bytes(const partition::partitioned_graph& pg, const partition::transfer& tr, loom::precision p);
+
+// For every transfer, how many groups of its kind for the same tensor (its copies for
+// other ranks) reach the node of its that most of them reach. Groups within one node never
+// share NICs and count 1. copies[i]: the groups of devices transfer i stands for (its own
+// group; under replica folding its copy in every real replica).
+LOOM_INLINE std::vector<int> nic_sharing(const partition::partitioned_graph& pg,
+                                         const std::vector<std::vector<std::vector<int>>>& copies, const topology& topo);
+
+}  // namespace detail
+
+// Seconds of each transfer of `pg` on cluster c.
+LOOM_INLINE std::vector<double> transfer_seconds(const partition::partitioned_graph& pg, const cluster& c,
+                                                 const price_options& o = {});
+
+// The price of one training step of pg's programs on the first pg.world devices of c.
+LOOM_INLINE program_price price_programs(const partition::partitioned_graph& pg, const cluster& c, const price_options& o = {});
+
+}  // namespace loom::search
+
+// Definitions: compiled here (header-only) or once in loom::compiled (core/linkage.hpp).
+#if LOOM_HEADER_DEFINITIONS
+
+namespace loom::search {
+
+LOOM_INLINE std::tuple<double, double, double> gemm_shape(double flops, double read, double written) {
+    const double k = flops / (2.0 * written);
+    const double sum = read / k;  // m + n
+    const double disc = sum * sum - 4.0 * written;
+    double m = disc > 0 ? (sum - std::sqrt(disc)) / 2.0 : std::sqrt(written);
+    m = std::max(m, 1.0);
+    return {m, written / m, k};
+}
+}  // namespace loom::search
+
+namespace loom::search::detail {
+
+LOOM_INLINE double node_bytes(const graph& g, const node& n, loom::precision p) {
+    double bytes = 0;
+    for (tensor_id t : n.inputs) bytes += static_cast<double>(tensor_bytes(g.tensor(t), storage_precision(g, t, p)));
+    for (tensor_id t : n.outputs) bytes += static_cast<double>(tensor_bytes(g.tensor(t), storage_precision(g, t, p)));
+    return bytes;
+}
+
+LOOM_INLINE double instruction_seconds(const graph& g, const node& n, const device_profile& dev, const price_options& o) {
+    const double flops = n.op->flops ? n.op->flops(g, n) : 0.0;
+    double read = 0, written = 0;
+    for (tensor_id t : n.inputs) read += static_cast<double>(g.tensor(t).dims.numel());
+    for (tensor_id t : n.outputs) written += static_cast<double>(g.tensor(t).dims.numel());
+    const double bytes = node_bytes(g, n, o.storage);
+    if (auto rate = o.rates.find(n.op->name); rate != o.rates.end())
+        return rate->second.seconds(rate->second.per_flop ? flops : bytes) + o.instruction_overhead;
+    const double peak = peak_for(dev, o.storage);
+    const double bandwidth = dev.memory_bandwidth * dev.elementwise_efficiency;
+    double t = bytes / bandwidth;
+    if (written > 0 && flops >= 16.0 * written) {
+        const auto [m, nn, k] = gemm_shape(flops, read, written);
+        const double efficiency = dev.gemm_efficiency * gemm_shape_factor(m, o.gemm_half_dimension) *
+                                  gemm_shape_factor(nn, o.gemm_half_dimension) *
+                                  gemm_shape_factor(k, o.gemm_half_dimension);
+        t = std::max(t, flops / (peak * efficiency));
+    } else {
+        t = std::max(t, flops / (peak * dev.elementwise_efficiency));
+    }
+    return t + o.instruction_overhead;
+}
+
+LOOM_INLINE collective collective_of(partition::transfer_kind k) {
+    switch (k) {
+        case partition::transfer_kind::all_reduce: return collective::all_reduce;
+        case partition::transfer_kind::all_gather: return collective::all_gather;
+        case partition::transfer_kind::reduce_scatter: return collective::reduce_scatter;
+        case partition::transfer_kind::all_to_all: return collective::all_to_all;
+        case partition::transfer_kind::broadcast: return collective::broadcast;
+        case partition::transfer_kind::send_recv: return collective::send_recv;
+    }
+    return collective::send_recv;
+}
+
+LOOM_INLINE double transfer_bytes(const partition::partitioned_graph& pg, const partition::transfer& tr, loom::precision p) {
+    const graph& g = pg.ir();
+    const tensor_desc& t = g.tensor(tr.logical);
+    const double element = static_cast<double>(
+        t.kind == value_kind::index ? 4 : real_bytes(storage_precision(g, tr.logical, p)));
+    double elements = 0;
+    for (std::size_t m = 0; m < tr.group.size(); ++m) {
+        const bool uses_input = tr.kind == partition::transfer_kind::reduce_scatter ||
+                                tr.kind == partition::transfer_kind::all_to_all ||
+                                tr.kind == partition::transfer_kind::send_recv;
+        if (uses_input && m < tr.inputs.size() && tr.has_input[m])
+            elements = std::max(elements, static_cast<double>(tr.inputs[m].numel()));
+        if (!uses_input && m < tr.outputs.size() && tr.has_output[m])
+            elements = std::max(elements, static_cast<double>(tr.outputs[m].numel()));
+    }
+    return elements * element;
+}
+
+LOOM_INLINE std::vector<int> nic_sharing(const partition::partitioned_graph& pg,
+                                         const std::vector<std::vector<std::vector<int>>>& copies, const topology& topo) {
+    std::vector<int> sharing(pg.transfers.size(), 1);
+    using key = std::tuple<tensor_id, int, bool, node_id>;
+    std::map<key, std::vector<std::size_t>> siblings;
+    for (std::size_t i = 0; i < pg.transfers.size(); ++i) {
+        const auto& tr = pg.transfers[i];
+        siblings[{tr.logical, static_cast<int>(tr.kind), tr.backward, tr.consumer}].push_back(i);
+    }
+    auto nodes_of = [&](const std::vector<int>& group) {
+        std::vector<int> nodes;
+        for (int r : group) nodes.push_back(r / topo.devices_per_node);
+        std::sort(nodes.begin(), nodes.end());
+        nodes.erase(std::unique(nodes.begin(), nodes.end()), nodes.end());
+        return nodes;
+    };
+    for (const auto& [k, members] : siblings) {
+        // Every group of the sibling set once (folded transfers of two instance replicas
+        // stand for the same real groups), counted on each node it crosses.
+        std::map<std::vector<int>, std::vector<int>> crossing;  // group -> its nodes, for groups over 2 or more nodes
+        for (std::size_t m : members)
+            for (const auto& group : copies[m])
+                if (!crossing.count(group))
+                    if (auto nodes = nodes_of(group); nodes.size() >= 2) crossing.emplace(group, std::move(nodes));
+        std::map<int, int> groups_on_node;
+        for (const auto& [group, nodes] : crossing)
+            for (int nd : nodes) ++groups_on_node[nd];
+        for (std::size_t m : members) {
+            int most = 1;
+            for (const auto& group : copies[m])
+                if (auto it = crossing.find(group); it != crossing.end())
+                    for (int nd : it->second) most = std::max(most, groups_on_node[nd]);
+            sharing[m] = most;
+        }
+    }
+    return sharing;
+}
+}  // namespace loom::search::detail
+
+namespace loom::search {
+
+LOOM_INLINE std::vector<double> transfer_seconds(const partition::partitioned_graph& pg, const cluster& c,
+                                                 const price_options& o) {
+    if (pg.world > c.devices())
+        throw usage_error("price_programs: the plan runs on " + std::to_string(pg.world) + " devices but cluster '" +
+                          c.name + "' has " + std::to_string(c.devices()) + "; plan for the cluster's devices or give a larger cluster");
+    // The devices each transfer runs over: its group, or under replica folding the real devices.
+    std::vector<std::vector<int>> groups;
+    std::vector<std::vector<std::vector<int>>> copies;
+    groups.reserve(pg.transfers.size());
+    copies.reserve(pg.transfers.size());
+    for (const auto& tr : pg.transfers) {
+        groups.push_back(o.fold ? o.fold->real_group(tr) : tr.group);
+        copies.push_back(o.fold ? o.fold->real_groups_of_copies(tr) : std::vector<std::vector<int>>{tr.group});
+    }
+    const std::vector<int> sharing = detail::nic_sharing(pg, copies, c.topo);
+    std::vector<double> seconds(pg.transfers.size(), 0.0);
+    for (std::size_t i = 0; i < pg.transfers.size(); ++i) {
+        const auto& tr = pg.transfers[i];
+        const group_placement p = placement(c.topo, groups[i]);
+        seconds[i] = collective_cost(c, detail::collective_of(tr.kind), detail::transfer_bytes(pg, tr, o.storage),
+                                     static_cast<int>(groups[i].size()), p, o.collectives, sharing[i])
+                         .total();
+    }
+    return seconds;
+}
+
+LOOM_INLINE program_price price_programs(const partition::partitioned_graph& pg, const cluster& c, const price_options& o) {
+    if (o.compute_shared_by < 1)
+        throw usage_error("price_programs: compute_shared_by = " + std::to_string(o.compute_shared_by) +
+                          "; give the number of devices that share one machine's compute (1: none share)");
+    std::vector<double> transfer_time = transfer_seconds(pg, c, o);
+    for (double& t : transfer_time) t /= o.compute_shared_by;
+    const int world = pg.world;
+    program_price out;
+    out.devices.resize(static_cast<std::size_t>(world));
+    double transfers = 0;
+    for (std::size_t i = 0; i < pg.transfers.size(); ++i) {
+        const double copies = o.fold ? o.fold->real_copies(pg.transfers[i]) : 1.0;
+        transfers += copies;
+        out.transfer_seconds += copies * transfer_time[i];
+    }
+    out.transfers = std::llround(transfers);
+
+    // Programs as the host trainer compiles them: memory, and the instruction order.
+    struct device_run {
+        std::vector<node_id> compute, communication;  // one stream each (overlap), or all in `compute`
+        std::size_t next_compute = 0, next_communication = 0;
+        double compute_free = 0, communication_free = 0;
+        std::vector<double> ready;  // per tensor of the device graph; < 0: not produced yet
+    };
+    std::vector<device_run> runs(static_cast<std::size_t>(world));
+    for (int d = 0; d < world; ++d) {
+        const auto& part = pg.devices[static_cast<std::size_t>(d)];
+        const graph& g = part.ir();
+        compile_options co{.prec = o.storage, .outputs = {part.loss}, .keep_every_node = true};
+        if (!pg.order.empty()) co.order = pg.order.at(static_cast<std::size_t>(d));
+        const program prog = compile_program(g, co);
+        device_price& price = out.devices[static_cast<std::size_t>(d)];
+        price.memory.arena = static_cast<double>(prog.arena_bytes);
+        for (tensor_id t : prog.bound) price.memory.bound += static_cast<double>(prog.bytes_of(t));
+        price.memory.runtime = o.runtime_bytes;
+        price.instructions = static_cast<std::int64_t>(prog.steps.size());
+
+        device_run& run = runs[static_cast<std::size_t>(d)];
+        run.ready.assign(g.tensors.size(), -1.0);
+        for (std::size_t t = 0; t < g.tensors.size(); ++t)
+            if (g.tensors[t].producer == no_id) run.ready[t] = 0.0;
+        for (const instruction& step : prog.steps) {
+            const node& n = g.at(step.node);
+            (o.overlap && detail::is_transfer(n) ? run.communication : run.compute).push_back(step.node);
+        }
+    }
+
+    // Optimizer state and step: what each device updates. A piece stored on r devices is
+    // updated by each of them, or by 1/r of each under ZeRO-1 and ZeRO-2 (ZeRO-3 stores
+    // shards already).
+    {
+        std::map<std::pair<tensor_id, std::string>, double> copies;
+        std::map<std::pair<tensor_id, std::string>, int> replica_seen;  // under folding: the first replica holding it, or -1: several
+        auto key_of = [](const partition::stored_piece& s) {
+            std::string k;
+            for (const auto& r : s.region.ranges) k += std::to_string(r.begin) + ":" + std::to_string(r.end) + ",";
+            return std::pair<tensor_id, std::string>{s.logical, k};
+        };
+        for (std::size_t d = 0; d < pg.devices.size(); ++d)
+            for (const auto& s : pg.devices[d].parameters) {
+                const auto key = key_of(s);
+                ++copies[key];
+                if (!o.fold) continue;
+                const int r = o.fold->replica.at(d);
+                auto [it, first] = replica_seen.try_emplace(key, r);
+                if (!first && it->second != r) it->second = -1;
+            }
+        if (o.fold)  // a piece on several instance replicas is on every real one
+            for (auto& [key, n] : copies)
+                if (replica_seen[key] == -1) n *= static_cast<double>(o.fold->real_replicas) / o.fold->instance_replicas;
+        const bool sharded = pg.zero == plan::zero_stage::optimizer || pg.zero == plan::zero_stage::gradients;
+        for (int d = 0; d < world; ++d) {
+            double elements = 0;
+            for (const auto& s : pg.devices[static_cast<std::size_t>(d)].parameters) {
+                const double n = static_cast<double>(s.region.numel());
+                elements += sharded ? n / copies[key_of(s)] : n;
+            }
+            device_price& price = out.devices[static_cast<std::size_t>(d)];
+            price.memory.optimizer = elements * o.optimizer_bytes_per_element;
+            // AdamW reads parameter, gradient and two moments and writes three of them.
+            const double bytes = elements * (4.0 * static_cast<double>(real_bytes(o.storage)) + 3.0 * 4.0);
+            price.optimizer = bytes / (c.device.memory_bandwidth * c.device.elementwise_efficiency) / o.compute_shared_by;
+        }
+    }
+
+    // The event-driven run. A collective starts once every member's stream has reached it
+    // with its input ready.
+    std::vector<int> arrived(pg.transfers.size(), 0);
+    std::vector<double> earliest(pg.transfers.size(), 0.0);
+    std::vector<double> sent_at(pg.transfers.size(), -1.0);  // send_recv: when the send was posted
+    std::vector<std::vector<bool>> registered(static_cast<std::size_t>(world));
+    for (int d = 0; d < world; ++d) registered[static_cast<std::size_t>(d)].assign(pg.transfers.size(), false);
+
+    auto inputs_ready = [&](const device_run& run, const node& n) {
+        double t = 0;
+        for (tensor_id in : n.inputs) {
+            const double r = run.ready[static_cast<std::size_t>(in)];
+            if (r < 0) return -1.0;
+            t = std::max(t, r);
+        }
+        return t;
+    };
+    // Stream `queue` of device d: run what can run; return whether anything did.
+    auto advance = [&](int d, bool communication_queue) {
+        device_run& run = runs[static_cast<std::size_t>(d)];
+        const graph& g = pg.devices[static_cast<std::size_t>(d)].ir();
+        auto& queue = communication_queue ? run.communication : run.compute;
+        auto& next = communication_queue ? run.next_communication : run.next_compute;
+        auto& free = communication_queue ? run.communication_free : run.compute_free;
+        bool progressed = false;
+        while (next < queue.size()) {
+            const node& n = g.at(queue[next]);
+            const double ready = inputs_ready(run, n);
+            if (ready < 0) break;
+            if (!detail::is_transfer(n)) {
+                const double start = std::max(free, ready);
+                const double seconds = detail::instruction_seconds(g, n, c.device, o) / o.compute_shared_by;
+                free = start + seconds;
+                if (o.record_timeline) out.timeline.push_back({d, queue[next], false, start, free});
+                out.devices[static_cast<std::size_t>(d)].compute += seconds;
+                for (tensor_id t : n.outputs) run.ready[static_cast<std::size_t>(t)] = free;
+                ++next;
+                progressed = true;
+                continue;
+            }
+            const auto id = static_cast<std::size_t>(n.attrs.get<std::int64_t>("transfer"));
+            const auto& tr = pg.transfers[id];
+            if (tr.kind == partition::transfer_kind::send_recv) {
+                // Point to point: the send is posted and the sender goes on (the backends
+                // buffer it); the receiver has the data one transfer time after both the
+                // send and its own receive are posted.
+                const double posted = std::max(free, ready);
+                const bool source = tr.group.front() == d;
+                if (!source && sent_at[id] < 0) break;
+                const double end = source ? posted + transfer_time[id] : std::max(sent_at[id], posted) + transfer_time[id];
+                if (source) sent_at[id] = posted;
+                if (o.record_timeline) out.timeline.push_back({d, queue[next], true, end - transfer_time[id], end});
+                for (tensor_id t : n.outputs) run.ready[static_cast<std::size_t>(t)] = end;
+                free = end;
+                out.devices[static_cast<std::size_t>(d)].communication += transfer_time[id];
+                ++next;
+                progressed = true;
+                continue;
+            }
+            auto& mine = registered[static_cast<std::size_t>(d)];
+            if (!mine[id]) {
+                mine[id] = true;
+                earliest[id] = std::max(earliest[id], std::max(free, ready));
+                ++arrived[id];
+                progressed = true;
+            }
+            if (arrived[id] < static_cast<int>(tr.group.size())) break;
+            // Everyone is here: run it on every member, which moves past it.
+            const double end = earliest[id] + transfer_time[id];
+            for (int member : tr.group) {
+                device_run& other = runs[static_cast<std::size_t>(member)];
+                const graph& og = pg.devices[static_cast<std::size_t>(member)].ir();
+                auto& other_queue = (o.overlap ? other.communication : other.compute);
+                auto& other_next = (o.overlap ? other.next_communication : other.next_compute);
+                auto& other_free = (o.overlap ? other.communication_free : other.compute_free);
+                const node& on = og.at(other_queue.at(other_next));
+                if (o.record_timeline) out.timeline.push_back({member, other_queue[other_next], true, earliest[id], end});
+                for (tensor_id t : on.outputs) other.ready[static_cast<std::size_t>(t)] = end;
+                other_free = end;
+                out.devices[static_cast<std::size_t>(member)].communication += transfer_time[id];
+                ++other_next;
+            }
+            progressed = true;
+        }
+        return progressed;
+    };
+    for (bool progressed = true; progressed;) {
+        progressed = false;
+        for (int d = 0; d < world; ++d) {
+            progressed = advance(d, false) || progressed;
+            if (o.overlap) progressed = advance(d, true) || progressed;
+        }
+    }
+    double makespan = 0, optimizer = 0;
+    for (int d = 0; d < world; ++d) {
+        device_run& run = runs[static_cast<std::size_t>(d)];
+        if (run.next_compute < run.compute.size() || run.next_communication < run.communication.size()) {
+            const graph& g = pg.devices[static_cast<std::size_t>(d)].ir();
+            const bool in_compute = run.next_compute < run.compute.size();
+            const node& stuck = g.at(in_compute ? run.compute[run.next_compute] : run.communication[run.next_communication]);
+            throw error("price_programs: device " + std::to_string(d) + " cannot run '" + stuck.name +
+                                 "': its inputs never arrive or a member of its collective never reaches it; the "
+                                 "programs were not checked (partition::check_programs)");
+        }
+        device_price& price = out.devices[static_cast<std::size_t>(d)];
+        price.finish = std::max(run.compute_free, run.communication_free);
+        makespan = std::max(makespan, price.finish);
+        optimizer = std::max(optimizer, price.optimizer);
+    }
+    out.makespan = makespan;
+    out.step_seconds = makespan + optimizer;
+    if (o.compute_shared_by > 1) {
+        // One machine does all devices' work.
+        double work = out.transfer_seconds, optimizers = 0;  // transfer times are the machine's already
+        for (const auto& d : out.devices) work += d.compute, optimizers += d.optimizer;
+        out.step_seconds = std::max(makespan, work) + optimizers;
+    }
+    return out;
+}
+
+}  // namespace loom::search
+#endif  // LOOM_HEADER_DEFINITIONS
+// ---- end loom/search/program_price.hpp ----
+
+namespace loom::search {
+
+// A model at any depth and batch: its forward graph with `layers` repeats of `repeat` and a
+// batch of `batch` samples. `layers` and `batch` are the real model's.
+struct model_family {
+    std::function<graph(std::int64_t layers, std::int64_t batch)> forward;
+    std::int64_t layers = 0;
+    std::int64_t batch = 0;
+    std::string repeat = "blocks";
+
+    graph real() const { return forward(layers, batch); }
+};
+
+struct folded_price {
+    program_price price;                          // the real plan's: one device_price per real device
+    std::int64_t layers_per_stage = 0;            // the real plan's
+    std::vector<std::int64_t> instance_layers;    // layers per stage of the instances priced
+    std::vector<std::int64_t> instance_replicas;  // data-parallel replicas of the instances priced
+    std::int64_t replicas = 1;                    // the real plan's
+    std::vector<std::int64_t> instance_micro_batches;  // micro-batches of the instances priced
+    std::int64_t micro_batches = 1;                    // the real plan's
+    bool exact() const {
+        return instance_layers.size() == 1 && instance_layers.front() == layers_per_stage && instance_replicas.size() == 1 &&
+               instance_replicas.front() == replicas && instance_micro_batches.size() == 1 &&
+               instance_micro_batches.front() == micro_batches;
+    }
+    std::string describe() const;
+};
+
+// What folding reads from a plan with every open parameter chosen.
+struct fold_shape {
+    std::int64_t stages = 1;        // even stages (1: no pipeline)
+    std::int64_t chunk_layers = 1;  // layers per stage come in multiples of this (interleaved chunks)
+    std::int64_t replicas = 1;      // the data-parallel degree
+    std::int64_t micro_batches = 1;
+    bool layers_fold = true;        // even stages and selectors that cover every layer or none
+    bool micro_batches_fold = true; // no pipeline, or GPipe, 1F1B or interleaved 1F1B
+    bool memory_grows_with_micro_batches = false;  // GPipe: every micro-batch's activations at once
+    bool replicas_fold = true;      // one data-parallel degree in every rule
+};
+
+LOOM_INLINE fold_shape shape_of(const plan::plan_spec& p, const model_family& m);
+
+// The plan for an instance with `replicas` data-parallel replicas and `micro_batches`
+// micro-batches: the same rules, layer-range selectors over every layer of the instance, the
+// data-parallel degree and the devices it needs.
+LOOM_INLINE plan::plan_spec instance_plan(const plan::plan_spec& p, const fold_shape& s, std::int64_t replicas,
+                                          std::int64_t micro_batches);
+
+// The micro-batches of the instances that fold plan shape s: the stages and twice as many
+// (2 and 4 without a pipeline), or the real count when that is no more. The step of GPipe,
+// 1F1B and interleaved 1F1B grows linearly with the micro-batches once they fill the
+// pipeline. Memory grows so under GPipe; otherwise it is the larger instance's (1F1B keeps
+// at most the stages' micro-batches in flight, accumulation one).
+LOOM_INLINE std::vector<std::int64_t> instance_micro_batches(const fold_shape& s);
+
+// The layers per stage of the instances that fold plan shape s of model m: 2u and 3u, or
+// the real count when that is no more. Not u: with one layer per stage the peak of memory
+// can lie elsewhere (the logits, the embedding's gradient) than where more layers put it. Throws plan_error when the stages or interleaved chunks
+// do not split the layers evenly.
+LOOM_INLINE std::vector<std::int64_t> instance_layers(const model_family& m, const fold_shape& s);
+
+// Whether plan p folds its data-parallel replicas: more than 2 of them, one degree in every
+// rule, a batch they divide, and, when they shard gradients or parameters (ZeRO-2 or 3),
+// more than 4 (the extrapolation in 1/D needs instances of 2 and 4).
+LOOM_INLINE bool fold_replicas(const fold_shape& s, const model_family& m, const plan::plan_spec& p);
+
+// The price of plan p (every open parameter chosen) for model m on cluster c, folded.
+// Throws plan_error when the plan does not fit the model (stages that do not divide its
+// layers evenly, ...), like plan::resolve.
+LOOM_INLINE folded_price price_folded(const model_family& m, const plan::plan_spec& p, const cluster& c,
+                                      const price_options& o = {});
+
+}  // namespace loom::search
+
+namespace loom::search::detail {
+
+inline bool batch_split(const plan::split_spec& s) { return s.label.empty() && s.dim == Dim::Batch::id && !s.replicate; }
+
+// One instance's price, spread over the real devices: real device x gets the price of the
+// instance device that stands for it (itself, or its piece in the instance's last replica).
+LOOM_INLINE program_price spread_over_real(const program_price& instance, const replica_fold* fold, int real_devices);
+
+// a + (b - a) * t, field by field.
+LOOM_INLINE program_price extrapolate(const program_price& a, const program_price& b, double t);
+
+// The devices of an instance with fewer replicas, matched to the real plan's: for each op,
+// the piece with the same coordinates (the data-parallel one below the instance's count) is
+// the same piece. Empty optional: the plan cannot fold its replicas.
+LOOM_INLINE std::optional<replica_fold> match_replicas(const plan::resolved_plan& instance, const plan::resolved_plan& real,
+                                                       std::int64_t instance_replicas, std::int64_t real_replicas);
+
+}  // namespace loom::search::detail
+
+// Definitions: compiled here (header-only) or once in loom::compiled (core/linkage.hpp).
+#if LOOM_HEADER_DEFINITIONS
+
+
+namespace loom::search {
+
+LOOM_INLINE std::string folded_price::describe() const {
+    if (exact()) return "priced in full";
+    auto list = [](const std::vector<std::int64_t>& v) {
+        std::string s;
+        for (auto x : v) s += (s.empty() ? "" : " and ") + std::to_string(x);
+        return s;
+    };
+    return "folded: instances of " + list(instance_layers) + " layers per stage (of " + std::to_string(layers_per_stage) +
+           "), " + list(instance_micro_batches) + " micro-batches (of " + std::to_string(micro_batches) + ") and " +
+           list(instance_replicas) + " data-parallel replicas (of " + std::to_string(replicas) + ")";
+}
+
+LOOM_INLINE fold_shape shape_of(const plan::plan_spec& p, const model_family& m) {
+    fold_shape s;
+    if (p.stages) {
+        s.stages = plan::degree_value(p.stages->count, p, "the stage count");
+        s.layers_fold = p.stages->boundaries.empty();
+    }
+    if (const auto order = plan::detail::chosen_order(p)) {
+        if (order->kind == plan::schedule_kind::interleaved) s.chunk_layers = order->virtual_stages;
+        s.memory_grows_with_micro_batches = order->kind == plan::schedule_kind::gpipe;
+        s.micro_batches_fold = order->kind == plan::schedule_kind::gpipe || order->kind == plan::schedule_kind::one_f_one_b ||
+                               order->kind == plan::schedule_kind::interleaved;
+    }
+    s.micro_batches = plan::degree_value(p.micro_batches, p, "the micro-batch count");
+    for (const plan::rule& r : p.rules) {
+        if (!r.on.repeat.empty() && !(r.on.first_layer == 0 && (r.on.last_layer < 0 || r.on.last_layer >= m.layers - 1)))
+            s.layers_fold = false;
+        if (!r.trans) continue;
+        for (const plan::split_spec& split : *r.trans) {
+            if (!detail::batch_split(split)) continue;
+            const std::int64_t d = plan::degree_value(split.degree, p, "a data-parallel split");
+            if (s.replicas > 1 && d != s.replicas) s.replicas_fold = false;
+            s.replicas = std::max(s.replicas, d);
+        }
+    }
+    return s;
+}
+
+LOOM_INLINE std::vector<std::int64_t> instance_micro_batches(const fold_shape& s) {
+    // Without a pipeline 2 and 4: one micro-batch has no gradients to accumulate.
+    const std::int64_t first = s.stages > 1 ? s.stages : 2;
+    if (s.micro_batches_fold && s.micro_batches > 2 * first) return {first, 2 * first};
+    return {s.micro_batches};
+}
+
+LOOM_INLINE plan::plan_spec instance_plan(const plan::plan_spec& p, const fold_shape& s, std::int64_t replicas,
+                                          std::int64_t micro_batches) {
+    plan::plan_spec out = p;
+    if (out.micro_batches.open.empty()) out.micro_batches.value = micro_batches;
+    else out.choices[out.micro_batches.open] = micro_batches;
+    for (plan::rule& r : out.rules) {
+        if (!r.on.repeat.empty()) r.on.last_layer = -1;  // every layer (shape_of checked they cover them all)
+        if (!r.trans) continue;
+        for (plan::split_spec& split : *r.trans)
+            if (detail::batch_split(split)) {
+                if (split.degree.open.empty()) split.degree.value = replicas;
+                else out.choices[split.degree.open] = replicas;
+            }
+    }
+    if (replicas != s.replicas) {
+        out.devices = static_cast<int>(p.devices / s.replicas * replicas);
+        if (out.stages && out.stages->devices_per_stage > 0)
+            out.stages->devices_per_stage = out.stages->devices_per_stage / s.replicas * replicas;
+    }
+    return out;
+}
+
+LOOM_INLINE std::vector<std::int64_t> instance_layers(const model_family& m, const fold_shape& s) {
+    if (m.layers % s.stages != 0)
+        throw plan_error("price_folded: " + std::to_string(m.layers) + " layers of '" + m.repeat + "' do not split into " +
+                         std::to_string(s.stages) + " equal stages; folding prices even stages (choose a stage count "
+                         "that divides the layers)");
+    const std::int64_t per_stage = m.layers / s.stages, u = s.chunk_layers;
+    if (per_stage % u != 0)
+        throw plan_error("price_folded: " + std::to_string(per_stage) + " layers per stage do not split into " +
+                         std::to_string(u) + " interleaved chunks; choose stages and chunks whose product divides the " +
+                         std::to_string(m.layers) + " layers");
+    if (s.layers_fold && per_stage > 3 * u) return {2 * u, 3 * u};
+    return {per_stage};
+}
+
+LOOM_INLINE bool fold_replicas(const fold_shape& s, const model_family& m, const plan::plan_spec& p) {
+    if (!s.replicas_fold || s.replicas <= 2 || m.batch % s.replicas != 0) return false;
+    return plan::detail::chosen_zero(p) < plan::zero_stage::gradients || s.replicas > 4;
+}
+
+LOOM_INLINE folded_price price_folded(const model_family& m, const plan::plan_spec& p, const cluster& c,
+                                      const price_options& o) {
+    if (!m.forward || m.layers < 1 || m.batch < 1)
+        throw usage_error("price_folded: the model family needs a forward(layers, batch) builder and the real model's "
+                          "layers and batch (both at least 1)");
+    const fold_shape s = shape_of(p, m);
+    folded_price out;
+    out.replicas = s.replicas;
+    out.layers_per_stage = m.layers / s.stages;
+    out.instance_layers = instance_layers(m, s);
+    const bool replicas_fold = fold_replicas(s, m, p);
+    out.instance_replicas = {replicas_fold ? 2 : s.replicas};
+    if (replicas_fold && plan::detail::chosen_zero(p) >= plan::zero_stage::gradients) out.instance_replicas.push_back(4);
+    out.micro_batches = s.micro_batches;
+    out.instance_micro_batches = instance_micro_batches(s);
+
+    // priced[r][b][k]: the instance with instance_replicas[r] replicas, instance_micro_batches[b]
+    // micro-batches and instance_layers[k] layers per stage. Each micro-batch and replica
+    // keeps the real plan's samples.
+    if (m.batch % (s.replicas * s.micro_batches) != 0)
+        throw plan_error("price_folded: a batch of " + std::to_string(m.batch) + " does not split into " +
+                         std::to_string(s.replicas) + " replicas of " + std::to_string(s.micro_batches) +
+                         " micro-batches; choose degrees whose product divides the batch");
+    const std::int64_t samples = m.batch / (s.replicas * s.micro_batches);
+    std::vector<std::vector<std::vector<program_price>>> priced(out.instance_replicas.size());
+    for (std::size_t r = 0; r < out.instance_replicas.size(); ++r) {
+        const std::int64_t replicas = out.instance_replicas[r];
+        for (std::int64_t micro_batches : out.instance_micro_batches) {
+            const plan::plan_spec instance = instance_plan(p, s, replicas, micro_batches);
+            auto& row = priced[r].emplace_back();
+            for (std::int64_t layers : out.instance_layers) {
+                const graph g = m.forward(layers * s.stages, samples * replicas * micro_batches);
+                std::optional<replica_fold> fold;
+                if (replicas != s.replicas) {
+                    const graph real_shape = m.forward(layers * s.stages, samples * s.replicas * micro_batches);
+                    fold = detail::match_replicas(plan::resolve(instance, g),
+                                                  plan::resolve(instance_plan(p, s, s.replicas, micro_batches), real_shape),
+                                                  replicas, s.replicas);
+                    if (!fold)
+                        throw plan_error("price_folded: the plan's data-parallel pieces do not line up across replicas "
+                                         "(a device holds pieces of different replicas); price it unfolded");
+                }
+                price_options io = o;
+                io.fold = fold ? &*fold : nullptr;
+                io.record_timeline = false;
+                row.push_back(detail::spread_over_real(price_programs(partition::apply_plan(g, instance), c, io), io.fold,
+                                                       p.devices));
+            }
+        }
+    }
+    // Along the layers, then the micro-batches, then 1/D for what the replicas shard.
+    auto along = [](const std::vector<program_price>& points, const std::vector<std::int64_t>& at, std::int64_t real) {
+        if (points.size() == 1) return points.front();
+        const double t = static_cast<double>(real - at[0]) / static_cast<double>(at[1] - at[0]);
+        return detail::extrapolate(points[0], points[1], t);
+    };
+    std::vector<program_price> per_replicas;
+    for (const auto& by_micro_batches : priced) {
+        std::vector<program_price> at_depth;
+        for (const auto& by_layers : by_micro_batches)
+            at_depth.push_back(along(by_layers, out.instance_layers, out.layers_per_stage));
+        program_price at_micro_batches = along(at_depth, out.instance_micro_batches, s.micro_batches);
+        if (!s.memory_grows_with_micro_batches)  // the most micro-batches priced hold what all of them do
+            for (std::size_t d = 0; d < at_micro_batches.devices.size(); ++d)
+                at_micro_batches.devices[d].memory = at_depth.back().devices[d].memory;
+        per_replicas.push_back(std::move(at_micro_batches));
+    }
+    out.price = per_replicas.front();
+    if (per_replicas.size() == 2) {
+        // value(1/D) through (1/2, two) and (1/4, four): t = (1/D - 1/2) / (1/4 - 1/2).
+        const double t = (1.0 / static_cast<double>(s.replicas) - 0.5) / (0.25 - 0.5);
+        const program_price sharded = detail::extrapolate(per_replicas[0], per_replicas[1], t);
+        double optimizer = 0;
+        for (std::size_t d = 0; d < out.price.devices.size(); ++d) {
+            out.price.devices[d].memory = sharded.devices[d].memory;
+            out.price.devices[d].optimizer = sharded.devices[d].optimizer;
+            optimizer = std::max(optimizer, sharded.devices[d].optimizer);
+        }
+        out.price.step_seconds = out.price.makespan + optimizer;
+    }
+    return out;
+}
+
+}  // namespace loom::search
+
+namespace loom::search::detail {
+
+LOOM_INLINE program_price spread_over_real(const program_price& instance, const replica_fold* fold, int real_devices) {
+    if (!fold) return instance;
+    program_price out = instance;
+    out.devices.assign(static_cast<std::size_t>(real_devices), device_price{});
+    std::vector<bool> seen(static_cast<std::size_t>(real_devices), false);
+    for (std::size_t f = 0; f < fold->family.size(); ++f)
+        for (std::size_t r = 0; r < fold->family[f].size(); ++r) {
+            const int instance_replica = static_cast<int>(std::min<std::size_t>(r, static_cast<std::size_t>(fold->instance_replicas - 1)));
+            if (fold->replica[f] != instance_replica) continue;
+            const auto x = static_cast<std::size_t>(fold->family[f][r]);
+            out.devices.at(x) = instance.devices[f];
+            seen[x] = true;
+        }
+    for (std::size_t x = 0; x < seen.size(); ++x)
+        if (!seen[x])
+            throw error("price_folded: real device " + std::to_string(x) +
+                        " stands for no instance device; the plan's data-parallel pieces do not cover every device, so "
+                        "it cannot fold its replicas (price it unfolded)");
+    return out;
+}
+
+LOOM_INLINE program_price extrapolate(const program_price& a, const program_price& b, double t) {
+    auto line = [t](double x, double y) { return x + (y - x) * t; };
+    program_price out;
+    out.makespan = line(a.makespan, b.makespan);
+    out.transfers = std::llround(line(static_cast<double>(a.transfers), static_cast<double>(b.transfers)));
+    out.transfer_seconds = line(a.transfer_seconds, b.transfer_seconds);
+    out.devices.resize(a.devices.size());
+    double optimizer = 0;
+    for (std::size_t d = 0; d < a.devices.size(); ++d) {
+        const device_price &x = a.devices[d], &y = b.devices.at(d);
+        device_price& z = out.devices[d];
+        z.compute = line(x.compute, y.compute);
+        z.communication = line(x.communication, y.communication);
+        z.finish = line(x.finish, y.finish);
+        z.optimizer = line(x.optimizer, y.optimizer);
+        z.instructions = std::llround(line(static_cast<double>(x.instructions), static_cast<double>(y.instructions)));
+        z.memory.bound = line(x.memory.bound, y.memory.bound);
+        z.memory.arena = line(x.memory.arena, y.memory.arena);
+        z.memory.optimizer = line(x.memory.optimizer, y.memory.optimizer);
+        z.memory.runtime = line(x.memory.runtime, y.memory.runtime);
+        optimizer = std::max(optimizer, z.optimizer);
+    }
+    // The step: the extrapolated makespan and the slowest extrapolated optimizer step, or
+    // the line through both steps when the optimizer is not what separates them (devices
+    // sharing one machine's compute add work terms price_programs states in step_seconds).
+    out.step_seconds = std::max(line(a.step_seconds, b.step_seconds), out.makespan + optimizer);
+    return out;
+}
+
+LOOM_INLINE std::optional<replica_fold> match_replicas(const plan::resolved_plan& instance, const plan::resolved_plan& real,
+                                                       std::int64_t instance_replicas, std::int64_t real_replicas) {
+    replica_fold fold;
+    fold.instance_replicas = static_cast<int>(instance_replicas);
+    fold.real_replicas = static_cast<int>(real_replicas);
+    fold.real.assign(static_cast<std::size_t>(instance.devices), -1);
+    fold.replica.assign(static_cast<std::size_t>(instance.devices), -1);
+    fold.family.assign(static_cast<std::size_t>(instance.devices), {});
+    for (std::size_t n = 0; n < instance.forward.size() && n < real.forward.size(); ++n) {
+        const plan::op_partition* a = instance.at(static_cast<node_id>(n));
+        const plan::op_partition* b = real.at(static_cast<node_id>(n));
+        if (!a || !b || a->splits.size() != b->splits.size() || a->replicas != b->replicas) continue;
+        // The data-parallel axis: the batch split after the micro-batch split, whose degree
+        // is the replica count in each plan.
+        const std::size_t first = n < instance.micro_split.size() && instance.micro_split[n] ? 1 : 0;
+        std::optional<std::size_t> axis;
+        for (std::size_t i = first; i < a->splits.size(); ++i)
+            if (a->splits[i].cuts() && a->splits[i].dim == Dim::Batch::id && a->splits[i].degree == instance_replicas &&
+                b->splits[i].degree == real_replicas) {
+                axis = i;
+                break;
+            }
+        if (!axis) continue;
+        auto piece_of = [&](const std::vector<std::int64_t>& coords) {
+            std::int64_t k = 0;
+            for (std::size_t i = 0; i < b->splits.size(); ++i) k = k * b->splits[i].degree + coords[i];
+            return k * b->replicas + coords.back();
+        };
+        for (std::int64_t k = 0; k < a->pieces(); ++k) {
+            const auto d = static_cast<std::size_t>(a->device_of(k));
+            std::vector<std::int64_t> coords = a->coordinates(k);
+            const int real_device = b->device_of(piece_of(coords));
+            if (fold.real[d] >= 0) {
+                if (fold.real[d] != real_device || fold.replica[d] != coords[*axis]) return std::nullopt;
+                continue;
+            }
+            fold.real[d] = real_device;
+            fold.replica[d] = static_cast<int>(coords[*axis]);
+            for (std::int64_t r = 0; r < real_replicas; ++r) {
+                coords[*axis] = r;
+                fold.family[d].push_back(b->device_of(piece_of(coords)));
+            }
+        }
+    }
+    for (std::size_t d = 0; d < fold.real.size(); ++d)
+        if (fold.real[d] < 0) return std::nullopt;
+    return fold;
+}
+
+}  // namespace loom::search::detail
+#endif  // LOOM_HEADER_DEFINITIONS
+// ---- end loom/search/folded_price.hpp ----
 // ---- begin loom/search/order_search.hpp ----
 // Temporal-order search (nnScaler §5): the per-device block orders of a pipeline that finish
 // soonest, by exact branch-and-bound, within a memory cap and, optionally, order constraints.
@@ -16322,6 +17703,7 @@ LOOM_INLINE order_search_result order_search(const schedule::pipeline_shape& sha
 #include <algorithm>
 #include <chrono>
 #include <cstdint>
+#include <functional>
 #include <limits>
 #include <map>
 #include <optional>
@@ -16329,858 +17711,6 @@ LOOM_INLINE order_search_result order_search(const schedule::pipeline_shape& sha
 #include <string>
 #include <vector>
 
-// ---- begin loom/search/program_price.hpp ----
-// The price of a plan's programs on a cluster: what one training step of the per-device
-// programs that partition::apply_plan produced costs, instruction by instruction.
-//
-//   partition::partitioned_graph pg = partition::apply_plan(model, plan);
-//   search::program_price p = search::price_programs(pg, search::dgx_a100(2));
-//   p.step_seconds, p.devices[d].memory.total(), p.explain()
-//
-// - Compute: every instruction of every device's program, from its FLOPs and the bytes it
-//   reads and writes (op_def::flops and the tensors' shapes): a GEMM-like instruction runs
-//   at the device's GEMM efficiency scaled by its shape (small dimensions run slower,
-//   gemm_shape_factor below), the rest at the roofline of FLOPs and memory bandwidth.
-// - Communication: every materialized transfer by its collective, its group's placement
-//   over nodes, and its bytes (search/communication.hpp). Groups of the same transfer for
-//   other ranks (the data-parallel all-reduce of each tensor-parallel rank) that cross the
-//   same nodes are taken to run at once and share those nodes' NICs.
-// - Time: an event-driven run of all devices' programs in their op-order. Each device has a
-//   compute stream and a communication stream (or one stream, overlap = false, as the host
-//   backend runs); an instruction starts when its stream is free and its inputs are ready;
-//   a collective starts when every member has reached it. The optimizer step follows.
-// - Memory: what the host backend allocates for the program (runtime/compile.hpp): the
-//   liveness-planned arena of intermediates plus the bound tensors (parameters, gradients,
-//   inputs, loss), the optimizer's state for what the device updates (AdamW: two float
-//   moments, ZeRO-1/2 sharding them over the replicas), and the runtime's fixed bytes.
-#include <algorithm>
-#include <cmath>
-#include <cstdint>
-#include <limits>
-#include <map>
-#include <string>
-#include <tuple>
-#include <utility>
-#include <vector>
-
-// ---- begin loom/runtime/compile.hpp ----
-// Turns one device's graph into a program: the nodes that the wanted tensors depend on,
-// in graph order (or a given op-order), with every intermediate placed in a shared arena by liveness.
-#include <algorithm>
-#include <string>
-#include <vector>
-
-// ---- begin loom/runtime/memory_planner.hpp ----
-// Liveness-based buffer reuse. Each buffer lives from the step that writes it to the last
-// step that reads it; buffers whose lifetimes do not overlap may share bytes. Offsets are
-// chosen best-fit from a free list, largest buffers placed first in each step so that the
-// peak stays close to the true lower bound max_t(sum of live sizes).
-#include <algorithm>
-#include <cstdint>
-#include <iterator>
-#include <map>
-#include <vector>
-
-
-namespace loom {
-
-struct buffer_lifetime {
-    std::int64_t bytes = 0;
-    std::int64_t first = 0;  // step that writes it
-    std::int64_t last = 0;   // last step that reads it (>= first)
-};
-
-struct memory_plan {
-    std::vector<std::int64_t> offsets;  // per request
-    std::int64_t peak = 0;              // arena size
-    std::int64_t lower_bound = 0;       // max over steps of live bytes: no plan can do better
-    std::int64_t unplanned = 0;         // sum of all sizes
-};
-
-LOOM_INLINE memory_plan plan_memory(const std::vector<buffer_lifetime>& requests, std::int64_t alignment = 64);
-
-}  // namespace loom
-
-// Definitions: compiled here (header-only) or once in loom::compiled (core/linkage.hpp).
-#if LOOM_HEADER_DEFINITIONS
-
-namespace loom {
-
-LOOM_INLINE memory_plan plan_memory(const std::vector<buffer_lifetime>& requests, std::int64_t alignment) {
-    memory_plan plan;
-    plan.offsets.assign(requests.size(), 0);
-    auto align = [&](std::int64_t b) { return (b + alignment - 1) / alignment * alignment; };
-
-    std::int64_t steps = 0;
-    for (const auto& r : requests) {
-        steps = std::max(steps, r.last + 1);
-        plan.unplanned += align(r.bytes);
-    }
-    std::vector<std::vector<std::size_t>> born(static_cast<std::size_t>(steps)), dying(static_cast<std::size_t>(steps));
-    for (std::size_t i = 0; i < requests.size(); ++i) {
-        born[static_cast<std::size_t>(requests[i].first)].push_back(i);
-        dying[static_cast<std::size_t>(requests[i].last)].push_back(i);
-    }
-
-    std::map<std::int64_t, std::int64_t> free_blocks;  // offset -> size, coalesced
-    std::int64_t top = 0, live = 0;
-    auto release = [&](std::int64_t offset, std::int64_t size) {
-        auto [it, _] = free_blocks.emplace(offset, size);
-        if (auto next = std::next(it); next != free_blocks.end() && it->first + it->second == next->first) {
-            it->second += next->second;
-            free_blocks.erase(next);
-        }
-        if (it != free_blocks.begin()) {
-            auto prev = std::prev(it);
-            if (prev->first + prev->second == it->first) {
-                prev->second += it->second;
-                free_blocks.erase(it);
-                it = prev;
-            }
-        }
-        if (it->first + it->second == top) {  // give the tail back to the top
-            top = it->first;
-            free_blocks.erase(it);
-        }
-    };
-    for (std::int64_t s = 0; s < steps; ++s) {
-        auto& now = born[static_cast<std::size_t>(s)];
-        std::sort(now.begin(), now.end(), [&](auto a, auto b) { return requests[a].bytes > requests[b].bytes; });
-        for (std::size_t i : now) {
-            std::int64_t size = align(requests[i].bytes);
-            live += size;
-            auto best = free_blocks.end();
-            for (auto it = free_blocks.begin(); it != free_blocks.end(); ++it)
-                if (it->second >= size && (best == free_blocks.end() || it->second < best->second)) best = it;
-            if (best != free_blocks.end()) {
-                plan.offsets[i] = best->first;
-                std::int64_t rest = best->second - size, at = best->first + size;
-                free_blocks.erase(best);
-                if (rest > 0) free_blocks.emplace(at, rest);
-            } else {
-                plan.offsets[i] = top;
-                top += size;
-            }
-            plan.peak = std::max(plan.peak, top);
-        }
-        plan.lower_bound = std::max(plan.lower_bound, live);
-        // Outputs of a step and its inputs coexist during the step; release after it.
-        for (std::size_t i : dying[static_cast<std::size_t>(s)]) {
-            live -= align(requests[i].bytes);
-            release(plan.offsets[i], align(requests[i].bytes));
-        }
-    }
-    return plan;
-}
-
-}  // namespace loom
-#endif  // LOOM_HEADER_DEFINITIONS
-// ---- end loom/runtime/memory_planner.hpp ----
-// ---- begin loom/runtime/program.hpp ----
-// A per-device instruction program: the form every plan compiles to, and the only thing
-// an executor reads. On one device it is the graph's nodes in order; plans (partition/)
-// add communication instructions between them.
-#include <cstdint>
-#include <string>
-#include <vector>
-
-
-namespace loom {
-
-// Where a tensor's bytes live while the program runs.
-struct buffer {
-    enum class place : std::uint8_t {
-        none,   // never materialised by this program
-        arena,  // inside the program's arena, at `offset`, reused once dead
-        bound,  // caller-owned storage bound before running (inputs, parameters, gradients, outputs)
-    };
-    place where = place::none;
-    std::int64_t offset = 0;
-    std::int64_t bytes = 0;
-};
-
-struct instruction {
-    enum class kind : std::uint8_t { compute };
-    kind what = kind::compute;
-    node_id node = no_id;
-};
-
-struct program {
-    const graph* source = nullptr;
-    // How the program stores its real tensors (core/precision.hpp). bf16 is the GPU's mixed
-    // precision: tensors in bfloat16, arithmetic in float, and the outputs ops mark as
-    // float_outputs kept in float. No executor runs f16.
-    precision prec = precision::f32;
-    std::vector<instruction> steps;
-    std::vector<buffer> buffers;       // indexed by tensor_id
-    std::vector<tensor_id> bound;      // tensors the caller must bind
-    std::int64_t arena_bytes = 0;      // peak of the liveness plan
-    std::int64_t unplanned_bytes = 0;  // what one buffer per tensor would take
-
-    std::int64_t bytes_of(tensor_id t) const { return buffers.at(static_cast<std::size_t>(t)).bytes; }
-};
-
-inline std::int64_t tensor_bytes(const tensor_desc& t, precision p) {
-    return t.dims.numel() * static_cast<std::int64_t>(t.kind == value_kind::index ? 4 : real_bytes(p));
-}
-
-// The precision tensor `t` is stored in by a program of precision `p`: float for the outputs
-// its producer keeps in float (op_def::float_outputs) when p is narrower than float, and for
-// the partitioner's copies of such tensors (transfers and assembles marked "keeps_float").
-LOOM_INLINE precision storage_precision(const graph& g, tensor_id t, precision p);
-
-inline std::int64_t tensor_bytes(const graph& g, tensor_id t, precision p) {
-    return tensor_bytes(g.tensor(t), storage_precision(g, t, p));
-}
-
-}  // namespace loom
-
-// Definitions: compiled here (header-only) or once in loom::compiled (core/linkage.hpp).
-#if LOOM_HEADER_DEFINITIONS
-
-namespace loom {
-
-LOOM_INLINE precision storage_precision(const graph& g, tensor_id t, precision p) {
-    if (real_bytes(p) >= real_bytes(precision::f32)) return p;
-    const tensor_desc& d = g.tensor(t);
-    if (d.producer == no_id) return p;
-    const node& n = g.at(d.producer);
-    if (n.attrs.get_or<std::int64_t>("keeps_float", 0) != 0) return precision::f32;
-    for (std::size_t i = 0; i < n.outputs.size() && i < 32; ++i)
-        if (n.outputs[i] == t && (n.op->float_outputs >> i & 1u)) return precision::f32;
-    return p;
-}
-
-}  // namespace loom
-#endif  // LOOM_HEADER_DEFINITIONS
-// ---- end loom/runtime/program.hpp ----
-
-namespace loom {
-
-struct compile_options {
-    precision prec = precision::f32;
-    bool include_backward = true;       // false: the forward pass only (evaluation)
-    std::vector<tensor_id> outputs;     // extra tensors the caller wants to read after a run
-    // Keep every node even if no wanted tensor depends on it: a device's part of a
-    // partitioned graph sends pieces other devices need.
-    bool keep_every_node = false;
-    // The order to run the nodes in (op-order: a pipeline schedule's); empty: graph order.
-    // Must list every node once and run each after the producers of its inputs.
-    std::vector<node_id> order;
-};
-
-LOOM_INLINE program compile_program(const graph& g, const compile_options& options = {});
-
-}  // namespace loom
-
-// Definitions: compiled here (header-only) or once in loom::compiled (core/linkage.hpp).
-#if LOOM_HEADER_DEFINITIONS
-
-namespace loom {
-
-LOOM_INLINE program compile_program(const graph& g, const compile_options& options) {
-    program p;
-    p.source = &g;
-    p.prec = options.prec;
-    p.buffers.resize(g.tensors.size());
-
-    // Wanted tensors: the loss, parameter gradients (when training) and explicit outputs.
-    std::vector<bool> wanted(g.tensors.size(), false);
-    auto want = [&](tensor_id t) {
-        if (t < 0 || static_cast<std::size_t>(t) >= g.tensors.size())
-            throw usage_error("compile_program: output tensor id " + std::to_string(t) + " is not in the graph");
-        wanted[static_cast<std::size_t>(t)] = true;
-    };
-    if (g.loss != no_id) want(g.loss);
-    if (options.include_backward)
-        for (auto [param, grad] : g.gradients) want(grad);
-    for (tensor_id t : options.outputs) want(t);
-
-    // Keep the nodes some wanted tensor depends on (reverse sweep over a topological order).
-    std::vector<bool> needed = wanted;
-    std::vector<bool> keep(g.nodes.size(), false);
-    for (std::size_t i = g.nodes.size(); i-- > 0;) {
-        const node& n = g.nodes[i];
-        if (n.backward && !options.include_backward) continue;
-        bool any = options.keep_every_node || std::any_of(n.outputs.begin(), n.outputs.end(),
-                               [&](tensor_id t) { return needed[static_cast<std::size_t>(t)]; });
-        if (!any) continue;
-        keep[i] = true;
-        for (tensor_id t : n.inputs) needed[static_cast<std::size_t>(t)] = true;
-    }
-    if (options.order.empty()) {
-        for (std::size_t i = 0; i < g.nodes.size(); ++i)
-            if (keep[i]) p.steps.push_back({instruction::kind::compute, static_cast<node_id>(i)});
-    } else {
-        if (options.order.size() != g.nodes.size())
-            throw usage_error("compile_program: the node order lists " + std::to_string(options.order.size()) +
-                              " nodes but the graph has " + std::to_string(g.nodes.size()) + "; list every node once");
-        std::vector<bool> done(g.nodes.size(), false);
-        for (node_id id : options.order) {
-            if (id < 0 || static_cast<std::size_t>(id) >= g.nodes.size() || done[static_cast<std::size_t>(id)])
-                throw usage_error("compile_program: the node order lists node " + std::to_string(id) +
-                                  (id >= 0 && static_cast<std::size_t>(id) < g.nodes.size() ? " twice" : ", which is not in the graph") +
-                                  "; list every node once");
-            const node& n = g.at(id);
-            for (tensor_id t : n.inputs) {
-                node_id producer = g.tensor(t).producer;
-                if (producer != no_id && !done[static_cast<std::size_t>(producer)])
-                    throw usage_error("compile_program: the node order runs '" + n.name + "' before '" +
-                                      g.at(producer).name + "', which produces its input '" + g.tensor(t).name +
-                                      "'; order every node after the producers of its inputs");
-            }
-            done[static_cast<std::size_t>(id)] = true;
-            if (keep[static_cast<std::size_t>(id)]) p.steps.push_back({instruction::kind::compute, id});
-        }
-    }
-
-    // Bound: everything that outlives a step or is fed from outside.
-    for (std::size_t t = 0; t < g.tensors.size(); ++t) {
-        const tensor_desc& d = g.tensors[t];
-        if (!needed[t]) continue;
-        bool external = d.role != tensor_role::activation || wanted[t];
-        p.buffers[t].bytes = tensor_bytes(g, static_cast<tensor_id>(t), p.prec);
-        if (external) {
-            p.buffers[t].where = buffer::place::bound;
-            p.bound.push_back(static_cast<tensor_id>(t));
-        } else if (d.producer == no_id) {
-            throw usage_error("compile_program: tensor '" + d.name + "' is read but nothing produces it");
-        }
-    }
-
-    // Lifetimes of arena tensors in step indices.
-    std::vector<std::int64_t> first(g.tensors.size(), -1), last(g.tensors.size(), -1);
-    for (std::size_t s = 0; s < p.steps.size(); ++s) {
-        const node& n = g.at(p.steps[s].node);
-        for (tensor_id t : n.outputs) {
-            first[static_cast<std::size_t>(t)] = static_cast<std::int64_t>(s);
-            last[static_cast<std::size_t>(t)] = std::max<std::int64_t>(last[static_cast<std::size_t>(t)], static_cast<std::int64_t>(s));
-        }
-        for (tensor_id t : n.inputs) last[static_cast<std::size_t>(t)] = static_cast<std::int64_t>(s);
-    }
-    std::vector<buffer_lifetime> requests;
-    std::vector<tensor_id> owners;
-    for (std::size_t t = 0; t < g.tensors.size(); ++t) {
-        if (p.buffers[t].where == buffer::place::bound || first[t] < 0) continue;
-        p.buffers[t].where = buffer::place::arena;
-        p.buffers[t].bytes = tensor_bytes(g, static_cast<tensor_id>(t), p.prec);
-        requests.push_back({p.buffers[t].bytes, first[t], std::max(first[t], last[t])});
-        owners.push_back(static_cast<tensor_id>(t));
-    }
-    memory_plan plan = plan_memory(requests);
-    for (std::size_t i = 0; i < owners.size(); ++i) p.buffers[static_cast<std::size_t>(owners[i])].offset = plan.offsets[i];
-    p.arena_bytes = plan.peak;
-    p.unplanned_bytes = plan.unplanned;
-    return p;
-}
-
-}  // namespace loom
-#endif  // LOOM_HEADER_DEFINITIONS
-// ---- end loom/runtime/compile.hpp ----
-
-namespace loom::search {
-
-// The measured cost of one op kind: seconds per instruction against its units of work (its
-// FLOPs when per_flop, else the bytes it reads and writes), at several sizes (points, by
-// increasing units). Between points the cost is interpolated; below the smallest it is
-// proportional to the work; beyond the largest it grows with the last segment's slope.
-// calibrate/host.hpp measures these for the host backend.
-struct op_rate {
-    std::vector<std::pair<double, double>> points;  // (units, seconds) per instruction
-    bool per_flop = true;
-
-    double seconds(double units) const {
-        if (points.empty() || units <= 0) return 0;
-        if (units <= points.front().first) return points.front().second * units / points.front().first;
-        for (std::size_t i = 1; i < points.size(); ++i)
-            if (units <= points[i].first) {
-                const auto [u0, s0] = points[i - 1];
-                const auto [u1, s1] = points[i];
-                return u1 > u0 ? s0 + (s1 - s0) * (units - u0) / (u1 - u0) : s1;
-            }
-        return points.back().second + last_slope() * (units - points.back().first);
-    }
-    // Seconds per unit that no instruction of this kind runs faster than: seconds(u) >= u *
-    // this for every u (the curve's points all lie above that line, and it grows at least as
-    // fast beyond them).
-    double least_per_unit() const {
-        double least = last_slope();
-        for (const auto& [u, t] : points) least = std::min(least, t / u);
-        return std::max(least, 0.0);
-    }
-
-private:
-    double last_slope() const {
-        if (points.size() < 2) return points.empty() ? 0 : points.back().second / points.back().first;
-        const auto [u0, s0] = points[points.size() - 2];
-        const auto [u1, s1] = points.back();
-        return u1 > u0 ? std::max(0.0, (s1 - s0) / (u1 - u0)) : 0.0;
-    }
-};
-
-struct price_options {
-    loom::precision storage = loom::precision::f32;  // how tensors are stored (bytes per element)
-    // true: communication overlaps computation (a separate stream, as NCCL on GPUs); false:
-    // every device runs its program one instruction at a time (the host backend).
-    bool overlap = true;
-    // A GEMM dimension at which the GEMM runs at half of its large-shape efficiency along
-    // that dimension (gemm_shape_factor). An assumption until calibration measures it.
-    double gemm_half_dimension = 16;
-    double instruction_overhead = 0;  // s per instruction (a kernel launch, a dispatch)
-    // Optimizer state per element the device updates: AdamW's two float moments (8), plus a
-    // float master copy when tensors are stored in bf16.
-    double optimizer_bytes_per_element = 8;
-    // What a runtime holds beside the program: context, communicator buffers, allocator
-    // fragmentation. Stated, not measured: 0 for the host backend's arena, about 2 GiB on a
-    // GPU with NCCL (context ~0.5 GiB, NCCL buffers ~1 GiB, caching allocator slack).
-    double runtime_bytes = 0;
-    algorithm collectives = algorithm::automatic;
-    bool record_timeline = false;  // keep every instruction's predicted start and end
-    // Devices that share one machine's compute (in-process ranks on one host): how many.
-    // The profile's rates are per device, the machine's divided by this count (as
-    // calibrate_host(ranks) states them). A device computing alone runs at the machine's
-    // rate, and together they cannot exceed it: the timeline runs every device at the
-    // machine's rate, and the step is at least all devices' work (compute and copies) done
-    // one after another at that rate.
-    int compute_shared_by = 1;
-    // Calibrated rates by op kind (op_def::name); kinds without one use the roofline of the
-    // device profile.
-    std::map<std::string, op_rate, std::less<>> rates;
-};
-
-struct device_memory {
-    double bound = 0;       // parameters, gradients, inputs and loss (bound before running)
-    double arena = 0;       // intermediates, liveness-planned
-    double optimizer = 0;   // AdamW moments for what this device updates
-    double runtime = 0;     // price_options::runtime_bytes
-    double total() const { return bound + arena + optimizer + runtime; }
-};
-
-struct device_price {
-    double compute = 0;        // s the compute stream is busy
-    double communication = 0;  // s the communication stream is busy
-    double finish = 0;         // s when its last instruction ends
-    double optimizer = 0;      // s of its optimizer step
-    std::int64_t instructions = 0;
-    device_memory memory;
-};
-
-// One instruction on the predicted timeline.
-struct priced_instruction {
-    int device = 0;
-    node_id node = no_id;  // in the device's graph
-    bool communication = false;
-    double start = 0, end = 0;  // s
-};
-
-struct program_price {
-    double step_seconds = 0;  // makespan of the programs, plus the slowest optimizer step
-    double makespan = 0;
-    std::vector<device_price> devices;
-    std::int64_t transfers = 0;
-    double transfer_seconds = 0;  // sum over transfers of their duration
-    std::vector<priced_instruction> timeline;  // when price_options::record_timeline
-
-    double peak_memory() const {
-        double m = 0;
-        for (const auto& d : devices) m = std::max(m, d.memory.total());
-        return m;
-    }
-    int peak_memory_device() const {
-        int best = 0;
-        for (std::size_t d = 0; d < devices.size(); ++d)
-            if (devices[d].memory.total() > devices[static_cast<std::size_t>(best)].memory.total()) best = static_cast<int>(d);
-        return best;
-    }
-    double max_compute() const {
-        double m = 0;
-        for (const auto& d : devices) m = std::max(m, d.compute);
-        return m;
-    }
-    double max_communication() const {
-        double m = 0;
-        for (const auto& d : devices) m = std::max(m, d.communication);
-        return m;
-    }
-    // Share of device time in [0, makespan] that computes nothing: bubbles and exposed
-    // communication.
-    double idle_fraction() const {
-        if (devices.empty() || makespan <= 0) return 0;
-        double busy = 0;
-        for (const auto& d : devices) busy += d.compute;
-        return 1.0 - busy / (makespan * static_cast<double>(devices.size()));
-    }
-};
-
-// The share of a GEMM's large-shape efficiency that a dimension d reaches:
-// (d / (d + h)) / (512 / (512 + h)), at most 1. Calibration runs 512^3 GEMMs, so shapes at
-// least that large run at the calibrated efficiency.
-inline double gemm_shape_factor(double d, double h) {
-    if (h <= 0) return 1.0;
-    constexpr double reference = 512.0;
-    return std::min(1.0, (d / (d + h)) / (reference / (reference + h)));
-}
-
-// The (m, n, k) of a GEMM with these FLOPs (2mnk), elements read (mk + kn) and written
-// (mn), the smaller of m, n first. Batched products and biases make it an estimate.
-LOOM_INLINE std::tuple<double, double, double> gemm_shape(double flops, double read, double written);
-
-// Peak FLOP/s for arithmetic in storage precision p. Double uses the device's float peak
-// (no double figure is profiled: a host plan calibrates in float).
-inline double peak_for(const device_profile& d, loom::precision p) {
-    return d.peak_flops(p == loom::precision::f64 ? loom::precision::f32 : p);
-}
-
-namespace detail {
-
-inline bool is_transfer(const node& n) { return n.attrs.has("transfer"); }
-
-LOOM_INLINE double node_bytes(const graph& g, const node& n, loom::precision p);
-
-// Seconds of one compute instruction.
-LOOM_INLINE double instruction_seconds(const graph& g, const node& n, const device_profile& dev, const price_options& o);
-
-LOOM_INLINE collective collective_of(partition::transfer_kind k);
-
-// Bytes of a transfer in communication.hpp's convention: the whole buffer on one member
-// (the output of an all_gather, the input of a reduce_scatter, ...), the largest member's.
-LOOM_INLINE double transfer_bytes(const partition::partitioned_graph& pg, const partition::transfer& tr, loom::precision p);
-
-// For every transfer, how many groups of its kind for the same tensor (its copies for
-// other ranks) reach the node of its that most of them reach. Groups within one node never
-// share NICs and count 1.
-LOOM_INLINE std::vector<int> nic_sharing(const partition::partitioned_graph& pg, const topology& topo);
-
-}  // namespace detail
-
-// Seconds of each transfer of `pg` on cluster c.
-LOOM_INLINE std::vector<double> transfer_seconds(const partition::partitioned_graph& pg, const cluster& c,
-                                                 const price_options& o = {});
-
-// The price of one training step of pg's programs on the first pg.world devices of c.
-LOOM_INLINE program_price price_programs(const partition::partitioned_graph& pg, const cluster& c, const price_options& o = {});
-
-}  // namespace loom::search
-
-// Definitions: compiled here (header-only) or once in loom::compiled (core/linkage.hpp).
-#if LOOM_HEADER_DEFINITIONS
-
-namespace loom::search {
-
-LOOM_INLINE std::tuple<double, double, double> gemm_shape(double flops, double read, double written) {
-    const double k = flops / (2.0 * written);
-    const double sum = read / k;  // m + n
-    const double disc = sum * sum - 4.0 * written;
-    double m = disc > 0 ? (sum - std::sqrt(disc)) / 2.0 : std::sqrt(written);
-    m = std::max(m, 1.0);
-    return {m, written / m, k};
-}
-}  // namespace loom::search
-
-namespace loom::search::detail {
-
-LOOM_INLINE double node_bytes(const graph& g, const node& n, loom::precision p) {
-    double bytes = 0;
-    for (tensor_id t : n.inputs) bytes += static_cast<double>(tensor_bytes(g.tensor(t), storage_precision(g, t, p)));
-    for (tensor_id t : n.outputs) bytes += static_cast<double>(tensor_bytes(g.tensor(t), storage_precision(g, t, p)));
-    return bytes;
-}
-
-LOOM_INLINE double instruction_seconds(const graph& g, const node& n, const device_profile& dev, const price_options& o) {
-    const double flops = n.op->flops ? n.op->flops(g, n) : 0.0;
-    double read = 0, written = 0;
-    for (tensor_id t : n.inputs) read += static_cast<double>(g.tensor(t).dims.numel());
-    for (tensor_id t : n.outputs) written += static_cast<double>(g.tensor(t).dims.numel());
-    const double bytes = node_bytes(g, n, o.storage);
-    if (auto rate = o.rates.find(n.op->name); rate != o.rates.end())
-        return rate->second.seconds(rate->second.per_flop ? flops : bytes) + o.instruction_overhead;
-    const double peak = peak_for(dev, o.storage);
-    const double bandwidth = dev.memory_bandwidth * dev.elementwise_efficiency;
-    double t = bytes / bandwidth;
-    if (written > 0 && flops >= 16.0 * written) {
-        const auto [m, nn, k] = gemm_shape(flops, read, written);
-        const double efficiency = dev.gemm_efficiency * gemm_shape_factor(m, o.gemm_half_dimension) *
-                                  gemm_shape_factor(nn, o.gemm_half_dimension) *
-                                  gemm_shape_factor(k, o.gemm_half_dimension);
-        t = std::max(t, flops / (peak * efficiency));
-    } else {
-        t = std::max(t, flops / (peak * dev.elementwise_efficiency));
-    }
-    return t + o.instruction_overhead;
-}
-
-LOOM_INLINE collective collective_of(partition::transfer_kind k) {
-    switch (k) {
-        case partition::transfer_kind::all_reduce: return collective::all_reduce;
-        case partition::transfer_kind::all_gather: return collective::all_gather;
-        case partition::transfer_kind::reduce_scatter: return collective::reduce_scatter;
-        case partition::transfer_kind::all_to_all: return collective::all_to_all;
-        case partition::transfer_kind::broadcast: return collective::broadcast;
-        case partition::transfer_kind::send_recv: return collective::send_recv;
-    }
-    return collective::send_recv;
-}
-
-LOOM_INLINE double transfer_bytes(const partition::partitioned_graph& pg, const partition::transfer& tr, loom::precision p) {
-    const graph& g = pg.ir();
-    const tensor_desc& t = g.tensor(tr.logical);
-    const double element = static_cast<double>(
-        t.kind == value_kind::index ? 4 : real_bytes(storage_precision(g, tr.logical, p)));
-    double elements = 0;
-    for (std::size_t m = 0; m < tr.group.size(); ++m) {
-        const bool uses_input = tr.kind == partition::transfer_kind::reduce_scatter ||
-                                tr.kind == partition::transfer_kind::all_to_all ||
-                                tr.kind == partition::transfer_kind::send_recv;
-        if (uses_input && m < tr.inputs.size() && tr.has_input[m])
-            elements = std::max(elements, static_cast<double>(tr.inputs[m].numel()));
-        if (!uses_input && m < tr.outputs.size() && tr.has_output[m])
-            elements = std::max(elements, static_cast<double>(tr.outputs[m].numel()));
-    }
-    return elements * element;
-}
-
-LOOM_INLINE std::vector<int> nic_sharing(const partition::partitioned_graph& pg, const topology& topo) {
-    std::vector<int> sharing(pg.transfers.size(), 1);
-    using key = std::tuple<tensor_id, int, bool, node_id>;
-    std::map<key, std::vector<std::size_t>> siblings;
-    for (std::size_t i = 0; i < pg.transfers.size(); ++i) {
-        const auto& tr = pg.transfers[i];
-        siblings[{tr.logical, static_cast<int>(tr.kind), tr.backward, tr.consumer}].push_back(i);
-    }
-    for (const auto& [k, members] : siblings) {
-        std::map<int, int> groups_on_node;  // over the groups that cross nodes
-        std::vector<std::vector<int>> nodes_of(members.size());
-        for (std::size_t s = 0; s < members.size(); ++s) {
-            const auto& tr = pg.transfers[members[s]];
-            std::vector<int> nodes;
-            for (int r : tr.group) nodes.push_back(r / topo.devices_per_node);
-            std::sort(nodes.begin(), nodes.end());
-            nodes.erase(std::unique(nodes.begin(), nodes.end()), nodes.end());
-            if (nodes.size() < 2) continue;
-            nodes_of[s] = nodes;
-            for (int nd : nodes) ++groups_on_node[nd];
-        }
-        for (std::size_t s = 0; s < members.size(); ++s) {
-            int most = 1;
-            for (int nd : nodes_of[s]) most = std::max(most, groups_on_node[nd]);
-            sharing[members[s]] = most;
-        }
-    }
-    return sharing;
-}
-}  // namespace loom::search::detail
-
-namespace loom::search {
-
-LOOM_INLINE std::vector<double> transfer_seconds(const partition::partitioned_graph& pg, const cluster& c,
-                                                 const price_options& o) {
-    if (pg.world > c.devices())
-        throw usage_error("price_programs: the plan runs on " + std::to_string(pg.world) + " devices but cluster '" +
-                          c.name + "' has " + std::to_string(c.devices()) + "; plan for the cluster's devices or give a larger cluster");
-    const std::vector<int> sharing = detail::nic_sharing(pg, c.topo);
-    std::vector<double> seconds(pg.transfers.size(), 0.0);
-    for (std::size_t i = 0; i < pg.transfers.size(); ++i) {
-        const auto& tr = pg.transfers[i];
-        const group_placement p = placement(c.topo, tr.group);
-        seconds[i] = collective_cost(c, detail::collective_of(tr.kind), detail::transfer_bytes(pg, tr, o.storage),
-                                     static_cast<int>(tr.group.size()), p, o.collectives, sharing[i])
-                         .total();
-    }
-    return seconds;
-}
-
-LOOM_INLINE program_price price_programs(const partition::partitioned_graph& pg, const cluster& c, const price_options& o) {
-    if (o.compute_shared_by < 1)
-        throw usage_error("price_programs: compute_shared_by = " + std::to_string(o.compute_shared_by) +
-                          "; give the number of devices that share one machine's compute (1: none share)");
-    std::vector<double> transfer_time = transfer_seconds(pg, c, o);
-    for (double& t : transfer_time) t /= o.compute_shared_by;
-    const int world = pg.world;
-    program_price out;
-    out.devices.resize(static_cast<std::size_t>(world));
-    out.transfers = static_cast<std::int64_t>(pg.transfers.size());
-    for (double t : transfer_time) out.transfer_seconds += t;
-
-    // Programs as the host trainer compiles them: memory, and the instruction order.
-    struct device_run {
-        std::vector<node_id> compute, communication;  // one stream each (overlap), or all in `compute`
-        std::size_t next_compute = 0, next_communication = 0;
-        double compute_free = 0, communication_free = 0;
-        std::vector<double> ready;  // per tensor of the device graph; < 0: not produced yet
-    };
-    std::vector<device_run> runs(static_cast<std::size_t>(world));
-    for (int d = 0; d < world; ++d) {
-        const auto& part = pg.devices[static_cast<std::size_t>(d)];
-        const graph& g = part.ir();
-        compile_options co{.prec = o.storage, .outputs = {part.loss}, .keep_every_node = true};
-        if (!pg.order.empty()) co.order = pg.order.at(static_cast<std::size_t>(d));
-        const program prog = compile_program(g, co);
-        device_price& price = out.devices[static_cast<std::size_t>(d)];
-        price.memory.arena = static_cast<double>(prog.arena_bytes);
-        for (tensor_id t : prog.bound) price.memory.bound += static_cast<double>(prog.bytes_of(t));
-        price.memory.runtime = o.runtime_bytes;
-        price.instructions = static_cast<std::int64_t>(prog.steps.size());
-
-        device_run& run = runs[static_cast<std::size_t>(d)];
-        run.ready.assign(g.tensors.size(), -1.0);
-        for (std::size_t t = 0; t < g.tensors.size(); ++t)
-            if (g.tensors[t].producer == no_id) run.ready[t] = 0.0;
-        for (const instruction& step : prog.steps) {
-            const node& n = g.at(step.node);
-            (o.overlap && detail::is_transfer(n) ? run.communication : run.compute).push_back(step.node);
-        }
-    }
-
-    // Optimizer state and step: what each device updates. A piece stored on r devices is
-    // updated by each of them, or by 1/r of each under ZeRO-1 and ZeRO-2 (ZeRO-3 stores
-    // shards already).
-    {
-        std::map<std::pair<tensor_id, std::string>, int> copies;
-        auto key_of = [](const partition::stored_piece& s) {
-            std::string k;
-            for (const auto& r : s.region.ranges) k += std::to_string(r.begin) + ":" + std::to_string(r.end) + ",";
-            return std::pair<tensor_id, std::string>{s.logical, k};
-        };
-        for (const auto& part : pg.devices)
-            for (const auto& s : part.parameters) ++copies[key_of(s)];
-        const bool sharded = pg.zero == plan::zero_stage::optimizer || pg.zero == plan::zero_stage::gradients;
-        for (int d = 0; d < world; ++d) {
-            double elements = 0;
-            for (const auto& s : pg.devices[static_cast<std::size_t>(d)].parameters) {
-                const double n = static_cast<double>(s.region.numel());
-                elements += sharded ? n / copies[key_of(s)] : n;
-            }
-            device_price& price = out.devices[static_cast<std::size_t>(d)];
-            price.memory.optimizer = elements * o.optimizer_bytes_per_element;
-            // AdamW reads parameter, gradient and two moments and writes three of them.
-            const double bytes = elements * (4.0 * static_cast<double>(real_bytes(o.storage)) + 3.0 * 4.0);
-            price.optimizer = bytes / (c.device.memory_bandwidth * c.device.elementwise_efficiency) / o.compute_shared_by;
-        }
-    }
-
-    // The event-driven run. A collective starts once every member's stream has reached it
-    // with its input ready.
-    std::vector<int> arrived(pg.transfers.size(), 0);
-    std::vector<double> earliest(pg.transfers.size(), 0.0);
-    std::vector<double> sent_at(pg.transfers.size(), -1.0);  // send_recv: when the send was posted
-    std::vector<std::vector<bool>> registered(static_cast<std::size_t>(world));
-    for (int d = 0; d < world; ++d) registered[static_cast<std::size_t>(d)].assign(pg.transfers.size(), false);
-
-    auto inputs_ready = [&](const device_run& run, const node& n) {
-        double t = 0;
-        for (tensor_id in : n.inputs) {
-            const double r = run.ready[static_cast<std::size_t>(in)];
-            if (r < 0) return -1.0;
-            t = std::max(t, r);
-        }
-        return t;
-    };
-    // Stream `queue` of device d: run what can run; return whether anything did.
-    auto advance = [&](int d, bool communication_queue) {
-        device_run& run = runs[static_cast<std::size_t>(d)];
-        const graph& g = pg.devices[static_cast<std::size_t>(d)].ir();
-        auto& queue = communication_queue ? run.communication : run.compute;
-        auto& next = communication_queue ? run.next_communication : run.next_compute;
-        auto& free = communication_queue ? run.communication_free : run.compute_free;
-        bool progressed = false;
-        while (next < queue.size()) {
-            const node& n = g.at(queue[next]);
-            const double ready = inputs_ready(run, n);
-            if (ready < 0) break;
-            if (!detail::is_transfer(n)) {
-                const double start = std::max(free, ready);
-                const double seconds = detail::instruction_seconds(g, n, c.device, o) / o.compute_shared_by;
-                free = start + seconds;
-                if (o.record_timeline) out.timeline.push_back({d, queue[next], false, start, free});
-                out.devices[static_cast<std::size_t>(d)].compute += seconds;
-                for (tensor_id t : n.outputs) run.ready[static_cast<std::size_t>(t)] = free;
-                ++next;
-                progressed = true;
-                continue;
-            }
-            const auto id = static_cast<std::size_t>(n.attrs.get<std::int64_t>("transfer"));
-            const auto& tr = pg.transfers[id];
-            if (tr.kind == partition::transfer_kind::send_recv) {
-                // Point to point: the send is posted and the sender goes on (the backends
-                // buffer it); the receiver has the data one transfer time after both the
-                // send and its own receive are posted.
-                const double posted = std::max(free, ready);
-                const bool source = tr.group.front() == d;
-                if (!source && sent_at[id] < 0) break;
-                const double end = source ? posted + transfer_time[id] : std::max(sent_at[id], posted) + transfer_time[id];
-                if (source) sent_at[id] = posted;
-                if (o.record_timeline) out.timeline.push_back({d, queue[next], true, end - transfer_time[id], end});
-                for (tensor_id t : n.outputs) run.ready[static_cast<std::size_t>(t)] = end;
-                free = end;
-                out.devices[static_cast<std::size_t>(d)].communication += transfer_time[id];
-                ++next;
-                progressed = true;
-                continue;
-            }
-            auto& mine = registered[static_cast<std::size_t>(d)];
-            if (!mine[id]) {
-                mine[id] = true;
-                earliest[id] = std::max(earliest[id], std::max(free, ready));
-                ++arrived[id];
-                progressed = true;
-            }
-            if (arrived[id] < static_cast<int>(tr.group.size())) break;
-            // Everyone is here: run it on every member, which moves past it.
-            const double end = earliest[id] + transfer_time[id];
-            for (int member : tr.group) {
-                device_run& other = runs[static_cast<std::size_t>(member)];
-                const graph& og = pg.devices[static_cast<std::size_t>(member)].ir();
-                auto& other_queue = (o.overlap ? other.communication : other.compute);
-                auto& other_next = (o.overlap ? other.next_communication : other.next_compute);
-                auto& other_free = (o.overlap ? other.communication_free : other.compute_free);
-                const node& on = og.at(other_queue.at(other_next));
-                if (o.record_timeline) out.timeline.push_back({member, other_queue[other_next], true, earliest[id], end});
-                for (tensor_id t : on.outputs) other.ready[static_cast<std::size_t>(t)] = end;
-                other_free = end;
-                out.devices[static_cast<std::size_t>(member)].communication += transfer_time[id];
-                ++other_next;
-            }
-            progressed = true;
-        }
-        return progressed;
-    };
-    for (bool progressed = true; progressed;) {
-        progressed = false;
-        for (int d = 0; d < world; ++d) {
-            progressed = advance(d, false) || progressed;
-            if (o.overlap) progressed = advance(d, true) || progressed;
-        }
-    }
-    double makespan = 0, optimizer = 0;
-    for (int d = 0; d < world; ++d) {
-        device_run& run = runs[static_cast<std::size_t>(d)];
-        if (run.next_compute < run.compute.size() || run.next_communication < run.communication.size()) {
-            const graph& g = pg.devices[static_cast<std::size_t>(d)].ir();
-            const bool in_compute = run.next_compute < run.compute.size();
-            const node& stuck = g.at(in_compute ? run.compute[run.next_compute] : run.communication[run.next_communication]);
-            throw error("price_programs: device " + std::to_string(d) + " cannot run '" + stuck.name +
-                                 "': its inputs never arrive or a member of its collective never reaches it; the "
-                                 "programs were not checked (partition::check_programs)");
-        }
-        device_price& price = out.devices[static_cast<std::size_t>(d)];
-        price.finish = std::max(run.compute_free, run.communication_free);
-        makespan = std::max(makespan, price.finish);
-        optimizer = std::max(optimizer, price.optimizer);
-    }
-    out.makespan = makespan;
-    out.step_seconds = makespan + optimizer;
-    if (o.compute_shared_by > 1) {
-        // One machine does all devices' work.
-        double work = out.transfer_seconds, optimizers = 0;  // transfer times are the machine's already
-        for (const auto& d : out.devices) work += d.compute, optimizers += d.optimizer;
-        out.step_seconds = std::max(makespan, work) + optimizers;
-    }
-    return out;
-}
-
-}  // namespace loom::search
-#endif  // LOOM_HEADER_DEFINITIONS
-// ---- end loom/search/program_price.hpp ----
 
 namespace loom::search {
 
@@ -17206,8 +17736,8 @@ inline std::int64_t batch_of(const graph& model) {
     return 1;
 }
 
-// Every open parameter of `space` with its candidate values.
-LOOM_INLINE std::vector<open_parameter> open_parameter_candidates(const plan::plan_spec& space, const graph& model);
+// Every open parameter of `space` with its candidate values, for a model of `batch` samples.
+LOOM_INLINE std::vector<open_parameter> open_parameter_candidates(const plan::plan_spec& space, std::int64_t batch);
 
 LOOM_INLINE std::string value_text(const open_parameter& p, std::int64_t v);
 
@@ -17284,6 +17814,24 @@ LOOM_INLINE std::string separation_text(const program_price& a, const program_pr
 LOOM_INLINE plan_search_result search_plan(const graph& model, const plan::plan_spec& space, const cluster& c,
                                            const plan_search_options& o = {});
 
+// The same, folded (search/folded_price.hpp): every assignment is bounded and priced from
+// small instances of the model, so that models of a hundred layers on a thousand devices
+// can be searched. The bound is extrapolated over the layers per stage like the price.
+LOOM_INLINE plan_search_result search_plan(const model_family& model, const plan::plan_spec& space, const cluster& c,
+                                           const plan_search_options& o = {});
+
+namespace detail {
+
+// The search itself, over the assignments of `params`: `bound` gives an assignment's lower
+// bound (throwing plan_error or shape_error to refuse it), `price` its programs' price.
+using bound_function = std::function<double(const plan::plan_spec&)>;
+using price_function = std::function<program_price(const plan::plan_spec&)>;
+LOOM_INLINE plan_search_result search_assignments(const plan::plan_spec& space, std::vector<open_parameter> params,
+                                                  const cluster& c, const plan_search_options& o,
+                                                  const bound_function& bound, const price_function& price);
+
+}  // namespace detail
+
 }  // namespace loom::search
 
 // Definitions: compiled here (header-only) or once in loom::compiled (core/linkage.hpp).
@@ -17298,7 +17846,7 @@ LOOM_INLINE std::vector<std::int64_t> divisors_of(std::int64_t n) {
     return out;
 }
 
-LOOM_INLINE std::vector<open_parameter> open_parameter_candidates(const plan::plan_spec& space, const graph& model) {
+LOOM_INLINE std::vector<open_parameter> open_parameter_candidates(const plan::plan_spec& space, std::int64_t batch) {
     std::vector<open_parameter> out;
     auto find = [&](const std::string& name) -> open_parameter* {
         for (auto& p : out)
@@ -17326,7 +17874,7 @@ LOOM_INLINE std::vector<open_parameter> open_parameter_candidates(const plan::pl
         if (r.trans)
             for (const plan::split_spec& s : *r.trans) add_degree(s.degree, open_parameter::kind::degree, space.devices);
     if (space.stages) add_degree(space.stages->count, open_parameter::kind::stages, space.devices);
-    add_degree(space.micro_batches, open_parameter::kind::micro_batches, batch_of(model));
+    add_degree(space.micro_batches, open_parameter::kind::micro_batches, batch);
     if (space.order.alternatives.size() > 1 && !find(space.order.open)) {
         open_parameter p{space.order.open, open_parameter::kind::order, {}, {}};
         for (std::size_t i = 0; i < space.order.alternatives.size(); ++i) {
@@ -17498,6 +18046,68 @@ LOOM_INLINE std::string plan_search_result::explain() const {
 
 LOOM_INLINE plan_search_result search_plan(const graph& model, const plan::plan_spec& space, const cluster& c,
                                            const plan_search_options& o) {
+    const std::vector<node_work> work = training_work(model, c.device, o.price);
+    return detail::search_assignments(
+        space, open_parameter_candidates(space, batch_of(model)), c, o,
+        [&](const plan::plan_spec& candidate) { return step_lower_bound(plan::resolve(candidate, model), work, o.price); },
+        [&](const plan::plan_spec& candidate) { return price_programs(partition::apply_plan(model, candidate), c, o.price); });
+}
+
+LOOM_INLINE plan_search_result search_plan(const model_family& model, const plan::plan_spec& space, const cluster& c,
+                                           const plan_search_options& o) {
+    // Instances' graphs and their training work, by (layers, batch): assignments share them.
+    struct instance {
+        graph g;
+        std::vector<node_work> work;
+    };
+    std::map<std::pair<std::int64_t, std::int64_t>, instance> instances;
+    auto instance_of = [&](std::int64_t layers, std::int64_t batch) -> const instance& {
+        auto it = instances.find({layers, batch});
+        if (it == instances.end()) {
+            graph g = model.forward(layers, batch);
+            std::vector<node_work> work = training_work(g, c.device, o.price);
+            it = instances.emplace(std::pair{layers, batch}, instance{std::move(g), std::move(work)}).first;
+        }
+        return it->second;
+    };
+    auto bound = [&](const plan::plan_spec& candidate) {
+        // The bound of each instance's plan (its devices compute what the real ones do),
+        // extrapolated over the layers per stage and the micro-batches as the price is.
+        const fold_shape s = shape_of(candidate, model);
+        const std::vector<std::int64_t> layers = instance_layers(model, s), micro_batches = instance_micro_batches(s);
+        const std::int64_t replicas = fold_replicas(s, model, candidate) ? 2 : s.replicas;
+        if (model.batch % (s.replicas * s.micro_batches) != 0)
+            throw plan_error("search_plan: a batch of " + std::to_string(model.batch) + " does not split into " +
+                             std::to_string(s.replicas) + " replicas of " + std::to_string(s.micro_batches) +
+                             " micro-batches; choose degrees whose product divides the batch");
+        const std::int64_t samples = model.batch / (s.replicas * s.micro_batches);
+        auto along = [](const std::vector<double>& v, const std::vector<std::int64_t>& at, std::int64_t real) {
+            if (v.size() == 1) return v.front();
+            return v[0] + (v[1] - v[0]) * static_cast<double>(real - at[0]) / static_cast<double>(at[1] - at[0]);
+        };
+        std::vector<double> by_micro_batches;
+        for (std::int64_t mb : micro_batches) {
+            const plan::plan_spec p = instance_plan(candidate, s, replicas, mb);
+            std::vector<double> by_layers;
+            for (std::int64_t k : layers) {
+                const instance& i = instance_of(k * s.stages, samples * replicas * mb);
+                by_layers.push_back(step_lower_bound(plan::resolve(p, i.g), i.work, o.price));
+            }
+            by_micro_batches.push_back(along(by_layers, layers, model.layers / s.stages));
+        }
+        return along(by_micro_batches, micro_batches, s.micro_batches);
+    };
+    return detail::search_assignments(space, open_parameter_candidates(space, model.batch), c, o, bound,
+                                      [&](const plan::plan_spec& candidate) { return price_folded(model, candidate, c, o.price).price; });
+}
+
+}  // namespace loom::search
+
+namespace loom::search::detail {
+
+LOOM_INLINE plan_search_result search_assignments(const plan::plan_spec& space, std::vector<open_parameter> parameters,
+                                                  const cluster& c, const plan_search_options& o,
+                                                  const bound_function& bound_of, const price_function& price_of) {
     const auto started = std::chrono::steady_clock::now();
     auto elapsed = [&] { return std::chrono::duration<double>(std::chrono::steady_clock::now() - started).count(); };
     if (space.devices > c.devices())
@@ -17505,11 +18115,10 @@ LOOM_INLINE plan_search_result search_plan(const graph& model, const plan::plan_
                            c.name + "' has " + std::to_string(c.devices()) +
                            "; give a plan for at most that many devices or a larger cluster");
     plan_search_result result;
-    result.parameters = open_parameter_candidates(space, model);
+    result.parameters = std::move(parameters);
     result.memory_limit = o.memory_limit > 0 ? o.memory_limit : c.device.memory_bytes;
     const auto& params = result.parameters;
     plan_search_statistics& stats = result.stats;
-    const std::vector<node_work> work = training_work(model, c.device, o.price);
 
     // 1-3: every assignment, resolved and bounded.
     struct leaf {
@@ -17528,8 +18137,7 @@ LOOM_INLINE plan_search_result search_plan(const graph& model, const plan::plan_
         plan::plan_spec candidate = space;
         for (std::size_t i = 0; i < params.size(); ++i) candidate.choices[params[i].name] = params[i].candidates[at[i]];
         try {
-            const plan::resolved_plan rp = plan::resolve(candidate, model);
-            leaves.push_back({candidate.choices, step_lower_bound(rp, work, o.price), stats.assignments});
+            leaves.push_back({candidate.choices, bound_of(candidate), stats.assignments});
         } catch (const plan_error& e) {
             refuse(e.what(), candidate.choices);
         } catch (const shape_error& e) {
@@ -17561,7 +18169,7 @@ LOOM_INLINE plan_search_result search_plan(const graph& model, const plan::plan_
         candidate.choices = l.choices;
         program_price price;
         try {
-            price = price_programs(partition::apply_plan(model, candidate), c, o.price);
+            price = price_of(candidate);
         } catch (const plan_error& e) {
             refuse(e.what(), l.choices);
             continue;
@@ -17627,7 +18235,7 @@ LOOM_INLINE plan_search_result search_plan(const graph& model, const plan::plan_
     return result;
 }
 
-}  // namespace loom::search
+}  // namespace loom::search::detail
 #endif  // LOOM_HEADER_DEFINITIONS
 // ---- end loom/search/plan_search.hpp ----
 // ---- end loom/search/all.hpp ----

@@ -23,6 +23,7 @@
 #include <loom/search/branch_and_bound.hpp>
 #include <loom/search/communication.hpp>
 #include <loom/search/evaluate.hpp>
+#include <loom/search/folded_price.hpp>
 #include <loom/search/folding.hpp>
 #include <loom/search/hardware.hpp>
 #include <loom/search/memory.hpp>

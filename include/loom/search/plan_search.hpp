@@ -35,6 +35,7 @@
 #include <algorithm>
 #include <chrono>
 #include <cstdint>
+#include <functional>
 #include <limits>
 #include <map>
 #include <optional>
@@ -50,6 +51,7 @@
 #include <loom/partition/logical_graph.hpp>
 #include <loom/plan/resolve.hpp>
 #include <loom/plan/rules.hpp>
+#include <loom/search/folded_price.hpp>
 #include <loom/search/hardware.hpp>
 #include <loom/search/program_price.hpp>
 
@@ -77,8 +79,8 @@ inline std::int64_t batch_of(const graph& model) {
     return 1;
 }
 
-// Every open parameter of `space` with its candidate values.
-LOOM_INLINE std::vector<open_parameter> open_parameter_candidates(const plan::plan_spec& space, const graph& model);
+// Every open parameter of `space` with its candidate values, for a model of `batch` samples.
+LOOM_INLINE std::vector<open_parameter> open_parameter_candidates(const plan::plan_spec& space, std::int64_t batch);
 
 LOOM_INLINE std::string value_text(const open_parameter& p, std::int64_t v);
 
@@ -155,6 +157,24 @@ LOOM_INLINE std::string separation_text(const program_price& a, const program_pr
 LOOM_INLINE plan_search_result search_plan(const graph& model, const plan::plan_spec& space, const cluster& c,
                                            const plan_search_options& o = {});
 
+// The same, folded (search/folded_price.hpp): every assignment is bounded and priced from
+// small instances of the model, so that models of a hundred layers on a thousand devices
+// can be searched. The bound is extrapolated over the layers per stage like the price.
+LOOM_INLINE plan_search_result search_plan(const model_family& model, const plan::plan_spec& space, const cluster& c,
+                                           const plan_search_options& o = {});
+
+namespace detail {
+
+// The search itself, over the assignments of `params`: `bound` gives an assignment's lower
+// bound (throwing plan_error or shape_error to refuse it), `price` its programs' price.
+using bound_function = std::function<double(const plan::plan_spec&)>;
+using price_function = std::function<program_price(const plan::plan_spec&)>;
+LOOM_INLINE plan_search_result search_assignments(const plan::plan_spec& space, std::vector<open_parameter> params,
+                                                  const cluster& c, const plan_search_options& o,
+                                                  const bound_function& bound, const price_function& price);
+
+}  // namespace detail
+
 }  // namespace loom::search
 
 // Definitions: compiled here (header-only) or once in loom::compiled (core/linkage.hpp).
@@ -169,7 +189,7 @@ LOOM_INLINE std::vector<std::int64_t> divisors_of(std::int64_t n) {
     return out;
 }
 
-LOOM_INLINE std::vector<open_parameter> open_parameter_candidates(const plan::plan_spec& space, const graph& model) {
+LOOM_INLINE std::vector<open_parameter> open_parameter_candidates(const plan::plan_spec& space, std::int64_t batch) {
     std::vector<open_parameter> out;
     auto find = [&](const std::string& name) -> open_parameter* {
         for (auto& p : out)
@@ -197,7 +217,7 @@ LOOM_INLINE std::vector<open_parameter> open_parameter_candidates(const plan::pl
         if (r.trans)
             for (const plan::split_spec& s : *r.trans) add_degree(s.degree, open_parameter::kind::degree, space.devices);
     if (space.stages) add_degree(space.stages->count, open_parameter::kind::stages, space.devices);
-    add_degree(space.micro_batches, open_parameter::kind::micro_batches, batch_of(model));
+    add_degree(space.micro_batches, open_parameter::kind::micro_batches, batch);
     if (space.order.alternatives.size() > 1 && !find(space.order.open)) {
         open_parameter p{space.order.open, open_parameter::kind::order, {}, {}};
         for (std::size_t i = 0; i < space.order.alternatives.size(); ++i) {
@@ -369,6 +389,68 @@ LOOM_INLINE std::string plan_search_result::explain() const {
 
 LOOM_INLINE plan_search_result search_plan(const graph& model, const plan::plan_spec& space, const cluster& c,
                                            const plan_search_options& o) {
+    const std::vector<node_work> work = training_work(model, c.device, o.price);
+    return detail::search_assignments(
+        space, open_parameter_candidates(space, batch_of(model)), c, o,
+        [&](const plan::plan_spec& candidate) { return step_lower_bound(plan::resolve(candidate, model), work, o.price); },
+        [&](const plan::plan_spec& candidate) { return price_programs(partition::apply_plan(model, candidate), c, o.price); });
+}
+
+LOOM_INLINE plan_search_result search_plan(const model_family& model, const plan::plan_spec& space, const cluster& c,
+                                           const plan_search_options& o) {
+    // Instances' graphs and their training work, by (layers, batch): assignments share them.
+    struct instance {
+        graph g;
+        std::vector<node_work> work;
+    };
+    std::map<std::pair<std::int64_t, std::int64_t>, instance> instances;
+    auto instance_of = [&](std::int64_t layers, std::int64_t batch) -> const instance& {
+        auto it = instances.find({layers, batch});
+        if (it == instances.end()) {
+            graph g = model.forward(layers, batch);
+            std::vector<node_work> work = training_work(g, c.device, o.price);
+            it = instances.emplace(std::pair{layers, batch}, instance{std::move(g), std::move(work)}).first;
+        }
+        return it->second;
+    };
+    auto bound = [&](const plan::plan_spec& candidate) {
+        // The bound of each instance's plan (its devices compute what the real ones do),
+        // extrapolated over the layers per stage and the micro-batches as the price is.
+        const fold_shape s = shape_of(candidate, model);
+        const std::vector<std::int64_t> layers = instance_layers(model, s), micro_batches = instance_micro_batches(s);
+        const std::int64_t replicas = fold_replicas(s, model, candidate) ? 2 : s.replicas;
+        if (model.batch % (s.replicas * s.micro_batches) != 0)
+            throw plan_error("search_plan: a batch of " + std::to_string(model.batch) + " does not split into " +
+                             std::to_string(s.replicas) + " replicas of " + std::to_string(s.micro_batches) +
+                             " micro-batches; choose degrees whose product divides the batch");
+        const std::int64_t samples = model.batch / (s.replicas * s.micro_batches);
+        auto along = [](const std::vector<double>& v, const std::vector<std::int64_t>& at, std::int64_t real) {
+            if (v.size() == 1) return v.front();
+            return v[0] + (v[1] - v[0]) * static_cast<double>(real - at[0]) / static_cast<double>(at[1] - at[0]);
+        };
+        std::vector<double> by_micro_batches;
+        for (std::int64_t mb : micro_batches) {
+            const plan::plan_spec p = instance_plan(candidate, s, replicas, mb);
+            std::vector<double> by_layers;
+            for (std::int64_t k : layers) {
+                const instance& i = instance_of(k * s.stages, samples * replicas * mb);
+                by_layers.push_back(step_lower_bound(plan::resolve(p, i.g), i.work, o.price));
+            }
+            by_micro_batches.push_back(along(by_layers, layers, model.layers / s.stages));
+        }
+        return along(by_micro_batches, micro_batches, s.micro_batches);
+    };
+    return detail::search_assignments(space, open_parameter_candidates(space, model.batch), c, o, bound,
+                                      [&](const plan::plan_spec& candidate) { return price_folded(model, candidate, c, o.price).price; });
+}
+
+}  // namespace loom::search
+
+namespace loom::search::detail {
+
+LOOM_INLINE plan_search_result search_assignments(const plan::plan_spec& space, std::vector<open_parameter> parameters,
+                                                  const cluster& c, const plan_search_options& o,
+                                                  const bound_function& bound_of, const price_function& price_of) {
     const auto started = std::chrono::steady_clock::now();
     auto elapsed = [&] { return std::chrono::duration<double>(std::chrono::steady_clock::now() - started).count(); };
     if (space.devices > c.devices())
@@ -376,11 +458,10 @@ LOOM_INLINE plan_search_result search_plan(const graph& model, const plan::plan_
                            c.name + "' has " + std::to_string(c.devices()) +
                            "; give a plan for at most that many devices or a larger cluster");
     plan_search_result result;
-    result.parameters = open_parameter_candidates(space, model);
+    result.parameters = std::move(parameters);
     result.memory_limit = o.memory_limit > 0 ? o.memory_limit : c.device.memory_bytes;
     const auto& params = result.parameters;
     plan_search_statistics& stats = result.stats;
-    const std::vector<node_work> work = training_work(model, c.device, o.price);
 
     // 1-3: every assignment, resolved and bounded.
     struct leaf {
@@ -399,8 +480,7 @@ LOOM_INLINE plan_search_result search_plan(const graph& model, const plan::plan_
         plan::plan_spec candidate = space;
         for (std::size_t i = 0; i < params.size(); ++i) candidate.choices[params[i].name] = params[i].candidates[at[i]];
         try {
-            const plan::resolved_plan rp = plan::resolve(candidate, model);
-            leaves.push_back({candidate.choices, step_lower_bound(rp, work, o.price), stats.assignments});
+            leaves.push_back({candidate.choices, bound_of(candidate), stats.assignments});
         } catch (const plan_error& e) {
             refuse(e.what(), candidate.choices);
         } catch (const shape_error& e) {
@@ -432,7 +512,7 @@ LOOM_INLINE plan_search_result search_plan(const graph& model, const plan::plan_
         candidate.choices = l.choices;
         program_price price;
         try {
-            price = price_programs(partition::apply_plan(model, candidate), c, o.price);
+            price = price_of(candidate);
         } catch (const plan_error& e) {
             refuse(e.what(), l.choices);
             continue;
@@ -498,5 +578,5 @@ LOOM_INLINE plan_search_result search_plan(const graph& model, const plan::plan_
     return result;
 }
 
-}  // namespace loom::search
+}  // namespace loom::search::detail
 #endif  // LOOM_HEADER_DEFINITIONS

@@ -80,6 +80,62 @@ private:
     }
 };
 
+// Replica folding (search/folded_price.hpp): the programs priced are those of an instance
+// of the plan with fewer data-parallel replicas than the real one, and each instance device
+// stands for a real device. A transfer within a replica runs over the real devices its
+// members stand for; one that crosses replicas runs over the whole real replica families of
+// its members (every real replica of the same piece), with the same bytes per member (the
+// buffer convention of search/communication.hpp makes them independent of the group size).
+// Optimizer state replicated over the instance's replicas is counted as replicated over the
+// real ones (ZeRO-1 and ZeRO-2 shard it over them).
+struct replica_fold {
+    int instance_replicas = 1, real_replicas = 1;
+    std::vector<int> real;                 // instance device -> the real device it is
+    std::vector<int> replica;              // instance device -> its replica in the instance
+    std::vector<std::vector<int>> family;  // instance device -> its piece's real device in every real replica
+
+    // Whether a transfer over `group` crosses replicas. A point-to-point transfer between two
+    // replicas (the loss's copies) stays a transfer between the two real devices.
+    bool crosses(const partition::transfer& tr) const {
+        if (tr.kind == partition::transfer_kind::send_recv) return false;
+        const auto& group = tr.group;
+        for (int d : group)
+            if (replica.at(static_cast<std::size_t>(d)) != replica.at(static_cast<std::size_t>(group.front()))) return true;
+        return false;
+    }
+    // How many real transfers one instance transfer over `group` stands for: one per real
+    // replica when it stays inside its replica, else itself.
+    double real_copies(const partition::transfer& tr) const {
+        return crosses(tr) ? 1.0 : static_cast<double>(real_replicas) / instance_replicas;
+    }
+    // The real groups of every real copy of a transfer: itself when it crosses replicas, else
+    // the same members in each real replica.
+    std::vector<std::vector<int>> real_groups_of_copies(const partition::transfer& tr) const {
+        if (crosses(tr)) return {real_group(tr)};
+        std::vector<std::vector<int>> out;
+        for (int r = 0; r < real_replicas; ++r) {
+            std::vector<int> g;
+            for (int d : tr.group) g.push_back(family.at(static_cast<std::size_t>(d)).at(static_cast<std::size_t>(r)));
+            out.push_back(std::move(g));
+        }
+        return out;
+    }
+    // The real devices a transfer among instance devices runs over.
+    std::vector<int> real_group(const partition::transfer& tr) const {
+        const bool across = crosses(tr);
+        std::vector<int> out;
+        for (int d : tr.group) {
+            if (!across) {
+                out.push_back(real.at(static_cast<std::size_t>(d)));
+                continue;
+            }
+            for (int r : family.at(static_cast<std::size_t>(d)))
+                if (std::find(out.begin(), out.end(), r) == out.end()) out.push_back(r);
+        }
+        return out;
+    }
+};
+
 struct price_options {
     loom::precision storage = loom::precision::f32;  // how tensors are stored (bytes per element)
     // true: communication overlaps computation (a separate stream, as NCCL on GPUs); false:
@@ -108,6 +164,8 @@ struct price_options {
     // Calibrated rates by op kind (op_def::name); kinds without one use the roofline of the
     // device profile.
     std::map<std::string, op_rate, std::less<>> rates;
+    // Set: the programs are a replica-folded instance of the plan (not owned).
+    const replica_fold* fold = nullptr;
 };
 
 struct device_memory {
@@ -210,8 +268,10 @@ LOOM_INLINE double transfer_bytes(const partition::partitioned_graph& pg, const 
 
 // For every transfer, how many groups of its kind for the same tensor (its copies for
 // other ranks) reach the node of its that most of them reach. Groups within one node never
-// share NICs and count 1.
-LOOM_INLINE std::vector<int> nic_sharing(const partition::partitioned_graph& pg, const topology& topo);
+// share NICs and count 1. copies[i]: the groups of devices transfer i stands for (its own
+// group; under replica folding its copy in every real replica).
+LOOM_INLINE std::vector<int> nic_sharing(const partition::partitioned_graph& pg,
+                                         const std::vector<std::vector<std::vector<int>>>& copies, const topology& topo);
 
 }  // namespace detail
 
@@ -301,7 +361,8 @@ LOOM_INLINE double transfer_bytes(const partition::partitioned_graph& pg, const 
     return elements * element;
 }
 
-LOOM_INLINE std::vector<int> nic_sharing(const partition::partitioned_graph& pg, const topology& topo) {
+LOOM_INLINE std::vector<int> nic_sharing(const partition::partitioned_graph& pg,
+                                         const std::vector<std::vector<std::vector<int>>>& copies, const topology& topo) {
     std::vector<int> sharing(pg.transfers.size(), 1);
     using key = std::tuple<tensor_id, int, bool, node_id>;
     std::map<key, std::vector<std::size_t>> siblings;
@@ -309,23 +370,30 @@ LOOM_INLINE std::vector<int> nic_sharing(const partition::partitioned_graph& pg,
         const auto& tr = pg.transfers[i];
         siblings[{tr.logical, static_cast<int>(tr.kind), tr.backward, tr.consumer}].push_back(i);
     }
+    auto nodes_of = [&](const std::vector<int>& group) {
+        std::vector<int> nodes;
+        for (int r : group) nodes.push_back(r / topo.devices_per_node);
+        std::sort(nodes.begin(), nodes.end());
+        nodes.erase(std::unique(nodes.begin(), nodes.end()), nodes.end());
+        return nodes;
+    };
     for (const auto& [k, members] : siblings) {
-        std::map<int, int> groups_on_node;  // over the groups that cross nodes
-        std::vector<std::vector<int>> nodes_of(members.size());
-        for (std::size_t s = 0; s < members.size(); ++s) {
-            const auto& tr = pg.transfers[members[s]];
-            std::vector<int> nodes;
-            for (int r : tr.group) nodes.push_back(r / topo.devices_per_node);
-            std::sort(nodes.begin(), nodes.end());
-            nodes.erase(std::unique(nodes.begin(), nodes.end()), nodes.end());
-            if (nodes.size() < 2) continue;
-            nodes_of[s] = nodes;
+        // Every group of the sibling set once (folded transfers of two instance replicas
+        // stand for the same real groups), counted on each node it crosses.
+        std::map<std::vector<int>, std::vector<int>> crossing;  // group -> its nodes, for groups over 2 or more nodes
+        for (std::size_t m : members)
+            for (const auto& group : copies[m])
+                if (!crossing.count(group))
+                    if (auto nodes = nodes_of(group); nodes.size() >= 2) crossing.emplace(group, std::move(nodes));
+        std::map<int, int> groups_on_node;
+        for (const auto& [group, nodes] : crossing)
             for (int nd : nodes) ++groups_on_node[nd];
-        }
-        for (std::size_t s = 0; s < members.size(); ++s) {
+        for (std::size_t m : members) {
             int most = 1;
-            for (int nd : nodes_of[s]) most = std::max(most, groups_on_node[nd]);
-            sharing[members[s]] = most;
+            for (const auto& group : copies[m])
+                if (auto it = crossing.find(group); it != crossing.end())
+                    for (int nd : it->second) most = std::max(most, groups_on_node[nd]);
+            sharing[m] = most;
         }
     }
     return sharing;
@@ -339,13 +407,22 @@ LOOM_INLINE std::vector<double> transfer_seconds(const partition::partitioned_gr
     if (pg.world > c.devices())
         throw usage_error("price_programs: the plan runs on " + std::to_string(pg.world) + " devices but cluster '" +
                           c.name + "' has " + std::to_string(c.devices()) + "; plan for the cluster's devices or give a larger cluster");
-    const std::vector<int> sharing = detail::nic_sharing(pg, c.topo);
+    // The devices each transfer runs over: its group, or under replica folding the real devices.
+    std::vector<std::vector<int>> groups;
+    std::vector<std::vector<std::vector<int>>> copies;
+    groups.reserve(pg.transfers.size());
+    copies.reserve(pg.transfers.size());
+    for (const auto& tr : pg.transfers) {
+        groups.push_back(o.fold ? o.fold->real_group(tr) : tr.group);
+        copies.push_back(o.fold ? o.fold->real_groups_of_copies(tr) : std::vector<std::vector<int>>{tr.group});
+    }
+    const std::vector<int> sharing = detail::nic_sharing(pg, copies, c.topo);
     std::vector<double> seconds(pg.transfers.size(), 0.0);
     for (std::size_t i = 0; i < pg.transfers.size(); ++i) {
         const auto& tr = pg.transfers[i];
-        const group_placement p = placement(c.topo, tr.group);
+        const group_placement p = placement(c.topo, groups[i]);
         seconds[i] = collective_cost(c, detail::collective_of(tr.kind), detail::transfer_bytes(pg, tr, o.storage),
-                                     static_cast<int>(tr.group.size()), p, o.collectives, sharing[i])
+                                     static_cast<int>(groups[i].size()), p, o.collectives, sharing[i])
                          .total();
     }
     return seconds;
@@ -360,8 +437,13 @@ LOOM_INLINE program_price price_programs(const partition::partitioned_graph& pg,
     const int world = pg.world;
     program_price out;
     out.devices.resize(static_cast<std::size_t>(world));
-    out.transfers = static_cast<std::int64_t>(pg.transfers.size());
-    for (double t : transfer_time) out.transfer_seconds += t;
+    double transfers = 0;
+    for (std::size_t i = 0; i < pg.transfers.size(); ++i) {
+        const double copies = o.fold ? o.fold->real_copies(pg.transfers[i]) : 1.0;
+        transfers += copies;
+        out.transfer_seconds += copies * transfer_time[i];
+    }
+    out.transfers = std::llround(transfers);
 
     // Programs as the host trainer compiles them: memory, and the instruction order.
     struct device_run {
@@ -397,14 +479,25 @@ LOOM_INLINE program_price price_programs(const partition::partitioned_graph& pg,
     // updated by each of them, or by 1/r of each under ZeRO-1 and ZeRO-2 (ZeRO-3 stores
     // shards already).
     {
-        std::map<std::pair<tensor_id, std::string>, int> copies;
+        std::map<std::pair<tensor_id, std::string>, double> copies;
+        std::map<std::pair<tensor_id, std::string>, int> replica_seen;  // under folding: the first replica holding it, or -1: several
         auto key_of = [](const partition::stored_piece& s) {
             std::string k;
             for (const auto& r : s.region.ranges) k += std::to_string(r.begin) + ":" + std::to_string(r.end) + ",";
             return std::pair<tensor_id, std::string>{s.logical, k};
         };
-        for (const auto& part : pg.devices)
-            for (const auto& s : part.parameters) ++copies[key_of(s)];
+        for (std::size_t d = 0; d < pg.devices.size(); ++d)
+            for (const auto& s : pg.devices[d].parameters) {
+                const auto key = key_of(s);
+                ++copies[key];
+                if (!o.fold) continue;
+                const int r = o.fold->replica.at(d);
+                auto [it, first] = replica_seen.try_emplace(key, r);
+                if (!first && it->second != r) it->second = -1;
+            }
+        if (o.fold)  // a piece on several instance replicas is on every real one
+            for (auto& [key, n] : copies)
+                if (replica_seen[key] == -1) n *= static_cast<double>(o.fold->real_replicas) / o.fold->instance_replicas;
         const bool sharded = pg.zero == plan::zero_stage::optimizer || pg.zero == plan::zero_stage::gradients;
         for (int d = 0; d < world; ++d) {
             double elements = 0;

@@ -1,0 +1,429 @@
+#pragma once
+// Folded prices: what a plan's programs cost on a large model and cluster, from the
+// programs of small instances of the same plan. Materializing every device's program of a
+// 96-layer model on 1024 GPUs takes minutes and tens of GiB; its devices and layers repeat.
+//
+//   search::model_family gpt{[](std::int64_t layers, std::int64_t batch) { ... forward graph ... },
+//                            96, 1024};
+//   search::folded_price f = search::price_folded(gpt, plan, search::dgx_a100(128));
+//   f.price          the real plan's price, one entry per real device
+//   f.describe()     which instances were priced
+//
+// Two foldings, both exact where their assumption holds:
+// - Layers (TAPAS §4.3): with S even stages of Ls layers each, instances with 2u and 3u
+//   layers per stage are priced (u: the chunks of an interleaved order, else 1), and every
+//   quantity (step, makespan, each device's compute, communication, memory and optimizer
+//   step) is extrapolated linearly in the layers per stage to Ls. Exact when each further
+//   layer per stage adds the same work to every stage; the prologue and epilogue (embedding,
+//   head) are in every instance.
+// - Micro-batches: with GPipe, 1F1B, interleaved 1F1B or plain accumulation, instances of S
+//   and 2S micro-batches (2 and 4 without a pipeline) of the real micro-batch size; the step
+//   grows linearly with the micro-batches once they fill the pipeline. Memory grows so
+//   under GPipe; otherwise the larger instance's memory is the real one (in-flight
+//   micro-batches are bounded by the stages).
+// - Data-parallel replicas: an instance with at most 2 replicas of the same per-replica
+//   batch stands for D of them. Replicas run the same programs; only their collectives grow.
+//   Each instance device stands for its real device, and a transfer that crosses replicas is
+//   priced over the whole real group (replica_fold in program_price.hpp), its placement over
+//   nodes and the NICs it shares included. What the replicas shard (ZeRO-2 gradients,
+//   ZeRO-3 parameters and their optimizer state) shrinks as 1/D: with ZeRO-2 or 3 and D > 4
+//   an instance of 4 replicas is priced too, and memory and the optimizer step are
+//   extrapolated linearly in 1/D.
+// Layer and micro-batch folding are extrapolations: tests hold them to a few percent of the
+// full programs' price; replica folding is exact up to the loss's copies (tested).
+// A plan folds when its stages are even (no explicit boundaries), its layer-range selectors
+// either cover every layer or none, and its data-parallel degree (the degree of its
+// splits along Dim::Batch) is the same in every rule. Otherwise, or when the model is small
+// enough, the instance is the real plan and the price exact.
+#include <algorithm>
+#include <cstdint>
+#include <functional>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include <loom/core/dim.hpp>
+#include <loom/core/error.hpp>
+#include <loom/core/linkage.hpp>
+#include <loom/graph/graph.hpp>
+#include <loom/partition/apply.hpp>
+#include <loom/plan/resolve.hpp>
+#include <loom/plan/rules.hpp>
+#include <loom/search/hardware.hpp>
+#include <loom/search/program_price.hpp>
+
+namespace loom::search {
+
+// A model at any depth and batch: its forward graph with `layers` repeats of `repeat` and a
+// batch of `batch` samples. `layers` and `batch` are the real model's.
+struct model_family {
+    std::function<graph(std::int64_t layers, std::int64_t batch)> forward;
+    std::int64_t layers = 0;
+    std::int64_t batch = 0;
+    std::string repeat = "blocks";
+
+    graph real() const { return forward(layers, batch); }
+};
+
+struct folded_price {
+    program_price price;                          // the real plan's: one device_price per real device
+    std::int64_t layers_per_stage = 0;            // the real plan's
+    std::vector<std::int64_t> instance_layers;    // layers per stage of the instances priced
+    std::vector<std::int64_t> instance_replicas;  // data-parallel replicas of the instances priced
+    std::int64_t replicas = 1;                    // the real plan's
+    std::vector<std::int64_t> instance_micro_batches;  // micro-batches of the instances priced
+    std::int64_t micro_batches = 1;                    // the real plan's
+    bool exact() const {
+        return instance_layers.size() == 1 && instance_layers.front() == layers_per_stage && instance_replicas.size() == 1 &&
+               instance_replicas.front() == replicas && instance_micro_batches.size() == 1 &&
+               instance_micro_batches.front() == micro_batches;
+    }
+    std::string describe() const;
+};
+
+// What folding reads from a plan with every open parameter chosen.
+struct fold_shape {
+    std::int64_t stages = 1;        // even stages (1: no pipeline)
+    std::int64_t chunk_layers = 1;  // layers per stage come in multiples of this (interleaved chunks)
+    std::int64_t replicas = 1;      // the data-parallel degree
+    std::int64_t micro_batches = 1;
+    bool layers_fold = true;        // even stages and selectors that cover every layer or none
+    bool micro_batches_fold = true; // no pipeline, or GPipe, 1F1B or interleaved 1F1B
+    bool memory_grows_with_micro_batches = false;  // GPipe: every micro-batch's activations at once
+    bool replicas_fold = true;      // one data-parallel degree in every rule
+};
+
+LOOM_INLINE fold_shape shape_of(const plan::plan_spec& p, const model_family& m);
+
+// The plan for an instance with `replicas` data-parallel replicas and `micro_batches`
+// micro-batches: the same rules, layer-range selectors over every layer of the instance, the
+// data-parallel degree and the devices it needs.
+LOOM_INLINE plan::plan_spec instance_plan(const plan::plan_spec& p, const fold_shape& s, std::int64_t replicas,
+                                          std::int64_t micro_batches);
+
+// The micro-batches of the instances that fold plan shape s: the stages and twice as many
+// (2 and 4 without a pipeline), or the real count when that is no more. The step of GPipe,
+// 1F1B and interleaved 1F1B grows linearly with the micro-batches once they fill the
+// pipeline. Memory grows so under GPipe; otherwise it is the larger instance's (1F1B keeps
+// at most the stages' micro-batches in flight, accumulation one).
+LOOM_INLINE std::vector<std::int64_t> instance_micro_batches(const fold_shape& s);
+
+// The layers per stage of the instances that fold plan shape s of model m: 2u and 3u, or
+// the real count when that is no more. Not u: with one layer per stage the peak of memory
+// can lie elsewhere (the logits, the embedding's gradient) than where more layers put it. Throws plan_error when the stages or interleaved chunks
+// do not split the layers evenly.
+LOOM_INLINE std::vector<std::int64_t> instance_layers(const model_family& m, const fold_shape& s);
+
+// Whether plan p folds its data-parallel replicas: more than 2 of them, one degree in every
+// rule, a batch they divide, and, when they shard gradients or parameters (ZeRO-2 or 3),
+// more than 4 (the extrapolation in 1/D needs instances of 2 and 4).
+LOOM_INLINE bool fold_replicas(const fold_shape& s, const model_family& m, const plan::plan_spec& p);
+
+// The price of plan p (every open parameter chosen) for model m on cluster c, folded.
+// Throws plan_error when the plan does not fit the model (stages that do not divide its
+// layers evenly, ...), like plan::resolve.
+LOOM_INLINE folded_price price_folded(const model_family& m, const plan::plan_spec& p, const cluster& c,
+                                      const price_options& o = {});
+
+}  // namespace loom::search
+
+namespace loom::search::detail {
+
+inline bool batch_split(const plan::split_spec& s) { return s.label.empty() && s.dim == Dim::Batch::id && !s.replicate; }
+
+// One instance's price, spread over the real devices: real device x gets the price of the
+// instance device that stands for it (itself, or its piece in the instance's last replica).
+LOOM_INLINE program_price spread_over_real(const program_price& instance, const replica_fold* fold, int real_devices);
+
+// a + (b - a) * t, field by field.
+LOOM_INLINE program_price extrapolate(const program_price& a, const program_price& b, double t);
+
+// The devices of an instance with fewer replicas, matched to the real plan's: for each op,
+// the piece with the same coordinates (the data-parallel one below the instance's count) is
+// the same piece. Empty optional: the plan cannot fold its replicas.
+LOOM_INLINE std::optional<replica_fold> match_replicas(const plan::resolved_plan& instance, const plan::resolved_plan& real,
+                                                       std::int64_t instance_replicas, std::int64_t real_replicas);
+
+}  // namespace loom::search::detail
+
+// Definitions: compiled here (header-only) or once in loom::compiled (core/linkage.hpp).
+#if LOOM_HEADER_DEFINITIONS
+
+
+namespace loom::search {
+
+LOOM_INLINE std::string folded_price::describe() const {
+    if (exact()) return "priced in full";
+    auto list = [](const std::vector<std::int64_t>& v) {
+        std::string s;
+        for (auto x : v) s += (s.empty() ? "" : " and ") + std::to_string(x);
+        return s;
+    };
+    return "folded: instances of " + list(instance_layers) + " layers per stage (of " + std::to_string(layers_per_stage) +
+           "), " + list(instance_micro_batches) + " micro-batches (of " + std::to_string(micro_batches) + ") and " +
+           list(instance_replicas) + " data-parallel replicas (of " + std::to_string(replicas) + ")";
+}
+
+LOOM_INLINE fold_shape shape_of(const plan::plan_spec& p, const model_family& m) {
+    fold_shape s;
+    if (p.stages) {
+        s.stages = plan::degree_value(p.stages->count, p, "the stage count");
+        s.layers_fold = p.stages->boundaries.empty();
+    }
+    if (const auto order = plan::detail::chosen_order(p)) {
+        if (order->kind == plan::schedule_kind::interleaved) s.chunk_layers = order->virtual_stages;
+        s.memory_grows_with_micro_batches = order->kind == plan::schedule_kind::gpipe;
+        s.micro_batches_fold = order->kind == plan::schedule_kind::gpipe || order->kind == plan::schedule_kind::one_f_one_b ||
+                               order->kind == plan::schedule_kind::interleaved;
+    }
+    s.micro_batches = plan::degree_value(p.micro_batches, p, "the micro-batch count");
+    for (const plan::rule& r : p.rules) {
+        if (!r.on.repeat.empty() && !(r.on.first_layer == 0 && (r.on.last_layer < 0 || r.on.last_layer >= m.layers - 1)))
+            s.layers_fold = false;
+        if (!r.trans) continue;
+        for (const plan::split_spec& split : *r.trans) {
+            if (!detail::batch_split(split)) continue;
+            const std::int64_t d = plan::degree_value(split.degree, p, "a data-parallel split");
+            if (s.replicas > 1 && d != s.replicas) s.replicas_fold = false;
+            s.replicas = std::max(s.replicas, d);
+        }
+    }
+    return s;
+}
+
+LOOM_INLINE std::vector<std::int64_t> instance_micro_batches(const fold_shape& s) {
+    // Without a pipeline 2 and 4: one micro-batch has no gradients to accumulate.
+    const std::int64_t first = s.stages > 1 ? s.stages : 2;
+    if (s.micro_batches_fold && s.micro_batches > 2 * first) return {first, 2 * first};
+    return {s.micro_batches};
+}
+
+LOOM_INLINE plan::plan_spec instance_plan(const plan::plan_spec& p, const fold_shape& s, std::int64_t replicas,
+                                          std::int64_t micro_batches) {
+    plan::plan_spec out = p;
+    if (out.micro_batches.open.empty()) out.micro_batches.value = micro_batches;
+    else out.choices[out.micro_batches.open] = micro_batches;
+    for (plan::rule& r : out.rules) {
+        if (!r.on.repeat.empty()) r.on.last_layer = -1;  // every layer (shape_of checked they cover them all)
+        if (!r.trans) continue;
+        for (plan::split_spec& split : *r.trans)
+            if (detail::batch_split(split)) {
+                if (split.degree.open.empty()) split.degree.value = replicas;
+                else out.choices[split.degree.open] = replicas;
+            }
+    }
+    if (replicas != s.replicas) {
+        out.devices = static_cast<int>(p.devices / s.replicas * replicas);
+        if (out.stages && out.stages->devices_per_stage > 0)
+            out.stages->devices_per_stage = out.stages->devices_per_stage / s.replicas * replicas;
+    }
+    return out;
+}
+
+LOOM_INLINE std::vector<std::int64_t> instance_layers(const model_family& m, const fold_shape& s) {
+    if (m.layers % s.stages != 0)
+        throw plan_error("price_folded: " + std::to_string(m.layers) + " layers of '" + m.repeat + "' do not split into " +
+                         std::to_string(s.stages) + " equal stages; folding prices even stages (choose a stage count "
+                         "that divides the layers)");
+    const std::int64_t per_stage = m.layers / s.stages, u = s.chunk_layers;
+    if (per_stage % u != 0)
+        throw plan_error("price_folded: " + std::to_string(per_stage) + " layers per stage do not split into " +
+                         std::to_string(u) + " interleaved chunks; choose stages and chunks whose product divides the " +
+                         std::to_string(m.layers) + " layers");
+    if (s.layers_fold && per_stage > 3 * u) return {2 * u, 3 * u};
+    return {per_stage};
+}
+
+LOOM_INLINE bool fold_replicas(const fold_shape& s, const model_family& m, const plan::plan_spec& p) {
+    if (!s.replicas_fold || s.replicas <= 2 || m.batch % s.replicas != 0) return false;
+    return plan::detail::chosen_zero(p) < plan::zero_stage::gradients || s.replicas > 4;
+}
+
+LOOM_INLINE folded_price price_folded(const model_family& m, const plan::plan_spec& p, const cluster& c,
+                                      const price_options& o) {
+    if (!m.forward || m.layers < 1 || m.batch < 1)
+        throw usage_error("price_folded: the model family needs a forward(layers, batch) builder and the real model's "
+                          "layers and batch (both at least 1)");
+    const fold_shape s = shape_of(p, m);
+    folded_price out;
+    out.replicas = s.replicas;
+    out.layers_per_stage = m.layers / s.stages;
+    out.instance_layers = instance_layers(m, s);
+    const bool replicas_fold = fold_replicas(s, m, p);
+    out.instance_replicas = {replicas_fold ? 2 : s.replicas};
+    if (replicas_fold && plan::detail::chosen_zero(p) >= plan::zero_stage::gradients) out.instance_replicas.push_back(4);
+    out.micro_batches = s.micro_batches;
+    out.instance_micro_batches = instance_micro_batches(s);
+
+    // priced[r][b][k]: the instance with instance_replicas[r] replicas, instance_micro_batches[b]
+    // micro-batches and instance_layers[k] layers per stage. Each micro-batch and replica
+    // keeps the real plan's samples.
+    if (m.batch % (s.replicas * s.micro_batches) != 0)
+        throw plan_error("price_folded: a batch of " + std::to_string(m.batch) + " does not split into " +
+                         std::to_string(s.replicas) + " replicas of " + std::to_string(s.micro_batches) +
+                         " micro-batches; choose degrees whose product divides the batch");
+    const std::int64_t samples = m.batch / (s.replicas * s.micro_batches);
+    std::vector<std::vector<std::vector<program_price>>> priced(out.instance_replicas.size());
+    for (std::size_t r = 0; r < out.instance_replicas.size(); ++r) {
+        const std::int64_t replicas = out.instance_replicas[r];
+        for (std::int64_t micro_batches : out.instance_micro_batches) {
+            const plan::plan_spec instance = instance_plan(p, s, replicas, micro_batches);
+            auto& row = priced[r].emplace_back();
+            for (std::int64_t layers : out.instance_layers) {
+                const graph g = m.forward(layers * s.stages, samples * replicas * micro_batches);
+                std::optional<replica_fold> fold;
+                if (replicas != s.replicas) {
+                    const graph real_shape = m.forward(layers * s.stages, samples * s.replicas * micro_batches);
+                    fold = detail::match_replicas(plan::resolve(instance, g),
+                                                  plan::resolve(instance_plan(p, s, s.replicas, micro_batches), real_shape),
+                                                  replicas, s.replicas);
+                    if (!fold)
+                        throw plan_error("price_folded: the plan's data-parallel pieces do not line up across replicas "
+                                         "(a device holds pieces of different replicas); price it unfolded");
+                }
+                price_options io = o;
+                io.fold = fold ? &*fold : nullptr;
+                io.record_timeline = false;
+                row.push_back(detail::spread_over_real(price_programs(partition::apply_plan(g, instance), c, io), io.fold,
+                                                       p.devices));
+            }
+        }
+    }
+    // Along the layers, then the micro-batches, then 1/D for what the replicas shard.
+    auto along = [](const std::vector<program_price>& points, const std::vector<std::int64_t>& at, std::int64_t real) {
+        if (points.size() == 1) return points.front();
+        const double t = static_cast<double>(real - at[0]) / static_cast<double>(at[1] - at[0]);
+        return detail::extrapolate(points[0], points[1], t);
+    };
+    std::vector<program_price> per_replicas;
+    for (const auto& by_micro_batches : priced) {
+        std::vector<program_price> at_depth;
+        for (const auto& by_layers : by_micro_batches)
+            at_depth.push_back(along(by_layers, out.instance_layers, out.layers_per_stage));
+        program_price at_micro_batches = along(at_depth, out.instance_micro_batches, s.micro_batches);
+        if (!s.memory_grows_with_micro_batches)  // the most micro-batches priced hold what all of them do
+            for (std::size_t d = 0; d < at_micro_batches.devices.size(); ++d)
+                at_micro_batches.devices[d].memory = at_depth.back().devices[d].memory;
+        per_replicas.push_back(std::move(at_micro_batches));
+    }
+    out.price = per_replicas.front();
+    if (per_replicas.size() == 2) {
+        // value(1/D) through (1/2, two) and (1/4, four): t = (1/D - 1/2) / (1/4 - 1/2).
+        const double t = (1.0 / static_cast<double>(s.replicas) - 0.5) / (0.25 - 0.5);
+        const program_price sharded = detail::extrapolate(per_replicas[0], per_replicas[1], t);
+        double optimizer = 0;
+        for (std::size_t d = 0; d < out.price.devices.size(); ++d) {
+            out.price.devices[d].memory = sharded.devices[d].memory;
+            out.price.devices[d].optimizer = sharded.devices[d].optimizer;
+            optimizer = std::max(optimizer, sharded.devices[d].optimizer);
+        }
+        out.price.step_seconds = out.price.makespan + optimizer;
+    }
+    return out;
+}
+
+}  // namespace loom::search
+
+namespace loom::search::detail {
+
+LOOM_INLINE program_price spread_over_real(const program_price& instance, const replica_fold* fold, int real_devices) {
+    if (!fold) return instance;
+    program_price out = instance;
+    out.devices.assign(static_cast<std::size_t>(real_devices), device_price{});
+    std::vector<bool> seen(static_cast<std::size_t>(real_devices), false);
+    for (std::size_t f = 0; f < fold->family.size(); ++f)
+        for (std::size_t r = 0; r < fold->family[f].size(); ++r) {
+            const int instance_replica = static_cast<int>(std::min<std::size_t>(r, static_cast<std::size_t>(fold->instance_replicas - 1)));
+            if (fold->replica[f] != instance_replica) continue;
+            const auto x = static_cast<std::size_t>(fold->family[f][r]);
+            out.devices.at(x) = instance.devices[f];
+            seen[x] = true;
+        }
+    for (std::size_t x = 0; x < seen.size(); ++x)
+        if (!seen[x])
+            throw error("price_folded: real device " + std::to_string(x) +
+                        " stands for no instance device; the plan's data-parallel pieces do not cover every device, so "
+                        "it cannot fold its replicas (price it unfolded)");
+    return out;
+}
+
+LOOM_INLINE program_price extrapolate(const program_price& a, const program_price& b, double t) {
+    auto line = [t](double x, double y) { return x + (y - x) * t; };
+    program_price out;
+    out.makespan = line(a.makespan, b.makespan);
+    out.transfers = std::llround(line(static_cast<double>(a.transfers), static_cast<double>(b.transfers)));
+    out.transfer_seconds = line(a.transfer_seconds, b.transfer_seconds);
+    out.devices.resize(a.devices.size());
+    double optimizer = 0;
+    for (std::size_t d = 0; d < a.devices.size(); ++d) {
+        const device_price &x = a.devices[d], &y = b.devices.at(d);
+        device_price& z = out.devices[d];
+        z.compute = line(x.compute, y.compute);
+        z.communication = line(x.communication, y.communication);
+        z.finish = line(x.finish, y.finish);
+        z.optimizer = line(x.optimizer, y.optimizer);
+        z.instructions = std::llround(line(static_cast<double>(x.instructions), static_cast<double>(y.instructions)));
+        z.memory.bound = line(x.memory.bound, y.memory.bound);
+        z.memory.arena = line(x.memory.arena, y.memory.arena);
+        z.memory.optimizer = line(x.memory.optimizer, y.memory.optimizer);
+        z.memory.runtime = line(x.memory.runtime, y.memory.runtime);
+        optimizer = std::max(optimizer, z.optimizer);
+    }
+    // The step: the extrapolated makespan and the slowest extrapolated optimizer step, or
+    // the line through both steps when the optimizer is not what separates them (devices
+    // sharing one machine's compute add work terms price_programs states in step_seconds).
+    out.step_seconds = std::max(line(a.step_seconds, b.step_seconds), out.makespan + optimizer);
+    return out;
+}
+
+LOOM_INLINE std::optional<replica_fold> match_replicas(const plan::resolved_plan& instance, const plan::resolved_plan& real,
+                                                       std::int64_t instance_replicas, std::int64_t real_replicas) {
+    replica_fold fold;
+    fold.instance_replicas = static_cast<int>(instance_replicas);
+    fold.real_replicas = static_cast<int>(real_replicas);
+    fold.real.assign(static_cast<std::size_t>(instance.devices), -1);
+    fold.replica.assign(static_cast<std::size_t>(instance.devices), -1);
+    fold.family.assign(static_cast<std::size_t>(instance.devices), {});
+    for (std::size_t n = 0; n < instance.forward.size() && n < real.forward.size(); ++n) {
+        const plan::op_partition* a = instance.at(static_cast<node_id>(n));
+        const plan::op_partition* b = real.at(static_cast<node_id>(n));
+        if (!a || !b || a->splits.size() != b->splits.size() || a->replicas != b->replicas) continue;
+        // The data-parallel axis: the batch split after the micro-batch split, whose degree
+        // is the replica count in each plan.
+        const std::size_t first = n < instance.micro_split.size() && instance.micro_split[n] ? 1 : 0;
+        std::optional<std::size_t> axis;
+        for (std::size_t i = first; i < a->splits.size(); ++i)
+            if (a->splits[i].cuts() && a->splits[i].dim == Dim::Batch::id && a->splits[i].degree == instance_replicas &&
+                b->splits[i].degree == real_replicas) {
+                axis = i;
+                break;
+            }
+        if (!axis) continue;
+        auto piece_of = [&](const std::vector<std::int64_t>& coords) {
+            std::int64_t k = 0;
+            for (std::size_t i = 0; i < b->splits.size(); ++i) k = k * b->splits[i].degree + coords[i];
+            return k * b->replicas + coords.back();
+        };
+        for (std::int64_t k = 0; k < a->pieces(); ++k) {
+            const auto d = static_cast<std::size_t>(a->device_of(k));
+            std::vector<std::int64_t> coords = a->coordinates(k);
+            const int real_device = b->device_of(piece_of(coords));
+            if (fold.real[d] >= 0) {
+                if (fold.real[d] != real_device || fold.replica[d] != coords[*axis]) return std::nullopt;
+                continue;
+            }
+            fold.real[d] = real_device;
+            fold.replica[d] = static_cast<int>(coords[*axis]);
+            for (std::int64_t r = 0; r < real_replicas; ++r) {
+                coords[*axis] = r;
+                fold.family[d].push_back(b->device_of(piece_of(coords)));
+            }
+        }
+    }
+    for (std::size_t d = 0; d < fold.real.size(); ++d)
+        if (fold.real[d] < 0) return std::nullopt;
+    return fold;
+}
+
+}  // namespace loom::search::detail
+#endif  // LOOM_HEADER_DEFINITIONS

@@ -1,0 +1,162 @@
+// Folded prices: a plan priced from small instances of its model (fewer layers per stage,
+// fewer data-parallel replicas) against the same plan's programs materialized in full.
+// Replica folding is exact where only the collectives grow; layer folding extrapolates a
+// line and is held to a few percent; the folded search chooses what the full one does.
+#include <catch2/catch.hpp>
+
+#include <algorithm>
+#include <cmath>
+#include <string>
+
+#include <loom/models/gpt.hpp>
+#include <loom/partition/apply.hpp>
+#include <loom/plan/presets.hpp>
+#include <loom/plan/spaces.hpp>
+#include <loom/search/folded_price.hpp>
+#include <loom/search/plan_search.hpp>
+
+using namespace loom;
+
+namespace {
+
+search::model_family gpt_family(std::int64_t layers, std::int64_t batch) {
+    return {[](std::int64_t l, std::int64_t b) {
+                return graph(models::gpt({.layers = l, .hidden = 256, .heads = 8, .vocab = 2048, .seq = 128, .batch = b}).ir());
+            },
+            layers, batch};
+}
+
+struct plan_shape {
+    int tp = 1, pp = 1, dp = 1, micro_batches = 1;
+    plan::zero_stage zero = plan::zero_stage::none;
+    plan::order_policy order{plan::schedule_kind::one_f_one_b};
+};
+
+plan::plan_spec megatron(const plan_shape& s) {
+    plan::plan_spec inner = plan::presets::megatron(s.tp, s.dp);
+    inner.zero = s.zero;
+    if (s.pp == 1) {
+        if (s.micro_batches > 1) inner.micro_batches = {s.micro_batches, "", {}};
+        return inner;
+    }
+    return plan::presets::pipeline(s.pp, s.micro_batches, s.order, inner);
+}
+
+search::price_options gpu_options() {
+    search::price_options o;
+    o.storage = loom::precision::bf16;
+    o.optimizer_bytes_per_element = 12;
+    return o;
+}
+
+struct comparison {
+    search::folded_price folded;
+    search::program_price full;
+    double step_ratio() const { return folded.price.step_seconds / full.step_seconds; }
+    double worst_memory_error() const {
+        double worst = 0;
+        for (std::size_t d = 0; d < full.devices.size(); ++d)
+            worst = std::max(worst, std::abs(folded.price.devices[d].memory.total() / full.devices[d].memory.total() - 1));
+        return worst;
+    }
+};
+
+comparison compare(const search::model_family& m, const plan::plan_spec& p, const search::cluster& c) {
+    comparison out{search::price_folded(m, p, c, gpu_options()), {}};
+    out.full = search::price_programs(partition::apply_plan(m.real(), p), c, gpu_options());
+    REQUIRE(out.folded.price.devices.size() == out.full.devices.size());
+    return out;
+}
+
+}  // namespace
+
+TEST_CASE("replica folding prices data parallelism over many nodes like the full programs", "[folded_price]") {
+    // 2 layers per stage: no layer folding, only replicas. DP 8 over 4 nodes of 2 GPUs, so
+    // that the gradient all-reduces cross nodes and share NICs.
+    const search::model_family m = gpt_family(2, 64);
+    search::cluster c = search::dgx_a100(4);
+    c.topo.devices_per_node = 2;
+    for (plan::zero_stage zero : {plan::zero_stage::none, plan::zero_stage::optimizer}) {
+        CAPTURE(static_cast<int>(zero));
+        const comparison r = compare(m, megatron({.tp = 1, .dp = 8, .zero = zero}), c);
+        CHECK(r.folded.instance_replicas == std::vector<std::int64_t>{2});
+        CHECK(r.step_ratio() == Approx(1.0).epsilon(1e-9));
+        CHECK(r.worst_memory_error() < 1e-9);
+        CHECK(r.folded.price.transfers == r.full.transfers);
+        CHECK(r.folded.price.transfer_seconds == Approx(r.full.transfer_seconds).epsilon(1e-9));
+    }
+    SECTION("with tensor parallelism inside each replica") {
+        const comparison r = compare(m, megatron({.tp = 2, .dp = 4}), search::dgx_a100(1));
+        CHECK(r.step_ratio() == Approx(1.0).epsilon(1e-9));
+        CHECK(r.worst_memory_error() < 1e-9);
+    }
+    SECTION("ZeRO-3 shards parameters over the replicas: memory extrapolated in 1/D from 2 and 4") {
+        const comparison r = compare(m, megatron({.tp = 1, .dp = 8, .zero = plan::zero_stage::parameters}), c);
+        CHECK(r.folded.instance_replicas == std::vector<std::int64_t>{2, 4});
+        CHECK(r.step_ratio() == Approx(1.0).epsilon(0.02));
+        CHECK(r.worst_memory_error() < 0.01);
+    }
+}
+
+TEST_CASE("layer folding extrapolates the price over the layers per stage", "[folded_price]") {
+    search::cluster c = search::dgx_a100(2);
+    SECTION("a pipeline of 4 stages with TP 2 and DP 2, 8 layers per stage") {
+        const search::model_family m = gpt_family(32, 16);
+        const comparison r = compare(m, megatron({.tp = 2, .pp = 4, .dp = 2, .micro_batches = 4}), c);
+        CHECK(r.folded.instance_layers == std::vector<std::int64_t>{2, 3});
+        CHECK(r.folded.layers_per_stage == 8);
+        CHECK(r.step_ratio() == Approx(1.0).epsilon(0.03));
+        CHECK(r.worst_memory_error() < 0.05);
+    }
+    SECTION("interleaved chunks fold in multiples of the chunks") {
+        const search::model_family m = gpt_family(16, 16);
+        const comparison r = compare(
+            m, megatron({.tp = 1, .pp = 2, .dp = 2, .micro_batches = 4, .order = {plan::schedule_kind::interleaved, 2}}),
+            search::dgx_a100(1));
+        CHECK(r.folded.instance_layers == std::vector<std::int64_t>{4, 6});
+        CHECK(r.step_ratio() == Approx(1.0).epsilon(0.03));
+        CHECK(r.worst_memory_error() < 0.05);
+    }
+    SECTION("both foldings at once: 16 layers over 2 stages of DP 8") {
+        const search::model_family m = gpt_family(16, 32);
+        const comparison r = compare(m, megatron({.tp = 1, .pp = 2, .dp = 8, .micro_batches = 2}), c);
+        CHECK(r.folded.instance_layers == std::vector<std::int64_t>{2, 3});
+        CHECK(r.folded.instance_replicas == std::vector<std::int64_t>{2});
+        CHECK(r.step_ratio() == Approx(1.0).epsilon(0.03));
+        CHECK(r.worst_memory_error() < 0.05);
+    }
+}
+
+TEST_CASE("a plan that does not fold is priced in full, and bad shapes are refused", "[folded_price]") {
+    const search::model_family m = gpt_family(6, 16);
+    SECTION("a layer range that covers part of the model") {
+        plan::plan_spec p = megatron({.tp = 1, .pp = 1, .dp = 2});
+        p.then(plan::presets::recompute_layers(plan::recompute_policy::full, 0, 2));
+        const search::folded_price f = search::price_folded(m, p, search::dgx_a100(1), gpu_options());
+        CHECK(f.exact());
+        CHECK(f.describe() == "priced in full");
+    }
+    SECTION("stages that do not divide the layers") {
+        const plan::plan_spec p = megatron({.tp = 1, .pp = 4, .dp = 1, .micro_batches = 4});
+        CHECK_THROWS_WITH(search::price_folded(m, p, search::dgx_a100(1), gpu_options()),
+                          Catch::Contains("6 layers of 'blocks' do not split into 4 equal stages"));
+    }
+    SECTION("a family without a builder") {
+        CHECK_THROWS_WITH(search::price_folded(search::model_family{}, megatron({}), search::dgx_a100(1)),
+                          Catch::Contains("needs a forward(layers, batch) builder"));
+    }
+}
+
+TEST_CASE("the folded search chooses what the full search chooses", "[folded_price]") {
+    const search::model_family m = gpt_family(8, 16);
+    const plan::plan_spec space = plan::spaces::megatron(4);
+    search::plan_search_options o;
+    o.price = gpu_options();
+    const search::cluster c = search::dgx_a100(1);
+    const search::plan_search_result folded = search::search_plan(m, space, c, o);
+    const search::plan_search_result full = search::search_plan(m.real(), space, c, o);
+    CHECK(folded.best.choices == full.best.choices);
+    CHECK(folded.best.price.step_seconds == Approx(full.best.price.step_seconds).epsilon(0.03));
+    CHECK(folded.gap == 0);
+    CHECK(folded.stats.assignments == full.stats.assignments);
+}
