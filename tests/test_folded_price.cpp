@@ -127,6 +127,27 @@ TEST_CASE("layer folding extrapolates the price over the layers per stage", "[fo
     }
 }
 
+TEST_CASE("micro-batch folding extrapolates the step over the micro-batches", "[folded_price]") {
+    // Instances of 2 and 4 micro-batches stand for 12. The step is held to 4%. Memory is the
+    // larger instance's under 1F1B and a line under GPipe; the arena's liveness peak is not
+    // exactly linear in layers, so memory is held to 15%.
+    const search::model_family m = gpt_family(8, 48);
+    for (plan::schedule_kind kind : {plan::schedule_kind::one_f_one_b, plan::schedule_kind::gpipe}) {
+        CAPTURE(static_cast<int>(kind));
+        const comparison r = compare(m, megatron({.tp = 1, .pp = 2, .dp = 2, .micro_batches = 12, .order = {kind}}),
+                                     search::dgx_a100(1));
+        CHECK(r.folded.instance_micro_batches == std::vector<std::int64_t>{2, 4});
+        CHECK(r.step_ratio() == Approx(1.0).epsilon(0.04));
+        CHECK(r.worst_memory_error() < 0.15);
+    }
+    SECTION("gradient accumulation without a pipeline: 2 and 4 micro-batches for 8") {
+        const comparison r = compare(gpt_family(4, 32), megatron({.tp = 2, .dp = 2, .micro_batches = 8}), search::dgx_a100(1));
+        CHECK(r.folded.instance_micro_batches == std::vector<std::int64_t>{2, 4});
+        CHECK(r.step_ratio() == Approx(1.0).epsilon(0.04));
+        CHECK(r.worst_memory_error() < 0.15);
+    }
+}
+
 TEST_CASE("a plan that does not fold is priced in full, and bad shapes are refused", "[folded_price]") {
     const search::model_family m = gpt_family(6, 16);
     SECTION("a layer range that covers part of the model") {
