@@ -56,7 +56,9 @@ int main(int argc, char** argv) {
         ->check(CLI::PositiveNumber);
     app.add_flag("--interlaced", o.interlaced,
                  "also consider the interlaced pipeline (embedding and head on all devices, nnScaler Figure 6)");
-    app.add_flag("--unfolded", o.unfolded, "decide per layer instead of once per class of identical layers");
+    app.add_flag("--unfolded", o.unfolded,
+                 "decide per layer instead of once per class of identical layers; with --space, price every device's "
+                 "programs instead of small instances of the model");
     app.add_option("--budget", o.budget, "search time budget in seconds (then: the best so far and its proven gap)");
     app.add_option("--out", o.out, "write the plan file (io::save_plan JSON) here");
     app.add_option("--trace", o.trace, "write the predicted timeline here (Chrome trace JSON, open in Perfetto)");

@@ -22,7 +22,7 @@ struct loom_plan_options {
     int boundary_slack = 0;   // ... each within this many layers of the even split (0: any)
     bool interlaced = false;  // also consider the interlaced pipeline
     std::vector<int> coshard{1};  // Coshard factors to consider
-    bool unfolded = false;    // decide per layer instead of per class of identical layers
+    bool unfolded = false;    // decide per layer instead of per class of identical layers; with a space: price in full
     double budget = 0;        // seconds; 0: search to the end
     // outputs
     std::string out, trace, save_cluster;

@@ -178,7 +178,20 @@ int search_space(const loom_plan_options& o, const search::cluster& hw) {
                                                    : loom::precision::bf16;
     options.price.optimizer_bytes_per_element = o.precision == "f32" ? 8 : 12;  // moments, plus a float master copy
     options.price.runtime_bytes = o.runtime_memory >= 0 ? o.runtime_memory : o.cluster_json.empty() ? 2.0 * 1024.0 * 1024.0 * 1024.0 : 0.0;
-    const search::plan_search_result r = search::search_plan(model, space, hw, options);
+    // GPTs are searched folded (search/folded_price.hpp): each plan priced from small
+    // instances of the model, which is what a hundred layers on a thousand devices needs.
+    const bool fold = o.model == "gpt" && !o.unfolded;
+    const search::model_family family{[&](std::int64_t layers, std::int64_t batch) {
+                                          loom_plan_options instance = o;
+                                          instance.layers = layers;
+                                          instance.batch = batch;
+                                          return model_of(instance);
+                                      },
+                                      o.layers, o.batch};
+    std::printf("pricing: %s\n", fold ? "folded (small instances of the model; --unfolded prices every device's programs)"
+                                      : "every device's programs");
+    const search::plan_search_result r =
+        fold ? search::search_plan(family, space, hw, options) : search::search_plan(model, space, hw, options);
     std::printf("%s", r.explain().c_str());
     if (!o.out.empty()) {
         io::save_plan(r.plan, o.out, model);

@@ -15733,7 +15733,7 @@ LOOM_INLINE std::string search_result::explain() const {
 //   f.describe()     which instances were priced
 //
 // Two foldings, both exact where their assumption holds:
-// - Layers (TAPAS §4.3): with S even stages of Ls layers each, instances with 2u and 3u
+// - Layers (TAPAS §4.3): with S even stages of Ls layers each, instances with 4u and 6u
 //   layers per stage are priced (u: the chunks of an interleaved order, else 1), and every
 //   quantity (step, makespan, each device's compute, communication, memory and optimizer
 //   step) is extrapolated linearly in the layers per stage to Ls. Exact when each further
@@ -16767,9 +16767,11 @@ LOOM_INLINE plan::plan_spec instance_plan(const plan::plan_spec& p, const fold_s
 // at most the stages' micro-batches in flight, accumulation one).
 LOOM_INLINE std::vector<std::int64_t> instance_micro_batches(const fold_shape& s);
 
-// The layers per stage of the instances that fold plan shape s of model m: 2u and 3u, or
-// the real count when that is no more. Not u: with one layer per stage the peak of memory
-// can lie elsewhere (the logits, the embedding's gradient) than where more layers put it. Throws plan_error when the stages or interleaved chunks
+// The layers per stage of the instances that fold plan shape s of model m: 4u and 6u, or
+// the real count when that is no more. Not fewer: with few layers per stage the peak of
+// memory lies where the logits are, and the line through two such instances misses the
+// layers' slope (a 3.6B GPT at TP 2 holds the same arena with 2 and 3 layers, then grows
+// 0.19 GiB per layer from 4 on). Throws plan_error when the stages or interleaved chunks
 // do not split the layers evenly.
 LOOM_INLINE std::vector<std::int64_t> instance_layers(const model_family& m, const fold_shape& s);
 
@@ -16889,7 +16891,7 @@ LOOM_INLINE std::vector<std::int64_t> instance_layers(const model_family& m, con
         throw plan_error("price_folded: " + std::to_string(per_stage) + " layers per stage do not split into " +
                          std::to_string(u) + " interleaved chunks; choose stages and chunks whose product divides the " +
                          std::to_string(m.layers) + " layers");
-    if (s.layers_fold && per_stage > 3 * u) return {2 * u, 3 * u};
+    if (s.layers_fold && per_stage > 6 * u) return {4 * u, 6 * u};
     return {per_stage};
 }
 
