@@ -17691,8 +17691,10 @@ LOOM_INLINE order_search_result order_search(const schedule::pipeline_shape& sha
 //      forbidden split, ...) are counted by reason, which is what an empty space reports.
 //   3. A lower bound on the step time of each legal assignment, from the resolved plan
 //      alone: the busiest device's share of the training work (FLOPs, bytes, instructions)
-//      at the device's best rates. It never exceeds the programs' price (tests check it on
-//      every leaf of several spaces).
+//      at the device's best rates, and the partial sums its cuts force it to reduce (the
+//      weights' gradients over the replicas, tensor-parallel partial activations) at the
+//      bandwidth of the tightest placement. It never exceeds the programs' price (tests
+//      check it on every leaf of several spaces).
 //   4. Best first by that bound, each assignment is applied (partition::apply_plan) and its
 //      programs priced (search/program_price.hpp); assignments that do not fit in the
 //      device's memory are set aside. The search stops when the next bound is no better
@@ -17759,7 +17761,27 @@ LOOM_INLINE std::vector<node_work> training_work(const graph& model, const devic
 // A lower bound on the step time of a resolved plan: the busiest device's share of the
 // training work. Each piece of an op does its share of the op's work (splits are even;
 // replicas do it all) and runs at least one instruction per training op it holds.
-LOOM_INLINE double step_lower_bound(const plan::resolved_plan& rp, const std::vector<node_work>& work, const price_options& o);
+//
+// Given the model and the cluster, each device's communication counts too: the step is at
+// least its compute and its communication (overlap: the larger of them; one stream: their
+// sum). An op cut along a variable that one of its inputs lacks leaves that input's
+// gradient a partial sum over the pieces along the cut on distinct devices (the weights'
+// gradients over the data-parallel replicas, a column-parallel linear's input gradient over
+// the tensor-parallel group); one cut along a contracted variable leaves its output partial
+// (a row-parallel linear). Each such tensor is reduced at least once: a reduce-scatter of
+// its piece over that group, at the transmission time of the group's tightest placement on
+// the cluster's nodes, whatever the program does beyond it (all-reduce, latency, shared
+// NICs). A tensor several ops leave partial counts once, at its largest such reduction.
+LOOM_INLINE double step_lower_bound(const plan::resolved_plan& rp, const std::vector<node_work>& work, const price_options& o,
+                                    const graph* model = nullptr, const cluster* c = nullptr);
+
+namespace detail {
+
+// The least seconds each device spends communicating under plan rp (see step_lower_bound).
+LOOM_INLINE std::vector<double> communication_lower_bound(const plan::resolved_plan& rp, const graph& model, const cluster& c,
+                                                          const price_options& o);
+
+}  // namespace detail
 
 struct plan_search_options {
     price_options price;
@@ -17940,7 +17962,8 @@ LOOM_INLINE std::vector<node_work> training_work(const graph& model, const devic
     return work;
 }
 
-LOOM_INLINE double step_lower_bound(const plan::resolved_plan& rp, const std::vector<node_work>& work, const price_options& o) {
+LOOM_INLINE double step_lower_bound(const plan::resolved_plan& rp, const std::vector<node_work>& work, const price_options& o,
+                                    const graph* model, const cluster* c) {
     std::vector<double> busy(static_cast<std::size_t>(rp.devices), 0.0);
     for (std::size_t i = 0; i < work.size(); ++i) {
         const node_work& w = work[i];
@@ -17956,6 +17979,10 @@ LOOM_INLINE double step_lower_bound(const plan::resolved_plan& rp, const std::ve
             if (d >= 0 && d < rp.devices) busy[static_cast<std::size_t>(d)] += piece;
         }
     }
+    if (model && c && o.compute_shared_by == 1) {
+        const std::vector<double> talk = detail::communication_lower_bound(rp, *model, *c, o);
+        for (std::size_t d = 0; d < busy.size(); ++d) busy[d] = o.overlap ? std::max(busy[d], talk[d]) : busy[d] + talk[d];
+    }
     const double busiest = *std::max_element(busy.begin(), busy.end());
     if (o.compute_shared_by == 1) return busiest;
     // Devices sharing one machine: each runs at the machine's rate, and all of them at most
@@ -17967,6 +17994,94 @@ LOOM_INLINE double step_lower_bound(const plan::resolved_plan& rp, const std::ve
 }  // namespace loom::search
 
 namespace loom::search::detail {
+
+LOOM_INLINE std::vector<double> communication_lower_bound(const plan::resolved_plan& rp, const graph& model, const cluster& c,
+                                                          const price_options& o) {
+    // tensor -> (seconds, the devices that pay them) of its largest reduction so far
+    std::map<tensor_id, std::pair<double, std::vector<int>>> reductions;
+    const int per_node = std::max(1, c.topo.devices_per_node);
+    auto reduce_seconds = [&](double bytes, int members) {
+        group_placement tight;
+        tight.nodes = (members + per_node - 1) / per_node;
+        tight.max_per_node = std::min(members, per_node);
+        tight.min_per_node = members - (tight.nodes - 1) * tight.max_per_node;
+        return collective_cost(c, collective::reduce_scatter, bytes, members, tight, o.collectives, 1).transmission;
+    };
+    const std::size_t forward = std::min(rp.forward.size(), model.forward_node_count());
+    for (std::size_t i = 0; i < forward; ++i) {
+        const plan::op_partition* p = rp.at(static_cast<node_id>(i));
+        if (!p) continue;
+        const node& n = model.nodes[i];
+        // Partitions as the partitioner binds them: a split the op cannot make is left out.
+        std::vector<std::optional<int>> variable(p->splits.size());
+        for (std::size_t a = 0; a < p->splits.size(); ++a)
+            if (p->splits[a].cuts()) variable[a] = partition::detail::variable_of(n, p->splits[a]);
+        bool decomposed = false;
+        for (std::size_t a = 0; a < p->splits.size(); ++a)
+            if (variable[a]) {
+                const auto* t = plan::transformation_registry::instance().find(*n.op, n.sig.vars[static_cast<std::size_t>(*variable[a])].label);
+                decomposed = decomposed || (t && t->decompose);
+            }
+        if (decomposed) continue;  // rebuilt into other ops, which move less than the op as written
+        for (std::size_t a = 0; a < p->splits.size(); ++a) {
+            if (!variable[a]) continue;
+            const split_option effect = n.sig.effect_of_split(*variable[a]);
+            // Operands that become partial along this axis: inputs that lack the variable
+            // (their gradients), and outputs of a contracted variable.
+            std::vector<tensor_id> partial;
+            for (std::size_t k = 0; k < n.inputs.size() && k < effect.inputs.size(); ++k) {
+                const tensor_desc& t = model.tensor(n.inputs[k]);
+                const bool needs_gradient = t.kind != value_kind::index && (t.producer != no_id || t.role == tensor_role::parameter);
+                if (needs_gradient && effect.inputs[k].effect == split_effect::replicated) partial.push_back(n.inputs[k]);
+            }
+            for (std::size_t k = 0; k < n.outputs.size() && k < effect.outputs.size(); ++k)
+                if (effect.outputs[k].effect == split_effect::partial) partial.push_back(n.outputs[k]);
+            if (partial.empty()) continue;
+            // The groups: pieces that differ only along this axis, on distinct devices.
+            std::map<std::vector<std::int64_t>, std::vector<int>> groups;
+            for (std::int64_t k = 0; k < p->pieces(); ++k) {
+                std::vector<std::int64_t> coords = p->coordinates(k);
+                coords[a] = 0;
+                auto& g = groups[coords];
+                const int d = p->device_of(k);
+                if (std::find(g.begin(), g.end(), d) == g.end()) g.push_back(d);
+            }
+            for (tensor_id t : partial) {
+                // The piece each device holds: the tensor cut by the op's other cuts that slice it.
+                const tensor_desc& td = model.tensor(t);
+                double elements = static_cast<double>(td.dims.numel());
+                const bool is_input = std::find(n.inputs.begin(), n.inputs.end(), t) != n.inputs.end();
+                for (std::size_t b = 0; b < p->splits.size(); ++b) {
+                    if (b == a || !variable[b]) continue;
+                    const split_option other = n.sig.effect_of_split(*variable[b]);
+                    const auto& effects = is_input ? other.inputs : other.outputs;
+                    const auto pos = static_cast<std::size_t>(
+                        (is_input ? std::find(n.inputs.begin(), n.inputs.end(), t) - n.inputs.begin()
+                                  : std::find(n.outputs.begin(), n.outputs.end(), t) - n.outputs.begin()));
+                    if (pos < effects.size() && effects[pos].effect == split_effect::sliced)
+                        elements /= static_cast<double>(p->splits[b].degree);
+                }
+                const double bytes = elements * static_cast<double>(real_bytes(storage_precision(model, t, o.storage)));
+                for (const auto& [key, members] : groups) {
+                    if (members.size() < 2) continue;
+                    const double seconds = reduce_seconds(bytes, static_cast<int>(members.size()));
+                    auto& best = reductions[t];
+                    if (seconds <= best.first) continue;
+                    best.first = seconds;
+                    best.second.clear();
+                    for (const auto& [k2, m2] : groups)
+                        if (m2.size() >= 2) best.second.insert(best.second.end(), m2.begin(), m2.end());
+                    break;  // every group of this axis is the same size: one is the price, all pay it
+                }
+            }
+        }
+    }
+    std::vector<double> seconds(static_cast<std::size_t>(rp.devices), 0.0);
+    for (const auto& [t, r] : reductions)
+        for (int d : r.second)
+            if (d >= 0 && d < rp.devices) seconds[static_cast<std::size_t>(d)] += r.first;
+    return seconds;
+}
 
 LOOM_INLINE std::string seconds_text(double s) {
     std::ostringstream os;
@@ -18051,7 +18166,9 @@ LOOM_INLINE plan_search_result search_plan(const graph& model, const plan::plan_
     const std::vector<node_work> work = training_work(model, c.device, o.price);
     return detail::search_assignments(
         space, open_parameter_candidates(space, batch_of(model)), c, o,
-        [&](const plan::plan_spec& candidate) { return step_lower_bound(plan::resolve(candidate, model), work, o.price); },
+        [&](const plan::plan_spec& candidate) {
+            return step_lower_bound(plan::resolve(candidate, model), work, o.price, &model, &c);
+        },
         [&](const plan::plan_spec& candidate) { return price_programs(partition::apply_plan(model, candidate), c, o.price); });
 }
 
@@ -18093,7 +18210,7 @@ LOOM_INLINE plan_search_result search_plan(const model_family& model, const plan
             std::vector<double> by_layers;
             for (std::int64_t k : layers) {
                 const instance& i = instance_of(k * s.stages, samples * replicas * mb);
-                by_layers.push_back(step_lower_bound(plan::resolve(p, i.g), i.work, o.price));
+                by_layers.push_back(step_lower_bound(plan::resolve(p, i.g), i.work, o.price, &i.g, &c));
             }
             by_micro_batches.push_back(along(by_layers, layers, model.layers / s.stages));
         }
