@@ -95,8 +95,10 @@ public:
     tensor_desc& tensor(tensor_id t) { return tensors.at(static_cast<std::size_t>(t)); }
     const node& at(node_id n) const { return nodes.at(static_cast<std::size_t>(n)); }
 
-    std::string scope_path(std::int32_t scope) const {
-        return scope == no_id ? std::string{} : scopes.at(static_cast<std::size_t>(scope)).path;
+    // By reference: selectors match it against every node of every plan a search resolves.
+    const std::string& scope_path(std::int32_t scope) const {
+        static const std::string none;
+        return scope == no_id ? none : scopes.at(static_cast<std::size_t>(scope)).path;
     }
 
     // Nodes that read each tensor, in execution order.

@@ -20,7 +20,10 @@
 // time (plan/parts.hpp).
 #include <algorithm>
 #include <cstdint>
+#include <map>
+#include <mutex>
 #include <string>
+#include <tuple>
 #include <vector>
 
 #include <loom/core/error.hpp>
@@ -54,8 +57,10 @@ LOOM_INLINE forward_rounds find_forward_rounds(const graph& g, const std::string
 // order (SPMD within the group).
 LOOM_INLINE schedule::schedule spread_over_groups(const schedule::schedule& s, int group);
 
-// The op-order of a pipeline of `stages` device groups of `group` devices.
+// The op-order of a pipeline of `stages` device groups of `group` devices, validated.
 LOOM_INLINE schedule::schedule pipeline_order(const order_policy& o, int stages, int micro_batches, int group);
+// The same, built anew (pipeline_order keeps those it built, by shape).
+LOOM_INLINE schedule::schedule built_pipeline_order(const order_policy& o, int stages, int micro_batches, int group);
 
 inline std::string allowed_text(const std::vector<std::int64_t>& allowed) {
     std::string out;
@@ -119,7 +124,7 @@ LOOM_INLINE schedule::schedule spread_over_groups(const schedule::schedule& s, i
     return out;
 }
 
-LOOM_INLINE schedule::schedule pipeline_order(const order_policy& o, int stages, int micro_batches, int group) {
+LOOM_INLINE schedule::schedule built_pipeline_order(const order_policy& o, int stages, int micro_batches, int group) {
     switch (o.kind) {
         case schedule_kind::gpipe: return spread_over_groups(schedule::gpipe(stages, micro_batches), group);
         case schedule_kind::one_f_one_b: return spread_over_groups(schedule::one_f_one_b(stages, micro_batches), group);
@@ -135,6 +140,30 @@ LOOM_INLINE schedule::schedule pipeline_order(const order_policy& o, int stages,
         }
     }
     throw plan_error("plan::order: unknown schedule kind");
+}
+
+LOOM_INLINE schedule::schedule pipeline_order(const order_policy& o, int stages, int micro_batches, int group) {
+    if (o.kind == schedule_kind::from_constraints) {
+        schedule::schedule s = built_pipeline_order(o, stages, micro_batches, group);
+        schedule::validate(s);
+        return s;
+    }
+    // Built and validated once per shape: a search resolves thousands of plans that share a
+    // few orders, and validating a schedule of many stages and micro-batches is most of a
+    // resolve's time.
+    using key = std::tuple<int, int, int, int, int>;
+    static std::mutex guard;
+    static std::map<key, schedule::schedule> built;
+    const key k{static_cast<int>(o.kind), o.virtual_stages, stages, micro_batches, group};
+    {
+        std::lock_guard lock(guard);
+        if (auto it = built.find(k); it != built.end()) return it->second;
+    }
+    schedule::schedule s = built_pipeline_order(o, stages, micro_batches, group);
+    schedule::validate(s);
+    std::lock_guard lock(guard);
+    if (built.size() > 256) built.clear();  // bounded: searches over many shapes start over
+    return built.emplace(k, std::move(s)).first->second;
 }
 
 LOOM_INLINE zero_stage chosen_zero(const plan_spec& p) {
@@ -311,7 +340,6 @@ LOOM_INLINE resolved_plan resolve(const plan_spec& p, const graph& g) {
                                      (group > 1 ? " of " + std::to_string(group) + " devices" : std::string()) + ", " +
                                      std::to_string(micro) + " micro-batches, " + order->describe();
     out.order = detail::pipeline_order(*order, static_cast<int>(stages), static_cast<int>(micro), static_cast<int>(group));
-    schedule::validate(*out.order);
     return out;
 }
 

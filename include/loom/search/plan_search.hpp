@@ -340,8 +340,8 @@ namespace loom::search::detail {
 
 LOOM_INLINE std::vector<double> communication_lower_bound(const plan::resolved_plan& rp, const graph& model, const cluster& c,
                                                           const price_options& o) {
-    // tensor -> (seconds, the devices that pay them) of its largest reduction so far
-    std::map<tensor_id, std::pair<double, std::vector<int>>> reductions;
+    // tensor -> (seconds, the op that forces it) of its largest reduction so far
+    std::map<tensor_id, std::pair<double, node_id>> reductions;
     const int per_node = std::max(1, c.topo.devices_per_node);
     auto reduce_seconds = [&](double bytes, int members) {
         group_placement tight;
@@ -349,6 +349,17 @@ LOOM_INLINE std::vector<double> communication_lower_bound(const plan::resolved_p
         tight.max_per_node = std::min(members, per_node);
         tight.min_per_node = members - (tight.nodes - 1) * tight.max_per_node;
         return collective_cost(c, collective::reduce_scatter, bytes, members, tight, o.collectives, 1).transmission;
+    };
+    // The distinct devices of the pieces that differ from piece 0 only along axis a.
+    auto members_along = [](const plan::op_partition& p, std::size_t a) {
+        std::vector<int> seen;
+        std::int64_t stride = p.replicas;
+        for (std::size_t b = p.splits.size(); b-- > a + 1;) stride *= p.splits[b].degree;
+        for (std::int64_t k = 0; k < p.splits[a].degree; ++k) {
+            const int d = p.device_of(k * stride);
+            if (std::find(seen.begin(), seen.end(), d) == seen.end()) seen.push_back(d);
+        }
+        return static_cast<int>(seen.size());
     };
     const std::size_t forward = std::min(rp.forward.size(), model.forward_node_count());
     for (std::size_t i = 0; i < forward; ++i) {
@@ -380,15 +391,11 @@ LOOM_INLINE std::vector<double> communication_lower_bound(const plan::resolved_p
             for (std::size_t k = 0; k < n.outputs.size() && k < effect.outputs.size(); ++k)
                 if (effect.outputs[k].effect == split_effect::partial) partial.push_back(n.outputs[k]);
             if (partial.empty()) continue;
-            // The groups: pieces that differ only along this axis, on distinct devices.
-            std::map<std::vector<std::int64_t>, std::vector<int>> groups;
-            for (std::int64_t k = 0; k < p->pieces(); ++k) {
-                std::vector<std::int64_t> coords = p->coordinates(k);
-                coords[a] = 0;
-                auto& g = groups[coords];
-                const int d = p->device_of(k);
-                if (std::find(g.begin(), g.end(), d) == g.end()) g.push_back(d);
-            }
+            // The group: the distinct devices of the pieces that differ from piece 0 only
+            // along this axis (every group of an axis is alike); every device holding a
+            // piece belongs to one.
+            const int members = members_along(*p, a);
+            if (members < 2) continue;
             for (tensor_id t : partial) {
                 // The piece each device holds: the tensor cut by the op's other cuts that slice it.
                 const tensor_desc& td = model.tensor(t);
@@ -401,28 +408,32 @@ LOOM_INLINE std::vector<double> communication_lower_bound(const plan::resolved_p
                     const auto pos = static_cast<std::size_t>(
                         (is_input ? std::find(n.inputs.begin(), n.inputs.end(), t) - n.inputs.begin()
                                   : std::find(n.outputs.begin(), n.outputs.end(), t) - n.outputs.begin()));
+                    // Sliced: a piece holds 1/degree of it, and a device as many pieces as
+                    // share it along that axis (micro-batches), each reduced in turn.
                     if (pos < effects.size() && effects[pos].effect == split_effect::sliced)
-                        elements /= static_cast<double>(p->splits[b].degree);
+                        elements /= static_cast<double>(members_along(*p, b));
                 }
                 const double bytes = elements * static_cast<double>(real_bytes(storage_precision(model, t, o.storage)));
-                for (const auto& [key, members] : groups) {
-                    if (members.size() < 2) continue;
-                    const double seconds = reduce_seconds(bytes, static_cast<int>(members.size()));
-                    auto& best = reductions[t];
-                    if (seconds <= best.first) continue;
-                    best.first = seconds;
-                    best.second.clear();
-                    for (const auto& [k2, m2] : groups)
-                        if (m2.size() >= 2) best.second.insert(best.second.end(), m2.begin(), m2.end());
-                    break;  // every group of this axis is the same size: one is the price, all pay it
-                }
+                const double time = reduce_seconds(bytes, members);
+                auto& best = reductions[t];
+                if (time <= best.first) continue;
+                best = {time, node_id(i)};
             }
         }
     }
+    // Each reduction is paid by every device holding a piece of the op that forces it.
+    std::map<node_id, double> per_op;
+    for (const auto& [t, r] : reductions) per_op[r.second] += r.first;
     std::vector<double> seconds(static_cast<std::size_t>(rp.devices), 0.0);
-    for (const auto& [t, r] : reductions)
-        for (int d : r.second)
-            if (d >= 0 && d < rp.devices) seconds[static_cast<std::size_t>(d)] += r.first;
+    std::vector<char> holds(static_cast<std::size_t>(rp.devices));
+    for (const auto& [op, time] : per_op) {
+        const plan::op_partition* p = rp.at(op);
+        std::fill(holds.begin(), holds.end(), 0);
+        for (std::int64_t k = 0; k < p->pieces(); ++k)
+            if (const int d = p->device_of(k); d >= 0 && d < rp.devices) holds[static_cast<std::size_t>(d)] = 1;
+        for (std::size_t d = 0; d < holds.size(); ++d)
+            if (holds[d]) seconds[d] += time;
+    }
     return seconds;
 }
 
