@@ -121,6 +121,16 @@ LOOM_INLINE std::vector<std::int64_t> instance_layers(const model_family& m, con
 // more than 4 (the extrapolation in 1/D needs instances of 2 and 4).
 LOOM_INLINE bool fold_replicas(const fold_shape& s, const model_family& m, const plan::plan_spec& p);
 
+// The samples of one micro-batch of one replica: what every instance keeps. Throws
+// plan_error when the replicas and micro-batches do not divide the batch.
+LOOM_INLINE std::int64_t micro_batch_samples(const model_family& m, const fold_shape& s);
+
+// Where `real` lies on the line through the instances `at` (one or two of them): 0 at the
+// first, 1 at the second.
+inline double line_position(const std::vector<std::int64_t>& at, std::int64_t real) {
+    return at.size() < 2 ? 0.0 : static_cast<double>(real - at[0]) / static_cast<double>(at[1] - at[0]);
+}
+
 // The price of plan p (every open parameter chosen) for model m on cluster c, folded.
 // Throws plan_error when the plan does not fit the model (stages that do not divide its
 // layers evenly, ...), like plan::resolve.
@@ -236,6 +246,14 @@ LOOM_INLINE std::vector<std::int64_t> instance_layers(const model_family& m, con
     return {per_stage};
 }
 
+LOOM_INLINE std::int64_t micro_batch_samples(const model_family& m, const fold_shape& s) {
+    if (m.batch % (s.replicas * s.micro_batches) != 0)
+        throw plan_error("price_folded: a batch of " + std::to_string(m.batch) + " does not split into " +
+                         std::to_string(s.replicas) + " replicas of " + std::to_string(s.micro_batches) +
+                         " micro-batches; choose degrees whose product divides the batch");
+    return m.batch / (s.replicas * s.micro_batches);
+}
+
 LOOM_INLINE bool fold_replicas(const fold_shape& s, const model_family& m, const plan::plan_spec& p) {
     if (!s.replicas_fold || s.replicas <= 2 || m.batch % s.replicas != 0) return false;
     return plan::detail::chosen_zero(p) < plan::zero_stage::gradients || s.replicas > 4;
@@ -260,11 +278,7 @@ LOOM_INLINE folded_price price_folded(const model_family& m, const plan::plan_sp
     // priced[r][b][k]: the instance with instance_replicas[r] replicas, instance_micro_batches[b]
     // micro-batches and instance_layers[k] layers per stage. Each micro-batch and replica
     // keeps the real plan's samples.
-    if (m.batch % (s.replicas * s.micro_batches) != 0)
-        throw plan_error("price_folded: a batch of " + std::to_string(m.batch) + " does not split into " +
-                         std::to_string(s.replicas) + " replicas of " + std::to_string(s.micro_batches) +
-                         " micro-batches; choose degrees whose product divides the batch");
-    const std::int64_t samples = m.batch / (s.replicas * s.micro_batches);
+    const std::int64_t samples = micro_batch_samples(m, s);
     std::vector<std::vector<std::vector<program_price>>> priced(out.instance_replicas.size());
     for (std::size_t r = 0; r < out.instance_replicas.size(); ++r) {
         const std::int64_t replicas = out.instance_replicas[r];
@@ -293,9 +307,7 @@ LOOM_INLINE folded_price price_folded(const model_family& m, const plan::plan_sp
     }
     // Along the layers, then the micro-batches, then 1/D for what the replicas shard.
     auto along = [](const std::vector<program_price>& points, const std::vector<std::int64_t>& at, std::int64_t real) {
-        if (points.size() == 1) return points.front();
-        const double t = static_cast<double>(real - at[0]) / static_cast<double>(at[1] - at[0]);
-        return detail::extrapolate(points[0], points[1], t);
+        return points.size() == 1 ? points.front() : detail::extrapolate(points[0], points[1], line_position(at, real));
     };
     std::vector<program_price> per_replicas;
     for (const auto& by_micro_batches : priced) {

@@ -549,14 +549,9 @@ LOOM_INLINE plan_search_result search_plan(const model_family& model, const plan
         const fold_shape s = shape_of(candidate, model);
         const std::vector<std::int64_t> layers = instance_layers(model, s), micro_batches = instance_micro_batches(s);
         const std::int64_t replicas = fold_replicas(s, model, candidate) ? 2 : s.replicas;
-        if (model.batch % (s.replicas * s.micro_batches) != 0)
-            throw plan_error("search_plan: a batch of " + std::to_string(model.batch) + " does not split into " +
-                             std::to_string(s.replicas) + " replicas of " + std::to_string(s.micro_batches) +
-                             " micro-batches; choose degrees whose product divides the batch");
-        const std::int64_t samples = model.batch / (s.replicas * s.micro_batches);
+        const std::int64_t samples = micro_batch_samples(model, s);
         auto along = [](const std::vector<double>& v, const std::vector<std::int64_t>& at, std::int64_t real) {
-            if (v.size() == 1) return v.front();
-            return v[0] + (v[1] - v[0]) * static_cast<double>(real - at[0]) / static_cast<double>(at[1] - at[0]);
+            return v.size() == 1 ? v.front() : v[0] + (v[1] - v[0]) * line_position(at, real);
         };
         std::vector<double> by_micro_batches;
         for (std::int64_t mb : micro_batches) {
