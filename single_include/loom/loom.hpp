@@ -9498,6 +9498,7 @@ LOOM_INLINE transformation_registry::transformation_registry() {
 #include <algorithm>
 #include <map>
 #include <memory>
+#include <optional>
 #include <set>
 #include <string>
 #include <vector>
@@ -11041,7 +11042,8 @@ LOOM_INLINE void check_programs(const partitioned_graph& pg) {
 //              and every device of P needs part of S: all_reduce (each needs S),
 //              reduce_scatter (their boxes tile S), or all_reduce followed by local chunks,
 //              whichever the cost model rates cheapest;
-//   tiles      devices D need box R and hold full tiles of R along one axis: all_gather;
+//   tiles      devices D need box R and hold full tiles of R along one axis: all_gather
+//              (several, when D holds several copies of one tiling);
 //              devices hold tiles of S along one axis and need tiles along another:
 //              all_to_all;
 //   broadcast  several devices need box R that one device holds;
@@ -11606,16 +11608,46 @@ private:
                 tiles.push_back(tile->v.region);
                 ins.push_back(tile->local);
             }
-            if (tiles.size() != devices.size() || !detail::tiling_axis(tiles, R)) continue;
-            transfer gather;
-            gather.kind = transfer_kind::all_gather;
-            gather.logical = t;
-            gather.group = devices;
-            gather.inputs = tiles;
-            gather.outputs.assign(devices.size(), R);
-            gather.has_input.assign(devices.size(), true);
-            gather.has_output.assign(devices.size(), true);
-            emit(std::move(gather), ins);
+            if (tiles.size() != devices.size()) continue;
+            auto gather_within = [&](const std::vector<std::size_t>& members) {
+                transfer gather;
+                gather.kind = transfer_kind::all_gather;
+                gather.logical = t;
+                std::vector<tensor_id> member_ins;
+                for (std::size_t m : members) {
+                    gather.group.push_back(devices[m]);
+                    gather.inputs.push_back(tiles[m]);
+                    member_ins.push_back(ins[m]);
+                }
+                gather.outputs.assign(members.size(), R);
+                gather.has_input.assign(members.size(), true);
+                gather.has_output.assign(members.size(), true);
+                emit(std::move(gather), member_ins);
+            };
+            if (detail::tiling_axis(tiles, R)) {
+                std::vector<std::size_t> all(devices.size());
+                for (std::size_t m = 0; m < all.size(); ++m) all[m] = m;
+                gather_within(all);
+                return true;
+            }
+            // Copies of one tiling (ZeRO-3's shards of a parameter that every device of a
+            // tensor-parallel group reads whole, one set per data-parallel group): the j-th
+            // holders of every tile, in device order, gather together.
+            std::map<box, std::vector<std::size_t>> holders_of;
+            for (std::size_t m = 0; m < tiles.size(); ++m) holders_of[tiles[m]].push_back(m);
+            const std::size_t copies = holders_of.begin()->second.size();
+            std::vector<box> distinct;
+            for (const auto& [tile, members] : holders_of) {
+                if (members.size() != copies) break;
+                distinct.push_back(tile);
+            }
+            if (copies < 2 || distinct.size() != holders_of.size() || !detail::tiling_axis(distinct, R)) continue;
+            for (std::size_t j = 0; j < copies; ++j) {
+                std::vector<std::size_t> members;
+                for (const auto& [tile, holders] : holders_of) members.push_back(holders[j]);
+                std::sort(members.begin(), members.end());  // devices ascend with their index
+                gather_within(members);
+            }
             return true;
         }
         // All-to-all: each device of P needs a different tile of S along one axis and
@@ -12216,6 +12248,131 @@ partitioned_graph apply_plan(const graph& model, const Plan& plan, const apply_o
 // Definitions: compiled here (header-only) or once in loom::compiled (core/linkage.hpp).
 #if LOOM_HEADER_DEFINITIONS
 
+namespace loom::partition::detail {
+
+// ZeRO-3's shards of a parameter, laid out after its first reader's pieces. The reader's
+// pieces that read the same region of the parameter and differ only in their cuts (the
+// data-parallel replicas of a tensor-parallel piece) share one set of shards of that region;
+// pieces that are copies of each other (a layer norm replicated over the tensor-parallel
+// group) each have their own set. So a parameter that tensor parallelism cuts is sharded
+// piece by piece over each piece's data-parallel group, as DeepSpeed shards Megatron's
+// pieces, and gathering a piece is an all-gather within that group, its gradient a
+// reduce-scatter within it; shards cut from the whole tensor over every device would leave
+// each piece's rows on devices of other pieces, to be sent point to point. The shards split
+// the region along the first dim whose extent the group divides, else the region stays
+// whole on each device of the group. Nothing when the pieces do not form an even grid of
+// disjoint device groups (colocated pieces, Coshard): the caller then shards the parameter
+// along its first dim over all its readers.
+LOOM_INLINE std::optional<plan::op_partition> shards_within_reader_pieces(const graph& g, const node& identity,
+                                                                           const node& reader,
+                                                                           const plan::op_partition& reader_part) {
+    const tensor_id copy = identity.outputs[0];
+    const auto input = static_cast<std::size_t>(std::find(reader.inputs.begin(), reader.inputs.end(), copy) -
+                                                reader.inputs.begin());
+    if (input >= reader.inputs.size()) return std::nullopt;
+    const shape& dims = g.tensor(copy).dims;
+    const std::size_t rank = dims.rank();
+    if (rank == 0) return std::nullopt;
+    // The devices that read each region of the parameter, per copy of the reader's pieces.
+    using region_key = std::vector<std::pair<std::int64_t, std::int64_t>>;
+    std::map<region_key, std::map<std::vector<std::int64_t>, std::vector<int>>> readers_of;
+    const node_layout layout = layout_pieces(g, reader, reader_part);
+    // Axes along which the reader's pieces are copies as far as the parameter goes: copies,
+    // summands, and cuts along a variable that no output carries (a row-parallel linear's
+    // contracted dim, which its bias lacks: the pieces along it read and differentiate the
+    // same bias, like copies). Cuts along an output's variable (the batch) give the pieces
+    // partial sums of the parameter's gradient: those pieces share one set of shards.
+    std::vector<bool> copies_parameter;
+    for (const plan::split_axis& axis : layout.partition.splits) {
+        bool in_output = false;
+        if (axis.cuts())
+            if (auto v = reader.sig.find(axis.label))
+                for (const auto& out : reader.sig.output_axes)
+                    for (const auto& members : out)
+                        in_output = in_output || std::find(members.begin(), members.end(), *v) != members.end();
+        copies_parameter.push_back(!in_output);
+    }
+    for (std::size_t i = 0; i < layout.pieces.size(); ++i) {
+        const piece_geometry& piece = layout.pieces[i];
+        region_key region;
+        for (const auto& r : piece.inputs[input].ranges) region.emplace_back(r.begin, r.end);
+        const std::vector<std::int64_t> c = layout.partition.coordinates(static_cast<std::int64_t>(i));
+        std::vector<std::int64_t> copy_of{c.back()};
+        for (std::size_t s = 0; s < layout.partition.splits.size(); ++s)
+            if (copies_parameter[s]) copy_of.push_back(c[s]);
+        auto& devices = readers_of[region][copy_of];
+        if (std::find(devices.begin(), devices.end(), piece.device) == devices.end()) devices.push_back(piece.device);
+    }
+    // An even grid of regions: along each dim, their ranges are the pieces of one split.
+    std::vector<std::int64_t> degree(rank, 1);
+    std::int64_t cells = 1;
+    for (std::size_t a = 0; a < rank; ++a) {
+        std::set<std::pair<std::int64_t, std::int64_t>> ranges;
+        for (const auto& entry : readers_of) ranges.insert(entry.first[a]);
+        degree[a] = static_cast<std::int64_t>(ranges.size());
+        std::int64_t k = 0;
+        for (const auto& r : ranges) {
+            if (r.first != plan::piece_begin(dims.extent(a), degree[a], k) ||
+                r.second != plan::piece_begin(dims.extent(a), degree[a], k + 1))
+                return std::nullopt;
+            ++k;
+        }
+        cells *= degree[a];
+    }
+    if (cells != static_cast<std::int64_t>(readers_of.size())) return std::nullopt;
+    // Every region read by the same number of copies, each copy by a group of the same size,
+    // and no device in two groups.
+    const std::size_t copies = readers_of.begin()->second.size();
+    const std::size_t group = readers_of.begin()->second.begin()->second.size();
+    std::set<int> seen;
+    for (auto& [region, by_copy] : readers_of) {
+        if (by_copy.size() != copies) return std::nullopt;
+        for (auto& [c, devices] : by_copy) {
+            if (devices.size() != group) return std::nullopt;
+            std::sort(devices.begin(), devices.end());
+            for (int d : devices)
+                if (!seen.insert(d).second) return std::nullopt;
+        }
+    }
+    // The identity's variable on each dim of the parameter.
+    auto label_of = [&](std::size_t a) -> std::optional<std::string> {
+        if (identity.sig.input_axes.empty() || identity.sig.input_axes[0].size() != rank ||
+            identity.sig.input_axes[0][a].size() != 1)
+            return std::nullopt;
+        return identity.sig.vars[static_cast<std::size_t>(identity.sig.input_axes[0][a][0])].label;
+    };
+    plan::op_partition p;
+    for (std::size_t a = 0; a < rank; ++a) {
+        if (degree[a] == 1) continue;
+        auto label = label_of(a);
+        if (!label) return std::nullopt;
+        p.splits.push_back({dims.dim(a), *label, degree[a]});
+    }
+    std::optional<std::size_t> shard_dim;
+    for (std::size_t a = 0; a < rank && !shard_dim && group > 1; ++a) {
+        const std::int64_t extent = dims.extent(a);
+        if (extent % degree[a] == 0 && (extent / degree[a]) % static_cast<std::int64_t>(group) == 0 && label_of(a))
+            shard_dim = a;
+    }
+    std::int64_t shards = 1;
+    if (shard_dim) {
+        shards = static_cast<std::int64_t>(group);
+        p.splits.push_back({dims.dim(*shard_dim), *label_of(*shard_dim), shards});
+    }
+    // Unsharded regions stay whole on every device of their groups.
+    p.replicas = static_cast<std::int64_t>(copies) * (static_cast<std::int64_t>(group) / shards);
+    // Pieces row-major over (the regions' grid, shard, copy): std::map orders the regions by
+    // their ranges, dim 0 first, which is that grid's order.
+    for (const auto& [region, by_copy] : readers_of)
+        for (std::int64_t s = 0; s < shards; ++s)
+            for (std::int64_t r = 0; r < p.replicas / static_cast<std::int64_t>(copies); ++r)
+                for (const auto& [c, devices] : by_copy)
+                    p.devices.push_back(devices[static_cast<std::size_t>(s + r)]);
+    return p;
+}
+
+}  // namespace loom::partition::detail
+
 namespace loom::partition {
 
 LOOM_INLINE partitioned_graph apply_plan(const graph& model, const plan::resolved_plan& plan, const apply_options& options) {
@@ -12276,16 +12433,18 @@ LOOM_INLINE partitioned_graph apply_plan(const graph& model, const plan::resolve
         if (source == no_id || static_cast<std::size_t>(source) >= plan.stage_of.size()) return -1;
         return plan.stage_of[static_cast<std::size_t>(source)];
     };
-    // ZeRO identities: split the parameter's first dim over its data-parallel devices. Without
-    // a pipeline those are all devices. In a pipeline they are the group of the stage that
-    // reads the parameter (ZeRO-3 shards a parameter that several stages read, the tied
-    // embedding, over the first reader's stage; the others receive it point to point).
-    // ZeRO-2 shards the gradient of a parameter that one stage reads over that stage's group,
-    // and keeps that of a parameter several stages read whole on all of them, where each
-    // copy's optimizer needs all of it. The stage of each identity, for the materializer.
+    // ZeRO identities. ZeRO-3 shards each parameter after its first reader's pieces: each
+    // region they read over the devices that read it (detail::shards_within_reader_pieces;
+    // under tensor parallelism, each piece over its data-parallel group). A parameter several
+    // pipeline stages read (the tied embedding) is sharded over the first reader's stage; the
+    // others receive it point to point. Otherwise, and for ZeRO-2, the parameter's first dim
+    // is split over its data-parallel devices: without a pipeline all devices, in a pipeline
+    // the group of the stage that reads it. ZeRO-2 keeps the gradient of a parameter several
+    // stages read whole on all of them, where each copy's optimizer needs all of it. The
+    // stage of each identity, for the materializer.
     std::map<node_id, int> identity_stage;
     std::map<tensor_id, std::vector<node_id>> forward_readers;  // of parameters and ZeRO-3 copies, in graph order
-    if (staged && plan.zero != plan::zero_stage::none) {
+    if (plan.zero != plan::zero_stage::none) {
         std::set<tensor_id> wanted;
         for (auto [param, n] : out.logical->zero3_identity) wanted.insert(g.at(n).outputs[0]);
         for (auto [param, n] : out.logical->zero2_identity) wanted.insert(param);
@@ -12329,7 +12488,14 @@ LOOM_INLINE partitioned_graph apply_plan(const graph& model, const plan::resolve
         }
         const int shards = group.empty() ? plan.devices : static_cast<int>(group.size());
         plan::op_partition p;
-        if (staged && across_stages && !parameters) {
+        const std::vector<node_id>& readers = forward_readers[parameters ? nd.outputs[0] : param];
+        std::optional<plan::op_partition> aligned;
+        if (parameters && !readers.empty())
+            aligned = detail::shards_within_reader_pieces(g, nd, g.at(readers.front()),
+                                                          parts[static_cast<std::size_t>(readers.front())]);
+        if (aligned) {
+            p = std::move(*aligned);
+        } else if (staged && across_stages && !parameters) {
             p.replicas = shards;
             p.devices = group;
             out.notes.push_back("ZeRO-2: the gradient of '" + t.name + "' is read by several pipeline stages; each keeps all of it");

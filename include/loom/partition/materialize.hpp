@@ -10,7 +10,8 @@
 //              and every device of P needs part of S: all_reduce (each needs S),
 //              reduce_scatter (their boxes tile S), or all_reduce followed by local chunks,
 //              whichever the cost model rates cheapest;
-//   tiles      devices D need box R and hold full tiles of R along one axis: all_gather;
+//   tiles      devices D need box R and hold full tiles of R along one axis: all_gather
+//              (several, when D holds several copies of one tiling);
 //              devices hold tiles of S along one axis and need tiles along another:
 //              all_to_all;
 //   broadcast  several devices need box R that one device holds;
@@ -483,16 +484,46 @@ private:
                 tiles.push_back(tile->v.region);
                 ins.push_back(tile->local);
             }
-            if (tiles.size() != devices.size() || !detail::tiling_axis(tiles, R)) continue;
-            transfer gather;
-            gather.kind = transfer_kind::all_gather;
-            gather.logical = t;
-            gather.group = devices;
-            gather.inputs = tiles;
-            gather.outputs.assign(devices.size(), R);
-            gather.has_input.assign(devices.size(), true);
-            gather.has_output.assign(devices.size(), true);
-            emit(std::move(gather), ins);
+            if (tiles.size() != devices.size()) continue;
+            auto gather_within = [&](const std::vector<std::size_t>& members) {
+                transfer gather;
+                gather.kind = transfer_kind::all_gather;
+                gather.logical = t;
+                std::vector<tensor_id> member_ins;
+                for (std::size_t m : members) {
+                    gather.group.push_back(devices[m]);
+                    gather.inputs.push_back(tiles[m]);
+                    member_ins.push_back(ins[m]);
+                }
+                gather.outputs.assign(members.size(), R);
+                gather.has_input.assign(members.size(), true);
+                gather.has_output.assign(members.size(), true);
+                emit(std::move(gather), member_ins);
+            };
+            if (detail::tiling_axis(tiles, R)) {
+                std::vector<std::size_t> all(devices.size());
+                for (std::size_t m = 0; m < all.size(); ++m) all[m] = m;
+                gather_within(all);
+                return true;
+            }
+            // Copies of one tiling (ZeRO-3's shards of a parameter that every device of a
+            // tensor-parallel group reads whole, one set per data-parallel group): the j-th
+            // holders of every tile, in device order, gather together.
+            std::map<box, std::vector<std::size_t>> holders_of;
+            for (std::size_t m = 0; m < tiles.size(); ++m) holders_of[tiles[m]].push_back(m);
+            const std::size_t copies = holders_of.begin()->second.size();
+            std::vector<box> distinct;
+            for (const auto& [tile, members] : holders_of) {
+                if (members.size() != copies) break;
+                distinct.push_back(tile);
+            }
+            if (copies < 2 || distinct.size() != holders_of.size() || !detail::tiling_axis(distinct, R)) continue;
+            for (std::size_t j = 0; j < copies; ++j) {
+                std::vector<std::size_t> members;
+                for (const auto& [tile, holders] : holders_of) members.push_back(holders[j]);
+                std::sort(members.begin(), members.end());  // devices ascend with their index
+                gather_within(members);
+            }
             return true;
         }
         // All-to-all: each device of P needs a different tile of S along one axis and
