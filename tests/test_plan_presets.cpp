@@ -2,7 +2,9 @@
 // gradient norms and parameters as one device: float64 to 1e-9, float32 to 1e-5.
 #include <catch2/catch.hpp>
 
+#include <loom/partition/apply.hpp>
 #include <loom/plan/presets.hpp>
+#include <loom/train/ownership.hpp>
 
 #include "support/plan_equivalence.hpp"
 
@@ -56,6 +58,14 @@ void check_all(int n) {
         check<T>(presets::megatron(2, n / 2));
         check<T>(presets::megatron(n / 2, 2));
         check<T>(presets::sequence_parallel(2, n / 2));
+        // Megatron-LM's distributed optimizer (ZeRO-1) and DeepSpeed's ZeRO-3 over Megatron's
+        // tensor-parallel pieces: each piece sharded over its data-parallel group.
+        for (auto zero : {plan::zero_stage::optimizer, plan::zero_stage::parameters}) {
+            auto p = presets::megatron(2, n / 2);
+            p.zero = zero;
+            p.name += zero == plan::zero_stage::optimizer ? " + ZeRO-1" : " + ZeRO-3";
+            check<T>(p);
+        }
     }
 }
 
@@ -74,6 +84,30 @@ TEST_CASE("presets on 4 ranks equal one device", "[plan][presets]") {
 TEST_CASE("presets on 8 ranks equal one device", "[plan][presets]") {
     check_all<double>(8);
     check_all<float>(8);
+}
+
+TEST_CASE("ZeRO-1 under tensor parallelism shards each piece's update over its data-parallel group", "[plan][zero]") {
+    // Megatron TP 2 x DP 4: the tensor-parallel pieces of the MLP weight are stored by four
+    // devices each, and each of them updates a quarter of its piece (before, a piece that was
+    // not the whole parameter was updated whole everywhere: no optimizer sharding at all).
+    auto spec = presets::megatron(2, 4);
+    spec.zero = plan::zero_stage::optimizer;
+    auto model = models::gpt(model_for(8));
+    const auto pg = partition::apply_plan(model.ir(), plan::resolve(spec, model.ir()));
+    const graph& g = pg.ir();
+    int checked = 0;
+    for (tensor_id w : g.parameters) {
+        if (g.tensor(w).name != "blocks.0.mlp.fc.weight") continue;
+        for (int d = 0; d < pg.world; ++d)
+            for (const auto& gp : pg.devices[static_cast<std::size_t>(d)].gradients) {
+                if (gp.logical != w) continue;
+                INFO("device " << d << ", gradient piece " << gp.region.to_string());
+                CHECK(gp.region.numel() * 2 == g.tensor(w).dims.numel());
+                CHECK(train::update_region(pg, d, w, gp.region).numel() * 4 == gp.region.numel());
+                ++checked;
+            }
+    }
+    CHECK(checked == 8);
 }
 
 TEST_CASE("a plan resolves and applies the same to a graph with its backward pass", "[plan]") {

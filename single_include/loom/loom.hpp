@@ -27374,17 +27374,20 @@ LOOM_INLINE std::vector<partition::box> owned_regions(const partition::partition
                                                       const partition::box& region, bool gradients);
 
 // ZeRO-1 and ZeRO-2 shard a parameter's optimizer over its data-parallel replicas: the
-// ranks that store all of it, in rank order (every rank for a data-parallel plan, the
-// stage's group in a pipeline, both stages' groups for an embedding tied across stages).
-// Parameters stored in pieces are updated wherever they are stored.
-LOOM_INLINE std::vector<int> replica_ranks(const partition::partitioned_graph& plan, tensor_id p);
+// ranks that store the same piece of it, in rank order (every rank for a data-parallel
+// plan, the stage's group in a pipeline, both stages' groups for an embedding tied across
+// stages; under tensor parallelism the data-parallel group of each tensor-parallel piece,
+// as Megatron-LM's distributed optimizer shards them).
+LOOM_INLINE std::vector<int> replica_ranks(const partition::partitioned_graph& plan, tensor_id p,
+                                           const partition::box& piece);
 
 // Rows of the first dim that replica `index` of `replicas` updates under ZeRO-1 (the whole
 // region when the rows do not divide evenly over the replicas).
 LOOM_INLINE partition::box zero1_shard(const partition::box& region, int index, int replicas);
 
-// The part of gradient piece `gradient` (of logical parameter p) that `rank` updates. Under
-// ZeRO-2 the gradient pieces are already the replicas' shards.
+// The part of gradient piece `gradient` (of logical parameter p) that `rank` updates: under
+// ZeRO-1 its share of the piece of p it stores among that piece's replicas. Under ZeRO-2 the
+// gradient pieces are already the replicas' shards.
 LOOM_INLINE partition::box update_region(const partition::partitioned_graph& plan, int rank, tensor_id p,
                                          const partition::box& gradient);
 
@@ -27438,13 +27441,13 @@ LOOM_INLINE std::vector<partition::box> owned_regions(const partition::partition
     return mine;
 }
 
-LOOM_INLINE std::vector<int> replica_ranks(const partition::partitioned_graph& plan, tensor_id p) {
-    const partition::box whole = partition::box::whole(plan.ir().tensor(p).dims);
+LOOM_INLINE std::vector<int> replica_ranks(const partition::partitioned_graph& plan, tensor_id p,
+                                           const partition::box& piece) {
     std::vector<int> ranks;
     for (int r = 0; r < plan.world; ++r) {
         bool stored = false;
         for (const auto& s : plan.devices[static_cast<std::size_t>(r)].parameters)
-            stored = stored || (s.logical == p && s.region == whole);
+            stored = stored || (s.logical == p && s.region == piece);
         if (stored) ranks.push_back(r);
     }
     return ranks;
@@ -27462,7 +27465,11 @@ LOOM_INLINE partition::box zero1_shard(const partition::box& region, int index, 
 LOOM_INLINE partition::box update_region(const partition::partitioned_graph& plan, int rank, tensor_id p,
                                          const partition::box& gradient) {
     if (plan.zero != plan::zero_stage::optimizer) return gradient;
-    const std::vector<int> replicas = replica_ranks(plan, p);
+    const partition::box* piece = nullptr;
+    for (const auto& s : plan.devices[static_cast<std::size_t>(rank)].parameters)
+        if (s.logical == p && s.region.contains(gradient)) piece = &s.region;
+    if (!piece) return gradient;
+    const std::vector<int> replicas = replica_ranks(plan, p, *piece);
     const auto at = std::find(replicas.begin(), replicas.end(), rank);
     if (replicas.size() < 2 || at == replicas.end()) return gradient;
     return zero1_shard(gradient, static_cast<int>(at - replicas.begin()), static_cast<int>(replicas.size()));
@@ -27975,7 +27982,7 @@ private:
     }
 
     // The optimizer updates, per gradient piece, the matching part of the parameter piece;
-    // under ZeRO-1 only this rank's shard of it (the first dim cut over all ranks).
+    // under ZeRO-1 only this rank's shard of it (its first dim cut over the piece's replicas).
     void plan_optimizer() {
         const graph& logical = plan_.ir();
         auto make = [&](const auto& o) {
@@ -27992,7 +27999,7 @@ private:
             if (!pp) throw error("distributed_trainer: gradient piece " + gp.region.to_string() + " of '" +
                                  logical.tensor(gp.logical).name + "' has no parameter piece on rank " + std::to_string(rank_));
             const partition::box update = update_region(plan_, rank_, gp.logical, gp.region);
-            if (!(update == pp->region)) shards_.push_back({pp, update, comm::group{replica_ranks(plan_, gp.logical)}});
+            if (!(update == pp->region)) shards_.push_back({pp, update, comm::group{replica_ranks(plan_, gp.logical, pp->region)}});
             if (update.numel() == 0) continue;
             auto value = storage_->real(pp->local);
             auto grad = storage_->real(gp.local);

@@ -164,7 +164,7 @@ private:
     }
 
     // The optimizer updates, per gradient piece, the matching part of the parameter piece;
-    // under ZeRO-1 only this rank's shard of it (the first dim cut over all ranks).
+    // under ZeRO-1 only this rank's shard of it (its first dim cut over the piece's replicas).
     void plan_optimizer() {
         const graph& logical = plan_.ir();
         auto make = [&](const auto& o) {
@@ -181,7 +181,7 @@ private:
             if (!pp) throw error("distributed_trainer: gradient piece " + gp.region.to_string() + " of '" +
                                  logical.tensor(gp.logical).name + "' has no parameter piece on rank " + std::to_string(rank_));
             const partition::box update = update_region(plan_, rank_, gp.logical, gp.region);
-            if (!(update == pp->region)) shards_.push_back({pp, update, comm::group{replica_ranks(plan_, gp.logical)}});
+            if (!(update == pp->region)) shards_.push_back({pp, update, comm::group{replica_ranks(plan_, gp.logical, pp->region)}});
             if (update.numel() == 0) continue;
             auto value = storage_->real(pp->local);
             auto grad = storage_->real(gp.local);

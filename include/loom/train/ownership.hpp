@@ -26,17 +26,20 @@ LOOM_INLINE std::vector<partition::box> owned_regions(const partition::partition
                                                       const partition::box& region, bool gradients);
 
 // ZeRO-1 and ZeRO-2 shard a parameter's optimizer over its data-parallel replicas: the
-// ranks that store all of it, in rank order (every rank for a data-parallel plan, the
-// stage's group in a pipeline, both stages' groups for an embedding tied across stages).
-// Parameters stored in pieces are updated wherever they are stored.
-LOOM_INLINE std::vector<int> replica_ranks(const partition::partitioned_graph& plan, tensor_id p);
+// ranks that store the same piece of it, in rank order (every rank for a data-parallel
+// plan, the stage's group in a pipeline, both stages' groups for an embedding tied across
+// stages; under tensor parallelism the data-parallel group of each tensor-parallel piece,
+// as Megatron-LM's distributed optimizer shards them).
+LOOM_INLINE std::vector<int> replica_ranks(const partition::partitioned_graph& plan, tensor_id p,
+                                           const partition::box& piece);
 
 // Rows of the first dim that replica `index` of `replicas` updates under ZeRO-1 (the whole
 // region when the rows do not divide evenly over the replicas).
 LOOM_INLINE partition::box zero1_shard(const partition::box& region, int index, int replicas);
 
-// The part of gradient piece `gradient` (of logical parameter p) that `rank` updates. Under
-// ZeRO-2 the gradient pieces are already the replicas' shards.
+// The part of gradient piece `gradient` (of logical parameter p) that `rank` updates: under
+// ZeRO-1 its share of the piece of p it stores among that piece's replicas. Under ZeRO-2 the
+// gradient pieces are already the replicas' shards.
 LOOM_INLINE partition::box update_region(const partition::partitioned_graph& plan, int rank, tensor_id p,
                                          const partition::box& gradient);
 
@@ -90,13 +93,13 @@ LOOM_INLINE std::vector<partition::box> owned_regions(const partition::partition
     return mine;
 }
 
-LOOM_INLINE std::vector<int> replica_ranks(const partition::partitioned_graph& plan, tensor_id p) {
-    const partition::box whole = partition::box::whole(plan.ir().tensor(p).dims);
+LOOM_INLINE std::vector<int> replica_ranks(const partition::partitioned_graph& plan, tensor_id p,
+                                           const partition::box& piece) {
     std::vector<int> ranks;
     for (int r = 0; r < plan.world; ++r) {
         bool stored = false;
         for (const auto& s : plan.devices[static_cast<std::size_t>(r)].parameters)
-            stored = stored || (s.logical == p && s.region == whole);
+            stored = stored || (s.logical == p && s.region == piece);
         if (stored) ranks.push_back(r);
     }
     return ranks;
@@ -114,7 +117,11 @@ LOOM_INLINE partition::box zero1_shard(const partition::box& region, int index, 
 LOOM_INLINE partition::box update_region(const partition::partitioned_graph& plan, int rank, tensor_id p,
                                          const partition::box& gradient) {
     if (plan.zero != plan::zero_stage::optimizer) return gradient;
-    const std::vector<int> replicas = replica_ranks(plan, p);
+    const partition::box* piece = nullptr;
+    for (const auto& s : plan.devices[static_cast<std::size_t>(rank)].parameters)
+        if (s.logical == p && s.region.contains(gradient)) piece = &s.region;
+    if (!piece) return gradient;
+    const std::vector<int> replicas = replica_ranks(plan, p, *piece);
     const auto at = std::find(replicas.begin(), replicas.end(), rank);
     if (replicas.size() < 2 || at == replicas.end()) return gradient;
     return zero1_shard(gradient, static_cast<int>(at - replicas.begin()), static_cast<int>(replicas.size()));
