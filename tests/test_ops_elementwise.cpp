@@ -502,3 +502,22 @@ TEST_CASE("the AVX-512 elementwise loop gives the baseline loop's values bit for
     host::detail::map_range_avx512(gelu_grad, 0, n, wide.data(), dy.data(), x.data());
     CHECK(base == wide);
 }
+
+TEMPLATE_TEST_CASE("sum_leading sums every column row by row, on ranges wider than its accumulator", "[ops][reduce]",
+                   float, double) {
+    // 3 x 37 rows and 1000 columns: the pool's column ranges exceed the kernel's 256-column
+    // accumulator, and 1000 is not a multiple of 16. Each column is summed in row order, so
+    // the kernel equals the same loop written out, bit for bit.
+    using T = TestType;
+    const std::int64_t rows = 3 * 37, columns = 1000;
+    const auto x = normal_values(static_cast<std::size_t>(rows * columns), 1.0, 11);
+    auto sums = run_forward<T>(
+        [](graph_builder& b) { return ops::sum_leading(b.input("x", dims({3, 37, 1000}))); }, {{"x", x}});
+    REQUIRE(static_cast<std::int64_t>(sums.size()) == columns);
+    for (std::int64_t j = 0; j < columns; ++j) {
+        T expected = 0;
+        for (std::int64_t r = 0; r < rows; ++r) expected += static_cast<T>(x[static_cast<std::size_t>(r * columns + j)]);
+        INFO("column " << j);
+        REQUIRE(sums[static_cast<std::size_t>(j)] == expected);
+    }
+}

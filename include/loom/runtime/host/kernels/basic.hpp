@@ -122,10 +122,23 @@ struct host_kernel<ops::SumLeading> {
         const std::int64_t rows = c.input_numel(0) / n;
         const T* x = c.input(0);
         T* y = c.output(0);
+        // Each range of columns sums every row into a local accumulator of at most `block`
+        // columns: the compiler cannot know that y does not alias x, and summing into y
+        // directly loaded and stored it for every row (a bias gradient ran at 10 GB/s). Each
+        // column is still summed row by row in order, so the result does not depend on the
+        // threads.
+        constexpr std::int64_t block = 256;
         parallel_for(0, n, 16, [&](std::int64_t lo, std::int64_t hi) {
-            for (std::int64_t j = lo; j < hi; ++j) y[j] = 0;
-            for (std::int64_t r = 0; r < rows; ++r)
-                for (std::int64_t j = lo; j < hi; ++j) y[j] += x[r * n + j];
+            T sums[block];
+            for (std::int64_t j0 = lo; j0 < hi; j0 += block) {
+                const std::int64_t width = std::min(block, hi - j0);
+                for (std::int64_t j = 0; j < width; ++j) sums[j] = 0;
+                for (std::int64_t r = 0; r < rows; ++r) {
+                    const T* row = x + r * n + j0;
+                    for (std::int64_t j = 0; j < width; ++j) sums[j] += row[j];
+                }
+                for (std::int64_t j = 0; j < width; ++j) y[j0 + j] = sums[j];
+            }
         });
     }
 };
