@@ -139,44 +139,54 @@ TEST_CASE("ZeRO reduce-scatters each gradient once, whatever the micro-batches",
         }
 }
 
-TEST_CASE("ZeRO-3 under tensor parallelism gathers and reduces each piece within its data-parallel group",
+TEST_CASE("ZeRO-2 and ZeRO-3 under tensor parallelism reduce (and gather) each piece within its data-parallel group",
           "[partition][traffic][zero]") {
-    // DeepSpeed's ZeRO-3 with Megatron's TP: each tensor-parallel piece of a weight (and each
+    // DeepSpeed's ZeRO with Megatron's TP: each tensor-parallel piece of a weight (and each
     // tensor-parallel rank's copy of a layer norm or a row-parallel bias) is sharded over the
-    // data-parallel replicas that read it. Shards cut from the whole tensor over all devices
-    // would leave each piece's rows on other pieces' devices: point-to-point sends growing
-    // with the square of the data-parallel degree (1876 transfers at DP 4, 7960 at DP 8).
-    for (int dp : {2, 4, 8}) {
-        plan::plan_spec spec = presets::megatron(2, dp);
-        spec.zero = plan::zero_stage::parameters;
-        const auto pg = programs(spec);
-        const auto t = traffic_of(pg);
-        INFO("TP 2 x DP " << dp << ": " << listing(t.kinds));
-        CHECK(t.kinds.count(transfer_kind::send_recv) == 0);
-        CHECK(t.kinds.count(transfer_kind::broadcast) == 0);
-        CHECK(t.kinds.count(transfer_kind::all_to_all) == 0);
-        // Every gradient reduce-scattered once per tensor-parallel rank, onto the shards.
-        const int parameters = static_cast<int>(pg.logical->g.gradients.size());
-        CHECK(t.kinds.at(transfer_kind::reduce_scatter) == 2 * parameters);
-        CHECK(t.kinds.at(transfer_kind::all_gather) >= 2 * parameters);
-        for (const auto& tr : pg.transfers)
-            if (tr.kind == transfer_kind::reduce_scatter ||
-                (tr.kind == transfer_kind::all_gather && !tr.backward &&
-                 pg.logical->g.tensor(tr.logical).name.rfind("zero3/", 0) == 0)) {
-                INFO(partition::to_string(tr.kind) << " of " << pg.logical->g.tensor(tr.logical).name);
-                CHECK(static_cast<int>(tr.group.size()) == dp);
+    // data-parallel replicas that read it. ZeRO-3 shards cut from the whole tensor over all
+    // devices left each piece's rows on other pieces' devices: point-to-point sends growing
+    // with the square of the data-parallel degree (1876 transfers at DP 4, 7960 at DP 8);
+    // ZeRO-2 was refused.
+    for (int stage : {2, 3})
+        for (int dp : {2, 4, 8}) {
+            plan::plan_spec spec = presets::megatron(2, dp);
+            spec.zero = static_cast<plan::zero_stage>(stage);
+            const auto pg = programs(spec);
+            const auto t = traffic_of(pg);
+            INFO("ZeRO-" << stage << ", TP 2 x DP " << dp << ": " << listing(t.kinds));
+            CHECK(t.kinds.count(transfer_kind::send_recv) == 0);
+            CHECK(t.kinds.count(transfer_kind::broadcast) == 0);
+            CHECK(t.kinds.count(transfer_kind::all_to_all) == 0);
+            // Every gradient reduce-scattered once per tensor-parallel rank, onto the shards;
+            // under ZeRO-3 every parameter gathered too.
+            const int parameters = static_cast<int>(pg.logical->g.gradients.size());
+            CHECK(t.kinds.at(transfer_kind::reduce_scatter) == 2 * parameters);
+            if (stage == 3) CHECK(t.kinds.at(transfer_kind::all_gather) >= 2 * parameters);
+            for (const auto& tr : pg.transfers)
+                if (tr.kind == transfer_kind::reduce_scatter ||
+                    (tr.kind == transfer_kind::all_gather && !tr.backward &&
+                     pg.logical->g.tensor(tr.logical).name.rfind("zero3/", 0) == 0)) {
+                    INFO(partition::to_string(tr.kind) << " of " << pg.logical->g.tensor(tr.logical).name);
+                    CHECK(static_cast<int>(tr.group.size()) == dp);
+                }
+            // Each device holds a 1 / (2 dp) share of every MLP weight (ZeRO-3) or of its
+            // gradient (ZeRO-2, which stores the tensor-parallel half).
+            int shards = 0;
+            for (const auto& part : pg.devices) {
+                for (const auto& stored : part.parameters) {
+                    const tensor_desc& d = pg.logical->g.tensor(stored.logical);
+                    if (d.name.find("mlp.fc.weight") == std::string::npos) continue;
+                    CHECK(stored.region.numel() * (stage == 3 ? 2 * dp : 2) == d.dims.numel());
+                }
+                for (const auto& gradient : part.gradients) {
+                    const tensor_desc& d = pg.logical->g.tensor(gradient.logical);
+                    if (d.name.find("mlp.fc.weight") == std::string::npos) continue;
+                    ++shards;
+                    CHECK(gradient.region.numel() * 2 * dp == d.dims.numel());
+                }
             }
-        // Each device stores a 1 / (2 dp) share of every MLP weight.
-        int stored_shards = 0;
-        for (const auto& part : pg.devices)
-            for (const auto& stored : part.parameters) {
-                const tensor_desc& d = pg.logical->g.tensor(stored.logical);
-                if (d.name.find("mlp.fc.weight") == std::string::npos) continue;
-                ++stored_shards;
-                CHECK(stored.region.numel() * 2 * dp == d.dims.numel());
-            }
-        CHECK(stored_shards == 2 * dp * static_cast<int>(config.layers));
-    }
+            CHECK(shards == 2 * dp * static_cast<int>(config.layers));
+        }
 }
 
 TEST_CASE("Megatron's tensor parallelism moves what Megatron-LM moves", "[partition][traffic][megatron]") {

@@ -58,12 +58,12 @@ void check_all(int n) {
         check<T>(presets::megatron(2, n / 2));
         check<T>(presets::megatron(n / 2, 2));
         check<T>(presets::sequence_parallel(2, n / 2));
-        // Megatron-LM's distributed optimizer (ZeRO-1) and DeepSpeed's ZeRO-3 over Megatron's
-        // tensor-parallel pieces: each piece sharded over its data-parallel group.
-        for (auto zero : {plan::zero_stage::optimizer, plan::zero_stage::parameters}) {
+        // Megatron-LM's distributed optimizer (ZeRO-1) and DeepSpeed's ZeRO-2 and ZeRO-3 over
+        // Megatron's tensor-parallel pieces: each piece sharded over its data-parallel group.
+        for (int zero = 1; zero <= 3; ++zero) {
             auto p = presets::megatron(2, n / 2);
-            p.zero = zero;
-            p.name += zero == plan::zero_stage::optimizer ? " + ZeRO-1" : " + ZeRO-3";
+            p.zero = static_cast<plan::zero_stage>(zero);
+            p.name += " + ZeRO-" + std::to_string(zero);
             check<T>(p);
         }
     }

@@ -11288,24 +11288,23 @@ public:
             std::vector<request> reqs;
             std::vector<tensor_id> params;
             if (out_.logical->zero2_identity.count(param)) {
-                // ZeRO-2: the gradient identity's pieces are the optimizer's shards, which
-                // assumes every device that stores the parameter stores all of it
-                // (data-parallel replicas: every device, or a pipeline stage's group).
-                const box whole = box::whole(g_.tensor(param).dims);
-                for (int d = 0; d < out_.world; ++d) {
-                    bool stored = false, any = false;
-                    for (const auto& s : out_.devices[static_cast<std::size_t>(d)].parameters) {
-                        stored = stored || (s.logical == param && s.region == whole);
-                        any = any || s.logical == param;
-                    }
-                    if (any && !stored)
+                // ZeRO-2: the gradient identity's pieces are the optimizer's shards, each
+                // updated in place in the piece of the parameter its device stores: every
+                // shard must lie within one (data-parallel replicas of a whole parameter or of
+                // a tensor-parallel piece; colocated pieces, Coshard, break it).
+                for (const auto& piece : out_.layouts[static_cast<std::size_t>(g_.tensor(grad).producer)].pieces) {
+                    const box& shard = piece.outputs[0].region;
+                    const auto& stored = out_.devices[static_cast<std::size_t>(piece.device)].parameters;
+                    if (std::none_of(stored.begin(), stored.end(), [&](const stored_piece& s) {
+                            return s.logical == param && s.region.contains(shard);
+                        }))
                         throw plan_error("plan: ZeRO-2 shards the gradient of '" + g_.tensor(param).name +
-                                         "' over data-parallel replicas, but device " + std::to_string(d) +
-                                         " does not store the whole parameter; use ZeRO-3 (which shards parameters "
-                                         "too) or replicate the ops that read it");
+                                         "' over data-parallel replicas, but device " + std::to_string(piece.device) +
+                                         " does not store the part " + shard.to_string() +
+                                         " of the parameter that its shard updates; use ZeRO-3 (which shards "
+                                         "parameters too) or place the pieces of the ops that read it on distinct devices");
+                    reqs.push_back({piece.device, shard});
                 }
-                for (const auto& piece : out_.layouts[static_cast<std::size_t>(g_.tensor(grad).producer)].pieces)
-                    reqs.push_back({piece.device, piece.outputs[0].region});
             } else {
                 for (int d = 0; d < out_.world; ++d)
                     for (const auto& s : out_.devices[static_cast<std::size_t>(d)].parameters)
@@ -12250,45 +12249,34 @@ partitioned_graph apply_plan(const graph& model, const Plan& plan, const apply_o
 
 namespace loom::partition::detail {
 
-// ZeRO-3's shards of a parameter, laid out after its first reader's pieces. The reader's
-// pieces that read the same region of the parameter and differ only in their cuts (the
-// data-parallel replicas of a tensor-parallel piece) share one set of shards of that region;
-// pieces that are copies of each other (a layer norm replicated over the tensor-parallel
-// group) each have their own set. So a parameter that tensor parallelism cuts is sharded
-// piece by piece over each piece's data-parallel group, as DeepSpeed shards Megatron's
-// pieces, and gathering a piece is an all-gather within that group, its gradient a
-// reduce-scatter within it; shards cut from the whole tensor over every device would leave
-// each piece's rows on devices of other pieces, to be sent point to point. The shards split
-// the region along the first dim whose extent the group divides, else the region stays
-// whole on each device of the group. Nothing when the pieces do not form an even grid of
-// disjoint device groups (colocated pieces, Coshard): the caller then shards the parameter
-// along its first dim over all its readers.
-LOOM_INLINE std::optional<plan::op_partition> shards_within_reader_pieces(const graph& g, const node& identity,
-                                                                           const node& reader,
-                                                                           const plan::op_partition& reader_part) {
-    const tensor_id copy = identity.outputs[0];
-    const auto input = static_cast<std::size_t>(std::find(reader.inputs.begin(), reader.inputs.end(), copy) -
-                                                reader.inputs.begin());
-    if (input >= reader.inputs.size()) return std::nullopt;
-    const shape& dims = g.tensor(copy).dims;
-    const std::size_t rank = dims.rank();
-    if (rank == 0) return std::nullopt;
-    // The devices that read each region of the parameter, per copy of the reader's pieces.
-    using region_key = std::vector<std::pair<std::int64_t, std::int64_t>>;
-    std::map<region_key, std::map<std::vector<std::int64_t>, std::vector<int>>> readers_of;
-    const node_layout layout = layout_pieces(g, reader, reader_part);
-    // Axes along which the reader's pieces are copies as far as the parameter goes: copies,
-    // summands, and cuts along a variable that no output carries (a row-parallel linear's
-    // contracted dim, which its bias lacks: the pieces along it read and differentiate the
-    // same bias, like copies). Cuts along an output's variable (the batch) give the pieces
-    // partial sums of the parameter's gradient: those pieces share one set of shards.
+// The devices that read each region of a parameter, per copy of the readers' pieces: the
+// pieces of one reader that read the same region and differ only in their cuts (the
+// data-parallel replicas of a tensor-parallel piece) form one group; pieces that are copies
+// of each other as far as the parameter goes, and the pieces of each other reader, form
+// groups of their own. Copies are the partition's copy and summand axes and its cuts along
+// a variable no output carries (a row-parallel linear's contracted dim, which its bias
+// lacks: the pieces along it read and differentiate the same bias, like copies). Cuts along
+// an output's variable (the batch) give the pieces partial sums of the parameter's gradient.
+struct parameter_reader {
+    const node* op;
+    const plan::op_partition* partition;
+};
+using region_key = std::vector<std::pair<std::int64_t, std::int64_t>>;
+using readers_by_region = std::map<region_key, std::map<std::vector<std::int64_t>, std::vector<int>>>;
+
+LOOM_INLINE bool collect_readers(const graph& g, tensor_id read, const parameter_reader& reader, std::int64_t which,
+                                 readers_by_region& out) {
+    const node& op = *reader.op;
+    const auto input = static_cast<std::size_t>(std::find(op.inputs.begin(), op.inputs.end(), read) - op.inputs.begin());
+    if (input >= op.inputs.size()) return false;
+    const node_layout layout = layout_pieces(g, op, *reader.partition);
     std::vector<bool> copies_parameter;
     for (const plan::split_axis& axis : layout.partition.splits) {
         bool in_output = false;
         if (axis.cuts())
-            if (auto v = reader.sig.find(axis.label))
-                for (const auto& out : reader.sig.output_axes)
-                    for (const auto& members : out)
+            if (auto v = op.sig.find(axis.label))
+                for (const auto& output : op.sig.output_axes)
+                    for (const auto& members : output)
                         in_output = in_output || std::find(members.begin(), members.end(), *v) != members.end();
         copies_parameter.push_back(!in_output);
     }
@@ -12297,12 +12285,38 @@ LOOM_INLINE std::optional<plan::op_partition> shards_within_reader_pieces(const 
         region_key region;
         for (const auto& r : piece.inputs[input].ranges) region.emplace_back(r.begin, r.end);
         const std::vector<std::int64_t> c = layout.partition.coordinates(static_cast<std::int64_t>(i));
-        std::vector<std::int64_t> copy_of{c.back()};
+        std::vector<std::int64_t> copy_of{which, c.back()};
         for (std::size_t s = 0; s < layout.partition.splits.size(); ++s)
             if (copies_parameter[s]) copy_of.push_back(c[s]);
-        auto& devices = readers_of[region][copy_of];
+        auto& devices = out[region][copy_of];
         if (std::find(devices.begin(), devices.end(), piece.device) == devices.end()) devices.push_back(piece.device);
     }
+    return true;
+}
+
+// ZeRO's shards of a parameter (ZeRO-3) or of its gradient (ZeRO-2, `rows_only`: the
+// optimizer updates its shard in place in the stored piece, so shards are whole rows of it),
+// laid out after the pieces of the parameter's `readers` (collect_readers): each group of
+// devices holds one set of shards of its region. So a parameter that tensor parallelism cuts
+// is sharded piece by piece over each piece's data-parallel group, as DeepSpeed shards
+// Megatron's pieces, and gathering a piece is an all-gather within that group, its gradient
+// a reduce-scatter within it; shards cut from the whole tensor over every device would leave
+// each piece's rows on devices of other pieces, to be sent point to point. The shards split
+// the region along the first dim whose extent the group divides (ZeRO-2: dim 0 only), else,
+// or without `shard` (a ZeRO-2 gradient that several pipeline stages read), the region
+// stays whole on each device of the group. Nothing when the groups do not form an even grid
+// of regions on disjoint devices (colocated pieces, Coshard): the caller then shards the
+// parameter along its first dim over all its readers.
+LOOM_INLINE std::optional<plan::op_partition> shards_within_reader_pieces(const graph& g, const node& identity,
+                                                                           tensor_id read,
+                                                                           const std::vector<parameter_reader>& readers,
+                                                                           bool rows_only, bool shard) {
+    const shape& dims = g.tensor(read).dims;
+    const std::size_t rank = dims.rank();
+    if (rank == 0) return std::nullopt;
+    readers_by_region readers_of;
+    for (std::size_t which = 0; which < readers.size(); ++which)
+        if (!collect_readers(g, read, readers[which], static_cast<std::int64_t>(which), readers_of)) return std::nullopt;
     // An even grid of regions: along each dim, their ranges are the pieces of one split.
     std::vector<std::int64_t> degree(rank, 1);
     std::int64_t cells = 1;
@@ -12349,7 +12363,7 @@ LOOM_INLINE std::optional<plan::op_partition> shards_within_reader_pieces(const 
         p.splits.push_back({dims.dim(a), *label, degree[a]});
     }
     std::optional<std::size_t> shard_dim;
-    for (std::size_t a = 0; a < rank && !shard_dim && group > 1; ++a) {
+    for (std::size_t a = 0; a < (rows_only ? 1 : rank) && !shard_dim && shard && group > 1; ++a) {
         const std::int64_t extent = dims.extent(a);
         if (extent % degree[a] == 0 && (extent / degree[a]) % static_cast<std::int64_t>(group) == 0 && label_of(a))
             shard_dim = a;
@@ -12433,15 +12447,16 @@ LOOM_INLINE partitioned_graph apply_plan(const graph& model, const plan::resolve
         if (source == no_id || static_cast<std::size_t>(source) >= plan.stage_of.size()) return -1;
         return plan.stage_of[static_cast<std::size_t>(source)];
     };
-    // ZeRO identities. ZeRO-3 shards each parameter after its first reader's pieces: each
-    // region they read over the devices that read it (detail::shards_within_reader_pieces;
-    // under tensor parallelism, each piece over its data-parallel group). A parameter several
-    // pipeline stages read (the tied embedding) is sharded over the first reader's stage; the
-    // others receive it point to point. Otherwise, and for ZeRO-2, the parameter's first dim
-    // is split over its data-parallel devices: without a pipeline all devices, in a pipeline
-    // the group of the stage that reads it. ZeRO-2 keeps the gradient of a parameter several
-    // stages read whole on all of them, where each copy's optimizer needs all of it. The
-    // stage of each identity, for the materializer.
+    // ZeRO identities. ZeRO-3 shards each parameter, ZeRO-2 its gradient, after the first
+    // reader's pieces: each region they read over the devices that read it
+    // (detail::shards_within_reader_pieces; under tensor parallelism, each piece over its
+    // data-parallel group). A parameter several pipeline stages read (the tied embedding) is
+    // sharded under ZeRO-3 over the first reader's stage, the others receiving it point to
+    // point; ZeRO-2 keeps its gradient whole on all of them, where each copy's optimizer
+    // needs all of it. Where the readers' pieces do not allow it (colocated pieces), the
+    // first dim is split over the data-parallel devices: without a pipeline all devices, in a
+    // pipeline the group of the stage that reads it. The stage of each identity, for the
+    // materializer.
     std::map<node_id, int> identity_stage;
     std::map<tensor_id, std::vector<node_id>> forward_readers;  // of parameters and ZeRO-3 copies, in graph order
     if (plan.zero != plan::zero_stage::none) {
@@ -12488,11 +12503,15 @@ LOOM_INLINE partitioned_graph apply_plan(const graph& model, const plan::resolve
         }
         const int shards = group.empty() ? plan.devices : static_cast<int>(group.size());
         plan::op_partition p;
-        const std::vector<node_id>& readers = forward_readers[parameters ? nd.outputs[0] : param];
+        const tensor_id read = parameters ? nd.outputs[0] : param;
+        std::vector<detail::parameter_reader> readers;
+        for (node_id r : forward_readers[read]) {
+            readers.push_back({&g.at(r), &parts[static_cast<std::size_t>(r)]});
+            if (parameters || !across_stages) break;  // the first reader's pieces
+        }
         std::optional<plan::op_partition> aligned;
-        if (parameters && !readers.empty())
-            aligned = detail::shards_within_reader_pieces(g, nd, g.at(readers.front()),
-                                                          parts[static_cast<std::size_t>(readers.front())]);
+        if (!readers.empty())
+            aligned = detail::shards_within_reader_pieces(g, nd, read, readers, !parameters, parameters || !across_stages);
         if (aligned) {
             p = std::move(*aligned);
         } else if (staged && across_stages && !parameters) {
@@ -27371,6 +27390,7 @@ LOOM_INLINE double init_value(const parameter_init& init, std::uint64_t seed, st
 // rank's share.
 #include <algorithm>
 #include <cstdint>
+#include <map>
 #include <string>
 #include <vector>
 
@@ -27393,6 +27413,15 @@ LOOM_INLINE std::vector<partition::box> owned_regions(const partition::partition
 // as Megatron-LM's distributed optimizer shards them).
 LOOM_INLINE std::vector<int> replica_ranks(const partition::partitioned_graph& plan, tensor_id p,
                                            const partition::box& piece);
+
+// The ranks whose updates together cover `piece` of parameter p once, in rank order, `rank`
+// among them: after the update they all-gather their shards into the piece. ZeRO-1: the
+// piece's replicas. ZeRO-2: the replicas holding distinct gradient shards of the piece;
+// where several sets of the shards exist (a layer norm that every rank of a tensor-parallel
+// group reads whole has one set per such rank), the j-th holder of each shard, j being
+// `rank`'s place among the holders of its own shard.
+LOOM_INLINE std::vector<int> update_group(const partition::partitioned_graph& plan, int rank, tensor_id p,
+                                          const partition::box& piece);
 
 // Rows of the first dim that replica `index` of `replicas` updates under ZeRO-1 (the whole
 // region when the rows do not divide evenly over the replicas).
@@ -27464,6 +27493,29 @@ LOOM_INLINE std::vector<int> replica_ranks(const partition::partitioned_graph& p
         if (stored) ranks.push_back(r);
     }
     return ranks;
+}
+
+LOOM_INLINE std::vector<int> update_group(const partition::partitioned_graph& plan, int rank, tensor_id p,
+                                          const partition::box& piece) {
+    std::vector<int> replicas = replica_ranks(plan, p, piece);
+    if (plan.zero != plan::zero_stage::gradients) return replicas;
+    std::map<partition::box, std::vector<int>> holders;  // shard -> its ranks, in rank order
+    const partition::box* mine = nullptr;
+    for (int r : replicas)
+        for (const auto& gp : plan.devices[static_cast<std::size_t>(r)].gradients)
+            if (gp.logical == p && piece.contains(gp.region)) {
+                auto& ranks = holders[gp.region];
+                ranks.push_back(r);
+                if (r == rank) mine = &gp.region;
+            }
+    if (!mine) return {rank};
+    const std::vector<int>& own = holders[*mine];
+    const auto j = static_cast<std::size_t>(std::find(own.begin(), own.end(), rank) - own.begin());
+    std::vector<int> group;
+    for (const auto& [shard, ranks] : holders)
+        if (j < ranks.size()) group.push_back(ranks[j]);
+    std::sort(group.begin(), group.end());
+    return group;
 }
 
 LOOM_INLINE partition::box zero1_shard(const partition::box& region, int index, int replicas) {
@@ -28012,7 +28064,7 @@ private:
             if (!pp) throw error("distributed_trainer: gradient piece " + gp.region.to_string() + " of '" +
                                  logical.tensor(gp.logical).name + "' has no parameter piece on rank " + std::to_string(rank_));
             const partition::box update = update_region(plan_, rank_, gp.logical, gp.region);
-            if (!(update == pp->region)) shards_.push_back({pp, update, comm::group{replica_ranks(plan_, gp.logical, pp->region)}});
+            if (!(update == pp->region)) shards_.push_back({pp, update, comm::group{update_group(plan_, rank_, gp.logical, pp->region)}});
             if (update.numel() == 0) continue;
             auto value = storage_->real(pp->local);
             auto grad = storage_->real(gp.local);
@@ -28030,8 +28082,8 @@ private:
         }
     }
 
-    // ZeRO-1/2: every replica updated its shard; gather the shards into every full copy,
-    // among the parameter's replicas (replica_ranks), whose shards tile it in rank order.
+    // ZeRO-1/2: every replica updated its shard; gather the shards into every full copy of
+    // the piece, among the ranks whose shards tile it in rank order (update_group).
     void synchronize_shards() {
         for (const auto& [piece, shard, replicas] : shards_) {
             auto values = storage_->real(piece->local);

@@ -164,24 +164,23 @@ public:
             std::vector<request> reqs;
             std::vector<tensor_id> params;
             if (out_.logical->zero2_identity.count(param)) {
-                // ZeRO-2: the gradient identity's pieces are the optimizer's shards, which
-                // assumes every device that stores the parameter stores all of it
-                // (data-parallel replicas: every device, or a pipeline stage's group).
-                const box whole = box::whole(g_.tensor(param).dims);
-                for (int d = 0; d < out_.world; ++d) {
-                    bool stored = false, any = false;
-                    for (const auto& s : out_.devices[static_cast<std::size_t>(d)].parameters) {
-                        stored = stored || (s.logical == param && s.region == whole);
-                        any = any || s.logical == param;
-                    }
-                    if (any && !stored)
+                // ZeRO-2: the gradient identity's pieces are the optimizer's shards, each
+                // updated in place in the piece of the parameter its device stores: every
+                // shard must lie within one (data-parallel replicas of a whole parameter or of
+                // a tensor-parallel piece; colocated pieces, Coshard, break it).
+                for (const auto& piece : out_.layouts[static_cast<std::size_t>(g_.tensor(grad).producer)].pieces) {
+                    const box& shard = piece.outputs[0].region;
+                    const auto& stored = out_.devices[static_cast<std::size_t>(piece.device)].parameters;
+                    if (std::none_of(stored.begin(), stored.end(), [&](const stored_piece& s) {
+                            return s.logical == param && s.region.contains(shard);
+                        }))
                         throw plan_error("plan: ZeRO-2 shards the gradient of '" + g_.tensor(param).name +
-                                         "' over data-parallel replicas, but device " + std::to_string(d) +
-                                         " does not store the whole parameter; use ZeRO-3 (which shards parameters "
-                                         "too) or replicate the ops that read it");
+                                         "' over data-parallel replicas, but device " + std::to_string(piece.device) +
+                                         " does not store the part " + shard.to_string() +
+                                         " of the parameter that its shard updates; use ZeRO-3 (which shards "
+                                         "parameters too) or place the pieces of the ops that read it on distinct devices");
+                    reqs.push_back({piece.device, shard});
                 }
-                for (const auto& piece : out_.layouts[static_cast<std::size_t>(g_.tensor(grad).producer)].pieces)
-                    reqs.push_back({piece.device, piece.outputs[0].region});
             } else {
                 for (int d = 0; d < out_.world; ++d)
                     for (const auto& s : out_.devices[static_cast<std::size_t>(d)].parameters)

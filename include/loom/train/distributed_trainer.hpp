@@ -181,7 +181,7 @@ private:
             if (!pp) throw error("distributed_trainer: gradient piece " + gp.region.to_string() + " of '" +
                                  logical.tensor(gp.logical).name + "' has no parameter piece on rank " + std::to_string(rank_));
             const partition::box update = update_region(plan_, rank_, gp.logical, gp.region);
-            if (!(update == pp->region)) shards_.push_back({pp, update, comm::group{replica_ranks(plan_, gp.logical, pp->region)}});
+            if (!(update == pp->region)) shards_.push_back({pp, update, comm::group{update_group(plan_, rank_, gp.logical, pp->region)}});
             if (update.numel() == 0) continue;
             auto value = storage_->real(pp->local);
             auto grad = storage_->real(gp.local);
@@ -199,8 +199,8 @@ private:
         }
     }
 
-    // ZeRO-1/2: every replica updated its shard; gather the shards into every full copy,
-    // among the parameter's replicas (replica_ranks), whose shards tile it in rank order.
+    // ZeRO-1/2: every replica updated its shard; gather the shards into every full copy of
+    // the piece, among the ranks whose shards tile it in rank order (update_group).
     void synchronize_shards() {
         for (const auto& [piece, shard, replicas] : shards_) {
             auto values = storage_->real(piece->local);

@@ -7,6 +7,7 @@
 // rank's share.
 #include <algorithm>
 #include <cstdint>
+#include <map>
 #include <string>
 #include <vector>
 
@@ -32,6 +33,15 @@ LOOM_INLINE std::vector<partition::box> owned_regions(const partition::partition
 // as Megatron-LM's distributed optimizer shards them).
 LOOM_INLINE std::vector<int> replica_ranks(const partition::partitioned_graph& plan, tensor_id p,
                                            const partition::box& piece);
+
+// The ranks whose updates together cover `piece` of parameter p once, in rank order, `rank`
+// among them: after the update they all-gather their shards into the piece. ZeRO-1: the
+// piece's replicas. ZeRO-2: the replicas holding distinct gradient shards of the piece;
+// where several sets of the shards exist (a layer norm that every rank of a tensor-parallel
+// group reads whole has one set per such rank), the j-th holder of each shard, j being
+// `rank`'s place among the holders of its own shard.
+LOOM_INLINE std::vector<int> update_group(const partition::partitioned_graph& plan, int rank, tensor_id p,
+                                          const partition::box& piece);
 
 // Rows of the first dim that replica `index` of `replicas` updates under ZeRO-1 (the whole
 // region when the rows do not divide evenly over the replicas).
@@ -103,6 +113,29 @@ LOOM_INLINE std::vector<int> replica_ranks(const partition::partitioned_graph& p
         if (stored) ranks.push_back(r);
     }
     return ranks;
+}
+
+LOOM_INLINE std::vector<int> update_group(const partition::partitioned_graph& plan, int rank, tensor_id p,
+                                          const partition::box& piece) {
+    std::vector<int> replicas = replica_ranks(plan, p, piece);
+    if (plan.zero != plan::zero_stage::gradients) return replicas;
+    std::map<partition::box, std::vector<int>> holders;  // shard -> its ranks, in rank order
+    const partition::box* mine = nullptr;
+    for (int r : replicas)
+        for (const auto& gp : plan.devices[static_cast<std::size_t>(r)].gradients)
+            if (gp.logical == p && piece.contains(gp.region)) {
+                auto& ranks = holders[gp.region];
+                ranks.push_back(r);
+                if (r == rank) mine = &gp.region;
+            }
+    if (!mine) return {rank};
+    const std::vector<int>& own = holders[*mine];
+    const auto j = static_cast<std::size_t>(std::find(own.begin(), own.end(), rank) - own.begin());
+    std::vector<int> group;
+    for (const auto& [shard, ranks] : holders)
+        if (j < ranks.size()) group.push_back(ranks[j]);
+    std::sort(group.begin(), group.end());
+    return group;
 }
 
 LOOM_INLINE partition::box zero1_shard(const partition::box& region, int index, int replicas) {

@@ -200,7 +200,7 @@ private:
         void* shard = nullptr;  // this rank's rows, inside the piece
         void* piece = nullptr;
         std::size_t count = 0;  // elements per rank
-        comm::group replicas;   // the ranks storing the same piece (train::replica_ranks)
+        comm::group replicas;   // the ranks whose shards tile the piece (train::update_group)
     };
     struct packed_region {
         const void* piece = nullptr;
@@ -284,7 +284,7 @@ private:
             const partition::box region = train::update_region(plan_, rank_, gp.logical, gp.region);
             if (!(region == pp->region)) {
                 const auto offset = static_cast<std::size_t>(train::offset_in(region, pp->region));
-                comm::group replicas{train::replica_ranks(plan_, gp.logical, pp->region)};
+                comm::group replicas{train::update_group(plan_, rank_, gp.logical, pp->region)};
                 const int index = replicas.index_of(rank_);
                 gathers_.push_back({pp->local, static_cast<std::byte*>(device_pointer(pp->local)) + offset * sizeof(T),
                                     device_pointer(pp->local), static_cast<std::size_t>(region.numel()), replicas});
