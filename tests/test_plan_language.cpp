@@ -60,11 +60,13 @@ void draw_recompute(plan::plan_spec& p, std::int64_t layers, rng_t& rng) {
     p.add({on, std::nullopt, std::nullopt, true, "recompute"});
 }
 
-// ZeRO-2 needs every device of a stage to store whole parameters, so it is refused with
-// tensor parallelism inside the stage (apply_plan says to use ZeRO-3): not drawn there.
-void draw_zero(plan::plan_spec& p, int group, rng_t& rng, bool tensor_parallel = false) {
+// ZeRO-2 updates each gradient shard in the piece of the parameter its device stores, so it
+// is refused where no stored piece holds the shard, Coshard's colocated pieces and the
+// interlaced pipeline's vocabulary-parallel ends (apply_plan says to use ZeRO-3): not drawn
+// there.
+void draw_zero(plan::plan_spec& p, int group, rng_t& rng, bool colocated = false) {
     if (group < 2 || pick(rng, 3) != 0) return;
-    const std::vector<int> stages = tensor_parallel ? std::vector<int>{1, 3} : std::vector<int>{1, 2, 3};
+    const std::vector<int> stages = colocated ? std::vector<int>{1, 3} : std::vector<int>{1, 2, 3};
     p.zero = static_cast<plan::zero_stage>(stages[pick(rng, stages.size())]);
 }
 
@@ -93,7 +95,7 @@ drawn draw_gpt(const models::gpt_config& c, rng_t& rng) {
     plan::plan_spec p = plan::presets::pipeline(stages, micro, order, inner);
     draw_stages(p, c.layers, stages, group, rng, interleave || interlace || pick(rng, 2) == 0);
     draw_recompute(p, c.layers, rng);
-    draw_zero(p, group, rng, within == 1 || within == 2 || interlace);
+    draw_zero(p, group, rng, within == 2 || interlace);
     return {p, "gpt"};
 }
 
