@@ -18,6 +18,7 @@
 #include <loom/plan/spaces.hpp>
 #include <loom/search/model_profile.hpp>
 #include <loom/search/plan_search.hpp>
+#include <loom/train/ownership.hpp>
 
 using namespace loom;
 
@@ -324,6 +325,25 @@ TEST_CASE("prices follow first principles") {
         CHECK(z3.devices[0].memory.bound < dp.devices[0].memory.bound);
         const double parameters = static_cast<double>(model.ir().parameter_count());
         CHECK(dp.devices[0].memory.optimizer == Approx(8 * parameters));
+    }
+    SECTION("the optimizer state priced is what the trainer updates, under tensor parallelism too") {
+        // ZeRO-1 shards each piece's update over the ranks storing that piece, ZeRO-2 updates
+        // the gradient shards: train::update_region says which part each rank updates.
+        search::price_options o;
+        o.optimizer_bytes_per_element = 12;
+        for (int zero : {0, 1, 2}) {
+            auto spec = plan::presets::megatron(2, 4);
+            spec.zero = static_cast<plan::zero_stage>(zero);
+            const auto pg = partition::apply_plan(model.ir(), spec);
+            const auto price = search::price_programs(pg, hw, o);
+            for (int d = 0; d < pg.world; ++d) {
+                double updated = 0;
+                for (const auto& gp : pg.devices[static_cast<std::size_t>(d)].gradients)
+                    updated += static_cast<double>(train::update_region(pg, d, gp.logical, gp.region).numel());
+                INFO("ZeRO-" << zero << ", device " << d);
+                CHECK(price.devices[static_cast<std::size_t>(d)].memory.optimizer == Approx(12 * updated));
+            }
+        }
     }
     SECTION("data-parallel groups crossing the same nodes share the NICs") {
         // 16 devices over 2 nodes: TP 8 inside a node, DP 2 across; the 8 DP groups share

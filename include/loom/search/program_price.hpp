@@ -476,8 +476,10 @@ LOOM_INLINE program_price price_programs(const partition::partitioned_graph& pg,
     }
 
     // Optimizer state and step: what each device updates. A piece stored on r devices is
-    // updated by each of them, or by 1/r of each under ZeRO-1 and ZeRO-2 (ZeRO-3 stores
-    // shards already).
+    // updated by each of them, or by 1/r of each under ZeRO-1 (ZeRO-3 stores shards
+    // already). Under ZeRO-2 each device updates its gradient shards, cut from its stored
+    // pieces over their data-parallel group (train::update_group: a layer norm that every
+    // tensor-parallel rank stores whole keeps one set of shards per rank).
     {
         std::map<std::pair<tensor_id, std::string>, double> copies;
         std::map<std::pair<tensor_id, std::string>, int> replica_seen;  // under folding: the first replica holding it, or -1: several
@@ -498,12 +500,26 @@ LOOM_INLINE program_price price_programs(const partition::partitioned_graph& pg,
         if (o.fold)  // a piece on several instance replicas is on every real one
             for (auto& [key, n] : copies)
                 if (replica_seen[key] == -1) n *= static_cast<double>(o.fold->real_replicas) / o.fold->instance_replicas;
-        const bool sharded = pg.zero == plan::zero_stage::optimizer || pg.zero == plan::zero_stage::gradients;
+        const bool sharded = pg.zero == plan::zero_stage::optimizer;
         for (int d = 0; d < world; ++d) {
             double elements = 0;
-            for (const auto& s : pg.devices[static_cast<std::size_t>(d)].parameters) {
-                const double n = static_cast<double>(s.region.numel());
-                elements += sharded ? n / copies[key_of(s)] : n;
+            const partition::device_part& part = pg.devices[static_cast<std::size_t>(d)];
+            if (pg.zero == plan::zero_stage::gradients) {
+                for (const auto& gp : part.gradients) {
+                    double n = static_cast<double>(gp.region.numel());
+                    // Under folding, the shards of a piece on several instance replicas are
+                    // cut over the real replicas.
+                    for (const auto& s : part.parameters)
+                        if (o.fold && s.logical == gp.logical && s.region.contains(gp.region) && !(s.region == gp.region) &&
+                            replica_seen[key_of(s)] == -1)
+                            n *= static_cast<double>(o.fold->instance_replicas) / o.fold->real_replicas;
+                    elements += n;
+                }
+            } else {
+                for (const auto& s : part.parameters) {
+                    const double n = static_cast<double>(s.region.numel());
+                    elements += sharded ? n / copies[key_of(s)] : n;
+                }
             }
             device_price& price = out.devices[static_cast<std::size_t>(d)];
             price.memory.optimizer = elements * o.optimizer_bytes_per_element;
