@@ -68,7 +68,17 @@ int main(int argc, char** argv) {
         failures += check_plan(comm, presets::sequence_parallel(n));
         for (int stage = 1; stage <= 3; ++stage) failures += check_plan(comm, presets::zero(stage, n));
         failures += check_plan(comm, presets::coshard(n, 2));
-        if (n % 2 == 0 && n > 2) failures += check_plan(comm, presets::megatron(2, n / 2));
+        if (n % 2 == 0 && n > 2) {
+            failures += check_plan(comm, presets::megatron(2, n / 2));
+            // ZeRO over Megatron's tensor-parallel pieces: each piece's update (1), gradient (2)
+            // or storage (3) sharded over its data-parallel group.
+            for (int stage = 1; stage <= 3; ++stage) {
+                auto p = presets::megatron(2, n / 2);
+                p.zero = static_cast<plan::zero_stage>(stage);
+                p.name += " + ZeRO-" + std::to_string(stage);
+                failures += check_plan(comm, p);
+            }
+        }
     } catch (const std::exception& e) {
         std::fprintf(stderr, "rank %d: %s\n", comm.rank(), e.what());
         return 1;
