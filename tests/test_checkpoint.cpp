@@ -163,6 +163,29 @@ std::vector<double> one_device_on_gpt_batches(const models::gpt_config& c, std::
     return losses;
 }
 
+// Two steps under each plan of `chain` in turn, each resuming from the checkpoint the plan
+// before saved in its directory of `dirs`, then two on one device: every loss equals one
+// device's own run (float64: the plans differ from it only in the order of summation,
+// relative 1e-9).
+void check_reshard_chain(const models::gpt_config& c, const std::vector<const plan_case*>& chain,
+                         const std::vector<fs::path>& dirs) {
+    const auto steps = static_cast<std::int64_t>(2 * (chain.size() + 1));
+    const auto reference = one_device_on_gpt_batches<double>(c, 0, steps);
+    std::vector<double> resharded;
+    for (std::size_t i = 0; i < chain.size(); ++i) {
+        const auto from = static_cast<std::int64_t>(2 * i);
+        const fs::path resume = i == 0 ? fs::path{} : *train::latest_checkpoint(dirs[i - 1]);
+        for (double l : train_plan<double>(c, *chain[i], from, from + 2, resume, dirs[i])) resharded.push_back(l);
+    }
+    for (double l : one_device_on_gpt_batches<double>(c, steps - 2, steps, *train::latest_checkpoint(dirs.back())))
+        resharded.push_back(l);
+    REQUIRE(resharded.size() == reference.size());
+    for (std::size_t s = 0; s < reference.size(); ++s) {
+        INFO("step " << s << ": " << resharded[s] << " vs one device " << reference[s]);
+        CHECK(testing::relative(resharded[s], reference[s]) <= 1e-9);
+    }
+}
+
 void flip_byte(const fs::path& file, std::uintmax_t at) {
     std::fstream f(file, std::ios::in | std::ios::out | std::ios::binary);
     f.seekg(static_cast<std::streamoff>(at));
@@ -222,39 +245,19 @@ TEST_CASE("a checkpoint of ZeRO over tensor-parallel pieces reshards: ZeRO-2, th
     const auto plan_list = plans();
     const auto &zero1 = plan_list[5], &zero2 = plan_list[6], &zero3 = plan_list[7];
     const auto a = fresh_directory("tp_zero_a"), b = fresh_directory("tp_zero_b"), d = fresh_directory("tp_zero_c");
-    const auto reference = one_device_on_gpt_batches<double>(c, 0, 8);
-    std::vector<double> resharded = train_plan<double>(c, zero2, 0, 2, {}, a);
-    for (double l : train_plan<double>(c, zero1, 2, 4, *train::latest_checkpoint(a), b)) resharded.push_back(l);
-    for (double l : train_plan<double>(c, zero3, 4, 6, *train::latest_checkpoint(b), d)) resharded.push_back(l);
-    for (double l : one_device_on_gpt_batches<double>(c, 6, 8, *train::latest_checkpoint(d))) resharded.push_back(l);
-    REQUIRE(resharded.size() == reference.size());
-    for (std::size_t s = 0; s < reference.size(); ++s) {
-        INFO("step " << s << ": " << resharded[s] << " vs one device " << reference[s]);
-        CHECK(testing::relative(resharded[s], reference[s]) <= 1e-9);
-    }
+    check_reshard_chain(c, {&zero2, &zero1, &zero3}, {a, b, d});
     for (const auto& dir : {a, b, d}) fs::remove_all(dir);
 }
 
 TEST_CASE("a checkpoint reshards: Megatron TP 4, then 2 stages x ZeRO-3 x DP 2, then 2 stages x DP 2, then ZeRO-3 x DP 2, "
           "then one device",
           "[checkpoint][plans]") {
-    // float64: plans differ from one device only in the order of summation (relative 1e-9).
     const auto c = model(0.1);
     const auto plan_list = plans();
     const auto &megatron = plan_list[0], &zero3 = plan_list[2], &pipeline = plan_list[3], &pipeline_zero3 = plan_list[4];
     const auto a = fresh_directory("reshard_a"), b = fresh_directory("reshard_b"), d = fresh_directory("reshard_c"),
                e = fresh_directory("reshard_d");
-    const auto reference = one_device_on_gpt_batches<double>(c, 0, 10);
-    std::vector<double> resharded = train_plan<double>(c, megatron, 0, 2, {}, a);
-    for (double l : train_plan<double>(c, pipeline_zero3, 2, 4, *train::latest_checkpoint(a), b)) resharded.push_back(l);
-    for (double l : train_plan<double>(c, pipeline, 4, 6, *train::latest_checkpoint(b), d)) resharded.push_back(l);
-    for (double l : train_plan<double>(c, zero3, 6, 8, *train::latest_checkpoint(d), e)) resharded.push_back(l);
-    for (double l : one_device_on_gpt_batches<double>(c, 8, 10, *train::latest_checkpoint(e))) resharded.push_back(l);
-    REQUIRE(resharded.size() == reference.size());
-    for (std::size_t s = 0; s < reference.size(); ++s) {
-        INFO("step " << s << ": " << resharded[s] << " vs one device " << reference[s]);
-        CHECK(testing::relative(resharded[s], reference[s]) <= 1e-9);
-    }
+    check_reshard_chain(c, {&megatron, &pipeline_zero3, &pipeline, &zero3}, {a, b, d, e});
     // The manifest names every shard's box and file, and each element comes from one rank.
     const auto m = io::checkpoint_manifest::read(*train::latest_checkpoint(a));
     CHECK(m.step == 2);
