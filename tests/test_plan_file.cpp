@@ -69,6 +69,20 @@ TEST_CASE("a plan with every part goes to a file and back unchanged, and gives t
     q.zero_allowed = {0, 1, 3};
     q.choose("zero", 1);
     CHECK(io::to_json(io::plan_from_json(io::to_json(q), "plan.json")) == io::to_json(q));
+
+    // Open stage boundaries with a slack, and a cut chosen: back unchanged, the same cut.
+    plan::plan_spec open = plan::presets::pipeline(2, 4);
+    open.stages->boundaries_open = "cut";
+    open.stages->boundary_slack = 1;
+    open.choices["cut"] = 2;
+    const nlohmann::json open_json = io::to_json(open, &g);
+    CHECK(open_json.at("stages").at("boundaries") == nlohmann::json{{"open", "cut"}, {"slack", 1}});
+    const plan::plan_spec open_back = io::plan_from_json(open_json, "plan.json", &g);
+    CHECK(open_back.stages->boundaries_open == "cut");
+    CHECK(open_back.stages->boundary_slack == 1);
+    CHECK(plan::open_parameters(open_back) == std::vector<std::string>{"cut"});
+    CHECK(io::to_json(open_back, &g) == open_json);
+    CHECK(partition::apply_plan(g, open_back).order == partition::apply_plan(g, open).order);
 }
 
 TEST_CASE("malformed plan files are refused naming the field and the fix", "[io][plan_file][errors]") {
@@ -100,6 +114,12 @@ TEST_CASE("malformed plan files are refused naming the field and the fix", "[io]
     check_refused(with([](auto& j) { j["order"]["alternatives"] = {"2F2B"}; }), "\"1F1B\"");
     check_refused(with([](auto& j) { j["order"]["alternatives"] = {"GPipe", "1F1B"}; }), "no \"open\" name");
     check_refused(with([](auto& j) { j["choices"]["tp"] = 2; }), "not an open parameter");
+    check_refused(with([](auto& j) { j["stages"]["boundaries"] = {{"slack", 1}}; }), "needs \"open\"");
+    check_refused(with([](auto& j) { j["stages"]["boundaries"] = {{"open", "cut"}, {"slack", -1}}; }),
+                  "stages.boundaries.slack");
+    check_refused(with([](auto& j) { j["stages"]["boundaries"] = {{"open", 3}}; }), "stages.boundaries.open");
+    check_refused(with([](auto& j) { j["stages"]["boundaries"] = {{"open", "cut"}, {"slak", 1}}; }),
+                  "unknown field \"slak\"");
 
     // A plan made for another model is refused; the same model loads.
     const graph other = models::gpt({.layers = 6, .hidden = 16, .heads = 4, .vocab = 32, .seq = 8, .batch = 8}).ir();

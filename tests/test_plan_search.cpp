@@ -4,6 +4,7 @@
 #include <catch2/catch.hpp>
 
 #include <cmath>
+#include <functional>
 #include <cstdio>
 #include <map>
 #include <string>
@@ -16,6 +17,7 @@
 #include <loom/plan/compose.hpp>
 #include <loom/plan/presets.hpp>
 #include <loom/plan/spaces.hpp>
+#include <loom/plan/stage_ranges.hpp>
 #include <loom/search/model_profile.hpp>
 #include <loom/search/plan_search.hpp>
 #include <loom/train/ownership.hpp>
@@ -74,13 +76,11 @@ struct exhaustive {
 
 exhaustive price_everything(const graph& model, const plan::plan_spec& space, const search::cluster& c,
                             const search::plan_search_options& o) {
-    const auto params = search::open_parameter_candidates(space, search::batch_of(model));
+    const auto params = search::open_parameter_candidates(
+        space, search::batch_of(model), space.stages ? plan::detail::layer_count(model, space.stages->repeat) : 0);
     const auto work = search::training_work(model, c.device, o.price);
     exhaustive out;
-    std::vector<std::size_t> at(params.size(), 0);
-    for (bool more = true; more;) {
-        plan::plan_spec candidate = space;
-        for (std::size_t i = 0; i < params.size(); ++i) candidate.choices[params[i].name] = params[i].candidates[at[i]];
+    search::for_each_assignment(space, params, [&](const plan::plan_spec& candidate) {
         try {
             const plan::resolved_plan rp = plan::resolve(candidate, model);
             const double bound = search::step_lower_bound(rp, work, o.price, &model, &c);
@@ -96,15 +96,7 @@ exhaustive price_everything(const graph& model, const plan::plan_spec& space, co
         } catch (const plan_error&) {
         } catch (const shape_error&) {
         }
-        more = false;
-        for (std::size_t i = params.size(); i-- > 0;) {
-            if (++at[i] < params[i].candidates.size()) {
-                more = true;
-                break;
-            }
-            at[i] = 0;
-        }
-    }
+    });
     return out;
 }
 
@@ -152,6 +144,116 @@ TEST_CASE("the search over a pipeline space finds the assignment that pricing ev
     const search::plan_search_result twice = search::search_plan(model.ir(), space, hw, o);
     CHECK(twice.best.choices == r.best.choices);
     CHECK(twice.stats.priced == r.stats.priced);
+}
+
+TEST_CASE("stage cuts are counted and numbered: every cut once, in order, within the slack") {
+    for (std::int64_t layers = 1; layers <= 9; ++layers)
+        for (std::int64_t ranges = 1; ranges <= layers + 1; ++ranges)
+            for (std::int64_t slack : {-1, 0, 1, 2}) {
+                // Every cut by brute force: each assignment of sizes, in lexicographic order.
+                const plan::stage_range_limits l = plan::stage_range_limits::of(layers, ranges, slack);
+                std::vector<std::vector<std::int64_t>> all;
+                std::vector<std::int64_t> sizes;
+                std::function<void(std::int64_t)> grow = [&](std::int64_t left) {
+                    if (static_cast<std::int64_t>(sizes.size()) == ranges) {
+                        if (left == 0) all.push_back(sizes);
+                        return;
+                    }
+                    for (std::int64_t s = l.lo; s <= l.hi && s <= left; ++s) {
+                        sizes.push_back(s);
+                        grow(left - s);
+                        sizes.pop_back();
+                    }
+                };
+                grow(layers);
+                INFO(layers << " layers, " << ranges << " ranges, slack " << slack);
+                REQUIRE(plan::count_stage_ranges(layers, ranges, slack) == static_cast<std::int64_t>(all.size()));
+                for (std::size_t k = 0; k < all.size(); ++k) {
+                    const auto starts = plan::stage_range_starts(layers, ranges, slack, static_cast<std::int64_t>(k));
+                    REQUIRE(starts.size() == static_cast<std::size_t>(ranges));
+                    std::int64_t first = 0;
+                    for (std::size_t r = 0; r < starts.size(); ++r) {
+                        CHECK(starts[r] == first);
+                        first += all[k][r];
+                    }
+                }
+                CHECK_THROWS_AS(plan::stage_range_starts(layers, ranges, slack, static_cast<std::int64_t>(all.size())),
+                                plan_error);
+            }
+    // The even cut is always one of them, and slack 0 leaves only the ways to place the
+    // remainder: 10 layers into 4 ranges of 2 or 3 layers, two of each.
+    CHECK(plan::count_stage_ranges(10, 4, 0) == 6);
+    CHECK(plan::count_stage_ranges(96, 4, -1) == 95 * 94 * 93 / 6);
+    CHECK(plan::count_stage_ranges(4096, 64, -1) == plan::count_limit);  // saturates
+}
+
+TEST_CASE("open stage boundaries resolve to the cut chosen, and every mistake says which") {
+    const auto model = small_gpt();  // 4 layers
+    constexpr auto space = plan::compose(plan::devices<2>, plan::stages<2>, plan::open_stage_boundaries<"cut">,
+                                         plan::micro_batches<2>, plan::order<plan::OneFOneB>);
+    CHECK(space.open_parameters() == std::vector<std::string>{"cut"});
+    // Cut k of 4 layers into 2 ranges puts k + 1 layers on the first stage; the programs are
+    // those of the same boundaries written by hand.
+    for (std::int64_t k = 0; k < 3; ++k) {
+        plan::plan_spec by_hand = space.spec();
+        by_hand.stages->boundaries_open.clear();
+        by_hand.stages->boundaries = {k + 1};
+        const search::program_price a = search::price_programs(partition::apply_plan(model.ir(), space.choose("cut", k).spec()), search::dgx_a100(1));
+        const search::program_price b = search::price_programs(partition::apply_plan(model.ir(), by_hand), search::dgx_a100(1));
+        CHECK(a.step_seconds == b.step_seconds);
+        CHECK(a.devices[0].compute == b.devices[0].compute);
+        CHECK(a.devices[1].memory.arena == b.devices[1].memory.arena);
+    }
+    CHECK_THROWS_WITH(plan::resolve(space.spec(), model.ir()), Catch::Contains("open boundaries 'cut' have no value") &&
+                                                                   Catch::Contains("0..2"));
+    CHECK_THROWS_WITH(plan::resolve(space.choose("cut", 3).spec(), model.ir()),
+                      Catch::Contains("'cut'") && Catch::Contains("does not exist: there are 3"));
+    plan::plan_spec both = space.choose("cut", 0).spec();
+    both.stages->boundaries = {2};
+    CHECK_THROWS_WITH(plan::resolve(both, model.ir()), Catch::Contains("both given and open"));
+    plan::plan_spec tight = plan::presets::pipeline(4, 4, {plan::schedule_kind::interleaved, 2});
+    tight.stages->boundaries_open = "cut";
+    tight.choices["cut"] = 0;
+    CHECK_THROWS_WITH(plan::resolve(tight, model.ir()), Catch::Contains("4 layers do not cut into 8 ranges"));
+}
+
+TEST_CASE("the search chooses the stage boundaries, as pricing every cut would") {
+    // A vocabulary large enough that the head outweighs a layer: the best cut moves layers
+    // off the last stage.
+    const auto model = models::gpt({.layers = 6, .hidden = 64, .heads = 4, .vocab = 4096, .seq = 32, .batch = 8});
+    plan::plan_spec space = plan::presets::pipeline(2, 4, {plan::schedule_kind::one_f_one_b});
+    space.stages->boundaries_open = "cut";
+    const search::cluster hw = slow_node();
+    search::plan_search_options o;
+    const exhaustive all = price_everything(model.ir(), space, hw, o);
+    CHECK(all.legal == 5);
+    const search::plan_search_result r = search::search_plan(model.ir(), space, hw, o);
+    INFO(r.explain());
+    CHECK(r.best.price.step_seconds == Approx(all.best_step).epsilon(1e-12));
+    CHECK(r.best.choices == all.best);
+    CHECK(r.gap == 0);
+    // The filled plan names its boundaries, as if written by hand, and prices the same.
+    REQUIRE(r.plan.stages);
+    CHECK(r.plan.stages->boundaries_open.empty());
+    CHECK(r.plan.choices.count("cut") == 0);
+    REQUIRE(r.plan.stages->boundaries.size() == 1);
+    CHECK(r.plan.stages->boundaries[0] > 3);  // more layers before the head's stage than after
+    CHECK(search::price_programs(partition::apply_plan(model.ir(), r.plan), hw, o.price).step_seconds ==
+          r.best.price.step_seconds);
+    const std::int64_t first = r.plan.stages->boundaries[0];
+    CHECK(r.explain().find("cut = " + std::to_string(first) + " + " + std::to_string(6 - first) + " layers") !=
+          std::string::npos);
+
+    // With the stage count open too, each count has its own cuts; a slack narrows them.
+    plan::plan_spec open_count = space;
+    open_count.devices = 4;
+    open_count.stages->count = {1, "pp", {}};
+    open_count.stages->boundary_slack = 0;  // one cut at 1 and 2 stages; at 4, the 6 orders of 2 + 2 + 1 + 1
+    const auto params = search::open_parameter_candidates(open_count, 8, 6);
+    std::map<std::int64_t, int> cuts_per_stage_count;
+    search::for_each_assignment(open_count, params, [&](const plan::plan_spec& c) { ++cuts_per_stage_count[c.choices.at("pp")]; });
+    CHECK(cuts_per_stage_count == std::map<std::int64_t, int>{{1, 1}, {2, 1}, {4, 6}});
+    CHECK(price_everything(model.ir(), open_count, hw, o).legal > 3);
 }
 
 TEST_CASE("the bound never exceeds the programs' price, on every leaf of several spaces") {

@@ -4354,7 +4354,7 @@ constexpr text first_plan_error(const plan_view& p) {
             if (p.facts[i].kind == fact_kind::boundaries) boundaries_fact = i;
         if (boundaries_fact && !stages_fact)
             return concat(p.facts[*boundaries_fact].spelling, ": boundaries without plan::stages<N>; add the stage count");
-        if (boundaries_fact && p.facts[*stages_fact].degree.known) {
+        if (boundaries_fact && p.facts[*boundaries_fact].value >= 0 && p.facts[*stages_fact].degree.known) {
             const std::int64_t chunks = p.facts[*stages_fact].degree.value *
                                         (order_fact && p.facts[*order_fact].chunks > 0 ? p.facts[*order_fact].chunks : 1);
             if (p.facts[*boundaries_fact].value != chunks - 1)
@@ -5861,6 +5861,11 @@ struct stage_spec {
     degree_spec count{1, "", {}};            // device groups (an open parameter when named)
     std::vector<std::int64_t> boundaries;    // the first layer of every range after the first; empty: even
     std::int64_t devices_per_stage = 0;
+    // The ranges as an open parameter of this name: its value numbers one cut of the layers
+    // (plan/stage_ranges.hpp), each range within `boundary_slack` layers of the even cut
+    // (negative: any size). The searcher tries every cut; the filled plan gives boundaries.
+    std::string boundaries_open;
+    std::int64_t boundary_slack = -1;
 };
 
 // The one plan value at run time: what plan::compose(...) lowers to, what presets return,
@@ -5984,6 +5989,7 @@ LOOM_INLINE std::vector<std::string> open_parameters(const plan_spec& p) {
     add(p.micro_batches.open);
     if (p.order.alternatives.size() > 1) add(p.order.open);
     add(p.zero_open);
+    if (p.stages) add(p.stages->boundaries_open);
     return names;
 }
 
@@ -6197,6 +6203,7 @@ concept plan_fact = requires {
 //                                 on its own group of devices / 4 devices
 //   stages<open<Pow2<1, 8>, "pp">, 2>   an open stage count, 2 devices per stage
 //   stage_boundaries<3, 10, 11>   explicit ranges: the first layer of every stage after the first
+//   open_stage_boundaries<"cut", 1>  ranges the searcher chooses, each within 1 layer of even
 //   micro_batches<8>              op-trans: every op cut along the batch into 8, outermost
 //   order<OneFOneB>               op-order of the (stage, micro-batch, pass) blocks
 //   order<one_of<GPipe, OneFOneB, Interleaved<2>>>   an open choice, named "order"
@@ -6274,6 +6281,28 @@ struct stage_boundaries_t {
 
 template <std::int64_t... FirstLayers>
 inline constexpr stage_boundaries_t<FirstLayers...> stage_boundaries{};
+
+// Open stage ranges (with plan::stages): the searcher chooses where every stage starts, as
+// Alpa does. Each range holds within Slack layers of the even cut (a negative Slack: any
+// size from one layer); the open parameter's value numbers one cut (plan/stage_ranges.hpp).
+template <fixed_string Name = "boundaries", std::int64_t Slack = -1>
+struct open_stage_boundaries_t {
+    static_assert(!Name.view().empty(), "plan::open_stage_boundaries: give the open parameter a name");
+    static constexpr detail::static_text spelling{
+        detail::concat("plan::open_stage_boundaries<\"", Name.view(), "\"",
+                       Slack >= 0 ? detail::concat(", ", Slack) : detail::text(), ">")};
+    // value -1: the number of boundaries is the search's to choose; target: the open name.
+    static constexpr detail::fact_view fact{detail::fact_kind::boundaries, -1, {}, {}, Name.view(), spelling.view()};
+    static void lower(plan_spec& p) {
+        stage_spec& s = p.stages ? *p.stages : p.stages.emplace();
+        s.boundaries.clear();
+        s.boundaries_open = std::string(Name.view());
+        s.boundary_slack = Slack;
+    }
+};
+
+template <fixed_string Name = "boundaries", std::int64_t Slack = -1>
+inline constexpr open_stage_boundaries_t<Name, Slack> open_stage_boundaries{};
 
 // ---- the outermost batch split -------------------------------------------------------------
 
@@ -6949,6 +6978,112 @@ LOOM_INLINE plan_spec coshard(int tp, int c, const transformer_names& names) {
 }  // namespace loom::plan::presets
 #endif  // LOOM_HEADER_DEFINITIONS
 // ---- end loom/plan/presets.hpp ----
+// ---- begin loom/plan/stage_ranges.hpp ----
+// The ways to cut a model's layers into a pipeline's ranges, counted and numbered, so that
+// stage boundaries can be an open parameter like any number of a plan: its value is the
+// number of one cut, and the searcher tries them all.
+//
+//   stage_range_limits l = stage_range_limits::of(8, 3, 1);  // 8 layers, 3 ranges, slack 1
+//   l.lo, l.hi                        each range holds 1 to 4 layers (2 or 3 is even, +-1)
+//   count_stage_ranges(8, 3, 1)       how many cuts: 15
+//   stage_range_starts(8, 3, 1, k)    cut number k: the first layer of every range
+//
+// Numbering is lexicographic in the ranges' sizes, smallest first sizes first: cut 0 of
+// 8 layers into 3 ranges at slack 1 is 1 + 3 + 4 layers (starts 0, 1, 4). Counts saturate
+// at count_limit, far past anything a search could try.
+#include <cstdint>
+#include <string>
+#include <vector>
+
+
+namespace loom::plan {
+
+// What each range may hold: the even cut's sizes (layers / ranges, rounded down and up)
+// widened by `slack` layers each way; a negative slack allows any size from 1.
+struct stage_range_limits {
+    std::int64_t lo = 1;
+    std::int64_t hi = 1;
+
+    static stage_range_limits of(std::int64_t layers, std::int64_t ranges, std::int64_t slack) {
+        if (slack < 0) return {1, layers};
+        const std::int64_t floor = layers / ranges, ceil = (layers + ranges - 1) / ranges;
+        return {floor - slack < 1 ? 1 : floor - slack, ceil + slack};
+    }
+};
+
+inline constexpr std::int64_t count_limit = std::int64_t{1} << 62;
+
+namespace detail {
+
+// ways[k][n]: the cuts of n layers into k ranges of lo..hi layers each, saturating.
+inline std::vector<std::vector<std::int64_t>> range_cut_table(std::int64_t layers, std::int64_t ranges,
+                                                              stage_range_limits l) {
+    std::vector<std::vector<std::int64_t>> ways(static_cast<std::size_t>(ranges) + 1,
+                                                std::vector<std::int64_t>(static_cast<std::size_t>(layers) + 1, 0));
+    ways[0][0] = 1;
+    for (std::int64_t k = 1; k <= ranges; ++k)
+        for (std::int64_t n = 0; n <= layers; ++n) {
+            std::int64_t sum = 0;
+            for (std::int64_t s = l.lo; s <= l.hi && s <= n; ++s) {
+                sum += ways[static_cast<std::size_t>(k - 1)][static_cast<std::size_t>(n - s)];
+                if (sum >= count_limit) {
+                    sum = count_limit;
+                    break;
+                }
+            }
+            ways[static_cast<std::size_t>(k)][static_cast<std::size_t>(n)] = sum;
+        }
+    return ways;
+}
+
+inline void check_range_arguments(std::int64_t layers, std::int64_t ranges) {
+    if (layers < 1 || ranges < 1)
+        throw plan_error("plan: cutting " + std::to_string(layers) + " layers into " + std::to_string(ranges) +
+                         " stage ranges; both must be at least 1");
+}
+
+}  // namespace detail
+
+// How many ways there are to cut `layers` layers into `ranges` ranges within the slack
+// (0 when none: more ranges than layers, or a slack too tight to sum to the layers).
+inline std::int64_t count_stage_ranges(std::int64_t layers, std::int64_t ranges, std::int64_t slack) {
+    detail::check_range_arguments(layers, ranges);
+    return detail::range_cut_table(layers, ranges, stage_range_limits::of(layers, ranges, slack))
+        [static_cast<std::size_t>(ranges)][static_cast<std::size_t>(layers)];
+}
+
+// Cut number `index` (0 <= index < count_stage_ranges(...)): the first layer of every range.
+inline std::vector<std::int64_t> stage_range_starts(std::int64_t layers, std::int64_t ranges, std::int64_t slack,
+                                                    std::int64_t index) {
+    detail::check_range_arguments(layers, ranges);
+    const stage_range_limits l = stage_range_limits::of(layers, ranges, slack);
+    const auto ways = detail::range_cut_table(layers, ranges, l);
+    const std::int64_t count = ways[static_cast<std::size_t>(ranges)][static_cast<std::size_t>(layers)];
+    if (index < 0 || index >= count)
+        throw plan_error("plan: stage cut number " + std::to_string(index) + " of " + std::to_string(layers) +
+                         " layers into " + std::to_string(ranges) + " ranges" +
+                         (slack < 0 ? std::string() : " within " + std::to_string(slack) + " layers of even") +
+                         " does not exist: there are " + std::to_string(count) + (count ? " (0.." + std::to_string(count - 1) + ")" : "") +
+                         "; choose one of them" + (count ? "" : ", fewer ranges or a wider slack"));
+    std::vector<std::int64_t> starts;
+    std::int64_t first = 0, left = layers;
+    for (std::int64_t k = ranges; k >= 1; --k) {
+        starts.push_back(first);
+        for (std::int64_t s = l.lo; s <= l.hi && s <= left; ++s) {
+            const std::int64_t after = ways[static_cast<std::size_t>(k - 1)][static_cast<std::size_t>(left - s)];
+            if (index < after) {
+                first += s;
+                left -= s;
+                break;
+            }
+            index -= after;
+        }
+    }
+    return starts;
+}
+
+}  // namespace loom::plan
+// ---- end loom/plan/stage_ranges.hpp ----
 // ---- begin loom/schedule/templates.hpp ----
 // The classic pipeline schedules, each written as order constraints (nnScaler's op-order with
 // offsets) and built by the list scheduler (from_constraints.hpp). With S stages, stage s,
@@ -8187,7 +8322,10 @@ LOOM_INLINE zero_stage chosen_zero(const plan_spec& p);
 LOOM_INLINE std::optional<order_policy> chosen_order(const plan_spec& p);
 
 // The first layer of every range, checked: strictly increasing, inside the model, the first 0.
-LOOM_INLINE std::vector<std::int64_t> stage_starts(const stage_spec& st, std::int64_t layers, int chunks);
+// The first layer of each of `chunks` ranges of `layers` layers: even, at the given
+// boundaries, or the cut that the open boundaries' choice numbers.
+LOOM_INLINE std::vector<std::int64_t> stage_starts(const stage_spec& st, const std::map<std::string, std::int64_t>& choices,
+                                                   std::int64_t layers, int chunks);
 
 }  // namespace detail
 
@@ -8312,8 +8450,31 @@ LOOM_INLINE std::optional<order_policy> chosen_order(const plan_spec& p) {
     return alternatives[static_cast<std::size_t>(it->second)];
 }
 
-LOOM_INLINE std::vector<std::int64_t> stage_starts(const stage_spec& st, std::int64_t layers, int chunks) {
+LOOM_INLINE std::vector<std::int64_t> stage_starts(const stage_spec& st, const std::map<std::string, std::int64_t>& choices,
+                                                   std::int64_t layers, int chunks) {
     const std::string what = "plan::stages on '" + st.repeat + "'";
+    if (!st.boundaries_open.empty()) {
+        if (!st.boundaries.empty())
+            throw plan_error(what + ": the boundaries are both given and open ('" + st.boundaries_open +
+                             "'); give them, or leave them open, not both");
+        const auto it = choices.find(st.boundaries_open);
+        const std::int64_t count = count_stage_ranges(layers, chunks, st.boundary_slack);
+        if (count == 0)
+            throw plan_error(what + ", open boundaries '" + st.boundaries_open + "': " + std::to_string(layers) +
+                             " layers do not cut into " + std::to_string(chunks) + " ranges" +
+                             (st.boundary_slack < 0 ? std::string()
+                                                    : " within " + std::to_string(st.boundary_slack) + " layers of even") +
+                             "; use fewer stages (times chunks)" + (st.boundary_slack < 0 ? "" : " or a wider slack"));
+        if (it == choices.end())
+            throw plan_error(what + ": the open boundaries '" + st.boundaries_open + "' have no value; choose a cut 0.." +
+                             std::to_string(count - 1) + " of " + std::to_string(layers) + " layers into " +
+                             std::to_string(chunks) + " ranges (plan/stage_ranges.hpp), or let search::search_plan choose");
+        try {
+            return stage_range_starts(layers, chunks, st.boundary_slack, it->second);
+        } catch (const plan_error& e) {
+            throw plan_error(what + ", open boundaries '" + st.boundaries_open + "': " + e.what());
+        }
+    }
     std::vector<std::int64_t> starts;
     if (st.boundaries.empty()) {
         if (layers < chunks)
@@ -8393,7 +8554,7 @@ LOOM_INLINE resolved_plan resolve(const plan_spec& p, const graph& g) {
         throw plan_error("plan::stages: the model has no repeated layers named '" + st.repeat +
                          "'; name the repeat the model records (graph_builder::repeat), e.g. stages on \"blocks\"");
     const int chunks = static_cast<int>(stages) * chunks_per_group;
-    const std::vector<std::int64_t> starts = detail::stage_starts(st, layers, chunks);
+    const std::vector<std::int64_t> starts = detail::stage_starts(st, p.choices, layers, chunks);
 
     detail::pipeline_spec ps;
     ps.repeat = st.repeat;
@@ -8812,7 +8973,7 @@ constexpr text first_part_error() {
                           " is a trans, assign, colocate or recompute without a selector; wrap it in one: "
                           "on_all(...), on<Op>(...), on_name<\"glob\">(...)");
         return concat("plan::compose: argument ", i + 1,
-                      " is not a plan part; pass rules (on..., on_all), pipeline parts (stages, stage_boundaries, "
+                      " is not a plan part; pass rules (on..., on_all), pipeline parts (stages, stage_boundaries, open_stage_boundaries, "
                       "micro_batches, order), constraints (devices, extent, forbid, zero, colocation_requires_recompute) "
                       "or a plan made at run time (a preset's plan_spec)");
     }
@@ -8872,6 +9033,7 @@ std::vector<std::string> open_parameters_of() {
             add(f.degree.name.empty() ? "micro_batches" : std::string(f.degree.name));
         if (f.kind == fact_kind::order && !f.target.empty()) add(std::string(f.target));
         if (f.kind == fact_kind::zero && open) add(f.degree.name.empty() ? "zero" : std::string(f.degree.name));
+        if (f.kind == fact_kind::boundaries && f.value < 0) add(std::string(f.target));
     }
     return names;
 }
@@ -9191,17 +9353,21 @@ LOOM_INLINE void require_open_parameter(const std::vector<std::string>& names, c
 //   megatron(n)   Megatron-LM: tensor x pipeline x data parallelism, even stages, 1F1B or
 //                 interleaved 1F1B (2 chunks), every layer recomputed
 //   deepspeed(n)  DeepSpeed: ZeRO-3 with tensor and data parallelism
-//   alpa(n)       Alpa's inter- and intra-operator levels: stages, with tensor x data
-//                 parallelism inside them, ordered 1F1B. Alpa searches the stages'
-//                 boundaries too; here stages are even (boundaries are not an open
-//                 parameter yet).
+//   alpa(n)       Alpa's inter- and intra-operator levels: stages whose boundaries are
+//                 searched too, with tensor x data parallelism inside them, ordered 1F1B
 //   nnscaler(n)   all of the above, with the ZeRO stage, GPipe, 1F1B, interleaved, 3F1B,
-//                 the interlaced pipeline and the recomputation of the layers as open choices. The assignments a model cannot
+//                 the interlaced pipeline, the recomputation of the layers and the
+//                 stages' boundaries as open choices. The assignments a model cannot
 //                 run (3F1B without three forward rounds, interleaving without enough
 //                 layers) are refused by the search, which says why.
 //
 // Open parameters: "tp", "dp" (degrees inside a stage), "pp" (stages), "mb" (micro-batches),
-// "order", "zero" and "recompute". Their candidates are every divisor (search::open_parameter_candidates).
+// "order", "zero", "recompute" and "boundaries". Their candidates are every divisor
+// (search::open_parameter_candidates); the boundaries' are every cut of the layers whose
+// ranges lie within `boundary_slack` layers of the even cut (default 1: enough to move a
+// layer off the stage that also holds the embedding or the head; -1: any cut, as Alpa).
+// Narrow any of them by giving it a range, as for any plan.
+#include <optional>
 #include <string>
 
 
@@ -9217,7 +9383,10 @@ inline plan_spec tensor_and_data(int devices) {
     return p;
 }
 
-LOOM_INLINE plan_spec with_pipeline(plan_spec p, std::vector<order_policy> orders);
+// Open stages, micro-batches and order (an open choice among several `orders`); the stage
+// boundaries open too when `boundary_slack` is given (negative: any cut).
+LOOM_INLINE plan_spec with_pipeline(plan_spec p, std::vector<order_policy> orders,
+                                    std::optional<std::int64_t> boundary_slack = std::nullopt);
 
 LOOM_INLINE rule recompute_every_layer();
 
@@ -9227,13 +9396,13 @@ LOOM_INLINE plan_spec megatron(int devices);
 
 LOOM_INLINE plan_spec deepspeed(int devices);
 
-inline plan_spec alpa(int devices) {
-    plan_spec p = detail::with_pipeline(detail::tensor_and_data(devices), {{schedule_kind::one_f_one_b}});
-    p.name = "Alpa space: stages with TP x DP inside";
+inline plan_spec alpa(int devices, std::int64_t boundary_slack = 1) {
+    plan_spec p = detail::with_pipeline(detail::tensor_and_data(devices), {{schedule_kind::one_f_one_b}}, boundary_slack);
+    p.name = "Alpa space: stages with searched boundaries, TP x DP inside";
     return p;
 }
 
-LOOM_INLINE plan_spec nnscaler(int devices);
+LOOM_INLINE plan_spec nnscaler(int devices, std::int64_t boundary_slack = 1);
 
 // A space by name: megatron, deepspeed, alpa or nnscaler.
 LOOM_INLINE plan_spec by_name(const std::string& name, int devices);
@@ -9245,9 +9414,14 @@ LOOM_INLINE plan_spec by_name(const std::string& name, int devices);
 
 namespace loom::plan::spaces::detail {
 
-LOOM_INLINE plan_spec with_pipeline(plan_spec p, std::vector<order_policy> orders) {
+LOOM_INLINE plan_spec with_pipeline(plan_spec p, std::vector<order_policy> orders,
+                                    std::optional<std::int64_t> boundary_slack) {
     stage_spec s;
     s.count = open_degree("pp");
+    if (boundary_slack) {
+        s.boundaries_open = "boundaries";
+        s.boundary_slack = *boundary_slack;
+    }
     p.stages = s;
     p.micro_batches = open_degree("mb");
     p.order.alternatives = std::move(orders);
@@ -9281,20 +9455,21 @@ LOOM_INLINE plan_spec deepspeed(int devices) {
     return p;
 }
 
-LOOM_INLINE plan_spec nnscaler(int devices) {
+LOOM_INLINE plan_spec nnscaler(int devices, std::int64_t boundary_slack) {
     plan_spec p = detail::with_pipeline(detail::tensor_and_data(devices),
                                         {{schedule_kind::gpipe},
                                          {schedule_kind::one_f_one_b},
                                          {schedule_kind::interleaved, 2},
                                          {schedule_kind::three_f_one_b},
-                                         {schedule_kind::interlaced}});
+                                         {schedule_kind::interlaced}},
+                                        boundary_slack);
     p.zero_open = "zero";
     p.zero_allowed = {0, 1, 2, 3};
     rule recompute = detail::recompute_every_layer();
     recompute.recompute.reset();
     recompute.recompute_open = "recompute";
     p.add(std::move(recompute));
-    p.name = "nnScaler space: TP x PP x DP, every order, ZeRO 0-3, recompute or not";
+    p.name = "nnScaler space: TP x PP x DP, searched stage boundaries, every order, ZeRO 0-3, recompute or not";
     return p;
 }
 
@@ -15969,7 +16144,8 @@ LOOM_INLINE std::string search_result::explain() const {
 //   extrapolated linearly in 1/D.
 // Layer and micro-batch folding are extrapolations: tests hold them to a few percent of the
 // full programs' price; replica folding is exact up to the loss's copies (tested).
-// A plan folds when its stages are even (no explicit boundaries), its layer-range selectors
+// A plan folds when its stages are even (no explicit boundaries, or open ones whose chosen
+// cut is the even one), its layer-range selectors
 // either cover every layer or none, and its data-parallel degree (the degree of its
 // splits along Dim::Batch) is the same in every rule. Otherwise, or when the model is small
 // enough, the instance is the real plan and the price exact.
@@ -17002,9 +17178,16 @@ LOOM_INLINE std::vector<std::int64_t> instance_micro_batches(const fold_shape& s
 // the real count when that is no more. Not fewer: with few layers per stage the peak of
 // memory lies where the logits are, and the line through two such instances misses the
 // layers' slope (a 3.6B GPT at TP 2 holds the same arena with 2 and 3 layers, then grows
-// 0.19 GiB per layer from 4 on). Throws plan_error when the stages or interleaved chunks
-// do not split the layers evenly.
+// 0.19 GiB per layer from 4 on). Throws plan_error when the layers fold (even stages) but
+// the stages or interleaved chunks do not split them evenly. Layers that do not fold (given
+// or open boundaries) are priced at the real depth.
 LOOM_INLINE std::vector<std::int64_t> instance_layers(const model_family& m, const fold_shape& s);
+
+// The layers of the instance graph with `layers_per_stage` (one of instance_layers): the
+// real model's when the layers do not fold.
+inline std::int64_t instance_depth(const model_family& m, const fold_shape& s, std::int64_t layers_per_stage) {
+    return s.layers_fold ? layers_per_stage * s.stages : m.layers;
+}
 
 // Whether plan p folds its data-parallel replicas: more than 2 of them, one degree in every
 // rule, a batch they divide, and, when they shard gradients or parameters (ZeRO-2 or 3),
@@ -17078,6 +17261,21 @@ LOOM_INLINE fold_shape shape_of(const plan::plan_spec& p, const model_family& m)
         s.micro_batches_fold = order->kind == plan::schedule_kind::gpipe || order->kind == plan::schedule_kind::one_f_one_b ||
                                order->kind == plan::schedule_kind::interleaved;
     }
+    if (p.stages && !p.stages->boundaries_open.empty()) {
+        // Open boundaries fold when the chosen cut is the even one.
+        const std::int64_t chunks = s.stages * s.chunk_layers;
+        if (chunks < 1 || m.layers % chunks != 0) {
+            s.layers_fold = false;
+        } else {
+            try {
+                const auto starts = plan::detail::stage_starts(*p.stages, p.choices, m.layers, static_cast<int>(chunks));
+                for (std::int64_t k = 0; k < chunks; ++k)
+                    if (starts[static_cast<std::size_t>(k)] != k * (m.layers / chunks)) s.layers_fold = false;
+            } catch (const plan_error&) {
+                s.layers_fold = false;  // plan::resolve refuses the cut, with the reason
+            }
+        }
+    }
     s.micro_batches = plan::degree_value(p.micro_batches, p, "the micro-batch count");
     for (const plan::rule& r : p.rules) {
         if (!r.on.repeat.empty() && !(r.on.first_layer == 0 && (r.on.last_layer < 0 || r.on.last_layer >= m.layers - 1)))
@@ -17103,6 +17301,11 @@ LOOM_INLINE std::vector<std::int64_t> instance_micro_batches(const fold_shape& s
 LOOM_INLINE plan::plan_spec instance_plan(const plan::plan_spec& p, const fold_shape& s, std::int64_t replicas,
                                           std::int64_t micro_batches) {
     plan::plan_spec out = p;
+    if (s.layers_fold && out.stages && !out.stages->boundaries_open.empty()) {
+        // The even cut (shape_of): even in the instance too.
+        out.choices.erase(out.stages->boundaries_open);
+        out.stages->boundaries_open.clear();
+    }
     if (out.micro_batches.open.empty()) out.micro_batches.value = micro_batches;
     else out.choices[out.micro_batches.open] = micro_batches;
     for (plan::rule& r : out.rules) {
@@ -17123,6 +17326,7 @@ LOOM_INLINE plan::plan_spec instance_plan(const plan::plan_spec& p, const fold_s
 }
 
 LOOM_INLINE std::vector<std::int64_t> instance_layers(const model_family& m, const fold_shape& s) {
+    if (!s.layers_fold) return {m.layers / s.stages};  // the real model (instance_depth); its ranges resolve as given
     if (m.layers % s.stages != 0)
         throw plan_error("price_folded: " + std::to_string(m.layers) + " layers of '" + m.repeat + "' do not split into " +
                          std::to_string(s.stages) + " equal stages; folding prices even stages (choose a stage count "
@@ -17176,10 +17380,10 @@ LOOM_INLINE folded_price price_folded(const model_family& m, const plan::plan_sp
             const plan::plan_spec instance = instance_plan(p, s, replicas, micro_batches);
             auto& row = priced[r].emplace_back();
             for (std::int64_t layers : out.instance_layers) {
-                const graph g = m.forward(layers * s.stages, samples * replicas * micro_batches);
+                const graph g = m.forward(instance_depth(m, s, layers), samples * replicas * micro_batches);
                 std::optional<replica_fold> fold;
                 if (replicas != s.replicas) {
-                    const graph real_shape = m.forward(layers * s.stages, samples * s.replicas * micro_batches);
+                    const graph real_shape = m.forward(instance_depth(m, s, layers), samples * s.replicas * micro_batches);
                     fold = detail::match_replicas(plan::resolve(instance, g),
                                                   plan::resolve(instance_plan(p, s, s.replicas, micro_batches), real_shape),
                                                   replicas, s.replicas);
@@ -17967,12 +18171,22 @@ struct search_error : error {
 
 // One open parameter of a plan and the values the search tries.
 struct open_parameter {
-    enum class kind : std::uint8_t { recompute, degree, stages, micro_batches, order, zero };
+    enum class kind : std::uint8_t { recompute, degree, stages, micro_batches, order, zero, boundaries };
     std::string name;
     kind what = kind::degree;
-    std::vector<std::int64_t> candidates;
+    std::vector<std::int64_t> candidates;  // boundaries: none here, the cuts depend on the stages chosen
     std::vector<std::string> labels;  // orders: each alternative's name
+    std::int64_t layers = 0;          // boundaries: the layers of the stages' repeat
+    std::int64_t slack = -1;          // boundaries: each range within this many layers of even (-1: any)
+    // boundaries: the cut that a whole assignment chooses, as the layers of each range
+    // ("5 + 1 layers"); a cut's number alone means nothing without the stages chosen.
+    std::function<std::string(const std::map<std::string, std::int64_t>&)> describe;
 };
+
+// Open stage boundaries with more cuts than this at one stage count are not tried: the
+// search refuses those assignments, saying to narrow the boundaries with a slack.
+inline constexpr std::int64_t max_boundary_cuts = 100000;
+inline constexpr std::int64_t too_many_cuts = -1;  // the boundaries' one candidate then
 
 LOOM_INLINE std::vector<std::int64_t> divisors_of(std::int64_t n);
 
@@ -17983,8 +18197,20 @@ inline std::int64_t batch_of(const graph& model) {
     return 1;
 }
 
-// Every open parameter of `space` with its candidate values, for a model of `batch` samples.
-LOOM_INLINE std::vector<open_parameter> open_parameter_candidates(const plan::plan_spec& space, std::int64_t batch);
+// Every open parameter of `space` with its candidate values, for a model of `batch` samples
+// and `layers` layers in the stages' repeat (needed when the stage boundaries are open).
+LOOM_INLINE std::vector<open_parameter> open_parameter_candidates(const plan::plan_spec& space, std::int64_t batch,
+                                                                  std::int64_t layers = 0);
+
+// The candidates of open parameter p once the earlier parameters are chosen in `candidate`:
+// its own, or for open boundaries every cut of the layers into the ranges that the chosen
+// stage count and order make ({0} when they make none: plan::resolve then says why).
+LOOM_INLINE std::vector<std::int64_t> candidates_given(const open_parameter& p, const plan::plan_spec& candidate);
+
+// Every assignment of `params` in enumeration order (an odometer, the last parameter turning
+// fastest): fn gets `space` with those choices.
+LOOM_INLINE void for_each_assignment(const plan::plan_spec& space, const std::vector<open_parameter>& params,
+                                     const std::function<void(const plan::plan_spec&)>& fn);
 
 LOOM_INLINE std::string value_text(const open_parameter& p, std::int64_t v);
 
@@ -18091,6 +18317,10 @@ namespace detail {
 
 // The search itself, over the assignments of `params`: `bound` gives an assignment's lower
 // bound (throwing plan_error or shape_error to refuse it), `price` its programs' price.
+// Open stage boundaries made explicit in plan p (a filled plan): the boundaries of its chosen
+// cut, the open parameter and its choice removed, so that the plan reads as written by hand.
+LOOM_INLINE void concrete_boundaries(plan::plan_spec& p, const std::vector<open_parameter>& params);
+
 using bound_function = std::function<double(const plan::plan_spec&)>;
 using price_function = std::function<program_price(const plan::plan_spec&)>;
 LOOM_INLINE plan_search_result search_assignments(const plan::plan_spec& space, std::vector<open_parameter> params,
@@ -18113,7 +18343,8 @@ LOOM_INLINE std::vector<std::int64_t> divisors_of(std::int64_t n) {
     return out;
 }
 
-LOOM_INLINE std::vector<open_parameter> open_parameter_candidates(const plan::plan_spec& space, std::int64_t batch) {
+LOOM_INLINE std::vector<open_parameter> open_parameter_candidates(const plan::plan_spec& space, std::int64_t batch,
+                                                                  std::int64_t layers) {
     std::vector<open_parameter> out;
     auto find = [&](const std::string& name) -> open_parameter* {
         for (auto& p : out)
@@ -18153,15 +18384,79 @@ LOOM_INLINE std::vector<open_parameter> open_parameter_candidates(const plan::pl
     if (!space.zero_open.empty() && !find(space.zero_open))
         out.push_back({space.zero_open, open_parameter::kind::zero,
                        space.zero_allowed.empty() ? std::vector<std::int64_t>{0, 1, 2, 3} : space.zero_allowed, {}});
+    // Last: its cuts depend on the stage count and the order chosen before it.
+    if (space.stages && !space.stages->boundaries_open.empty() && !find(space.stages->boundaries_open)) {
+        if (layers < 1)
+            throw search_error("search_plan: the stage boundaries '" + space.stages->boundaries_open +
+                               "' are open, but the model has no layers named '" + space.stages->repeat +
+                               "' to cut; name the repeat the model records in plan::stages");
+        open_parameter p{space.stages->boundaries_open, open_parameter::kind::boundaries, {}, {}};
+        p.layers = layers;
+        p.slack = space.stages->boundary_slack;
+        p.describe = [space, layers](const std::map<std::string, std::int64_t>& choices) -> std::string {
+            plan::plan_spec chosen = space;
+            chosen.choices = choices;
+            try {
+                std::int64_t ranges = plan::degree_value(chosen.stages->count, chosen, "plan::stages");
+                if (const auto order = plan::detail::chosen_order(chosen); order && order->kind == plan::schedule_kind::interleaved)
+                    ranges *= order->virtual_stages;
+                const auto starts = plan::detail::stage_starts(*chosen.stages, choices, layers, static_cast<int>(ranges));
+                std::string text;
+                for (std::size_t k = 0; k < starts.size(); ++k)
+                    text += (k ? " + " : "") + std::to_string((k + 1 < starts.size() ? starts[k + 1] : layers) - starts[k]);
+                return text + " layers";
+            } catch (const plan_error&) {
+                return "cut " + std::to_string(choices.at(chosen.stages->boundaries_open)) + " (not a cut of these stages)";
+            }
+        };
+        out.push_back(std::move(p));
+    }
     for (const auto& p : out)
-        if (p.candidates.empty())
+        if (p.candidates.empty() && p.what != open_parameter::kind::boundaries)
             throw search_error("search_plan: open parameter '" + p.name +
                                "' has no candidate value (its ranges in the plan have no value in common); give it a range "
                                "that holds at least one value");
     return out;
 }
 
+LOOM_INLINE std::vector<std::int64_t> candidates_given(const open_parameter& p, const plan::plan_spec& candidate) {
+    if (p.what != open_parameter::kind::boundaries) return p.candidates;
+    std::int64_t ranges = 0;
+    try {
+        ranges = candidate.stages ? plan::degree_value(candidate.stages->count, candidate, "plan::stages") : 0;
+        if (const auto order = plan::detail::chosen_order(candidate); order && order->kind == plan::schedule_kind::interleaved)
+            ranges *= order->virtual_stages;
+    } catch (const plan_error&) {
+        return {0};
+    }
+    if (ranges < 1) return {0};
+    const std::int64_t cuts = plan::count_stage_ranges(p.layers, ranges, p.slack);
+    if (cuts > max_boundary_cuts) return {too_many_cuts};
+    std::vector<std::int64_t> out;
+    for (std::int64_t k = 0; k < std::max<std::int64_t>(cuts, 1); ++k) out.push_back(k);
+    return out;
+}
+
+LOOM_INLINE void for_each_assignment(const plan::plan_spec& space, const std::vector<open_parameter>& params,
+                                     const std::function<void(const plan::plan_spec&)>& fn) {
+    plan::plan_spec candidate = space;
+    // Depth first in parameter order: the odometer, with candidates that may depend on
+    // the choices before them.
+    std::function<void(std::size_t)> choose = [&](std::size_t i) {
+        if (i == params.size()) {
+            fn(candidate);
+            return;
+        }
+        for (std::int64_t v : candidates_given(params[i], candidate)) {
+            candidate.choices[params[i].name] = v;
+            choose(i + 1);
+        }
+    };
+    choose(0);
+}
+
 LOOM_INLINE std::string value_text(const open_parameter& p, std::int64_t v) {
+    if (p.what == open_parameter::kind::boundaries) return v == too_many_cuts ? "too many cuts" : "cut " + std::to_string(v);
     if (p.what == open_parameter::kind::order && v >= 0 && static_cast<std::size_t>(v) < p.labels.size())
         return p.labels[static_cast<std::size_t>(v)];
     if (p.what == open_parameter::kind::zero) return "ZeRO-" + std::to_string(v);
@@ -18174,7 +18469,8 @@ LOOM_INLINE std::string choices_text(const std::vector<open_parameter>& params, 
     for (const auto& p : params) {
         auto it = choices.find(p.name);
         if (it == choices.end()) continue;
-        out += (out.empty() ? "" : ", ") + p.name + " = " + value_text(p, it->second);
+        const bool ranges = p.what == open_parameter::kind::boundaries && p.describe && it->second != too_many_cuts;
+        out += (out.empty() ? "" : ", ") + p.name + " = " + (ranges ? p.describe(choices) : value_text(p, it->second));
     }
     return out.empty() ? "(no open parameters)" : out;
 }
@@ -18419,7 +18715,7 @@ LOOM_INLINE plan_search_result search_plan(const graph& model, const plan::plan_
                                            const plan_search_options& o) {
     const std::vector<node_work> work = training_work(model, c.device, o.price);
     return detail::search_assignments(
-        space, open_parameter_candidates(space, batch_of(model)), c, o,
+        space, open_parameter_candidates(space, batch_of(model), space.stages ? plan::detail::layer_count(model, space.stages->repeat) : 0), c, o,
         [&](const plan::plan_spec& candidate) {
             return step_lower_bound(plan::resolve(candidate, model), work, o.price, &model, &c);
         },
@@ -18458,20 +18754,35 @@ LOOM_INLINE plan_search_result search_plan(const model_family& model, const plan
             const plan::plan_spec p = instance_plan(candidate, s, replicas, mb);
             std::vector<double> by_layers;
             for (std::int64_t k : layers) {
-                const instance& i = instance_of(k * s.stages, samples * replicas * mb);
+                const instance& i = instance_of(instance_depth(model, s, k), samples * replicas * mb);
                 by_layers.push_back(step_lower_bound(plan::resolve(p, i.g), i.work, o.price, &i.g, &c));
             }
             by_micro_batches.push_back(along(by_layers, layers, model.layers / s.stages));
         }
         return along(by_micro_batches, micro_batches, s.micro_batches);
     };
-    return detail::search_assignments(space, open_parameter_candidates(space, model.batch), c, o, bound,
+    return detail::search_assignments(space, open_parameter_candidates(space, model.batch, model.layers), c, o, bound,
                                       [&](const plan::plan_spec& candidate) { return price_folded(model, candidate, c, o.price).price; });
 }
 
 }  // namespace loom::search
 
 namespace loom::search::detail {
+
+LOOM_INLINE void concrete_boundaries(plan::plan_spec& p, const std::vector<open_parameter>& params) {
+    for (const open_parameter& param : params) {
+        if (param.what != open_parameter::kind::boundaries || !p.stages) continue;
+        std::int64_t chunks = plan::degree_value(p.stages->count, p, "plan::stages");
+        if (const auto order = plan::detail::chosen_order(p); order && order->kind == plan::schedule_kind::interleaved)
+            chunks *= order->virtual_stages;
+        const std::vector<std::int64_t> starts =
+            plan::detail::stage_starts(*p.stages, p.choices, param.layers, static_cast<int>(chunks));
+        p.stages->boundaries.assign(starts.begin() + 1, starts.end());
+        p.stages->boundaries_open.clear();
+        p.stages->boundary_slack = -1;
+        p.choices.erase(param.name);
+    }
+}
 
 LOOM_INLINE plan_search_result search_assignments(const plan::plan_spec& space, std::vector<open_parameter> parameters,
                                                   const cluster& c, const plan_search_options& o,
@@ -18500,10 +18811,17 @@ LOOM_INLINE plan_search_result search_assignments(const plan::plan_spec& space, 
         ++stats.refused;
         if (++stats.refusals[why] == 1) refusal_example[why] = choices_text(params, choices);
     };
-    std::vector<std::size_t> at(params.size(), 0);
-    for (bool more = true; more; ++stats.assignments) {
-        plan::plan_spec candidate = space;
-        for (std::size_t i = 0; i < params.size(); ++i) candidate.choices[params[i].name] = params[i].candidates[at[i]];
+    for_each_assignment(space, params, [&](const plan::plan_spec& candidate) {
+        for (const open_parameter& p : params)
+            if (p.what == open_parameter::kind::boundaries && candidate.choices.at(p.name) == too_many_cuts) {
+                refuse("the open stage boundaries '" + p.name + "' cut " + std::to_string(p.layers) +
+                           " layers in more than " + std::to_string(max_boundary_cuts) +
+                           " ways at this stage count, too many to search; narrow them with a slack "
+                           "(plan::open_stage_boundaries<\"" + p.name + "\", 1>: each range within one layer of even)",
+                       candidate.choices);
+                ++stats.assignments;
+                return;
+            }
         try {
             leaves.push_back({candidate.choices, bound_of(candidate), stats.assignments});
         } catch (const plan_error& e) {
@@ -18511,16 +18829,8 @@ LOOM_INLINE plan_search_result search_assignments(const plan::plan_spec& space, 
         } catch (const shape_error& e) {
             refuse(e.what(), candidate.choices);
         }
-        // The next assignment: an odometer, the last parameter turning fastest.
-        more = false;
-        for (std::size_t i = params.size(); i-- > 0;) {
-            if (++at[i] < params[i].candidates.size()) {
-                more = true;
-                break;
-            }
-            at[i] = 0;
-        }
-    }
+        ++stats.assignments;
+    });
     std::stable_sort(leaves.begin(), leaves.end(), [](const leaf& a, const leaf& b) { return a.bound < b.bound; });
 
     // 4: best first.
@@ -18598,6 +18908,7 @@ LOOM_INLINE plan_search_result search_assignments(const plan::plan_spec& space, 
     result.runner_up = std::move(second);
     result.plan = space;
     result.plan.choices = result.best.choices;
+    concrete_boundaries(result.plan, params);
     if (!proven && next < leaves.size())
         result.gap = std::max(0.0, (result.best.price.step_seconds - leaves[next].bound) / result.best.price.step_seconds);
     return result;
@@ -26247,6 +26558,7 @@ LOOM_INLINE void write_llmc_tokens(const std::filesystem::path& path, std::span<
 //               "assign": {"colocate": 2}, "recompute": true, "origin": "megatron"}, ...],
 //              ("recompute": {"open": "r"}: recompute or not as an open choice, 0 or 1)
 //    "stages": {"repeat": "blocks", "count": 2, "boundaries": [3], "devices_per_stage": 4},
+//              ("boundaries": {"open": "cut", "slack": 1}: the ranges as an open choice)
 //    "micro_batches": {"open": "m", "allowed": [2, 4, 8]},
 //    "order": {"alternatives": ["1F1B", {"kind": "interleaved 1F1B", "virtual_stages": 2}], "open": "order"},
 //    "choices": {"m": 4, "order": 0}}
@@ -26533,6 +26845,11 @@ LOOM_INLINE nlohmann::json to_json(const plan::plan_spec& p, const graph* model)
     if (p.stages) {
         nlohmann::json s{{"repeat", p.stages->repeat}, {"count", detail::number_json(p.stages->count)}};
         if (!p.stages->boundaries.empty()) s["boundaries"] = p.stages->boundaries;
+        if (!p.stages->boundaries_open.empty()) {
+            nlohmann::json open{{"open", p.stages->boundaries_open}};
+            if (p.stages->boundary_slack >= 0) open["slack"] = p.stages->boundary_slack;
+            s["boundaries"] = open;
+        }
         if (p.stages->devices_per_stage != 0) s["devices_per_stage"] = p.stages->devices_per_stage;
         j["stages"] = s;
     }
@@ -26615,7 +26932,16 @@ LOOM_INLINE plan::plan_spec plan_from_json(const nlohmann::json& j, const std::s
         if (s.contains("repeat")) st.repeat = r.string(s.at("repeat"), "stages.repeat");
         if (!s.contains("count")) r.fail("\"stages\"", "needs \"count\"");
         st.count = r.number(s.at("count"), "stages.count", 1, detail::int_max);
-        if (s.contains("boundaries")) st.boundaries = r.integers(s.at("boundaries"), "stages.boundaries", 1, detail::int_max);
+        if (s.contains("boundaries") && s.at("boundaries").is_object()) {
+            const auto& b = s.at("boundaries");
+            r.only(b, "\"stages.boundaries\"", {"open", "slack"});
+            if (!b.contains("open")) r.fail("\"stages.boundaries\"", "as an object needs \"open\": the open parameter's name");
+            st.boundaries_open = r.string(b.at("open"), "stages.boundaries.open");
+            if (st.boundaries_open.empty()) r.fail("\"stages.boundaries.open\"", "must name the open parameter");
+            if (b.contains("slack")) st.boundary_slack = r.integer(b.at("slack"), "stages.boundaries.slack", 0, detail::int_max);
+        } else if (s.contains("boundaries")) {
+            st.boundaries = r.integers(s.at("boundaries"), "stages.boundaries", 1, detail::int_max);
+        }
         if (s.contains("devices_per_stage"))
             st.devices_per_stage = r.integer(s.at("devices_per_stage"), "stages.devices_per_stage", 0, detail::int_max);
         p.stages = std::move(st);

@@ -13,6 +13,7 @@
 //               "assign": {"colocate": 2}, "recompute": true, "origin": "megatron"}, ...],
 //              ("recompute": {"open": "r"}: recompute or not as an open choice, 0 or 1)
 //    "stages": {"repeat": "blocks", "count": 2, "boundaries": [3], "devices_per_stage": 4},
+//              ("boundaries": {"open": "cut", "slack": 1}: the ranges as an open choice)
 //    "micro_batches": {"open": "m", "allowed": [2, 4, 8]},
 //    "order": {"alternatives": ["1F1B", {"kind": "interleaved 1F1B", "virtual_stages": 2}], "open": "order"},
 //    "choices": {"m": 4, "order": 0}}
@@ -307,6 +308,11 @@ LOOM_INLINE nlohmann::json to_json(const plan::plan_spec& p, const graph* model)
     if (p.stages) {
         nlohmann::json s{{"repeat", p.stages->repeat}, {"count", detail::number_json(p.stages->count)}};
         if (!p.stages->boundaries.empty()) s["boundaries"] = p.stages->boundaries;
+        if (!p.stages->boundaries_open.empty()) {
+            nlohmann::json open{{"open", p.stages->boundaries_open}};
+            if (p.stages->boundary_slack >= 0) open["slack"] = p.stages->boundary_slack;
+            s["boundaries"] = open;
+        }
         if (p.stages->devices_per_stage != 0) s["devices_per_stage"] = p.stages->devices_per_stage;
         j["stages"] = s;
     }
@@ -389,7 +395,16 @@ LOOM_INLINE plan::plan_spec plan_from_json(const nlohmann::json& j, const std::s
         if (s.contains("repeat")) st.repeat = r.string(s.at("repeat"), "stages.repeat");
         if (!s.contains("count")) r.fail("\"stages\"", "needs \"count\"");
         st.count = r.number(s.at("count"), "stages.count", 1, detail::int_max);
-        if (s.contains("boundaries")) st.boundaries = r.integers(s.at("boundaries"), "stages.boundaries", 1, detail::int_max);
+        if (s.contains("boundaries") && s.at("boundaries").is_object()) {
+            const auto& b = s.at("boundaries");
+            r.only(b, "\"stages.boundaries\"", {"open", "slack"});
+            if (!b.contains("open")) r.fail("\"stages.boundaries\"", "as an object needs \"open\": the open parameter's name");
+            st.boundaries_open = r.string(b.at("open"), "stages.boundaries.open");
+            if (st.boundaries_open.empty()) r.fail("\"stages.boundaries.open\"", "must name the open parameter");
+            if (b.contains("slack")) st.boundary_slack = r.integer(b.at("slack"), "stages.boundaries.slack", 0, detail::int_max);
+        } else if (s.contains("boundaries")) {
+            st.boundaries = r.integers(s.at("boundaries"), "stages.boundaries", 1, detail::int_max);
+        }
         if (s.contains("devices_per_stage"))
             st.devices_per_stage = r.integer(s.at("devices_per_stage"), "stages.devices_per_stage", 0, detail::int_max);
         p.stages = std::move(st);

@@ -457,7 +457,7 @@ constexpr text first_plan_error(const plan_view& p) {
             if (p.facts[i].kind == fact_kind::boundaries) boundaries_fact = i;
         if (boundaries_fact && !stages_fact)
             return concat(p.facts[*boundaries_fact].spelling, ": boundaries without plan::stages<N>; add the stage count");
-        if (boundaries_fact && p.facts[*stages_fact].degree.known) {
+        if (boundaries_fact && p.facts[*boundaries_fact].value >= 0 && p.facts[*stages_fact].degree.known) {
             const std::int64_t chunks = p.facts[*stages_fact].degree.value *
                                         (order_fact && p.facts[*order_fact].chunks > 0 ? p.facts[*order_fact].chunks : 1);
             if (p.facts[*boundaries_fact].value != chunks - 1)

@@ -97,7 +97,7 @@ constexpr text first_part_error() {
                           " is a trans, assign, colocate or recompute without a selector; wrap it in one: "
                           "on_all(...), on<Op>(...), on_name<\"glob\">(...)");
         return concat("plan::compose: argument ", i + 1,
-                      " is not a plan part; pass rules (on..., on_all), pipeline parts (stages, stage_boundaries, "
+                      " is not a plan part; pass rules (on..., on_all), pipeline parts (stages, stage_boundaries, open_stage_boundaries, "
                       "micro_batches, order), constraints (devices, extent, forbid, zero, colocation_requires_recompute) "
                       "or a plan made at run time (a preset's plan_spec)");
     }
@@ -157,6 +157,7 @@ std::vector<std::string> open_parameters_of() {
             add(f.degree.name.empty() ? "micro_batches" : std::string(f.degree.name));
         if (f.kind == fact_kind::order && !f.target.empty()) add(std::string(f.target));
         if (f.kind == fact_kind::zero && open) add(f.degree.name.empty() ? "zero" : std::string(f.degree.name));
+        if (f.kind == fact_kind::boundaries && f.value < 0) add(std::string(f.target));
     }
     return names;
 }

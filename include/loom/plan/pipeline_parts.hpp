@@ -5,6 +5,7 @@
 //                                 on its own group of devices / 4 devices
 //   stages<open<Pow2<1, 8>, "pp">, 2>   an open stage count, 2 devices per stage
 //   stage_boundaries<3, 10, 11>   explicit ranges: the first layer of every stage after the first
+//   open_stage_boundaries<"cut", 1>  ranges the searcher chooses, each within 1 layer of even
 //   micro_batches<8>              op-trans: every op cut along the batch into 8, outermost
 //   order<OneFOneB>               op-order of the (stage, micro-batch, pass) blocks
 //   order<one_of<GPipe, OneFOneB, Interleaved<2>>>   an open choice, named "order"
@@ -89,6 +90,28 @@ struct stage_boundaries_t {
 
 template <std::int64_t... FirstLayers>
 inline constexpr stage_boundaries_t<FirstLayers...> stage_boundaries{};
+
+// Open stage ranges (with plan::stages): the searcher chooses where every stage starts, as
+// Alpa does. Each range holds within Slack layers of the even cut (a negative Slack: any
+// size from one layer); the open parameter's value numbers one cut (plan/stage_ranges.hpp).
+template <fixed_string Name = "boundaries", std::int64_t Slack = -1>
+struct open_stage_boundaries_t {
+    static_assert(!Name.view().empty(), "plan::open_stage_boundaries: give the open parameter a name");
+    static constexpr detail::static_text spelling{
+        detail::concat("plan::open_stage_boundaries<\"", Name.view(), "\"",
+                       Slack >= 0 ? detail::concat(", ", Slack) : detail::text(), ">")};
+    // value -1: the number of boundaries is the search's to choose; target: the open name.
+    static constexpr detail::fact_view fact{detail::fact_kind::boundaries, -1, {}, {}, Name.view(), spelling.view()};
+    static void lower(plan_spec& p) {
+        stage_spec& s = p.stages ? *p.stages : p.stages.emplace();
+        s.boundaries.clear();
+        s.boundaries_open = std::string(Name.view());
+        s.boundary_slack = Slack;
+    }
+};
+
+template <fixed_string Name = "boundaries", std::int64_t Slack = -1>
+inline constexpr open_stage_boundaries_t<Name, Slack> open_stage_boundaries{};
 
 // ---- the outermost batch split -------------------------------------------------------------
 

@@ -34,6 +34,7 @@
 #include <loom/plan/pipeline.hpp>
 #include <loom/plan/presets.hpp>
 #include <loom/plan/rules.hpp>
+#include <loom/plan/stage_ranges.hpp>
 #include <loom/schedule/templates.hpp>
 #include <loom/schedule/validate.hpp>
 
@@ -73,7 +74,10 @@ LOOM_INLINE zero_stage chosen_zero(const plan_spec& p);
 LOOM_INLINE std::optional<order_policy> chosen_order(const plan_spec& p);
 
 // The first layer of every range, checked: strictly increasing, inside the model, the first 0.
-LOOM_INLINE std::vector<std::int64_t> stage_starts(const stage_spec& st, std::int64_t layers, int chunks);
+// The first layer of each of `chunks` ranges of `layers` layers: even, at the given
+// boundaries, or the cut that the open boundaries' choice numbers.
+LOOM_INLINE std::vector<std::int64_t> stage_starts(const stage_spec& st, const std::map<std::string, std::int64_t>& choices,
+                                                   std::int64_t layers, int chunks);
 
 }  // namespace detail
 
@@ -198,8 +202,31 @@ LOOM_INLINE std::optional<order_policy> chosen_order(const plan_spec& p) {
     return alternatives[static_cast<std::size_t>(it->second)];
 }
 
-LOOM_INLINE std::vector<std::int64_t> stage_starts(const stage_spec& st, std::int64_t layers, int chunks) {
+LOOM_INLINE std::vector<std::int64_t> stage_starts(const stage_spec& st, const std::map<std::string, std::int64_t>& choices,
+                                                   std::int64_t layers, int chunks) {
     const std::string what = "plan::stages on '" + st.repeat + "'";
+    if (!st.boundaries_open.empty()) {
+        if (!st.boundaries.empty())
+            throw plan_error(what + ": the boundaries are both given and open ('" + st.boundaries_open +
+                             "'); give them, or leave them open, not both");
+        const auto it = choices.find(st.boundaries_open);
+        const std::int64_t count = count_stage_ranges(layers, chunks, st.boundary_slack);
+        if (count == 0)
+            throw plan_error(what + ", open boundaries '" + st.boundaries_open + "': " + std::to_string(layers) +
+                             " layers do not cut into " + std::to_string(chunks) + " ranges" +
+                             (st.boundary_slack < 0 ? std::string()
+                                                    : " within " + std::to_string(st.boundary_slack) + " layers of even") +
+                             "; use fewer stages (times chunks)" + (st.boundary_slack < 0 ? "" : " or a wider slack"));
+        if (it == choices.end())
+            throw plan_error(what + ": the open boundaries '" + st.boundaries_open + "' have no value; choose a cut 0.." +
+                             std::to_string(count - 1) + " of " + std::to_string(layers) + " layers into " +
+                             std::to_string(chunks) + " ranges (plan/stage_ranges.hpp), or let search::search_plan choose");
+        try {
+            return stage_range_starts(layers, chunks, st.boundary_slack, it->second);
+        } catch (const plan_error& e) {
+            throw plan_error(what + ", open boundaries '" + st.boundaries_open + "': " + e.what());
+        }
+    }
     std::vector<std::int64_t> starts;
     if (st.boundaries.empty()) {
         if (layers < chunks)
@@ -279,7 +306,7 @@ LOOM_INLINE resolved_plan resolve(const plan_spec& p, const graph& g) {
         throw plan_error("plan::stages: the model has no repeated layers named '" + st.repeat +
                          "'; name the repeat the model records (graph_builder::repeat), e.g. stages on \"blocks\"");
     const int chunks = static_cast<int>(stages) * chunks_per_group;
-    const std::vector<std::int64_t> starts = detail::stage_starts(st, layers, chunks);
+    const std::vector<std::int64_t> starts = detail::stage_starts(st, p.choices, layers, chunks);
 
     detail::pipeline_spec ps;
     ps.repeat = st.repeat;

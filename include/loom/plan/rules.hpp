@@ -118,6 +118,11 @@ struct stage_spec {
     degree_spec count{1, "", {}};            // device groups (an open parameter when named)
     std::vector<std::int64_t> boundaries;    // the first layer of every range after the first; empty: even
     std::int64_t devices_per_stage = 0;
+    // The ranges as an open parameter of this name: its value numbers one cut of the layers
+    // (plan/stage_ranges.hpp), each range within `boundary_slack` layers of the even cut
+    // (negative: any size). The searcher tries every cut; the filled plan gives boundaries.
+    std::string boundaries_open;
+    std::int64_t boundary_slack = -1;
 };
 
 // The one plan value at run time: what plan::compose(...) lowers to, what presets return,
@@ -241,6 +246,7 @@ LOOM_INLINE std::vector<std::string> open_parameters(const plan_spec& p) {
     add(p.micro_batches.open);
     if (p.order.alternatives.size() > 1) add(p.order.open);
     add(p.zero_open);
+    if (p.stages) add(p.stages->boundaries_open);
     return names;
 }
 

@@ -6,17 +6,21 @@
 //   megatron(n)   Megatron-LM: tensor x pipeline x data parallelism, even stages, 1F1B or
 //                 interleaved 1F1B (2 chunks), every layer recomputed
 //   deepspeed(n)  DeepSpeed: ZeRO-3 with tensor and data parallelism
-//   alpa(n)       Alpa's inter- and intra-operator levels: stages, with tensor x data
-//                 parallelism inside them, ordered 1F1B. Alpa searches the stages'
-//                 boundaries too; here stages are even (boundaries are not an open
-//                 parameter yet).
+//   alpa(n)       Alpa's inter- and intra-operator levels: stages whose boundaries are
+//                 searched too, with tensor x data parallelism inside them, ordered 1F1B
 //   nnscaler(n)   all of the above, with the ZeRO stage, GPipe, 1F1B, interleaved, 3F1B,
-//                 the interlaced pipeline and the recomputation of the layers as open choices. The assignments a model cannot
+//                 the interlaced pipeline, the recomputation of the layers and the
+//                 stages' boundaries as open choices. The assignments a model cannot
 //                 run (3F1B without three forward rounds, interleaving without enough
 //                 layers) are refused by the search, which says why.
 //
 // Open parameters: "tp", "dp" (degrees inside a stage), "pp" (stages), "mb" (micro-batches),
-// "order", "zero" and "recompute". Their candidates are every divisor (search::open_parameter_candidates).
+// "order", "zero", "recompute" and "boundaries". Their candidates are every divisor
+// (search::open_parameter_candidates); the boundaries' are every cut of the layers whose
+// ranges lie within `boundary_slack` layers of the even cut (default 1: enough to move a
+// layer off the stage that also holds the embedding or the head; -1: any cut, as Alpa).
+// Narrow any of them by giving it a range, as for any plan.
+#include <optional>
 #include <string>
 
 #include <loom/core/linkage.hpp>
@@ -35,7 +39,10 @@ inline plan_spec tensor_and_data(int devices) {
     return p;
 }
 
-LOOM_INLINE plan_spec with_pipeline(plan_spec p, std::vector<order_policy> orders);
+// Open stages, micro-batches and order (an open choice among several `orders`); the stage
+// boundaries open too when `boundary_slack` is given (negative: any cut).
+LOOM_INLINE plan_spec with_pipeline(plan_spec p, std::vector<order_policy> orders,
+                                    std::optional<std::int64_t> boundary_slack = std::nullopt);
 
 LOOM_INLINE rule recompute_every_layer();
 
@@ -45,13 +52,13 @@ LOOM_INLINE plan_spec megatron(int devices);
 
 LOOM_INLINE plan_spec deepspeed(int devices);
 
-inline plan_spec alpa(int devices) {
-    plan_spec p = detail::with_pipeline(detail::tensor_and_data(devices), {{schedule_kind::one_f_one_b}});
-    p.name = "Alpa space: stages with TP x DP inside";
+inline plan_spec alpa(int devices, std::int64_t boundary_slack = 1) {
+    plan_spec p = detail::with_pipeline(detail::tensor_and_data(devices), {{schedule_kind::one_f_one_b}}, boundary_slack);
+    p.name = "Alpa space: stages with searched boundaries, TP x DP inside";
     return p;
 }
 
-LOOM_INLINE plan_spec nnscaler(int devices);
+LOOM_INLINE plan_spec nnscaler(int devices, std::int64_t boundary_slack = 1);
 
 // A space by name: megatron, deepspeed, alpa or nnscaler.
 LOOM_INLINE plan_spec by_name(const std::string& name, int devices);
@@ -63,9 +70,14 @@ LOOM_INLINE plan_spec by_name(const std::string& name, int devices);
 
 namespace loom::plan::spaces::detail {
 
-LOOM_INLINE plan_spec with_pipeline(plan_spec p, std::vector<order_policy> orders) {
+LOOM_INLINE plan_spec with_pipeline(plan_spec p, std::vector<order_policy> orders,
+                                    std::optional<std::int64_t> boundary_slack) {
     stage_spec s;
     s.count = open_degree("pp");
+    if (boundary_slack) {
+        s.boundaries_open = "boundaries";
+        s.boundary_slack = *boundary_slack;
+    }
     p.stages = s;
     p.micro_batches = open_degree("mb");
     p.order.alternatives = std::move(orders);
@@ -99,20 +111,21 @@ LOOM_INLINE plan_spec deepspeed(int devices) {
     return p;
 }
 
-LOOM_INLINE plan_spec nnscaler(int devices) {
+LOOM_INLINE plan_spec nnscaler(int devices, std::int64_t boundary_slack) {
     plan_spec p = detail::with_pipeline(detail::tensor_and_data(devices),
                                         {{schedule_kind::gpipe},
                                          {schedule_kind::one_f_one_b},
                                          {schedule_kind::interleaved, 2},
                                          {schedule_kind::three_f_one_b},
-                                         {schedule_kind::interlaced}});
+                                         {schedule_kind::interlaced}},
+                                        boundary_slack);
     p.zero_open = "zero";
     p.zero_allowed = {0, 1, 2, 3};
     rule recompute = detail::recompute_every_layer();
     recompute.recompute.reset();
     recompute.recompute_open = "recompute";
     p.add(std::move(recompute));
-    p.name = "nnScaler space: TP x PP x DP, every order, ZeRO 0-3, recompute or not";
+    p.name = "nnScaler space: TP x PP x DP, searched stage boundaries, every order, ZeRO 0-3, recompute or not";
     return p;
 }
 

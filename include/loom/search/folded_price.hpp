@@ -31,7 +31,8 @@
 //   extrapolated linearly in 1/D.
 // Layer and micro-batch folding are extrapolations: tests hold them to a few percent of the
 // full programs' price; replica folding is exact up to the loss's copies (tested).
-// A plan folds when its stages are even (no explicit boundaries), its layer-range selectors
+// A plan folds when its stages are even (no explicit boundaries, or open ones whose chosen
+// cut is the even one), its layer-range selectors
 // either cover every layer or none, and its data-parallel degree (the degree of its
 // splits along Dim::Batch) is the same in every rule. Otherwise, or when the model is small
 // enough, the instance is the real plan and the price exact.
@@ -112,9 +113,16 @@ LOOM_INLINE std::vector<std::int64_t> instance_micro_batches(const fold_shape& s
 // the real count when that is no more. Not fewer: with few layers per stage the peak of
 // memory lies where the logits are, and the line through two such instances misses the
 // layers' slope (a 3.6B GPT at TP 2 holds the same arena with 2 and 3 layers, then grows
-// 0.19 GiB per layer from 4 on). Throws plan_error when the stages or interleaved chunks
-// do not split the layers evenly.
+// 0.19 GiB per layer from 4 on). Throws plan_error when the layers fold (even stages) but
+// the stages or interleaved chunks do not split them evenly. Layers that do not fold (given
+// or open boundaries) are priced at the real depth.
 LOOM_INLINE std::vector<std::int64_t> instance_layers(const model_family& m, const fold_shape& s);
+
+// The layers of the instance graph with `layers_per_stage` (one of instance_layers): the
+// real model's when the layers do not fold.
+inline std::int64_t instance_depth(const model_family& m, const fold_shape& s, std::int64_t layers_per_stage) {
+    return s.layers_fold ? layers_per_stage * s.stages : m.layers;
+}
 
 // Whether plan p folds its data-parallel replicas: more than 2 of them, one degree in every
 // rule, a batch they divide, and, when they shard gradients or parameters (ZeRO-2 or 3),
@@ -188,6 +196,21 @@ LOOM_INLINE fold_shape shape_of(const plan::plan_spec& p, const model_family& m)
         s.micro_batches_fold = order->kind == plan::schedule_kind::gpipe || order->kind == plan::schedule_kind::one_f_one_b ||
                                order->kind == plan::schedule_kind::interleaved;
     }
+    if (p.stages && !p.stages->boundaries_open.empty()) {
+        // Open boundaries fold when the chosen cut is the even one.
+        const std::int64_t chunks = s.stages * s.chunk_layers;
+        if (chunks < 1 || m.layers % chunks != 0) {
+            s.layers_fold = false;
+        } else {
+            try {
+                const auto starts = plan::detail::stage_starts(*p.stages, p.choices, m.layers, static_cast<int>(chunks));
+                for (std::int64_t k = 0; k < chunks; ++k)
+                    if (starts[static_cast<std::size_t>(k)] != k * (m.layers / chunks)) s.layers_fold = false;
+            } catch (const plan_error&) {
+                s.layers_fold = false;  // plan::resolve refuses the cut, with the reason
+            }
+        }
+    }
     s.micro_batches = plan::degree_value(p.micro_batches, p, "the micro-batch count");
     for (const plan::rule& r : p.rules) {
         if (!r.on.repeat.empty() && !(r.on.first_layer == 0 && (r.on.last_layer < 0 || r.on.last_layer >= m.layers - 1)))
@@ -213,6 +236,11 @@ LOOM_INLINE std::vector<std::int64_t> instance_micro_batches(const fold_shape& s
 LOOM_INLINE plan::plan_spec instance_plan(const plan::plan_spec& p, const fold_shape& s, std::int64_t replicas,
                                           std::int64_t micro_batches) {
     plan::plan_spec out = p;
+    if (s.layers_fold && out.stages && !out.stages->boundaries_open.empty()) {
+        // The even cut (shape_of): even in the instance too.
+        out.choices.erase(out.stages->boundaries_open);
+        out.stages->boundaries_open.clear();
+    }
     if (out.micro_batches.open.empty()) out.micro_batches.value = micro_batches;
     else out.choices[out.micro_batches.open] = micro_batches;
     for (plan::rule& r : out.rules) {
@@ -233,6 +261,7 @@ LOOM_INLINE plan::plan_spec instance_plan(const plan::plan_spec& p, const fold_s
 }
 
 LOOM_INLINE std::vector<std::int64_t> instance_layers(const model_family& m, const fold_shape& s) {
+    if (!s.layers_fold) return {m.layers / s.stages};  // the real model (instance_depth); its ranges resolve as given
     if (m.layers % s.stages != 0)
         throw plan_error("price_folded: " + std::to_string(m.layers) + " layers of '" + m.repeat + "' do not split into " +
                          std::to_string(s.stages) + " equal stages; folding prices even stages (choose a stage count "
@@ -286,10 +315,10 @@ LOOM_INLINE folded_price price_folded(const model_family& m, const plan::plan_sp
             const plan::plan_spec instance = instance_plan(p, s, replicas, micro_batches);
             auto& row = priced[r].emplace_back();
             for (std::int64_t layers : out.instance_layers) {
-                const graph g = m.forward(layers * s.stages, samples * replicas * micro_batches);
+                const graph g = m.forward(instance_depth(m, s, layers), samples * replicas * micro_batches);
                 std::optional<replica_fold> fold;
                 if (replicas != s.replicas) {
-                    const graph real_shape = m.forward(layers * s.stages, samples * s.replicas * micro_batches);
+                    const graph real_shape = m.forward(instance_depth(m, s, layers), samples * s.replicas * micro_batches);
                     fold = detail::match_replicas(plan::resolve(instance, g),
                                                   plan::resolve(instance_plan(p, s, s.replicas, micro_batches), real_shape),
                                                   replicas, s.replicas);

@@ -54,6 +54,7 @@
 #include <loom/partition/piece_layout.hpp>
 #include <loom/plan/resolve.hpp>
 #include <loom/plan/rules.hpp>
+#include <loom/plan/stage_ranges.hpp>
 #include <loom/plan/transformation.hpp>
 #include <loom/search/folded_price.hpp>
 #include <loom/search/hardware.hpp>
@@ -67,12 +68,22 @@ struct search_error : error {
 
 // One open parameter of a plan and the values the search tries.
 struct open_parameter {
-    enum class kind : std::uint8_t { recompute, degree, stages, micro_batches, order, zero };
+    enum class kind : std::uint8_t { recompute, degree, stages, micro_batches, order, zero, boundaries };
     std::string name;
     kind what = kind::degree;
-    std::vector<std::int64_t> candidates;
+    std::vector<std::int64_t> candidates;  // boundaries: none here, the cuts depend on the stages chosen
     std::vector<std::string> labels;  // orders: each alternative's name
+    std::int64_t layers = 0;          // boundaries: the layers of the stages' repeat
+    std::int64_t slack = -1;          // boundaries: each range within this many layers of even (-1: any)
+    // boundaries: the cut that a whole assignment chooses, as the layers of each range
+    // ("5 + 1 layers"); a cut's number alone means nothing without the stages chosen.
+    std::function<std::string(const std::map<std::string, std::int64_t>&)> describe;
 };
+
+// Open stage boundaries with more cuts than this at one stage count are not tried: the
+// search refuses those assignments, saying to narrow the boundaries with a slack.
+inline constexpr std::int64_t max_boundary_cuts = 100000;
+inline constexpr std::int64_t too_many_cuts = -1;  // the boundaries' one candidate then
 
 LOOM_INLINE std::vector<std::int64_t> divisors_of(std::int64_t n);
 
@@ -83,8 +94,20 @@ inline std::int64_t batch_of(const graph& model) {
     return 1;
 }
 
-// Every open parameter of `space` with its candidate values, for a model of `batch` samples.
-LOOM_INLINE std::vector<open_parameter> open_parameter_candidates(const plan::plan_spec& space, std::int64_t batch);
+// Every open parameter of `space` with its candidate values, for a model of `batch` samples
+// and `layers` layers in the stages' repeat (needed when the stage boundaries are open).
+LOOM_INLINE std::vector<open_parameter> open_parameter_candidates(const plan::plan_spec& space, std::int64_t batch,
+                                                                  std::int64_t layers = 0);
+
+// The candidates of open parameter p once the earlier parameters are chosen in `candidate`:
+// its own, or for open boundaries every cut of the layers into the ranges that the chosen
+// stage count and order make ({0} when they make none: plan::resolve then says why).
+LOOM_INLINE std::vector<std::int64_t> candidates_given(const open_parameter& p, const plan::plan_spec& candidate);
+
+// Every assignment of `params` in enumeration order (an odometer, the last parameter turning
+// fastest): fn gets `space` with those choices.
+LOOM_INLINE void for_each_assignment(const plan::plan_spec& space, const std::vector<open_parameter>& params,
+                                     const std::function<void(const plan::plan_spec&)>& fn);
 
 LOOM_INLINE std::string value_text(const open_parameter& p, std::int64_t v);
 
@@ -191,6 +214,10 @@ namespace detail {
 
 // The search itself, over the assignments of `params`: `bound` gives an assignment's lower
 // bound (throwing plan_error or shape_error to refuse it), `price` its programs' price.
+// Open stage boundaries made explicit in plan p (a filled plan): the boundaries of its chosen
+// cut, the open parameter and its choice removed, so that the plan reads as written by hand.
+LOOM_INLINE void concrete_boundaries(plan::plan_spec& p, const std::vector<open_parameter>& params);
+
 using bound_function = std::function<double(const plan::plan_spec&)>;
 using price_function = std::function<program_price(const plan::plan_spec&)>;
 LOOM_INLINE plan_search_result search_assignments(const plan::plan_spec& space, std::vector<open_parameter> params,
@@ -213,7 +240,8 @@ LOOM_INLINE std::vector<std::int64_t> divisors_of(std::int64_t n) {
     return out;
 }
 
-LOOM_INLINE std::vector<open_parameter> open_parameter_candidates(const plan::plan_spec& space, std::int64_t batch) {
+LOOM_INLINE std::vector<open_parameter> open_parameter_candidates(const plan::plan_spec& space, std::int64_t batch,
+                                                                  std::int64_t layers) {
     std::vector<open_parameter> out;
     auto find = [&](const std::string& name) -> open_parameter* {
         for (auto& p : out)
@@ -253,15 +281,79 @@ LOOM_INLINE std::vector<open_parameter> open_parameter_candidates(const plan::pl
     if (!space.zero_open.empty() && !find(space.zero_open))
         out.push_back({space.zero_open, open_parameter::kind::zero,
                        space.zero_allowed.empty() ? std::vector<std::int64_t>{0, 1, 2, 3} : space.zero_allowed, {}});
+    // Last: its cuts depend on the stage count and the order chosen before it.
+    if (space.stages && !space.stages->boundaries_open.empty() && !find(space.stages->boundaries_open)) {
+        if (layers < 1)
+            throw search_error("search_plan: the stage boundaries '" + space.stages->boundaries_open +
+                               "' are open, but the model has no layers named '" + space.stages->repeat +
+                               "' to cut; name the repeat the model records in plan::stages");
+        open_parameter p{space.stages->boundaries_open, open_parameter::kind::boundaries, {}, {}};
+        p.layers = layers;
+        p.slack = space.stages->boundary_slack;
+        p.describe = [space, layers](const std::map<std::string, std::int64_t>& choices) -> std::string {
+            plan::plan_spec chosen = space;
+            chosen.choices = choices;
+            try {
+                std::int64_t ranges = plan::degree_value(chosen.stages->count, chosen, "plan::stages");
+                if (const auto order = plan::detail::chosen_order(chosen); order && order->kind == plan::schedule_kind::interleaved)
+                    ranges *= order->virtual_stages;
+                const auto starts = plan::detail::stage_starts(*chosen.stages, choices, layers, static_cast<int>(ranges));
+                std::string text;
+                for (std::size_t k = 0; k < starts.size(); ++k)
+                    text += (k ? " + " : "") + std::to_string((k + 1 < starts.size() ? starts[k + 1] : layers) - starts[k]);
+                return text + " layers";
+            } catch (const plan_error&) {
+                return "cut " + std::to_string(choices.at(chosen.stages->boundaries_open)) + " (not a cut of these stages)";
+            }
+        };
+        out.push_back(std::move(p));
+    }
     for (const auto& p : out)
-        if (p.candidates.empty())
+        if (p.candidates.empty() && p.what != open_parameter::kind::boundaries)
             throw search_error("search_plan: open parameter '" + p.name +
                                "' has no candidate value (its ranges in the plan have no value in common); give it a range "
                                "that holds at least one value");
     return out;
 }
 
+LOOM_INLINE std::vector<std::int64_t> candidates_given(const open_parameter& p, const plan::plan_spec& candidate) {
+    if (p.what != open_parameter::kind::boundaries) return p.candidates;
+    std::int64_t ranges = 0;
+    try {
+        ranges = candidate.stages ? plan::degree_value(candidate.stages->count, candidate, "plan::stages") : 0;
+        if (const auto order = plan::detail::chosen_order(candidate); order && order->kind == plan::schedule_kind::interleaved)
+            ranges *= order->virtual_stages;
+    } catch (const plan_error&) {
+        return {0};
+    }
+    if (ranges < 1) return {0};
+    const std::int64_t cuts = plan::count_stage_ranges(p.layers, ranges, p.slack);
+    if (cuts > max_boundary_cuts) return {too_many_cuts};
+    std::vector<std::int64_t> out;
+    for (std::int64_t k = 0; k < std::max<std::int64_t>(cuts, 1); ++k) out.push_back(k);
+    return out;
+}
+
+LOOM_INLINE void for_each_assignment(const plan::plan_spec& space, const std::vector<open_parameter>& params,
+                                     const std::function<void(const plan::plan_spec&)>& fn) {
+    plan::plan_spec candidate = space;
+    // Depth first in parameter order: the odometer, with candidates that may depend on
+    // the choices before them.
+    std::function<void(std::size_t)> choose = [&](std::size_t i) {
+        if (i == params.size()) {
+            fn(candidate);
+            return;
+        }
+        for (std::int64_t v : candidates_given(params[i], candidate)) {
+            candidate.choices[params[i].name] = v;
+            choose(i + 1);
+        }
+    };
+    choose(0);
+}
+
 LOOM_INLINE std::string value_text(const open_parameter& p, std::int64_t v) {
+    if (p.what == open_parameter::kind::boundaries) return v == too_many_cuts ? "too many cuts" : "cut " + std::to_string(v);
     if (p.what == open_parameter::kind::order && v >= 0 && static_cast<std::size_t>(v) < p.labels.size())
         return p.labels[static_cast<std::size_t>(v)];
     if (p.what == open_parameter::kind::zero) return "ZeRO-" + std::to_string(v);
@@ -274,7 +366,8 @@ LOOM_INLINE std::string choices_text(const std::vector<open_parameter>& params, 
     for (const auto& p : params) {
         auto it = choices.find(p.name);
         if (it == choices.end()) continue;
-        out += (out.empty() ? "" : ", ") + p.name + " = " + value_text(p, it->second);
+        const bool ranges = p.what == open_parameter::kind::boundaries && p.describe && it->second != too_many_cuts;
+        out += (out.empty() ? "" : ", ") + p.name + " = " + (ranges ? p.describe(choices) : value_text(p, it->second));
     }
     return out.empty() ? "(no open parameters)" : out;
 }
@@ -519,7 +612,7 @@ LOOM_INLINE plan_search_result search_plan(const graph& model, const plan::plan_
                                            const plan_search_options& o) {
     const std::vector<node_work> work = training_work(model, c.device, o.price);
     return detail::search_assignments(
-        space, open_parameter_candidates(space, batch_of(model)), c, o,
+        space, open_parameter_candidates(space, batch_of(model), space.stages ? plan::detail::layer_count(model, space.stages->repeat) : 0), c, o,
         [&](const plan::plan_spec& candidate) {
             return step_lower_bound(plan::resolve(candidate, model), work, o.price, &model, &c);
         },
@@ -558,20 +651,35 @@ LOOM_INLINE plan_search_result search_plan(const model_family& model, const plan
             const plan::plan_spec p = instance_plan(candidate, s, replicas, mb);
             std::vector<double> by_layers;
             for (std::int64_t k : layers) {
-                const instance& i = instance_of(k * s.stages, samples * replicas * mb);
+                const instance& i = instance_of(instance_depth(model, s, k), samples * replicas * mb);
                 by_layers.push_back(step_lower_bound(plan::resolve(p, i.g), i.work, o.price, &i.g, &c));
             }
             by_micro_batches.push_back(along(by_layers, layers, model.layers / s.stages));
         }
         return along(by_micro_batches, micro_batches, s.micro_batches);
     };
-    return detail::search_assignments(space, open_parameter_candidates(space, model.batch), c, o, bound,
+    return detail::search_assignments(space, open_parameter_candidates(space, model.batch, model.layers), c, o, bound,
                                       [&](const plan::plan_spec& candidate) { return price_folded(model, candidate, c, o.price).price; });
 }
 
 }  // namespace loom::search
 
 namespace loom::search::detail {
+
+LOOM_INLINE void concrete_boundaries(plan::plan_spec& p, const std::vector<open_parameter>& params) {
+    for (const open_parameter& param : params) {
+        if (param.what != open_parameter::kind::boundaries || !p.stages) continue;
+        std::int64_t chunks = plan::degree_value(p.stages->count, p, "plan::stages");
+        if (const auto order = plan::detail::chosen_order(p); order && order->kind == plan::schedule_kind::interleaved)
+            chunks *= order->virtual_stages;
+        const std::vector<std::int64_t> starts =
+            plan::detail::stage_starts(*p.stages, p.choices, param.layers, static_cast<int>(chunks));
+        p.stages->boundaries.assign(starts.begin() + 1, starts.end());
+        p.stages->boundaries_open.clear();
+        p.stages->boundary_slack = -1;
+        p.choices.erase(param.name);
+    }
+}
 
 LOOM_INLINE plan_search_result search_assignments(const plan::plan_spec& space, std::vector<open_parameter> parameters,
                                                   const cluster& c, const plan_search_options& o,
@@ -600,10 +708,17 @@ LOOM_INLINE plan_search_result search_assignments(const plan::plan_spec& space, 
         ++stats.refused;
         if (++stats.refusals[why] == 1) refusal_example[why] = choices_text(params, choices);
     };
-    std::vector<std::size_t> at(params.size(), 0);
-    for (bool more = true; more; ++stats.assignments) {
-        plan::plan_spec candidate = space;
-        for (std::size_t i = 0; i < params.size(); ++i) candidate.choices[params[i].name] = params[i].candidates[at[i]];
+    for_each_assignment(space, params, [&](const plan::plan_spec& candidate) {
+        for (const open_parameter& p : params)
+            if (p.what == open_parameter::kind::boundaries && candidate.choices.at(p.name) == too_many_cuts) {
+                refuse("the open stage boundaries '" + p.name + "' cut " + std::to_string(p.layers) +
+                           " layers in more than " + std::to_string(max_boundary_cuts) +
+                           " ways at this stage count, too many to search; narrow them with a slack "
+                           "(plan::open_stage_boundaries<\"" + p.name + "\", 1>: each range within one layer of even)",
+                       candidate.choices);
+                ++stats.assignments;
+                return;
+            }
         try {
             leaves.push_back({candidate.choices, bound_of(candidate), stats.assignments});
         } catch (const plan_error& e) {
@@ -611,16 +726,8 @@ LOOM_INLINE plan_search_result search_assignments(const plan::plan_spec& space, 
         } catch (const shape_error& e) {
             refuse(e.what(), candidate.choices);
         }
-        // The next assignment: an odometer, the last parameter turning fastest.
-        more = false;
-        for (std::size_t i = params.size(); i-- > 0;) {
-            if (++at[i] < params[i].candidates.size()) {
-                more = true;
-                break;
-            }
-            at[i] = 0;
-        }
-    }
+        ++stats.assignments;
+    });
     std::stable_sort(leaves.begin(), leaves.end(), [](const leaf& a, const leaf& b) { return a.bound < b.bound; });
 
     // 4: best first.
@@ -698,6 +805,7 @@ LOOM_INLINE plan_search_result search_assignments(const plan::plan_spec& space, 
     result.runner_up = std::move(second);
     result.plan = space;
     result.plan.choices = result.best.choices;
+    concrete_boundaries(result.plan, params);
     if (!proven && next < leaves.size())
         result.gap = std::max(0.0, (result.best.price.step_seconds - leaves[next].bound) / result.best.price.step_seconds);
     return result;
