@@ -171,6 +171,7 @@ TEST_CASE("stage cuts are counted and numbered: every cut once, in order, within
                 for (std::size_t k = 0; k < all.size(); ++k) {
                     const auto starts = plan::stage_range_starts(layers, ranges, slack, static_cast<std::int64_t>(k));
                     REQUIRE(starts.size() == static_cast<std::size_t>(ranges));
+                    CHECK(plan::stage_range_index(layers, ranges, slack, starts) == static_cast<std::int64_t>(k));
                     std::int64_t first = 0;
                     for (std::size_t r = 0; r < starts.size(); ++r) {
                         CHECK(starts[r] == first);
@@ -185,6 +186,9 @@ TEST_CASE("stage cuts are counted and numbered: every cut once, in order, within
     CHECK(plan::count_stage_ranges(10, 4, 0) == 6);
     CHECK(plan::count_stage_ranges(96, 4, -1) == 95 * 94 * 93 / 6);
     CHECK(plan::count_stage_ranges(4096, 64, -1) == plan::count_limit);  // saturates
+    CHECK(plan::stage_range_index(8, 3, 1, plan::even_stage_starts(8, 3)) ==
+          plan::stage_range_index(8, 3, 1, std::vector<std::int64_t>{0, 3, 6}));
+    CHECK_THROWS_AS(plan::stage_range_index(8, 3, 0, std::vector<std::int64_t>{0, 1, 4}), plan_error);  // 1 < 2
 }
 
 TEST_CASE("open stage boundaries resolve to the cut chosen, and every mistake says which") {
@@ -254,6 +258,28 @@ TEST_CASE("the search chooses the stage boundaries, as pricing every cut would")
     search::for_each_assignment(open_count, params, [&](const plan::plan_spec& c) { ++cuts_per_stage_count[c.choices.at("pp")]; });
     CHECK(cuts_per_stage_count == std::map<std::int64_t, int>{{1, 1}, {2, 1}, {4, 6}});
     CHECK(price_everything(model.ir(), open_count, hw, o).legal > 3);
+}
+
+TEST_CASE("open boundaries with too many cuts to try take the even one, and the result says so") {
+    // 22 layers in 11 stages: C(21, 10) = 352716 cuts, more than max_boundary_cuts.
+    const auto model = models::gpt({.layers = 22, .hidden = 16, .heads = 2, .vocab = 32, .seq = 8, .batch = 2});
+    plan::plan_spec space = plan::presets::pipeline(11, 1);
+    space.stages->boundaries_open = "cut";
+    REQUIRE(plan::count_stage_ranges(22, 11, -1) > search::max_boundary_cuts);
+    const search::plan_search_result r = search::search_plan(model.ir(), space, search::dgx_a100(2));
+    INFO(r.explain());
+    CHECK(r.stats.assignments == 1);
+    CHECK(r.stats.even_cut_only == 1);
+    const std::vector<std::int64_t> even{2, 4, 6, 8, 10, 12, 14, 16, 18, 20};
+    CHECK(r.plan.stages->boundaries == even);
+    CHECK(r.explain().find("1 with the even stage cut only") != std::string::npos);
+    // Within one layer of even there are fewer, and all of them are tried.
+    space.stages->boundary_slack = 1;
+    const auto params = search::open_parameter_candidates(space, 2, 22);
+    int tried = 0;
+    search::for_each_assignment(space, params, [&](const plan::plan_spec&) { ++tried; });
+    CHECK(tried == plan::count_stage_ranges(22, 11, 1));
+    CHECK(tried > 1000);
 }
 
 TEST_CASE("the bound never exceeds the programs' price, on every leaf of several spaces") {

@@ -6987,6 +6987,7 @@ LOOM_INLINE plan_spec coshard(int tp, int c, const transformer_names& names) {
 //   l.lo, l.hi                        each range holds 1 to 4 layers (2 or 3 is even, +-1)
 //   count_stage_ranges(8, 3, 1)       how many cuts: 15
 //   stage_range_starts(8, 3, 1, k)    cut number k: the first layer of every range
+//   stage_range_index(8, 3, 1, starts) the number of that cut
 //
 // Numbering is lexicographic in the ranges' sizes, smallest first sizes first: cut 0 of
 // 8 layers into 3 ranges at slack 1 is 1 + 3 + 4 layers (starts 0, 1, 4). Counts saturate
@@ -7078,6 +7079,43 @@ inline std::vector<std::int64_t> stage_range_starts(std::int64_t layers, std::in
             }
             index -= after;
         }
+    }
+    return starts;
+}
+
+// The number of the cut whose ranges start at `starts` (the inverse of stage_range_starts).
+// Throws plan_error when it is not a cut within the slack.
+inline std::int64_t stage_range_index(std::int64_t layers, std::int64_t ranges, std::int64_t slack,
+                                      const std::vector<std::int64_t>& starts) {
+    detail::check_range_arguments(layers, ranges);
+    const stage_range_limits l = stage_range_limits::of(layers, ranges, slack);
+    const auto ways = detail::range_cut_table(layers, ranges, l);
+    auto refuse = [&] {
+        return plan_error("plan: the stage ranges starting at the given layers are not a cut of " + std::to_string(layers) +
+                          " layers into " + std::to_string(ranges) + " ranges of " + std::to_string(l.lo) + " to " +
+                          std::to_string(l.hi) + " layers");
+    };
+    if (static_cast<std::int64_t>(starts.size()) != ranges || starts.front() != 0) throw refuse();
+    std::int64_t index = 0, left = layers;
+    for (std::int64_t k = ranges; k >= 1; --k) {
+        const std::size_t r = static_cast<std::size_t>(ranges - k);
+        const std::int64_t size = (r + 1 < starts.size() ? starts[r + 1] : layers) - starts[r];
+        if (size < l.lo || size > l.hi || size > left) throw refuse();
+        for (std::int64_t s = l.lo; s < size; ++s)
+            if (s <= left) index += ways[static_cast<std::size_t>(k - 1)][static_cast<std::size_t>(left - s)];
+        left -= size;
+    }
+    if (left != 0) throw refuse();
+    return index;
+}
+
+// The even cut (what plan::stages makes without boundaries): the first layers % ranges
+// ranges hold one layer more.
+inline std::vector<std::int64_t> even_stage_starts(std::int64_t layers, std::int64_t ranges) {
+    std::vector<std::int64_t> starts;
+    for (std::int64_t k = 0, next = 0; k < ranges; ++k) {
+        starts.push_back(next);
+        next += layers / ranges + (k < layers % ranges ? 1 : 0);
     }
     return starts;
 }
@@ -8480,12 +8518,7 @@ LOOM_INLINE std::vector<std::int64_t> stage_starts(const stage_spec& st, const s
         if (layers < chunks)
             throw plan_error(what + ": " + std::to_string(layers) + " layers cannot fill " + std::to_string(chunks) +
                              " stages; use at most " + std::to_string(layers) + " stages (times chunks)");
-        std::int64_t next = 0;
-        for (int k = 0; k < chunks; ++k) {
-            starts.push_back(next);
-            next += layers / chunks + (k < layers % chunks ? 1 : 0);
-        }
-        return starts;
+        return even_stage_starts(layers, chunks);
     }
     if (static_cast<int>(st.boundaries.size()) != chunks - 1)
         throw plan_error(what + ": " + std::to_string(st.boundaries.size()) + " boundaries for " + std::to_string(chunks) +
@@ -9365,7 +9398,8 @@ LOOM_INLINE void require_open_parameter(const std::vector<std::string>& names, c
 // "order", "zero", "recompute" and "boundaries". Their candidates are every divisor
 // (search::open_parameter_candidates); the boundaries' are every cut of the layers whose
 // ranges lie within `boundary_slack` layers of the even cut (default 1: enough to move a
-// layer off the stage that also holds the embedding or the head; -1: any cut, as Alpa).
+// layer off the stage that also holds the embedding or the head; -1: any cut, as Alpa;
+// a stage count with more than search::max_boundary_cuts cuts tries the even one only).
 // Narrow any of them by giving it a range, as for any plan.
 #include <optional>
 #include <string>
@@ -18183,10 +18217,10 @@ struct open_parameter {
     std::function<std::string(const std::map<std::string, std::int64_t>&)> describe;
 };
 
-// Open stage boundaries with more cuts than this at one stage count are not tried: the
-// search refuses those assignments, saying to narrow the boundaries with a slack.
+// Open stage boundaries with more cuts than this at one stage count (96 layers in 16
+// stages within one layer of even: about 10^7) try the even cut only there, and the
+// result says so (plan_search_statistics::even_cut_only): narrow the slack to search them.
 inline constexpr std::int64_t max_boundary_cuts = 100000;
-inline constexpr std::int64_t too_many_cuts = -1;  // the boundaries' one candidate then
 
 LOOM_INLINE std::vector<std::int64_t> divisors_of(std::int64_t n);
 
@@ -18204,7 +18238,8 @@ LOOM_INLINE std::vector<open_parameter> open_parameter_candidates(const plan::pl
 
 // The candidates of open parameter p once the earlier parameters are chosen in `candidate`:
 // its own, or for open boundaries every cut of the layers into the ranges that the chosen
-// stage count and order make ({0} when they make none: plan::resolve then says why).
+// stage count and order make ({0} when they make none: plan::resolve then says why; the
+// even cut alone when they make more than max_boundary_cuts).
 LOOM_INLINE std::vector<std::int64_t> candidates_given(const open_parameter& p, const plan::plan_spec& candidate);
 
 // Every assignment of `params` in enumeration order (an odometer, the last parameter turning
@@ -18267,6 +18302,7 @@ struct plan_search_statistics {
     std::int64_t pruned = 0;       // never priced: their bound was no better than the runner-up
     std::int64_t unexplored = 0;   // never priced: the budget ran out
     std::int64_t ties = 0;         // priced the same as the best (the first of them is chosen)
+    std::int64_t even_cut_only = 0;  // assignments whose open boundaries had too many cuts: the even one was tried
     double seconds = 0;
     std::map<std::string, std::int64_t> refusals;  // reason -> assignments refused for it
 };
@@ -18419,19 +18455,33 @@ LOOM_INLINE std::vector<open_parameter> open_parameter_candidates(const plan::pl
     return out;
 }
 
-LOOM_INLINE std::vector<std::int64_t> candidates_given(const open_parameter& p, const plan::plan_spec& candidate) {
-    if (p.what != open_parameter::kind::boundaries) return p.candidates;
+// The ranges that open boundaries cut the layers into, given the stage count and order
+// chosen in `candidate`; 0 when they do not say (plan::resolve then says why).
+LOOM_INLINE std::int64_t boundary_ranges(const plan::plan_spec& candidate) {
     std::int64_t ranges = 0;
     try {
         ranges = candidate.stages ? plan::degree_value(candidate.stages->count, candidate, "plan::stages") : 0;
         if (const auto order = plan::detail::chosen_order(candidate); order && order->kind == plan::schedule_kind::interleaved)
             ranges *= order->virtual_stages;
     } catch (const plan_error&) {
-        return {0};
+        return 0;
     }
+    return std::max<std::int64_t>(ranges, 0);
+}
+
+LOOM_INLINE bool even_cut_only(const open_parameter& p, const plan::plan_spec& candidate) {
+    const std::int64_t ranges = boundary_ranges(candidate);
+    return p.what == open_parameter::kind::boundaries && ranges >= 1 &&
+           plan::count_stage_ranges(p.layers, ranges, p.slack) > max_boundary_cuts;
+}
+
+LOOM_INLINE std::vector<std::int64_t> candidates_given(const open_parameter& p, const plan::plan_spec& candidate) {
+    if (p.what != open_parameter::kind::boundaries) return p.candidates;
+    const std::int64_t ranges = boundary_ranges(candidate);
     if (ranges < 1) return {0};
     const std::int64_t cuts = plan::count_stage_ranges(p.layers, ranges, p.slack);
-    if (cuts > max_boundary_cuts) return {too_many_cuts};
+    if (cuts > max_boundary_cuts)
+        return {plan::stage_range_index(p.layers, ranges, p.slack, plan::even_stage_starts(p.layers, ranges))};
     std::vector<std::int64_t> out;
     for (std::int64_t k = 0; k < std::max<std::int64_t>(cuts, 1); ++k) out.push_back(k);
     return out;
@@ -18456,7 +18506,7 @@ LOOM_INLINE void for_each_assignment(const plan::plan_spec& space, const std::ve
 }
 
 LOOM_INLINE std::string value_text(const open_parameter& p, std::int64_t v) {
-    if (p.what == open_parameter::kind::boundaries) return v == too_many_cuts ? "too many cuts" : "cut " + std::to_string(v);
+    if (p.what == open_parameter::kind::boundaries) return "cut " + std::to_string(v);
     if (p.what == open_parameter::kind::order && v >= 0 && static_cast<std::size_t>(v) < p.labels.size())
         return p.labels[static_cast<std::size_t>(v)];
     if (p.what == open_parameter::kind::zero) return "ZeRO-" + std::to_string(v);
@@ -18469,7 +18519,7 @@ LOOM_INLINE std::string choices_text(const std::vector<open_parameter>& params, 
     for (const auto& p : params) {
         auto it = choices.find(p.name);
         if (it == choices.end()) continue;
-        const bool ranges = p.what == open_parameter::kind::boundaries && p.describe && it->second != too_many_cuts;
+        const bool ranges = p.what == open_parameter::kind::boundaries && p.describe;
         out += (out.empty() ? "" : ", ") + p.name + " = " + (ranges ? p.describe(choices) : value_text(p, it->second));
     }
     return out.empty() ? "(no open parameters)" : out;
@@ -18705,6 +18755,9 @@ LOOM_INLINE std::string plan_search_result::explain() const {
        << " priced from their programs, " << stats.over_memory << " over " << detail::gib_text(memory_limit)
        << " per device, " << stats.pruned << " pruned by the bound";
     if (stats.unexplored) os << ", " << stats.unexplored << " left by the budget";
+    if (stats.even_cut_only)
+        os << ", " << stats.even_cut_only << " with the even stage cut only (more than " << max_boundary_cuts
+           << " cuts at their stage count: narrow the boundaries' slack to search them)";
     os << "; gap " << static_cast<int>(std::lround(gap * 1000)) / 10.0 << "%";
     if (gap == 0) os << " (proven best)";
     os << "; " << detail::seconds_text(stats.seconds) << "\n";
@@ -18813,15 +18866,7 @@ LOOM_INLINE plan_search_result search_assignments(const plan::plan_spec& space, 
     };
     for_each_assignment(space, params, [&](const plan::plan_spec& candidate) {
         for (const open_parameter& p : params)
-            if (p.what == open_parameter::kind::boundaries && candidate.choices.at(p.name) == too_many_cuts) {
-                refuse("the open stage boundaries '" + p.name + "' cut " + std::to_string(p.layers) +
-                           " layers in more than " + std::to_string(max_boundary_cuts) +
-                           " ways at this stage count, too many to search; narrow them with a slack "
-                           "(plan::open_stage_boundaries<\"" + p.name + "\", 1>: each range within one layer of even)",
-                       candidate.choices);
-                ++stats.assignments;
-                return;
-            }
+            if (even_cut_only(p, candidate)) ++stats.even_cut_only;
         try {
             leaves.push_back({candidate.choices, bound_of(candidate), stats.assignments});
         } catch (const plan_error& e) {

@@ -232,12 +232,7 @@ LOOM_INLINE std::vector<std::int64_t> stage_starts(const stage_spec& st, const s
         if (layers < chunks)
             throw plan_error(what + ": " + std::to_string(layers) + " layers cannot fill " + std::to_string(chunks) +
                              " stages; use at most " + std::to_string(layers) + " stages (times chunks)");
-        std::int64_t next = 0;
-        for (int k = 0; k < chunks; ++k) {
-            starts.push_back(next);
-            next += layers / chunks + (k < layers % chunks ? 1 : 0);
-        }
-        return starts;
+        return even_stage_starts(layers, chunks);
     }
     if (static_cast<int>(st.boundaries.size()) != chunks - 1)
         throw plan_error(what + ": " + std::to_string(st.boundaries.size()) + " boundaries for " + std::to_string(chunks) +

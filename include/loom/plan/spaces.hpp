@@ -18,7 +18,8 @@
 // "order", "zero", "recompute" and "boundaries". Their candidates are every divisor
 // (search::open_parameter_candidates); the boundaries' are every cut of the layers whose
 // ranges lie within `boundary_slack` layers of the even cut (default 1: enough to move a
-// layer off the stage that also holds the embedding or the head; -1: any cut, as Alpa).
+// layer off the stage that also holds the embedding or the head; -1: any cut, as Alpa;
+// a stage count with more than search::max_boundary_cuts cuts tries the even one only).
 // Narrow any of them by giving it a range, as for any plan.
 #include <optional>
 #include <string>

@@ -7,6 +7,7 @@
 //   l.lo, l.hi                        each range holds 1 to 4 layers (2 or 3 is even, +-1)
 //   count_stage_ranges(8, 3, 1)       how many cuts: 15
 //   stage_range_starts(8, 3, 1, k)    cut number k: the first layer of every range
+//   stage_range_index(8, 3, 1, starts) the number of that cut
 //
 // Numbering is lexicographic in the ranges' sizes, smallest first sizes first: cut 0 of
 // 8 layers into 3 ranges at slack 1 is 1 + 3 + 4 layers (starts 0, 1, 4). Counts saturate
@@ -99,6 +100,43 @@ inline std::vector<std::int64_t> stage_range_starts(std::int64_t layers, std::in
             }
             index -= after;
         }
+    }
+    return starts;
+}
+
+// The number of the cut whose ranges start at `starts` (the inverse of stage_range_starts).
+// Throws plan_error when it is not a cut within the slack.
+inline std::int64_t stage_range_index(std::int64_t layers, std::int64_t ranges, std::int64_t slack,
+                                      const std::vector<std::int64_t>& starts) {
+    detail::check_range_arguments(layers, ranges);
+    const stage_range_limits l = stage_range_limits::of(layers, ranges, slack);
+    const auto ways = detail::range_cut_table(layers, ranges, l);
+    auto refuse = [&] {
+        return plan_error("plan: the stage ranges starting at the given layers are not a cut of " + std::to_string(layers) +
+                          " layers into " + std::to_string(ranges) + " ranges of " + std::to_string(l.lo) + " to " +
+                          std::to_string(l.hi) + " layers");
+    };
+    if (static_cast<std::int64_t>(starts.size()) != ranges || starts.front() != 0) throw refuse();
+    std::int64_t index = 0, left = layers;
+    for (std::int64_t k = ranges; k >= 1; --k) {
+        const std::size_t r = static_cast<std::size_t>(ranges - k);
+        const std::int64_t size = (r + 1 < starts.size() ? starts[r + 1] : layers) - starts[r];
+        if (size < l.lo || size > l.hi || size > left) throw refuse();
+        for (std::int64_t s = l.lo; s < size; ++s)
+            if (s <= left) index += ways[static_cast<std::size_t>(k - 1)][static_cast<std::size_t>(left - s)];
+        left -= size;
+    }
+    if (left != 0) throw refuse();
+    return index;
+}
+
+// The even cut (what plan::stages makes without boundaries): the first layers % ranges
+// ranges hold one layer more.
+inline std::vector<std::int64_t> even_stage_starts(std::int64_t layers, std::int64_t ranges) {
+    std::vector<std::int64_t> starts;
+    for (std::int64_t k = 0, next = 0; k < ranges; ++k) {
+        starts.push_back(next);
+        next += layers / ranges + (k < layers % ranges ? 1 : 0);
     }
     return starts;
 }

@@ -80,10 +80,10 @@ struct open_parameter {
     std::function<std::string(const std::map<std::string, std::int64_t>&)> describe;
 };
 
-// Open stage boundaries with more cuts than this at one stage count are not tried: the
-// search refuses those assignments, saying to narrow the boundaries with a slack.
+// Open stage boundaries with more cuts than this at one stage count (96 layers in 16
+// stages within one layer of even: about 10^7) try the even cut only there, and the
+// result says so (plan_search_statistics::even_cut_only): narrow the slack to search them.
 inline constexpr std::int64_t max_boundary_cuts = 100000;
-inline constexpr std::int64_t too_many_cuts = -1;  // the boundaries' one candidate then
 
 LOOM_INLINE std::vector<std::int64_t> divisors_of(std::int64_t n);
 
@@ -101,7 +101,8 @@ LOOM_INLINE std::vector<open_parameter> open_parameter_candidates(const plan::pl
 
 // The candidates of open parameter p once the earlier parameters are chosen in `candidate`:
 // its own, or for open boundaries every cut of the layers into the ranges that the chosen
-// stage count and order make ({0} when they make none: plan::resolve then says why).
+// stage count and order make ({0} when they make none: plan::resolve then says why; the
+// even cut alone when they make more than max_boundary_cuts).
 LOOM_INLINE std::vector<std::int64_t> candidates_given(const open_parameter& p, const plan::plan_spec& candidate);
 
 // Every assignment of `params` in enumeration order (an odometer, the last parameter turning
@@ -164,6 +165,7 @@ struct plan_search_statistics {
     std::int64_t pruned = 0;       // never priced: their bound was no better than the runner-up
     std::int64_t unexplored = 0;   // never priced: the budget ran out
     std::int64_t ties = 0;         // priced the same as the best (the first of them is chosen)
+    std::int64_t even_cut_only = 0;  // assignments whose open boundaries had too many cuts: the even one was tried
     double seconds = 0;
     std::map<std::string, std::int64_t> refusals;  // reason -> assignments refused for it
 };
@@ -316,19 +318,33 @@ LOOM_INLINE std::vector<open_parameter> open_parameter_candidates(const plan::pl
     return out;
 }
 
-LOOM_INLINE std::vector<std::int64_t> candidates_given(const open_parameter& p, const plan::plan_spec& candidate) {
-    if (p.what != open_parameter::kind::boundaries) return p.candidates;
+// The ranges that open boundaries cut the layers into, given the stage count and order
+// chosen in `candidate`; 0 when they do not say (plan::resolve then says why).
+LOOM_INLINE std::int64_t boundary_ranges(const plan::plan_spec& candidate) {
     std::int64_t ranges = 0;
     try {
         ranges = candidate.stages ? plan::degree_value(candidate.stages->count, candidate, "plan::stages") : 0;
         if (const auto order = plan::detail::chosen_order(candidate); order && order->kind == plan::schedule_kind::interleaved)
             ranges *= order->virtual_stages;
     } catch (const plan_error&) {
-        return {0};
+        return 0;
     }
+    return std::max<std::int64_t>(ranges, 0);
+}
+
+LOOM_INLINE bool even_cut_only(const open_parameter& p, const plan::plan_spec& candidate) {
+    const std::int64_t ranges = boundary_ranges(candidate);
+    return p.what == open_parameter::kind::boundaries && ranges >= 1 &&
+           plan::count_stage_ranges(p.layers, ranges, p.slack) > max_boundary_cuts;
+}
+
+LOOM_INLINE std::vector<std::int64_t> candidates_given(const open_parameter& p, const plan::plan_spec& candidate) {
+    if (p.what != open_parameter::kind::boundaries) return p.candidates;
+    const std::int64_t ranges = boundary_ranges(candidate);
     if (ranges < 1) return {0};
     const std::int64_t cuts = plan::count_stage_ranges(p.layers, ranges, p.slack);
-    if (cuts > max_boundary_cuts) return {too_many_cuts};
+    if (cuts > max_boundary_cuts)
+        return {plan::stage_range_index(p.layers, ranges, p.slack, plan::even_stage_starts(p.layers, ranges))};
     std::vector<std::int64_t> out;
     for (std::int64_t k = 0; k < std::max<std::int64_t>(cuts, 1); ++k) out.push_back(k);
     return out;
@@ -353,7 +369,7 @@ LOOM_INLINE void for_each_assignment(const plan::plan_spec& space, const std::ve
 }
 
 LOOM_INLINE std::string value_text(const open_parameter& p, std::int64_t v) {
-    if (p.what == open_parameter::kind::boundaries) return v == too_many_cuts ? "too many cuts" : "cut " + std::to_string(v);
+    if (p.what == open_parameter::kind::boundaries) return "cut " + std::to_string(v);
     if (p.what == open_parameter::kind::order && v >= 0 && static_cast<std::size_t>(v) < p.labels.size())
         return p.labels[static_cast<std::size_t>(v)];
     if (p.what == open_parameter::kind::zero) return "ZeRO-" + std::to_string(v);
@@ -366,7 +382,7 @@ LOOM_INLINE std::string choices_text(const std::vector<open_parameter>& params, 
     for (const auto& p : params) {
         auto it = choices.find(p.name);
         if (it == choices.end()) continue;
-        const bool ranges = p.what == open_parameter::kind::boundaries && p.describe && it->second != too_many_cuts;
+        const bool ranges = p.what == open_parameter::kind::boundaries && p.describe;
         out += (out.empty() ? "" : ", ") + p.name + " = " + (ranges ? p.describe(choices) : value_text(p, it->second));
     }
     return out.empty() ? "(no open parameters)" : out;
@@ -602,6 +618,9 @@ LOOM_INLINE std::string plan_search_result::explain() const {
        << " priced from their programs, " << stats.over_memory << " over " << detail::gib_text(memory_limit)
        << " per device, " << stats.pruned << " pruned by the bound";
     if (stats.unexplored) os << ", " << stats.unexplored << " left by the budget";
+    if (stats.even_cut_only)
+        os << ", " << stats.even_cut_only << " with the even stage cut only (more than " << max_boundary_cuts
+           << " cuts at their stage count: narrow the boundaries' slack to search them)";
     os << "; gap " << static_cast<int>(std::lround(gap * 1000)) / 10.0 << "%";
     if (gap == 0) os << " (proven best)";
     os << "; " << detail::seconds_text(stats.seconds) << "\n";
@@ -710,15 +729,7 @@ LOOM_INLINE plan_search_result search_assignments(const plan::plan_spec& space, 
     };
     for_each_assignment(space, params, [&](const plan::plan_spec& candidate) {
         for (const open_parameter& p : params)
-            if (p.what == open_parameter::kind::boundaries && candidate.choices.at(p.name) == too_many_cuts) {
-                refuse("the open stage boundaries '" + p.name + "' cut " + std::to_string(p.layers) +
-                           " layers in more than " + std::to_string(max_boundary_cuts) +
-                           " ways at this stage count, too many to search; narrow them with a slack "
-                           "(plan::open_stage_boundaries<\"" + p.name + "\", 1>: each range within one layer of even)",
-                       candidate.choices);
-                ++stats.assignments;
-                return;
-            }
+            if (even_cut_only(p, candidate)) ++stats.even_cut_only;
         try {
             leaves.push_back({candidate.choices, bound_of(candidate), stats.assignments});
         } catch (const plan_error& e) {
