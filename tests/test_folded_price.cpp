@@ -12,6 +12,7 @@
 #include <loom/partition/apply.hpp>
 #include <loom/plan/presets.hpp>
 #include <loom/plan/spaces.hpp>
+#include <loom/plan/stage_ranges.hpp>
 #include <loom/search/folded_price.hpp>
 #include <loom/search/plan_search.hpp>
 
@@ -127,6 +128,37 @@ TEST_CASE("layer folding extrapolates the price over the layers per stage", "[fo
     }
 }
 
+TEST_CASE("uneven stage ranges fold: each range keeps its extra layers beyond the smallest", "[folded_price]") {
+    // 32 layers cut 9 + 8 + 8 + 7: instances of 4 + 2, 4 + 1, 4 + 1, 4 and of 6 + 2, ...
+    // layers, extrapolated to 7 + 2, 7 + 1, 7 + 1, 7.
+    const search::model_family m = gpt_family(32, 16);
+    SECTION("boundaries given") {
+        plan::plan_spec p = megatron({.tp = 2, .pp = 4, .dp = 2, .micro_batches = 4});
+        p.stages->boundaries = {9, 17, 25};
+        const comparison r = compare(m, p, search::dgx_a100(2));
+        CHECK(r.folded.instance_layers == std::vector<std::int64_t>{4, 6});
+        CHECK(r.folded.layers_per_stage == 7);
+        CHECK(r.step_ratio() == Approx(1.0).epsilon(0.03));
+        CHECK(r.worst_memory_error() < 0.05);
+    }
+    SECTION("open boundaries, the cut chosen; and an even cut of layers the stages do not divide") {
+        plan::plan_spec p = megatron({.tp = 1, .pp = 3, .dp = 2, .micro_batches = 4});
+        p.stages->boundaries_open = "cut";
+        p.stages->boundary_slack = 1;
+        p.choices["cut"] = plan::stage_range_index(32, 3, 1, {0, 10, 20});  // 10 + 10 + 12
+        REQUIRE(plan::detail::stage_starts(*p.stages, p.choices, 32, 3) == std::vector<std::int64_t>{0, 10, 20});
+        const comparison chosen = compare(m, p, search::dgx_a100(1));
+        CHECK(chosen.folded.instance_layers == std::vector<std::int64_t>{4, 6});
+        CHECK(chosen.folded.layers_per_stage == 10);
+        CHECK(chosen.step_ratio() == Approx(1.0).epsilon(0.03));
+        CHECK(chosen.worst_memory_error() < 0.05);
+        const comparison even = compare(m, megatron({.tp = 1, .pp = 3, .dp = 2, .micro_batches = 4}), search::dgx_a100(1));
+        CHECK(even.folded.layers_per_stage == 10);  // 11 + 11 + 10
+        CHECK(even.step_ratio() == Approx(1.0).epsilon(0.03));
+        CHECK(even.worst_memory_error() < 0.05);
+    }
+}
+
 TEST_CASE("micro-batch folding extrapolates the step over the micro-batches", "[folded_price]") {
     // Instances of 2 and 4 micro-batches stand for 12. The step is held to 4%. Memory is the
     // larger instance's under 1F1B and a line under GPipe; the arena's liveness peak is not
@@ -157,10 +189,16 @@ TEST_CASE("a plan that does not fold is priced in full, and bad shapes are refus
         CHECK(f.exact());
         CHECK(f.describe() == "priced in full");
     }
-    SECTION("stages that do not divide the layers") {
+    SECTION("stages that do not divide the layers: 2 + 2 + 1 + 1, too few to fold") {
         const plan::plan_spec p = megatron({.tp = 1, .pp = 4, .dp = 1, .micro_batches = 4});
+        const comparison r = compare(m, p, search::dgx_a100(1));
+        CHECK(r.folded.exact());
+        CHECK(r.step_ratio() == Approx(1.0).epsilon(1e-12));
+    }
+    SECTION("more stages than layers") {
+        const plan::plan_spec p = megatron({.tp = 1, .pp = 8, .dp = 1, .micro_batches = 8});
         CHECK_THROWS_WITH(search::price_folded(m, p, search::dgx_a100(1), gpu_options()),
-                          Catch::Contains("6 layers of 'blocks' do not split into 4 equal stages"));
+                          Catch::Contains("6 layers cannot fill 8 stages"));
     }
     SECTION("a family without a builder") {
         CHECK_THROWS_WITH(search::price_folded(search::model_family{}, megatron({}), search::dgx_a100(1)),

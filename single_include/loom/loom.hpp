@@ -16157,12 +16157,14 @@ LOOM_INLINE std::string search_result::explain() const {
 //   f.describe()     which instances were priced
 //
 // Two foldings, both exact where their assumption holds:
-// - Layers (TAPAS §4.3): with S even stages of Ls layers each, instances with 4u and 6u
-//   layers per stage are priced (u: the chunks of an interleaved order, else 1), and every
-//   quantity (step, makespan, each device's compute, communication, memory and optimizer
-//   step) is extrapolated linearly in the layers per stage to Ls. Exact when each further
-//   layer per stage adds the same work to every stage; the prologue and epilogue (embedding,
-//   head) are in every instance.
+// - Layers (TAPAS §4.3): the layers are cut into ranges (S stages, u chunks each under an
+//   interleaved order, else 1); each range holds k layers, the smallest range's count, plus
+//   its own extra (0 for every range of an even cut; uneven cuts, given or chosen by the
+//   search, keep theirs). Instances with k = 4 and 6 (4u and 6u common layers per stage)
+//   are priced, and every quantity (step, makespan, each device's compute, communication,
+//   memory and optimizer step) is extrapolated linearly in k to the real one. Exact when
+//   each further layer per range adds the same work to every range; the prologue and
+//   epilogue (embedding, head) and each range's extra layers are in every instance.
 // - Micro-batches: with GPipe, 1F1B, interleaved 1F1B or plain accumulation, instances of S
 //   and 2S micro-batches (2 and 4 without a pipeline) of the real micro-batch size; the step
 //   grows linearly with the micro-batches once they fill the pipeline. Memory grows so
@@ -16178,9 +16180,7 @@ LOOM_INLINE std::string search_result::explain() const {
 //   extrapolated linearly in 1/D.
 // Layer and micro-batch folding are extrapolations: tests hold them to a few percent of the
 // full programs' price; replica folding is exact up to the loss's copies (tested).
-// A plan folds when its stages are even (no explicit boundaries, or open ones whose chosen
-// cut is the even one), its layer-range selectors
-// either cover every layer or none, and its data-parallel degree (the degree of its
+// A plan folds when its layer-range selectors either cover every layer or none, and its data-parallel degree (the degree of its
 // splits along Dim::Batch) is the same in every rule. Otherwise, or when the model is small
 // enough, the instance is the real plan and the price exact.
 #include <algorithm>
@@ -17167,8 +17167,8 @@ struct model_family {
 
 struct folded_price {
     program_price price;                          // the real plan's: one device_price per real device
-    std::int64_t layers_per_stage = 0;            // the real plan's
-    std::vector<std::int64_t> instance_layers;    // layers per stage of the instances priced
+    std::int64_t layers_per_stage = 0;            // the real plan's: the layers every stage has (k per range)
+    std::vector<std::int64_t> instance_layers;    // the same, of the instances priced
     std::vector<std::int64_t> instance_replicas;  // data-parallel replicas of the instances priced
     std::int64_t replicas = 1;                    // the real plan's
     std::vector<std::int64_t> instance_micro_batches;  // micro-batches of the instances priced
@@ -17183,11 +17183,14 @@ struct folded_price {
 
 // What folding reads from a plan with every open parameter chosen.
 struct fold_shape {
-    std::int64_t stages = 1;        // even stages (1: no pipeline)
-    std::int64_t chunk_layers = 1;  // layers per stage come in multiples of this (interleaved chunks)
+    std::int64_t stages = 1;        // stages (1: no pipeline)
+    std::int64_t chunk_layers = 1;  // layer ranges per stage (interleaved chunks)
+    std::int64_t range_layers = 1;  // the smallest range's layers (k)
+    std::vector<std::int64_t> range_extra;  // each range's layers beyond k (all 0: an even cut)
+    bool cut_given = false;         // the plan states its ranges (boundaries given or open)
     std::int64_t replicas = 1;      // the data-parallel degree
     std::int64_t micro_batches = 1;
-    bool layers_fold = true;        // even stages and selectors that cover every layer or none
+    bool layers_fold = true;        // selectors that cover every layer or none
     bool micro_batches_fold = true; // no pipeline, or GPipe, 1F1B or interleaved 1F1B
     bool memory_grows_with_micro_batches = false;  // GPipe: every micro-batch's activations at once
     bool replicas_fold = true;      // one data-parallel degree in every rule
@@ -17195,11 +17198,12 @@ struct fold_shape {
 
 LOOM_INLINE fold_shape shape_of(const plan::plan_spec& p, const model_family& m);
 
-// The plan for an instance with `replicas` data-parallel replicas and `micro_batches`
-// micro-batches: the same rules, layer-range selectors over every layer of the instance, the
-// data-parallel degree and the devices it needs.
+// The plan for an instance with `replicas` data-parallel replicas, `micro_batches`
+// micro-batches and `layers_per_stage` common layers per stage (one of instance_layers):
+// the same rules, layer-range selectors over every layer of the instance, the data-parallel
+// degree and the devices it needs, and ranges of k + their extra layers.
 LOOM_INLINE plan::plan_spec instance_plan(const plan::plan_spec& p, const fold_shape& s, std::int64_t replicas,
-                                          std::int64_t micro_batches);
+                                          std::int64_t micro_batches, std::int64_t layers_per_stage);
 
 // The micro-batches of the instances that fold plan shape s: the stages and twice as many
 // (2 and 4 without a pipeline), or the real count when that is no more. The step of GPipe,
@@ -17208,19 +17212,22 @@ LOOM_INLINE plan::plan_spec instance_plan(const plan::plan_spec& p, const fold_s
 // at most the stages' micro-batches in flight, accumulation one).
 LOOM_INLINE std::vector<std::int64_t> instance_micro_batches(const fold_shape& s);
 
-// The layers per stage of the instances that fold plan shape s of model m: 4u and 6u, or
-// the real count when that is no more. Not fewer: with few layers per stage the peak of
-// memory lies where the logits are, and the line through two such instances misses the
-// layers' slope (a 3.6B GPT at TP 2 holds the same arena with 2 and 3 layers, then grows
-// 0.19 GiB per layer from 4 on). Throws plan_error when the layers fold (even stages) but
-// the stages or interleaved chunks do not split them evenly. Layers that do not fold (given
-// or open boundaries) are priced at the real depth.
+// The common layers per stage of the instances that fold plan shape s of model m: 4u and
+// 6u (k = 4 and 6), or the real count when that is no more. Not fewer: with few layers per
+// stage the peak of memory lies where the logits are, and the line through two such
+// instances misses the layers' slope (a 3.6B GPT at TP 2 holds the same arena with 2 and 3
+// layers, then grows 0.19 GiB per layer from 4 on).
 LOOM_INLINE std::vector<std::int64_t> instance_layers(const model_family& m, const fold_shape& s);
 
-// The layers of the instance graph with `layers_per_stage` (one of instance_layers): the
-// real model's when the layers do not fold.
-inline std::int64_t instance_depth(const model_family& m, const fold_shape& s, std::int64_t layers_per_stage) {
-    return s.layers_fold ? layers_per_stage * s.stages : m.layers;
+// The real plan's common layers per stage (k u).
+inline std::int64_t fold_layers_per_stage(const fold_shape& s) { return s.range_layers * s.chunk_layers; }
+
+// The layers of the instance graph with `layers_per_stage` common layers per stage: every
+// range's k, and the extra layers of the uneven ones.
+inline std::int64_t instance_depth(const fold_shape& s, std::int64_t layers_per_stage) {
+    std::int64_t extra = 0;
+    for (std::int64_t e : s.range_extra) extra += e;
+    return layers_per_stage * s.stages + extra;
 }
 
 // Whether plan p folds its data-parallel replicas: more than 2 of them, one degree in every
@@ -17239,8 +17246,8 @@ inline double line_position(const std::vector<std::int64_t>& at, std::int64_t re
 }
 
 // The price of plan p (every open parameter chosen) for model m on cluster c, folded.
-// Throws plan_error when the plan does not fit the model (stages that do not divide its
-// layers evenly, ...), like plan::resolve.
+// Throws plan_error when the plan does not fit the model (more stages than it has
+// layers, a cut out of range, ...), like plan::resolve.
 LOOM_INLINE folded_price price_folded(const model_family& m, const plan::plan_spec& p, const cluster& c,
                                       const price_options& o = {});
 
@@ -17287,7 +17294,7 @@ LOOM_INLINE fold_shape shape_of(const plan::plan_spec& p, const model_family& m)
     fold_shape s;
     if (p.stages) {
         s.stages = plan::degree_value(p.stages->count, p, "the stage count");
-        s.layers_fold = p.stages->boundaries.empty();
+        s.cut_given = !p.stages->boundaries.empty() || !p.stages->boundaries_open.empty();
     }
     if (const auto order = plan::detail::chosen_order(p)) {
         if (order->kind == plan::schedule_kind::interleaved) s.chunk_layers = order->virtual_stages;
@@ -17295,21 +17302,17 @@ LOOM_INLINE fold_shape shape_of(const plan::plan_spec& p, const model_family& m)
         s.micro_batches_fold = order->kind == plan::schedule_kind::gpipe || order->kind == plan::schedule_kind::one_f_one_b ||
                                order->kind == plan::schedule_kind::interleaved;
     }
-    if (p.stages && !p.stages->boundaries_open.empty()) {
-        // Open boundaries fold when the chosen cut is the even one.
-        const std::int64_t chunks = s.stages * s.chunk_layers;
-        if (chunks < 1 || m.layers % chunks != 0) {
-            s.layers_fold = false;
-        } else {
-            try {
-                const auto starts = plan::detail::stage_starts(*p.stages, p.choices, m.layers, static_cast<int>(chunks));
-                for (std::int64_t k = 0; k < chunks; ++k)
-                    if (starts[static_cast<std::size_t>(k)] != k * (m.layers / chunks)) s.layers_fold = false;
-            } catch (const plan_error&) {
-                s.layers_fold = false;  // plan::resolve refuses the cut, with the reason
-            }
-        }
-    }
+    // The real ranges, as plan::resolve cuts them (its errors name the parts and the fix).
+    const std::int64_t ranges = s.stages * s.chunk_layers;
+    if (s.stages < 1 || s.chunk_layers < 1)
+        throw plan_error("price_folded: " + std::to_string(s.stages) + " stages of " + std::to_string(s.chunk_layers) +
+                         " chunks; use at least one of each");
+    const std::vector<std::int64_t> starts =
+        plan::detail::stage_starts(p.stages.value_or(plan::stage_spec{}), p.choices, m.layers, static_cast<int>(ranges));
+    std::vector<std::int64_t> sizes;
+    for (std::size_t r = 0; r < starts.size(); ++r) sizes.push_back((r + 1 < starts.size() ? starts[r + 1] : m.layers) - starts[r]);
+    s.range_layers = *std::min_element(sizes.begin(), sizes.end());
+    for (std::int64_t size : sizes) s.range_extra.push_back(size - s.range_layers);
     s.micro_batches = plan::degree_value(p.micro_batches, p, "the micro-batch count");
     for (const plan::rule& r : p.rules) {
         if (!r.on.repeat.empty() && !(r.on.first_layer == 0 && (r.on.last_layer < 0 || r.on.last_layer >= m.layers - 1)))
@@ -17333,11 +17336,17 @@ LOOM_INLINE std::vector<std::int64_t> instance_micro_batches(const fold_shape& s
 }
 
 LOOM_INLINE plan::plan_spec instance_plan(const plan::plan_spec& p, const fold_shape& s, std::int64_t replicas,
-                                          std::int64_t micro_batches) {
+                                          std::int64_t micro_batches, std::int64_t layers_per_stage) {
     plan::plan_spec out = p;
-    if (s.layers_fold && out.stages && !out.stages->boundaries_open.empty()) {
-        // The even cut (shape_of): even in the instance too.
-        out.choices.erase(out.stages->boundaries_open);
+    bool uneven = s.cut_given;
+    for (std::int64_t e : s.range_extra) uneven = uneven || e != 0;
+    if (out.stages && uneven) {
+        // Each range: the instance's k and the range's extra layers, as explicit boundaries.
+        const std::int64_t k = layers_per_stage / s.chunk_layers;
+        out.stages->boundaries.clear();
+        for (std::size_t r = 0, next = 0; r + 1 < s.range_extra.size(); ++r)
+            out.stages->boundaries.push_back(static_cast<std::int64_t>(next += static_cast<std::size_t>(k + s.range_extra[r])));
+        if (!out.stages->boundaries_open.empty()) out.choices.erase(out.stages->boundaries_open);
         out.stages->boundaries_open.clear();
     }
     if (out.micro_batches.open.empty()) out.micro_batches.value = micro_batches;
@@ -17359,19 +17368,10 @@ LOOM_INLINE plan::plan_spec instance_plan(const plan::plan_spec& p, const fold_s
     return out;
 }
 
-LOOM_INLINE std::vector<std::int64_t> instance_layers(const model_family& m, const fold_shape& s) {
-    if (!s.layers_fold) return {m.layers / s.stages};  // the real model (instance_depth); its ranges resolve as given
-    if (m.layers % s.stages != 0)
-        throw plan_error("price_folded: " + std::to_string(m.layers) + " layers of '" + m.repeat + "' do not split into " +
-                         std::to_string(s.stages) + " equal stages; folding prices even stages (choose a stage count "
-                         "that divides the layers)");
-    const std::int64_t per_stage = m.layers / s.stages, u = s.chunk_layers;
-    if (per_stage % u != 0)
-        throw plan_error("price_folded: " + std::to_string(per_stage) + " layers per stage do not split into " +
-                         std::to_string(u) + " interleaved chunks; choose stages and chunks whose product divides the " +
-                         std::to_string(m.layers) + " layers");
-    if (s.layers_fold && per_stage > 6 * u) return {4 * u, 6 * u};
-    return {per_stage};
+LOOM_INLINE std::vector<std::int64_t> instance_layers(const model_family&, const fold_shape& s) {
+    const std::int64_t u = s.chunk_layers;
+    if (s.layers_fold && s.range_layers > 6) return {4 * u, 6 * u};
+    return {fold_layers_per_stage(s)};
 }
 
 LOOM_INLINE std::int64_t micro_batch_samples(const model_family& m, const fold_shape& s) {
@@ -17395,7 +17395,7 @@ LOOM_INLINE folded_price price_folded(const model_family& m, const plan::plan_sp
     const fold_shape s = shape_of(p, m);
     folded_price out;
     out.replicas = s.replicas;
-    out.layers_per_stage = m.layers / s.stages;
+    out.layers_per_stage = fold_layers_per_stage(s);
     out.instance_layers = instance_layers(m, s);
     const bool replicas_fold = fold_replicas(s, m, p);
     out.instance_replicas = {replicas_fold ? 2 : s.replicas};
@@ -17411,15 +17411,15 @@ LOOM_INLINE folded_price price_folded(const model_family& m, const plan::plan_sp
     for (std::size_t r = 0; r < out.instance_replicas.size(); ++r) {
         const std::int64_t replicas = out.instance_replicas[r];
         for (std::int64_t micro_batches : out.instance_micro_batches) {
-            const plan::plan_spec instance = instance_plan(p, s, replicas, micro_batches);
             auto& row = priced[r].emplace_back();
             for (std::int64_t layers : out.instance_layers) {
-                const graph g = m.forward(instance_depth(m, s, layers), samples * replicas * micro_batches);
+                const plan::plan_spec instance = instance_plan(p, s, replicas, micro_batches, layers);
+                const graph g = m.forward(instance_depth(s, layers), samples * replicas * micro_batches);
                 std::optional<replica_fold> fold;
                 if (replicas != s.replicas) {
-                    const graph real_shape = m.forward(instance_depth(m, s, layers), samples * s.replicas * micro_batches);
+                    const graph real_shape = m.forward(instance_depth(s, layers), samples * s.replicas * micro_batches);
                     fold = detail::match_replicas(plan::resolve(instance, g),
-                                                  plan::resolve(instance_plan(p, s, s.replicas, micro_batches), real_shape),
+                                                  plan::resolve(instance_plan(p, s, s.replicas, micro_batches, layers), real_shape),
                                                   replicas, s.replicas);
                     if (!fold)
                         throw plan_error("price_folded: the plan's data-parallel pieces do not line up across replicas "
@@ -18804,13 +18804,13 @@ LOOM_INLINE plan_search_result search_plan(const model_family& model, const plan
         };
         std::vector<double> by_micro_batches;
         for (std::int64_t mb : micro_batches) {
-            const plan::plan_spec p = instance_plan(candidate, s, replicas, mb);
             std::vector<double> by_layers;
             for (std::int64_t k : layers) {
-                const instance& i = instance_of(instance_depth(model, s, k), samples * replicas * mb);
+                const plan::plan_spec p = instance_plan(candidate, s, replicas, mb, k);
+                const instance& i = instance_of(instance_depth(s, k), samples * replicas * mb);
                 by_layers.push_back(step_lower_bound(plan::resolve(p, i.g), i.work, o.price, &i.g, &c));
             }
-            by_micro_batches.push_back(along(by_layers, layers, model.layers / s.stages));
+            by_micro_batches.push_back(along(by_layers, layers, fold_layers_per_stage(s)));
         }
         return along(by_micro_batches, micro_batches, s.micro_batches);
     };

@@ -667,13 +667,13 @@ LOOM_INLINE plan_search_result search_plan(const model_family& model, const plan
         };
         std::vector<double> by_micro_batches;
         for (std::int64_t mb : micro_batches) {
-            const plan::plan_spec p = instance_plan(candidate, s, replicas, mb);
             std::vector<double> by_layers;
             for (std::int64_t k : layers) {
-                const instance& i = instance_of(instance_depth(model, s, k), samples * replicas * mb);
+                const plan::plan_spec p = instance_plan(candidate, s, replicas, mb, k);
+                const instance& i = instance_of(instance_depth(s, k), samples * replicas * mb);
                 by_layers.push_back(step_lower_bound(plan::resolve(p, i.g), i.work, o.price, &i.g, &c));
             }
-            by_micro_batches.push_back(along(by_layers, layers, model.layers / s.stages));
+            by_micro_batches.push_back(along(by_layers, layers, fold_layers_per_stage(s)));
         }
         return along(by_micro_batches, micro_batches, s.micro_batches);
     };
