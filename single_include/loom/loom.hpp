@@ -18236,6 +18236,11 @@ inline std::int64_t batch_of(const graph& model) {
 LOOM_INLINE std::vector<open_parameter> open_parameter_candidates(const plan::plan_spec& space, std::int64_t batch,
                                                                   std::int64_t layers = 0);
 
+// The ranges that open boundaries cut the layers into, given the stage count and order
+// chosen in `candidate` (stages x interleaved chunks); 0 when they do not say (plan::resolve
+// then says why).
+LOOM_INLINE std::int64_t boundary_ranges(const plan::plan_spec& candidate);
+
 // The candidates of open parameter p once the earlier parameters are chosen in `candidate`:
 // its own, or for open boundaries every cut of the layers into the ranges that the chosen
 // stage count and order make ({0} when they make none: plan::resolve then says why; the
@@ -18351,12 +18356,12 @@ LOOM_INLINE plan_search_result search_plan(const model_family& model, const plan
 
 namespace detail {
 
-// The search itself, over the assignments of `params`: `bound` gives an assignment's lower
-// bound (throwing plan_error or shape_error to refuse it), `price` its programs' price.
 // Open stage boundaries made explicit in plan p (a filled plan): the boundaries of its chosen
 // cut, the open parameter and its choice removed, so that the plan reads as written by hand.
 LOOM_INLINE void concrete_boundaries(plan::plan_spec& p, const std::vector<open_parameter>& params);
 
+// The search itself, over the assignments of `params`: `bound` gives an assignment's lower
+// bound (throwing plan_error or shape_error to refuse it), `price` its programs' price.
 using bound_function = std::function<double(const plan::plan_spec&)>;
 using price_function = std::function<program_price(const plan::plan_spec&)>;
 LOOM_INLINE plan_search_result search_assignments(const plan::plan_spec& space, std::vector<open_parameter> params,
@@ -18433,10 +18438,8 @@ LOOM_INLINE std::vector<open_parameter> open_parameter_candidates(const plan::pl
             plan::plan_spec chosen = space;
             chosen.choices = choices;
             try {
-                std::int64_t ranges = plan::degree_value(chosen.stages->count, chosen, "plan::stages");
-                if (const auto order = plan::detail::chosen_order(chosen); order && order->kind == plan::schedule_kind::interleaved)
-                    ranges *= order->virtual_stages;
-                const auto starts = plan::detail::stage_starts(*chosen.stages, choices, layers, static_cast<int>(ranges));
+                const auto starts =
+                    plan::detail::stage_starts(*chosen.stages, choices, layers, static_cast<int>(boundary_ranges(chosen)));
                 std::string text;
                 for (std::size_t k = 0; k < starts.size(); ++k)
                     text += (k ? " + " : "") + std::to_string((k + 1 < starts.size() ? starts[k + 1] : layers) - starts[k]);
@@ -18455,8 +18458,6 @@ LOOM_INLINE std::vector<open_parameter> open_parameter_candidates(const plan::pl
     return out;
 }
 
-// The ranges that open boundaries cut the layers into, given the stage count and order
-// chosen in `candidate`; 0 when they do not say (plan::resolve then says why).
 LOOM_INLINE std::int64_t boundary_ranges(const plan::plan_spec& candidate) {
     std::int64_t ranges = 0;
     try {
@@ -18469,6 +18470,8 @@ LOOM_INLINE std::int64_t boundary_ranges(const plan::plan_spec& candidate) {
     return std::max<std::int64_t>(ranges, 0);
 }
 
+// Whether open boundaries p have too many cuts at the stages chosen in `candidate`, so that
+// only the even one is tried.
 LOOM_INLINE bool even_cut_only(const open_parameter& p, const plan::plan_spec& candidate) {
     const std::int64_t ranges = boundary_ranges(candidate);
     return p.what == open_parameter::kind::boundaries && ranges >= 1 &&
@@ -18825,11 +18828,8 @@ namespace loom::search::detail {
 LOOM_INLINE void concrete_boundaries(plan::plan_spec& p, const std::vector<open_parameter>& params) {
     for (const open_parameter& param : params) {
         if (param.what != open_parameter::kind::boundaries || !p.stages) continue;
-        std::int64_t chunks = plan::degree_value(p.stages->count, p, "plan::stages");
-        if (const auto order = plan::detail::chosen_order(p); order && order->kind == plan::schedule_kind::interleaved)
-            chunks *= order->virtual_stages;
         const std::vector<std::int64_t> starts =
-            plan::detail::stage_starts(*p.stages, p.choices, param.layers, static_cast<int>(chunks));
+            plan::detail::stage_starts(*p.stages, p.choices, param.layers, static_cast<int>(boundary_ranges(p)));
         p.stages->boundaries.assign(starts.begin() + 1, starts.end());
         p.stages->boundaries_open.clear();
         p.stages->boundary_slack = -1;
