@@ -8359,9 +8359,9 @@ LOOM_INLINE zero_stage chosen_zero(const plan_spec& p);
 
 LOOM_INLINE std::optional<order_policy> chosen_order(const plan_spec& p);
 
-// The first layer of every range, checked: strictly increasing, inside the model, the first 0.
 // The first layer of each of `chunks` ranges of `layers` layers: even, at the given
-// boundaries, or the cut that the open boundaries' choice numbers.
+// boundaries (checked: strictly increasing, inside the model), or the cut that the open
+// boundaries' choice numbers.
 LOOM_INLINE std::vector<std::int64_t> stage_starts(const stage_spec& st, const std::map<std::string, std::int64_t>& choices,
                                                    std::int64_t layers, int chunks);
 
@@ -17344,8 +17344,8 @@ LOOM_INLINE plan::plan_spec instance_plan(const plan::plan_spec& p, const fold_s
         // Each range: the instance's k and the range's extra layers, as explicit boundaries.
         const std::int64_t k = layers_per_stage / s.chunk_layers;
         out.stages->boundaries.clear();
-        for (std::size_t r = 0, next = 0; r + 1 < s.range_extra.size(); ++r)
-            out.stages->boundaries.push_back(static_cast<std::int64_t>(next += static_cast<std::size_t>(k + s.range_extra[r])));
+        std::int64_t next = 0;
+        for (std::size_t r = 0; r + 1 < s.range_extra.size(); ++r) out.stages->boundaries.push_back(next += k + s.range_extra[r]);
         if (!out.stages->boundaries_open.empty()) out.choices.erase(out.stages->boundaries_open);
         out.stages->boundaries_open.clear();
     }

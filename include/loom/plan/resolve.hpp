@@ -73,9 +73,9 @@ LOOM_INLINE zero_stage chosen_zero(const plan_spec& p);
 
 LOOM_INLINE std::optional<order_policy> chosen_order(const plan_spec& p);
 
-// The first layer of every range, checked: strictly increasing, inside the model, the first 0.
 // The first layer of each of `chunks` ranges of `layers` layers: even, at the given
-// boundaries, or the cut that the open boundaries' choice numbers.
+// boundaries (checked: strictly increasing, inside the model), or the cut that the open
+// boundaries' choice numbers.
 LOOM_INLINE std::vector<std::int64_t> stage_starts(const stage_spec& st, const std::map<std::string, std::int64_t>& choices,
                                                    std::int64_t layers, int chunks);
 

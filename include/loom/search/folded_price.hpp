@@ -245,8 +245,8 @@ LOOM_INLINE plan::plan_spec instance_plan(const plan::plan_spec& p, const fold_s
         // Each range: the instance's k and the range's extra layers, as explicit boundaries.
         const std::int64_t k = layers_per_stage / s.chunk_layers;
         out.stages->boundaries.clear();
-        for (std::size_t r = 0, next = 0; r + 1 < s.range_extra.size(); ++r)
-            out.stages->boundaries.push_back(static_cast<std::int64_t>(next += static_cast<std::size_t>(k + s.range_extra[r])));
+        std::int64_t next = 0;
+        for (std::size_t r = 0; r + 1 < s.range_extra.size(); ++r) out.stages->boundaries.push_back(next += k + s.range_extra[r]);
         if (!out.stages->boundaries_open.empty()) out.choices.erase(out.stages->boundaries_open);
         out.stages->boundaries_open.clear();
     }
