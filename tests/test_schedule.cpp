@@ -390,6 +390,21 @@ TEST_CASE("simulate's makespan alone, without validation, is the full simulation
     }
 }
 
+TEST_CASE("a block's output may be ready before it ends: its readers start then, its device stays busy", "[schedule]") {
+    // GPipe over 2 stages, 1 micro-batch: F(s0) F(s1) B(s1) B(s0). Each backward hands its
+    // input's gradient on after half of its time (the weights' gradients come after).
+    cost_model costs{.forward = 1, .backward = 2};
+    costs.ready = [](const block& b) { return is_backward(b) ? 1.0 : 5.0; };  // at most the duration
+    const simulation r = simulate(gpipe(2, 1), costs);
+    CHECK(r.at(forward_block(1, 0)).start == 1.0);   // F(s0)'s output ready at its end (5 > 1)
+    CHECK(r.at(backward_block(1, 0)).start == 2.0);
+    CHECK(r.at(backward_block(0, 0)).start == 3.0);  // B(s1) ready one unit after its start
+    CHECK(r.makespan == 5.0);
+    CHECK(r.busy[1] == 3.0);                         // stage 1 still computes all of B(s1)
+    CHECK(simulate(gpipe(2, 1), costs, {.validated = true, .makespan_only = true}).makespan == r.makespan);
+    CHECK(simulate(gpipe(2, 1), cost_model{.forward = 1, .backward = 2}).makespan == 6.0);
+}
+
 TEST_CASE("from_constraints with no constraints is a greedy, valid schedule", "[schedule]") {
     for (const auto& shape : {pipeline_shape::linear(4, 8), pipeline_shape::linear(3, 5, 2),
                               pipeline_shape::interleaved(2, 2, 4), pipeline_shape::interlaced(3, 5)}) {

@@ -6,6 +6,7 @@
 //   cost_model{.forward_per_stage = {1, 1, 2}}    per-stage times (the stage count must match)
 //   cost_model{.latency = 0.5}                    every message adds 0.5 between its blocks
 //   cost_model{.duration = [](const block& b) { ... }}   anything else
+//   cost_model{.ready = [](const block& b) { ... }}      outputs ready before a block ends
 // Times are in arbitrary units (the Chrome trace scales them; chrome_trace.hpp).
 #include <functional>
 #include <string>
@@ -22,6 +23,10 @@ struct cost_model {
     std::vector<double> backward_per_stage;  // when not empty: the backward time of each stage
     double latency = 0.0;                    // added to every dependency that crosses devices
     std::function<double(const block&)> duration;  // when set: the time of every block
+    // When set: how long after its start a block's output is ready for the blocks that read
+    // it (at most its duration; a backward pass hands on its input's gradient before it
+    // computes its weights' gradients). Unset: at its end.
+    std::function<double(const block&)> ready;
 
     double of(const block& b) const {
         if (duration) return duration(b);

@@ -84,7 +84,8 @@ struct simulate_options {
 
 // Validates the schedule first (throws schedule_error) unless options.validated, then plays
 // it: a block starts when each of its devices is free and each input has arrived there (the
-// producer's end, plus costs.latency on a device that did not run the producer).
+// producer's end, or the time its output is ready (costs.ready), plus costs.latency on a
+// device that did not run the producer).
 LOOM_INLINE simulation simulate(const schedule& s, const cost_model& costs = {}, const simulate_options& options = {});
 
 }  // namespace loom::schedule
@@ -121,7 +122,7 @@ LOOM_INLINE simulation simulate(const schedule& s, const cost_model& costs, cons
             backward_time.push_back(check_time(backward_block(st, 0), costs.of(backward_block(st, 0))));
         }
     const double never = -1.0;  // the end of a block not yet played (every time is >= 0)
-    std::vector<double> end(count, never);
+    std::vector<double> end(count, never), ready_at(count, never);
     std::vector<double> start(options.makespan_only ? 0 : count, 0.0);
     std::vector<std::size_t> next(static_cast<std::size_t>(p.devices), 0);
     std::vector<double> free(static_cast<std::size_t>(p.devices), 0.0);
@@ -156,7 +157,7 @@ LOOM_INLINE simulation simulate(const schedule& s, const cost_model& costs, cons
                 double at = alone ? free[d] : 0.0;
                 bool ready = true;
                 for_each_input(p, b, [&](const dependency& dep) {
-                    const double e = end[static_cast<std::size_t>(block_index(p, dep.producer))];
+                    const double e = ready_at[static_cast<std::size_t>(block_index(p, dep.producer))];
                     if (e == never) ready = false;
                     const int source = stage_device[static_cast<std::size_t>(dep.producer.stage)];
                     if (alone)
@@ -174,6 +175,7 @@ LOOM_INLINE simulation simulate(const schedule& s, const cost_model& costs, cons
                                         : is_forward(b)  ? forward_time[static_cast<std::size_t>(b.stage)]
                                                          : backward_time[static_cast<std::size_t>(b.stage)];
                 end[index] = at + duration;
+                ready_at[index] = costs.ready ? at + std::min(duration, check_time(b, costs.ready(b))) : end[index];
                 if (!options.makespan_only) start[index] = at;
                 if (alone) {
                     free[d] = at + duration;
