@@ -72,23 +72,34 @@ struct exhaustive {
     double best_step = 1e300;
     int legal = 0;
     int raised_by_communication = 0;  // leaves whose bound the communication term raised
+    int raised_by_model = 0;          // leaves whose bound recomputation or dependencies raised
+    int memory_floor_close = 0;       // devices whose memory floor is most of their priced memory
 };
 
 exhaustive price_everything(const graph& model, const plan::plan_spec& space, const search::cluster& c,
                             const search::plan_search_options& o) {
     const auto params = search::open_parameter_candidates(
         space, search::batch_of(model), space.stages ? plan::detail::layer_count(model, space.stages->repeat) : 0);
-    const auto work = search::training_work(model, c.device, o.price);
+    const auto work = search::training_work_of(model, c.device, o.price);
     exhaustive out;
     search::for_each_assignment(space, params, [&](const plan::plan_spec& candidate) {
         try {
             const plan::resolved_plan rp = plan::resolve(candidate, model);
             const double bound = search::step_lower_bound(rp, work, o.price, &model, &c);
-            if (bound > search::step_lower_bound(rp, work, o.price) * (1 + 1e-9)) ++out.raised_by_communication;
+            const double without_communication = search::step_lower_bound(rp, work, o.price, &model);
+            if (bound > without_communication * (1 + 1e-9)) ++out.raised_by_communication;
+            if (without_communication > search::step_lower_bound(rp, work, o.price) * (1 + 1e-9)) ++out.raised_by_model;
             const search::program_price price =
                 search::price_programs(partition::apply_plan(model, candidate), c, o.price);
-            // The bound is a bound on every leaf.
+            // The bounds are bounds on every leaf: the step, and each device's memory.
             CHECK(bound <= price.step_seconds * (1 + 1e-12));
+            const search::memory_floor least = search::memory_lower_bound(rp, model, o.price);
+            for (std::size_t d = 0; d < price.devices.size(); ++d) {
+                INFO("device " << d << ", " << search::choices_text(params, candidate.choices));
+                CHECK(least.whole[d] + least.sharded[d] + o.price.runtime_bytes <=
+                      price.devices[d].memory.total() * (1 + 1e-12));
+                if (least.whole[d] + least.sharded[d] > 0.6 * price.devices[d].memory.total()) ++out.memory_floor_close;
+            }
             if (price.peak_memory() <= (o.memory_limit > 0 ? o.memory_limit : c.device.memory_bytes)) {
                 ++out.legal;
                 if (price.step_seconds < out.best_step) out.best_step = price.step_seconds, out.best = candidate.choices;
@@ -128,7 +139,7 @@ TEST_CASE("the search over a pipeline space finds the assignment that pricing ev
     CHECK(r.best.price.step_seconds == Approx(all.best_step).epsilon(1e-12));
     CHECK(r.gap == 0);
     CHECK(r.stats.pruned > 0);  // the bound saved work
-    CHECK(r.stats.priced + r.stats.pruned + r.stats.refused == r.stats.assignments);
+    CHECK(r.stats.priced + r.stats.pruned + r.stats.refused + r.stats.over_memory_unpriced == r.stats.assignments);
     REQUIRE(r.runner_up);
     CHECK(r.runner_up->price.step_seconds >= r.best.price.step_seconds);
     INFO(r.explain());
@@ -314,6 +325,88 @@ TEST_CASE("the bound never exceeds the programs' price, on every leaf of several
         const auto model = small_gpt();
         CHECK(price_everything(model.ir(), open_pipeline(8), one_node, o).legal > 3);
     }
+    SECTION("every order, recomputation and open boundaries (nnScaler's space), where bubbles dominate") {
+        // A slow node: compute outweighs latency, so the dependencies raise bounds to
+        // nearly the price, the regime where a wrong chain would show.
+        plan::plan_spec space = plan::spaces::nnscaler(4);
+        space.micro_batches.allowed = {2, 4};
+        space.zero_allowed = {0, 3};
+        const auto model = small_gpt();
+        const exhaustive all = price_everything(model.ir(), space, slow_node(), o);
+        CHECK(all.legal > 50);
+        CHECK(all.raised_by_model > all.legal / 2);
+    }
+}
+
+TEST_CASE("the bound sees a pipeline's bubbles and recomputation's second forward, below the price") {
+    // A slow node, where compute sets the step: 1F1B on 4 stages idles (S - 1) / m of the
+    // stages' work, and the bound must see it.
+    const search::cluster c = slow_node();
+    const auto model = models::gpt({.layers = 8, .hidden = 64, .heads = 4, .vocab = 64, .seq = 32, .batch = 16});
+    const graph g = model.ir();
+    const search::price_options o;
+    const auto work = search::training_work_of(g, c.device, o);
+    auto pipeline = [](int stages, int micro_batches, bool recompute) {
+        plan::plan_spec p = plan::spaces::alpa(stages);
+        p.stages->boundaries_open.clear();
+        p.choices = {{"dp", 1}, {"tp", 1}, {"pp", stages}, {"mb", micro_batches}};
+        if (recompute) {
+            plan::rule r;
+            r.on.repeat = "blocks";
+            r.recompute = true;
+            p.add(std::move(r));
+        }
+        return p;
+    };
+    struct bounded {
+        double compute, bound, price;
+    };
+    auto bound_of = [&](const plan::plan_spec& p) {
+        const plan::resolved_plan rp = plan::resolve(p, g);
+        const auto compute = search::detail::compute_lower_bound(rp, work, o, &g);
+        double busiest = 0;
+        for (std::size_t d = 0; d < compute.forward.size(); ++d) busiest = std::max(busiest, compute.total(d));
+        return bounded{busiest, search::step_lower_bound(rp, work, o, &g, &c),
+                       search::price_programs(partition::apply_plan(g, p), c, o).step_seconds};
+    };
+    const bounded few = bound_of(pipeline(4, 4, false)), many = bound_of(pipeline(4, 16, false));
+    for (const bounded& b : {few, many}) CHECK(b.bound <= b.price * (1 + 1e-12));
+    CHECK(few.bound > 1.3 * few.compute);  // the busiest stage's work and the bubble before and after it
+    CHECK(few.bound / few.compute > many.bound / many.compute);  // more micro-batches, a smaller bubble
+    // Recomputing every layer replays its forward: more compute on every stage.
+    const bounded replayed = bound_of(pipeline(4, 4, true));
+    CHECK(replayed.compute > 1.1 * few.compute);
+    CHECK(replayed.bound > few.bound);
+    CHECK(replayed.bound <= replayed.price * (1 + 1e-12));
+}
+
+TEST_CASE("the memory floor counts the parameters, gradients and optimizer state each device keeps, as ZeRO shards them") {
+    // Few tokens: the weights, not the activations, fill the memory.
+    const auto model = models::gpt({.layers = 2, .hidden = 256, .heads = 4, .vocab = 4096, .seq = 8, .batch = 4});
+    const graph g = model.ir();
+    const search::cluster c = search::dgx_a100(1);
+    search::price_options o;
+    o.runtime_bytes = 1e6;
+    std::vector<double> floors;
+    for (int zero = 0; zero <= 3; ++zero) {
+        INFO("ZeRO-" << zero);
+        plan::plan_spec p = open_megatron(4);
+        p.choices = {{"tp", 1}, {"dp", 4}};
+        p.zero = static_cast<plan::zero_stage>(zero);
+        const search::memory_floor least = search::memory_lower_bound(plan::resolve(p, g), g, o);
+        const search::program_price price = search::price_programs(partition::apply_plan(g, p), c, o);
+        for (std::size_t d = 0; d < 4; ++d) CHECK(least.whole[d] + least.sharded[d] + o.runtime_bytes <= price.devices[d].memory.total());
+        // Without ZeRO that is most of it; with ZeRO the full gradients and gathered
+        // parameters that pass through the arena come on top.
+        if (zero == 0) CHECK(least.peak() + o.runtime_bytes > 0.6 * price.peak_memory());
+        floors.push_back(least.peak());
+    }
+    // Each stage shards one more of the three over the 4 replicas: AdamW's 8 bytes per
+    // element, then the 4-byte gradients, then the 4-byte parameters.
+    const double elements = floors[0] / 16;
+    CHECK(floors[1] == Approx(elements * (4 + 4 + 8.0 / 4)));
+    CHECK(floors[2] == Approx(elements * (4 + 4.0 / 4 + 8.0 / 4)));
+    CHECK(floors[3] == Approx(elements * (4.0 + 4 + 8) / 4));
 }
 
 TEST_CASE("a calibrated op rate interpolates its points and bounds them from below") {
@@ -371,6 +464,9 @@ TEST_CASE("an empty space says which constraint empties it") {
             INFO(what);
             CHECK(what.find("exceed") != std::string::npos);
             CHECK(what.find("the smallest") != std::string::npos);
+            // 1 KiB holds no weights: every assignment is set aside by its floor, unpriced.
+            CHECK(what.find("needs at least") != std::string::npos);
+            CHECK(what.find("for its weights, gradients and optimizer state") != std::string::npos);
         }
     }
     SECTION("ranges with nothing in common") {

@@ -7244,6 +7244,7 @@ constexpr text first_policy_error(const policy_view& v) {
 //   cost_model{.forward_per_stage = {1, 1, 2}}    per-stage times (the stage count must match)
 //   cost_model{.latency = 0.5}                    every message adds 0.5 between its blocks
 //   cost_model{.duration = [](const block& b) { ... }}   anything else
+//   cost_model{.ready = [](const block& b) { ... }}      outputs ready before a block ends
 // Times are in arbitrary units (the Chrome trace scales them; chrome_trace.hpp).
 #include <functional>
 #include <string>
@@ -7259,6 +7260,10 @@ struct cost_model {
     std::vector<double> backward_per_stage;  // when not empty: the backward time of each stage
     double latency = 0.0;                    // added to every dependency that crosses devices
     std::function<double(const block&)> duration;  // when set: the time of every block
+    // When set: how long after its start a block's output is ready for the blocks that read
+    // it (at most its duration; a backward pass hands on its input's gradient before it
+    // computes its weights' gradients). Unset: at its end.
+    std::function<double(const block&)> ready;
 
     double of(const block& b) const {
         if (duration) return duration(b);
@@ -12929,7 +12934,8 @@ struct simulate_options {
 
 // Validates the schedule first (throws schedule_error) unless options.validated, then plays
 // it: a block starts when each of its devices is free and each input has arrived there (the
-// producer's end, plus costs.latency on a device that did not run the producer).
+// producer's end, or the time its output is ready (costs.ready), plus costs.latency on a
+// device that did not run the producer).
 LOOM_INLINE simulation simulate(const schedule& s, const cost_model& costs = {}, const simulate_options& options = {});
 
 }  // namespace loom::schedule
@@ -12966,7 +12972,7 @@ LOOM_INLINE simulation simulate(const schedule& s, const cost_model& costs, cons
             backward_time.push_back(check_time(backward_block(st, 0), costs.of(backward_block(st, 0))));
         }
     const double never = -1.0;  // the end of a block not yet played (every time is >= 0)
-    std::vector<double> end(count, never);
+    std::vector<double> end(count, never), ready_at(count, never);
     std::vector<double> start(options.makespan_only ? 0 : count, 0.0);
     std::vector<std::size_t> next(static_cast<std::size_t>(p.devices), 0);
     std::vector<double> free(static_cast<std::size_t>(p.devices), 0.0);
@@ -13001,7 +13007,7 @@ LOOM_INLINE simulation simulate(const schedule& s, const cost_model& costs, cons
                 double at = alone ? free[d] : 0.0;
                 bool ready = true;
                 for_each_input(p, b, [&](const dependency& dep) {
-                    const double e = end[static_cast<std::size_t>(block_index(p, dep.producer))];
+                    const double e = ready_at[static_cast<std::size_t>(block_index(p, dep.producer))];
                     if (e == never) ready = false;
                     const int source = stage_device[static_cast<std::size_t>(dep.producer.stage)];
                     if (alone)
@@ -13019,6 +13025,7 @@ LOOM_INLINE simulation simulate(const schedule& s, const cost_model& costs, cons
                                         : is_forward(b)  ? forward_time[static_cast<std::size_t>(b.stage)]
                                                          : backward_time[static_cast<std::size_t>(b.stage)];
                 end[index] = at + duration;
+                ready_at[index] = costs.ready ? at + std::min(duration, check_time(b, costs.ready(b))) : end[index];
                 if (!options.makespan_only) start[index] = at;
                 if (alone) {
                     free[d] = at + duration;
@@ -18171,11 +18178,14 @@ LOOM_INLINE order_search_result order_search(const schedule::pipeline_shape& sha
 //      refusals (a stage count that does not divide, layers that do not fill the chunks, a
 //      forbidden split, ...) are counted by reason, which is what an empty space reports.
 //   3. A lower bound on the step time of each legal assignment, from the resolved plan
-//      alone: the busiest device's share of the training work (FLOPs, bytes, instructions)
-//      at the device's best rates, and the partial sums its cuts force it to reduce (the
-//      weights' gradients over the replicas, tensor-parallel partial activations) at the
-//      bandwidth of the tightest placement. It never exceeds the programs' price (tests
-//      check it on every leaf of several spaces).
+//      alone: the busiest device's share of the training work (FLOPs, bytes, instructions,
+//      recomputation's replays) at the best rates its pieces' shapes allow; the partial sums
+//      its cuts force it to reduce (the weights' gradients over the replicas, tensor-parallel
+//      partial activations, each micro-batch's in turn) at the tightest placement; the
+//      chains of dependent ops before and after each device's work; and the pipeline's order
+//      simulated with those least block times, its bubbles and the gradients' reductions
+//      after the last backward. It never exceeds the programs' price (tests check it on
+//      every leaf of several spaces, nnScaler's among them).
 //   4. Best first by that bound, each assignment is applied (partition::apply_plan) and its
 //      programs priced (search/program_price.hpp); assignments that do not fit in the
 //      device's memory are set aside. The search stops when the next bound is no better
@@ -18256,39 +18266,151 @@ LOOM_INLINE std::string value_text(const open_parameter& p, std::int64_t v);
 
 LOOM_INLINE std::string choices_text(const std::vector<open_parameter>& params, const std::map<std::string, std::int64_t>& choices);
 
-// The work of training every forward node of `model` on one device, its own and that of
-// the backward ops that differentiate it, as the least time the pricing could give it: each
-// op at the best rate it grants any instruction (the roofline at the device's best
-// efficiency, or the op kind's calibrated rate without its per-call cost).
-struct node_work {
+// The work of training a model, as the least time the pricing could give each piece of it.
+//
+// One op of the training graph (the forward ops and the backward ops that differentiate
+// them, without recomputation), with the ops whose outputs it reads: the dependencies that
+// order every program of every plan, whatever its devices and micro-batches.
+struct training_op {
+    node_id source = no_id;  // the forward node of the model it trains
+    bool backward = false;
+    // On one device: at the roofline of the device's best efficiency and its memory
+    // bandwidth, or at the op kind's calibrated rate without its per-call cost.
     double seconds = 0;
-    double instructions = 0;
+    // A GEMM (at least 16 FLOPs per element written; 0: not one): at the efficiency no
+    // piece of it can exceed. The price scales the GEMM efficiency by a factor per
+    // dimension of the shape it reads from FLOPs, elements read and written (gemm_shape);
+    // a piece's contracted dimension is at most the whole op's k, the smaller of its other
+    // two at most m = min(sqrt(written), FLOPs / read) of the whole op (each of its inputs
+    // is cut at most as finely as its FLOPs), and the factors' product grows with m up to
+    // sqrt(written).
+    double gemm_seconds = 0;
+    double gemm_k = 0;  // its contracted dimension
+    std::vector<std::int32_t> reads;  // indices of earlier training ops
+
+    // The least seconds of a piece that does 1/share of the op (share_of), its instruction's
+    // overhead apart. A piece whose contracted dimension may fall below 8 may price as
+    // element-wise. An op that its partition decomposes into others (`as_written` false)
+    // runs as those, of other shapes.
+    double piece_seconds(double share, bool as_written = true) const {
+        if (gemm_seconds <= 0 || !as_written) return seconds / share;
+        const bool surely_gemm = 2.0 * gemm_k / share >= 16.0;
+        return (surely_gemm ? gemm_seconds : std::min(gemm_seconds, seconds)) / share;
+    }
 };
 
-LOOM_INLINE std::vector<node_work> training_work(const graph& model, const device_profile& dev, const price_options& o);
+// The parts that partition p cuts an op's work into: the product of the degrees of the
+// splits that cut (a replica, or a piece of a partial sum, does the whole op).
+inline double share_of(const plan::op_partition* p) {
+    double share = 1;
+    if (p)
+        for (const plan::split_axis& a : p->splits)
+            if (a.cuts()) share *= static_cast<double>(a.degree);
+    return share;
+}
+
+// Per forward node of the model: what recomputing it replays.
+struct node_work {
+    std::int32_t forward_op = -1;  // its forward op among training_work::ops
+    // The forward nodes whose backward ops read this node's outputs: a recomputed node is
+    // replayed for those in its own stage (partition/logical_graph.hpp).
+    std::vector<node_id> backward_readers;
+};
+
+struct training_work {
+    std::vector<node_work> nodes;  // per forward node of the model
+    std::vector<training_op> ops;  // in the training graph's order (dependencies first)
+};
+
+LOOM_INLINE training_work training_work_of(const graph& model, const device_profile& dev, const price_options& o);
 
 // A lower bound on the step time of a resolved plan: the busiest device's share of the
 // training work. Each piece of an op does its share of the op's work (splits are even;
-// replicas do it all) and runs at least one instruction per training op it holds.
+// replicas do it all, and pieces of a GEMM run at most at the efficiency of the largest
+// shape a piece can have) and runs at least one instruction per training op it holds.
 //
+// Given the model, two more terms:
+// - Recomputation: a recomputed node whose outputs a backward op of its own stage reads is
+//   replayed once per piece, at its forward work.
+// - Dependencies: a device cannot start before the longest chain of training ops that
+//   precedes the first op it runs, and the step cannot end before the chain that follows
+//   its last op. So the step is at least, on every device, the shortest chain before any
+//   of its ops, plus its compute, plus the shortest chain after any of its ops (each op of
+//   a chain at its piece's share, one micro-batch): a pipeline's bubbles, whatever order.
+//   Ops that a split decomposes into others count zero in chains and replays.
 // Given the model and the cluster, each device's communication counts too: the step is at
 // least its compute and its communication (overlap: the larger of them; one stream: their
 // sum). An op cut along a variable that one of its inputs lacks leaves that input's
 // gradient a partial sum over the pieces along the cut on distinct devices (the weights'
 // gradients over the data-parallel replicas, a column-parallel linear's input gradient over
 // the tensor-parallel group); one cut along a contracted variable leaves its output partial
-// (a row-parallel linear). Each such tensor is reduced at least once: a reduce-scatter of
-// its piece over that group, at the transmission time of the group's tightest placement on
-// the cluster's nodes, whatever the program does beyond it (all-reduce, latency, shared
-// NICs). A tensor several ops leave partial counts once, at its largest such reduction.
-LOOM_INLINE double step_lower_bound(const plan::resolved_plan& rp, const std::vector<node_work>& work, const price_options& o,
+// (a row-parallel linear). Each piece of such a tensor that a device holds (micro-batches
+// are reduced in turn) is reduced by a collective of its own, at least a reduce-scatter over
+// that group at the group's tightest placement on the cluster's nodes, whatever the program
+// does beyond it (all-reduce, shared NICs). A tensor several ops leave partial counts once,
+// at its largest such reduction.
+// Devices that share one machine's compute (price_options::compute_shared_by > 1) count
+// their compute only.
+LOOM_INLINE double step_lower_bound(const plan::resolved_plan& rp, const training_work& work, const price_options& o,
                                     const graph* model = nullptr, const cluster* c = nullptr);
+
+// A lower bound on the memory of each device under plan rp, without the runtime's fixed
+// bytes: the parameters it stores, their gradients and their optimizer state. A device
+// holding a piece of an op stores the region of each parameter that the piece reads (the
+// parameter cut by the op's splits that slice it); ZeRO shards the optimizer state (stage
+// 1), the gradients too (2) and the parameters too (3) over the devices that hold the same
+// region. The activations and the gathered parameters of ZeRO-3 come on top.
+struct memory_floor {
+    std::vector<double> whole;    // per device: bytes that no sharding divides
+    std::vector<double> sharded;  // per device: bytes of ZeRO's shards (1/copies of a region)
+    double peak() const {
+        double m = 0;
+        for (std::size_t d = 0; d < whole.size(); ++d) m = std::max(m, whole[d] + sharded[d]);
+        return m;
+    }
+};
+LOOM_INLINE memory_floor memory_lower_bound(const plan::resolved_plan& rp, const graph& model, const price_options& o);
 
 namespace detail {
 
 // The least seconds each device spends communicating under plan rp (see step_lower_bound).
+// `weights`, when given, receives each device's share of it that reduces the weights'
+// gradients (summed over the micro-batches first, so reduced after the last backward).
 LOOM_INLINE std::vector<double> communication_lower_bound(const plan::resolved_plan& rp, const graph& model, const cluster& c,
-                                                          const price_options& o);
+                                                          const price_options& o, std::vector<double>* weights = nullptr);
+
+// Whether partition p rebuilds node n into other ops (a split whose transformation
+// decomposes the op).
+LOOM_INLINE bool decomposed(const node& n, const plan::op_partition& p);
+
+// The least seconds each device computes under plan rp: its forward ops, its backward ops,
+// and given the model the replays of recomputed nodes (see step_lower_bound).
+struct device_compute {
+    std::vector<double> forward, backward, replays;
+    double total(std::size_t d) const { return forward[d] + backward[d] + replays[d]; }
+};
+LOOM_INLINE device_compute compute_lower_bound(const plan::resolved_plan& rp, const training_work& work,
+                                               const price_options& o, const graph* model);
+
+// The least step that the dependencies between training ops allow each device's compute
+// (see step_lower_bound).
+// `weights`: each device's least seconds reducing its weights' gradients (empty: none).
+LOOM_INLINE double dependency_lower_bound(const plan::resolved_plan& rp, const training_work& work, const price_options& o,
+                                          const graph& model, const device_compute& compute,
+                                          const std::vector<double>& weights = {});
+
+// The least makespan of a pipeline's order (rp.order) when each block takes the least time
+// its ops can: the schedule simulated (schedule/simulate.hpp) with, for each stage and pass,
+// the work of one micro-batch's ops that wait for the stages before (forward) or after
+// (backward), on the stage's least loaded device, and the chain of those ops up to the
+// first output another stage reads (when the block's output is ready). `length`: each
+// training op's chain length (one piece). 0 where the order cannot be bounded so: no order,
+// a stage on several pipeline devices, or an output that does not wait for the block's
+// inputs.
+// `weights` (per device, may be empty): the reductions of the weights' gradients, which
+// wait for the last backward block of the device's stages to start.
+LOOM_INLINE double schedule_lower_bound(const plan::resolved_plan& rp, const training_work& work,
+                                        const std::vector<double>& length, const std::vector<double>& weights);
 
 }  // namespace detail
 
@@ -18304,6 +18426,7 @@ struct plan_search_statistics {
     std::int64_t refused = 0;      // by plan::resolve or partition::apply_plan
     std::int64_t priced = 0;
     std::int64_t over_memory = 0;
+    std::int64_t over_memory_unpriced = 0;  // of those, set aside by their memory floor alone
     std::int64_t pruned = 0;       // never priced: their bound was no better than the runner-up
     std::int64_t unexplored = 0;   // never priced: the budget ran out
     std::int64_t ties = 0;         // priced the same as the best (the first of them is chosen)
@@ -18360,9 +18483,17 @@ namespace detail {
 // cut, the open parameter and its choice removed, so that the plan reads as written by hand.
 LOOM_INLINE void concrete_boundaries(plan::plan_spec& p, const std::vector<open_parameter>& params);
 
+// An assignment's lower bounds: its step, and the memory of its fullest device (the
+// runtime's fixed bytes included).
+struct assignment_bounds {
+    double step = 0;
+    double memory = 0;
+};
+
 // The search itself, over the assignments of `params`: `bound` gives an assignment's lower
-// bound (throwing plan_error or shape_error to refuse it), `price` its programs' price.
-using bound_function = std::function<double(const plan::plan_spec&)>;
+// bounds (throwing plan_error or shape_error to refuse it), `price` its programs' price. An
+// assignment whose memory floor exceeds the limit is set aside unpriced.
+using bound_function = std::function<assignment_bounds(const plan::plan_spec&)>;
 using price_function = std::function<program_price(const plan::plan_spec&)>;
 LOOM_INLINE plan_search_result search_assignments(const plan::plan_spec& space, std::vector<open_parameter> params,
                                                   const cluster& c, const plan_search_options& o,
@@ -18528,67 +18659,392 @@ LOOM_INLINE std::string choices_text(const std::vector<open_parameter>& params, 
     return out.empty() ? "(no open parameters)" : out;
 }
 
-LOOM_INLINE std::vector<node_work> training_work(const graph& model, const device_profile& dev, const price_options& o) {
+LOOM_INLINE training_work training_work_of(const graph& model, const device_profile& dev, const price_options& o) {
     const std::size_t forward = model.forward_node_count();
     partition::logical_graph_options lo;
     lo.recompute.assign(forward, false);
     lo.decompose.resize(forward);
     const partition::logical_graph lg = partition::build_logical_graph(model, lo);
-    const double flop_rate = peak_for(dev, o.storage) * std::max(dev.gemm_efficiency, dev.elementwise_efficiency);
+    const double peak = peak_for(dev, o.storage);
     const double byte_rate = dev.memory_bandwidth * dev.elementwise_efficiency;
-    std::vector<node_work> work(forward);
+    training_work work;
+    work.nodes.resize(forward);
+    std::vector<std::int32_t> op_of(lg.g.nodes.size(), -1);  // training op of each node of lg.g
     for (std::size_t i = 0; i < lg.g.nodes.size(); ++i) {
         const node& n = lg.g.nodes[i];
         const node_id forward_node = n.forward_of != no_id ? n.forward_of : static_cast<node_id>(i);
         const node_id source = lg.source_of[static_cast<std::size_t>(forward_node)];
         if (source == no_id || static_cast<std::size_t>(source) >= forward) continue;
+        training_op op{source, n.backward, 0, 0, 0, {}};
+        // As detail::instruction_seconds prices it, at the best a piece can do.
         const double flops = n.op->flops ? n.op->flops(lg.g, n) : 0.0;
         const double bytes = detail::node_bytes(lg.g, n, o.storage);
-        double seconds = std::max(flops / flop_rate, bytes / byte_rate);
-        if (auto rate = o.rates.find(n.op->name); rate != o.rates.end())
-            seconds = std::min(seconds, rate->second.least_per_unit() * (rate->second.per_flop ? flops : bytes));
-        node_work& w = work[static_cast<std::size_t>(source)];
-        w.seconds += seconds;
-        w.instructions += 1;
+        double read = 0, written = 0;
+        for (tensor_id t : n.inputs) read += static_cast<double>(lg.g.tensor(t).dims.numel());
+        for (tensor_id t : n.outputs) written += static_cast<double>(lg.g.tensor(t).dims.numel());
+        if (auto rate = o.rates.find(n.op->name); rate != o.rates.end()) {
+            op.seconds = rate->second.least_per_unit() * (rate->second.per_flop ? flops : bytes);
+        } else {
+            op.seconds = std::max(bytes / byte_rate, flops / (peak * std::max(dev.gemm_efficiency, dev.elementwise_efficiency)));
+            if (written > 0 && flops >= 16.0 * written) {
+                const double k = std::get<2>(gemm_shape(flops, read, written));
+                const double m = std::max(1.0, std::min(std::sqrt(written), flops / read));
+                const double h = o.gemm_half_dimension;
+                const double efficiency = dev.gemm_efficiency * gemm_shape_factor(k, h) * gemm_shape_factor(m, h) *
+                                          gemm_shape_factor(written / m, h);
+                op.gemm_seconds = std::max(bytes / byte_rate, flops / (peak * efficiency));
+                op.gemm_k = k;
+            }
+        }
+        for (tensor_id t : n.inputs) {
+            const node_id producer = lg.g.tensor(t).producer;
+            if (producer == no_id) continue;
+            const std::int32_t from = op_of[static_cast<std::size_t>(producer)];
+            if (from < 0) continue;
+            if (std::find(op.reads.begin(), op.reads.end(), from) == op.reads.end()) op.reads.push_back(from);
+            // A backward op reading a forward op's output: what recomputation replays.
+            const training_op& read_op = work.ops[static_cast<std::size_t>(from)];
+            if (n.backward && !read_op.backward) {
+                auto& readers = work.nodes[static_cast<std::size_t>(read_op.source)].backward_readers;
+                if (std::find(readers.begin(), readers.end(), source) == readers.end()) readers.push_back(source);
+            }
+        }
+        op_of[i] = static_cast<std::int32_t>(work.ops.size());
+        if (!n.backward) work.nodes[static_cast<std::size_t>(source)].forward_op = op_of[i];
+        work.ops.push_back(std::move(op));
     }
     return work;
 }
 
-LOOM_INLINE double step_lower_bound(const plan::resolved_plan& rp, const std::vector<node_work>& work, const price_options& o,
+LOOM_INLINE double step_lower_bound(const plan::resolved_plan& rp, const training_work& work, const price_options& o,
                                     const graph* model, const cluster* c) {
-    std::vector<double> busy(static_cast<std::size_t>(rp.devices), 0.0);
-    for (std::size_t i = 0; i < work.size(); ++i) {
-        const node_work& w = work[i];
-        const plan::op_partition* p = rp.at(static_cast<node_id>(i));
-        const std::int64_t pieces = p ? p->pieces() : 1;
-        const double piece = w.seconds / static_cast<double>(pieces) + w.instructions * o.instruction_overhead;
-        if (!p) {
-            for (double& b : busy) b += piece;
-            continue;
-        }
-        for (std::int64_t k = 0; k < pieces; ++k) {
-            const int d = p->device_of(k);
-            if (d >= 0 && d < rp.devices) busy[static_cast<std::size_t>(d)] += piece;
-        }
+    const detail::device_compute compute = detail::compute_lower_bound(rp, work, o, model);
+    std::vector<double> busy(compute.forward.size());
+    for (std::size_t d = 0; d < busy.size(); ++d) busy[d] = compute.total(d);
+    if (o.compute_shared_by != 1) {
+        // Devices sharing one machine: each runs at the machine's rate, and all of them at
+        // most at that rate together.
+        double all = 0;
+        for (double b : busy) all += b;
+        return std::max(*std::max_element(busy.begin(), busy.end()), all) / o.compute_shared_by;
     }
-    if (model && c && o.compute_shared_by == 1) {
-        const std::vector<double> talk = detail::communication_lower_bound(rp, *model, *c, o);
-        for (std::size_t d = 0; d < busy.size(); ++d) busy[d] = o.overlap ? std::max(busy[d], talk[d]) : busy[d] + talk[d];
-    }
-    const double busiest = *std::max_element(busy.begin(), busy.end());
-    if (o.compute_shared_by == 1) return busiest;
-    // Devices sharing one machine: each runs at the machine's rate, and all of them at most
-    // at that rate together.
-    double all = 0;
-    for (double b : busy) all += b;
-    return std::max(busiest, all) / o.compute_shared_by;
+    std::vector<double> talk, weights;
+    if (model && c) talk = detail::communication_lower_bound(rp, *model, *c, o, &weights);
+    const double ordered = model ? detail::dependency_lower_bound(rp, work, o, *model, compute, weights) : 0.0;
+    for (std::size_t d = 0; d < talk.size(); ++d) busy[d] = o.overlap ? std::max(busy[d], talk[d]) : busy[d] + talk[d];
+    return std::max(ordered, *std::max_element(busy.begin(), busy.end()));
 }
 }  // namespace loom::search
 
 namespace loom::search::detail {
 
+LOOM_INLINE bool decomposed(const node& n, const plan::op_partition& p) {
+    for (const plan::split_axis& s : p.splits) {
+        if (!s.cuts()) continue;
+        const std::optional<int> v = partition::detail::variable_of(n, s);
+        if (!v) continue;
+        const auto* t = plan::transformation_registry::instance().find(*n.op, n.sig.vars[static_cast<std::size_t>(*v)].label);
+        if (t && t->decompose) return true;
+    }
+    return false;
+}
+
+LOOM_INLINE device_compute compute_lower_bound(const plan::resolved_plan& rp, const training_work& work,
+                                               const price_options& o, const graph* model) {
+    const auto devices = static_cast<std::size_t>(rp.devices);
+    device_compute out{std::vector<double>(devices, 0.0), std::vector<double>(devices, 0.0), std::vector<double>(devices, 0.0)};
+    auto add = [&](std::vector<double>& busy, const plan::op_partition* p, double piece) {
+        if (!p) {
+            for (double& b : busy) b += piece;
+            return;
+        }
+        for (std::int64_t k = 0; k < p->pieces(); ++k)
+            if (const int d = p->device_of(k); d >= 0 && d < rp.devices) busy[static_cast<std::size_t>(d)] += piece;
+    };
+    // Ops as written (not decomposed; unknown without the model).
+    auto written = [&](node_id n) {
+        const plan::op_partition* q = rp.at(n);
+        return model && (!q || !decomposed(model->nodes[static_cast<std::size_t>(n)], *q));
+    };
+    for (const training_op& op : work.ops) {
+        const plan::op_partition* p = rp.at(op.source);
+        add(op.backward ? out.backward : out.forward, p,
+            op.piece_seconds(share_of(p), written(op.source)) + o.instruction_overhead);
+    }
+    if (!model) return out;
+    // One replay of a recomputed node, for the backward readers in its own stage (of ops as
+    // written: a decomposed op's readers and replays are other ops).
+    auto stage_of = [&](node_id n) { return rp.pipelined() ? rp.stage_of.at(static_cast<std::size_t>(n)) : 0; };
+    for (std::size_t i = 0; i < work.nodes.size(); ++i) {
+        const node_work& w = work.nodes[i];
+        const auto n = static_cast<node_id>(i);
+        const plan::op_partition* p = rp.at(n);
+        if (!p || !p->recompute || w.forward_op < 0 || !written(n) ||
+            std::none_of(w.backward_readers.begin(), w.backward_readers.end(),
+                         [&](node_id r) { return written(r) && stage_of(r) == stage_of(n); }))
+            continue;
+        const training_op& op = work.ops[static_cast<std::size_t>(w.forward_op)];
+        add(out.replays, p, op.piece_seconds(share_of(p)) + o.instruction_overhead);
+    }
+    return out;
+}
+
+LOOM_INLINE double dependency_lower_bound(const plan::resolved_plan& rp, const training_work& work, const price_options& o,
+                                          const graph& model, const device_compute& compute,
+                                          const std::vector<double>& weights) {
+    // Each op's length in a chain: one piece (one micro-batch's share on one device) with
+    // its instruction; zero for the ops of a decomposed node.
+    std::vector<double> share(work.nodes.size(), 0.0);  // 0: decomposed
+    for (std::size_t i = 0; i < work.nodes.size(); ++i) {
+        const plan::op_partition* p = rp.at(static_cast<node_id>(i));
+        share[i] = p && decomposed(model.nodes[i], *p) ? 0.0 : share_of(p);
+    }
+    const std::size_t ops = work.ops.size();
+    std::vector<double> length(ops), before(ops, 0.0), after(ops, 0.0);
+    for (std::size_t k = 0; k < ops; ++k) {
+        const training_op& op = work.ops[k];
+        const double n = share[static_cast<std::size_t>(op.source)];
+        length[k] = n > 0 ? op.piece_seconds(n) + o.instruction_overhead : 0.0;
+        for (std::int32_t r : op.reads)
+            before[k] = std::max(before[k], before[static_cast<std::size_t>(r)] + length[static_cast<std::size_t>(r)]);
+    }
+    for (std::size_t k = ops; k-- > 0;)
+        for (std::int32_t r : work.ops[k].reads)
+            after[static_cast<std::size_t>(r)] = std::max(after[static_cast<std::size_t>(r)], after[k] + length[k]);
+    double bound = schedule_lower_bound(rp, work, length, weights);
+    // Per device and pass (forward, backward), the shortest chain before and after any op
+    // it holds.
+    constexpr double none = std::numeric_limits<double>::infinity();
+    const std::size_t devices = compute.forward.size();
+    std::vector<double> head[2] = {std::vector<double>(devices, none), std::vector<double>(devices, none)};
+    std::vector<double> tail[2] = {head[0], head[0]};
+    for (std::size_t k = 0; k < ops; ++k) {
+        const plan::op_partition* p = rp.at(work.ops[k].source);
+        const int pass = work.ops[k].backward ? 1 : 0;
+        auto hold = [&](int d) {
+            if (d < 0 || d >= static_cast<int>(devices)) return;
+            auto& h = head[pass][static_cast<std::size_t>(d)];
+            auto& t = tail[pass][static_cast<std::size_t>(d)];
+            h = std::min(h, before[k]);
+            t = std::min(t, after[k]);
+        };
+        if (!p)
+            for (std::size_t d = 0; d < devices; ++d) hold(static_cast<int>(d));
+        else
+            for (std::int64_t i = 0; i < p->pieces(); ++i) hold(p->device_of(i));
+    }
+    // A device runs all its ops between the start of its first and the end of its last, and
+    // its backward ops (replays apart, which need only local inputs) between the first
+    // that can start and the last.
+    for (std::size_t d = 0; d < devices; ++d) {
+        const double first = std::min(head[0][d], head[1][d]), last = std::min(tail[0][d], tail[1][d]);
+        if (first != none) bound = std::max(bound, first + compute.total(d) + last);
+        if (head[1][d] != none) bound = std::max(bound, head[1][d] + compute.backward[d] + tail[1][d]);
+        if (head[0][d] != none) bound = std::max(bound, head[0][d] + compute.forward[d] + tail[0][d]);
+    }
+    return bound;
+}
+
+LOOM_INLINE double schedule_lower_bound(const plan::resolved_plan& rp, const training_work& work,
+                                        const std::vector<double>& length, const std::vector<double>& weights) {
+    if (!rp.order || !rp.pipelined()) return 0.0;
+    const schedule::pipeline_shape& shape = rp.order->shape;
+    if (shape.micro_batches != rp.micro_batches) return 0.0;
+    for (const auto& group : shape.stage_devices)
+        if (group.size() != 1) return 0.0;  // blocks of several pipeline devices start together there, not here
+    // A block's kind: (stage, forward round r) -> stage * (rounds + 1) + r; backward -> + rounds.
+    const int rounds = shape.rounds;
+    const auto kinds = static_cast<std::size_t>(shape.stages * (rounds + 1));
+    auto kind_of_block = [&](const schedule::block& b) {
+        return static_cast<std::size_t>(b.stage * (rounds + 1) + (schedule::is_forward(b) ? b.round : rounds));
+    };
+    // Each op's kind; ops outside the micro-batches' blocks (no batch to split) count nowhere.
+    constexpr std::size_t outside = static_cast<std::size_t>(-1);
+    const std::size_t ops = work.ops.size();
+    std::vector<std::size_t> kind(ops, outside);
+    for (std::size_t k = 0; k < ops; ++k) {
+        const auto f = static_cast<std::size_t>(work.ops[k].source);
+        if (f >= rp.stage_of.size() || !rp.micro_split[f]) continue;
+        const int stage = rp.stage_of[f], round = rp.round_of[f];
+        if (stage < 0 || stage >= shape.stages || round < 0 || round >= rounds) return 0.0;
+        kind[k] = static_cast<std::size_t>(stage * (rounds + 1) + (work.ops[k].backward ? rounds : round));
+    }
+    // The kinds each kind waits for on another pipeline device (the order's own dependencies).
+    std::vector<std::vector<std::size_t>> remote(kinds);
+    for (std::size_t q = 0; q < kinds; ++q) {
+        const int stage = static_cast<int>(q) / (rounds + 1), r = static_cast<int>(q) % (rounds + 1);
+        const schedule::block b = r == rounds ? schedule::backward_block(stage, 0) : schedule::forward_block(stage, 0, r);
+        schedule::for_each_input(shape, b, [&](const schedule::dependency& dep) {
+            if (shape.stage_devices[static_cast<std::size_t>(dep.producer.stage)] != shape.stage_devices[static_cast<std::size_t>(stage)])
+                remote[q].push_back(kind_of_block(dep.producer));
+        });
+    }
+    // An op waits for a remote kind when it reads an op of that kind, or an op of its own
+    // kind that waits for it; it waits for its block's inputs when it waits for every one.
+    const std::size_t words = kinds;
+    std::vector<std::vector<bool>> waits(ops);
+    std::vector<bool> waiting(ops, false), output(ops, false);
+    std::vector<double> chain(ops, 0.0);  // longest chain of waiting ops of its kind ending at it
+    for (std::size_t k = 0; k < ops; ++k) {
+        const std::size_t q = kind[k];
+        if (q == outside) continue;
+        waits[k].assign(words, false);
+        double longest = 0;
+        for (std::int32_t r : work.ops[k].reads) {
+            const auto from = static_cast<std::size_t>(r);
+            if (kind[from] == q) {
+                for (std::size_t w = 0; w < words; ++w)
+                    if (waits[from][w]) waits[k][w] = true;
+                if (waiting[from] || remote[q].empty()) longest = std::max(longest, chain[from]);
+            } else if (kind[from] != outside) {
+                waits[k][kind[from]] = true;
+                if (static_cast<int>(kind[from]) / (rounds + 1) != static_cast<int>(q) / (rounds + 1)) output[from] = true;
+            }
+        }
+        waiting[k] = std::all_of(remote[q].begin(), remote[q].end(), [&](std::size_t w) { return waits[k][w]; });
+        if (waiting[k]) chain[k] = longest + length[k];
+    }
+    // Per kind: its work on each device, and its output's ready time.
+    const auto devices = static_cast<std::size_t>(rp.devices);
+    std::vector<std::vector<double>> work_on(kinds);
+    constexpr double none = std::numeric_limits<double>::infinity();
+    std::vector<double> ready(kinds, none);
+    for (std::size_t k = 0; k < ops; ++k) {
+        const std::size_t q = kind[k];
+        if (q == outside) continue;
+        if (output[k]) {
+            if (!waiting[k]) return 0.0;  // an output that need not wait for the block's inputs
+            ready[q] = std::min(ready[q], chain[k]);
+        }
+        if (!waiting[k]) continue;
+        if (work_on[q].empty()) work_on[q].assign(devices, 0.0);
+        const plan::op_partition* p = rp.at(work.ops[k].source);
+        const double per_micro_batch = length[k] / static_cast<double>(rp.micro_batches);
+        if (!p) {
+            for (double& w : work_on[q]) w += length[k];
+            continue;
+        }
+        for (std::int64_t i = 0; i < p->pieces(); ++i)
+            if (const int d = p->device_of(i); d >= 0 && static_cast<std::size_t>(d) < devices)
+                work_on[q][static_cast<std::size_t>(d)] += per_micro_batch;
+    }
+    std::vector<double> duration(kinds, 0.0);
+    for (std::size_t q = 0; q < kinds; ++q) {
+        double least = none;
+        for (double w : work_on[q])
+            if (w > 0) least = std::min(least, w);
+        duration[q] = least == none ? 0.0 : least;
+    }
+    schedule::cost_model costs;
+    costs.duration = [&](const schedule::block& b) { return duration[kind_of_block(b)]; };
+    costs.ready = [&](const schedule::block& b) {
+        const double r = ready[kind_of_block(b)];
+        return r == none ? duration[kind_of_block(b)] : r;
+    };
+    schedule::simulation timeline;
+    try {
+        timeline = schedule::simulate(*rp.order, costs, {.validated = true});
+    } catch (const schedule::schedule_error&) {
+        return 0.0;
+    }
+    double bound = timeline.makespan;
+    // A weight's gradient is summed over the micro-batches before it is reduced, so every
+    // reduction of a device waits for the last backward block of its stage to start (the
+    // earliest such start among the stages it holds).
+    for (std::size_t d = 0; d < weights.size() && d < devices; ++d) {
+        if (weights[d] <= 0) continue;
+        double last_backward = none;
+        for (int stage = 0; stage < shape.stages; ++stage) {
+            const std::size_t q = static_cast<std::size_t>(stage * (rounds + 1) + rounds);
+            if (work_on[q].empty() || work_on[q][d] <= 0) continue;
+            double last = 0;  // the start of the stage's last backward block
+            for (int micro = 0; micro < shape.micro_batches; ++micro)
+                last = std::max(last, timeline.at(schedule::backward_block(stage, micro)).start);
+            last_backward = std::min(last_backward, last);
+        }
+        if (last_backward != none) bound = std::max(bound, last_backward + weights[d]);
+    }
+    return bound;
+}
+
+}  // namespace loom::search::detail
+
+namespace loom::search {
+
+LOOM_INLINE memory_floor memory_lower_bound(const plan::resolved_plan& rp, const graph& model, const price_options& o) {
+    const auto devices = static_cast<std::size_t>(rp.devices);
+    memory_floor out{std::vector<double>(devices, 0.0), std::vector<double>(devices, 0.0)};
+    // Per parameter: the largest region and fewest copies any device holds of it (a tied
+    // embedding read by two ops counts once, at its larger reading).
+    struct holding {
+        double region = 0;
+        double copies = 0;
+    };
+    std::map<tensor_id, std::vector<holding>> held;
+    const std::size_t forward = std::min(rp.forward.size(), model.forward_node_count());
+    std::vector<char> holds(devices);
+    for (std::size_t i = 0; i < forward; ++i) {
+        const node& n = model.nodes[i];
+        const plan::op_partition* p = rp.at(static_cast<node_id>(i));
+        for (std::size_t k = 0; k < n.inputs.size(); ++k) {
+            const tensor_id t = n.inputs[k];
+            if (model.tensor(t).role != tensor_role::parameter) continue;
+            double region = static_cast<double>(model.tensor(t).dims.numel()), regions = 1;
+            if (p && !detail::decomposed(n, *p))
+                for (const plan::split_axis& a : p->splits) {
+                    if (!a.cuts()) continue;
+                    const std::optional<int> v = partition::detail::variable_of(n, a);
+                    if (!v) continue;
+                    const split_option effect = n.sig.effect_of_split(*v);
+                    if (k < effect.inputs.size() && effect.inputs[k].effect == split_effect::sliced) {
+                        region /= static_cast<double>(a.degree);
+                        regions *= static_cast<double>(a.degree);
+                    }
+                }
+            std::fill(holds.begin(), holds.end(), 0);
+            double holders = 0;
+            auto hold = [&](int d) {
+                if (d < 0 || static_cast<std::size_t>(d) >= devices || holds[static_cast<std::size_t>(d)]) return;
+                holds[static_cast<std::size_t>(d)] = 1;
+                ++holders;
+            };
+            if (!p)
+                for (std::size_t d = 0; d < devices; ++d) hold(static_cast<int>(d));
+            else
+                for (std::int64_t piece = 0; piece < p->pieces(); ++piece) hold(p->device_of(piece));
+            const double copies = std::max(1.0, holders / regions);
+            auto& per_device = held[t];
+            if (per_device.empty()) per_device.assign(devices, holding{});
+            for (std::size_t d = 0; d < devices; ++d)
+                if (holds[d] && (region > per_device[d].region || per_device[d].region == 0))
+                    per_device[d] = {region, copies};
+        }
+    }
+    const int zero = static_cast<int>(rp.zero);
+    for (const auto& [t, per_device] : held) {
+        const double bytes = static_cast<double>(real_bytes(storage_precision(model, t, o.storage)));
+        for (std::size_t d = 0; d < devices; ++d) {
+            const holding& h = per_device[d];
+            if (h.region == 0) continue;
+            // parameters, gradients (same precision), optimizer state
+            const double parts[3][2] = {{h.region * bytes, zero >= 3 ? 1.0 : 0.0},
+                                        {h.region * bytes, zero >= 2 ? 1.0 : 0.0},
+                                        {h.region * o.optimizer_bytes_per_element, zero >= 1 ? 1.0 : 0.0}};
+            for (const auto& [amount, sharded] : parts) {
+                if (sharded > 0) out.sharded[d] += amount / h.copies;
+                else out.whole[d] += amount;
+            }
+        }
+    }
+    return out;
+}
+
+}  // namespace loom::search
+
+namespace loom::search::detail {
+
 LOOM_INLINE std::vector<double> communication_lower_bound(const plan::resolved_plan& rp, const graph& model, const cluster& c,
-                                                          const price_options& o) {
+                                                          const price_options& o, std::vector<double>* weights) {
     // tensor -> (seconds, the op that forces it) of its largest reduction so far
     std::map<tensor_id, std::pair<double, node_id>> reductions;
     const int per_node = std::max(1, c.topo.devices_per_node);
@@ -18597,7 +19053,7 @@ LOOM_INLINE std::vector<double> communication_lower_bound(const plan::resolved_p
         tight.nodes = (members + per_node - 1) / per_node;
         tight.max_per_node = std::min(members, per_node);
         tight.min_per_node = members - (tight.nodes - 1) * tight.max_per_node;
-        return collective_cost(c, collective::reduce_scatter, bytes, members, tight, o.collectives, 1).transmission;
+        return collective_cost(c, collective::reduce_scatter, bytes, members, tight, o.collectives, 1).total();
     };
     // The distinct devices of the pieces that differ from piece 0 only along axis a.
     auto members_along = [](const plan::op_partition& p, std::size_t a) {
@@ -18619,13 +19075,7 @@ LOOM_INLINE std::vector<double> communication_lower_bound(const plan::resolved_p
         std::vector<std::optional<int>> variable(p->splits.size());
         for (std::size_t a = 0; a < p->splits.size(); ++a)
             if (p->splits[a].cuts()) variable[a] = partition::detail::variable_of(n, p->splits[a]);
-        bool decomposed = false;
-        for (std::size_t a = 0; a < p->splits.size(); ++a)
-            if (variable[a]) {
-                const auto* t = plan::transformation_registry::instance().find(*n.op, n.sig.vars[static_cast<std::size_t>(*variable[a])].label);
-                decomposed = decomposed || (t && t->decompose);
-            }
-        if (decomposed) continue;  // rebuilt into other ops, which move less than the op as written
+        if (decomposed(n, *p)) continue;  // rebuilt into other ops, which move less than the op as written
         for (std::size_t a = 0; a < p->splits.size(); ++a) {
             if (!variable[a]) continue;
             const split_option effect = n.sig.effect_of_split(*variable[a]);
@@ -18649,6 +19099,7 @@ LOOM_INLINE std::vector<double> communication_lower_bound(const plan::resolved_p
                 // The piece each device holds: the tensor cut by the op's other cuts that slice it.
                 const tensor_desc& td = model.tensor(t);
                 double elements = static_cast<double>(td.dims.numel());
+                double reductions_per_device = 1;  // pieces of t one device holds, each reduced on its own
                 const bool is_input = std::find(n.inputs.begin(), n.inputs.end(), t) != n.inputs.end();
                 for (std::size_t b = 0; b < p->splits.size(); ++b) {
                     if (b == a || !variable[b]) continue;
@@ -18659,11 +19110,14 @@ LOOM_INLINE std::vector<double> communication_lower_bound(const plan::resolved_p
                                   : std::find(n.outputs.begin(), n.outputs.end(), t) - n.outputs.begin()));
                     // Sliced: a piece holds 1/degree of it, and a device as many pieces as
                     // share it along that axis (micro-batches), each reduced in turn.
-                    if (pos < effects.size() && effects[pos].effect == split_effect::sliced)
-                        elements /= static_cast<double>(members_along(*p, b));
+                    if (pos < effects.size() && effects[pos].effect == split_effect::sliced) {
+                        const int along = members_along(*p, b);
+                        elements /= static_cast<double>(along);
+                        reductions_per_device *= static_cast<double>(p->splits[b].degree / std::max(1, along));
+                    }
                 }
                 const double bytes = elements * static_cast<double>(real_bytes(storage_precision(model, t, o.storage)));
-                const double time = reduce_seconds(bytes, members);
+                const double time = reductions_per_device * reduce_seconds(bytes / reductions_per_device, members);
                 auto& best = reductions[t];
                 if (time <= best.first) continue;
                 best = {time, node_id(i)};
@@ -18671,9 +19125,13 @@ LOOM_INLINE std::vector<double> communication_lower_bound(const plan::resolved_p
         }
     }
     // Each reduction is paid by every device holding a piece of the op that forces it.
-    std::map<node_id, double> per_op;
-    for (const auto& [t, r] : reductions) per_op[r.second] += r.first;
+    std::map<node_id, std::pair<double, double>> per_op;  // all, the weights' gradients
+    for (const auto& [t, r] : reductions) {
+        per_op[r.second].first += r.first;
+        if (model.tensor(t).role == tensor_role::parameter) per_op[r.second].second += r.first;
+    }
     std::vector<double> seconds(static_cast<std::size_t>(rp.devices), 0.0);
+    if (weights) weights->assign(seconds.size(), 0.0);
     std::vector<char> holds(static_cast<std::size_t>(rp.devices));
     for (const auto& [op, time] : per_op) {
         const plan::op_partition* p = rp.at(op);
@@ -18681,7 +19139,10 @@ LOOM_INLINE std::vector<double> communication_lower_bound(const plan::resolved_p
         for (std::int64_t k = 0; k < p->pieces(); ++k)
             if (const int d = p->device_of(k); d >= 0 && d < rp.devices) holds[static_cast<std::size_t>(d)] = 1;
         for (std::size_t d = 0; d < holds.size(); ++d)
-            if (holds[d]) seconds[d] += time;
+            if (holds[d]) {
+                seconds[d] += time.first;
+                if (weights) (*weights)[d] += time.second;
+            }
     }
     return seconds;
 }
@@ -18756,7 +19217,10 @@ LOOM_INLINE std::string plan_search_result::explain() const {
     }
     os << "searched " << stats.assignments << " assignments: " << stats.refused << " refused, " << stats.priced
        << " priced from their programs, " << stats.over_memory << " over " << detail::gib_text(memory_limit)
-       << " per device, " << stats.pruned << " pruned by the bound";
+       << " per device";
+    if (stats.over_memory_unpriced)
+        os << " (" << stats.over_memory_unpriced << " by their weights, gradients and optimizer state alone, unpriced)";
+    os << ", " << stats.pruned << " pruned by the bound";
     if (stats.unexplored) os << ", " << stats.unexplored << " left by the budget";
     if (stats.even_cut_only)
         os << ", " << stats.even_cut_only << " with the even stage cut only (more than " << max_boundary_cuts
@@ -18769,11 +19233,13 @@ LOOM_INLINE std::string plan_search_result::explain() const {
 
 LOOM_INLINE plan_search_result search_plan(const graph& model, const plan::plan_spec& space, const cluster& c,
                                            const plan_search_options& o) {
-    const std::vector<node_work> work = training_work(model, c.device, o.price);
+    const training_work work = training_work_of(model, c.device, o.price);
     return detail::search_assignments(
         space, open_parameter_candidates(space, batch_of(model), space.stages ? plan::detail::layer_count(model, space.stages->repeat) : 0), c, o,
         [&](const plan::plan_spec& candidate) {
-            return step_lower_bound(plan::resolve(candidate, model), work, o.price, &model, &c);
+            const plan::resolved_plan rp = plan::resolve(candidate, model);
+            return detail::assignment_bounds{step_lower_bound(rp, work, o.price, &model, &c),
+                                             memory_lower_bound(rp, model, o.price).peak() + o.price.runtime_bytes};
         },
         [&](const plan::plan_spec& candidate) { return price_programs(partition::apply_plan(model, candidate), c, o.price); });
 }
@@ -18783,14 +19249,14 @@ LOOM_INLINE plan_search_result search_plan(const model_family& model, const plan
     // Instances' graphs and their training work, by (layers, batch): assignments share them.
     struct instance {
         graph g;
-        std::vector<node_work> work;
+        training_work work;
     };
     std::map<std::pair<std::int64_t, std::int64_t>, instance> instances;
     auto instance_of = [&](std::int64_t layers, std::int64_t batch) -> const instance& {
         auto it = instances.find({layers, batch});
         if (it == instances.end()) {
             graph g = model.forward(layers, batch);
-            std::vector<node_work> work = training_work(g, c.device, o.price);
+            training_work work = training_work_of(g, c.device, o.price);
             it = instances.emplace(std::pair{layers, batch}, instance{std::move(g), std::move(work)}).first;
         }
         return it->second;
@@ -18805,17 +19271,26 @@ LOOM_INLINE plan_search_result search_plan(const model_family& model, const plan
         auto along = [](const std::vector<double>& v, const std::vector<std::int64_t>& at, std::int64_t real) {
             return v.size() == 1 ? v.front() : v[0] + (v[1] - v[0]) * line_position(at, real);
         };
-        std::vector<double> by_micro_batches;
+        std::vector<double> by_micro_batches, memory_by_layers;
         for (std::int64_t mb : micro_batches) {
             std::vector<double> by_layers;
             for (std::int64_t k : layers) {
                 const plan::plan_spec p = instance_plan(candidate, s, replicas, mb, k);
                 const instance& i = instance_of(instance_depth(s, k), samples * replicas * mb);
-                by_layers.push_back(step_lower_bound(plan::resolve(p, i.g), i.work, o.price, &i.g, &c));
+                const plan::resolved_plan rp = plan::resolve(p, i.g);
+                by_layers.push_back(step_lower_bound(rp, i.work, o.price, &i.g, &c));
+                if (mb != micro_batches.front()) continue;
+                // The memory floor, the instance's shards cut over the real replicas. Each
+                // device's floor grows linearly with the layers per stage, so their maximum
+                // is convex in them: the line through two instances stays below it beyond.
+                memory_floor least = memory_lower_bound(rp, i.g, o.price);
+                for (double& b : least.sharded) b *= static_cast<double>(replicas) / static_cast<double>(s.replicas);
+                memory_by_layers.push_back(least.peak());
             }
             by_micro_batches.push_back(along(by_layers, layers, fold_layers_per_stage(s)));
         }
-        return along(by_micro_batches, micro_batches, s.micro_batches);
+        return detail::assignment_bounds{along(by_micro_batches, micro_batches, s.micro_batches),
+                                         along(memory_by_layers, layers, fold_layers_per_stage(s)) + o.price.runtime_bytes};
     };
     return detail::search_assignments(space, open_parameter_candidates(space, model.batch, model.layers), c, o, bound,
                                       [&](const plan::plan_spec& candidate) { return price_folded(model, candidate, c, o.price).price; });
@@ -18856,6 +19331,7 @@ LOOM_INLINE plan_search_result search_assignments(const plan::plan_spec& space, 
     struct leaf {
         std::map<std::string, std::int64_t> choices;
         double bound = 0;
+        double memory = 0;  // floor
         std::int64_t index = 0;
     };
     std::vector<leaf> leaves;
@@ -18868,7 +19344,8 @@ LOOM_INLINE plan_search_result search_assignments(const plan::plan_spec& space, 
         for (const open_parameter& p : params)
             if (even_cut_only(p, candidate)) ++stats.even_cut_only;
         try {
-            leaves.push_back({candidate.choices, bound_of(candidate), stats.assignments});
+            const assignment_bounds b = bound_of(candidate);
+            leaves.push_back({candidate.choices, b.step, b.memory, stats.assignments});
         } catch (const plan_error& e) {
             refuse(e.what(), candidate.choices);
         } catch (const shape_error& e) {
@@ -18880,7 +19357,17 @@ LOOM_INLINE plan_search_result search_assignments(const plan::plan_spec& space, 
 
     // 4: best first.
     std::optional<priced_assignment> best, second;
-    std::optional<priced_assignment> smallest_over;  // the least memory among those over the limit
+    // The least memory among those over the limit: priced (on a device), or a floor.
+    struct over_limit {
+        std::map<std::string, std::int64_t> choices;
+        double bytes = 0;
+        int device = -1;  // -1: the floor of an assignment not priced
+    };
+    std::optional<over_limit> smallest_over;
+    auto over = [&](const std::map<std::string, std::int64_t>& choices, double bytes, int device) {
+        ++stats.over_memory;
+        if (!smallest_over || bytes < smallest_over->bytes) smallest_over = over_limit{choices, bytes, device};
+    };
     std::size_t next = 0;
     for (; next < leaves.size(); ++next) {
         const leaf& l = leaves[next];
@@ -18888,6 +19375,11 @@ LOOM_INLINE plan_search_result search_assignments(const plan::plan_spec& space, 
         if ((o.time_budget_seconds > 0 && elapsed() > o.time_budget_seconds && best) ||
             (o.max_priced > 0 && stats.priced >= o.max_priced && best))
             break;
+        if (l.memory > result.memory_limit) {  // its weights and optimizer state alone exceed the limit
+            ++stats.over_memory_unpriced;
+            over(l.choices, l.memory, -1);
+            continue;
+        }
         plan::plan_spec candidate = space;
         candidate.choices = l.choices;
         program_price price;
@@ -18903,8 +19395,7 @@ LOOM_INLINE plan_search_result search_assignments(const plan::plan_spec& space, 
         ++stats.priced;
         priced_assignment pa{l.choices, l.bound, std::move(price)};
         if (pa.price.peak_memory() > result.memory_limit) {
-            ++stats.over_memory;
-            if (!smallest_over || pa.price.peak_memory() < smallest_over->price.peak_memory()) smallest_over = pa;
+            over(pa.choices, pa.price.peak_memory(), pa.price.peak_memory_device());
             continue;
         }
         // The runner-up is the best of the strictly slower plans: a plan that prices the
@@ -18936,8 +19427,10 @@ LOOM_INLINE plan_search_result search_assignments(const plan::plan_spec& space, 
                 why += " and the other " + std::to_string(stats.over_memory) + " exceed " +
                        detail::gib_text(result.memory_limit) + " per device (the smallest, " +
                        choices_text(params, smallest_over->choices) + ", needs " +
-                       detail::gib_text(smallest_over->price.peak_memory()) + " on device " +
-                       std::to_string(smallest_over->price.peak_memory_device()) +
+                       (smallest_over->device >= 0 ? detail::gib_text(smallest_over->bytes) + " on device " +
+                                                         std::to_string(smallest_over->device)
+                                                   : "at least " + detail::gib_text(smallest_over->bytes) +
+                                                         " for its weights, gradients and optimizer state") +
                        "; add devices, recompute, ZeRO or micro-batches to the space, or raise the memory limit)";
             if (stats.refused) why += "; refusals:";
         }
