@@ -76,6 +76,8 @@ int main(int argc, char** argv) {
                             {"pruned", r.stats.pruned},
                             {"over_memory", r.stats.over_memory},
                             {"seconds", r.stats.seconds},
+                            {"bounding_seconds", r.stats.bounding_seconds},
+                            {"over_memory_unpriced", r.stats.over_memory_unpriced},
                             {"seconds_per_priced", r.stats.priced ? r.stats.seconds / r.stats.priced : 0.0},
                             {"gap", r.gap},
                             {"chosen", search::choices_text(r.parameters, r.best.choices)},
