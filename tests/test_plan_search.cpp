@@ -92,6 +92,7 @@ exhaustive price_everything(const graph& model, const plan::plan_spec& space, co
             const search::program_price price =
                 search::price_programs(partition::apply_plan(model, candidate), c, o.price);
             // The bounds are bounds on every leaf: the step, and each device's memory.
+            INFO(search::choices_text(params, candidate.choices));
             CHECK(bound <= price.step_seconds * (1 + 1e-12));
             const search::memory_floor least = search::memory_lower_bound(rp, model, o.price);
             for (std::size_t d = 0; d < price.devices.size(); ++d) {

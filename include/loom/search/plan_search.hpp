@@ -30,7 +30,9 @@
 //      every leaf of several spaces, nnScaler's among them).
 //   4. Best first by that bound, each assignment is applied (partition::apply_plan) and its
 //      programs priced (search/program_price.hpp); assignments that do not fit in the
-//      device's memory are set aside. The search stops when the next bound is no better
+//      device's memory are set aside, unpriced when their memory floor (the weights,
+//      gradients and optimizer state each device keeps, memory_lower_bound) already exceeds
+//      it. The search stops when the next bound is no better
 //      than the runner-up's price (both are then exact), or at the time or count budget,
 //      when the gap is that of the best price to the lowest bound not yet priced.
 // Deterministic: the enumeration is an odometer over the parameters in the order
@@ -202,10 +204,12 @@ LOOM_INLINE training_work training_work_of(const graph& model, const device_prof
 // gradients over the data-parallel replicas, a column-parallel linear's input gradient over
 // the tensor-parallel group); one cut along a contracted variable leaves its output partial
 // (a row-parallel linear). Each piece of such a tensor that a device holds (micro-batches
-// are reduced in turn) is reduced by a collective of its own, at least a reduce-scatter over
-// that group at the group's tightest placement on the cluster's nodes, whatever the program
-// does beyond it (all-reduce, shared NICs). A tensor several ops leave partial counts once,
-// at its largest such reduction.
+// are reduced in turn) is reduced by a collective of its own: at least a reduce-scatter over
+// that group, and an all-gather too where every member needs the whole sum (a weight
+// without ZeRO or under ZeRO-3; an activation or gradient that every member reads whole),
+// each at its transmission time at the group's tightest placement on the cluster's nodes
+// plus one message's latency, whatever the program does beyond it (more steps, shared
+// NICs). A tensor several ops leave partial counts once, at its largest such reduction.
 // Devices that share one machine's compute (price_options::compute_shared_by > 1) count
 // their compute only.
 LOOM_INLINE double step_lower_bound(const plan::resolved_plan& rp, const training_work& work, const price_options& o,
@@ -592,6 +596,7 @@ LOOM_INLINE double step_lower_bound(const plan::resolved_plan& rp, const trainin
     for (std::size_t d = 0; d < talk.size(); ++d) busy[d] = o.overlap ? std::max(busy[d], talk[d]) : busy[d] + talk[d];
     return std::max(ordered, *std::max_element(busy.begin(), busy.end()));
 }
+
 }  // namespace loom::search
 
 namespace loom::search::detail {
@@ -905,16 +910,21 @@ LOOM_INLINE std::vector<double> communication_lower_bound(const plan::resolved_p
                                                           const price_options& o, std::vector<double>* weights) {
     // tensor -> (seconds, the op that forces it) of its largest reduction so far
     std::map<tensor_id, std::pair<double, node_id>> reductions;
+    const std::size_t forward = std::min(rp.forward.size(), model.forward_node_count());
     const int per_node = std::max(1, c.topo.devices_per_node);
-    auto reduce_seconds = [&](double bytes, int members) {
+    // A collective over `members` devices: at least its transmission at the group's tightest
+    // placement and one message's latency (more steps cost more latency, but a placement
+    // over more nodes may need fewer steps: one is what every placement pays).
+    const double message = std::min(c.topo.intra_node.latency, c.topo.inter_node_per_nic.latency);
+    auto least_seconds = [&](collective kind, double bytes, int members) {
         group_placement tight;
         tight.nodes = (members + per_node - 1) / per_node;
         tight.max_per_node = std::min(members, per_node);
         tight.min_per_node = members - (tight.nodes - 1) * tight.max_per_node;
-        return collective_cost(c, collective::reduce_scatter, bytes, members, tight, o.collectives, 1).total();
+        return collective_cost(c, kind, bytes, members, tight, o.collectives, 1).transmission + message;
     };
     // The distinct devices of the pieces that differ from piece 0 only along axis a.
-    auto members_along = [](const plan::op_partition& p, std::size_t a) {
+    auto devices_along = [](const plan::op_partition& p, std::size_t a) {
         std::vector<int> seen;
         std::int64_t stride = p.replicas;
         for (std::size_t b = p.splits.size(); b-- > a + 1;) stride *= p.splits[b].degree;
@@ -922,9 +932,64 @@ LOOM_INLINE std::vector<double> communication_lower_bound(const plan::resolved_p
             const int d = p.device_of(k * stride);
             if (std::find(seen.begin(), seen.end(), d) == seen.end()) seen.push_back(d);
         }
-        return static_cast<int>(seen.size());
+        return seen;
     };
-    const std::size_t forward = std::min(rp.forward.size(), model.forward_node_count());
+    auto members_along = [&](const plan::op_partition& p, std::size_t a) { return static_cast<int>(devices_along(p, a).size()); };
+    // Whether every device of `group` reads one same region of tensor t through op q (t its
+    // input or output at `position`), so that each needs that region's whole sum: the
+    // regions are the coordinates of q's pieces along the cuts that slice t.
+    auto read_whole_by_all = [&](node_id q, bool input, std::size_t position, const std::vector<int>& group) {
+        const plan::op_partition* pq = rp.at(q);
+        if (!pq) return true;  // whole on every device
+        const node& nq = model.nodes[static_cast<std::size_t>(q)];
+        if (decomposed(nq, *pq)) return false;
+        std::vector<std::size_t> slicing;
+        for (std::size_t b = 0; b < pq->splits.size(); ++b) {
+            if (!pq->splits[b].cuts()) continue;
+            const std::optional<int> v = partition::detail::variable_of(nq, pq->splits[b]);
+            if (!v) continue;
+            const split_option e = nq.sig.effect_of_split(*v);
+            const auto& effects = input ? e.inputs : e.outputs;
+            if (position < effects.size() && effects[position].effect == split_effect::sliced) slicing.push_back(b);
+        }
+        std::map<std::vector<std::int64_t>, std::vector<int>> readers;  // region -> group devices reading it
+        for (std::int64_t piece = 0; piece < pq->pieces(); ++piece) {
+            const int d = pq->device_of(piece);
+            if (std::find(group.begin(), group.end(), d) == group.end()) continue;
+            const std::vector<std::int64_t> coordinates = pq->coordinates(piece);
+            std::vector<std::int64_t> region;
+            for (std::size_t b : slicing) region.push_back(coordinates[b]);
+            auto& devices = readers[region];
+            if (std::find(devices.begin(), devices.end(), d) == devices.end()) devices.push_back(d);
+        }
+        for (const auto& [region, devices] : readers)
+            if (devices.size() == group.size()) return true;
+        return false;
+    };
+    // Whether the sum of partial tensor t (made partial by node i) must reach every device of
+    // `group` whole within the step: a weight's gradient without ZeRO (every replica updates
+    // the whole weight) or a weight under ZeRO-3 (every replica gathers it to use it), an
+    // output that a consumer reads the same region of on every member, or an input's
+    // gradient whose producer's backward does.
+    auto needed_whole = [&](tensor_id t, std::size_t i, const std::vector<int>& group) {
+        const tensor_desc& td = model.tensor(t);
+        if (td.role == tensor_role::parameter)
+            return rp.zero == plan::zero_stage::none || rp.zero == plan::zero_stage::parameters;
+        const node& n = model.nodes[i];
+        if (std::find(n.outputs.begin(), n.outputs.end(), t) != n.outputs.end()) {
+            for (std::size_t q = i + 1; q < forward; ++q) {
+                const node& nq = model.nodes[q];
+                for (std::size_t k = 0; k < nq.inputs.size(); ++k)
+                    if (nq.inputs[k] == t && read_whole_by_all(static_cast<node_id>(q), true, k, group)) return true;
+            }
+            return false;
+        }
+        if (td.producer == no_id || static_cast<std::size_t>(td.producer) >= forward) return false;
+        const node& producer = model.nodes[static_cast<std::size_t>(td.producer)];
+        const auto position = static_cast<std::size_t>(std::find(producer.outputs.begin(), producer.outputs.end(), t) -
+                                                       producer.outputs.begin());
+        return read_whole_by_all(td.producer, false, position, group);
+    };
     for (std::size_t i = 0; i < forward; ++i) {
         const plan::op_partition* p = rp.at(static_cast<node_id>(i));
         if (!p) continue;
@@ -938,9 +1003,13 @@ LOOM_INLINE std::vector<double> communication_lower_bound(const plan::resolved_p
             if (!variable[a]) continue;
             const split_option effect = n.sig.effect_of_split(*variable[a]);
             // Operands that become partial along this axis: inputs that lack the variable
-            // (their gradients), and outputs of a contracted variable.
+            // (their gradients), and outputs of a contracted variable. A split whose
+            // transformation adjusts each piece may use an input on one piece only (the
+            // row-parallel linear's bias): its inputs' gradients are left out.
+            const auto* adjusted = plan::transformation_registry::instance().find(
+                *n.op, n.sig.vars[static_cast<std::size_t>(*variable[a])].label);
             std::vector<tensor_id> partial;
-            for (std::size_t k = 0; k < n.inputs.size() && k < effect.inputs.size(); ++k) {
+            for (std::size_t k = 0; k < n.inputs.size() && k < effect.inputs.size() && !adjusted; ++k) {
                 const tensor_desc& t = model.tensor(n.inputs[k]);
                 const bool needs_gradient = t.kind != value_kind::index && (t.producer != no_id || t.role == tensor_role::parameter);
                 if (needs_gradient && effect.inputs[k].effect == split_effect::replicated) partial.push_back(n.inputs[k]);
@@ -951,7 +1020,8 @@ LOOM_INLINE std::vector<double> communication_lower_bound(const plan::resolved_p
             // The group: the distinct devices of the pieces that differ from piece 0 only
             // along this axis (every group of an axis is alike); every device holding a
             // piece belongs to one.
-            const int members = members_along(*p, a);
+            const std::vector<int> group = devices_along(*p, a);
+            const int members = static_cast<int>(group.size());
             if (members < 2) continue;
             for (tensor_id t : partial) {
                 // The piece each device holds: the tensor cut by the op's other cuts that slice it.
@@ -975,7 +1045,12 @@ LOOM_INLINE std::vector<double> communication_lower_bound(const plan::resolved_p
                     }
                 }
                 const double bytes = elements * static_cast<double>(real_bytes(storage_precision(model, t, o.storage)));
-                const double time = reductions_per_device * reduce_seconds(bytes / reductions_per_device, members);
+                const double piece = bytes / reductions_per_device;
+                // Gathering the sum back to every member costs as much again (an all-reduce is a
+                // reduce-scatter and an all-gather, in every algorithm).
+                const double time =
+                    reductions_per_device * (least_seconds(collective::reduce_scatter, piece, members) +
+                                             (needed_whole(t, i, group) ? least_seconds(collective::all_gather, piece, members) : 0.0));
                 auto& best = reductions[t];
                 if (time <= best.first) continue;
                 best = {time, node_id(i)};
