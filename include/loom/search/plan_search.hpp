@@ -744,19 +744,18 @@ LOOM_INLINE double schedule_lower_bound(const plan::resolved_plan& rp, const tra
     }
     // An op waits for a remote kind when it reads an op of that kind, or an op of its own
     // kind that waits for it; it waits for its block's inputs when it waits for every one.
-    const std::size_t words = kinds;
-    std::vector<std::vector<bool>> waits(ops);
+    std::vector<std::vector<bool>> waits(ops);  // per op: the kinds it waits for
     std::vector<bool> waiting(ops, false), output(ops, false);
     std::vector<double> chain(ops, 0.0);  // longest chain of waiting ops of its kind ending at it
     for (std::size_t k = 0; k < ops; ++k) {
         const std::size_t q = kind[k];
         if (q == outside) continue;
-        waits[k].assign(words, false);
+        waits[k].assign(kinds, false);
         double longest = 0;
         for (std::int32_t r : work.ops[k].reads) {
             const auto from = static_cast<std::size_t>(r);
             if (kind[from] == q) {
-                for (std::size_t w = 0; w < words; ++w)
+                for (std::size_t w = 0; w < kinds; ++w)
                     if (waits[from][w]) waits[k][w] = true;
                 if (waiting[from] || remote[q].empty()) longest = std::max(longest, chain[from]);
             } else if (kind[from] != outside) {
