@@ -336,6 +336,11 @@ TEST_CASE("the bound never exceeds the programs' price, on every leaf of several
         const exhaustive all = price_everything(model.ir(), space, slow_node(), o);
         CHECK(all.legal > 50);
         CHECK(all.raised_by_model > all.legal / 2);
+        // The search, pruning by these bounds, proves what pricing every leaf finds.
+        const search::plan_search_result r = search::search_plan(model.ir(), space, slow_node(), o);
+        CHECK(r.best.price.step_seconds == Approx(all.best_step).epsilon(1e-12));
+        CHECK(r.gap == 0);
+        CHECK(r.stats.pruned > all.legal / 3);
     }
 }
 
