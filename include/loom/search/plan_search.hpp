@@ -244,6 +244,11 @@ LOOM_INLINE std::vector<double> communication_lower_bound(const plan::resolved_p
 // decomposes the op).
 LOOM_INLINE bool decomposed(const node& n, const plan::op_partition& p);
 
+// The splits of partition p that cut node n's operand (input or output `position`) into
+// pieces: those that cut, along a variable of n, with a sliced effect on it.
+LOOM_INLINE std::vector<std::size_t> slicing_splits(const node& n, const plan::op_partition& p, bool input,
+                                                    std::size_t position);
+
 // The least seconds each device computes under plan rp: its forward ops, its backward ops,
 // and given the model the replays of recomputed nodes (see step_lower_bound).
 struct device_compute {
@@ -612,6 +617,20 @@ LOOM_INLINE bool decomposed(const node& n, const plan::op_partition& p) {
     return false;
 }
 
+LOOM_INLINE std::vector<std::size_t> slicing_splits(const node& n, const plan::op_partition& p, bool input,
+                                                    std::size_t position) {
+    std::vector<std::size_t> out;
+    for (std::size_t b = 0; b < p.splits.size(); ++b) {
+        if (!p.splits[b].cuts()) continue;
+        const std::optional<int> v = partition::detail::variable_of(n, p.splits[b]);
+        if (!v) continue;
+        const split_option e = n.sig.effect_of_split(*v);
+        const auto& effects = input ? e.inputs : e.outputs;
+        if (position < effects.size() && effects[position].effect == split_effect::sliced) out.push_back(b);
+    }
+    return out;
+}
+
 LOOM_INLINE device_compute compute_lower_bound(const plan::resolved_plan& rp, const training_work& work,
                                                const price_options& o, const graph* model) {
     const auto devices = static_cast<std::size_t>(rp.devices);
@@ -853,15 +872,9 @@ LOOM_INLINE memory_floor memory_lower_bound(const plan::resolved_plan& rp, const
             if (model.tensor(t).role != tensor_role::parameter) continue;
             double region = static_cast<double>(model.tensor(t).dims.numel()), regions = 1;
             if (p && !detail::decomposed(n, *p))
-                for (const plan::split_axis& a : p->splits) {
-                    if (!a.cuts()) continue;
-                    const std::optional<int> v = partition::detail::variable_of(n, a);
-                    if (!v) continue;
-                    const split_option effect = n.sig.effect_of_split(*v);
-                    if (k < effect.inputs.size() && effect.inputs[k].effect == split_effect::sliced) {
-                        region /= static_cast<double>(a.degree);
-                        regions *= static_cast<double>(a.degree);
-                    }
+                for (std::size_t b : detail::slicing_splits(n, *p, true, k)) {
+                    region /= static_cast<double>(p->splits[b].degree);
+                    regions *= static_cast<double>(p->splits[b].degree);
                 }
             std::fill(holds.begin(), holds.end(), 0);
             double holders = 0;
@@ -942,15 +955,7 @@ LOOM_INLINE std::vector<double> communication_lower_bound(const plan::resolved_p
         if (!pq) return true;  // whole on every device
         const node& nq = model.nodes[static_cast<std::size_t>(q)];
         if (decomposed(nq, *pq)) return false;
-        std::vector<std::size_t> slicing;
-        for (std::size_t b = 0; b < pq->splits.size(); ++b) {
-            if (!pq->splits[b].cuts()) continue;
-            const std::optional<int> v = partition::detail::variable_of(nq, pq->splits[b]);
-            if (!v) continue;
-            const split_option e = nq.sig.effect_of_split(*v);
-            const auto& effects = input ? e.inputs : e.outputs;
-            if (position < effects.size() && effects[position].effect == split_effect::sliced) slicing.push_back(b);
-        }
+        const std::vector<std::size_t> slicing = slicing_splits(nq, *pq, input, position);
         std::map<std::vector<std::int64_t>, std::vector<int>> readers;  // region -> group devices reading it
         for (std::int64_t piece = 0; piece < pq->pieces(); ++piece) {
             const int d = pq->device_of(piece);
