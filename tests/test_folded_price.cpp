@@ -219,3 +219,36 @@ TEST_CASE("the folded search chooses what the full search chooses", "[folded_pri
     CHECK(folded.gap == 0);
     CHECK(folded.stats.assignments == full.stats.assignments);
 }
+
+TEST_CASE("the folded bounds never exceed the folded price, on every leaf of a space that folds", "[folded_price]") {
+    // 16 layers and 16 micro-batches: instances of fewer layers per stage and of fewer
+    // micro-batches stand for most of the plans, and the bounds extrapolate from them.
+    const search::model_family m = gpt_family(16, 64);
+    plan::plan_spec space = plan::spaces::megatron(8);
+    space.micro_batches.allowed = {4, 16};
+    const search::cluster c = search::dgx_a100(1);
+    const search::price_options o = gpu_options();
+    search::detail::folded_bounds bounds(m, c, o);
+    const auto params = search::open_parameter_candidates(space, m.batch, m.layers);
+    int legal = 0, folded = 0;
+    search::for_each_assignment(space, params, [&](const plan::plan_spec& candidate) {
+        // Refused, as the search refuses: by the bounds' resolve or by the folded price.
+        search::detail::assignment_bounds b;
+        search::folded_price f;
+        try {
+            b = bounds(candidate);
+            f = search::price_folded(m, candidate, c, o);
+        } catch (const plan_error&) {
+            return;
+        } catch (const shape_error&) {
+            return;
+        }
+        INFO(search::choices_text(params, candidate.choices) << ": " << f.describe());
+        ++legal;
+        folded += f.exact() ? 0 : 1;
+        CHECK(b.step <= f.price.step_seconds * (1 + 1e-12));
+        CHECK(b.memory <= f.price.peak_memory() * (1 + 1e-12));
+    });
+    CHECK(legal > 20);
+    CHECK(folded > legal / 2);
+}

@@ -18,6 +18,7 @@
 #include <loom/plan/presets.hpp>
 #include <loom/plan/spaces.hpp>
 #include <loom/plan/stage_ranges.hpp>
+#include <loom/schedule/templates.hpp>
 #include <loom/search/model_profile.hpp>
 #include <loom/search/plan_search.hpp>
 #include <loom/train/ownership.hpp>
@@ -66,6 +67,21 @@ models::gpt_model small_gpt() {
     return models::gpt({.layers = 4, .hidden = 64, .heads = 4, .vocab = 256, .seq = 32, .batch = 8});
 }
 
+// Alpa's space filled: `stages` even stages of dp x tp devices, 1F1B over `micro_batches`,
+// every layer recomputed or none.
+plan::plan_spec even_pipeline(int stages, int micro_batches, bool recompute, int dp = 1, int tp = 1) {
+    plan::plan_spec p = plan::spaces::alpa(stages * dp * tp);
+    p.stages->boundaries_open.clear();
+    p.choices = {{"dp", dp}, {"tp", tp}, {"pp", stages}, {"mb", micro_batches}};
+    if (recompute) {
+        plan::rule r;
+        r.on.repeat = "blocks";
+        r.recompute = true;
+        p.add(std::move(r));
+    }
+    return p;
+}
+
 // Every assignment of the space priced, the way the searcher would if it pruned nothing.
 struct exhaustive {
     std::map<std::string, std::int64_t> best;
@@ -74,6 +90,7 @@ struct exhaustive {
     int raised_by_communication = 0;  // leaves whose bound the communication term raised
     int raised_by_model = 0;          // leaves whose bound recomputation or dependencies raised
     int memory_floor_close = 0;       // devices whose memory floor is most of their priced memory
+    int activations_counted = 0;      // devices whose memory floor counts saved activations
 };
 
 exhaustive price_everything(const graph& model, const plan::plan_spec& space, const search::cluster& c,
@@ -94,12 +111,12 @@ exhaustive price_everything(const graph& model, const plan::plan_spec& space, co
             // The bounds are bounds on every leaf: the step, and each device's memory.
             INFO(search::choices_text(params, candidate.choices));
             CHECK(bound <= price.step_seconds * (1 + 1e-12));
-            const search::memory_floor least = search::memory_lower_bound(rp, model, o.price);
+            const search::memory_floor least = search::memory_lower_bound(rp, model, o.price, &work);
             for (std::size_t d = 0; d < price.devices.size(); ++d) {
                 INFO("device " << d << ", " << search::choices_text(params, candidate.choices));
-                CHECK(least.whole[d] + least.sharded[d] + o.price.runtime_bytes <=
-                      price.devices[d].memory.total() * (1 + 1e-12));
-                if (least.whole[d] + least.sharded[d] > 0.6 * price.devices[d].memory.total()) ++out.memory_floor_close;
+                CHECK(least.total(d) + o.price.runtime_bytes <= price.devices[d].memory.total() * (1 + 1e-12));
+                if (least.total(d) > 0.6 * price.devices[d].memory.total()) ++out.memory_floor_close;
+                if (least.activations[d] > 0) ++out.activations_counted;
             }
             if (price.peak_memory() <= (o.memory_limit > 0 ? o.memory_limit : c.device.memory_bytes)) {
                 ++out.legal;
@@ -336,6 +353,7 @@ TEST_CASE("the bound never exceeds the programs' price, on every leaf of several
         const exhaustive all = price_everything(model.ir(), space, slow_node(), o);
         CHECK(all.legal > 50);
         CHECK(all.raised_by_model > all.legal / 2);
+        CHECK(all.activations_counted > all.legal);  // on most devices of most leaves
         // The search, pruning by these bounds, proves what pricing every leaf finds.
         const search::plan_search_result r = search::search_plan(model.ir(), space, slow_node(), o);
         CHECK(r.best.price.step_seconds == Approx(all.best_step).epsilon(1e-12));
@@ -352,17 +370,8 @@ TEST_CASE("the bound sees a pipeline's bubbles and recomputation's second forwar
     const graph g = model.ir();
     const search::price_options o;
     const auto work = search::training_work_of(g, c.device, o);
-    auto pipeline = [](int stages, int micro_batches, bool recompute) {
-        plan::plan_spec p = plan::spaces::alpa(stages);
-        p.stages->boundaries_open.clear();
-        p.choices = {{"dp", 1}, {"tp", 1}, {"pp", stages}, {"mb", micro_batches}};
-        if (recompute) {
-            plan::rule r;
-            r.on.repeat = "blocks";
-            r.recompute = true;
-            p.add(std::move(r));
-        }
-        return p;
+    auto pipeline = [](int stages, int micro_batches, bool recompute, int dp = 1, int tp = 1) {
+        return even_pipeline(stages, micro_batches, recompute, dp, tp);
     };
     struct bounded {
         double compute, bound, price;
@@ -384,6 +393,69 @@ TEST_CASE("the bound sees a pipeline's bubbles and recomputation's second forwar
     CHECK(replayed.compute > 1.1 * few.compute);
     CHECK(replayed.bound > few.bound);
     CHECK(replayed.bound <= replayed.price * (1 + 1e-12));
+    // Stages on groups of devices (data or tensor parallelism inside them) idle as much: the
+    // order is played with each group as one device.
+    for (const auto& [dp, tp] : {std::pair{2, 1}, std::pair{1, 2}}) {
+        INFO("dp " << dp << ", tp " << tp);
+        const bounded grouped = bound_of(pipeline(4, 4, false, dp, tp));
+        CHECK(grouped.bound <= grouped.price * (1 + 1e-12));
+        CHECK(grouped.bound > 1.3 * grouped.compute);
+    }
+}
+
+TEST_CASE("a pipeline whose stages run on groups of devices is ordered as one device per group") {
+    const schedule::schedule one = schedule::one_f_one_b(4, 8);
+    const auto grouped = search::detail::pipeline_groups(plan::detail::spread_over_groups(one, 2));
+    REQUIRE(grouped);
+    CHECK(grouped->shape.devices == 4);
+    CHECK(grouped->device_order == one.device_order);
+    CHECK(grouped->shape.stage_devices == one.shape.stage_devices);
+    const schedule::schedule interleaved = schedule::interleaved_one_f_one_b(2, 2, 4);
+    const auto chunks = search::detail::pipeline_groups(plan::detail::spread_over_groups(interleaved, 4));
+    REQUIRE(chunks);
+    CHECK(chunks->device_order == interleaved.device_order);
+    CHECK(chunks->shape.stage_devices == interleaved.shape.stage_devices);
+    // The interlaced pipeline's embedding and head run on every device: no group is one device.
+    CHECK_FALSE(search::detail::pipeline_groups(schedule::interlaced(2, 4, 2)));
+}
+
+TEST_CASE("the memory floor counts the activations each device keeps in flight, as the order holds them") {
+    // Many tokens and small weights: the saved activations fill the memory. GPipe holds every
+    // micro-batch on every stage before the first backward; 1F1B holds S - s on stage s.
+    const auto model = models::gpt({.layers = 8, .hidden = 64, .heads = 4, .vocab = 64, .seq = 64, .batch = 16});
+    const graph g = model.ir();
+    const search::cluster c = search::dgx_a100(1);
+    search::price_options o;
+    o.runtime_bytes = 0;
+    const auto work = search::training_work_of(g, c.device, o);
+    auto pipeline = [](plan::schedule_kind order, bool recompute) {
+        plan::plan_spec p = even_pipeline(4, 8, recompute);
+        p.order = {{plan::order_policy{order}}, ""};
+        return p;
+    };
+    struct floors {
+        search::memory_floor least;
+        search::program_price price;
+    };
+    auto floors_of = [&](const plan::plan_spec& p) {
+        return floors{search::memory_lower_bound(plan::resolve(p, g), g, o, &work),
+                      search::price_programs(partition::apply_plan(g, p), c, o)};
+    };
+    const floors gpipe = floors_of(pipeline(plan::schedule_kind::gpipe, false));
+    const floors one_f_one_b = floors_of(pipeline(plan::schedule_kind::one_f_one_b, false));
+    const floors recomputed = floors_of(pipeline(plan::schedule_kind::gpipe, true));
+    for (const floors* f : {&gpipe, &one_f_one_b, &recomputed})
+        for (std::size_t d = 0; d < 4; ++d) {
+            CHECK(f->least.total(d) <= f->price.devices[d].memory.total() * (1 + 1e-12));
+            CHECK(f->least.activations[d] > 0);
+        }
+    // The middle stages keep the same per micro-batch: 8 in flight under GPipe, 4 - s under 1F1B.
+    for (std::size_t d = 1; d < 3; ++d)
+        CHECK(gpipe.least.activations[d] == Approx(one_f_one_b.least.activations[d] * 8.0 / static_cast<double>(4 - d)));
+    // Without recomputation the activations are most of what the programs hold.
+    CHECK(gpipe.least.peak() > 0.5 * gpipe.price.peak_memory());
+    // Recomputed layers keep only what their replay starts from.
+    CHECK(recomputed.least.activations[1] < 0.5 * gpipe.least.activations[1]);
 }
 
 TEST_CASE("the memory floor counts the parameters, gradients and optimizer state each device keeps, as ZeRO shards them") {
@@ -472,7 +544,7 @@ TEST_CASE("an empty space says which constraint empties it") {
             CHECK(what.find("the smallest") != std::string::npos);
             // 1 KiB holds no weights: every assignment is set aside by its floor, unpriced.
             CHECK(what.find("needs at least") != std::string::npos);
-            CHECK(what.find("for its weights, gradients and optimizer state") != std::string::npos);
+            CHECK(what.find("for its weights, gradients, optimizer state and activations in flight") != std::string::npos);
         }
     }
     SECTION("ranges with nothing in common") {

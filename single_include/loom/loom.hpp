@@ -18183,14 +18183,14 @@ LOOM_INLINE order_search_result order_search(const schedule::pipeline_shape& sha
 //      its cuts force it to reduce (the weights' gradients over the replicas, tensor-parallel
 //      partial activations, each micro-batch's in turn) at the tightest placement; the
 //      chains of dependent ops before and after each device's work; and the pipeline's order
-//      simulated with those least block times, its bubbles and the gradients' reductions
-//      after the last backward. It never exceeds the programs' price (tests check it on
+//      simulated with those least block times (a stage's group of devices as one), its
+//      bubbles and the gradients' reductions after the last backward. It never exceeds the programs' price (tests check it on
 //      every leaf of several spaces, nnScaler's among them).
 //   4. Best first by that bound, each assignment is applied (partition::apply_plan) and its
 //      programs priced (search/program_price.hpp); assignments that do not fit in the
 //      device's memory are set aside, unpriced when their memory floor (the weights,
-//      gradients and optimizer state each device keeps, memory_lower_bound) already exceeds
-//      it. The search stops when the next bound is no better
+//      gradients and optimizer state each device keeps, and the activations its order holds
+//      in flight: memory_lower_bound) already exceeds it. The search stops when the next bound is no better
 //      than the runner-up's price (both are then exact), or at the time or count budget,
 //      when the gap is that of the best price to the lowest bound not yet priced.
 // Deterministic: the enumeration is an odometer over the parameters in the order
@@ -18355,25 +18355,40 @@ LOOM_INLINE training_work training_work_of(const graph& model, const device_prof
 // NICs). A tensor several ops leave partial counts once, at its largest such reduction.
 // Devices that share one machine's compute (price_options::compute_shared_by > 1) count
 // their compute only.
+// `busiest`, when given, receives the bound's busiest-device term alone (each device's
+// compute and communication, without the order): linear in the micro-batches and the layers
+// on every device, so folded bounds extrapolate it on its own (search_plan(model_family, ...)).
 LOOM_INLINE double step_lower_bound(const plan::resolved_plan& rp, const training_work& work, const price_options& o,
-                                    const graph* model = nullptr, const cluster* c = nullptr);
+                                    const graph* model = nullptr, const cluster* c = nullptr, double* busiest = nullptr);
 
 // A lower bound on the memory of each device under plan rp, without the runtime's fixed
 // bytes: the parameters it stores, their gradients and their optimizer state. A device
 // holding a piece of an op stores the region of each parameter that the piece reads (the
 // parameter cut by the op's splits that slice it); ZeRO shards the optimizer state (stage
 // 1), the gradients too (2) and the parameters too (3) over the devices that hold the same
-// region. The activations and the gathered parameters of ZeRO-3 come on top.
+// region.
+//
+// Given the model's training work, the activations too: a forward tensor that a backward op
+// reads (an op's input or its own output, as its derivative needs) stays from its forward
+// until that backward, unless its producer is recomputed. So at the end of each forward
+// block of a device's order, every micro-batch whose forward it holds and whose backward
+// has not begun (schedule/in_flight.hpp) keeps the pieces its backward ops on that device
+// read: the operand cut by the op's splits that slice it, the micro-batch split among
+// them. The largest such moment is the floor; the gathered parameters of ZeRO-3 and the
+// transient tensors come on top.
 struct memory_floor {
-    std::vector<double> whole;    // per device: bytes that no sharding divides
-    std::vector<double> sharded;  // per device: bytes of ZeRO's shards (1/copies of a region)
+    std::vector<double> whole;        // per device: bytes that no sharding divides
+    std::vector<double> sharded;      // per device: bytes of ZeRO's shards (1/copies of a region)
+    std::vector<double> activations;  // per device: saved activations at their peak in flight (0 without the work)
+    double total(std::size_t d) const { return whole[d] + sharded[d] + (d < activations.size() ? activations[d] : 0.0); }
     double peak() const {
         double m = 0;
-        for (std::size_t d = 0; d < whole.size(); ++d) m = std::max(m, whole[d] + sharded[d]);
+        for (std::size_t d = 0; d < whole.size(); ++d) m = std::max(m, total(d));
         return m;
     }
 };
-LOOM_INLINE memory_floor memory_lower_bound(const plan::resolved_plan& rp, const graph& model, const price_options& o);
+LOOM_INLINE memory_floor memory_lower_bound(const plan::resolved_plan& rp, const graph& model, const price_options& o,
+                                            const training_work* work = nullptr);
 
 namespace detail {
 
@@ -18412,14 +18427,27 @@ LOOM_INLINE double dependency_lower_bound(const plan::resolved_plan& rp, const t
 // its ops can: the schedule simulated (schedule/simulate.hpp) with, for each stage and pass,
 // the work of one micro-batch's ops that wait for the stages before (forward) or after
 // (backward), on the stage's least loaded device, and the chain of those ops up to the
-// first output another stage reads (when the block's output is ready). `length`: each
+// first output another stage reads (when the block's output is ready). A stage on a group
+// of devices (tensor or data parallelism inside it) is played as one device: each member
+// runs the group's order, its blocks no shorter than the least loaded member's and its
+// inputs from members of groups no earlier than theirs (pipeline_groups). `length`: each
 // training op's chain length (one piece). 0 where the order cannot be bounded so: no order,
-// a stage on several pipeline devices, or an output that does not wait for the block's
-// inputs.
+// a stage on devices of several groups (the interlaced pipeline's embedding and head), or
+// an output that does not wait for the block's inputs.
 // `weights` (per device, may be empty): the reductions of the weights' gradients, which
 // wait for the last backward block of the device's stages to start.
 LOOM_INLINE double schedule_lower_bound(const plan::resolved_plan& rp, const training_work& work,
                                         const std::vector<double>& length, const std::vector<double>& weights);
+
+// Per device: the saved activations it holds at their peak in flight under plan rp (see
+// memory_floor).
+LOOM_INLINE std::vector<double> activation_floor(const plan::resolved_plan& rp, const graph& model, const training_work& work,
+                                                 const price_options& o);
+
+// The order of a pipeline whose stages run on groups of devices that each follow one order
+// (plan::detail::spread_over_groups), with each group as one device; nothing when a stage
+// runs on devices of several groups or a group's members follow different orders.
+LOOM_INLINE std::optional<schedule::schedule> pipeline_groups(const schedule::schedule& s);
 
 }  // namespace detail
 
@@ -18498,6 +18526,27 @@ LOOM_INLINE void concrete_boundaries(plan::plan_spec& p, const std::vector<open_
 struct assignment_bounds {
     double step = 0;
     double memory = 0;
+};
+
+// The lower bounds of plan p (every open parameter chosen) on model family m, from small
+// instances of the model as price_folded prices it: each instance's bounds, extrapolated
+// over the layers per stage and the micro-batches. Instances' graphs and training work are
+// built once per (layers, batch) and kept for the assignments that share them.
+class folded_bounds {
+public:
+    folded_bounds(const model_family& m, const cluster& c, const price_options& o) : model_(m), cluster_(c), options_(o) {}
+    assignment_bounds operator()(const plan::plan_spec& p);
+
+private:
+    struct instance {
+        graph g;
+        training_work work;
+    };
+    const instance& instance_of(std::int64_t layers, std::int64_t batch);
+    const model_family& model_;
+    const cluster& cluster_;
+    price_options options_;
+    std::map<std::pair<std::int64_t, std::int64_t>, instance> instances_;
 };
 
 // The search itself, over the assignments of `params`: `bound` gives an assignment's lower
@@ -18727,7 +18776,7 @@ LOOM_INLINE training_work training_work_of(const graph& model, const device_prof
 }
 
 LOOM_INLINE double step_lower_bound(const plan::resolved_plan& rp, const training_work& work, const price_options& o,
-                                    const graph* model, const cluster* c) {
+                                    const graph* model, const cluster* c, double* busiest) {
     const detail::device_compute compute = detail::compute_lower_bound(rp, work, o, model);
     std::vector<double> busy(compute.forward.size());
     for (std::size_t d = 0; d < busy.size(); ++d) busy[d] = compute.total(d);
@@ -18736,13 +18785,17 @@ LOOM_INLINE double step_lower_bound(const plan::resolved_plan& rp, const trainin
         // most at that rate together.
         double all = 0;
         for (double b : busy) all += b;
-        return std::max(*std::max_element(busy.begin(), busy.end()), all) / o.compute_shared_by;
+        const double bound = std::max(*std::max_element(busy.begin(), busy.end()), all) / o.compute_shared_by;
+        if (busiest) *busiest = bound;
+        return bound;
     }
     std::vector<double> talk, weights;
     if (model && c) talk = detail::communication_lower_bound(rp, *model, *c, o, &weights);
     const double ordered = model ? detail::dependency_lower_bound(rp, work, o, *model, compute, weights) : 0.0;
     for (std::size_t d = 0; d < talk.size(); ++d) busy[d] = o.overlap ? std::max(busy[d], talk[d]) : busy[d] + talk[d];
-    return std::max(ordered, *std::max_element(busy.begin(), busy.end()));
+    const double most = *std::max_element(busy.begin(), busy.end());
+    if (busiest) *busiest = most;
+    return std::max(ordered, most);
 }
 
 }  // namespace loom::search
@@ -18870,13 +18923,172 @@ LOOM_INLINE double dependency_lower_bound(const plan::resolved_plan& rp, const t
     return bound;
 }
 
+LOOM_INLINE std::vector<double> activation_floor(const plan::resolved_plan& rp, const graph& model, const training_work& work,
+                                                 const price_options& o) {
+    const auto devices = static_cast<std::size_t>(rp.devices);
+    const std::size_t forward = std::min({rp.forward.size(), model.forward_node_count(), work.nodes.size()});
+    const bool ordered = rp.order && rp.pipelined();
+    const int stages = ordered ? std::max(1, rp.order->shape.stages) : 1;
+    const int last_round = ordered ? rp.order->shape.rounds - 1 : 0;
+    // Per (tensor, device): the largest piece of it one micro-batch keeps there, and its stage.
+    struct kept {
+        double bytes = 0;
+        int stage = 0;
+    };
+    std::map<std::pair<tensor_id, std::size_t>, kept> pieces;
+    auto stage_of = [&](std::size_t n) { return ordered && n < rp.stage_of.size() ? rp.stage_of[n] : 0; };
+    auto recomputed = [&](std::size_t n) {
+        const plan::op_partition* p = n < forward ? rp.at(static_cast<node_id>(n)) : nullptr;
+        return p && p->recompute;
+    };
+    // The layer of a node, as recomputation replays it (partition/logical_graph.hpp): its
+    // innermost enclosing instance of a repeat.
+    auto layer_of = [&](std::size_t n) {
+        for (std::int32_t sc = model.nodes[n].scope; sc != no_id;) {
+            const scope_desc& sd = model.scopes.at(static_cast<std::size_t>(sc));
+            if (sd.repeat != no_id) return sc;
+            sc = sd.parent;
+        }
+        return static_cast<std::int32_t>(no_id);
+    };
+    // Whose pieces keep what: y keeps the operand its derivative reads (y's own output when
+    // y == x, else y's input that x produced); a recomputed x that a backward op of its own
+    // stage reads is replayed, and its replay starts from x's inputs made outside its layer
+    // or stage or by an op not recomputed (y == x, x's inputs from `from`).
+    struct keeper {
+        std::size_t y, x;
+        bool inputs_of_replay;
+    };
+    std::vector<keeper> keepers;
+    for (std::size_t x = 0; x < forward; ++x)
+        for (const node_id y : work.nodes[x].backward_readers) {
+            const auto yi = static_cast<std::size_t>(y);
+            if (yi >= forward) continue;
+            if (!recomputed(x) || stage_of(yi) != stage_of(x)) keepers.push_back({yi, x, false});
+            else keepers.push_back({x, x, true});
+        }
+    for (const keeper& kp : keepers) {
+        const std::size_t yi = kp.y, x = kp.x;
+        {
+            const node& n = model.nodes[yi];
+            const plan::op_partition* p = rp.at(static_cast<node_id>(yi));
+            if (p && decomposed(n, *p)) continue;
+            if (ordered && (yi >= rp.stage_of.size() || !rp.micro_split[yi] || rp.stage_of[yi] < 0 ||
+                            rp.stage_of[yi] >= stages || rp.round_of[yi] != last_round))
+                continue;  // kept once per step, or by an earlier round that keeps nothing
+            // The operand: of several, the smallest piece.
+            std::optional<std::pair<tensor_id, double>> operand;
+            auto consider = [&](bool input, std::size_t k, tensor_id t) {
+                const tensor_desc& td = model.tensor(t);
+                if (td.role == tensor_role::parameter) return;
+                double elements = static_cast<double>(td.dims.numel());
+                bool per_micro_batch = !ordered;
+                if (p)
+                    for (std::size_t b : slicing_splits(n, *p, input, k)) {
+                        elements /= static_cast<double>(p->splits[b].degree);
+                        per_micro_batch = per_micro_batch || (b == 0 && rp.micro_split[yi]);
+                    }
+                if (!per_micro_batch) return;  // every micro-batch reads the same tensor
+                const double bytes = elements * static_cast<double>(real_bytes(storage_precision(model, t, o.storage)));
+                if (!operand || bytes < operand->second) operand = {t, bytes};
+            };
+            const int stage = stage_of(yi);
+            auto hold_operand = [&] {
+                if (!operand) return;
+                auto hold = [&](std::size_t d) {
+                    kept& k = pieces[{operand->first, d}];
+                    if (operand->second > k.bytes) k = {operand->second, stage};
+                };
+                if (!p) {
+                    for (std::size_t d = 0; d < devices; ++d) hold(d);
+                } else {
+                    for (std::int64_t i = 0; i < p->pieces(); ++i)
+                        if (const int d = p->device_of(i); d >= 0 && static_cast<std::size_t>(d) < devices)
+                            hold(static_cast<std::size_t>(d));
+                }
+                operand.reset();
+            };
+            if (kp.inputs_of_replay) {
+                for (std::size_t k = 0; k < n.inputs.size(); ++k) {
+                    const node_id from = model.tensor(n.inputs[k]).producer;
+                    if (from == no_id) continue;
+                    const auto fi = static_cast<std::size_t>(from);
+                    if (recomputed(fi) && stage_of(fi) == stage && layer_of(fi) == layer_of(yi)) continue;  // replayed too
+                    consider(true, k, n.inputs[k]);
+                    hold_operand();
+                }
+            } else if (yi == x) {
+                for (std::size_t k = 0; k < n.outputs.size(); ++k) consider(false, k, n.outputs[k]);
+            } else {
+                for (std::size_t k = 0; k < n.inputs.size(); ++k)
+                    if (model.tensor(n.inputs[k]).producer == static_cast<node_id>(x)) consider(true, k, n.inputs[k]);
+            }
+            hold_operand();
+        }
+    }
+    // Per device and stage: what one micro-batch keeps.
+    std::vector<std::vector<double>> per_micro_batch(devices, std::vector<double>(static_cast<std::size_t>(stages), 0.0));
+    for (const auto& [at, k] : pieces) per_micro_batch[at.second][static_cast<std::size_t>(k.stage)] += k.bytes;
+    std::vector<double> floor(devices, 0.0);
+    if (!ordered) {
+        for (std::size_t d = 0; d < devices; ++d) floor[d] = per_micro_batch[d][0];
+        return floor;
+    }
+    schedule::detail::walk_in_flight(*rp.order, [&](int d, std::size_t, const schedule::block& b, const std::vector<int>& held) {
+        const auto dev = static_cast<std::size_t>(d);
+        if (!schedule::is_forward(b) || dev >= devices) return;
+        double total = 0;
+        for (std::size_t stage = 0; stage < held.size() && stage < per_micro_batch[dev].size(); ++stage)
+            total += static_cast<double>(held[stage]) * per_micro_batch[dev][stage];
+        floor[dev] = std::max(floor[dev], total);
+    });
+    return floor;
+}
+
+LOOM_INLINE std::optional<schedule::schedule> pipeline_groups(const schedule::schedule& s) {
+    // The groups: the distinct device sets the stages run on, disjoint, each member
+    // following its group's first member's order.
+    std::vector<std::vector<int>> groups;
+    std::vector<int> group_of(static_cast<std::size_t>(s.shape.devices), -1);
+    schedule::schedule out;
+    out.name = s.name;
+    out.shape = s.shape;
+    for (std::size_t stage = 0; stage < s.shape.stage_devices.size(); ++stage) {
+        const std::vector<int>& members = s.shape.stage_devices[stage];
+        if (members.empty()) return std::nullopt;
+        int g = -1;
+        for (int d : members) {
+            if (d < 0 || d >= s.shape.devices || static_cast<std::size_t>(d) >= s.device_order.size()) return std::nullopt;
+            const int of = group_of[static_cast<std::size_t>(d)];
+            if (of >= 0 && g < 0) g = of;
+            if (of >= 0 && of != g) return std::nullopt;  // devices of two groups
+        }
+        if (g >= 0) {
+            if (groups[static_cast<std::size_t>(g)] != members) return std::nullopt;  // overlapping sets
+        } else {
+            for (int d : members) {
+                if (group_of[static_cast<std::size_t>(d)] >= 0) return std::nullopt;
+                if (s.device_order[static_cast<std::size_t>(d)] != s.device_order[static_cast<std::size_t>(members.front())])
+                    return std::nullopt;
+                group_of[static_cast<std::size_t>(d)] = static_cast<int>(groups.size());
+            }
+            g = static_cast<int>(groups.size());
+            groups.push_back(members);
+        }
+        out.shape.stage_devices[stage] = {g};
+    }
+    out.shape.devices = static_cast<int>(groups.size());
+    for (const auto& members : groups) out.device_order.push_back(s.device_order[static_cast<std::size_t>(members.front())]);
+    return out;
+}
+
 LOOM_INLINE double schedule_lower_bound(const plan::resolved_plan& rp, const training_work& work,
                                         const std::vector<double>& length, const std::vector<double>& weights) {
     if (!rp.order || !rp.pipelined()) return 0.0;
-    const schedule::pipeline_shape& shape = rp.order->shape;
+    const std::optional<schedule::schedule> order = pipeline_groups(*rp.order);
+    if (!order) return 0.0;
+    const schedule::pipeline_shape& shape = order->shape;
     if (shape.micro_batches != rp.micro_batches) return 0.0;
-    for (const auto& group : shape.stage_devices)
-        if (group.size() != 1) return 0.0;  // blocks of several pipeline devices start together there, not here
     // A block's kind: (stage, forward round r) -> stage * (rounds + 1) + r; backward -> + rounds.
     const int rounds = shape.rounds;
     const auto kinds = static_cast<std::size_t>(shape.stages * (rounds + 1));
@@ -18967,7 +19179,7 @@ LOOM_INLINE double schedule_lower_bound(const plan::resolved_plan& rp, const tra
     };
     schedule::simulation timeline;
     try {
-        timeline = schedule::simulate(*rp.order, costs, {.validated = true});
+        timeline = schedule::simulate(*order, costs, {.validated = true});
     } catch (const schedule::schedule_error&) {
         return 0.0;
     }
@@ -18995,9 +19207,11 @@ LOOM_INLINE double schedule_lower_bound(const plan::resolved_plan& rp, const tra
 
 namespace loom::search {
 
-LOOM_INLINE memory_floor memory_lower_bound(const plan::resolved_plan& rp, const graph& model, const price_options& o) {
+LOOM_INLINE memory_floor memory_lower_bound(const plan::resolved_plan& rp, const graph& model, const price_options& o,
+                                            const training_work* work) {
     const auto devices = static_cast<std::size_t>(rp.devices);
-    memory_floor out{std::vector<double>(devices, 0.0), std::vector<double>(devices, 0.0)};
+    memory_floor out{std::vector<double>(devices, 0.0), std::vector<double>(devices, 0.0),
+                     work ? detail::activation_floor(rp, model, *work, o) : std::vector<double>(devices, 0.0)};
     // Per parameter: the largest region and fewest copies any device holds of it (a tied
     // embedding read by two ops counts once, at its larger reading).
     struct holding {
@@ -19299,7 +19513,8 @@ LOOM_INLINE std::string plan_search_result::explain() const {
        << " priced from their programs, " << stats.over_memory << " over " << detail::gib_text(memory_limit)
        << " per device";
     if (stats.over_memory_unpriced)
-        os << " (" << stats.over_memory_unpriced << " by their weights, gradients and optimizer state alone, unpriced)";
+        os << " (" << stats.over_memory_unpriced
+           << " by their weights, gradients, optimizer state and activations in flight alone, unpriced)";
     os << ", " << stats.pruned << " pruned by the bound";
     if (stats.unexplored) os << ", " << stats.unexplored << " left by the budget";
     if (stats.even_cut_only)
@@ -19320,66 +19535,75 @@ LOOM_INLINE plan_search_result search_plan(const graph& model, const plan::plan_
         [&](const plan::plan_spec& candidate) {
             const plan::resolved_plan rp = plan::resolve(candidate, model);
             return detail::assignment_bounds{step_lower_bound(rp, work, o.price, &model, &c),
-                                             memory_lower_bound(rp, model, o.price).peak() + o.price.runtime_bytes};
+                                             memory_lower_bound(rp, model, o.price, &work).peak() + o.price.runtime_bytes};
         },
         [&](const plan::plan_spec& candidate) { return price_programs(partition::apply_plan(model, candidate), c, o.price); });
 }
 
 LOOM_INLINE plan_search_result search_plan(const model_family& model, const plan::plan_spec& space, const cluster& c,
                                            const plan_search_options& o) {
-    // Instances' graphs and their training work, by (layers, batch): assignments share them.
-    struct instance {
-        graph g;
-        training_work work;
-    };
-    std::map<std::pair<std::int64_t, std::int64_t>, instance> instances;
-    auto instance_of = [&](std::int64_t layers, std::int64_t batch) -> const instance& {
-        auto it = instances.find({layers, batch});
-        if (it == instances.end()) {
-            graph g = model.forward(layers, batch);
-            training_work work = training_work_of(g, c.device, o.price);
-            it = instances.emplace(std::pair{layers, batch}, instance{std::move(g), std::move(work)}).first;
-        }
-        return it->second;
-    };
-    auto bound = [&](const plan::plan_spec& candidate) {
-        // The bound of each instance's plan (its devices compute what the real ones do),
-        // extrapolated over the layers per stage and the micro-batches as the price is.
-        const fold_shape s = shape_of(candidate, model);
-        const std::vector<std::int64_t> layers = instance_layers(model, s), micro_batches = instance_micro_batches(s);
-        const std::int64_t replicas = fold_replicas(s, model, candidate) ? 2 : s.replicas;
-        const std::int64_t samples = micro_batch_samples(model, s);
-        auto along = [](const std::vector<double>& v, const std::vector<std::int64_t>& at, std::int64_t real) {
-            return v.size() == 1 ? v.front() : v[0] + (v[1] - v[0]) * line_position(at, real);
-        };
-        std::vector<double> by_micro_batches, memory_by_layers;
-        for (std::int64_t mb : micro_batches) {
-            std::vector<double> by_layers;
-            for (std::int64_t k : layers) {
-                const plan::plan_spec p = instance_plan(candidate, s, replicas, mb, k);
-                const instance& i = instance_of(instance_depth(s, k), samples * replicas * mb);
-                const plan::resolved_plan rp = plan::resolve(p, i.g);
-                by_layers.push_back(step_lower_bound(rp, i.work, o.price, &i.g, &c));
-                if (mb != micro_batches.front()) continue;
-                // The memory floor, the instance's shards cut over the real replicas. Each
-                // device's floor grows linearly with the layers per stage, so their maximum
-                // is convex in them: the line through two instances stays below it beyond.
-                memory_floor least = memory_lower_bound(rp, i.g, o.price);
-                for (double& b : least.sharded) b *= static_cast<double>(replicas) / static_cast<double>(s.replicas);
-                memory_by_layers.push_back(least.peak());
-            }
-            by_micro_batches.push_back(along(by_layers, layers, fold_layers_per_stage(s)));
-        }
-        return detail::assignment_bounds{along(by_micro_batches, micro_batches, s.micro_batches),
-                                         along(memory_by_layers, layers, fold_layers_per_stage(s)) + o.price.runtime_bytes};
-    };
-    return detail::search_assignments(space, open_parameter_candidates(space, model.batch, model.layers), c, o, bound,
-                                      [&](const plan::plan_spec& candidate) { return price_folded(model, candidate, c, o.price).price; });
+    detail::folded_bounds bounds(model, c, o.price);
+    return detail::search_assignments(
+        space, open_parameter_candidates(space, model.batch, model.layers), c, o,
+        [&](const plan::plan_spec& candidate) { return bounds(candidate); },
+        [&](const plan::plan_spec& candidate) { return price_folded(model, candidate, c, o.price).price; });
 }
 
 }  // namespace loom::search
 
 namespace loom::search::detail {
+
+LOOM_INLINE const folded_bounds::instance& folded_bounds::instance_of(std::int64_t layers, std::int64_t batch) {
+    auto it = instances_.find({layers, batch});
+    if (it == instances_.end()) {
+        graph g = model_.forward(layers, batch);
+        training_work work = training_work_of(g, cluster_.device, options_);
+        it = instances_.emplace(std::pair{layers, batch}, instance{std::move(g), std::move(work)}).first;
+    }
+    return it->second;
+}
+
+LOOM_INLINE assignment_bounds folded_bounds::operator()(const plan::plan_spec& candidate) {
+    // The bound of each instance's plan (its devices compute what the real ones do),
+    // extrapolated over the layers per stage and the micro-batches as the price is.
+    const fold_shape s = shape_of(candidate, model_);
+    const std::vector<std::int64_t> layers = instance_layers(model_, s), micro_batches = instance_micro_batches(s);
+    const std::int64_t replicas = fold_replicas(s, model_, candidate) ? 2 : s.replicas;
+    const std::int64_t samples = micro_batch_samples(model_, s);
+    auto along = [](const std::vector<double>& v, const std::vector<std::int64_t>& at, std::int64_t real) {
+        return v.size() == 1 ? v.front() : v[0] + (v[1] - v[0]) * line_position(at, real);
+    };
+    // The whole bound and its busiest-device term, each extrapolated: both are convex in the
+    // micro-batches and the layers, so the line through two instances stays below them
+    // beyond. The busiest device's term is linear, so its line is exact, where the order's
+    // bound, looser at the larger instance, can bend the whole bound's line down.
+    std::vector<double> by_micro_batches, busiest_by_micro_batches, memory_by_layers;
+    for (std::int64_t mb : micro_batches) {
+        std::vector<double> by_layers, busiest_by_layers;
+        for (std::int64_t k : layers) {
+            const plan::plan_spec p = instance_plan(candidate, s, replicas, mb, k);
+            const instance& i = instance_of(instance_depth(s, k), samples * replicas * mb);
+            const plan::resolved_plan rp = plan::resolve(p, i.g);
+            double busiest = 0;
+            by_layers.push_back(step_lower_bound(rp, i.work, options_, &i.g, &cluster_, &busiest));
+            busiest_by_layers.push_back(busiest);
+            if (mb != micro_batches.front()) continue;
+            // The memory floor, the instance's shards cut over the real replicas. Each
+            // device's floor grows linearly with the layers per stage, so their maximum is
+            // convex in them: the line through two instances stays below it beyond. The
+            // activations in flight are those of the fewer micro-batches: no more than the
+            // real plan's.
+            memory_floor least = memory_lower_bound(rp, i.g, options_, &i.work);
+            for (double& b : least.sharded) b *= static_cast<double>(replicas) / static_cast<double>(s.replicas);
+            memory_by_layers.push_back(least.peak());
+        }
+        by_micro_batches.push_back(along(by_layers, layers, fold_layers_per_stage(s)));
+        busiest_by_micro_batches.push_back(along(busiest_by_layers, layers, fold_layers_per_stage(s)));
+    }
+    return {std::max(along(by_micro_batches, micro_batches, s.micro_batches),
+                     along(busiest_by_micro_batches, micro_batches, s.micro_batches)),
+            along(memory_by_layers, layers, fold_layers_per_stage(s)) + options_.runtime_bytes};
+}
 
 LOOM_INLINE void concrete_boundaries(plan::plan_spec& p, const std::vector<open_parameter>& params) {
     for (const open_parameter& param : params) {
@@ -19512,7 +19736,7 @@ LOOM_INLINE plan_search_result search_assignments(const plan::plan_spec& space, 
                        (smallest_over->device >= 0 ? detail::gib_text(smallest_over->bytes) + " on device " +
                                                          std::to_string(smallest_over->device)
                                                    : "at least " + detail::gib_text(smallest_over->bytes) +
-                                                         " for its weights, gradients and optimizer state") +
+                                                         " for its weights, gradients, optimizer state and activations in flight") +
                        "; add devices, recompute, ZeRO or micro-batches to the space, or raise the memory limit)";
             if (stats.refused) why += "; refusals:";
         }
