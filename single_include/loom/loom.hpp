@@ -6569,8 +6569,12 @@ LOOM_INLINE resolved_plan place_stages(const pipeline_spec& spec, const graph& g
         }
     }
 
-    // Each stage's inner plan, resolved for its group (once per distinct group size and spec).
-    std::vector<resolved_plan> inner(static_cast<std::size_t>(stages));
+    // Each stage's inner plan, resolved for its group: once per distinct group size for the
+    // stages that share the spec's plan (a 32-stage pipeline would otherwise partition the
+    // whole graph 32 times over), once per stage for a plan of its own.
+    std::vector<resolved_plan> resolved;
+    std::vector<std::size_t> inner_of(static_cast<std::size_t>(stages));
+    std::map<int, std::size_t> shared_by_group_size;
     zero_stage zero = zero_stage::none;
     for (int s = 0; s < stages; ++s) {
         const auto& st = spec.stages[static_cast<std::size_t>(s)];
@@ -6588,7 +6592,15 @@ LOOM_INLINE resolved_plan place_stages(const pipeline_spec& spec, const graph& g
                              std::to_string(static_cast<int>(p.zero)) + " but stage 0's uses " +
                              std::to_string(static_cast<int>(zero)) + "; give every stage the same ZeRO stage");
         zero = p.zero;
-        inner[static_cast<std::size_t>(s)] = partition_ops(p, g);
+        if (!st.inner) {
+            if (auto it = shared_by_group_size.find(group); it != shared_by_group_size.end()) {
+                inner_of[static_cast<std::size_t>(s)] = it->second;
+                continue;
+            }
+            shared_by_group_size[group] = resolved.size();
+        }
+        inner_of[static_cast<std::size_t>(s)] = resolved.size();
+        resolved.push_back(partition_ops(p, g));
     }
 
     resolved_plan out;
@@ -6641,7 +6653,8 @@ LOOM_INLINE resolved_plan place_stages(const pipeline_spec& spec, const graph& g
         const auto& group = spec.stages[static_cast<std::size_t>(stage)].devices;
         op_partition within;
         within.replicas = static_cast<std::int64_t>(group.size());
-        if (const op_partition* p = inner[static_cast<std::size_t>(stage)].at(static_cast<node_id>(i))) within = *p;
+        if (const op_partition* p = resolved[inner_of[static_cast<std::size_t>(stage)]].at(static_cast<node_id>(i)))
+            within = *p;
         op_partition placed;
         placed.recompute = within.recompute;
         placed.replicas = within.replicas;
@@ -19218,46 +19231,50 @@ LOOM_INLINE memory_floor memory_lower_bound(const plan::resolved_plan& rp, const
         double region = 0;
         double copies = 0;
     };
-    std::map<tensor_id, std::vector<holding>> held;
+    std::map<tensor_id, std::vector<std::pair<std::size_t, std::size_t>>> readers;  // parameter -> (node, input)
     const std::size_t forward = std::min(rp.forward.size(), model.forward_node_count());
-    std::vector<char> holds(devices);
-    for (std::size_t i = 0; i < forward; ++i) {
-        const node& n = model.nodes[i];
-        const plan::op_partition* p = rp.at(static_cast<node_id>(i));
-        for (std::size_t k = 0; k < n.inputs.size(); ++k) {
-            const tensor_id t = n.inputs[k];
-            if (model.tensor(t).role != tensor_role::parameter) continue;
+    for (std::size_t i = 0; i < forward; ++i)
+        for (std::size_t k = 0; k < model.nodes[i].inputs.size(); ++k)
+            if (model.tensor(model.nodes[i].inputs[k]).role == tensor_role::parameter)
+                readers[model.nodes[i].inputs[k]].push_back({i, k});
+    const int zero = static_cast<int>(rp.zero);
+    std::vector<holding> held(devices);
+    std::vector<std::size_t> holders;                // the devices of one op's pieces, each once
+    std::vector<std::int64_t> seen(devices, -1);     // per device: the last reading that counted it
+    std::vector<std::size_t> touched;                // devices holding the parameter
+    std::int64_t reading = 0;
+    for (const auto& [t, list] : readers) {
+        touched.clear();
+        for (const auto& [i, k] : list) {
+            const node& n = model.nodes[i];
+            const plan::op_partition* p = rp.at(static_cast<node_id>(i));
             double region = static_cast<double>(model.tensor(t).dims.numel()), regions = 1;
             if (p && !detail::decomposed(n, *p))
                 for (std::size_t b : detail::slicing_splits(n, *p, true, k)) {
                     region /= static_cast<double>(p->splits[b].degree);
                     regions *= static_cast<double>(p->splits[b].degree);
                 }
-            std::fill(holds.begin(), holds.end(), 0);
-            double holders = 0;
+            holders.clear();
+            ++reading;
             auto hold = [&](int d) {
-                if (d < 0 || static_cast<std::size_t>(d) >= devices || holds[static_cast<std::size_t>(d)]) return;
-                holds[static_cast<std::size_t>(d)] = 1;
-                ++holders;
+                if (d < 0 || static_cast<std::size_t>(d) >= devices || seen[static_cast<std::size_t>(d)] == reading) return;
+                seen[static_cast<std::size_t>(d)] = reading;
+                holders.push_back(static_cast<std::size_t>(d));
             };
             if (!p)
                 for (std::size_t d = 0; d < devices; ++d) hold(static_cast<int>(d));
             else
                 for (std::int64_t piece = 0; piece < p->pieces(); ++piece) hold(p->device_of(piece));
-            const double copies = std::max(1.0, holders / regions);
-            auto& per_device = held[t];
-            if (per_device.empty()) per_device.assign(devices, holding{});
-            for (std::size_t d = 0; d < devices; ++d)
-                if (holds[d] && (region > per_device[d].region || per_device[d].region == 0))
-                    per_device[d] = {region, copies};
+            const double copies = std::max(1.0, static_cast<double>(holders.size()) / regions);
+            for (std::size_t d : holders) {
+                if (held[d].region == 0) touched.push_back(d);
+                if (region > held[d].region || held[d].region == 0) held[d] = {region, copies};
+            }
         }
-    }
-    const int zero = static_cast<int>(rp.zero);
-    for (const auto& [t, per_device] : held) {
         const double bytes = static_cast<double>(real_bytes(storage_precision(model, t, o.storage)));
-        for (std::size_t d = 0; d < devices; ++d) {
-            const holding& h = per_device[d];
-            if (h.region == 0) continue;
+        for (std::size_t d : touched) {
+            const holding h = held[d];
+            held[d] = {};
             // parameters, gradients (same precision), optimizer state
             const double parts[3][2] = {{h.region * bytes, zero >= 3 ? 1.0 : 0.0},
                                         {h.region * bytes, zero >= 2 ? 1.0 : 0.0},
@@ -19293,14 +19310,15 @@ LOOM_INLINE std::vector<double> communication_lower_bound(const plan::resolved_p
         return collective_cost(c, kind, bytes, members, tight, o.collectives, 1).transmission + message;
     };
     // The distinct devices of the pieces that differ from piece 0 only along axis a.
+    // In ascending order.
     auto devices_along = [](const plan::op_partition& p, std::size_t a) {
         std::vector<int> seen;
         std::int64_t stride = p.replicas;
         for (std::size_t b = p.splits.size(); b-- > a + 1;) stride *= p.splits[b].degree;
-        for (std::int64_t k = 0; k < p.splits[a].degree; ++k) {
-            const int d = p.device_of(k * stride);
-            if (std::find(seen.begin(), seen.end(), d) == seen.end()) seen.push_back(d);
-        }
+        seen.reserve(static_cast<std::size_t>(p.splits[a].degree));
+        for (std::int64_t k = 0; k < p.splits[a].degree; ++k) seen.push_back(p.device_of(k * stride));
+        std::sort(seen.begin(), seen.end());
+        seen.erase(std::unique(seen.begin(), seen.end()), seen.end());
         return seen;
     };
     auto members_along = [&](const plan::op_partition& p, std::size_t a) { return static_cast<int>(devices_along(p, a).size()); };
@@ -19313,20 +19331,34 @@ LOOM_INLINE std::vector<double> communication_lower_bound(const plan::resolved_p
         const node& nq = model.nodes[static_cast<std::size_t>(q)];
         if (decomposed(nq, *pq)) return false;
         const std::vector<std::size_t> slicing = slicing_splits(nq, *pq, input, position);
-        std::map<std::vector<std::int64_t>, std::vector<int>> readers;  // region -> group devices reading it
+        // A piece's coordinate along split b: (piece / stride[b]) % degree (op_partition::coordinates).
+        std::vector<std::int64_t> stride(pq->splits.size());
+        for (std::int64_t next = pq->replicas, b = static_cast<std::int64_t>(pq->splits.size()); b-- > 0;) {
+            stride[static_cast<std::size_t>(b)] = next;
+            next *= pq->splits[static_cast<std::size_t>(b)].degree;
+        }
+        std::vector<char> member(static_cast<std::size_t>(rp.devices), 0);
+        for (int d : group)
+            if (d >= 0 && d < rp.devices) member[static_cast<std::size_t>(d)] = 1;
+        std::map<std::int64_t, std::vector<int>> readers;  // region (its coordinates as one number) -> group devices reading it
         for (std::int64_t piece = 0; piece < pq->pieces(); ++piece) {
             const int d = pq->device_of(piece);
-            if (std::find(group.begin(), group.end(), d) == group.end()) continue;
-            const std::vector<std::int64_t> coordinates = pq->coordinates(piece);
-            std::vector<std::int64_t> region;
-            for (std::size_t b : slicing) region.push_back(coordinates[b]);
-            auto& devices = readers[region];
-            if (std::find(devices.begin(), devices.end(), d) == devices.end()) devices.push_back(d);
+            if (d < 0 || d >= rp.devices || !member[static_cast<std::size_t>(d)]) continue;
+            std::int64_t region = 0;
+            for (std::size_t b : slicing) region = region * pq->splits[b].degree + (piece / stride[b]) % pq->splits[b].degree;
+            readers[region].push_back(d);
         }
-        for (const auto& [region, devices] : readers)
-            if (devices.size() == group.size()) return true;
+        for (auto& [region, devices] : readers) {
+            std::sort(devices.begin(), devices.end());
+            if (static_cast<std::size_t>(std::unique(devices.begin(), devices.end()) - devices.begin()) == group.size()) return true;
+        }
         return false;
     };
+    // Per tensor: the forward ops that read it, with the input's position.
+    std::vector<std::vector<std::pair<std::size_t, std::size_t>>> readers_of(model.tensors.size());
+    for (std::size_t q = 0; q < forward; ++q)
+        for (std::size_t k = 0; k < model.nodes[q].inputs.size(); ++k)
+            readers_of[static_cast<std::size_t>(model.nodes[q].inputs[k])].push_back({q, k});
     // Whether the sum of partial tensor t (made partial by node i) must reach every device of
     // `group` whole within the step: a weight's gradient without ZeRO (every replica updates
     // the whole weight) or a weight under ZeRO-3 (every replica gathers it to use it), an
@@ -19338,11 +19370,8 @@ LOOM_INLINE std::vector<double> communication_lower_bound(const plan::resolved_p
             return rp.zero == plan::zero_stage::none || rp.zero == plan::zero_stage::parameters;
         const node& n = model.nodes[i];
         if (std::find(n.outputs.begin(), n.outputs.end(), t) != n.outputs.end()) {
-            for (std::size_t q = i + 1; q < forward; ++q) {
-                const node& nq = model.nodes[q];
-                for (std::size_t k = 0; k < nq.inputs.size(); ++k)
-                    if (nq.inputs[k] == t && read_whole_by_all(static_cast<node_id>(q), true, k, group)) return true;
-            }
+            for (const auto& [q, k] : readers_of[static_cast<std::size_t>(t)])
+                if (q > i && read_whole_by_all(static_cast<node_id>(q), true, k, group)) return true;
             return false;
         }
         if (td.producer == no_id || static_cast<std::size_t>(td.producer) >= forward) return false;

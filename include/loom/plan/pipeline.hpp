@@ -108,8 +108,12 @@ LOOM_INLINE resolved_plan place_stages(const pipeline_spec& spec, const graph& g
         }
     }
 
-    // Each stage's inner plan, resolved for its group (once per distinct group size and spec).
-    std::vector<resolved_plan> inner(static_cast<std::size_t>(stages));
+    // Each stage's inner plan, resolved for its group: once per distinct group size for the
+    // stages that share the spec's plan (a 32-stage pipeline would otherwise partition the
+    // whole graph 32 times over), once per stage for a plan of its own.
+    std::vector<resolved_plan> resolved;
+    std::vector<std::size_t> inner_of(static_cast<std::size_t>(stages));
+    std::map<int, std::size_t> shared_by_group_size;
     zero_stage zero = zero_stage::none;
     for (int s = 0; s < stages; ++s) {
         const auto& st = spec.stages[static_cast<std::size_t>(s)];
@@ -127,7 +131,15 @@ LOOM_INLINE resolved_plan place_stages(const pipeline_spec& spec, const graph& g
                              std::to_string(static_cast<int>(p.zero)) + " but stage 0's uses " +
                              std::to_string(static_cast<int>(zero)) + "; give every stage the same ZeRO stage");
         zero = p.zero;
-        inner[static_cast<std::size_t>(s)] = partition_ops(p, g);
+        if (!st.inner) {
+            if (auto it = shared_by_group_size.find(group); it != shared_by_group_size.end()) {
+                inner_of[static_cast<std::size_t>(s)] = it->second;
+                continue;
+            }
+            shared_by_group_size[group] = resolved.size();
+        }
+        inner_of[static_cast<std::size_t>(s)] = resolved.size();
+        resolved.push_back(partition_ops(p, g));
     }
 
     resolved_plan out;
@@ -180,7 +192,8 @@ LOOM_INLINE resolved_plan place_stages(const pipeline_spec& spec, const graph& g
         const auto& group = spec.stages[static_cast<std::size_t>(stage)].devices;
         op_partition within;
         within.replicas = static_cast<std::int64_t>(group.size());
-        if (const op_partition* p = inner[static_cast<std::size_t>(stage)].at(static_cast<node_id>(i))) within = *p;
+        if (const op_partition* p = resolved[inner_of[static_cast<std::size_t>(stage)]].at(static_cast<node_id>(i)))
+            within = *p;
         op_partition placed;
         placed.recompute = within.recompute;
         placed.replicas = within.replicas;
