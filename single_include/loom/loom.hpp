@@ -9894,6 +9894,13 @@ LOOM_INLINE void copy_leaves(graph_builder& b, const graph& from, std::vector<te
 LOOM_INLINE node_id replay(graph_builder& b, const node& n, std::span<const tensor> ins, std::vector<tensor_id>& tmap,
                            bool map_outputs = true);
 
+// The layer recomputation replays node n of g within: its innermost enclosing instance of a
+// recorded repeat (no_id: none). A layer's input is its checkpoint: recomputing a layer
+// replays its own ops from the kept output of the layer before, as Megatron-LM's full
+// recomputation does, never the layers before it (which would hold every layer's
+// activations at once).
+LOOM_INLINE std::int32_t recompute_layer_of(const graph& g, node_id n);
+
 }  // namespace detail
 
 // Builds the logical training graph from a model graph (with or without a backward pass:
@@ -9906,6 +9913,15 @@ LOOM_INLINE logical_graph build_logical_graph(const graph& model, const logical_
 #if LOOM_HEADER_DEFINITIONS
 
 namespace loom::partition::detail {
+
+LOOM_INLINE std::int32_t recompute_layer_of(const graph& g, node_id n) {
+    for (std::int32_t sc = g.at(n).scope; sc != no_id;) {
+        const scope_desc& sd = g.scopes.at(static_cast<std::size_t>(sc));
+        if (sd.repeat != no_id) return sc;
+        sc = sd.parent;
+    }
+    return static_cast<std::int32_t>(no_id);
+}
 
 LOOM_INLINE void copy_leaves(graph_builder& b, const graph& from, std::vector<tensor_id>& map) {
     for (tensor_id t : from.inputs) {
@@ -10067,18 +10083,7 @@ LOOM_INLINE logical_graph build_logical_graph(const graph& model, const logical_
             const int sa = stage[static_cast<std::size_t>(a)], sb = stage[b];
             return sa < 0 || sb < 0 || sa == sb;
         };
-        // The layer of a node: its innermost enclosing instance of a recorded repeat (-1: none).
-        // A layer's input is its checkpoint: recomputing a layer replays its own ops from the
-        // kept output of the layer before, as Megatron-LM's full recomputation does, never
-        // the layers before it (which would hold every layer's activations at once).
-        auto layer_of = [&](node_id n) {
-            for (std::int32_t sc = g.at(n).scope; sc != no_id;) {
-                const scope_desc& sd = g.scopes.at(static_cast<std::size_t>(sc));
-                if (sd.repeat != no_id) return sc;
-                sc = sd.parent;
-            }
-            return static_cast<std::int32_t>(no_id);
-        };
+        auto layer_of = [&](node_id n) { return detail::recompute_layer_of(g, n); };
         graph_builder r;
         r.adopt_scopes(g);
         std::vector<tensor_id> map(g.tensors.size(), no_id), copy(g.tensors.size(), no_id);
@@ -18954,16 +18959,7 @@ LOOM_INLINE std::vector<double> activation_floor(const plan::resolved_plan& rp, 
         const plan::op_partition* p = n < forward ? rp.at(static_cast<node_id>(n)) : nullptr;
         return p && p->recompute;
     };
-    // The layer of a node, as recomputation replays it (partition/logical_graph.hpp): its
-    // innermost enclosing instance of a repeat.
-    auto layer_of = [&](std::size_t n) {
-        for (std::int32_t sc = model.nodes[n].scope; sc != no_id;) {
-            const scope_desc& sd = model.scopes.at(static_cast<std::size_t>(sc));
-            if (sd.repeat != no_id) return sc;
-            sc = sd.parent;
-        }
-        return static_cast<std::int32_t>(no_id);
-    };
+    auto layer_of = [&](std::size_t n) { return partition::detail::recompute_layer_of(model, static_cast<node_id>(n)); };
     // Whose pieces keep what: y keeps the operand its derivative reads (y's own output when
     // y == x, else y's input that x produced); a recomputed x that a backward op of its own
     // stage reads is replayed, and its replay starts from x's inputs made outside its layer
@@ -18982,62 +18978,60 @@ LOOM_INLINE std::vector<double> activation_floor(const plan::resolved_plan& rp, 
         }
     for (const keeper& kp : keepers) {
         const std::size_t yi = kp.y, x = kp.x;
-        {
-            const node& n = model.nodes[yi];
-            const plan::op_partition* p = rp.at(static_cast<node_id>(yi));
-            if (p && decomposed(n, *p)) continue;
-            if (ordered && (yi >= rp.stage_of.size() || !rp.micro_split[yi] || rp.stage_of[yi] < 0 ||
-                            rp.stage_of[yi] >= stages || rp.round_of[yi] != last_round))
-                continue;  // kept once per step, or by an earlier round that keeps nothing
-            // The operand: of several, the smallest piece.
-            std::optional<std::pair<tensor_id, double>> operand;
-            auto consider = [&](bool input, std::size_t k, tensor_id t) {
-                const tensor_desc& td = model.tensor(t);
-                if (td.role == tensor_role::parameter) return;
-                double elements = static_cast<double>(td.dims.numel());
-                bool per_micro_batch = !ordered;
-                if (p)
-                    for (std::size_t b : slicing_splits(n, *p, input, k)) {
-                        elements /= static_cast<double>(p->splits[b].degree);
-                        per_micro_batch = per_micro_batch || (b == 0 && rp.micro_split[yi]);
-                    }
-                if (!per_micro_batch) return;  // every micro-batch reads the same tensor
-                const double bytes = elements * static_cast<double>(real_bytes(storage_precision(model, t, o.storage)));
-                if (!operand || bytes < operand->second) operand = {t, bytes};
-            };
-            const int stage = stage_of(yi);
-            auto hold_operand = [&] {
-                if (!operand) return;
-                auto hold = [&](std::size_t d) {
-                    kept& k = pieces[{operand->first, d}];
-                    if (operand->second > k.bytes) k = {operand->second, stage};
-                };
-                if (!p) {
-                    for (std::size_t d = 0; d < devices; ++d) hold(d);
-                } else {
-                    for (std::int64_t i = 0; i < p->pieces(); ++i)
-                        if (const int d = p->device_of(i); d >= 0 && static_cast<std::size_t>(d) < devices)
-                            hold(static_cast<std::size_t>(d));
+        const node& n = model.nodes[yi];
+        const plan::op_partition* p = rp.at(static_cast<node_id>(yi));
+        if (p && decomposed(n, *p)) continue;
+        if (ordered && (yi >= rp.stage_of.size() || !rp.micro_split[yi] || rp.stage_of[yi] < 0 ||
+                        rp.stage_of[yi] >= stages || rp.round_of[yi] != last_round))
+            continue;  // kept once per step, or by an earlier round that keeps nothing
+        // The operand: of several, the smallest piece.
+        std::optional<std::pair<tensor_id, double>> operand;
+        auto consider = [&](bool input, std::size_t k, tensor_id t) {
+            const tensor_desc& td = model.tensor(t);
+            if (td.role == tensor_role::parameter) return;
+            double elements = static_cast<double>(td.dims.numel());
+            bool per_micro_batch = !ordered;
+            if (p)
+                for (std::size_t b : slicing_splits(n, *p, input, k)) {
+                    elements /= static_cast<double>(p->splits[b].degree);
+                    per_micro_batch = per_micro_batch || (b == 0 && rp.micro_split[yi]);
                 }
-                operand.reset();
+            if (!per_micro_batch) return;  // every micro-batch reads the same tensor
+            const double bytes = elements * static_cast<double>(real_bytes(storage_precision(model, t, o.storage)));
+            if (!operand || bytes < operand->second) operand = {t, bytes};
+        };
+        const int stage = stage_of(yi);
+        auto hold_operand = [&] {
+            if (!operand) return;
+            auto hold = [&](std::size_t d) {
+                kept& k = pieces[{operand->first, d}];
+                if (operand->second > k.bytes) k = {operand->second, stage};
             };
-            if (kp.inputs_of_replay) {
-                for (std::size_t k = 0; k < n.inputs.size(); ++k) {
-                    const node_id from = model.tensor(n.inputs[k]).producer;
-                    if (from == no_id) continue;
-                    const auto fi = static_cast<std::size_t>(from);
-                    if (recomputed(fi) && stage_of(fi) == stage && layer_of(fi) == layer_of(yi)) continue;  // replayed too
-                    consider(true, k, n.inputs[k]);
-                    hold_operand();
-                }
-            } else if (yi == x) {
-                for (std::size_t k = 0; k < n.outputs.size(); ++k) consider(false, k, n.outputs[k]);
+            if (!p) {
+                for (std::size_t d = 0; d < devices; ++d) hold(d);
             } else {
-                for (std::size_t k = 0; k < n.inputs.size(); ++k)
-                    if (model.tensor(n.inputs[k]).producer == static_cast<node_id>(x)) consider(true, k, n.inputs[k]);
+                for (std::int64_t i = 0; i < p->pieces(); ++i)
+                    if (const int d = p->device_of(i); d >= 0 && static_cast<std::size_t>(d) < devices)
+                        hold(static_cast<std::size_t>(d));
             }
-            hold_operand();
+            operand.reset();
+        };
+        if (kp.inputs_of_replay) {
+            for (std::size_t k = 0; k < n.inputs.size(); ++k) {
+                const node_id from = model.tensor(n.inputs[k]).producer;
+                if (from == no_id) continue;
+                const auto fi = static_cast<std::size_t>(from);
+                if (recomputed(fi) && stage_of(fi) == stage && layer_of(fi) == layer_of(yi)) continue;  // replayed too
+                consider(true, k, n.inputs[k]);
+                hold_operand();
+            }
+        } else if (yi == x) {
+            for (std::size_t k = 0; k < n.outputs.size(); ++k) consider(false, k, n.outputs[k]);
+        } else {
+            for (std::size_t k = 0; k < n.inputs.size(); ++k)
+                if (model.tensor(n.inputs[k]).producer == static_cast<node_id>(x)) consider(true, k, n.inputs[k]);
         }
+        hold_operand();
     }
     // Per device and stage: what one micro-batch keeps.
     std::vector<std::vector<double>> per_micro_batch(devices, std::vector<double>(static_cast<std::size_t>(stages), 0.0));

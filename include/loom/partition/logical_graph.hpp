@@ -80,6 +80,13 @@ LOOM_INLINE void copy_leaves(graph_builder& b, const graph& from, std::vector<te
 LOOM_INLINE node_id replay(graph_builder& b, const node& n, std::span<const tensor> ins, std::vector<tensor_id>& tmap,
                            bool map_outputs = true);
 
+// The layer recomputation replays node n of g within: its innermost enclosing instance of a
+// recorded repeat (no_id: none). A layer's input is its checkpoint: recomputing a layer
+// replays its own ops from the kept output of the layer before, as Megatron-LM's full
+// recomputation does, never the layers before it (which would hold every layer's
+// activations at once).
+LOOM_INLINE std::int32_t recompute_layer_of(const graph& g, node_id n);
+
 }  // namespace detail
 
 // Builds the logical training graph from a model graph (with or without a backward pass:
@@ -92,6 +99,15 @@ LOOM_INLINE logical_graph build_logical_graph(const graph& model, const logical_
 #if LOOM_HEADER_DEFINITIONS
 
 namespace loom::partition::detail {
+
+LOOM_INLINE std::int32_t recompute_layer_of(const graph& g, node_id n) {
+    for (std::int32_t sc = g.at(n).scope; sc != no_id;) {
+        const scope_desc& sd = g.scopes.at(static_cast<std::size_t>(sc));
+        if (sd.repeat != no_id) return sc;
+        sc = sd.parent;
+    }
+    return static_cast<std::int32_t>(no_id);
+}
 
 LOOM_INLINE void copy_leaves(graph_builder& b, const graph& from, std::vector<tensor_id>& map) {
     for (tensor_id t : from.inputs) {
@@ -253,18 +269,7 @@ LOOM_INLINE logical_graph build_logical_graph(const graph& model, const logical_
             const int sa = stage[static_cast<std::size_t>(a)], sb = stage[b];
             return sa < 0 || sb < 0 || sa == sb;
         };
-        // The layer of a node: its innermost enclosing instance of a recorded repeat (-1: none).
-        // A layer's input is its checkpoint: recomputing a layer replays its own ops from the
-        // kept output of the layer before, as Megatron-LM's full recomputation does, never
-        // the layers before it (which would hold every layer's activations at once).
-        auto layer_of = [&](node_id n) {
-            for (std::int32_t sc = g.at(n).scope; sc != no_id;) {
-                const scope_desc& sd = g.scopes.at(static_cast<std::size_t>(sc));
-                if (sd.repeat != no_id) return sc;
-                sc = sd.parent;
-            }
-            return static_cast<std::int32_t>(no_id);
-        };
+        auto layer_of = [&](node_id n) { return detail::recompute_layer_of(g, n); };
         graph_builder r;
         r.adopt_scopes(g);
         std::vector<tensor_id> map(g.tensors.size(), no_id), copy(g.tensors.size(), no_id);
