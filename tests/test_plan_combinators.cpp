@@ -423,6 +423,65 @@ static_assert(plan::well_formed<decltype(plan::devices<2>), decltype(plan::coloc
                                 decltype(plan::on<ops::Attention>(plan::trans<Split<Dim::Head>, 4>{}, plan::assign<0, 0, 1, 1>,
                                                                   plan::recompute))>);
 
+// Coshard: the degrees count devices, the factor colocates more pieces on each; either may be open.
+static_assert(plan::well_formed<plan::devices_t<2>, plan::colocation_requires_recompute_t,
+                                decltype(plan::on<ops::Attention>(plan::trans<Split<Dim::Head>, 2>{}, plan::coshard<2>,
+                                                                  plan::recompute))>);
+static_assert(plan::well_formed<plan::devices_t<2>, plan::colocation_requires_recompute_t,
+                                decltype(plan::on<ops::Attention>(plan::trans<Split<Dim::Head>, 2>{},
+                                                                  plan::coshard<plan::open<OneOf<1, 2>, "cs">>))>,
+              "1 colocates nothing: without recompute, the run time refuses only cs = 2");
+static_assert(!plan::well_formed<plan::devices_t<2>, plan::colocation_requires_recompute_t,
+                                 decltype(plan::on<ops::Attention>(plan::trans<Split<Dim::Head>, 2>{}, plan::coshard<2>))>);
+static_assert(!plan::well_formed<plan::devices_t<2>, plan::colocation_requires_recompute_t,
+                                 decltype(plan::on<ops::Attention>(plan::trans<Split<Dim::Head>, 2>{},
+                                                                   plan::coshard<plan::open<OneOf<2, 4>>>))>);
+static_assert(!plan::well_formed<plan::devices_t<2>, decltype(plan::on<ops::Attention>(plan::trans<Split<Dim::Head>, 4>{},
+                                                                                         plan::coshard<2>, plan::recompute))>,
+              "Coshard's degree counts devices: 4 heads' pieces on 2 devices need colocate, not coshard");
+static_assert(!plan::well_formed<decltype(plan::on_all(plan::trans<Split<Dim::Head>, 2>{}, plan::coshard<0>))>);
+static_assert(plan::well_formed<plan::devices_t<4>, plan::stages_t<2, plan::open<>>>);
+static_assert(!plan::well_formed<plan::devices_t<4>, plan::stages_t<2, 3>>);
+
+TEST_CASE("Coshard's factor and the devices per stage may be open parameters of a composed plan", "[plan][combinators]") {
+    auto model = small_gpt();
+    const graph& g = model.ir();
+    constexpr auto space = plan::compose(
+        plan::devices<2>, plan::colocation_requires_recompute,
+        plan::on<ops::Attention>(plan::trans<Split<Dim::Head>, 2>{}, plan::coshard<plan::open<OneOf<1, 2>, "cs">>,
+                                 plan::recompute_choice<"rc">));
+    static_assert(plan::well_formed<decltype(space)>);
+    CHECK(space.open_parameters() == std::vector<std::string>{"rc", "cs"});
+    CHECK(plan::open_parameters(space.spec()) == std::vector<std::string>{"rc", "cs"});
+    auto attention_of = [&](const plan::resolved_plan& resolved) {
+        for (std::size_t i = 0; i < resolved.forward.size(); ++i)
+            if (is_op<ops::Attention>(g.nodes[i])) return *resolved.forward[i];
+        FAIL("no attention");
+        return plan::op_partition{};
+    };
+    // cs = 2: the heads in 4 pieces, 2 on each of the 2 devices; cs = 1: one piece per device.
+    const plan::op_partition two = attention_of(space.choose("rc", 1).choose("cs", 2).resolve(g));
+    CHECK(two.splits.at(0) == plan::split_axis{Dim::Head::id, "", 4, false});
+    CHECK(two.devices == std::vector<int>{0, 0, 1, 1});
+    const plan::op_partition one = attention_of(space.choose("rc", 0).choose("cs", 1).resolve(g));
+    CHECK(one.splits.at(0) == plan::split_axis{Dim::Head::id, "", 2, false});
+    CHECK(one.devices == std::vector<int>{0, 1});
+    // Colocated pieces without recompute, and a factor outside the range, are refused naming them.
+    CHECK_THROWS_WITH(space.choose("rc", 0).choose("cs", 2).resolve(g),
+                      Catch::Contains("coshard<2>") && Catch::Contains("requires colocated ops to recompute"));
+    CHECK_THROWS_WITH(space.choose("rc", 1).choose("cs", 4).spec(), Catch::Contains("'cs'") && Catch::Contains("outside its range"));
+    CHECK_THROWS_WITH(plan::resolve(space.choose("rc", 1).spec(), g), Catch::Contains("open parameter 'cs'"));
+    CHECK_NOTHROW(partition::apply_plan(g, space.choose("rc", 1).choose("cs", 2).resolve(g)));
+
+    // The devices of each stage, open: stages x devices per stage must make the plan's devices.
+    constexpr auto pipeline = plan::compose(plan::devices<4>, plan::stages<2, plan::open<>>, plan::micro_batches<2>,
+                                            plan::order<plan::OneFOneB>, plan::on_all(plan::trans<Split<Dim::Batch>, 2>{}));
+    CHECK(pipeline.open_parameters() == std::vector<std::string>{"devices_per_stage"});
+    CHECK_NOTHROW(partition::apply_plan(g, pipeline.choose("devices_per_stage", 2).resolve(g)));
+    CHECK_THROWS_WITH(pipeline.choose("devices_per_stage", 4).resolve(g),
+                      Catch::Contains("2 stages of 4 devices make 8 devices, but the plan has 4"));
+}
+
 TEST_CASE("constraints hold at run time whichever way a split or a placement is spelled", "[plan][errors]") {
     auto model = models::gpt({.layers = 2, .hidden = 16, .heads = 4, .vocab = 32, .seq = 8, .batch = 8});
     // A rule on all ops splits each op's variable "...1" (Seq in most ops): the plan forbids Seq.
@@ -442,7 +501,7 @@ TEST_CASE("constraints hold at run time whichever way a split or a placement is 
     twice.devices = 2;
     twice.colocation_requires_recompute = true;
     twice.add({attention, std::vector<plan::split_spec>{{Dim::Head::id, "", {4, "", {}}, false}},
-               plan::assign_spec{{0, 0, 1, 1}, 1, 0}, std::nullopt, "mine"});
+               plan::assign_spec{{0, 0, 1, 1}, {1, "", {}}, 0}, std::nullopt, "mine"});
     CHECK_THROWS_WITH(plan::resolve(twice, model.ir()), Catch::Contains("several pieces on one device") &&
                                                             Catch::Contains("recompute"));
     twice.rules.back().recompute = true;

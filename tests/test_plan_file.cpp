@@ -83,6 +83,26 @@ TEST_CASE("a plan with every part goes to a file and back unchanged, and gives t
     CHECK(plan::open_parameters(open_back) == std::vector<std::string>{"cut"});
     CHECK(io::to_json(open_back, &g) == open_json);
     CHECK(partition::apply_plan(g, open_back).order == partition::apply_plan(g, open).order);
+
+    // Coshard's factor and the devices per stage as open parameters: back open, with their
+    // ranges, and filled they give the same programs.
+    plan::plan_spec cs = plan::presets::pipeline(2, 4, {plan::schedule_kind::one_f_one_b},
+                                                 plan::presets::coshard(plan::degree_spec{2, "", {}}, plan::degree_spec{1, "cs", {1, 2}}));
+    cs.stages->devices_per_stage = {1, "group", {2, 4}};
+    const nlohmann::json cs_json = io::to_json(cs, &g);
+    CHECK(cs_json.at("stages").at("devices_per_stage") == nlohmann::json{{"open", "group"}, {"allowed", {2, 4}}});
+    CHECK(cs_json.at("rules").at(1).at("assign") ==
+          nlohmann::json{{"colocate", {{"open", "cs"}, {"allowed", {1, 2}}}}, {"coshard", true}});
+    const plan::plan_spec cs_back = io::plan_from_json(cs_json, "plan.json", &g);
+    CHECK(plan::open_parameters(cs_back) == std::vector<std::string>{"cs", "group"});
+    CHECK(io::to_json(cs_back, &g) == cs_json);
+    cs.choose("cs", 2).choose("group", 2);
+    const auto filled = partition::apply_plan(g, cs);
+    const auto filled_back = partition::apply_plan(g, io::plan_from_json(io::to_json(cs, &g), "plan.json", &g));
+    CHECK(filled.order == filled_back.order);
+    for (int d = 0; d < filled.world; ++d)
+        CHECK(filled.devices[static_cast<std::size_t>(d)].ir().nodes.size() ==
+              filled_back.devices[static_cast<std::size_t>(d)].ir().nodes.size());
 }
 
 TEST_CASE("malformed plan files are refused naming the field and the fix", "[io][plan_file][errors]") {
@@ -98,6 +118,12 @@ TEST_CASE("malformed plan files are refused naming the field and the fix", "[io]
     };
     check_refused(nlohmann::json::array(), "not a loom plan");
     check_refused(with([](auto& j) { j["format"] = "loom.configuration"; }), "not a loom plan");
+    check_refused(with([](auto& j) { j["rules"][1]["assign"] = {{"colocate", 2}, {"coshard", 1}}; }),
+                  "rules[1].assign.coshard must be true or false");
+    check_refused(with([](auto& j) { j["rules"][1]["assign"] = {{"colocate", {{"allowed", {1, 2}}}}}; }),
+                  "rules[1].assign.colocate needs \"open\"");
+    check_refused(with([](auto& j) { j["stages"]["devices_per_stage"] = {{"open", "g"}, {"allowed", {2, -1}}}; }),
+                  "stages.devices_per_stage.allowed[1] is -1, outside 0..");
     check_refused(with([](auto& j) { j["version"] = 7; }), "this loom reads version 1");
     check_refused(with([](auto& j) { j["devices"] = "four"; }), "\"devices\" must be an integer");
     check_refused(with([](auto& j) { j["devices"] = 2.5; }), "must be an integer");

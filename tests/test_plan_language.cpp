@@ -37,7 +37,7 @@ struct drawn {
 void draw_stages(plan::plan_spec& p, std::int64_t layers, int stages, int group, rng_t& rng, bool even) {
     plan::stage_spec s;
     s.count = {stages, "", {}};
-    s.devices_per_stage = group;
+    s.devices_per_stage = {group, "", {}};
     if (!even && stages > 1) {
         std::vector<std::int64_t> cuts;
         for (std::int64_t l = 1; l < layers; ++l) cuts.push_back(l);
@@ -192,7 +192,7 @@ TEST_CASE("random plans from the whole plan language train like one device", "[p
                 break;
             }
         for (const auto& r : d.plan.rules)
-            if (r.assign && r.assign->colocate > 1) {
+            if (r.assign && (r.assign->colocate.value > 1 || r.assign->coshard)) {
                 ++mix["Coshard"];
                 break;
             }

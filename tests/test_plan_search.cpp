@@ -91,6 +91,7 @@ struct exhaustive {
     int raised_by_model = 0;          // leaves whose bound recomputation or dependencies raised
     int memory_floor_close = 0;       // devices whose memory floor is most of their priced memory
     int activations_counted = 0;      // devices whose memory floor counts saved activations
+    int coshard = 0;                  // legal leaves that colocate pieces (Coshard)
 };
 
 exhaustive price_everything(const graph& model, const plan::plan_spec& space, const search::cluster& c,
@@ -120,6 +121,7 @@ exhaustive price_everything(const graph& model, const plan::plan_spec& space, co
             }
             if (price.peak_memory() <= (o.memory_limit > 0 ? o.memory_limit : c.device.memory_bytes)) {
                 ++out.legal;
+                if (candidate.choices.count("coshard") && candidate.choices.at("coshard") > 1) ++out.coshard;
                 if (price.step_seconds < out.best_step) out.best_step = price.step_seconds, out.best = candidate.choices;
             }
         } catch (const plan_error&) {
@@ -346,11 +348,10 @@ TEST_CASE("the bound never exceeds the programs' price, on every leaf of several
     SECTION("every order, recomputation and open boundaries (nnScaler's space), where bubbles dominate") {
         // A slow node: compute outweighs latency, so the dependencies raise bounds to
         // nearly the price, the regime where a wrong chain would show.
-        plan::plan_spec space = plan::spaces::nnscaler(4);
-        space.micro_batches.allowed = {2, 4};
-        space.zero_allowed = {0, 3};
+        plan::plan_spec space = plan::spaces::nnscaler(4).narrow("mb", {2, 4}).narrow("zero", {0, 3}).narrow("coshard", {1, 2});
         const auto model = small_gpt();
         const exhaustive all = price_everything(model.ir(), space, slow_node(), o);
+        CHECK(all.coshard > 5);
         CHECK(all.legal > 50);
         CHECK(all.raised_by_model > all.legal / 2);
         CHECK(all.activations_counted > all.legal);  // on most devices of most leaves
@@ -667,6 +668,65 @@ TEST_CASE("prices follow first principles") {
                                       .total();
         CHECK(one_shared == Approx(8 * one_alone).epsilon(0.01));
     }
+}
+
+TEST_CASE("a space is narrowed by the names of its open numbers") {
+    plan::plan_spec space = plan::spaces::nnscaler(8).narrow("tp", {1, 2}).narrow("coshard", {1, 2}).narrow("pp", {2});
+    const auto params = search::open_parameter_candidates(space, 8, 4);
+    std::map<std::string, std::vector<std::int64_t>> candidates;
+    for (const auto& p : params) candidates[p.name] = p.candidates;
+    CHECK(candidates.at("tp") == std::vector<std::int64_t>{1, 2});
+    CHECK(candidates.at("coshard") == std::vector<std::int64_t>{1, 2});
+    CHECK(candidates.at("pp") == std::vector<std::int64_t>{2});
+    CHECK(candidates.at("dp") == std::vector<std::int64_t>{1, 2, 4, 8});
+    CHECK_THROWS_WITH(space.narrow("order", {0}), Catch::Contains("'order' is not an open number of the plan"));
+}
+
+TEST_CASE("Coshard's factor and the devices per stage are searched like any open parameter") {
+    // A long sequence and a small vocabulary: recomputing the MLP, which Coshard does a
+    // piece at a time, is the peak of the step, not the loss.
+    const auto model = models::gpt({.layers = 2, .hidden = 64, .heads = 4, .vocab = 32, .seq = 256, .batch = 8});
+    const search::cluster hw = slow_node();
+    // TP 2 with the factor open: 1 keeps one piece per device, 2 runs two after another.
+    plan::plan_spec space = plan::presets::coshard(plan::degree_spec{2, "", {}}, plan::degree_spec{1, "cs", {}});
+    const auto params = search::open_parameter_candidates(space, search::batch_of(model.ir()));
+    REQUIRE(params.size() == 1);
+    CHECK(params[0].candidates == std::vector<std::int64_t>{1, 2});  // every divisor of the devices
+    auto programs = [&](int cs) { return partition::apply_plan(model.ir(), plan::plan_spec(space).choose("cs", cs)); };
+    const search::program_price one = search::price_programs(programs(1), hw);
+    const search::program_price two = search::price_programs(programs(2), hw);
+    // The colocated pieces run one piece's chain at a time (partition/colocated_order.hpp):
+    // in the order they were materialized, both pieces' intermediates would be alive at once.
+    partition::partitioned_graph interleaved = programs(2);
+    interleaved.order.clear();
+    const search::program_price unordered = search::price_programs(interleaved, hw);
+    INFO("peak: one piece " << one.peak_memory() << ", two " << two.peak_memory() << ", two interleaved "
+                            << unordered.peak_memory());
+    CHECK(two.peak_memory() < unordered.peak_memory());
+    // So Coshard holds less at the peak, and costs time: the search takes it when, and only
+    // when, memory is short.
+    REQUIRE(two.peak_memory() < one.peak_memory());
+    REQUIRE(two.step_seconds > one.step_seconds);
+    CHECK(search::search_plan(model.ir(), space, hw).plan.choices.at("cs") == 1);
+    search::plan_search_options tight;
+    tight.memory_limit = (one.peak_memory() + two.peak_memory()) / 2;
+    const search::plan_search_result r = search::search_plan(model.ir(), space, hw, tight);
+    CHECK(r.plan.choices.at("cs") == 2);
+    CHECK(r.gap == 0);
+
+    // Devices per stage open beside an open stage count: only the pairs that make the plan's
+    // devices are legal, and the others are refused saying so.
+    plan::plan_spec pipeline = plan::presets::pipeline(2, 2, {plan::schedule_kind::one_f_one_b}, plan::presets::data_parallel(2));
+    pipeline.stages->count = {1, "pp", {}};
+    pipeline.stages->devices_per_stage = {1, "group", {}};
+    pipeline.rules.front().trans->front().degree = {1, "group", {}};
+    const search::plan_search_result p = search::search_plan(model.ir(), pipeline, hw);
+    CHECK(p.plan.choices.at("pp") * p.plan.choices.at("group") == 4);
+    CHECK(p.stats.refused > 0);
+    bool said = false;
+    for (const auto& [why, count] : p.stats.refusals) said = said || why.find("make stages x devices per stage equal") != std::string::npos;
+    CHECK(said);
+    CHECK(search::price_programs(partition::apply_plan(model.ir(), p.plan), hw).step_seconds == p.best.price.step_seconds);
 }
 
 TEST_CASE("the known systems' spaces are plans with open parameters, and each is searched") {

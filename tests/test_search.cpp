@@ -336,7 +336,7 @@ TEST_CASE("Coshard lets full recomputation fit where one piece at a time does no
     // As a plan, its recomputed layers' pieces are colocated coshard to a device.
     const plan::plan_spec p = search::to_plan(with.best);
     bool colocated = false;
-    for (const plan::rule& r : p.rules) colocated = colocated || (r.assign && r.assign->colocate == with.best.coshard);
+    for (const plan::rule& r : p.rules) colocated = colocated || (r.assign && r.assign->colocate.value == with.best.coshard);
     CHECK(colocated);
     CHECK(p.colocation_requires_recompute);
 }

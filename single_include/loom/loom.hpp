@@ -3537,11 +3537,17 @@ LOOM_INLINE void build_backward(graph_builder& b) {
 // are kept for the backward pass.
 //
 //   assign<0, 1, 2, 3>    piece i on the i-th listed device (one device per piece)
-//   colocate<2>           pieces 2i and 2i+1 on device i, run one after another (Coshard)
+//   colocate<2>           pieces 2i and 2i+1 on device i, run one after another
+//   coshard<2>            Coshard (nnScaler): each device's piece of the last split cut in 2
+//                         more, both on that device one after another; the degrees still count
+//                         devices, so trans<Split<Dim::Head>, open<..., "tp">> with
+//                         coshard<open<OneOf<1, 2, 4>, "cs">> runs tp * cs pieces on tp devices
 //   recompute             recompute the outputs in the backward pass instead of keeping them
 //   recompute_choice<"r"> recompute or not, an open choice named r (0: keep, 1: recompute)
 //
 // Each is a value: on<ops::Attention>(trans<Split<Dim::Head>, 8>{}, colocate<2>, recompute).
+// The count of colocate and coshard may be open<Range, "name">; unnamed, it is the open
+// parameter "colocate" or "coshard", one value for every unnamed one in the plan.
 #include <array>
 #include <cstdint>
 
@@ -3686,57 +3692,6 @@ struct message {
 
 }  // namespace loom::plan::detail
 // ---- end loom/core/static_text.hpp ----
-// ---- begin loom/plan/trans.hpp ----
-// op-trans: how a rule cuts the ops it selects.
-//
-//   trans<Split<Dim::Batch>, 4>                    4 pieces along the batch
-//   trans<Split<Var<"n">>, 2>                      along the signature variable n ("... k, n k -> ... n")
-//   trans<Replicate, 4>                            4 whole copies
-//   trans<Split<Dim::Batch>, 2, Split<Dim::Head>, 2>   nested, outermost first: 4 pieces,
-//                                                  piece (i, j) = batch slice i, head slice j
-//
-// Each degree is a number, open<Range[, "name"]>, runtime (a constructor argument, in the
-// order of the runtime slots) or all_devices; see plan/degree.hpp. Up to four pairs.
-// Mistakes of the trans alone (a degree below 1, an empty open range, a dim split twice)
-// stop the compilation where the trans is written; those that depend on the ops or on the
-// plan's constraints are checked by on<...>(...) and compose(...).
-#include <array>
-#include <concepts>
-#include <cstddef>
-#include <cstdint>
-#include <type_traits>
-
-// ---- begin loom/plan/checks.hpp ----
-// The checks of a typed plan, written once and run at two moments.
-//
-// Every combinator describes itself as plain constexpr data (a "view": its splits and
-// degrees, the op kinds its selector names, its constraints). The predicates below read
-// views and return the first mistake as a message, or "" when there is none:
-//
-//   first_trans_error(rule)  a trans on its own: degree < 1, an empty open range, a dim split twice
-//   first_rule_error(rule)   a rule on its own: selector, pieces, assign/colocate against the
-//                            pieces, splits against the signatures of the op kinds it names
-//   first_plan_error(plan)   the plan's constraints: devices, extents, forbidden splits,
-//                            colocation with recompute, open parameters shared by name
-//   first_error(plan)        all of the above, in that order
-//
-// At compile time the combinators report a non-empty message through ill_formed_plan
-// (a static_assert) and plan::well_formed reads the same predicate as a bool. At run time
-// (compose(...).spec()) the views are refilled with what only then is known (degrees given
-// to constructors, chosen open parameters, the device count of spec(n)) and the same
-// predicates throw loom::plan_error. Checks against one graph's extents stay where the graph
-// is known: plan::resolve (rules.hpp) and partition::bind_partition (piece_layout.hpp).
-//
-// Messages start with the combinator and say how to fix the plan:
-//   "plan::trans<Split<Seq>, 2> on attention: Seq is frozen in this op ('s', 't'; splitting
-//    it would change the result); split Batch or Head instead"
-#include <cstdint>
-#include <optional>
-#include <span>
-#include <string>
-#include <string_view>
-#include <utility>
-
 // ---- begin loom/plan/degree.hpp ----
 // The degree slot of plan::trans: one `auto` template parameter that holds a number fixed
 // by the plan, an open parameter filled from a range through choose() (or a plan file's
@@ -3930,6 +3885,57 @@ using plan::OneOf;
 using plan::Pow2;
 }  // namespace loom
 // ---- end loom/plan/degree.hpp ----
+// ---- begin loom/plan/trans.hpp ----
+// op-trans: how a rule cuts the ops it selects.
+//
+//   trans<Split<Dim::Batch>, 4>                    4 pieces along the batch
+//   trans<Split<Var<"n">>, 2>                      along the signature variable n ("... k, n k -> ... n")
+//   trans<Replicate, 4>                            4 whole copies
+//   trans<Split<Dim::Batch>, 2, Split<Dim::Head>, 2>   nested, outermost first: 4 pieces,
+//                                                  piece (i, j) = batch slice i, head slice j
+//
+// Each degree is a number, open<Range[, "name"]>, runtime (a constructor argument, in the
+// order of the runtime slots) or all_devices; see plan/degree.hpp. Up to four pairs.
+// Mistakes of the trans alone (a degree below 1, an empty open range, a dim split twice)
+// stop the compilation where the trans is written; those that depend on the ops or on the
+// plan's constraints are checked by on<...>(...) and compose(...).
+#include <array>
+#include <concepts>
+#include <cstddef>
+#include <cstdint>
+#include <type_traits>
+
+// ---- begin loom/plan/checks.hpp ----
+// The checks of a typed plan, written once and run at two moments.
+//
+// Every combinator describes itself as plain constexpr data (a "view": its splits and
+// degrees, the op kinds its selector names, its constraints). The predicates below read
+// views and return the first mistake as a message, or "" when there is none:
+//
+//   first_trans_error(rule)  a trans on its own: degree < 1, an empty open range, a dim split twice
+//   first_rule_error(rule)   a rule on its own: selector, pieces, assign/colocate against the
+//                            pieces, splits against the signatures of the op kinds it names
+//   first_plan_error(plan)   the plan's constraints: devices, extents, forbidden splits,
+//                            colocation with recompute, open parameters shared by name
+//   first_error(plan)        all of the above, in that order
+//
+// At compile time the combinators report a non-empty message through ill_formed_plan
+// (a static_assert) and plan::well_formed reads the same predicate as a bool. At run time
+// (compose(...).spec()) the views are refilled with what only then is known (degrees given
+// to constructors, chosen open parameters, the device count of spec(n)) and the same
+// predicates throw loom::plan_error. Checks against one graph's extents stay where the graph
+// is known: plan::resolve (rules.hpp) and partition::bind_partition (piece_layout.hpp).
+//
+// Messages start with the combinator and say how to fix the plan:
+//   "plan::trans<Split<Seq>, 2> on attention: Seq is frozen in this op ('s', 't'; splitting
+//    it would change the result); split Batch or Head instead"
+#include <cstdint>
+#include <optional>
+#include <span>
+#include <string>
+#include <string_view>
+#include <utility>
+
 
 namespace loom::plan {
 
@@ -3978,7 +3984,8 @@ struct rule_view {
     std::string_view assign;  // "plan::assign<0, 1>", "plan::colocate<2>"
     bool explicit_devices = false;
     std::span<const std::int64_t> devices;
-    std::int64_t colocate = 1;
+    degree_view colocate{degree_kind::fixed, 1, true, {}, {}, {}, false};  // pieces per device
+    bool coshard = false;  // plan::coshard: the last split cut `colocate` times more, on the same devices
     int recompute_count = 0;
     std::string_view recompute_open;  // recompute_choice<"name">: whether to recompute is open
 };
@@ -3996,6 +4003,7 @@ struct fact_view {
     std::string_view spelling;     // "plan::extent<Head, 12>"
     degree_view degree{};          // stages<N>, micro_batches<N>, zero<open<...>>: fixed or open
     std::int64_t chunks = 0;       // order<Interleaved<V>>: V (0: another order, or a choice)
+    degree_view group{};           // stages<N, G>: G, the devices per stage (fixed or open)
 };
 
 struct plan_view {
@@ -4243,7 +4251,7 @@ constexpr text first_rule_error(const rule_view& r, std::int64_t devices = 0) {
             return concat(r.assign, ": list one device per piece, e.g. plan::assign<0, 1>");
         for (std::int64_t d : r.devices)
             if (d < 0) return concat(r.assign, ": device ", d, " is negative; devices are numbered from 0");
-        if (!r.explicit_devices && r.colocate < 1)
+        if (!r.explicit_devices && r.colocate.known && r.colocate.value < 1)
             return concat(r.assign,
                           ": at least one piece per device; colocate<1> (or no colocate) runs one piece per device");
         if (r.trans_count == 1) {
@@ -4251,8 +4259,8 @@ constexpr text first_rule_error(const rule_view& r, std::int64_t devices = 0) {
                 if (r.explicit_devices && static_cast<std::int64_t>(r.devices.size()) != *pieces)
                     return concat(r.assign, ": ", r.devices.size(), " devices for the ", *pieces, " pieces of ", r.trans,
                                   "; give one device per piece");
-                if (!r.explicit_devices && *pieces % r.colocate != 0)
-                    return concat(r.assign, ": the ", *pieces, " pieces of ", r.trans, " cannot be grouped ", r.colocate,
+                if (!r.explicit_devices && !r.coshard && r.colocate.known && *pieces % r.colocate.value != 0)
+                    return concat(r.assign, ": the ", *pieces, " pieces of ", r.trans, " cannot be grouped ", r.colocate.value,
                                   " per device; choose a colocation that divides ", *pieces, " (",
                                   divisors_text(*pieces), ")");
             }
@@ -4427,7 +4435,8 @@ constexpr text first_plan_error(const plan_view& p) {
                                   devices - 1, "); use a device below ", devices, " or raise the device count");
             if (r.trans_count == 1 && !r.explicit_devices) {
                 const auto pieces = known_pieces(r, devices);
-                if (r.colocate == 1) {
+                // Coshard's degrees count devices as if nothing were colocated.
+                if (r.coshard || (r.colocate.known && r.colocate.value == 1)) {
                     for (const auto& s : r.splits) {
                         if (auto d = known_degree(s.degree, devices); d && *d >= 1 && devices % *d != 0)
                             return concat(r.trans, ": the degree ", *d, " of ", split_spelling(s), " does not divide ",
@@ -4443,16 +4452,20 @@ constexpr text first_plan_error(const plan_view& p) {
                         return concat(r.trans, ": ", *pieces, " pieces but ", devices_text,
                                       "; lower the degrees so that their product is at most ", devices,
                                       ", or colocate pieces (plan::colocate<", (*pieces + devices - 1) / devices, ">)");
-                } else if (pieces && r.colocate >= 1 && *pieces % r.colocate == 0 && *pieces / r.colocate > devices) {
-                    return concat(r.assign, ": the ", *pieces, " pieces of ", r.trans, " make ", *pieces / r.colocate,
-                                  " groups of ", r.colocate, " but the plan has ", devices_text,
+                } else if (const std::int64_t c = r.colocate.known ? r.colocate.value : 0;
+                           pieces && c >= 1 && *pieces % c == 0 && *pieces / c > devices) {
+                    return concat(r.assign, ": the ", *pieces, " pieces of ", r.trans, " make ", *pieces / c,
+                                  " groups of ", c, " but the plan has ", devices_text,
                                   "; colocate more pieces per device or lower the degrees");
                 }
             }
         }
         // Coshard's rule: colocated pieces recompute (in this rule, or in another with the same selector).
         // Pieces share a device through colocate<C> or through assign<...> naming a device twice.
-        bool shares_devices = !r.explicit_devices && r.colocate > 1;
+        // An open count shares devices when its range leaves out 1.
+        bool shares_devices = !r.explicit_devices && (r.colocate.known ? r.colocate.value > 1 : !r.colocate.any_positive);
+        if (!r.explicit_devices && !r.colocate.known)
+            for (std::int64_t v : r.colocate.allowed) shares_devices = shares_devices && v != 1;
         for (std::size_t a = 0; a < r.devices.size(); ++a)
             for (std::size_t b = a + 1; b < r.devices.size(); ++b) shares_devices = shares_devices || r.devices[a] == r.devices[b];
         if (requires_recompute && shares_devices && r.recompute_count == 0) {
@@ -4646,15 +4659,22 @@ struct assign_t {
 template <int... Devices>
 inline constexpr assign_t<Devices...> assign{};
 
-template <std::int64_t PiecesPerDevice>
-struct colocate_t {
+template <auto PiecesPerDevice, bool Coshard>
+struct colocation_t {
     static constexpr detail::piece_kind piece = detail::piece_kind::colocate;
-    static constexpr std::int64_t pieces_per_device = PiecesPerDevice;
-    static constexpr detail::static_text spelling{detail::concat("plan::colocate<", PiecesPerDevice, ">")};
+    static constexpr detail::degree_view pieces_per_device = detail::degree_view_of<PiecesPerDevice>();
+    static constexpr bool coshard = Coshard;
+    static_assert(pieces_per_device.kind == detail::degree_kind::fixed || pieces_per_device.kind == detail::degree_kind::open,
+                  "plan::colocate<C> / plan::coshard<C>: give a number or open<...>");
+    static constexpr detail::static_text spelling{
+        detail::concat(Coshard ? "plan::coshard<" : "plan::colocate<", detail::degree_spelling<PiecesPerDevice>(), ">")};
 };
 
-template <std::int64_t PiecesPerDevice>
-inline constexpr colocate_t<PiecesPerDevice> colocate{};
+template <auto PiecesPerDevice>
+inline constexpr colocation_t<PiecesPerDevice, false> colocate{};
+
+template <auto PiecesPerDevice>
+inline constexpr colocation_t<PiecesPerDevice, true> coshard{};
 
 struct recompute_t {
     static constexpr detail::piece_kind piece = detail::piece_kind::recompute;
@@ -4696,7 +4716,9 @@ inline constexpr recompute_choice_t<Name> recompute_choice{};
 //
 // Open parameters are named by the user (open<Range, "tp">; one name, one value) or after
 // their trans: the k-th trans of the plan (from 0) names its open degrees "trans#k.degree"
-// when it has one split, else "trans#k.degree0", "trans#k.degree1", ... by position.
+// when it has one split, else "trans#k.degree0", "trans#k.degree1", ... by position. An
+// unnamed open colocate<...> or coshard<...> count is "colocate" or "coshard", an unnamed
+// open stage count "stages" and devices per stage "devices_per_stage".
 #include <algorithm>
 #include <array>
 #include <cstddef>
@@ -5831,9 +5853,14 @@ struct split_spec {
 
 // op-assign: where a rule's pieces run.
 struct assign_spec {
-    std::vector<int> devices;  // explicit, one per piece (wins when set)
-    std::int64_t colocate = 1; // pieces per device, run one after another (Coshard)
-    int first_device = 0;      // pieces i*colocate..(i+1)*colocate-1 on device first_device + i
+    std::vector<int> devices;          // explicit, one per piece (wins when set)
+    degree_spec colocate{1, "", {}};   // pieces per device, run one after another
+    int first_device = 0;              // pieces i*colocate..(i+1)*colocate-1 on device first_device + i
+    // Coshard (nnScaler): the op's last split is cut `colocate` times more than its degree
+    // says, and those pieces share each device. The degrees keep counting devices, so the
+    // Coshard factor can be chosen (or left open) apart from the tensor-parallel degree:
+    // split<Head, tp> with coshard<c> runs tp * c pieces, c on each of tp devices.
+    bool coshard = false;
 };
 
 struct rule {
@@ -5860,7 +5887,7 @@ struct stage_spec {
     std::string repeat = "blocks";
     degree_spec count{1, "", {}};            // device groups (an open parameter when named)
     std::vector<std::int64_t> boundaries;    // the first layer of every range after the first; empty: even
-    std::int64_t devices_per_stage = 0;
+    degree_spec devices_per_stage{0, "", {}};  // 0: the plan's devices / count; open when named
     // The ranges as an open parameter of this name: its value numbers one cut of the layers
     // (plan/stage_ranges.hpp), each range within `boundary_slack` layers of the even cut
     // (negative: any size). The searcher tries every cut; the filled plan gives boundaries.
@@ -5909,11 +5936,16 @@ struct plan_spec {
         choices[std::move(open)] = value;
         return *this;
     }
+    // Narrows an open number to `allowed` wherever the plan names it (every rule's degree or
+    // colocation, the stages, the devices per stage, the micro-batches, the ZeRO stage):
+    //   spaces::nnscaler(8).narrow("tp", {1, 2}).narrow("coshard", {1, 2})
+    LOOM_INLINE plan_spec& narrow(const std::string& open, std::vector<std::int64_t> allowed);
 };
 
 // The names of a plan's open parameters, each once, in the order the plan states them: the
-// recompute choices of its rules, the degrees of its rules, then its stage count,
-// micro-batches, order and ZeRO stage.
+// recompute choices of its rules, the degrees of its rules, their colocation (Coshard)
+// factors, then its stage count, devices per stage, micro-batches, order, ZeRO stage and
+// stage boundaries.
 LOOM_INLINE std::vector<std::string> open_parameters(const plan_spec& p);
 
 // The value of a degree: its fixed value, or the plan's choice for its open parameter
@@ -5985,12 +6017,36 @@ LOOM_INLINE std::vector<std::string> open_parameters(const plan_spec& p) {
     for (const rule& r : p.rules)
         if (r.trans)
             for (const split_spec& s : *r.trans) add(s.degree.open);
-    if (p.stages) add(p.stages->count.open);
+    for (const rule& r : p.rules)
+        if (r.assign) add(r.assign->colocate.open);
+    if (p.stages) add(p.stages->count.open), add(p.stages->devices_per_stage.open);
     add(p.micro_batches.open);
     if (p.order.alternatives.size() > 1) add(p.order.open);
     add(p.zero_open);
     if (p.stages) add(p.stages->boundaries_open);
     return names;
+}
+
+LOOM_INLINE plan_spec& plan_spec::narrow(const std::string& open, std::vector<std::int64_t> allowed) {
+    bool found = false;
+    auto set = [&](degree_spec& d) {
+        if (d.open != open) return;
+        d.allowed = allowed;
+        found = true;
+    };
+    for (rule& r : rules) {
+        if (r.trans)
+            for (split_spec& s : *r.trans) set(s.degree);
+        if (r.assign) set(r.assign->colocate);
+    }
+    if (stages) set(stages->count), set(stages->devices_per_stage);
+    set(micro_batches);
+    if (zero_open == open) zero_allowed = allowed, found = true;
+    if (!found)
+        throw plan_error("plan_spec::narrow: '" + open +
+                         "' is not an open number of the plan (a degree, colocation, stage count, devices per stage, "
+                         "micro-batch count or ZeRO stage); give one of the names plan::open_parameters lists");
+    return *this;
 }
 
 LOOM_INLINE std::int64_t degree_value(const degree_spec& d, const plan_spec& p, const std::string& where) {
@@ -6074,28 +6130,38 @@ LOOM_INLINE resolved_plan partition_ops(const plan_spec& p, const graph& g) {
                 if (!s.replicate && degree > 1) check_not_forbidden(p, n, s, where);
             }
         op.recompute = recompute;
-        const std::int64_t pieces = op.pieces();
-        if (assign) {
-            if (!assign->devices.empty()) {
-                op.devices = assign->devices;
-            } else {
-                if (assign->colocate < 1 || pieces % assign->colocate != 0)
-                    throw plan_error("plan: colocate<" + std::to_string(assign->colocate) + "> on " + where + ": " +
-                                     std::to_string(pieces) + " pieces cannot be grouped " +
-                                     std::to_string(assign->colocate) + " per device; choose a colocation that divides " +
-                                     std::to_string(pieces));
-                for (std::int64_t k = 0; k < pieces; ++k)
-                    op.devices.push_back(assign->first_device + static_cast<int>(k / assign->colocate));
+        if (assign && assign->devices.empty()) {
+            const std::int64_t per_device = degree_value(assign->colocate, p, "the colocation of " + where);
+            const std::string spelling =
+                std::string(assign->coshard ? "coshard<" : "colocate<") + std::to_string(per_device) + ">";
+            if (per_device < 1)
+                throw plan_error("plan: " + spelling + " on " + where + ": use at least one piece per device");
+            if (assign->coshard) {
+                if (op.splits.empty())
+                    throw plan_error("plan: " + spelling + " on " + where +
+                                     ": the op has no split to cut further; give the rule a trans (or put the "
+                                     "Coshard part after one with the same selector)");
+                op.splits.back().degree *= per_device;
             }
-            // Pieces share a device through colocate<C> or through devices named twice.
+            const std::int64_t pieces = op.pieces();
+            if (pieces % per_device != 0)
+                throw plan_error("plan: " + spelling + " on " + where + ": " + std::to_string(pieces) +
+                                 " pieces cannot be grouped " + std::to_string(per_device) +
+                                 " per device; choose a colocation that divides " + std::to_string(pieces));
+            for (std::int64_t k = 0; k < pieces; ++k)
+                op.devices.push_back(assign->first_device + static_cast<int>(k / per_device));
+            if (per_device > 1 && p.colocation_requires_recompute && !recompute)
+                throw plan_error("plan: " + spelling + " on " + where +
+                                 " without recompute, but the plan requires colocated ops to recompute; add recompute "
+                                 "to the same selector");
+        } else if (assign) {
+            op.devices = assign->devices;
+            // Pieces share a device through devices named twice.
             std::vector<int> placed = op.devices;
             std::sort(placed.begin(), placed.end());
-            const bool shared = assign->colocate > 1 || std::adjacent_find(placed.begin(), placed.end()) != placed.end();
+            const bool shared = std::adjacent_find(placed.begin(), placed.end()) != placed.end();
             if (shared && p.colocation_requires_recompute && !recompute)
-                throw plan_error("plan: " +
-                                 (assign->colocate > 1 ? "colocate<" + std::to_string(assign->colocate) + ">"
-                                                       : std::string("an assign that puts several pieces on one device")) +
-                                 " on " + where +
+                throw plan_error("plan: an assign that puts several pieces on one device on " + where +
                                  " without recompute, but the plan requires colocated ops to recompute; add recompute "
                                  "to the same selector");
         }
@@ -6202,6 +6268,9 @@ concept plan_fact = requires {
 //   stages<4>                     op-assign: the layers of "blocks" cut evenly into 4 ranges, each
 //                                 on its own group of devices / 4 devices
 //   stages<open<Pow2<1, 8>, "pp">, 2>   an open stage count, 2 devices per stage
+//   stages<4, open<>>             4 stages, the devices per stage an open parameter
+//                                 ("devices_per_stage" unless named); stages x devices per
+//                                 stage must make the plan's devices
 //   stage_boundaries<3, 10, 11>   explicit ranges: the first layer of every stage after the first
 //   open_stage_boundaries<"cut", 1>  ranges the searcher chooses, each within 1 layer of even
 //   micro_batches<8>              op-trans: every op cut along the batch into 8, outermost
@@ -6229,29 +6298,38 @@ namespace loom::plan {
 
 // ---- op-assign of layer ranges ------------------------------------------------------------
 
-template <auto Count, std::int64_t DevicesPerStage = 0, fixed_string Repeat = "blocks">
+template <auto Count, auto DevicesPerStage = 0, fixed_string Repeat = "blocks">
 struct stages_t {
     static constexpr detail::degree_view degree = detail::degree_view_of<Count>();
+    static constexpr detail::degree_view group = detail::degree_view_of<DevicesPerStage>();
+    static constexpr bool group_given = !(group.kind == detail::degree_kind::fixed && group.value == 0);
     static constexpr detail::static_text spelling{
         detail::concat("plan::stages<", detail::degree_spelling<Count>(),
-                       DevicesPerStage > 0 ? detail::concat(", ", DevicesPerStage) : detail::text(), ">")};
+                       group_given ? detail::concat(", ", detail::degree_spelling<DevicesPerStage>()) : detail::text(), ">")};
+    // value: the devices per stage when fixed (0: the plan's devices / stages, or open).
     static constexpr detail::fact_view fact{
-        detail::fact_kind::stages, DevicesPerStage, {}, {}, {}, spelling.view(), degree};
+        detail::fact_kind::stages, group.known ? group.value : 0, {}, {}, {}, spelling.view(), degree, 0, group};
     static_assert(degree.kind == detail::degree_kind::fixed || degree.kind == detail::degree_kind::open,
                   "plan::stages<N>: give a number or open<...>");
+    static_assert(group.kind == detail::degree_kind::fixed || group.kind == detail::degree_kind::open,
+                  "plan::stages<N, G>: give the devices per stage as a number or open<...>");
     static void lower(plan_spec& p) {
         stage_spec& s = p.stages ? *p.stages : p.stages.emplace();
         s.repeat = std::string(Repeat.view());
-        s.devices_per_stage = DevicesPerStage;
-        if constexpr (degree.kind == detail::degree_kind::open)
-            s.count = {1, degree.name.empty() ? std::string("stages") : std::string(degree.name),
-                       std::vector<std::int64_t>(degree.allowed.begin(), degree.allowed.end())};
-        else
-            s.count = {degree.value, "", {}};
+        s.count = lowered(degree, "stages");
+        s.devices_per_stage = lowered(group, "devices_per_stage");
+    }
+
+private:
+    static degree_spec lowered(const detail::degree_view& d, const char* default_name) {
+        if (d.kind == detail::degree_kind::open)
+            return {1, d.name.empty() ? std::string(default_name) : std::string(d.name),
+                    std::vector<std::int64_t>(d.allowed.begin(), d.allowed.end())};
+        return {d.value, "", {}};
     }
 };
 
-template <auto Count, std::int64_t DevicesPerStage = 0, fixed_string Repeat = "blocks">
+template <auto Count, auto DevicesPerStage = 0, fixed_string Repeat = "blocks">
 inline constexpr stages_t<Count, DevicesPerStage, Repeat> stages{};
 
 // Explicit stage ranges (with plan::stages): stage k + 1 starts at layer FirstLayers[k].
@@ -6775,6 +6853,23 @@ inline rule trans(selector on, std::int64_t dp, std::vector<split_spec> inner, s
     return trans(std::move(on), degree_spec{dp, "", {}}, std::move(inner), std::move(origin));
 }
 
+// The parts of a transformer block that tensor parallelism cuts, each with its split over
+// tp: column-parallel q, k, v and fc (outputs), row-parallel projections (inputs), the
+// attention between them (heads) and the MLP's activation (FFN).
+struct block_part {
+    selector on;
+    split_spec split;
+};
+LOOM_INLINE std::vector<block_part> block_parts(const degree_spec& tp, const transformer_names& names);
+
+// Coshard's op-assign: c pieces of each device's share, one after another on the device.
+inline assign_spec coshard_assign(const degree_spec& c) {
+    assign_spec a;
+    a.colocate = c;
+    a.coshard = true;
+    return a;
+}
+
 // Vocabulary-parallel embeddings (each device holds rows of the table; partial sums), the LM
 // head (a linear outside any layer) split along the vocabulary, and the vocabulary-parallel
 // cross-entropy (rebuilt by the transformation registered for its v: each device reduces its
@@ -6839,8 +6934,19 @@ LOOM_INLINE plan_spec recompute_layers(recompute_policy r, std::int64_t first_la
 // Coshard: the attention and MLP of the selected layers split into tp * c pieces, c of
 // them colocated on each of tp devices and run one after another, with recompute, so that
 // a device holds the activations of one piece at a time. Other ops replicate over the tp
-// devices (as in megatron()).
-LOOM_INLINE plan_spec coshard(int tp, int c, const transformer_names& names = {});
+// devices (as in megatron()). Either number may be open.
+LOOM_INLINE plan_spec coshard(const degree_spec& tp, const degree_spec& c, const transformer_names& names = {});
+
+inline plan_spec coshard(int tp, int c, const transformer_names& names = {}) {
+    return coshard(degree_spec{tp, "", {}}, degree_spec{c, "", {}}, names);
+}
+
+// Coshard as op-assign alone, over a plan that already splits the layers (megatron()): the
+// attention and MLP pieces of every layer cut c times more, c on each device, one after
+// another. Colocated pieces must recompute (the plan's colocation_requires_recompute), so
+// with c open beside an open recompute choice the search refuses c > 1 without recompute.
+//   presets::megatron(open_tp, open_dp).then(presets::coshard_layers({1, "coshard", {1, 2, 4}}))
+LOOM_INLINE plan_spec coshard_layers(const degree_spec& c, const transformer_names& names = {});
 
 }  // namespace loom::plan::presets
 
@@ -6862,6 +6968,19 @@ LOOM_INLINE rule trans(selector on, const degree_spec& dp, std::vector<split_spe
     for (auto& s : inner) splits.push_back(std::move(s));
     // A preset is a recipe for many models: a part some model lacks is not a mistake.
     return {std::move(on), std::move(splits), std::nullopt, std::nullopt, std::move(origin), true};
+}
+
+LOOM_INLINE std::vector<block_part> block_parts(const degree_spec& tp, const transformer_names& names) {
+    std::vector<block_part> parts;
+    for (const auto& c : names.column) parts.push_back({in_scope(c), split_var("n", tp)});
+    for (const auto& r : names.row) parts.push_back({in_scope(r), split_var("k", tp)});
+    parts.push_back({kinds({&op_def_of<ops::SplitHeads>(), &op_def_of<ops::Attention>(), &op_def_of<ops::MergeHeads>()},
+                           names.attention),
+                     split_dim(Dim::Head::id, tp)});
+    parts.push_back({kinds({&op_def_of<ops::Gelu>(), &op_def_of<ops::Relu>(), &op_def_of<ops::Silu>(), &op_def_of<ops::Mul>()},
+                           names.mlp),
+                     split_dim(Dim::FFN::id, tp)});
+    return parts;
 }
 
 LOOM_INLINE plan_spec vocabulary_rules(const degree_spec& tp, const degree_spec& dp, const std::string& origin) {
@@ -6894,14 +7013,7 @@ LOOM_INLINE plan_spec megatron(const degree_spec& tp, const degree_spec& dp, con
              (dp.value > 1 || !dp.open.empty() ? " x data parallel x" + text(dp) : "");
     const std::string origin = "megatron";
     p.add(trans({}, dp, {replicate(tp)}, origin));
-    for (const auto& c : names.column) p.add(trans(in_scope(c), dp, {split_var("n", tp)}, origin));
-    for (const auto& r : names.row) p.add(trans(in_scope(r), dp, {split_var("k", tp)}, origin));
-    p.add(trans(kinds({&op_def_of<ops::SplitHeads>(), &op_def_of<ops::Attention>(), &op_def_of<ops::MergeHeads>()},
-                      names.attention),
-                dp, {split_dim(Dim::Head::id, tp)}, origin));
-    p.add(trans(kinds({&op_def_of<ops::Gelu>(), &op_def_of<ops::Relu>(), &op_def_of<ops::Silu>(), &op_def_of<ops::Mul>()},
-                      names.mlp),
-                dp, {split_dim(Dim::FFN::id, tp)}, origin));
+    for (block_part& part : block_parts(tp, names)) p.add(trans(std::move(part.on), dp, {std::move(part.split)}, origin));
     p.then(detail::vocabulary_rules(tp, dp, origin));
     return p;
 }
@@ -6920,7 +7032,7 @@ LOOM_INLINE plan_spec pipeline(int stages, int micro_batches, order_policy order
     p.devices = stages * group;
     stage_spec s;
     s.count = {stages, "", {}};
-    s.devices_per_stage = group;
+    s.devices_per_stage = {group, "", {}};
     p.stages = s;
     p.micro_batches = {micro_batches, "", {}};
     p.order.alternatives = {std::move(order)};
@@ -6961,30 +7073,36 @@ LOOM_INLINE plan_spec recompute_layers(recompute_policy r, std::int64_t first_la
     return p;
 }
 
-LOOM_INLINE plan_spec coshard(int tp, int c, const transformer_names& names) {
+LOOM_INLINE plan_spec coshard(const degree_spec& tp, const degree_spec& c, const transformer_names& names) {
     using namespace detail;
     plan_spec p;
-    p.devices = tp;
+    const auto text = [](const degree_spec& d) { return d.open.empty() ? std::to_string(d.value) : "<" + d.open + ">"; };
+    p.devices = tp.open.empty() ? static_cast<int>(tp.value) : 1;
     p.colocation_requires_recompute = true;
-    p.name = "coshard " + std::to_string(c) + " per device x" + std::to_string(tp);
-    const std::string origin = "coshard";
-    const std::int64_t pieces = static_cast<std::int64_t>(tp) * c;
-    assign_spec together{{}, c, 0};
-    auto split = [&](selector on, split_spec s) {
-        rule r = trans(std::move(on), 1, {std::move(s)}, origin);
-        r.assign = together;
+    p.name = "coshard " + text(c) + " per device x" + text(tp);
+    p.add(trans({}, 1, {replicate(tp)}, "coshard"));
+    for (block_part& part : block_parts(tp, names)) {
+        rule r = trans(std::move(part.on), 1, {std::move(part.split)}, "coshard");
+        r.assign = coshard_assign(c);
         r.recompute = true;
         p.add(std::move(r));
-    };
-    p.add(trans({}, 1, {replicate(tp)}, origin));
-    for (const auto& col : names.column) split(in_scope(col), split_var("n", pieces));
-    for (const auto& row : names.row) split(in_scope(row), split_var("k", pieces));
-    split(kinds({&op_def_of<ops::SplitHeads>(), &op_def_of<ops::Attention>(), &op_def_of<ops::MergeHeads>()},
-                names.attention),
-          split_dim(Dim::Head::id, pieces));
-    split(kinds({&op_def_of<ops::Gelu>(), &op_def_of<ops::Relu>(), &op_def_of<ops::Silu>(), &op_def_of<ops::Mul>()},
-                names.mlp),
-          split_dim(Dim::FFN::id, pieces));
+    }
+    return p;
+}
+
+LOOM_INLINE plan_spec coshard_layers(const degree_spec& c, const transformer_names& names) {
+    using namespace detail;
+    plan_spec p;
+    p.colocation_requires_recompute = true;
+    p.name = "coshard " + (c.open.empty() ? std::to_string(c.value) : "<" + c.open + ">") + " per device";
+    for (block_part& part : block_parts(degree_spec{1, "", {}}, names)) {
+        rule r;
+        r.on = std::move(part.on);
+        r.assign = coshard_assign(c);
+        r.origin = "coshard";
+        r.optional = true;  // a preset is a recipe for many models
+        p.add(std::move(r));
+    }
     return p;
 }
 
@@ -8583,7 +8701,7 @@ LOOM_INLINE resolved_plan resolve(const plan_spec& p, const graph& g) {
     if (chunks_per_group < 1)
         throw plan_error("plan::order<Interleaved<" + std::to_string(chunks_per_group) +
                          ">>: use at least one chunk per device group");
-    std::int64_t group = st.devices_per_stage;
+    std::int64_t group = degree_value(st.devices_per_stage, p, "plan::stages (devices per stage)");
     if (group == 0) {
         if (p.devices % stages != 0)
             throw plan_error("plan::stages: " + std::to_string(stages) + " stages do not divide the plan's " +
@@ -8851,6 +8969,7 @@ constexpr void describe_piece(rule_view& r) {
         if (r.assign_count++ == 0) {
             r.assign = Piece::spelling.view();
             r.colocate = Piece::pieces_per_device;
+            r.coshard = Piece::coshard;
         }
     } else {
         ++r.recompute_count;
@@ -9059,6 +9178,13 @@ constexpr std::int64_t declared_devices_of() {
 LOOM_INLINE std::string open_parameter_name(std::size_t trans_index, std::size_t split, std::size_t splits,
                                             std::string_view user_name);
 
+// An open colocation count's name: the user's, or "colocate" / "coshard" (one value for
+// every unnamed one of the plan).
+inline std::string colocation_parameter_name(std::string_view user_name, bool coshard) {
+    if (!user_name.empty()) return std::string(user_name);
+    return coshard ? "coshard" : "colocate";
+}
+
 // The open parameters of a plan's typed parts, in order of first appearance, each once.
 template <class... Parts>
 std::vector<std::string> open_parameters_of() {
@@ -9077,9 +9203,14 @@ std::vector<std::string> open_parameters_of() {
         }
         ++trans_index;
     }
+    for (const rule_view& r : plan_description<Parts...>::view.rules)
+        if (r.assign_count > 0 && !r.explicit_devices && r.colocate.kind == degree_kind::open)
+            add(colocation_parameter_name(r.colocate.name, r.coshard));
     for (const fact_view& f : plan_description<Parts...>::view.facts) {
         const bool open = f.degree.kind == degree_kind::open;
         if (f.kind == fact_kind::stages && open) add(f.degree.name.empty() ? "stages" : std::string(f.degree.name));
+        if (f.kind == fact_kind::stages && f.group.kind == degree_kind::open)
+            add(f.group.name.empty() ? "devices_per_stage" : std::string(f.group.name));
         if (f.kind == fact_kind::micro_batches && open)
             add(f.degree.name.empty() ? "micro_batches" : std::string(f.degree.name));
         if (f.kind == fact_kind::order && !f.target.empty()) add(std::string(f.target));
@@ -9148,10 +9279,19 @@ void lower_rule(const Rule& part, lowering& out) {
                 if constexpr (Piece::piece == piece_kind::trans) {
                     lower_trans(piece, out, view, r);
                 } else if constexpr (Piece::piece == piece_kind::assign) {
-                    r.assign = assign_spec{std::vector<int>(Piece::devices.begin(), Piece::devices.end()), 1, 0};
+                    r.assign = assign_spec{std::vector<int>(Piece::devices.begin(), Piece::devices.end()), {1, "", {}}, 0};
                     if (r.origin.empty()) r.origin = std::string(Piece::spelling.view());
                 } else if constexpr (Piece::piece == piece_kind::colocate) {
-                    r.assign = assign_spec{{}, Piece::pieces_per_device, 0};
+                    constexpr degree_view d = Piece::pieces_per_device;
+                    const std::string open_name = d.kind == degree_kind::open ? colocation_parameter_name(d.name, Piece::coshard) : "";
+                    const degree_spec count = lower_degree(d, open_name);
+                    if (!open_name.empty() && out.spec.choices.count(open_name)) {
+                        // Outside its range: the same message as plan::resolve gives.
+                        view.colocate.value = degree_value(count, out.spec, std::string(Piece::spelling.view()) + " in " +
+                                                                                std::string(view.selector));
+                        view.colocate.known = true;
+                    }
+                    r.assign = assign_spec{{}, count, 0, Piece::coshard};
                     if (r.origin.empty()) r.origin = std::string(Piece::spelling.view());
                 } else if constexpr (requires { Piece::open; }) {
                     r.recompute_open = std::string(Piece::open);
@@ -9407,13 +9547,15 @@ LOOM_INLINE void require_open_parameter(const std::vector<std::string>& names, c
 //   alpa(n)       Alpa's inter- and intra-operator levels: stages whose boundaries are
 //                 searched too, with tensor x data parallelism inside them, ordered 1F1B
 //   nnscaler(n)   all of the above, with the ZeRO stage, GPipe, 1F1B, interleaved, 3F1B,
-//                 the interlaced pipeline, the recomputation of the layers and the
-//                 stages' boundaries as open choices. The assignments a model cannot
-//                 run (3F1B without three forward rounds, interleaving without enough
-//                 layers) are refused by the search, which says why.
+//                 the interlaced pipeline, the recomputation of the layers, Coshard (the
+//                 layers' tensor-parallel pieces cut "coshard" times more, one after
+//                 another on each device; only with recomputation) and the stages'
+//                 boundaries as open choices. The assignments a model cannot run (3F1B
+//                 without three forward rounds, interleaving without enough layers,
+//                 Coshard without recomputation) are refused by the search, which says why.
 //
 // Open parameters: "tp", "dp" (degrees inside a stage), "pp" (stages), "mb" (micro-batches),
-// "order", "zero", "recompute" and "boundaries". Their candidates are every divisor
+// "order", "zero", "recompute", "coshard" and "boundaries". Their candidates are every divisor
 // (search::open_parameter_candidates); the boundaries' are every cut of the layers whose
 // ranges lie within `boundary_slack` layers of the even cut (default 1: enough to move a
 // layer off the stage that also holds the embedding or the head; -1: any cut, as Alpa;
@@ -9521,7 +9663,8 @@ LOOM_INLINE plan_spec nnscaler(int devices, std::int64_t boundary_slack) {
     recompute.recompute.reset();
     recompute.recompute_open = "recompute";
     p.add(std::move(recompute));
-    p.name = "nnScaler space: TP x PP x DP, searched stage boundaries, every order, ZeRO 0-3, recompute or not";
+    p.then(presets::coshard_layers(detail::open_degree("coshard")));
+    p.name = "nnScaler space: TP x PP x DP, searched stage boundaries, every order, ZeRO 0-3, recompute or not, Coshard";
     return p;
 }
 
@@ -9773,42 +9916,33 @@ LOOM_INLINE std::string model_fingerprint(const graph& g) {
 }  // namespace loom
 #endif  // LOOM_HEADER_DEFINITIONS
 // ---- end loom/graph/fingerprint.hpp ----
-// ---- begin loom/partition/deadlock.hpp ----
-// Deadlock check for the device programs of a partitioned graph: do the programs, each
-// run in its own order, always make progress?
+// ---- begin loom/partition/colocated_order.hpp ----
+// op-order of colocated pieces (Coshard): the pieces of one op that a plan puts on one
+// device run one piece's chain at a time.
 //
-// A transfer completes only when every member device reaches it (a collective waits for
-// all of its members; a send/recv is one rendezvous, since the receiver waits for the
-// sender). So the programs form one cross-device dependency graph:
-//
-//   vertices  one per transfer, shared by all of its member devices, and one per local op
-//             (piece, assemble) of each device;
-//   edges     program order (consecutive steps of each device) and data (the step that
-//             produces a local tensor -> each step of the same device that reads it).
-//
-// An edge u -> v says "v waits for u". The programs deadlock exactly when this graph has a
-// cycle, e.g. device 0 runs all_reduce A before all_reduce B while device 1 runs B before
-// A. A send of a point-to-point transfer returns once its data is copied (both
-// communicators buffer sends), so when the caller says which transfers are point to point,
-// the sender's step is a local op of the sender that the receive waits for; otherwise a send
-// waits for its receive too (the conservative model). apply_plan emits every transfer in one global order, so its programs pass by
-// construction; the check guards reorderings (overlap schedules, pipelines, hand edits).
-//
-//   check_deadlock_free(pg)               the plan's op-order (pg.order, else graph order)
-//   check_deadlock_free(pg, order)        order[d]: the node ids of device d, as it runs them
-//   check_deadlock_free(programs, groups) the same over plain step sequences (tests reorder
-//                                         these; see device_programs and transfer_groups)
-// A cycle is reported as a plan_error that starts with "deadlock:" and names, with their
-// devices, the ops on one cycle: the shortest through the first back edge the depth-first
-// search meets (local ops between two transfers are listed, elided past five).
-#include <algorithm>
+// Materialization emits a logical node's pieces together, so a device that holds pieces 0
+// and 1 of every op of a layer would run q0 q1 k0 k1 ... attention0 attention1: both
+// pieces' intermediates alive at once, which is what Coshard is there to avoid (nnScaler,
+// Figure 5: a recomputed layer cut into pieces that run one after another holds one piece's
+// activations at a time). This pass reorders each device's program so that, between two
+// barriers, every node of piece 0 runs before any node of piece 1, and so on; data flow
+// within the stretch decides the rest. Barriers keep what must not move:
+//   * communication nodes (so every device group's collectives stay in one order);
+//   * a change of pipeline block (stage, micro-batch, pass), so the schedule's blocks stay
+//     as partition::detail::order_by_schedule made them.
+// A device node belongs to piece j when it computes the j-th piece (in piece order) of a
+// logical node that has several pieces on that device within one block. Other nodes
+// between barriers (the assembles the plan inserted, ops cut otherwise) follow the pieces
+// they read (a local sum of the pieces' partial outputs runs once they are all made), else
+// run with the first piece that reads them (a weight's slice for one piece), else first.
 #include <cstdint>
-#include <deque>
-#include <string>
+#include <functional>
+#include <map>
+#include <optional>
+#include <queue>
+#include <tuple>
+#include <utility>
 #include <vector>
-
-#include <boost/graph/adjacency_list.hpp>
-#include <boost/graph/depth_first_search.hpp>
 
 // ---- begin loom/partition/partitioned_graph.hpp ----
 // The result of applying a plan: the logical training graph with the layout of every node,
@@ -10881,6 +11015,70 @@ struct partitioned_graph {
 
 }  // namespace loom::partition
 // ---- end loom/partition/partitioned_graph.hpp ----
+// ---- begin loom/partition/pipeline_order.hpp ----
+// op-order for pipelines: the plan's schedule (plan::resolved_plan::order) orders the
+// (stage, micro-batch, pass) blocks of every device; partition::apply_plan calls this to
+// turn it into the order each device runs its program in.
+//
+// Every piece a plan put on a device belongs to one block: its op's stage and round
+// (plan/pipeline.hpp), its micro-batch (the piece's coordinate along the outermost,
+// micro-batch split) and its pass (a backward op runs in the backward block of the op it
+// differentiates). The transfers and assembles the plan inserted between pieces have no
+// op of their own; each joins the earliest block on its device that reads what it makes (a
+// receive runs where its data is needed, a ZeRO gather before its first reader), else the
+// latest block whose output it reads (a send runs right after its data is made, gradient
+// sums after the last micro-batch), else the end of the step (the loss gathered to every
+// device). Within a block, nodes keep their plan order, so the collectives of a device group
+// stay in one order on all its members.
+//
+// The result is checked: every node runs after the producers of its inputs (else the
+// schedule contradicts the program's data flow, and the error names both blocks), and the
+// programs together cannot deadlock (partition/deadlock.hpp).
+#include <algorithm>
+#include <cstdint>
+#include <limits>
+#include <map>
+#include <optional>
+#include <string>
+#include <vector>
+
+// ---- begin loom/partition/deadlock.hpp ----
+// Deadlock check for the device programs of a partitioned graph: do the programs, each
+// run in its own order, always make progress?
+//
+// A transfer completes only when every member device reaches it (a collective waits for
+// all of its members; a send/recv is one rendezvous, since the receiver waits for the
+// sender). So the programs form one cross-device dependency graph:
+//
+//   vertices  one per transfer, shared by all of its member devices, and one per local op
+//             (piece, assemble) of each device;
+//   edges     program order (consecutive steps of each device) and data (the step that
+//             produces a local tensor -> each step of the same device that reads it).
+//
+// An edge u -> v says "v waits for u". The programs deadlock exactly when this graph has a
+// cycle, e.g. device 0 runs all_reduce A before all_reduce B while device 1 runs B before
+// A. A send of a point-to-point transfer returns once its data is copied (both
+// communicators buffer sends), so when the caller says which transfers are point to point,
+// the sender's step is a local op of the sender that the receive waits for; otherwise a send
+// waits for its receive too (the conservative model). apply_plan emits every transfer in one global order, so its programs pass by
+// construction; the check guards reorderings (overlap schedules, pipelines, hand edits).
+//
+//   check_deadlock_free(pg)               the plan's op-order (pg.order, else graph order)
+//   check_deadlock_free(pg, order)        order[d]: the node ids of device d, as it runs them
+//   check_deadlock_free(programs, groups) the same over plain step sequences (tests reorder
+//                                         these; see device_programs and transfer_groups)
+// A cycle is reported as a plan_error that starts with "deadlock:" and names, with their
+// devices, the ops on one cycle: the shortest through the first back edge the depth-first
+// search meets (local ops between two transfers are listed, elided past five).
+#include <algorithm>
+#include <cstdint>
+#include <deque>
+#include <string>
+#include <vector>
+
+#include <boost/graph/adjacency_list.hpp>
+#include <boost/graph/depth_first_search.hpp>
+
 
 namespace loom::partition {
 
@@ -11262,6 +11460,279 @@ LOOM_INLINE void check_programs(const partitioned_graph& pg) {
 }  // namespace loom::partition
 #endif  // LOOM_HEADER_DEFINITIONS
 // ---- end loom/partition/deadlock.hpp ----
+
+namespace loom::partition::detail {
+
+// The block of a piece of logical node `n`, or none for nodes no forward op accounts for.
+LOOM_INLINE std::optional<schedule::block> pipeline_block(const partitioned_graph& pg, const plan::resolved_plan& pp,
+                                                          node_id n, std::int32_t piece);
+
+// Orders every device's program by the schedule (pg.order). The schedule must be for the
+// plan's stages, micro-batches and rounds, on the plan's devices.
+LOOM_INLINE void order_by_schedule(partitioned_graph& pg, const plan::resolved_plan& pp, const schedule::schedule& s);
+
+}  // namespace loom::partition::detail
+
+// Definitions: compiled here (header-only) or once in loom::compiled (core/linkage.hpp).
+#if LOOM_HEADER_DEFINITIONS
+
+namespace loom::partition::detail {
+
+LOOM_INLINE std::optional<schedule::block> pipeline_block(const partitioned_graph& pg, const plan::resolved_plan& pp,
+                                                          node_id n, std::int32_t piece) {
+    const logical_graph& lg = *pg.logical;
+    const node& nd = lg.g.at(n);
+    const bool backward = nd.backward || nd.forward_of != no_id;
+    const node_id forward = nd.forward_of != no_id ? nd.forward_of : n;
+    const node_id source = lg.source_of.at(static_cast<std::size_t>(forward));
+    if (source == no_id || static_cast<std::size_t>(source) >= pp.stage_of.size()) return std::nullopt;
+    const auto src = static_cast<std::size_t>(source);
+    schedule::block b;
+    b.pass = backward ? schedule::pass_kind::backward : schedule::pass_kind::forward;
+    b.stage = pp.stage_of[src];
+    b.round = backward ? 0 : pp.round_of[src];
+    if (pp.micro_split[src]) {
+        // The micro-batch is the outermost coordinate, unless the op lacks the batch (a
+        // weight's gradient sum): then its copies per micro-batch were merged into one
+        // piece, which runs where its data flow puts it.
+        const auto& mine = pg.layouts.at(static_cast<std::size_t>(n)).partition;
+        const auto& of_forward = pg.layouts.at(static_cast<std::size_t>(forward)).partition;
+        if (mine.pieces() != of_forward.pieces()) return std::nullopt;
+        b.micro = static_cast<int>(mine.coordinates(piece).at(0));
+    }
+    return b;
+}
+
+LOOM_INLINE void order_by_schedule(partitioned_graph& pg, const plan::resolved_plan& pp, const schedule::schedule& s) {
+    const std::string what = "pipeline order (" + (s.name.empty() ? std::string("schedule") : s.name) + ")";
+    if (s.shape.stages != pp.stages || s.shape.micro_batches != pp.micro_batches || s.shape.rounds != pp.rounds)
+        throw schedule::schedule_error(what + ": the schedule has " + std::to_string(s.shape.stages) + " stages, " +
+                                       std::to_string(s.shape.micro_batches) + " micro-batches and " +
+                                       std::to_string(s.shape.rounds) + " rounds, the plan " + std::to_string(pp.stages) +
+                                       ", " + std::to_string(pp.micro_batches) + " and " + std::to_string(pp.rounds) +
+                                       "; build both for the same pipeline");
+    if (static_cast<int>(s.device_order.size()) != pg.world)
+        throw schedule::schedule_error(what + ": the schedule orders " + std::to_string(s.device_order.size()) +
+                                       " devices but the plan has " + std::to_string(pg.world) +
+                                       "; give the schedule's stages the plan's device groups");
+    schedule::validate(s);
+
+    constexpr long unset = std::numeric_limits<long>::min();
+    pg.order.assign(static_cast<std::size_t>(pg.world), {});
+    for (int d = 0; d < pg.world; ++d) {
+        const device_part& part = pg.devices[static_cast<std::size_t>(d)];
+        const graph& dg = part.ir();
+        const std::size_t count = dg.nodes.size();
+        std::map<schedule::block, long> position;
+        const auto& blocks = s.device_order[static_cast<std::size_t>(d)];
+        for (std::size_t k = 0; k < blocks.size(); ++k) position[blocks[k]] = static_cast<long>(k);
+        const long end = static_cast<long>(blocks.size());
+
+        std::vector<long> pos(count, unset);
+        std::vector<std::optional<schedule::block>> tag(count);
+        for (std::size_t i = 0; i < count; ++i) {
+            const piece_source src = part.source_of(static_cast<node_id>(i));
+            if (src.logical == no_id) continue;
+            tag[i] = pipeline_block(pg, pp, src.logical, src.piece);
+            if (!tag[i]) continue;
+            auto it = position.find(*tag[i]);
+            if (it == position.end())
+                throw schedule::schedule_error(
+                    what + ": the plan puts '" + dg.nodes[i].name + "' (block " + schedule::to_string(*tag[i], pp.rounds) +
+                    ") on device " + std::to_string(d) + ", but the schedule does not run that block there; place the stage on the "
+                    "devices the schedule gives it");
+            pos[i] = it->second;
+        }
+        // Inserted nodes: the earliest block that reads them, ...
+        std::vector<std::vector<std::size_t>> consumers(count);
+        for (std::size_t i = 0; i < count; ++i)
+            for (tensor_id t : dg.nodes[i].inputs)
+                if (node_id p = dg.tensor(t).producer; p != no_id) consumers[static_cast<std::size_t>(p)].push_back(i);
+        std::vector<long> by_consumer(pos);
+        for (std::size_t i = count; i-- > 0;) {
+            if (by_consumer[i] != unset) continue;
+            for (std::size_t c : consumers[i])
+                if (by_consumer[c] != unset) by_consumer[i] = by_consumer[i] == unset ? by_consumer[c] : std::min(by_consumer[i], by_consumer[c]);
+        }
+        // ... else the latest block they read from, else the end of the step.
+        std::vector<long> placed(count, unset);
+        for (std::size_t i = 0; i < count; ++i) {
+            if (by_consumer[i] != unset) {
+                placed[i] = by_consumer[i];
+                continue;
+            }
+            for (tensor_id t : dg.nodes[i].inputs)
+                if (node_id p = dg.tensor(t).producer; p != no_id)
+                    placed[i] = std::max(placed[i], placed[static_cast<std::size_t>(p)]);
+            if (placed[i] == unset) placed[i] = end;
+        }
+        // Data flow within the device must agree with the block order.
+        auto block_text = [&](std::size_t i) {
+            if (tag[i]) return schedule::to_string(*tag[i], pp.rounds);
+            return placed[i] == end ? std::string("the end of the step")
+                                   : "block " + schedule::to_string(blocks[static_cast<std::size_t>(placed[i])], pp.rounds);
+        };
+        for (std::size_t i = 0; i < count; ++i)
+            for (tensor_id t : dg.nodes[i].inputs) {
+                const node_id p = dg.tensor(t).producer;
+                if (p == no_id || placed[static_cast<std::size_t>(p)] <= placed[i]) continue;
+                throw schedule::schedule_error(what + ": on device " + std::to_string(d) + ", '" + dg.nodes[i].name + "' in " +
+                                               block_text(i) + " reads '" + dg.tensor(t).name + "', made by '" +
+                                               dg.nodes[static_cast<std::size_t>(p)].name + "' in " +
+                                               block_text(static_cast<std::size_t>(p)) +
+                                               ", which the schedule runs later; order the blocks so that data flows forward");
+            }
+        std::vector<node_id> order(count);
+        for (std::size_t i = 0; i < count; ++i) order[i] = static_cast<node_id>(i);
+        std::stable_sort(order.begin(), order.end(),
+                         [&](node_id a, node_id b) { return placed[static_cast<std::size_t>(a)] < placed[static_cast<std::size_t>(b)]; });
+        pg.order[static_cast<std::size_t>(d)] = std::move(order);
+    }
+    check_deadlock_free(pg);
+}
+
+}  // namespace loom::partition::detail
+#endif  // LOOM_HEADER_DEFINITIONS
+// ---- end loom/partition/pipeline_order.hpp ----
+
+namespace loom::partition::detail {
+
+// Reorders pg.order (graph order where it is empty) as above; leaves it untouched, and
+// returns false, when no device holds two pieces of one op in one block.
+LOOM_INLINE bool order_colocated_pieces(partitioned_graph& pg, const plan::resolved_plan& pp);
+
+}  // namespace loom::partition::detail
+
+// Definitions: compiled here (header-only) or once in loom::compiled (core/linkage.hpp).
+#if LOOM_HEADER_DEFINITIONS
+
+namespace loom::partition::detail {
+
+LOOM_INLINE bool order_colocated_pieces(partitioned_graph& pg, const plan::resolved_plan& pp) {
+    // A block as a comparable key: (pass, stage, micro, round), or all -1 outside blocks.
+    using block_key = std::tuple<int, int, int, int>;
+    auto key_of = [](const std::optional<schedule::block>& b) -> block_key {
+        if (!b) return {-1, -1, -1, -1};
+        return {static_cast<int>(b->pass), b->stage, b->micro, b->round};
+    };
+    std::vector<std::vector<int>> piece_of(static_cast<std::size_t>(pg.world));  // per device node: j, or -1
+    std::vector<std::vector<block_key>> block_of(static_cast<std::size_t>(pg.world));
+    bool any = false;
+    for (int d = 0; d < pg.world; ++d) {
+        const device_part& part = pg.devices[static_cast<std::size_t>(d)];
+        const std::size_t count = part.ir().nodes.size();
+        auto& piece = piece_of[static_cast<std::size_t>(d)];
+        auto& block = block_of[static_cast<std::size_t>(d)];
+        piece.assign(count, -1);
+        block.assign(count, key_of(std::nullopt));
+        // The device's pieces of each logical node within each block, in piece order.
+        std::map<std::pair<node_id, block_key>, std::vector<std::size_t>> together;
+        for (std::size_t i = 0; i < count; ++i) {
+            const piece_source src = part.source_of(static_cast<node_id>(i));
+            if (src.logical == no_id) continue;
+            block[i] = key_of(pipeline_block(pg, pp, src.logical, src.piece));
+            together[{src.logical, block[i]}].push_back(i);
+        }
+        for (auto& [at, nodes] : together) {
+            if (nodes.size() < 2) continue;
+            std::stable_sort(nodes.begin(), nodes.end(), [&](std::size_t a, std::size_t b) {
+                return part.source_of(static_cast<node_id>(a)).piece < part.source_of(static_cast<node_id>(b)).piece;
+            });
+            for (std::size_t j = 0; j < nodes.size(); ++j) piece[nodes[j]] = static_cast<int>(j);
+            any = true;
+        }
+    }
+    if (!any) return false;
+
+    if (pg.order.empty()) pg.order.resize(static_cast<std::size_t>(pg.world));
+    for (int d = 0; d < pg.world; ++d) {
+        const device_part& part = pg.devices[static_cast<std::size_t>(d)];
+        const graph& dg = part.ir();
+        const auto& piece = piece_of[static_cast<std::size_t>(d)];
+        const auto& block = block_of[static_cast<std::size_t>(d)];
+        std::vector<node_id>& order = pg.order[static_cast<std::size_t>(d)];
+        if (order.empty())
+            for (std::size_t i = 0; i < dg.nodes.size(); ++i) order.push_back(static_cast<node_id>(i));
+
+        std::vector<node_id> out;
+        out.reserve(order.size());
+        std::vector<std::size_t> stretch;        // positions in `order` since the last barrier
+        std::vector<int> in_stretch(dg.nodes.size(), -1);  // node -> its index in `stretch`
+        std::vector<int> rank(dg.nodes.size(), -1);        // node -> its piece, or that of the pieces it follows
+        auto piece_of_node = [&](std::size_t i) { return piece[i]; };
+        // Piece-major within the stretch: ready nodes by (piece, position in the order).
+        auto flush = [&] {
+            const std::size_t n = stretch.size();
+            std::vector<int> waiting(n, 0);
+            std::vector<std::vector<std::size_t>> readers(n);
+            for (std::size_t s = 0; s < n; ++s) {
+                const node& nd = dg.nodes[static_cast<std::size_t>(order[stretch[s]])];
+                for (tensor_id t : nd.inputs) {
+                    const node_id p = dg.tensor(t).producer;
+                    if (p == no_id || in_stretch[static_cast<std::size_t>(p)] < 0) continue;
+                    ++waiting[s];
+                    readers[static_cast<std::size_t>(in_stretch[static_cast<std::size_t>(p)])].push_back(s);
+                }
+            }
+            // A node that reads none of the pieces (a weight's slice for one piece) runs
+            // with the first piece that reads it, not ahead of every piece.
+            for (std::size_t s = n; s-- > 0;) {
+                const auto i = static_cast<std::size_t>(order[stretch[s]]);
+                if (rank[i] >= 0 || piece_of_node(i) >= 0) continue;
+                for (std::size_t r : readers[s]) {
+                    const int reader = rank[static_cast<std::size_t>(order[stretch[r]])];
+                    if (reader >= 0) rank[i] = rank[i] < 0 ? reader : std::min(rank[i], reader);
+                }
+            }
+            using entry = std::pair<int, std::size_t>;  // (piece, s)
+            std::priority_queue<entry, std::vector<entry>, std::greater<>> ready;
+            for (std::size_t s = 0; s < n; ++s)
+                if (waiting[s] == 0) ready.push({rank[static_cast<std::size_t>(order[stretch[s]])], s});
+            while (!ready.empty()) {
+                const std::size_t s = ready.top().second;
+                ready.pop();
+                out.push_back(order[stretch[s]]);
+                for (std::size_t r : readers[s])
+                    if (--waiting[r] == 0) ready.push({rank[static_cast<std::size_t>(order[stretch[r]])], r});
+            }
+            for (std::size_t s : stretch) in_stretch[static_cast<std::size_t>(order[s])] = -1;
+            stretch.clear();
+        };
+        std::optional<block_key> stretch_block;
+        for (std::size_t k = 0; k < order.size(); ++k) {
+            const auto i = static_cast<std::size_t>(order[k]);
+            const node& nd = dg.nodes[i];
+            const bool inserted = part.source_of(order[k]).logical == no_id;
+            const bool new_block = !inserted && stretch_block && block[i] != *stretch_block;
+            if (nd.op->communication || new_block) {
+                flush();
+                stretch_block.reset();
+                if (nd.op->communication) {
+                    out.push_back(order[k]);
+                    continue;
+                }
+            }
+            if (!inserted) stretch_block = block[i];
+            int r = piece[i];
+            if (r < 0) {
+                for (tensor_id t : nd.inputs) {
+                    const node_id p = dg.tensor(t).producer;
+                    if (p != no_id && in_stretch[static_cast<std::size_t>(p)] >= 0) r = std::max(r, rank[static_cast<std::size_t>(p)]);
+                }
+            }
+            rank[i] = r;
+            in_stretch[i] = static_cast<int>(stretch.size());
+            stretch.push_back(k);
+        }
+        flush();
+        order = std::move(out);
+    }
+    return true;
+}
+
+}  // namespace loom::partition::detail
+#endif  // LOOM_HEADER_DEFINITIONS
+// ---- end loom/partition/colocated_order.hpp ----
 // ---- begin loom/partition/materialize.hpp ----
 // Communication materialization: given the pieces of a logical tensor that devices hold
 // and the boxes that consumer pieces need (full values), emit the cheapest correct way to
@@ -12289,167 +12760,6 @@ LOOM_INLINE box bounding(const std::vector<box>& parts) {
 }  // namespace loom::partition::detail
 #endif  // LOOM_HEADER_DEFINITIONS
 // ---- end loom/partition/materialize.hpp ----
-// ---- begin loom/partition/pipeline_order.hpp ----
-// op-order for pipelines: the plan's schedule (plan::resolved_plan::order) orders the
-// (stage, micro-batch, pass) blocks of every device; partition::apply_plan calls this to
-// turn it into the order each device runs its program in.
-//
-// Every piece a plan put on a device belongs to one block: its op's stage and round
-// (plan/pipeline.hpp), its micro-batch (the piece's coordinate along the outermost,
-// micro-batch split) and its pass (a backward op runs in the backward block of the op it
-// differentiates). The transfers and assembles the plan inserted between pieces have no
-// op of their own; each joins the earliest block on its device that reads what it makes (a
-// receive runs where its data is needed, a ZeRO gather before its first reader), else the
-// latest block whose output it reads (a send runs right after its data is made, gradient
-// sums after the last micro-batch), else the end of the step (the loss gathered to every
-// device). Within a block, nodes keep their plan order, so the collectives of a device group
-// stay in one order on all its members.
-//
-// The result is checked: every node runs after the producers of its inputs (else the
-// schedule contradicts the program's data flow, and the error names both blocks), and the
-// programs together cannot deadlock (partition/deadlock.hpp).
-#include <algorithm>
-#include <cstdint>
-#include <limits>
-#include <map>
-#include <optional>
-#include <string>
-#include <vector>
-
-
-namespace loom::partition::detail {
-
-// The block of a piece of logical node `n`, or none for nodes no forward op accounts for.
-LOOM_INLINE std::optional<schedule::block> pipeline_block(const partitioned_graph& pg, const plan::resolved_plan& pp,
-                                                          node_id n, std::int32_t piece);
-
-// Orders every device's program by the schedule (pg.order). The schedule must be for the
-// plan's stages, micro-batches and rounds, on the plan's devices.
-LOOM_INLINE void order_by_schedule(partitioned_graph& pg, const plan::resolved_plan& pp, const schedule::schedule& s);
-
-}  // namespace loom::partition::detail
-
-// Definitions: compiled here (header-only) or once in loom::compiled (core/linkage.hpp).
-#if LOOM_HEADER_DEFINITIONS
-
-namespace loom::partition::detail {
-
-LOOM_INLINE std::optional<schedule::block> pipeline_block(const partitioned_graph& pg, const plan::resolved_plan& pp,
-                                                          node_id n, std::int32_t piece) {
-    const logical_graph& lg = *pg.logical;
-    const node& nd = lg.g.at(n);
-    const bool backward = nd.backward || nd.forward_of != no_id;
-    const node_id forward = nd.forward_of != no_id ? nd.forward_of : n;
-    const node_id source = lg.source_of.at(static_cast<std::size_t>(forward));
-    if (source == no_id || static_cast<std::size_t>(source) >= pp.stage_of.size()) return std::nullopt;
-    const auto src = static_cast<std::size_t>(source);
-    schedule::block b;
-    b.pass = backward ? schedule::pass_kind::backward : schedule::pass_kind::forward;
-    b.stage = pp.stage_of[src];
-    b.round = backward ? 0 : pp.round_of[src];
-    if (pp.micro_split[src]) {
-        // The micro-batch is the outermost coordinate, unless the op lacks the batch (a
-        // weight's gradient sum): then its copies per micro-batch were merged into one
-        // piece, which runs where its data flow puts it.
-        const auto& mine = pg.layouts.at(static_cast<std::size_t>(n)).partition;
-        const auto& of_forward = pg.layouts.at(static_cast<std::size_t>(forward)).partition;
-        if (mine.pieces() != of_forward.pieces()) return std::nullopt;
-        b.micro = static_cast<int>(mine.coordinates(piece).at(0));
-    }
-    return b;
-}
-
-LOOM_INLINE void order_by_schedule(partitioned_graph& pg, const plan::resolved_plan& pp, const schedule::schedule& s) {
-    const std::string what = "pipeline order (" + (s.name.empty() ? std::string("schedule") : s.name) + ")";
-    if (s.shape.stages != pp.stages || s.shape.micro_batches != pp.micro_batches || s.shape.rounds != pp.rounds)
-        throw schedule::schedule_error(what + ": the schedule has " + std::to_string(s.shape.stages) + " stages, " +
-                                       std::to_string(s.shape.micro_batches) + " micro-batches and " +
-                                       std::to_string(s.shape.rounds) + " rounds, the plan " + std::to_string(pp.stages) +
-                                       ", " + std::to_string(pp.micro_batches) + " and " + std::to_string(pp.rounds) +
-                                       "; build both for the same pipeline");
-    if (static_cast<int>(s.device_order.size()) != pg.world)
-        throw schedule::schedule_error(what + ": the schedule orders " + std::to_string(s.device_order.size()) +
-                                       " devices but the plan has " + std::to_string(pg.world) +
-                                       "; give the schedule's stages the plan's device groups");
-    schedule::validate(s);
-
-    constexpr long unset = std::numeric_limits<long>::min();
-    pg.order.assign(static_cast<std::size_t>(pg.world), {});
-    for (int d = 0; d < pg.world; ++d) {
-        const device_part& part = pg.devices[static_cast<std::size_t>(d)];
-        const graph& dg = part.ir();
-        const std::size_t count = dg.nodes.size();
-        std::map<schedule::block, long> position;
-        const auto& blocks = s.device_order[static_cast<std::size_t>(d)];
-        for (std::size_t k = 0; k < blocks.size(); ++k) position[blocks[k]] = static_cast<long>(k);
-        const long end = static_cast<long>(blocks.size());
-
-        std::vector<long> pos(count, unset);
-        std::vector<std::optional<schedule::block>> tag(count);
-        for (std::size_t i = 0; i < count; ++i) {
-            const piece_source src = part.source_of(static_cast<node_id>(i));
-            if (src.logical == no_id) continue;
-            tag[i] = pipeline_block(pg, pp, src.logical, src.piece);
-            if (!tag[i]) continue;
-            auto it = position.find(*tag[i]);
-            if (it == position.end())
-                throw schedule::schedule_error(
-                    what + ": the plan puts '" + dg.nodes[i].name + "' (block " + schedule::to_string(*tag[i], pp.rounds) +
-                    ") on device " + std::to_string(d) + ", but the schedule does not run that block there; place the stage on the "
-                    "devices the schedule gives it");
-            pos[i] = it->second;
-        }
-        // Inserted nodes: the earliest block that reads them, ...
-        std::vector<std::vector<std::size_t>> consumers(count);
-        for (std::size_t i = 0; i < count; ++i)
-            for (tensor_id t : dg.nodes[i].inputs)
-                if (node_id p = dg.tensor(t).producer; p != no_id) consumers[static_cast<std::size_t>(p)].push_back(i);
-        std::vector<long> by_consumer(pos);
-        for (std::size_t i = count; i-- > 0;) {
-            if (by_consumer[i] != unset) continue;
-            for (std::size_t c : consumers[i])
-                if (by_consumer[c] != unset) by_consumer[i] = by_consumer[i] == unset ? by_consumer[c] : std::min(by_consumer[i], by_consumer[c]);
-        }
-        // ... else the latest block they read from, else the end of the step.
-        std::vector<long> placed(count, unset);
-        for (std::size_t i = 0; i < count; ++i) {
-            if (by_consumer[i] != unset) {
-                placed[i] = by_consumer[i];
-                continue;
-            }
-            for (tensor_id t : dg.nodes[i].inputs)
-                if (node_id p = dg.tensor(t).producer; p != no_id)
-                    placed[i] = std::max(placed[i], placed[static_cast<std::size_t>(p)]);
-            if (placed[i] == unset) placed[i] = end;
-        }
-        // Data flow within the device must agree with the block order.
-        auto block_text = [&](std::size_t i) {
-            if (tag[i]) return schedule::to_string(*tag[i], pp.rounds);
-            return placed[i] == end ? std::string("the end of the step")
-                                   : "block " + schedule::to_string(blocks[static_cast<std::size_t>(placed[i])], pp.rounds);
-        };
-        for (std::size_t i = 0; i < count; ++i)
-            for (tensor_id t : dg.nodes[i].inputs) {
-                const node_id p = dg.tensor(t).producer;
-                if (p == no_id || placed[static_cast<std::size_t>(p)] <= placed[i]) continue;
-                throw schedule::schedule_error(what + ": on device " + std::to_string(d) + ", '" + dg.nodes[i].name + "' in " +
-                                               block_text(i) + " reads '" + dg.tensor(t).name + "', made by '" +
-                                               dg.nodes[static_cast<std::size_t>(p)].name + "' in " +
-                                               block_text(static_cast<std::size_t>(p)) +
-                                               ", which the schedule runs later; order the blocks so that data flows forward");
-            }
-        std::vector<node_id> order(count);
-        for (std::size_t i = 0; i < count; ++i) order[i] = static_cast<node_id>(i);
-        std::stable_sort(order.begin(), order.end(),
-                         [&](node_id a, node_id b) { return placed[static_cast<std::size_t>(a)] < placed[static_cast<std::size_t>(b)]; });
-        pg.order[static_cast<std::size_t>(d)] = std::move(order);
-    }
-    check_deadlock_free(pg);
-}
-
-}  // namespace loom::partition::detail
-#endif  // LOOM_HEADER_DEFINITIONS
-// ---- end loom/partition/pipeline_order.hpp ----
 
 namespace loom::partition {
 
@@ -12816,6 +13126,8 @@ LOOM_INLINE partitioned_graph apply_plan(const graph& model, const plan::resolve
     // 7. op-order: the plan's schedule orders every device's program (checked: data flow,
     //    deadlock); without one, devices run in plan order.
     if (plan.order) detail::order_by_schedule(out, plan, *plan.order);  // checks the order too
+    //    Colocated pieces (Coshard) run one piece's chain at a time.
+    if (detail::order_colocated_pieces(out, plan)) check_deadlock_free(out);
     out.checked_order = order_fingerprint(out);
     out.model_fingerprint = model_fingerprint(model);
     return out;
@@ -13743,7 +14055,7 @@ LOOM_INLINE plan::plan_spec to_plan(const configuration& c) {
     if (pipelined) {
         plan::stage_spec stages;
         stages.count = {c.pp, "", {}};
-        stages.devices_per_stage = static_cast<std::int64_t>(c.tp) * c.dp;
+        stages.devices_per_stage = {static_cast<std::int64_t>(c.tp) * c.dp, "", {}};
         bool even = true;
         for (int n : c.layers_per_chunk) even = even && n == c.layers_per_chunk.front();
         if (!even) {
@@ -13766,7 +14078,7 @@ LOOM_INLINE plan::plan_spec to_plan(const configuration& c) {
         if (c.coshard > 1) {
             // Coshard: tp * coshard pieces, coshard of them one after another on each device.
             const std::int64_t pieces = static_cast<std::int64_t>(c.tp) * c.coshard;
-            const plan::assign_spec together{{}, c.coshard, 0};
+            const plan::assign_spec together{{}, {c.coshard, "", {}}, 0};
             auto cut = [&](plan::selector on, plan::split_spec s) {
                 plan::rule rule = detail::split_rule(std::move(on), c.dp, std::move(s), "coshard");
                 rule.assign = together;
@@ -17387,8 +17699,14 @@ LOOM_INLINE plan::plan_spec instance_plan(const plan::plan_spec& p, const fold_s
     }
     if (replicas != s.replicas) {
         out.devices = static_cast<int>(p.devices / s.replicas * replicas);
-        if (out.stages && out.stages->devices_per_stage > 0)
-            out.stages->devices_per_stage = out.stages->devices_per_stage / s.replicas * replicas;
+        if (out.stages) {
+            plan::degree_spec& group = out.stages->devices_per_stage;
+            const std::int64_t given = plan::degree_value(group, out, "the devices per stage");
+            if (given > 0) {
+                if (group.open.empty()) group.value = given / s.replicas * replicas;
+                else out.choices[group.open] = given / s.replicas * replicas;
+            }
+        }
     }
     return out;
 }
@@ -18620,7 +18938,10 @@ LOOM_INLINE std::vector<open_parameter> open_parameter_candidates(const plan::pl
     for (const plan::rule& r : space.rules)
         if (r.trans)
             for (const plan::split_spec& s : *r.trans) add_degree(s.degree, open_parameter::kind::degree, space.devices);
+    for (const plan::rule& r : space.rules)
+        if (r.assign) add_degree(r.assign->colocate, open_parameter::kind::degree, space.devices);
     if (space.stages) add_degree(space.stages->count, open_parameter::kind::stages, space.devices);
+    if (space.stages) add_degree(space.stages->devices_per_stage, open_parameter::kind::degree, space.devices);
     add_degree(space.micro_batches, open_parameter::kind::micro_batches, batch);
     if (space.order.alternatives.size() > 1 && !find(space.order.open)) {
         open_parameter p{space.order.open, open_parameter::kind::order, {}, {}};
@@ -27423,8 +27744,10 @@ LOOM_INLINE void write_llmc_tokens(const std::filesystem::path& path, std::span<
 //    "devices": 8, "name": "...", "zero": 1,  (or {"open": "zero", "allowed": [0, 1, 3]})
 //    "rules": [{"on": {"kinds": ["linear"], "scope": "*.attn.q"}, "trans": [{"label": "n", "degree": 2}],
 //               "assign": {"colocate": 2}, "recompute": true, "origin": "megatron"}, ...],
+//              ("assign": {"colocate": {"open": "c"}, "coshard": true}: Coshard's open factor)
 //              ("recompute": {"open": "r"}: recompute or not as an open choice, 0 or 1)
 //    "stages": {"repeat": "blocks", "count": 2, "boundaries": [3], "devices_per_stage": 4},
+//              (count and devices_per_stage: a number or {"open": ..., "allowed": [...]})
 //              ("boundaries": {"open": "cut", "slack": 1}: the ranges as an open choice)
 //    "micro_batches": {"open": "m", "allowed": [2, 4, 8]},
 //    "order": {"alternatives": ["1F1B", {"kind": "interleaved 1F1B", "virtual_stages": 2}], "open": "order"},
@@ -27626,11 +27949,12 @@ LOOM_INLINE plan::rule read_rule(const reader& r, const nlohmann::json& j, const
     if (j.contains("assign")) {
         const auto& a = j.at("assign");
         const std::string w = where + ".assign";
-        r.only(a, w, {"devices", "colocate", "first_device"});
+        r.only(a, w, {"devices", "colocate", "first_device", "coshard"});
         plan::assign_spec s;
         if (a.contains("devices"))
             for (std::int64_t d : r.integers(a.at("devices"), w + ".devices", 0, int_max)) s.devices.push_back(static_cast<int>(d));
-        if (a.contains("colocate")) s.colocate = r.integer(a.at("colocate"), w + ".colocate", 1, int_max);
+        if (a.contains("colocate")) s.colocate = r.number(a.at("colocate"), w + ".colocate", 1, int_max);
+        if (a.contains("coshard")) s.coshard = r.boolean(a.at("coshard"), w + ".coshard");
         if (a.contains("first_device"))
             s.first_device = static_cast<int>(r.integer(a.at("first_device"), w + ".first_device", 0, int_max));
         out.assign = std::move(s);
@@ -27698,7 +28022,9 @@ LOOM_INLINE nlohmann::json to_json(const plan::plan_spec& p, const graph* model)
         if (r.assign) {
             nlohmann::json a = nlohmann::json::object();
             if (!r.assign->devices.empty()) a["devices"] = r.assign->devices;
-            if (r.assign->colocate != 1) a["colocate"] = r.assign->colocate;
+            if (r.assign->colocate.value != 1 || !r.assign->colocate.open.empty())
+                a["colocate"] = detail::number_json(r.assign->colocate);
+            if (r.assign->coshard) a["coshard"] = true;
             if (r.assign->first_device != 0) a["first_device"] = r.assign->first_device;
             rule["assign"] = a;
         }
@@ -27717,7 +28043,8 @@ LOOM_INLINE nlohmann::json to_json(const plan::plan_spec& p, const graph* model)
             if (p.stages->boundary_slack >= 0) open["slack"] = p.stages->boundary_slack;
             s["boundaries"] = open;
         }
-        if (p.stages->devices_per_stage != 0) s["devices_per_stage"] = p.stages->devices_per_stage;
+        if (p.stages->devices_per_stage.value != 0 || !p.stages->devices_per_stage.open.empty())
+            s["devices_per_stage"] = detail::number_json(p.stages->devices_per_stage);
         j["stages"] = s;
     }
     j["micro_batches"] = detail::number_json(p.micro_batches);
@@ -27810,7 +28137,7 @@ LOOM_INLINE plan::plan_spec plan_from_json(const nlohmann::json& j, const std::s
             st.boundaries = r.integers(s.at("boundaries"), "stages.boundaries", 1, detail::int_max);
         }
         if (s.contains("devices_per_stage"))
-            st.devices_per_stage = r.integer(s.at("devices_per_stage"), "stages.devices_per_stage", 0, detail::int_max);
+            st.devices_per_stage = r.number(s.at("devices_per_stage"), "stages.devices_per_stage", 0, detail::int_max);
         p.stages = std::move(st);
     }
     if (j.contains("micro_batches")) p.micro_batches = r.number(j.at("micro_batches"), "\"micro_batches\"", 1, detail::int_max);

@@ -11,8 +11,10 @@
 //    "devices": 8, "name": "...", "zero": 1,  (or {"open": "zero", "allowed": [0, 1, 3]})
 //    "rules": [{"on": {"kinds": ["linear"], "scope": "*.attn.q"}, "trans": [{"label": "n", "degree": 2}],
 //               "assign": {"colocate": 2}, "recompute": true, "origin": "megatron"}, ...],
+//              ("assign": {"colocate": {"open": "c"}, "coshard": true}: Coshard's open factor)
 //              ("recompute": {"open": "r"}: recompute or not as an open choice, 0 or 1)
 //    "stages": {"repeat": "blocks", "count": 2, "boundaries": [3], "devices_per_stage": 4},
+//              (count and devices_per_stage: a number or {"open": ..., "allowed": [...]})
 //              ("boundaries": {"open": "cut", "slack": 1}: the ranges as an open choice)
 //    "micro_batches": {"open": "m", "allowed": [2, 4, 8]},
 //    "order": {"alternatives": ["1F1B", {"kind": "interleaved 1F1B", "virtual_stages": 2}], "open": "order"},
@@ -222,11 +224,12 @@ LOOM_INLINE plan::rule read_rule(const reader& r, const nlohmann::json& j, const
     if (j.contains("assign")) {
         const auto& a = j.at("assign");
         const std::string w = where + ".assign";
-        r.only(a, w, {"devices", "colocate", "first_device"});
+        r.only(a, w, {"devices", "colocate", "first_device", "coshard"});
         plan::assign_spec s;
         if (a.contains("devices"))
             for (std::int64_t d : r.integers(a.at("devices"), w + ".devices", 0, int_max)) s.devices.push_back(static_cast<int>(d));
-        if (a.contains("colocate")) s.colocate = r.integer(a.at("colocate"), w + ".colocate", 1, int_max);
+        if (a.contains("colocate")) s.colocate = r.number(a.at("colocate"), w + ".colocate", 1, int_max);
+        if (a.contains("coshard")) s.coshard = r.boolean(a.at("coshard"), w + ".coshard");
         if (a.contains("first_device"))
             s.first_device = static_cast<int>(r.integer(a.at("first_device"), w + ".first_device", 0, int_max));
         out.assign = std::move(s);
@@ -294,7 +297,9 @@ LOOM_INLINE nlohmann::json to_json(const plan::plan_spec& p, const graph* model)
         if (r.assign) {
             nlohmann::json a = nlohmann::json::object();
             if (!r.assign->devices.empty()) a["devices"] = r.assign->devices;
-            if (r.assign->colocate != 1) a["colocate"] = r.assign->colocate;
+            if (r.assign->colocate.value != 1 || !r.assign->colocate.open.empty())
+                a["colocate"] = detail::number_json(r.assign->colocate);
+            if (r.assign->coshard) a["coshard"] = true;
             if (r.assign->first_device != 0) a["first_device"] = r.assign->first_device;
             rule["assign"] = a;
         }
@@ -313,7 +318,8 @@ LOOM_INLINE nlohmann::json to_json(const plan::plan_spec& p, const graph* model)
             if (p.stages->boundary_slack >= 0) open["slack"] = p.stages->boundary_slack;
             s["boundaries"] = open;
         }
-        if (p.stages->devices_per_stage != 0) s["devices_per_stage"] = p.stages->devices_per_stage;
+        if (p.stages->devices_per_stage.value != 0 || !p.stages->devices_per_stage.open.empty())
+            s["devices_per_stage"] = detail::number_json(p.stages->devices_per_stage);
         j["stages"] = s;
     }
     j["micro_batches"] = detail::number_json(p.micro_batches);
@@ -406,7 +412,7 @@ LOOM_INLINE plan::plan_spec plan_from_json(const nlohmann::json& j, const std::s
             st.boundaries = r.integers(s.at("boundaries"), "stages.boundaries", 1, detail::int_max);
         }
         if (s.contains("devices_per_stage"))
-            st.devices_per_stage = r.integer(s.at("devices_per_stage"), "stages.devices_per_stage", 0, detail::int_max);
+            st.devices_per_stage = r.number(s.at("devices_per_stage"), "stages.devices_per_stage", 0, detail::int_max);
         p.stages = std::move(st);
     }
     if (j.contains("micro_batches")) p.micro_batches = r.number(j.at("micro_batches"), "\"micro_batches\"", 1, detail::int_max);

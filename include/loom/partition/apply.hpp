@@ -33,6 +33,7 @@
 #include <loom/core/error.hpp>
 #include <loom/core/linkage.hpp>
 #include <loom/graph/fingerprint.hpp>
+#include <loom/partition/colocated_order.hpp>
 #include <loom/partition/deadlock.hpp>
 #include <loom/partition/logical_graph.hpp>
 #include <loom/partition/materialize.hpp>
@@ -407,6 +408,8 @@ LOOM_INLINE partitioned_graph apply_plan(const graph& model, const plan::resolve
     // 7. op-order: the plan's schedule orders every device's program (checked: data flow,
     //    deadlock); without one, devices run in plan order.
     if (plan.order) detail::order_by_schedule(out, plan, *plan.order);  // checks the order too
+    //    Colocated pieces (Coshard) run one piece's chain at a time.
+    if (detail::order_colocated_pieces(out, plan)) check_deadlock_free(out);
     out.checked_order = order_fingerprint(out);
     out.model_fingerprint = model_fingerprint(model);
     return out;

@@ -81,7 +81,8 @@ struct rule_view {
     std::string_view assign;  // "plan::assign<0, 1>", "plan::colocate<2>"
     bool explicit_devices = false;
     std::span<const std::int64_t> devices;
-    std::int64_t colocate = 1;
+    degree_view colocate{degree_kind::fixed, 1, true, {}, {}, {}, false};  // pieces per device
+    bool coshard = false;  // plan::coshard: the last split cut `colocate` times more, on the same devices
     int recompute_count = 0;
     std::string_view recompute_open;  // recompute_choice<"name">: whether to recompute is open
 };
@@ -99,6 +100,7 @@ struct fact_view {
     std::string_view spelling;     // "plan::extent<Head, 12>"
     degree_view degree{};          // stages<N>, micro_batches<N>, zero<open<...>>: fixed or open
     std::int64_t chunks = 0;       // order<Interleaved<V>>: V (0: another order, or a choice)
+    degree_view group{};           // stages<N, G>: G, the devices per stage (fixed or open)
 };
 
 struct plan_view {
@@ -346,7 +348,7 @@ constexpr text first_rule_error(const rule_view& r, std::int64_t devices = 0) {
             return concat(r.assign, ": list one device per piece, e.g. plan::assign<0, 1>");
         for (std::int64_t d : r.devices)
             if (d < 0) return concat(r.assign, ": device ", d, " is negative; devices are numbered from 0");
-        if (!r.explicit_devices && r.colocate < 1)
+        if (!r.explicit_devices && r.colocate.known && r.colocate.value < 1)
             return concat(r.assign,
                           ": at least one piece per device; colocate<1> (or no colocate) runs one piece per device");
         if (r.trans_count == 1) {
@@ -354,8 +356,8 @@ constexpr text first_rule_error(const rule_view& r, std::int64_t devices = 0) {
                 if (r.explicit_devices && static_cast<std::int64_t>(r.devices.size()) != *pieces)
                     return concat(r.assign, ": ", r.devices.size(), " devices for the ", *pieces, " pieces of ", r.trans,
                                   "; give one device per piece");
-                if (!r.explicit_devices && *pieces % r.colocate != 0)
-                    return concat(r.assign, ": the ", *pieces, " pieces of ", r.trans, " cannot be grouped ", r.colocate,
+                if (!r.explicit_devices && !r.coshard && r.colocate.known && *pieces % r.colocate.value != 0)
+                    return concat(r.assign, ": the ", *pieces, " pieces of ", r.trans, " cannot be grouped ", r.colocate.value,
                                   " per device; choose a colocation that divides ", *pieces, " (",
                                   divisors_text(*pieces), ")");
             }
@@ -530,7 +532,8 @@ constexpr text first_plan_error(const plan_view& p) {
                                   devices - 1, "); use a device below ", devices, " or raise the device count");
             if (r.trans_count == 1 && !r.explicit_devices) {
                 const auto pieces = known_pieces(r, devices);
-                if (r.colocate == 1) {
+                // Coshard's degrees count devices as if nothing were colocated.
+                if (r.coshard || (r.colocate.known && r.colocate.value == 1)) {
                     for (const auto& s : r.splits) {
                         if (auto d = known_degree(s.degree, devices); d && *d >= 1 && devices % *d != 0)
                             return concat(r.trans, ": the degree ", *d, " of ", split_spelling(s), " does not divide ",
@@ -546,16 +549,20 @@ constexpr text first_plan_error(const plan_view& p) {
                         return concat(r.trans, ": ", *pieces, " pieces but ", devices_text,
                                       "; lower the degrees so that their product is at most ", devices,
                                       ", or colocate pieces (plan::colocate<", (*pieces + devices - 1) / devices, ">)");
-                } else if (pieces && r.colocate >= 1 && *pieces % r.colocate == 0 && *pieces / r.colocate > devices) {
-                    return concat(r.assign, ": the ", *pieces, " pieces of ", r.trans, " make ", *pieces / r.colocate,
-                                  " groups of ", r.colocate, " but the plan has ", devices_text,
+                } else if (const std::int64_t c = r.colocate.known ? r.colocate.value : 0;
+                           pieces && c >= 1 && *pieces % c == 0 && *pieces / c > devices) {
+                    return concat(r.assign, ": the ", *pieces, " pieces of ", r.trans, " make ", *pieces / c,
+                                  " groups of ", c, " but the plan has ", devices_text,
                                   "; colocate more pieces per device or lower the degrees");
                 }
             }
         }
         // Coshard's rule: colocated pieces recompute (in this rule, or in another with the same selector).
         // Pieces share a device through colocate<C> or through assign<...> naming a device twice.
-        bool shares_devices = !r.explicit_devices && r.colocate > 1;
+        // An open count shares devices when its range leaves out 1.
+        bool shares_devices = !r.explicit_devices && (r.colocate.known ? r.colocate.value > 1 : !r.colocate.any_positive);
+        if (!r.explicit_devices && !r.colocate.known)
+            for (std::int64_t v : r.colocate.allowed) shares_devices = shares_devices && v != 1;
         for (std::size_t a = 0; a < r.devices.size(); ++a)
             for (std::size_t b = a + 1; b < r.devices.size(); ++b) shares_devices = shares_devices || r.devices[a] == r.devices[b];
         if (requires_recompute && shares_devices && r.recompute_count == 0) {

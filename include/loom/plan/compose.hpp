@@ -18,7 +18,9 @@
 //
 // Open parameters are named by the user (open<Range, "tp">; one name, one value) or after
 // their trans: the k-th trans of the plan (from 0) names its open degrees "trans#k.degree"
-// when it has one split, else "trans#k.degree0", "trans#k.degree1", ... by position.
+// when it has one split, else "trans#k.degree0", "trans#k.degree1", ... by position. An
+// unnamed open colocate<...> or coshard<...> count is "colocate" or "coshard", an unnamed
+// open stage count "stages" and devices per stage "devices_per_stage".
 #include <algorithm>
 #include <array>
 #include <cstddef>
@@ -132,6 +134,13 @@ constexpr std::int64_t declared_devices_of() {
 LOOM_INLINE std::string open_parameter_name(std::size_t trans_index, std::size_t split, std::size_t splits,
                                             std::string_view user_name);
 
+// An open colocation count's name: the user's, or "colocate" / "coshard" (one value for
+// every unnamed one of the plan).
+inline std::string colocation_parameter_name(std::string_view user_name, bool coshard) {
+    if (!user_name.empty()) return std::string(user_name);
+    return coshard ? "coshard" : "colocate";
+}
+
 // The open parameters of a plan's typed parts, in order of first appearance, each once.
 template <class... Parts>
 std::vector<std::string> open_parameters_of() {
@@ -150,9 +159,14 @@ std::vector<std::string> open_parameters_of() {
         }
         ++trans_index;
     }
+    for (const rule_view& r : plan_description<Parts...>::view.rules)
+        if (r.assign_count > 0 && !r.explicit_devices && r.colocate.kind == degree_kind::open)
+            add(colocation_parameter_name(r.colocate.name, r.coshard));
     for (const fact_view& f : plan_description<Parts...>::view.facts) {
         const bool open = f.degree.kind == degree_kind::open;
         if (f.kind == fact_kind::stages && open) add(f.degree.name.empty() ? "stages" : std::string(f.degree.name));
+        if (f.kind == fact_kind::stages && f.group.kind == degree_kind::open)
+            add(f.group.name.empty() ? "devices_per_stage" : std::string(f.group.name));
         if (f.kind == fact_kind::micro_batches && open)
             add(f.degree.name.empty() ? "micro_batches" : std::string(f.degree.name));
         if (f.kind == fact_kind::order && !f.target.empty()) add(std::string(f.target));
@@ -221,10 +235,19 @@ void lower_rule(const Rule& part, lowering& out) {
                 if constexpr (Piece::piece == piece_kind::trans) {
                     lower_trans(piece, out, view, r);
                 } else if constexpr (Piece::piece == piece_kind::assign) {
-                    r.assign = assign_spec{std::vector<int>(Piece::devices.begin(), Piece::devices.end()), 1, 0};
+                    r.assign = assign_spec{std::vector<int>(Piece::devices.begin(), Piece::devices.end()), {1, "", {}}, 0};
                     if (r.origin.empty()) r.origin = std::string(Piece::spelling.view());
                 } else if constexpr (Piece::piece == piece_kind::colocate) {
-                    r.assign = assign_spec{{}, Piece::pieces_per_device, 0};
+                    constexpr degree_view d = Piece::pieces_per_device;
+                    const std::string open_name = d.kind == degree_kind::open ? colocation_parameter_name(d.name, Piece::coshard) : "";
+                    const degree_spec count = lower_degree(d, open_name);
+                    if (!open_name.empty() && out.spec.choices.count(open_name)) {
+                        // Outside its range: the same message as plan::resolve gives.
+                        view.colocate.value = degree_value(count, out.spec, std::string(Piece::spelling.view()) + " in " +
+                                                                                std::string(view.selector));
+                        view.colocate.known = true;
+                    }
+                    r.assign = assign_spec{{}, count, 0, Piece::coshard};
                     if (r.origin.empty()) r.origin = std::string(Piece::spelling.view());
                 } else if constexpr (requires { Piece::open; }) {
                     r.recompute_open = std::string(Piece::open);

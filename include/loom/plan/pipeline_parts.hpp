@@ -4,6 +4,9 @@
 //   stages<4>                     op-assign: the layers of "blocks" cut evenly into 4 ranges, each
 //                                 on its own group of devices / 4 devices
 //   stages<open<Pow2<1, 8>, "pp">, 2>   an open stage count, 2 devices per stage
+//   stages<4, open<>>             4 stages, the devices per stage an open parameter
+//                                 ("devices_per_stage" unless named); stages x devices per
+//                                 stage must make the plan's devices
 //   stage_boundaries<3, 10, 11>   explicit ranges: the first layer of every stage after the first
 //   open_stage_boundaries<"cut", 1>  ranges the searcher chooses, each within 1 layer of even
 //   micro_batches<8>              op-trans: every op cut along the batch into 8, outermost
@@ -38,29 +41,38 @@ namespace loom::plan {
 
 // ---- op-assign of layer ranges ------------------------------------------------------------
 
-template <auto Count, std::int64_t DevicesPerStage = 0, fixed_string Repeat = "blocks">
+template <auto Count, auto DevicesPerStage = 0, fixed_string Repeat = "blocks">
 struct stages_t {
     static constexpr detail::degree_view degree = detail::degree_view_of<Count>();
+    static constexpr detail::degree_view group = detail::degree_view_of<DevicesPerStage>();
+    static constexpr bool group_given = !(group.kind == detail::degree_kind::fixed && group.value == 0);
     static constexpr detail::static_text spelling{
         detail::concat("plan::stages<", detail::degree_spelling<Count>(),
-                       DevicesPerStage > 0 ? detail::concat(", ", DevicesPerStage) : detail::text(), ">")};
+                       group_given ? detail::concat(", ", detail::degree_spelling<DevicesPerStage>()) : detail::text(), ">")};
+    // value: the devices per stage when fixed (0: the plan's devices / stages, or open).
     static constexpr detail::fact_view fact{
-        detail::fact_kind::stages, DevicesPerStage, {}, {}, {}, spelling.view(), degree};
+        detail::fact_kind::stages, group.known ? group.value : 0, {}, {}, {}, spelling.view(), degree, 0, group};
     static_assert(degree.kind == detail::degree_kind::fixed || degree.kind == detail::degree_kind::open,
                   "plan::stages<N>: give a number or open<...>");
+    static_assert(group.kind == detail::degree_kind::fixed || group.kind == detail::degree_kind::open,
+                  "plan::stages<N, G>: give the devices per stage as a number or open<...>");
     static void lower(plan_spec& p) {
         stage_spec& s = p.stages ? *p.stages : p.stages.emplace();
         s.repeat = std::string(Repeat.view());
-        s.devices_per_stage = DevicesPerStage;
-        if constexpr (degree.kind == detail::degree_kind::open)
-            s.count = {1, degree.name.empty() ? std::string("stages") : std::string(degree.name),
-                       std::vector<std::int64_t>(degree.allowed.begin(), degree.allowed.end())};
-        else
-            s.count = {degree.value, "", {}};
+        s.count = lowered(degree, "stages");
+        s.devices_per_stage = lowered(group, "devices_per_stage");
+    }
+
+private:
+    static degree_spec lowered(const detail::degree_view& d, const char* default_name) {
+        if (d.kind == detail::degree_kind::open)
+            return {1, d.name.empty() ? std::string(default_name) : std::string(d.name),
+                    std::vector<std::int64_t>(d.allowed.begin(), d.allowed.end())};
+        return {d.value, "", {}};
     }
 };
 
-template <auto Count, std::int64_t DevicesPerStage = 0, fixed_string Repeat = "blocks">
+template <auto Count, auto DevicesPerStage = 0, fixed_string Repeat = "blocks">
 inline constexpr stages_t<Count, DevicesPerStage, Repeat> stages{};
 
 // Explicit stage ranges (with plan::stages): stage k + 1 starts at layer FirstLayers[k].

@@ -56,6 +56,23 @@ inline rule trans(selector on, std::int64_t dp, std::vector<split_spec> inner, s
     return trans(std::move(on), degree_spec{dp, "", {}}, std::move(inner), std::move(origin));
 }
 
+// The parts of a transformer block that tensor parallelism cuts, each with its split over
+// tp: column-parallel q, k, v and fc (outputs), row-parallel projections (inputs), the
+// attention between them (heads) and the MLP's activation (FFN).
+struct block_part {
+    selector on;
+    split_spec split;
+};
+LOOM_INLINE std::vector<block_part> block_parts(const degree_spec& tp, const transformer_names& names);
+
+// Coshard's op-assign: c pieces of each device's share, one after another on the device.
+inline assign_spec coshard_assign(const degree_spec& c) {
+    assign_spec a;
+    a.colocate = c;
+    a.coshard = true;
+    return a;
+}
+
 // Vocabulary-parallel embeddings (each device holds rows of the table; partial sums), the LM
 // head (a linear outside any layer) split along the vocabulary, and the vocabulary-parallel
 // cross-entropy (rebuilt by the transformation registered for its v: each device reduces its
@@ -120,8 +137,19 @@ LOOM_INLINE plan_spec recompute_layers(recompute_policy r, std::int64_t first_la
 // Coshard: the attention and MLP of the selected layers split into tp * c pieces, c of
 // them colocated on each of tp devices and run one after another, with recompute, so that
 // a device holds the activations of one piece at a time. Other ops replicate over the tp
-// devices (as in megatron()).
-LOOM_INLINE plan_spec coshard(int tp, int c, const transformer_names& names = {});
+// devices (as in megatron()). Either number may be open.
+LOOM_INLINE plan_spec coshard(const degree_spec& tp, const degree_spec& c, const transformer_names& names = {});
+
+inline plan_spec coshard(int tp, int c, const transformer_names& names = {}) {
+    return coshard(degree_spec{tp, "", {}}, degree_spec{c, "", {}}, names);
+}
+
+// Coshard as op-assign alone, over a plan that already splits the layers (megatron()): the
+// attention and MLP pieces of every layer cut c times more, c on each device, one after
+// another. Colocated pieces must recompute (the plan's colocation_requires_recompute), so
+// with c open beside an open recompute choice the search refuses c > 1 without recompute.
+//   presets::megatron(open_tp, open_dp).then(presets::coshard_layers({1, "coshard", {1, 2, 4}}))
+LOOM_INLINE plan_spec coshard_layers(const degree_spec& c, const transformer_names& names = {});
 
 }  // namespace loom::plan::presets
 
@@ -143,6 +171,19 @@ LOOM_INLINE rule trans(selector on, const degree_spec& dp, std::vector<split_spe
     for (auto& s : inner) splits.push_back(std::move(s));
     // A preset is a recipe for many models: a part some model lacks is not a mistake.
     return {std::move(on), std::move(splits), std::nullopt, std::nullopt, std::move(origin), true};
+}
+
+LOOM_INLINE std::vector<block_part> block_parts(const degree_spec& tp, const transformer_names& names) {
+    std::vector<block_part> parts;
+    for (const auto& c : names.column) parts.push_back({in_scope(c), split_var("n", tp)});
+    for (const auto& r : names.row) parts.push_back({in_scope(r), split_var("k", tp)});
+    parts.push_back({kinds({&op_def_of<ops::SplitHeads>(), &op_def_of<ops::Attention>(), &op_def_of<ops::MergeHeads>()},
+                           names.attention),
+                     split_dim(Dim::Head::id, tp)});
+    parts.push_back({kinds({&op_def_of<ops::Gelu>(), &op_def_of<ops::Relu>(), &op_def_of<ops::Silu>(), &op_def_of<ops::Mul>()},
+                           names.mlp),
+                     split_dim(Dim::FFN::id, tp)});
+    return parts;
 }
 
 LOOM_INLINE plan_spec vocabulary_rules(const degree_spec& tp, const degree_spec& dp, const std::string& origin) {
@@ -175,14 +216,7 @@ LOOM_INLINE plan_spec megatron(const degree_spec& tp, const degree_spec& dp, con
              (dp.value > 1 || !dp.open.empty() ? " x data parallel x" + text(dp) : "");
     const std::string origin = "megatron";
     p.add(trans({}, dp, {replicate(tp)}, origin));
-    for (const auto& c : names.column) p.add(trans(in_scope(c), dp, {split_var("n", tp)}, origin));
-    for (const auto& r : names.row) p.add(trans(in_scope(r), dp, {split_var("k", tp)}, origin));
-    p.add(trans(kinds({&op_def_of<ops::SplitHeads>(), &op_def_of<ops::Attention>(), &op_def_of<ops::MergeHeads>()},
-                      names.attention),
-                dp, {split_dim(Dim::Head::id, tp)}, origin));
-    p.add(trans(kinds({&op_def_of<ops::Gelu>(), &op_def_of<ops::Relu>(), &op_def_of<ops::Silu>(), &op_def_of<ops::Mul>()},
-                      names.mlp),
-                dp, {split_dim(Dim::FFN::id, tp)}, origin));
+    for (block_part& part : block_parts(tp, names)) p.add(trans(std::move(part.on), dp, {std::move(part.split)}, origin));
     p.then(detail::vocabulary_rules(tp, dp, origin));
     return p;
 }
@@ -201,7 +235,7 @@ LOOM_INLINE plan_spec pipeline(int stages, int micro_batches, order_policy order
     p.devices = stages * group;
     stage_spec s;
     s.count = {stages, "", {}};
-    s.devices_per_stage = group;
+    s.devices_per_stage = {group, "", {}};
     p.stages = s;
     p.micro_batches = {micro_batches, "", {}};
     p.order.alternatives = {std::move(order)};
@@ -242,30 +276,36 @@ LOOM_INLINE plan_spec recompute_layers(recompute_policy r, std::int64_t first_la
     return p;
 }
 
-LOOM_INLINE plan_spec coshard(int tp, int c, const transformer_names& names) {
+LOOM_INLINE plan_spec coshard(const degree_spec& tp, const degree_spec& c, const transformer_names& names) {
     using namespace detail;
     plan_spec p;
-    p.devices = tp;
+    const auto text = [](const degree_spec& d) { return d.open.empty() ? std::to_string(d.value) : "<" + d.open + ">"; };
+    p.devices = tp.open.empty() ? static_cast<int>(tp.value) : 1;
     p.colocation_requires_recompute = true;
-    p.name = "coshard " + std::to_string(c) + " per device x" + std::to_string(tp);
-    const std::string origin = "coshard";
-    const std::int64_t pieces = static_cast<std::int64_t>(tp) * c;
-    assign_spec together{{}, c, 0};
-    auto split = [&](selector on, split_spec s) {
-        rule r = trans(std::move(on), 1, {std::move(s)}, origin);
-        r.assign = together;
+    p.name = "coshard " + text(c) + " per device x" + text(tp);
+    p.add(trans({}, 1, {replicate(tp)}, "coshard"));
+    for (block_part& part : block_parts(tp, names)) {
+        rule r = trans(std::move(part.on), 1, {std::move(part.split)}, "coshard");
+        r.assign = coshard_assign(c);
         r.recompute = true;
         p.add(std::move(r));
-    };
-    p.add(trans({}, 1, {replicate(tp)}, origin));
-    for (const auto& col : names.column) split(in_scope(col), split_var("n", pieces));
-    for (const auto& row : names.row) split(in_scope(row), split_var("k", pieces));
-    split(kinds({&op_def_of<ops::SplitHeads>(), &op_def_of<ops::Attention>(), &op_def_of<ops::MergeHeads>()},
-                names.attention),
-          split_dim(Dim::Head::id, pieces));
-    split(kinds({&op_def_of<ops::Gelu>(), &op_def_of<ops::Relu>(), &op_def_of<ops::Silu>(), &op_def_of<ops::Mul>()},
-                names.mlp),
-          split_dim(Dim::FFN::id, pieces));
+    }
+    return p;
+}
+
+LOOM_INLINE plan_spec coshard_layers(const degree_spec& c, const transformer_names& names) {
+    using namespace detail;
+    plan_spec p;
+    p.colocation_requires_recompute = true;
+    p.name = "coshard " + (c.open.empty() ? std::to_string(c.value) : "<" + c.open + ">") + " per device";
+    for (block_part& part : block_parts(degree_spec{1, "", {}}, names)) {
+        rule r;
+        r.on = std::move(part.on);
+        r.assign = coshard_assign(c);
+        r.origin = "coshard";
+        r.optional = true;  // a preset is a recipe for many models
+        p.add(std::move(r));
+    }
     return p;
 }
 

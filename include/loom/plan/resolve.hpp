@@ -279,7 +279,7 @@ LOOM_INLINE resolved_plan resolve(const plan_spec& p, const graph& g) {
     if (chunks_per_group < 1)
         throw plan_error("plan::order<Interleaved<" + std::to_string(chunks_per_group) +
                          ">>: use at least one chunk per device group");
-    std::int64_t group = st.devices_per_stage;
+    std::int64_t group = degree_value(st.devices_per_stage, p, "plan::stages (devices per stage)");
     if (group == 0) {
         if (p.devices % stages != 0)
             throw plan_error("plan::stages: " + std::to_string(stages) + " stages do not divide the plan's " +

@@ -88,9 +88,14 @@ struct split_spec {
 
 // op-assign: where a rule's pieces run.
 struct assign_spec {
-    std::vector<int> devices;  // explicit, one per piece (wins when set)
-    std::int64_t colocate = 1; // pieces per device, run one after another (Coshard)
-    int first_device = 0;      // pieces i*colocate..(i+1)*colocate-1 on device first_device + i
+    std::vector<int> devices;          // explicit, one per piece (wins when set)
+    degree_spec colocate{1, "", {}};   // pieces per device, run one after another
+    int first_device = 0;              // pieces i*colocate..(i+1)*colocate-1 on device first_device + i
+    // Coshard (nnScaler): the op's last split is cut `colocate` times more than its degree
+    // says, and those pieces share each device. The degrees keep counting devices, so the
+    // Coshard factor can be chosen (or left open) apart from the tensor-parallel degree:
+    // split<Head, tp> with coshard<c> runs tp * c pieces, c on each of tp devices.
+    bool coshard = false;
 };
 
 struct rule {
@@ -117,7 +122,7 @@ struct stage_spec {
     std::string repeat = "blocks";
     degree_spec count{1, "", {}};            // device groups (an open parameter when named)
     std::vector<std::int64_t> boundaries;    // the first layer of every range after the first; empty: even
-    std::int64_t devices_per_stage = 0;
+    degree_spec devices_per_stage{0, "", {}};  // 0: the plan's devices / count; open when named
     // The ranges as an open parameter of this name: its value numbers one cut of the layers
     // (plan/stage_ranges.hpp), each range within `boundary_slack` layers of the even cut
     // (negative: any size). The searcher tries every cut; the filled plan gives boundaries.
@@ -166,11 +171,16 @@ struct plan_spec {
         choices[std::move(open)] = value;
         return *this;
     }
+    // Narrows an open number to `allowed` wherever the plan names it (every rule's degree or
+    // colocation, the stages, the devices per stage, the micro-batches, the ZeRO stage):
+    //   spaces::nnscaler(8).narrow("tp", {1, 2}).narrow("coshard", {1, 2})
+    LOOM_INLINE plan_spec& narrow(const std::string& open, std::vector<std::int64_t> allowed);
 };
 
 // The names of a plan's open parameters, each once, in the order the plan states them: the
-// recompute choices of its rules, the degrees of its rules, then its stage count,
-// micro-batches, order and ZeRO stage.
+// recompute choices of its rules, the degrees of its rules, their colocation (Coshard)
+// factors, then its stage count, devices per stage, micro-batches, order, ZeRO stage and
+// stage boundaries.
 LOOM_INLINE std::vector<std::string> open_parameters(const plan_spec& p);
 
 // The value of a degree: its fixed value, or the plan's choice for its open parameter
@@ -242,12 +252,36 @@ LOOM_INLINE std::vector<std::string> open_parameters(const plan_spec& p) {
     for (const rule& r : p.rules)
         if (r.trans)
             for (const split_spec& s : *r.trans) add(s.degree.open);
-    if (p.stages) add(p.stages->count.open);
+    for (const rule& r : p.rules)
+        if (r.assign) add(r.assign->colocate.open);
+    if (p.stages) add(p.stages->count.open), add(p.stages->devices_per_stage.open);
     add(p.micro_batches.open);
     if (p.order.alternatives.size() > 1) add(p.order.open);
     add(p.zero_open);
     if (p.stages) add(p.stages->boundaries_open);
     return names;
+}
+
+LOOM_INLINE plan_spec& plan_spec::narrow(const std::string& open, std::vector<std::int64_t> allowed) {
+    bool found = false;
+    auto set = [&](degree_spec& d) {
+        if (d.open != open) return;
+        d.allowed = allowed;
+        found = true;
+    };
+    for (rule& r : rules) {
+        if (r.trans)
+            for (split_spec& s : *r.trans) set(s.degree);
+        if (r.assign) set(r.assign->colocate);
+    }
+    if (stages) set(stages->count), set(stages->devices_per_stage);
+    set(micro_batches);
+    if (zero_open == open) zero_allowed = allowed, found = true;
+    if (!found)
+        throw plan_error("plan_spec::narrow: '" + open +
+                         "' is not an open number of the plan (a degree, colocation, stage count, devices per stage, "
+                         "micro-batch count or ZeRO stage); give one of the names plan::open_parameters lists");
+    return *this;
 }
 
 LOOM_INLINE std::int64_t degree_value(const degree_spec& d, const plan_spec& p, const std::string& where) {
@@ -331,28 +365,38 @@ LOOM_INLINE resolved_plan partition_ops(const plan_spec& p, const graph& g) {
                 if (!s.replicate && degree > 1) check_not_forbidden(p, n, s, where);
             }
         op.recompute = recompute;
-        const std::int64_t pieces = op.pieces();
-        if (assign) {
-            if (!assign->devices.empty()) {
-                op.devices = assign->devices;
-            } else {
-                if (assign->colocate < 1 || pieces % assign->colocate != 0)
-                    throw plan_error("plan: colocate<" + std::to_string(assign->colocate) + "> on " + where + ": " +
-                                     std::to_string(pieces) + " pieces cannot be grouped " +
-                                     std::to_string(assign->colocate) + " per device; choose a colocation that divides " +
-                                     std::to_string(pieces));
-                for (std::int64_t k = 0; k < pieces; ++k)
-                    op.devices.push_back(assign->first_device + static_cast<int>(k / assign->colocate));
+        if (assign && assign->devices.empty()) {
+            const std::int64_t per_device = degree_value(assign->colocate, p, "the colocation of " + where);
+            const std::string spelling =
+                std::string(assign->coshard ? "coshard<" : "colocate<") + std::to_string(per_device) + ">";
+            if (per_device < 1)
+                throw plan_error("plan: " + spelling + " on " + where + ": use at least one piece per device");
+            if (assign->coshard) {
+                if (op.splits.empty())
+                    throw plan_error("plan: " + spelling + " on " + where +
+                                     ": the op has no split to cut further; give the rule a trans (or put the "
+                                     "Coshard part after one with the same selector)");
+                op.splits.back().degree *= per_device;
             }
-            // Pieces share a device through colocate<C> or through devices named twice.
+            const std::int64_t pieces = op.pieces();
+            if (pieces % per_device != 0)
+                throw plan_error("plan: " + spelling + " on " + where + ": " + std::to_string(pieces) +
+                                 " pieces cannot be grouped " + std::to_string(per_device) +
+                                 " per device; choose a colocation that divides " + std::to_string(pieces));
+            for (std::int64_t k = 0; k < pieces; ++k)
+                op.devices.push_back(assign->first_device + static_cast<int>(k / per_device));
+            if (per_device > 1 && p.colocation_requires_recompute && !recompute)
+                throw plan_error("plan: " + spelling + " on " + where +
+                                 " without recompute, but the plan requires colocated ops to recompute; add recompute "
+                                 "to the same selector");
+        } else if (assign) {
+            op.devices = assign->devices;
+            // Pieces share a device through devices named twice.
             std::vector<int> placed = op.devices;
             std::sort(placed.begin(), placed.end());
-            const bool shared = assign->colocate > 1 || std::adjacent_find(placed.begin(), placed.end()) != placed.end();
+            const bool shared = std::adjacent_find(placed.begin(), placed.end()) != placed.end();
             if (shared && p.colocation_requires_recompute && !recompute)
-                throw plan_error("plan: " +
-                                 (assign->colocate > 1 ? "colocate<" + std::to_string(assign->colocate) + ">"
-                                                       : std::string("an assign that puts several pieces on one device")) +
-                                 " on " + where +
+                throw plan_error("plan: an assign that puts several pieces on one device on " + where +
                                  " without recompute, but the plan requires colocated ops to recompute; add recompute "
                                  "to the same selector");
         }

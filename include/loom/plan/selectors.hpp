@@ -184,6 +184,7 @@ constexpr void describe_piece(rule_view& r) {
         if (r.assign_count++ == 0) {
             r.assign = Piece::spelling.view();
             r.colocate = Piece::pieces_per_device;
+            r.coshard = Piece::coshard;
         }
     } else {
         ++r.recompute_count;

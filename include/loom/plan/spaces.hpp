@@ -9,13 +9,15 @@
 //   alpa(n)       Alpa's inter- and intra-operator levels: stages whose boundaries are
 //                 searched too, with tensor x data parallelism inside them, ordered 1F1B
 //   nnscaler(n)   all of the above, with the ZeRO stage, GPipe, 1F1B, interleaved, 3F1B,
-//                 the interlaced pipeline, the recomputation of the layers and the
-//                 stages' boundaries as open choices. The assignments a model cannot
-//                 run (3F1B without three forward rounds, interleaving without enough
-//                 layers) are refused by the search, which says why.
+//                 the interlaced pipeline, the recomputation of the layers, Coshard (the
+//                 layers' tensor-parallel pieces cut "coshard" times more, one after
+//                 another on each device; only with recomputation) and the stages'
+//                 boundaries as open choices. The assignments a model cannot run (3F1B
+//                 without three forward rounds, interleaving without enough layers,
+//                 Coshard without recomputation) are refused by the search, which says why.
 //
 // Open parameters: "tp", "dp" (degrees inside a stage), "pp" (stages), "mb" (micro-batches),
-// "order", "zero", "recompute" and "boundaries". Their candidates are every divisor
+// "order", "zero", "recompute", "coshard" and "boundaries". Their candidates are every divisor
 // (search::open_parameter_candidates); the boundaries' are every cut of the layers whose
 // ranges lie within `boundary_slack` layers of the even cut (default 1: enough to move a
 // layer off the stage that also holds the embedding or the head; -1: any cut, as Alpa;
@@ -126,7 +128,8 @@ LOOM_INLINE plan_spec nnscaler(int devices, std::int64_t boundary_slack) {
     recompute.recompute.reset();
     recompute.recompute_open = "recompute";
     p.add(std::move(recompute));
-    p.name = "nnScaler space: TP x PP x DP, searched stage boundaries, every order, ZeRO 0-3, recompute or not";
+    p.then(presets::coshard_layers(detail::open_degree("coshard")));
+    p.name = "nnScaler space: TP x PP x DP, searched stage boundaries, every order, ZeRO 0-3, recompute or not, Coshard";
     return p;
 }
 

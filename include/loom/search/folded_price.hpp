@@ -263,8 +263,14 @@ LOOM_INLINE plan::plan_spec instance_plan(const plan::plan_spec& p, const fold_s
     }
     if (replicas != s.replicas) {
         out.devices = static_cast<int>(p.devices / s.replicas * replicas);
-        if (out.stages && out.stages->devices_per_stage > 0)
-            out.stages->devices_per_stage = out.stages->devices_per_stage / s.replicas * replicas;
+        if (out.stages) {
+            plan::degree_spec& group = out.stages->devices_per_stage;
+            const std::int64_t given = plan::degree_value(group, out, "the devices per stage");
+            if (given > 0) {
+                if (group.open.empty()) group.value = given / s.replicas * replicas;
+                else out.choices[group.open] = given / s.replicas * replicas;
+            }
+        }
     }
     return out;
 }

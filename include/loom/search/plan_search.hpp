@@ -460,7 +460,10 @@ LOOM_INLINE std::vector<open_parameter> open_parameter_candidates(const plan::pl
     for (const plan::rule& r : space.rules)
         if (r.trans)
             for (const plan::split_spec& s : *r.trans) add_degree(s.degree, open_parameter::kind::degree, space.devices);
+    for (const plan::rule& r : space.rules)
+        if (r.assign) add_degree(r.assign->colocate, open_parameter::kind::degree, space.devices);
     if (space.stages) add_degree(space.stages->count, open_parameter::kind::stages, space.devices);
+    if (space.stages) add_degree(space.stages->devices_per_stage, open_parameter::kind::degree, space.devices);
     add_degree(space.micro_batches, open_parameter::kind::micro_batches, batch);
     if (space.order.alternatives.size() > 1 && !find(space.order.open)) {
         open_parameter p{space.order.open, open_parameter::kind::order, {}, {}};

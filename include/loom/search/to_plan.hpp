@@ -67,7 +67,7 @@ LOOM_INLINE plan::plan_spec to_plan(const configuration& c) {
     if (pipelined) {
         plan::stage_spec stages;
         stages.count = {c.pp, "", {}};
-        stages.devices_per_stage = static_cast<std::int64_t>(c.tp) * c.dp;
+        stages.devices_per_stage = {static_cast<std::int64_t>(c.tp) * c.dp, "", {}};
         bool even = true;
         for (int n : c.layers_per_chunk) even = even && n == c.layers_per_chunk.front();
         if (!even) {
@@ -90,7 +90,7 @@ LOOM_INLINE plan::plan_spec to_plan(const configuration& c) {
         if (c.coshard > 1) {
             // Coshard: tp * coshard pieces, coshard of them one after another on each device.
             const std::int64_t pieces = static_cast<std::int64_t>(c.tp) * c.coshard;
-            const plan::assign_spec together{{}, c.coshard, 0};
+            const plan::assign_spec together{{}, {c.coshard, "", {}}, 0};
             auto cut = [&](plan::selector on, plan::split_spec s) {
                 plan::rule rule = detail::split_rule(std::move(on), c.dp, std::move(s), "coshard");
                 rule.assign = together;
