@@ -572,6 +572,19 @@ TEST_CASE("a budget returns the best so far and its gap") {
     CHECK(full.best.price.step_seconds <= r.best.price.step_seconds);
     // The gap bounds how far the budget's answer can be from the best.
     CHECK(r.best.price.step_seconds * (1 - r.gap) <= full.best.price.step_seconds * (1 + 1e-12));
+
+    // A budget spent while bounding: the rest of the space is counted, not bounded, and the
+    // answer is the best of what was bounded, unproven (gap 100%: its only bound is 0).
+    search::plan_search_options hurried;
+    hurried.time_budget_seconds = 1e-9;
+    const search::plan_search_result h = search::search_plan(model.ir(), open_pipeline(4), search::dgx_a100(1), hurried);
+    CHECK(h.stats.assignments == full.stats.assignments);
+    CHECK(h.stats.unbounded > 0);
+    CHECK(h.stats.unbounded + h.stats.refused + h.stats.priced + h.stats.unexplored + h.stats.over_memory_unpriced ==
+          h.stats.assignments);
+    CHECK(h.gap == 1.0);
+    CHECK(h.explain().find("not even bounded within the budget") != std::string::npos);
+    CHECK(full.best.price.step_seconds <= h.best.price.step_seconds);
 }
 
 TEST_CASE("prices follow first principles") {

@@ -18528,8 +18528,12 @@ LOOM_INLINE order_search_result order_search(const schedule::pipeline_shape& sha
 //      gradients and optimizer state each device keeps, and the activations its order holds
 //      in flight: memory_lower_bound) already exceeds it. The search stops when the next bound is no better
 //      than the runner-up's price (both are then exact), or at the time or count budget,
-//      when the gap is that of the best price to the lowest bound not yet priced.
-// Deterministic: the enumeration is an odometer over the parameters in the order
+//      when the gap is that of the best price to the lowest bound not yet priced. A time
+//      budget spent in step 3 stops the bounding there (the rest of the space is counted,
+//      unbounded) and prices the best-bounded assignments found so far; the answer is then
+//      unproven, with a gap of 100%.
+// Deterministic without a time budget (a budget stops wherever the clock says).
+// The enumeration is an odometer over the parameters in the order
 // plan::open_parameters lists them, pricing follows the bounds (ties in enumeration
 // order), and of plans that price the same the first priced is chosen. The runner-up is
 // the best strictly slower plan.
@@ -18802,6 +18806,7 @@ struct plan_search_statistics {
     std::int64_t over_memory_unpriced = 0;  // of those, set aside by their memory floor alone
     std::int64_t pruned = 0;       // never priced: their bound was no better than the runner-up
     std::int64_t unexplored = 0;   // never priced: the budget ran out
+    std::int64_t unbounded = 0;    // never resolved nor bounded: the budget ran out while bounding
     std::int64_t ties = 0;         // priced the same as the best (the first of them is chosen)
     std::int64_t even_cut_only = 0;  // assignments whose open boundaries had too many cuts: the even one was tried
     double seconds = 0;
@@ -18820,7 +18825,8 @@ struct plan_search_result {
     std::vector<open_parameter> parameters;
     priced_assignment best;
     std::optional<priced_assignment> runner_up;
-    double gap = 0;  // (best price - lowest unpriced bound) / best price; 0: proven best
+    double gap = 0;  // (best price - lowest unpriced bound) / best price; 0: proven best; 1 when
+                     // the budget left assignments unbounded (their only bound is 0)
     double memory_limit = 0;
     plan_search_statistics stats;
 
@@ -19861,6 +19867,9 @@ LOOM_INLINE std::string plan_search_result::explain() const {
            << " by their weights, gradients, optimizer state and activations in flight alone, unpriced)";
     os << ", " << stats.pruned << " pruned by the bound";
     if (stats.unexplored) os << ", " << stats.unexplored << " left by the budget";
+    if (stats.unbounded)
+        os << ", " << stats.unbounded << " not even bounded within the budget (the best is not proven: narrow the space "
+           << "or raise the budget)";
     if (stats.even_cut_only)
         os << ", " << stats.even_cut_only << " with the even stage cut only (more than " << max_boundary_cuts
            << " cuts at their stage count: narrow the boundaries' slack to search them)";
@@ -19989,18 +19998,26 @@ LOOM_INLINE plan_search_result search_assignments(const plan::plan_spec& space, 
         ++stats.refused;
         if (++stats.refusals[why] == 1) refusal_example[why] = choices_text(params, choices);
     };
+    // A budget spent before every assignment is bounded leaves the rest unbounded (counted,
+    // not resolved), once one has a bound: the search then prices the best-bounded of those
+    // it has.
+    const bool budgeted = o.time_budget_seconds > 0;
     for_each_assignment(space, params, [&](const plan::plan_spec& candidate) {
+        ++stats.assignments;
+        if (budgeted && !leaves.empty() && (stats.unbounded > 0 || elapsed() > o.time_budget_seconds)) {
+            ++stats.unbounded;
+            return;
+        }
         for (const open_parameter& p : params)
             if (even_cut_only(p, candidate)) ++stats.even_cut_only;
         try {
             const assignment_bounds b = bound_of(candidate);
-            leaves.push_back({candidate.choices, b.step, b.memory, stats.assignments});
+            leaves.push_back({candidate.choices, b.step, b.memory, stats.assignments - 1});
         } catch (const plan_error& e) {
             refuse(e.what(), candidate.choices);
         } catch (const shape_error& e) {
             refuse(e.what(), candidate.choices);
         }
-        ++stats.assignments;
     });
     std::stable_sort(leaves.begin(), leaves.end(), [](const leaf& a, const leaf& b) { return a.bound < b.bound; });
     stats.bounding_seconds = elapsed();
@@ -20063,16 +20080,24 @@ LOOM_INLINE plan_search_result search_assignments(const plan::plan_spec& space, 
     }
     // Leaves after `next` were not priced: pruned when the bound stopped the search, else
     // left by the budget.
-    const bool proven = next == leaves.size() || (second && leaves[next].bound >= second->price.step_seconds);
+    const bool proven =
+        stats.unbounded == 0 && (next == leaves.size() || (second && leaves[next].bound >= second->price.step_seconds));
     for (std::size_t k = next; k < leaves.size(); ++k) ++(proven ? stats.pruned : stats.unexplored);
     stats.seconds = elapsed();
 
     if (!best) {
+        const std::int64_t bounded = stats.assignments - stats.unbounded;
         std::string why = "search_plan: no plan in the space fits: ";
-        if (stats.assignments == stats.refused) {
-            why += "every one of its " + std::to_string(stats.assignments) + " assignments is refused:";
+        if (stats.unbounded > 0)
+            why = "search_plan: no plan found that fits: " + std::to_string(stats.unbounded) + " of the space's " +
+                  std::to_string(stats.assignments) + " assignments were not bounded within the budget of " +
+                  detail::seconds_text(o.time_budget_seconds) + " (raise it, or narrow the space); of the other " +
+                  std::to_string(bounded) + ", ";
+        if (bounded == stats.refused) {
+            why += (stats.unbounded > 0 ? "every one is refused:"
+                                        : "every one of its " + std::to_string(stats.assignments) + " assignments is refused:");
         } else {
-            why += std::to_string(stats.refused) + " of " + std::to_string(stats.assignments) + " assignments are refused";
+            why += std::to_string(stats.refused) + " of " + std::to_string(bounded) + " assignments are refused";
             if (smallest_over)
                 why += " and the other " + std::to_string(stats.over_memory) + " exceed " +
                        detail::gib_text(result.memory_limit) + " per device (the smallest, " +
@@ -20097,7 +20122,9 @@ LOOM_INLINE plan_search_result search_assignments(const plan::plan_spec& space, 
     result.plan = space;
     result.plan.choices = result.best.choices;
     concrete_boundaries(result.plan, params);
-    if (!proven && next < leaves.size())
+    if (stats.unbounded > 0)
+        result.gap = 1.0;
+    else if (!proven && next < leaves.size())
         result.gap = std::max(0.0, (result.best.price.step_seconds - leaves[next].bound) / result.best.price.step_seconds);
     return result;
 }
