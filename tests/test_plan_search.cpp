@@ -360,6 +360,13 @@ TEST_CASE("the bound never exceeds the programs' price, on every leaf of several
         CHECK(r.best.price.step_seconds == Approx(all.best_step).epsilon(1e-12));
         CHECK(r.gap == 0);
         CHECK(r.stats.pruned > all.legal / 3);
+        // Refusals settled by a prefix of the choices (a stage group the degrees do not fill)
+        // skip the assignments that share it, which still count, as refused.
+        std::int64_t every = 0;
+        search::for_each_assignment(space, r.parameters, [&](const plan::plan_spec&) { ++every; });
+        CHECK(r.stats.assignments == every);
+        CHECK(r.stats.skipped > every / 2);
+        CHECK(r.stats.refused + r.stats.priced + r.stats.pruned + r.stats.over_memory_unpriced == every);
     }
 }
 

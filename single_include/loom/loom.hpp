@@ -5797,6 +5797,32 @@ namespace loom::plan {
 
 namespace detail {
 
+// The open parameters that reading a plan looked up, in order, while a log is active on
+// this thread (choice_log_scope). Every lookup of plan_spec::choices while resolving goes
+// through degree_value, recompute_chosen, chosen_zero, chosen_order and stage_starts,
+// which note it; a searcher uses the log to know which choices a refusal depended on.
+struct choice_log {
+    std::vector<std::string> names;
+};
+
+inline thread_local choice_log* active_choice_log = nullptr;
+
+inline void note_choice(const std::string& name) {
+    if (active_choice_log) active_choice_log->names.push_back(name);
+}
+
+// Logs the lookups of this thread into `log` for the scope's lifetime.
+class choice_log_scope {
+public:
+    explicit choice_log_scope(choice_log& log) : previous_(active_choice_log) { active_choice_log = &log; }
+    ~choice_log_scope() { active_choice_log = previous_; }
+    choice_log_scope(const choice_log_scope&) = delete;
+    choice_log_scope& operator=(const choice_log_scope&) = delete;
+
+private:
+    choice_log* previous_;
+};
+
 // Shell-style glob: '*' any run of characters, '?' one character.
 LOOM_INLINE bool glob_match(std::string_view pattern, std::string_view text);
 
@@ -6051,6 +6077,7 @@ LOOM_INLINE plan_spec& plan_spec::narrow(const std::string& open, std::vector<st
 
 LOOM_INLINE std::int64_t degree_value(const degree_spec& d, const plan_spec& p, const std::string& where) {
     if (d.open.empty()) return d.value;
+    detail::note_choice(d.open);
     auto it = p.choices.find(d.open);
     if (it == p.choices.end())
         throw plan_error("plan: open parameter '" + d.open + "' of " + where +
@@ -6065,6 +6092,7 @@ LOOM_INLINE std::int64_t degree_value(const degree_spec& d, const plan_spec& p, 
 }
 
 LOOM_INLINE bool recompute_chosen(const rule& r, const plan_spec& p) {
+    detail::note_choice(r.recompute_open);
     auto it = p.choices.find(r.recompute_open);
     const std::string where = (r.origin.empty() ? std::string("a rule") : r.origin) + " on " + r.on.describe();
     if (it == p.choices.end())
@@ -8501,6 +8529,18 @@ LOOM_INLINE std::optional<order_policy> chosen_order(const plan_spec& p);
 LOOM_INLINE std::vector<std::int64_t> stage_starts(const stage_spec& st, const std::map<std::string, std::int64_t>& choices,
                                                    std::int64_t layers, int chunks);
 
+// The devices of each stage's group: the plan's devices_per_stage, else its devices over
+// the `stages` it has; refused when stages x group is not the plan's devices.
+LOOM_INLINE std::int64_t stage_group_size(const plan_spec& p, std::int64_t stages);
+
+// The refusals of plan::resolve that depend only on the rules and on one stage group: the
+// group's size (stage count, devices per stage), the rules' degrees, colocations and
+// recompute choices. The rules cut every op of g over the group, as place_stages does, and
+// with stages every piece of an op in the stages' layers must land inside the group. It
+// throws what resolve would (a searcher checks it once per such choice and skips every
+// assignment that shares them); passing it, a plan may still be refused by resolve.
+LOOM_INLINE void check_stage_group(const plan_spec& p, const graph& g);
+
 }  // namespace detail
 
 LOOM_INLINE resolved_plan resolve(const plan_spec& p, const graph& g);
@@ -8594,6 +8634,7 @@ LOOM_INLINE schedule::schedule pipeline_order(const order_policy& o, int stages,
 
 LOOM_INLINE zero_stage chosen_zero(const plan_spec& p) {
     if (p.zero_open.empty()) return p.zero;
+    note_choice(p.zero_open);
     auto it = p.choices.find(p.zero_open);
     if (it == p.choices.end())
         throw plan_error("plan::zero: the open ZeRO stage '" + p.zero_open + "' has no value; choose one of {" +
@@ -8614,6 +8655,7 @@ LOOM_INLINE std::optional<order_policy> chosen_order(const plan_spec& p) {
     std::string names;
     for (std::size_t i = 0; i < alternatives.size(); ++i)
         names += (i ? ", " : "") + std::to_string(i) + ": " + alternatives[i].describe();
+    note_choice(p.order.open);
     auto it = p.choices.find(p.order.open);
     if (it == p.choices.end())
         throw plan_error("plan::order: the open order '" + p.order.open + "' has no value; choose the index of one of {" +
@@ -8631,6 +8673,7 @@ LOOM_INLINE std::vector<std::int64_t> stage_starts(const stage_spec& st, const s
         if (!st.boundaries.empty())
             throw plan_error(what + ": the boundaries are both given and open ('" + st.boundaries_open +
                              "'); give them, or leave them open, not both");
+        note_choice(st.boundaries_open);
         const auto it = choices.find(st.boundaries_open);
         const std::int64_t count = count_stage_ranges(layers, chunks, st.boundary_slack);
         if (count == 0)
@@ -8675,6 +8718,50 @@ LOOM_INLINE std::vector<std::int64_t> stage_starts(const stage_spec& st, const s
     }
     return starts;
 }
+LOOM_INLINE std::int64_t stage_group_size(const plan_spec& p, std::int64_t stages) {
+    const stage_spec st = p.stages.value_or(stage_spec{});
+    std::int64_t group = degree_value(st.devices_per_stage, p, "plan::stages (devices per stage)");
+    if (group == 0) {
+        if (p.devices % stages != 0)
+            throw plan_error("plan::stages: " + std::to_string(stages) + " stages do not divide the plan's " +
+                             std::to_string(p.devices) + " devices; choose a stage count that divides them, or give "
+                             "devices_per_stage");
+        group = p.devices / stages;
+    }
+    if (group < 1 || stages * group != p.devices)
+        throw plan_error("plan::stages: " + std::to_string(stages) + " stages of " + std::to_string(group) +
+                         " devices make " + std::to_string(stages * group) + " devices, but the plan has " +
+                         std::to_string(p.devices) + "; make stages x devices per stage equal the devices");
+    return group;
+}
+
+LOOM_INLINE void check_stage_group(const plan_spec& p, const graph& g) {
+    if (p.devices < 1) throw plan_error("plan: devices = " + std::to_string(p.devices) + "; use at least one device");
+    plan_spec inner = p;
+    inner.stages.reset();
+    inner.order = {};
+    inner.micro_batches = {1, "", {}};
+    inner.zero = zero_stage::none;
+    inner.zero_open.clear();
+    if (!p.stages) {
+        partition_ops(inner, g);
+        return;
+    }
+    const std::int64_t stages = degree_value(p.stages->count, p, "plan::stages");
+    if (stages < 1) throw plan_error("plan::stages: " + std::to_string(stages) + " stages; use at least 1");
+    const std::int64_t group = stage_group_size(p, stages);
+    inner.devices = static_cast<int>(group);
+    const resolved_plan within = partition_ops(inner, g);
+    for (std::size_t i = 0; i < within.forward.size(); ++i) {
+        if (!within.forward[i] || layer_index(g, g.nodes[i], p.stages->repeat) < 0) continue;
+        const op_partition& op = *within.forward[i];
+        for (std::int64_t q = 0; q < op.pieces(); ++q)
+            if (const int local = op.device_of(q); local < 0 || local >= group)
+                throw plan_error("pipeline: the plan of a stage puts a piece of '" + g.nodes[i].name + "' on device " +
+                                 std::to_string(local) + " of a group of " + std::to_string(group));
+    }
+}
+
 }  // namespace loom::plan::detail
 
 namespace loom::plan {
@@ -8701,18 +8788,7 @@ LOOM_INLINE resolved_plan resolve(const plan_spec& p, const graph& g) {
     if (chunks_per_group < 1)
         throw plan_error("plan::order<Interleaved<" + std::to_string(chunks_per_group) +
                          ">>: use at least one chunk per device group");
-    std::int64_t group = degree_value(st.devices_per_stage, p, "plan::stages (devices per stage)");
-    if (group == 0) {
-        if (p.devices % stages != 0)
-            throw plan_error("plan::stages: " + std::to_string(stages) + " stages do not divide the plan's " +
-                             std::to_string(p.devices) + " devices; choose a stage count that divides them, or give "
-                             "devices_per_stage");
-        group = p.devices / stages;
-    }
-    if (group < 1 || stages * group != p.devices)
-        throw plan_error("plan::stages: " + std::to_string(stages) + " stages of " + std::to_string(group) +
-                         " devices make " + std::to_string(stages * group) + " devices, but the plan has " +
-                         std::to_string(p.devices) + "; make stages x devices per stage equal the devices");
+    const std::int64_t group = detail::stage_group_size(p, stages);
     if (order->kind == schedule_kind::interleaved && micro % stages != 0)
         throw plan_error("plan::order<Interleaved<" + std::to_string(chunks_per_group) + ">>: " + std::to_string(micro) +
                          " micro-batches over " + std::to_string(stages) +
@@ -18494,8 +18570,8 @@ LOOM_INLINE order_search_result order_search(const schedule::pipeline_shape& sha
 // ---- end loom/search/order_search.hpp ----
 // ---- begin loom/search/plan_search.hpp ----
 // The searcher fills the open parameters of a user's plan: the user constructs the space
-// (a plan with open<...> degrees, stage counts, micro-batches, orders, ZeRO stages, and
-// its constraints), loom searches it, pricing the programs each candidate really produces.
+// (a plan with open<...> degrees, stage counts, devices per stage, micro-batches, orders,
+// ZeRO stages, recompute choices, Coshard factors, and its constraints), loom searches it, pricing the programs each candidate really produces.
 //
 //   plan::plan_spec space = plan::compose(plan::stages<plan::open<"pp">>{},
 //                                         plan::micro_batches<plan::open<"mb">>{}, ...);
@@ -18513,6 +18589,12 @@ LOOM_INLINE order_search_result order_search(const schedule::pipeline_shape& sha
 //   2. Every assignment is resolved against the model (plan::resolve); the structural
 //      refusals (a stage count that does not divide, layers that do not fill the chunks, a
 //      forbidden split, ...) are counted by reason, which is what an empty space reports.
+//      First its stage group is checked alone (plan::detail::check_stage_group: the rules'
+//      degrees, colocations and recompute choices over the group), once per value of those
+//      choices. A refusal holds for every assignment that agrees on the choices its check
+//      read (plan::detail::choice_log), so the odometer skips the rest of the subtree they
+//      root, counting it: at 16 devices most of nnScaler's tens of millions of assignments
+//      are degrees that do not fill a group, refused in prefixes of a few choices.
 //   3. A lower bound on the step time of each legal assignment, from the resolved plan
 //      alone: the busiest device's share of the training work (FLOPs, bytes, instructions,
 //      recomputation's replays) at the best rates its pieces' shapes allow; the partial sums
@@ -18807,6 +18889,8 @@ struct plan_search_statistics {
     std::int64_t pruned = 0;       // never priced: their bound was no better than the runner-up
     std::int64_t unexplored = 0;   // never priced: the budget ran out
     std::int64_t unbounded = 0;    // never resolved nor bounded: the budget ran out while bounding
+    std::int64_t skipped = 0;      // of the refused and unbounded: counted by the verdict on a prefix
+                                   // of their choices, never visited one by one
     std::int64_t ties = 0;         // priced the same as the best (the first of them is chosen)
     std::int64_t even_cut_only = 0;  // assignments whose open boundaries had too many cuts: the even one was tried
     double seconds = 0;
@@ -18896,8 +18980,10 @@ private:
 // assignment whose memory floor exceeds the limit is set aside unpriced.
 using bound_function = std::function<assignment_bounds(const plan::plan_spec&)>;
 using price_function = std::function<program_price(const plan::plan_spec&)>;
+// `structure`: the real model's graph, on which each assignment's stage group is checked
+// first (plan::detail::check_stage_group).
 LOOM_INLINE plan_search_result search_assignments(const plan::plan_spec& space, std::vector<open_parameter> params,
-                                                  const cluster& c, const plan_search_options& o,
+                                                  const cluster& c, const plan_search_options& o, const graph& structure,
                                                   const bound_function& bound, const price_function& price);
 
 }  // namespace detail
@@ -19885,6 +19971,7 @@ LOOM_INLINE plan_search_result search_plan(const graph& model, const plan::plan_
     const training_work work = training_work_of(model, c.device, o.price);
     return detail::search_assignments(
         space, open_parameter_candidates(space, batch_of(model), space.stages ? plan::detail::layer_count(model, space.stages->repeat) : 0), c, o,
+        model,
         [&](const plan::plan_spec& candidate) {
             const plan::resolved_plan rp = plan::resolve(candidate, model);
             return detail::assignment_bounds{step_lower_bound(rp, work, o.price, &model, &c),
@@ -19896,8 +19983,10 @@ LOOM_INLINE plan_search_result search_plan(const graph& model, const plan::plan_
 LOOM_INLINE plan_search_result search_plan(const model_family& model, const plan::plan_spec& space, const cluster& c,
                                            const plan_search_options& o) {
     detail::folded_bounds bounds(model, c, o.price);
+    if (!model.forward) throw usage_error("search_plan: the model family needs a forward(layers, batch) builder");
+    const graph whole = model.forward(model.layers, model.batch);  // its ops as they are, for the stage-group checks
     return detail::search_assignments(
-        space, open_parameter_candidates(space, model.batch, model.layers), c, o,
+        space, open_parameter_candidates(space, model.batch, model.layers), c, o, whole,
         [&](const plan::plan_spec& candidate) { return bounds(candidate); },
         [&](const plan::plan_spec& candidate) { return price_folded(model, candidate, c, o.price).price; });
 }
@@ -19971,7 +20060,7 @@ LOOM_INLINE void concrete_boundaries(plan::plan_spec& p, const std::vector<open_
 }
 
 LOOM_INLINE plan_search_result search_assignments(const plan::plan_spec& space, std::vector<open_parameter> parameters,
-                                                  const cluster& c, const plan_search_options& o,
+                                                  const cluster& c, const plan_search_options& o, const graph& structure,
                                                   const bound_function& bound_of, const price_function& price_of) {
     const auto started = std::chrono::steady_clock::now();
     auto elapsed = [&] { return std::chrono::duration<double>(std::chrono::steady_clock::now() - started).count(); };
@@ -19998,27 +20087,145 @@ LOOM_INLINE plan_search_result search_assignments(const plan::plan_spec& space, 
         ++stats.refused;
         if (++stats.refusals[why] == 1) refusal_example[why] = choices_text(params, choices);
     };
+    // Partial assignments: a refusal holds for every assignment that agrees with it on the
+    // choices its check read (plan::detail::choice_log), so the odometer skips the rest of
+    // the subtree those choices root. Each assignment is first checked over one stage group
+    // (plan::detail::check_stage_group: the rules' degrees, colocations and recompute
+    // choices, the stage count and devices per stage), whose verdict is kept per value of
+    // those structural choices; then resolved and bounded.
+    const std::size_t n = params.size();
+    auto index_of = [&](const std::string& name) -> std::optional<std::size_t> {
+        for (std::size_t i = 0; i < n; ++i)
+            if (params[i].name == name) return i;
+        return std::nullopt;
+    };
+    std::vector<std::size_t> structural;
+    for (std::size_t i = 0; i < n; ++i)
+        if (params[i].what == open_parameter::kind::degree || params[i].what == open_parameter::kind::recompute ||
+            params[i].what == open_parameter::kind::stages)
+            structural.push_back(i);
+    struct verdict {
+        std::string refusal;  // empty: passed
+        std::size_t settled = 0;  // the refusal holds for every assignment agreeing on params [0, settled)
+    };
+    std::map<std::vector<std::int64_t>, verdict> group_verdicts;
+    // The parameters a refusal's check read: their prefix decides it.
+    auto settled_by = [&](const plan::detail::choice_log& log) {
+        std::size_t settled = 0;
+        for (const std::string& name : log.names)
+            if (const auto i = index_of(name)) settled = std::max(settled, *i + 1);
+        return settled;
+    };
+    plan::plan_spec candidate = space;
+    // The assignments below level i with the choices made above it (the boundaries' cuts
+    // depend on the stage count and order chosen).
+    std::function<std::int64_t(std::size_t)> leaves_under = [&](std::size_t i) -> std::int64_t {
+        if (i == n) return 1;
+        const std::vector<std::int64_t> values = candidates_given(params[i], candidate);
+        bool decides_later = false;
+        if (params[i].what == open_parameter::kind::stages || params[i].what == open_parameter::kind::order)
+            for (std::size_t j = i + 1; j < n; ++j) decides_later = decides_later || params[j].what == open_parameter::kind::boundaries;
+        if (!decides_later) return static_cast<std::int64_t>(values.size()) * leaves_under(i + 1);
+        std::int64_t total = 0;
+        for (std::int64_t v : values) {
+            candidate.choices[params[i].name] = v;
+            total += leaves_under(i + 1);
+        }
+        return total;
+    };
+    // What the skipped assignments count as: refused for `skip_reason`, or unbounded.
+    std::string skip_reason;
+    bool skip_unbounded = false;
+    auto skip = [&](std::int64_t count) {
+        stats.assignments += count;
+        stats.skipped += count;
+        if (skip_unbounded) {
+            stats.unbounded += count;
+        } else {
+            stats.refused += count;
+            stats.refusals[skip_reason] += count;
+        }
+    };
     // A budget spent before every assignment is bounded leaves the rest unbounded (counted,
     // not resolved), once one has a bound: the search then prices the best-bounded of those
     // it has.
     const bool budgeted = o.time_budget_seconds > 0;
-    for_each_assignment(space, params, [&](const plan::plan_spec& candidate) {
+    // One assignment: n, or the prefix length after which every assignment is skipped.
+    auto visit = [&]() -> std::size_t {
         ++stats.assignments;
-        if (budgeted && !leaves.empty() && (stats.unbounded > 0 || elapsed() > o.time_budget_seconds)) {
+        if (budgeted && !leaves.empty() && elapsed() > o.time_budget_seconds) {
             ++stats.unbounded;
-            return;
+            skip_unbounded = true;
+            return 0;
+        }
+        std::vector<std::int64_t> key;
+        for (std::size_t i : structural) key.push_back(candidate.choices.at(params[i].name));
+        verdict fresh;
+        const verdict* group = nullptr;
+        if (const auto known = group_verdicts.find(key); known != group_verdicts.end()) {
+            group = &known->second;
+        } else {
+            plan::detail::choice_log log;
+            try {
+                const plan::detail::choice_log_scope logging(log);
+                plan::detail::check_stage_group(candidate, structure);
+            } catch (const plan_error& e) {
+                fresh.refusal = e.what();
+            } catch (const shape_error& e) {
+                fresh.refusal = e.what();
+            }
+            fresh.settled = fresh.refusal.empty() ? n : settled_by(log);
+            // Kept only when the check read nothing but structural choices (the key).
+            bool keyed = true;
+            for (const std::string& name : log.names)
+                if (const auto i = index_of(name))
+                    keyed = keyed && std::find(structural.begin(), structural.end(), *i) != structural.end();
+            group = keyed ? &group_verdicts.emplace(std::move(key), std::move(fresh)).first->second : &fresh;
+        }
+        if (!group->refusal.empty()) {
+            refuse(group->refusal, candidate.choices);
+            skip_reason = group->refusal;
+            return group->settled;
         }
         for (const open_parameter& p : params)
             if (even_cut_only(p, candidate)) ++stats.even_cut_only;
+        plan::detail::choice_log log;
+        std::string refusal;
         try {
+            const plan::detail::choice_log_scope logging(log);
             const assignment_bounds b = bound_of(candidate);
             leaves.push_back({candidate.choices, b.step, b.memory, stats.assignments - 1});
+            return n;
         } catch (const plan_error& e) {
-            refuse(e.what(), candidate.choices);
+            refusal = e.what();
         } catch (const shape_error& e) {
-            refuse(e.what(), candidate.choices);
+            refusal = e.what();
         }
-    });
+        refuse(refusal, candidate.choices);
+        skip_reason = refusal;
+        return settled_by(log);
+    };
+    // The odometer, the last parameter turning fastest; a visit that settles a prefix skips
+    // the rest of the subtree it roots.
+    std::function<std::size_t(std::size_t)> walk = [&](std::size_t i) -> std::size_t {
+        if (i == n) return visit();
+        const std::vector<std::int64_t> values = candidates_given(params[i], candidate);
+        for (std::size_t k = 0; k < values.size(); ++k) {
+            candidate.choices[params[i].name] = values[k];
+            const std::size_t settled = walk(i + 1);
+            if (settled <= i) {
+                std::int64_t rest = 0;
+                for (std::size_t r = k + 1; r < values.size(); ++r) {
+                    candidate.choices[params[i].name] = values[r];
+                    rest += leaves_under(i + 1);
+                }
+                skip(rest);
+                return settled;
+            }
+        }
+        return n;
+    };
+    walk(0);
     std::stable_sort(leaves.begin(), leaves.end(), [](const leaf& a, const leaf& b) { return a.bound < b.bound; });
     stats.bounding_seconds = elapsed();
 

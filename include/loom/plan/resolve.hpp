@@ -79,6 +79,18 @@ LOOM_INLINE std::optional<order_policy> chosen_order(const plan_spec& p);
 LOOM_INLINE std::vector<std::int64_t> stage_starts(const stage_spec& st, const std::map<std::string, std::int64_t>& choices,
                                                    std::int64_t layers, int chunks);
 
+// The devices of each stage's group: the plan's devices_per_stage, else its devices over
+// the `stages` it has; refused when stages x group is not the plan's devices.
+LOOM_INLINE std::int64_t stage_group_size(const plan_spec& p, std::int64_t stages);
+
+// The refusals of plan::resolve that depend only on the rules and on one stage group: the
+// group's size (stage count, devices per stage), the rules' degrees, colocations and
+// recompute choices. The rules cut every op of g over the group, as place_stages does, and
+// with stages every piece of an op in the stages' layers must land inside the group. It
+// throws what resolve would (a searcher checks it once per such choice and skips every
+// assignment that shares them); passing it, a plan may still be refused by resolve.
+LOOM_INLINE void check_stage_group(const plan_spec& p, const graph& g);
+
 }  // namespace detail
 
 LOOM_INLINE resolved_plan resolve(const plan_spec& p, const graph& g);
@@ -172,6 +184,7 @@ LOOM_INLINE schedule::schedule pipeline_order(const order_policy& o, int stages,
 
 LOOM_INLINE zero_stage chosen_zero(const plan_spec& p) {
     if (p.zero_open.empty()) return p.zero;
+    note_choice(p.zero_open);
     auto it = p.choices.find(p.zero_open);
     if (it == p.choices.end())
         throw plan_error("plan::zero: the open ZeRO stage '" + p.zero_open + "' has no value; choose one of {" +
@@ -192,6 +205,7 @@ LOOM_INLINE std::optional<order_policy> chosen_order(const plan_spec& p) {
     std::string names;
     for (std::size_t i = 0; i < alternatives.size(); ++i)
         names += (i ? ", " : "") + std::to_string(i) + ": " + alternatives[i].describe();
+    note_choice(p.order.open);
     auto it = p.choices.find(p.order.open);
     if (it == p.choices.end())
         throw plan_error("plan::order: the open order '" + p.order.open + "' has no value; choose the index of one of {" +
@@ -209,6 +223,7 @@ LOOM_INLINE std::vector<std::int64_t> stage_starts(const stage_spec& st, const s
         if (!st.boundaries.empty())
             throw plan_error(what + ": the boundaries are both given and open ('" + st.boundaries_open +
                              "'); give them, or leave them open, not both");
+        note_choice(st.boundaries_open);
         const auto it = choices.find(st.boundaries_open);
         const std::int64_t count = count_stage_ranges(layers, chunks, st.boundary_slack);
         if (count == 0)
@@ -253,6 +268,50 @@ LOOM_INLINE std::vector<std::int64_t> stage_starts(const stage_spec& st, const s
     }
     return starts;
 }
+LOOM_INLINE std::int64_t stage_group_size(const plan_spec& p, std::int64_t stages) {
+    const stage_spec st = p.stages.value_or(stage_spec{});
+    std::int64_t group = degree_value(st.devices_per_stage, p, "plan::stages (devices per stage)");
+    if (group == 0) {
+        if (p.devices % stages != 0)
+            throw plan_error("plan::stages: " + std::to_string(stages) + " stages do not divide the plan's " +
+                             std::to_string(p.devices) + " devices; choose a stage count that divides them, or give "
+                             "devices_per_stage");
+        group = p.devices / stages;
+    }
+    if (group < 1 || stages * group != p.devices)
+        throw plan_error("plan::stages: " + std::to_string(stages) + " stages of " + std::to_string(group) +
+                         " devices make " + std::to_string(stages * group) + " devices, but the plan has " +
+                         std::to_string(p.devices) + "; make stages x devices per stage equal the devices");
+    return group;
+}
+
+LOOM_INLINE void check_stage_group(const plan_spec& p, const graph& g) {
+    if (p.devices < 1) throw plan_error("plan: devices = " + std::to_string(p.devices) + "; use at least one device");
+    plan_spec inner = p;
+    inner.stages.reset();
+    inner.order = {};
+    inner.micro_batches = {1, "", {}};
+    inner.zero = zero_stage::none;
+    inner.zero_open.clear();
+    if (!p.stages) {
+        partition_ops(inner, g);
+        return;
+    }
+    const std::int64_t stages = degree_value(p.stages->count, p, "plan::stages");
+    if (stages < 1) throw plan_error("plan::stages: " + std::to_string(stages) + " stages; use at least 1");
+    const std::int64_t group = stage_group_size(p, stages);
+    inner.devices = static_cast<int>(group);
+    const resolved_plan within = partition_ops(inner, g);
+    for (std::size_t i = 0; i < within.forward.size(); ++i) {
+        if (!within.forward[i] || layer_index(g, g.nodes[i], p.stages->repeat) < 0) continue;
+        const op_partition& op = *within.forward[i];
+        for (std::int64_t q = 0; q < op.pieces(); ++q)
+            if (const int local = op.device_of(q); local < 0 || local >= group)
+                throw plan_error("pipeline: the plan of a stage puts a piece of '" + g.nodes[i].name + "' on device " +
+                                 std::to_string(local) + " of a group of " + std::to_string(group));
+    }
+}
+
 }  // namespace loom::plan::detail
 
 namespace loom::plan {
@@ -279,18 +338,7 @@ LOOM_INLINE resolved_plan resolve(const plan_spec& p, const graph& g) {
     if (chunks_per_group < 1)
         throw plan_error("plan::order<Interleaved<" + std::to_string(chunks_per_group) +
                          ">>: use at least one chunk per device group");
-    std::int64_t group = degree_value(st.devices_per_stage, p, "plan::stages (devices per stage)");
-    if (group == 0) {
-        if (p.devices % stages != 0)
-            throw plan_error("plan::stages: " + std::to_string(stages) + " stages do not divide the plan's " +
-                             std::to_string(p.devices) + " devices; choose a stage count that divides them, or give "
-                             "devices_per_stage");
-        group = p.devices / stages;
-    }
-    if (group < 1 || stages * group != p.devices)
-        throw plan_error("plan::stages: " + std::to_string(stages) + " stages of " + std::to_string(group) +
-                         " devices make " + std::to_string(stages * group) + " devices, but the plan has " +
-                         std::to_string(p.devices) + "; make stages x devices per stage equal the devices");
+    const std::int64_t group = detail::stage_group_size(p, stages);
     if (order->kind == schedule_kind::interleaved && micro % stages != 0)
         throw plan_error("plan::order<Interleaved<" + std::to_string(chunks_per_group) + ">>: " + std::to_string(micro) +
                          " micro-batches over " + std::to_string(stages) +

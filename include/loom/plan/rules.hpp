@@ -32,6 +32,32 @@ namespace loom::plan {
 
 namespace detail {
 
+// The open parameters that reading a plan looked up, in order, while a log is active on
+// this thread (choice_log_scope). Every lookup of plan_spec::choices while resolving goes
+// through degree_value, recompute_chosen, chosen_zero, chosen_order and stage_starts,
+// which note it; a searcher uses the log to know which choices a refusal depended on.
+struct choice_log {
+    std::vector<std::string> names;
+};
+
+inline thread_local choice_log* active_choice_log = nullptr;
+
+inline void note_choice(const std::string& name) {
+    if (active_choice_log) active_choice_log->names.push_back(name);
+}
+
+// Logs the lookups of this thread into `log` for the scope's lifetime.
+class choice_log_scope {
+public:
+    explicit choice_log_scope(choice_log& log) : previous_(active_choice_log) { active_choice_log = &log; }
+    ~choice_log_scope() { active_choice_log = previous_; }
+    choice_log_scope(const choice_log_scope&) = delete;
+    choice_log_scope& operator=(const choice_log_scope&) = delete;
+
+private:
+    choice_log* previous_;
+};
+
 // Shell-style glob: '*' any run of characters, '?' one character.
 LOOM_INLINE bool glob_match(std::string_view pattern, std::string_view text);
 
@@ -286,6 +312,7 @@ LOOM_INLINE plan_spec& plan_spec::narrow(const std::string& open, std::vector<st
 
 LOOM_INLINE std::int64_t degree_value(const degree_spec& d, const plan_spec& p, const std::string& where) {
     if (d.open.empty()) return d.value;
+    detail::note_choice(d.open);
     auto it = p.choices.find(d.open);
     if (it == p.choices.end())
         throw plan_error("plan: open parameter '" + d.open + "' of " + where +
@@ -300,6 +327,7 @@ LOOM_INLINE std::int64_t degree_value(const degree_spec& d, const plan_spec& p, 
 }
 
 LOOM_INLINE bool recompute_chosen(const rule& r, const plan_spec& p) {
+    detail::note_choice(r.recompute_open);
     auto it = p.choices.find(r.recompute_open);
     const std::string where = (r.origin.empty() ? std::string("a rule") : r.origin) + " on " + r.on.describe();
     if (it == p.choices.end())

@@ -1,7 +1,7 @@
 #pragma once
 // The searcher fills the open parameters of a user's plan: the user constructs the space
-// (a plan with open<...> degrees, stage counts, micro-batches, orders, ZeRO stages, and
-// its constraints), loom searches it, pricing the programs each candidate really produces.
+// (a plan with open<...> degrees, stage counts, devices per stage, micro-batches, orders,
+// ZeRO stages, recompute choices, Coshard factors, and its constraints), loom searches it, pricing the programs each candidate really produces.
 //
 //   plan::plan_spec space = plan::compose(plan::stages<plan::open<"pp">>{},
 //                                         plan::micro_batches<plan::open<"mb">>{}, ...);
@@ -19,6 +19,12 @@
 //   2. Every assignment is resolved against the model (plan::resolve); the structural
 //      refusals (a stage count that does not divide, layers that do not fill the chunks, a
 //      forbidden split, ...) are counted by reason, which is what an empty space reports.
+//      First its stage group is checked alone (plan::detail::check_stage_group: the rules'
+//      degrees, colocations and recompute choices over the group), once per value of those
+//      choices. A refusal holds for every assignment that agrees on the choices its check
+//      read (plan::detail::choice_log), so the odometer skips the rest of the subtree they
+//      root, counting it: at 16 devices most of nnScaler's tens of millions of assignments
+//      are degrees that do not fill a group, refused in prefixes of a few choices.
 //   3. A lower bound on the step time of each legal assignment, from the resolved plan
 //      alone: the busiest device's share of the training work (FLOPs, bytes, instructions,
 //      recomputation's replays) at the best rates its pieces' shapes allow; the partial sums
@@ -329,6 +335,8 @@ struct plan_search_statistics {
     std::int64_t pruned = 0;       // never priced: their bound was no better than the runner-up
     std::int64_t unexplored = 0;   // never priced: the budget ran out
     std::int64_t unbounded = 0;    // never resolved nor bounded: the budget ran out while bounding
+    std::int64_t skipped = 0;      // of the refused and unbounded: counted by the verdict on a prefix
+                                   // of their choices, never visited one by one
     std::int64_t ties = 0;         // priced the same as the best (the first of them is chosen)
     std::int64_t even_cut_only = 0;  // assignments whose open boundaries had too many cuts: the even one was tried
     double seconds = 0;
@@ -418,8 +426,10 @@ private:
 // assignment whose memory floor exceeds the limit is set aside unpriced.
 using bound_function = std::function<assignment_bounds(const plan::plan_spec&)>;
 using price_function = std::function<program_price(const plan::plan_spec&)>;
+// `structure`: the real model's graph, on which each assignment's stage group is checked
+// first (plan::detail::check_stage_group).
 LOOM_INLINE plan_search_result search_assignments(const plan::plan_spec& space, std::vector<open_parameter> params,
-                                                  const cluster& c, const plan_search_options& o,
+                                                  const cluster& c, const plan_search_options& o, const graph& structure,
                                                   const bound_function& bound, const price_function& price);
 
 }  // namespace detail
@@ -1407,6 +1417,7 @@ LOOM_INLINE plan_search_result search_plan(const graph& model, const plan::plan_
     const training_work work = training_work_of(model, c.device, o.price);
     return detail::search_assignments(
         space, open_parameter_candidates(space, batch_of(model), space.stages ? plan::detail::layer_count(model, space.stages->repeat) : 0), c, o,
+        model,
         [&](const plan::plan_spec& candidate) {
             const plan::resolved_plan rp = plan::resolve(candidate, model);
             return detail::assignment_bounds{step_lower_bound(rp, work, o.price, &model, &c),
@@ -1418,8 +1429,10 @@ LOOM_INLINE plan_search_result search_plan(const graph& model, const plan::plan_
 LOOM_INLINE plan_search_result search_plan(const model_family& model, const plan::plan_spec& space, const cluster& c,
                                            const plan_search_options& o) {
     detail::folded_bounds bounds(model, c, o.price);
+    if (!model.forward) throw usage_error("search_plan: the model family needs a forward(layers, batch) builder");
+    const graph whole = model.forward(model.layers, model.batch);  // its ops as they are, for the stage-group checks
     return detail::search_assignments(
-        space, open_parameter_candidates(space, model.batch, model.layers), c, o,
+        space, open_parameter_candidates(space, model.batch, model.layers), c, o, whole,
         [&](const plan::plan_spec& candidate) { return bounds(candidate); },
         [&](const plan::plan_spec& candidate) { return price_folded(model, candidate, c, o.price).price; });
 }
@@ -1493,7 +1506,7 @@ LOOM_INLINE void concrete_boundaries(plan::plan_spec& p, const std::vector<open_
 }
 
 LOOM_INLINE plan_search_result search_assignments(const plan::plan_spec& space, std::vector<open_parameter> parameters,
-                                                  const cluster& c, const plan_search_options& o,
+                                                  const cluster& c, const plan_search_options& o, const graph& structure,
                                                   const bound_function& bound_of, const price_function& price_of) {
     const auto started = std::chrono::steady_clock::now();
     auto elapsed = [&] { return std::chrono::duration<double>(std::chrono::steady_clock::now() - started).count(); };
@@ -1520,27 +1533,145 @@ LOOM_INLINE plan_search_result search_assignments(const plan::plan_spec& space, 
         ++stats.refused;
         if (++stats.refusals[why] == 1) refusal_example[why] = choices_text(params, choices);
     };
+    // Partial assignments: a refusal holds for every assignment that agrees with it on the
+    // choices its check read (plan::detail::choice_log), so the odometer skips the rest of
+    // the subtree those choices root. Each assignment is first checked over one stage group
+    // (plan::detail::check_stage_group: the rules' degrees, colocations and recompute
+    // choices, the stage count and devices per stage), whose verdict is kept per value of
+    // those structural choices; then resolved and bounded.
+    const std::size_t n = params.size();
+    auto index_of = [&](const std::string& name) -> std::optional<std::size_t> {
+        for (std::size_t i = 0; i < n; ++i)
+            if (params[i].name == name) return i;
+        return std::nullopt;
+    };
+    std::vector<std::size_t> structural;
+    for (std::size_t i = 0; i < n; ++i)
+        if (params[i].what == open_parameter::kind::degree || params[i].what == open_parameter::kind::recompute ||
+            params[i].what == open_parameter::kind::stages)
+            structural.push_back(i);
+    struct verdict {
+        std::string refusal;  // empty: passed
+        std::size_t settled = 0;  // the refusal holds for every assignment agreeing on params [0, settled)
+    };
+    std::map<std::vector<std::int64_t>, verdict> group_verdicts;
+    // The parameters a refusal's check read: their prefix decides it.
+    auto settled_by = [&](const plan::detail::choice_log& log) {
+        std::size_t settled = 0;
+        for (const std::string& name : log.names)
+            if (const auto i = index_of(name)) settled = std::max(settled, *i + 1);
+        return settled;
+    };
+    plan::plan_spec candidate = space;
+    // The assignments below level i with the choices made above it (the boundaries' cuts
+    // depend on the stage count and order chosen).
+    std::function<std::int64_t(std::size_t)> leaves_under = [&](std::size_t i) -> std::int64_t {
+        if (i == n) return 1;
+        const std::vector<std::int64_t> values = candidates_given(params[i], candidate);
+        bool decides_later = false;
+        if (params[i].what == open_parameter::kind::stages || params[i].what == open_parameter::kind::order)
+            for (std::size_t j = i + 1; j < n; ++j) decides_later = decides_later || params[j].what == open_parameter::kind::boundaries;
+        if (!decides_later) return static_cast<std::int64_t>(values.size()) * leaves_under(i + 1);
+        std::int64_t total = 0;
+        for (std::int64_t v : values) {
+            candidate.choices[params[i].name] = v;
+            total += leaves_under(i + 1);
+        }
+        return total;
+    };
+    // What the skipped assignments count as: refused for `skip_reason`, or unbounded.
+    std::string skip_reason;
+    bool skip_unbounded = false;
+    auto skip = [&](std::int64_t count) {
+        stats.assignments += count;
+        stats.skipped += count;
+        if (skip_unbounded) {
+            stats.unbounded += count;
+        } else {
+            stats.refused += count;
+            stats.refusals[skip_reason] += count;
+        }
+    };
     // A budget spent before every assignment is bounded leaves the rest unbounded (counted,
     // not resolved), once one has a bound: the search then prices the best-bounded of those
     // it has.
     const bool budgeted = o.time_budget_seconds > 0;
-    for_each_assignment(space, params, [&](const plan::plan_spec& candidate) {
+    // One assignment: n, or the prefix length after which every assignment is skipped.
+    auto visit = [&]() -> std::size_t {
         ++stats.assignments;
-        if (budgeted && !leaves.empty() && (stats.unbounded > 0 || elapsed() > o.time_budget_seconds)) {
+        if (budgeted && !leaves.empty() && elapsed() > o.time_budget_seconds) {
             ++stats.unbounded;
-            return;
+            skip_unbounded = true;
+            return 0;
+        }
+        std::vector<std::int64_t> key;
+        for (std::size_t i : structural) key.push_back(candidate.choices.at(params[i].name));
+        verdict fresh;
+        const verdict* group = nullptr;
+        if (const auto known = group_verdicts.find(key); known != group_verdicts.end()) {
+            group = &known->second;
+        } else {
+            plan::detail::choice_log log;
+            try {
+                const plan::detail::choice_log_scope logging(log);
+                plan::detail::check_stage_group(candidate, structure);
+            } catch (const plan_error& e) {
+                fresh.refusal = e.what();
+            } catch (const shape_error& e) {
+                fresh.refusal = e.what();
+            }
+            fresh.settled = fresh.refusal.empty() ? n : settled_by(log);
+            // Kept only when the check read nothing but structural choices (the key).
+            bool keyed = true;
+            for (const std::string& name : log.names)
+                if (const auto i = index_of(name))
+                    keyed = keyed && std::find(structural.begin(), structural.end(), *i) != structural.end();
+            group = keyed ? &group_verdicts.emplace(std::move(key), std::move(fresh)).first->second : &fresh;
+        }
+        if (!group->refusal.empty()) {
+            refuse(group->refusal, candidate.choices);
+            skip_reason = group->refusal;
+            return group->settled;
         }
         for (const open_parameter& p : params)
             if (even_cut_only(p, candidate)) ++stats.even_cut_only;
+        plan::detail::choice_log log;
+        std::string refusal;
         try {
+            const plan::detail::choice_log_scope logging(log);
             const assignment_bounds b = bound_of(candidate);
             leaves.push_back({candidate.choices, b.step, b.memory, stats.assignments - 1});
+            return n;
         } catch (const plan_error& e) {
-            refuse(e.what(), candidate.choices);
+            refusal = e.what();
         } catch (const shape_error& e) {
-            refuse(e.what(), candidate.choices);
+            refusal = e.what();
         }
-    });
+        refuse(refusal, candidate.choices);
+        skip_reason = refusal;
+        return settled_by(log);
+    };
+    // The odometer, the last parameter turning fastest; a visit that settles a prefix skips
+    // the rest of the subtree it roots.
+    std::function<std::size_t(std::size_t)> walk = [&](std::size_t i) -> std::size_t {
+        if (i == n) return visit();
+        const std::vector<std::int64_t> values = candidates_given(params[i], candidate);
+        for (std::size_t k = 0; k < values.size(); ++k) {
+            candidate.choices[params[i].name] = values[k];
+            const std::size_t settled = walk(i + 1);
+            if (settled <= i) {
+                std::int64_t rest = 0;
+                for (std::size_t r = k + 1; r < values.size(); ++r) {
+                    candidate.choices[params[i].name] = values[r];
+                    rest += leaves_under(i + 1);
+                }
+                skip(rest);
+                return settled;
+            }
+        }
+        return n;
+    };
+    walk(0);
     std::stable_sort(leaves.begin(), leaves.end(), [](const leaf& a, const leaf& b) { return a.bound < b.bound; });
     stats.bounding_seconds = elapsed();
 
