@@ -318,15 +318,19 @@ namespace loom::plan {
 
 LOOM_INLINE resolved_plan resolve(const plan_spec& p, const graph& g) {
     if (p.devices < 1) throw plan_error("plan: devices = " + std::to_string(p.devices) + "; use at least one device");
-    const zero_stage zero = detail::chosen_zero(p);
+    // The ZeRO stage is read last: nothing before needs it, so a refusal of the rest does not
+    // depend on it (the searcher skips by the choices a refusal read, plan::detail::choice_log).
     const std::int64_t micro = degree_value(p.micro_batches, p, "plan::micro_batches");
     if (micro < 1)
         throw plan_error("plan::micro_batches: " + std::to_string(micro) + " micro-batches; use at least 1");
     std::optional<order_policy> order = detail::chosen_order(p);
     if (!p.stages && micro == 1 && !order) {
         plan_spec flat = p;
-        flat.zero = zero;
-        return detail::partition_ops(flat, g);
+        flat.zero = zero_stage::none;
+        flat.zero_open.clear();
+        resolved_plan out = detail::partition_ops(flat, g);
+        out.zero = detail::chosen_zero(p);
+        return out;
     }
 
     const stage_spec st = p.stages.value_or(stage_spec{});
@@ -359,7 +363,7 @@ LOOM_INLINE resolved_plan resolve(const plan_spec& p, const graph& g) {
     ps.inner.stages.reset();
     ps.inner.order = {};
     ps.inner.micro_batches = {1, "", {}};
-    ps.inner.zero = zero;
+    ps.inner.zero = zero_stage::none;  // the plan's, chosen below
     ps.inner.zero_open.clear();
     const int rounds = order->forward_rounds();
     if (rounds > 1) {
@@ -404,7 +408,7 @@ LOOM_INLINE resolved_plan resolve(const plan_spec& p, const graph& g) {
     }
 
     resolved_plan out = detail::place_stages(ps, g);
-    out.zero = zero;
+    out.zero = detail::chosen_zero(p);
     out.name = !p.name.empty() ? p.name
                                : "pipeline x" + std::to_string(stages) +
                                      (group > 1 ? " of " + std::to_string(group) + " devices" : std::string()) + ", " +
