@@ -11739,7 +11739,6 @@ LOOM_INLINE bool order_colocated_pieces(partitioned_graph& pg, const plan::resol
         std::vector<std::size_t> stretch;        // positions in `order` since the last barrier
         std::vector<int> in_stretch(dg.nodes.size(), -1);  // node -> its index in `stretch`
         std::vector<int> rank(dg.nodes.size(), -1);        // node -> its piece, or that of the pieces it follows
-        auto piece_of_node = [&](std::size_t i) { return piece[i]; };
         // Piece-major within the stretch: ready nodes by (piece, position in the order).
         auto flush = [&] {
             const std::size_t n = stretch.size();
@@ -11758,7 +11757,7 @@ LOOM_INLINE bool order_colocated_pieces(partitioned_graph& pg, const plan::resol
             // with the first piece that reads it, not ahead of every piece.
             for (std::size_t s = n; s-- > 0;) {
                 const auto i = static_cast<std::size_t>(order[stretch[s]]);
-                if (rank[i] >= 0 || piece_of_node(i) >= 0) continue;
+                if (rank[i] >= 0) continue;  // a piece, or after one
                 for (std::size_t r : readers[s]) {
                     const int reader = rank[static_cast<std::size_t>(order[stretch[r]])];
                     if (reader >= 0) rank[i] = rank[i] < 0 ? reader : std::min(rank[i], reader);
