@@ -34,6 +34,7 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <cmath>
 #include <chrono>
 #include <csignal>
 #include <cstdio>
@@ -156,9 +157,18 @@ public:
     // Median step seconds over `steps` steps.
     double timed(int steps) {
         std::vector<double> times;
-        for (int s = 0; s < steps; ++s) times.push_back(trainer_.step(feed_).seconds);
+        for (int s = 0; s < steps; ++s) {
+            const train::step_result r = trainer_.step(feed_);
+            times.push_back(r.seconds);
+            if (!stepped_) first_loss_ = r.loss;
+            stepped_ = true;
+            final_loss_ = r.loss;
+        }
         return median(times);
     }
+
+    double first_loss() const { return first_loss_; }
+    double final_loss() const { return final_loss_; }
 
     host::op_profile profile_one_step() {
         host::op_profile p;
@@ -174,6 +184,8 @@ private:
         return o;
     }
     train::trainer<float> trainer_;
+    bool stepped_ = false;
+    double first_loss_ = 0, final_loss_ = 0;
     std::vector<std::int32_t> tokens_, targets_, positions_;
     train::input_feed feed_;
 };
@@ -369,6 +381,7 @@ int main(int argc, char** argv) {
                 if (reply && reply->contains("median_step_seconds")) {
                     peer_rounds[i].push_back((*reply)["median_step_seconds"].get<double>());
                     peer_rows[i]["torch_version"] = reply->value("torch_version", "");
+                    peer_rows[i]["first_loss"] = reply->value("first_loss", 0.0);
                     peer_rows[i]["final_loss"] = reply->value("final_loss", 0.0);
                 }
             }
@@ -388,6 +401,8 @@ int main(int argc, char** argv) {
                            {"loom_step_seconds", loom_step},
                            {"loom_step_seconds_per_round", loom_rounds},
                            {"loom_tokens_per_second", tokens / loom_step},
+                           {"loom_first_loss", loom.first_loss()},
+                           {"loom_final_loss", loom.final_loss()},
                            {"gflops_per_second", achieved / 1e9},
                            {"fraction_of_fma_peak", 0.0}};  // set at the end, against the highest peak
         std::vector<double> ratios(peers.size(), 0.0);
@@ -399,6 +414,18 @@ int main(int argc, char** argv) {
             peer_rows[i]["tokens_per_second"] = tokens / s;
             peer_rows[i]["loom_speedup"] = s / loom_step;
             ratios[i] = s / loom_step;
+            // The same model, initialized alike, starts at the same loss (near ln V) on the
+            // same tokens. A peer that starts elsewhere trains something else and its time
+            // says nothing about its kernels: PyTorch's default initialization once started
+            // the peer near 100, its softmax in denormals and its steps 5x slower.
+            const double peer_loss = peer_rows[i].value("first_loss", 0.0), loom_loss = loom.first_loss();
+            const bool same = peer_loss > 0 && loom_loss > 0 && std::abs(peer_loss - loom_loss) <= 0.05 * loom_loss;
+            peer_rows[i]["same_model"] = same;
+            if (!same)
+                std::fprintf(stderr,
+                             "host_train: %s started %s at loss %.3f against loom's %.3f: not the same model; make "
+                             "benchmarks/host_train_torch.py build and initialize the model as models/gpt.hpp does\n",
+                             peers[i].label.c_str(), c.name.c_str(), peer_loss, loom_loss);
         }
         if (!peers.empty()) row["peers"] = peer_rows;
 

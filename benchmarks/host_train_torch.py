@@ -55,6 +55,22 @@ class GPT(nn.Module):
         self.wpe = nn.Embedding(seq, h)
         self.blocks = nn.ModuleList(Block(h, heads, 4 * h) for _ in range(layers))
         self.ln_f = nn.LayerNorm(h)
+        self.init_like_loom(layers)
+
+    def init_like_loom(self, layers, std=0.02):
+        # loom's GPT (models/gpt.hpp) starts as GPT-2 does: every weight N(0, 0.02), the two
+        # projections back into the residual stream N(0, 0.02 / sqrt(2 * layers)), biases 0.
+        # PyTorch's own defaults (N(0, 1) embeddings, tied to the LM head) start at a loss near
+        # 100 with logits far apart, whose softmax underflows into denormals: on CPUs that
+        # trap them (Intel) every step then took 4 to 6x longer, a peer slowed by its
+        # numbers rather than its kernels.
+        for name, p in self.named_parameters():
+            if name.endswith("bias"):
+                nn.init.zeros_(p)
+            elif name.endswith(("proj.weight", "mlp_proj.weight")):
+                nn.init.normal_(p, 0.0, std / math.sqrt(2 * layers))
+            elif "ln_" not in name:
+                nn.init.normal_(p, 0.0, std)
 
     def forward(self, tokens, positions, targets):
         x = self.wte(tokens) + self.wpe(positions)
@@ -81,9 +97,13 @@ def main():
     model = GPT(a.layers, a.hidden, a.heads, a.vocab, a.seq)
     opt = torch.optim.AdamW(model.parameters(), lr=1e-3, weight_decay=0.1)
     run_model = torch.compile(model) if a.compile else model
-    tokens = torch.randint(0, a.vocab, (a.batch, a.seq))
-    targets = torch.randint(0, a.vocab, (a.batch, a.seq))
+    # The tokens and targets that benchmarks/host_train feeds loom.
+    index = torch.arange(a.batch * a.seq, dtype=torch.int64)
+    tokens = ((index * 37 + 11) % a.vocab).view(a.batch, a.seq)
+    targets = ((index * 53 + 5) % a.vocab).view(a.batch, a.seq)
     positions = torch.arange(a.seq).expand(a.batch, a.seq)
+
+    first_loss = []  # the first step's loss: the model's starting point, which loom's must match
 
     def step():
         start = time.perf_counter()
@@ -93,13 +113,16 @@ def main():
         torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
         opt.step()
         elapsed = time.perf_counter() - start
+        if not first_loss:
+            first_loss.append(loss.detach().item())
         return elapsed, loss.detach().item()
 
     def timed(steps):
         results = [step() for _ in range(steps)]
         median = statistics.median(t for t, _ in results)
         return {**about, "threads": torch.get_num_threads(), "median_step_seconds": median,
-                "tokens_per_second": a.batch * a.seq / median, "final_loss": results[-1][1]}
+                "tokens_per_second": a.batch * a.seq / median, "first_loss": first_loss[0],
+                "final_loss": results[-1][1]}
 
     start = time.perf_counter()
     for _ in range(a.warmup):
