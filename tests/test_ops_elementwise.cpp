@@ -520,4 +520,14 @@ TEMPLATE_TEST_CASE("sum_leading sums every column row by row, on ranges wider th
         INFO("column " << j);
         REQUIRE(sums[static_cast<std::size_t>(j)] == expected);
     }
+    // The AVX-512 build of the column sums equals the baseline's bit for bit, a full block
+    // of columns and a partial one alike (the kernel above runs only one of them).
+    if (!__builtin_cpu_supports("avx512f")) return;
+    std::vector<T> values(x.begin(), x.end()), base(static_cast<std::size_t>(columns)), wide(base.size());
+    for (std::int64_t j0 : {std::int64_t{0}, std::int64_t{256}, std::int64_t{768}}) {
+        const std::int64_t width = std::min(host::detail::sum_columns_block, columns - j0);
+        host::detail::sum_columns(values.data(), columns, rows, j0, width, base.data());
+        host::detail::sum_columns_avx512(values.data(), columns, rows, j0, width, wide.data());
+    }
+    CHECK(base == wide);
 }
