@@ -2,7 +2,6 @@
 #include <loom/ops/linear.hpp>
 #include <loom/runtime/host/gemm.hpp>
 #include <loom/runtime/host/kernel_call.hpp>
-#include <loom/runtime/host/kernels/elementwise.hpp>
 
 namespace loom::host {
 
@@ -14,11 +13,10 @@ void linear_forward(const kernel_call<T>& c, const T* bias) {
     const std::int64_t m = c.input_numel(0) / k;
     T* y = c.output(0);
     if (bias) {
-        for_each_row(m, n, [&](std::int64_t r) {
-            for (std::int64_t j = 0; j < n; ++j) y[r * n + j] = bias[j];
-        });
+        host::gemm_bias<T>(transpose::no, transpose::yes, m, n, k, T(1), c.input(0), k, c.input(1), k, bias, y, n);
+    } else {
+        host::gemm<T>(transpose::no, transpose::yes, m, n, k, T(1), c.input(0), k, c.input(1), k, T(0), y, n);
     }
-    host::gemm<T>(transpose::no, transpose::yes, m, n, k, T(1), c.input(0), k, c.input(1), k, bias ? T(1) : T(0), y, n);
 }
 }  // namespace detail
 
