@@ -9,6 +9,7 @@
 #include <cmath>
 #include <cstdint>
 #include <cstring>
+#include <limits>
 #include <string>
 #include <vector>
 
@@ -18,6 +19,7 @@
 #include <loom/runtime/compile.hpp>
 #include <loom/runtime/host/bound_storage.hpp>
 #include <loom/runtime/host/executor.hpp>
+#include <loom/runtime/host/kernels/cross_entropy.hpp>
 
 using namespace loom;
 using ld = long double;
@@ -518,6 +520,27 @@ TEMPLATE_TEST_CASE("cross_entropy matches PyTorch's mean and its gradient", "[lo
         require_close<T>(r.real(loss.id), {ref}, "loss");
         CHECK(std::isfinite(static_cast<double>(r.real(loss.id)[0])));
         require_close<T>(r.grad("logits"), cross_entropy_grad_ref<T>(ls, tv, cfg.ignore, 1.75L, n), "dlogits");
+    }
+}
+
+TEMPLATE_TEST_CASE("cross_entropy's AVX-512 rows give the baseline rows' values bit for bit", "[loss]", float, double) {
+    if (!__builtin_cpu_supports("avx512f")) return;  // only one path on this CPU
+    // Rows of every length up to three blocks of lanes and one wide ragged row, logits spread
+    // wide enough to reach the exp cut-off, with -inf among them.
+    using T = TestType;
+    for (std::int64_t v : {std::int64_t{1}, std::int64_t{7}, std::int64_t{8}, std::int64_t{9}, std::int64_t{17},
+                           std::int64_t{24}, std::int64_t{50257}}) {
+        std::vector<T> x(static_cast<std::size_t>(v)), base(x.size()), wide(x.size());
+        for (std::int64_t i = 0; i < v; ++i)
+            x[static_cast<std::size_t>(i)] = static_cast<T>(40.0 * std::sin(0.37 * static_cast<double>(i * i + 1)));
+        if (v > 3) x[3] = -std::numeric_limits<T>::infinity();
+        const auto target = static_cast<std::int32_t>(v / 2);
+        host::detail::cross_entropy_grad_row(x.data(), base.data(), v, target, T(0.25));
+        host::detail::cross_entropy_grad_row_avx512(x.data(), wide.data(), v, target, T(0.25));
+        INFO("v = " << v);
+        CHECK(std::memcmp(base.data(), wide.data(), base.size() * sizeof(T)) == 0);
+        const T a = host::detail::log_sum_exp(x.data(), v), b = host::detail::log_sum_exp_avx512(x.data(), v);
+        CHECK(std::memcmp(&a, &b, sizeof(T)) == 0);
     }
 }
 
