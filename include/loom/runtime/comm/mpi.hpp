@@ -351,7 +351,12 @@ class mpi_communicator final : public communicator {
     }
 
     void abort(std::string reason) override {
-        std::cerr << "rank " << rank_ << " failed: " << reason << std::endl;
+        // One write of the whole line: std::cerr is unbuffered, so each << was a write of its
+        // own, and mpiexec's abort banner (another process on the same stream) was seen
+        // landing between "rank 1" and " failed: ...".
+        const std::string line = "rank " + std::to_string(rank_) + " failed: " + reason + "\n";
+        std::cerr.write(line.data(), static_cast<std::streamsize>(line.size()));
+        std::cerr.flush();
         MPI_Abort(MPI_COMM_WORLD, 1);
     }
 
