@@ -22446,6 +22446,137 @@ void for_each_row(std::int64_t rows, std::int64_t row_cost, F&& f) {
 
 }  // namespace loom::host
 // ---- end loom/runtime/host/kernels/elementwise.hpp ----
+// ---- begin loom/runtime/host/kernels/vector_math.hpp ----
+// Float math for host kernels, written so that g++ -O2 vectorizes the loops that call it,
+// for whatever instruction set the build targets (SSE2 by default, AVX2/AVX-512 under -march):
+//  * inner loops have a compile-time trip count: -O2's "very cheap" cost model vectorizes
+//    only loops that need no scalar epilogue;
+//  * no branches and no conditionally executed floating-point operation: under the default
+//    -ftrapping-math g++ refuses to if-convert `c ? a * b : d`, so choices are bit selects
+//    between values computed on every lane;
+//  * no calls, tables or float-to-int conversions of unbounded values.
+#include <array>
+#include <bit>
+#include <cmath>
+#include <cstddef>
+#include <cstdint>
+#include <type_traits>
+#include <utility>
+
+
+namespace loom::host {
+
+// Elements per fixed-trip-count block of map_blocks (and lanes of the row reductions).
+inline constexpr std::int64_t simd_block = 32;
+
+// c ? a : b on the bits of both values, both always computed.
+inline float select_bits(bool c, float a, float b) {
+    const std::uint32_t m = 0u - static_cast<std::uint32_t>(c);
+    return std::bit_cast<float>((std::bit_cast<std::uint32_t>(a) & m) | (std::bit_cast<std::uint32_t>(b) & ~m));
+}
+inline double select_bits(bool c, double a, double b) {
+    const std::uint64_t m = 0u - static_cast<std::uint64_t>(c);
+    return std::bit_cast<double>((std::bit_cast<std::uint64_t>(a) & m) | (std::bit_cast<std::uint64_t>(b) & ~m));
+}
+
+// exp(x) for x <= 0 (and NaN), to relative error 1e-7 (measured 8.3e-8); 0 below
+// ln(2^-126) ~ -87.34, where the true value is subnormal (< 1.2e-38).
+// Law: exp(x) = 2^n exp(r), n = round(x / ln 2), r = x - n ln 2 in [-ln2/2, ln2/2] (ln 2 split
+// in two so that n * ln2_hi is exact), exp(r) by the degree-7 polynomial of Cephes' expf.
+inline float exp_nonpositive(float x) {
+    constexpr float lowest = -87.33654f;
+    const float xc = select_bits(x >= lowest, x, lowest);  // NaN -> lowest: the conversion below stays defined
+    const auto n = static_cast<std::int32_t>(xc * 1.44269504088896341f - 0.5f);  // round(xc / ln 2), xc <= 0
+    const auto nf = static_cast<float>(n);
+    float r = xc - nf * 0.693359375f;
+    r = r - nf * -2.12194440e-4f;
+    float p = 1.9875691500e-4f;
+    p = p * r + 1.3981999507e-3f;
+    p = p * r + 8.3334519073e-3f;
+    p = p * r + 4.1665795894e-2f;
+    p = p * r + 1.6666665459e-1f;
+    p = p * r + 5.0000001201e-1f;
+    p = p * r * r + r + 1.0f;
+    const float two_to_n = std::bit_cast<float>(static_cast<std::uint32_t>(n + 127) << 23);  // n in [-126, 0]
+    return select_bits(x >= lowest, p * two_to_n, select_bits(x < lowest, 0.0f, x));
+}
+
+// sigmoid(z) and 1 - sigmoid(z) from e = exp(-|z|) <= 1, so nothing overflows or cancels:
+//   z >= 0: s = 1 / (1 + e), 1 - s = e / (1 + e);   z < 0: the two swap.
+struct sigmoid_parts {
+    float s;
+    float one_minus_s;
+};
+inline sigmoid_parts sigmoid_float(float z) {
+    const float e = exp_nonpositive(-std::fabs(z));
+    const float d = 1.0f / (1.0f + e);
+    const float ed = e * d;
+    const bool positive = z >= 0.0f;
+    return {select_bits(positive, d, ed), select_bits(positive, ed, d)};
+}
+
+namespace detail {
+// Whether this CPU runs the AVX-512 builds of the host kernels (functions compiled with
+// target("avx512f") beside their baseline twins); decided once per process.
+inline bool cpu_has_avx512f() {
+    static const bool supported = __builtin_cpu_supports("avx512f");
+    return supported;
+}
+
+template <class T, class Block, std::size_t... I>
+void map_tail(const Block& block, T* out, std::int64_t count, const std::array<const T*, sizeof...(I)>& in,
+              std::index_sequence<I...>) {
+    // Padded copies: the tail runs the very code of a full block, so an element's value never
+    // depends on where a thread's range ends.
+    T pad_in[sizeof...(I) > 0 ? sizeof...(I) : 1][simd_block] = {};
+    T pad_out[simd_block];
+    for (std::size_t k = 0; k < sizeof...(I); ++k)
+        for (std::int64_t j = 0; j < count; ++j) pad_in[k][j] = in[k][j];
+    block(pad_out, static_cast<const T*>(pad_in[I])...);
+    for (std::int64_t j = 0; j < count; ++j) out[j] = pad_out[j];
+}
+
+template <class T, class Block, class... In>
+void map_range(const Block& block, std::int64_t lo, std::int64_t hi, T* out, const In*... in) {
+    std::int64_t i = lo;
+    for (; i + simd_block <= hi; i += simd_block) block(out + i, (in + i)...);
+    if (i < hi)
+        map_tail<T>(block, out + i, hi - i, std::array<const T*, sizeof...(In)>{(in + i)...},
+                    std::index_sequence_for<In...>{});
+}
+
+// The same loop compiled for AVX-512 CPUs: the inlined block vectorizes to wider registers
+// (the baseline build targets SSE2, 4 floats), about 2x faster for gelu. fp-contract=off keeps
+// g++ from fusing a * b + c into one FMA (which SSE2 does not have), so every operation is
+// the same correctly rounded one in the same order and the values are bit for bit the
+// baseline's; the elementwise tests run this path on such a CPU.
+template <class T, class Block, class... In>
+[[gnu::target("avx512f"), gnu::optimize("fp-contract=off")]] void map_range_avx512(const Block& block, std::int64_t lo, std::int64_t hi, T* out,
+                                                 const In*... in) {
+    std::int64_t i = lo;
+    for (; i + simd_block <= hi; i += simd_block) block(out + i, (in + i)...);
+    if (i < hi)
+        map_tail<T>(block, out + i, hi - i, std::array<const T*, sizeof...(In)>{(in + i)...},
+                    std::index_sequence_for<In...>{});
+}
+}  // namespace detail
+
+// out[i] = f(in0[i], in1[i], ...) for i in [0, n), in parallel. `block(out, in...)` maps exactly
+// simd_block elements (declare its pointers __restrict and loop j < simd_block); ranges are
+// cut into such blocks, the last one padded with zeros.
+template <class T, class Block, class... In>
+void map_blocks(std::int64_t n, const Block& block, T* out, const In*... in) {
+    static_assert((std::is_same_v<T, In> && ...), "map_blocks: every input must have the output's element type");
+    parallel_for(0, n, elementwise_grain, [&](std::int64_t lo, std::int64_t hi) {
+        if constexpr (std::is_same_v<T, float>) {
+            if (detail::cpu_has_avx512f()) return detail::map_range_avx512(block, lo, hi, out, in...);
+        }
+        detail::map_range(block, lo, hi, out, in...);
+    });
+}
+
+}  // namespace loom::host
+// ---- end loom/runtime/host/kernels/vector_math.hpp ----
 
 namespace loom::host {
 
@@ -22598,7 +22729,7 @@ struct host_kernel<ops::SumLeading> {
         const std::int64_t rows = c.input_numel(0) / n;
         const T* x = c.input(0);
         T* y = c.output(0);
-        static const bool avx512 = __builtin_cpu_supports("avx512f");
+        const bool avx512 = detail::cpu_has_avx512f();
         parallel_for(0, n, 16, [&](std::int64_t lo, std::int64_t hi) {
             for (std::int64_t j0 = lo; j0 < hi; j0 += detail::sum_columns_block) {
                 const std::int64_t width = std::min(detail::sum_columns_block, hi - j0);
@@ -24005,131 +24136,6 @@ constexpr std::uint64_t splitmix64(std::uint64_t z) noexcept { return finalize_m
 
 }  // namespace loom
 // ---- end loom/core/random.hpp ----
-// ---- begin loom/runtime/host/kernels/vector_math.hpp ----
-// Float math for host kernels, written so that g++ -O2 vectorizes the loops that call it,
-// for whatever instruction set the build targets (SSE2 by default, AVX2/AVX-512 under -march):
-//  * inner loops have a compile-time trip count: -O2's "very cheap" cost model vectorizes
-//    only loops that need no scalar epilogue;
-//  * no branches and no conditionally executed floating-point operation: under the default
-//    -ftrapping-math g++ refuses to if-convert `c ? a * b : d`, so choices are bit selects
-//    between values computed on every lane;
-//  * no calls, tables or float-to-int conversions of unbounded values.
-#include <array>
-#include <bit>
-#include <cmath>
-#include <cstddef>
-#include <cstdint>
-#include <type_traits>
-#include <utility>
-
-
-namespace loom::host {
-
-// Elements per fixed-trip-count block of map_blocks (and lanes of the row reductions).
-inline constexpr std::int64_t simd_block = 32;
-
-// c ? a : b on the bits of both values, both always computed.
-inline float select_bits(bool c, float a, float b) {
-    const std::uint32_t m = 0u - static_cast<std::uint32_t>(c);
-    return std::bit_cast<float>((std::bit_cast<std::uint32_t>(a) & m) | (std::bit_cast<std::uint32_t>(b) & ~m));
-}
-inline double select_bits(bool c, double a, double b) {
-    const std::uint64_t m = 0u - static_cast<std::uint64_t>(c);
-    return std::bit_cast<double>((std::bit_cast<std::uint64_t>(a) & m) | (std::bit_cast<std::uint64_t>(b) & ~m));
-}
-
-// exp(x) for x <= 0 (and NaN), to relative error 1e-7 (measured 8.3e-8); 0 below
-// ln(2^-126) ~ -87.34, where the true value is subnormal (< 1.2e-38).
-// Law: exp(x) = 2^n exp(r), n = round(x / ln 2), r = x - n ln 2 in [-ln2/2, ln2/2] (ln 2 split
-// in two so that n * ln2_hi is exact), exp(r) by the degree-7 polynomial of Cephes' expf.
-inline float exp_nonpositive(float x) {
-    constexpr float lowest = -87.33654f;
-    const float xc = select_bits(x >= lowest, x, lowest);  // NaN -> lowest: the conversion below stays defined
-    const auto n = static_cast<std::int32_t>(xc * 1.44269504088896341f - 0.5f);  // round(xc / ln 2), xc <= 0
-    const auto nf = static_cast<float>(n);
-    float r = xc - nf * 0.693359375f;
-    r = r - nf * -2.12194440e-4f;
-    float p = 1.9875691500e-4f;
-    p = p * r + 1.3981999507e-3f;
-    p = p * r + 8.3334519073e-3f;
-    p = p * r + 4.1665795894e-2f;
-    p = p * r + 1.6666665459e-1f;
-    p = p * r + 5.0000001201e-1f;
-    p = p * r * r + r + 1.0f;
-    const float two_to_n = std::bit_cast<float>(static_cast<std::uint32_t>(n + 127) << 23);  // n in [-126, 0]
-    return select_bits(x >= lowest, p * two_to_n, select_bits(x < lowest, 0.0f, x));
-}
-
-// sigmoid(z) and 1 - sigmoid(z) from e = exp(-|z|) <= 1, so nothing overflows or cancels:
-//   z >= 0: s = 1 / (1 + e), 1 - s = e / (1 + e);   z < 0: the two swap.
-struct sigmoid_parts {
-    float s;
-    float one_minus_s;
-};
-inline sigmoid_parts sigmoid_float(float z) {
-    const float e = exp_nonpositive(-std::fabs(z));
-    const float d = 1.0f / (1.0f + e);
-    const float ed = e * d;
-    const bool positive = z >= 0.0f;
-    return {select_bits(positive, d, ed), select_bits(positive, ed, d)};
-}
-
-namespace detail {
-template <class T, class Block, std::size_t... I>
-void map_tail(const Block& block, T* out, std::int64_t count, const std::array<const T*, sizeof...(I)>& in,
-              std::index_sequence<I...>) {
-    // Padded copies: the tail runs the very code of a full block, so an element's value never
-    // depends on where a thread's range ends.
-    T pad_in[sizeof...(I) > 0 ? sizeof...(I) : 1][simd_block] = {};
-    T pad_out[simd_block];
-    for (std::size_t k = 0; k < sizeof...(I); ++k)
-        for (std::int64_t j = 0; j < count; ++j) pad_in[k][j] = in[k][j];
-    block(pad_out, static_cast<const T*>(pad_in[I])...);
-    for (std::int64_t j = 0; j < count; ++j) out[j] = pad_out[j];
-}
-
-template <class T, class Block, class... In>
-void map_range(const Block& block, std::int64_t lo, std::int64_t hi, T* out, const In*... in) {
-    std::int64_t i = lo;
-    for (; i + simd_block <= hi; i += simd_block) block(out + i, (in + i)...);
-    if (i < hi)
-        map_tail<T>(block, out + i, hi - i, std::array<const T*, sizeof...(In)>{(in + i)...},
-                    std::index_sequence_for<In...>{});
-}
-
-// The same loop compiled for AVX-512 CPUs: the inlined block vectorizes to wider registers
-// (the baseline build targets SSE2, 4 floats), about 2x faster for gelu. fp-contract=off keeps
-// g++ from fusing a * b + c into one FMA (which SSE2 does not have), so every operation is
-// the same correctly rounded one in the same order and the values are bit for bit the
-// baseline's; the elementwise tests run this path on such a CPU.
-template <class T, class Block, class... In>
-[[gnu::target("avx512f"), gnu::optimize("fp-contract=off")]] void map_range_avx512(const Block& block, std::int64_t lo, std::int64_t hi, T* out,
-                                                 const In*... in) {
-    std::int64_t i = lo;
-    for (; i + simd_block <= hi; i += simd_block) block(out + i, (in + i)...);
-    if (i < hi)
-        map_tail<T>(block, out + i, hi - i, std::array<const T*, sizeof...(In)>{(in + i)...},
-                    std::index_sequence_for<In...>{});
-}
-}  // namespace detail
-
-// out[i] = f(in0[i], in1[i], ...) for i in [0, n), in parallel. `block(out, in...)` maps exactly
-// simd_block elements (declare its pointers __restrict and loop j < simd_block); ranges are
-// cut into such blocks, the last one padded with zeros.
-template <class T, class Block, class... In>
-void map_blocks(std::int64_t n, const Block& block, T* out, const In*... in) {
-    static_assert((std::is_same_v<T, In> && ...), "map_blocks: every input must have the output's element type");
-    parallel_for(0, n, elementwise_grain, [&](std::int64_t lo, std::int64_t hi) {
-        if constexpr (std::is_same_v<T, float>) {
-            static const bool avx512 = __builtin_cpu_supports("avx512f");
-            if (avx512) return detail::map_range_avx512(block, lo, hi, out, in...);
-        }
-        detail::map_range(block, lo, hi, out, in...);
-    });
-}
-
-}  // namespace loom::host
-// ---- end loom/runtime/host/kernels/vector_math.hpp ----
 
 namespace loom::host {
 
@@ -25628,11 +25634,6 @@ template <class T>
     cross_entropy_grad_row(x, out, v, target, scale);
 }
 
-inline bool rows_in_avx512() {
-    static const bool supported = __builtin_cpu_supports("avx512f");
-    return supported;
-}
-
 }  // namespace detail
 
 template <>
@@ -25649,7 +25650,7 @@ struct host_kernel<ops::CrossEntropy> {
         const double total = detail::sum_over_rows(rows, v, [&](std::int64_t r) {
             if (targets[r] == ignore) return 0.0;
             const T* x = logits + r * v;
-            const T lse = detail::rows_in_avx512() ? detail::log_sum_exp_avx512(x, v) : detail::log_sum_exp(x, v);
+            const T lse = detail::cpu_has_avx512f() ? detail::log_sum_exp_avx512(x, v) : detail::log_sum_exp(x, v);
             return static_cast<double>(lse - x[targets[r]]);
         });
         *c.output(0) = static_cast<T>(total / normalizer);
@@ -25672,7 +25673,7 @@ struct host_kernel<ops::CrossEntropyGrad> {
             T* out = dlogits + r * v;
             if (targets[r] == ignore)
                 std::fill(out, out + v, T(0));
-            else if (detail::rows_in_avx512())
+            else if (detail::cpu_has_avx512f())
                 detail::cross_entropy_grad_row_avx512(logits + r * v, out, v, targets[r], scale);
             else
                 detail::cross_entropy_grad_row(logits + r * v, out, v, targets[r], scale);

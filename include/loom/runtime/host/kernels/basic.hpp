@@ -12,6 +12,7 @@
 #include <loom/ops/scale.hpp>
 #include <loom/runtime/host/kernel_call.hpp>
 #include <loom/runtime/host/kernels/elementwise.hpp>
+#include <loom/runtime/host/kernels/vector_math.hpp>
 
 namespace loom::host {
 
@@ -164,7 +165,7 @@ struct host_kernel<ops::SumLeading> {
         const std::int64_t rows = c.input_numel(0) / n;
         const T* x = c.input(0);
         T* y = c.output(0);
-        static const bool avx512 = __builtin_cpu_supports("avx512f");
+        const bool avx512 = detail::cpu_has_avx512f();
         parallel_for(0, n, 16, [&](std::int64_t lo, std::int64_t hi) {
             for (std::int64_t j0 = lo; j0 < hi; j0 += detail::sum_columns_block) {
                 const std::int64_t width = std::min(detail::sum_columns_block, hi - j0);

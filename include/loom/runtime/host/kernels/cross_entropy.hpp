@@ -67,11 +67,6 @@ template <class T>
     cross_entropy_grad_row(x, out, v, target, scale);
 }
 
-inline bool rows_in_avx512() {
-    static const bool supported = __builtin_cpu_supports("avx512f");
-    return supported;
-}
-
 }  // namespace detail
 
 template <>
@@ -88,7 +83,7 @@ struct host_kernel<ops::CrossEntropy> {
         const double total = detail::sum_over_rows(rows, v, [&](std::int64_t r) {
             if (targets[r] == ignore) return 0.0;
             const T* x = logits + r * v;
-            const T lse = detail::rows_in_avx512() ? detail::log_sum_exp_avx512(x, v) : detail::log_sum_exp(x, v);
+            const T lse = detail::cpu_has_avx512f() ? detail::log_sum_exp_avx512(x, v) : detail::log_sum_exp(x, v);
             return static_cast<double>(lse - x[targets[r]]);
         });
         *c.output(0) = static_cast<T>(total / normalizer);
@@ -111,7 +106,7 @@ struct host_kernel<ops::CrossEntropyGrad> {
             T* out = dlogits + r * v;
             if (targets[r] == ignore)
                 std::fill(out, out + v, T(0));
-            else if (detail::rows_in_avx512())
+            else if (detail::cpu_has_avx512f())
                 detail::cross_entropy_grad_row_avx512(logits + r * v, out, v, targets[r], scale);
             else
                 detail::cross_entropy_grad_row(logits + r * v, out, v, targets[r], scale);

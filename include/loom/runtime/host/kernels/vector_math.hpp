@@ -70,6 +70,13 @@ inline sigmoid_parts sigmoid_float(float z) {
 }
 
 namespace detail {
+// Whether this CPU runs the AVX-512 builds of the host kernels (functions compiled with
+// target("avx512f") beside their baseline twins); decided once per process.
+inline bool cpu_has_avx512f() {
+    static const bool supported = __builtin_cpu_supports("avx512f");
+    return supported;
+}
+
 template <class T, class Block, std::size_t... I>
 void map_tail(const Block& block, T* out, std::int64_t count, const std::array<const T*, sizeof...(I)>& in,
               std::index_sequence<I...>) {
@@ -116,8 +123,7 @@ void map_blocks(std::int64_t n, const Block& block, T* out, const In*... in) {
     static_assert((std::is_same_v<T, In> && ...), "map_blocks: every input must have the output's element type");
     parallel_for(0, n, elementwise_grain, [&](std::int64_t lo, std::int64_t hi) {
         if constexpr (std::is_same_v<T, float>) {
-            static const bool avx512 = __builtin_cpu_supports("avx512f");
-            if (avx512) return detail::map_range_avx512(block, lo, hi, out, in...);
+            if (detail::cpu_has_avx512f()) return detail::map_range_avx512(block, lo, hi, out, in...);
         }
         detail::map_range(block, lo, hi, out, in...);
     });
