@@ -6,7 +6,7 @@ set -euo pipefail
 packages=(
   build-essential cmake ninja-build ccache
   catch2 librange-v3-dev libboost-graph-dev nlohmann-json3-dev
-  libopenblas-dev libopenmpi-dev openmpi-bin libbenchmark-dev libcli11-dev
+  libopenblas-dev libopenmpi-dev openmpi-bin libbenchmark-dev libcli11-dev libmimalloc-dev
   python3 python3-torch python3-numpy
 )
 
