@@ -831,3 +831,68 @@ TEST_CASE("whether to recompute may be an open choice: composed, in a plan file,
     CHECK(r.plan.choices.at("rc") == 1);
     CHECK(r.explain().find("rc = recompute") != std::string::npos);
 }
+
+TEST_CASE("rules matched once per graph resolve every assignment as matching them anew does") {
+    // The searcher keeps which nodes each selector matches (plan::detail::selector_memo) for
+    // the graphs it resolves every candidate against; the partitions must not change.
+    const auto model = small_gpt();
+    const graph& g = model.ir();
+    const plan::plan_spec space = plan::spaces::nnscaler(4).narrow("mb", {2}).narrow("zero", {0}).narrow("coshard", {1, 2});
+    const auto params = search::open_parameter_candidates(space, search::batch_of(g), plan::detail::layer_count(g, "blocks"));
+    plan::detail::selector_memo memo;
+    memo.remember(g);
+    int compared = 0, refused = 0;
+    search::for_each_assignment(space, params, [&](const plan::plan_spec& candidate) {
+        std::optional<plan::resolved_plan> fresh, remembered;
+        std::string fresh_error, remembered_error;
+        try {
+            fresh = plan::resolve(candidate, g);
+        } catch (const plan_error& e) {
+            fresh_error = e.what();
+        }
+        try {
+            const plan::detail::selector_memo_scope scope(memo);
+            remembered = plan::resolve(candidate, g);
+        } catch (const plan_error& e) {
+            remembered_error = e.what();
+        }
+        REQUIRE(fresh_error == remembered_error);  // the same refusals, word for word
+        if (!fresh) {
+            ++refused;
+            return;
+        }
+        REQUIRE(fresh->forward.size() == remembered->forward.size());
+        for (std::size_t i = 0; i < fresh->forward.size(); ++i) {
+            const auto& a = fresh->forward[i];
+            const auto& b = remembered->forward[i];
+            REQUIRE(a.has_value() == b.has_value());
+            if (!a) continue;
+            CHECK(a->pieces() == b->pieces());
+            CHECK(a->devices == b->devices);
+            CHECK(a->recompute == b->recompute);
+            REQUIRE(a->splits.size() == b->splits.size());
+            for (std::size_t s = 0; s < a->splits.size(); ++s) {
+                CHECK(a->splits[s].degree == b->splits[s].degree);
+                CHECK(a->splits[s].label == b->splits[s].label);
+            }
+        }
+        CHECK(fresh->stage_of == remembered->stage_of);
+        ++compared;
+    });
+    CHECK(compared > 20);
+    CHECK(refused > 0);
+    // A graph the memo was not given is matched anew, never from another graph's matches.
+    const auto other = models::gpt({.layers = 3, .hidden = 32, .heads = 2, .vocab = 16, .seq = 8, .batch = 4});
+    CHECK(memo.matches(space.rules.front().on, other.ir()) == nullptr);
+    CHECK(memo.matches(space.rules.front().on, g) != nullptr);
+}
+
+TEST_CASE("the registry knows which ops a split may rebuild into others") {
+    // search::detail::decomposed skips the ops that no transformation rebuilds: the built-in
+    // vocabulary-parallel loss must be among those that may be, the row-parallel linear
+    // (which only adjusts its pieces) not.
+    const auto& registry = plan::transformation_registry::instance();
+    CHECK(registry.may_decompose(op_def_of<ops::CrossEntropy>()));
+    CHECK_FALSE(registry.may_decompose(op_def_of<ops::LinearBias>()));
+    CHECK_FALSE(registry.may_decompose(op_def_of<ops::Gelu>()));
+}

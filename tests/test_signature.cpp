@@ -92,6 +92,20 @@ TEST_CASE("split queries say what a split does to every operand", "[signature]")
     CHECK(batch.inputs[1].effect == split_effect::replicated);
     CHECK(batch.outputs[0].effect == split_effect::sliced);
 
+    // One operand's effect alone (effect_on, which the searcher asks without allocating) is
+    // that operand's entry of the whole answer, for every variable and operand.
+    for (std::size_t v = 0; v < b.vars.size(); ++v) {
+        const split_option whole = b.effect_of_split(static_cast<int>(v));
+        for (std::size_t k = 0; k < whole.inputs.size(); ++k) {
+            CHECK(b.effect_on(static_cast<int>(v), true, k).effect == whole.inputs[k].effect);
+            CHECK(b.effect_on(static_cast<int>(v), true, k).axis == whole.inputs[k].axis);
+        }
+        for (std::size_t k = 0; k < whole.outputs.size(); ++k) {
+            CHECK(b.effect_on(static_cast<int>(v), false, k).effect == whole.outputs[k].effect);
+            CHECK(b.effect_on(static_cast<int>(v), false, k).axis == whole.outputs[k].axis);
+        }
+    }
+
     // Frozen dims are never offered.
     std::vector<shape> norm{{{Dim::Batch::id, 4}, {Dim::Hidden::id, 8}}, {{Dim::Hidden::id, 8}}, {{Dim::Hidden::id, 8}}};
     auto nb = bind_signature(norm_sig, "layer_norm", "", norm, {});

@@ -591,6 +591,17 @@ struct bound_signature {
         return std::nullopt;
     }
 
+    // The effect of splitting variable `v` on one operand: input or output `position`.
+    // Allocates nothing (effect_of_split gives every operand's at once).
+    operand_effect effect_on(int v, bool input, std::size_t position) const {
+        const auto& axes = (input ? input_axes : output_axes)[position];
+        for (std::size_t a = 0; a < axes.size(); ++a)
+            for (int member : axes[a])
+                if (member == v) return operand_effect{split_effect::sliced, static_cast<int>(a)};
+        if (!input && vars[static_cast<std::size_t>(v)].in_input) return operand_effect{split_effect::partial, -1};
+        return operand_effect{split_effect::replicated, -1};
+    }
+
     // The effect on every operand of splitting variable `v`. An output axis is sliced only
     // when the variable is the outermost of that axis.
     split_option effect_of_split(int v) const {
@@ -599,15 +610,10 @@ struct bound_signature {
         opt.label = vars[v].label;
         opt.dim = vars[v].dim;
         opt.extent = vars[v].extent;
-        auto effect_on = [&](const std::vector<std::vector<int>>& axes, bool is_output) {
-            for (std::size_t a = 0; a < axes.size(); ++a)
-                for (int member : axes[a])
-                    if (member == v) return operand_effect{split_effect::sliced, static_cast<int>(a)};
-            if (is_output && vars[v].in_input) return operand_effect{split_effect::partial, -1};
-            return operand_effect{split_effect::replicated, -1};
-        };
-        for (const auto& in : input_axes) opt.inputs.push_back(effect_on(in, false));
-        for (const auto& out : output_axes) opt.outputs.push_back(effect_on(out, true));
+        opt.inputs.reserve(input_axes.size());
+        opt.outputs.reserve(output_axes.size());
+        for (std::size_t k = 0; k < input_axes.size(); ++k) opt.inputs.push_back(effect_on(v, true, k));
+        for (std::size_t k = 0; k < output_axes.size(); ++k) opt.outputs.push_back(effect_on(v, false, k));
         opt.role = dim_role::spatial;
         for (const auto& o : opt.outputs)
             if (o.effect == split_effect::partial) opt.role = dim_role::contracted;
@@ -5286,8 +5292,10 @@ struct resolved_plan {
 #include <functional>
 #include <map>
 #include <optional>
+#include <set>
 #include <string>
 #include <string_view>
+#include <tuple>
 #include <vector>
 
 // ---- begin loom/plan/op_order.hpp ----
@@ -5978,6 +5986,27 @@ LOOM_INLINE std::vector<std::string> open_parameters(const plan_spec& p);
 // (checked against the parameter's range). `where` names the part for messages.
 LOOM_INLINE std::int64_t degree_value(const degree_spec& d, const plan_spec& p, const std::string& where);
 
+namespace detail {
+// degree_value with the part's name made only for a message: `where()` gives it. The
+// searcher resolves every candidate plan, and naming every op's part took a tenth of that.
+template <class Where>
+std::int64_t degree_value_named_by(const degree_spec& d, const plan_spec& p, const Where& where) {
+    if (d.open.empty()) return d.value;
+    note_choice(d.open);
+    auto it = p.choices.find(d.open);
+    if (it == p.choices.end())
+        throw plan_error("plan: open parameter '" + d.open + "' of " + where() +
+                         " has no value; choose one (plan_spec::choose(\"" + d.open + "\", n)) or set it in the plan file's \"choices\"");
+    if (!d.allowed.empty() && std::find(d.allowed.begin(), d.allowed.end(), it->second) == d.allowed.end()) {
+        std::string range;
+        for (auto v : d.allowed) range += (range.empty() ? "" : ", ") + std::to_string(v);
+        throw plan_error("plan: open parameter '" + d.open + "' of " + where() + " was given " +
+                         std::to_string(it->second) + ", outside its range {" + range + "}; choose one of those");
+    }
+    return it->second;
+}
+}  // namespace detail
+
 // Whether rule r recomputes, from its open choice.
 LOOM_INLINE bool recompute_chosen(const rule& r, const plan_spec& p);
 
@@ -5992,6 +6021,49 @@ LOOM_INLINE void check_not_forbidden(const plan_spec& p, const node& n, const sp
 // devices (nodes no rule selects run whole on every device). plan::resolve (plan/resolve.hpp)
 // adds the stages, micro-batches and order around it.
 LOOM_INLINE resolved_plan partition_ops(const plan_spec& p, const graph& g);
+
+// Which forward nodes of a graph each selector matches, remembered for graphs that stay
+// alive and unchanged while many plans are resolved against them: the searcher resolves
+// every candidate of a space against the same model (or the same folded instances), and
+// matching the rules' name globs node by node took a fifth of its bounding. partition_ops
+// asks the memo in effect on its thread (selector_memo_scope) about the graphs given to it
+// with remember(), and matches every other graph itself. The memo must not outlive them.
+class selector_memo {
+public:
+    void remember(const graph& g) { graphs_.insert(&g); }
+    // Per forward node of g, whether s matches it; nullptr when g was not remembered.
+    const std::vector<char>* matches(const selector& s, const graph& g) {
+        if (!graphs_.count(&g)) return nullptr;
+        auto key = std::make_tuple(&g, s.kinds, s.name, s.scope, s.repeat, s.first_layer, s.last_layer);
+        auto it = matches_.find(key);
+        if (it == matches_.end()) {
+            std::vector<char> m(g.forward_node_count());
+            for (std::size_t i = 0; i < m.size(); ++i) m[i] = s.matches(g, g.nodes[i]) ? 1 : 0;
+            it = matches_.emplace(std::move(key), std::move(m)).first;
+        }
+        return &it->second;
+    }
+
+private:
+    using key = std::tuple<const graph*, std::vector<const op_def*>, std::string, std::string, std::string, std::int64_t,
+                           std::int64_t>;
+    std::set<const graph*> graphs_;
+    std::map<key, std::vector<char>> matches_;
+};
+
+inline thread_local selector_memo* active_selector_memo = nullptr;
+
+// Puts `memo` in effect on this thread for the scope's lifetime.
+class selector_memo_scope {
+public:
+    explicit selector_memo_scope(selector_memo& memo) : previous_(active_selector_memo) { active_selector_memo = &memo; }
+    ~selector_memo_scope() { active_selector_memo = previous_; }
+    selector_memo_scope(const selector_memo_scope&) = delete;
+    selector_memo_scope& operator=(const selector_memo_scope&) = delete;
+
+private:
+    selector_memo* previous_;
+};
 
 }  // namespace detail
 
@@ -6076,24 +6148,13 @@ LOOM_INLINE plan_spec& plan_spec::narrow(const std::string& open, std::vector<st
 }
 
 LOOM_INLINE std::int64_t degree_value(const degree_spec& d, const plan_spec& p, const std::string& where) {
-    if (d.open.empty()) return d.value;
-    detail::note_choice(d.open);
-    auto it = p.choices.find(d.open);
-    if (it == p.choices.end())
-        throw plan_error("plan: open parameter '" + d.open + "' of " + where +
-                         " has no value; choose one (plan_spec::choose(\"" + d.open + "\", n)) or set it in the plan file's \"choices\"");
-    if (!d.allowed.empty() && std::find(d.allowed.begin(), d.allowed.end(), it->second) == d.allowed.end()) {
-        std::string range;
-        for (auto v : d.allowed) range += (range.empty() ? "" : ", ") + std::to_string(v);
-        throw plan_error("plan: open parameter '" + d.open + "' of " + where + " was given " +
-                         std::to_string(it->second) + ", outside its range {" + range + "}; choose one of those");
-    }
-    return it->second;
+    return detail::degree_value_named_by(d, p, [&] { return where; });
 }
 
 LOOM_INLINE bool recompute_chosen(const rule& r, const plan_spec& p) {
     detail::note_choice(r.recompute_open);
     auto it = p.choices.find(r.recompute_open);
+    if (it != p.choices.end() && (it->second == 0 || it->second == 1)) return it->second == 1;
     const std::string where = (r.origin.empty() ? std::string("a rule") : r.origin) + " on " + r.on.describe();
     if (it == p.choices.end())
         throw plan_error("plan: open recompute choice '" + r.recompute_open + "' of " + where +
@@ -6132,6 +6193,9 @@ LOOM_INLINE resolved_plan partition_ops(const plan_spec& p, const graph& g) {
     out.name = p.name;
     out.forward.resize(forward);
     std::vector<bool> matched(p.rules.size(), false);
+    std::vector<const std::vector<char>*> remembered(p.rules.size(), nullptr);
+    if (active_selector_memo)
+        for (std::size_t k = 0; k < p.rules.size(); ++k) remembered[k] = active_selector_memo->matches(p.rules[k].on, g);
     for (std::size_t i = 0; i < forward; ++i) {
         const node& n = g.nodes[i];
         std::optional<std::vector<split_spec>> splits;
@@ -6140,7 +6204,7 @@ LOOM_INLINE resolved_plan partition_ops(const plan_spec& p, const graph& g) {
         std::string origin;
         for (std::size_t k = 0; k < p.rules.size(); ++k) {
             const rule& r = p.rules[k];
-            if (!r.on.matches(g, n)) continue;
+            if (remembered[k] ? !(*remembered[k])[i] : !r.on.matches(g, n)) continue;
             matched[k] = true;
             if (r.trans) splits = r.trans, origin = r.origin;
             if (r.assign) assign = r.assign;
@@ -6149,37 +6213,40 @@ LOOM_INLINE resolved_plan partition_ops(const plan_spec& p, const graph& g) {
         }
         if (!splits && !assign && !recompute) continue;
         op_partition op;
-        const std::string where = (origin.empty() ? std::string("a rule") : origin) + " on " + std::string(n.op->name) +
-                                  " '" + n.name + "'";
+        // Named only for a message (most resolutions raise none).
+        const auto where = [&] {
+            return (origin.empty() ? std::string("a rule") : origin) + " on " + std::string(n.op->name) + " '" + n.name + "'";
+        };
         if (splits)
             for (const auto& s : *splits) {
-                const std::int64_t degree = degree_value(s.degree, p, where);
+                const std::int64_t degree = degree_value_named_by(s.degree, p, where);
                 op.splits.push_back({s.dim, s.label, degree, s.replicate});
-                if (!s.replicate && degree > 1) check_not_forbidden(p, n, s, where);
+                if (!s.replicate && degree > 1 && !p.forbidden.empty()) check_not_forbidden(p, n, s, where());
             }
         op.recompute = recompute;
         if (assign && assign->devices.empty()) {
-            const std::int64_t per_device = degree_value(assign->colocate, p, "the colocation of " + where);
+            const std::int64_t per_device =
+                degree_value_named_by(assign->colocate, p, [&] { return "the colocation of " + where(); });
             const std::string spelling =
                 std::string(assign->coshard ? "coshard<" : "colocate<") + std::to_string(per_device) + ">";
             if (per_device < 1)
-                throw plan_error("plan: " + spelling + " on " + where + ": use at least one piece per device");
+                throw plan_error("plan: " + spelling + " on " + where() + ": use at least one piece per device");
             if (assign->coshard) {
                 if (op.splits.empty())
-                    throw plan_error("plan: " + spelling + " on " + where +
+                    throw plan_error("plan: " + spelling + " on " + where() +
                                      ": the op has no split to cut further; give the rule a trans (or put the "
                                      "Coshard part after one with the same selector)");
                 op.splits.back().degree *= per_device;
             }
             const std::int64_t pieces = op.pieces();
             if (pieces % per_device != 0)
-                throw plan_error("plan: " + spelling + " on " + where + ": " + std::to_string(pieces) +
+                throw plan_error("plan: " + spelling + " on " + where() + ": " + std::to_string(pieces) +
                                  " pieces cannot be grouped " + std::to_string(per_device) +
                                  " per device; choose a colocation that divides " + std::to_string(pieces));
             for (std::int64_t k = 0; k < pieces; ++k)
                 op.devices.push_back(assign->first_device + static_cast<int>(k / per_device));
             if (per_device > 1 && p.colocation_requires_recompute && !recompute)
-                throw plan_error("plan: " + spelling + " on " + where +
+                throw plan_error("plan: " + spelling + " on " + where() +
                                  " without recompute, but the plan requires colocated ops to recompute; add recompute "
                                  "to the same selector");
         } else if (assign) {
@@ -6189,7 +6256,7 @@ LOOM_INLINE resolved_plan partition_ops(const plan_spec& p, const graph& g) {
             std::sort(placed.begin(), placed.end());
             const bool shared = std::adjacent_find(placed.begin(), placed.end()) != placed.end();
             if (shared && p.colocation_requires_recompute && !recompute)
-                throw plan_error("plan: an assign that puts several pieces on one device on " + where +
+                throw plan_error("plan: an assign that puts several pieces on one device on " + where() +
                                  " without recompute, but the plan requires colocated ops to recompute; add recompute "
                                  "to the same selector");
         }
@@ -9790,6 +9857,7 @@ LOOM_INLINE plan_spec by_name(const std::string& name, int devices) {
 // the vocabulary (plans cut it into near-equal pieces, plan::piece_begin).
 #include <map>
 #include <mutex>
+#include <set>
 #include <span>
 #include <string>
 #include <utility>
@@ -9815,7 +9883,15 @@ public:
     }
     void add(const op_def& op, std::string label, transformation t) {
         std::lock_guard lock(mutex_);
+        if (t.decompose) decomposing_.insert(&op);
         entries_[{&op, std::move(label)}] = std::move(t);
+    }
+    // Whether some split of `op` may rebuild it into other ops: false lets a caller skip
+    // binding the split's variable and looking it up (the search asks for every op of every
+    // candidate plan).
+    bool may_decompose(const op_def& op) const {
+        std::lock_guard lock(mutex_);
+        return decomposing_.count(&op) > 0;
     }
     const transformation* find(const op_def& op, const std::string& label) const {
         std::lock_guard lock(mutex_);
@@ -9827,6 +9903,7 @@ private:
     transformation_registry();
     mutable std::mutex mutex_;
     std::map<std::pair<const op_def*, std::string>, transformation> entries_;
+    std::set<const op_def*> decomposing_;  // ops with at least one decomposition (never shrinks)
 };
 
 template <op_kind Op>
@@ -9903,17 +9980,17 @@ LOOM_INLINE std::vector<tensor> vocab_parallel_loss(graph_builder&, const node& 
 namespace loom::plan {
 
 LOOM_INLINE transformation_registry::transformation_registry() {
-    entries_[{&op_def_of<ops::LinearBias>(), "k"}] = {
-        "row-parallel: pieces sum partial products, the first piece adds the bias",
-        [](const node& n, const piece_ranges& r) {
-            attributes a = n.attrs;
-            auto k = static_cast<std::size_t>(*n.sig.find("k"));
-            a.set("bias", std::int64_t{r.begin[k] == 0 ? 1 : 0});
-            return a;
-        }};
-    entries_[{&op_def_of<ops::CrossEntropy>(), "v"}] = {
-        "vocabulary-parallel: per-chunk log-sum-exps and target picks, combined by a small replicated op",
-        nullptr, &detail::vocab_parallel_loss};
+    // Through add(), which also keeps the set of decomposing ops.
+    add(op_def_of<ops::LinearBias>(), "k",
+        {"row-parallel: pieces sum partial products, the first piece adds the bias", [](const node& n, const piece_ranges& r) {
+             attributes a = n.attrs;
+             auto k = static_cast<std::size_t>(*n.sig.find("k"));
+             a.set("bias", std::int64_t{r.begin[k] == 0 ? 1 : 0});
+             return a;
+         }});
+    add(op_def_of<ops::CrossEntropy>(), "v",
+        {"vocabulary-parallel: per-chunk log-sum-exps and target picks, combined by a small replicated op", nullptr,
+         &detail::vocab_parallel_loss});
 }
 
 }  // namespace loom::plan
@@ -10832,7 +10909,8 @@ LOOM_INLINE std::int64_t summands_of(const node& n, const plan::op_partition& p,
         if (s.sums) count *= s.degree;
         if (!s.cuts()) continue;
         auto v = n.sig.find(s.label);
-        if (v && n.sig.effect_of_split(*v).outputs.at(o).effect == split_effect::partial) count *= s.degree;
+        if (v && o < n.sig.output_axes.size() && n.sig.effect_on(*v, false, o).effect == split_effect::partial)
+            count *= s.degree;
     }
     return count;
 }
@@ -18976,6 +19054,7 @@ private:
     const cluster& cluster_;
     price_options options_;
     std::map<std::pair<std::int64_t, std::int64_t>, instance> instances_;
+    plan::detail::selector_memo selectors_;  // the rules' matches on the instances, which live as long
 };
 
 // The search itself, over the assignments of `params`: `bound` gives an assignment's lower
@@ -19237,6 +19316,7 @@ LOOM_INLINE double step_lower_bound(const plan::resolved_plan& rp, const trainin
 namespace loom::search::detail {
 
 LOOM_INLINE bool decomposed(const node& n, const plan::op_partition& p) {
+    if (!plan::transformation_registry::instance().may_decompose(*n.op)) return false;
     for (const plan::split_axis& s : p.splits) {
         if (!s.cuts()) continue;
         const std::optional<int> v = partition::detail::variable_of(n, s);
@@ -19254,9 +19334,8 @@ LOOM_INLINE std::vector<std::size_t> slicing_splits(const node& n, const plan::o
         if (!p.splits[b].cuts()) continue;
         const std::optional<int> v = partition::detail::variable_of(n, p.splits[b]);
         if (!v) continue;
-        const split_option e = n.sig.effect_of_split(*v);
-        const auto& effects = input ? e.inputs : e.outputs;
-        if (position < effects.size() && effects[position].effect == split_effect::sliced) out.push_back(b);
+        const std::size_t operands = (input ? n.sig.input_axes : n.sig.output_axes).size();
+        if (position < operands && n.sig.effect_on(*v, input, position).effect == split_effect::sliced) out.push_back(b);
     }
     return out;
 }
@@ -19801,7 +19880,7 @@ LOOM_INLINE std::vector<double> communication_lower_bound(const plan::resolved_p
         if (decomposed(n, *p)) continue;  // rebuilt into other ops, which move less than the op as written
         for (std::size_t a = 0; a < p->splits.size(); ++a) {
             if (!variable[a]) continue;
-            const split_option effect = n.sig.effect_of_split(*variable[a]);
+            const int var = *variable[a];
             // Operands that become partial along this axis: inputs that lack the variable
             // (their gradients), and outputs of a contracted variable. A split whose
             // transformation adjusts each piece may use an input on one piece only (the
@@ -19809,13 +19888,13 @@ LOOM_INLINE std::vector<double> communication_lower_bound(const plan::resolved_p
             const auto* adjusted = plan::transformation_registry::instance().find(
                 *n.op, n.sig.vars[static_cast<std::size_t>(*variable[a])].label);
             std::vector<tensor_id> partial;
-            for (std::size_t k = 0; k < n.inputs.size() && k < effect.inputs.size() && !adjusted; ++k) {
+            for (std::size_t k = 0; k < n.inputs.size() && k < n.sig.input_axes.size() && !adjusted; ++k) {
                 const tensor_desc& t = model.tensor(n.inputs[k]);
                 const bool needs_gradient = t.kind != value_kind::index && (t.producer != no_id || t.role == tensor_role::parameter);
-                if (needs_gradient && effect.inputs[k].effect == split_effect::replicated) partial.push_back(n.inputs[k]);
+                if (needs_gradient && n.sig.effect_on(var, true, k).effect == split_effect::replicated) partial.push_back(n.inputs[k]);
             }
-            for (std::size_t k = 0; k < n.outputs.size() && k < effect.outputs.size(); ++k)
-                if (effect.outputs[k].effect == split_effect::partial) partial.push_back(n.outputs[k]);
+            for (std::size_t k = 0; k < n.outputs.size() && k < n.sig.output_axes.size(); ++k)
+                if (n.sig.effect_on(var, false, k).effect == split_effect::partial) partial.push_back(n.outputs[k]);
             if (partial.empty()) continue;
             // The group: the distinct devices of the pieces that differ from piece 0 only
             // along this axis (every group of an axis is alike); every device holding a
@@ -19831,14 +19910,13 @@ LOOM_INLINE std::vector<double> communication_lower_bound(const plan::resolved_p
                 const bool is_input = std::find(n.inputs.begin(), n.inputs.end(), t) != n.inputs.end();
                 for (std::size_t b = 0; b < p->splits.size(); ++b) {
                     if (b == a || !variable[b]) continue;
-                    const split_option other = n.sig.effect_of_split(*variable[b]);
-                    const auto& effects = is_input ? other.inputs : other.outputs;
                     const auto pos = static_cast<std::size_t>(
                         (is_input ? std::find(n.inputs.begin(), n.inputs.end(), t) - n.inputs.begin()
                                   : std::find(n.outputs.begin(), n.outputs.end(), t) - n.outputs.begin()));
+                    const std::size_t operands = (is_input ? n.sig.input_axes : n.sig.output_axes).size();
                     // Sliced: a piece holds 1/degree of it, and a device as many pieces as
                     // share it along that axis (micro-batches), each reduced in turn.
-                    if (pos < effects.size() && effects[pos].effect == split_effect::sliced) {
+                    if (pos < operands && n.sig.effect_on(*variable[b], is_input, pos).effect == split_effect::sliced) {
                         const int along = members_along(*p, b);
                         elements /= static_cast<double>(along);
                         reductions_per_device *= static_cast<double>(p->splits[b].degree / std::max(1, along));
@@ -19972,10 +20050,13 @@ LOOM_INLINE std::string plan_search_result::explain() const {
 LOOM_INLINE plan_search_result search_plan(const graph& model, const plan::plan_spec& space, const cluster& c,
                                            const plan_search_options& o) {
     const training_work work = training_work_of(model, c.device, o.price);
+    plan::detail::selector_memo selectors;  // the rules' matches on the model, resolved once per selector
+    selectors.remember(model);
     return detail::search_assignments(
         space, open_parameter_candidates(space, batch_of(model), space.stages ? plan::detail::layer_count(model, space.stages->repeat) : 0), c, o,
         model,
         [&](const plan::plan_spec& candidate) {
+            const plan::detail::selector_memo_scope remembering(selectors);
             const plan::resolved_plan rp = plan::resolve(candidate, model);
             return detail::assignment_bounds{step_lower_bound(rp, work, o.price, &model, &c),
                                              memory_lower_bound(rp, model, o.price, &work).peak() + o.price.runtime_bytes};
@@ -20004,11 +20085,13 @@ LOOM_INLINE const folded_bounds::instance& folded_bounds::instance_of(std::int64
         graph g = model_.forward(layers, batch);
         training_work work = training_work_of(g, cluster_.device, options_);
         it = instances_.emplace(std::pair{layers, batch}, instance{std::move(g), std::move(work)}).first;
+        selectors_.remember(it->second.g);
     }
     return it->second;
 }
 
 LOOM_INLINE assignment_bounds folded_bounds::operator()(const plan::plan_spec& candidate) {
+    const plan::detail::selector_memo_scope remembering(selectors_);
     // The bound of each instance's plan (its devices compute what the real ones do),
     // extrapolated over the layers per stage and the micro-batches as the price is.
     const fold_shape s = shape_of(candidate, model_);

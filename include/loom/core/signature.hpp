@@ -273,6 +273,17 @@ struct bound_signature {
         return std::nullopt;
     }
 
+    // The effect of splitting variable `v` on one operand: input or output `position`.
+    // Allocates nothing (effect_of_split gives every operand's at once).
+    operand_effect effect_on(int v, bool input, std::size_t position) const {
+        const auto& axes = (input ? input_axes : output_axes)[position];
+        for (std::size_t a = 0; a < axes.size(); ++a)
+            for (int member : axes[a])
+                if (member == v) return operand_effect{split_effect::sliced, static_cast<int>(a)};
+        if (!input && vars[static_cast<std::size_t>(v)].in_input) return operand_effect{split_effect::partial, -1};
+        return operand_effect{split_effect::replicated, -1};
+    }
+
     // The effect on every operand of splitting variable `v`. An output axis is sliced only
     // when the variable is the outermost of that axis.
     split_option effect_of_split(int v) const {
@@ -281,15 +292,10 @@ struct bound_signature {
         opt.label = vars[v].label;
         opt.dim = vars[v].dim;
         opt.extent = vars[v].extent;
-        auto effect_on = [&](const std::vector<std::vector<int>>& axes, bool is_output) {
-            for (std::size_t a = 0; a < axes.size(); ++a)
-                for (int member : axes[a])
-                    if (member == v) return operand_effect{split_effect::sliced, static_cast<int>(a)};
-            if (is_output && vars[v].in_input) return operand_effect{split_effect::partial, -1};
-            return operand_effect{split_effect::replicated, -1};
-        };
-        for (const auto& in : input_axes) opt.inputs.push_back(effect_on(in, false));
-        for (const auto& out : output_axes) opt.outputs.push_back(effect_on(out, true));
+        opt.inputs.reserve(input_axes.size());
+        opt.outputs.reserve(output_axes.size());
+        for (std::size_t k = 0; k < input_axes.size(); ++k) opt.inputs.push_back(effect_on(v, true, k));
+        for (std::size_t k = 0; k < output_axes.size(); ++k) opt.outputs.push_back(effect_on(v, false, k));
         opt.role = dim_role::spatial;
         for (const auto& o : opt.outputs)
             if (o.effect == split_effect::partial) opt.role = dim_role::contracted;

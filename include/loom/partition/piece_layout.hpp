@@ -318,7 +318,8 @@ LOOM_INLINE std::int64_t summands_of(const node& n, const plan::op_partition& p,
         if (s.sums) count *= s.degree;
         if (!s.cuts()) continue;
         auto v = n.sig.find(s.label);
-        if (v && n.sig.effect_of_split(*v).outputs.at(o).effect == split_effect::partial) count *= s.degree;
+        if (v && o < n.sig.output_axes.size() && n.sig.effect_on(*v, false, o).effect == split_effect::partial)
+            count *= s.degree;
     }
     return count;
 }

@@ -17,8 +17,10 @@
 #include <functional>
 #include <map>
 #include <optional>
+#include <set>
 #include <string>
 #include <string_view>
+#include <tuple>
 #include <vector>
 
 #include <loom/core/error.hpp>
@@ -213,6 +215,27 @@ LOOM_INLINE std::vector<std::string> open_parameters(const plan_spec& p);
 // (checked against the parameter's range). `where` names the part for messages.
 LOOM_INLINE std::int64_t degree_value(const degree_spec& d, const plan_spec& p, const std::string& where);
 
+namespace detail {
+// degree_value with the part's name made only for a message: `where()` gives it. The
+// searcher resolves every candidate plan, and naming every op's part took a tenth of that.
+template <class Where>
+std::int64_t degree_value_named_by(const degree_spec& d, const plan_spec& p, const Where& where) {
+    if (d.open.empty()) return d.value;
+    note_choice(d.open);
+    auto it = p.choices.find(d.open);
+    if (it == p.choices.end())
+        throw plan_error("plan: open parameter '" + d.open + "' of " + where() +
+                         " has no value; choose one (plan_spec::choose(\"" + d.open + "\", n)) or set it in the plan file's \"choices\"");
+    if (!d.allowed.empty() && std::find(d.allowed.begin(), d.allowed.end(), it->second) == d.allowed.end()) {
+        std::string range;
+        for (auto v : d.allowed) range += (range.empty() ? "" : ", ") + std::to_string(v);
+        throw plan_error("plan: open parameter '" + d.open + "' of " + where() + " was given " +
+                         std::to_string(it->second) + ", outside its range {" + range + "}; choose one of those");
+    }
+    return it->second;
+}
+}  // namespace detail
+
 // Whether rule r recomputes, from its open choice.
 LOOM_INLINE bool recompute_chosen(const rule& r, const plan_spec& p);
 
@@ -227,6 +250,49 @@ LOOM_INLINE void check_not_forbidden(const plan_spec& p, const node& n, const sp
 // devices (nodes no rule selects run whole on every device). plan::resolve (plan/resolve.hpp)
 // adds the stages, micro-batches and order around it.
 LOOM_INLINE resolved_plan partition_ops(const plan_spec& p, const graph& g);
+
+// Which forward nodes of a graph each selector matches, remembered for graphs that stay
+// alive and unchanged while many plans are resolved against them: the searcher resolves
+// every candidate of a space against the same model (or the same folded instances), and
+// matching the rules' name globs node by node took a fifth of its bounding. partition_ops
+// asks the memo in effect on its thread (selector_memo_scope) about the graphs given to it
+// with remember(), and matches every other graph itself. The memo must not outlive them.
+class selector_memo {
+public:
+    void remember(const graph& g) { graphs_.insert(&g); }
+    // Per forward node of g, whether s matches it; nullptr when g was not remembered.
+    const std::vector<char>* matches(const selector& s, const graph& g) {
+        if (!graphs_.count(&g)) return nullptr;
+        auto key = std::make_tuple(&g, s.kinds, s.name, s.scope, s.repeat, s.first_layer, s.last_layer);
+        auto it = matches_.find(key);
+        if (it == matches_.end()) {
+            std::vector<char> m(g.forward_node_count());
+            for (std::size_t i = 0; i < m.size(); ++i) m[i] = s.matches(g, g.nodes[i]) ? 1 : 0;
+            it = matches_.emplace(std::move(key), std::move(m)).first;
+        }
+        return &it->second;
+    }
+
+private:
+    using key = std::tuple<const graph*, std::vector<const op_def*>, std::string, std::string, std::string, std::int64_t,
+                           std::int64_t>;
+    std::set<const graph*> graphs_;
+    std::map<key, std::vector<char>> matches_;
+};
+
+inline thread_local selector_memo* active_selector_memo = nullptr;
+
+// Puts `memo` in effect on this thread for the scope's lifetime.
+class selector_memo_scope {
+public:
+    explicit selector_memo_scope(selector_memo& memo) : previous_(active_selector_memo) { active_selector_memo = &memo; }
+    ~selector_memo_scope() { active_selector_memo = previous_; }
+    selector_memo_scope(const selector_memo_scope&) = delete;
+    selector_memo_scope& operator=(const selector_memo_scope&) = delete;
+
+private:
+    selector_memo* previous_;
+};
 
 }  // namespace detail
 
@@ -311,24 +377,13 @@ LOOM_INLINE plan_spec& plan_spec::narrow(const std::string& open, std::vector<st
 }
 
 LOOM_INLINE std::int64_t degree_value(const degree_spec& d, const plan_spec& p, const std::string& where) {
-    if (d.open.empty()) return d.value;
-    detail::note_choice(d.open);
-    auto it = p.choices.find(d.open);
-    if (it == p.choices.end())
-        throw plan_error("plan: open parameter '" + d.open + "' of " + where +
-                         " has no value; choose one (plan_spec::choose(\"" + d.open + "\", n)) or set it in the plan file's \"choices\"");
-    if (!d.allowed.empty() && std::find(d.allowed.begin(), d.allowed.end(), it->second) == d.allowed.end()) {
-        std::string range;
-        for (auto v : d.allowed) range += (range.empty() ? "" : ", ") + std::to_string(v);
-        throw plan_error("plan: open parameter '" + d.open + "' of " + where + " was given " +
-                         std::to_string(it->second) + ", outside its range {" + range + "}; choose one of those");
-    }
-    return it->second;
+    return detail::degree_value_named_by(d, p, [&] { return where; });
 }
 
 LOOM_INLINE bool recompute_chosen(const rule& r, const plan_spec& p) {
     detail::note_choice(r.recompute_open);
     auto it = p.choices.find(r.recompute_open);
+    if (it != p.choices.end() && (it->second == 0 || it->second == 1)) return it->second == 1;
     const std::string where = (r.origin.empty() ? std::string("a rule") : r.origin) + " on " + r.on.describe();
     if (it == p.choices.end())
         throw plan_error("plan: open recompute choice '" + r.recompute_open + "' of " + where +
@@ -367,6 +422,9 @@ LOOM_INLINE resolved_plan partition_ops(const plan_spec& p, const graph& g) {
     out.name = p.name;
     out.forward.resize(forward);
     std::vector<bool> matched(p.rules.size(), false);
+    std::vector<const std::vector<char>*> remembered(p.rules.size(), nullptr);
+    if (active_selector_memo)
+        for (std::size_t k = 0; k < p.rules.size(); ++k) remembered[k] = active_selector_memo->matches(p.rules[k].on, g);
     for (std::size_t i = 0; i < forward; ++i) {
         const node& n = g.nodes[i];
         std::optional<std::vector<split_spec>> splits;
@@ -375,7 +433,7 @@ LOOM_INLINE resolved_plan partition_ops(const plan_spec& p, const graph& g) {
         std::string origin;
         for (std::size_t k = 0; k < p.rules.size(); ++k) {
             const rule& r = p.rules[k];
-            if (!r.on.matches(g, n)) continue;
+            if (remembered[k] ? !(*remembered[k])[i] : !r.on.matches(g, n)) continue;
             matched[k] = true;
             if (r.trans) splits = r.trans, origin = r.origin;
             if (r.assign) assign = r.assign;
@@ -384,37 +442,40 @@ LOOM_INLINE resolved_plan partition_ops(const plan_spec& p, const graph& g) {
         }
         if (!splits && !assign && !recompute) continue;
         op_partition op;
-        const std::string where = (origin.empty() ? std::string("a rule") : origin) + " on " + std::string(n.op->name) +
-                                  " '" + n.name + "'";
+        // Named only for a message (most resolutions raise none).
+        const auto where = [&] {
+            return (origin.empty() ? std::string("a rule") : origin) + " on " + std::string(n.op->name) + " '" + n.name + "'";
+        };
         if (splits)
             for (const auto& s : *splits) {
-                const std::int64_t degree = degree_value(s.degree, p, where);
+                const std::int64_t degree = degree_value_named_by(s.degree, p, where);
                 op.splits.push_back({s.dim, s.label, degree, s.replicate});
-                if (!s.replicate && degree > 1) check_not_forbidden(p, n, s, where);
+                if (!s.replicate && degree > 1 && !p.forbidden.empty()) check_not_forbidden(p, n, s, where());
             }
         op.recompute = recompute;
         if (assign && assign->devices.empty()) {
-            const std::int64_t per_device = degree_value(assign->colocate, p, "the colocation of " + where);
+            const std::int64_t per_device =
+                degree_value_named_by(assign->colocate, p, [&] { return "the colocation of " + where(); });
             const std::string spelling =
                 std::string(assign->coshard ? "coshard<" : "colocate<") + std::to_string(per_device) + ">";
             if (per_device < 1)
-                throw plan_error("plan: " + spelling + " on " + where + ": use at least one piece per device");
+                throw plan_error("plan: " + spelling + " on " + where() + ": use at least one piece per device");
             if (assign->coshard) {
                 if (op.splits.empty())
-                    throw plan_error("plan: " + spelling + " on " + where +
+                    throw plan_error("plan: " + spelling + " on " + where() +
                                      ": the op has no split to cut further; give the rule a trans (or put the "
                                      "Coshard part after one with the same selector)");
                 op.splits.back().degree *= per_device;
             }
             const std::int64_t pieces = op.pieces();
             if (pieces % per_device != 0)
-                throw plan_error("plan: " + spelling + " on " + where + ": " + std::to_string(pieces) +
+                throw plan_error("plan: " + spelling + " on " + where() + ": " + std::to_string(pieces) +
                                  " pieces cannot be grouped " + std::to_string(per_device) +
                                  " per device; choose a colocation that divides " + std::to_string(pieces));
             for (std::int64_t k = 0; k < pieces; ++k)
                 op.devices.push_back(assign->first_device + static_cast<int>(k / per_device));
             if (per_device > 1 && p.colocation_requires_recompute && !recompute)
-                throw plan_error("plan: " + spelling + " on " + where +
+                throw plan_error("plan: " + spelling + " on " + where() +
                                  " without recompute, but the plan requires colocated ops to recompute; add recompute "
                                  "to the same selector");
         } else if (assign) {
@@ -424,7 +485,7 @@ LOOM_INLINE resolved_plan partition_ops(const plan_spec& p, const graph& g) {
             std::sort(placed.begin(), placed.end());
             const bool shared = std::adjacent_find(placed.begin(), placed.end()) != placed.end();
             if (shared && p.colocation_requires_recompute && !recompute)
-                throw plan_error("plan: an assign that puts several pieces on one device on " + where +
+                throw plan_error("plan: an assign that puts several pieces on one device on " + where() +
                                  " without recompute, but the plan requires colocated ops to recompute; add recompute "
                                  "to the same selector");
         }

@@ -28,6 +28,7 @@
 // the vocabulary (plans cut it into near-equal pieces, plan::piece_begin).
 #include <map>
 #include <mutex>
+#include <set>
 #include <span>
 #include <string>
 #include <utility>
@@ -60,7 +61,15 @@ public:
     }
     void add(const op_def& op, std::string label, transformation t) {
         std::lock_guard lock(mutex_);
+        if (t.decompose) decomposing_.insert(&op);
         entries_[{&op, std::move(label)}] = std::move(t);
+    }
+    // Whether some split of `op` may rebuild it into other ops: false lets a caller skip
+    // binding the split's variable and looking it up (the search asks for every op of every
+    // candidate plan).
+    bool may_decompose(const op_def& op) const {
+        std::lock_guard lock(mutex_);
+        return decomposing_.count(&op) > 0;
     }
     const transformation* find(const op_def& op, const std::string& label) const {
         std::lock_guard lock(mutex_);
@@ -72,6 +81,7 @@ private:
     transformation_registry();
     mutable std::mutex mutex_;
     std::map<std::pair<const op_def*, std::string>, transformation> entries_;
+    std::set<const op_def*> decomposing_;  // ops with at least one decomposition (never shrinks)
 };
 
 template <op_kind Op>
@@ -148,17 +158,17 @@ LOOM_INLINE std::vector<tensor> vocab_parallel_loss(graph_builder&, const node& 
 namespace loom::plan {
 
 LOOM_INLINE transformation_registry::transformation_registry() {
-    entries_[{&op_def_of<ops::LinearBias>(), "k"}] = {
-        "row-parallel: pieces sum partial products, the first piece adds the bias",
-        [](const node& n, const piece_ranges& r) {
-            attributes a = n.attrs;
-            auto k = static_cast<std::size_t>(*n.sig.find("k"));
-            a.set("bias", std::int64_t{r.begin[k] == 0 ? 1 : 0});
-            return a;
-        }};
-    entries_[{&op_def_of<ops::CrossEntropy>(), "v"}] = {
-        "vocabulary-parallel: per-chunk log-sum-exps and target picks, combined by a small replicated op",
-        nullptr, &detail::vocab_parallel_loss};
+    // Through add(), which also keeps the set of decomposing ops.
+    add(op_def_of<ops::LinearBias>(), "k",
+        {"row-parallel: pieces sum partial products, the first piece adds the bias", [](const node& n, const piece_ranges& r) {
+             attributes a = n.attrs;
+             auto k = static_cast<std::size_t>(*n.sig.find("k"));
+             a.set("bias", std::int64_t{r.begin[k] == 0 ? 1 : 0});
+             return a;
+         }});
+    add(op_def_of<ops::CrossEntropy>(), "v",
+        {"vocabulary-parallel: per-chunk log-sum-exps and target picks, combined by a small replicated op", nullptr,
+         &detail::vocab_parallel_loss});
 }
 
 }  // namespace loom::plan

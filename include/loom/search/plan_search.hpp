@@ -419,6 +419,7 @@ private:
     const cluster& cluster_;
     price_options options_;
     std::map<std::pair<std::int64_t, std::int64_t>, instance> instances_;
+    plan::detail::selector_memo selectors_;  // the rules' matches on the instances, which live as long
 };
 
 // The search itself, over the assignments of `params`: `bound` gives an assignment's lower
@@ -680,6 +681,7 @@ LOOM_INLINE double step_lower_bound(const plan::resolved_plan& rp, const trainin
 namespace loom::search::detail {
 
 LOOM_INLINE bool decomposed(const node& n, const plan::op_partition& p) {
+    if (!plan::transformation_registry::instance().may_decompose(*n.op)) return false;
     for (const plan::split_axis& s : p.splits) {
         if (!s.cuts()) continue;
         const std::optional<int> v = partition::detail::variable_of(n, s);
@@ -697,9 +699,8 @@ LOOM_INLINE std::vector<std::size_t> slicing_splits(const node& n, const plan::o
         if (!p.splits[b].cuts()) continue;
         const std::optional<int> v = partition::detail::variable_of(n, p.splits[b]);
         if (!v) continue;
-        const split_option e = n.sig.effect_of_split(*v);
-        const auto& effects = input ? e.inputs : e.outputs;
-        if (position < effects.size() && effects[position].effect == split_effect::sliced) out.push_back(b);
+        const std::size_t operands = (input ? n.sig.input_axes : n.sig.output_axes).size();
+        if (position < operands && n.sig.effect_on(*v, input, position).effect == split_effect::sliced) out.push_back(b);
     }
     return out;
 }
@@ -1244,7 +1245,7 @@ LOOM_INLINE std::vector<double> communication_lower_bound(const plan::resolved_p
         if (decomposed(n, *p)) continue;  // rebuilt into other ops, which move less than the op as written
         for (std::size_t a = 0; a < p->splits.size(); ++a) {
             if (!variable[a]) continue;
-            const split_option effect = n.sig.effect_of_split(*variable[a]);
+            const int var = *variable[a];
             // Operands that become partial along this axis: inputs that lack the variable
             // (their gradients), and outputs of a contracted variable. A split whose
             // transformation adjusts each piece may use an input on one piece only (the
@@ -1252,13 +1253,13 @@ LOOM_INLINE std::vector<double> communication_lower_bound(const plan::resolved_p
             const auto* adjusted = plan::transformation_registry::instance().find(
                 *n.op, n.sig.vars[static_cast<std::size_t>(*variable[a])].label);
             std::vector<tensor_id> partial;
-            for (std::size_t k = 0; k < n.inputs.size() && k < effect.inputs.size() && !adjusted; ++k) {
+            for (std::size_t k = 0; k < n.inputs.size() && k < n.sig.input_axes.size() && !adjusted; ++k) {
                 const tensor_desc& t = model.tensor(n.inputs[k]);
                 const bool needs_gradient = t.kind != value_kind::index && (t.producer != no_id || t.role == tensor_role::parameter);
-                if (needs_gradient && effect.inputs[k].effect == split_effect::replicated) partial.push_back(n.inputs[k]);
+                if (needs_gradient && n.sig.effect_on(var, true, k).effect == split_effect::replicated) partial.push_back(n.inputs[k]);
             }
-            for (std::size_t k = 0; k < n.outputs.size() && k < effect.outputs.size(); ++k)
-                if (effect.outputs[k].effect == split_effect::partial) partial.push_back(n.outputs[k]);
+            for (std::size_t k = 0; k < n.outputs.size() && k < n.sig.output_axes.size(); ++k)
+                if (n.sig.effect_on(var, false, k).effect == split_effect::partial) partial.push_back(n.outputs[k]);
             if (partial.empty()) continue;
             // The group: the distinct devices of the pieces that differ from piece 0 only
             // along this axis (every group of an axis is alike); every device holding a
@@ -1274,14 +1275,13 @@ LOOM_INLINE std::vector<double> communication_lower_bound(const plan::resolved_p
                 const bool is_input = std::find(n.inputs.begin(), n.inputs.end(), t) != n.inputs.end();
                 for (std::size_t b = 0; b < p->splits.size(); ++b) {
                     if (b == a || !variable[b]) continue;
-                    const split_option other = n.sig.effect_of_split(*variable[b]);
-                    const auto& effects = is_input ? other.inputs : other.outputs;
                     const auto pos = static_cast<std::size_t>(
                         (is_input ? std::find(n.inputs.begin(), n.inputs.end(), t) - n.inputs.begin()
                                   : std::find(n.outputs.begin(), n.outputs.end(), t) - n.outputs.begin()));
+                    const std::size_t operands = (is_input ? n.sig.input_axes : n.sig.output_axes).size();
                     // Sliced: a piece holds 1/degree of it, and a device as many pieces as
                     // share it along that axis (micro-batches), each reduced in turn.
-                    if (pos < effects.size() && effects[pos].effect == split_effect::sliced) {
+                    if (pos < operands && n.sig.effect_on(*variable[b], is_input, pos).effect == split_effect::sliced) {
                         const int along = members_along(*p, b);
                         elements /= static_cast<double>(along);
                         reductions_per_device *= static_cast<double>(p->splits[b].degree / std::max(1, along));
@@ -1415,10 +1415,13 @@ LOOM_INLINE std::string plan_search_result::explain() const {
 LOOM_INLINE plan_search_result search_plan(const graph& model, const plan::plan_spec& space, const cluster& c,
                                            const plan_search_options& o) {
     const training_work work = training_work_of(model, c.device, o.price);
+    plan::detail::selector_memo selectors;  // the rules' matches on the model, resolved once per selector
+    selectors.remember(model);
     return detail::search_assignments(
         space, open_parameter_candidates(space, batch_of(model), space.stages ? plan::detail::layer_count(model, space.stages->repeat) : 0), c, o,
         model,
         [&](const plan::plan_spec& candidate) {
+            const plan::detail::selector_memo_scope remembering(selectors);
             const plan::resolved_plan rp = plan::resolve(candidate, model);
             return detail::assignment_bounds{step_lower_bound(rp, work, o.price, &model, &c),
                                              memory_lower_bound(rp, model, o.price, &work).peak() + o.price.runtime_bytes};
@@ -1447,11 +1450,13 @@ LOOM_INLINE const folded_bounds::instance& folded_bounds::instance_of(std::int64
         graph g = model_.forward(layers, batch);
         training_work work = training_work_of(g, cluster_.device, options_);
         it = instances_.emplace(std::pair{layers, batch}, instance{std::move(g), std::move(work)}).first;
+        selectors_.remember(it->second.g);
     }
     return it->second;
 }
 
 LOOM_INLINE assignment_bounds folded_bounds::operator()(const plan::plan_spec& candidate) {
+    const plan::detail::selector_memo_scope remembering(selectors_);
     // The bound of each instance's plan (its devices compute what the real ones do),
     // extrapolated over the layers per stage and the micro-batches as the price is.
     const fold_shape s = shape_of(candidate, model_);
