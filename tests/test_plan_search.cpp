@@ -23,7 +23,11 @@
 #include <loom/search/plan_search.hpp>
 #include <loom/train/ownership.hpp>
 
+#include "support/search_fixtures.hpp"
+
 using namespace loom;
+using loom::testing::slow_node;
+using loom::testing::small_gpt;
 
 namespace {
 
@@ -51,20 +55,6 @@ plan::plan_spec open_pipeline(int devices) {
     p.zero_open = "zero";
     p.zero_allowed = {0, 1, 3};
     return p;
-}
-
-// One node of devices slow enough (a CPU's rates) that compute, not latency, dominates the
-// step of a small model: the regime where bounds prune and bubbles show.
-search::cluster slow_node() {
-    search::cluster c = search::dgx_a100(1);
-    c.name = "slow node";
-    c.device.peak_flops_f32 = 5e10;
-    c.device.memory_bandwidth = 1e10;
-    return c;
-}
-
-models::gpt_model small_gpt() {
-    return models::gpt({.layers = 4, .hidden = 64, .heads = 4, .vocab = 256, .seq = 32, .batch = 8});
 }
 
 // Alpa's space filled: `stages` even stages of dp x tp devices, 1F1B over `micro_batches`,

@@ -75,7 +75,7 @@ fi
 
 # The tests whose code runs on several threads, under ThreadSanitizer (which cannot be
 # combined with ASan, hence a build of its own). Only these targets are built.
-tsan_targets=(test_comm)
+tsan_targets=(test_comm test_search_threads)
 tsan_regex="^($(IFS='|'; echo "${tsan_targets[*]}"))\$"
 if step "configure build/tsan" cmake -S . -B build/tsan -G Ninja \
      -DCMAKE_BUILD_TYPE=RelWithDebInfo -DCMAKE_CXX_FLAGS_RELWITHDEBINFO="-O1 -g1" \

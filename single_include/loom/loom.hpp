@@ -18686,7 +18686,9 @@ LOOM_INLINE order_search_result order_search(const schedule::pipeline_shape& sha
 //      bubbles and the gradients' reductions after the last backward. It never exceeds the programs' price (tests check it on
 //      every leaf of several spaces, nnScaler's among them).
 //   4. Best first by that bound, each assignment is applied (partition::apply_plan) and its
-//      programs priced (search/program_price.hpp); assignments that do not fit in the
+//      programs priced (search/program_price.hpp), several at once on as many threads
+//      (plan_search_options::pricing_threads), taken in bound order so that the answer is
+//      that of pricing one at a time; assignments that do not fit in the
 //      device's memory are set aside, unpriced when their memory floor (the weights,
 //      gradients and optimizer state each device keeps, and the activations its order holds
 //      in flight: memory_lower_bound) already exceeds it. The search stops when the next bound is no better
@@ -18703,12 +18705,15 @@ LOOM_INLINE order_search_result order_search(const schedule::pipeline_shape& sha
 #include <algorithm>
 #include <chrono>
 #include <cstdint>
+#include <exception>
 #include <functional>
+#include <future>
 #include <limits>
 #include <map>
 #include <optional>
 #include <sstream>
 #include <string>
+#include <thread>
 #include <vector>
 
 
@@ -18959,6 +18964,11 @@ struct plan_search_options {
     double memory_limit = 0;         // bytes per device; 0: the cluster's device memory
     double time_budget_seconds = 0;  // 0: search until the best is proven
     std::int64_t max_priced = 0;     // price at most this many assignments; 0: no limit
+    // Assignments priced at once, each on a thread of its own (0: one per hardware thread).
+    // The answer and the statistics are those of pricing one at a time: results are taken
+    // in bound order, and a price computed beyond the point where the search stops is
+    // dropped, not counted.
+    int pricing_threads = 0;
 };
 
 struct plan_search_statistics {
@@ -20328,6 +20338,43 @@ LOOM_INLINE plan_search_result search_assignments(const plan::plan_spec& space, 
         ++stats.over_memory;
         if (!smallest_over || bytes < smallest_over->bytes) smallest_over = over_limit{choices, bytes, device};
     };
+    // Prices are computed on several threads, ahead of their turn: the leaves the loop below
+    // would price next if no price changed the runner-up, `width` of them in flight. They
+    // are taken in order, each only if its turn comes, so the search is the serial one; a
+    // price computed past the point where the search stops is dropped, not counted.
+    struct priced_ahead {
+        program_price price;
+        std::string refusal;         // a plan_error or shape_error: refused, for this reason
+        std::exception_ptr failure;  // anything else: rethrown in its turn
+    };
+    const std::size_t width = o.pricing_threads > 0 ? static_cast<std::size_t>(o.pricing_threads)
+                                                    : std::max(1u, std::thread::hardware_concurrency());
+    auto price_leaf = [&space, &leaves, &price_of](std::size_t k) {
+        priced_ahead out;
+        plan::plan_spec candidate = space;
+        candidate.choices = leaves[k].choices;
+        try {
+            out.price = price_of(candidate);
+        } catch (const plan_error& e) {
+            out.refusal = e.what();
+        } catch (const shape_error& e) {
+            out.refusal = e.what();
+        } catch (...) {
+            out.failure = std::current_exception();
+        }
+        return out;
+    };
+    std::map<std::size_t, std::future<priced_ahead>> in_flight;
+    std::size_t launched = 0;  // leaves before this one were launched or passed over
+    auto launch_from = [&](std::size_t first) {
+        launched = std::max(launched, first);
+        for (; launched < leaves.size() && in_flight.size() < width; ++launched) {
+            const leaf& l = leaves[launched];
+            if (second && l.bound >= second->price.step_seconds) break;
+            if (o.max_priced > 0 && best && stats.priced + static_cast<std::int64_t>(in_flight.size()) >= o.max_priced) break;
+            if (l.memory <= result.memory_limit) in_flight.emplace(launched, std::async(std::launch::async, price_leaf, launched));
+        }
+    };
     std::size_t next = 0;
     for (; next < leaves.size(); ++next) {
         const leaf& l = leaves[next];
@@ -20340,18 +20387,17 @@ LOOM_INLINE plan_search_result search_assignments(const plan::plan_spec& space, 
             over(l.choices, l.memory, -1);
             continue;
         }
-        plan::plan_spec candidate = space;
-        candidate.choices = l.choices;
-        program_price price;
-        try {
-            price = price_of(candidate);
-        } catch (const plan_error& e) {
-            refuse(e.what(), l.choices);
-            continue;
-        } catch (const shape_error& e) {
-            refuse(e.what(), l.choices);
+        launch_from(next);
+        auto turn = in_flight.find(next);
+        priced_ahead done = turn != in_flight.end() ? turn->second.get() : price_leaf(next);
+        if (turn != in_flight.end()) in_flight.erase(turn);
+        launch_from(next + 1);
+        if (done.failure) std::rethrow_exception(done.failure);
+        if (!done.refusal.empty()) {
+            refuse(done.refusal, l.choices);
             continue;
         }
+        program_price price = std::move(done.price);
         ++stats.priced;
         priced_assignment pa{l.choices, l.bound, std::move(price)};
         if (pa.price.peak_memory() > result.memory_limit) {

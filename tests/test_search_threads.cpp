@@ -1,0 +1,83 @@
+// The searcher prices candidates on several threads: the answer and the statistics are those
+// of pricing one at a time, and a failure on a pricing thread reaches the caller in its turn.
+// Small enough to run under ThreadSanitizer (tools/test.sh).
+#include <catch2/catch.hpp>
+
+#include <stdexcept>
+#include <string>
+
+#include <loom/plan/spaces.hpp>
+#include <loom/search/plan_search.hpp>
+
+#include "support/search_fixtures.hpp"
+
+using namespace loom;
+using loom::testing::slow_node;
+using loom::testing::small_gpt;
+
+TEST_CASE("pricing on several threads gives the answer and the statistics of pricing one at a time") {
+    const auto model = small_gpt();
+    const plan::plan_spec space = plan::spaces::nnscaler(4).narrow("mb", {2}).narrow("zero", {0, 1}).narrow("coshard", {1});
+    search::plan_search_options serial, parallel;
+    serial.pricing_threads = 1;
+    parallel.pricing_threads = 3;
+    const search::plan_search_result one = search::search_plan(model.ir(), space, slow_node(), serial);
+    const search::plan_search_result three = search::search_plan(model.ir(), space, slow_node(), parallel);
+    CHECK(one.stats.priced > 10);
+    CHECK(one.stats.pruned > 0);
+    CHECK(three.best.choices == one.best.choices);
+    CHECK(three.best.price.step_seconds == one.best.price.step_seconds);
+    REQUIRE(three.runner_up.has_value() == one.runner_up.has_value());
+    if (one.runner_up) CHECK(three.runner_up->choices == one.runner_up->choices);
+    CHECK(three.stats.priced == one.stats.priced);
+    CHECK(three.stats.pruned == one.stats.pruned);
+    CHECK(three.stats.refused == one.stats.refused);
+    CHECK(three.stats.over_memory == one.stats.over_memory);
+    CHECK(three.stats.ties == one.stats.ties);
+    CHECK(three.gap == one.gap);
+    // With a count budget, the same leaves are priced.
+    serial.max_priced = parallel.max_priced = 5;
+    const search::plan_search_result five = search::search_plan(model.ir(), space, slow_node(), serial);
+    const search::plan_search_result five_parallel = search::search_plan(model.ir(), space, slow_node(), parallel);
+    CHECK(five.stats.priced == 5);
+    CHECK(five_parallel.stats.priced == 5);
+    CHECK(five_parallel.best.choices == five.best.choices);
+    CHECK(five_parallel.gap == five.gap);
+}
+
+TEST_CASE("a price that fails on a pricing thread fails the search in its turn, a refusal is counted") {
+    // search_assignments with stand-in bounds and prices: leaf k is bounded at k and priced
+    // at 100 - k, so the search prices every leaf; two refuse, and with `fail` one throws.
+    plan::plan_spec space;
+    space.devices = 1;
+    search::open_parameter p{"x", search::open_parameter::kind::degree, {0, 1, 2, 3, 4, 5, 6, 7}, {}};
+    const auto model = small_gpt();
+    for (bool fail : {false, true}) {
+        INFO("fail: " << fail);
+        search::plan_search_options o;
+        o.pricing_threads = 4;
+        const auto bound = [](const plan::plan_spec& c) {
+            return search::detail::assignment_bounds{static_cast<double>(c.choices.at("x")), 0.0};
+        };
+        const auto price = [fail](const plan::plan_spec& c) {
+            const std::int64_t x = c.choices.at("x");
+            if (x == 2 || x == 5) throw plan_error("leaf " + std::to_string(x) + " refused");
+            if (fail && x == 6) throw std::runtime_error("leaf 6 failed");
+            search::program_price out;
+            out.step_seconds = 100.0 - static_cast<double>(x);
+            out.devices.resize(1);
+            return out;
+        };
+        if (fail) {
+            CHECK_THROWS_WITH(search::detail::search_assignments(space, {p}, search::dgx_a100(1), o, model.ir(), bound, price),
+                              "leaf 6 failed");
+            continue;
+        }
+        const search::plan_search_result r =
+            search::detail::search_assignments(space, {p}, search::dgx_a100(1), o, model.ir(), bound, price);
+        CHECK(r.best.choices.at("x") == 7);
+        CHECK(r.stats.priced == 6);
+        CHECK(r.stats.refused == 2);
+        CHECK(r.stats.refusals.at("leaf 2 refused") == 1);
+    }
+}
