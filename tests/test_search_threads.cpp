@@ -19,8 +19,8 @@ TEST_CASE("pricing on several threads gives the answer and the statistics of pri
     const auto model = small_gpt();
     const plan::plan_spec space = plan::spaces::nnscaler(4).narrow("mb", {2}).narrow("zero", {0, 1}).narrow("coshard", {1});
     search::plan_search_options serial, parallel;
-    serial.pricing_threads = 1;
-    parallel.pricing_threads = 3;
+    serial.threads = 1;
+    parallel.threads = 3;
     const search::plan_search_result one = search::search_plan(model.ir(), space, slow_node(), serial);
     const search::plan_search_result three = search::search_plan(model.ir(), space, slow_node(), parallel);
     CHECK(one.stats.priced > 10);
@@ -55,7 +55,7 @@ TEST_CASE("a price that fails on a pricing thread fails the search in its turn, 
     for (bool fail : {false, true}) {
         INFO("fail: " << fail);
         search::plan_search_options o;
-        o.pricing_threads = 4;
+        o.threads = 4;
         const auto bound = [](const plan::plan_spec& c) {
             return search::detail::assignment_bounds{static_cast<double>(c.choices.at("x")), 0.0};
         };

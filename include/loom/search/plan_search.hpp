@@ -36,7 +36,7 @@
 //      every leaf of several spaces, nnScaler's among them).
 //   4. Best first by that bound, each assignment is applied (partition::apply_plan) and its
 //      programs priced (search/program_price.hpp), several at once on as many threads
-//      (plan_search_options::pricing_threads), taken in bound order so that the answer is
+//      (plan_search_options::threads), taken in bound order so that the answer is
 //      that of pricing one at a time; assignments that do not fit in the
 //      device's memory are set aside, unpriced when their memory floor (the weights,
 //      gradients and optimizer state each device keeps, and the activations its order holds
@@ -332,8 +332,9 @@ struct plan_search_options {
     // Assignments priced at once, each on a thread of its own (0: one per hardware thread).
     // The answer and the statistics are those of pricing one at a time: results are taken
     // in bound order, and a price computed beyond the point where the search stops is
-    // dropped, not counted.
-    int pricing_threads = 0;
+    // dropped, not counted. (Bounding stays on the calling thread: spreading one
+    // assignment's folded instances over threads measured no faster.)
+    int threads = 0;
 };
 
 struct plan_search_statistics {
@@ -1712,7 +1713,7 @@ LOOM_INLINE plan_search_result search_assignments(const plan::plan_spec& space, 
         std::string refusal;         // a plan_error or shape_error: refused, for this reason
         std::exception_ptr failure;  // anything else: rethrown in its turn
     };
-    const std::size_t width = o.pricing_threads > 0 ? static_cast<std::size_t>(o.pricing_threads)
+    const std::size_t width = o.threads > 0 ? static_cast<std::size_t>(o.threads)
                                                     : std::max(1u, std::thread::hardware_concurrency());
     auto price_leaf = [&space, &leaves, &price_of](std::size_t k) {
         priced_ahead out;
