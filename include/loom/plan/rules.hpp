@@ -48,17 +48,24 @@ inline void note_choice(const std::string& name) {
     if (active_choice_log) active_choice_log->names.push_back(name);
 }
 
-// Logs the lookups of this thread into `log` for the scope's lifetime.
-class choice_log_scope {
+// Points this thread's `slot` at `value` for the scope's lifetime, then restores what it
+// pointed at before (scopes nest).
+template <class T, T*& (&Slot)()>
+class thread_slot_scope {
 public:
-    explicit choice_log_scope(choice_log& log) : previous_(active_choice_log) { active_choice_log = &log; }
-    ~choice_log_scope() { active_choice_log = previous_; }
-    choice_log_scope(const choice_log_scope&) = delete;
-    choice_log_scope& operator=(const choice_log_scope&) = delete;
+    explicit thread_slot_scope(T& value) : previous_(Slot()) { Slot() = &value; }
+    ~thread_slot_scope() { Slot() = previous_; }
+    thread_slot_scope(const thread_slot_scope&) = delete;
+    thread_slot_scope& operator=(const thread_slot_scope&) = delete;
 
 private:
-    choice_log* previous_;
+    T* previous_;
 };
+
+inline choice_log*& active_choice_log_slot() { return active_choice_log; }
+
+// Logs the lookups of this thread into `log` for the scope's lifetime.
+using choice_log_scope = thread_slot_scope<choice_log, active_choice_log_slot>;
 
 // Shell-style glob: '*' any run of characters, '?' one character.
 LOOM_INLINE bool glob_match(std::string_view pattern, std::string_view text);
@@ -281,18 +288,10 @@ private:
 };
 
 inline thread_local selector_memo* active_selector_memo = nullptr;
+inline selector_memo*& active_selector_memo_slot() { return active_selector_memo; }
 
 // Puts `memo` in effect on this thread for the scope's lifetime.
-class selector_memo_scope {
-public:
-    explicit selector_memo_scope(selector_memo& memo) : previous_(active_selector_memo) { active_selector_memo = &memo; }
-    ~selector_memo_scope() { active_selector_memo = previous_; }
-    selector_memo_scope(const selector_memo_scope&) = delete;
-    selector_memo_scope& operator=(const selector_memo_scope&) = delete;
-
-private:
-    selector_memo* previous_;
-};
+using selector_memo_scope = thread_slot_scope<selector_memo, active_selector_memo_slot>;
 
 }  // namespace detail
 
