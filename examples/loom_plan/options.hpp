@@ -15,21 +15,18 @@ struct loom_plan_options {
     std::string cluster_json;
     double memory = 0;  // bytes per device; 0: the device's memory
     std::string precision = "bf16";  // bf16 / f16 (mixed precision, Adam) or f32: to_string(loom::precision)
-    // the space: empty lists mean every value that fits
-    std::vector<int> tp, pp, micro_batches, zero;
+    // The space: a known system's (megatron, deepspeed, alpa, nnscaler) or a plan file with
+    // open parameters, searched by pricing the programs each plan produces. The lists narrow
+    // its open parameters (empty: every value the space allows).
+    std::string space = "nnscaler";
+    std::vector<int> tp, dp, pp, micro_batches, zero, coshard;
     std::vector<std::string> schedules, recompute;
-    bool boundaries = false;  // search stage boundaries
-    int boundary_slack = 0;   // ... each within this many layers of the even split (0: any)
-    bool interlaced = false;  // also consider the interlaced pipeline
-    std::vector<int> coshard{1};  // Coshard factors to consider
-    bool unfolded = false;    // decide per layer instead of per class of identical layers; with a space: price in full
-    double budget = 0;        // seconds; 0: search to the end
+    int boundary_slack = 1;  // alpa and nnscaler: each stage within this many layers of even (-1: any cut)
+    bool unfolded = false;   // price every device's programs instead of small instances of the model
+    double budget = 60;      // seconds, then the best so far and its gap; 0: search until the best is proven
     // outputs
     std::string out, trace, save_cluster;
     std::string load;  // a plan file to apply to the model instead of searching
-    // A space to search, priced by the programs each plan produces: a known system's
-    // (megatron, deepspeed, alpa, nnscaler) or a plan file with open parameters.
-    std::string space;
     double runtime_memory = -1;  // bytes a runtime holds beside the program; < 0: 2 GiB on GPU presets, 0 else
 };
 

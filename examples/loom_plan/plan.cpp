@@ -1,5 +1,6 @@
-// The loom half of loom_plan: builds and profiles the model, loads or picks the cluster,
-// searches (or applies a saved plan file), and writes the plan file, the cluster and the trace.
+// The loom half of loom_plan: builds the model, loads or picks the cluster, searches a space
+// (or applies a saved plan file), and writes the plan file, the cluster and the trace.
+#include <algorithm>
 #include <cstdio>
 #include <cmath>
 #include <fstream>
@@ -30,56 +31,92 @@ search::cluster cluster_of(const loom_plan_options& o) {
                       "'; give dgx1_v100, dgx1_v100_8nic, dgx2_v100, dgx_a100 or dgx_h100, as name:nodes");
 }
 
-plan::schedule_kind schedule_of(const std::string& s) {
-    if (s == "gpipe") return plan::schedule_kind::gpipe;
-    if (s == "1f1b") return plan::schedule_kind::one_f_one_b;
-    if (s == "interleaved") return plan::schedule_kind::interleaved;
-    if (s == "3f1b") return plan::schedule_kind::three_f_one_b;
-    throw usage_error("loom_plan: unknown schedule '" + s + "'; give gpipe, 1f1b, interleaved or 3f1b");
+// The command line's name of a schedule kind.
+std::string schedule_name(plan::schedule_kind k) {
+    switch (k) {
+        case plan::schedule_kind::gpipe: return "gpipe";
+        case plan::schedule_kind::one_f_one_b: return "1f1b";
+        case plan::schedule_kind::interleaved: return "interleaved";
+        case plan::schedule_kind::three_f_one_b: return "3f1b";
+        case plan::schedule_kind::interlaced: return "interlaced";
+        case plan::schedule_kind::from_constraints: return "constraints";
+    }
+    return "?";
 }
 
-plan::recompute_policy recompute_of(const std::string& s) {
-    using enum plan::recompute_policy;
-    for (const plan::recompute_policy r : {none, selective, full})
-        if (s == plan::to_string(r)) return r;
-    throw usage_error("loom_plan: unknown recompute choice '" + s + "'; give none, selective or full");
-}
-
-search::search_space space_of(const loom_plan_options& o) {
-    search::search_space s;
-    s.tp = o.tp;
-    s.pp = o.pp;
-    s.micro_batches = o.micro_batches;
+// The space to search: a known system's by name, or a plan file with open parameters,
+// narrowed by the command line's lists.
+plan::plan_spec space_of(const loom_plan_options& o, const graph& model, int devices) {
+    plan::plan_spec space;
+    if (o.space == "megatron" || o.space == "deepspeed") space = plan::spaces::by_name(o.space, devices);
+    else if (o.space == "alpa") space = plan::spaces::alpa(devices, o.boundary_slack);
+    else if (o.space == "nnscaler") space = plan::spaces::nnscaler(devices, o.boundary_slack);
+    else space = io::load_plan(o.space, model);
+    auto narrow = [&](const char* name, const std::vector<int>& values) {
+        if (values.empty()) return;
+        space.narrow(name, std::vector<std::int64_t>(values.begin(), values.end()));
+    };
+    narrow("tp", o.tp);
+    narrow("dp", o.dp);
+    narrow("pp", o.pp);
+    narrow("mb", o.micro_batches);
+    narrow("coshard", o.coshard);
     if (!o.zero.empty()) {
-        s.zero.clear();
-        for (int z : o.zero) {
+        for (int z : o.zero)
             if (z < 0 || z > 3) throw usage_error("loom_plan: --zero " + std::to_string(z) + "; ZeRO stages are 0 to 3");
-            s.zero.push_back(static_cast<search::zero_stage>(z));
+        if (space.zero_open.empty()) {
+            if (std::find(o.zero.begin(), o.zero.end(), static_cast<int>(space.zero)) == o.zero.end())
+                throw usage_error("loom_plan: --zero: the space fixes ZeRO-" + std::to_string(static_cast<int>(space.zero)) +
+                                  "; give that stage, or a space whose ZeRO stage is open (nnscaler)");
+        } else {
+            space.narrow(space.zero_open, std::vector<std::int64_t>(o.zero.begin(), o.zero.end()));
         }
     }
     if (!o.schedules.empty()) {
-        s.schedules.clear();
-        for (const auto& name : o.schedules) s.schedules.push_back(schedule_of(name));
+        // Keep the space's orders of the kinds named, in the space's order.
+        std::vector<plan::order_policy> kept;
+        std::string offered;
+        for (const plan::order_policy& a : space.order.alternatives) {
+            offered += (offered.empty() ? "" : ", ") + schedule_name(a.kind);
+            if (std::find(o.schedules.begin(), o.schedules.end(), schedule_name(a.kind)) != o.schedules.end())
+                kept.push_back(a);
+        }
+        if (kept.empty())
+            throw usage_error("loom_plan: --schedules: the space's orders are " +
+                              (offered.empty() ? std::string("none (it has no pipeline)") : offered) +
+                              "; give some of them");
+        space.order.alternatives = kept;
+        if (kept.size() == 1) space.order.open.clear();
     }
     if (!o.recompute.empty()) {
-        s.recompute_choices.clear();
-        for (const auto& name : o.recompute) s.recompute_choices.push_back(recompute_of(name));
+        // none / full narrows the layers' open recompute choice; a fixed one must be among them.
+        bool keep = false, recompute = false;
+        for (const std::string& r : o.recompute) {
+            if (r == "none") keep = true;
+            else if (r == "full") recompute = true;
+            else
+                throw usage_error("loom_plan: --recompute " + r +
+                                  ": give none or full (selective recomputation is a plan part, "
+                                  "plan::presets::recompute_layers, written in a plan file)");
+        }
+        bool any = false;
+        for (plan::rule& r : space.rules) {
+            if (!r.recompute_open.empty() && keep != recompute) {
+                space.choices.erase(r.recompute_open);
+                r.recompute = recompute;
+                r.recompute_open.clear();
+                any = true;
+            } else if (r.recompute_open.empty() && r.recompute && !(*r.recompute ? recompute : keep)) {
+                throw usage_error("loom_plan: --recompute: the space " + (*r.recompute ? std::string("recomputes") : std::string("keeps")) +
+                                  " the layers of " + r.on.describe() + " always; give a space whose recompute choice is open (nnscaler)");
+            } else {
+                any = any || !r.recompute_open.empty() || r.recompute.has_value();
+            }
+        }
+        if (!any && recompute)
+            throw usage_error("loom_plan: --recompute full: the space recomputes nothing; give a space whose recompute choice is open (nnscaler)");
     }
-    if (o.interlaced) s.interlaced = {false, true};
-    s.coshard = o.coshard;
-    s.search_stage_boundaries = o.boundaries;
-    s.boundary_slack = o.boundary_slack;
-    return s;
-}
-
-// The predicted timeline of a configuration: its block orders timed with its chunk costs.
-std::string trace_of(search::cost_context& ctx, const search::configuration& c, const search::evaluation& e) {
-    const auto& orders = ctx.schedule_orders(c.schedule, c.pp, c.chunks, c.micro_batches);
-    schedule::cost_model costs;
-    costs.forward_per_stage = e.chunk_forward;
-    costs.backward_per_stage = e.chunk_backward;
-    costs.latency = search::stage_message_time(ctx, c);
-    return schedule::chrome_trace_json(schedule::simulate(orders.order, costs), 1e6);  // seconds -> us
+    return space;
 }
 
 }  // namespace
@@ -107,14 +144,13 @@ void apply_request_file(const std::string& path, loom_plan_options& o) {
             else if (key == "memory") o.memory = value.get<double>();
             else if (key == "precision") o.precision = value.get<std::string>();
             else if (key == "tp") o.tp = value.get<std::vector<int>>();
+            else if (key == "dp") o.dp = value.get<std::vector<int>>();
             else if (key == "pp") o.pp = value.get<std::vector<int>>();
             else if (key == "micro_batches") o.micro_batches = value.get<std::vector<int>>();
             else if (key == "zero") o.zero = value.get<std::vector<int>>();
             else if (key == "schedules") o.schedules = value.get<std::vector<std::string>>();
             else if (key == "recompute") o.recompute = value.get<std::vector<std::string>>();
-            else if (key == "boundaries") o.boundaries = value.get<bool>();
             else if (key == "boundary_slack") o.boundary_slack = value.get<int>();
-            else if (key == "interlaced") o.interlaced = value.get<bool>();
             else if (key == "coshard") o.coshard = value.get<std::vector<int>>();
             else if (key == "unfolded") o.unfolded = value.get<bool>();
             else if (key == "budget") o.budget = value.get<double>();
@@ -161,14 +197,14 @@ graph model_of(const loom_plan_options& o) {
     throw usage_error("loom_plan: unknown model '" + o.model + "'; give gpt, t5, swin or evoformer");
 }
 
-// --space: the space searched by search_plan, every plan priced by its own programs.
+// The search: the space's open parameters filled by search_plan, every plan priced by its
+// own programs.
 int search_space(const loom_plan_options& o, const search::cluster& hw) {
     const graph model = model_of(o);
     std::printf("model: %s, %lld forward ops, %.3fB parameters\n", o.model.c_str(),
                 static_cast<long long>(model.forward_node_count()), static_cast<double>(model.parameter_count()) / 1e9);
     std::printf("cluster: %s, %d devices of %.0f GB\n", hw.name.c_str(), hw.devices(), hw.device.memory_bytes / 1e9);
-    const bool known = o.space == "megatron" || o.space == "deepspeed" || o.space == "alpa" || o.space == "nnscaler";
-    const plan::plan_spec space = known ? plan::spaces::by_name(o.space, hw.devices()) : io::load_plan(o.space, model);
+    const plan::plan_spec space = space_of(o, model, hw.devices());
     std::printf("space: %s\n", space.name.empty() ? o.space.c_str() : space.name.c_str());
     search::plan_search_options options;
     options.memory_limit = o.memory;
@@ -193,6 +229,9 @@ int search_space(const loom_plan_options& o, const search::cluster& hw) {
     const search::plan_search_result r =
         fold ? search::search_plan(family, space, hw, options) : search::search_plan(model, space, hw, options);
     std::printf("%s", r.explain().c_str());
+    const double step = r.price().step_seconds;
+    std::printf("throughput: %.1f samples/s, %.0f tokens/s\n", static_cast<double>(o.batch) / step,
+                static_cast<double>(o.batch * o.seq) / step);
     if (!o.out.empty()) {
         io::save_plan(r.plan, o.out, model);
         std::printf("plan written to %s\n", o.out.c_str());
@@ -216,65 +255,29 @@ int search_space(const loom_plan_options& o, const search::cluster& hw) {
     return 0;
 }
 
+// A saved plan: loaded against this model (a plan for another model is refused) and
+// applied; its programs are what training would run.
+int explain_saved(const loom_plan_options& o, const search::cluster& hw) {
+    const graph model = model_of(o);
+    const plan::plan_spec plan = io::load_plan(o.load, model);
+    if (plan.devices != hw.devices())
+        throw usage_error("loom_plan: " + o.load + " is a plan for " + std::to_string(plan.devices) +
+                          " devices but the cluster has " + std::to_string(hw.devices()) +
+                          "; give the cluster it was made for");
+    const partition::partitioned_graph programs = partition::apply_plan(model, plan);
+    std::printf("plan: %s\n%s", plan.name.c_str(), partition::explain(programs).c_str());
+    return 0;
+}
+
 }  // namespace
 
 int run_loom_plan(const loom_plan_options& o) {
     try {
-        if (!o.space.empty()) return search_space(o, cluster_of(o));
-        if (o.model != "gpt")
-            throw usage_error("loom_plan: --model " + o.model + " needs --space (megatron, deepspeed, alpa, nnscaler or a "
-                              "plan file with open parameters); the built-in grid search covers GPTs only");
-        const models::gpt_config config{.layers = o.layers, .hidden = o.hidden, .heads = o.heads, .vocab = o.vocab,
-                                        .seq = o.seq, .batch = o.batch};
         const search::cluster hw = cluster_of(o);
         if (!o.save_cluster.empty()) search::save_cluster(hw, o.save_cluster);
-        search::search_options options;
-        options.memory_per_device = o.memory;
-        if (o.precision == to_string(precision::f32)) {
-            options.compute = precision::f32;
-            options.activation_bytes = 4;
-            options.states = search::f32_adam();
-        } else if (o.precision == to_string(precision::f16)) {
-            options.compute = precision::f16;
-        } else if (o.precision != to_string(precision::bf16)) {
+        if (o.precision != "bf16" && o.precision != "f16" && o.precision != "f32")
             throw usage_error("loom_plan: precision '" + o.precision + "'; give bf16, f16 or f32");
-        }
-        options.fold = !o.unfolded;
-        options.time_budget_seconds = o.budget;
-        search::cost_context ctx(search::profile_model(models::gpt(config).training_graph()), hw, options);
-        std::printf("model: GPT, %lld layers, hidden %lld, %lld heads, seq %lld, vocab %lld, batch %lld (%.2fB parameters)\n",
-                    static_cast<long long>(o.layers), static_cast<long long>(o.hidden), static_cast<long long>(o.heads),
-                    static_cast<long long>(o.seq), static_cast<long long>(o.vocab), static_cast<long long>(o.batch),
-                    ctx.model().parameters / 1e9);
-        std::printf("cluster: %s, %d devices of %.0f GB\n", hw.name.c_str(), hw.devices(), hw.device.memory_bytes / 1e9);
-
-        if (!o.load.empty()) {
-            // A saved plan: loaded against this model (a plan for another model is refused) and
-            // applied; its programs are what training would run.
-            const graph forward = models::gpt(config).ir();
-            const plan::plan_spec plan = io::load_plan(o.load, forward);
-            if (plan.devices != hw.devices())
-                throw usage_error("loom_plan: " + o.load + " is a plan for " + std::to_string(plan.devices) +
-                                  " devices but the cluster has " + std::to_string(hw.devices()) +
-                                  "; give the cluster it was made for");
-            const partition::partitioned_graph programs = partition::apply_plan(forward, plan);
-            std::printf("plan: %s\n%s", plan.name.c_str(), partition::explain(programs).c_str());
-            return 0;
-        }
-        const search::search_result result = search::branch_and_bound(ctx, space_of(o));
-        std::printf("%s", result.explain().c_str());
-        if (!result.found) return 1;
-        std::printf("throughput: %.1f sequences/s, %.0f tokens/s\n", static_cast<double>(o.batch) / result.cost.step_time,
-                    static_cast<double>(o.batch * o.seq) / result.cost.step_time);
-        if (!o.out.empty()) {
-            io::save_plan(search::to_plan(result.best), o.out, models::gpt(config).ir());
-            std::printf("plan written to %s\n", o.out.c_str());
-        }
-        if (!o.trace.empty()) {
-            std::ofstream(o.trace) << trace_of(ctx, result.best, result.cost);
-            std::printf("predicted timeline written to %s (open it in Perfetto)\n", o.trace.c_str());
-        }
-        return 0;
+        return o.load.empty() ? search_space(o, hw) : explain_saved(o, hw);
     } catch (const loom::error& e) {
         std::fprintf(stderr, "error: %s\n", e.what());
         return 2;
