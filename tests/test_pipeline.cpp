@@ -10,17 +10,19 @@
 #include <algorithm>
 #include <filesystem>
 #include <string>
+#include <vector>
 
 #include <loom/io/plan_file.hpp>
 #include <loom/models/evoformer.hpp>
 #include <loom/partition/apply.hpp>
 #include <loom/plan/compose.hpp>
 #include <loom/plan/presets.hpp>
-#include <loom/search/branch_and_bound.hpp>
-#include <loom/search/to_plan.hpp>
+#include <loom/plan/spaces.hpp>
+#include <loom/search/plan_search.hpp>
 
 #include "support/evoformer.hpp"
 #include "support/plan_equivalence.hpp"
+#include "support/search_fixtures.hpp"
 
 using namespace loom;
 
@@ -286,34 +288,55 @@ TEST_CASE("searched plans run and train like one device, and load back from plan
     auto m = models::gpt(c);
     const graph forward = m.ir();
     const graph training = std::move(m).training_graph();
-    // A 4-device node: what the searcher picks for it must run, and so must the other shapes.
-    search::cluster node = search::dgx1_v100(1);
+    // A 4-device node slow enough that compute, not latency, sets the step, so that the search
+    // has a reason to spread the model over the devices: what it picks must run.
+    // nnScaler's space, narrowed to 4 micro-batches, even stage cuts, no Coshard and ZeRO 0
+    // or 1, still leaves the degrees, stages, order, ZeRO stage and recompute to the search,
+    // which takes about a second.
+    search::cluster node = testing::slow_node();
     node.topo.devices_per_node = 4;
-    search::cost_context ctx(search::profile_model(training), node, {});
-    const auto found = search::branch_and_bound(ctx, search::search_space{});
-    REQUIRE(found.found);
-    std::vector<search::configuration> configurations{found.best};
-    const auto make = [](int tp, int pp, int dp, int micro, plan::schedule_kind kind, int chunks) {
-        search::configuration k;
-        k.tp = tp, k.pp = pp, k.dp = dp, k.micro_batches = micro, k.schedule = kind, k.chunks = chunks;
-        k.layers_per_chunk.assign(static_cast<std::size_t>(pp * chunks), 4 / (pp * chunks));
-        k.recompute_of.assign(4, plan::recompute_policy::none);
-        return k;
+    const plan::plan_spec space = plan::spaces::nnscaler(4, 0).narrow("mb", {4}).narrow("coshard", {1}).narrow("zero", {0, 1});
+    search::plan_search_result searched = search::search_plan(forward, space, node);
+    searched.plan.name = "searched: " + search::choices_text(searched.parameters, searched.best.choices);
+    // The other shapes, as plans written by hand.
+    namespace presets = plan::presets;
+    const auto named = [](plan::plan_spec p, std::string name) {
+        p.name = std::move(name);
+        return p;
     };
-    configurations.push_back(make(2, 2, 1, 4, plan::schedule_kind::one_f_one_b, 1));
-    configurations.push_back(make(1, 2, 2, 2, plan::schedule_kind::gpipe, 1));
-    configurations.push_back(make(2, 1, 2, 1, plan::schedule_kind::one_f_one_b, 1));
-    configurations.push_back(make(1, 2, 1, 4, plan::schedule_kind::interleaved, 2));
-    configurations.push_back(make(1, 1, 1, 4, plan::schedule_kind::one_f_one_b, 1));
-    configurations.push_back(make(1, 4, 1, 4, plan::schedule_kind::one_f_one_b, 1));
-    configurations.back().interlaced = true;
-    configurations.push_back(make(1, 2, 1, 2, plan::schedule_kind::one_f_one_b, 1));
-    configurations.back().layers_per_chunk = {1, 3};
-    configurations.push_back(make(2, 1, 2, 1, plan::schedule_kind::one_f_one_b, 1));
-    configurations.back().recompute_of = {plan::recompute_policy::full, plan::recompute_policy::selective, plan::recompute_policy::none,
-                                          plan::recompute_policy::full};
-    configurations.push_back(make(1, 1, 4, 1, plan::schedule_kind::one_f_one_b, 1));
-    configurations.back().zero = plan::zero_stage::parameters;
+    const std::vector<plan::plan_spec> plans{
+        searched.plan,
+        named(plan::compose(plan::devices<4>, presets::megatron(2), plan::stages<2>, plan::micro_batches<4>,
+                            plan::order<plan::OneFOneB>)
+                  .spec(),
+              "TP 2 x PP 2, 1F1B, 4 micro-batches"),
+        named(plan::compose(plan::devices<4>, presets::data_parallel(2), plan::stages<2>, plan::micro_batches<2>,
+                            plan::order<plan::GPipe>)
+                  .spec(),
+              "PP 2 x DP 2, GPipe, 2 micro-batches"),
+        named(presets::megatron(2, 2), "TP 2 x DP 2"),
+        named(plan::compose(plan::devices<2>, plan::stages<2>, plan::micro_batches<4>, plan::order<plan::Interleaved<2>>).spec(),
+              "PP 2, interleaved 1F1B of 2 chunks, 4 micro-batches"),
+        named(plan::compose(plan::devices<1>, plan::stages<1>, plan::micro_batches<4>, plan::order<plan::OneFOneB>).spec(),
+              "1 device, 1F1B, 4 micro-batches"),
+        // Data parallelism of degree 1 inside the stages is not a no-op here: its rule over every
+        // op reaches the interlaced pipeline's ends too, which then run the layer norm and the
+        // embeddings' sum on one device and broadcast them (the interlaced test above runs them
+        // on every device).
+        named(presets::pipeline(4, 4, {plan::schedule_kind::interlaced}, presets::data_parallel(1)),
+              "PP 4, interlaced, 4 micro-batches, the ends' replicated ops on one device"),
+        named(plan::compose(plan::devices<2>, plan::stages<2>, plan::stage_boundaries<1>, plan::micro_batches<2>,
+                            plan::order<plan::OneFOneB>)
+                  .spec(),
+              "PP 2 of layers {1, 3}, 1F1B, 2 micro-batches"),
+        named(plan::compose(plan::devices<4>, presets::megatron(2, 2),
+                            presets::recompute_layers(plan::recompute_policy::full, 0, 0),
+                            presets::recompute_layers(plan::recompute_policy::selective, 1, 1),
+                            presets::recompute_layers(plan::recompute_policy::full, 3, 3))
+                  .spec(),
+              "TP 2 x DP 2, recompute layers full, selective, none, full"),
+        named(presets::zero(3, 4), "DP 4, ZeRO-3"),
+    };
     train::trainer<double> single(training, {});
     std::vector<std::vector<std::int32_t>> data;
     std::vector<train::input_feed> feeds;
@@ -322,11 +345,10 @@ TEST_CASE("searched plans run and train like one device, and load back from plan
         feeds.push_back(testing::gpt_batch(c, step, data));
         reference.push_back(single.step(feeds.back()));
     }
-    for (const auto& k : configurations) {
-        const plan::plan_spec p = search::to_plan(k);
+    for (const plan::plan_spec& p : plans) {
         INFO(p.name);
         const auto pg = partition::apply_plan(forward, p);
-        REQUIRE(pg.world == k.devices());
+        REQUIRE(pg.world == p.devices);
         std::vector<std::vector<train::step_result>> results(static_cast<std::size_t>(pg.world));
         comm::run_ranks(pg.world, [&](comm::communicator& comm) {
             train::distributed_trainer<double> rank(pg, comm, {});
@@ -340,8 +362,8 @@ TEST_CASE("searched plans run and train like one device, and load back from plan
     }
     // Saved and loaded back, each plan gives the same programs: nodes, in the same order.
     const std::string path = (std::filesystem::temp_directory_path() / "loom_test_searched_plan.json").string();
-    for (const auto& k : configurations) {
-        const plan::plan_spec p = search::to_plan(k);
+    for (const plan::plan_spec& p : plans) {
+        INFO(p.name);
         io::save_plan(p, path, forward);
         const auto original = partition::apply_plan(forward, p);
         const auto loaded = partition::apply_plan(forward, io::load_plan(path, forward));

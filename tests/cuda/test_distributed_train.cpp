@@ -15,7 +15,6 @@
 #include <loom/runtime/comm/in_process.hpp>
 #include <loom/train/cuda/distributed_trainer.hpp>
 #include <loom/train/cuda/trainer.hpp>
-#include <loom/search/to_plan.hpp>
 
 #include "../support/gpt_batch.hpp"
 #include "support.hpp"
@@ -130,22 +129,14 @@ TEST_CASE("tensor and sequence parallelism, alone and with data parallelism, equ
 }
 
 TEST_CASE("pipelines (1F1B, GPipe, with tensor and data parallelism) equal one GPU", "[cuda][distributed][pipeline]") {
-    // The searcher's configurations as plans, applied as the pipeline tests on the host apply
-    // them: device programs ordered by the schedule, activations sent between stages.
+    // Pipelines alone and around data and tensor parallelism, applied as the pipeline tests on
+    // the host apply them: device programs ordered by the schedule, activations sent between
+    // stages.
     const graph forward = models::gpt(small_gpt()).ir();
-    const auto make = [](int tp, int pp, int dp, int micro, plan::schedule_kind kind) {
-        search::configuration k;
-        k.tp = tp, k.pp = pp, k.dp = dp, k.micro_batches = micro, k.schedule = kind, k.chunks = 1;
-        k.layers_per_chunk.assign(static_cast<std::size_t>(pp), 2 / pp);
-        k.recompute_of.assign(2, plan::recompute_policy::none);
-        return k;
-    };
-    for (const auto& k : {make(1, 2, 1, 4, plan::schedule_kind::one_f_one_b), make(1, 2, 2, 2, plan::schedule_kind::gpipe),
-                          make(2, 2, 1, 2, plan::schedule_kind::one_f_one_b)}) {
-        const std::string name = "TP " + std::to_string(k.tp) + " PP " + std::to_string(k.pp) + " DP " +
-                                 std::to_string(k.dp) + " " + std::string(plan::to_string(k.schedule));
-        check_against_one_gpu<float>(partition::apply_plan(forward, search::to_plan(k)), name, std::int64_t{64} << 10, 1e-4);
-    }
+    for (const plan::plan_spec& p : {presets::pipeline(2, 4, {plan::schedule_kind::one_f_one_b}),
+                                     presets::pipeline(2, 2, {plan::schedule_kind::gpipe}, presets::data_parallel(2)),
+                                     presets::pipeline(2, 2, {plan::schedule_kind::one_f_one_b}, presets::megatron(2))})
+        check_against_one_gpu<float>(partition::apply_plan(forward, p), p.name, std::int64_t{64} << 10, 1e-4);
 }
 
 TEST_CASE("ZeRO-2 and ZeRO-3 on 2 GPU ranks equal one GPU", "[cuda][distributed][zero]") {
