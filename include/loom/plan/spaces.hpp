@@ -5,7 +5,8 @@
 //
 //   megatron(n)   Megatron-LM: tensor x pipeline x data parallelism, even stages, 1F1B or
 //                 interleaved 1F1B (2 chunks), every layer recomputed
-//   deepspeed(n)  DeepSpeed: ZeRO-3 with tensor and data parallelism
+//   deepspeed(n)  DeepSpeed: ZeRO-3 with tensor and data parallelism, micro-batches
+//                 accumulated (no pipeline), every layer recomputed
 //   alpa(n)       Alpa's inter- and intra-operator levels: stages whose boundaries are
 //                 searched too, with tensor x data parallelism inside them, ordered 1F1B
 //   nnscaler(n)   all of the above, with the ZeRO stage, GPipe, 1F1B, interleaved, 3F1B,
@@ -110,7 +111,9 @@ LOOM_INLINE plan_spec megatron(int devices) {
 LOOM_INLINE plan_spec deepspeed(int devices) {
     plan_spec p = detail::tensor_and_data(devices);
     p.zero = zero_stage::parameters;
-    p.name = "DeepSpeed space: ZeRO-3 x TP x DP";
+    p.micro_batches = detail::open_degree("mb");  // gradient accumulation
+    p.add(detail::recompute_every_layer());        // activation checkpointing
+    p.name = "DeepSpeed space: ZeRO-3 x TP x DP, gradient accumulation, full recompute";
     return p;
 }
 
