@@ -200,6 +200,27 @@ TEST_CASE("a plan that does not fold is priced in full, and bad shapes are refus
         CHECK_THROWS_WITH(search::price_folded(m, p, search::dgx_a100(1), gpu_options()),
                           Catch::Contains("6 layers cannot fill 8 stages"));
     }
+    SECTION("more pieces than devices: ZeRO-3 with 8 replicas of 4 tensor-parallel pieces on 16 devices") {
+        // Replica folding matched each instance piece to a device without checking that the
+        // piece's device exists in the instance (it read past the end of its tables).
+        plan::plan_spec p = plan::spaces::deepspeed(16);
+        p.choices = {{"dp", 8}, {"tp", 4}, {"mb", 1}};
+        const graph g = m.forward(6, 16);
+        std::string full;
+        try {
+            (void)partition::apply_plan(g, p);
+        } catch (const error& e) {
+            full = e.what();
+        }
+        INFO("the full model: " << (full.empty() ? "applied" : full));
+        std::string folded;
+        try {
+            (void)search::price_folded(m, p, search::dgx_a100(2), gpu_options());
+        } catch (const error& e) {
+            folded = e.what();
+        }
+        CHECK(folded == full);
+    }
     SECTION("a family without a builder") {
         CHECK_THROWS_WITH(search::price_folded(search::model_family{}, megatron({}), search::dgx_a100(1)),
                           Catch::Contains("needs a forward(layers, batch) builder"));

@@ -48,6 +48,7 @@
 #include <loom/core/linkage.hpp>
 #include <loom/graph/graph.hpp>
 #include <loom/partition/apply.hpp>
+#include <loom/partition/piece_layout.hpp>
 #include <loom/plan/resolve.hpp>
 #include <loom/plan/rules.hpp>
 #include <loom/search/hardware.hpp>
@@ -325,9 +326,16 @@ LOOM_INLINE folded_price price_folded(const model_family& m, const plan::plan_sp
                 std::optional<replica_fold> fold;
                 if (replicas != s.replicas) {
                     const graph real_shape = m.forward(instance_depth(s, layers), samples * s.replicas * micro_batches);
-                    fold = detail::match_replicas(plan::resolve(instance, g),
-                                                  plan::resolve(instance_plan(p, s, s.replicas, micro_batches, layers), real_shape),
-                                                  replicas, s.replicas);
+                    const plan::resolved_plan real =
+                        plan::resolve(instance_plan(p, s, s.replicas, micro_batches, layers), real_shape);
+                    // The real replicas' pieces must fit the real devices before they are
+                    // matched to the instance's: the same checks, and refusals, as applying
+                    // the plan in full.
+                    std::vector<std::string> notes;
+                    for (std::size_t n = 0; n < real.forward.size(); ++n)
+                        if (const plan::op_partition* part = real.at(static_cast<node_id>(n)))
+                            (void)partition::bind_partition(real_shape.nodes[n], *part, p.devices, true, notes);
+                    fold = detail::match_replicas(plan::resolve(instance, g), real, replicas, s.replicas);
                     if (!fold)
                         throw plan_error("price_folded: the plan's data-parallel pieces do not line up across replicas "
                                          "(a device holds pieces of different replicas); price it unfolded");
@@ -455,6 +463,7 @@ LOOM_INLINE std::optional<replica_fold> match_replicas(const plan::resolved_plan
         };
         for (std::int64_t k = 0; k < a->pieces(); ++k) {
             const auto d = static_cast<std::size_t>(a->device_of(k));
+            if (d >= fold.real.size()) return std::nullopt;  // more pieces than the instance has devices
             std::vector<std::int64_t> coords = a->coordinates(k);
             const int real_device = b->device_of(piece_of(coords));
             if (fold.real[d] >= 0) {
