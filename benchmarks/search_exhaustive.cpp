@@ -1,91 +1,85 @@
-// Branch-and-bound against exhaustive enumeration, timed side by side on spaces small enough
-// to enumerate: GPTs of 2 and 4 layers on one DGX-1 (every layer's recompute choice on its
-// own in the enumeration), under four memory caps and three kinds of space, and an Evoformer
-// with 3 recycling rounds (3F1B in the space). tests/test_search.cpp asserts the equality on
-// the same kinds of space; this program reports the times.
+// search::search_plan (best-first by lower bound, stopping when the next bound cannot beat
+// the runner-up) against exhaustive enumeration (every assignment of the space resolved,
+// applied and priced by its programs), timed side by side on spaces small enough to
+// enumerate: GPTs of 2 and 4 layers on one DGX-1 V100 node in the Megatron-LM, Alpa,
+// DeepSpeed and narrowed nnScaler spaces (plan/spaces.hpp) on 4 to 8 devices, each under no
+// cap and under caps of 80% and 50% of the uncapped optimum's peak memory, and an
+// Evoformer with 3 recycling rounds in nnScaler's narrowed space (3F1B among its orders).
+// The best step times must be equal (tests/test_plan_search.cpp asserts it on the same kind
+// of space); the program exits 1 where they differ, and reports the times and counts.
 //
-//   search_exhaustive [--out benchmarks/results/search_exhaustive.md]
+// One enumeration serves every cap of a space: each assignment is priced once and the caps
+// only filter, so the "exhaustive s" of a space's rows is one and the same measurement.
+// Both sides price on one thread (--threads 1), so that the times compare the work done.
+// The search refuses fewer: an assignment that plan::resolve accepts but partition::apply_plan
+// refuses is refused only when priced, so the pruned ones among them count as pruned.
+//
+//   search_exhaustive [--out benchmarks/results/search_exhaustive.md] [--json FILE] [--threads 1]
+// The whole run takes about two minutes on 2 cores.
 #include <chrono>
+#include <cmath>
 #include <cstdio>
 #include <fstream>
 #include <functional>
-#include <iostream>
+#include <limits>
+#include <map>
+#include <optional>
 #include <sstream>
 #include <string>
 #include <vector>
 
 #include <CLI/CLI.hpp>
+#include <nlohmann/json.hpp>
 
 #include <loom/models/evoformer.hpp>
 #include <loom/models/gpt.hpp>
-#include <loom/search/branch_and_bound.hpp>
+#include <loom/partition/apply.hpp>
+#include <loom/plan/resolve.hpp>
+#include <loom/plan/spaces.hpp>
+#include <loom/search/plan_search.hpp>
+
+#include "support/machine.hpp"
+#include "support/record.hpp"
 
 using namespace loom;
 
 namespace {
 
 struct space_case {
-    std::string name;
+    std::string model;
+    std::string space_name;
     std::function<graph()> build;
-    double memory_fraction;  // of the unconstrained optimum's peak memory; 0: no cap
-    search::search_space space;
+    plan::plan_spec space;
 };
 
 std::vector<space_case> cases() {
     std::vector<space_case> out;
-    for (std::int64_t layers : {2, 4})
-        for (double cap : {0.0, 0.8, 0.5, 0.02})
-            for (int variant = 0; variant < 3; ++variant) {
-                search::search_space s;
-                s.micro_batches = {1, 2, 4, 8};
-                std::string kind;
-                if (variant == 0) {
-                    s.zero = {search::zero_stage::none, search::zero_stage::optimizer, search::zero_stage::parameters};
-                    s.interlaced = {false, true};
-                    kind = "ZeRO 0/1/3, interlaced";
-                } else if (variant == 1) {
-                    s.search_stage_boundaries = true;
-                    s.zero = {search::zero_stage::none, search::zero_stage::gradients};
-                    s.schedules = {plan::schedule_kind::gpipe, plan::schedule_kind::one_f_one_b};
-                    s.coshard = {1, 4};
-                    kind = "boundaries, Coshard 1/4";
-                } else {
-                    s.tp = {1, 2};
-                    s.recompute_choices = {plan::recompute_policy::none, plan::recompute_policy::full};
-                    s.coshard = {1, 2, 8};
-                    kind = "TP 1/2, full or no recompute, Coshard 1/2/8";
-                }
-                char name[160];
-                std::snprintf(name, sizeof name, "GPT %lld layers, cap %.2f, %s", static_cast<long long>(layers), cap,
-                              kind.c_str());
-                out.push_back({name,
-                               [layers] {
-                                   return models::gpt({.layers = layers, .hidden = 512, .heads = 8, .vocab = 1024,
-                                                       .seq = 256, .batch = 16})
-                                       .training_graph();
-                               },
-                               cap, s});
-            }
-    for (double cap : {0.0, 0.6, 0.3, 0.15}) {
-        search::search_space s;
-        s.micro_batches = {1, 2, 4, 8};
-        s.zero = {search::zero_stage::none, search::zero_stage::optimizer};
-        s.coshard = {1, 2};
-        char name[160];
-        std::snprintf(name, sizeof name, "Evoformer 4 blocks x 3 rounds, cap %.2f, 3F1B", cap);
-        out.push_back({name,
-                       [] {
-                           models::evoformer_config c;
-                           c.blocks = 4;
-                           c.batch = 8;
-                           c.msa_seqs = 32;
-                           c.residues = 64;
-                           c.msa_channels = 64;
-                           c.pair_channels = 32;
-                           return models::evoformer(c).training_graph();
-                       },
-                       cap, s});
+    for (std::int64_t layers : {2, 4}) {
+        const auto gpt = [layers] {
+            return graph(models::gpt({.layers = layers, .hidden = 256, .heads = 8, .vocab = 1024, .seq = 128, .batch = 16})
+                             .ir());
+        };
+        const std::string model = "GPT " + std::to_string(layers) + " layers";
+        out.push_back({model, "Megatron-LM, 8 GPUs", gpt, plan::spaces::megatron(8)});
+        out.push_back({model, "DeepSpeed, 8 GPUs", gpt, plan::spaces::deepspeed(8)});
+        out.push_back({model, "Alpa, 4 GPUs, mb 1-8", gpt, plan::spaces::alpa(4).narrow("mb", {1, 2, 4, 8})});
+        out.push_back({model, "nnScaler, 4 GPUs, mb 2/4, ZeRO 0/3, Coshard 1/2", gpt,
+                       plan::spaces::nnscaler(4).narrow("mb", {2, 4}).narrow("zero", {0, 3}).narrow("coshard", {1, 2})});
     }
+    // Three forward rounds, the last differentiated: 3F1B pipelines them, and the space holds it.
+    const auto evoformer = [] {
+        models::evoformer_config c;
+        c.blocks = 4;
+        c.batch = 8;
+        c.msa_seqs = 16;
+        c.residues = 32;
+        c.msa_channels = 32;
+        c.pair_channels = 16;
+        return graph(models::evoformer(c).ir());
+    };
+    // Narrower than the GPTs' space: each Evoformer program prices ten times slower (its heads are nodes of their own).
+    out.push_back({"Evoformer 4 blocks x 3 rounds", "nnScaler, 4 GPUs, mb 4, ZeRO 0, Coshard 1/2", evoformer,
+                   plan::spaces::nnscaler(4).narrow("mb", {4}).narrow("zero", {0}).narrow("coshard", {1, 2})});
     return out;
 }
 
@@ -93,70 +87,186 @@ double seconds_since(std::chrono::steady_clock::time_point start) {
     return std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
 }
 
+// Every assignment of the space resolved, applied and priced: what the search would do if
+// it bounded and pruned nothing.
+struct leaf {
+    std::map<std::string, std::int64_t> choices;
+    double step = 0;
+    double peak = 0;
+};
+struct enumeration {
+    std::vector<leaf> priced;
+    std::int64_t assignments = 0;
+    std::int64_t refused = 0;
+    double seconds = 0;
+
+    // The fastest leaf within `limit` bytes per device (nothing when none fits).
+    const leaf* best_within(double limit) const {
+        const leaf* best = nullptr;
+        for (const leaf& l : priced)
+            if (l.peak <= limit && (!best || l.step < best->step)) best = &l;
+        return best;
+    }
+};
+
+enumeration price_everything(const graph& model, const plan::plan_spec& space, const search::cluster& c,
+                             const search::price_options& o) {
+    const auto start = std::chrono::steady_clock::now();
+    const auto params = search::open_parameter_candidates(
+        space, search::batch_of(model), space.stages ? plan::detail::layer_count(model, space.stages->repeat) : 0);
+    enumeration out;
+    search::for_each_assignment(space, params, [&](const plan::plan_spec& candidate) {
+        ++out.assignments;
+        try {
+            (void)plan::resolve(candidate, model);
+            const search::program_price price = search::price_programs(partition::apply_plan(model, candidate), c, o);
+            out.priced.push_back({candidate.choices, price.step_seconds, price.peak_memory()});
+        } catch (const plan_error&) {
+            ++out.refused;
+        } catch (const shape_error&) {
+            ++out.refused;
+        }
+    });
+    out.seconds = seconds_since(start);
+    return out;
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
-    CLI::App app{"Branch-and-bound against exhaustive enumeration on small spaces"};
-    std::string out;
+    CLI::App app{"search_plan against exhaustive enumeration on small spaces"};
+    std::string out, json_out;
+    int threads = 1;
     app.add_option("--out", out, "also write the table to this Markdown file");
+    app.add_option("--json", json_out, "also write a JSON record to this file");
+    app.add_option("--threads", threads, "assignments search_plan prices at once (0: one per hardware thread)");
     CLI11_PARSE(app, argc, argv);
 
+    const search::cluster hw = search::dgx1_v100(1);
     std::ostringstream table;
-    table << "| space | exhaustive s | configurations | branch-and-bound s | timed | unfolded s | same optimum | plan |\n"
-          << "|---|---:|---:|---:|---:|---:|:--:|:--|\n";
+    table << "| model | space | cap | exhaustive s | assignments | refused | priced (fit) | search s | refused | priced | "
+             "pruned | over memory | gap | same best step | plan |\n"
+          << "|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|:--:|:--|\n";
+    std::printf("%s", table.str().c_str());
+    nlohmann::json rows = nlohmann::json::array();
     int spaces = 0, equal = 0;
-    double total_exhaustive = 0, total_bb = 0;
-    for (const auto& c : cases()) {
-        const auto profile = search::profile_model(c.build());
-        search::cost_context free_ctx(profile, search::dgx1_v100(1), {});
-        const double free_peak = search::branch_and_bound(free_ctx, c.space).cost.peak_memory();
-        search::search_options o;
-        o.memory_per_device = c.memory_fraction * free_peak;
-        search::search_options unfolded = o;
-        unfolded.fold = false;
-        search::cost_context all_ctx(profile, search::dgx1_v100(1), o), ctx(profile, search::dgx1_v100(1), o),
-            unfolded_ctx(profile, search::dgx1_v100(1), unfolded);
-        auto start = std::chrono::steady_clock::now();
-        const auto all = search::enumerate_all(all_ctx, c.space);
-        const double t_all = seconds_since(start);
-        start = std::chrono::steady_clock::now();
-        const auto bb = search::branch_and_bound(ctx, c.space);
-        const double t_bb = seconds_since(start);
-        start = std::chrono::steady_clock::now();
-        const auto bb_unfolded = search::branch_and_bound(unfolded_ctx, c.space);
-        const double t_unfolded = seconds_since(start);
-        const bool same = all.found == bb.found && all.found == bb_unfolded.found &&
-                          (!all.found || (std::abs(all.cost.step_time - bb.cost.step_time) <= 1e-12 * all.cost.step_time &&
-                                          std::abs(all.cost.step_time - bb_unfolded.cost.step_time) <=
-                                              1e-12 * all.cost.step_time));
-        ++spaces;
-        equal += same;
-        total_exhaustive += t_all;
-        total_bb += t_bb;
-        std::string plan = "none fits";
-        if (bb.found) {
-            const auto& b = bb.best;
-            plan = "TP" + std::to_string(b.tp) + " PP" + std::to_string(b.pp) + " DP" + std::to_string(b.dp) + " m" +
-                   std::to_string(b.micro_batches) + (b.pp > 1 ? " " + plan::to_string(b.schedule) : std::string()) +
-                   (b.coshard > 1 ? " coshard" + std::to_string(b.coshard) : std::string());
+    double total_exhaustive = 0, total_search = 0;
+    try {
+        for (const space_case& c : cases()) {
+            const graph model = c.build();
+            search::plan_search_options o;
+            o.threads = threads;
+            const enumeration all = price_everything(model, c.space, hw, o.price);
+            total_exhaustive += all.seconds;
+            const leaf* free_best = all.best_within(hw.device.memory_bytes);
+            for (double cap : {0.0, 0.8, 0.5}) {
+                // Caps are fractions of the uncapped optimum's peak (0: the device's memory).
+                if (cap > 0 && !free_best) continue;
+                o.memory_limit = cap > 0 ? cap * free_best->peak : 0.0;
+                const double limit = cap > 0 ? o.memory_limit : hw.device.memory_bytes;
+                const leaf* expected = all.best_within(limit);
+                const auto start = std::chrono::steady_clock::now();
+                std::optional<search::plan_search_result> found;
+                std::string why_none;
+                try {
+                    found = search::search_plan(model, c.space, hw, o);
+                } catch (const search::search_error& e) {
+                    why_none = e.what();
+                }
+                const double t_search = seconds_since(start);
+                total_search += t_search;
+                const bool same =
+                    found ? expected && std::abs(found->best.price.step_seconds - expected->step) <= 1e-12 * expected->step
+                          : !expected;
+                ++spaces;
+                equal += same;
+                const std::string plan =
+                    found ? search::choices_text(found->parameters, found->best.choices) : std::string("none fits");
+                char cap_text[32];
+                if (cap > 0) std::snprintf(cap_text, sizeof cap_text, "%.2f", cap);
+                else std::snprintf(cap_text, sizeof cap_text, "none");
+                std::string gap = "-";
+                if (found) gap = found->gap == 0 ? "0 (proven)" : std::to_string(100 * found->gap) + "%";
+                std::int64_t fit = 0;
+                for (const leaf& l : all.priced) fit += l.peak <= limit;
+                // The search's counts go down with a search that finds nothing.
+                const auto count = [&](std::int64_t search::plan_search_statistics::*n) {
+                    return found ? std::to_string(found->stats.*n) : std::string("-");
+                };
+                char row[1024];
+                std::snprintf(row, sizeof row,
+                              "| %s | %s | %s | %.3f | %lld | %lld | %zu (%lld) | %.3f | %s | %s | %s | %s | %s | %s | %s |\n",
+                              c.model.c_str(), c.space_name.c_str(), cap_text, all.seconds,
+                              static_cast<long long>(all.assignments), static_cast<long long>(all.refused), all.priced.size(),
+                              static_cast<long long>(fit), t_search, count(&search::plan_search_statistics::refused).c_str(),
+                              count(&search::plan_search_statistics::priced).c_str(),
+                              count(&search::plan_search_statistics::pruned).c_str(),
+                              count(&search::plan_search_statistics::over_memory).c_str(), gap.c_str(),
+                              same ? "yes" : "NO", plan.c_str());
+                table << row;
+                std::printf("%s", row);
+                std::fflush(stdout);
+                nlohmann::json r{{"model", c.model},
+                                 {"space", c.space_name},
+                                 {"cap_fraction", cap},
+                                 {"memory_limit_bytes", limit},
+                                 {"exhaustive_seconds", all.seconds},
+                                 {"assignments", all.assignments},
+                                 {"exhaustive_refused", all.refused},
+                                 {"exhaustive_priced", all.priced.size()},
+                                 {"exhaustive_fit", fit},
+                                 {"exhaustive_best_step_s", expected ? expected->step : 0.0},
+                                 {"search_seconds", t_search},
+                                 {"same_best_step", same}};
+                if (found)
+                    r.update({{"search_priced", found->stats.priced},
+                              {"search_refused", found->stats.refused},
+                              {"search_pruned", found->stats.pruned},
+                              {"search_over_memory", found->stats.over_memory},
+                              {"search_over_memory_unpriced", found->stats.over_memory_unpriced},
+                              {"search_bounding_seconds", found->stats.bounding_seconds},
+                              {"gap", found->gap},
+                              {"search_best_step_s", found->best.price.step_seconds},
+                              {"chosen", plan}});
+                else
+                    r["search_none"] = why_none.substr(0, why_none.find('\n'));
+                rows.push_back(r);
+            }
         }
-        char row[512];
-        std::snprintf(row, sizeof row, "| %s | %.3f | %ld | %.4f | %ld | %.4f | %s | %s |\n", c.name.c_str(), t_all,
-                      all.stats.leaves, t_bb, bb.stats.leaves, t_unfolded, same ? "yes" : "NO", plan.c_str());
-        table << row;
-        std::cout << row << std::flush;
-    }
-    char summary[256];
-    std::snprintf(summary, sizeof summary,
-                  "\n%d spaces, the same optimum in %d; exhaustive %.2f s in all, branch-and-bound %.3f s (%.0fx)\n", spaces,
-                  equal, total_exhaustive, total_bb, total_exhaustive / total_bb);
-    table << summary;
-    std::cout << summary;
-    if (!out.empty()) {
-        std::ofstream file(out);
-        file << "# search_exhaustive\n\nBranch-and-bound (folded and unfolded) against exhaustive enumeration on one "
-                "DGX-1 V100 profile; caps are fractions of the uncapped optimum's peak memory.\n\n"
-             << table.str();
+        char summary[256];
+        std::snprintf(summary, sizeof summary,
+                      "\n%d searches, the same best step as exhaustive pricing in %d; exhaustive %.2f s in all (one "
+                      "enumeration per space), search_plan %.2f s in all\n",
+                      spaces, equal, total_exhaustive, total_search);
+        table << summary;
+        std::printf("%s", summary);
+        if (!out.empty()) {
+            std::ofstream file(out);
+            file << "# search_exhaustive\n\nsearch_plan against pricing every assignment by its programs, on one DGX-1 "
+                    "V100 node; caps are fractions of the uncapped optimum's peak memory. Machine: "
+                 << bench::cpu_model() << ", commit " << bench::git_revision() << ", " << bench::utc_now() << ".\n\n"
+                 << table.str();
+            if (!file) throw loom::error("cannot write the table '" + out + "'; pass a writable --out path");
+        }
+        if (!json_out.empty()) {
+            nlohmann::json record;
+            record["benchmark"] = "search_exhaustive";
+            record["cluster"] = hw.name;
+            record["threads"] = threads;
+            record["rows"] = rows;
+            record["searches"] = spaces;
+            record["same_best_step"] = equal;
+            record["exhaustive_seconds"] = total_exhaustive;
+            record["search_seconds"] = total_search;
+            record["cpu"] = bench::cpu_model();
+            record["load_average"] = bench::load_average();
+            record["commit"] = bench::git_revision();
+            record["date_utc"] = bench::utc_now();
+            bench::write_record(record, json_out);
+        }
+    } catch (const loom::error& e) {
+        std::fprintf(stderr, "error: %s\n", e.what());
+        return 2;
     }
     return equal == spaces ? 0 : 1;
 }
