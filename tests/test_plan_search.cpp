@@ -11,6 +11,7 @@
 #include <vector>
 
 #include <loom/io/plan_file.hpp>
+#include <loom/models/evoformer.hpp>
 #include <loom/models/gpt.hpp>
 #include <loom/models/t5.hpp>
 #include <loom/partition/apply.hpp>
@@ -19,7 +20,6 @@
 #include <loom/plan/spaces.hpp>
 #include <loom/plan/stage_ranges.hpp>
 #include <loom/schedule/templates.hpp>
-#include <loom/search/model_profile.hpp>
 #include <loom/search/plan_search.hpp>
 #include <loom/train/ownership.hpp>
 
@@ -639,6 +639,26 @@ TEST_CASE("prices follow first principles") {
         const double parameters = static_cast<double>(model.ir().parameter_count());
         CHECK(dp.devices[0].memory.optimizer == Approx(8 * parameters));
     }
+    SECTION("ZeRO's closed forms (Rajbhandari et al., section 5) hold on the priced programs") {
+        // Psi parameters in bf16 (2 bytes) with bf16 gradients, K = 12 optimizer bytes per
+        // parameter, N = 4 replicas: ZeRO-1 keeps 2 Psi + 2 Psi + K Psi / N, ZeRO-2
+        // 2 Psi + (2 + K) Psi / N, ZeRO-3 (2 + 2 + K) Psi / N. The inputs and the loss,
+        // which each device binds too, cancel in the differences.
+        search::price_options o;
+        o.storage = precision::bf16;
+        o.optimizer_bytes_per_element = 12;
+        const double psi = static_cast<double>(model.ir().parameter_count()), n = 4;
+        std::vector<search::device_memory> m;
+        for (int zero : {0, 1, 2, 3}) {
+            const plan::plan_spec p = zero == 0 ? plan::presets::data_parallel(4) : plan::presets::zero(zero, 4);
+            m.push_back(search::price_programs(partition::apply_plan(model.ir(), p), hw, o).devices[0].memory);
+        }
+        CHECK(m[0].optimizer == Approx(12 * psi));
+        for (int zero : {1, 2, 3}) CHECK(m[static_cast<std::size_t>(zero)].optimizer == Approx(12 * psi / n).epsilon(0.01));
+        CHECK(m[1].bound == m[0].bound);
+        CHECK(m[0].bound - m[2].bound == Approx(2 * psi * (1 - 1 / n)).epsilon(0.01));
+        CHECK(m[0].bound - m[3].bound == Approx(4 * psi * (1 - 1 / n)).epsilon(0.01));
+    }
     SECTION("the optimizer state priced is what the trainer updates, under tensor parallelism too") {
         // ZeRO-1 shards each piece's update over the ranks storing that piece, ZeRO-2 updates
         // the gradient shards: train::update_region says which part each rank updates.
@@ -786,7 +806,35 @@ TEST_CASE("a vocabulary the degree does not divide leaves every tensor-parallel 
     const search::plan_search_result r = search::search_plan(odd.ir(), plan::spaces::megatron(4), hw);
     CHECK(r.gap == 0);
     CHECK(search::price_programs(partition::apply_plan(odd.ir(), r.plan), hw).step_seconds == r.best.price.step_seconds);
-    CHECK(search::profile_model(models::gpt(odd.config).training_graph()).tp_granularity == 4);
+}
+
+TEST_CASE("a recycling model's forward rounds are pipelined by 3F1B, as pricing every assignment finds") {
+    // An Evoformer with 3 recycling rounds over its blocks: a pipeline of it runs three
+    // forward blocks per micro-batch and stage, which only 3F1B orders.
+    models::evoformer_config c;
+    c.blocks = 4;
+    c.batch = 4;
+    c.msa_seqs = 8;
+    c.residues = 16;
+    c.msa_channels = 16;
+    c.pair_channels = 8;
+    const graph model = models::evoformer(c).ir();
+    const search::cluster hw = slow_node();
+    search::plan_search_options o;
+    plan::plan_spec space = plan::spaces::nnscaler(4).narrow("tp", {1}).narrow("coshard", {1}).narrow("zero", {0});
+    space.narrow("mb", {1, 2});
+    const exhaustive all = price_everything(model, space, hw, o);
+    REQUIRE(all.legal > 0);
+    const search::plan_search_result r = search::search_plan(model, space, hw, o);
+    INFO(r.explain());
+    CHECK(r.gap == 0);
+    CHECK(r.best.price.step_seconds == Approx(all.best_step).epsilon(1e-12));
+    // On this node a pipeline wins, ordered by 3F1B (three forward blocks per micro-batch and
+    // stage, each round's output feeding the next round's first stage).
+    REQUIRE(r.plan.stages);
+    CHECK(plan::degree_value(r.plan.stages->count, r.plan, "stages") > 1);
+    const std::int64_t order = r.plan.choices.count("order") ? r.plan.choices.at("order") : 0;
+    CHECK(r.plan.order.alternatives.at(static_cast<std::size_t>(order)).kind == plan::schedule_kind::three_f_one_b);
 }
 
 TEST_CASE("whether to recompute may be an open choice: composed, in a plan file, and searched") {

@@ -1,7 +1,6 @@
-// The plan searcher's cost model: hardware profiles (presets, JSON round trips, errors that
-// name the file and the field), alpha-beta collective costs (ring, hierarchical, automatic,
-// placement over nodes, TAPAS overlap factors) and memory per device (ZeRO, Megatron's
-// distributed optimizer, activations under recomputation).
+// The plan searcher's hardware and communication costs: hardware profiles (presets, JSON
+// round trips, errors that name the file and the field) and alpha-beta collective costs
+// (ring, hierarchical, automatic, placement over nodes, TAPAS overlap factors).
 #include <catch2/catch.hpp>
 
 #include <filesystem>
@@ -14,11 +13,9 @@
 
 #include <loom/search/communication.hpp>
 #include <loom/search/hardware.hpp>
-#include <loom/search/memory.hpp>
 
 using namespace loom::search;
 using loom::precision;
-using loom::plan::recompute_policy;
 
 namespace {
 
@@ -70,88 +67,6 @@ cluster slow_network() {
 }
 
 }  // namespace
-
-// ---- memory ----------------------------------------------------------------------------
-
-TEST_CASE("ZeRO's example: 7.5B parameters, 64-way data parallel, K = 12", "[search][memory]") {
-    const double psi = 7.5e9;
-    const state_bytes adam = mixed_precision_adam();
-    CHECK(adam == state_bytes{2, 2, 12});
-    const double none = model_state_bytes(psi, adam, zero_stage::none, 64);
-    const double os = model_state_bytes(psi, adam, zero_stage::optimizer, 64);
-    const double os_g = model_state_bytes(psi, adam, zero_stage::gradients, 64);
-    const double os_g_p = model_state_bytes(psi, adam, zero_stage::parameters, 64);
-    // The paper's rounded figures (Figure 1).
-    CHECK(none == Approx(120e9).margin(0.05e9));
-    CHECK(os == Approx(31.4e9).margin(0.05e9));
-    CHECK(os_g == Approx(16.6e9).margin(0.05e9));
-    CHECK(os_g_p == Approx(1.9e9).margin(0.05e9));
-    // Exact: every term is an integer number of bytes.
-    CHECK(none == 120e9);
-    CHECK(os == 31.40625e9);
-    CHECK(os_g == 16.640625e9);
-    CHECK(os_g_p == 1.875e9);
-    // Without data parallelism, no stage saves anything.
-    CHECK(model_state_bytes(psi, adam, zero_stage::parameters, 1) == none);
-    CHECK(f32_adam() == state_bytes{4, 4, 8});
-    CHECK(model_state_bytes(1e9, f32_adam(), zero_stage::gradients, 4) == 4e9 + 12e9 / 4);
-}
-
-TEST_CASE("Megatron's bytes per parameter, with and without the distributed optimizer", "[search][memory]") {
-    using enum megatron_precision;
-    for (int d : {1, 8, 64}) {
-        INFO("data_parallel = " << d);
-        CHECK(megatron_bytes_per_parameter(f16_params_f16_grads, false, d) == 20);
-        CHECK(megatron_bytes_per_parameter(bf16_params_f32_grads, false, d) == 18);
-        CHECK(megatron_bytes_per_parameter(f32_params_f32_grads, false, d) == 16);
-        CHECK(megatron_bytes_per_parameter(f16_params_f16_grads, true, d) == 4 + 16.0 / d);
-        CHECK(megatron_bytes_per_parameter(bf16_params_f32_grads, true, d) == 6 + 12.0 / d);
-        CHECK(megatron_bytes_per_parameter(f32_params_f32_grads, true, d) == 8 + 8.0 / d);
-    }
-    CHECK(megatron_bytes_per_parameter(bf16_params_f32_grads, true, 8) == 7.5);
-    // f32 training keeps no main copies: plain f32 Adam.
-    CHECK(megatron_state_bytes(f32_params_f32_grads) == f32_adam());
-    CHECK(megatron_state_bytes(bf16_params_f32_grads) == state_bytes{2, 4, 12});
-    CHECK(megatron_state_bytes(f16_params_f16_grads) == state_bytes{2, 2, 16});
-}
-
-TEST_CASE("activation memory under none, selective and full recomputation", "[search][memory]") {
-    const activation_profile a{.saved_bytes_per_micro_batch = 10e9,
-                               .layer_input_bytes_per_micro_batch = 1e9,
-                               .attention_scores_bytes_per_micro_batch = 4e9};
-    CHECK(activation_bytes(a, 4, recompute_policy::none) == 40e9);
-    CHECK(activation_bytes(a, 4, recompute_policy::selective) == 24e9);
-    CHECK(activation_bytes(a, 4, recompute_policy::full) == 4e9);
-    CHECK(activation_bytes(a, 0, recompute_policy::none) == 0);
-
-    CHECK_THROWS_MATCHES(
-        activation_bytes({.saved_bytes_per_micro_batch = 1e9, .attention_scores_bytes_per_micro_batch = 2e9}, 1,
-                         recompute_policy::selective),
-        loom::usage_error,
-        message_has({"attention_scores_bytes_per_micro_batch (2e+09) exceeds saved_bytes_per_micro_batch (1e+09)"}));
-    CHECK_THROWS_MATCHES(activation_bytes(a, -1, recompute_policy::none), loom::usage_error, message_has({"in_flight is -1"}));
-}
-
-TEST_CASE("memory per device adds up the states, the activations and the buffers", "[search][memory]") {
-    const activation_profile a{.saved_bytes_per_micro_batch = 2e9,
-                               .layer_input_bytes_per_micro_batch = 0.25e9,
-                               .attention_scores_bytes_per_micro_batch = 0.5e9};
-    const memory_breakdown m =
-        memory_per_device(1e9, mixed_precision_adam(), zero_stage::gradients, 8, a, 3, recompute_policy::selective, 1e9);
-    CHECK(m.parameters == 2e9);
-    CHECK(m.gradients == 2e9 / 8);
-    CHECK(m.optimizer == 12e9 / 8);
-    CHECK(m.activations == 4.5e9);
-    CHECK(m.buffers == 1e9);
-    CHECK(m.total() == Approx(2e9 + 0.25e9 + 1.5e9 + 4.5e9 + 1e9));
-    CHECK(m.parameters + m.gradients + m.optimizer ==
-          model_state_bytes(1e9, mixed_precision_adam(), zero_stage::gradients, 8));
-
-    CHECK_THROWS_MATCHES(model_state_bytes(1e9, mixed_precision_adam(), zero_stage::optimizer, 0), loom::usage_error,
-                         message_has({"data_parallel is 0"}));
-    CHECK_THROWS_MATCHES(model_state_bytes(-1, mixed_precision_adam(), zero_stage::none, 1), loom::usage_error,
-                         message_has({"parameters is -1"}));
-}
 
 // ---- communication ---------------------------------------------------------------------
 

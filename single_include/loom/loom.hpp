@@ -150,7 +150,8 @@ struct comm_error : error {
 // ---- end loom/core/error.hpp ----
 // ---- begin loom/core/precision.hpp ----
 // The precision of real numbers: what a program stores its tensors in (runtime/program.hpp)
-// and what the plan searcher times a model's arithmetic in (search/evaluate.hpp).
+// and what the plan searcher prices a program's arithmetic and memory in
+// (search/program_price.hpp).
 //
 //   f32    float
 //   f64    double (the host executor's exact twin of f32)
@@ -5937,9 +5938,8 @@ struct stage_spec {
 };
 
 // The one plan value at run time: what plan::compose(...) lowers to, what presets return,
-// what plan files store and what the searcher's answers become (search::to_plan). Open
-// numbers and choices are named; their
-// values are in `choices`.
+// what plan files store and what the searcher fills (search::search_plan). Open numbers and
+// choices are named; their values are in `choices`.
 struct plan_spec {
     int devices = 1;
     std::vector<rule> rules;
@@ -6881,10 +6881,9 @@ LOOM_INLINE resolved_plan place_stages(const pipeline_spec& spec, const graph& g
 //              of kind ops::Attention), keep the rest
 //   full       keep only the layer's input and rerun the whole layer
 //
-// One policy per layer is what the plan searcher chooses (search::configuration::
-// recompute_of) and times (search/memory.hpp, search/evaluate.hpp); a plan states it with
-// presets::recompute_layers, which lowers it to recompute rules (rule::recompute) over the
-// layer's ops.
+// A plan states it per range of layers with presets::recompute_layers, which lowers it to
+// recompute rules (rule::recompute) over the layers' ops; the searcher prices what those
+// rules make the programs replay and keep.
 #include <cstdint>
 #include <string>
 
@@ -9689,7 +9688,8 @@ LOOM_INLINE void require_open_parameter(const std::vector<std::string>& names, c
 //
 //   megatron(n)   Megatron-LM: tensor x pipeline x data parallelism, even stages, 1F1B or
 //                 interleaved 1F1B (2 chunks), every layer recomputed
-//   deepspeed(n)  DeepSpeed: ZeRO-3 with tensor and data parallelism
+//   deepspeed(n)  DeepSpeed: ZeRO-3 with tensor and data parallelism, micro-batches
+//                 accumulated (no pipeline), every layer recomputed
 //   alpa(n)       Alpa's inter- and intra-operator levels: stages whose boundaries are
 //                 searched too, with tensor x data parallelism inside them, ordered 1F1B
 //   nnscaler(n)   all of the above, with the ZeRO stage, GPipe, 1F1B, interleaved, 3F1B,
@@ -9791,7 +9791,9 @@ LOOM_INLINE plan_spec megatron(int devices) {
 LOOM_INLINE plan_spec deepspeed(int devices) {
     plan_spec p = detail::tensor_and_data(devices);
     p.zero = zero_stage::parameters;
-    p.name = "DeepSpeed space: ZeRO-3 x TP x DP";
+    p.micro_batches = detail::open_degree("mb");  // gradient accumulation
+    p.add(detail::recompute_every_layer());        // activation checkpointing
+    p.name = "DeepSpeed space: ZeRO-3 x TP x DP, gradient accumulation, full recompute";
     return p;
 }
 
@@ -13350,9 +13352,9 @@ LOOM_INLINE partitioned_graph apply_plan(const graph& model, const plan::resolve
 //
 //   simulate(s, cost_model{.forward_per_stage = f, .backward_per_stage = b, .latency = message},
 //            {.validated = true, .makespan_only = true}).makespan
-//                    the plan searcher's use (search/evaluate.hpp): a template's orders timed
-//                    with per-stage (per-chunk) block times and a message time between
-//                    devices, many times over, so neither validated again nor recorded
+//                    for a caller that times a template's orders many times over (with
+//                    per-stage or per-chunk block times and a message time between
+//                    devices): neither validated again nor recorded
 //
 // Quantities, with busy_d the time device d computes and idle_d = makespan - busy_d:
 //   bubble_fraction  sum idle_d / (devices * makespan): the share of device time that is
@@ -13845,517 +13847,20 @@ LOOM_INLINE std::string svg_timeline(const simulation& r, const svg_options& o) 
 // ---- end loom/schedule/all.hpp ----
 // the plan searcher: hardware profiles, cost model, folding, branch-and-bound
 // ---- begin loom/search/all.hpp ----
-// The plan searcher: hardware, cost model, folding, branch-and-bound. One concept per
-// header:
+// The plan searcher: hardware, prices of a plan's programs, folding, the search of a plan's
+// open parameters. One concept per header:
 //
 //   hardware.hpp          device_profile, topology, cluster; DGX presets; JSON profiles
 //   communication.hpp     alpha-beta costs per collective, ring and hierarchical; overlap factors
-//   memory.hpp            model states by dtype and ZeRO stage, Megatron's bytes per parameter,
-//                         activations under recompute
 //   folding.hpp           layers from scopes or from structure, classes of identical layers
-//   model_profile.hpp     per-layer work, parameters, saved activations of a training graph
-//   plan_space.hpp        configuration (TP, PP, DP, micro-batches, ZeRO, schedule, ...) and
-//                         search_space
-//   evaluate.hpp          cost_context, evaluate(configuration): step time and memory
-//   branch_and_bound.hpp  branch_and_bound, enumerate_all, search_result::explain
-//   to_plan.hpp           a searched configuration as the one plan value
-//   order_search.hpp      temporal-order search: per-device block orders under constraints
-//                         and a memory cap, minimising the makespan
 //   program_price.hpp     the price of a plan's programs: every instruction, every transfer,
 //                         a two-stream timeline of all devices, each device's memory
+//   folded_price.hpp      the same price from small instances of a model family (repeated
+//                         layers, replicas and micro-batches priced once)
 //   plan_search.hpp       search_plan: fills the open parameters of a user's plan, priced by
-//                         its programs
-// ---- begin loom/search/to_plan.hpp ----
-// The searcher's answer as the one plan value: a configuration of the searched space
-// (plan_space.hpp) written with the plan's parts, so that it is applied, explained, stored
-// and trained like any plan a user writes.
-//
-//   auto found = search::branch_and_bound(ctx, search::search_space{});
-//   plan::plan_spec plan = search::to_plan(found.best);
-//   auto pg = partition::apply_plan(model.ir(), plan);
-//
-// Inside a pipeline stage (tp * dp devices) the rules are Megatron's tensor parallelism with
-// data parallelism around it (plan::presets::megatron(tp, dp)), or plain data parallelism
-// when tp is 1. Pipelines are plan::stages over the layers of "blocks" (explicit boundaries
-// when the chunks are uneven), micro-batches and the configuration's order. Each layer's
-// recompute policy becomes plan::presets::recompute_layers for that layer: selective
-// recomputes the layer's attention core, full the whole layer;
-// Coshard splits a recomputed layer's attention and MLP into coshard times more pieces,
-// colocated on each device. The interlaced pipeline splits the embedding, the LM head and
-// the loss by vocabulary over all devices.
-#include <cstdint>
-#include <string>
-#include <vector>
-
-// ---- begin loom/search/plan_space.hpp ----
-// The parameters a plan may leave open, and one point of that space.
-//
-//   configuration: tensor-parallel degree (innermost, within a node), pipeline stages,
-//   data-parallel degree (the rest of the devices), micro-batches, ZeRO stage, schedule
-//   (GPipe, 1F1B, interleaved 1F1B with v chunks per device), how many repeated layers
-//   each pipeline chunk holds, a recompute choice per repeated layer, and whether the
-//   embedding and head are interlaced (on all devices) or on the end stages.
-//
-//   search_space: the candidates for each parameter; an empty list means "every value
-//   that fits" (TP: powers of two up to a node that divide the model's tp_granularity;
-//   stages: powers of two up to the number of repeated layers; micro-batches: powers of
-//   two dividing the batch of one replica).
-//
-// Devices are numbered node-major and the degrees nest TP, then DP, then PP (Megatron's
-// order): the TP group of a device is contiguous, its DP group has stride tp, and
-// consecutive pipeline stages are tp * dp devices apart.
-#include <string>
-#include <vector>
-
-// ---- begin loom/search/memory.hpp ----
-// Memory per device: model states (parameters, gradients, optimizer states) under ZeRO or
-// Megatron's distributed optimizer, activations under recomputation, and buffers.
-//
-// ZeRO (Rajbhandari et al., 2020, section 5) with Psi parameters, N_d-way data parallelism
-// and K optimizer bytes per parameter (mixed-precision Adam: 2 + 2 + 12 bytes):
-//   none                      (2 + 2 + K) * Psi
-//   zero_stage::optimizer     2 Psi + 2 Psi + K Psi / N_d
-//   zero_stage::gradients     2 Psi + (2 + K) Psi / N_d
-//   zero_stage::parameters    (2 + 2 + K) Psi / N_d
-// The paper's example, Psi = 7.5e9, N_d = 64, K = 12: 120 GB, 31.4 GB, 16.6 GB, 1.9 GB.
-// Sizes are in bytes; GB here means 1e9 bytes, as in the paper.
-#include <cmath>
-#include <sstream>
-#include <string>
-#include <string_view>
-#include <utility>
-
-
-namespace loom::search {
-
-// One ZeRO stage for the plan and the searcher (plan/op_partition.hpp).
-using plan::zero_stage;
-
-// Bytes per parameter of each model state. `optimizer` is ZeRO's K: everything the
-// optimizer step keeps besides the model's own parameter and gradient.
-struct state_bytes {
-    double parameter = 0;
-    double gradient = 0;
-    double optimizer = 0;
-    double total() const { return parameter + gradient + optimizer; }
-
-    friend bool operator==(const state_bytes&, const state_bytes&) = default;
-};
-
-// f16 parameters and gradients; f32 master parameters, momentum and variance (4+4+4).
-inline constexpr state_bytes mixed_precision_adam() { return {2, 2, 12}; }
-// f32 parameters and gradients; f32 momentum and variance (4+4).
-inline constexpr state_bytes f32_adam() { return {4, 4, 8}; }
-
-namespace detail {
-
-inline std::string memory_number_text(double x) {
-    std::ostringstream s;
-    s << x;
-    return s.str();
-}
-
-inline void check_non_negative(std::string_view where, std::string_view what, double x, std::string_view fix) {
-    if (!(x >= 0) || !std::isfinite(x))
-        throw usage_error(std::string(where) + ": " + std::string(what) + " is " + memory_number_text(x) + "; " +
-                          std::string(fix));
-}
-
-inline void check_data_parallel(std::string_view where, int data_parallel) {
-    if (data_parallel < 1)
-        throw usage_error(std::string(where) + ": data_parallel is " + std::to_string(data_parallel) +
-                          "; give the data-parallel degree, at least 1");
-}
-
-LOOM_INLINE void check_state_bytes(std::string_view where, const state_bytes& s);
-
-// Model-state bytes (not per parameter) on one device; each state is divided by N_d from the
-// stage that shards it.
-LOOM_INLINE state_bytes model_state_split(double parameters, state_bytes s, zero_stage zero, int data_parallel);
-
-}  // namespace detail
-
-inline double model_state_bytes(double parameters, state_bytes s, zero_stage zero, int data_parallel) {
-    return detail::model_state_split(parameters, s, zero, data_parallel).total();
-}
-
-// ---- Megatron-LM's distributed optimizer ---------------------------------------------
-// Megatron-LM docs, "Distributed Optimizer": bytes per parameter
-//                                  non-distributed   distributed (d-way data parallel)
-//   f16 params, f16 grads                20              4 + 16/d
-//   bf16 params, f32 grads               18              6 + 12/d
-//   f32 params, f32 grads                16              8 +  8/d
-// They arise from the components below. Megatron keeps f32 main gradients: a separate
-// 4-byte copy when the model's gradients are f16; bf16 and f32 gradients are accumulated
-// in f32 directly and are themselves the main gradients. Likewise an f32 main copy of the
-// parameters exists only when the model's parameters are not f32. Adam adds m and v (4+4).
-//   f16/f16:  param 2 + grad 2 | main grad 4 + main param 4 + m 4 + v 4 = 4 + 16 = 20
-//   bf16/f32: param 2 + grad 4 | main param 4 + m 4 + v 4              = 6 + 12 = 18
-//   f32/f32:  param 4 + grad 4 | m 4 + v 4                             = 8 +  8 = 16
-// The distributed optimizer shards what is right of the bar over the d data-parallel ranks:
-// ZeRO stage 1 with K = that part.
-enum class megatron_precision { f16_params_f16_grads, bf16_params_f32_grads, f32_params_f32_grads };
-
-inline constexpr state_bytes megatron_state_bytes(megatron_precision p) {
-    const double param = p == megatron_precision::f32_params_f32_grads ? 4 : 2;
-    const double grad = p == megatron_precision::f16_params_f16_grads ? 2 : 4;
-    const double main_grad = grad == 4 ? 0 : 4;
-    const double main_param = param == 4 ? 0 : 4;
-    const double adam_moments = 4 + 4;
-    return {param, grad, main_grad + main_param + adam_moments};
-}
-
-inline double megatron_bytes_per_parameter(megatron_precision p, bool distributed_optimizer, int data_parallel) {
-    return model_state_bytes(1, megatron_state_bytes(p),
-                             distributed_optimizer ? zero_stage::optimizer : zero_stage::none, data_parallel);
-}
-
-// ---- activations -----------------------------------------------------------------------
-// What the backward pass keeps of one micro-batch on this device, under the plan's recompute
-// policy (plan/recompute_policy.hpp; Korthikanti et al., 2022):
-//   none       everything the forward saves
-//   selective  all but the attention scores (softmax, its dropout mask, QK^T), which are
-//              recomputed; the 5as/h term of that paper
-//   full       only each layer's input; the layer is rerun in the backward
-// The profile's figures come from the model (all layers of this device's stage together).
-// Under full recomputation one layer's activations are rebuilt during its backward; that
-// transient is not included here; count it in the buffers.
-
-struct activation_profile {
-    double saved_bytes_per_micro_batch = 0;             // without recomputation
-    double layer_input_bytes_per_micro_batch = 0;       // kept under full recomputation
-    double attention_scores_bytes_per_micro_batch = 0;  // dropped under selective recomputation
-};
-
-LOOM_INLINE double activation_bytes(const activation_profile& a, int in_flight, plan::recompute_policy r);
-
-// ---- the whole device ------------------------------------------------------------------
-struct memory_breakdown {
-    double parameters = 0;
-    double gradients = 0;
-    double optimizer = 0;
-    double activations = 0;
-    double buffers = 0;  // communication buffers, workspaces, transients
-    double total() const { return parameters + gradients + optimizer + activations + buffers; }
-};
-
-// `parameters` is the count held by this device before ZeRO sharding (after tensor and
-// pipeline partitioning); `in_flight` the micro-batches whose activations it holds at once
-// (1F1B: up to the number of pipeline stages on the first stage).
-LOOM_INLINE memory_breakdown memory_per_device(double parameters, state_bytes s, zero_stage zero, int data_parallel,
-                                               const activation_profile& activations, int in_flight, plan::recompute_policy r,
-                                               double buffer_bytes);
-
-}  // namespace loom::search
-
-// Definitions: compiled here (header-only) or once in loom::compiled (core/linkage.hpp).
-#if LOOM_HEADER_DEFINITIONS
-
-namespace loom::search::detail {
-
-LOOM_INLINE void check_state_bytes(std::string_view where, const state_bytes& s) {
-    const char* fix = "give bytes per parameter, e.g. mixed_precision_adam()";
-    check_non_negative(where, "state_bytes.parameter", s.parameter, fix);
-    check_non_negative(where, "state_bytes.gradient", s.gradient, fix);
-    check_non_negative(where, "state_bytes.optimizer", s.optimizer, fix);
-}
-
-LOOM_INLINE state_bytes model_state_split(double parameters, state_bytes s, zero_stage zero, int data_parallel) {
-    constexpr std::string_view where = "model_state_bytes";
-    detail::check_non_negative(where, "parameters", parameters, "give the number of parameters on this device");
-    detail::check_state_bytes(where, s);
-    detail::check_data_parallel(where, data_parallel);
-    const double d = data_parallel;
-    const int stage = static_cast<int>(zero);
-    return {.parameter = s.parameter * parameters / (stage >= 3 ? d : 1),
-            .gradient = s.gradient * parameters / (stage >= 2 ? d : 1),
-            .optimizer = s.optimizer * parameters / (stage >= 1 ? d : 1)};
-}
-}  // namespace loom::search::detail
-
-namespace loom::search {
-
-LOOM_INLINE double activation_bytes(const activation_profile& a, int in_flight, plan::recompute_policy r) {
-    constexpr std::string_view where = "activation_bytes";
-    const char* fix = "give bytes per micro-batch, at least 0";
-    detail::check_non_negative(where, "saved_bytes_per_micro_batch", a.saved_bytes_per_micro_batch, fix);
-    detail::check_non_negative(where, "layer_input_bytes_per_micro_batch", a.layer_input_bytes_per_micro_batch, fix);
-    detail::check_non_negative(where, "attention_scores_bytes_per_micro_batch",
-                               a.attention_scores_bytes_per_micro_batch, fix);
-    for (const auto& [name, part] :
-         {std::pair{"attention_scores_bytes_per_micro_batch", a.attention_scores_bytes_per_micro_batch},
-          std::pair{"layer_input_bytes_per_micro_batch", a.layer_input_bytes_per_micro_batch}})
-        if (part > a.saved_bytes_per_micro_batch)
-            throw usage_error(std::string("activation_bytes: ") + name + " (" + detail::memory_number_text(part) +
-                              ") exceeds saved_bytes_per_micro_batch (" +
-                              detail::memory_number_text(a.saved_bytes_per_micro_batch) +
-                              "), of which it is a part; check the activation profile");
-    if (in_flight < 0)
-        throw usage_error("activation_bytes: in_flight is " + std::to_string(in_flight) +
-                          "; give the number of micro-batches whose activations are held at once, at least 0");
-    double per_micro_batch = a.saved_bytes_per_micro_batch;
-    switch (r) {
-        case plan::recompute_policy::none: break;
-        case plan::recompute_policy::selective: per_micro_batch -= a.attention_scores_bytes_per_micro_batch; break;
-        case plan::recompute_policy::full: per_micro_batch = a.layer_input_bytes_per_micro_batch; break;
-    }
-    return per_micro_batch * in_flight;
-}
-
-LOOM_INLINE memory_breakdown memory_per_device(double parameters, state_bytes s, zero_stage zero, int data_parallel,
-                                               const activation_profile& activations, int in_flight, plan::recompute_policy r,
-                                               double buffer_bytes) {
-    detail::check_non_negative("memory_per_device", "buffer_bytes", buffer_bytes, "give the buffer size in bytes");
-    const state_bytes states = detail::model_state_split(parameters, s, zero, data_parallel);
-    return {.parameters = states.parameter,
-            .gradients = states.gradient,
-            .optimizer = states.optimizer,
-            .activations = activation_bytes(activations, in_flight, r),
-            .buffers = buffer_bytes};
-}
-
-}  // namespace loom::search
-#endif  // LOOM_HEADER_DEFINITIONS
-// ---- end loom/search/memory.hpp ----
-
-namespace loom::search {
-
-// three_f_one_b: nnScaler's 3F1B for models with three forward rounds (recycling); the
-// searcher offers it only for such models, and only it when they are pipelined.
-struct configuration {
-    int tp = 1;
-    int pp = 1;
-    int dp = 1;
-    int micro_batches = 1;
-    int chunks = 1;  // pipeline chunks per device: 1, or v for the interleaved schedule
-    zero_stage zero = zero_stage::none;
-    plan::schedule_kind schedule = plan::schedule_kind::one_f_one_b;
-    std::vector<int> layers_per_chunk;  // repeated layers in each of the pp * chunks chunks
-    std::vector<plan::recompute_policy> recompute_of;  // per repeated layer
-    // The interlaced pipeline (nnScaler Figure 6): the ops before the first layer and after
-    // the last (embedding, LM head, loss) run on all devices, split by vocabulary, time-shared
-    // with the pipeline of the layers, instead of on the first and last stage.
-    bool interlaced = false;
-    // Coshard (nnScaler Figure 5): every recomputed layer's ops split into this many more
-    // pieces, colocated on each device and run one after another, so that recomputing a layer
-    // holds 1/coshard of its intermediates at a time. It changes no communication (the
-    // colocated pieces share a device) and, in this model, no time: recomputation already
-    // pays the second forward.
-    int coshard = 1;
-
-    int devices() const { return tp * pp * dp; }
-    // The pipeline device (0..pp-1) chunk c runs on.
-    int device_of_chunk(int c) const { return c % pp; }
-};
-
-struct search_space {
-    std::vector<int> tp;
-    std::vector<int> pp;
-    std::vector<int> micro_batches;
-    std::vector<zero_stage> zero{zero_stage::none, zero_stage::optimizer, zero_stage::gradients,
-                                 zero_stage::parameters};
-    std::vector<plan::schedule_kind> schedules{plan::schedule_kind::gpipe, plan::schedule_kind::one_f_one_b,
-                                         plan::schedule_kind::interleaved, plan::schedule_kind::three_f_one_b};
-    std::vector<plan::recompute_policy> recompute_choices{plan::recompute_policy::none, plan::recompute_policy::selective, plan::recompute_policy::full};
-    std::vector<bool> interlaced{false};  // add true to consider the interlaced pipeline
-    std::vector<int> coshard{1};          // Coshard factors to consider, e.g. {1, 2, 4, 8}
-    int interleave_chunks = 2;            // v of the interleaved schedule
-    bool search_stage_boundaries = false;  // false: layers split evenly over chunks
-    int boundary_slack = 0;  // with boundaries searched: each chunk within this many layers of
-                             // the even share (0: any positive count; the count of splits grows
-                             // as C(layers - 1, chunks - 1))
-    int max_tp = 0;                        // 0: the devices of one node
-};
-
-}  // namespace loom::search
-// ---- end loom/search/plan_space.hpp ----
-
-namespace loom::search {
-
-namespace detail {
-
-inline plan::selector layer_scope(std::int64_t layer, const std::string& part) {
-    plan::selector s;
-    s.scope = "blocks." + std::to_string(layer) + part;
-    return s;
-}
-
-LOOM_INLINE plan::rule split_rule(plan::selector on, int dp, plan::split_spec inner, const std::string& origin);
-
-}  // namespace detail
-
-LOOM_INLINE plan::plan_spec to_plan(const configuration& c);
-
-}  // namespace loom::search
-
-// Definitions: compiled here (header-only) or once in loom::compiled (core/linkage.hpp).
-#if LOOM_HEADER_DEFINITIONS
-
-namespace loom::search::detail {
-
-LOOM_INLINE plan::rule split_rule(plan::selector on, int dp, plan::split_spec inner, const std::string& origin) {
-    std::vector<plan::split_spec> splits;
-    if (dp > 1) splits.push_back({Dim::Batch::id, "", {dp, "", {}}, false});
-    splits.push_back(std::move(inner));
-    return {std::move(on), std::move(splits), std::nullopt, std::nullopt, origin, true};
-}
-}  // namespace loom::search::detail
-
-namespace loom::search {
-
-LOOM_INLINE plan::plan_spec to_plan(const configuration& c) {
-    plan::plan_spec p = c.tp > 1 ? plan::presets::megatron(c.tp, c.dp) : plan::presets::data_parallel(c.dp);
-    p.devices = c.devices();
-    p.zero = c.zero;
-    const bool pipelined = c.pp > 1 || c.micro_batches > 1 || c.interlaced;
-    if (pipelined) {
-        plan::stage_spec stages;
-        stages.count = {c.pp, "", {}};
-        stages.devices_per_stage = {static_cast<std::int64_t>(c.tp) * c.dp, "", {}};
-        bool even = true;
-        for (int n : c.layers_per_chunk) even = even && n == c.layers_per_chunk.front();
-        if (!even) {
-            std::int64_t next = 0;
-            for (std::size_t k = 0; k + 1 < c.layers_per_chunk.size(); ++k)
-                stages.boundaries.push_back(next += c.layers_per_chunk[k]);
-        }
-        p.stages = stages;
-        p.micro_batches = {c.micro_batches, "", {}};
-        plan::order_policy order{c.schedule};
-        if (c.schedule == plan::schedule_kind::interleaved) order.virtual_stages = c.chunks;
-        if (c.interlaced) order = {plan::schedule_kind::interlaced};
-        p.order.alternatives = {order};
-    }
-    const plan::presets::transformer_names names;
-    for (std::size_t layer = 0; layer < c.recompute_of.size(); ++layer) {
-        const plan::recompute_policy r = c.recompute_of[layer];
-        if (r == plan::recompute_policy::none) continue;
-        const auto i = static_cast<std::int64_t>(layer);
-        if (c.coshard > 1) {
-            // Coshard: tp * coshard pieces, coshard of them one after another on each device.
-            const std::int64_t pieces = static_cast<std::int64_t>(c.tp) * c.coshard;
-            const plan::assign_spec together{{}, {c.coshard, "", {}}, 0};
-            auto cut = [&](plan::selector on, plan::split_spec s) {
-                plan::rule rule = detail::split_rule(std::move(on), c.dp, std::move(s), "coshard");
-                rule.assign = together;
-                rule.recompute = true;
-                p.add(std::move(rule));
-            };
-            for (const std::string& col : names.column)
-                cut(detail::layer_scope(i, col.substr(1)), {{}, "n", {pieces, "", {}}, false});
-            for (const std::string& row : names.row)
-                cut(detail::layer_scope(i, row.substr(1)), {{}, "k", {pieces, "", {}}, false});
-            plan::selector attention = detail::layer_scope(i, names.attention.substr(1));
-            attention.kinds = {&op_def_of<ops::SplitHeads>(), &op_def_of<ops::Attention>(), &op_def_of<ops::MergeHeads>()};
-            cut(attention, {Dim::Head::id, "", {pieces, "", {}}, false});
-            plan::selector mlp = detail::layer_scope(i, names.mlp.substr(1));
-            mlp.kinds = {&op_def_of<ops::Gelu>(), &op_def_of<ops::Relu>(), &op_def_of<ops::Silu>(), &op_def_of<ops::Mul>()};
-            cut(mlp, {Dim::FFN::id, "", {pieces, "", {}}, false});
-            p.colocation_requires_recompute = true;
-        }
-        p.then(plan::presets::recompute_layers(r, i, i));
-    }
-    p.name = "TP " + std::to_string(c.tp) + " x PP " + std::to_string(c.pp) + " x DP " + std::to_string(c.dp) + ", " +
-             std::to_string(c.micro_batches) + " micro-batches, " +
-             (c.interlaced ? std::string("interlaced") : to_string(c.schedule)) +
-             (c.schedule == plan::schedule_kind::interleaved ? " x" + std::to_string(c.chunks) : std::string()) + ", ZeRO " +
-             std::to_string(static_cast<int>(c.zero)) + (c.coshard > 1 ? ", Coshard " + std::to_string(c.coshard) : std::string());
-    return p;
-}
-
-}  // namespace loom::search
-#endif  // LOOM_HEADER_DEFINITIONS
-// ---- end loom/search/to_plan.hpp ----
-// ---- begin loom/search/branch_and_bound.hpp ----
-// Branch-and-bound over a search space (plan_space.hpp) with the cost model of
-// evaluate.hpp, and the exhaustive enumeration it must agree with.
-//
-//   cost_context ctx(profile_model(g), dgx2_v100(2), {.memory_per_device = 32e9});
-//   search_result r = branch_and_bound(ctx, search_space{});
-//   r.best, r.cost.step_time, r.stats.nodes, r.stats.pruned_by_bound, r.explain()
-//
-// The tree fixes, in order: TP degree, pipeline stages (DP is what is left), ZeRO stage,
-// micro-batches, schedule, interlacing, Coshard factor, stage boundaries; then the recompute
-// choices, which no longer interact: the makespan only grows when a block grows, gradient
-// sync does not depend on them, and memory is per device, so each pipeline device
-// independently takes the choices that fit its memory with the least extra backward time
-// (an exact small knapsack). Recomputation's transient (the largest set one recomputed layer
-// brings back) is a maximum, not a sum: the knapsack is solved once per candidate maximum t,
-// allowing only choices whose transient is at most t within the memory left after t, and the
-// least time wins. The optimum's own maximum is one of the candidates, so this is exact.
-//
-// Pruning, each bound valid for every completion of the node:
-//   work        no device finishes before its share of all forward and backward work
-//               (total / devices) plus the exposed communication that is already fixed;
-//   pipeline    a device with stages S runs m micro-batches of each: m * sum_S (f + b),
-//               and in a linear pipeline stage s also waits for one micro-batch to cross
-//               the stages before it, forward and back;
-//   memory      model states plus the activations left when every layer recomputes as
-//               much as the space allows must fit, or the whole subtree is infeasible.
-// A node whose bound reaches the best step time found so far is cut.
-//
-// Folding (search_options::fold): layers of one class (folding.hpp) on one chunk are
-// interchangeable, so the knapsack decides how many of them take each choice instead of
-// deciding layer by layer: polynomial in the layers per device instead of exponential.
-// The answer is the same (tests check it against the unfolded search and against
-// enumerate_all on small spaces).
-//
-// Deterministic: candidates are visited in a fixed order and ties keep the first found.
-// With a time budget the search stops where it is and reports the best configuration so far
-// and its proven gap: (best - the least lower bound of the parts not searched) / best.
-#include <algorithm>
-#include <chrono>
-#include <cmath>
-#include <functional>
-#include <limits>
-#include <sstream>
-#include <string>
-#include <vector>
-
-// ---- begin loom/search/evaluate.hpp ----
-// The cost of one configuration (plan_space.hpp) of a profiled model (model_profile.hpp)
-// on a cluster (hardware.hpp): step time and memory per device. The searcher minimises
-// the step time of the slowest device (nnScaler eq. 1) among the configurations that fit.
-//
-// Per micro-batch and pipeline chunk c (its layers L_c, a share 1/(dp m) of the batch):
-//   forward_c  = sum_{l in L_c} T(fwd_l) / (tp dp m) + joins_c * AR_tp(residual / (dp m))
-//   backward_c = sum_{l in L_c} (T(bwd_l) + T(recompute_l)) / (tp dp m) + the same all-reduces
-// where T is the roofline time of a layer's nodes (GEMM-like nodes at gemm_efficiency of
-// the precision's peak, memory-bound nodes at elementwise_efficiency, each no faster than
-// the memory bandwidth allows), and AR_tp the all-reduce over the TP group, discounted by
-// the overlap factor epsilon. Sequence parallelism is assumed: every op is 1/tp per device.
-//
-//   pipeline  = the schedule's makespan (the schedule template's orders, played by
-//               schedule::simulate with those chunk times; every message between stages
-//               costs a point-to-point transfer of the boundary activation, scattered over
-//               the TP group). A model with R forward rounds (model_profile::forward_rounds)
-//               runs R forward blocks per micro-batch and stage under 3F1B, each round's
-//               output feeding the next round's first stage; on one stage the rounds simply
-//               add up in its forward block.
-//   step      = pipeline + max over devices (exposed gradient sync + ZeRO-3 gathers
-//               + optimizer update)
-//   gradient sync: all-reduce over the DP group of the device's gradients, latency in full
-//               and transmission times gamma * epsilon (TAPAS eq. 3: it overlaps the
-//               backward); ZeRO 1/2 move the same bytes (reduce-scatter + all-gather);
-//               ZeRO-3 also all-gathers the parameters in every micro-batch's forward and
-//               backward.
-//   memory    = model states (memory.hpp: by dtype, ZeRO stage and DP degree) of the
-//               device's parameters / tp, + for each chunk its peak in-flight micro-batches
-//               (from the schedule's orders) times the activations its layers keep under
-//               their recompute choice / tp, + ZeRO-3's gather buffer (two layers),
-//               + the transient of recomputation: while one layer of one micro-batch is
-//               recomputed, the activations it did not keep are live again; the largest
-//               such set on the device / tp / coshard (Coshard recomputes a layer in
-//               coshard pieces, one after another).
-#include <algorithm>
-#include <cmath>
-#include <limits>
-#include <map>
-#include <memory>
-#include <string>
-#include <tuple>
-#include <vector>
-
+//                         its programs, pruned by lower bounds
+//   order_search.hpp      temporal-order search: per-device block orders under constraints
+//                         and a memory cap, minimising the makespan
 // ---- begin loom/search/communication.hpp ----
 // Alpha-beta costs of collectives on a cluster, split into latency and transmission so that
 // overlap factors (TAPAS, section 4.6) discount only the transmission.
@@ -15144,1500 +14649,6 @@ LOOM_INLINE double exposed_time(double forward_transmission, double backward_tra
 }  // namespace loom::search
 #endif  // LOOM_HEADER_DEFINITIONS
 // ---- end loom/search/communication.hpp ----
-// ---- begin loom/search/model_profile.hpp ----
-// What the searcher knows about a model: per layer (folding.hpp), the work of its forward
-// and backward ops, its parameters, the activations its backward keeps, the residual
-// stream it reads, and how finely tensor parallelism can cut it. Everything is read off a
-// training graph (forward + backward, autograd/autograd.hpp) at the graph's batch; the
-// searcher scales it to micro-batches and shards.
-//
-//   auto g = models::gpt(cfg).training_graph();
-//   model_profile m = profile_model(g);          // layers found by find_layers(g)
-//   m.layers[1].forward.flops, m.layers[1].saved_elements, m.classes()
-//
-// Rules (each is a modelling choice, stated once here):
-// - A node's work is its op's FLOPs (op_def::flops) and the elements it reads and writes.
-//   An op is "GEMM-like" when it does at least 16 FLOPs per element it writes; the others
-//   are memory-bound (norms, activations, adds, softmax).
-// - Saved activations: forward outputs that a backward node reads. Selective recompute
-//   drops those made by memory-bound ops and recomputes them (their forward work again);
-//   full recompute keeps only the layer's input and reruns its whole forward.
-// - Tensor parallelism (Megatron's rules) costs one all-reduce of the residual stream per
-//   residual join (an `add` whose output has the residual stream's shape) in the forward,
-//   and one per join in the backward. The degree must divide every parameter extent but
-//   the vocabulary's (split into near-equal pieces) and every attention head count of the
-//   model (`tp_granularity`).
-// - Backward nodes belong to the layer of the forward node they differentiate; the other
-//   backward nodes (the loss seed, gradient sums) to the epilogue.
-#include <algorithm>
-#include <cstdint>
-#include <numeric>
-#include <string>
-#include <vector>
-
-// ---- begin loom/search/folding.hpp ----
-// Folding: which parts of a model are layers, and which layers are the same. The searcher
-// decides once per class of identical layers and applies the decision to every repeat
-// (TAPAS §4.3), so its work grows with the number of distinct layers, not the depth.
-//
-// Two ways to find the layers of a graph's forward pass:
-//   layers_from_scopes(g)     the instances of the graph's largest recorded repeat
-//                             ("blocks.0" ... "blocks.95"); everything before the first
-//                             instance is the prologue, everything after the epilogue.
-//   layers_from_structure(g)  no scopes needed: cut the forward pass where a single
-//                             activation is live (the residual stream between blocks),
-//                             hash each segment by its ops, shapes and wiring, and find the
-//                             longest run of a repeated segment sequence; each repetition
-//                             is a layer.
-//   find_layers(g)            scopes when the graph recorded a repeat, structure otherwise.
-//
-// Forward rounds (AlphaFold's recycling, nnScaler's 3F1B): when the largest repeat lies
-// inside the instances of an outer repeat, each instance holding the same inner repeat, and
-// only the last outer instance is differentiated, the outer instances are rounds over the
-// same layers. The layers are then the inner instances, each holding its nodes of every
-// round (a round's nodes outside the inner repeat join its first layer), and
-// layer_partition::rounds says how many rounds run them.
-//
-// Either way, layers with equal structural hashes get the same class id, so a prologue that
-// happens to equal a block would join its class.
-#include <algorithm>
-#include <cstdint>
-#include <functional>
-#include <map>
-#include <string>
-#include <string_view>
-#include <vector>
-
-
-namespace loom::search {
-
-enum class layer_role { prologue, repeated, epilogue };
-
-struct layer_span {
-    std::string name;                  // "blocks.3", "prologue", "epilogue"
-    layer_role role = layer_role::repeated;
-    std::vector<node_id> nodes;        // forward nodes, in graph order
-    std::uint64_t hash = 0;            // structure: op kinds, shapes, wiring
-    int class_id = 0;                  // equal hashes, equal classes
-};
-
-struct layer_partition {
-    std::vector<layer_span> layers;    // prologue (if any), repeated layers, epilogue (if any)
-    int classes = 0;
-    std::string found_by;              // "scopes" or "structure"
-    int rounds = 1;                    // forward rounds over the repeated layers (only the last differentiated)
-    std::vector<int> round_of;         // with rounds > 1: each forward node's round, -1 outside them
-
-    // Indices (into layers) of the repeated layers, in order.
-    std::vector<int> repeated() const {
-        std::vector<int> out;
-        for (std::size_t i = 0; i < layers.size(); ++i)
-            if (layers[i].role == layer_role::repeated) out.push_back(static_cast<int>(i));
-        return out;
-    }
-};
-
-namespace detail {
-
-LOOM_INLINE std::uint64_t mix(std::uint64_t h, std::uint64_t v);
-
-inline std::uint64_t hash_text(std::string_view s) { return std::hash<std::string_view>{}(s); }
-
-inline std::size_t forward_count(const graph& g) { return g.forward_nodes ? g.forward_nodes : g.nodes.size(); }
-
-// The hash of a run of forward nodes [first, last): each node's op and output shapes, and
-// for each input whether it is a parameter (with its shape), a graph input, an activation
-// made inside the run (by its offset back from the consumer) or one from before the run.
-LOOM_INLINE std::uint64_t hash_nodes(const graph& g, const std::vector<node_id>& nodes);
-
-LOOM_INLINE void assign_classes(const graph& g, layer_partition& p);
-
-// Splits forward nodes into prologue / repeated layers / epilogue given each node's layer
-// index (-1 outside the repeat).
-LOOM_INLINE layer_partition partition_by_layer(const graph& g, const std::vector<std::int64_t>& layer_of,
-                                               std::string_view layer_prefix);
-
-}  // namespace detail
-
-namespace detail {
-
-// The instance index of repeat `r` that scope `s` lies in, or -1.
-inline std::int64_t instance_of(const graph& g, std::int32_t s, std::int32_t r) {
-    for (; s != no_id; s = g.scopes.at(static_cast<std::size_t>(s)).parent)
-        if (g.scopes.at(static_cast<std::size_t>(s)).repeat == r) return g.scopes.at(static_cast<std::size_t>(s)).index;
-    return -1;
-}
-
-// Forward rounds: the outer repeat around `inner`, when every outer instance holds a repeat
-// named like `inner` with as many instances and only the last round is differentiated.
-LOOM_INLINE layer_partition rounds_partition(const graph& g, std::int32_t inner);
-
-}  // namespace detail
-
-// Layers from the graph's largest recorded repeat (most instances; ties: the first).
-LOOM_INLINE layer_partition layers_from_scopes(const graph& g);
-
-// Layers from structure alone (scopes ignored).
-LOOM_INLINE layer_partition layers_from_structure(const graph& g);
-
-inline layer_partition find_layers(const graph& g) {
-    return g.repeats.empty() ? layers_from_structure(g) : layers_from_scopes(g);
-}
-
-}  // namespace loom::search
-
-// Definitions: compiled here (header-only) or once in loom::compiled (core/linkage.hpp).
-#if LOOM_HEADER_DEFINITIONS
-
-namespace loom::search::detail {
-
-LOOM_INLINE std::uint64_t mix(std::uint64_t h, std::uint64_t v) {
-    // splitmix64 finaliser over the running hash: order-sensitive and well spread.
-    h ^= v + 0x9e3779b97f4a7c15ULL + (h << 6) + (h >> 2);
-    h ^= h >> 30;
-    h *= 0xbf58476d1ce4e5b9ULL;
-    h ^= h >> 27;
-    return h;
-}
-
-LOOM_INLINE std::uint64_t hash_nodes(const graph& g, const std::vector<node_id>& nodes) {
-    std::map<tensor_id, std::int64_t> made_at;  // tensor -> position in the run
-    std::uint64_t h = 0x1234567;
-    for (std::size_t i = 0; i < nodes.size(); ++i) {
-        const node& n = g.at(nodes[i]);
-        h = mix(h, hash_text(n.op->name));
-        for (tensor_id t : n.inputs) {
-            const tensor_desc& td = g.tensor(t);
-            if (td.role == tensor_role::parameter) {
-                h = mix(h, 1);
-                for (const auto& a : td.dims) h = mix(h, static_cast<std::uint64_t>(a.extent));
-            } else if (td.role == tensor_role::input) {
-                h = mix(h, 2);
-            } else if (auto it = made_at.find(t); it != made_at.end()) {
-                h = mix(h, 3 + static_cast<std::uint64_t>(static_cast<std::int64_t>(i) - it->second));
-            } else {
-                h = mix(h, 0xabcdef);
-                for (const auto& a : td.dims) h = mix(h, static_cast<std::uint64_t>(a.extent));
-            }
-        }
-        for (tensor_id t : n.outputs) {
-            made_at[t] = static_cast<std::int64_t>(i);
-            for (const auto& a : g.tensor(t).dims) h = mix(h, static_cast<std::uint64_t>(a.extent));
-        }
-    }
-    return h;
-}
-
-LOOM_INLINE void assign_classes(const graph& g, layer_partition& p) {
-    std::map<std::uint64_t, int> class_of;
-    for (layer_span& l : p.layers) {
-        l.hash = hash_nodes(g, l.nodes);
-        auto [it, fresh] = class_of.try_emplace(l.hash, static_cast<int>(class_of.size()));
-        l.class_id = it->second;
-    }
-    p.classes = static_cast<int>(class_of.size());
-}
-
-LOOM_INLINE layer_partition partition_by_layer(const graph& g, const std::vector<std::int64_t>& layer_of,
-                                               std::string_view layer_prefix) {
-    layer_partition p;
-    std::int64_t layers = 0;
-    for (std::int64_t l : layer_of) layers = std::max(layers, l + 1);
-    layer_span prologue{"prologue", layer_role::prologue, {}, 0, 0};
-    layer_span epilogue{"epilogue", layer_role::epilogue, {}, 0, 0};
-    std::vector<layer_span> repeated(static_cast<std::size_t>(layers));
-    for (std::int64_t l = 0; l < layers; ++l)
-        repeated[static_cast<std::size_t>(l)].name = std::string(layer_prefix) + "." + std::to_string(l);
-    bool seen_layer = false;
-    for (std::size_t i = 0; i < layer_of.size(); ++i) {
-        const node_id n = static_cast<node_id>(i);
-        if (layer_of[i] >= 0) {
-            seen_layer = true;
-            repeated[static_cast<std::size_t>(layer_of[i])].nodes.push_back(n);
-        } else {
-            (seen_layer ? epilogue : prologue).nodes.push_back(n);
-        }
-    }
-    if (!prologue.nodes.empty()) p.layers.push_back(std::move(prologue));
-    for (auto& l : repeated) p.layers.push_back(std::move(l));
-    if (!epilogue.nodes.empty()) p.layers.push_back(std::move(epilogue));
-    assign_classes(g, p);
-    return p;
-}
-
-LOOM_INLINE layer_partition rounds_partition(const graph& g, std::int32_t inner) {
-    const repeat_desc& in = g.repeats[static_cast<std::size_t>(inner)];
-    std::int32_t outer = no_id;
-    for (std::int32_t s = in.parent; s != no_id; s = g.scopes.at(static_cast<std::size_t>(s)).parent)
-        if (g.scopes.at(static_cast<std::size_t>(s)).repeat != no_id) {
-            outer = g.scopes.at(static_cast<std::size_t>(s)).repeat;
-            break;
-        }
-    if (outer == no_id) return {};
-    const auto rounds = static_cast<std::int64_t>(g.repeats[static_cast<std::size_t>(outer)].scopes.size());
-    if (rounds < 2) return {};
-    // One inner repeat per round, alike.
-    std::vector<std::int32_t> inner_of_round(static_cast<std::size_t>(rounds), no_id);
-    for (std::size_t r = 0; r < g.repeats.size(); ++r) {
-        const repeat_desc& d = g.repeats[r];
-        if (d.name != in.name || d.scopes.size() != in.scopes.size()) continue;
-        const std::int64_t round = instance_of(g, d.parent, outer);
-        if (round >= 0) inner_of_round[static_cast<std::size_t>(round)] = static_cast<std::int32_t>(r);
-    }
-    if (std::find(inner_of_round.begin(), inner_of_round.end(), no_id) != inner_of_round.end()) return {};
-    const std::size_t forward = forward_count(g);
-    std::vector<std::int64_t> layer_of(forward, -1);
-    std::vector<int> round_of(forward, -1);
-    for (std::size_t i = 0; i < forward; ++i) {
-        const std::int64_t round = instance_of(g, g.nodes[i].scope, outer);
-        if (round < 0) continue;
-        round_of[i] = static_cast<int>(round);
-        const std::int64_t layer = instance_of(g, g.nodes[i].scope, inner_of_round[static_cast<std::size_t>(round)]);
-        layer_of[i] = layer >= 0 ? layer : 0;
-    }
-    // Only the last round may be differentiated: earlier rounds are forward-only.
-    for (std::size_t i = forward; i < g.nodes.size(); ++i) {
-        const node_id f = g.nodes[i].forward_of;
-        if (f != no_id && static_cast<std::size_t>(f) < forward && round_of[static_cast<std::size_t>(f)] >= 0 &&
-            round_of[static_cast<std::size_t>(f)] != rounds - 1)
-            return {};
-    }
-    auto p = partition_by_layer(g, layer_of, in.name);
-    p.rounds = static_cast<int>(rounds);
-    p.round_of = std::move(round_of);
-    return p;
-}
-}  // namespace loom::search::detail
-
-namespace loom::search {
-
-LOOM_INLINE layer_partition layers_from_scopes(const graph& g) {
-    std::int32_t best = no_id;
-    for (std::size_t r = 0; r < g.repeats.size(); ++r)
-        if (best == no_id || g.repeats[r].scopes.size() > g.repeats[static_cast<std::size_t>(best)].scopes.size())
-            best = static_cast<std::int32_t>(r);
-    if (best == no_id)
-        throw usage_error("layers_from_scopes: the graph recorded no repeated scope; build the layers inside "
-                          "graph_builder::repeat (or use layers_from_structure)");
-    // A repeat of rounds around it (or it is the rounds, around a smaller repeat of layers).
-    for (std::size_t r = 0; r < g.repeats.size(); ++r) {
-        const bool inside_best = detail::instance_of(g, g.repeats[r].parent, best) >= 0;
-        if (static_cast<std::int32_t>(r) != best && !inside_best) continue;
-        layer_partition rounds = detail::rounds_partition(g, static_cast<std::int32_t>(r));
-        if (rounds.rounds > 1) {
-            rounds.found_by = "scopes";
-            return rounds;
-        }
-    }
-    const std::size_t forward = detail::forward_count(g);
-    std::vector<std::int64_t> layer_of(forward, -1);
-    for (std::size_t i = 0; i < forward; ++i) {
-        for (std::int32_t s = g.nodes[i].scope; s != no_id;) {
-            const scope_desc& sd = g.scopes.at(static_cast<std::size_t>(s));
-            if (sd.repeat == best) {
-                layer_of[i] = sd.index;
-                break;
-            }
-            s = sd.parent;
-        }
-    }
-    auto p = detail::partition_by_layer(g, layer_of, g.repeats[static_cast<std::size_t>(best)].name);
-    p.found_by = "scopes";
-    return p;
-}
-
-LOOM_INLINE layer_partition layers_from_structure(const graph& g) {
-    const std::size_t forward = detail::forward_count(g);
-    // live[i]: activations made before node i and read at or after it (forward reads only).
-    std::vector<int> delta(forward + 1, 0);
-    std::vector<std::int64_t> last_read(g.tensors.size(), -1);
-    for (std::size_t i = 0; i < forward; ++i)
-        for (tensor_id t : g.nodes[i].inputs) last_read[static_cast<std::size_t>(t)] = static_cast<std::int64_t>(i);
-    for (std::size_t t = 0; t < g.tensors.size(); ++t) {
-        const tensor_desc& td = g.tensors[t];
-        if (td.role != tensor_role::activation || td.producer == no_id) continue;
-        const auto made = static_cast<std::int64_t>(td.producer);
-        if (made >= static_cast<std::int64_t>(forward) || last_read[t] <= made) continue;
-        ++delta[static_cast<std::size_t>(made + 1)];
-        --delta[static_cast<std::size_t>(last_read[t] + 1)];
-    }
-    // Segments start at 0 and at every node before which exactly one activation is live.
-    std::vector<std::size_t> starts{0};
-    int live = 0;
-    for (std::size_t i = 1; i < forward; ++i) {
-        live += delta[i];
-        if (live == 1) starts.push_back(i);
-    }
-    starts.push_back(forward);
-    std::vector<std::vector<node_id>> segments;
-    std::vector<std::uint64_t> segment_hash;
-    for (std::size_t s = 0; s + 1 < starts.size(); ++s) {
-        std::vector<node_id> nodes;
-        for (std::size_t i = starts[s]; i < starts[s + 1]; ++i) nodes.push_back(static_cast<node_id>(i));
-        segment_hash.push_back(detail::hash_nodes(g, nodes));
-        segments.push_back(std::move(nodes));
-    }
-    // The longest run of a repeated unit of `period` segments (ties: the shortest period,
-    // then the earliest start).
-    const std::size_t k = segments.size();
-    std::size_t best_start = 0, best_period = 0, best_count = 0;
-    for (std::size_t period = 1; period * 2 <= k; ++period) {
-        for (std::size_t start = 0; start + 2 * period <= k; ++start) {
-            std::size_t count = 1;
-            while (start + (count + 1) * period <= k) {
-                bool same = true;
-                for (std::size_t j = 0; j < period && same; ++j)
-                    same = segment_hash[start + j] == segment_hash[start + count * period + j];
-                if (!same) break;
-                ++count;
-            }
-            if (count >= 2 && count * period > best_count * best_period) {
-                best_start = start;
-                best_period = period;
-                best_count = count;
-            }
-        }
-    }
-    std::vector<std::int64_t> layer_of(forward, -1);
-    for (std::size_t c = 0; c < best_count; ++c)
-        for (std::size_t j = 0; j < best_period; ++j)
-            for (node_id n : segments[best_start + c * best_period + j])
-                layer_of[static_cast<std::size_t>(n)] = static_cast<std::int64_t>(c);
-    auto p = detail::partition_by_layer(g, layer_of, "layer");
-    p.found_by = "structure";
-    return p;
-}
-
-}  // namespace loom::search
-#endif  // LOOM_HEADER_DEFINITIONS
-// ---- end loom/search/folding.hpp ----
-
-namespace loom::search {
-
-// Work of a set of nodes, split by kind.
-struct work {
-    double flops = 0;                 // all FLOPs
-    double gemm_flops = 0;            // of GEMM-like nodes
-    double gemm_elements = 0;         // elements GEMM-like nodes read and write
-    double memory_bound_flops = 0;
-    double memory_bound_elements = 0;  // elements memory-bound nodes read and write
-
-    work& operator+=(const work& o) {
-        flops += o.flops;
-        gemm_flops += o.gemm_flops;
-        gemm_elements += o.gemm_elements;
-        memory_bound_flops += o.memory_bound_flops;
-        memory_bound_elements += o.memory_bound_elements;
-        return *this;
-    }
-};
-
-struct layer_profile {
-    std::string name;
-    layer_role role = layer_role::repeated;
-    int class_id = 0;
-    work forward;                    // at the graph's batch
-    work backward;
-    work memory_bound_forward;       // the part of `forward` selective recompute reruns
-    double parameters = 0;           // elements of the parameters this layer reads first
-    double shared_parameters = 0;    // elements of parameters an earlier layer owns (tied weights)
-    int shared_from = -1;            // that layer
-    double saved_elements = 0;       // activations the backward reads
-    double cheap_saved_elements = 0;  // ... of them made by memory-bound ops
-    double input_elements = 0;       // activations entering the layer
-    double output_elements = 0;      // activations leaving it for later layers
-    int residual_joins = 0;
-};
-
-struct model_profile {
-    layer_partition partition;
-    std::vector<layer_profile> layers;  // parallel to partition.layers
-    std::int64_t batch = 1;             // samples in the graph's batch
-    double residual_elements = 0;       // one residual-stream tensor at the graph's batch
-    std::int64_t tp_granularity = 1;    // a TP degree must divide it
-    double parameters = 0;
-    // Forward rounds over the repeated layers (recycling, 3F1B); a layer's `forward` is one
-    // round's work, and only the last round saves activations and is differentiated.
-    int forward_rounds = 1;
-
-    int classes() const { return partition.classes; }
-    bool allows_tp(std::int64_t degree) const { return degree >= 1 && tp_granularity % degree == 0; }
-};
-
-namespace detail {
-
-inline double numel(const graph& g, tensor_id t) { return static_cast<double>(g.tensor(t).dims.numel()); }
-
-inline bool gemm_like(double flops, double written) { return written > 0 && flops >= 16.0 * written; }
-
-LOOM_INLINE void add_node_work(const graph& g, const node& n, work& w, work* memory_bound_part = nullptr);
-
-}  // namespace detail
-
-LOOM_INLINE model_profile profile_model(const graph& g, layer_partition partition);
-
-inline model_profile profile_model(const graph& g) { return profile_model(g, find_layers(g)); }
-
-}  // namespace loom::search
-
-// Definitions: compiled here (header-only) or once in loom::compiled (core/linkage.hpp).
-#if LOOM_HEADER_DEFINITIONS
-
-namespace loom::search::detail {
-
-LOOM_INLINE void add_node_work(const graph& g, const node& n, work& w, work* memory_bound_part) {
-    const double flops = n.op->flops ? n.op->flops(g, n) : 0.0;
-    double written = 0, read = 0;
-    for (tensor_id t : n.outputs) written += numel(g, t);
-    for (tensor_id t : n.inputs) read += numel(g, t);
-    w.flops += flops;
-    if (gemm_like(flops, written)) {
-        w.gemm_flops += flops;
-        w.gemm_elements += read + written;
-    } else {
-        w.memory_bound_flops += flops;
-        w.memory_bound_elements += read + written;
-        if (memory_bound_part) {
-            memory_bound_part->flops += flops;
-            memory_bound_part->memory_bound_flops += flops;
-            memory_bound_part->memory_bound_elements += read + written;
-        }
-    }
-}
-}  // namespace loom::search::detail
-
-namespace loom::search {
-
-LOOM_INLINE model_profile profile_model(const graph& g, layer_partition partition) {
-    if (g.forward_nodes == 0)
-        throw usage_error("profile_model: the graph has no backward pass; pass the training graph "
-                          "(model.training_graph()), whose backward the profile measures");
-    model_profile m;
-    m.partition = std::move(partition);
-    const std::size_t forward = g.forward_nodes;
-    std::vector<int> layer_of_node(g.nodes.size(), -1);
-    for (std::size_t l = 0; l < m.partition.layers.size(); ++l)
-        for (node_id n : m.partition.layers[l].nodes) layer_of_node[static_cast<std::size_t>(n)] = static_cast<int>(l);
-    const int last = static_cast<int>(m.partition.layers.size()) - 1;
-    m.forward_rounds = m.partition.rounds;
-    // With rounds, the earlier rounds repeat the last one's forward work without keeping
-    // anything: the profile measures the last round, and the cost model multiplies.
-    const auto earlier_round = [&](std::size_t i) {
-        return m.partition.rounds > 1 && i < m.partition.round_of.size() && m.partition.round_of[i] >= 0 &&
-               m.partition.round_of[i] < m.partition.rounds - 1;
-    };
-    for (std::size_t i = forward; i < g.nodes.size(); ++i) {
-        const node_id f = g.nodes[i].forward_of;
-        layer_of_node[i] = f != no_id && layer_of_node[static_cast<std::size_t>(f)] >= 0
-                               ? layer_of_node[static_cast<std::size_t>(f)]
-                               : last;
-    }
-
-    m.layers.resize(m.partition.layers.size());
-    for (std::size_t l = 0; l < m.layers.size(); ++l) {
-        m.layers[l].name = m.partition.layers[l].name;
-        m.layers[l].role = m.partition.layers[l].role;
-        m.layers[l].class_id = m.partition.layers[l].class_id;
-    }
-    // Which tensors the backward reads, and which later layers read.
-    std::vector<bool> read_by_backward(g.tensors.size(), false);
-    std::vector<int> last_reader_layer(g.tensors.size(), -1);
-    for (std::size_t i = 0; i < g.nodes.size(); ++i)
-        for (tensor_id t : g.nodes[i].inputs) {
-            if (i >= forward) read_by_backward[static_cast<std::size_t>(t)] = true;
-            else last_reader_layer[static_cast<std::size_t>(t)] =
-                std::max(last_reader_layer[static_cast<std::size_t>(t)], layer_of_node[i]);
-        }
-
-    std::int64_t granularity = 0;
-    std::vector<bool> entered(g.tensors.size(), false);
-    int entered_layer = -1;
-    for (std::size_t i = 0; i < g.nodes.size(); ++i) {
-        const node& n = g.nodes[i];
-        const int l = layer_of_node[i];
-        if (l < 0 || earlier_round(i)) continue;
-        layer_profile& lp = m.layers[static_cast<std::size_t>(l)];
-        if (i >= forward) {
-            detail::add_node_work(g, n, lp.backward);
-            continue;
-        }
-        if (l != entered_layer) {
-            std::fill(entered.begin(), entered.end(), false);
-            entered_layer = l;
-        }
-        detail::add_node_work(g, n, lp.forward, &lp.memory_bound_forward);
-        double written = 0;
-        for (tensor_id t : n.outputs) written += detail::numel(g, t);
-        const bool cheap = !detail::gemm_like(n.op->flops ? n.op->flops(g, n) : 0.0, written);
-        for (tensor_id t : n.outputs) {
-            if (read_by_backward[static_cast<std::size_t>(t)]) {
-                lp.saved_elements += detail::numel(g, t);
-                if (cheap) lp.cheap_saved_elements += detail::numel(g, t);
-            }
-            if (last_reader_layer[static_cast<std::size_t>(t)] > l) lp.output_elements += detail::numel(g, t);
-        }
-        for (tensor_id t : n.inputs) {
-            const tensor_desc& td = g.tensor(t);
-            if (td.role == tensor_role::activation && td.producer != no_id &&
-                layer_of_node[static_cast<std::size_t>(td.producer)] != l && !entered[static_cast<std::size_t>(t)]) {
-                entered[static_cast<std::size_t>(t)] = true;  // counted once per layer: layers read it in order
-                lp.input_elements += detail::numel(g, t);
-            }
-        }
-        if (n.op->name == "attention")
-            if (auto h = n.sig.find("h")) granularity = std::gcd(granularity, n.sig.vars[static_cast<std::size_t>(*h)].extent);
-    }
-    for (tensor_id p : g.parameters) {
-        m.parameters += detail::numel(g, p);
-        for (const auto& a : g.tensor(p).dims)  // a vocabulary need not divide (plan::splits_unevenly)
-            if (a.dim != Dim::Vocab::id) granularity = std::gcd(granularity, a.extent);
-    }
-    // A parameter belongs to the first layer that reads it; a later layer that reads it too
-    // (the LM head of a tied embedding) holds a copy when it sits on another stage.
-    std::vector<int> owner(g.tensors.size(), -1), counted_in(g.tensors.size(), -1);
-    for (std::size_t i = 0; i < forward; ++i) {
-        const int l = layer_of_node[i];
-        if (l < 0) continue;
-        for (tensor_id t : g.nodes[i].inputs) {
-            if (g.tensor(t).role != tensor_role::parameter) continue;
-            if (counted_in[static_cast<std::size_t>(t)] == l) continue;
-            counted_in[static_cast<std::size_t>(t)] = l;
-            int& o = owner[static_cast<std::size_t>(t)];
-            layer_profile& lp = m.layers[static_cast<std::size_t>(l)];
-            if (o < 0) {
-                o = l;
-                lp.parameters += detail::numel(g, t);
-            } else {
-                lp.shared_from = o;
-                lp.shared_parameters += detail::numel(g, t);
-            }
-        }
-    }
-    m.tp_granularity = granularity > 0 ? granularity : 1;
-
-    // The residual stream: the activation entering the first repeated layer.
-    const auto repeated = m.partition.repeated();
-    if (!repeated.empty()) {
-        const layer_profile& first = m.layers[static_cast<std::size_t>(repeated.front())];
-        m.residual_elements = first.input_elements;
-    }
-    // Residual joins: adds whose output is as large as the residual stream.
-    for (std::size_t i = 0; i < forward; ++i) {
-        const node& n = g.nodes[i];
-        if (layer_of_node[i] < 0 || earlier_round(i) || n.op->name != "add" || m.residual_elements <= 0) continue;
-        if (detail::numel(g, n.outputs[0]) == m.residual_elements) ++m.layers[static_cast<std::size_t>(layer_of_node[i])].residual_joins;
-    }
-    // The batch: the leading extent of the first graph input (tokens [batch, seq]).
-    if (!g.inputs.empty() && g.tensor(g.inputs.front()).dims.rank() > 0)
-        m.batch = g.tensor(g.inputs.front()).dims.extent(0);
-    return m;
-}
-
-}  // namespace loom::search
-#endif  // LOOM_HEADER_DEFINITIONS
-// ---- end loom/search/model_profile.hpp ----
-
-namespace loom::search {
-
-struct search_options {
-    double memory_per_device = 0;  // bytes; 0: the device's memory
-    precision compute = precision::bf16;
-    double activation_bytes = 2;   // per element of activations and messages
-    state_bytes states = mixed_precision_adam();
-    overlap_factors overlap;
-    bool fold = true;              // decide once per class of identical layers
-    double time_budget_seconds = 0;  // 0: search to the end
-};
-
-struct device_cost {
-    double parameters = 0;  // elements of the layers on this device, before TP sharding
-    memory_breakdown memory;
-    double exposed_communication = 0;  // s per step: gradient sync, ZeRO-3 gathers
-    double optimizer = 0;              // s per step
-    double transient = 0;              // bytes of recomputation's transient (part of memory.buffers)
-};
-
-struct evaluation {
-    bool feasible = false;
-    std::string why_infeasible;
-    double step_time = std::numeric_limits<double>::infinity();
-    double pipeline_time = 0;
-    std::vector<double> chunk_forward, chunk_backward;  // s per micro-batch (forward: per block)
-    int forward_blocks = 1;  // forward blocks per micro-batch and chunk: the rounds under 3F1B, else 1
-    std::vector<device_cost> devices;                  // per pipeline device
-    double interlaced_per_micro_batch = 0;             // s on every device (interlaced only)
-    double peak_memory() const {
-        double m = 0;
-        for (const auto& d : devices) m = std::max(m, d.memory.total());
-        return m;
-    }
-};
-
-// Per-layer times and the schedules' orders, computed once for a model and cluster.
-class cost_context {
-public:
-    // Keeps its own copy of the profile, so a temporary may be passed.
-    cost_context(model_profile model, const cluster& hw, const search_options& options)
-        : model_(std::move(model)), hw_(hw), options_(options) {
-        memory_cap_ = options.memory_per_device > 0 ? options.memory_per_device : hw.device.memory_bytes;
-        const double peak = hw.device.peak_flops(options.compute);
-        const auto time_of = [&](const work& w) {
-            const double bytes = options.activation_bytes;
-            return std::max(w.gemm_flops / (peak * hw.device.gemm_efficiency),
-                            w.gemm_elements * bytes / hw.device.memory_bandwidth) +
-                   std::max(w.memory_bound_flops / (peak * hw.device.elementwise_efficiency),
-                            w.memory_bound_elements * bytes / (hw.device.memory_bandwidth * hw.device.elementwise_efficiency));
-        };
-        for (const layer_profile& l : model_.layers) {
-            times_.push_back({time_of(l.forward), time_of(l.backward), time_of(l.memory_bound_forward)});
-        }
-        for (std::size_t i = 0; i < model_.layers.size(); ++i)
-            if (model_.layers[i].role == layer_role::repeated) repeated_.push_back(static_cast<int>(i));
-            else if (model_.layers[i].role == layer_role::prologue) prologue_ = static_cast<int>(i);
-            else epilogue_ = static_cast<int>(i);
-    }
-
-    struct layer_times {
-        double forward = 0, backward = 0, memory_bound_forward = 0;  // s at the graph's batch, one device
-    };
-
-    const model_profile& model() const { return model_; }
-    const cluster& hardware() const { return hw_; }
-    const search_options& options() const { return options_; }
-    double memory_cap() const { return memory_cap_; }
-    const std::vector<int>& repeated() const { return repeated_; }
-    int rounds() const { return std::max(model_.forward_rounds, 1); }
-    int prologue() const { return prologue_; }
-    int epilogue() const { return epilogue_; }
-    const layer_times& times(int layer) const { return times_[static_cast<std::size_t>(layer)]; }
-
-    // Extra backward time (at the graph's batch, one device) and activations kept (elements
-    // at the graph's batch) of a layer under a recompute choice.
-    double recompute_time(int layer, plan::recompute_policy r) const {
-        return r == plan::recompute_policy::full        ? times(layer).forward
-               : r == plan::recompute_policy::selective ? times(layer).memory_bound_forward
-                                                        : 0.0;
-    }
-    // Elements a layer's recomputation brings back to life for its backward (at the graph's
-    // batch): what it saved minus what it kept.
-    double transient_elements(int layer, plan::recompute_policy r) const {
-        const layer_profile& l = model_.layers[static_cast<std::size_t>(layer)];
-        return std::max(0.0, l.saved_elements - kept_elements(layer, r));
-    }
-    double kept_elements(int layer, plan::recompute_policy r) const {
-        const layer_profile& l = model_.layers[static_cast<std::size_t>(layer)];
-        return r == plan::recompute_policy::full        ? l.input_elements
-               : r == plan::recompute_policy::selective ? l.saved_elements - l.cheap_saved_elements
-                                                        : l.saved_elements;
-    }
-
-    // The block orders of a schedule and its peak in-flight micro-batches per chunk.
-    struct orders {
-        schedule::schedule order;
-        std::vector<int> in_flight;  // per chunk
-    };
-    const orders& schedule_orders(plan::schedule_kind kind, int pp, int chunks, int micro_batches) {
-        const auto key = std::make_tuple(static_cast<int>(kind), pp, chunks, micro_batches);
-        auto it = orders_.find(key);
-        if (it != orders_.end()) return *it->second;
-        auto o = std::make_unique<orders>();
-        o->order = kind == plan::schedule_kind::gpipe           ? schedule::gpipe(pp, micro_batches)
-                   : kind == plan::schedule_kind::one_f_one_b   ? schedule::one_f_one_b(pp, micro_batches)
-                   : kind == plan::schedule_kind::three_f_one_b ? schedule::three_f_one_b(pp, micro_batches)
-                                                          : schedule::interleaved_one_f_one_b(pp, chunks, micro_batches);
-        o->in_flight = schedule::peak_in_flight(o->order).per_stage;
-        ++schedules_built_;
-        return *orders_.emplace(key, std::move(o)).first->second;
-    }
-    int schedules_built() const { return schedules_built_; }
-
-private:
-    model_profile model_;
-    cluster hw_;
-    search_options options_;
-    double memory_cap_ = 0;
-    std::vector<layer_times> times_;
-    std::vector<int> repeated_;
-    int prologue_ = -1, epilogue_ = -1;
-    std::map<std::tuple<int, int, int, int>, std::unique_ptr<orders>> orders_;
-    int schedules_built_ = 0;
-};
-
-// Which layers each chunk holds: the prologue on chunk 0, the epilogue on the last chunk
-// (unless interlaced: then on no chunk), the repeated layers in order, layers_per_chunk[c]
-// of them on chunk c.
-LOOM_INLINE std::vector<std::vector<int>> layers_of_chunks(const cost_context& ctx, const configuration& c);
-
-// The recompute choice of layer index `layer` (prologue and epilogue keep everything).
-LOOM_INLINE plan::recompute_policy recompute_of_layer(const cost_context& ctx, const configuration& c, int layer);
-
-// One all-reduce of the residual stream of a micro-batch over the TP group (a residual
-// join's cost per pass), its transmission discounted by epsilon.
-LOOM_INLINE double tensor_parallel_all_reduce_time(const cost_context& ctx, const configuration& c);
-
-// Everything but the pipeline makespan: per-chunk times and per-device memory and comm.
-// Split out so that the searcher can bound before it times the schedule.
-LOOM_INLINE evaluation evaluate_without_pipeline(cost_context& ctx, const configuration& c);
-
-// The time of one message between consecutive stages: the boundary activation of one
-// micro-batch, scattered over the TP group (each of its devices sends 1/tp).
-LOOM_INLINE double stage_message_time(const cost_context& ctx, const configuration& c);
-
-inline double step_time_of(const evaluation& e, double pipeline) {
-    double slowest = 0;
-    for (const auto& d : e.devices) slowest = std::max(slowest, d.exposed_communication + d.optimizer);
-    return pipeline + slowest;
-}
-
-LOOM_INLINE evaluation evaluate(cost_context& ctx, const configuration& c);
-
-}  // namespace loom::search
-
-// Definitions: compiled here (header-only) or once in loom::compiled (core/linkage.hpp).
-#if LOOM_HEADER_DEFINITIONS
-
-namespace loom::search {
-
-LOOM_INLINE std::vector<std::vector<int>> layers_of_chunks(const cost_context& ctx, const configuration& c) {
-    const int chunks = c.pp * c.chunks;
-    std::vector<std::vector<int>> out(static_cast<std::size_t>(chunks));
-    if (ctx.prologue() >= 0 && !c.interlaced) out.front().push_back(ctx.prologue());
-    std::size_t next = 0;
-    for (int k = 0; k < chunks; ++k)
-        for (int i = 0; i < c.layers_per_chunk[static_cast<std::size_t>(k)]; ++i)
-            out[static_cast<std::size_t>(k)].push_back(ctx.repeated()[next++]);
-    if (ctx.epilogue() >= 0 && !c.interlaced) out.back().push_back(ctx.epilogue());
-    return out;
-}
-
-LOOM_INLINE plan::recompute_policy recompute_of_layer(const cost_context& ctx, const configuration& c, int layer) {
-    const auto& r = ctx.repeated();
-    const auto it = std::find(r.begin(), r.end(), layer);
-    if (it == r.end() || c.recompute_of.empty()) return plan::recompute_policy::none;
-    return c.recompute_of[static_cast<std::size_t>(it - r.begin())];
-}
-
-LOOM_INLINE double tensor_parallel_all_reduce_time(const cost_context& ctx, const configuration& c) {
-    if (c.tp == 1) return 0.0;
-    const double bytes = ctx.model().residual_elements / (static_cast<double>(c.dp) * c.micro_batches) *
-                         ctx.options().activation_bytes;
-    return exposed_time(collective_cost(ctx.hardware(), collective::all_reduce, bytes, {c.tp, 1}), {},
-                        collective::all_reduce, {1.0, ctx.options().overlap.epsilon});
-}
-
-LOOM_INLINE evaluation evaluate_without_pipeline(cost_context& ctx, const configuration& c) {
-    const model_profile& m = ctx.model();
-    const cluster& hw = ctx.hardware();
-    const search_options& o = ctx.options();
-    const int chunks = c.pp * c.chunks;
-    evaluation e;
-    e.chunk_forward.assign(static_cast<std::size_t>(chunks), 0.0);
-    e.chunk_backward.assign(static_cast<std::size_t>(chunks), 0.0);
-    e.devices.assign(static_cast<std::size_t>(c.pp), {});
-    const double share = 1.0 / (static_cast<double>(c.dp) * c.micro_batches);  // of the graph's batch
-    const double tp_all_reduce = tensor_parallel_all_reduce_time(ctx, c);
-    const auto layers = layers_of_chunks(ctx, c);
-    const auto& sched = ctx.schedule_orders(c.schedule, c.pp, c.chunks, c.micro_batches);
-    e.forward_blocks = c.schedule == plan::schedule_kind::three_f_one_b ? ctx.rounds() : 1;
-    const double rounds_per_block = c.schedule == plan::schedule_kind::three_f_one_b ? 1.0 : static_cast<double>(ctx.rounds());
-    std::vector<std::vector<bool>> on_device(static_cast<std::size_t>(c.pp), std::vector<bool>(m.layers.size(), false));
-    for (int k = 0; k < chunks; ++k)
-        for (int l : layers[static_cast<std::size_t>(k)]) on_device[static_cast<std::size_t>(c.device_of_chunk(k))][static_cast<std::size_t>(l)] = true;
-    std::vector<double> activations(static_cast<std::size_t>(c.pp), 0.0), largest_layer(static_cast<std::size_t>(c.pp), 0.0),
-        transient(static_cast<std::size_t>(c.pp), 0.0);
-    const double transient_scale = share * o.activation_bytes / (static_cast<double>(c.tp) * std::max(c.coshard, 1));
-    for (int k = 0; k < chunks; ++k) {
-        const int d = c.device_of_chunk(k);
-        double f = 0, f_once = 0, b = 0, kept = 0;  // f_once: the prologue and epilogue, once per micro-batch
-        int joins = 0;
-        for (int l : layers[static_cast<std::size_t>(k)]) {
-            const plan::recompute_policy r = recompute_of_layer(ctx, c, l);
-            (l == ctx.prologue() || l == ctx.epilogue() ? f_once : f) += ctx.times(l).forward;
-            b += ctx.times(l).backward + ctx.recompute_time(l, r);
-            kept += ctx.kept_elements(l, r);
-            transient[static_cast<std::size_t>(d)] =
-                std::max(transient[static_cast<std::size_t>(d)], ctx.transient_elements(l, r) * transient_scale);
-            joins += m.layers[static_cast<std::size_t>(l)].residual_joins;
-            const layer_profile& lp = m.layers[static_cast<std::size_t>(l)];
-            device_cost& dc = e.devices[static_cast<std::size_t>(d)];
-            dc.parameters += lp.parameters;
-            if (lp.shared_from >= 0 && !on_device[static_cast<std::size_t>(d)][static_cast<std::size_t>(lp.shared_from)])
-                dc.parameters += lp.shared_parameters;
-            largest_layer[static_cast<std::size_t>(d)] = std::max(largest_layer[static_cast<std::size_t>(d)], lp.parameters + lp.shared_parameters);
-        }
-        // The repeated layers run once per round, the prologue and epilogue once. Under 3F1B
-        // each round is a block of its own (the prologue and epilogue spread over them, so
-        // the blocks sum to the work); otherwise the rounds share one block.
-        e.chunk_forward[static_cast<std::size_t>(k)] =
-            (f * share / c.tp + joins * tp_all_reduce) * rounds_per_block + f_once * share / c.tp / e.forward_blocks;
-        e.chunk_backward[static_cast<std::size_t>(k)] = b * share / c.tp + joins * tp_all_reduce;
-        activations[static_cast<std::size_t>(d)] +=
-            sched.in_flight[static_cast<std::size_t>(k)] * kept * share * o.activation_bytes / c.tp;
-    }
-    // Interlaced: the embedding and head of every micro-batch (all replicas' samples) run on
-    // all N devices, split by vocabulary: 1/N of their work, an all-reduce of the residual
-    // stream over all devices forward (embedding) and backward (the head's input gradient);
-    // each device keeps 1/N of their parameters (no gradient sync: nothing is replicated)
-    // and activations: the embedding's for the micro-batches in flight on stage 0, the
-    // head's for one.
-    double interlaced_memory = 0;
-    if (c.interlaced) {
-        const int all = c.devices();
-        const double micro_share = 1.0 / c.micro_batches;
-        double work = 0, parameters = 0, kept = 0;
-        for (int l : {ctx.prologue(), ctx.epilogue()}) {
-            if (l < 0) continue;
-            const layer_profile& lp = m.layers[static_cast<std::size_t>(l)];
-            work += ctx.times(l).forward + ctx.times(l).backward;
-            parameters += lp.parameters + (lp.shared_from == ctx.prologue() ? 0.0 : lp.shared_parameters);
-            kept += lp.saved_elements * (l == ctx.prologue() ? sched.in_flight.front() : 1);
-        }
-        const double all_reduce =
-            all > 1 ? exposed_time(collective_cost(hw, collective::all_reduce,
-                                                   m.residual_elements * micro_share * o.activation_bytes, {all, 1}),
-                                   {}, collective::all_reduce, {1.0, o.overlap.epsilon})
-                    : 0.0;
-        e.interlaced_per_micro_batch = work * micro_share / all + 2.0 * all_reduce;
-        interlaced_memory = model_state_bytes(parameters / all, o.states, zero_stage::none, 1) +
-                            kept * micro_share * o.activation_bytes / all;
-    }
-    e.feasible = true;
-    for (int d = 0; d < c.pp; ++d) {
-        device_cost& dc = e.devices[static_cast<std::size_t>(d)];
-        const double local = dc.parameters / c.tp;
-        const state_bytes s = o.states;
-        const double buffers = c.zero == zero_stage::parameters ? 2.0 * largest_layer[static_cast<std::size_t>(d)] / c.tp * s.parameter : 0.0;
-        dc.memory = memory_per_device(local, s, c.zero, c.dp, activation_profile{}, 0, plan::recompute_policy::none, buffers);
-        dc.memory.activations = activations[static_cast<std::size_t>(d)];
-        dc.memory.buffers += interlaced_memory + transient[static_cast<std::size_t>(d)];
-        dc.transient = transient[static_cast<std::size_t>(d)];
-        if (c.dp > 1) {
-            const comm_time sync = collective_cost(hw, collective::all_reduce, local * s.gradient, {c.dp, c.tp});
-            dc.exposed_communication = exposed_time({}, sync, collective::all_reduce, o.overlap);
-            if (c.zero == zero_stage::parameters) {
-                const comm_time gather = collective_cost(hw, collective::all_gather, local * s.parameter, {c.dp, c.tp});
-                dc.exposed_communication +=
-                    c.micro_batches * exposed_time(gather, gather, collective::all_gather, {1.0, o.overlap.epsilon});
-            }
-        }
-        const double updated = c.zero == zero_stage::none ? local : local / c.dp;
-        dc.optimizer = 2.0 * updated * (s.parameter + s.gradient + s.optimizer) / hw.device.memory_bandwidth;
-        // A relative slack, so that the knapsack's sums and these agree on the boundary.
-        if (dc.memory.total() > ctx.memory_cap() * (1 + 1e-12) && e.feasible) {
-            e.feasible = false;
-            e.why_infeasible = "pipeline device " + std::to_string(d) + " needs " +
-                               std::to_string(dc.memory.total() / 1e9) + " GB, more than the " +
-                               std::to_string(ctx.memory_cap() / 1e9) + " GB allowed";
-        }
-    }
-    return e;
-}
-
-LOOM_INLINE double stage_message_time(const cost_context& ctx, const configuration& c) {
-    if (c.pp == 1) return 0.0;
-    const double bytes = ctx.model().residual_elements / (static_cast<double>(c.dp) * c.micro_batches) *
-                         ctx.options().activation_bytes / c.tp;
-    return collective_time(ctx.hardware(), collective::send_recv, bytes, {2, c.tp * c.dp});
-}
-
-LOOM_INLINE evaluation evaluate(cost_context& ctx, const configuration& c) {
-    evaluation e = evaluate_without_pipeline(ctx, c);
-    const auto& sched = ctx.schedule_orders(c.schedule, c.pp, c.chunks, c.micro_batches);
-    // Interlaced blocks hold every device, so they add their time to every timeline.
-    schedule::cost_model costs;
-    costs.forward_per_stage = e.chunk_forward;
-    costs.backward_per_stage = e.chunk_backward;
-    costs.latency = stage_message_time(ctx, c);
-    e.pipeline_time = schedule::simulate(sched.order, costs, {.validated = true, .makespan_only = true}).makespan +
-                      c.micro_batches * e.interlaced_per_micro_batch;
-    e.step_time = step_time_of(e, e.pipeline_time);
-    if (!e.feasible) e.step_time = std::numeric_limits<double>::infinity();
-    return e;
-}
-
-}  // namespace loom::search
-#endif  // LOOM_HEADER_DEFINITIONS
-// ---- end loom/search/evaluate.hpp ----
-
-namespace loom::search {
-
-struct search_statistics {
-    long nodes = 0;              // tree nodes visited
-    long pruned_by_bound = 0;    // cut because their lower bound reached the best time
-    long pruned_by_memory = 0;   // cut because nothing below them fits in memory
-    long leaves = 0;             // complete configurations timed
-    long knapsack_nodes = 0;     // nodes of the recompute subproblems
-    int schedules_built = 0;
-    double seconds = 0;
-    bool complete = true;        // false: the time budget ran out
-    double gap = 0;              // proven relative gap of the answer (0 when complete)
-};
-
-struct search_result {
-    bool found = false;
-    configuration best;
-    evaluation cost;
-    search_statistics stats;
-    std::string model_summary;
-    std::string cluster_name;
-
-    std::string explain() const;
-};
-
-namespace detail {
-
-inline std::vector<int> powers_of_two_up_to(int limit) {
-    std::vector<int> out;
-    for (int v = 1; v <= limit; v *= 2) out.push_back(v);
-    return out;
-}
-
-// The candidates of each level, in visiting order.
-struct candidates {
-    const cost_context& ctx;
-    const search_space& space;
-
-    std::vector<int> tp() const {
-        const int devices = ctx.hardware().devices();
-        const int limit = space.max_tp > 0 ? space.max_tp : ctx.hardware().topo.devices_per_node;
-        std::vector<int> out;
-        for (int t : space.tp.empty() ? powers_of_two_up_to(limit) : space.tp)
-            if (t >= 1 && devices % t == 0 && ctx.model().allows_tp(t)) out.push_back(t);
-        return out;
-    }
-    std::vector<int> pp(int tp) const {
-        const int devices = ctx.hardware().devices();
-        const int layers = static_cast<int>(ctx.repeated().size());
-        std::vector<int> out;
-        for (int p : space.pp.empty() ? powers_of_two_up_to(std::max(layers, 1)) : space.pp) {
-            if (p < 1 || devices % (tp * p) != 0) continue;
-            if (p > std::max(layers, 1)) continue;
-            if (ctx.model().batch % (devices / (tp * p)) != 0) continue;  // DP splits the batch
-            out.push_back(p);
-        }
-        return out;
-    }
-    std::vector<zero_stage> zero(int dp) const {
-        std::vector<zero_stage> out;
-        for (zero_stage z : space.zero)
-            if (dp > 1 || z == zero_stage::none) out.push_back(z);  // without DP every stage is "none"
-        if (out.empty() && dp == 1) out.push_back(zero_stage::none);
-        return out;
-    }
-    std::vector<int> micro_batches(int dp) const {
-        const std::int64_t per_replica = ctx.model().batch / dp;
-        std::vector<int> out;
-        for (int m : space.micro_batches.empty() ? powers_of_two_up_to(static_cast<int>(per_replica)) : space.micro_batches)
-            if (m >= 1 && per_replica % m == 0) out.push_back(m);
-        return out;
-    }
-    // Interlacing needs an embedding or head to spread, and a pipeline to interlace with.
-    std::vector<int> coshard() const {
-        std::vector<int> out;
-        for (int c : space.coshard)
-            if (c >= 1 && std::find(out.begin(), out.end(), c) == out.end()) out.push_back(c);
-        if (out.empty()) out.push_back(1);
-        return out;
-    }
-    std::vector<bool> interlaced(int pp) const {
-        std::vector<bool> out;
-        if (ctx.rounds() > 1) return {false};  // not combined with forward rounds
-        for (bool i : space.interlaced)
-            if (!i || (pp > 1 && (ctx.prologue() >= 0 || ctx.epilogue() >= 0))) out.push_back(i);
-        if (out.empty()) out.push_back(false);
-        return out;
-    }
-
-    // (schedule, chunks per device) pairs.
-    std::vector<std::pair<plan::schedule_kind, int>> schedules(int pp, int m) const {
-        std::vector<std::pair<plan::schedule_kind, int>> out;
-        const int layers = static_cast<int>(ctx.repeated().size());
-        for (plan::schedule_kind s : space.schedules) {
-            if (pp == 1) {  // one stage: every schedule is the same sequence of micro-batches
-                if (out.empty()) out.push_back({plan::schedule_kind::one_f_one_b, 1});
-                continue;
-            }
-            // A model with forward rounds pipelines only with 3F1B (its three rounds), and 3F1B
-            // only such a model: the other orders have one forward block per micro-batch.
-            if ((s == plan::schedule_kind::three_f_one_b) != (ctx.rounds() > 1)) continue;
-            if (s == plan::schedule_kind::three_f_one_b && ctx.rounds() != 3) continue;
-            if (s == plan::schedule_kind::interleaved) {
-                const int v = space.interleave_chunks;
-                if (v < 2 || m % pp != 0 || layers < pp * v) continue;
-                if (!space.search_stage_boundaries && layers % (pp * v) != 0) continue;
-                out.push_back({s, v});
-            } else {
-                if (!space.search_stage_boundaries && layers % pp != 0) continue;
-                out.push_back({s, 1});
-            }
-        }
-        return out;
-    }
-};
-
-// Every split of `layers` into `parts` positive counts (the even split first). With a
-// slack, each count stays within `slack` of the even share (floor or ceiling).
-// `cut(k, split)` (optional) is asked after counts 0..k are chosen (k < parts - 1) and may
-// cut every split that starts so.
-LOOM_INLINE void for_each_split(int layers, int parts, bool all, int slack,
-                                const std::function<bool(const std::vector<int>&)>& visit,
-                                const std::function<bool(int, const std::vector<int>&)>& cut = {});
-
-// A group of interchangeable layers on one device: same class, same chunk.
-struct recompute_group {
-    std::vector<int> layers;    // repeated-layer positions (into ctx.repeated())
-    double weight = 0;          // bytes per kept element (in-flight * share * bytes / tp)
-    double time_scale = 0;      // seconds per unit of layer time (share / tp)
-    double transient_scale = 0;  // bytes per transient element (share * bytes / (tp coshard))
-};
-
-// The least extra backward time over groups, with memory <= budget. Choices per group:
-// counts of each recompute option (folded) or per layer (groups of one).
-struct recompute_solver {
-    recompute_solver(const cost_context& c, const std::vector<plan::recompute_policy>& r) : ctx(c), choices(r) {}
-
-    const cost_context& ctx;
-    const std::vector<plan::recompute_policy>& choices;
-    std::vector<recompute_group> groups;
-    double budget = 0;
-    double max_transient = std::numeric_limits<double>::infinity();  // choices above it are not allowed
-    long* nodes = nullptr;
-    std::function<bool()> out_of_time;  // checked every 4096 nodes; true: give up
-    bool gave_up = false;
-
-    std::vector<std::vector<int>> best_counts, counts;  // per group: count per choice
-    double best_time = std::numeric_limits<double>::infinity();
-    std::vector<double> least_memory_after;  // least memory of groups i.. (all max-saving)
-
-    // Representative numbers of a group (its layers are identical in folded mode; in
-    // unfolded mode groups hold one layer).
-    double memory_of(const recompute_group& g, plan::recompute_policy r) const {
-        if (transient_of(g, r) > max_transient) return std::numeric_limits<double>::infinity();
-        return g.weight * ctx.kept_elements(ctx.repeated()[static_cast<std::size_t>(g.layers.front())], r);
-    }
-    double transient_of(const recompute_group& g, plan::recompute_policy r) const {
-        return g.transient_scale * ctx.transient_elements(ctx.repeated()[static_cast<std::size_t>(g.layers.front())], r);
-    }
-    double time_of(const recompute_group& g, plan::recompute_policy r) const {
-        return g.time_scale * ctx.recompute_time(ctx.repeated()[static_cast<std::size_t>(g.layers.front())], r);
-    }
-
-    bool solve() {
-        best_time = std::numeric_limits<double>::infinity();
-        best_counts.clear();
-        least_memory_after.assign(groups.size() + 1, 0.0);
-        for (std::size_t i = groups.size(); i-- > 0;) {
-            double least = std::numeric_limits<double>::infinity();
-            for (plan::recompute_policy r : choices) least = std::min(least, memory_of(groups[i], r));
-            least_memory_after[i] = least_memory_after[i + 1] + least * static_cast<double>(groups[i].layers.size());
-        }
-        if (least_memory_after[0] > budget) return false;
-        counts.assign(groups.size(), std::vector<int>(choices.size(), 0));
-        go(0, 0.0, 0.0);
-        return best_time < std::numeric_limits<double>::infinity();
-    }
-
-    void go(std::size_t i, double memory, double time) {
-        if (gave_up) return;
-        if (nodes && (++*nodes & 4095) == 0 && out_of_time && out_of_time()) {
-            gave_up = true;
-            return;
-        }
-        if (time >= best_time) return;
-        if (memory + least_memory_after[i] > budget) return;
-        if (i == groups.size()) {
-            best_time = time;
-            best_counts = counts;
-            return;
-        }
-        const int n = static_cast<int>(groups[i].layers.size());
-        // Counts per choice summing to n, choices earlier in the list first and in larger numbers.
-        // n layers taking choice r: their memory (0 when none do, even for a choice above the
-        // transient limit, whose memory is infinite).
-        const auto memory_of_n = [&](int n, plan::recompute_policy r) { return n == 0 ? 0.0 : n * memory_of(groups[i], r); };
-        std::function<void(std::size_t, int, double, double)> split = [&](std::size_t k, int left, double mem, double t) {
-            if (k + 1 == choices.size()) {
-                counts[i][k] = left;
-                go(i + 1, mem + memory_of_n(left, choices[k]), t + left * time_of(groups[i], choices[k]));
-                return;
-            }
-            for (int c = left; c >= 0; --c) {
-                counts[i][k] = c;
-                split(k + 1, left - c, mem + memory_of_n(c, choices[k]), t + c * time_of(groups[i], choices[k]));
-            }
-        };
-        split(0, n, memory, time);
-    }
-};
-
-}  // namespace detail
-
-class branch_and_bound_search {
-public:
-    branch_and_bound_search(cost_context& ctx, const search_space& space) : ctx_(ctx), space_(space) {}
-
-    search_result run() {
-        const auto start = std::chrono::steady_clock::now();
-        start_ = start;
-        detail::candidates cand{ctx_, space_};
-        const int devices = ctx_.hardware().devices();
-        double total_work = 0;
-        for (std::size_t l = 0; l < ctx_.model().layers.size(); ++l)
-            total_work += ctx_.times(static_cast<int>(l)).forward * rounds_of(static_cast<int>(l)) +
-                          ctx_.times(static_cast<int>(l)).backward;
-        for (int tp : cand.tp()) {
-            for (int pp : cand.pp(tp)) {
-                ++stats_.nodes;
-                const int dp = devices / (tp * pp);
-                const double work_bound = total_work / devices;
-                if (cut(work_bound)) continue;
-                for (zero_stage z : cand.zero(dp))
-                    for (int m : cand.micro_batches(dp))
-                        for (auto [kind, chunks] : cand.schedules(pp, m))
-                        for (bool interlaced : cand.interlaced(pp))
-                        for (int coshard : cand.coshard()) {
-                            configuration c;
-                            c.interlaced = interlaced;
-                            c.coshard = coshard;
-                            c.tp = tp;
-                            c.pp = pp;
-                            c.dp = dp;
-                            c.zero = z;
-                            c.micro_batches = m;
-                            c.schedule = kind;
-                            c.chunks = chunks;
-                            const int layers = static_cast<int>(ctx_.repeated().size());
-                            const auto chunk_bound = boundary_bound(c);
-                            detail::for_each_split(
-                                layers, pp * chunks, space_.search_stage_boundaries, space_.boundary_slack,
-                                [&](const std::vector<int>& split) {
-                                    c.layers_per_chunk = split;
-                                    visit(c, work_bound);
-                                    return true;
-                                },
-                                [&](int k, const std::vector<int>& split) { return cut(chunk_bound(k, split)); });
-                        }
-            }
-        }
-        result_.stats = stats_;
-        result_.stats.schedules_built = ctx_.schedules_built();
-        result_.stats.seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
-        if (!result_.stats.complete && result_.found)
-            result_.stats.gap = std::max(0.0, (result_.cost.step_time - open_bound_) / result_.cost.step_time);
-        result_.cluster_name = ctx_.hardware().name;
-        return result_;
-    }
-
-private:
-    // Forward passes a layer makes per micro-batch: the model's rounds for repeated layers.
-    int rounds_of(int layer) const {
-        return ctx_.model().layers[static_cast<std::size_t>(layer)].role == layer_role::repeated ? ctx_.rounds() : 1;
-    }
-
-    bool out_of_time() {
-        if (ctx_.options().time_budget_seconds <= 0) return false;
-        if (!stats_.complete) return true;
-        const double elapsed = std::chrono::duration<double>(std::chrono::steady_clock::now() - start_).count();
-        if (elapsed > ctx_.options().time_budget_seconds) stats_.complete = false;
-        return !stats_.complete;
-    }
-
-    // True when a node with this lower bound cannot beat the best (or time is up).
-    bool cut(double bound) {
-        if (out_of_time()) {
-            open_bound_ = std::min(open_bound_, bound);
-            return true;
-        }
-        if (result_.found && bound >= result_.cost.step_time) {
-            ++stats_.pruned_by_bound;
-            return true;
-        }
-        return false;
-    }
-
-    void visit(configuration& c, double work_bound) {
-        ++stats_.nodes;
-        // Costs with no recompute: the least time any completion can have.
-        c.recompute_of.assign(ctx_.repeated().size(), plan::recompute_policy::none);
-        evaluation base = evaluate_without_pipeline(ctx_, c);
-        double fixed = 0;  // exposed communication and optimizer: the same for every completion
-        for (const auto& d : base.devices) fixed = std::max(fixed, d.exposed_communication + d.optimizer);
-        if (cut(std::max(work_bound, pipeline_bound(c, base) + c.micro_batches * base.interlaced_per_micro_batch) + fixed)) return;
-
-        // Recompute: per device, the least extra time that fits.
-        const auto layers = layers_of_chunks(ctx_, c);
-        const auto& sched = ctx_.schedule_orders(c.schedule, c.pp, c.chunks, c.micro_batches);
-        const double share = 1.0 / (static_cast<double>(c.dp) * c.micro_batches);
-        std::vector<int> position(ctx_.model().layers.size(), -1);
-        for (std::size_t i = 0; i < ctx_.repeated().size(); ++i) position[static_cast<std::size_t>(ctx_.repeated()[i])] = static_cast<int>(i);
-        for (int d = 0; d < c.pp; ++d) {
-            const device_cost& dc = base.devices[static_cast<std::size_t>(d)];
-            double fixed_memory = dc.memory.total() - dc.memory.activations;
-            detail::recompute_solver solver(ctx_, space_.recompute_choices);
-            solver.nodes = &stats_.knapsack_nodes;
-            solver.out_of_time = [this] { return out_of_time(); };
-            for (int k = d; k < c.pp * c.chunks; k += c.pp) {
-                const double weight = sched.in_flight[static_cast<std::size_t>(k)] * share * ctx_.options().activation_bytes / c.tp;
-                std::vector<detail::recompute_group> chunk_groups;
-                std::vector<int> group_class;
-                for (int l : layers[static_cast<std::size_t>(k)]) {
-                    const int pos = position[static_cast<std::size_t>(l)];
-                    if (pos < 0) {  // prologue, epilogue: keep everything
-                        fixed_memory += weight * ctx_.kept_elements(l, plan::recompute_policy::none);
-                        continue;
-                    }
-                    const int cls = ctx_.model().layers[static_cast<std::size_t>(l)].class_id;
-                    auto it = std::find(group_class.begin(), group_class.end(), cls);
-                    if (ctx_.options().fold && it != group_class.end()) {
-                        chunk_groups[static_cast<std::size_t>(it - group_class.begin())].layers.push_back(pos);
-                    } else {
-                        group_class.push_back(cls);
-                        chunk_groups.push_back({{pos}, weight, share / c.tp,
-                                                share * ctx_.options().activation_bytes / (static_cast<double>(c.tp) * c.coshard)});
-                    }
-                }
-                for (auto& g : chunk_groups) solver.groups.push_back(std::move(g));
-            }
-            // One knapsack per candidate largest transient, least time first found.
-            std::vector<double> thresholds{0.0};
-            for (const auto& g : solver.groups)
-                for (plan::recompute_policy r : space_.recompute_choices) thresholds.push_back(solver.transient_of(g, r));
-            std::sort(thresholds.begin(), thresholds.end());
-            thresholds.erase(std::unique(thresholds.begin(), thresholds.end()), thresholds.end());
-            bool solved = false;
-            double best_time = std::numeric_limits<double>::infinity();
-            std::vector<std::vector<int>> best_counts;
-            for (double t : thresholds) {
-                if (fixed_memory + t > ctx_.memory_cap()) break;
-                solver.max_transient = t;
-                solver.budget = ctx_.memory_cap() - fixed_memory - t;
-                if (solver.solve() && solver.best_time < best_time) {
-                    solved = true;
-                    best_time = solver.best_time;
-                    best_counts = solver.best_counts;
-                }
-                if (solver.gave_up) break;
-            }
-            solver.best_counts = best_counts;
-            if (solver.gave_up) {  // the budget ran out inside: this node stays open
-                open_bound_ = std::min(open_bound_, std::max(work_bound, pipeline_bound(c, base) +
-                                                                             c.micro_batches * base.interlaced_per_micro_batch) + fixed);
-                return;
-            }
-            if (!solved) {
-                ++stats_.pruned_by_memory;
-                return;
-            }
-            for (std::size_t gi = 0; gi < solver.groups.size(); ++gi) {
-                std::size_t next = 0;
-                for (std::size_t k = 0; k < space_.recompute_choices.size(); ++k)
-                    for (int n = 0; n < solver.best_counts[gi][k]; ++n)
-                        c.recompute_of[static_cast<std::size_t>(solver.groups[gi].layers[next++])] = space_.recompute_choices[k];
-            }
-        }
-        ++stats_.leaves;
-        evaluation e = evaluate(ctx_, c);
-        if (e.feasible && (!result_.found || e.step_time < result_.cost.step_time)) {
-            result_.found = true;
-            result_.best = c;
-            result_.cost = std::move(e);
-        }
-    }
-
-    // For stage-boundary search: a lower bound of every split that starts with counts
-    // 0..k. Each chosen chunk runs all m micro-batches on its device, forward and backward,
-    // without recompute: m * (its layers' time per micro-batch + its TP all-reduces).
-    std::function<double(int, const std::vector<int>&)> boundary_bound(const configuration& c) {
-        const model_profile& m = ctx_.model();
-        const double share = 1.0 / (static_cast<double>(c.dp) * c.micro_batches);
-        const double all_reduce = tensor_parallel_all_reduce_time(ctx_, c);
-        const auto time_of = [&, share, all_reduce](int layer) {
-            const int rounds = rounds_of(layer);
-            return (ctx_.times(layer).forward * rounds + ctx_.times(layer).backward) * share / c.tp +
-                   (rounds + 1.0) * m.layers[static_cast<std::size_t>(layer)].residual_joins * all_reduce;
-        };
-        std::vector<double> prefix{0.0};
-        for (int l : ctx_.repeated()) prefix.push_back(prefix.back() + time_of(l));
-        const double head = ctx_.prologue() >= 0 && !c.interlaced ? time_of(ctx_.prologue()) : 0.0;
-        const int micro = c.micro_batches;
-        return [prefix, head, micro](int k, const std::vector<int>& split) {
-            double bound = 0;
-            int start = 0;
-            for (int i = 0; i <= k; ++i) {
-                const int n = split[static_cast<std::size_t>(i)];
-                double work = prefix[static_cast<std::size_t>(start + n)] - prefix[static_cast<std::size_t>(start)];
-                if (i == 0) work += head;
-                bound = std::max(bound, micro * work);
-                start += n;
-            }
-            return bound;
-        };
-    }
-
-    // Lower bound of the pipeline makespan from per-chunk times without recompute.
-    static double pipeline_bound(const configuration& c, const evaluation& base) {
-        const int chunks = c.pp * c.chunks;
-        double bound = 0;
-        for (int d = 0; d < c.pp; ++d) {
-            double work = 0;
-            for (int k = d; k < chunks; k += c.pp)
-                work += base.forward_blocks * base.chunk_forward[static_cast<std::size_t>(k)] +
-                        base.chunk_backward[static_cast<std::size_t>(k)];
-            bound = std::max(bound, c.micro_batches * work);
-        }
-        if (c.chunks == 1) {
-            // Stage s waits for one forward block of every stage before it, and after its last
-            // backward the gradient still crosses them.
-            double before = 0;
-            for (int s = 0; s < c.pp; ++s) {
-                const double own = base.forward_blocks * base.chunk_forward[static_cast<std::size_t>(s)] +
-                                   base.chunk_backward[static_cast<std::size_t>(s)];
-                bound = std::max(bound, before + c.micro_batches * own);
-                before += base.chunk_forward[static_cast<std::size_t>(s)] + base.chunk_backward[static_cast<std::size_t>(s)];
-            }
-        }
-        return bound;
-    }
-
-    cost_context& ctx_;
-    const search_space& space_;
-    search_statistics stats_;
-    search_result result_;
-    double open_bound_ = std::numeric_limits<double>::infinity();
-    std::chrono::steady_clock::time_point start_;
-};
-
-inline search_result branch_and_bound(cost_context& ctx, const search_space& space) {
-    return branch_and_bound_search(ctx, space).run();
-}
-
-// Every configuration of the space, each layer's recompute choice on its own: the answer
-// branch_and_bound must reproduce. Exponential in the layers; for small spaces only.
-LOOM_INLINE search_result enumerate_all(cost_context& ctx, const search_space& space);
-
-}  // namespace loom::search
-
-// Definitions: compiled here (header-only) or once in loom::compiled (core/linkage.hpp).
-#if LOOM_HEADER_DEFINITIONS
-
-namespace loom::search::detail {
-
-LOOM_INLINE void for_each_split(int layers, int parts, bool all, int slack,
-                                const std::function<bool(const std::vector<int>&)>& visit,
-                                const std::function<bool(int, const std::vector<int>&)>& cut) {
-    if (!all) {
-        visit(std::vector<int>(static_cast<std::size_t>(parts), layers / parts));
-        return;
-    }
-    const int low = slack > 0 ? std::max(1, layers / parts - slack) : 1;
-    const int high = slack > 0 ? (layers + parts - 1) / parts + slack : layers;
-    std::vector<int> split(static_cast<std::size_t>(parts), 0);
-    if (layers % parts == 0 && !visit(std::vector<int>(static_cast<std::size_t>(parts), layers / parts))) return;
-    std::function<bool(int, int)> go = [&](int k, int left) {
-        if (k == parts - 1) {
-            if (left < low || left > high) return true;
-            split[static_cast<std::size_t>(k)] = left;
-            if (layers % parts == 0 && std::all_of(split.begin(), split.end(), [&](int x) { return x == layers / parts; }))
-                return true;  // visited first
-            return visit(split);
-        }
-        const int rest = parts - 1 - k;
-        for (int n = low; n <= std::min(high, left - rest * low); ++n) {
-            if (left - n > rest * high) continue;
-            split[static_cast<std::size_t>(k)] = n;
-            if (cut && cut(k, split)) continue;
-            if (!go(k + 1, left - n)) return false;
-        }
-        return true;
-    };
-    go(0, layers);
-}
-}  // namespace loom::search::detail
-
-namespace loom::search {
-
-LOOM_INLINE search_result enumerate_all(cost_context& ctx, const search_space& space) {
-    const auto start = std::chrono::steady_clock::now();
-    search_result best;
-    detail::candidates cand{ctx, space};
-    const int devices = ctx.hardware().devices();
-    const int layers = static_cast<int>(ctx.repeated().size());
-    for (int tp : cand.tp())
-        for (int pp : cand.pp(tp)) {
-            const int dp = devices / (tp * pp);
-            for (zero_stage z : cand.zero(dp))
-                for (int m : cand.micro_batches(dp))
-                    for (auto [kind, chunks] : cand.schedules(pp, m))
-                    for (bool interlaced : cand.interlaced(pp))
-                    for (int coshard : cand.coshard()) {
-                        configuration c{tp, pp, dp, m, chunks, z, kind, {}, {}, interlaced, coshard};
-                        detail::for_each_split(layers, pp * chunks, space.search_stage_boundaries, space.boundary_slack, [&](const std::vector<int>& split) {
-                            c.layers_per_chunk = split;
-                            c.recompute_of.assign(static_cast<std::size_t>(layers), space.recompute_choices.front());
-                            std::vector<std::size_t> choice(static_cast<std::size_t>(layers), 0);
-                            while (true) {
-                                ++best.stats.leaves;
-                                for (int l = 0; l < layers; ++l)
-                                    c.recompute_of[static_cast<std::size_t>(l)] = space.recompute_choices[choice[static_cast<std::size_t>(l)]];
-                                evaluation e = evaluate(ctx, c);
-                                if (e.feasible && (!best.found || e.step_time < best.cost.step_time)) {
-                                    best.found = true;
-                                    best.best = c;
-                                    best.cost = std::move(e);
-                                }
-                                int l = 0;
-                                while (l < layers && ++choice[static_cast<std::size_t>(l)] == space.recompute_choices.size())
-                                    choice[static_cast<std::size_t>(l++)] = 0;
-                                if (l == layers) break;
-                            }
-                            return true;
-                        });
-                    }
-        }
-    best.stats.nodes = best.stats.leaves;
-    best.stats.schedules_built = ctx.schedules_built();
-    best.stats.seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
-    best.cluster_name = ctx.hardware().name;
-    return best;
-}
-
-LOOM_INLINE std::string search_result::explain() const {
-    std::ostringstream out;
-    if (!found) {
-        out << "no configuration of the space fits in memory on " << cluster_name
-            << "; allow more recompute, ZeRO stages or devices\n";
-        return out.str();
-    }
-    const configuration& c = best;
-    out << "plan for " << cluster_name << ": TP " << c.tp << " x PP " << c.pp << " x DP " << c.dp << ", "
-        << c.micro_batches << " micro-batches, " << to_string(c.schedule);
-    if (c.chunks > 1) out << " (" << c.chunks << " chunks per device)";
-    out << ", ZeRO " << static_cast<int>(c.zero);
-    if (c.interlaced) out << ", interlaced (embedding and head on all " << c.devices() << " devices)";
-    if (c.coshard > 1) out << ", Coshard " << c.coshard << " (recomputed layers run in " << c.coshard << " colocated pieces)";
-    out << "\n  layers per chunk:";
-    for (int n : c.layers_per_chunk) out << ' ' << n;
-    int counts[3] = {0, 0, 0};
-    for (plan::recompute_policy r : c.recompute_of) ++counts[static_cast<int>(r)];
-    out << "\n  recompute: " << counts[0] << " layers none, " << counts[1] << " selective, " << counts[2] << " full\n";
-    out << "  predicted step " << cost.step_time * 1e3 << " ms (pipeline " << cost.pipeline_time * 1e3 << " ms)";
-    out << ", peak memory " << cost.peak_memory() / 1e9 << " GB\n";
-    for (std::size_t d = 0; d < cost.devices.size(); ++d) {
-        const auto& dc = cost.devices[d];
-        out << "  stage " << d << ": memory " << dc.memory.total() / 1e9 << " GB (states "
-            << (dc.memory.parameters + dc.memory.gradients + dc.memory.optimizer) / 1e9 << ", activations "
-            << dc.memory.activations / 1e9 << ", recompute transient " << dc.transient / 1e9 << "), exposed comm " << dc.exposed_communication * 1e3 << " ms\n";
-    }
-    out << "  search: " << stats.nodes << " nodes, " << stats.pruned_by_bound << " cut by bound, " << stats.pruned_by_memory
-        << " by memory, " << stats.leaves << " timed, " << stats.seconds * 1e3 << " ms";
-    if (!stats.complete) out << ", stopped by the time budget with a proven gap of " << stats.gap * 100 << "%";
-    out << "\n";
-    return out.str();
-}
-
-}  // namespace loom::search
-#endif  // LOOM_HEADER_DEFINITIONS
-// ---- end loom/search/branch_and_bound.hpp ----
 // ---- begin loom/search/folded_price.hpp ----
 // Folded prices: what a plan's programs cost on a large model and cluster, from the
 // programs of small instances of the same plan. Materializing every device's program of a
@@ -17917,9 +15928,16 @@ LOOM_INLINE folded_price price_folded(const model_family& m, const plan::plan_sp
                 std::optional<replica_fold> fold;
                 if (replicas != s.replicas) {
                     const graph real_shape = m.forward(instance_depth(s, layers), samples * s.replicas * micro_batches);
-                    fold = detail::match_replicas(plan::resolve(instance, g),
-                                                  plan::resolve(instance_plan(p, s, s.replicas, micro_batches, layers), real_shape),
-                                                  replicas, s.replicas);
+                    const plan::resolved_plan real =
+                        plan::resolve(instance_plan(p, s, s.replicas, micro_batches, layers), real_shape);
+                    // The real replicas' pieces must fit the real devices before they are
+                    // matched to the instance's: the same checks, and refusals, as applying
+                    // the plan in full.
+                    std::vector<std::string> notes;
+                    for (std::size_t n = 0; n < real.forward.size(); ++n)
+                        if (const plan::op_partition* part = real.at(static_cast<node_id>(n)))
+                            (void)partition::bind_partition(real_shape.nodes[n], *part, p.devices, true, notes);
+                    fold = detail::match_replicas(plan::resolve(instance, g), real, replicas, s.replicas);
                     if (!fold)
                         throw plan_error("price_folded: the plan's data-parallel pieces do not line up across replicas "
                                          "(a device holds pieces of different replicas); price it unfolded");
@@ -18047,6 +16065,7 @@ LOOM_INLINE std::optional<replica_fold> match_replicas(const plan::resolved_plan
         };
         for (std::int64_t k = 0; k < a->pieces(); ++k) {
             const auto d = static_cast<std::size_t>(a->device_of(k));
+            if (d >= fold.real.size()) return std::nullopt;  // more pieces than the instance has devices
             std::vector<std::int64_t> coords = a->coordinates(k);
             const int real_device = b->device_of(piece_of(coords));
             if (fold.real[d] >= 0) {
@@ -18069,6 +16088,344 @@ LOOM_INLINE std::optional<replica_fold> match_replicas(const plan::resolved_plan
 }  // namespace loom::search::detail
 #endif  // LOOM_HEADER_DEFINITIONS
 // ---- end loom/search/folded_price.hpp ----
+// ---- begin loom/search/folding.hpp ----
+// Folding: which parts of a model are layers, and which layers are the same, so that a
+// decision is made once per class of identical layers and applied to every repeat (TAPAS
+// §4.3). The folded search (folded_price.hpp) prices small instances of a model family
+// instead; this finds the layers of a graph that comes as one graph, and the forward
+// rounds that 3F1B pipelines.
+//
+// Two ways to find the layers of a graph's forward pass:
+//   layers_from_scopes(g)     the instances of the graph's largest recorded repeat
+//                             ("blocks.0" ... "blocks.95"); everything before the first
+//                             instance is the prologue, everything after the epilogue.
+//   layers_from_structure(g)  no scopes needed: cut the forward pass where a single
+//                             activation is live (the residual stream between blocks),
+//                             hash each segment by its ops, shapes and wiring, and find the
+//                             longest run of a repeated segment sequence; each repetition
+//                             is a layer.
+//   find_layers(g)            scopes when the graph recorded a repeat, structure otherwise.
+//
+// Forward rounds (AlphaFold's recycling, nnScaler's 3F1B): when the largest repeat lies
+// inside the instances of an outer repeat, each instance holding the same inner repeat, and
+// only the last outer instance is differentiated, the outer instances are rounds over the
+// same layers. The layers are then the inner instances, each holding its nodes of every
+// round (a round's nodes outside the inner repeat join its first layer), and
+// layer_partition::rounds says how many rounds run them.
+//
+// Either way, layers with equal structural hashes get the same class id, so a prologue that
+// happens to equal a block would join its class.
+#include <algorithm>
+#include <cstdint>
+#include <functional>
+#include <map>
+#include <string>
+#include <string_view>
+#include <vector>
+
+
+namespace loom::search {
+
+enum class layer_role { prologue, repeated, epilogue };
+
+struct layer_span {
+    std::string name;                  // "blocks.3", "prologue", "epilogue"
+    layer_role role = layer_role::repeated;
+    std::vector<node_id> nodes;        // forward nodes, in graph order
+    std::uint64_t hash = 0;            // structure: op kinds, shapes, wiring
+    int class_id = 0;                  // equal hashes, equal classes
+};
+
+struct layer_partition {
+    std::vector<layer_span> layers;    // prologue (if any), repeated layers, epilogue (if any)
+    int classes = 0;
+    std::string found_by;              // "scopes" or "structure"
+    int rounds = 1;                    // forward rounds over the repeated layers (only the last differentiated)
+    std::vector<int> round_of;         // with rounds > 1: each forward node's round, -1 outside them
+
+    // Indices (into layers) of the repeated layers, in order.
+    std::vector<int> repeated() const {
+        std::vector<int> out;
+        for (std::size_t i = 0; i < layers.size(); ++i)
+            if (layers[i].role == layer_role::repeated) out.push_back(static_cast<int>(i));
+        return out;
+    }
+};
+
+namespace detail {
+
+LOOM_INLINE std::uint64_t mix(std::uint64_t h, std::uint64_t v);
+
+inline std::uint64_t hash_text(std::string_view s) { return std::hash<std::string_view>{}(s); }
+
+inline std::size_t forward_count(const graph& g) { return g.forward_nodes ? g.forward_nodes : g.nodes.size(); }
+
+// The hash of a run of forward nodes [first, last): each node's op and output shapes, and
+// for each input whether it is a parameter (with its shape), a graph input, an activation
+// made inside the run (by its offset back from the consumer) or one from before the run.
+LOOM_INLINE std::uint64_t hash_nodes(const graph& g, const std::vector<node_id>& nodes);
+
+LOOM_INLINE void assign_classes(const graph& g, layer_partition& p);
+
+// Splits forward nodes into prologue / repeated layers / epilogue given each node's layer
+// index (-1 outside the repeat).
+LOOM_INLINE layer_partition partition_by_layer(const graph& g, const std::vector<std::int64_t>& layer_of,
+                                               std::string_view layer_prefix);
+
+}  // namespace detail
+
+namespace detail {
+
+// The instance index of repeat `r` that scope `s` lies in, or -1.
+inline std::int64_t instance_of(const graph& g, std::int32_t s, std::int32_t r) {
+    for (; s != no_id; s = g.scopes.at(static_cast<std::size_t>(s)).parent)
+        if (g.scopes.at(static_cast<std::size_t>(s)).repeat == r) return g.scopes.at(static_cast<std::size_t>(s)).index;
+    return -1;
+}
+
+// Forward rounds: the outer repeat around `inner`, when every outer instance holds a repeat
+// named like `inner` with as many instances and only the last round is differentiated.
+LOOM_INLINE layer_partition rounds_partition(const graph& g, std::int32_t inner);
+
+}  // namespace detail
+
+// Layers from the graph's largest recorded repeat (most instances; ties: the first).
+LOOM_INLINE layer_partition layers_from_scopes(const graph& g);
+
+// Layers from structure alone (scopes ignored).
+LOOM_INLINE layer_partition layers_from_structure(const graph& g);
+
+inline layer_partition find_layers(const graph& g) {
+    return g.repeats.empty() ? layers_from_structure(g) : layers_from_scopes(g);
+}
+
+}  // namespace loom::search
+
+// Definitions: compiled here (header-only) or once in loom::compiled (core/linkage.hpp).
+#if LOOM_HEADER_DEFINITIONS
+
+namespace loom::search::detail {
+
+LOOM_INLINE std::uint64_t mix(std::uint64_t h, std::uint64_t v) {
+    // splitmix64 finaliser over the running hash: order-sensitive and well spread.
+    h ^= v + 0x9e3779b97f4a7c15ULL + (h << 6) + (h >> 2);
+    h ^= h >> 30;
+    h *= 0xbf58476d1ce4e5b9ULL;
+    h ^= h >> 27;
+    return h;
+}
+
+LOOM_INLINE std::uint64_t hash_nodes(const graph& g, const std::vector<node_id>& nodes) {
+    std::map<tensor_id, std::int64_t> made_at;  // tensor -> position in the run
+    std::uint64_t h = 0x1234567;
+    for (std::size_t i = 0; i < nodes.size(); ++i) {
+        const node& n = g.at(nodes[i]);
+        h = mix(h, hash_text(n.op->name));
+        for (tensor_id t : n.inputs) {
+            const tensor_desc& td = g.tensor(t);
+            if (td.role == tensor_role::parameter) {
+                h = mix(h, 1);
+                for (const auto& a : td.dims) h = mix(h, static_cast<std::uint64_t>(a.extent));
+            } else if (td.role == tensor_role::input) {
+                h = mix(h, 2);
+            } else if (auto it = made_at.find(t); it != made_at.end()) {
+                h = mix(h, 3 + static_cast<std::uint64_t>(static_cast<std::int64_t>(i) - it->second));
+            } else {
+                h = mix(h, 0xabcdef);
+                for (const auto& a : td.dims) h = mix(h, static_cast<std::uint64_t>(a.extent));
+            }
+        }
+        for (tensor_id t : n.outputs) {
+            made_at[t] = static_cast<std::int64_t>(i);
+            for (const auto& a : g.tensor(t).dims) h = mix(h, static_cast<std::uint64_t>(a.extent));
+        }
+    }
+    return h;
+}
+
+LOOM_INLINE void assign_classes(const graph& g, layer_partition& p) {
+    std::map<std::uint64_t, int> class_of;
+    for (layer_span& l : p.layers) {
+        l.hash = hash_nodes(g, l.nodes);
+        auto [it, fresh] = class_of.try_emplace(l.hash, static_cast<int>(class_of.size()));
+        l.class_id = it->second;
+    }
+    p.classes = static_cast<int>(class_of.size());
+}
+
+LOOM_INLINE layer_partition partition_by_layer(const graph& g, const std::vector<std::int64_t>& layer_of,
+                                               std::string_view layer_prefix) {
+    layer_partition p;
+    std::int64_t layers = 0;
+    for (std::int64_t l : layer_of) layers = std::max(layers, l + 1);
+    layer_span prologue{"prologue", layer_role::prologue, {}, 0, 0};
+    layer_span epilogue{"epilogue", layer_role::epilogue, {}, 0, 0};
+    std::vector<layer_span> repeated(static_cast<std::size_t>(layers));
+    for (std::int64_t l = 0; l < layers; ++l)
+        repeated[static_cast<std::size_t>(l)].name = std::string(layer_prefix) + "." + std::to_string(l);
+    bool seen_layer = false;
+    for (std::size_t i = 0; i < layer_of.size(); ++i) {
+        const node_id n = static_cast<node_id>(i);
+        if (layer_of[i] >= 0) {
+            seen_layer = true;
+            repeated[static_cast<std::size_t>(layer_of[i])].nodes.push_back(n);
+        } else {
+            (seen_layer ? epilogue : prologue).nodes.push_back(n);
+        }
+    }
+    if (!prologue.nodes.empty()) p.layers.push_back(std::move(prologue));
+    for (auto& l : repeated) p.layers.push_back(std::move(l));
+    if (!epilogue.nodes.empty()) p.layers.push_back(std::move(epilogue));
+    assign_classes(g, p);
+    return p;
+}
+
+LOOM_INLINE layer_partition rounds_partition(const graph& g, std::int32_t inner) {
+    const repeat_desc& in = g.repeats[static_cast<std::size_t>(inner)];
+    std::int32_t outer = no_id;
+    for (std::int32_t s = in.parent; s != no_id; s = g.scopes.at(static_cast<std::size_t>(s)).parent)
+        if (g.scopes.at(static_cast<std::size_t>(s)).repeat != no_id) {
+            outer = g.scopes.at(static_cast<std::size_t>(s)).repeat;
+            break;
+        }
+    if (outer == no_id) return {};
+    const auto rounds = static_cast<std::int64_t>(g.repeats[static_cast<std::size_t>(outer)].scopes.size());
+    if (rounds < 2) return {};
+    // One inner repeat per round, alike.
+    std::vector<std::int32_t> inner_of_round(static_cast<std::size_t>(rounds), no_id);
+    for (std::size_t r = 0; r < g.repeats.size(); ++r) {
+        const repeat_desc& d = g.repeats[r];
+        if (d.name != in.name || d.scopes.size() != in.scopes.size()) continue;
+        const std::int64_t round = instance_of(g, d.parent, outer);
+        if (round >= 0) inner_of_round[static_cast<std::size_t>(round)] = static_cast<std::int32_t>(r);
+    }
+    if (std::find(inner_of_round.begin(), inner_of_round.end(), no_id) != inner_of_round.end()) return {};
+    const std::size_t forward = forward_count(g);
+    std::vector<std::int64_t> layer_of(forward, -1);
+    std::vector<int> round_of(forward, -1);
+    for (std::size_t i = 0; i < forward; ++i) {
+        const std::int64_t round = instance_of(g, g.nodes[i].scope, outer);
+        if (round < 0) continue;
+        round_of[i] = static_cast<int>(round);
+        const std::int64_t layer = instance_of(g, g.nodes[i].scope, inner_of_round[static_cast<std::size_t>(round)]);
+        layer_of[i] = layer >= 0 ? layer : 0;
+    }
+    // Only the last round may be differentiated: earlier rounds are forward-only.
+    for (std::size_t i = forward; i < g.nodes.size(); ++i) {
+        const node_id f = g.nodes[i].forward_of;
+        if (f != no_id && static_cast<std::size_t>(f) < forward && round_of[static_cast<std::size_t>(f)] >= 0 &&
+            round_of[static_cast<std::size_t>(f)] != rounds - 1)
+            return {};
+    }
+    auto p = partition_by_layer(g, layer_of, in.name);
+    p.rounds = static_cast<int>(rounds);
+    p.round_of = std::move(round_of);
+    return p;
+}
+}  // namespace loom::search::detail
+
+namespace loom::search {
+
+LOOM_INLINE layer_partition layers_from_scopes(const graph& g) {
+    std::int32_t best = no_id;
+    for (std::size_t r = 0; r < g.repeats.size(); ++r)
+        if (best == no_id || g.repeats[r].scopes.size() > g.repeats[static_cast<std::size_t>(best)].scopes.size())
+            best = static_cast<std::int32_t>(r);
+    if (best == no_id)
+        throw usage_error("layers_from_scopes: the graph recorded no repeated scope; build the layers inside "
+                          "graph_builder::repeat (or use layers_from_structure)");
+    // A repeat of rounds around it (or it is the rounds, around a smaller repeat of layers).
+    for (std::size_t r = 0; r < g.repeats.size(); ++r) {
+        const bool inside_best = detail::instance_of(g, g.repeats[r].parent, best) >= 0;
+        if (static_cast<std::int32_t>(r) != best && !inside_best) continue;
+        layer_partition rounds = detail::rounds_partition(g, static_cast<std::int32_t>(r));
+        if (rounds.rounds > 1) {
+            rounds.found_by = "scopes";
+            return rounds;
+        }
+    }
+    const std::size_t forward = detail::forward_count(g);
+    std::vector<std::int64_t> layer_of(forward, -1);
+    for (std::size_t i = 0; i < forward; ++i) {
+        for (std::int32_t s = g.nodes[i].scope; s != no_id;) {
+            const scope_desc& sd = g.scopes.at(static_cast<std::size_t>(s));
+            if (sd.repeat == best) {
+                layer_of[i] = sd.index;
+                break;
+            }
+            s = sd.parent;
+        }
+    }
+    auto p = detail::partition_by_layer(g, layer_of, g.repeats[static_cast<std::size_t>(best)].name);
+    p.found_by = "scopes";
+    return p;
+}
+
+LOOM_INLINE layer_partition layers_from_structure(const graph& g) {
+    const std::size_t forward = detail::forward_count(g);
+    // live[i]: activations made before node i and read at or after it (forward reads only).
+    std::vector<int> delta(forward + 1, 0);
+    std::vector<std::int64_t> last_read(g.tensors.size(), -1);
+    for (std::size_t i = 0; i < forward; ++i)
+        for (tensor_id t : g.nodes[i].inputs) last_read[static_cast<std::size_t>(t)] = static_cast<std::int64_t>(i);
+    for (std::size_t t = 0; t < g.tensors.size(); ++t) {
+        const tensor_desc& td = g.tensors[t];
+        if (td.role != tensor_role::activation || td.producer == no_id) continue;
+        const auto made = static_cast<std::int64_t>(td.producer);
+        if (made >= static_cast<std::int64_t>(forward) || last_read[t] <= made) continue;
+        ++delta[static_cast<std::size_t>(made + 1)];
+        --delta[static_cast<std::size_t>(last_read[t] + 1)];
+    }
+    // Segments start at 0 and at every node before which exactly one activation is live.
+    std::vector<std::size_t> starts{0};
+    int live = 0;
+    for (std::size_t i = 1; i < forward; ++i) {
+        live += delta[i];
+        if (live == 1) starts.push_back(i);
+    }
+    starts.push_back(forward);
+    std::vector<std::vector<node_id>> segments;
+    std::vector<std::uint64_t> segment_hash;
+    for (std::size_t s = 0; s + 1 < starts.size(); ++s) {
+        std::vector<node_id> nodes;
+        for (std::size_t i = starts[s]; i < starts[s + 1]; ++i) nodes.push_back(static_cast<node_id>(i));
+        segment_hash.push_back(detail::hash_nodes(g, nodes));
+        segments.push_back(std::move(nodes));
+    }
+    // The longest run of a repeated unit of `period` segments (ties: the shortest period,
+    // then the earliest start).
+    const std::size_t k = segments.size();
+    std::size_t best_start = 0, best_period = 0, best_count = 0;
+    for (std::size_t period = 1; period * 2 <= k; ++period) {
+        for (std::size_t start = 0; start + 2 * period <= k; ++start) {
+            std::size_t count = 1;
+            while (start + (count + 1) * period <= k) {
+                bool same = true;
+                for (std::size_t j = 0; j < period && same; ++j)
+                    same = segment_hash[start + j] == segment_hash[start + count * period + j];
+                if (!same) break;
+                ++count;
+            }
+            if (count >= 2 && count * period > best_count * best_period) {
+                best_start = start;
+                best_period = period;
+                best_count = count;
+            }
+        }
+    }
+    std::vector<std::int64_t> layer_of(forward, -1);
+    for (std::size_t c = 0; c < best_count; ++c)
+        for (std::size_t j = 0; j < best_period; ++j)
+            for (node_id n : segments[best_start + c * best_period + j])
+                layer_of[static_cast<std::size_t>(n)] = static_cast<std::int64_t>(c);
+    auto p = detail::partition_by_layer(g, layer_of, "layer");
+    p.found_by = "structure";
+    return p;
+}
+
+}  // namespace loom::search
+#endif  // LOOM_HEADER_DEFINITIONS
+// ---- end loom/search/folding.hpp ----
 // ---- begin loom/search/order_search.hpp ----
 // Temporal-order search (nnScaler §5): the per-device block orders of a pipeline that finish
 // soonest, by exact branch-and-bound, within a memory cap and, optionally, order constraints.

@@ -1,6 +1,7 @@
 #pragma once
 // The precision of real numbers: what a program stores its tensors in (runtime/program.hpp)
-// and what the plan searcher times a model's arithmetic in (search/evaluate.hpp).
+// and what the plan searcher prices a program's arithmetic and memory in
+// (search/program_price.hpp).
 //
 //   f32    float
 //   f64    double (the host executor's exact twin of f32)

@@ -7,10 +7,9 @@
 //              of kind ops::Attention), keep the rest
 //   full       keep only the layer's input and rerun the whole layer
 //
-// One policy per layer is what the plan searcher chooses (search::configuration::
-// recompute_of) and times (search/memory.hpp, search/evaluate.hpp); a plan states it with
-// presets::recompute_layers, which lowers it to recompute rules (rule::recompute) over the
-// layer's ops.
+// A plan states it per range of layers with presets::recompute_layers, which lowers it to
+// recompute rules (rule::recompute) over the layers' ops; the searcher prices what those
+// rules make the programs replay and keep.
 #include <cstdint>
 #include <string>
 

@@ -166,9 +166,8 @@ struct stage_spec {
 };
 
 // The one plan value at run time: what plan::compose(...) lowers to, what presets return,
-// what plan files store and what the searcher's answers become (search::to_plan). Open
-// numbers and choices are named; their
-// values are in `choices`.
+// what plan files store and what the searcher fills (search::search_plan). Open numbers and
+// choices are named; their values are in `choices`.
 struct plan_spec {
     int devices = 1;
     std::vector<rule> rules;

@@ -9,9 +9,9 @@
 //
 //   simulate(s, cost_model{.forward_per_stage = f, .backward_per_stage = b, .latency = message},
 //            {.validated = true, .makespan_only = true}).makespan
-//                    the plan searcher's use (search/evaluate.hpp): a template's orders timed
-//                    with per-stage (per-chunk) block times and a message time between
-//                    devices, many times over, so neither validated again nor recorded
+//                    for a caller that times a template's orders many times over (with
+//                    per-stage or per-chunk block times and a message time between
+//                    devices): neither validated again nor recorded
 //
 // Quantities, with busy_d the time device d computes and idle_d = makespan - busy_d:
 //   bubble_fraction  sum idle_d / (devices * makespan): the share of device time that is

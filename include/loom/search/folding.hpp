@@ -1,7 +1,9 @@
 #pragma once
-// Folding: which parts of a model are layers, and which layers are the same. The searcher
-// decides once per class of identical layers and applies the decision to every repeat
-// (TAPAS §4.3), so its work grows with the number of distinct layers, not the depth.
+// Folding: which parts of a model are layers, and which layers are the same, so that a
+// decision is made once per class of identical layers and applied to every repeat (TAPAS
+// §4.3). The folded search (folded_price.hpp) prices small instances of a model family
+// instead; this finds the layers of a graph that comes as one graph, and the forward
+// rounds that 3F1B pipelines.
 //
 // Two ways to find the layers of a graph's forward pass:
 //   layers_from_scopes(g)     the instances of the graph's largest recorded repeat
