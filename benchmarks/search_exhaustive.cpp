@@ -258,10 +258,6 @@ int main(int argc, char** argv) {
             record["same_best_step"] = equal;
             record["exhaustive_seconds"] = total_exhaustive;
             record["search_seconds"] = total_search;
-            record["cpu"] = bench::cpu_model();
-            record["load_average"] = bench::load_average();
-            record["commit"] = bench::git_revision();
-            record["date_utc"] = bench::utc_now();
             bench::write_record(record, json_out);
         }
     } catch (const loom::error& e) {

@@ -352,10 +352,6 @@ int main(int argc, char** argv) {
             record["benchmark"] = "workloads";
             record["budget_s"] = budget;
             record["rows"] = rows;
-            record["cpu"] = bench::cpu_model();
-            record["load_average"] = bench::load_average();
-            record["commit"] = bench::git_revision();
-            record["date_utc"] = bench::utc_now();
             bench::write_record(record, json_out);
         }
     } catch (const loom::error& e) {
