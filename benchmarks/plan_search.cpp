@@ -21,6 +21,7 @@
 #include <loom/plan/spaces.hpp>
 #include <loom/search/plan_search.hpp>
 
+#include "support/gpt_family.hpp"
 #include "support/machine.hpp"
 #include "support/record.hpp"
 
@@ -47,13 +48,7 @@ int main(int argc, char** argv) {
     app.add_option("--out", out, "the JSON record");
     CLI11_PARSE(app, argc, argv);
     try {
-        const search::model_family family{[&](std::int64_t layers, std::int64_t batch) {
-                                              models::gpt_config c = config;
-                                              c.layers = layers;
-                                              c.batch = batch;
-                                              return graph(models::gpt(c).ir());
-                                          },
-                                          config.layers, config.batch};
+        const search::model_family family = bench::gpt_family(config);
         const search::cluster hw = search::dgx_a100(nodes);
         search::plan_search_options options;
         options.price.storage = loom::precision::bf16;

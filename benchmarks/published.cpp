@@ -29,6 +29,7 @@
 #include <loom/search/folded_price.hpp>
 #include <loom/search/program_price.hpp>
 
+#include "support/gpt_family.hpp"
 #include "support/machine.hpp"
 #include "support/record.hpp"
 
@@ -88,12 +89,8 @@ int main(int argc, char** argv) {
         for (int i = 0; i < row_count; ++i) {
             const published_row& r = rows[i];
             const int dp = r.gpus / (r.tp * r.pp);
-            const search::model_family model{[&](std::int64_t layers, std::int64_t batch) {
-                                                 return graph(models::gpt({.layers = layers, .hidden = r.hidden, .heads = r.heads,
-                                                                           .vocab = vocab, .seq = seq, .batch = batch})
-                                                                  .ir());
-                                             },
-                                             r.layers, r.batch};
+            const search::model_family model = bench::gpt_family(
+                {.layers = r.layers, .hidden = r.hidden, .heads = r.heads, .vocab = vocab, .seq = seq, .batch = r.batch});
             plan::plan_spec inner = plan::presets::megatron(r.tp, dp);
             inner.then(plan::presets::recompute_layers(plan::recompute_policy::full, 0, r.layers - 1));
             plan::plan_spec p = r.pp > 1 ? plan::presets::pipeline(r.pp, r.micro_batches,

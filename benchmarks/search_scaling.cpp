@@ -34,6 +34,7 @@
 #include <loom/plan/spaces.hpp>
 #include <loom/search/plan_search.hpp>
 
+#include "support/gpt_family.hpp"
 #include "support/machine.hpp"
 #include "support/record.hpp"
 
@@ -106,13 +107,7 @@ int main(int argc, char** argv) {
             for (int devices : device_counts) {
                 const models::gpt_config config{.layers = layers, .hidden = 8192, .heads = 64, .vocab = 51200,
                                                 .seq = 2048, .batch = 1024};
-                const search::model_family family{[&](std::int64_t l, std::int64_t batch) {
-                                                      models::gpt_config c = config;
-                                                      c.layers = l;
-                                                      c.batch = batch;
-                                                      return graph(models::gpt(c).ir());
-                                                  },
-                                                  config.layers, config.batch};
+                const search::model_family family = bench::gpt_family(config);
                 const search::cluster hw = search::dgx_a100(devices / 8);
                 nlohmann::json row{{"space", name}, {"layers", layers}, {"devices", devices}};
                 char line[1024];

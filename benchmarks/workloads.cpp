@@ -53,6 +53,7 @@
 #include <loom/plan/spaces.hpp>
 #include <loom/search/plan_search.hpp>
 
+#include "support/gpt_family.hpp"
 #include "support/machine.hpp"
 #include "support/record.hpp"
 
@@ -98,12 +99,7 @@ std::vector<workload> workloads(const std::vector<std::string>& models) {
                                           .batch = 64};
             };
             workload w{"GPT", sizes[i], gpus[i], {}, true, {}};
-            w.family = {[=](std::int64_t l, std::int64_t batch) {
-                            models::gpt_config c = config(l);
-                            c.batch = batch;
-                            return graph(models::gpt(c).ir());
-                        },
-                        layers[i], 64};
+            w.family = bench::gpt_family(config(layers[i]));
             w.training_flops = [=](std::int64_t l) { return graph_flops(models::gpt(config(l)).training_graph()); };
             out.push_back(std::move(w));
         }

@@ -810,7 +810,7 @@ TEST_CASE("a vocabulary the degree does not divide leaves every tensor-parallel 
 
 TEST_CASE("a recycling model's forward rounds are pipelined by 3F1B, as pricing every assignment finds") {
     // An Evoformer with 3 recycling rounds over its blocks: a pipeline of it runs three
-    // forward blocks per micro-batch and stage, which only 3F1B orders.
+    // forward blocks per micro-batch and stage, as 3F1B orders them.
     models::evoformer_config c;
     c.blocks = 4;
     c.batch = 4;
