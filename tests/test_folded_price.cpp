@@ -273,3 +273,22 @@ TEST_CASE("the folded bounds never exceed the folded price, on every leaf of a s
     CHECK(legal > 20);
     CHECK(folded > legal / 2);
 }
+
+TEST_CASE("a space narrowed to the real plan's values folds on instances outside that range", "[folded_price]") {
+    // The instances run 2 and 4 micro-batches and 2 replicas where the plan says 12 and 4:
+    // the narrowed ranges bind the real plan, not its instances.
+    const search::model_family m = gpt_family(8, 48);
+    plan::plan_spec space = plan::spaces::megatron(8);
+    space.narrow("tp", {2}).narrow("dp", {4}).narrow("pp", {1}).narrow("mb", {12});
+    const search::cluster c = search::dgx_a100(1);
+    search::plan_search_options o;
+    o.price = gpu_options();
+    const search::plan_search_result r = search::search_plan(m, space, c, o);
+    CHECK(r.stats.refused == 0);
+    CHECK(r.best.choices.at("mb") == 12);
+    CHECK(r.best.choices.at("dp") == 4);
+    const search::folded_price f = search::price_folded(m, r.plan, c, o.price);
+    CHECK_FALSE(f.exact());  // it was folded, not priced in full
+    CHECK(f.instance_micro_batches == std::vector<std::int64_t>{2, 4});
+    CHECK(r.best.price.step_seconds == Approx(f.price.step_seconds).epsilon(1e-12));
+}

@@ -251,26 +251,30 @@ LOOM_INLINE plan::plan_spec instance_plan(const plan::plan_spec& p, const fold_s
         if (!out.stages->boundaries_open.empty()) out.choices.erase(out.stages->boundaries_open);
         out.stages->boundaries_open.clear();
     }
-    if (out.micro_batches.open.empty()) out.micro_batches.value = micro_batches;
-    else out.choices[out.micro_batches.open] = micro_batches;
+    // The instance's own values: an open parameter keeps its name (the plan's constraints
+    // may read it) but not its range, which the real plan's value satisfies and the
+    // instance's fewer micro-batches or replicas need not (a space narrowed to mb = 64).
+    auto set = [&out](plan::degree_spec& d, std::int64_t value) {
+        if (d.open.empty()) {
+            d.value = value;
+            return;
+        }
+        d.allowed.clear();
+        out.choices[d.open] = value;
+    };
+    set(out.micro_batches, micro_batches);
     for (plan::rule& r : out.rules) {
         if (!r.on.repeat.empty()) r.on.last_layer = -1;  // every layer (shape_of checked they cover them all)
         if (!r.trans) continue;
         for (plan::split_spec& split : *r.trans)
-            if (detail::batch_split(split)) {
-                if (split.degree.open.empty()) split.degree.value = replicas;
-                else out.choices[split.degree.open] = replicas;
-            }
+            if (detail::batch_split(split)) set(split.degree, replicas);
     }
     if (replicas != s.replicas) {
         out.devices = static_cast<int>(p.devices / s.replicas * replicas);
         if (out.stages) {
             plan::degree_spec& group = out.stages->devices_per_stage;
             const std::int64_t given = plan::degree_value(group, out, "the devices per stage");
-            if (given > 0) {
-                if (group.open.empty()) group.value = given / s.replicas * replicas;
-                else out.choices[group.open] = given / s.replicas * replicas;
-            }
+            if (given > 0) set(group, given / s.replicas * replicas);
         }
     }
     return out;
