@@ -417,6 +417,32 @@ TEST_CASE("a pipeline whose stages run on groups of devices is ordered as one de
     CHECK_FALSE(search::detail::pipeline_groups(schedule::interlaced(2, 4, 2)));
 }
 
+TEST_CASE("every order on groups of devices is its order on one device per stage, spread over the groups") {
+    // plan::resolve builds each order for one device per stage and spreads it
+    // (plan::detail::pipeline_order): the list scheduler that orders the interlaced pipeline
+    // grows with the devices, so building it on 512-device stages took most of a search.
+    for (int stages : {2, 3, 4})
+        for (int micro : {1, 4, 7})
+            for (int group : {2, 3, 8}) {
+                INFO(stages << " stages, " << micro << " micro-batches, groups of " << group);
+                const schedule::schedule whole = schedule::interlaced(stages, micro, group);
+                const schedule::schedule spread = plan::detail::spread_over_groups(schedule::interlaced(stages, micro, 1), group);
+                CHECK(spread.shape.stage_devices == whole.shape.stage_devices);
+                CHECK(spread.device_order == whole.device_order);
+                const plan::order_policy policy{plan::schedule_kind::interlaced};
+                const schedule::schedule resolved = plan::detail::pipeline_order(policy, stages, micro, group);
+                CHECK(resolved.device_order == whole.device_order);
+                CHECK(schedule::validation_error(resolved).empty());
+            }
+    for (const plan::order_policy& policy : {plan::order_policy{plan::schedule_kind::gpipe},
+                                             plan::order_policy{plan::schedule_kind::one_f_one_b},
+                                             plan::order_policy{plan::schedule_kind::interleaved, 2}}) {
+        const schedule::schedule built = plan::detail::built_pipeline_order(policy, 4, 8, 4);
+        CHECK(plan::detail::pipeline_order(policy, 4, 8, 4).device_order == built.device_order);
+        CHECK(schedule::validation_error(built).empty());
+    }
+}
+
 TEST_CASE("the memory floor counts the activations each device keeps in flight, as the order holds them") {
     // Many tokens and small weights: the saved activations fill the memory. GPipe holds every
     // micro-batch on every stage before the first backward; 1F1B holds S - s on stage s.

@@ -148,7 +148,10 @@ LOOM_INLINE schedule::schedule built_pipeline_order(const order_policy& o, int s
             return spread_over_groups(schedule::interleaved_one_f_one_b(stages, o.virtual_stages, micro_batches), group);
         case schedule_kind::three_f_one_b:
             return spread_over_groups(schedule::three_f_one_b(stages, micro_batches), group);
-        case schedule_kind::interlaced: return schedule::interlaced(stages, micro_batches, group);
+        case schedule_kind::interlaced:
+            // Ordered on one device per stage and spread: the list scheduler's cost grows with
+            // the devices, and each group member's order is the same (tests check it).
+            return spread_over_groups(schedule::interlaced(stages, micro_batches, 1), group);
         case schedule_kind::from_constraints: {
             schedule::schedule_spec spec{"ordered by constraints",
                                          schedule::pipeline_shape::linear(stages, micro_batches, o.rounds), o.constraints};
@@ -175,8 +178,12 @@ LOOM_INLINE schedule::schedule pipeline_order(const order_policy& o, int stages,
         std::lock_guard lock(guard);
         if (auto it = built.find(k); it != built.end()) return it->second;
     }
-    schedule::schedule s = built_pipeline_order(o, stages, micro_batches, group);
+    // Validated on one device per stage, then spread: a member of a group runs the group's
+    // order and exchanges with the same member of the next group, so the spread order is
+    // valid when that one is (validating 512 copies of it costs 512 times as much).
+    schedule::schedule s = built_pipeline_order(o, stages, micro_batches, 1);
     schedule::validate(s);
+    s = spread_over_groups(s, group);
     std::lock_guard lock(guard);
     if (built.size() > 256) built.clear();  // bounded: searches over many shapes start over
     return built.emplace(k, std::move(s)).first->second;
