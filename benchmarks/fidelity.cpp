@@ -1,11 +1,12 @@
 // How well the searcher's price of a plan's programs predicts the plan's measured step on
 // this machine: about 20 plans of a small GPT on 4 in-process ranks (threads sharing the
 // cores), each priced on a host profile calibrated for ranks that share cores
-// (search::calibrate_host, and host_price_options: the cost of every op kind, one
-// instruction at a time per rank, the ranks sharing one machine's cores) and then
-// trained for a few steps.
+// (search::calibrate_host, and host_price_options: the cost of every op kind measured on
+// all ranks at once and on one rank alone, one instruction at a time per rank, the ranks
+// sharing one machine's cores) and then trained for a few steps. Under MPI the ranks'
+// rates together are measured in the MPI processes themselves.
 //
-//   fidelity [--steps 5] [--warmup 2] [--layers 8] [--hidden 128] [--seq 64] [--batch 16]
+//   fidelity [--steps 10] [--warmup 2] [--layers 8] [--hidden 128] [--seq 64] [--batch 16]
 //            [--out benchmarks/results/fidelity.json] [--trace benchmarks/results/fidelity_trace.json]
 //   mpirun -np 4 fidelity --mpi          the ranks as MPI processes (fidelity_mpi.json)
 // Run from the repository root.
@@ -174,6 +175,19 @@ measured train_in_process(const partition::partitioned_graph& pg, const models::
     return m;
 }
 
+#if LOOM_FIDELITY_MPI
+// The calibration steps of every process run at the same time (search::
+// calibration_steps_together), the mean over the processes of each batch's step seconds.
+std::vector<double> steps_of_all_ranks(comm::mpi_communicator& world, int ranks, int me) {
+    const comm::group everyone = comm::group::world(ranks);
+    if (me == 0) std::printf("timing the calibration steps of %d processes at once...\n", ranks);
+    std::vector<double> steps = search::calibration_steps_together([&] { world.barrier(everyone); });
+    world.all_reduce_sum(steps.data(), steps.size(), comm::dtype::f64, everyone);
+    for (double& s : steps) s /= ranks;
+    return steps;
+}
+#endif
+
 // Chrome trace events: `measured` (pid 0..world-1) and `predicted` (pid world..2 world-1).
 nlohmann::json trace_json(const partition::partitioned_graph& pg, const std::vector<host::instruction_trace>& measured,
                           const search::program_price& predicted) {
@@ -217,7 +231,7 @@ int main(int argc, char** argv) {
     if (mpi) environment.emplace(argc, argv);
 #endif
     CLI::App app{"Predicted against measured step time and memory of ~20 plans on 4 ranks"};
-    int steps = 5, warmup = 2;
+    int steps = 10, warmup = 2;
     models::gpt_config config{.layers = 8, .hidden = 128, .heads = 8, .vocab = 256, .seq = 64, .batch = 16};
     std::string out, trace_out = "benchmarks/results/fidelity_trace.json";
     app.add_option("--steps", steps, "timed steps per plan")->check(CLI::PositiveNumber);
@@ -252,13 +266,26 @@ int main(int argc, char** argv) {
 #endif
                            : 0;
         auto model = models::gpt(config);
-        // Rank 0 calibrates alone (the other processes wait), so the profile is the machine's.
+        // MPI: every process runs the calibration steps while the others do (processes
+        // share the cores otherwise than threads sharing one pool), and the link between the
+        // ranks is measured on them. Then rank 0 calibrates alone (the other processes
+        // wait): the machine's GEMM and copy speed and each op kind's cost alone.
+        std::optional<std::vector<double>> together;
+        std::optional<search::link> between_ranks;
+#if LOOM_FIDELITY_MPI
+        if (mpi) {
+            together = steps_of_all_ranks(*world, ranks, me);
+            between_ranks = search::measure_host_link(*world, comm::group::world(ranks));
+        }
+#endif
         search::cluster hw;
         search::price_options po;
         if (me == 0) {
             std::printf("calibrating the host for %d ranks that share its cores...\n", ranks);
-            hw = search::calibrate_host(ranks);
-            po = search::host_price_options(ranks);
+            hw = search::calibrate_host(ranks, between_ranks);
+            std::printf("link between ranks: %.1f us per message, %.2f GB/s (the profile's convention)\n",
+                        hw.topo.intra_node.latency * 1e6, hw.topo.intra_node.bandwidth / 1e9);
+            po = search::host_price_options(ranks, together);
             std::printf("%-36s %12s %12s %8s %14s %14s\n", "plan", "predicted", "measured", "ratio", "memory pred",
                         "memory alloc");
         }

@@ -1,5 +1,5 @@
-// Measures this machine as a cluster of in-process ranks (GEMM and copy speed, see
-// calibrate/host.hpp) and writes the profile the searcher reads:
+// Measures this machine as a cluster of in-process ranks (GEMM and copy speed, and the
+// link between ranks; see calibrate/host.hpp) and writes the profile the searcher reads:
 //
 //   calibrate_host --ranks 4 --out host.json
 //   loom_plan --cluster-json host.json ...

@@ -328,6 +328,20 @@ TEST_CASE("the bound never exceeds the programs' price, on every leaf of several
         const auto model = small_gpt();
         CHECK(price_everything(model.ir(), open_pipeline(4), slow_node(), o).legal > 3);
     }
+    SECTION("devices sharing one machine that each run faster alone than their share of it (processes of their own)") {
+        o.price.overlap = false;
+        o.price.compute_shared_by = 4;
+        o.price.rates["linear"] = {{{1e5, 5e-6}, {1e6, 2e-5}, {1e7, 1.5e-4}}, true};
+        o.price.rates["linear_grad_input"] = {{{1e5, 8e-6}, {1e7, 2e-4}}, true};
+        o.price.rates["layer_norm"] = {{{1e4, 2e-6}, {1e5, 9e-6}}, false};
+        // Alone: the linear at half its share of the machine's time together, the input
+        // gradient at a fifth (the bound must scale by the fastest), the norm slower.
+        o.price.solo_rates["linear"] = {{{1e5, 5e-6 / 8}, {1e6, 2e-5 / 8}, {1e7, 1.5e-4 / 8}}, true};
+        o.price.solo_rates["linear_grad_input"] = {{{1e5, 8e-6 / 20}, {1e7, 2e-4 / 20}}, true};
+        o.price.solo_rates["layer_norm"] = {{{1e4, 1e-6}, {1e5, 9e-6}}, false};
+        const auto model = small_gpt();
+        CHECK(price_everything(model.ir(), open_pipeline(4), slow_node(), o).legal > 3);
+    }
     SECTION("pipelines in bf16 with one stream per device") {
         o.price.storage = loom::precision::bf16;
         o.price.overlap = false;
@@ -654,6 +668,51 @@ TEST_CASE("prices follow first principles") {
         const auto pipe = partition::apply_plan(model.ir(), plan::presets::pipeline(4, 1));
         CHECK(search::price_programs(pipe, slow_node(), shared).step_seconds <
               0.5 * search::price_programs(pipe, slow_node(), alone).step_seconds);
+    }
+    SECTION("devices sharing a machine run alone at their solo rates, and together at their rates together") {
+        search::price_options together;
+        together.compute_shared_by = 4;
+        together.overlap = false;
+        for (const char* kind : {"linear", "linear_bias", "linear_grad_input", "linear_grad_weight"})
+            together.rates[kind] = {{{1e5, 4e-5}, {1e8, 4e-2}}, true};
+        // Processes that interleave on shared cores: four together do more than one alone,
+        // which takes half its rate together (twice the machine's share, 4e-5 / 4 per 1e5
+        // FLOPs). And processes that thrash together: one alone runs faster than its share.
+        search::price_options slow_alone = together, fast_alone = together;
+        for (const auto& [kind, rate] : together.rates) {
+            slow_alone.solo_rates[kind] = {{{1e5, 2e-5}, {1e8, 2e-2}}, true};
+            fast_alone.solo_rates[kind] = {{{1e5, 5e-6}, {1e8, 5e-3}}, true};
+        }
+        // A pipeline of one micro-batch runs one stage at a time, each at its solo rate.
+        const auto pipe = partition::apply_plan(model.ir(), plan::presets::pipeline(4, 1));
+        const double p_machine = search::price_programs(pipe, slow_node(), together).step_seconds;
+        const double p_slow = search::price_programs(pipe, slow_node(), slow_alone).step_seconds;
+        const double p_fast = search::price_programs(pipe, slow_node(), fast_alone).step_seconds;
+        CHECK(p_slow > 1.2 * p_machine);
+        CHECK(p_slow <= 2 * p_machine);
+        // Alone faster: the machine does each instruction no slower than alone, so the
+        // step shrinks too, by at most half (the linear layers' share).
+        CHECK(p_fast < 0.9 * p_machine);
+        CHECK(p_fast >= 0.5 * p_machine);
+        // Data parallelism keeps all four busy: the step is all their work at the rates
+        // together, spread over the machine, however slowly one would run alone (the
+        // machine does each instruction no slower than alone, here faster).
+        const auto dp = partition::apply_plan(model.ir(), plan::presets::data_parallel(4));
+        const auto d_machine = search::price_programs(dp, slow_node(), together);
+        const auto d_slow = search::price_programs(dp, slow_node(), slow_alone);
+        CHECK(d_slow.step_seconds == Approx(d_machine.step_seconds).epsilon(1e-9));
+        double machine_compute = 0, alone_compute = 0;
+        for (const auto& d : d_machine.devices) machine_compute += d.compute;
+        for (const auto& d : d_slow.devices) alone_compute += d.compute;
+        CHECK(alone_compute > 1.2 * machine_compute);  // each device's own timeline ran at the solo rates
+        // Solo rates need rates together, and a shared machine.
+        search::price_options orphan = slow_alone;
+        orphan.rates.erase("linear");
+        CHECK_THROWS_WITH(search::price_programs(dp, slow_node(), orphan),
+                          Catch::Contains("'linear' has a solo rate but no rate together"));
+        search::price_options unshared = slow_alone;
+        unshared.compute_shared_by = 1;
+        CHECK_THROWS_WITH(search::price_programs(dp, slow_node(), unshared), Catch::Contains("compute_shared_by = 1"));
     }
     SECTION("ZeRO-1 shards the optimizer state over the replicas, ZeRO-3 the parameters too") {
         const auto dp = search::price_programs(partition::apply_plan(model.ir(), plan::presets::data_parallel(4)), hw);

@@ -197,8 +197,8 @@ int train_plan(const models::gpt_config& config, const graph& forward, const pla
     return status;
 }
 
-// Calibrates the host as `devices` in-process ranks (its GEMM and copy speed, and the rate
-// of every op kind), searches nnScaler's space for them (TP, stages, DP, micro-batches,
+// Calibrates the host as `devices` in-process ranks (its GEMM and copy speed, the link
+// between ranks, and the rate of every op kind on all ranks at once and on one alone), searches nnScaler's space for them (TP, stages, DP, micro-batches,
 // every order, ZeRO), pricing each plan's own programs, and trains with the best.
 int train_searched(const models::gpt_config& config, train::trainer_options options, std::int64_t steps,
                    const token_data& data, std::uint64_t data_seed, std::int64_t print_every, int devices,
@@ -208,9 +208,10 @@ int train_searched(const models::gpt_config& config, train::trainer_options opti
     const search::cluster host_profile = search::calibrate_host(devices);
     search::plan_search_options search_options;
     search_options.price = search::host_price_options(devices);
-    std::printf("cluster: %s, %.1f GFLOP/s and %.1f GB/s per rank, %zu op kinds timed (measured)\n",
+    std::printf("cluster: %s, %.1f GFLOP/s and %.1f GB/s per rank, %.0f us per message, %zu op kinds timed%s\n",
                 host_profile.name.c_str(), host_profile.device.peak_flops_f32 / 1e9,
-                host_profile.device.memory_bandwidth / 1e9, search_options.price.rates.size());
+                host_profile.device.memory_bandwidth / 1e9, host_profile.topo.intra_node.latency * 1e6,
+                search_options.price.rates.size(), devices > 1 ? " on all ranks at once and on one alone" : "");
     const plan::plan_spec space = plan::spaces::nnscaler(devices);
     std::printf("space: %s\n", space.name.c_str());
     const search::plan_search_result found = search::search_plan(forward, space, host_profile, search_options);

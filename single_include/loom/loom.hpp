@@ -15164,16 +15164,24 @@ struct price_options {
     double runtime_bytes = 0;
     algorithm collectives = algorithm::automatic;
     bool record_timeline = false;  // keep every instruction's predicted start and end
-    // Devices that share one machine's compute (in-process ranks on one host): how many.
-    // The profile's rates are per device, the machine's divided by this count (as
-    // calibrate_host(ranks) states them). A device computing alone runs at the machine's
-    // rate, and together they cannot exceed it: the timeline runs every device at the
-    // machine's rate, and the step is at least all devices' work (compute and copies) done
-    // one after another at that rate.
+    // Devices that share one machine's compute (ranks on one host): how many. The
+    // profile's rates are per device while all of them compute at once (calibrate_host(ranks)
+    // states them so). The timeline runs each device at its rate alone (solo_rates, else
+    // the machine's: the rates divided by this count), and the step is at least all
+    // devices' work spread over the machine: each instruction at its rate divided by this
+    // count, or alone where that is faster. Ranks in processes of their own (MPI) do more
+    // together than one at a time; threads that queue for one pool do less.
     int compute_shared_by = 1;
     // Calibrated rates by op kind (op_def::name); kinds without one use the roofline of the
     // device profile.
     std::map<std::string, op_rate, std::less<>> rates;
+    // With compute_shared_by > 1: the same op kinds' rates of one device computing while the
+    // others wait (calibrated apart, as search::calibrate_host_ops_alone measures them).
+    // Empty: a device alone runs at the machine's rate. Ranks in processes of their own
+    // (MPI) that each have the machine's threads do more together than one at a time, so
+    // their rates together are not their rates alone times the count. Every kind here must
+    // have a rate in `rates`.
+    std::map<std::string, op_rate, std::less<>> solo_rates;
     // Set: the programs are a replica-folded instance of the plan (not owned).
     const replica_fold* fold = nullptr;
 };
@@ -15270,6 +15278,16 @@ LOOM_INLINE double node_bytes(const graph& g, const node& n, loom::precision p);
 // Seconds of one compute instruction.
 LOOM_INLINE double instruction_seconds(const graph& g, const node& n, const device_profile& dev, const price_options& o);
 
+// Seconds of instruction n of one device in the timeline, and its share of the machine's
+// work: both instruction_seconds / compute_shared_by, unless a solo rate prices the first
+// (the second is then the lesser of the two: the machine does it no slower than alone).
+struct instruction_cost {
+    double timeline = 0;
+    double machine = 0;
+};
+LOOM_INLINE instruction_cost shared_instruction_cost(const graph& g, const node& n, const device_profile& dev,
+                                                     const price_options& o);
+
 LOOM_INLINE collective collective_of(partition::transfer_kind k);
 
 // Bytes of a transfer in communication.hpp's convention: the whole buffer on one member
@@ -15339,6 +15357,17 @@ LOOM_INLINE double instruction_seconds(const graph& g, const node& n, const devi
         t = std::max(t, flops / (peak * dev.elementwise_efficiency));
     }
     return t + o.instruction_overhead;
+}
+
+LOOM_INLINE instruction_cost shared_instruction_cost(const graph& g, const node& n, const device_profile& dev,
+                                                     const price_options& o) {
+    const double machine = instruction_seconds(g, n, dev, o) / o.compute_shared_by;
+    const auto solo = o.solo_rates.find(n.op->name);
+    if (solo == o.solo_rates.end()) return {machine, machine};
+    const double flops = n.op->flops ? n.op->flops(g, n) : 0.0;
+    const double units = solo->second.per_flop ? flops : node_bytes(g, n, o.storage);
+    const double alone = solo->second.seconds(units) + o.instruction_overhead;
+    return {alone, std::min(alone, machine)};
 }
 
 LOOM_INLINE collective collective_of(partition::transfer_kind k) {
@@ -15442,6 +15471,16 @@ LOOM_INLINE program_price price_programs(const partition::partitioned_graph& pg,
     if (o.compute_shared_by < 1)
         throw usage_error("price_programs: compute_shared_by = " + std::to_string(o.compute_shared_by) +
                           "; give the number of devices that share one machine's compute (1: none share)");
+    if (!o.solo_rates.empty() && o.compute_shared_by == 1)
+        throw usage_error("price_programs: solo_rates given but compute_shared_by = 1; solo rates are for devices that "
+                          "share one machine: set compute_shared_by to their count, or leave solo_rates empty");
+    for (const auto& [kind, rate] : o.solo_rates) {
+        const auto shared = o.rates.find(kind);
+        if (shared == o.rates.end() || shared->second.per_flop != rate.per_flop)
+            throw usage_error("price_programs: op kind '" + kind +
+                              "' has a solo rate but no rate together in the same units; calibrate both in one run "
+                              "(search::host_price_options) or leave solo_rates empty");
+    }
     std::vector<double> transfer_time = transfer_seconds(pg, c, o);
     for (double& t : transfer_time) t /= o.compute_shared_by;
     const int world = pg.world;
@@ -15541,6 +15580,7 @@ LOOM_INLINE program_price price_programs(const partition::partitioned_graph& pg,
 
     // The event-driven run. A collective starts once every member's stream has reached it
     // with its input ready.
+    double machine_work = 0;  // shared compute: every device's work, spread over the machine
     std::vector<int> arrived(pg.transfers.size(), 0);
     std::vector<double> earliest(pg.transfers.size(), 0.0);
     std::vector<double> sent_at(pg.transfers.size(), -1.0);  // send_recv: when the send was posted
@@ -15570,10 +15610,11 @@ LOOM_INLINE program_price price_programs(const partition::partitioned_graph& pg,
             if (ready < 0) break;
             if (!detail::is_transfer(n)) {
                 const double start = std::max(free, ready);
-                const double seconds = detail::instruction_seconds(g, n, c.device, o) / o.compute_shared_by;
-                free = start + seconds;
+                const detail::instruction_cost cost = detail::shared_instruction_cost(g, n, c.device, o);
+                free = start + cost.timeline;
                 if (o.record_timeline) out.timeline.push_back({d, queue[next], false, start, free});
-                out.devices[static_cast<std::size_t>(d)].compute += seconds;
+                out.devices[static_cast<std::size_t>(d)].compute += cost.timeline;
+                machine_work += cost.machine;
                 for (tensor_id t : n.outputs) run.ready[static_cast<std::size_t>(t)] = free;
                 ++next;
                 progressed = true;
@@ -15652,8 +15693,8 @@ LOOM_INLINE program_price price_programs(const partition::partitioned_graph& pg,
     out.step_seconds = makespan + optimizer;
     if (o.compute_shared_by > 1) {
         // One machine does all devices' work.
-        double work = out.transfer_seconds, optimizers = 0;  // transfer times are the machine's already
-        for (const auto& d : out.devices) work += d.compute, optimizers += d.optimizer;
+        double work = out.transfer_seconds + machine_work, optimizers = 0;  // transfer times are the machine's already
+        for (const auto& d : out.devices) optimizers += d.optimizer;
         out.step_seconds = std::max(makespan, work) + optimizers;
     }
     return out;
@@ -17163,6 +17204,10 @@ struct training_op {
     // sqrt(written).
     double gemm_seconds = 0;
     double gemm_k = 0;  // its contracted dimension
+    // Devices that share one machine, with a solo rate for this op's kind: at least this
+    // many times its seconds spread over the machine (seconds / compute_shared_by) when it
+    // runs alone (the solo rate's least seconds per unit against the rate's). 1 otherwise.
+    double solo_factor = 1;
     std::vector<std::int32_t> reads;  // indices of earlier training ops
 
     // The least seconds of a piece that does 1/share of the op (share_of), its instruction's
@@ -17229,7 +17274,8 @@ LOOM_INLINE training_work training_work_of(const graph& model, const device_prof
 // plus one message's latency, whatever the program does beyond it (more steps, shared
 // NICs). A tensor several ops leave partial counts once, at its largest such reduction.
 // Devices that share one machine's compute (price_options::compute_shared_by > 1) count
-// their compute only.
+// their compute only: each device's at its fastest (the machine's rate, or its solo rate),
+// and all devices' together at their rates together.
 // `busiest`, when given, receives the bound's busiest-device term alone (each device's
 // compute and communication, without the order): linear in the micro-batches and the layers
 // on every device, so folded bounds extrapolate it on its own (search_plan(model_family, ...)).
@@ -17286,6 +17332,10 @@ LOOM_INLINE std::vector<std::size_t> slicing_splits(const node& n, const plan::o
 // and given the model the replays of recomputed nodes (see step_lower_bound).
 struct device_compute {
     std::vector<double> forward, backward, replays;
+    // With solo rates (price_options::solo_rates), in the same units (times
+    // compute_shared_by); empty without them. alone: each device's ops at their solo_factor;
+    // machine: at the lesser of it and 1 (the share of the machine they take at least).
+    std::vector<double> alone, machine;
     double total(std::size_t d) const { return forward[d] + backward[d] + replays[d]; }
 };
 LOOM_INLINE device_compute compute_lower_bound(const plan::resolved_plan& rp, const training_work& work,
@@ -17634,6 +17684,8 @@ LOOM_INLINE training_work training_work_of(const graph& model, const device_prof
         for (tensor_id t : n.outputs) written += static_cast<double>(lg.g.tensor(t).dims.numel());
         if (auto rate = o.rates.find(n.op->name); rate != o.rates.end()) {
             op.seconds = rate->second.least_per_unit() * (rate->second.per_flop ? flops : bytes);
+            if (auto solo = o.solo_rates.find(n.op->name); solo != o.solo_rates.end() && rate->second.least_per_unit() > 0)
+                op.solo_factor = solo->second.least_per_unit() * o.compute_shared_by / rate->second.least_per_unit();
         } else {
             op.seconds = std::max(bytes / byte_rate, flops / (peak * std::max(dev.gemm_efficiency, dev.elementwise_efficiency)));
             if (written > 0 && flops >= 16.0 * written) {
@@ -17672,11 +17724,13 @@ LOOM_INLINE double step_lower_bound(const plan::resolved_plan& rp, const trainin
     std::vector<double> busy(compute.forward.size());
     for (std::size_t d = 0; d < busy.size(); ++d) busy[d] = compute.total(d);
     if (o.compute_shared_by != 1) {
-        // Devices sharing one machine: each runs at the machine's rate, and all of them at
-        // most at that rate together.
+        // Devices sharing one machine: each runs at the machine's rate, or at its solo rate
+        // where one is given, and all of them at most at their rates together (each op no
+        // slower than alone).
         double all = 0;
-        for (double b : busy) all += b;
-        const double bound = std::max(*std::max_element(busy.begin(), busy.end()), all) / o.compute_shared_by;
+        for (double b : compute.machine.empty() ? busy : compute.machine) all += b;
+        const std::vector<double>& own = compute.alone.empty() ? busy : compute.alone;
+        const double bound = std::max(*std::max_element(own.begin(), own.end()), all) / o.compute_shared_by;
         if (busiest) *busiest = bound;
         return bound;
     }
@@ -17735,10 +17789,18 @@ LOOM_INLINE device_compute compute_lower_bound(const plan::resolved_plan& rp, co
         const plan::op_partition* q = rp.at(n);
         return model && (!q || !decomposed(model->nodes[static_cast<std::size_t>(n)], *q));
     };
+    const bool solo = !o.solo_rates.empty();
+    if (solo) out.alone.assign(devices, 0.0), out.machine.assign(devices, 0.0);
+    auto add_solo = [&](const plan::op_partition* p, const training_op& op, double piece) {
+        if (!solo) return;
+        add(out.alone, p, piece * op.solo_factor + o.instruction_overhead);
+        add(out.machine, p, piece * std::min(1.0, op.solo_factor) + o.instruction_overhead);
+    };
     for (const training_op& op : work.ops) {
         const plan::op_partition* p = rp.at(op.source);
-        add(op.backward ? out.backward : out.forward, p,
-            op.piece_seconds(share_of(p), written(op.source)) + o.instruction_overhead);
+        const double piece = op.piece_seconds(share_of(p), written(op.source));
+        add(op.backward ? out.backward : out.forward, p, piece + o.instruction_overhead);
+        add_solo(p, op, piece);
     }
     if (!model) return out;
     // One replay of a recomputed node, for the backward readers in its own stage (of ops as
@@ -17754,6 +17816,7 @@ LOOM_INLINE device_compute compute_lower_bound(const plan::resolved_plan& rp, co
             continue;
         const training_op& op = work.ops[static_cast<std::size_t>(w.forward_op)];
         add(out.replays, p, op.piece_seconds(share_of(p)) + o.instruction_overhead);
+        add_solo(p, op, op.piece_seconds(share_of(p)));
     }
     return out;
 }
@@ -24878,24 +24941,32 @@ inline double measure_fma_peak_flops(thread_pool& pool = thread_pool::global(), 
 
 // calibration: this machine measured as a profile the searcher plans for
 // ---- begin loom/calibrate/host.hpp ----
-// Calibration of the host backend as a cluster the searcher can plan for: n in-process
-// ranks on this machine. It runs kernels (loom's host GEMM and a streaming copy, timed) and
-// writes what it measured into a search profile, so it comes after both runtime and search.
+// Calibration of the host backend as a cluster the searcher can plan for: n ranks on this
+// machine (in-process, or MPI processes). It runs kernels and collectives, timed, and
+// writes what it measured into a search profile, so it comes after runtime and search.
 //
-//   search::cluster hw = search::calibrate_host(4);   // about 0.3 s
-//   search::save_cluster(hw, "host.json");            // or plan with it directly
+//   search::cluster hw = search::calibrate_host(4);               // about 0.5 s
+//   search::price_options o = search::host_price_options(4);      // about 5 s
+//   search::save_cluster(hw, "host.json");                        // or plan with it directly
 //
 // What is measured and what is assumed:
 // - peak_flops_f32: float GEMMs of 512^3 on the whole thread pool, best of three, divided
-//   by the ranks (in-process ranks share the cores); gemm_efficiency 1 since this is what
-//   loom's kernels reach. No f16 peak: plan in precision::f32.
-// - memory_bandwidth: a 64 MiB copy (read + write), best of three, divided by the ranks;
-//   elementwise_efficiency 1.
+//   by the ranks (the ranks share the cores); gemm_efficiency 1 since this is what loom's
+//   kernels reach. No f16 peak: plan in precision::f32.
+// - memory_bandwidth: a 64 MiB copy (read + write) on the thread pool, best of three,
+//   divided by the ranks; elementwise_efficiency 1.
 // - memory_bytes: the machine's available memory divided by the ranks.
-// - the "intra-node link" is the copy bandwidth of one rank (in-process messages are
-//   memory copies) with a 20 us latency per message (a thread hand-off: assumed, not
-//   measured). One node, no NICs used.
+// - the "intra-node link": latency per message and bandwidth solved from all-reduces of 4
+//   bytes and 1 MiB over all ranks (measure_host_link). One node, no NICs used.
+// - the cost of every op kind (host_price_options): timed kernel by kernel on one rank
+//   alone (its rate when the others wait), and scaled by how much longer a whole step
+//   takes with all ranks running at once (their rates together).
 #include <algorithm>
+#include <barrier>
+#include <exception>
+#include <optional>
+#include <thread>
+#include <utility>
 #include <chrono>
 #include <cstdint>
 #include <cstring>
@@ -25126,7 +25197,54 @@ inline double available_memory_bytes() {
 
 }  // namespace detail
 
-inline cluster calibrate_host(int ranks) {
+// The link between the ranks of `everyone` as calibrate_host's profile states it: every
+// member calls this at once. It times all-reduces of one float and of 1 MiB over the whole
+// group (the median of five rounds of 20 each, the slowest member's) and solves the
+// collective's price for the latency per message and the bandwidth, in the profile's
+// convention: price_programs divides transfer times by the ranks sharing the machine, so
+// both are the measured times' ranks times over.
+inline link measure_host_link(comm::communicator& c, const comm::group& everyone) {
+    const int ranks = everyone.size();
+    if (ranks < 2) throw usage_error("measure_host_link: a group of " + std::to_string(ranks) + " rank; pass at least 2");
+    const auto timed = [&](std::size_t floats) {
+        std::vector<float> data(floats, 1.0f);
+        std::vector<double> rounds;
+        c.all_reduce_sum(data.data(), floats, comm::dtype::f32, everyone);  // warm up
+        for (int round = 0; round < 5; ++round) {
+            c.barrier(everyone);
+            const auto start = std::chrono::steady_clock::now();
+            for (int i = 0; i < 20; ++i) c.all_reduce_sum(data.data(), floats, comm::dtype::f32, everyone);
+            double seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count() / 20;
+            c.all_reduce_sum(&seconds, 1, comm::dtype::f64, everyone);  // a sum: the members' mean below
+            rounds.push_back(seconds / ranks);
+        }
+        std::sort(rounds.begin(), rounds.end());
+        return rounds[rounds.size() / 2];
+    };
+    const double small_bytes = 4, large_bytes = double(1 << 20);
+    const double small = timed(1), large = timed((1 << 20) / 4);
+    // The price's latency and transmission terms per unit of latency and per byte/s.
+    cluster unit;
+    unit.topo.devices_per_node = ranks;
+    unit.topo.nodes = 1;
+    unit.topo.intra_node = {1.0, 1.0};
+    unit.topo.inter_node_per_nic = {1.0, 1.0};
+    const group_placement one_node = placement(unit.topo, device_group{.size = ranks, .stride = 1, .first = 0});
+    const comm_time per_unit_small = collective_cost(unit, collective::all_reduce, small_bytes, ranks, one_node);
+    const comm_time per_unit_large = collective_cost(unit, collective::all_reduce, large_bytes, ranks, one_node);
+    link l;
+    l.latency = small * ranks / per_unit_small.latency;  // 4 bytes take no measurable transmission
+    const double moving = large * ranks - l.latency * per_unit_large.latency;
+    if (moving <= 0)
+        throw error("measure_host_link: an all-reduce of 1 MiB took " + std::to_string(large * 1e6) +
+                    " us, no longer than the latency of one of 4 bytes; the machine was too busy to measure, try again");
+    l.bandwidth = per_unit_large.transmission / moving;
+    return l;
+}
+
+// `between_ranks`: the link measured by measure_host_link on the ranks themselves (MPI
+// processes); not given, `ranks` in-process ranks measure it.
+inline cluster calibrate_host(int ranks, std::optional<link> between_ranks = std::nullopt) {
     if (ranks < 1)
         throw usage_error("calibrate_host: " + std::to_string(ranks) + " ranks; give the number of in-process ranks, at least 1");
     const std::int64_t n = 512;
@@ -25140,7 +25258,15 @@ inline cluster calibrate_host(int ranks) {
 
     const std::size_t bytes = 64u << 20;
     std::vector<char> from(bytes, 1), to(bytes, 0);
-    const double copy_seconds = detail::best_seconds(3, [&] { std::memcpy(to.data(), from.data(), bytes); });
+    // On the thread pool, as the optimizer's update and the element-wise kernels run.
+    const std::int64_t chunk = 1 << 20;
+    const auto copy = [&] {
+        host::parallel_for(0, static_cast<std::int64_t>(bytes) / chunk, 1, [&](std::int64_t lo, std::int64_t hi) {
+            std::memcpy(to.data() + lo * chunk, from.data() + lo * chunk, static_cast<std::size_t>((hi - lo) * chunk));
+        });
+    };
+    copy();  // fault the pages in
+    const double copy_seconds = detail::best_seconds(3, copy);
     const double bandwidth = 2.0 * static_cast<double>(bytes) / copy_seconds;
 
     cluster hw;
@@ -25155,23 +25281,72 @@ inline cluster calibrate_host(int ranks) {
     hw.device.elementwise_efficiency = 1.0;
     hw.topo.devices_per_node = ranks;
     hw.topo.nodes = 1;
-    hw.topo.intra_node = {bandwidth / 2.0 / ranks, 20e-6};
-    hw.topo.inter_node_per_nic = {bandwidth / 2.0 / ranks, 20e-6};
+    if (!between_ranks && ranks > 1)
+        comm::run_ranks(ranks, [&](comm::communicator& c) {
+            const link measured = measure_host_link(c, c.world());
+            if (c.rank() == 0) between_ranks = measured;
+        });
+    hw.topo.intra_node = between_ranks ? *between_ranks : link{bandwidth / 2.0 / ranks, 20e-6};
+    hw.topo.inter_node_per_nic = hw.topo.intra_node;
     hw.topo.nics_per_node = 1;
     return hw;
 }
 
-// Rates per op kind of the host backend in float, for `ranks` in-process ranks that share
-// this machine (search::price_options::rates). One training step of a small GPT runs at
-// batches 1, 2, 4, 8 and 16 with every kernel timed (host::op_profile); for each op kind and
-// batch, the mean seconds and units of work (FLOPs for kinds that count them, else bytes read
-// and written) of one instruction make a point of its curve. Seconds are per rank: the
-// machine's times `ranks`, as in calibrate_host. About two seconds.
-inline std::map<std::string, op_rate, std::less<>> calibrate_host_ops(int ranks) {
-    if (ranks < 1)
-        throw usage_error("calibrate_host_ops: " + std::to_string(ranks) + " ranks; give at least 1");
-    std::map<std::string, op_rate, std::less<>> rates;
-    for (std::int64_t batch : {1, 2, 4, 8, 16}) {
+using op_rates = std::map<std::string, op_rate, std::less<>>;
+
+// What one rank measured: the training steps of a small GPT at the calibration batches
+// (1, 2, 4, 8 and 16), each kernel timed.
+struct host_op_costs {
+    static constexpr std::int64_t batches[] = {1, 2, 4, 8, 16};
+    // Per op kind: per calibration batch, the units of work (FLOPs for kinds that count
+    // them, else bytes read and written) and the mean seconds of one instruction.
+    struct point {
+        int batch = 0;  // index into batches
+        double units = 0, seconds = 0;
+    };
+    std::map<std::string, std::vector<point>, std::less<>> kinds;
+    std::map<std::string, bool, std::less<>> per_flop;
+    // Per calibration batch: the mean wall seconds of one whole step.
+    std::vector<double> step_seconds;
+
+    // The curves, each point's seconds times scale[its batch] (empty: 1). Points of equal
+    // work (a parameter's gradient sum, whose work does not grow with the batch) merge into
+    // one, their mean.
+    op_rates rates(const std::vector<double>& scale = {}) const {
+        op_rates out;
+        for (const auto& [kind, points] : kinds) {
+            op_rate& r = out[kind];
+            r.per_flop = per_flop.at(kind);
+            std::vector<std::pair<double, double>> sorted;
+            for (const point& p : points)
+                sorted.push_back({p.units, p.seconds * (scale.empty() ? 1.0 : scale.at(static_cast<std::size_t>(p.batch)))});
+            std::sort(sorted.begin(), sorted.end());
+            int same = 0;
+            for (const auto& [u, t] : sorted) {
+                if (!r.points.empty() && u <= r.points.back().first * (1 + 1e-9)) {
+                    r.points.back().second = (r.points.back().second * same + t) / (same + 1);
+                    ++same;
+                } else {
+                    r.points.push_back({u, t});
+                    same = 1;
+                }
+            }
+        }
+        return out;
+    }
+};
+
+namespace detail {
+
+// One rank's costs. Each batch runs once to warm up, then several times timed (80 at batch
+// 1, 5 at batch 16: about the same time at each batch, so the small batches' short kernels
+// are timed often enough). `before_batch` runs before each batch's runs: ranks measured
+// together pass a barrier there, so their batches overlap.
+template <class BeforeBatch>
+host_op_costs measure_host_ops(BeforeBatch&& before_batch) {
+    host_op_costs costs;
+    for (std::size_t b = 0; b < std::size(host_op_costs::batches); ++b) {
+        const std::int64_t batch = host_op_costs::batches[b];
         const graph g = models::gpt({.layers = 2, .hidden = 128, .heads = 8, .vocab = 256, .seq = 64, .batch = batch})
                             .training_graph();
         const program prog = compile_program(g, {.prec = loom::precision::f32});
@@ -25180,58 +25355,124 @@ inline std::map<std::string, op_rate, std::less<>> calibrate_host_ops(int ranks)
         storage.bind_to(exec);
         for (tensor_id t : g.parameters)
             for (float& x : storage.real(t)) x = 0.01f;
+        before_batch();
         exec.run();  // warm up
-        const int runs = 3;
+        const int runs = static_cast<int>(80 / batch);
         host::op_profile profile;
         exec.set_profile(&profile);
+        const auto start = std::chrono::steady_clock::now();
         for (int r = 0; r < runs; ++r) exec.run();
+        costs.step_seconds.push_back(std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count() / runs);
         exec.set_profile(nullptr);
         std::map<std::string, double, std::less<>> bytes;
         for (const instruction& step : prog.steps) {
             const node& n = g.at(step.node);
-            bytes[std::string(n.op->name)] += detail::node_bytes(g, n, loom::precision::f32);
+            bytes[std::string(n.op->name)] += node_bytes(g, n, loom::precision::f32);
         }
         for (const auto& e : profile.by_time()) {
             if (e.calls == 0) continue;
-            op_rate& r = rates[e.kind];
-            r.per_flop = e.flops > 0;
+            const bool per_flop = e.flops > 0;
             const double calls = static_cast<double>(e.calls);
-            const double units = (r.per_flop ? e.flops : bytes[e.kind] * runs) / calls;
+            const double units = (per_flop ? e.flops : bytes[e.kind] * runs) / calls;
             if (units <= 0) continue;
-            r.points.push_back({units, e.seconds / calls * ranks});
+            costs.per_flop[e.kind] = per_flop;
+            costs.kinds[e.kind].push_back({static_cast<int>(b), units, e.seconds / calls});
         }
     }
-    // Points by increasing work.
-    for (auto& [kind, r] : rates) {
-        std::sort(r.points.begin(), r.points.end());
-        // Kinds whose work does not grow with the batch (a parameter's gradient sum) give
-        // points of equal work: one point, their mean.
-        std::vector<std::pair<double, double>> merged;
-        int same = 0;
-        for (const auto& [u, t] : r.points) {
-            if (!merged.empty() && u <= merged.back().first * (1 + 1e-9)) {
-                merged.back().second = (merged.back().second * same + t) / (same + 1);
-                ++same;
-            } else {
-                merged.push_back({u, t});
-                same = 1;
-            }
-        }
-        r.points = std::move(merged);
-    }
-    for (auto it = rates.begin(); it != rates.end();) it = it->second.points.empty() ? rates.erase(it) : std::next(it);
-    return rates;
+    return costs;
 }
 
-// How to price plans for `ranks` in-process ranks of this host, in float: one instruction
-// at a time per rank, the ranks sharing the machine's cores, every op kind at its measured
-// cost (calibrate_host_ops). Pair it with calibrate_host(ranks).
-inline price_options host_price_options(int ranks) {
+}  // namespace detail
+
+// One host rank computing alone, with the machine's threads: the cost of every op kind
+// (its solo_rates, host_op_costs::rates()) and of the calibration steps. About a second.
+inline host_op_costs calibrate_host_ops_alone() {
+    return detail::measure_host_ops([] {});
+}
+
+// This rank's calibration steps, in seconds, while the other ranks run theirs: `barrier`
+// (called before each batch) must return on every rank together. Ranks in processes of
+// their own (MPI) call it on every rank and pass the mean to host_price_options;
+// calibrate_host_ops does so for in-process ranks.
+template <class Barrier>
+std::vector<double> calibration_steps_together(Barrier&& barrier) {
+    return detail::measure_host_ops(std::forward<Barrier>(barrier)).step_seconds;
+}
+
+// `ranks` in-process ranks' calibration steps at once, one thread and executor each: the
+// mean over the ranks of each batch's step seconds.
+inline std::vector<double> calibration_steps_in_process(int ranks) {
+    if (ranks < 1)
+        throw usage_error("calibration_steps_in_process: " + std::to_string(ranks) + " ranks; give at least 1");
+    std::vector<std::vector<double>> measured(static_cast<std::size_t>(ranks));
+    std::vector<std::exception_ptr> failures(static_cast<std::size_t>(ranks));
+    std::barrier together(ranks);
+    {
+        std::vector<std::jthread> threads;
+        for (int r = 0; r < ranks; ++r)
+            threads.emplace_back([&, r] {
+                try {
+                    measured[static_cast<std::size_t>(r)] = calibration_steps_together([&] { together.arrive_and_wait(); });
+                } catch (...) {
+                    failures[static_cast<std::size_t>(r)] = std::current_exception();
+                    together.arrive_and_drop();
+                }
+            });
+    }
+    for (const auto& f : failures)
+        if (f) std::rethrow_exception(f);
+    std::vector<double> mean(measured.front().size(), 0.0);
+    for (const auto& m : measured)
+        for (std::size_t b = 0; b < mean.size(); ++b) mean[b] += m[b] / ranks;
+    return mean;
+}
+
+// The op rates of ranks computing together (price_options::rates): each kind's cost alone
+// times how much longer the whole calibration step of its batch took with every rank
+// running it at once (`steps_together`, per batch) than alone. Kernels that queue for a
+// shared thread pool charge their wait to whichever kernel waited, so the kinds keep their
+// costs alone and share the slowdown of the step.
+inline op_rates rates_together(const host_op_costs& alone, const std::vector<double>& steps_together) {
+    if (steps_together.size() != alone.step_seconds.size())
+        throw usage_error("rates_together: " + std::to_string(steps_together.size()) + " step times for " +
+                          std::to_string(alone.step_seconds.size()) +
+                          " calibration batches; pass calibration_steps_together's result");
+    std::vector<double> scale(steps_together.size());
+    for (std::size_t b = 0; b < scale.size(); ++b) {
+        if (!(steps_together[b] > 0) || !(alone.step_seconds[b] > 0))
+            throw usage_error("rates_together: calibration step " + std::to_string(b) + " took " +
+                              std::to_string(steps_together[b]) + " s together and " +
+                              std::to_string(alone.step_seconds[b]) + " s alone; both must be positive");
+        scale[b] = steps_together[b] / alone.step_seconds[b];
+    }
+    return alone.rates(scale);
+}
+
+// Rates per op kind of the host backend in float, for `ranks` in-process ranks that share
+// this machine (price_options::rates): rates_together of one rank's costs alone and the
+// ranks' calibration steps measured at once. About a second times the ranks.
+inline op_rates calibrate_host_ops(int ranks) {
+    return rates_together(calibrate_host_ops_alone(), calibration_steps_in_process(ranks));
+}
+
+// How to price plans for `ranks` ranks of this host, in float: one instruction at a time
+// per rank, the ranks sharing the machine's cores, every op kind at its measured cost
+// alone (solo_rates) and together (rates). `steps_together`: the ranks' calibration steps
+// measured at once where they run (calibration_steps_together under MPI); not given, as
+// in-process ranks. Pair it with calibrate_host(ranks).
+inline price_options host_price_options(int ranks, std::optional<std::vector<double>> steps_together = std::nullopt) {
+    if (ranks < 1) throw usage_error("host_price_options: " + std::to_string(ranks) + " ranks; give at least 1");
     price_options o;
     o.storage = loom::precision::f32;
     o.overlap = false;
     o.compute_shared_by = ranks;
-    o.rates = calibrate_host_ops(ranks);
+    const host_op_costs alone = calibrate_host_ops_alone();
+    if (ranks == 1) {
+        o.rates = alone.rates();
+        return o;
+    }
+    o.rates = rates_together(alone, steps_together ? *steps_together : calibration_steps_in_process(ranks));
+    o.solo_rates = alone.rates();
     return o;
 }
 

@@ -1,22 +1,30 @@
 #pragma once
-// Calibration of the host backend as a cluster the searcher can plan for: n in-process
-// ranks on this machine. It runs kernels (loom's host GEMM and a streaming copy, timed) and
-// writes what it measured into a search profile, so it comes after both runtime and search.
+// Calibration of the host backend as a cluster the searcher can plan for: n ranks on this
+// machine (in-process, or MPI processes). It runs kernels and collectives, timed, and
+// writes what it measured into a search profile, so it comes after runtime and search.
 //
-//   search::cluster hw = search::calibrate_host(4);   // about 0.3 s
-//   search::save_cluster(hw, "host.json");            // or plan with it directly
+//   search::cluster hw = search::calibrate_host(4);               // about 0.5 s
+//   search::price_options o = search::host_price_options(4);      // about 5 s
+//   search::save_cluster(hw, "host.json");                        // or plan with it directly
 //
 // What is measured and what is assumed:
 // - peak_flops_f32: float GEMMs of 512^3 on the whole thread pool, best of three, divided
-//   by the ranks (in-process ranks share the cores); gemm_efficiency 1 since this is what
-//   loom's kernels reach. No f16 peak: plan in precision::f32.
-// - memory_bandwidth: a 64 MiB copy (read + write), best of three, divided by the ranks;
-//   elementwise_efficiency 1.
+//   by the ranks (the ranks share the cores); gemm_efficiency 1 since this is what loom's
+//   kernels reach. No f16 peak: plan in precision::f32.
+// - memory_bandwidth: a 64 MiB copy (read + write) on the thread pool, best of three,
+//   divided by the ranks; elementwise_efficiency 1.
 // - memory_bytes: the machine's available memory divided by the ranks.
-// - the "intra-node link" is the copy bandwidth of one rank (in-process messages are
-//   memory copies) with a 20 us latency per message (a thread hand-off: assumed, not
-//   measured). One node, no NICs used.
+// - the "intra-node link": latency per message and bandwidth solved from all-reduces of 4
+//   bytes and 1 MiB over all ranks (measure_host_link). One node, no NICs used.
+// - the cost of every op kind (host_price_options): timed kernel by kernel on one rank
+//   alone (its rate when the others wait), and scaled by how much longer a whole step
+//   takes with all ranks running at once (their rates together).
 #include <algorithm>
+#include <barrier>
+#include <exception>
+#include <optional>
+#include <thread>
+#include <utility>
 #include <chrono>
 #include <cstdint>
 #include <cstring>
@@ -26,11 +34,14 @@
 
 #include <loom/core/error.hpp>
 #include <loom/models/gpt.hpp>
+#include <loom/runtime/comm/communicator.hpp>
+#include <loom/runtime/comm/in_process.hpp>
 #include <loom/runtime/compile.hpp>
 #include <loom/runtime/host/bound_storage.hpp>
 #include <loom/runtime/host/executor.hpp>
 #include <loom/runtime/host/gemm.hpp>
 #include <loom/runtime/host/op_profile.hpp>
+#include <loom/runtime/host/thread_pool.hpp>
 #include <loom/search/hardware.hpp>
 #include <loom/search/program_price.hpp>
 
@@ -62,7 +73,54 @@ inline double available_memory_bytes() {
 
 }  // namespace detail
 
-inline cluster calibrate_host(int ranks) {
+// The link between the ranks of `everyone` as calibrate_host's profile states it: every
+// member calls this at once. It times all-reduces of one float and of 1 MiB over the whole
+// group (the median of five rounds of 20 each, the slowest member's) and solves the
+// collective's price for the latency per message and the bandwidth, in the profile's
+// convention: price_programs divides transfer times by the ranks sharing the machine, so
+// both are the measured times' ranks times over.
+inline link measure_host_link(comm::communicator& c, const comm::group& everyone) {
+    const int ranks = everyone.size();
+    if (ranks < 2) throw usage_error("measure_host_link: a group of " + std::to_string(ranks) + " rank; pass at least 2");
+    const auto timed = [&](std::size_t floats) {
+        std::vector<float> data(floats, 1.0f);
+        std::vector<double> rounds;
+        c.all_reduce_sum(data.data(), floats, comm::dtype::f32, everyone);  // warm up
+        for (int round = 0; round < 5; ++round) {
+            c.barrier(everyone);
+            const auto start = std::chrono::steady_clock::now();
+            for (int i = 0; i < 20; ++i) c.all_reduce_sum(data.data(), floats, comm::dtype::f32, everyone);
+            double seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count() / 20;
+            c.all_reduce_sum(&seconds, 1, comm::dtype::f64, everyone);  // a sum: the members' mean below
+            rounds.push_back(seconds / ranks);
+        }
+        std::sort(rounds.begin(), rounds.end());
+        return rounds[rounds.size() / 2];
+    };
+    const double small_bytes = 4, large_bytes = double(1 << 20);
+    const double small = timed(1), large = timed((1 << 20) / 4);
+    // The price's latency and transmission terms per unit of latency and per byte/s.
+    cluster unit;
+    unit.topo.devices_per_node = ranks;
+    unit.topo.nodes = 1;
+    unit.topo.intra_node = {1.0, 1.0};
+    unit.topo.inter_node_per_nic = {1.0, 1.0};
+    const group_placement one_node = placement(unit.topo, device_group{.size = ranks, .stride = 1, .first = 0});
+    const comm_time per_unit_small = collective_cost(unit, collective::all_reduce, small_bytes, ranks, one_node);
+    const comm_time per_unit_large = collective_cost(unit, collective::all_reduce, large_bytes, ranks, one_node);
+    link l;
+    l.latency = small * ranks / per_unit_small.latency;  // 4 bytes take no measurable transmission
+    const double moving = large * ranks - l.latency * per_unit_large.latency;
+    if (moving <= 0)
+        throw error("measure_host_link: an all-reduce of 1 MiB took " + std::to_string(large * 1e6) +
+                    " us, no longer than the latency of one of 4 bytes; the machine was too busy to measure, try again");
+    l.bandwidth = per_unit_large.transmission / moving;
+    return l;
+}
+
+// `between_ranks`: the link measured by measure_host_link on the ranks themselves (MPI
+// processes); not given, `ranks` in-process ranks measure it.
+inline cluster calibrate_host(int ranks, std::optional<link> between_ranks = std::nullopt) {
     if (ranks < 1)
         throw usage_error("calibrate_host: " + std::to_string(ranks) + " ranks; give the number of in-process ranks, at least 1");
     const std::int64_t n = 512;
@@ -76,7 +134,15 @@ inline cluster calibrate_host(int ranks) {
 
     const std::size_t bytes = 64u << 20;
     std::vector<char> from(bytes, 1), to(bytes, 0);
-    const double copy_seconds = detail::best_seconds(3, [&] { std::memcpy(to.data(), from.data(), bytes); });
+    // On the thread pool, as the optimizer's update and the element-wise kernels run.
+    const std::int64_t chunk = 1 << 20;
+    const auto copy = [&] {
+        host::parallel_for(0, static_cast<std::int64_t>(bytes) / chunk, 1, [&](std::int64_t lo, std::int64_t hi) {
+            std::memcpy(to.data() + lo * chunk, from.data() + lo * chunk, static_cast<std::size_t>((hi - lo) * chunk));
+        });
+    };
+    copy();  // fault the pages in
+    const double copy_seconds = detail::best_seconds(3, copy);
     const double bandwidth = 2.0 * static_cast<double>(bytes) / copy_seconds;
 
     cluster hw;
@@ -91,23 +157,72 @@ inline cluster calibrate_host(int ranks) {
     hw.device.elementwise_efficiency = 1.0;
     hw.topo.devices_per_node = ranks;
     hw.topo.nodes = 1;
-    hw.topo.intra_node = {bandwidth / 2.0 / ranks, 20e-6};
-    hw.topo.inter_node_per_nic = {bandwidth / 2.0 / ranks, 20e-6};
+    if (!between_ranks && ranks > 1)
+        comm::run_ranks(ranks, [&](comm::communicator& c) {
+            const link measured = measure_host_link(c, c.world());
+            if (c.rank() == 0) between_ranks = measured;
+        });
+    hw.topo.intra_node = between_ranks ? *between_ranks : link{bandwidth / 2.0 / ranks, 20e-6};
+    hw.topo.inter_node_per_nic = hw.topo.intra_node;
     hw.topo.nics_per_node = 1;
     return hw;
 }
 
-// Rates per op kind of the host backend in float, for `ranks` in-process ranks that share
-// this machine (search::price_options::rates). One training step of a small GPT runs at
-// batches 1, 2, 4, 8 and 16 with every kernel timed (host::op_profile); for each op kind and
-// batch, the mean seconds and units of work (FLOPs for kinds that count them, else bytes read
-// and written) of one instruction make a point of its curve. Seconds are per rank: the
-// machine's times `ranks`, as in calibrate_host. About two seconds.
-inline std::map<std::string, op_rate, std::less<>> calibrate_host_ops(int ranks) {
-    if (ranks < 1)
-        throw usage_error("calibrate_host_ops: " + std::to_string(ranks) + " ranks; give at least 1");
-    std::map<std::string, op_rate, std::less<>> rates;
-    for (std::int64_t batch : {1, 2, 4, 8, 16}) {
+using op_rates = std::map<std::string, op_rate, std::less<>>;
+
+// What one rank measured: the training steps of a small GPT at the calibration batches
+// (1, 2, 4, 8 and 16), each kernel timed.
+struct host_op_costs {
+    static constexpr std::int64_t batches[] = {1, 2, 4, 8, 16};
+    // Per op kind: per calibration batch, the units of work (FLOPs for kinds that count
+    // them, else bytes read and written) and the mean seconds of one instruction.
+    struct point {
+        int batch = 0;  // index into batches
+        double units = 0, seconds = 0;
+    };
+    std::map<std::string, std::vector<point>, std::less<>> kinds;
+    std::map<std::string, bool, std::less<>> per_flop;
+    // Per calibration batch: the mean wall seconds of one whole step.
+    std::vector<double> step_seconds;
+
+    // The curves, each point's seconds times scale[its batch] (empty: 1). Points of equal
+    // work (a parameter's gradient sum, whose work does not grow with the batch) merge into
+    // one, their mean.
+    op_rates rates(const std::vector<double>& scale = {}) const {
+        op_rates out;
+        for (const auto& [kind, points] : kinds) {
+            op_rate& r = out[kind];
+            r.per_flop = per_flop.at(kind);
+            std::vector<std::pair<double, double>> sorted;
+            for (const point& p : points)
+                sorted.push_back({p.units, p.seconds * (scale.empty() ? 1.0 : scale.at(static_cast<std::size_t>(p.batch)))});
+            std::sort(sorted.begin(), sorted.end());
+            int same = 0;
+            for (const auto& [u, t] : sorted) {
+                if (!r.points.empty() && u <= r.points.back().first * (1 + 1e-9)) {
+                    r.points.back().second = (r.points.back().second * same + t) / (same + 1);
+                    ++same;
+                } else {
+                    r.points.push_back({u, t});
+                    same = 1;
+                }
+            }
+        }
+        return out;
+    }
+};
+
+namespace detail {
+
+// One rank's costs. Each batch runs once to warm up, then several times timed (80 at batch
+// 1, 5 at batch 16: about the same time at each batch, so the small batches' short kernels
+// are timed often enough). `before_batch` runs before each batch's runs: ranks measured
+// together pass a barrier there, so their batches overlap.
+template <class BeforeBatch>
+host_op_costs measure_host_ops(BeforeBatch&& before_batch) {
+    host_op_costs costs;
+    for (std::size_t b = 0; b < std::size(host_op_costs::batches); ++b) {
+        const std::int64_t batch = host_op_costs::batches[b];
         const graph g = models::gpt({.layers = 2, .hidden = 128, .heads = 8, .vocab = 256, .seq = 64, .batch = batch})
                             .training_graph();
         const program prog = compile_program(g, {.prec = loom::precision::f32});
@@ -116,58 +231,124 @@ inline std::map<std::string, op_rate, std::less<>> calibrate_host_ops(int ranks)
         storage.bind_to(exec);
         for (tensor_id t : g.parameters)
             for (float& x : storage.real(t)) x = 0.01f;
+        before_batch();
         exec.run();  // warm up
-        const int runs = 3;
+        const int runs = static_cast<int>(80 / batch);
         host::op_profile profile;
         exec.set_profile(&profile);
+        const auto start = std::chrono::steady_clock::now();
         for (int r = 0; r < runs; ++r) exec.run();
+        costs.step_seconds.push_back(std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count() / runs);
         exec.set_profile(nullptr);
         std::map<std::string, double, std::less<>> bytes;
         for (const instruction& step : prog.steps) {
             const node& n = g.at(step.node);
-            bytes[std::string(n.op->name)] += detail::node_bytes(g, n, loom::precision::f32);
+            bytes[std::string(n.op->name)] += node_bytes(g, n, loom::precision::f32);
         }
         for (const auto& e : profile.by_time()) {
             if (e.calls == 0) continue;
-            op_rate& r = rates[e.kind];
-            r.per_flop = e.flops > 0;
+            const bool per_flop = e.flops > 0;
             const double calls = static_cast<double>(e.calls);
-            const double units = (r.per_flop ? e.flops : bytes[e.kind] * runs) / calls;
+            const double units = (per_flop ? e.flops : bytes[e.kind] * runs) / calls;
             if (units <= 0) continue;
-            r.points.push_back({units, e.seconds / calls * ranks});
+            costs.per_flop[e.kind] = per_flop;
+            costs.kinds[e.kind].push_back({static_cast<int>(b), units, e.seconds / calls});
         }
     }
-    // Points by increasing work.
-    for (auto& [kind, r] : rates) {
-        std::sort(r.points.begin(), r.points.end());
-        // Kinds whose work does not grow with the batch (a parameter's gradient sum) give
-        // points of equal work: one point, their mean.
-        std::vector<std::pair<double, double>> merged;
-        int same = 0;
-        for (const auto& [u, t] : r.points) {
-            if (!merged.empty() && u <= merged.back().first * (1 + 1e-9)) {
-                merged.back().second = (merged.back().second * same + t) / (same + 1);
-                ++same;
-            } else {
-                merged.push_back({u, t});
-                same = 1;
-            }
-        }
-        r.points = std::move(merged);
-    }
-    for (auto it = rates.begin(); it != rates.end();) it = it->second.points.empty() ? rates.erase(it) : std::next(it);
-    return rates;
+    return costs;
 }
 
-// How to price plans for `ranks` in-process ranks of this host, in float: one instruction
-// at a time per rank, the ranks sharing the machine's cores, every op kind at its measured
-// cost (calibrate_host_ops). Pair it with calibrate_host(ranks).
-inline price_options host_price_options(int ranks) {
+}  // namespace detail
+
+// One host rank computing alone, with the machine's threads: the cost of every op kind
+// (its solo_rates, host_op_costs::rates()) and of the calibration steps. About a second.
+inline host_op_costs calibrate_host_ops_alone() {
+    return detail::measure_host_ops([] {});
+}
+
+// This rank's calibration steps, in seconds, while the other ranks run theirs: `barrier`
+// (called before each batch) must return on every rank together. Ranks in processes of
+// their own (MPI) call it on every rank and pass the mean to host_price_options;
+// calibrate_host_ops does so for in-process ranks.
+template <class Barrier>
+std::vector<double> calibration_steps_together(Barrier&& barrier) {
+    return detail::measure_host_ops(std::forward<Barrier>(barrier)).step_seconds;
+}
+
+// `ranks` in-process ranks' calibration steps at once, one thread and executor each: the
+// mean over the ranks of each batch's step seconds.
+inline std::vector<double> calibration_steps_in_process(int ranks) {
+    if (ranks < 1)
+        throw usage_error("calibration_steps_in_process: " + std::to_string(ranks) + " ranks; give at least 1");
+    std::vector<std::vector<double>> measured(static_cast<std::size_t>(ranks));
+    std::vector<std::exception_ptr> failures(static_cast<std::size_t>(ranks));
+    std::barrier together(ranks);
+    {
+        std::vector<std::jthread> threads;
+        for (int r = 0; r < ranks; ++r)
+            threads.emplace_back([&, r] {
+                try {
+                    measured[static_cast<std::size_t>(r)] = calibration_steps_together([&] { together.arrive_and_wait(); });
+                } catch (...) {
+                    failures[static_cast<std::size_t>(r)] = std::current_exception();
+                    together.arrive_and_drop();
+                }
+            });
+    }
+    for (const auto& f : failures)
+        if (f) std::rethrow_exception(f);
+    std::vector<double> mean(measured.front().size(), 0.0);
+    for (const auto& m : measured)
+        for (std::size_t b = 0; b < mean.size(); ++b) mean[b] += m[b] / ranks;
+    return mean;
+}
+
+// The op rates of ranks computing together (price_options::rates): each kind's cost alone
+// times how much longer the whole calibration step of its batch took with every rank
+// running it at once (`steps_together`, per batch) than alone. Kernels that queue for a
+// shared thread pool charge their wait to whichever kernel waited, so the kinds keep their
+// costs alone and share the slowdown of the step.
+inline op_rates rates_together(const host_op_costs& alone, const std::vector<double>& steps_together) {
+    if (steps_together.size() != alone.step_seconds.size())
+        throw usage_error("rates_together: " + std::to_string(steps_together.size()) + " step times for " +
+                          std::to_string(alone.step_seconds.size()) +
+                          " calibration batches; pass calibration_steps_together's result");
+    std::vector<double> scale(steps_together.size());
+    for (std::size_t b = 0; b < scale.size(); ++b) {
+        if (!(steps_together[b] > 0) || !(alone.step_seconds[b] > 0))
+            throw usage_error("rates_together: calibration step " + std::to_string(b) + " took " +
+                              std::to_string(steps_together[b]) + " s together and " +
+                              std::to_string(alone.step_seconds[b]) + " s alone; both must be positive");
+        scale[b] = steps_together[b] / alone.step_seconds[b];
+    }
+    return alone.rates(scale);
+}
+
+// Rates per op kind of the host backend in float, for `ranks` in-process ranks that share
+// this machine (price_options::rates): rates_together of one rank's costs alone and the
+// ranks' calibration steps measured at once. About a second times the ranks.
+inline op_rates calibrate_host_ops(int ranks) {
+    return rates_together(calibrate_host_ops_alone(), calibration_steps_in_process(ranks));
+}
+
+// How to price plans for `ranks` ranks of this host, in float: one instruction at a time
+// per rank, the ranks sharing the machine's cores, every op kind at its measured cost
+// alone (solo_rates) and together (rates). `steps_together`: the ranks' calibration steps
+// measured at once where they run (calibration_steps_together under MPI); not given, as
+// in-process ranks. Pair it with calibrate_host(ranks).
+inline price_options host_price_options(int ranks, std::optional<std::vector<double>> steps_together = std::nullopt) {
+    if (ranks < 1) throw usage_error("host_price_options: " + std::to_string(ranks) + " ranks; give at least 1");
     price_options o;
     o.storage = loom::precision::f32;
     o.overlap = false;
     o.compute_shared_by = ranks;
-    o.rates = calibrate_host_ops(ranks);
+    const host_op_costs alone = calibrate_host_ops_alone();
+    if (ranks == 1) {
+        o.rates = alone.rates();
+        return o;
+    }
+    o.rates = rates_together(alone, steps_together ? *steps_together : calibration_steps_in_process(ranks));
+    o.solo_rates = alone.rates();
     return o;
 }
 

@@ -161,6 +161,10 @@ struct training_op {
     // sqrt(written).
     double gemm_seconds = 0;
     double gemm_k = 0;  // its contracted dimension
+    // Devices that share one machine, with a solo rate for this op's kind: at least this
+    // many times its seconds spread over the machine (seconds / compute_shared_by) when it
+    // runs alone (the solo rate's least seconds per unit against the rate's). 1 otherwise.
+    double solo_factor = 1;
     std::vector<std::int32_t> reads;  // indices of earlier training ops
 
     // The least seconds of a piece that does 1/share of the op (share_of), its instruction's
@@ -227,7 +231,8 @@ LOOM_INLINE training_work training_work_of(const graph& model, const device_prof
 // plus one message's latency, whatever the program does beyond it (more steps, shared
 // NICs). A tensor several ops leave partial counts once, at its largest such reduction.
 // Devices that share one machine's compute (price_options::compute_shared_by > 1) count
-// their compute only.
+// their compute only: each device's at its fastest (the machine's rate, or its solo rate),
+// and all devices' together at their rates together.
 // `busiest`, when given, receives the bound's busiest-device term alone (each device's
 // compute and communication, without the order): linear in the micro-batches and the layers
 // on every device, so folded bounds extrapolate it on its own (search_plan(model_family, ...)).
@@ -284,6 +289,10 @@ LOOM_INLINE std::vector<std::size_t> slicing_splits(const node& n, const plan::o
 // and given the model the replays of recomputed nodes (see step_lower_bound).
 struct device_compute {
     std::vector<double> forward, backward, replays;
+    // With solo rates (price_options::solo_rates), in the same units (times
+    // compute_shared_by); empty without them. alone: each device's ops at their solo_factor;
+    // machine: at the lesser of it and 1 (the share of the machine they take at least).
+    std::vector<double> alone, machine;
     double total(std::size_t d) const { return forward[d] + backward[d] + replays[d]; }
 };
 LOOM_INLINE device_compute compute_lower_bound(const plan::resolved_plan& rp, const training_work& work,
@@ -632,6 +641,8 @@ LOOM_INLINE training_work training_work_of(const graph& model, const device_prof
         for (tensor_id t : n.outputs) written += static_cast<double>(lg.g.tensor(t).dims.numel());
         if (auto rate = o.rates.find(n.op->name); rate != o.rates.end()) {
             op.seconds = rate->second.least_per_unit() * (rate->second.per_flop ? flops : bytes);
+            if (auto solo = o.solo_rates.find(n.op->name); solo != o.solo_rates.end() && rate->second.least_per_unit() > 0)
+                op.solo_factor = solo->second.least_per_unit() * o.compute_shared_by / rate->second.least_per_unit();
         } else {
             op.seconds = std::max(bytes / byte_rate, flops / (peak * std::max(dev.gemm_efficiency, dev.elementwise_efficiency)));
             if (written > 0 && flops >= 16.0 * written) {
@@ -670,11 +681,13 @@ LOOM_INLINE double step_lower_bound(const plan::resolved_plan& rp, const trainin
     std::vector<double> busy(compute.forward.size());
     for (std::size_t d = 0; d < busy.size(); ++d) busy[d] = compute.total(d);
     if (o.compute_shared_by != 1) {
-        // Devices sharing one machine: each runs at the machine's rate, and all of them at
-        // most at that rate together.
+        // Devices sharing one machine: each runs at the machine's rate, or at its solo rate
+        // where one is given, and all of them at most at their rates together (each op no
+        // slower than alone).
         double all = 0;
-        for (double b : busy) all += b;
-        const double bound = std::max(*std::max_element(busy.begin(), busy.end()), all) / o.compute_shared_by;
+        for (double b : compute.machine.empty() ? busy : compute.machine) all += b;
+        const std::vector<double>& own = compute.alone.empty() ? busy : compute.alone;
+        const double bound = std::max(*std::max_element(own.begin(), own.end()), all) / o.compute_shared_by;
         if (busiest) *busiest = bound;
         return bound;
     }
@@ -733,10 +746,18 @@ LOOM_INLINE device_compute compute_lower_bound(const plan::resolved_plan& rp, co
         const plan::op_partition* q = rp.at(n);
         return model && (!q || !decomposed(model->nodes[static_cast<std::size_t>(n)], *q));
     };
+    const bool solo = !o.solo_rates.empty();
+    if (solo) out.alone.assign(devices, 0.0), out.machine.assign(devices, 0.0);
+    auto add_solo = [&](const plan::op_partition* p, const training_op& op, double piece) {
+        if (!solo) return;
+        add(out.alone, p, piece * op.solo_factor + o.instruction_overhead);
+        add(out.machine, p, piece * std::min(1.0, op.solo_factor) + o.instruction_overhead);
+    };
     for (const training_op& op : work.ops) {
         const plan::op_partition* p = rp.at(op.source);
-        add(op.backward ? out.backward : out.forward, p,
-            op.piece_seconds(share_of(p), written(op.source)) + o.instruction_overhead);
+        const double piece = op.piece_seconds(share_of(p), written(op.source));
+        add(op.backward ? out.backward : out.forward, p, piece + o.instruction_overhead);
+        add_solo(p, op, piece);
     }
     if (!model) return out;
     // One replay of a recomputed node, for the backward readers in its own stage (of ops as
@@ -752,6 +773,7 @@ LOOM_INLINE device_compute compute_lower_bound(const plan::resolved_plan& rp, co
             continue;
         const training_op& op = work.ops[static_cast<std::size_t>(w.forward_op)];
         add(out.replays, p, op.piece_seconds(share_of(p)) + o.instruction_overhead);
+        add_solo(p, op, op.piece_seconds(share_of(p)));
     }
     return out;
 }

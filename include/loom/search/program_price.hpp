@@ -154,16 +154,24 @@ struct price_options {
     double runtime_bytes = 0;
     algorithm collectives = algorithm::automatic;
     bool record_timeline = false;  // keep every instruction's predicted start and end
-    // Devices that share one machine's compute (in-process ranks on one host): how many.
-    // The profile's rates are per device, the machine's divided by this count (as
-    // calibrate_host(ranks) states them). A device computing alone runs at the machine's
-    // rate, and together they cannot exceed it: the timeline runs every device at the
-    // machine's rate, and the step is at least all devices' work (compute and copies) done
-    // one after another at that rate.
+    // Devices that share one machine's compute (ranks on one host): how many. The
+    // profile's rates are per device while all of them compute at once (calibrate_host(ranks)
+    // states them so). The timeline runs each device at its rate alone (solo_rates, else
+    // the machine's: the rates divided by this count), and the step is at least all
+    // devices' work spread over the machine: each instruction at its rate divided by this
+    // count, or alone where that is faster. Ranks in processes of their own (MPI) do more
+    // together than one at a time; threads that queue for one pool do less.
     int compute_shared_by = 1;
     // Calibrated rates by op kind (op_def::name); kinds without one use the roofline of the
     // device profile.
     std::map<std::string, op_rate, std::less<>> rates;
+    // With compute_shared_by > 1: the same op kinds' rates of one device computing while the
+    // others wait (calibrated apart, as search::calibrate_host_ops_alone measures them).
+    // Empty: a device alone runs at the machine's rate. Ranks in processes of their own
+    // (MPI) that each have the machine's threads do more together than one at a time, so
+    // their rates together are not their rates alone times the count. Every kind here must
+    // have a rate in `rates`.
+    std::map<std::string, op_rate, std::less<>> solo_rates;
     // Set: the programs are a replica-folded instance of the plan (not owned).
     const replica_fold* fold = nullptr;
 };
@@ -260,6 +268,16 @@ LOOM_INLINE double node_bytes(const graph& g, const node& n, loom::precision p);
 // Seconds of one compute instruction.
 LOOM_INLINE double instruction_seconds(const graph& g, const node& n, const device_profile& dev, const price_options& o);
 
+// Seconds of instruction n of one device in the timeline, and its share of the machine's
+// work: both instruction_seconds / compute_shared_by, unless a solo rate prices the first
+// (the second is then the lesser of the two: the machine does it no slower than alone).
+struct instruction_cost {
+    double timeline = 0;
+    double machine = 0;
+};
+LOOM_INLINE instruction_cost shared_instruction_cost(const graph& g, const node& n, const device_profile& dev,
+                                                     const price_options& o);
+
 LOOM_INLINE collective collective_of(partition::transfer_kind k);
 
 // Bytes of a transfer in communication.hpp's convention: the whole buffer on one member
@@ -329,6 +347,17 @@ LOOM_INLINE double instruction_seconds(const graph& g, const node& n, const devi
         t = std::max(t, flops / (peak * dev.elementwise_efficiency));
     }
     return t + o.instruction_overhead;
+}
+
+LOOM_INLINE instruction_cost shared_instruction_cost(const graph& g, const node& n, const device_profile& dev,
+                                                     const price_options& o) {
+    const double machine = instruction_seconds(g, n, dev, o) / o.compute_shared_by;
+    const auto solo = o.solo_rates.find(n.op->name);
+    if (solo == o.solo_rates.end()) return {machine, machine};
+    const double flops = n.op->flops ? n.op->flops(g, n) : 0.0;
+    const double units = solo->second.per_flop ? flops : node_bytes(g, n, o.storage);
+    const double alone = solo->second.seconds(units) + o.instruction_overhead;
+    return {alone, std::min(alone, machine)};
 }
 
 LOOM_INLINE collective collective_of(partition::transfer_kind k) {
@@ -432,6 +461,16 @@ LOOM_INLINE program_price price_programs(const partition::partitioned_graph& pg,
     if (o.compute_shared_by < 1)
         throw usage_error("price_programs: compute_shared_by = " + std::to_string(o.compute_shared_by) +
                           "; give the number of devices that share one machine's compute (1: none share)");
+    if (!o.solo_rates.empty() && o.compute_shared_by == 1)
+        throw usage_error("price_programs: solo_rates given but compute_shared_by = 1; solo rates are for devices that "
+                          "share one machine: set compute_shared_by to their count, or leave solo_rates empty");
+    for (const auto& [kind, rate] : o.solo_rates) {
+        const auto shared = o.rates.find(kind);
+        if (shared == o.rates.end() || shared->second.per_flop != rate.per_flop)
+            throw usage_error("price_programs: op kind '" + kind +
+                              "' has a solo rate but no rate together in the same units; calibrate both in one run "
+                              "(search::host_price_options) or leave solo_rates empty");
+    }
     std::vector<double> transfer_time = transfer_seconds(pg, c, o);
     for (double& t : transfer_time) t /= o.compute_shared_by;
     const int world = pg.world;
@@ -531,6 +570,7 @@ LOOM_INLINE program_price price_programs(const partition::partitioned_graph& pg,
 
     // The event-driven run. A collective starts once every member's stream has reached it
     // with its input ready.
+    double machine_work = 0;  // shared compute: every device's work, spread over the machine
     std::vector<int> arrived(pg.transfers.size(), 0);
     std::vector<double> earliest(pg.transfers.size(), 0.0);
     std::vector<double> sent_at(pg.transfers.size(), -1.0);  // send_recv: when the send was posted
@@ -560,10 +600,11 @@ LOOM_INLINE program_price price_programs(const partition::partitioned_graph& pg,
             if (ready < 0) break;
             if (!detail::is_transfer(n)) {
                 const double start = std::max(free, ready);
-                const double seconds = detail::instruction_seconds(g, n, c.device, o) / o.compute_shared_by;
-                free = start + seconds;
+                const detail::instruction_cost cost = detail::shared_instruction_cost(g, n, c.device, o);
+                free = start + cost.timeline;
                 if (o.record_timeline) out.timeline.push_back({d, queue[next], false, start, free});
-                out.devices[static_cast<std::size_t>(d)].compute += seconds;
+                out.devices[static_cast<std::size_t>(d)].compute += cost.timeline;
+                machine_work += cost.machine;
                 for (tensor_id t : n.outputs) run.ready[static_cast<std::size_t>(t)] = free;
                 ++next;
                 progressed = true;
@@ -642,8 +683,8 @@ LOOM_INLINE program_price price_programs(const partition::partitioned_graph& pg,
     out.step_seconds = makespan + optimizer;
     if (o.compute_shared_by > 1) {
         // One machine does all devices' work.
-        double work = out.transfer_seconds, optimizers = 0;  // transfer times are the machine's already
-        for (const auto& d : out.devices) work += d.compute, optimizers += d.optimizer;
+        double work = out.transfer_seconds + machine_work, optimizers = 0;  // transfer times are the machine's already
+        for (const auto& d : out.devices) optimizers += d.optimizer;
         out.step_seconds = std::max(makespan, work) + optimizers;
     }
     return out;

@@ -1,0 +1,86 @@
+// Calibration of the host as a cluster of ranks: the link measured between ranks, and the
+// op rates of ranks alone and together.
+#include <catch2/catch.hpp>
+
+#include <cmath>
+
+#include <loom/calibrate/host.hpp>
+#include <loom/runtime/comm/in_process.hpp>
+
+using namespace loom;
+
+TEST_CASE("rates together are each kind's cost alone, slowed as the whole step of its batch is") {
+    search::host_op_costs alone;
+    alone.step_seconds = {1e-3, 2e-3, 4e-3, 8e-3, 16e-3};
+    alone.per_flop["linear"] = true;
+    alone.kinds["linear"] = {{0, 1e5, 2e-5}, {2, 4e5, 6e-5}, {4, 16e5, 2e-4}};
+    // A parameter's gradient sum does the same work at every batch: one point, the mean.
+    alone.per_flop["sum_leading"] = false;
+    alone.kinds["sum_leading"] = {{0, 512, 1e-6}, {4, 512, 3e-6}};
+    const std::vector<double> together = {3e-3, 6e-3, 12e-3, 24e-3, 32e-3};  // 3x, 3x, 3x, 3x, 2x
+    const search::op_rates rates = search::rates_together(alone, together);
+    REQUIRE(rates.at("linear").points.size() == 3);
+    CHECK(rates.at("linear").per_flop);
+    CHECK(rates.at("linear").points[0].first == 1e5);
+    CHECK(rates.at("linear").points[0].second == Approx(6e-5));
+    CHECK(rates.at("linear").points[1].second == Approx(1.8e-4));
+    CHECK(rates.at("linear").points[2].second == Approx(4e-4));
+    REQUIRE(rates.at("sum_leading").points.size() == 1);
+    CHECK_FALSE(rates.at("sum_leading").per_flop);
+    CHECK(rates.at("sum_leading").points[0].second == Approx((3e-6 + 6e-6) / 2));
+    // Alone: the costs as measured.
+    CHECK(alone.rates().at("linear").points[1].second == Approx(6e-5));
+
+    CHECK_THROWS_WITH(search::rates_together(alone, {1e-3, 2e-3}), Catch::Contains("2 step times for 5 calibration batches"));
+    CHECK_THROWS_WITH(search::rates_together(alone, {1e-3, 0.0, 1e-3, 1e-3, 1e-3}), Catch::Contains("calibration step 1 took"));
+}
+
+TEST_CASE("the link between in-process ranks is measured, in the profile's convention") {
+    // Every rank gets the same link; the profile's latency and bandwidth price an all-reduce
+    // of 4 bytes and of 1 MiB at about what it took (price_programs divides by the ranks).
+    std::vector<search::link> seen(2);
+    comm::run_ranks(2, [&](comm::communicator& c) {
+        seen[static_cast<std::size_t>(c.rank())] = search::measure_host_link(c, c.world());
+    });
+    CHECK(seen[0] == seen[1]);
+    CHECK(std::isfinite(seen[0].latency));
+    CHECK(seen[0].latency > 0);
+    CHECK(seen[0].latency < 0.1);  // a message between threads takes far less than 100 ms
+    CHECK(std::isfinite(seen[0].bandwidth));
+    CHECK(seen[0].bandwidth > 1e6);
+
+    const search::cluster given = search::calibrate_host(2, search::link{3e9, 7e-6});
+    CHECK(given.topo.intra_node == search::link{3e9, 7e-6});
+    const search::cluster measured = search::calibrate_host(2);
+    CHECK(measured.topo.intra_node.latency > 0);
+    CHECK(measured.topo.intra_node.bandwidth > 0);
+
+    comm::run_ranks(1, [&](comm::communicator& c) {
+        CHECK_THROWS_WITH(search::measure_host_link(c, c.world()), Catch::Contains("pass at least 2"));
+    });
+}
+
+TEST_CASE("host price options hold each op kind's rate together and alone, at the same work") {
+    const search::price_options o = search::host_price_options(2);
+    CHECK(o.compute_shared_by == 2);
+    CHECK_FALSE(o.overlap);
+    REQUIRE(o.rates.count("linear_bias") == 1);
+    REQUIRE(o.rates.size() == o.solo_rates.size());
+    for (const auto& [kind, together] : o.rates) {
+        INFO(kind);
+        REQUIRE(o.solo_rates.count(kind) == 1);
+        const search::op_rate& alone = o.solo_rates.at(kind);
+        CHECK(alone.per_flop == together.per_flop);
+        REQUIRE(alone.points.size() == together.points.size());
+        for (std::size_t i = 0; i < alone.points.size(); ++i) {
+            CHECK(alone.points[i].first == together.points[i].first);
+            CHECK(alone.points[i].second > 0);
+            CHECK(together.points[i].second > 0);
+        }
+    }
+    // One rank has nothing to share: its rates are its costs alone, and no solo rates.
+    const search::price_options one = search::host_price_options(1);
+    CHECK(one.solo_rates.empty());
+    CHECK(one.rates.count("linear_bias") == 1);
+    CHECK_THROWS_WITH(search::host_price_options(0), Catch::Contains("give at least 1"));
+}
