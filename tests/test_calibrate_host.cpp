@@ -14,9 +14,11 @@ TEST_CASE("rates together are each kind's cost alone, slowed as the whole step o
     alone.step_seconds = {1e-3, 2e-3, 4e-3, 8e-3, 16e-3};
     alone.per_flop["linear"] = true;
     alone.kinds["linear"] = {{0, 1e5, 2e-5}, {2, 4e5, 6e-5}, {4, 16e5, 2e-4}};
-    // A parameter's gradient sum does the same work at every batch: one point, the mean.
-    alone.per_flop["sum_leading"] = false;
-    alone.kinds["sum_leading"] = {{0, 512, 1e-6}, {4, 512, 3e-6}};
+    // Points of equal work merge into their mean.
+    alone.kinds["linear"].push_back({3, 16e5, 4e-4});
+    // A kind whose work does not grow with the batch has no slope: a call's cost, flat.
+    alone.per_flop["fill_like"] = true;
+    alone.kinds["fill_like"] = {{0, 1, 2.5e-7}, {4, 1, 3e-7}};
     const std::vector<double> together = {3e-3, 6e-3, 12e-3, 24e-3, 32e-3};  // 3x, 3x, 3x, 3x, 2x
     const search::op_rates rates = search::rates_together(alone, together);
     REQUIRE(rates.at("linear").points.size() == 3);
@@ -24,10 +26,14 @@ TEST_CASE("rates together are each kind's cost alone, slowed as the whole step o
     CHECK(rates.at("linear").points[0].first == 1e5);
     CHECK(rates.at("linear").points[0].second == Approx(6e-5));
     CHECK(rates.at("linear").points[1].second == Approx(1.8e-4));
-    CHECK(rates.at("linear").points[2].second == Approx(4e-4));
-    REQUIRE(rates.at("sum_leading").points.size() == 1);
-    CHECK_FALSE(rates.at("sum_leading").per_flop);
-    CHECK(rates.at("sum_leading").points[0].second == Approx((3e-6 + 6e-6) / 2));
+    CHECK(rates.at("linear").points[2].first == 16e5);
+    CHECK(rates.at("linear").points[2].second == Approx((4e-4 + 12e-4) / 2));  // 2e-4 x 2, 4e-4 x 3
+    const search::op_rate& fill = rates.at("fill_like");
+    REQUIRE(fill.points.size() == 2);
+    CHECK(fill.seconds(1) == Approx((2.5e-7 * 3 + 3e-7 * 2) / 2));  // each at its batch's slowdown, their mean
+    CHECK(fill.seconds(1e6) == Approx(fill.seconds(1)));
+    CHECK(fill.seconds(1e8) == Approx(fill.seconds(1)));
+    CHECK(fill.least_per_unit() == 0);
     // Alone: the costs as measured.
     CHECK(alone.rates().at("linear").points[1].second == Approx(6e-5));
 

@@ -25310,8 +25310,12 @@ struct host_op_costs {
     std::vector<double> step_seconds;
 
     // The curves, each point's seconds times scale[its batch] (empty: 1). Points of equal
-    // work (a parameter's gradient sum, whose work does not grow with the batch) merge into
-    // one, their mean.
+    // work merge into one, their mean. A kind whose work did not grow with the batch (the
+    // loss's seed gradient, a small parameter's gradient sum) has no slope to extrapolate:
+    // its one point, a fill of one element in a quarter of a microsecond, would price a
+    // fill of a million elements at a quarter of a second. Its curve stays flat beyond
+    // that point instead (a second point a million times the work at the same time): what
+    // it measured is a call's cost, not a rate.
     op_rates rates(const std::vector<double>& scale = {}) const {
         op_rates out;
         for (const auto& [kind, points] : kinds) {
@@ -25331,6 +25335,7 @@ struct host_op_costs {
                     same = 1;
                 }
             }
+            if (r.points.size() == 1) r.points.push_back({r.points.front().first * 1e6, r.points.front().second});
         }
         return out;
     }
