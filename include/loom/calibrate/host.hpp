@@ -20,10 +20,8 @@
 //   alone (its rate when the others wait), and scaled by how much longer a whole step
 //   takes with all ranks running at once (their rates together).
 #include <algorithm>
-#include <barrier>
-#include <exception>
 #include <optional>
-#include <thread>
+#include <span>
 #include <utility>
 #include <chrono>
 #include <cstdint>
@@ -274,7 +272,7 @@ inline host_op_costs calibrate_host_ops_alone() {
 // This rank's calibration steps, in seconds, while the other ranks run theirs: `barrier`
 // (called before each batch) must return on every rank together. Ranks in processes of
 // their own (MPI) call it on every rank and pass the mean to host_price_options;
-// calibrate_host_ops does so for in-process ranks.
+// calibration_steps_in_process does so for in-process ranks.
 template <class Barrier>
 std::vector<double> calibration_steps_together(Barrier&& barrier) {
     return detail::measure_host_ops(std::forward<Barrier>(barrier)).step_seconds;
@@ -285,26 +283,15 @@ std::vector<double> calibration_steps_together(Barrier&& barrier) {
 inline std::vector<double> calibration_steps_in_process(int ranks) {
     if (ranks < 1)
         throw usage_error("calibration_steps_in_process: " + std::to_string(ranks) + " ranks; give at least 1");
-    std::vector<std::vector<double>> measured(static_cast<std::size_t>(ranks));
-    std::vector<std::exception_ptr> failures(static_cast<std::size_t>(ranks));
-    std::barrier together(ranks);
-    {
-        std::vector<std::jthread> threads;
-        for (int r = 0; r < ranks; ++r)
-            threads.emplace_back([&, r] {
-                try {
-                    measured[static_cast<std::size_t>(r)] = calibration_steps_together([&] { together.arrive_and_wait(); });
-                } catch (...) {
-                    failures[static_cast<std::size_t>(r)] = std::current_exception();
-                    together.arrive_and_drop();
-                }
-            });
-    }
-    for (const auto& f : failures)
-        if (f) std::rethrow_exception(f);
-    std::vector<double> mean(measured.front().size(), 0.0);
-    for (const auto& m : measured)
-        for (std::size_t b = 0; b < mean.size(); ++b) mean[b] += m[b] / ranks;
+    std::vector<double> mean;
+    comm::run_ranks(ranks, [&](comm::communicator& c) {
+        std::vector<double> steps = calibration_steps_together([&] { c.barrier(c.world()); });
+        c.all_reduce_sum(std::span<double>(steps), c.world());
+        if (c.rank() == 0) {
+            for (double& s : steps) s /= ranks;
+            mean = std::move(steps);
+        }
+    });
     return mean;
 }
 
@@ -327,13 +314,6 @@ inline op_rates rates_together(const host_op_costs& alone, const std::vector<dou
         scale[b] = steps_together[b] / alone.step_seconds[b];
     }
     return alone.rates(scale);
-}
-
-// Rates per op kind of the host backend in float, for `ranks` in-process ranks that share
-// this machine (price_options::rates): rates_together of one rank's costs alone and the
-// ranks' calibration steps measured at once. About a second times the ranks.
-inline op_rates calibrate_host_ops(int ranks) {
-    return rates_together(calibrate_host_ops_alone(), calibration_steps_in_process(ranks));
 }
 
 // How to price plans for `ranks` ranks of this host, in float: one instruction at a time
