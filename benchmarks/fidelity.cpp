@@ -6,16 +6,18 @@
 // sharing one machine's cores) and then trained for a few steps. Under MPI the ranks'
 // rates together are measured in the MPI processes themselves.
 //
-//   fidelity [--steps 10] [--warmup 2] [--layers 8] [--hidden 128] [--seq 64] [--batch 16]
+//   fidelity [--steps 10] [--warmup 2] [--rounds 3] [--layers 8] [--hidden 128] [--seq 64] [--batch 16]
 //            [--out benchmarks/results/fidelity.json] [--trace benchmarks/results/fidelity_trace.json]
-//   mpirun -np 4 fidelity --mpi          the ranks as MPI processes (fidelity_mpi.json)
+//            [--trace-plan "4 stages, 4 micro, 1F1B"]
+//   mpirun -np 4 fidelity --mpi          the ranks as MPI processes (fidelity_mpi.json,
+//                                        fidelity_mpi_trace.json)
 // Run from the repository root.
 //
 // It reports, per plan, the predicted and the measured step (median over steps of the
-// slowest rank) and the predicted and allocated memory (arena and bound tensors of rank 0),
+// slowest rank, then median over rounds that measure every plan in turn) and the predicted and allocated memory (arena and bound tensors of rank 0),
 // and over all plans the Spearman rank correlation of predicted and measured steps and
-// whether the predicted best is the measured best. The trace file holds, for one pipeline
-// plan, the measured timeline of one step of every rank (the executor records each
+// whether the predicted best is the measured best. The trace file holds, for one plan
+// (--trace-plan), the measured timeline of one step of every rank (the executor records each
 // instruction's start and end) beside the predicted one, for Perfetto.
 #include <CLI/CLI.hpp>
 #include <nlohmann/json.hpp>
@@ -186,6 +188,36 @@ std::vector<double> steps_of_all_ranks(comm::mpi_communicator& world, int ranks,
     for (double& s : steps) s /= ranks;
     return steps;
 }
+
+// Every process's trace of the traced step, gathered on every process. The processes share
+// one machine, so their steady clocks share one origin (CLOCK_MONOTONIC): each entry is
+// shifted onto rank 0's origin.
+std::vector<host::instruction_trace> gather_traces(comm::mpi_communicator& world, int ranks,
+                                                   const host::instruction_trace& mine) {
+    const comm::group everyone = comm::group::world(ranks);
+    double count = static_cast<double>(mine.entries.size());
+    std::vector<double> counts(static_cast<std::size_t>(ranks));
+    world.all_gather(&count, counts.data(), 1, comm::dtype::f64, everyone);
+    const auto most = static_cast<std::size_t>(*std::max_element(counts.begin(), counts.end()));
+    // (node, start, end) per entry, starts and ends in seconds since the clock's epoch.
+    const double origin = std::chrono::duration<double>(mine.origin.time_since_epoch()).count();
+    std::vector<double> packed(3 * most, 0.0), all(3 * most * static_cast<std::size_t>(ranks));
+    for (std::size_t i = 0; i < mine.entries.size(); ++i) {
+        packed[3 * i] = static_cast<double>(mine.entries[i].node);
+        packed[3 * i + 1] = origin + mine.entries[i].start;
+        packed[3 * i + 2] = origin + mine.entries[i].end;
+    }
+    world.all_gather(packed.data(), all.data(), packed.size(), comm::dtype::f64, everyone);
+    std::vector<host::instruction_trace> traces(static_cast<std::size_t>(ranks));
+    for (int r = 0; r < ranks; ++r) {
+        host::instruction_trace& t = traces[static_cast<std::size_t>(r)];
+        t.origin = mine.origin;
+        const double* from = all.data() + 3 * most * static_cast<std::size_t>(r);
+        for (std::size_t i = 0; i < static_cast<std::size_t>(counts[static_cast<std::size_t>(r)]); ++i)
+            t.entries.push_back({static_cast<node_id>(from[3 * i]), from[3 * i + 1] - origin, from[3 * i + 2] - origin});
+    }
+    return traces;
+}
 #endif
 
 // Chrome trace events: `measured` (pid 0..world-1) and `predicted` (pid world..2 world-1).
@@ -231,20 +263,29 @@ int main(int argc, char** argv) {
     if (mpi) environment.emplace(argc, argv);
 #endif
     CLI::App app{"Predicted against measured step time and memory of ~20 plans on 4 ranks"};
-    int steps = 10, warmup = 2;
+    int steps = 10, warmup = 2, rounds = 3;
     models::gpt_config config{.layers = 8, .hidden = 128, .heads = 8, .vocab = 256, .seq = 64, .batch = 16};
-    std::string out, trace_out = "benchmarks/results/fidelity_trace.json";
+    std::string out, trace_out, traced = "4 stages, 4 micro, 1F1B";
     app.add_option("--steps", steps, "timed steps per plan")->check(CLI::PositiveNumber);
     app.add_option("--warmup", warmup, "untimed steps first")->check(CLI::NonNegativeNumber);
+    app.add_option("--rounds", rounds, "rounds over all plans; a plan's step is the median of its rounds'")
+        ->check(CLI::PositiveNumber);
     app.add_option("--layers", config.layers, "GPT blocks")->check(CLI::PositiveNumber);
     app.add_option("--hidden", config.hidden, "hidden size")->check(CLI::PositiveNumber);
     app.add_option("--seq", config.seq, "sequence length")->check(CLI::PositiveNumber);
     app.add_option("--batch", config.batch, "batch, in sequences")->check(CLI::PositiveNumber);
     app.add_option("--out", out, "the JSON record (default benchmarks/results/fidelity[_mpi].json)");
-    app.add_option("--trace", trace_out, "measured and predicted timelines of one plan (Chrome trace JSON; in-process only)");
+    app.add_option("--trace", trace_out,
+                   "measured and predicted timelines of one plan (Chrome trace JSON; default "
+                   "benchmarks/results/fidelity[_mpi]_trace.json, \"\" for none)");
+    app.add_option("--trace-plan", traced, "the plan whose timelines --trace writes");
+    std::vector<std::string> only;
+    app.add_option("--only", only, "run only the plans of these names (repeat it; the default: all)");
     app.add_flag("--mpi", mpi, "ranks are MPI processes: run under mpirun -np 4");
     CLI11_PARSE(app, argc, argv);
     if (out.empty()) out = mpi ? "benchmarks/results/fidelity_mpi.json" : "benchmarks/results/fidelity.json";
+    if (!app.count("--trace"))
+        trace_out = mpi ? "benchmarks/results/fidelity_mpi_trace.json" : "benchmarks/results/fidelity_trace.json";
     try {
         const int ranks = 4;
 #if LOOM_FIDELITY_MPI
@@ -271,11 +312,11 @@ int main(int argc, char** argv) {
         // ranks is measured on them. Then rank 0 calibrates alone (the other processes
         // wait): the machine's GEMM and copy speed and each op kind's cost alone.
         std::optional<std::vector<double>> together;
-        std::optional<search::link> between_ranks;
+        std::optional<search::collective_links> between_ranks;
 #if LOOM_FIDELITY_MPI
         if (mpi) {
             together = steps_of_all_ranks(*world, ranks, me);
-            between_ranks = search::measure_host_link(*world, comm::group::world(ranks));
+            between_ranks = search::measure_host_links(*world, comm::group::world(ranks));
         }
 #endif
         search::cluster hw;
@@ -283,8 +324,11 @@ int main(int argc, char** argv) {
         if (me == 0) {
             std::printf("calibrating the host for %d ranks that share its cores...\n", ranks);
             hw = search::calibrate_host(ranks, between_ranks);
-            std::printf("link between ranks: %.1f us per message, %.2f GB/s (the profile's convention)\n",
-                        hw.topo.intra_node.latency * 1e6, hw.topo.intra_node.bandwidth / 1e9);
+            for (search::collective kind : {search::collective::all_reduce, search::collective::all_gather,
+                                            search::collective::reduce_scatter, search::collective::send_recv})
+                std::printf("%-15s between ranks: %.1f us per message, %.2f GB/s (the profile's convention)\n",
+                            std::string(search::to_string(kind)).c_str(), hw.topo.intra_link(kind).latency * 1e6,
+                            hw.topo.intra_link(kind).bandwidth / 1e9);
             po = search::host_price_options(ranks, together);
             std::printf("%-36s %12s %12s %8s %14s %14s\n", "plan", "predicted", "measured", "ratio", "memory pred",
                         "memory alloc");
@@ -294,40 +338,70 @@ int main(int argc, char** argv) {
 #endif
         std::vector<double> predicted, measured_steps;
         nlohmann::json rows = nlohmann::json::array();
-        const auto plans = plans_on_4();
-        const std::string traced = mpi ? std::string() : std::string("4 stages, 4 micro, 1F1B");
+        std::vector<named_plan> plans = plans_on_4();
+        for (const std::string& name : only)
+            if (std::none_of(plans.begin(), plans.end(), [&](const named_plan& p) { return p.name == name; }))
+                throw usage_error("fidelity --only: no plan named '" + name + "'; give one of the names it prints");
+        if (!only.empty())
+            std::erase_if(plans, [&](const named_plan& p) { return std::find(only.begin(), only.end(), p.name) == only.end(); });
+        if (!trace_out.empty() && std::none_of(plans.begin(), plans.end(), [&](const named_plan& p) { return p.name == traced; }))
+            throw usage_error("fidelity --trace-plan: no plan named '" + traced + "'; give one of the names it prints");
+        if (trace_out.empty()) traced.clear();
         nlohmann::json trace;
-        for (const auto& [name, p] : plans) {
-            const partition::partitioned_graph pg = partition::apply_plan(model.ir(), p);
-            measured m;
-            if (!mpi) {
-                m = train_in_process(pg, config, warmup, steps, name == traced);
-            } else {
+        // Rounds: every plan once per round, in turn, so that a drift of the machine's speed
+        // (this VM's moves by 10% within minutes) falls on every plan alike; a plan's
+        // measured step is the median of its rounds'.
+        std::vector<partition::partitioned_graph> graphs;
+        for (const auto& named : plans) graphs.push_back(partition::apply_plan(model.ir(), named.plan));
+        std::vector<std::vector<double>> by_round(plans.size());
+        std::vector<measured> last(plans.size());
+        for (int round = 0; round < rounds; ++round) {
+            if (me == 0 && rounds > 1) std::printf("round %d of %d...\n", round + 1, rounds);
+            for (std::size_t i = 0; i < plans.size(); ++i) {
+                const std::string& name = plans[i].name;
+                const partition::partitioned_graph& pg = graphs[i];
+                const bool tracing = name == traced && round == rounds - 1;
+                measured m;
+                if (!mpi) {
+                    m = train_in_process(pg, config, warmup, steps, tracing);
+                } else {
 #if LOOM_FIDELITY_MPI
-                const std::vector<double> mine = rank_steps(pg, *world, config, warmup, steps, nullptr, m);
-                std::vector<double> all(mine.size() * static_cast<std::size_t>(ranks));
-                world->all_gather(mine.data(), all.data(), mine.size(), comm::dtype::f64, comm::group::world(ranks));
-                std::vector<std::vector<double>> seconds(static_cast<std::size_t>(ranks));
-                for (int r = 0; r < ranks; ++r)
-                    seconds[static_cast<std::size_t>(r)].assign(all.begin() + r * steps, all.begin() + (r + 1) * steps);
-                m.step = median_of_slowest(seconds, steps);
+                    host::instruction_trace my_trace;
+                    const std::vector<double> mine =
+                        rank_steps(pg, *world, config, warmup, steps, tracing ? &my_trace : nullptr, m);
+                    if (tracing) m.traces = gather_traces(*world, ranks, my_trace);
+                    std::vector<double> all(mine.size() * static_cast<std::size_t>(ranks));
+                    world->all_gather(mine.data(), all.data(), mine.size(), comm::dtype::f64, comm::group::world(ranks));
+                    std::vector<std::vector<double>> seconds(static_cast<std::size_t>(ranks));
+                    for (int r = 0; r < ranks; ++r)
+                        seconds[static_cast<std::size_t>(r)].assign(all.begin() + r * steps, all.begin() + (r + 1) * steps);
+                    m.step = median_of_slowest(seconds, steps);
 #endif
+                }
+                by_round[i].push_back(m.step);
+                last[i] = std::move(m);
             }
-            if (me != 0) continue;
+        }
+        for (std::size_t i = 0; i < plans.size() && me == 0; ++i) {
+            const std::string& name = plans[i].name;
+            const partition::partitioned_graph& pg = graphs[i];
+            const measured& m = last[i];
+            const double step = median(by_round[i]);
             search::price_options this_po = po;
             this_po.record_timeline = name == traced;
             const search::program_price price = search::price_programs(pg, hw, this_po);
             const double memory_predicted = price.devices[0].memory.arena + price.devices[0].memory.bound;
             const double memory_allocated = m.arena + m.bound;
             std::printf("%-36s %10.2f ms %10.2f ms %8.2f %11.2f MiB %11.2f MiB\n", name.c_str(), price.step_seconds * 1e3,
-                        m.step * 1e3, price.step_seconds / m.step, memory_predicted / (1 << 20),
+                        step * 1e3, price.step_seconds / step, memory_predicted / (1 << 20),
                         memory_allocated / (1 << 20));
             std::fflush(stdout);
             predicted.push_back(price.step_seconds);
-            measured_steps.push_back(m.step);
+            measured_steps.push_back(step);
             rows.push_back({{"plan", name},
                             {"predicted_step_s", price.step_seconds},
-                            {"measured_step_s", m.step},
+                            {"measured_step_s", step},
+                            {"measured_step_s_per_round", by_round[i]},
                             {"predicted_idle_fraction", price.idle_fraction()},
                             {"predicted_memory_bytes_rank0", memory_predicted},
                             {"allocated_memory_bytes_rank0", memory_allocated},
@@ -349,6 +423,7 @@ int main(int argc, char** argv) {
                            {"vocab", config.vocab}, {"seq", config.seq}, {"batch", config.batch}};
         record["world"] = ranks;
         record["steps"] = steps;
+        record["rounds"] = rounds;
         record["warmup"] = warmup;
         record["profile"] = search::to_json(hw);
         record["plans"] = rows;

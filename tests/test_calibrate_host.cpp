@@ -41,28 +41,53 @@ TEST_CASE("rates together are each kind's cost alone, slowed as the whole step o
     CHECK_THROWS_WITH(search::rates_together(alone, {1e-3, 0.0, 1e-3, 1e-3, 1e-3}), Catch::Contains("calibration step 1 took"));
 }
 
-TEST_CASE("the link between in-process ranks is measured, in the profile's convention") {
-    // Every rank gets the same link; the profile's latency and bandwidth price an all-reduce
-    // of 4 bytes and of 1 MiB at about what it took (price_programs divides by the ranks).
-    std::vector<search::link> seen(2);
-    comm::run_ranks(2, [&](comm::communicator& c) {
-        seen[static_cast<std::size_t>(c.rank())] = search::measure_host_link(c, c.world());
+TEST_CASE("the links between in-process ranks are measured per collective, in the profile's convention") {
+    // Every rank gets the same links; each one's latency and bandwidth price its collective
+    // of a few bytes and of 1 MiB at about what it took (price_programs divides by the ranks).
+    // Three ranks: the third has no partner for the sends and waits.
+    const int ranks = 3;
+    std::vector<search::collective_links> seen(ranks);
+    comm::run_ranks(ranks, [&](comm::communicator& c) {
+        seen[static_cast<std::size_t>(c.rank())] = search::measure_host_links(c, c.world());
     });
     CHECK(seen[0] == seen[1]);
-    CHECK(std::isfinite(seen[0].latency));
-    CHECK(seen[0].latency > 0);
-    CHECK(seen[0].latency < 0.1);  // a message between threads takes far less than 100 ms
-    CHECK(std::isfinite(seen[0].bandwidth));
-    CHECK(seen[0].bandwidth > 1e6);
+    CHECK(seen[0] == seen[2]);
+    REQUIRE(seen[0].size() == 4);
+    for (search::collective kind : {search::collective::all_reduce, search::collective::all_gather,
+                                    search::collective::reduce_scatter, search::collective::send_recv}) {
+        INFO(search::to_string(kind));
+        REQUIRE(seen[0].count(kind) == 1);
+        const search::link& l = seen[0].at(kind);
+        CHECK(std::isfinite(l.latency));
+        CHECK(l.latency > 0);
+        CHECK(l.latency < 0.1);  // a message between threads takes far less than 100 ms
+        CHECK(std::isfinite(l.bandwidth));
+        CHECK(l.bandwidth > 1e6);
+    }
 
-    const search::cluster given = search::calibrate_host(2, search::link{3e9, 7e-6});
+    // Given links: the all-reduce's is the intra-node link, the others override it for their
+    // collectives, and a collective without one runs at the intra-node link.
+    const search::collective_links links{{search::collective::all_reduce, {3e9, 7e-6}},
+                                         {search::collective::send_recv, {9e9, 2e-6}}};
+    const search::cluster given = search::calibrate_host(2, links);
     CHECK(given.topo.intra_node == search::link{3e9, 7e-6});
+    CHECK(given.topo.intra_link(search::collective::send_recv) == search::link{9e9, 2e-6});
+    CHECK(given.topo.intra_link(search::collective::all_gather) == search::link{3e9, 7e-6});
+    const search::device_group pair{.size = 2};
+    CHECK(search::collective_time(given, search::collective::send_recv, 9e9, pair) == Approx(1.0 + 2e-6));
+    CHECK(search::collective_time(given, search::collective::all_gather, 3e9, pair) == Approx(0.5 + 7e-6));
+    // They survive a profile file.
+    CHECK(search::cluster_from_json(search::to_json(given)) == given);
+    CHECK_THROWS_WITH(search::calibrate_host(2, search::collective_links{{search::collective::send_recv, {9e9, 2e-6}}}),
+                      Catch::Contains("lack the all-reduce"));
+
     const search::cluster measured = search::calibrate_host(2);
     CHECK(measured.topo.intra_node.latency > 0);
     CHECK(measured.topo.intra_node.bandwidth > 0);
+    CHECK(measured.topo.intra_node_by_collective.size() == 3);
 
     comm::run_ranks(1, [&](comm::communicator& c) {
-        CHECK_THROWS_WITH(search::measure_host_link(c, c.world()), Catch::Contains("pass at least 2"));
+        CHECK_THROWS_WITH(search::measure_host_links(c, c.world()), Catch::Contains("pass at least 2"));
     });
 }
 

@@ -13908,6 +13908,7 @@ LOOM_INLINE std::string svg_timeline(const simulation& r, const svg_options& o) 
 #include <fstream>
 #include <initializer_list>
 #include <iterator>
+#include <map>
 #include <sstream>
 #include <string>
 #include <string_view>
@@ -13972,12 +13973,25 @@ struct link {
     friend bool operator==(const link&, const link&) = default;
 };
 
+enum class collective { all_reduce, all_gather, reduce_scatter, all_to_all, broadcast, send_recv };
+
+LOOM_INLINE std::string_view to_string(collective c);
+
 struct topology {
     int devices_per_node = 1;
     int nodes = 1;
     link intra_node;
     link inter_node_per_nic;
     int nics_per_node = 1;
+    // Links inside a node measured per collective, where a collective's cost differs from
+    // the one intra_node states (ranks on one host: an all-gather copies, an all-reduce
+    // adds too; search::calibrate_host measures each); the others run at intra_node.
+    std::map<collective, link> intra_node_by_collective;
+
+    const link& intra_link(collective k) const {
+        const auto it = intra_node_by_collective.find(k);
+        return it == intra_node_by_collective.end() ? intra_node : it->second;
+    }
 
     int devices() const { return devices_per_node * nodes; }
     // The share of the node's NICs each device gets when every device of the node sends at once.
@@ -14051,12 +14065,15 @@ LOOM_INLINE cluster dgx_h100(int nodes);
 //              "gemm_efficiency": 0.6, "elementwise_efficiency": 0.7},     (both optional)
 //   "topology": {"devices_per_node": 8, "nodes": 2, "nics_per_node": 8,
 //                "intra_node": {"bandwidth_bytes_per_s": 3e11, "latency_s": 5e-06},
-//                "inter_node_per_nic": {"bandwidth_bytes_per_s": 2.5e10, "latency_s": 1e-05}}
+//                "inter_node_per_nic": {"bandwidth_bytes_per_s": 2.5e10, "latency_s": 1e-05},
+//                "intra_node_by_collective": {"all_gather": {...}, "send_recv": {...}}}  (optional)
 // }
 // The peaks are device_profile::peak_flops_f32 and peak_flops_f16; their keys keep the
 // spelling of the profile files already written (fp32, fp16).
-// Every field is required except the two efficiencies. Peaks and latencies may be 0 (a
-// device without tensor cores, an idealised link); every other number must be positive.
+// Every field is required except the two efficiencies and the links per collective (keys:
+// all_reduce, all_gather, reduce_scatter, all_to_all, broadcast, send_recv). Peaks and
+// latencies may be 0 (a device without tensor cores, an idealised link); every other
+// number must be positive.
 // Unknown keys are rejected so that a misspelt optional key does not go unnoticed.
 
 inline nlohmann::json to_json(const link& l) {
@@ -14185,6 +14202,18 @@ LOOM_INLINE device_profile v100_sxm2_32gb() {
 
 namespace loom::search {
 
+LOOM_INLINE std::string_view to_string(collective c) {
+    switch (c) {
+        case collective::all_reduce: return "all_reduce";
+        case collective::all_gather: return "all_gather";
+        case collective::reduce_scatter: return "reduce_scatter";
+        case collective::all_to_all: return "all_to_all";
+        case collective::broadcast: return "broadcast";
+        case collective::send_recv: return "send_recv";
+    }
+    return "?";
+}
+
 LOOM_INLINE cluster dgx1_v100(int nodes, int nics_per_node) {
     detail::check_preset("dgx1_v100", nodes, nics_per_node);
     return {.name = detail::preset_name("DGX-1 V100", nodes) + ", " + std::to_string(nics_per_node) +
@@ -14241,7 +14270,7 @@ LOOM_INLINE cluster dgx_h100(int nodes) {
 LOOM_INLINE nlohmann::json to_json(const cluster& c) {
     const device_profile& d = c.device;
     const topology& t = c.topo;
-    return {{"name", c.name},
+    nlohmann::json out = {{"name", c.name},
             {"device",
              {{"name", d.name},
               {"peak_flops_fp32_per_s", d.peak_flops_f32},
@@ -14256,6 +14285,11 @@ LOOM_INLINE nlohmann::json to_json(const cluster& c) {
               {"nics_per_node", t.nics_per_node},
               {"intra_node", to_json(t.intra_node)},
               {"inter_node_per_nic", to_json(t.inter_node_per_nic)}}}};
+    if (!t.intra_node_by_collective.empty()) {
+        nlohmann::json& by = out["topology"]["intra_node_by_collective"];
+        for (const auto& [kind, l] : t.intra_node_by_collective) by[std::string(to_string(kind))] = to_json(l);
+    }
+    return out;
 }
 }  // namespace loom::search
 
@@ -14268,7 +14302,7 @@ LOOM_INLINE cluster cluster_from_json(const nlohmann::json& j, const std::string
     d.only({"name", "peak_flops_fp32_per_s", "peak_flops_fp16_per_s", "memory_bytes", "memory_bandwidth_bytes_per_s",
             "gemm_efficiency", "elementwise_efficiency"});
     const profile_reader t = root.child("topology");
-    t.only({"devices_per_node", "nodes", "nics_per_node", "intra_node", "inter_node_per_nic"});
+    t.only({"devices_per_node", "nodes", "nics_per_node", "intra_node", "inter_node_per_nic", "intra_node_by_collective"});
     cluster c{.name = root.text("name"),
               .device = {.name = d.text("name"),
                          .peak_flops_f32 = d.number("peak_flops_fp32_per_s", "FLOP/s", true),
@@ -14285,6 +14319,15 @@ LOOM_INLINE cluster cluster_from_json(const nlohmann::json& j, const std::string
                        .intra_node = link_from_json(t.child("intra_node")),
                        .inter_node_per_nic = link_from_json(t.child("inter_node_per_nic")),
                        .nics_per_node = t.count("nics_per_node", "NICs in a node")}};
+    if (j.at("topology").contains("intra_node_by_collective")) {
+        const profile_reader by = t.child("intra_node_by_collective");
+        const collective kinds[] = {collective::all_reduce, collective::all_gather, collective::reduce_scatter,
+                                    collective::all_to_all, collective::broadcast, collective::send_recv};
+        by.only({"all_reduce", "all_gather", "reduce_scatter", "all_to_all", "broadcast", "send_recv"});
+        for (collective kind : kinds)
+            if (j.at("topology").at("intra_node_by_collective").contains(std::string(to_string(kind))))
+                c.topo.intra_node_by_collective[kind] = link_from_json(by.child(std::string(to_string(kind))));
+    }
     return c;
 }
 }  // namespace loom::search::detail
@@ -14320,10 +14363,6 @@ LOOM_INLINE void save_cluster(const cluster& c, const std::string& path) {
 // ---- end loom/search/hardware.hpp ----
 
 namespace loom::search {
-
-enum class collective { all_reduce, all_gather, reduce_scatter, all_to_all, broadcast, send_recv };
-
-LOOM_INLINE std::string_view to_string(collective c);
 
 // ring: one ring over all members, every step as slow as its slowest hop.
 // hierarchical: inside each node, then across nodes on 1/k of the data (k members per
@@ -14451,18 +14490,6 @@ inline double exposed_time(const comm_time& forward, const comm_time& backward, 
 
 namespace loom::search {
 
-LOOM_INLINE std::string_view to_string(collective c) {
-    switch (c) {
-        case collective::all_reduce: return "all_reduce";
-        case collective::all_gather: return "all_gather";
-        case collective::reduce_scatter: return "reduce_scatter";
-        case collective::all_to_all: return "all_to_all";
-        case collective::broadcast: return "broadcast";
-        case collective::send_recv: return "send_recv";
-    }
-    return "?";
-}
-
 LOOM_INLINE group_placement placement(const topology& t, device_group g) {
     if (t.devices_per_node < 1)
         throw profile_error("placement: topology has devices_per_node = " + std::to_string(t.devices_per_node) +
@@ -14549,7 +14576,7 @@ LOOM_INLINE comm_time ring(collective c, double bytes, int n, double bw, double 
 
 LOOM_INLINE comm_time ring_cost(const cluster& c, collective k, double bytes, int n, const group_placement& p, int sharing) {
     const topology& t = c.topo;
-    if (p.nodes == 1) return ring(k, bytes, n, t.intra_node.bandwidth, t.intra_node.latency);
+    if (p.nodes == 1) return ring(k, bytes, n, t.intra_link(k).bandwidth, t.intra_link(k).latency);
     const link& nic = t.inter_node_per_nic;
     if (k == collective::send_recv) return ring(k, bytes, n, inter_node_bandwidth_per_member(t, sharing), nic.latency);
     if (k == collective::all_to_all) {
@@ -14558,7 +14585,7 @@ LOOM_INLINE comm_time ring_cost(const cluster& c, collective k, double bytes, in
         // the emptiest and the fullest node, the worse of the two.
         auto transmission = [&](int m) {
             const double off_node = (n - m) * bytes / n / inter_node_bandwidth_per_member(t, m * sharing);
-            const double on_node = (m - 1) * bytes / n / t.intra_node.bandwidth;
+            const double on_node = (m - 1) * bytes / n / t.intra_link(k).bandwidth;
             return std::max(off_node, on_node);
         };
         return {(n - 1) * nic.latency, std::max(transmission(p.min_per_node), transmission(p.max_per_node))};
@@ -14569,7 +14596,7 @@ LOOM_INLINE comm_time ring_cost(const cluster& c, collective k, double bytes, in
     // its slowest hop: the crossing, or an NVLink hop when the crossing is faster.
     const int m = p.min_per_node;
     double bw = m * inter_node_bandwidth_per_member(t, m * sharing);
-    if (p.max_per_node > 1) bw = std::min(bw, t.intra_node.bandwidth);
+    if (p.max_per_node > 1) bw = std::min(bw, t.intra_link(k).bandwidth);
     return ring(k, bytes, n, bw, nic.latency);
 }
 
@@ -14578,19 +14605,22 @@ LOOM_INLINE comm_time hierarchical_cost(const cluster& c, collective kind, doubl
     const topology& t = c.topo;
     const int k = p.max_per_node;
     const int nodes = p.nodes;
-    const double intra_bw = t.intra_node.bandwidth, intra_lat = t.intra_node.latency;
+    // Inside a node each part runs at its own collective's link.
+    auto inside = [&](collective part, double b) {
+        const link& l = t.intra_link(part);
+        return ring(part, b, k, l.bandwidth, l.latency);
+    };
     const double inter_bw = inter_node_bandwidth_per_member(t, k * sharing), inter_lat = t.inter_node_per_nic.latency;
     const double shard = bytes / k;
     switch (kind) {
         case collective::all_reduce:
-            return ring(collective::reduce_scatter, bytes, k, intra_bw, intra_lat) +
-                   ring(collective::all_reduce, shard, nodes, inter_bw, inter_lat) +
-                   ring(collective::all_gather, bytes, k, intra_bw, intra_lat);
+            return inside(collective::reduce_scatter, bytes) + ring(collective::all_reduce, shard, nodes, inter_bw, inter_lat) +
+                   inside(collective::all_gather, bytes);
         case collective::all_gather:
             return ring(collective::all_gather, shard, nodes, inter_bw, inter_lat) +
-                   ring(collective::all_gather, bytes, k, intra_bw, intra_lat);
+                   inside(collective::all_gather, bytes);
         case collective::reduce_scatter:
-            return ring(collective::reduce_scatter, bytes, k, intra_bw, intra_lat) +
+            return inside(collective::reduce_scatter, bytes) +
                    ring(collective::reduce_scatter, shard, nodes, inter_bw, inter_lat);
         default: return {};
     }
@@ -14720,7 +14750,11 @@ LOOM_INLINE double exposed_time(double forward_transmission, double backward_tra
 // - Time: an event-driven run of all devices' programs in their op-order. Each device has a
 //   compute stream and a communication stream (or one stream, overlap = false, as the host
 //   backend runs); an instruction starts when its stream is free and its inputs are ready;
-//   a collective starts when every member has reached it. The optimizer step follows.
+//   a collective starts when every member has reached it. The step after the programs
+//   follows, as the trainers run it: the gradients' global norm (each element read once
+//   over the devices) and its all-reduce, clipping (every gradient read and written:
+//   price_options::clip_gradients), the optimizer's update, and under ZeRO-1/2 the
+//   all-gather of every updated shard over its replicas.
 // - Memory: what the host backend allocates for the program (runtime/compile.hpp): the
 //   liveness-planned arena of intermediates plus the bound tensors (parameters, gradients,
 //   inputs, loss), the optimizer's state for what the device updates (AdamW: two float
@@ -15158,6 +15192,10 @@ struct price_options {
     // Optimizer state per element the device updates: AdamW's two float moments (8), plus a
     // float master copy when tensors are stored in bf16.
     double optimizer_bytes_per_element = 8;
+    // The trainer clips the gradients by their global norm (trainer_options::clip_norm > 0):
+    // the price counts a pass that scales every gradient. Whether a step clips depends on
+    // its norm; early in training, as in a short run, nearly every step does.
+    bool clip_gradients = true;
     // What a runtime holds beside the program: context, communicator buffers, allocator
     // fragmentation. Stated, not measured: 0 for the host backend's arena, about 2 GiB on a
     // GPU with NCCL (context ~0.5 GiB, NCCL buffers ~1 GiB, caching allocator slack).
@@ -15198,7 +15236,8 @@ struct device_price {
     double compute = 0;        // s the compute stream is busy
     double communication = 0;  // s the communication stream is busy
     double finish = 0;         // s when its last instruction ends
-    double optimizer = 0;      // s of its optimizer step
+    double optimizer = 0;      // s of its passes over memory after the programs: norm, clipping, update
+    double gathers = 0;        // s of its collectives after them: the norm's all-reduce, ZeRO-1/2's shard gathers
     std::int64_t instructions = 0;
     device_memory memory;
 };
@@ -15212,7 +15251,7 @@ struct priced_instruction {
 };
 
 struct program_price {
-    double step_seconds = 0;  // makespan of the programs, plus the slowest optimizer step
+    double step_seconds = 0;  // makespan of the programs, plus the slowest step after them
     double makespan = 0;
     std::vector<device_price> devices;
     std::int64_t transfers = 0;
@@ -15532,6 +15571,7 @@ LOOM_INLINE program_price price_programs(const partition::partitioned_graph& pg,
     {
         std::map<std::pair<tensor_id, std::string>, double> copies;
         std::map<std::pair<tensor_id, std::string>, int> replica_seen;  // under folding: the first replica holding it, or -1: several
+        std::map<std::pair<tensor_id, std::string>, std::vector<int>> holders;  // the devices storing it
         auto key_of = [](const partition::stored_piece& s) {
             std::string k;
             for (const auto& r : s.region.ranges) k += std::to_string(r.begin) + ":" + std::to_string(r.end) + ",";
@@ -15541,6 +15581,7 @@ LOOM_INLINE program_price price_programs(const partition::partitioned_graph& pg,
             for (const auto& s : pg.devices[d].parameters) {
                 const auto key = key_of(s);
                 ++copies[key];
+                holders[key].push_back(static_cast<int>(d));
                 if (!o.fold) continue;
                 const int r = o.fold->replica.at(d);
                 auto [it, first] = replica_seen.try_emplace(key, r);
@@ -15570,11 +15611,44 @@ LOOM_INLINE program_price price_programs(const partition::partitioned_graph& pg,
                     elements += sharded ? n / copies[key_of(s)] : n;
                 }
             }
+            // The norm reads each gradient element once over the devices; clipping scales
+            // every gradient element the device stores.
+            double owned = elements, stored = elements;
+            if (pg.zero != plan::zero_stage::gradients) {
+                owned = stored = 0;
+                for (const auto& s : part.parameters) {
+                    const double n = static_cast<double>(s.region.numel());
+                    owned += n / copies[key_of(s)];
+                    stored += n;
+                }
+            }
             device_price& price = out.devices[static_cast<std::size_t>(d)];
             price.memory.optimizer = elements * o.optimizer_bytes_per_element;
+            const double element = static_cast<double>(real_bytes(o.storage));
             // AdamW reads parameter, gradient and two moments and writes three of them.
-            const double bytes = elements * (4.0 * static_cast<double>(real_bytes(o.storage)) + 3.0 * 4.0);
+            double bytes = elements * (4.0 * element + 3.0 * 4.0) + owned * element;
+            if (o.clip_gradients) bytes += stored * 2.0 * element;
             price.optimizer = bytes / (c.device.memory_bandwidth * c.device.elementwise_efficiency) / o.compute_shared_by;
+            // The norm's all-reduce of one number over every (real) device.
+            const int real_world = o.fold ? world / o.fold->instance_replicas * o.fold->real_replicas : world;
+            if (real_world > 1)
+                price.gathers = collective_cost(c, collective::all_reduce, 8.0, real_world,
+                                                placement(c.topo, device_group{.size = real_world}), o.collectives)
+                                    .total();
+            // ZeRO-1/2: each piece stored on several devices is gathered whole again after
+            // each updates its shard (train::distributed_trainer::synchronize_shards), over
+            // the devices that store it (under folding, every real replica of it).
+            const bool gathered = pg.zero == plan::zero_stage::optimizer || pg.zero == plan::zero_stage::gradients;
+            for (const auto& s : part.parameters) {
+                if (!gathered) break;
+                const double n = copies[key_of(s)];
+                if (n <= 1) continue;
+                std::vector<int> group = o.fold ? o.fold->family.at(static_cast<std::size_t>(d)) : holders[key_of(s)];
+                price.gathers += collective_cost(c, collective::all_gather, static_cast<double>(s.region.numel()) * element,
+                                                 static_cast<int>(std::llround(n)), placement(c.topo, group), o.collectives)
+                                     .total();
+            }
+            price.gathers /= o.compute_shared_by;  // as every transfer's time (the profile's convention)
         }
     }
 
@@ -15673,7 +15747,7 @@ LOOM_INLINE program_price price_programs(const partition::partitioned_graph& pg,
             if (o.overlap) progressed = advance(d, true) || progressed;
         }
     }
-    double makespan = 0, optimizer = 0;
+    double makespan = 0, after = 0, gathers = 0;
     for (int d = 0; d < world; ++d) {
         device_run& run = runs[static_cast<std::size_t>(d)];
         if (run.next_compute < run.compute.size() || run.next_communication < run.communication.size()) {
@@ -15687,15 +15761,17 @@ LOOM_INLINE program_price price_programs(const partition::partitioned_graph& pg,
         device_price& price = out.devices[static_cast<std::size_t>(d)];
         price.finish = std::max(run.compute_free, run.communication_free);
         makespan = std::max(makespan, price.finish);
-        optimizer = std::max(optimizer, price.optimizer);
+        after = std::max(after, price.optimizer + price.gathers);
+        gathers = std::max(gathers, price.gathers);
     }
     out.makespan = makespan;
-    out.step_seconds = makespan + optimizer;
+    out.step_seconds = makespan + after;
     if (o.compute_shared_by > 1) {
-        // One machine does all devices' work.
+        // One machine does all devices' work; each collective after the programs runs once
+        // for all its members.
         double work = out.transfer_seconds + machine_work, optimizers = 0;  // transfer times are the machine's already
         for (const auto& d : out.devices) optimizers += d.optimizer;
-        out.step_seconds = std::max(makespan, work) + optimizers;
+        out.step_seconds = std::max(makespan, work) + optimizers + gathers;
     }
     return out;
 }
@@ -16022,13 +16098,14 @@ LOOM_INLINE folded_price price_folded(const model_family& m, const plan::plan_sp
         // value(1/D) through (1/2, two) and (1/4, four): t = (1/D - 1/2) / (1/4 - 1/2).
         const double t = (1.0 / static_cast<double>(s.replicas) - 0.5) / (0.25 - 0.5);
         const program_price sharded = detail::extrapolate(per_replicas[0], per_replicas[1], t);
-        double optimizer = 0;
+        double after = 0;
         for (std::size_t d = 0; d < out.price.devices.size(); ++d) {
             out.price.devices[d].memory = sharded.devices[d].memory;
             out.price.devices[d].optimizer = sharded.devices[d].optimizer;
-            optimizer = std::max(optimizer, sharded.devices[d].optimizer);
+            out.price.devices[d].gathers = sharded.devices[d].gathers;
+            after = std::max(after, sharded.devices[d].optimizer + sharded.devices[d].gathers);
         }
-        out.price.step_seconds = out.price.makespan + optimizer;
+        out.price.step_seconds = out.price.makespan + after;
     }
     return out;
 }
@@ -16065,7 +16142,7 @@ LOOM_INLINE program_price extrapolate(const program_price& a, const program_pric
     out.transfers = std::llround(line(static_cast<double>(a.transfers), static_cast<double>(b.transfers)));
     out.transfer_seconds = line(a.transfer_seconds, b.transfer_seconds);
     out.devices.resize(a.devices.size());
-    double optimizer = 0;
+    double after = 0;
     for (std::size_t d = 0; d < a.devices.size(); ++d) {
         const device_price &x = a.devices[d], &y = b.devices.at(d);
         device_price& z = out.devices[d];
@@ -16073,17 +16150,18 @@ LOOM_INLINE program_price extrapolate(const program_price& a, const program_pric
         z.communication = line(x.communication, y.communication);
         z.finish = line(x.finish, y.finish);
         z.optimizer = line(x.optimizer, y.optimizer);
+        z.gathers = line(x.gathers, y.gathers);
         z.instructions = std::llround(line(static_cast<double>(x.instructions), static_cast<double>(y.instructions)));
         z.memory.bound = line(x.memory.bound, y.memory.bound);
         z.memory.arena = line(x.memory.arena, y.memory.arena);
         z.memory.optimizer = line(x.memory.optimizer, y.memory.optimizer);
         z.memory.runtime = line(x.memory.runtime, y.memory.runtime);
-        optimizer = std::max(optimizer, z.optimizer);
+        after = std::max(after, z.optimizer + z.gathers);
     }
-    // The step: the extrapolated makespan and the slowest extrapolated optimizer step, or
+    // The step: the extrapolated makespan and the slowest extrapolated step after it, or
     // the line through both steps when the optimizer is not what separates them (devices
     // sharing one machine's compute add work terms price_programs states in step_seconds).
-    out.step_seconds = std::max(line(a.step_seconds, b.step_seconds), out.makespan + optimizer);
+    out.step_seconds = std::max(line(a.step_seconds, b.step_seconds), out.makespan + after);
     return out;
 }
 
@@ -18231,13 +18309,21 @@ LOOM_INLINE std::vector<double> communication_lower_bound(const plan::resolved_p
     // A collective over `members` devices: at least its transmission at the group's tightest
     // placement and one message's latency (more steps cost more latency, but a placement
     // over more nodes may need fewer steps: one is what every placement pays).
-    const double message = std::min(c.topo.intra_node.latency, c.topo.inter_node_per_nic.latency);
+    // Inside a node, the fastest of the links measured per collective: the bound's
+    // collectives (reduce-scatter, all-gather) need not be the ones the program runs.
+    cluster fastest = c;
+    for (const auto& [kind, l] : c.topo.intra_node_by_collective) {
+        fastest.topo.intra_node.bandwidth = std::max(fastest.topo.intra_node.bandwidth, l.bandwidth);
+        fastest.topo.intra_node.latency = std::min(fastest.topo.intra_node.latency, l.latency);
+    }
+    fastest.topo.intra_node_by_collective.clear();
+    const double message = std::min(fastest.topo.intra_node.latency, c.topo.inter_node_per_nic.latency);
     auto least_seconds = [&](collective kind, double bytes, int members) {
         group_placement tight;
         tight.nodes = (members + per_node - 1) / per_node;
         tight.max_per_node = std::min(members, per_node);
         tight.min_per_node = members - (tight.nodes - 1) * tight.max_per_node;
-        return collective_cost(c, kind, bytes, members, tight, o.collectives, 1).transmission + message;
+        return collective_cost(fastest, kind, bytes, members, tight, o.collectives, 1).transmission + message;
     };
     // The distinct devices of the pieces that differ from piece 0 only along axis a.
     // In ascending order.
@@ -24956,8 +25042,9 @@ inline double measure_fma_peak_flops(thread_pool& pool = thread_pool::global(), 
 // - memory_bandwidth: a 64 MiB copy (read + write) on the thread pool, best of three,
 //   divided by the ranks; elementwise_efficiency 1.
 // - memory_bytes: the machine's available memory divided by the ranks.
-// - the "intra-node link": latency per message and bandwidth solved from all-reduces of 4
-//   bytes and 1 MiB over all ranks (measure_host_link). One node, no NICs used.
+// - the "intra-node links": latency per message and bandwidth of all-reduces, all-gathers,
+//   reduce-scatters and sends, each solved from a small and a 1 MiB one over all ranks
+//   (measure_host_links). One node, no NICs used.
 // - the cost of every op kind (host_price_options): timed kernel by kernel on one rank
 //   alone (its rate when the others wait), and scaled by how much longer a whole step
 //   takes with all ranks running at once (their rates together).
@@ -24969,6 +25056,8 @@ inline double measure_fma_peak_flops(thread_pool& pool = thread_pool::global(), 
 #include <cstdint>
 #include <cstring>
 #include <fstream>
+#include <functional>
+#include <map>
 #include <string>
 #include <vector>
 
@@ -25195,54 +25284,101 @@ inline double available_memory_bytes() {
 
 }  // namespace detail
 
-// The link between the ranks of `everyone` as calibrate_host's profile states it: every
-// member calls this at once. It times all-reduces of one float and of 1 MiB over the whole
-// group (the median of five rounds of 20 each, the slowest member's) and solves the
-// collective's price for the latency per message and the bandwidth, in the profile's
-// convention: price_programs divides transfer times by the ranks sharing the machine, so
-// both are the measured times' ranks times over.
-inline link measure_host_link(comm::communicator& c, const comm::group& everyone) {
+// The links between the ranks of `everyone` as calibrate_host's profile states them, one
+// per collective the host's plans run: all-reduce, all-gather, reduce-scatter and
+// point-to-point sends. Every member calls this at once. For each it times the collective
+// on a small buffer (one float per rank) and on 1 MiB over the whole group (sends: between
+// ranks 2i and 2i + 1, back and forth), the median of five rounds of 20 each, averaged
+// over the members, and solves the collective's price for the latency per message and the
+// bandwidth, in the profile's convention: price_programs divides transfer times by the
+// ranks sharing the machine, so both are the measured times' ranks times over. They
+// differ: on one host an all-reduce adds as it copies, and a send is one copy.
+using collective_links = std::map<collective, link>;
+
+inline collective_links measure_host_links(comm::communicator& c, const comm::group& everyone) {
     const int ranks = everyone.size();
-    if (ranks < 2) throw usage_error("measure_host_link: a group of " + std::to_string(ranks) + " rank; pass at least 2");
-    const auto timed = [&](std::size_t floats) {
-        std::vector<float> data(floats, 1.0f);
+    if (ranks < 2) throw usage_error("measure_host_links: a group of " + std::to_string(ranks) + " rank; pass at least 2");
+    const int me = everyone.index_of(c.rank());
+    // Seconds of one call of `once` (which runs `per_call` operations), the members' mean
+    // over those that take part.
+    const auto timed = [&](const std::function<void()>& once, double per_call, bool takes_part) {
+        if (takes_part) once();  // warm up
         std::vector<double> rounds;
-        c.all_reduce_sum(data.data(), floats, comm::dtype::f32, everyone);  // warm up
         for (int round = 0; round < 5; ++round) {
             c.barrier(everyone);
             const auto start = std::chrono::steady_clock::now();
-            for (int i = 0; i < 20; ++i) c.all_reduce_sum(data.data(), floats, comm::dtype::f32, everyone);
-            double seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count() / 20;
-            c.all_reduce_sum(&seconds, 1, comm::dtype::f64, everyone);  // a sum: the members' mean below
-            rounds.push_back(seconds / ranks);
+            if (takes_part)
+                for (int i = 0; i < 20; ++i) once();
+            double taken[2] = {takes_part ? std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count() / 20 / per_call : 0.0,
+                               takes_part ? 1.0 : 0.0};
+            c.all_reduce_sum(taken, 2, comm::dtype::f64, everyone);
+            rounds.push_back(taken[0] / taken[1]);
         }
         std::sort(rounds.begin(), rounds.end());
         return rounds[rounds.size() / 2];
     };
-    const double small_bytes = 4, large_bytes = double(1 << 20);
-    const double small = timed(1), large = timed((1 << 20) / 4);
+    const std::size_t large_floats = (1u << 20) / 4, per_rank_large = large_floats / static_cast<std::size_t>(ranks);
+    std::vector<float> buffer(large_floats, 1.0f), other(large_floats, 0.0f);
+    const int partner = me % 2 == 0 ? me + 1 : me - 1;
+    const bool paired = partner < ranks;
+    const int partner_rank = paired ? everyone.ranks[static_cast<std::size_t>(partner)] : -1;
+    // One operation of `kind` on `floats` floats (all_gather, reduce_scatter: per rank).
+    const auto run = [&](collective kind, std::size_t floats) -> std::function<void()> {
+        switch (kind) {
+            case collective::all_reduce:
+                return [&, floats] { c.all_reduce_sum(buffer.data(), floats, comm::dtype::f32, everyone); };
+            case collective::all_gather:
+                return [&, floats] { c.all_gather(buffer.data(), other.data(), floats, comm::dtype::f32, everyone); };
+            case collective::reduce_scatter:
+                return [&, floats] { c.reduce_scatter_sum(buffer.data(), other.data(), floats, comm::dtype::f32, everyone); };
+            default:  // send_recv: there and back
+                return [&, floats] {
+                    constexpr int tag = 7;
+                    if (me % 2 == 0) {
+                        c.send(buffer.data(), floats, comm::dtype::f32, partner_rank, tag);
+                        c.recv(other.data(), floats, comm::dtype::f32, partner_rank, tag);
+                    } else {
+                        c.recv(other.data(), floats, comm::dtype::f32, partner_rank, tag);
+                        c.send(buffer.data(), floats, comm::dtype::f32, partner_rank, tag);
+                    }
+                };
+        }
+    };
     // The price's latency and transmission terms per unit of latency and per byte/s.
     cluster unit;
     unit.topo.devices_per_node = ranks;
     unit.topo.nodes = 1;
     unit.topo.intra_node = {1.0, 1.0};
     unit.topo.inter_node_per_nic = {1.0, 1.0};
-    const group_placement one_node = placement(unit.topo, device_group{.size = ranks, .stride = 1, .first = 0});
-    const comm_time per_unit_small = collective_cost(unit, collective::all_reduce, small_bytes, ranks, one_node);
-    const comm_time per_unit_large = collective_cost(unit, collective::all_reduce, large_bytes, ranks, one_node);
-    link l;
-    l.latency = small * ranks / per_unit_small.latency;  // 4 bytes take no measurable transmission
-    const double moving = large * ranks - l.latency * per_unit_large.latency;
-    if (moving <= 0)
-        throw error("measure_host_link: an all-reduce of 1 MiB took " + std::to_string(large * 1e6) +
-                    " us, no longer than the latency of one of 4 bytes; the machine was too busy to measure, try again");
-    l.bandwidth = per_unit_large.transmission / moving;
-    return l;
+    collective_links links;
+    for (collective kind : {collective::all_reduce, collective::all_gather, collective::reduce_scatter, collective::send_recv}) {
+        const bool p2p = kind == collective::send_recv;
+        const bool per_rank = kind == collective::all_gather || kind == collective::reduce_scatter;
+        const int members = p2p ? 2 : ranks;
+        const double small = timed(run(kind, 1), p2p ? 2 : 1, !p2p || paired);
+        const double large = timed(run(kind, per_rank ? per_rank_large : large_floats), p2p ? 2 : 1, !p2p || paired);
+        const double small_bytes = 4.0 * (per_rank ? ranks : 1);
+        const double large_bytes = 4.0 * static_cast<double>(per_rank ? per_rank_large * static_cast<std::size_t>(ranks) : large_floats);
+        const group_placement one_node = placement(unit.topo, device_group{.size = members, .stride = 1, .first = 0});
+        const comm_time per_unit_small = collective_cost(unit, kind, small_bytes, members, one_node);
+        const comm_time per_unit_large = collective_cost(unit, kind, large_bytes, members, one_node);
+        link l;
+        l.latency = small * ranks / per_unit_small.latency;  // a few bytes take no measurable transmission
+        const double moving = large * ranks - l.latency * per_unit_large.latency;
+        if (moving <= 0)
+            throw error("measure_host_links: a " + std::string(to_string(kind)) + " of 1 MiB took " +
+                        std::to_string(large * 1e6) + " us, no longer than the latency of a small one; the machine was "
+                        "too busy to measure, try again");
+        l.bandwidth = per_unit_large.transmission / moving;
+        links[kind] = l;
+    }
+    return links;
 }
 
-// `between_ranks`: the link measured by measure_host_link on the ranks themselves (MPI
-// processes); not given, `ranks` in-process ranks measure it.
-inline cluster calibrate_host(int ranks, std::optional<link> between_ranks = std::nullopt) {
+// `between_ranks`: the links measured by measure_host_links on the ranks themselves (MPI
+// processes); not given, `ranks` in-process ranks measure them. The all-reduce's is the
+// profile's intra-node link, the others its links per collective.
+inline cluster calibrate_host(int ranks, std::optional<collective_links> between_ranks = std::nullopt) {
     if (ranks < 1)
         throw usage_error("calibrate_host: " + std::to_string(ranks) + " ranks; give the number of in-process ranks, at least 1");
     const std::int64_t n = 512;
@@ -25281,10 +25417,18 @@ inline cluster calibrate_host(int ranks, std::optional<link> between_ranks = std
     hw.topo.nodes = 1;
     if (!between_ranks && ranks > 1)
         comm::run_ranks(ranks, [&](comm::communicator& c) {
-            const link measured = measure_host_link(c, c.world());
-            if (c.rank() == 0) between_ranks = measured;
+            collective_links measured = measure_host_links(c, c.world());
+            if (c.rank() == 0) between_ranks = std::move(measured);
         });
-    hw.topo.intra_node = between_ranks ? *between_ranks : link{bandwidth / 2.0 / ranks, 20e-6};
+    hw.topo.intra_node = link{bandwidth / 2.0 / ranks, 20e-6};  // one rank: no transfers
+    if (between_ranks) {
+        const auto all_reduce = between_ranks->find(collective::all_reduce);
+        if (all_reduce == between_ranks->end())
+            throw usage_error("calibrate_host: the links between ranks lack the all-reduce's; pass what measure_host_links returns");
+        hw.topo.intra_node = all_reduce->second;
+        for (const auto& [kind, l] : *between_ranks)
+            if (kind != collective::all_reduce) hw.topo.intra_node_by_collective[kind] = l;
+    }
     hw.topo.inter_node_per_nic = hw.topo.intra_node;
     hw.topo.nics_per_node = 1;
     return hw;
@@ -27934,6 +28078,107 @@ private:
 #include <variant>
 #include <vector>
 
+// ---- begin loom/train/grad_clip.hpp ----
+// Global-norm gradient clipping with torch.nn.utils.clip_grad_norm_ semantics:
+//   total = sqrt(sum over every gradient element of g^2)
+//   if max_norm / (total + 1e-6) < 1, every gradient is scaled by that factor.
+// The norm is accumulated in double in a fixed order, so it is the same whatever the
+// thread count: every gradient is cut into chunks of a fixed size, each chunk summed with
+// eight running sums (one sum waited on the add's latency at every element: 2% of a GPT-2
+// small step), the chunks spread over the host pool's threads, and their sums added in order.
+#include <algorithm>
+#include <cmath>
+#include <cstdint>
+#include <span>
+#include <vector>
+
+
+namespace loom::train {
+
+namespace detail {
+
+// Elements per chunk, the unit of the fixed summation order and of the work handed to threads.
+inline constexpr std::int64_t norm_chunk = std::int64_t{1} << 15;
+
+struct grad_chunk {
+    std::size_t grad;
+    std::int64_t offset, length;
+};
+
+template <class T>
+std::vector<grad_chunk> chunks_of(const std::vector<std::span<T>>& grads) {
+    std::vector<grad_chunk> chunks;
+    for (std::size_t g = 0; g < grads.size(); ++g) {
+        const auto size = static_cast<std::int64_t>(grads[g].size());
+        for (std::int64_t offset = 0; offset < size; offset += norm_chunk)
+            chunks.push_back({g, offset, std::min(norm_chunk, size - offset)});
+    }
+    return chunks;
+}
+
+template <class T>
+double sum_of_squares(const T* x, std::int64_t n) {
+    double lanes[8] = {};
+    std::int64_t i = 0;
+    for (; i + 8 <= n; i += 8) {
+        for (int l = 0; l < 8; ++l) lanes[l] += static_cast<double>(x[i + l]) * static_cast<double>(x[i + l]);
+    }
+    double tail = 0;
+    for (; i < n; ++i) tail += static_cast<double>(x[i]) * static_cast<double>(x[i]);
+    return ((lanes[0] + lanes[1]) + (lanes[2] + lanes[3])) + ((lanes[4] + lanes[5]) + (lanes[6] + lanes[7])) + tail;
+}
+
+}  // namespace detail
+
+// The sum over every gradient element of g^2, in double, in the fixed order above.
+template <class T>
+double sum_of_squares(const std::vector<std::span<T>>& grads) {
+    const std::vector<detail::grad_chunk> chunks = detail::chunks_of(grads);
+    std::vector<double> partial(chunks.size());
+    host::parallel_for(0, static_cast<std::int64_t>(chunks.size()), 1, [&](std::int64_t lo, std::int64_t hi) {
+        for (std::int64_t c = lo; c < hi; ++c) {
+            const detail::grad_chunk& chunk = chunks[static_cast<std::size_t>(c)];
+            partial[static_cast<std::size_t>(c)] =
+                detail::sum_of_squares(grads[chunk.grad].data() + chunk.offset, chunk.length);
+        }
+    });
+    double sum = 0;
+    for (double p : partial) sum += p;
+    return sum;
+}
+
+template <class T>
+double global_norm(const std::vector<std::span<T>>& grads) {
+    return std::sqrt(sum_of_squares(grads));
+}
+
+// Every gradient element times `coefficient` (each product in double, rounded once).
+template <class T>
+void scale_gradients(const std::vector<std::span<T>>& grads, double coefficient) {
+    const std::vector<detail::grad_chunk> chunks = detail::chunks_of(grads);
+    host::parallel_for(0, static_cast<std::int64_t>(chunks.size()), 1, [&](std::int64_t lo, std::int64_t hi) {
+        for (std::int64_t c = lo; c < hi; ++c) {
+            const detail::grad_chunk& chunk = chunks[static_cast<std::size_t>(c)];
+            T* x = grads[chunk.grad].data() + chunk.offset;
+            for (std::int64_t i = 0; i < chunk.length; ++i) x[i] = static_cast<T>(x[i] * coefficient);
+        }
+    });
+}
+
+// The coefficient that clips a global norm to max_norm: below 1 when it clips.
+inline double clip_coefficient(double norm, double max_norm) { return max_norm / (norm + 1e-6); }
+
+// Returns the norm before clipping.
+template <class T>
+double clip_global_norm(const std::vector<std::span<T>>& grads, double max_norm) {
+    const double total = global_norm(grads);
+    const double coefficient = clip_coefficient(total, max_norm);
+    if (coefficient < 1) scale_gradients(grads, coefficient);
+    return total;
+}
+
+}  // namespace loom::train
+// ---- end loom/train/grad_clip.hpp ----
 // ---- begin loom/train/init.hpp ----
 // Seeded parameter initialisation. Element i of parameter "p" is a pure function of
 // (seed, "p", i): a counter-based generator, so any slice of a parameter, initialised on
@@ -28256,94 +28501,6 @@ private:
 #include <variant>
 #include <vector>
 
-// ---- begin loom/train/grad_clip.hpp ----
-// Global-norm gradient clipping with torch.nn.utils.clip_grad_norm_ semantics:
-//   total = sqrt(sum over every gradient element of g^2)
-//   if max_norm / (total + 1e-6) < 1, every gradient is scaled by that factor.
-// The norm is accumulated in double in a fixed order, so it is the same whatever the
-// thread count: every gradient is cut into chunks of a fixed size, each chunk summed with
-// eight running sums (one sum waited on the add's latency at every element: 2% of a GPT-2
-// small step), the chunks spread over the host pool's threads, and their sums added in order.
-#include <algorithm>
-#include <cmath>
-#include <cstdint>
-#include <span>
-#include <vector>
-
-
-namespace loom::train {
-
-namespace detail {
-
-// Elements per chunk, the unit of the fixed summation order and of the work handed to threads.
-inline constexpr std::int64_t norm_chunk = std::int64_t{1} << 15;
-
-struct grad_chunk {
-    std::size_t grad;
-    std::int64_t offset, length;
-};
-
-template <class T>
-std::vector<grad_chunk> chunks_of(const std::vector<std::span<T>>& grads) {
-    std::vector<grad_chunk> chunks;
-    for (std::size_t g = 0; g < grads.size(); ++g) {
-        const auto size = static_cast<std::int64_t>(grads[g].size());
-        for (std::int64_t offset = 0; offset < size; offset += norm_chunk)
-            chunks.push_back({g, offset, std::min(norm_chunk, size - offset)});
-    }
-    return chunks;
-}
-
-template <class T>
-double sum_of_squares(const T* x, std::int64_t n) {
-    double lanes[8] = {};
-    std::int64_t i = 0;
-    for (; i + 8 <= n; i += 8) {
-        for (int l = 0; l < 8; ++l) lanes[l] += static_cast<double>(x[i + l]) * static_cast<double>(x[i + l]);
-    }
-    double tail = 0;
-    for (; i < n; ++i) tail += static_cast<double>(x[i]) * static_cast<double>(x[i]);
-    return ((lanes[0] + lanes[1]) + (lanes[2] + lanes[3])) + ((lanes[4] + lanes[5]) + (lanes[6] + lanes[7])) + tail;
-}
-
-}  // namespace detail
-
-template <class T>
-double global_norm(const std::vector<std::span<T>>& grads) {
-    const std::vector<detail::grad_chunk> chunks = detail::chunks_of(grads);
-    std::vector<double> partial(chunks.size());
-    host::parallel_for(0, static_cast<std::int64_t>(chunks.size()), 1, [&](std::int64_t lo, std::int64_t hi) {
-        for (std::int64_t c = lo; c < hi; ++c) {
-            const detail::grad_chunk& chunk = chunks[static_cast<std::size_t>(c)];
-            partial[static_cast<std::size_t>(c)] =
-                detail::sum_of_squares(grads[chunk.grad].data() + chunk.offset, chunk.length);
-        }
-    });
-    double sum = 0;
-    for (double p : partial) sum += p;
-    return std::sqrt(sum);
-}
-
-// Returns the norm before clipping.
-template <class T>
-double clip_global_norm(const std::vector<std::span<T>>& grads, double max_norm) {
-    const double total = global_norm(grads);
-    const double coefficient = max_norm / (total + 1e-6);
-    if (coefficient < 1) {
-        const std::vector<detail::grad_chunk> chunks = detail::chunks_of(grads);
-        host::parallel_for(0, static_cast<std::int64_t>(chunks.size()), 1, [&](std::int64_t lo, std::int64_t hi) {
-            for (std::int64_t c = lo; c < hi; ++c) {
-                const detail::grad_chunk& chunk = chunks[static_cast<std::size_t>(c)];
-                T* x = grads[chunk.grad].data() + chunk.offset;
-                for (std::int64_t i = 0; i < chunk.length; ++i) x[i] = static_cast<T>(x[i] * coefficient);
-            }
-        });
-    }
-    return total;
-}
-
-}  // namespace loom::train
-// ---- end loom/train/grad_clip.hpp ----
 // ---- begin loom/train/lr_schedule.hpp ----
 // Learning-rate schedule: linear warm-up, then cosine decay to `min_lr` at `total_steps`
 // (constant after). With total_steps == 0 the rate is constant after warm-up.
@@ -28573,6 +28730,7 @@ public:
                                            });
         }
         plan_optimizer();
+        plan_gradient_norm();
     }
 
     distributed_trainer(const distributed_trainer&) = delete;
@@ -28588,10 +28746,9 @@ public:
         step_result r;
         r.loss = static_cast<double>(storage_->real(part_->loss)[0]);
         r.grad_norm = global_gradient_norm();
-        if (options_.clip_norm > 0 && r.grad_norm > options_.clip_norm) {
-            const T factor = static_cast<T>(options_.clip_norm / (r.grad_norm + 1e-6));
-            for (const auto& s : part_->gradients)
-                for (T& x : storage_->real(s.local)) x *= factor;
+        if (options_.clip_norm > 0) {
+            const double coefficient = clip_coefficient(r.grad_norm, options_.clip_norm);
+            if (coefficient < 1) scale_gradients(gradients_, coefficient);
         }
         r.lr = options_.schedule.at(steps_);
         std::visit([&](auto& opt) { opt.step(r.lr); }, *optimizer_);
@@ -28644,18 +28801,22 @@ private:
         return owned_regions(plan_, rank_, p, region, gradients);
     }
 
-    double global_gradient_norm() {
-        double sum = 0;
+    // The norm sums each gradient element once over the ranks: every rank its owned rows
+    // of its pieces (owned_regions), as contiguous runs found once; the runs are summed on
+    // the thread pool in a fixed order (grad_clip.hpp), so every rank gets the same norm.
+    void plan_gradient_norm() {
         for (const auto& s : part_->gradients) {
             auto values = storage_->real(s.local);
+            gradients_.push_back(values);
             for (const auto& region : owned_rows(s.logical, s.region, true))
                 partition::for_each_region_row(region, s.region, s.region, [&](std::int64_t at, std::int64_t, std::int64_t n) {
-                    for (std::int64_t i = 0; i < n; ++i) {
-                        const double x = static_cast<double>(values[static_cast<std::size_t>(at + i)]);
-                        sum += x * x;
-                    }
+                    owned_gradients_.push_back(values.subspan(static_cast<std::size_t>(at), static_cast<std::size_t>(n)));
                 });
         }
+    }
+
+    double global_gradient_norm() {
+        double sum = sum_of_squares(owned_gradients_);
         comm_.all_reduce_sum(&sum, 1, comm::dtype::f64, comm::group::world(plan_.world));
         return std::sqrt(sum);
     }
@@ -28765,6 +28926,8 @@ private:
     std::vector<shard> shards_;
     std::vector<T> gathered_;
     std::vector<std::pair<tensor_id, partition::box>> slot_regions_;
+    std::vector<std::span<T>> gradients_;        // every gradient piece, as clipping scales them
+    std::vector<std::span<T>> owned_gradients_;  // the runs of them whose squares this rank sums
     std::int64_t steps_ = 0;
 };
 

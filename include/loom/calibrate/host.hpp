@@ -14,8 +14,9 @@
 // - memory_bandwidth: a 64 MiB copy (read + write) on the thread pool, best of three,
 //   divided by the ranks; elementwise_efficiency 1.
 // - memory_bytes: the machine's available memory divided by the ranks.
-// - the "intra-node link": latency per message and bandwidth solved from all-reduces of 4
-//   bytes and 1 MiB over all ranks (measure_host_link). One node, no NICs used.
+// - the "intra-node links": latency per message and bandwidth of all-reduces, all-gathers,
+//   reduce-scatters and sends, each solved from a small and a 1 MiB one over all ranks
+//   (measure_host_links). One node, no NICs used.
 // - the cost of every op kind (host_price_options): timed kernel by kernel on one rank
 //   alone (its rate when the others wait), and scaled by how much longer a whole step
 //   takes with all ranks running at once (their rates together).
@@ -27,6 +28,8 @@
 #include <cstdint>
 #include <cstring>
 #include <fstream>
+#include <functional>
+#include <map>
 #include <string>
 #include <vector>
 
@@ -71,54 +74,101 @@ inline double available_memory_bytes() {
 
 }  // namespace detail
 
-// The link between the ranks of `everyone` as calibrate_host's profile states it: every
-// member calls this at once. It times all-reduces of one float and of 1 MiB over the whole
-// group (the median of five rounds of 20 each, the slowest member's) and solves the
-// collective's price for the latency per message and the bandwidth, in the profile's
-// convention: price_programs divides transfer times by the ranks sharing the machine, so
-// both are the measured times' ranks times over.
-inline link measure_host_link(comm::communicator& c, const comm::group& everyone) {
+// The links between the ranks of `everyone` as calibrate_host's profile states them, one
+// per collective the host's plans run: all-reduce, all-gather, reduce-scatter and
+// point-to-point sends. Every member calls this at once. For each it times the collective
+// on a small buffer (one float per rank) and on 1 MiB over the whole group (sends: between
+// ranks 2i and 2i + 1, back and forth), the median of five rounds of 20 each, averaged
+// over the members, and solves the collective's price for the latency per message and the
+// bandwidth, in the profile's convention: price_programs divides transfer times by the
+// ranks sharing the machine, so both are the measured times' ranks times over. They
+// differ: on one host an all-reduce adds as it copies, and a send is one copy.
+using collective_links = std::map<collective, link>;
+
+inline collective_links measure_host_links(comm::communicator& c, const comm::group& everyone) {
     const int ranks = everyone.size();
-    if (ranks < 2) throw usage_error("measure_host_link: a group of " + std::to_string(ranks) + " rank; pass at least 2");
-    const auto timed = [&](std::size_t floats) {
-        std::vector<float> data(floats, 1.0f);
+    if (ranks < 2) throw usage_error("measure_host_links: a group of " + std::to_string(ranks) + " rank; pass at least 2");
+    const int me = everyone.index_of(c.rank());
+    // Seconds of one call of `once` (which runs `per_call` operations), the members' mean
+    // over those that take part.
+    const auto timed = [&](const std::function<void()>& once, double per_call, bool takes_part) {
+        if (takes_part) once();  // warm up
         std::vector<double> rounds;
-        c.all_reduce_sum(data.data(), floats, comm::dtype::f32, everyone);  // warm up
         for (int round = 0; round < 5; ++round) {
             c.barrier(everyone);
             const auto start = std::chrono::steady_clock::now();
-            for (int i = 0; i < 20; ++i) c.all_reduce_sum(data.data(), floats, comm::dtype::f32, everyone);
-            double seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count() / 20;
-            c.all_reduce_sum(&seconds, 1, comm::dtype::f64, everyone);  // a sum: the members' mean below
-            rounds.push_back(seconds / ranks);
+            if (takes_part)
+                for (int i = 0; i < 20; ++i) once();
+            double taken[2] = {takes_part ? std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count() / 20 / per_call : 0.0,
+                               takes_part ? 1.0 : 0.0};
+            c.all_reduce_sum(taken, 2, comm::dtype::f64, everyone);
+            rounds.push_back(taken[0] / taken[1]);
         }
         std::sort(rounds.begin(), rounds.end());
         return rounds[rounds.size() / 2];
     };
-    const double small_bytes = 4, large_bytes = double(1 << 20);
-    const double small = timed(1), large = timed((1 << 20) / 4);
+    const std::size_t large_floats = (1u << 20) / 4, per_rank_large = large_floats / static_cast<std::size_t>(ranks);
+    std::vector<float> buffer(large_floats, 1.0f), other(large_floats, 0.0f);
+    const int partner = me % 2 == 0 ? me + 1 : me - 1;
+    const bool paired = partner < ranks;
+    const int partner_rank = paired ? everyone.ranks[static_cast<std::size_t>(partner)] : -1;
+    // One operation of `kind` on `floats` floats (all_gather, reduce_scatter: per rank).
+    const auto run = [&](collective kind, std::size_t floats) -> std::function<void()> {
+        switch (kind) {
+            case collective::all_reduce:
+                return [&, floats] { c.all_reduce_sum(buffer.data(), floats, comm::dtype::f32, everyone); };
+            case collective::all_gather:
+                return [&, floats] { c.all_gather(buffer.data(), other.data(), floats, comm::dtype::f32, everyone); };
+            case collective::reduce_scatter:
+                return [&, floats] { c.reduce_scatter_sum(buffer.data(), other.data(), floats, comm::dtype::f32, everyone); };
+            default:  // send_recv: there and back
+                return [&, floats] {
+                    constexpr int tag = 7;
+                    if (me % 2 == 0) {
+                        c.send(buffer.data(), floats, comm::dtype::f32, partner_rank, tag);
+                        c.recv(other.data(), floats, comm::dtype::f32, partner_rank, tag);
+                    } else {
+                        c.recv(other.data(), floats, comm::dtype::f32, partner_rank, tag);
+                        c.send(buffer.data(), floats, comm::dtype::f32, partner_rank, tag);
+                    }
+                };
+        }
+    };
     // The price's latency and transmission terms per unit of latency and per byte/s.
     cluster unit;
     unit.topo.devices_per_node = ranks;
     unit.topo.nodes = 1;
     unit.topo.intra_node = {1.0, 1.0};
     unit.topo.inter_node_per_nic = {1.0, 1.0};
-    const group_placement one_node = placement(unit.topo, device_group{.size = ranks, .stride = 1, .first = 0});
-    const comm_time per_unit_small = collective_cost(unit, collective::all_reduce, small_bytes, ranks, one_node);
-    const comm_time per_unit_large = collective_cost(unit, collective::all_reduce, large_bytes, ranks, one_node);
-    link l;
-    l.latency = small * ranks / per_unit_small.latency;  // 4 bytes take no measurable transmission
-    const double moving = large * ranks - l.latency * per_unit_large.latency;
-    if (moving <= 0)
-        throw error("measure_host_link: an all-reduce of 1 MiB took " + std::to_string(large * 1e6) +
-                    " us, no longer than the latency of one of 4 bytes; the machine was too busy to measure, try again");
-    l.bandwidth = per_unit_large.transmission / moving;
-    return l;
+    collective_links links;
+    for (collective kind : {collective::all_reduce, collective::all_gather, collective::reduce_scatter, collective::send_recv}) {
+        const bool p2p = kind == collective::send_recv;
+        const bool per_rank = kind == collective::all_gather || kind == collective::reduce_scatter;
+        const int members = p2p ? 2 : ranks;
+        const double small = timed(run(kind, 1), p2p ? 2 : 1, !p2p || paired);
+        const double large = timed(run(kind, per_rank ? per_rank_large : large_floats), p2p ? 2 : 1, !p2p || paired);
+        const double small_bytes = 4.0 * (per_rank ? ranks : 1);
+        const double large_bytes = 4.0 * static_cast<double>(per_rank ? per_rank_large * static_cast<std::size_t>(ranks) : large_floats);
+        const group_placement one_node = placement(unit.topo, device_group{.size = members, .stride = 1, .first = 0});
+        const comm_time per_unit_small = collective_cost(unit, kind, small_bytes, members, one_node);
+        const comm_time per_unit_large = collective_cost(unit, kind, large_bytes, members, one_node);
+        link l;
+        l.latency = small * ranks / per_unit_small.latency;  // a few bytes take no measurable transmission
+        const double moving = large * ranks - l.latency * per_unit_large.latency;
+        if (moving <= 0)
+            throw error("measure_host_links: a " + std::string(to_string(kind)) + " of 1 MiB took " +
+                        std::to_string(large * 1e6) + " us, no longer than the latency of a small one; the machine was "
+                        "too busy to measure, try again");
+        l.bandwidth = per_unit_large.transmission / moving;
+        links[kind] = l;
+    }
+    return links;
 }
 
-// `between_ranks`: the link measured by measure_host_link on the ranks themselves (MPI
-// processes); not given, `ranks` in-process ranks measure it.
-inline cluster calibrate_host(int ranks, std::optional<link> between_ranks = std::nullopt) {
+// `between_ranks`: the links measured by measure_host_links on the ranks themselves (MPI
+// processes); not given, `ranks` in-process ranks measure them. The all-reduce's is the
+// profile's intra-node link, the others its links per collective.
+inline cluster calibrate_host(int ranks, std::optional<collective_links> between_ranks = std::nullopt) {
     if (ranks < 1)
         throw usage_error("calibrate_host: " + std::to_string(ranks) + " ranks; give the number of in-process ranks, at least 1");
     const std::int64_t n = 512;
@@ -157,10 +207,18 @@ inline cluster calibrate_host(int ranks, std::optional<link> between_ranks = std
     hw.topo.nodes = 1;
     if (!between_ranks && ranks > 1)
         comm::run_ranks(ranks, [&](comm::communicator& c) {
-            const link measured = measure_host_link(c, c.world());
-            if (c.rank() == 0) between_ranks = measured;
+            collective_links measured = measure_host_links(c, c.world());
+            if (c.rank() == 0) between_ranks = std::move(measured);
         });
-    hw.topo.intra_node = between_ranks ? *between_ranks : link{bandwidth / 2.0 / ranks, 20e-6};
+    hw.topo.intra_node = link{bandwidth / 2.0 / ranks, 20e-6};  // one rank: no transfers
+    if (between_ranks) {
+        const auto all_reduce = between_ranks->find(collective::all_reduce);
+        if (all_reduce == between_ranks->end())
+            throw usage_error("calibrate_host: the links between ranks lack the all-reduce's; pass what measure_host_links returns");
+        hw.topo.intra_node = all_reduce->second;
+        for (const auto& [kind, l] : *between_ranks)
+            if (kind != collective::all_reduce) hw.topo.intra_node_by_collective[kind] = l;
+    }
     hw.topo.inter_node_per_nic = hw.topo.intra_node;
     hw.topo.nics_per_node = 1;
     return hw;

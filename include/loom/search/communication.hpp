@@ -28,10 +28,6 @@
 
 namespace loom::search {
 
-enum class collective { all_reduce, all_gather, reduce_scatter, all_to_all, broadcast, send_recv };
-
-LOOM_INLINE std::string_view to_string(collective c);
-
 // ring: one ring over all members, every step as slow as its slowest hop.
 // hierarchical: inside each node, then across nodes on 1/k of the data (k members per
 //   node), then inside each node again; defined for all_reduce, all_gather and
@@ -158,18 +154,6 @@ inline double exposed_time(const comm_time& forward, const comm_time& backward, 
 
 namespace loom::search {
 
-LOOM_INLINE std::string_view to_string(collective c) {
-    switch (c) {
-        case collective::all_reduce: return "all_reduce";
-        case collective::all_gather: return "all_gather";
-        case collective::reduce_scatter: return "reduce_scatter";
-        case collective::all_to_all: return "all_to_all";
-        case collective::broadcast: return "broadcast";
-        case collective::send_recv: return "send_recv";
-    }
-    return "?";
-}
-
 LOOM_INLINE group_placement placement(const topology& t, device_group g) {
     if (t.devices_per_node < 1)
         throw profile_error("placement: topology has devices_per_node = " + std::to_string(t.devices_per_node) +
@@ -256,7 +240,7 @@ LOOM_INLINE comm_time ring(collective c, double bytes, int n, double bw, double 
 
 LOOM_INLINE comm_time ring_cost(const cluster& c, collective k, double bytes, int n, const group_placement& p, int sharing) {
     const topology& t = c.topo;
-    if (p.nodes == 1) return ring(k, bytes, n, t.intra_node.bandwidth, t.intra_node.latency);
+    if (p.nodes == 1) return ring(k, bytes, n, t.intra_link(k).bandwidth, t.intra_link(k).latency);
     const link& nic = t.inter_node_per_nic;
     if (k == collective::send_recv) return ring(k, bytes, n, inter_node_bandwidth_per_member(t, sharing), nic.latency);
     if (k == collective::all_to_all) {
@@ -265,7 +249,7 @@ LOOM_INLINE comm_time ring_cost(const cluster& c, collective k, double bytes, in
         // the emptiest and the fullest node, the worse of the two.
         auto transmission = [&](int m) {
             const double off_node = (n - m) * bytes / n / inter_node_bandwidth_per_member(t, m * sharing);
-            const double on_node = (m - 1) * bytes / n / t.intra_node.bandwidth;
+            const double on_node = (m - 1) * bytes / n / t.intra_link(k).bandwidth;
             return std::max(off_node, on_node);
         };
         return {(n - 1) * nic.latency, std::max(transmission(p.min_per_node), transmission(p.max_per_node))};
@@ -276,7 +260,7 @@ LOOM_INLINE comm_time ring_cost(const cluster& c, collective k, double bytes, in
     // its slowest hop: the crossing, or an NVLink hop when the crossing is faster.
     const int m = p.min_per_node;
     double bw = m * inter_node_bandwidth_per_member(t, m * sharing);
-    if (p.max_per_node > 1) bw = std::min(bw, t.intra_node.bandwidth);
+    if (p.max_per_node > 1) bw = std::min(bw, t.intra_link(k).bandwidth);
     return ring(k, bytes, n, bw, nic.latency);
 }
 
@@ -285,19 +269,22 @@ LOOM_INLINE comm_time hierarchical_cost(const cluster& c, collective kind, doubl
     const topology& t = c.topo;
     const int k = p.max_per_node;
     const int nodes = p.nodes;
-    const double intra_bw = t.intra_node.bandwidth, intra_lat = t.intra_node.latency;
+    // Inside a node each part runs at its own collective's link.
+    auto inside = [&](collective part, double b) {
+        const link& l = t.intra_link(part);
+        return ring(part, b, k, l.bandwidth, l.latency);
+    };
     const double inter_bw = inter_node_bandwidth_per_member(t, k * sharing), inter_lat = t.inter_node_per_nic.latency;
     const double shard = bytes / k;
     switch (kind) {
         case collective::all_reduce:
-            return ring(collective::reduce_scatter, bytes, k, intra_bw, intra_lat) +
-                   ring(collective::all_reduce, shard, nodes, inter_bw, inter_lat) +
-                   ring(collective::all_gather, bytes, k, intra_bw, intra_lat);
+            return inside(collective::reduce_scatter, bytes) + ring(collective::all_reduce, shard, nodes, inter_bw, inter_lat) +
+                   inside(collective::all_gather, bytes);
         case collective::all_gather:
             return ring(collective::all_gather, shard, nodes, inter_bw, inter_lat) +
-                   ring(collective::all_gather, bytes, k, intra_bw, intra_lat);
+                   inside(collective::all_gather, bytes);
         case collective::reduce_scatter:
-            return ring(collective::reduce_scatter, bytes, k, intra_bw, intra_lat) +
+            return inside(collective::reduce_scatter, bytes) +
                    ring(collective::reduce_scatter, shard, nodes, inter_bw, inter_lat);
         default: return {};
     }

@@ -372,13 +372,14 @@ LOOM_INLINE folded_price price_folded(const model_family& m, const plan::plan_sp
         // value(1/D) through (1/2, two) and (1/4, four): t = (1/D - 1/2) / (1/4 - 1/2).
         const double t = (1.0 / static_cast<double>(s.replicas) - 0.5) / (0.25 - 0.5);
         const program_price sharded = detail::extrapolate(per_replicas[0], per_replicas[1], t);
-        double optimizer = 0;
+        double after = 0;
         for (std::size_t d = 0; d < out.price.devices.size(); ++d) {
             out.price.devices[d].memory = sharded.devices[d].memory;
             out.price.devices[d].optimizer = sharded.devices[d].optimizer;
-            optimizer = std::max(optimizer, sharded.devices[d].optimizer);
+            out.price.devices[d].gathers = sharded.devices[d].gathers;
+            after = std::max(after, sharded.devices[d].optimizer + sharded.devices[d].gathers);
         }
-        out.price.step_seconds = out.price.makespan + optimizer;
+        out.price.step_seconds = out.price.makespan + after;
     }
     return out;
 }
@@ -415,7 +416,7 @@ LOOM_INLINE program_price extrapolate(const program_price& a, const program_pric
     out.transfers = std::llround(line(static_cast<double>(a.transfers), static_cast<double>(b.transfers)));
     out.transfer_seconds = line(a.transfer_seconds, b.transfer_seconds);
     out.devices.resize(a.devices.size());
-    double optimizer = 0;
+    double after = 0;
     for (std::size_t d = 0; d < a.devices.size(); ++d) {
         const device_price &x = a.devices[d], &y = b.devices.at(d);
         device_price& z = out.devices[d];
@@ -423,17 +424,18 @@ LOOM_INLINE program_price extrapolate(const program_price& a, const program_pric
         z.communication = line(x.communication, y.communication);
         z.finish = line(x.finish, y.finish);
         z.optimizer = line(x.optimizer, y.optimizer);
+        z.gathers = line(x.gathers, y.gathers);
         z.instructions = std::llround(line(static_cast<double>(x.instructions), static_cast<double>(y.instructions)));
         z.memory.bound = line(x.memory.bound, y.memory.bound);
         z.memory.arena = line(x.memory.arena, y.memory.arena);
         z.memory.optimizer = line(x.memory.optimizer, y.memory.optimizer);
         z.memory.runtime = line(x.memory.runtime, y.memory.runtime);
-        optimizer = std::max(optimizer, z.optimizer);
+        after = std::max(after, z.optimizer + z.gathers);
     }
-    // The step: the extrapolated makespan and the slowest extrapolated optimizer step, or
+    // The step: the extrapolated makespan and the slowest extrapolated step after it, or
     // the line through both steps when the optimizer is not what separates them (devices
     // sharing one machine's compute add work terms price_programs states in step_seconds).
-    out.step_seconds = std::max(line(a.step_seconds, b.step_seconds), out.makespan + optimizer);
+    out.step_seconds = std::max(line(a.step_seconds, b.step_seconds), out.makespan + after);
     return out;
 }
 

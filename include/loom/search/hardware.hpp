@@ -14,6 +14,7 @@
 #include <fstream>
 #include <initializer_list>
 #include <iterator>
+#include <map>
 #include <sstream>
 #include <string>
 #include <string_view>
@@ -81,12 +82,25 @@ struct link {
     friend bool operator==(const link&, const link&) = default;
 };
 
+enum class collective { all_reduce, all_gather, reduce_scatter, all_to_all, broadcast, send_recv };
+
+LOOM_INLINE std::string_view to_string(collective c);
+
 struct topology {
     int devices_per_node = 1;
     int nodes = 1;
     link intra_node;
     link inter_node_per_nic;
     int nics_per_node = 1;
+    // Links inside a node measured per collective, where a collective's cost differs from
+    // the one intra_node states (ranks on one host: an all-gather copies, an all-reduce
+    // adds too; search::calibrate_host measures each); the others run at intra_node.
+    std::map<collective, link> intra_node_by_collective;
+
+    const link& intra_link(collective k) const {
+        const auto it = intra_node_by_collective.find(k);
+        return it == intra_node_by_collective.end() ? intra_node : it->second;
+    }
 
     int devices() const { return devices_per_node * nodes; }
     // The share of the node's NICs each device gets when every device of the node sends at once.
@@ -160,12 +174,15 @@ LOOM_INLINE cluster dgx_h100(int nodes);
 //              "gemm_efficiency": 0.6, "elementwise_efficiency": 0.7},     (both optional)
 //   "topology": {"devices_per_node": 8, "nodes": 2, "nics_per_node": 8,
 //                "intra_node": {"bandwidth_bytes_per_s": 3e11, "latency_s": 5e-06},
-//                "inter_node_per_nic": {"bandwidth_bytes_per_s": 2.5e10, "latency_s": 1e-05}}
+//                "inter_node_per_nic": {"bandwidth_bytes_per_s": 2.5e10, "latency_s": 1e-05},
+//                "intra_node_by_collective": {"all_gather": {...}, "send_recv": {...}}}  (optional)
 // }
 // The peaks are device_profile::peak_flops_f32 and peak_flops_f16; their keys keep the
 // spelling of the profile files already written (fp32, fp16).
-// Every field is required except the two efficiencies. Peaks and latencies may be 0 (a
-// device without tensor cores, an idealised link); every other number must be positive.
+// Every field is required except the two efficiencies and the links per collective (keys:
+// all_reduce, all_gather, reduce_scatter, all_to_all, broadcast, send_recv). Peaks and
+// latencies may be 0 (a device without tensor cores, an idealised link); every other
+// number must be positive.
 // Unknown keys are rejected so that a misspelt optional key does not go unnoticed.
 
 inline nlohmann::json to_json(const link& l) {
@@ -294,6 +311,18 @@ LOOM_INLINE device_profile v100_sxm2_32gb() {
 
 namespace loom::search {
 
+LOOM_INLINE std::string_view to_string(collective c) {
+    switch (c) {
+        case collective::all_reduce: return "all_reduce";
+        case collective::all_gather: return "all_gather";
+        case collective::reduce_scatter: return "reduce_scatter";
+        case collective::all_to_all: return "all_to_all";
+        case collective::broadcast: return "broadcast";
+        case collective::send_recv: return "send_recv";
+    }
+    return "?";
+}
+
 LOOM_INLINE cluster dgx1_v100(int nodes, int nics_per_node) {
     detail::check_preset("dgx1_v100", nodes, nics_per_node);
     return {.name = detail::preset_name("DGX-1 V100", nodes) + ", " + std::to_string(nics_per_node) +
@@ -350,7 +379,7 @@ LOOM_INLINE cluster dgx_h100(int nodes) {
 LOOM_INLINE nlohmann::json to_json(const cluster& c) {
     const device_profile& d = c.device;
     const topology& t = c.topo;
-    return {{"name", c.name},
+    nlohmann::json out = {{"name", c.name},
             {"device",
              {{"name", d.name},
               {"peak_flops_fp32_per_s", d.peak_flops_f32},
@@ -365,6 +394,11 @@ LOOM_INLINE nlohmann::json to_json(const cluster& c) {
               {"nics_per_node", t.nics_per_node},
               {"intra_node", to_json(t.intra_node)},
               {"inter_node_per_nic", to_json(t.inter_node_per_nic)}}}};
+    if (!t.intra_node_by_collective.empty()) {
+        nlohmann::json& by = out["topology"]["intra_node_by_collective"];
+        for (const auto& [kind, l] : t.intra_node_by_collective) by[std::string(to_string(kind))] = to_json(l);
+    }
+    return out;
 }
 }  // namespace loom::search
 
@@ -377,7 +411,7 @@ LOOM_INLINE cluster cluster_from_json(const nlohmann::json& j, const std::string
     d.only({"name", "peak_flops_fp32_per_s", "peak_flops_fp16_per_s", "memory_bytes", "memory_bandwidth_bytes_per_s",
             "gemm_efficiency", "elementwise_efficiency"});
     const profile_reader t = root.child("topology");
-    t.only({"devices_per_node", "nodes", "nics_per_node", "intra_node", "inter_node_per_nic"});
+    t.only({"devices_per_node", "nodes", "nics_per_node", "intra_node", "inter_node_per_nic", "intra_node_by_collective"});
     cluster c{.name = root.text("name"),
               .device = {.name = d.text("name"),
                          .peak_flops_f32 = d.number("peak_flops_fp32_per_s", "FLOP/s", true),
@@ -394,6 +428,15 @@ LOOM_INLINE cluster cluster_from_json(const nlohmann::json& j, const std::string
                        .intra_node = link_from_json(t.child("intra_node")),
                        .inter_node_per_nic = link_from_json(t.child("inter_node_per_nic")),
                        .nics_per_node = t.count("nics_per_node", "NICs in a node")}};
+    if (j.at("topology").contains("intra_node_by_collective")) {
+        const profile_reader by = t.child("intra_node_by_collective");
+        const collective kinds[] = {collective::all_reduce, collective::all_gather, collective::reduce_scatter,
+                                    collective::all_to_all, collective::broadcast, collective::send_recv};
+        by.only({"all_reduce", "all_gather", "reduce_scatter", "all_to_all", "broadcast", "send_recv"});
+        for (collective kind : kinds)
+            if (j.at("topology").at("intra_node_by_collective").contains(std::string(to_string(kind))))
+                c.topo.intra_node_by_collective[kind] = link_from_json(by.child(std::string(to_string(kind))));
+    }
     return c;
 }
 }  // namespace loom::search::detail

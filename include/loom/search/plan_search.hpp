@@ -1188,13 +1188,21 @@ LOOM_INLINE std::vector<double> communication_lower_bound(const plan::resolved_p
     // A collective over `members` devices: at least its transmission at the group's tightest
     // placement and one message's latency (more steps cost more latency, but a placement
     // over more nodes may need fewer steps: one is what every placement pays).
-    const double message = std::min(c.topo.intra_node.latency, c.topo.inter_node_per_nic.latency);
+    // Inside a node, the fastest of the links measured per collective: the bound's
+    // collectives (reduce-scatter, all-gather) need not be the ones the program runs.
+    cluster fastest = c;
+    for (const auto& [kind, l] : c.topo.intra_node_by_collective) {
+        fastest.topo.intra_node.bandwidth = std::max(fastest.topo.intra_node.bandwidth, l.bandwidth);
+        fastest.topo.intra_node.latency = std::min(fastest.topo.intra_node.latency, l.latency);
+    }
+    fastest.topo.intra_node_by_collective.clear();
+    const double message = std::min(fastest.topo.intra_node.latency, c.topo.inter_node_per_nic.latency);
     auto least_seconds = [&](collective kind, double bytes, int members) {
         group_placement tight;
         tight.nodes = (members + per_node - 1) / per_node;
         tight.max_per_node = std::min(members, per_node);
         tight.min_per_node = members - (tight.nodes - 1) * tight.max_per_node;
-        return collective_cost(c, kind, bytes, members, tight, o.collectives, 1).transmission + message;
+        return collective_cost(fastest, kind, bytes, members, tight, o.collectives, 1).transmission + message;
     };
     // The distinct devices of the pieces that differ from piece 0 only along axis a.
     // In ascending order.

@@ -17,7 +17,11 @@
 // - Time: an event-driven run of all devices' programs in their op-order. Each device has a
 //   compute stream and a communication stream (or one stream, overlap = false, as the host
 //   backend runs); an instruction starts when its stream is free and its inputs are ready;
-//   a collective starts when every member has reached it. The optimizer step follows.
+//   a collective starts when every member has reached it. The step after the programs
+//   follows, as the trainers run it: the gradients' global norm (each element read once
+//   over the devices) and its all-reduce, clipping (every gradient read and written:
+//   price_options::clip_gradients), the optimizer's update, and under ZeRO-1/2 the
+//   all-gather of every updated shard over its replicas.
 // - Memory: what the host backend allocates for the program (runtime/compile.hpp): the
 //   liveness-planned arena of intermediates plus the bound tensors (parameters, gradients,
 //   inputs, loss), the optimizer's state for what the device updates (AdamW: two float
@@ -148,6 +152,10 @@ struct price_options {
     // Optimizer state per element the device updates: AdamW's two float moments (8), plus a
     // float master copy when tensors are stored in bf16.
     double optimizer_bytes_per_element = 8;
+    // The trainer clips the gradients by their global norm (trainer_options::clip_norm > 0):
+    // the price counts a pass that scales every gradient. Whether a step clips depends on
+    // its norm; early in training, as in a short run, nearly every step does.
+    bool clip_gradients = true;
     // What a runtime holds beside the program: context, communicator buffers, allocator
     // fragmentation. Stated, not measured: 0 for the host backend's arena, about 2 GiB on a
     // GPU with NCCL (context ~0.5 GiB, NCCL buffers ~1 GiB, caching allocator slack).
@@ -188,7 +196,8 @@ struct device_price {
     double compute = 0;        // s the compute stream is busy
     double communication = 0;  // s the communication stream is busy
     double finish = 0;         // s when its last instruction ends
-    double optimizer = 0;      // s of its optimizer step
+    double optimizer = 0;      // s of its passes over memory after the programs: norm, clipping, update
+    double gathers = 0;        // s of its collectives after them: the norm's all-reduce, ZeRO-1/2's shard gathers
     std::int64_t instructions = 0;
     device_memory memory;
 };
@@ -202,7 +211,7 @@ struct priced_instruction {
 };
 
 struct program_price {
-    double step_seconds = 0;  // makespan of the programs, plus the slowest optimizer step
+    double step_seconds = 0;  // makespan of the programs, plus the slowest step after them
     double makespan = 0;
     std::vector<device_price> devices;
     std::int64_t transfers = 0;
@@ -522,6 +531,7 @@ LOOM_INLINE program_price price_programs(const partition::partitioned_graph& pg,
     {
         std::map<std::pair<tensor_id, std::string>, double> copies;
         std::map<std::pair<tensor_id, std::string>, int> replica_seen;  // under folding: the first replica holding it, or -1: several
+        std::map<std::pair<tensor_id, std::string>, std::vector<int>> holders;  // the devices storing it
         auto key_of = [](const partition::stored_piece& s) {
             std::string k;
             for (const auto& r : s.region.ranges) k += std::to_string(r.begin) + ":" + std::to_string(r.end) + ",";
@@ -531,6 +541,7 @@ LOOM_INLINE program_price price_programs(const partition::partitioned_graph& pg,
             for (const auto& s : pg.devices[d].parameters) {
                 const auto key = key_of(s);
                 ++copies[key];
+                holders[key].push_back(static_cast<int>(d));
                 if (!o.fold) continue;
                 const int r = o.fold->replica.at(d);
                 auto [it, first] = replica_seen.try_emplace(key, r);
@@ -560,11 +571,44 @@ LOOM_INLINE program_price price_programs(const partition::partitioned_graph& pg,
                     elements += sharded ? n / copies[key_of(s)] : n;
                 }
             }
+            // The norm reads each gradient element once over the devices; clipping scales
+            // every gradient element the device stores.
+            double owned = elements, stored = elements;
+            if (pg.zero != plan::zero_stage::gradients) {
+                owned = stored = 0;
+                for (const auto& s : part.parameters) {
+                    const double n = static_cast<double>(s.region.numel());
+                    owned += n / copies[key_of(s)];
+                    stored += n;
+                }
+            }
             device_price& price = out.devices[static_cast<std::size_t>(d)];
             price.memory.optimizer = elements * o.optimizer_bytes_per_element;
+            const double element = static_cast<double>(real_bytes(o.storage));
             // AdamW reads parameter, gradient and two moments and writes three of them.
-            const double bytes = elements * (4.0 * static_cast<double>(real_bytes(o.storage)) + 3.0 * 4.0);
+            double bytes = elements * (4.0 * element + 3.0 * 4.0) + owned * element;
+            if (o.clip_gradients) bytes += stored * 2.0 * element;
             price.optimizer = bytes / (c.device.memory_bandwidth * c.device.elementwise_efficiency) / o.compute_shared_by;
+            // The norm's all-reduce of one number over every (real) device.
+            const int real_world = o.fold ? world / o.fold->instance_replicas * o.fold->real_replicas : world;
+            if (real_world > 1)
+                price.gathers = collective_cost(c, collective::all_reduce, 8.0, real_world,
+                                                placement(c.topo, device_group{.size = real_world}), o.collectives)
+                                    .total();
+            // ZeRO-1/2: each piece stored on several devices is gathered whole again after
+            // each updates its shard (train::distributed_trainer::synchronize_shards), over
+            // the devices that store it (under folding, every real replica of it).
+            const bool gathered = pg.zero == plan::zero_stage::optimizer || pg.zero == plan::zero_stage::gradients;
+            for (const auto& s : part.parameters) {
+                if (!gathered) break;
+                const double n = copies[key_of(s)];
+                if (n <= 1) continue;
+                std::vector<int> group = o.fold ? o.fold->family.at(static_cast<std::size_t>(d)) : holders[key_of(s)];
+                price.gathers += collective_cost(c, collective::all_gather, static_cast<double>(s.region.numel()) * element,
+                                                 static_cast<int>(std::llround(n)), placement(c.topo, group), o.collectives)
+                                     .total();
+            }
+            price.gathers /= o.compute_shared_by;  // as every transfer's time (the profile's convention)
         }
     }
 
@@ -663,7 +707,7 @@ LOOM_INLINE program_price price_programs(const partition::partitioned_graph& pg,
             if (o.overlap) progressed = advance(d, true) || progressed;
         }
     }
-    double makespan = 0, optimizer = 0;
+    double makespan = 0, after = 0, gathers = 0;
     for (int d = 0; d < world; ++d) {
         device_run& run = runs[static_cast<std::size_t>(d)];
         if (run.next_compute < run.compute.size() || run.next_communication < run.communication.size()) {
@@ -677,15 +721,17 @@ LOOM_INLINE program_price price_programs(const partition::partitioned_graph& pg,
         device_price& price = out.devices[static_cast<std::size_t>(d)];
         price.finish = std::max(run.compute_free, run.communication_free);
         makespan = std::max(makespan, price.finish);
-        optimizer = std::max(optimizer, price.optimizer);
+        after = std::max(after, price.optimizer + price.gathers);
+        gathers = std::max(gathers, price.gathers);
     }
     out.makespan = makespan;
-    out.step_seconds = makespan + optimizer;
+    out.step_seconds = makespan + after;
     if (o.compute_shared_by > 1) {
-        // One machine does all devices' work.
+        // One machine does all devices' work; each collective after the programs runs once
+        // for all its members.
         double work = out.transfer_seconds + machine_work, optimizers = 0;  // transfer times are the machine's already
         for (const auto& d : out.devices) optimizers += d.optimizer;
-        out.step_seconds = std::max(makespan, work) + optimizers;
+        out.step_seconds = std::max(makespan, work) + optimizers + gathers;
     }
     return out;
 }

@@ -30,6 +30,7 @@
 #include <loom/runtime/host/executor.hpp>
 #include <loom/runtime/transfer_runner.hpp>
 #include <loom/train/adamw.hpp>
+#include <loom/train/grad_clip.hpp>
 #include <loom/train/init.hpp>
 #include <loom/train/ownership.hpp>
 #include <loom/train/sgd.hpp>
@@ -76,6 +77,7 @@ public:
                                            });
         }
         plan_optimizer();
+        plan_gradient_norm();
     }
 
     distributed_trainer(const distributed_trainer&) = delete;
@@ -91,10 +93,9 @@ public:
         step_result r;
         r.loss = static_cast<double>(storage_->real(part_->loss)[0]);
         r.grad_norm = global_gradient_norm();
-        if (options_.clip_norm > 0 && r.grad_norm > options_.clip_norm) {
-            const T factor = static_cast<T>(options_.clip_norm / (r.grad_norm + 1e-6));
-            for (const auto& s : part_->gradients)
-                for (T& x : storage_->real(s.local)) x *= factor;
+        if (options_.clip_norm > 0) {
+            const double coefficient = clip_coefficient(r.grad_norm, options_.clip_norm);
+            if (coefficient < 1) scale_gradients(gradients_, coefficient);
         }
         r.lr = options_.schedule.at(steps_);
         std::visit([&](auto& opt) { opt.step(r.lr); }, *optimizer_);
@@ -147,18 +148,22 @@ private:
         return owned_regions(plan_, rank_, p, region, gradients);
     }
 
-    double global_gradient_norm() {
-        double sum = 0;
+    // The norm sums each gradient element once over the ranks: every rank its owned rows
+    // of its pieces (owned_regions), as contiguous runs found once; the runs are summed on
+    // the thread pool in a fixed order (grad_clip.hpp), so every rank gets the same norm.
+    void plan_gradient_norm() {
         for (const auto& s : part_->gradients) {
             auto values = storage_->real(s.local);
+            gradients_.push_back(values);
             for (const auto& region : owned_rows(s.logical, s.region, true))
                 partition::for_each_region_row(region, s.region, s.region, [&](std::int64_t at, std::int64_t, std::int64_t n) {
-                    for (std::int64_t i = 0; i < n; ++i) {
-                        const double x = static_cast<double>(values[static_cast<std::size_t>(at + i)]);
-                        sum += x * x;
-                    }
+                    owned_gradients_.push_back(values.subspan(static_cast<std::size_t>(at), static_cast<std::size_t>(n)));
                 });
         }
+    }
+
+    double global_gradient_norm() {
+        double sum = sum_of_squares(owned_gradients_);
         comm_.all_reduce_sum(&sum, 1, comm::dtype::f64, comm::group::world(plan_.world));
         return std::sqrt(sum);
     }
@@ -268,6 +273,8 @@ private:
     std::vector<shard> shards_;
     std::vector<T> gathered_;
     std::vector<std::pair<tensor_id, partition::box>> slot_regions_;
+    std::vector<std::span<T>> gradients_;        // every gradient piece, as clipping scales them
+    std::vector<std::span<T>> owned_gradients_;  // the runs of them whose squares this rank sums
     std::int64_t steps_ = 0;
 };
 

@@ -51,8 +51,9 @@ double sum_of_squares(const T* x, std::int64_t n) {
 
 }  // namespace detail
 
+// The sum over every gradient element of g^2, in double, in the fixed order above.
 template <class T>
-double global_norm(const std::vector<std::span<T>>& grads) {
+double sum_of_squares(const std::vector<std::span<T>>& grads) {
     const std::vector<detail::grad_chunk> chunks = detail::chunks_of(grads);
     std::vector<double> partial(chunks.size());
     host::parallel_for(0, static_cast<std::int64_t>(chunks.size()), 1, [&](std::int64_t lo, std::int64_t hi) {
@@ -64,24 +65,36 @@ double global_norm(const std::vector<std::span<T>>& grads) {
     });
     double sum = 0;
     for (double p : partial) sum += p;
-    return std::sqrt(sum);
+    return sum;
 }
+
+template <class T>
+double global_norm(const std::vector<std::span<T>>& grads) {
+    return std::sqrt(sum_of_squares(grads));
+}
+
+// Every gradient element times `coefficient` (each product in double, rounded once).
+template <class T>
+void scale_gradients(const std::vector<std::span<T>>& grads, double coefficient) {
+    const std::vector<detail::grad_chunk> chunks = detail::chunks_of(grads);
+    host::parallel_for(0, static_cast<std::int64_t>(chunks.size()), 1, [&](std::int64_t lo, std::int64_t hi) {
+        for (std::int64_t c = lo; c < hi; ++c) {
+            const detail::grad_chunk& chunk = chunks[static_cast<std::size_t>(c)];
+            T* x = grads[chunk.grad].data() + chunk.offset;
+            for (std::int64_t i = 0; i < chunk.length; ++i) x[i] = static_cast<T>(x[i] * coefficient);
+        }
+    });
+}
+
+// The coefficient that clips a global norm to max_norm: below 1 when it clips.
+inline double clip_coefficient(double norm, double max_norm) { return max_norm / (norm + 1e-6); }
 
 // Returns the norm before clipping.
 template <class T>
 double clip_global_norm(const std::vector<std::span<T>>& grads, double max_norm) {
     const double total = global_norm(grads);
-    const double coefficient = max_norm / (total + 1e-6);
-    if (coefficient < 1) {
-        const std::vector<detail::grad_chunk> chunks = detail::chunks_of(grads);
-        host::parallel_for(0, static_cast<std::int64_t>(chunks.size()), 1, [&](std::int64_t lo, std::int64_t hi) {
-            for (std::int64_t c = lo; c < hi; ++c) {
-                const detail::grad_chunk& chunk = chunks[static_cast<std::size_t>(c)];
-                T* x = grads[chunk.grad].data() + chunk.offset;
-                for (std::int64_t i = 0; i < chunk.length; ++i) x[i] = static_cast<T>(x[i] * coefficient);
-            }
-        });
-    }
+    const double coefficient = clip_coefficient(total, max_norm);
+    if (coefficient < 1) scale_gradients(grads, coefficient);
     return total;
 }
 
