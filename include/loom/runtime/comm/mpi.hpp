@@ -451,9 +451,14 @@ class mpi_communicator final : public communicator {
     }
 
     // Polls until the request completes or the deadline passes. Spins briefly (the common
-    // case completes within microseconds), then sleeps ever longer, up to 1 ms.
+    // case completes within microseconds), then sleeps: ever longer, up to 50 us while the
+    // wait is young, up to 1 ms once it has lasted 20 ms. A wait inside a step (a partner
+    // still computing) ends within a sleep of when it could, and one that idles (a
+    // pipeline's bubble, a slow rank) wakes rarely. (Sleeps of up to 1 ms from the start
+    // woke each of a step's hundreds of small collectives up to 1 ms late.)
     void wait(MPI_Request& request, const operation& op, MPI_Status* status = MPI_STATUS_IGNORE) {
         auto pause = std::chrono::microseconds(0);
+        const auto started = std::chrono::steady_clock::now();
         for (int polls = 0;; ++polls) {
             int done = 0;
             const int code = MPI_Test(&request, &done, status);
@@ -477,7 +482,8 @@ class mpi_communicator final : public communicator {
                                  "they are only slow)");
             }
             if (polls >= 100) {
-                pause = std::min(std::chrono::microseconds(1000),
+                const bool long_wait = std::chrono::steady_clock::now() - started > std::chrono::milliseconds(20);
+                pause = std::min(std::chrono::microseconds(long_wait ? 1000 : 50),
                                  std::max(std::chrono::microseconds(10), pause * 2));
                 std::this_thread::sleep_for(pause);
             }
