@@ -25485,12 +25485,14 @@ struct host_op_costs {
 
 namespace detail {
 
-// One rank's costs. Each batch runs once to warm up, then several times timed (80 at batch
-// 1, 5 at batch 16: about the same time at each batch, so the small batches' short kernels
-// are timed often enough). `before_batch` runs before each batch's runs: ranks measured
-// together pass a barrier there, so their batches overlap.
-template <class BeforeBatch>
-host_op_costs measure_host_ops(BeforeBatch&& before_batch) {
+// One rank's costs. Each batch runs once to warm up, then in three blocks of timed runs
+// (26 runs each at batch 1, 1 at batch 16: about the same time at each batch, so the small
+// batches' short kernels are timed often enough); a batch's step is the median of its
+// blocks' means, so that one block that the machine slowed (ranks in processes of their
+// own are scheduled unevenly) does not move it. `before_block` runs before each block:
+// ranks measured together pass a barrier there, so their blocks overlap.
+template <class BeforeBlock>
+host_op_costs measure_host_ops(BeforeBlock&& before_block) {
     host_op_costs costs;
     for (std::size_t b = 0; b < std::size(host_op_costs::batches); ++b) {
         const std::int64_t batch = host_op_costs::batches[b];
@@ -25502,14 +25504,19 @@ host_op_costs measure_host_ops(BeforeBatch&& before_batch) {
         storage.bind_to(exec);
         for (tensor_id t : g.parameters)
             for (float& x : storage.real(t)) x = 0.01f;
-        before_batch();
         exec.run();  // warm up
-        const int runs = static_cast<int>(80 / batch);
+        const int blocks = 3, runs = std::max(1, static_cast<int>(80 / batch) / blocks);
         host::op_profile profile;
         exec.set_profile(&profile);
-        const auto start = std::chrono::steady_clock::now();
-        for (int r = 0; r < runs; ++r) exec.run();
-        costs.step_seconds.push_back(std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count() / runs);
+        std::vector<double> block_steps;
+        for (int block = 0; block < blocks; ++block) {
+            before_block();
+            const auto start = std::chrono::steady_clock::now();
+            for (int r = 0; r < runs; ++r) exec.run();
+            block_steps.push_back(std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count() / runs);
+        }
+        std::sort(block_steps.begin(), block_steps.end());
+        costs.step_seconds.push_back(block_steps[block_steps.size() / 2]);
         exec.set_profile(nullptr);
         std::map<std::string, double, std::less<>> bytes;
         for (const instruction& step : prog.steps) {
@@ -25520,7 +25527,7 @@ host_op_costs measure_host_ops(BeforeBatch&& before_batch) {
             if (e.calls == 0) continue;
             const bool per_flop = e.flops > 0;
             const double calls = static_cast<double>(e.calls);
-            const double units = (per_flop ? e.flops : bytes[e.kind] * runs) / calls;
+            const double units = (per_flop ? e.flops : bytes[e.kind] * runs * blocks) / calls;
             if (units <= 0) continue;
             costs.per_flop[e.kind] = per_flop;
             costs.kinds[e.kind].push_back({static_cast<int>(b), units, e.seconds / calls});
