@@ -1,5 +1,6 @@
 // Measures this machine as a cluster of in-process ranks (GEMM and copy speed, and the
-// link between ranks; see calibrate/host.hpp) and writes the profile the searcher reads:
+// links between ranks, per collective; see calibrate/host.hpp) and writes the profile the
+// searcher reads:
 //
 //   calibrate_host --ranks 4 --out host.json
 //   loom_plan --cluster-json host.json ...

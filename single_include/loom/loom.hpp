@@ -25031,7 +25031,7 @@ inline double measure_fma_peak_flops(thread_pool& pool = thread_pool::global(), 
 // machine (in-process, or MPI processes). It runs kernels and collectives, timed, and
 // writes what it measured into a search profile, so it comes after runtime and search.
 //
-//   search::cluster hw = search::calibrate_host(4);               // about 0.5 s
+//   search::cluster hw = search::calibrate_host(4);               // about 1 s
 //   search::price_options o = search::host_price_options(4);      // about 5 s
 //   search::save_cluster(hw, "host.json");                        // or plan with it directly
 //

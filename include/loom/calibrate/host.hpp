@@ -3,7 +3,7 @@
 // machine (in-process, or MPI processes). It runs kernels and collectives, timed, and
 // writes what it measured into a search profile, so it comes after runtime and search.
 //
-//   search::cluster hw = search::calibrate_host(4);               // about 0.5 s
+//   search::cluster hw = search::calibrate_host(4);               // about 1 s
 //   search::price_options o = search::host_price_options(4);      // about 5 s
 //   search::save_cluster(hw, "host.json");                        // or plan with it directly
 //
