@@ -770,6 +770,13 @@ TEST_CASE("prices follow first principles") {
                                                search::device_group{.size = 4});
         CHECK(z1.devices[0].gathers == Approx(gathers));
         CHECK(z1.devices[0].gathers > dp.devices[0].gathers);
+        // Two prices that differ only in the gathers: the explanation names the step after
+        // the programs as what separates them.
+        search::program_price gathered = dp;
+        for (auto& d : gathered.devices) d.gathers += 1.0;
+        gathered.step_seconds += 1.0;
+        CHECK_THAT(search::detail::separation_text(dp, gathered),
+                   Catch::StartsWith("slowest step after the programs (norm, clipping, optimizer, shard gathers)"));
         for (const auto* price : {&dp, &z1}) {
             double after = 0;
             for (const auto& d : price->devices) after = std::max(after, d.optimizer + d.gathers);

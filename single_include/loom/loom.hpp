@@ -18521,15 +18521,18 @@ LOOM_INLINE std::string separation_text(const program_price& a, const program_pr
         double a, b;
     };
     const double idle_a = a.makespan * a.idle_fraction(), idle_b = b.makespan * b.idle_fraction();
-    auto optimizer = [](const program_price& p) {
+    // The norm, clipping and the optimizer's update, then the collectives after them (the
+    // norm's all-reduce, ZeRO's shard gathers).
+    auto after_programs = [](const program_price& p) {
         double m = 0;
-        for (const auto& d : p.devices) m = std::max(m, d.optimizer);
+        for (const auto& d : p.devices) m = std::max(m, d.optimizer + d.gathers);
         return m;
     };
     const part parts[] = {{"busiest device's compute", a.max_compute(), b.max_compute()},
                           {"busiest device's communication", a.max_communication(), b.max_communication()},
                           {"idle time (bubbles and exposed communication) per device", idle_a, idle_b},
-                          {"slowest optimizer step", optimizer(a), optimizer(b)}};
+                          {"slowest step after the programs (norm, clipping, optimizer, shard gathers)",
+                           after_programs(a), after_programs(b)}};
     // The component that grew most in the slower plan b (one that shrank cannot be why).
     const part* most = nullptr;
     for (const part& p : parts)
