@@ -324,8 +324,9 @@ int main(int argc, char** argv) {
         if (me == 0) {
             std::printf("calibrating the host for %d ranks that share its cores...\n", ranks);
             hw = search::calibrate_host(ranks, between_ranks);
-            for (search::collective kind : {search::collective::all_reduce, search::collective::all_gather,
-                                            search::collective::reduce_scatter, search::collective::send_recv})
+            std::vector<search::collective> kinds{search::collective::all_reduce};  // the intra-node link
+            for (const auto& [kind, l] : hw.topo.intra_node_by_collective) kinds.push_back(kind);
+            for (search::collective kind : kinds)
                 std::printf("%-15s between ranks: %.1f us per message, %.2f GB/s (the profile's convention)\n",
                             std::string(search::to_string(kind)).c_str(), hw.topo.intra_link(kind).latency * 1e6,
                             hw.topo.intra_link(kind).bandwidth / 1e9);

@@ -565,14 +565,11 @@ LOOM_INLINE program_price price_programs(const partition::partitioned_graph& pg,
                             n *= static_cast<double>(o.fold->instance_replicas) / o.fold->real_replicas;
                     elements += n;
                 }
-            } else {
-                for (const auto& s : part.parameters) {
-                    const double n = static_cast<double>(s.region.numel());
-                    elements += sharded ? n / copies[key_of(s)] : n;
-                }
             }
-            // The norm reads each gradient element once over the devices; clipping scales
-            // every gradient element the device stores.
+            // The norm reads each gradient element once over the devices (`owned`); clipping
+            // scales every gradient element the device stores (`stored`). Under ZeRO-2 the
+            // gradient shards are both; otherwise the stored pieces, of which ZeRO-1 updates
+            // the owned share and the others all.
             double owned = elements, stored = elements;
             if (pg.zero != plan::zero_stage::gradients) {
                 owned = stored = 0;
@@ -581,6 +578,7 @@ LOOM_INLINE program_price price_programs(const partition::partitioned_graph& pg,
                     owned += n / copies[key_of(s)];
                     stored += n;
                 }
+                elements = sharded ? owned : stored;
             }
             device_price& price = out.devices[static_cast<std::size_t>(d)];
             price.memory.optimizer = elements * o.optimizer_bytes_per_element;
@@ -599,15 +597,15 @@ LOOM_INLINE program_price price_programs(const partition::partitioned_graph& pg,
             // each updates its shard (train::distributed_trainer::synchronize_shards), over
             // the devices that store it (under folding, every real replica of it).
             const bool gathered = pg.zero == plan::zero_stage::optimizer || pg.zero == plan::zero_stage::gradients;
-            for (const auto& s : part.parameters) {
-                if (!gathered) break;
-                const double n = copies[key_of(s)];
-                if (n <= 1) continue;
-                std::vector<int> group = o.fold ? o.fold->family.at(static_cast<std::size_t>(d)) : holders[key_of(s)];
-                price.gathers += collective_cost(c, collective::all_gather, static_cast<double>(s.region.numel()) * element,
-                                                 static_cast<int>(std::llround(n)), placement(c.topo, group), o.collectives)
-                                     .total();
-            }
+            if (gathered)
+                for (const auto& s : part.parameters) {
+                    const double n = copies[key_of(s)];
+                    if (n <= 1) continue;
+                    const std::vector<int>& group = o.fold ? o.fold->family.at(static_cast<std::size_t>(d)) : holders[key_of(s)];
+                    price.gathers += collective_cost(c, collective::all_gather, static_cast<double>(s.region.numel()) * element,
+                                                     static_cast<int>(std::llround(n)), placement(c.topo, group), o.collectives)
+                                         .total();
+                }
             price.gathers /= o.compute_shared_by;  // as every transfer's time (the profile's convention)
         }
     }
