@@ -744,25 +744,22 @@ TEST_CASE("prices follow first principles") {
         CHECK(m[0].bound - m[2].bound == Approx(2 * psi * (1 - 1 / n)).epsilon(0.01));
         CHECK(m[0].bound - m[3].bound == Approx(4 * psi * (1 - 1 / n)).epsilon(0.01));
     }
-    SECTION("the step after the programs: the norm, clipping, the update and ZeRO's shard gathers") {
+    SECTION("the step after the programs: the norm, the clipped update and ZeRO's shard gathers") {
         // What the trainers do after the programs, in bytes over the device's memory
-        // bandwidth: AdamW reads parameter, gradient and two moments and writes three; the
-        // norm reads each gradient element once over the replicas; clipping reads and writes
-        // every gradient. Then one all-reduce of the norm, and under ZeRO-1 an all-gather of
+        // bandwidth: AdamW reads parameter, gradient and two moments and writes three (it
+        // clips as it reads the gradient: no pass of its own); the norm reads each gradient
+        // element once over the replicas. Then one all-reduce of the norm, and under ZeRO-1 an all-gather of
         // every parameter over its replicas.
         const double psi = static_cast<double>(model.ir().parameter_count()), replicas = 4;
         const double bandwidth = hw.device.memory_bandwidth * hw.device.elementwise_efficiency;
         const auto dp_pg = partition::apply_plan(model.ir(), plan::presets::data_parallel(4));
         const auto z1_pg = partition::apply_plan(model.ir(), plan::presets::zero(1, 4));
-        search::price_options unclipped;
-        unclipped.clip_gradients = false;
-        const auto dp = search::price_programs(dp_pg, hw), dp_unclipped = search::price_programs(dp_pg, hw, unclipped);
+        const auto dp = search::price_programs(dp_pg, hw);
         const auto z1 = search::price_programs(z1_pg, hw);
         const double norm_reduce =
             search::collective_time(hw, search::collective::all_reduce, 8, search::device_group{.size = 4});
-        CHECK(dp.devices[0].optimizer == Approx(psi * (28 + 4 / replicas + 8) / bandwidth));
-        CHECK(dp_unclipped.devices[0].optimizer == Approx(psi * (28 + 4 / replicas) / bandwidth));
-        CHECK(z1.devices[0].optimizer == Approx(psi * (28 / replicas + 4 / replicas + 8) / bandwidth).epsilon(0.01));
+        CHECK(dp.devices[0].optimizer == Approx(psi * (28 + 4 / replicas) / bandwidth));
+        CHECK(z1.devices[0].optimizer == Approx(psi * (28 / replicas + 4 / replicas) / bandwidth).epsilon(0.01));
         CHECK(dp.devices[0].gathers == Approx(norm_reduce));
         double gathers = norm_reduce;
         for (const auto& piece : z1_pg.devices[0].parameters)

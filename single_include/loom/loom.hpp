@@ -14752,9 +14752,9 @@ LOOM_INLINE double exposed_time(double forward_transmission, double backward_tra
 //   backend runs); an instruction starts when its stream is free and its inputs are ready;
 //   a collective starts when every member has reached it. The step after the programs
 //   follows, as the trainers run it: the gradients' global norm (each element read once
-//   over the devices) and its all-reduce, clipping (every gradient read and written:
-//   price_options::clip_gradients), the optimizer's update, and under ZeRO-1/2 the
-//   all-gather of every updated shard over its replicas.
+//   over the devices) and its all-reduce, the optimizer's update (which applies the
+//   clipping coefficient as it reads each gradient), and under ZeRO-1/2 the all-gather of
+//   every updated shard over its replicas.
 // - Memory: what the host backend allocates for the program (runtime/compile.hpp): the
 //   liveness-planned arena of intermediates plus the bound tensors (parameters, gradients,
 //   inputs, loss), the optimizer's state for what the device updates (AdamW: two float
@@ -15192,10 +15192,6 @@ struct price_options {
     // Optimizer state per element the device updates: AdamW's two float moments (8), plus a
     // float master copy when tensors are stored in bf16.
     double optimizer_bytes_per_element = 8;
-    // The trainer clips the gradients by their global norm (trainer_options::clip_norm > 0):
-    // the price counts a pass that scales every gradient. Whether a step clips depends on
-    // its norm; early in training, as in a short run, nearly every step does.
-    bool clip_gradients = true;
     // What a runtime holds beside the program: context, communicator buffers, allocator
     // fragmentation. Stated, not measured: 0 for the host backend's arena, about 2 GiB on a
     // GPU with NCCL (context ~0.5 GiB, NCCL buffers ~1 GiB, caching allocator slack).
@@ -15236,7 +15232,7 @@ struct device_price {
     double compute = 0;        // s the compute stream is busy
     double communication = 0;  // s the communication stream is busy
     double finish = 0;         // s when its last instruction ends
-    double optimizer = 0;      // s of its passes over memory after the programs: norm, clipping, update
+    double optimizer = 0;      // s of its passes over memory after the programs: the norm, the (clipped) update
     double gathers = 0;        // s of its collectives after them: the norm's all-reduce, ZeRO-1/2's shard gathers
     std::int64_t instructions = 0;
     device_memory memory;
@@ -15606,13 +15602,14 @@ LOOM_INLINE program_price price_programs(const partition::partitioned_graph& pg,
                     elements += n;
                 }
             }
-            // The norm reads each gradient element once over the devices (`owned`); clipping
-            // scales every gradient element the device stores (`stored`). Under ZeRO-2 the
-            // gradient shards are both; otherwise the stored pieces, of which ZeRO-1 updates
-            // the owned share and the others all.
-            double owned = elements, stored = elements;
+            // The norm reads each gradient element once over the devices (`owned`). Under
+            // ZeRO-2 the gradient shards are both what it reads and what the device updates;
+            // otherwise the stored pieces, of which ZeRO-1 updates the owned share and the
+            // others all.
+            double owned = elements;
             if (pg.zero != plan::zero_stage::gradients) {
-                owned = stored = 0;
+                double stored = 0;
+                owned = 0;
                 for (const auto& s : part.parameters) {
                     const double n = static_cast<double>(s.region.numel());
                     owned += n / copies[key_of(s)];
@@ -15624,8 +15621,7 @@ LOOM_INLINE program_price price_programs(const partition::partitioned_graph& pg,
             price.memory.optimizer = elements * o.optimizer_bytes_per_element;
             const double element = static_cast<double>(real_bytes(o.storage));
             // AdamW reads parameter, gradient and two moments and writes three of them.
-            double bytes = elements * (4.0 * element + 3.0 * 4.0) + owned * element;
-            if (o.clip_gradients) bytes += stored * 2.0 * element;
+            const double bytes = elements * (4.0 * element + 3.0 * 4.0) + owned * element;
             price.optimizer = bytes / (c.device.memory_bandwidth * c.device.elementwise_efficiency) / o.compute_shared_by;
             // The norm's all-reduce of one number over every (real) device.
             const int real_world = o.fold ? world / o.fold->instance_replicas * o.fold->real_replicas : world;
@@ -27422,7 +27418,9 @@ LOOM_INLINE plan::plan_spec load_plan(const std::string& path, const graph* mode
 
 // train
 // ---- begin loom/train/adamw.hpp ----
-// AdamW with PyTorch's torch.optim.AdamW semantics (decoupled weight decay):
+// AdamW with PyTorch's torch.optim.AdamW semantics (decoupled weight decay), on the
+// gradient g times a scale (global-norm clipping's coefficient, grad_clip.hpp; 1: none):
+//   g <- g * scale
 //   p <- p * (1 - lr * wd)
 //   m <- b1 m + (1 - b1) g;  v <- b2 v + (1 - b2) g^2
 //   p <- p - lr * (m / (1 - b1^t)) / (sqrt(v / (1 - b2^t)) + eps)
@@ -27467,14 +27465,15 @@ namespace detail {
 // The scalar loop does not vectorize: std::sqrt may set errno, which g++ keeps as a branch.
 template <class T>
 struct adamw_update {
-    T decay, b1, b2, step_size, bias2_sqrt, eps;
+    T decay, b1, b2, step_size, bias2_sqrt, eps, scale;
 
-    void scalar(T* __restrict p, T* __restrict m, T* __restrict v, const T* __restrict g, std::int64_t lo,
+    void scalar(T* __restrict p, T* __restrict m, T* __restrict v, const T* __restrict grad, std::int64_t lo,
                 std::int64_t hi) const {
         for (std::int64_t i = lo; i < hi; ++i) {
+            const T g = grad[i] * scale;
             p[i] *= decay;
-            m[i] = b1 * m[i] + (1 - b1) * g[i];
-            v[i] = b2 * v[i] + (1 - b2) * g[i] * g[i];
+            m[i] = b1 * m[i] + (1 - b1) * g;
+            v[i] = b2 * v[i] + (1 - b2) * g * g;
             p[i] -= step_size * m[i] / (std::sqrt(v[i]) / bias2_sqrt + eps);
         }
     }
@@ -27485,10 +27484,11 @@ struct adamw_update {
                                            const float* __restrict g, std::int64_t lo, std::int64_t hi) const {
         const __m512 vdecay = _mm512_set1_ps(decay), vb1 = _mm512_set1_ps(b1), vb2 = _mm512_set1_ps(b2),
                      one_minus_b1 = _mm512_set1_ps(1 - b1), one_minus_b2 = _mm512_set1_ps(1 - b2),
-                     vstep = _mm512_set1_ps(step_size), vbias2 = _mm512_set1_ps(bias2_sqrt), veps = _mm512_set1_ps(eps);
+                     vstep = _mm512_set1_ps(step_size), vbias2 = _mm512_set1_ps(bias2_sqrt), veps = _mm512_set1_ps(eps),
+                     vscale = _mm512_set1_ps(scale);
         std::int64_t i = lo;
         for (; i + 16 <= hi; i += 16) {
-            const __m512 gi = _mm512_loadu_ps(g + i);
+            const __m512 gi = _mm512_mul_ps(_mm512_loadu_ps(g + i), vscale);
             const __m512 pi = _mm512_mul_ps(_mm512_loadu_ps(p + i), vdecay);
             const __m512 mi = _mm512_add_ps(_mm512_mul_ps(vb1, _mm512_loadu_ps(m + i)), _mm512_mul_ps(one_minus_b1, gi));
             const __m512 vi = _mm512_add_ps(_mm512_mul_ps(vb2, _mm512_loadu_ps(v + i)),
@@ -27532,13 +27532,16 @@ public:
         slots_.push_back(std::move(slot));
     }
 
-    void step(double lr) {
+    // One update of every parameter at rate `lr`, each gradient multiplied by `grad_scale`
+    // as it is read (the clipping coefficient: grad_clip.hpp's clip_scale).
+    void step(double lr, double grad_scale = 1.0) {
         ++steps_;
         const double t = static_cast<double>(steps_);
         const T b1 = static_cast<T>(options_.beta1), b2 = static_cast<T>(options_.beta2);
         const T step_size = static_cast<T>(lr / (1 - std::pow(options_.beta1, t)));
         const T bias2_sqrt = static_cast<T>(std::sqrt(1 - std::pow(options_.beta2, t)));
         const T eps = static_cast<T>(options_.eps);
+        const T scale = static_cast<T>(grad_scale);
         for (std::size_t s = 0; s < slots_.size(); ++s) {
             auto& slot = slots_[s];
             T* __restrict m = m_[s].data();
@@ -27546,7 +27549,7 @@ public:
             T* __restrict p = slot.value.data();
             const T* __restrict g = slot.grad.data();
             const T decay = slot.weight_decay ? static_cast<T>(1 - lr * options_.weight_decay) : T(1);
-            const detail::adamw_update<T> update{decay, b1, b2, step_size, bias2_sqrt, eps};
+            const detail::adamw_update<T> update{decay, b1, b2, step_size, bias2_sqrt, eps, scale};
             host::parallel_for(0, static_cast<std::int64_t>(slot.value.size()), 1 << 14,
                                [&](std::int64_t lo, std::int64_t hi) { update(p, m, v, g, lo, hi); });
         }
@@ -28090,6 +28093,9 @@ private:
 // Global-norm gradient clipping with torch.nn.utils.clip_grad_norm_ semantics:
 //   total = sqrt(sum over every gradient element of g^2)
 //   if max_norm / (total + 1e-6) < 1, every gradient is scaled by that factor.
+// The scale is applied by the optimizer as it reads each gradient (adamw::step and
+// sgd::step take it), not by a pass of its own: a separate pass read and wrote every
+// gradient once more, 1.5% of a GPT-2 small step on the host. The GPU optimizer does the same.
 // The norm is accumulated in double in a fixed order, so it is the same whatever the
 // thread count: every gradient is cut into chunks of a fixed size, each chunk summed with
 // eight running sums (one sum waited on the add's latency at every element: 2% of a GPT-2
@@ -28160,29 +28166,13 @@ double global_norm(const std::vector<std::span<T>>& grads) {
     return std::sqrt(sum_of_squares(grads));
 }
 
-// Every gradient element times `coefficient` (each product in double, rounded once).
-template <class T>
-void scale_gradients(const std::vector<std::span<T>>& grads, double coefficient) {
-    const std::vector<detail::grad_chunk> chunks = detail::chunks_of(grads);
-    host::parallel_for(0, static_cast<std::int64_t>(chunks.size()), 1, [&](std::int64_t lo, std::int64_t hi) {
-        for (std::int64_t c = lo; c < hi; ++c) {
-            const detail::grad_chunk& chunk = chunks[static_cast<std::size_t>(c)];
-            T* x = grads[chunk.grad].data() + chunk.offset;
-            for (std::int64_t i = 0; i < chunk.length; ++i) x[i] = static_cast<T>(x[i] * coefficient);
-        }
-    });
-}
-
 // The coefficient that clips a global norm to max_norm: below 1 when it clips.
 inline double clip_coefficient(double norm, double max_norm) { return max_norm / (norm + 1e-6); }
 
-// Returns the norm before clipping.
-template <class T>
-double clip_global_norm(const std::vector<std::span<T>>& grads, double max_norm) {
-    const double total = global_norm(grads);
-    const double coefficient = clip_coefficient(total, max_norm);
-    if (coefficient < 1) scale_gradients(grads, coefficient);
-    return total;
+// What the optimizer multiplies every gradient by: the clipping coefficient where it is below
+// 1, else 1 (also when max_norm <= 0: no clipping).
+inline double clip_scale(double norm, double max_norm) {
+    return max_norm > 0 ? std::min(1.0, clip_coefficient(norm, max_norm)) : 1.0;
 }
 
 }  // namespace loom::train
@@ -28422,8 +28412,9 @@ LOOM_INLINE std::int64_t offset_in(const partition::box& inner, const partition:
 #endif  // LOOM_HEADER_DEFINITIONS
 // ---- end loom/train/ownership.hpp ----
 // ---- begin loom/train/sgd.hpp ----
-// SGD with momentum, with PyTorch's torch.optim.SGD semantics:
-//   g <- g + wd * p
+// SGD with momentum, with PyTorch's torch.optim.SGD semantics, on the gradient g times a
+// scale (global-norm clipping's coefficient, grad_clip.hpp; 1: none):
+//   g <- g * scale + wd * p
 //   buf <- g                                 on the first step
 //   buf <- momentum * buf + (1 - dampening) * g   afterwards
 //   p <- p - lr * (nesterov ? g + momentum * buf : buf)
@@ -28457,15 +28448,17 @@ public:
         slots_.push_back(std::move(slot));
     }
 
-    // One update of every parameter; `lr` overrides the configured rate (for schedules).
-    void step(double lr) {
+    // One update of every parameter; `lr` overrides the configured rate (for schedules), and
+    // each gradient is multiplied by `grad_scale` as it is read (grad_clip.hpp's clip_scale).
+    void step(double lr, double grad_scale = 1.0) {
+        const T scale = static_cast<T>(grad_scale);
         const T mu = static_cast<T>(options_.momentum), damp = static_cast<T>(1 - options_.dampening);
         for (std::size_t s = 0; s < slots_.size(); ++s) {
             auto& slot = slots_[s];
             auto& buf = momentum_[s];
             const T wd = slot.weight_decay ? static_cast<T>(options_.weight_decay) : T(0);
             for (std::size_t i = 0; i < slot.value.size(); ++i) {
-                T g = slot.grad[i] + wd * slot.value[i];
+                T g = slot.grad[i] * scale + wd * slot.value[i];
                 T update = g;
                 if (options_.momentum != 0) {
                     buf[i] = steps_ == 0 ? g : mu * buf[i] + damp * g;
@@ -28586,7 +28579,8 @@ public:
     trainer& operator=(const trainer&) = delete;
 
     // With a profile, also times each kernel of the program and, as the kinds
-    // "clip_global_norm" and "optimizer", the two host loops after it.
+    // "gradient_norm" and "optimizer" (which clips as it reads the gradients), the two host
+    // loops after it.
     step_result step(const input_feed& feed, host::op_profile* profile = nullptr) {
         auto start = std::chrono::steady_clock::now();
         set_inputs(feed);
@@ -28601,10 +28595,11 @@ public:
             if (profile) profile->add(kind, std::chrono::duration<double>(now - phase).count(), 0.0);
             phase = now;
         };
-        r.grad_norm = options_.clip_norm > 0 ? clip_global_norm(grads_, options_.clip_norm) : global_norm(grads_);
-        close_phase("clip_global_norm");
+        r.grad_norm = global_norm(grads_);
+        close_phase("gradient_norm");
         r.lr = options_.schedule.at(steps_);
-        std::visit([&](auto& opt) { opt.step(r.lr); }, *optimizer_);
+        const double scale = clip_scale(r.grad_norm, options_.clip_norm);
+        std::visit([&](auto& opt) { opt.step(r.lr, scale); }, *optimizer_);
         close_phase("optimizer");
         ++steps_;
         r.seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
@@ -28619,6 +28614,8 @@ public:
     }
 
     std::span<T> parameter(std::string_view name) { return storage_->real(find(name, tensor_role::parameter)); }
+    // The gradient of the last pass, before clipping: the optimizer applies the clipping
+    // coefficient as it reads the gradients.
     std::span<T> gradient(std::string_view name) {
         tensor_id p = find(name, tensor_role::parameter);
         for (auto [param, grad] : graph_->gradients)
@@ -28754,12 +28751,9 @@ public:
         step_result r;
         r.loss = static_cast<double>(storage_->real(part_->loss)[0]);
         r.grad_norm = global_gradient_norm();
-        if (options_.clip_norm > 0) {
-            const double coefficient = clip_coefficient(r.grad_norm, options_.clip_norm);
-            if (coefficient < 1) scale_gradients(gradients_, coefficient);
-        }
         r.lr = options_.schedule.at(steps_);
-        std::visit([&](auto& opt) { opt.step(r.lr); }, *optimizer_);
+        const double scale = clip_scale(r.grad_norm, options_.clip_norm);
+        std::visit([&](auto& opt) { opt.step(r.lr, scale); }, *optimizer_);
         synchronize_shards();
         ++steps_;
         r.seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
@@ -28815,7 +28809,6 @@ private:
     void plan_gradient_norm() {
         for (const auto& s : part_->gradients) {
             auto values = storage_->real(s.local);
-            gradients_.push_back(values);
             for (const auto& region : owned_rows(s.logical, s.region, true))
                 partition::for_each_region_row(region, s.region, s.region, [&](std::int64_t at, std::int64_t, std::int64_t n) {
                     owned_gradients_.push_back(values.subspan(static_cast<std::size_t>(at), static_cast<std::size_t>(n)));
@@ -28934,8 +28927,7 @@ private:
     std::vector<shard> shards_;
     std::vector<T> gathered_;
     std::vector<std::pair<tensor_id, partition::box>> slot_regions_;
-    std::vector<std::span<T>> gradients_;        // every gradient piece, as clipping scales them
-    std::vector<std::span<T>> owned_gradients_;  // the runs of them whose squares this rank sums
+    std::vector<std::span<T>> owned_gradients_;  // the runs of the gradient pieces whose squares this rank sums
     std::int64_t steps_ = 0;
 };
 

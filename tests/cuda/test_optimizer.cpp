@@ -1,5 +1,5 @@
 // The fused AdamW and the global norm against their host twins: loom::train::adamw<float>
-// and loom::train::clip_global_norm, over tensors of odd sizes, some spanning many chunks.
+// with loom::train::global_norm and clip_scale, over tensors of odd sizes, some spanning many chunks.
 #include <cmath>
 #include <cstring>
 #include <span>
@@ -65,10 +65,10 @@ void check_adamw(float max_norm) {
             host_grads[i] = widen(g);
             host_grad_spans.emplace_back(host_grads[i]);
         }
-        const double want_norm = train::clip_global_norm(host_grad_spans, max_norm);
+        const double want_norm = train::global_norm(host_grad_spans);
         norm.compute(max_norm, norm_result.get(), nullptr);
         device.step(norm_result.get() + 1, nullptr);  // the coefficient
-        host.step();
+        host.step(host_options.lr, train::clip_scale(want_norm, max_norm));
         const auto got_norm = norm_result.download();
         INFO("step " << step);
         CHECK(std::fabs(got_norm[0] - want_norm) <= 1e-6 * want_norm);

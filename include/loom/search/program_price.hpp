@@ -19,9 +19,9 @@
 //   backend runs); an instruction starts when its stream is free and its inputs are ready;
 //   a collective starts when every member has reached it. The step after the programs
 //   follows, as the trainers run it: the gradients' global norm (each element read once
-//   over the devices) and its all-reduce, clipping (every gradient read and written:
-//   price_options::clip_gradients), the optimizer's update, and under ZeRO-1/2 the
-//   all-gather of every updated shard over its replicas.
+//   over the devices) and its all-reduce, the optimizer's update (which applies the
+//   clipping coefficient as it reads each gradient), and under ZeRO-1/2 the all-gather of
+//   every updated shard over its replicas.
 // - Memory: what the host backend allocates for the program (runtime/compile.hpp): the
 //   liveness-planned arena of intermediates plus the bound tensors (parameters, gradients,
 //   inputs, loss), the optimizer's state for what the device updates (AdamW: two float
@@ -152,10 +152,6 @@ struct price_options {
     // Optimizer state per element the device updates: AdamW's two float moments (8), plus a
     // float master copy when tensors are stored in bf16.
     double optimizer_bytes_per_element = 8;
-    // The trainer clips the gradients by their global norm (trainer_options::clip_norm > 0):
-    // the price counts a pass that scales every gradient. Whether a step clips depends on
-    // its norm; early in training, as in a short run, nearly every step does.
-    bool clip_gradients = true;
     // What a runtime holds beside the program: context, communicator buffers, allocator
     // fragmentation. Stated, not measured: 0 for the host backend's arena, about 2 GiB on a
     // GPU with NCCL (context ~0.5 GiB, NCCL buffers ~1 GiB, caching allocator slack).
@@ -196,7 +192,7 @@ struct device_price {
     double compute = 0;        // s the compute stream is busy
     double communication = 0;  // s the communication stream is busy
     double finish = 0;         // s when its last instruction ends
-    double optimizer = 0;      // s of its passes over memory after the programs: norm, clipping, update
+    double optimizer = 0;      // s of its passes over memory after the programs: the norm, the (clipped) update
     double gathers = 0;        // s of its collectives after them: the norm's all-reduce, ZeRO-1/2's shard gathers
     std::int64_t instructions = 0;
     device_memory memory;
@@ -566,13 +562,14 @@ LOOM_INLINE program_price price_programs(const partition::partitioned_graph& pg,
                     elements += n;
                 }
             }
-            // The norm reads each gradient element once over the devices (`owned`); clipping
-            // scales every gradient element the device stores (`stored`). Under ZeRO-2 the
-            // gradient shards are both; otherwise the stored pieces, of which ZeRO-1 updates
-            // the owned share and the others all.
-            double owned = elements, stored = elements;
+            // The norm reads each gradient element once over the devices (`owned`). Under
+            // ZeRO-2 the gradient shards are both what it reads and what the device updates;
+            // otherwise the stored pieces, of which ZeRO-1 updates the owned share and the
+            // others all.
+            double owned = elements;
             if (pg.zero != plan::zero_stage::gradients) {
-                owned = stored = 0;
+                double stored = 0;
+                owned = 0;
                 for (const auto& s : part.parameters) {
                     const double n = static_cast<double>(s.region.numel());
                     owned += n / copies[key_of(s)];
@@ -584,8 +581,7 @@ LOOM_INLINE program_price price_programs(const partition::partitioned_graph& pg,
             price.memory.optimizer = elements * o.optimizer_bytes_per_element;
             const double element = static_cast<double>(real_bytes(o.storage));
             // AdamW reads parameter, gradient and two moments and writes three of them.
-            double bytes = elements * (4.0 * element + 3.0 * 4.0) + owned * element;
-            if (o.clip_gradients) bytes += stored * 2.0 * element;
+            const double bytes = elements * (4.0 * element + 3.0 * 4.0) + owned * element;
             price.optimizer = bytes / (c.device.memory_bandwidth * c.device.elementwise_efficiency) / o.compute_shared_by;
             // The norm's all-reduce of one number over every (real) device.
             const int real_world = o.fold ? world / o.fold->instance_replicas * o.fold->real_replicas : world;

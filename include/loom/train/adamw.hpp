@@ -1,5 +1,7 @@
 #pragma once
-// AdamW with PyTorch's torch.optim.AdamW semantics (decoupled weight decay):
+// AdamW with PyTorch's torch.optim.AdamW semantics (decoupled weight decay), on the
+// gradient g times a scale (global-norm clipping's coefficient, grad_clip.hpp; 1: none):
+//   g <- g * scale
 //   p <- p * (1 - lr * wd)
 //   m <- b1 m + (1 - b1) g;  v <- b2 v + (1 - b2) g^2
 //   p <- p - lr * (m / (1 - b1^t)) / (sqrt(v / (1 - b2^t)) + eps)
@@ -30,14 +32,15 @@ namespace detail {
 // The scalar loop does not vectorize: std::sqrt may set errno, which g++ keeps as a branch.
 template <class T>
 struct adamw_update {
-    T decay, b1, b2, step_size, bias2_sqrt, eps;
+    T decay, b1, b2, step_size, bias2_sqrt, eps, scale;
 
-    void scalar(T* __restrict p, T* __restrict m, T* __restrict v, const T* __restrict g, std::int64_t lo,
+    void scalar(T* __restrict p, T* __restrict m, T* __restrict v, const T* __restrict grad, std::int64_t lo,
                 std::int64_t hi) const {
         for (std::int64_t i = lo; i < hi; ++i) {
+            const T g = grad[i] * scale;
             p[i] *= decay;
-            m[i] = b1 * m[i] + (1 - b1) * g[i];
-            v[i] = b2 * v[i] + (1 - b2) * g[i] * g[i];
+            m[i] = b1 * m[i] + (1 - b1) * g;
+            v[i] = b2 * v[i] + (1 - b2) * g * g;
             p[i] -= step_size * m[i] / (std::sqrt(v[i]) / bias2_sqrt + eps);
         }
     }
@@ -48,10 +51,11 @@ struct adamw_update {
                                            const float* __restrict g, std::int64_t lo, std::int64_t hi) const {
         const __m512 vdecay = _mm512_set1_ps(decay), vb1 = _mm512_set1_ps(b1), vb2 = _mm512_set1_ps(b2),
                      one_minus_b1 = _mm512_set1_ps(1 - b1), one_minus_b2 = _mm512_set1_ps(1 - b2),
-                     vstep = _mm512_set1_ps(step_size), vbias2 = _mm512_set1_ps(bias2_sqrt), veps = _mm512_set1_ps(eps);
+                     vstep = _mm512_set1_ps(step_size), vbias2 = _mm512_set1_ps(bias2_sqrt), veps = _mm512_set1_ps(eps),
+                     vscale = _mm512_set1_ps(scale);
         std::int64_t i = lo;
         for (; i + 16 <= hi; i += 16) {
-            const __m512 gi = _mm512_loadu_ps(g + i);
+            const __m512 gi = _mm512_mul_ps(_mm512_loadu_ps(g + i), vscale);
             const __m512 pi = _mm512_mul_ps(_mm512_loadu_ps(p + i), vdecay);
             const __m512 mi = _mm512_add_ps(_mm512_mul_ps(vb1, _mm512_loadu_ps(m + i)), _mm512_mul_ps(one_minus_b1, gi));
             const __m512 vi = _mm512_add_ps(_mm512_mul_ps(vb2, _mm512_loadu_ps(v + i)),
@@ -95,13 +99,16 @@ public:
         slots_.push_back(std::move(slot));
     }
 
-    void step(double lr) {
+    // One update of every parameter at rate `lr`, each gradient multiplied by `grad_scale`
+    // as it is read (the clipping coefficient: grad_clip.hpp's clip_scale).
+    void step(double lr, double grad_scale = 1.0) {
         ++steps_;
         const double t = static_cast<double>(steps_);
         const T b1 = static_cast<T>(options_.beta1), b2 = static_cast<T>(options_.beta2);
         const T step_size = static_cast<T>(lr / (1 - std::pow(options_.beta1, t)));
         const T bias2_sqrt = static_cast<T>(std::sqrt(1 - std::pow(options_.beta2, t)));
         const T eps = static_cast<T>(options_.eps);
+        const T scale = static_cast<T>(grad_scale);
         for (std::size_t s = 0; s < slots_.size(); ++s) {
             auto& slot = slots_[s];
             T* __restrict m = m_[s].data();
@@ -109,7 +116,7 @@ public:
             T* __restrict p = slot.value.data();
             const T* __restrict g = slot.grad.data();
             const T decay = slot.weight_decay ? static_cast<T>(1 - lr * options_.weight_decay) : T(1);
-            const detail::adamw_update<T> update{decay, b1, b2, step_size, bias2_sqrt, eps};
+            const detail::adamw_update<T> update{decay, b1, b2, step_size, bias2_sqrt, eps, scale};
             host::parallel_for(0, static_cast<std::int64_t>(slot.value.size()), 1 << 14,
                                [&](std::int64_t lo, std::int64_t hi) { update(p, m, v, g, lo, hi); });
         }

@@ -93,12 +93,9 @@ public:
         step_result r;
         r.loss = static_cast<double>(storage_->real(part_->loss)[0]);
         r.grad_norm = global_gradient_norm();
-        if (options_.clip_norm > 0) {
-            const double coefficient = clip_coefficient(r.grad_norm, options_.clip_norm);
-            if (coefficient < 1) scale_gradients(gradients_, coefficient);
-        }
         r.lr = options_.schedule.at(steps_);
-        std::visit([&](auto& opt) { opt.step(r.lr); }, *optimizer_);
+        const double scale = clip_scale(r.grad_norm, options_.clip_norm);
+        std::visit([&](auto& opt) { opt.step(r.lr, scale); }, *optimizer_);
         synchronize_shards();
         ++steps_;
         r.seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
@@ -154,7 +151,6 @@ private:
     void plan_gradient_norm() {
         for (const auto& s : part_->gradients) {
             auto values = storage_->real(s.local);
-            gradients_.push_back(values);
             for (const auto& region : owned_rows(s.logical, s.region, true))
                 partition::for_each_region_row(region, s.region, s.region, [&](std::int64_t at, std::int64_t, std::int64_t n) {
                     owned_gradients_.push_back(values.subspan(static_cast<std::size_t>(at), static_cast<std::size_t>(n)));
@@ -273,8 +269,7 @@ private:
     std::vector<shard> shards_;
     std::vector<T> gathered_;
     std::vector<std::pair<tensor_id, partition::box>> slot_regions_;
-    std::vector<std::span<T>> gradients_;        // every gradient piece, as clipping scales them
-    std::vector<std::span<T>> owned_gradients_;  // the runs of them whose squares this rank sums
+    std::vector<std::span<T>> owned_gradients_;  // the runs of the gradient pieces whose squares this rank sums
     std::int64_t steps_ = 0;
 };
 

@@ -1,6 +1,7 @@
 #pragma once
-// SGD with momentum, with PyTorch's torch.optim.SGD semantics:
-//   g <- g + wd * p
+// SGD with momentum, with PyTorch's torch.optim.SGD semantics, on the gradient g times a
+// scale (global-norm clipping's coefficient, grad_clip.hpp; 1: none):
+//   g <- g * scale + wd * p
 //   buf <- g                                 on the first step
 //   buf <- momentum * buf + (1 - dampening) * g   afterwards
 //   p <- p - lr * (nesterov ? g + momentum * buf : buf)
@@ -36,15 +37,17 @@ public:
         slots_.push_back(std::move(slot));
     }
 
-    // One update of every parameter; `lr` overrides the configured rate (for schedules).
-    void step(double lr) {
+    // One update of every parameter; `lr` overrides the configured rate (for schedules), and
+    // each gradient is multiplied by `grad_scale` as it is read (grad_clip.hpp's clip_scale).
+    void step(double lr, double grad_scale = 1.0) {
+        const T scale = static_cast<T>(grad_scale);
         const T mu = static_cast<T>(options_.momentum), damp = static_cast<T>(1 - options_.dampening);
         for (std::size_t s = 0; s < slots_.size(); ++s) {
             auto& slot = slots_[s];
             auto& buf = momentum_[s];
             const T wd = slot.weight_decay ? static_cast<T>(options_.weight_decay) : T(0);
             for (std::size_t i = 0; i < slot.value.size(); ++i) {
-                T g = slot.grad[i] + wd * slot.value[i];
+                T g = slot.grad[i] * scale + wd * slot.value[i];
                 T update = g;
                 if (options_.momentum != 0) {
                     buf[i] = steps_ == 0 ? g : mu * buf[i] + damp * g;

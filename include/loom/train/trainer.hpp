@@ -71,7 +71,8 @@ public:
     trainer& operator=(const trainer&) = delete;
 
     // With a profile, also times each kernel of the program and, as the kinds
-    // "clip_global_norm" and "optimizer", the two host loops after it.
+    // "gradient_norm" and "optimizer" (which clips as it reads the gradients), the two host
+    // loops after it.
     step_result step(const input_feed& feed, host::op_profile* profile = nullptr) {
         auto start = std::chrono::steady_clock::now();
         set_inputs(feed);
@@ -86,10 +87,11 @@ public:
             if (profile) profile->add(kind, std::chrono::duration<double>(now - phase).count(), 0.0);
             phase = now;
         };
-        r.grad_norm = options_.clip_norm > 0 ? clip_global_norm(grads_, options_.clip_norm) : global_norm(grads_);
-        close_phase("clip_global_norm");
+        r.grad_norm = global_norm(grads_);
+        close_phase("gradient_norm");
         r.lr = options_.schedule.at(steps_);
-        std::visit([&](auto& opt) { opt.step(r.lr); }, *optimizer_);
+        const double scale = clip_scale(r.grad_norm, options_.clip_norm);
+        std::visit([&](auto& opt) { opt.step(r.lr, scale); }, *optimizer_);
         close_phase("optimizer");
         ++steps_;
         r.seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
@@ -104,6 +106,8 @@ public:
     }
 
     std::span<T> parameter(std::string_view name) { return storage_->real(find(name, tensor_role::parameter)); }
+    // The gradient of the last pass, before clipping: the optimizer applies the clipping
+    // coefficient as it reads the gradients.
     std::span<T> gradient(std::string_view name) {
         tensor_id p = find(name, tensor_role::parameter);
         for (auto [param, grad] : graph_->gradients)

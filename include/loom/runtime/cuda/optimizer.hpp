@@ -6,7 +6,7 @@
 // Mixed precision: master weights and both moments are float; a gradient may be float or
 // bf16, and a parameter may carry a bf16 compute copy that the step refreshes. Semantics
 // are PyTorch's (torch.optim.AdamW, torch.nn.utils.clip_grad_norm_), as loom::train::adamw
-// and loom::train::clip_global_norm on the host, which are the twins in the tests.
+// with loom::train::global_norm and clip_scale on the host, which are the twins in the tests.
 #include <cstddef>
 #include <cstdint>
 #include <vector>
