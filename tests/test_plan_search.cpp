@@ -93,18 +93,25 @@ exhaustive price_everything(const graph& model, const plan::plan_spec& space, co
     search::for_each_assignment(space, params, [&](const plan::plan_spec& candidate) {
         try {
             const plan::resolved_plan rp = plan::resolve(candidate, model);
-            const double bound = search::step_lower_bound(rp, work, o.price, &model, &c);
+            const search::memory_floor least = search::memory_lower_bound(rp, model, o.price, &work);
+            const double after = search::after_programs_lower_bound(least, c, o.price);
+            const double bound = search::step_lower_bound(rp, work, o.price, &model, &c) + after;
             const double without_communication = search::step_lower_bound(rp, work, o.price, &model);
-            if (bound > without_communication * (1 + 1e-9)) ++out.raised_by_communication;
+            if (bound > (without_communication + after) * (1 + 1e-9)) ++out.raised_by_communication;
             if (without_communication > search::step_lower_bound(rp, work, o.price) * (1 + 1e-9)) ++out.raised_by_model;
             const search::program_price price =
                 search::price_programs(partition::apply_plan(model, candidate), c, o.price);
             // The bounds are bounds on every leaf: the step, and each device's memory.
             INFO(search::choices_text(params, candidate.choices));
             CHECK(bound <= price.step_seconds * (1 + 1e-12));
-            const search::memory_floor least = search::memory_lower_bound(rp, model, o.price, &work);
+            if (rp.zero != plan::zero_stage::parameters) CHECK(after > 0);
             for (std::size_t d = 0; d < price.devices.size(); ++d) {
                 INFO("device " << d << ", " << search::choices_text(params, candidate.choices));
+                // The optimizer's elements: no more than the device updates.
+                search::memory_floor one = least;
+                for (std::size_t e = 0; e < one.updated.size(); ++e)
+                    if (e != d) one.updated[e] = 0;
+                CHECK(search::after_programs_lower_bound(one, c, o.price) <= price.devices[d].optimizer * (1 + 1e-12));
                 CHECK(least.total(d) + o.price.runtime_bytes <= price.devices[d].memory.total() * (1 + 1e-12));
                 if (least.total(d) > 0.6 * price.devices[d].memory.total()) ++out.memory_floor_close;
                 if (least.activations[d] > 0) ++out.activations_counted;

@@ -17163,7 +17163,8 @@ LOOM_INLINE order_search_result order_search(const schedule::pipeline_shape& sha
 //      partial activations, each micro-batch's in turn) at the tightest placement; the
 //      chains of dependent ops before and after each device's work; and the pipeline's order
 //      simulated with those least block times (a stage's group of devices as one), its
-//      bubbles and the gradients' reductions after the last backward. It never exceeds the programs' price (tests check it on
+//      bubbles and the gradients' reductions after the last backward; then the optimizer's
+//      pass over the elements each device updates (after_programs_lower_bound). It never exceeds the programs' price (tests check it on
 //      every leaf of several spaces, nnScaler's among them).
 //   4. Best first by that bound, each assignment is applied (partition::apply_plan) and its
 //      programs priced (search/program_price.hpp), several at once on as many threads
@@ -17373,6 +17374,7 @@ struct memory_floor {
     std::vector<double> whole;        // per device: bytes that no sharding divides
     std::vector<double> sharded;      // per device: bytes of ZeRO's shards (1/copies of a region)
     std::vector<double> activations;  // per device: saved activations at their peak in flight (0 without the work)
+    std::vector<double> updated;      // per device: parameter elements the optimizer updates at least (0 under ZeRO-3)
     double total(std::size_t d) const { return whole[d] + sharded[d] + (d < activations.size() ? activations[d] : 0.0); }
     double peak() const {
         double m = 0;
@@ -17382,6 +17384,13 @@ struct memory_floor {
 };
 LOOM_INLINE memory_floor memory_lower_bound(const plan::resolved_plan& rp, const graph& model, const price_options& o,
                                             const training_work* work = nullptr);
+
+// A lower bound on the step after the programs (program_price's device_price::optimizer):
+// the optimizer's pass over the elements each device updates (reading parameter, gradient
+// and two moments, writing three) at the device's memory bandwidth, from the memory floor's
+// `updated`. The slowest device's, or with devices sharing one machine all of theirs; the
+// norm's read and the collectives after the programs count zero.
+LOOM_INLINE double after_programs_lower_bound(const memory_floor& floor, const cluster& c, const price_options& o);
 
 namespace detail {
 
@@ -18226,12 +18235,14 @@ LOOM_INLINE memory_floor memory_lower_bound(const plan::resolved_plan& rp, const
                                             const training_work* work) {
     const auto devices = static_cast<std::size_t>(rp.devices);
     memory_floor out{std::vector<double>(devices, 0.0), std::vector<double>(devices, 0.0),
-                     work ? detail::activation_floor(rp, model, *work, o) : std::vector<double>(devices, 0.0)};
+                     work ? detail::activation_floor(rp, model, *work, o) : std::vector<double>(devices, 0.0),
+                     std::vector<double>(devices, 0.0)};
     // Per parameter: the largest region and fewest copies any device holds of it (a tied
     // embedding read by two ops counts once, at its larger reading).
     struct holding {
         double region = 0;
         double copies = 0;
+        double regions = 1;  // the pieces that reading cut the parameter into
     };
     std::map<tensor_id, std::vector<std::pair<std::size_t, std::size_t>>> readers;  // parameter -> (node, input)
     const std::size_t forward = std::min(rp.forward.size(), model.forward_node_count());
@@ -18270,7 +18281,7 @@ LOOM_INLINE memory_floor memory_lower_bound(const plan::resolved_plan& rp, const
             const double copies = std::max(1.0, static_cast<double>(holders.size()) / regions);
             for (std::size_t d : holders) {
                 if (held[d].region == 0) touched.push_back(d);
-                if (region > held[d].region || held[d].region == 0) held[d] = {region, copies};
+                if (region > held[d].region || held[d].region == 0) held[d] = {region, copies, regions};
             }
         }
         const double bytes = static_cast<double>(real_bytes(storage_precision(model, t, o.storage)));
@@ -18285,9 +18296,28 @@ LOOM_INLINE memory_floor memory_lower_bound(const plan::resolved_plan& rp, const
                 if (sharded > 0) out.sharded[d] += amount / h.copies;
                 else out.whole[d] += amount;
             }
+            // ZeRO-1/2 shard the update of a piece over every device storing it, a tied
+            // parameter's readers on other stages too: the devices holding the parameter
+            // per piece, when that is more than one reading's copies. ZeRO-3 stores shards
+            // whose cut the readings do not show (a tied parameter's): counted as none.
+            const double update_copies = std::max(h.copies, static_cast<double>(touched.size()) / h.regions);
+            if (zero < 3) out.updated[d] += zero >= 1 ? h.region / update_copies : h.region;
         }
     }
     return out;
+}
+
+LOOM_INLINE double after_programs_lower_bound(const memory_floor& floor, const cluster& c, const price_options& o) {
+    const double element = static_cast<double>(real_bytes(o.storage));
+    const double bandwidth = c.device.memory_bandwidth * c.device.elementwise_efficiency;
+    if (!(bandwidth > 0)) return 0;
+    double slowest = 0, all = 0;
+    for (double n : floor.updated) {
+        const double seconds = n * (4.0 * element + 3.0 * 4.0) / bandwidth / o.compute_shared_by;
+        slowest = std::max(slowest, seconds);
+        all += seconds;
+    }
+    return o.compute_shared_by > 1 ? all : slowest;
 }
 
 }  // namespace loom::search
@@ -18582,8 +18612,10 @@ LOOM_INLINE plan_search_result search_plan(const graph& model, const plan::plan_
         [&](const plan::plan_spec& candidate) {
             const plan::detail::selector_memo_scope remembering(selectors);
             const plan::resolved_plan rp = plan::resolve(candidate, model);
-            return detail::assignment_bounds{step_lower_bound(rp, work, o.price, &model, &c),
-                                             memory_lower_bound(rp, model, o.price, &work).peak() + o.price.runtime_bytes};
+            const memory_floor least = memory_lower_bound(rp, model, o.price, &work);
+            return detail::assignment_bounds{
+                step_lower_bound(rp, work, o.price, &model, &c) + after_programs_lower_bound(least, c, o.price),
+                least.peak() + o.price.runtime_bytes};
         },
         [&](const plan::plan_spec& candidate) { return price_programs(partition::apply_plan(model, candidate), c, o.price); });
 }
@@ -18629,7 +18661,7 @@ LOOM_INLINE assignment_bounds folded_bounds::operator()(const plan::plan_spec& c
     // micro-batches and the layers, so the line through two instances stays below them
     // beyond. The busiest device's term is linear, so its line is exact, where the order's
     // bound, looser at the larger instance, can bend the whole bound's line down.
-    std::vector<double> by_micro_batches, busiest_by_micro_batches, memory_by_layers;
+    std::vector<double> by_micro_batches, busiest_by_micro_batches, memory_by_layers, after_by_layers;
     for (std::int64_t mb : micro_batches) {
         std::vector<double> by_layers, busiest_by_layers;
         for (std::int64_t k : layers) {
@@ -18645,15 +18677,22 @@ LOOM_INLINE assignment_bounds folded_bounds::operator()(const plan::plan_spec& c
             // convex in them: the line through two instances stays below it beyond. The
             // activations in flight are those of the fewer micro-batches: no more than the
             // real plan's.
+            // The step after the programs likewise: the optimizer's elements grow linearly
+            // with the layers, ZeRO's shards cut over the real replicas.
             memory_floor least = memory_lower_bound(rp, i.g, options_, &i.work);
-            for (double& b : least.sharded) b *= static_cast<double>(replicas) / static_cast<double>(s.replicas);
+            const double to_real = static_cast<double>(replicas) / static_cast<double>(s.replicas);
+            for (double& b : least.sharded) b *= to_real;
+            if (rp.zero != plan::zero_stage::none)
+                for (double& n : least.updated) n *= to_real;
             memory_by_layers.push_back(least.peak());
+            after_by_layers.push_back(after_programs_lower_bound(least, cluster_, options_));
         }
         by_micro_batches.push_back(along(by_layers, layers, fold_layers_per_stage(s)));
         busiest_by_micro_batches.push_back(along(busiest_by_layers, layers, fold_layers_per_stage(s)));
     }
     return {std::max(along(by_micro_batches, micro_batches, s.micro_batches),
-                     along(busiest_by_micro_batches, micro_batches, s.micro_batches)),
+                     along(busiest_by_micro_batches, micro_batches, s.micro_batches)) +
+                along(after_by_layers, layers, fold_layers_per_stage(s)),
             along(memory_by_layers, layers, fold_layers_per_stage(s)) + options_.runtime_bytes};
 }
 
