@@ -232,8 +232,9 @@ LOOM_INLINE training_work training_work_of(const graph& model, const device_prof
 // plus one message's latency, whatever the program does beyond it (more steps, shared
 // NICs). A tensor several ops leave partial counts once, at its largest such reduction.
 // Devices that share one machine's compute (price_options::compute_shared_by > 1) count
-// their compute only: each device's at its fastest (the machine's rate, or its solo rate),
-// and all devices' together at their rates together.
+// no order: each device's compute at its fastest (the machine's rate, or its solo rate),
+// and all devices' compute together at their rates together plus, given the model and the
+// cluster, the busiest device's least communication, which the machine runs too.
 // `busiest`, when given, receives the bound's busiest-device term alone (each device's
 // compute and communication, without the order): linear in the micro-batches and the layers
 // on every device, so folded bounds extrapolate it on its own (search_plan(model_family, ...)).
@@ -692,11 +693,18 @@ LOOM_INLINE double step_lower_bound(const plan::resolved_plan& rp, const trainin
     if (o.compute_shared_by != 1) {
         // Devices sharing one machine: each runs at the machine's rate, or at its solo rate
         // where one is given, and all of them at most at their rates together (each op no
-        // slower than alone).
+        // slower than alone). The machine also runs every transfer, each once (the price's
+        // work: all transfers' durations and all devices' compute), so its work is at least
+        // the compute and the busiest device's communication, whose collectives are distinct;
+        // a transfer, like an instruction, at its time divided by the devices sharing it.
         double all = 0;
         for (double b : compute.machine.empty() ? busy : compute.machine) all += b;
         const std::vector<double>& own = compute.alone.empty() ? busy : compute.alone;
-        const double bound = std::max(*std::max_element(own.begin(), own.end()), all) / o.compute_shared_by;
+        double talk_most = 0;
+        if (model && c)
+            for (double t : detail::communication_lower_bound(rp, *model, *c, o, nullptr)) talk_most = std::max(talk_most, t);
+        const double bound = std::max(*std::max_element(own.begin(), own.end()) / o.compute_shared_by,
+                                      (all + talk_most) / o.compute_shared_by);
         if (busiest) *busiest = bound;
         return bound;
     }
