@@ -129,6 +129,17 @@ TEST_CASE("global-norm clipping scales every gradient by max_norm / norm as the 
     CHECK(g == original);
 }
 
+TEST_CASE("the gradients' sum of squares is the same on AVX-512 as in the baseline build, bit for bit", "[optim]") {
+    if (!__builtin_cpu_supports("avx512f")) return;
+    std::vector<float> x(100003);
+    for (std::size_t i = 0; i < x.size(); ++i)
+        x[i] = static_cast<float>(std::sin(0.7 * static_cast<double>(i)) * std::pow(10.0, static_cast<double>(i % 9) - 4));
+    for (std::int64_t n : {0, 1, 7, 8, 9, 4097, 40009, 100003}) {
+        INFO("n = " << n);
+        CHECK(train::detail::sum_of_squares_avx512(x.data(), n) == train::detail::sum_of_squares_baseline(x.data(), n));
+    }
+}
+
 TEST_CASE("the learning-rate schedule warms up linearly and decays by a cosine", "[optim]") {
     train::lr_schedule s{.peak = 1.0, .min_lr = 0.1, .warmup_steps = 10, .total_steps = 110};
     CHECK(s.at(0) == Approx(0.1));

