@@ -15285,6 +15285,17 @@ struct program_price {
     }
 };
 
+// Seconds of one device's passes over memory after its programs: AdamW over `updated`
+// elements (reading parameter, gradient and two float moments, writing three; it applies the
+// clipping coefficient as it reads) and the norm's read of `norm_read` gradient elements, at
+// the device's memory bandwidth, divided by the devices sharing one machine. The price and
+// the search's bound (after_programs_lower_bound) both count it so.
+inline double optimizer_pass_seconds(double updated, double norm_read, const cluster& c, const price_options& o) {
+    const double element = static_cast<double>(real_bytes(o.storage));
+    const double bytes = updated * (4.0 * element + 3.0 * 4.0) + norm_read * element;
+    return bytes / (c.device.memory_bandwidth * c.device.elementwise_efficiency) / o.compute_shared_by;
+}
+
 // The share of a GEMM's large-shape efficiency that a dimension d reaches:
 // (d / (d + h)) / (512 / (512 + h)), at most 1. Calibration runs 512^3 GEMMs, so shapes at
 // least that large run at the calibrated efficiency.
@@ -15620,9 +15631,7 @@ LOOM_INLINE program_price price_programs(const partition::partitioned_graph& pg,
             device_price& price = out.devices[static_cast<std::size_t>(d)];
             price.memory.optimizer = elements * o.optimizer_bytes_per_element;
             const double element = static_cast<double>(real_bytes(o.storage));
-            // AdamW reads parameter, gradient and two moments and writes three of them.
-            const double bytes = elements * (4.0 * element + 3.0 * 4.0) + owned * element;
-            price.optimizer = bytes / (c.device.memory_bandwidth * c.device.elementwise_efficiency) / o.compute_shared_by;
+            price.optimizer = optimizer_pass_seconds(elements, owned, c, o);
             // The norm's all-reduce of one number over every (real) device.
             const int real_world = o.fold ? world / o.fold->instance_replicas * o.fold->real_replicas : world;
             if (real_world > 1)
@@ -18316,12 +18325,10 @@ LOOM_INLINE memory_floor memory_lower_bound(const plan::resolved_plan& rp, const
 }
 
 LOOM_INLINE double after_programs_lower_bound(const memory_floor& floor, const cluster& c, const price_options& o) {
-    const double element = static_cast<double>(real_bytes(o.storage));
-    const double bandwidth = c.device.memory_bandwidth * c.device.elementwise_efficiency;
-    if (!(bandwidth > 0)) return 0;
+    if (!(c.device.memory_bandwidth * c.device.elementwise_efficiency > 0)) return 0;
     double slowest = 0, all = 0;
     for (double n : floor.updated) {
-        const double seconds = n * (4.0 * element + 3.0 * 4.0) / bandwidth / o.compute_shared_by;
+        const double seconds = optimizer_pass_seconds(n, 0, c, o);
         slowest = std::max(slowest, seconds);
         all += seconds;
     }
@@ -28246,13 +28253,10 @@ double global_norm(const std::vector<std::span<T>>& grads) {
     return std::sqrt(sum_of_squares(grads));
 }
 
-// The coefficient that clips a global norm to max_norm: below 1 when it clips.
-inline double clip_coefficient(double norm, double max_norm) { return max_norm / (norm + 1e-6); }
-
-// What the optimizer multiplies every gradient by: the clipping coefficient where it is below
-// 1, else 1 (also when max_norm <= 0: no clipping).
+// What the optimizer multiplies every gradient by: the coefficient max_norm / (norm + 1e-6)
+// where it is below 1, else 1 (also when max_norm <= 0: no clipping).
 inline double clip_scale(double norm, double max_norm) {
-    return max_norm > 0 ? std::min(1.0, clip_coefficient(norm, max_norm)) : 1.0;
+    return max_norm > 0 ? std::min(1.0, max_norm / (norm + 1e-6)) : 1.0;
 }
 
 }  // namespace loom::train

@@ -1201,12 +1201,10 @@ LOOM_INLINE memory_floor memory_lower_bound(const plan::resolved_plan& rp, const
 }
 
 LOOM_INLINE double after_programs_lower_bound(const memory_floor& floor, const cluster& c, const price_options& o) {
-    const double element = static_cast<double>(real_bytes(o.storage));
-    const double bandwidth = c.device.memory_bandwidth * c.device.elementwise_efficiency;
-    if (!(bandwidth > 0)) return 0;
+    if (!(c.device.memory_bandwidth * c.device.elementwise_efficiency > 0)) return 0;
     double slowest = 0, all = 0;
     for (double n : floor.updated) {
-        const double seconds = n * (4.0 * element + 3.0 * 4.0) / bandwidth / o.compute_shared_by;
+        const double seconds = optimizer_pass_seconds(n, 0, c, o);
         slowest = std::max(slowest, seconds);
         all += seconds;
     }

@@ -245,6 +245,17 @@ struct program_price {
     }
 };
 
+// Seconds of one device's passes over memory after its programs: AdamW over `updated`
+// elements (reading parameter, gradient and two float moments, writing three; it applies the
+// clipping coefficient as it reads) and the norm's read of `norm_read` gradient elements, at
+// the device's memory bandwidth, divided by the devices sharing one machine. The price and
+// the search's bound (after_programs_lower_bound) both count it so.
+inline double optimizer_pass_seconds(double updated, double norm_read, const cluster& c, const price_options& o) {
+    const double element = static_cast<double>(real_bytes(o.storage));
+    const double bytes = updated * (4.0 * element + 3.0 * 4.0) + norm_read * element;
+    return bytes / (c.device.memory_bandwidth * c.device.elementwise_efficiency) / o.compute_shared_by;
+}
+
 // The share of a GEMM's large-shape efficiency that a dimension d reaches:
 // (d / (d + h)) / (512 / (512 + h)), at most 1. Calibration runs 512^3 GEMMs, so shapes at
 // least that large run at the calibrated efficiency.
@@ -580,9 +591,7 @@ LOOM_INLINE program_price price_programs(const partition::partitioned_graph& pg,
             device_price& price = out.devices[static_cast<std::size_t>(d)];
             price.memory.optimizer = elements * o.optimizer_bytes_per_element;
             const double element = static_cast<double>(real_bytes(o.storage));
-            // AdamW reads parameter, gradient and two moments and writes three of them.
-            const double bytes = elements * (4.0 * element + 3.0 * 4.0) + owned * element;
-            price.optimizer = bytes / (c.device.memory_bandwidth * c.device.elementwise_efficiency) / o.compute_shared_by;
+            price.optimizer = optimizer_pass_seconds(elements, owned, c, o);
             // The norm's all-reduce of one number over every (real) device.
             const int real_world = o.fold ? world / o.fold->instance_replicas * o.fold->real_replicas : world;
             if (real_world > 1)

@@ -109,13 +109,10 @@ double global_norm(const std::vector<std::span<T>>& grads) {
     return std::sqrt(sum_of_squares(grads));
 }
 
-// The coefficient that clips a global norm to max_norm: below 1 when it clips.
-inline double clip_coefficient(double norm, double max_norm) { return max_norm / (norm + 1e-6); }
-
-// What the optimizer multiplies every gradient by: the clipping coefficient where it is below
-// 1, else 1 (also when max_norm <= 0: no clipping).
+// What the optimizer multiplies every gradient by: the coefficient max_norm / (norm + 1e-6)
+// where it is below 1, else 1 (also when max_norm <= 0: no clipping).
 inline double clip_scale(double norm, double max_norm) {
-    return max_norm > 0 ? std::min(1.0, clip_coefficient(norm, max_norm)) : 1.0;
+    return max_norm > 0 ? std::min(1.0, max_norm / (norm + 1e-6)) : 1.0;
 }
 
 }  // namespace loom::train
