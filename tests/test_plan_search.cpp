@@ -631,6 +631,39 @@ TEST_CASE("a budget returns the best so far and its gap") {
     CHECK(full.best.price.step_seconds <= h.best.price.step_seconds);
 }
 
+TEST_CASE("a budget that cuts the enumeration short descends from the best it bounded") {
+    // nnScaler's space enumerates recompute, then the degrees and stage counts, first: its
+    // first assignments keep every activation on one or two of the devices. A count budget
+    // stops the enumeration there, deterministically, as a time budget does on large spaces.
+    const auto model = small_gpt();
+    const search::cluster hw = slow_node();
+    const plan::plan_spec space =
+        plan::spaces::nnscaler(4).narrow("coshard", {1, 2}).narrow("mb", {1, 2, 4}).narrow("zero", {0, 3});
+    const search::plan_search_result full = search::search_plan(model.ir(), space, hw);
+    REQUIRE(full.gap == 0);
+
+    search::plan_search_options few;
+    few.max_bounded = 8;
+    const search::plan_search_result r = search::search_plan(model.ir(), space, hw, few);
+    INFO(r.explain());
+    CHECK(r.stats.assignments == full.stats.assignments);
+    CHECK(r.stats.descended > 0);
+    CHECK(r.stats.unbounded > 0);
+    CHECK(r.gap == 1.0);
+    CHECK(r.explain().find("reached by a descent from the best bounded") != std::string::npos);
+    // Every assignment is counted once: the descent's are no longer unbounded.
+    CHECK(r.stats.unbounded + r.stats.refused + r.stats.priced + r.stats.unexplored + r.stats.pruned +
+              r.stats.over_memory_unpriced ==
+          r.stats.assignments);
+    // The descent leaves the corner: the answer computes on every device, within a quarter
+    // of the best of the whole space.
+    for (const auto& d : r.best.price.devices) CHECK(d.compute >= 0.01 * r.best.price.max_compute());
+    CHECK(r.best.price.step_seconds >= full.best.price.step_seconds * (1 - 1e-12));
+    CHECK(r.best.price.step_seconds <= 1.25 * full.best.price.step_seconds);
+    // Its plan is what it says: applied and priced again, the same step.
+    CHECK(search::price_programs(partition::apply_plan(model.ir(), r.plan), hw).step_seconds == r.best.price.step_seconds);
+}
+
 TEST_CASE("prices follow first principles") {
     const auto model = small_gpt();
     const search::cluster hw = search::dgx_a100(2);

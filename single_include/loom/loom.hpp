@@ -17183,10 +17183,12 @@ LOOM_INLINE order_search_result order_search(const schedule::pipeline_shape& sha
 //      gradients and optimizer state each device keeps, and the activations its order holds
 //      in flight: memory_lower_bound) already exceeds it. The search stops when the next bound is no better
 //      than the runner-up's price (both are then exact), or at the time or count budget,
-//      when the gap is that of the best price to the lowest bound not yet priced. A time
-//      budget spent in step 3 stops the bounding there (the rest of the space is counted,
-//      unbounded) and prices the best-bounded assignments found so far; the answer is then
-//      unproven, with a gap of 100%.
+//      when the gap is that of the best price to the lowest bound not yet priced. Half a
+//      time budget (or plan_search_options::max_bounded) spent in step 3 stops the
+//      enumeration there (the rest of the space is counted, unbounded); a descent from the
+//      best assignments it bounded, one or two parameters at a time, bounds more of the
+//      space until 80% of the budget (step 3b), and the best-bounded of all are priced; the
+//      answer is then unproven, with a gap of 100%.
 // Deterministic without a time budget (a budget stops wherever the clock says).
 // The enumeration is an odometer over the parameters in the order
 // plan::open_parameters lists them, pricing follows the bounds (ties in enumeration
@@ -17201,6 +17203,7 @@ LOOM_INLINE order_search_result order_search(const schedule::pipeline_shape& sha
 #include <limits>
 #include <map>
 #include <optional>
+#include <set>
 #include <sstream>
 #include <string>
 #include <thread>
@@ -17472,6 +17475,9 @@ struct plan_search_options {
     double memory_limit = 0;         // bytes per device; 0: the cluster's device memory
     double time_budget_seconds = 0;  // 0: search until the best is proven
     std::int64_t max_priced = 0;     // price at most this many assignments; 0: no limit
+    // Resolve and bound at most this many assignments in enumeration order (0: no limit);
+    // the rest are counted unbounded and a descent continues from the best (see step 3b).
+    std::int64_t max_bounded = 0;
     // Assignments priced at once, each on a thread of its own (0: one per hardware thread).
     // The answer and the statistics are those of pricing one at a time: results are taken
     // in bound order, and a price computed beyond the point where the search stops is
@@ -17493,6 +17499,7 @@ struct plan_search_statistics {
                                    // of their choices, never visited one by one
     std::int64_t ties = 0;         // priced the same as the best (the first of them is chosen)
     std::int64_t even_cut_only = 0;  // assignments whose open boundaries had too many cuts: the even one was tried
+    std::int64_t descended = 0;    // not counted unbounded: moved to by the descent after a budget cut the enumeration
     double seconds = 0;
     double bounding_seconds = 0;  // of those, resolving and bounding every assignment (the rest prices)
     std::map<std::string, std::int64_t> refusals;  // reason -> assignments refused for it
@@ -18606,6 +18613,8 @@ LOOM_INLINE std::string plan_search_result::explain() const {
     if (stats.unbounded)
         os << ", " << stats.unbounded << " not even bounded within the budget (the best is not proven: narrow the space "
            << "or raise the budget)";
+    if (stats.descended)
+        os << ", " << stats.descended << " of the others reached by a descent from the best bounded";
     if (stats.even_cut_only)
         os << ", " << stats.even_cut_only << " with the even stage cut only (more than " << max_boundary_cuts
            << " cuts at their stage count: narrow the boundaries' slack to search them)";
@@ -18812,40 +18821,55 @@ LOOM_INLINE plan_search_result search_assignments(const plan::plan_spec& space, 
     };
     // A budget spent before every assignment is bounded leaves the rest unbounded (counted,
     // not resolved), once one has a bound: the search then prices the best-bounded of those
-    // it has.
+    // it has. Under a time budget the enumeration has half of it; a count budget
+    // (max_bounded) stops it likewise.
     const bool budgeted = o.time_budget_seconds > 0;
+    // A space whose enumeration, at the pace of its first 5% of the budget, would not end
+    // within half of it stops there: the descent gets the time.
+    double space_size = 0;
+    auto enumeration_spent = [&] {
+        if (leaves.empty()) return false;
+        if (o.max_bounded > 0 && static_cast<std::int64_t>(leaves.size()) >= o.max_bounded) return true;
+        if (!budgeted) return false;
+        const double t = elapsed();
+        if (t > o.time_budget_seconds / 2) return true;
+        const double done = static_cast<double>(stats.assignments) / std::max(space_size, 1.0);
+        return t > o.time_budget_seconds / 20 && t / std::max(done, 1e-12) > o.time_budget_seconds / 2;
+    };
+    // The verdict of the stage-group check on `candidate`'s structural choices, kept per
+    // value of them (in `fresh` when the check read other choices too).
+    verdict fresh;
+    auto stage_group = [&]() -> const verdict& {
+        std::vector<std::int64_t> key;
+        for (std::size_t i : structural) key.push_back(candidate.choices.at(params[i].name));
+        if (const auto known = group_verdicts.find(key); known != group_verdicts.end()) return known->second;
+        fresh = {};
+        plan::detail::choice_log log;
+        try {
+            const plan::detail::choice_log_scope logging(log);
+            plan::detail::check_stage_group(candidate, structure);
+        } catch (const plan_error& e) {
+            fresh.refusal = e.what();
+        } catch (const shape_error& e) {
+            fresh.refusal = e.what();
+        }
+        fresh.settled = fresh.refusal.empty() ? n : settled_by(log);
+        // Kept only when the check read nothing but structural choices (the key).
+        bool keyed = true;
+        for (const std::string& name : log.names)
+            if (const auto i = index_of(name))
+                keyed = keyed && std::find(structural.begin(), structural.end(), *i) != structural.end();
+        return keyed ? group_verdicts.emplace(std::move(key), fresh).first->second : fresh;
+    };
     // One assignment: n, or the prefix length after which every assignment is skipped.
     auto visit = [&]() -> std::size_t {
         ++stats.assignments;
-        if (budgeted && !leaves.empty() && elapsed() > o.time_budget_seconds) {
+        if (enumeration_spent()) {
             ++stats.unbounded;
             skip_unbounded = true;
             return 0;
         }
-        std::vector<std::int64_t> key;
-        for (std::size_t i : structural) key.push_back(candidate.choices.at(params[i].name));
-        verdict fresh;
-        const verdict* group = nullptr;
-        if (const auto known = group_verdicts.find(key); known != group_verdicts.end()) {
-            group = &known->second;
-        } else {
-            plan::detail::choice_log log;
-            try {
-                const plan::detail::choice_log_scope logging(log);
-                plan::detail::check_stage_group(candidate, structure);
-            } catch (const plan_error& e) {
-                fresh.refusal = e.what();
-            } catch (const shape_error& e) {
-                fresh.refusal = e.what();
-            }
-            fresh.settled = fresh.refusal.empty() ? n : settled_by(log);
-            // Kept only when the check read nothing but structural choices (the key).
-            bool keyed = true;
-            for (const std::string& name : log.names)
-                if (const auto i = index_of(name))
-                    keyed = keyed && std::find(structural.begin(), structural.end(), *i) != structural.end();
-            group = keyed ? &group_verdicts.emplace(std::move(key), std::move(fresh)).first->second : &fresh;
-        }
+        const verdict* group = &stage_group();
         if (!group->refusal.empty()) {
             refuse(group->refusal, candidate.choices);
             skip_reason = group->refusal;
@@ -18889,7 +18913,133 @@ LOOM_INLINE plan_search_result search_assignments(const plan::plan_spec& space, 
         }
         return n;
     };
+    candidate = space;
+    space_size = static_cast<double>(leaves_under(0));
     walk(0);
+
+    // 3b. An enumeration cut short by a budget has bounded only the first corner of the
+    // odometer (its first recompute, degree and stage-count values), which on a large model
+    // holds nothing that fits. From the best assignments it bounded, a descent moves one
+    // parameter at a time, or two of the degrees and stage counts at once (their product
+    // must fill the devices), to the value with the best bounds: a memory floor within the
+    // limit first, then a step bound at least `descent_step` lower (a bound that more
+    // micro-batches lower by a hair would lead it to hundreds of them, which price slowly
+    // and run no faster). It stops where no move improves, or at 80% of the time budget.
+    // The assignments it moves to join the leaves priced best first below (those it only
+    // looked at stay counted unbounded); the answer stays unproven (gap 100%).
+    if (stats.unbounded > 0 && !leaves.empty()) {
+        constexpr double descent_step = 0.01;
+        const double descent_end = o.time_budget_seconds * 0.8;
+        auto out_of_time = [&] { return budgeted && elapsed() > descent_end; };
+        using choice_map = std::map<std::string, std::int64_t>;
+        struct point {
+            choice_map choices;
+            assignment_bounds bounds;
+        };
+        const auto fits = [&](const assignment_bounds& b) { return b.memory <= result.memory_limit; };
+        const auto better = [&](const assignment_bounds& a, const assignment_bounds& b) {
+            if (fits(a) != fits(b)) return fits(a);
+            return fits(a) ? a.step < b.step * (1 - descent_step) : a.memory < b.memory;
+        };
+        std::set<choice_map> kept;  // the leaves' assignments
+        std::map<choice_map, std::optional<assignment_bounds>> known;  // none: refused
+        for (const leaf& l : leaves) {
+            kept.insert(l.choices);
+            known.emplace(l.choices, assignment_bounds{l.bound, l.memory});
+        }
+        auto evaluate = [&](const choice_map& choices) -> std::optional<assignment_bounds> {
+            if (const auto it = known.find(choices); it != known.end()) return it->second;
+            std::optional<assignment_bounds> b;
+            candidate.choices = choices;
+            if (stage_group().refusal.empty()) {
+                try {
+                    b = bound_of(candidate);
+                } catch (const plan_error&) {
+                } catch (const shape_error&) {
+                }
+            }
+            known.emplace(choices, b);
+            return b;
+        };
+        // `choices` with parameter i at v; a new stage count or order takes the even cut of
+        // the layers (the cut's number means another cut under them).
+        auto moved = [&](choice_map choices, std::size_t i, std::int64_t v) {
+            choices[params[i].name] = v;
+            if (params[i].what != open_parameter::kind::stages && params[i].what != open_parameter::kind::order)
+                return choices;
+            for (const open_parameter& p : params) {
+                if (p.what != open_parameter::kind::boundaries) continue;
+                candidate.choices = choices;
+                const std::int64_t ranges = boundary_ranges(candidate);
+                choices[p.name] = 0;  // where the layers make no such cut, plan::resolve refuses it
+                if (ranges < 1 || ranges > p.layers) continue;
+                try {
+                    choices[p.name] = plan::stage_range_index(p.layers, ranges, p.slack, plan::even_stage_starts(p.layers, ranges));
+                } catch (const plan_error&) {
+                }
+            }
+            return choices;
+        };
+        // Parameter i's values under `choices`: every one, or 64 spread over the cuts of
+        // open boundaries.
+        auto values_of = [&](std::size_t i, const choice_map& choices) {
+            candidate.choices = choices;
+            std::vector<std::int64_t> all = candidates_given(params[i], candidate);
+            constexpr std::size_t most = 64;
+            if (all.size() <= most) return all;
+            std::vector<std::int64_t> some;
+            for (std::size_t k = 0; k < most; ++k) some.push_back(all[k * all.size() / most]);
+            return some;
+        };
+        // Pairs of a degree or stage count and any other parameter: a degree alone may not
+        // fill the devices, and one alone may not relieve memory (more replicas without
+        // ZeRO's shards).
+        std::vector<std::pair<std::size_t, std::size_t>> pairs;
+        const auto degree_or_stages = [&](std::size_t i) {
+            return params[i].what == open_parameter::kind::degree || params[i].what == open_parameter::kind::stages;
+        };
+        for (std::size_t i = 0; i < n; ++i)
+            for (std::size_t j = i + 1; j < n; ++j)
+                if (degree_or_stages(i) || degree_or_stages(j)) pairs.push_back({i, j});
+        auto descend_from = [&](point here) {
+            for (bool improved = true; improved && !out_of_time();) {
+                improved = false;
+                auto consider = [&](const choice_map& next) {
+                    if (out_of_time()) return;
+                    const std::optional<assignment_bounds> b = evaluate(next);
+                    if (!b || !better(*b, here.bounds)) return;
+                    here = {next, *b};
+                    improved = true;
+                    if (kept.insert(next).second) {
+                        leaves.push_back({next, b->step, b->memory, stats.assignments + stats.descended});
+                        ++stats.descended;
+                        --stats.unbounded;
+                    }
+                };
+                for (std::size_t i = 0; i < n; ++i) {
+                    const choice_map from = here.choices;
+                    for (std::int64_t v : values_of(i, from))
+                        if (v != from.at(params[i].name)) consider(moved(from, i, v));
+                }
+                for (const auto& [i, j] : pairs) {
+                    const choice_map from = here.choices;
+                    for (std::int64_t u : values_of(i, from)) {
+                        const choice_map first = moved(from, i, u);
+                        for (std::int64_t v : values_of(j, first))
+                            if (u != from.at(params[i].name) || v != from.at(params[j].name)) consider(moved(first, j, v));
+                    }
+                }
+            }
+        };
+        std::vector<point> starts;
+        for (const leaf& l : leaves) starts.push_back({l.choices, {l.bound, l.memory}});
+        std::stable_sort(starts.begin(), starts.end(), [&](const point& a, const point& b) {
+            if (fits(a.bounds) != fits(b.bounds)) return fits(a.bounds);
+            return fits(a.bounds) ? a.bounds.step < b.bounds.step : a.bounds.memory < b.bounds.memory;
+        });
+        starts.resize(std::min<std::size_t>(starts.size(), 3));
+        for (const point& start : starts) descend_from(start);
+    }
     std::stable_sort(leaves.begin(), leaves.end(), [](const leaf& a, const leaf& b) { return a.bound < b.bound; });
     stats.bounding_seconds = elapsed();
 
@@ -18998,7 +19148,9 @@ LOOM_INLINE plan_search_result search_assignments(const plan::plan_spec& space, 
         if (stats.unbounded > 0)
             why = "search_plan: no plan found that fits: " + std::to_string(stats.unbounded) + " of the space's " +
                   std::to_string(stats.assignments) + " assignments were not bounded within the budget of " +
-                  detail::seconds_text(o.time_budget_seconds) + " (raise it, or narrow the space); of the other " +
+                  (o.max_bounded > 0 && !budgeted ? std::to_string(o.max_bounded) + " bounded"
+                                                  : detail::seconds_text(o.time_budget_seconds)) +
+                  " (raise it, or narrow the space); of the other " +
                   std::to_string(bounded) + ", ";
         if (bounded == stats.refused) {
             why += (stats.unbounded > 0 ? "every one is refused:"
