@@ -18924,7 +18924,8 @@ LOOM_INLINE plan_search_result search_assignments(const plan::plan_spec& space, 
     // must fill the devices), to the value with the best bounds: a memory floor within the
     // limit first, then a step bound at least `descent_step` lower (a bound that more
     // micro-batches lower by a hair would lead it to hundreds of them, which price slowly
-    // and run no faster). It stops where no move improves, or at 80% of the time budget.
+    // and run no faster). It stops where no move improves, or at 80% of the time budget;
+    // under a time budget it then starts again from the next best, while the time lasts.
     // The assignments it moves to join the leaves priced best first below (those it only
     // looked at stay counted unbounded); the answer stays unproven (gap 100%).
     if (stats.unbounded > 0 && !leaves.empty()) {
@@ -19037,8 +19038,8 @@ LOOM_INLINE plan_search_result search_assignments(const plan::plan_spec& space, 
             if (fits(a.bounds) != fits(b.bounds)) return fits(a.bounds);
             return fits(a.bounds) ? a.bounds.step < b.bounds.step : a.bounds.memory < b.bounds.memory;
         });
-        starts.resize(std::min<std::size_t>(starts.size(), 3));
-        for (const point& start : starts) descend_from(start);
+        // From the best three, and under a time budget from the next ones while it lasts.
+        for (std::size_t k = 0; k < starts.size() && (k < 3 || budgeted) && !out_of_time(); ++k) descend_from(starts[k]);
     }
     std::stable_sort(leaves.begin(), leaves.end(), [](const leaf& a, const leaf& b) { return a.bound < b.bound; });
     stats.bounding_seconds = elapsed();
