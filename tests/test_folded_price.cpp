@@ -160,15 +160,27 @@ TEST_CASE("uneven stage ranges fold: each range keeps its extra layers beyond th
 }
 
 TEST_CASE("micro-batch folding extrapolates the step over the micro-batches", "[folded_price]") {
-    // Instances of 2 and 4 micro-batches stand for 12. The step is held to 4%. Memory is the
-    // larger instance's under 1F1B and a line under GPipe; the arena's liveness peak is not
-    // exactly linear in layers, so memory is held to 15%.
+    // Instances of 2 and 4 micro-batches stand for 12 (the interlaced pipeline's 4 and 8: it
+    // fills the embedding's and the head's stages too). The step is held to 4%. Memory is
+    // the larger instance's under 1F1B and a line under GPipe; the arena's liveness peak is
+    // not exactly linear in layers, so memory is held to 15%.
     const search::model_family m = gpt_family(8, 48);
-    for (plan::schedule_kind kind : {plan::schedule_kind::one_f_one_b, plan::schedule_kind::gpipe}) {
+    for (plan::schedule_kind kind :
+         {plan::schedule_kind::one_f_one_b, plan::schedule_kind::gpipe, plan::schedule_kind::interlaced}) {
         CAPTURE(static_cast<int>(kind));
         const comparison r = compare(m, megatron({.tp = 1, .pp = 2, .dp = 2, .micro_batches = 12, .order = {kind}}),
                                      search::dgx_a100(1));
-        CHECK(r.folded.instance_micro_batches == std::vector<std::int64_t>{2, 4});
+        CHECK(r.folded.instance_micro_batches ==
+              (kind == plan::schedule_kind::interlaced ? std::vector<std::int64_t>{4, 8} : std::vector<std::int64_t>{2, 4}));
+        CHECK(r.step_ratio() == Approx(1.0).epsilon(0.04));
+        CHECK(r.worst_memory_error() < 0.15);
+    }
+    SECTION("the interlaced pipeline over 4 stages: 6 and 12 micro-batches for 24") {
+        const comparison r =
+            compare(gpt_family(8, 48),
+                    megatron({.tp = 2, .pp = 4, .micro_batches = 24, .order = {plan::schedule_kind::interlaced}}),
+                    search::dgx_a100(1));
+        CHECK(r.folded.instance_micro_batches == std::vector<std::int64_t>{6, 12});
         CHECK(r.step_ratio() == Approx(1.0).epsilon(0.04));
         CHECK(r.worst_memory_error() < 0.15);
     }
@@ -247,6 +259,7 @@ TEST_CASE("the folded bounds never exceed the folded price, on every leaf of a s
     const search::model_family m = gpt_family(16, 64);
     plan::plan_spec space = plan::spaces::megatron(8);
     space.micro_batches.allowed = {4, 16};
+    space.order.alternatives.push_back({plan::schedule_kind::interlaced});
     const search::cluster c = search::dgx_a100(1);
     const search::price_options o = gpu_options();
     search::detail::folded_bounds bounds(m, c, o);

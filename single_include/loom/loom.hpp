@@ -14707,10 +14707,11 @@ LOOM_INLINE double exposed_time(double forward_transmission, double backward_tra
 //   each further layer per range adds the same work to every range; the prologue and
 //   epilogue (embedding, head) and each range's extra layers are in every instance.
 // - Micro-batches: with GPipe, 1F1B, interleaved 1F1B or plain accumulation, instances of S
-//   and 2S micro-batches (2 and 4 without a pipeline) of the real micro-batch size; the step
-//   grows linearly with the micro-batches once they fill the pipeline. Memory grows so
-//   under GPipe; otherwise the larger instance's memory is the real one (in-flight
-//   micro-batches are bounded by the stages).
+//   and 2S micro-batches (2 and 4 without a pipeline) of the real micro-batch size; with
+//   the interlaced pipeline S + 2 and 2(S + 2), since the embedding and the head fill two
+//   more stages. The step grows linearly with the micro-batches once they fill the
+//   pipeline. Memory grows so under GPipe; otherwise the larger instance's memory is the
+//   real one (in-flight micro-batches are bounded by the stages). 3F1B is priced in full.
 // - Data-parallel replicas: an instance with at most 2 replicas of the same per-replica
 //   batch stands for D of them. Replicas run the same programs; only their collectives grow.
 //   Each instance device stands for its real device, and a transfer that crosses replicas is
@@ -15822,7 +15823,8 @@ struct fold_shape {
     std::int64_t replicas = 1;      // the data-parallel degree
     std::int64_t micro_batches = 1;
     bool layers_fold = true;        // selectors that cover every layer or none
-    bool micro_batches_fold = true; // no pipeline, or GPipe, 1F1B or interleaved 1F1B
+    bool micro_batches_fold = true; // no pipeline, or GPipe, 1F1B, interleaved 1F1B or the interlaced pipeline
+    bool interlaced = false;
     bool memory_grows_with_micro_batches = false;  // GPipe: every micro-batch's activations at once
     bool replicas_fold = true;      // one data-parallel degree in every rule
 };
@@ -15931,7 +15933,9 @@ LOOM_INLINE fold_shape shape_of(const plan::plan_spec& p, const model_family& m)
         if (order->kind == plan::schedule_kind::interleaved) s.chunk_layers = order->virtual_stages;
         s.memory_grows_with_micro_batches = order->kind == plan::schedule_kind::gpipe;
         s.micro_batches_fold = order->kind == plan::schedule_kind::gpipe || order->kind == plan::schedule_kind::one_f_one_b ||
-                               order->kind == plan::schedule_kind::interleaved;
+                               order->kind == plan::schedule_kind::interleaved ||
+                               order->kind == plan::schedule_kind::interlaced;
+        s.interlaced = order->kind == plan::schedule_kind::interlaced;
     }
     // The real ranges, as plan::resolve cuts them (its errors name the parts and the fix).
     const std::int64_t ranges = s.stages * s.chunk_layers;
@@ -15960,8 +15964,9 @@ LOOM_INLINE fold_shape shape_of(const plan::plan_spec& p, const model_family& m)
 }
 
 LOOM_INLINE std::vector<std::int64_t> instance_micro_batches(const fold_shape& s) {
-    // Without a pipeline 2 and 4: one micro-batch has no gradients to accumulate.
-    const std::int64_t first = s.stages > 1 ? s.stages : 2;
+    // Without a pipeline 2 and 4: one micro-batch has no gradients to accumulate. The
+    // interlaced pipeline fills its stages and the embedding's and head's two more.
+    const std::int64_t first = (s.stages > 1 ? s.stages : 2) + (s.interlaced ? 2 : 0);
     if (s.micro_batches_fold && s.micro_batches > 2 * first) return {first, 2 * first};
     return {s.micro_batches};
 }
