@@ -43,12 +43,13 @@
 //      gradients and optimizer state each device keeps, and the activations its order holds
 //      in flight: memory_lower_bound) already exceeds it. The search stops when the next bound is no better
 //      than the runner-up's price (both are then exact), or at the time or count budget,
-//      when the gap is that of the best price to the lowest bound not yet priced. Half a
-//      time budget (or plan_search_options::max_bounded) spent in step 3 stops the
-//      enumeration there (the rest of the space is counted, unbounded); a descent from the
-//      best assignments it bounded, one or two parameters at a time, bounds more of the
-//      space until 80% of the budget (step 3b), and the best-bounded of all are priced; the
-//      answer is then unproven, with a gap of 100%.
+//      when the gap is that of the best price to the lowest bound not yet priced. A time
+//      budget that step 3 would not finish within (at its pace after 5% of the budget), or
+//      plan_search_options::max_bounded, stops the enumeration (the rest of the space is
+//      counted, unbounded); a descent from the best assignments it bounded, one or two
+//      parameters at a time, bounds more of the space until 80% of the budget (step 3b),
+//      and the best-bounded of all are priced; the answer is then unproven, with a gap of
+//      100%.
 // Deterministic without a time budget (a budget stops wherever the clock says).
 // The enumeration is an odometer over the parameters in the order
 // plan::open_parameters lists them, pricing follows the bounds (ties in enumeration
@@ -1697,20 +1698,19 @@ LOOM_INLINE plan_search_result search_assignments(const plan::plan_spec& space, 
     };
     // A budget spent before every assignment is bounded leaves the rest unbounded (counted,
     // not resolved), once one has a bound: the search then prices the best-bounded of those
-    // it has. Under a time budget the enumeration has half of it; a count budget
-    // (max_bounded) stops it likewise.
+    // it has. A count budget (max_bounded) stops it likewise. An enumeration that, at its
+    // pace after 5% of the time budget, would not end within the budget stops then: a
+    // descent (3b) gets the time. One that would end runs on, to prove its answer.
     const bool budgeted = o.time_budget_seconds > 0;
-    // A space whose enumeration, at the pace of its first 5% of the budget, would not end
-    // within half of it stops there: the descent gets the time.
     double space_size = 0;
     auto enumeration_spent = [&] {
         if (leaves.empty()) return false;
         if (o.max_bounded > 0 && static_cast<std::int64_t>(leaves.size()) >= o.max_bounded) return true;
         if (!budgeted) return false;
         const double t = elapsed();
-        if (t > o.time_budget_seconds / 2) return true;
+        if (t > o.time_budget_seconds) return true;
         const double done = static_cast<double>(stats.assignments) / std::max(space_size, 1.0);
-        return t > o.time_budget_seconds / 20 && t / std::max(done, 1e-12) > o.time_budget_seconds / 2;
+        return t > o.time_budget_seconds / 20 && t / std::max(done, 1e-12) > o.time_budget_seconds;
     };
     // The verdict of the stage-group check on `candidate`'s structural choices, kept per
     // value of them (in `fresh` when the check read other choices too).
@@ -1796,8 +1796,8 @@ LOOM_INLINE plan_search_result search_assignments(const plan::plan_spec& space, 
     // 3b. An enumeration cut short by a budget has bounded only the first corner of the
     // odometer (its first recompute, degree and stage-count values), which on a large model
     // holds nothing that fits. From the best assignments it bounded, a descent moves one
-    // parameter at a time, or two of the degrees and stage counts at once (their product
-    // must fill the devices), to the value with the best bounds: a memory floor within the
+    // parameter at a time, or a degree or stage count together with any other parameter
+    // (see `pairs`), to the values with the best bounds: a memory floor within the
     // limit first, then a step bound at least `descent_step` lower (a bound that more
     // micro-batches lower by a hair would lead it to hundreds of them, which price slowly
     // and run no faster). It stops where no move improves, or at 80% of the time budget;
