@@ -137,6 +137,12 @@ LOOM_INLINE std::int64_t boundary_ranges(const plan::plan_spec& candidate);
 // even cut alone when they make more than max_boundary_cuts).
 LOOM_INLINE std::vector<std::int64_t> candidates_given(const open_parameter& p, const plan::plan_spec& candidate);
 
+// The number of the even cut among open boundaries p's cuts into `ranges` ranges; throws
+// plan_error where the layers make no such cut (more ranges than layers).
+inline std::int64_t even_cut(const open_parameter& p, std::int64_t ranges) {
+    return plan::stage_range_index(p.layers, ranges, p.slack, plan::even_stage_starts(p.layers, ranges));
+}
+
 // Every assignment of `params` in enumeration order (an odometer, the last parameter turning
 // fastest): fn gets `space` with those choices.
 LOOM_INLINE void for_each_assignment(const plan::plan_spec& space, const std::vector<open_parameter>& params,
@@ -590,7 +596,7 @@ LOOM_INLINE std::vector<std::int64_t> candidates_given(const open_parameter& p, 
     if (ranges < 1) return {0};
     const std::int64_t cuts = plan::count_stage_ranges(p.layers, ranges, p.slack);
     if (cuts > max_boundary_cuts)
-        return {plan::stage_range_index(p.layers, ranges, p.slack, plan::even_stage_starts(p.layers, ranges))};
+        return {even_cut(p, ranges)};
     std::vector<std::int64_t> out;
     for (std::int64_t k = 0; k < std::max<std::int64_t>(cuts, 1); ++k) out.push_back(k);
     return out;
@@ -1814,9 +1820,11 @@ LOOM_INLINE plan_search_result search_assignments(const plan::plan_spec& space, 
             assignment_bounds bounds;
         };
         const auto fits = [&](const assignment_bounds& b) { return b.memory <= result.memory_limit; };
-        const auto better = [&](const assignment_bounds& a, const assignment_bounds& b) {
+        // a ahead of b: fitting first, then a step bound lower by more than `margin`, or
+        // among those that do not fit, a lower memory floor.
+        const auto ahead = [&](const assignment_bounds& a, const assignment_bounds& b, double margin) {
             if (fits(a) != fits(b)) return fits(a);
-            return fits(a) ? a.step < b.step * (1 - descent_step) : a.memory < b.memory;
+            return fits(a) ? a.step < b.step * (1 - margin) : a.memory < b.memory;
         };
         std::set<choice_map> kept;  // the leaves' assignments
         std::map<choice_map, std::optional<assignment_bounds>> known;  // none: refused
@@ -1849,9 +1857,9 @@ LOOM_INLINE plan_search_result search_assignments(const plan::plan_spec& space, 
                 candidate.choices = choices;
                 const std::int64_t ranges = boundary_ranges(candidate);
                 choices[p.name] = 0;  // where the layers make no such cut, plan::resolve refuses it
-                if (ranges < 1 || ranges > p.layers) continue;
+                if (ranges < 1) continue;
                 try {
-                    choices[p.name] = plan::stage_range_index(p.layers, ranges, p.slack, plan::even_stage_starts(p.layers, ranges));
+                    choices[p.name] = even_cut(p, ranges);
                 } catch (const plan_error&) {
                 }
             }
@@ -1884,7 +1892,7 @@ LOOM_INLINE plan_search_result search_assignments(const plan::plan_spec& space, 
                 auto consider = [&](const choice_map& next) {
                     if (out_of_time()) return;
                     const std::optional<assignment_bounds> b = evaluate(next);
-                    if (!b || !better(*b, here.bounds)) return;
+                    if (!b || !ahead(*b, here.bounds, descent_step)) return;
                     here = {next, *b};
                     improved = true;
                     if (kept.insert(next).second) {
@@ -1910,10 +1918,8 @@ LOOM_INLINE plan_search_result search_assignments(const plan::plan_spec& space, 
         };
         std::vector<point> starts;
         for (const leaf& l : leaves) starts.push_back({l.choices, {l.bound, l.memory}});
-        std::stable_sort(starts.begin(), starts.end(), [&](const point& a, const point& b) {
-            if (fits(a.bounds) != fits(b.bounds)) return fits(a.bounds);
-            return fits(a.bounds) ? a.bounds.step < b.bounds.step : a.bounds.memory < b.bounds.memory;
-        });
+        std::stable_sort(starts.begin(), starts.end(),
+                         [&](const point& a, const point& b) { return ahead(a.bounds, b.bounds, 0.0); });
         // From the best three, and under a time budget from the next ones while it lasts.
         for (std::size_t k = 0; k < starts.size() && (k < 3 || budgeted) && !out_of_time(); ++k) descend_from(starts[k]);
     }
