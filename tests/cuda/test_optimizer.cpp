@@ -1,5 +1,6 @@
 // The fused AdamW and the global norm against their host twins: loom::train::adamw<float>
 // with loom::train::global_norm and clip_scale, over tensors of odd sizes, some spanning many chunks.
+#include <algorithm>
 #include <cmath>
 #include <cstring>
 #include <span>
@@ -62,7 +63,10 @@ void check_adamw(float max_norm) {
             // Later steps have larger gradients, so that clipping engages on some steps only.
             auto g = random_vector<G>(host_grads[i].size(), 100 * step + i, -0.5f * (step + 1), 0.5f * (step + 1));
             cuda::copy_to_device(grads[i].get(), g.data(), g.size() * sizeof(G));
-            host_grads[i] = widen(g);
+            // Copied into the vector the host optimizer's span reads (assigning a new vector
+            // would free the memory the span points at).
+            const auto wide_g = widen(g);
+            std::copy(wide_g.begin(), wide_g.end(), host_grads[i].begin());
             host_grad_spans.emplace_back(host_grads[i]);
         }
         const double want_norm = train::global_norm(host_grad_spans);

@@ -166,6 +166,15 @@ struct nccl_communicator::state {
         world = nullptr;
     }
 
+    // The streams this communicator owns. Not the compute stream: it is the caller's, and may
+    // be gone by the time the communicator is destroyed.
+    void wait_own_streams(const std::string& what) {
+        wait_idle(comm_stream->get(), "rank " + std::to_string(rank) + ": " + what);
+        for (auto& [pair, ch] : channels)
+            wait_idle(ch.on.get(), "rank " + std::to_string(rank) + ": messages from rank " +
+                                       std::to_string(pair.first) + " to rank " + std::to_string(pair.second));
+    }
+
     // Polls a stream until it is idle, an NCCL communicator reports an error, or the timeout.
     void wait_idle(stream_handle on, const std::string& what) {
         const auto deadline = std::chrono::steady_clock::now() + options.timeout;
@@ -234,7 +243,7 @@ nccl_communicator::~nccl_communicator() {
     state& s = *state_;
     if (!s.broken) {
         try {
-            synchronize();
+            s.wait_own_streams("nccl_communicator's destructor");
         } catch (const std::exception& e) {
             std::cerr << e.what() << '\n';
         }
@@ -404,10 +413,7 @@ void nccl_communicator::connect_pairs() {
 
 void nccl_communicator::synchronize() {
     state& s = *state_;
-    s.wait_idle(s.comm_stream->get(), "rank " + std::to_string(s.rank) + ": nccl_communicator::synchronize");
-    for (auto& [pair, ch] : s.channels)
-        s.wait_idle(ch.on.get(), "rank " + std::to_string(s.rank) + ": messages from rank " +
-                                     std::to_string(pair.first) + " to rank " + std::to_string(pair.second));
+    s.wait_own_streams("nccl_communicator::synchronize");
     if (s.compute) s.wait_idle(s.compute, "rank " + std::to_string(s.rank) + ": the compute stream");
 }
 

@@ -51,8 +51,8 @@ int main(int argc, char** argv) {
         return 77;
     }
     try {
+        loom::cuda::stream compute;  // declared first: it must outlive the communicator that orders against it
         loom::cuda::nccl_communicator c;
-        loom::cuda::stream compute;
         c.set_stream(compute.get());
         const int rank = c.rank(), n = c.size();
         const std::size_t count = 1 << 20 | 3;
