@@ -8,6 +8,7 @@
 #include <cstdint>
 #include <cstring>
 #include <map>
+#include <optional>
 #include <span>
 #include <string>
 #include <vector>
@@ -145,6 +146,17 @@ void fused_matches_unfused(precision prec, double tolerance) {
         WARN(fused.executor.unfused_groups() << " fused groups ran unfused: cuBLASLt has no float kernel for them");
     }
 
+    // bf16: both programs are held against the same program in float (unfused, from the
+    // same weights before their bf16 rounding).
+    constexpr bool in_bf16 = std::is_same_v<T, bfloat16>;
+    const program p32 = in_bf16 ? compile_program(g, {.prec = precision::f32, .outputs = outputs}) : program{};
+    std::optional<bound_run<float>> reference;
+    if constexpr (in_bf16) {
+        reference.emplace(p32, stream, gemm, cuda::executor_options{.fuse = false}, host_values(g, p32));
+        reference->executor.run();
+        stream.synchronize();
+    }
+
     std::size_t compared = 0;
     std::map<tensor_id, std::vector<float>> first_run;
     for (tensor_id t : p.bound) {
@@ -155,12 +167,24 @@ void fused_matches_unfused(precision prec, double tolerance) {
         // constant, which softmax ignores): both programs compute rounding noise of the sums
         // of the key gradient's rows. It is held to the scale of the key weight's gradient,
         // which sums the same rows weighted by the normalized inputs.
-        const std::string scale_name =
-            name.ends_with(".attn.k.bias") ? name.substr(0, name.size() - 4) + "weight" : name;
+        const tensor_id scale_of =
+            name.ends_with(".attn.k.bias") ? *g.find_tensor(name.substr(0, name.size() - 4) + "weight") : t;
         double largest = 0;
-        for (float w : unfused.download(p, *g.find_tensor(scale_name)))
+        for (float w : in_bf16 ? reference->download(p32, scale_of) : unfused.download(p, scale_of))
             largest = std::max(largest, static_cast<double>(std::fabs(w)));
-        require_close(got, want, 0.0, tolerance * largest + 1e-30, name);
+        if constexpr (in_bf16) {
+            const auto exact = reference->download(p32, t);
+            double fused_off = 0, unfused_off = 0;
+            for (std::size_t i = 0; i < exact.size(); ++i) {
+                fused_off = std::max(fused_off, static_cast<double>(std::fabs(got[i] - exact[i])));
+                unfused_off = std::max(unfused_off, static_cast<double>(std::fabs(want[i] - exact[i])));
+            }
+            INFO(name << ": off the float program by " << fused_off << " fused, " << unfused_off
+                      << " unfused; largest element " << largest);
+            CHECK(fused_off <= 1.5 * unfused_off + tolerance * largest);
+        } else {
+            require_close(got, want, 0.0, tolerance * largest + 1e-30, name);
+        }
         first_run.emplace(t, got);
         ++compared;
     }
@@ -190,7 +214,11 @@ TEST_CASE("fused GEMM epilogues give the unfused program's results, float", "[cu
 // bf16 rounds differently on the two sides: the fused GELU reads the float pre-activation
 // (not its bf16 rounding), the fused dGELU the float product (not the rounded gradient of
 // the GELU's output), and the bias gradient sums unrounded values. One rounding (2^-8) per
-// value either way, compounded through two layers' backward: 5e-2.
-TEST_CASE("fused GEMM epilogues give the unfused program's results, bf16", "[cuda][fusion][bf16]") {
-    fused_matches_unfused<bfloat16>(precision::bf16, 5e-2);
+// value either way; but the query and key gradients are differences of nearly equal terms,
+// which one rounding moves by 10 to 20% of themselves on either side (seen on an H200). So
+// each side is measured against the float program: the fused one may be off it by at most
+// 1.5 times what the unfused one is, plus 2% of the tensor's largest element. A wrong operand,
+// epilogue or launch position is off by elements' own size.
+TEST_CASE("fused GEMM epilogues are as close to float as the unfused program, bf16", "[cuda][fusion][bf16]") {
+    fused_matches_unfused<bfloat16>(precision::bf16, 2e-2);
 }
