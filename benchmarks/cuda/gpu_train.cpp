@@ -1,10 +1,13 @@
 // GPT-2 124M training steps on one GPU: tokens per second and model FLOP utilisation, to
 // set beside PyTorch eager and torch.compile (benchmarks/cuda/gpu_train_torch.py, run by the
-// same script on the same GPU). Prints one JSON object.
+// same script on the same GPU). Prints one JSON object; with --profile, then one more per op
+// kind: the GPU time of one step's instructions, from timing events recorded before each.
 //
-//   gpu_train --precision bf16 --batch 16 --steps 20
+//   gpu_train --precision bf16 --batch 16 --steps 20 [--profile]
 #include <algorithm>
 #include <cstdio>
+#include <map>
+#include <memory>
 #include <random>
 #include <string>
 #include <vector>
@@ -25,6 +28,44 @@ double peak_tflops(const std::string& device_name) {
     return 0.0;
 }
 
+struct op_time {
+    double ms = 0;
+    int count = 0;
+};
+
+// One more step with a timing event recorded before each program step: the GPU time from
+// one event to the next is that step's. A fused group queues its GEMM after the hooks of all
+// its steps, so its time lands on its last step, named after the epilogue. The last step's
+// interval also holds the gradient norm, the clipping and AdamW, which follow the program.
+std::map<std::string, op_time> profile_step(cuda::trainer& t, const train::input_feed& feed) {
+    const program& p = t.compiled();
+    const graph& g = *p.source;
+    std::vector<std::unique_ptr<cuda::event>> marks;
+    for (std::size_t s = 0; s <= p.steps.size(); ++s) marks.push_back(std::make_unique<cuda::event>(true));
+    t.set_before_step([&](std::size_t s) { marks[s]->record(t.compute_stream()); });
+    t.step(feed);  // synchronised
+    marks.back()->record(t.compute_stream());
+    marks.back()->synchronize();
+    t.set_before_step(nullptr);
+
+    const cuda::fusion_plan& fusion = t.fusion();
+    std::map<std::string, op_time> by_kind;
+    for (std::size_t s = 0; s < p.steps.size(); ++s) {
+        const cuda::step_fusion& f = fusion.steps[s];
+        std::string kind(g.at(p.steps[s].node).op->name);
+        if (f.group >= 0) {
+            const cuda::fused_gemm& group = fusion.groups[static_cast<std::size_t>(f.group)];
+            if (s != group.steps.back()) continue;  // its time is on the group's last step
+            kind = std::string("fused GEMM + ") + cuda::to_string(group.epilogue);
+        }
+        if (s + 1 == p.steps.size()) kind += " + norm, clip, AdamW";
+        auto& entry = by_kind[kind];
+        entry.ms += cuda::event::elapsed_ms(*marks[s], *marks[s + 1]);
+        ++entry.count;
+    }
+    return by_kind;
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
@@ -43,8 +84,9 @@ int main(int argc, char** argv) {
     app.add_option("--steps", steps);
     app.add_option("--precision", precision_name)->check(CLI::IsMember({"f32", "bf16"}));
     app.add_option("--peak-tflops", peak, "the GPU's dense bf16 peak (default: from its name)");
-    bool no_fuse = false;
+    bool no_fuse = false, profile = false;
     app.add_flag("--no-fuse", no_fuse, "one kernel per op: no GEMM epilogue fusion (to measure what it gains)");
+    app.add_flag("--profile", profile, "then time one step's instructions by op kind");
     CLI11_PARSE(app, argc, argv);
 
     const auto info = cuda::describe(0);
@@ -88,5 +130,15 @@ int main(int argc, char** argv) {
         info.name.c_str(), precision_name.c_str(), static_cast<long long>(c.batch), static_cast<long long>(c.seq),
         static_cast<long long>(c.parameter_count()), median, tokens_per_step / median, tflops,
         peak > 0 ? tflops / peak : 0.0, t.device_bytes(), loss, t.fusion().description().c_str());
+    if (profile) {
+        const auto by_kind = profile_step(t, feed);
+        std::vector<std::pair<std::string, op_time>> sorted(by_kind.begin(), by_kind.end());
+        std::sort(sorted.begin(), sorted.end(), [](const auto& a, const auto& b) { return a.second.ms > b.second.ms; });
+        double total = 0;
+        for (const auto& [kind, e] : sorted) total += e.ms;
+        for (const auto& [kind, e] : sorted)
+            std::printf("{\"profile\": \"loom %s\", \"op\": \"%s\", \"count\": %d, \"ms\": %.3f, \"share\": %.3f}\n",
+                        precision_name.c_str(), kind.c_str(), e.count, e.ms, total > 0 ? e.ms / total : 0.0);
+    }
     return 0;
 }

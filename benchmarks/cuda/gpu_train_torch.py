@@ -57,6 +57,40 @@ def train_mode(a, compiled):
             "parameters": params, "final_loss": float(loss)}
 
 
+def profile_mode(a):
+    """GPU time of one eager bf16 step by kernel, the peer of gpu_train --profile: the 15
+    kernels with the most device time, one JSON object each."""
+    from torch.profiler import ProfilerActivity, profile
+    torch.manual_seed(0)
+    model = GPT(a.layers, a.hidden, a.heads, a.vocab, a.seq).cuda()
+    opt = torch.optim.AdamW(model.parameters(), lr=6e-4, weight_decay=0.1, fused=True)
+    tokens = torch.randint(0, a.vocab, (a.batch, a.seq), device="cuda")
+    targets = torch.randint(0, a.vocab, (a.batch, a.seq), device="cuda")
+    positions = torch.arange(a.seq, device="cuda").expand(a.batch, a.seq)
+
+    def step():
+        opt.zero_grad(set_to_none=True)
+        with torch.autocast("cuda", dtype=torch.bfloat16):
+            loss = model(tokens, positions, targets)
+        loss.backward()
+        torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
+        opt.step()
+
+    for _ in range(3):
+        step()
+    torch.cuda.synchronize()
+    with profile(activities=[ProfilerActivity.CUDA]) as prof:
+        step()
+        torch.cuda.synchronize()
+    kernels = [e for e in prof.key_averages() if e.device_type == torch.autograd.DeviceType.CUDA]
+    total = sum(e.self_device_time_total for e in kernels)
+    for e in sorted(kernels, key=lambda e: e.self_device_time_total, reverse=True)[:15]:
+        print(json.dumps({"profile": "torch eager bf16", "op": e.key[:90], "count": e.count,
+                          "ms": e.self_device_time_total / 1e3, "share": e.self_device_time_total / total}),
+              flush=True)
+    return {"profile": "torch eager bf16", "total_kernel_ms": total / 1e3}
+
+
 def attention_mode(a):
     hd = a.hidden // a.heads
     q, k, v = (torch.randn(a.batch, a.heads, a.seq, hd, device="cuda", dtype=torch.bfloat16, requires_grad=True)
@@ -83,12 +117,15 @@ def main():
     for name, default in [("layers", 12), ("hidden", 768), ("heads", 12), ("vocab", 50304), ("seq", 1024),
                           ("batch", 16), ("warmup", 5), ("steps", 20)]:
         p.add_argument("--" + name, type=int, default=default)
-    p.add_argument("--mode", choices=["eager", "compile", "attention", "all"], default="all")
+    p.add_argument("--mode", choices=["eager", "compile", "attention", "profile", "all"], default="all")
     a = p.parse_args()
     torch.backends.cuda.matmul.allow_tf32 = True
     modes = ["eager", "compile", "attention"] if a.mode == "all" else [a.mode]
     for m in modes:
-        result = attention_mode(a) if m == "attention" else train_mode(a, m == "compile")
+        if m == "profile":
+            result = profile_mode(a)
+        else:
+            result = attention_mode(a) if m == "attention" else train_mode(a, m == "compile")
         print(json.dumps(result), flush=True)
 
 

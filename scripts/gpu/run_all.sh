@@ -2,7 +2,7 @@
 # Everything GPU-side in one call: build the CUDA tests and benchmarks, run the tests (every
 # kernel against its host twin, GPU training against the host loss curve), run them again
 # under compute-sanitizer memcheck, then run the benchmarks beside their PyTorch peers on the
-# same GPU, and write the results down.
+# same GPU, profile one step of each by op kind, and write the results down.
 #
 #   bash scripts/gpu/run_all.sh            # build here if the toolchain and loom's
 #                                          # dependencies are installed, else use the bundle;
@@ -174,6 +174,15 @@ run() {
   [[ -f "$torch_script" ]] || torch_script=$bundle/scripts/gpu_train_torch.py
   PYTHONUNBUFFERED=1 python3 "$torch_script" --mode all 2>&1 | tee -a "$report" "$results/torch.log"
   "$(path_of gpu_attention)" 2>&1 | tee -a "$report" "$results/gpu_attention.log"
+  echo '```' >>"$report"
+  {
+    echo
+    echo "## Where one bf16 step's GPU time goes: loom by op kind, PyTorch eager by kernel"
+    echo
+    echo '```'
+  } >>"$report"
+  "$(path_of gpu_train)" --precision bf16 --warmup 3 --steps 3 --profile 2>&1 | tee -a "$report" "$results/profile.log"
+  PYTHONUNBUFFERED=1 python3 "$torch_script" --mode profile 2>&1 | tee -a "$report" "$results/profile.log"
   echo '```' >>"$report"
   echo "results: $report"
   return $failed

@@ -12,6 +12,7 @@
 #include <chrono>
 #include <cstdint>
 #include <cstring>
+#include <functional>
 #include <map>
 #include <memory>
 #include <span>
@@ -165,6 +166,12 @@ public:
                2 * sizeof(float) * static_cast<std::size_t>(optimizer_->parameter_count());
     }
     stream_handle compute_stream() const { return stream_->get(); }
+    // Called before each program step is queued, as executor::set_before_step says (e.g. to
+    // record timing events on compute_stream()); nullptr stops it.
+    void set_before_step(std::function<void(std::size_t)> hook) {
+        if (executor_f32_) executor_f32_->set_before_step(std::move(hook));
+        else executor_bf16_->set_before_step(std::move(hook));
+    }
     // What the executor fused (cuda/fusion.hpp), e.g. for a benchmark's record.
     const fusion_plan& fusion() const { return executor_f32_ ? executor_f32_->fusion() : executor_bf16_->fusion(); }
 
