@@ -1,4 +1,6 @@
-// Element-wise kernels: vectorised grid-stride loops, float arithmetic.
+// Element-wise kernels: grid-stride loops, float arithmetic (the add 16 bytes a thread where aligned).
+#include <cstdint>
+
 #include <loom/runtime/cuda/elementwise.hpp>
 
 #include "check.cuh"
@@ -62,6 +64,25 @@ __global__ void add_kernel(const D* a, const D* b, D* out, std::int64_t n) {
         out[i] = from_float<D>(to_float(a[i]) + to_float(b[i]));
 }
 
+// The same sum 16 bytes a thread (8 bf16 or 4 floats), where all three pointers are aligned
+// to them: one load per operand per thread instead of per element, which the residual adds'
+// share of a step needs (an element a thread ran at half the memory bandwidth on an H200).
+template <class D>
+__global__ void add_wide_kernel(const uint4* a, const uint4* b, uint4* out, std::int64_t units) {
+    constexpr int per = sizeof(uint4) / sizeof(D);
+    for (std::int64_t i = blockIdx.x * static_cast<std::int64_t>(blockDim.x) + threadIdx.x; i < units;
+         i += static_cast<std::int64_t>(gridDim.x) * blockDim.x) {
+        const uint4 va = a[i], vb = b[i];
+        uint4 sum;
+        const D* ea = reinterpret_cast<const D*>(&va);
+        const D* eb = reinterpret_cast<const D*>(&vb);
+        D* es = reinterpret_cast<D*>(&sum);
+#pragma unroll
+        for (int k = 0; k < per; ++k) es[k] = from_float<D>(to_float(ea[k]) + to_float(eb[k]));
+        out[i] = sum;
+    }
+}
+
 template <class D>
 __global__ void scale_kernel(const D* x, float alpha, D* out, std::int64_t n) {
     for (std::int64_t i = blockIdx.x * static_cast<std::int64_t>(blockDim.x) + threadIdx.x; i < n;
@@ -96,8 +117,22 @@ void gelu_backward(const T* x, const T* dy, T* dx, std::int64_t n, stream_handle
 template <class T>
 void add(const T* a, const T* b, T* out, std::int64_t n, stream_handle s) {
     if (n <= 0) return;
-    add_kernel<<<detail::blocks_for(n, threads), threads, 0, s>>>(detail::device_ptr(a), detail::device_ptr(b),
-                                                                   detail::device_ptr(out), n);
+    const auto aligned = [](const void* p) { return reinterpret_cast<std::uintptr_t>(p) % sizeof(uint4) == 0; };
+    std::int64_t done = 0;
+    if (aligned(a) && aligned(b) && aligned(out)) {
+        constexpr std::int64_t per = sizeof(uint4) / sizeof(T);
+        const std::int64_t units = n / per;
+        if (units > 0) {
+            add_wide_kernel<detail::device_t<T>><<<detail::blocks_for(units, threads), threads, 0, s>>>(
+                reinterpret_cast<const uint4*>(a), reinterpret_cast<const uint4*>(b), reinterpret_cast<uint4*>(out),
+                units);
+            LOOM_CUDA_CHECK_LAUNCH("add");
+        }
+        done = units * per;
+    }
+    if (done == n) return;
+    add_kernel<<<detail::blocks_for(n - done, threads), threads, 0, s>>>(
+        detail::device_ptr(a + done), detail::device_ptr(b + done), detail::device_ptr(out + done), n - done);
     LOOM_CUDA_CHECK_LAUNCH("add");
 }
 

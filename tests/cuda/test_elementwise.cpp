@@ -50,6 +50,12 @@ TEMPLATE_TEST_CASE("add, scale and casts match the host twin", "[cuda][elementwi
     // One float operation rounded once: exact.
     require_close(dsum.download(), want_sum, 0, 0, "add");
     require_close(dscaled.download(), want_scaled, 0, 0, "scale");
+    // Off 16-byte alignment (the sum then runs element by element): the same sums.
+    device_vector<TestType> shifted(n);
+    cuda::add(da.get() + 1, db.get() + 1, shifted.get() + 1, static_cast<std::int64_t>(n - 1), nullptr);
+    auto got = shifted.download();
+    got.erase(got.begin());
+    require_close(got, std::vector<float>(want_sum.begin() + 1, want_sum.end()), 0, 0, "add, unaligned");
 }
 
 TEST_CASE("casts between float and bf16 round to nearest even", "[cuda][elementwise]") {

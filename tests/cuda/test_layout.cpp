@@ -1,4 +1,6 @@
 // Head permutations, column sums and fills against host twins.
+#include <algorithm>
+
 #include <loom/runtime/cuda/layout.hpp>
 
 #include "support.hpp"
@@ -6,21 +8,31 @@
 using namespace loom;
 using namespace loom::cuda_test;
 
+// Head rows of whole 16-byte units (copied 16 bytes a thread), of odd length, and at an
+// address that is not 16-byte aligned (both copied element by element).
 TEMPLATE_TEST_CASE("split_heads and merge_heads permute like ops::split_heads", "[cuda][layout]", float, bfloat16) {
-    const std::int64_t b = 3, s = 37, h = 5, d = 24;
-    const auto x = random_vector<TestType>(static_cast<std::size_t>(b * s * h * d), 11);
-    device_vector<TestType> dx(x), dy(x.size()), back(x.size());
-    cuda::split_heads(dx.get(), dy.get(), b, s, h, d, nullptr);
-    cuda::merge_heads(dy.get(), back.get(), b, s, h, d, nullptr);
-    const auto y = dy.download();
-    // The twin: x[b, s, h*D + d] = y[b, h, s, d] (ops/heads.hpp).
-    for (std::int64_t ib = 0; ib < b; ++ib)
-        for (std::int64_t is = 0; is < s; ++is)
-            for (std::int64_t ih = 0; ih < h; ++ih)
-                for (std::int64_t id = 0; id < d; ++id)
-                    REQUIRE(y[static_cast<std::size_t>(((ib * h + ih) * s + is) * d + id)] ==
-                            x[static_cast<std::size_t>((ib * s + is) * h * d + ih * d + id)]);
-    REQUIRE(back.download() == x);
+    struct shape_case {
+        std::int64_t d, offset;  // head dim; elements before the tensors in their buffers
+    };
+    for (const shape_case c : {shape_case{24, 0}, shape_case{5, 0}, shape_case{24, 1}}) {
+        INFO("head dim " << c.d << ", offset " << c.offset);
+        const std::int64_t b = 3, s = 37, h = 5, d = c.d;
+        const auto n = static_cast<std::size_t>(b * s * h * d), at = static_cast<std::size_t>(c.offset);
+        auto x = random_vector<TestType>(n + at, 11);
+        device_vector<TestType> dx(x), dy(n + at), back(n + at);
+        cuda::split_heads(dx.get() + at, dy.get() + at, b, s, h, d, nullptr);
+        cuda::merge_heads(dy.get() + at, back.get() + at, b, s, h, d, nullptr);
+        const auto y = dy.download();
+        // The twin: x[b, s, h*D + d] = y[b, h, s, d] (ops/heads.hpp).
+        for (std::int64_t ib = 0; ib < b; ++ib)
+            for (std::int64_t is = 0; is < s; ++is)
+                for (std::int64_t ih = 0; ih < h; ++ih)
+                    for (std::int64_t id = 0; id < d; ++id)
+                        REQUIRE(y[at + static_cast<std::size_t>(((ib * h + ih) * s + is) * d + id)] ==
+                                x[at + static_cast<std::size_t>((ib * s + is) * h * d + ih * d + id)]);
+        const auto round_trip = back.download();
+        REQUIRE(std::equal(round_trip.begin() + c.offset, round_trip.end(), x.begin() + c.offset));
+    }
 }
 
 TEMPLATE_TEST_CASE("sum_rows sums columns deterministically", "[cuda][layout]", float, bfloat16) {
