@@ -84,8 +84,10 @@ int main(int argc, char** argv) {
     app.add_option("--steps", steps);
     app.add_option("--precision", precision_name)->check(CLI::IsMember({"f32", "bf16"}));
     app.add_option("--peak-tflops", peak, "the GPU's dense bf16 peak (default: from its name)");
-    bool no_fuse = false, profile = false;
+    bool no_fuse = false, fuse_backward = false, profile = false;
     app.add_flag("--no-fuse", no_fuse, "one kernel per op: no GEMM epilogue fusion (to measure what it gains)");
+    app.add_flag("--fuse-backward", fuse_backward,
+                 "the backward's dGELU + bias-gradient epilogue too (off by default: slower on an H200)");
     app.add_flag("--profile", profile, "then time one step's instructions by op kind");
     CLI11_PARSE(app, argc, argv);
 
@@ -95,7 +97,7 @@ int main(int argc, char** argv) {
     options.schedule.peak = 6e-4;
     options.clip_norm = 1.0;
     const precision p = precision_name == "bf16" ? precision::bf16 : precision::f32;
-    cuda::trainer t(models::gpt(c).training_graph(), options, p, 0, {.fuse = !no_fuse});
+    cuda::trainer t(models::gpt(c).training_graph(), options, p, 0, {.fuse = !no_fuse, .fuse_backward = fuse_backward});
 
     std::mt19937 rng(0);
     std::uniform_int_distribution<std::int32_t> token(0, static_cast<std::int32_t>(c.vocab - 1));

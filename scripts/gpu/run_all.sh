@@ -168,6 +168,7 @@ run() {
     echo '```'
   } >>"$report"
   "$(path_of gpu_train)" --precision bf16 2>&1 | tee -a "$report" "$results/gpu_train.log"
+  "$(path_of gpu_train)" --precision bf16 --fuse-backward 2>&1 | tee -a "$report" "$results/gpu_train.log"
   "$(path_of gpu_train)" --precision bf16 --no-fuse 2>&1 | tee -a "$report" "$results/gpu_train.log"
   "$(path_of gpu_train)" --precision f32 --batch 8 2>&1 | tee -a "$report" "$results/gpu_train.log"
   local torch_script=benchmarks/cuda/gpu_train_torch.py

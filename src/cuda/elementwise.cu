@@ -1,4 +1,4 @@
-// Element-wise kernels: grid-stride loops, float arithmetic (the add 16 bytes a thread where aligned).
+// Element-wise kernels: grid-stride loops, float arithmetic, 16 bytes a thread where aligned.
 #include <cstdint>
 
 #include <loom/runtime/cuda/elementwise.hpp>
@@ -42,52 +42,72 @@ __device__ __forceinline__ float gelu_derivative(float x) {
     return g.s + x * (g.s * g.one_minus_s) * dz;
 }
 
-template <class D>
-__global__ void gelu_forward_kernel(const D* __restrict__ x, D* __restrict__ y, std::int64_t n) {
-    for (std::int64_t i = blockIdx.x * static_cast<std::int64_t>(blockDim.x) + threadIdx.x; i < n;
-         i += static_cast<std::int64_t>(gridDim.x) * blockDim.x)
-        y[i] = from_float<D>(gelu_value(to_float(x[i])));
+// out = f(x) or f(x, y) element by element, in float. Where every pointer is 16-byte aligned,
+// a thread takes 16 bytes of each operand (8 bf16 or 4 floats) in one load: one element a
+// thread ran at half the memory bandwidth on an H200. The remainder, and unaligned tensors,
+// go element by element.
+struct gelu_op {
+    __device__ float operator()(float x) const { return gelu_value(x); }
+};
+struct gelu_grad_op {  // (x, dy) -> dy gelu'(x)
+    __device__ float operator()(float x, float dy) const { return dy * gelu_derivative(x); }
+};
+struct add_op {
+    __device__ float operator()(float a, float b) const { return a + b; }
+};
+struct scale_op {
+    float alpha;
+    __device__ float operator()(float x) const { return alpha * x; }
+};
+
+template <class D, class F, class... In>
+__device__ __forceinline__ D apply(const F& f, In... in) {
+    return from_float<D>(f(to_float(in)...));
 }
 
-template <class D>
-__global__ void gelu_backward_kernel(const D* __restrict__ x, const D* __restrict__ dy, D* __restrict__ dx,
-                                     std::int64_t n) {
-    for (std::int64_t i = blockIdx.x * static_cast<std::int64_t>(blockDim.x) + threadIdx.x; i < n;
-         i += static_cast<std::int64_t>(gridDim.x) * blockDim.x)
-        dx[i] = from_float<D>(to_float(dy[i]) * gelu_derivative(to_float(x[i])));
-}
-
-template <class D>
-__global__ void add_kernel(const D* a, const D* b, D* out, std::int64_t n) {
-    for (std::int64_t i = blockIdx.x * static_cast<std::int64_t>(blockDim.x) + threadIdx.x; i < n;
-         i += static_cast<std::int64_t>(gridDim.x) * blockDim.x)
-        out[i] = from_float<D>(to_float(a[i]) + to_float(b[i]));
-}
-
-// The same sum 16 bytes a thread (8 bf16 or 4 floats), where all three pointers are aligned
-// to them: one load per operand per thread instead of per element, which the residual adds'
-// share of a step needs (an element a thread ran at half the memory bandwidth on an H200).
-template <class D>
-__global__ void add_wide_kernel(const uint4* a, const uint4* b, uint4* out, std::int64_t units) {
+template <class D, class F, class... V>
+__global__ void map_wide_kernel(F f, uint4* __restrict__ out, std::int64_t units, const V* __restrict__... in) {
     constexpr int per = sizeof(uint4) / sizeof(D);
     for (std::int64_t i = blockIdx.x * static_cast<std::int64_t>(blockDim.x) + threadIdx.x; i < units;
          i += static_cast<std::int64_t>(gridDim.x) * blockDim.x) {
-        const uint4 va = a[i], vb = b[i];
-        uint4 sum;
-        const D* ea = reinterpret_cast<const D*>(&va);
-        const D* eb = reinterpret_cast<const D*>(&vb);
-        D* es = reinterpret_cast<D*>(&sum);
+        uint4 result;
+        D* r = reinterpret_cast<D*>(&result);
+        [&](auto... loaded) {
 #pragma unroll
-        for (int k = 0; k < per; ++k) es[k] = from_float<D>(to_float(ea[k]) + to_float(eb[k]));
-        out[i] = sum;
+            for (int k = 0; k < per; ++k) r[k] = apply<D>(f, reinterpret_cast<const D*>(&loaded)[k]...);
+        }(in[i]...);
+        out[i] = result;
     }
 }
 
-template <class D>
-__global__ void scale_kernel(const D* x, float alpha, D* out, std::int64_t n) {
+template <class D, class F, class... Ptr>
+__global__ void map_kernel(F f, D* __restrict__ out, std::int64_t n, const Ptr* __restrict__... in) {
     for (std::int64_t i = blockIdx.x * static_cast<std::int64_t>(blockDim.x) + threadIdx.x; i < n;
          i += static_cast<std::int64_t>(gridDim.x) * blockDim.x)
-        out[i] = from_float<D>(alpha * to_float(x[i]));
+        out[i] = apply<D>(f, in[i]...);
+}
+
+bool aligned16(const void* p) { return reinterpret_cast<std::uintptr_t>(p) % sizeof(uint4) == 0; }
+
+template <class T, class F, class... In>
+void map(F f, T* out, std::int64_t n, stream_handle s, const char* what, const In*... in) {
+    if (n <= 0) return;
+    using D = detail::device_t<T>;
+    std::int64_t done = 0;
+    if (aligned16(out) && (aligned16(in) && ...)) {
+        constexpr std::int64_t per = sizeof(uint4) / sizeof(T);
+        const std::int64_t units = n / per;
+        if (units > 0) {
+            map_wide_kernel<D><<<detail::blocks_for(units, threads), threads, 0, s>>>(
+                f, reinterpret_cast<uint4*>(out), units, reinterpret_cast<const uint4*>(in)...);
+            LOOM_CUDA_CHECK_LAUNCH(what);
+        }
+        done = units * per;
+    }
+    if (done == n) return;
+    map_kernel<D><<<detail::blocks_for(n - done, threads), threads, 0, s>>>(f, detail::device_ptr(out + done), n - done,
+                                                                          detail::device_ptr(in + done)...);
+    LOOM_CUDA_CHECK_LAUNCH(what);
 }
 
 template <class From, class To>
@@ -101,47 +121,22 @@ __global__ void cast_kernel(const From* __restrict__ x, To* __restrict__ y, std:
 
 template <class T>
 void gelu_forward(const T* x, T* y, std::int64_t n, stream_handle s) {
-    if (n <= 0) return;
-    gelu_forward_kernel<<<detail::blocks_for(n, threads), threads, 0, s>>>(detail::device_ptr(x), detail::device_ptr(y), n);
-    LOOM_CUDA_CHECK_LAUNCH("gelu_forward");
+    map(gelu_op{}, y, n, s, "gelu_forward", x);
 }
 
 template <class T>
 void gelu_backward(const T* x, const T* dy, T* dx, std::int64_t n, stream_handle s) {
-    if (n <= 0) return;
-    gelu_backward_kernel<<<detail::blocks_for(n, threads), threads, 0, s>>>(
-        detail::device_ptr(x), detail::device_ptr(dy), detail::device_ptr(dx), n);
-    LOOM_CUDA_CHECK_LAUNCH("gelu_backward");
+    map(gelu_grad_op{}, dx, n, s, "gelu_backward", x, dy);
 }
 
 template <class T>
 void add(const T* a, const T* b, T* out, std::int64_t n, stream_handle s) {
-    if (n <= 0) return;
-    const auto aligned = [](const void* p) { return reinterpret_cast<std::uintptr_t>(p) % sizeof(uint4) == 0; };
-    std::int64_t done = 0;
-    if (aligned(a) && aligned(b) && aligned(out)) {
-        constexpr std::int64_t per = sizeof(uint4) / sizeof(T);
-        const std::int64_t units = n / per;
-        if (units > 0) {
-            add_wide_kernel<detail::device_t<T>><<<detail::blocks_for(units, threads), threads, 0, s>>>(
-                reinterpret_cast<const uint4*>(a), reinterpret_cast<const uint4*>(b), reinterpret_cast<uint4*>(out),
-                units);
-            LOOM_CUDA_CHECK_LAUNCH("add");
-        }
-        done = units * per;
-    }
-    if (done == n) return;
-    add_kernel<<<detail::blocks_for(n - done, threads), threads, 0, s>>>(
-        detail::device_ptr(a + done), detail::device_ptr(b + done), detail::device_ptr(out + done), n - done);
-    LOOM_CUDA_CHECK_LAUNCH("add");
+    map(add_op{}, out, n, s, "add", a, b);
 }
 
 template <class T>
 void scale(const T* x, float alpha, T* out, std::int64_t n, stream_handle s) {
-    if (n <= 0) return;
-    scale_kernel<<<detail::blocks_for(n, threads), threads, 0, s>>>(detail::device_ptr(x), alpha,
-                                                                     detail::device_ptr(out), n);
-    LOOM_CUDA_CHECK_LAUNCH("scale");
+    map(scale_op{alpha}, out, n, s, "scale", x);
 }
 
 void cast(const float* x, bfloat16* y, std::int64_t n, stream_handle s) {

@@ -34,6 +34,13 @@ TEMPLATE_TEST_CASE("gelu forward and backward match the host twin", "[cuda][elem
     }
     require_close(dout.download(), want_y, tolerance<TestType>(), 1e-7, "gelu");
     require_close(dgrad.download(), want_dx, tolerance<TestType>(), 1e-7, "gelu_backward");
+    // Off 16-byte alignment (element by element then): the same values.
+    device_vector<TestType> shifted(n);
+    cuda::gelu_backward(dx_in.get() + 1, ddy.get() + 1, shifted.get() + 1, static_cast<std::int64_t>(n - 1), nullptr);
+    auto got = shifted.download();
+    got.erase(got.begin());
+    require_close(got, std::vector<float>(want_dx.begin() + 1, want_dx.end()), tolerance<TestType>(), 1e-7,
+                  "gelu_backward, unaligned");
 }
 
 TEMPLATE_TEST_CASE("add, scale and casts match the host twin", "[cuda][elementwise]", float, bfloat16) {

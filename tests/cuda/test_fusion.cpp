@@ -121,7 +121,7 @@ void fused_matches_unfused(precision prec, double tolerance) {
 
     cuda::stream stream;
     cuda::gemm_engine gemm;
-    bound_run<T> fused(p, stream, gemm, {}, values);
+    bound_run<T> fused(p, stream, gemm, {.fuse_backward = true}, values);
     bound_run<T> unfused(p, stream, gemm, {.fuse = false}, values);
     INFO(fused.executor.fusion().description());
     REQUIRE(fused.executor.fusion().count(cuda::gemm_epilogue::bias_gelu) == static_cast<std::size_t>(c.layers));

@@ -92,7 +92,8 @@ struct fusion_plan {
 };
 
 struct fusion_options {
-    bool fuse = true;  // false: every step alone
+    bool fuse = true;           // false: every step alone
+    bool fuse_backward = true;  // false: the forward groups only (bias_gelu)
 };
 
 namespace fusion_detail {
@@ -143,7 +144,7 @@ public:
             if (n.op->communication) continue;
             std::optional<fused_gemm> found;
             if (n.op->name == "linear_bias") found = forward_group(s, out.declined);
-            else if (n.op->name == "linear_grad_input") found = backward_group(s, out.declined);
+            else if (n.op->name == "linear_grad_input" && options.fuse_backward) found = backward_group(s, out.declined);
             if (found) candidates.push_back(std::move(*found));
         }
         std::sort(candidates.begin(), candidates.end(),
