@@ -14,7 +14,10 @@ using detail::from_float;
 using detail::to_float;
 
 constexpr unsigned threads = 256;
-constexpr std::int64_t rows_per_slab = 256;
+// 64 rows a slab: GPT-2's [16384, 768] bias gradients make 768 blocks of partials rather than
+// 192, and each thread's loads are unrolled so that they overlap (one load in flight at a time
+// left the column sums latency-bound on an H200).
+constexpr std::int64_t rows_per_slab = 64;
 
 // y = x with the seq and heads axes swapped: split_heads reads [b, s, h, d] and writes
 // [b, h, s, d], merge_heads the reverse. One thread per unit of y (16 bytes where a head's
@@ -73,6 +76,7 @@ __global__ void column_partials_kernel(const D* __restrict__ x, float* __restric
     if (c >= cols) return;
     const std::int64_t first = slab * rows_per_slab, last = min(first + rows_per_slab, rows);
     float sum = 0;
+#pragma unroll 8
     for (std::int64_t r = first; r < last; ++r) sum += to_float(x[r * cols + c]);
     partial[slab * cols + c] = sum;
 }
@@ -84,6 +88,7 @@ __global__ void column_finish_kernel(const float* __restrict__ partial, D* __res
     const std::int64_t c = blockIdx.x * static_cast<std::int64_t>(blockDim.x) + threadIdx.x;
     if (c >= cols) return;
     float sum = 0;
+#pragma unroll 8
     for (std::int64_t k = 0; k < slabs; ++k) sum += partial[k * cols + c];
     y[c] = from_float<D>(sum);
 }
