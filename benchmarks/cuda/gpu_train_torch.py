@@ -54,7 +54,7 @@ def train_mode(a, compiled):
             "device": torch.cuda.get_device_name(), "median_step_seconds": median,
             "tokens_per_second": tokens_per_step / median,
             "model_tflops_per_second": flops_per_token * tokens_per_step / median / 1e12,
-            "parameters": params, "final_loss": float(loss)}
+            "parameters": params, "final_loss": loss.item()}
 
 
 def profile_mode(a):

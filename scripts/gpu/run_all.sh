@@ -112,7 +112,11 @@ run() {
     echo
     echo "- GPU: $gpu"
     echo "- date: $(date -u +%Y-%m-%d)"
-    echo "- commit: $(git rev-parse --short HEAD 2>/dev/null || cat "$bundle/COMMIT" 2>/dev/null || echo unknown)"
+    # The bundle's commit where its binaries run: a copied working tree's git may be older.
+    local commit
+    if [[ -n "$bin" && -f "$bundle/COMMIT" ]]; then commit=$(cat "$bundle/COMMIT")
+    else commit=$(git rev-parse --short HEAD 2>/dev/null || echo unknown); fi
+    echo "- commit: $commit"
     echo
     echo "## Tests (kernels against host twins; training against the host loss curve)"
     echo
