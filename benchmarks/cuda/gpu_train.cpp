@@ -28,8 +28,10 @@ double peak_tflops(const std::string& device_name) {
     return 0.0;
 }
 
+// One op kind's share of a profiled step: GPU time, instructions, and their work (FLOPs as
+// the ops count them, and bytes read and written), from which per-kind rates can be fitted.
 struct op_time {
-    double ms = 0;
+    double ms = 0, flops = 0, bytes = 0;
     int count = 0;
 };
 
@@ -52,14 +54,20 @@ std::map<std::string, op_time> profile_step(cuda::trainer& t, const train::input
     std::map<std::string, op_time> by_kind;
     for (std::size_t s = 0; s < p.steps.size(); ++s) {
         const cuda::step_fusion& f = fusion.steps[s];
-        std::string kind(g.at(p.steps[s].node).op->name);
+        const node& n = g.at(p.steps[s].node);
+        std::string kind(n.op->name);
+        bool timed = true;
         if (f.group >= 0) {
             const cuda::fused_gemm& group = fusion.groups[static_cast<std::size_t>(f.group)];
-            if (s != group.steps.back()) continue;  // its time is on the group's last step
+            timed = s == group.steps.back();  // the group's time is on its last step
             kind = std::string("fused GEMM + ") + cuda::to_string(group.epilogue);
         }
         if (s + 1 == p.steps.size()) kind += " + norm, clip, AdamW";
         auto& entry = by_kind[kind];
+        entry.flops += n.op->flops ? n.op->flops(g, n) : 0.0;
+        for (const auto& ids : {n.inputs, n.outputs})
+            for (tensor_id t : ids) entry.bytes += static_cast<double>(p.bytes_of(t));
+        if (!timed) continue;
         entry.ms += cuda::event::elapsed_ms(*marks[s], *marks[s + 1]);
         ++entry.count;
     }
@@ -139,8 +147,11 @@ int main(int argc, char** argv) {
         double total = 0;
         for (const auto& [kind, e] : sorted) total += e.ms;
         for (const auto& [kind, e] : sorted)
-            std::printf("{\"profile\": \"loom %s\", \"op\": \"%s\", \"count\": %d, \"ms\": %.3f, \"share\": %.3f}\n",
-                        precision_name.c_str(), kind.c_str(), e.count, e.ms, total > 0 ? e.ms / total : 0.0);
+            std::printf(
+                "{\"profile\": \"loom %s\", \"hidden\": %lld, \"batch\": %lld, \"op\": \"%s\", \"count\": %d, "
+                "\"ms\": %.3f, \"share\": %.3f, \"gflop\": %.3f, \"mb\": %.3f}\n",
+                precision_name.c_str(), static_cast<long long>(c.hidden), static_cast<long long>(c.batch), kind.c_str(),
+                e.count, e.ms, total > 0 ? e.ms / total : 0.0, e.flops / 1e9, e.bytes / 1e6);
     }
     return 0;
 }
