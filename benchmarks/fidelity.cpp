@@ -47,9 +47,12 @@
 #endif
 
 #include "support/machine.hpp"
+#include "support/rank_statistics.hpp"
 #include "support/record.hpp"
 
 using namespace loom;
+using bench::median;
+using bench::spearman;
 
 namespace {
 
@@ -86,39 +89,6 @@ std::vector<named_plan> plans_on_4() {
         {"4 stages, 8 micro, interleaved 2", presets::pipeline(4, 8, {schedule_kind::interleaved, 2})},
         {"4 stages, 16 micro, 1F1B", presets::pipeline(4, 16)},
     };
-}
-
-// Ranks with ties averaged.
-std::vector<double> ranks_of(const std::vector<double>& v) {
-    std::vector<std::size_t> order(v.size());
-    std::iota(order.begin(), order.end(), 0);
-    std::stable_sort(order.begin(), order.end(), [&](std::size_t a, std::size_t b) { return v[a] < v[b]; });
-    std::vector<double> r(v.size());
-    for (std::size_t i = 0; i < order.size();) {
-        std::size_t j = i;
-        while (j + 1 < order.size() && v[order[j + 1]] == v[order[i]]) ++j;
-        for (std::size_t k = i; k <= j; ++k) r[order[k]] = (static_cast<double>(i + j)) / 2.0 + 1.0;
-        i = j + 1;
-    }
-    return r;
-}
-
-double spearman(const std::vector<double>& a, const std::vector<double>& b) {
-    const std::vector<double> ra = ranks_of(a), rb = ranks_of(b);
-    const double n = static_cast<double>(a.size());
-    const double ma = std::accumulate(ra.begin(), ra.end(), 0.0) / n, mb = std::accumulate(rb.begin(), rb.end(), 0.0) / n;
-    double cov = 0, va = 0, vb = 0;
-    for (std::size_t i = 0; i < ra.size(); ++i) {
-        cov += (ra[i] - ma) * (rb[i] - mb);
-        va += (ra[i] - ma) * (ra[i] - ma);
-        vb += (rb[i] - mb) * (rb[i] - mb);
-    }
-    return cov / std::sqrt(va * vb);
-}
-
-double median(std::vector<double> v) {
-    std::sort(v.begin(), v.end());
-    return v.empty() ? 0.0 : v[v.size() / 2];
 }
 
 struct measured {

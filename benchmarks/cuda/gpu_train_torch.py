@@ -24,7 +24,8 @@ sys.path[:0] = [os.path.dirname(os.path.abspath(__file__)), os.path.join(os.path
 from host_train_torch import GPT  # noqa: E402
 
 
-def train_mode(a, compiled):
+def training(a, compiled):
+    """The model and one training step of it (returns the loss), as both modes run it."""
     torch.manual_seed(0)
     model = GPT(a.layers, a.hidden, a.heads, a.vocab, a.seq).cuda()
     opt = torch.optim.AdamW(model.parameters(), lr=6e-4, weight_decay=0.1, fused=True)
@@ -32,18 +33,28 @@ def train_mode(a, compiled):
     tokens = torch.randint(0, a.vocab, (a.batch, a.seq), device="cuda")
     targets = torch.randint(0, a.vocab, (a.batch, a.seq), device="cuda")
     positions = torch.arange(a.seq, device="cuda").expand(a.batch, a.seq)
-    times = []
-    for step in range(a.warmup + a.steps):
-        torch.cuda.synchronize()
-        start = time.perf_counter()
+
+    def step():
         opt.zero_grad(set_to_none=True)
         with torch.autocast("cuda", dtype=torch.bfloat16):
             loss = step_fn(tokens, positions, targets)
         loss.backward()
         torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
         opt.step()
+        return loss
+
+    return model, step
+
+
+def train_mode(a, compiled):
+    model, step = training(a, compiled)
+    times = []
+    for i in range(a.warmup + a.steps):
         torch.cuda.synchronize()
-        if step >= a.warmup:
+        start = time.perf_counter()
+        loss = step()
+        torch.cuda.synchronize()
+        if i >= a.warmup:
             times.append(time.perf_counter() - start)
     median = statistics.median(times)
     tokens_per_step = a.batch * a.seq
@@ -61,21 +72,7 @@ def profile_mode(a):
     """GPU time of one eager bf16 step by kernel, the peer of gpu_train --profile: the 15
     kernels with the most device time, one JSON object each."""
     from torch.profiler import ProfilerActivity, profile
-    torch.manual_seed(0)
-    model = GPT(a.layers, a.hidden, a.heads, a.vocab, a.seq).cuda()
-    opt = torch.optim.AdamW(model.parameters(), lr=6e-4, weight_decay=0.1, fused=True)
-    tokens = torch.randint(0, a.vocab, (a.batch, a.seq), device="cuda")
-    targets = torch.randint(0, a.vocab, (a.batch, a.seq), device="cuda")
-    positions = torch.arange(a.seq, device="cuda").expand(a.batch, a.seq)
-
-    def step():
-        opt.zero_grad(set_to_none=True)
-        with torch.autocast("cuda", dtype=torch.bfloat16):
-            loss = model(tokens, positions, targets)
-        loss.backward()
-        torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
-        opt.step()
-
+    _, step = training(a, False)
     for _ in range(3):
         step()
     torch.cuda.synchronize()

@@ -1,0 +1,214 @@
+// How well the searcher's price predicts loom's measured training steps on a GPU, from what
+// the GPU script recorded (it runs on any machine: no GPU needed to read the records):
+//
+//   results/gpu/gpu_profile.json  calibrate_gpu's profile (GEMM efficiency, copy bandwidth)
+//   results/gpu/configs.jsonl     gpu_train --profile on several GPT shapes: each step's
+//                                 median time, and one step's GPU time, instructions, FLOPs
+//                                 and bytes by op kind
+//
+// Every configuration is priced as one device's program (the plan a single GPU runs) twice:
+// - roofline: the profile alone (op kinds priced by their FLOPs at the calibrated GEMM rate,
+//   or their bytes at the copy rate), which is what loom_plan prices a GPU with today;
+// - per-kind rates, leave one out: each op kind's seconds per instruction against its work,
+//   fitted on the other configurations' profiles only (price_options::rates, as
+//   calibrate/host.hpp measures them for the host), so no configuration predicts itself.
+// It prints predicted against measured steps, the Spearman rank correlation of each, and
+// predicted peak memory against the trainer's device bytes, and writes a JSON record.
+//
+//   gpu_fidelity [--records benchmarks/results/gpu] [--json out.json]
+#include <algorithm>
+#include <cmath>
+#include <cstdio>
+#include <fstream>
+#include <map>
+#include <string>
+#include <vector>
+
+#include <CLI/CLI.hpp>
+#include <nlohmann/json.hpp>
+
+#include <loom/models/gpt.hpp>
+#include <loom/partition/apply.hpp>
+#include <loom/plan/presets.hpp>
+#include <loom/search/hardware.hpp>
+#include <loom/search/program_price.hpp>
+
+#include "support/rank_statistics.hpp"
+#include "support/record.hpp"
+
+using namespace loom;
+
+namespace {
+
+using rates_by_kind = decltype(search::price_options::rates);
+
+// What one op kind cost in one profiled step.
+struct kind_cost {
+    int count = 0;
+    double ms = 0, gflop = 0, mb = 0;
+};
+
+struct configuration {
+    models::gpt_config model;
+    double measured_step = 0;  // seconds, the median of the timed steps
+    double device_bytes = 0;   // what the trainer holds on the device
+    std::map<std::string, kind_cost> kinds;
+};
+
+std::string key_of(const nlohmann::json& j) {
+    return std::to_string(j.at("hidden").get<long long>()) + "/" + std::to_string(j.at("batch").get<long long>());
+}
+
+// The records of configs.jsonl: a "system" line per gpu_train run (its shape and step) and
+// then its "profile" lines, which carry the hidden size and batch that name the run.
+std::vector<configuration> read_configurations(const std::string& path) {
+    std::ifstream in(path);
+    if (!in) throw usage_error("gpu_fidelity: cannot read " + path + "; run scripts/gpu/run_all.sh on a GPU first");
+    std::vector<configuration> out;
+    std::map<std::string, std::size_t> by_key;
+    std::string line;
+    while (std::getline(in, line)) {
+        if (line.empty() || line.front() != '{') continue;
+        const auto j = nlohmann::json::parse(line);
+        if (j.contains("system")) {
+            configuration c;
+            const auto parameters = j.at("parameters").get<std::int64_t>();
+            c.model = {.layers = 0, .hidden = 0, .heads = 0, .vocab = 50304, .seq = j.at("seq").get<std::int64_t>(),
+                       .batch = j.at("batch").get<std::int64_t>()};
+            c.measured_step = j.at("median_step_seconds").get<double>();
+            c.device_bytes = j.at("device_bytes").get<double>();
+            c.model.layers = parameters;  // resolved from the profile lines below
+            out.push_back(c);
+        } else if (j.contains("profile")) {
+            if (out.empty()) throw usage_error("gpu_fidelity: " + path + ": a profile line before any system line");
+            configuration& c = out.back();
+            c.model.hidden = j.at("hidden").get<std::int64_t>();
+            by_key[key_of(j)] = out.size() - 1;
+            std::string kind = j.at("op").get<std::string>();
+            // The fused forward GEMM does linear_bias's work (its GELU rides in the epilogue);
+            // the last step's interval also holds the optimizer, which is priced apart.
+            if (kind == "fused GEMM + bias_gelu") kind = "linear_bias";
+            if (kind.find(" + norm, clip, AdamW") != std::string::npos) continue;
+            kind_cost& k = c.kinds[kind];
+            k.count += j.at("count").get<int>();
+            k.ms += j.at("ms").get<double>();
+            k.gflop += j.at("gflop").get<double>();
+            k.mb += j.at("mb").get<double>();
+        }
+    }
+    // The layer count and heads are not in the records: the layer count is the one that gives
+    // the run's parameter count, the heads GPT-2's head size of 64 below hidden 1536, else 128
+    // (what the GPU script runs).
+    for (configuration& c : out) {
+        const std::int64_t parameters = c.model.layers;
+        c.model.heads = c.model.hidden / (c.model.hidden < 1536 ? 64 : 128);
+        c.model.layers = 0;
+        for (std::int64_t layers = 1; layers <= 256 && c.model.layers == 0; ++layers) {
+            models::gpt_config candidate = c.model;
+            candidate.layers = layers;
+            if (candidate.parameter_count() == parameters) c.model.layers = layers;
+        }
+        if (c.model.layers == 0)
+            throw usage_error("gpu_fidelity: a run of " + std::to_string(parameters) +
+                              " parameters is no GPT of hidden " + std::to_string(c.model.hidden) +
+                              " and vocabulary 50304");
+    }
+    return out;
+}
+
+// Each kind's seconds per instruction against its units (FLOPs where it counts them, else
+// bytes), one point per configuration except `left_out`; points of equal work average.
+rates_by_kind fit_rates(const std::vector<configuration>& configs, std::size_t left_out) {
+    std::map<std::string, std::vector<std::pair<double, double>>> points;
+    std::map<std::string, bool> per_flop;
+    for (std::size_t i = 0; i < configs.size(); ++i) {
+        if (i == left_out) continue;
+        for (const auto& [kind, k] : configs[i].kinds) {
+            if (k.count == 0) continue;
+            const bool flops = k.gflop > 0;  // as calibrate/host.hpp decides it
+            const double units = (flops ? k.gflop * 1e9 : k.mb * 1e6) / k.count;
+            if (units <= 0) continue;  // work below the record's precision (a fill of one element)
+            per_flop[kind] = flops;
+            points[kind].push_back({units, k.ms * 1e-3 / k.count});
+        }
+    }
+    rates_by_kind rates;
+    for (auto& [kind, p] : points) {
+        std::sort(p.begin(), p.end());
+        search::op_rate& r = rates[kind];
+        r.per_flop = per_flop[kind];
+        for (std::size_t i = 0; i < p.size();) {
+            std::size_t j = i;
+            double seconds = 0;
+            for (; j < p.size() && p[j].first == p[i].first; ++j) seconds += p[j].second;
+            r.points.push_back({p[i].first, seconds / static_cast<double>(j - i)});
+            i = j;
+        }
+    }
+    return rates;
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+    CLI::App app{"Predicted against measured GPU training steps, from the GPU script's records"};
+    std::string records = "benchmarks/results/gpu", json_out;
+    app.add_option("--records", records, "the folder with gpu_profile.json and configs.jsonl");
+    app.add_option("--json", json_out, "write the record here");
+    CLI11_PARSE(app, argc, argv);
+
+    const search::cluster hw = search::load_cluster(records + "/gpu_profile.json");
+    const std::vector<configuration> configs = read_configurations(records + "/configs.jsonl");
+    if (configs.size() < 3)
+        throw usage_error("gpu_fidelity: " + std::to_string(configs.size()) +
+                          " configurations; leaving one out needs at least 3");
+
+    search::price_options roofline;
+    roofline.storage = precision::bf16;
+    roofline.optimizer_bytes_per_element = 12;  // AdamW's moments and a float master copy
+
+    std::printf("%s\n%-28s %12s %12s %12s %9s %9s %12s %12s\n", hw.name.c_str(), "GPT (layers x hidden, batch)",
+                "measured", "roofline", "per kind", "roofline/", "per kind/", "memory pred", "device");
+    std::vector<double> measured, by_roofline, by_kind;
+    nlohmann::json rows = nlohmann::json::array();
+    for (std::size_t i = 0; i < configs.size(); ++i) {
+        const configuration& c = configs[i];
+        const auto model = models::gpt(c.model);
+        const auto pg = partition::apply_plan(model.ir(), plan::presets::data_parallel(1));
+        const search::program_price roof = search::price_programs(pg, hw, roofline);
+        search::price_options fitted = roofline;
+        fitted.rates = fit_rates(configs, i);
+        const search::program_price kind = search::price_programs(pg, hw, fitted);
+        const std::string name = std::to_string(c.model.layers) + " x " + std::to_string(c.model.hidden) + ", batch " +
+                                 std::to_string(c.model.batch);
+        std::printf("%-28s %9.2f ms %9.2f ms %9.2f ms %9.2f %9.2f %9.2f GiB %9.2f GiB\n", name.c_str(),
+                    c.measured_step * 1e3, roof.step_seconds * 1e3, kind.step_seconds * 1e3,
+                    roof.step_seconds / c.measured_step, kind.step_seconds / c.measured_step,
+                    kind.peak_memory() / (1 << 30), c.device_bytes / (1 << 30));
+        measured.push_back(c.measured_step);
+        by_roofline.push_back(roof.step_seconds);
+        by_kind.push_back(kind.step_seconds);
+        rows.push_back({{"layers", c.model.layers},
+                        {"hidden", c.model.hidden},
+                        {"heads", c.model.heads},
+                        {"batch", c.model.batch},
+                        {"measured_step_seconds", c.measured_step},
+                        {"roofline_step_seconds", roof.step_seconds},
+                        {"per_kind_step_seconds", kind.step_seconds},
+                        {"predicted_peak_bytes", kind.peak_memory()},
+                        {"trainer_device_bytes", c.device_bytes}});
+    }
+    const double rho_roofline = bench::spearman(by_roofline, measured), rho_kind = bench::spearman(by_kind, measured);
+    std::printf("Spearman rank correlation with the measured steps: roofline %.3f, per-kind rates %.3f\n", rho_roofline,
+                rho_kind);
+    if (!json_out.empty()) {
+        nlohmann::json record;
+        record["benchmark"] = "gpu_fidelity";
+        record["profile"] = hw.name;
+        record["rows"] = rows;
+        record["spearman_roofline"] = rho_roofline;
+        record["spearman_per_kind"] = rho_kind;
+        bench::write_record(record, json_out);
+    }
+    return 0;
+}
