@@ -1,17 +1,21 @@
 // How well the searcher's price predicts loom's measured training steps on a GPU, from what
 // the GPU script recorded (it runs on any machine: no GPU needed to read the records):
 //
-//   results/gpu/gpu_profile.json  calibrate_gpu's profile (GEMM efficiency, copy bandwidth)
+//   results/gpu/gpu_profile.json  calibrate_gpu's profile (GEMM efficiency, copy bandwidth,
+//                                 rates per op kind)
 //   results/gpu/configs.jsonl     gpu_train --profile on several GPT shapes: each step's
 //                                 median time, and one step's GPU time, instructions, FLOPs
 //                                 and bytes by op kind
 //
-// Every configuration is priced as one device's program (the plan a single GPU runs) twice:
-// - roofline: the profile alone (op kinds priced by their FLOPs at the calibrated GEMM rate,
-//   or their bytes at the copy rate), which is what loom_plan prices a GPU with today;
-// - per-kind rates, leave one out: each op kind's seconds per instruction against its work,
-//   fitted on the other configurations' profiles only (price_options::rates, as
-//   calibrate/host.hpp measures them for the host), so no configuration predicts itself.
+// Every configuration is priced as one device's program (the plan a single GPU runs), three
+// ways:
+// - peaks: the profile's peaks and efficiencies alone (op kinds priced by their FLOPs at the
+//   calibrated GEMM rate, or their bytes at the copy rate);
+// - profile: the profile as it is, with calibrate_gpu's rates per op kind where it has them
+//   (device_profile::rates, measured on 2-layer GPTs), which is what loom_plan prices with;
+// - records, leave one out: each op kind's seconds per instruction against its work, fitted
+//   on the other configurations' profiles only (price_options::rates), so no configuration
+//   predicts itself.
 // It prints predicted against measured steps, the Spearman rank correlation of each, and
 // predicted peak memory against the trainer's device bytes, and writes a JSON record.
 //
@@ -31,6 +35,7 @@
 #include <loom/partition/apply.hpp>
 #include <loom/plan/presets.hpp>
 #include <loom/search/hardware.hpp>
+#include <loom/search/op_rate.hpp>
 #include <loom/search/program_price.hpp>
 
 #include "support/rank_statistics.hpp"
@@ -40,7 +45,7 @@ using namespace loom;
 
 namespace {
 
-using rates_by_kind = decltype(search::price_options::rates);
+using rates_by_kind = search::op_rates;
 
 // What one op kind cost in one profiled step.
 struct kind_cost {
@@ -117,7 +122,7 @@ std::vector<configuration> read_configurations(const std::string& path) {
 }
 
 // Each kind's seconds per instruction against its units (FLOPs where it counts them, else
-// bytes), one point per configuration except `left_out`; points of equal work average.
+// bytes), one sample per configuration except `left_out` (search/op_rate.hpp merges them).
 rates_by_kind fit_rates(const std::vector<configuration>& configs, std::size_t left_out) {
     std::map<std::string, std::vector<std::pair<double, double>>> points;
     std::map<std::string, bool> per_flop;
@@ -127,23 +132,14 @@ rates_by_kind fit_rates(const std::vector<configuration>& configs, std::size_t l
             if (k.count == 0) continue;
             const bool flops = k.gflop > 0;  // as calibrate/host.hpp decides it
             const double units = (flops ? k.gflop * 1e9 : k.mb * 1e6) / k.count;
-            if (units <= 0) continue;  // work below the record's precision (a fill of one element)
             per_flop[kind] = flops;
             points[kind].push_back({units, k.ms * 1e-3 / k.count});
         }
     }
     rates_by_kind rates;
     for (auto& [kind, p] : points) {
-        std::sort(p.begin(), p.end());
-        search::op_rate& r = rates[kind];
-        r.per_flop = per_flop[kind];
-        for (std::size_t i = 0; i < p.size();) {
-            std::size_t j = i;
-            double seconds = 0;
-            for (; j < p.size() && p[j].first == p[i].first; ++j) seconds += p[j].second;
-            r.points.push_back({p[i].first, seconds / static_cast<double>(j - i)});
-            i = j;
-        }
+        search::op_rate r = search::op_rate_from_samples(std::move(p), per_flop[kind]);
+        if (!r.points.empty()) rates.emplace(kind, std::move(r));
     }
     return rates;
 }
@@ -163,51 +159,60 @@ int main(int argc, char** argv) {
         throw usage_error("gpu_fidelity: " + std::to_string(configs.size()) +
                           " configurations; leaving one out needs at least 3");
 
-    search::price_options roofline;
-    roofline.storage = precision::bf16;
-    roofline.optimizer_bytes_per_element = 12;  // AdamW's moments and a float master copy
+    search::price_options o;
+    o.storage = precision::bf16;
+    o.optimizer_bytes_per_element = 12;  // AdamW's moments and a float master copy
+    search::cluster peaks_only = hw;
+    peaks_only.device.rates.clear();
 
-    std::printf("%s\n%-28s %12s %12s %12s %9s %9s %12s %12s\n", hw.name.c_str(), "GPT (layers x hidden, batch)",
-                "measured", "roofline", "per kind", "roofline/", "per kind/", "memory pred", "device");
-    std::vector<double> measured, by_roofline, by_kind;
+    std::printf("%s\n%-24s %10s %10s %10s %10s %8s %8s %8s %11s %11s\n", hw.name.c_str(), "GPT (L x hidden, batch)",
+                "measured", "peaks", "profile", "records", "peaks/", "profile/", "records/", "memory", "device");
+    std::vector<double> measured, by_peaks, by_profile, by_records;
     nlohmann::json rows = nlohmann::json::array();
     for (std::size_t i = 0; i < configs.size(); ++i) {
         const configuration& c = configs[i];
         const auto model = models::gpt(c.model);
         const auto pg = partition::apply_plan(model.ir(), plan::presets::data_parallel(1));
-        const search::program_price roof = search::price_programs(pg, hw, roofline);
-        search::price_options fitted = roofline;
+        const search::program_price peaks = search::price_programs(pg, peaks_only, o);
+        const search::program_price profile = search::price_programs(pg, hw, o);
+        search::price_options fitted = o;
         fitted.rates = fit_rates(configs, i);
-        const search::program_price kind = search::price_programs(pg, hw, fitted);
-        const std::string name = std::to_string(c.model.layers) + " x " + std::to_string(c.model.hidden) + ", batch " +
+        const search::program_price records_price = search::price_programs(pg, hw, fitted);
+        const std::string name = std::to_string(c.model.layers) + " x " + std::to_string(c.model.hidden) + ", " +
                                  std::to_string(c.model.batch);
-        std::printf("%-28s %9.2f ms %9.2f ms %9.2f ms %9.2f %9.2f %9.2f GiB %9.2f GiB\n", name.c_str(),
-                    c.measured_step * 1e3, roof.step_seconds * 1e3, kind.step_seconds * 1e3,
-                    roof.step_seconds / c.measured_step, kind.step_seconds / c.measured_step,
-                    kind.peak_memory() / (1 << 30), c.device_bytes / (1 << 30));
-        measured.push_back(c.measured_step);
-        by_roofline.push_back(roof.step_seconds);
-        by_kind.push_back(kind.step_seconds);
+        const double m = c.measured_step;
+        std::printf("%-24s %7.2f ms %7.2f ms %7.2f ms %7.2f ms %8.2f %8.2f %8.2f %7.2f GiB %7.2f GiB\n", name.c_str(),
+                    m * 1e3, peaks.step_seconds * 1e3, profile.step_seconds * 1e3, records_price.step_seconds * 1e3,
+                    peaks.step_seconds / m, profile.step_seconds / m, records_price.step_seconds / m,
+                    profile.peak_memory() / (1 << 30), c.device_bytes / (1 << 30));
+        measured.push_back(m);
+        by_peaks.push_back(peaks.step_seconds);
+        by_profile.push_back(profile.step_seconds);
+        by_records.push_back(records_price.step_seconds);
         rows.push_back({{"layers", c.model.layers},
                         {"hidden", c.model.hidden},
                         {"heads", c.model.heads},
                         {"batch", c.model.batch},
-                        {"measured_step_seconds", c.measured_step},
-                        {"roofline_step_seconds", roof.step_seconds},
-                        {"per_kind_step_seconds", kind.step_seconds},
-                        {"predicted_peak_bytes", kind.peak_memory()},
+                        {"measured_step_seconds", m},
+                        {"peaks_step_seconds", peaks.step_seconds},
+                        {"profile_step_seconds", profile.step_seconds},
+                        {"records_leave_one_out_step_seconds", records_price.step_seconds},
+                        {"predicted_peak_bytes", profile.peak_memory()},
                         {"trainer_device_bytes", c.device_bytes}});
     }
-    const double rho_roofline = bench::spearman(by_roofline, measured), rho_kind = bench::spearman(by_kind, measured);
-    std::printf("Spearman rank correlation with the measured steps: roofline %.3f, per-kind rates %.3f\n", rho_roofline,
-                rho_kind);
+    const double rho_peaks = bench::spearman(by_peaks, measured), rho_profile = bench::spearman(by_profile, measured),
+                 rho_records = bench::spearman(by_records, measured);
+    std::printf("Spearman rank correlation with the measured steps: peaks %.3f, profile %.3f, records %.3f\n", rho_peaks,
+                rho_profile, rho_records);
     if (!json_out.empty()) {
         nlohmann::json record;
         record["benchmark"] = "gpu_fidelity";
         record["profile"] = hw.name;
         record["rows"] = rows;
-        record["spearman_roofline"] = rho_roofline;
-        record["spearman_per_kind"] = rho_kind;
+        record["profile_has_rates"] = !hw.device.rates.empty();
+        record["spearman_peaks"] = rho_peaks;
+        record["spearman_profile"] = rho_profile;
+        record["spearman_records"] = rho_records;
         bench::write_record(record, json_out);
     }
     return 0;

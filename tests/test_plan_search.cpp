@@ -144,6 +144,48 @@ TEST_CASE("the bound counts each device's least communication and still never ex
     }
 }
 
+// A GPU's calibration travels in its profile as rates per op kind (device_profile::rates):
+// here slower than the roofline, with a launch's cost at every size and the products at a
+// hundred-thousandth of the peak (slow_node's memory is slow too, which the roofline charges them).
+search::cluster with_measured_rates(search::cluster c) {
+    const double peak = c.device.peak_flops(precision::bf16), bandwidth = c.device.memory_bandwidth;
+    auto& bf16 = c.device.rates[precision::bf16];
+    for (const char* kind : {"linear", "linear_bias", "linear_grad_input", "linear_grad_weight", "attention",
+                             "attention_grad"})
+        bf16[kind] = search::op_rate_from_samples(
+            {{1e9, 1e9 / (1e-5 * peak) + 5e-6}, {1e6, 1e6 / (1e-5 * peak) + 5e-6}}, true);
+    bf16["add"] = search::op_rate_from_samples({{1e6, 1e6 / bandwidth + 3e-6}, {1e8, 1e8 / bandwidth + 3e-6}}, false);
+    return c;
+}
+
+TEST_CASE("a profile's measured rates price like the options' rates, and the search still finds the best") {
+    const auto model = small_gpt();
+    const search::cluster roofline = slow_node(), measured = with_measured_rates(roofline);
+    search::plan_search_options o;
+    o.price.storage = precision::bf16;
+    const auto one = partition::apply_plan(model.ir(), plan::presets::megatron(2, 2));
+    const double by_roofline = search::price_programs(one, roofline, o.price).step_seconds;
+    const double by_profile = search::price_programs(one, measured, o.price).step_seconds;
+    search::price_options given = o.price;
+    given.rates = measured.device.rates.at(precision::bf16);
+    CHECK(by_profile > by_roofline);
+    CHECK(search::price_programs(one, roofline, given).step_seconds == by_profile);
+    // The rates are for bf16 storage: a float program is priced from the peaks.
+    search::price_options in_f32 = o.price;
+    in_f32.storage = precision::f32;
+    CHECK(search::price_programs(one, measured, in_f32).step_seconds ==
+          search::price_programs(one, roofline, in_f32).step_seconds);
+
+    // The bounds take the profile's rates too: never above a leaf's price (price_everything
+    // checks every one), and the search keeps to the best.
+    const plan::plan_spec space = open_pipeline(4);
+    const exhaustive all = price_everything(model.ir(), space, measured, o);
+    REQUIRE(all.legal > 5);
+    const search::plan_search_result r = search::search_plan(model.ir(), space, measured, o);
+    CHECK(r.best.price.step_seconds == Approx(all.best_step).epsilon(1e-12));
+    CHECK(r.gap == 0);
+}
+
 TEST_CASE("the search over a pipeline space finds the assignment that pricing every one finds") {
     const auto model = small_gpt();
     const plan::plan_spec space = open_pipeline(4);

@@ -327,6 +327,13 @@ TEST_CASE("profiles survive a JSON round trip, in memory and through a file", "[
     cluster calibrated = dgx_a100(3);
     calibrated.device.gemm_efficiency = 0.734512345678901;
     calibrated.topo.inter_node_per_nic.latency = 7.3e-6;
+    // Samples of equal work merge into their mean, samples without work are dropped.
+    const op_rate merged = op_rate_from_samples({{4, 1}, {0, 5}, {4, 3}, {1, 1}}, true);
+    CHECK(merged.points == std::vector<std::pair<double, double>>{{1, 1}, {4, 2}});
+    // A GPU's calibration: rates per op kind, by storage precision.
+    calibrated.device.rates[precision::bf16]["linear"] = op_rate_from_samples({{1e9, 2.1e-6}, {8e9, 1.23456789e-5}}, true);
+    calibrated.device.rates[precision::bf16]["add"] = op_rate_from_samples({{1e6, 3e-6}}, false);
+    calibrated.device.rates[precision::f32]["linear"] = op_rate_from_samples({{1e9, 4e-5}}, true);
     for (const cluster& c :
          {dgx1_v100(2), dgx1_v100(2, 8), dgx2_v100(2), dgx_a100(4), dgx_h100(1), calibrated, slow_network()}) {
         INFO(c.name);
@@ -388,6 +395,19 @@ TEST_CASE("bad profile files name the file, the field and the fix", "[search][ha
                          message_has({"device.gemm_eficiency is not a known field", "gemm_efficiency"}));
     CHECK_THROWS_MATCHES(cluster_from_json(nlohmann::json::array()), profile_error,
                          message_has({"is not a JSON object"}));
+    nlohmann::json odd_precision = good;
+    odd_precision["device"]["op_rates"]["fp8"] = nlohmann::json::object();
+    CHECK_THROWS_MATCHES(cluster_from_json(odd_precision), profile_error,
+                         message_has({"device.op_rates.fp8 is not a precision", "f32, f16 or bf16"}));
+    nlohmann::json backwards = good;
+    backwards["device"]["op_rates"]["bf16"]["linear"] = {{"per_flop", true}, {"points", {{8e9, 1e-5}, {1e9, 2e-6}}}};
+    CHECK_THROWS_MATCHES(cluster_from_json(backwards), profile_error,
+                         message_has({"device.op_rates.bf16.linear.points has the point [1000000000.0,2e-06]",
+                                      "units > 0 and increasing"}));
+    nlohmann::json no_points = good;
+    no_points["device"]["op_rates"]["bf16"]["linear"] = {{"per_flop", true}};
+    CHECK_THROWS_MATCHES(cluster_from_json(no_points), profile_error,
+                         message_has({"device.op_rates.bf16.linear is", "\"points\": [[units, seconds], ...]"}));
 
     // Peaks may be 0 (no tensor cores); the error comes when the precision is asked for.
     nlohmann::json no_tensor_cores = good;

@@ -15,6 +15,7 @@
 #include <CLI/CLI.hpp>
 
 #include <loom/models/gpt.hpp>
+#include <loom/train/cuda/step_profile.hpp>
 #include <loom/train/cuda/trainer.hpp>
 
 using namespace loom;
@@ -26,52 +27,6 @@ double peak_tflops(const std::string& device_name) {
     if (device_name.find("H100") != std::string::npos || device_name.find("H200") != std::string::npos) return 989.0;
     if (device_name.find("A100") != std::string::npos) return 312.0;
     return 0.0;
-}
-
-// One op kind's share of a profiled step: GPU time, instructions, and their work (FLOPs as
-// the ops count them, and bytes read and written), from which per-kind rates can be fitted.
-struct op_time {
-    double ms = 0, flops = 0, bytes = 0;
-    int count = 0;
-};
-
-// One more step with a timing event recorded before each program step: the GPU time from
-// one event to the next is that step's. A fused group queues its GEMM after the hooks of all
-// its steps, so its time lands on its last step, named after the epilogue. The last step's
-// interval also holds the gradient norm, the clipping and AdamW, which follow the program.
-std::map<std::string, op_time> profile_step(cuda::trainer& t, const train::input_feed& feed) {
-    const program& p = t.compiled();
-    const graph& g = *p.source;
-    std::vector<std::unique_ptr<cuda::event>> marks;
-    for (std::size_t s = 0; s <= p.steps.size(); ++s) marks.push_back(std::make_unique<cuda::event>(true));
-    t.set_before_step([&](std::size_t s) { marks[s]->record(t.compute_stream()); });
-    t.step(feed);  // synchronised
-    marks.back()->record(t.compute_stream());
-    marks.back()->synchronize();
-    t.set_before_step(nullptr);
-
-    const cuda::fusion_plan& fusion = t.fusion();
-    std::map<std::string, op_time> by_kind;
-    for (std::size_t s = 0; s < p.steps.size(); ++s) {
-        const cuda::step_fusion& f = fusion.steps[s];
-        const node& n = g.at(p.steps[s].node);
-        std::string kind(n.op->name);
-        bool timed = true;
-        if (f.group >= 0) {
-            const cuda::fused_gemm& group = fusion.groups[static_cast<std::size_t>(f.group)];
-            timed = s == group.steps.back();  // the group's time is on its last step
-            kind = std::string("fused GEMM + ") + cuda::to_string(group.epilogue);
-        }
-        if (s + 1 == p.steps.size()) kind += " + norm, clip, AdamW";
-        auto& entry = by_kind[kind];
-        entry.flops += n.op->flops ? n.op->flops(g, n) : 0.0;
-        for (const auto& ids : {n.inputs, n.outputs})
-            for (tensor_id t : ids) entry.bytes += static_cast<double>(p.bytes_of(t));
-        if (!timed) continue;
-        entry.ms += cuda::event::elapsed_ms(*marks[s], *marks[s + 1]);
-        ++entry.count;
-    }
-    return by_kind;
 }
 
 }  // namespace
@@ -141,17 +96,18 @@ int main(int argc, char** argv) {
         static_cast<long long>(c.parameter_count()), median, tokens_per_step / median, tflops,
         peak > 0 ? tflops / peak : 0.0, t.device_bytes(), loss, t.fusion().description().c_str());
     if (profile) {
-        const auto by_kind = profile_step(t, feed);
-        std::vector<std::pair<std::string, op_time>> sorted(by_kind.begin(), by_kind.end());
-        std::sort(sorted.begin(), sorted.end(), [](const auto& a, const auto& b) { return a.second.ms > b.second.ms; });
+        const auto by_kind = cuda::profile_step(t, feed);
+        std::vector<std::pair<std::string, cuda::kind_time>> sorted(by_kind.begin(), by_kind.end());
+        std::sort(sorted.begin(), sorted.end(),
+                  [](const auto& a, const auto& b) { return a.second.seconds > b.second.seconds; });
         double total = 0;
-        for (const auto& [kind, e] : sorted) total += e.ms;
+        for (const auto& [kind, e] : sorted) total += e.seconds;
         for (const auto& [kind, e] : sorted)
             std::printf(
                 "{\"profile\": \"loom %s\", \"hidden\": %lld, \"batch\": %lld, \"op\": \"%s\", \"count\": %d, "
                 "\"ms\": %.3f, \"share\": %.3f, \"gflop\": %.3f, \"mb\": %.3f}\n",
                 precision_name.c_str(), static_cast<long long>(c.hidden), static_cast<long long>(c.batch), kind.c_str(),
-                e.count, e.ms, total > 0 ? e.ms / total : 0.0, e.flops / 1e9, e.bytes / 1e6);
+                e.instructions, e.seconds * 1e3, total > 0 ? e.seconds / total : 0.0, e.flops / 1e9, e.bytes / 1e6);
     }
     return 0;
 }

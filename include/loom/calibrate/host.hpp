@@ -224,8 +224,6 @@ inline cluster calibrate_host(int ranks, std::optional<collective_links> between
     return hw;
 }
 
-using op_rates = std::map<std::string, op_rate, std::less<>>;
-
 // What one rank measured: the training steps of a small GPT at the calibration batches
 // (1, 2, 4, 8 and 16), each kernel timed.
 struct host_op_costs {

@@ -15,6 +15,7 @@
 #include <initializer_list>
 #include <iterator>
 #include <map>
+#include <optional>
 #include <sstream>
 #include <string>
 #include <string_view>
@@ -24,6 +25,7 @@
 #include <loom/core/error.hpp>
 #include <loom/core/linkage.hpp>
 #include <loom/core/precision.hpp>
+#include <loom/search/op_rate.hpp>
 
 namespace loom::search {
 
@@ -53,6 +55,11 @@ struct device_profile {
     // Fractions of peak that real kernels reach; guesses until calibration overwrites them.
     double gemm_efficiency = 0.6;
     double elementwise_efficiency = 0.7;
+    // What loom's kernels measured per op kind on this device, by storage precision
+    // (cuda::calibrate_gpu fills bf16): the price of an instruction of such a kind, where
+    // price_options::rates has none for it. Kinds without one are priced from the peaks and
+    // efficiencies above.
+    std::map<loom::precision, op_rates> rates;
 
     // bf16 shares the f16 figure because the tensor cores of A100 and H100 run both at one
     // rate. V100 has no bf16 tensor cores, so for V100 this figure is optimistic for bf16.
@@ -171,7 +178,9 @@ LOOM_INLINE cluster dgx_h100(int nodes);
 //   "device": {"name": "A100-SXM4-80GB", "peak_flops_fp32_per_s": 1.95e13,
 //              "peak_flops_fp16_per_s": 3.12e14, "memory_bytes": 85899345920,
 //              "memory_bandwidth_bytes_per_s": 2.039e12,
-//              "gemm_efficiency": 0.6, "elementwise_efficiency": 0.7},     (both optional)
+//              "gemm_efficiency": 0.6, "elementwise_efficiency": 0.7,     (both optional)
+//              "op_rates": {"bf16": {"linear": {"per_flop": true,         (optional)
+//                                               "points": [[1e9, 2e-6], [8e9, 1.2e-5]]}}}},
 //   "topology": {"devices_per_node": 8, "nodes": 2, "nics_per_node": 8,
 //                "intra_node": {"bandwidth_bytes_per_s": 3e11, "latency_s": 5e-06},
 //                "inter_node_per_nic": {"bandwidth_bytes_per_s": 2.5e10, "latency_s": 1e-05},
@@ -179,8 +188,9 @@ LOOM_INLINE cluster dgx_h100(int nodes);
 // }
 // The peaks are device_profile::peak_flops_f32 and peak_flops_f16; their keys keep the
 // spelling of the profile files already written (fp32, fp16).
-// Every field is required except the two efficiencies and the links per collective (keys:
-// all_reduce, all_gather, reduce_scatter, all_to_all, broadcast, send_recv). Peaks and
+// Every field is required except the two efficiencies, the rates per op kind (by precision:
+// f32, f16, bf16; points [units, seconds] by increasing units) and the links per collective
+// (keys: all_reduce, all_gather, reduce_scatter, all_to_all, broadcast, send_recv). Peaks and
 // latencies may be 0 (a device without tensor cores, an idealised link); every other
 // number must be positive.
 // Unknown keys are rejected so that a misspelt optional key does not go unnoticed.
@@ -394,6 +404,9 @@ LOOM_INLINE nlohmann::json to_json(const cluster& c) {
               {"nics_per_node", t.nics_per_node},
               {"intra_node", to_json(t.intra_node)},
               {"inter_node_per_nic", to_json(t.inter_node_per_nic)}}}};
+    for (const auto& [p, by_kind] : d.rates)
+        for (const auto& [kind, r] : by_kind)
+            out["device"]["op_rates"][std::string(to_string(p))][kind] = {{"per_flop", r.per_flop}, {"points", r.points}};
     if (!t.intra_node_by_collective.empty()) {
         nlohmann::json& by = out["topology"]["intra_node_by_collective"];
         for (const auto& [kind, l] : t.intra_node_by_collective) by[std::string(to_string(kind))] = to_json(l);
@@ -404,12 +417,48 @@ LOOM_INLINE nlohmann::json to_json(const cluster& c) {
 
 namespace loom::search::detail {
 
+// device.op_rates: {"bf16": {"<op kind>": {"per_flop": true, "points": [[units, seconds], ...]}}},
+// points by increasing units, each units > 0 and seconds >= 0.
+LOOM_INLINE std::map<loom::precision, op_rates> op_rates_from_json(const nlohmann::json& j, const std::string& where) {
+    auto fail = [&](const std::string& field, const std::string& problem, const std::string& fix) {
+        throw profile_error(where + ": device.op_rates" + field + " " + problem + "; " + fix);
+    };
+    if (!j.is_object()) fail("", "is not a JSON object", "write it as {\"bf16\": {\"<op kind>\": {...}}}");
+    std::map<loom::precision, op_rates> out;
+    for (const auto& [name, kinds] : j.items()) {
+        std::optional<loom::precision> p;
+        for (loom::precision q : {loom::precision::f32, loom::precision::f16, loom::precision::bf16})
+            if (to_string(q) == name) p = q;
+        if (!p) fail("." + name, "is not a precision", "name f32, f16 or bf16");
+        if (!kinds.is_object()) fail("." + name, "is not a JSON object", "map op kinds to their rates");
+        for (const auto& [kind, rate] : kinds.items()) {
+            const std::string field = "." + name + "." + kind;
+            if (!rate.is_object() || !rate.contains("per_flop") || !rate.contains("points") || rate.size() != 2 ||
+                !rate.at("per_flop").is_boolean() || !rate.at("points").is_array() || rate.at("points").empty())
+                fail(field, "is " + rate.dump(), "give {\"per_flop\": true or false, \"points\": [[units, seconds], ...]}");
+            op_rate r;
+            r.per_flop = rate.at("per_flop").get<bool>();
+            for (const auto& point : rate.at("points")) {
+                const bool pair = point.is_array() && point.size() == 2 && point[0].is_number() && point[1].is_number();
+                const double units = pair ? point[0].get<double>() : 0, seconds = pair ? point[1].get<double>() : -1;
+                if (!(units > 0) || !(seconds >= 0) || !std::isfinite(units) || !std::isfinite(seconds) ||
+                    (!r.points.empty() && units <= r.points.back().first))
+                    fail(field + ".points", "has the point " + point.dump(),
+                         "give [units, seconds] with units > 0 and increasing, seconds >= 0");
+                r.points.push_back({units, seconds});
+            }
+            out[*p][kind] = std::move(r);
+        }
+    }
+    return out;
+}
+
 LOOM_INLINE cluster cluster_from_json(const nlohmann::json& j, const std::string& where) {
     const profile_reader root(j, where, "");
     root.only({"name", "device", "topology"});
     const profile_reader d = root.child("device");
     d.only({"name", "peak_flops_fp32_per_s", "peak_flops_fp16_per_s", "memory_bytes", "memory_bandwidth_bytes_per_s",
-            "gemm_efficiency", "elementwise_efficiency"});
+            "gemm_efficiency", "elementwise_efficiency", "op_rates"});
     const profile_reader t = root.child("topology");
     t.only({"devices_per_node", "nodes", "nics_per_node", "intra_node", "inter_node_per_nic", "intra_node_by_collective"});
     cluster c{.name = root.text("name"),
@@ -428,6 +477,7 @@ LOOM_INLINE cluster cluster_from_json(const nlohmann::json& j, const std::string
                        .intra_node = link_from_json(t.child("intra_node")),
                        .inter_node_per_nic = link_from_json(t.child("inter_node_per_nic")),
                        .nics_per_node = t.count("nics_per_node", "NICs in a node")}};
+    if (j.at("device").contains("op_rates")) c.device.rates = op_rates_from_json(j.at("device").at("op_rates"), where);
     if (j.at("topology").contains("intra_node_by_collective")) {
         const profile_reader by = t.child("intra_node_by_collective");
         const collective kinds[] = {collective::all_reduce, collective::all_gather, collective::reduce_scatter,

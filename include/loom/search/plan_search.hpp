@@ -663,10 +663,10 @@ LOOM_INLINE training_work training_work_of(const graph& model, const device_prof
         double read = 0, written = 0;
         for (tensor_id t : n.inputs) read += static_cast<double>(lg.g.tensor(t).dims.numel());
         for (tensor_id t : n.outputs) written += static_cast<double>(lg.g.tensor(t).dims.numel());
-        if (auto rate = o.rates.find(n.op->name); rate != o.rates.end()) {
-            op.seconds = rate->second.least_per_unit() * (rate->second.per_flop ? flops : bytes);
-            if (auto solo = o.solo_rates.find(n.op->name); solo != o.solo_rates.end() && rate->second.least_per_unit() > 0)
-                op.solo_factor = solo->second.least_per_unit() * o.compute_shared_by / rate->second.least_per_unit();
+        if (const op_rate* rate = detail::rate_for(o, dev, n.op->name)) {
+            op.seconds = rate->least_per_unit() * (rate->per_flop ? flops : bytes);
+            if (auto solo = o.solo_rates.find(n.op->name); solo != o.solo_rates.end() && rate->least_per_unit() > 0)
+                op.solo_factor = solo->second.least_per_unit() * o.compute_shared_by / rate->least_per_unit();
         } else {
             op.seconds = std::max(bytes / byte_rate, flops / (peak * std::max(dev.gemm_efficiency, dev.elementwise_efficiency)));
             if (written > 0 && flops >= 16.0 * written) {

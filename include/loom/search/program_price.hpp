@@ -43,46 +43,9 @@
 #include <loom/runtime/compile.hpp>
 #include <loom/search/communication.hpp>
 #include <loom/search/hardware.hpp>
+#include <loom/search/op_rate.hpp>
 
 namespace loom::search {
-
-// The measured cost of one op kind: seconds per instruction against its units of work (its
-// FLOPs when per_flop, else the bytes it reads and writes), at several sizes (points, by
-// increasing units). Between points the cost is interpolated; below the smallest it is
-// proportional to the work; beyond the largest it grows with the last segment's slope.
-// calibrate/host.hpp measures these for the host backend.
-struct op_rate {
-    std::vector<std::pair<double, double>> points;  // (units, seconds) per instruction
-    bool per_flop = true;
-
-    double seconds(double units) const {
-        if (points.empty() || units <= 0) return 0;
-        if (units <= points.front().first) return points.front().second * units / points.front().first;
-        for (std::size_t i = 1; i < points.size(); ++i)
-            if (units <= points[i].first) {
-                const auto [u0, s0] = points[i - 1];
-                const auto [u1, s1] = points[i];
-                return u1 > u0 ? s0 + (s1 - s0) * (units - u0) / (u1 - u0) : s1;
-            }
-        return points.back().second + last_slope() * (units - points.back().first);
-    }
-    // Seconds per unit that no instruction of this kind runs faster than: seconds(u) >= u *
-    // this for every u (the curve's points all lie above that line, and it grows at least as
-    // fast beyond them).
-    double least_per_unit() const {
-        double least = last_slope();
-        for (const auto& [u, t] : points) least = std::min(least, t / u);
-        return std::max(least, 0.0);
-    }
-
-private:
-    double last_slope() const {
-        if (points.size() < 2) return points.empty() ? 0 : points.back().second / points.back().first;
-        const auto [u0, s0] = points[points.size() - 2];
-        const auto [u1, s1] = points.back();
-        return u1 > u0 ? std::max(0.0, (s1 - s0) / (u1 - u0)) : 0.0;
-    }
-};
 
 // Replica folding (search/folded_price.hpp): the programs priced are those of an instance
 // of the plan with fewer data-parallel replicas than the real one, and each instance device
@@ -166,16 +129,16 @@ struct price_options {
     // count, or alone where that is faster. Ranks in processes of their own (MPI) do more
     // together than one at a time; threads that queue for one pool do less.
     int compute_shared_by = 1;
-    // Calibrated rates by op kind (op_def::name); kinds without one use the roofline of the
-    // device profile.
-    std::map<std::string, op_rate, std::less<>> rates;
+    // Calibrated rates by op kind (op_def::name); kinds without one use the device profile's
+    // measured rates for `storage` (device_profile::rates), else its roofline.
+    op_rates rates;
     // With compute_shared_by > 1: the same op kinds' rates of one device computing while the
     // others wait (calibrated apart, as search::calibrate_host_ops_alone measures them).
     // Empty: a device alone runs at the machine's rate. Ranks in processes of their own
     // (MPI) that each have the machine's threads do more together than one at a time, so
     // their rates together are not their rates alone times the count. Every kind here must
     // have a rate in `rates`.
-    std::map<std::string, op_rate, std::less<>> solo_rates;
+    op_rates solo_rates;
     // Set: the programs are a replica-folded instance of the plan (not owned).
     const replica_fold* fold = nullptr;
 };
@@ -342,14 +305,23 @@ LOOM_INLINE double node_bytes(const graph& g, const node& n, loom::precision p) 
     return bytes;
 }
 
+// The measured rate of an op kind: the options' (the host's calibration), else the device
+// profile's for the storage precision (a GPU's calibration), else none (the roofline).
+inline const op_rate* rate_for(const price_options& o, const device_profile& dev, std::string_view kind) {
+    if (auto rate = o.rates.find(kind); rate != o.rates.end()) return &rate->second;
+    const auto measured = dev.rates.find(o.storage);
+    if (measured == dev.rates.end()) return nullptr;
+    const auto rate = measured->second.find(kind);
+    return rate == measured->second.end() ? nullptr : &rate->second;
+}
+
 LOOM_INLINE double instruction_seconds(const graph& g, const node& n, const device_profile& dev, const price_options& o) {
     const double flops = n.op->flops ? n.op->flops(g, n) : 0.0;
     double read = 0, written = 0;
     for (tensor_id t : n.inputs) read += static_cast<double>(g.tensor(t).dims.numel());
     for (tensor_id t : n.outputs) written += static_cast<double>(g.tensor(t).dims.numel());
     const double bytes = node_bytes(g, n, o.storage);
-    if (auto rate = o.rates.find(n.op->name); rate != o.rates.end())
-        return rate->second.seconds(rate->second.per_flop ? flops : bytes) + o.instruction_overhead;
+    if (const op_rate* rate = rate_for(o, dev, n.op->name)) return rate->seconds(rate->per_flop ? flops : bytes) + o.instruction_overhead;
     const double peak = peak_for(dev, o.storage);
     const double bandwidth = dev.memory_bandwidth * dev.elementwise_efficiency;
     double t = bytes / bandwidth;

@@ -15,21 +15,33 @@
 //   loom's residual-add kernel over the same bytes, divided by the copy's rate, gives
 //   elementwise_efficiency.
 // - Memory size: the device's total memory.
+// - Rates per op kind (device_profile::rates, bf16): GPT training steps of 2 layers,
+//   sequence 1024, vocabulary 50304, at hidden 768 and 1536 (head dims 64 and 128) and
+//   batches 1, 2, 4 and 8, each profiled by op kind (train/cuda/step_profile.hpp) with every
+//   op its own kernel (no GEMM-epilogue fusion, so that each kind is timed apart). A kind's
+//   sample per shape: its mean seconds per instruction against its mean work per instruction
+//   (FLOPs where it counts them, else bytes), as calibrate/host.hpp measures the host's.
 // - Between GPUs of a node: with two or more visible GPUs, a peer copy between GPUs 0 and 1
 //   gives the intra-node bandwidth; with one, the known part's link (NVLink) is assumed, and
 //   the profile's name says so. Latencies and inter-node links keep the preset's values.
 #include <algorithm>
 #include <cstdint>
+#include <map>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include <loom/core/bfloat16.hpp>
 #include <loom/core/error.hpp>
+#include <loom/models/gpt.hpp>
 #include <loom/runtime/cuda/device.hpp>
 #include <loom/runtime/cuda/elementwise.hpp>
 #include <loom/runtime/cuda/gemm.hpp>
 #include <loom/runtime/cuda/layout.hpp>
 #include <loom/search/hardware.hpp>
+#include <loom/search/op_rate.hpp>
+#include <loom/train/cuda/step_profile.hpp>
+#include <loom/train/cuda/trainer.hpp>
 
 namespace loom::cuda {
 
@@ -39,6 +51,7 @@ struct calibration_options {
     std::int64_t gemm_size = 8192;
     std::size_t copy_bytes = std::size_t{1} << 30;
     int repeats = 5;
+    bool op_rates = true;  // measure rates per op kind (about half a minute on an H200)
 };
 
 // Milliseconds of the fastest of `repeats` runs of `work` on stream `s`, after one warm-up.
@@ -72,6 +85,40 @@ inline search::cluster known_part(const std::string& device_name, int nodes) {
     search::cluster hw = search::dgx_h100(nodes);  // topology only; every device figure is measured
     hw.device = {};
     return hw;
+}
+
+// Rates per op kind of loom's bf16 training kernels on the current GPU (see the list above).
+inline search::op_rates measure_op_rates(int warmup_steps = 2) {
+    struct shape {
+        std::int64_t hidden, heads;
+    };
+    std::map<std::string, std::vector<std::pair<double, double>>, std::less<>> samples;
+    std::map<std::string, bool, std::less<>> per_flop;
+    for (const shape sh : {shape{768, 12}, shape{1536, 12}})
+        for (const std::int64_t batch : {1, 2, 4, 8}) {
+            const models::gpt_config c{
+                .layers = 2, .hidden = sh.hidden, .heads = sh.heads, .vocab = 50304, .seq = 1024, .batch = batch};
+            trainer t(models::gpt(c).training_graph(), {}, precision::bf16, 0, {.fuse = false});
+            std::vector<std::int32_t> tokens(static_cast<std::size_t>(c.batch * c.seq));
+            for (std::size_t i = 0; i < tokens.size(); ++i) tokens[i] = static_cast<std::int32_t>((i * 7919) % 50304);
+            train::input_feed feed;
+            feed.index["tokens"] = tokens;
+            feed.index["targets"] = tokens;
+            feed.index["positions"] = models::gpt_positions(c);
+            for (int w = 0; w < warmup_steps; ++w) t.step(feed);
+            for (const auto& [kind, k] : profile_step(t, feed)) {
+                if (kind.ends_with(after_program_suffix) || k.instructions == 0) continue;
+                const bool flops = k.flops > 0;
+                per_flop[kind] = flops;
+                samples[kind].push_back({(flops ? k.flops : k.bytes) / k.instructions, k.seconds / k.instructions});
+            }
+        }
+    search::op_rates out;
+    for (auto& [kind, points] : samples) {
+        search::op_rate r = search::op_rate_from_samples(std::move(points), per_flop.at(kind));
+        if (!r.points.empty()) out.emplace(kind, std::move(r));
+    }
+    return out;
 }
 
 inline search::cluster calibrate_gpu(const calibration_options& options = {}) {
@@ -150,8 +197,9 @@ inline search::cluster calibrate_gpu(const calibration_options& options = {}) {
         hw.topo.intra_node.bandwidth = peer_rate;
         link = "link measured between GPUs 0 and 1";
     }
+    if (options.op_rates) hw.device.rates[precision::bf16] = measure_op_rates();
     hw.name = info.name + " x" + std::to_string(hw.topo.devices_per_node) + " x" + std::to_string(options.nodes) +
-              " nodes (calibrated; " + link + ")";
+              " nodes (calibrated; " + link + (options.op_rates ? "; rates per op kind in bf16" : "") + ")";
     return hw;
 }
 

@@ -1,0 +1,78 @@
+#pragma once
+// The measured cost of one op kind on one device: seconds per instruction against its units
+// of work (its FLOPs when per_flop, else the bytes it reads and writes), at several sizes.
+// calibrate/host.hpp measures these for the host backend (price_options::rates), and
+// calibrate/cuda/gpu.hpp for a GPU, where they travel in the device's profile
+// (device_profile::rates, hardware.hpp).
+//
+//   op_rate r = op_rate_from_samples({{1e9, 2e-3}, {4e9, 6e-3}}, true);
+//   r.seconds(2e9);         // 3.33e-3: interpolated between the points
+//   r.least_per_unit();     // 1.33e-12: no instruction of this kind is priced faster
+#include <algorithm>
+#include <cstddef>
+#include <functional>
+#include <map>
+#include <string>
+#include <utility>
+#include <vector>
+
+namespace loom::search {
+
+// Between points the cost is interpolated; below the smallest it is proportional to the
+// work; beyond the largest it grows with the last segment's slope.
+struct op_rate {
+    std::vector<std::pair<double, double>> points;  // (units, seconds) per instruction, by increasing units
+    bool per_flop = true;
+
+    double seconds(double units) const {
+        if (points.empty() || units <= 0) return 0;
+        if (units <= points.front().first) return points.front().second * units / points.front().first;
+        for (std::size_t i = 1; i < points.size(); ++i)
+            if (units <= points[i].first) {
+                const auto [u0, s0] = points[i - 1];
+                const auto [u1, s1] = points[i];
+                return u1 > u0 ? s0 + (s1 - s0) * (units - u0) / (u1 - u0) : s1;
+            }
+        return points.back().second + last_slope() * (units - points.back().first);
+    }
+    // Seconds per unit that no instruction of this kind runs faster than: seconds(u) >= u *
+    // this for every u (the curve's points all lie above that line, and it grows at least as
+    // fast beyond them).
+    double least_per_unit() const {
+        double least = last_slope();
+        for (const auto& [u, t] : points) least = std::min(least, t / u);
+        return std::max(least, 0.0);
+    }
+
+    friend bool operator==(const op_rate&, const op_rate&) = default;
+
+private:
+    double last_slope() const {
+        if (points.size() < 2) return points.empty() ? 0 : points.back().second / points.back().first;
+        const auto [u0, s0] = points[points.size() - 2];
+        const auto [u1, s1] = points.back();
+        return u1 > u0 ? std::max(0.0, (s1 - s0) / (u1 - u0)) : 0.0;
+    }
+};
+
+// By op kind (op_def::name).
+using op_rates = std::map<std::string, op_rate, std::less<>>;
+
+// A curve from measured (units, seconds) samples of one kind, in any order: samples of
+// equal work merge into their mean; samples without work (a fill of nothing) are dropped.
+inline op_rate op_rate_from_samples(std::vector<std::pair<double, double>> samples, bool per_flop) {
+    std::erase_if(samples, [](const auto& s) { return !(s.first > 0); });
+    std::sort(samples.begin(), samples.end());
+    op_rate r;
+    r.per_flop = per_flop;
+    for (std::size_t i = 0; i < samples.size();) {
+        std::size_t j = i;
+        double seconds = 0;
+        for (; j < samples.size() && samples[j].first == samples[i].first; ++j) seconds += samples[j].second;
+        r.points.push_back({samples[i].first, seconds / static_cast<double>(j - i)});
+        i = j;
+    }
+    return r;
+}
+
+}  // namespace loom::search
