@@ -130,7 +130,7 @@ rates_by_kind fit_rates(const std::vector<configuration>& configs, std::size_t l
         if (i == left_out) continue;
         for (const auto& [kind, k] : configs[i].kinds) {
             if (k.count == 0) continue;
-            const bool flops = k.gflop > 0;  // as calibrate/host.hpp decides it
+            const bool flops = search::priced_per_flop(k.gflop * 1e9, k.mb * 1e6);  // as calibrate_gpu decides it
             const double units = (flops ? k.gflop * 1e9 : k.mb * 1e6) / k.count;
             per_flop[kind] = flops;
             points[kind].push_back({units, k.ms * 1e-3 / k.count});

@@ -330,6 +330,13 @@ TEST_CASE("profiles survive a JSON round trip, in memory and through a file", "[
     // Samples of equal work merge into their mean, samples without work are dropped.
     const op_rate merged = op_rate_from_samples({{4, 1}, {0, 5}, {4, 3}, {1, 1}}, true);
     CHECK(merged.points == std::vector<std::pair<double, double>>{{1, 1}, {4, 2}});
+    // Samples of one size measured a call's cost: flat beyond it, proportional below.
+    const op_rate call = op_rate_from_samples({{10, 2e-6}, {10, 4e-6}}, false);
+    CHECK(call.seconds(1e6) == Approx(3e-6));
+    CHECK(call.seconds(5) == Approx(1.5e-6));
+    CHECK(priced_per_flop(1e9, 1e6));
+    CHECK(!priced_per_flop(1e6, 4e6));
+    CHECK(!priced_per_flop(0, 0));
     // A GPU's calibration: rates per op kind, by storage precision.
     calibrated.device.rates[precision::bf16]["linear"] = op_rate_from_samples({{1e9, 2.1e-6}, {8e9, 1.23456789e-5}}, true);
     calibrated.device.rates[precision::bf16]["add"] = op_rate_from_samples({{1e6, 3e-6}}, false);

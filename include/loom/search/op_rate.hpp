@@ -58,8 +58,17 @@ private:
 // By op kind (op_def::name).
 using op_rates = std::map<std::string, op_rate, std::less<>>;
 
+// Whether a kind measured with these FLOPs and bytes (read and written) per instruction is
+// priced per FLOP or per byte: per FLOP where it does at least a FLOP a byte (products,
+// attention), else per byte (what bounds element-wise ops, reductions and copies, whatever
+// their ops count as FLOPs).
+inline bool priced_per_flop(double flops, double bytes) { return flops > 0 && flops >= bytes; }
+
 // A curve from measured (units, seconds) samples of one kind, in any order: samples of
 // equal work merge into their mean; samples without work (a fill of nothing) are dropped.
+// Samples all of one size measured a call's cost, not a rate: the curve stays flat beyond
+// it (a second point a million times the work at the same time), instead of pricing a
+// million times the work at a million times the cost.
 inline op_rate op_rate_from_samples(std::vector<std::pair<double, double>> samples, bool per_flop) {
     std::erase_if(samples, [](const auto& s) { return !(s.first > 0); });
     std::sort(samples.begin(), samples.end());
@@ -72,6 +81,7 @@ inline op_rate op_rate_from_samples(std::vector<std::pair<double, double>> sampl
         r.points.push_back({samples[i].first, seconds / static_cast<double>(j - i)});
         i = j;
     }
+    if (r.points.size() == 1) r.points.push_back({r.points[0].first * 1e6, r.points[0].second});
     return r;
 }
 

@@ -20,7 +20,7 @@
 //   batches 1, 2, 4 and 8, each profiled by op kind (train/cuda/step_profile.hpp) with every
 //   op its own kernel (no GEMM-epilogue fusion, so that each kind is timed apart). A kind's
 //   sample per shape: its mean seconds per instruction against its mean work per instruction
-//   (FLOPs where it counts them, else bytes), as calibrate/host.hpp measures the host's.
+//   (FLOPs for products and attention, else bytes: search::priced_per_flop).
 // - Between GPUs of a node: with two or more visible GPUs, a peer copy between GPUs 0 and 1
 //   gives the intra-node bandwidth; with one, the known part's link (NVLink) is assumed, and
 //   the profile's name says so. Latencies and inter-node links keep the preset's values.
@@ -108,7 +108,7 @@ inline search::op_rates measure_op_rates(int warmup_steps = 2) {
             for (int w = 0; w < warmup_steps; ++w) t.step(feed);
             for (const auto& [kind, k] : profile_step(t, feed)) {
                 if (kind.ends_with(after_program_suffix) || k.instructions == 0) continue;
-                const bool flops = k.flops > 0;
+                const bool flops = search::priced_per_flop(k.flops, k.bytes);
                 per_flop[kind] = flops;
                 samples[kind].push_back({(flops ? k.flops : k.bytes) / k.instructions, k.seconds / k.instructions});
             }
