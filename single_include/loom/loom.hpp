@@ -13909,12 +13909,102 @@ LOOM_INLINE std::string svg_timeline(const simulation& r, const svg_options& o) 
 #include <initializer_list>
 #include <iterator>
 #include <map>
+#include <optional>
 #include <sstream>
 #include <string>
 #include <string_view>
 
 #include <nlohmann/json.hpp>
 
+// ---- begin loom/search/op_rate.hpp ----
+// The measured cost of one op kind on one device: seconds per instruction against its units
+// of work (its FLOPs when per_flop, else the bytes it reads and writes), at several sizes.
+// calibrate/host.hpp measures these for the host backend (price_options::rates), and
+// calibrate/cuda/gpu.hpp for a GPU, where they travel in the device's profile
+// (device_profile::rates, hardware.hpp).
+//
+//   op_rate r = op_rate_from_samples({{1e9, 2e-3}, {4e9, 6e-3}}, true);
+//   r.seconds(2e9);         // 3.33e-3: interpolated between the points
+//   r.least_per_unit();     // 1.33e-12: no instruction of this kind is priced faster
+#include <algorithm>
+#include <cstddef>
+#include <functional>
+#include <map>
+#include <string>
+#include <utility>
+#include <vector>
+
+namespace loom::search {
+
+// Between points the cost is interpolated; below the smallest it is proportional to the
+// work; beyond the largest it grows with the last segment's slope.
+struct op_rate {
+    std::vector<std::pair<double, double>> points;  // (units, seconds) per instruction, by increasing units
+    bool per_flop = true;
+
+    double seconds(double units) const {
+        if (points.empty() || units <= 0) return 0;
+        if (units <= points.front().first) return points.front().second * units / points.front().first;
+        for (std::size_t i = 1; i < points.size(); ++i)
+            if (units <= points[i].first) {
+                const auto [u0, s0] = points[i - 1];
+                const auto [u1, s1] = points[i];
+                return u1 > u0 ? s0 + (s1 - s0) * (units - u0) / (u1 - u0) : s1;
+            }
+        return points.back().second + last_slope() * (units - points.back().first);
+    }
+    // Seconds per unit that no instruction of this kind runs faster than: seconds(u) >= u *
+    // this for every u (the curve's points all lie above that line, and it grows at least as
+    // fast beyond them).
+    double least_per_unit() const {
+        double least = last_slope();
+        for (const auto& [u, t] : points) least = std::min(least, t / u);
+        return std::max(least, 0.0);
+    }
+
+    friend bool operator==(const op_rate&, const op_rate&) = default;
+
+private:
+    double last_slope() const {
+        if (points.size() < 2) return points.empty() ? 0 : points.back().second / points.back().first;
+        const auto [u0, s0] = points[points.size() - 2];
+        const auto [u1, s1] = points.back();
+        return u1 > u0 ? std::max(0.0, (s1 - s0) / (u1 - u0)) : 0.0;
+    }
+};
+
+// By op kind (op_def::name).
+using op_rates = std::map<std::string, op_rate, std::less<>>;
+
+// Whether a kind measured with these FLOPs and bytes (read and written) per instruction is
+// priced per FLOP or per byte: per FLOP where it does at least a FLOP a byte (products,
+// attention), else per byte (what bounds element-wise ops, reductions and copies, whatever
+// their ops count as FLOPs).
+inline bool priced_per_flop(double flops, double bytes) { return flops > 0 && flops >= bytes; }
+
+// A curve from measured (units, seconds) samples of one kind, in any order: samples of
+// equal work merge into their mean; samples without work (a fill of nothing) are dropped.
+// Samples all of one size measured a call's cost, not a rate: the curve stays flat beyond
+// it (a second point a million times the work at the same time), instead of pricing a
+// million times the work at a million times the cost.
+inline op_rate op_rate_from_samples(std::vector<std::pair<double, double>> samples, bool per_flop) {
+    std::erase_if(samples, [](const auto& s) { return !(s.first > 0); });
+    std::sort(samples.begin(), samples.end());
+    op_rate r;
+    r.per_flop = per_flop;
+    for (std::size_t i = 0; i < samples.size();) {
+        std::size_t j = i;
+        double seconds = 0;
+        for (; j < samples.size() && samples[j].first == samples[i].first; ++j) seconds += samples[j].second;
+        r.points.push_back({samples[i].first, seconds / static_cast<double>(j - i)});
+        i = j;
+    }
+    if (r.points.size() == 1) r.points.push_back({r.points[0].first * 1e6, r.points[0].second});
+    return r;
+}
+
+}  // namespace loom::search
+// ---- end loom/search/op_rate.hpp ----
 
 namespace loom::search {
 
@@ -13944,6 +14034,11 @@ struct device_profile {
     // Fractions of peak that real kernels reach; guesses until calibration overwrites them.
     double gemm_efficiency = 0.6;
     double elementwise_efficiency = 0.7;
+    // What loom's kernels measured per op kind on this device, by storage precision
+    // (cuda::calibrate_gpu fills bf16): the price of an instruction of such a kind, where
+    // price_options::rates has none for it. Kinds without one are priced from the peaks and
+    // efficiencies above.
+    std::map<loom::precision, op_rates> rates;
 
     // bf16 shares the f16 figure because the tensor cores of A100 and H100 run both at one
     // rate. V100 has no bf16 tensor cores, so for V100 this figure is optimistic for bf16.
@@ -14062,7 +14157,9 @@ LOOM_INLINE cluster dgx_h100(int nodes);
 //   "device": {"name": "A100-SXM4-80GB", "peak_flops_fp32_per_s": 1.95e13,
 //              "peak_flops_fp16_per_s": 3.12e14, "memory_bytes": 85899345920,
 //              "memory_bandwidth_bytes_per_s": 2.039e12,
-//              "gemm_efficiency": 0.6, "elementwise_efficiency": 0.7},     (both optional)
+//              "gemm_efficiency": 0.6, "elementwise_efficiency": 0.7,     (both optional)
+//              "op_rates": {"bf16": {"linear": {"per_flop": true,         (optional)
+//                                               "points": [[1e9, 2e-6], [8e9, 1.2e-5]]}}}},
 //   "topology": {"devices_per_node": 8, "nodes": 2, "nics_per_node": 8,
 //                "intra_node": {"bandwidth_bytes_per_s": 3e11, "latency_s": 5e-06},
 //                "inter_node_per_nic": {"bandwidth_bytes_per_s": 2.5e10, "latency_s": 1e-05},
@@ -14070,8 +14167,9 @@ LOOM_INLINE cluster dgx_h100(int nodes);
 // }
 // The peaks are device_profile::peak_flops_f32 and peak_flops_f16; their keys keep the
 // spelling of the profile files already written (fp32, fp16).
-// Every field is required except the two efficiencies and the links per collective (keys:
-// all_reduce, all_gather, reduce_scatter, all_to_all, broadcast, send_recv). Peaks and
+// Every field is required except the two efficiencies, the rates per op kind (by precision:
+// f32, f16, bf16; points [units, seconds] by increasing units) and the links per collective
+// (keys: all_reduce, all_gather, reduce_scatter, all_to_all, broadcast, send_recv). Peaks and
 // latencies may be 0 (a device without tensor cores, an idealised link); every other
 // number must be positive.
 // Unknown keys are rejected so that a misspelt optional key does not go unnoticed.
@@ -14285,6 +14383,9 @@ LOOM_INLINE nlohmann::json to_json(const cluster& c) {
               {"nics_per_node", t.nics_per_node},
               {"intra_node", to_json(t.intra_node)},
               {"inter_node_per_nic", to_json(t.inter_node_per_nic)}}}};
+    for (const auto& [p, by_kind] : d.rates)
+        for (const auto& [kind, r] : by_kind)
+            out["device"]["op_rates"][std::string(to_string(p))][kind] = {{"per_flop", r.per_flop}, {"points", r.points}};
     if (!t.intra_node_by_collective.empty()) {
         nlohmann::json& by = out["topology"]["intra_node_by_collective"];
         for (const auto& [kind, l] : t.intra_node_by_collective) by[std::string(to_string(kind))] = to_json(l);
@@ -14295,12 +14396,48 @@ LOOM_INLINE nlohmann::json to_json(const cluster& c) {
 
 namespace loom::search::detail {
 
+// device.op_rates: {"bf16": {"<op kind>": {"per_flop": true, "points": [[units, seconds], ...]}}},
+// points by increasing units, each units > 0 and seconds >= 0.
+LOOM_INLINE std::map<loom::precision, op_rates> op_rates_from_json(const nlohmann::json& j, const std::string& where) {
+    auto fail = [&](const std::string& field, const std::string& problem, const std::string& fix) {
+        throw profile_error(where + ": device.op_rates" + field + " " + problem + "; " + fix);
+    };
+    if (!j.is_object()) fail("", "is not a JSON object", "write it as {\"bf16\": {\"<op kind>\": {...}}}");
+    std::map<loom::precision, op_rates> out;
+    for (const auto& [name, kinds] : j.items()) {
+        std::optional<loom::precision> p;
+        for (loom::precision q : {loom::precision::f32, loom::precision::f16, loom::precision::bf16})
+            if (to_string(q) == name) p = q;
+        if (!p) fail("." + name, "is not a precision", "name f32, f16 or bf16");
+        if (!kinds.is_object()) fail("." + name, "is not a JSON object", "map op kinds to their rates");
+        for (const auto& [kind, rate] : kinds.items()) {
+            const std::string field = "." + name + "." + kind;
+            if (!rate.is_object() || !rate.contains("per_flop") || !rate.contains("points") || rate.size() != 2 ||
+                !rate.at("per_flop").is_boolean() || !rate.at("points").is_array() || rate.at("points").empty())
+                fail(field, "is " + rate.dump(), "give {\"per_flop\": true or false, \"points\": [[units, seconds], ...]}");
+            op_rate r;
+            r.per_flop = rate.at("per_flop").get<bool>();
+            for (const auto& point : rate.at("points")) {
+                const bool pair = point.is_array() && point.size() == 2 && point[0].is_number() && point[1].is_number();
+                const double units = pair ? point[0].get<double>() : 0, seconds = pair ? point[1].get<double>() : -1;
+                if (!(units > 0) || !(seconds >= 0) || !std::isfinite(units) || !std::isfinite(seconds) ||
+                    (!r.points.empty() && units <= r.points.back().first))
+                    fail(field + ".points", "has the point " + point.dump(),
+                         "give [units, seconds] with units > 0 and increasing, seconds >= 0");
+                r.points.push_back({units, seconds});
+            }
+            out[*p][kind] = std::move(r);
+        }
+    }
+    return out;
+}
+
 LOOM_INLINE cluster cluster_from_json(const nlohmann::json& j, const std::string& where) {
     const profile_reader root(j, where, "");
     root.only({"name", "device", "topology"});
     const profile_reader d = root.child("device");
     d.only({"name", "peak_flops_fp32_per_s", "peak_flops_fp16_per_s", "memory_bytes", "memory_bandwidth_bytes_per_s",
-            "gemm_efficiency", "elementwise_efficiency"});
+            "gemm_efficiency", "elementwise_efficiency", "op_rates"});
     const profile_reader t = root.child("topology");
     t.only({"devices_per_node", "nodes", "nics_per_node", "intra_node", "inter_node_per_nic", "intra_node_by_collective"});
     cluster c{.name = root.text("name"),
@@ -14319,6 +14456,7 @@ LOOM_INLINE cluster cluster_from_json(const nlohmann::json& j, const std::string
                        .intra_node = link_from_json(t.child("intra_node")),
                        .inter_node_per_nic = link_from_json(t.child("inter_node_per_nic")),
                        .nics_per_node = t.count("nics_per_node", "NICs in a node")}};
+    if (j.at("device").contains("op_rates")) c.device.rates = op_rates_from_json(j.at("device").at("op_rates"), where);
     if (j.at("topology").contains("intra_node_by_collective")) {
         const profile_reader by = t.child("intra_node_by_collective");
         const collective kinds[] = {collective::all_reduce, collective::all_gather, collective::reduce_scatter,
@@ -15087,44 +15225,6 @@ LOOM_INLINE program compile_program(const graph& g, const compile_options& optio
 
 namespace loom::search {
 
-// The measured cost of one op kind: seconds per instruction against its units of work (its
-// FLOPs when per_flop, else the bytes it reads and writes), at several sizes (points, by
-// increasing units). Between points the cost is interpolated; below the smallest it is
-// proportional to the work; beyond the largest it grows with the last segment's slope.
-// calibrate/host.hpp measures these for the host backend.
-struct op_rate {
-    std::vector<std::pair<double, double>> points;  // (units, seconds) per instruction
-    bool per_flop = true;
-
-    double seconds(double units) const {
-        if (points.empty() || units <= 0) return 0;
-        if (units <= points.front().first) return points.front().second * units / points.front().first;
-        for (std::size_t i = 1; i < points.size(); ++i)
-            if (units <= points[i].first) {
-                const auto [u0, s0] = points[i - 1];
-                const auto [u1, s1] = points[i];
-                return u1 > u0 ? s0 + (s1 - s0) * (units - u0) / (u1 - u0) : s1;
-            }
-        return points.back().second + last_slope() * (units - points.back().first);
-    }
-    // Seconds per unit that no instruction of this kind runs faster than: seconds(u) >= u *
-    // this for every u (the curve's points all lie above that line, and it grows at least as
-    // fast beyond them).
-    double least_per_unit() const {
-        double least = last_slope();
-        for (const auto& [u, t] : points) least = std::min(least, t / u);
-        return std::max(least, 0.0);
-    }
-
-private:
-    double last_slope() const {
-        if (points.size() < 2) return points.empty() ? 0 : points.back().second / points.back().first;
-        const auto [u0, s0] = points[points.size() - 2];
-        const auto [u1, s1] = points.back();
-        return u1 > u0 ? std::max(0.0, (s1 - s0) / (u1 - u0)) : 0.0;
-    }
-};
-
 // Replica folding (search/folded_price.hpp): the programs priced are those of an instance
 // of the plan with fewer data-parallel replicas than the real one, and each instance device
 // stands for a real device. A transfer within a replica runs over the real devices its
@@ -15207,16 +15307,16 @@ struct price_options {
     // count, or alone where that is faster. Ranks in processes of their own (MPI) do more
     // together than one at a time; threads that queue for one pool do less.
     int compute_shared_by = 1;
-    // Calibrated rates by op kind (op_def::name); kinds without one use the roofline of the
-    // device profile.
-    std::map<std::string, op_rate, std::less<>> rates;
+    // Calibrated rates by op kind (op_def::name); kinds without one use the device profile's
+    // measured rates for `storage` (device_profile::rates), else its roofline.
+    op_rates rates;
     // With compute_shared_by > 1: the same op kinds' rates of one device computing while the
     // others wait (calibrated apart, as search::calibrate_host_ops_alone measures them).
     // Empty: a device alone runs at the machine's rate. Ranks in processes of their own
     // (MPI) that each have the machine's threads do more together than one at a time, so
     // their rates together are not their rates alone times the count. Every kind here must
     // have a rate in `rates`.
-    std::map<std::string, op_rate, std::less<>> solo_rates;
+    op_rates solo_rates;
     // Set: the programs are a replica-folded instance of the plan (not owned).
     const replica_fold* fold = nullptr;
 };
@@ -15383,14 +15483,23 @@ LOOM_INLINE double node_bytes(const graph& g, const node& n, loom::precision p) 
     return bytes;
 }
 
+// The measured rate of an op kind: the options' (the host's calibration), else the device
+// profile's for the storage precision (a GPU's calibration), else none (the roofline).
+inline const op_rate* rate_for(const price_options& o, const device_profile& dev, std::string_view kind) {
+    if (auto rate = o.rates.find(kind); rate != o.rates.end()) return &rate->second;
+    const auto measured = dev.rates.find(o.storage);
+    if (measured == dev.rates.end()) return nullptr;
+    const auto rate = measured->second.find(kind);
+    return rate == measured->second.end() ? nullptr : &rate->second;
+}
+
 LOOM_INLINE double instruction_seconds(const graph& g, const node& n, const device_profile& dev, const price_options& o) {
     const double flops = n.op->flops ? n.op->flops(g, n) : 0.0;
     double read = 0, written = 0;
     for (tensor_id t : n.inputs) read += static_cast<double>(g.tensor(t).dims.numel());
     for (tensor_id t : n.outputs) written += static_cast<double>(g.tensor(t).dims.numel());
     const double bytes = node_bytes(g, n, o.storage);
-    if (auto rate = o.rates.find(n.op->name); rate != o.rates.end())
-        return rate->second.seconds(rate->second.per_flop ? flops : bytes) + o.instruction_overhead;
+    if (const op_rate* rate = rate_for(o, dev, n.op->name)) return rate->seconds(rate->per_flop ? flops : bytes) + o.instruction_overhead;
     const double peak = peak_for(dev, o.storage);
     const double bandwidth = dev.memory_bandwidth * dev.elementwise_efficiency;
     double t = bytes / bandwidth;
@@ -17792,10 +17901,10 @@ LOOM_INLINE training_work training_work_of(const graph& model, const device_prof
         double read = 0, written = 0;
         for (tensor_id t : n.inputs) read += static_cast<double>(lg.g.tensor(t).dims.numel());
         for (tensor_id t : n.outputs) written += static_cast<double>(lg.g.tensor(t).dims.numel());
-        if (auto rate = o.rates.find(n.op->name); rate != o.rates.end()) {
-            op.seconds = rate->second.least_per_unit() * (rate->second.per_flop ? flops : bytes);
-            if (auto solo = o.solo_rates.find(n.op->name); solo != o.solo_rates.end() && rate->second.least_per_unit() > 0)
-                op.solo_factor = solo->second.least_per_unit() * o.compute_shared_by / rate->second.least_per_unit();
+        if (const op_rate* rate = detail::rate_for(o, dev, n.op->name)) {
+            op.seconds = rate->least_per_unit() * (rate->per_flop ? flops : bytes);
+            if (auto solo = o.solo_rates.find(n.op->name); solo != o.solo_rates.end() && rate->least_per_unit() > 0)
+                op.solo_factor = solo->second.least_per_unit() * o.compute_shared_by / rate->least_per_unit();
         } else {
             op.seconds = std::max(bytes / byte_rate, flops / (peak * std::max(dev.gemm_efficiency, dev.elementwise_efficiency)));
             if (written > 0 && flops >= 16.0 * written) {
@@ -25648,8 +25757,6 @@ inline cluster calibrate_host(int ranks, std::optional<collective_links> between
     hw.topo.nics_per_node = 1;
     return hw;
 }
-
-using op_rates = std::map<std::string, op_rate, std::less<>>;
 
 // What one rank measured: the training steps of a small GPT at the calibration batches
 // (1, 2, 4, 8 and 16), each kernel timed.
