@@ -26,6 +26,7 @@
 #include <fstream>
 #include <map>
 #include <string>
+#include <string_view>
 #include <vector>
 
 #include <CLI/CLI.hpp>
@@ -47,6 +48,10 @@ namespace {
 
 using rates_by_kind = search::op_rates;
 
+// train/cuda/step_profile.hpp's after_program_suffix (that header needs CUDA; this benchmark
+// reads the records anywhere).
+constexpr std::string_view cuda_after_program_suffix = " + norm, clip, AdamW";
+
 // What one op kind cost in one profiled step.
 struct kind_cost {
     int count = 0;
@@ -55,45 +60,58 @@ struct kind_cost {
 
 struct configuration {
     models::gpt_config model;
+    std::int64_t parameters = 0;
     double measured_step = 0;  // seconds, the median of the timed steps
     double device_bytes = 0;   // what the trainer holds on the device
     std::map<std::string, kind_cost> kinds;
 };
 
-std::string key_of(const nlohmann::json& j) {
-    return std::to_string(j.at("hidden").get<long long>()) + "/" + std::to_string(j.at("batch").get<long long>());
+// Records written before gpu_train named its layers and heads: the layer count is the one
+// that gives the run's parameter count, the heads those of a head size of 64 below hidden
+// 1536, else 128 (the shapes the GPU script ran).
+void infer_layers_and_heads(configuration& c) {
+    if (c.model.heads == 0) c.model.heads = c.model.hidden / (c.model.hidden < 1536 ? 64 : 128);
+    for (std::int64_t layers = 1; layers <= 256 && c.model.layers == 0; ++layers) {
+        models::gpt_config candidate = c.model;
+        candidate.layers = layers;
+        if (candidate.parameter_count() == c.parameters) c.model.layers = layers;
+    }
+    if (c.model.layers == 0)
+        throw usage_error("gpu_fidelity: a run of " + std::to_string(c.parameters) + " parameters is no GPT of hidden " +
+                          std::to_string(c.model.hidden) + " and vocabulary " + std::to_string(c.model.vocab));
 }
 
-// The records of configs.jsonl: a "system" line per gpu_train run (its shape and step) and
-// then its "profile" lines, which carry the hidden size and batch that name the run.
+// The records of configs.jsonl: a "system" line per gpu_train run (its shape and step), then
+// that run's "profile" lines.
 std::vector<configuration> read_configurations(const std::string& path) {
     std::ifstream in(path);
     if (!in) throw usage_error("gpu_fidelity: cannot read " + path + "; run scripts/gpu/run_all.sh on a GPU first");
     std::vector<configuration> out;
-    std::map<std::string, std::size_t> by_key;
     std::string line;
     while (std::getline(in, line)) {
         if (line.empty() || line.front() != '{') continue;
         const auto j = nlohmann::json::parse(line);
         if (j.contains("system")) {
             configuration c;
-            const auto parameters = j.at("parameters").get<std::int64_t>();
-            c.model = {.layers = 0, .hidden = 0, .heads = 0, .vocab = 50304, .seq = j.at("seq").get<std::int64_t>(),
+            c.model = {.layers = j.value("layers", std::int64_t{0}),
+                       .hidden = j.value("hidden", std::int64_t{0}),
+                       .heads = j.value("heads", std::int64_t{0}),
+                       .vocab = j.value("vocab", std::int64_t{50304}),
+                       .seq = j.at("seq").get<std::int64_t>(),
                        .batch = j.at("batch").get<std::int64_t>()};
+            c.parameters = j.at("parameters").get<std::int64_t>();
             c.measured_step = j.at("median_step_seconds").get<double>();
             c.device_bytes = j.at("device_bytes").get<double>();
-            c.model.layers = parameters;  // resolved from the profile lines below
             out.push_back(c);
         } else if (j.contains("profile")) {
             if (out.empty()) throw usage_error("gpu_fidelity: " + path + ": a profile line before any system line");
             configuration& c = out.back();
-            c.model.hidden = j.at("hidden").get<std::int64_t>();
-            by_key[key_of(j)] = out.size() - 1;
+            if (c.model.hidden == 0) c.model.hidden = j.at("hidden").get<std::int64_t>();
             std::string kind = j.at("op").get<std::string>();
             // The fused forward GEMM does linear_bias's work (its GELU rides in the epilogue);
             // the last step's interval also holds the optimizer, which is priced apart.
             if (kind == "fused GEMM + bias_gelu") kind = "linear_bias";
-            if (kind.find(" + norm, clip, AdamW") != std::string::npos) continue;
+            if (kind.ends_with(cuda_after_program_suffix)) continue;
             kind_cost& k = c.kinds[kind];
             k.count += j.at("count").get<int>();
             k.ms += j.at("ms").get<double>();
@@ -101,22 +119,11 @@ std::vector<configuration> read_configurations(const std::string& path) {
             k.mb += j.at("mb").get<double>();
         }
     }
-    // The layer count and heads are not in the records: the layer count is the one that gives
-    // the run's parameter count, the heads GPT-2's head size of 64 below hidden 1536, else 128
-    // (what the GPU script runs).
     for (configuration& c : out) {
-        const std::int64_t parameters = c.model.layers;
-        c.model.heads = c.model.hidden / (c.model.hidden < 1536 ? 64 : 128);
-        c.model.layers = 0;
-        for (std::int64_t layers = 1; layers <= 256 && c.model.layers == 0; ++layers) {
-            models::gpt_config candidate = c.model;
-            candidate.layers = layers;
-            if (candidate.parameter_count() == parameters) c.model.layers = layers;
-        }
-        if (c.model.layers == 0)
-            throw usage_error("gpu_fidelity: a run of " + std::to_string(parameters) +
-                              " parameters is no GPT of hidden " + std::to_string(c.model.hidden) +
-                              " and vocabulary 50304");
+        if (c.model.layers == 0 || c.model.heads == 0) infer_layers_and_heads(c);
+        if (models::gpt_config(c.model).parameter_count() != c.parameters)
+            throw usage_error("gpu_fidelity: " + path + ": a run's parameter count " + std::to_string(c.parameters) +
+                              " does not match its shape");
     }
     return out;
 }

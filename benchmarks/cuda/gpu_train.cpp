@@ -88,11 +88,14 @@ int main(int argc, char** argv) {
                                    6.0 * static_cast<double>(c.layers * c.seq * c.hidden);
     const double tflops = flops_per_token * tokens_per_step / median / 1e12;
     std::printf(
-        "{\"system\": \"loom\", \"device\": \"%s\", \"precision\": \"%s\", \"batch\": %lld, \"seq\": %lld, "
+        "{\"system\": \"loom\", \"device\": \"%s\", \"precision\": \"%s\", \"layers\": %lld, \"hidden\": %lld, "
+        "\"heads\": %lld, \"vocab\": %lld, \"batch\": %lld, \"seq\": %lld, "
         "\"parameters\": %lld, \"median_step_seconds\": %.6f, \"tokens_per_second\": %.1f, "
         "\"model_tflops_per_second\": %.2f, \"mfu\": %.4f, \"device_bytes\": %zu, \"final_loss\": %.4f, "
         "\"fusion\": \"%s\"}\n",
-        info.name.c_str(), precision_name.c_str(), static_cast<long long>(c.batch), static_cast<long long>(c.seq),
+        info.name.c_str(), precision_name.c_str(), static_cast<long long>(c.layers), static_cast<long long>(c.hidden),
+        static_cast<long long>(c.heads), static_cast<long long>(c.vocab), static_cast<long long>(c.batch),
+        static_cast<long long>(c.seq),
         static_cast<long long>(c.parameter_count()), median, tokens_per_step / median, tflops,
         peak > 0 ? tflops / peak : 0.0, t.device_bytes(), loss, t.fusion().description().c_str());
     if (profile) {
