@@ -45,7 +45,9 @@ __device__ __forceinline__ float gelu_derivative(float x) {
 // out = f(x) or f(x, y) element by element, in float. Where every pointer is 16-byte aligned,
 // a thread takes 16 bytes of each operand (8 bf16 or 4 floats) in one load: one element a
 // thread ran at half the memory bandwidth on an H200. The remainder, and unaligned tensors,
-// go element by element.
+// go element by element. The output may be one of the inputs (a buffer the memory plan
+// reuses where an input dies): each element is read before it is written, by one thread,
+// and no pointer is declared __restrict__.
 struct gelu_op {
     __device__ float operator()(float x) const { return gelu_value(x); }
 };
@@ -66,7 +68,7 @@ __device__ __forceinline__ D apply(const F& f, In... in) {
 }
 
 template <class D, class F, class... V>
-__global__ void map_wide_kernel(F f, uint4* __restrict__ out, std::int64_t units, const V* __restrict__... in) {
+__global__ void map_wide_kernel(F f, uint4* out, std::int64_t units, const V*... in) {
     constexpr int per = sizeof(uint4) / sizeof(D);
     for (std::int64_t i = blockIdx.x * static_cast<std::int64_t>(blockDim.x) + threadIdx.x; i < units;
          i += static_cast<std::int64_t>(gridDim.x) * blockDim.x) {
@@ -81,7 +83,7 @@ __global__ void map_wide_kernel(F f, uint4* __restrict__ out, std::int64_t units
 }
 
 template <class D, class F, class... Ptr>
-__global__ void map_kernel(F f, D* __restrict__ out, std::int64_t n, const Ptr* __restrict__... in) {
+__global__ void map_kernel(F f, D* out, std::int64_t n, const Ptr*... in) {
     for (std::int64_t i = blockIdx.x * static_cast<std::int64_t>(blockDim.x) + threadIdx.x; i < n;
          i += static_cast<std::int64_t>(gridDim.x) * blockDim.x)
         out[i] = apply<D>(f, in[i]...);
