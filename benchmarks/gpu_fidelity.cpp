@@ -26,7 +26,6 @@
 #include <fstream>
 #include <map>
 #include <string>
-#include <string_view>
 #include <vector>
 
 #include <CLI/CLI.hpp>
@@ -46,24 +45,13 @@ using namespace loom;
 
 namespace {
 
-using rates_by_kind = search::op_rates;
-
-// train/cuda/step_profile.hpp's after_program_suffix (that header needs CUDA; this benchmark
-// reads the records anywhere).
-constexpr std::string_view cuda_after_program_suffix = " + norm, clip, AdamW";
-
-// What one op kind cost in one profiled step.
-struct kind_cost {
-    int count = 0;
-    double ms = 0, gflop = 0, mb = 0;
-};
 
 struct configuration {
     models::gpt_config model;
     std::int64_t parameters = 0;
     double measured_step = 0;  // seconds, the median of the timed steps
     double device_bytes = 0;   // what the trainer holds on the device
-    std::map<std::string, kind_cost> kinds;
+    search::step_measurement kinds;
 };
 
 // Records written before gpu_train named its layers and heads: the layer count is the one
@@ -111,12 +99,12 @@ std::vector<configuration> read_configurations(const std::string& path) {
             // The fused forward GEMM does linear_bias's work (its GELU rides in the epilogue);
             // the last step's interval also holds the optimizer, which is priced apart.
             if (kind == "fused GEMM + bias_gelu") kind = "linear_bias";
-            if (kind.ends_with(cuda_after_program_suffix)) continue;
-            kind_cost& k = c.kinds[kind];
-            k.count += j.at("count").get<int>();
-            k.ms += j.at("ms").get<double>();
-            k.gflop += j.at("gflop").get<double>();
-            k.mb += j.at("mb").get<double>();
+            if (kind.ends_with(search::after_program_suffix)) continue;
+            search::kind_measurement& k = c.kinds[kind];
+            k.instructions += j.at("count").get<int>();
+            k.seconds += 1e-3 * j.at("ms").get<double>();
+            k.flops += 1e9 * j.at("gflop").get<double>();
+            k.bytes += 1e6 * j.at("mb").get<double>();
         }
     }
     for (configuration& c : out) {
@@ -128,27 +116,12 @@ std::vector<configuration> read_configurations(const std::string& path) {
     return out;
 }
 
-// Each kind's seconds per instruction against its units (FLOPs where it counts them, else
-// bytes), one sample per configuration except `left_out` (search/op_rate.hpp merges them).
-rates_by_kind fit_rates(const std::vector<configuration>& configs, std::size_t left_out) {
-    std::map<std::string, std::vector<std::pair<double, double>>> points;
-    std::map<std::string, bool> per_flop;
-    for (std::size_t i = 0; i < configs.size(); ++i) {
-        if (i == left_out) continue;
-        for (const auto& [kind, k] : configs[i].kinds) {
-            if (k.count == 0) continue;
-            const bool flops = search::priced_per_flop(k.gflop * 1e9, k.mb * 1e6);  // as calibrate_gpu decides it
-            const double units = (flops ? k.gflop * 1e9 : k.mb * 1e6) / k.count;
-            per_flop[kind] = flops;
-            points[kind].push_back({units, k.ms * 1e-3 / k.count});
-        }
-    }
-    rates_by_kind rates;
-    for (auto& [kind, p] : points) {
-        search::op_rate r = search::op_rate_from_samples(std::move(p), per_flop[kind]);
-        if (!r.points.empty()) rates.emplace(kind, std::move(r));
-    }
-    return rates;
+// The rates of every configuration's profile except `left_out`'s.
+search::op_rates fit_rates(const std::vector<configuration>& configs, std::size_t left_out) {
+    std::vector<search::step_measurement> steps;
+    for (std::size_t i = 0; i < configs.size(); ++i)
+        if (i != left_out) steps.push_back(configs[i].kinds);
+    return search::op_rates_from_steps(steps);
 }
 
 }  // namespace

@@ -337,6 +337,17 @@ TEST_CASE("profiles survive a JSON round trip, in memory and through a file", "[
     CHECK(priced_per_flop(1e9, 1e6));
     CHECK(!priced_per_flop(1e6, 4e6));
     CHECK(!priced_per_flop(0, 0));
+    // Profiled steps: a kind's mean per instruction in each step is one sample.
+    const op_rates from_steps = op_rates_from_steps(
+        {{{"linear", {.seconds = 4e-3, .flops = 4e12, .bytes = 4e9, .instructions = 4}},
+          {"add", {.seconds = 2e-5, .flops = 1e6, .bytes = 1.2e7, .instructions = 2}},
+          {"unused", {}}},
+         {{"linear", {.seconds = 1e-3, .flops = 2e11, .bytes = 1e8, .instructions = 1}}}});
+    REQUIRE(from_steps.size() == 2);
+    CHECK(from_steps.at("linear").per_flop);
+    CHECK(from_steps.at("linear").points == std::vector<std::pair<double, double>>{{2e11, 1e-3}, {1e12, 1e-3}});
+    CHECK_FALSE(from_steps.at("add").per_flop);
+    CHECK(from_steps.at("add").seconds(6e6) == Approx(1e-5));
     // A GPU's calibration: rates per op kind, by storage precision.
     calibrated.device.rates[precision::bf16]["linear"] = op_rate_from_samples({{1e9, 2.1e-6}, {8e9, 1.23456789e-5}}, true);
     calibrated.device.rates[precision::bf16]["add"] = op_rate_from_samples({{1e6, 3e-6}}, false);

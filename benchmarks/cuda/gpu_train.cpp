@@ -100,7 +100,7 @@ int main(int argc, char** argv) {
         peak > 0 ? tflops / peak : 0.0, t.device_bytes(), loss, t.fusion().description().c_str());
     if (profile) {
         const auto by_kind = cuda::profile_step(t, feed);
-        std::vector<std::pair<std::string, cuda::kind_time>> sorted(by_kind.begin(), by_kind.end());
+        std::vector<std::pair<std::string, search::kind_measurement>> sorted(by_kind.begin(), by_kind.end());
         std::sort(sorted.begin(), sorted.end(),
                   [](const auto& a, const auto& b) { return a.second.seconds > b.second.seconds; });
         double total = 0;

@@ -13931,6 +13931,7 @@ LOOM_INLINE std::string svg_timeline(const simulation& r, const svg_options& o) 
 #include <functional>
 #include <map>
 #include <string>
+#include <string_view>
 #include <utility>
 #include <vector>
 
@@ -14001,6 +14002,41 @@ inline op_rate op_rate_from_samples(std::vector<std::pair<double, double>> sampl
     }
     if (r.points.size() == 1) r.points.push_back({r.points[0].first * 1e6, r.points[0].second});
     return r;
+}
+
+// What one op kind took in one profiled step: its instructions, their seconds, and their
+// work (FLOPs as the ops count them, bytes read and written).
+struct kind_measurement {
+    double seconds = 0, flops = 0, bytes = 0;
+    int instructions = 0;
+};
+
+using step_measurement = std::map<std::string, kind_measurement, std::less<>>;
+
+// The suffix of the kind a step profile (train/cuda/step_profile.hpp) charges with the last
+// program step and what follows the program (the gradient norm, clipping, AdamW): a mix that
+// is no op kind's rate.
+inline constexpr std::string_view after_program_suffix = " + norm, clip, AdamW";
+
+// Rates per op kind from profiled steps (of different shapes): in each step a kind's mean
+// seconds per instruction against its mean work per instruction is one sample, priced per
+// FLOP or per byte as priced_per_flop says.
+inline op_rates op_rates_from_steps(const std::vector<step_measurement>& steps) {
+    std::map<std::string, std::vector<std::pair<double, double>>, std::less<>> samples;
+    std::map<std::string, bool, std::less<>> per_flop;
+    for (const step_measurement& step : steps)
+        for (const auto& [kind, k] : step) {
+            if (k.instructions == 0) continue;
+            const bool flops = priced_per_flop(k.flops, k.bytes);
+            per_flop[kind] = flops;
+            samples[kind].push_back({(flops ? k.flops : k.bytes) / k.instructions, k.seconds / k.instructions});
+        }
+    op_rates out;
+    for (auto& [kind, points] : samples) {
+        op_rate r = op_rate_from_samples(std::move(points), per_flop.at(kind));
+        if (!r.points.empty()) out.emplace(kind, std::move(r));
+    }
+    return out;
 }
 
 }  // namespace loom::search

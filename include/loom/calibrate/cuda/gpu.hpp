@@ -92,8 +92,7 @@ inline search::op_rates measure_op_rates(int warmup_steps = 2) {
     struct shape {
         std::int64_t hidden, heads;
     };
-    std::map<std::string, std::vector<std::pair<double, double>>, std::less<>> samples;
-    std::map<std::string, bool, std::less<>> per_flop;
+    std::vector<search::step_measurement> steps;
     for (const shape sh : {shape{768, 12}, shape{1536, 12}})
         for (const std::int64_t batch : {1, 2, 4, 8}) {
             const models::gpt_config c{
@@ -106,19 +105,11 @@ inline search::op_rates measure_op_rates(int warmup_steps = 2) {
             feed.index["targets"] = tokens;
             feed.index["positions"] = models::gpt_positions(c);
             for (int w = 0; w < warmup_steps; ++w) t.step(feed);
-            for (const auto& [kind, k] : profile_step(t, feed)) {
-                if (kind.ends_with(after_program_suffix) || k.instructions == 0) continue;
-                const bool flops = search::priced_per_flop(k.flops, k.bytes);
-                per_flop[kind] = flops;
-                samples[kind].push_back({(flops ? k.flops : k.bytes) / k.instructions, k.seconds / k.instructions});
-            }
+            search::step_measurement step = profile_step(t, feed);
+            std::erase_if(step, [](const auto& k) { return k.first.ends_with(search::after_program_suffix); });
+            steps.push_back(std::move(step));
         }
-    search::op_rates out;
-    for (auto& [kind, points] : samples) {
-        search::op_rate r = search::op_rate_from_samples(std::move(points), per_flop.at(kind));
-        if (!r.points.empty()) out.emplace(kind, std::move(r));
-    }
-    return out;
+    return search::op_rates_from_steps(steps);
 }
 
 inline search::cluster calibrate_gpu(const calibration_options& options = {}) {

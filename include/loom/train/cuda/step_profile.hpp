@@ -19,19 +19,12 @@
 #include <vector>
 
 #include <loom/runtime/cuda/device.hpp>
+#include <loom/search/op_rate.hpp>
 #include <loom/train/cuda/trainer.hpp>
 
 namespace loom::cuda {
 
-struct kind_time {
-    double seconds = 0, flops = 0, bytes = 0;
-    int instructions = 0;
-};
-
-// The suffix of the kind that holds the step after the program.
-inline constexpr std::string_view after_program_suffix = " + norm, clip, AdamW";
-
-inline std::map<std::string, kind_time> profile_step(trainer& t, const train::input_feed& feed) {
+inline search::step_measurement profile_step(trainer& t, const train::input_feed& feed) {
     const program& p = t.compiled();
     const graph& g = *p.source;
     std::vector<std::unique_ptr<event>> marks;
@@ -48,7 +41,7 @@ inline std::map<std::string, kind_time> profile_step(trainer& t, const train::in
     marks.back()->synchronize();
 
     const fusion_plan& fusion = t.fusion();
-    std::map<std::string, kind_time> by_kind;
+    search::step_measurement by_kind;
     for (std::size_t s = 0; s < p.steps.size(); ++s) {
         const step_fusion& f = fusion.steps[s];
         const node& n = g.at(p.steps[s].node);
@@ -59,8 +52,8 @@ inline std::map<std::string, kind_time> profile_step(trainer& t, const train::in
             timed = s == group.steps.back();
             kind = std::string("fused GEMM + ") + to_string(group.epilogue);
         }
-        if (s + 1 == p.steps.size()) kind += after_program_suffix;
-        kind_time& entry = by_kind[kind];
+        if (s + 1 == p.steps.size()) kind += search::after_program_suffix;
+        search::kind_measurement& entry = by_kind[kind];
         entry.flops += n.op->flops ? n.op->flops(g, n) : 0.0;
         for (tensor_id in : n.inputs) entry.bytes += static_cast<double>(p.bytes_of(in));
         for (tensor_id out : n.outputs) entry.bytes += static_cast<double>(p.bytes_of(out));
