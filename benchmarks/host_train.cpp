@@ -87,10 +87,28 @@ public:
     }
     peer_process(const peer_process&) = delete;
     peer_process& operator=(const peer_process&) = delete;
-    ~peer_process() {
-        if (to_) std::fclose(to_);  // end of input ends the peer
+    ~peer_process() { finish(); }
+
+    // Ends the peer (end of input ends it) and says how it ended.
+    std::string finish() {
+        if (to_) std::fclose(to_);
         if (from_) std::fclose(from_);
-        if (pid_ > 0) waitpid(pid_, nullptr, 0);
+        to_ = from_ = nullptr;
+        if (pid_ <= 0) return "not started";
+        int status = 0;
+        const pid_t waited = waitpid(pid_, &status, 0);
+        pid_ = -1;
+        if (waited <= 0) return "its exit status is unknown";
+        if (WIFEXITED(status)) return "exited with status " + std::to_string(WEXITSTATUS(status));
+        if (WIFSIGNALED(status)) {
+            const int sig = WTERMSIG(status);
+            return "killed by signal " + std::to_string(sig) +
+                   (sig == SIGKILL ? " (SIGKILL: the kernel's out-of-memory killer, if the machine ran out of "
+                                     "memory; every peer holds its model at once, so --debian-python '' or "
+                                     "--no-compile runs fewer)"
+                                   : "");
+        }
+        return "ended";
     }
 
     // The next JSON line the peer prints (other lines are skipped); nothing at its end.
@@ -245,6 +263,9 @@ std::string peer_command(const std::string& python, const std::string& script, c
 }  // namespace
 
 int main(int argc, char** argv) {
+    // A peer that dies (out of memory, say) closes its pipe: writing to it must fail and be
+    // reported, not end this program with SIGPIPE before it has written anything down.
+    std::signal(SIGPIPE, SIG_IGN);
     CLI::App app{"GPT training-step throughput: loom host backend beside PyTorch, and against the machine's peak"};
     int steps = 10, warmup = 3, rounds = 3;
     std::string out, script = "benchmarks/host_train_torch.py", python = "auto", debian_python = "/usr/bin/python3",
@@ -378,7 +399,17 @@ int main(int argc, char** argv) {
             for (std::size_t i = 0; i < running.size(); ++i) {
                 if (!running[i]) continue;
                 auto reply = running[i]->request("run");
-                if (reply && reply->contains("median_step_seconds")) {
+                if (!reply) {
+                    // A peer that died (SIGPIPE is ignored, so writing to it fails here instead
+                    // of ending this program) loses its column, and says why.
+                    const std::string why = running[i]->finish();
+                    std::fprintf(stderr, "host_train: peer '%s' stopped answering in round %d: %s; see %s\n",
+                                 running[i]->label().c_str(), r + 1, why.c_str(), log.c_str());
+                    peer_rows[i]["error"] = "stopped answering in round " + std::to_string(r + 1) + ": " + why;
+                    running[i].reset();
+                    continue;
+                }
+                if (reply->contains("median_step_seconds")) {
                     peer_rounds[i].push_back((*reply)["median_step_seconds"].get<double>());
                     peer_rows[i]["torch_version"] = reply->value("torch_version", "");
                     peer_rows[i]["first_loss"] = reply->value("first_loss", 0.0);
