@@ -212,7 +212,7 @@ private:
 // forward, input-gradient and weight-gradient products, with their multiplicities), best of
 // three per shape. Attention's batched products are not included. Measured once per round,
 // right after loom's steps, and the median of the rounds kept: one measurement after all
-// rounds moved by up to 1.7x between runs on a noisy VM.
+// rounds moved by up to 2.3x between runs on a noisy VM.
 double loom_gemm_rate(const models::gpt_config& c) {
     const std::int64_t t = c.batch * c.seq, h = c.hidden, f = c.ffn_size();
     struct shape {
