@@ -574,6 +574,34 @@ TEST_CASE("the memory floor counts the parameters, gradients and optimizer state
     CHECK(floors[3] == Approx(elements * (4.0 + 4 + 8) / 4));
 }
 
+TEST_CASE("the memory floor counts every region that colocated pieces hold (Coshard)") {
+    // Few tokens: the weights fill the memory. TP 2, each piece of the recomputed layers run
+    // as `cs` colocated pieces on its device: whatever the factor, a device keeps its whole
+    // half of those weights, their gradients and AdamW state. A floor that counted one piece
+    // per device saw 1/cs of them, and let the search price plans of several times the
+    // memory (24-layer GPTs on 8 GPUs: floors of 4% to 40% of the price).
+    const auto model = models::gpt({.layers = 2, .hidden = 256, .heads = 8, .vocab = 4096, .seq = 8, .batch = 4});
+    const graph g = model.ir();
+    const search::cluster c = search::dgx_a100(1);
+    search::price_options o;
+    o.runtime_bytes = 0;
+    const plan::plan_spec space = plan::presets::coshard(plan::degree_spec{2, "", {}}, plan::degree_spec{1, "cs", {}});
+    std::vector<double> kept;
+    for (int cs : {1, 2, 4}) {
+        INFO("Coshard " << cs);
+        const plan::plan_spec p = plan::plan_spec(space).choose("cs", cs);
+        const search::memory_floor least = search::memory_lower_bound(plan::resolve(p, g), g, o);
+        const search::program_price price = search::price_programs(partition::apply_plan(g, p), c, o);
+        for (std::size_t d = 0; d < 2; ++d) {
+            CHECK(least.whole[d] + least.sharded[d] <= price.devices[d].memory.total() * (1 + 1e-12));
+            CHECK(least.whole[d] + least.sharded[d] > 0.9 * (price.devices[d].memory.bound + price.devices[d].memory.optimizer));
+        }
+        kept.push_back(least.whole[0] + least.sharded[0]);
+    }
+    CHECK(kept[1] == Approx(kept[0]));
+    CHECK(kept[2] == Approx(kept[0]));
+}
+
 TEST_CASE("a calibrated op rate interpolates its points and bounds them from below") {
     const search::op_rate r{{{100, 1.0}, {200, 1.5}, {400, 3.5}}, true};
     CHECK(r.seconds(50) == Approx(0.5));     // proportional below the first point

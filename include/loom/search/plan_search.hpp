@@ -305,6 +305,14 @@ LOOM_INLINE bool decomposed(const node& n, const plan::op_partition& p);
 LOOM_INLINE std::vector<std::size_t> slicing_splits(const node& n, const plan::op_partition& p, bool input,
                                                     std::size_t position);
 
+// Per device of [0, devices): how many distinct regions of an operand the pieces of p on it
+// hold, the operand cut by the splits `slicing` (slicing_splits). Pieces that differ only
+// along other splits, or as replicas, hold the same region; colocated pieces along a slicing
+// split (Coshard's) hold as many regions as they are. `count` is resized to `devices`; the
+// number of devices holding any region is returned.
+LOOM_INLINE std::size_t regions_per_device(const plan::op_partition& p, const std::vector<std::size_t>& slicing,
+                                           std::size_t devices, std::vector<std::int64_t>& count);
+
 // The least seconds each device computes under plan rp: its forward ops, its backward ops,
 // and given the model the replays of recomputed nodes (see step_lower_bound).
 struct device_compute {
@@ -760,6 +768,41 @@ LOOM_INLINE std::vector<std::size_t> slicing_splits(const node& n, const plan::o
     return out;
 }
 
+LOOM_INLINE std::size_t regions_per_device(const plan::op_partition& p, const std::vector<std::size_t>& slicing,
+                                           std::size_t devices, std::vector<std::int64_t>& count) {
+    count.assign(devices, 0);
+    std::size_t holders = 0;
+    bool colocated = false;
+    for (std::int64_t piece = 0; piece < p.pieces(); ++piece)
+        if (const int d = p.device_of(piece); d >= 0 && static_cast<std::size_t>(d) < devices) {
+            if (count[static_cast<std::size_t>(d)]++ == 0) ++holders;
+            else colocated = true;
+        }
+    if (!colocated) return holders;
+    // A piece's region: its coordinates along the slicing splits (piece = ((c0 d1 + c1) d2 +
+    // ...) replicas + replica), as one number; each device counts its distinct ones.
+    std::vector<std::pair<std::size_t, std::int64_t>> held;
+    held.reserve(static_cast<std::size_t>(p.pieces()));
+    for (std::int64_t piece = 0; piece < p.pieces(); ++piece) {
+        const int d = p.device_of(piece);
+        if (d < 0 || static_cast<std::size_t>(d) >= devices) continue;
+        std::int64_t rest = piece / p.replicas, region = 0, scale = 1;
+        for (std::size_t b = p.splits.size(); b-- > 0;) {
+            const std::int64_t coordinate = rest % p.splits[b].degree;
+            rest /= p.splits[b].degree;
+            if (std::find(slicing.begin(), slicing.end(), b) == slicing.end()) continue;
+            region += coordinate * scale;
+            scale *= p.splits[b].degree;
+        }
+        held.push_back({static_cast<std::size_t>(d), region});
+    }
+    std::sort(held.begin(), held.end());
+    held.erase(std::unique(held.begin(), held.end()), held.end());
+    count.assign(devices, 0);
+    for (const auto& [d, region] : held) ++count[d];
+    return holders;
+}
+
 LOOM_INLINE device_compute compute_lower_bound(const plan::resolved_plan& rp, const training_work& work,
                                                const price_options& o, const graph* model) {
     const auto devices = static_cast<std::size_t>(rp.devices);
@@ -1147,8 +1190,8 @@ LOOM_INLINE memory_floor memory_lower_bound(const plan::resolved_plan& rp, const
     // Per parameter: the largest region and fewest copies any device holds of it (a tied
     // embedding read by two ops counts once, at its larger reading).
     struct holding {
-        double region = 0;
-        double copies = 0;
+        double region = 0;   // elements held: the reading's regions on this device
+        double copies = 0;   // devices holding each region, on average
         double regions = 1;  // the pieces that reading cut the parameter into
     };
     std::map<tensor_id, std::vector<std::pair<std::size_t, std::size_t>>> readers;  // parameter -> (node, input)
@@ -1159,36 +1202,32 @@ LOOM_INLINE memory_floor memory_lower_bound(const plan::resolved_plan& rp, const
                 readers[model.nodes[i].inputs[k]].push_back({i, k});
     const int zero = static_cast<int>(rp.zero);
     std::vector<holding> held(devices);
-    std::vector<std::size_t> holders;                // the devices of one op's pieces, each once
-    std::vector<std::int64_t> seen(devices, -1);     // per device: the last reading that counted it
+    std::vector<std::int64_t> regions_held;          // per device: the regions one reading's pieces hold there
     std::vector<std::size_t> touched;                // devices holding the parameter
-    std::int64_t reading = 0;
     for (const auto& [t, list] : readers) {
         touched.clear();
         for (const auto& [i, k] : list) {
             const node& n = model.nodes[i];
             const plan::op_partition* p = rp.at(static_cast<node_id>(i));
             double region = static_cast<double>(model.tensor(t).dims.numel()), regions = 1;
-            if (p && !detail::decomposed(n, *p))
-                for (std::size_t b : detail::slicing_splits(n, *p, true, k)) {
-                    region /= static_cast<double>(p->splits[b].degree);
-                    regions *= static_cast<double>(p->splits[b].degree);
-                }
-            holders.clear();
-            ++reading;
-            auto hold = [&](int d) {
-                if (d < 0 || static_cast<std::size_t>(d) >= devices || seen[static_cast<std::size_t>(d)] == reading) return;
-                seen[static_cast<std::size_t>(d)] = reading;
-                holders.push_back(static_cast<std::size_t>(d));
-            };
-            if (!p)
-                for (std::size_t d = 0; d < devices; ++d) hold(static_cast<int>(d));
-            else
-                for (std::int64_t piece = 0; piece < p->pieces(); ++piece) hold(p->device_of(piece));
-            const double copies = std::max(1.0, static_cast<double>(holders.size()) / regions);
-            for (std::size_t d : holders) {
+            std::vector<std::size_t> slicing;
+            if (p && !detail::decomposed(n, *p)) slicing = detail::slicing_splits(n, *p, true, k);
+            for (std::size_t b : slicing) {
+                region /= static_cast<double>(p->splits[b].degree);
+                regions *= static_cast<double>(p->splits[b].degree);
+            }
+            // A device holds every distinct region its pieces read: colocated pieces of
+            // one reading (Coshard) hold theirs side by side.
+            if (!p) regions_held.assign(devices, 1);
+            else detail::regions_per_device(*p, slicing, devices, regions_held);
+            double holdings = 0;  // (device, region) pairs
+            for (std::int64_t c : regions_held) holdings += static_cast<double>(c);
+            const double copies = std::max(1.0, holdings / regions);
+            for (std::size_t d = 0; d < devices; ++d) {
+                if (regions_held[d] == 0) continue;
+                const double amount = region * static_cast<double>(regions_held[d]);
                 if (held[d].region == 0) touched.push_back(d);
-                if (region > held[d].region || held[d].region == 0) held[d] = {region, copies, regions};
+                if (amount > held[d].region || held[d].region == 0) held[d] = {amount, copies, regions};
             }
         }
         const double bytes = static_cast<double>(real_bytes(storage_precision(model, t, o.storage)));
