@@ -252,6 +252,38 @@ double loom_gemm_rate(const models::gpt_config& c) {
     return flops / seconds;
 }
 
+// Bytes the machine can still give (MemAvailable), or 0 when unknown.
+double available_memory_bytes() {
+    std::FILE* f = std::fopen("/proc/meminfo", "r");
+    if (!f) return 0;
+    char line[256];
+    double kib = 0;
+    while (std::fgets(line, sizeof line, f))
+        if (std::sscanf(line, "MemAvailable: %lf kB", &kib) == 1) break;
+    std::fclose(f);
+    return kib * 1024;
+}
+
+// How many of `peers` PyTorch processes training model c fit in memory at once, beside
+// this one (whose model is already built). Each is estimated from above: parameters,
+// gradients and AdamW's two moments in float32 (16 bytes a parameter), every layer's saved
+// activations (about 17 T h + 2.5 A S T floats for T tokens: the 34sbh + 5as^2b bytes of
+// half-precision activation counts), three copies of the logits, and 1.5 GiB for the
+// interpreter and libraries; a tenth of the available memory stays free. (A 24 x 1024 GPT's
+// compiled peer held 6.5 GB; this says 8.0.) All of them when the memory is unknown.
+std::size_t peers_at_once(const models::gpt_config& c, std::size_t peers) {
+    const double available = available_memory_bytes();
+    if (peers == 0 || available <= 0) return std::max<std::size_t>(peers, 1);
+    const double tokens = static_cast<double>(c.batch * c.seq);
+    const double activations = static_cast<double>(c.layers) *
+                               (17.0 * tokens * static_cast<double>(c.hidden) +
+                                2.5 * static_cast<double>(c.heads * c.seq) * tokens) * 4;
+    const double logits = 3.0 * tokens * static_cast<double>(c.vocab) * 4;
+    const double one = 16.0 * static_cast<double>(c.parameter_count()) + activations + logits + 1.5 * (1 << 30);
+    const auto fit = static_cast<std::size_t>(0.9 * available / one);
+    return std::clamp<std::size_t>(fit, 1, peers);
+}
+
 std::string peer_command(const std::string& python, const std::string& script, const models::gpt_config& c, int steps,
                          int warmup, unsigned threads, bool compile, const std::string& log,
                          const std::string& omp_wait_policy) {
@@ -273,6 +305,7 @@ int main(int argc, char** argv) {
     std::string out, script = "benchmarks/host_train_torch.py", python = "auto", debian_python = "/usr/bin/python3",
                 log = "build/host_train_torch.log", omp_wait_policy = "PASSIVE";
     bool no_torch = false, no_compile = false, profile = false;
+    std::size_t peers_at_once_option = 0;
     models::gpt_config custom{.layers = 0, .hidden = 0, .heads = 0, .vocab = 256, .seq = 0, .batch = 0};
     app.add_option("--steps", steps, "timed steps per round")->check(CLI::PositiveNumber);
     app.add_option("--warmup", warmup, "untimed steps first (PyTorch compiles in them)")->check(CLI::NonNegativeNumber);
@@ -289,6 +322,9 @@ int main(int argc, char** argv) {
     app.add_flag("--no-torch", no_torch, "measure loom only: one line per configuration");
     app.add_flag("--no-compile", no_compile, "skip the torch.compile peer");
     app.add_flag("--profile", profile, "print the per-op profile of one loom step");
+    app.add_option("--peers-at-once", peers_at_once_option,
+                   "peers alive at once, each holding its model (default: as many as the available memory holds)")
+        ->check(CLI::PositiveNumber);
     app.add_option("--layers", custom.layers, "one configuration: transformer blocks")->check(CLI::PositiveNumber);
     app.add_option("--hidden", custom.hidden, "one configuration: hidden size")->check(CLI::PositiveNumber);
     app.add_option("--heads", custom.heads, "one configuration: attention heads")->check(CLI::PositiveNumber);
@@ -362,7 +398,9 @@ int main(int argc, char** argv) {
     record["commit"] = bench::git_revision();
     record["peer_omp_wait_policy"] = omp_wait_policy.empty() ? "OpenMP default" : omp_wait_policy;
     record["timing"] = std::to_string(rounds) + " rounds taking turns, median over rounds of each round's median of " +
-                       std::to_string(steps) + " steps";
+                       std::to_string(steps) +
+                       " steps; where a model's peers do not fit in memory at once (peers_at_once), each group of "
+                       "them takes its rounds beside rounds of loom's, and loom's median is over all of those";
 
     if (!no_torch) {
         std::printf("%-26s %11s %13s %13s %13s %8s %7s %7s\n", "model", "loom tok/s", "eager x", "compile x",
@@ -376,55 +414,69 @@ int main(int argc, char** argv) {
         loom_run loom(c.gpt);
         loom.timed(case_warmup);
 
-        std::vector<std::unique_ptr<peer_process>> running;
+        // The peers run at once, each keeping its model between rounds, unless together they
+        // would not fit in the memory available (a 24 x 1024 GPT's three peers ran a 24 GiB
+        // machine out of memory): then one after another, each with rounds of its own beside
+        // loom's, so that a change in the machine's load still hits both sides of a ratio.
+        const std::size_t at_once = peers_at_once_option > 0 ? std::min(peers_at_once_option, std::max<std::size_t>(peers.size(), 1))
+                                                             : peers_at_once(c.gpt, peers.size());
         nlohmann::json peer_rows = nlohmann::json::array();
-        for (const auto& p : peers) {
-            auto proc = std::make_unique<peer_process>(
-                p.label, peer_command(p.python, script, c.gpt, case_steps, case_warmup, threads, p.compile, log, omp_wait_policy));
-            auto ready = proc->read_reply();
-            if (!ready || !ready->value("ready", false)) {
-                std::fprintf(stderr, "host_train: peer '%s' did not start (%s); see %s\n", p.label.c_str(),
-                             ready ? ready->dump().c_str() : "no answer", log.c_str());
-                running.push_back(nullptr);
-                peer_rows.push_back({{"peer", p.label}, {"error", ready ? ready->dump() : "no answer"}});
-                continue;
-            }
-            peer_rows.push_back({{"peer", p.label}, {"python", p.python}, {"ready", *ready}});
-            running.push_back(std::move(proc));
-        }
-
+        for (const auto& p : peers) peer_rows.push_back({{"peer", p.label}});
         std::vector<double> loom_rounds, gemm_rounds;
         std::vector<std::vector<double>> peer_rounds(peers.size());
-        for (int r = 0; r < rounds; ++r) {
-            peak = std::max(peak, host::measure_fma_peak_flops());
-            loom_rounds.push_back(loom.timed(case_steps));
-            if (!no_torch) gemm_rounds.push_back(loom_gemm_rate(c.gpt));
-            for (std::size_t i = 0; i < running.size(); ++i) {
-                if (!running[i]) continue;
-                auto reply = running[i]->request("run");
-                if (!reply) {
-                    // A peer that died (SIGPIPE is ignored, so writing to it fails here instead
-                    // of ending this program) loses its column, and says why.
-                    const std::string why = running[i]->finish();
-                    std::fprintf(stderr, "host_train: peer '%s' stopped answering in round %d: %s; see %s\n",
-                                 running[i]->label().c_str(), r + 1, why.c_str(), log.c_str());
-                    peer_rows[i]["error"] = "stopped answering in round " + std::to_string(r + 1) + ": " + why;
-                    running[i].reset();
+        const std::size_t groups = peers.empty() ? 1 : (peers.size() + at_once - 1) / at_once;
+        for (std::size_t group = 0; group < groups; ++group) {
+            const std::size_t first = group * at_once, last = std::min(peers.size(), first + at_once);
+            std::vector<std::unique_ptr<peer_process>> running(peers.size());
+            for (std::size_t i = first; i < last; ++i) {
+                const auto& p = peers[i];
+                auto proc = std::make_unique<peer_process>(
+                    p.label, peer_command(p.python, script, c.gpt, case_steps, case_warmup, threads, p.compile, log,
+                                          omp_wait_policy));
+                auto ready = proc->read_reply();
+                if (!ready || !ready->value("ready", false)) {
+                    const std::string why = ready ? ready->dump() : "no answer: " + proc->finish();
+                    std::fprintf(stderr, "host_train: peer '%s' did not start (%s); see %s\n", p.label.c_str(),
+                                 why.c_str(), log.c_str());
+                    peer_rows[i]["error"] = why;
                     continue;
                 }
-                if (reply->contains("median_step_seconds")) {
-                    peer_rounds[i].push_back((*reply)["median_step_seconds"].get<double>());
-                    peer_rows[i]["torch_version"] = reply->value("torch_version", "");
-                    peer_rows[i]["first_loss"] = reply->value("first_loss", 0.0);
-                    peer_rows[i]["final_loss"] = reply->value("final_loss", 0.0);
+                peer_rows[i]["python"] = p.python;
+                peer_rows[i]["ready"] = *ready;
+                running[i] = std::move(proc);
+            }
+            for (int r = 0; r < rounds; ++r) {
+                peak = std::max(peak, host::measure_fma_peak_flops());
+                loom_rounds.push_back(loom.timed(case_steps));
+                if (!no_torch) gemm_rounds.push_back(loom_gemm_rate(c.gpt));
+                for (std::size_t i = first; i < last; ++i) {
+                    if (!running[i]) continue;
+                    auto reply = running[i]->request("run");
+                    if (!reply) {
+                        // A peer that died (SIGPIPE is ignored, so writing to it fails here
+                        // instead of ending this program) loses its column, and says why.
+                        const std::string why = running[i]->finish();
+                        std::fprintf(stderr, "host_train: peer '%s' stopped answering in round %d: %s; see %s\n",
+                                     running[i]->label().c_str(), r + 1, why.c_str(), log.c_str());
+                        peer_rows[i]["error"] = "stopped answering in round " + std::to_string(r + 1) + ": " + why;
+                        running[i].reset();
+                        continue;
+                    }
+                    if (reply->contains("median_step_seconds")) {
+                        peer_rounds[i].push_back((*reply)["median_step_seconds"].get<double>());
+                        peer_rows[i]["torch_version"] = reply->value("torch_version", "");
+                        peer_rows[i]["first_loss"] = reply->value("first_loss", 0.0);
+                        peer_rows[i]["final_loss"] = reply->value("final_loss", 0.0);
+                    }
                 }
             }
+            running.clear();  // these peers exit before the next ones, or the next model, start
         }
-        running.clear();  // the peers exit before the next model is built
 
         const double loom_step = median(loom_rounds);
         const double achieved = step_flops / loom_step;
         nlohmann::json row{{"model", c.name},
+                           {"peers_at_once", at_once},
                            {"layers", c.gpt.layers},
                            {"hidden", c.gpt.hidden},
                            {"heads", c.gpt.heads},
