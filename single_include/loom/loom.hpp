@@ -18189,6 +18189,9 @@ LOOM_INLINE std::vector<double> activation_floor(const plan::resolved_plan& rp, 
     const bool ordered = rp.order && rp.pipelined();
     const int stages = ordered ? std::max(1, rp.order->shape.stages) : 1;
     const int last_round = ordered ? rp.order->shape.rounds - 1 : 0;
+    // One micro-batch is the whole batch: no op carries the micro-batch split, and what an op
+    // keeps once per step it keeps for that one micro-batch.
+    const bool one_micro_batch = ordered && rp.order->shape.micro_batches == 1;
     // Per (tensor, device): the largest piece of it one micro-batch keeps there, and its stage.
     struct kept {
         double bytes = 0;
@@ -18222,8 +18225,8 @@ LOOM_INLINE std::vector<double> activation_floor(const plan::resolved_plan& rp, 
         const node& n = model.nodes[yi];
         const plan::op_partition* p = rp.at(static_cast<node_id>(yi));
         if (p && decomposed(n, *p)) continue;
-        if (ordered && (yi >= rp.stage_of.size() || !rp.micro_split[yi] || rp.stage_of[yi] < 0 ||
-                        rp.stage_of[yi] >= stages || rp.round_of[yi] != last_round))
+        if (ordered && (yi >= rp.stage_of.size() || (!rp.micro_split[yi] && !one_micro_batch) ||
+                        rp.stage_of[yi] < 0 || rp.stage_of[yi] >= stages || rp.round_of[yi] != last_round))
             continue;  // kept once per step, or by an earlier round that keeps nothing
         // The operand: of several, the smallest piece.
         std::optional<std::pair<tensor_id, double>> operand;
@@ -18231,7 +18234,7 @@ LOOM_INLINE std::vector<double> activation_floor(const plan::resolved_plan& rp, 
             const tensor_desc& td = model.tensor(t);
             if (td.role == tensor_role::parameter) return;
             double elements = static_cast<double>(td.dims.numel());
-            bool per_micro_batch = !ordered;
+            bool per_micro_batch = !ordered || one_micro_batch;
             if (p)
                 for (std::size_t b : slicing_splits(n, *p, input, k)) {
                     elements /= static_cast<double>(p->splits[b].degree);
