@@ -252,18 +252,6 @@ double loom_gemm_rate(const models::gpt_config& c) {
     return flops / seconds;
 }
 
-// Bytes the machine can still give (MemAvailable), or 0 when unknown.
-double available_memory_bytes() {
-    std::FILE* f = std::fopen("/proc/meminfo", "r");
-    if (!f) return 0;
-    char line[256];
-    double kib = 0;
-    while (std::fgets(line, sizeof line, f))
-        if (std::sscanf(line, "MemAvailable: %lf kB", &kib) == 1) break;
-    std::fclose(f);
-    return kib * 1024;
-}
-
 // How many of `peers` PyTorch processes training model c fit in memory at once, beside
 // this one (whose model is already built). Each is estimated from above: parameters,
 // gradients and AdamW's two moments in float32 (16 bytes a parameter), every layer's saved
@@ -272,7 +260,7 @@ double available_memory_bytes() {
 // interpreter and libraries; a tenth of the available memory stays free. (A 24 x 1024 GPT's
 // compiled peer held 6.5 GB; this says 8.0.) All of them when the memory is unknown.
 std::size_t peers_at_once(const models::gpt_config& c, std::size_t peers) {
-    const double available = available_memory_bytes();
+    const double available = search::detail::available_memory_bytes();  // 0 when unknown
     if (peers == 0 || available <= 0) return std::max<std::size_t>(peers, 1);
     const double tokens = static_cast<double>(c.batch * c.seq);
     const double activations = static_cast<double>(c.layers) *

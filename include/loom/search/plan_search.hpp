@@ -308,9 +308,8 @@ LOOM_INLINE std::vector<std::size_t> slicing_splits(const node& n, const plan::o
 // Per device of [0, devices): how many distinct regions of an operand the pieces of p on it
 // hold, the operand cut by the splits `slicing` (slicing_splits). Pieces that differ only
 // along other splits, or as replicas, hold the same region; colocated pieces along a slicing
-// split (Coshard's) hold as many regions as they are. `count` is resized to `devices`; the
-// number of devices holding any region is returned.
-LOOM_INLINE std::size_t regions_per_device(const plan::op_partition& p, const std::vector<std::size_t>& slicing,
+// split (Coshard's) hold as many regions as they are. `count` is resized to `devices`.
+LOOM_INLINE void regions_per_device(const plan::op_partition& p, const std::vector<std::size_t>& slicing,
                                            std::size_t devices, std::vector<std::int64_t>& count);
 
 // The least seconds each device computes under plan rp: its forward ops, its backward ops,
@@ -768,39 +767,29 @@ LOOM_INLINE std::vector<std::size_t> slicing_splits(const node& n, const plan::o
     return out;
 }
 
-LOOM_INLINE std::size_t regions_per_device(const plan::op_partition& p, const std::vector<std::size_t>& slicing,
-                                           std::size_t devices, std::vector<std::int64_t>& count) {
+LOOM_INLINE void regions_per_device(const plan::op_partition& p, const std::vector<std::size_t>& slicing,
+                                    std::size_t devices, std::vector<std::int64_t>& count) {
     count.assign(devices, 0);
-    std::size_t holders = 0;
     bool colocated = false;
     for (std::int64_t piece = 0; piece < p.pieces(); ++piece)
-        if (const int d = p.device_of(piece); d >= 0 && static_cast<std::size_t>(d) < devices) {
-            if (count[static_cast<std::size_t>(d)]++ == 0) ++holders;
-            else colocated = true;
-        }
-    if (!colocated) return holders;
-    // A piece's region: its coordinates along the slicing splits (piece = ((c0 d1 + c1) d2 +
-    // ...) replicas + replica), as one number; each device counts its distinct ones.
-    std::vector<std::pair<std::size_t, std::int64_t>> held;
-    held.reserve(static_cast<std::size_t>(p.pieces()));
+        if (const int d = p.device_of(piece); d >= 0 && static_cast<std::size_t>(d) < devices)
+            colocated = count[static_cast<std::size_t>(d)]++ > 0 || colocated;
+    if (!colocated) return;
+    // A piece's region: its coordinates along the slicing splits; each device counts its
+    // distinct ones.
+    std::vector<std::pair<std::size_t, std::vector<std::int64_t>>> held;
     for (std::int64_t piece = 0; piece < p.pieces(); ++piece) {
         const int d = p.device_of(piece);
         if (d < 0 || static_cast<std::size_t>(d) >= devices) continue;
-        std::int64_t rest = piece / p.replicas, region = 0, scale = 1;
-        for (std::size_t b = p.splits.size(); b-- > 0;) {
-            const std::int64_t coordinate = rest % p.splits[b].degree;
-            rest /= p.splits[b].degree;
-            if (std::find(slicing.begin(), slicing.end(), b) == slicing.end()) continue;
-            region += coordinate * scale;
-            scale *= p.splits[b].degree;
-        }
-        held.push_back({static_cast<std::size_t>(d), region});
+        const std::vector<std::int64_t> at = p.coordinates(piece);
+        std::vector<std::int64_t> region;
+        for (std::size_t b : slicing) region.push_back(at[b]);
+        held.push_back({static_cast<std::size_t>(d), std::move(region)});
     }
     std::sort(held.begin(), held.end());
     held.erase(std::unique(held.begin(), held.end()), held.end());
     count.assign(devices, 0);
     for (const auto& [d, region] : held) ++count[d];
-    return holders;
 }
 
 LOOM_INLINE device_compute compute_lower_bound(const plan::resolved_plan& rp, const training_work& work,
