@@ -11046,6 +11046,14 @@ struct transfer {
     int root = -1;  // broadcast: the global rank that holds the data
     bool backward = false;
     node_id consumer = no_id;  // the logical node whose input this feeds; no_id: gradient or loss
+    // Pipelines: the block each member runs it in. By data flow (the earliest block on the
+    // member that reads what it makes, else the latest whose output it reads), or with the
+    // block of the producer's or the consumer's piece on that member: a collective between
+    // two stages that share devices (the interlaced pipeline's ends run on every device)
+    // stays within one of them, in that stage's block on every member, so that all its
+    // members reach it in the same order.
+    enum class block_of : std::uint8_t { data_flow, producer, consumer };
+    block_of runs_with = block_of::data_flow;
 
     std::size_t member(int rank) const {
         for (std::size_t m = 0; m < group.size(); ++m)
@@ -11696,10 +11704,42 @@ LOOM_INLINE void order_by_schedule(partitioned_graph& pg, const plan::resolved_p
 
         std::vector<long> pos(count, unset);
         std::vector<std::optional<schedule::block>> tag(count);
+        // A transfer that runs with its producer's or consumer's block: that op's piece on
+        // this device whose output (producer) or input (consumer) overlaps the box this
+        // member moves, which tells the micro-batches apart (partition/transfer.hpp,
+        // transfer::runs_with).
+        auto piece_here = [&](const transfer& tr) -> std::optional<schedule::block> {
+            const bool with_consumer = tr.runs_with == transfer::block_of::consumer;
+            const node_id logical = with_consumer ? tr.consumer : pg.logical->g.tensor(tr.logical).producer;
+            if (logical == no_id) return std::nullopt;
+            const std::size_t m = tr.member(d);
+            if (m >= tr.group.size()) return std::nullopt;
+            const box& moved = tr.has_input[m] ? tr.inputs[m] : tr.outputs[m];
+            const auto& pieces = pg.layouts.at(static_cast<std::size_t>(logical)).pieces;
+            for (std::size_t k = 0; k < pieces.size(); ++k) {
+                if (pieces[k].device != d) continue;
+                const node& op = pg.logical->g.at(logical);
+                bool overlaps = false;
+                if (with_consumer) {
+                    for (std::size_t j = 0; j < op.inputs.size() && j < pieces[k].inputs.size(); ++j)
+                        overlaps = overlaps || (op.inputs[j] == tr.logical && !intersect(pieces[k].inputs[j], moved).empty());
+                } else {
+                    for (std::size_t o = 0; o < op.outputs.size() && o < pieces[k].outputs.size(); ++o)
+                        overlaps = overlaps || (op.outputs[o] == tr.logical && !intersect(pieces[k].outputs[o].region, moved).empty());
+                }
+                if (overlaps) return pipeline_block(pg, pp, logical, static_cast<std::int32_t>(k));
+            }
+            return std::nullopt;
+        };
         for (std::size_t i = 0; i < count; ++i) {
             const piece_source src = part.source_of(static_cast<node_id>(i));
-            if (src.logical == no_id) continue;
-            tag[i] = pipeline_block(pg, pp, src.logical, src.piece);
+            if (src.logical == no_id) {
+                if (!dg.nodes[i].attrs.has("transfer")) continue;
+                const transfer& tr = pg.transfers.at(static_cast<std::size_t>(dg.nodes[i].attrs.get<std::int64_t>("transfer")));
+                if (tr.runs_with == transfer::block_of::data_flow || !(tag[i] = piece_here(tr))) continue;
+            } else {
+                tag[i] = pipeline_block(pg, pp, src.logical, src.piece);
+            }
             if (!tag[i]) continue;
             auto it = position.find(*tag[i]);
             if (it == position.end())
@@ -12322,6 +12362,7 @@ private:
     std::vector<tensor_id> emit(transfer tr, const std::vector<tensor_id>& member_inputs) {
         tr.backward = emitting_backward_;
         tr.consumer = emitting_consumer_;
+        tr.runs_with = runs_with_;
         tr.values = g_.tensor(tr.logical).kind;
         const auto id = static_cast<std::int64_t>(out_.transfers.size());
         std::vector<tensor_id> outs(tr.group.size(), no_id);
@@ -12403,7 +12444,7 @@ private:
             for (auto* h : by_chunk) devices.push_back(h->device);
             std::vector<int> sorted = devices;
             std::sort(sorted.begin(), sorted.end());
-            if (std::adjacent_find(sorted.begin(), sorted.end()) != sorted.end()) return false;
+            if (std::adjacent_find(sorted.begin(), sorted.end()) != sorted.end() || !within(sorted)) return false;
             // One open request per member device, inside S.
             std::map<int, std::size_t> mine;
             bool usable = true;
@@ -12475,7 +12516,7 @@ private:
                 tiles.push_back(tile->v.region);
                 ins.push_back(tile->local);
             }
-            if (tiles.size() != devices.size()) continue;
+            if (tiles.size() != devices.size() || !within(devices)) continue;
             auto gather_within = [&](const std::vector<std::size_t>& members) {
                 transfer gather;
                 gather.kind = transfer_kind::all_gather;
@@ -12537,7 +12578,7 @@ private:
         }
         const box S = detail::bounding(wanted);
         auto a = detail::tiling_axis(tiles, S), b = detail::tiling_axis(wanted, S);
-        if (!a || !b || *a == *b) return false;
+        if (!a || !b || *a == *b || !within(devices)) return false;
         transfer exchange;
         exchange.kind = transfer_kind::all_to_all;
         exchange.logical = t;
@@ -12560,7 +12601,9 @@ private:
             if (devices.size() < 2) continue;
             const held_piece* source = nullptr;
             for (const auto& h : held_[static_cast<std::size_t>(t)])
-                if (h.v.value.full() && h.v.region.contains(R) && (!source || h.device < source->device)) source = &h;
+                if (h.v.value.full() && h.v.region.contains(R) &&
+                    (!source || std::pair{!within({h.device}), h.device} < std::pair{!within({source->device}), source->device}))
+                    source = &h;  // the lowest holder, among the allowed members first
             if (!source) continue;
             const int root = source->device;
             tensor_id data = *local(t, root, R);
@@ -12571,6 +12614,7 @@ private:
             cast.group = devices;
             cast.group.push_back(root);
             std::sort(cast.group.begin(), cast.group.end());
+            if (!within(cast.group)) continue;
             std::vector<tensor_id> ins(cast.group.size(), no_id);
             for (std::size_t m = 0; m < cast.group.size(); ++m) {
                 const bool is_root = cast.group[m] == root;
@@ -12847,6 +12891,10 @@ private:
             if (!progressed) break;
             take_local_pieces();
         }
+        if (!open.empty() && !stage_of_node_.empty() && !point_to_point_only_) {
+            between_stages(t, open, reqs, consumer);
+            take_local_pieces();
+        }
         for (std::size_t i : open) {
             if (auto l = local(t, reqs[i].device, reqs[i].region)) {
                 result[i] = *l;
@@ -12855,6 +12903,116 @@ private:
             result[i] = generic(t, reqs[i]);
         }
         return result;
+    }
+
+    // A tensor passed between two stages. Collectives that stay within one stage's devices
+    // run in that stage's block on each member (transfer::runs_with), so they cannot be
+    // reached in different orders; this matters where stages share devices, as the
+    // interlaced pipeline's ends (on every device) share them with each stage of layers.
+    // Without them, partial sums left on every device would reach each consumer as one
+    // send per device, and a value every device needs would leave its one holder once per
+    // device: at 1024 devices, thousands of sends of a whole activation per micro-batch.
+    //   1. Among the consumer's devices: what they hold reduces, gathers or broadcasts among
+    //      themselves (a holder that is also a consumer broadcasts).
+    //   2. Among the producer's devices: their partial sums reduce there, and tiles of a
+    //      box more consumers need whole gather there; consumers that are producers then
+    //      hold the value, and broadcast it among the consumers.
+    //   3. Otherwise one consumer receives it point to point from a full copy and
+    //      broadcasts it among the others (a pipeline's stage of tensor parallelism gets
+    //      one send per tile, not one per device).
+    // What none of these serves is left to the caller's sends. The requests stay open in the
+    // caller, which finds them local afterwards.
+    void between_stages(tensor_id t, std::vector<std::size_t> open, const std::vector<request>& reqs, node_id consumer) {
+        const node_id producer = g_.tensor(t).producer;
+        if (producer == no_id || consumer == no_id) return;
+        auto devices_of = [&](node_id n) {
+            std::vector<int> out;
+            for (const auto& piece : out_.layouts[static_cast<std::size_t>(n)].pieces) out.push_back(piece.device);
+            std::sort(out.begin(), out.end());
+            out.erase(std::unique(out.begin(), out.end()), out.end());
+            return out;
+        };
+        const std::vector<int> consumers = devices_of(consumer), producers = devices_of(producer);
+        auto take_local = [&](const std::vector<request>& of) {
+            std::vector<std::size_t> still;
+            for (std::size_t i : open)
+                if (!local(t, of[i].device, of[i].region)) still.push_back(i);
+            open = std::move(still);
+        };
+        auto among = [&](const std::vector<int>& members, transfer::block_of where, const std::vector<request>& of,
+                         auto&& step) {
+            members_within_ = &members;
+            runs_with_ = where;
+            while (!open.empty() && step()) take_local(of);
+            members_within_ = nullptr;
+            runs_with_ = transfer::block_of::data_flow;
+        };
+        auto consumer_side = [&] {
+            among(consumers, transfer::block_of::consumer, reqs, [&] { return try_partial(t, open, reqs) || try_tiles(t, open, reqs) || try_broadcast(t, open, reqs); });
+        };
+        consumer_side();
+        if (open.empty()) return;
+        // The producers' partial sums, each box reduced over its holders as if every holder
+        // needed it whole: when they are held on more devices than need them.
+        std::vector<request> sums;
+        std::set<int> holders;
+        for (const auto& h : held_[static_cast<std::size_t>(t)])
+            if (h.base && !h.v.value.full()) {
+                holders.insert(h.device);
+                if (std::none_of(sums.begin(), sums.end(),
+                                 [&](const request& r) { return r.device == h.device && r.region == h.v.region; }))
+                    sums.push_back({h.device, h.v.region});
+            }
+        std::set<int> requesters;
+        for (std::size_t i : open) requesters.insert(reqs[i].device);
+        if (holders.size() > 2 && holders.size() > requesters.size()) {
+            std::vector<std::size_t> all(sums.size());
+            for (std::size_t i = 0; i < all.size(); ++i) all[i] = i;
+            std::vector<std::size_t> kept = std::move(open);
+            open = all;
+            among(producers, transfer::block_of::producer, sums, [&] { return try_partial(t, open, sums); });
+            open = std::move(kept);
+            take_local(reqs);
+            consumer_side();  // a consumer that holds the sum now may broadcast it
+        }
+        if (open.empty()) return;
+        // Full-valued tiles of a box the consumers need whole: gathered among their holders,
+        // then broadcast among the consumers (one holder, or a consumer that holds it, sends).
+        std::map<box, std::set<int>> wanted;  // box -> the devices that need it
+        for (std::size_t i : open) wanted[reqs[i].region].insert(reqs[i].device);
+        for (const auto& [R, needing] : wanted) {
+            std::vector<request> gathers;
+            std::set<int> tile_holders;
+            for (const auto& h : held_[static_cast<std::size_t>(t)])
+                if (h.base && h.v.value.full() && R.contains(h.v.region) && !(h.v.region == R) && tile_holders.insert(h.device).second)
+                    gathers.push_back({h.device, R});
+            if (tile_holders.size() < 2 || tile_holders.size() >= needing.size()) continue;
+            std::vector<std::size_t> kept = std::move(open);
+            open.clear();
+            for (std::size_t i = 0; i < gathers.size(); ++i) open.push_back(i);
+            among(producers, transfer::block_of::producer, gathers, [&] { return try_tiles(t, open, gathers); });
+            open = std::move(kept);
+            take_local(reqs);
+        }
+        consumer_side();
+        // One send from a full copy, then a broadcast among the consumers from the one that
+        // received it, until every request is served or no full copy is left to send from.
+        while (!open.empty()) {
+            const std::size_t i = open.front();
+            const held_piece* copy = nullptr;
+            for (const auto& h : held_[static_cast<std::size_t>(t)])
+                if (h.v.value.full() && h.v.region.contains(reqs[i].region) && (!copy || h.device < copy->device)) copy = &h;
+            if (!copy) return;
+            (void)send(t, *copy, reqs[i].region, reqs[i].device, {});
+            take_local(reqs);
+            consumer_side();
+        }
+    }
+
+    bool within(const std::vector<int>& group) const {
+        if (!members_within_) return true;
+        return std::all_of(group.begin(), group.end(),
+                           [&](int d) { return std::binary_search(members_within_->begin(), members_within_->end(), d); });
     }
 
     // The ZeRO identities on gradients (ZeRO-2's, and ZeRO-3's backward) read a parameter's
@@ -12882,6 +13040,8 @@ private:
     bool point_to_point_only_ = false;
     std::vector<bool> sums_after_every_micro_batch_;  // per node of g_
     node_id emitting_consumer_ = no_id;
+    const std::vector<int>* members_within_ = nullptr;  // between stages: collectives only among these devices
+    transfer::block_of runs_with_ = transfer::block_of::data_flow;
 };
 
 }  // namespace loom::partition

@@ -102,10 +102,42 @@ LOOM_INLINE void order_by_schedule(partitioned_graph& pg, const plan::resolved_p
 
         std::vector<long> pos(count, unset);
         std::vector<std::optional<schedule::block>> tag(count);
+        // A transfer that runs with its producer's or consumer's block: that op's piece on
+        // this device whose output (producer) or input (consumer) overlaps the box this
+        // member moves, which tells the micro-batches apart (partition/transfer.hpp,
+        // transfer::runs_with).
+        auto piece_here = [&](const transfer& tr) -> std::optional<schedule::block> {
+            const bool with_consumer = tr.runs_with == transfer::block_of::consumer;
+            const node_id logical = with_consumer ? tr.consumer : pg.logical->g.tensor(tr.logical).producer;
+            if (logical == no_id) return std::nullopt;
+            const std::size_t m = tr.member(d);
+            if (m >= tr.group.size()) return std::nullopt;
+            const box& moved = tr.has_input[m] ? tr.inputs[m] : tr.outputs[m];
+            const auto& pieces = pg.layouts.at(static_cast<std::size_t>(logical)).pieces;
+            for (std::size_t k = 0; k < pieces.size(); ++k) {
+                if (pieces[k].device != d) continue;
+                const node& op = pg.logical->g.at(logical);
+                bool overlaps = false;
+                if (with_consumer) {
+                    for (std::size_t j = 0; j < op.inputs.size() && j < pieces[k].inputs.size(); ++j)
+                        overlaps = overlaps || (op.inputs[j] == tr.logical && !intersect(pieces[k].inputs[j], moved).empty());
+                } else {
+                    for (std::size_t o = 0; o < op.outputs.size() && o < pieces[k].outputs.size(); ++o)
+                        overlaps = overlaps || (op.outputs[o] == tr.logical && !intersect(pieces[k].outputs[o].region, moved).empty());
+                }
+                if (overlaps) return pipeline_block(pg, pp, logical, static_cast<std::int32_t>(k));
+            }
+            return std::nullopt;
+        };
         for (std::size_t i = 0; i < count; ++i) {
             const piece_source src = part.source_of(static_cast<node_id>(i));
-            if (src.logical == no_id) continue;
-            tag[i] = pipeline_block(pg, pp, src.logical, src.piece);
+            if (src.logical == no_id) {
+                if (!dg.nodes[i].attrs.has("transfer")) continue;
+                const transfer& tr = pg.transfers.at(static_cast<std::size_t>(dg.nodes[i].attrs.get<std::int64_t>("transfer")));
+                if (tr.runs_with == transfer::block_of::data_flow || !(tag[i] = piece_here(tr))) continue;
+            } else {
+                tag[i] = pipeline_block(pg, pp, src.logical, src.piece);
+            }
             if (!tag[i]) continue;
             auto it = position.find(*tag[i]);
             if (it == position.end())

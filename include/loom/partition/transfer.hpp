@@ -36,6 +36,14 @@ struct transfer {
     int root = -1;  // broadcast: the global rank that holds the data
     bool backward = false;
     node_id consumer = no_id;  // the logical node whose input this feeds; no_id: gradient or loss
+    // Pipelines: the block each member runs it in. By data flow (the earliest block on the
+    // member that reads what it makes, else the latest whose output it reads), or with the
+    // block of the producer's or the consumer's piece on that member: a collective between
+    // two stages that share devices (the interlaced pipeline's ends run on every device)
+    // stays within one of them, in that stage's block on every member, so that all its
+    // members reach it in the same order.
+    enum class block_of : std::uint8_t { data_flow, producer, consumer };
+    block_of runs_with = block_of::data_flow;
 
     std::size_t member(int rank) const {
         for (std::size_t m = 0; m < group.size(); ++m)
