@@ -1833,8 +1833,9 @@ LOOM_INLINE plan_search_result search_assignments(const plan::plan_spec& space, 
     // 3b. An enumeration cut short by a budget has bounded only the first corner of the
     // odometer (its first recompute, degree and stage-count values), which on a large model
     // holds nothing that fits. From the best assignments it bounded, a descent moves one
-    // parameter at a time, or a degree or stage count together with any other parameter
-    // (see `pairs`), to the values with the best bounds: a memory floor within the
+    // parameter at a time, or exchanges a factor between two degrees or stage counts (the
+    // devices used the same), or, where neither improves, moves a degree or stage count
+    // together with any other parameter (see `pairs`), to the values with the best bounds: a memory floor within the
     // limit first, then a step bound at least `descent_step` lower (a bound that more
     // micro-batches lower by a hair would lead it to hundreds of them, which price slowly
     // and run no faster). It stops where no move improves, or at 80% of the time budget;
@@ -1914,9 +1915,12 @@ LOOM_INLINE plan_search_result search_assignments(const plan::plan_spec& space, 
         const auto degree_or_stages = [&](std::size_t i) {
             return params[i].what == open_parameter::kind::degree || params[i].what == open_parameter::kind::stages;
         };
+        std::vector<std::pair<std::size_t, std::size_t>> exchanges;
         for (std::size_t i = 0; i < n; ++i)
-            for (std::size_t j = i + 1; j < n; ++j)
+            for (std::size_t j = i + 1; j < n; ++j) {
                 if (degree_or_stages(i) || degree_or_stages(j)) pairs.push_back({i, j});
+                if (degree_or_stages(i) && degree_or_stages(j)) exchanges.push_back({i, j});
+            }
         auto descend_from = [&](point here) {
             for (bool improved = true; improved && !out_of_time();) {
                 improved = false;
@@ -1937,6 +1941,28 @@ LOOM_INLINE plan_search_result search_assignments(const plan::plan_spec& space, 
                     for (std::int64_t v : values_of(i, from))
                         if (v != from.at(params[i].name)) consider(moved(from, i, v));
                 }
+                // Exchanges: one degree or stage count divided by f, another multiplied by f,
+                // the devices they use the same (tensor for data parallelism, stages for
+                // either). A single move from a plan that fills the devices leaves some idle
+                // or needs more than there are, so without these the descent stays with
+                // whichever degree it filled the devices with first.
+                for (const auto& [i, j] : exchanges) {
+                    const choice_map from = here.choices;
+                    const std::int64_t a = from.at(params[i].name), b = from.at(params[j].name);
+                    const std::vector<std::int64_t> as = values_of(i, from), bs = values_of(j, from);
+                    for (std::int64_t u : as) {
+                        if (u == a || u <= 0 || a <= 0) continue;
+                        // i from a to u, j from b to b * a / u, where that is a whole candidate
+                        if ((b * a) % u != 0) continue;
+                        const std::int64_t v = b * a / u;
+                        if (std::find(bs.begin(), bs.end(), v) == bs.end()) continue;
+                        consider(moved(moved(from, i, u), j, v));
+                    }
+                }
+                // Pairs only where no exchange or single move improves: a round of pairs
+                // bounds thousands of assignments (at 1024 devices, minutes), a round of the
+                // others a hundred or two.
+                if (improved) continue;
                 for (const auto& [i, j] : pairs) {
                     const choice_map from = here.choices;
                     for (std::int64_t u : values_of(i, from)) {
