@@ -11202,8 +11202,10 @@ struct partitioned_graph {
 // receive runs where its data is needed, a ZeRO gather before its first reader), else the
 // latest block whose output it reads (a send runs right after its data is made, gradient
 // sums after the last micro-batch), else the end of the step (the loss gathered to every
-// device). Within a block, nodes keep their plan order, so the collectives of a device group
-// stay in one order on all its members.
+// device). A transfer pinned to its producer's or consumer's block (transfer::runs_with: a
+// collective among one stage's devices for a tensor passed between stages) joins that op's
+// piece's block on each member instead. Within a block, nodes keep their plan order, so the
+// collectives of a device group stay in one order on all its members.
 //
 // The result is checked: every node runs after the producers of its inputs (else the
 // schedule contradicts the program's data flow, and the error names both blocks), and the
@@ -12093,10 +12095,11 @@ public:
                 sums_after_every_micro_batch_[i] = true;
     }
 
-    // Pipelines: the stage of every logical node (-1: none). A tensor passed from one stage
-    // to another moves point to point only: stages run their blocks in different orders,
-    // so a collective spanning two stages could be reached in different orders by its
-    // members, while buffered sends cannot wait on each other.
+    // Pipelines: the stage of every logical node (-1: none). No collective spans two
+    // stages: stages run their blocks in different orders, so its members could reach it
+    // in different orders, while buffered sends cannot wait on each other. A tensor passed
+    // between stages moves point to point, or by collectives among one stage's devices
+    // pinned to that stage's block (between_stages).
     void set_stages(std::vector<int> stage_of_node) { stage_of_node_ = std::move(stage_of_node); }
 
     // Parameters and inputs: each device stores the bounding box of what its pieces read.
@@ -13434,7 +13437,7 @@ LOOM_INLINE partitioned_graph apply_plan(const graph& model, const plan::resolve
 
     // 4-6. Devices, leaves, materialization.
     materializer m(out, options.cost);
-    // Pipelines: tensors that cross stages move point to point only (materializer::set_stages).
+    // Pipelines: no collective spans two stages (materializer::set_stages).
     if (staged) {
         std::vector<int> stage(g.nodes.size(), -1);
         for (std::size_t i = 0; i < g.nodes.size(); ++i) {

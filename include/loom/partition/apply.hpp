@@ -391,7 +391,7 @@ LOOM_INLINE partitioned_graph apply_plan(const graph& model, const plan::resolve
 
     // 4-6. Devices, leaves, materialization.
     materializer m(out, options.cost);
-    // Pipelines: tensors that cross stages move point to point only (materializer::set_stages).
+    // Pipelines: no collective spans two stages (materializer::set_stages).
     if (staged) {
         std::vector<int> stage(g.nodes.size(), -1);
         for (std::size_t i = 0; i < g.nodes.size(); ++i) {

@@ -61,10 +61,11 @@ public:
                 sums_after_every_micro_batch_[i] = true;
     }
 
-    // Pipelines: the stage of every logical node (-1: none). A tensor passed from one stage
-    // to another moves point to point only: stages run their blocks in different orders,
-    // so a collective spanning two stages could be reached in different orders by its
-    // members, while buffered sends cannot wait on each other.
+    // Pipelines: the stage of every logical node (-1: none). No collective spans two
+    // stages: stages run their blocks in different orders, so its members could reach it
+    // in different orders, while buffered sends cannot wait on each other. A tensor passed
+    // between stages moves point to point, or by collectives among one stage's devices
+    // pinned to that stage's block (between_stages).
     void set_stages(std::vector<int> stage_of_node) { stage_of_node_ = std::move(stage_of_node); }
 
     // Parameters and inputs: each device stores the bounding box of what its pieces read.

@@ -11,8 +11,10 @@
 // receive runs where its data is needed, a ZeRO gather before its first reader), else the
 // latest block whose output it reads (a send runs right after its data is made, gradient
 // sums after the last micro-batch), else the end of the step (the loss gathered to every
-// device). Within a block, nodes keep their plan order, so the collectives of a device group
-// stay in one order on all its members.
+// device). A transfer pinned to its producer's or consumer's block (transfer::runs_with: a
+// collective among one stage's devices for a tensor passed between stages) joins that op's
+// piece's block on each member instead. Within a block, nodes keep their plan order, so the
+// collectives of a device group stay in one order on all its members.
 //
 // The result is checked: every node runs after the producers of its inputs (else the
 // schedule contradicts the program's data flow, and the error names both blocks), and the
