@@ -233,22 +233,6 @@ TEST_CASE("a plan that does not fold is priced in full, and bad shapes are refus
         }
         CHECK(folded == full);
     }
-    SECTION("replicas that do not line up: the interlaced pipeline's ends on devices its layers leave idle") {
-        // 4 replicas of 2 stages use 8 of the 16 devices; the ends run on all 16, so an
-        // instance of 2 replicas has no device standing for the 8 that hold only ends. The
-        // replicas are then priced in full (before, the plan was refused: "price it
-        // unfolded").
-        plan::plan_spec p = plan::spaces::nnscaler(16);
-        p.choices = {{"tp", 1}, {"dp", 4}, {"pp", 2}, {"mb", 4}, {"order", 4}, {"zero", 0}, {"recompute", 0}, {"coshard", 1}};
-        for (const search::open_parameter& o : search::open_parameter_candidates(p, 16, 6))
-            if (o.what == search::open_parameter::kind::boundaries) p.choices[o.name] = search::even_cut(o, search::boundary_ranges(p));
-        REQUIRE(plan::detail::chosen_order(p)->kind == plan::schedule_kind::interlaced);
-        const comparison r = compare(m, p, search::dgx_a100(2));
-        CHECK(r.folded.instance_replicas == std::vector<std::int64_t>{4});
-        CHECK(r.folded.exact());
-        CHECK(r.step_ratio() == Approx(1.0).epsilon(1e-12));
-        CHECK(r.worst_memory_error() <= 1e-12);
-    }
     SECTION("a family without a builder") {
         CHECK_THROWS_WITH(search::price_folded(search::model_family{}, megatron({}), search::dgx_a100(1)),
                           Catch::Contains("needs a forward(layers, batch) builder"));

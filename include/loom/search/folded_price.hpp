@@ -31,9 +31,7 @@
 //   nodes and the NICs it shares included. What the replicas shard (ZeRO-2 gradients,
 //   ZeRO-3 parameters and their optimizer state) shrinks as 1/D: with ZeRO-2 or 3 and D > 4
 //   an instance of 4 replicas is priced too, and memory and the optimizer step are
-//   extrapolated linearly in 1/D. Where the instance's devices do not line up with the
-//   real ones (the interlaced pipeline's ends spread over devices its layers leave idle),
-//   the replicas are priced in full.
+//   extrapolated linearly in 1/D.
 // Layer and micro-batch folding are extrapolations: tests hold them to a few percent of the
 // full programs' price; replica folding is exact up to the loss's copies (tested).
 // A plan folds when its layer-range selectors either cover every layer or none, and its data-parallel degree (the degree of its
@@ -176,14 +174,6 @@ LOOM_INLINE program_price extrapolate(const program_price& a, const program_pric
 LOOM_INLINE std::optional<replica_fold> match_replicas(const plan::resolved_plan& instance, const plan::resolved_plan& real,
                                                        std::int64_t instance_replicas, std::int64_t real_replicas);
 
-// Whether every real device has an instance device that stands for it (spread_over_real).
-LOOM_INLINE bool covers_every_device(const replica_fold& fold, int real_devices);
-
-// price_folded with or without folding the data-parallel replicas. Empty optional: they do
-// not fold (the instance's devices do not line up with the real ones).
-LOOM_INLINE std::optional<folded_price> price_folded_with(const model_family& m, const plan::plan_spec& p, const cluster& c,
-                                                          const price_options& o, const fold_shape& s, bool replicas_fold);
-
 }  // namespace loom::search::detail
 
 // Definitions: compiled here (header-only) or once in loom::compiled (core/linkage.hpp).
@@ -320,23 +310,11 @@ LOOM_INLINE folded_price price_folded(const model_family& m, const plan::plan_sp
         throw usage_error("price_folded: the model family needs a forward(layers, batch) builder and the real model's "
                           "layers and batch (both at least 1)");
     const fold_shape s = shape_of(p, m);
-    // Replicas fold when the instance's devices line up with the real ones; where they do
-    // not (the interlaced pipeline's ends spread over devices the layers leave idle), the
-    // real replicas are priced.
-    if (auto folded = detail::price_folded_with(m, p, c, o, s, fold_replicas(s, m, p))) return std::move(*folded);
-    return *detail::price_folded_with(m, p, c, o, s, false);
-}
-
-}  // namespace loom::search
-
-namespace loom::search::detail {
-
-LOOM_INLINE std::optional<folded_price> price_folded_with(const model_family& m, const plan::plan_spec& p, const cluster& c,
-                                                          const price_options& o, const fold_shape& s, bool replicas_fold) {
     folded_price out;
     out.replicas = s.replicas;
     out.layers_per_stage = fold_layers_per_stage(s);
     out.instance_layers = instance_layers(m, s);
+    const bool replicas_fold = fold_replicas(s, m, p);
     out.instance_replicas = {replicas_fold ? 2 : s.replicas};
     if (replicas_fold && plan::detail::chosen_zero(p) >= plan::zero_stage::gradients) out.instance_replicas.push_back(4);
     out.micro_batches = s.micro_batches;
@@ -366,13 +344,15 @@ LOOM_INLINE std::optional<folded_price> price_folded_with(const model_family& m,
                     for (std::size_t n = 0; n < real.forward.size(); ++n)
                         if (const plan::op_partition* part = real.at(static_cast<node_id>(n)))
                             (void)partition::bind_partition(real_shape.nodes[n], *part, p.devices, true, notes);
-                    fold = match_replicas(plan::resolve(instance, g), real, replicas, s.replicas);
-                    if (!fold || !covers_every_device(*fold, p.devices)) return std::nullopt;
+                    fold = detail::match_replicas(plan::resolve(instance, g), real, replicas, s.replicas);
+                    if (!fold)
+                        throw plan_error("price_folded: the plan's data-parallel pieces do not line up across replicas "
+                                         "(a device holds pieces of different replicas); price it unfolded");
                 }
                 price_options io = o;
                 io.fold = fold ? &*fold : nullptr;
                 io.record_timeline = false;
-                row.push_back(spread_over_real(price_programs(partition::apply_plan(g, instance), c, io), io.fold,
+                row.push_back(detail::spread_over_real(price_programs(partition::apply_plan(g, instance), c, io), io.fold,
                                                        p.devices));
             }
         }
@@ -409,16 +389,9 @@ LOOM_INLINE std::optional<folded_price> price_folded_with(const model_family& m,
     return out;
 }
 
-LOOM_INLINE bool covers_every_device(const replica_fold& fold, int real_devices) {
-    std::vector<bool> seen(static_cast<std::size_t>(real_devices), false);
-    for (std::size_t f = 0; f < fold.family.size(); ++f)
-        for (std::size_t r = 0; r < fold.family[f].size(); ++r) {
-            const int instance_replica = static_cast<int>(std::min<std::size_t>(r, static_cast<std::size_t>(fold.instance_replicas - 1)));
-            const auto x = static_cast<std::size_t>(fold.family[f][r]);
-            if (fold.replica[f] == instance_replica && x < seen.size()) seen[x] = true;
-        }
-    return std::all_of(seen.begin(), seen.end(), [](bool b) { return b; });
-}
+}  // namespace loom::search
+
+namespace loom::search::detail {
 
 LOOM_INLINE program_price spread_over_real(const program_price& instance, const replica_fold* fold, int real_devices) {
     if (!fold) return instance;
