@@ -11718,9 +11718,9 @@ LOOM_INLINE void order_by_schedule(partitioned_graph& pg, const plan::resolved_p
             if (m >= tr.group.size()) return std::nullopt;
             const box& moved = tr.has_input[m] ? tr.inputs[m] : tr.outputs[m];
             const auto& pieces = pg.layouts.at(static_cast<std::size_t>(logical)).pieces;
+            const node& op = pg.logical->g.at(logical);
             for (std::size_t k = 0; k < pieces.size(); ++k) {
                 if (pieces[k].device != d) continue;
-                const node& op = pg.logical->g.at(logical);
                 bool overlaps = false;
                 if (with_consumer) {
                     for (std::size_t j = 0; j < op.inputs.size() && j < pieces[k].inputs.size(); ++j)
@@ -12951,7 +12951,8 @@ private:
             runs_with_ = transfer::block_of::data_flow;
         };
         auto consumer_side = [&] {
-            among(consumers, transfer::block_of::consumer, reqs, [&] { return try_partial(t, open, reqs) || try_tiles(t, open, reqs) || try_broadcast(t, open, reqs); });
+            among(consumers, transfer::block_of::consumer, reqs,
+                  [&] { return try_partial(t, open, reqs) || try_tiles(t, open, reqs) || try_broadcast(t, open, reqs); });
         };
         consumer_side();
         if (open.empty()) return;
@@ -12968,14 +12969,18 @@ private:
             }
         std::set<int> requesters;
         for (std::size_t i : open) requesters.insert(reqs[i].device);
-        if (holders.size() > 2 && holders.size() > requesters.size()) {
-            std::vector<std::size_t> all(sums.size());
-            for (std::size_t i = 0; i < all.size(); ++i) all[i] = i;
+        // A step among the producers over requests of their own (`wanted`, every one open),
+        // after which the consumers' requests are open again, less what became local.
+        auto among_producers = [&](const std::vector<request>& wanted, auto&& step) {
             std::vector<std::size_t> kept = std::move(open);
-            open = all;
-            among(producers, transfer::block_of::producer, sums, [&] { return try_partial(t, open, sums); });
+            open.clear();
+            for (std::size_t i = 0; i < wanted.size(); ++i) open.push_back(i);
+            among(producers, transfer::block_of::producer, wanted, step);
             open = std::move(kept);
             take_local(reqs);
+        };
+        if (holders.size() > 2 && holders.size() > requesters.size()) {
+            among_producers(sums, [&] { return try_partial(t, open, sums); });
             consumer_side();  // a consumer that holds the sum now may broadcast it
         }
         if (open.empty()) return;
@@ -12990,12 +12995,7 @@ private:
                 if (h.base && h.v.value.full() && R.contains(h.v.region) && !(h.v.region == R) && tile_holders.insert(h.device).second)
                     gathers.push_back({h.device, R});
             if (tile_holders.size() < 2 || tile_holders.size() >= needing.size()) continue;
-            std::vector<std::size_t> kept = std::move(open);
-            open.clear();
-            for (std::size_t i = 0; i < gathers.size(); ++i) open.push_back(i);
-            among(producers, transfer::block_of::producer, gathers, [&] { return try_tiles(t, open, gathers); });
-            open = std::move(kept);
-            take_local(reqs);
+            among_producers(gathers, [&] { return try_tiles(t, open, gathers); });
         }
         consumer_side();
         // One send from a full copy, then a broadcast among the consumers from the one that
@@ -19272,8 +19272,8 @@ LOOM_INLINE plan_search_result search_assignments(const plan::plan_spec& space, 
     // holds nothing that fits. From the best assignments it bounded, a descent moves one
     // parameter at a time, or exchanges a factor between two degrees or stage counts (the
     // devices used the same), or, where neither improves, moves a degree or stage count
-    // together with any other parameter (see `pairs`), to the values with the best bounds: a memory floor within the
-    // limit first, then a step bound at least `descent_step` lower (a bound that more
+    // together with any other parameter (see `pairs`), to the values with the best bounds:
+    // a memory floor within the limit first, then a step bound at least `descent_step` lower (a bound that more
     // micro-batches lower by a hair would lead it to hundreds of them, which price slowly
     // and run no faster). It stops where no move improves, or at 80% of the time budget;
     // under a time budget it then starts again from the next best, while the time lasts.

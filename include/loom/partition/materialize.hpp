@@ -917,7 +917,8 @@ private:
             runs_with_ = transfer::block_of::data_flow;
         };
         auto consumer_side = [&] {
-            among(consumers, transfer::block_of::consumer, reqs, [&] { return try_partial(t, open, reqs) || try_tiles(t, open, reqs) || try_broadcast(t, open, reqs); });
+            among(consumers, transfer::block_of::consumer, reqs,
+                  [&] { return try_partial(t, open, reqs) || try_tiles(t, open, reqs) || try_broadcast(t, open, reqs); });
         };
         consumer_side();
         if (open.empty()) return;
@@ -934,14 +935,18 @@ private:
             }
         std::set<int> requesters;
         for (std::size_t i : open) requesters.insert(reqs[i].device);
-        if (holders.size() > 2 && holders.size() > requesters.size()) {
-            std::vector<std::size_t> all(sums.size());
-            for (std::size_t i = 0; i < all.size(); ++i) all[i] = i;
+        // A step among the producers over requests of their own (`wanted`, every one open),
+        // after which the consumers' requests are open again, less what became local.
+        auto among_producers = [&](const std::vector<request>& wanted, auto&& step) {
             std::vector<std::size_t> kept = std::move(open);
-            open = all;
-            among(producers, transfer::block_of::producer, sums, [&] { return try_partial(t, open, sums); });
+            open.clear();
+            for (std::size_t i = 0; i < wanted.size(); ++i) open.push_back(i);
+            among(producers, transfer::block_of::producer, wanted, step);
             open = std::move(kept);
             take_local(reqs);
+        };
+        if (holders.size() > 2 && holders.size() > requesters.size()) {
+            among_producers(sums, [&] { return try_partial(t, open, sums); });
             consumer_side();  // a consumer that holds the sum now may broadcast it
         }
         if (open.empty()) return;
@@ -956,12 +961,7 @@ private:
                 if (h.base && h.v.value.full() && R.contains(h.v.region) && !(h.v.region == R) && tile_holders.insert(h.device).second)
                     gathers.push_back({h.device, R});
             if (tile_holders.size() < 2 || tile_holders.size() >= needing.size()) continue;
-            std::vector<std::size_t> kept = std::move(open);
-            open.clear();
-            for (std::size_t i = 0; i < gathers.size(); ++i) open.push_back(i);
-            among(producers, transfer::block_of::producer, gathers, [&] { return try_tiles(t, open, gathers); });
-            open = std::move(kept);
-            take_local(reqs);
+            among_producers(gathers, [&] { return try_tiles(t, open, gathers); });
         }
         consumer_side();
         // One send from a full copy, then a broadcast among the consumers from the one that

@@ -116,9 +116,9 @@ LOOM_INLINE void order_by_schedule(partitioned_graph& pg, const plan::resolved_p
             if (m >= tr.group.size()) return std::nullopt;
             const box& moved = tr.has_input[m] ? tr.inputs[m] : tr.outputs[m];
             const auto& pieces = pg.layouts.at(static_cast<std::size_t>(logical)).pieces;
+            const node& op = pg.logical->g.at(logical);
             for (std::size_t k = 0; k < pieces.size(); ++k) {
                 if (pieces[k].device != d) continue;
-                const node& op = pg.logical->g.at(logical);
                 bool overlaps = false;
                 if (with_consumer) {
                     for (std::size_t j = 0; j < op.inputs.size() && j < pieces[k].inputs.size(); ++j)

@@ -1835,8 +1835,8 @@ LOOM_INLINE plan_search_result search_assignments(const plan::plan_spec& space, 
     // holds nothing that fits. From the best assignments it bounded, a descent moves one
     // parameter at a time, or exchanges a factor between two degrees or stage counts (the
     // devices used the same), or, where neither improves, moves a degree or stage count
-    // together with any other parameter (see `pairs`), to the values with the best bounds: a memory floor within the
-    // limit first, then a step bound at least `descent_step` lower (a bound that more
+    // together with any other parameter (see `pairs`), to the values with the best bounds:
+    // a memory floor within the limit first, then a step bound at least `descent_step` lower (a bound that more
     // micro-batches lower by a hair would lead it to hundreds of them, which price slowly
     // and run no faster). It stops where no move improves, or at 80% of the time budget;
     // under a time budget it then starts again from the next best, while the time lasts.
