@@ -37,7 +37,7 @@
 
 namespace {
 
-using loom::host::gemm_isa;
+using loom::host::cpu_isa;
 using loom::host::transpose;
 
 struct shape {
@@ -51,7 +51,7 @@ struct options {
     std::string out = "benchmarks/results/gemm.json";
     int repeats = 7;
     int rounds = 3;
-    gemm_isa isa = loom::host::gemm_best_isa();
+    cpu_isa isa = loom::host::best_cpu_isa();
 };
 
 [[noreturn]] void usage_failure(const std::string& why) {
@@ -82,14 +82,14 @@ options parse_options(int argc, char** argv) {
         } else if (flag == "--isa") {
             const std::string name = value();
             bool found = false;
-            for (gemm_isa isa : {gemm_isa::portable, gemm_isa::avx2_fma, gemm_isa::avx512f}) {
+            for (cpu_isa isa : {cpu_isa::portable, cpu_isa::avx2_fma, cpu_isa::avx512f}) {
                 if (name == loom::host::to_string(isa)) {
                     result.isa = isa;
                     found = true;
                 }
             }
             if (!found) usage_failure("--isa '" + name + "' is not one of portable, avx2_fma, avx512f");
-            if (!loom::host::gemm_isa_supported(result.isa)) usage_failure("this CPU cannot run --isa " + name);
+            if (!loom::host::cpu_isa_supported(result.isa)) usage_failure("this CPU cannot run --isa " + name);
         } else if (flag == "--help" || flag == "-h") {
             usage_failure("help requested");
         } else {

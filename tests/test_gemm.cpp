@@ -32,7 +32,7 @@
 
 namespace {
 
-using loom::host::gemm_isa;
+using loom::host::cpu_isa;
 using loom::host::transpose;
 
 // A matrix stored row-major with `ld` >= cols; the padding after each row holds a sentinel so
@@ -159,41 +159,33 @@ std::string check_case(const case_setup<T>& s, const prepared_case<T>& prepared,
     return "";
 }
 
-std::vector<gemm_isa> supported_isas() {
-    std::vector<gemm_isa> isas;
-    for (gemm_isa isa : {gemm_isa::portable, gemm_isa::avx2_fma, gemm_isa::avx512f}) {
-        if (loom::host::gemm_isa_supported(isa)) isas.push_back(isa);
-    }
-    return isas;
-}
-
 // Every implementation under test, by name.
 template <class T>
 struct implementation {
     std::string name;
-    void (*run)(gemm_isa, transpose, transpose, std::int64_t, std::int64_t, std::int64_t, T, const T*, std::int64_t,
+    void (*run)(cpu_isa, transpose, transpose, std::int64_t, std::int64_t, std::int64_t, T, const T*, std::int64_t,
                 const T*, std::int64_t, T, T*, std::int64_t);
-    gemm_isa isa;
+    cpu_isa isa;
 };
 
 template <class T>
 std::vector<implementation<T>> implementations() {
     std::vector<implementation<T>> all;
     all.push_back({"gemm",
-                   [](gemm_isa, transpose ta, transpose tb, std::int64_t m, std::int64_t n, std::int64_t k, T alpha,
+                   [](cpu_isa, transpose ta, transpose tb, std::int64_t m, std::int64_t n, std::int64_t k, T alpha,
                       const T* a, std::int64_t lda, const T* b, std::int64_t ldb, T beta, T* c,
                       std::int64_t ldc) { loom::host::gemm<T>(ta, tb, m, n, k, alpha, a, lda, b, ldb, beta, c, ldc); },
-                   gemm_isa::portable});
+                   cpu_isa::portable});
     all.push_back({"gemm_fallback(best)",
-                   [](gemm_isa, transpose ta, transpose tb, std::int64_t m, std::int64_t n, std::int64_t k, T alpha,
+                   [](cpu_isa, transpose ta, transpose tb, std::int64_t m, std::int64_t n, std::int64_t k, T alpha,
                       const T* a, std::int64_t lda, const T* b, std::int64_t ldb, T beta, T* c, std::int64_t ldc) {
                        loom::host::gemm_fallback<T>(ta, tb, m, n, k, alpha, a, lda, b, ldb, beta, c, ldc);
                    },
-                   gemm_isa::portable});
-    for (gemm_isa isa : supported_isas()) {
+                   cpu_isa::portable});
+    for (cpu_isa isa : loom::host::supported_cpu_isas()) {
         all.push_back(
             {std::string("gemm_fallback(") + loom::host::to_string(isa) + ")",
-             [](gemm_isa chosen, transpose ta, transpose tb, std::int64_t m, std::int64_t n, std::int64_t k, T alpha,
+             [](cpu_isa chosen, transpose ta, transpose tb, std::int64_t m, std::int64_t n, std::int64_t k, T alpha,
                 const T* a, std::int64_t lda, const T* b, std::int64_t ldb, T beta, T* c, std::int64_t ldc) {
                  loom::host::gemm_fallback<T>(chosen, ta, tb, m, n, k, alpha, a, lda, b, ldb, beta, c, ldc);
              },
@@ -201,10 +193,10 @@ std::vector<implementation<T>> implementations() {
     }
     // A pool of three threads (whatever this machine has) drives the planner's multi-tile
     // path with shared packed B, with row and column splits.
-    for (gemm_isa isa : supported_isas()) {
+    for (cpu_isa isa : loom::host::supported_cpu_isas()) {
         all.push_back(
             {std::string("gemm_fallback(") + loom::host::to_string(isa) + ", 3-thread pool)",
-             [](gemm_isa chosen, transpose ta, transpose tb, std::int64_t m, std::int64_t n, std::int64_t k, T alpha,
+             [](cpu_isa chosen, transpose ta, transpose tb, std::int64_t m, std::int64_t n, std::int64_t k, T alpha,
                 const T* a, std::int64_t lda, const T* b, std::int64_t ldb, T beta, T* c, std::int64_t ldc) {
                  static loom::host::thread_pool three(3);
                  loom::host::detail::gemm::fallback_unchecked<T>(chosen, three, ta, tb, m, n, k, alpha, a, lda, b, ldb,
@@ -284,7 +276,7 @@ TEST_CASE("gemm cuts products whose packed B would not fit the kept storage into
     // gradient. Small integers keep every partial sum exact in float, so C must equal the
     // integer reference exactly (a rounding bound over 140000 terms would hide a lost part).
     static loom::host::thread_pool three(3);
-    const gemm_isa isa = loom::host::gemm_best_isa();
+    const cpu_isa isa = loom::host::best_cpu_isa();
     struct shape {
         std::int64_t m, n, k;
     };
@@ -338,11 +330,11 @@ TEMPLATE_TEST_CASE("gemm_bias equals C filled with the bias and beta = 1, bit fo
         std::int64_t m, n, k;
     };
     const shape shapes[] = {{1, 1, 1}, {13, 37, 19}, {50, 70, 1000}, {300, 200, 64}, {3, 3000, 2900}};
-    for (gemm_isa isa : supported_isas()) {
+    for (cpu_isa isa : loom::host::supported_cpu_isas()) {
         for (loom::host::thread_pool* pool : {&loom::host::thread_pool::global(), &three}) {
             for (const shape& sh : shapes) {
                 // The cut into parts needs several threads; once, with the fastest kernel.
-                if (sh.n == 3000 && (pool != &three || isa != loom::host::gemm_best_isa())) continue;
+                if (sh.n == 3000 && (pool != &three || isa != loom::host::best_cpu_isa())) continue;
                 for (transpose ta : both) {
                     for (transpose tb : both) {
                         const auto [m, n, k] = sh;
@@ -420,7 +412,7 @@ TEMPLATE_TEST_CASE("gemm_fallback does not read A or B when alpha == 0", "[gemm]
     using T = TestType;
     const T nan = std::numeric_limits<T>::quiet_NaN();
     std::vector<T> a(12, nan), b(12, nan), c(9, T(2));
-    for (gemm_isa isa : supported_isas()) {
+    for (cpu_isa isa : loom::host::supported_cpu_isas()) {
         std::fill(c.begin(), c.end(), T(2));
         loom::host::gemm_fallback<T>(isa, transpose::no, transpose::no, 3, 3, 4, T(0), a.data(), 4, b.data(), 3, T(0.5),
                                      c.data(), 3);
@@ -464,16 +456,16 @@ TEMPLATE_TEST_CASE("gemm rejects bad arguments, naming them", "[gemm]", float, d
 
 TEST_CASE("gemm_fallback refuses a micro-kernel this CPU cannot run", "[gemm]") {
     std::vector<float> a(4, 1), b(4, 1), c(4, 0);
-    for (gemm_isa isa : {gemm_isa::avx2_fma, gemm_isa::avx512f}) {
-        if (loom::host::gemm_isa_supported(isa)) continue;
+    for (cpu_isa isa : {cpu_isa::avx2_fma, cpu_isa::avx512f}) {
+        if (loom::host::cpu_isa_supported(isa)) continue;
         REQUIRE_THROWS_AS(loom::host::gemm_fallback<float>(isa, transpose::no, transpose::no, 2, 2, 2, 1.0f, a.data(),
                                                            2, b.data(), 2, 0.0f, c.data(), 2),
                           loom::usage_error);
     }
-    REQUIRE(loom::host::gemm_isa_supported(loom::host::gemm_best_isa()));
+    REQUIRE(loom::host::cpu_isa_supported(loom::host::best_cpu_isa()));
     // CBLAS is used only when built in; without LOOM_GEMM, CPUs with AVX-512 use loom's kernels.
     if (!loom::host::has_cblas) REQUIRE(!loom::host::gemm_uses_cblas());
-    if (std::getenv("LOOM_GEMM") == nullptr && loom::host::gemm_best_isa() == gemm_isa::avx512f)
+    if (std::getenv("LOOM_GEMM") == nullptr && loom::host::best_cpu_isa() == cpu_isa::avx512f)
         REQUIRE(!loom::host::gemm_uses_cblas());
 }
 
@@ -513,7 +505,7 @@ TEMPLATE_TEST_CASE("gemm_batched multiplies every matrix of the batch", "[gemm]"
         const T alpha = T(0.5), beta = T(-1);
         for (std::int64_t g = 0; g < bc.batch; ++g) {
             // Per-matrix gemm_fallback with the portable kernel is the (already tested) reference.
-            loom::host::gemm_fallback<T>(gemm_isa::portable, bc.ta, bc.tb, bc.m, bc.n, bc.k, alpha,
+            loom::host::gemm_fallback<T>(cpu_isa::portable, bc.ta, bc.tb, bc.m, bc.n, bc.k, alpha,
                                          a.data() + g * stride_a, lda, b.data() + g * stride_b, ldb, beta,
                                          expected.data() + g * stride_c, ldc);
         }
@@ -785,7 +777,7 @@ TEST_CASE("default_thread_count reads LOOM_NUM_THREADS", "[thread_pool]") {
 }
 
 TEST_CASE("the FMA peak of one thread is a plausible rate for one core", "[gemm][peak]") {
-    if (loom::host::gemm_best_isa() == loom::host::gemm_isa::portable) return;  // no vector FMA to measure
+    if (loom::host::best_cpu_isa() == loom::host::cpu_isa::portable) return;  // no vector FMA to measure
     loom::host::thread_pool one(1);
     const double peak = loom::host::measure_fma_peak_flops(one);
     INFO("peak " << peak / 1e9 << " GFLOP/s on one thread");

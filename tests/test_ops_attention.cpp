@@ -287,7 +287,7 @@ std::vector<T> as(const values& v) {
 // Runs both kernels on one instruction set, directly on the nodes of a graph; the
 // backward reads the reference out and lse, so each kernel is checked on its own.
 template <class T>
-void check_attention_kernels(const attention_case& c, host::gemm_isa isa) {
+void check_attention_kernels(const attention_case& c, host::cpu_isa isa) {
     graph_builder b;
     const shape qs = bhsd(c.b, c.h, c.s, c.d), ks = bhsd(c.b, c.h, c.t, c.d), vs = bhsd(c.b, c.h, c.t, c.e),
                 os = bhsd(c.b, c.h, c.s, c.e);
@@ -334,8 +334,8 @@ TEST_CASE("attention kernels match a full-matrix reference on every instruction 
         {1, 1, 1, 1, 1, 1, true},     {2, 1, 37, 37, 16, 8, true},  {1, 2, 64, 64, 32, 32, true},
         {1, 1, 70, 70, 64, 20, true}, {1, 2, 33, 47, 5, 32, false}, {2, 1, 9, 3, 8, 8, false},
     };
-    for (auto isa : {host::gemm_isa::portable, host::gemm_isa::avx2_fma, host::gemm_isa::avx512f}) {
-        if (!host::gemm_isa_supported(isa)) continue;
+    for (auto isa : {host::cpu_isa::portable, host::cpu_isa::avx2_fma, host::cpu_isa::avx512f}) {
+        if (!host::cpu_isa_supported(isa)) continue;
         for (const auto& c : cases) {
             check_attention_kernels<double>(c, isa);
             check_attention_kernels<float>(c, isa);

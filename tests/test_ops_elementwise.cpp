@@ -479,8 +479,8 @@ TEMPLATE_TEST_CASE("dropout with p = 0 is an exact identity; dropout_grad reuses
     CHECK(forward == backward);
 }
 
-TEST_CASE("the AVX-512 elementwise loop gives the baseline loop's values bit for bit", "[ops][elementwise]") {
-    if (!__builtin_cpu_supports("avx512f")) return;  // only one path on this CPU
+TEST_CASE("every vector build of the elementwise loop gives the baseline loop's values bit for bit",
+          "[ops][elementwise]") {
     // A dense sweep through both signs, the tails and the exp cut-off, with a ragged end.
     const std::int64_t n = 200003;
     std::vector<float> x(static_cast<std::size_t>(n)), dy(x.size());
@@ -494,13 +494,16 @@ TEST_CASE("the AVX-512 elementwise loop gives the baseline loop's values bit for
     const auto gelu_grad = [](float* __restrict dx, const float* __restrict g, const float* __restrict a) {
         for (std::int64_t j = 0; j < host::simd_block; ++j) dx[j] = g[j] * host::detail::gelu_derivative(a[j]);
     };
-    std::vector<float> base(x.size()), wide(x.size());
+    std::vector<float> base(x.size()), base_grad(x.size()), wide(x.size());
     host::detail::map_range(gelu, 0, n, base.data(), x.data());
-    host::detail::map_range_avx512(gelu, 0, n, wide.data(), x.data());
-    CHECK(base == wide);
-    host::detail::map_range(gelu_grad, 0, n, base.data(), dy.data(), x.data());
-    host::detail::map_range_avx512(gelu_grad, 0, n, wide.data(), dy.data(), x.data());
-    CHECK(base == wide);
+    host::detail::map_range(gelu_grad, 0, n, base_grad.data(), dy.data(), x.data());
+    for (host::cpu_isa isa : host::supported_cpu_isas()) {
+        INFO("instruction set " << host::to_string(isa));
+        host::detail::map_range_on(isa, gelu, 0, n, wide.data(), x.data());
+        CHECK(base == wide);
+        host::detail::map_range_on(isa, gelu_grad, 0, n, wide.data(), dy.data(), x.data());
+        CHECK(base_grad == wide);
+    }
 }
 
 TEMPLATE_TEST_CASE("sum_leading sums every column row by row, on ranges wider than its accumulator", "[ops][reduce]",
@@ -520,14 +523,16 @@ TEMPLATE_TEST_CASE("sum_leading sums every column row by row, on ranges wider th
         INFO("column " << j);
         REQUIRE(sums[static_cast<std::size_t>(j)] == expected);
     }
-    // The AVX-512 build of the column sums equals the baseline's bit for bit, a full block
+    // Every vector build of the column sums equals the baseline's bit for bit, a full block
     // of columns and a partial one alike (the kernel above runs only one of them).
-    if (!__builtin_cpu_supports("avx512f")) return;
     std::vector<T> values(x.begin(), x.end()), base(static_cast<std::size_t>(columns)), wide(base.size());
-    for (std::int64_t j0 : {std::int64_t{0}, std::int64_t{256}, std::int64_t{768}}) {
-        const std::int64_t width = std::min(host::detail::sum_columns_block, columns - j0);
-        host::detail::sum_columns(values.data(), columns, rows, j0, width, base.data());
-        host::detail::sum_columns_avx512(values.data(), columns, rows, j0, width, wide.data());
+    for (host::cpu_isa isa : host::supported_cpu_isas()) {
+        INFO("instruction set " << host::to_string(isa));
+        for (std::int64_t j0 : {std::int64_t{0}, std::int64_t{256}, std::int64_t{768}}) {
+            const std::int64_t width = std::min(host::detail::sum_columns_block, columns - j0);
+            host::detail::sum_columns(values.data(), columns, rows, j0, width, base.data());
+            host::detail::sum_columns_on(isa, values.data(), columns, rows, j0, width, wide.data());
+        }
+        CHECK(base == wide);
     }
-    CHECK(base == wide);
 }

@@ -20,6 +20,7 @@
 #include <loom/runtime/host/bound_storage.hpp>
 #include <loom/runtime/host/executor.hpp>
 #include <loom/runtime/host/kernels/cross_entropy.hpp>
+#include <loom/runtime/host/kernels/layer_norm.hpp>
 
 using namespace loom;
 using ld = long double;
@@ -523,8 +524,8 @@ TEMPLATE_TEST_CASE("cross_entropy matches PyTorch's mean and its gradient", "[lo
     }
 }
 
-TEMPLATE_TEST_CASE("cross_entropy's AVX-512 rows give the baseline rows' values bit for bit", "[loss]", float, double) {
-    if (!__builtin_cpu_supports("avx512f")) return;  // only one path on this CPU
+TEMPLATE_TEST_CASE("cross_entropy's vector builds give the baseline rows' values bit for bit", "[loss]", float,
+                   double) {
     // Rows of every length up to three blocks of lanes and one wide ragged row, logits spread
     // wide enough to reach the exp cut-off, with -inf among them.
     using T = TestType;
@@ -536,11 +537,55 @@ TEMPLATE_TEST_CASE("cross_entropy's AVX-512 rows give the baseline rows' values 
         if (v > 3) x[3] = -std::numeric_limits<T>::infinity();
         const auto target = static_cast<std::int32_t>(v / 2);
         host::detail::cross_entropy_grad_row(x.data(), base.data(), v, target, T(0.25));
-        host::detail::cross_entropy_grad_row_avx512(x.data(), wide.data(), v, target, T(0.25));
-        INFO("v = " << v);
-        CHECK(std::memcmp(base.data(), wide.data(), base.size() * sizeof(T)) == 0);
-        const T a = host::detail::log_sum_exp(x.data(), v), b = host::detail::log_sum_exp_avx512(x.data(), v);
-        CHECK(std::memcmp(&a, &b, sizeof(T)) == 0);
+        const T a = host::detail::log_sum_exp(x.data(), v);
+        for (host::cpu_isa isa : host::supported_cpu_isas()) {
+            INFO("v = " << v << ", instruction set " << host::to_string(isa));
+            host::detail::cross_entropy_grad_row_on(isa, x.data(), wide.data(), v, target, T(0.25));
+            CHECK(std::memcmp(base.data(), wide.data(), base.size() * sizeof(T)) == 0);
+            const T b = host::detail::log_sum_exp_on(isa, x.data(), v);
+            CHECK(std::memcmp(&a, &b, sizeof(T)) == 0);
+        }
+    }
+}
+
+TEMPLATE_TEST_CASE("layer_norm's vector builds give the baseline rows' values bit for bit", "[norm]", float, double) {
+    // Row lengths around the 8 lanes of the sums and one wide ragged row, with an offset mean
+    // (the two-pass variance) and values of mixed scale; dgamma and dbeta accumulate over
+    // two rows, as a block of rows does.
+    using T = TestType;
+    for (std::int64_t h : {std::int64_t{1}, std::int64_t{7}, std::int64_t{8}, std::int64_t{9}, std::int64_t{24},
+                           std::int64_t{768}, std::int64_t{1001}}) {
+        const auto n = static_cast<std::size_t>(h);
+        std::vector<T> x(2 * n), dy(2 * n), gamma(n), beta(n);
+        for (std::size_t i = 0; i < 2 * n; ++i) {
+            x[i] = static_cast<T>(3.0 + std::sin(0.37 * static_cast<double>(i * i + 1)) * std::pow(10.0, double(i % 3)));
+            dy[i] = static_cast<T>(std::cos(0.23 * static_cast<double>(i)));
+        }
+        for (std::size_t i = 0; i < n; ++i) {
+            gamma[i] = static_cast<T>(1.0 + 0.01 * static_cast<double>(i % 17));
+            beta[i] = static_cast<T>(0.001 * static_cast<double>(i % 5));
+        }
+        const T eps = static_cast<T>(1e-5);
+        std::vector<T> y(2 * n), dx(2 * n), dgamma(n, T(0)), dbeta(n, T(0));
+        for (std::size_t r = 0; r < 2; ++r) {
+            host::detail::layer_norm_row(x.data() + r * n, gamma.data(), beta.data(), y.data() + r * n, h, eps);
+            host::detail::layer_norm_grad_row(dy.data() + r * n, x.data() + r * n, gamma.data(), dx.data() + r * n,
+                                              dgamma.data(), dbeta.data(), h, eps);
+        }
+        for (host::cpu_isa isa : host::supported_cpu_isas()) {
+            INFO("h = " << h << ", instruction set " << host::to_string(isa));
+            std::vector<T> y2(2 * n), dx2(2 * n), dgamma2(n, T(0)), dbeta2(n, T(0));
+            for (std::size_t r = 0; r < 2; ++r) {
+                host::detail::layer_norm_row_on(isa, x.data() + r * n, gamma.data(), beta.data(), y2.data() + r * n, h,
+                                                eps);
+                host::detail::layer_norm_grad_row_on(isa, dy.data() + r * n, x.data() + r * n, gamma.data(),
+                                                     dx2.data() + r * n, dgamma2.data(), dbeta2.data(), h, eps);
+            }
+            CHECK(std::memcmp(y.data(), y2.data(), y.size() * sizeof(T)) == 0);
+            CHECK(std::memcmp(dx.data(), dx2.data(), dx.size() * sizeof(T)) == 0);
+            CHECK(std::memcmp(dgamma.data(), dgamma2.data(), dgamma.size() * sizeof(T)) == 0);
+            CHECK(std::memcmp(dbeta.data(), dbeta2.data(), dbeta.size() * sizeof(T)) == 0);
+        }
     }
 }
 

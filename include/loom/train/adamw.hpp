@@ -13,6 +13,7 @@
 #include <immintrin.h>
 
 #include <loom/core/error.hpp>
+#include <loom/runtime/host/cpu_isa.hpp>
 #include <loom/runtime/host/thread_pool.hpp>
 #include <loom/train/parameter_slot.hpp>
 
@@ -45,8 +46,29 @@ struct adamw_update {
         }
     }
 
-    // The same operations on 16 floats at a time, each one correctly rounded as in scalar(),
-    // with no fused multiply-add: the result is bit for bit scalar()'s.
+    // The same operations on 8 (AVX2) or 16 (AVX-512) floats at a time, each one correctly
+    // rounded as in scalar(), with no fused multiply-add: the result is bit for bit scalar()'s.
+    [[gnu::target("avx2")]] void avx2(float* __restrict p, float* __restrict m, float* __restrict v,
+                                      const float* __restrict g, std::int64_t lo, std::int64_t hi) const {
+        const __m256 vdecay = _mm256_set1_ps(decay), vb1 = _mm256_set1_ps(b1), vb2 = _mm256_set1_ps(b2),
+                     one_minus_b1 = _mm256_set1_ps(1 - b1), one_minus_b2 = _mm256_set1_ps(1 - b2),
+                     vstep = _mm256_set1_ps(step_size), vbias2 = _mm256_set1_ps(bias2_sqrt), veps = _mm256_set1_ps(eps),
+                     vscale = _mm256_set1_ps(scale);
+        std::int64_t i = lo;
+        for (; i + 8 <= hi; i += 8) {
+            const __m256 gi = _mm256_mul_ps(_mm256_loadu_ps(g + i), vscale);
+            const __m256 pi = _mm256_mul_ps(_mm256_loadu_ps(p + i), vdecay);
+            const __m256 mi = _mm256_add_ps(_mm256_mul_ps(vb1, _mm256_loadu_ps(m + i)), _mm256_mul_ps(one_minus_b1, gi));
+            const __m256 vi = _mm256_add_ps(_mm256_mul_ps(vb2, _mm256_loadu_ps(v + i)),
+                                            _mm256_mul_ps(_mm256_mul_ps(one_minus_b2, gi), gi));
+            const __m256 denominator = _mm256_add_ps(_mm256_div_ps(_mm256_sqrt_ps(vi), vbias2), veps);
+            _mm256_storeu_ps(m + i, mi);
+            _mm256_storeu_ps(v + i, vi);
+            _mm256_storeu_ps(p + i, _mm256_sub_ps(pi, _mm256_div_ps(_mm256_mul_ps(vstep, mi), denominator)));
+        }
+        scalar(p, m, v, g, i, hi);
+    }
+
     [[gnu::target("avx512f")]] void avx512(float* __restrict p, float* __restrict m, float* __restrict v,
                                            const float* __restrict g, std::int64_t lo, std::int64_t hi) const {
         const __m512 vdecay = _mm512_set1_ps(decay), vb1 = _mm512_set1_ps(b1), vb2 = _mm512_set1_ps(b2),
@@ -71,10 +93,14 @@ struct adamw_update {
         scalar(p, m, v, g, i, hi);
     }
 
-    void operator()(T* p, T* m, T* v, const T* g, std::int64_t lo, std::int64_t hi) const {
+    // The update built for `isa` (one this CPU runs); doubles take the scalar loop.
+    void on(host::cpu_isa isa, T* p, T* m, T* v, const T* g, std::int64_t lo, std::int64_t hi) const {
         if constexpr (std::is_same_v<T, float>) {
-            static const bool has_avx512 = __builtin_cpu_supports("avx512f");
-            if (has_avx512) return avx512(p, m, v, g, lo, hi);
+            switch (isa) {
+                case host::cpu_isa::avx512f: return avx512(p, m, v, g, lo, hi);
+                case host::cpu_isa::avx2_fma: return avx2(p, m, v, g, lo, hi);
+                case host::cpu_isa::portable: break;
+            }
         }
         scalar(p, m, v, g, lo, hi);
     }
@@ -109,6 +135,7 @@ public:
         const T bias2_sqrt = static_cast<T>(std::sqrt(1 - std::pow(options_.beta2, t)));
         const T eps = static_cast<T>(options_.eps);
         const T scale = static_cast<T>(grad_scale);
+        const host::cpu_isa isa = host::best_cpu_isa();
         for (std::size_t s = 0; s < slots_.size(); ++s) {
             auto& slot = slots_[s];
             T* __restrict m = m_[s].data();
@@ -118,7 +145,7 @@ public:
             const T decay = slot.weight_decay ? static_cast<T>(1 - lr * options_.weight_decay) : T(1);
             const detail::adamw_update<T> update{decay, b1, b2, step_size, bias2_sqrt, eps, scale};
             host::parallel_for(0, static_cast<std::int64_t>(slot.value.size()), 1 << 14,
-                               [&](std::int64_t lo, std::int64_t hi) { update(p, m, v, g, lo, hi); });
+                               [&](std::int64_t lo, std::int64_t hi) { update.on(isa, p, m, v, g, lo, hi); });
         }
     }
     void step() { step(options_.lr); }

@@ -67,8 +67,8 @@ constexpr int fma_peak_chains = 12;
 // FLOP/s of float32 FMAs on all threads of `pool`, best of `repeats` runs of about 50 ms.
 // 0 when the CPU has neither AVX-512 nor AVX2+FMA (no vector FMA to measure).
 inline double measure_fma_peak_flops(thread_pool& pool = thread_pool::global(), int repeats = 4) {
-    const bool avx512 = gemm_isa_supported(gemm_isa::avx512f);
-    if (!avx512 && !gemm_isa_supported(gemm_isa::avx2_fma)) return 0;
+    const bool avx512 = cpu_isa_supported(cpu_isa::avx512f);
+    if (!avx512 && !cpu_isa_supported(cpu_isa::avx2_fma)) return 0;
     const int lanes = avx512 ? 16 : 8;
     const std::int64_t iterations = 2'000'000;
     const auto threads = static_cast<std::int64_t>(pool.size());

@@ -37,43 +37,12 @@
 
 #include <loom/core/error.hpp>
 #include <loom/runtime/host/cblas_gate.hpp>
+#include <loom/runtime/host/cpu_isa.hpp>
 #include <loom/runtime/host/thread_pool.hpp>
 
 namespace loom::host {
 
 enum class transpose : bool { no, yes };
-
-// The instruction sets gemm_fallback has micro-kernels for.
-enum class gemm_isa { portable, avx2_fma, avx512f };
-
-inline const char* to_string(gemm_isa isa) noexcept {
-    switch (isa) {
-        case gemm_isa::portable: return "portable";
-        case gemm_isa::avx2_fma: return "avx2_fma";
-        case gemm_isa::avx512f: return "avx512f";
-    }
-    return "unknown";
-}
-
-// Whether this CPU (and OS) can run the micro-kernel for `isa`.
-inline bool gemm_isa_supported(gemm_isa isa) noexcept {
-    // Needed before main (static initializers); cheap and idempotent after.
-    __builtin_cpu_init();
-    switch (isa) {
-        case gemm_isa::portable: return true;
-        case gemm_isa::avx2_fma: return __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma");
-        case gemm_isa::avx512f: return __builtin_cpu_supports("avx512f");
-    }
-    return false;
-}
-
-// The fastest supported micro-kernel, decided once per process.
-inline gemm_isa gemm_best_isa() noexcept {
-    static const gemm_isa best = gemm_isa_supported(gemm_isa::avx512f)    ? gemm_isa::avx512f
-                                 : gemm_isa_supported(gemm_isa::avx2_fma) ? gemm_isa::avx2_fma
-                                                                          : gemm_isa::portable;
-    return best;
-}
 
 // Which implementation gemm() uses outside parallel regions.
 //   LOOM_GEMM=cblas | loom   chooses explicitly (cblas needs a build with OpenBLAS);
@@ -96,7 +65,7 @@ inline gemm_backend selected_gemm_backend() {
             }
             throw usage_error("LOOM_GEMM=" + std::string(v) + ": expected 'cblas' or 'loom'");
         }
-        if (!has_cblas || gemm_best_isa() == gemm_isa::avx512f) return gemm_backend::loom;
+        if (!has_cblas || best_cpu_isa() == cpu_isa::avx512f) return gemm_backend::loom;
         return gemm_backend::cblas;
     }();
     return chosen;
@@ -465,11 +434,11 @@ void transpose_panel_scalar(const T* src, std::int64_t ldb, std::int64_t width, 
 //   mc: rows of A packed at once (a block of mr-row panels), so A is packed once per depth
 //   slice whatever the width of C.
 
-template <class T, gemm_isa Isa>
+template <class T, cpu_isa Isa>
 struct kernel_config;
 
 template <class T>
-struct kernel_config<T, gemm_isa::portable> {
+struct kernel_config<T, cpu_isa::portable> {
     static constexpr int mr = 4;
     static constexpr int nr = 32 / static_cast<int>(sizeof(T));
     static constexpr std::int64_t kc = 256;
@@ -491,7 +460,7 @@ struct kernel_config<T, gemm_isa::portable> {
 };
 
 template <class T>
-struct kernel_config<T, gemm_isa::avx2_fma> {
+struct kernel_config<T, cpu_isa::avx2_fma> {
     // 6 x 2 vectors: 12 accumulators + 2 B vectors + 1 broadcast of the 16 ymm registers.
     static constexpr int mr = 6;
     static constexpr int nr = 2 * 32 / static_cast<int>(sizeof(T));
@@ -514,7 +483,7 @@ struct kernel_config<T, gemm_isa::avx2_fma> {
 };
 
 template <class T>
-struct kernel_config<T, gemm_isa::avx512f> {
+struct kernel_config<T, cpu_isa::avx512f> {
     // 12 x 2 vectors: 24 accumulators + 2 B vectors + 1 broadcast of the 32 zmm registers.
     static constexpr int mr = 12;
     static constexpr int nr = 2 * 64 / static_cast<int>(sizeof(T));
@@ -688,7 +657,7 @@ struct packed_b_source {
 // (panel of row ic at a_block + (ic - ib) * depth) against B's packed columns (panel of
 // column jc + jr at b_block + jr * depth).
 // `bias` (the first depth slice only): s.bias_row, added in place of beta * C.
-template <class T, gemm_isa Isa>
+template <class T, cpu_isa Isa>
 void sweep_block(const problem& s, T alpha, T beta, T* c, std::int64_t ib, std::int64_t ie, std::int64_t jc,
                  std::int64_t cols, std::int64_t depth, const T* a_block, const T* b_block, const T* bias) {
     using config = kernel_config<T, Isa>;
@@ -729,7 +698,7 @@ void sweep_block(const problem& s, T alpha, T beta, T* c, std::int64_t ib, std::
 }
 
 // Packs rows [ib, ie) x depth [pc, pc + depth) of op(A) as consecutive mr-row panels.
-template <class T, gemm_isa Isa>
+template <class T, cpu_isa Isa>
 void pack_a_block(const problem& s, const T* a, std::int64_t ib, std::int64_t ie, std::int64_t pc,
                   std::int64_t depth, T* out) {
     using config = kernel_config<T, Isa>;
@@ -774,7 +743,7 @@ inline std::int64_t slice_depth(std::int64_t k, std::int64_t kc) {
 // A tile that packs its own B packs each kc x nc block just before it sweeps it (hot in L2)
 // and packs A once per block. Either way an mr x kc panel of A stays in L1 while it sweeps
 // the kc x nc block of B in L2.
-template <class T, gemm_isa Isa>
+template <class T, cpu_isa Isa>
 void multiply_tile(const problem& s, T alpha, const T* a, const T* b, T beta, T* c, std::int64_t i0, std::int64_t i1,
                    std::int64_t j0, std::int64_t j1, packed_b_source<T> source) {
     using config = kernel_config<T, Isa>;
@@ -894,7 +863,7 @@ inline tile_plan plan_tiles(std::int64_t m, std::int64_t n, std::int64_t k, int 
     return best;
 }
 
-template <class T, gemm_isa Isa>
+template <class T, cpu_isa Isa>
 void multiply_whole(thread_pool& pool, unsigned threads, const problem& s, T alpha, const T* a, const T* b, T beta,
                     T* c);
 
@@ -905,7 +874,7 @@ void multiply_whole(thread_pool& pool, unsigned threads, const problem& s, T alp
 // call (3.5% of the input gradient's time), and its A, too large to share, was packed once
 // per column of tiles (6%); in parts, both packed operands live in storage kept between
 // calls.
-template <class T, gemm_isa Isa>
+template <class T, cpu_isa Isa>
 void multiply(thread_pool& pool, const problem& s, T alpha, const T* a, const T* b, T beta, T* c) {
     using config = kernel_config<T, Isa>;
     constexpr int mr = config::mr;
@@ -939,7 +908,7 @@ void multiply(thread_pool& pool, const problem& s, T alpha, const T* a, const T*
     }
 }
 
-template <class T, gemm_isa Isa>
+template <class T, cpu_isa Isa>
 void multiply_whole(thread_pool& pool, unsigned threads, const problem& s, T alpha, const T* a, const T* b, T beta,
                     T* c) {
     using config = kernel_config<T, Isa>;
@@ -1065,7 +1034,7 @@ inline constexpr bool is_gemm_element_v = std::is_same_v<T, float> || std::is_sa
 // The fallback after validation, on `pool` (tests pass pools of other sizes).
 // `bias` (n values, or none): added to every row of C in place of beta * C.
 template <class T>
-void fallback_unchecked(gemm_isa isa, thread_pool& pool, transpose ta, transpose tb, std::int64_t m, std::int64_t n,
+void fallback_unchecked(cpu_isa isa, thread_pool& pool, transpose ta, transpose tb, std::int64_t m, std::int64_t n,
                         std::int64_t k, T alpha, const T* a, std::int64_t lda, const T* b, std::int64_t ldb, T beta,
                         T* c, std::int64_t ldc, const T* bias = nullptr) {
     if (m == 0 || n == 0) return;
@@ -1079,9 +1048,9 @@ void fallback_unchecked(gemm_isa isa, thread_pool& pool, transpose ta, transpose
     }
     const problem s{ta, tb, m, n, k, lda, ldb, ldc, bias};
     switch (isa) {
-        case gemm_isa::avx512f: multiply<T, gemm_isa::avx512f>(pool, s, alpha, a, b, beta, c); return;
-        case gemm_isa::avx2_fma: multiply<T, gemm_isa::avx2_fma>(pool, s, alpha, a, b, beta, c); return;
-        case gemm_isa::portable: multiply<T, gemm_isa::portable>(pool, s, alpha, a, b, beta, c); return;
+        case cpu_isa::avx512f: multiply<T, cpu_isa::avx512f>(pool, s, alpha, a, b, beta, c); return;
+        case cpu_isa::avx2_fma: multiply<T, cpu_isa::avx2_fma>(pool, s, alpha, a, b, beta, c); return;
+        case cpu_isa::portable: multiply<T, cpu_isa::portable>(pool, s, alpha, a, b, beta, c); return;
     }
 }
 
@@ -1115,7 +1084,7 @@ void gemm_unchecked(transpose ta, transpose tb, std::int64_t m, std::int64_t n, 
             return;
         }
     }
-    fallback_unchecked(gemm_best_isa(), thread_pool::global(), ta, tb, m, n, k, alpha, a, lda, b, ldb, beta, c, ldc,
+    fallback_unchecked(best_cpu_isa(), thread_pool::global(), ta, tb, m, n, k, alpha, a, lda, b, ldb, beta, c, ldc,
                        bias);
 }
 
@@ -1147,13 +1116,13 @@ void gemm_bias(transpose ta, transpose tb, std::int64_t m, std::int64_t n, std::
 // The portable path with an explicit micro-kernel (tests and benchmarks pin one this way).
 // Throws usage_error when this CPU cannot run `isa`.
 template <class T>
-void gemm_fallback(gemm_isa isa, transpose ta, transpose tb, std::int64_t m, std::int64_t n, std::int64_t k, T alpha,
+void gemm_fallback(cpu_isa isa, transpose ta, transpose tb, std::int64_t m, std::int64_t n, std::int64_t k, T alpha,
                    const T* a, std::int64_t lda, const T* b, std::int64_t ldb, T beta, T* c, std::int64_t ldc) {
     static_assert(detail::gemm::is_gemm_element_v<T>, "loom::host::gemm_fallback: T must be float or double");
     detail::gemm::check_arguments("gemm_fallback", ta, tb, m, n, k, a, lda, b, ldb, c, ldc);
-    if (!gemm_isa_supported(isa)) {
+    if (!cpu_isa_supported(isa)) {
         throw usage_error(std::string("gemm_fallback: this CPU cannot run the ") + to_string(isa) +
-                          " micro-kernel; pass gemm_best_isa() or check gemm_isa_supported() first");
+                          " micro-kernel; pass best_cpu_isa() or check cpu_isa_supported() first");
     }
     detail::gemm::fallback_unchecked(isa, thread_pool::global(), ta, tb, m, n, k, alpha, a, lda, b, ldb, beta, c, ldc);
 }
@@ -1162,7 +1131,7 @@ void gemm_fallback(gemm_isa isa, transpose ta, transpose tb, std::int64_t m, std
 template <class T>
 void gemm_fallback(transpose ta, transpose tb, std::int64_t m, std::int64_t n, std::int64_t k, T alpha, const T* a,
                    std::int64_t lda, const T* b, std::int64_t ldb, T beta, T* c, std::int64_t ldc) {
-    gemm_fallback(gemm_best_isa(), ta, tb, m, n, k, alpha, a, lda, b, ldb, beta, c, ldc);
+    gemm_fallback(best_cpu_isa(), ta, tb, m, n, k, alpha, a, lda, b, ldb, beta, c, ldc);
 }
 
 // For every g in [0, batch): gemm on a + g*stride_a, b + g*stride_b, c + g*stride_c.

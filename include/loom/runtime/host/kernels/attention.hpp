@@ -498,14 +498,14 @@ void backward_portable(const problem& p, const tensors<T>& x, std::int64_t lo, s
 }
 
 // The kernels; `isa` must be supported by this CPU (tests pin each one this way).
-inline void require_supported(gemm_isa isa) {
-    if (!gemm_isa_supported(isa))
+inline void require_supported(cpu_isa isa) {
+    if (!cpu_isa_supported(isa))
         throw usage_error(std::string("attention kernels: this CPU cannot run the ") + to_string(isa) +
-                          " variant; pass gemm_best_isa() or check gemm_isa_supported() first");
+                          " variant; pass best_cpu_isa() or check cpu_isa_supported() first");
 }
 
 template <class T>
-void forward(const kernel_call<T>& c, gemm_isa isa = gemm_best_isa()) {
+void forward(const kernel_call<T>& c, cpu_isa isa = best_cpu_isa()) {
     require_supported(isa);
     const problem p = problem_of(c);
     tensors<T> x{};
@@ -517,15 +517,15 @@ void forward(const kernel_call<T>& c, gemm_isa isa = gemm_best_isa()) {
     parallel_for(0, p.pairs * p.tiles(), 1, [&](std::int64_t lo, std::int64_t hi) {
         workspace<T> ws(p, false);
         switch (isa) {
-            case gemm_isa::avx512f: forward_avx512<T>(p, x, lo, hi, ws); return;
-            case gemm_isa::avx2_fma: forward_avx2<T>(p, x, lo, hi, ws); return;
-            case gemm_isa::portable: forward_portable<T>(p, x, lo, hi, ws); return;
+            case cpu_isa::avx512f: forward_avx512<T>(p, x, lo, hi, ws); return;
+            case cpu_isa::avx2_fma: forward_avx2<T>(p, x, lo, hi, ws); return;
+            case cpu_isa::portable: forward_portable<T>(p, x, lo, hi, ws); return;
         }
     });
 }
 
 template <class T>
-void backward(const kernel_call<T>& c, gemm_isa isa = gemm_best_isa()) {
+void backward(const kernel_call<T>& c, cpu_isa isa = best_cpu_isa()) {
     require_supported(isa);
     const problem p = problem_of(c);
     tensors<T> x{};
@@ -541,9 +541,9 @@ void backward(const kernel_call<T>& c, gemm_isa isa = gemm_best_isa()) {
     parallel_for(0, p.pairs, 1, [&](std::int64_t lo, std::int64_t hi) {
         workspace<T> ws(p, true);
         switch (isa) {
-            case gemm_isa::avx512f: backward_avx512<T>(p, x, lo, hi, ws); return;
-            case gemm_isa::avx2_fma: backward_avx2<T>(p, x, lo, hi, ws); return;
-            case gemm_isa::portable: backward_portable<T>(p, x, lo, hi, ws); return;
+            case cpu_isa::avx512f: backward_avx512<T>(p, x, lo, hi, ws); return;
+            case cpu_isa::avx2_fma: backward_avx2<T>(p, x, lo, hi, ws); return;
+            case cpu_isa::portable: backward_portable<T>(p, x, lo, hi, ws); return;
         }
     });
 }

@@ -10,6 +10,7 @@
 #include <loom/ops/mul.hpp>
 #include <loom/ops/reduce.hpp>
 #include <loom/ops/scale.hpp>
+#include <loom/runtime/host/cpu_isa.hpp>
 #include <loom/runtime/host/kernel_call.hpp>
 #include <loom/runtime/host/kernels/elementwise.hpp>
 #include <loom/runtime/host/kernels/vector_math.hpp>
@@ -145,12 +146,29 @@ void sum_columns(const T* x, std::int64_t n, std::int64_t rows, std::int64_t j0,
     sum_columns_body(x, n, rows, j0, width, y);
 }
 
-// The same, compiled for AVX-512 CPUs (the baseline build targets SSE2): each column is
+// The same, compiled for wider vectors (the baseline build targets SSE2): each column is
 // still one sum in row order, so the result is bit for bit the baseline's.
+template <class T>
+[[gnu::target("avx2")]] void sum_columns_avx2(const T* x, std::int64_t n, std::int64_t rows, std::int64_t j0,
+                                              std::int64_t width, T* y) {
+    sum_columns_body(x, n, rows, j0, width, y);
+}
+
 template <class T>
 [[gnu::target("avx512f")]] void sum_columns_avx512(const T* x, std::int64_t n, std::int64_t rows, std::int64_t j0,
                                                    std::int64_t width, T* y) {
     sum_columns_body(x, n, rows, j0, width, y);
+}
+
+// sum_columns built for `isa` (one this CPU runs).
+template <class T>
+void sum_columns_on(cpu_isa isa, const T* x, std::int64_t n, std::int64_t rows, std::int64_t j0, std::int64_t width,
+                    T* y) {
+    switch (isa) {
+        case cpu_isa::avx512f: return sum_columns_avx512(x, n, rows, j0, width, y);
+        case cpu_isa::avx2_fma: return sum_columns_avx2(x, n, rows, j0, width, y);
+        case cpu_isa::portable: return sum_columns(x, n, rows, j0, width, y);
+    }
 }
 
 }  // namespace detail
@@ -165,15 +183,10 @@ struct host_kernel<ops::SumLeading> {
         const std::int64_t rows = c.input_numel(0) / n;
         const T* x = c.input(0);
         T* y = c.output(0);
-        const bool avx512 = detail::cpu_has_avx512f();
+        const cpu_isa isa = best_cpu_isa();
         parallel_for(0, n, 16, [&](std::int64_t lo, std::int64_t hi) {
-            for (std::int64_t j0 = lo; j0 < hi; j0 += detail::sum_columns_block) {
-                const std::int64_t width = std::min(detail::sum_columns_block, hi - j0);
-                if (avx512)
-                    detail::sum_columns_avx512(x, n, rows, j0, width, y);
-                else
-                    detail::sum_columns(x, n, rows, j0, width, y);
-            }
+            for (std::int64_t j0 = lo; j0 < hi; j0 += detail::sum_columns_block)
+                detail::sum_columns_on(isa, x, n, rows, j0, std::min(detail::sum_columns_block, hi - j0), y);
         });
     }
 };

@@ -10,6 +10,7 @@
 
 #include <loom/core/error.hpp>
 #include <loom/ops/cross_entropy.hpp>
+#include <loom/runtime/host/cpu_isa.hpp>
 #include <loom/runtime/host/kernel_call.hpp>
 #include <loom/runtime/host/kernels/elementwise.hpp>
 #include <loom/runtime/host/kernels/rowwise.hpp>
@@ -52,10 +53,21 @@ template <class T>
     out[target] -= scale;
 }
 
-// The same two, compiled for AVX-512 CPUs (the baseline build targets SSE2, whose 4-float
+// The same two, compiled for wider vectors (the baseline build targets SSE2, whose 4-float
 // vectors cover half of a row block): GPT-2's 50304-wide rows are 3% of its step. The
 // blocks, their order and every operation stay the same (fp-contract=off keeps g++ from
 // fusing a * b + c into an FMA), so the values are bit for bit the baseline's.
+template <class T>
+[[gnu::target("avx2"), gnu::optimize("fp-contract=off")]] T log_sum_exp_avx2(const T* __restrict x, std::int64_t v) {
+    return log_sum_exp(x, v);
+}
+
+template <class T>
+[[gnu::target("avx2"), gnu::optimize("fp-contract=off")]] void cross_entropy_grad_row_avx2(
+    const T* __restrict x, T* __restrict out, std::int64_t v, std::int32_t target, T scale) {
+    cross_entropy_grad_row(x, out, v, target, scale);
+}
+
 template <class T>
 [[gnu::target("avx512f"), gnu::optimize("fp-contract=off")]] T log_sum_exp_avx512(const T* __restrict x, std::int64_t v) {
     return log_sum_exp(x, v);
@@ -65,6 +77,26 @@ template <class T>
 [[gnu::target("avx512f"), gnu::optimize("fp-contract=off")]] void cross_entropy_grad_row_avx512(
     const T* __restrict x, T* __restrict out, std::int64_t v, std::int32_t target, T scale) {
     cross_entropy_grad_row(x, out, v, target, scale);
+}
+
+// Both built for `isa` (one this CPU runs).
+template <class T>
+T log_sum_exp_on(cpu_isa isa, const T* x, std::int64_t v) {
+    switch (isa) {
+        case cpu_isa::avx512f: return log_sum_exp_avx512(x, v);
+        case cpu_isa::avx2_fma: return log_sum_exp_avx2(x, v);
+        case cpu_isa::portable: break;
+    }
+    return log_sum_exp(x, v);
+}
+
+template <class T>
+void cross_entropy_grad_row_on(cpu_isa isa, const T* x, T* out, std::int64_t v, std::int32_t target, T scale) {
+    switch (isa) {
+        case cpu_isa::avx512f: return cross_entropy_grad_row_avx512(x, out, v, target, scale);
+        case cpu_isa::avx2_fma: return cross_entropy_grad_row_avx2(x, out, v, target, scale);
+        case cpu_isa::portable: return cross_entropy_grad_row(x, out, v, target, scale);
+    }
 }
 
 }  // namespace detail
@@ -80,10 +112,11 @@ struct host_kernel<ops::CrossEntropy> {
         detail::check_targets(c, 1, v, ignore);
         const T* logits = c.input(0);
         const std::int32_t* targets = c.index_input(1);
+        const cpu_isa isa = best_cpu_isa();
         const double total = detail::sum_over_rows(rows, v, [&](std::int64_t r) {
             if (targets[r] == ignore) return 0.0;
             const T* x = logits + r * v;
-            const T lse = detail::cpu_has_avx512f() ? detail::log_sum_exp_avx512(x, v) : detail::log_sum_exp(x, v);
+            const T lse = detail::log_sum_exp_on(isa, x, v);
             return static_cast<double>(lse - x[targets[r]]);
         });
         *c.output(0) = static_cast<T>(total / normalizer);
@@ -102,14 +135,13 @@ struct host_kernel<ops::CrossEntropyGrad> {
         const T* logits = c.input(1);
         const std::int32_t* targets = c.index_input(2);
         T* dlogits = c.output(0);
+        const cpu_isa isa = best_cpu_isa();
         for_each_row(rows, v, [&](std::int64_t r) {
             T* out = dlogits + r * v;
             if (targets[r] == ignore)
                 std::fill(out, out + v, T(0));
-            else if (detail::cpu_has_avx512f())
-                detail::cross_entropy_grad_row_avx512(logits + r * v, out, v, targets[r], scale);
             else
-                detail::cross_entropy_grad_row(logits + r * v, out, v, targets[r], scale);
+                detail::cross_entropy_grad_row_on(isa, logits + r * v, out, v, targets[r], scale);
         });
     }
 };

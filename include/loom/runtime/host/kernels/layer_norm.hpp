@@ -7,6 +7,7 @@
 #include <cstdint>
 
 #include <loom/ops/layer_norm.hpp>
+#include <loom/runtime/host/cpu_isa.hpp>
 #include <loom/runtime/host/kernel_call.hpp>
 #include <loom/runtime/host/kernels/elementwise.hpp>
 #include <loom/runtime/host/kernels/rowwise.hpp>
@@ -34,7 +35,7 @@ template <class T>
 }
 
 template <class T>
-void layer_norm_row(const T* __restrict x, const T* __restrict gamma, const T* __restrict beta, T* __restrict y,
+[[gnu::always_inline]] inline void layer_norm_row(const T* __restrict x, const T* __restrict gamma, const T* __restrict beta, T* __restrict y,
                     std::int64_t h, T eps) {
     const auto [mean, rstd] = layer_norm_moments(x, h, eps);
     for_lanes(h, [=](std::int64_t i) { y[i] = (x[i] - mean) * rstd * gamma[i] + beta[i]; });
@@ -43,7 +44,7 @@ void layer_norm_row(const T* __restrict x, const T* __restrict gamma, const T* _
 // With xhat = (x - mean) rstd and g = dy gamma:
 //   dx = rstd (g - mean(g) - xhat mean(g xhat)),  dgamma += dy xhat,  dbeta += dy.
 template <class T>
-void layer_norm_grad_row(const T* __restrict dy, const T* __restrict x, const T* __restrict gamma, T* __restrict dx,
+[[gnu::always_inline]] inline void layer_norm_grad_row(const T* __restrict dy, const T* __restrict x, const T* __restrict gamma, T* __restrict dx,
                          T* __restrict dgamma, T* __restrict dbeta, std::int64_t h, T eps) {
     const auto [mean, rstd] = layer_norm_moments(x, h, eps);
     const T mean_g = lane_sum<T>(h, [=](std::int64_t i) { return dy[i] * gamma[i]; }) / static_cast<T>(h);
@@ -57,6 +58,55 @@ void layer_norm_grad_row(const T* __restrict dy, const T* __restrict x, const T*
     });
 }
 
+// The two rows compiled for wider vectors (the baseline build targets SSE2). Each sum keeps
+// its eight lanes and their order, and fp-contract=off keeps g++ from fusing a * b + c into
+// an FMA, so the values are bit for bit the baseline's.
+template <class T>
+[[gnu::target("avx2"), gnu::optimize("fp-contract=off")]] void layer_norm_row_avx2(
+    const T* __restrict x, const T* __restrict gamma, const T* __restrict beta, T* __restrict y, std::int64_t h, T eps) {
+    layer_norm_row(x, gamma, beta, y, h, eps);
+}
+
+template <class T>
+[[gnu::target("avx512f"), gnu::optimize("fp-contract=off")]] void layer_norm_row_avx512(
+    const T* __restrict x, const T* __restrict gamma, const T* __restrict beta, T* __restrict y, std::int64_t h, T eps) {
+    layer_norm_row(x, gamma, beta, y, h, eps);
+}
+
+template <class T>
+[[gnu::target("avx2"), gnu::optimize("fp-contract=off")]] void layer_norm_grad_row_avx2(
+    const T* __restrict dy, const T* __restrict x, const T* __restrict gamma, T* __restrict dx, T* __restrict dgamma,
+    T* __restrict dbeta, std::int64_t h, T eps) {
+    layer_norm_grad_row(dy, x, gamma, dx, dgamma, dbeta, h, eps);
+}
+
+template <class T>
+[[gnu::target("avx512f"), gnu::optimize("fp-contract=off")]] void layer_norm_grad_row_avx512(
+    const T* __restrict dy, const T* __restrict x, const T* __restrict gamma, T* __restrict dx, T* __restrict dgamma,
+    T* __restrict dbeta, std::int64_t h, T eps) {
+    layer_norm_grad_row(dy, x, gamma, dx, dgamma, dbeta, h, eps);
+}
+
+// Both built for `isa` (one this CPU runs).
+template <class T>
+void layer_norm_row_on(cpu_isa isa, const T* x, const T* gamma, const T* beta, T* y, std::int64_t h, T eps) {
+    switch (isa) {
+        case cpu_isa::avx512f: return layer_norm_row_avx512(x, gamma, beta, y, h, eps);
+        case cpu_isa::avx2_fma: return layer_norm_row_avx2(x, gamma, beta, y, h, eps);
+        case cpu_isa::portable: return layer_norm_row(x, gamma, beta, y, h, eps);
+    }
+}
+
+template <class T>
+void layer_norm_grad_row_on(cpu_isa isa, const T* dy, const T* x, const T* gamma, T* dx, T* dgamma, T* dbeta,
+                            std::int64_t h, T eps) {
+    switch (isa) {
+        case cpu_isa::avx512f: return layer_norm_grad_row_avx512(dy, x, gamma, dx, dgamma, dbeta, h, eps);
+        case cpu_isa::avx2_fma: return layer_norm_grad_row_avx2(dy, x, gamma, dx, dgamma, dbeta, h, eps);
+        case cpu_isa::portable: return layer_norm_grad_row(dy, x, gamma, dx, dgamma, dbeta, h, eps);
+    }
+}
+
 }  // namespace detail
 
 template <>
@@ -68,7 +118,9 @@ struct host_kernel<ops::LayerNorm> {
         const T eps = static_cast<T>(c.attrs().template get<double>("eps"));
         const T *x = c.input(0), *gamma = c.input(1), *beta = c.input(2);
         T* y = c.output(0);
-        for_each_row(rows, h, [&](std::int64_t r) { detail::layer_norm_row(x + r * h, gamma, beta, y + r * h, h, eps); });
+        const cpu_isa isa = best_cpu_isa();
+        for_each_row(rows, h,
+                     [&](std::int64_t r) { detail::layer_norm_row_on(isa, x + r * h, gamma, beta, y + r * h, h, eps); });
     }
 };
 
@@ -85,6 +137,7 @@ struct host_kernel<ops::LayerNormGrad> {
         // Block b's partial dgamma at partial[b * 2h], its partial dbeta right after.
         T* partial = detail::scratch<T>(static_cast<std::size_t>(blocks * 2 * h));
         const std::int64_t grain = std::max<std::int64_t>(1, elementwise_grain / (detail::block_rows * h));
+        const cpu_isa isa = best_cpu_isa();
         parallel_for(0, blocks, grain, [&](std::int64_t lo, std::int64_t hi) {
             for (std::int64_t b = lo; b < hi; ++b) {
                 T* pg = partial + b * 2 * h;
@@ -92,7 +145,7 @@ struct host_kernel<ops::LayerNormGrad> {
                 std::fill(pg, pg + 2 * h, T(0));
                 const std::int64_t end = std::min(rows, (b + 1) * detail::block_rows);
                 for (std::int64_t r = b * detail::block_rows; r < end; ++r)
-                    detail::layer_norm_grad_row(dy + r * h, x + r * h, gamma, dx + r * h, pg, pb, h, eps);
+                    detail::layer_norm_grad_row_on(isa, dy + r * h, x + r * h, gamma, dx + r * h, pg, pb, h, eps);
             }
         });
         detail::sum_blocks(partial, blocks, 2 * h, h, dgamma);
