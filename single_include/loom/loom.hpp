@@ -22165,10 +22165,14 @@ enum class transpose : bool { no, yes };
 
 // Which implementation gemm() uses outside parallel regions.
 //   LOOM_GEMM=cblas | loom   chooses explicitly (cblas needs a build with OpenBLAS);
-//   otherwise                loom's kernels on CPUs with AVX-512, where they measured faster
-//                            than OpenBLAS 0.3.21's default kernels and do not keep spinning
-//                            threads that compete with loom's pool (benchmarks/RESULTS.md),
-//                            else CBLAS when built with it, else loom's kernels.
+//   otherwise                loom's kernels on CPUs with AVX2+FMA or AVX-512, else CBLAS when
+//                            built with it, else loom's portable kernel. With AVX-512 loom's
+//                            kernels measured faster than OpenBLAS 0.3.21's; with AVX2 (a Zen 3
+//                            core) a training step took the same time either way, but OpenBLAS
+//                            keeps threads of its own that spin and yield beside loom's pool,
+//                            and several ranks in one process calling it at once queued in
+//                            sched_yield: a 4-rank pipeline of 16 micro-batches took 2.36 s a
+//                            step with it, 0.34 s with loom's kernels (benchmarks/RESULTS.md).
 enum class gemm_backend { cblas, loom };
 
 inline gemm_backend selected_gemm_backend() {
@@ -22184,7 +22188,7 @@ inline gemm_backend selected_gemm_backend() {
             }
             throw usage_error("LOOM_GEMM=" + std::string(v) + ": expected 'cblas' or 'loom'");
         }
-        if (!has_cblas || best_cpu_isa() == cpu_isa::avx512f) return gemm_backend::loom;
+        if (!has_cblas || best_cpu_isa() != cpu_isa::portable) return gemm_backend::loom;
         return gemm_backend::cblas;
     }();
     return chosen;
@@ -26066,20 +26070,28 @@ inline collective_links measure_host_links(comm::communicator& c, const comm::gr
         const bool p2p = kind == collective::send_recv;
         const bool per_rank = kind == collective::all_gather || kind == collective::reduce_scatter;
         const int members = p2p ? 2 : ranks;
-        const double small = timed(run(kind, 1), p2p ? 2 : 1, !p2p || paired);
-        const double large = timed(run(kind, per_rank ? per_rank_large : large_floats), p2p ? 2 : 1, !p2p || paired);
         const double small_bytes = 4.0 * (per_rank ? ranks : 1);
         const double large_bytes = 4.0 * static_cast<double>(per_rank ? per_rank_large * static_cast<std::size_t>(ranks) : large_floats);
         const group_placement one_node = placement(unit.topo, device_group{.size = members, .stride = 1, .first = 0});
         const comm_time per_unit_small = collective_cost(unit, kind, small_bytes, members, one_node);
         const comm_time per_unit_large = collective_cost(unit, kind, large_bytes, members, one_node);
+        // A busy machine (another program, a virtual machine's neighbours) can make the small
+        // message as slow as the large one; such a pair says nothing, and is measured again.
+        // Every member sees the same means, so all of them retry, or not, together.
+        constexpr int attempts = 5;
         link l;
-        l.latency = small * ranks / per_unit_small.latency;  // a few bytes take no measurable transmission
-        const double moving = large * ranks - l.latency * per_unit_large.latency;
-        if (moving <= 0)
-            throw error("measure_host_links: a " + std::string(to_string(kind)) + " of 1 MiB took " +
-                        std::to_string(large * 1e6) + " us, no longer than the latency of a small one; the machine was "
-                        "too busy to measure, try again");
+        double moving = 0, large = 0;
+        for (int attempt = 1; moving <= 0; ++attempt) {
+            const double small = timed(run(kind, 1), p2p ? 2 : 1, !p2p || paired);
+            large = timed(run(kind, per_rank ? per_rank_large : large_floats), p2p ? 2 : 1, !p2p || paired);
+            l.latency = small * ranks / per_unit_small.latency;  // a few bytes take no measurable transmission
+            moving = large * ranks - l.latency * per_unit_large.latency;
+            if (moving <= 0 && attempt == attempts)
+                throw error("measure_host_links: a " + std::string(to_string(kind)) + " of 1 MiB took " +
+                            std::to_string(large * 1e6) + " us, no longer than the latency of a small one, " +
+                            std::to_string(attempts) +
+                            " times over; the machine was too busy to measure: stop what else runs and try again");
+        }
         l.bandwidth = per_unit_large.transmission / moving;
         links[kind] = l;
     }

@@ -145,20 +145,28 @@ inline collective_links measure_host_links(comm::communicator& c, const comm::gr
         const bool p2p = kind == collective::send_recv;
         const bool per_rank = kind == collective::all_gather || kind == collective::reduce_scatter;
         const int members = p2p ? 2 : ranks;
-        const double small = timed(run(kind, 1), p2p ? 2 : 1, !p2p || paired);
-        const double large = timed(run(kind, per_rank ? per_rank_large : large_floats), p2p ? 2 : 1, !p2p || paired);
         const double small_bytes = 4.0 * (per_rank ? ranks : 1);
         const double large_bytes = 4.0 * static_cast<double>(per_rank ? per_rank_large * static_cast<std::size_t>(ranks) : large_floats);
         const group_placement one_node = placement(unit.topo, device_group{.size = members, .stride = 1, .first = 0});
         const comm_time per_unit_small = collective_cost(unit, kind, small_bytes, members, one_node);
         const comm_time per_unit_large = collective_cost(unit, kind, large_bytes, members, one_node);
+        // A busy machine (another program, a virtual machine's neighbours) can make the small
+        // message as slow as the large one; such a pair says nothing, and is measured again.
+        // Every member sees the same means, so all of them retry, or not, together.
+        constexpr int attempts = 5;
         link l;
-        l.latency = small * ranks / per_unit_small.latency;  // a few bytes take no measurable transmission
-        const double moving = large * ranks - l.latency * per_unit_large.latency;
-        if (moving <= 0)
-            throw error("measure_host_links: a " + std::string(to_string(kind)) + " of 1 MiB took " +
-                        std::to_string(large * 1e6) + " us, no longer than the latency of a small one; the machine was "
-                        "too busy to measure, try again");
+        double moving = 0, large = 0;
+        for (int attempt = 1; moving <= 0; ++attempt) {
+            const double small = timed(run(kind, 1), p2p ? 2 : 1, !p2p || paired);
+            large = timed(run(kind, per_rank ? per_rank_large : large_floats), p2p ? 2 : 1, !p2p || paired);
+            l.latency = small * ranks / per_unit_small.latency;  // a few bytes take no measurable transmission
+            moving = large * ranks - l.latency * per_unit_large.latency;
+            if (moving <= 0 && attempt == attempts)
+                throw error("measure_host_links: a " + std::string(to_string(kind)) + " of 1 MiB took " +
+                            std::to_string(large * 1e6) + " us, no longer than the latency of a small one, " +
+                            std::to_string(attempts) +
+                            " times over; the machine was too busy to measure: stop what else runs and try again");
+        }
         l.bandwidth = per_unit_large.transmission / moving;
         links[kind] = l;
     }

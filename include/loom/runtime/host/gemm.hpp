@@ -46,10 +46,14 @@ enum class transpose : bool { no, yes };
 
 // Which implementation gemm() uses outside parallel regions.
 //   LOOM_GEMM=cblas | loom   chooses explicitly (cblas needs a build with OpenBLAS);
-//   otherwise                loom's kernels on CPUs with AVX-512, where they measured faster
-//                            than OpenBLAS 0.3.21's default kernels and do not keep spinning
-//                            threads that compete with loom's pool (benchmarks/RESULTS.md),
-//                            else CBLAS when built with it, else loom's kernels.
+//   otherwise                loom's kernels on CPUs with AVX2+FMA or AVX-512, else CBLAS when
+//                            built with it, else loom's portable kernel. With AVX-512 loom's
+//                            kernels measured faster than OpenBLAS 0.3.21's; with AVX2 (a Zen 3
+//                            core) a training step took the same time either way, but OpenBLAS
+//                            keeps threads of its own that spin and yield beside loom's pool,
+//                            and several ranks in one process calling it at once queued in
+//                            sched_yield: a 4-rank pipeline of 16 micro-batches took 2.36 s a
+//                            step with it, 0.34 s with loom's kernels (benchmarks/RESULTS.md).
 enum class gemm_backend { cblas, loom };
 
 inline gemm_backend selected_gemm_backend() {
@@ -65,7 +69,7 @@ inline gemm_backend selected_gemm_backend() {
             }
             throw usage_error("LOOM_GEMM=" + std::string(v) + ": expected 'cblas' or 'loom'");
         }
-        if (!has_cblas || best_cpu_isa() == cpu_isa::avx512f) return gemm_backend::loom;
+        if (!has_cblas || best_cpu_isa() != cpu_isa::portable) return gemm_backend::loom;
         return gemm_backend::cblas;
     }();
     return chosen;
