@@ -282,10 +282,13 @@ struct host_op_costs {
 namespace detail {
 
 // One rank's costs. Each batch runs once to warm up, then in three blocks of timed runs
-// (26 runs each at batch 1, 1 at batch 16: about the same time at each batch, so the small
-// batches' short kernels are timed often enough); a batch's step is the median of its
-// blocks' means, so that one block that the machine slowed (ranks in processes of their
-// own are scheduled unevenly) does not move it. `before_block` runs before each block:
+// (26 runs each at batch 1, 3 at batches 8 and 16: about the same time at the small
+// batches, so their short kernels are timed often enough, and never one step alone); a
+// batch's step is the fastest of its blocks' means, since what else the machine runs only
+// adds time. On a 2-vCPU virtual machine one step a block and the median of the blocks
+// moved the step alone by 25% between runs, and priced the fidelity benchmark's plans at a
+// Spearman rank correlation of 0.54 to 0.83 against 0.94 with three steps and the fastest
+// block (benchmarks/RESULTS.md). `before_block` runs before each block:
 // ranks measured together pass a barrier there, so their blocks overlap.
 template <class BeforeBlock>
 host_op_costs measure_host_ops(BeforeBlock&& before_block) {
@@ -301,7 +304,7 @@ host_op_costs measure_host_ops(BeforeBlock&& before_block) {
         for (tensor_id t : g.parameters)
             for (float& x : storage.real(t)) x = 0.01f;
         exec.run();  // warm up
-        const int blocks = 3, runs = std::max(1, static_cast<int>(80 / batch) / blocks);
+        const int blocks = 3, runs = std::max(3, static_cast<int>(80 / batch) / blocks);
         host::op_profile profile;
         exec.set_profile(&profile);
         std::vector<double> block_steps;
@@ -312,7 +315,7 @@ host_op_costs measure_host_ops(BeforeBlock&& before_block) {
             block_steps.push_back(std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count() / runs);
         }
         std::sort(block_steps.begin(), block_steps.end());
-        costs.step_seconds.push_back(block_steps[block_steps.size() / 2]);
+        costs.step_seconds.push_back(block_steps.front());
         exec.set_profile(nullptr);
         std::map<std::string, double, std::less<>> bytes;
         for (const instruction& step : prog.steps) {
@@ -342,28 +345,38 @@ inline host_op_costs calibrate_host_ops_alone() {
 
 // This rank's calibration steps, in seconds, while the other ranks run theirs: `barrier`
 // (called before each batch) must return on every rank together. Ranks in processes of
-// their own (MPI) call it on every rank and pass the mean to host_price_options;
-// calibration_steps_in_process does so for in-process ranks.
+// their own (MPI) call it on every rank and pass the slowest rank's (slowest_rank_steps) to
+// host_price_options; calibration_steps_in_process does so for in-process ranks.
 template <class Barrier>
 std::vector<double> calibration_steps_together(Barrier&& barrier) {
     return detail::measure_host_ops(std::forward<Barrier>(barrier)).step_seconds;
 }
 
+// Per batch, the slowest member's step of `mine` (every member of `everyone` calls this at
+// once). A training step ends when its slowest rank does, and ranks that share the cores
+// do not get equal shares of them: a mean over the ranks priced the machine's work
+// together up to 12% below the slowest rank's.
+inline std::vector<double> slowest_rank_steps(comm::communicator& c, const comm::group& everyone,
+                                              const std::vector<double>& mine) {
+    std::vector<double> all(mine.size() * static_cast<std::size_t>(everyone.size()));
+    c.all_gather(mine.data(), all.data(), mine.size(), comm::dtype::f64, everyone);
+    std::vector<double> slowest(mine.size(), 0.0);
+    for (std::size_t r = 0; r < static_cast<std::size_t>(everyone.size()); ++r)
+        for (std::size_t b = 0; b < mine.size(); ++b) slowest[b] = std::max(slowest[b], all[r * mine.size() + b]);
+    return slowest;
+}
+
 // `ranks` in-process ranks' calibration steps at once, one thread and executor each: the
-// mean over the ranks of each batch's step seconds.
+// slowest rank's step of each batch.
 inline std::vector<double> calibration_steps_in_process(int ranks) {
     if (ranks < 1)
         throw usage_error("calibration_steps_in_process: " + std::to_string(ranks) + " ranks; give at least 1");
-    std::vector<double> mean;
+    std::vector<double> slowest;
     comm::run_ranks(ranks, [&](comm::communicator& c) {
-        std::vector<double> steps = calibration_steps_together([&] { c.barrier(c.world()); });
-        c.all_reduce_sum(std::span<double>(steps), c.world());
-        if (c.rank() == 0) {
-            for (double& s : steps) s /= ranks;
-            mean = std::move(steps);
-        }
+        std::vector<double> steps = slowest_rank_steps(c, c.world(), calibration_steps_together([&] { c.barrier(c.world()); }));
+        if (c.rank() == 0) slowest = std::move(steps);
     });
-    return mean;
+    return slowest;
 }
 
 // The op rates of ranks computing together (price_options::rates): each kind's cost alone
