@@ -9,7 +9,8 @@
 // beta == 0 overwrites C without reading it (NaN in C does not propagate), and alpha == 0 or
 // k == 0 gives C = beta * C without reading A or B.
 //
-// gemm() calls OpenBLAS when the build has it (see cblas_gate.hpp) and gemm_fallback()
+// gemm() calls OpenBLAS when selected (selected_gemm_backend below: by default only where
+// the build has it, see cblas_gate.hpp, and the CPU has no AVX2) and gemm_fallback()
 // otherwise; inside a parallel_for range it always runs gemm_fallback() on the calling
 // thread, so OpenBLAS's threads never pile onto the pool's.
 //
