@@ -24,7 +24,8 @@
 # MEMCHECK=0 skips the compute-sanitizer pass (it is the slow part of a run).
 #
 # Results: $RESULTS_DIR (default: $OUT when set, else benchmarks/results/gpu) gets
-# gpu_results.md (the table and every test's verdict) and the raw logs.
+# gpu_results.md (the table and every test's verdict), gpu_profile.json and the raw logs
+# (under $OUT: packed into logs.tar.gz).
 set -uo pipefail
 
 cd "$(dirname "${BASH_SOURCE[0]}")/../.."
@@ -189,6 +190,11 @@ run() {
   "$(path_of gpu_train)" --precision bf16 --warmup 3 --steps 3 --profile 2>&1 | tee -a "$report" "$results/profile.log"
   PYTHONUNBUFFERED=1 python3 "$torch_script" --mode profile 2>&1 | tee -a "$report" "$results/profile.log"
   echo '```' >>"$report"
+  # The device tool returns at most 8 files from $OUT: the report and the profile stay
+  # apart, every log travels in one archive.
+  if [[ -n "${OUT:-}" && "$results" == "$OUT" ]]; then
+    (cd "$results" && tar -czf logs.tar.gz ./*.log && rm -f ./*.log)
+  fi
   echo "results: $report"
   return $failed
 }
