@@ -1,7 +1,13 @@
 // The program every consumer test (find_package, add_subdirectory, fetch_content) builds
 // and runs: it includes loom through the consumer's target, builds a small graph, trains
 // it and checks that the loss falls. Exit code 0 means the target carried everything.
-#include <loom/loom.hpp>
+// It includes the headers it uses, as a program would, rather than <loom/loom.hpp>: that
+// one took two thirds of each consumer's compile (37 s against 17 s), and it compiles on its
+// own as the first line of src/compiled.cpp and in the header test.
+#include <loom/autograd/autograd.hpp>
+#include <loom/graph/builder.hpp>
+#include <loom/ops/all.hpp>
+#include <loom/train/trainer.hpp>
 
 #include <iostream>
 
