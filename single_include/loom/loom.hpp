@@ -25408,9 +25408,10 @@ kernel_table<T>::kernel_table() {
     });
 }
 
-// Compiled kernels: a program linking loom::compiled (src/compiled.cpp, which defines
-// LOOM_COMPILED for its users) compiles the built-in kernels of both
-// precisions once, there, instead of in every translation unit that runs a program. Without
+// Compiled kernels: a program linking loom::compiled (src/kernels_float.cpp and
+// src/kernels_double.cpp; the library defines LOOM_COMPILED for its users) compiles the
+// built-in kernels of both precisions once, there, instead of in every translation unit that
+// runs a program. Without
 // it loom stays header-only and each translation unit instantiates what it uses.
 #if defined(LOOM_COMPILED)
 extern template class kernel_table<float>;
