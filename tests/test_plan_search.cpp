@@ -7,6 +7,7 @@
 #include <functional>
 #include <cstdio>
 #include <map>
+#include <set>
 #include <string>
 #include <vector>
 
@@ -1170,4 +1171,39 @@ TEST_CASE("the registry knows which ops a split may rebuild into others") {
     CHECK(registry.may_decompose(op_def_of<ops::CrossEntropy>()));
     CHECK_FALSE(registry.may_decompose(op_def_of<ops::LinearBias>()));
     CHECK_FALSE(registry.may_decompose(op_def_of<ops::Gelu>()));
+}
+
+TEST_CASE("the regions a device holds are counted as pairs of device and region would count them") {
+    // Brute force: each device's distinct coordinates along the slicing splits.
+    auto brute = [](const plan::op_partition& p, const std::vector<std::size_t>& slicing, std::size_t devices) {
+        std::vector<std::set<std::vector<std::int64_t>>> held(devices);
+        for (std::int64_t piece = 0; piece < p.pieces(); ++piece) {
+            const int d = p.device_of(piece);
+            if (d < 0 || static_cast<std::size_t>(d) >= devices) continue;
+            const std::vector<std::int64_t> at = p.coordinates(piece);
+            std::vector<std::int64_t> region;
+            for (std::size_t b : slicing) region.push_back(at[b]);
+            held[static_cast<std::size_t>(d)].insert(region);
+        }
+        std::vector<std::int64_t> count;
+        for (const auto& h : held) count.push_back(static_cast<std::int64_t>(h.size()));
+        return count;
+    };
+    // Micro-batches (not slicing) x a slicing split of 4 x Coshard 2 on it x 2 replicas, the
+    // pieces dealt round-robin (colocated pieces of several regions) over `devices`; the last
+    // case has devices x regions beyond the bitmap, so the counts come from sorted keys.
+    for (const auto& [degree, devices] : std::vector<std::pair<std::int64_t, std::size_t>>{{8, 4}, {8, 16}, {4096, 4097}}) {
+        plan::op_partition p;
+        p.splits.push_back({Dim::Batch::id, "", 3, false});
+        p.splits.push_back({Dim::Hidden::id, "", degree, false});
+        p.replicas = 2;
+        for (std::int64_t piece = 0; piece < p.pieces(); ++piece)
+            p.devices.push_back(static_cast<int>((piece * 7 + piece / 5) % static_cast<std::int64_t>(devices - 1)));
+        for (const std::vector<std::size_t>& slicing : {std::vector<std::size_t>{1}, std::vector<std::size_t>{0, 1},
+                                                        std::vector<std::size_t>{}}) {
+            std::vector<std::int64_t> count;
+            search::detail::regions_per_device(p, slicing, devices, count);
+            CHECK(count == brute(p, slicing, devices));
+        }
+    }
 }

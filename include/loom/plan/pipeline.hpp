@@ -201,6 +201,7 @@ LOOM_INLINE resolved_plan place_stages(const pipeline_spec& spec, const graph& g
         if (micro) placed.splits.push_back({Dim::Batch::id, "", spec.micro_batches, false});
         for (const auto& s : within.splits) placed.splits.push_back(s);
         const std::int64_t per_micro = within.pieces();
+        placed.devices.reserve(static_cast<std::size_t>(per_micro * (micro ? spec.micro_batches : 1)));
         for (int m = 0; m < (micro ? spec.micro_batches : 1); ++m)
             for (std::int64_t q = 0; q < per_micro; ++q) {
                 const int local = within.device_of(q);

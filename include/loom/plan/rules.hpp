@@ -470,8 +470,9 @@ LOOM_INLINE resolved_plan partition_ops(const plan_spec& p, const graph& g) {
                 throw plan_error("plan: " + spelling + " on " + where() + ": " + std::to_string(pieces) +
                                  " pieces cannot be grouped " + std::to_string(per_device) +
                                  " per device; choose a colocation that divides " + std::to_string(pieces));
+            op.devices.resize(static_cast<std::size_t>(pieces));
             for (std::int64_t k = 0; k < pieces; ++k)
-                op.devices.push_back(assign->first_device + static_cast<int>(k / per_device));
+                op.devices[static_cast<std::size_t>(k)] = assign->first_device + static_cast<int>(k / per_device);
             if (per_device > 1 && p.colocation_requires_recompute && !recompute)
                 throw plan_error("plan: " + spelling + " on " + where() +
                                  " without recompute, but the plan requires colocated ops to recompute; add recompute "

@@ -312,6 +312,24 @@ LOOM_INLINE std::vector<std::size_t> slicing_splits(const node& n, const plan::o
 LOOM_INLINE void regions_per_device(const plan::op_partition& p, const std::vector<std::size_t>& slicing,
                                            std::size_t devices, std::vector<std::int64_t>& count);
 
+// Per node of a resolved plan: the devices its pieces run on, each with its count of
+// pieces, in device order; made on first use. The bounds add an op's work per piece, and an
+// op cut into micro-batches has micro-batches x degrees pieces (a thousand and more at 1024
+// devices) on a few devices: one pass over the pieces per node, not one per bound term and
+// training op.
+class piece_spread {
+   public:
+    using spread = std::vector<std::pair<int, std::int64_t>>;
+    explicit piece_spread(const plan::resolved_plan& rp) : rp_(rp) {}
+    // Node n's spread (n has a partition, rp.at(n) != nullptr).
+    LOOM_INLINE const spread& of(node_id n);
+
+   private:
+    const plan::resolved_plan& rp_;
+    std::vector<std::optional<spread>> spreads_;
+    std::vector<std::int64_t> count_;
+};
+
 // The least seconds each device computes under plan rp: its forward ops, its backward ops,
 // and given the model the replays of recomputed nodes (see step_lower_bound).
 struct device_compute {
@@ -323,14 +341,14 @@ struct device_compute {
     double total(std::size_t d) const { return forward[d] + backward[d] + replays[d]; }
 };
 LOOM_INLINE device_compute compute_lower_bound(const plan::resolved_plan& rp, const training_work& work,
-                                               const price_options& o, const graph* model);
+                                               const price_options& o, const graph* model, piece_spread* spread = nullptr);
 
 // The least step that the dependencies between training ops allow each device's compute
 // (see step_lower_bound).
 // `weights`: each device's least seconds reducing its weights' gradients (empty: none).
 LOOM_INLINE double dependency_lower_bound(const plan::resolved_plan& rp, const training_work& work, const price_options& o,
                                           const graph& model, const device_compute& compute,
-                                          const std::vector<double>& weights = {});
+                                          const std::vector<double>& weights = {}, piece_spread* spread = nullptr);
 
 // The least makespan of a pipeline's order (rp.order) when each block takes the least time
 // its ops can: the schedule simulated (schedule/simulate.hpp) with, for each stage and pass,
@@ -346,7 +364,8 @@ LOOM_INLINE double dependency_lower_bound(const plan::resolved_plan& rp, const t
 // `weights` (per device, may be empty): the reductions of the weights' gradients, which
 // wait for the last backward block of the device's stages to start.
 LOOM_INLINE double schedule_lower_bound(const plan::resolved_plan& rp, const training_work& work,
-                                        const std::vector<double>& length, const std::vector<double>& weights);
+                                        const std::vector<double>& length, const std::vector<double>& weights,
+                                        piece_spread* spread = nullptr);
 
 // Per device: the saved activations it holds at their peak in flight under plan rp (see
 // memory_floor).
@@ -708,7 +727,8 @@ LOOM_INLINE training_work training_work_of(const graph& model, const device_prof
 
 LOOM_INLINE double step_lower_bound(const plan::resolved_plan& rp, const training_work& work, const price_options& o,
                                     const graph* model, const cluster* c, double* busiest) {
-    const detail::device_compute compute = detail::compute_lower_bound(rp, work, o, model);
+    detail::piece_spread spread(rp);
+    const detail::device_compute compute = detail::compute_lower_bound(rp, work, o, model, &spread);
     std::vector<double> busy(compute.forward.size());
     for (std::size_t d = 0; d < busy.size(); ++d) busy[d] = compute.total(d);
     if (o.compute_shared_by != 1) {
@@ -731,7 +751,7 @@ LOOM_INLINE double step_lower_bound(const plan::resolved_plan& rp, const trainin
     }
     std::vector<double> talk, weights;
     if (model && c) talk = detail::communication_lower_bound(rp, *model, *c, o, &weights);
-    const double ordered = model ? detail::dependency_lower_bound(rp, work, o, *model, compute, weights) : 0.0;
+    const double ordered = model ? detail::dependency_lower_bound(rp, work, o, *model, compute, weights, &spread) : 0.0;
     for (std::size_t d = 0; d < talk.size(); ++d) busy[d] = o.overlap ? std::max(busy[d], talk[d]) : busy[d] + talk[d];
     const double most = *std::max_element(busy.begin(), busy.end());
     if (busiest) *busiest = most;
@@ -771,38 +791,83 @@ LOOM_INLINE void regions_per_device(const plan::op_partition& p, const std::vect
                                     std::size_t devices, std::vector<std::int64_t>& count) {
     count.assign(devices, 0);
     bool colocated = false;
-    for (std::int64_t piece = 0; piece < p.pieces(); ++piece)
+    const std::int64_t pieces = p.pieces();
+    for (std::int64_t piece = 0; piece < pieces; ++piece)
         if (const int d = p.device_of(piece); d >= 0 && static_cast<std::size_t>(d) < devices)
             colocated = count[static_cast<std::size_t>(d)]++ > 0 || colocated;
     if (!colocated) return;
-    // A piece's region: its coordinates along the slicing splits; each device counts its
-    // distinct ones.
-    std::vector<std::pair<std::size_t, std::vector<std::int64_t>>> held;
-    for (std::int64_t piece = 0; piece < p.pieces(); ++piece) {
-        const int d = p.device_of(piece);
-        if (d < 0 || static_cast<std::size_t>(d) >= devices) continue;
-        const std::vector<std::int64_t> at = p.coordinates(piece);
-        std::vector<std::int64_t> region;
-        for (std::size_t b : slicing) region.push_back(at[b]);
-        held.push_back({static_cast<std::size_t>(d), std::move(region)});
+    // A piece's region: its coordinates along the slicing splits, as one mixed-radix number
+    // (piece index = ((c0 d1 + c1) d2 + ...) replicas + replica, so coordinate b is
+    // piece / stride_b % degree_b). Each device counts its distinct regions, marked in a
+    // devices x regions bitmap (sorted keys where that would be large): at a thousand
+    // devices with hundreds of micro-batch pieces each, this runs for every parameter
+    // reading of every bounded assignment.
+    std::vector<std::int64_t> stride(p.splits.size());
+    std::int64_t below = p.replicas;
+    for (std::size_t b = p.splits.size(); b-- > 0;) {
+        stride[b] = below;
+        below *= p.splits[b].degree;
     }
-    std::sort(held.begin(), held.end());
-    held.erase(std::unique(held.begin(), held.end()), held.end());
+    std::int64_t radix = 1;
+    for (std::size_t b : slicing) radix *= p.splits[b].degree;
+    auto region_of = [&](std::int64_t piece) {
+        std::int64_t region = 0;
+        for (std::size_t b : slicing) region = region * p.splits[b].degree + piece / stride[b] % p.splits[b].degree;
+        return region;
+    };
     count.assign(devices, 0);
-    for (const auto& [d, region] : held) ++count[d];
+    constexpr std::int64_t bitmap_limit = std::int64_t{1} << 24;
+    if (radix <= bitmap_limit / static_cast<std::int64_t>(std::max<std::size_t>(devices, 1))) {
+        std::vector<bool> seen(devices * static_cast<std::size_t>(radix), false);
+        for (std::int64_t piece = 0; piece < pieces; ++piece) {
+            const int d = p.device_of(piece);
+            if (d < 0 || static_cast<std::size_t>(d) >= devices) continue;
+            const std::size_t key = static_cast<std::size_t>(d) * static_cast<std::size_t>(radix) + static_cast<std::size_t>(region_of(piece));
+            if (seen[key]) continue;
+            seen[key] = true;
+            ++count[static_cast<std::size_t>(d)];
+        }
+        return;
+    }
+    std::vector<std::int64_t> keys;
+    keys.reserve(static_cast<std::size_t>(pieces));
+    for (std::int64_t piece = 0; piece < pieces; ++piece) {
+        const int d = p.device_of(piece);
+        if (d >= 0 && static_cast<std::size_t>(d) < devices) keys.push_back(static_cast<std::int64_t>(d) * radix + region_of(piece));
+    }
+    std::sort(keys.begin(), keys.end());
+    keys.erase(std::unique(keys.begin(), keys.end()), keys.end());
+    for (std::int64_t key : keys) ++count[static_cast<std::size_t>(key / radix)];
+}
+
+LOOM_INLINE const piece_spread::spread& piece_spread::of(node_id n) {
+    const auto i = static_cast<std::size_t>(n);
+    if (spreads_.size() <= i) spreads_.resize(std::max(i + 1, rp_.forward.size()));
+    if (spreads_[i]) return *spreads_[i];
+    const plan::op_partition& p = *rp_.at(n);
+    count_.resize(static_cast<std::size_t>(std::max(rp_.devices, 0)), 0);  // all 0 between calls
+    spread& out = spreads_[i].emplace();
+    const std::int64_t pieces = p.pieces();
+    for (std::int64_t k = 0; k < pieces; ++k)
+        if (const int d = p.device_of(k); d >= 0 && d < rp_.devices && count_[static_cast<std::size_t>(d)]++ == 0)
+            out.push_back({d, 0});
+    std::sort(out.begin(), out.end());
+    for (auto& [d, count] : out) std::swap(count, count_[static_cast<std::size_t>(d)]);
+    return out;
 }
 
 LOOM_INLINE device_compute compute_lower_bound(const plan::resolved_plan& rp, const training_work& work,
-                                               const price_options& o, const graph* model) {
+                                               const price_options& o, const graph* model, piece_spread* spread) {
+    std::optional<piece_spread> own;
+    if (!spread) spread = &own.emplace(rp);
     const auto devices = static_cast<std::size_t>(rp.devices);
     device_compute out{std::vector<double>(devices, 0.0), std::vector<double>(devices, 0.0), std::vector<double>(devices, 0.0)};
-    auto add = [&](std::vector<double>& busy, const plan::op_partition* p, double piece) {
+    auto add = [&](std::vector<double>& busy, node_id n, const plan::op_partition* p, double piece) {
         if (!p) {
             for (double& b : busy) b += piece;
             return;
         }
-        for (std::int64_t k = 0; k < p->pieces(); ++k)
-            if (const int d = p->device_of(k); d >= 0 && d < rp.devices) busy[static_cast<std::size_t>(d)] += piece;
+        for (const auto& [d, pieces] : spread->of(n)) busy[static_cast<std::size_t>(d)] += piece * static_cast<double>(pieces);
     };
     // Ops as written (not decomposed; unknown without the model).
     auto written = [&](node_id n) {
@@ -811,16 +876,16 @@ LOOM_INLINE device_compute compute_lower_bound(const plan::resolved_plan& rp, co
     };
     const bool solo = !o.solo_rates.empty();
     if (solo) out.alone.assign(devices, 0.0), out.machine.assign(devices, 0.0);
-    auto add_solo = [&](const plan::op_partition* p, const training_op& op, double piece) {
+    auto add_solo = [&](node_id n, const plan::op_partition* p, const training_op& op, double piece) {
         if (!solo) return;
-        add(out.alone, p, piece * op.solo_factor + o.instruction_overhead);
-        add(out.machine, p, piece * std::min(1.0, op.solo_factor) + o.instruction_overhead);
+        add(out.alone, n, p, piece * op.solo_factor + o.instruction_overhead);
+        add(out.machine, n, p, piece * std::min(1.0, op.solo_factor) + o.instruction_overhead);
     };
     for (const training_op& op : work.ops) {
         const plan::op_partition* p = rp.at(op.source);
         const double piece = op.piece_seconds(share_of(p), written(op.source));
-        add(op.backward ? out.backward : out.forward, p, piece + o.instruction_overhead);
-        add_solo(p, op, piece);
+        add(op.backward ? out.backward : out.forward, op.source, p, piece + o.instruction_overhead);
+        add_solo(op.source, p, op, piece);
     }
     if (!model) return out;
     // One replay of a recomputed node, for the backward readers in its own stage (of ops as
@@ -835,15 +900,17 @@ LOOM_INLINE device_compute compute_lower_bound(const plan::resolved_plan& rp, co
                          [&](node_id r) { return written(r) && stage_of(r) == stage_of(n); }))
             continue;
         const training_op& op = work.ops[static_cast<std::size_t>(w.forward_op)];
-        add(out.replays, p, op.piece_seconds(share_of(p)) + o.instruction_overhead);
-        add_solo(p, op, op.piece_seconds(share_of(p)));
+        add(out.replays, n, p, op.piece_seconds(share_of(p)) + o.instruction_overhead);
+        add_solo(n, p, op, op.piece_seconds(share_of(p)));
     }
     return out;
 }
 
 LOOM_INLINE double dependency_lower_bound(const plan::resolved_plan& rp, const training_work& work, const price_options& o,
                                           const graph& model, const device_compute& compute,
-                                          const std::vector<double>& weights) {
+                                          const std::vector<double>& weights, piece_spread* spread) {
+    std::optional<piece_spread> own;
+    if (!spread) spread = &own.emplace(rp);
     // Each op's length in a chain: one piece (one micro-batch's share on one device) with
     // its instruction; zero for the ops of a decomposed node.
     std::vector<double> share(work.nodes.size(), 0.0);  // 0: decomposed
@@ -863,7 +930,7 @@ LOOM_INLINE double dependency_lower_bound(const plan::resolved_plan& rp, const t
     for (std::size_t k = ops; k-- > 0;)
         for (std::int32_t r : work.ops[k].reads)
             after[static_cast<std::size_t>(r)] = std::max(after[static_cast<std::size_t>(r)], after[k] + length[k]);
-    double bound = schedule_lower_bound(rp, work, length, weights);
+    double bound = schedule_lower_bound(rp, work, length, weights, spread);
     // Per device and pass (forward, backward), the shortest chain before and after any op
     // it holds.
     constexpr double none = std::numeric_limits<double>::infinity();
@@ -883,7 +950,7 @@ LOOM_INLINE double dependency_lower_bound(const plan::resolved_plan& rp, const t
         if (!p)
             for (std::size_t d = 0; d < devices; ++d) hold(static_cast<int>(d));
         else
-            for (std::int64_t i = 0; i < p->pieces(); ++i) hold(p->device_of(i));
+            for (const auto& [d, pieces] : spread->of(work.ops[k].source)) hold(d);
     }
     // A device runs all its ops between the start of its first and the end of its last, and
     // its backward ops (replays apart, which need only local inputs) between the first
@@ -1049,8 +1116,11 @@ LOOM_INLINE std::optional<schedule::schedule> pipeline_groups(const schedule::sc
 }
 
 LOOM_INLINE double schedule_lower_bound(const plan::resolved_plan& rp, const training_work& work,
-                                        const std::vector<double>& length, const std::vector<double>& weights) {
+                                        const std::vector<double>& length, const std::vector<double>& weights,
+                                        piece_spread* spread) {
     if (!rp.order || !rp.pipelined()) return 0.0;
+    std::optional<piece_spread> own;
+    if (!spread) spread = &own.emplace(rp);
     const std::optional<schedule::schedule> order = pipeline_groups(*rp.order);
     if (!order) return 0.0;
     const schedule::pipeline_shape& shape = order->shape;
@@ -1126,9 +1196,8 @@ LOOM_INLINE double schedule_lower_bound(const plan::resolved_plan& rp, const tra
             for (double& w : work_on[q]) w += length[k];
             continue;
         }
-        for (std::int64_t i = 0; i < p->pieces(); ++i)
-            if (const int d = p->device_of(i); d >= 0 && static_cast<std::size_t>(d) < devices)
-                work_on[q][static_cast<std::size_t>(d)] += per_micro_batch;
+        for (const auto& [d, pieces] : spread->of(work.ops[k].source))
+            work_on[q][static_cast<std::size_t>(d)] += per_micro_batch * static_cast<double>(pieces);
     }
     std::vector<double> duration(kinds, 0.0);
     for (std::size_t q = 0; q < kinds; ++q) {
