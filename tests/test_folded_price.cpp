@@ -3,6 +3,7 @@
 // Replica folding is exact where only the collectives grow; layer folding extrapolates a
 // line and is held to a few percent; the folded search chooses what the full one does.
 #include <catch2/catch.hpp>
+#include <atomic>
 
 #include <algorithm>
 #include <cmath>
@@ -232,6 +233,13 @@ TEST_CASE("a plan that does not fold is priced in full, and bad shapes are refus
             folded = e.what();
         }
         CHECK(folded == full);
+    }
+    SECTION("a cancelled price stops before its first instance, and says so") {
+        const std::atomic<bool> cancel{true};
+        search::price_options o = gpu_options();
+        o.cancel = &cancel;
+        CHECK_THROWS_AS(search::price_folded(m, megatron({.tp = 1, .pp = 1, .dp = 2}), search::dgx_a100(1), o),
+                        search::price_cancelled);
     }
     SECTION("a family without a builder") {
         CHECK_THROWS_WITH(search::price_folded(search::model_family{}, megatron({}), search::dgx_a100(1)),

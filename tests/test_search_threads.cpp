@@ -2,9 +2,12 @@
 // of pricing one at a time, and a failure on a pricing thread reaches the caller in its turn.
 // Small enough to run under ThreadSanitizer (tools/test.sh).
 #include <catch2/catch.hpp>
+#include <atomic>
+#include <chrono>
 
 #include <stdexcept>
 #include <string>
+#include <thread>
 
 #include <loom/plan/spaces.hpp>
 #include <loom/search/plan_search.hpp>
@@ -59,7 +62,7 @@ TEST_CASE("a price that fails on a pricing thread fails the search in its turn, 
         const auto bound = [](const plan::plan_spec& c) {
             return search::detail::assignment_bounds{static_cast<double>(c.choices.at("x")), 0.0};
         };
-        const auto price = [fail](const plan::plan_spec& c) {
+        const auto price = [fail](const plan::plan_spec& c, const std::atomic<bool>&) {
             const std::int64_t x = c.choices.at("x");
             if (x == 2 || x == 5) throw plan_error("leaf " + std::to_string(x) + " refused");
             if (fail && x == 6) throw std::runtime_error("leaf 6 failed");
@@ -80,4 +83,45 @@ TEST_CASE("a price that fails on a pricing thread fails the search in its turn, 
         CHECK(r.stats.refused == 2);
         CHECK(r.stats.refusals.at("leaf 2 refused") == 1);
     }
+}
+
+TEST_CASE("past its time budget with a plan in hand, the search cancels the prices it would drop") {
+    // Leaf 0 prices at once; every other price runs until the search cancels it. Without
+    // the cancellation the search would wait for them: here each gives up after a minute
+    // and fails the search instead of hanging it.
+    plan::plan_spec space;
+    space.devices = 1;
+    search::open_parameter p{"x", search::open_parameter::kind::degree, {0, 1, 2, 3, 4, 5}, {}};
+    const auto model = small_gpt();
+    search::plan_search_options o;
+    o.threads = 3;
+    o.time_budget_seconds = 0.2;
+    const auto bound = [](const plan::plan_spec& c) {
+        return search::detail::assignment_bounds{static_cast<double>(c.choices.at("x")), 0.0};
+    };
+    std::atomic<int> cancelled{0};
+    const auto price = [&cancelled](const plan::plan_spec& c, const std::atomic<bool>& cancel) {
+        const std::int64_t x = c.choices.at("x");
+        if (x > 0) {
+            const auto given_up = std::chrono::steady_clock::now() + std::chrono::seconds(60);
+            while (!cancel.load()) {
+                if (std::chrono::steady_clock::now() > given_up) throw std::runtime_error("leaf " + std::to_string(x) + " never cancelled");
+                std::this_thread::sleep_for(std::chrono::milliseconds(1));
+            }
+            ++cancelled;
+            throw search::price_cancelled();
+        }
+        search::program_price out;
+        out.step_seconds = 100.0;
+        out.devices.resize(1);
+        return out;
+    };
+    const search::plan_search_result r =
+        search::detail::search_assignments(space, {p}, search::dgx_a100(1), o, model.ir(), bound, price);
+    CHECK(r.best.choices.at("x") == 0);
+    CHECK(r.stats.priced == 1);
+    CHECK(r.stats.refused == 0);
+    CHECK(r.stats.unexplored == 5);  // the cancelled ones among them, none counted refused
+    CHECK(cancelled >= 1);           // at least the one whose turn came; the others were in flight or never started
+    CHECK(r.gap > 0);
 }

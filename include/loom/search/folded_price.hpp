@@ -330,6 +330,10 @@ LOOM_INLINE folded_price price_folded(const model_family& m, const plan::plan_sp
         for (std::int64_t micro_batches : out.instance_micro_batches) {
             auto& row = priced[r].emplace_back();
             for (std::int64_t layers : out.instance_layers) {
+                const auto cancelled = [&o] {
+                    if (o.cancel && o.cancel->load(std::memory_order_relaxed)) throw price_cancelled();
+                };
+                cancelled();
                 const plan::plan_spec instance = instance_plan(p, s, replicas, micro_batches, layers);
                 const graph g = m.forward(instance_depth(s, layers), samples * replicas * micro_batches);
                 std::optional<replica_fold> fold;
@@ -352,8 +356,9 @@ LOOM_INLINE folded_price price_folded(const model_family& m, const plan::plan_sp
                 price_options io = o;
                 io.fold = fold ? &*fold : nullptr;
                 io.record_timeline = false;
-                row.push_back(detail::spread_over_real(price_programs(partition::apply_plan(g, instance), c, io), io.fold,
-                                                       p.devices));
+                const partition::partitioned_graph programs = partition::apply_plan(g, instance);
+                cancelled();
+                row.push_back(detail::spread_over_real(price_programs(programs, c, io), io.fold, p.devices));
             }
         }
     }

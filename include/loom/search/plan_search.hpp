@@ -56,6 +56,7 @@
 // order), and of plans that price the same the first priced is chosen. The runner-up is
 // the best strictly slower plan.
 #include <algorithm>
+#include <atomic>
 #include <chrono>
 #include <cstdint>
 #include <exception>
@@ -493,10 +494,11 @@ private:
 };
 
 // The search itself, over the assignments of `params`: `bound` gives an assignment's lower
-// bounds (throwing plan_error or shape_error to refuse it), `price` its programs' price. An
-// assignment whose memory floor exceeds the limit is set aside unpriced.
+// bounds (throwing plan_error or shape_error to refuse it), `price` its programs' price
+// (given the flag to pass as price_options::cancel: the search sets it for prices it will
+// drop). An assignment whose memory floor exceeds the limit is set aside unpriced.
 using bound_function = std::function<assignment_bounds(const plan::plan_spec&)>;
-using price_function = std::function<program_price(const plan::plan_spec&)>;
+using price_function = std::function<program_price(const plan::plan_spec&, const std::atomic<bool>& cancel)>;
 // `structure`: the real model's graph, on which each assignment's stage group is checked
 // first (plan::detail::check_stage_group).
 LOOM_INLINE plan_search_result search_assignments(const plan::plan_spec& space, std::vector<open_parameter> params,
@@ -1624,7 +1626,9 @@ LOOM_INLINE plan_search_result search_plan(const graph& model, const plan::plan_
                 step_lower_bound(rp, work, o.price, &model, &c) + after_programs_lower_bound(least, c, o.price),
                 least.peak() + o.price.runtime_bytes};
         },
-        [&](const plan::plan_spec& candidate) { return price_programs(partition::apply_plan(model, candidate), c, o.price); });
+        [&](const plan::plan_spec& candidate, const std::atomic<bool>&) {
+            return price_programs(partition::apply_plan(model, candidate), c, o.price);
+        });
 }
 
 LOOM_INLINE plan_search_result search_plan(const model_family& model, const plan::plan_spec& space, const cluster& c,
@@ -1635,7 +1639,11 @@ LOOM_INLINE plan_search_result search_plan(const model_family& model, const plan
     return detail::search_assignments(
         space, open_parameter_candidates(space, model.batch, model.layers), c, o, whole,
         [&](const plan::plan_spec& candidate) { return bounds(candidate); },
-        [&](const plan::plan_spec& candidate) { return price_folded(model, candidate, c, o.price).price; });
+        [&](const plan::plan_spec& candidate, const std::atomic<bool>& cancel) {
+            price_options po = o.price;
+            po.cancel = &cancel;
+            return price_folded(model, candidate, c, po).price;
+        });
 }
 
 }  // namespace loom::search
@@ -2072,16 +2080,23 @@ LOOM_INLINE plan_search_result search_assignments(const plan::plan_spec& space, 
     struct priced_ahead {
         program_price price;
         std::string refusal;         // a plan_error or shape_error: refused, for this reason
+        bool cancelled = false;      // stopped by `cancel`: the budget had passed
         std::exception_ptr failure;  // anything else: rethrown in its turn
     };
+    // Set once the search will drop every price still running: past the time budget with a
+    // plan in hand, or stopped. Folded prices then end at their next instance instead of
+    // holding the answer back (at 1024 devices one price takes a minute and more).
+    std::atomic<bool> cancel{false};
     const std::size_t width = o.threads > 0 ? static_cast<std::size_t>(o.threads)
                                                     : std::max(1u, std::thread::hardware_concurrency());
-    auto price_leaf = [&space, &leaves, &price_of](std::size_t k) {
+    auto price_leaf = [&space, &leaves, &price_of, &cancel](std::size_t k) {
         priced_ahead out;
         plan::plan_spec candidate = space;
         candidate.choices = leaves[k].choices;
         try {
-            out.price = price_of(candidate);
+            out.price = price_of(candidate, cancel);
+        } catch (const price_cancelled&) {
+            out.cancelled = true;
         } catch (const plan_error& e) {
             out.refusal = e.what();
         } catch (const shape_error& e) {
@@ -2092,6 +2107,13 @@ LOOM_INLINE plan_search_result search_assignments(const plan::plan_spec& space, 
         return out;
     };
     std::map<std::size_t, std::future<priced_ahead>> in_flight;
+    // However the loop below ends (an answer, the budget, an exception), the prices still in
+    // flight are dropped: cancel them before their futures wait for them (this guard is
+    // destroyed first).
+    struct cancel_on_exit {
+        std::atomic<bool>& flag;
+        ~cancel_on_exit() { flag = true; }
+    } cancel_rest{cancel};
     std::size_t launched = 0;  // leaves before this one were launched or passed over
     auto launch_from = [&](std::size_t first) {
         launched = std::max(launched, first);
@@ -2116,8 +2138,20 @@ LOOM_INLINE plan_search_result search_assignments(const plan::plan_spec& space, 
         }
         launch_from(next);
         auto turn = in_flight.find(next);
-        priced_ahead done = turn != in_flight.end() ? turn->second.get() : price_leaf(next);
-        if (turn != in_flight.end()) in_flight.erase(turn);
+        priced_ahead done;
+        if (turn != in_flight.end()) {
+            // With a plan in hand, a price still running when the budget ends is dropped.
+            if (budgeted && best) {
+                const double left = o.time_budget_seconds - elapsed();
+                if (left <= 0 || turn->second.wait_for(std::chrono::duration<double>(left)) == std::future_status::timeout)
+                    cancel = true;
+            }
+            done = turn->second.get();
+            in_flight.erase(turn);
+        } else {
+            done = price_leaf(next);
+        }
+        if (done.cancelled) break;  // the budget passed (its leaf is counted unexplored below)
         launch_from(next + 1);
         if (done.failure) std::rethrow_exception(done.failure);
         if (!done.refusal.empty()) {

@@ -27,6 +27,7 @@
 //   inputs, loss), the optimizer's state for what the device updates (AdamW: two float
 //   moments, ZeRO-1/2 sharding them over the replicas), and the runtime's fixed bytes.
 #include <algorithm>
+#include <atomic>
 #include <cmath>
 #include <cstdint>
 #include <limits>
@@ -141,6 +142,16 @@ struct price_options {
     op_rates solo_rates;
     // Set: the programs are a replica-folded instance of the plan (not owned).
     const replica_fold* fold = nullptr;
+    // Set (not owned): a folded price stops at its next instance once this reads true,
+    // throwing price_cancelled. A search past its time budget sets it for the prices whose
+    // results it would drop, so it does not wait for them (at 1024 devices, a minute each).
+    const std::atomic<bool>* cancel = nullptr;
+};
+
+// Thrown by a price whose price_options::cancel was set: no price, and nothing wrong with
+// the plan.
+struct price_cancelled : error {
+    price_cancelled() : error("price cancelled: the search that asked for it stopped (its time budget)") {}
 };
 
 struct device_memory {
