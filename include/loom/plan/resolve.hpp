@@ -301,21 +301,26 @@ LOOM_INLINE void check_stage_group(const plan_spec& p, const graph& g) {
     inner.zero = zero_stage::none;
     inner.zero_open.clear();
     if (!p.stages) {
-        partition_ops(inner, g);
+        partition_ops(inner, g, piece_devices::range);
         return;
     }
     const std::int64_t stages = degree_value(p.stages->count, p, "plan::stages");
     if (stages < 1) throw plan_error("plan::stages: " + std::to_string(stages) + " stages; use at least 1");
     const std::int64_t group = stage_group_size(p, stages);
     inner.devices = static_cast<int>(group);
-    const resolved_plan within = partition_ops(inner, g);
+    const resolved_plan within = partition_ops(inner, g, piece_devices::range);
     for (std::size_t i = 0; i < within.forward.size(); ++i) {
         if (!within.forward[i] || layer_index(g, g.nodes[i], p.stages->repeat) < 0) continue;
         const op_partition& op = *within.forward[i];
-        for (std::int64_t q = 0; q < op.pieces(); ++q)
-            if (const int local = op.device_of(q); local < 0 || local >= group)
-                throw plan_error("pipeline: the plan of a stage puts a piece of '" + g.nodes[i].name + "' on device " +
-                                 std::to_string(local) + " of a group of " + std::to_string(group));
+        // The lowest and highest device of its pieces (colocated pieces: recorded as those two).
+        int lowest = 0, highest = static_cast<int>(op.pieces()) - 1;
+        if (!op.devices.empty()) {
+            lowest = *std::min_element(op.devices.begin(), op.devices.end());
+            highest = *std::max_element(op.devices.begin(), op.devices.end());
+        }
+        if (lowest < 0 || highest >= group)
+            throw plan_error("pipeline: the plan of a stage puts a piece of '" + g.nodes[i].name + "' on device " +
+                             std::to_string(lowest < 0 ? lowest : highest) + " of a group of " + std::to_string(group));
     }
 }
 

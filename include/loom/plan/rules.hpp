@@ -252,10 +252,17 @@ namespace detail {
 // dim that an op's "s" has.
 LOOM_INLINE void check_not_forbidden(const plan_spec& p, const node& n, const split_spec& s, const std::string& where);
 
+// What partition_ops records of colocated pieces' devices (an assign that groups them per
+// device): every piece's, for resolving a plan; or, for a check of the devices' range alone
+// (check_stage_group), only the lowest and the highest, since at a thousand devices a
+// resolution of every layer's pieces lists tens of millions of them.
+enum class piece_devices { every, range };
+
 // op-trans and op-assign of every forward node of `g` by the plan's rules, on the plan's
 // devices (nodes no rule selects run whole on every device). plan::resolve (plan/resolve.hpp)
-// adds the stages, micro-batches and order around it.
-LOOM_INLINE resolved_plan partition_ops(const plan_spec& p, const graph& g);
+// adds the stages, micro-batches and order around it. The refusals are the same whatever
+// `record` is.
+LOOM_INLINE resolved_plan partition_ops(const plan_spec& p, const graph& g, piece_devices record = piece_devices::every);
 
 // Which forward nodes of a graph each selector matches, remembered for graphs that stay
 // alive and unchanged while many plans are resolved against them: the searcher resolves
@@ -411,7 +418,7 @@ LOOM_INLINE void check_not_forbidden(const plan_spec& p, const node& n, const sp
     }
 }
 
-LOOM_INLINE resolved_plan partition_ops(const plan_spec& p, const graph& g) {
+LOOM_INLINE resolved_plan partition_ops(const plan_spec& p, const graph& g, piece_devices record) {
     if (p.devices < 1) throw plan_error("plan: devices = " + std::to_string(p.devices) + "; use at least one device");
     const std::size_t forward = g.forward_node_count();
     resolved_plan out;
@@ -470,9 +477,12 @@ LOOM_INLINE resolved_plan partition_ops(const plan_spec& p, const graph& g) {
                 throw plan_error("plan: " + spelling + " on " + where() + ": " + std::to_string(pieces) +
                                  " pieces cannot be grouped " + std::to_string(per_device) +
                                  " per device; choose a colocation that divides " + std::to_string(pieces));
-            op.devices.resize(static_cast<std::size_t>(pieces));
-            for (std::int64_t k = 0; k < pieces; ++k)
-                op.devices[static_cast<std::size_t>(k)] = assign->first_device + static_cast<int>(k / per_device);
+            if (record == piece_devices::range) {
+                op.devices = {assign->first_device, assign->first_device + static_cast<int>((pieces - 1) / per_device)};
+            } else {
+                op.devices.reserve(static_cast<std::size_t>(pieces));
+                for (std::int64_t k = 0; k < pieces; ++k) op.devices.push_back(assign->first_device + static_cast<int>(k / per_device));
+            }
             if (per_device > 1 && p.colocation_requires_recompute && !recompute)
                 throw plan_error("plan: " + spelling + " on " + where() +
                                  " without recompute, but the plan requires colocated ops to recompute; add recompute "
