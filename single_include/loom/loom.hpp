@@ -6024,10 +6024,17 @@ namespace detail {
 // dim that an op's "s" has.
 LOOM_INLINE void check_not_forbidden(const plan_spec& p, const node& n, const split_spec& s, const std::string& where);
 
+// What partition_ops records of colocated pieces' devices (an assign that groups them per
+// device): every piece's, for resolving a plan; or, for a check of the devices' range alone
+// (check_stage_group), only the lowest and the highest, since at a thousand devices a
+// resolution of every layer's pieces lists tens of millions of them.
+enum class piece_devices { every, range };
+
 // op-trans and op-assign of every forward node of `g` by the plan's rules, on the plan's
 // devices (nodes no rule selects run whole on every device). plan::resolve (plan/resolve.hpp)
-// adds the stages, micro-batches and order around it.
-LOOM_INLINE resolved_plan partition_ops(const plan_spec& p, const graph& g);
+// adds the stages, micro-batches and order around it. The refusals are the same whatever
+// `record` is.
+LOOM_INLINE resolved_plan partition_ops(const plan_spec& p, const graph& g, piece_devices record = piece_devices::every);
 
 // Which forward nodes of a graph each selector matches, remembered for graphs that stay
 // alive and unchanged while many plans are resolved against them: the searcher resolves
@@ -6183,7 +6190,7 @@ LOOM_INLINE void check_not_forbidden(const plan_spec& p, const node& n, const sp
     }
 }
 
-LOOM_INLINE resolved_plan partition_ops(const plan_spec& p, const graph& g) {
+LOOM_INLINE resolved_plan partition_ops(const plan_spec& p, const graph& g, piece_devices record) {
     if (p.devices < 1) throw plan_error("plan: devices = " + std::to_string(p.devices) + "; use at least one device");
     const std::size_t forward = g.forward_node_count();
     resolved_plan out;
@@ -6242,8 +6249,12 @@ LOOM_INLINE resolved_plan partition_ops(const plan_spec& p, const graph& g) {
                 throw plan_error("plan: " + spelling + " on " + where() + ": " + std::to_string(pieces) +
                                  " pieces cannot be grouped " + std::to_string(per_device) +
                                  " per device; choose a colocation that divides " + std::to_string(pieces));
-            for (std::int64_t k = 0; k < pieces; ++k)
-                op.devices.push_back(assign->first_device + static_cast<int>(k / per_device));
+            if (record == piece_devices::range) {
+                op.devices = {assign->first_device, assign->first_device + static_cast<int>((pieces - 1) / per_device)};
+            } else {
+                op.devices.reserve(static_cast<std::size_t>(pieces));
+                for (std::int64_t k = 0; k < pieces; ++k) op.devices.push_back(assign->first_device + static_cast<int>(k / per_device));
+            }
             if (per_device > 1 && p.colocation_requires_recompute && !recompute)
                 throw plan_error("plan: " + spelling + " on " + where() +
                                  " without recompute, but the plan requires colocated ops to recompute; add recompute "
@@ -6834,6 +6845,7 @@ LOOM_INLINE resolved_plan place_stages(const pipeline_spec& spec, const graph& g
         if (micro) placed.splits.push_back({Dim::Batch::id, "", spec.micro_batches, false});
         for (const auto& s : within.splits) placed.splits.push_back(s);
         const std::int64_t per_micro = within.pieces();
+        placed.devices.reserve(static_cast<std::size_t>(per_micro * (micro ? spec.micro_batches : 1)));
         for (int m = 0; m < (micro ? spec.micro_batches : 1); ++m)
             for (std::int64_t q = 0; q < per_micro; ++q) {
                 const int local = within.device_of(q);
@@ -8816,21 +8828,26 @@ LOOM_INLINE void check_stage_group(const plan_spec& p, const graph& g) {
     inner.zero = zero_stage::none;
     inner.zero_open.clear();
     if (!p.stages) {
-        partition_ops(inner, g);
+        partition_ops(inner, g, piece_devices::range);
         return;
     }
     const std::int64_t stages = degree_value(p.stages->count, p, "plan::stages");
     if (stages < 1) throw plan_error("plan::stages: " + std::to_string(stages) + " stages; use at least 1");
     const std::int64_t group = stage_group_size(p, stages);
     inner.devices = static_cast<int>(group);
-    const resolved_plan within = partition_ops(inner, g);
+    const resolved_plan within = partition_ops(inner, g, piece_devices::range);
     for (std::size_t i = 0; i < within.forward.size(); ++i) {
         if (!within.forward[i] || layer_index(g, g.nodes[i], p.stages->repeat) < 0) continue;
         const op_partition& op = *within.forward[i];
-        for (std::int64_t q = 0; q < op.pieces(); ++q)
-            if (const int local = op.device_of(q); local < 0 || local >= group)
-                throw plan_error("pipeline: the plan of a stage puts a piece of '" + g.nodes[i].name + "' on device " +
-                                 std::to_string(local) + " of a group of " + std::to_string(group));
+        // The lowest and highest device of its pieces (colocated pieces: recorded as those two).
+        int lowest = 0, highest = static_cast<int>(op.pieces()) - 1;
+        if (!op.devices.empty()) {
+            lowest = *std::min_element(op.devices.begin(), op.devices.end());
+            highest = *std::max_element(op.devices.begin(), op.devices.end());
+        }
+        if (lowest < 0 || highest >= group)
+            throw plan_error("pipeline: the plan of a stage puts a piece of '" + g.nodes[i].name + "' on device " +
+                             std::to_string(lowest < 0 ? lowest : highest) + " of a group of " + std::to_string(group));
     }
 }
 
@@ -15098,6 +15115,7 @@ LOOM_INLINE double exposed_time(double forward_transmission, double backward_tra
 //   inputs, loss), the optimizer's state for what the device updates (AdamW: two float
 //   moments, ZeRO-1/2 sharding them over the replicas), and the runtime's fixed bytes.
 #include <algorithm>
+#include <atomic>
 #include <cmath>
 #include <cstdint>
 #include <limits>
@@ -15518,6 +15536,16 @@ struct price_options {
     op_rates solo_rates;
     // Set: the programs are a replica-folded instance of the plan (not owned).
     const replica_fold* fold = nullptr;
+    // Set (not owned): a folded price stops at its next instance once this reads true,
+    // throwing price_cancelled. A search past its time budget sets it for the prices whose
+    // results it would drop, so it does not wait for them (at 1024 devices, a minute each).
+    const std::atomic<bool>* cancel = nullptr;
+};
+
+// Thrown by a price whose price_options::cancel was set: no price, and nothing wrong with
+// the plan.
+struct price_cancelled : error {
+    price_cancelled() : error("price cancelled: the search that asked for it stopped (its time budget)") {}
 };
 
 struct device_memory {
@@ -16367,6 +16395,10 @@ LOOM_INLINE folded_price price_folded(const model_family& m, const plan::plan_sp
         for (std::int64_t micro_batches : out.instance_micro_batches) {
             auto& row = priced[r].emplace_back();
             for (std::int64_t layers : out.instance_layers) {
+                const auto cancelled = [&o] {
+                    if (o.cancel && o.cancel->load(std::memory_order_relaxed)) throw price_cancelled();
+                };
+                cancelled();
                 const plan::plan_spec instance = instance_plan(p, s, replicas, micro_batches, layers);
                 const graph g = m.forward(instance_depth(s, layers), samples * replicas * micro_batches);
                 std::optional<replica_fold> fold;
@@ -16389,8 +16421,9 @@ LOOM_INLINE folded_price price_folded(const model_family& m, const plan::plan_sp
                 price_options io = o;
                 io.fold = fold ? &*fold : nullptr;
                 io.record_timeline = false;
-                row.push_back(detail::spread_over_real(price_programs(partition::apply_plan(g, instance), c, io), io.fold,
-                                                       p.devices));
+                const partition::partitioned_graph programs = partition::apply_plan(g, instance);
+                cancelled();
+                row.push_back(detail::spread_over_real(price_programs(programs, c, io), io.fold, p.devices));
             }
         }
     }
@@ -17496,7 +17529,9 @@ LOOM_INLINE order_search_result order_search(const schedule::pipeline_shape& sha
 //      gradients and optimizer state each device keeps, and the activations its order holds
 //      in flight: memory_lower_bound) already exceeds it. The search stops when the next bound is no better
 //      than the runner-up's price (both are then exact), or at the time or count budget,
-//      when the gap is that of the best price to the lowest bound not yet priced. A time
+//      when the gap is that of the best price to the lowest bound not yet priced. Past the
+//      time budget with a plan in hand, the prices still running are cancelled
+//      (price_options::cancel), not waited for; without one, the price in its turn finishes. A time
 //      budget that step 3 would not finish within (at its pace after 5% of the budget), or
 //      plan_search_options::max_bounded, stops the enumeration (the rest of the space is
 //      counted, unbounded); a descent from the best assignments it bounded, one or two
@@ -17509,6 +17544,7 @@ LOOM_INLINE order_search_result order_search(const schedule::pipeline_shape& sha
 // order), and of plans that price the same the first priced is chosen. The runner-up is
 // the best strictly slower plan.
 #include <algorithm>
+#include <atomic>
 #include <chrono>
 #include <cstdint>
 #include <exception>
@@ -17749,6 +17785,24 @@ LOOM_INLINE std::vector<std::size_t> slicing_splits(const node& n, const plan::o
 LOOM_INLINE void regions_per_device(const plan::op_partition& p, const std::vector<std::size_t>& slicing,
                                            std::size_t devices, std::vector<std::int64_t>& count);
 
+// Per node of a resolved plan: the devices its pieces run on, each with its count of
+// pieces, in device order; made on first use. The bounds add an op's work per piece, and an
+// op cut into micro-batches has micro-batches x degrees pieces (a thousand and more at 1024
+// devices) on a few devices: one pass over the pieces per node, not one per bound term and
+// training op.
+class piece_spread {
+   public:
+    using spread = std::vector<std::pair<int, std::int64_t>>;
+    explicit piece_spread(const plan::resolved_plan& rp) : rp_(rp) {}
+    // Node n's spread (n has a partition, rp.at(n) != nullptr).
+    LOOM_INLINE const spread& of(node_id n);
+
+   private:
+    const plan::resolved_plan& rp_;
+    std::vector<std::optional<spread>> spreads_;
+    std::vector<std::int64_t> count_;
+};
+
 // The least seconds each device computes under plan rp: its forward ops, its backward ops,
 // and given the model the replays of recomputed nodes (see step_lower_bound).
 struct device_compute {
@@ -17760,14 +17814,14 @@ struct device_compute {
     double total(std::size_t d) const { return forward[d] + backward[d] + replays[d]; }
 };
 LOOM_INLINE device_compute compute_lower_bound(const plan::resolved_plan& rp, const training_work& work,
-                                               const price_options& o, const graph* model);
+                                               const price_options& o, const graph* model, piece_spread* spread = nullptr);
 
 // The least step that the dependencies between training ops allow each device's compute
 // (see step_lower_bound).
 // `weights`: each device's least seconds reducing its weights' gradients (empty: none).
 LOOM_INLINE double dependency_lower_bound(const plan::resolved_plan& rp, const training_work& work, const price_options& o,
                                           const graph& model, const device_compute& compute,
-                                          const std::vector<double>& weights = {});
+                                          const std::vector<double>& weights = {}, piece_spread* spread = nullptr);
 
 // The least makespan of a pipeline's order (rp.order) when each block takes the least time
 // its ops can: the schedule simulated (schedule/simulate.hpp) with, for each stage and pass,
@@ -17783,7 +17837,8 @@ LOOM_INLINE double dependency_lower_bound(const plan::resolved_plan& rp, const t
 // `weights` (per device, may be empty): the reductions of the weights' gradients, which
 // wait for the last backward block of the device's stages to start.
 LOOM_INLINE double schedule_lower_bound(const plan::resolved_plan& rp, const training_work& work,
-                                        const std::vector<double>& length, const std::vector<double>& weights);
+                                        const std::vector<double>& length, const std::vector<double>& weights,
+                                        piece_spread* spread = nullptr);
 
 // Per device: the saved activations it holds at their peak in flight under plan rp (see
 // memory_floor).
@@ -17911,10 +17966,11 @@ private:
 };
 
 // The search itself, over the assignments of `params`: `bound` gives an assignment's lower
-// bounds (throwing plan_error or shape_error to refuse it), `price` its programs' price. An
-// assignment whose memory floor exceeds the limit is set aside unpriced.
+// bounds (throwing plan_error or shape_error to refuse it), `price` its programs' price
+// (given the flag to pass as price_options::cancel: the search sets it for prices it will
+// drop). An assignment whose memory floor exceeds the limit is set aside unpriced.
 using bound_function = std::function<assignment_bounds(const plan::plan_spec&)>;
-using price_function = std::function<program_price(const plan::plan_spec&)>;
+using price_function = std::function<program_price(const plan::plan_spec&, const std::atomic<bool>& cancel)>;
 // `structure`: the real model's graph, on which each assignment's stage group is checked
 // first (plan::detail::check_stage_group).
 LOOM_INLINE plan_search_result search_assignments(const plan::plan_spec& space, std::vector<open_parameter> params,
@@ -18145,7 +18201,8 @@ LOOM_INLINE training_work training_work_of(const graph& model, const device_prof
 
 LOOM_INLINE double step_lower_bound(const plan::resolved_plan& rp, const training_work& work, const price_options& o,
                                     const graph* model, const cluster* c, double* busiest) {
-    const detail::device_compute compute = detail::compute_lower_bound(rp, work, o, model);
+    detail::piece_spread spread(rp);
+    const detail::device_compute compute = detail::compute_lower_bound(rp, work, o, model, &spread);
     std::vector<double> busy(compute.forward.size());
     for (std::size_t d = 0; d < busy.size(); ++d) busy[d] = compute.total(d);
     if (o.compute_shared_by != 1) {
@@ -18168,7 +18225,7 @@ LOOM_INLINE double step_lower_bound(const plan::resolved_plan& rp, const trainin
     }
     std::vector<double> talk, weights;
     if (model && c) talk = detail::communication_lower_bound(rp, *model, *c, o, &weights);
-    const double ordered = model ? detail::dependency_lower_bound(rp, work, o, *model, compute, weights) : 0.0;
+    const double ordered = model ? detail::dependency_lower_bound(rp, work, o, *model, compute, weights, &spread) : 0.0;
     for (std::size_t d = 0; d < talk.size(); ++d) busy[d] = o.overlap ? std::max(busy[d], talk[d]) : busy[d] + talk[d];
     const double most = *std::max_element(busy.begin(), busy.end());
     if (busiest) *busiest = most;
@@ -18208,38 +18265,83 @@ LOOM_INLINE void regions_per_device(const plan::op_partition& p, const std::vect
                                     std::size_t devices, std::vector<std::int64_t>& count) {
     count.assign(devices, 0);
     bool colocated = false;
-    for (std::int64_t piece = 0; piece < p.pieces(); ++piece)
+    const std::int64_t pieces = p.pieces();
+    for (std::int64_t piece = 0; piece < pieces; ++piece)
         if (const int d = p.device_of(piece); d >= 0 && static_cast<std::size_t>(d) < devices)
             colocated = count[static_cast<std::size_t>(d)]++ > 0 || colocated;
     if (!colocated) return;
-    // A piece's region: its coordinates along the slicing splits; each device counts its
-    // distinct ones.
-    std::vector<std::pair<std::size_t, std::vector<std::int64_t>>> held;
-    for (std::int64_t piece = 0; piece < p.pieces(); ++piece) {
-        const int d = p.device_of(piece);
-        if (d < 0 || static_cast<std::size_t>(d) >= devices) continue;
-        const std::vector<std::int64_t> at = p.coordinates(piece);
-        std::vector<std::int64_t> region;
-        for (std::size_t b : slicing) region.push_back(at[b]);
-        held.push_back({static_cast<std::size_t>(d), std::move(region)});
+    // A piece's region: its coordinates along the slicing splits, as one mixed-radix number
+    // (piece index = ((c0 d1 + c1) d2 + ...) replicas + replica, so coordinate b is
+    // piece / stride_b % degree_b). Each device counts its distinct regions, marked in a
+    // devices x regions bitmap (sorted keys where that would be large): at a thousand
+    // devices with hundreds of micro-batch pieces each, this runs for every parameter
+    // reading of every bounded assignment.
+    std::vector<std::int64_t> stride(p.splits.size());
+    std::int64_t below = p.replicas;
+    for (std::size_t b = p.splits.size(); b-- > 0;) {
+        stride[b] = below;
+        below *= p.splits[b].degree;
     }
-    std::sort(held.begin(), held.end());
-    held.erase(std::unique(held.begin(), held.end()), held.end());
+    std::int64_t radix = 1;
+    for (std::size_t b : slicing) radix *= p.splits[b].degree;
+    auto region_of = [&](std::int64_t piece) {
+        std::int64_t region = 0;
+        for (std::size_t b : slicing) region = region * p.splits[b].degree + piece / stride[b] % p.splits[b].degree;
+        return region;
+    };
     count.assign(devices, 0);
-    for (const auto& [d, region] : held) ++count[d];
+    constexpr std::int64_t bitmap_limit = std::int64_t{1} << 24;
+    if (radix <= bitmap_limit / static_cast<std::int64_t>(std::max<std::size_t>(devices, 1))) {
+        std::vector<bool> seen(devices * static_cast<std::size_t>(radix), false);
+        for (std::int64_t piece = 0; piece < pieces; ++piece) {
+            const int d = p.device_of(piece);
+            if (d < 0 || static_cast<std::size_t>(d) >= devices) continue;
+            const std::size_t key = static_cast<std::size_t>(d) * static_cast<std::size_t>(radix) + static_cast<std::size_t>(region_of(piece));
+            if (seen[key]) continue;
+            seen[key] = true;
+            ++count[static_cast<std::size_t>(d)];
+        }
+        return;
+    }
+    std::vector<std::int64_t> keys;
+    keys.reserve(static_cast<std::size_t>(pieces));
+    for (std::int64_t piece = 0; piece < pieces; ++piece) {
+        const int d = p.device_of(piece);
+        if (d >= 0 && static_cast<std::size_t>(d) < devices) keys.push_back(static_cast<std::int64_t>(d) * radix + region_of(piece));
+    }
+    std::sort(keys.begin(), keys.end());
+    keys.erase(std::unique(keys.begin(), keys.end()), keys.end());
+    for (std::int64_t key : keys) ++count[static_cast<std::size_t>(key / radix)];
+}
+
+LOOM_INLINE const piece_spread::spread& piece_spread::of(node_id n) {
+    const auto i = static_cast<std::size_t>(n);
+    if (spreads_.size() <= i) spreads_.resize(std::max(i + 1, rp_.forward.size()));
+    if (spreads_[i]) return *spreads_[i];
+    const plan::op_partition& p = *rp_.at(n);
+    count_.resize(static_cast<std::size_t>(std::max(rp_.devices, 0)), 0);  // all 0 between calls
+    spread& out = spreads_[i].emplace();
+    const std::int64_t pieces = p.pieces();
+    for (std::int64_t k = 0; k < pieces; ++k)
+        if (const int d = p.device_of(k); d >= 0 && d < rp_.devices && count_[static_cast<std::size_t>(d)]++ == 0)
+            out.push_back({d, 0});
+    std::sort(out.begin(), out.end());
+    for (auto& [d, count] : out) std::swap(count, count_[static_cast<std::size_t>(d)]);
+    return out;
 }
 
 LOOM_INLINE device_compute compute_lower_bound(const plan::resolved_plan& rp, const training_work& work,
-                                               const price_options& o, const graph* model) {
+                                               const price_options& o, const graph* model, piece_spread* spread) {
+    std::optional<piece_spread> own;
+    if (!spread) spread = &own.emplace(rp);
     const auto devices = static_cast<std::size_t>(rp.devices);
     device_compute out{std::vector<double>(devices, 0.0), std::vector<double>(devices, 0.0), std::vector<double>(devices, 0.0)};
-    auto add = [&](std::vector<double>& busy, const plan::op_partition* p, double piece) {
+    auto add = [&](std::vector<double>& busy, node_id n, const plan::op_partition* p, double piece) {
         if (!p) {
             for (double& b : busy) b += piece;
             return;
         }
-        for (std::int64_t k = 0; k < p->pieces(); ++k)
-            if (const int d = p->device_of(k); d >= 0 && d < rp.devices) busy[static_cast<std::size_t>(d)] += piece;
+        for (const auto& [d, pieces] : spread->of(n)) busy[static_cast<std::size_t>(d)] += piece * static_cast<double>(pieces);
     };
     // Ops as written (not decomposed; unknown without the model).
     auto written = [&](node_id n) {
@@ -18248,16 +18350,16 @@ LOOM_INLINE device_compute compute_lower_bound(const plan::resolved_plan& rp, co
     };
     const bool solo = !o.solo_rates.empty();
     if (solo) out.alone.assign(devices, 0.0), out.machine.assign(devices, 0.0);
-    auto add_solo = [&](const plan::op_partition* p, const training_op& op, double piece) {
+    auto add_solo = [&](node_id n, const plan::op_partition* p, const training_op& op, double piece) {
         if (!solo) return;
-        add(out.alone, p, piece * op.solo_factor + o.instruction_overhead);
-        add(out.machine, p, piece * std::min(1.0, op.solo_factor) + o.instruction_overhead);
+        add(out.alone, n, p, piece * op.solo_factor + o.instruction_overhead);
+        add(out.machine, n, p, piece * std::min(1.0, op.solo_factor) + o.instruction_overhead);
     };
     for (const training_op& op : work.ops) {
         const plan::op_partition* p = rp.at(op.source);
         const double piece = op.piece_seconds(share_of(p), written(op.source));
-        add(op.backward ? out.backward : out.forward, p, piece + o.instruction_overhead);
-        add_solo(p, op, piece);
+        add(op.backward ? out.backward : out.forward, op.source, p, piece + o.instruction_overhead);
+        add_solo(op.source, p, op, piece);
     }
     if (!model) return out;
     // One replay of a recomputed node, for the backward readers in its own stage (of ops as
@@ -18272,15 +18374,17 @@ LOOM_INLINE device_compute compute_lower_bound(const plan::resolved_plan& rp, co
                          [&](node_id r) { return written(r) && stage_of(r) == stage_of(n); }))
             continue;
         const training_op& op = work.ops[static_cast<std::size_t>(w.forward_op)];
-        add(out.replays, p, op.piece_seconds(share_of(p)) + o.instruction_overhead);
-        add_solo(p, op, op.piece_seconds(share_of(p)));
+        add(out.replays, n, p, op.piece_seconds(share_of(p)) + o.instruction_overhead);
+        add_solo(n, p, op, op.piece_seconds(share_of(p)));
     }
     return out;
 }
 
 LOOM_INLINE double dependency_lower_bound(const plan::resolved_plan& rp, const training_work& work, const price_options& o,
                                           const graph& model, const device_compute& compute,
-                                          const std::vector<double>& weights) {
+                                          const std::vector<double>& weights, piece_spread* spread) {
+    std::optional<piece_spread> own;
+    if (!spread) spread = &own.emplace(rp);
     // Each op's length in a chain: one piece (one micro-batch's share on one device) with
     // its instruction; zero for the ops of a decomposed node.
     std::vector<double> share(work.nodes.size(), 0.0);  // 0: decomposed
@@ -18300,7 +18404,7 @@ LOOM_INLINE double dependency_lower_bound(const plan::resolved_plan& rp, const t
     for (std::size_t k = ops; k-- > 0;)
         for (std::int32_t r : work.ops[k].reads)
             after[static_cast<std::size_t>(r)] = std::max(after[static_cast<std::size_t>(r)], after[k] + length[k]);
-    double bound = schedule_lower_bound(rp, work, length, weights);
+    double bound = schedule_lower_bound(rp, work, length, weights, spread);
     // Per device and pass (forward, backward), the shortest chain before and after any op
     // it holds.
     constexpr double none = std::numeric_limits<double>::infinity();
@@ -18320,7 +18424,7 @@ LOOM_INLINE double dependency_lower_bound(const plan::resolved_plan& rp, const t
         if (!p)
             for (std::size_t d = 0; d < devices; ++d) hold(static_cast<int>(d));
         else
-            for (std::int64_t i = 0; i < p->pieces(); ++i) hold(p->device_of(i));
+            for (const auto& [d, pieces] : spread->of(work.ops[k].source)) hold(d);
     }
     // A device runs all its ops between the start of its first and the end of its last, and
     // its backward ops (replays apart, which need only local inputs) between the first
@@ -18486,8 +18590,11 @@ LOOM_INLINE std::optional<schedule::schedule> pipeline_groups(const schedule::sc
 }
 
 LOOM_INLINE double schedule_lower_bound(const plan::resolved_plan& rp, const training_work& work,
-                                        const std::vector<double>& length, const std::vector<double>& weights) {
+                                        const std::vector<double>& length, const std::vector<double>& weights,
+                                        piece_spread* spread) {
     if (!rp.order || !rp.pipelined()) return 0.0;
+    std::optional<piece_spread> own;
+    if (!spread) spread = &own.emplace(rp);
     const std::optional<schedule::schedule> order = pipeline_groups(*rp.order);
     if (!order) return 0.0;
     const schedule::pipeline_shape& shape = order->shape;
@@ -18563,9 +18670,8 @@ LOOM_INLINE double schedule_lower_bound(const plan::resolved_plan& rp, const tra
             for (double& w : work_on[q]) w += length[k];
             continue;
         }
-        for (std::int64_t i = 0; i < p->pieces(); ++i)
-            if (const int d = p->device_of(i); d >= 0 && static_cast<std::size_t>(d) < devices)
-                work_on[q][static_cast<std::size_t>(d)] += per_micro_batch;
+        for (const auto& [d, pieces] : spread->of(work.ops[k].source))
+            work_on[q][static_cast<std::size_t>(d)] += per_micro_batch * static_cast<double>(pieces);
     }
     std::vector<double> duration(kinds, 0.0);
     for (std::size_t q = 0; q < kinds; ++q) {
@@ -18992,7 +19098,9 @@ LOOM_INLINE plan_search_result search_plan(const graph& model, const plan::plan_
                 step_lower_bound(rp, work, o.price, &model, &c) + after_programs_lower_bound(least, c, o.price),
                 least.peak() + o.price.runtime_bytes};
         },
-        [&](const plan::plan_spec& candidate) { return price_programs(partition::apply_plan(model, candidate), c, o.price); });
+        [&](const plan::plan_spec& candidate, const std::atomic<bool>&) {
+            return price_programs(partition::apply_plan(model, candidate), c, o.price);
+        });
 }
 
 LOOM_INLINE plan_search_result search_plan(const model_family& model, const plan::plan_spec& space, const cluster& c,
@@ -19003,7 +19111,11 @@ LOOM_INLINE plan_search_result search_plan(const model_family& model, const plan
     return detail::search_assignments(
         space, open_parameter_candidates(space, model.batch, model.layers), c, o, whole,
         [&](const plan::plan_spec& candidate) { return bounds(candidate); },
-        [&](const plan::plan_spec& candidate) { return price_folded(model, candidate, c, o.price).price; });
+        [&](const plan::plan_spec& candidate, const std::atomic<bool>& cancel) {
+            price_options po = o.price;
+            po.cancel = &cancel;
+            return price_folded(model, candidate, c, po).price;
+        });
 }
 
 }  // namespace loom::search
@@ -19440,16 +19552,23 @@ LOOM_INLINE plan_search_result search_assignments(const plan::plan_spec& space, 
     struct priced_ahead {
         program_price price;
         std::string refusal;         // a plan_error or shape_error: refused, for this reason
+        bool cancelled = false;      // stopped by `cancel`: the budget had passed
         std::exception_ptr failure;  // anything else: rethrown in its turn
     };
+    // Set once the search will drop every price still running: past the time budget with a
+    // plan in hand, or stopped. Folded prices then end at their next instance instead of
+    // holding the answer back (at 1024 devices one price takes a minute and more).
+    std::atomic<bool> cancel{false};
     const std::size_t width = o.threads > 0 ? static_cast<std::size_t>(o.threads)
                                                     : std::max(1u, std::thread::hardware_concurrency());
-    auto price_leaf = [&space, &leaves, &price_of](std::size_t k) {
+    auto price_leaf = [&space, &leaves, &price_of, &cancel](std::size_t k) {
         priced_ahead out;
         plan::plan_spec candidate = space;
         candidate.choices = leaves[k].choices;
         try {
-            out.price = price_of(candidate);
+            out.price = price_of(candidate, cancel);
+        } catch (const price_cancelled&) {
+            out.cancelled = true;
         } catch (const plan_error& e) {
             out.refusal = e.what();
         } catch (const shape_error& e) {
@@ -19460,6 +19579,13 @@ LOOM_INLINE plan_search_result search_assignments(const plan::plan_spec& space, 
         return out;
     };
     std::map<std::size_t, std::future<priced_ahead>> in_flight;
+    // However the loop below ends (an answer, the budget, an exception), the prices still in
+    // flight are dropped: cancel them before their futures wait for them (this guard is
+    // destroyed first).
+    struct cancel_on_exit {
+        std::atomic<bool>& flag;
+        ~cancel_on_exit() { flag = true; }
+    } cancel_rest{cancel};
     std::size_t launched = 0;  // leaves before this one were launched or passed over
     auto launch_from = [&](std::size_t first) {
         launched = std::max(launched, first);
@@ -19484,8 +19610,20 @@ LOOM_INLINE plan_search_result search_assignments(const plan::plan_spec& space, 
         }
         launch_from(next);
         auto turn = in_flight.find(next);
-        priced_ahead done = turn != in_flight.end() ? turn->second.get() : price_leaf(next);
-        if (turn != in_flight.end()) in_flight.erase(turn);
+        priced_ahead done;
+        if (turn != in_flight.end()) {
+            // With a plan in hand, a price still running when the budget ends is dropped.
+            if (budgeted && best) {
+                const double left = o.time_budget_seconds - elapsed();
+                if (left <= 0 || turn->second.wait_for(std::chrono::duration<double>(left)) == std::future_status::timeout)
+                    cancel = true;
+            }
+            done = turn->second.get();
+            in_flight.erase(turn);
+        } else {
+            done = price_leaf(next);
+        }
+        if (done.cancelled) break;  // the budget passed (its leaf is counted unexplored below)
         launch_from(next + 1);
         if (done.failure) std::rethrow_exception(done.failure);
         if (!done.refusal.empty()) {

@@ -43,7 +43,9 @@
 //      gradients and optimizer state each device keeps, and the activations its order holds
 //      in flight: memory_lower_bound) already exceeds it. The search stops when the next bound is no better
 //      than the runner-up's price (both are then exact), or at the time or count budget,
-//      when the gap is that of the best price to the lowest bound not yet priced. A time
+//      when the gap is that of the best price to the lowest bound not yet priced. Past the
+//      time budget with a plan in hand, the prices still running are cancelled
+//      (price_options::cancel), not waited for; without one, the price in its turn finishes. A time
 //      budget that step 3 would not finish within (at its pace after 5% of the budget), or
 //      plan_search_options::max_bounded, stops the enumeration (the rest of the space is
 //      counted, unbounded); a descent from the best assignments it bounded, one or two
