@@ -16,9 +16,10 @@
 //   search_scaling --spaces megatron,nnscaler --budget 60 --target 1
 //   search_scaling --out benchmarks/results/search_scaling.md --json benchmarks/results/search_scaling.json
 // The default run (3 depths x 3 cluster sizes, 30 s budget each) takes about 5 to 10 minutes
-// on 2 cores: a folded price at 1024 GPUs builds instances of up to 128 devices (a minute
-// each), and a search that has no plan yet when its budget runs out finishes the price it
-// is computing (prices it would drop once it has a plan are cancelled).
+// on 2 cores: a folded price at 1024 GPUs builds instances of 64 to 512 devices (2 to 15 s
+// each: deep pipelines fold their stages, shallow ones keep them), and a search that has no
+// plan yet when its budget runs out finishes the price it is computing (prices it would
+// drop once it has a plan are cancelled).
 // Run from the repository root.
 #include <algorithm>
 #include <chrono>

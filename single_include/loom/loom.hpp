@@ -15066,6 +15066,18 @@ LOOM_INLINE double exposed_time(double forward_transmission, double backward_tra
 //   more stages. The step grows linearly with the micro-batches once they fill the
 //   pipeline. Memory grows so under GPipe; otherwise the larger instance's memory is the
 //   real one (in-flight micro-batches are bounded by the stages). 3F1B is priced in full.
+// - Stages: a deep pipeline (more than 8 stages of an even cut, each on whole nodes or all
+//   in one node, as many micro-batches as stages or more, an order whose micro-batches
+//   fold) is priced at 4 and 8 stages of the same devices per stage and layers per stage,
+//   each folded over its micro-batches as above, and extrapolated linearly in the stages.
+//   The stages next to the first and the last take the instances' stages at the same index
+//   or the same distance from the last (the embedding, the head, the activations in
+//   flight); a stage in between is a line in its index through each instance's stages 1 and
+//   S - 2 (under 1F1B the activations in flight fall by one micro-batch per stage, the
+//   finish moves by one backward). Exact where every quantity is bilinear in the stage index
+//   and the stage count (1F1B and GPipe at 32 stages on 1024 GPUs: equal to the unfolded
+//   price). The interlaced pipeline cuts its ends over every device, so their share of
+//   each falls as 1/S: a third instance of 16 stages fits that term (32 stages: within 0.3%).
 // - Data-parallel replicas: an instance with at most 2 replicas of the same per-replica
 //   batch stands for D of them. Replicas run the same programs; only their collectives grow.
 //   Each instance device stands for its real device, and a transfer that crosses replicas is
@@ -15074,16 +15086,18 @@ LOOM_INLINE double exposed_time(double forward_transmission, double backward_tra
 //   ZeRO-3 parameters and their optimizer state) shrinks as 1/D: with ZeRO-2 or 3 and D > 4
 //   an instance of 4 replicas is priced too, and memory and the optimizer step are
 //   extrapolated linearly in 1/D.
-// Layer and micro-batch folding are extrapolations: tests hold them to a few percent of the
-// full programs' price; replica folding is exact up to the loss's copies (tested).
+// Layer, micro-batch and stage folding are extrapolations: tests hold them to a few percent of
+// the full programs' price; replica folding is exact up to the loss's copies (tested).
 // A plan folds when its layer-range selectors either cover every layer or none, and its data-parallel degree (the degree of its
 // splits along Dim::Batch) is the same in every rule. Otherwise, or when the model is small
 // enough, the instance is the real plan and the price exact.
 #include <algorithm>
+#include <cmath>
 #include <cstdint>
 #include <functional>
 #include <optional>
 #include <string>
+#include <utility>
 #include <vector>
 
 // ---- begin loom/search/program_price.hpp ----
@@ -16139,12 +16153,16 @@ struct folded_price {
     std::vector<std::int64_t> instance_layers;    // the same, of the instances priced
     std::vector<std::int64_t> instance_replicas;  // data-parallel replicas of the instances priced
     std::int64_t replicas = 1;                    // the real plan's
-    std::vector<std::int64_t> instance_micro_batches;  // micro-batches of the instances priced
-    std::int64_t micro_batches = 1;                    // the real plan's
+    std::vector<std::int64_t> instance_stages;    // pipeline stages of the instances priced
+    std::int64_t stages = 1;                      // the real plan's
+    // Micro-batches of the instances priced, one list per entry of instance_stages (a
+    // pipeline fills with its stages' count of them).
+    std::vector<std::vector<std::int64_t>> instance_micro_batches;
+    std::int64_t micro_batches = 1;  // the real plan's
     bool exact() const {
         return instance_layers.size() == 1 && instance_layers.front() == layers_per_stage && instance_replicas.size() == 1 &&
-               instance_replicas.front() == replicas && instance_micro_batches.size() == 1 &&
-               instance_micro_batches.front() == micro_batches;
+               instance_replicas.front() == replicas && instance_stages == std::vector<std::int64_t>{stages} &&
+               instance_micro_batches.size() == 1 && instance_micro_batches.front() == std::vector<std::int64_t>{micro_batches};
     }
     std::string describe() const;
 };
@@ -16163,14 +16181,34 @@ struct fold_shape {
     bool interlaced = false;
     bool memory_grows_with_micro_batches = false;  // GPipe: every micro-batch's activations at once
     bool replicas_fold = true;      // one data-parallel degree in every rule
+    bool stages_fold = false;       // equal ranges, layers and micro-batches that fold, micro-batches >= stages
 };
+
+// The stage counts of the instances that fold plan shape s (stages_fold): 4 and 8 for a
+// pipeline of more than 8 stages; 4, 8 and 16 for an interlaced pipeline of more than 16
+// stages that 16 divides (its ends' share of each device falls as 1/S, a third instance
+// fits that term); the real count otherwise. Folding needs even ranges, selectors that
+// cover every layer or none, an order whose micro-batches fold and at least as many
+// micro-batches as stages (the interlaced pipeline: as its stages and the two ends): with
+// fewer, the activations in flight stop growing with the stages, and the line through the
+// instances would overshoot them. And it needs links that look the same at every stage count:
+// each stage on whole nodes of topology t (every stage boundary, and the tied embedding's
+// all-reduce between the first and the last stage, crosses nodes in the instances as in the
+// real plan), or every one of the plan's `devices` in one node. Otherwise a boundary that
+// runs inside a node in the instances crosses nodes in the real plan, and costs far more.
+LOOM_INLINE std::vector<std::int64_t> instance_stages(const fold_shape& s, std::int64_t devices, const topology& t);
+
+// The shape of the same plan cut into `stages` even stages of the same layers per range
+// and devices per stage (an instance of stage folding).
+LOOM_INLINE fold_shape with_stages(fold_shape s, std::int64_t stages);
 
 LOOM_INLINE fold_shape shape_of(const plan::plan_spec& p, const model_family& m);
 
-// The plan for an instance with `replicas` data-parallel replicas, `micro_batches`
-// micro-batches and `layers_per_stage` common layers per stage (one of instance_layers):
-// the same rules, layer-range selectors over every layer of the instance, the data-parallel
-// degree and the devices it needs, and ranges of k + their extra layers.
+// The plan for an instance of shape s (the real plan's, or with_stages of it) with
+// `replicas` data-parallel replicas, `micro_batches` micro-batches and `layers_per_stage`
+// common layers per stage (one of instance_layers): the same rules, layer-range selectors
+// over every layer of the instance, s's stages, the data-parallel degree and the devices
+// they need, and ranges of k + their extra layers.
 LOOM_INLINE plan::plan_spec instance_plan(const plan::plan_spec& p, const fold_shape& s, std::int64_t replicas,
                                           std::int64_t micro_batches, std::int64_t layers_per_stage);
 
@@ -16208,6 +16246,10 @@ LOOM_INLINE bool fold_replicas(const fold_shape& s, const model_family& m, const
 // plan_error when the replicas and micro-batches do not divide the batch.
 LOOM_INLINE std::int64_t micro_batch_samples(const model_family& m, const fold_shape& s);
 
+// The devices of the instance of shape s with `replicas` replicas: plan p's, scaled by the
+// stages and the replicas that shape keeps of p's.
+LOOM_INLINE std::int64_t instance_devices(const plan::plan_spec& p, const fold_shape& s, std::int64_t replicas);
+
 // Where `real` lies on the line through the instances `at` (one or two of them): 0 at the
 // first, 1 at the second.
 inline double line_position(const std::vector<std::int64_t>& at, std::int64_t real) {
@@ -16233,9 +16275,21 @@ LOOM_INLINE program_price spread_over_real(const program_price& instance, const 
 // a + (b - a) * t, field by field.
 LOOM_INLINE program_price extrapolate(const program_price& a, const program_price& b, double t);
 
-// The devices of an instance with fewer replicas, matched to the real plan's: for each op,
-// the piece with the same coordinates (the data-parallel one below the instance's count) is
-// the same piece. Empty optional: the plan cannot fold its replicas.
+// The sum of devices' prices by their weights, field by field; no field below 0 (a line
+// through two instances may cross it beyond them, a device cannot).
+LOOM_INLINE device_price weighted_sum(const std::vector<std::pair<const device_price*, double>>& terms);
+
+// The price of `stages` stages of `group` devices each from the prices of instances of
+// the same group with stage_counts stages (at least 4 each, increasing): every field a
+// combination of the instances' whose weights are exact for quantities of the form
+// a + b S (two instances) or a + b S + c / S (three: the interlaced pipeline's ends are cut
+// over every device, so their share of each falls as 1/S). A stage within S_min - 2 of the
+// first combines the instances' stages at its index, one as near the last their stages at
+// its distance from the last (S_min: the fewest stages of an instance); a stage between
+// them combines each instance's line through its stages 1 and S - 2, taken at its index.
+LOOM_INLINE program_price extend_stages(const std::vector<program_price>& instances, const std::vector<std::int64_t>& stage_counts,
+                                        std::int64_t stages, std::int64_t group);
+
 LOOM_INLINE std::optional<replica_fold> match_replicas(const plan::resolved_plan& instance, const plan::resolved_plan& real,
                                                        std::int64_t instance_replicas, std::int64_t real_replicas);
 
@@ -16254,8 +16308,15 @@ LOOM_INLINE std::string folded_price::describe() const {
         for (auto x : v) s += (s.empty() ? "" : " and ") + std::to_string(x);
         return s;
     };
+    std::string by_stages;
+    for (std::size_t i = 0; i < instance_micro_batches.size(); ++i)
+        by_stages += (i ? "; " : "") + list(instance_micro_batches[i]) +
+                     (instance_stages.size() > 1 ? " at " + std::to_string(instance_stages.at(i)) : "");
+    const std::string stages_text = instance_stages.size() > 1 ? list(instance_stages) + " stages (of " +
+                                                                     std::to_string(stages) + "), "
+                                                               : "";
     return "folded: instances of " + list(instance_layers) + " layers per stage (of " + std::to_string(layers_per_stage) +
-           "), " + list(instance_micro_batches) + " micro-batches (of " + std::to_string(micro_batches) + ") and " +
+           "), " + stages_text + by_stages + " micro-batches (of " + std::to_string(micro_batches) + ") and " +
            list(instance_replicas) + " data-parallel replicas (of " + std::to_string(replicas) + ")";
 }
 
@@ -16296,7 +16357,32 @@ LOOM_INLINE fold_shape shape_of(const plan::plan_spec& p, const model_family& m)
             s.replicas = std::max(s.replicas, d);
         }
     }
+    bool even = true;  // given or chosen, a cut of equal ranges
+    for (std::int64_t e : s.range_extra) even = even && e == 0;
+    s.stages_fold = even && s.layers_fold && s.micro_batches_fold && p.devices % s.stages == 0 &&
+                    s.micro_batches >= s.stages + (s.interlaced ? 2 : 0);
     return s;
+}
+
+LOOM_INLINE std::vector<std::int64_t> instance_stages(const fold_shape& s, std::int64_t devices, const topology& t) {
+    const std::int64_t group = devices / s.stages;
+    const bool same_links = devices <= t.devices_per_node || group % t.devices_per_node == 0;
+    if (!s.stages_fold || !same_links) return {s.stages};
+    // The interlaced pipeline's ends are cut over every device: stage counts that divide the
+    // real one keep those cuts dividing what they cut.
+    if (s.interlaced) return s.stages > 16 && s.stages % 16 == 0 ? std::vector<std::int64_t>{4, 8, 16} : std::vector{s.stages};
+    return s.stages > 8 ? std::vector<std::int64_t>{4, 8} : std::vector{s.stages};
+}
+
+LOOM_INLINE fold_shape with_stages(fold_shape s, std::int64_t stages) {
+    s.stages = stages;
+    s.range_extra.assign(static_cast<std::size_t>(stages * s.chunk_layers), 0);
+    return s;
+}
+
+LOOM_INLINE std::int64_t instance_devices(const plan::plan_spec& p, const fold_shape& s, std::int64_t replicas) {
+    const std::int64_t real_stages = p.stages ? plan::degree_value(p.stages->count, p, "the stage count") : 1;
+    return p.devices / real_stages * s.stages / s.replicas * replicas;
 }
 
 LOOM_INLINE std::vector<std::int64_t> instance_micro_batches(const fold_shape& s) {
@@ -16333,14 +16419,15 @@ LOOM_INLINE plan::plan_spec instance_plan(const plan::plan_spec& p, const fold_s
         out.choices[d.open] = value;
     };
     set(out.micro_batches, micro_batches);
+    if (out.stages && plan::degree_value(out.stages->count, out, "the stage count") != s.stages) set(out.stages->count, s.stages);
     for (plan::rule& r : out.rules) {
         if (!r.on.repeat.empty()) r.on.last_layer = -1;  // every layer (shape_of checked they cover them all)
         if (!r.trans) continue;
         for (plan::split_spec& split : *r.trans)
             if (detail::batch_split(split)) set(split.degree, replicas);
     }
+    out.devices = static_cast<int>(instance_devices(p, s, replicas));
     if (replicas != s.replicas) {
-        out.devices = static_cast<int>(p.devices / s.replicas * replicas);
         if (out.stages) {
             plan::degree_spec& group = out.stages->devices_per_stage;
             const std::int64_t given = plan::degree_value(group, out, "the devices per stage");
@@ -16382,80 +16469,90 @@ LOOM_INLINE folded_price price_folded(const model_family& m, const plan::plan_sp
     const bool replicas_fold = fold_replicas(s, m, p);
     out.instance_replicas = {replicas_fold ? 2 : s.replicas};
     if (replicas_fold && plan::detail::chosen_zero(p) >= plan::zero_stage::gradients) out.instance_replicas.push_back(4);
+    out.stages = s.stages;
+    out.instance_stages = instance_stages(s, p.devices, c.topo);
     out.micro_batches = s.micro_batches;
-    out.instance_micro_batches = instance_micro_batches(s);
-
-    // priced[r][b][k]: the instance with instance_replicas[r] replicas, instance_micro_batches[b]
-    // micro-batches and instance_layers[k] layers per stage. Each micro-batch and replica
-    // keeps the real plan's samples.
-    const std::int64_t samples = micro_batch_samples(m, s);
-    std::vector<std::vector<std::vector<program_price>>> priced(out.instance_replicas.size());
-    for (std::size_t r = 0; r < out.instance_replicas.size(); ++r) {
-        const std::int64_t replicas = out.instance_replicas[r];
-        for (std::int64_t micro_batches : out.instance_micro_batches) {
-            auto& row = priced[r].emplace_back();
-            for (std::int64_t layers : out.instance_layers) {
-                const auto cancelled = [&o] {
-                    if (o.cancel && o.cancel->load(std::memory_order_relaxed)) throw price_cancelled();
-                };
-                cancelled();
-                const plan::plan_spec instance = instance_plan(p, s, replicas, micro_batches, layers);
-                const graph g = m.forward(instance_depth(s, layers), samples * replicas * micro_batches);
-                std::optional<replica_fold> fold;
-                if (replicas != s.replicas) {
-                    const graph real_shape = m.forward(instance_depth(s, layers), samples * s.replicas * micro_batches);
-                    const plan::resolved_plan real =
-                        plan::resolve(instance_plan(p, s, s.replicas, micro_batches, layers), real_shape);
-                    // The real replicas' pieces must fit the real devices before they are
-                    // matched to the instance's: the same checks, and refusals, as applying
-                    // the plan in full.
-                    std::vector<std::string> notes;
-                    for (std::size_t n = 0; n < real.forward.size(); ++n)
-                        if (const plan::op_partition* part = real.at(static_cast<node_id>(n)))
-                            (void)partition::bind_partition(real_shape.nodes[n], *part, p.devices, true, notes);
-                    fold = detail::match_replicas(plan::resolve(instance, g), real, replicas, s.replicas);
-                    if (!fold)
-                        throw plan_error("price_folded: the plan's data-parallel pieces do not line up across replicas "
-                                         "(a device holds pieces of different replicas); price it unfolded");
-                }
-                price_options io = o;
-                io.fold = fold ? &*fold : nullptr;
-                io.record_timeline = false;
-                const partition::partitioned_graph programs = partition::apply_plan(g, instance);
-                cancelled();
-                row.push_back(detail::spread_over_real(price_programs(programs, c, io), io.fold, p.devices));
-            }
-        }
-    }
-    // Along the layers, then the micro-batches, then 1/D for what the replicas shard.
+    const std::int64_t samples = micro_batch_samples(m, s);  // each micro-batch and replica keeps the real plan's
     auto along = [](const std::vector<program_price>& points, const std::vector<std::int64_t>& at, std::int64_t real) {
         return points.size() == 1 ? points.front() : detail::extrapolate(points[0], points[1], line_position(at, real));
     };
-    std::vector<program_price> per_replicas;
-    for (const auto& by_micro_batches : priced) {
-        std::vector<program_price> at_depth;
-        for (const auto& by_layers : by_micro_batches)
-            at_depth.push_back(along(by_layers, out.instance_layers, out.layers_per_stage));
-        program_price at_micro_batches = along(at_depth, out.instance_micro_batches, s.micro_batches);
-        if (!s.memory_grows_with_micro_batches)  // the most micro-batches priced hold what all of them do
-            for (std::size_t d = 0; d < at_micro_batches.devices.size(); ++d)
-                at_micro_batches.devices[d].memory = at_depth.back().devices[d].memory;
-        per_replicas.push_back(std::move(at_micro_batches));
-    }
-    out.price = per_replicas.front();
-    if (per_replicas.size() == 2) {
-        // value(1/D) through (1/2, two) and (1/4, four): t = (1/D - 1/2) / (1/4 - 1/2).
-        const double t = (1.0 / static_cast<double>(s.replicas) - 0.5) / (0.25 - 0.5);
-        const program_price sharded = detail::extrapolate(per_replicas[0], per_replicas[1], t);
-        double after = 0;
-        for (std::size_t d = 0; d < out.price.devices.size(); ++d) {
-            out.price.devices[d].memory = sharded.devices[d].memory;
-            out.price.devices[d].optimizer = sharded.devices[d].optimizer;
-            out.price.devices[d].gathers = sharded.devices[d].gathers;
-            after = std::max(after, sharded.devices[d].optimizer + sharded.devices[d].gathers);
+    const auto cancelled = [&o] {
+        if (o.cancel && o.cancel->load(std::memory_order_relaxed)) throw price_cancelled();
+    };
+
+    // One price per instance stage count, over its devices with every real replica.
+    std::vector<program_price> per_stages;
+    for (std::int64_t stages : out.instance_stages) {
+        const fold_shape at = stages == s.stages ? s : with_stages(s, stages);
+        const auto real_devices = static_cast<int>(instance_devices(p, at, s.replicas));
+        const std::vector<std::int64_t>& micro_batch_counts = out.instance_micro_batches.emplace_back(instance_micro_batches(at));
+        // priced[r][b][k]: the instance with instance_replicas[r] replicas,
+        // micro_batch_counts[b] micro-batches and instance_layers[k] layers per stage.
+        std::vector<std::vector<std::vector<program_price>>> priced(out.instance_replicas.size());
+        for (std::size_t r = 0; r < out.instance_replicas.size(); ++r) {
+            const std::int64_t replicas = out.instance_replicas[r];
+            for (std::int64_t micro_batches : micro_batch_counts) {
+                auto& row = priced[r].emplace_back();
+                for (std::int64_t layers : out.instance_layers) {
+                    cancelled();
+                    const plan::plan_spec instance = instance_plan(p, at, replicas, micro_batches, layers);
+                    const graph g = m.forward(instance_depth(at, layers), samples * replicas * micro_batches);
+                    std::optional<replica_fold> fold;
+                    if (replicas != s.replicas) {
+                        const graph real_shape = m.forward(instance_depth(at, layers), samples * s.replicas * micro_batches);
+                        const plan::resolved_plan real =
+                            plan::resolve(instance_plan(p, at, s.replicas, micro_batches, layers), real_shape);
+                        // The real replicas' pieces must fit the real devices before they are
+                        // matched to the instance's: the same checks, and refusals, as applying
+                        // the plan in full.
+                        std::vector<std::string> notes;
+                        for (std::size_t n = 0; n < real.forward.size(); ++n)
+                            if (const plan::op_partition* part = real.at(static_cast<node_id>(n)))
+                                (void)partition::bind_partition(real_shape.nodes[n], *part, real_devices, true, notes);
+                        fold = detail::match_replicas(plan::resolve(instance, g), real, replicas, s.replicas);
+                        if (!fold)
+                            throw plan_error("price_folded: the plan's data-parallel pieces do not line up across replicas "
+                                             "(a device holds pieces of different replicas); price it unfolded");
+                    }
+                    price_options io = o;
+                    io.fold = fold ? &*fold : nullptr;
+                    io.record_timeline = false;
+                    const partition::partitioned_graph programs = partition::apply_plan(g, instance);
+                    cancelled();
+                    row.push_back(detail::spread_over_real(price_programs(programs, c, io), io.fold, real_devices));
+                }
+            }
         }
-        out.price.step_seconds = out.price.makespan + after;
+        // Along the layers, then the micro-batches, then 1/D for what the replicas shard.
+        std::vector<program_price> per_replicas;
+        for (const auto& by_micro_batches : priced) {
+            std::vector<program_price> at_depth;
+            for (const auto& by_layers : by_micro_batches)
+                at_depth.push_back(along(by_layers, out.instance_layers, out.layers_per_stage));
+            program_price at_micro_batches = along(at_depth, micro_batch_counts, s.micro_batches);
+            if (!s.memory_grows_with_micro_batches)  // the most micro-batches priced hold what all of them do
+                for (std::size_t d = 0; d < at_micro_batches.devices.size(); ++d)
+                    at_micro_batches.devices[d].memory = at_depth.back().devices[d].memory;
+            per_replicas.push_back(std::move(at_micro_batches));
+        }
+        program_price price = per_replicas.front();
+        if (per_replicas.size() == 2) {
+            // value(1/D) through (1/2, two) and (1/4, four): t = (1/D - 1/2) / (1/4 - 1/2).
+            const double t = (1.0 / static_cast<double>(s.replicas) - 0.5) / (0.25 - 0.5);
+            const program_price sharded = detail::extrapolate(per_replicas[0], per_replicas[1], t);
+            double after = 0;
+            for (std::size_t d = 0; d < price.devices.size(); ++d) {
+                price.devices[d].memory = sharded.devices[d].memory;
+                price.devices[d].optimizer = sharded.devices[d].optimizer;
+                price.devices[d].gathers = sharded.devices[d].gathers;
+                after = std::max(after, sharded.devices[d].optimizer + sharded.devices[d].gathers);
+            }
+            price.step_seconds = price.makespan + after;
+        }
+        per_stages.push_back(std::move(price));
     }
+    out.price = per_stages.size() == 1 ? std::move(per_stages.front())
+                                       : detail::extend_stages(per_stages, out.instance_stages, s.stages, p.devices / s.stages);
     return out;
 }
 
@@ -16484,6 +16581,38 @@ LOOM_INLINE program_price spread_over_real(const program_price& instance, const 
     return out;
 }
 
+LOOM_INLINE device_price weighted_sum(const std::vector<std::pair<const device_price*, double>>& terms) {
+    device_price z;
+    double instructions = 0;
+    for (const auto& [x, w] : terms) {
+        z.compute += w * x->compute;
+        z.communication += w * x->communication;
+        z.finish += w * x->finish;
+        z.optimizer += w * x->optimizer;
+        z.gathers += w * x->gathers;
+        instructions += w * static_cast<double>(x->instructions);
+        z.memory.bound += w * x->memory.bound;
+        z.memory.arena += w * x->memory.arena;
+        z.memory.optimizer += w * x->memory.optimizer;
+        z.memory.runtime += w * x->memory.runtime;
+    }
+    for (double* f : {&z.compute, &z.communication, &z.finish, &z.optimizer, &z.gathers, &z.memory.bound, &z.memory.arena,
+                      &z.memory.optimizer, &z.memory.runtime})
+        *f = std::max(0.0, *f);
+    z.instructions = std::max<std::int64_t>(0, std::llround(instructions));
+    return z;
+}
+
+// The step of a price whose makespan and devices are set: the slowest device's step after
+// the programs, or the line through the instances' steps when the optimizer is not what
+// separates them (devices sharing one machine's compute add work terms price_programs
+// states in step_seconds).
+inline void settle_step(program_price& out, double step_line) {
+    double after = 0;
+    for (const device_price& z : out.devices) after = std::max(after, z.optimizer + z.gathers);
+    out.step_seconds = std::max(step_line, out.makespan + after);
+}
+
 LOOM_INLINE program_price extrapolate(const program_price& a, const program_price& b, double t) {
     auto line = [t](double x, double y) { return x + (y - x) * t; };
     program_price out;
@@ -16491,26 +16620,80 @@ LOOM_INLINE program_price extrapolate(const program_price& a, const program_pric
     out.transfers = std::llround(line(static_cast<double>(a.transfers), static_cast<double>(b.transfers)));
     out.transfer_seconds = line(a.transfer_seconds, b.transfer_seconds);
     out.devices.resize(a.devices.size());
-    double after = 0;
-    for (std::size_t d = 0; d < a.devices.size(); ++d) {
-        const device_price &x = a.devices[d], &y = b.devices.at(d);
-        device_price& z = out.devices[d];
-        z.compute = line(x.compute, y.compute);
-        z.communication = line(x.communication, y.communication);
-        z.finish = line(x.finish, y.finish);
-        z.optimizer = line(x.optimizer, y.optimizer);
-        z.gathers = line(x.gathers, y.gathers);
-        z.instructions = std::llround(line(static_cast<double>(x.instructions), static_cast<double>(y.instructions)));
-        z.memory.bound = line(x.memory.bound, y.memory.bound);
-        z.memory.arena = line(x.memory.arena, y.memory.arena);
-        z.memory.optimizer = line(x.memory.optimizer, y.memory.optimizer);
-        z.memory.runtime = line(x.memory.runtime, y.memory.runtime);
-        after = std::max(after, z.optimizer + z.gathers);
+    for (std::size_t d = 0; d < a.devices.size(); ++d) out.devices[d] = weighted_sum({{&a.devices[d], 1 - t}, {&b.devices.at(d), t}});
+    settle_step(out, line(a.step_seconds, b.step_seconds));
+    return out;
+}
+
+LOOM_INLINE program_price extend_stages(const std::vector<program_price>& instances, const std::vector<std::int64_t>& stage_counts,
+                                        std::int64_t stages, std::int64_t group) {
+    const std::size_t n = instances.size();
+    bool usable = (n == 2 || n == 3) && stage_counts.size() == n;
+    for (std::size_t j = 0; usable && j < n; ++j)
+        usable = stage_counts[j] >= 4 && (j == 0 || stage_counts[j] > stage_counts[j - 1]) &&
+                 static_cast<std::int64_t>(instances[j].devices.size()) == stage_counts[j] * group;
+    if (!usable)
+        throw error("price_folded: stage folding needs two or three instances of at least 4 stages, increasing, each of " +
+                    std::to_string(group) + " devices per stage");
+    // The weights: solve sum_j w_j f(s_j) = f(stages) for f in 1, S (, 1/S), by elimination.
+    std::vector<std::vector<double>> system(n, std::vector<double>(n + 1));
+    auto basis = [](std::size_t row, double x) { return row == 0 ? 1.0 : row == 1 ? x : 1.0 / x; };
+    for (std::size_t row = 0; row < n; ++row) {
+        for (std::size_t j = 0; j < n; ++j) system[row][j] = basis(row, static_cast<double>(stage_counts[j]));
+        system[row][n] = basis(row, static_cast<double>(stages));
     }
-    // The step: the extrapolated makespan and the slowest extrapolated step after it, or
-    // the line through both steps when the optimizer is not what separates them (devices
-    // sharing one machine's compute add work terms price_programs states in step_seconds).
-    out.step_seconds = std::max(line(a.step_seconds, b.step_seconds), out.makespan + after);
+    for (std::size_t c = 0; c < n; ++c) {
+        std::size_t pivot = c;
+        for (std::size_t r = c + 1; r < n; ++r)
+            if (std::abs(system[r][c]) > std::abs(system[pivot][c])) pivot = r;
+        std::swap(system[c], system[pivot]);
+        for (std::size_t r = 0; r < n; ++r) {
+            if (r == c) continue;
+            const double f = system[r][c] / system[c][c];
+            for (std::size_t k = c; k <= n; ++k) system[r][k] -= f * system[c][k];
+        }
+    }
+    std::vector<double> w(n);
+    for (std::size_t j = 0; j < n; ++j) w[j] = system[j][n] / system[j][j];
+
+    program_price out;
+    double makespan = 0, transfers = 0, step = 0;
+    for (std::size_t j = 0; j < n; ++j) {
+        makespan += w[j] * instances[j].makespan;
+        transfers += w[j] * static_cast<double>(instances[j].transfers);
+        out.transfer_seconds += w[j] * instances[j].transfer_seconds;
+        step += w[j] * instances[j].step_seconds;
+    }
+    out.makespan = makespan;
+    out.transfers = std::llround(transfers);
+    out.devices.resize(static_cast<std::size_t>(stages * group));
+    auto at = [group](const program_price& p, std::int64_t stage, std::int64_t k) {
+        return &p.devices[static_cast<std::size_t>(stage * group + k)];
+    };
+    std::vector<std::pair<const device_price*, double>> terms;
+    for (std::int64_t i = 0; i < stages; ++i)
+        for (std::int64_t k = 0; k < group; ++k) {
+            terms.clear();
+            // Stages near the ends: each instance's stage at the same index from the first,
+            // or at the same distance from the last (where the activations in flight are
+            // those of the real stage). Exact as the line is, and closer where the arena's
+            // packing is not quite linear.
+            const std::int64_t from_end = stages - 1 - i, near = stage_counts.front() - 2;
+            for (std::size_t j = 0; j < n; ++j) {
+                const program_price& p = instances[j];
+                const std::int64_t s = stage_counts[j];
+                if (i < near || from_end < near) {
+                    terms.push_back({at(p, i < near ? i : s - 1 - from_end, k), w[j]});
+                    continue;
+                }
+                // Stage i's place on the instance's line through its stages 1 and S - 2.
+                const double u = static_cast<double>(i - 1) / static_cast<double>(s - 3);
+                terms.push_back({at(p, 1, k), w[j] * (1 - u)});
+                terms.push_back({at(p, s - 2, k), w[j] * u});
+            }
+            out.devices[static_cast<std::size_t>(i * group + k)] = weighted_sum(terms);
+        }
+    settle_step(out, step);
     return out;
 }
 
