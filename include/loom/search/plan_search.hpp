@@ -475,8 +475,10 @@ struct assignment_bounds {
 
 // The lower bounds of plan p (every open parameter chosen) on model family m, from small
 // instances of the model as price_folded prices it: each instance's bounds, extrapolated
-// over the layers per stage and the micro-batches. Instances' graphs and training work are
-// built once per (layers, batch) and kept for the assignments that share them.
+// over the layers per stage, the micro-batches and the stages (of 4 and 8 for a deep
+// pipeline; the interlaced pipeline keeps its stages, whose ends' 1/S share a line through
+// two instances would take below zero). Instances' graphs and training work are built once
+// per (layers, batch) and kept for the assignments that share them.
 class folded_bounds {
 public:
     folded_bounds(const model_family& m, const cluster& c, const price_options& o) : model_(m), cluster_(c), options_(o) {}
@@ -1666,51 +1668,61 @@ LOOM_INLINE const folded_bounds::instance& folded_bounds::instance_of(std::int64
 LOOM_INLINE assignment_bounds folded_bounds::operator()(const plan::plan_spec& candidate) {
     const plan::detail::selector_memo_scope remembering(selectors_);
     // The bound of each instance's plan (its devices compute what the real ones do),
-    // extrapolated over the layers per stage and the micro-batches as the price is.
+    // extrapolated over the layers per stage, the micro-batches and the stages as the price is.
     const fold_shape s = shape_of(candidate, model_);
-    const std::vector<std::int64_t> layers = instance_layers(model_, s), micro_batches = instance_micro_batches(s);
+    const std::vector<std::int64_t> layers = instance_layers(model_, s);
+    std::vector<std::int64_t> stage_counts = instance_stages(s, candidate.devices, cluster_.topo);
+    if (stage_counts.size() != 2) stage_counts = {s.stages};
     const std::int64_t replicas = fold_replicas(s, model_, candidate) ? 2 : s.replicas;
     const std::int64_t samples = micro_batch_samples(model_, s);
     auto along = [](const std::vector<double>& v, const std::vector<std::int64_t>& at, std::int64_t real) {
         return v.size() == 1 ? v.front() : v[0] + (v[1] - v[0]) * line_position(at, real);
     };
-    // The whole bound and its busiest-device term, each extrapolated: both are convex in the
-    // micro-batches and the layers, so the line through two instances stays below them
-    // beyond. The busiest device's term is linear, so its line is exact, where the order's
-    // bound, looser at the larger instance, can bend the whole bound's line down.
-    std::vector<double> by_micro_batches, busiest_by_micro_batches, memory_by_layers, after_by_layers;
-    for (std::int64_t mb : micro_batches) {
-        std::vector<double> by_layers, busiest_by_layers;
-        for (std::int64_t k : layers) {
-            const plan::plan_spec p = instance_plan(candidate, s, replicas, mb, k);
-            const instance& i = instance_of(instance_depth(s, k), samples * replicas * mb);
-            const plan::resolved_plan rp = plan::resolve(p, i.g);
-            double busiest = 0;
-            by_layers.push_back(step_lower_bound(rp, i.work, options_, &i.g, &cluster_, &busiest));
-            busiest_by_layers.push_back(busiest);
-            if (mb != micro_batches.front()) continue;
-            // The memory floor, the instance's shards cut over the real replicas. Each
-            // device's floor grows linearly with the layers per stage, so their maximum is
-            // convex in them: the line through two instances stays below it beyond. The
-            // activations in flight are those of the fewer micro-batches: no more than the
-            // real plan's.
-            // The step after the programs likewise: the optimizer's elements grow linearly
-            // with the layers, ZeRO's shards cut over the real replicas.
-            memory_floor least = memory_lower_bound(rp, i.g, options_, &i.work);
-            const double to_real = static_cast<double>(replicas) / static_cast<double>(s.replicas);
-            for (double& b : least.sharded) b *= to_real;
-            if (rp.zero != plan::zero_stage::none)
-                for (double& n : least.updated) n *= to_real;
-            memory_by_layers.push_back(least.peak());
-            after_by_layers.push_back(after_programs_lower_bound(least, cluster_, options_));
+    // Per stage count: the whole bound and its busiest-device term, each extrapolated: both
+    // are convex in the micro-batches, the layers and the stages (each term is linear in
+    // them, or falls as 1/S), so the line through two instances stays below them beyond.
+    // The busiest device's term is linear, so its line is exact, where the order's bound,
+    // looser at the larger instance, can bend the whole bound's line down.
+    std::vector<double> step_by_stages, memory_by_stages, after_by_stages;
+    for (std::int64_t stages : stage_counts) {
+        const fold_shape at = stages == s.stages ? s : with_stages(s, stages);
+        const std::vector<std::int64_t> micro_batches = instance_micro_batches(at);
+        std::vector<double> by_micro_batches, busiest_by_micro_batches, memory_by_layers, after_by_layers;
+        for (std::int64_t mb : micro_batches) {
+            std::vector<double> by_layers, busiest_by_layers;
+            for (std::int64_t k : layers) {
+                const plan::plan_spec p = instance_plan(candidate, at, replicas, mb, k);
+                const instance& i = instance_of(instance_depth(at, k), samples * replicas * mb);
+                const plan::resolved_plan rp = plan::resolve(p, i.g);
+                double busiest = 0;
+                by_layers.push_back(step_lower_bound(rp, i.work, options_, &i.g, &cluster_, &busiest));
+                busiest_by_layers.push_back(busiest);
+                if (mb != micro_batches.front()) continue;
+                // The memory floor, the instance's shards cut over the real replicas. Each
+                // device's floor grows linearly with the layers per stage, so their maximum is
+                // convex in them: the line through two instances stays below it beyond. The
+                // activations in flight are those of the fewer micro-batches: no more than the
+                // real plan's.
+                // The step after the programs likewise: the optimizer's elements grow linearly
+                // with the layers, ZeRO's shards cut over the real replicas.
+                memory_floor least = memory_lower_bound(rp, i.g, options_, &i.work);
+                const double to_real = static_cast<double>(replicas) / static_cast<double>(s.replicas);
+                for (double& b : least.sharded) b *= to_real;
+                if (rp.zero != plan::zero_stage::none)
+                    for (double& n : least.updated) n *= to_real;
+                memory_by_layers.push_back(least.peak());
+                after_by_layers.push_back(after_programs_lower_bound(least, cluster_, options_));
+            }
+            by_micro_batches.push_back(along(by_layers, layers, fold_layers_per_stage(s)));
+            busiest_by_micro_batches.push_back(along(busiest_by_layers, layers, fold_layers_per_stage(s)));
         }
-        by_micro_batches.push_back(along(by_layers, layers, fold_layers_per_stage(s)));
-        busiest_by_micro_batches.push_back(along(busiest_by_layers, layers, fold_layers_per_stage(s)));
+        step_by_stages.push_back(std::max(along(by_micro_batches, micro_batches, s.micro_batches),
+                                          along(busiest_by_micro_batches, micro_batches, s.micro_batches)));
+        memory_by_stages.push_back(along(memory_by_layers, layers, fold_layers_per_stage(s)));
+        after_by_stages.push_back(along(after_by_layers, layers, fold_layers_per_stage(s)));
     }
-    return {std::max(along(by_micro_batches, micro_batches, s.micro_batches),
-                     along(busiest_by_micro_batches, micro_batches, s.micro_batches)) +
-                along(after_by_layers, layers, fold_layers_per_stage(s)),
-            along(memory_by_layers, layers, fold_layers_per_stage(s)) + options_.runtime_bytes};
+    return {along(step_by_stages, stage_counts, s.stages) + along(after_by_stages, stage_counts, s.stages),
+            along(memory_by_stages, stage_counts, s.stages) + options_.runtime_bytes};
 }
 
 LOOM_INLINE void concrete_boundaries(plan::plan_spec& p, const std::vector<open_parameter>& params) {
