@@ -322,20 +322,19 @@ TEST_CASE("the folded search chooses what the full search chooses", "[folded_pri
     CHECK(folded.stats.assignments == full.stats.assignments);
 }
 
-TEST_CASE("the folded bounds never exceed the folded price, on every leaf of a space that folds", "[folded_price]") {
-    // 16 layers and 16 micro-batches: instances of fewer layers per stage and of fewer
-    // micro-batches stand for most of the plans, and the bounds extrapolate from them.
-    const search::model_family m = gpt_family(16, 64);
-    plan::plan_spec space = plan::spaces::megatron(8);
-    space.micro_batches.allowed = {4, 16};
-    space.order.alternatives.push_back({plan::schedule_kind::interlaced});
-    const search::cluster c = search::dgx_a100(1);
+namespace {
+
+// Bounds and folded prices of every leaf of `space` that both accept (refused as the search
+// refuses: by the bounds' resolve or by the folded price), each bound checked below its
+// price; `each` sees every accepted leaf's price.
+template <class Each>
+int check_bounds_below_prices(const search::model_family& m, const plan::plan_spec& space, const search::cluster& c,
+                              Each each) {
     const search::price_options o = gpu_options();
     search::detail::folded_bounds bounds(m, c, o);
     const auto params = search::open_parameter_candidates(space, m.batch, m.layers);
-    int legal = 0, folded = 0;
+    int legal = 0;
     search::for_each_assignment(space, params, [&](const plan::plan_spec& candidate) {
-        // Refused, as the search refuses: by the bounds' resolve or by the folded price.
         search::detail::assignment_bounds b;
         search::folded_price f;
         try {
@@ -348,10 +347,24 @@ TEST_CASE("the folded bounds never exceed the folded price, on every leaf of a s
         }
         INFO(search::choices_text(params, candidate.choices) << ": " << f.describe());
         ++legal;
-        folded += f.exact() ? 0 : 1;
+        each(f);
         CHECK(b.step <= f.price.step_seconds * (1 + 1e-12));
         CHECK(b.memory <= f.price.peak_memory() * (1 + 1e-12));
     });
+    return legal;
+}
+
+}  // namespace
+
+TEST_CASE("the folded bounds never exceed the folded price, on every leaf of a space that folds", "[folded_price]") {
+    // 16 layers and 16 micro-batches: instances of fewer layers per stage and of fewer
+    // micro-batches stand for most of the plans, and the bounds extrapolate from them.
+    plan::plan_spec space = plan::spaces::megatron(8);
+    space.micro_batches.allowed = {4, 16};
+    space.order.alternatives.push_back({plan::schedule_kind::interlaced});
+    int folded = 0;
+    const int legal = check_bounds_below_prices(gpt_family(16, 64), space, search::dgx_a100(1),
+                                                [&](const search::folded_price& f) { folded += f.exact() ? 0 : 1; });
     CHECK(legal > 20);
     CHECK(folded > legal / 2);
 }
@@ -362,31 +375,12 @@ TEST_CASE("the folded bounds of deep pipelines, folded over their stages, never 
     // these 12 leaves the step bounds came out within 1.5% of the same bounds from instances
     // of all 16 stages; this small model's bounds are a third to two thirds of its prices
     // either way.)
-    const search::model_family m = gpt_family(32, 64);
     search::cluster node = search::dgx_a100(1);
     node.topo.devices_per_node = 32;
     plan::plan_spec space = plan::spaces::megatron(32);
     space.narrow("pp", {16}).narrow("mb", {16, 32});
-    const search::price_options o = gpu_options();
-    search::detail::folded_bounds bounds(m, node, o);
-    const auto params = search::open_parameter_candidates(space, m.batch, m.layers);
-    int legal = 0;
-    search::for_each_assignment(space, params, [&](const plan::plan_spec& candidate) {
-        search::detail::assignment_bounds b;
-        search::folded_price f;
-        try {
-            b = bounds(candidate);
-            f = search::price_folded(m, candidate, node, o);
-        } catch (const plan_error&) {
-            return;
-        } catch (const shape_error&) {
-            return;
-        }
-        INFO(search::choices_text(params, candidate.choices) << ": " << f.describe());
-        ++legal;
+    const int legal = check_bounds_below_prices(gpt_family(32, 64), space, node, [](const search::folded_price& f) {
         CHECK(f.instance_stages == std::vector<std::int64_t>{4, 8});
-        CHECK(b.step <= f.price.step_seconds * (1 + 1e-12));
-        CHECK(b.memory <= f.price.peak_memory() * (1 + 1e-12));
     });
     CHECK(legal >= 6);
 }
