@@ -385,6 +385,32 @@ TEST_CASE("the folded bounds of deep pipelines, folded over their stages, never 
     CHECK(legal >= 6);
 }
 
+TEST_CASE("deep pipelines that share instances are bounded once, as a fresh bound would", "[folded_price]") {
+    // 224 layers in 16 or 32 stages of DP 2, 32 micro-batches of one sample: both are
+    // bounded from the same instances (4 and 8 stages of 2 replicas, 4 and 6 layers per
+    // stage, as many and twice as many micro-batches as stages), so the second
+    // plan reuses the first one's instance bounds, and they are the ones a bound that
+    // never saw the first plan computes.
+    const search::model_family m = gpt_family(224, 64);
+    search::cluster node = search::dgx_a100(1);
+    node.topo.devices_per_node = 64;
+    const plan::plan_spec sixteen = megatron({.pp = 16, .dp = 2, .micro_batches = 32});
+    const plan::plan_spec thirty_two = megatron({.pp = 32, .dp = 2, .micro_batches = 32});
+    search::detail::folded_bounds shared(m, node, gpu_options());
+    const search::detail::assignment_bounds first = shared(sixteen);
+    const std::size_t bounded = shared.instances_bounded();
+    CHECK(bounded == 8);  // 2 stage counts x 2 micro-batch counts x 2 layer counts
+    const search::detail::assignment_bounds second = shared(thirty_two);
+    CHECK(shared.instances_bounded() == bounded);
+    search::detail::folded_bounds fresh(m, node, gpu_options());
+    const search::detail::assignment_bounds alone = fresh(thirty_two);
+    CHECK(second.step == alone.step);
+    CHECK(second.memory == alone.memory);
+    // The same instances, extrapolated to another depth: the real plans' bounds differ.
+    CHECK(second.step != first.step);
+    CHECK(second.memory != first.memory);
+}
+
 TEST_CASE("a space narrowed to the real plan's values folds on instances outside that range", "[folded_price]") {
     // The instances run 2 and 4 micro-batches and 2 replicas where the plan says 12 and 4:
     // the narrowed ranges bind the real plan, not its instances.

@@ -479,21 +479,45 @@ struct assignment_bounds {
 // pipeline; the interlaced pipeline keeps its stages, whose ends' 1/S share a line through
 // two instances would take below zero). Instances' graphs and training work are built once
 // per (layers, batch) and kept for the assignments that share them.
+//
+// The plans it bounds are the assignments of one space: they differ in their choices only.
+// Many of them share instances (a deep pipeline's instances have 4 and 8 stages whatever its
+// own count, and 2 replicas whatever its data-parallel degree), so each instance plan's
+// bounds are kept too, keyed by the instance's choices and the values folding gives it.
 class folded_bounds {
 public:
     folded_bounds(const model_family& m, const cluster& c, const price_options& o) : model_(m), cluster_(c), options_(o) {}
     assignment_bounds operator()(const plan::plan_spec& p);
+    // The instance plans bounded so far, each once.
+    std::size_t instances_bounded() const { return bounds_.size(); }
 
 private:
     struct instance {
         graph g;
         training_work work;
     };
+    // What one instance plan's bounds read: the instance graph (layers, batch), the plan's
+    // devices and stage boundaries as folding sets them, and every choice.
+    struct instance_key {
+        std::int64_t layers = 0;
+        std::int64_t batch = 0;
+        int devices = 0;
+        std::vector<std::int64_t> boundaries;
+        std::map<std::string, std::int64_t> choices;
+        auto operator<=>(const instance_key&) const = default;
+    };
+    struct instance_bounds {
+        double step = 0;
+        double busiest = 0;
+        std::optional<memory_floor> memory;  // made for the instances of the fewer micro-batches only
+        plan::zero_stage zero = plan::zero_stage::none;
+    };
     const instance& instance_of(std::int64_t layers, std::int64_t batch);
     const model_family& model_;
     const cluster& cluster_;
     price_options options_;
     std::map<std::pair<std::int64_t, std::int64_t>, instance> instances_;
+    std::map<instance_key, instance_bounds> bounds_;
     plan::detail::selector_memo selectors_;  // the rules' matches on the instances, which live as long
 };
 
@@ -1691,13 +1715,24 @@ LOOM_INLINE assignment_bounds folded_bounds::operator()(const plan::plan_spec& c
         for (std::int64_t mb : micro_batches) {
             std::vector<double> by_layers, busiest_by_layers;
             for (std::int64_t k : layers) {
-                const plan::plan_spec p = instance_plan(candidate, at, replicas, mb, k);
-                const instance& i = instance_of(instance_depth(at, k), samples * replicas * mb);
-                const plan::resolved_plan rp = plan::resolve(p, i.g);
-                double busiest = 0;
-                by_layers.push_back(step_lower_bound(rp, i.work, options_, &i.g, &cluster_, &busiest));
-                busiest_by_layers.push_back(busiest);
-                if (mb != micro_batches.front()) continue;
+                plan::plan_spec p = instance_plan(candidate, at, replicas, mb, k);
+                instance_key key{instance_depth(at, k), samples * replicas * mb, p.devices, {}, std::move(p.choices)};
+                if (p.stages) key.boundaries = p.stages->boundaries;
+                const bool memory = mb == micro_batches.front();
+                auto known = bounds_.find(key);
+                if (known == bounds_.end() || (memory && !known->second.memory)) {
+                    p.choices = key.choices;
+                    const instance& i = instance_of(key.layers, key.batch);
+                    const plan::resolved_plan rp = plan::resolve(p, i.g);
+                    instance_bounds b;
+                    b.step = step_lower_bound(rp, i.work, options_, &i.g, &cluster_, &b.busiest);
+                    if (memory) b.memory = memory_lower_bound(rp, i.g, options_, &i.work);
+                    b.zero = rp.zero;
+                    known = bounds_.insert_or_assign(std::move(key), std::move(b)).first;
+                }
+                by_layers.push_back(known->second.step);
+                busiest_by_layers.push_back(known->second.busiest);
+                if (!memory) continue;
                 // The memory floor, the instance's shards cut over the real replicas. Each
                 // device's floor grows linearly with the layers per stage, so their maximum is
                 // convex in them: the line through two instances stays below it beyond. The
@@ -1705,10 +1740,10 @@ LOOM_INLINE assignment_bounds folded_bounds::operator()(const plan::plan_spec& c
                 // real plan's.
                 // The step after the programs likewise: the optimizer's elements grow linearly
                 // with the layers, ZeRO's shards cut over the real replicas.
-                memory_floor least = memory_lower_bound(rp, i.g, options_, &i.work);
+                memory_floor least = *known->second.memory;
                 const double to_real = static_cast<double>(replicas) / static_cast<double>(s.replicas);
                 for (double& b : least.sharded) b *= to_real;
-                if (rp.zero != plan::zero_stage::none)
+                if (known->second.zero != plan::zero_stage::none)
                     for (double& n : least.updated) n *= to_real;
                 memory_by_layers.push_back(least.peak());
                 after_by_layers.push_back(after_programs_lower_bound(least, cluster_, options_));
