@@ -1191,8 +1191,9 @@ TEST_CASE("the regions a device holds are counted as pairs of device and region 
     };
     // Micro-batches (not slicing) x a slicing split of 4 x Coshard 2 on it x 2 replicas, the
     // pieces dealt round-robin (colocated pieces of several regions) over `devices`; the last
-    // case has devices x regions beyond the bitmap, so the counts come from sorted keys.
-    for (const auto& [degree, devices] : std::vector<std::pair<std::int64_t, std::size_t>>{{8, 4}, {8, 16}, {4096, 4097}}) {
+    // case has holders x regions beyond the bitmap, so the counts come from sorted keys. One
+    // count serves every call: each zeroes the entries of the holders it returned.
+    for (const auto& [degree, devices] : std::vector<std::pair<std::int64_t, std::size_t>>{{8, 4}, {8, 16}, {8192, 4097}}) {
         plan::op_partition p;
         p.splits.push_back({Dim::Batch::id, "", 3, false});
         p.splits.push_back({Dim::Hidden::id, "", degree, false});
@@ -1201,9 +1202,18 @@ TEST_CASE("the regions a device holds are counted as pairs of device and region 
             p.devices.push_back(static_cast<int>((piece * 7 + piece / 5) % static_cast<std::int64_t>(devices - 1)));
         for (const std::vector<std::size_t>& slicing : {std::vector<std::size_t>{1}, std::vector<std::size_t>{0, 1},
                                                         std::vector<std::size_t>{}}) {
-            std::vector<std::int64_t> count;
-            search::detail::regions_per_device(p, slicing, devices, count);
-            CHECK(count == brute(p, slicing, devices));
+            std::vector<std::int64_t> count(devices, 0);
+            std::vector<std::size_t> holders;
+            for (int again = 0; again < 2; ++again) {
+                search::detail::regions_per_device(p, slicing, devices, count, holders);
+                CHECK(count == brute(p, slicing, devices));
+                std::set<std::size_t> holding;
+                for (std::size_t d = 0; d < devices; ++d)
+                    if (count[d] > 0) holding.insert(d);
+                CHECK(std::set<std::size_t>(holders.begin(), holders.end()) == holding);
+                CHECK(holders.size() == holding.size());
+                for (std::size_t d : holders) count[d] = 0;
+            }
         }
     }
 }
