@@ -139,6 +139,11 @@ int main(int argc, char** argv) {
                                 {"refused", s.refused},
                                 {"skipped", s.skipped},
                                 {"bounded", bounded},
+                                // Bounds computed in all: the enumeration's, and every one the
+                                // descent compared (those it moved to are counted in `bounded`).
+                                {"descended", s.descended},
+                                {"looked_at", s.looked_at},
+                                {"bounds_computed", bounded - s.descended + s.looked_at},
                                 {"priced", s.priced},
                                 {"over_memory", s.over_memory},
                                 {"over_memory_unpriced", s.over_memory_unpriced},

@@ -415,6 +415,7 @@ struct plan_search_statistics {
     std::int64_t ties = 0;         // priced the same as the best (the first of them is chosen)
     std::int64_t even_cut_only = 0;  // assignments whose open boundaries had too many cuts: the even one was tried
     std::int64_t descended = 0;    // not counted unbounded: moved to by the descent after a budget cut the enumeration
+    std::int64_t looked_at = 0;    // bounded by the descent, those it moved to among them (the rest stay counted unbounded)
     double seconds = 0;
     double bounding_seconds = 0;  // of those, resolving and bounding every assignment (the rest prices)
     std::map<std::string, std::int64_t> refusals;  // reason -> assignments refused for it
@@ -1671,7 +1672,8 @@ LOOM_INLINE std::string plan_search_result::explain() const {
         os << ", " << stats.unbounded << " not even bounded within the budget (the best is not proven: narrow the space "
            << "or raise the budget)";
     if (stats.descended)
-        os << ", " << stats.descended << " of the others reached by a descent from the best bounded";
+        os << ", " << stats.descended << " of the others reached by a descent from the best bounded (which bounded "
+           << stats.looked_at << " to compare)";
     if (stats.even_cut_only)
         os << ", " << stats.even_cut_only << " with the even stage cut only (more than " << max_boundary_cuts
            << " cuts at their stage count: narrow the boundaries' slack to search them)";
@@ -2040,6 +2042,7 @@ LOOM_INLINE plan_search_result search_assignments(const plan::plan_spec& space, 
             candidate.choices = choices;
             if (stage_group().refusal.empty()) {
                 try {
+                    ++stats.looked_at;
                     b = bound_of(candidate);
                 } catch (const plan_error&) {
                 } catch (const shape_error&) {
