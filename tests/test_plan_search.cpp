@@ -725,6 +725,7 @@ TEST_CASE("a budget that cuts the enumeration short descends from the best it bo
     INFO(r.explain());
     CHECK(r.stats.assignments == full.stats.assignments);
     CHECK(r.stats.descended > 0);
+    CHECK(r.stats.looked_at > r.stats.descended);  // it compares neighbours before each move
     CHECK(r.stats.unbounded > 0);
     CHECK(r.gap == 1.0);
     CHECK(r.explain().find("reached by a descent from the best bounded") != std::string::npos);

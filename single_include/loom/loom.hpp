@@ -17964,9 +17964,12 @@ LOOM_INLINE std::vector<std::size_t> slicing_splits(const node& n, const plan::o
 // Per device of [0, devices): how many distinct regions of an operand the pieces of p on it
 // hold, the operand cut by the splits `slicing` (slicing_splits). Pieces that differ only
 // along other splits, or as replicas, hold the same region; colocated pieces along a slicing
-// split (Coshard's) hold as many regions as they are. `count` is resized to `devices`.
+// split (Coshard's) hold as many regions as they are. `count` has `devices` entries, 0 on
+// entry; `holders` receives the devices whose count it sets (in the order first met), so
+// that a caller over many operands zeroes those alone: an operand's pieces sit on a few of
+// an instance's devices, and this runs for every parameter reading of every bound.
 LOOM_INLINE void regions_per_device(const plan::op_partition& p, const std::vector<std::size_t>& slicing,
-                                           std::size_t devices, std::vector<std::int64_t>& count);
+                                    std::size_t devices, std::vector<std::int64_t>& count, std::vector<std::size_t>& holders);
 
 // Per node of a resolved plan: the devices its pieces run on, each with its count of
 // pieces, in device order; made on first use. The bounds add an op's work per piece, and an
@@ -18065,6 +18068,7 @@ struct plan_search_statistics {
     std::int64_t ties = 0;         // priced the same as the best (the first of them is chosen)
     std::int64_t even_cut_only = 0;  // assignments whose open boundaries had too many cuts: the even one was tried
     std::int64_t descended = 0;    // not counted unbounded: moved to by the descent after a budget cut the enumeration
+    std::int64_t looked_at = 0;    // bounded by the descent, those it moved to among them (the rest stay counted unbounded)
     double seconds = 0;
     double bounding_seconds = 0;  // of those, resolving and bounding every assignment (the rest prices)
     std::map<std::string, std::int64_t> refusals;  // reason -> assignments refused for it
@@ -18132,21 +18136,45 @@ struct assignment_bounds {
 // pipeline; the interlaced pipeline keeps its stages, whose ends' 1/S share a line through
 // two instances would take below zero). Instances' graphs and training work are built once
 // per (layers, batch) and kept for the assignments that share them.
+//
+// The plans it bounds are the assignments of one space: they differ in their choices only.
+// Many of them share instances (a deep pipeline's instances have 4 and 8 stages whatever its
+// own count, and 2 replicas whatever its data-parallel degree), so each instance plan's
+// bounds are kept too, keyed by the instance's choices and the values folding gives it.
 class folded_bounds {
 public:
     folded_bounds(const model_family& m, const cluster& c, const price_options& o) : model_(m), cluster_(c), options_(o) {}
     assignment_bounds operator()(const plan::plan_spec& p);
+    // The instance plans bounded so far, each once.
+    std::size_t instances_bounded() const { return bounds_.size(); }
 
 private:
     struct instance {
         graph g;
         training_work work;
     };
+    // What one instance plan's bounds read: the instance graph (layers, batch), the plan's
+    // devices and stage boundaries as folding sets them, and every choice.
+    struct instance_key {
+        std::int64_t layers = 0;
+        std::int64_t batch = 0;
+        int devices = 0;
+        std::vector<std::int64_t> boundaries;
+        std::map<std::string, std::int64_t> choices;
+        auto operator<=>(const instance_key&) const = default;
+    };
+    struct instance_bounds {
+        double step = 0;
+        double busiest = 0;
+        std::optional<memory_floor> memory;  // made for the instances of the fewer micro-batches only
+        plan::zero_stage zero = plan::zero_stage::none;
+    };
     const instance& instance_of(std::int64_t layers, std::int64_t batch);
     const model_family& model_;
     const cluster& cluster_;
     price_options options_;
     std::map<std::pair<std::int64_t, std::int64_t>, instance> instances_;
+    std::map<instance_key, instance_bounds> bounds_;
     plan::detail::selector_memo selectors_;  // the rules' matches on the instances, which live as long
 };
 
@@ -18447,13 +18475,16 @@ LOOM_INLINE std::vector<std::size_t> slicing_splits(const node& n, const plan::o
 }
 
 LOOM_INLINE void regions_per_device(const plan::op_partition& p, const std::vector<std::size_t>& slicing,
-                                    std::size_t devices, std::vector<std::int64_t>& count) {
-    count.assign(devices, 0);
+                                    std::size_t devices, std::vector<std::int64_t>& count, std::vector<std::size_t>& holders) {
+    holders.clear();
     bool colocated = false;
     const std::int64_t pieces = p.pieces();
     for (std::int64_t piece = 0; piece < pieces; ++piece)
-        if (const int d = p.device_of(piece); d >= 0 && static_cast<std::size_t>(d) < devices)
-            colocated = count[static_cast<std::size_t>(d)]++ > 0 || colocated;
+        if (const int d = p.device_of(piece); d >= 0 && static_cast<std::size_t>(d) < devices) {
+            std::int64_t& c = count[static_cast<std::size_t>(d)];
+            if (c == 0) holders.push_back(static_cast<std::size_t>(d));
+            colocated = c++ > 0 || colocated;
+        }
     if (!colocated) return;
     // A piece's region: its coordinates along the slicing splits, as one mixed-radix number
     // (piece index = ((c0 d1 + c1) d2 + ...) replicas + replica, so coordinate b is
@@ -18474,14 +18505,18 @@ LOOM_INLINE void regions_per_device(const plan::op_partition& p, const std::vect
         for (std::size_t b : slicing) region = region * p.splits[b].degree + piece / stride[b] % p.splits[b].degree;
         return region;
     };
-    count.assign(devices, 0);
+    // Counted again, as regions: the holders' places in a holders x regions bitmap.
+    for (std::size_t d : holders) count[d] = 0;
     constexpr std::int64_t bitmap_limit = std::int64_t{1} << 24;
-    if (radix <= bitmap_limit / static_cast<std::int64_t>(std::max<std::size_t>(devices, 1))) {
-        std::vector<bool> seen(devices * static_cast<std::size_t>(radix), false);
+    if (radix <= bitmap_limit / static_cast<std::int64_t>(std::max<std::size_t>(holders.size(), 1))) {
+        std::vector<std::size_t> place(devices);
+        for (std::size_t k = 0; k < holders.size(); ++k) place[holders[k]] = k;
+        std::vector<bool> seen(holders.size() * static_cast<std::size_t>(radix), false);
         for (std::int64_t piece = 0; piece < pieces; ++piece) {
             const int d = p.device_of(piece);
             if (d < 0 || static_cast<std::size_t>(d) >= devices) continue;
-            const std::size_t key = static_cast<std::size_t>(d) * static_cast<std::size_t>(radix) + static_cast<std::size_t>(region_of(piece));
+            const std::size_t key = place[static_cast<std::size_t>(d)] * static_cast<std::size_t>(radix) +
+                                    static_cast<std::size_t>(region_of(piece));
             if (seen[key]) continue;
             seen[key] = true;
             ++count[static_cast<std::size_t>(d)];
@@ -18638,7 +18673,8 @@ LOOM_INLINE std::vector<double> activation_floor(const plan::resolved_plan& rp, 
         double bytes = 0;
         int stage = 0;
     };
-    std::map<std::pair<tensor_id, std::size_t>, kept> pieces;
+    // Per tensor: (device, kept) in device order, as few as the devices of its pieces.
+    std::vector<std::vector<std::pair<std::size_t, kept>>> pieces(model.tensors.size());
     auto stage_of = [&](std::size_t n) { return ordered && n < rp.stage_of.size() ? rp.stage_of[n] : 0; };
     auto recomputed = [&](std::size_t n) {
         const plan::op_partition* p = n < forward ? rp.at(static_cast<node_id>(n)) : nullptr;
@@ -18688,8 +18724,11 @@ LOOM_INLINE std::vector<double> activation_floor(const plan::resolved_plan& rp, 
         const int stage = stage_of(yi);
         auto hold_operand = [&] {
             if (!operand) return;
+            auto& on = pieces[static_cast<std::size_t>(operand->first)];
             auto hold = [&](std::size_t d) {
-                kept& k = pieces[{operand->first, d}];
+                auto at = std::lower_bound(on.begin(), on.end(), d, [](const auto& e, std::size_t device) { return e.first < device; });
+                if (at == on.end() || at->first != d) at = on.insert(at, {d, kept{}});
+                kept& k = at->second;
                 if (operand->second > k.bytes) k = {operand->second, stage};
             };
             if (!p) {
@@ -18720,7 +18759,8 @@ LOOM_INLINE std::vector<double> activation_floor(const plan::resolved_plan& rp, 
     }
     // Per device and stage: what one micro-batch keeps.
     std::vector<std::vector<double>> per_micro_batch(devices, std::vector<double>(static_cast<std::size_t>(stages), 0.0));
-    for (const auto& [at, k] : pieces) per_micro_batch[at.second][static_cast<std::size_t>(k.stage)] += k.bytes;
+    for (const auto& on : pieces)
+        for (const auto& [d, k] : on) per_micro_batch[d][static_cast<std::size_t>(k.stage)] += k.bytes;
     std::vector<double> floor(devices, 0.0);
     if (!ordered) {
         for (std::size_t d = 0; d < devices; ++d) floor[d] = per_micro_batch[d][0];
@@ -18813,26 +18853,30 @@ LOOM_INLINE double schedule_lower_bound(const plan::resolved_plan& rp, const tra
     }
     // An op waits for a remote kind when it reads an op of that kind, or an op of its own
     // kind that waits for it; it waits for its block's inputs when it waits for every one.
-    std::vector<std::vector<bool>> waits(ops);  // per op: the kinds it waits for
-    std::vector<bool> waiting(ops, false), output(ops, false);
+    // Per op: the kinds it waits for, a bit each in `words` words (one flat array: a
+    // training step has thousands of ops, each a few words).
+    const std::size_t words = (kinds + 63) / 64;
+    std::vector<std::uint64_t> waits(ops * words, 0);
+    auto waits_of = [&](std::size_t k) { return waits.data() + k * words; };
+    std::vector<char> waiting(ops, 0), output(ops, 0);
     std::vector<double> chain(ops, 0.0);  // longest chain of waiting ops of its kind ending at it
     for (std::size_t k = 0; k < ops; ++k) {
         const std::size_t q = kind[k];
         if (q == outside) continue;
-        waits[k].assign(kinds, false);
+        std::uint64_t* mine = waits_of(k);
         double longest = 0;
         for (std::int32_t r : work.ops[k].reads) {
             const auto from = static_cast<std::size_t>(r);
             if (kind[from] == q) {
-                for (std::size_t w = 0; w < kinds; ++w)
-                    if (waits[from][w]) waits[k][w] = true;
+                const std::uint64_t* theirs = waits_of(from);
+                for (std::size_t w = 0; w < words; ++w) mine[w] |= theirs[w];
                 if (waiting[from] || remote[q].empty()) longest = std::max(longest, chain[from]);
             } else if (kind[from] != outside) {
-                waits[k][kind[from]] = true;
-                if (static_cast<int>(kind[from]) / (rounds + 1) != static_cast<int>(q) / (rounds + 1)) output[from] = true;
+                mine[kind[from] / 64] |= std::uint64_t{1} << (kind[from] % 64);
+                if (static_cast<int>(kind[from]) / (rounds + 1) != static_cast<int>(q) / (rounds + 1)) output[from] = 1;
             }
         }
-        waiting[k] = std::all_of(remote[q].begin(), remote[q].end(), [&](std::size_t w) { return waits[k][w]; });
+        waiting[k] = std::all_of(remote[q].begin(), remote[q].end(), [&](std::size_t w) { return (mine[w / 64] >> (w % 64)) & 1; });
         if (waiting[k]) chain[k] = longest + length[k];
     }
     // Per kind: its work on each device, and its output's ready time.
@@ -18922,8 +18966,9 @@ LOOM_INLINE memory_floor memory_lower_bound(const plan::resolved_plan& rp, const
                 readers[model.nodes[i].inputs[k]].push_back({i, k});
     const int zero = static_cast<int>(rp.zero);
     std::vector<holding> held(devices);
-    std::vector<std::int64_t> regions_held;          // per device: the regions one reading's pieces hold there
-    std::vector<std::size_t> touched;                // devices holding the parameter
+    std::vector<std::int64_t> regions_held(devices, 0);  // per device: the regions one reading's pieces hold there
+    std::vector<std::size_t> holders;                   // the devices of one reading's pieces
+    std::vector<std::size_t> touched;                   // devices holding the parameter
     for (const auto& [t, list] : readers) {
         touched.clear();
         for (const auto& [i, k] : list) {
@@ -18938,16 +18983,23 @@ LOOM_INLINE memory_floor memory_lower_bound(const plan::resolved_plan& rp, const
             }
             // A device holds every distinct region its pieces read: colocated pieces of
             // one reading (Coshard) hold theirs side by side.
-            if (!p) regions_held.assign(devices, 1);
-            else detail::regions_per_device(*p, slicing, devices, regions_held);
-            double holdings = 0;  // (device, region) pairs
-            for (std::int64_t c : regions_held) holdings += static_cast<double>(c);
-            const double copies = std::max(1.0, holdings / regions);
-            for (std::size_t d = 0; d < devices; ++d) {
-                if (regions_held[d] == 0) continue;
+            if (!p) {
+                holders.resize(devices);
+                for (std::size_t d = 0; d < devices; ++d) {
+                    holders[d] = d;
+                    regions_held[d] = 1;
+                }
+            } else {
+                detail::regions_per_device(*p, slicing, devices, regions_held, holders);
+            }
+            std::int64_t holdings = 0;  // (device, region) pairs
+            for (std::size_t d : holders) holdings += regions_held[d];
+            const double copies = std::max(1.0, static_cast<double>(holdings) / regions);
+            for (std::size_t d : holders) {
                 const double amount = region * static_cast<double>(regions_held[d]);
                 if (held[d].region == 0) touched.push_back(d);
                 if (amount > held[d].region || held[d].region == 0) held[d] = {amount, copies, regions};
+                regions_held[d] = 0;
             }
         }
         const double bytes = static_cast<double>(real_bytes(storage_precision(model, t, o.storage)));
@@ -19028,7 +19080,11 @@ LOOM_INLINE std::vector<double> communication_lower_bound(const plan::resolved_p
     auto members_along = [&](const plan::op_partition& p, std::size_t a) { return static_cast<int>(devices_along(p, a).size()); };
     // Whether every device of `group` reads one same region of tensor t through op q (t its
     // input or output at `position`), so that each needs that region's whole sum: the
-    // regions are the coordinates of q's pieces along the cuts that slice t.
+    // regions are the coordinates of q's pieces along the cuts that slice t. Asked for every
+    // partial operand of every op: its buffers live across the calls.
+    std::vector<int> member_slot(static_cast<std::size_t>(rp.devices), -1);  // device -> its place in the group
+    std::vector<char> region_read;         // (region, place in the group) -> read
+    std::vector<std::size_t> region_readers;  // region -> members reading it
     auto read_whole_by_all = [&](node_id q, bool input, std::size_t position, const std::vector<int>& group) {
         const plan::op_partition* pq = rp.at(q);
         if (!pq) return true;  // whole on every device
@@ -19041,22 +19097,31 @@ LOOM_INLINE std::vector<double> communication_lower_bound(const plan::resolved_p
             stride[static_cast<std::size_t>(b)] = next;
             next *= pq->splits[static_cast<std::size_t>(b)].degree;
         }
-        std::vector<char> member(static_cast<std::size_t>(rp.devices), 0);
+        // The group's distinct devices (a device listed twice counts once, as a reader).
+        std::size_t places = 0;
         for (int d : group)
-            if (d >= 0 && d < rp.devices) member[static_cast<std::size_t>(d)] = 1;
-        std::map<std::int64_t, std::vector<int>> readers;  // region (its coordinates as one number) -> group devices reading it
-        for (std::int64_t piece = 0; piece < pq->pieces(); ++piece) {
+            if (d >= 0 && d < rp.devices && member_slot[static_cast<std::size_t>(d)] < 0)
+                member_slot[static_cast<std::size_t>(d)] = static_cast<int>(places++);
+        std::size_t regions = 1;
+        for (std::size_t b : slicing) regions *= static_cast<std::size_t>(pq->splits[b].degree);
+        region_read.assign(regions * places, 0);
+        region_readers.assign(regions, 0);
+        bool whole = false;
+        for (std::int64_t piece = 0; piece < pq->pieces() && !whole; ++piece) {
             const int d = pq->device_of(piece);
-            if (d < 0 || d >= rp.devices || !member[static_cast<std::size_t>(d)]) continue;
-            std::int64_t region = 0;
-            for (std::size_t b : slicing) region = region * pq->splits[b].degree + (piece / stride[b]) % pq->splits[b].degree;
-            readers[region].push_back(d);
+            if (d < 0 || d >= rp.devices || member_slot[static_cast<std::size_t>(d)] < 0) continue;
+            std::size_t region = 0;  // its coordinates as one number
+            for (std::size_t b : slicing)
+                region = region * static_cast<std::size_t>(pq->splits[b].degree) +
+                         static_cast<std::size_t>((piece / stride[b]) % pq->splits[b].degree);
+            char& read = region_read[region * places + static_cast<std::size_t>(member_slot[static_cast<std::size_t>(d)])];
+            if (read) continue;
+            read = 1;
+            whole = ++region_readers[region] == group.size();
         }
-        for (auto& [region, devices] : readers) {
-            std::sort(devices.begin(), devices.end());
-            if (static_cast<std::size_t>(std::unique(devices.begin(), devices.end()) - devices.begin()) == group.size()) return true;
-        }
-        return false;
+        for (int d : group)
+            if (d >= 0 && d < rp.devices) member_slot[static_cast<std::size_t>(d)] = -1;
+        return whole;
     };
     // Per tensor: the forward ops that read it, with the input's position.
     std::vector<std::vector<std::pair<std::size_t, std::size_t>>> readers_of(model.tensors.size());
@@ -19158,17 +19223,21 @@ LOOM_INLINE std::vector<double> communication_lower_bound(const plan::resolved_p
     }
     std::vector<double> seconds(static_cast<std::size_t>(rp.devices), 0.0);
     if (weights) weights->assign(seconds.size(), 0.0);
-    std::vector<char> holds(static_cast<std::size_t>(rp.devices));
+    std::vector<char> holds(static_cast<std::size_t>(rp.devices), 0);  // 0 between ops
+    std::vector<std::size_t> holders;
     for (const auto& [op, time] : per_op) {
         const plan::op_partition* p = rp.at(op);
-        std::fill(holds.begin(), holds.end(), 0);
+        holders.clear();
         for (std::int64_t k = 0; k < p->pieces(); ++k)
-            if (const int d = p->device_of(k); d >= 0 && d < rp.devices) holds[static_cast<std::size_t>(d)] = 1;
-        for (std::size_t d = 0; d < holds.size(); ++d)
-            if (holds[d]) {
-                seconds[d] += time.first;
-                if (weights) (*weights)[d] += time.second;
+            if (const int d = p->device_of(k); d >= 0 && d < rp.devices && !holds[static_cast<std::size_t>(d)]) {
+                holds[static_cast<std::size_t>(d)] = 1;
+                holders.push_back(static_cast<std::size_t>(d));
             }
+        for (std::size_t d : holders) {
+            seconds[d] += time.first;
+            if (weights) (*weights)[d] += time.second;
+            holds[d] = 0;
+        }
     }
     return seconds;
 }
@@ -19256,7 +19325,8 @@ LOOM_INLINE std::string plan_search_result::explain() const {
         os << ", " << stats.unbounded << " not even bounded within the budget (the best is not proven: narrow the space "
            << "or raise the budget)";
     if (stats.descended)
-        os << ", " << stats.descended << " of the others reached by a descent from the best bounded";
+        os << ", " << stats.descended << " of the others reached by a descent from the best bounded (which bounded "
+           << stats.looked_at << " to compare)";
     if (stats.even_cut_only)
         os << ", " << stats.even_cut_only << " with the even stage cut only (more than " << max_boundary_cuts
            << " cuts at their stage count: narrow the boundaries' slack to search them)";
@@ -19344,13 +19414,24 @@ LOOM_INLINE assignment_bounds folded_bounds::operator()(const plan::plan_spec& c
         for (std::int64_t mb : micro_batches) {
             std::vector<double> by_layers, busiest_by_layers;
             for (std::int64_t k : layers) {
-                const plan::plan_spec p = instance_plan(candidate, at, replicas, mb, k);
-                const instance& i = instance_of(instance_depth(at, k), samples * replicas * mb);
-                const plan::resolved_plan rp = plan::resolve(p, i.g);
-                double busiest = 0;
-                by_layers.push_back(step_lower_bound(rp, i.work, options_, &i.g, &cluster_, &busiest));
-                busiest_by_layers.push_back(busiest);
-                if (mb != micro_batches.front()) continue;
+                plan::plan_spec p = instance_plan(candidate, at, replicas, mb, k);
+                instance_key key{instance_depth(at, k), samples * replicas * mb, p.devices, {}, std::move(p.choices)};
+                if (p.stages) key.boundaries = p.stages->boundaries;
+                const bool memory = mb == micro_batches.front();
+                auto known = bounds_.find(key);
+                if (known == bounds_.end() || (memory && !known->second.memory)) {
+                    p.choices = key.choices;
+                    const instance& i = instance_of(key.layers, key.batch);
+                    const plan::resolved_plan rp = plan::resolve(p, i.g);
+                    instance_bounds b;
+                    b.step = step_lower_bound(rp, i.work, options_, &i.g, &cluster_, &b.busiest);
+                    if (memory) b.memory = memory_lower_bound(rp, i.g, options_, &i.work);
+                    b.zero = rp.zero;
+                    known = bounds_.insert_or_assign(std::move(key), std::move(b)).first;
+                }
+                by_layers.push_back(known->second.step);
+                busiest_by_layers.push_back(known->second.busiest);
+                if (!memory) continue;
                 // The memory floor, the instance's shards cut over the real replicas. Each
                 // device's floor grows linearly with the layers per stage, so their maximum is
                 // convex in them: the line through two instances stays below it beyond. The
@@ -19358,10 +19439,10 @@ LOOM_INLINE assignment_bounds folded_bounds::operator()(const plan::plan_spec& c
                 // real plan's.
                 // The step after the programs likewise: the optimizer's elements grow linearly
                 // with the layers, ZeRO's shards cut over the real replicas.
-                memory_floor least = memory_lower_bound(rp, i.g, options_, &i.work);
+                memory_floor least = *known->second.memory;
                 const double to_real = static_cast<double>(replicas) / static_cast<double>(s.replicas);
                 for (double& b : least.sharded) b *= to_real;
-                if (rp.zero != plan::zero_stage::none)
+                if (known->second.zero != plan::zero_stage::none)
                     for (double& n : least.updated) n *= to_real;
                 memory_by_layers.push_back(least.peak());
                 after_by_layers.push_back(after_programs_lower_bound(least, cluster_, options_));
@@ -19614,6 +19695,7 @@ LOOM_INLINE plan_search_result search_assignments(const plan::plan_spec& space, 
             candidate.choices = choices;
             if (stage_group().refusal.empty()) {
                 try {
+                    ++stats.looked_at;
                     b = bound_of(candidate);
                 } catch (const plan_error&) {
                 } catch (const shape_error&) {
