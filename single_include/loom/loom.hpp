@@ -19083,8 +19083,9 @@ LOOM_INLINE std::vector<double> communication_lower_bound(const plan::resolved_p
     // regions are the coordinates of q's pieces along the cuts that slice t. Asked for every
     // partial operand of every op: its buffers live across the calls.
     std::vector<int> member_slot(static_cast<std::size_t>(rp.devices), -1);  // device -> its place in the group
-    std::vector<char> region_read;         // (region, place in the group) -> read
+    std::vector<char> region_read;            // (region, place in the group) -> read
     std::vector<std::size_t> region_readers;  // region -> members reading it
+    std::vector<std::size_t> read_keys;       // region x places + place, where a bitmap would be large
     auto read_whole_by_all = [&](node_id q, bool input, std::size_t position, const std::vector<int>& group) {
         const plan::op_partition* pq = rp.at(q);
         if (!pq) return true;  // whole on every device
@@ -19104,8 +19105,17 @@ LOOM_INLINE std::vector<double> communication_lower_bound(const plan::resolved_p
                 member_slot[static_cast<std::size_t>(d)] = static_cast<int>(places++);
         std::size_t regions = 1;
         for (std::size_t b : slicing) regions *= static_cast<std::size_t>(pq->splits[b].degree);
-        region_read.assign(regions * places, 0);
-        region_readers.assign(regions, 0);
+        // Each (region, member) pair read, in a regions x members bitmap, or where that would
+        // be far larger than the pieces (a data-parallel group of hundreds reading one of
+        // thousands of micro-batch regions), as sorted keys: a region's keys are adjacent.
+        const auto pieces = static_cast<std::size_t>(pq->pieces());
+        const bool bitmap = regions * places <= std::max<std::size_t>(4096, 4 * pieces);
+        if (bitmap) {
+            region_read.assign(regions * places, 0);
+            region_readers.assign(regions, 0);
+        } else {
+            read_keys.clear();
+        }
         bool whole = false;
         for (std::int64_t piece = 0; piece < pq->pieces() && !whole; ++piece) {
             const int d = pq->device_of(piece);
@@ -19114,10 +19124,22 @@ LOOM_INLINE std::vector<double> communication_lower_bound(const plan::resolved_p
             for (std::size_t b : slicing)
                 region = region * static_cast<std::size_t>(pq->splits[b].degree) +
                          static_cast<std::size_t>((piece / stride[b]) % pq->splits[b].degree);
-            char& read = region_read[region * places + static_cast<std::size_t>(member_slot[static_cast<std::size_t>(d)])];
-            if (read) continue;
-            read = 1;
+            const std::size_t key = region * places + static_cast<std::size_t>(member_slot[static_cast<std::size_t>(d)]);
+            if (!bitmap) {
+                read_keys.push_back(key);
+                continue;
+            }
+            if (region_read[key]) continue;
+            region_read[key] = 1;
             whole = ++region_readers[region] == group.size();
+        }
+        if (!bitmap) {
+            std::sort(read_keys.begin(), read_keys.end());
+            read_keys.erase(std::unique(read_keys.begin(), read_keys.end()), read_keys.end());
+            for (std::size_t k = 0, run = 0; k < read_keys.size() && !whole; ++k) {
+                run = k > 0 && read_keys[k] / places == read_keys[k - 1] / places ? run + 1 : 1;
+                whole = run == group.size();
+            }
         }
         for (int d : group)
             if (d >= 0 && d < rp.devices) member_slot[static_cast<std::size_t>(d)] = -1;
