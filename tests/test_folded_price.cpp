@@ -411,6 +411,40 @@ TEST_CASE("deep pipelines that share instances are bounded once, as a fresh boun
     CHECK(second.memory != first.memory);
 }
 
+TEST_CASE("a folded price refuses a plan whose instances hold too many pieces, before materializing any", "[folded_price]") {
+    // Coshard's pieces at scale take tens of GiB to materialize; the limit refuses them by
+    // their count, and a plan within it prices as without a limit.
+    const search::model_family m = gpt_family(24, 64);
+    const search::cluster c = search::dgx_a100(1);
+    const plan::plan_spec p = megatron({.tp = 2, .pp = 2, .dp = 2, .micro_batches = 8});
+    search::price_options unlimited = gpu_options();
+    unlimited.max_instance_pieces = 0;
+    const search::folded_price free = search::price_folded(m, p, c, unlimited);
+    const search::folded_price limited = search::price_folded(m, p, c, gpu_options());
+    CHECK(limited.price.step_seconds == free.price.step_seconds);
+    search::price_options tight = gpu_options();
+    tight.max_instance_pieces = 1000;
+    try {
+        (void)search::price_folded(m, p, c, tight);
+        FAIL("a plan over the limit was priced");
+    } catch (const plan_error& e) {
+        const std::string what = e.what();
+        CHECK(what.find("op pieces, more than price_options::max_instance_pieces (1000") != std::string::npos);
+        CHECK(what.find("a smaller Coshard factor") != std::string::npos);
+    }
+    // The search counts such plans refused, for that reason, and says so.
+    search::plan_search_options o;
+    o.price = tight;
+    plan::plan_spec space = plan::spaces::megatron(8);
+    space.narrow("tp", {2}).narrow("pp", {2}).narrow("mb", {8});
+    try {
+        (void)search::search_plan(m, space, c, o);
+        FAIL("every assignment is over the limit, yet the search found one");
+    } catch (const search::search_error& e) {
+        CHECK(std::string(e.what()).find("max_instance_pieces") != std::string::npos);
+    }
+}
+
 TEST_CASE("a space narrowed to the real plan's values folds on instances outside that range", "[folded_price]") {
     // The instances run 2 and 4 micro-batches and 2 replicas where the plan says 12 and 4:
     // the narrowed ranges bind the real plan, not its instances.

@@ -15554,6 +15554,14 @@ struct price_options {
     // throwing price_cancelled. A search past its time budget sets it for the prices whose
     // results it would drop, so it does not wait for them (at 1024 devices, a minute each).
     const std::atomic<bool>* cancel = nullptr;
+    // A folded price refuses (plan_error) a plan whose largest instance would hold more op
+    // pieces than this (every micro-batch's, Coshard's and each device's piece of every op),
+    // before it materializes any: that takes 12 to 20 KB a piece and about as many
+    // microseconds. A 96-layer GPT's largest instance under Megatron-LM's plan on 1024 GPUs
+    // holds 0.1 million pieces (1.2 GiB, 3 s); under the interlaced pipeline of 16 stages of
+    // TP 4 x DP 16 with Coshard 4, 1.46 million (half of them took 14 GiB and 133 s), with
+    // Coshard 128, 43 million. The default keeps one price within about 12 GiB. 0: no limit.
+    std::int64_t max_instance_pieces = 600'000;
 };
 
 // Thrown by a price whose price_options::cancel was set: no price, and nothing wrong with
@@ -16272,6 +16280,17 @@ inline bool batch_split(const plan::split_spec& s) { return s.label.empty() && s
 // instance device that stands for it (itself, or its piece in the instance's last replica).
 LOOM_INLINE program_price spread_over_real(const program_price& instance, const replica_fold* fold, int real_devices);
 
+// The op pieces the programs of plan rp on graph g hold: each forward op's pieces (its
+// micro-batches' too), every device's copy of an op the plan leaves whole.
+inline std::int64_t op_pieces(const plan::resolved_plan& rp, const graph& g) {
+    std::int64_t pieces = 0;
+    for (std::size_t n = 0; n < g.nodes.size(); ++n) {
+        const plan::op_partition* p = rp.at(static_cast<node_id>(n));
+        pieces += p ? p->pieces() : rp.devices;
+    }
+    return pieces;
+}
+
 // a + (b - a) * t, field by field.
 LOOM_INLINE program_price extrapolate(const program_price& a, const program_price& b, double t);
 
@@ -16480,6 +16499,25 @@ LOOM_INLINE folded_price price_folded(const model_family& m, const plan::plan_sp
         if (o.cancel && o.cancel->load(std::memory_order_relaxed)) throw price_cancelled();
     };
 
+    // Before any instance is materialized: the largest of each stage count (the most
+    // replicas, micro-batches and layers) within max_instance_pieces.
+    for (std::int64_t stages : out.instance_stages) {
+        if (o.max_instance_pieces <= 0) break;
+        const fold_shape at = stages == s.stages ? s : with_stages(s, stages);
+        const std::int64_t replicas = out.instance_replicas.back(), micro_batches = instance_micro_batches(at).back(),
+                           layers = out.instance_layers.back();
+        const graph g = m.forward(instance_depth(at, layers), samples * replicas * micro_batches);
+        const std::int64_t pieces = detail::op_pieces(plan::resolve(instance_plan(p, at, replicas, micro_batches, layers), g), g);
+        if (pieces > o.max_instance_pieces)
+            throw plan_error("price_folded: its instance of " + std::to_string(stages) + " stages, " +
+                             std::to_string(micro_batches) + " micro-batches, " + std::to_string(layers) +
+                             " layers per stage and " + std::to_string(replicas) + " replicas would hold " +
+                             std::to_string(pieces) + " op pieces, more than price_options::max_instance_pieces (" +
+                             std::to_string(o.max_instance_pieces) +
+                             ", 12 to 20 KB of memory each to materialize); raise the limit on a machine with the "
+                             "memory, or price fewer pieces (a smaller Coshard factor, fewer micro-batches)");
+    }
+
     // One price per instance stage count, over its devices with every real replica.
     std::vector<program_price> per_stages;
     for (std::int64_t stages : out.instance_stages) {
@@ -16497,6 +16535,7 @@ LOOM_INLINE folded_price price_folded(const model_family& m, const plan::plan_sp
                     cancelled();
                     const plan::plan_spec instance = instance_plan(p, at, replicas, micro_batches, layers);
                     const graph g = m.forward(instance_depth(at, layers), samples * replicas * micro_batches);
+                    const plan::resolved_plan resolved = plan::resolve(instance, g);
                     std::optional<replica_fold> fold;
                     if (replicas != s.replicas) {
                         const graph real_shape = m.forward(instance_depth(at, layers), samples * s.replicas * micro_batches);
@@ -16509,7 +16548,7 @@ LOOM_INLINE folded_price price_folded(const model_family& m, const plan::plan_sp
                         for (std::size_t n = 0; n < real.forward.size(); ++n)
                             if (const plan::op_partition* part = real.at(static_cast<node_id>(n)))
                                 (void)partition::bind_partition(real_shape.nodes[n], *part, real_devices, true, notes);
-                        fold = detail::match_replicas(plan::resolve(instance, g), real, replicas, s.replicas);
+                        fold = detail::match_replicas(resolved, real, replicas, s.replicas);
                         if (!fold)
                             throw plan_error("price_folded: the plan's data-parallel pieces do not line up across replicas "
                                              "(a device holds pieces of different replicas); price it unfolded");
@@ -16517,7 +16556,7 @@ LOOM_INLINE folded_price price_folded(const model_family& m, const plan::plan_sp
                     price_options io = o;
                     io.fold = fold ? &*fold : nullptr;
                     io.record_timeline = false;
-                    const partition::partitioned_graph programs = partition::apply_plan(g, instance);
+                    const partition::partitioned_graph programs = partition::apply_plan(g, resolved);
                     cancelled();
                     row.push_back(detail::spread_over_real(price_programs(programs, c, io), io.fold, real_devices));
                 }
