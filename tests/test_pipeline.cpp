@@ -141,6 +141,41 @@ TEST_CASE("pipelines compose with tensor and data parallelism inside the stages"
                 "compose(megatron(2), stages<2>, micro_batches<4>, order<GPipe>)");
 }
 
+TEST_CASE("a pipeline lists one micro-batch's devices per op, and every piece of every micro-batch finds its device",
+          "[pipeline]") {
+    // At 1024 devices an op has hundreds of micro-batches x its stage's pieces; the resolved
+    // plan keeps one micro-batch's devices, which the others repeat (op_partition::devices).
+    const auto c = model();
+    const graph g = models::gpt(c).ir();
+    const int micro = 8;
+    const plan::resolved_plan r = plan::resolve(plan::presets::pipeline(2, micro, one_f_one_b(), plan::presets::megatron(2)), g);
+    int split = 0;
+    for (std::size_t i = 0; i < r.forward.size(); ++i) {
+        REQUIRE(r.forward[i]);
+        const plan::op_partition& p = *r.forward[i];
+        if (!r.micro_split[i]) continue;
+        ++split;
+        const std::int64_t per_micro = p.pieces() / micro;
+        CHECK(static_cast<std::int64_t>(p.devices.size()) == per_micro);
+        plan::op_partition listed = p;
+        listed.list_every_piece();
+        REQUIRE(static_cast<std::int64_t>(listed.devices.size()) == p.pieces());
+        const int stage = r.stage_of[i];
+        for (std::int64_t k = 0; k < p.pieces(); ++k) {
+            CHECK(p.device_of(k) == p.device_of(k % per_micro));
+            CHECK(listed.devices[static_cast<std::size_t>(k)] == p.device_of(k));
+            CHECK(p.device_of(k) / 2 == stage);  // stage s on devices 2s and 2s + 1
+        }
+        // The search reads one micro-batch's pieces for what does not depend on the micro-batch
+        // (the devices an op runs on, the regions of a weight they read), all of them otherwise.
+        CHECK(search::detail::repeating_period(p) <= per_micro);
+        CHECK(search::detail::repeating_period(p, {0}) == p.pieces());
+    }
+    CHECK(split > 0);
+    // The plan applies and trains as before (the materializer lists every piece's device).
+    check_equal(c, plan::presets::pipeline(2, micro, one_f_one_b(), plan::presets::megatron(2)), "1F1B x2, 8 micro-batches, TP 2");
+}
+
 TEST_CASE("the schedule orders the programs: 1F1B holds fewer activations than GPipe", "[pipeline]") {
     const auto c = model();
     const int stages = 2, micro = 8;

@@ -5206,7 +5206,12 @@ struct split_axis {
 struct op_partition {
     std::vector<split_axis> splits;
     std::int64_t replicas = 1;
-    std::vector<int> devices;  // one per piece; empty: pieces 0..n-1 on devices 0..n-1
+    // Where the pieces run: one device per piece, or the devices of the first pieces that
+    // the rest repeat (piece k on devices[k % size], a size that divides the pieces: a
+    // pipeline's micro-batches of an op all run on its stage's devices, so at 1024 devices the
+    // list stays the size of a stage's pieces, not hundreds of micro-batches times that);
+    // empty: pieces 0..n-1 on devices 0..n-1.
+    std::vector<int> devices;
     bool recompute = false;    // recompute the op's outputs in the backward pass
 
     std::int64_t pieces() const {
@@ -5215,7 +5220,17 @@ struct op_partition {
         return n;
     }
     int device_of(std::int64_t piece) const {
-        return devices.empty() ? static_cast<int>(piece) : devices.at(static_cast<std::size_t>(piece));
+        if (devices.empty()) return static_cast<int>(piece);
+        const auto k = static_cast<std::size_t>(piece);
+        return devices[k < devices.size() ? k : k % devices.size()];
+    }
+    // The same partition with one device listed per piece (a repeating list written out).
+    void list_every_piece() {
+        const std::int64_t n = pieces();
+        if (devices.empty() || static_cast<std::int64_t>(devices.size()) >= n) return;
+        std::vector<int> all(static_cast<std::size_t>(n));
+        for (std::int64_t k = 0; k < n; ++k) all[static_cast<std::size_t>(k)] = device_of(k);
+        devices = std::move(all);
     }
     // Coordinates of piece i: one per split, then the replica index.
     std::vector<std::int64_t> coordinates(std::int64_t piece) const {
@@ -6844,17 +6859,17 @@ LOOM_INLINE resolved_plan place_stages(const pipeline_spec& spec, const graph& g
         const bool micro = spec.micro_batches > 1 && has_dim(n, Dim::Batch::id);
         if (micro) placed.splits.push_back({Dim::Batch::id, "", spec.micro_batches, false});
         for (const auto& s : within.splits) placed.splits.push_back(s);
+        // One micro-batch's pieces: the micro-batch split is the outermost, and every
+        // micro-batch runs on the same devices (op_partition::devices repeats the list).
         const std::int64_t per_micro = within.pieces();
-        placed.devices.reserve(static_cast<std::size_t>(per_micro * (micro ? spec.micro_batches : 1)));
-        for (int m = 0; m < (micro ? spec.micro_batches : 1); ++m)
-            for (std::int64_t q = 0; q < per_micro; ++q) {
-                const int local = within.device_of(q);
-                if (local < 0 || local >= static_cast<int>(group.size()))
-                    throw plan_error("pipeline: the plan of stage " + std::to_string(stage) + " puts a piece of '" + n.name +
-                                     "' on device " + std::to_string(local) + " of a group of " +
-                                     std::to_string(group.size()));
-                placed.devices.push_back(group[static_cast<std::size_t>(local)]);
-            }
+        placed.devices.reserve(static_cast<std::size_t>(per_micro));
+        for (std::int64_t q = 0; q < per_micro; ++q) {
+            const int local = within.device_of(q);
+            if (local < 0 || local >= static_cast<int>(group.size()))
+                throw plan_error("pipeline: the plan of stage " + std::to_string(stage) + " puts a piece of '" + n.name +
+                                 "' on device " + std::to_string(local) + " of a group of " + std::to_string(group.size()));
+            placed.devices.push_back(group[static_cast<std::size_t>(local)]);
+        }
         out.micro_split[i] = micro;
         out.forward[i] = std::move(placed);
     }
@@ -10779,6 +10794,9 @@ LOOM_INLINE plan::op_partition bind_partition(const node& n, plan::op_partition 
     const std::string where = detail::node_where(n);
     if (p.replicas < 1)
         throw plan_error("plan: " + where + " has " + std::to_string(p.replicas) + " replicas; use at least 1");
+    // A list that repeats (a pipeline's micro-batches) is written out: the pieces bound here
+    // are materialized one by one, and the checks below read one device per piece.
+    if (!p.devices.empty() && p.pieces() % static_cast<std::int64_t>(p.devices.size()) == 0) p.list_every_piece();
     std::vector<std::int64_t> cut(n.sig.vars.size(), 1);
     std::vector<std::size_t> copied;  // splits that became replication here
     for (auto& s : p.splits) {
@@ -18000,6 +18018,14 @@ LOOM_INLINE bool decomposed(const node& n, const plan::op_partition& p);
 LOOM_INLINE std::vector<std::size_t> slicing_splits(const node& n, const plan::op_partition& p, bool input,
                                                     std::size_t position);
 
+// The pieces of p that stand for all of them: the first `period`, where every later block of
+// that many lies on the same devices in the same order, the blocks being whole values of p's
+// outermost splits, none of them among `kept` (splits whose coordinate the caller reads). A
+// pipeline cuts every op into micro-batches first, all on the same devices: at 1024 devices an
+// op has micro-batches x degrees pieces, and a bound reads each op's devices several times.
+// Returns p.pieces() when no outer split repeats so.
+LOOM_INLINE std::int64_t repeating_period(const plan::op_partition& p, const std::vector<std::size_t>& kept = {});
+
 // Per device of [0, devices): how many distinct regions of an operand the pieces of p on it
 // hold, the operand cut by the splits `slicing` (slicing_splits). Pieces that differ only
 // along other splits, or as replicas, hold the same region; colocated pieces along a slicing
@@ -18513,11 +18539,38 @@ LOOM_INLINE std::vector<std::size_t> slicing_splits(const node& n, const plan::o
     return out;
 }
 
+LOOM_INLINE std::int64_t repeating_period(const plan::op_partition& p, const std::vector<std::size_t>& kept) {
+    std::int64_t period = p.pieces();
+    // Pieces k on devices k (no list): no two pieces share a device, nothing repeats.
+    const auto listed = static_cast<std::int64_t>(p.devices.size());
+    if (listed == 0 || period % listed != 0) return period;
+    for (std::size_t b = 0; b < p.splits.size(); ++b) {
+        if (std::find(kept.begin(), kept.end(), b) != kept.end()) break;
+        const std::int64_t degree = p.splits[b].degree;
+        if (degree <= 1) continue;
+        // Within the first block of the splits before b, the values of split b are blocks of
+        // period / degree pieces.
+        const std::int64_t block = period / degree;
+        if (block % listed == 0) {  // the list's own repetition (op_partition::devices)
+            period = block;
+            continue;
+        }
+        if (period > listed) return period;
+        const auto first = p.devices.begin();
+        for (std::int64_t k = 1; k < degree; ++k)
+            if (!std::equal(first + k * block, first + (k + 1) * block, first)) return period;
+        period = block;
+    }
+    return period;
+}
+
 LOOM_INLINE void regions_per_device(const plan::op_partition& p, const std::vector<std::size_t>& slicing,
                                     std::size_t devices, std::vector<std::int64_t>& count, std::vector<std::size_t>& holders) {
     holders.clear();
-    bool colocated = false;
-    const std::int64_t pieces = p.pieces();
+    // The first `pieces` stand for all: the rest repeat their devices along splits that do
+    // not slice the operand, so they hold the same regions on the same devices.
+    const std::int64_t pieces = repeating_period(p, slicing);
+    bool colocated = pieces < p.pieces();
     for (std::int64_t piece = 0; piece < pieces; ++piece)
         if (const int d = p.device_of(piece); d >= 0 && static_cast<std::size_t>(d) < devices) {
             std::int64_t& c = count[static_cast<std::size_t>(d)];
@@ -18580,12 +18633,17 @@ LOOM_INLINE const piece_spread::spread& piece_spread::of(node_id n) {
     const plan::op_partition& p = *rp_.at(n);
     count_.resize(static_cast<std::size_t>(std::max(rp_.devices, 0)), 0);  // all 0 between calls
     spread& out = spreads_[i].emplace();
-    const std::int64_t pieces = p.pieces();
-    for (std::int64_t k = 0; k < pieces; ++k)
+    // Counted over the first period of pieces, which the rest repeat on the same devices.
+    const std::int64_t period = repeating_period(p);
+    const std::int64_t repeats = p.pieces() / period;
+    for (std::int64_t k = 0; k < period; ++k)
         if (const int d = p.device_of(k); d >= 0 && d < rp_.devices && count_[static_cast<std::size_t>(d)]++ == 0)
             out.push_back({d, 0});
     std::sort(out.begin(), out.end());
-    for (auto& [d, count] : out) std::swap(count, count_[static_cast<std::size_t>(d)]);
+    for (auto& [d, count] : out) {
+        std::swap(count, count_[static_cast<std::size_t>(d)]);
+        count *= repeats;
+    }
     return out;
 }
 
@@ -18773,7 +18831,7 @@ LOOM_INLINE std::vector<double> activation_floor(const plan::resolved_plan& rp, 
             if (!p) {
                 for (std::size_t d = 0; d < devices; ++d) hold(d);
             } else {
-                for (std::int64_t i = 0; i < p->pieces(); ++i)
+                for (std::int64_t i = 0, period = repeating_period(*p); i < period; ++i)
                     if (const int d = p->device_of(i); d >= 0 && static_cast<std::size_t>(d) < devices)
                         hold(static_cast<std::size_t>(d));
             }
@@ -19147,7 +19205,9 @@ LOOM_INLINE std::vector<double> communication_lower_bound(const plan::resolved_p
         // Each (region, member) pair read, in a regions x members bitmap, or where that would
         // be far larger than the pieces (a data-parallel group of hundreds reading one of
         // thousands of micro-batch regions), as sorted keys: a region's keys are adjacent.
-        const auto pieces = static_cast<std::size_t>(pq->pieces());
+        // The pieces past the first period repeat its devices and regions.
+        const std::int64_t period = repeating_period(*pq, slicing);
+        const auto pieces = static_cast<std::size_t>(period);
         const bool bitmap = regions * places <= std::max<std::size_t>(4096, 4 * pieces);
         if (bitmap) {
             region_read.assign(regions * places, 0);
@@ -19156,7 +19216,7 @@ LOOM_INLINE std::vector<double> communication_lower_bound(const plan::resolved_p
             read_keys.clear();
         }
         bool whole = false;
-        for (std::int64_t piece = 0; piece < pq->pieces() && !whole; ++piece) {
+        for (std::int64_t piece = 0; piece < period && !whole; ++piece) {
             const int d = pq->device_of(piece);
             if (d < 0 || d >= rp.devices || member_slot[static_cast<std::size_t>(d)] < 0) continue;
             std::size_t region = 0;  // its coordinates as one number
@@ -19289,7 +19349,7 @@ LOOM_INLINE std::vector<double> communication_lower_bound(const plan::resolved_p
     for (const auto& [op, time] : per_op) {
         const plan::op_partition* p = rp.at(op);
         holders.clear();
-        for (std::int64_t k = 0; k < p->pieces(); ++k)
+        for (std::int64_t k = 0, period = repeating_period(*p); k < period; ++k)
             if (const int d = p->device_of(k); d >= 0 && d < rp.devices && !holds[static_cast<std::size_t>(d)]) {
                 holds[static_cast<std::size_t>(d)] = 1;
                 holders.push_back(static_cast<std::size_t>(d));

@@ -163,6 +163,9 @@ LOOM_INLINE plan::op_partition bind_partition(const node& n, plan::op_partition 
     const std::string where = detail::node_where(n);
     if (p.replicas < 1)
         throw plan_error("plan: " + where + " has " + std::to_string(p.replicas) + " replicas; use at least 1");
+    // A list that repeats (a pipeline's micro-batches) is written out: the pieces bound here
+    // are materialized one by one, and the checks below read one device per piece.
+    if (!p.devices.empty() && p.pieces() % static_cast<std::int64_t>(p.devices.size()) == 0) p.list_every_piece();
     std::vector<std::int64_t> cut(n.sig.vars.size(), 1);
     std::vector<std::size_t> copied;  // splits that became replication here
     for (auto& s : p.splits) {

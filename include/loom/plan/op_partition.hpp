@@ -62,7 +62,12 @@ struct split_axis {
 struct op_partition {
     std::vector<split_axis> splits;
     std::int64_t replicas = 1;
-    std::vector<int> devices;  // one per piece; empty: pieces 0..n-1 on devices 0..n-1
+    // Where the pieces run: one device per piece, or the devices of the first pieces that
+    // the rest repeat (piece k on devices[k % size], a size that divides the pieces: a
+    // pipeline's micro-batches of an op all run on its stage's devices, so at 1024 devices the
+    // list stays the size of a stage's pieces, not hundreds of micro-batches times that);
+    // empty: pieces 0..n-1 on devices 0..n-1.
+    std::vector<int> devices;
     bool recompute = false;    // recompute the op's outputs in the backward pass
 
     std::int64_t pieces() const {
@@ -71,7 +76,17 @@ struct op_partition {
         return n;
     }
     int device_of(std::int64_t piece) const {
-        return devices.empty() ? static_cast<int>(piece) : devices.at(static_cast<std::size_t>(piece));
+        if (devices.empty()) return static_cast<int>(piece);
+        const auto k = static_cast<std::size_t>(piece);
+        return devices[k < devices.size() ? k : k % devices.size()];
+    }
+    // The same partition with one device listed per piece (a repeating list written out).
+    void list_every_piece() {
+        const std::int64_t n = pieces();
+        if (devices.empty() || static_cast<std::int64_t>(devices.size()) >= n) return;
+        std::vector<int> all(static_cast<std::size_t>(n));
+        for (std::int64_t k = 0; k < n; ++k) all[static_cast<std::size_t>(k)] = device_of(k);
+        devices = std::move(all);
     }
     // Coordinates of piece i: one per split, then the replica index.
     std::vector<std::int64_t> coordinates(std::int64_t piece) const {

@@ -200,17 +200,17 @@ LOOM_INLINE resolved_plan place_stages(const pipeline_spec& spec, const graph& g
         const bool micro = spec.micro_batches > 1 && has_dim(n, Dim::Batch::id);
         if (micro) placed.splits.push_back({Dim::Batch::id, "", spec.micro_batches, false});
         for (const auto& s : within.splits) placed.splits.push_back(s);
+        // One micro-batch's pieces: the micro-batch split is the outermost, and every
+        // micro-batch runs on the same devices (op_partition::devices repeats the list).
         const std::int64_t per_micro = within.pieces();
-        placed.devices.reserve(static_cast<std::size_t>(per_micro * (micro ? spec.micro_batches : 1)));
-        for (int m = 0; m < (micro ? spec.micro_batches : 1); ++m)
-            for (std::int64_t q = 0; q < per_micro; ++q) {
-                const int local = within.device_of(q);
-                if (local < 0 || local >= static_cast<int>(group.size()))
-                    throw plan_error("pipeline: the plan of stage " + std::to_string(stage) + " puts a piece of '" + n.name +
-                                     "' on device " + std::to_string(local) + " of a group of " +
-                                     std::to_string(group.size()));
-                placed.devices.push_back(group[static_cast<std::size_t>(local)]);
-            }
+        placed.devices.reserve(static_cast<std::size_t>(per_micro));
+        for (std::int64_t q = 0; q < per_micro; ++q) {
+            const int local = within.device_of(q);
+            if (local < 0 || local >= static_cast<int>(group.size()))
+                throw plan_error("pipeline: the plan of stage " + std::to_string(stage) + " puts a piece of '" + n.name +
+                                 "' on device " + std::to_string(local) + " of a group of " + std::to_string(group.size()));
+            placed.devices.push_back(group[static_cast<std::size_t>(local)]);
+        }
         out.micro_split[i] = micro;
         out.forward[i] = std::move(placed);
     }

@@ -308,6 +308,14 @@ LOOM_INLINE bool decomposed(const node& n, const plan::op_partition& p);
 LOOM_INLINE std::vector<std::size_t> slicing_splits(const node& n, const plan::op_partition& p, bool input,
                                                     std::size_t position);
 
+// The pieces of p that stand for all of them: the first `period`, where every later block of
+// that many lies on the same devices in the same order, the blocks being whole values of p's
+// outermost splits, none of them among `kept` (splits whose coordinate the caller reads). A
+// pipeline cuts every op into micro-batches first, all on the same devices: at 1024 devices an
+// op has micro-batches x degrees pieces, and a bound reads each op's devices several times.
+// Returns p.pieces() when no outer split repeats so.
+LOOM_INLINE std::int64_t repeating_period(const plan::op_partition& p, const std::vector<std::size_t>& kept = {});
+
 // Per device of [0, devices): how many distinct regions of an operand the pieces of p on it
 // hold, the operand cut by the splits `slicing` (slicing_splits). Pieces that differ only
 // along other splits, or as replicas, hold the same region; colocated pieces along a slicing
@@ -821,11 +829,38 @@ LOOM_INLINE std::vector<std::size_t> slicing_splits(const node& n, const plan::o
     return out;
 }
 
+LOOM_INLINE std::int64_t repeating_period(const plan::op_partition& p, const std::vector<std::size_t>& kept) {
+    std::int64_t period = p.pieces();
+    // Pieces k on devices k (no list): no two pieces share a device, nothing repeats.
+    const auto listed = static_cast<std::int64_t>(p.devices.size());
+    if (listed == 0 || period % listed != 0) return period;
+    for (std::size_t b = 0; b < p.splits.size(); ++b) {
+        if (std::find(kept.begin(), kept.end(), b) != kept.end()) break;
+        const std::int64_t degree = p.splits[b].degree;
+        if (degree <= 1) continue;
+        // Within the first block of the splits before b, the values of split b are blocks of
+        // period / degree pieces.
+        const std::int64_t block = period / degree;
+        if (block % listed == 0) {  // the list's own repetition (op_partition::devices)
+            period = block;
+            continue;
+        }
+        if (period > listed) return period;
+        const auto first = p.devices.begin();
+        for (std::int64_t k = 1; k < degree; ++k)
+            if (!std::equal(first + k * block, first + (k + 1) * block, first)) return period;
+        period = block;
+    }
+    return period;
+}
+
 LOOM_INLINE void regions_per_device(const plan::op_partition& p, const std::vector<std::size_t>& slicing,
                                     std::size_t devices, std::vector<std::int64_t>& count, std::vector<std::size_t>& holders) {
     holders.clear();
-    bool colocated = false;
-    const std::int64_t pieces = p.pieces();
+    // The first `pieces` stand for all: the rest repeat their devices along splits that do
+    // not slice the operand, so they hold the same regions on the same devices.
+    const std::int64_t pieces = repeating_period(p, slicing);
+    bool colocated = pieces < p.pieces();
     for (std::int64_t piece = 0; piece < pieces; ++piece)
         if (const int d = p.device_of(piece); d >= 0 && static_cast<std::size_t>(d) < devices) {
             std::int64_t& c = count[static_cast<std::size_t>(d)];
@@ -888,12 +923,17 @@ LOOM_INLINE const piece_spread::spread& piece_spread::of(node_id n) {
     const plan::op_partition& p = *rp_.at(n);
     count_.resize(static_cast<std::size_t>(std::max(rp_.devices, 0)), 0);  // all 0 between calls
     spread& out = spreads_[i].emplace();
-    const std::int64_t pieces = p.pieces();
-    for (std::int64_t k = 0; k < pieces; ++k)
+    // Counted over the first period of pieces, which the rest repeat on the same devices.
+    const std::int64_t period = repeating_period(p);
+    const std::int64_t repeats = p.pieces() / period;
+    for (std::int64_t k = 0; k < period; ++k)
         if (const int d = p.device_of(k); d >= 0 && d < rp_.devices && count_[static_cast<std::size_t>(d)]++ == 0)
             out.push_back({d, 0});
     std::sort(out.begin(), out.end());
-    for (auto& [d, count] : out) std::swap(count, count_[static_cast<std::size_t>(d)]);
+    for (auto& [d, count] : out) {
+        std::swap(count, count_[static_cast<std::size_t>(d)]);
+        count *= repeats;
+    }
     return out;
 }
 
@@ -1081,7 +1121,7 @@ LOOM_INLINE std::vector<double> activation_floor(const plan::resolved_plan& rp, 
             if (!p) {
                 for (std::size_t d = 0; d < devices; ++d) hold(d);
             } else {
-                for (std::int64_t i = 0; i < p->pieces(); ++i)
+                for (std::int64_t i = 0, period = repeating_period(*p); i < period; ++i)
                     if (const int d = p->device_of(i); d >= 0 && static_cast<std::size_t>(d) < devices)
                         hold(static_cast<std::size_t>(d));
             }
@@ -1455,7 +1495,9 @@ LOOM_INLINE std::vector<double> communication_lower_bound(const plan::resolved_p
         // Each (region, member) pair read, in a regions x members bitmap, or where that would
         // be far larger than the pieces (a data-parallel group of hundreds reading one of
         // thousands of micro-batch regions), as sorted keys: a region's keys are adjacent.
-        const auto pieces = static_cast<std::size_t>(pq->pieces());
+        // The pieces past the first period repeat its devices and regions.
+        const std::int64_t period = repeating_period(*pq, slicing);
+        const auto pieces = static_cast<std::size_t>(period);
         const bool bitmap = regions * places <= std::max<std::size_t>(4096, 4 * pieces);
         if (bitmap) {
             region_read.assign(regions * places, 0);
@@ -1464,7 +1506,7 @@ LOOM_INLINE std::vector<double> communication_lower_bound(const plan::resolved_p
             read_keys.clear();
         }
         bool whole = false;
-        for (std::int64_t piece = 0; piece < pq->pieces() && !whole; ++piece) {
+        for (std::int64_t piece = 0; piece < period && !whole; ++piece) {
             const int d = pq->device_of(piece);
             if (d < 0 || d >= rp.devices || member_slot[static_cast<std::size_t>(d)] < 0) continue;
             std::size_t region = 0;  // its coordinates as one number
@@ -1597,7 +1639,7 @@ LOOM_INLINE std::vector<double> communication_lower_bound(const plan::resolved_p
     for (const auto& [op, time] : per_op) {
         const plan::op_partition* p = rp.at(op);
         holders.clear();
-        for (std::int64_t k = 0; k < p->pieces(); ++k)
+        for (std::int64_t k = 0, period = repeating_period(*p); k < period; ++k)
             if (const int d = p->device_of(k); d >= 0 && d < rp.devices && !holds[static_cast<std::size_t>(d)]) {
                 holds[static_cast<std::size_t>(d)] = 1;
                 holders.push_back(static_cast<std::size_t>(d));
