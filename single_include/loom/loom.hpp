@@ -11998,10 +11998,12 @@ LOOM_INLINE bool order_colocated_pieces(partitioned_graph& pg, const plan::resol
 // A request served by a collective often leaves other requests local (a chunk of what
 // just arrived), so the steps repeat until nothing changes.
 #include <algorithm>
+#include <cstdint>
 #include <map>
 #include <optional>
 #include <set>
 #include <string>
+#include <unordered_map>
 #include <vector>
 
 // ---- begin loom/partition/region_copy.hpp ----
@@ -12331,7 +12333,21 @@ private:
 
     void hold(tensor_id t, vtensor v, int device, tensor_id local, bool base) {
         v.logical = t;
-        held_[static_cast<std::size_t>(t)].push_back({std::move(v), device, local, base, base});
+        auto& held = held_[static_cast<std::size_t>(t)];
+        held_on_[held_key(t, device)].push_back(static_cast<std::uint32_t>(held.size()));
+        held.push_back({std::move(v), device, local, base, base});
+    }
+
+    // Which of held_[t] lie on `device`, in the order they were held. A tensor of a pipeline
+    // at scale is held in hundreds of pieces (micro-batches x devices), and the lookups that
+    // want one device's would otherwise scan them all, for every request.
+    static std::uint64_t held_key(tensor_id t, int device) {
+        return static_cast<std::uint64_t>(static_cast<std::uint32_t>(t)) << 32 | static_cast<std::uint32_t>(device);
+    }
+    const std::vector<std::uint32_t>& held_on(tensor_id t, int device) const {
+        static const std::vector<std::uint32_t> none;
+        const auto it = held_on_.find(held_key(t, device));
+        return it == held_on_.end() ? none : it->second;
     }
 
     // Plans are built before the precision is chosen; costs count 4-byte elements (float32
@@ -12341,8 +12357,10 @@ private:
     // A full-valued piece on `device` holding `region`, cut out if needed.
     std::optional<tensor_id> local(tensor_id t, int device, const box& region) {
         const held_piece* best = nullptr;
-        for (const auto& h : held_[static_cast<std::size_t>(t)]) {
-            if (h.device != device || !h.v.value.full() || !h.v.region.contains(region)) continue;
+        const auto& held = held_[static_cast<std::size_t>(t)];
+        for (std::uint32_t i : held_on(t, device)) {
+            const held_piece& h = held[i];
+            if (!h.v.value.full() || !h.v.region.contains(region)) continue;
             if (h.v.region == region) return h.local;
             if (!best || best->v.region.numel() > h.v.region.numel()) best = &h;
         }
@@ -12546,8 +12564,9 @@ private:
             std::vector<tensor_id> ins;
             for (int d : devices) {
                 const held_piece* tile = nullptr;
-                for (const auto& h : held_[static_cast<std::size_t>(t)])
-                    if (h.device == d && h.v.value.full() && R.contains(h.v.region) && !(h.v.region == R) &&
+                for (std::uint32_t k : held_on(t, d))
+                    if (const held_piece& h = held_[static_cast<std::size_t>(t)][k];
+                        h.v.value.full() && R.contains(h.v.region) && !(h.v.region == R) &&
                         (!tile || tile->v.region.numel() < h.v.region.numel()))
                         tile = &h;
                 if (!tile) break;
@@ -12608,8 +12627,8 @@ private:
             devices.push_back(d);
             wanted.push_back(reqs[i].region);
             const held_piece* tile = nullptr;
-            for (const auto& h : held_[static_cast<std::size_t>(t)])
-                if (h.device == d && h.base && h.v.value.full()) tile = &h;
+            for (std::uint32_t k : held_on(t, d))
+                if (const held_piece& h = held_[static_cast<std::size_t>(t)][k]; h.base && h.v.value.full()) tile = &h;
             if (!tile) return false;
             tiles.push_back(tile->v.region);
             ins.push_back(tile->local);
@@ -13074,6 +13093,7 @@ private:
     transfer_cost_model cost_;
     std::vector<int> stage_of_node_;
     std::vector<std::vector<held_piece>> held_;
+    std::unordered_map<std::uint64_t, std::vector<std::uint32_t>> held_on_;  // held_key(t, device) -> places in held_[t]
     bool emitting_backward_ = false;
     bool point_to_point_only_ = false;
     std::vector<bool> sums_after_every_micro_batch_;  // per node of g_
