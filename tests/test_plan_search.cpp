@@ -609,6 +609,36 @@ TEST_CASE("the memory floor counts every region that colocated pieces hold (Cosh
     CHECK(kept[2] == Approx(kept[0]));
 }
 
+TEST_CASE("the compute bound of colocated pieces is the work they do, whatever the factor (Coshard)") {
+    // TP 2, each layer's attention and MLP pieces cut cs times more, all cs on one device:
+    // a device does the same GEMMs whatever cs, in more, narrower pieces. Each piece of a
+    // column-parallel linear still contracts the whole hidden size (it writes cs times fewer
+    // columns), so it prices as a GEMM. A bound that took every cut to fall on the contracted
+    // dimension priced the pieces of cs 8 at the element-wise roofline: at 1024 GPUs a
+    // Coshard plan bounded at a third of its compute, below the devices' peak FLOP/s, and the
+    // folded bound's line through its instances bent down.
+    const auto model = models::gpt({.layers = 2, .hidden = 64, .heads = 16, .vocab = 512, .seq = 16, .batch = 4});
+    const graph g = model.ir();
+    const search::cluster c = search::dgx_a100(1);
+    search::price_options o;
+    o.instruction_overhead = 0;  // cs times as many instructions: the work alone
+    const auto work = search::training_work_of(g, c.device, o);
+    const plan::plan_spec space = plan::presets::coshard(plan::degree_spec{2, "", {}}, plan::degree_spec{1, "cs", {}});
+    std::vector<double> busiest;
+    for (int cs : {1, 2, 4, 8}) {
+        INFO("Coshard " << cs);
+        const plan::plan_spec p = plan::plan_spec(space).choose("cs", cs);
+        const plan::resolved_plan rp = plan::resolve(p, g);
+        const auto compute = search::detail::compute_lower_bound(rp, work, o, &g);
+        double most = 0;
+        for (std::size_t d = 0; d < compute.forward.size(); ++d) most = std::max(most, compute.total(d));
+        const search::program_price price = search::price_programs(partition::apply_plan(g, p), c, o);
+        CHECK(search::step_lower_bound(rp, work, o, &g, &c) <= price.step_seconds * (1 + 1e-12));
+        busiest.push_back(most);
+    }
+    for (std::size_t k = 1; k < busiest.size(); ++k) CHECK(busiest[k] >= 0.97 * busiest[0]);
+}
+
 TEST_CASE("a calibrated op rate interpolates its points and bounds them from below") {
     const search::op_rate r{{{100, 1.0}, {200, 1.5}, {400, 3.5}}, true};
     CHECK(r.seconds(50) == Approx(0.5));     // proportional below the first point

@@ -125,3 +125,46 @@ TEST_CASE("past its time budget with a plan in hand, the search cancels the pric
     CHECK(cancelled >= 1);           // at least the one whose turn came; the others were in flight or never started
     CHECK(r.gap > 0);
 }
+
+TEST_CASE("a budget that leaves the space unbounded prices the best-bounded of each order first") {
+    // Order A's bounds are loose (5 - x, priced at 100 + x), order B's tight (10 + x, priced
+    // at 20 + x): by bound alone the two prices allowed would both go to A. The enumeration
+    // stops after one assignment (A, x = 1); the descent starts from it (and moves A to
+    // x = 4) and from it moved to B, keeping each order, and the first prices are the best
+    // of each order.
+    plan::plan_spec space;
+    space.devices = 1;
+    const std::vector<search::open_parameter> params{
+        {"order", search::open_parameter::kind::order, {0, 1}, {"A", "B"}},
+        {"x", search::open_parameter::kind::degree, {1, 2, 3, 4}, {}},
+    };
+    const auto model = small_gpt();
+    search::plan_search_options o;
+    o.threads = 1;
+    o.max_bounded = 1;
+    o.max_priced = 2;
+    const auto bound = [](const plan::plan_spec& c) {
+        const auto x = static_cast<double>(c.choices.at("x"));
+        return search::detail::assignment_bounds{c.choices.at("order") == 0 ? 5 - x : 10 + x, 0.0};
+    };
+    const auto price = [](const plan::plan_spec& c, const std::atomic<bool>&) {
+        const auto x = static_cast<double>(c.choices.at("x"));
+        search::program_price out;
+        out.step_seconds = c.choices.at("order") == 0 ? 100 + x : 20 + x;
+        out.devices.resize(1);
+        return out;
+    };
+    const search::plan_search_result r =
+        search::detail::search_assignments(space, params, search::dgx_a100(1), o, model.ir(), bound, price);
+    INFO(r.explain());
+    CHECK(r.stats.priced == 2);
+    CHECK(r.stats.descended == 4);  // A at x = 2, 3, 4 and B at x = 1
+    CHECK(r.best.choices.at("order") == 1);
+    CHECK(r.best.choices.at("x") == 1);
+    CHECK(r.best.price.step_seconds == 21.0);
+    CHECK(r.gap == 1.0);
+    // Every assignment counted once.
+    CHECK(r.stats.unbounded + r.stats.refused + r.stats.priced + r.stats.unexplored + r.stats.pruned +
+              r.stats.over_memory_unpriced ==
+          r.stats.assignments);
+}

@@ -17795,9 +17795,11 @@ LOOM_INLINE order_search_result order_search(const schedule::pipeline_shape& sha
 //      budget that step 3 would not finish within (at its pace after 5% of the budget), or
 //      plan_search_options::max_bounded, stops the enumeration (the rest of the space is
 //      counted, unbounded); a descent from the best assignments it bounded, one or two
-//      parameters at a time, bounds more of the space until 80% of the budget (step 3b),
-//      and the best-bounded of all are priced; the answer is then unproven, with a gap of
-//      100%.
+//      parameters at a time, bounds more of the space until 60% of the budget (step 3b),
+//      from the best of each order first, and the best-bounded of all are priced, the
+//      best-bounded of each order first (their bounds are not equally tight); the answer is
+//      then unproven, with a gap of 100%. A price that has finished when the budget passes
+//      is still taken.
 // Deterministic without a time budget (a budget stops wherever the clock says).
 // The enumeration is an odometer over the parameters in the order
 // plan::open_parameters lists them, pricing follows the bounds (ties in enumeration
@@ -17905,20 +17907,51 @@ struct training_op {
     // sqrt(written).
     double gemm_seconds = 0;
     double gemm_k = 0;  // its contracted dimension
+    // What one piece writes decides whether it prices as a GEMM (at least 16 FLOPs per
+    // element written, as the price does): the op's FLOPs, and per output its elements and
+    // the variables of the forward node `source` (bits by index in its signature) whose
+    // splits slice that output. A split along another variable leaves every piece writing
+    // the whole output (a contracted variable: partial sums; one the op lacks: copies), so
+    // it cuts the piece's contracted dimension instead.
+    double flops = 0;
+    struct output_slicing {
+        double elements = 0;
+        std::uint64_t sliced_by = 0;
+    };
+    std::vector<output_slicing> writes;
     // Devices that share one machine, with a solo rate for this op's kind: at least this
     // many times its seconds spread over the machine (seconds / compute_shared_by) when it
     // runs alone (the solo rate's least seconds per unit against the rate's). 1 otherwise.
     double solo_factor = 1;
     std::vector<std::int32_t> reads;  // indices of earlier training ops
 
-    // The least seconds of a piece that does 1/share of the op (share_of), its instruction's
-    // overhead apart. A piece whose contracted dimension may fall below 8 may price as
+    // The least seconds of a piece that does 1/share of the op (share_of) and writes
+    // `piece_written` elements (piece_elements_written; 0: unknown, as few as all of the
+    // outputs over `share`), its instruction's overhead apart. A piece that may do fewer than
+    // 16 FLOPs per element it writes (its contracted dimension below 8) may price as
     // element-wise. An op that its partition decomposes into others (`as_written` false)
     // runs as those, of other shapes.
-    double piece_seconds(double share, bool as_written = true) const {
+    double piece_seconds(double share, double piece_written, bool as_written = true) const {
         if (gemm_seconds <= 0 || !as_written) return seconds / share;
-        const bool surely_gemm = 2.0 * gemm_k / share >= 16.0;
+        const bool surely_gemm = piece_written > 0 ? flops / share >= 16.0 * piece_written : 2.0 * gemm_k / share >= 16.0;
         return (surely_gemm ? gemm_seconds : std::min(gemm_seconds, seconds)) / share;
+    }
+    // The elements one piece of the op writes under partition p of its forward node, whose
+    // splits' variables in that node's signature are `variables` (-1: none): each output
+    // over the degrees of the splits that slice it. 0 without the outputs' slicing.
+    double piece_elements_written(const plan::op_partition* p, const std::vector<int>& variables) const {
+        if (writes.empty()) return 0;
+        double out = 0;
+        for (const output_slicing& w : writes) {
+            double pieces = 1;
+            if (p)
+                for (std::size_t b = 0; b < p->splits.size(); ++b)
+                    if (b < variables.size() && p->splits[b].cuts() && variables[b] >= 0 && variables[b] < 64 &&
+                        (w.sliced_by >> variables[b] & 1u))
+                        pieces *= static_cast<double>(p->splits[b].degree);
+            out += w.elements / pieces;
+        }
+        return out;
     }
 };
 
@@ -18263,6 +18296,42 @@ private:
     plan::detail::selector_memo selectors_;  // the rules' matches on the instances, which live as long
 };
 
+// Moves to the front of `items` (best first) the first item of each value of the open
+// orders among `params` that `eligible` accepts, keeping the order within both parts;
+// returns how many it moved, 0 (nothing moved) where fewer than two orders appear. A budget
+// that leaves the space unbounded leaves the answer unproven (gap 100%), and then what the
+// descent starts from and what is priced first decide it. The bounds of the orders are not
+// equally tight: the schedule's term is exact for a pipeline whose stages are groups of
+// devices (1F1B's bound is 81% of its price for a 96-layer GPT on 1024 GPUs) and 0 for the
+// interlaced pipeline, whose ends run on every device (39% there), so by bound alone the
+// few prices a budget allows all go to one order.
+template <class T, class Choices, class Eligible>
+std::size_t each_order_first(std::vector<T>& items, const std::vector<open_parameter>& params, Choices choices_of,
+                             Eligible eligible) {
+    std::vector<std::string> orders;
+    for (const open_parameter& p : params)
+        if (p.what == open_parameter::kind::order) orders.push_back(p.name);
+    if (orders.empty()) return 0;
+    std::set<std::vector<std::int64_t>> seen;
+    std::vector<bool> first(items.size(), false);
+    for (std::size_t k = 0; k < items.size(); ++k) {
+        if (!eligible(items[k])) continue;
+        std::vector<std::int64_t> key;
+        for (const std::string& name : orders) key.push_back(choices_of(items[k]).at(name));
+        first[k] = seen.insert(std::move(key)).second;
+    }
+    if (seen.size() < 2) return 0;
+    std::vector<T> reordered;
+    reordered.reserve(items.size());
+    for (std::size_t k = 0; k < items.size(); ++k)
+        if (first[k]) reordered.push_back(std::move(items[k]));
+    const std::size_t moved = reordered.size();
+    for (std::size_t k = 0; k < items.size(); ++k)
+        if (!first[k]) reordered.push_back(std::move(items[k]));
+    items = std::move(reordered);
+    return moved;
+}
+
 // The search itself, over the assignments of `params`: `bound` gives an assignment's lower
 // bounds (throwing plan_error or shape_error to refuse it), `price` its programs' price
 // (given the flag to pass as price_options::cancel: the search sets it for prices it will
@@ -18438,6 +18507,41 @@ LOOM_INLINE std::string choices_text(const std::vector<open_parameter>& params, 
     return out.empty() ? "(no open parameters)" : out;
 }
 
+namespace detail {
+
+// Per output of node n of the logical graph `lg` (forward node `forward` there, node
+// `source` of the model): its elements, and which variables of the model's node slice it,
+// found by binding a split along each of them as the partitioner would (mirrored onto a
+// backward op). A split it cannot trace slices nothing: the piece is taken to write all of
+// that output, the fewest FLOPs per element written.
+LOOM_INLINE std::vector<training_op::output_slicing> written_slicing(const graph& model, const graph& lg, node_id source,
+                                                                     node_id forward, const node& n) {
+    const node& f = model.nodes[static_cast<std::size_t>(source)];
+    const node& lf = lg.at(forward);
+    std::vector<training_op::output_slicing> out(n.outputs.size());
+    for (std::size_t o = 0; o < n.outputs.size(); ++o)
+        out[o].elements = static_cast<double>(lg.tensor(n.outputs[o]).dims.numel());
+    for (std::size_t v = 0; v < f.sig.vars.size() && v < 64; ++v) {
+        plan::op_partition along;
+        along.splits.push_back({f.sig.vars[v].dim, f.sig.vars[v].label, 1});
+        std::optional<int> w;
+        if (&lf == &n) {
+            w = n.sig.find(f.sig.vars[v].label);
+        } else {
+            const partition::mirrored_partition m = partition::mirror_partition(lg, along, &lf, n);
+            const plan::split_axis& s = m.partition.splits.front();
+            if (!m.absent.empty() || !s.cuts() || s.label.empty()) continue;
+            w = n.sig.find(s.label);
+        }
+        if (!w) continue;
+        for (std::size_t o = 0; o < n.outputs.size() && o < n.sig.output_axes.size(); ++o)
+            if (n.sig.effect_on(*w, false, o).effect == split_effect::sliced) out[o].sliced_by |= std::uint64_t{1} << v;
+    }
+    return out;
+}
+
+}  // namespace detail
+
 LOOM_INLINE training_work training_work_of(const graph& model, const device_profile& dev, const price_options& o) {
     const std::size_t forward = model.forward_node_count();
     partition::logical_graph_options lo;
@@ -18454,7 +18558,9 @@ LOOM_INLINE training_work training_work_of(const graph& model, const device_prof
         const node_id forward_node = n.forward_of != no_id ? n.forward_of : static_cast<node_id>(i);
         const node_id source = lg.source_of[static_cast<std::size_t>(forward_node)];
         if (source == no_id || static_cast<std::size_t>(source) >= forward) continue;
-        training_op op{source, n.backward, 0, 0, 0, {}};
+        training_op op;
+        op.source = source;
+        op.backward = n.backward;
         // As detail::instruction_seconds prices it, at the best a piece can do.
         const double flops = n.op->flops ? n.op->flops(lg.g, n) : 0.0;
         const double bytes = detail::node_bytes(lg.g, n, o.storage);
@@ -18475,6 +18581,8 @@ LOOM_INLINE training_work training_work_of(const graph& model, const device_prof
                                           gemm_shape_factor(written / m, h);
                 op.gemm_seconds = std::max(bytes / byte_rate, flops / (peak * efficiency));
                 op.gemm_k = k;
+                op.flops = flops;
+                op.writes = detail::written_slicing(model, lg.g, source, forward_node, n);
             }
         }
         for (tensor_id t : n.inputs) {
@@ -18667,6 +18775,32 @@ LOOM_INLINE const piece_spread::spread& piece_spread::of(node_id n) {
     return out;
 }
 
+// Per forward node of the model: the variable of its signature that each split of its
+// partition binds to (-1: none), for training_op::piece_elements_written; made on first use.
+// Without the model, none.
+class split_variables {
+public:
+    split_variables(const graph* model, const plan::resolved_plan& rp) : model_(model), rp_(rp) {}
+    const std::vector<int>& of(node_id n) {
+        static const std::vector<int> none;
+        const plan::op_partition* p = rp_.at(n);
+        if (!model_ || !p) return none;
+        const auto i = static_cast<std::size_t>(n);
+        if (made_.size() <= i) made_.resize(i + 1);
+        if (!made_[i]) {
+            std::vector<int>& out = made_[i].emplace();
+            for (const plan::split_axis& s : p->splits)
+                out.push_back(partition::detail::variable_of(model_->nodes[i], s).value_or(-1));
+        }
+        return *made_[i];
+    }
+
+private:
+    const graph* model_;
+    const plan::resolved_plan& rp_;
+    std::vector<std::optional<std::vector<int>>> made_;
+};
+
 LOOM_INLINE device_compute compute_lower_bound(const plan::resolved_plan& rp, const training_work& work,
                                                const price_options& o, const graph* model, piece_spread* spread) {
     std::optional<piece_spread> own;
@@ -18692,9 +18826,11 @@ LOOM_INLINE device_compute compute_lower_bound(const plan::resolved_plan& rp, co
         add(out.alone, n, p, piece * op.solo_factor + o.instruction_overhead);
         add(out.machine, n, p, piece * std::min(1.0, op.solo_factor) + o.instruction_overhead);
     };
+    split_variables variables(model, rp);
     for (const training_op& op : work.ops) {
         const plan::op_partition* p = rp.at(op.source);
-        const double piece = op.piece_seconds(share_of(p), written(op.source));
+        const double piece =
+            op.piece_seconds(share_of(p), op.piece_elements_written(p, variables.of(op.source)), written(op.source));
         add(op.backward ? out.backward : out.forward, op.source, p, piece + o.instruction_overhead);
         add_solo(op.source, p, op, piece);
     }
@@ -18711,8 +18847,9 @@ LOOM_INLINE device_compute compute_lower_bound(const plan::resolved_plan& rp, co
                          [&](node_id r) { return written(r) && stage_of(r) == stage_of(n); }))
             continue;
         const training_op& op = work.ops[static_cast<std::size_t>(w.forward_op)];
-        add(out.replays, n, p, op.piece_seconds(share_of(p)) + o.instruction_overhead);
-        add_solo(n, p, op, op.piece_seconds(share_of(p)));
+        const double piece = op.piece_seconds(share_of(p), op.piece_elements_written(p, variables.of(n)));
+        add(out.replays, n, p, piece + o.instruction_overhead);
+        add_solo(n, p, op, piece);
     }
     return out;
 }
@@ -18730,11 +18867,14 @@ LOOM_INLINE double dependency_lower_bound(const plan::resolved_plan& rp, const t
         share[i] = p && decomposed(model.nodes[i], *p) ? 0.0 : share_of(p);
     }
     const std::size_t ops = work.ops.size();
+    split_variables variables(&model, rp);
     std::vector<double> length(ops), before(ops, 0.0), after(ops, 0.0);
     for (std::size_t k = 0; k < ops; ++k) {
         const training_op& op = work.ops[k];
         const double n = share[static_cast<std::size_t>(op.source)];
-        length[k] = n > 0 ? op.piece_seconds(n) + o.instruction_overhead : 0.0;
+        length[k] = n > 0 ? op.piece_seconds(n, op.piece_elements_written(rp.at(op.source), variables.of(op.source))) +
+                                o.instruction_overhead
+                          : 0.0;
         for (std::int32_t r : op.reads)
             before[k] = std::max(before[k], before[static_cast<std::size_t>(r)] + length[static_cast<std::size_t>(r)]);
     }
@@ -19621,6 +19761,7 @@ LOOM_INLINE plan_search_result search_assignments(const plan::plan_spec& space, 
         throw search_error("search_plan: the plan is for " + std::to_string(space.devices) + " devices but cluster '" +
                            c.name + "' has " + std::to_string(c.devices()) +
                            "; give a plan for at most that many devices or a larger cluster");
+    using choice_map = std::map<std::string, std::int64_t>;
     plan_search_result result;
     result.parameters = std::move(parameters);
     result.memory_limit = o.memory_limit > 0 ? o.memory_limit : c.device.memory_bytes;
@@ -19804,15 +19945,16 @@ LOOM_INLINE plan_search_result search_assignments(const plan::plan_spec& space, 
     // together with any other parameter (see `pairs`), to the values with the best bounds:
     // a memory floor within the limit first, then a step bound at least `descent_step` lower (a bound that more
     // micro-batches lower by a hair would lead it to hundreds of them, which price slowly
-    // and run no faster). It stops where no move improves, or at 80% of the time budget;
-    // under a time budget it then starts again from the next best, while the time lasts.
+    // and run no faster). It stops where no move improves, or at 60% of the time budget
+    // (the rest is the prices': at 1024 GPUs one takes 5 to 7 s on one core, and two of
+    // other orders run side by side); under a time budget it then starts again from the
+    // next best, while the time lasts.
     // The assignments it moves to join the leaves priced best first below (those it only
     // looked at stay counted unbounded); the answer stays unproven (gap 100%).
     if (stats.unbounded > 0 && !leaves.empty()) {
         constexpr double descent_step = 0.01;
-        const double descent_end = o.time_budget_seconds * 0.8;
+        const double descent_end = o.time_budget_seconds * 0.6;
         auto out_of_time = [&] { return budgeted && elapsed() > descent_end; };
-        using choice_map = std::map<std::string, std::int64_t>;
         struct point {
             choice_map choices;
             assignment_bounds bounds;
@@ -19888,7 +20030,18 @@ LOOM_INLINE plan_search_result search_assignments(const plan::plan_spec& space, 
                 if (degree_or_stages(i) || degree_or_stages(j)) pairs.push_back({i, j});
                 if (degree_or_stages(i) && degree_or_stages(j)) exchanges.push_back({i, j});
             }
-        auto descend_from = [&](point here) {
+        // An assignment the descent bounded joins the leaves priced below.
+        auto join = [&](const choice_map& choices, const assignment_bounds& b) {
+            if (!kept.insert(choices).second) return;
+            leaves.push_back({choices, b.step, b.memory, stats.assignments + stats.descended});
+            ++stats.descended;
+            --stats.unbounded;
+        };
+        // `keep_order`: moves leave the orders as they are (a descent from the best of each
+        // order, which would otherwise move to the order of the loosest bound).
+        const auto is_order = [&](std::size_t i) { return params[i].what == open_parameter::kind::order; };
+        auto descend_from = [&](point here, bool keep_order) {
+            const auto frozen = [&](std::size_t i) { return keep_order && is_order(i); };
             for (bool improved = true; improved && !out_of_time();) {
                 improved = false;
                 auto consider = [&](const choice_map& next) {
@@ -19897,13 +20050,10 @@ LOOM_INLINE plan_search_result search_assignments(const plan::plan_spec& space, 
                     if (!b || !ahead(*b, here.bounds, descent_step)) return;
                     here = {next, *b};
                     improved = true;
-                    if (kept.insert(next).second) {
-                        leaves.push_back({next, b->step, b->memory, stats.assignments + stats.descended});
-                        ++stats.descended;
-                        --stats.unbounded;
-                    }
+                    join(next, *b);
                 };
                 for (std::size_t i = 0; i < n; ++i) {
+                    if (frozen(i)) continue;
                     const choice_map from = here.choices;
                     for (std::int64_t v : values_of(i, from))
                         if (v != from.at(params[i].name)) consider(moved(from, i, v));
@@ -19931,6 +20081,7 @@ LOOM_INLINE plan_search_result search_assignments(const plan::plan_spec& space, 
                 // others a hundred or two.
                 if (improved) continue;
                 for (const auto& [i, j] : pairs) {
+                    if (frozen(i) || frozen(j)) continue;
                     const choice_map from = here.choices;
                     for (std::int64_t u : values_of(i, from)) {
                         const choice_map first = moved(from, i, u);
@@ -19944,10 +20095,38 @@ LOOM_INLINE plan_search_result search_assignments(const plan::plan_spec& space, 
         for (const leaf& l : leaves) starts.push_back({l.choices, {l.bound, l.memory}});
         std::stable_sort(starts.begin(), starts.end(),
                          [&](const point& a, const point& b) { return ahead(a.bounds, b.bounds, 0.0); });
-        // From the best three, and under a time budget from the next ones while it lasts.
-        for (std::size_t k = 0; k < starts.size() && (k < 3 || budgeted) && !out_of_time(); ++k) descend_from(starts[k]);
+        // From the best of each order (each_order_first), keeping its order, then from the
+        // best, at least three in all, and under a time budget from the next ones while it
+        // lasts.
+        // The enumeration's first corner may hold one order only: the best start moved to
+        // each other order stands for that order.
+        if (!starts.empty())
+            for (std::size_t i = 0; i < n; ++i) {
+                if (!is_order(i)) continue;
+                const choice_map from = starts.front().choices;
+                for (std::int64_t v : values_of(i, from)) {
+                    if (v == from.at(params[i].name)) continue;
+                    const choice_map there = moved(from, i, v);
+                    if (const std::optional<assignment_bounds> b = evaluate(there)) {
+                        starts.push_back({there, *b});
+                        join(there, *b);
+                    }
+                }
+            }
+        const std::size_t heads = each_order_first(starts, params, [](const point& p) -> const choice_map& { return p.choices; },
+                                                   [&](const point&) { return true; });
+        for (std::size_t k = 0; k < starts.size() && (k < std::max<std::size_t>(3, heads) || budgeted) && !out_of_time(); ++k)
+            descend_from(starts[k], k < heads);
     }
     std::stable_sort(leaves.begin(), leaves.end(), [](const leaf& a, const leaf& b) { return a.bound < b.bound; });
+    // Under a budget that left assignments unbounded, the best-bounded leaf of each order
+    // is priced first (these `head` leaves, in bound order), then the rest by bound (see
+    // each_order_first).
+    const std::size_t head =
+        stats.unbounded > 0
+            ? each_order_first(leaves, params, [&](const leaf& l) -> const choice_map& { return l.choices; },
+                               [&](const leaf& l) { return l.memory <= result.memory_limit; })
+            : 0;
     stats.bounding_seconds = elapsed();
 
     // 4: best first.
@@ -20009,7 +20188,10 @@ LOOM_INLINE plan_search_result search_assignments(const plan::plan_spec& space, 
         launched = std::max(launched, first);
         for (; launched < leaves.size() && in_flight.size() < width; ++launched) {
             const leaf& l = leaves[launched];
-            if (second && l.bound >= second->price.step_seconds) break;
+            if (second && l.bound >= second->price.step_seconds) {
+                if (launched < head) continue;  // the head is not in bound order: a leaf after it may still be lower
+                break;
+            }
             if (o.max_priced > 0 && best && stats.priced + static_cast<std::int64_t>(in_flight.size()) >= o.max_priced) break;
             if (l.memory <= result.memory_limit) in_flight.emplace(launched, std::async(std::launch::async, price_leaf, launched));
         }
@@ -20017,8 +20199,18 @@ LOOM_INLINE plan_search_result search_assignments(const plan::plan_spec& space, 
     std::size_t next = 0;
     for (; next < leaves.size(); ++next) {
         const leaf& l = leaves[next];
-        if (second && l.bound >= second->price.step_seconds) break;
-        if ((o.time_budget_seconds > 0 && elapsed() > o.time_budget_seconds && best) ||
+        if (second && l.bound >= second->price.step_seconds) {
+            if (next >= head) break;
+            ++stats.pruned;  // a head leaf that cannot beat the runner-up; the rest are in bound order
+            continue;
+        }
+        // Past the budget with a plan in hand, a price that has already finished (on
+        // another thread, beside the one the search waited for) is still taken.
+        const auto finished = [&] {
+            const auto it = in_flight.find(next);
+            return it != in_flight.end() && it->second.wait_for(std::chrono::seconds(0)) == std::future_status::ready;
+        };
+        if ((o.time_budget_seconds > 0 && elapsed() > o.time_budget_seconds && best && !finished()) ||
             (o.max_priced > 0 && stats.priced >= o.max_priced && best))
             break;
         if (l.memory > result.memory_limit) {  // its weights and optimizer state alone exceed the limit
@@ -20033,7 +20225,7 @@ LOOM_INLINE plan_search_result search_assignments(const plan::plan_spec& space, 
             // With a plan in hand, a price still running when the budget ends is dropped.
             if (budgeted && best) {
                 const double left = o.time_budget_seconds - elapsed();
-                if (left <= 0 || turn->second.wait_for(std::chrono::duration<double>(left)) == std::future_status::timeout)
+                if (turn->second.wait_for(std::chrono::duration<double>(std::max(left, 0.0))) == std::future_status::timeout)
                     cancel = true;
             }
             done = turn->second.get();
