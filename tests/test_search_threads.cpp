@@ -168,3 +168,44 @@ TEST_CASE("a budget that leaves the space unbounded prices the best-bounded of e
               r.stats.over_memory_unpriced ==
           r.stats.assignments);
 }
+
+TEST_CASE("the descent's exchange of degrees takes fewer micro-batches where the batch needs it") {
+    // 4 devices, dp x pp = 4, a batch of 4 samples split over dp replicas of mb micro-batches
+    // (dp x mb <= 4, else refused). The enumeration stops after one assignment (dp 1, pp 4,
+    // mb 1); the descent moves to mb 4, from where every exchange of dp and pp is refused at
+    // 4 micro-batches. With the micro-batches the batch allows it reaches dp 4, pp 1, mb 1.
+    plan::plan_spec space;
+    space.devices = 1;
+    const std::vector<search::open_parameter> params{
+        {"dp", search::open_parameter::kind::degree, {1, 2, 4}, {}},
+        {"pp", search::open_parameter::kind::degree, {1, 2, 4}, {}},
+        {"mb", search::open_parameter::kind::micro_batches, {1, 2, 4}, {}},
+    };
+    const auto model = small_gpt();
+    search::plan_search_options o;
+    o.threads = 1;
+    o.max_bounded = 1;
+    const auto step = [](const plan::plan_spec& c) {
+        // Noted as the resolver notes what it reads: a refusal skips only the assignments
+        // that agree on these.
+        for (const char* name : {"dp", "pp", "mb"}) plan::detail::note_choice(name);
+        const std::int64_t dp = c.choices.at("dp"), pp = c.choices.at("pp"), mb = c.choices.at("mb");
+        if (dp * pp != 4) throw plan_error("the degrees do not fill the 4 devices");
+        if (dp * mb > 4) throw plan_error("the batch of 4 does not split into dp x mb");
+        return static_cast<double>(20 - mb - 3 * dp);
+    };
+    const auto bound = [&](const plan::plan_spec& c) { return search::detail::assignment_bounds{step(c), 0.0}; };
+    const auto price = [&](const plan::plan_spec& c, const std::atomic<bool>&) {
+        search::program_price out;
+        out.step_seconds = step(c);
+        out.devices.resize(1);
+        return out;
+    };
+    const search::plan_search_result r =
+        search::detail::search_assignments(space, params, search::dgx_a100(1), o, model.ir(), bound, price);
+    INFO(r.explain());
+    CHECK(r.best.choices.at("dp") == 4);
+    CHECK(r.best.choices.at("pp") == 1);
+    CHECK(r.best.choices.at("mb") == 1);
+    CHECK(r.best.price.step_seconds == 7.0);
+}

@@ -2322,6 +2322,23 @@ LOOM_INLINE plan_search_result search_assignments(const plan::plan_spec& space, 
                     improved = true;
                     join(next, *b);
                 };
+                // An exchange that makes more replicas than the batch splits into at these
+                // micro-batches is refused; it stands with the most micro-batches that do
+                // split (DP 16 x PP 16 at 64 micro-batches to DP 32 x PP 8 at 32: each
+                // micro-batch the same size).
+                auto consider_exchange = [&](const choice_map& next) {
+                    if (out_of_time()) return;
+                    if (evaluate(next)) return consider(next);
+                    for (std::size_t m = 0; m < n; ++m) {
+                        if (params[m].what != open_parameter::kind::micro_batches) continue;
+                        std::vector<std::int64_t> fewer = values_of(m, next);
+                        std::sort(fewer.rbegin(), fewer.rend());
+                        for (std::int64_t w : fewer) {
+                            if (w >= next.at(params[m].name)) continue;
+                            if (const choice_map repaired = moved(next, m, w); evaluate(repaired)) return consider(repaired);
+                        }
+                    }
+                };
                 for (std::size_t i = 0; i < n; ++i) {
                     if (frozen(i)) continue;
                     const choice_map from = here.choices;
@@ -2343,7 +2360,7 @@ LOOM_INLINE plan_search_result search_assignments(const plan::plan_spec& space, 
                         if ((b * a) % u != 0) continue;
                         const std::int64_t v = b * a / u;
                         if (std::find(bs.begin(), bs.end(), v) == bs.end()) continue;
-                        consider(moved(moved(from, i, u), j, v));
+                        consider_exchange(moved(moved(from, i, u), j, v));
                     }
                 }
                 // Pairs only where no exchange or single move improves: a round of pairs
