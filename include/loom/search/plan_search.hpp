@@ -281,11 +281,11 @@ LOOM_INLINE training_work training_work_of(const graph& model, const device_prof
 // no order: each device's compute at its fastest (the machine's rate, or its solo rate),
 // and all devices' compute together at their rates together plus, given the model and the
 // cluster, the busiest device's least communication, which the machine runs too.
-// `busiest`, when given, receives the bound's busiest-device term alone (each device's
-// compute and communication, without the order): linear in the micro-batches and the layers
-// on every device, so folded bounds extrapolate it on its own (search_plan(model_family, ...)).
+// `parts`, when given, receives what folded bounds extrapolate on their own
+// (search_plan(model_family, ...)): the busiest-device term and a pipeline's blocks.
+struct bound_parts;
 LOOM_INLINE double step_lower_bound(const plan::resolved_plan& rp, const training_work& work, const price_options& o,
-                                    const graph* model = nullptr, const cluster* c = nullptr, double* busiest = nullptr);
+                                    const graph* model = nullptr, const cluster* c = nullptr, bound_parts* parts = nullptr);
 
 // A lower bound on the memory of each device under plan rp, without the runtime's fixed
 // bytes: the parameters it stores, their gradients and their optimizer state. A device
@@ -390,12 +390,49 @@ struct device_compute {
 LOOM_INLINE device_compute compute_lower_bound(const plan::resolved_plan& rp, const training_work& work,
                                                const price_options& o, const graph* model, piece_spread* spread = nullptr);
 
+// The blocks that schedule_lower_bound plays, in the order's form with each stage group as
+// one device (pipeline_groups): per kind of block (a stage's forward round, or its
+// backward), each device's least work for one micro-batch (0 where it runs none of it), and
+// the chain to each output that another stage reads, in op order. Each number is linear in
+// the layers of every stage and none depends on the micro-batch count, so a folded bound
+// extrapolates them from its instances and plays the real plan's order with them
+// (folded_bounds): the line through two instances' makespans bends below the real one where
+// another stage becomes the slowest (an uneven cut's extra layers weigh more in an instance
+// of 4 layers per stage than in the real 12).
+struct pipeline_blocks {
+    schedule::pipeline_shape shape;             // the order's, one device per stage group
+    std::vector<std::vector<double>> work;     // [kind][device]; empty: no op of that kind
+    std::vector<std::vector<double>> outputs;  // [kind]
+};
+
+// The simulation of `order` (its shape that of b) with blocks b: each block as long as its
+// least loaded device's work, its output ready at its shortest chain to an output (at its
+// end where it has none). Nothing when the order cannot be played so.
+LOOM_INLINE std::optional<schedule::simulation> play_blocks(const schedule::schedule& order, const pipeline_blocks& b);
+
+// b's numbers on the line through a (at 0) and b (at 1), at position t; nothing when their
+// shapes differ.
+LOOM_INLINE std::optional<pipeline_blocks> extrapolate_blocks(const pipeline_blocks& a, const pipeline_blocks& b, double t);
+
+}  // namespace detail
+
+struct bound_parts {
+    // Each device's compute and communication, without the order: linear in the
+    // micro-batches and the layers on every device.
+    double busiest = 0;
+    std::optional<detail::pipeline_blocks> blocks;  // a pipeline's order, where it could be played
+};
+
+namespace detail {
+
 // The least step that the dependencies between training ops allow each device's compute
 // (see step_lower_bound).
 // `weights`: each device's least seconds reducing its weights' gradients (empty: none).
+// `blocks`, when given, receives the pipeline blocks it played (schedule_lower_bound).
 LOOM_INLINE double dependency_lower_bound(const plan::resolved_plan& rp, const training_work& work, const price_options& o,
                                           const graph& model, const device_compute& compute,
-                                          const std::vector<double>& weights = {}, piece_spread* spread = nullptr);
+                                          const std::vector<double>& weights = {}, piece_spread* spread = nullptr,
+                                          std::optional<pipeline_blocks>* blocks = nullptr);
 
 // The least makespan of a pipeline's order (rp.order) when each block takes the least time
 // its ops can: the schedule simulated (schedule/simulate.hpp) with, for each stage and pass,
@@ -410,9 +447,10 @@ LOOM_INLINE double dependency_lower_bound(const plan::resolved_plan& rp, const t
 // an output that does not wait for the block's inputs.
 // `weights` (per device, may be empty): the reductions of the weights' gradients, which
 // wait for the last backward block of the device's stages to start.
+// `blocks`, when given, receives the blocks it played (nothing where it gives 0).
 LOOM_INLINE double schedule_lower_bound(const plan::resolved_plan& rp, const training_work& work,
                                         const std::vector<double>& length, const std::vector<double>& weights,
-                                        piece_spread* spread = nullptr);
+                                        piece_spread* spread = nullptr, std::optional<pipeline_blocks>* blocks = nullptr);
 
 // Per device: the saved activations it holds at their peak in flight under plan rp (see
 // memory_floor).
@@ -553,11 +591,16 @@ private:
     };
     struct instance_bounds {
         double step = 0;
-        double busiest = 0;
+        bound_parts parts;
         std::optional<memory_floor> memory;  // made for the instances of the fewer micro-batches only
         plan::zero_stage zero = plan::zero_stage::none;
     };
     const instance& instance_of(std::int64_t layers, std::int64_t batch);
+    // The makespan of the real plan's order (its stages and micro-batches) with the blocks of
+    // the instances of fewer micro-batches (one per entry of `layers`) extrapolated to its
+    // layers per stage; 0 where they were not played.
+    double real_order_bound(const plan::plan_spec& candidate, const fold_shape& s, const std::vector<std::int64_t>& layers,
+                            const std::vector<const std::optional<pipeline_blocks>*>& blocks);
     const model_family& model_;
     const cluster& cluster_;
     price_options options_;
@@ -876,7 +919,7 @@ LOOM_INLINE training_work training_work_of(const graph& model, const device_prof
 }
 
 LOOM_INLINE double step_lower_bound(const plan::resolved_plan& rp, const training_work& work, const price_options& o,
-                                    const graph* model, const cluster* c, double* busiest) {
+                                    const graph* model, const cluster* c, bound_parts* parts) {
     detail::piece_spread spread(rp);
     const detail::device_compute compute = detail::compute_lower_bound(rp, work, o, model, &spread);
     std::vector<double> busy(compute.forward.size());
@@ -896,15 +939,17 @@ LOOM_INLINE double step_lower_bound(const plan::resolved_plan& rp, const trainin
             for (double t : detail::communication_lower_bound(rp, *model, *c, o, nullptr)) talk_most = std::max(talk_most, t);
         const double bound = std::max(*std::max_element(own.begin(), own.end()) / o.compute_shared_by,
                                       (all + talk_most) / o.compute_shared_by);
-        if (busiest) *busiest = bound;
+        if (parts) *parts = {bound, std::nullopt};
         return bound;
     }
     std::vector<double> talk, weights;
     if (model && c) talk = detail::communication_lower_bound(rp, *model, *c, o, &weights);
-    const double ordered = model ? detail::dependency_lower_bound(rp, work, o, *model, compute, weights, &spread) : 0.0;
+    std::optional<detail::pipeline_blocks> blocks;
+    const double ordered =
+        model ? detail::dependency_lower_bound(rp, work, o, *model, compute, weights, &spread, parts ? &blocks : nullptr) : 0.0;
     for (std::size_t d = 0; d < talk.size(); ++d) busy[d] = o.overlap ? std::max(busy[d], talk[d]) : busy[d] + talk[d];
     const double most = *std::max_element(busy.begin(), busy.end());
-    if (busiest) *busiest = most;
+    if (parts) *parts = {most, std::move(blocks)};
     return std::max(ordered, most);
 }
 
@@ -1126,7 +1171,8 @@ LOOM_INLINE device_compute compute_lower_bound(const plan::resolved_plan& rp, co
 
 LOOM_INLINE double dependency_lower_bound(const plan::resolved_plan& rp, const training_work& work, const price_options& o,
                                           const graph& model, const device_compute& compute,
-                                          const std::vector<double>& weights, piece_spread* spread) {
+                                          const std::vector<double>& weights, piece_spread* spread,
+                                          std::optional<pipeline_blocks>* blocks) {
     std::optional<piece_spread> own;
     if (!spread) spread = &own.emplace(rp);
     // Each op's length in a chain: one piece (one micro-batch's share on one device) with
@@ -1151,7 +1197,7 @@ LOOM_INLINE double dependency_lower_bound(const plan::resolved_plan& rp, const t
     for (std::size_t k = ops; k-- > 0;)
         for (std::int32_t r : work.ops[k].reads)
             after[static_cast<std::size_t>(r)] = std::max(after[static_cast<std::size_t>(r)], after[k] + length[k]);
-    double bound = schedule_lower_bound(rp, work, length, weights, spread);
+    double bound = schedule_lower_bound(rp, work, length, weights, spread, blocks);
     // Per device and pass (forward, backward), the shortest chain before and after any op
     // it holds.
     constexpr double none = std::numeric_limits<double>::infinity();
@@ -1343,7 +1389,7 @@ LOOM_INLINE std::optional<schedule::schedule> pipeline_groups(const schedule::sc
 
 LOOM_INLINE double schedule_lower_bound(const plan::resolved_plan& rp, const training_work& work,
                                         const std::vector<double>& length, const std::vector<double>& weights,
-                                        piece_spread* spread) {
+                                        piece_spread* spread, std::optional<pipeline_blocks>* blocks) {
     if (!rp.order || !rp.pipelined()) return 0.0;
     std::optional<piece_spread> own;
     if (!spread) spread = &own.emplace(rp);
@@ -1406,17 +1452,16 @@ LOOM_INLINE double schedule_lower_bound(const plan::resolved_plan& rp, const tra
         waiting[k] = std::all_of(remote[q].begin(), remote[q].end(), [&](std::size_t w) { return (mine[w / 64] >> (w % 64)) & 1; });
         if (waiting[k]) chain[k] = longest + length[k];
     }
-    // Per kind: its work on each device, and its output's ready time.
+    // Per kind: its work on each device, and the chains to its outputs.
     const auto devices = static_cast<std::size_t>(rp.devices);
-    std::vector<std::vector<double>> work_on(kinds);
-    constexpr double none = std::numeric_limits<double>::infinity();
-    std::vector<double> ready(kinds, none);
+    pipeline_blocks played{shape, std::vector<std::vector<double>>(kinds), std::vector<std::vector<double>>(kinds)};
+    auto& work_on = played.work;
     for (std::size_t k = 0; k < ops; ++k) {
         const std::size_t q = kind[k];
         if (q == outside) continue;
         if (output[k]) {
             if (!waiting[k]) return 0.0;  // an output that need not wait for the block's inputs
-            ready[q] = std::min(ready[q], chain[k]);
+            played.outputs[q].push_back(chain[k]);
         }
         if (!waiting[k]) continue;
         if (work_on[q].empty()) work_on[q].assign(devices, 0.0);
@@ -1429,25 +1474,10 @@ LOOM_INLINE double schedule_lower_bound(const plan::resolved_plan& rp, const tra
         for (const auto& [d, pieces] : spread->of(work.ops[k].source))
             work_on[q][static_cast<std::size_t>(d)] += per_micro_batch * static_cast<double>(pieces);
     }
-    std::vector<double> duration(kinds, 0.0);
-    for (std::size_t q = 0; q < kinds; ++q) {
-        double least = none;
-        for (double w : work_on[q])
-            if (w > 0) least = std::min(least, w);
-        duration[q] = least == none ? 0.0 : least;
-    }
-    schedule::cost_model costs;
-    costs.duration = [&](const schedule::block& b) { return duration[kind_of_block(b)]; };
-    costs.ready = [&](const schedule::block& b) {
-        const double r = ready[kind_of_block(b)];
-        return r == none ? duration[kind_of_block(b)] : r;
-    };
-    schedule::simulation timeline;
-    try {
-        timeline = schedule::simulate(*order, costs, {.validated = true});
-    } catch (const schedule::schedule_error&) {
-        return 0.0;
-    }
+    const std::optional<schedule::simulation> played_out = play_blocks(*order, played);
+    if (!played_out) return 0.0;
+    const schedule::simulation& timeline = *played_out;
+    constexpr double none = std::numeric_limits<double>::infinity();
     double bound = timeline.makespan;
     // A weight's gradient is summed over the micro-batches before it is reduced, so every
     // reduction of a device waits for the last backward block of its stage to start (the
@@ -1465,7 +1495,54 @@ LOOM_INLINE double schedule_lower_bound(const plan::resolved_plan& rp, const tra
         }
         if (last_backward != none) bound = std::max(bound, last_backward + weights[d]);
     }
+    if (blocks) *blocks = std::move(played);
     return bound;
+}
+
+LOOM_INLINE std::optional<schedule::simulation> play_blocks(const schedule::schedule& order, const pipeline_blocks& b) {
+    const schedule::pipeline_shape& shape = order.shape;
+    const int rounds = shape.rounds;
+    const auto kinds = static_cast<std::size_t>(shape.stages * (rounds + 1));
+    if (b.work.size() != kinds || b.outputs.size() != kinds) return std::nullopt;
+    auto kind_of_block = [&](const schedule::block& x) {
+        return static_cast<std::size_t>(x.stage * (rounds + 1) + (schedule::is_forward(x) ? x.round : rounds));
+    };
+    constexpr double none = std::numeric_limits<double>::infinity();
+    std::vector<double> duration(kinds, 0.0), ready(kinds, none);
+    for (std::size_t q = 0; q < kinds; ++q) {
+        double least = none;
+        for (double w : b.work[q])
+            if (w > 0) least = std::min(least, w);
+        duration[q] = least == none ? 0.0 : least;
+        for (double c : b.outputs[q]) ready[q] = std::min(ready[q], c);
+    }
+    schedule::cost_model costs;
+    costs.duration = [&](const schedule::block& x) { return duration[kind_of_block(x)]; };
+    costs.ready = [&](const schedule::block& x) {
+        const double r = ready[kind_of_block(x)];
+        return r == none ? duration[kind_of_block(x)] : r;
+    };
+    try {
+        return schedule::simulate(order, costs, {.validated = true});
+    } catch (const schedule::schedule_error&) {
+        return std::nullopt;
+    }
+}
+
+LOOM_INLINE std::optional<pipeline_blocks> extrapolate_blocks(const pipeline_blocks& a, const pipeline_blocks& b, double t) {
+    if (a.shape.stages != b.shape.stages || a.shape.rounds != b.shape.rounds ||
+        a.shape.stage_devices != b.shape.stage_devices || a.work.size() != b.work.size() ||
+        a.outputs.size() != b.outputs.size())
+        return std::nullopt;
+    pipeline_blocks out = b;
+    // Linear in the layers, never below zero: a block's work and its chains only grow with them.
+    auto along = [t](double x, double y) { return std::max(0.0, x + (y - x) * t); };
+    for (std::size_t q = 0; q < a.work.size(); ++q) {
+        if (a.work[q].size() != b.work[q].size() || a.outputs[q].size() != b.outputs[q].size()) return std::nullopt;
+        for (std::size_t d = 0; d < a.work[q].size(); ++d) out.work[q][d] = along(a.work[q][d], b.work[q][d]);
+        for (std::size_t k = 0; k < a.outputs[q].size(); ++k) out.outputs[q][k] = along(a.outputs[q][k], b.outputs[q][k]);
+    }
+    return out;
 }
 
 }  // namespace loom::search::detail
@@ -1962,6 +2039,7 @@ LOOM_INLINE assignment_bounds folded_bounds::operator()(const plan::plan_spec& c
         const fold_shape at = stages == s.stages ? s : with_stages(s, stages);
         const std::vector<std::int64_t> micro_batches = instance_micro_batches(at);
         std::vector<double> by_micro_batches, busiest_by_micro_batches, memory_by_layers, after_by_layers;
+        std::vector<const std::optional<pipeline_blocks>*> blocks_by_layers;  // of the fewer micro-batches
         for (std::int64_t mb : micro_batches) {
             std::vector<double> by_layers, busiest_by_layers;
             for (std::int64_t k : layers) {
@@ -1975,13 +2053,14 @@ LOOM_INLINE assignment_bounds folded_bounds::operator()(const plan::plan_spec& c
                     const instance& i = instance_of(key.layers, key.batch);
                     const plan::resolved_plan rp = plan::resolve(p, i.g);
                     instance_bounds b;
-                    b.step = step_lower_bound(rp, i.work, options_, &i.g, &cluster_, &b.busiest);
+                    b.step = step_lower_bound(rp, i.work, options_, &i.g, &cluster_, &b.parts);
                     if (memory) b.memory = memory_lower_bound(rp, i.g, options_, &i.work);
                     b.zero = rp.zero;
                     known = bounds_.insert_or_assign(std::move(key), std::move(b)).first;
                 }
                 by_layers.push_back(known->second.step);
-                busiest_by_layers.push_back(known->second.busiest);
+                busiest_by_layers.push_back(known->second.parts.busiest);
+                if (mb == micro_batches.front()) blocks_by_layers.push_back(&known->second.parts.blocks);
                 if (!memory) continue;
                 // The memory floor, the instance's shards cut over the real replicas. Each
                 // device's floor grows linearly with the layers per stage, so their maximum is
@@ -2001,13 +2080,41 @@ LOOM_INLINE assignment_bounds folded_bounds::operator()(const plan::plan_spec& c
             by_micro_batches.push_back(along(by_layers, layers, fold_layers_per_stage(s)));
             busiest_by_micro_batches.push_back(along(busiest_by_layers, layers, fold_layers_per_stage(s)));
         }
-        step_by_stages.push_back(std::max(along(by_micro_batches, micro_batches, s.micro_batches),
-                                          along(busiest_by_micro_batches, micro_batches, s.micro_batches)));
+        double step = std::max(along(by_micro_batches, micro_batches, s.micro_batches),
+                               along(busiest_by_micro_batches, micro_batches, s.micro_batches));
+        if (stage_counts.size() == 1) step = std::max(step, real_order_bound(candidate, s, layers, blocks_by_layers));
+        step_by_stages.push_back(step);
         memory_by_stages.push_back(along(memory_by_layers, layers, fold_layers_per_stage(s)));
         after_by_stages.push_back(along(after_by_layers, layers, fold_layers_per_stage(s)));
     }
     return {along(step_by_stages, stage_counts, s.stages) + along(after_by_stages, stage_counts, s.stages),
             along(memory_by_stages, stage_counts, s.stages) + options_.runtime_bytes};
+}
+
+LOOM_INLINE double folded_bounds::real_order_bound(const plan::plan_spec& candidate, const fold_shape& s,
+                                                   const std::vector<std::int64_t>& layers,
+                                                   const std::vector<const std::optional<pipeline_blocks>*>& blocks) {
+    if (blocks.empty() || blocks.size() != layers.size()) return 0.0;
+    for (const auto* b : blocks)
+        if (!*b) return 0.0;
+    std::optional<pipeline_blocks> real = **blocks.front();
+    if (blocks.size() == 2) real = extrapolate_blocks(**blocks[0], **blocks[1], line_position(layers, fold_layers_per_stage(s)));
+    if (!real) return 0.0;
+    try {
+        // A template's order is valid by construction (the real plan's resolve validates its
+        // own); one ordered by the user's constraints is not played unvalidated.
+        const std::optional<plan::order_policy> order = plan::detail::chosen_order(candidate);
+        if (!order || order->kind == plan::schedule_kind::from_constraints) return 0.0;
+        const std::optional<schedule::schedule> grouped = pipeline_groups(plan::detail::built_pipeline_order(
+            *order, static_cast<int>(s.stages), static_cast<int>(s.micro_batches), 1));
+        if (!grouped || grouped->shape.stages != real->shape.stages || grouped->shape.rounds != real->shape.rounds ||
+            grouped->shape.stage_devices != real->shape.stage_devices)
+            return 0.0;
+        const std::optional<schedule::simulation> played = play_blocks(*grouped, *real);
+        return played ? played->makespan : 0.0;
+    } catch (const plan_error&) {
+        return 0.0;
+    }
 }
 
 LOOM_INLINE void concrete_boundaries(plan::plan_spec& p, const std::vector<open_parameter>& params) {
