@@ -221,3 +221,41 @@ TEST_CASE("deadlock: a device that reads before the producer ran, or never joins
     CHECK_THAT(message, Catch::Contains("deadlock: '" + transfer_name + "' waits for device 1"));
     CHECK_THAT(message, Catch::Contains("never reaches it"));
 }
+
+TEST_CASE("deadlock: the quick check passes the programs the full one passes, and leaves every fault to it", "[deadlock]") {
+    // check_deadlock_free first runs partition::detail::surely_deadlock_free over flat arrays
+    // and names nothing; only where it is unsure does the full check build the named graph.
+    std::vector<partition::partitioned_graph> sound;
+    sound.push_back(partitioned(tiny_gpt(2), 2, 1));
+    sound.push_back(partitioned(tiny_gpt(2), 1, 4));
+    sound.push_back(partitioned(tiny_gpt(2), 2, 2));
+    sound.push_back(partitioned(tiny_gpt(2), two_stage_plan));
+    for (const auto& pg : sound) CHECK(partition::detail::surely_deadlock_free(pg, pg.order));
+
+    auto pg = partitioned(tiny_gpt(1), 4, 1);
+    std::vector<std::vector<node_id>> order(pg.devices.size());
+    for (std::size_t d = 0; d < order.size(); ++d)
+        for (std::size_t n = 0; n < pg.devices[d].ir().nodes.size(); ++n) order[d].push_back(static_cast<node_id>(n));
+    REQUIRE(partition::detail::surely_deadlock_free(pg, order));
+    const graph& g3 = pg.devices[3].ir();
+    std::vector<std::size_t> reduces;
+    for (std::size_t n = 0; n < g3.nodes.size(); ++n)
+        if (g3.nodes[n].name.find("/all_reduce/") != std::string::npos) reduces.push_back(n);
+    REQUIRE(reduces.size() >= 2);
+    SECTION("a cycle of waits") {
+        std::swap(order[3][reduces[reduces.size() - 2]], order[3][reduces.back()]);
+        CHECK_FALSE(partition::detail::surely_deadlock_free(pg, order));
+    }
+    SECTION("a node run twice, another never") {
+        order[3][reduces.back()] = order[3][reduces.front()];
+        CHECK_FALSE(partition::detail::surely_deadlock_free(pg, order));
+        CHECK_THROWS_AS(partition::check_deadlock_free(pg, order), usage_error);
+    }
+    SECTION("a device outside the transfer's group") {
+        const auto t = g3.nodes[reduces.back()].attrs.get<std::int64_t>("transfer");
+        auto& group = pg.transfers[static_cast<std::size_t>(t)].group;
+        group.erase(std::find(group.begin(), group.end(), 3));
+        CHECK_FALSE(partition::detail::surely_deadlock_free(pg, order));
+        CHECK_THROWS_WITH(partition::check_deadlock_free(pg, order), Catch::Contains("whose group does not include it"));
+    }
+}
