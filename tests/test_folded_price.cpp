@@ -302,6 +302,22 @@ TEST_CASE("a plan that does not fold is priced in full, and bad shapes are refus
         CHECK_THROWS_AS(search::price_folded(m, megatron({.tp = 1, .pp = 1, .dp = 2}), search::dgx_a100(1), o),
                         search::price_cancelled);
     }
+    SECTION("a cancelled materialization stops at its next op; an unset flag changes nothing") {
+        // A price past the search's budget is cancelled within the instance it materializes
+        // (seconds at 1024 GPUs), not after it.
+        const graph g = m.real();
+        const plan::resolved_plan rp = plan::resolve(megatron({.tp = 2, .pp = 1, .dp = 2}), g);
+        std::atomic<bool> cancel{true};
+        partition::apply_options ao;
+        ao.cancel = &cancel;
+        CHECK_THROWS_AS(partition::apply_plan(g, rp, ao), partition::apply_cancelled);
+        cancel = false;
+        const partition::partitioned_graph with_flag = partition::apply_plan(g, rp, ao);
+        const partition::partitioned_graph without = partition::apply_plan(g, rp);
+        CHECK(search::price_programs(with_flag, search::dgx_a100(1), gpu_options()).step_seconds ==
+              search::price_programs(without, search::dgx_a100(1), gpu_options()).step_seconds);
+        CHECK(with_flag.transfers.size() == without.transfers.size());
+    }
     SECTION("a family without a builder") {
         CHECK_THROWS_WITH(search::price_folded(search::model_family{}, megatron({}), search::dgx_a100(1)),
                           Catch::Contains("needs a forward(layers, batch) builder"));

@@ -10063,6 +10063,7 @@ LOOM_INLINE transformation_registry::transformation_registry() {
 //   6. Parameter gradients are materialized on the boxes their parameters are stored in
 //      (or on the optimizer's shards under ZeRO-2), and the loss on every device.
 #include <algorithm>
+#include <atomic>
 #include <map>
 #include <memory>
 #include <optional>
@@ -13242,6 +13243,17 @@ namespace loom::partition {
 
 struct apply_options {
     transfer_cost_model cost{};
+    // Set (not owned): apply_plan stops at its next op once this reads true, throwing
+    // apply_cancelled. A search past its time budget sets it for the prices it will drop;
+    // one instance of a 1024-GPU plan takes seconds to materialize, which the search would
+    // otherwise wait out.
+    const std::atomic<bool>* cancel = nullptr;
+};
+
+// Thrown by apply_plan whose apply_options::cancel was set: no programs, and nothing wrong
+// with the plan.
+struct apply_cancelled : error {
+    apply_cancelled() : error("apply_plan cancelled: its caller stopped it (apply_options::cancel)") {}
 };
 
 // The ordered per-device programs of a plan resolved against `model` (plan::resolve).
@@ -13598,8 +13610,16 @@ LOOM_INLINE partitioned_graph apply_plan(const graph& model, const plan::resolve
         m.set_stages(std::move(stage));
     }
     m.store_leaves();
-    for (std::size_t i = 0; i < g.nodes.size(); ++i) m.emit_node(static_cast<node_id>(i));
+    const auto stop_if_cancelled = [&options] {
+        if (options.cancel && options.cancel->load(std::memory_order_relaxed)) throw apply_cancelled();
+    };
+    for (std::size_t i = 0; i < g.nodes.size(); ++i) {
+        stop_if_cancelled();
+        m.emit_node(static_cast<node_id>(i));
+    }
+    stop_if_cancelled();
     m.finish();
+    stop_if_cancelled();
     // 7. op-order: the plan's schedule orders every device's program (checked: data flow,
     //    deadlock); without one, devices run in plan order.
     if (plan.order) detail::order_by_schedule(out, plan, *plan.order);  // checks the order too
@@ -15682,8 +15702,9 @@ struct price_options {
     op_rates solo_rates;
     // Set: the programs are a replica-folded instance of the plan (not owned).
     const replica_fold* fold = nullptr;
-    // Set (not owned): a folded price stops at its next instance once this reads true,
-    // throwing price_cancelled. A search past its time budget sets it for the prices whose
+    // Set (not owned): a folded price stops at its next instance, or at the next op of the
+    // one it materializes (partition::apply_options::cancel), once this reads true, throwing
+    // price_cancelled. A search past its time budget sets it for the prices whose
     // results it would drop, so it does not wait for them (at 1024 devices, a minute each).
     const std::atomic<bool>* cancel = nullptr;
     // A folded price refuses (plan_error) a plan whose largest instance would hold more op
@@ -16635,6 +16656,7 @@ LOOM_INLINE folded_price price_folded(const model_family& m, const plan::plan_sp
     // replicas, micro-batches and layers) within max_instance_pieces.
     for (std::int64_t stages : out.instance_stages) {
         if (o.max_instance_pieces <= 0) break;
+        cancelled();
         const fold_shape at = stages == s.stages ? s : with_stages(s, stages);
         const std::int64_t replicas = out.instance_replicas.back(), micro_batches = instance_micro_batches(at).back(),
                            layers = out.instance_layers.back();
@@ -16680,6 +16702,7 @@ LOOM_INLINE folded_price price_folded(const model_family& m, const plan::plan_sp
                         for (std::size_t n = 0; n < real.forward.size(); ++n)
                             if (const plan::op_partition* part = real.at(static_cast<node_id>(n)))
                                 (void)partition::bind_partition(real_shape.nodes[n], *part, real_devices, true, notes);
+                        cancelled();
                         fold = detail::match_replicas(resolved, real, replicas, s.replicas);
                         if (!fold)
                             throw plan_error("price_folded: the plan's data-parallel pieces do not line up across replicas "
@@ -16688,9 +16711,16 @@ LOOM_INLINE folded_price price_folded(const model_family& m, const plan::plan_sp
                     price_options io = o;
                     io.fold = fold ? &*fold : nullptr;
                     io.record_timeline = false;
-                    const partition::partitioned_graph programs = partition::apply_plan(g, resolved);
+                    partition::apply_options ao;
+                    ao.cancel = o.cancel;
+                    std::optional<partition::partitioned_graph> programs;
+                    try {
+                        programs.emplace(partition::apply_plan(g, resolved, ao));
+                    } catch (const partition::apply_cancelled&) {
+                        throw price_cancelled();
+                    }
                     cancelled();
-                    row.push_back(detail::spread_over_real(price_programs(programs, c, io), io.fold, real_devices));
+                    row.push_back(detail::spread_over_real(price_programs(*programs, c, io), io.fold, real_devices));
                 }
             }
         }

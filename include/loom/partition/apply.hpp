@@ -23,6 +23,7 @@
 //   6. Parameter gradients are materialized on the boxes their parameters are stored in
 //      (or on the optimizer's shards under ZeRO-2), and the loss on every device.
 #include <algorithm>
+#include <atomic>
 #include <map>
 #include <memory>
 #include <optional>
@@ -47,6 +48,17 @@ namespace loom::partition {
 
 struct apply_options {
     transfer_cost_model cost{};
+    // Set (not owned): apply_plan stops at its next op once this reads true, throwing
+    // apply_cancelled. A search past its time budget sets it for the prices it will drop;
+    // one instance of a 1024-GPU plan takes seconds to materialize, which the search would
+    // otherwise wait out.
+    const std::atomic<bool>* cancel = nullptr;
+};
+
+// Thrown by apply_plan whose apply_options::cancel was set: no programs, and nothing wrong
+// with the plan.
+struct apply_cancelled : error {
+    apply_cancelled() : error("apply_plan cancelled: its caller stopped it (apply_options::cancel)") {}
 };
 
 // The ordered per-device programs of a plan resolved against `model` (plan::resolve).
@@ -403,8 +415,16 @@ LOOM_INLINE partitioned_graph apply_plan(const graph& model, const plan::resolve
         m.set_stages(std::move(stage));
     }
     m.store_leaves();
-    for (std::size_t i = 0; i < g.nodes.size(); ++i) m.emit_node(static_cast<node_id>(i));
+    const auto stop_if_cancelled = [&options] {
+        if (options.cancel && options.cancel->load(std::memory_order_relaxed)) throw apply_cancelled();
+    };
+    for (std::size_t i = 0; i < g.nodes.size(); ++i) {
+        stop_if_cancelled();
+        m.emit_node(static_cast<node_id>(i));
+    }
+    stop_if_cancelled();
     m.finish();
+    stop_if_cancelled();
     // 7. op-order: the plan's schedule orders every device's program (checked: data flow,
     //    deadlock); without one, devices run in plan order.
     if (plan.order) detail::order_by_schedule(out, plan, *plan.order);  // checks the order too

@@ -430,6 +430,7 @@ LOOM_INLINE folded_price price_folded(const model_family& m, const plan::plan_sp
     // replicas, micro-batches and layers) within max_instance_pieces.
     for (std::int64_t stages : out.instance_stages) {
         if (o.max_instance_pieces <= 0) break;
+        cancelled();
         const fold_shape at = stages == s.stages ? s : with_stages(s, stages);
         const std::int64_t replicas = out.instance_replicas.back(), micro_batches = instance_micro_batches(at).back(),
                            layers = out.instance_layers.back();
@@ -475,6 +476,7 @@ LOOM_INLINE folded_price price_folded(const model_family& m, const plan::plan_sp
                         for (std::size_t n = 0; n < real.forward.size(); ++n)
                             if (const plan::op_partition* part = real.at(static_cast<node_id>(n)))
                                 (void)partition::bind_partition(real_shape.nodes[n], *part, real_devices, true, notes);
+                        cancelled();
                         fold = detail::match_replicas(resolved, real, replicas, s.replicas);
                         if (!fold)
                             throw plan_error("price_folded: the plan's data-parallel pieces do not line up across replicas "
@@ -483,9 +485,16 @@ LOOM_INLINE folded_price price_folded(const model_family& m, const plan::plan_sp
                     price_options io = o;
                     io.fold = fold ? &*fold : nullptr;
                     io.record_timeline = false;
-                    const partition::partitioned_graph programs = partition::apply_plan(g, resolved);
+                    partition::apply_options ao;
+                    ao.cancel = o.cancel;
+                    std::optional<partition::partitioned_graph> programs;
+                    try {
+                        programs.emplace(partition::apply_plan(g, resolved, ao));
+                    } catch (const partition::apply_cancelled&) {
+                        throw price_cancelled();
+                    }
                     cancelled();
-                    row.push_back(detail::spread_over_real(price_programs(programs, c, io), io.fold, real_devices));
+                    row.push_back(detail::spread_over_real(price_programs(*programs, c, io), io.fold, real_devices));
                 }
             }
         }

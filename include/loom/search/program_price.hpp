@@ -142,8 +142,9 @@ struct price_options {
     op_rates solo_rates;
     // Set: the programs are a replica-folded instance of the plan (not owned).
     const replica_fold* fold = nullptr;
-    // Set (not owned): a folded price stops at its next instance once this reads true,
-    // throwing price_cancelled. A search past its time budget sets it for the prices whose
+    // Set (not owned): a folded price stops at its next instance, or at the next op of the
+    // one it materializes (partition::apply_options::cancel), once this reads true, throwing
+    // price_cancelled. A search past its time budget sets it for the prices whose
     // results it would drop, so it does not wait for them (at 1024 devices, a minute each).
     const std::atomic<bool>* cancel = nullptr;
     // A folded price refuses (plan_error) a plan whose largest instance would hold more op
