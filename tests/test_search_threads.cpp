@@ -209,3 +209,49 @@ TEST_CASE("the descent's exchange of degrees takes fewer micro-batches where the
     CHECK(r.best.choices.at("mb") == 1);
     CHECK(r.best.price.step_seconds == 7.0);
 }
+
+TEST_CASE("a budget that leaves the space unbounded passes over leaves whose floors priced plans show to be over memory") {
+    // Bounds 10 - x (y = 2 adds 100: the descent looks at it and stays at y = 1, so the space
+    // stays unbounded), so x = 4, 3, 2, 1 in turn. Priced memory is 1.5 times the floor:
+    // x = 4 (floor 60 GB) prices at 90 GB, over the 80 GiB of the device. Then x = 3 (floor
+    // 70 GB, 105 GB at that ratio) is passed over, unpriced, and x = 2 (floor 40 GB) is the
+    // answer, two prices in all instead of three.
+    plan::plan_spec space;
+    space.devices = 1;
+    const std::vector<search::open_parameter> params{{"x", search::open_parameter::kind::degree, {1, 2, 3, 4}, {}},
+                                                     {"y", search::open_parameter::kind::degree, {1, 2}, {}}};
+    const auto model = small_gpt();
+    search::plan_search_options o;
+    o.threads = 1;
+    o.max_bounded = 1;
+    o.max_priced = 2;
+    const auto floor_of = [](const plan::plan_spec& c) {
+        switch (c.choices.at("x")) {
+            case 4: return 60e9;
+            case 3: return 70e9;
+            case 2: return 40e9;
+            default: return 30e9;
+        }
+    };
+    const auto bound = [&](const plan::plan_spec& c) {
+        return search::detail::assignment_bounds{
+            10.0 - static_cast<double>(c.choices.at("x")) + 100.0 * static_cast<double>(c.choices.at("y") - 1), floor_of(c)};
+    };
+    const auto price = [&](const plan::plan_spec& c, const std::atomic<bool>&) {
+        search::program_price out;
+        out.step_seconds = 20.0 - static_cast<double>(c.choices.at("x")) + 100.0 * static_cast<double>(c.choices.at("y") - 1);
+        out.devices.resize(1);
+        out.devices[0].memory.arena = 1.5 * floor_of(c);
+        return out;
+    };
+    const search::plan_search_result r =
+        search::detail::search_assignments(space, params, search::dgx_a100(1), o, model.ir(), bound, price);
+    INFO(r.explain());
+    CHECK(r.stats.priced == 2);
+    CHECK(r.stats.over_memory == 1);
+    CHECK(r.best.choices.at("x") == 2);
+    CHECK(r.gap == 1.0);
+    CHECK(r.stats.unbounded + r.stats.refused + r.stats.priced + r.stats.unexplored + r.stats.pruned +
+              r.stats.over_memory_unpriced ==
+          r.stats.assignments);
+}
