@@ -149,13 +149,11 @@ measured train_in_process(const partition::partitioned_graph& pg, const models::
 }
 
 #if LOOM_FIDELITY_MPI
-// The calibration steps of every process run at the same time (search::
-// calibration_steps_together), the slowest process's step of each batch.
-std::vector<double> steps_of_all_ranks(comm::mpi_communicator& world, int ranks, int me) {
-    const comm::group everyone = comm::group::world(ranks);
-    if (me == 0) std::printf("timing the calibration steps of %d processes at once...\n", ranks);
-    return search::slowest_rank_steps(world, everyone,
-                                      search::calibration_steps_together([&] { world.barrier(everyone); }));
+// Every process's calibration (search::calibrate_host_ops_shared): rank 0's op costs
+// alone, the slowest process's steps with all of them at once.
+search::host_op_costs calibrate_all_ranks(comm::mpi_communicator& world, int ranks, int me) {
+    if (me == 0) std::printf("timing the calibration steps of %d processes, alone and at once...\n", ranks);
+    return search::calibrate_host_ops_shared(world, comm::group::world(ranks));
 }
 
 // Every process's trace of the traced step, gathered on every process. The processes share
@@ -276,20 +274,22 @@ int main(int argc, char** argv) {
 #endif
                            : 0;
         auto model = models::gpt(config);
-        // MPI: every process runs the calibration steps while the others do (processes
-        // share the cores otherwise than threads sharing one pool), and the link between the
-        // ranks is measured on them. Then rank 0 calibrates alone (the other processes
-        // wait): the machine's GEMM and copy speed and each op kind's cost alone.
-        std::optional<std::vector<double>> together;
+        // The ranks calibrate where they run, since processes share the cores otherwise
+        // than threads sharing one pool: the first rank's op costs alone (the others wait)
+        // in blocks that alternate with blocks of every rank at once; under MPI the link
+        // between the ranks is measured on them too. Then rank 0 measures the machine's
+        // GEMM and copy speed.
+        std::optional<search::host_op_costs> op_costs;
         std::optional<search::collective_links> between_ranks;
 #if LOOM_FIDELITY_MPI
         if (mpi) {
-            together = steps_of_all_ranks(*world, ranks, me);
+            op_costs = calibrate_all_ranks(*world, ranks, me);
             between_ranks = search::measure_host_links(*world, comm::group::world(ranks));
         }
 #endif
         search::cluster hw;
         search::price_options po;
+        nlohmann::json calibration;
         if (me == 0) {
             std::printf("calibrating the host for %d ranks that share its cores...\n", ranks);
             hw = search::calibrate_host(ranks, between_ranks);
@@ -299,7 +299,16 @@ int main(int argc, char** argv) {
                 std::printf("%-15s between ranks: %.1f us per message, %.2f GB/s (the profile's convention)\n",
                             std::string(search::to_string(kind)).c_str(), hw.topo.intra_link(kind).latency * 1e6,
                             hw.topo.intra_link(kind).bandwidth / 1e9);
-            po = search::host_price_options(ranks, together);
+            if (!op_costs) op_costs = search::calibrate_host_ops_in_process(ranks);
+            std::printf("calibration steps together / alone, per batch:");
+            for (std::size_t b = 0; b < op_costs->step_seconds.size(); ++b)
+                std::printf(" %ld: %.2f", static_cast<long>(search::host_op_costs::batches[b]),
+                            op_costs->steps_together[b] / op_costs->step_seconds[b]);
+            std::printf("\n");
+            calibration = {{"batches", search::host_op_costs::batches},
+                           {"alone_step_s", op_costs->step_seconds},
+                           {"together_step_s", op_costs->steps_together}};
+            po = search::host_price_options(ranks, op_costs);
             std::printf("%-36s %12s %12s %8s %14s %14s\n", "plan", "predicted", "measured", "ratio", "memory pred",
                         "memory alloc");
         }
@@ -398,6 +407,7 @@ int main(int argc, char** argv) {
         record["rounds"] = rounds;
         record["warmup"] = warmup;
         record["profile"] = search::to_json(hw);
+        record["calibration"] = calibration;
         record["plans"] = rows;
         record["spearman"] = rho;
         record["predicted_best"] = plans[static_cast<std::size_t>(best_predicted)].name;

@@ -19,8 +19,8 @@ TEST_CASE("rates together are each kind's cost alone, slowed as the whole step o
     // A kind whose work does not grow with the batch has no slope: a call's cost, flat.
     alone.per_flop["fill_like"] = true;
     alone.kinds["fill_like"] = {{0, 1, 2.5e-7}, {4, 1, 3e-7}};
-    const std::vector<double> together = {3e-3, 6e-3, 12e-3, 24e-3, 32e-3};  // 3x, 3x, 3x, 3x, 2x
-    const search::op_rates rates = search::rates_together(alone, together);
+    alone.steps_together = {3e-3, 6e-3, 12e-3, 24e-3, 32e-3};  // 3x, 3x, 3x, 3x, 2x
+    const search::op_rates rates = search::rates_together(alone);
     REQUIRE(rates.at("linear").points.size() == 3);
     CHECK(rates.at("linear").per_flop);
     CHECK(rates.at("linear").points[0].first == 1e5);
@@ -37,8 +37,10 @@ TEST_CASE("rates together are each kind's cost alone, slowed as the whole step o
     // Alone: the costs as measured.
     CHECK(alone.rates().at("linear").points[1].second == Approx(6e-5));
 
-    CHECK_THROWS_WITH(search::rates_together(alone, {1e-3, 2e-3}), Catch::Contains("2 step times for 5 calibration batches"));
-    CHECK_THROWS_WITH(search::rates_together(alone, {1e-3, 0.0, 1e-3, 1e-3, 1e-3}), Catch::Contains("calibration step 1 took"));
+    alone.steps_together = {1e-3, 2e-3};
+    CHECK_THROWS_WITH(search::rates_together(alone), Catch::Contains("2 steps together for 5 calibration batches"));
+    alone.steps_together = {1e-3, 0.0, 1e-3, 1e-3, 1e-3};
+    CHECK_THROWS_WITH(search::rates_together(alone), Catch::Contains("calibration step 1 took"));
 }
 
 TEST_CASE("the links between in-process ranks are measured per collective, in the profile's convention") {
@@ -89,6 +91,36 @@ TEST_CASE("the links between in-process ranks are measured per collective, in th
     comm::run_ranks(1, [&](comm::communicator& c) {
         CHECK_THROWS_WITH(search::measure_host_links(c, c.world()), Catch::Contains("pass at least 2"));
     });
+}
+
+TEST_CASE("ranks calibrated together hold the first rank's costs alone and the slowest rank's steps at once") {
+    // Three in-process ranks: every rank sees the same steps together, the slowest rank's,
+    // and only the first measures the op kinds alone.
+    const int ranks = 3;
+    std::vector<search::host_op_costs> seen(ranks);
+    comm::run_ranks(ranks, [&](comm::communicator& c) {
+        seen[static_cast<std::size_t>(c.rank())] = search::calibrate_host_ops_shared(c, c.world());
+    });
+    const std::size_t batches = std::size(search::host_op_costs::batches);
+    REQUIRE(seen[0].step_seconds.size() == batches);
+    REQUIRE(seen[0].steps_together.size() == batches);
+    CHECK(seen[0].kinds.count("linear_bias") == 1);
+    for (int r = 1; r < ranks; ++r) {
+        CHECK(seen[static_cast<std::size_t>(r)].steps_together == seen[0].steps_together);
+        CHECK(seen[static_cast<std::size_t>(r)].step_seconds.empty());
+        CHECK(seen[static_cast<std::size_t>(r)].kinds.empty());
+    }
+    for (std::size_t b = 0; b < batches; ++b) {
+        INFO("batch " << search::host_op_costs::batches[b]);
+        CHECK(seen[0].step_seconds[b] > 0);
+        // Three ranks sharing the cores take longer than one alone (not timed tightly: a busy
+        // machine moves both).
+        CHECK(seen[0].steps_together[b] > seen[0].step_seconds[b]);
+    }
+    // Alone: no steps together, so no rates together.
+    const search::host_op_costs one = search::calibrate_host_ops_alone();
+    CHECK(one.steps_together.empty());
+    CHECK_THROWS_WITH(search::rates_together(one), Catch::Contains("0 steps together"));
 }
 
 TEST_CASE("host price options hold each op kind's rate together and alone, at the same work") {

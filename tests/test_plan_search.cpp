@@ -853,6 +853,28 @@ TEST_CASE("prices follow first principles") {
         for (const auto& d : d_machine.devices) machine_compute += d.compute;
         for (const auto& d : d_slow.devices) alone_compute += d.compute;
         CHECK(alone_compute > 1.2 * machine_compute);  // each device's own timeline ran at the solo rates
+        // All four compute at once all the time, so each instruction of theirs takes its time
+        // together (here twice its time alone), as when solo and together rates are one.
+        search::price_options same = together;
+        same.solo_rates = together.rates;
+        const auto d_same = search::price_programs(dp, slow_node(), same);
+        for (std::size_t d = 0; d < d_slow.devices.size(); ++d)
+            CHECK(d_slow.devices[d].compute == Approx(d_same.devices[d].compute).epsilon(1e-9));
+        // A pipeline of many micro-batches keeps its stages busy at once part of the time:
+        // its instructions stretch by more than alone and less than together.
+        const auto pipe8 = partition::apply_plan(model.ir(), plan::presets::pipeline(4, 8));
+        search::price_options only_alone = together;
+        only_alone.rates = slow_alone.solo_rates;
+        only_alone.solo_rates = slow_alone.solo_rates;
+        const auto compute_of = [&](const search::price_options& po) {
+            double sum = 0;
+            for (const auto& d : search::price_programs(pipe8, slow_node(), po).devices) sum += d.compute;
+            return sum;
+        };
+        const double c_alone = compute_of(only_alone), c_stretched = compute_of(slow_alone), c_together = compute_of(same);
+        CHECK(c_stretched > 1.1 * c_alone);
+        CHECK(c_stretched < 0.95 * c_together);
+        CHECK(c_together < 2 * c_alone);  // the linear kinds take twice as long together, the others the same
         // Solo rates need rates together, and a shared machine.
         search::price_options orphan = slow_alone;
         orphan.rates.erase("linear");

@@ -30,6 +30,7 @@
 #include <fstream>
 #include <functional>
 #include <map>
+#include <memory>
 #include <string>
 #include <vector>
 
@@ -244,8 +245,11 @@ struct host_op_costs {
     };
     std::map<std::string, std::vector<point>, std::less<>> kinds;
     std::map<std::string, bool, std::less<>> per_flop;
-    // Per calibration batch: the mean wall seconds of one whole step.
+    // Per calibration batch: the mean wall seconds of one whole step, alone.
     std::vector<double> step_seconds;
+    // Per calibration batch: the slowest rank's mean step while every rank runs it at once
+    // (empty when measured alone only).
+    std::vector<double> steps_together;
 
     // The curves, each point's seconds times scale[its batch] (empty: 1). Points of equal
     // work merge into one, their mean. A kind whose work did not grow with the batch (the
@@ -281,52 +285,89 @@ struct host_op_costs {
 
 namespace detail {
 
-// One rank's costs. Each batch runs once to warm up, then in three blocks of timed runs
-// (26 runs each at batch 1, 3 at batches 8 and 16: about the same time at the small
-// batches, so their short kernels are timed often enough, and never one step alone); a
+// One member's part of a calibration: every batch's step once to warm up, then five
+// rounds over the batches, each a block of timed steps by the first member alone (the
+// others wait at `barrier`) and, with more than one member, a block by every member at once
+// (16 steps a block at batch 1, 3 at batches 8 and 16: about the same time at the small
+// batches, so their short kernels are timed often enough, and never one step alone). A
 // batch's step is the fastest of its blocks' means, since what else the machine runs only
-// adds time. On a 2-vCPU virtual machine one step a block and the median of the blocks
-// moved the step alone by 25% between runs, and priced the fidelity benchmark's plans at a
+// adds time. On a 2-vCPU virtual machine one step a block and the median of the blocks moved
+// the step alone by 25% between runs, and priced the fidelity benchmark's plans at a
 // Spearman rank correlation of 0.54 to 0.83 against 0.94 with three steps and the fastest
-// block (benchmarks/RESULTS.md). `before_block` runs before each block:
-// ranks measured together pass a barrier there, so their blocks overlap.
-template <class BeforeBlock>
-host_op_costs measure_host_ops(BeforeBlock&& before_block) {
-    host_op_costs costs;
-    for (std::size_t b = 0; b < std::size(host_op_costs::batches); ++b) {
-        const std::int64_t batch = host_op_costs::batches[b];
-        const graph g = models::gpt({.layers = 2, .hidden = 128, .heads = 8, .vocab = 256, .seq = 64, .batch = batch})
-                            .training_graph();
-        const program prog = compile_program(g, {.prec = loom::precision::f32});
-        host::executor<float> exec(prog);
-        host::bound_storage<float> storage(prog);
-        storage.bind_to(exec);
-        for (tensor_id t : g.parameters)
-            for (float& x : storage.real(t)) x = 0.01f;
-        exec.run();  // warm up
-        const int blocks = 3, runs = std::max(3, static_cast<int>(80 / batch) / blocks);
+// block (benchmarks/RESULTS.md). The machine stays slow for a second or two at a time, so a
+// batch's blocks lie in rounds apart, not one after another (that run of blocks measured one
+// batch's step alone at 1.6 to 1.8 times its usual one in one calibration of six), and its
+// blocks alone and together alternate, so that both see the machine in the same state:
+// their ratio is what the price reads, and measured all alone and then all together it moved
+// from 2.7 to 5.4 between runs. Together, the members meet at `barrier` after every step, as
+// ranks of a plan meet at its collectives: a step then takes its slowest member's time, not
+// each member's mean over a block (5 to 8% more on a 2-vCPU VM, where 4 in-process ranks
+// share the pool unevenly). The first member's costs per op kind come from its blocks
+// alone; steps_together holds this member's own steps.
+template <class Barrier>
+host_op_costs measure_host_ops(bool first, int members, Barrier&& barrier) {
+    struct calibration_step {
+        graph g;
+        program prog;
+        host::executor<float> exec;
+        host::bound_storage<float> storage;
         host::op_profile profile;
-        exec.set_profile(&profile);
-        std::vector<double> block_steps;
-        for (int block = 0; block < blocks; ++block) {
-            before_block();
+        int runs = 0;
+        std::vector<double> alone, together;
+        explicit calibration_step(std::int64_t batch)
+            : g(models::gpt({.layers = 2, .hidden = 128, .heads = 8, .vocab = 256, .seq = 64, .batch = batch})
+                    .training_graph()),
+              prog(compile_program(g, {.prec = loom::precision::f32})),
+              exec(prog),
+              storage(prog) {}
+        double block_seconds(const std::function<void()>& after_step) {
             const auto start = std::chrono::steady_clock::now();
-            for (int r = 0; r < runs; ++r) exec.run();
-            block_steps.push_back(std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count() / runs);
+            for (int r = 0; r < runs; ++r) {
+                exec.run();
+                after_step();
+            }
+            return std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count() / runs;
         }
-        std::sort(block_steps.begin(), block_steps.end());
-        costs.step_seconds.push_back(block_steps.front());
-        exec.set_profile(nullptr);
+    };
+    constexpr int blocks = 5;
+    std::vector<std::unique_ptr<calibration_step>> steps;
+    for (std::int64_t batch : host_op_costs::batches) {
+        auto& step = *steps.emplace_back(std::make_unique<calibration_step>(batch));
+        step.storage.bind_to(step.exec);
+        for (tensor_id t : step.g.parameters)
+            for (float& x : step.storage.real(t)) x = 0.01f;
+        step.runs = std::max(3, static_cast<int>(80 / batch) / blocks);
+        step.exec.run();  // warm up
+    }
+    for (int block = 0; block < blocks; ++block)
+        for (auto& step : steps) {
+            if (members > 1) barrier();
+            if (first) {
+                step->exec.set_profile(&step->profile);
+                step->alone.push_back(step->block_seconds([] {}));
+                step->exec.set_profile(nullptr);
+            }
+            if (members > 1) {
+                barrier();
+                step->together.push_back(step->block_seconds(barrier));
+            }
+        }
+    host_op_costs costs;
+    for (std::size_t b = 0; b < steps.size(); ++b) {
+        const calibration_step& step = *steps[b];
+        if (members > 1) costs.steps_together.push_back(*std::min_element(step.together.begin(), step.together.end()));
+        if (!first) continue;
+        costs.step_seconds.push_back(*std::min_element(step.alone.begin(), step.alone.end()));
         std::map<std::string, double, std::less<>> bytes;
-        for (const instruction& step : prog.steps) {
-            const node& n = g.at(step.node);
-            bytes[std::string(n.op->name)] += node_bytes(g, n, loom::precision::f32);
+        for (const instruction& i : step.prog.steps) {
+            const node& n = step.g.at(i.node);
+            bytes[std::string(n.op->name)] += node_bytes(step.g, n, loom::precision::f32);
         }
-        for (const auto& e : profile.by_time()) {
+        for (const auto& e : step.profile.by_time()) {
             if (e.calls == 0) continue;
             const bool per_flop = e.flops > 0;
             const double calls = static_cast<double>(e.calls);
-            const double units = (per_flop ? e.flops : bytes[e.kind] * runs * blocks) / calls;
+            const double units = (per_flop ? e.flops : bytes[e.kind] * step.runs * blocks) / calls;
             if (units <= 0) continue;
             costs.per_flop[e.kind] = per_flop;
             costs.kinds[e.kind].push_back({static_cast<int>(b), units, e.seconds / calls});
@@ -340,16 +381,7 @@ host_op_costs measure_host_ops(BeforeBlock&& before_block) {
 // One host rank computing alone, with the machine's threads: the cost of every op kind
 // (its solo_rates, host_op_costs::rates()) and of the calibration steps. About a second.
 inline host_op_costs calibrate_host_ops_alone() {
-    return detail::measure_host_ops([] {});
-}
-
-// This rank's calibration steps, in seconds, while the other ranks run theirs: `barrier`
-// (called before each batch) must return on every rank together. Ranks in processes of
-// their own (MPI) call it on every rank and pass the slowest rank's (slowest_rank_steps) to
-// host_price_options; calibration_steps_in_process does so for in-process ranks.
-template <class Barrier>
-std::vector<double> calibration_steps_together(Barrier&& barrier) {
-    return detail::measure_host_ops(std::forward<Barrier>(barrier)).step_seconds;
+    return detail::measure_host_ops(true, 1, [] {});
 }
 
 // Per batch, the slowest member's step of `mine` (every member of `everyone` calls this at
@@ -366,58 +398,71 @@ inline std::vector<double> slowest_rank_steps(comm::communicator& c, const comm:
     return slowest;
 }
 
-// `ranks` in-process ranks' calibration steps at once, one thread and executor each: the
-// slowest rank's step of each batch.
-inline std::vector<double> calibration_steps_in_process(int ranks) {
+// The ranks of `everyone` calibrated where they run (MPI processes, or threads of this
+// process): every member calls this at once. The first member's op costs and steps alone,
+// measured while the others wait, and on every member the slowest member's steps with all
+// of them running at once (steps_together), in alternating blocks. Only the first member's
+// result holds the costs alone; pass it to host_price_options. About 5 s for 4 ranks.
+inline host_op_costs calibrate_host_ops_shared(comm::communicator& c, const comm::group& everyone) {
+    const bool first = everyone.index_of(c.rank()) == 0;
+    host_op_costs costs = detail::measure_host_ops(first, everyone.size(), [&] { c.barrier(everyone); });
+    if (everyone.size() > 1) costs.steps_together = slowest_rank_steps(c, everyone, costs.steps_together);
+    return costs;
+}
+
+// calibrate_host_ops_shared on `ranks` threads of this process, one executor each: the
+// first rank's result.
+inline host_op_costs calibrate_host_ops_in_process(int ranks) {
     if (ranks < 1)
-        throw usage_error("calibration_steps_in_process: " + std::to_string(ranks) + " ranks; give at least 1");
-    std::vector<double> slowest;
+        throw usage_error("calibrate_host_ops_in_process: " + std::to_string(ranks) + " ranks; give at least 1");
+    host_op_costs first;
     comm::run_ranks(ranks, [&](comm::communicator& c) {
-        std::vector<double> steps = slowest_rank_steps(c, c.world(), calibration_steps_together([&] { c.barrier(c.world()); }));
-        if (c.rank() == 0) slowest = std::move(steps);
+        host_op_costs mine = calibrate_host_ops_shared(c, c.world());
+        if (c.rank() == 0) first = std::move(mine);
     });
-    return slowest;
+    return first;
 }
 
 // The op rates of ranks computing together (price_options::rates): each kind's cost alone
 // times how much longer the whole calibration step of its batch took with every rank
-// running it at once (`steps_together`, per batch) than alone. Kernels that queue for a
-// shared thread pool charge their wait to whichever kernel waited, so the kinds keep their
-// costs alone and share the slowdown of the step.
-inline op_rates rates_together(const host_op_costs& alone, const std::vector<double>& steps_together) {
-    if (steps_together.size() != alone.step_seconds.size())
-        throw usage_error("rates_together: " + std::to_string(steps_together.size()) + " step times for " +
-                          std::to_string(alone.step_seconds.size()) +
-                          " calibration batches; pass calibration_steps_together's result");
-    std::vector<double> scale(steps_together.size());
+// running it at once (steps_together) than alone. Kernels that queue for a shared thread
+// pool charge their wait to whichever kernel waited, so the kinds keep their costs alone
+// and share the slowdown of the step.
+inline op_rates rates_together(const host_op_costs& costs) {
+    const std::vector<double>& together = costs.steps_together;
+    if (together.size() != costs.step_seconds.size())
+        throw usage_error("rates_together: " + std::to_string(together.size()) + " steps together for " +
+                          std::to_string(costs.step_seconds.size()) +
+                          " calibration batches alone; pass what calibrate_host_ops_shared returned on the first rank");
+    std::vector<double> scale(together.size());
     for (std::size_t b = 0; b < scale.size(); ++b) {
-        if (!(steps_together[b] > 0) || !(alone.step_seconds[b] > 0))
+        if (!(together[b] > 0) || !(costs.step_seconds[b] > 0))
             throw usage_error("rates_together: calibration step " + std::to_string(b) + " took " +
-                              std::to_string(steps_together[b]) + " s together and " +
-                              std::to_string(alone.step_seconds[b]) + " s alone; both must be positive");
-        scale[b] = steps_together[b] / alone.step_seconds[b];
+                              std::to_string(together[b]) + " s together and " + std::to_string(costs.step_seconds[b]) +
+                              " s alone; both must be positive");
+        scale[b] = together[b] / costs.step_seconds[b];
     }
-    return alone.rates(scale);
+    return costs.rates(scale);
 }
 
 // How to price plans for `ranks` ranks of this host, in float: one instruction at a time
 // per rank, the ranks sharing the machine's cores, every op kind at its measured cost
-// alone (solo_rates) and together (rates). `steps_together`: the ranks' calibration steps
-// measured at once where they run (calibration_steps_together under MPI); not given, as
-// in-process ranks. Pair it with calibrate_host(ranks).
-inline price_options host_price_options(int ranks, std::optional<std::vector<double>> steps_together = std::nullopt) {
+// alone (solo_rates) and together (rates). `measured`: what calibrate_host_ops_shared
+// returned on the first of the ranks where they run (MPI processes); not given, `ranks`
+// in-process ranks are calibrated. Pair it with calibrate_host(ranks).
+inline price_options host_price_options(int ranks, std::optional<host_op_costs> measured = std::nullopt) {
     if (ranks < 1) throw usage_error("host_price_options: " + std::to_string(ranks) + " ranks; give at least 1");
     price_options o;
     o.storage = loom::precision::f32;
     o.overlap = false;
     o.compute_shared_by = ranks;
-    const host_op_costs alone = calibrate_host_ops_alone();
     if (ranks == 1) {
-        o.rates = alone.rates();
+        o.rates = (measured ? *measured : calibrate_host_ops_alone()).rates();
         return o;
     }
-    o.rates = rates_together(alone, steps_together ? *steps_together : calibration_steps_in_process(ranks));
-    o.solo_rates = alone.rates();
+    const host_op_costs costs = measured ? std::move(*measured) : calibrate_host_ops_in_process(ranks);
+    o.rates = rates_together(costs);
+    o.solo_rates = costs.rates();
     return o;
 }
 

@@ -125,7 +125,8 @@ struct price_options {
     // Devices that share one machine's compute (ranks on one host): how many. The
     // profile's rates are per device while all of them compute at once (calibrate_host(ranks)
     // states them so). The timeline runs each device at its rate alone (solo_rates, else
-    // the machine's: the rates divided by this count), and the step is at least all
+    // the machine's: the rates divided by this count), stretched toward its rate together by
+    // the devices that compute during it (price_programs), and the step is at least all
     // devices' work spread over the machine: each instruction at its rate divided by this
     // count, or alone where that is faster. Ranks in processes of their own (MPI) do more
     // together than one at a time; threads that queue for one pool do less.
@@ -270,12 +271,23 @@ LOOM_INLINE double instruction_seconds(const graph& g, const node& n, const devi
 // Seconds of instruction n of one device in the timeline, and its share of the machine's
 // work: both instruction_seconds / compute_shared_by, unless a solo rate prices the first
 // (the second is then the lesser of the two: the machine does it no slower than alone).
+// `slowdown`: its cost with every device computing at once against its timeline cost (its
+// rate together against its solo rate; 1 without a solo rate).
 struct instruction_cost {
     double timeline = 0;
     double machine = 0;
+    double slowdown = 1;
 };
 LOOM_INLINE instruction_cost shared_instruction_cost(const graph& g, const node& n, const device_profile& dev,
                                                      const price_options& o);
+
+// Sets stretch[d][i] of each compute instruction (busy[d][i]: its interval in the last run,
+// empty for transfers) to 1 + (k - 1) / (shared_by - 1) * (slowdown - 1), k the devices
+// computing during it on average, itself included. Returns whether any stretch moved by
+// more than 0.1%.
+LOOM_INLINE bool stretch_by_overlap(const std::vector<std::vector<std::pair<double, double>>>& busy,
+                                    const std::vector<std::vector<instruction_cost>>& costs, int shared_by,
+                                    std::vector<std::vector<double>>& stretch);
 
 LOOM_INLINE collective collective_of(partition::transfer_kind k);
 
@@ -365,7 +377,49 @@ LOOM_INLINE instruction_cost shared_instruction_cost(const graph& g, const node&
     const double flops = n.op->flops ? n.op->flops(g, n) : 0.0;
     const double units = solo->second.per_flop ? flops : node_bytes(g, n, o.storage);
     const double alone = solo->second.seconds(units) + o.instruction_overhead;
-    return {alone, std::min(alone, machine)};
+    const double together = machine * o.compute_shared_by;
+    return {alone, std::min(alone, machine), alone > 0 ? std::max(1.0, together / alone) : 1.0};
+}
+
+LOOM_INLINE bool stretch_by_overlap(const std::vector<std::vector<std::pair<double, double>>>& busy,
+                                    const std::vector<std::vector<instruction_cost>>& costs, int shared_by,
+                                    std::vector<std::vector<double>>& stretch) {
+    // The count of devices computing, as a step function: +1 at each start, -1 at each end.
+    std::vector<std::pair<double, int>> edges;
+    for (const auto& device : busy)
+        for (const auto& [start, end] : device)
+            if (end > start) {
+                edges.push_back({start, 1});
+                edges.push_back({end, -1});
+            }
+    std::sort(edges.begin(), edges.end());
+    // times[j] and area[j]: the j-th distinct edge and the integral of the count up to it.
+    std::vector<double> times, area;
+    int computing = 0;
+    for (std::size_t j = 0; j < edges.size(); ++j) {
+        if (times.empty() || edges[j].first > times.back()) {
+            const double before = times.empty() ? 0.0 : area.back() + computing * (edges[j].first - times.back());
+            times.push_back(edges[j].first);
+            area.push_back(before);
+        }
+        computing += edges[j].second;
+    }
+    const auto area_at = [&](double t) {
+        const auto at = std::lower_bound(times.begin(), times.end(), t);
+        return area[static_cast<std::size_t>(at - times.begin())];  // every start and end is an edge
+    };
+    bool moved = false;
+    for (std::size_t d = 0; d < busy.size(); ++d)
+        for (std::size_t i = 0; i < busy[d].size(); ++i) {
+            const auto [start, end] = busy[d][i];
+            if (!(end > start)) continue;
+            const double devices = (area_at(end) - area_at(start)) / (end - start);
+            const double share = std::clamp((devices - 1.0) / (shared_by - 1.0), 0.0, 1.0);
+            const double s = 1.0 + share * (costs[d][i].slowdown - 1.0);
+            if (std::abs(s - stretch[d][i]) > 1e-3 * stretch[d][i]) moved = true;
+            stretch[d][i] = s;
+        }
+    return moved;
 }
 
 LOOM_INLINE collective collective_of(partition::transfer_kind k) {
@@ -607,101 +661,151 @@ LOOM_INLINE program_price price_programs(const partition::partitioned_graph& pg,
         }
     }
 
-    // The event-driven run. A collective starts once every member's stream has reached it
-    // with its input ready.
-    double machine_work = 0;  // shared compute: every device's work, spread over the machine
-    std::vector<int> arrived(pg.transfers.size(), 0);
-    std::vector<double> earliest(pg.transfers.size(), 0.0);
-    std::vector<double> sent_at(pg.transfers.size(), -1.0);  // send_recv: when the send was posted
-    std::vector<std::vector<bool>> registered(static_cast<std::size_t>(world));
-    for (int d = 0; d < world; ++d) registered[static_cast<std::size_t>(d)].assign(pg.transfers.size(), false);
-
-    auto inputs_ready = [&](const device_run& run, const node& n) {
-        double t = 0;
-        for (tensor_id in : n.inputs) {
-            const double r = run.ready[static_cast<std::size_t>(in)];
-            if (r < 0) return -1.0;
-            t = std::max(t, r);
-        }
-        return t;
-    };
-    // Stream `queue` of device d: run what can run; return whether anything did.
-    auto advance = [&](int d, bool communication_queue) {
-        device_run& run = runs[static_cast<std::size_t>(d)];
+    // Each compute instruction's cost, by its position in its device's compute queue, and
+    // how much it stretches when other devices compute at the same time (shared compute).
+    std::vector<std::vector<detail::instruction_cost>> costs(static_cast<std::size_t>(world));
+    std::vector<std::vector<double>> stretch(static_cast<std::size_t>(world));
+    std::vector<std::vector<double>> initial_ready(static_cast<std::size_t>(world));
+    for (int d = 0; d < world; ++d) {
+        const device_run& run = runs[static_cast<std::size_t>(d)];
         const graph& g = pg.devices[static_cast<std::size_t>(d)].ir();
-        auto& queue = communication_queue ? run.communication : run.compute;
-        auto& next = communication_queue ? run.next_communication : run.next_compute;
-        auto& free = communication_queue ? run.communication_free : run.compute_free;
-        bool progressed = false;
-        while (next < queue.size()) {
-            const node& n = g.at(queue[next]);
-            const double ready = inputs_ready(run, n);
-            if (ready < 0) break;
-            if (!detail::is_transfer(n)) {
-                const double start = std::max(free, ready);
-                const detail::instruction_cost cost = detail::shared_instruction_cost(g, n, c.device, o);
-                free = start + cost.timeline;
-                if (o.record_timeline) out.timeline.push_back({d, queue[next], false, start, free});
-                out.devices[static_cast<std::size_t>(d)].compute += cost.timeline;
-                machine_work += cost.machine;
-                for (tensor_id t : n.outputs) run.ready[static_cast<std::size_t>(t)] = free;
-                ++next;
-                progressed = true;
-                continue;
-            }
-            const auto id = static_cast<std::size_t>(n.attrs.get<std::int64_t>("transfer"));
-            const auto& tr = pg.transfers[id];
-            if (tr.kind == partition::transfer_kind::send_recv) {
-                // Point to point: the send is posted and the sender goes on (the backends
-                // buffer it); the receiver has the data one transfer time after both the
-                // send and its own receive are posted.
-                const double posted = std::max(free, ready);
-                const bool source = tr.group.front() == d;
-                if (!source && sent_at[id] < 0) break;
-                const double end = source ? posted + transfer_time[id] : std::max(sent_at[id], posted) + transfer_time[id];
-                if (source) sent_at[id] = posted;
-                if (o.record_timeline) out.timeline.push_back({d, queue[next], true, end - transfer_time[id], end});
-                for (tensor_id t : n.outputs) run.ready[static_cast<std::size_t>(t)] = end;
-                free = end;
-                out.devices[static_cast<std::size_t>(d)].communication += transfer_time[id];
-                ++next;
-                progressed = true;
-                continue;
-            }
-            auto& mine = registered[static_cast<std::size_t>(d)];
-            if (!mine[id]) {
-                mine[id] = true;
-                earliest[id] = std::max(earliest[id], std::max(free, ready));
-                ++arrived[id];
-                progressed = true;
-            }
-            if (arrived[id] < static_cast<int>(tr.group.size())) break;
-            // Everyone is here: run it on every member, which moves past it.
-            const double end = earliest[id] + transfer_time[id];
-            for (int member : tr.group) {
-                device_run& other = runs[static_cast<std::size_t>(member)];
-                const graph& og = pg.devices[static_cast<std::size_t>(member)].ir();
-                auto& other_queue = (o.overlap ? other.communication : other.compute);
-                auto& other_next = (o.overlap ? other.next_communication : other.next_compute);
-                auto& other_free = (o.overlap ? other.communication_free : other.compute_free);
-                const node& on = og.at(other_queue.at(other_next));
-                if (o.record_timeline) out.timeline.push_back({member, other_queue[other_next], true, earliest[id], end});
-                for (tensor_id t : on.outputs) other.ready[static_cast<std::size_t>(t)] = end;
-                other_free = end;
-                out.devices[static_cast<std::size_t>(member)].communication += transfer_time[id];
-                ++other_next;
-            }
-            progressed = true;
+        auto& mine = costs[static_cast<std::size_t>(d)];
+        mine.resize(run.compute.size());
+        for (std::size_t i = 0; i < run.compute.size(); ++i) {
+            const node& n = g.at(run.compute[i]);
+            if (!detail::is_transfer(n)) mine[i] = detail::shared_instruction_cost(g, n, c.device, o);
         }
-        return progressed;
-    };
-    for (bool progressed = true; progressed;) {
-        progressed = false;
+        stretch[static_cast<std::size_t>(d)].assign(run.compute.size(), 1.0);
+        initial_ready[static_cast<std::size_t>(d)] = run.ready;
+    }
+
+    // The event-driven run. A collective starts once every member's stream has reached it
+    // with its input ready. Each compute instruction takes its timeline cost times its
+    // stretch; `busy` gets the interval of each.
+    double machine_work = 0;  // shared compute: every device's work, spread over the machine
+    std::vector<std::vector<std::pair<double, double>>> busy(static_cast<std::size_t>(world));
+    const auto simulate = [&] {
+        machine_work = 0;
+        std::vector<int> arrived(pg.transfers.size(), 0);
+        std::vector<double> earliest(pg.transfers.size(), 0.0);
+        std::vector<double> sent_at(pg.transfers.size(), -1.0);  // send_recv: when the send was posted
+        std::vector<std::vector<bool>> registered(static_cast<std::size_t>(world));
+        out.timeline.clear();
         for (int d = 0; d < world; ++d) {
-            progressed = advance(d, false) || progressed;
-            if (o.overlap) progressed = advance(d, true) || progressed;
+            registered[static_cast<std::size_t>(d)].assign(pg.transfers.size(), false);
+            device_run& run = runs[static_cast<std::size_t>(d)];
+            run.next_compute = run.next_communication = 0;
+            run.compute_free = run.communication_free = 0;
+            run.ready = initial_ready[static_cast<std::size_t>(d)];
+            out.devices[static_cast<std::size_t>(d)].compute = 0;
+            out.devices[static_cast<std::size_t>(d)].communication = 0;
+            busy[static_cast<std::size_t>(d)].assign(run.compute.size(), {0.0, 0.0});
+        }
+
+        auto inputs_ready = [&](const device_run& run, const node& n) {
+            double t = 0;
+            for (tensor_id in : n.inputs) {
+                const double r = run.ready[static_cast<std::size_t>(in)];
+                if (r < 0) return -1.0;
+                t = std::max(t, r);
+            }
+            return t;
+        };
+        // Stream `queue` of device d: run what can run; return whether anything did.
+        auto advance = [&](int d, bool communication_queue) {
+            device_run& run = runs[static_cast<std::size_t>(d)];
+            const graph& g = pg.devices[static_cast<std::size_t>(d)].ir();
+            auto& queue = communication_queue ? run.communication : run.compute;
+            auto& next = communication_queue ? run.next_communication : run.next_compute;
+            auto& free = communication_queue ? run.communication_free : run.compute_free;
+            bool progressed = false;
+            while (next < queue.size()) {
+                const node& n = g.at(queue[next]);
+                const double ready = inputs_ready(run, n);
+                if (ready < 0) break;
+                if (!detail::is_transfer(n)) {
+                    const double start = std::max(free, ready);
+                    const detail::instruction_cost& cost = costs[static_cast<std::size_t>(d)][next];
+                    const double seconds = cost.timeline * stretch[static_cast<std::size_t>(d)][next];
+                    free = start + seconds;
+                    busy[static_cast<std::size_t>(d)][next] = {start, free};
+                    if (o.record_timeline) out.timeline.push_back({d, queue[next], false, start, free});
+                    out.devices[static_cast<std::size_t>(d)].compute += seconds;
+                    machine_work += cost.machine;
+                    for (tensor_id t : n.outputs) run.ready[static_cast<std::size_t>(t)] = free;
+                    ++next;
+                    progressed = true;
+                    continue;
+                }
+                const auto id = static_cast<std::size_t>(n.attrs.get<std::int64_t>("transfer"));
+                const auto& tr = pg.transfers[id];
+                if (tr.kind == partition::transfer_kind::send_recv) {
+                    // Point to point: the send is posted and the sender goes on (the backends
+                    // buffer it); the receiver has the data one transfer time after both the
+                    // send and its own receive are posted.
+                    const double posted = std::max(free, ready);
+                    const bool source = tr.group.front() == d;
+                    if (!source && sent_at[id] < 0) break;
+                    const double end = source ? posted + transfer_time[id] : std::max(sent_at[id], posted) + transfer_time[id];
+                    if (source) sent_at[id] = posted;
+                    if (o.record_timeline) out.timeline.push_back({d, queue[next], true, end - transfer_time[id], end});
+                    for (tensor_id t : n.outputs) run.ready[static_cast<std::size_t>(t)] = end;
+                    free = end;
+                    out.devices[static_cast<std::size_t>(d)].communication += transfer_time[id];
+                    ++next;
+                    progressed = true;
+                    continue;
+                }
+                auto& mine = registered[static_cast<std::size_t>(d)];
+                if (!mine[id]) {
+                    mine[id] = true;
+                    earliest[id] = std::max(earliest[id], std::max(free, ready));
+                    ++arrived[id];
+                    progressed = true;
+                }
+                if (arrived[id] < static_cast<int>(tr.group.size())) break;
+                // Everyone is here: run it on every member, which moves past it.
+                const double end = earliest[id] + transfer_time[id];
+                for (int member : tr.group) {
+                    device_run& other = runs[static_cast<std::size_t>(member)];
+                    const graph& og = pg.devices[static_cast<std::size_t>(member)].ir();
+                    auto& other_queue = (o.overlap ? other.communication : other.compute);
+                    auto& other_next = (o.overlap ? other.next_communication : other.next_compute);
+                    auto& other_free = (o.overlap ? other.communication_free : other.compute_free);
+                    const node& on = og.at(other_queue.at(other_next));
+                    if (o.record_timeline) out.timeline.push_back({member, other_queue[other_next], true, earliest[id], end});
+                    for (tensor_id t : on.outputs) other.ready[static_cast<std::size_t>(t)] = end;
+                    other_free = end;
+                    out.devices[static_cast<std::size_t>(member)].communication += transfer_time[id];
+                    ++other_next;
+                }
+                progressed = true;
+            }
+            return progressed;
+        };
+        for (bool progressed = true; progressed;) {
+            progressed = false;
+            for (int d = 0; d < world; ++d) {
+                progressed = advance(d, false) || progressed;
+                if (o.overlap) progressed = advance(d, true) || progressed;
+            }
+        }
+    };
+    simulate();
+    // Devices that share one machine's compute slow one another down while they compute at
+    // once: alone, an instruction takes its solo cost; with every device computing, its cost
+    // together (rates), `slowdown` times that. In between, it stretches by the devices that
+    // compute during it, linearly from 1 alone to `slowdown` with all of them (the machine's
+    // threads split among the ranks that ask for them). Which instructions overlap depends on
+    // the stretches, so the run is repeated twice with the overlaps of the run before. Only
+    // stretching, never shrinking, so the searcher's bounds (solo costs) stay below.
+    if (o.compute_shared_by > 1 && !o.solo_rates.empty()) {
+        for (int pass = 0; pass < 2; ++pass) {
+            if (!detail::stretch_by_overlap(busy, costs, o.compute_shared_by, stretch)) break;
+            simulate();
         }
     }
+
     double makespan = 0, after = 0, gathers = 0;
     for (int d = 0; d < world; ++d) {
         device_run& run = runs[static_cast<std::size_t>(d)];
