@@ -255,3 +255,59 @@ TEST_CASE("a budget that leaves the space unbounded passes over leaves whose flo
               r.stats.over_memory_unpriced ==
           r.stats.assignments);
 }
+
+TEST_CASE("a budget that leaves the space unbounded prices first the cheapest of the leaves whose bounds lie within 10%") {
+    // Bounds 9.6 to 9.9 (x = 4 down to 1), within 10% of one another; y = 2 adds 100 and
+    // keeps the space unbounded (the descent stays at y = 1). What each price costs: x = 3
+    // the least, then x = 1, x = 2, x = 4. One price allowed: it goes to x = 3, where bound
+    // order alone would price x = 4. Without a cost, x = 4.
+    plan::plan_spec space;
+    space.devices = 1;
+    const std::vector<search::open_parameter> params{{"x", search::open_parameter::kind::degree, {1, 2, 3, 4}, {}},
+                                                     {"y", search::open_parameter::kind::degree, {1, 2}, {}}};
+    const auto model = small_gpt();
+    search::plan_search_options o;
+    o.threads = 1;
+    o.max_bounded = 1;
+    o.max_priced = 1;
+    const auto bound = [&](const plan::plan_spec& c) {
+        return search::detail::assignment_bounds{
+            10.0 - 0.1 * static_cast<double>(c.choices.at("x")) + 100.0 * static_cast<double>(c.choices.at("y") - 1), 1e9};
+    };
+    std::vector<std::int64_t> priced;
+    const auto price = [&](const plan::plan_spec& c, const std::atomic<bool>&) {
+        priced.push_back(c.choices.at("x"));
+        search::program_price out;
+        out.step_seconds = 20.0 - static_cast<double>(c.choices.at("x")) + 100.0 * static_cast<double>(c.choices.at("y") - 1);
+        out.devices.resize(1);
+        out.devices[0].memory.arena = 1e9;
+        return out;
+    };
+    const auto cost = [](const plan::plan_spec& c) {
+        switch (c.choices.at("x")) {
+            case 3: return 1.0;
+            case 1: return 10.0;
+            case 2: return 50.0;
+            default: return 100.0;
+        }
+    };
+    const search::plan_search_result r =
+        search::detail::search_assignments(space, params, search::dgx_a100(1), o, model.ir(), bound, price, cost);
+    INFO(r.explain());
+    // (A price launched ahead of its turn may run and be dropped: only the first counts.)
+    REQUIRE_FALSE(priced.empty());
+    CHECK(priced.front() == 3);
+    CHECK(r.stats.priced == 1);
+    CHECK(r.best.choices.at("x") == 3);
+    CHECK(r.gap == 1.0);
+    CHECK(r.stats.unbounded + r.stats.refused + r.stats.priced + r.stats.unexplored + r.stats.pruned +
+              r.stats.over_memory_unpriced ==
+          r.stats.assignments);
+
+    priced.clear();
+    const search::plan_search_result by_bound =
+        search::detail::search_assignments(space, params, search::dgx_a100(1), o, model.ir(), bound, price);
+    REQUIRE_FALSE(priced.empty());
+    CHECK(priced.front() == 4);
+    CHECK(by_bound.best.choices.at("x") == 4);
+}

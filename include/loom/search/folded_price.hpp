@@ -191,6 +191,18 @@ inline double line_position(const std::vector<std::int64_t>& at, std::int64_t re
     return at.size() < 2 ? 0.0 : static_cast<double>(real - at[0]) / static_cast<double>(at[1] - at[0]);
 }
 
+// What price_folded materializes for plan p at one instance stage count: the op pieces of
+// its largest instance (the most replicas, micro-batches and layers) and how many
+// instances it prices there. A price's time and memory grow with the pieces it
+// materializes (12 to 20 us and KB a piece), so these estimate its cost before it starts.
+struct instance_pieces {
+    std::int64_t stages = 1;
+    std::int64_t largest = 0;
+    std::int64_t instances = 1;
+};
+LOOM_INLINE std::vector<instance_pieces> folded_instance_pieces(const model_family& m, const plan::plan_spec& p,
+                                                                const cluster& c);
+
 // The price of plan p (every open parameter chosen) for model m on cluster c, folded.
 // Throws plan_error when the plan does not fit the model (more stages than it has
 // layers, a cut out of range, ...), like plan::resolve.
@@ -402,6 +414,27 @@ LOOM_INLINE bool fold_replicas(const fold_shape& s, const model_family& m, const
     return plan::detail::chosen_zero(p) < plan::zero_stage::gradients || s.replicas > 4;
 }
 
+LOOM_INLINE std::vector<instance_pieces> folded_instance_pieces(const model_family& m, const plan::plan_spec& p,
+                                                                const cluster& c) {
+    const fold_shape s = shape_of(p, m);
+    const std::vector<std::int64_t> layer_counts = instance_layers(m, s);
+    const bool replicas_fold = fold_replicas(s, m, p);
+    const std::int64_t replica_counts =
+        replicas_fold && plan::detail::chosen_zero(p) >= plan::zero_stage::gradients ? 2 : 1;
+    const std::int64_t replicas = replicas_fold ? (replica_counts == 2 ? 4 : 2) : s.replicas;
+    const std::int64_t samples = micro_batch_samples(m, s);
+    std::vector<instance_pieces> out;
+    for (std::int64_t stages : instance_stages(s, p.devices, c.topo)) {
+        const fold_shape at = stages == s.stages ? s : with_stages(s, stages);
+        const std::vector<std::int64_t> micro_batch_counts = instance_micro_batches(at);
+        const std::int64_t micro_batches = micro_batch_counts.back(), layers = layer_counts.back();
+        const graph g = m.forward(instance_depth(at, layers), samples * replicas * micro_batches);
+        out.push_back({stages, detail::op_pieces(plan::resolve(instance_plan(p, at, replicas, micro_batches, layers), g), g),
+                       replica_counts * static_cast<std::int64_t>(micro_batch_counts.size() * layer_counts.size())});
+    }
+    return out;
+}
+
 LOOM_INLINE folded_price price_folded(const model_family& m, const plan::plan_spec& p, const cluster& c,
                                       const price_options& o) {
     if (!m.forward || m.layers < 1 || m.batch < 1)
@@ -428,22 +461,19 @@ LOOM_INLINE folded_price price_folded(const model_family& m, const plan::plan_sp
 
     // Before any instance is materialized: the largest of each stage count (the most
     // replicas, micro-batches and layers) within max_instance_pieces.
-    for (std::int64_t stages : out.instance_stages) {
-        if (o.max_instance_pieces <= 0) break;
+    if (o.max_instance_pieces > 0) {
         cancelled();
-        const fold_shape at = stages == s.stages ? s : with_stages(s, stages);
-        const std::int64_t replicas = out.instance_replicas.back(), micro_batches = instance_micro_batches(at).back(),
-                           layers = out.instance_layers.back();
-        const graph g = m.forward(instance_depth(at, layers), samples * replicas * micro_batches);
-        const std::int64_t pieces = detail::op_pieces(plan::resolve(instance_plan(p, at, replicas, micro_batches, layers), g), g);
-        if (pieces > o.max_instance_pieces)
-            throw plan_error("price_folded: its instance of " + std::to_string(stages) + " stages, " +
-                             std::to_string(micro_batches) + " micro-batches, " + std::to_string(layers) +
-                             " layers per stage and " + std::to_string(replicas) + " replicas would hold " +
-                             std::to_string(pieces) + " op pieces, more than price_options::max_instance_pieces (" +
-                             std::to_string(o.max_instance_pieces) +
-                             ", 12 to 20 KB of memory each to materialize); raise the limit on a machine with the "
-                             "memory, or price fewer pieces (a smaller Coshard factor, fewer micro-batches)");
+        for (const instance_pieces& at : folded_instance_pieces(m, p, c))
+            if (at.largest > o.max_instance_pieces)
+                throw plan_error("price_folded: its instance of " + std::to_string(at.stages) + " stages, " +
+                                 std::to_string(instance_micro_batches(at.stages == s.stages ? s : with_stages(s, at.stages)).back()) +
+                                 " micro-batches, " + std::to_string(out.instance_layers.back()) +
+                                 " layers per stage and " + std::to_string(out.instance_replicas.back()) +
+                                 " replicas would hold " + std::to_string(at.largest) +
+                                 " op pieces, more than price_options::max_instance_pieces (" +
+                                 std::to_string(o.max_instance_pieces) +
+                                 ", 12 to 20 KB of memory each to materialize); raise the limit on a machine with the "
+                                 "memory, or price fewer pieces (a smaller Coshard factor, fewer micro-batches)");
     }
 
     // One price per instance stage count, over its devices with every real replica.
