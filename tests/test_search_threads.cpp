@@ -8,6 +8,7 @@
 #include <stdexcept>
 #include <string>
 #include <thread>
+#include <vector>
 
 #include <loom/plan/spaces.hpp>
 #include <loom/search/plan_search.hpp>
@@ -17,6 +18,34 @@
 using namespace loom;
 using loom::testing::slow_node;
 using loom::testing::small_gpt;
+
+namespace {
+
+// Every assignment is counted once: unbounded, refused, priced, left, pruned or set aside
+// over memory.
+void check_every_assignment_counted(const search::plan_search_result& r) {
+    CHECK(r.stats.unbounded + r.stats.refused + r.stats.priced + r.stats.unexplored + r.stats.pruned +
+              r.stats.over_memory_unpriced ==
+          r.stats.assignments);
+}
+
+// A space of x in 1..4 and y in 1..2 on one device, searched on one thread with a count
+// budget of one bounded assignment and `max_priced` prices. Bounds that add 100 at y = 2
+// keep the descent at y = 1, so the space stays unbounded (the answer unproven).
+struct unbounded_xy_space {
+    plan::plan_spec space;
+    std::vector<search::open_parameter> params{{"x", search::open_parameter::kind::degree, {1, 2, 3, 4}, {}},
+                                               {"y", search::open_parameter::kind::degree, {1, 2}, {}}};
+    search::plan_search_options o;
+    explicit unbounded_xy_space(std::int64_t max_priced) {
+        space.devices = 1;
+        o.threads = 1;
+        o.max_bounded = 1;
+        o.max_priced = max_priced;
+    }
+};
+
+}  // namespace
 
 TEST_CASE("pricing on several threads gives the answer and the statistics of pricing one at a time") {
     const auto model = small_gpt();
@@ -164,9 +193,7 @@ TEST_CASE("a budget that leaves the space unbounded prices the best-bounded of e
     CHECK(r.best.price.step_seconds == 21.0);
     CHECK(r.gap == 1.0);
     // Every assignment counted once.
-    CHECK(r.stats.unbounded + r.stats.refused + r.stats.priced + r.stats.unexplored + r.stats.pruned +
-              r.stats.over_memory_unpriced ==
-          r.stats.assignments);
+    check_every_assignment_counted(r);
 }
 
 TEST_CASE("the descent's exchange of degrees takes fewer micro-batches where the batch needs it") {
@@ -216,15 +243,8 @@ TEST_CASE("a budget that leaves the space unbounded passes over leaves whose flo
     // x = 4 (floor 60 GB) prices at 90 GB, over the 80 GiB of the device. Then x = 3 (floor
     // 70 GB, 105 GB at that ratio) is passed over, unpriced, and x = 2 (floor 40 GB) is the
     // answer, two prices in all instead of three.
-    plan::plan_spec space;
-    space.devices = 1;
-    const std::vector<search::open_parameter> params{{"x", search::open_parameter::kind::degree, {1, 2, 3, 4}, {}},
-                                                     {"y", search::open_parameter::kind::degree, {1, 2}, {}}};
+    const unbounded_xy_space xy(2);
     const auto model = small_gpt();
-    search::plan_search_options o;
-    o.threads = 1;
-    o.max_bounded = 1;
-    o.max_priced = 2;
     const auto floor_of = [](const plan::plan_spec& c) {
         switch (c.choices.at("x")) {
             case 4: return 60e9;
@@ -245,15 +265,13 @@ TEST_CASE("a budget that leaves the space unbounded passes over leaves whose flo
         return out;
     };
     const search::plan_search_result r =
-        search::detail::search_assignments(space, params, search::dgx_a100(1), o, model.ir(), bound, price);
+        search::detail::search_assignments(xy.space, xy.params, search::dgx_a100(1), xy.o, model.ir(), bound, price);
     INFO(r.explain());
     CHECK(r.stats.priced == 2);
     CHECK(r.stats.over_memory == 1);
     CHECK(r.best.choices.at("x") == 2);
     CHECK(r.gap == 1.0);
-    CHECK(r.stats.unbounded + r.stats.refused + r.stats.priced + r.stats.unexplored + r.stats.pruned +
-              r.stats.over_memory_unpriced ==
-          r.stats.assignments);
+    check_every_assignment_counted(r);
 }
 
 TEST_CASE("a budget that leaves the space unbounded prices first the cheapest of the leaves whose bounds lie within 10%") {
@@ -261,15 +279,8 @@ TEST_CASE("a budget that leaves the space unbounded prices first the cheapest of
     // keeps the space unbounded (the descent stays at y = 1). What each price costs: x = 3
     // the least, then x = 1, x = 2, x = 4. One price allowed: it goes to x = 3, where bound
     // order alone would price x = 4. Without a cost, x = 4.
-    plan::plan_spec space;
-    space.devices = 1;
-    const std::vector<search::open_parameter> params{{"x", search::open_parameter::kind::degree, {1, 2, 3, 4}, {}},
-                                                     {"y", search::open_parameter::kind::degree, {1, 2}, {}}};
+    const unbounded_xy_space xy(1);
     const auto model = small_gpt();
-    search::plan_search_options o;
-    o.threads = 1;
-    o.max_bounded = 1;
-    o.max_priced = 1;
     const auto bound = [&](const plan::plan_spec& c) {
         return search::detail::assignment_bounds{
             10.0 - 0.1 * static_cast<double>(c.choices.at("x")) + 100.0 * static_cast<double>(c.choices.at("y") - 1), 1e9};
@@ -292,7 +303,7 @@ TEST_CASE("a budget that leaves the space unbounded prices first the cheapest of
         }
     };
     const search::plan_search_result r =
-        search::detail::search_assignments(space, params, search::dgx_a100(1), o, model.ir(), bound, price, cost);
+        search::detail::search_assignments(xy.space, xy.params, search::dgx_a100(1), xy.o, model.ir(), bound, price, cost);
     INFO(r.explain());
     // (A price launched ahead of its turn may run and be dropped: only the first counts.)
     REQUIRE_FALSE(priced.empty());
@@ -300,13 +311,11 @@ TEST_CASE("a budget that leaves the space unbounded prices first the cheapest of
     CHECK(r.stats.priced == 1);
     CHECK(r.best.choices.at("x") == 3);
     CHECK(r.gap == 1.0);
-    CHECK(r.stats.unbounded + r.stats.refused + r.stats.priced + r.stats.unexplored + r.stats.pruned +
-              r.stats.over_memory_unpriced ==
-          r.stats.assignments);
+    check_every_assignment_counted(r);
 
     priced.clear();
     const search::plan_search_result by_bound =
-        search::detail::search_assignments(space, params, search::dgx_a100(1), o, model.ir(), bound, price);
+        search::detail::search_assignments(xy.space, xy.params, search::dgx_a100(1), xy.o, model.ir(), bound, price);
     REQUIRE_FALSE(priced.empty());
     CHECK(priced.front() == 4);
     CHECK(by_bound.best.choices.at("x") == 4);
