@@ -16507,6 +16507,10 @@ inline std::int64_t instance_depth(const fold_shape& s, std::int64_t layers_per_
 // more than 4 (the extrapolation in 1/D needs instances of 2 and 4).
 LOOM_INLINE bool fold_replicas(const fold_shape& s, const model_family& m, const plan::plan_spec& p);
 
+// The data-parallel replicas of the instances that price plan p: 2 where it folds them (and
+// 4 too where ZeRO-2 or 3 shards over them), else its own.
+LOOM_INLINE std::vector<std::int64_t> instance_replicas(const fold_shape& s, const model_family& m, const plan::plan_spec& p);
+
 // The samples of one micro-batch of one replica: what every instance keeps. Throws
 // plan_error when the replicas and micro-batches do not divide the batch.
 LOOM_INLINE std::int64_t micro_batch_samples(const model_family& m, const fold_shape& s);
@@ -16744,14 +16748,17 @@ LOOM_INLINE bool fold_replicas(const fold_shape& s, const model_family& m, const
     return plan::detail::chosen_zero(p) < plan::zero_stage::gradients || s.replicas > 4;
 }
 
+LOOM_INLINE std::vector<std::int64_t> instance_replicas(const fold_shape& s, const model_family& m, const plan::plan_spec& p) {
+    if (!fold_replicas(s, m, p)) return {s.replicas};
+    if (plan::detail::chosen_zero(p) >= plan::zero_stage::gradients) return {2, 4};
+    return {2};
+}
+
 LOOM_INLINE std::vector<instance_pieces> folded_instance_pieces(const model_family& m, const plan::plan_spec& p,
                                                                 const cluster& c) {
     const fold_shape s = shape_of(p, m);
-    const std::vector<std::int64_t> layer_counts = instance_layers(m, s);
-    const bool replicas_fold = fold_replicas(s, m, p);
-    const std::int64_t replica_counts =
-        replicas_fold && plan::detail::chosen_zero(p) >= plan::zero_stage::gradients ? 2 : 1;
-    const std::int64_t replicas = replicas_fold ? (replica_counts == 2 ? 4 : 2) : s.replicas;
+    const std::vector<std::int64_t> layer_counts = instance_layers(m, s), replica_counts = instance_replicas(s, m, p);
+    const std::int64_t replicas = replica_counts.back();
     const std::int64_t samples = micro_batch_samples(m, s);
     std::vector<instance_pieces> out;
     for (std::int64_t stages : instance_stages(s, p.devices, c.topo)) {
@@ -16760,7 +16767,7 @@ LOOM_INLINE std::vector<instance_pieces> folded_instance_pieces(const model_fami
         const std::int64_t micro_batches = micro_batch_counts.back(), layers = layer_counts.back();
         const graph g = m.forward(instance_depth(at, layers), samples * replicas * micro_batches);
         out.push_back({stages, detail::op_pieces(plan::resolve(instance_plan(p, at, replicas, micro_batches, layers), g), g),
-                       replica_counts * static_cast<std::int64_t>(micro_batch_counts.size() * layer_counts.size())});
+                       static_cast<std::int64_t>(replica_counts.size() * micro_batch_counts.size() * layer_counts.size())});
     }
     return out;
 }
@@ -16775,9 +16782,7 @@ LOOM_INLINE folded_price price_folded(const model_family& m, const plan::plan_sp
     out.replicas = s.replicas;
     out.layers_per_stage = fold_layers_per_stage(s);
     out.instance_layers = instance_layers(m, s);
-    const bool replicas_fold = fold_replicas(s, m, p);
-    out.instance_replicas = {replicas_fold ? 2 : s.replicas};
-    if (replicas_fold && plan::detail::chosen_zero(p) >= plan::zero_stage::gradients) out.instance_replicas.push_back(4);
+    out.instance_replicas = instance_replicas(s, m, p);
     out.stages = s.stages;
     out.instance_stages = instance_stages(s, p.devices, c.topo);
     out.micro_batches = s.micro_batches;
@@ -18394,6 +18399,15 @@ struct pipeline_blocks {
     std::vector<std::vector<double>> outputs;  // [kind]
 };
 
+// A block's kind in a pipeline of `shape`: (stage, forward round r) -> stage * (rounds + 1)
+// + r; its backward -> stage * (rounds + 1) + rounds. block_kinds: how many there are.
+inline std::size_t block_kinds(const schedule::pipeline_shape& shape) {
+    return static_cast<std::size_t>(shape.stages * (shape.rounds + 1));
+}
+inline std::size_t block_kind(const schedule::pipeline_shape& shape, const schedule::block& b) {
+    return static_cast<std::size_t>(b.stage * (shape.rounds + 1) + (schedule::is_forward(b) ? b.round : shape.rounds));
+}
+
 // The simulation of `order` (its shape that of b) with blocks b: each block as long as its
 // least loaded device's work, its output ready at its shortest chain to an output (at its
 // end where it has none). Nothing when the order cannot be played so.
@@ -18643,9 +18657,9 @@ using price_function = std::function<program_price(const plan::plan_spec&, const
 // What a price would cost to compute, in any unit that grows with its time (empty: all alike).
 using price_cost_function = std::function<double(const plan::plan_spec&)>;
 // `structure`: the real model's graph, on which each assignment's stage group is checked
-// first (plan::detail::check_stage_group). `cost`: under a time budget that leaves the space
-// unbounded, the first price goes to the cheapest of the leaves whose bounds lie within 10%
-// of the least (see search_assignments).
+// first (plan::detail::check_stage_group). `cost`: under a budget that leaves the space
+// unbounded, the first leaves are priced in bands of 10% of bound, the cheapest of each band
+// first (see search_assignments).
 LOOM_INLINE plan_search_result search_assignments(const plan::plan_spec& space, std::vector<open_parameter> params,
                                                   const cluster& c, const plan_search_options& o, const graph& structure,
                                                   const bound_function& bound, const price_function& price,
@@ -19391,12 +19405,9 @@ LOOM_INLINE double schedule_lower_bound(const plan::resolved_plan& rp, const tra
     if (!order) return 0.0;
     const schedule::pipeline_shape& shape = order->shape;
     if (shape.micro_batches != rp.micro_batches) return 0.0;
-    // A block's kind: (stage, forward round r) -> stage * (rounds + 1) + r; backward -> + rounds.
     const int rounds = shape.rounds;
-    const auto kinds = static_cast<std::size_t>(shape.stages * (rounds + 1));
-    auto kind_of_block = [&](const schedule::block& b) {
-        return static_cast<std::size_t>(b.stage * (rounds + 1) + (schedule::is_forward(b) ? b.round : rounds));
-    };
+    const std::size_t kinds = block_kinds(shape);
+    auto kind_of_block = [&](const schedule::block& b) { return block_kind(shape, b); };
     // Each op's kind; ops outside the micro-batches' blocks (no batch to split) count nowhere.
     constexpr std::size_t outside = static_cast<std::size_t>(-1);
     const std::size_t ops = work.ops.size();
@@ -19495,12 +19506,9 @@ LOOM_INLINE double schedule_lower_bound(const plan::resolved_plan& rp, const tra
 
 LOOM_INLINE std::optional<schedule::simulation> play_blocks(const schedule::schedule& order, const pipeline_blocks& b) {
     const schedule::pipeline_shape& shape = order.shape;
-    const int rounds = shape.rounds;
-    const auto kinds = static_cast<std::size_t>(shape.stages * (rounds + 1));
+    const std::size_t kinds = block_kinds(shape);
     if (b.work.size() != kinds || b.outputs.size() != kinds) return std::nullopt;
-    auto kind_of_block = [&](const schedule::block& x) {
-        return static_cast<std::size_t>(x.stage * (rounds + 1) + (schedule::is_forward(x) ? x.round : rounds));
-    };
+    auto kind_of_block = [&](const schedule::block& x) { return block_kind(shape, x); };
     constexpr double none = std::numeric_limits<double>::infinity();
     std::vector<double> duration(kinds, 0.0), ready(kinds, none);
     for (std::size_t q = 0; q < kinds; ++q) {

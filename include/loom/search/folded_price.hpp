@@ -177,6 +177,10 @@ inline std::int64_t instance_depth(const fold_shape& s, std::int64_t layers_per_
 // more than 4 (the extrapolation in 1/D needs instances of 2 and 4).
 LOOM_INLINE bool fold_replicas(const fold_shape& s, const model_family& m, const plan::plan_spec& p);
 
+// The data-parallel replicas of the instances that price plan p: 2 where it folds them (and
+// 4 too where ZeRO-2 or 3 shards over them), else its own.
+LOOM_INLINE std::vector<std::int64_t> instance_replicas(const fold_shape& s, const model_family& m, const plan::plan_spec& p);
+
 // The samples of one micro-batch of one replica: what every instance keeps. Throws
 // plan_error when the replicas and micro-batches do not divide the batch.
 LOOM_INLINE std::int64_t micro_batch_samples(const model_family& m, const fold_shape& s);
@@ -414,14 +418,17 @@ LOOM_INLINE bool fold_replicas(const fold_shape& s, const model_family& m, const
     return plan::detail::chosen_zero(p) < plan::zero_stage::gradients || s.replicas > 4;
 }
 
+LOOM_INLINE std::vector<std::int64_t> instance_replicas(const fold_shape& s, const model_family& m, const plan::plan_spec& p) {
+    if (!fold_replicas(s, m, p)) return {s.replicas};
+    if (plan::detail::chosen_zero(p) >= plan::zero_stage::gradients) return {2, 4};
+    return {2};
+}
+
 LOOM_INLINE std::vector<instance_pieces> folded_instance_pieces(const model_family& m, const plan::plan_spec& p,
                                                                 const cluster& c) {
     const fold_shape s = shape_of(p, m);
-    const std::vector<std::int64_t> layer_counts = instance_layers(m, s);
-    const bool replicas_fold = fold_replicas(s, m, p);
-    const std::int64_t replica_counts =
-        replicas_fold && plan::detail::chosen_zero(p) >= plan::zero_stage::gradients ? 2 : 1;
-    const std::int64_t replicas = replicas_fold ? (replica_counts == 2 ? 4 : 2) : s.replicas;
+    const std::vector<std::int64_t> layer_counts = instance_layers(m, s), replica_counts = instance_replicas(s, m, p);
+    const std::int64_t replicas = replica_counts.back();
     const std::int64_t samples = micro_batch_samples(m, s);
     std::vector<instance_pieces> out;
     for (std::int64_t stages : instance_stages(s, p.devices, c.topo)) {
@@ -430,7 +437,7 @@ LOOM_INLINE std::vector<instance_pieces> folded_instance_pieces(const model_fami
         const std::int64_t micro_batches = micro_batch_counts.back(), layers = layer_counts.back();
         const graph g = m.forward(instance_depth(at, layers), samples * replicas * micro_batches);
         out.push_back({stages, detail::op_pieces(plan::resolve(instance_plan(p, at, replicas, micro_batches, layers), g), g),
-                       replica_counts * static_cast<std::int64_t>(micro_batch_counts.size() * layer_counts.size())});
+                       static_cast<std::int64_t>(replica_counts.size() * micro_batch_counts.size() * layer_counts.size())});
     }
     return out;
 }
@@ -445,9 +452,7 @@ LOOM_INLINE folded_price price_folded(const model_family& m, const plan::plan_sp
     out.replicas = s.replicas;
     out.layers_per_stage = fold_layers_per_stage(s);
     out.instance_layers = instance_layers(m, s);
-    const bool replicas_fold = fold_replicas(s, m, p);
-    out.instance_replicas = {replicas_fold ? 2 : s.replicas};
-    if (replicas_fold && plan::detail::chosen_zero(p) >= plan::zero_stage::gradients) out.instance_replicas.push_back(4);
+    out.instance_replicas = instance_replicas(s, m, p);
     out.stages = s.stages;
     out.instance_stages = instance_stages(s, p.devices, c.topo);
     out.micro_batches = s.micro_batches;

@@ -406,6 +406,15 @@ struct pipeline_blocks {
     std::vector<std::vector<double>> outputs;  // [kind]
 };
 
+// A block's kind in a pipeline of `shape`: (stage, forward round r) -> stage * (rounds + 1)
+// + r; its backward -> stage * (rounds + 1) + rounds. block_kinds: how many there are.
+inline std::size_t block_kinds(const schedule::pipeline_shape& shape) {
+    return static_cast<std::size_t>(shape.stages * (shape.rounds + 1));
+}
+inline std::size_t block_kind(const schedule::pipeline_shape& shape, const schedule::block& b) {
+    return static_cast<std::size_t>(b.stage * (shape.rounds + 1) + (schedule::is_forward(b) ? b.round : shape.rounds));
+}
+
 // The simulation of `order` (its shape that of b) with blocks b: each block as long as its
 // least loaded device's work, its output ready at its shortest chain to an output (at its
 // end where it has none). Nothing when the order cannot be played so.
@@ -655,9 +664,9 @@ using price_function = std::function<program_price(const plan::plan_spec&, const
 // What a price would cost to compute, in any unit that grows with its time (empty: all alike).
 using price_cost_function = std::function<double(const plan::plan_spec&)>;
 // `structure`: the real model's graph, on which each assignment's stage group is checked
-// first (plan::detail::check_stage_group). `cost`: under a time budget that leaves the space
-// unbounded, the first price goes to the cheapest of the leaves whose bounds lie within 10%
-// of the least (see search_assignments).
+// first (plan::detail::check_stage_group). `cost`: under a budget that leaves the space
+// unbounded, the first leaves are priced in bands of 10% of bound, the cheapest of each band
+// first (see search_assignments).
 LOOM_INLINE plan_search_result search_assignments(const plan::plan_spec& space, std::vector<open_parameter> params,
                                                   const cluster& c, const plan_search_options& o, const graph& structure,
                                                   const bound_function& bound, const price_function& price,
@@ -1403,12 +1412,9 @@ LOOM_INLINE double schedule_lower_bound(const plan::resolved_plan& rp, const tra
     if (!order) return 0.0;
     const schedule::pipeline_shape& shape = order->shape;
     if (shape.micro_batches != rp.micro_batches) return 0.0;
-    // A block's kind: (stage, forward round r) -> stage * (rounds + 1) + r; backward -> + rounds.
     const int rounds = shape.rounds;
-    const auto kinds = static_cast<std::size_t>(shape.stages * (rounds + 1));
-    auto kind_of_block = [&](const schedule::block& b) {
-        return static_cast<std::size_t>(b.stage * (rounds + 1) + (schedule::is_forward(b) ? b.round : rounds));
-    };
+    const std::size_t kinds = block_kinds(shape);
+    auto kind_of_block = [&](const schedule::block& b) { return block_kind(shape, b); };
     // Each op's kind; ops outside the micro-batches' blocks (no batch to split) count nowhere.
     constexpr std::size_t outside = static_cast<std::size_t>(-1);
     const std::size_t ops = work.ops.size();
@@ -1507,12 +1513,9 @@ LOOM_INLINE double schedule_lower_bound(const plan::resolved_plan& rp, const tra
 
 LOOM_INLINE std::optional<schedule::simulation> play_blocks(const schedule::schedule& order, const pipeline_blocks& b) {
     const schedule::pipeline_shape& shape = order.shape;
-    const int rounds = shape.rounds;
-    const auto kinds = static_cast<std::size_t>(shape.stages * (rounds + 1));
+    const std::size_t kinds = block_kinds(shape);
     if (b.work.size() != kinds || b.outputs.size() != kinds) return std::nullopt;
-    auto kind_of_block = [&](const schedule::block& x) {
-        return static_cast<std::size_t>(x.stage * (rounds + 1) + (schedule::is_forward(x) ? x.round : rounds));
-    };
+    auto kind_of_block = [&](const schedule::block& x) { return block_kind(shape, x); };
     constexpr double none = std::numeric_limits<double>::infinity();
     std::vector<double> duration(kinds, 0.0), ready(kinds, none);
     for (std::size_t q = 0; q < kinds; ++q) {
