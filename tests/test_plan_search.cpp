@@ -646,6 +646,73 @@ TEST_CASE("a calibrated op rate interpolates its points and bounds them from bel
     CHECK(r.seconds(600) == Approx(5.5));    // the last slope beyond
     for (double u : {1.0, 50.0, 100.0, 150.0, 200.0, 300.0, 400.0, 1e4}) CHECK(r.seconds(u) >= u * r.least_per_unit() - 1e-12);
     CHECK(r.least_per_unit() == Approx(0.0075));
+    // The least an instruction of at least u units costs: the curve at u, or a point beyond
+    // it that was measured faster (a dip at 400 units after 300).
+    const search::op_rate dip{{{100, 1.0}, {300, 4.0}, {400, 3.0}, {800, 7.0}}, true};
+    CHECK(dip.least_seconds_from(50) == Approx(0.5));
+    CHECK(dip.least_seconds_from(200) == Approx(2.5));
+    CHECK(dip.least_seconds_from(350) == Approx(3.0));  // 400 units take 3.0, less than 350 (3.5)
+    CHECK(dip.least_seconds_from(600) == Approx(5.0));
+    CHECK(dip.least_seconds_from(0) == 0);
+    for (double u : {1.0, 50.0, 150.0, 300.0, 350.0, 500.0, 1e4}) {
+        CHECK(dip.least_seconds_from(u) >= u * dip.least_per_unit() - 1e-12);
+        for (double beyond : {u, 1.1 * u, 2 * u, 10 * u}) CHECK(dip.least_seconds_from(u) <= dip.seconds(beyond) + 1e-12);
+    }
+}
+
+TEST_CASE("the bound prices small pieces at a calibrated curve's rate for their size") {
+    // Host-like curves: an instruction of a thousandth of the largest size measured costs a
+    // hundredth of it, so micro-batches cost more per FLOP or byte the smaller they are
+    // (sixteen of one sample price 1.7 times one of sixteen samples here). The
+    // bound of one device's step grows with the micro-batches as its price does, and stays
+    // below it; so does the bound of devices sharing one machine, from their solo rates.
+    const models::gpt_config config{.layers = 2, .hidden = 64, .heads = 4, .vocab = 64, .seq = 32, .batch = 16};
+    const graph g = models::gpt(config).ir();
+    const search::cluster c = slow_node();
+    auto host_like = [](double largest, double seconds, bool per_flop) {
+        return search::op_rate_from_samples(
+            {{largest / 1000, seconds / 100}, {largest / 30, seconds / 15}, {largest, seconds}}, per_flop);
+    };
+    search::price_options o;
+    const graph training = models::gpt(config).training_graph();
+    for (const node& n : training.nodes) {
+        const double flops = n.op->flops ? n.op->flops(training, n) : 0.0;
+        const double bytes = search::detail::node_bytes(training, n, o.storage);
+        const bool per_flop = search::priced_per_flop(flops, bytes);
+        const double units = per_flop ? flops : bytes;
+        const auto known = o.rates.find(n.op->name);
+        if (units > 0 && (known == o.rates.end() || known->second.points.back().first < units))
+            o.rates[std::string(n.op->name)] = host_like(units, 1e-3, per_flop);
+    }
+    REQUIRE(o.rates.size() > 5);
+    const auto work = search::training_work_of(g, c.device, o);
+    auto bounded = [&](int micro_batches, const search::price_options& with) {
+        plan::plan_spec p = plan::presets::megatron(1, 1);
+        p.devices = with.compute_shared_by > 1 ? with.compute_shared_by : 1;
+        if (micro_batches > 1) p.micro_batches = {micro_batches, "", {}};
+        const plan::resolved_plan rp = plan::resolve(p, g);
+        const double bound = search::step_lower_bound(rp, work, with, &g, &c);
+        const double price = search::price_programs(partition::apply_plan(g, p), c, with).step_seconds;
+        CHECK(bound <= price * (1 + 1e-12));
+        return std::pair{bound, price};
+    };
+    const auto [one, one_price] = bounded(1, o);
+    const auto [sixteen, sixteen_price] = bounded(16, o);
+    CHECK(sixteen_price > 1.5 * one_price);
+    CHECK(sixteen > 1.15 * one);  // at the rate's best per unit, both bounds would be the same
+    // Four devices sharing the machine, one of them computing: its ops alone at a third of
+    // their time together.
+    search::price_options shared = o;
+    shared.compute_shared_by = 4;
+    for (const auto& [kind, rate] : o.rates) {
+        search::op_rate faster = rate;
+        for (auto& point : faster.points) point.second /= 3;
+        shared.solo_rates[kind] = faster;
+    }
+    const auto [shared_one, shared_one_price] = bounded(1, shared);
+    const auto [shared_sixteen, shared_sixteen_price] = bounded(16, shared);
+    CHECK(shared_sixteen_price > 1.5 * shared_one_price);
+    CHECK(shared_sixteen > 1.15 * shared_one);
 }
 
 TEST_CASE("candidates are every divisor, not powers of two only") {

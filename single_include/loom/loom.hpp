@@ -14258,6 +14258,7 @@ LOOM_INLINE std::string svg_timeline(const simulation& r, const svg_options& o) 
 //   op_rate r = op_rate_from_samples({{1e9, 2e-3}, {4e9, 6e-3}}, true);
 //   r.seconds(2e9);         // 3.33e-3: interpolated between the points
 //   r.least_per_unit();     // 1.33e-12: no instruction of this kind is priced faster
+//   r.least_seconds_from(2e9);  // 3.33e-3: no instruction of 2e9 units or more is priced faster
 #include <algorithm>
 #include <cstddef>
 #include <functional>
@@ -14285,6 +14286,18 @@ struct op_rate {
                 return u1 > u0 ? s0 + (s1 - s0) * (units - u0) / (u1 - u0) : s1;
             }
         return points.back().second + last_slope() * (units - points.back().first);
+    }
+    // The least seconds of an instruction of at least `units`: the least of seconds(u) over
+    // u >= units. A measured curve need not rise everywhere (a size that ran faster than a
+    // smaller one), so an instruction known only to do at least `units` costs this at least.
+    // The curve is linear between its points and rises beyond the last, so the least lies at
+    // `units` or at a point beyond it.
+    double least_seconds_from(double units) const {
+        if (points.empty() || units <= 0) return 0;
+        double least = seconds(units);
+        for (const auto& [u, t] : points)
+            if (u >= units) least = std::min(least, t);
+        return least;
     }
     // Seconds per unit that no instruction of this kind runs faster than: seconds(u) >= u *
     // this for every u (the curve's points all lie above that line, and it grows at least as
@@ -18187,6 +18200,14 @@ struct training_op {
     // many times its seconds spread over the machine (seconds / compute_shared_by) when it
     // runs alone (the solo rate's least seconds per unit against the rate's). 1 otherwise.
     double solo_factor = 1;
+    // With a calibrated rate for its kind (empty points: none): the rate and the least units
+    // of it that a piece doing 1/share of the op does, times share, and likewise the solo
+    // rate's: its FLOPs (splits are even), or the bytes it writes, since what an instruction
+    // reads is the program's choice (a fill reads nothing, where the op reads the tensor it
+    // fills like). A curve measured at several sizes prices a small piece above its share of
+    // a large one: a micro-batch of one sample at twice the cost per FLOP of sixteen on a host.
+    op_rate rate, solo;
+    double units = 0, solo_units = 0;
     std::vector<std::int32_t> reads;  // indices of earlier training ops
 
     // The least seconds of a piece that does 1/share of the op (share_of) and writes
@@ -18196,9 +18217,17 @@ struct training_op {
     // element-wise. An op that its partition decomposes into others (`as_written` false)
     // runs as those, of other shapes.
     double piece_seconds(double share, double piece_written, bool as_written = true) const {
+        if (as_written && !rate.points.empty()) return std::max(seconds / share, rate.least_seconds_from(units / share));
         if (gemm_seconds <= 0 || !as_written) return seconds / share;
         const bool surely_gemm = piece_written > 0 ? flops / share >= 16.0 * piece_written : 2.0 * gemm_k / share >= 16.0;
         return (surely_gemm ? gemm_seconds : std::min(gemm_seconds, seconds)) / share;
+    }
+    // The least seconds of that piece on a device that runs alone on a machine it shares
+    // (price_options::solo_rates), times `shared_by` (the devices sharing it), as
+    // device_compute counts them; `piece` is its piece_seconds.
+    double alone_piece_seconds(double share, double piece, bool as_written, double shared_by) const {
+        if (!as_written || solo.points.empty()) return piece * solo_factor;
+        return std::max(seconds / share * solo_factor, solo.least_seconds_from(solo_units / share) * shared_by);
     }
     // The elements one piece of the op writes under partition p of its forward node, whose
     // splits' variables in that node's signature are `variables` (-1: none): each output
@@ -18247,7 +18276,9 @@ LOOM_INLINE training_work training_work_of(const graph& model, const device_prof
 // A lower bound on the step time of a resolved plan: the busiest device's share of the
 // training work. Each piece of an op does its share of the op's work (splits are even;
 // replicas do it all, and pieces of a GEMM run at most at the efficiency of the largest
-// shape a piece can have) and runs at least one instruction per training op it holds.
+// shape a piece can have; a kind with a calibrated rate costs at least what its curve
+// gives the piece's share, so that small pieces cost what small sizes measured) and runs at
+// least one instruction per training op it holds.
 //
 // Given the model, two more terms:
 // - Recomputation: a recomputed node whose outputs a backward op of its own stage reads is
@@ -18376,8 +18407,9 @@ class piece_spread {
 struct device_compute {
     std::vector<double> forward, backward, replays;
     // With solo rates (price_options::solo_rates), in the same units (times
-    // compute_shared_by); empty without them. alone: each device's ops at their solo_factor;
-    // machine: at the lesser of it and 1 (the share of the machine they take at least).
+    // compute_shared_by); empty without them. alone: each device's ops at their solo rates
+    // (training_op::alone_piece_seconds); machine: at the lesser of that and their rates
+    // together (the share of the machine they take at least).
     std::vector<double> alone, machine;
     double total(std::size_t d) const { return forward[d] + backward[d] + replays[d]; }
 };
@@ -18885,13 +18917,21 @@ LOOM_INLINE training_work training_work_of(const graph& model, const device_prof
         // As detail::instruction_seconds prices it, at the best a piece can do.
         const double flops = n.op->flops ? n.op->flops(lg.g, n) : 0.0;
         const double bytes = detail::node_bytes(lg.g, n, o.storage);
-        double read = 0, written = 0;
+        double read = 0, written = 0, written_bytes = 0;
         for (tensor_id t : n.inputs) read += static_cast<double>(lg.g.tensor(t).dims.numel());
-        for (tensor_id t : n.outputs) written += static_cast<double>(lg.g.tensor(t).dims.numel());
+        for (tensor_id t : n.outputs) {
+            written += static_cast<double>(lg.g.tensor(t).dims.numel());
+            written_bytes += static_cast<double>(tensor_bytes(lg.g.tensor(t), storage_precision(lg.g, t, o.storage)));
+        }
         if (const op_rate* rate = detail::rate_for(o, dev, n.op->name)) {
             op.seconds = rate->least_per_unit() * (rate->per_flop ? flops : bytes);
-            if (auto solo = o.solo_rates.find(n.op->name); solo != o.solo_rates.end() && rate->least_per_unit() > 0)
+            op.rate = *rate;
+            op.units = rate->per_flop ? flops : written_bytes;
+            if (auto solo = o.solo_rates.find(n.op->name); solo != o.solo_rates.end() && rate->least_per_unit() > 0) {
                 op.solo_factor = solo->second.least_per_unit() * o.compute_shared_by / rate->least_per_unit();
+                op.solo = solo->second;
+                op.solo_units = solo->second.per_flop ? flops : written_bytes;
+            }
         } else {
             op.seconds = std::max(bytes / byte_rate, flops / (peak * std::max(dev.gemm_efficiency, dev.elementwise_efficiency)));
             if (written > 0 && flops >= 16.0 * written) {
@@ -19144,18 +19184,19 @@ LOOM_INLINE device_compute compute_lower_bound(const plan::resolved_plan& rp, co
     };
     const bool solo = !o.solo_rates.empty();
     if (solo) out.alone.assign(devices, 0.0), out.machine.assign(devices, 0.0);
-    auto add_solo = [&](node_id n, const plan::op_partition* p, const training_op& op, double piece) {
+    auto add_solo = [&](node_id n, const plan::op_partition* p, const training_op& op, double piece, bool as_written) {
         if (!solo) return;
-        add(out.alone, n, p, piece * op.solo_factor + o.instruction_overhead);
-        add(out.machine, n, p, piece * std::min(1.0, op.solo_factor) + o.instruction_overhead);
+        const double alone = op.alone_piece_seconds(share_of(p), piece, as_written, o.compute_shared_by);
+        add(out.alone, n, p, alone + o.instruction_overhead);
+        add(out.machine, n, p, std::min(piece, alone) + o.instruction_overhead);
     };
     split_variables variables(model, rp);
     for (const training_op& op : work.ops) {
         const plan::op_partition* p = rp.at(op.source);
-        const double piece =
-            op.piece_seconds(share_of(p), op.piece_elements_written(p, variables.of(op.source)), written(op.source));
+        const bool as_written = written(op.source);
+        const double piece = op.piece_seconds(share_of(p), op.piece_elements_written(p, variables.of(op.source)), as_written);
         add(op.backward ? out.backward : out.forward, op.source, p, piece + o.instruction_overhead);
-        add_solo(op.source, p, op, piece);
+        add_solo(op.source, p, op, piece, as_written);
     }
     if (!model) return out;
     // One replay of a recomputed node, for the backward readers in its own stage (of ops as
@@ -19172,7 +19213,7 @@ LOOM_INLINE device_compute compute_lower_bound(const plan::resolved_plan& rp, co
         const training_op& op = work.ops[static_cast<std::size_t>(w.forward_op)];
         const double piece = op.piece_seconds(share_of(p), op.piece_elements_written(p, variables.of(n)));
         add(out.replays, n, p, piece + o.instruction_overhead);
-        add_solo(n, p, op, piece);
+        add_solo(n, p, op, piece, true);
     }
     return out;
 }

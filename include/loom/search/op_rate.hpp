@@ -8,6 +8,7 @@
 //   op_rate r = op_rate_from_samples({{1e9, 2e-3}, {4e9, 6e-3}}, true);
 //   r.seconds(2e9);         // 3.33e-3: interpolated between the points
 //   r.least_per_unit();     // 1.33e-12: no instruction of this kind is priced faster
+//   r.least_seconds_from(2e9);  // 3.33e-3: no instruction of 2e9 units or more is priced faster
 #include <algorithm>
 #include <cstddef>
 #include <functional>
@@ -35,6 +36,18 @@ struct op_rate {
                 return u1 > u0 ? s0 + (s1 - s0) * (units - u0) / (u1 - u0) : s1;
             }
         return points.back().second + last_slope() * (units - points.back().first);
+    }
+    // The least seconds of an instruction of at least `units`: the least of seconds(u) over
+    // u >= units. A measured curve need not rise everywhere (a size that ran faster than a
+    // smaller one), so an instruction known only to do at least `units` costs this at least.
+    // The curve is linear between its points and rises beyond the last, so the least lies at
+    // `units` or at a point beyond it.
+    double least_seconds_from(double units) const {
+        if (points.empty() || units <= 0) return 0;
+        double least = seconds(units);
+        for (const auto& [u, t] : points)
+            if (u >= units) least = std::min(least, t);
+        return least;
     }
     // Seconds per unit that no instruction of this kind runs faster than: seconds(u) >= u *
     // this for every u (the curve's points all lie above that line, and it grows at least as
