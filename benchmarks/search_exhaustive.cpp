@@ -5,6 +5,9 @@
 // DeepSpeed and narrowed nnScaler spaces (plan/spaces.hpp) on 4 to 8 devices, each under no
 // cap and under caps of 80% and 50% of the uncapped optimum's peak memory, and an
 // Evoformer with 3 recycling rounds in nnScaler's narrowed space (3F1B among its orders).
+// Last, the demo's space (tools/demo.sh: nnScaler's whole space, Coshard included, for a
+// GPT of 4 layers on 4 in-process ranks of this machine, calibrated as the demo calibrates
+// them, its curves measured at five sizes alone and together).
 // The best step times must be equal (tests/test_plan_search.cpp asserts it on the same kind
 // of space); the program exits 1 where they differ, and reports the times and counts.
 //
@@ -31,6 +34,7 @@
 #include <CLI/CLI.hpp>
 #include <nlohmann/json.hpp>
 
+#include <loom/calibrate/host.hpp>
 #include <loom/models/evoformer.hpp>
 #include <loom/models/gpt.hpp>
 #include <loom/partition/apply.hpp>
@@ -45,11 +49,18 @@ using namespace loom;
 
 namespace {
 
+// Where a space is searched: a cluster and the options its prices take.
+struct machine {
+    search::cluster cluster;
+    search::price_options price;
+};
+
 struct space_case {
     std::string model;
     std::string space_name;
     std::function<graph()> build;
     plan::plan_spec space;
+    std::function<machine()> where;  // empty: one DGX-1 V100 node, default options
 };
 
 std::vector<space_case> cases() {
@@ -80,6 +91,11 @@ std::vector<space_case> cases() {
     // Narrower than the GPTs' space: each Evoformer program prices ten times slower (its heads are nodes of their own).
     out.push_back({"Evoformer 4 blocks x 3 rounds", "nnScaler, 4 GPUs, mb 4, ZeRO 0, Coshard 1/2", evoformer,
                    plan::spaces::nnscaler(4).narrow("mb", {4}).narrow("zero", {0}).narrow("coshard", {1, 2})});
+    const auto demo_gpt = [] {
+        return graph(models::gpt({.layers = 4, .hidden = 128, .heads = 4, .vocab = 256, .seq = 64, .batch = 16}).ir());
+    };
+    out.push_back({"GPT 4 layers (the demo's)", "nnScaler, 4 calibrated host ranks", demo_gpt, plan::spaces::nnscaler(4),
+                   [] { return machine{search::calibrate_host(4), search::host_price_options(4)}; }});
     return out;
 }
 
@@ -142,7 +158,6 @@ int main(int argc, char** argv) {
     app.add_option("--threads", threads, "assignments search_plan prices at once (0: one per hardware thread)");
     CLI11_PARSE(app, argc, argv);
 
-    const search::cluster hw = search::dgx1_v100(1);
     std::ostringstream table;
     table << "| model | space | cap | exhaustive s | assignments | refused | priced (fit) | search s | refused | priced | "
              "pruned | over memory | gap | same best step | plan |\n"
@@ -154,7 +169,10 @@ int main(int argc, char** argv) {
     try {
         for (const space_case& c : cases()) {
             const graph model = c.build();
+            const machine at = c.where ? c.where() : machine{search::dgx1_v100(1), {}};
+            const search::cluster& hw = at.cluster;
             search::plan_search_options o;
+            o.price = at.price;
             o.threads = threads;
             const enumeration all = price_everything(model, c.space, hw, o.price);
             total_exhaustive += all.seconds;
@@ -208,6 +226,7 @@ int main(int argc, char** argv) {
                 std::fflush(stdout);
                 nlohmann::json r{{"model", c.model},
                                  {"space", c.space_name},
+                                 {"cluster", hw.name},
                                  {"cap_fraction", cap},
                                  {"memory_limit_bytes", limit},
                                  {"exhaustive_seconds", all.seconds},
@@ -243,7 +262,8 @@ int main(int argc, char** argv) {
         if (!out.empty()) {
             std::ofstream file(out);
             file << "# search_exhaustive\n\nsearch_plan against pricing every assignment by its programs, on one DGX-1 "
-                    "V100 node; caps are fractions of the uncapped optimum's peak memory. Machine: "
+                    "V100 node (the demo's space: on 4 calibrated ranks of this machine); caps are fractions of the "
+                    "uncapped optimum's peak memory. Machine: "
                  << bench::cpu_model() << ", commit " << bench::git_revision() << ", " << bench::utc_now() << ".\n\n"
                  << table.str();
             if (!file) throw loom::error("cannot write the table '" + out + "'; pass a writable --out path");
@@ -251,7 +271,6 @@ int main(int argc, char** argv) {
         if (!json_out.empty()) {
             nlohmann::json record;
             record["benchmark"] = "search_exhaustive";
-            record["cluster"] = hw.name;
             record["threads"] = threads;
             record["rows"] = rows;
             record["searches"] = spaces;
