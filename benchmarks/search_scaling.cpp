@@ -4,8 +4,9 @@
 // instances of the model (search/folded_price.hpp), in nnScaler's whole space
 // (plan::spaces::nnscaler: TP, PP, DP, micro-batches, every order, ZeRO 0-3, recompute,
 // Coshard, stage boundaries) unless --spaces says otherwise. Each search has a time budget;
-// where it runs out the row says so, with the gap the search could prove (100%: some
-// assignments were never even bounded).
+// where it runs out the row says so, with the gap the search could prove (where some
+// assignments were never even bounded, to the whole training work spread over every GPU,
+// any_plan_lower_bound: a true gap, but far from a proof).
 //
 // Each row is judged against --target seconds and says plainly whether the search met it.
 // The question this program exists for (96 layers on 1024 GPUs over nnScaler's space in

@@ -20,7 +20,8 @@
 //   4 GPUs) alone is searched, unfolded, every candidate priced from all its programs.
 // - Each search has a time budget (--budget, default 20 s). nnScaler's space holds millions
 //   of assignments from 8 GPUs on; where the budget ends the search first, the gap it
-//   proves is printed (100%: assignments were left unbounded) and a "?" marks a system for
+//   proves is printed (where assignments were left unbounded, the gap to the whole training
+//   work spread over every GPU, which no plan beats) and a "?" marks a system for
 //   which nothing fitting was found within the budget, which is not a proof that nothing fits.
 // What it does not cover: the larger Swin sizes; measured step times (every number is a
 // prediction of loom's program pricing); the paper's exact batches (it does not give them:
@@ -328,7 +329,8 @@ int main(int argc, char** argv) {
         }
         const std::string legend =
             "\nTFLOP/s: the training graph's FLOPs over the predicted step, all GPUs together. (gap N%): the budget "
-            "stopped the search N% from proven (100%: assignments left unbounded). ?: nothing fitting found within the "
+            "stopped the search N% from proven (where assignments were left unbounded: from the whole training work spread "
+            "over every GPU). ?: nothing fitting found within the "
             "budget (not a proof that nothing fits). x: nothing in the space fits or is legal.\n";
         table << legend;
         std::printf("%s\nChosen plans:\n%s", legend.c_str(), plans.str().c_str());

@@ -51,9 +51,11 @@
 //      counted, unbounded); a descent from the best assignments it bounded, one or two
 //      parameters at a time, bounds more of the space until 60% of the budget (step 3b),
 //      from the best of each order first, and the best-bounded of all are priced, the
-//      best-bounded of each order first (their bounds are not equally tight); the answer is
-//      then unproven, with a gap of 100%. A price that has finished when the budget passes
-//      is still taken.
+//      best-bounded of each order first (their bounds are not equally tight). The
+//      unbounded assignments' bound is then the whole training work spread over every
+//      device (any_plan_lower_bound), so the gap is that of the best price to it: far from
+//      a proof, but a true one. A price that has finished when the budget passes is still
+//      taken.
 // Deterministic without a time budget (a budget stops wherever the clock says).
 // The enumeration is an odometer over the parameters in the order
 // plan::open_parameters lists them, pricing follows the bounds (ties in enumeration
@@ -266,6 +268,15 @@ struct training_work {
 };
 
 LOOM_INLINE training_work training_work_of(const graph& model, const device_profile& dev, const price_options& o);
+
+// The least step time of any plan of a model whose training work is `work`, over `devices`
+// devices: all of that work at the least seconds a piece of each op can take, spread evenly
+// (the pieces of an op do at least its whole work between them, and a plan's busiest device
+// at least the average; a plan on fewer devices only loads them more); on devices that share
+// one machine, the machine's share of it at the faster of each op's rates together and
+// alone. It is below every assignment's step bound and price, so it stands for the
+// assignments a budget leaves unbounded: a search stopped early still proves a gap.
+LOOM_INLINE double any_plan_lower_bound(const training_work& work, int devices, const price_options& o);
 
 // A lower bound on the step time of a resolved plan: the busiest device's share of the
 // training work. Each piece of an op does its share of the op's work (splits are even;
@@ -540,8 +551,9 @@ struct plan_search_result {
     std::vector<open_parameter> parameters;
     priced_assignment best;
     std::optional<priced_assignment> runner_up;
-    double gap = 0;  // (best price - lowest unpriced bound) / best price; 0: proven best; 1 when
-                     // the budget left assignments unbounded (their only bound is 0)
+    double gap = 0;  // (best price - lowest unpriced bound) / best price; 0: proven best. Where
+                     // the budget left assignments unbounded, their bound is the floor that
+                     // any_plan_lower_bound gives (1 without one: a search over given functions)
     double memory_limit = 0;
     plan_search_statistics stats;
 
@@ -641,8 +653,9 @@ private:
 // Moves to the front of `items` (best first) the first item of each value of the open
 // orders among `params` that `eligible` accepts, keeping the order within both parts;
 // returns how many it moved, 0 (nothing moved) where fewer than two orders appear. A budget
-// that leaves the space unbounded leaves the answer unproven (gap 100%), and then what the
-// descent starts from and what is priced first decide it. The bounds of the orders are not
+// that leaves the space unbounded leaves the answer unproven (its gap only to the floor of
+// any plan), and then what the descent starts from and what is priced first decide it. The
+// bounds of the orders are not
 // equally tight: the schedule's term is exact for a pipeline whose stages are groups of
 // devices (1F1B's bound is 81% of its price for a 96-layer GPT on 1024 GPUs) and 0 for the
 // interlaced pipeline, whose ends run on every device (39% there), so by bound alone the
@@ -685,11 +698,13 @@ using price_cost_function = std::function<double(const plan::plan_spec&)>;
 // `structure`: the real model's graph, on which each assignment's stage group is checked
 // first (plan::detail::check_stage_group). `cost`: under a budget that leaves the space
 // unbounded, the first leaves are priced in bands of 10% of bound, the cheapest of each band
-// first (see search_assignments).
+// first (see search_assignments). `floor`: a step time no assignment prices below
+// (any_plan_lower_bound), which bounds those a budget leaves unbounded; 0: none known, and
+// such a search's gap is 100%.
 LOOM_INLINE plan_search_result search_assignments(const plan::plan_spec& space, std::vector<open_parameter> params,
                                                   const cluster& c, const plan_search_options& o, const graph& structure,
                                                   const bound_function& bound, const price_function& price,
-                                                  const price_cost_function& cost = {});
+                                                  const price_cost_function& cost = {}, double floor = 0);
 
 }  // namespace detail
 
@@ -958,6 +973,12 @@ LOOM_INLINE training_work training_work_of(const graph& model, const device_prof
         work.ops.push_back(std::move(op));
     }
     return work;
+}
+
+LOOM_INLINE double any_plan_lower_bound(const training_work& work, int devices, const price_options& o) {
+    double all = 0;
+    for (const training_op& op : work.ops) all += op.seconds * std::min(1.0, op.solo_factor);
+    return o.compute_shared_by != 1 ? all / o.compute_shared_by : all / std::max(devices, 1);
 }
 
 LOOM_INLINE double step_lower_bound(const plan::resolved_plan& rp, const training_work& work, const price_options& o,
@@ -1997,6 +2018,7 @@ LOOM_INLINE std::string plan_search_result::explain() const {
            << " cuts at their stage count: narrow the boundaries' slack to search them)";
     os << "; gap " << static_cast<int>(std::lround(gap * 1000)) / 10.0 << "%";
     if (gap == 0) os << " (proven best)";
+    else if (stats.unbounded && gap < 1) os << " (at most: to the whole training work spread over every device)";
     os << "; " << detail::seconds_text(stats.seconds) << " (" << detail::seconds_text(stats.bounding_seconds)
        << " resolving and bounding)\n";
     return os.str();
@@ -2020,7 +2042,8 @@ LOOM_INLINE plan_search_result search_plan(const graph& model, const plan::plan_
         },
         [&](const plan::plan_spec& candidate, const std::atomic<bool>&) {
             return price_programs(partition::apply_plan(model, candidate), c, o.price);
-        });
+        },
+        {}, any_plan_lower_bound(work, space.devices, o.price));
 }
 
 LOOM_INLINE plan_search_result search_plan(const model_family& model, const plan::plan_spec& space, const cluster& c,
@@ -2041,7 +2064,8 @@ LOOM_INLINE plan_search_result search_plan(const model_family& model, const plan
             for (const instance_pieces& at : folded_instance_pieces(model, candidate, c))
                 pieces += static_cast<double>(at.largest) * static_cast<double>(at.instances);
             return pieces;
-        });
+        },
+        any_plan_lower_bound(training_work_of(whole, c.device, o.price), space.devices, o.price));
 }
 
 }  // namespace loom::search
@@ -2175,7 +2199,7 @@ LOOM_INLINE void concrete_boundaries(plan::plan_spec& p, const std::vector<open_
 LOOM_INLINE plan_search_result search_assignments(const plan::plan_spec& space, std::vector<open_parameter> parameters,
                                                   const cluster& c, const plan_search_options& o, const graph& structure,
                                                   const bound_function& bound_of, const price_function& price_of,
-                                                  const price_cost_function& cost_of) {
+                                                  const price_cost_function& cost_of, double floor) {
     const auto started = std::chrono::steady_clock::now();
     auto elapsed = [&] { return std::chrono::duration<double>(std::chrono::steady_clock::now() - started).count(); };
     if (space.devices > c.devices())
@@ -2371,7 +2395,7 @@ LOOM_INLINE plan_search_result search_assignments(const plan::plan_spec& space, 
     // other orders run side by side); under a time budget it then starts again from the
     // next best, while the time lasts.
     // The assignments it moves to join the leaves priced best first below (those it only
-    // looked at stay counted unbounded); the answer stays unproven (gap 100%).
+    // looked at stay counted unbounded); the answer stays unproven (a gap to the floor).
     if (stats.unbounded > 0 && !leaves.empty()) {
         constexpr double descent_step = 0.01;
         const double descent_end = o.time_budget_seconds * 0.6;
@@ -2683,6 +2707,7 @@ LOOM_INLINE plan_search_result search_assignments(const plan::plan_spec& space, 
     };
     std::map<std::vector<std::int64_t>, double> least_memory_ratio;
     std::int64_t passed_over = 0;
+    double passed_over_bound = std::numeric_limits<double>::infinity();  // the least bound among them
     const auto likely_over = [&](const leaf& l) {
         if (stats.unbounded == 0) return false;
         const auto ratio = least_memory_ratio.find(memory_class(l));
@@ -2726,6 +2751,7 @@ LOOM_INLINE plan_search_result search_assignments(const plan::plan_spec& space, 
         }
         if (likely_over(l) && in_flight.find(next) == in_flight.end()) {
             ++passed_over;
+            passed_over_bound = std::min(passed_over_bound, l.bound);
             continue;
         }
         launch_from(next);
@@ -2822,10 +2848,17 @@ LOOM_INLINE plan_search_result search_assignments(const plan::plan_spec& space, 
     result.plan = space;
     result.plan.choices = result.best.choices;
     concrete_boundaries(result.plan, params);
-    if (stats.unbounded > 0)
-        result.gap = 1.0;
-    else if (!proven && next < leaves.size())
-        result.gap = std::max(0.0, (result.best.price.step_seconds - leaves[next].bound) / result.best.price.step_seconds);
+    // The gap: to the lowest bound of what was not priced and may fit. That is the leaves
+    // from `next` on (the head moved to the front is not in bound order), those passed over
+    // as likely over memory, and where assignments were left unbounded, the floor.
+    if (!proven) {
+        double lowest = passed_over_bound;
+        for (std::size_t k = next; k < leaves.size(); ++k)
+            if (leaves[k].memory <= result.memory_limit) lowest = std::min(lowest, leaves[k].bound);
+        if (stats.unbounded > 0) lowest = std::min(lowest, floor);
+        const double step = result.best.price.step_seconds;
+        if (lowest < step) result.gap = std::min(1.0, (step - std::max(lowest, 0.0)) / step);
+    }
     return result;
 }
 
