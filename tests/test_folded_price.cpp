@@ -365,7 +365,15 @@ int check_bounds_below_prices(const search::model_family& m, const plan::plan_sp
         ++legal;
         each(f);
         CHECK(b.step <= f.price.step_seconds * (1 + 1e-12));
-        CHECK(b.memory <= f.price.peak_memory() * (1 + 1e-12));
+        // The memory floor is a floor of the programs' memory, which the folded price gives
+        // within a few percent: where it lies above the folded price, it is held against the
+        // full programs (dp 4 with 8 micro-batches on 32 layers: floor 532.6 MB, folded
+        // price 531.0, programs 542.0; the gradients' partial sums over micro-batches).
+        if (b.memory > f.price.peak_memory() * (1 + 1e-12)) {
+            const search::program_price full = search::price_programs(partition::apply_plan(m.real(), candidate), c, o);
+            CHECK(b.memory <= full.peak_memory() * (1 + 1e-12));
+            CHECK(f.price.peak_memory() == Approx(full.peak_memory()).epsilon(0.05));
+        }
     });
     return legal;
 }

@@ -18098,6 +18098,7 @@ LOOM_INLINE order_search_result order_search(const schedule::pipeline_shape& sha
 #include <sstream>
 #include <string>
 #include <thread>
+#include <utility>
 #include <vector>
 
 
@@ -18336,14 +18337,32 @@ LOOM_INLINE double step_lower_bound(const plan::resolved_plan& rp, const trainin
 // block of a device's order, every micro-batch whose forward it holds and whose backward
 // has not begun (schedule/in_flight.hpp) keeps the pieces its backward ops on that device
 // read: the operand cut by the op's splits that slice it, the micro-batch split among
-// them. The largest such moment is the floor; the gathered parameters of ZeRO-3 and the
-// transient tensors come on top.
+// them. A device that runs two or more backward blocks of a stage sums the gradients of
+// the stage's weights over them: from its first such block to its last it holds a partial
+// sum of every region of them its pieces read (each micro-batch's gradient stays until the
+// next one's is added to it), at the parameter's precision. So the floor also looks after
+// each backward block, and at the moments between a stage's first and last backward
+// blocks adds their partial sums. The largest moment is the floor; the gathered
+// parameters of ZeRO-3 and the transient tensors come on top.
 struct memory_floor {
     std::vector<double> whole;        // per device: bytes that no sharding divides
     std::vector<double> sharded;      // per device: bytes of ZeRO's shards (1/copies of a region)
     std::vector<double> activations;  // per device: saved activations at their peak in flight (0 without the work)
+    // Per device: saved activations and gradient partial sums at the most they hold
+    // together (empty, or 0 where the device sums no gradient over micro-batches).
+    std::vector<double> with_partial_sums;
     std::vector<double> updated;      // per device: parameter elements the optimizer updates at least (0 under ZeRO-3)
-    double total(std::size_t d) const { return whole[d] + sharded[d] + (d < activations.size() ? activations[d] : 0.0); }
+    double in_flight(std::size_t d) const {
+        return std::max(d < activations.size() ? activations[d] : 0.0, d < with_partial_sums.size() ? with_partial_sums[d] : 0.0);
+    }
+    double total(std::size_t d) const { return whole[d] + sharded[d] + in_flight(d); }
+    // The largest device's total without the partial sums.
+    double peak_without_partial_sums() const {
+        double m = 0;
+        for (std::size_t d = 0; d < whole.size(); ++d)
+            m = std::max(m, whole[d] + sharded[d] + (d < activations.size() ? activations[d] : 0.0));
+        return m;
+    }
     double peak() const {
         double m = 0;
         for (std::size_t d = 0; d < whole.size(); ++d) m = std::max(m, total(d));
@@ -18498,10 +18517,16 @@ LOOM_INLINE double schedule_lower_bound(const plan::resolved_plan& rp, const tra
                                         const std::vector<double>& length, const std::vector<double>& weights,
                                         piece_spread* spread = nullptr, std::optional<pipeline_blocks>* blocks = nullptr);
 
-// Per device: the saved activations it holds at their peak in flight under plan rp (see
-// memory_floor).
-LOOM_INLINE std::vector<double> activation_floor(const plan::resolved_plan& rp, const graph& model, const training_work& work,
-                                                 const price_options& o);
+// Per device under plan rp (see memory_floor): the saved activations it holds at their peak
+// in flight, and the most it holds at a moment when it also holds partial sums of weight
+// gradients, with `partials` (per device and stage, may be empty) the bytes of the weights'
+// gradients it sums over that stage's micro-batches, held from its first backward block of
+// the stage until its last.
+struct held_in_flight {
+    std::vector<double> activations, with_partial_sums;
+};
+LOOM_INLINE held_in_flight activation_floor(const plan::resolved_plan& rp, const graph& model, const training_work& work,
+                                            const price_options& o, const std::vector<std::vector<double>>& partials = {});
 
 // The order of a pipeline whose stages run on groups of devices that each follow one order
 // (plan::detail::spread_over_groups), with each group as one device; nothing when a stage
@@ -19301,8 +19326,8 @@ LOOM_INLINE double dependency_lower_bound(const plan::resolved_plan& rp, const t
     return bound;
 }
 
-LOOM_INLINE std::vector<double> activation_floor(const plan::resolved_plan& rp, const graph& model, const training_work& work,
-                                                 const price_options& o) {
+LOOM_INLINE held_in_flight activation_floor(const plan::resolved_plan& rp, const graph& model, const training_work& work,
+                                            const price_options& o, const std::vector<std::vector<double>>& partials) {
     const auto devices = static_cast<std::size_t>(rp.devices);
     const std::size_t forward = std::min({rp.forward.size(), model.forward_node_count(), work.nodes.size()});
     const bool ordered = rp.order && rp.pipelined();
@@ -19404,18 +19429,36 @@ LOOM_INLINE std::vector<double> activation_floor(const plan::resolved_plan& rp, 
     std::vector<std::vector<double>> per_micro_batch(devices, std::vector<double>(static_cast<std::size_t>(stages), 0.0));
     for (const auto& on : pieces)
         for (const auto& [d, k] : on) per_micro_batch[d][static_cast<std::size_t>(k.stage)] += k.bytes;
-    std::vector<double> floor(devices, 0.0);
+    held_in_flight floor{std::vector<double>(devices, 0.0), std::vector<double>(devices, 0.0)};
     if (!ordered) {
-        for (std::size_t d = 0; d < devices; ++d) floor[d] = per_micro_batch[d][0];
+        for (std::size_t d = 0; d < devices; ++d) floor.activations[d] = per_micro_batch[d][0];
         return floor;
     }
+    // Per device and stage: its backward blocks, in all and so far.
+    std::vector<std::vector<int>> backwards(devices, std::vector<int>(static_cast<std::size_t>(stages), 0));
+    std::vector<std::vector<int>> done = backwards;
+    for (std::size_t d = 0; d < devices && d < rp.order->device_order.size(); ++d)
+        for (const schedule::block& b : rp.order->device_order[d])
+            if (schedule::is_backward(b) && b.stage >= 0 && b.stage < stages) ++backwards[d][static_cast<std::size_t>(b.stage)];
     schedule::detail::walk_in_flight(*rp.order, [&](int d, std::size_t, const schedule::block& b, const std::vector<int>& held) {
         const auto dev = static_cast<std::size_t>(d);
-        if (!schedule::is_forward(b) || dev >= devices) return;
-        double total = 0;
-        for (std::size_t stage = 0; stage < held.size() && stage < per_micro_batch[dev].size(); ++stage)
-            total += static_cast<double>(held[stage]) * per_micro_batch[dev][stage];
-        floor[dev] = std::max(floor[dev], total);
+        if (dev >= devices || b.stage < 0 || b.stage >= stages) return;
+        const bool backward = schedule::is_backward(b);
+        if (backward) ++done[dev][static_cast<std::size_t>(b.stage)];
+        else if (!schedule::is_forward(b)) return;
+        // After a forward block, what every micro-batch in flight keeps; after a backward
+        // block, the same without its own micro-batch, whose backward has ended.
+        double kept = 0, sums = 0;
+        for (std::size_t stage = 0; stage < held.size() && stage < per_micro_batch[dev].size(); ++stage) {
+            const int micro_batches = held[stage] - (backward && stage == static_cast<std::size_t>(b.stage) ? 1 : 0);
+            kept += static_cast<double>(std::max(micro_batches, 0)) * per_micro_batch[dev][stage];
+            if (dev < partials.size() && stage < partials[dev].size() && done[dev][stage] >= 1 &&
+                done[dev][stage] < backwards[dev][stage])
+                sums += partials[dev][stage];
+        }
+        // After a backward block, the activations alone are below those after a forward.
+        if (!backward) floor.activations[dev] = std::max(floor.activations[dev], kept);
+        if (sums > 0) floor.with_partial_sums[dev] = std::max(floor.with_partial_sums[dev], kept + sums);
     });
     return floor;
 }
@@ -19617,8 +19660,23 @@ LOOM_INLINE memory_floor memory_lower_bound(const plan::resolved_plan& rp, const
                                             const training_work* work) {
     const auto devices = static_cast<std::size_t>(rp.devices);
     memory_floor out{std::vector<double>(devices, 0.0), std::vector<double>(devices, 0.0),
-                     work ? detail::activation_floor(rp, model, *work, o) : std::vector<double>(devices, 0.0),
+                     std::vector<double>(devices, 0.0), std::vector<double>(devices, 0.0),
                      std::vector<double>(devices, 0.0)};
+    // The gradient partial sums over micro-batches (see memory_floor), per device and stage:
+    // of the readings of pipelined ops that carry the micro-batch split in the last forward
+    // round (whose backward blocks the order walks), as written.
+    const bool ordered = work && rp.order && rp.pipelined();
+    const int stages = ordered ? std::max(1, rp.order->shape.stages) : 0;
+    std::vector<std::vector<double>> partials(ordered ? devices : 0, std::vector<double>(static_cast<std::size_t>(stages), 0.0));
+    auto sums_micro_batches = [&](std::size_t i, const plan::op_partition* p) {
+        return ordered && i < rp.stage_of.size() && i < rp.micro_split.size() && rp.micro_split[i] &&
+               rp.stage_of[i] >= 0 && rp.stage_of[i] < stages && i < rp.round_of.size() &&
+               rp.round_of[i] == rp.order->shape.rounds - 1 &&
+               !(p && detail::decomposed(model.nodes[i], *p));
+    };
+    // Per device holding the parameter: its partial sum's elements and stage (-1: none), of
+    // the reading that holds most there (a parameter two stages read is summed once).
+    std::vector<std::pair<double, int>> partial_of(devices, {0.0, -1});
     // Per parameter: the largest region and fewest copies any device holds of it (a tied
     // embedding read by two ops counts once, at its larger reading).
     struct holding {
@@ -19663,15 +19721,19 @@ LOOM_INLINE memory_floor memory_lower_bound(const plan::resolved_plan& rp, const
             std::int64_t holdings = 0;  // (device, region) pairs
             for (std::size_t d : holders) holdings += regions_held[d];
             const double copies = std::max(1.0, static_cast<double>(holdings) / regions);
+            const bool partial = sums_micro_batches(i, p);
             for (std::size_t d : holders) {
                 const double amount = region * static_cast<double>(regions_held[d]);
                 if (held[d].region == 0) touched.push_back(d);
                 if (amount > held[d].region || held[d].region == 0) held[d] = {amount, copies, regions};
+                if (partial && amount > partial_of[d].first) partial_of[d] = {amount, rp.stage_of[i]};
                 regions_held[d] = 0;
             }
         }
         const double bytes = static_cast<double>(real_bytes(storage_precision(model, t, o.storage)));
         for (std::size_t d : touched) {
+            if (const auto [elements, stage] = std::exchange(partial_of[d], {0.0, -1}); stage >= 0)
+                partials[d][static_cast<std::size_t>(stage)] += elements * bytes;
             const holding h = held[d];
             held[d] = {};
             // parameters, gradients (same precision), optimizer state
@@ -19689,6 +19751,11 @@ LOOM_INLINE memory_floor memory_lower_bound(const plan::resolved_plan& rp, const
             const double update_copies = std::max(h.copies, static_cast<double>(touched.size()) / h.regions);
             if (zero < 3) out.updated[d] += zero >= 1 ? h.region / update_copies : h.region;
         }
+    }
+    if (work) {
+        detail::held_in_flight held_then = detail::activation_floor(rp, model, *work, o, partials);
+        out.activations = std::move(held_then.activations);
+        out.with_partial_sums = std::move(held_then.with_partial_sums);
     }
     return out;
 }
@@ -20107,11 +20174,11 @@ LOOM_INLINE assignment_bounds folded_bounds::operator()(const plan::plan_spec& c
     // them, or falls as 1/S), so the line through two instances stays below them beyond.
     // The busiest device's term is linear, so its line is exact, where the order's bound,
     // looser at the larger instance, can bend the whole bound's line down.
-    std::vector<double> step_by_stages, memory_by_stages, after_by_stages;
+    std::vector<double> step_by_stages, memory_by_stages, summing_by_stages, after_by_stages;
     for (std::int64_t stages : stage_counts) {
         const fold_shape at = stages == s.stages ? s : with_stages(s, stages);
         const std::vector<std::int64_t> micro_batches = instance_micro_batches(at);
-        std::vector<double> by_micro_batches, busiest_by_micro_batches, memory_by_layers, after_by_layers;
+        std::vector<double> by_micro_batches, busiest_by_micro_batches, memory_by_layers, summing_by_layers, after_by_layers;
         std::vector<const std::optional<pipeline_blocks>*> blocks_by_layers;  // of the fewer micro-batches
         for (std::int64_t mb : micro_batches) {
             std::vector<double> by_layers, busiest_by_layers;
@@ -20147,7 +20214,8 @@ LOOM_INLINE assignment_bounds folded_bounds::operator()(const plan::plan_spec& c
                 for (double& b : least.sharded) b *= to_real;
                 if (known->second.zero != plan::zero_stage::none)
                     for (double& n : least.updated) n *= to_real;
-                memory_by_layers.push_back(least.peak());
+                memory_by_layers.push_back(least.peak_without_partial_sums());
+                summing_by_layers.push_back(least.peak());
                 after_by_layers.push_back(after_programs_lower_bound(least, cluster_, options_));
             }
             by_micro_batches.push_back(along(by_layers, layers, fold_layers_per_stage(s)));
@@ -20158,10 +20226,16 @@ LOOM_INLINE assignment_bounds folded_bounds::operator()(const plan::plan_spec& c
         if (stage_counts.size() == 1) step = std::max(step, real_order_bound(candidate, s, layers, blocks_by_layers));
         step_by_stages.push_back(step);
         memory_by_stages.push_back(along(memory_by_layers, layers, fold_layers_per_stage(s)));
+        summing_by_stages.push_back(along(summing_by_layers, layers, fold_layers_per_stage(s)));
         after_by_stages.push_back(along(after_by_layers, layers, fold_layers_per_stage(s)));
     }
+    // The memory at the moments that hold gradient partial sums too: the instance of the most
+    // stages. A deeper pipeline holds no less (the same layers per stage, as many micro-batches
+    // in flight or more), but not linearly more: the micro-batches in flight stop growing
+    // with the stages where the order holds all of them (4 and 8 stages of an interleaved
+    // order at 2 layers each floored at 19.8 and 25.3 MB, 16 at 26.0 MB, not the line's 36.4).
     return {along(step_by_stages, stage_counts, s.stages) + along(after_by_stages, stage_counts, s.stages),
-            along(memory_by_stages, stage_counts, s.stages) + options_.runtime_bytes};
+            std::max(along(memory_by_stages, stage_counts, s.stages), summing_by_stages.back()) + options_.runtime_bytes};
 }
 
 LOOM_INLINE double folded_bounds::real_order_bound(const plan::plan_spec& candidate, const fold_shape& s,
