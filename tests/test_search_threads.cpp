@@ -196,6 +196,44 @@ TEST_CASE("a budget that leaves the space unbounded prices the best-bounded of e
     check_every_assignment_counted(r);
 }
 
+TEST_CASE("the other orders' descents start where the first order's descent ended") {
+    // Both orders bound lower as x grows (A at 5 - x, B at 10 - x). The enumeration stops
+    // after one assignment (A, x = 1); A's descent moves to x = 2, 3, 4. B starts at A's end
+    // moved to B (x = 4, bound 6, ahead of its own start's 9) instead of retracing the path
+    // from x = 1: B at x = 1 (its start, moved from the corner) and at x = 4 are all it moves
+    // to (it looks at x = 2 and 3 from there, and stays).
+    plan::plan_spec space;
+    space.devices = 1;
+    const std::vector<search::open_parameter> params{
+        {"order", search::open_parameter::kind::order, {0, 1}, {"A", "B"}},
+        {"x", search::open_parameter::kind::degree, {1, 2, 3, 4}, {}},
+    };
+    const auto model = small_gpt();
+    search::plan_search_options o;
+    o.threads = 1;
+    o.max_bounded = 1;
+    o.max_priced = 2;
+    const auto bound = [](const plan::plan_spec& c) {
+        const auto x = static_cast<double>(c.choices.at("x"));
+        return search::detail::assignment_bounds{c.choices.at("order") == 0 ? 5 - x : 10 - x, 0.0};
+    };
+    const auto price = [](const plan::plan_spec& c, const std::atomic<bool>&) {
+        const auto x = static_cast<double>(c.choices.at("x"));
+        search::program_price out;
+        out.step_seconds = c.choices.at("order") == 0 ? 100 - x : 20 - x;
+        out.devices.resize(1);
+        return out;
+    };
+    const search::plan_search_result r =
+        search::detail::search_assignments(space, params, search::dgx_a100(1), o, model.ir(), bound, price);
+    INFO(r.explain());
+    CHECK(r.stats.descended == 5);  // A at x = 2, 3, 4 and B at x = 1 and 4 (7 retracing A's path)
+    CHECK(r.best.choices.at("order") == 1);
+    CHECK(r.best.choices.at("x") == 4);
+    CHECK(r.best.price.step_seconds == 16.0);
+    check_every_assignment_counted(r);
+}
+
 TEST_CASE("the descent's exchange of degrees takes fewer micro-batches where the batch needs it") {
     // 4 devices, dp x pp = 4, a batch of 4 samples split over dp replicas of mb micro-batches
     // (dp x mb <= 4, else refused). The enumeration stops after one assignment (dp 1, pp 4,
