@@ -45,6 +45,21 @@ struct unbounded_xy_space {
     }
 };
 
+// Two orders, A and B, and x in 1..4 on one device, searched on one thread with a count
+// budget of one bounded assignment (A, x = 1) and two prices.
+struct two_order_space {
+    plan::plan_spec space;
+    std::vector<search::open_parameter> params{{"order", search::open_parameter::kind::order, {0, 1}, {"A", "B"}},
+                                               {"x", search::open_parameter::kind::degree, {1, 2, 3, 4}, {}}};
+    search::plan_search_options o;
+    two_order_space() {
+        space.devices = 1;
+        o.threads = 1;
+        o.max_bounded = 1;
+        o.max_priced = 2;
+    }
+};
+
 }  // namespace
 
 TEST_CASE("pricing on several threads gives the answer and the statistics of pricing one at a time") {
@@ -161,17 +176,8 @@ TEST_CASE("a budget that leaves the space unbounded prices the best-bounded of e
     // stops after one assignment (A, x = 1); the descent starts from it (and moves A to
     // x = 4) and from it moved to B, keeping each order, and the first prices are the best
     // of each order.
-    plan::plan_spec space;
-    space.devices = 1;
-    const std::vector<search::open_parameter> params{
-        {"order", search::open_parameter::kind::order, {0, 1}, {"A", "B"}},
-        {"x", search::open_parameter::kind::degree, {1, 2, 3, 4}, {}},
-    };
+    const two_order_space ab;
     const auto model = small_gpt();
-    search::plan_search_options o;
-    o.threads = 1;
-    o.max_bounded = 1;
-    o.max_priced = 2;
     const auto bound = [](const plan::plan_spec& c) {
         const auto x = static_cast<double>(c.choices.at("x"));
         return search::detail::assignment_bounds{c.choices.at("order") == 0 ? 5 - x : 10 + x, 0.0};
@@ -184,7 +190,7 @@ TEST_CASE("a budget that leaves the space unbounded prices the best-bounded of e
         return out;
     };
     const search::plan_search_result r =
-        search::detail::search_assignments(space, params, search::dgx_a100(1), o, model.ir(), bound, price);
+        search::detail::search_assignments(ab.space, ab.params, search::dgx_a100(1), ab.o, model.ir(), bound, price);
     INFO(r.explain());
     CHECK(r.stats.priced == 2);
     CHECK(r.stats.descended == 4);  // A at x = 2, 3, 4 and B at x = 1
@@ -202,17 +208,8 @@ TEST_CASE("the other orders' descents start where the first order's descent ende
     // moved to B (x = 4, bound 6, ahead of its own start's 9) instead of retracing the path
     // from x = 1: B at x = 1 (its start, moved from the corner) and at x = 4 are all it moves
     // to (it looks at x = 2 and 3 from there, and stays).
-    plan::plan_spec space;
-    space.devices = 1;
-    const std::vector<search::open_parameter> params{
-        {"order", search::open_parameter::kind::order, {0, 1}, {"A", "B"}},
-        {"x", search::open_parameter::kind::degree, {1, 2, 3, 4}, {}},
-    };
+    const two_order_space ab;
     const auto model = small_gpt();
-    search::plan_search_options o;
-    o.threads = 1;
-    o.max_bounded = 1;
-    o.max_priced = 2;
     const auto bound = [](const plan::plan_spec& c) {
         const auto x = static_cast<double>(c.choices.at("x"));
         return search::detail::assignment_bounds{c.choices.at("order") == 0 ? 5 - x : 10 - x, 0.0};
@@ -225,7 +222,7 @@ TEST_CASE("the other orders' descents start where the first order's descent ende
         return out;
     };
     const search::plan_search_result r =
-        search::detail::search_assignments(space, params, search::dgx_a100(1), o, model.ir(), bound, price);
+        search::detail::search_assignments(ab.space, ab.params, search::dgx_a100(1), ab.o, model.ir(), bound, price);
     INFO(r.explain());
     CHECK(r.stats.descended == 5);  // A at x = 2, 3, 4 and B at x = 1 and 4 (7 retracing A's path)
     CHECK(r.best.choices.at("order") == 1);
