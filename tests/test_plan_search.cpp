@@ -73,6 +73,23 @@ plan::plan_spec even_pipeline(int stages, int micro_batches, bool recompute, int
     return p;
 }
 
+// A pipeline's memory floor beside its programs' price, on one DGX A100 node without the
+// runtime's fixed bytes: `even_pipeline` run in `order`.
+struct floor_and_price {
+    search::memory_floor least;
+    search::program_price price;
+};
+floor_and_price pipeline_floor(const graph& g, plan::schedule_kind order, int stages, int micro_batches, bool recompute) {
+    const search::cluster c = search::dgx_a100(1);
+    search::price_options o;
+    o.runtime_bytes = 0;
+    plan::plan_spec p = even_pipeline(stages, micro_batches, recompute);
+    p.order = {{plan::order_policy{order}}, ""};
+    const auto work = search::training_work_of(g, c.device, o);
+    return {search::memory_lower_bound(plan::resolve(p, g), g, o, &work),
+            search::price_programs(partition::apply_plan(g, p), c, o)};
+}
+
 // Every assignment of the space priced, the way the searcher would if it pruned nothing.
 struct exhaustive {
     std::map<std::string, std::int64_t> best;
@@ -517,31 +534,15 @@ TEST_CASE("the memory floor counts the activations each device keeps in flight, 
     // micro-batch on every stage before the first backward; 1F1B holds S - s on stage s.
     const auto model = models::gpt({.layers = 8, .hidden = 64, .heads = 4, .vocab = 64, .seq = 64, .batch = 16});
     const graph g = model.ir();
-    const search::cluster c = search::dgx_a100(1);
-    search::price_options o;
-    o.runtime_bytes = 0;
-    const auto work = search::training_work_of(g, c.device, o);
-    auto pipeline = [](plan::schedule_kind order, bool recompute, int micro_batches = 8) {
-        plan::plan_spec p = even_pipeline(4, micro_batches, recompute);
-        p.order = {{plan::order_policy{order}}, ""};
-        return p;
-    };
-    struct floors {
-        search::memory_floor least;
-        search::program_price price;
-    };
-    auto floors_of = [&](const plan::plan_spec& p) {
-        return floors{search::memory_lower_bound(plan::resolve(p, g), g, o, &work),
-                      search::price_programs(partition::apply_plan(g, p), c, o)};
-    };
-    const floors gpipe = floors_of(pipeline(plan::schedule_kind::gpipe, false));
-    const floors one_f_one_b = floors_of(pipeline(plan::schedule_kind::one_f_one_b, false));
-    const floors recomputed = floors_of(pipeline(plan::schedule_kind::gpipe, true));
+    const search::price_options o;
+    const floor_and_price gpipe = pipeline_floor(g, plan::schedule_kind::gpipe, 4, 8, false);
+    const floor_and_price one_f_one_b = pipeline_floor(g, plan::schedule_kind::one_f_one_b, 4, 8, false);
+    const floor_and_price recomputed = pipeline_floor(g, plan::schedule_kind::gpipe, 4, 8, true);
     // One micro-batch: no op carries a micro-batch split, and what each keeps it keeps for
     // the whole batch (a floor that skipped them counted no activations at all, 2% of the
     // price of such 24-layer plans on 8 GPUs).
-    const floors whole_batch = floors_of(pipeline(plan::schedule_kind::one_f_one_b, false, 1));
-    for (const floors* f : {&gpipe, &one_f_one_b, &recomputed, &whole_batch})
+    const floor_and_price whole_batch = pipeline_floor(g, plan::schedule_kind::one_f_one_b, 4, 1, false);
+    for (const floor_and_price* f : {&gpipe, &one_f_one_b, &recomputed, &whole_batch})
         for (std::size_t d = 0; d < 4; ++d) {
             CHECK(f->least.total(d) <= f->price.devices[d].memory.total() * (1 + 1e-12));
             CHECK(f->least.activations[d] > 0);
@@ -577,17 +578,10 @@ TEST_CASE("the memory floor counts the partial sums of the weights' gradients ov
     // descent of a budgeted search took such plans for fitting and priced nothing else.
     const auto model = models::gpt({.layers = 2, .hidden = 256, .heads = 4, .vocab = 64, .seq = 4, .batch = 16});
     const graph g = model.ir();
-    const search::cluster c = search::dgx_a100(1);
-    search::price_options o;
-    o.runtime_bytes = 0;
-    const auto work = search::training_work_of(g, c.device, o);
+    const search::price_options o;
     for (const plan::schedule_kind order : {plan::schedule_kind::one_f_one_b, plan::schedule_kind::gpipe})
         for (const int stages : {1, 2}) {
-            plan::plan_spec p = even_pipeline(stages, 8, false);
-            p.order = {{plan::order_policy{order}}, ""};
-            const plan::resolved_plan rp = plan::resolve(p, g);
-            const search::memory_floor least = search::memory_lower_bound(rp, g, o, &work);
-            const search::program_price price = search::price_programs(partition::apply_plan(g, p), c, o);
+            const auto [least, price] = pipeline_floor(g, order, stages, 8, false);
             for (std::size_t d = 0; d < least.whole.size(); ++d) {
                 INFO((order == plan::schedule_kind::gpipe ? "GPipe" : "1F1B") << ", stages " << stages << ", device " << d);
                 // The parameters' bytes: f32 parameters and gradients, 8 bytes of optimizer state.
