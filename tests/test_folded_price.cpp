@@ -456,6 +456,18 @@ TEST_CASE("a folded price refuses a plan whose instances hold too many pieces, b
         CHECK(what.find("op pieces, more than price_options::max_instance_pieces (1000") != std::string::npos);
         CHECK(what.find("a smaller Coshard factor") != std::string::npos);
     }
+    // The search's bound refuses it too, with the price's reason, so that a descent under a
+    // budget never moves to a plan its price refuses (at 1024 GPUs a 10 s budget's descent
+    // ended among such plans, and the search priced a 232 s plan after 26 s instead).
+    search::detail::folded_bounds tight_bounds(m, c, tight);
+    try {
+        (void)tight_bounds(p);
+        FAIL("a plan over the limit was bounded");
+    } catch (const plan_error& e) {
+        CHECK(std::string(e.what()).find("op pieces, more than price_options::max_instance_pieces (1000") != std::string::npos);
+    }
+    search::detail::folded_bounds limited_bounds(m, c, gpu_options());
+    CHECK(limited_bounds(p).step > 0);
     // The search counts such plans refused, for that reason, and says so.
     search::plan_search_options o;
     o.price = tight;

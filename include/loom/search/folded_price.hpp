@@ -204,8 +204,17 @@ struct instance_pieces {
     std::int64_t largest = 0;
     std::int64_t instances = 1;
 };
+// The instance graph of `layers` layers and `batch` samples; a caller that keeps its instance
+// graphs passes them, else each is built.
+using instance_graph_function = std::function<const graph&(std::int64_t layers, std::int64_t batch)>;
 LOOM_INLINE std::vector<instance_pieces> folded_instance_pieces(const model_family& m, const plan::plan_spec& p,
-                                                                const cluster& c);
+                                                                const cluster& c, const instance_graph_function& graph_of = {});
+// Throws the plan_error that price_folded throws, before it materializes anything, for a
+// plan whose largest instance at some stage count holds more than o.max_instance_pieces op
+// pieces. The search's bound refuses such plans too, so that no descent moves to a plan
+// that it cannot price.
+LOOM_INLINE void check_instance_pieces(const model_family& m, const plan::plan_spec& p, const cluster& c,
+                                       const price_options& o, const instance_graph_function& graph_of = {});
 
 // The price of plan p (every open parameter chosen) for model m on cluster c, folded.
 // Throws plan_error when the plan does not fit the model (more stages than it has
@@ -425,7 +434,7 @@ LOOM_INLINE std::vector<std::int64_t> instance_replicas(const fold_shape& s, con
 }
 
 LOOM_INLINE std::vector<instance_pieces> folded_instance_pieces(const model_family& m, const plan::plan_spec& p,
-                                                                const cluster& c) {
+                                                                const cluster& c, const instance_graph_function& graph_of) {
     const fold_shape s = shape_of(p, m);
     const std::vector<std::int64_t> layer_counts = instance_layers(m, s), replica_counts = instance_replicas(s, m, p);
     const std::int64_t replicas = replica_counts.back();
@@ -435,11 +444,30 @@ LOOM_INLINE std::vector<instance_pieces> folded_instance_pieces(const model_fami
         const fold_shape at = stages == s.stages ? s : with_stages(s, stages);
         const std::vector<std::int64_t> micro_batch_counts = instance_micro_batches(at);
         const std::int64_t micro_batches = micro_batch_counts.back(), layers = layer_counts.back();
-        const graph g = m.forward(instance_depth(at, layers), samples * replicas * micro_batches);
+        graph built;
+        const std::int64_t depth = instance_depth(at, layers), batch = samples * replicas * micro_batches;
+        const graph& g = graph_of ? graph_of(depth, batch) : (built = m.forward(depth, batch));
         out.push_back({stages, detail::op_pieces(plan::resolve(instance_plan(p, at, replicas, micro_batches, layers), g), g),
                        static_cast<std::int64_t>(replica_counts.size() * micro_batch_counts.size() * layer_counts.size())});
     }
     return out;
+}
+
+LOOM_INLINE void check_instance_pieces(const model_family& m, const plan::plan_spec& p, const cluster& c,
+                                       const price_options& o, const instance_graph_function& graph_of) {
+    if (o.max_instance_pieces <= 0) return;
+    // The largest instance of each stage count: the most replicas, micro-batches and layers.
+    const fold_shape s = shape_of(p, m);
+    for (const instance_pieces& at : folded_instance_pieces(m, p, c, graph_of))
+        if (at.largest > o.max_instance_pieces)
+            throw plan_error("price_folded: its instance of " + std::to_string(at.stages) + " stages, " +
+                             std::to_string(instance_micro_batches(at.stages == s.stages ? s : with_stages(s, at.stages)).back()) +
+                             " micro-batches, " + std::to_string(instance_layers(m, s).back()) + " layers per stage and " +
+                             std::to_string(instance_replicas(s, m, p).back()) + " replicas would hold " +
+                             std::to_string(at.largest) + " op pieces, more than price_options::max_instance_pieces (" +
+                             std::to_string(o.max_instance_pieces) +
+                             ", 12 to 20 KB of memory each to materialize); raise the limit on a machine with the "
+                             "memory, or price fewer pieces (a smaller Coshard factor, fewer micro-batches)");
 }
 
 LOOM_INLINE folded_price price_folded(const model_family& m, const plan::plan_spec& p, const cluster& c,
@@ -464,22 +492,8 @@ LOOM_INLINE folded_price price_folded(const model_family& m, const plan::plan_sp
         if (o.cancel && o.cancel->load(std::memory_order_relaxed)) throw price_cancelled();
     };
 
-    // Before any instance is materialized: the largest of each stage count (the most
-    // replicas, micro-batches and layers) within max_instance_pieces.
-    if (o.max_instance_pieces > 0) {
-        cancelled();
-        for (const instance_pieces& at : folded_instance_pieces(m, p, c))
-            if (at.largest > o.max_instance_pieces)
-                throw plan_error("price_folded: its instance of " + std::to_string(at.stages) + " stages, " +
-                                 std::to_string(instance_micro_batches(at.stages == s.stages ? s : with_stages(s, at.stages)).back()) +
-                                 " micro-batches, " + std::to_string(out.instance_layers.back()) +
-                                 " layers per stage and " + std::to_string(out.instance_replicas.back()) +
-                                 " replicas would hold " + std::to_string(at.largest) +
-                                 " op pieces, more than price_options::max_instance_pieces (" +
-                                 std::to_string(o.max_instance_pieces) +
-                                 ", 12 to 20 KB of memory each to materialize); raise the limit on a machine with the "
-                                 "memory, or price fewer pieces (a smaller Coshard factor, fewer micro-batches)");
-    }
+    cancelled();
+    check_instance_pieces(m, p, c, o);
 
     // One price per instance stage count, over its devices with every real replica.
     std::vector<program_price> per_stages;

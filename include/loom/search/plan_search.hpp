@@ -2158,6 +2158,9 @@ LOOM_INLINE assignment_bounds folded_bounds::operator()(const plan::plan_spec& c
     const plan::detail::selector_memo_scope remembering(selectors_);
     // The bound of each instance's plan (its devices compute what the real ones do),
     // extrapolated over the layers per stage, the micro-batches and the stages as the price is.
+    // A plan whose price would refuse it for the size of its instances is refused here.
+    check_instance_pieces(model_, candidate, cluster_, options_,
+                          [this](std::int64_t layers, std::int64_t batch) -> const graph& { return instance_of(layers, batch).g; });
     const fold_shape s = shape_of(candidate, model_);
     const std::vector<std::int64_t> layers = instance_layers(model_, s);
     std::vector<std::int64_t> stage_counts = instance_stages(s, candidate.devices, cluster_.topo);
