@@ -108,6 +108,7 @@ exhaustive price_everything(const graph& model, const plan::plan_spec& space, co
         space, search::batch_of(model), space.stages ? plan::detail::layer_count(model, space.stages->repeat) : 0);
     const auto work = search::training_work_of(model, c.device, o.price);
     const double floor = search::any_plan_lower_bound(work, space.devices, o.price);
+    const double memory_floor = search::any_plan_memory_floor(model, space.devices, o.price);
     exhaustive out;
     search::for_each_assignment(space, params, [&](const plan::plan_spec& candidate) {
         try {
@@ -127,6 +128,8 @@ exhaustive price_everything(const graph& model, const plan::plan_spec& space, co
             // below every leaf's bound.
             CHECK(floor > 0);
             CHECK(floor <= bound * (1 + 1e-12));
+            // So does the memory floor of any plan, below every leaf's fullest device.
+            CHECK(memory_floor <= (least.peak() + o.price.runtime_bytes) * (1 + 1e-12));
             if (rp.zero != plan::zero_stage::parameters) CHECK(after > 0);
             for (std::size_t d = 0; d < price.devices.size(); ++d) {
                 INFO("device " << d << ", " << search::choices_text(params, candidate.choices));
@@ -793,8 +796,11 @@ TEST_CASE("an empty space says which constraint empties it") {
         }
     }
     SECTION("memory") {
+        // Above the memory of any plan's model state, spread over the 4 devices: each
+        // assignment's floor is over it (activations, and norms no split of this space
+        // shards), and the search says which needs least.
         search::plan_search_options o;
-        o.memory_limit = 1024;  // bytes
+        o.memory_limit = search::any_plan_memory_floor(model.ir(), 4, o.price) * (1 + 1e-9);
         try {
             search::search_plan(model.ir(), open_megatron(4), search::dgx_a100(1), o);
             FAIL("a space that cannot fit was searched");
@@ -803,9 +809,31 @@ TEST_CASE("an empty space says which constraint empties it") {
             INFO(what);
             CHECK(what.find("exceed") != std::string::npos);
             CHECK(what.find("the smallest") != std::string::npos);
-            // 1 KiB holds no weights: every assignment is set aside by its floor, unpriced.
+            // Every assignment is set aside by its floor, unpriced.
             CHECK(what.find("needs at least") != std::string::npos);
             CHECK(what.find("for its weights, gradients, optimizer state and activations in flight") != std::string::npos);
+        }
+    }
+    SECTION("memory that no plan has") {
+        // Below the model state of any plan, spread over every device: the search says so
+        // before bounding an assignment, with or without a budget, folded or not.
+        search::plan_search_options o;
+        const double least = search::any_plan_memory_floor(model.ir(), 4, o.price);
+        // Every weight's element, its gradient (both fp32 here) and optimizer state, over 4
+        // devices: the parameters as the architecture counts them.
+        const auto elements = static_cast<double>(model.config.parameter_count());
+        CHECK(least == Approx(elements * (4 + 4 + o.price.optimizer_bytes_per_element) / 4 + o.price.runtime_bytes));
+        o.memory_limit = least * (1 - 1e-9);
+        o.time_budget_seconds = 60;
+        try {
+            search::search_plan(model.ir(), plan::spaces::nnscaler(4), search::dgx_a100(1), o);
+            FAIL("a space that cannot fit was searched");
+        } catch (const search::search_error& e) {
+            const std::string what = e.what();
+            INFO(what);
+            CHECK(what.find("no plan in the space fits: the model's weights, gradients and optimizer state alone, each "
+                            "element held once over all 4 devices") != std::string::npos);
+            CHECK(what.find("add devices") != std::string::npos);
         }
     }
     SECTION("ranges with nothing in common") {

@@ -18299,6 +18299,15 @@ LOOM_INLINE training_work training_work_of(const graph& model, const device_prof
 // assignments a budget leaves unbounded: a search stopped early still proves a gap.
 LOOM_INLINE double any_plan_lower_bound(const training_work& work, int devices, const price_options& o);
 
+// The least memory any plan of `model` over `devices` devices holds on its fullest device:
+// every parameter's weights, gradients (at the weights' precision) and optimizer state,
+// each element once over all the devices (ZeRO-3 over every one of them), the runtime's
+// bytes beside. Each assignment's memory floor (memory_lower_bound) holds each device's
+// share of the same state, so its fullest device holds at least this: where it exceeds the
+// memory limit, nothing in any space of the model fits, which the search says at once
+// instead of bounding its assignments until a budget ends.
+LOOM_INLINE double any_plan_memory_floor(const graph& model, int devices, const price_options& o);
+
 // A lower bound on the step time of a resolved plan: the busiest device's share of the
 // training work. Each piece of an op does its share of the op's work (splits are even;
 // replicas do it all, and pieces of a GEMM run at most at the efficiency of the largest
@@ -18743,13 +18752,18 @@ using price_cost_function = std::function<double(const plan::plan_spec&)>;
 // `structure`: the real model's graph, on which each assignment's stage group is checked
 // first (plan::detail::check_stage_group). `cost`: under a budget that leaves the space
 // unbounded, the first leaves are priced in bands of 10% of bound, the cheapest of each band
-// first (see search_assignments). `floor`: a step time no assignment prices below
-// (any_plan_lower_bound), which bounds those a budget leaves unbounded; 0: none known, and
-// such a search's gap is 100%.
+// first (see search_assignments). `floors`: what no assignment goes below, 0 where none is
+// known. Its step (any_plan_lower_bound) bounds the assignments a budget leaves unbounded
+// (without it such a search's gap is 100%); its memory (any_plan_memory_floor), where it
+// exceeds the limit, ends the search before any assignment is bounded.
+struct any_plan_floors {
+    double step = 0;
+    double memory = 0;
+};
 LOOM_INLINE plan_search_result search_assignments(const plan::plan_spec& space, std::vector<open_parameter> params,
                                                   const cluster& c, const plan_search_options& o, const graph& structure,
                                                   const bound_function& bound, const price_function& price,
-                                                  const price_cost_function& cost = {}, double floor = 0);
+                                                  const price_cost_function& cost = {}, any_plan_floors floors = {});
 
 }  // namespace detail
 
@@ -19024,6 +19038,19 @@ LOOM_INLINE double any_plan_lower_bound(const training_work& work, int devices, 
     double all = 0;
     for (const training_op& op : work.ops) all += op.seconds * std::min(1.0, op.solo_factor);
     return o.compute_shared_by != 1 ? all / o.compute_shared_by : all / std::max(devices, 1);
+}
+
+LOOM_INLINE double any_plan_memory_floor(const graph& model, int devices, const price_options& o) {
+    std::set<tensor_id> parameters;  // those the forward ops read, as memory_lower_bound counts them
+    for (std::size_t i = 0; i < model.forward_node_count(); ++i)
+        for (tensor_id t : model.nodes[i].inputs)
+            if (model.tensor(t).role == tensor_role::parameter) parameters.insert(t);
+    double state = 0;
+    for (tensor_id t : parameters) {
+        const double bytes = static_cast<double>(real_bytes(storage_precision(model, t, o.storage)));
+        state += static_cast<double>(model.tensor(t).dims.numel()) * (2 * bytes + o.optimizer_bytes_per_element);
+    }
+    return state / std::max(devices, 1) + o.runtime_bytes;
 }
 
 LOOM_INLINE double step_lower_bound(const plan::resolved_plan& rp, const training_work& work, const price_options& o,
@@ -20130,7 +20157,7 @@ LOOM_INLINE plan_search_result search_plan(const graph& model, const plan::plan_
         [&](const plan::plan_spec& candidate, const std::atomic<bool>&) {
             return price_programs(partition::apply_plan(model, candidate), c, o.price);
         },
-        {}, any_plan_lower_bound(work, space.devices, o.price));
+        {}, {any_plan_lower_bound(work, space.devices, o.price), any_plan_memory_floor(model, space.devices, o.price)});
 }
 
 LOOM_INLINE plan_search_result search_plan(const model_family& model, const plan::plan_spec& space, const cluster& c,
@@ -20156,7 +20183,8 @@ LOOM_INLINE plan_search_result search_plan(const model_family& model, const plan
             // budget's 12 for pricing, and its plans, whose bounds are the loosest, lost.
             return shape_of(candidate, model).interlaced ? 2.5 * pieces : pieces;
         },
-        any_plan_lower_bound(training_work_of(whole, c.device, o.price), space.devices, o.price));
+        {any_plan_lower_bound(training_work_of(whole, c.device, o.price), space.devices, o.price),
+         any_plan_memory_floor(whole, space.devices, o.price)});
 }
 
 }  // namespace loom::search
@@ -20300,7 +20328,7 @@ LOOM_INLINE void concrete_boundaries(plan::plan_spec& p, const std::vector<open_
 LOOM_INLINE plan_search_result search_assignments(const plan::plan_spec& space, std::vector<open_parameter> parameters,
                                                   const cluster& c, const plan_search_options& o, const graph& structure,
                                                   const bound_function& bound_of, const price_function& price_of,
-                                                  const price_cost_function& cost_of, double floor) {
+                                                  const price_cost_function& cost_of, any_plan_floors floors) {
     const auto started = std::chrono::steady_clock::now();
     auto elapsed = [&] { return std::chrono::duration<double>(std::chrono::steady_clock::now() - started).count(); };
     if (space.devices > c.devices())
@@ -20311,6 +20339,13 @@ LOOM_INLINE plan_search_result search_assignments(const plan::plan_spec& space, 
     plan_search_result result;
     result.parameters = std::move(parameters);
     result.memory_limit = o.memory_limit > 0 ? o.memory_limit : c.device.memory_bytes;
+    if (floors.memory > result.memory_limit)
+        throw search_error("search_plan: no plan in the space fits: the model's weights, gradients and optimizer state "
+                           "alone, each element held once over all " + std::to_string(space.devices) +
+                           " devices (ZeRO-3 over every one), with the runtime's " + detail::gib_text(o.price.runtime_bytes) +
+                           ", need " + detail::gib_text(floors.memory) + " per device, more than the limit of " +
+                           detail::gib_text(result.memory_limit) +
+                           "; add devices, or raise the memory limit, or store the optimizer state in fewer bytes");
     const auto& params = result.parameters;
     plan_search_statistics& stats = result.stats;
 
@@ -20980,7 +21015,7 @@ LOOM_INLINE plan_search_result search_assignments(const plan::plan_spec& space, 
         double lowest = passed_over_bound;
         for (std::size_t k = next; k < leaves.size(); ++k)
             if (leaves[k].memory <= result.memory_limit) lowest = std::min(lowest, leaves[k].bound);
-        if (stats.unbounded > 0) lowest = std::min(lowest, floor);
+        if (stats.unbounded > 0) lowest = std::min(lowest, floors.step);
         const double step = result.best.price.step_seconds;
         if (lowest < step) result.gap = std::min(1.0, (step - std::max(lowest, 0.0)) / step);
     }
