@@ -355,3 +355,44 @@ TEST_CASE("a budget that leaves the space unbounded prices first the cheapest of
     CHECK(priced.front() == 4);
     CHECK(by_bound.best.choices.at("x") == 4);
 }
+
+TEST_CASE("a descent that ends with time to spare resumes the enumeration where it paused, and proves its answer") {
+    // x in 1..10, bounded at 11 - x up to 3 and at 20 + x beyond, priced at 9 more. The first
+    // bound takes a second, so at that pace the enumeration would take 10 s of a 4 s budget:
+    // it pauses after one assignment. The descent from x = 1 moves to 2 and 3, looks at the
+    // rest (at once) and stays, long before its deadline (2.4 s); the enumeration then
+    // resumes, takes their bounds without bounding them again, and ends: every assignment
+    // bounded, the answer proven. Without it, 4 to 10 stay unbounded, the gap 100%.
+    plan::plan_spec space;
+    space.devices = 1;
+    const search::open_parameter p{"x", search::open_parameter::kind::micro_batches, {1, 2, 3, 4, 5, 6, 7, 8, 9, 10}, {}};
+    const auto model = small_gpt();
+    search::plan_search_options o;
+    o.threads = 1;
+    o.time_budget_seconds = 4;
+    std::atomic<int> bounded{0};
+    const auto bound = [&bounded](const plan::plan_spec& c) {
+        if (bounded++ == 0) std::this_thread::sleep_for(std::chrono::seconds(1));
+        const auto x = static_cast<double>(c.choices.at("x"));
+        return search::detail::assignment_bounds{x <= 3 ? 11.0 - x : 20.0 + x, 0.0};
+    };
+    const auto price = [](const plan::plan_spec& c, const std::atomic<bool>&) {
+        const auto x = static_cast<double>(c.choices.at("x"));
+        search::program_price out;
+        out.step_seconds = 9.0 + (x <= 3 ? 11.0 - x : 20.0 + x);
+        out.devices.resize(1);
+        return out;
+    };
+    const search::plan_search_result r =
+        search::detail::search_assignments(space, {p}, search::dgx_a100(1), o, model.ir(), bound, price);
+    INFO(r.explain());
+    CHECK(r.stats.descended == 2);  // the enumeration did pause, and the descent moved to 2 and 3
+    CHECK(bounded == 10);           // each assignment bounded once, by the enumeration or the descent
+    CHECK(r.stats.assignments == 10);
+    CHECK(r.stats.unbounded == 0);
+    CHECK(r.gap == 0);
+    CHECK(r.best.choices.at("x") == 3);
+    CHECK(r.best.price.step_seconds == 17.0);
+    CHECK(r.stats.pruned == 7);  // 4 to 10, by their bounds, once they have them
+    check_every_assignment_counted(r);
+}

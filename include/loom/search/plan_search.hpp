@@ -2388,35 +2388,38 @@ LOOM_INLINE plan_search_result search_assignments(const plan::plan_spec& space, 
         }
         return total;
     };
-    // What the skipped assignments count as: refused for `skip_reason`, or unbounded.
+    // The skipped assignments: refused for `skip_reason`.
     std::string skip_reason;
-    bool skip_unbounded = false;
     auto skip = [&](std::int64_t count) {
         stats.assignments += count;
         stats.skipped += count;
-        if (skip_unbounded) {
-            stats.unbounded += count;
-        } else {
-            stats.refused += count;
-            stats.refusals[skip_reason] += count;
-        }
+        stats.refused += count;
+        stats.refusals[skip_reason] += count;
     };
     // A budget spent before every assignment is bounded leaves the rest unbounded (counted,
     // not resolved), once one has a bound: the search then prices the best-bounded of those
     // it has. A count budget (max_bounded) stops it likewise. An enumeration that, at its
     // pace after 5% of the time budget, would not end within the budget stops then: a
     // descent (3b) gets the time. One that would end runs on, to prove its answer.
+    // A paused enumeration resumes where the descent leaves time (see 3b): until then it
+    // stops at `resumed_until` instead of by its pace.
     const bool budgeted = o.time_budget_seconds > 0;
     double space_size = 0;
+    double resumed_until = 0;
     auto enumeration_spent = [&] {
         if (leaves.empty()) return false;
         if (o.max_bounded > 0 && static_cast<std::int64_t>(leaves.size()) >= o.max_bounded) return true;
         if (!budgeted) return false;
         const double t = elapsed();
+        if (resumed_until > 0) return t > resumed_until;
         if (t > o.time_budget_seconds) return true;
         const double done = static_cast<double>(stats.assignments) / std::max(space_size, 1.0);
         return t > o.time_budget_seconds / 20 && t / std::max(done, 1e-12) > o.time_budget_seconds;
     };
+    // The assignments the descent (3b) bounded, and those it made leaves: a resumed
+    // enumeration takes their bounds instead of bounding them again.
+    std::map<choice_map, std::optional<assignment_bounds>> known;  // none: refused
+    std::set<choice_map> kept;
     // The verdict of the stage-group check on `candidate`'s structural choices, kept per
     // value of them (in `fresh` when the check read other choices too).
     verdict fresh;
@@ -2445,10 +2448,14 @@ LOOM_INLINE plan_search_result search_assignments(const plan::plan_spec& space, 
     // One assignment: n, or the prefix length after which every assignment is skipped.
     auto visit = [&]() -> std::size_t {
         ++stats.assignments;
-        if (enumeration_spent()) {
+        if (kept.count(candidate.choices)) {  // a leaf already, which the descent took from the unbounded
             ++stats.unbounded;
-            skip_unbounded = true;
-            return 0;
+            return n;
+        }
+        if (const auto it = known.find(candidate.choices); it != known.end() && it->second) {
+            leaves.push_back({candidate.choices, it->second->step, it->second->memory, stats.assignments - 1});
+            kept.insert(candidate.choices);
+            return n;
         }
         const verdict* group = &stage_group();
         if (!group->refusal.empty()) {
@@ -2474,29 +2481,85 @@ LOOM_INLINE plan_search_result search_assignments(const plan::plan_spec& space, 
         skip_reason = refusal;
         return settled_by(log);
     };
-    // The odometer, the last parameter turning fastest; a visit that settles a prefix skips
-    // the rest of the subtree it roots.
-    std::function<std::size_t(std::size_t)> walk = [&](std::size_t i) -> std::size_t {
-        if (i == n) return visit();
-        const std::vector<std::int64_t> values = candidates_given(params[i], candidate);
-        for (std::size_t k = 0; k < values.size(); ++k) {
-            candidate.choices[params[i].name] = values[k];
-            const std::size_t settled = walk(i + 1);
-            if (settled <= i) {
+    // The odometer, the last parameter turning fastest: per parameter its candidates under
+    // the choices above it and the one turned to. A visit that settles a prefix skips the
+    // rest of the subtree it roots. A spent budget pauses it before an assignment, the rest
+    // counted unbounded (`paused` of them) until it resumes.
+    struct dial {
+        std::vector<std::int64_t> values;
+        std::size_t at = 0;
+    };
+    std::vector<dial> dials(n);
+    std::size_t depth = 0;  // dials [0, depth) are turned to their values
+    bool ended = false;
+    std::int64_t paused = 0;
+    // Past dial i's value: the nearest dial from i up with a value left turns to it (those
+    // below it turn to their first values next); none left ends the odometer.
+    auto turn_from = [&](std::size_t i) {
+        for (;;) {
+            dial& d = dials[i];
+            if (++d.at < d.values.size()) {
+                candidate.choices[params[i].name] = d.values[d.at];
+                depth = i + 1;
+                return;
+            }
+            if (i == 0) {
+                ended = true;
+                return;
+            }
+            --i;
+        }
+    };
+    auto run_odometer = [&] {
+        // Resumed: the assignment at the dials (the descent turned `candidate` elsewhere).
+        if (paused > 0)
+            for (std::size_t i = 0; i < depth; ++i) candidate.choices[params[i].name] = dials[i].values[dials[i].at];
+        stats.assignments -= paused;
+        stats.unbounded -= paused;
+        stats.skipped -= paused;
+        paused = 0;
+        while (!ended) {
+            // Turn the dials below `depth` to their first values.
+            for (; depth < n; ++depth) {
+                dials[depth] = {candidates_given(params[depth], candidate), 0};
+                if (dials[depth].values.empty()) break;
+                candidate.choices[params[depth].name] = dials[depth].values.front();
+            }
+            if (depth < n) {  // a parameter without candidates here: nothing under the dials above
+                if (depth == 0) ended = true;
+                else turn_from(depth - 1);
+                continue;
+            }
+            if (enumeration_spent()) {
+                paused = static_cast<std::int64_t>(space_size) - stats.assignments;
+                stats.assignments += paused;
+                stats.unbounded += paused;
+                stats.skipped += paused;
+                return;
+            }
+            const std::size_t settled = visit();
+            if (settled >= n) {
+                turn_from(n - 1);
+                continue;
+            }
+            // Every assignment agreeing on [0, settled) is settled: the rest of each dial's
+            // values from the last up to `settled` are skipped, and the dial above turns.
+            for (std::size_t i = n; i-- > settled;) {
+                dial& d = dials[i];
                 std::int64_t rest = 0;
-                for (std::size_t r = k + 1; r < values.size(); ++r) {
-                    candidate.choices[params[i].name] = values[r];
+                for (std::size_t r = d.at + 1; r < d.values.size(); ++r) {
+                    candidate.choices[params[i].name] = d.values[r];
                     rest += leaves_under(i + 1);
                 }
                 skip(rest);
-                return settled;
             }
+            if (settled == 0) ended = true;
+            else turn_from(settled - 1);
         }
-        return n;
     };
     candidate = space;
     space_size = static_cast<double>(leaves_under(0));
-    walk(0);
+    run_odometer();
 
     // 3b. An enumeration cut short by a budget has bounded only the first corner of the
     // odometer (its first recompute, degree and stage-count values), which on a large model
@@ -2528,8 +2591,6 @@ LOOM_INLINE plan_search_result search_assignments(const plan::plan_spec& space, 
             if (fits(a) != fits(b)) return fits(a);
             return fits(a) ? a.step < b.step * (1 - margin) : a.memory < b.memory;
         };
-        std::set<choice_map> kept;  // the leaves' assignments
-        std::map<choice_map, std::optional<assignment_bounds>> known;  // none: refused
         for (const leaf& l : leaves) {
             kept.insert(l.choices);
             known.emplace(l.choices, assignment_bounds{l.bound, l.memory});
@@ -2718,6 +2779,14 @@ LOOM_INLINE plan_search_result search_assignments(const plan::plan_spec& space, 
                     starts[h] = {there, *b};
                 }
             }
+        }
+        // Every start descended with time to spare (a small space whose bounds are slow: an
+        // AlphaFold2 of 621 assignments, bounded at a second each, stopped at 6 s of 20 with
+        // nothing that fits): the enumeration resumes where it paused, until the descent's
+        // end. One that ends bounds every assignment, and the search proves its answer.
+        if (budgeted && o.max_bounded == 0 && paused > 0 && elapsed() < descent_end) {
+            resumed_until = descent_end;
+            run_odometer();
         }
     }
     std::stable_sort(leaves.begin(), leaves.end(), [](const leaf& a, const leaf& b) { return a.bound < b.bound; });
