@@ -18083,10 +18083,11 @@ LOOM_INLINE order_search_result order_search(const schedule::pipeline_shape& sha
 //      time budget with a plan in hand, the prices still running are cancelled
 //      (price_options::cancel), not waited for; without one, the price in its turn finishes. A time
 //      budget that step 3 would not finish within (at its pace after 5% of the budget), or
-//      plan_search_options::max_bounded, stops the enumeration (the rest of the space is
+//      plan_search_options::max_bounded, pauses the enumeration (the rest of the space is
 //      counted, unbounded); a descent from the best assignments it bounded, one or two
 //      parameters at a time, bounds more of the space until 60% of the budget (step 3b),
-//      from the best of each order first, and the best-bounded of all are priced, the
+//      from the best of each order first (a descent that ends sooner leaves the rest of
+//      that time to the enumeration, resumed), and the best-bounded of all are priced, the
 //      best-bounded of each order first (their bounds are not equally tight). The
 //      unbounded assignments' bound is then the whole training work spread over every
 //      device (any_plan_lower_bound), so the gap is that of the best price to it: far from
