@@ -2400,10 +2400,10 @@ LOOM_INLINE plan_search_result search_assignments(const plan::plan_spec& space, 
     // A budget spent before every assignment is bounded leaves the rest unbounded (counted,
     // not resolved), once one has a bound: the search then prices the best-bounded of those
     // it has. A count budget (max_bounded) stops it likewise. An enumeration that, at its
-    // pace after 5% of the time budget, would not end within the budget stops then: a
-    // descent (3b) gets the time. One that would end runs on, to prove its answer.
-    // A paused enumeration resumes where the descent leaves time (see 3b): until then it
-    // stops at `resumed_until` instead of by its pace.
+    // pace after 5% of the time budget, would not end within the budget pauses then: a
+    // descent (3b) gets the time, and the enumeration resumes where the descent leaves some,
+    // until `resumed_until` instead of by its pace. One that would end runs on, to prove its
+    // answer.
     const bool budgeted = o.time_budget_seconds > 0;
     double space_size = 0;
     double resumed_until = 0;
@@ -2455,7 +2455,6 @@ LOOM_INLINE plan_search_result search_assignments(const plan::plan_spec& space, 
         }
         if (const auto it = known.find(candidate.choices); it != known.end() && it->second) {
             leaves.push_back({candidate.choices, it->second->step, it->second->memory, stats.assignments - 1});
-            kept.insert(candidate.choices);
             return n;
         }
         const verdict* group = &stage_group();
