@@ -12,8 +12,12 @@
 #include <string>
 
 #include <loom/models/gpt.hpp>
+#include <loom/models/t5.hpp>
 #include <loom/partition/apply.hpp>
 #include <loom/plan/presets.hpp>
+
+#include "support/plan_equivalence.hpp"
+#include "support/t5_feed.hpp"
 
 using namespace loom;
 namespace presets = loom::plan::presets;
@@ -114,6 +118,60 @@ TEST_CASE("the LM head's gradient reaches the embedding's stage once per step, w
         INFO(micro << " micro-batches");
         CHECK(sends == 2);
         CHECK(elements == 2 * table);
+    }
+}
+
+TEST_CASE("T5's shared table: its three gradients are reduced once per step, whatever the micro-batches",
+          "[partition][traffic][t5]") {
+    // The table is read by the encoder's lookup, the decoder's and the LM head: two adds sum
+    // its gradient. The first adds its inputs' summands (one per micro-batch and replica)
+    // and merges the micro-batches on each device; the second reads that merged sum beside
+    // the third gradient's finer summands. Were it to run replicated instead, every replica
+    // would send its partial table to every other, point to point, per micro-batch (2 (r - 1)
+    // sends touching each device), and hold them all: memory that grows with the replicas.
+    const models::t5_config c{.encoder_layers = 1, .decoder_layers = 1, .hidden = 16, .heads = 2, .vocab = 24,
+                              .source_seq = 4, .target_seq = 4, .batch = 8};
+    auto model = models::t5(c);
+    const graph forward = model.ir();
+    const graph training = std::move(model).training_graph();
+    const std::int64_t table = c.vocab * c.hidden;
+    for (int zero : {0, 3})
+        for (int micro : {1, 2, 4}) {
+            plan::plan_spec inner = presets::data_parallel(2);
+            inner.zero = static_cast<plan::zero_stage>(zero);
+            const auto spec = micro == 1 ? inner : accumulating(micro, inner);
+            const auto pg = partition::apply_plan(training, plan::resolve(spec, training));
+            const auto t = traffic_of(pg);
+            INFO("ZeRO " << zero << ", " << micro << " micro-batches: " << listing(t.kinds));
+            CHECK(t.kinds.count(transfer_kind::send_recv) == 0);
+            // One reduction of every gradient: an all-reduce, or under ZeRO-3 a reduce-scatter
+            // onto the shards.
+            const int parameters = static_cast<int>(pg.logical->g.gradients.size());
+            if (zero == 3)
+                CHECK(t.kinds.at(transfer_kind::reduce_scatter) == parameters);
+            else
+                CHECK(t.of_gradient.at("shared") == std::map<transfer_kind, int>{{transfer_kind::all_reduce, 1}});
+            // No partial table moves but the gradient's own reduction.
+            int table_moves = 0;
+            for (const auto& tr : pg.transfers) {
+                const tensor_desc& moved = pg.logical->g.tensor(tr.logical);
+                if (tr.backward && moved.dims.numel() == table && moved.name.rfind("zero3/", 0) != 0) ++table_moves;
+            }
+            CHECK(table_moves == 1);
+            for (const auto& note : pg.notes) CHECK(note.find("'grad.add") == std::string::npos);
+        }
+    // And the merged sums are the right ones: two steps equal to one device's.
+    std::vector<models::t5_batch> batches{models::t5_synthetic_batch(c, 1), models::t5_synthetic_batch(c, 2)};
+    std::vector<train::input_feed> feeds;
+    for (const auto& b : batches) feeds.push_back(testing::t5_feed(b));
+    for (int zero : {0, 3}) {
+        plan::plan_spec inner = presets::data_parallel(2);
+        inner.zero = static_cast<plan::zero_stage>(zero);
+        const auto e = testing::compare_on_model<double>(forward, models::t5(c).training_graph(), feeds, accumulating(2, inner));
+        INFO("ZeRO " << zero << ": loss " << e.loss << ", grad norm " << e.grad_norm << ", parameters " << e.parameters);
+        CHECK(e.loss <= 1e-12);
+        CHECK(e.grad_norm <= 1e-12);
+        CHECK(e.parameters <= 1e-12);
     }
 }
 

@@ -86,7 +86,8 @@ LOOM_INLINE std::int64_t summands_of(const node& n, const plan::op_partition& p,
 // along variables the op lacks become summand axes when every input arrives as exactly that
 // many partial sums (`input_summands`), so that piece k adds summand k of each. Summands on
 // one device merge: coarse summand j of J is the sum of every summand f with f % J == j (the
-// micro-batch axis, outermost, is the one merged). Otherwise they stay absent, for
+// micro-batch axis, outermost, is the one merged); an input may arrive already merged so.
+// Otherwise they stay absent, for
 // bind_partition to turn into copies, which need every input reduced whole on every copy:
 // the tied embedding's gradient sum under data parallelism would then reduce two whole
 // tables, and with micro-batches send every partial point to point.
@@ -329,15 +330,23 @@ LOOM_INLINE std::int64_t summands_of(const node& n, const plan::op_partition& p,
 
 LOOM_INLINE void sum_partial_inputs(const node& n, mirrored_partition& m, const std::vector<std::int64_t>& input_summands) {
     if (!n.op->linear || input_summands.empty() || m.absent.empty()) return;
-    std::int64_t summands = 1;
-    for (std::size_t s : m.absent) summands *= m.partition.splits[s].degree;
-    for (std::int64_t k : input_summands)
-        if (k != summands) return;
-    for (std::size_t s : m.absent) m.partition.splits[s].sums = true;
+    std::int64_t fine = 1;
+    for (std::size_t s : m.absent) fine *= m.partition.splits[s].degree;
     // Summands whose pieces share a device (a pipeline's micro-batches) are added up there
     // first: one piece per device reads the sum of its summands, and the summands of an input
     // made on another device (the LM head's, a stage away) are summed there and sent once.
-    detail::drop_axes_on_shared_devices(m.partition, m.absent);
+    plan::op_partition merged = m.partition;
+    for (std::size_t s : m.absent) merged.splits[s].sums = true;
+    detail::drop_axes_on_shared_devices(merged, m.absent);
+    std::int64_t coarse = 1;
+    for (const auto& s : merged.splits)
+        if (s.sums) coarse *= s.degree;
+    // An input arrives as the fine summands (one per piece) or as the coarse ones: the sum
+    // of an earlier such op, merged on its devices the same way (the second add of a tied
+    // embedding's three gradients under micro-batches and data parallelism).
+    for (std::int64_t k : input_summands)
+        if (k != fine && k != coarse) return;
+    m.partition = std::move(merged);
     m.absent.clear();
 }
 
