@@ -4,7 +4,8 @@
 // the tensors both touch (so a row-parallel weight's gradient is cut along the columns its
 // device stores, not along its rows, which have the same dim), and the tied embedding's
 // gradient sum adds the two partial gradients summand by summand (so they are reduced once,
-// with every other gradient, and never sent point to point per micro-batch).
+// with every other gradient, and never sent point to point per micro-batch). Under ZeRO-2
+// and 3 every other gradient is reduced onto the shards once per micro-batch, as made.
 #include <catch2/catch.hpp>
 
 #include <algorithm>
@@ -145,10 +146,11 @@ TEST_CASE("T5's shared table: its three gradients are reduced once per step, wha
             INFO("ZeRO " << zero << ", " << micro << " micro-batches: " << listing(t.kinds));
             CHECK(t.kinds.count(transfer_kind::send_recv) == 0);
             // One reduction of every gradient: an all-reduce, or under ZeRO-3 a reduce-scatter
-            // onto the shards.
+            // onto the shards of each micro-batch's, the shared table's once (its sum merges
+            // each device's micro-batches first).
             const int parameters = static_cast<int>(pg.logical->g.gradients.size());
             if (zero == 3)
-                CHECK(t.kinds.at(transfer_kind::reduce_scatter) == parameters);
+                CHECK(t.kinds.at(transfer_kind::reduce_scatter) == (parameters - 1) * micro + 1);
             else
                 CHECK(t.of_gradient.at("shared") == std::map<transfer_kind, int>{{transfer_kind::all_reduce, 1}});
             // No partial table moves but the gradient's own reduction.
@@ -175,19 +177,20 @@ TEST_CASE("T5's shared table: its three gradients are reduced once per step, wha
     }
 }
 
-TEST_CASE("ZeRO reduce-scatters each gradient once, whatever the micro-batches", "[partition][traffic][zero]") {
+TEST_CASE("ZeRO reduce-scatters each micro-batch's gradient onto the shards", "[partition][traffic][zero]") {
     for (int stage : {2, 3})
         for (int micro : {1, 2}) {
             const auto inner = presets::zero(stage, 4);
             const auto pg = programs(micro == 1 ? inner : accumulating(micro, inner));
             const auto t = traffic_of(pg);
             INFO("ZeRO-" << stage << ", " << micro << " micro-batches: " << listing(t.kinds));
-            // Every parameter's first dim divides by 4 here: one reduce-scatter of each gradient
-            // onto the shards (the tied embedding's included), one all-reduce of the loss, and
-            // under ZeRO-3 the parameters gathered in the forward.
+            // Every parameter's first dim divides by 4 here: one reduce-scatter of each
+            // micro-batch's gradient onto the shards, as it is made (the tied embedding's sum,
+            // which merges each device's micro-batches first, once), one all-reduce of the
+            // loss, and under ZeRO-3 the parameters gathered in the forward.
             const int parameters = static_cast<int>(pg.logical->g.gradients.size());
             CHECK(t.kinds.count(transfer_kind::send_recv) == 0);
-            CHECK(t.kinds.at(transfer_kind::reduce_scatter) == parameters);
+            CHECK(t.kinds.at(transfer_kind::reduce_scatter) == (parameters - 1) * micro + 1);
             CHECK(t.kinds.at(transfer_kind::all_reduce) == 1);
             if (stage == 3) {
                 CHECK(t.kinds.at(transfer_kind::all_gather) >= parameters);

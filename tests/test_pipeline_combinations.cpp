@@ -130,21 +130,69 @@ TEST_CASE("ZeRO 1, 2 and 3 inside pipeline stages shard over the stage's data-pa
         }
 }
 
-TEST_CASE("ZeRO inside stages sums each device's micro-batch gradients before one reduction per parameter",
+TEST_CASE("ZeRO-1 reduces each gradient once; ZeRO-2 and 3 reduce each micro-batch's onto the shards as it is made",
           "[pipeline][zero][data-parallel]") {
+    // ZeRO-1 keeps whole gradients: each device sums its micro-batches' and reduces once.
+    // ZeRO-2 and 3 keep gradients sharded all step, as DeepSpeed does: each micro-batch's
+    // gradient is reduce-scattered in that micro-batch's backward, so a device never holds
+    // the whole gradient of its stage, and the reductions grow with the micro-batches.
     const auto c = model();
+    std::map<int, std::size_t> arena;  // by ZeRO stage: device 0's, 1F1B over 4 micro-batches
     for (int z : {1, 2, 3}) {
         std::map<int, std::map<partition::transfer_kind, int>> by_micro;
-        for (int micro : {2, 4}) {
+        for (int micro : {1, 2, 4}) {
             const auto pp = pipeline(c, {.stages = 2, .micro_batches = micro, .devices_per_stage = 2,
                                          .inner = plan::presets::zero(z, 2)});
             auto m = models::gpt(c);
-            by_micro[micro] = backward_collectives(partition::apply_plan(m.ir(), pp));
+            const plan::resolved_plan r = plan::resolve(ordered(pp, one_f_one_b()), m.ir());
+            const auto pg = partition::apply_plan(m.ir(), r);
+            by_micro[micro] = backward_collectives(pg);
+            if (micro != 4) continue;
+            arena[z] = compile_program(pg.devices[0].ir(), {.prec = precision::f64, .keep_every_node = true,
+                                                            .order = pg.order[0]})
+                           .arena_bytes;
+            if (z == 1) continue;
+            // On device 0, each micro-batch's reduction follows the piece that made its
+            // gradient: nothing but other inserted nodes runs between them.
+            const graph& dg = pg.devices[0].ir();
+            std::vector<std::size_t> position(dg.nodes.size());
+            for (std::size_t k = 0; k < pg.order[0].size(); ++k) position[static_cast<std::size_t>(pg.order[0][k])] = k;
+            std::set<int> micro_batches;
+            int reductions = 0;
+            for (std::size_t i = 0; i < dg.nodes.size(); ++i) {
+                if (!dg.nodes[i].attrs.has("transfer")) continue;
+                const auto& tr = pg.transfers.at(static_cast<std::size_t>(dg.nodes[i].attrs.get<std::int64_t>("transfer")));
+                if (tr.kind != partition::transfer_kind::reduce_scatter || !tr.backward) continue;
+                const node_id made = dg.tensor(dg.nodes[i].inputs.at(0)).producer;
+                const auto from = pg.devices[0].source_of(made);
+                const auto b = from.logical == no_id ? std::nullopt : partition::detail::pipeline_block(pg, r, from.logical, from.piece);
+                if (!b) continue;  // (a sum made whole first: the tied embedding's)
+                ++reductions;
+                micro_batches.insert(b->micro);
+                INFO("the reduction of '" << dg.tensor(dg.nodes[i].inputs.at(0)).name << "'");
+                for (std::size_t k = position[static_cast<std::size_t>(made)] + 1; k < position[i]; ++k)
+                    CHECK(pg.devices[0].source_of(pg.order[0][k]).logical == no_id);
+            }
+            CHECK(reductions > 0);
+            CHECK(micro_batches == std::set<int>{0, 1, 2, 3});
         }
         INFO("ZeRO-" << z);
-        CHECK(by_micro[2] == by_micro[4]);
-        CHECK(by_micro[4][z == 1 ? partition::transfer_kind::all_reduce : partition::transfer_kind::reduce_scatter] > 0);
+        const auto reduce = z == 1 ? partition::transfer_kind::all_reduce : partition::transfer_kind::reduce_scatter;
+        CHECK(by_micro[4][reduce] > 0);
+        if (z == 1) {
+            CHECK(by_micro[1] == by_micro[2]);
+            CHECK(by_micro[2] == by_micro[4]);
+        } else {
+            // One reduction per sharded gradient and micro-batch (the tied embedding's sum,
+            // read by both stages, is made whole first and reduced once).
+            CHECK(by_micro[4][reduce] > by_micro[2][reduce]);
+            CHECK(by_micro[4][reduce] - by_micro[2][reduce] == 2 * (by_micro[2][reduce] - by_micro[1][reduce]));
+        }
     }
+    INFO("device 0's arena, 1F1B x2 of ZeRO x2, 4 micro-batches: ZeRO-1 " << arena[1] << " bytes, ZeRO-2 " << arena[2]
+                                                                            << ", ZeRO-3 " << arena[3]);
+    CHECK(arena[2] < arena[1]);
+    CHECK(arena[3] < arena[1]);
 }
 
 TEST_CASE("selective and full recompute inside pipeline stages", "[pipeline][recompute]") {

@@ -10160,7 +10160,8 @@ LOOM_INLINE std::string model_fingerprint(const graph& g) {
 //     of the parameter and the pieces that need all of it gather it (nnScaler decouples
 //     a tensor's partitioning from its consumer's this way).
 //   * ZeRO-2 inserts an identity on every parameter gradient ("zero2/<param>"), split the
-//     same way, so each device keeps only its shard of the gradient.
+//     same way, so each device keeps only its shard of the gradient (the materializer
+//     reduces each micro-batch's gradient onto it as soon as it is made).
 //   * Decomposition: a node whose plan cuts a variable that a registered transformation
 //     handles by rebuilding the op (plan/transformation.hpp; cross_entropy along its
 //     vocabulary) is replaced by the ops the transformation builds, each with its own
@@ -11096,8 +11097,10 @@ struct transfer {
     // block of the producer's or the consumer's piece on that member: a collective between
     // two stages that share devices (the interlaced pipeline's ends run on every device)
     // stays within one of them, in that stage's block on every member, so that all its
-    // members reach it in the same order.
-    enum class block_of : std::uint8_t { data_flow, producer, consumer };
+    // members reach it in the same order. Or as soon as its input is made (as_made): in the
+    // block of the piece that made it, right after that piece (ZeRO's reduction of each
+    // micro-batch's gradient onto the shards, which must not wait for the step's end).
+    enum class block_of : std::uint8_t { data_flow, producer, consumer, as_made };
     block_of runs_with = block_of::data_flow;
 
     std::size_t member(int rank) const {
@@ -11249,7 +11252,10 @@ struct partitioned_graph {
 // sums after the last micro-batch), else the end of the step (the loss gathered to every
 // device). A transfer pinned to its producer's or consumer's block (transfer::runs_with: a
 // collective among one stage's devices for a tensor passed between stages) joins that op's
-// piece's block on each member instead. Within a block, nodes keep their plan order, so the
+// piece's block on each member instead. One that runs as soon as its inputs are made
+// (transfer::block_of::as_made: ZeRO's reduction of each micro-batch's gradient, and the
+// adds of the shards it leaves) joins the latest block of its inputs' makers, right after
+// the last of them. Within a block, nodes keep their plan order otherwise, so the
 // collectives of a device group stay in one order on all its members.
 //
 // The result is checked: every node runs after the producers of its inputs (else the
@@ -11872,8 +11878,39 @@ LOOM_INLINE void order_by_schedule(partitioned_graph& pg, const plan::resolved_p
             }
             return std::nullopt;
         };
+        // Within a block, nodes keep their plan order, except those that run as soon as their
+        // inputs are made (transfer::block_of::as_made): they follow the last of their inputs'
+        // makers, in their block.
+        std::vector<std::size_t> after(count);
+        for (std::size_t i = 0; i < count; ++i) after[i] = i;
+        auto as_made = [&](std::size_t i) {
+            const node& n = dg.nodes[i];
+            if (n.attrs.has("as_made")) return true;
+            return n.attrs.has("transfer") &&
+                   pg.transfers.at(static_cast<std::size_t>(n.attrs.get<std::int64_t>("transfer"))).runs_with ==
+                       transfer::block_of::as_made;
+        };
         for (std::size_t i = 0; i < count; ++i) {
             const piece_source src = part.source_of(static_cast<node_id>(i));
+            if (src.logical == no_id && as_made(i)) {
+                long latest = unset;
+                std::size_t last = 0;
+                bool known = !dg.nodes[i].inputs.empty();
+                for (tensor_id t : dg.nodes[i].inputs) {
+                    const node_id p = dg.tensor(t).producer;
+                    if (p == no_id || pos[static_cast<std::size_t>(p)] == unset) {
+                        known = false;
+                        break;
+                    }
+                    latest = std::max(latest, pos[static_cast<std::size_t>(p)]);
+                    last = std::max(last, after[static_cast<std::size_t>(p)]);
+                }
+                if (known) {
+                    pos[i] = latest;
+                    after[i] = last;
+                }
+                continue;
+            }
             if (src.logical == no_id) {
                 if (!dg.nodes[i].attrs.has("transfer")) continue;
                 const transfer& tr = pg.transfers.at(static_cast<std::size_t>(dg.nodes[i].attrs.get<std::int64_t>("transfer")));
@@ -11931,8 +11968,10 @@ LOOM_INLINE void order_by_schedule(partitioned_graph& pg, const plan::resolved_p
             }
         std::vector<node_id> order(count);
         for (std::size_t i = 0; i < count; ++i) order[i] = static_cast<node_id>(i);
-        std::stable_sort(order.begin(), order.end(),
-                         [&](node_id a, node_id b) { return placed[static_cast<std::size_t>(a)] < placed[static_cast<std::size_t>(b)]; });
+        std::stable_sort(order.begin(), order.end(), [&](node_id a, node_id b) {
+            const auto x = static_cast<std::size_t>(a), y = static_cast<std::size_t>(b);
+            return placed[x] != placed[y] ? placed[x] < placed[y] : after[x] < after[y];
+        });
         pg.order[static_cast<std::size_t>(d)] = std::move(order);
     }
     check_deadlock_free(pg);
@@ -12512,6 +12551,7 @@ private:
                          {"accumulate", std::int64_t{accumulate ? 1 : 0}},
                          {"zero", std::int64_t{zero ? 1 : 0}}};
         if (kept_in_float(t)) attrs.set("keeps_float", std::int64_t{1});
+        if (runs_with_ == transfer::block_of::as_made) attrs.set("as_made", std::int64_t{1});
         auto outs = b.append_unchecked(op_def_of<ops::Assemble>(), ins, {region.shape_of(logical.dims)}, std::move(attrs),
                                        logical.name + suffix(region, logical.dims) + "/assemble", logical.kind);
         b.mutable_graph().nodes.back().backward = emitting_backward_;
@@ -12542,7 +12582,7 @@ private:
             b.mutable_graph().nodes.back().backward = emitting_backward_;
             if (tr.has_output[m]) {
                 outs[m] = o[0].id;
-                hold(tr.logical, {tr.logical, tr.outputs[m], {}}, tr.group[m], outs[m], false);
+                hold(tr.logical, {tr.logical, tr.outputs[m], emitting_value_}, tr.group[m], outs[m], false);
             }
         }
         out_.transfers.push_back(std::move(tr));
@@ -12966,6 +13006,70 @@ private:
         return outs[1];
     }
 
+    // ZeRO-2 and ZeRO-3 keep a weight's gradient sharded all step, as DeepSpeed does: each
+    // micro-batch's gradient is reduced onto the shards as soon as it is made, and each
+    // device adds up its shard of every micro-batch there. Summing the micro-batches' whole
+    // gradients first would hold a whole gradient on every device until the last one (23 GiB
+    // of T5 11B's 46.9 GiB a device, DP 8 x 2 micro-batches), which ZeRO exists to avoid.
+    // Applies where every device of box S's holders holds M >= 2 of its summands, each
+    // summand on one device: round m reduces the m-th summand of every holder (one per
+    // micro-batch, in order), and leaves summand m of M of each request, added up in order.
+    // The reductions and the adds run as their inputs are made (transfer::block_of::as_made):
+    // in that micro-batch's backward, right after the piece that made the gradient.
+    void reduce_each_micro_batch(tensor_id t, std::vector<std::size_t>& open, const std::vector<request>& reqs) {
+        if (!collectives_allowed(t, emitting_consumer_) || open.empty()) return;
+        std::map<box, std::vector<std::size_t>> clusters;
+        for (std::size_t i = 0; i < held_[static_cast<std::size_t>(t)].size(); ++i) {
+            const held_piece& h = held_[static_cast<std::size_t>(t)][i];
+            if (h.base && !h.v.value.full()) clusters[h.v.region].push_back(i);
+        }
+        for (auto& [S, members] : clusters) {
+            const std::int32_t k = held_[static_cast<std::size_t>(t)][members[0]].v.value.count;
+            std::map<int, std::vector<std::size_t>> by_device;  // held pieces, by summand
+            std::vector<int> seen(static_cast<std::size_t>(k), 0);
+            bool regular = true;
+            for (std::size_t i : members) {
+                const held_piece& h = held_[static_cast<std::size_t>(t)][i];
+                regular = regular && h.v.value.count == k && ++seen[static_cast<std::size_t>(h.v.value.index)] == 1;
+                by_device[h.device].push_back(i);
+            }
+            const std::size_t rounds = by_device.begin()->second.size();
+            regular = regular && rounds >= 2 && by_device.size() >= 2 &&
+                      rounds * by_device.size() == static_cast<std::size_t>(k);
+            for (auto& [device, idx] : by_device) {
+                regular = regular && idx.size() == rounds;
+                std::sort(idx.begin(), idx.end(), [&](std::size_t a, std::size_t b) {
+                    return held_[static_cast<std::size_t>(t)][a].v.value.index < held_[static_cast<std::size_t>(t)][b].v.value.index;
+                });
+            }
+            if (!regular) continue;
+            runs_with_ = transfer::block_of::as_made;
+            std::map<int, std::vector<assemble_input>> shards;  // per device: its summand of each round
+            bool reduced = true;
+            for (std::size_t m = 0; m < rounds && reduced; ++m) {
+                std::vector<held_piece> round;  // copies: emitting appends to held_
+                for (const auto& [device, idx] : by_device) round.push_back(held_[static_cast<std::size_t>(t)][idx[m]]);
+                std::vector<const held_piece*> by_chunk;
+                for (const held_piece& h : round) by_chunk.push_back(&h);
+                emitting_value_ = {static_cast<std::int32_t>(m), static_cast<std::int32_t>(rounds)};
+                const std::size_t before = held_[static_cast<std::size_t>(t)].size();
+                reduced = reduce_group(t, S, by_chunk, open, reqs);
+                emitting_value_ = {};
+                if (!reduced) break;  // (only the first round can refuse: the rounds are alike)
+                for (std::size_t i = before; i < held_[static_cast<std::size_t>(t)].size(); ++i) {
+                    const held_piece& h = held_[static_cast<std::size_t>(t)][i];
+                    shards[h.device].push_back({h.local, h.v.region, h.v.value});
+                }
+                for (const auto& [device, idx] : by_device) held_[static_cast<std::size_t>(t)][idx[m]].base = false;
+            }
+            if (reduced)
+                for (const auto& [device, parts] : shards)
+                    hold(t, {t, parts.front().region, {}}, device, add_in_order(device, t, parts.front().region, parts), false);
+            runs_with_ = transfer::block_of::data_flow;
+            if (reduced) return;
+        }
+    }
+
     // A device holding several partial sums of one box (a weight's gradient over the
     // micro-batches its data-parallel piece ran) adds them up locally first, so that one
     // reduction per box follows instead of one transfer per micro-batch. Devices that hold
@@ -13045,6 +13149,7 @@ private:
                 result[i] = summand(t, reqs[i]);
         }
         if (open.empty()) return result;
+        if (sums_after_every_micro_batch(consumer)) reduce_each_micro_batch(t, open, reqs);
         if (sum_locally_first || sums_after_every_micro_batch(consumer)) sum_partials_per_device(t);
         take_local_pieces();
         while (!open.empty() && collectives_allowed(t, consumer)) {
@@ -13204,6 +13309,7 @@ private:
     node_id emitting_consumer_ = no_id;
     const std::vector<int>* members_within_ = nullptr;  // between stages: collectives only among these devices
     transfer::block_of runs_with_ = transfer::block_of::data_flow;
+    value_chunk emitting_value_{};  // what a reduction leaves: full values, or one summand of coarser partial sums
 };
 
 }  // namespace loom::partition
@@ -18373,9 +18479,10 @@ LOOM_INLINE double step_lower_bound(const plan::resolved_plan& rp, const trainin
 // them. A device that runs two or more backward blocks of a stage sums the gradients of
 // the stage's weights over them: from its first such block to its last it holds a partial
 // sum of every region of them its pieces read (each micro-batch's gradient stays until the
-// next one's is added to it), at the parameter's precision. So the floor also looks after
-// each backward block, and at the moments between a stage's first and last backward
-// blocks adds their partial sums. The largest moment is the floor; the gathered
+// next one's is added to it), at the parameter's precision; not under ZeRO-2 and 3, whose
+// programs reduce each micro-batch's gradient onto the shards as it is made. So the floor
+// also looks after each backward block, and at the moments between a stage's first and
+// last backward blocks adds their partial sums. The largest moment is the floor; the gathered
 // parameters of ZeRO-3 and the transient tensors come on top.
 struct memory_floor {
     std::vector<double> whole;        // per device: bytes that no sharding divides
@@ -19772,7 +19879,10 @@ LOOM_INLINE memory_floor memory_lower_bound(const plan::resolved_plan& rp, const
             std::int64_t holdings = 0;  // (device, region) pairs
             for (std::size_t d : holders) holdings += regions_held[d];
             const double copies = std::max(1.0, static_cast<double>(holdings) / regions);
-            const bool partial = sums_micro_batches(i, p);
+            // ZeRO-2 and 3 reduce each micro-batch's gradient onto the shards as it is made:
+            // no partial sum of a whole region outlives its micro-batch (the tied embedding's,
+            // merged per device first, is left out: a floor may hold less than the programs).
+            const bool partial = zero < 2 && sums_micro_batches(i, p);
             for (std::size_t d : holders) {
                 const double amount = region * static_cast<double>(regions_held[d]);
                 if (held[d].region == 0) touched.push_back(d);

@@ -7,7 +7,8 @@
 //     of the parameter and the pieces that need all of it gather it (nnScaler decouples
 //     a tensor's partitioning from its consumer's this way).
 //   * ZeRO-2 inserts an identity on every parameter gradient ("zero2/<param>"), split the
-//     same way, so each device keeps only its shard of the gradient.
+//     same way, so each device keeps only its shard of the gradient (the materializer
+//     reduces each micro-batch's gradient onto it as soon as it is made).
 //   * Decomposition: a node whose plan cuts a variable that a registered transformation
 //     handles by rebuilding the op (plan/transformation.hpp; cross_entropy along its
 //     vocabulary) is replaced by the ops the transformation builds, each with its own

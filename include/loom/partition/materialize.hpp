@@ -339,6 +339,7 @@ private:
                          {"accumulate", std::int64_t{accumulate ? 1 : 0}},
                          {"zero", std::int64_t{zero ? 1 : 0}}};
         if (kept_in_float(t)) attrs.set("keeps_float", std::int64_t{1});
+        if (runs_with_ == transfer::block_of::as_made) attrs.set("as_made", std::int64_t{1});
         auto outs = b.append_unchecked(op_def_of<ops::Assemble>(), ins, {region.shape_of(logical.dims)}, std::move(attrs),
                                        logical.name + suffix(region, logical.dims) + "/assemble", logical.kind);
         b.mutable_graph().nodes.back().backward = emitting_backward_;
@@ -369,7 +370,7 @@ private:
             b.mutable_graph().nodes.back().backward = emitting_backward_;
             if (tr.has_output[m]) {
                 outs[m] = o[0].id;
-                hold(tr.logical, {tr.logical, tr.outputs[m], {}}, tr.group[m], outs[m], false);
+                hold(tr.logical, {tr.logical, tr.outputs[m], emitting_value_}, tr.group[m], outs[m], false);
             }
         }
         out_.transfers.push_back(std::move(tr));
@@ -793,6 +794,70 @@ private:
         return outs[1];
     }
 
+    // ZeRO-2 and ZeRO-3 keep a weight's gradient sharded all step, as DeepSpeed does: each
+    // micro-batch's gradient is reduced onto the shards as soon as it is made, and each
+    // device adds up its shard of every micro-batch there. Summing the micro-batches' whole
+    // gradients first would hold a whole gradient on every device until the last one (23 GiB
+    // of T5 11B's 46.9 GiB a device, DP 8 x 2 micro-batches), which ZeRO exists to avoid.
+    // Applies where every device of box S's holders holds M >= 2 of its summands, each
+    // summand on one device: round m reduces the m-th summand of every holder (one per
+    // micro-batch, in order), and leaves summand m of M of each request, added up in order.
+    // The reductions and the adds run as their inputs are made (transfer::block_of::as_made):
+    // in that micro-batch's backward, right after the piece that made the gradient.
+    void reduce_each_micro_batch(tensor_id t, std::vector<std::size_t>& open, const std::vector<request>& reqs) {
+        if (!collectives_allowed(t, emitting_consumer_) || open.empty()) return;
+        std::map<box, std::vector<std::size_t>> clusters;
+        for (std::size_t i = 0; i < held_[static_cast<std::size_t>(t)].size(); ++i) {
+            const held_piece& h = held_[static_cast<std::size_t>(t)][i];
+            if (h.base && !h.v.value.full()) clusters[h.v.region].push_back(i);
+        }
+        for (auto& [S, members] : clusters) {
+            const std::int32_t k = held_[static_cast<std::size_t>(t)][members[0]].v.value.count;
+            std::map<int, std::vector<std::size_t>> by_device;  // held pieces, by summand
+            std::vector<int> seen(static_cast<std::size_t>(k), 0);
+            bool regular = true;
+            for (std::size_t i : members) {
+                const held_piece& h = held_[static_cast<std::size_t>(t)][i];
+                regular = regular && h.v.value.count == k && ++seen[static_cast<std::size_t>(h.v.value.index)] == 1;
+                by_device[h.device].push_back(i);
+            }
+            const std::size_t rounds = by_device.begin()->second.size();
+            regular = regular && rounds >= 2 && by_device.size() >= 2 &&
+                      rounds * by_device.size() == static_cast<std::size_t>(k);
+            for (auto& [device, idx] : by_device) {
+                regular = regular && idx.size() == rounds;
+                std::sort(idx.begin(), idx.end(), [&](std::size_t a, std::size_t b) {
+                    return held_[static_cast<std::size_t>(t)][a].v.value.index < held_[static_cast<std::size_t>(t)][b].v.value.index;
+                });
+            }
+            if (!regular) continue;
+            runs_with_ = transfer::block_of::as_made;
+            std::map<int, std::vector<assemble_input>> shards;  // per device: its summand of each round
+            bool reduced = true;
+            for (std::size_t m = 0; m < rounds && reduced; ++m) {
+                std::vector<held_piece> round;  // copies: emitting appends to held_
+                for (const auto& [device, idx] : by_device) round.push_back(held_[static_cast<std::size_t>(t)][idx[m]]);
+                std::vector<const held_piece*> by_chunk;
+                for (const held_piece& h : round) by_chunk.push_back(&h);
+                emitting_value_ = {static_cast<std::int32_t>(m), static_cast<std::int32_t>(rounds)};
+                const std::size_t before = held_[static_cast<std::size_t>(t)].size();
+                reduced = reduce_group(t, S, by_chunk, open, reqs);
+                emitting_value_ = {};
+                if (!reduced) break;  // (only the first round can refuse: the rounds are alike)
+                for (std::size_t i = before; i < held_[static_cast<std::size_t>(t)].size(); ++i) {
+                    const held_piece& h = held_[static_cast<std::size_t>(t)][i];
+                    shards[h.device].push_back({h.local, h.v.region, h.v.value});
+                }
+                for (const auto& [device, idx] : by_device) held_[static_cast<std::size_t>(t)][idx[m]].base = false;
+            }
+            if (reduced)
+                for (const auto& [device, parts] : shards)
+                    hold(t, {t, parts.front().region, {}}, device, add_in_order(device, t, parts.front().region, parts), false);
+            runs_with_ = transfer::block_of::data_flow;
+            if (reduced) return;
+        }
+    }
+
     // A device holding several partial sums of one box (a weight's gradient over the
     // micro-batches its data-parallel piece ran) adds them up locally first, so that one
     // reduction per box follows instead of one transfer per micro-batch. Devices that hold
@@ -872,6 +937,7 @@ private:
                 result[i] = summand(t, reqs[i]);
         }
         if (open.empty()) return result;
+        if (sums_after_every_micro_batch(consumer)) reduce_each_micro_batch(t, open, reqs);
         if (sum_locally_first || sums_after_every_micro_batch(consumer)) sum_partials_per_device(t);
         take_local_pieces();
         while (!open.empty() && collectives_allowed(t, consumer)) {
@@ -1031,6 +1097,7 @@ private:
     node_id emitting_consumer_ = no_id;
     const std::vector<int>* members_within_ = nullptr;  // between stages: collectives only among these devices
     transfer::block_of runs_with_ = transfer::block_of::data_flow;
+    value_chunk emitting_value_{};  // what a reduction leaves: full values, or one summand of coarser partial sums
 };
 
 }  // namespace loom::partition

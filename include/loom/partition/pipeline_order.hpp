@@ -13,7 +13,10 @@
 // sums after the last micro-batch), else the end of the step (the loss gathered to every
 // device). A transfer pinned to its producer's or consumer's block (transfer::runs_with: a
 // collective among one stage's devices for a tensor passed between stages) joins that op's
-// piece's block on each member instead. Within a block, nodes keep their plan order, so the
+// piece's block on each member instead. One that runs as soon as its inputs are made
+// (transfer::block_of::as_made: ZeRO's reduction of each micro-batch's gradient, and the
+// adds of the shards it leaves) joins the latest block of its inputs' makers, right after
+// the last of them. Within a block, nodes keep their plan order otherwise, so the
 // collectives of a device group stay in one order on all its members.
 //
 // The result is checked: every node runs after the producers of its inputs (else the
@@ -131,8 +134,39 @@ LOOM_INLINE void order_by_schedule(partitioned_graph& pg, const plan::resolved_p
             }
             return std::nullopt;
         };
+        // Within a block, nodes keep their plan order, except those that run as soon as their
+        // inputs are made (transfer::block_of::as_made): they follow the last of their inputs'
+        // makers, in their block.
+        std::vector<std::size_t> after(count);
+        for (std::size_t i = 0; i < count; ++i) after[i] = i;
+        auto as_made = [&](std::size_t i) {
+            const node& n = dg.nodes[i];
+            if (n.attrs.has("as_made")) return true;
+            return n.attrs.has("transfer") &&
+                   pg.transfers.at(static_cast<std::size_t>(n.attrs.get<std::int64_t>("transfer"))).runs_with ==
+                       transfer::block_of::as_made;
+        };
         for (std::size_t i = 0; i < count; ++i) {
             const piece_source src = part.source_of(static_cast<node_id>(i));
+            if (src.logical == no_id && as_made(i)) {
+                long latest = unset;
+                std::size_t last = 0;
+                bool known = !dg.nodes[i].inputs.empty();
+                for (tensor_id t : dg.nodes[i].inputs) {
+                    const node_id p = dg.tensor(t).producer;
+                    if (p == no_id || pos[static_cast<std::size_t>(p)] == unset) {
+                        known = false;
+                        break;
+                    }
+                    latest = std::max(latest, pos[static_cast<std::size_t>(p)]);
+                    last = std::max(last, after[static_cast<std::size_t>(p)]);
+                }
+                if (known) {
+                    pos[i] = latest;
+                    after[i] = last;
+                }
+                continue;
+            }
             if (src.logical == no_id) {
                 if (!dg.nodes[i].attrs.has("transfer")) continue;
                 const transfer& tr = pg.transfers.at(static_cast<std::size_t>(dg.nodes[i].attrs.get<std::int64_t>("transfer")));
@@ -190,8 +224,10 @@ LOOM_INLINE void order_by_schedule(partitioned_graph& pg, const plan::resolved_p
             }
         std::vector<node_id> order(count);
         for (std::size_t i = 0; i < count; ++i) order[i] = static_cast<node_id>(i);
-        std::stable_sort(order.begin(), order.end(),
-                         [&](node_id a, node_id b) { return placed[static_cast<std::size_t>(a)] < placed[static_cast<std::size_t>(b)]; });
+        std::stable_sort(order.begin(), order.end(), [&](node_id a, node_id b) {
+            const auto x = static_cast<std::size_t>(a), y = static_cast<std::size_t>(b);
+            return placed[x] != placed[y] ? placed[x] < placed[y] : after[x] < after[y];
+        });
         pg.order[static_cast<std::size_t>(d)] = std::move(order);
     }
     check_deadlock_free(pg);

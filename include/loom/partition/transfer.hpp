@@ -41,8 +41,10 @@ struct transfer {
     // block of the producer's or the consumer's piece on that member: a collective between
     // two stages that share devices (the interlaced pipeline's ends run on every device)
     // stays within one of them, in that stage's block on every member, so that all its
-    // members reach it in the same order.
-    enum class block_of : std::uint8_t { data_flow, producer, consumer };
+    // members reach it in the same order. Or as soon as its input is made (as_made): in the
+    // block of the piece that made it, right after that piece (ZeRO's reduction of each
+    // micro-batch's gradient onto the shards, which must not wait for the step's end).
+    enum class block_of : std::uint8_t { data_flow, producer, consumer, as_made };
     block_of runs_with = block_of::data_flow;
 
     std::size_t member(int rank) const {

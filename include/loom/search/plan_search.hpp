@@ -344,9 +344,10 @@ LOOM_INLINE double step_lower_bound(const plan::resolved_plan& rp, const trainin
 // them. A device that runs two or more backward blocks of a stage sums the gradients of
 // the stage's weights over them: from its first such block to its last it holds a partial
 // sum of every region of them its pieces read (each micro-batch's gradient stays until the
-// next one's is added to it), at the parameter's precision. So the floor also looks after
-// each backward block, and at the moments between a stage's first and last backward
-// blocks adds their partial sums. The largest moment is the floor; the gathered
+// next one's is added to it), at the parameter's precision; not under ZeRO-2 and 3, whose
+// programs reduce each micro-batch's gradient onto the shards as it is made. So the floor
+// also looks after each backward block, and at the moments between a stage's first and
+// last backward blocks adds their partial sums. The largest moment is the floor; the gathered
 // parameters of ZeRO-3 and the transient tensors come on top.
 struct memory_floor {
     std::vector<double> whole;        // per device: bytes that no sharding divides
@@ -1743,7 +1744,10 @@ LOOM_INLINE memory_floor memory_lower_bound(const plan::resolved_plan& rp, const
             std::int64_t holdings = 0;  // (device, region) pairs
             for (std::size_t d : holders) holdings += regions_held[d];
             const double copies = std::max(1.0, static_cast<double>(holdings) / regions);
-            const bool partial = sums_micro_batches(i, p);
+            // ZeRO-2 and 3 reduce each micro-batch's gradient onto the shards as it is made:
+            // no partial sum of a whole region outlives its micro-batch (the tied embedding's,
+            // merged per device first, is left out: a floor may hold less than the programs).
+            const bool partial = zero < 2 && sums_micro_batches(i, p);
             for (std::size_t d : holders) {
                 const double amount = region * static_cast<double>(regions_held[d]);
                 if (held[d].region == 0) touched.push_back(d);
