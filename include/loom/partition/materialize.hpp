@@ -797,8 +797,9 @@ private:
     // ZeRO-2 and ZeRO-3 keep a weight's gradient sharded all step, as DeepSpeed does: each
     // micro-batch's gradient is reduced onto the shards as soon as it is made, and each
     // device adds up its shard of every micro-batch there. Summing the micro-batches' whole
-    // gradients first would hold a whole gradient on every device until the last one (23 GiB
-    // of T5 11B's 46.9 GiB a device, DP 8 x 2 micro-batches), which ZeRO exists to avoid.
+    // gradients first would hold a whole gradient on every device until the last one, which
+    // ZeRO exists to avoid (with the shared table's sends, 80 GiB a device for T5 11B under
+    // DeepSpeed's DP 8 x 2 micro-batches; 60 GiB without either).
     // Applies where every device of box S's holders holds M >= 2 of its summands, each
     // summand on one device: round m reduces the m-th summand of every holder (one per
     // micro-batch, in order), and leaves summand m of M of each request, added up in order.
