@@ -794,6 +794,29 @@ private:
         return outs[1];
     }
 
+    // The pieces of partial sums of t not yet summed up, by box, then by device: their
+    // places in held_[t], in summand order. A box whose pieces are summands of different
+    // splits (their counts differ) is left out: neither sum below applies to it.
+    std::map<box, std::map<int, std::vector<std::size_t>>> partial_pieces(tensor_id t) const {
+        const auto& held = held_[static_cast<std::size_t>(t)];
+        std::map<box, std::map<int, std::vector<std::size_t>>> out;
+        std::map<box, std::int32_t> count;
+        std::set<box> mixed;
+        for (std::size_t i = 0; i < held.size(); ++i) {
+            const held_piece& h = held[i];
+            if (!h.base || h.v.value.full()) continue;
+            const auto [at, first] = count.try_emplace(h.v.region, h.v.value.count);
+            if (!first && at->second != h.v.value.count) mixed.insert(h.v.region);
+            out[h.v.region][h.device].push_back(i);
+        }
+        for (const box& S : mixed) out.erase(S);
+        for (auto& [S, by_device] : out)
+            for (auto& [device, idx] : by_device)
+                std::sort(idx.begin(), idx.end(),
+                          [&](std::size_t a, std::size_t b) { return held[a].v.value.index < held[b].v.value.index; });
+        return out;
+    }
+
     // ZeRO-2 and ZeRO-3 keep a weight's gradient sharded all step, as DeepSpeed does: each
     // micro-batch's gradient is reduced onto the shards as soon as it is made, and each
     // device adds up its shard of every micro-batch there. Summing the micro-batches' whole
@@ -807,29 +830,15 @@ private:
     // in that micro-batch's backward, right after the piece that made the gradient.
     void reduce_each_micro_batch(tensor_id t, std::vector<std::size_t>& open, const std::vector<request>& reqs) {
         if (!collectives_allowed(t, emitting_consumer_) || open.empty()) return;
-        std::map<box, std::vector<std::size_t>> clusters;
-        for (std::size_t i = 0; i < held_[static_cast<std::size_t>(t)].size(); ++i) {
-            const held_piece& h = held_[static_cast<std::size_t>(t)][i];
-            if (h.base && !h.v.value.full()) clusters[h.v.region].push_back(i);
-        }
-        for (auto& [S, members] : clusters) {
-            const std::int32_t k = held_[static_cast<std::size_t>(t)][members[0]].v.value.count;
-            std::map<int, std::vector<std::size_t>> by_device;  // held pieces, by summand
-            std::vector<int> seen(static_cast<std::size_t>(k), 0);
-            bool regular = true;
-            for (std::size_t i : members) {
-                const held_piece& h = held_[static_cast<std::size_t>(t)][i];
-                regular = regular && h.v.value.count == k && ++seen[static_cast<std::size_t>(h.v.value.index)] == 1;
-                by_device[h.device].push_back(i);
-            }
+        for (const auto& [S, by_device] : partial_pieces(t)) {
+            const std::int32_t k = held_[static_cast<std::size_t>(t)][by_device.begin()->second.front()].v.value.count;
             const std::size_t rounds = by_device.begin()->second.size();
-            regular = regular && rounds >= 2 && by_device.size() >= 2 &&
-                      rounds * by_device.size() == static_cast<std::size_t>(k);
-            for (auto& [device, idx] : by_device) {
+            bool regular = rounds >= 2 && by_device.size() >= 2 && rounds * by_device.size() == static_cast<std::size_t>(k);
+            std::vector<int> seen(static_cast<std::size_t>(k), 0);
+            for (const auto& [device, idx] : by_device) {
                 regular = regular && idx.size() == rounds;
-                std::sort(idx.begin(), idx.end(), [&](std::size_t a, std::size_t b) {
-                    return held_[static_cast<std::size_t>(t)][a].v.value.index < held_[static_cast<std::size_t>(t)][b].v.value.index;
-                });
+                for (std::size_t i : idx)
+                    regular = regular && ++seen[static_cast<std::size_t>(held_[static_cast<std::size_t>(t)][i].v.value.index)] == 1;
             }
             if (!regular) continue;
             runs_with_ = transfer::block_of::as_made;
@@ -867,24 +876,11 @@ private:
     // of their summands, held by every device of the class. Only when the classes hold
     // disjoint summands that cover the box once.
     void sum_partials_per_device(tensor_id t) {
-        std::map<box, std::vector<std::size_t>> clusters;
-        auto& held = held_[static_cast<std::size_t>(t)];
-        for (std::size_t i = 0; i < held.size(); ++i)
-            if (held[i].base && !held[i].v.value.full()) clusters[held[i].v.region].push_back(i);
-        for (auto& [S, members] : clusters) {
-            const std::int32_t k = held_[static_cast<std::size_t>(t)][members[0]].v.value.count;
-            std::map<int, std::vector<std::size_t>> by_device;  // held pieces, by summand
-            bool exact = true;
-            for (std::size_t i : members) {
-                if (held_[static_cast<std::size_t>(t)][i].v.value.count != k) exact = false;
-                by_device[held_[static_cast<std::size_t>(t)][i].device].push_back(i);
-            }
+        for (const auto& [S, by_device] : partial_pieces(t)) {
+            const std::int32_t k = held_[static_cast<std::size_t>(t)][by_device.begin()->second.front()].v.value.count;
             std::map<std::vector<std::int32_t>, std::vector<int>> classes;  // summands -> devices
-            bool several = false;
-            for (auto& [device, idx] : by_device) {
-                std::sort(idx.begin(), idx.end(), [&](std::size_t a, std::size_t b) {
-                    return held_[static_cast<std::size_t>(t)][a].v.value.index < held_[static_cast<std::size_t>(t)][b].v.value.index;
-                });
+            bool several = false, exact = true;
+            for (const auto& [device, idx] : by_device) {
                 std::vector<std::int32_t> summands;
                 for (std::size_t i : idx) summands.push_back(held_[static_cast<std::size_t>(t)][i].v.value.index);
                 several = several || summands.size() > 1;
