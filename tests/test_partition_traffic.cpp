@@ -10,6 +10,7 @@
 
 #include <algorithm>
 #include <map>
+#include <set>
 #include <string>
 
 #include <loom/models/gpt.hpp>
@@ -187,17 +188,70 @@ TEST_CASE("ZeRO reduce-scatters each micro-batch's gradient onto the shards", "[
             // Every parameter's first dim divides by 4 here: one reduce-scatter of each
             // micro-batch's gradient onto the shards, as it is made (the tied embedding's sum,
             // which merges each device's micro-batches first, once), one all-reduce of the
-            // loss, and under ZeRO-3 the parameters gathered in the forward.
-            const int parameters = static_cast<int>(pg.logical->g.gradients.size());
+            // loss, and under ZeRO-3 the parameters gathered for each micro-batch's forward
+            // and again for its backward (those a backward op reads), as DeepSpeed does.
+            const graph& g = pg.logical->g;
+            const int parameters = static_cast<int>(g.gradients.size());
             CHECK(t.kinds.count(transfer_kind::send_recv) == 0);
             CHECK(t.kinds.at(transfer_kind::reduce_scatter) == (parameters - 1) * micro + 1);
             CHECK(t.kinds.at(transfer_kind::all_reduce) == 1);
             if (stage == 3) {
-                CHECK(t.kinds.at(transfer_kind::all_gather) >= parameters);
-                CHECK(t.kinds.at(transfer_kind::all_gather) <= micro * parameters);
+                int read_backward = 0;
+                for (auto [param, identity] : pg.logical->zero3_identity) {
+                    const tensor_id gathered = g.at(identity).outputs[0];
+                    read_backward += std::any_of(g.nodes.begin(), g.nodes.end(), [&](const node& n) {
+                        return (n.backward || n.forward_of != no_id) &&
+                               std::find(n.inputs.begin(), n.inputs.end(), gathered) != n.inputs.end();
+                    });
+                }
+                CHECK(read_backward > 0);
+                int forward_gathers = 0, backward_gathers = 0;
+                for (const auto& tr : pg.transfers)
+                    if (tr.kind == transfer_kind::all_gather) ++(tr.backward ? backward_gathers : forward_gathers);
+                CHECK(forward_gathers == micro * parameters);
+                CHECK(backward_gathers == micro * read_backward);
             }
             CHECK(t.kinds.size() == (stage == 3 ? 3u : 2u));
         }
+}
+
+TEST_CASE("ZeRO-3 gathers a parameter for each use and frees it after", "[partition][traffic][zero]") {
+    // A gathered copy serves one micro-batch's forward, or its backward, never both: a copy
+    // kept from the forward to the backward holds the whole unsharded model at once.
+    for (int micro : {1, 2, 4}) {
+        const auto inner = presets::zero(3, 4);
+        const auto pg = programs(micro == 1 ? inner : accumulating(micro, inner));
+        for (std::size_t d = 0; d < pg.devices.size(); ++d) {
+            const auto& part = pg.devices[d];
+            const graph& dg = part.ir();
+            std::map<tensor_id, std::set<std::pair<node_id, std::int32_t>>> readers;  // gathered -> logical pieces
+            std::map<tensor_id, std::set<bool>> passes;
+            std::set<tensor_id> gathered;
+            for (std::size_t i = 0; i < dg.nodes.size(); ++i) {
+                const node& n = dg.nodes[i];
+                if (n.attrs.has("transfer") &&
+                    pg.transfers.at(static_cast<std::size_t>(n.attrs.get<std::int64_t>("transfer"))).kind == transfer_kind::all_gather)
+                    gathered.insert(n.outputs.begin(), n.outputs.end());
+            }
+            for (std::size_t i = 0; i < dg.nodes.size(); ++i) {
+                const auto src = part.source_of(static_cast<node_id>(i));
+                if (src.logical == no_id) continue;
+                for (tensor_id in : dg.nodes[i].inputs)
+                    if (gathered.count(in)) {
+                        readers[in].insert({src.logical, src.piece});
+                        passes[in].insert(dg.nodes[i].backward);
+                    }
+            }
+            CHECK(!readers.empty());
+            for (const auto& [copy, pieces] : readers) {
+                INFO(micro << " micro-batches, device " << d << ": '" << dg.tensor(copy).name << "'");
+                CHECK(passes[copy].size() == 1);
+                std::map<node_id, int> per_node;
+                for (const auto& [logical, piece] : pieces) ++per_node[logical];
+                for (const auto& [logical, count] : per_node) CHECK(count == 1);
+            }
+        }
+    }
 }
 
 TEST_CASE("ZeRO-2 and ZeRO-3 under tensor parallelism reduce (and gather) each piece within its data-parallel group",

@@ -193,6 +193,11 @@ TEST_CASE("ZeRO-1 reduces each gradient once; ZeRO-2 and 3 reduce each micro-bat
                                                                             << ", ZeRO-3 " << arena[3]);
     CHECK(arena[2] < arena[1]);
     CHECK(arena[3] < arena[1]);
+    // ZeRO-3 gathers each parameter for one micro-batch's forward or backward and frees it
+    // after: its arena holds at most one gathered MLP weight (float64) beyond ZeRO-2's, not
+    // every layer's weights from their forward to their backward.
+    const auto mlp_weight = static_cast<std::size_t>(c.hidden * 4 * c.hidden * 8);
+    CHECK(arena[3] <= arena[2] + mlp_weight);
 }
 
 TEST_CASE("selective and full recompute inside pipeline stages", "[pipeline][recompute]") {

@@ -54,13 +54,35 @@ public:
         out_.devices.resize(static_cast<std::size_t>(out_.world));
         held_.resize(g_.tensors.size());
         sums_after_every_micro_batch_.assign(g_.nodes.size(), false);
-        std::vector<bool> zero3(g_.nodes.size(), false);
-        for (auto [param, identity] : out_.logical->zero3_identity) zero3[static_cast<std::size_t>(identity)] = true;
+        zero3_.assign(g_.nodes.size(), false);
+        for (auto [param, identity] : out_.logical->zero3_identity) zero3_[static_cast<std::size_t>(identity)] = true;
+        // Unless a device that reads it holds no shard of it (the tied table a later stage
+        // reads) or reads several parts of it (Coshard's colocated pieces): their sends
+        // point to point have no reader on the sending device, and run in the block of what
+        // they send, which must be the identity's piece made in its block, not a stored leaf.
+        shard_serves_as_piece_ = zero3_;
+        for (std::size_t i = 0; i < g_.nodes.size(); ++i)
+            for (std::size_t k = 0; k < g_.nodes[i].inputs.size(); ++k) {
+                const node_id identity = g_.tensor(g_.nodes[i].inputs[k]).producer;
+                if (identity == no_id || !zero3_[static_cast<std::size_t>(identity)]) continue;
+                const auto& shards = out_.layouts[static_cast<std::size_t>(identity)].pieces;
+                std::map<int, box> read_on;  // device -> the part its pieces read
+                for (const auto& piece : out_.layouts[i].pieces) {
+                    const box& read = read_on.try_emplace(piece.device, piece.inputs[k]).first->second;
+                    const bool holds = std::any_of(shards.begin(), shards.end(),
+                                                   [&](const piece_geometry& s) { return s.device == piece.device; });
+                    if (!holds || !(read == piece.inputs[k]))
+                        shard_serves_as_piece_[static_cast<std::size_t>(identity)] = false;
+                }
+            }
         for (auto [param, identity] : out_.logical->zero2_identity)
             sums_after_every_micro_batch_[static_cast<std::size_t>(identity)] = true;
         for (std::size_t i = 0; i < g_.nodes.size(); ++i)
-            if (g_.nodes[i].forward_of != no_id && zero3[static_cast<std::size_t>(g_.nodes[i].forward_of)])
+            if (g_.nodes[i].forward_of != no_id && zero3_[static_cast<std::size_t>(g_.nodes[i].forward_of)])
                 sums_after_every_micro_batch_[i] = true;
+        gathered_per_use_.assign(g_.tensors.size(), false);
+        for (auto [param, identity] : out_.logical->zero3_identity)
+            gathered_per_use_[static_cast<std::size_t>(g_.at(identity).outputs[0])] = true;
     }
 
     // Pipelines: the stage of every logical node (-1: none). No collective spans two
@@ -110,7 +132,17 @@ public:
         for (std::size_t k = 0; k < n.inputs.size() && !n.op->shape_only_inputs; ++k) {
             std::vector<request> reqs;
             for (const auto& piece : layout.pieces) reqs.push_back({piece.device, piece.inputs[k], piece.summand});
-            locals[k] = materialize(n.inputs[k], reqs, id, backward);
+            locals[k] = gathered_per_use_[static_cast<std::size_t>(n.inputs[k])]
+                            ? materialize_for_each_use(n.inputs[k], reqs, id, backward)
+                            : materialize(n.inputs[k], reqs, id, backward);
+        }
+        if (shard_serves_as_piece_[static_cast<std::size_t>(id)]) {
+            // ZeRO-3's identity: each piece is the shard of the parameter its device stores,
+            // which serves as the piece. A copy would hold a second shard of the whole model
+            // in the arena all step (the gathers of every use read it).
+            for (std::size_t p = 0; p < layout.pieces.size(); ++p)
+                hold(n.outputs[0], layout.pieces[p].outputs[0], layout.pieces[p].device, locals[0][p], true);
+            return;
         }
         for (std::size_t p = 0; p < layout.pieces.size(); ++p) {
             const piece_geometry& piece = layout.pieces[p];
@@ -908,6 +940,63 @@ private:
         }
     }
 
+    // ZeRO-3's parameters, gathered anew for every use: a use is the forward or the
+    // backward of one round of a consumer's pieces on each device (the k-th piece a device
+    // runs: its k-th micro-batch). Serving a backward read from the forward's gathered copy,
+    // or every micro-batch from one gather, keeps the whole unsharded model alive from its
+    // forward to its backward (0.32 GiB a layer for T5 11B over 8 devices: 20 GiB of its 60),
+    // which is what ZeRO-3 shards parameters to avoid; DeepSpeed too frees a gathered
+    // parameter after its forward and gathers it again for its backward, every micro-step.
+    // Consumers of one use share its copies: each use's copies are put away while another
+    // use is served, so that no lookup finds them, and brought back when it is served again.
+    std::vector<tensor_id> materialize_for_each_use(tensor_id t, const std::vector<request>& reqs, node_id consumer,
+                                                    bool backward) {
+        std::vector<int> round(reqs.size());
+        std::map<int, int> pieces_on;  // device -> requests of it seen so far
+        int rounds = 0;
+        for (std::size_t i = 0; i < reqs.size(); ++i) {
+            round[i] = pieces_on[reqs[i].device]++;
+            rounds = std::max(rounds, round[i] + 1);
+        }
+        std::vector<tensor_id> result(reqs.size(), no_id);
+        for (int r = 0; r < rounds; ++r) {
+            std::vector<request> these;
+            std::vector<std::size_t> at;
+            for (std::size_t i = 0; i < reqs.size(); ++i)
+                if (round[i] == r) {
+                    these.push_back(reqs[i]);
+                    at.push_back(i);
+                }
+            serve_use(t, {backward, r});
+            const std::vector<tensor_id> got = materialize(t, these, consumer, backward);
+            for (std::size_t j = 0; j < at.size(); ++j) result[at[j]] = got[j];
+        }
+        return result;
+    }
+
+    // Makes held_[t] the pieces its producer wrote plus the copies made for `use`; the
+    // copies of the use served before are put away.
+    using use_key = std::pair<bool, int>;  // (backward, round)
+    void serve_use(tensor_id t, use_key use) {
+        auto [current, inserted] = use_served_.try_emplace(t, use);
+        if (inserted || current->second == use) return;
+        auto& held = held_[static_cast<std::size_t>(t)];
+        for (const held_piece& h : held) held_on_.erase(held_key(t, h.device));
+        std::vector<held_piece> kept, away;
+        for (held_piece& h : held) (h.written ? kept : away).push_back(std::move(h));
+        put_away_[{t, current->second}] = std::move(away);
+        if (auto back = put_away_.find({t, use}); back != put_away_.end()) {
+            for (held_piece& h : back->second) kept.push_back(std::move(h));
+            put_away_.erase(back);
+        }
+        held.clear();
+        for (held_piece& h : kept) {
+            held_on_[held_key(t, h.device)].push_back(static_cast<std::uint32_t>(held.size()));
+            held.push_back(std::move(h));
+        }
+        current->second = use;
+    }
+
     // Only for the parameter gradients at the end of the step: a consumer inside the step
     // (the tied embedding's gradient sum) may run in an earlier micro-batch's block than the
     // last partial, and must receive each partial as it is made.
@@ -1088,6 +1177,11 @@ private:
     std::vector<int> stage_of_node_;
     std::vector<std::vector<held_piece>> held_;
     std::unordered_map<std::uint64_t, std::vector<std::uint32_t>> held_on_;  // held_key(t, device) -> places in held_[t]
+    std::vector<bool> zero3_;                                     // per node of g_: ZeRO-3's identities
+    std::vector<bool> shard_serves_as_piece_;                     // per node of g_: an identity not copied
+    std::vector<bool> gathered_per_use_;                         // per tensor of g_: ZeRO-3's gathered parameters
+    std::map<tensor_id, use_key> use_served_;                    // the use whose copies held_[t] has
+    std::map<std::pair<tensor_id, use_key>, std::vector<held_piece>> put_away_;  // other uses' copies
     bool emitting_backward_ = false;
     bool point_to_point_only_ = false;
     std::vector<bool> sums_after_every_micro_batch_;  // per node of g_

@@ -40,6 +40,9 @@ LOOM_INLINE program compile_program(const graph& g, const compile_options& optio
     p.buffers.resize(g.tensors.size());
 
     // Wanted tensors: the loss, parameter gradients (when training) and explicit outputs.
+    // Training binds each parameter a gradient updates too, whether an op here reads it or
+    // not (a device may store a part of it whose readers all run on other devices): the
+    // optimizer updates it there.
     std::vector<bool> wanted(g.tensors.size(), false);
     auto want = [&](tensor_id t) {
         if (t < 0 || static_cast<std::size_t>(t) >= g.tensors.size())
@@ -48,7 +51,10 @@ LOOM_INLINE program compile_program(const graph& g, const compile_options& optio
     };
     if (g.loss != no_id) want(g.loss);
     if (options.include_backward)
-        for (auto [param, grad] : g.gradients) want(grad);
+        for (auto [param, grad] : g.gradients) {
+            want(grad);
+            want(param);
+        }
     for (tensor_id t : options.outputs) want(t);
 
     // Keep the nodes some wanted tensor depends on (reverse sweep over a topological order).
