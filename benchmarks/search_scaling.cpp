@@ -8,7 +8,9 @@
 // assignments were never even bounded, to the whole training work spread over every GPU,
 // any_plan_lower_bound: a true gap, but far from a proof).
 //
-// Each row is judged against --target seconds and says plainly whether the search met it.
+// Each row is judged against --target seconds and says plainly whether the search met it:
+// a plan found and proven best within that time. A search that stops at its budget, or
+// that ends without a plan (nothing fits, or a space the cluster cannot hold), does not.
 // The question this program exists for (96 layers on 1024 GPUs over nnScaler's space in
 // under 1 s) is NOT met today: its row is the last of the default table.
 //
@@ -125,7 +127,7 @@ int main(int argc, char** argv) {
                     const bool proven = r.gap == 0;
                     const std::string gap = proven ? "0 (proven)" : percent(r.gap) + " (not proven)";
                     const std::string chosen = search::choices_text(r.parameters, r.best.choices);
-                    const bool on_target = seconds <= target;
+                    const bool on_target = proven && seconds <= target;
                     met += on_target;
                     std::snprintf(line, sizeof line, "| %s | %lld | %d | %.2f | %s | %lld | %lld | %lld | %lld | %lld | %lld | %s | %.3f | %s |\n",
                                   name.c_str(), static_cast<long long>(layers), devices, seconds, on_target ? "yes" : "NO",
@@ -160,12 +162,9 @@ int main(int argc, char** argv) {
                     // Nothing found that fits (or a space the cluster cannot hold): the row
                     // keeps its time; the statistics go down with the search.
                     const double seconds = seconds_since(start);
-                    const bool on_target = seconds <= target;
-                    met += on_target;
-                    std::snprintf(line, sizeof line, "| %s | %lld | %d | %.2f | %s | - | - | - | - | - | - | - | - | none: %s |\n",
-                                  name.c_str(), static_cast<long long>(layers), devices, seconds, on_target ? "yes" : "NO",
-                                  gist(e.what()).c_str());
-                    row.update({{"seconds", seconds}, {"met_target", on_target}, {"error", e.what()}});
+                    std::snprintf(line, sizeof line, "| %s | %lld | %d | %.2f | NO | - | - | - | - | - | - | - | - | none: %s |\n",
+                                  name.c_str(), static_cast<long long>(layers), devices, seconds, gist(e.what()).c_str());
+                    row.update({{"seconds", seconds}, {"met_target", false}, {"error", e.what()}});
                 }
                 ++total;
                 table << line;

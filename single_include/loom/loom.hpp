@@ -12083,21 +12083,28 @@ LOOM_INLINE bool order_colocated_pieces(partitioned_graph& pg, const plan::resol
             for (std::size_t s : stretch) in_stretch[static_cast<std::size_t>(order[s])] = -1;
             stretch.clear();
         };
-        std::optional<block_key> stretch_block;
+        // The block of the stretch's pieces, once one has joined it (a flag beside it, not an
+        // optional: GCC 12 takes the optional's tuple for maybe uninitialized and warns in
+        // every program that includes this).
+        block_key stretch_block{};
+        bool stretch_has_block = false;
         for (std::size_t k = 0; k < order.size(); ++k) {
             const auto i = static_cast<std::size_t>(order[k]);
             const node& nd = dg.nodes[i];
             const bool inserted = part.source_of(order[k]).logical == no_id;
-            const bool new_block = !inserted && stretch_block && block[i] != *stretch_block;
+            const bool new_block = !inserted && stretch_has_block && block[i] != stretch_block;
             if (nd.op->communication || new_block) {
                 flush();
-                stretch_block.reset();
+                stretch_has_block = false;
                 if (nd.op->communication) {
                     out.push_back(order[k]);
                     continue;
                 }
             }
-            if (!inserted) stretch_block = block[i];
+            if (!inserted) {
+                stretch_block = block[i];
+                stretch_has_block = true;
+            }
             int r = piece[i];
             if (r < 0) {
                 for (tensor_id t : nd.inputs) {
