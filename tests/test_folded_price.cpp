@@ -96,8 +96,8 @@ TEST_CASE("replica folding prices data parallelism over many nodes like the full
         const comparison r = compare(m, megatron({.tp = 1, .dp = 8, .zero = plan::zero_stage::parameters}), c);
         CHECK(r.folded.instance_replicas == std::vector<std::int64_t>{2, 4});
         CHECK(r.step_ratio() == Approx(1.0).epsilon(0.02));
-        // The arena packs each use's gathered copies beside the shards; its size is not
-        // exactly affine in 1/D (1.2% over at D = 8).
+        // The arena holds each use's gathered copies (whole, whatever D) among the
+        // activations (in 1/D); its packing is not exactly affine in 1/D (1.2% over at D = 8).
         CHECK(r.worst_memory_error() < 0.02);
     }
 }

@@ -56,10 +56,11 @@ public:
         sums_after_every_micro_batch_.assign(g_.nodes.size(), false);
         zero3_.assign(g_.nodes.size(), false);
         for (auto [param, identity] : out_.logical->zero3_identity) zero3_[static_cast<std::size_t>(identity)] = true;
-        // Unless a device that reads it holds no shard of it (the tied table a later stage
-        // reads) or reads several parts of it (Coshard's colocated pieces): their sends
-        // point to point have no reader on the sending device, and run in the block of what
-        // they send, which must be the identity's piece made in its block, not a stored leaf.
+        // A ZeRO-3 identity's pieces are the stored shards themselves (emit_node), unless a
+        // device that reads it holds no shard of it (the tied table a later stage reads) or
+        // reads several parts of it (Coshard's colocated pieces). Those are served by sends
+        // point to point, which have no reader on the sending device and run in the block of
+        // what they send: it must be the identity's piece, made in its block, not a leaf.
         shard_serves_as_piece_ = zero3_;
         for (std::size_t i = 0; i < g_.nodes.size(); ++i)
             for (std::size_t k = 0; k < g_.nodes[i].inputs.size(); ++k) {
