@@ -12273,18 +12273,18 @@ public:
         out_.devices.resize(static_cast<std::size_t>(out_.world));
         held_.resize(g_.tensors.size());
         sums_after_every_micro_batch_.assign(g_.nodes.size(), false);
-        zero3_.assign(g_.nodes.size(), false);
-        for (auto [param, identity] : out_.logical->zero3_identity) zero3_[static_cast<std::size_t>(identity)] = true;
+        std::vector<bool> zero3(g_.nodes.size(), false);
+        for (auto [param, identity] : out_.logical->zero3_identity) zero3[static_cast<std::size_t>(identity)] = true;
         // A ZeRO-3 identity's pieces are the stored shards themselves (emit_node), unless a
         // device that reads it holds no shard of it (the tied table a later stage reads) or
         // reads several parts of it (Coshard's colocated pieces). Those are served by sends
         // point to point, which have no reader on the sending device and run in the block of
         // what they send: it must be the identity's piece, made in its block, not a leaf.
-        shard_serves_as_piece_ = zero3_;
+        shard_serves_as_piece_ = zero3;
         for (std::size_t i = 0; i < g_.nodes.size(); ++i)
             for (std::size_t k = 0; k < g_.nodes[i].inputs.size(); ++k) {
                 const node_id identity = g_.tensor(g_.nodes[i].inputs[k]).producer;
-                if (identity == no_id || !zero3_[static_cast<std::size_t>(identity)]) continue;
+                if (identity == no_id || !zero3[static_cast<std::size_t>(identity)]) continue;
                 const auto& shards = out_.layouts[static_cast<std::size_t>(identity)].pieces;
                 std::map<int, box> read_on;  // device -> the part its pieces read
                 for (const auto& piece : out_.layouts[i].pieces) {
@@ -12298,7 +12298,7 @@ public:
         for (auto [param, identity] : out_.logical->zero2_identity)
             sums_after_every_micro_batch_[static_cast<std::size_t>(identity)] = true;
         for (std::size_t i = 0; i < g_.nodes.size(); ++i)
-            if (g_.nodes[i].forward_of != no_id && zero3_[static_cast<std::size_t>(g_.nodes[i].forward_of)])
+            if (g_.nodes[i].forward_of != no_id && zero3[static_cast<std::size_t>(g_.nodes[i].forward_of)])
                 sums_after_every_micro_batch_[i] = true;
         gathered_per_use_.assign(g_.tensors.size(), false);
         for (auto [param, identity] : out_.logical->zero3_identity)
@@ -13397,7 +13397,6 @@ private:
     std::vector<int> stage_of_node_;
     std::vector<std::vector<held_piece>> held_;
     std::unordered_map<std::uint64_t, std::vector<std::uint32_t>> held_on_;  // held_key(t, device) -> places in held_[t]
-    std::vector<bool> zero3_;                                     // per node of g_: ZeRO-3's identities
     std::vector<bool> shard_serves_as_piece_;                     // per node of g_: an identity not copied
     std::vector<bool> gathered_per_use_;                         // per tensor of g_: ZeRO-3's gathered parameters
     std::map<tensor_id, use_key> use_served_;                    // the use whose copies held_[t] has
